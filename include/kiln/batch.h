@@ -1,0 +1,38 @@
+// BatchDesc: the one per-step descriptor the runtime hands the model. Several sequences per step,
+// each with its new tokens; prefill rows (q_len > 1, or a first chunk) and decode rows (q_len == 1)
+// mixed freely. Host-side vectors; a backend uploads them (into preallocated buffers for graphs).
+//
+// Invariants (checked by validate()):
+//   tokens.size() == positions.size() == slot_mapping.size() == T == cu_q.back()
+//   cu_q is non-decreasing, cu_q[0] == 0, size B + 1
+//   kv_lens[b] >= q_len(b): the context after this step's tokens are written (cached prefix + new)
+//   the new tokens of sequence b sit at context positions [kv_lens[b] - q_len(b), kv_lens[b])
+//   page_table[b * pages_stride + i] is the page holding context tokens [i*page_size, (i+1)*page_size)
+//   slot_mapping[t] = page * page_size + offset, or -1 for a padded row (the cache write skips it)
+//   logit_rows lists the token rows (ascending) whose logits the step must produce
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln {
+
+struct BatchDesc {
+  std::vector<int32_t> tokens;        // [T]
+  std::vector<int32_t> positions;     // [T]; for M-RoPE [3, T] (t, h, w rows), see mrope
+  bool mrope = false;
+  std::vector<int64_t> slot_mapping;  // [T]
+  std::vector<int32_t> cu_q;          // [B + 1] prefix sums of new tokens per sequence
+  std::vector<int32_t> kv_lens;       // [B] context length after this step
+  std::vector<int32_t> page_table;    // [B, pages_stride]
+  int32_t pages_stride = 0;
+  int32_t page_size = 0;
+  std::vector<int32_t> logit_rows;    // token rows that need logits (usually each sequence's last)
+
+  int32_t num_tokens() const { return int32_t(tokens.size()); }
+  int32_t num_seqs() const { return cu_q.empty() ? 0 : int32_t(cu_q.size()) - 1; }
+  int32_t q_len(int b) const { return cu_q[b + 1] - cu_q[b]; }
+  void validate(int64_t vocab_size, int64_t num_pages) const;  // throws kiln::Error
+};
+
+}  // namespace kiln

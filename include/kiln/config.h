@@ -1,0 +1,52 @@
+// ModelConfig: what kiln needs from a Hugging Face config.json (Qwen3 family).
+// Parsed by io/config.cpp; both the transformers 4.x layout (top-level rope_theta, torch_dtype) and the
+// 5.x layout (rope_parameters {rope_theta, rope_type}, dtype) are read.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/dtype.h"
+
+namespace kiln {
+
+enum class ModelArch : uint8_t { qwen3, qwen3_vl_text, qwen3_embedding };
+
+struct ModelConfig {
+  ModelArch arch = ModelArch::qwen3;
+  std::string architecture;  // as written in config.json, e.g. "Qwen3ForCausalLM"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;     // query heads
+  int64_t num_kv_heads = 0;  // key/value heads (GQA)
+  int64_t head_dim = 0;      // explicit in Qwen3 configs; hidden/num_heads when absent
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+  std::string rope_type = "default";
+  double partial_rotary_factor = 1.0;  // rotary_dim = head_dim * factor
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  DType dtype = DType::bf16;  // torch_dtype / dtype
+  // Multimodal RoPE (Qwen3-VL text decoder). Empty section: plain RoPE.
+  std::vector<int> mrope_section;  // e.g. {24, 20, 20}, sums to rotary_dim / 2
+  bool mrope_interleaved = false;  // Qwen3-VL: interleaved axis map; Qwen2.5-VL: sectioned
+  std::vector<int64_t> eos_token_ids;
+  int64_t bos_token_id = -1;
+  // Prefix of the decoder's weight names: "model." for Qwen3, "model.language_model." for Qwen3-VL.
+  std::string weight_prefix = "model.";
+
+  int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor + 0.5); }
+  int64_t q_size() const { return num_heads * head_dim; }
+  int64_t kv_size() const { return num_kv_heads * head_dim; }
+};
+
+// Reads DIR/config.json. Throws kiln::Error naming the file and the field on anything wrong:
+// unknown architecture, missing or non-positive sizes, heads not dividing, mrope_section not summing.
+ModelConfig load_model_config(const std::string& model_dir);
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name);
+
+}  // namespace kiln

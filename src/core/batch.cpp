@@ -1,0 +1,36 @@
+#include "kiln/batch.h"
+
+#include "kiln/error.h"
+
+namespace kiln {
+
+void BatchDesc::validate(int64_t vocab_size, int64_t num_pages) const {
+  const size_t T = tokens.size();
+  KILN_CHECK_EQ(positions.size(), mrope ? 3 * T : T, "positions size");
+  KILN_CHECK_EQ(slot_mapping.size(), T, "slot_mapping size");
+  KILN_CHECK(!cu_q.empty() && cu_q.front() == 0, "cu_q must start at 0");
+  KILN_CHECK_EQ(size_t(cu_q.back()), T, "cu_q must end at the token count");
+  const int B = num_seqs();
+  KILN_CHECK_EQ(kv_lens.size(), size_t(B), "kv_lens size");
+  KILN_CHECK(page_size > 0, "page_size must be positive");
+  KILN_CHECK_EQ(page_table.size(), size_t(B) * size_t(pages_stride), "page_table size");
+  for (int b = 0; b < B; ++b) {
+    KILN_CHECK(q_len(b) >= 0, "cu_q must be non-decreasing");
+    KILN_CHECK(kv_lens[b] >= q_len(b), "sequence ", b, ": kv_len ", kv_lens[b], " < new tokens ", q_len(b));
+    KILN_CHECK(int64_t(kv_lens[b]) <= int64_t(pages_stride) * page_size, "sequence ", b, ": page table too short");
+    for (int i = 0; i < (kv_lens[b] + page_size - 1) / page_size; ++i) {
+      const int32_t p = page_table[size_t(b) * pages_stride + i];
+      KILN_CHECK(p >= 0 && p < num_pages, "sequence ", b, ": page ", p, " out of range");
+    }
+  }
+  for (size_t t = 0; t < T; ++t) {
+    KILN_CHECK(tokens[t] >= 0 && tokens[t] < vocab_size, "token id ", tokens[t], " out of range [0, ", vocab_size, ")");
+    KILN_CHECK(slot_mapping[t] < num_pages * page_size, "slot ", slot_mapping[t], " out of range");
+  }
+  for (size_t i = 0; i < logit_rows.size(); ++i) {
+    KILN_CHECK(logit_rows[i] >= 0 && size_t(logit_rows[i]) < T, "logit row out of range");
+    KILN_CHECK(i == 0 || logit_rows[i] > logit_rows[i - 1], "logit rows must ascend");
+  }
+}
+
+}  // namespace kiln

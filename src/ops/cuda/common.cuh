@@ -1,0 +1,57 @@
+// Shared CUDA helpers for every kernel family: error checks with source locations, the one launch
+// helper (stream, dynamic shared memory, optional PDL), and 16-byte vector types.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kiln/error.h"
+
+#define KILN_CUDA_CHECK(expr)                                                          \
+  do {                                                                                 \
+    cudaError_t kiln_e_ = (expr);                                                      \
+    KILN_CHECK(kiln_e_ == cudaSuccess, #expr ": ", cudaGetErrorString(kiln_e_));       \
+  } while (0)
+
+namespace kiln::cuda {
+
+struct LaunchCfg {
+  dim3 grid;
+  dim3 block;
+  size_t smem = 0;
+  cudaStream_t stream = nullptr;
+  bool pdl = false;  // programmatic dependent launch: may start before the previous kernel ends
+};
+
+// Launches kernel<<<cfg>>>(args...) through cudaLaunchKernelEx; raises the dynamic shared memory
+// limit when asked for more than 48 KB; checks the launch.
+template <typename... KArgs, typename... Args>
+void launch(const LaunchCfg& cfg, void (*kernel)(KArgs...), Args&&... args) {
+  if (cfg.smem > 48 * 1024) {
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.smem)));
+  }
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = cfg.grid;
+  lc.blockDim = cfg.block;
+  lc.dynamicSmemBytes = cfg.smem;
+  lc.stream = cfg.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = attr;
+  lc.numAttrs = cfg.pdl ? 1 : 0;
+  KILN_CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, std::forward<Args>(args)...));
+}
+
+// In a kernel launched with pdl: wait for the previous kernel's writes / let the next one start.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+}  // namespace kiln::cuda

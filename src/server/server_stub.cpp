@@ -1,0 +1,2 @@
+// placeholder until the io stage lands
+namespace kiln::io {}
