@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 
 apt_pkgs=(build-essential cmake ninja-build ccache clang libclang-rt-14-dev
   libgtest-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libutf8proc-dev
-  curl nodejs npm python3-jinja2)
+  curl python3-jinja2)
+# node/npm: the machine may carry its own Node.js (with npm bundled); only install Debian's when absent.
+command -v npm >/dev/null || apt_pkgs+=(nodejs npm)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
