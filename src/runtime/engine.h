@@ -1,0 +1,167 @@
+// Engine: the serving runtime's one public face. One engine thread owns the model, the KV cache and the
+// scheduler; every other thread (HTTP workers, the CLI) talks to it only through submit / abort /
+// flush_cache / stats / shutdown, which are thread-safe.
+//
+// Contract for callers (the server):
+//   * submit() validates the request synchronously and throws before anything is queued:
+//       - kiln::Error             bad input (empty or over-long prompt, token id out of range, non-finite
+//                                  or out-of-range sampling parameters, embedding on a generative model...)
+//                                  -> HTTP 400 with e.what()
+//       - kiln::EngineBusyError   the waiting queue is full, or the engine is shutting down
+//                                  -> HTTP 503 with Retry-After
+//   * Once submit() returns an id, the request WILL end exactly once with an event whose finished == true
+//     and finish_reason in {"stop", "length", "abort", "error"}; it is counted in EngineStats.
+//   * on_event runs on the engine thread. It must not block or call back into the engine except abort()
+//     (which is safe there); the server copies the event into its own queue.
+//   * Stop STRINGS are the server's job (it detokenizes) -> it calls abort() and reports "stop" itself.
+//     Stop token ids, EOS, max_new_tokens, and the context limit are handled here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/config.h"
+#include "kiln/error.h"
+
+namespace kiln {
+
+// Thrown by submit() when the request cannot be queued now (queue full, shutting down): HTTP 503.
+class EngineBusyError : public Error {
+ public:
+  explicit EngineBusyError(const std::string& what) : Error(what) {}
+};
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy; must be finite and >= 0
+  float top_p = 1.0f;        // (0, 1]
+  int top_k = -1;            // -1 or 0 = disabled; else >= 1
+  float min_p = 0.0f;        // [0, 1]
+  int64_t seed = -1;         // -1 = engine-chosen; else a per-request deterministic stream
+  int max_new_tokens = 16;   // >= 0 (0: only prefill; useful with return_hidden / logprobs)
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;  // if false, the model's eos_token_ids end the request with "stop"
+  bool return_logprob = false;
+  int top_logprobs = 0;  // 0..20: alternatives per generated token (needs return_logprob)
+};
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids, non-empty, each in [0, vocab)
+  SamplingParams sampling;
+  bool embedding = false;      // run forward_hidden over the prompt, reply once with `embedding`
+  bool return_hidden = false;  // also report the last position's final hidden state
+};
+
+using RequestId = uint64_t;
+
+struct TokenLogprob {
+  int32_t id;
+  float logprob;
+};
+
+// One callback per engine step in which the request produced something (usually one token), plus the
+// final one (finished == true; it may also carry the last tokens).
+struct TokenEvent {
+  RequestId id = 0;
+  std::vector<int32_t> ids;                             // new tokens since the previous event
+  std::vector<float> logprobs;                          // per id, when return_logprob
+  std::vector<std::vector<TokenLogprob>> top_logprobs;  // per id, top_logprobs entries, when asked
+  bool finished = false;
+  std::string finish_reason;  // on finish: "stop" | "length" | "abort" | "error"
+  int32_t matched_stop = -1;  // the stop/eos token id that ended it ("stop"), else -1
+  std::string error;          // on "error": what went wrong
+  int prompt_tokens = 0;
+  int completion_tokens = 0;     // total so far
+  int cached_tokens = 0;         // prompt tokens served from the prefix cache (at the last (re)admission)
+  std::vector<float> embedding;  // embedding requests: last-token hidden state, L2-normalised [hidden]
+  std::vector<float> hidden;     // return_hidden: last position's final hidden state (unnormalised)
+};
+
+// Prometheus-style histogram: counts[i] = observations <= bounds[i] (cumulative), plus +Inf via count.
+struct Histogram {
+  std::vector<double> bounds;    // seconds, ascending
+  std::vector<uint64_t> counts;  // cumulative, same size as bounds
+  uint64_t count = 0;
+  double sum = 0.0;
+  void observe(double v);
+  static Histogram with_bounds(std::vector<double> b);
+};
+
+struct EngineStats {
+  int running = 0;  // requests holding KV pages (decoding or mid-prefill)
+  int waiting = 0;  // queued or preempted, not yet (re)admitted
+  int64_t kv_pages_total = 0;
+  int64_t kv_pages_used = 0;    // referenced by at least one live request
+  int64_t kv_pages_cached = 0;  // held only by the prefix cache (evictable; reusable on demand)
+  int64_t kv_pages_free = 0;    // on the free list; total == used + cached + free
+  int page_size = 0;
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  int64_t cached_tokens_total = 0;
+  int64_t requests_submitted = 0;
+  int64_t requests_rejected = 0;  // refused by submit() (bad input or busy); never given an id
+  int64_t finished_stop = 0;
+  int64_t finished_length = 0;
+  int64_t finished_abort = 0;
+  int64_t finished_error = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  Histogram ttft;  // submit -> first token (seconds)
+  Histogram tpot;  // per output token after the first, per request mean
+  Histogram e2e;   // submit -> finish
+};
+
+struct EngineOptions {
+  std::string model_dir;
+  std::string device = "auto";       // "cpu" | "cuda" | "cuda:N" | "auto" (cuda when available)
+  std::string load_format = "auto";  // "auto" (safetensors) | "random" (config.json shapes, random weights)
+  std::string kv_layout = "nhd";     // "nhd" | "hnd"
+  std::string kv_cache_dtype = "auto";  // "auto" (model dtype) | "bf16" | "fp8_e4m3"
+  int page_size = 32;
+  int64_t max_total_tokens = 0;     // KV pool size in tokens; 0 = from mem_fraction
+  double mem_fraction = 0.85;       // of device memory (total) for weights + KV; cpu: of a 4 GiB default
+  int chunked_prefill_size = 8192;  // max prefill tokens per step (<= 0: no chunking, whole prompts)
+  int max_running_requests = 256;
+  int max_queued_requests = 4096;  // beyond this submit() throws EngineBusyError
+  int64_t max_context_len = 0;     // prompt + output tokens; 0 = model's max_position_embeddings
+  bool enable_prefix_cache = true;
+  bool enable_mixed_batches = true;     // decode rows ride along with prefill chunks
+  std::vector<int> cuda_graph_buckets;  // empty = defaults (1, 2, 4, 8, ... 128); CUDA helper's seam
+  bool disable_cuda_graph = false;
+  uint64_t seed = 0;  // base for requests without a seed
+};
+
+class ModelRunner;  // runtime/model_runner.h: forward + KV storage behind one interface (real or fake)
+
+class Engine {
+ public:
+  // Loads the model named by opts.model_dir on opts.device and starts the engine thread.
+  static std::unique_ptr<Engine> create(const EngineOptions& opts);
+  // For tests and custom backends: runs `runner` (ownership taken); starts the engine thread.
+  Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts);
+  ~Engine();  // shutdown(false) if still running
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  RequestId submit(Request req, std::function<void(const TokenEvent&)> on_event);
+  void abort(RequestId id);  // unknown or finished ids are ignored; ends as "abort", frees its pages
+  void flush_cache();        // drops every unreferenced prefix-cache page (blocks until done)
+  EngineStats stats() const;
+  // drain = true: stop accepting, finish everything queued/running, then stop.
+  // drain = false: stop accepting, abort everything, then stop. Idempotent; joins the engine thread.
+  void shutdown(bool drain);
+
+  const ModelConfig& model_config() const;
+  int64_t max_context_len() const;
+  bool is_embedding_model() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln
