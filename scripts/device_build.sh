@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 root="$PWD/.deps/sysroot"
 [[ -d "$root/usr/include" ]] || { echo "device_build: $root missing: run scripts/device_deps.sh here and carry .deps/sysroot"; exit 1; }
 export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p build
 cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_SERVER=ON \
   -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
   -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >build/device-configure.log 2>&1 ||

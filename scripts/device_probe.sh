@@ -15,7 +15,7 @@ torch.cuda.synchronize(); s=torch.cuda.Event(enable_timing=True); e=torch.cuda.E
 ts=[]
 for _ in range(10):
     s.record(); y.copy_(x); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
-ts.sort(); print(f"copy: {2*x.numel()/ts[5]/1e9:.0f} GB/s (read+write, median of 10, 2 GiB)")
+ts.sort(); print(f"copy: {2*x.numel()/ts[5]/1e6:.0f} GB/s (read+write, median of 10, 2 GiB)")
 a=torch.randn(8192,8192,dtype=torch.bfloat16,device='cuda'); b=torch.randn_like(a)
 for _ in range(3): a@b
 ts=[]
