@@ -1,0 +1,243 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "kiln/error.h"
+
+namespace kiln {
+
+Scheduler::Scheduler(KvPool& pool, const SchedulerOptions& opts) : pool_(pool), opts_(opts) {
+  KILN_CHECK(opts.max_running_requests >= 1, "max_running_requests must be >= 1, got ",
+             opts.max_running_requests);
+  if (opts.enable_prefix_cache) cache_ = std::make_unique<RadixCache>(pool);
+}
+
+Scheduler::~Scheduler() {
+  for (Sequence* s : running_) drop_pages(*s);
+  cache_.reset();
+}
+
+Sequence* Scheduler::find(uint64_t id) {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::admit(std::unique_ptr<Sequence> seq) {
+  KILN_CHECK(seq != nullptr);
+  KILN_CHECK(!seq->tokens.empty(), "a sequence needs at least one token");
+  KILN_CHECK(!seqs_.count(seq->id), "sequence id ", seq->id, " admitted twice");
+  KILN_CHECK(int64_t(seq->tokens.size()) <= seq->max_len, "sequence longer than its max_len");
+  KILN_CHECK(seq->max_len <= capacity_tokens(), "the request needs ", seq->max_len,
+             " tokens of KV but the pool holds only ", capacity_tokens());
+  seq->arrival = next_arrival_++;
+  seq->num_computed = 0;
+  seq->num_offered = 0;
+  seq->pages.clear();
+  seq->running = false;
+  waiting_.push_back(seq.get());
+  seqs_.emplace(seq->id, std::move(seq));
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int64_t budget = opts_.chunked_prefill_size > 0 ? opts_.chunked_prefill_size : INT64_MAX;
+  if (opts_.enable_mixed_batches) {
+    phase_running(plan, budget, /*decode=*/true, /*prefill=*/true);
+    if (plan.preempted.empty()) phase_admit(plan, budget);
+  } else {
+    // Prefill first; decode rows run in steps of their own when there is no prefill work to do.
+    phase_running(plan, budget, /*decode=*/false, /*prefill=*/true);
+    if (plan.preempted.empty()) phase_admit(plan, budget);
+    if (plan.rows.empty()) phase_running(plan, budget, /*decode=*/true, /*prefill=*/false);
+  }
+  phase_build(plan);
+  return plan;
+}
+
+void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool prefill) {
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = *running_[i];
+    const int32_t remaining = int32_t(s.tokens.size()) - s.num_computed;
+    if (remaining <= 0) continue;
+    int32_t q = 1;
+    if (remaining == 1) {
+      if (!decode) continue;
+    } else {
+      if (!prefill || budget <= 0) continue;
+      q = int32_t(std::min<int64_t>(remaining, budget));
+    }
+    // Preemption removes the newest running sequences (index > i) or `s` itself, which is then last.
+    if (!ensure_pages(s, s.num_computed + q, plan)) break;
+    if (remaining > 1) budget -= q;
+    plan.rows.push_back({&s, s.num_computed, q, s.num_computed + q == int32_t(s.tokens.size())});
+  }
+}
+
+void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
+  while (!waiting_.empty() && int(running_.size()) < opts_.max_running_requests && budget > 0) {
+    Sequence& s = *waiting_.front();
+    if (cache_) {
+      // Leave at least the last token to compute: its logits start the generation.
+      RadixCache::Match m = cache_->match(s.tokens.data(), int64_t(s.tokens.size()) - 1);
+      s.pages = std::move(m.pages);
+      s.num_computed = int32_t(m.tokens);
+      s.num_offered = s.num_computed;
+    }
+    s.cached_tokens = std::min(s.num_computed, s.prompt_len);
+    const int32_t remaining = int32_t(s.tokens.size()) - s.num_computed;
+    const int32_t q = int32_t(std::min<int64_t>(remaining, budget));
+    const int32_t need = pool_.pages_for(s.num_computed + q) - int32_t(s.pages.size());
+    // Keep one free page per running sequence so admission rarely forces a preemption next step.
+    const int32_t target = need + int32_t(running_.size());
+    if (pool_.num_free() < target && cache_) cache_->evict(target - pool_.num_free());
+    if (pool_.num_free() < target) {
+      drop_pages(s);  // return the matched prefix; strict FCFS: nobody behind it goes first
+      break;
+    }
+    KILN_CHECK(pool_.alloc(need, s.pages), "allocation failed after the free-page check");
+    waiting_.pop_front();
+    s.running = true;
+    insert_running(&s);
+    budget -= q;
+    plan.rows.push_back({&s, s.num_computed, q, s.num_computed + q == int32_t(s.tokens.size())});
+  }
+}
+
+void Scheduler::phase_build(StepPlan& plan) const {
+  BatchDesc& b = plan.batch;
+  const int32_t ps = pool_.page_size();
+  b.page_size = ps;
+  b.cu_q.assign(1, 0);
+  int32_t stride = 0;
+  for (const StepRow& r : plan.rows) stride = std::max(stride, pool_.pages_for(r.begin + r.q_len));
+  b.pages_stride = stride;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& r = plan.rows[i];
+    const Sequence& s = *r.seq;
+    for (int32_t t = r.begin; t < r.begin + r.q_len; ++t) {
+      b.tokens.push_back(s.tokens[size_t(t)]);
+      b.positions.push_back(t);
+      b.slot_mapping.push_back(int64_t(s.pages[size_t(t / ps)]) * ps + t % ps);
+    }
+    b.cu_q.push_back(b.cu_q.back() + r.q_len);
+    b.kv_lens.push_back(r.begin + r.q_len);
+    const int32_t used = pool_.pages_for(r.begin + r.q_len);
+    for (int32_t p = 0; p < stride; ++p)
+      b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
+    if (r.samples) {
+      b.logit_rows.push_back(b.cu_q.back() - 1);
+      plan.sample_rows.push_back(int32_t(i));
+    }
+    plan.decode_rows.push_back(r.q_len == 1 ? 1 : 0);
+    (r.q_len == 1 ? plan.decode_tokens : plan.prefill_tokens) += r.q_len;
+  }
+}
+
+bool Scheduler::ensure_pages(Sequence& seq, int32_t tokens_after, StepPlan& plan) {
+  const int32_t need = pool_.pages_for(tokens_after) - int32_t(seq.pages.size());
+  if (need <= 0) return true;
+  for (;;) {
+    if (pool_.alloc(need, seq.pages)) return true;
+    if (cache_ && cache_->evict(need - pool_.num_free()) > 0) continue;
+    KILN_CHECK(!running_.empty(), "internal: no running sequence to preempt");
+    Sequence* victim = running_.back();
+    preempt(*victim, plan);
+    if (victim == &seq) return false;
+  }
+}
+
+void Scheduler::preempt(Sequence& seq, StepPlan& plan) {
+  offer_to_cache(seq);  // its prefix may still be there when it comes back
+  drop_pages(seq);
+  seq.running = false;
+  ++seq.preemptions;
+  ++total_preemptions_;
+  running_.erase(std::find(running_.begin(), running_.end(), &seq));
+  insert_waiting(&seq);
+  plan.preempted.push_back(seq.id);
+}
+
+void Scheduler::offer_to_cache(Sequence& seq) {
+  if (!cache_) return;
+  const int32_t full = seq.num_computed / pool_.page_size() * pool_.page_size();
+  if (full <= seq.num_offered) return;
+  cache_->insert(seq.tokens.data(), full, seq.pages);
+  seq.num_offered = full;
+}
+
+void Scheduler::drop_pages(Sequence& seq) {
+  pool_.unref_all(seq.pages);
+  seq.pages.clear();
+  seq.num_computed = 0;
+  seq.num_offered = 0;
+}
+
+void Scheduler::insert_running(Sequence* seq) {
+  auto it = std::upper_bound(running_.begin(), running_.end(), seq,
+                             [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  running_.insert(it, seq);
+}
+
+void Scheduler::insert_waiting(Sequence* seq) {
+  auto it = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
+                             [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  waiting_.insert(it, seq);
+}
+
+void Scheduler::finalize(const StepPlan& plan, const std::vector<int32_t>& sampled) {
+  KILN_CHECK_EQ(sampled.size(), plan.sample_rows.size(), "one sampled token per logit row");
+  for (const StepRow& r : plan.rows) {
+    KILN_CHECK(r.seq->running && r.seq->num_computed == r.begin, "sequence ", r.seq->id, " changed mid-step");
+    r.seq->num_computed = r.begin + r.q_len;
+  }
+  for (size_t k = 0; k < sampled.size(); ++k) {
+    Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
+    if (sampled[k] >= 0) s.tokens.push_back(sampled[k]);
+  }
+  for (const StepRow& r : plan.rows) offer_to_cache(*r.seq);
+}
+
+void Scheduler::release(uint64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  Sequence* s = it->second.get();
+  if (s->running) {
+    offer_to_cache(*s);
+    drop_pages(*s);
+    running_.erase(std::find(running_.begin(), running_.end(), s));
+  } else {
+    auto w = std::find(waiting_.begin(), waiting_.end(), s);
+    if (w != waiting_.end()) waiting_.erase(w);
+  }
+  seqs_.erase(it);
+}
+
+int64_t Scheduler::flush_cache() {
+  return cache_ ? cache_->flush() : 0;
+}
+
+void Scheduler::check_integrity() const {
+  pool_.check_integrity();
+  if (cache_) cache_->check_integrity();
+  std::vector<int32_t> expect(size_t(pool_.num_pages()), 0);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Sequence* s = running_[i];
+    KILN_CHECK(s->running, "sequence ", s->id, " in the running list but not marked running");
+    KILN_CHECK(i == 0 || running_[i - 1]->arrival < s->arrival, "running list out of arrival order");
+    KILN_CHECK(int64_t(s->pages.size()) * pool_.page_size() >= s->num_computed, "sequence ", s->id,
+               ": computed tokens without pages");
+    for (int32_t p : s->pages) ++expect[size_t(p)];
+  }
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    const Sequence* s = waiting_[i];
+    KILN_CHECK(!s->running && s->pages.empty(), "waiting sequence ", s->id, " holds pages");
+    KILN_CHECK(i == 0 || waiting_[i - 1]->arrival < s->arrival, "waiting queue out of arrival order");
+  }
+  KILN_CHECK_EQ(running_.size() + waiting_.size(), seqs_.size(), "sequences lost between the queues");
+  if (cache_) cache_->for_each_page([&](int32_t p) { ++expect[size_t(p)]; });
+  for (int32_t p = 0; p < pool_.num_pages(); ++p)
+    KILN_CHECK_EQ(pool_.refcount(p), expect[size_t(p)], "page ", p, " refcount vs holders");
+}
+
+}  // namespace kiln

@@ -1,0 +1,122 @@
+// Scheduler: decides, step by step, which sequences run and how many of their tokens, and owns their
+// KV page tables. Four verbs, called only from the engine thread:
+//
+//   admit(seq)      queue a new sequence (FCFS by arrival)
+//   schedule()      plan one step. Named phases, in order:
+//                     phase_running: running sequences, oldest first: a decode row (one token) or the
+//                       next prefill chunk; pages come from the free list, then prefix-cache eviction,
+//                       then preemption of the NEWEST running sequence (free + recompute later)
+//                     phase_admit: waiting sequences, oldest first, into what is left of the prefill
+//                       budget: prefix-cache match, then pages for the first chunk; stops at the first
+//                       one that does not fit (strict FCFS) or at max_running
+//                     phase_build: the BatchDesc (+ which rows are decode rows)
+//   finalize(plan, sampled)   after the model ran: advance each row, append sampled tokens, offer
+//                       newly full pages to the prefix cache
+//   release(id)     the engine ended a sequence (finished, aborted, failed): its computed full pages go
+//                       to the prefix cache, its references are dropped, it is forgotten
+//
+// Guarantees: a sequence is never failed for lack of memory. max_len <= the pool's capacity is checked
+// by admit(), so the oldest running sequence can always proceed once every newer one is preempted and the
+// cache is evicted. Preempted sequences keep their tokens (prompt + generated) and are re-prefilled.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/batch.h"
+#include "runtime/kv_pool.h"
+#include "runtime/radix_cache.h"
+
+namespace kiln {
+
+struct SchedulerOptions {
+  int chunked_prefill_size = 8192;  // prefill tokens per step; <= 0: whole prompts in one step
+  int max_running_requests = 256;
+  bool enable_prefix_cache = true;
+  bool enable_mixed_batches = true;  // false: a step is all prefill rows or all decode rows
+};
+
+struct Sequence {
+  uint64_t id = 0;
+  uint64_t arrival = 0;         // FCFS order, assigned by admit()
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int32_t prompt_len = 0;
+  int32_t max_len = 0;        // tokens.size() never exceeds it (the engine ends the request there)
+  int32_t num_computed = 0;   // KV exists for tokens [0, num_computed)
+  int32_t num_offered = 0;    // tokens [0, num_offered) were offered to the prefix cache
+  int32_t cached_tokens = 0;  // prompt tokens matched in the prefix cache at the last admission
+  int32_t preemptions = 0;
+  std::vector<int32_t> pages;  // page i holds tokens [i * page_size, (i + 1) * page_size)
+  bool running = false;
+};
+
+struct StepRow {
+  Sequence* seq = nullptr;
+  int32_t begin = 0;  // first token computed this step (== seq->num_computed at planning)
+  int32_t q_len = 0;
+  bool samples = false;  // computes through the last token: its last row produces logits
+};
+
+struct StepPlan {
+  BatchDesc batch;
+  std::vector<StepRow> rows;         // one per batch sequence, same order
+  std::vector<uint8_t> decode_rows;  // [B] 1 where q_len == 1 (the decode attention kernel's rows)
+  std::vector<int32_t> sample_rows;  // index into rows for each batch.logit_rows entry
+  std::vector<uint64_t> preempted;   // sequences preempted while planning this step
+  int32_t prefill_tokens = 0;
+  int32_t decode_tokens = 0;
+  bool empty() const { return rows.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(KvPool& pool, const SchedulerOptions& opts);
+  ~Scheduler();
+
+  // Verb 1. Throws kiln::Error when the sequence can never fit (max_len over the pool's capacity).
+  void admit(std::unique_ptr<Sequence> seq);
+  // Verb 2.
+  StepPlan schedule();
+  // Verb 3. sampled[k] is the token drawn from the logits of plan.batch.logit_rows[k], or -1 for none.
+  void finalize(const StepPlan& plan, const std::vector<int32_t>& sampled);
+  // Verb 4. Unknown ids are ignored.
+  void release(uint64_t id);
+
+  Sequence* find(uint64_t id);
+  int num_running() const { return int(running_.size()); }
+  int num_waiting() const { return int(waiting_.size()); }
+  int64_t capacity_tokens() const { return int64_t(pool_.num_usable()) * pool_.page_size(); }
+  RadixCache* cache() { return cache_.get(); }
+  int64_t flush_cache();  // evicts every unreferenced cached page; returns pages freed
+  int64_t total_preemptions() const { return total_preemptions_; }
+
+  // Pool integrity plus exact reference accounting: each page's refcount equals the number of running
+  // page tables listing it plus the tree's reference. Throws kiln::Error on any mismatch.
+  void check_integrity() const;
+
+ private:
+  void phase_running(StepPlan& plan, int64_t& budget, bool decode, bool prefill);
+  void phase_admit(StepPlan& plan, int64_t& budget);
+  void phase_build(StepPlan& plan) const;
+
+  bool ensure_pages(Sequence& seq, int32_t tokens_after, StepPlan& plan);
+  void preempt(Sequence& seq, StepPlan& plan);
+  void offer_to_cache(Sequence& seq);
+  void drop_pages(Sequence& seq);
+  void insert_running(Sequence* seq);
+  void insert_waiting(Sequence* seq);
+
+  KvPool& pool_;
+  SchedulerOptions opts_;
+  std::unique_ptr<RadixCache> cache_;
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  std::vector<Sequence*> running_;  // sorted by arrival
+  std::deque<Sequence*> waiting_;   // sorted by arrival
+  uint64_t next_arrival_ = 0;
+  int64_t total_preemptions_ = 0;
+};
+
+}  // namespace kiln
