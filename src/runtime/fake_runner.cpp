@@ -1,0 +1,130 @@
+#include "runtime/fake_runner.h"
+
+#include <algorithm>
+
+#include "kiln/error.h"
+#include "runtime/kv_pool.h"
+
+namespace kiln {
+
+namespace {
+uint64_t context_hash(const int32_t* context, int64_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i = 0; i < n; ++i) h = (h ^ uint64_t(context[i] + 1)) * 1099511628211ull;
+  return h ^ (h >> 29);
+}
+}  // namespace
+
+FakeRunner::FakeRunner(int64_t vocab, int64_t hidden, int32_t eos, int64_t max_positions) {
+  KILN_CHECK(vocab >= 2 && hidden >= 1);
+  config_.architecture = "FakeForCausalLM";
+  config_.vocab_size = vocab;
+  config_.hidden_size = hidden;
+  config_.intermediate_size = hidden;
+  config_.num_layers = 1;
+  config_.num_heads = 1;
+  config_.num_kv_heads = 1;
+  config_.head_dim = hidden;
+  config_.max_position_embeddings = max_positions;
+  if (eos >= 0) config_.eos_token_ids = {eos};
+}
+
+void FakeRunner::allocate_kv(int32_t num_pages, int32_t page_size) {
+  page_size_ = page_size;
+  slot_token_.assign(size_t(num_pages) * size_t(page_size), -1);
+  slot_pos_.assign(slot_token_.size(), -1);
+}
+
+int32_t FakeRunner::graph_bucket(const BatchDesc& batch) const {
+  if (graph_buckets.empty() || batch.num_tokens() != batch.num_seqs()) return 0;  // decode-only batches
+  for (int32_t b : graph_buckets)
+    if (b >= batch.num_seqs()) return b;
+  return 0;
+}
+
+int32_t FakeRunner::next_token(const int32_t* context, int64_t n) const {
+  return int32_t(context_hash(context, n) % uint64_t(config_.vocab_size));
+}
+
+std::vector<int32_t> FakeRunner::reference(const std::vector<int32_t>& prompt, int steps,
+                                           bool stop_at_eos) const {
+  std::vector<int32_t> ctx = prompt, out;
+  for (int i = 0; i < steps; ++i) {
+    const int32_t t = next_token(ctx.data(), int64_t(ctx.size()));
+    out.push_back(t);
+    ctx.push_back(t);
+    if (stop_at_eos && !config_.eos_token_ids.empty() && t == config_.eos_token_ids[0]) break;
+  }
+  return out;
+}
+
+void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) {
+  KILN_CHECK(page_size_ > 0 && batch.page_size == page_size_,
+             "FakeRunner: KV not allocated for this page size");
+  if (fail_at_step == steps) {
+    ++steps;
+    KILN_FAIL("FakeRunner: injected failure");
+  }
+  ++steps;
+  step_tokens.push_back(batch.num_tokens());
+  const int B = batch.num_seqs();
+  bool has_decode = false, has_prefill = false;
+  int real_seqs = 0;
+  for (int t = 0; t < batch.num_tokens(); ++t) {
+    const int64_t s = batch.slot_mapping[size_t(t)];
+    if (s < 0) continue;
+    KILN_CHECK(s < int64_t(slot_token_.size()), "FakeRunner: slot out of range");
+    slot_token_[size_t(s)] = batch.tokens[size_t(t)];
+    slot_pos_[size_t(s)] = batch.positions[size_t(t)];
+  }
+  const int64_t V = config_.vocab_size, H = config_.hidden_size;
+  if (logits) logits->assign(batch.logit_rows.size() * size_t(V), 0.0f);
+  if (hidden) hidden->assign(batch.logit_rows.size() * size_t(H), 0.0f);
+  size_t next_logit = 0;
+  std::vector<int32_t> ctx;
+  for (int b = 0; b < B; ++b) {
+    const int32_t q = batch.q_len(b);
+    const bool padding =
+        std::all_of(batch.slot_mapping.begin() + batch.cu_q[b],
+                    batch.slot_mapping.begin() + batch.cu_q[b + 1], [](int64_t s) { return s < 0; });
+    if (padding) {
+      KILN_CHECK(next_logit >= batch.logit_rows.size() || batch.logit_rows[next_logit] >= batch.cu_q[b + 1],
+                 "FakeRunner: a padding row asks for logits");
+      continue;
+    }
+    ++real_seqs;
+    (q == 1 ? has_decode : has_prefill) = true;
+    ctx.clear();
+    for (int32_t p = 0; p < batch.kv_lens[size_t(b)]; ++p) {
+      const int64_t page = batch.page_table[size_t(b) * size_t(batch.pages_stride) + size_t(p / page_size_)];
+      const size_t slot = size_t(page * page_size_ + p % page_size_);
+      KILN_CHECK(page != KvPool::kNullPage && slot_pos_[slot] == p, "FakeRunner: sequence ", b, " position ",
+                 p, " reads page ", page, " slot holding position ", slot_pos_[slot],
+                 " (stale or wrong page)");
+      ctx.push_back(int32_t(slot_token_[slot]));
+    }
+    for (int32_t r = batch.cu_q[b]; r < batch.cu_q[b + 1]; ++r) {
+      KILN_CHECK_EQ(ctx[size_t(batch.positions[size_t(r)])], batch.tokens[size_t(r)],
+                    "FakeRunner: token mismatch");
+      if (next_logit >= batch.logit_rows.size() || batch.logit_rows[next_logit] != r) continue;
+      const int64_t n = batch.positions[size_t(r)] + 1;
+      const uint64_t h = context_hash(ctx.data(), n);
+      const int32_t target = int32_t(h % uint64_t(V));
+      if (logits) {
+        float* row = logits->data() + next_logit * size_t(V);
+        for (int64_t v = 0; v < V; ++v) row[v] = float((uint64_t(v) * 7919u + h) % 97u) / 97.0f;
+        row[target] = 2.0f;
+      }
+      if (hidden) {
+        float* row = hidden->data() + next_logit * size_t(H);
+        for (int64_t i = 0; i < H; ++i) row[i] = float((h >> (i % 16 * 4)) & 15u) + 1.0f;
+      }
+      ++next_logit;
+    }
+  }
+  KILN_CHECK_EQ(next_logit, batch.logit_rows.size(), "FakeRunner: logit rows outside any sequence");
+  if (has_decode && has_prefill) saw_mixed_step = true;
+  max_seqs_seen = std::max<int64_t>(max_seqs_seen, real_seqs);
+}
+
+}  // namespace kiln

@@ -1,0 +1,51 @@
+// FakeRunner: a deterministic stand-in for a model, for scheduler/engine/server tests without weights.
+// Its "KV cache" stores (token, position) per slot. Each step it writes the new tokens through
+// slot_mapping, then, for every sequence, reads its whole context back through the page table and
+// throws if any slot holds the wrong token or position: a wrong page table, a reused page that was still
+// in use, or a prefix-cache hit on the wrong pages fails loudly. The logits of a row depend only on the
+// context tokens, so the greedy continuation of a prompt is fixed: FakeRunner::reference() computes it
+// without any batching, paging or caching.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model_runner.h"
+
+namespace kiln {
+
+class FakeRunner : public ModelRunner {
+ public:
+  // vocab >= 2; eos is the model's eos token (config().eos_token_ids), or -1 for none.
+  explicit FakeRunner(int64_t vocab = 64, int64_t hidden = 8, int32_t eos = -1,
+                      int64_t max_positions = 1 << 20);
+
+  const ModelConfig& config() const override { return config_; }
+  Device device() const override { return Device::cpu(); }
+  int64_t kv_bytes_per_token() const override { return 8; }
+  int64_t kv_memory_budget(double mem_fraction) const override { return int64_t(mem_fraction * (1 << 20)); }
+  void allocate_kv(int32_t num_pages, int32_t page_size) override;
+  int32_t graph_bucket(const BatchDesc& batch) const override;
+  void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
+
+  // The greedy argmax token after `context`. Logits peak there, by a margin of at least 1.
+  int32_t next_token(const int32_t* context, int64_t n) const;
+  // Greedy continuation of `prompt` by `steps` tokens (stops after eos when stop_at_eos).
+  std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int steps, bool stop_at_eos) const;
+
+  // Test hooks.
+  int64_t steps = 0;
+  int64_t max_seqs_seen = 0;
+  bool saw_mixed_step = false;         // a step with both q_len == 1 and q_len > 1 rows
+  std::vector<int32_t> graph_buckets;  // pad all-decode batches up to these (empty: never pad)
+  int64_t fail_at_step = -1;           // forward() throws on this step number
+  std::vector<int32_t> step_tokens;    // tokens per step
+
+ private:
+  ModelConfig config_;
+  int32_t page_size_ = 0;
+  std::vector<int64_t> slot_token_;  // [num_pages * page_size]: -1 empty
+  std::vector<int64_t> slot_pos_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,39 @@
+// ModelRunner: what the engine needs from a model backend, behind one interface so the engine can run
+// the real Qwen3 model (qwen3_runner.cpp) or a deterministic fake (fake_runner.h) in tests.
+// Called only from the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kiln/batch.h"
+#include "kiln/config.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual Device device() const = 0;
+  // KV bytes one token takes over all layers (K and V together): sizes the pool from memory.
+  virtual int64_t kv_bytes_per_token() const = 0;
+  // Bytes this backend may spend on KV when kiln may use `mem_fraction` of the device's memory.
+  virtual int64_t kv_memory_budget(double mem_fraction) const = 0;
+  // Allocates the paged KV storage. Called once, before the first forward().
+  virtual void allocate_kv(int32_t num_pages, int32_t page_size) = 0;
+  // CUDA-graph seam: the number of sequences to pad `batch` to (rows with slot -1, no logits, pointing
+  // at KvPool::kNullPage), or 0 to run it eagerly as is. The engine pads with pad_batch() before forward.
+  virtual int32_t graph_bucket(const BatchDesc& /*batch*/) const { return 0; }
+  // One step over `batch` (already validated). For each batch.logit_rows entry, in order: logits
+  // [vocab] f32 into *logits (when non-null) and the final-norm hidden state [hidden] f32 into *hidden
+  // (when non-null). Both are resized by the callee. Throws kiln::Error on failure.
+  virtual void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) = 0;
+};
+
+// Appends padding sequences until the batch has num_seqs of them: one token each (id 0, position 0,
+// slot -1), kv_len 1, page table all KvPool::kNullPage, no logit row. The cache write skips slot -1.
+void pad_batch(BatchDesc& batch, int32_t num_seqs);
+
+}  // namespace kiln
