@@ -1,0 +1,19 @@
+#include "ops/activation.h"
+
+#include "ops/checks.h"
+#include "ops/cpu/reference.h"
+
+namespace kiln::ops {
+
+void silu_and_mul(const Tensor& gate_up, const Tensor& out) {
+  constexpr const char* op = "silu_and_mul";
+  detail::check_matrix(op, "gate_up", gate_up, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  KILN_CHECK(out.shape[0] == gate_up.shape[0] && gate_up.shape[1] == 2 * out.shape[1], op, ": gate_up ",
+             gate_up.describe(), " must be [M, 2 * I] for out ", out.describe());
+  detail::check_same_device(op, gate_up, out);
+  if (out.device.is_cuda()) KILN_FAIL("silu_and_mul: CUDA kernel not built yet");
+  cpu::silu_and_mul(gate_up, out);
+}
+
+}  // namespace kiln::ops

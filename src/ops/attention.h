@@ -1,0 +1,44 @@
+// Causal GQA attention over the paged KV cache: prefill (cached prefix + new tokens, variable lengths)
+// and decode rows in one call.
+//
+// Sequence b owns query rows [cu_q[b], cu_q[b+1]) and a context of kv_lens[b] tokens whose last
+// q_len = cu_q[b+1] - cu_q[b] are its new tokens (already written to the cache by attn_prep). Query row
+// i of b sits at context position p = kv_lens[b] - q_len + i and attends to context positions [0, p].
+// Context position j lives in page page_table[b, j / page_size], row j % page_size.
+// Query head h reads KV head h / (Hq / Hkv).
+//
+//   q:          bf16 [T, Hq, D], last stride 1 (token and head strides free: Q may sit in the QKV buffer)
+//   cache:      one layer's KvCacheView (bf16 | f16 | f8e4m3 with UE8M0 scales; NHD or HND)
+//   cu_q:       i32 [B + 1], kv_lens: i32 [B], page_table: i32 [B, pages_stride] (all contiguous)
+//   out:        bf16 [T, Hq, D], last stride 1; must not alias q
+//   scale:      softmax scale, normally 1 / sqrt(D)
+// Numerics: k and v widen exactly to fp32 (fp8: e4m3 value * 2^(scale_byte - 127), exact); each score
+// s_j = (sum_d q_d * k_jd) * scale in fp32; softmax in fp32 with the running max subtracted
+// (p_j = exp(s_j - max)); o = (sum_j p_j * v_j) / (sum_j p_j) in fp32; one rounding to bf16 at the end.
+// Summation order is implementation-defined (tolerance against fp64: relative Frobenius error <= 2^-7);
+// the CPU reference computes each (row, head) independently, in ascending j (dot products over d with 8
+// lane partials, lane d mod 8, then a pairwise tree), so its result is bitwise independent of the batch
+// composition, the page size and the cache layout.
+// Rows with q_len == 0 sequences, or kv_lens[b] == 0, produce nothing.
+//
+// CUDA: the dispatcher's CUDA branch is to call kiln::ops::cuda::paged_attention(args).
+#pragma once
+
+#include "kiln/tensor.h"
+#include "ops/kv_cache.h"
+
+namespace kiln::ops {
+
+struct PagedAttentionArgs {
+  Tensor q;           // bf16 [T, Hq, D]
+  KvCacheView cache;  // [num_pages, page_size, Hkv, D] (NHD) or [num_pages, Hkv, page_size, D] (HND)
+  Tensor cu_q;        // i32 [B + 1]
+  Tensor kv_lens;     // i32 [B]
+  Tensor page_table;  // i32 [B, pages_stride]
+  Tensor out;         // bf16 [T, Hq, D]
+  float scale = 0.0f;
+};
+
+void paged_attention(const PagedAttentionArgs& args);
+
+}  // namespace kiln::ops

@@ -1,0 +1,19 @@
+// The CPU reference ops (the oracle). Called only through the dispatchers in src/ops/*.cpp, which
+// validate shapes, dtypes and devices first; see each op's header for its contract.
+#pragma once
+
+#include "kiln/tensor.h"
+#include "ops/attention.h"
+
+namespace kiln::ops::cpu {
+
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out);
+void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                  const Tensor& out);
+void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
+void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
+void silu_and_mul(const Tensor& gate_up, const Tensor& out);
+void paged_attention(const PagedAttentionArgs& args);
+
+}  // namespace kiln::ops::cpu

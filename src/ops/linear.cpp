@@ -1,0 +1,40 @@
+#include "ops/linear.h"
+
+#include "ops/checks.h"
+#include "ops/cpu/reference.h"
+
+namespace kiln::ops {
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
+  constexpr const char* op = "linear";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
+  KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == weight.shape[0], op, ": out ", out.describe(),
+             " must be [", x.shape[0], ", ", weight.shape[0], "]");
+  KILN_CHECK(out.data != x.data || out.numel() == 0, op, ": out must not alias x");
+  detail::check_same_device(op, x, weight);
+  detail::check_same_device(op, x, out);
+  if (out.device.is_cuda()) KILN_FAIL("linear: CUDA kernel not built yet");
+  cpu::linear(x, weight, out);
+}
+
+void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
+  constexpr const char* op = "lm_head";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "rows", rows, 1, DType::i32);
+  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  detail::check_matrix(op, "logits", logits, 2, DType::f32);
+  KILN_CHECK(rows.is_contiguous(), op, ": rows must be contiguous");
+  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
+  KILN_CHECK(logits.shape[0] == rows.shape[0] && logits.shape[1] == weight.shape[0], op, ": logits ",
+             logits.describe(), " must be [", rows.shape[0], ", ", weight.shape[0], "]");
+  detail::check_same_device(op, x, rows);
+  detail::check_same_device(op, x, weight);
+  detail::check_same_device(op, x, logits);
+  if (logits.device.is_cuda()) KILN_FAIL("lm_head: CUDA kernel not built yet");
+  cpu::lm_head(x, rows, weight, logits);
+}
+
+}  // namespace kiln::ops

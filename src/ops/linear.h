@@ -1,0 +1,32 @@
+// Linear layer (no bias): out[M, N] = x[M, K] · W[N, K]^T.
+//
+//   x:      bf16 [M, K], last stride 1 (row stride free)
+//   weight: bf16 [N, K], last stride 1
+//   out:    bf16 [M, N], last stride 1; must not alias x
+// Products of bf16 values are exact in fp32; the sum is accumulated in fp32 and rounded once to bf16
+// (round to nearest even). The summation order is implementation-defined: CPU uses 8 lane partials
+// (k mod 8), each summed in ascending k, then a tree (lane l + l+4, then + l+2, then + l+1); the same for
+// every M, N and thread count, so a row's result never depends on what else is in the batch. Tolerance
+// against an fp64 reference: relative Frobenius error <= 2^-8 (one bf16 rounding).
+//
+// CUDA: the dispatcher's CUDA branch is to call kiln::ops::cuda::linear(x, weight, out), a wrapper over
+// kiln::cuda::GemmEngine::run (src/ops/cuda/gemm.h) with GemmOut::bf16.
+#pragma once
+
+#include "kiln/tensor.h"
+
+namespace kiln::ops {
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
+
+// LM head: logits[r, :] = x[rows[r], :] · W^T, rows gathered from a hidden-state matrix.
+//   x:      bf16 [T, H], last stride 1;  rows: i32 [R] contiguous, each in [0, T)
+//   weight: bf16 [V, H] (the embedding table when tied), last stride 1
+//   logits: f32 [R, V], last stride 1
+// Accumulated in fp32 like linear, then rounded to bf16 and stored as f32: the logits a bf16 model
+// produces in Hugging Face transformers, vLLM and SGLang (their LM head GEMM writes bf16), so greedy
+// ties break the same way (lowest id among equal bf16 logits).
+// CUDA: kiln::ops::cuda::lm_head(x, rows, weight, logits) (a row gather, the GEMM, a bf16 rounding).
+void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
+
+}  // namespace kiln::ops

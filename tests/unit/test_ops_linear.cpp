@@ -1,0 +1,120 @@
+// CPU linear and LM head: hand-checked values, an fp64 reference over odd sizes, and the batch
+// invariance the model's bitwise tests rely on.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "ops/linear.h"
+
+using namespace kiln;
+
+namespace {
+
+std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float a = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-a, a);
+  std::vector<bf16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+float f(bf16_t x) {
+  return bf16_to_f32(x);
+}
+
+// Relative Frobenius error of `got` against the fp64 product.
+double rel_error(const std::vector<bf16_t>& x, const std::vector<bf16_t>& w, int64_t M, int64_t N, int64_t K,
+                 const std::vector<double>& got) {
+  double num = 0, den = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += double(f(x[m * K + k])) * f(w[n * K + k]);
+      num += (got[m * N + n] - s) * (got[m * N + n] - s);
+      den += s * s;
+    }
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+}  // namespace
+
+TEST(OpsLinear, HandChecked) {
+  // x = [[1, 2], [3, 4]], W = [[1, 0], [0.5, 0.25], [-1, 1]] -> [[1, 1, 1], [3, 2.5, 1]]
+  std::vector<bf16_t> x = {f32_to_bf16(1), f32_to_bf16(2), f32_to_bf16(3), f32_to_bf16(4)};
+  std::vector<bf16_t> w = {f32_to_bf16(1),     f32_to_bf16(0),  f32_to_bf16(0.5f),
+                           f32_to_bf16(0.25f), f32_to_bf16(-1), f32_to_bf16(1)};
+  std::vector<bf16_t> out(6);
+  ops::linear(Tensor(x.data(), DType::bf16, {2, 2}), Tensor(w.data(), DType::bf16, {3, 2}),
+              Tensor(out.data(), DType::bf16, {2, 3}));
+  const float want[6] = {1, 1, 1, 3, 2.5f, 1};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(f(out[i]), want[i]) << i;
+}
+
+TEST(OpsLinear, MatchesFp64OddSizes) {
+  for (int64_t M : {1, 3, 67}) {
+    for (int64_t N : {1, 5, 133}) {
+      for (int64_t K : {1, 7, 300}) {
+        auto x = random_bf16(M * K, uint32_t(M * 1000 + K));
+        auto w = random_bf16(N * K, uint32_t(N * 7 + K));
+        std::vector<bf16_t> out(M * N);
+        ops::linear(Tensor(x.data(), DType::bf16, {M, K}), Tensor(w.data(), DType::bf16, {N, K}),
+                    Tensor(out.data(), DType::bf16, {M, N}));
+        std::vector<double> got(out.size());
+        for (size_t i = 0; i < out.size(); ++i) got[i] = f(out[i]);
+        EXPECT_LE(rel_error(x, w, M, N, K, got), std::ldexp(1.0, -8)) << M << "x" << N << "x" << K;
+      }
+    }
+  }
+}
+
+TEST(OpsLinear, RowResultIndependentOfBatchAndStrides) {
+  const int64_t M = 37, N = 203, K = 129;
+  auto x = random_bf16(M * K, 3), w = random_bf16(N * K, 4);
+  std::vector<bf16_t> all(M * N);
+  ops::linear(Tensor(x.data(), DType::bf16, {M, K}), Tensor(w.data(), DType::bf16, {N, K}),
+              Tensor(all.data(), DType::bf16, {M, N}));
+  for (int64_t m : {0, 17, 36}) {
+    // One row alone, written into a strided output.
+    std::vector<bf16_t> one(2 * N);
+    ops::linear(Tensor(x.data() + m * K, DType::bf16, {1, K}), Tensor(w.data(), DType::bf16, {N, K}),
+                Tensor::strided(one.data(), DType::bf16, {1, N}, {2 * N, 1}));
+    for (int64_t n = 0; n < N; ++n) ASSERT_EQ(one[n].bits, all[m * N + n].bits) << m << "," << n;
+  }
+}
+
+TEST(OpsLinear, RejectsBadShapes) {
+  std::vector<bf16_t> x(6), w(6), out(6);
+  EXPECT_THROW(ops::linear(Tensor(x.data(), DType::bf16, {2, 3}), Tensor(w.data(), DType::bf16, {3, 2}),
+                           Tensor(out.data(), DType::bf16, {2, 3})),
+               Error);
+  EXPECT_THROW(ops::linear(Tensor(x.data(), DType::bf16, {2, 3}), Tensor(w.data(), DType::bf16, {2, 3}),
+                           Tensor(out.data(), DType::bf16, {2, 3})),
+               Error);
+  EXPECT_THROW(ops::linear(Tensor(x.data(), DType::f32, {1, 3}), Tensor(w.data(), DType::bf16, {2, 3}),
+                           Tensor(out.data(), DType::bf16, {1, 2})),
+               Error);
+}
+
+TEST(OpsLmHead, GathersRowsRoundsToBf16) {
+  const int64_t T = 6, H = 45, V = 301;
+  auto x = random_bf16(T * H, 8), w = random_bf16(V * H, 9);
+  std::vector<int32_t> rows = {1, 5};
+  std::vector<float> logits(rows.size() * V);
+  ops::lm_head(Tensor(x.data(), DType::bf16, {T, H}), Tensor(rows.data(), DType::i32, {2}),
+               Tensor(w.data(), DType::bf16, {V, H}), Tensor(logits.data(), DType::f32, {2, V}));
+  std::vector<bf16_t> ref(T * V);
+  ops::linear(Tensor(x.data(), DType::bf16, {T, H}), Tensor(w.data(), DType::bf16, {V, H}),
+              Tensor(ref.data(), DType::bf16, {T, V}));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int64_t v = 0; v < V; ++v) {
+      // The stored f32 is a bf16 value, equal to linear's bf16 result.
+      ASSERT_EQ(logits[r * V + v], f(ref[rows[r] * V + v])) << r << "," << v;
+    }
+  }
+  rows[1] = int32_t(T);
+  EXPECT_THROW(ops::lm_head(Tensor(x.data(), DType::bf16, {T, H}), Tensor(rows.data(), DType::i32, {2}),
+                            Tensor(w.data(), DType::bf16, {V, H}), Tensor(logits.data(), DType::f32, {2, V})),
+               Error);
+}
