@@ -46,7 +46,18 @@ struct ModelConfig {
 
 // Reads DIR/config.json. Throws kiln::Error naming the file and the field on anything wrong:
 // unknown architecture, missing or non-positive sizes, heads not dividing, mrope_section not summing.
+//   architectures[0]: Qwen3ForCausalLM -> qwen3 ("model."), Qwen3Model -> qwen3_embedding (""),
+//   Qwen3VLForConditionalGeneration -> qwen3_vl_text (its text_config; "model.language_model.").
+//   rope: rope_parameters (5.x) or rope_theta + rope_scaling (4.x); only rope_type "default" (or the older
+//   "mrope") is accepted -- yarn/linear/dynamic scaling is rejected rather than silently ignored.
+//   dtype: "dtype" (5.x) or "torch_dtype" (4.x), bfloat16/float16/float32; eos_token_id: int or list.
 ModelConfig load_model_config(const std::string& model_dir);
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name);
+
+// The config cannot always tell where the decoder's weights live (Qwen3-Embedding ships as "Qwen3ForCausalLM"
+// with unprefixed names). Keeps cfg.weight_prefix when PREFIX + "embed_tokens.weight" is among the names,
+// else switches to the known prefix that is ("model.", "", "model.language_model.", "language_model.model.");
+// throws when none is.
+void adapt_weight_prefix(ModelConfig& cfg, const std::vector<std::string>& tensor_names);
 
 }  // namespace kiln

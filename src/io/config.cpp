@@ -1,0 +1,270 @@
+// HF config.json -> ModelConfig for the Qwen3 family (transformers 4.x and 5.x layouts).
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "kiln/config.h"
+#include "kiln/error.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Typed field access on one JSON object; errors name the file and the dotted field path.
+class Fields {
+ public:
+  Fields(const json& obj, std::string source, std::string prefix)
+      : obj_(obj), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  const json* find(const std::string& key) const {
+    auto it = obj_.find(key);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+  std::string path(const std::string& key) const { return prefix_ + key; }
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    KILN_FAIL(source_, ": field '", path(key), "' ", why);
+  }
+
+  std::optional<int64_t> opt_int(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer()) fail(key, "must be an integer, got " + v->dump());
+    return v->get<int64_t>();
+  }
+  int64_t positive(const std::string& key) const {
+    const auto v = opt_int(key);
+    if (!v) fail(key, "is missing");
+    if (*v <= 0) fail(key, "must be positive, got " + std::to_string(*v));
+    return *v;
+  }
+  std::optional<double> opt_num(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) fail(key, "must be a number, got " + v->dump());
+    const double d = v->get<double>();
+    if (!std::isfinite(d)) fail(key, "must be finite");
+    return d;
+  }
+  std::optional<bool> opt_bool(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) fail(key, "must be true or false, got " + v->dump());
+    return v->get<bool>();
+  }
+  std::optional<std::string> opt_str(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) fail(key, "must be a string, got " + v->dump());
+    return v->get<std::string>();
+  }
+  // An int or a list of ints (eos_token_id).
+  std::optional<std::vector<int64_t>> opt_int_list(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    std::vector<int64_t> out;
+    if (v->is_number_integer()) {
+      out.push_back(v->get<int64_t>());
+    } else if (v->is_array()) {
+      for (const json& e : *v) {
+        if (!e.is_number_integer()) fail(key, "must be an integer or a list of integers, got " + v->dump());
+        out.push_back(e.get<int64_t>());
+      }
+    } else {
+      fail(key, "must be an integer or a list of integers, got " + v->dump());
+    }
+    return out;
+  }
+  const json& object() const { return obj_; }
+  const std::string& source() const { return source_; }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  const json& obj_;
+  std::string source_;
+  std::string prefix_;
+};
+
+DType parse_dtype(const Fields& f, const std::string& key, const std::string& s) {
+  if (s == "bfloat16") return DType::bf16;
+  if (s == "float16" || s == "half") return DType::f16;
+  if (s == "float32" || s == "float") return DType::f32;
+  f.fail(key, "names an unsupported dtype \"" + s + "\" (bfloat16, float16 or float32)");
+}
+
+// The rope block: 5.x rope_parameters {rope_theta, rope_type, partial_rotary_factor?, mrope_*}, or 4.x
+// top-level rope_theta with an optional rope_scaling {type|rope_type, mrope_section, mrope_interleaved}.
+void parse_rope(const Fields& f, ModelConfig& c) {
+  const char* block_key = f.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (auto t = f.opt_num("rope_theta")) c.rope_theta = *t;
+  if (auto p = f.opt_num("partial_rotary_factor")) c.partial_rotary_factor = *p;
+  if (const json* block = f.find(block_key)) {
+    if (!block->is_object()) f.fail(block_key, "must be an object, got " + block->dump());
+    const Fields r(*block, f.source(), f.path(block_key) + ".");
+    if (auto t = r.opt_num("rope_theta")) c.rope_theta = *t;
+    if (auto p = r.opt_num("partial_rotary_factor")) c.partial_rotary_factor = *p;
+    std::optional<std::string> type = r.opt_str("rope_type");
+    if (!type) type = r.opt_str("type");
+    if (type) c.rope_type = *type;
+    // Qwen2-VL-era configs spell M-RoPE as type "mrope"; the rotation itself is the default one.
+    if (c.rope_type == "mrope") c.rope_type = "default";
+    if (c.rope_type != "default")
+      r.fail("rope_type", "\"" + c.rope_type + "\" is not supported (only default RoPE and M-RoPE are)");
+    if (const json* sec = r.find("mrope_section")) {
+      if (!sec->is_array() || sec->size() != 3)
+        r.fail("mrope_section", "must be a list of 3 integers (t, h, w)");
+      for (const json& e : *sec) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0)
+          r.fail("mrope_section", "must hold non-negative integers, got " + sec->dump());
+        c.mrope_section.push_back(e.get<int>());
+      }
+    }
+    if (auto il = r.opt_bool("mrope_interleaved")) c.mrope_interleaved = *il;
+  }
+  if (!(c.rope_theta > 0)) f.fail("rope_theta", "must be positive");
+  if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1))
+    f.fail("partial_rotary_factor", "must be in (0, 1]");
+}
+
+ModelArch arch_from_name(const Fields& top, const std::string& name, std::string* weight_prefix) {
+  if (name == "Qwen3ForCausalLM") {
+    *weight_prefix = "model.";
+    return ModelArch::qwen3;
+  }
+  if (name == "Qwen3Model") {  // Qwen3-Embedding as saved by sentence-transformers: no "model." prefix
+    *weight_prefix = "";
+    return ModelArch::qwen3_embedding;
+  }
+  if (name == "Qwen3VLForConditionalGeneration") {
+    *weight_prefix = "model.language_model.";
+    return ModelArch::qwen3_vl_text;
+  }
+  top.fail("architectures", "names \"" + name +
+                                "\", which kiln does not support (Qwen3ForCausalLM, Qwen3Model, "
+                                "Qwen3VLForConditionalGeneration)");
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    KILN_FAIL(source_name, ": not valid JSON: ", e.what());
+  }
+  if (!root.is_object()) KILN_FAIL(source_name, ": must be a JSON object");
+  const Fields top(root, source_name, "");
+
+  ModelConfig c;
+  if (const json* a = top.find("architectures")) {
+    if (!a->is_array() || a->empty() || !(*a)[0].is_string())
+      top.fail("architectures", "must be a non-empty list of strings, got " + a->dump());
+    c.architecture = (*a)[0].get<std::string>();
+  } else if (auto mt = top.opt_str("model_type")) {
+    if (*mt == "qwen3")
+      c.architecture = "Qwen3ForCausalLM";
+    else if (*mt == "qwen3_vl")
+      c.architecture = "Qwen3VLForConditionalGeneration";
+    else
+      top.fail("model_type", "is \"" + *mt + "\" and 'architectures' is missing: not a supported model");
+  } else {
+    top.fail("architectures", "is missing (and so is model_type)");
+  }
+  c.arch = arch_from_name(top, c.architecture, &c.weight_prefix);
+
+  // The decoder's fields: Qwen3-VL nests them under text_config; some (dtype, tie, eos) may sit at the top.
+  const json* text = &root;
+  if (c.arch == ModelArch::qwen3_vl_text) {
+    text = top.find("text_config");
+    if (!text || !text->is_object()) top.fail("text_config", "is missing or not an object");
+  }
+  const Fields f(*text, source_name, c.arch == ModelArch::qwen3_vl_text ? "text_config." : "");
+
+  c.vocab_size = f.positive("vocab_size");
+  c.hidden_size = f.positive("hidden_size");
+  c.intermediate_size = f.positive("intermediate_size");
+  c.num_layers = f.positive("num_hidden_layers");
+  c.num_heads = f.positive("num_attention_heads");
+  c.num_kv_heads = f.opt_int("num_key_value_heads") ? f.positive("num_key_value_heads") : c.num_heads;
+  if (c.num_heads % c.num_kv_heads != 0)
+    f.fail("num_attention_heads", "(" + std::to_string(c.num_heads) +
+                                      ") must be a multiple of num_key_value_heads (" +
+                                      std::to_string(c.num_kv_heads) + ")");
+  if (f.opt_int("head_dim")) {
+    c.head_dim = f.positive("head_dim");
+  } else {
+    if (c.hidden_size % c.num_heads != 0)
+      f.fail("head_dim", "is missing and hidden_size (" + std::to_string(c.hidden_size) +
+                             ") is not a multiple of num_attention_heads (" + std::to_string(c.num_heads) +
+                             ")");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  if (auto e = f.opt_num("rms_norm_eps")) c.rms_norm_eps = *e;
+  if (!(c.rms_norm_eps > 0)) f.fail("rms_norm_eps", "must be positive");
+  if (f.opt_int("max_position_embeddings")) c.max_position_embeddings = f.positive("max_position_embeddings");
+
+  parse_rope(f, c);
+  const int64_t rot = c.rotary_dim();
+  if (rot <= 0 || rot % 2 != 0 || rot > c.head_dim)
+    f.fail("partial_rotary_factor",
+           "gives rotary_dim " + std::to_string(rot) + ", which must be even and in (0, head_dim]");
+  if (!c.mrope_section.empty()) {
+    int64_t sum = 0;
+    for (int s : c.mrope_section) sum += s;
+    if (sum != rot / 2)
+      f.fail(f.find("rope_parameters") ? "rope_parameters.mrope_section" : "rope_scaling.mrope_section",
+             "sums to " + std::to_string(sum) + ", but rotary_dim / 2 is " + std::to_string(rot / 2));
+  }
+
+  // Fields that Qwen3-VL may keep at the top level: prefer the text section, then the top.
+  auto either = [&](auto getter) {
+    auto v = getter(f);
+    if (!v && text != &root) v = getter(top);
+    return v;
+  };
+  if (auto t = either([](const Fields& x) { return x.opt_bool("tie_word_embeddings"); }))
+    c.tie_word_embeddings = *t;
+  {
+    const Fields* df = f.find("dtype") || f.find("torch_dtype") ? &f : &top;
+    const char* key = df->find("dtype") ? "dtype" : "torch_dtype";
+    if (auto d = df->opt_str(key)) c.dtype = parse_dtype(*df, key, *d);
+  }
+  if (auto e = either([](const Fields& x) { return x.opt_int_list("eos_token_id"); })) c.eos_token_ids = *e;
+  if (auto b = either([](const Fields& x) { return x.opt_int("bos_token_id"); })) c.bos_token_id = *b;
+  for (int64_t id : c.eos_token_ids)
+    if (id < 0 || id >= c.vocab_size)
+      f.fail("eos_token_id", "holds " + std::to_string(id) + ", outside [0, vocab_size)");
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) KILN_FAIL(path, ": cannot open (is '", model_dir, "' a Hugging Face checkpoint directory?)");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse_model_config(ss.str(), path);
+}
+
+void adapt_weight_prefix(ModelConfig& cfg, const std::vector<std::string>& tensor_names) {
+  auto has = [&](const std::string& n) {
+    for (const auto& t : tensor_names)
+      if (t == n) return true;
+    return false;
+  };
+  if (has(cfg.weight_prefix + "embed_tokens.weight")) return;
+  for (const char* p : {"model.", "", "model.language_model.", "language_model.model."}) {
+    if (has(std::string(p) + "embed_tokens.weight")) {
+      cfg.weight_prefix = p;
+      return;
+    }
+  }
+  KILN_FAIL("checkpoint has no '", cfg.weight_prefix,
+            "embed_tokens.weight' (nor under another known prefix)");
+}
+
+}  // namespace kiln
