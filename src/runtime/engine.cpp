@@ -1,0 +1,164 @@
+// Engine: the thread, the request table and the step loop. See README.md for the invariants.
+#include "runtime/engine.h"
+
+#include <cmath>
+
+#include "runtime/engine_impl.h"
+
+namespace kiln {
+
+void Histogram::observe(double v) {
+  for (size_t i = 0; i < bounds.size(); ++i)
+    if (v <= bounds[i]) ++counts[i];
+  ++count;
+  sum += v;
+}
+
+Histogram Histogram::with_bounds(std::vector<double> b) {
+  Histogram h;
+  h.bounds = std::move(b);
+  h.counts.assign(h.bounds.size(), 0);
+  return h;
+}
+
+void Engine::Impl::validate(const Request& r) const {
+  const SamplingParams& s = r.sampling;
+  const int64_t V = runner->config().vocab_size;
+  KILN_CHECK(!r.prompt.empty(), "the prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    KILN_CHECK(r.prompt[i] >= 0 && r.prompt[i] < V, "prompt token ", i, " has id ", r.prompt[i],
+               ", outside the vocabulary [0, ", V, ")");
+  KILN_CHECK(std::isfinite(s.temperature) && s.temperature >= 0.0f,
+             "temperature must be finite and >= 0, got ", s.temperature);
+  KILN_CHECK(std::isfinite(s.top_p) && s.top_p > 0.0f && s.top_p <= 1.0f, "top_p must be in (0, 1], got ",
+             s.top_p);
+  KILN_CHECK(s.top_k == -1 || s.top_k >= 0, "top_k must be -1 (disabled) or >= 0, got ", s.top_k);
+  KILN_CHECK(std::isfinite(s.min_p) && s.min_p >= 0.0f && s.min_p <= 1.0f, "min_p must be in [0, 1], got ",
+             s.min_p);
+  KILN_CHECK(s.max_new_tokens >= 0, "max_new_tokens must be >= 0, got ", s.max_new_tokens);
+  KILN_CHECK(s.top_logprobs >= 0 && s.top_logprobs <= 20, "top_logprobs must be in [0, 20], got ",
+             s.top_logprobs);
+  for (int32_t t : s.stop_token_ids)
+    KILN_CHECK(t >= 0 && t < V, "stop token id ", t, " is outside the vocabulary [0, ", V, ")");
+  const int64_t n = int64_t(r.prompt.size());
+  KILN_CHECK(n <= context_limit, "the prompt has ", n, " tokens; the limit is ", context_limit,
+             n > max_context ? " (the model's context length)" : " (the KV pool's capacity)");
+  KILN_CHECK(r.embedding || s.max_new_tokens == 0 || n < context_limit, "the prompt has ", n,
+             " tokens, which leaves no room to generate within the limit of ", context_limit);
+}
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  KILN_CHECK(runner != nullptr, "Engine needs a model runner");
+  KILN_CHECK(opts.page_size >= 1 && opts.page_size <= 4096, "page size must be in [1, 4096], got ",
+             opts.page_size);
+  KILN_CHECK(opts.max_queued_requests >= 1, "max_queued_requests must be >= 1");
+  I.opts = opts;
+  I.runner = std::move(runner);
+  int64_t tokens = opts.max_total_tokens;
+  if (tokens <= 0) {
+    KILN_CHECK(opts.mem_fraction > 0.0 && opts.mem_fraction <= 1.0, "mem_fraction must be in (0, 1], got ",
+               opts.mem_fraction);
+    tokens =
+        I.runner->kv_memory_budget(opts.mem_fraction) / std::max<int64_t>(1, I.runner->kv_bytes_per_token());
+  }
+  const int64_t pages = tokens / opts.page_size + 1;  // + the null page
+  KILN_CHECK(pages >= 2 && pages < (int64_t(1) << 31), "the KV pool would hold ", tokens,
+             " tokens: too few (or too many) for pages of ", opts.page_size);
+  I.runner->allocate_kv(int32_t(pages), opts.page_size);
+  I.pool = std::make_unique<KvPool>(int32_t(pages), opts.page_size);
+  SchedulerOptions so;
+  so.chunked_prefill_size = opts.chunked_prefill_size;
+  so.max_running_requests = opts.max_running_requests;
+  so.enable_prefix_cache = opts.enable_prefix_cache;
+  so.enable_mixed_batches = opts.enable_mixed_batches;
+  I.sched = std::make_unique<Scheduler>(*I.pool, so);
+  const int64_t model_max = I.runner->config().max_position_embeddings;
+  I.max_context = opts.max_context_len > 0 ? opts.max_context_len : (model_max > 0 ? model_max : INT32_MAX);
+  I.context_limit = std::min(I.max_context, I.sched->capacity_tokens());
+  const std::vector<double> lat{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                0.5,   1,      2.5,   5,    10,    25,   50,  100};
+  I.counters.ttft = Histogram::with_bounds(lat);
+  I.counters.e2e = Histogram::with_bounds(lat);
+  I.counters.tpot =
+      Histogram::with_bounds({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5});
+  I.publish(true);
+  I.thread = std::thread([this] { impl_->loop(); });
+}
+
+Engine::~Engine() {
+  shutdown(false);
+}
+
+const ModelConfig& Engine::model_config() const {
+  return impl_->runner->config();
+}
+int64_t Engine::max_context_len() const {
+  return impl_->context_limit;
+}
+bool Engine::is_embedding_model() const {
+  return impl_->runner->config().arch == ModelArch::qwen3_embedding;
+}
+
+RequestId Engine::submit(Request req, std::function<void(const TokenEvent&)> on_event) {
+  Impl& I = *impl_;
+  try {
+    I.validate(req);
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(I.mu);
+    ++I.snapshot.requests_rejected;
+    throw;
+  }
+  std::lock_guard<std::mutex> lk(I.mu);
+  if (I.stopping) {
+    ++I.snapshot.requests_rejected;
+    throw EngineBusyError("the engine is shutting down");
+  }
+  if (int64_t(I.incoming.size()) + I.snapshot.waiting >= I.opts.max_queued_requests) {
+    ++I.snapshot.requests_rejected;
+    throw EngineBusyError("the request queue is full (" + std::to_string(I.opts.max_queued_requests) +
+                          " waiting)");
+  }
+  const RequestId id = I.next_id++;
+  I.incoming.push_back({id, std::move(req), std::move(on_event), Clock::now()});
+  ++I.snapshot.requests_submitted;
+  I.cv.notify_one();
+  return id;
+}
+
+void Engine::abort(RequestId id) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->aborts.push_back(id);
+  impl_->cv.notify_one();
+}
+
+void Engine::flush_cache() {
+  Impl& I = *impl_;
+  std::unique_lock<std::mutex> lk(I.mu);
+  if (I.thread_done) return;
+  const uint64_t ticket = ++I.flush_requested;
+  I.cv.notify_one();
+  I.flush_cv.wait(lk, [&] { return I.flush_done >= ticket || I.thread_done; });
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  EngineStats s = impl_->snapshot;
+  s.waiting += int(impl_->incoming.size());
+  return s;
+}
+
+void Engine::shutdown(bool drain) {
+  Impl& I = *impl_;
+  {
+    std::lock_guard<std::mutex> lk(I.mu);
+    if (!I.stopping) I.drain = drain;
+    if (!drain) I.drain = false;
+    I.stopping = true;
+    I.cv.notify_one();
+  }
+  if (I.thread.joinable() && I.thread.get_id() != std::this_thread::get_id()) I.thread.join();
+}
+
+}  // namespace kiln

@@ -1,0 +1,77 @@
+// Engine internals shared by engine.cpp (threads, submit, stats) and engine_loop.cpp (the step loop).
+// Not a public header: only the runtime includes it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "runtime/engine.h"
+#include "runtime/model_runner.h"
+#include "runtime/scheduler.h"
+
+namespace kiln {
+
+using Clock = std::chrono::steady_clock;
+
+struct Incoming {
+  RequestId id;
+  Request req;
+  std::function<void(const TokenEvent&)> on_event;
+  Clock::time_point t_submit;
+};
+
+// Engine-thread state of one accepted request.
+struct Live {
+  Request req;
+  std::function<void(const TokenEvent&)> on_event;
+  std::mt19937_64 rng;
+  Clock::time_point t_submit, t_first, t_last;
+  int prompt_tokens = 0;
+  int completion = 0;
+  int cached_tokens = -1;  // set at the first admission (a preempted request re-matches its own pages)
+};
+
+inline double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct Engine::Impl {
+  EngineOptions opts;
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<KvPool> pool;
+  std::unique_ptr<Scheduler> sched;
+  int64_t context_limit = 0;  // min(max_context_len, pool capacity)
+  int64_t max_context = 0;
+
+  // Shared with other threads, under mu.
+  mutable std::mutex mu;
+  std::condition_variable cv, flush_cv;
+  std::deque<Incoming> incoming;
+  std::vector<RequestId> aborts;
+  uint64_t flush_requested = 0, flush_done = 0;
+  bool stopping = false, drain = true, thread_done = false;
+  EngineStats snapshot;
+  RequestId next_id = 1;
+  std::thread thread;
+
+  // Engine thread only.
+  std::unordered_map<RequestId, Live> live;
+  EngineStats counters;  // the counter and histogram fields
+
+  void validate(const Request& r) const;
+  void loop();
+  void step();
+  void accept(Incoming in);
+  void emit(RequestId id, Live& L, TokenEvent& ev);
+  void finish(RequestId id, const std::string& reason, const std::string& error = {},
+              TokenEvent* ev = nullptr);
+  void publish(bool full);
+};
+
+}  // namespace kiln

@@ -1,0 +1,252 @@
+// The engine thread: take requests and aborts, plan a step, run the model, sample, emit events.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "runtime/engine_impl.h"
+#include "runtime/token_draw.h"
+
+namespace kiln {
+
+void Engine::Impl::loop() {
+  uint64_t flushed = 0;
+  for (;;) {
+    std::deque<Incoming> in;
+    std::vector<RequestId> ab;
+    uint64_t flush = 0;
+    bool stop = false, dr = true;
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      if (sched->num_running() + sched->num_waiting() == 0)
+        cv.wait(lk, [&] {
+          return !incoming.empty() || !aborts.empty() || flush_requested > flushed || stopping;
+        });
+      in.swap(incoming);
+      ab.swap(aborts);
+      flush = flush_requested;
+      stop = stopping;
+      dr = drain;
+    }
+    for (Incoming& x : in) accept(std::move(x));
+    for (RequestId id : ab) finish(id, "abort");
+    if (stop && !dr) {
+      std::vector<RequestId> ids;
+      for (const auto& [id, L] : live) ids.push_back(id);
+      std::sort(ids.begin(), ids.end());
+      for (RequestId id : ids) finish(id, "abort");
+    }
+    if (flush > flushed) {
+      sched->flush_cache();
+      flushed = flush;
+      publish(true);
+      std::lock_guard<std::mutex> lk(mu);
+      flush_done = flush;
+      flush_cv.notify_all();
+    }
+    if (sched->num_running() + sched->num_waiting() == 0) {
+      publish(true);
+      if (stop) break;
+      continue;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // An internal failure outside the model call: end every request rather than lose any.
+      std::fprintf(stderr, "kiln engine: step failed: %s\n", e.what());
+      std::vector<RequestId> ids;
+      for (const auto& [id, L] : live) ids.push_back(id);
+      for (RequestId id : ids) finish(id, "error", std::string("engine step failed: ") + e.what());
+    }
+    publish(counters.steps % 16 == 0);
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  thread_done = true;
+  flush_cv.notify_all();
+}
+
+void Engine::Impl::accept(Incoming x) {
+  Live L;
+  L.req = std::move(x.req);
+  L.on_event = std::move(x.on_event);
+  L.t_submit = x.t_submit;
+  L.prompt_tokens = int(L.req.prompt.size());
+  const int64_t seed = L.req.sampling.seed;
+  L.rng.seed(seed >= 0 ? uint64_t(seed) : opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull));
+  auto seq = std::make_unique<Sequence>();
+  seq->id = x.id;
+  seq->tokens = L.req.prompt;
+  seq->prompt_len = int32_t(L.req.prompt.size());
+  const int64_t want = L.req.embedding ? 0 : L.req.sampling.max_new_tokens;
+  seq->max_len = int32_t(std::min<int64_t>(int64_t(seq->prompt_len) + want, context_limit));
+  counters.prompt_tokens_total += L.prompt_tokens;
+  live.emplace(x.id, std::move(L));
+  try {
+    sched->admit(std::move(seq));
+  } catch (const std::exception& e) {
+    finish(x.id, "error", e.what());
+  }
+}
+
+void Engine::Impl::step() {
+  StepPlan plan = sched->schedule();
+  counters.preemptions += int64_t(plan.preempted.size());
+  KILN_CHECK(!plan.empty(), "internal: ", sched->num_waiting(), " waiting and ", sched->num_running(),
+             " running requests but nothing could be scheduled");
+  ++counters.steps;
+  const ModelConfig& cfg = runner->config();
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+  for (const StepRow& r : plan.rows) {
+    Live& L = live.at(r.seq->id);
+    if (L.cached_tokens < 0) {
+      L.cached_tokens = r.seq->cached_tokens;
+      counters.cached_tokens_total += L.cached_tokens;
+    }
+  }
+  bool need_logits = false, need_hidden = false;
+  for (int32_t r : plan.sample_rows) {
+    const Live& L = live.at(plan.rows[size_t(r)].seq->id);
+    need_logits |= !L.req.embedding;
+    need_hidden |= L.req.embedding || L.req.return_hidden;
+  }
+  BatchDesc& batch = plan.batch;
+  const int32_t bucket = runner->graph_bucket(batch);
+  if (bucket > batch.num_seqs()) pad_batch(batch, bucket);
+  std::vector<float> logits, hidden;
+  try {
+    batch.validate(V, pool->num_pages());
+    runner->forward(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr);
+  } catch (const std::exception& e) {
+    // The rows of this step end in error; everyone else goes on.
+    std::vector<RequestId> ids;
+    for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
+    for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
+    return;
+  }
+  const size_t K = plan.sample_rows.size();
+  std::vector<int32_t> sampled(K, -1);
+  std::vector<Draw> draws(K);
+  for (size_t k = 0; k < K; ++k) {
+    const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
+    Live& L = live.at(s.id);
+    if (L.req.embedding || L.completion >= L.req.sampling.max_new_tokens ||
+        int32_t(s.tokens.size()) >= s.max_len)
+      continue;
+    draws[k] = draw_token(logits.data() + k * size_t(V), V, L.req.sampling, L.rng);
+    sampled[k] = draws[k].token;
+  }
+  sched->finalize(plan, sampled);
+
+  const Clock::time_point now = Clock::now();
+  for (size_t k = 0; k < K; ++k) {
+    const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
+    const RequestId id = s.id;
+    Live& L = live.at(id);
+    TokenEvent ev;
+    if (need_hidden && (L.req.embedding || L.req.return_hidden)) {
+      const float* h = hidden.data() + k * size_t(H);
+      if (L.req.return_hidden) ev.hidden.assign(h, h + H);
+      if (L.req.embedding) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < H; ++i) ss += double(h[i]) * double(h[i]);
+        const double inv = ss > 0.0 ? 1.0 / std::sqrt(ss) : 0.0;
+        ev.embedding.resize(size_t(H));
+        for (int64_t i = 0; i < H; ++i) ev.embedding[size_t(i)] = float(double(h[i]) * inv);
+      }
+    }
+    if (L.req.embedding) {
+      finish(id, "stop", {}, &ev);
+      continue;
+    }
+    if (sampled[k] < 0) {
+      finish(id, "length", {}, &ev);
+      continue;
+    }
+    const int32_t tok = sampled[k];
+    ++L.completion;
+    ++counters.generation_tokens_total;
+    if (L.completion == 1) {
+      L.t_first = now;
+      counters.ttft.observe(seconds(L.t_submit, now));
+    }
+    L.t_last = now;
+    ev.ids = {tok};
+    if (L.req.sampling.return_logprob) ev.logprobs = {draws[k].logprob};
+    if (L.req.sampling.top_logprobs > 0) ev.top_logprobs = {std::move(draws[k].top)};
+    const auto& stops = L.req.sampling.stop_token_ids;
+    const bool is_stop =
+        std::find(stops.begin(), stops.end(), tok) != stops.end() ||
+        (!L.req.sampling.ignore_eos &&
+         std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) != cfg.eos_token_ids.end());
+    if (is_stop) {
+      ev.matched_stop = tok;
+      finish(id, "stop", {}, &ev);
+    } else if (L.completion >= L.req.sampling.max_new_tokens || int32_t(s.tokens.size()) >= s.max_len) {
+      finish(id, "length", {}, &ev);
+    } else {
+      emit(id, L, ev);
+    }
+  }
+}
+
+void Engine::Impl::emit(RequestId id, Live& L, TokenEvent& ev) {
+  ev.id = id;
+  ev.prompt_tokens = L.prompt_tokens;
+  ev.completion_tokens = L.completion;
+  ev.cached_tokens = std::max(0, L.cached_tokens);
+  if (!L.on_event) return;
+  try {
+    L.on_event(ev);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln engine: event callback for request %llu threw: %s\n", (unsigned long long)id,
+                 e.what());
+  } catch (...) {
+    std::fprintf(stderr, "kiln engine: event callback for request %llu threw\n", (unsigned long long)id);
+  }
+}
+
+void Engine::Impl::finish(RequestId id, const std::string& reason, const std::string& error, TokenEvent* ev) {
+  auto it = live.find(id);
+  if (it == live.end()) return;  // already ended (an abort racing the last token, or an unknown id)
+  Live& L = it->second;
+  TokenEvent local;
+  TokenEvent& e = ev ? *ev : local;
+  e.finished = true;
+  e.finish_reason = reason;
+  e.error = error;
+  const Clock::time_point now = Clock::now();
+  if (reason == "stop" || reason == "length") {
+    counters.e2e.observe(seconds(L.t_submit, now));
+    if (L.completion > 1) counters.tpot.observe(seconds(L.t_first, L.t_last) / double(L.completion - 1));
+    ++(reason == "stop" ? counters.finished_stop : counters.finished_length);
+  } else {
+    ++(reason == "abort" ? counters.finished_abort : counters.finished_error);
+  }
+  sched->release(id);
+  publish(false);  // whoever sees the final event also sees it counted
+  emit(id, L, e);
+  live.erase(it);
+}
+
+void Engine::Impl::publish(bool full) {
+  int64_t cached = -1;
+  if (full) {
+    cached = 0;
+    if (RadixCache* c = sched->cache())
+      c->for_each_page([&](int32_t p) { cached += pool->refcount(p) == 1 ? 1 : 0; });
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  EngineStats s = counters;
+  s.requests_submitted = snapshot.requests_submitted;
+  s.requests_rejected = snapshot.requests_rejected;
+  s.running = sched->num_running();
+  s.waiting = sched->num_waiting();
+  s.page_size = pool->page_size();
+  s.kv_pages_total = pool->num_usable();
+  s.kv_pages_free = pool->num_free();
+  s.kv_pages_cached =
+      cached >= 0 ? cached : std::min(snapshot.kv_pages_cached, s.kv_pages_total - s.kv_pages_free);
+  s.kv_pages_used = s.kv_pages_total - s.kv_pages_free - s.kv_pages_cached;
+  snapshot = std::move(s);
+}
+
+}  // namespace kiln

@@ -1,0 +1,75 @@
+#include "runtime/token_draw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace kiln {
+
+Draw draw_token(const float* logits, int64_t vocab, const SamplingParams& p, std::mt19937_64& rng) {
+  Draw d;
+  const size_t V = size_t(vocab);
+  if (p.temperature <= 0.0f) {
+    d.token = int32_t(std::max_element(logits, logits + V) - logits);
+  } else {
+    const float inv_t = 1.0f / p.temperature;
+    const float mx = *std::max_element(logits, logits + V);
+    std::vector<int32_t> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::vector<double> prob(V);
+    double sum = 0.0;
+    for (size_t v = 0; v < V; ++v) sum += prob[v] = std::exp(double((logits[v] - mx) * inv_t));
+    for (double& x : prob) x /= sum;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return prob[size_t(a)] > prob[size_t(b)]; });
+    size_t keep = V;
+    if (p.top_k > 0) keep = std::min(keep, size_t(p.top_k));
+    if (p.top_p < 1.0f) {
+      double mass = 0.0;
+      for (size_t i = 0; i < keep; ++i) {
+        mass += prob[size_t(order[i])];
+        if (mass >= double(p.top_p)) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    if (p.min_p > 0.0f) {
+      const double floor = double(p.min_p) * prob[size_t(order[0])];
+      size_t k = 1;
+      while (k < keep && prob[size_t(order[k])] >= floor) ++k;
+      keep = k;
+    }
+    double kept = 0.0;
+    for (size_t i = 0; i < keep; ++i) kept += prob[size_t(order[i])];
+    const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * kept;
+    double acc = 0.0;
+    d.token = order[keep - 1];
+    for (size_t i = 0; i < keep; ++i) {
+      acc += prob[size_t(order[i])];
+      if (u < acc) {
+        d.token = order[i];
+        break;
+      }
+    }
+  }
+  if (p.return_logprob || p.top_logprobs > 0) {
+    const float mx = *std::max_element(logits, logits + V);
+    double sum = 0.0;
+    for (size_t v = 0; v < V; ++v) sum += std::exp(double(logits[v] - mx));
+    const double lse = double(mx) + std::log(sum);
+    d.logprob = float(double(logits[size_t(d.token)]) - lse);
+    if (p.top_logprobs > 0) {
+      std::vector<int32_t> ids(V);
+      std::iota(ids.begin(), ids.end(), 0);
+      const size_t k = std::min(V, size_t(p.top_logprobs));
+      std::partial_sort(ids.begin(), ids.begin() + long(k), ids.end(), [&](int32_t a, int32_t b) {
+        return logits[size_t(a)] != logits[size_t(b)] ? logits[size_t(a)] > logits[size_t(b)] : a < b;
+      });
+      for (size_t i = 0; i < k; ++i) d.top.push_back({ids[i], float(double(logits[size_t(ids[i])]) - lse)});
+    }
+  }
+  return d;
+}
+
+}  // namespace kiln
