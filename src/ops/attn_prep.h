@@ -3,8 +3,10 @@
 //   -> K (normed, rotated) and V (unchanged) written into the paged KV cache.
 //
 // Shapes (T tokens, Hq query heads, Hkv kv heads, D head_dim; "act" = bf16 | f16):
-//   qkv          act [T, (Hq + 2*Hkv) * D]; row stride free, last stride 1. Columns: Q heads, K heads, V heads.
-//   q_out        act [T, Hq, D] (row and head strides free, last stride 1), or empty: Q written back in place
+//   qkv          act [T, (Hq + 2*Hkv) * D]; row stride free, last stride 1. Columns: Q heads, K heads, V
+//   heads. q_out        act [T, Hq, D] (row and head strides free, last stride 1), or a Tensor with data ==
+//   nullptr:
+//                Q written back in place
 //                into qkv's Q columns. The K and V columns of qkv are never written; with q_out given, qkv
 //                is not written at all.
 //   q_norm       act [D], k_norm act [D]: the RMSNorm weights.
@@ -14,6 +16,7 @@
 //   slot_mapping i64 [T] (stride free): cache slot of token t; slot < 0: token t is not written to the cache.
 //                Slots must be < cache.num_slots(). Two tokens must not share a slot (the result is then
 //                unspecified).
+//   head_dim     D in [8, 256], a multiple of 8 (the canonical reduction below has 32 lanes of 8).
 //   cache        KvCacheView (kv_cache.h): bf16 | f16 | f8e4m3 (+ UE8M0 scales), NHD or HND, any page size.
 //   Device: every tensor on the same device (CPU: the reference; CUDA: the kernels, on `stream`).
 //
@@ -30,6 +33,8 @@
 //     o_i     = fma(y_i,     c, -(y_(i+h) * s))
 //     o_(i+h) = fma(y_(i+h), c,  (y_i     * s))     (each product rounded to f32 once, then the fma)
 //     o_i = y_i for i in [R, D). One rounding at the end: out_i = act(o_i).
+//     act() rounds to nearest even; a NaN result is stored as the canonical NaN (bf16 0x7fc0, f16 0x7e00),
+//     because CPU and GPU arithmetic produce NaNs of different signs and payloads.
 //     M-RoPE axis of frequency i (section = {s0, s1, s2}, s0 + s1 + s2 == h):
 //       sectioned (Qwen2-VL / Qwen2.5-VL): axis 0 if i < s0, 1 if i < s0 + s1, else 2.
 //       interleaved (Qwen3-VL): axis 1 if i % 3 == 1 and i < 3*s1; axis 2 if i % 3 == 2 and i < 3*s2;
@@ -63,12 +68,12 @@ struct MRope {
 };
 
 struct AttnPrepArgs {
-  Tensor qkv;           // act [T, (Hq + 2*Hkv) * D], row-strided
-  Tensor q_out;         // act [T, Hq, D], or empty: Q in place in qkv
-  Tensor q_norm;        // act [D]
-  Tensor k_norm;        // act [D]
+  Tensor qkv;     // act [T, (Hq + 2*Hkv) * D], row-strided
+  Tensor q_out;   // act [T, Hq, D], or empty: Q in place in qkv
+  Tensor q_norm;  // act [D]
+  Tensor k_norm;  // act [D]
   float eps = 1e-6f;
-  Tensor positions;     // i32 | i64 [T], or [3, T] with mrope.enabled
+  Tensor positions;  // i32 | i64 [T], or [3, T] with mrope.enabled
   RopeTable rope;
   MRope mrope;
   Tensor slot_mapping;  // i64 [T]

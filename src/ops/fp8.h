@@ -9,7 +9,8 @@
 //       clamped to [-127, 127]; a == 0 gives e = 0 (scale 1);
 //   scale byte = e + 127;  q = e4m3_rn_sat(v * 2^-e)  (the product is exact: a power-of-two scaling).
 // e4m3_rn_sat: round to nearest even; finite values beyond 448 saturate to +-448 (0x7e / 0xfe), +-Inf
-// saturates to +-448, NaN becomes 0x7f with the sign kept (0xff for negative NaN); -0 stays 0x80.
+// saturates to +-448, NaN becomes 0x7f whatever its sign (CPU and GPU arithmetic give NaNs of different
+// signs and payloads; dropping them keeps the bitwise contract); -0 stays 0x80.
 // Values below half the smallest subnormal (2^-10) become signed zero; a tie at 2^-10 goes to zero (even).
 #pragma once
 
@@ -35,12 +36,12 @@ KILN_HD uint8_t f32_to_e4m3(float f) {
   const uint32_t u = f32_bits(f);
   const uint8_t sign = uint8_t((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);   // NaN
+  if (a > 0x7f800000u) return 0x7fu;                   // NaN (sign dropped)
   if (a >= 0x43e00000u) return uint8_t(sign | 0x7eu);  // >= 448 (incl. Inf): saturate to 448
   if (a < 0x3c800000u) {
     // Below 2^-6 (smallest normal): subnormal grid of 2^-9. q = a / 2^-9 rounded to nearest even.
     if (a < 0x3a800000u) return sign;  // < 2^-10 (2^-10 itself is a tie and rounds to 0 below)
-    const uint32_t e = a >> 23;          // biased f32 exponent, 117..120
+    const uint32_t e = a >> 23;        // biased f32 exponent, 117..120
     const uint32_t m = (a & 0x7fffffu) | 0x800000u;
     const uint32_t sh = 141u - e;  // a / 2^-9 = m * 2^(e - 141): shift right by 21..24
     uint32_t q = m >> sh;
@@ -83,7 +84,9 @@ KILN_HD int e4m3_block_exponent(float a) {
   return e;
 }
 
-KILN_HD uint8_t ue8m0_from_exponent(int e) { return uint8_t(e + 127); }
+KILN_HD uint8_t ue8m0_from_exponent(int e) {
+  return uint8_t(e + 127);
+}
 KILN_HD float ue8m0_to_f32(uint8_t b) {
   if (b == 255) return f32_from_bits(0x7fc00000u);
   if (b == 0) return f32_from_bits(0x00400000u);  // 2^-127 (f32 subnormal)
@@ -91,7 +94,7 @@ KILN_HD float ue8m0_to_f32(uint8_t b) {
 }
 // 2^-e as an f32 (exact for e in [-127, 127]; 2^127 is the largest).
 KILN_HD float exp2_neg(int e) {
-  const int b = 127 - e;  // biased exponent of 2^-e
+  const int b = 127 - e;                                  // biased exponent of 2^-e
   if (b <= 0) return f32_from_bits(0x00400000u >> (-b));  // only b == 0 occurs (e == 127): 2^-127
   return f32_from_bits(uint32_t(b) << 23);
 }

@@ -1,0 +1,9 @@
+// Fused attention preparation, head_dim 64: {bf16, f16} activations x {bf16, f16, fp8} cache x {decode,
+// prefill}.
+#include "ops/cuda/attn_prep_fused.cuh"
+
+namespace kiln::cuda {
+void launch_attn_prep_fused_d64(const AttnPrepParams& p, bool prefill, cudaStream_t stream) {
+  attn::launch_fused_d<64>(p, prefill, stream);
+}
+}  // namespace kiln::cuda
