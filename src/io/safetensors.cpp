@@ -40,6 +40,15 @@ constexpr DTypeName kDTypes[] = {
     {"U64", DType::u64},        {"BOOL", DType::bool_},
 };
 
+bool lookup_dtype(const std::string& s, DType* out) {
+  for (const auto& d : kDTypes)
+    if (s == d.name) {
+      *out = d.dtype;
+      return true;
+    }
+  return false;
+}
+
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::ostringstream os;
   os << "[";
@@ -63,11 +72,8 @@ TensorEntry parse_entry(const std::string& name, const json& v, uint64_t data_si
   e.name = name;
   const auto dt = v.find("dtype");
   if (dt == v.end() || !dt->is_string()) KILN_FAIL(where, ": missing or non-string \"dtype\"");
-  try {
-    e.dtype = safetensors_dtype_from_string(dt->get<std::string>());
-  } catch (const Error& err) {
-    KILN_FAIL(where, ": ", err.what());
-  }
+  if (!lookup_dtype(dt->get<std::string>(), &e.dtype))
+    KILN_FAIL(where, ": unsupported safetensors dtype ", dt->dump());
   const auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) KILN_FAIL(where, ": missing or non-array \"shape\"");
   if (sh->size() > size_t(kMaxDims))
@@ -142,8 +148,8 @@ std::string read_text_file(const std::string& path) {
 }  // namespace
 
 DType safetensors_dtype_from_string(const std::string& s) {
-  for (const auto& d : kDTypes)
-    if (s == d.name) return d.dtype;
+  DType t{};
+  if (lookup_dtype(s, &t)) return t;
   KILN_FAIL("unsupported safetensors dtype \"", s, "\"");
 }
 
