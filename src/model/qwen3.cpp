@@ -1,0 +1,203 @@
+#include "model/qwen3.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kiln/error.h"
+#include "kiln/safetensors.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/attn_prep.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+#include "ops/rope_table.h"
+
+namespace kiln {
+
+// Per-step activations and uploaded batch metadata on the model's device; buffers grow (doubling) to
+// the largest step seen, so steady-state steps allocate nothing.
+struct Qwen3Model::Workspace {
+  enum Slot {
+    ids,
+    positions,
+    slots,
+    cu_q,
+    kv_lens,
+    page_table,
+    rows,
+    residual,
+    normed,
+    qkv,
+    attn,
+    tmp,
+    gate_up,
+    act,
+    num_slots
+  };
+  explicit Workspace(Device d) : device(d), bufs(num_slots) {}
+
+  void* get(Slot s, size_t bytes) {
+    Buffer& b = bufs[size_t(s)];
+    if (b.bytes() < bytes || !b.data()) b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
+    return b.data();
+  }
+  template <typename T>
+  void* upload(Slot s, const std::vector<T>& v) {
+    void* p = get(s, v.size() * sizeof(T));
+    copy_bytes(p, device, v.data(), Device::cpu(), v.size() * sizeof(T));
+    return p;
+  }
+
+  Device device;
+  std::vector<Buffer> bufs;
+  int64_t T = 0;        // tokens of the last run_layers
+  Tensor final_hidden;  // bf16 [T, hidden]: final-norm output of the last run_layers
+  Tensor rows_t;        // i32 [R]: the last batch's logit rows
+};
+
+Qwen3Model::Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, const LoadOptions& opts)
+    : cfg_(cfg), opts_(opts), weights_(std::move(weights)), ws_(std::make_unique<Workspace>(opts.device)) {
+  KILN_CHECK(cfg_.rope_type == "default", "rope_type '", cfg_.rope_type,
+             "' is not supported (only 'default')");
+  max_position_ = opts.max_position > 0 ? opts.max_position : cfg_.max_position_embeddings;
+  KILN_CHECK(max_position_ > 0, "max_position_embeddings must be positive");
+  rope_buf_ = ops::build_rope_table(int(cfg_.rotary_dim()), cfg_.rope_theta, max_position_, opts.device);
+}
+
+Qwen3Model::~Qwen3Model() = default;
+
+std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg, const Checkpoint* ckpt,
+                                               const LoadOptions& opts) {
+  KILN_CHECK(cfg.arch == ModelArch::qwen3 || cfg.arch == ModelArch::qwen3_vl_text ||
+                 cfg.arch == ModelArch::qwen3_embedding,
+             "unsupported architecture '", cfg.architecture, "'");
+  KILN_CHECK(cfg.dtype == DType::bf16, "kiln runs bf16 checkpoints; config.json says ",
+             dtype_name(cfg.dtype));
+  Qwen3Weights w = load_qwen3_weights(cfg, ckpt, opts.seed, opts.device);
+  return std::unique_ptr<Qwen3Model>(new Qwen3Model(cfg, std::move(w), opts));
+}
+
+std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, const LoadOptions& opts) {
+  const ModelConfig cfg = load_model_config(dir);
+  if (opts.load_format == LoadFormat::random) return create(cfg, nullptr, opts);
+  const Checkpoint ckpt = Checkpoint::open(dir);
+  return create(cfg, &ckpt, opts);
+}
+
+void Qwen3Model::run_layers(const BatchDesc& b, KvCache& cache) {
+  const ModelConfig& c = cfg_;
+  b.validate(c.vocab_size, cache.num_pages());
+  KILN_CHECK_EQ(b.page_size, cache.page_size(), "batch page_size vs KV cache page size");
+  KILN_CHECK_EQ(int64_t(cache.num_layers()), c.num_layers, "KV cache layers vs model layers");
+  KILN_CHECK(cache.device() == device(), "KV cache on ", device_name(cache.device()), ", model on ",
+             device_name(device()));
+  {
+    const ops::KvCacheView v = cache.layer(0);
+    const int64_t hkv = v.k.shape[v.layout == ops::KvLayout::nhd ? 2 : 1];
+    KILN_CHECK(hkv == c.num_kv_heads && v.k.shape[3] == c.head_dim, "KV cache shape ", v.k.describe(),
+               " does not fit the model's ", c.num_kv_heads, " KV heads of dim ", c.head_dim);
+  }
+  KILN_CHECK(!b.mrope || c.mrope_section.size() == 3,
+             "M-RoPE positions given to a model without mrope_section");
+  for (int32_t p : b.positions) {
+    KILN_CHECK(p >= 0 && p < max_position_, "position ", p, " outside [0, ", max_position_, ")");
+  }
+
+  Workspace& w = *ws_;
+  const Device dev = device();
+  const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, qkv_dim = (Hq + 2 * Hkv) * D;
+  constexpr size_t bf = sizeof(bf16_t);
+  w.T = T;
+
+  Tensor ids(w.upload(Workspace::ids, b.tokens), DType::i32, {T}, dev);
+  Tensor pos = b.mrope ? Tensor(w.upload(Workspace::positions, b.positions), DType::i32, {3, T}, dev)
+                       : Tensor(w.upload(Workspace::positions, b.positions), DType::i32, {T}, dev);
+  Tensor slots(w.upload(Workspace::slots, b.slot_mapping), DType::i64, {T}, dev);
+  Tensor cu(w.upload(Workspace::cu_q, b.cu_q), DType::i32, {B + 1}, dev);
+  Tensor kv_lens(w.upload(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
+  Tensor pt(w.upload(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
+  w.rows_t = Tensor(w.upload(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
+
+  Tensor residual(w.get(Workspace::residual, size_t(T * H) * bf), DType::bf16, {T, H}, dev);
+  Tensor normed(w.get(Workspace::normed, size_t(T * H) * bf), DType::bf16, {T, H}, dev);
+  Tensor qkv(w.get(Workspace::qkv, size_t(T * qkv_dim) * bf), DType::bf16, {T, qkv_dim}, dev);
+  Tensor attn(w.get(Workspace::attn, size_t(T * Hq * D) * bf), DType::bf16, {T, Hq, D}, dev);
+  Tensor tmp(w.get(Workspace::tmp, size_t(T * H) * bf), DType::bf16, {T, H}, dev);
+  Tensor gate_up(w.get(Workspace::gate_up, size_t(T * 2 * I) * bf), DType::bf16, {T, 2 * I}, dev);
+  Tensor act(w.get(Workspace::act, size_t(T * I) * bf), DType::bf16, {T, I}, dev);
+  w.final_hidden = normed;
+  if (T == 0) return;
+
+  // Q stays in place in the QKV rows: [T, Hq, D] with the QKV row stride.
+  const Tensor q = Tensor::strided(qkv.data, DType::bf16, {T, Hq, D}, {qkv_dim, D, 1}, dev);
+  const float eps = float(c.rms_norm_eps);
+  ops::AttnPrepArgs prep;
+  prep.qkv = qkv;
+  prep.eps = eps;
+  prep.positions = pos;
+  prep.rope = ops::rope_table_view(rope_buf_, int(c.rotary_dim()), max_position_);
+  if (b.mrope) {
+    prep.mrope.enabled = true;
+    prep.mrope.interleaved = c.mrope_interleaved;
+    for (int i = 0; i < 3; ++i) prep.mrope.section[size_t(i)] = c.mrope_section[size_t(i)];
+  }
+  prep.slot_mapping = slots;
+  prep.num_q_heads = int(Hq);
+  prep.num_kv_heads = int(Hkv);
+  prep.head_dim = int(D);
+  ops::PagedAttentionArgs att;
+  att.q = q;
+  att.cu_q = cu;
+  att.kv_lens = kv_lens;
+  att.page_table = pt;
+  att.out = attn;
+  att.scale = float(1.0 / std::sqrt(double(D)));
+
+  ops::embedding(weights_.embed, ids, residual);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = weights_.layers[size_t(l)];
+    if (l == 0) {
+      ops::rms_norm(residual, lw.input_norm, eps, normed);
+    } else {
+      ops::add_rms_norm(tmp, residual, lw.input_norm, eps, normed);  // tmp: previous layer's MLP output
+    }
+    ops::linear(normed, lw.qkv, qkv);
+    prep.q_norm = lw.q_norm;
+    prep.k_norm = lw.k_norm;
+    prep.cache = cache.layer(int(l));
+    ops::attn_prep(prep);
+    att.cache = prep.cache;
+    ops::paged_attention(att);
+    ops::linear(attn.reshape({T, Hq * D}), lw.o_proj, tmp);
+    ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
+    ops::linear(normed, lw.gate_up, gate_up);
+    ops::silu_and_mul(gate_up, act);
+    ops::linear(act, lw.down, tmp);
+  }
+  ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
+}
+
+void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits) {
+  const int64_t R = int64_t(batch.logit_rows.size());
+  KILN_CHECK(logits.ndim == 2 && logits.dtype == DType::f32 && logits.shape[0] == R &&
+                 logits.shape[1] == cfg_.vocab_size && logits.device == device(),
+             "logits must be f32 [", R, ", ", cfg_.vocab_size, "] on ", device_name(device()), ", got ",
+             logits.describe());
+  run_layers(batch, cache);
+  if (R > 0) ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
+}
+
+void Qwen3Model::forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out) {
+  const int64_t R = int64_t(batch.logit_rows.size());
+  KILN_CHECK(out.ndim == 2 && (out.dtype == DType::f32 || out.dtype == DType::bf16) && out.shape[0] == R &&
+                 out.shape[1] == cfg_.hidden_size && out.device == device(),
+             "hidden out must be bf16 or f32 [", R, ", ", cfg_.hidden_size, "] on ", device_name(device()),
+             ", got ", out.describe());
+  run_layers(batch, cache);
+  if (R > 0) ops::embedding(ws_->final_hidden, ws_->rows_t, out);
+}
+
+}  // namespace kiln

@@ -1,0 +1,68 @@
+// Qwen3 decoder (dense; also the Qwen3-VL text decoder and Qwen3-Embedding), written once against the
+// ops API so every backend runs the same code. One layer:
+//   h = x + o_proj(paged_attention(attn_prep(qkv_proj(rms_norm(x)))))      (fused residual add + norm)
+//   y = h + down_proj(silu_and_mul(gate_up_proj(rms_norm(h))))
+// and logits = lm_head(rms_norm(y)) for the rows the batch asks for.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kiln/batch.h"
+#include "kiln/config.h"
+#include "kiln/tensor.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace kiln {
+
+enum class LoadFormat : uint8_t {
+  real,    // the checkpoint's safetensors
+  random,  // config.json shapes, weights from fill_random_weight(seed): benchmarks without weights
+};
+
+struct LoadOptions {
+  Device device = Device::cpu();
+  LoadFormat load_format = LoadFormat::real;
+  uint64_t seed = 0;
+  int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_position_embeddings
+};
+
+class Qwen3Model {
+ public:
+  // Reads DIR/config.json and, for LoadFormat::real, DIR's safetensors. Errors name the file and field.
+  static std::unique_ptr<Qwen3Model> load(const std::string& dir, const LoadOptions& opts);
+  // From a config already in hand (tests): weights from `ckpt`, or random when it is null.
+  static std::unique_ptr<Qwen3Model> create(const ModelConfig& cfg, const Checkpoint* ckpt,
+                                            const LoadOptions& opts);
+  ~Qwen3Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  Device device() const { return opts_.device; }
+  int64_t max_position() const { return max_position_; }
+  const Qwen3Weights& weights() const { return weights_; }
+
+  // One step. batch must satisfy BatchDesc::validate against this model and cache (checked here, with the
+  // positions against the rotary table); its new tokens' K/V are written into `cache`.
+  // logits: f32 [R, vocab] on the model's device, R = batch.logit_rows.size(), row r for logit_rows[r].
+  void forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits);
+  // The same step, returning the final-norm hidden state of the logit rows instead of logits (the
+  // embedding path): out bf16 or f32 [R, hidden] on the model's device.
+  void forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out);
+
+ private:
+  struct Workspace;
+  Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, const LoadOptions& opts);
+  // Runs every layer and the final norm; the final-norm hidden states are left in the workspace.
+  void run_layers(const BatchDesc& batch, KvCache& cache);
+
+  ModelConfig cfg_;
+  LoadOptions opts_;
+  Qwen3Weights weights_;
+  Buffer rope_buf_;
+  int64_t max_position_ = 0;
+  std::unique_ptr<Workspace> ws_;
+};
+
+}  // namespace kiln

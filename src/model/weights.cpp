@@ -1,0 +1,162 @@
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "kiln/error.h"
+#include "ops/cpu/parallel.h"
+
+namespace kiln {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string layer_name(const ModelConfig& cfg, int64_t l, const char* leaf) {
+  return cfg.weight_prefix + "layers." + std::to_string(l) + "." + leaf;
+}
+
+// Builds one device tensor of `rows` x `cols` from the named parts stacked along rows.
+class Loader {
+ public:
+  Loader(const ModelConfig& cfg, const Checkpoint* ckpt, uint64_t seed, Device device, Qwen3Weights& w)
+      : cfg_(cfg), ckpt_(ckpt), seed_(seed), device_(device), w_(w) {}
+
+  // parts: (name, rows) stacked in order; cols = 0 for a 1-D tensor.
+  Tensor stacked(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols, bool norm) {
+    int64_t rows = 0;
+    for (const auto& p : parts) rows += p.second;
+    const int64_t row_elems = cols ? cols : 1;
+    Buffer buf(size_t(rows * row_elems) * sizeof(bf16_t), device_);
+    int64_t row0 = 0;
+    std::vector<bf16_t> host;
+    for (const auto& [name, prows] : parts) {
+      const int64_t n = prows * row_elems;
+      char* dst = static_cast<char*>(buf.data()) + row0 * row_elems * int64_t(sizeof(bf16_t));
+      if (ckpt_) {
+        const Tensor t =
+            cols ? ckpt_->get(name, DType::bf16, {prows, cols}) : ckpt_->get(name, DType::bf16, {prows});
+        copy_bytes(dst, device_, t.data, Device::cpu(), size_t(n) * sizeof(bf16_t));
+      } else {
+        WeightSpec spec{name, cols ? std::vector<int64_t>{prows, cols} : std::vector<int64_t>{prows}, norm};
+        host.resize(size_t(n));
+        fill_random_weight(spec, seed_, host.data());
+        copy_bytes(dst, device_, host.data(), Device::cpu(), size_t(n) * sizeof(bf16_t));
+      }
+      row0 += prows;
+    }
+    Tensor t = cols ? buf.view(DType::bf16, {rows, cols}) : buf.view(DType::bf16, {rows});
+    w_.storage.push_back(std::move(buf));
+    return t;
+  }
+  Tensor matrix(const std::string& name, int64_t rows, int64_t cols) {
+    return stacked({{name, rows}}, cols, false);
+  }
+  Tensor vector(const std::string& name, int64_t n) { return stacked({{name, n}}, 0, true); }
+
+ private:
+  const ModelConfig& cfg_;
+  const Checkpoint* ckpt_;
+  uint64_t seed_;
+  Device device_;
+  Qwen3Weights& w_;
+};
+
+void check_config(const ModelConfig& c) {
+  KILN_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_layers > 0 &&
+                 c.num_heads > 0 && c.num_kv_heads > 0 && c.head_dim > 0,
+             "model config has a non-positive size");
+  KILN_CHECK(c.num_heads % c.num_kv_heads == 0, "num_attention_heads ", c.num_heads,
+             " is not a multiple of num_key_value_heads ", c.num_kv_heads);
+}
+
+}  // namespace
+
+std::vector<WeightSpec> qwen3_weight_specs(const ModelConfig& c) {
+  check_config(c);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  std::vector<WeightSpec> s;
+  s.push_back({c.weight_prefix + "embed_tokens.weight", {c.vocab_size, H}, false});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    s.push_back({layer_name(c, l, "input_layernorm.weight"), {H}, true});
+    s.push_back({layer_name(c, l, "self_attn.q_proj.weight"), {c.num_heads * D, H}, false});
+    s.push_back({layer_name(c, l, "self_attn.k_proj.weight"), {c.num_kv_heads * D, H}, false});
+    s.push_back({layer_name(c, l, "self_attn.v_proj.weight"), {c.num_kv_heads * D, H}, false});
+    s.push_back({layer_name(c, l, "self_attn.o_proj.weight"), {H, c.num_heads * D}, false});
+    s.push_back({layer_name(c, l, "self_attn.q_norm.weight"), {D}, true});
+    s.push_back({layer_name(c, l, "self_attn.k_norm.weight"), {D}, true});
+    s.push_back({layer_name(c, l, "post_attention_layernorm.weight"), {H}, true});
+    s.push_back({layer_name(c, l, "mlp.gate_proj.weight"), {I, H}, false});
+    s.push_back({layer_name(c, l, "mlp.up_proj.weight"), {I, H}, false});
+    s.push_back({layer_name(c, l, "mlp.down_proj.weight"), {H, I}, false});
+  }
+  s.push_back({c.weight_prefix + "norm.weight", {H}, true});
+  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, H}, false});
+  return s;
+}
+
+void fill_random_weight(const WeightSpec& spec, uint64_t seed, bf16_t* out) {
+  const int64_t n = numel_of(spec.shape);
+  const uint64_t key = splitmix64(seed ^ fnv1a(spec.name));
+  const float half_width = spec.norm ? 0.1f : 0.02f * 1.7320508f;  // uniform std = half_width / sqrt(3)
+  const float center = spec.norm ? 1.0f : 0.0f;
+  ops::cpu::parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint64_t r = splitmix64(key + uint64_t(i));
+      const float u = float(r >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+      out[i] = f32_to_bf16(center + (2.0f * u - 1.0f) * half_width);
+    }
+  });
+}
+
+Qwen3Weights load_qwen3_weights(const ModelConfig& c, const Checkpoint* ckpt, uint64_t seed, Device device) {
+  check_config(c);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int64_t qd = c.num_heads * D, kvd = c.num_kv_heads * D;
+  Qwen3Weights w;
+  Loader ld(c, ckpt, seed, device, w);
+  w.embed = ld.matrix(c.weight_prefix + "embed_tokens.weight", c.vocab_size, H);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerWeights lw;
+    lw.input_norm = ld.vector(layer_name(c, l, "input_layernorm.weight"), H);
+    lw.qkv = ld.stacked({{layer_name(c, l, "self_attn.q_proj.weight"), qd},
+                         {layer_name(c, l, "self_attn.k_proj.weight"), kvd},
+                         {layer_name(c, l, "self_attn.v_proj.weight"), kvd}},
+                        H, false);
+    lw.q_norm = ld.vector(layer_name(c, l, "self_attn.q_norm.weight"), D);
+    lw.k_norm = ld.vector(layer_name(c, l, "self_attn.k_norm.weight"), D);
+    lw.o_proj = ld.matrix(layer_name(c, l, "self_attn.o_proj.weight"), H, qd);
+    lw.post_norm = ld.vector(layer_name(c, l, "post_attention_layernorm.weight"), H);
+    lw.gate_up = ld.stacked(
+        {{layer_name(c, l, "mlp.gate_proj.weight"), I}, {layer_name(c, l, "mlp.up_proj.weight"), I}}, H,
+        false);
+    lw.down = ld.matrix(layer_name(c, l, "mlp.down_proj.weight"), H, I);
+    w.layers.push_back(lw);
+  }
+  w.final_norm = ld.vector(c.weight_prefix + "norm.weight", H);
+  if (c.tie_word_embeddings) {
+    w.lm_head = w.embed;
+  } else {
+    KILN_CHECK(!ckpt || ckpt->has("lm_head.weight"),
+               "checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false");
+    w.lm_head = ld.matrix("lm_head.weight", c.vocab_size, H);
+  }
+  return w;
+}
+
+}  // namespace kiln

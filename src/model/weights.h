@@ -1,0 +1,53 @@
+// Qwen3 weights on one device: loaded from a Hugging Face checkpoint (bf16) or generated from a seed.
+// At load, q/k/v are concatenated into one [Hq*D + 2*Hkv*D, hidden] matrix and gate/up into one
+// [2*I, hidden] matrix (gate rows first), so each sublayer runs one GEMM.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/config.h"
+#include "kiln/safetensors.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+struct LayerWeights {
+  Tensor input_norm;  // bf16 [hidden]
+  Tensor qkv;         // bf16 [Hq*D + 2*Hkv*D, hidden]: q rows, then k, then v
+  Tensor q_norm;      // bf16 [D]
+  Tensor k_norm;      // bf16 [D]
+  Tensor o_proj;      // bf16 [hidden, Hq*D]
+  Tensor post_norm;   // bf16 [hidden]
+  Tensor gate_up;     // bf16 [2*I, hidden]: gate rows, then up
+  Tensor down;        // bf16 [hidden, I]
+};
+
+struct Qwen3Weights {
+  std::vector<Buffer> storage;  // owns every tensor below
+  Tensor embed;                 // bf16 [vocab, hidden]
+  Tensor lm_head;               // bf16 [vocab, hidden]; the embedding table when tied
+  Tensor final_norm;            // bf16 [hidden]
+  std::vector<LayerWeights> layers;
+};
+
+// One checkpoint tensor: its Hugging Face name, shape and whether it is a norm weight (ones-like).
+struct WeightSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool norm = false;
+};
+// Every tensor a Qwen3 checkpoint of this config holds (lm_head.weight only when untied), in a fixed order.
+std::vector<WeightSpec> qwen3_weight_specs(const ModelConfig& cfg);
+
+// Deterministic random values for one tensor, independent per (seed, name) and of the thread count:
+// matrices uniform with std 0.02 (|x| <= 0.02 * sqrt(3)), norm weights 1 + uniform in [-0.1, 0.1].
+// out has numel(spec.shape) elements.
+void fill_random_weight(const WeightSpec& spec, uint64_t seed, bf16_t* out);
+
+// Loads every tensor from `ckpt` (bf16, exact shapes; anything else is a kiln::Error naming the tensor),
+// or generates them with fill_random_weight when ckpt is null, and places them on `device`.
+Qwen3Weights load_qwen3_weights(const ModelConfig& cfg, const Checkpoint* ckpt, uint64_t seed, Device device);
+
+}  // namespace kiln
