@@ -7,15 +7,24 @@
 namespace kiln::client {
 
 BaseUrl parse_base_url(const std::string& url) {
-  KILN_CHECK(url.rfind("https://", 0) != 0, "https is not supported (", url,
-             "): this build's HTTP client has no TLS; put a plain-HTTP endpoint in front");
-  KILN_CHECK(url.rfind("http://", 0) == 0, "base URL must start with http://, got '", url, "'");
-  std::string rest = url.substr(7);
   BaseUrl out;
+  std::string rest;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("https://", 0) == 0) {
+    rest = url.substr(8);
+    out.scheme = "https";
+    out.port = 443;
+  } else {
+    KILN_FAIL("base URL must start with http:// or https://, got '", url, "'");
+  }
   const size_t slash = rest.find('/');
   std::string hostport = rest.substr(0, slash);
   if (slash != std::string::npos) out.prefix = rest.substr(slash);
   while (!out.prefix.empty() && out.prefix.back() == '/') out.prefix.pop_back();
+  // OpenAI SDKs take ".../v1" as their base; the tools add "/v1/..." themselves and also call /generate.
+  if (out.prefix.size() >= 3 && out.prefix.compare(out.prefix.size() - 3, 3, "/v1") == 0)
+    out.prefix.resize(out.prefix.size() - 3);
   const size_t colon = hostport.rfind(':');
   if (colon != std::string::npos && hostport.find(']') == std::string::npos) {
     const std::string p = hostport.substr(colon + 1);
@@ -34,7 +43,8 @@ struct HttpClient::Impl {
   BaseUrl base;
   httplib::Client cli;
   httplib::Headers headers;
-  explicit Impl(BaseUrl b) : base(std::move(b)), cli(base.host, base.port) {}
+  explicit Impl(BaseUrl b)
+      : base(std::move(b)), cli(base.scheme + "://" + base.host + ":" + std::to_string(base.port)) {}
 };
 
 HttpClient::HttpClient(const std::string& base_url, double timeout_s, std::string api_key)
@@ -46,6 +56,7 @@ HttpClient::HttpClient(const std::string& base_url, double timeout_s, std::strin
   impl_->cli.set_read_timeout(sec, usec);
   impl_->cli.set_write_timeout(sec, usec);
   impl_->cli.set_keep_alive(true);
+  impl_->cli.set_tcp_nodelay(true);
   if (!api_key.empty()) impl_->headers.emplace("Authorization", "Bearer " + api_key);
 }
 

@@ -10,11 +10,13 @@
 namespace kiln::client {
 
 struct BaseUrl {
+  std::string scheme = "http";  // "http" or "https"
   std::string host;
   int port = 80;
   std::string prefix;  // path prefix without a trailing '/', e.g. "" or "/engine"
 };
-// "http://host[:port][/prefix]". https is refused with a clear error (httplib is built without TLS here).
+// "http[s]://host[:port][/prefix]"; the port defaults to 80 / 443; a trailing "/v1" is dropped (the
+// tools add "/v1/completions" themselves), so an OpenAI SDK-style base URL works too.
 BaseUrl parse_base_url(const std::string& url);
 
 struct HttpResponse {
