@@ -1,0 +1,91 @@
+// One generation request as the HTTP thread sees it: the queue that carries engine events over from the
+// engine thread, and the tracker that turns token ids into released text (incremental detokenization,
+// stop strings held back and trimmed), logprob entries and the final accounting.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "server/backend.h"
+#include "server/protocol.h"
+#include "server/stop_matcher.h"
+
+namespace kiln::server {
+
+// Engine thread -> HTTP thread. push() takes a lock for a moment and never blocks otherwise.
+class EventQueue {
+ public:
+  void push(const TokenEvent& e);
+  // Moves every queued event into `out` (appending), waiting up to `timeout` for the first one.
+  void wait_pop(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TokenEvent> events_;
+};
+
+// One released (not hidden by a stop) generated token, for logprobs in any endpoint's shape.
+struct TokenOut {
+  int32_t id = 0;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;
+};
+
+struct Delta {
+  std::string text;              // newly released text
+  std::vector<int32_t> ids;      // tokens consumed by this event (up to a stop-string match)
+  std::vector<TokenOut> tokens;  // with logprobs, when asked for
+};
+
+class OutputTracker {
+ public:
+  OutputTracker(const TextCodec& codec, const GenSpec& spec);
+
+  Delta consume(const TokenEvent& e);
+
+  bool finished() const { return finished_; }
+  // A stop string ended the request here: the caller aborts the engine request (the engine reports it
+  // as "abort"; the client sees "stop").
+  bool stopped_by_string() const { return stopped_by_string_; }
+  const std::string& finish_reason() const {
+    return finish_reason_;
+  }                                                           // "stop" | "length" | "abort" | "error"
+  const nlohmann::json& matched() const { return matched_; }  // stop string / token id / null
+  const std::string& error() const { return error_; }
+  const std::string& text() const { return text_; }
+  const std::vector<int32_t>& output_ids() const { return output_ids_; }
+  const std::vector<TokenOut>& tokens() const { return tokens_; }
+  const std::vector<float>& hidden() const { return hidden_; }
+  int prompt_tokens() const { return prompt_tokens_; }
+  int completion_tokens() const { return completion_tokens_; }
+  int cached_tokens() const { return cached_tokens_; }
+
+ private:
+  void finish_text(Delta& d);
+
+  std::unique_ptr<TextStream> stream_;
+  StopMatcher stop_;
+  bool want_logprobs_;
+  bool finished_ = false;
+  bool stopped_by_string_ = false;
+  std::string finish_reason_;
+  nlohmann::json matched_;
+  std::string error_;
+  std::string text_;
+  std::vector<int32_t> output_ids_;
+  std::vector<TokenOut> tokens_;
+  std::vector<float> hidden_;
+  int prompt_tokens_;
+  int completion_tokens_ = 0;
+  int cached_tokens_ = 0;
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,114 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+namespace kiln::server {
+namespace {
+
+class Writer {
+ public:
+  explicit Writer(std::string model) : labels_("model_name=\"" + escape(model) + "\"") {}
+
+  void header(const char* name, const char* type, const char* help) {
+    os_ << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  }
+  void sample(const std::string& name, double v, const std::string& extra = "") {
+    os_ << name << '{' << labels_ << (extra.empty() ? "" : ",") << extra << "} " << num(v) << '\n';
+  }
+  void gauge(const char* name, const char* help, double v) {
+    header(name, "gauge", help);
+    sample(name, v);
+  }
+  void counter(const char* name, const char* help, double v) {
+    header(name, "counter", help);
+    sample(name, v);
+  }
+  void histogram(const char* name, const char* help, const Histogram& h) {
+    header(name, "histogram", help);
+    const std::string n = name;
+    for (size_t i = 0; i < h.bounds.size() && i < h.counts.size(); ++i)
+      sample(n + "_bucket", double(h.counts[i]), "le=\"" + num(h.bounds[i]) + "\"");
+    sample(n + "_bucket", double(h.count), "le=\"+Inf\"");
+    sample(n + "_sum", h.sum);
+    sample(n + "_count", double(h.count));
+  }
+  std::string str() const { return os_.str(); }
+
+  static std::string num(double v) {
+    char buf[64];
+    for (int prec = 15; prec <= 17; ++prec) {  // shortest text that reads back exactly
+      std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+      if (std::strtod(buf, nullptr) == v) break;
+    }
+    return buf;
+  }
+
+ private:
+  static std::string escape(const std::string& s) {
+    std::string o;
+    for (char ch : s) {
+      if (ch == '\\' || ch == '"') o += '\\';
+      if (ch == '\n') {
+        o += "\\n";
+        continue;
+      }
+      o += ch;
+    }
+    return o;
+  }
+  std::ostringstream os_;
+  std::string labels_;
+};
+
+}  // namespace
+
+std::string render_metrics(const EngineStats& s, const ServerCounters& c, const std::string& model_name) {
+  Writer w(model_name);
+  w.gauge("kiln_num_running_requests", "Requests holding KV pages (decoding or mid-prefill).", s.running);
+  w.gauge("kiln_num_waiting_requests", "Requests queued or preempted, waiting for admission.", s.waiting);
+  w.gauge("kiln_kv_pages_total", "KV cache pages in the pool.", double(s.kv_pages_total));
+  w.gauge("kiln_kv_pages_used", "KV pages referenced by live requests.", double(s.kv_pages_used));
+  w.gauge("kiln_kv_pages_cached", "KV pages held only by the prefix cache (evictable).",
+          double(s.kv_pages_cached));
+  w.gauge("kiln_kv_pages_free", "KV pages on the free list.", double(s.kv_pages_free));
+  w.gauge("kiln_kv_page_size_tokens", "Tokens per KV page.", s.page_size);
+  w.gauge("kiln_kv_usage_ratio", "Fraction of KV pages used by live requests.",
+          s.kv_pages_total > 0 ? double(s.kv_pages_used) / double(s.kv_pages_total) : 0.0);
+  w.counter("kiln_prompt_tokens_total", "Prompt tokens processed.", double(s.prompt_tokens_total));
+  w.counter("kiln_generation_tokens_total", "Tokens generated.", double(s.generation_tokens_total));
+  w.counter("kiln_cached_tokens_total", "Prompt tokens served from the prefix cache.",
+            double(s.cached_tokens_total));
+  w.counter("kiln_requests_submitted_total", "Requests accepted by the engine.",
+            double(s.requests_submitted));
+  w.counter("kiln_requests_rejected_total", "Requests refused by the engine at submission.",
+            double(s.requests_rejected));
+  w.header("kiln_requests_finished_total", "counter", "Engine requests by end state.");
+  w.sample("kiln_requests_finished_total", double(s.finished_stop), "reason=\"stop\"");
+  w.sample("kiln_requests_finished_total", double(s.finished_length), "reason=\"length\"");
+  w.sample("kiln_requests_finished_total", double(s.finished_abort), "reason=\"abort\"");
+  w.sample("kiln_requests_finished_total", double(s.finished_error), "reason=\"error\"");
+  w.counter("kiln_preemptions_total", "Requests preempted (pages freed, recomputed later).",
+            double(s.preemptions));
+  w.counter("kiln_engine_steps_total", "Engine steps run.", double(s.steps));
+  w.histogram("kiln_time_to_first_token_seconds", "Time from submission to the first token.", s.ttft);
+  w.histogram("kiln_time_per_output_token_seconds", "Mean time per output token after the first.", s.tpot);
+  w.histogram("kiln_e2e_request_latency_seconds", "Time from submission to the end of the request.", s.e2e);
+
+  w.gauge("kiln_server_active_requests", "HTTP requests accepted and not yet ended.",
+          double(c.active.load()));
+  w.counter("kiln_server_requests_accepted_total", "HTTP requests handed to the engine.",
+            double(c.accepted.load()));
+  w.header("kiln_server_requests_finished_total", "counter", "Accepted HTTP requests by outcome.");
+  w.sample("kiln_server_requests_finished_total", double(c.completed.load()), "outcome=\"completed\"");
+  w.sample("kiln_server_requests_finished_total", double(c.errored.load()), "outcome=\"error\"");
+  w.sample("kiln_server_requests_finished_total", double(c.aborted.load()), "outcome=\"aborted\"");
+  w.header("kiln_server_requests_rejected_total", "counter", "HTTP requests refused before submission.");
+  w.sample("kiln_server_requests_rejected_total", double(c.rejected_invalid.load()), "reason=\"invalid\"");
+  w.sample("kiln_server_requests_rejected_total", double(c.rejected_busy.load()), "reason=\"busy\"");
+  w.sample("kiln_server_requests_rejected_total", double(c.rejected_auth.load()), "reason=\"auth\"");
+  return w.str();
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,449 @@
+#include "server/protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "kiln/error.h"
+#include "server/api_error.h"
+
+namespace kiln::server {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kMaxStops = 16;
+constexpr size_t kMaxStopBytes = 256;
+constexpr int kMaxTopLogprobs = 20;
+
+const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<bool> opt_bool(const json& obj, const char* name) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) throw bad_request(std::string("'") + name + "' must be a boolean", name);
+  return v->get<bool>();
+}
+
+std::optional<int64_t> opt_int(const json& obj, const char* name, int64_t lo, int64_t hi) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  int64_t x = 0;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      throw bad_request(std::string("'") + name + "' is out of range", name);
+    x = v->get<int64_t>();
+  } else if (v->is_number_float() && std::isfinite(v->get<double>()) &&
+             v->get<double>() == std::floor(v->get<double>()) && std::fabs(v->get<double>()) < 9e15) {
+    x = int64_t(v->get<double>());  // 16.0 is accepted as 16
+  } else {
+    throw bad_request(std::string("'") + name + "' must be an integer", name);
+  }
+  if (x < lo || x > hi)
+    throw bad_request(std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "], got " + std::to_string(x),
+                      name);
+  return x;
+}
+
+// Finite number in [lo, hi]; lo_open excludes lo itself.
+std::optional<double> opt_num(const json& obj, const char* name, double lo, double hi, bool lo_open = false) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) throw bad_request(std::string("'") + name + "' must be a number", name);
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+    std::ostringstream os;
+    os << "'" << name << "' must be a finite number in " << (lo_open ? "(" : "[") << lo << ", " << hi
+       << "], got " << v->dump();
+    throw bad_request(os.str(), name);
+  }
+  return x;
+}
+
+std::optional<std::string> opt_string(const json& obj, const char* name) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) throw bad_request(std::string("'") + name + "' must be a string", name);
+  return v->get<std::string>();
+}
+
+void check_model(const json& body, const ApiLimits& lim, std::string& model) {
+  model = lim.served_model_name;
+  if (auto m = opt_string(body, "model")) {
+    if (*m != lim.served_model_name)
+      throw ApiError(
+          404, "The model '" + *m + "' does not exist; this server serves '" + lim.served_model_name + "'",
+          "model", "invalid_request_error", "model_not_found");
+  }
+}
+
+std::vector<int32_t> token_list(const json& arr, const char* param, const ApiLimits& lim) {
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (const auto& t : arr) {
+    if (!t.is_number_integer())
+      throw bad_request(std::string("'") + param + "' must hold integer token ids", param);
+    const int64_t id =
+        t.is_number_unsigned() && t.get<uint64_t>() > uint64_t(INT64_MAX) ? -1 : t.get<int64_t>();
+    if (id < 0 || id >= lim.vocab_size)
+      throw bad_request("token id " + t.dump() + " in '" + param + "' is out of range [0, " +
+                            std::to_string(lim.vocab_size) + ")",
+                        param);
+    ids.push_back(int32_t(id));
+  }
+  return ids;
+}
+
+std::vector<int32_t> encode_text(const TextCodec& codec, const std::string& text, const char* param) {
+  try {
+    return codec.encode(text);
+  } catch (const kiln::Error& e) {
+    throw bad_request(std::string("'") + param + "' could not be tokenized: " + e.what(), param);
+  }
+}
+
+std::vector<std::string> parse_stop(const json& obj, const char* name) {
+  std::vector<std::string> out;
+  const json* v = field(obj, name);
+  if (!v) return out;
+  if (v->is_string()) {
+    out.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (v->size() > kMaxStops)
+      throw bad_request(std::string("'") + name + "' holds at most " + std::to_string(kMaxStops) + " strings",
+                        name);
+    for (const auto& s : *v) {
+      if (!s.is_string())
+        throw bad_request(std::string("'") + name + "' must be a string or a list of strings", name);
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    throw bad_request(std::string("'") + name + "' must be a string or a list of strings", name);
+  }
+  for (const auto& s : out)
+    if (s.empty() || s.size() > kMaxStopBytes)
+      throw bad_request(
+          std::string("each '") + name + "' string must be 1.." + std::to_string(kMaxStopBytes) + " bytes",
+          name);
+  return out;
+}
+
+std::vector<int32_t> parse_stop_ids(const json& obj, const char* name, const ApiLimits& lim) {
+  const json* v = field(obj, name);
+  if (!v) return {};
+  if (!v->is_array()) throw bad_request(std::string("'") + name + "' must be a list of token ids", name);
+  return token_list(*v, name, lim);
+}
+
+// Sampling fields shared by the OpenAI endpoints and /generate's sampling_params (SGLang names the same
+// fields the same way, except max_new_tokens).
+void parse_sampling(const json& obj, const ApiLimits& lim, SamplingParams& sp,
+                    std::vector<std::string>& stop) {
+  if (auto v = opt_num(obj, "temperature", 0.0, 2.0)) sp.temperature = float(*v);
+  if (auto v = opt_num(obj, "top_p", 0.0, 1.0, /*lo_open=*/true)) sp.top_p = float(*v);
+  if (auto v = opt_int(obj, "top_k", -1, 1 << 30)) sp.top_k = *v == 0 ? -1 : int(*v);
+  if (auto v = opt_num(obj, "min_p", 0.0, 1.0)) sp.min_p = float(*v);
+  if (auto v = opt_int(obj, "seed", INT64_MIN + 1, INT64_MAX)) sp.seed = *v < 0 ? -1 : *v;
+  if (auto v = opt_int(obj, "sampling_seed", 0, INT64_MAX)) sp.seed = *v;
+  if (auto v = opt_bool(obj, "ignore_eos")) sp.ignore_eos = *v;
+  sp.stop_token_ids = parse_stop_ids(obj, "stop_token_ids", lim);
+  stop = parse_stop(obj, "stop");
+  for (const char* p : {"presence_penalty", "frequency_penalty"})
+    if (auto v = opt_num(obj, p, -2.0, 2.0); v && *v != 0.0)
+      throw bad_request(std::string("'") + p + "' is not supported (only 0)", p);
+  if (auto v = opt_num(obj, "repetition_penalty", 0.0, 2.0, true); v && *v != 1.0)
+    throw bad_request("'repetition_penalty' is not supported (only 1)", "repetition_penalty");
+  if (auto v = opt_int(obj, "n", INT64_MIN, INT64_MAX); v && *v != 1)
+    throw bad_request("'n' must be 1: kiln returns one choice per request; send several requests instead",
+                      "n");
+}
+
+void reject_openai_unsupported(const json& body) {
+  if (auto v = opt_int(body, "best_of", INT64_MIN, INT64_MAX); v && *v != 1)
+    throw bad_request("'best_of' must be 1", "best_of");
+  if (auto v = opt_bool(body, "echo"); v && *v) throw bad_request("'echo' is not supported", "echo");
+  if (const json* v = field(body, "suffix"))
+    if (!v->is_string() || !v->get<std::string>().empty())
+      throw bad_request("'suffix' is not supported", "suffix");
+  if (const json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) throw bad_request("'logit_bias' must be an object", "logit_bias");
+    if (!v->empty()) throw bad_request("'logit_bias' is not supported", "logit_bias");
+  }
+  if (const json* v = field(body, "response_format")) {
+    if (!v->is_object()) throw bad_request("'response_format' must be an object", "response_format");
+    auto t = v->find("type");
+    if (t == v->end() || !t->is_string() || t->get<std::string>() != "text")
+      throw bad_request("only response_format {\"type\": \"text\"} is supported", "response_format");
+  }
+}
+
+void parse_stream(const json& body, GenSpec& g) {
+  g.stream = opt_bool(body, "stream").value_or(false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) throw bad_request("'stream_options' must be an object", "stream_options");
+    if (!g.stream)
+      throw bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    g.include_usage = opt_bool(*so, "include_usage").value_or(false);
+    g.continuous_usage = opt_bool(*so, "continuous_usage_stats").value_or(false);
+  }
+}
+
+// max_tokens: explicit values must fit the context; absent ones default and clamp.
+void set_max_tokens(GenSpec& g, std::optional<int64_t> given, int64_t def, const ApiLimits& lim,
+                    const char* param) {
+  const int64_t n = int64_t(g.prompt.size());
+  if (n >= lim.max_context_len)
+    throw bad_request("This model's maximum context length is " + std::to_string(lim.max_context_len) +
+                          " tokens, but the prompt has " + std::to_string(n) + " tokens",
+                      "messages");
+  const int64_t room = lim.max_context_len - n;
+  if (given) {
+    if (*given > room)
+      throw bad_request("This model's maximum context length is " + std::to_string(lim.max_context_len) +
+                            " tokens; the prompt has " + std::to_string(n) + " tokens and " + param +
+                            " asks for " + std::to_string(*given) + " more",
+                        param);
+    g.sampling.max_new_tokens = int(*given);
+  } else {
+    g.sampling.max_new_tokens = int(std::min(def, room));
+  }
+}
+
+void check_prompt(const GenSpec& g, const char* param) {
+  if (g.prompt.empty()) throw bad_request(std::string("'") + param + "' must not be empty", param);
+}
+
+std::string content_text(const json& content, size_t i) {
+  const std::string param = "messages[" + std::to_string(i) + "].content";
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    throw bad_request("'" + param + "' must be a string or a list of text parts", param);
+  std::string text;
+  for (const auto& part : content) {
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+        !part["text"].is_string())
+      throw bad_request(
+          "'" + param +
+              "' parts must be {\"type\": \"text\", \"text\": \"...\"}; other kinds are not supported",
+          param);
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+json parse_body(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    // nlohmann's messages say where and why (including ill-formed UTF-8 in strings).
+    throw bad_request(std::string("request body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw bad_request("request body must be a JSON object");
+  return j;
+}
+
+GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLimits& lim) {
+  GenSpec g;
+  g.endpoint = Endpoint::chat;
+  check_model(body, lim, g.model);
+  reject_openai_unsupported(body);
+  parse_sampling(body, lim, g.sampling, g.stop);
+  parse_stream(body, g);
+  g.logprobs = opt_bool(body, "logprobs").value_or(false);
+  if (auto v = opt_int(body, "top_logprobs", 0, kMaxTopLogprobs)) {
+    if (!g.logprobs && *v > 0) throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    g.top_logprobs = int(*v);
+  }
+  std::optional<int64_t> max_tokens = opt_int(body, "max_completion_tokens", 1, INT32_MAX);
+  if (auto v = opt_int(body, "max_tokens", 1, INT32_MAX)) max_tokens = v;
+
+  const json* msgs = field(body, "messages");
+  if (!msgs) throw bad_request("'messages' is required", "messages");
+  if (!msgs->is_array() || msgs->empty())
+    throw bad_request("'messages' must be a non-empty list", "messages");
+  json normalized = body;
+  json& out_msgs = normalized["messages"];
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw bad_request("'" + p + "' must be an object", p);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string())
+      throw bad_request("'" + p + ".role' must be a string", p + ".role");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer")
+      throw bad_request(
+          "'" + p + ".role' must be system, user, assistant, tool or developer; got '" + r + "'",
+          p + ".role");
+    if (r == "developer") out_msgs[i]["role"] = "system";
+    auto content = m.find("content");
+    if (content == m.end() && r != "assistant")
+      throw bad_request("'" + p + ".content' is required", p + ".content");
+    out_msgs[i]["content"] = content == m.end() ? "" : content_text(*content, i);
+  }
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object())
+      throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    if (auto it = kw->find("enable_thinking"); it != kw->end() && !it->is_boolean() && !it->is_null())
+      throw bad_request("'chat_template_kwargs.enable_thinking' must be a boolean", "chat_template_kwargs");
+  }
+  if (const json* tools = field(body, "tools"); tools && !tools->is_array())
+    throw bad_request("'tools' must be a list", "tools");
+  std::string text;
+  try {
+    text = codec.render_chat(normalized);
+  } catch (const kiln::Error& e) {
+    throw bad_request(std::string("'messages' could not be rendered with the chat template: ") + e.what(),
+                      "messages");
+  }
+  g.prompt = encode_text(codec, text, "messages");
+  check_prompt(g, "messages");
+  set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens");
+  g.sampling.return_logprob = g.logprobs;
+  g.sampling.top_logprobs = g.top_logprobs;
+  return g;
+}
+
+GenSpec parse_completion_request(const json& body, const TextCodec& codec, const ApiLimits& lim) {
+  GenSpec g;
+  g.endpoint = Endpoint::completion;
+  check_model(body, lim, g.model);
+  reject_openai_unsupported(body);
+  parse_sampling(body, lim, g.sampling, g.stop);
+  parse_stream(body, g);
+  if (auto v = opt_int(body, "logprobs", 0, kMaxTopLogprobs)) {
+    g.logprobs = true;
+    g.top_logprobs = int(*v);
+  }
+  const auto max_tokens = opt_int(body, "max_tokens", 1, INT32_MAX);
+
+  const json* p = field(body, "prompt");
+  if (!p) throw bad_request("'prompt' is required", "prompt");
+  const char* kBatch = "batched prompts are not supported: send one prompt per request";
+  if (p->is_string()) {
+    g.prompt = encode_text(codec, p->get<std::string>(), "prompt");
+  } else if (p->is_array()) {
+    if (p->empty()) throw bad_request("'prompt' must not be empty", "prompt");
+    if ((*p)[0].is_string() || (*p)[0].is_array()) {
+      if (p->size() != 1) throw bad_request(kBatch, "prompt");
+      if ((*p)[0].is_string())
+        g.prompt = encode_text(codec, (*p)[0].get<std::string>(), "prompt");
+      else
+        g.prompt = token_list((*p)[0], "prompt", lim);
+    } else {
+      g.prompt = token_list(*p, "prompt", lim);
+    }
+  } else {
+    throw bad_request("'prompt' must be a string, a list of token ids, or a list with one of those",
+                      "prompt");
+  }
+  check_prompt(g, "prompt");
+  set_max_tokens(g, max_tokens, 16, lim, "max_tokens");
+  g.sampling.return_logprob = g.logprobs;
+  g.sampling.top_logprobs = g.top_logprobs;
+  return g;
+}
+
+GenSpec parse_generate_request(const json& body, const TextCodec& codec, const ApiLimits& lim) {
+  GenSpec g;
+  g.endpoint = Endpoint::generate;
+  g.model = lim.served_model_name;
+  const json* text = field(body, "text");
+  const json* ids = field(body, "input_ids");
+  if (!text == !ids)
+    throw bad_request("exactly one of 'text' and 'input_ids' is required", text ? "input_ids" : "text");
+  if (text) {
+    const json* t = text;
+    if (t->is_array()) {
+      if (t->size() != 1)
+        throw bad_request("batched 'text' is not supported: send one prompt per request", "text");
+      t = &(*t)[0];
+    }
+    if (!t->is_string()) throw bad_request("'text' must be a string", "text");
+    g.prompt = encode_text(codec, t->get<std::string>(), "text");
+    check_prompt(g, "text");
+  } else {
+    const json* t = ids;
+    if (!t->is_array()) throw bad_request("'input_ids' must be a list of token ids", "input_ids");
+    if (!t->empty() && (*t)[0].is_array()) {
+      if (t->size() != 1)
+        throw bad_request("batched 'input_ids' are not supported: send one prompt per request", "input_ids");
+      t = &(*t)[0];
+    }
+    g.prompt = token_list(*t, "input_ids", lim);
+    check_prompt(g, "input_ids");
+  }
+  std::optional<int64_t> max_new;
+  if (const json* sp = field(body, "sampling_params")) {
+    if (!sp->is_object()) throw bad_request("'sampling_params' must be an object", "sampling_params");
+    parse_sampling(*sp, lim, g.sampling, g.stop);
+    max_new = opt_int(*sp, "max_new_tokens", 0, INT32_MAX);
+    if (auto v = opt_bool(*sp, "skip_special_tokens"); v && !*v)
+      throw bad_request("'skip_special_tokens': false is not supported", "sampling_params");
+  }
+  g.stream = opt_bool(body, "stream").value_or(false);
+  g.logprobs = opt_bool(body, "return_logprob").value_or(false);
+  if (auto v = opt_int(body, "top_logprobs_num", 0, kMaxTopLogprobs)) g.top_logprobs = int(*v);
+  if (g.top_logprobs > 0 && !g.logprobs)
+    throw bad_request("'top_logprobs_num' needs 'return_logprob': true", "top_logprobs_num");
+  g.return_text_in_logprobs = opt_bool(body, "return_text_in_logprobs").value_or(false);
+  g.return_hidden = opt_bool(body, "return_hidden_states").value_or(false);
+  set_max_tokens(g, max_new, 128, lim, "max_new_tokens");
+  g.sampling.return_logprob = g.logprobs;
+  g.sampling.top_logprobs = g.top_logprobs;
+  return g;
+}
+
+EmbedSpec parse_embedding_request(const json& body, const TextCodec& codec, const ApiLimits& lim) {
+  EmbedSpec e;
+  check_model(body, lim, e.model);
+  if (auto f = opt_string(body, "encoding_format")) {
+    if (*f != "float" && *f != "base64")
+      throw bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format");
+    e.base64 = *f == "base64";
+  }
+  if (auto d = opt_int(body, "dimensions", 1, lim.hidden_size)) e.dimensions = *d;
+  const json* in = field(body, "input");
+  if (!in) throw bad_request("'input' is required", "input");
+  auto add_ids = [&](std::vector<int32_t> ids) {
+    if (ids.empty()) throw bad_request("'input' must not contain an empty input", "input");
+    if (int64_t(ids.size()) > lim.max_context_len)
+      throw bad_request("an input has " + std::to_string(ids.size()) + " tokens; the maximum is " +
+                            std::to_string(lim.max_context_len),
+                        "input");
+    e.inputs.push_back(std::move(ids));
+  };
+  if (in->is_string()) {
+    add_ids(encode_text(codec, in->get<std::string>(), "input"));
+  } else if (in->is_array() && !in->empty()) {
+    if (in->size() > lim.max_embedding_inputs)
+      throw bad_request("'input' holds at most " + std::to_string(lim.max_embedding_inputs) + " items",
+                        "input");
+    if ((*in)[0].is_number()) {
+      add_ids(token_list(*in, "input", lim));
+    } else {
+      for (const auto& item : *in) {
+        if (item.is_string())
+          add_ids(encode_text(codec, item.get<std::string>(), "input"));
+        else if (item.is_array())
+          add_ids(token_list(item, "input", lim));
+        else
+          throw bad_request("'input' items must be strings or lists of token ids", "input");
+      }
+    }
+  } else {
+    throw bad_request("'input' must be a string, a list of strings, or token ids", "input");
+  }
+  return e;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,63 @@
+// Request schemas: OpenAI chat/completions/embeddings and SGLang /generate, parsed and validated into plain
+// structs before anything reaches the engine. Every problem is an ApiError (400, or 404 for an unknown
+// model) that names the offending field: wrong JSON types, missing/empty/over-long prompts, token ids out
+// of range, non-finite or out-of-range sampling parameters, unsupported options (n > 1, best_of, echo,
+// penalties, logit_bias). JSON null is treated as "not given", as OpenAI clients send it for unset fields.
+//
+// Ranges: temperature [0, 2] finite; top_p (0, 1]; top_k -1, 0 (disabled) or >= 1; min_p [0, 1];
+// max_tokens >= 1 (/generate: max_new_tokens >= 0); prompt + max_tokens <= the context length (when
+// max_tokens is absent it defaults to the rest of the context for chat, 16 for completions and 128 for
+// /generate, clamped to the context); at most 16 stop strings of 1..256 bytes; top_logprobs 0..20.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "server/backend.h"
+
+namespace kiln::server {
+
+struct ApiLimits {
+  int64_t vocab_size = 0;
+  int64_t max_context_len = 0;
+  int64_t hidden_size = 0;
+  std::string served_model_name;
+  size_t max_embedding_inputs = 256;
+};
+
+enum class Endpoint { chat, completion, generate };
+
+struct GenSpec {
+  Endpoint endpoint = Endpoint::chat;
+  std::string model;            // as echoed back in responses
+  std::vector<int32_t> prompt;  // token ids, non-empty
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings (the server matches them on detokenized text)
+  bool stream = false;
+  bool include_usage = false;            // stream_options.include_usage
+  bool continuous_usage = false;         // stream_options.continuous_usage_stats (vLLM): usage on every chunk
+  bool logprobs = false;                 // report per-token logprobs in the endpoint's shape
+  int top_logprobs = 0;                  // alternatives per token
+  bool return_hidden = false;            // /generate return_hidden_states
+  bool return_text_in_logprobs = false;  // /generate: token text next to each logprob
+};
+
+struct EmbedSpec {
+  std::string model;
+  std::vector<std::vector<int32_t>> inputs;  // one token list per input, each non-empty
+  bool base64 = false;                       // encoding_format "base64": little-endian float32
+  int64_t dimensions = 0;                    // 0 = full; else truncate then L2-renormalise
+};
+
+GenSpec parse_chat_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
+GenSpec parse_completion_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
+GenSpec parse_generate_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
+EmbedSpec parse_embedding_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
+
+// Parses an HTTP body: must be a JSON object (400 otherwise, with the parser's reason).
+nlohmann::json parse_body(const std::string& body);
+
+}  // namespace kiln::server

@@ -1,0 +1,234 @@
+#include "server/responses.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace kiln::server {
+
+using nlohmann::json;
+
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = uint8_t(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (uint8_t(s[i + k]) & 0xc0) == 0x80;
+    if (ok && len > 1) {  // reject overlong forms, surrogates and code points past U+10FFFF
+      uint32_t cp = c & (0xff >> (len + 1));
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (uint8_t(s[i + k]) & 0x3f);
+      ok = cp >= (len == 2   ? 0x80u
+                  : len == 3 ? 0x800u
+                             : 0x10000u) &&
+           cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+    }
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+json usage_json(const OutputTracker& t) {
+  return {{"prompt_tokens", t.prompt_tokens()},
+          {"completion_tokens", t.completion_tokens()},
+          {"total_tokens", t.prompt_tokens() + t.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", t.cached_tokens()}}}};
+}
+
+json finish_reason_json(const OutputTracker& t) {
+  if (!t.finished()) return nullptr;
+  return t.finish_reason();
+}
+
+static json byte_list(const std::string& s) {
+  json b = json::array();
+  for (unsigned char ch : s) b.push_back(int(ch));
+  return b;
+}
+
+json chat_logprobs(const std::vector<TokenOut>& toks, const TextCodec& codec) {
+  json content = json::array();
+  for (const auto& t : toks) {
+    const std::string s = codec.token_bytes(t.id);
+    json top = json::array();
+    for (const auto& alt : t.top) {
+      const std::string a = codec.token_bytes(alt.id);
+      top.push_back({{"token", valid_utf8(a)}, {"logprob", alt.logprob}, {"bytes", byte_list(a)}});
+    }
+    content.push_back(
+        {{"token", valid_utf8(s)}, {"logprob", t.logprob}, {"bytes", byte_list(s)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json completion_logprobs(const std::vector<TokenOut>& toks, const TextCodec& codec, size_t text_offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const auto& t : toks) {
+    const std::string s = codec.token_bytes(t.id);
+    tokens.push_back(valid_utf8(s));
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& alt : t.top) top[valid_utf8(codec.token_bytes(alt.id))] = alt.logprob;
+    tops.push_back(top);
+    offs.push_back(text_offset);
+    text_offset += s.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+json chat_chunk(const ResponseCtx& c, json delta, json finish_reason, json logprobs) {
+  return {{"id", c.id},
+          {"object", "chat.completion.chunk"},
+          {"created", c.created},
+          {"model", c.model},
+          {"system_fingerprint", nullptr},
+          {"choices", json::array({{{"index", 0},
+                                    {"delta", std::move(delta)},
+                                    {"logprobs", std::move(logprobs)},
+                                    {"finish_reason", std::move(finish_reason)}}})}};
+}
+
+json completion_chunk(const ResponseCtx& c, const std::string& text, json finish_reason, json logprobs) {
+  return {{"id", c.id},
+          {"object", "text_completion"},
+          {"created", c.created},
+          {"model", c.model},
+          {"system_fingerprint", nullptr},
+          {"choices", json::array({{{"index", 0},
+                                    {"text", text},
+                                    {"logprobs", std::move(logprobs)},
+                                    {"finish_reason", std::move(finish_reason)}}})}};
+}
+
+json usage_chunk(const ResponseCtx& c, const char* object, const OutputTracker& t) {
+  return {{"id", c.id},       {"object", object},         {"created", c.created},
+          {"model", c.model}, {"choices", json::array()}, {"usage", usage_json(t)}};
+}
+
+json chat_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
+                   const TextCodec& codec) {
+  json choice = {{"index", 0},
+                 {"message", {{"role", "assistant"}, {"content", t.text()}}},
+                 {"logprobs", spec.logprobs ? chat_logprobs(t.tokens(), codec) : json(nullptr)},
+                 {"finish_reason", finish_reason_json(t)}};
+  return {{"id", c.id},
+          {"object", "chat.completion"},
+          {"created", c.created},
+          {"model", c.model},
+          {"system_fingerprint", nullptr},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(t)}};
+}
+
+json completion_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
+                         const TextCodec& codec) {
+  json choice = {{"index", 0},
+                 {"text", t.text()},
+                 {"logprobs", spec.logprobs ? completion_logprobs(t.tokens(), codec, 0) : json(nullptr)},
+                 {"finish_reason", finish_reason_json(t)}};
+  return {{"id", c.id},
+          {"object", "text_completion"},
+          {"created", c.created},
+          {"model", c.model},
+          {"system_fingerprint", nullptr},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(t)}};
+}
+
+static json sglang_logprob_list(const std::vector<TokenLogprob>& v, const TextCodec& codec, bool with_text) {
+  json out = json::array();
+  for (const auto& x : v)
+    out.push_back(json::array(
+        {x.logprob, x.id, with_text ? json(valid_utf8(codec.token_bytes(x.id))) : json(nullptr)}));
+  return out;
+}
+
+json generate_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
+                       const TextCodec& codec, double e2e_seconds) {
+  json finish = nullptr;
+  if (t.finished()) {
+    finish = {{"type", t.finish_reason()}};
+    if (t.finish_reason() == "length") finish["length"] = t.completion_tokens();
+    if (!t.matched().is_null()) finish["matched"] = t.matched();
+    if (t.finish_reason() == "error") finish["message"] = t.error();
+  }
+  json meta = {{"id", c.id},
+               {"finish_reason", finish},
+               {"prompt_tokens", t.prompt_tokens()},
+               {"completion_tokens", t.completion_tokens()},
+               {"cached_tokens", t.cached_tokens()},
+               {"e2e_latency", e2e_seconds}};
+  if (spec.logprobs) {
+    json lps = json::array(), tops = json::array();
+    for (const auto& tok : t.tokens()) {
+      lps.push_back(json::array(
+          {tok.logprob, tok.id,
+           spec.return_text_in_logprobs ? json(valid_utf8(codec.token_bytes(tok.id))) : json(nullptr)}));
+      tops.push_back(sglang_logprob_list(tok.top, codec, spec.return_text_in_logprobs));
+    }
+    meta["output_token_logprobs"] = lps;
+    if (spec.top_logprobs > 0) meta["output_top_logprobs"] = tops;
+  }
+  if (spec.return_hidden && t.finished()) meta["hidden_states"] = json::array({t.hidden()});
+  return {{"text", t.text()}, {"output_ids", t.output_ids()}, {"meta_info", meta}};
+}
+
+std::vector<float> shape_embedding(std::vector<float> v, int64_t dims) {
+  if (dims > 0 && size_t(dims) < v.size()) {
+    v.resize(size_t(dims));
+    double ss = 0;
+    for (float x : v) ss += double(x) * x;
+    const double norm = std::sqrt(ss);
+    if (norm > 0)
+      for (float& x : v) x = float(x / norm);
+  }
+  return v;
+}
+
+std::string base64_floats(const std::vector<float>& v) {
+  static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string bytes(v.size() * 4, '\0');
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], 4);
+    for (int b = 0; b < 4; ++b) bytes[i * 4 + b] = char((u >> (8 * b)) & 0xff);  // little-endian
+  }
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const uint32_t n = (uint32_t(uint8_t(bytes[i])) << 16) |
+                       (i + 1 < bytes.size() ? uint32_t(uint8_t(bytes[i + 1])) << 8 : 0) |
+                       (i + 2 < bytes.size() ? uint32_t(uint8_t(bytes[i + 2])) : 0);
+    out += tbl[(n >> 18) & 63];
+    out += tbl[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? tbl[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? tbl[n & 63] : '=';
+  }
+  return out;
+}
+
+json embeddings_response(const std::string& model, const std::vector<std::vector<float>>& vecs, bool base64,
+                         int64_t prompt_tokens) {
+  json data = json::array();
+  for (size_t i = 0; i < vecs.size(); ++i)
+    data.push_back({{"object", "embedding"},
+                    {"index", i},
+                    {"embedding", base64 ? json(base64_floats(vecs[i])) : json(vecs[i])}});
+  return {{"object", "list"},
+          {"data", data},
+          {"model", model},
+          {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}};
+}
+
+}  // namespace kiln::server

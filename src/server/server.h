@@ -1,0 +1,65 @@
+// ApiServer: the OpenAI/SGLang-compatible HTTP front of kiln (cpp-httplib underneath).
+//
+//   POST /v1/chat/completions  /v1/completions  /v1/embeddings  /generate  /flush_cache
+//   GET  /v1/models  /health  /metrics
+//
+// Each HTTP worker thread serves one connection; generation responses are written from a chunked content
+// provider that waits on the request's event queue, so a client that goes away is noticed within
+// ~50 ms (the socket is checked between waits) and its engine request is aborted, freeing its pages.
+// Non-streaming responses use the same path (a chunked JSON body), so they get the same behaviour.
+//
+// Lifecycle: bind() -> listen() (blocks) on one thread; from another: begin_drain() (new requests get
+// 503, /health turns 503), wait_idle(timeout), abort_all(), stop(). The server never owns the engine.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "server/backend.h"
+#include "server/metrics.h"
+
+namespace kiln::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  // loopback unless told otherwise
+  int port = 8000;                 // 0: any free port (see ApiServer::port())
+  std::string api_key;             // non-empty: every route except /health and /metrics needs "Bearer <key>"
+  std::string served_model_name = "kiln";
+  size_t max_body_bytes = 16u << 20;  // larger bodies get 413
+  int http_threads = 128;             // concurrent connections served; more wait in the accept queue
+  int retry_after_s = 1;              // Retry-After on 503
+};
+
+class ApiServer {
+ public:
+  ApiServer(EngineApi& engine, const TextCodec& codec, ServerOptions opts);
+  ~ApiServer();
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
+
+  // Binds the socket; throws kiln::Error when the address cannot be bound. Returns the port.
+  int bind();
+  // Serves until stop(). Call after bind().
+  void listen();
+  int port() const;
+  bool running() const;  // listen() has started and stop() not yet been called
+
+  void begin_drain();
+  bool draining() const;
+  // True when no accepted request is still in flight (waits up to `timeout`).
+  bool wait_idle(std::chrono::milliseconds timeout);
+  // Aborts every in-flight request in the engine (each still ends, as "abort", and is counted).
+  void abort_all();
+  void stop();
+
+  const ServerCounters& counters() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::server

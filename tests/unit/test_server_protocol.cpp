@@ -1,0 +1,331 @@
+// Server pieces without HTTP: stop strings across tokens, output tracking, request validation, metrics.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "server/api_error.h"
+#include "server/generation.h"
+#include "server/metrics.h"
+#include "server/protocol.h"
+#include "server/responses.h"
+#include "server/stop_matcher.h"
+#include "test_server_fakes.h"
+
+using namespace kiln;
+using namespace kiln::server;
+using nlohmann::json;
+
+namespace {
+
+// Feeds `text` one byte at a time; returns everything released and whether a stop matched.
+std::pair<std::string, bool> feed_bytes(StopMatcher& m, const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    auto r = m.push(std::string(1, c));
+    out += r.text;
+    if (r.matched) return {out, true};
+  }
+  return {out + m.finish(), false};
+}
+
+ApiLimits limits() {
+  ApiLimits l;
+  l.vocab_size = fake::kVocab;
+  l.max_context_len = 64;
+  l.hidden_size = 8;
+  l.served_model_name = "demo";
+  return l;
+}
+
+// The ApiError a parse throws (status, param), or status 0 when it did not throw.
+template <typename Fn>
+std::pair<int, std::string> error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ApiError& e) {
+    return {e.status(), e.param()};
+  }
+  return {0, ""};
+}
+
+}  // namespace
+
+TEST(ServerStop, MatchSpanningTokensIsTrimmedAndHeldBack) {
+  StopMatcher m({"END"});
+  auto r = m.push("abc E");
+  EXPECT_EQ(r.text, "abc ");  // "E" could start "END": held back
+  EXPECT_FALSE(r.matched);
+  r = m.push("N");
+  EXPECT_EQ(r.text, "");
+  r = m.push("Dxyz");
+  EXPECT_TRUE(r.matched);
+  EXPECT_EQ(r.text, "");
+  EXPECT_EQ(r.stop, "END");
+  EXPECT_EQ(m.push("more").text, "");  // nothing after a match
+}
+
+TEST(ServerStop, FalseStartIsReleased) {
+  StopMatcher m({"END"});
+  auto [out, matched] = feed_bytes(m, "the ENgine ENds");
+  EXPECT_FALSE(matched);
+  EXPECT_EQ(out, "the ENgine ENds");
+}
+
+TEST(ServerStop, EarliestOfSeveralWins) {
+  StopMatcher m({"world", "lo w", "\n\n"});
+  auto [out, matched] = feed_bytes(m, "hello world\n\n");
+  EXPECT_TRUE(matched);
+  EXPECT_EQ(out, "hel");
+  StopMatcher m2({"b", "abc"});  // both complete in one push: earliest position wins
+  auto r = m2.push("xabc");
+  EXPECT_TRUE(r.matched);
+  EXPECT_EQ(r.text, "x");
+  EXPECT_EQ(r.stop, "abc");
+}
+
+TEST(ServerStop, Utf8StopAndNoStops) {
+  StopMatcher m({"é!"});
+  auto [out, matched] = feed_bytes(m, "café! ok");
+  EXPECT_TRUE(matched);
+  EXPECT_EQ(out, "caf");
+  StopMatcher none({});
+  EXPECT_EQ(none.push("abc").text, "abc");
+}
+
+TEST(ServerTracker, HoldsBackSplitUtf8AndCountsStopToken) {
+  fake::ByteCodec codec;
+  GenSpec spec;
+  spec.prompt = {1, 2, 3};
+  spec.logprobs = true;
+  OutputTracker t(codec, spec);
+  TokenEvent e;
+  e.ids = {0xc3};  // first byte of "é"
+  e.logprobs = {-1.0f};
+  e.prompt_tokens = 3;
+  EXPECT_EQ(t.consume(e).text, "");
+  e.ids = {0xa9, 'x'};
+  e.logprobs = {-2.0f, -3.0f};
+  EXPECT_EQ(t.consume(e).text, "\xc3\xa9x");
+  e.ids = {fake::kEos};
+  e.logprobs = {-0.5f};
+  e.finished = true;
+  e.finish_reason = "stop";
+  e.matched_stop = fake::kEos;
+  e.completion_tokens = 4;
+  EXPECT_EQ(t.consume(e).text, "");
+  EXPECT_TRUE(t.finished());
+  EXPECT_EQ(t.finish_reason(), "stop");
+  EXPECT_EQ(t.matched(), json(fake::kEos));
+  EXPECT_EQ(t.completion_tokens(), 4);
+  EXPECT_EQ(t.text(), "\xc3\xa9x");
+  ASSERT_EQ(t.tokens().size(), 4u);
+  EXPECT_FLOAT_EQ(t.tokens()[1].logprob, -2.0f);
+}
+
+TEST(ServerTracker, StopStringEndsEarlyAndCountsConsumedTokens) {
+  fake::ByteCodec codec;
+  GenSpec spec;
+  spec.prompt = {1};
+  spec.stop = {"lo w"};
+  OutputTracker t(codec, spec);
+  TokenEvent e;
+  e.ids = codec.encode("hello world");  // one event carrying many tokens
+  const Delta d = t.consume(e);
+  EXPECT_TRUE(t.finished());
+  EXPECT_TRUE(t.stopped_by_string());
+  EXPECT_EQ(d.text, "hel");
+  EXPECT_EQ(t.matched(), json("lo w"));
+  EXPECT_EQ(t.completion_tokens(), 7);  // "hello w": the token completing the match is counted
+}
+
+TEST(ServerTracker, HeldBackTextIsReleasedAtLength) {
+  fake::ByteCodec codec;
+  GenSpec spec;
+  spec.prompt = {1};
+  spec.stop = {"abc"};
+  OutputTracker t(codec, spec);
+  TokenEvent e;
+  e.ids = codec.encode("xyzab");
+  EXPECT_EQ(t.consume(e).text, "xyz");
+  e.ids = {};
+  e.finished = true;
+  e.finish_reason = "length";
+  e.completion_tokens = 5;
+  EXPECT_EQ(t.consume(e).text, "ab");
+  EXPECT_EQ(t.text(), "xyzab");
+  EXPECT_EQ(t.finish_reason(), "length");
+}
+
+TEST(ServerProtocol, ChatRequestParses) {
+  fake::ByteCodec codec;
+  const json body = {{"model", "demo"},
+                     {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                     {"max_tokens", 5},
+                     {"temperature", 0},
+                     {"top_p", 0.5},
+                     {"top_k", 4},
+                     {"seed", 7},
+                     {"stop", "x"},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}},
+                     {"logprobs", true},
+                     {"top_logprobs", 2},
+                     {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  const GenSpec g = parse_chat_request(body, codec, limits());
+  EXPECT_EQ(g.prompt, codec.encode("user: hi\nassistant: <no-think>"));
+  EXPECT_EQ(g.sampling.max_new_tokens, 5);
+  EXPECT_EQ(g.sampling.temperature, 0.0f);
+  EXPECT_EQ(g.sampling.top_p, 0.5f);
+  EXPECT_EQ(g.sampling.top_k, 4);
+  EXPECT_EQ(g.sampling.seed, 7);
+  EXPECT_EQ(g.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(g.stream && g.include_usage && g.logprobs);
+  EXPECT_EQ(g.sampling.top_logprobs, 2);
+  EXPECT_TRUE(g.sampling.return_logprob);
+  // Text parts are joined; absent max_tokens means the rest of the context.
+  const json parts = {
+      {"messages",
+       {{{"role", "user"},
+         {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}}}};
+  const GenSpec g2 = parse_chat_request(parts, codec, limits());
+  EXPECT_EQ(g2.prompt, codec.encode("user: ab\nassistant:"));
+  EXPECT_EQ(g2.sampling.max_new_tokens, 64 - int(g2.prompt.size()));
+}
+
+TEST(ServerProtocol, CompletionAndGenerateParse) {
+  fake::ByteCodec codec;
+  GenSpec g = parse_completion_request({{"prompt", {1, 2, 3}}, {"logprobs", 3}}, codec, limits());
+  EXPECT_EQ(g.prompt, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(g.sampling.max_new_tokens, 16);
+  EXPECT_EQ(g.top_logprobs, 3);
+  g = parse_completion_request({{"prompt", {"ab"}}, {"max_tokens", 2.0}}, codec, limits());
+  EXPECT_EQ(g.prompt, codec.encode("ab"));
+  EXPECT_EQ(g.sampling.max_new_tokens, 2);
+  g = parse_generate_request(
+      {{"input_ids", {5, 6}},
+       {"sampling_params",
+        {{"max_new_tokens", 0}, {"stop_token_ids", {7}}, {"ignore_eos", true}, {"stop", {"a", "b"}}}},
+       {"return_logprob", true},
+       {"return_hidden_states", true}},
+      codec, limits());
+  EXPECT_EQ(g.sampling.max_new_tokens, 0);
+  EXPECT_EQ(g.sampling.stop_token_ids, std::vector<int32_t>{7});
+  EXPECT_TRUE(g.sampling.ignore_eos && g.return_hidden && g.logprobs);
+  EXPECT_EQ(g.stop.size(), 2u);
+  g = parse_generate_request({{"text", "hey"}}, codec, limits());
+  EXPECT_EQ(g.sampling.max_new_tokens, 64 - 3);  // default 128 clamped to the context
+}
+
+TEST(ServerProtocol, BadInputsAreRejectedWithTheirParam) {
+  fake::ByteCodec codec;
+  const auto L = limits();
+  const json msgs = {{{"role", "user"}, {"content", "hi"}}};
+  auto chat = [&](json extra) {
+    json b = {{"messages", msgs}};
+    b.update(extra);
+    return error_of([&] { parse_chat_request(b, codec, L); });
+  };
+  using P = std::pair<int, std::string>;
+  EXPECT_EQ(chat({{"temperature", "hot"}}), P(400, "temperature"));
+  EXPECT_EQ(chat({{"temperature", -1}}), P(400, "temperature"));
+  EXPECT_EQ(chat({{"temperature", 2.5}}), P(400, "temperature"));
+  EXPECT_EQ(chat({{"top_p", 0}}), P(400, "top_p"));
+  EXPECT_EQ(chat({{"top_p", 1.5}}), P(400, "top_p"));
+  EXPECT_EQ(chat({{"top_k", -2}}), P(400, "top_k"));
+  EXPECT_EQ(chat({{"max_tokens", 0}}), P(400, "max_tokens"));
+  EXPECT_EQ(chat({{"max_tokens", 1.5}}), P(400, "max_tokens"));
+  EXPECT_EQ(chat({{"max_tokens", 1000}}), P(400, "max_tokens"));  // prompt + 1000 > context 64
+  EXPECT_EQ(chat({{"n", 2}}), P(400, "n"));
+  EXPECT_EQ(chat({{"stream", "yes"}}), P(400, "stream"));
+  EXPECT_EQ(chat({{"stream_options", {{"include_usage", true}}}}), P(400, "stream_options"));
+  EXPECT_EQ(chat({{"stop", {1, 2}}}), P(400, "stop"));
+  EXPECT_EQ(chat({{"stop", ""}}), P(400, "stop"));
+  EXPECT_EQ(chat({{"logit_bias", {{"5", 1}}}}), P(400, "logit_bias"));
+  EXPECT_EQ(chat({{"presence_penalty", 0.5}}), P(400, "presence_penalty"));
+  EXPECT_EQ(chat({{"top_logprobs", 3}}), P(400, "top_logprobs"));  // without logprobs
+  EXPECT_EQ(chat({{"model", "other"}}), P(404, "model"));
+  EXPECT_EQ(chat({{"messages", json::array()}}), P(400, "messages"));
+  EXPECT_EQ(chat({{"messages", "hi"}}), P(400, "messages"));
+  EXPECT_EQ(chat({{"messages", {{{"role", "wizard"}, {"content", "x"}}}}}), P(400, "messages[0].role"));
+  EXPECT_EQ(chat({{"messages", {{{"role", "user"}, {"content", 5}}}}}), P(400, "messages[0].content"));
+  EXPECT_EQ(chat({{"messages", {{{"role", "user"}, {"content", std::string(100, 'x')}}}}}),
+            P(400, "messages"));
+  EXPECT_EQ(chat({{"stop_token_ids", {999}}}), P(400, "stop_token_ids"));
+
+  auto comp = [&](json b) { return error_of([&] { parse_completion_request(b, codec, L); }); };
+  EXPECT_EQ(comp({{"prompt", ""}}), P(400, "prompt"));
+  EXPECT_EQ(comp({{"prompt", {"a", "b"}}}), P(400, "prompt"));
+  EXPECT_EQ(comp({{"prompt", {1, -1}}}), P(400, "prompt"));
+  EXPECT_EQ(comp({{"prompt", {1, 300}}}), P(400, "prompt"));
+  EXPECT_EQ(comp({{"prompt", 5}}), P(400, "prompt"));
+  EXPECT_EQ(comp(json::object()), P(400, "prompt"));
+  EXPECT_EQ(comp({{"prompt", "a"}, {"echo", true}}), P(400, "echo"));
+  EXPECT_EQ(comp({{"prompt", "a"}, {"best_of", 3}}), P(400, "best_of"));
+  EXPECT_EQ(comp({{"prompt", "a"}, {"logprobs", 21}}), P(400, "logprobs"));
+
+  auto gen = [&](json b) { return error_of([&] { parse_generate_request(b, codec, L); }); };
+  EXPECT_EQ(gen({{"text", "a"}, {"input_ids", {1}}}).first, 400);
+  EXPECT_EQ(gen(json::object()).first, 400);
+  EXPECT_EQ(gen({{"input_ids", json::array()}}), P(400, "input_ids"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"temperature", nullptr}, {"max_new_tokens", -1}}}}),
+            P(400, "max_new_tokens"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", 3}}), P(400, "sampling_params"));
+
+  auto emb = [&](json b) { return error_of([&] { parse_embedding_request(b, codec, L); }); };
+  EXPECT_EQ(emb({{"input", ""}}), P(400, "input"));
+  EXPECT_EQ(emb({{"input", {"a", 3}}}), P(400, "input"));
+  EXPECT_EQ(emb({{"input", "a"}, {"encoding_format", "hex"}}), P(400, "encoding_format"));
+  EXPECT_EQ(emb({{"input", "a"}, {"dimensions", 9}}), P(400, "dimensions"));
+
+  // Malformed JSON, a non-object, and invalid UTF-8 inside a string.
+  EXPECT_EQ(error_of([] { parse_body("{\"a\": "); }).first, 400);
+  EXPECT_EQ(error_of([] { parse_body("[1]"); }).first, 400);
+  EXPECT_EQ(error_of([] { parse_body("{\"prompt\": \"\xff\xfe\"}"); }).first, 400);
+  // Nulls mean "not given".
+  EXPECT_EQ(chat({{"temperature", nullptr}, {"stop", nullptr}, {"seed", nullptr}}).first, 0);
+}
+
+TEST(ServerProtocol, ErrorShapeIsOpenAIs) {
+  const json j = ApiError(400, "bad temperature", "temperature").to_json();
+  EXPECT_EQ(j["error"]["message"], "bad temperature");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "temperature");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+  EXPECT_EQ(error_body(503, "busy")["error"]["type"], "service_unavailable");
+}
+
+TEST(ServerResponses, EmbeddingShapingAndBase64) {
+  const auto v = shape_embedding({3.0f, 4.0f, 12.0f}, 2);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_FLOAT_EQ(v[0], 0.6f);
+  EXPECT_FLOAT_EQ(v[1], 0.8f);
+  EXPECT_EQ(base64_floats({1.0f}), "AACAPw==");  // 1.0f = 00 00 80 3f little-endian
+  EXPECT_EQ(base64_floats({1.0f, -2.0f}), "AACAPwAAAMA=");
+  EXPECT_EQ(valid_utf8("a\xff\xc3\xa9"), "a\xEF\xBF\xBD\xc3\xa9");
+  EXPECT_EQ(valid_utf8("\xc3"), "\xEF\xBF\xBD");
+}
+
+TEST(ServerMetrics, PrometheusTextHasEverySeries) {
+  EngineStats s;
+  s.running = 2;
+  s.kv_pages_total = 10;
+  s.kv_pages_used = 5;
+  s.ttft.bounds = {0.1, 1.0};
+  s.ttft.counts = {1, 3};
+  s.ttft.count = 4;
+  s.ttft.sum = 2.5;
+  ServerCounters c;
+  c.accepted = 7;
+  c.completed = 6;
+  c.aborted = 1;
+  const std::string m = render_metrics(s, c, "de\"mo");
+  EXPECT_NE(m.find("kiln_num_running_requests{model_name=\"de\\\"mo\"} 2\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("kiln_kv_usage_ratio{model_name=\"de\\\"mo\"} 0.5\n"), std::string::npos);
+  EXPECT_NE(m.find("kiln_time_to_first_token_seconds_bucket{model_name=\"de\\\"mo\",le=\"0.1\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(m.find("kiln_time_to_first_token_seconds_bucket{model_name=\"de\\\"mo\",le=\"+Inf\"} 4\n"),
+            std::string::npos);
+  EXPECT_NE(m.find("kiln_server_requests_finished_total{model_name=\"de\\\"mo\",outcome=\"aborted\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(m.find("# TYPE kiln_e2e_request_latency_seconds histogram"), std::string::npos);
+}
