@@ -25,6 +25,8 @@ void Engine::Impl::validate(const Request& r) const {
   const SamplingParams& s = r.sampling;
   const int64_t V = runner->config().vocab_size;
   KILN_CHECK(!r.prompt.empty(), "the prompt is empty");
+  KILN_CHECK(r.embedding || runner->config().arch != ModelArch::qwen3_embedding,
+             "this is an embedding model: it serves embeddings only, not generation");
   for (size_t i = 0; i < r.prompt.size(); ++i)
     KILN_CHECK(r.prompt[i] >= 0 && r.prompt[i] < V, "prompt token ", i, " has id ", r.prompt[i],
                ", outside the vocabulary [0, ", V, ")");
