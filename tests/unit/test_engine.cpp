@@ -15,6 +15,7 @@
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/fake_runner.h"
+#include "runtime/token_draw.h"
 
 #include <filesystem>
 #include <fstream>
@@ -421,6 +422,63 @@ TEST(Engine, CachedTokensAreReported) {
   EXPECT_EQ(sink.last(b).cached_tokens, 20);  // 5 full pages of 4; the last token is always computed
   EXPECT_EQ(sink.tokens(a), sink.tokens(b));
   EXPECT_EQ(engine.stats().cached_tokens_total, 20);
+}
+
+// ---- draw_token: the CPU token choice.
+
+TEST(TokenDraw, GreedyTopKOneAndFilters) {
+  const std::vector<float> logits{0.5f, 2.0f, 1.0f, 2.0f, -1.0f};  // ties at ids 1 and 3
+  std::mt19937_64 rng(1);
+  SamplingParams g;
+  g.temperature = 0.0f;
+  EXPECT_EQ(draw_token(logits.data(), 5, g, rng).token, 1);  // lowest id on ties
+  SamplingParams k1;
+  k1.top_k = 1;
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(draw_token(logits.data(), 5, k1, rng).token, 1);
+  SamplingParams tp;  // top-p 0.5: the two tied leaders hold ~0.71 together, one alone ~0.36 < 0.5
+  tp.top_p = 0.5f;
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 400; ++i) ++seen[draw_token(logits.data(), 5, tp, rng).token];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_GT(seen[1], 120);
+  EXPECT_GT(seen[3], 120);
+  SamplingParams mp;  // min-p 0.5 keeps ids with p >= 0.5 * p_max: 1, 3 (2 has e^-1 ~ 0.37 of the max)
+  mp.min_p = 0.5f;
+  seen.clear();
+  for (int i = 0; i < 400; ++i) ++seen[draw_token(logits.data(), 5, mp, rng).token];
+  EXPECT_EQ(seen.size(), 2u);
+}
+
+TEST(TokenDraw, FrequenciesFollowTheSoftmax) {
+  const std::vector<float> logits{0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};  // p = k / 10
+  std::mt19937_64 rng(42);
+  SamplingParams p;
+  std::vector<int> n(4, 0);
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) ++n[size_t(draw_token(logits.data(), 4, p, rng).token)];
+  for (int k = 0; k < 4; ++k) EXPECT_NEAR(double(n[size_t(k)]) / N, (k + 1) / 10.0, 0.015) << k;
+  // Temperature 2 flattens: p ~ sqrt(k + 1) / sum.
+  p.temperature = 2.0f;
+  std::fill(n.begin(), n.end(), 0);
+  double z = 0;
+  for (int k = 0; k < 4; ++k) z += std::sqrt(k + 1.0);
+  for (int i = 0; i < N; ++i) ++n[size_t(draw_token(logits.data(), 4, p, rng).token)];
+  for (int k = 0; k < 4; ++k) EXPECT_NEAR(double(n[size_t(k)]) / N, std::sqrt(k + 1.0) / z, 0.015) << k;
+}
+
+TEST(TokenDraw, LogprobsAreOfTheRawLogits) {
+  const std::vector<float> logits{0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};
+  std::mt19937_64 rng(3);
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.return_logprob = true;
+  p.top_logprobs = 2;
+  const Draw d = draw_token(logits.data(), 4, p, rng);
+  EXPECT_EQ(d.token, 3);
+  EXPECT_NEAR(d.logprob, std::log(0.4), 1e-6);
+  ASSERT_EQ(d.top.size(), 2u);
+  EXPECT_EQ(d.top[1].id, 2);
+  EXPECT_NEAR(d.top[1].logprob, std::log(0.3), 1e-6);
 }
 
 // ---- The real model: a demo-shaped checkpoint (what `kiln demo-model` writes: Qwen3 vocabulary, 4 layers,
