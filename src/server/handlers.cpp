@@ -154,6 +154,7 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const httplib::Request& req
     }
     std::vector<TokenEvent> events;
     s->queue->wait_pop(events, out.empty() ? kPollInterval : std::chrono::milliseconds(0));
+    if (sink.is_writable && !sink.is_writable()) return false;  // the client went away
     for (const auto& e : events) {
       const Delta d = s->tracker.consume(e);
       if (s->tracker.stopped_by_string() && !s->abort_sent) {
