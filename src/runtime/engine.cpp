@@ -30,16 +30,8 @@ void Engine::Impl::validate(const Request& r) const {
   for (size_t i = 0; i < r.prompt.size(); ++i)
     KILN_CHECK(r.prompt[i] >= 0 && r.prompt[i] < V, "prompt token ", i, " has id ", r.prompt[i],
                ", outside the vocabulary [0, ", V, ")");
-  KILN_CHECK(std::isfinite(s.temperature) && s.temperature >= 0.0f,
-             "temperature must be finite and >= 0, got ", s.temperature);
-  KILN_CHECK(std::isfinite(s.top_p) && s.top_p > 0.0f && s.top_p <= 1.0f, "top_p must be in (0, 1], got ",
-             s.top_p);
-  KILN_CHECK(s.top_k == -1 || s.top_k >= 0, "top_k must be -1 (disabled) or >= 0, got ", s.top_k);
-  KILN_CHECK(std::isfinite(s.min_p) && s.min_p >= 0.0f && s.min_p <= 1.0f, "min_p must be in [0, 1], got ",
-             s.min_p);
+  validate_sampling_params(s);
   KILN_CHECK(s.max_new_tokens >= 0, "max_new_tokens must be >= 0, got ", s.max_new_tokens);
-  KILN_CHECK(s.top_logprobs >= 0 && s.top_logprobs <= 20, "top_logprobs must be in [0, 20], got ",
-             s.top_logprobs);
   for (int32_t t : s.stop_token_ids)
     KILN_CHECK(t >= 0 && t < V, "stop token id ", t, " is outside the vocabulary [0, ", V, ")");
   const int64_t n = int64_t(r.prompt.size());

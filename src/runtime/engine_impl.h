@@ -13,6 +13,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/model_runner.h"
+#include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
 namespace kiln {
@@ -30,7 +31,7 @@ struct Incoming {
 struct Live {
   Request req;
   std::function<void(const TokenEvent&)> on_event;
-  std::mt19937_64 rng;
+  std::unique_ptr<Sampler> sampler;  // the request's own generator: draws do not depend on batching
   Clock::time_point t_submit, t_first, t_last;
   int prompt_tokens = 0;
   int completion = 0;

@@ -4,7 +4,6 @@
 #include <cstdio>
 
 #include "runtime/engine_impl.h"
-#include "runtime/token_draw.h"
 
 namespace kiln {
 
@@ -70,8 +69,7 @@ void Engine::Impl::accept(Incoming x) {
   L.on_event = std::move(x.on_event);
   L.t_submit = x.t_submit;
   L.prompt_tokens = int(L.req.prompt.size());
-  const int64_t seed = L.req.sampling.seed;
-  L.rng.seed(seed >= 0 ? uint64_t(seed) : opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull));
+  L.sampler = std::make_unique<Sampler>(L.req.sampling, opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull));
   auto seq = std::make_unique<Sequence>();
   seq->id = x.id;
   seq->tokens = L.req.prompt;
@@ -131,7 +129,7 @@ void Engine::Impl::step() {
     if (L.req.embedding || L.completion >= L.req.sampling.max_new_tokens ||
         int32_t(s.tokens.size()) >= s.max_len)
       continue;
-    draws[k] = draw_token(logits.data() + k * size_t(V), V, L.req.sampling, L.rng);
+    draws[k] = L.sampler->sample(std::span<const float>(logits.data() + k * size_t(V), size_t(V)));
     sampled[k] = draws[k].token;
   }
   sched->finalize(plan, sampled);
