@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "ops/cpu/parallel.h"
 #include "runtime/engine_impl.h"
 
 namespace kiln {
@@ -123,15 +124,18 @@ void Engine::Impl::step() {
   const size_t K = plan.sample_rows.size();
   std::vector<int32_t> sampled(K, -1);
   std::vector<Draw> draws(K);
-  for (size_t k = 0; k < K; ++k) {
-    const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
-    Live& L = live.at(s.id);
-    if (L.req.embedding || L.completion >= L.req.sampling.max_new_tokens ||
-        int32_t(s.tokens.size()) >= s.max_len)
-      continue;
-    draws[k] = L.sampler->sample(std::span<const float>(logits.data() + k * size_t(V), size_t(V)));
-    sampled[k] = draws[k].token;
-  }
+  // Each row draws with its own request's generator, so rows can go in parallel without changing results.
+  ops::cpu::parallel_for(int64_t(K), K >= 8 ? 4 : int64_t(K) + 1, [&](int64_t k0, int64_t k1) {
+    for (size_t k = size_t(k0); k < size_t(k1); ++k) {
+      const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
+      Live& L = live.at(s.id);
+      if (L.req.embedding || L.completion >= L.req.sampling.max_new_tokens ||
+          int32_t(s.tokens.size()) >= s.max_len)
+        continue;
+      draws[k] = L.sampler->sample(std::span<const float>(logits.data() + k * size_t(V), size_t(V)));
+      sampled[k] = draws[k].token;
+    }
+  });
   sched->finalize(plan, sampled);
 
   const Clock::time_point now = Clock::now();
