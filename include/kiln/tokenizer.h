@@ -1,0 +1,77 @@
+// kiln tokenizer: the Qwen3 byte-level BPE tokenizer read from a Hugging Face tokenizer.json, its chat
+// template, and a streaming detokenizer. Token-for-token equal to the Hugging Face `tokenizers` package.
+//
+// Contract:
+//  - encode(text): UTF-8 in (invalid UTF-8 throws kiln::Error naming the byte offset), ids out. No BOS/EOS is
+//    added (Qwen3 adds none). Pipeline: added tokens that are not `normalized` are split off the raw text
+//    (leftmost-longest, honouring lstrip/rstrip/single_word) -> NFC on the rest -> `normalized` added tokens
+//    split off -> the Split regex from tokenizer.json (PCRE2, UTF+UCP, JIT) -> byte-level BPE by merge rank.
+//  - decode(ids): tokens -> bytes through the ByteLevel decoder, then bytes -> text with U+FFFD replacing
+//  each
+//    maximal invalid subsequence (what Rust's from_utf8_lossy and Hugging Face do). Ids outside
+//    [0, vocab_size()) throw kiln::Error (Hugging Face silently drops them; we report bad input).
+//  - The object is immutable after load(); copies share one Impl and every method is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln {
+
+class Tokenizer {
+ public:
+  // model_dir holds tokenizer.json and tokenizer_config.json (the latter may be absent: no chat template,
+  // eos from <|im_end|>/<|endoftext|> only).
+  static Tokenizer load(const std::string& model_dir);
+  // The same from the files' contents (tests build variants of the real tokenizer this way).
+  static Tokenizer from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json = "");
+
+  std::vector<int32_t> encode(std::string_view text) const;
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
+  int64_t vocab_size() const;  // model vocab + added tokens (max id + 1)
+  std::optional<int32_t> token_id(std::string_view token) const;
+  // The token's text as stored in the vocabulary (byte-level chars for model tokens); throws when out of
+  // range.
+  std::string id_to_token(int32_t id) const;
+  bool is_special(int32_t id) const;  // an added token with "special": true (skipped by skip_special_tokens)
+  // eos_token from tokenizer_config.json, then <|im_end|> and <|endoftext|> where present; no duplicates.
+  std::vector<int32_t> eos_token_ids() const;
+
+  // request_json: {"messages": [...], "tools"?: [...], "add_generation_prompt"?: bool, "enable_thinking"?:
+  // bool, other keys ignored}. Returns the prompt text exactly as Hugging Face renders the model's Qwen3
+  // Jinja template. Throws kiln::Error for malformed requests and for a chat template this renderer does not
+  // know.
+  std::string render_chat(std::string_view request_json) const;
+
+  // Appends the decoded bytes of one id (no UTF-8 repair) to out; for StreamDecoder.
+  void append_token_bytes(int32_t id, bool skip_special_tokens, std::string& out) const;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Incremental detokenizer: push ids one at a time; each call returns the text that is now final (complete
+// UTF-8, or invalid bytes already replaced by U+FFFD). flush() returns the rest. The concatenation of all
+// returned strings equals tokenizer.decode(all ids, skip_special_tokens) exactly.
+class StreamDecoder {
+ public:
+  StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens);
+  std::string push(int32_t id);
+  std::string flush();
+
+ private:
+  Tokenizer tokenizer_;  // shares the Impl: cheap, and keeps it alive
+  bool skip_special_;
+  std::string pending_;  // bytes not yet emitted: at most an incomplete UTF-8 sequence (<= 3 bytes)
+};
+
+}  // namespace kiln

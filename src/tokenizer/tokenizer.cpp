@@ -1,0 +1,367 @@
+#include "kiln/tokenizer.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+#include "kiln/error.h"
+#include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unicode.h"
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KILN_CHECK(f.good(), "cannot open ", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool file_exists(const std::string& path) {
+  return std::ifstream(path).good();
+}
+
+// tokenizer.json's byte-level decoder: a token whose every char is a byte stand-in becomes those bytes;
+// any other token (e.g. an added token with a space) keeps its own UTF-8 bytes.
+std::string token_to_bytes(std::string_view token) {
+  std::string out;
+  size_t i = 0;
+  while (i < token.size()) {
+    const int b = tok::char_to_byte(tok::utf8_next(token, i));
+    if (b < 0) return std::string(token);
+    out.push_back(char(b));
+  }
+  return out;
+}
+
+void check_pre_tokenizer(const json& pt, std::unique_ptr<tok::SplitRegex>& split, bool& byte_level_seen) {
+  const std::string type = pt.value("type", "");
+  if (type == "Sequence") {
+    for (const auto& p : pt.at("pretokenizers")) check_pre_tokenizer(p, split, byte_level_seen);
+  } else if (type == "Split") {
+    KILN_CHECK(!split, "tokenizer.json: more than one regex pre-tokenizer is not supported");
+    const json& pat = pt.at("pattern");
+    std::string regex;
+    if (pat.contains("Regex")) {
+      regex = pat.at("Regex").get<std::string>();
+    } else {
+      // A literal string pattern: escape it for the regex engine.
+      for (char c : pat.at("String").get<std::string>()) {
+        if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) regex += '\\';
+        regex += c;
+      }
+    }
+    split =
+        std::make_unique<tok::SplitRegex>(regex, pt.value("behavior", "Isolated"), pt.value("invert", false));
+  } else if (type == "ByteLevel") {
+    KILN_CHECK(!pt.value("add_prefix_space", false),
+               "tokenizer.json: ByteLevel add_prefix_space=true is not supported");
+    if (pt.value("use_regex", true)) {
+      KILN_CHECK(!split, "tokenizer.json: ByteLevel use_regex after a Split is not supported");
+      // GPT-2's pattern, which the ByteLevel pre-tokenizer applies itself when use_regex is set.
+      split = std::make_unique<tok::SplitRegex>(
+          "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", "Isolated",
+          false);
+    }
+    byte_level_seen = true;
+  } else {
+    KILN_FAIL("tokenizer.json: pre-tokenizer type '", type, "' is not supported (byte-level BPE only)");
+  }
+}
+
+std::string token_content(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content")) return v.at("content").get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::load(const std::string& model_dir) {
+  const std::string tj = model_dir + "/tokenizer.json", cj = model_dir + "/tokenizer_config.json";
+  KILN_CHECK(file_exists(tj), "no tokenizer.json in '", model_dir, "'");
+  return from_json(read_file(tj), file_exists(cj) ? read_file(cj) : std::string());
+}
+
+Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json) {
+  auto impl = std::make_shared<Impl>();
+  json t;
+  try {
+    t = json::parse(tokenizer_json);
+  } catch (const json::exception& e) {
+    KILN_FAIL("tokenizer.json is not valid JSON: ", e.what());
+  }
+  try {
+    const json& model = t.at("model");
+    KILN_CHECK(model.value("type", "BPE") == "BPE", "tokenizer.json: model type '", model.value("type", ""),
+               "' is not supported (BPE only)");
+    KILN_CHECK(!model.value("byte_fallback", false), "tokenizer.json: BPE byte_fallback is not supported");
+    KILN_CHECK(model.value("continuing_subword_prefix", json()).is_null() ||
+                   model.at("continuing_subword_prefix").get<std::string>().empty(),
+               "tokenizer.json: continuing_subword_prefix is not supported");
+    KILN_CHECK(model.value("end_of_word_suffix", json()).is_null() ||
+                   model.at("end_of_word_suffix").get<std::string>().empty(),
+               "tokenizer.json: end_of_word_suffix is not supported");
+    KILN_CHECK(model.value("dropout", json()).is_null(), "tokenizer.json: BPE dropout is not supported");
+
+    std::vector<std::pair<std::string, int32_t>> vocab;
+    vocab.reserve(model.at("vocab").size());
+    for (const auto& [k, v] : model.at("vocab").items()) vocab.emplace_back(k, v.get<int32_t>());
+    std::vector<std::pair<std::string, std::string>> merges;
+    merges.reserve(model.at("merges").size());
+    for (const auto& m : model.at("merges")) {
+      if (m.is_array()) {
+        KILN_CHECK(m.size() == 2, "tokenizer.json: a merge must be a pair");
+        merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      } else {  // older format: "left right"
+        const std::string s = m.get<std::string>();
+        const size_t sp = s.find(' ');
+        KILN_CHECK(sp != std::string::npos && sp > 0, "tokenizer.json: malformed merge '", s, "'");
+        merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+      }
+    }
+    impl->bpe = std::make_unique<tok::BpeModel>(vocab, merges);
+
+    const json& norm = t.value("normalizer", json());
+    if (!norm.is_null()) {
+      KILN_CHECK(norm.value("type", "") == "NFC", "tokenizer.json: normalizer '", norm.value("type", ""),
+                 "' is not supported (NFC or none)");
+      impl->nfc = true;
+    }
+    bool byte_level = false;
+    if (!t.value("pre_tokenizer", json()).is_null())
+      check_pre_tokenizer(t.at("pre_tokenizer"), impl->split, byte_level);
+    KILN_CHECK(byte_level, "tokenizer.json: a ByteLevel pre-tokenizer is required (byte-level BPE only)");
+    const json& dec = t.value("decoder", json());
+    KILN_CHECK(!dec.is_null() && dec.value("type", "") == "ByteLevel",
+               "tokenizer.json: only the ByteLevel decoder is supported");
+
+    // Added tokens: ids may extend the vocab or name existing model tokens.
+    int64_t vocab_size = impl->bpe->vocab_size();
+    std::vector<tok::AddedToken> raw, normalized;
+    std::vector<std::string> raw_pat, norm_pat;
+    for (const auto& a : t.value("added_tokens", json::array())) {
+      tok::AddedToken at;
+      at.content = a.at("content").get<std::string>();
+      at.id = a.at("id").get<int32_t>();
+      KILN_CHECK(at.id >= 0, "tokenizer.json: added token '", at.content, "' has a negative id");
+      KILN_CHECK(tok::utf8_find_invalid(at.content) == std::string_view::npos, "added token ", at.id,
+                 " is not UTF-8");
+      at.special = a.value("special", false);
+      at.lstrip = a.value("lstrip", false);
+      at.rstrip = a.value("rstrip", false);
+      at.single_word = a.value("single_word", false);
+      at.normalized = a.value("normalized", !at.special);
+      vocab_size = std::max<int64_t>(vocab_size, int64_t(at.id) + 1);
+      impl->added.push_back(at);
+      if (at.normalized) {
+        std::string p;
+        if (impl->nfc) {
+          tok::nfc_append(at.content, p);
+        } else {
+          p = at.content;
+        }
+        normalized.push_back(at);
+        norm_pat.push_back(p);
+      } else {
+        raw.push_back(at);
+        raw_pat.push_back(at.content);
+      }
+    }
+    impl->raw_added.build(raw, raw_pat);
+    impl->normalized_added.build(normalized, norm_pat);
+    impl->vocab_size = vocab_size;
+
+    impl->id_bytes.assign(size_t(vocab_size), std::string());
+    impl->id_kind.assign(size_t(vocab_size), 0);
+    for (int32_t id = 0; id < impl->bpe->vocab_size(); ++id) {
+      if (!impl->bpe->has_id(id)) continue;
+      impl->id_bytes[size_t(id)] = token_to_bytes(impl->bpe->token(id));
+      impl->id_kind[size_t(id)] = 1;
+    }
+    for (const auto& a : impl->added) {
+      // A normalized added token decodes from its normalized content (observed in tokenizers 0.23: "A\u030aX"
+      // decodes as "\u00c5X" through the byte-level decoder, i.e. to "\ufffdX").
+      std::string content = a.content;
+      if (a.normalized && impl->nfc) {
+        content.clear();
+        tok::nfc_append(a.content, content);
+      }
+      impl->id_bytes[size_t(a.id)] = token_to_bytes(content);
+      impl->id_kind[size_t(a.id)] = a.special ? 3 : 2;
+    }
+  } catch (const json::exception& e) {
+    KILN_FAIL("tokenizer.json: unexpected structure: ", e.what());
+  }
+
+  // tokenizer_config.json: chat template and eos token.
+  std::string eos;
+  if (!tokenizer_config_json.empty()) {
+    try {
+      const json c = json::parse(tokenizer_config_json);
+      eos = token_content(c.value("eos_token", json()));
+      const json& ct = c.value("chat_template", json());
+      if (ct.is_string()) {
+        impl->chat_template = ct.get<std::string>();
+      } else if (ct.is_array()) {  // named templates: use "default"
+        for (const auto& e : ct)
+          if (e.value("name", "") == "default") impl->chat_template = e.value("template", "");
+      }
+    } catch (const json::exception& e) {
+      KILN_FAIL("tokenizer_config.json is not valid: ", e.what());
+    }
+  }
+  Tokenizer tk(impl);
+  for (const std::string& name : {eos, std::string("<|im_end|>"), std::string("<|endoftext|>")}) {
+    if (name.empty()) continue;
+    if (auto id = tk.token_id(name)) {
+      bool dup = false;
+      for (int32_t e : impl->eos_ids) dup = dup || e == *id;
+      if (!dup) impl->eos_ids.push_back(*id);
+    }
+  }
+  return tk;
+}
+
+void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out) const {
+  std::vector<std::pair<size_t, size_t>> pieces;
+  if (split) {
+    split->split(text, pieces);
+  } else if (!text.empty()) {
+    pieces.emplace_back(0, text.size());
+  }
+  // Repeated pre-tokens (words, spaces) are merged once per call; the cache is local, so no locking.
+  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;
+  for (const auto& [b, e] : pieces) {
+    const std::string_view w = text.substr(b, e - b);
+    if (w.size() == 1) {
+      out.push_back(bpe->byte_id(static_cast<uint8_t>(w[0])));
+      continue;
+    }
+    auto it = cache.find(w);
+    if (it != cache.end()) {
+      const size_t at = out.size();
+      out.resize(at + it->second.second);
+      std::copy_n(out.begin() + it->second.first, it->second.second, out.begin() + long(at));
+      continue;
+    }
+    const size_t at = out.size();
+    bpe->encode_word(w, out);
+    cache.emplace(w, std::make_pair(uint32_t(at), uint32_t(out.size() - at)));
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  const size_t bad = tok::utf8_find_invalid(text);
+  KILN_CHECK(bad == std::string_view::npos, "input is not valid UTF-8 (first bad byte at offset ", bad, ")");
+  const Impl& m = *impl_;
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  std::vector<tok::AddedSplit> raw_splits, norm_splits;
+  if (m.raw_added.empty()) {
+    raw_splits.push_back({0, text.size(), -1});
+  } else {
+    m.raw_added.split(text, raw_splits);
+  }
+  std::string normalized;
+  for (const auto& rs : raw_splits) {
+    if (rs.id >= 0) {
+      out.push_back(rs.id);
+      continue;
+    }
+    std::string_view piece = text.substr(rs.begin, rs.end - rs.begin);
+    if (m.nfc) {
+      normalized.clear();
+      tok::nfc_append(piece, normalized);
+      piece = normalized;
+    }
+    if (m.normalized_added.empty()) {
+      m.encode_text(piece, out);
+      continue;
+    }
+    norm_splits.clear();
+    m.normalized_added.split(piece, norm_splits);
+    for (const auto& ns : norm_splits) {
+      if (ns.id >= 0) {
+        out.push_back(ns.id);
+      } else {
+        m.encode_text(piece.substr(ns.begin, ns.end - ns.begin), out);
+      }
+    }
+  }
+  return out;
+}
+
+void Tokenizer::append_token_bytes(int32_t id, bool skip_special_tokens, std::string& out) const {
+  const Impl& m = *impl_;
+  KILN_CHECK(id >= 0 && id < m.vocab_size && m.id_kind[size_t(id)] != 0, "token id ", id,
+             " is out of range (vocab size ", m.vocab_size, ")");
+  if (skip_special_tokens && m.id_kind[size_t(id)] == 3) return;
+  out += m.id_bytes[size_t(id)];
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  std::string bytes;
+  for (int32_t id : ids) append_token_bytes(id, skip_special_tokens, bytes);
+  std::string out;
+  out.reserve(bytes.size());
+  tok::utf8_lossy_append(bytes, out, /*final=*/true);
+  return out;
+}
+
+int64_t Tokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
+
+std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
+  for (const auto& a : impl_->added)
+    if (a.content == token) return a.id;
+  const int32_t id = impl_->bpe->find(token);
+  return id >= 0 ? std::optional<int32_t>(id) : std::nullopt;
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  const Impl& m = *impl_;
+  KILN_CHECK(id >= 0 && id < m.vocab_size && m.id_kind[size_t(id)] != 0, "token id ", id, " is out of range");
+  for (const auto& a : m.added)
+    if (a.id == id) return a.content;
+  return m.bpe->token(id);
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < impl_->vocab_size && impl_->id_kind[size_t(id)] == 3;
+}
+
+std::vector<int32_t> Tokenizer::eos_token_ids() const {
+  return impl_->eos_ids;
+}
+
+std::string Tokenizer::render_chat(std::string_view request_json) const {
+  KILN_CHECK(!impl_->chat_template.empty(), "this tokenizer has no chat_template in tokenizer_config.json");
+  return render_qwen3_chat(impl_->chat_template, request_json);
+}
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
+    : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
+
+std::string StreamDecoder::push(int32_t id) {
+  tokenizer_.append_token_bytes(id, skip_special_, pending_);
+  std::string out;
+  const size_t used = tok::utf8_lossy_append(pending_, out, /*final=*/false);
+  pending_.erase(0, used);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out;
+  tok::utf8_lossy_append(pending_, out, /*final=*/true);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,35 @@
+// Tokenizer::Impl: everything load() reads, immutable afterwards (shared by all copies of a Tokenizer).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/tokenizer.h"
+#include "tokenizer/added_tokens.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/pretokenizer.h"
+
+namespace kiln {
+
+struct Tokenizer::Impl {
+  std::unique_ptr<tok::BpeModel> bpe;
+  bool nfc = false;                        // normalizer: NFC or none
+  std::unique_ptr<tok::SplitRegex> split;  // null: the whole (normalized) text is one pre-token
+  tok::AddedMatcher raw_added;             // added tokens with normalized=false
+  tok::AddedMatcher normalized_added;      // added tokens with normalized=true
+  std::vector<tok::AddedToken> added;      // all of them
+  int64_t vocab_size = 0;
+  std::vector<std::string> id_bytes;  // decoded bytes of every id (empty string for holes)
+  std::vector<uint8_t> id_kind;       // 0 hole, 1 model token, 2 added, 3 added special
+  std::vector<int32_t> eos_ids;
+  std::string chat_template;  // from tokenizer_config.json ("" when absent)
+
+  void encode_text(std::string_view text, std::vector<int32_t>& out) const;  // after added-token splitting
+};
+
+// Renders the Qwen3 chat template natively (chat_template.cpp); throws for a template it does not know.
+std::string render_qwen3_chat(const std::string& chat_template, std::string_view request_json);
+
+}  // namespace kiln

