@@ -16,15 +16,16 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 CUDA=$(dirname "$(dirname "$NVCC")")
 JOBS=${JOBS:-$(nproc)}
 CXXF="-std=c++20 -O2 -g -Wall -Wextra -Wpedantic -Werror -Wno-missing-field-initializers -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I. -isystem $CUDA/include"
-[[ -d $root/usr/include ]] && CXXF+=" -isystem $root/usr/include"
-NVF="-std=c++20 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I. -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings"
+[[ -d $root/usr/include ]] && CXXF+=" -isystem $root/usr/include" && NVF_SYS=" -isystem $root/usr/include"
+NVF="-std=c++20 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I. -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings${NVF_SYS:-}"
 LIBS="-L$CUDA/lib64 -lcudart -pthread"
 [[ -d $root/usr/lib/x86_64-linux-gnu ]] && LIBS="-L$root/usr/lib/x86_64-linux-gnu $LIBS"
 
 core="src/core/tensor.cpp src/core/memory.cpp src/core/error.cpp src/core/dtype.cpp"
 ops="src/ops/attn_prep.cpp src/ops/cpu/attn_prep_ref.cpp src/ops/rope_table.cpp"
 cuda="src/ops/cuda/attn_prep_fused.cu src/ops/cuda/attn_prep_fused_d64.cu src/ops/cuda/attn_prep_fused_d128.cu
-      src/ops/cuda/attn_prep_fused_d256.cu src/ops/cuda/attn_prep_unfused.cu bench/kernel_bench.cu"
+      src/ops/cuda/attn_prep_fused_d256.cu src/ops/cuda/attn_prep_unfused.cu bench/kernel_bench.cu
+      tests/cuda/test_attn_prep_convert.cu"
 other="bench/attn_prep_bench.cpp src/cli/main.cpp src/cli/flags.cpp src/cli/cmd_bench_kernels.cpp
        tests/cuda/test_attn_prep.cpp tests/unit/test_attn_prep_ref.cpp tests/unit/test_attn_prep_fp8.cpp"
 obj() { echo "$B/obj/$(echo "$1" | tr / _).o"; }
@@ -34,8 +35,8 @@ if [[ $steps == *" build "* ]]; then
   { for f in $cuda; do echo "$NVCC $NVF -c $f -o $(obj $f)"; done
     for f in $core $ops $other; do echo "g++ $CXXF -c $f -o $(obj $f)"; done; } |
     xargs -P "$JOBS" -I{} sh -c '{} || exit 255' >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; echo "BUILD FAILED"; exit 1; }
-  base="$(for f in $core $ops $cuda; do obj $f; done)"
-  g++ -o $B/test_attn_prep_cuda $base $(obj tests/cuda/test_attn_prep.cpp) -lgtest -lgtest_main $LIBS &&
+  base="$(for f in $core $ops $cuda; do [[ $f == tests/* ]] || obj $f; done)"
+  g++ -o $B/test_attn_prep_cuda $base $(obj tests/cuda/test_attn_prep.cpp) $(obj tests/cuda/test_attn_prep_convert.cu) -lgtest -lgtest_main $LIBS &&
     g++ -o $B/test_attn_prep_unit $base $(obj tests/unit/test_attn_prep_ref.cpp) $(obj tests/unit/test_attn_prep_fp8.cpp) -lgtest -lgtest_main $LIBS &&
     g++ -o $B/kiln_bench $base $(obj bench/attn_prep_bench.cpp) $(obj src/cli/main.cpp) $(obj src/cli/flags.cpp) \
       $(obj src/cli/cmd_bench_kernels.cpp) $LIBS >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "LINK FAILED"; exit 1; }

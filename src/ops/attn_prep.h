@@ -33,14 +33,14 @@
 //     o_i     = fma(y_i,     c, -(y_(i+h) * s))
 //     o_(i+h) = fma(y_(i+h), c,  (y_i     * s))     (each product rounded to f32 once, then the fma)
 //     o_i = y_i for i in [R, D). One rounding at the end: out_i = act(o_i).
-//     act() rounds to nearest even; a NaN result is stored as the canonical NaN (bf16 0x7fc0, f16 0x7e00),
-//     because CPU and GPU arithmetic produce NaNs of different signs and payloads.
+//     act() rounds to nearest even; a NaN result is stored as the canonical NaN 0x7fff (bf16 and f16: what
+//     the GPU's cvt produces), because CPU and GPU arithmetic produce NaNs of different signs and payloads.
 //     M-RoPE axis of frequency i (section = {s0, s1, s2}, s0 + s1 + s2 == h):
 //       sectioned (Qwen2-VL / Qwen2.5-VL): axis 0 if i < s0, 1 if i < s0 + s1, else 2.
 //       interleaved (Qwen3-VL): axis 1 if i % 3 == 1 and i < 3*s1; axis 2 if i % 3 == 2 and i < 3*s2;
 //       else axis 0. With three equal position rows both equal plain RoPE.
 //  3. Q: out written to q_out (or in place). K: out (act), then converted to the cache dtype:
-//     same dtype: the bits; bf16 <-> f16: widened to f32 and rounded to nearest even once;
+//     same dtype: the bits; bf16 <-> f16: widened to f32 and rounded to nearest even once (NaN -> 0x7fff);
 //     f8e4m3: block quantisation of 64 contiguous elements as in fp8.h (UE8M0 scale, RNE, saturating).
 //     V: the qkv values, converted to the cache dtype the same way.
 //

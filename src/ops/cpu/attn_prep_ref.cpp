@@ -25,9 +25,10 @@ struct Act {
     return b;
   }
   // act(): round to nearest even, canonical NaN.
-  uint16_t round(float v) const {
-    if (std::isnan(v)) return t == DType::bf16 ? 0x7fc0 : 0x7e00;
-    return t == DType::bf16 ? f32_to_bf16(v).bits : f32_to_f16(v).bits;
+  uint16_t round(float v) const { return round_to(t, v); }
+  static uint16_t round_to(DType d, float v) {
+    if (std::isnan(v)) return 0x7fff;
+    return d == DType::bf16 ? f32_to_bf16(v).bits : f32_to_f16(v).bits;
   }
   float widen(uint16_t b) const { return t == DType::bf16 ? bf16_to_f32(bf16_t{b}) : f16_to_f32(f16_t{b}); }
 };
@@ -116,10 +117,7 @@ void store_cache_head(const Act& act, const uint16_t* v, int D, const KvCacheVie
   }
   for (int i = 0; i < D; ++i) {
     uint16_t b = v[i];
-    if (dst.dtype != act.t) {  // bf16 <-> f16: widen, round once
-      const float f = act.widen(b);
-      b = dst.dtype == DType::bf16 ? f32_to_bf16(f).bits : f32_to_f16(f).bits;
-    }
+    if (dst.dtype != act.t) b = Act::round_to(dst.dtype, act.widen(b));  // bf16 <-> f16: widen, round once
     store16(dst.data, off + i, b);
   }
 }

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -24,13 +25,26 @@ __device__ __forceinline__ float act_widen(uint16_t b) {
   }
 }
 
-// act(): round to nearest even; NaN -> the canonical NaN (bf16 0x7fc0, f16 0x7e00).
+// act(): round to nearest even. The hardware cvt turns every NaN into 0x7fff, the contract's canonical
+// NaN (tests/cuda/test_attn_prep_convert.cu checks this against the CPU's rule on every input class).
 template <ActKind A>
 __device__ __forceinline__ uint16_t act_round(float v) {
   if constexpr (A == ActKind::bf16) {
-    return isnan(v) ? uint16_t(0x7fc0) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
   } else {
-    return isnan(v) ? uint16_t(0x7e00) : __half_as_ushort(__float2half_rn(v));
+    return __half_as_ushort(__float2half_rn(v));
+  }
+}
+
+// Two act() roundings packed into one word (lo in bits 0..15): one cvt instruction for both.
+template <ActKind A>
+__device__ __forceinline__ uint32_t act_round2(float lo, float hi) {
+  if constexpr (A == ActKind::bf16) {
+    const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const __half2 r = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&r);
   }
 }
 
@@ -39,14 +53,32 @@ __device__ __forceinline__ void unpack8(const uint4& r, float (&x)[8]) {
   const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    x[2 * k] = act_widen<A>(uint16_t(w[k] & 0xffffu));
-    x[2 * k + 1] = act_widen<A>(uint16_t(w[k] >> 16));
+    if constexpr (A == ActKind::bf16) {
+      x[2 * k] = __uint_as_float(w[k] << 16);
+      x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    } else {
+      x[2 * k] = act_widen<A>(uint16_t(w[k] & 0xffffu));
+      x[2 * k + 1] = act_widen<A>(uint16_t(w[k] >> 16));
+    }
   }
+}
+
+template <ActKind A>
+__device__ __forceinline__ uint4 round_pack8(const float (&v)[8]) {
+  return make_uint4(act_round2<A>(v[0], v[1]), act_round2<A>(v[2], v[3]), act_round2<A>(v[4], v[5]),
+                    act_round2<A>(v[6], v[7]));
 }
 
 __device__ __forceinline__ uint4 pack8(const uint16_t (&b)[8]) {
   return make_uint4(uint32_t(b[0]) | uint32_t(b[1]) << 16, uint32_t(b[2]) | uint32_t(b[3]) << 16,
                     uint32_t(b[4]) | uint32_t(b[5]) << 16, uint32_t(b[6]) | uint32_t(b[7]) << 16);
+}
+
+// f32 -> E4M3 pairs by the hardware (cvt.rn.satfinite.e4m3x2.f32): RNE, saturating to +-448, +-Inf -> +-448,
+// NaN -> 0x7f: exactly fp8.h's f32_to_e4m3 (checked in tests/cuda/test_attn_prep_convert.cu). lo in bits
+// 0..7.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
 }
 
 template <bool kVec>
@@ -88,15 +120,11 @@ __device__ __forceinline__ int mrope_axis(const AttnPrepParams& p, int i) {
   return 0;
 }
 
-// 16-bit act value -> 16-bit cache value of another type: widen, round once (dtype.h helpers, like the CPU).
+// 16-bit act value -> 16-bit cache value of the other type: widen, round once (NaN -> 0x7fff, as the CPU).
 template <ActKind A>
 __device__ __forceinline__ uint16_t act_to_other16(uint16_t b) {
-  const float f = act_widen<A>(b);
-  if constexpr (A == ActKind::bf16) {
-    return f32_to_f16(f).bits;
-  } else {
-    return f32_to_bf16(f).bits;
-  }
+  constexpr ActKind O = A == ActKind::bf16 ? ActKind::f16 : ActKind::bf16;
+  return act_round<O>(act_widen<A>(b));
 }
 
 // FP8 quantisation of 8 values per lane; 8 consecutive lanes (xor 4, 2, 1 within `mask`) form one 64-element
@@ -112,25 +140,22 @@ __device__ __forceinline__ uint2 fp8_quant8(const float (&v)[8], unsigned mask, 
   for (int o = 4; o >= 1; o /= 2) a = fmaxf(a, __shfl_xor_sync(mask, a, o));
   const int e = e4m3_block_exponent(a);
   const float inv = exp2_neg(e);
-  uint32_t lo = 0, hi = 0;
+  float s[8];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    lo |= uint32_t(f32_to_e4m3(__fmul_rn(v[j], inv))) << (8 * j);
-    hi |= uint32_t(f32_to_e4m3(__fmul_rn(v[j + 4], inv))) << (8 * j);
-  }
+  for (int j = 0; j < 8; ++j) s[j] = __fmul_rn(v[j], inv);
+  const uint32_t lo = e4m3x2(s[0], s[1]) | e4m3x2(s[2], s[3]) << 16;
+  const uint32_t hi = e4m3x2(s[4], s[5]) | e4m3x2(s[6], s[7]) << 16;
   scale_byte = ue8m0_from_exponent(e);
   return make_uint2(lo, hi);
 }
 
-// Writes lane chunk [8c, 8c + 8) of one head (8 act values as bits) to the cache at (slot, kv head).
-// For fp8, all lanes of each 8-lane block must call this together (the block max is a shuffle).
-// kVec: one 16-byte (8-byte for fp8) store, which needs aligned cache rows; else element stores.
+// Writes lane chunk c of one head (8 act values as bits) to the cache: `off` is the element offset of the
+// chunk, `soff` the byte offset of its block's UE8M0 scale. For fp8, all lanes of each 8-lane block must
+// call this together (the block max is a shuffle within `mask`). kVec: one 16-byte (8-byte for fp8)
+// store, which needs aligned cache rows; else element stores.
 template <ActKind A, CacheKind C, bool kVec = true>
-__device__ __forceinline__ void store_cache_chunk(const AttnPrepParams& p, void* cache, uint8_t* scale,
-                                                  int64_t slot, int kvh, int c, const uint4& bits,
-                                                  unsigned mask) {
-  const int64_t page = slot / p.page_size, row = slot - page * p.page_size;
-  const int64_t off = page * p.c_page + row * p.c_row + int64_t(kvh) * p.c_head + 8 * c;
+__device__ __forceinline__ void store_cache_chunk(void* cache, uint8_t* scale, int64_t off, int64_t soff,
+                                                  int c, const uint4& bits, unsigned mask) {
   if constexpr (C == CacheKind::fp8) {
     float v[8];
     unpack8<A>(bits, v);
@@ -142,7 +167,7 @@ __device__ __forceinline__ void store_cache_chunk(const AttnPrepParams& p, void*
       for (int j = 0; j < 8; ++j)
         static_cast<uint8_t*>(cache)[off + j] = uint8_t((j < 4 ? q.x : q.y) >> (8 * (j % 4)));
     }
-    if (c % 8 == 0) scale[page * p.s_page + row * p.s_row + int64_t(kvh) * p.s_head + c / 8] = sb;
+    if (c % 8 == 0) scale[soff] = sb;
   } else if constexpr ((C == CacheKind::bf16) == (A == ActKind::bf16)) {
     store8x16<kVec>(static_cast<uint16_t*>(cache) + off, bits);
   } else {

@@ -28,7 +28,7 @@ bool attn_prep_fused_supported(const AttnPrepParams& p) {
         static_cast<const void*>(p.k_cache), static_cast<const void*>(p.v_cache)}) {
     if (!aligned16(ptr)) return false;
   }
-  return p.T <= (1 << 30) / (p.Hq + 2 * p.Hkv);  // item index fits the int math of the decode grid
+  return p.num_slots <= INT32_MAX;  // 32-bit slot -> page division
 }
 
 void launch_attn_prep_fused(const AttnPrepParams& p, bool prefill_variant, void* stream) {

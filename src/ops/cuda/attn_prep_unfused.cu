@@ -97,7 +97,9 @@ __global__ void __launch_bounds__(128) append_kernel(const __grid_constant__ Att
     }
   } else {
     if (8 * l >= p.D) return;
-    store_cache_chunk<A, C, false>(p, is_v ? p.v_cache : p.k_cache, nullptr, slot, kvh, l, bits, 0xffffffffu);
+    const int64_t page = slot / p.page_size, row = slot - page * p.page_size;
+    const int64_t off = page * p.c_page + row * p.c_row + int64_t(kvh) * p.c_head + 8 * l;
+    store_cache_chunk<A, C, false>(is_v ? p.v_cache : p.k_cache, nullptr, off, 0, l, bits, 0xffffffffu);
   }
 }
 
