@@ -1,0 +1,100 @@
+// Paged attention launchers: validation, decode split choice, row routing (see attention.h).
+#include <algorithm>
+
+#include "ops/cuda/attention_common.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+int sm_count() {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
+void validate(const PagedAttnParams& p) {
+  KILN_CHECK(p.D == 64 || p.D == 128, "paged attention: head_dim must be 64 or 128, got ", p.D);
+  KILN_CHECK(p.Hq > 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0, "paged attention: Hq ", p.Hq,
+             " must be a multiple of Hkv ", p.Hkv);
+  KILN_CHECK(p.B >= 0 && p.T >= 0, "paged attention: negative B or T");
+  KILN_CHECK(p.page_size > 0 && p.pages_stride > 0 && p.num_pages > 0, "paged attention: page_size ",
+             p.page_size, ", pages_stride ", p.pages_stride, " and num_pages ", p.num_pages,
+             " must be positive");
+  KILN_CHECK(p.q && p.out && p.k && p.v && p.cu_q && p.kv_lens && p.page_table,
+             "paged attention: null pointer");
+  KILN_CHECK(p.out != p.q, "paged attention: out must not alias q");
+  const auto al16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  KILN_CHECK(al16(p.q) && al16(p.out) && p.q_stride_t % 8 == 0 && p.q_stride_h % 8 == 0 &&
+                 p.o_stride_t % 2 == 0 && p.o_stride_h % 2 == 0,
+             "paged attention: q rows must be 16-byte aligned and out rows 4-byte aligned");
+  const int elem_align = 8;  // 8 elements: 16 bytes of bf16, 8 bytes of fp8 (one lane's load)
+  KILN_CHECK(al16(p.k) && al16(p.v) && p.s_page % elem_align == 0 && p.s_row % elem_align == 0 &&
+                 p.s_head % elem_align == 0,
+             "paged attention: cache rows must be aligned (16 bytes bf16, 8 bytes fp8)");
+  if (p.kv_dtype == KvDtype::f8e4m3)
+    KILN_CHECK(p.k_scale && p.v_scale, "paged attention: an fp8 cache needs k_scale and v_scale");
+  KILN_CHECK(p.scale > 0.0f, "paged attention: scale must be positive");
+}
+
+// Splits depend only on shapes (never on kv_lens, which live on the device), so a graph stays valid.
+void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* chunk) {
+  const int64_t max_ctx = int64_t(p.pages_stride) * p.page_size;
+  int s = force_splits;
+  if (s <= 0) {
+    const int64_t blocks = int64_t(std::max(p.B, 1)) * p.Hkv;
+    const int64_t want = (2 * int64_t(sm_count()) + blocks - 1) / blocks;               // ~2 waves of blocks
+    s = int(std::clamp<int64_t>(want, 1, std::min<int64_t>(64, (max_ctx + 31) / 32)));  // >= 32 keys a block
+  }
+  *splits = s;
+  *chunk = int((max_ctx + s - 1) / s);
+}
+
+}  // namespace
+
+size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
+  int splits = 0, chunk = 0;
+  decode_split(p, 0, &splits, &chunk);
+  return splits <= 1 ? 0 : size_t(p.T) * p.Hq * splits * (p.D + 2) * sizeof(float);
+}
+
+namespace {
+
+void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits, bool all_rows,
+            bool pdl) {
+  int splits = 0, chunk = 0;
+  decode_split(p, force_splits, &splits, &chunk);
+  if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
+  launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, stream, pdl);
+  if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, stream, pdl);
+}
+
+}  // namespace
+
+void paged_attention_decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits,
+                            bool pdl) {
+  validate(p);
+  if (p.B == 0 || p.T == 0) return;
+  decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
+}
+
+void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl) {
+  validate(p);
+  if (p.B == 0 || p.T == 0) return;
+  launch_prefill(p, skip_single_rows, stream, pdl);
+}
+
+void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits,
+                     bool pdl) {
+  validate(p);
+  if (p.B == 0 || p.T == 0) return;
+  // T == B: every sequence has one row, or some have none and others several (rare): the decode kernel
+  // then walks those rows too, so one launch suffices and graphs of decode steps hold no prefill node.
+  if (p.T == p.B || p.max_q_len == 1) {
+    decode(p, workspace, stream, force_splits, /*all_rows=*/true, pdl);
+    return;
+  }
+  decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
+  launch_prefill(p, /*skip_single_rows=*/true, stream, pdl);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,73 @@
+// Paged GQA attention kernels (raw pointers): a decode kernel for one-token rows and a tensor-core
+// prefill kernel for rows of sequences with several new tokens. The math is ops/attention.h's contract;
+// this header adds the CUDA specifics.
+//
+// Row routing: sequences with q_len == 1 go to the decode kernel, q_len > 1 to the prefill kernel. The
+// host does not read cu_q: when T == B (or the host bound max_q_len == 1) only the decode kernel is
+// launched and it also walks the rows of any multi-row sequence (T == B then implies some have none);
+// otherwise both kernels run, each skipping the other's sequences.
+//
+// Numerics (both kernels): k, v widened exactly to fp32 (fp8: e4m3 * 2^(byte - 127), exact in bf16 and
+// fp32); s_j = dot(q, k_j) * scale in fp32; p_j = expf(s_j - m) against a running max m; o = sum p_j v_j /
+// sum p_j in fp32; one bf16 rounding at the end. The prefill kernel's P·V uses bf16 tensor-core MMA on
+// p split into two bf16 terms (hi + lo, |p - hi - lo| <= 2^-17 p), so both kernels are within fp32
+// noise of each other: on the same rows they agree within 1 bf16 ulp.
+//
+// Decode: grid (splits, Hkv, B), 128 threads. The G = Hq / Hkv query heads of a KV head share every K/V
+// load. splits depends only on (B, Hkv, pages_stride * page_size) so a captured graph stays valid; with
+// splits > 1 the partial (o / l, m, l) of each row go to `workspace` and a combine kernel writes out.
+// Prefill: grid (ceil(T / 64), Hq, B), 128 threads: 64 query rows x 64-key tiles, mma.sync m16n8k16.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace kiln::cuda {
+
+enum class KvDtype : uint8_t { bf16, f8e4m3 };
+
+struct PagedAttnParams {
+  const void* q = nullptr;  // bf16 [T, Hq, D], strides below (last stride 1)
+  int64_t q_stride_t = 0, q_stride_h = 0;
+  void* out = nullptr;  // bf16 [T, Hq, D]
+  int64_t o_stride_t = 0, o_stride_h = 0;
+  const void* k =
+      nullptr;  // cache: element (page, row, head, d) at page*s_page + row*s_row + head*s_head + d
+  const void* v = nullptr;
+  int64_t s_page = 0, s_row = 0, s_head = 0;  // elements, shared by k and v
+  const uint8_t* k_scale = nullptr;           // f8e4m3 only: UE8M0 byte of (page, row, head, d / 64)
+  const uint8_t* v_scale = nullptr;
+  int64_t sc_page = 0, sc_row = 0, sc_head = 0;
+  KvDtype kv_dtype = KvDtype::bf16;
+  const int32_t* cu_q = nullptr;        // [B + 1]
+  const int32_t* kv_lens = nullptr;     // [B]
+  const int32_t* page_table = nullptr;  // [B, pages_stride]
+  int32_t pages_stride = 0;
+  int32_t page_size = 0;
+  int32_t num_pages = 0;  // pages beyond are never read (a bad table entry is clamped, not followed)
+  int32_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
+  float scale = 0.0f;
+  int32_t max_q_len = 0;  // host bound on q_len over sequences; 0 = unknown
+};
+
+// Bytes of workspace paged_attention needs for these shapes (0 when no split is used).
+size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
+
+// Validates p (D in {64, 128}, Hq % Hkv == 0, Hq / Hkv <= 8, page_size > 0, alignment) and launches.
+// workspace: device memory of paged_attention_workspace_bytes(p) bytes (may be null when that is 0).
+// force_splits > 0 overrides the decode split count (tests; the workspace must then hold
+// B * Hq * force_splits * (D + 2) floats).
+void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits = 0,
+                     bool pdl = false);
+
+// The kernels alone (tests: decode vs prefill on the same rows). Routing as above is bypassed: the decode
+// kernel handles sequences with q_len == 1, the prefill kernel every sequence with q_len >= 1.
+void paged_attention_decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream,
+                            int force_splits = 0, bool pdl = false);
+void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream,
+                             bool pdl = false);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,77 @@
+// Device helpers shared by the paged-attention kernels: KV row loads (bf16 or fp8 + UE8M0 scale),
+// page lookup, and the compile-time dispatch of head_dim / group size / cache dtype.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/vec.cuh"
+#include "ops/fp8.h"
+
+namespace kiln::cuda {
+
+// Element offset of (context position t, kv head hk, d = 0) for sequence b; the page index is clamped
+// into the pool so a corrupt table can never send a load outside the cache.
+__device__ __forceinline__ int64_t kv_row_offset(const PagedAttnParams& p, int b, int t, int hk,
+                                                 int64_t* sc_off) {
+  int page = p.page_table[int64_t(b) * p.pages_stride + t / p.page_size];
+  page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+  const int row = t % p.page_size;
+  *sc_off = int64_t(page) * p.sc_page + int64_t(row) * p.sc_row + int64_t(hk) * p.sc_head;
+  return int64_t(page) * p.s_page + int64_t(row) * p.s_row + int64_t(hk) * p.s_head;
+}
+
+// 8 consecutive elements d0 .. d0+7 (d0 % 8 == 0) of a cached row, widened exactly to fp32.
+template <KvDtype KT>
+__device__ __forceinline__ void load_kv8(const void* base, const uint8_t* scales, int64_t off, int64_t sc_off,
+                                         int d0, float (&f)[8]) {
+  if constexpr (KT == KvDtype::bf16) {
+    unpack8(*reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + off + d0), f);
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + off + d0);
+    const float s = ue8m0_to_f32(scales[sc_off + d0 / 64]);
+    const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2_raw h2 =
+          __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w[i / 2] >> (16 * (i % 2))) & 0xffffu), __NV_E4M3);
+      const __half2 hv(h2);
+      f[2 * i] = __low2float(hv) * s;  // a power-of-two scaling of an e4m3 value: exact
+      f[2 * i + 1] = __high2float(hv) * s;
+    }
+  }
+}
+
+void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int chunk, bool all_rows,
+                   cudaStream_t stream, bool pdl);
+void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,
+                           cudaStream_t stream, bool pdl);
+void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl);
+
+// KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (64 or 128); any other
+// head_dim is an error. KILN_DISPATCH_KV_DTYPE likewise with `constexpr KvDtype kKT`.
+#define KILN_DISPATCH_HEAD_DIM(d, ...)                                      \
+  switch (d) {                                                              \
+    case 64: {                                                              \
+      constexpr int kD = 64;                                                \
+      __VA_ARGS__                                                           \
+    } break;                                                                \
+    case 128: {                                                             \
+      constexpr int kD = 128;                                               \
+      __VA_ARGS__                                                           \
+    } break;                                                                \
+    default:                                                                \
+      KILN_FAIL("paged attention: unsupported head_dim ", d, " (64, 128)"); \
+  }
+
+#define KILN_DISPATCH_KV_DTYPE(t, ...)       \
+  if ((t) == KvDtype::bf16) {                \
+    constexpr KvDtype kKT = KvDtype::bf16;   \
+    __VA_ARGS__                              \
+  } else {                                   \
+    constexpr KvDtype kKT = KvDtype::f8e4m3; \
+    __VA_ARGS__                              \
+  }
+
+}  // namespace kiln::cuda

@@ -1,0 +1,211 @@
+// Causal paged prefill attention on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate).
+#include "ops/cuda/attention_common.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kBQ = 64, kBK = 64, kWarps = 4;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// c += a (16x16, row) * b (16x8, col); fragments as in the PTX ISA's m16n8k16 bf16 layout.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << 16);
+}
+
+// Grid (ceil(T / 64), Hq, B); block 4 warps; dynamic smem: Q, K, V tiles of [64][D + 8] bf16 (the +8
+// pad makes the 8 row addresses of every ldmatrix hit distinct banks).
+// Block (tile, h, b) owns query rows [64 tile, 64 tile + 64) of sequence b, head h; warp w owns 16 rows.
+// Per 64-key tile: K and V rows gathered through the page table into smem (fp8 widened exactly to bf16,
+// rows past the causal bound zeroed), S = Q K^T by MMA, mask, online softmax in fp32 (expf), then
+// O += P V with P split into bf16 hi + lo (two MMAs) so P keeps ~16 bits. Output: O / l, one bf16 rounding.
+template <int D, KvDtype KT>
+__global__ void __launch_bounds__(kWarps * 32)
+    prefill_kernel(const __grid_constant__ PagedAttnParams p, bool skip_single) {
+  constexpr int LD = D + 8, C8 = D / 8;
+  extern __shared__ uint4 smem_raw[];
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* sK = sQ + kBQ * LD;
+  uint16_t* sV = sK + kBK * LD;
+  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  pdl_wait();
+  const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0;
+  if (q_len <= 0 || (skip_single && q_len == 1) || tile * kBQ >= q_len) return;
+  const int kv_len = p.kv_lens[b];
+  // A kv_len below q_len or beyond the page table's reach violates the contract: skipped, never read.
+  if (kv_len < q_len || kv_len > int64_t(p.pages_stride) * p.page_size) return;
+  const int hk = h / (p.Hq / p.Hkv);
+  const int rows = min(kBQ, q_len - tile * kBQ);
+  const int pos0 = kv_len - q_len + tile * kBQ;  // context position of the tile's first row
+  const int last_pos = pos0 + rows - 1;
+
+  for (int c = tid; c < kBQ * C8; c += kWarps * 32) {
+    const int r = c / C8, cc = c % C8;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (r < rows)
+      val = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) +
+                                            int64_t(q0 + tile * kBQ + r) * p.q_stride_t +
+                                            int64_t(h) * p.q_stride_h + cc * 8);
+    *reinterpret_cast<uint4*>(sQ + r * LD + cc * 8) = val;
+  }
+  __syncthreads();
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ldmatrix_x4(qa[kk], smem_addr(sQ + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 +
+                                  (lane / 16) * 8));
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+  const int row_pos[2] = {pos0 + warp * 16 + lane / 4, pos0 + warp * 16 + lane / 4 + 8};
+  const int n_tiles = last_pos / kBK + 1;
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    __syncthreads();  // the previous tile's K and V are consumed
+    for (int c = tid; c < kBK * C8; c += kWarps * 32) {
+      const int r = c / C8, cc = c % C8, key = kt * kBK + r;
+      uint4 kv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+      if (key <= last_pos) {
+        int64_t sc_off;
+        const int64_t off = kv_row_offset(p, b, key, hk, &sc_off);
+        if constexpr (KT == KvDtype::bf16) {
+          kv[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k) + off + cc * 8);
+          kv[1] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.v) + off + cc * 8);
+        } else {
+          float f[8];
+          load_kv8<KT>(p.k, p.k_scale, off, sc_off, cc * 8, f);
+          kv[0] = pack8(f);
+          load_kv8<KT>(p.v, p.v_scale, off, sc_off, cc * 8, f);
+          kv[1] = pack8(f);
+        }
+      }
+      *reinterpret_cast<uint4*>(sK + r * LD + cc * 8) = kv[0];
+      *reinterpret_cast<uint4*>(sV + r * LD + cc * 8) = kv[1];
+    }
+    __syncthreads();
+
+    float s[kBK / 8][4];
+#pragma unroll
+    for (int i = 0; i < kBK / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kBK / 16; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, smem_addr(sK + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 +
+                                  ((lane / 8) % 2) * 8));
+        mma_bf16(s[2 * np], qa[kk], kb[0], kb[1]);
+        mma_bf16(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+      }
+    }
+    // Scale, mask, and the running max of rows g (e = 0, 1) and g + 8 (e = 2, 3).
+    float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < kBK / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * kBK + nt * 8 + (lane % 4) * 2 + (e & 1);
+        s[nt][e] = key <= row_pos[e >> 1] ? s[nt][e] * p.scale : kNegInf;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 is visible to every row from tile 0 on
+      const float corr = expf(m[r] - mn);
+      l[r] *= corr;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) o[i][2 * r] *= corr, o[i][2 * r + 1] *= corr;
+      m[r] = mn;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kBK / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = expf(s[nt][e] - m[e >> 1]);
+        l[e >> 1] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t hi[4], lo[4];
+      const float* pa = s[2 * kk];
+      const float* pb = s[2 * kk + 1];
+      const float pv[8] = {pa[0], pa[1], pa[2], pa[3], pb[0], pb[1], pb[2], pb[3]};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float h0 = round_bf16(pv[2 * i]), h1 = round_bf16(pv[2 * i + 1]);
+        hi[i] = pack_bf16x2(h0, h1);
+        lo[i] = pack_bf16x2(pv[2 * i] - h0, pv[2 * i + 1] - h1);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, smem_addr(sV + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 +
+                                        (lane / 16) * 8));
+        mma_bf16(o[2 * dp], hi, vb[0], vb[1]);
+        mma_bf16(o[2 * dp], lo, vb[0], vb[1]);
+        mma_bf16(o[2 * dp + 1], hi, vb[2], vb[3]);
+        mma_bf16(o[2 * dp + 1], lo, vb[2], vb[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qr = warp * 16 + lane / 4 + 8 * r;
+    if (qr >= rows) continue;
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + int64_t(q0 + tile * kBQ + qr) * p.o_stride_t +
+                    int64_t(h) * p.o_stride_h + (lane % 4) * 2;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt)
+      *reinterpret_cast<uint32_t*>(dst + nt * 8) =
+          pack_bf16x2(__fdiv_rn(o[nt][2 * r], l[r]), __fdiv_rn(o[nt][2 * r + 1], l[r]));
+  }
+  pdl_launch_dependents();
+}
+
+}  // namespace
+
+void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl) {
+  KILN_DISPATCH_HEAD_DIM(p.D, KILN_DISPATCH_KV_DTYPE(p.kv_dtype, {
+                           const size_t smem = size_t(kBQ + 2 * kBK) * (kD + 8) * 2;
+                           launch(
+                               {.grid = dim3(unsigned((p.T + kBQ - 1) / kBQ), unsigned(p.Hq), unsigned(p.B)),
+                                .block = dim3(kWarps * 32),
+                                .smem = smem,
+                                .stream = stream,
+                                .pdl = pdl},
+                               prefill_kernel<kD, kKT>, p, skip_single_rows);
+                         }))
+}
+
+}  // namespace kiln::cuda

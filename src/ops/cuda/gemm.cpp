@@ -1,0 +1,341 @@
+// cuBLASLt GEMM with the tactic cache: plans (descriptors + chosen algo) per exact (M, N, K, out),
+// tactics per (M bucket, N, K, out). See gemm.h for the contract.
+#include "ops/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kiln/error.h"
+
+#define KILN_CUDART_CHECK(expr)                                                  \
+  do {                                                                           \
+    cudaError_t kiln_e_ = (expr);                                                \
+    KILN_CHECK(kiln_e_ == cudaSuccess, #expr ": ", cudaGetErrorString(kiln_e_)); \
+  } while (0)
+#define KILN_LT_CHECK(expr)                                                               \
+  do {                                                                                    \
+    cublasStatus_t kiln_s_ = (expr);                                                      \
+    KILN_CHECK(kiln_s_ == CUBLAS_STATUS_SUCCESS, #expr ": cublas status ", int(kiln_s_)); \
+  } while (0)
+
+namespace kiln::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr int64_t kMaxBucket = 16384;
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool have_algo = false;
+};
+
+void destroy(Plan& p) {
+  if (p.op) cublasLtMatmulDescDestroy(p.op);
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+  p = Plan{};
+}
+
+// Row-major out[M,N] = x[M,K] W[N,K]^T is column-major out^T[N,M] = W^T' (op T on the K x N column-major
+// view of W) times x^T (the K x M column-major view of x).
+Plan make_descriptors(int64_t m, int64_t n, int64_t k, GemmOut out, int64_t ldx, int64_t ldw, int64_t ldo) {
+  Plan p;
+  KILN_LT_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(n), ldw));
+  KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(m), ldx));
+  KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&p.d, out == GemmOut::f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n),
+                                           uint64_t(m), ldo));
+  return p;
+}
+
+std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
+      return -1L;
+    return long(v);
+  };
+  std::ostringstream os;
+  os << "algo " << get(CUBLASLT_ALGO_CONFIG_ID) << " tile " << get(CUBLASLT_ALGO_CONFIG_TILE_ID) << " stages "
+     << get(CUBLASLT_ALGO_CONFIG_STAGES_ID) << " splitK " << get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)
+     << " reduction " << get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) << " swizzle "
+     << get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) << " custom " << get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
+  return os.str();
+}
+
+const char* out_name(GemmOut o) {
+  return o == GemmOut::f32 ? "f32" : "bf16";
+}
+
+}  // namespace
+
+int64_t gemm_m_bucket(int64_t m) {
+  KILN_CHECK_GT(m, 0, "GEMM M must be positive");
+  int64_t b = 1;
+  while (b < m && b < kMaxBucket) b *= 2;
+  return b;
+}
+
+struct GemmEngine::Impl {
+  int device = 0;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  std::string gpu_name;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, Plan> plans;
+
+  // Heuristic candidates for a plan's descriptors (at most `count`).
+  std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Plan& p, int count) const {
+    cublasLtMatmulPreference_t pref = nullptr;
+    KILN_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    std::vector<cublasLtMatmulHeuristicResult_t> res(static_cast<size_t>(count));
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.d, p.d, pref, count, res.data(), &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS) found = 0;
+    res.resize(size_t(found));
+    std::erase_if(res, [](const auto& r) { return r.state != CUBLAS_STATUS_SUCCESS; });
+    return res;
+  }
+
+  bool check(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
+    cublasLtMatmulHeuristicResult_t r{};
+    if (cublasLtMatmulAlgoCheck(lt, p.op, p.a, p.b, p.d, p.d, &algo, &r) != CUBLAS_STATUS_SUCCESS)
+      return false;
+    return r.workspaceSize <= kWorkspaceBytes;
+  }
+
+  void matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* x, const void* w, void* out,
+              cudaStream_t stream) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    KILN_LT_CHECK(cublasLtMatmul(lt, p.op, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d, &algo,
+                                 workspace, kWorkspaceBytes, stream));
+  }
+};
+
+GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
+  impl_->device = device;
+  KILN_CUDART_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  KILN_CUDART_CHECK(cudaGetDeviceProperties(&prop, device));
+  impl_->gpu_name = prop.name;
+  KILN_LT_CHECK(cublasLtCreate(&impl_->lt));
+  KILN_CUDART_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
+}
+
+GemmEngine::~GemmEngine() {
+  for (auto& [key, plan] : impl_->plans) destroy(plan);
+  if (impl_->workspace) cudaFree(impl_->workspace);
+  if (impl_->lt) cublasLtDestroy(impl_->lt);
+}
+
+std::string GemmEngine::key() const {
+  int rt = 0;
+  cudaRuntimeGetVersion(&rt);
+  std::ostringstream os;
+  os << impl_->gpu_name << "|cudart " << rt << "|cublasLt " << cublasLtGetVersion();
+  return os.str();
+}
+
+void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
+                     int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream) {
+  KILN_CHECK(m > 0 && n > 0 && k > 0, "GEMM shape must be positive: M ", m, " N ", n, " K ", k);
+  KILN_CHECK(k % 8 == 0 && n % 8 == 0, "GEMM N and K must be multiples of 8 (16-byte rows): N ", n, " K ", k);
+  KILN_CHECK(ldx >= k && ldw >= k && ldo >= n && ldx % 8 == 0 && ldw % 8 == 0 && ldo % 8 == 0,
+             "GEMM row strides must be >= the row length and multiples of 8: ldx ", ldx, " ldw ", ldw,
+             " ldo ", ldo);
+  for (const void* ptr : {x, w, static_cast<const void*>(out)})
+    KILN_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "GEMM operands must be 16-byte aligned");
+  auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo});
+  Plan& p = it->second;
+  if (fresh) {
+    try {
+      p = make_descriptors(m, n, k, out_type, ldx, ldw, ldo);
+      const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type});
+      if (tuned != tactics_.end()) {
+        std::memcpy(&p.algo, tuned->second.algo, sizeof(p.algo));
+        p.have_algo = impl_->check(p, p.algo);
+      }
+      if (!p.have_algo) {
+        ++fallbacks_;
+        const auto h = impl_->heuristic(p, 1);
+        KILN_CHECK(!h.empty(), "cuBLASLt has no algorithm for bf16 GEMM M ", m, " N ", n, " K ", k);
+        p.algo = h[0].algo;
+        p.have_algo = true;
+      }
+    } catch (...) {
+      destroy(p);
+      impl_->plans.erase(it);  // no half-made plan is ever reused
+      throw;
+    }
+  }
+  impl_->matmul(p, p.algo, x, w, out, stream);
+}
+
+void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
+  size_t x_bytes = 0, w_bytes = 0, o_bytes = 0;
+  for (const auto& s : shapes) {
+    x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
+    w_bytes = std::max(w_bytes, size_t(s.n * s.k * 2));
+    o_bytes = std::max(o_bytes, size_t(s.m_bucket * s.n * (s.out == GemmOut::f32 ? 4 : 2)));
+  }
+  void *x = nullptr, *w = nullptr, *o = nullptr;
+  KILN_CUDART_CHECK(cudaMalloc(&x, x_bytes));
+  KILN_CUDART_CHECK(cudaMalloc(&w, w_bytes));
+  KILN_CUDART_CHECK(cudaMalloc(&o, o_bytes));
+  // 0x3c3c is bf16 0.0115: finite, non-zero operands so the timing is of real arithmetic.
+  KILN_CUDART_CHECK(cudaMemset(x, 0x3c, x_bytes));
+  KILN_CUDART_CHECK(cudaMemset(w, 0x3c, w_bytes));
+  cudaStream_t stream = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  KILN_CUDART_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  KILN_CUDART_CHECK(cudaEventCreate(&e0));
+  KILN_CUDART_CHECK(cudaEventCreate(&e1));
+  for (const auto& s : shapes) {
+    Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, s.n);
+    std::vector<cublasLtMatmulAlgo_t> cands;
+    for (const auto& r : impl_->heuristic(p, 24)) {
+      cands.push_back(r.algo);
+      // Split-K variants help when M is small and the N tiles do not fill the GPU.
+      if (s.m_bucket > 256) continue;
+      for (uint32_t split : {2u, 4u, 8u, 16u}) {
+        if (s.k / split < 256) break;
+        cublasLtMatmulAlgo_t a = r.algo;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                                 sizeof(split)) != CUBLAS_STATUS_SUCCESS)
+          break;
+        const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                             sizeof(scheme));
+        if (impl_->check(p, a)) cands.push_back(a);
+      }
+    }
+    KILN_CHECK(!cands.empty(), "cuBLASLt has no algorithm for M ", s.m_bucket, " N ", s.n, " K ", s.k);
+    // Enough repetitions for ~2 ms of work per candidate, at least 3.
+    const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
+    const double bytes = 2.0 * double(s.n * s.k + s.m_bucket * s.k + s.m_bucket * s.n);
+    const double est_us = std::max(flops / 600e12, bytes / 3.5e12) * 1e6 + 3.0;
+    const int iters = std::clamp(int(2000.0 / est_us), 3, 200);
+    float best = 1e30f;
+    size_t best_i = 0;
+    for (size_t i = 0; i < cands.size(); ++i) {
+      if (!impl_->check(p, cands[i])) continue;
+      impl_->matmul(p, cands[i], x, w, o, stream);  // warm-up
+      KILN_CUDART_CHECK(cudaEventRecord(e0, stream));
+      for (int it = 0; it < iters; ++it) impl_->matmul(p, cands[i], x, w, o, stream);
+      KILN_CUDART_CHECK(cudaEventRecord(e1, stream));
+      KILN_CUDART_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      KILN_CUDART_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      const float us = ms * 1000.0f / float(iters);
+      if (us < best) best = us, best_i = i;
+    }
+    GemmTactic t;
+    std::memcpy(t.algo, &cands[best_i], sizeof(t.algo));
+    t.us = best;
+    t.describe = describe_algo(cands[best_i]);
+    if (verbose)
+      std::printf("tune M<=%-5" PRId64 " N %-6" PRId64 " K %-5" PRId64
+                  " %-4s %9.2f us  %5.1f TFLOP/s  (%zu cands) %s\n",
+                  s.m_bucket, s.n, s.k, out_name(s.out), double(best), flops / best * 1e-6, cands.size(),
+                  t.describe.c_str());
+    tactics_[s] = t;
+    destroy(p);
+  }
+  // Plans made before tuning keep their algorithm only if it is still the tuned one: rebuild them lazily.
+  for (auto& [key, plan] : impl_->plans) destroy(plan);
+  impl_->plans.clear();
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(stream);
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(o);
+}
+
+bool GemmEngine::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::string line;
+  if (!std::getline(in, line) || line != "kiln-gemm-tactics v1") return false;
+  if (!std::getline(in, line) || line != "key " + key()) return false;
+  std::map<GemmShape, GemmTactic> loaded;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::istringstream is(line);
+    GemmShape s;
+    std::string out;
+    GemmTactic t;
+    is >> s.m_bucket >> s.n >> s.k >> out >> t.us;
+    for (auto& word : t.algo) is >> std::hex >> word;
+    if (!is || (out != "bf16" && out != "f32")) return false;  // a damaged file: re-tune rather than guess
+    s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
+    std::string rest;
+    std::getline(is, rest);
+    if (const auto hash = rest.find("# "); hash != std::string::npos) t.describe = rest.substr(hash + 2);
+    loaded[s] = t;
+  }
+  tactics_ = std::move(loaded);
+  for (auto& [k, plan] : impl_->plans) destroy(plan);
+  impl_->plans.clear();
+  return true;
+}
+
+void GemmEngine::save(const std::string& path) const {
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    KILN_CHECK(bool(out), "cannot write the tactic cache ", tmp);
+    out << "kiln-gemm-tactics v1\nkey " << key() << "\n";
+    for (const auto& [s, t] : tactics_) {
+      out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << out_name(s.out) << ' ' << t.us << std::hex;
+      for (uint64_t word : t.algo) out << ' ' << word;
+      out << std::dec << " # " << t.describe << "\n";
+    }
+    KILN_CHECK(bool(out), "writing the tactic cache ", tmp, " failed");
+  }
+  std::filesystem::rename(tmp, path);  // atomic: a reader never sees half a file
+}
+
+std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t kv_size, int64_t inter,
+                                         int64_t vocab, int64_t max_tokens, int64_t max_logit_rows) {
+  std::vector<GemmShape> shapes;
+  for (int64_t mb = 1; mb <= gemm_m_bucket(max_tokens); mb *= 2) {
+    shapes.push_back({mb, q_size + 2 * kv_size, hidden, GemmOut::bf16});
+    shapes.push_back({mb, hidden, q_size, GemmOut::bf16});
+    shapes.push_back({mb, 2 * inter, hidden, GemmOut::bf16});
+    shapes.push_back({mb, hidden, inter, GemmOut::bf16});
+    if (mb <= gemm_m_bucket(max_logit_rows)) shapes.push_back({mb, vocab, hidden, GemmOut::f32});
+  }
+  return shapes;
+}
+
+std::string default_tactic_cache_path() {
+  if (const char* p = std::getenv("KILN_TUNE_CACHE"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    return std::string(x) + "/kiln/gemm_tactics.txt";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/kiln/gemm_tactics.txt";
+  return "kiln_gemm_tactics.txt";
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,85 @@
+// BF16 GEMM through cuBLASLt with an on-disk tactic cache (the autotuner).
+//
+// Contract: out[M, N] = x[M, K] · W[N, K]^T. x, W: bf16, row-major, contiguous (row strides K).
+// Accumulation in fp32 (CUBLAS_COMPUTE_32F); the result is rounded once, to bf16 (GemmOut::bf16) or
+// stored as fp32 (GemmOut::f32, used for logits). Tolerance against an fp64 reference: relative
+// Frobenius error <= 2^-8 for bf16 output, <= 1e-5 for f32 output (the inputs being bf16-exact).
+// Split-K tactics change the summation order, so two tactics may differ in the last bf16 bit.
+//
+// Tactics: for each (M bucket, N, K, out dtype) the tuner times the heuristic's candidates and their
+// split-K variants and keeps the fastest. M bucket = the next power of two >= M (capped at 16384).
+// The cache file starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file whose key
+// differs is ignored. A cached tactic is re-checked with cublasLtMatmulAlgoCheck before first use and
+// replaced by the heuristic's first choice when the check fails.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;  // the same declaration as CUDA's driver_types.h
+
+namespace kiln::cuda {
+
+enum class GemmOut : uint8_t { bf16, f32 };
+
+struct GemmShape {
+  int64_t m_bucket = 0, n = 0, k = 0;
+  GemmOut out = GemmOut::bf16;
+  auto operator<=>(const GemmShape&) const = default;
+};
+
+struct GemmTactic {
+  uint64_t algo[8] = {};  // cublasLtMatmulAlgo_t, opaque; valid for one cuBLASLt version
+  float us = 0;           // measured time at the bucket's M when tuned
+  std::string describe;   // "algo 21 tile 17 stages 8 splitK 1 ..." for `kiln tune --show`
+};
+
+int64_t gemm_m_bucket(int64_t m);
+
+// One per device and process (the model owns it): the cuBLASLt handle, a 32 MB workspace, tactics.
+class GemmEngine {
+ public:
+  explicit GemmEngine(int device = 0);
+  ~GemmEngine();
+  GemmEngine(const GemmEngine&) = delete;
+  GemmEngine& operator=(const GemmEngine&) = delete;
+
+  // out = x · W^T; raw device pointers, row strides ldx, ldw, ldo in elements (>= k, k, n; multiples of
+  // 8). Validates shapes and 16-byte alignment; enqueues on stream. Uses the tuned tactic for
+  // (bucket(m), n, k, out) when it passes AlgoCheck for this exact shape, else the heuristic's first.
+  void run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
+           int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream);
+  void run(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k, GemmOut out_type,
+           cudaStream_t stream) {
+    run(x, k, w, k, out, n, m, n, k, out_type, stream);
+  }
+
+  // Times candidates for each shape (synchronous; allocates scratch) and stores the winners.
+  void tune(const std::vector<GemmShape>& shapes, bool verbose = false);
+  bool load(const std::string& path);  // false when absent or keyed for another GPU/version
+  void save(const std::string& path) const;
+  std::string key() const;  // "NVIDIA H200|cudart 13000|cublasLt 130000"
+  const std::map<GemmShape, GemmTactic>& tactics() const { return tactics_; }
+  int64_t fallbacks() const { return fallbacks_; }  // dispatches that used the heuristic
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::map<GemmShape, GemmTactic> tactics_;
+  int64_t fallbacks_ = 0;
+};
+
+// The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for
+// M buckets up to max_logit_rows), each for every M bucket from 1 to max_tokens.
+std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t kv_size, int64_t inter,
+                                         int64_t vocab, int64_t max_tokens, int64_t max_logit_rows);
+
+// $KILN_TUNE_CACHE, else $XDG_CACHE_HOME/kiln/gemm_tactics.txt, else ~/.cache/kiln/gemm_tactics.txt.
+std::string default_tactic_cache_path();
+
+}  // namespace kiln::cuda

@@ -1,0 +1,103 @@
+// Tensor views -> raw CUDA launches (see ops_cuda.h).
+#include "ops/cuda/ops_cuda.h"
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/context.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/gemm.h"
+
+namespace kiln::ops::cuda {
+namespace kc = ::kiln::cuda;
+
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+  kc::embedding_gather(ids.ptr<int32_t>(), table.data, table.stride[0], out.data, out.stride[0],
+                       out.dtype == DType::f32, ids.shape[0], table.shape[0], table.shape[1],
+                       kc::current_stream());
+}
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  kc::rms_norm(x.data, x.stride[0], nullptr, 0, weight.data, out.data, out.stride[0], x.shape[0], x.shape[1],
+               eps,
+               /*add=*/false, kc::current_stream());
+}
+
+void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                  const Tensor& out) {
+  kc::rms_norm(x.data, x.stride[0], residual.data, residual.stride[0], weight.data, out.data, out.stride[0],
+               x.shape[0], x.shape[1], eps, /*add=*/true, kc::current_stream());
+}
+
+void silu_and_mul(const Tensor& gate_up, const Tensor& out) {
+  kc::silu_mul(gate_up.data, gate_up.stride[0], out.data, out.stride[0], out.shape[0], out.shape[1],
+               kc::current_stream());
+}
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
+  if (x.shape[0] == 0) return;
+  kc::gemm_engine().run(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0],
+                        x.shape[0], weight.shape[0], x.shape[1], kc::GemmOut::bf16, kc::current_stream());
+}
+
+void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
+  const int64_t R = rows.shape[0], H = x.shape[1], V = weight.shape[0];
+  if (R == 0) return;
+  const int64_t ldg = (H + 7) / 8 * 8;
+  void* gathered = kc::scratch(size_t(R * ldg) * 2);
+  // The row gather is an embedding lookup into the hidden-state matrix (rows were range-checked upstream).
+  kc::embedding_gather(rows.ptr<int32_t>(), x.data, x.stride[0], gathered, ldg, false, R, x.shape[0], H,
+                       kc::current_stream());
+  kc::gemm_engine().run(gathered, ldg, weight.data, weight.stride[0], logits.data, logits.stride[0], R, V, H,
+                        kc::GemmOut::f32, kc::current_stream());
+  kc::round_f32_to_bf16(logits.ptr<float>(), R, V, logits.stride[0], kc::current_stream());
+}
+
+void paged_attention(const PagedAttentionArgs& a) {
+  const KvCacheView& c = a.cache;
+  KILN_CHECK(c.k.dtype == DType::bf16 || c.k.dtype == DType::f8e4m3,
+             "paged_attention on CUDA: the cache must be bf16 or f8e4m3, got ", c.k.describe());
+  const bool nhd = c.layout == KvLayout::nhd;
+  KILN_CHECK(
+      c.k.stride[0] == c.v.stride[0] && c.k.stride[1] == c.v.stride[1] && c.k.stride[2] == c.v.stride[2],
+      "paged_attention on CUDA: k and v must share strides");
+  const bool fp8 = c.k.dtype == DType::f8e4m3;
+  if (fp8) {
+    KILN_CHECK(c.k_scale.stride[0] == c.v_scale.stride[0] && c.k_scale.stride[1] == c.v_scale.stride[1] &&
+                   c.k_scale.stride[2] == c.v_scale.stride[2],
+               "paged_attention on CUDA: k_scale and v_scale must share strides");
+  }
+  const int64_t B = a.cu_q.shape[0] - 1;
+  kc::PagedAttnParams p{.q = a.q.data,
+                        .q_stride_t = a.q.stride[0],
+                        .q_stride_h = a.q.stride[1],
+                        .out = a.out.data,
+                        .o_stride_t = a.out.stride[0],
+                        .o_stride_h = a.out.stride[1],
+                        .k = c.k.data,
+                        .v = c.v.data,
+                        .s_page = c.k.stride[0],
+                        .s_row = c.k.stride[nhd ? 1 : 2],
+                        .s_head = c.k.stride[nhd ? 2 : 1],
+                        .k_scale = fp8 ? c.k_scale.ptr<uint8_t>() : nullptr,
+                        .v_scale = fp8 ? c.v_scale.ptr<uint8_t>() : nullptr,
+                        .sc_page = fp8 ? c.k_scale.stride[0] : 0,
+                        .sc_row = fp8 ? c.k_scale.stride[nhd ? 1 : 2] : 0,
+                        .sc_head = fp8 ? c.k_scale.stride[nhd ? 2 : 1] : 0,
+                        .kv_dtype = fp8 ? kc::KvDtype::f8e4m3 : kc::KvDtype::bf16,
+                        .cu_q = a.cu_q.ptr<int32_t>(),
+                        .kv_lens = a.kv_lens.ptr<int32_t>(),
+                        .page_table = a.page_table.ptr<int32_t>(),
+                        .pages_stride = int32_t(a.page_table.shape[1]),
+                        .page_size = c.page_size,
+                        .num_pages = int32_t(c.k.shape[0]),
+                        .B = int32_t(B),
+                        .T = int32_t(a.q.shape[0]),
+                        .Hq = int32_t(a.q.shape[1]),
+                        .Hkv = int32_t(c.k.shape[nhd ? 2 : 1]),
+                        .D = int32_t(a.q.shape[2]),
+                        .scale = a.scale,
+                        .max_q_len = 0};
+  const size_t ws = kc::paged_attention_workspace_bytes(p);
+  kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream());
+}
+
+}  // namespace kiln::ops::cuda

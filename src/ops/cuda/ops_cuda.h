@@ -1,0 +1,23 @@
+// Tensor-level CUDA entry points the op dispatchers (src/ops/*.cpp) call from their CUDA branches. The
+// dispatchers have validated shapes, dtypes and devices; these map the views onto the raw kernels
+// (elementwise.h, gemm.h, attention.h) on kiln::cuda::current_stream(). Contracts: the ops/*.h headers.
+#pragma once
+
+#include "kiln/tensor.h"
+#include "ops/attention.h"
+
+namespace kiln::ops::cuda {
+
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out);
+void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                  const Tensor& out);
+void silu_and_mul(const Tensor& gate_up, const Tensor& out);
+void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
+// Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
+// bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
+void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
+// A pure decode step (T == B) launches only the decode kernel (see ops/cuda/attention.h).
+void paged_attention(const PagedAttentionArgs& args);
+
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,169 @@
+// cuBLASLt GEMM: accuracy against an fp64 reference (relative Frobenius error), strided operands, f32
+// output, and the tactic cache (tune -> save -> load round trip, a foreign key ignored, AlgoCheck fallback).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <cuda_runtime_api.h>
+
+#include "ops/cuda/gemm.h"
+#include "test_util_cuda.h"
+
+namespace kiln {
+namespace {
+
+using test::random_bf16;
+using test::to_device;
+using test::to_host;
+
+// Relative Frobenius error of got[M, N] (row stride ldo) against x[M, K] · w[N, K]^T in fp64.
+double rel_error(const std::vector<bf16_t>& x, int64_t ldx, const std::vector<bf16_t>& w,
+                 const std::vector<float>& got, int64_t ldo, int64_t M, int64_t N, int64_t K) {
+  double num = 0, den = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0;
+      for (int64_t k = 0; k < K; ++k)
+        ref += double(bf16_to_f32(x[size_t(m * ldx + k)])) * double(bf16_to_f32(w[size_t(n * K + k)]));
+      const double d = double(got[size_t(m * ldo + n)]) - ref;
+      num += d * d;
+      den += ref * ref;
+    }
+  return std::sqrt(num / den);
+}
+
+std::vector<float> widen(const std::vector<bf16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_f32(v[i]);
+  return f;
+}
+
+TEST(CudaGemm, MatchesFp64ReferenceAcrossShapes) {
+  KILN_REQUIRE_GPU();
+  cuda::GemmEngine eng;
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (const Shape s : {Shape{1, 256, 512}, Shape{7, 136, 72}, Shape{64, 2560, 256}, Shape{300, 384, 1024}}) {
+    const auto x = random_bf16(size_t(s.M * s.K), 1), w = random_bf16(size_t(s.N * s.K), 2);
+    Buffer dx = to_device(x), dw = to_device(w);
+    Buffer o16(size_t(s.M * s.N) * 2, Device::cuda()), o32(size_t(s.M * s.N) * 4, Device::cuda());
+    eng.run(dx.data(), dw.data(), o16.data(), s.M, s.N, s.K, cuda::GemmOut::bf16, nullptr);
+    eng.run(dx.data(), dw.data(), o32.data(), s.M, s.N, s.K, cuda::GemmOut::f32, nullptr);
+    const double e16 =
+        rel_error(x, s.K, w, widen(to_host<bf16_t>(o16, size_t(s.M * s.N))), s.N, s.M, s.N, s.K);
+    const double e32 = rel_error(x, s.K, w, to_host<float>(o32, size_t(s.M * s.N)), s.N, s.M, s.N, s.K);
+    EXPECT_LE(e16, 1.0 / 256) << s.M << "x" << s.N << "x" << s.K;
+    EXPECT_GT(e16, 0.0) << "bf16 output must show its rounding";
+    EXPECT_LE(e32, 1e-5) << s.M << "x" << s.N << "x" << s.K;
+  }
+}
+
+TEST(CudaGemm, RowStridedOperands) {
+  KILN_REQUIRE_GPU();
+  cuda::GemmEngine eng;
+  const int64_t M = 5, N = 64, K = 128, ldx = 160, ldo = 80;
+  const auto x = random_bf16(size_t(M * ldx), 3), w = random_bf16(size_t(N * K), 4);
+  Buffer dx = to_device(x), dw = to_device(w);
+  std::vector<float> sentinel(size_t(M * ldo), -7.0f);
+  Buffer o = to_device(sentinel);
+  eng.run(dx.data(), ldx, dw.data(), K, o.data(), ldo, M, N, K, cuda::GemmOut::f32, nullptr);
+  const auto got = to_host<float>(o, size_t(M * ldo));
+  EXPECT_LE(rel_error(x, ldx, w, got, ldo, M, N, K), 1e-5);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = N; n < ldo; ++n) EXPECT_EQ(got[size_t(m * ldo + n)], -7.0f) << "wrote past N";
+}
+
+TEST(CudaGemm, BadArgumentsAreErrors) {
+  KILN_REQUIRE_GPU();
+  cuda::GemmEngine eng;
+  Buffer b(4096, Device::cuda());
+  EXPECT_THROW(eng.run(b.data(), b.data(), b.data(), 0, 8, 8, cuda::GemmOut::bf16, nullptr), Error);
+  EXPECT_THROW(eng.run(b.data(), b.data(), b.data(), 1, 8, 12, cuda::GemmOut::bf16, nullptr), Error);
+  EXPECT_THROW(
+      eng.run(static_cast<char*>(b.data()) + 2, b.data(), b.data(), 1, 8, 8, cuda::GemmOut::bf16, nullptr),
+      Error);
+}
+
+TEST(CudaGemm, BucketsArePowersOfTwo) {
+  EXPECT_EQ(cuda::gemm_m_bucket(1), 1);
+  EXPECT_EQ(cuda::gemm_m_bucket(3), 4);
+  EXPECT_EQ(cuda::gemm_m_bucket(64), 64);
+  EXPECT_EQ(cuda::gemm_m_bucket(65), 128);
+  EXPECT_EQ(cuda::gemm_m_bucket(100000), 16384);
+  const auto shapes = cuda::qwen3_gemm_shapes(1024, 2048, 1024, 3072, 151936, 8, 2);
+  EXPECT_EQ(shapes.size(), size_t(4 * 4 + 2));  // buckets 1, 2, 4, 8; LM head for 1 and 2
+}
+
+TEST(CudaGemm, TuneSaveLoadRoundTrip) {
+  KILN_REQUIRE_GPU();
+  const std::string path = std::string(KILN_BINARY_DIR) + "/test_gemm_tactics.txt";
+  std::filesystem::remove(path);
+  const std::vector<cuda::GemmShape> shapes = {{1, 1024, 512, cuda::GemmOut::bf16},
+                                               {16, 1024, 512, cuda::GemmOut::bf16},
+                                               {4, 4096, 256, cuda::GemmOut::f32}};
+  const auto x = random_bf16(16 * 512, 5), w = random_bf16(4096 * 512, 6);
+  Buffer dx = to_device(x), dw = to_device(w), o1(16 * 4096 * 4, Device::cuda()),
+         o2(16 * 4096 * 4, Device::cuda());
+  {
+    cuda::GemmEngine eng;
+    EXPECT_FALSE(eng.load(path)) << "no cache yet";
+    eng.tune(shapes);
+    ASSERT_EQ(eng.tactics().size(), shapes.size());
+    for (const auto& [s, t] : eng.tactics()) {
+      EXPECT_GT(t.us, 0.0f);
+      EXPECT_NE(t.describe.find("splitK"), std::string::npos);
+    }
+    eng.save(path);
+    eng.run(dx.data(), dw.data(), o1.data(), 13, 1024, 512, cuda::GemmOut::bf16, nullptr);  // bucket 16
+    EXPECT_EQ(eng.fallbacks(), 0) << "the tuned tactic should pass AlgoCheck for M 13";
+  }
+  {
+    cuda::GemmEngine eng;
+    ASSERT_TRUE(eng.load(path));
+    ASSERT_EQ(eng.tactics().size(), shapes.size());
+    eng.run(dx.data(), dw.data(), o2.data(), 13, 1024, 512, cuda::GemmOut::bf16, nullptr);
+    EXPECT_EQ(eng.fallbacks(), 0);
+    // The same tactic on the same data: bitwise the same result.
+    const auto a = to_host<uint16_t>(o1, 13 * 1024), b = to_host<uint16_t>(o2, 13 * 1024);
+    EXPECT_EQ(a, b);
+    // A shape never tuned falls back to the heuristic.
+    eng.run(dx.data(), dw.data(), o2.data(), 3, 512, 512, cuda::GemmOut::bf16, nullptr);
+    EXPECT_EQ(eng.fallbacks(), 1);
+  }
+  {
+    // A cache keyed for another GPU / library version is ignored.
+    std::ifstream in(path);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto pos = all.find("key ");
+    all.replace(pos, 4, "key OtherGPU ");
+    std::ofstream(path) << all;
+    cuda::GemmEngine eng;
+    EXPECT_FALSE(eng.load(path));
+    EXPECT_TRUE(eng.tactics().empty());
+  }
+  {
+    // A damaged tactic (garbage algo words) fails AlgoCheck and the heuristic runs instead.
+    cuda::GemmEngine good;
+    good.tune({shapes[0]});
+    good.save(path);
+    std::ifstream in(path);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto line = all.find("\n1 1024 512 bf16");
+    ASSERT_NE(line, std::string::npos);
+    const auto us_end = all.find(' ', line + 17);  // after the time field
+    const auto words = all.find(' ', us_end + 1);
+    all.replace(us_end + 1, words - us_end - 1, "ffffffffffffffff");
+    std::ofstream(path) << all;
+    cuda::GemmEngine eng;
+    ASSERT_TRUE(eng.load(path));
+    eng.run(dx.data(), dw.data(), o2.data(), 1, 1024, 512, cuda::GemmOut::bf16, nullptr);
+    EXPECT_EQ(eng.fallbacks(), 1);
+    const auto got = widen(to_host<bf16_t>(o2, 1024));
+    EXPECT_LE(rel_error(x, 512, w, got, 1024, 1, 1024, 512), 1.0 / 256);
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,50 @@
+// Helpers for the GPU tests: device buffers from host vectors, deterministic random bf16 data, ulp
+// distance. Every test skips (and says so) when no GPU is visible.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kiln/dtype.h"
+#include "kiln/tensor.h"
+
+#define KILN_REQUIRE_GPU()                                                       \
+  do {                                                                           \
+    if (!kiln::cuda_available()) GTEST_SKIP() << "no CUDA GPU visible: skipped"; \
+  } while (0)
+
+namespace kiln::test {
+
+template <typename T>
+Buffer to_device(const std::vector<T>& v) {
+  Buffer b(v.size() * sizeof(T), Device::cuda());
+  copy_bytes(b.data(), Device::cuda(), v.data(), Device::cpu(), v.size() * sizeof(T));
+  return b;
+}
+
+template <typename T>
+std::vector<T> to_host(const Buffer& b, size_t n) {
+  std::vector<T> v(n);
+  copy_bytes(v.data(), Device::cpu(), b.data(), Device::cuda(), n * sizeof(T));
+  return v;
+}
+
+inline std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<bf16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+
+// Distance in bf16 ulps between two finite bf16 values (via the order-preserving integer map).
+inline int bf16_ulps(bf16_t a, bf16_t b) {
+  auto key = [](uint16_t u) { return (u & 0x8000u) ? -int(u & 0x7fffu) : int(u); };
+  return std::abs(key(a.bits) - key(b.bits));
+}
+
+}  // namespace kiln::test
