@@ -70,7 +70,8 @@ void Engine::Impl::accept(Incoming x) {
   L.on_event = std::move(x.on_event);
   L.t_submit = x.t_submit;
   L.prompt_tokens = int(L.req.prompt.size());
-  L.sampler = std::make_unique<Sampler>(L.req.sampling, opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull));
+  L.sampler = std::make_unique<Sampler>(L.req.sampling, opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull),
+                                        /*always_logprob=*/false);
   auto seq = std::make_unique<Sequence>();
   seq->id = x.id;
   seq->tokens = L.req.prompt;

@@ -18,9 +18,9 @@ void validate_sampling_params(const SamplingParams& p) {
              p.top_logprobs);
 }
 
-Sampler::Sampler(const SamplingParams& p, uint64_t fallback_seed) : p_(p) {
+Sampler::Sampler(const SamplingParams& p, uint64_t fallback_seed, bool always_logprob) : p_(p) {
   validate_sampling_params(p_);
-  p_.return_logprob = true;
+  p_.return_logprob = p_.return_logprob || always_logprob;
   rng_.seed(p_.seed >= 0 ? uint64_t(p_.seed) : fallback_seed);
 }
 

@@ -21,8 +21,9 @@ void validate_sampling_params(const SamplingParams& p);
 
 class Sampler {
  public:
-  // Validates p. The logprob of the chosen token is always computed.
-  Sampler(const SamplingParams& p, uint64_t fallback_seed);
+  // Validates p. The logprob of the chosen token is computed unless always_logprob is false and p does
+  // not ask for it (the engine's case: a log-softmax over a 152k vocabulary per row is not free).
+  Sampler(const SamplingParams& p, uint64_t fallback_seed, bool always_logprob = true);
   // One draw from a row of logits (f32 [vocab], finite).
   Draw sample(std::span<const float> logits);
   const SamplingParams& params() const { return p_; }
