@@ -29,7 +29,7 @@ constexpr const char* kRefHelp =
     "  --min-agreement X       exit 3 when the prompt agreement rate is below X\n"
     "  --max-drift X           exit 3 when the largest |log-prob drift| on the common prefix exceeds X\n";
 
-std::string pick_model(const Flags& f, const std::string& url, client::Api api, const std::string& key) {
+std::string pick_model(const cli::Flags& f, const std::string& url, client::Api api, const std::string& key) {
   std::string model = f.str("model");
   if (model.empty() && api == client::Api::completions) {
     client::RunOptions probe;
