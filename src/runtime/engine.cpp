@@ -67,6 +67,10 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   so.max_running_requests = opts.max_running_requests;
   so.enable_prefix_cache = opts.enable_prefix_cache;
   so.enable_mixed_batches = opts.enable_mixed_batches;
+  KILN_CHECK(opts.admission_reserve >= 0.0 && opts.admission_reserve <= 1.0,
+             "admission_reserve must be in [0, 1], got ", opts.admission_reserve);
+  so.reserve_init = opts.admission_reserve;
+  so.reserve_min = std::min(so.reserve_min, opts.admission_reserve);
   I.sched = std::make_unique<Scheduler>(*I.pool, so);
   const int64_t model_max = I.runner->config().max_position_embeddings;
   I.max_context = opts.max_context_len > 0 ? opts.max_context_len : (model_max > 0 ? model_max : INT32_MAX);

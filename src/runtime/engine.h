@@ -128,7 +128,10 @@ struct EngineOptions {
   int max_queued_requests = 4096;  // beyond this submit() throws EngineBusyError
   int64_t max_context_len = 0;     // prompt + output tokens; 0 = model's max_position_embeddings
   bool enable_prefix_cache = true;
-  bool enable_mixed_batches = true;     // decode rows ride along with prefill chunks
+  bool enable_mixed_batches = true;  // decode rows ride along with prefill chunks
+  // Admission keeps this fraction of the running requests' possible remaining growth free (it adapts:
+  // 1 after a preemption, decaying to 0.1). 0 = admit greedily, preempt when the pool runs out.
+  double admission_reserve = 0.7;
   std::vector<int> cuda_graph_buckets;  // empty = defaults (1, 2, 4, 8, ... 128); CUDA helper's seam
   bool disable_cuda_graph = false;
   uint64_t seed = 0;  // base for requests without a seed

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 
 #include "kiln/error.h"
 
 namespace kiln {
 
-Scheduler::Scheduler(KvPool& pool, const SchedulerOptions& opts) : pool_(pool), opts_(opts) {
+Scheduler::Scheduler(KvPool& pool, const SchedulerOptions& opts)
+    : pool_(pool), opts_(opts), reserve_ratio_(std::clamp(opts.reserve_init, 0.0, 1.0)) {
   KILN_CHECK(opts.max_running_requests >= 1, "max_running_requests must be >= 1, got ",
              opts.max_running_requests);
   if (opts.enable_prefix_cache) cache_ = std::make_unique<RadixCache>(pool);
@@ -51,6 +53,10 @@ StepPlan Scheduler::schedule() {
     if (plan.preempted.empty()) phase_admit(plan, budget);
     if (plan.rows.empty()) phase_running(plan, budget, /*decode=*/true, /*prefill=*/false);
   }
+  // A preemption means the reservation was too optimistic: go back to the worst case, then relax.
+  reserve_ratio_ =
+      plan.preempted.empty() ? std::max(opts_.reserve_min, reserve_ratio_ - opts_.reserve_decay) : 1.0;
+  if (opts_.reserve_init <= 0.0) reserve_ratio_ = 0.0;
   phase_build(plan);
   return plan;
 }
@@ -74,7 +80,14 @@ void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool
   }
 }
 
+int64_t Scheduler::future_pages(const Sequence& s) const {
+  return std::max<int64_t>(0, pool_.pages_for(s.max_len) - int64_t(s.pages.size()));
+}
+
 void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
+  // Pages the running sequences may still claim before they finish (worst case: every one runs to max_len).
+  int64_t future = 0;
+  for (const Sequence* r : running_) future += future_pages(*r);
   while (!waiting_.empty() && int(running_.size()) < opts_.max_running_requests && budget > 0) {
     Sequence& s = *waiting_.front();
     if (cache_) {
@@ -88,8 +101,14 @@ void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
     const int32_t remaining = int32_t(s.tokens.size()) - s.num_computed;
     const int32_t q = int32_t(std::min<int64_t>(remaining, budget));
     const int32_t need = pool_.pages_for(s.num_computed + q) - int32_t(s.pages.size());
-    // Keep one free page per running sequence so admission rarely forces a preemption next step.
-    const int32_t target = need + int32_t(running_.size());
+    // Keep free (or evictable) what the running sequences and this one are expected to claim later:
+    // reserve_ratio_ of their worst case, and at least one page per running sequence. Without this,
+    // long generations fill the pool, the newest is preempted, re-admitted at once and preempted again.
+    const int64_t later =
+        future + std::max<int64_t>(0, pool_.pages_for(s.max_len) - pool_.pages_for(s.num_computed + q));
+    const int64_t reserve =
+        std::max<int64_t>(int64_t(running_.size()), int64_t(std::ceil(reserve_ratio_ * double(later))));
+    const int32_t target = int32_t(std::min<int64_t>(need + reserve, pool_.num_usable()));
     if (pool_.num_free() < target && cache_) cache_->evict(target - pool_.num_free());
     if (pool_.num_free() < target) {
       drop_pages(s);  // return the matched prefix; strict FCFS: nobody behind it goes first
@@ -99,6 +118,7 @@ void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
     waiting_.pop_front();
     s.running = true;
     insert_running(&s);
+    future += future_pages(s);
     budget -= q;
     plan.rows.push_back({&s, s.num_computed, q, s.num_computed + q == int32_t(s.tokens.size())});
   }

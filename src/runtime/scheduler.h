@@ -7,8 +7,9 @@
 //                       next prefill chunk; pages come from the free list, then prefix-cache eviction,
 //                       then preemption of the NEWEST running sequence (free + recompute later)
 //                     phase_admit: waiting sequences, oldest first, into what is left of the prefill
-//                       budget: prefix-cache match, then pages for the first chunk; stops at the first
-//                       one that does not fit (strict FCFS) or at max_running
+//                       budget: prefix-cache match, then pages for the first chunk while keeping a
+//                       reserve for what running sequences will still claim (see reserve_init); stops
+//                       at the first one that does not fit (strict FCFS) or at max_running
 //                     phase_build: the BatchDesc (+ which rows are decode rows)
 //   finalize(plan, sampled)   after the model ran: advance each row, append sampled tokens, offer
 //                       newly full pages to the prefix cache
@@ -37,6 +38,12 @@ struct SchedulerOptions {
   int max_running_requests = 256;
   bool enable_prefix_cache = true;
   bool enable_mixed_batches = true;  // false: a step is all prefill rows or all decode rows
+  // Admission keeps free (or evictable) this fraction of the pages the running sequences could still
+  // claim (each up to its max_len). It starts at reserve_init, falls by reserve_decay per step to
+  // reserve_min, and jumps to 1 after a preemption. reserve_init <= 0: only one page per running sequence.
+  double reserve_init = 0.7;
+  double reserve_min = 0.1;
+  double reserve_decay = 0.002;
 };
 
 struct Sequence {
@@ -92,6 +99,7 @@ class Scheduler {
   RadixCache* cache() { return cache_.get(); }
   int64_t flush_cache();  // evicts every unreferenced cached page; returns pages freed
   int64_t total_preemptions() const { return total_preemptions_; }
+  double reserve_ratio() const { return reserve_ratio_; }
 
   // Pool integrity plus exact reference accounting: each page's refcount equals the number of running
   // page tables listing it plus the tree's reference. Throws kiln::Error on any mismatch.
@@ -102,6 +110,7 @@ class Scheduler {
   void phase_admit(StepPlan& plan, int64_t& budget);
   void phase_build(StepPlan& plan) const;
 
+  int64_t future_pages(const Sequence& s) const;
   bool ensure_pages(Sequence& seq, int32_t tokens_after, StepPlan& plan);
   void preempt(Sequence& seq, StepPlan& plan);
   void offer_to_cache(Sequence& seq);
@@ -117,6 +126,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;   // sorted by arrival
   uint64_t next_arrival_ = 0;
   int64_t total_preemptions_ = 0;
+  double reserve_ratio_ = 0.0;
 };
 
 }  // namespace kiln

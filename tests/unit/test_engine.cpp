@@ -103,6 +103,7 @@ TEST(Engine, ConcurrentGreedyOutputsEqualEachRequestAlone) {
     if (variant == 2) m->graph_buckets = {1, 2, 4, 8, 16, 32};
     EngineOptions o = small_opts(variant == 1 ? 60 : 4096);  // variant 1: a tiny pool forces preemption
     o.enable_mixed_batches = variant != 2;
+    if (variant == 1) o.admission_reserve = 0.0;
     Engine engine(std::move(model), o);
     Sink sink;
     std::vector<std::pair<RequestId, Request>> reqs;
@@ -573,6 +574,7 @@ TEST(EngineQwen3, MixedBatchGreedyEqualsEachRequestAlone) {
   EngineOptions tiny = mixed;  // 20 pages of 4 tokens: requests are preempted and recomputed
   tiny.page_size = 4;
   tiny.max_total_tokens = 80;
+  tiny.admission_reserve = 0.0;
   EXPECT_EQ(run_all(tiny, prompts, 8, false, &s), want);
   EXPECT_GT(s.preemptions, 0);
 

@@ -149,6 +149,7 @@ TEST(Scheduler, UnmixedModeNeverMixesAndGivesTheSameOutputs) {
 
 TEST(Scheduler, PreemptsUnderATinyPoolAndNeverFails) {
   SchedulerOptions o;
+  o.reserve_init = 0.0;  // admit greedily so the pool runs out
   o.chunked_prefill_size = 16;
   Driver d(13, 4, o);  // 12 usable pages = 48 tokens; each request needs up to 40
   for (int i = 0; i < 8; ++i) d.add(uint64_t(i), prompt_of(6 + 3 * i, 10 + i), 16);
@@ -160,6 +161,7 @@ TEST(Scheduler, PreemptsUnderATinyPoolAndNeverFails) {
 
 TEST(Scheduler, PreemptionWithoutPrefixCache) {
   SchedulerOptions o;
+  o.reserve_init = 0.0;
   o.enable_prefix_cache = false;
   Driver d(11, 4, o);
   for (int i = 0; i < 6; ++i) d.add(uint64_t(i), prompt_of(10, 20 + i), 20);
@@ -180,11 +182,36 @@ TEST(Scheduler, FirstComeFirstServed) {
 }
 
 TEST(Scheduler, OldestRequestsFinishFirstUnderPreemption) {
-  Driver d(12, 4, {});
+  SchedulerOptions o;
+  o.reserve_init = 0.0;
+  Driver d(12, 4, o);
   for (int i = 0; i < 4; ++i) d.add(uint64_t(i), prompt_of(8, 30 + i), 24);
   d.run();
   EXPECT_EQ(d.finish_order.front(), 0u);  // preemption always takes the newest
   d.expect_reference_outputs();
+}
+
+TEST(Scheduler, AdmissionReserveAvoidsPreemptionThrash) {
+  // Long prompts and long outputs in a pool that holds about three whole requests.
+  auto run = [](double reserve, int64_t& preemptions, int64_t& prefill) {
+    SchedulerOptions o;
+    o.reserve_init = reserve;
+    o.chunked_prefill_size = 64;
+    Driver d(65, 4, o);  // 256 tokens
+    for (int i = 0; i < 8; ++i) d.add(uint64_t(i), prompt_of(40, 40 + i), 40);
+    while (d.step()) {
+    }
+    d.expect_reference_outputs();
+    preemptions = d.sched.total_preemptions();
+    prefill = 0;
+    for (int32_t t : d.model.step_tokens) prefill += t;
+  };
+  int64_t p0 = 0, t0 = 0, p1 = 0, t1 = 0;
+  run(0.0, p0, t0);
+  run(0.7, p1, t1);
+  EXPECT_GT(p0, 0);
+  EXPECT_EQ(p1, 0);
+  EXPECT_LT(t1, t0);  // less recomputation
 }
 
 TEST(Scheduler, ReleaseMidRequestFreesItsPages) {
