@@ -3,6 +3,7 @@
 // the QKV rows and scatters tokens over random pages at random positions; larger T is a prefill: Q written
 // contiguous, positions 0..T-1, consecutive slots. T <= 128 is timed as graph replays (+ amortized).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -122,6 +123,7 @@ void run_attn_prep(const Env& env, std::vector<Row>& rows) {
   for (DType cache : {DType::bf16, DType::f8e4m3}) {
     for (KvLayout layout : {KvLayout::hnd, KvLayout::nhd}) {
       for (int T : {1, 2, 4, 8, 16, 32, 64, 128, 512, 4096, 8192}) {
+        if (const char* only = std::getenv("KILN_ATTN_PREP_T"); only && std::atoi(only) != T) continue;
         const Config c{T, layout, cache};
         std::vector<uint16_t> qkv(size_t(T) * (kHq + 2 * kHkv) * kD);
         std::normal_distribution<float> nd(0.f, 1.f);
@@ -136,12 +138,15 @@ void run_attn_prep(const Env& env, std::vector<Row>& rows) {
         const std::string shape = "T=" + std::to_string(T) + (layout == KvLayout::hnd ? " HND " : " NHD ") +
                                   (cache == DType::bf16 ? "bf16" : "fp8") +
                                   (c.q_contig() ? " q-contig" : " q-inplace");
-        for (bool fused : {true, false}) {
-          Row r{"attn_prep", fused ? "fused" : "unfused", shape};
+        for (int variant : {0, 1, 2}) {  // fused, fused with PDL (graphed sizes only), unfused
+          if (variant == 1 && T > 128) continue;
+          const bool fused = variant < 2;
+          Row r{"attn_prep", variant == 0 ? "fused" : variant == 1 ? "fused+pdl" : "unfused", shape};
           r.bytes = bytes_moved(c);
           auto launch = [&](int i) {
             AttnPrepArgs a = sets[size_t(i) % sets.size()].args;
             a.stream = env.stream;
+            a.pdl = variant == 1;
             if (fused) {
               r.path = ops::attn_prep_path_name(ops::attn_prep(a));
             } else {

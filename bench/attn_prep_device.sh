@@ -62,7 +62,8 @@ if [[ $steps == *" bench "* ]]; then
   grep -E "device:|\| attn_prep" "$out/bench.log" | grep -E "device:|T=1 |T=8 |T=128 |T=4096 |T=8192 " | grep -E "device:|HND" | cut -c1-160
 fi
 if [[ $steps == *" ncu "* ]]; then
-  ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --kernel-name regex:attn_prep_prefill \
-    --launch-count 2 $B/kiln_bench bench kernels --filter attn_prep --reps 100 >"$out/ncu.log" 2>&1
-  echo "ncu: rc=$?"; grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy" "$out/ncu.log" | head -12
+  KILN_ATTN_PREP_T=4096 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section Occupancy --section LaunchStats --kernel-name regex:'attn_prep_(stream|prefill|decode)' \
+    --launch-skip 5 --launch-count 1 $B/kiln_bench bench kernels --filter attn_prep --reps 100 >"$out/ncu.log" 2>&1
+  echo "ncu: rc=$?"; grep -E "attn_prep_|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers|Compute \(SM\)" "$out/ncu.log" | head -14
 fi

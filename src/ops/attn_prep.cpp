@@ -155,6 +155,7 @@ namespace {
     p.q_row = a.qkv.stride[0];
     p.q_head = a.head_dim;
   }
+  p.pdl = a.pdl;
   p.q_norm = a.q_norm.data;
   p.k_norm = a.k_norm.data;
   p.eps = a.eps;

@@ -82,6 +82,10 @@ struct AttnPrepArgs {
   int num_kv_heads = 0;
   int head_dim = 0;
   void* stream = nullptr;  // cudaStream_t for CUDA tensors (nullptr: the legacy default stream)
+  // CUDA fused path: launch with programmatic dependent launch. The kernel then starts while the previous
+  // kernel on the stream drains and waits for it (griddepcontrol.wait) before reading any input, so it is
+  // always safe; it saves the launch gap inside graphs.
+  bool pdl = false;
 };
 
 // Which implementation attn_prep chose (for tests, benchmarks and logs).

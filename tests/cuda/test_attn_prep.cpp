@@ -151,7 +151,7 @@ TEST(AttnPrepCuda, ZeroTokensLaunchNothing) {
 }
 
 // Capture once, replay with new inputs (copied into the captured buffers) and check every replay.
-void graph_replays(CaseCfg cfg, bool unfused) {
+void graph_replays(CaseCfg cfg, bool unfused, bool pdl = false) {
   std::mt19937_64 rng(11 + cfg.T);
   Case input(cfg, rng);
   DeviceCase dev(input);
@@ -160,6 +160,7 @@ void graph_replays(CaseCfg cfg, bool unfused) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   AttnPrepArgs a = base;
   a.stream = s;
+  a.pdl = pdl;
   cudaGraph_t g;
   ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   if (unfused) {
@@ -198,6 +199,8 @@ TEST(AttnPrepCuda, GraphReplaysWithChangingInputs) {
   vl.q_contig = true;
   graph_replays(vl, false);
   graph_replays(decode, true);  // the unfused path's stream-ordered scratch is capturable too
+  graph_replays(decode, false, /*pdl=*/true);
+  graph_replays(vl, false, /*pdl=*/true);
 }
 
 }  // namespace

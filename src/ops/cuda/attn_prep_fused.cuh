@@ -13,8 +13,11 @@
 //   decode (small batch, T <= 128): grid (ceil(H / groups per block), T), block 128, one head per group:
 //     every load is issued at the start (latency: qkv, slot, position -> cos/sin).
 //   prefill (bandwidth): grid min(T, resident blocks), block 256; a block walks tokens, its groups walk the
-//     token's heads four at a time with all four 16-byte loads in flight; norm weights and the token's
-//     cos/sin are loaded once per thread / per token.
+//     token's heads (U = 4 per group). Norm weights are loaded once per thread, cos/sin once per token.
+//     Streaming form (H <= 4 * groups per block, e.g. 32/8 at D128): a two-stage cp.async pipeline in
+//     shared memory: while token i is processed, token i+1's qkv chunks and cos/sin are in flight and
+//     token i+2's position and slot are being loaded. Each thread reads back only the shared memory its
+//     own cp.async wrote, so no block barrier is needed. Otherwise: the same loop with register loads.
 #pragma once
 
 #include "ops/cuda/attn_prep_common.cuh"
@@ -147,6 +150,8 @@ template <ActKind A, CacheKind C, int D>
 __global__ void __launch_bounds__(128) attn_prep_decode_kernel(const __grid_constant__ AttnPrepParams p) {
   constexpr int G = D / 8, kGroups = 128 / G;
   const int h = blockIdx.x * kGroups + threadIdx.x / G;
+  pdl_wait();
+  pdl_launch_dependents();
   if (h >= p.Hq + 2 * p.Hkv) return;  // whole groups leave together
   const int c = threadIdx.x % G, t = blockIdx.y;
   const unsigned mask = group_mask<D>();
@@ -169,6 +174,8 @@ __global__ void __launch_bounds__(256, 3) attn_prep_prefill_kernel(const __grid_
   const int c = threadIdx.x % G, grp = threadIdx.x / G;
   const unsigned mask = group_mask<D>();
   const int H = p.Hq + 2 * p.Hkv, HQK = p.Hq + p.Hkv;
+  pdl_wait();
+  pdl_launch_dependents();
   const uint4 qwb = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q_norm) + 8 * c));
   const uint4 kwb = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k_norm) + 8 * c));
   for (int t = blockIdx.x; t < p.T; t += gridDim.x) {
@@ -195,6 +202,128 @@ __global__ void __launch_bounds__(256, 3) attn_prep_prefill_kernel(const __grid_
   }
 }
 
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait1() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+constexpr int kStreamU = 4;       // heads per group per token in the streaming kernel
+constexpr int kStreamStages = 2;  // smem: stages x (U qkv chunks + 4 cos/sin float4s) x 256 threads x 16 B
+constexpr size_t kStreamSmem = size_t(kStreamStages) * (kStreamU + 4) * 256 * 16;
+
+template <ActKind A, CacheKind C, int D>
+__global__ void __launch_bounds__(256, 2) attn_prep_stream_kernel(const __grid_constant__ AttnPrepParams p) {
+  constexpr int G = D / 8, kGroups = 256 / G, U = kStreamU;
+  extern __shared__ uint4 smem[];  // [stage][U qkv chunks | c0 c1 s0 s1][256 threads]
+  const int tid = threadIdx.x, c = tid % G, grp = tid / G;
+  const unsigned mask = group_mask<D>();
+  const int H = p.Hq + 2 * p.Hkv, HQK = p.Hq + p.Hkv;
+  const int R = p.rotary_dim, hr = R / 2, half_lanes = R / 16;
+  const bool rope_lane = c < 2 * half_lanes;
+  const int i0 = c < half_lanes ? 8 * c : 8 * c - hr;
+  auto slot_at = [&](int stage, int k) { return &smem[(stage * (U + 4) + k) * 256 + tid]; };
+  // Issues token t's qkv chunks and cos/sin (positions pp) into `stage`.
+  auto issue = [&](int t, int stage, int64_t pp0, int64_t pp1, int64_t pp2) {
+    const uint16_t* row = static_cast<const uint16_t*>(p.qkv) + int64_t(t) * p.qkv_row + 8 * c;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int h = grp + u * kGroups;
+      if (h < H) cp_async16(slot_at(stage, u), row + int64_t(h) * D);
+    }
+    if (!rope_lane) return;
+    if (p.mrope == MRopeMode::none) {
+      const float* r = p.rope + pp0 * R + i0;
+      cp_async16(slot_at(stage, U + 0), r);
+      cp_async16(slot_at(stage, U + 1), r + 4);
+      cp_async16(slot_at(stage, U + 2), r + hr);
+      cp_async16(slot_at(stage, U + 3), r + hr + 4);
+    } else {
+      for (int j = 0; j < 8; ++j) {
+        const int ax = mrope_axis(p, i0 + j);
+        const float* r = p.rope + (ax == 0 ? pp0 : ax == 1 ? pp1 : pp2) * R + i0 + j;
+        cp_async4(reinterpret_cast<float*>(slot_at(stage, U + j / 4)) + j % 4, r);
+        cp_async4(reinterpret_cast<float*>(slot_at(stage, U + 2 + j / 4)) + j % 4, r + hr);
+      }
+    }
+  };
+  auto load_pos = [&](int t, int64_t& pp0, int64_t& pp1, int64_t& pp2) {
+    pp0 = load_position(p, 0, t);
+    if (p.mrope != MRopeMode::none) {
+      pp1 = load_position(p, 1, t);
+      pp2 = load_position(p, 2, t);
+    }
+  };
+  pdl_wait();
+  pdl_launch_dependents();
+  int t = blockIdx.x;
+  if (t >= p.T) return;
+  const uint4 qwb = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q_norm) + 8 * c));
+  const uint4 kwb = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k_norm) + 8 * c));
+  int64_t n0 = 0, n1 = 0, n2 = 0;  // positions of the next token to issue
+  load_pos(t, n0, n1, n2);
+  issue(t, 0, n0, n1, n2);
+  cp_async_commit();
+  int tn = t + gridDim.x;
+  int64_t slot_cur = load_slot(p, t), slot_next = -1;
+  if (tn < p.T) {
+    load_pos(tn, n0, n1, n2);
+    slot_next = load_slot(p, tn);
+  }
+  for (int stage = 0; t < p.T; stage ^= 1) {
+    if (tn < p.T) issue(tn, stage ^ 1, n0, n1, n2);  // positions of tn, loaded one token ago
+    cp_async_commit();                               // (possibly empty: keeps the group count uniform)
+    const int tnn = tn + gridDim.x;
+    int64_t slot_nn = -1;
+    if (tnn < p.T) {
+      load_pos(tnn, n0, n1, n2);
+      slot_nn = load_slot(p, tnn);
+    }
+    cp_async_wait1();  // this token's stage has landed
+    TokenCtx k;
+    if (slot_cur >= 0) {
+      const uint32_t page = uint32_t(slot_cur) / uint32_t(p.page_size);
+      const uint32_t row = uint32_t(slot_cur) - page * uint32_t(p.page_size);
+      k.off = int64_t(page) * p.c_page + int64_t(row) * p.c_row + 8 * c;
+      k.soff = int64_t(page) * p.s_page + int64_t(row) * p.s_row + c / 8;
+    }
+    if (rope_lane) {
+      const float4 c0 = *reinterpret_cast<const float4*>(slot_at(stage, U + 0));
+      const float4 c1 = *reinterpret_cast<const float4*>(slot_at(stage, U + 1));
+      const float4 s0 = *reinterpret_cast<const float4*>(slot_at(stage, U + 2));
+      const float4 s1 = *reinterpret_cast<const float4*>(slot_at(stage, U + 3));
+      k.cs[0] = c0.x, k.cs[1] = c0.y, k.cs[2] = c0.z, k.cs[3] = c0.w;
+      k.cs[4] = c1.x, k.cs[5] = c1.y, k.cs[6] = c1.z, k.cs[7] = c1.w;
+      k.sn[0] = s0.x, k.sn[1] = s0.y, k.sn[2] = s0.z, k.sn[3] = s0.w;
+      k.sn[4] = s1.x, k.sn[5] = s1.y, k.sn[6] = s1.z, k.sn[7] = s1.w;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int h = grp + u * kGroups;
+      if (h >= H) break;
+      const uint4 raw = *slot_at(stage, u);
+      if (h < HQK) {
+        process_qk<A, C, D>(p, t, h, c, mask, raw, h < p.Hq ? qwb : kwb, k);
+      } else {
+        store_v<A, C>(p, h - HQK, c, mask, raw, k);
+      }
+    }
+    t = tn;
+    tn = tnn;
+    slot_cur = slot_next;
+    slot_next = slot_nn;
+  }
+}
+
 // Launches one variant for one head_dim (the .cu per head_dim instantiates act x cache).
 template <int D>
 void launch_fused_d(const AttnPrepParams& p, bool prefill, cudaStream_t stream) {
@@ -203,8 +332,22 @@ void launch_fused_d(const AttnPrepParams& p, bool prefill, cudaStream_t stream) 
   auto pick = [&](auto act_tag, auto cache_tag) {
     constexpr ActKind A = decltype(act_tag)::value;
     constexpr CacheKind C = decltype(cache_tag)::value;
-    if (prefill) {
+    if (prefill && H <= kStreamU * (256 / G)) {
       // Resident blocks on this device: the grid of the token loop (thread-safe static init).
+      static const int max_blocks = [] {
+        int dev = 0, sms = 0, per_sm = 0;
+        KILN_CUDA_CHECK(cudaGetDevice(&dev));
+        KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        KILN_CUDA_CHECK(cudaFuncSetAttribute(attn_prep_stream_kernel<A, C, D>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStreamSmem)));
+        KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, attn_prep_stream_kernel<A, C, D>, 256, kStreamSmem));
+        return sms * (per_sm > 0 ? per_sm : 1);
+      }();
+      const int blocks = p.T < max_blocks ? p.T : max_blocks;
+      launch(LaunchCfg{dim3(blocks), dim3(256), kStreamSmem, stream, p.pdl, /*smem_attr_set=*/true},
+             attn_prep_stream_kernel<A, C, D>, p);
+    } else if (prefill) {
       static const int max_blocks = [] {
         int dev = 0, sms = 0, per_sm = 0;
         KILN_CUDA_CHECK(cudaGetDevice(&dev));
@@ -214,10 +357,10 @@ void launch_fused_d(const AttnPrepParams& p, bool prefill, cudaStream_t stream) 
         return sms * (per_sm > 0 ? per_sm : 1);
       }();
       const int blocks = p.T < max_blocks ? p.T : max_blocks;
-      launch(LaunchCfg{dim3(blocks), dim3(256), 0, stream}, attn_prep_prefill_kernel<A, C, D>, p);
+      launch(LaunchCfg{dim3(blocks), dim3(256), 0, stream, p.pdl}, attn_prep_prefill_kernel<A, C, D>, p);
     } else {
       const int gx = (H + 128 / G - 1) / (128 / G);
-      launch(LaunchCfg{dim3(gx, p.T), dim3(128), 0, stream}, attn_prep_decode_kernel<A, C, D>, p);
+      launch(LaunchCfg{dim3(gx, p.T), dim3(128), 0, stream, p.pdl}, attn_prep_decode_kernel<A, C, D>, p);
     }
   };
   auto with_cache = [&](auto act_tag) {

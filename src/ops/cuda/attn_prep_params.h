@@ -44,6 +44,7 @@ struct AttnPrepParams {
   uint8_t* k_scale = nullptr;  // fp8 only: UE8M0 [.., D / 64]
   uint8_t* v_scale = nullptr;
   int64_t s_page = 0, s_row = 0, s_head = 0;
+  bool pdl = false;  // host side: launch the fused kernel with programmatic dependent launch
 };
 
 // Launchers (attn_prep_unfused.cu, attn_prep_fused_*.cu). p validated; stream is a cudaStream_t.

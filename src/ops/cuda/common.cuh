@@ -6,10 +6,10 @@
 
 #include "kiln/error.h"
 
-#define KILN_CUDA_CHECK(expr)                                                          \
-  do {                                                                                 \
-    cudaError_t kiln_e_ = (expr);                                                      \
-    KILN_CHECK(kiln_e_ == cudaSuccess, #expr ": ", cudaGetErrorString(kiln_e_));       \
+#define KILN_CUDA_CHECK(expr)                                                    \
+  do {                                                                           \
+    cudaError_t kiln_e_ = (expr);                                                \
+    KILN_CHECK(kiln_e_ == cudaSuccess, #expr ": ", cudaGetErrorString(kiln_e_)); \
   } while (0)
 
 namespace kiln::cuda {
@@ -20,13 +20,16 @@ struct LaunchCfg {
   size_t smem = 0;
   cudaStream_t stream = nullptr;
   bool pdl = false;  // programmatic dependent launch: may start before the previous kernel ends
+  // The kernel's dynamic-smem limit was already raised (cudaFuncSetAttribute once, outside graph capture):
+  // launch() then leaves it alone, so the launch is capture-safe and costs no extra driver call.
+  bool smem_attr_set = false;
 };
 
 // Launches kernel<<<cfg>>>(args...) through cudaLaunchKernelEx; raises the dynamic shared memory
 // limit when asked for more than 48 KB; checks the launch.
 template <typename... KArgs, typename... Args>
 void launch(const LaunchCfg& cfg, void (*kernel)(KArgs...), Args&&... args) {
-  if (cfg.smem > 48 * 1024) {
+  if (cfg.smem > 48 * 1024 && !cfg.smem_attr_set) {
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.smem)));
   }
   cudaLaunchConfig_t lc{};
