@@ -54,6 +54,11 @@ class Loader {
         copy_bytes(dst, device_, t.data, Device::cpu(), size_t(n) * sizeof(bf16_t));
       } else {
         WeightSpec spec{name, cols ? std::vector<int64_t>{prows, cols} : std::vector<int64_t>{prows}, norm};
+        if (device_.is_cuda()) {  // generated on the GPU: no host pass over multi-GB weights
+          fill_random_weight_cuda(spec, seed_, dst);
+          row0 += prows;
+          continue;
+        }
         host.resize(size_t(n));
         fill_random_weight(spec, seed_, host.data());
         copy_bytes(dst, device_, host.data(), Device::cpu(), size_t(n) * sizeof(bf16_t));
@@ -110,11 +115,16 @@ std::vector<WeightSpec> qwen3_weight_specs(const ModelConfig& c) {
   return s;
 }
 
+RandomWeightParams random_weight_params(const WeightSpec& spec, uint64_t seed) {
+  // uniform std = half_width / sqrt(3)
+  return {splitmix64(seed ^ fnv1a(spec.name)), spec.norm ? 1.0f : 0.0f, spec.norm ? 0.1f : 0.02f * 1.7320508f};
+}
+
 void fill_random_weight(const WeightSpec& spec, uint64_t seed, bf16_t* out) {
   const int64_t n = numel_of(spec.shape);
-  const uint64_t key = splitmix64(seed ^ fnv1a(spec.name));
-  const float half_width = spec.norm ? 0.1f : 0.02f * 1.7320508f;  // uniform std = half_width / sqrt(3)
-  const float center = spec.norm ? 1.0f : 0.0f;
+  const RandomWeightParams rp = random_weight_params(spec, seed);
+  const uint64_t key = rp.key;
+  const float half_width = rp.half_width, center = rp.center;
   ops::cpu::parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const uint64_t r = splitmix64(key + uint64_t(i));

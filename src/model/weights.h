@@ -45,6 +45,15 @@ std::vector<WeightSpec> qwen3_weight_specs(const ModelConfig& cfg);
 // matrices uniform with std 0.02 (|x| <= 0.02 * sqrt(3)), norm weights 1 + uniform in [-0.1, 0.1].
 // out has numel(spec.shape) elements.
 void fill_random_weight(const WeightSpec& spec, uint64_t seed, bf16_t* out);
+// The same values written straight into device memory (model/cuda_weights.cpp; CUDA builds only).
+void fill_random_weight_cuda(const WeightSpec& spec, uint64_t seed, void* device_out);
+// What fill_random_weight draws from: element i = bf16(center + (2u - 1) * half_width),
+// u = (splitmix64(key + i) >> 40) / 2^24.
+struct RandomWeightParams {
+  uint64_t key;
+  float center, half_width;
+};
+RandomWeightParams random_weight_params(const WeightSpec& spec, uint64_t seed);
 
 // Loads every tensor from `ckpt` (bf16, exact shapes; anything else is a kiln::Error naming the tensor),
 // or generates them with fill_random_weight when ckpt is null, and places them on `device`.

@@ -2,6 +2,7 @@
 
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
+#include "ops/cuda/dispatch.h"
 
 namespace kiln::ops {
 
@@ -12,7 +13,7 @@ void silu_and_mul(const Tensor& gate_up, const Tensor& out) {
   KILN_CHECK(out.shape[0] == gate_up.shape[0] && gate_up.shape[1] == 2 * out.shape[1], op, ": gate_up ",
              gate_up.describe(), " must be [M, 2 * I] for out ", out.describe());
   detail::check_same_device(op, gate_up, out);
-  if (out.device.is_cuda()) KILN_FAIL("silu_and_mul: CUDA kernel not built yet");
+  if (out.device.is_cuda()) return KILN_CUDA_OP(silu_and_mul(gate_up, out));
   cpu::silu_and_mul(gate_up, out);
 }
 

@@ -2,6 +2,7 @@
 
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
+#include "ops/cuda/dispatch.h"
 
 namespace kiln::ops {
 namespace {
@@ -56,7 +57,7 @@ void paged_attention(const PagedAttentionArgs& a) {
   for (const Tensor* t : {&a.out, &a.cache.k, &a.cache.v, &a.cu_q, &a.kv_lens, &a.page_table}) {
     detail::check_same_device(op, a.q, *t);
   }
-  if (a.q.device.is_cuda()) KILN_FAIL("paged_attention: CUDA kernel not built yet");
+  if (a.q.device.is_cuda()) return KILN_CUDA_OP(paged_attention(a));
   cpu::paged_attention(a);
 }
 

@@ -2,6 +2,7 @@
 
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
+#include "ops/cuda/dispatch.h"
 
 namespace kiln::ops {
 
@@ -17,7 +18,7 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   KILN_CHECK_EQ(out.shape[1], table.shape[1], op, ": out width vs table width");
   detail::check_same_device(op, table, ids);
   detail::check_same_device(op, table, out);
-  if (out.device.is_cuda()) KILN_FAIL("embedding: CUDA kernel not built yet");
+  if (out.device.is_cuda()) return KILN_CUDA_OP(embedding(table, ids, out));
   cpu::embedding(table, ids, out);
 }
 

@@ -2,6 +2,7 @@
 
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
+#include "ops/cuda/dispatch.h"
 
 namespace kiln::ops {
 
@@ -16,7 +17,7 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
   KILN_CHECK(out.data != x.data || out.numel() == 0, op, ": out must not alias x");
   detail::check_same_device(op, x, weight);
   detail::check_same_device(op, x, out);
-  if (out.device.is_cuda()) KILN_FAIL("linear: CUDA kernel not built yet");
+  if (out.device.is_cuda()) return KILN_CUDA_OP(linear(x, weight, out));
   cpu::linear(x, weight, out);
 }
 
@@ -33,7 +34,7 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
   detail::check_same_device(op, x, rows);
   detail::check_same_device(op, x, weight);
   detail::check_same_device(op, x, logits);
-  if (logits.device.is_cuda()) KILN_FAIL("lm_head: CUDA kernel not built yet");
+  if (logits.device.is_cuda()) return KILN_CUDA_OP(lm_head(x, rows, weight, logits));
   cpu::lm_head(x, rows, weight, logits);
 }
 

@@ -2,6 +2,7 @@
 
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
+#include "ops/cuda/dispatch.h"
 
 namespace kiln::ops {
 namespace {
@@ -23,7 +24,7 @@ void check_norm(const char* op, const Tensor& x, const Tensor& weight, float eps
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
   check_norm("rms_norm", x, weight, eps, out);
-  if (out.device.is_cuda()) KILN_FAIL("rms_norm: CUDA kernel not built yet");
+  if (out.device.is_cuda()) return KILN_CUDA_OP(rms_norm(x, weight, eps, out));
   cpu::rms_norm(x, weight, eps, out);
 }
 
@@ -36,7 +37,7 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
   KILN_CHECK(out.data != x.data && out.data != residual.data,
              "add_rms_norm: out must not alias x or residual");
   detail::check_same_device("add_rms_norm", x, residual);
-  if (out.device.is_cuda()) KILN_FAIL("add_rms_norm: CUDA kernel not built yet");
+  if (out.device.is_cuda()) return KILN_CUDA_OP(add_rms_norm(x, residual, weight, eps, out));
   cpu::add_rms_norm(x, residual, weight, eps, out);
 }
 

@@ -13,7 +13,8 @@ int sm_count() {
 }
 
 void validate(const PagedAttnParams& p) {
-  KILN_CHECK(p.D == 64 || p.D == 128, "paged attention: head_dim must be 64 or 128, got ", p.D);
+  KILN_CHECK(p.D == 32 || p.D == 64 || p.D == 128, "paged attention: head_dim must be 32, 64 or 128, got ",
+             p.D);
   KILN_CHECK(p.Hq > 0 && p.Hkv > 0 && p.Hq % p.Hkv == 0, "paged attention: Hq ", p.Hq,
              " must be a multiple of Hkv ", p.Hkv);
   KILN_CHECK(p.B >= 0 && p.T >= 0, "paged attention: negative B or T");

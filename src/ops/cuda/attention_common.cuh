@@ -51,27 +51,34 @@ void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_
 
 // KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (64 or 128); any other
 // head_dim is an error. KILN_DISPATCH_KV_DTYPE likewise with `constexpr KvDtype kKT`.
-#define KILN_DISPATCH_HEAD_DIM(d, ...)                                      \
-  switch (d) {                                                              \
-    case 64: {                                                              \
-      constexpr int kD = 64;                                                \
-      __VA_ARGS__                                                           \
-    } break;                                                                \
-    case 128: {                                                             \
-      constexpr int kD = 128;                                               \
-      __VA_ARGS__                                                           \
-    } break;                                                                \
-    default:                                                                \
-      KILN_FAIL("paged attention: unsupported head_dim ", d, " (64, 128)"); \
+#define KILN_DISPATCH_HEAD_DIM(d, ...)                                          \
+  switch (d) {                                                                  \
+    case 32: {                                                                  \
+      constexpr int kD = 32;                                                    \
+      __VA_ARGS__                                                               \
+    } break;                                                                    \
+    case 64: {                                                                  \
+      constexpr int kD = 64;                                                    \
+      __VA_ARGS__                                                               \
+    } break;                                                                    \
+    case 128: {                                                                 \
+      constexpr int kD = 128;                                                   \
+      __VA_ARGS__                                                               \
+    } break;                                                                    \
+    default:                                                                    \
+      KILN_FAIL("paged attention: unsupported head_dim ", d, " (32, 64, 128)"); \
   }
 
-#define KILN_DISPATCH_KV_DTYPE(t, ...)       \
-  if ((t) == KvDtype::bf16) {                \
-    constexpr KvDtype kKT = KvDtype::bf16;   \
-    __VA_ARGS__                              \
-  } else {                                   \
-    constexpr KvDtype kKT = KvDtype::f8e4m3; \
-    __VA_ARGS__                              \
+// An fp8 cache needs head_dim % 64 == 0 (one scale per 64 elements): D 32 with fp8 is refused at run time
+// (the instantiation exists but is never launched).
+#define KILN_DISPATCH_KV_DTYPE(t, ...)                                                            \
+  if ((t) == KvDtype::bf16) {                                                                     \
+    constexpr KvDtype kKT = KvDtype::bf16;                                                        \
+    __VA_ARGS__                                                                                   \
+  } else {                                                                                        \
+    KILN_CHECK(kD % 64 == 0, "paged attention: an fp8 cache needs head_dim % 64 == 0, got ", kD); \
+    constexpr KvDtype kKT = KvDtype::f8e4m3;                                                      \
+    __VA_ARGS__                                                                                   \
   }
 
 }  // namespace kiln::cuda

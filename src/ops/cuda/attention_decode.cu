@@ -208,17 +208,23 @@ void launch_decode_typed(const PagedAttnParams& p, float* ws, int splits, int ch
     case 2:
       launch(cfg, decode_kernel<D, 2, KT>, p, ws, splits, chunk, all_rows);
       break;
+    case 3:
+      launch(cfg, decode_kernel<D, 3, KT>, p, ws, splits, chunk, all_rows);
+      break;
     case 4:
       launch(cfg, decode_kernel<D, 4, KT>, p, ws, splits, chunk, all_rows);
       break;
     case 5:
       launch(cfg, decode_kernel<D, 5, KT>, p, ws, splits, chunk, all_rows);
       break;
+    case 6:
+      launch(cfg, decode_kernel<D, 6, KT>, p, ws, splits, chunk, all_rows);
+      break;
     case 8:
       launch(cfg, decode_kernel<D, 8, KT>, p, ws, splits, chunk, all_rows);
       break;
     default:
-      KILN_FAIL("paged decode attention: unsupported GQA group size ", p.Hq / p.Hkv, " (1, 2, 4, 5, 8)");
+      KILN_FAIL("paged decode attention: unsupported GQA group size ", p.Hq / p.Hkv, " (1-6, 8)");
   }
 }
 

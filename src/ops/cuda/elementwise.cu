@@ -152,6 +152,19 @@ __global__ void fill_random_kernel(uint16_t* dst, int64_t n, uint64_t seed, floa
   }
 }
 
+__global__ void fill_splitmix_kernel(uint16_t* dst, int64_t n, uint64_t key, float center, float half_width) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t x = key + uint64_t(i) + 0x9e3779b97f4a7c15ull;  // splitmix64(key + i)
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    const float u = __fmul_rn(float(x >> 40), 1.0f / 16777216.0f);
+    dst[i] = uint16_t(
+        f32_to_bf16_bits(__fadd_rn(center, __fmul_rn(__fsub_rn(__fmul_rn(2.0f, u), 1.0f), half_width))));
+  }
+}
+
 int grid_for(int64_t n, int threads) {
   int sms = 132;
   int dev = 0;
@@ -246,6 +259,14 @@ void fill_random_bf16(void* dst, int64_t n, uint64_t seed, float scale, float of
   if (n == 0) return;
   launch({.grid = dim3(unsigned(grid_for(n, 256))), .block = dim3(256), .stream = stream}, fill_random_kernel,
          static_cast<uint16_t*>(dst), n, seed, scale, offset);
+}
+
+void fill_uniform_splitmix_bf16(void* dst, int64_t n, uint64_t key, float center, float half_width,
+                                cudaStream_t stream) {
+  KILN_CHECK(n >= 0, "fill_uniform_splitmix_bf16: negative size");
+  if (n == 0) return;
+  launch({.grid = dim3(unsigned(grid_for(n, 256))), .block = dim3(256), .stream = stream},
+         fill_splitmix_kernel, static_cast<uint16_t*>(dst), n, key, center, half_width);
 }
 
 }  // namespace kiln::cuda

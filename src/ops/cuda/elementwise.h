@@ -54,4 +54,10 @@ void bf16_to_f32(const void* in, float* out, int64_t n, cudaStream_t stream);
 // reproducible for a seed whatever the launch shape. dst: bf16 [n].
 void fill_random_bf16(void* dst, int64_t n, uint64_t seed, float scale, float offset, cudaStream_t stream);
 
+// dst[i] = bf16(center + (2u - 1) * half_width), u = (splitmix64(key + i) >> 40) / 2^24, with each
+// operation rounded separately (no fma): bitwise the host's model/weights.cpp fill_random_weight for the
+// same key, so a model with random weights is the same on the CPU and the GPU. dst: bf16 [n].
+void fill_uniform_splitmix_bf16(void* dst, int64_t n, uint64_t key, float center, float half_width,
+                                cudaStream_t stream);
+
 }  // namespace kiln::cuda

@@ -1,0 +1,304 @@
+// `kiln bench model [--shape qwen3-4b|qwen3-0.6b | --model DIR] [--context N] [--steps N] [--prefill N]
+//                   [--kv-dtype bf16|fp8] [--page-size N]`
+// Whole-model timing on the GPU with random weights (generated on the device side of the loader):
+//   prefill: one prompt of --prefill tokens into an empty cache (median of 3), beside its floor
+//            FLOPs / the bf16 matmul rate measured in the same run (an 8192^3 cuBLASLt GEMM);
+//   decode:  single-stream TPOT at --context (the cache filled by a prefill first), the median over
+//            --steps steps, beside its floor (weight bytes + KV bytes read) / the device-to-device copy
+//            rate measured in the same run (bytes read + written, as docs/PERF.md defines it);
+//   breakdown: each op of one decode step timed alone (CUDA events, 50 repetitions, warm L2 for the tiny
+//            ones: an honest lower bound per op), its share of the sum, and the launch count.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "cli/model_shapes.h"
+#include "kiln/config.h"
+#include "model/qwen3.h"
+
+#ifdef KILN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/attn_prep.h"
+#include "ops/cuda/gemm.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+#include "ops/rope_table.h"
+#endif
+
+namespace {
+
+#ifdef KILN_HAVE_CUDA
+using namespace kiln;
+
+#define BENCH_CUDA(expr)                                               \
+  do {                                                                 \
+    cudaError_t e_ = (expr);                                           \
+    KILN_CHECK(e_ == cudaSuccess, #expr ": ", cudaGetErrorString(e_)); \
+  } while (0)
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Milliseconds of fn() on the default stream, median of `reps` (CUDA events).
+double time_ms(int reps, const std::function<void()>& fn) {
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    BENCH_CUDA(cudaEventRecord(a));
+    fn();
+    BENCH_CUDA(cudaEventRecord(b));
+    BENCH_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(t);
+}
+
+double copy_gbps() {
+  const size_t n = size_t(1) << 30;
+  Buffer a(n, Device::cuda()), b(n, Device::cuda());
+  BENCH_CUDA(cudaMemset(a.data(), 1, n));
+  const double ms =
+      time_ms(10, [&] { BENCH_CUDA(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice)); });
+  return 2.0 * double(n) / (ms * 1e-3) / 1e9;
+}
+
+double matmul_tflops() {
+  const int64_t n = 8192;
+  Buffer x(size_t(n * n) * 2, Device::cuda()), w(size_t(n * n) * 2, Device::cuda()),
+      o(size_t(n * n) * 2, Device::cuda());
+  BENCH_CUDA(cudaMemset(x.data(), 0x3c, size_t(n * n) * 2));
+  BENCH_CUDA(cudaMemset(w.data(), 0x3c, size_t(n * n) * 2));
+  cuda::GemmEngine eng;
+  eng.tune({{8192, n, n, cuda::GemmOut::bf16}});
+  const double ms =
+      time_ms(10, [&] { eng.run(x.data(), w.data(), o.data(), n, n, n, cuda::GemmOut::bf16, nullptr); });
+  return 2.0 * double(n) * double(n) * double(n) / (ms * 1e-3) / 1e12;
+}
+
+// A one-sequence batch of tokens [start, start + n) on pages 0, 1, 2, ... in order.
+BatchDesc one_seq(int32_t start, int32_t n, int32_t pages, int32_t ps, int64_t vocab) {
+  BatchDesc b;
+  b.page_size = ps;
+  for (int32_t i = 0; i < n; ++i) {
+    b.tokens.push_back(int32_t((int64_t(start + i) * 7919) % vocab));
+    b.positions.push_back(start + i);
+    b.slot_mapping.push_back(start + i);
+  }
+  b.cu_q = {0, n};
+  b.kv_lens = {start + n};
+  b.pages_stride = pages;
+  for (int32_t p = 0; p < pages; ++p) b.page_table.push_back(p);
+  b.logit_rows = {n - 1};
+  return b;
+}
+
+int64_t weight_bytes(const Qwen3Weights& w, bool tied) {
+  int64_t n = w.lm_head.nbytes() + w.final_norm.nbytes() + (tied ? 0 : w.embed.nbytes());
+  for (const auto& l : w.layers)
+    n += l.input_norm.nbytes() + l.qkv.nbytes() + l.q_norm.nbytes() + l.k_norm.nbytes() + l.o_proj.nbytes() +
+         l.post_norm.nbytes() + l.gate_up.nbytes() + l.down.nbytes();
+  return n;
+}
+
+// Each op of one decode step at context `ctx`, timed alone on the model's real weights and cache.
+void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_t ps) {
+  const ModelConfig& c = m.config();
+  const Device dev = Device::cuda();
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, Hq = c.num_heads,
+                Hkv = c.num_kv_heads;
+  const int64_t qkv_dim = (Hq + 2 * Hkv) * D, L = c.num_layers;
+  auto buf = [&](size_t bytes) { return Buffer(std::max<size_t>(bytes, 256), dev); };
+  Buffer x = buf(size_t(H) * 2), r = buf(size_t(H) * 2), n = buf(size_t(H) * 2),
+         qkv = buf(size_t(qkv_dim) * 2);
+  Buffer att = buf(size_t(Hq * D) * 2), gu = buf(size_t(2 * I) * 2), act = buf(size_t(I) * 2);
+  Buffer logits = buf(size_t(c.vocab_size) * 4);
+  BENCH_CUDA(cudaMemset(x.data(), 0x3c, size_t(H) * 2));
+  BENCH_CUDA(cudaMemset(r.data(), 0x3c, size_t(H) * 2));
+  BENCH_CUDA(cudaMemset(qkv.data(), 0x3c, size_t(qkv_dim) * 2));
+  BENCH_CUDA(cudaMemset(att.data(), 0x3c, size_t(Hq * D) * 2));
+  BENCH_CUDA(cudaMemset(gu.data(), 0x3c, size_t(2 * I) * 2));
+  const BatchDesc b = one_seq(ctx - 1, 1, pages, ps, c.vocab_size);
+  std::vector<int32_t> meta_i32 = {b.tokens[0], b.positions[0], 0, 1, ctx, 0};
+  Buffer meta = buf(64), slots = buf(8), pt = buf(size_t(pages) * 4);
+  BENCH_CUDA(cudaMemcpy(meta.data(), meta_i32.data(), meta_i32.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t slot = ctx - 1;
+  BENCH_CUDA(cudaMemcpy(slots.data(), &slot, 8, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(pt.data(), b.page_table.data(), size_t(pages) * 4, cudaMemcpyHostToDevice));
+  const int32_t* mi = static_cast<const int32_t*>(meta.data());
+  Buffer rope = ops::build_rope_table(int(c.rotary_dim()), c.rope_theta, ctx + 1, dev);
+  const LayerWeights& lw = m.weights().layers[0];
+  const float eps = float(c.rms_norm_eps);
+  Tensor tx(x.data(), DType::bf16, {1, H}, dev), tr(r.data(), DType::bf16, {1, H}, dev),
+      tn(n.data(), DType::bf16, {1, H}, dev), tq(qkv.data(), DType::bf16, {1, qkv_dim}, dev),
+      ta(att.data(), DType::bf16, {1, Hq * D}, dev), tg(gu.data(), DType::bf16, {1, 2 * I}, dev),
+      tact(act.data(), DType::bf16, {1, I}, dev);
+  ops::AttnPrepArgs prep;
+  prep.qkv = tq;
+  prep.eps = eps;
+  prep.positions = Tensor(const_cast<int32_t*>(mi + 1), DType::i32, {1}, dev);
+  prep.rope = ops::rope_table_view(rope, int(c.rotary_dim()), ctx + 1);
+  prep.slot_mapping = Tensor(slots.data(), DType::i64, {1}, dev);
+  prep.num_q_heads = int(Hq), prep.num_kv_heads = int(Hkv), prep.head_dim = int(D);
+  prep.q_norm = lw.q_norm, prep.k_norm = lw.k_norm, prep.cache = cache.layer(0);
+  ops::PagedAttentionArgs pa;
+  pa.q = Tensor::strided(qkv.data(), DType::bf16, {1, Hq, D}, {qkv_dim, D, 1}, dev);
+  pa.cache = cache.layer(0);
+  pa.cu_q = Tensor(const_cast<int32_t*>(mi + 2), DType::i32, {2}, dev);
+  pa.kv_lens = Tensor(const_cast<int32_t*>(mi + 4), DType::i32, {1}, dev);
+  pa.page_table = Tensor(pt.data(), DType::i32, {1, pages}, dev);
+  pa.out = Tensor(att.data(), DType::bf16, {1, Hq, D}, dev);
+  pa.scale = float(1.0 / std::sqrt(double(D)));
+  Tensor row0(const_cast<int32_t*>(mi + 5), DType::i32, {1}, dev);
+  Tensor tl(logits.data(), DType::f32, {1, c.vocab_size}, dev);
+  struct Op {
+    const char* name;
+    int64_t per_step;
+    std::function<void()> fn;
+  };
+  const std::vector<Op> ops_list = {
+      {"embedding", 1,
+       [&] {
+         ops::embedding(m.weights().embed, Tensor(const_cast<int32_t*>(mi), DType::i32, {1}, dev), tx);
+       }},
+      {"add_rms_norm", 2 * L + 1, [&] { ops::add_rms_norm(tx, tr, lw.input_norm, eps, tn); }},
+      {"qkv gemm", L, [&] { ops::linear(tn, lw.qkv, tq); }},
+      {"attn_prep", L, [&] { ops::attn_prep(prep); }},
+      {"paged_attention", L, [&] { ops::paged_attention(pa); }},
+      {"o_proj gemm", L, [&] { ops::linear(ta, lw.o_proj, tx); }},
+      {"gate_up gemm", L, [&] { ops::linear(tn, lw.gate_up, tg); }},
+      {"silu_and_mul", L, [&] { ops::silu_and_mul(tg, tact); }},
+      {"down gemm", L, [&] { ops::linear(tact, lw.down, tx); }},
+      {"lm_head", 1, [&] { ops::lm_head(tn, row0, m.weights().lm_head, tl); }},
+  };
+  std::vector<double> us;
+  double total = 0;
+  int64_t launches = 0;
+  for (const auto& op : ops_list) {
+    op.fn();  // warm-up (plans, scratch)
+    const double t = time_ms(50, op.fn) * 1000.0;
+    us.push_back(t);
+    total += t * double(op.per_step);
+    launches += op.per_step;
+  }
+  std::printf("\nper-op breakdown of one decode step (context %d; each op timed alone, median of 50):\n",
+              ctx);
+  std::printf("  %-16s %10s %8s %12s %7s\n", "op", "us/call", "calls", "us/step", "share");
+  for (size_t i = 0; i < ops_list.size(); ++i)
+    std::printf("  %-16s %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i],
+                (long long)ops_list[i].per_step, us[i] * double(ops_list[i].per_step),
+                100.0 * us[i] * double(ops_list[i].per_step) / total);
+  std::printf("  %-16s %10s %8lld %12.1f   (sum of isolated ops; %lld op calls)\n", "total", "",
+              (long long)launches, total, (long long)launches);
+}
+
+int run_bench_model(const cli::Args& args) {
+  const cli::Flags f(args, {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed"},
+                     {"no-breakdown"});
+  KILN_CHECK(cuda_available(), "kiln bench model needs a CUDA GPU; none is visible");
+  const ModelConfig cfg = f.has("model") ? load_model_config(f.str("model"))
+                                         : cli::builtin_qwen3_shape(f.str("shape", "qwen3-4b"));
+  const int32_t ctx = int32_t(f.i64("context", 1024)), steps = int32_t(f.i64("steps", 32));
+  const int32_t prefill = int32_t(f.i64("prefill", 0)), ps = int32_t(f.i64("page-size", 32));
+  KILN_CHECK(ctx >= 1 && steps >= 1 && prefill >= 0 && ps > 0, "bad --context/--steps/--prefill/--page-size");
+  const std::string kvd = f.str("kv-dtype", "bf16");
+  KILN_CHECK(kvd == "bf16" || kvd == "fp8", "--kv-dtype: bf16 or fp8");
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double gbps = copy_gbps();
+  const double tflops = matmul_tflops();
+  std::printf("device %s: copy %.0f GB/s (read + written), bf16 matmul %.0f TFLOP/s (8192^3, tuned)\n",
+              prop.name, gbps, tflops);
+  LoadOptions o;
+  o.device = Device::cuda();
+  o.load_format = LoadFormat::random;
+  o.seed = uint64_t(f.i64("seed", 0));
+  o.max_position = std::max(ctx + steps, prefill) + 16;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto m = Qwen3Model::create(cfg, nullptr, o);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const ModelConfig& c = m->config();
+  const int64_t wbytes = weight_bytes(m->weights(), c.tie_word_embeddings);
+  std::printf(
+      "model: hidden %lld, layers %lld, heads %lld/%lld, D %lld, I %lld, vocab %lld; %.2f GB of weights "
+      "read per token; random weights in %.1f s\n",
+      (long long)c.hidden_size, (long long)c.num_layers, (long long)c.num_heads, (long long)c.num_kv_heads,
+      (long long)c.head_dim, (long long)c.intermediate_size, (long long)c.vocab_size, double(wbytes) / 1e9,
+      load_s);
+  const int32_t max_tokens = std::max(ctx + steps, prefill);
+  const int32_t pages = (max_tokens + ps - 1) / ps + 1;
+  KvCache cache(c, pages, ps, ops::KvLayout::hnd, kvd == "fp8" ? DType::f8e4m3 : DType::bf16, Device::cuda());
+  Buffer logits(size_t(c.vocab_size) * 4, Device::cuda());
+  const Tensor tl(logits.data(), DType::f32, {1, c.vocab_size}, Device::cuda());
+
+  if (prefill > 0) {
+    const BatchDesc b = one_seq(0, prefill, pages, ps, c.vocab_size);
+    m->forward(b, cache, tl);  // warm-up: workspace, GEMM plans
+    const double ms = time_ms(3, [&] { m->forward(b, cache, tl); });
+    const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_layers;
+    const double per_tok =
+        2.0 * double(L) *
+        double(H * (c.num_heads + 2 * c.num_kv_heads) * D + c.num_heads * D * H + 3 * H * I);
+    const double attn =
+        2.0 * 2.0 * double(L) * double(c.num_heads) * double(D) * double(prefill) * double(prefill) / 2;
+    const double flops = per_tok * prefill + attn + 2.0 * double(H) * double(c.vocab_size);
+    const double floor_ms = flops / (tflops * 1e12) * 1e3;
+    std::printf(
+        "\nprefill %d tokens: %.2f ms = %.0f tok/s, %.0f TFLOP/s; floor (%.2e FLOP at %.0f TFLOP/s) %.2f ms "
+        "= %.0f tok/s; %.0f%% of the matmul rate\n",
+        prefill, ms, prefill / (ms * 1e-3), flops / (ms * 1e-3) / 1e12, flops, tflops, floor_ms,
+        prefill / (floor_ms * 1e-3), 100.0 * floor_ms / ms);
+  }
+  // Fill the cache to ctx - 1 tokens in prefill chunks of <= 4096, then time decode steps.
+  for (int32_t s = 0; s < ctx - 1; s += 4096)
+    m->forward(one_seq(s, std::min(4096, ctx - 1 - s), pages, ps, c.vocab_size), cache, tl);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<double> tpot;
+  for (int32_t i = 0; i < steps + 3; ++i) {
+    const BatchDesc b = one_seq(ctx - 1 + i, 1, pages, ps, c.vocab_size);
+    const auto a = std::chrono::steady_clock::now();
+    m->forward(b, cache, tl);
+    BENCH_CUDA(cudaDeviceSynchronize());
+    if (i >= 3)
+      tpot.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  const double kv_bytes = double(KvCache::bytes_per_token(c, cache.dtype())) * ctx;
+  const double floor_ms = (double(wbytes) + kv_bytes) / (gbps * 1e9) * 1e3;
+  const double t = median(tpot);
+  std::printf(
+      "\ndecode TPOT at context %d (eager, batch 1, %s cache): median %.3f ms (min %.3f) over %d steps; "
+      "floor %.3f ms ((%.2f GB weights + %.3f GB KV) / %.0f GB/s); %.0f%% of the bandwidth floor\n",
+      ctx, kvd.c_str(), t, *std::min_element(tpot.begin(), tpot.end()), steps, floor_ms, double(wbytes) / 1e9,
+      kv_bytes / 1e9, gbps, 100.0 * floor_ms / t);
+  if (!f.flag("no-breakdown")) breakdown(*m, cache, ctx, pages, ps);
+  return 0;
+}
+#else
+int run_bench_model(const kiln::cli::Args&) {
+  KILN_FAIL("kiln was built without CUDA: no model benchmark");
+}
+#endif
+
+}  // namespace
+
+KILN_COMMAND("bench model",
+             "time prefill and single-stream decode of a Qwen3 shape on the GPU (random weights)",
+             run_bench_model);

@@ -1,0 +1,66 @@
+// `kiln tune --model DIR | --shape NAME [--show] [--max-tokens N] [--max-logit-rows R] [--cache PATH]`: times
+// cuBLASLt's candidate tactics (and split-K variants) for every GEMM shape the model uses, for each M bucket
+// up to
+// --max-tokens, and stores the fastest in the tactic cache (default: ops/cuda/gemm.h's path). --show
+// prints the cached tactic per shape without tuning.
+#include <cstdio>
+
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "cli/model_shapes.h"
+#include "kiln/config.h"
+#include "kiln/tensor.h"
+#ifdef KILN_HAVE_CUDA
+#include "ops/cuda/gemm.h"
+#endif
+
+namespace {
+
+int run_tune(const kiln::cli::Args& args) {
+  const kiln::cli::Flags f(args, {"model", "shape", "max-tokens", "max-logit-rows", "cache"}, {"show"});
+#ifdef KILN_HAVE_CUDA
+  KILN_CHECK(f.has("model") != f.has("shape"), "kiln tune: give --model DIR or --shape qwen3-4b|qwen3-0.6b");
+  const kiln::ModelConfig cfg = f.has("model") ? kiln::load_model_config(f.str("model"))
+                                               : kiln::cli::builtin_qwen3_shape(f.str("shape"));
+  const int64_t max_tokens = f.i64("max-tokens", 8192), max_rows = f.i64("max-logit-rows", 256);
+  KILN_CHECK(max_tokens >= 1 && max_tokens <= 16384, "--max-tokens must be in [1, 16384], got ", max_tokens);
+  KILN_CHECK(max_rows >= 1 && max_rows <= max_tokens, "--max-logit-rows must be in [1, --max-tokens]");
+  KILN_CHECK(kiln::cuda_available(), "kiln tune needs a CUDA GPU; none is visible");
+  const std::string path = f.str("cache", kiln::cuda::default_tactic_cache_path());
+  const auto shapes =
+      kiln::cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
+                                    cfg.vocab_size, max_tokens, max_rows);
+  kiln::cuda::GemmEngine eng;
+  const bool have = eng.load(path);
+  std::printf("tactic cache %s (%s)\nkey %s\n", path.c_str(), have ? "loaded" : "none for this GPU/version",
+              eng.key().c_str());
+  if (f.flag("show")) {
+    int missing = 0;
+    for (const auto& s : shapes) {
+      const auto it = eng.tactics().find(s);
+      std::printf("M<=%-5lld N %-6lld K %-5lld %-4s ", (long long)s.m_bucket, (long long)s.n, (long long)s.k,
+                  s.out == kiln::cuda::GemmOut::f32 ? "f32" : "bf16");
+      if (it == eng.tactics().end()) {
+        ++missing;
+        std::printf("(not tuned: the heuristic's first choice)\n");
+      } else {
+        std::printf("%9.2f us  %s\n", double(it->second.us), it->second.describe.c_str());
+      }
+    }
+    std::printf("%zu shapes, %d not tuned\n", shapes.size(), missing);
+    return 0;
+  }
+  std::printf("tuning %zu shapes (M buckets up to %lld)...\n", shapes.size(), (long long)max_tokens);
+  eng.tune(shapes, /*verbose=*/true);
+  eng.save(path);
+  std::printf("saved %zu tactics to %s\n", eng.tactics().size(), path.c_str());
+  return 0;
+#else
+  (void)f;
+  KILN_FAIL("kiln was built without CUDA: nothing to tune");
+#endif
+}
+
+}  // namespace
+
+KILN_COMMAND("tune", "autotune cuBLASLt GEMM tactics for a model's shapes (--model DIR [--show])", run_tune);

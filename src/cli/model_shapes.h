@@ -1,0 +1,31 @@
+// Built-in Qwen3 model shapes for benchmarks and tuning without a checkpoint directory
+// (`--shape qwen3-4b | qwen3-0.6b`): the config.json values of those models, random weights.
+#pragma once
+
+#include <string>
+
+#include "kiln/config.h"
+#include "kiln/error.h"
+
+namespace kiln::cli {
+
+inline ModelConfig builtin_qwen3_shape(const std::string& name) {
+  ModelConfig c;
+  c.architecture = "Qwen3ForCausalLM";
+  c.vocab_size = 151936;
+  c.head_dim = 128;
+  c.num_kv_heads = 8;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 40960;
+  c.tie_word_embeddings = true;
+  if (name == "qwen3-4b") {
+    c.hidden_size = 2560, c.intermediate_size = 9728, c.num_layers = 36, c.num_heads = 32;
+  } else if (name == "qwen3-0.6b") {
+    c.hidden_size = 1024, c.intermediate_size = 3072, c.num_layers = 28, c.num_heads = 16;
+  } else {
+    KILN_FAIL("--shape: expected qwen3-4b or qwen3-0.6b, got '", name, "'");
+  }
+  return c;
+}
+
+}  // namespace kiln::cli
