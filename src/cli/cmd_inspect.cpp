@@ -1,0 +1,94 @@
+// kiln inspect --model DIR [--json]: the parsed config.json and every tensor (dtype, shape, file) of a
+// checkpoint, without loading the model. Exercises io end to end: a bad checkpoint is one clear error.
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "kiln/config.h"
+#include "kiln/safetensors.h"
+
+namespace {
+
+const char* arch_name(kiln::ModelArch a) {
+  switch (a) {
+    case kiln::ModelArch::qwen3:
+      return "qwen3";
+    case kiln::ModelArch::qwen3_vl_text:
+      return "qwen3_vl_text";
+    case kiln::ModelArch::qwen3_embedding:
+      return "qwen3_embedding";
+  }
+  return "?";
+}
+
+nlohmann::json config_json(const kiln::ModelConfig& c) {
+  return {{"arch", arch_name(c.arch)},
+          {"architecture", c.architecture},
+          {"weight_prefix", c.weight_prefix},
+          {"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_layers", c.num_layers},
+          {"num_heads", c.num_heads},
+          {"num_kv_heads", c.num_kv_heads},
+          {"head_dim", c.head_dim},
+          {"rotary_dim", c.rotary_dim()},
+          {"rms_norm_eps", c.rms_norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"rope_type", c.rope_type},
+          {"partial_rotary_factor", c.partial_rotary_factor},
+          {"mrope_section", c.mrope_section},
+          {"mrope_interleaved", c.mrope_interleaved},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"tie_word_embeddings", c.tie_word_embeddings},
+          {"dtype", std::string(kiln::dtype_name(c.dtype))},
+          {"eos_token_ids", c.eos_token_ids},
+          {"bos_token_id", c.bos_token_id}};
+}
+
+int run_inspect(const kiln::cli::Args& args) {
+  const kiln::cli::Flags flags(args, {"model"}, {"json"});
+  KILN_CHECK(flags.positional().empty(), "unexpected argument '", flags.positional()[0], "'");
+  const std::string dir = flags.required("model");
+  kiln::ModelConfig cfg = kiln::load_model_config(dir);
+  const kiln::Checkpoint ck = kiln::Checkpoint::open(dir);
+  const std::vector<std::string> names = ck.names();
+  kiln::adapt_weight_prefix(cfg, names);
+
+  uint64_t total = 0;
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& n : names) {
+    const kiln::TensorEntry& e = ck.entry(n);
+    total += e.end - e.begin;
+    tensors.push_back({{"name", n},
+                       {"dtype", kiln::safetensors_dtype_name(e.dtype)},
+                       {"shape", e.shape},
+                       {"bytes", e.end - e.begin},
+                       {"file", std::filesystem::path(ck.files()[size_t(e.file)]).filename().string()}});
+  }
+  if (flags.flag("json")) {
+    const nlohmann::json out{{"model", dir},          {"config", config_json(cfg)},
+                             {"files", ck.files()},   {"metadata", ck.metadata()},
+                             {"tensor_bytes", total}, {"tensors", tensors}};
+    std::printf("%s\n", out.dump(1).c_str());
+    return 0;
+  }
+  const auto cj = config_json(cfg);
+  std::printf("model %s\nconfig:\n", dir.c_str());
+  for (const auto& [k, v] : cj.items()) std::printf("  %-24s %s\n", k.c_str(), v.dump().c_str());
+  std::printf("files: %zu, tensors: %zu, %.3f MB\n", ck.files().size(), names.size(), double(total) / 1e6);
+  for (const auto& t : tensors) {
+    std::printf("  %-56s %-8s %-18s %s\n", t["name"].get<std::string>().c_str(),
+                t["dtype"].get<std::string>().c_str(), t["shape"].dump().c_str(),
+                t["file"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+KILN_COMMAND("inspect", "print a checkpoint's parsed config.json and its tensors (dtype, shape, file)",
+             run_inspect);
