@@ -8,7 +8,8 @@
 #if defined(__clang__) && !defined(__cpp_lib_source_location)
 namespace std {
 struct source_location {
-  static constexpr source_location current(const char* file = __builtin_FILE(), const char* func = __builtin_FUNCTION(),
+  static constexpr source_location current(const char* file = __builtin_FILE(),
+                                           const char* func = __builtin_FUNCTION(),
                                            uint_least32_t line = __builtin_LINE(),
                                            uint_least32_t column = __builtin_COLUMN()) noexcept {
     source_location s;

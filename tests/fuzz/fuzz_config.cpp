@@ -1,6 +1,6 @@
 // Fuzzes the config.json parser: any text either yields a ModelConfig that satisfies the invariants the model
-// code relies on (positive sizes, heads divisible, rotary dim even and within head_dim, M-RoPE section summing
-// to rotary_dim / 2), or is a kiln::Error.
+// code relies on (positive sizes, heads divisible, rotary dim even and within head_dim, M-RoPE section
+// summing to rotary_dim / 2), or is a kiln::Error.
 #include <cstdint>
 #include <string>
 
@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const kiln::Error&) {
     return 0;
   }
-  if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0) __builtin_trap();
+  if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0)
+    __builtin_trap();
   if (c.num_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 || c.num_heads % c.num_kv_heads != 0)
     __builtin_trap();
   const int64_t rot = c.rotary_dim();
