@@ -2,11 +2,13 @@
 // and an fp64 transcription of each contract (1 bf16 ulp allowed where fp64 vs fp32 may round apart).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "ops/activation.h"
+#include "ops/cpu/parallel.h"
 #include "ops/embedding.h"
 #include "ops/rms_norm.h"
 
@@ -174,4 +176,30 @@ TEST(OpsSiluAndMul, HandCheckedAndFp64) {
   EXPECT_THROW(
       ops::silu_and_mul(Tensor(g.data(), DType::bf16, {M, 2 * I}), Tensor(o.data(), DType::bf16, {M, I - 1})),
       Error);
+}
+
+TEST(OpsParallelFor, CoversEachIndexOnceAndPropagatesErrors) {
+  for (int64_t n : {0, 1, 7, 1000}) {
+    for (int64_t grain : {1, 3, 64, 5000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      ops::cpu::parallel_for(n, grain, [&](int64_t b, int64_t e) {
+        EXPECT_LE(e - b, grain);
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+        // A nested call runs inline on this thread.
+        ops::cpu::parallel_for(3, 1, [&](int64_t, int64_t) {});
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << n << "," << grain << "," << i;
+    }
+  }
+  EXPECT_THROW(ops::cpu::parallel_for(100, 1,
+                                      [](int64_t b, int64_t) {
+                                        if (b == 57) KILN_FAIL("boom");
+                                      }),
+               Error);
+  // The pool still works after an exception.
+  std::atomic<int64_t> sum{0};
+  ops::cpu::parallel_for(100, 7, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 4950);
 }
