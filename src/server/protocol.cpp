@@ -107,6 +107,14 @@ std::vector<int32_t> encode_text(const TextCodec& codec, const std::string& text
   }
 }
 
+std::vector<int32_t> encode_embedding(const TextCodec& codec, const std::string& text) {
+  try {
+    return codec.encode_embedding_input(text);
+  } catch (const kiln::Error& e) {
+    throw bad_request(std::string("'input' could not be tokenized: ") + e.what(), "input");
+  }
+}
+
 std::vector<std::string> parse_stop(const json& obj, const char* name) {
   std::vector<std::string> out;
   const json* v = field(obj, name);
@@ -423,7 +431,7 @@ EmbedSpec parse_embedding_request(const json& body, const TextCodec& codec, cons
     e.inputs.push_back(std::move(ids));
   };
   if (in->is_string()) {
-    add_ids(encode_text(codec, in->get<std::string>(), "input"));
+    add_ids(encode_embedding(codec, in->get<std::string>()));
   } else if (in->is_array() && !in->empty()) {
     if (in->size() > lim.max_embedding_inputs)
       throw bad_request("'input' holds at most " + std::to_string(lim.max_embedding_inputs) + " items",
@@ -433,7 +441,7 @@ EmbedSpec parse_embedding_request(const json& body, const TextCodec& codec, cons
     } else {
       for (const auto& item : *in) {
         if (item.is_string())
-          add_ids(encode_text(codec, item.get<std::string>(), "input"));
+          add_ids(encode_embedding(codec, item.get<std::string>()));
         else if (item.is_array())
           add_ids(token_list(item, "input", lim));
         else

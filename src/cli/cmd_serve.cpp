@@ -1,0 +1,152 @@
+// kiln serve: the OpenAI/SGLang-compatible HTTP server (src/server) over one engine.
+//   kiln serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--served-model-name X]
+//              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--page-size 32]
+//              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
+//              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
+//              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--drain-timeout S]
+//              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph] [--seed S]
+// SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
+// --drain-timeout seconds (default 30), then abort the rest; a second signal aborts at once. Every
+// accepted request ends (completed, error or aborted) and is counted; the totals are printed at exit.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "kiln/error.h"
+#include "kiln/tokenizer.h"
+#include "runtime/engine.h"
+#include "server/backend_engine.h"
+#include "server/server.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+int run_serve(const kiln::cli::Args& args) {
+  const kiln::cli::Flags f(args,
+                           {"model",
+                            "host",
+                            "port",
+                            "api-key",
+                            "served-model-name",
+                            "device",
+                            "load-format",
+                            "page-size",
+                            "kv-layout",
+                            "kv-cache-dtype",
+                            "max-total-tokens",
+                            "mem-fraction",
+                            "chunked-prefill-size",
+                            "max-running-requests",
+                            "max-queue",
+                            "max-context-len",
+                            "max-body-bytes",
+                            "http-threads",
+                            "drain-timeout",
+                            "seed"},
+                           {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph"});
+  KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
+             "'");
+
+  kiln::EngineOptions eo;
+  eo.model_dir = f.required("model");
+  eo.device = f.str("device", "auto");
+  eo.load_format = f.str("load-format", "auto");
+  eo.kv_layout = f.str("kv-layout", "nhd");
+  eo.kv_cache_dtype = f.str("kv-cache-dtype", "auto");
+  eo.page_size = int(f.i64("page-size", 32));
+  eo.max_total_tokens = f.i64("max-total-tokens", 0);
+  eo.mem_fraction = f.f64("mem-fraction", eo.mem_fraction);
+  eo.chunked_prefill_size = int(f.i64("chunked-prefill-size", eo.chunked_prefill_size));
+  eo.max_running_requests = int(f.i64("max-running-requests", eo.max_running_requests));
+  eo.max_queued_requests = int(f.i64("max-queue", eo.max_queued_requests));
+  eo.max_context_len = f.i64("max-context-len", 0);
+  eo.enable_prefix_cache = !f.flag("disable-prefix-cache");
+  eo.enable_mixed_batches = !f.flag("disable-mixed-batches");
+  eo.disable_cuda_graph = f.flag("disable-cuda-graph");
+  eo.seed = uint64_t(f.i64("seed", 0));
+
+  kiln::server::ServerOptions so;
+  so.host = f.str("host", "127.0.0.1");
+  const int64_t port = f.i64("port", 8000);
+  KILN_CHECK(port >= 0 && port <= 65535, "--port must be in [0, 65535], got ", port);
+  so.port = int(port);
+  so.api_key = f.str("api-key", "");
+  if (so.api_key.empty())
+    if (const char* k = std::getenv("KILN_API_KEY"); k && *k) so.api_key = k;
+  so.served_model_name =
+      f.str("served-model-name", std::filesystem::path(eo.model_dir).lexically_normal().filename().string());
+  if (so.served_model_name.empty() || so.served_model_name == ".") so.served_model_name = "kiln";
+  const int64_t body = f.i64("max-body-bytes", int64_t(so.max_body_bytes));
+  KILN_CHECK(body >= 1024, "--max-body-bytes must be >= 1024, got ", body);
+  so.max_body_bytes = size_t(body);
+  so.http_threads = int(f.i64("http-threads", so.http_threads));
+  KILN_CHECK(so.http_threads >= 1 && so.http_threads <= 4096, "--http-threads must be in [1, 4096]");
+  const double drain_s = f.f64("drain-timeout", 30.0);
+  KILN_CHECK(drain_s >= 0, "--drain-timeout must be >= 0");
+
+  // Signals are taken by sigtimedwait on this thread only: block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that vanished is a failed write, not a dead server
+
+  const kiln::Tokenizer tok = kiln::Tokenizer::load(eo.model_dir);
+  std::unique_ptr<kiln::Engine> engine = kiln::Engine::create(eo);
+  kiln::server::EngineAdapter api(*engine);
+  kiln::server::TokenizerCodec codec(tok);
+  kiln::server::ApiServer server(api, codec, so);
+  const int bound = server.bind();
+  std::thread http([&] { server.listen(); });
+  std::fprintf(stderr, "kiln serve: model '%s' (%s), max context %lld tokens, listening on http://%s:%d%s\n",
+               so.served_model_name.c_str(), engine->is_embedding_model() ? "embeddings" : "generation",
+               (long long)engine->max_context_len(), so.host.c_str(), bound,
+               so.api_key.empty() ? "" : " (API key required)");
+  std::fprintf(stdout, "READY http://%s:%d\n", so.host.c_str(), bound);
+  std::fflush(stdout);
+
+  auto wait_signal = [&](std::chrono::milliseconds ms) {
+    const timespec ts{time_t(ms.count() / 1000), long(ms.count() % 1000) * 1000000L};
+    return sigtimedwait(&sigs, nullptr, &ts);
+  };
+  for (int i = 0; i < 1000 && !server.running(); ++i) std::this_thread::sleep_for(5ms);
+  int sig = -1;
+  while (sig <= 0 && server.running()) sig = wait_signal(1000ms);
+  std::fprintf(
+      stderr, "kiln serve: %s: draining %lld in-flight request(s) for up to %.0f s (signal again to abort)\n",
+      sig == SIGTERM ? "SIGTERM" : "SIGINT", (long long)server.counters().active.load(), drain_s);
+  server.begin_drain();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(drain_s * 1000));
+  while (!server.wait_idle(100ms)) {
+    if (wait_signal(0ms) > 0 || std::chrono::steady_clock::now() >= deadline) {
+      std::fprintf(stderr, "kiln serve: aborting %lld request(s)\n",
+                   (long long)server.counters().active.load());
+      server.abort_all();
+      server.wait_idle(10s);
+      break;
+    }
+  }
+  server.stop();
+  http.join();
+  engine->shutdown(/*drain=*/false);
+  const auto& c = server.counters();
+  std::fprintf(
+      stderr,
+      "kiln serve: stopped. accepted %lld: completed %lld, error %lld, aborted %lld; rejected: invalid "
+      "%lld, busy %lld, auth %lld\n",
+      (long long)c.accepted.load(), (long long)c.completed.load(), (long long)c.errored.load(),
+      (long long)c.aborted.load(), (long long)c.rejected_invalid.load(), (long long)c.rejected_busy.load(),
+      (long long)c.rejected_auth.load());
+  return 0;
+}
+
+}  // namespace
+
+KILN_COMMAND("serve",
+             "OpenAI/SGLang-compatible HTTP server (chat, completions, embeddings, /generate, /metrics)",
+             run_serve);
