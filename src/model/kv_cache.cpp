@@ -1,9 +1,12 @@
 #include "model/kv_cache.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "kiln/error.h"
+
+#ifdef KILN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace kiln {
 namespace {
@@ -14,13 +17,13 @@ void zero_fill(const Buffer& b) {
     std::memset(b.data(), 0, b.bytes());
     return;
   }
-  // Device memory: copy zeros in chunks (startup only).
-  const size_t chunk = std::min<size_t>(b.bytes(), size_t(64) << 20);
-  const std::vector<char> zeros(chunk, 0);
-  for (size_t off = 0; off < b.bytes(); off += chunk) {
-    copy_bytes(static_cast<char*>(b.data()) + off, b.device(), zeros.data(), Device::cpu(),
-               std::min(chunk, b.bytes() - off));
-  }
+#ifdef KILN_HAVE_CUDA
+  KILN_CHECK(cudaSetDevice(b.device().index) == cudaSuccess, "cannot select ", device_name(b.device()));
+  const cudaError_t e = cudaMemset(b.data(), 0, b.bytes());
+  KILN_CHECK(e == cudaSuccess, "zeroing the KV cache failed: ", cudaGetErrorString(e));
+#else
+  KILN_FAIL("kiln was built without CUDA: no device memory to zero");
+#endif
 }
 
 }  // namespace
