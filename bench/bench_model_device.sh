@@ -8,28 +8,31 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 out=${OUT:-/tmp/kiln-out}
 mkdir -p "$out"
-tests=(test_cuda_elementwise test_cuda_gemm test_cuda_attention test_cuda_sampling test_cuda_model)
+tests=(test_cuda_elementwise test_cuda_gemm test_cuda_attention test_cuda_sampling test_cuda_model test_cuda_graph test_model test_model_hf)
 t0=$(date +%s)
-scripts/device_build.sh "${tests[@]}" >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
-echo "build tests: $(($(date +%s) - t0)) s"
-# kiln (every stage) builds in the background while the tests use the GPU.
-(scripts/device_build.sh kiln >"$out/build_kiln.log" 2>&1; echo $? >"$out/build_kiln.rc") &
-kiln_pid=$!
-export LD_LIBRARY_PATH="$PWD/.deps/sysroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Own build dir, no HTTP server (its headers are not needed here): the CUDA tests and `kiln`.
+root="$PWD/.deps/sysroot"
+export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bd=build/device-cuda
+cmake -S . -B $bd -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_SERVER=OFF \
+  -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
+  -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >"$out/configure.log" 2>&1 ||
+  { tail -30 "$out/configure.log"; exit 1; }
+cmake --build $bd -j "$(nproc)" --target "${tests[@]}" kiln >"$out/build.log" 2>&1 ||
+  { grep -B2 -A12 -m3 "FAILED\|error" "$out/build.log"; exit 1; }
+echo "build: $(($(date +%s) - t0)) s"
 export KILN_TUNE_CACHE="$out/gemm_tactics.txt"
 summary=()
 if [[ $what == tests || $what == all ]]; then
   for t in "${tests[@]}"; do
-    build/device/tests/$t --gtest_brief=1 >"$out/$t.log" 2>&1
+    $bd/tests/$t --gtest_brief=1 >/tmp/$t.log 2>&1
     rc=$?
-    summary+=("$t rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$out/$t.log" | tr '\n' ' ')")
+    cat /tmp/$t.log >>"$out/tests.log"
+    summary+=("$t rc=$rc $(grep -E '^\[  (PASSED|FAILED)' /tmp/$t.log | tr '\n' ' ')")
   done
 fi
 if [[ $what == bench || $what == all ]]; then
-  wait $kiln_pid
-  [[ $(cat "$out/build_kiln.rc") == 0 ]] || { echo "kiln build failed"; tail -40 "$out/build_kiln.log"; }
-  echo "kiln built at $(($(date +%s) - t0)) s"
-  k=build/device/bin/kiln
+  k=$bd/bin/kiln
   {
     $k tune --shape qwen3-4b --max-tokens 4096 --max-logit-rows 1 && $k tune --shape qwen3-4b --show | tail -3
     $k tune --shape qwen3-0.6b --max-tokens 16 --max-logit-rows 1 | tail -2
@@ -41,5 +44,6 @@ if [[ $what == bench || $what == all ]]; then
 fi
 echo "---- summary ($(($(date +%s) - t0)) s)"
 for s in "${summary[@]}"; do echo "$s"; done
-grep -hE "^\[  FAILED  \]|Failure|error" "$out"/test_*.log 2>/dev/null | head -40
-grep -E "device|prefill|TPOT|total" "$out/bench_model.log" 2>/dev/null
+grep -hE -A3 "Failure" "$out/tests.log" 2>/dev/null | head -40
+grep -E "^cuda " "$out/tests.log" | head -4
+grep -vE "^tune M" "$out/bench_model.log" 2>/dev/null | grep -v "^$" | head -80

@@ -12,6 +12,7 @@
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope_table.h"
+#include "ops/stream.h"
 
 namespace kiln {
 
@@ -39,7 +40,10 @@ struct Qwen3Model::Workspace {
 
   void* get(Slot s, size_t bytes) {
     Buffer& b = bufs[size_t(s)];
-    if (b.bytes() < bytes || !b.data()) b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
+    if (b.bytes() < bytes || !b.data()) {
+      b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
+      ++generation;
+    }
     return b.data();
   }
   template <typename T>
@@ -51,9 +55,14 @@ struct Qwen3Model::Workspace {
 
   Device device;
   std::vector<Buffer> bufs;
+  uint64_t generation = 0;  // bumped on every reallocation: a captured CUDA graph is then stale
   int64_t T = 0;        // tokens of the last run_layers
   Tensor final_hidden;  // bf16 [T, hidden]: final-norm output of the last run_layers
   Tensor rows_t;        // i32 [R]: the last batch's logit rows
+  // Views made by stage() for launch_layers().
+  Tensor ids_v, residual_v, normed_v, qkv_v, attn_v, tmp_v, gate_up_v, act_v;
+  ops::AttnPrepArgs prep;
+  ops::PagedAttentionArgs att;
 };
 
 Qwen3Model::Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, const LoadOptions& opts)
@@ -86,6 +95,11 @@ std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, const LoadO
 }
 
 void Qwen3Model::run_layers(const BatchDesc& b, KvCache& cache) {
+  stage(b, cache);
+  launch_layers(cache);
+}
+
+void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   const ModelConfig& c = cfg_;
   b.validate(c.vocab_size, cache.num_pages());
   KILN_CHECK_EQ(b.page_size, cache.page_size(), "batch page_size vs KV cache page size");
@@ -129,7 +143,8 @@ void Qwen3Model::run_layers(const BatchDesc& b, KvCache& cache) {
   Tensor gate_up(w.get(Workspace::gate_up, size_t(T * 2 * I) * bf), DType::bf16, {T, 2 * I}, dev);
   Tensor act(w.get(Workspace::act, size_t(T * I) * bf), DType::bf16, {T, I}, dev);
   w.final_hidden = normed;
-  if (T == 0) return;
+  w.ids_v = ids, w.residual_v = residual, w.normed_v = normed, w.qkv_v = qkv, w.attn_v = attn, w.tmp_v = tmp;
+  w.gate_up_v = gate_up, w.act_v = act;
 
   // Q stays in place in the QKV rows: [T, Hq, D] with the QKV row stride.
   const Tensor q = Tensor::strided(qkv.data, DType::bf16, {T, Hq, D}, {qkv_dim, D, 1}, dev);
@@ -155,6 +170,24 @@ void Qwen3Model::run_layers(const BatchDesc& b, KvCache& cache) {
   att.page_table = pt;
   att.out = attn;
   att.scale = float(1.0 / std::sqrt(double(D)));
+  w.prep = prep;
+  w.att = att;
+}
+
+// The launches of one step on the views stage() made: no host synchronisation and no allocation, so a
+// CUDA graph can capture them (model/cuda_graph.cpp).
+void Qwen3Model::launch_layers(KvCache& cache) {
+  const ModelConfig& c = cfg_;
+  Workspace& w = *ws_;
+  const int64_t T = w.T;
+  if (T == 0) return;
+  const int64_t Hq = c.num_heads, D = c.head_dim;
+  const float eps = float(c.rms_norm_eps);
+  Tensor &ids = w.ids_v, &residual = w.residual_v, &normed = w.normed_v, &qkv = w.qkv_v, &attn = w.attn_v;
+  Tensor &tmp = w.tmp_v, &gate_up = w.gate_up_v, &act = w.act_v;
+  ops::AttnPrepArgs& prep = w.prep;
+  ops::PagedAttentionArgs& att = w.att;
+  prep.stream = ops::current_stream();
 
   ops::embedding(weights_.embed, ids, residual);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -187,8 +220,14 @@ void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& l
              "logits must be f32 [", R, ", ", cfg_.vocab_size, "] on ", device_name(device()), ", got ",
              logits.describe());
   run_layers(batch, cache);
-  if (R > 0) ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
+  if (R > 0) launch_lm_head(logits);
 }
+
+void Qwen3Model::launch_lm_head(const Tensor& logits) {
+  ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
+}
+
+uint64_t Qwen3Model::workspace_generation() const { return ws_->generation; }
 
 void Qwen3Model::forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out) {
   const int64_t R = int64_t(batch.logit_rows.size());

@@ -56,6 +56,14 @@ class Qwen3Model {
   Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, const LoadOptions& opts);
   // Runs every layer and the final norm; the final-norm hidden states are left in the workspace.
   void run_layers(const BatchDesc& batch, KvCache& cache);
+  // run_layers in two halves: stage validates the batch and uploads its metadata into the workspace;
+  // launch_layers issues the ops only (no sync, no allocation: what a CUDA graph captures).
+  void stage(const BatchDesc& batch, KvCache& cache);
+  void launch_layers(KvCache& cache);
+  // The LM head over the staged logit rows of the last step.
+  void launch_lm_head(const Tensor& logits);
+  uint64_t workspace_generation() const;  // changes whenever a workspace buffer is reallocated
+  friend class CudaDecodeGraph;           // model/cuda_graph.h: captures launch_layers + the LM head
 
   ModelConfig cfg_;
   LoadOptions opts_;

@@ -216,6 +216,23 @@ int max_ulps(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
   return m;
 }
 
+// The decode-vs-prefill agreement: |a - b| <= 1 bf16 ulp of max(|a|, |b|), except where the output is a
+// near-cancellation (|o| < 2^-8 with |v| <= 1 here): the two kernels sum p_j v_j in different orders, so
+// their fp32 results differ by ~1e-6 absolute, which near zero is several bf16 ulps; there the bound is
+// 2^-16 absolute. Returns how many elements break it.
+size_t agreement_violations(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b, double* max_abs) {
+  size_t bad = 0;
+  *max_abs = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = bf16_to_f32(a[i]), y = bf16_to_f32(b[i]), d = std::fabs(x - y);
+    *max_abs = std::max(*max_abs, d);
+    const double big = std::max(std::fabs(x), std::fabs(y));
+    const double ulp = big > 0 ? std::ldexp(1.0, std::ilogb(big) - 7) : 0.0;
+    if (d > ulp && d > std::ldexp(1.0, -16)) ++bad;
+  }
+  return bad;
+}
+
 TEST(CudaAttention, MixedBatchMatchesFp64AcrossLayoutsPagesDtypes) {
   KILN_REQUIRE_GPU();
   uint32_t seed = 100;
@@ -259,7 +276,10 @@ TEST(CudaAttention, DecodeAndPrefillAgreeWithinOneUlp) {
       for (int splits : {0, 1, 3, 64}) {
         const auto dec = run(s, Kernel::decode, splits);
         EXPECT_LE(s.rel_err(dec), 1.0 / 128) << "G " << G << " splits " << splits;
-        EXPECT_LE(max_ulps(dec, pre), 1) << "G " << G << " fp8 " << fp8 << " splits " << splits;
+        double max_abs = 0;
+        EXPECT_EQ(agreement_violations(dec, pre, &max_abs), 0u)
+            << "G " << G << " fp8 " << fp8 << " splits " << splits << " max |diff| " << max_abs
+            << " max ulps " << max_ulps(dec, pre);
       }
     }
 }
@@ -272,7 +292,8 @@ TEST(CudaAttention, MultiRowSequencesInADecodeShapedLaunch) {
   const auto routed = run(s, Kernel::routed);
   const auto pre = run(s, Kernel::prefill);
   EXPECT_LE(s.rel_err(routed), 1.0 / 128);
-  EXPECT_LE(max_ulps(routed, pre), 1);
+  double max_abs = 0;
+  EXPECT_EQ(agreement_violations(routed, pre, &max_abs), 0u) << max_abs;
 }
 
 TEST(CudaAttention, NhdAndHndBitwiseEqual) {

@@ -32,6 +32,11 @@ class StreamScope {
 void* scratch(size_t bytes);
 GemmEngine& gemm_engine();
 
+// Programmatic dependent launch for the op wrappers' own kernels (process-wide switch, default off;
+// every kiln kernel waits for its predecessor's writes before reading, so either setting is correct).
+void set_pdl(bool on);
+bool pdl_enabled();
+
 // True while the current stream is capturing a graph.
 bool capturing();
 

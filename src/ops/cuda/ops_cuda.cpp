@@ -12,24 +12,24 @@ namespace kc = ::kiln::cuda;
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   kc::embedding_gather(ids.ptr<int32_t>(), table.data, table.stride[0], out.data, out.stride[0],
                        out.dtype == DType::f32, ids.shape[0], table.shape[0], table.shape[1],
-                       kc::current_stream());
+                       kc::current_stream(), kc::pdl_enabled());
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
   kc::rms_norm(x.data, x.stride[0], nullptr, 0, weight.data, out.data, out.stride[0], x.shape[0], x.shape[1],
                eps,
-               /*add=*/false, kc::current_stream());
+               /*add=*/false, kc::current_stream(), kc::pdl_enabled());
 }
 
 void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
                   const Tensor& out) {
   kc::rms_norm(x.data, x.stride[0], residual.data, residual.stride[0], weight.data, out.data, out.stride[0],
-               x.shape[0], x.shape[1], eps, /*add=*/true, kc::current_stream());
+               x.shape[0], x.shape[1], eps, /*add=*/true, kc::current_stream(), kc::pdl_enabled());
 }
 
 void silu_and_mul(const Tensor& gate_up, const Tensor& out) {
   kc::silu_mul(gate_up.data, gate_up.stride[0], out.data, out.stride[0], out.shape[0], out.shape[1],
-               kc::current_stream());
+               kc::current_stream(), kc::pdl_enabled());
 }
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
@@ -45,10 +45,10 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
   void* gathered = kc::scratch(size_t(R * ldg) * 2);
   // The row gather is an embedding lookup into the hidden-state matrix (rows were range-checked upstream).
   kc::embedding_gather(rows.ptr<int32_t>(), x.data, x.stride[0], gathered, ldg, false, R, x.shape[0], H,
-                       kc::current_stream());
+                       kc::current_stream(), kc::pdl_enabled());
   kc::gemm_engine().run(gathered, ldg, weight.data, weight.stride[0], logits.data, logits.stride[0], R, V, H,
                         kc::GemmOut::f32, kc::current_stream());
-  kc::round_f32_to_bf16(logits.ptr<float>(), R, V, logits.stride[0], kc::current_stream());
+  kc::round_f32_to_bf16(logits.ptr<float>(), R, V, logits.stride[0], kc::current_stream(), kc::pdl_enabled());
 }
 
 void paged_attention(const PagedAttentionArgs& a) {
@@ -97,7 +97,13 @@ void paged_attention(const PagedAttentionArgs& a) {
                         .scale = a.scale,
                         .max_q_len = 0};
   const size_t ws = kc::paged_attention_workspace_bytes(p);
-  kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream());
+  kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0, kc::pdl_enabled());
 }
 
 }  // namespace kiln::ops::cuda
+
+namespace kiln::ops {
+void* current_stream() {
+  return ::kiln::cuda::current_stream();
+}
+}  // namespace kiln::ops

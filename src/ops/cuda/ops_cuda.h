@@ -5,6 +5,7 @@
 
 #include "kiln/tensor.h"
 #include "ops/attention.h"
+#include "ops/stream.h"
 
 namespace kiln::ops::cuda {
 
