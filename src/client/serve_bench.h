@@ -81,6 +81,9 @@ struct SweepResult {
 };
 SweepResult run_sweep(const SweepOptions& opt);
 
+// Throws a clear error when nothing answers HTTP at the base URL.
+void check_reachable(const RunOptions& opt);
+
 // POST /flush_cache: "" when flushed, otherwise a note saying why it was skipped.
 std::string flush_cache(const RunOptions& opt);
 

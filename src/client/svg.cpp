@@ -69,9 +69,10 @@ std::string panel(const SweepResult& r, double x0, const std::string& title,
   if (r.levels.empty()) lo = hi = 0;
   const double step = nice_step(vmax);
   const double ymax = vmax > 0 ? step * std::ceil(vmax / step) : 1;
+  constexpr double kPad = 12;  // keeps the end points off the frame
   auto px = [&](int c) {
     if (hi == lo) return left + pw / 2;
-    return left + (std::log2(double(std::max(1, c))) - lo) / (hi - lo) * pw;
+    return left + kPad + (std::log2(double(std::max(1, c))) - lo) / (hi - lo) * (pw - 2 * kPad);
   };
   auto py = [&](double v) { return bottom - v / ymax * ph; };
 
