@@ -138,20 +138,33 @@ void run_attn_prep(const Env& env, std::vector<Row>& rows) {
         const std::string shape = "T=" + std::to_string(T) + (layout == KvLayout::hnd ? " HND " : " NHD ") +
                                   (cache == DType::bf16 ? "bf16" : "fp8") +
                                   (c.q_contig() ? " q-contig" : " q-inplace");
-        for (int variant : {0, 1, 2}) {  // fused, fused with PDL (graphed sizes only), unfused
-          if (variant == 1 && T > 128) continue;
-          const bool fused = variant < 2;
-          Row r{"attn_prep", variant == 0 ? "fused" : variant == 1 ? "fused+pdl" : "unfused", shape};
+        // fused (the dispatcher's choice), fused with PDL (graphed sizes), unfused, and for prefill sizes
+        // each fused kernel forced (the dispatcher's threshold and kernel choice come from these rows).
+        for (int variant : {0, 1, 2, 3, 4, 5}) {
+          if ((variant == 1 && T > 128) || (variant >= 3 && T <= 128)) continue;
+          static const char* names[] = {"fused",
+                                        "fused+pdl",
+                                        "unfused",
+                                        "fused:decode-kernel",
+                                        "fused:prefill-kernel",
+                                        "fused:streaming-kernel"};
+          Row r{"attn_prep", names[variant], shape};
           r.bytes = bytes_moved(c);
           auto launch = [&](int i) {
             AttnPrepArgs a = sets[size_t(i) % sets.size()].args;
             a.stream = env.stream;
             a.pdl = variant == 1;
-            if (fused) {
+            if (variant < 2) {
               r.path = ops::attn_prep_path_name(ops::attn_prep(a));
-            } else {
+            } else if (variant == 2) {
               ops::attn_prep_unfused(a);
               r.path = "cuda_unfused (4 kernels)";
+            } else {
+              static const ops::AttnPrepKernel k[] = {ops::AttnPrepKernel::decode,
+                                                      ops::AttnPrepKernel::prefill,
+                                                      ops::AttnPrepKernel::prefill_streaming};
+              ops::attn_prep_fused(a, k[variant - 3]);
+              r.path = "forced";
             }
           };
           if (T <= 128) {

@@ -40,6 +40,8 @@ const char* attn_prep_path_name(AttnPrepPath p) {
       return "cuda_fused_decode";
     case AttnPrepPath::cuda_fused_prefill:
       return "cuda_fused_prefill";
+    case AttnPrepPath::cuda_fused_streaming:
+      return "cuda_fused_streaming";
     case AttnPrepPath::cuda_unfused:
       return "cuda_unfused";
   }
@@ -192,17 +194,21 @@ namespace {
   return p;
 }
 
-// Rows up to this many tokens take the small-batch (latency) variant; above, the prefill variant.
+// Rows up to this many tokens take the small-batch (latency) kernel; above, a prefill kernel.
 constexpr int64_t kDecodeMaxTokens = 128;
+// Above kDecodeMaxTokens, the cp.async streaming kernel where it applies (docs/PERF.md has both measured).
+constexpr bool kPreferStreaming = true;
 
 }  // namespace
 
 AttnPrepPath attn_prep_select(const AttnPrepArgs& a) {
   if (a.qkv.device.is_cpu()) return AttnPrepPath::cpu_reference;
 #ifdef KILN_HAVE_CUDA
-  if (cuda::attn_prep_fused_supported(make_params(a))) {
-    return a.qkv.shape[0] <= kDecodeMaxTokens ? AttnPrepPath::cuda_fused_decode
-                                              : AttnPrepPath::cuda_fused_prefill;
+  const cuda::AttnPrepParams p = make_params(a);
+  if (cuda::attn_prep_fused_supported(p)) {
+    if (a.qkv.shape[0] <= kDecodeMaxTokens) return AttnPrepPath::cuda_fused_decode;
+    return kPreferStreaming && cuda::attn_prep_streaming_supported(p) ? AttnPrepPath::cuda_fused_streaming
+                                                                      : AttnPrepPath::cuda_fused_prefill;
   }
 #endif
   return AttnPrepPath::cuda_unfused;
@@ -221,7 +227,10 @@ AttnPrepPath attn_prep(const AttnPrepArgs& a) {
   if (path == AttnPrepPath::cuda_unfused) {
     cuda::launch_attn_prep_unfused(p, a.stream);
   } else {
-    cuda::launch_attn_prep_fused(p, path == AttnPrepPath::cuda_fused_prefill, a.stream);
+    const cuda::FusedKernel k = path == AttnPrepPath::cuda_fused_decode    ? cuda::FusedKernel::decode
+                                : path == AttnPrepPath::cuda_fused_prefill ? cuda::FusedKernel::prefill
+                                                                           : cuda::FusedKernel::streaming;
+    cuda::launch_attn_prep_fused(p, k, a.stream);
   }
   return path;
 #else
@@ -238,7 +247,7 @@ void attn_prep_unfused(const AttnPrepArgs& a) {
 #endif
 }
 
-void attn_prep_fused(const AttnPrepArgs& a, bool prefill_variant) {
+void attn_prep_fused(const AttnPrepArgs& a, AttnPrepKernel kernel) {
   attn_prep_validate(a);
   KILN_CHECK(a.qkv.device.is_cuda(), "attn_prep_fused runs on CUDA tensors only");
 #ifdef KILN_HAVE_CUDA
@@ -246,9 +255,10 @@ void attn_prep_fused(const AttnPrepArgs& a, bool prefill_variant) {
   KILN_CHECK(cuda::attn_prep_fused_supported(p), "the fused attn_prep kernel does not cover head_dim ", p.D,
              " / rotary_dim ", p.rotary_dim, " / these alignments");
   if (p.T == 0) return;
-  cuda::launch_attn_prep_fused(p, prefill_variant, a.stream);
+  static_assert(int(AttnPrepKernel::prefill_streaming) == int(cuda::FusedKernel::streaming));
+  cuda::launch_attn_prep_fused(p, static_cast<cuda::FusedKernel>(kernel), a.stream);
 #else
-  (void)prefill_variant;
+  (void)kernel;
 #endif
 }
 

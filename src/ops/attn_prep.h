@@ -89,7 +89,15 @@ struct AttnPrepArgs {
 };
 
 // Which implementation attn_prep chose (for tests, benchmarks and logs).
-enum class AttnPrepPath : uint8_t { cpu_reference, cuda_fused_decode, cuda_fused_prefill, cuda_unfused };
+enum class AttnPrepPath : uint8_t {
+  cpu_reference,
+  cuda_fused_decode,     // small-batch kernel (latency)
+  cuda_fused_prefill,    // token-loop kernel, register loads
+  cuda_fused_streaming,  // token-loop kernel, cp.async pipeline (heads <= 4 per group of each block)
+  cuda_unfused,
+};
+// The fused kernels, for forcing one (tests, benchmarks).
+enum class AttnPrepKernel : uint8_t { decode, prefill, prefill_streaming };
 const char* attn_prep_path_name(AttnPrepPath p);
 
 // Validates, then runs: the CPU reference for CPU tensors; on CUDA the fused kernel when its guards hold
@@ -107,8 +115,8 @@ void attn_prep_reference(const AttnPrepArgs& args);
 // (cudaMallocAsync on `stream`, freed stream-ordered), (3) RoPE of Q in place, (4) RoPE of the K scratch,
 // (5) K and V written into the cache. Any head_dim (even rotary_dim), any alignment. The fallback path.
 void attn_prep_unfused(const AttnPrepArgs& args);
-// CUDA fused, forced variant (tests, benchmarks); raises if the fused guards do not hold.
-void attn_prep_fused(const AttnPrepArgs& args, bool prefill_variant);
+// CUDA fused, forced kernel (tests, benchmarks); raises if that kernel's guards do not hold.
+void attn_prep_fused(const AttnPrepArgs& args, AttnPrepKernel kernel);
 
 // Validation shared by every path (raises kiln::Error on any mismatch).
 void attn_prep_validate(const AttnPrepArgs& args);

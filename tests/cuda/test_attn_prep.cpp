@@ -84,18 +84,20 @@ TEST(AttnPrepCuda, FusedEqualsUnfusedEqualsReference) {
     ASSERT_EQ(dev.diff(want), "") << "dispatcher (" << attn_prep_path_name(path) << ") case " << i << ": "
                                   << cfg.describe();
     ++compared;
+    // Every kernel on the same rows: unfused, and where the fused guards hold, the decode, prefill and
+    // (where its head-count guard holds) streaming kernels, whatever T is.
     std::vector<int> variants = {0};
     if (fused) variants = {0, 1, 2};
+    if (fused && cfg.Hq + 2 * cfg.Hkv <= 4 * (256 / (cfg.D / 8))) variants.push_back(3);
     for (int v : variants) {
       dev.upload(input);
       if (v == 0) attn_prep_unfused(a);
-      if (v == 1) attn_prep_fused(a, /*prefill_variant=*/false);
-      if (v == 2) attn_prep_fused(a, /*prefill_variant=*/true);
+      if (v == 1) attn_prep_fused(a, AttnPrepKernel::decode);
+      if (v == 2) attn_prep_fused(a, AttnPrepKernel::prefill);
+      if (v == 3) attn_prep_fused(a, AttnPrepKernel::prefill_streaming);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ASSERT_EQ(dev.diff(want), "") << (v == 0   ? "unfused"
-                                        : v == 1 ? "fused decode"
-                                                 : "fused prefill")
-                                    << " case " << i << ": " << cfg.describe();
+      static const char* names[] = {"unfused", "fused decode", "fused prefill", "fused streaming"};
+      ASSERT_EQ(dev.diff(want), "") << names[v] << " case " << i << ": " << cfg.describe();
       ++compared;
     }
     fused_cases += fused;
@@ -126,7 +128,7 @@ TEST(AttnPrepCuda, OutOfRangeSlotAndPositionAreContained) {
     DeviceCase dev(input);
     const AttnPrepArgs a = input.args(dev.base, Device::cuda());
     if (fused) {
-      attn_prep_fused(a, false);
+      attn_prep_fused(a, AttnPrepKernel::decode);
     } else {
       attn_prep_unfused(a);
     }

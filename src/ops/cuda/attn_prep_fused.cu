@@ -6,9 +6,9 @@
 
 namespace kiln::cuda {
 
-void launch_attn_prep_fused_d64(const AttnPrepParams& p, bool prefill, cudaStream_t stream);
-void launch_attn_prep_fused_d128(const AttnPrepParams& p, bool prefill, cudaStream_t stream);
-void launch_attn_prep_fused_d256(const AttnPrepParams& p, bool prefill, cudaStream_t stream);
+void launch_attn_prep_fused_d64(const AttnPrepParams& p, FusedKernel k, cudaStream_t stream);
+void launch_attn_prep_fused_d128(const AttnPrepParams& p, FusedKernel k, cudaStream_t stream);
+void launch_attn_prep_fused_d256(const AttnPrepParams& p, FusedKernel k, cudaStream_t stream);
 
 namespace {
 bool aligned16(const void* ptr) {
@@ -31,18 +31,27 @@ bool attn_prep_fused_supported(const AttnPrepParams& p) {
   return p.num_slots <= INT32_MAX;  // 32-bit slot -> page division
 }
 
-void launch_attn_prep_fused(const AttnPrepParams& p, bool prefill_variant, void* stream) {
+bool attn_prep_streaming_supported(const AttnPrepParams& p) {
+  // 256 threads = 256 / (D / 8) groups, each staging at most 4 heads of a token.
+  return attn_prep_fused_supported(p) && p.Hq + 2 * p.Hkv <= 4 * (256 / (p.D / 8));
+}
+
+void launch_attn_prep_fused(const AttnPrepParams& p, FusedKernel k, void* stream) {
   KILN_CHECK(attn_prep_fused_supported(p), "fused attn_prep called outside its guards");
-  KILN_CHECK(prefill_variant || p.T <= 65535, "the decode variant takes at most 65535 tokens, got ", p.T);
+  KILN_CHECK(k != FusedKernel::decode || p.T <= 65535, "the decode kernel takes at most 65535 tokens, got ",
+             p.T);
+  KILN_CHECK(k != FusedKernel::streaming || attn_prep_streaming_supported(p),
+             "the streaming kernel takes at most 4 heads per group: ", p.Hq + 2 * p.Hkv,
+             " heads at head_dim ", p.D);
   if (p.T == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.D) {
     case 64:
-      return launch_attn_prep_fused_d64(p, prefill_variant, s);
+      return launch_attn_prep_fused_d64(p, k, s);
     case 128:
-      return launch_attn_prep_fused_d128(p, prefill_variant, s);
+      return launch_attn_prep_fused_d128(p, k, s);
     case 256:
-      return launch_attn_prep_fused_d256(p, prefill_variant, s);
+      return launch_attn_prep_fused_d256(p, k, s);
     default:
       KILN_FAIL("fused attn_prep: unsupported head_dim ", p.D);
   }

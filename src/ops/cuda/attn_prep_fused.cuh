@@ -122,6 +122,73 @@ __device__ __forceinline__ void process_qk(const AttnPrepParams& p, int t, int h
   }
 }
 
+// Two Q heads ha, hb of token t at once: process_qk's arithmetic, step for step, on two independent heads
+// so their dependency chains (fma chain, butterfly, sqrt and division, shuffles) interleave.
+template <ActKind A, int D>
+__device__ __forceinline__ void process_q2(const AttnPrepParams& p, int t, int ha, int hb, int c,
+                                           unsigned mask, const uint4& ra, const uint4& rb, const uint4& wb,
+                                           const TokenCtx& k) {
+  constexpr int G = D / 8;
+  float x[2][8], w[8], ss[2] = {0.f, 0.f}, r[2];
+  unpack8<A>(ra, x[0]);
+  unpack8<A>(rb, x[1]);
+  unpack8<A>(wb, w);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    ss[0] = __fmaf_rn(x[0][j], x[0][j], ss[0]);
+    ss[1] = __fmaf_rn(x[1][j], x[1][j], ss[1]);
+  }
+#pragma unroll
+  for (int o = G / 2; o >= 1; o /= 2) {
+    const float s0 = __shfl_xor_sync(mask, ss[0], o, G), s1 = __shfl_xor_sync(mask, ss[1], o, G);
+    ss[0] = __fadd_rn(ss[0], s0);
+    ss[1] = __fadd_rn(ss[1], s1);
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    r[e] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fmul_rn(ss[e], 1.0f / D), p.eps)));
+  uint4 ybits[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float n[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) n[j] = __fmul_rn(x[e][j], r[e]);
+    unpack8<A>(round_pack8<A>(n), n);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) n[j] = __fmul_rn(n[j], w[j]);
+    ybits[e] = round_pack8<A>(n);
+  }
+  const int half_lanes = p.rotary_dim / 16;
+  const int partner = c < half_lanes ? c + half_lanes : (c < 2 * half_lanes ? c - half_lanes : c);
+  uint4 pbits[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    pbits[e].x = __shfl_sync(mask, ybits[e].x, partner, G);
+    pbits[e].y = __shfl_sync(mask, ybits[e].y, partner, G);
+    pbits[e].z = __shfl_sync(mask, ybits[e].z, partner, G);
+    pbits[e].w = __shfl_sync(mask, ybits[e].w, partner, G);
+  }
+  uint4 out[2] = {ybits[0], ybits[1]};
+  if (c < 2 * half_lanes) {
+    const bool first = c < half_lanes;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float y[8], yp[8], o[8];
+      unpack8<A>(ybits[e], y);
+      unpack8<A>(pbits[e], yp);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float ps = __fmul_rn(yp[j], k.sn[j]);
+        o[j] = __fmaf_rn(y[j], k.cs[j], first ? -ps : ps);
+      }
+      out[e] = round_pack8<A>(o);
+    }
+  }
+  uint16_t* base = static_cast<uint16_t*>(p.q_dst) + int64_t(t) * p.q_row + 8 * c;
+  *reinterpret_cast<uint4*>(base + int64_t(ha) * p.q_head) = out[0];
+  *reinterpret_cast<uint4*>(base + int64_t(hb) * p.q_head) = out[1];
+}
+
 template <ActKind A, CacheKind C>
 __device__ __forceinline__ void store_v(const AttnPrepParams& p, int kvh, int c, unsigned mask,
                                         const uint4& raw, const TokenCtx& k) {
@@ -179,6 +246,12 @@ __global__ void __launch_bounds__(256, 3) attn_prep_prefill_kernel(const __grid_
   const uint4 qwb = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q_norm) + 8 * c));
   const uint4 kwb = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k_norm) + 8 * c));
   for (int t = blockIdx.x; t < p.T; t += gridDim.x) {
+    if (const int tn = t + gridDim.x;
+        tn < p.T) {  // the next token's rows into L2 while this one is processed
+      const uint16_t* nrow = static_cast<const uint16_t*>(p.qkv) + int64_t(tn) * p.qkv_row + 8 * c;
+      for (int h = grp; h < H; h += kGroups)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(nrow + int64_t(h) * D));
+    }
     TokenCtx k;
     load_token<D>(p, t, c, true, k);
     for (int h0 = grp; h0 < H; h0 += kGroups * U) {
@@ -213,141 +286,165 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
-__device__ __forceinline__ void cp_async_wait1() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+
+constexpr int kStreamU = 4;       // heads per group per token in the streaming kernel (even: pairs)
+constexpr int kStreamStages = 4;  // tokens in flight per block: the one processed + 3 loading
+// Shared memory: [stages][U][256 threads] qkv chunks, [stages][4][G] cos/sin float4s, [stages] slots.
+template <int D>
+constexpr size_t stream_smem_bytes() {
+  return size_t(kStreamStages) * (kStreamU * 256 * 16 + (D / 8) * 4 * 16 + 16);
 }
 
-constexpr int kStreamU = 4;       // heads per group per token in the streaming kernel
-constexpr int kStreamStages = 2;  // smem: stages x (U qkv chunks + 4 cos/sin float4s) x 256 threads x 16 B
-constexpr size_t kStreamSmem = size_t(kStreamStages) * (kStreamU + 4) * 256 * 16;
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 template <ActKind A, CacheKind C, int D>
 __global__ void __launch_bounds__(256, 2) attn_prep_stream_kernel(const __grid_constant__ AttnPrepParams p) {
-  constexpr int G = D / 8, kGroups = 256 / G, U = kStreamU;
-  extern __shared__ uint4 smem[];  // [stage][U qkv chunks | c0 c1 s0 s1][256 threads]
+  constexpr int G = D / 8, kGroups = 256 / G, U = kStreamU, S = kStreamStages;
+  extern __shared__ uint4 smem[];
+  uint4* qkv_s = smem;                                                   // [S][U][256]
+  float4* rope_s = reinterpret_cast<float4*>(smem + S * U * 256);        // [S][4][G]: c0 c1 s0 s1 of chunk c
+  long long* slot_s = reinterpret_cast<long long*>(rope_s + S * 4 * G);  // [S]
   const int tid = threadIdx.x, c = tid % G, grp = tid / G;
   const unsigned mask = group_mask<D>();
   const int H = p.Hq + 2 * p.Hkv, HQK = p.Hq + p.Hkv;
   const int R = p.rotary_dim, hr = R / 2, half_lanes = R / 16;
   const bool rope_lane = c < 2 * half_lanes;
+  const bool stager =
+      grp == 0;  // group 0 stages each token's cos/sin (shared by all groups), thread 0 its slot
   const int i0 = c < half_lanes ? 8 * c : 8 * c - hr;
-  auto slot_at = [&](int stage, int k) { return &smem[(stage * (U + 4) + k) * 256 + tid]; };
-  // Issues token t's qkv chunks and cos/sin (positions pp) into `stage`.
-  auto issue = [&](int t, int stage, int64_t pp0, int64_t pp1, int64_t pp2) {
+  // Issues token t into `stage`: own qkv chunks; (stager) cos/sin at positions q0..q2; (thread 0) the slot.
+  auto issue = [&](int t, int stage, int64_t q0, int64_t q1, int64_t q2) {
     const uint16_t* row = static_cast<const uint16_t*>(p.qkv) + int64_t(t) * p.qkv_row + 8 * c;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int h = grp + u * kGroups;
-      if (h < H) cp_async16(slot_at(stage, u), row + int64_t(h) * D);
+      if (h < H) cp_async16(&qkv_s[(stage * U + u) * 256 + tid], row + int64_t(h) * D);
     }
-    if (!rope_lane) return;
+    if (tid == 0) cp_async8(&slot_s[stage], p.slots + int64_t(t) * p.slot_stride);
+    if (!stager || !rope_lane) return;
+    float4* dst = &rope_s[stage * 4 * G + c];
     if (p.mrope == MRopeMode::none) {
-      const float* r = p.rope + pp0 * R + i0;
-      cp_async16(slot_at(stage, U + 0), r);
-      cp_async16(slot_at(stage, U + 1), r + 4);
-      cp_async16(slot_at(stage, U + 2), r + hr);
-      cp_async16(slot_at(stage, U + 3), r + hr + 4);
+      const float* r = p.rope + q0 * R + i0;
+      cp_async16(dst, r);
+      cp_async16(dst + G, r + 4);
+      cp_async16(dst + 2 * G, r + hr);
+      cp_async16(dst + 3 * G, r + hr + 4);
     } else {
       for (int j = 0; j < 8; ++j) {
         const int ax = mrope_axis(p, i0 + j);
-        const float* r = p.rope + (ax == 0 ? pp0 : ax == 1 ? pp1 : pp2) * R + i0 + j;
-        cp_async4(reinterpret_cast<float*>(slot_at(stage, U + j / 4)) + j % 4, r);
-        cp_async4(reinterpret_cast<float*>(slot_at(stage, U + 2 + j / 4)) + j % 4, r + hr);
+        const float* r = p.rope + (ax == 0 ? q0 : ax == 1 ? q1 : q2) * R + i0 + j;
+        cp_async4(reinterpret_cast<float*>(dst + (j / 4) * G) + j % 4, r);
+        cp_async4(reinterpret_cast<float*>(dst + (2 + j / 4) * G) + j % 4, r + hr);
       }
     }
   };
-  auto load_pos = [&](int t, int64_t& pp0, int64_t& pp1, int64_t& pp2) {
-    pp0 = load_position(p, 0, t);
+  int64_t n0 = 0, n1 = 0, n2 = 0;  // (stager) positions of the next token to issue
+  auto load_pos = [&](int t) {
+    if (!stager || t >= p.T) return;
+    n0 = load_position(p, 0, t);
     if (p.mrope != MRopeMode::none) {
-      pp1 = load_position(p, 1, t);
-      pp2 = load_position(p, 2, t);
+      n1 = load_position(p, 1, t);
+      n2 = load_position(p, 2, t);
     }
   };
   pdl_wait();
   pdl_launch_dependents();
-  int t = blockIdx.x;
-  if (t >= p.T) return;
+  const int stride = gridDim.x;
   const uint4 qwb = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q_norm) + 8 * c));
   const uint4 kwb = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k_norm) + 8 * c));
-  int64_t n0 = 0, n1 = 0, n2 = 0;  // positions of the next token to issue
-  load_pos(t, n0, n1, n2);
-  issue(t, 0, n0, n1, n2);
-  cp_async_commit();
-  int tn = t + gridDim.x;
-  int64_t slot_cur = load_slot(p, t), slot_next = -1;
-  if (tn < p.T) {
-    load_pos(tn, n0, n1, n2);
-    slot_next = load_slot(p, tn);
+  // Prologue: tokens 0 .. S-2 of this block (one commit group each, possibly empty).
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    const int t = blockIdx.x + j * stride;
+    load_pos(t);
+    if (t < p.T) issue(t, j, n0, n1, n2);
+    cp_async_commit();
   }
-  for (int stage = 0; t < p.T; stage ^= 1) {
-    if (tn < p.T) issue(tn, stage ^ 1, n0, n1, n2);  // positions of tn, loaded one token ago
-    cp_async_commit();                               // (possibly empty: keeps the group count uniform)
-    const int tnn = tn + gridDim.x;
-    int64_t slot_nn = -1;
-    if (tnn < p.T) {
-      load_pos(tnn, n0, n1, n2);
-      slot_nn = load_slot(p, tnn);
-    }
-    cp_async_wait1();  // this token's stage has landed
+  load_pos(blockIdx.x + (S - 1) * stride);
+  int stage = 0;
+  for (int t = blockIdx.x; t < p.T; t += stride) {  // uniform trip count in the block (barrier inside)
+    cp_async_wait<S - 2>();                         // this thread's copies for token t have landed
+    __syncthreads();  // ... and everyone's (cos/sin, slot); stage (stage - 1) is no longer read
+    const int tf = t + (S - 1) * stride;
+    const int fstage = stage == 0 ? S - 1 : stage - 1;
+    if (tf < p.T) issue(tf, fstage, n0, n1, n2);
+    cp_async_commit();
+    load_pos(tf + stride);
     TokenCtx k;
-    if (slot_cur >= 0) {
-      const uint32_t page = uint32_t(slot_cur) / uint32_t(p.page_size);
-      const uint32_t row = uint32_t(slot_cur) - page * uint32_t(p.page_size);
+    const int64_t slot = slot_s[stage];
+    if (slot >= 0 && slot < p.num_slots) {
+      const uint32_t page = uint32_t(slot) / uint32_t(p.page_size);
+      const uint32_t row = uint32_t(slot) - page * uint32_t(p.page_size);
       k.off = int64_t(page) * p.c_page + int64_t(row) * p.c_row + 8 * c;
       k.soff = int64_t(page) * p.s_page + int64_t(row) * p.s_row + c / 8;
     }
     if (rope_lane) {
-      const float4 c0 = *reinterpret_cast<const float4*>(slot_at(stage, U + 0));
-      const float4 c1 = *reinterpret_cast<const float4*>(slot_at(stage, U + 1));
-      const float4 s0 = *reinterpret_cast<const float4*>(slot_at(stage, U + 2));
-      const float4 s1 = *reinterpret_cast<const float4*>(slot_at(stage, U + 3));
+      const float4* src = &rope_s[stage * 4 * G + c];
+      const float4 c0 = src[0], c1 = src[G], s0 = src[2 * G], s1 = src[3 * G];
       k.cs[0] = c0.x, k.cs[1] = c0.y, k.cs[2] = c0.z, k.cs[3] = c0.w;
       k.cs[4] = c1.x, k.cs[5] = c1.y, k.cs[6] = c1.z, k.cs[7] = c1.w;
       k.sn[0] = s0.x, k.sn[1] = s0.y, k.sn[2] = s0.z, k.sn[3] = s0.w;
       k.sn[4] = s1.x, k.sn[5] = s1.y, k.sn[6] = s1.z, k.sn[7] = s1.w;
     }
+    // Heads in pairs (u, u + 1): two Q heads go through process_q2 together (ILP), others one by one.
+    const uint4* rs = &qkv_s[stage * U * 256 + tid];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int h = grp + u * kGroups;
-      if (h >= H) break;
-      const uint4 raw = *slot_at(stage, u);
-      if (h < HQK) {
-        process_qk<A, C, D>(p, t, h, c, mask, raw, h < p.Hq ? qwb : kwb, k);
+    for (int u = 0; u < U; u += 2) {
+      const int ha = grp + u * kGroups, hb = ha + kGroups;
+      if (ha >= H) break;
+      if (hb < p.Hq) {
+        process_q2<A, D>(p, t, ha, hb, c, mask, rs[u * 256], rs[(u + 1) * 256], qwb, k);
+        continue;
+      }
+      if (ha < HQK) {
+        process_qk<A, C, D>(p, t, ha, c, mask, rs[u * 256], ha < p.Hq ? qwb : kwb, k);
       } else {
-        store_v<A, C>(p, h - HQK, c, mask, raw, k);
+        store_v<A, C>(p, ha - HQK, c, mask, rs[u * 256], k);
+      }
+      if (hb >= H) break;
+      if (hb < HQK) {
+        process_qk<A, C, D>(p, t, hb, c, mask, rs[(u + 1) * 256], hb < p.Hq ? qwb : kwb, k);
+      } else {
+        store_v<A, C>(p, hb - HQK, c, mask, rs[(u + 1) * 256], k);
       }
     }
-    t = tn;
-    tn = tnn;
-    slot_cur = slot_next;
-    slot_next = slot_nn;
+    stage = stage == S - 1 ? 0 : stage + 1;
   }
 }
 
 // Launches one variant for one head_dim (the .cu per head_dim instantiates act x cache).
 template <int D>
-void launch_fused_d(const AttnPrepParams& p, bool prefill, cudaStream_t stream) {
+void launch_fused_d(const AttnPrepParams& p, FusedKernel k, cudaStream_t stream) {
   constexpr int G = D / 8;
   const int H = p.Hq + 2 * p.Hkv;
   auto pick = [&](auto act_tag, auto cache_tag) {
     constexpr ActKind A = decltype(act_tag)::value;
     constexpr CacheKind C = decltype(cache_tag)::value;
-    if (prefill && H <= kStreamU * (256 / G)) {
-      // Resident blocks on this device: the grid of the token loop (thread-safe static init).
+    if (k == FusedKernel::streaming) {
+      constexpr size_t smem = stream_smem_bytes<D>();
+      // Resident blocks on this device: the grid of the token loop (thread-safe static init, which also
+      // raises the kernel's shared-memory limit once, outside any graph capture that follows).
       static const int max_blocks = [] {
         int dev = 0, sms = 0, per_sm = 0;
         KILN_CUDA_CHECK(cudaGetDevice(&dev));
         KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         KILN_CUDA_CHECK(cudaFuncSetAttribute(attn_prep_stream_kernel<A, C, D>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStreamSmem)));
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, attn_prep_stream_kernel<A, C, D>, 256, kStreamSmem));
+            &per_sm, attn_prep_stream_kernel<A, C, D>, 256, smem));
         return sms * (per_sm > 0 ? per_sm : 1);
       }();
       const int blocks = p.T < max_blocks ? p.T : max_blocks;
-      launch(LaunchCfg{dim3(blocks), dim3(256), kStreamSmem, stream, p.pdl, /*smem_attr_set=*/true},
+      launch(LaunchCfg{dim3(blocks), dim3(256), smem, stream, p.pdl, /*smem_attr_set=*/true},
              attn_prep_stream_kernel<A, C, D>, p);
-    } else if (prefill) {
+    } else if (k == FusedKernel::prefill) {
       static const int max_blocks = [] {
         int dev = 0, sms = 0, per_sm = 0;
         KILN_CUDA_CHECK(cudaGetDevice(&dev));

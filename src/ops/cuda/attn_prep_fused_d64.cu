@@ -3,7 +3,7 @@
 #include "ops/cuda/attn_prep_fused.cuh"
 
 namespace kiln::cuda {
-void launch_attn_prep_fused_d64(const AttnPrepParams& p, bool prefill, cudaStream_t stream) {
-  attn::launch_fused_d<64>(p, prefill, stream);
+void launch_attn_prep_fused_d64(const AttnPrepParams& p, FusedKernel k, cudaStream_t stream) {
+  attn::launch_fused_d<64>(p, k, stream);
 }
 }  // namespace kiln::cuda

@@ -49,7 +49,10 @@ struct AttnPrepParams {
 
 // Launchers (attn_prep_unfused.cu, attn_prep_fused_*.cu). p validated; stream is a cudaStream_t.
 void launch_attn_prep_unfused(const AttnPrepParams& p, void* stream);
-void launch_attn_prep_fused(const AttnPrepParams& p, bool prefill_variant, void* stream);
+enum class FusedKernel : uint8_t { decode, prefill, streaming };
+void launch_attn_prep_fused(const AttnPrepParams& p, FusedKernel kernel, void* stream);
+// The streaming kernel's extra guard: every group of a block handles at most 4 heads of a token.
+bool attn_prep_streaming_supported(const AttnPrepParams& p);
 // Fused guards beyond validation: head_dim 64/128/256, rotary_dim % 16 == 0, 16-byte aligned vectors.
 bool attn_prep_fused_supported(const AttnPrepParams& p);
 
