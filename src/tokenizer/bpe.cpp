@@ -54,9 +54,21 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
     KILN_CHECK(id_to_token_[size_t(id)].empty(), "tokenizer.json: id ", id, " appears twice in the vocab");
     id_to_token_[size_t(id)] = tok;
   }
-  token_to_id_.reserve(vocab.size());
-  for (int32_t id = 0; id <= max_id; ++id)
-    if (!id_to_token_[size_t(id)].empty()) token_to_id_.emplace(id_to_token_[size_t(id)], id);
+  size_t vcap = 16;
+  while (vcap < vocab.size() * 2) vcap <<= 1;
+  vocab_slots_.assign(vcap, VocabSlot{});
+  for (int32_t id = 0; id <= max_id; ++id) {
+    const std::string& t = id_to_token_[size_t(id)];
+    if (t.empty()) continue;
+    const uint64_t h = hash_bytes(t);
+    size_t k = h & (vcap - 1);
+    while (vocab_slots_[k].id >= 0) {
+      KILN_CHECK(id_to_token_[size_t(vocab_slots_[k].id)] != t, "tokenizer.json: token '", t,
+                 "' appears twice in the vocab");
+      k = (k + 1) & (vcap - 1);
+    }
+    vocab_slots_[k] = {h, id};
+  }
   for (int b = 0; b < 256; ++b) {
     std::string ch;
     utf8_append(byte_to_char()[size_t(b)], ch);
@@ -82,8 +94,28 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
 }
 
 int32_t BpeModel::find(std::string_view token) const {
-  auto it = token_to_id_.find(token);
-  return it == token_to_id_.end() ? -1 : it->second;
+  const uint64_t h = hash_bytes(token);
+  const size_t mask = vocab_slots_.size() - 1;
+  for (size_t k = h & mask;; k = (k + 1) & mask) {
+    const VocabSlot& s = vocab_slots_[k];
+    if (s.id < 0) return -1;
+    if (s.hash == h && id_to_token_[size_t(s.id)] == token) return s.id;
+  }
+}
+
+uint64_t hash_bytes(std::string_view s) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ s.size();
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    __builtin_memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  uint64_t w = 0;
+  __builtin_memcpy(&w, s.data() + i, s.size() - i);
+  h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 29);
 }
 
 const BpeModel::MergeSlot* BpeModel::lookup(int32_t a, int32_t b) const {
@@ -96,25 +128,25 @@ const BpeModel::MergeSlot* BpeModel::lookup(int32_t a, int32_t b) const {
 }
 
 void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& out) const {
-  if (bytes.size() == 1) {
+  const size_t n0 = bytes.size();
+  if (n0 == 1) {
     out.push_back(byte_id_[static_cast<uint8_t>(bytes[0])]);
     return;
   }
-  std::vector<int32_t> sym(bytes.size());
-  for (size_t i = 0; i < bytes.size(); ++i) sym[i] = byte_id_[static_cast<uint8_t>(bytes[i])];
-  if (sym.size() <= kNaiveMax) {
-    merge_naive(sym);
-  } else {
+  if (n0 > kNaiveMax) {
+    std::vector<int32_t> sym(n0);
+    for (size_t i = 0; i < n0; ++i) sym[i] = byte_id_[static_cast<uint8_t>(bytes[i])];
     merge_heap(sym);
+    out.insert(out.end(), sym.begin(), sym.end());
+    return;
   }
-  out.insert(out.end(), sym.begin(), sym.end());
-}
-
-void BpeModel::merge_naive(std::vector<int32_t>& sym) const {
+  // Short words (nearly all of them): arrays on the stack, a scan for the lowest rank per merge.
   constexpr uint32_t kNone = UINT32_MAX;
-  size_t n = sym.size();
+  std::array<int32_t, kNaiveMax> sym;
   std::array<uint32_t, kNaiveMax> rank;
   std::array<int32_t, kNaiveMax> merged;
+  size_t n = n0;
+  for (size_t i = 0; i < n; ++i) sym[i] = byte_id_[static_cast<uint8_t>(bytes[i])];
   auto fill = [&](size_t i) {
     const MergeSlot* s = lookup(sym[i], sym[i + 1]);
     rank[i] = s ? s->rank : kNone;
@@ -136,7 +168,7 @@ void BpeModel::merge_naive(std::vector<int32_t>& sym) const {
     if (best > 0) fill(best - 1);
     if (best + 1 < n) fill(best);
   }
-  sym.resize(n);
+  out.insert(out.end(), sym.begin(), sym.begin() + long(n));
 }
 
 void BpeModel::merge_heap(std::vector<int32_t>& sym) const {

@@ -1,6 +1,6 @@
 // Byte-level BPE (GPT-2 style, as Qwen3 uses): a pre-token's UTF-8 bytes become one symbol each, then the
 // adjacent pair with the lowest merge rank is merged, leftmost first, until no pair has a rank. Words up to
-// kNaiveMax symbols use a direct scan; longer ones a heap over a linked list (O(n log n)), so one huge
+// kNaiveMax (24) symbols use a direct scan; longer ones a heap over a linked list (O(n log n)), so one huge
 // pre-token (100k letters, spaces, digits) stays fast.
 #pragma once
 
@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -18,15 +17,14 @@ namespace kiln::tok {
 const std::array<uint32_t, 256>& byte_to_char();
 // The inverse for code points < 324 (-1 where a code point is no stand-in).
 int char_to_byte(uint32_t cp);
+// A fast 64-bit hash of a short byte string (vocab lookups, the per-call word cache).
+uint64_t hash_bytes(std::string_view s);
 
 class BpeModel {
  public:
   // vocab: id -> token string (byte-level chars), merges in rank order as (left, right) token strings.
   BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
            const std::vector<std::pair<std::string, std::string>>& merges);
-  BpeModel(const BpeModel&) = delete;  // token_to_id_ views the strings in id_to_token_'s heap buffer
-  BpeModel& operator=(const BpeModel&) = delete;
-  BpeModel(BpeModel&&) = default;
 
   // Appends the ids of one pre-token given as raw bytes (not byte-level chars).
   void encode_word(std::string_view bytes, std::vector<int32_t>& out) const;
@@ -40,18 +38,21 @@ class BpeModel {
   int32_t byte_id(uint8_t b) const { return byte_id_[b]; }
 
  private:
-  static constexpr size_t kNaiveMax = 48;
+  static constexpr size_t kNaiveMax = 24;
   struct MergeSlot {
     uint64_t key = ~0ull;  // (left << 32) | right; ~0 = empty
     uint32_t rank = 0;
     int32_t id = 0;
   };
   const MergeSlot* lookup(int32_t a, int32_t b) const;
-  void merge_naive(std::vector<int32_t>& sym) const;
   void merge_heap(std::vector<int32_t>& sym) const;
 
   std::vector<std::string> id_to_token_;
-  std::unordered_map<std::string_view, int32_t> token_to_id_;  // views into id_to_token_
+  struct VocabSlot {
+    uint64_t hash = 0;
+    int32_t id = -1;  // -1: empty
+  };
+  std::vector<VocabSlot> vocab_slots_;  // open addressing over id_to_token_, power-of-two size
   std::array<int32_t, 256> byte_id_{};
   std::vector<MergeSlot> merges_;  // open addressing, power-of-two size
   uint64_t mask_ = 0;

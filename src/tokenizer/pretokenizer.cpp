@@ -1,5 +1,9 @@
 #include "tokenizer/pretokenizer.h"
 
+#ifndef PCRE2_CODE_UNIT_WIDTH
+#define PCRE2_CODE_UNIT_WIDTH \
+  8  // the CMake target defines it too; builds of single files (fuzzers) need it here
+#endif
 #include <pcre2.h>
 
 #include "kiln/error.h"

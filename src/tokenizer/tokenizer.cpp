@@ -1,9 +1,9 @@
 #include "kiln/tokenizer.h"
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <unordered_map>
 
 #include "kiln/error.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -79,6 +79,54 @@ std::string token_content(const json& v) {
   if (v.is_object() && v.contains("content")) return v.at("content").get<std::string>();
   return "";
 }
+
+// Open-addressing map from a pre-token (a view into the text being encoded) to where its ids were first
+// written in the output. Grows at half load; one per encode call.
+class WordCache {
+ public:
+  struct Entry {
+    const char* ptr = nullptr;
+    uint32_t len = 0;  // 0: empty slot (pre-tokens of length 1 are never cached)
+    uint32_t first = 0, count = 0;
+    uint64_t hash = 0;
+  };
+  explicit WordCache(size_t expect) {
+    size_t cap = 64;
+    while (cap < std::min<size_t>(expect, 1 << 20)) cap <<= 1;
+    slots_.assign(cap, Entry{});
+  }
+  // The entry for w: filled when w was inserted, else the empty slot where insert() will put it.
+  Entry& find(std::string_view w) {
+    hash_ = hash_bytes(w);
+    const size_t mask = slots_.size() - 1;
+    for (size_t h = hash_ & mask;; h = (h + 1) & mask) {
+      Entry& e = slots_[h];
+      if (e.len == 0) return e;
+      if (e.hash == hash_ && e.len == w.size() && std::memcmp(e.ptr, w.data(), w.size()) == 0) return e;
+    }
+  }
+  void insert(Entry& slot, std::string_view w, uint32_t first, uint32_t count) {
+    slot = {w.data(), uint32_t(w.size()), first, count, hash_};
+    if (++size_ * 2 > slots_.size()) grow();
+  }
+
+ private:
+  static uint64_t hash_bytes(std::string_view s) { return tok::hash_bytes(s); }
+  void grow() {
+    std::vector<Entry> old(slots_.size() * 2);
+    old.swap(slots_);
+    const size_t mask = slots_.size() - 1;
+    for (const Entry& e : old) {
+      if (e.len == 0) continue;
+      size_t h = e.hash & mask;
+      while (slots_[h].len != 0) h = (h + 1) & mask;
+      slots_[h] = e;
+    }
+  }
+  std::vector<Entry> slots_;
+  size_t size_ = 0;
+  uint64_t hash_ = 0;  // of the last find()
+};
 
 }  // namespace
 
@@ -236,23 +284,23 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& o
     pieces.emplace_back(0, text.size());
   }
   // Repeated pre-tokens (words, spaces) are merged once per call; the cache is local, so no locking.
-  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;
+  WordCache cache(pieces.size());
   for (const auto& [b, e] : pieces) {
     const std::string_view w = text.substr(b, e - b);
     if (w.size() == 1) {
       out.push_back(bpe->byte_id(static_cast<uint8_t>(w[0])));
       continue;
     }
-    auto it = cache.find(w);
-    if (it != cache.end()) {
+    WordCache::Entry& slot = cache.find(w);
+    if (slot.len != 0) {
       const size_t at = out.size();
-      out.resize(at + it->second.second);
-      std::copy_n(out.begin() + it->second.first, it->second.second, out.begin() + long(at));
+      out.resize(at + slot.count);
+      std::copy_n(out.begin() + slot.first, slot.count, out.begin() + long(at));
       continue;
     }
     const size_t at = out.size();
     bpe->encode_word(w, out);
-    cache.emplace(w, std::make_pair(uint32_t(at), uint32_t(out.size() - at)));
+    cache.insert(slot, w, uint32_t(at), uint32_t(out.size() - at));
   }
 }
 

