@@ -109,7 +109,7 @@ void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
     const int64_t reserve =
         std::max<int64_t>(int64_t(running_.size()), int64_t(std::ceil(reserve_ratio_ * double(later))));
     const int32_t target = int32_t(std::min<int64_t>(need + reserve, pool_.num_usable()));
-    if (pool_.num_free() < target && cache_) cache_->evict(target - pool_.num_free());
+    make_free(target);
     if (pool_.num_free() < target) {
       drop_pages(s);  // return the matched prefix; strict FCFS: nobody behind it goes first
       break;
@@ -159,12 +159,20 @@ bool Scheduler::ensure_pages(Sequence& seq, int32_t tokens_after, StepPlan& plan
   if (need <= 0) return true;
   for (;;) {
     if (pool_.alloc(need, seq.pages)) return true;
-    if (cache_ && cache_->evict(need - pool_.num_free()) > 0) continue;
+    if (make_free(need) > 0) continue;
     KILN_CHECK(!running_.empty(), "internal: no running sequence to preempt");
     Sequence* victim = running_.back();
     preempt(*victim, plan);
     if (victim == &seq) return false;
   }
+}
+
+int64_t Scheduler::make_free(int64_t pages) {
+  if (!cache_ || pool_.num_free() >= pages) return 0;
+  // Each eviction walks the whole tree, so free a batch (1/64 of the pool) at a time: once the cache has
+  // filled the pool, every allocation would otherwise pay for a walk.
+  const int64_t batch = std::max<int64_t>(1, pool_.num_usable() / 64);
+  return cache_->evict(std::max<int64_t>(pages - pool_.num_free(), batch));
 }
 
 void Scheduler::preempt(Sequence& seq, StepPlan& plan) {
