@@ -196,8 +196,10 @@ namespace {
 
 // Rows up to this many tokens take the small-batch (latency) kernel; above, a prefill kernel.
 constexpr int64_t kDecodeMaxTokens = 128;
-// Above kDecodeMaxTokens, the cp.async streaming kernel where it applies (docs/PERF.md has both measured).
-constexpr bool kPreferStreaming = true;
+// Up to this many tokens the cp.async streaming kernel (where its head-count guard holds), above it the
+// register-load prefill kernel. H200, Qwen3-4B heads (docs/PERF.md): streaming 9.8 vs 11.7 us at T = 512,
+// prefill 41.1 vs 43.4 us at T = 4096; the threshold sits between the two measured points.
+constexpr int64_t kStreamingMaxTokens = 1024;
 
 }  // namespace
 
@@ -207,8 +209,9 @@ AttnPrepPath attn_prep_select(const AttnPrepArgs& a) {
   const cuda::AttnPrepParams p = make_params(a);
   if (cuda::attn_prep_fused_supported(p)) {
     if (a.qkv.shape[0] <= kDecodeMaxTokens) return AttnPrepPath::cuda_fused_decode;
-    return kPreferStreaming && cuda::attn_prep_streaming_supported(p) ? AttnPrepPath::cuda_fused_streaming
-                                                                      : AttnPrepPath::cuda_fused_prefill;
+    return a.qkv.shape[0] <= kStreamingMaxTokens && cuda::attn_prep_streaming_supported(p)
+               ? AttnPrepPath::cuda_fused_streaming
+               : AttnPrepPath::cuda_fused_prefill;
   }
 #endif
   return AttnPrepPath::cuda_unfused;
