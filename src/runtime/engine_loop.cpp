@@ -15,9 +15,11 @@ void Engine::Impl::loop() {
     std::vector<RequestId> ab;
     uint64_t flush = 0;
     bool stop = false, dr = true;
+    const bool idle = sched->num_running() + sched->num_waiting() == 0;
+    if (idle) publish(true);  // exact page accounting whenever the engine rests
     {
       std::unique_lock<std::mutex> lk(mu);
-      if (sched->num_running() + sched->num_waiting() == 0)
+      if (idle)
         cv.wait(lk, [&] {
           return !incoming.empty() || !aborts.empty() || flush_requested > flushed || stopping;
         });

@@ -423,6 +423,16 @@ TEST(Engine, CachedTokensAreReported) {
   EXPECT_EQ(sink.last(b).cached_tokens, 20);  // 5 full pages of 4; the last token is always computed
   EXPECT_EQ(sink.tokens(a), sink.tokens(b));
   EXPECT_EQ(engine.stats().cached_tokens_total, 20);
+  // At rest (no flush): no page is used, the 6 full pages of prompt + output stay cached.
+  EngineStats s;
+  for (int i = 0; i < 1000; ++i) {
+    s = engine.stats();
+    if (s.kv_pages_used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(s.kv_pages_used, 0);
+  EXPECT_EQ(s.kv_pages_cached, 6);
+  EXPECT_EQ(s.kv_pages_free, s.kv_pages_total - 6);
 }
 
 // ---- draw_token: the CPU token choice.
