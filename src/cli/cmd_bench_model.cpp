@@ -173,33 +173,67 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
   struct Op {
     const char* name;
     int64_t per_step;
-    std::function<void()> fn;
+    std::function<void(int)> fn;  // the call for layer l (GEMMs read layer l's weights: no L2 reuse)
   };
+  const auto& layers = m.weights().layers;
   const std::vector<Op> ops_list = {
       {"embedding", 1,
-       [&] {
+       [&](int) {
          ops::embedding(m.weights().embed, Tensor(const_cast<int32_t*>(mi), DType::i32, {1}, dev), tx);
        }},
-      {"add_rms_norm", 2 * L + 1, [&] { ops::add_rms_norm(tx, tr, lw.input_norm, eps, tn); }},
-      {"qkv gemm", L, [&] { ops::linear(tn, lw.qkv, tq); }},
-      {"attn_prep", L, [&] { ops::attn_prep(prep); }},
-      {"paged_attention", L, [&] { ops::paged_attention(pa); }},
-      {"o_proj gemm", L, [&] { ops::linear(ta, lw.o_proj, tx); }},
-      {"gate_up gemm", L, [&] { ops::linear(tn, lw.gate_up, tg); }},
-      {"silu_and_mul", L, [&] { ops::silu_and_mul(tg, tact); }},
-      {"down gemm", L, [&] { ops::linear(tact, lw.down, tx); }},
-      {"lm_head", 1, [&] { ops::lm_head(tn, row0, m.weights().lm_head, tl); }},
+      {"add_rms_norm", 2 * L + 1,
+       [&](int l) { ops::add_rms_norm(tx, tr, layers[size_t(l)].input_norm, eps, tn); }},
+      {"qkv gemm", L, [&](int l) { ops::linear(tn, layers[size_t(l)].qkv, tq); }},
+      {"attn_prep", L, [&](int) { ops::attn_prep(prep); }},
+      {"paged_attention", L, [&](int) { ops::paged_attention(pa); }},
+      {"o_proj gemm", L, [&](int l) { ops::linear(ta, layers[size_t(l)].o_proj, tx); }},
+      {"gate_up gemm", L, [&](int l) { ops::linear(tn, layers[size_t(l)].gate_up, tg); }},
+      {"silu_and_mul", L, [&](int) { ops::silu_and_mul(tg, tact); }},
+      {"down gemm", L, [&](int l) { ops::linear(tact, layers[size_t(l)].down, tx); }},
+      {"lm_head", 1, [&](int) { ops::lm_head(tn, row0, m.weights().lm_head, tl); }},
   };
+  // Each op: L calls (one per layer) captured in one CUDA graph on a private stream, the replay timed
+  // with events (median of 20) and divided by L: kernel time plus the in-graph launch gap, as in a
+  // graph-replayed step.
+  cudaStream_t s = nullptr;
+  BENCH_CUDA(cudaStreamCreate(&s));
+  prep.stream = s;
   std::vector<double> us;
   double total = 0;
   int64_t launches = 0;
   for (const auto& op : ops_list) {
-    op.fn();  // warm-up (plans, scratch)
-    const double t = time_ms(50, op.fn) * 1000.0;
-    us.push_back(t);
-    total += t * double(op.per_step);
+    cuda::StreamScope scope(s);
+    op.fn(0);  // warm-up (plans, scratch)
+    BENCH_CUDA(cudaStreamSynchronize(s));
+    cudaGraph_t g = nullptr;
+    BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < int(L); ++l) op.fn(l);
+    BENCH_CUDA(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t e = nullptr;
+    BENCH_CUDA(cudaGraphInstantiate(&e, g, 0));
+    cudaEvent_t a, b;
+    BENCH_CUDA(cudaEventCreate(&a));
+    BENCH_CUDA(cudaEventCreate(&b));
+    std::vector<double> t;
+    for (int r = 0; r < 21; ++r) {
+      BENCH_CUDA(cudaEventRecord(a, s));
+      BENCH_CUDA(cudaGraphLaunch(e, s));
+      BENCH_CUDA(cudaEventRecord(b, s));
+      BENCH_CUDA(cudaEventSynchronize(b));
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+      if (r > 0) t.push_back(double(ms) * 1000.0 / double(L));
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(e);
+    cudaGraphDestroy(g);
+    const double u = median(t);
+    us.push_back(u);
+    total += u * double(op.per_step);
     launches += op.per_step;
   }
+  cudaStreamDestroy(s);
   std::printf("\nper-op breakdown of one decode step (context %d; each op timed alone, median of 50):\n",
               ctx);
   std::printf("  %-16s %10s %8s %12s %7s\n", "op", "us/call", "calls", "us/step", "share");
@@ -207,7 +241,7 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
     std::printf("  %-16s %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i],
                 (long long)ops_list[i].per_step, us[i] * double(ops_list[i].per_step),
                 100.0 * us[i] * double(ops_list[i].per_step) / total);
-  std::printf("  %-16s %10s %8lld %12.1f   (sum of isolated ops; %lld op calls)\n", "total", "",
+  std::printf("  %-16s %10s %8lld %12.1f   (sum over ops; %lld op calls per step)\n", "total", "",
               (long long)launches, total, (long long)launches);
 }
 

@@ -38,13 +38,16 @@ void validate(const PagedAttnParams& p) {
 }
 
 // Splits depend only on shapes (never on kv_lens, which live on the device), so a graph stays valid.
+// The page table's reach (pages_stride * page_size) bounds the context, so chunks are sized from it:
+// up to 128 splits of >= 32 keys, enough blocks (~16 per SM) that a short context inside a wide table
+// still spreads over the GPU; splits past a sequence's length exit at once.
 void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* chunk) {
   const int64_t max_ctx = int64_t(p.pages_stride) * p.page_size;
   int s = force_splits;
   if (s <= 0) {
     const int64_t blocks = int64_t(std::max(p.B, 1)) * p.Hkv;
-    const int64_t want = (2 * int64_t(sm_count()) + blocks - 1) / blocks;               // ~2 waves of blocks
-    s = int(std::clamp<int64_t>(want, 1, std::min<int64_t>(64, (max_ctx + 31) / 32)));  // >= 32 keys a block
+    const int64_t want = (16 * int64_t(sm_count()) + blocks - 1) / blocks;
+    s = int(std::clamp<int64_t>(want, 1, std::min<int64_t>(128, (max_ctx + 31) / 32)));
   }
   *splits = s;
   *chunk = int((max_ctx + s - 1) / s);
