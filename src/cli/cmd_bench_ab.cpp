@@ -12,6 +12,7 @@ constexpr const char* kHelp =
     "usage: kiln bench ab --a http://HOST:PORT --b http://HOST:PORT [flags]\n"
     "  --concurrency C              requests in flight per window (default 16)\n"
     "  --num-prompts N              measured requests per window (default 80)\n"
+    "  --rounds K                   crossover: windows A1 B1 A2 ... BK A(K+1) (default 1: A1 -> B -> A2)\n"
     "  --resamples N                bootstrap resamples (default 2000); --bootstrap-seed N (default 12345)\n"
     "  --model-a NAME --model-b NAME  per-server model names for /v1/completions (default: --model or "
     "discovered)\n"
@@ -20,8 +21,8 @@ constexpr const char* kHelp =
 int run_bench_ab(const kiln::cli::Args& args) {
   using namespace kiln;
   std::set<std::string> values = cli::kWorkloadFlags;
-  values.insert(
-      {"a", "b", "concurrency", "num-prompts", "resamples", "bootstrap-seed", "model-a", "model-b", "out"});
+  values.insert({"a", "b", "concurrency", "num-prompts", "resamples", "bootstrap-seed", "rounds", "model-a",
+                 "model-b", "out"});
   std::set<std::string> bools = cli::kWorkloadBoolFlags;
   bools.insert("help");
   const cli::Flags f(args, values, bools);
@@ -40,6 +41,8 @@ int run_bench_ab(const kiln::cli::Args& args) {
   const int64_t n = f.i64("num-prompts", 80);
   KILN_CHECK(n >= 2, "--num-prompts must be at least 2 for a paired comparison");
   opt.num_prompts = size_t(n);
+  opt.rounds = int(f.i64("rounds", 1));
+  KILN_CHECK(opt.rounds >= 1 && opt.rounds <= 100, "--rounds must be in [1, 100]");
   opt.resamples = int(f.i64("resamples", 2000));
   KILN_CHECK(opt.resamples >= 100 && opt.resamples <= 1000000, "--resamples must be in [100, 1000000]");
   opt.bootstrap_seed = uint64_t(f.i64("bootstrap-seed", 12345));

@@ -13,7 +13,7 @@ start_server bench --model "$FIXTURES/demo"
 
 echo "== bench serve through /generate: every level valid, JSON/Markdown/SVG written"
 timeout 40 "$KILN" bench serve --base-url "$BASE" --input-len 24 --output-len 6 --concurrency 1,2,4 \
-  --num-prompts 4,4,8 --warmups 2 --out "$T/sweep" >"$T/sweep.stdout" || fail "bench serve: $(cat "$T/sweep.stdout")"
+  --num-prompts 4,4,6 --warmups 1 --out "$T/sweep" >"$T/sweep.stdout" || fail "bench serve: $(cat "$T/sweep.stdout")"
 python3 - "$T/sweep.json" <<'PY' || fail "sweep JSON"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -30,12 +30,12 @@ grep -q "<svg" "$T/sweep.svg" || fail "no SVG"
 
 echo "== bench serve through /v1/completions (token-id prompts, OpenAI SDK-style base URL)"
 timeout 20 "$KILN" bench serve --base-url "$BASE/v1" --api completions --input-len 16 --output-len 4 \
-  --concurrency 2 --num-prompts 4 --warmups 2 >"$T/completions.stdout" || fail "bench serve --api completions"
+  --concurrency 2 --num-prompts 4 --warmups 1 >"$T/completions.stdout" || fail "bench serve --api completions"
 
 echo "== bench ab: the server against itself"
 timeout 30 "$KILN" bench ab --a "$BASE" --b "$BASE" --input-len 16 --output-len 4 --concurrency 2 \
-  --num-prompts 6 --warmups 2 --resamples 200 --out "$T/ab" >/dev/null || fail "bench ab"
-python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); m={x["name"]:x for x in r["metrics"]}; assert r["valid"] and r["paired_requests"] == 6 and "change_ci95" in m["tpot_ms.mean"], r' \
+  --num-prompts 4 --warmups 1 --resamples 200 --out "$T/ab" >/dev/null || fail "bench ab"
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); m={x["name"]:x for x in r["metrics"]}; assert r["valid"] and r["paired_requests"] == 4 and "change_ci95" in m["tpot_ms.mean"], r' \
   "$T/ab.json" || fail "A/B JSON"
 
 echo "== eval reference: greedy is deterministic, so the server agrees with its own dump"
