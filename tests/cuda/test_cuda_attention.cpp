@@ -194,8 +194,8 @@ std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0) {
   Buffer out(n * 2, Device::cuda());
   copy_bytes(out.data(), Device::cuda(), std::vector<uint16_t>(n, 0x7fc0).data(), Device::cpu(), n * 2);
   const auto p = s.params(out.data());
-  const int splits = force_splits > 0 ? force_splits : 64;
-  Buffer ws(size_t(s.T) * s.c.Hq * splits * (s.c.D + 2) * 4 + 256, Device::cuda());
+  const size_t forced = size_t(s.T) * s.c.Hq * std::max(force_splits, 1) * (s.c.D + 2) * 4;
+  Buffer ws(std::max(cuda::paged_attention_workspace_bytes(p), forced) + 256, Device::cuda());
   switch (k) {
     case Kernel::routed:
       cuda::paged_attention(p, ws.data(), nullptr, force_splits);

@@ -67,6 +67,7 @@ void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int 
             bool pdl) {
   int splits = 0, chunk = 0;
   decode_split(p, force_splits, &splits, &chunk);
+  KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);
   if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
   launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, stream, pdl);
   if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, stream, pdl);

@@ -166,10 +166,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   pdl_launch_dependents();
 }
 
-// Grid (Hq, B); block D threads: thread d merges the splits' partial outputs of element d, per row.
+// Grid (Hq, B); block D threads, per row: the split maxima and weights w_s = l_s exp(m_s - M) computed
+// split-parallel into shared memory, then thread d sums w_s o_s[d] over the splits in order, 16 loads in
+// flight at a time (empty splits hold o = 0 and weight 0).
 template <int D>
 __global__ void __launch_bounds__(D)
     combine_kernel(const __grid_constant__ PagedAttnParams p, const float* ws, int splits, bool all_rows) {
+  static_assert(D % 32 == 0 && D <= 1024, "one thread per element of head_dim");
+  constexpr int kMaxSplits = 128;
+  __shared__ float sw[kMaxSplits];
+  __shared__ float red[D / 32];
   const int h = blockIdx.x, d = threadIdx.x;
   pdl_wait();
   int row0, n, kv_len;
@@ -177,18 +183,36 @@ __global__ void __launch_bounds__(D)
     const float* ml = ws + int64_t(p.T) * p.Hq * splits * D;
     for (int row = row0; row < row0 + n; ++row) {
       const int64_t base = (int64_t(row) * p.Hq + h) * splits;
+      float m = kNegInf;
+      for (int s = d; s < splits; s += D) m = fmaxf(m, ml[2 * (base + s)]);
+#pragma unroll
+      for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      if (d % 32 == 0) red[d / 32] = m;
+      __syncthreads();
       float M = kNegInf;
-      for (int s = 0; s < splits; ++s) M = fmaxf(M, ml[2 * (base + s)]);
+#pragma unroll
+      for (int w = 0; w < D / 32; ++w) M = fmaxf(M, red[w]);
+      for (int s = d; s < splits; s += D) {
+        const float ms = ml[2 * (base + s)];
+        sw[s] = ms == kNegInf ? 0.0f : ml[2 * (base + s) + 1] * expf(ms - M);
+      }
+      __syncthreads();
       float L = 0.0f, O = 0.0f;
-      for (int s = 0; s < splits; ++s) {
-        const float m = ml[2 * (base + s)];
-        if (m == kNegInf) continue;
-        const float w = ml[2 * (base + s) + 1] * expf(m - M);
-        L += w;
-        O = fmaf(w, ws[(base + s) * D + d], O);
+      for (int s0 = 0; s0 < splits; s0 += 16) {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = s0 + i < splits ? ws[(base + s0 + i) * D + d] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          if (s0 + i < splits) {
+            L += sw[s0 + i];
+            O = fmaf(sw[s0 + i], v[i], O);
+          }
+        }
       }
       static_cast<uint16_t*>(p.out)[int64_t(row) * p.o_stride_t + int64_t(h) * p.o_stride_h + d] =
           uint16_t(f32_to_bf16_bits(__fdiv_rn(O, L)));
+      __syncthreads();  // sw and red are reused by the next row
     }
   }
   pdl_launch_dependents();
