@@ -251,7 +251,7 @@ json parse_body(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     // nlohmann's messages say where and why (including ill-formed UTF-8 in strings).
     throw bad_request(std::string("request body is not valid JSON: ") + e.what());
   }
