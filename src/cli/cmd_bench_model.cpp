@@ -6,8 +6,9 @@
 //   decode:  single-stream TPOT at --context (the cache filled by a prefill first), the median over
 //            --steps steps, beside its floor (weight bytes + KV bytes read) / the device-to-device copy
 //            rate measured in the same run (bytes read + written, as docs/PERF.md defines it);
-//   breakdown: each op of one decode step timed alone (CUDA events, 50 repetitions, warm L2 for the tiny
-//            ones: an honest lower bound per op), its share of the sum, and the launch count.
+//   decode (graph): the same steps replayed from the decode CUDA graph, without and with PDL;
+//   breakdown: each op of one decode step as L graph-replayed calls (one per layer's weights, so no L2
+//            reuse of weights), median of 20 replays / L: kernel time plus the in-graph launch gap.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -234,8 +235,10 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
     launches += op.per_step;
   }
   cudaStreamDestroy(s);
-  std::printf("\nper-op breakdown of one decode step (context %d; each op timed alone, median of 50):\n",
-              ctx);
+  std::printf(
+      "\nper-op breakdown of one decode step (context %d; each op as %lld graph-replayed calls, one per "
+      "layer's weights, median of 20 replays):\n",
+      ctx, (long long)L);
   std::printf("  %-16s %10s %8s %12s %7s\n", "op", "us/call", "calls", "us/step", "share");
   for (size_t i = 0; i < ops_list.size(); ++i)
     std::printf("  %-16s %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i],
