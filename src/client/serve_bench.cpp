@@ -25,13 +25,21 @@ RunOutput run_concurrent(const RunOptions& opt, const std::vector<RequestSpec>& 
   if (opt.progress) bar = std::make_unique<Progress>(label, specs.size());
   std::atomic<size_t> next{0};
   const auto t0 = clock_type::now();
+  // Connections are made here so that a bad URL throws on this thread, not inside a worker.
+  std::vector<std::unique_ptr<HttpClient>> clients;
+  for (int w = 0; w < workers; ++w)
+    clients.push_back(std::make_unique<HttpClient>(opt.base_url, opt.timeout_s, opt.api_key));
   std::vector<std::thread> threads;
   threads.reserve(size_t(workers));
   for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&] {
-      HttpClient http(opt.base_url, opt.timeout_s, opt.api_key);
+    threads.emplace_back([&, w] {
       for (size_t i = next++; i < specs.size(); i = next++) {
-        out.results[i] = run_stream_request(http, specs[i], opt.stream, t0);
+        try {
+          out.results[i] = run_stream_request(*clients[size_t(w)], specs[i], opt.stream, t0);
+        } catch (const std::exception& e) {  // e.g. a prompt that is not valid UTF-8: a failed request
+          out.results[i] = RequestResult{};
+          out.results[i].error = std::string("client: ") + e.what();
+        }
         if (bar) bar->tick(!out.results[i].ok);
       }
     });

@@ -40,6 +40,11 @@ std::vector<TextPrompt> load_prompts(const std::string& path) {
       p.text = line;
     }
     KILN_CHECK(!p.text.empty(), path, ":", lineno, ": empty prompt");
+    try {
+      (void)nlohmann::json(p.text).dump();  // requests are JSON: the text must be valid UTF-8
+    } catch (const nlohmann::json::exception&) {
+      KILN_FAIL(path, ":", lineno, ": prompt is not valid UTF-8");
+    }
     out.push_back(std::move(p));
   }
   KILN_CHECK(!out.empty(), "prompts file '", path, "' holds no prompts");

@@ -186,4 +186,5 @@ TEST(ClientWorkload, TextPromptsFromAFile) {
   }
   EXPECT_THROW(load_prompts(temp_file("prompts_bad.txt", "{\"prompt\": 5}\n")), kiln::Error);
   EXPECT_THROW(load_prompts(temp_file("prompts_empty.txt", "\n\n")), kiln::Error);
+  EXPECT_THROW(load_prompts(temp_file("prompts_utf8.txt", "ok\nbad \xff byte\n")), kiln::Error);
 }
