@@ -81,11 +81,18 @@ void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool
 }
 
 int64_t Scheduler::future_pages(const Sequence& s) const {
-  return std::max<int64_t>(0, pool_.pages_for(s.max_len) - int64_t(s.pages.size()));
+  return std::max<int64_t>(0, pool_.pages_for(growth_limit(s)) - int64_t(s.pages.size()));
+}
+
+int64_t Scheduler::growth_limit(const Sequence& s) const {
+  // Estimate at most kGrowthClip more tokens: requests with huge max_new_tokens (clients that leave
+  // max_tokens unset) would otherwise each reserve the whole context (SGLang clips at 4096 too).
+  constexpr int64_t kGrowthClip = 4096;
+  return std::min<int64_t>(s.max_len, int64_t(s.tokens.size()) + kGrowthClip);
 }
 
 void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
-  // Pages the running sequences may still claim before they finish (worst case: every one runs to max_len).
+  // Pages the running sequences may still claim before they finish (each to max_len, clipped).
   int64_t future = 0;
   for (const Sequence* r : running_) future += future_pages(*r);
   while (!waiting_.empty() && int(running_.size()) < opts_.max_running_requests && budget > 0) {
@@ -105,12 +112,15 @@ void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
     // reserve_ratio_ of their worst case, and at least one page per running sequence. Without this,
     // long generations fill the pool, the newest is preempted, re-admitted at once and preempted again.
     const int64_t later =
-        future + std::max<int64_t>(0, pool_.pages_for(s.max_len) - pool_.pages_for(s.num_computed + q));
+        future + std::max<int64_t>(0, pool_.pages_for(growth_limit(s)) - pool_.pages_for(s.num_computed + q));
     const int64_t reserve =
         std::max<int64_t>(int64_t(running_.size()), int64_t(std::ceil(reserve_ratio_ * double(later))));
-    const int32_t target = int32_t(std::min<int64_t>(need + reserve, pool_.num_usable()));
-    make_free(target);
-    if (pool_.num_free() < target) {
+    const int64_t target = std::min<int64_t>(need + reserve, pool_.num_usable());
+    // Cached pages count as available for the reserve, but only the pages needed now are evicted.
+    const bool fits =
+        pool_.num_free() >= target || (cache_ && pool_.num_free() + cache_->num_evictable_pages() >= target);
+    if (fits) make_free(need);
+    if (!fits || pool_.num_free() < need) {
       drop_pages(s);  // return the matched prefix; strict FCFS: nobody behind it goes first
       break;
     }

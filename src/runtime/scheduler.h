@@ -111,6 +111,7 @@ class Scheduler {
   void phase_build(StepPlan& plan) const;
 
   int64_t future_pages(const Sequence& s) const;
+  int64_t growth_limit(const Sequence& s) const;  // tokens the sequence is expected to reach
   int64_t make_free(int64_t pages);  // evicts cache leaves until `pages` are free (if it can); returns freed
   bool ensure_pages(Sequence& seq, int32_t tokens_after, StepPlan& plan);
   void preempt(Sequence& seq, StepPlan& plan);

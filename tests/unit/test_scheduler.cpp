@@ -214,6 +214,23 @@ TEST(Scheduler, AdmissionReserveAvoidsPreemptionThrash) {
   EXPECT_LT(t1, t0);  // less recomputation
 }
 
+TEST(Scheduler, TheReserveCountsCachedPagesWithoutEvictingThem) {
+  SchedulerOptions o;
+  o.reserve_init = 1.0;
+  o.reserve_min = 1.0;
+  Driver d(64, 4, o);  // 63 usable pages
+  d.add(1, prompt_of(18, 1), 4);
+  d.run();
+  ASSERT_EQ(d.sched.cache()->num_pages(), 5);  // 21 computed tokens: 5 full pages
+  // Needs 2 pages now and may grow to 60: 62 > 58 free, but <= 58 + 5 evictable.
+  d.add(2, prompt_of(8, 2), 232);
+  d.step();
+  EXPECT_EQ(d.sched.num_running(), 1);
+  EXPECT_EQ(d.sched.cache()->num_pages(), 5 + 2);  // nothing evicted; request 2's 2 prefilled pages added
+  d.run();
+  d.expect_reference_outputs();
+}
+
 TEST(Scheduler, ReleaseMidRequestFreesItsPages) {
   Driver d(64, 4, {});
   d.add(1, prompt_of(20, 5), 30);
