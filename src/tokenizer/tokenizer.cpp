@@ -92,7 +92,7 @@ class WordCache {
   };
   explicit WordCache(size_t expect) {
     size_t cap = 64;
-    while (cap < std::min<size_t>(expect, 1 << 20)) cap <<= 1;
+    while (cap < std::min<size_t>(expect / 4, 1 << 16)) cap <<= 1;  // unique words are far fewer; grows
     slots_.assign(cap, Entry{});
   }
   // The entry for w: filled when w was inserted, else the empty slot where insert() will put it.
