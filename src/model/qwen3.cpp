@@ -56,9 +56,9 @@ struct Qwen3Model::Workspace {
   Device device;
   std::vector<Buffer> bufs;
   uint64_t generation = 0;  // bumped on every reallocation: a captured CUDA graph is then stale
-  int64_t T = 0;        // tokens of the last run_layers
-  Tensor final_hidden;  // bf16 [T, hidden]: final-norm output of the last run_layers
-  Tensor rows_t;        // i32 [R]: the last batch's logit rows
+  int64_t T = 0;            // tokens of the last run_layers
+  Tensor final_hidden;      // bf16 [T, hidden]: final-norm output of the last run_layers
+  Tensor rows_t;            // i32 [R]: the last batch's logit rows
   // Views made by stage() for launch_layers().
   Tensor ids_v, residual_v, normed_v, qkv_v, attn_v, tmp_v, gate_up_v, act_v;
   ops::AttnPrepArgs prep;
@@ -219,6 +219,9 @@ void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& l
                  logits.shape[1] == cfg_.vocab_size && logits.device == device(),
              "logits must be f32 [", R, ", ", cfg_.vocab_size, "] on ", device_name(device()), ", got ",
              logits.describe());
+  KILN_CHECK(weights_.lm_head.data != nullptr,
+             "this embedding checkpoint has no LM head: it gives hidden states "
+             "(forward_hidden), not logits");
   run_layers(batch, cache);
   if (R > 0) launch_lm_head(logits);
 }
@@ -227,7 +230,9 @@ void Qwen3Model::launch_lm_head(const Tensor& logits) {
   ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
 }
 
-uint64_t Qwen3Model::workspace_generation() const { return ws_->generation; }
+uint64_t Qwen3Model::workspace_generation() const {
+  return ws_->generation;
+}
 
 void Qwen3Model::forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out) {
   const int64_t R = int64_t(batch.logit_rows.size());

@@ -111,13 +111,16 @@ std::vector<WeightSpec> qwen3_weight_specs(const ModelConfig& c) {
     s.push_back({layer_name(c, l, "mlp.down_proj.weight"), {H, I}, false});
   }
   s.push_back({c.weight_prefix + "norm.weight", {H}, true});
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, H}, false});
+  if (!c.tie_word_embeddings && c.arch != ModelArch::qwen3_embedding) {
+    s.push_back({"lm_head.weight", {c.vocab_size, H}, false});
+  }
   return s;
 }
 
 RandomWeightParams random_weight_params(const WeightSpec& spec, uint64_t seed) {
   // uniform std = half_width / sqrt(3)
-  return {splitmix64(seed ^ fnv1a(spec.name)), spec.norm ? 1.0f : 0.0f, spec.norm ? 0.1f : 0.02f * 1.7320508f};
+  return {splitmix64(seed ^ fnv1a(spec.name)), spec.norm ? 1.0f : 0.0f,
+          spec.norm ? 0.1f : 0.02f * 1.7320508f};
 }
 
 void fill_random_weight(const WeightSpec& spec, uint64_t seed, bf16_t* out) {
@@ -161,6 +164,8 @@ Qwen3Weights load_qwen3_weights(const ModelConfig& c, const Checkpoint* ckpt, ui
   w.final_norm = ld.vector(c.weight_prefix + "norm.weight", H);
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed;
+  } else if (c.arch == ModelArch::qwen3_embedding && (!ckpt || !ckpt->has("lm_head.weight"))) {
+    // Qwen3-Embedding checkpoints (Qwen3Model) carry no LM head even when untied: lm_head stays empty.
   } else {
     KILN_CHECK(!ckpt || ckpt->has("lm_head.weight"),
                "checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false");

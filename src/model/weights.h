@@ -27,7 +27,8 @@ struct LayerWeights {
 struct Qwen3Weights {
   std::vector<Buffer> storage;  // owns every tensor below
   Tensor embed;                 // bf16 [vocab, hidden]
-  Tensor lm_head;               // bf16 [vocab, hidden]; the embedding table when tied
+  Tensor lm_head;               // bf16 [vocab, hidden]; the embedding table when tied; empty for an
+                                // untied Qwen3-Embedding checkpoint (it has none)
   Tensor final_norm;            // bf16 [hidden]
   std::vector<LayerWeights> layers;
 };
@@ -38,7 +39,8 @@ struct WeightSpec {
   std::vector<int64_t> shape;
   bool norm = false;
 };
-// Every tensor a Qwen3 checkpoint of this config holds (lm_head.weight only when untied), in a fixed order.
+// Every tensor a Qwen3 checkpoint of this config holds (lm_head.weight only when untied and not a
+// Qwen3-Embedding model), in a fixed order.
 std::vector<WeightSpec> qwen3_weight_specs(const ModelConfig& cfg);
 
 // Deterministic random values for one tensor, independent per (seed, name) and of the thread count:

@@ -318,3 +318,28 @@ TEST(Qwen3Model, RejectsBadBatches) {
   m->forward(b, cache, lt);  // and a good one still works afterwards
   for (float x : logits) EXPECT_TRUE(std::isfinite(x));
 }
+
+TEST(Qwen3Model, UntiedEmbeddingModelHasNoLmHead) {
+  ModelConfig cfg = tiny_config(false);
+  cfg.arch = ModelArch::qwen3_embedding;
+  cfg.architecture = "Qwen3Model";
+  cfg.weight_prefix = "";
+  for (const WeightSpec& s : qwen3_weight_specs(cfg)) EXPECT_NE(s.name, "lm_head.weight");
+  EXPECT_EQ(qwen3_weight_specs(cfg).front().name, "embed_tokens.weight");
+  LoadOptions o;
+  auto m = Qwen3Model::create(cfg, nullptr, o);
+  KvCache cache(cfg, 4, 16, ops::KvLayout::nhd, DType::bf16, Device::cpu());
+  Seq s{seq_tokens(5, 2), {}, 0};
+  int32_t next = 0;
+  BatchDesc b;
+  b.page_size = 16;
+  add_seq(b, s, 5, next, true);
+  finish(b, {&s});
+  std::vector<float> hidden(static_cast<size_t>(cfg.hidden_size));
+  m->forward_hidden(b, cache, Tensor(hidden.data(), DType::f32, {1, cfg.hidden_size}));
+  double n2 = 0;
+  for (float x : hidden) n2 += double(x) * x;
+  EXPECT_GT(n2, 0.1 * double(cfg.hidden_size));
+  std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
+  EXPECT_THROW(m->forward(b, cache, Tensor(logits.data(), DType::f32, {1, cfg.vocab_size})), Error);
+}
