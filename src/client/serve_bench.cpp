@@ -124,7 +124,12 @@ std::string flush_cache(const RunOptions& opt) {
   const HttpResponse r = http.post_json("/flush_cache", "{}");
   if (r.ok()) return "";
   if (!r.error.empty()) return "POST /flush_cache failed (" + r.error + "): cache not flushed";
-  if (r.status == 404 || r.status == 405) return "server has no /flush_cache: cache flush skipped";
+  if (r.status == 404 || r.status == 405) {
+    // vLLM's equivalent (served in its dev mode).
+    const HttpResponse v = http.post_json("/reset_prefix_cache", "{}");
+    if (v.ok()) return "";
+    return "server has no /flush_cache (nor /reset_prefix_cache): cache flush skipped";
+  }
   return "POST /flush_cache returned HTTP " + std::to_string(r.status) + ": cache may not be flushed";
 }
 

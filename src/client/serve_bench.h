@@ -84,7 +84,7 @@ SweepResult run_sweep(const SweepOptions& opt);
 // Throws a clear error when nothing answers HTTP at the base URL.
 void check_reachable(const RunOptions& opt);
 
-// POST /flush_cache: "" when flushed, otherwise a note saying why it was skipped.
+// POST /flush_cache (or vLLM's /reset_prefix_cache): "" when flushed, otherwise a note saying why not.
 std::string flush_cache(const RunOptions& opt);
 
 // "http://..." /v1/models' first id, or "" when the server does not answer it.

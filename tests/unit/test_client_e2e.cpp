@@ -25,6 +25,7 @@ struct FakeConfig {
   int short_by = 0;      // stream this many fewer tokens than asked
   int prompt_extra = 0;  // report this many more prompt tokens than received
   bool has_flush = true;
+  bool has_reset = false;                                    // vLLM's /reset_prefix_cache
   int fail_status = 0;                                       // answer every generation with this HTTP status
   int token_delay_us = 200;                                  // between streamed tokens
   std::string answer = "We add 3 and 4.\nThe answer is 7.";  // non-streamed completion text (gsm8k)
@@ -46,6 +47,13 @@ class FakeServer {
       }
       ++flushes;
       res.set_content("Cache flushed.", "text/plain");
+    });
+    srv_.Post("/reset_prefix_cache", [this](const httplib::Request&, httplib::Response& res) {
+      if (!cfg_.has_reset) {
+        res.status = 404;
+        return;
+      }
+      ++flushes;
     });
     srv_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
@@ -212,6 +220,14 @@ TEST(ClientE2E, SweepThroughCompletionsNotesAMissingFlush) {
   EXPECT_TRUE(r.levels[0].valid);
   ASSERT_EQ(r.levels[0].notes.size(), 1u);
   EXPECT_NE(r.levels[0].notes[0].find("no /flush_cache"), std::string::npos) << r.levels[0].notes[0];
+  EXPECT_EQ(srv.flushes.load(), 0);
+
+  cfg.has_reset = true;  // vLLM-style: /reset_prefix_cache instead
+  FakeServer vllm(cfg);
+  opt.run.base_url = vllm.url();
+  const SweepResult rv = run_sweep(opt);
+  EXPECT_TRUE(rv.levels[0].notes.empty()) << rv.levels[0].notes[0];
+  EXPECT_EQ(vllm.flushes.load(), 1);
 }
 
 TEST(ClientE2E, ShortOutputsMakeTheLevelInvalid) {
