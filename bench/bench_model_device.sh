@@ -45,5 +45,5 @@ fi
 echo "---- summary ($(($(date +%s) - t0)) s)"
 for s in "${summary[@]}"; do echo "$s"; done
 grep -hE -A3 "Failure" "$out/tests.log" 2>/dev/null | head -40
-grep -E "^cuda " "$out/tests.log" | head -4
+grep -E "^cuda |^kiln: tuning" "$out/tests.log" | head -6
 grep -vE "^tune M" "$out/bench_model.log" 2>/dev/null | grep -v "^$" | head -80

@@ -5,6 +5,7 @@
 
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
+#include "model/cuda_tune.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
@@ -84,6 +85,7 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg, const Che
   KILN_CHECK(cfg.dtype == DType::bf16, "kiln runs bf16 checkpoints; config.json says ",
              dtype_name(cfg.dtype));
   Qwen3Weights w = load_qwen3_weights(cfg, ckpt, opts.seed, opts.device);
+  if (opts.device.is_cuda()) cuda_autotune_if_needed(cfg);
   return std::unique_ptr<Qwen3Model>(new Qwen3Model(cfg, std::move(w), opts));
 }
 

@@ -1,0 +1,36 @@
+// Startup GEMM autotuning (see cuda_tune.h).
+#include "model/cuda_tune.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef KILN_HAVE_CUDA
+#include "ops/cuda/context.h"
+#include "ops/cuda/gemm.h"
+#endif
+
+namespace kiln {
+
+void cuda_autotune_if_needed(const ModelConfig& cfg) {
+#ifdef KILN_HAVE_CUDA
+  if (const char* e = std::getenv("KILN_AUTOTUNE"); e && std::strcmp(e, "0") == 0) return;
+  cuda::GemmEngine& eng = cuda::gemm_engine();
+  const cuda::GemmShape probe{1, cfg.q_size() + 2 * cfg.kv_size(), cfg.hidden_size, cuda::GemmOut::bf16};
+  if (eng.tactics().count(probe)) return;
+  const std::string path = cuda::default_tactic_cache_path();
+  std::fprintf(stderr, "kiln: tuning cuBLASLt GEMM tactics for this GPU and model shape (once; cache %s)\n",
+               path.c_str());
+  eng.tune(cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
+                                   cfg.vocab_size, 512, 1));
+  try {
+    eng.save(path);
+  } catch (const std::exception& ex) {  // a read-only home still runs, just re-tunes next start
+    std::fprintf(stderr, "kiln: could not save the tactic cache: %s\n", ex.what());
+  }
+#else
+  (void)cfg;
+#endif
+}
+
+}  // namespace kiln
