@@ -245,3 +245,17 @@ TEST_F(CliGenerate, BadInputIsOneClearLine) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("usage"), std::string::npos) << r.err;
 }
+
+TEST_F(CliGenerate, CacheLayoutAndPageSizeDoNotChangeTheOutput) {
+  const std::vector<std::string> base = {"--prompt-ids", "100,200,300,400", "--max-tokens", "4"};
+  const json a = generate_json(base);
+  std::vector<std::string> other = base;
+  other.insert(other.end(), {"--kv-layout", "hnd", "--page-size", "1"});
+  const json b = generate_json(other);
+  EXPECT_EQ(a["ids"], b["ids"]);
+  EXPECT_EQ(a["logprobs"], b["logprobs"]);  // bitwise: the CPU path is layout- and page-invariant
+  std::vector<std::string> fp8 = base;
+  fp8.insert(fp8.end(), {"--kv-dtype", "fp8_e4m3"});
+  const json c = generate_json(fp8);
+  EXPECT_EQ(c["ids"].size(), 4u);
+}
