@@ -100,10 +100,13 @@ enum class AttnPrepPath : uint8_t {
 enum class AttnPrepKernel : uint8_t { decode, prefill, prefill_streaming };
 const char* attn_prep_path_name(AttnPrepPath p);
 
-// Validates, then runs: the CPU reference for CPU tensors; on CUDA the fused kernel when its guards hold
-// (head_dim 64 | 128 | 256, rotary_dim % 16 == 0, 16-byte aligned rows/heads/cache rows), else the unfused
-// path. Returns the path taken. Safe to call inside CUDA graph capture (no allocation, no sync) when the
-// fused path is taken.
+// Validates, then runs: the CPU reference for CPU tensors; on CUDA a fused kernel when the fused guards hold
+// (head_dim 64 | 128 | 256, rotary_dim % 16 == 0, 16-byte aligned QKV rows / Q rows and heads / cache rows,
+// num_slots < 2^31): T <= 128 the decode kernel, T <= 1024 the streaming kernel (when Hq + 2*Hkv <= 4 * 256 /
+// (D / 8)), else the prefill kernel; otherwise the unfused path. Returns the path taken. Capturable in a CUDA
+// graph (no allocation, no sync on the fused path; the unfused path allocates stream-ordered). The first
+// launch of each prefill/streaming instantiation makes one-time occupancy queries (and raises the streaming
+// kernel's shared-memory limit): make one eager call before capturing prefill-sized graphs.
 AttnPrepPath attn_prep(const AttnPrepArgs& args);
 // The guard alone: the path attn_prep would take for these args (they must validate).
 AttnPrepPath attn_prep_select(const AttnPrepArgs& args);
@@ -111,9 +114,9 @@ AttnPrepPath attn_prep_select(const AttnPrepArgs& args);
 // CPU reference (CPU tensors only): the oracle, a direct transcription of the contract above.
 void attn_prep_reference(const AttnPrepArgs& args);
 
-// CUDA, one kernel per step: (1) Q RMSNorm into the Q destination, (2) K RMSNorm into a scratch buffer
-// (cudaMallocAsync on `stream`, freed stream-ordered), (3) RoPE of Q in place, (4) RoPE of the K scratch,
-// (5) K and V written into the cache. Any head_dim (even rotary_dim), any alignment. The fallback path.
+// CUDA, one kernel per step (4 launches): (1) Q RMSNorm into the Q destination, (2) K RMSNorm into a
+// scratch buffer (cudaMallocAsync on `stream`, freed stream-ordered), (3) RoPE of Q and of the K scratch in
+// place, (4) K and V written into the cache. Any head_dim the contract allows, any alignment. The fallback.
 void attn_prep_unfused(const AttnPrepArgs& args);
 // CUDA fused, forced kernel (tests, benchmarks); raises if that kernel's guards do not hold.
 void attn_prep_fused(const AttnPrepArgs& args, AttnPrepKernel kernel);
