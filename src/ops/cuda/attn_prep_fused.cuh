@@ -1,9 +1,9 @@
 // Fused attention preparation (ops/attn_prep.h): RMSNorm + RoPE/M-RoPE of Q and K, Q out, K and V into the
 // paged cache, one launch. Included by one .cu per head_dim (attn_prep_fused_d{64,128,256}.cu).
 //
-// Mapping (both variants): a "group" of G = D / 8 consecutive lanes owns one (token, head); lane c of the
-// group owns elements [8c, 8c + 8) and moves them with one 16-byte load / store. The group's lanes are the
-// canonical reduction's lanes 0..G-1 (lanes G..31 of the contract hold +0, so their butterfly steps are
+// Mapping (all three kernels): a "group" of G = D / 8 consecutive lanes owns one (token, head); lane c of
+// the group owns elements [8c, 8c + 8) and moves them with one 16-byte load / store. The group's lanes are
+// the canonical reduction's lanes 0..G-1 (lanes G..31 of the contract hold +0, so their butterfly steps are
 // exact no-ops): the sum of squares is a butterfly G/2 .. 1 inside the group. The NeoX partner chunk of
 // lane c < R/16 is lane c + R/16 (and back), exchanged as packed act bits with 4 shuffles. The 64-element
 // FP8 blocks are 8 consecutive lanes (max by xor 4, 2, 1). Heads: [0, Hq) Q, [Hq, Hq + Hkv) K,
@@ -12,12 +12,16 @@
 // values (its chunk's angles), shared by every head of the token (TokenCtx).
 //   decode (small batch, T <= 128): grid (ceil(H / groups per block), T), block 128, one head per group:
 //     every load is issued at the start (latency: qkv, slot, position -> cos/sin).
-//   prefill (bandwidth): grid min(T, resident blocks), block 256; a block walks tokens, its groups walk the
-//     token's heads (U = 4 per group). Norm weights are loaded once per thread, cos/sin once per token.
-//     Streaming form (H <= 4 * groups per block, e.g. 32/8 at D128): a two-stage cp.async pipeline in
-//     shared memory: while token i is processed, token i+1's qkv chunks and cos/sin are in flight and
-//     token i+2's position and slot are being loaded. Each thread reads back only the shared memory its
-//     own cp.async wrote, so no block barrier is needed. Otherwise: the same loop with register loads.
+//   prefill (bandwidth, T > 1024): grid min(T, resident blocks), block 256; a block walks tokens, its
+//     groups walk the token's heads (U = 4 at a time, all four 16-byte loads in flight) and prefetch the
+//     next token's rows into L2. Norm weights are loaded once per thread, cos/sin once per token.
+//   streaming (129..1024 tokens, H <= 4 * groups per block, e.g. 32/8 at D128): the same token loop as a
+//     4-stage cp.async pipeline in shared memory: while token i is processed, tokens i+1..i+3 (qkv chunks,
+//     cos/sin, slot) are in flight. qkv chunks are per thread; group 0 stages the token's cos/sin and
+//     thread 0 its slot for the whole block, published by one __syncthreads per token. Two Q heads of a
+//     group are processed together (process_q2) for instruction-level parallelism.
+// Every kernel waits for the previous kernel (griddepcontrol.wait) before its first load when launched with
+// PDL, and is a plain launch otherwise.
 #pragma once
 
 #include "ops/cuda/attn_prep_common.cuh"
