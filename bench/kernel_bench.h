@@ -4,6 +4,15 @@
 // small launches timed as CUDA-graph replays, plus "amortized": 16 launches in one graph / 16.
 // Every row is printed with its bytes moved and the fraction of the device-to-device copy bandwidth
 // measured in the same run.
+//
+// Adding a benchmark is one file in bench/ (globbed; an OBJECT library, so its registration is linked in):
+//   static void run_gemm(const kiln::bench::Env& env, std::vector<kiln::bench::Row>& rows) {
+//     ... allocate >= 4 input sets; Row r{"gemm", "cublaslt", "M=16 N=4096 K=4096"}; r.bytes = ...;
+//     r.us = kiln::bench::time_cold_us(env, [&](int i) { launch(sets[i % sets.size()], env.stream); });
+//     rows.push_back(r);
+//   }
+//   KILN_KERNEL_BENCH("gemm", "cuBLASLt GEMMs of the Qwen3-4B shapes", run_gemm);
+// and `kiln bench kernels --filter gemm` runs it (bench/attn_prep_bench.cpp is a complete example).
 #pragma once
 
 #include <cuda_runtime_api.h>
