@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# kiln serve driven by the official `openai` npm client (node): chat (streaming and not), completions,
+# logprobs, stop strings, error classes, and /v1/embeddings on the embedding fixture.
+# Usage: test_openai.sh KILN FIXTURES_DIR SRC_DIR
+KILN=$1
+FIXTURES=$2
+SRC=$3
+source "$(dirname "$0")/lib.sh"
+command -v node >/dev/null || skip "node is not installed (scripts/bootstrap.sh installs it)"
+export NODE_PATH="$SRC/.deps/npm/node_modules"
+[[ -d "$NODE_PATH/openai" ]] || skip "the openai npm package is missing from .deps/npm (run scripts/bootstrap.sh)"
+
+start_server openai_embed --model "$FIXTURES/embed" --served-model-name embed --max-total-tokens 2048
+EMB_BASE=$BASE
+EMB_PID=$SERVER_PID
+EMB_LOG=$SERVER_LOG
+start_server openai --model "$FIXTURES/demo" --served-model-name demo --api-key sk-e2e --max-total-tokens 4096
+node "$(dirname "$0")/test_openai.cjs" "$BASE" "$EMB_BASE" sk-e2e || fail "openai client checks"
+stop_server
+SERVER_PID=$EMB_PID
+SERVER_LOG=$EMB_LOG
+stop_server
+echo "PASS test_openai"
