@@ -150,5 +150,34 @@ stop_server
 wait "$CURL_PID" || true
 grep -q '"finish_reason":"length"' "$T/drain.sse" || fail "the in-flight stream did not finish during the drain"
 tail -c 16 "$T/drain.sse" | grep -q '\[DONE\]' || fail "drained stream lacks [DONE]"
-grep -q 'completed' "$SERVER_LOG"
-echo "PASS test_curl ($(grep 'stopped. accepted' "$SERVER_LOG" | sed 's/^kiln serve: //'))"
+SUMMARY1=$(grep 'stopped. accepted' "$SERVER_LOG" | sed 's/^kiln serve: //')
+
+echo "== queue limit -> 503 with Retry-After; a second SIGTERM aborts in-flight requests"
+start_server queue --model "$FIXTURES/demo" --max-total-tokens 2048 --max-running-requests 1 --max-queue 1
+for k in 1 2 3 4 5 6; do
+  curl -sN -D "$T/q$k.headers" -o "$T/q$k.body" "${JSON[@]}" "$BASE/v1/completions" \
+    -d '{"prompt":"Count:","max_tokens":300,"ignore_eos":true,"stream":true}' &
+done
+for _ in $(seq 1 100); do
+  (($(grep -l '^HTTP/1.1 ' "$T"/q?.headers 2>/dev/null | wc -l) == 6)) && break
+  sleep 0.05
+done
+BUSY=$(grep -l '^HTTP/1.1 503' "$T"/q?.headers | wc -l)
+((BUSY >= 4)) || fail "expected at least 4 of 6 requests refused with 503 (1 running + 1 queued), got $BUSY"
+for h in $(grep -l '^HTTP/1.1 503' "$T"/q?.headers); do
+  grep -qi '^Retry-After: 1' "$h" || fail "503 without Retry-After"
+  $CHECK error "${h%.headers}.body" <(echo 503) 503 || fail "503 body shape"
+done
+kill -TERM "$SERVER_PID"
+sleep 0.5
+kill -TERM "$SERVER_PID"
+rc=0
+wait "$SERVER_PID" || rc=$?
+SERVER_PID=""
+wait
+[[ $rc -eq 0 ]] || fail "server exited with $rc after two signals"
+grep -q 'aborting' "$SERVER_LOG" || fail "the second signal did not abort"
+SUMMARY2=$(grep 'stopped. accepted' "$SERVER_LOG" | sed 's/^kiln serve: //')
+[[ "$SUMMARY2" == *"completed 0, error 0, aborted $((6 - BUSY))"* && "$SUMMARY2" == *"busy $BUSY"* ]] ||
+  fail "accounting after abort: $SUMMARY2"
+echo "PASS test_curl ($SUMMARY1 | queue test: $SUMMARY2)"
