@@ -49,6 +49,9 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
              opts.page_size);
   KILN_CHECK(opts.max_queued_requests >= 1, "max_queued_requests must be >= 1");
   I.opts = opts;
+  KILN_CHECK(opts.sampling_backend == "auto" || opts.sampling_backend == "cpu", "bad sampling backend '",
+             opts.sampling_backend, "': expected auto or cpu");
+  I.device_sampling = opts.sampling_backend == "auto";
   I.runner = std::move(runner);
   int64_t tokens = opts.max_total_tokens;
   if (tokens <= 0) {

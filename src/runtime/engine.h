@@ -134,6 +134,10 @@ struct EngineOptions {
   double admission_reserve = 0.7;
   std::vector<int> cuda_graph_buckets;  // empty = defaults (1, 2, 4, 8, ... 128); CUDA helper's seam
   bool disable_cuda_graph = false;
+  // "auto": sample on the model's device when its runner can (CUDA: only the tokens come back; min_p
+  // and hidden-state requests fall back to the host); "cpu": always copy logits and sample on the host.
+  // The two draw from different random streams: seeded outputs are reproducible within one choice.
+  std::string sampling_backend = "auto";
   uint64_t seed = 0;  // base for requests without a seed
 };
 

@@ -31,6 +31,7 @@ struct Incoming {
 struct Live {
   Request req;
   std::function<void(const TokenEvent&)> on_event;
+  uint64_t seed = 0;                 // the request's seed, or one derived from the engine seed and the id
   std::unique_ptr<Sampler> sampler;  // the request's own generator: draws do not depend on batching
   Clock::time_point t_submit, t_first, t_last;
   int prompt_tokens = 0;
@@ -49,6 +50,7 @@ struct Engine::Impl {
   std::unique_ptr<Scheduler> sched;
   int64_t context_limit = 0;  // min(max_context_len, pool capacity)
   int64_t max_context = 0;
+  bool device_sampling = true;  // try ModelRunner::forward_sampled first
 
   // Shared with other threads, under mu.
   mutable std::mutex mu;

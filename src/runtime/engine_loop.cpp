@@ -72,8 +72,9 @@ void Engine::Impl::accept(Incoming x) {
   L.on_event = std::move(x.on_event);
   L.t_submit = x.t_submit;
   L.prompt_tokens = int(L.req.prompt.size());
-  L.sampler = std::make_unique<Sampler>(L.req.sampling, opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull),
-                                        /*always_logprob=*/false);
+  L.seed =
+      L.req.sampling.seed >= 0 ? uint64_t(L.req.sampling.seed) : opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull);
+  L.sampler = std::make_unique<Sampler>(L.req.sampling, L.seed, /*always_logprob=*/false);
   auto seq = std::make_unique<Sequence>();
   seq->id = x.id;
   seq->tokens = L.req.prompt;
@@ -104,19 +105,58 @@ void Engine::Impl::step() {
       counters.cached_tokens_total += L.cached_tokens;
     }
   }
-  bool need_logits = false, need_hidden = false;
+  bool need_logits = false, need_hidden = false, device_ok = device_sampling;
+  int top_n = 0;
   for (int32_t r : plan.sample_rows) {
     const Live& L = live.at(plan.rows[size_t(r)].seq->id);
     need_logits |= !L.req.embedding;
     need_hidden |= L.req.embedding || L.req.return_hidden;
+    device_ok &= L.req.sampling.min_p <= 0.0f;
+    top_n = std::max(top_n, L.req.sampling.top_logprobs);
   }
+  device_ok &= need_logits && !need_hidden;
   BatchDesc& batch = plan.batch;
   const int32_t bucket = runner->graph_bucket(batch);
   if (bucket > batch.num_seqs()) pad_batch(batch, bucket);
+  const size_t K = plan.sample_rows.size();
+  // Whether row k draws a token this step (not for embeddings, nor past max_new_tokens / max_len).
+  auto wants_token = [&](size_t k) {
+    const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
+    const Live& L = live.at(s.id);
+    return !L.req.embedding && L.completion < L.req.sampling.max_new_tokens &&
+           int32_t(s.tokens.size()) < s.max_len;
+  };
   std::vector<float> logits, hidden;
+  std::vector<int32_t> sampled(K, -1);
+  std::vector<Draw> draws(K);
+  bool sampled_on_device = false;
   try {
     batch.validate(V, pool->num_pages());
-    runner->forward(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr);
+    if (device_ok) {
+      std::vector<ModelRunner::RowSampling> rs(K);
+      for (size_t k = 0; k < K; ++k) {
+        const Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
+        rs[k] = {L.req.sampling.temperature, L.req.sampling.top_k, L.req.sampling.top_p, L.seed,
+                 uint64_t(L.completion)};
+      }
+      std::vector<ModelRunner::SampledRow> out;
+      sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out);
+      if (sampled_on_device) {
+        KILN_CHECK_EQ(out.size(), K, "device sampling returned the wrong number of rows");
+        for (size_t k = 0; k < K; ++k) {
+          if (!wants_token(k)) continue;
+          KILN_CHECK(out[k].token >= 0 && out[k].token < V, "device sampling returned token ", out[k].token);
+          sampled[k] = out[k].token;
+          draws[k].token = out[k].token;
+          draws[k].logprob = out[k].logprob;
+          const int n = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id).req.sampling.top_logprobs;
+          draws[k].top.assign(out[k].top.begin(),
+                              out[k].top.begin() + std::min<ptrdiff_t>(n, ptrdiff_t(out[k].top.size())));
+        }
+      }
+    }
+    if (!sampled_on_device)
+      runner->forward(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr);
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
     std::vector<RequestId> ids;
@@ -124,21 +164,17 @@ void Engine::Impl::step() {
     for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
     return;
   }
-  const size_t K = plan.sample_rows.size();
-  std::vector<int32_t> sampled(K, -1);
-  std::vector<Draw> draws(K);
-  // Each row draws with its own request's generator, so rows can go in parallel without changing results.
-  ops::cpu::parallel_for(int64_t(K), K >= 8 ? 4 : int64_t(K) + 1, [&](int64_t k0, int64_t k1) {
-    for (size_t k = size_t(k0); k < size_t(k1); ++k) {
-      const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
-      Live& L = live.at(s.id);
-      if (L.req.embedding || L.completion >= L.req.sampling.max_new_tokens ||
-          int32_t(s.tokens.size()) >= s.max_len)
-        continue;
-      draws[k] = L.sampler->sample(std::span<const float>(logits.data() + k * size_t(V), size_t(V)));
-      sampled[k] = draws[k].token;
-    }
-  });
+  if (!sampled_on_device) {
+    // Each row draws with its own request's generator, so rows can go in parallel without changing results.
+    ops::cpu::parallel_for(int64_t(K), K >= 8 ? 4 : int64_t(K) + 1, [&](int64_t k0, int64_t k1) {
+      for (size_t k = size_t(k0); k < size_t(k1); ++k) {
+        if (!wants_token(k)) continue;
+        Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
+        draws[k] = L.sampler->sample(std::span<const float>(logits.data() + k * size_t(V), size_t(V)));
+        sampled[k] = draws[k].token;
+      }
+    });
+  }
   sched->finalize(plan, sampled);
 
   const Clock::time_point now = Clock::now();

@@ -1,6 +1,9 @@
 #include "runtime/fake_runner.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
 
 #include "kiln/error.h"
 #include "runtime/kv_pool.h"
@@ -125,6 +128,42 @@ void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std
   KILN_CHECK_EQ(next_logit, batch.logit_rows.size(), "FakeRunner: logit rows outside any sequence");
   if (has_decode && has_prefill) saw_mixed_step = true;
   max_seqs_seen = std::max<int64_t>(max_seqs_seen, real_seqs);
+}
+
+bool FakeRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                                 std::vector<SampledRow>* out) {
+  if (!device_sampling) return false;
+  KILN_CHECK_EQ(rows.size(), batch.logit_rows.size(), "one RowSampling per logit row");
+  std::vector<float> logits;
+  forward(batch, &logits, nullptr);
+  ++sampled_steps;
+  const size_t V = size_t(config_.vocab_size);
+  out->assign(rows.size(), SampledRow{});
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const float* x = logits.data() + r * V;
+    const RowSampling& p = rows[r];
+    std::vector<int32_t> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+    double lse = 0.0;
+    for (size_t v = 0; v < V; ++v) lse += std::exp(double(x[v] - x[order[0]]));
+    lse = std::log(lse) + double(x[order[0]]);
+    SampledRow& o = (*out)[r];
+    if (p.temperature <= 0.0f) {
+      o.token = order[0];
+    } else {
+      const size_t keep = p.top_k > 0 ? std::min(V, size_t(p.top_k)) : V;
+      std::vector<double> w(keep);
+      for (size_t i = 0; i < keep; ++i)
+        w[i] = std::exp(double(x[order[i]] - x[order[0]]) / double(p.temperature));
+      std::mt19937_64 rng(p.seed * 0x9E3779B97F4A7C15ull + p.step);
+      o.token = order[std::discrete_distribution<size_t>(w.begin(), w.end())(rng)];
+    }
+    o.logprob = float(double(x[o.token]) - lse);
+    for (int i = 0; i < top_n && size_t(i) < V; ++i)
+      o.top.push_back({order[size_t(i)], float(double(x[order[size_t(i)]]) - lse)});
+  }
+  return true;
 }
 
 }  // namespace kiln

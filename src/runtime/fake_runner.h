@@ -27,6 +27,10 @@ class FakeRunner : public ModelRunner {
   void allocate_kv(int32_t num_pages, int32_t page_size) override;
   int32_t graph_bucket(const BatchDesc& batch) const override;
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
+  // With device_sampling set, stands in for a device sampler: greedy argmax, or a draw from
+  // softmax(logits / T) over the top-k with a generator seeded by (seed, step) only. Counts its calls.
+  bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                       std::vector<SampledRow>* out) override;
 
   // The greedy argmax token after `context`. Logits peak there, by a margin of at least 1.
   int32_t next_token(const int32_t* context, int64_t n) const;
@@ -40,6 +44,8 @@ class FakeRunner : public ModelRunner {
   std::vector<int32_t> graph_buckets;  // pad all-decode batches up to these (empty: never pad)
   int64_t fail_at_step = -1;           // forward() throws on this step number
   std::vector<int32_t> step_tokens;    // tokens per step
+  bool device_sampling = false;        // forward_sampled() works (else it declines)
+  int64_t sampled_steps = 0;           // steps served by forward_sampled()
 
  private:
   ModelConfig config_;

@@ -9,6 +9,7 @@
 #include "kiln/batch.h"
 #include "kiln/config.h"
 #include "kiln/tensor.h"
+#include "runtime/engine.h"
 
 namespace kiln {
 
@@ -30,6 +31,28 @@ class ModelRunner {
   // [vocab] f32 into *logits (when non-null) and the final-norm hidden state [hidden] f32 into *hidden
   // (when non-null). Both are resized by the callee. Throws kiln::Error on failure.
   virtual void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) = 0;
+
+  // Device-side sampling seam. Per logit row: the parameters of its draw (step = the request's output
+  // token index, so a seeded request draws the same tokens whatever it is batched with).
+  struct RowSampling {
+    float temperature = 0.0f;  // <= 0: greedy (lowest id among the maximal logits)
+    int32_t top_k = 0;         // <= 0: off
+    float top_p = 1.0f;
+    uint64_t seed = 0;
+    uint64_t step = 0;
+  };
+  struct SampledRow {
+    int32_t token = -1;
+    float logprob = 0.0f;           // raw log-softmax of the chosen token
+    std::vector<TokenLogprob> top;  // top_n alternatives, when asked
+  };
+  // Runs the step and samples every logit row on the device, leaving only the tokens to copy back.
+  // Returns false, having run nothing, when this runner cannot (the engine then calls forward() and
+  // samples on the host).
+  virtual bool forward_sampled(const BatchDesc& /*batch*/, const std::vector<RowSampling>& /*rows*/,
+                               int /*top_n*/, std::vector<SampledRow>* /*out*/) {
+    return false;
+  }
 };
 
 // Appends padding sequences until the batch has num_seqs of them: one token each (id 0, position 0,

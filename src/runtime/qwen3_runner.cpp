@@ -1,11 +1,15 @@
 #include "runtime/qwen3_runner.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kiln/error.h"
 
 #ifdef KILN_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "ops/cuda/sampling.h"
+#include "ops/stream.h"
 #endif
 
 namespace kiln {
@@ -79,6 +83,67 @@ void Qwen3Runner::forward(const BatchDesc& batch, std::vector<float>* logits, st
       copy_bytes(logits->data(), Device::cpu(), out.data, device(), size_t(R * V) * sizeof(float));
     }
   }
+}
+
+bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                                  std::vector<SampledRow>* out) {
+#ifdef KILN_HAVE_CUDA
+  if (!device().is_cuda()) return false;
+  KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
+  const int64_t R = int64_t(batch.logit_rows.size());
+  const int64_t V = config().vocab_size;
+  KILN_CHECK_EQ(int64_t(rows.size()), R, "one RowSampling per logit row");
+  KILN_CHECK(top_n >= 0 && top_n <= cuda::kMaxTopN, "top_n ", top_n, " out of range");
+  Tensor logits = device_rows(logits_buf_, R, V);
+  model_->forward(batch, *cache_, logits);
+  out->assign(size_t(R), SampledRow{});
+  if (R == 0) return true;
+  std::vector<cuda::SampleParams> hp(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const RowSampling& s = rows[size_t(r)];
+    hp[size_t(r)] = {s.temperature, s.top_k, s.top_p, s.seed, s.step};
+  }
+  const size_t params_bytes = size_t(R) * sizeof(cuda::SampleParams);
+  // tokens [R] i32, logprobs [R] f32, top ids [R, top_n] i32, top logprobs [R, top_n] f32
+  const size_t out_bytes = size_t(R) * (2 + 2 * size_t(top_n)) * 4;
+  if (sample_params_buf_.bytes() < params_bytes) sample_params_buf_ = Buffer(params_bytes * 2, device());
+  if (sample_out_buf_.bytes() < out_bytes) sample_out_buf_ = Buffer(out_bytes * 2, device());
+  auto* stream = static_cast<cudaStream_t>(ops::current_stream());
+  KILN_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "CUDA error before sampling");
+  copy_bytes(sample_params_buf_.data(), device(), hp.data(), Device::cpu(), params_bytes);
+  char* base = static_cast<char*>(sample_out_buf_.data());
+  auto* tokens = reinterpret_cast<int32_t*>(base);
+  auto* logprobs = reinterpret_cast<float*>(base + size_t(R) * 4);
+  auto* top_ids = reinterpret_cast<int32_t*>(base + size_t(R) * 8);
+  auto* top_lp = reinterpret_cast<float*>(base + size_t(R) * (8 + 4 * size_t(top_n)));
+  cuda::sample(logits.ptr<float>(), V, R, V,
+               static_cast<const cuda::SampleParams*>(sample_params_buf_.data()), tokens, logprobs, top_n,
+               top_n > 0 ? top_ids : nullptr, top_n > 0 ? top_lp : nullptr, stream);
+  KILN_CHECK(cudaStreamSynchronize(stream) == cudaSuccess,
+             "CUDA sampling failed: ", cudaGetErrorString(cudaGetLastError()));
+  std::vector<char> host(out_bytes);
+  copy_bytes(host.data(), Device::cpu(), base, device(), out_bytes);
+  for (int64_t r = 0; r < R; ++r) {
+    SampledRow& o = (*out)[size_t(r)];
+    std::memcpy(&o.token, host.data() + size_t(r) * 4, 4);
+    std::memcpy(&o.logprob, host.data() + size_t(R) * 4 + size_t(r) * 4, 4);
+    for (int i = 0; i < top_n; ++i) {
+      TokenLogprob t;
+      std::memcpy(&t.id, host.data() + size_t(R) * 8 + (size_t(r) * size_t(top_n) + size_t(i)) * 4, 4);
+      std::memcpy(
+          &t.logprob,
+          host.data() + size_t(R) * (8 + 4 * size_t(top_n)) + (size_t(r) * size_t(top_n) + size_t(i)) * 4, 4);
+      o.top.push_back(t);
+    }
+  }
+  return true;
+#else
+  (void)batch;
+  (void)rows;
+  (void)top_n;
+  (void)out;
+  return false;
+#endif
 }
 
 std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts) {

@@ -22,6 +22,9 @@ class Qwen3Runner : public ModelRunner {
   int64_t kv_memory_budget(double mem_fraction) const override;
   void allocate_kv(int32_t num_pages, int32_t page_size) override;
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
+  // CUDA: logits stay on the device; kiln::cuda::sample draws every row there. CPU: declines.
+  bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                       std::vector<SampledRow>* out) override;
 
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }
@@ -34,6 +37,7 @@ class Qwen3Runner : public ModelRunner {
   ops::KvLayout layout_;
   DType kv_dtype_;
   Buffer logits_buf_, hidden_buf_;
+  Buffer sample_params_buf_, sample_out_buf_;  // device: SampleParams [R]; tokens, logprobs, top ids/logprobs
 };
 
 // Parses the string options (device, load format, KV layout and dtype) and loads the model.

@@ -145,6 +145,84 @@ TEST(Engine, ConcurrentGreedyOutputsEqualEachRequestAlone) {
   }
 }
 
+TEST(Engine, DeviceSamplingPathGivesTheSameGreedyOutputs) {
+  auto model = std::make_unique<FakeRunner>(64);
+  FakeRunner* m = model.get();
+  m->device_sampling = true;
+  Engine engine(std::move(model), small_opts(4096));
+  Sink sink;
+  std::vector<std::pair<RequestId, Request>> reqs;
+  for (int i = 0; i < 12; ++i) {
+    Request r = greedy(prompt_of(3 + i * 4, i), 5 + i);
+    if (i == 3) {
+      r.sampling.return_logprob = true;
+      r.sampling.top_logprobs = 2;
+    }
+    reqs.emplace_back(engine.submit(r, sink.cb()), r);
+  }
+  sink.wait_finished(12);
+  for (auto& [id, r] : reqs)
+    EXPECT_EQ(sink.tokens(id), FakeRunner(64).reference(r.prompt, r.sampling.max_new_tokens, false));
+  {
+    std::lock_guard<std::mutex> lk(sink.mu);
+    const TokenEvent& e = sink.events[reqs[3].first].front();
+    ASSERT_EQ(e.logprobs.size(), 1u);
+    ASSERT_EQ(e.top_logprobs.size(), 1u);
+    ASSERT_EQ(e.top_logprobs[0].size(), 2u);
+    EXPECT_EQ(e.top_logprobs[0][0].id, e.ids[0]);
+    EXPECT_FLOAT_EQ(e.top_logprobs[0][0].logprob, e.logprobs[0]);
+  }
+  engine.shutdown(true);
+  EXPECT_EQ(m->sampled_steps, m->steps);  // every step sampled on the "device"
+}
+
+TEST(Engine, DeviceSamplingFallsBackForMinPAndIsOffWithTheCpuBackend) {
+  for (const char* backend : {"auto", "cpu"}) {
+    auto model = std::make_unique<FakeRunner>(64);
+    FakeRunner* m = model.get();
+    m->device_sampling = true;
+    EngineOptions o = small_opts(4096);
+    o.sampling_backend = backend;
+    Engine engine(std::move(model), o);
+    Sink sink;
+    Request r = greedy(prompt_of(7, 1), 6);
+    r.sampling.min_p = 0.05f;  // the device sampler has no min-p
+    const RequestId a = engine.submit(r, sink.cb());
+    sink.wait_finished(1);
+    EXPECT_EQ(sink.tokens(a), FakeRunner(64).reference(r.prompt, 6, false));
+    EXPECT_EQ(m->sampled_steps, 0);
+    const RequestId b = engine.submit(greedy(prompt_of(7, 2), 4), sink.cb());
+    sink.wait_finished(2);
+    EXPECT_EQ(sink.tokens(b), FakeRunner(64).reference(prompt_of(7, 2), 4, false));
+    engine.shutdown(true);
+    EXPECT_EQ(m->sampled_steps, std::string(backend) == "auto" ? 4 : 0) << backend;
+  }
+  EngineOptions bad = small_opts(4096);
+  bad.sampling_backend = "tpu";
+  EXPECT_THROW(Engine(std::make_unique<FakeRunner>(64), bad), Error);
+}
+
+TEST(Engine, SeededDeviceSamplingIsIndependentOfBatching) {
+  Request r;
+  r.prompt = prompt_of(12, 4);
+  r.sampling.temperature = 1.5f;
+  r.sampling.seed = 99;
+  r.sampling.max_new_tokens = 30;
+  auto run = [&](int others) {
+    auto model = std::make_unique<FakeRunner>(64);
+    model->device_sampling = true;
+    Engine engine(std::move(model), small_opts(4096));
+    Sink sink;
+    for (int i = 0; i < others; ++i) engine.submit(greedy(prompt_of(30, i), 20), sink.cb());
+    const RequestId id = engine.submit(r, sink.cb());
+    sink.wait_finished(others + 1);
+    return sink.tokens(id);
+  };
+  const auto alone = run(0);
+  EXPECT_EQ(run(5), alone);
+  EXPECT_NE(alone, FakeRunner(64).reference(r.prompt, 30, false));
+}
+
 TEST(Engine, StopTokenIdsAndEos) {
   const int32_t eos = 7;
   const FakeRunner ref(64, 8, eos);
