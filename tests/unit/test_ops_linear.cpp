@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "ops/cpu/reference.h"
 #include "ops/linear.h"
 
 using namespace kiln;
@@ -117,4 +118,18 @@ TEST(OpsLmHead, GathersRowsRoundsToBf16) {
   EXPECT_THROW(ops::lm_head(Tensor(x.data(), DType::bf16, {T, H}), Tensor(rows.data(), DType::i32, {2}),
                             Tensor(w.data(), DType::bf16, {V, H}), Tensor(logits.data(), DType::f32, {2, V})),
                Error);
+}
+
+TEST(OpsLinear, Avx2AndBaselineKernelsAgreeBitwise) {
+  if (!ops::cpu::linear_uses_avx2()) GTEST_SKIP() << "this CPU has no AVX2: only the baseline kernel runs";
+  const int64_t M = 5, N = 77, K = 203;
+  auto x = random_bf16(M * K, 31), w = random_bf16(N * K, 32);
+  std::vector<bf16_t> a(M * N), b(M * N);
+  ops::linear(Tensor(x.data(), DType::bf16, {M, K}), Tensor(w.data(), DType::bf16, {N, K}),
+              Tensor(a.data(), DType::bf16, {M, N}));
+  ops::cpu::linear_force_baseline(true);
+  ops::linear(Tensor(x.data(), DType::bf16, {M, K}), Tensor(w.data(), DType::bf16, {N, K}),
+              Tensor(b.data(), DType::bf16, {M, N}));
+  ops::cpu::linear_force_baseline(false);
+  for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(a[i].bits, b[i].bits) << i;
 }

@@ -3,6 +3,7 @@
 // never depends on the tiling, the batch or the thread count. Register tiles of MR x rows by NR weight
 // rows reuse each load; threads split the weight rows.
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <vector>
 
@@ -19,12 +20,12 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
 
-inline v8f load_f32(const float* p) {
+[[gnu::always_inline]] inline v8f load_f32(const float* p) {
   v8f v;
   __builtin_memcpy(&v, p, sizeof v);
   return v;
 }
-inline v8f load_bf16(const bf16_t* p) {
+[[gnu::always_inline]] inline v8f load_bf16(const bf16_t* p) {
   v8u16 h;
   __builtin_memcpy(&h, p, sizeof h);
   const v8u32 u = __builtin_convertvector(h, v8u32) << 16;
@@ -32,14 +33,15 @@ inline v8f load_bf16(const bf16_t* p) {
   __builtin_memcpy(&f, &u, sizeof f);
   return f;
 }
-inline float reduce8(v8f a) {
+[[gnu::always_inline]] inline float reduce8(v8f a) {
   const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
   return (s0 + s2) + (s1 + s3);
 }
 
 // acc[i][j] = dot(x row i, w row j) over K for MR x rows and NR weight rows.
 template <int MR, int NR>
-void dot_tile(const float* x, int64_t ldx, const bf16_t* w, int64_t ldw, int64_t K, float (&acc)[MR][NR]) {
+[[gnu::always_inline]] inline void dot_tile(const float* x, int64_t ldx, const bf16_t* w, int64_t ldw,
+                                            int64_t K, float (&acc)[MR][NR]) {
   v8f a[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) a[i][j] = v8f{};
@@ -60,6 +62,36 @@ void dot_tile(const float* x, int64_t ldx, const bf16_t* w, int64_t ldw, int64_t
     for (int j = 0; j < NR; ++j) acc[i][j] = reduce8(a[i][j]);
 }
 
+// The same kernel compiled for AVX2 (256-bit lanes, one-instruction bf16 widening) and for the x86-64
+// baseline. Both perform the same fp32 operations in the same order (products of bf16 values are exact,
+// so no contraction question arises): the results are bitwise equal, only the speed differs.
+#if defined(__x86_64__)
+template <int MR, int NR>
+[[gnu::target("avx2")]] void dot_tile_avx2(const float* x, int64_t ldx, const bf16_t* w, int64_t ldw,
+                                           int64_t K, float (&acc)[MR][NR]) {
+  dot_tile<MR, NR>(x, ldx, w, ldw, K, acc);
+}
+#endif
+template <int MR, int NR>
+void dot_tile_base(const float* x, int64_t ldx, const bf16_t* w, int64_t ldw, int64_t K,
+                   float (&acc)[MR][NR]) {
+  dot_tile<MR, NR>(x, ldx, w, ldw, K, acc);
+}
+std::atomic<bool> g_force_baseline{false};
+
+template <int MR, int NR>
+void dot_tile_any(const float* x, int64_t ldx, const bf16_t* w, int64_t ldw, int64_t K,
+                  float (&acc)[MR][NR]) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && !g_force_baseline.load(std::memory_order_relaxed)) {
+    dot_tile_avx2<MR, NR>(x, ldx, w, ldw, K, acc);
+    return;
+  }
+#endif
+  dot_tile_base<MR, NR>(x, ldx, w, ldw, K, acc);
+}
+
 // Computes C[m, n] = X[m, :] · W[n, :] for all m < M, n < N and hands each value to store(m, n, v).
 // X: fp32 [M, K] contiguous (row stride K).
 template <typename Store>
@@ -77,13 +109,13 @@ void gemm(const float* X, int64_t M, int64_t K, const bf16_t* W, int64_t ldw, in
         int64_t m = mb;
         for (; m + 2 <= me; m += 2) {
           float acc[2][nr];
-          dot_tile<2, nr>(X + m * K, K, w, ldw, K, acc);
+          dot_tile_any<2, nr>(X + m * K, K, w, ldw, K, acc);
           for (int i = 0; i < 2; ++i)
             for (int j = 0; j < nr; ++j) store(m + i, n + j, acc[i][j]);
         }
         for (; m < me; ++m) {
           float acc[1][nr];
-          dot_tile<1, nr>(X + m * K, K, w, ldw, K, acc);
+          dot_tile_any<1, nr>(X + m * K, K, w, ldw, K, acc);
           for (int j = 0; j < nr; ++j) store(m, n + j, acc[0][j]);
         }
       };
@@ -108,6 +140,17 @@ std::vector<float> widen_rows(const Tensor& x, int64_t R, const RowOf& row_of) {
 }
 
 }  // namespace
+
+bool linear_uses_avx2() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx2") && !g_force_baseline.load();
+#else
+  return false;
+#endif
+}
+void linear_force_baseline(bool on) {
+  g_force_baseline.store(on);
+}
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
   const int64_t M = x.shape[0], K = x.shape[1], N = weight.shape[0];

@@ -13,6 +13,10 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                   const Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
+// linear / lm_head run an AVX2 build of their kernel where the CPU has AVX2, else the x86-64 baseline
+// build; both give bitwise equal results. Tests force the baseline to check that.
+bool linear_uses_avx2();
+void linear_force_baseline(bool on);
 void silu_and_mul(const Tensor& gate_up, const Tensor& out);
 void paged_attention(const PagedAttentionArgs& args);
 
