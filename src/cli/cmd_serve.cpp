@@ -4,7 +4,7 @@
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
 //              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
 //              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--drain-timeout S]
-//              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph] [--seed S]
+//              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph] [--seed S] [--sampling-backend auto|cpu]
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
 // --drain-timeout seconds (default 30), then abort the rest; a second signal aborts at once. Every
 // accepted request ends (completed, error or aborted) and is counted; the totals are printed at exit.
@@ -46,7 +46,8 @@ int run_serve(const kiln::cli::Args& args) {
                             "max-body-bytes",
                             "http-threads",
                             "drain-timeout",
-                            "seed"},
+                            "seed",
+                            "sampling-backend"},
                            {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
@@ -68,6 +69,7 @@ int run_serve(const kiln::cli::Args& args) {
   eo.enable_mixed_batches = !f.flag("disable-mixed-batches");
   eo.disable_cuda_graph = f.flag("disable-cuda-graph");
   eo.seed = uint64_t(f.i64("seed", 0));
+  eo.sampling_backend = f.str("sampling-backend", eo.sampling_backend);  // auto | cpu
 
   kiln::server::ServerOptions so;
   so.host = f.str("host", "127.0.0.1");
