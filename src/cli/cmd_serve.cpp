@@ -4,7 +4,8 @@
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
 //              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
 //              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--drain-timeout S]
-//              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph] [--seed S] [--sampling-backend auto|cpu]
+//              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph] [--seed S]
+//              [--sampling-backend auto|cpu]
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
 // --drain-timeout seconds (default 30), then abort the rest; a second signal aborts at once. Every
 // accepted request ends (completed, error or aborted) and is counted; the totals are printed at exit.
