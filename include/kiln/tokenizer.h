@@ -52,9 +52,8 @@ class Tokenizer {
   // Appends the decoded bytes of one id (no UTF-8 repair) to out; for StreamDecoder.
   void append_token_bytes(int32_t id, bool skip_special_tokens, std::string& out) const;
 
-  struct Impl;
-
  private:
+  struct Impl;  // src/tokenizer/tokenizer_impl.h
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
 };
