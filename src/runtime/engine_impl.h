@@ -65,7 +65,8 @@ struct Engine::Impl {
 
   // Engine thread only.
   std::unordered_map<RequestId, Live> live;
-  EngineStats counters;  // the counter and histogram fields
+  EngineStats counters;                         // the counter and histogram fields
+  std::vector<float> logits_host, hidden_host;  // [logit rows, vocab] / [logit rows, hidden]
 
   void validate(const Request& r) const;
   void loop();

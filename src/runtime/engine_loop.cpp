@@ -126,7 +126,8 @@ void Engine::Impl::step() {
     return !L.req.embedding && L.completion < L.req.sampling.max_new_tokens &&
            int32_t(s.tokens.size()) < s.max_len;
   };
-  std::vector<float> logits, hidden;
+  std::vector<float>& logits = logits_host;  // kept across steps: no reallocation, no page faults
+  std::vector<float>& hidden = hidden_host;
   std::vector<int32_t> sampled(K, -1);
   std::vector<Draw> draws(K);
   bool sampled_on_device = false;
