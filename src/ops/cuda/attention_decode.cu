@@ -53,48 +53,35 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
     for (int j = 0; j < 8; ++j) st.acc[g][j] = 0.0f;
   }
 
-  // U key steps per trip: all page-table reads, then all K/V loads, are issued before any arithmetic, so
-  // one memory latency covers U steps. Keys are still folded into the softmax state in ascending order per
-  // lane. The trip count is uniform across the warp so every lane takes part in the shuffles.
-  constexpr int U = G <= 4 ? 4 : 2;
-  for (int t0 = t_begin + warp * TPW; t0 < t_end; t0 += kWarps * TPW * U) {
-    int64_t kv_off[U], sc_off[U];
-    bool valid[U];
+  // The trip count is uniform across the warp so every lane takes part in the shuffles.
+  for (int t0 = t_begin + warp * TPW; t0 < t_end; t0 += kWarps * TPW) {
+    const int t = t0 + slot;
+    const bool valid = t < t_end;
+    float k[8], v[8];
+    if (valid) {
+      int64_t sc_off;
+      const int64_t off = kv_row_offset(p, b, t, hk, &sc_off);
+      load_kv8<KT>(p.k, p.k_scale, off, sc_off, sub * 8, k);
+      load_kv8<KT>(p.v, p.v_scale, off, sc_off, sub * 8, v);
+    } else {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int t = t0 + u * kWarps * TPW + slot;
-      valid[u] = t < t_end;
-      kv_off[u] = valid[u] ? kv_row_offset(p, b, t, hk, &sc_off[u]) : 0;
-    }
-    float k[U][8], v[U][8];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (valid[u]) {
-        load_kv8<KT>(p.k, p.k_scale, kv_off[u], sc_off[u], sub * 8, k[u]);
-        load_kv8<KT>(p.v, p.v_scale, kv_off[u], sc_off[u], sub * 8, v[u]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) k[u][j] = v[u][j] = 0.0f;
-      }
+      for (int j = 0; j < 8; ++j) k[j] = v[j] = 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int g = 0; g < G; ++g) {
+      float s = 0.0f;
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float s = 0.0f;
+      for (int j = 0; j < 8; ++j) s = fmaf(q[g][j], k[j], s);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) s = fmaf(q[g][j], k[u][j], s);
+      for (int off = LPT / 2; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+      s = valid ? s * p.scale : kNegInf;
+      const float mn = fmaxf(st.m[g], s);
+      if (mn != kNegInf) {
+        const float corr = expf(st.m[g] - mn), pj = expf(s - mn);
+        st.l[g] = st.l[g] * corr + pj;
 #pragma unroll
-        for (int off = LPT / 2; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-        s = valid[u] ? s * p.scale : kNegInf;
-        const float mn = fmaxf(st.m[g], s);
-        if (mn != kNegInf) {
-          const float corr = expf(st.m[g] - mn), pj = expf(s - mn);
-          st.l[g] = st.l[g] * corr + pj;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) st.acc[g][j] = fmaf(pj, v[u][j], st.acc[g][j] * corr);
-          st.m[g] = mn;
-        }
+        for (int j = 0; j < 8; ++j) st.acc[g][j] = fmaf(pj, v[j], st.acc[g][j] * corr);
+        st.m[g] = mn;
       }
     }
   }
