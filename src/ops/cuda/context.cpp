@@ -42,8 +42,12 @@ namespace {
 std::atomic<bool> g_pdl{false};
 }  // namespace
 
-void set_pdl(bool on) { g_pdl = on; }
-bool pdl_enabled() { return g_pdl; }
+void set_pdl(bool on) {
+  g_pdl = on;
+}
+bool pdl_enabled() {
+  return g_pdl;
+}
 
 cudaStream_t current_stream() {
   return g_stream;
