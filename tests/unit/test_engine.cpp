@@ -538,6 +538,27 @@ TEST(TokenDraw, GreedyTopKOneAndFilters) {
   EXPECT_EQ(seen.size(), 2u);
 }
 
+TEST(TokenDraw, GreedyArgmaxOnOddSizesTiesAndNaN) {
+  std::mt19937_64 rng(1);
+  SamplingParams g;
+  g.temperature = 0.0f;
+  for (int n : {1, 7, 8, 9, 17, 1000, 151936}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) x[size_t(i)] = float((i * 37) % 101) * 0.01f;
+    x[size_t(n - 1)] = 5.0f;  // the maximum in the tail that the 8-wide loop leaves over
+    EXPECT_EQ(draw_token(x.data(), n, g, rng).token, n - 1) << n;
+    if (n > 3) {
+      x[2] = 5.0f;  // a tie: the lowest id wins
+      EXPECT_EQ(draw_token(x.data(), n, g, rng).token, 2) << n;
+      x[1] = std::nanf("");  // NaN never wins
+      EXPECT_EQ(draw_token(x.data(), n, g, rng).token, 2) << n;
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> y{-inf, -inf, 1.0f, inf, 3.0f};
+  EXPECT_EQ(draw_token(y.data(), 5, g, rng).token, 3);
+}
+
 TEST(TokenDraw, FrequenciesFollowTheSoftmax) {
   const std::vector<float> logits{0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};  // p = k / 10
   std::mt19937_64 rng(42);
