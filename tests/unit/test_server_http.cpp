@@ -29,7 +29,7 @@ class Harness {
     server = std::make_unique<ApiServer>(engine, codec, o);
     port = server->bind();
     thread = std::thread([this] { server->listen(); });
-    for (int i = 0; i < 200 && !server->running(); ++i) std::this_thread::sleep_for(5ms);
+    for (int i = 0; i < 1000 && !server->running(); ++i) std::this_thread::sleep_for(5ms);
   }
   ~Harness() {
     server->stop();
@@ -45,7 +45,7 @@ class Harness {
   }
   // Waits until the server has no request in flight and the engine none live.
   bool settle() const {
-    for (int i = 0; i < 400; ++i) {
+    for (int i = 0; i < 2000; ++i) {  // 10 s: generous for a loaded CI machine
       if (server->counters().active == 0 && engine.live() == 0) return true;
       std::this_thread::sleep_for(5ms);
     }
