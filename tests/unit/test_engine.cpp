@@ -1,99 +1,24 @@
 // Engine tests on FakeRunner (deterministic logits, paged-context checks on every step): outputs under
-// concurrency, chunking, preemption and graph padding equal each request run alone; every request ends
-// exactly once and is counted; pages come back.
+// concurrency, chunking, preemption, graph padding and device sampling equal each request run alone;
+// every request ends exactly once and is counted; pages come back.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <future>
-#include <map>
-#include <mutex>
 #include <thread>
 
-#include "kiln/safetensors.h"
-#include "model/weights.h"
-#include "runtime/engine.h"
+#include "engine_test_util.h"
 #include "runtime/fake_runner.h"
-#include "runtime/token_draw.h"
-
-#include <filesystem>
-#include <fstream>
 
 namespace kiln {
 namespace {
 
-std::vector<int32_t> prompt_of(int n, int salt) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) v[size_t(i)] = (i * 5 + salt * 11) % 60;
-  return v;
-}
-
-// Collects events per request; waits for finishes.
-struct Sink {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<RequestId, std::vector<TokenEvent>> events;
-  int finished = 0;
-  std::function<void(const TokenEvent&)> cb() {
-    return [this](const TokenEvent& e) {
-      std::lock_guard<std::mutex> lk(mu);
-      events[e.id].push_back(e);
-      if (e.finished) ++finished;
-      cv.notify_all();
-    };
-  }
-  void wait_finished(int n) {
-    std::unique_lock<std::mutex> lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return finished >= n; }))
-        << finished << " of " << n;
-  }
-  std::vector<int32_t> tokens(RequestId id) {
-    std::lock_guard<std::mutex> lk(mu);
-    std::vector<int32_t> out;
-    for (const auto& e : events[id]) out.insert(out.end(), e.ids.begin(), e.ids.end());
-    return out;
-  }
-  TokenEvent last(RequestId id) {
-    std::lock_guard<std::mutex> lk(mu);
-    return events[id].back();
-  }
-  void expect_one_finish_each() {
-    std::lock_guard<std::mutex> lk(mu);
-    for (auto& [id, evs] : events) {
-      int n = 0;
-      for (auto& e : evs) n += e.finished;
-      EXPECT_EQ(n, 1) << "request " << id;
-      EXPECT_TRUE(evs.back().finished) << "request " << id << ": events after the finish";
-    }
-  }
-};
-
-EngineOptions small_opts(int64_t tokens, int page_size = 4, int chunk = 16) {
-  EngineOptions o;
-  o.page_size = page_size;
-  o.max_total_tokens = tokens;
-  o.chunked_prefill_size = chunk;
-  return o;
-}
-
-Request greedy(std::vector<int32_t> prompt, int n) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_new_tokens = n;
-  return r;
-}
-
-void expect_pool_clean(Engine& e) {
-  e.flush_cache();
-  EngineStats s = e.stats();
-  EXPECT_EQ(s.running, 0);
-  EXPECT_EQ(s.waiting, 0);
-  EXPECT_EQ(s.kv_pages_used, 0);
-  EXPECT_EQ(s.kv_pages_cached, 0);
-  EXPECT_EQ(s.kv_pages_free, s.kv_pages_total);
-}
+using test::expect_pool_clean;
+using test::greedy;
+using test::prompt_of;
+using test::Sink;
+using test::small_opts;
 
 TEST(Engine, ConcurrentGreedyOutputsEqualEachRequestAlone) {
   for (int variant = 0; variant < 3; ++variant) {
@@ -511,207 +436,6 @@ TEST(Engine, CachedTokensAreReported) {
   EXPECT_EQ(s.kv_pages_used, 0);
   EXPECT_EQ(s.kv_pages_cached, 6);
   EXPECT_EQ(s.kv_pages_free, s.kv_pages_total - 6);
-}
-
-// ---- draw_token: the CPU token choice.
-
-TEST(TokenDraw, GreedyTopKOneAndFilters) {
-  const std::vector<float> logits{0.5f, 2.0f, 1.0f, 2.0f, -1.0f};  // ties at ids 1 and 3
-  std::mt19937_64 rng(1);
-  SamplingParams g;
-  g.temperature = 0.0f;
-  EXPECT_EQ(draw_token(logits.data(), 5, g, rng).token, 1);  // lowest id on ties
-  SamplingParams k1;
-  k1.top_k = 1;
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(draw_token(logits.data(), 5, k1, rng).token, 1);
-  SamplingParams tp;  // top-p 0.5: the two tied leaders hold ~0.71 together, one alone ~0.36 < 0.5
-  tp.top_p = 0.5f;
-  std::map<int32_t, int> seen;
-  for (int i = 0; i < 400; ++i) ++seen[draw_token(logits.data(), 5, tp, rng).token];
-  EXPECT_EQ(seen.size(), 2u);
-  EXPECT_GT(seen[1], 120);
-  EXPECT_GT(seen[3], 120);
-  SamplingParams mp;  // min-p 0.5 keeps ids with p >= 0.5 * p_max: 1, 3 (2 has e^-1 ~ 0.37 of the max)
-  mp.min_p = 0.5f;
-  seen.clear();
-  for (int i = 0; i < 400; ++i) ++seen[draw_token(logits.data(), 5, mp, rng).token];
-  EXPECT_EQ(seen.size(), 2u);
-}
-
-TEST(TokenDraw, GreedyArgmaxOnOddSizesTiesAndNaN) {
-  std::mt19937_64 rng(1);
-  SamplingParams g;
-  g.temperature = 0.0f;
-  for (int n : {1, 7, 8, 9, 17, 1000, 151936}) {
-    std::vector<float> x(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) x[size_t(i)] = float((i * 37) % 101) * 0.01f;
-    x[size_t(n - 1)] = 5.0f;  // the maximum in the tail that the 8-wide loop leaves over
-    EXPECT_EQ(draw_token(x.data(), n, g, rng).token, n - 1) << n;
-    if (n > 3) {
-      x[2] = 5.0f;  // a tie: the lowest id wins
-      EXPECT_EQ(draw_token(x.data(), n, g, rng).token, 2) << n;
-      x[1] = std::nanf("");  // NaN never wins
-      EXPECT_EQ(draw_token(x.data(), n, g, rng).token, 2) << n;
-    }
-  }
-  const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> y{-inf, -inf, 1.0f, inf, 3.0f};
-  EXPECT_EQ(draw_token(y.data(), 5, g, rng).token, 3);
-}
-
-TEST(TokenDraw, FrequenciesFollowTheSoftmax) {
-  const std::vector<float> logits{0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};  // p = k / 10
-  std::mt19937_64 rng(42);
-  SamplingParams p;
-  std::vector<int> n(4, 0);
-  const int N = 20000;
-  for (int i = 0; i < N; ++i) ++n[size_t(draw_token(logits.data(), 4, p, rng).token)];
-  for (int k = 0; k < 4; ++k) EXPECT_NEAR(double(n[size_t(k)]) / N, (k + 1) / 10.0, 0.015) << k;
-  // Temperature 2 flattens: p ~ sqrt(k + 1) / sum.
-  p.temperature = 2.0f;
-  std::fill(n.begin(), n.end(), 0);
-  double z = 0;
-  for (int k = 0; k < 4; ++k) z += std::sqrt(k + 1.0);
-  for (int i = 0; i < N; ++i) ++n[size_t(draw_token(logits.data(), 4, p, rng).token)];
-  for (int k = 0; k < 4; ++k) EXPECT_NEAR(double(n[size_t(k)]) / N, std::sqrt(k + 1.0) / z, 0.015) << k;
-}
-
-TEST(TokenDraw, LogprobsAreOfTheRawLogits) {
-  const std::vector<float> logits{0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};
-  std::mt19937_64 rng(3);
-  SamplingParams p;
-  p.temperature = 0.0f;
-  p.return_logprob = true;
-  p.top_logprobs = 2;
-  const Draw d = draw_token(logits.data(), 4, p, rng);
-  EXPECT_EQ(d.token, 3);
-  EXPECT_NEAR(d.logprob, std::log(0.4), 1e-6);
-  ASSERT_EQ(d.top.size(), 2u);
-  EXPECT_EQ(d.top[1].id, 2);
-  EXPECT_NEAR(d.top[1].logprob, std::log(0.3), 1e-6);
-}
-
-// ---- The real model: a demo-shaped checkpoint (what `kiln demo-model` writes: Qwen3 vocabulary, 4 layers,
-// hidden 256, GQA 8:2, head_dim 64, tied embeddings, seeded random bf16 weights), loaded by Engine::create.
-
-const char* kDemoConfig = R"({
-  "architectures": ["Qwen3ForCausalLM"], "bos_token_id": 151643, "dtype": "bfloat16",
-  "eos_token_id": [151645, 151643], "head_dim": 64, "hidden_act": "silu", "hidden_size": 256,
-  "intermediate_size": 768, "max_position_embeddings": 40960, "model_type": "qwen3",
-  "num_attention_heads": 8, "num_hidden_layers": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "tie_word_embeddings": true,
-  "vocab_size": 151936})";
-
-std::string write_demo_checkpoint() {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_engine_demo_ckpt";
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << kDemoConfig;
-  const ModelConfig cfg = parse_model_config(kDemoConfig, "demo config");
-  std::vector<std::vector<bf16_t>> data;
-  std::vector<NamedTensor> tensors;
-  const auto specs = qwen3_weight_specs(cfg);
-  data.reserve(specs.size());
-  for (const WeightSpec& w : specs) {
-    int64_t n = 1;
-    for (int64_t d : w.shape) n *= d;
-    data.emplace_back(static_cast<size_t>(n));
-    fill_random_weight(w, 0, data.back().data());
-    Tensor t(data.back().data(), DType::bf16, {n});
-    t.ndim = int(w.shape.size());
-    int64_t stride = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-      t.shape[size_t(i)] = w.shape[size_t(i)];
-      t.stride[size_t(i)] = stride;
-      stride *= w.shape[size_t(i)];
-    }
-    tensors.push_back({w.name, t});
-  }
-  write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  return dir.string();
-}
-
-std::vector<std::vector<int32_t>> run_all(const EngineOptions& o,
-                                          const std::vector<std::vector<int32_t>>& prompts, int new_tokens,
-                                          bool one_at_a_time, EngineStats* stats) {
-  auto engine = Engine::create(o);
-  Sink sink;
-  std::vector<RequestId> ids;
-  for (const auto& p : prompts) {
-    ids.push_back(engine->submit(greedy(p, new_tokens), sink.cb()));
-    if (one_at_a_time) sink.wait_finished(int(ids.size()));
-  }
-  sink.wait_finished(int(prompts.size()));
-  std::vector<std::vector<int32_t>> out;
-  for (RequestId id : ids) {
-    out.push_back(sink.tokens(id));
-    EXPECT_EQ(sink.last(id).finish_reason == "length" || sink.last(id).finish_reason == "stop", true);
-  }
-  expect_pool_clean(*engine);
-  if (stats) *stats = engine->stats();
-  return out;
-}
-
-TEST(EngineQwen3, MixedBatchGreedyEqualsEachRequestAlone) {
-  EngineOptions base;
-  base.model_dir = write_demo_checkpoint();
-  base.device = "cpu";
-  base.page_size = 16;
-  base.max_total_tokens = 4096;
-  std::vector<std::vector<int32_t>> prompts;
-  uint32_t rng = 7;
-  for (int n : {5, 17, 33, 48, 64, 3, 31}) {
-    std::vector<int32_t> p;
-    for (int i = 0; i < n; ++i) p.push_back(int32_t((rng = rng * 1664525u + 1013904223u) >> 8) % 151000);
-    prompts.push_back(p);
-  }
-  prompts.push_back(prompts[3]);  // a repeat: served from the prefix cache in the batched runs
-  prompts.back().push_back(42);
-
-  EngineOptions alone = base;  // whole prompts, no mixing, no prefix cache, one request at a time
-  alone.chunked_prefill_size = 0;
-  alone.enable_mixed_batches = false;
-  alone.enable_prefix_cache = false;
-  const auto want = run_all(alone, prompts, 8, true, nullptr);
-
-  EngineOptions mixed = base;  // 16-token chunks riding with decode rows, prefix cache on
-  mixed.chunked_prefill_size = 16;
-  EngineStats s;
-  EXPECT_EQ(run_all(mixed, prompts, 8, false, &s), want);
-  EXPECT_GT(s.cached_tokens_total, 0);
-
-  EngineOptions tiny = mixed;  // 20 pages of 4 tokens: requests are preempted and recomputed
-  tiny.page_size = 4;
-  tiny.max_total_tokens = 80;
-  tiny.admission_reserve = 0.0;
-  EXPECT_EQ(run_all(tiny, prompts, 8, false, &s), want);
-  EXPECT_GT(s.preemptions, 0);
-
-  EngineOptions hnd = mixed;
-  hnd.kv_layout = "hnd";
-  EXPECT_EQ(run_all(hnd, prompts, 8, false, nullptr), want);
-}
-
-TEST(EngineQwen3, CreateRejectsBadOptions) {
-  EngineOptions o;
-  EXPECT_THROW(Engine::create(o), Error);  // no model
-  o.model_dir = write_demo_checkpoint();
-  o.device = "tpu";
-  EXPECT_THROW(Engine::create(o), Error);
-  o.device = "cpu";
-  o.kv_layout = "xyz";
-  EXPECT_THROW(Engine::create(o), Error);
-  o.kv_layout = "nhd";
-  o.load_format = "pickle";
-  EXPECT_THROW(Engine::create(o), Error);
-  o.load_format = "auto";
-  o.kv_cache_dtype = "int3";
-  EXPECT_THROW(Engine::create(o), Error);
-  o.kv_cache_dtype = "auto";
-  o.max_total_tokens = 4096;
-  auto engine = Engine::create(o);
-  EXPECT_EQ(engine->model_config().vocab_size, 151936);
-  EXPECT_EQ(engine->stats().kv_pages_total, 4096 / 32);
 }
 
 }  // namespace

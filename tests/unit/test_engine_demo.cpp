@@ -1,0 +1,142 @@
+// The engine on the real model: a demo-shaped Qwen3 checkpoint through Engine::create.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine_test_util.h"
+#include "kiln/safetensors.h"
+#include "model/weights.h"
+
+namespace kiln {
+namespace {
+
+using test::expect_pool_clean;
+using test::greedy;
+using test::Sink;
+
+// a demo-shaped checkpoint (what `kiln demo-model` writes: Qwen3 vocabulary, 4 layers,
+// hidden 256, GQA 8:2, head_dim 64, tied embeddings, seeded random bf16 weights), loaded by Engine::create.
+
+const char* kDemoConfig = R"({
+  "architectures": ["Qwen3ForCausalLM"], "bos_token_id": 151643, "dtype": "bfloat16",
+  "eos_token_id": [151645, 151643], "head_dim": 64, "hidden_act": "silu", "hidden_size": 256,
+  "intermediate_size": 768, "max_position_embeddings": 40960, "model_type": "qwen3",
+  "num_attention_heads": 8, "num_hidden_layers": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "tie_word_embeddings": true,
+  "vocab_size": 151936})";
+
+std::string write_demo_checkpoint() {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_engine_demo_ckpt";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << kDemoConfig;
+  const ModelConfig cfg = parse_model_config(kDemoConfig, "demo config");
+  std::vector<std::vector<bf16_t>> data;
+  std::vector<NamedTensor> tensors;
+  const auto specs = qwen3_weight_specs(cfg);
+  data.reserve(specs.size());
+  for (const WeightSpec& w : specs) {
+    int64_t n = 1;
+    for (int64_t d : w.shape) n *= d;
+    data.emplace_back(static_cast<size_t>(n));
+    fill_random_weight(w, 0, data.back().data());
+    Tensor t(data.back().data(), DType::bf16, {n});
+    t.ndim = int(w.shape.size());
+    int64_t stride = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      t.shape[size_t(i)] = w.shape[size_t(i)];
+      t.stride[size_t(i)] = stride;
+      stride *= w.shape[size_t(i)];
+    }
+    tensors.push_back({w.name, t});
+  }
+  write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  return dir.string();
+}
+
+std::vector<std::vector<int32_t>> run_all(const EngineOptions& o,
+                                          const std::vector<std::vector<int32_t>>& prompts, int new_tokens,
+                                          bool one_at_a_time, EngineStats* stats) {
+  auto engine = Engine::create(o);
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) {
+    ids.push_back(engine->submit(greedy(p, new_tokens), sink.cb()));
+    if (one_at_a_time) sink.wait_finished(int(ids.size()));
+  }
+  sink.wait_finished(int(prompts.size()));
+  std::vector<std::vector<int32_t>> out;
+  for (RequestId id : ids) {
+    out.push_back(sink.tokens(id));
+    EXPECT_EQ(sink.last(id).finish_reason == "length" || sink.last(id).finish_reason == "stop", true);
+  }
+  expect_pool_clean(*engine);
+  if (stats) *stats = engine->stats();
+  return out;
+}
+
+TEST(EngineQwen3, MixedBatchGreedyEqualsEachRequestAlone) {
+  EngineOptions base;
+  base.model_dir = write_demo_checkpoint();
+  base.device = "cpu";
+  base.page_size = 16;
+  base.max_total_tokens = 4096;
+  std::vector<std::vector<int32_t>> prompts;
+  uint32_t rng = 7;
+  for (int n : {5, 17, 33, 48, 64, 3, 31}) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(int32_t((rng = rng * 1664525u + 1013904223u) >> 8) % 151000);
+    prompts.push_back(p);
+  }
+  prompts.push_back(prompts[3]);  // a repeat: served from the prefix cache in the batched runs
+  prompts.back().push_back(42);
+
+  EngineOptions alone = base;  // whole prompts, no mixing, no prefix cache, one request at a time
+  alone.chunked_prefill_size = 0;
+  alone.enable_mixed_batches = false;
+  alone.enable_prefix_cache = false;
+  const auto want = run_all(alone, prompts, 8, true, nullptr);
+
+  EngineOptions mixed = base;  // 16-token chunks riding with decode rows, prefix cache on
+  mixed.chunked_prefill_size = 16;
+  EngineStats s;
+  EXPECT_EQ(run_all(mixed, prompts, 8, false, &s), want);
+  EXPECT_GT(s.cached_tokens_total, 0);
+
+  EngineOptions tiny = mixed;  // 20 pages of 4 tokens: requests are preempted and recomputed
+  tiny.page_size = 4;
+  tiny.max_total_tokens = 80;
+  tiny.admission_reserve = 0.0;
+  EXPECT_EQ(run_all(tiny, prompts, 8, false, &s), want);
+  EXPECT_GT(s.preemptions, 0);
+
+  EngineOptions hnd = mixed;
+  hnd.kv_layout = "hnd";
+  EXPECT_EQ(run_all(hnd, prompts, 8, false, nullptr), want);
+}
+
+TEST(EngineQwen3, CreateRejectsBadOptions) {
+  EngineOptions o;
+  EXPECT_THROW(Engine::create(o), Error);  // no model
+  o.model_dir = write_demo_checkpoint();
+  o.device = "tpu";
+  EXPECT_THROW(Engine::create(o), Error);
+  o.device = "cpu";
+  o.kv_layout = "xyz";
+  EXPECT_THROW(Engine::create(o), Error);
+  o.kv_layout = "nhd";
+  o.load_format = "pickle";
+  EXPECT_THROW(Engine::create(o), Error);
+  o.load_format = "auto";
+  o.kv_cache_dtype = "int3";
+  EXPECT_THROW(Engine::create(o), Error);
+  o.kv_cache_dtype = "auto";
+  o.max_total_tokens = 4096;
+  auto engine = Engine::create(o);
+  EXPECT_EQ(engine->model_config().vocab_size, 151936);
+  EXPECT_EQ(engine->stats().kv_pages_total, 4096 / 32);
+}
+
+}  // namespace
+}  // namespace kiln
