@@ -44,7 +44,8 @@ class Qwen3Model {
   const Qwen3Weights& weights() const { return weights_; }
 
   // One step. batch must satisfy BatchDesc::validate against this model and cache (checked here, with the
-  // positions against the rotary table); its new tokens' K/V are written into `cache`.
+  // positions against the rotary table); its new tokens' K/V are written into `cache`. Not reentrant: the
+  // per-step workspace is shared, so one thread (the engine's) calls forward / forward_hidden at a time.
   // logits: f32 [R, vocab] on the model's device, R = batch.logit_rows.size(), row r for logit_rows[r].
   void forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits);
   // The same step, returning the final-norm hidden state of the logit rows instead of logits (the
