@@ -47,25 +47,33 @@ int run_bench_serve(const kiln::cli::Args& args) {
     opt.run.stream.model = client::discover_model(opt.run);
   const std::string model = opt.run.stream.model;
 
-  const client::SweepResult r = client::run_sweep(opt);
-  const std::string md = client::sweep_to_markdown(opt, r, model);
-  std::fputs(md.c_str(), stdout);
-  if (f.has("out")) {
-    const std::string prefix = f.str("out");
-    client::write_text_file(prefix + ".json", client::sweep_to_json(opt, r, model).dump(2) + "\n");
-    client::write_text_file(prefix + ".md", md);
+  // With --out the files are rewritten after every level, so a sweep cut short keeps what it measured.
+  const std::string prefix = f.str("out");
+  auto write_outputs = [&](const client::SweepResult& r) {
     std::string title = f.str("title");
     if (title.empty())
       title = "kiln bench serve: " + opt.run.base_url + ", " +
               (opt.workload.texts.empty() ? std::to_string(opt.workload.input_len) : std::string("text")) +
               " in / " + std::to_string(opt.workload.output_len) + " out, " + r.date_utc;
+    client::write_text_file(prefix + ".json", client::sweep_to_json(opt, r, model).dump(2) + "\n");
+    client::write_text_file(prefix + ".md", client::sweep_to_markdown(opt, r, model));
     client::write_text_file(prefix + ".svg", client::sweep_to_svg(r, title));
+  };
+  // One line per finished level on stderr, so that a log cut short still shows the measured levels.
+  auto on_level = [&](const client::SweepResult& r) {
+    const client::LevelMetrics& l = r.levels.back();
+    std::fprintf(stderr, "C=%d: %s, %.1f out tok/s, %.3f req/s, TTFT median %.1f ms, TPOT median %.2f ms\n",
+                 l.concurrency, l.valid ? "valid" : "INVALID", l.output_tok_s, l.req_s, l.ttft_ms.median,
+                 l.tpot_ms.median);
+    if (!prefix.empty()) write_outputs(r);
+  };
+  const client::SweepResult r = client::run_sweep(opt, on_level);
+  std::fputs(client::sweep_to_markdown(opt, r, model).c_str(), stdout);
+  if (!prefix.empty())
     std::fprintf(stderr, "wrote %s.json, %s.md, %s.svg\n", prefix.c_str(), prefix.c_str(), prefix.c_str());
-  }
   for (const auto& l : r.levels)
     if (!l.valid) {
-      std::fprintf(stderr, "kiln bench serve: level C=%d is INVALID (exact accounting failed)\n",
-                   l.concurrency);
+      std::fprintf(stderr, "kiln bench serve: level C=%d is INVALID (see the notes)\n", l.concurrency);
       return 3;
     }
   return 0;

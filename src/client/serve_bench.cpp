@@ -152,6 +152,12 @@ std::string utc_now_iso() {
   return buf;
 }
 
+void check_reachable(const RunOptions& opt) {
+  HttpClient http(opt.base_url, 30, opt.api_key);
+  const HttpResponse r = http.get("/health");  // any HTTP answer will do: some servers have no /health
+  KILN_CHECK(r.error.empty(), "cannot reach ", opt.base_url, " (", r.error, " error)");
+}
+
 // Warm-up prompts come from their own stream, far from any measured tag, so they never share a prefix
 // with measured prompts even where the cache cannot be flushed.
 static constexpr uint64_t kWarmupTag = 0x5741524d55500000ull;
@@ -190,17 +196,27 @@ Window run_window(const SweepOptions& opt, int concurrency, size_t n, uint64_t t
   return win;
 }
 
-SweepResult run_sweep(const SweepOptions& opt) {
+SweepResult run_sweep(const SweepOptions& opt, const LevelCallback& on_level) {
   KILN_CHECK(!opt.concurrency.empty(), "no concurrency levels");
   KILN_CHECK(opt.num_prompts.empty() || opt.num_prompts.size() == opt.concurrency.size(),
              "--num-prompts needs one count or one per level (", opt.concurrency.size(), " levels, ",
              opt.num_prompts.size(), " counts)");
+  check_reachable(opt.run);
   SweepResult out;
   out.date_utc = utc_now_iso();
   for (size_t l = 0; l < opt.concurrency.size(); ++l) {
     const int c = opt.concurrency[l];
     const size_t n = opt.num_prompts.empty() ? default_num_prompts(c) : opt.num_prompts[l];
-    out.levels.push_back(run_window(opt, c, n, uint64_t(c), "C=" + std::to_string(c)).metrics);
+    try {
+      out.levels.push_back(run_window(opt, c, n, uint64_t(c), "C=" + std::to_string(c)).metrics);
+    } catch (const kiln::Error& e) {
+      LevelMetrics m;
+      m.concurrency = c;
+      m.num_prompts = n;
+      m.notes.push_back(std::string("INVALID: level aborted: ") + e.what());
+      out.levels.push_back(m);
+    }
+    if (on_level) on_level(out);
   }
   return out;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,10 @@ struct SweepOptions {
   bool flush_cache = true;
 };
 
+struct SweepResult;
+// Called after each level with the levels so far (e.g. to write partial outputs of a long sweep).
+using LevelCallback = std::function<void(const SweepResult&)>;
+
 // The default counts: 30, 40, 80, 80, 160, 320, 640 for C = 1, 4, 8, 16, 32, 64, 128; other C:
 // max(30, 5C).
 size_t default_num_prompts(int concurrency);
@@ -79,7 +84,9 @@ struct SweepResult {
   std::string date_utc;
   std::vector<LevelMetrics> levels;
 };
-SweepResult run_sweep(const SweepOptions& opt);
+// Fails fast when the server does not answer at all; a level that cannot run (e.g. every warm-up failed,
+// the server went away) is recorded as invalid with the reason, and the sweep goes on.
+SweepResult run_sweep(const SweepOptions& opt, const LevelCallback& on_level = {});
 
 // Throws a clear error when nothing answers HTTP at the base URL.
 void check_reachable(const RunOptions& opt);

@@ -271,10 +271,26 @@ TEST(ClientE2E, WrongPromptCountsAndHttpErrorsMakeTheLevelInvalid) {
     EXPECT_FALSE(l.valid);
     EXPECT_EQ(l.failed, 3u);
     EXPECT_NE(l.notes[1].find("HTTP 503"), std::string::npos) << l.notes[1];
-    opt.warmups = 2;  // warm-ups that all fail stop the sweep with a clear error
-    EXPECT_THROW(run_sweep(opt), kiln::Error);
+    opt.warmups = 2;  // warm-ups that all fail abort the level with the reason; the sweep goes on
+    opt.concurrency = {1, 2};
+    opt.num_prompts = {1, 1};
+    size_t calls = 0;
+    const SweepResult r =
+        run_sweep(opt, [&](const SweepResult& so_far) { EXPECT_EQ(so_far.levels.size(), ++calls); });
+    EXPECT_EQ(calls, 2u);
+    ASSERT_EQ(r.levels.size(), 2u);
+    for (const auto& lv : r.levels) {
+      EXPECT_FALSE(lv.valid);
+      ASSERT_FALSE(lv.notes.empty());
+      EXPECT_NE(lv.notes[0].find("every warm-up request failed"), std::string::npos) << lv.notes[0];
+    }
   }
-  EXPECT_THROW(run_sweep(small_sweep("http://127.0.0.1:1", Api::generate)), kiln::Error);  // nothing listens
+  try {  // nothing listens: the sweep fails at once, with the URL in the message
+    run_sweep(small_sweep("http://127.0.0.1:1", Api::generate));
+    ADD_FAILURE() << "no error for an unreachable server";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot reach http://127.0.0.1:1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ClientE2E, ReportsCarryEveryLevel) {
