@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "engine_test_util.h"
@@ -146,6 +147,75 @@ TEST(Engine, SeededDeviceSamplingIsIndependentOfBatching) {
   const auto alone = run(0);
   EXPECT_EQ(run(5), alone);
   EXPECT_NE(alone, FakeRunner(64).reference(r.prompt, 30, false));
+}
+
+TEST(Engine, LoadWithRandomAbortsAccountsForEveryRequest) {
+  // 200 requests from 4 threads at up to ~32 in flight, a quarter aborted at random moments (before
+  // admission, mid-prefill, mid-decode, after finishing), in a pool small enough to preempt.
+  auto model = std::make_unique<FakeRunner>(64);
+  const FakeRunner ref(64);
+  EngineOptions o = small_opts(400, 4, 24);
+  o.max_running_requests = 32;
+  Engine engine(std::move(model), o);
+  Sink sink;
+  std::mutex mu;
+  std::map<RequestId, Request> reqs;
+  std::set<RequestId> aborted;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      uint32_t rng = 1234u + uint32_t(t);
+      auto next = [&] { return rng = rng * 1664525u + 1013904223u, int(rng >> 8); };
+      std::vector<RequestId> mine;
+      for (int i = 0; i < 50; ++i) {
+        Request r = greedy(prompt_of(1 + next() % 60, t * 50 + i), 1 + next() % 40);
+        const RequestId id = engine.submit(r, sink.cb());
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          reqs[id] = r;
+        }
+        mine.push_back(id);
+        if (next() % 4 == 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(next() % 3000));
+          const RequestId victim = mine[size_t(next()) % mine.size()];
+          engine.abort(victim);
+          std::lock_guard<std::mutex> lk(mu);
+          aborted.insert(victim);
+        }
+        std::unique_lock<std::mutex> lk(sink.mu);  // keep at most 8 in flight per thread
+        sink.cv.wait(lk, [&] {
+          int open = 0;
+          for (RequestId id : mine) open += !(sink.events.count(id) && sink.events[id].back().finished);
+          return open < 8;
+        });
+      }
+    });
+  for (auto& th : threads) th.join();
+  sink.wait_finished(200);
+  sink.expect_one_finish_each();
+  int64_t n_abort = 0, n_length = 0;
+  for (auto& [id, r] : reqs) {
+    const TokenEvent last = sink.last(id);
+    const auto got = sink.tokens(id);
+    const auto want = ref.reference(r.prompt, r.sampling.max_new_tokens, false);
+    if (last.finish_reason == "abort") {
+      ++n_abort;
+      EXPECT_TRUE(aborted.count(id)) << id;
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin()))
+          << "aborted " << id << ": a prefix of the output";
+    } else {
+      ++n_length;
+      EXPECT_EQ(last.finish_reason, "length");
+      EXPECT_EQ(got, want) << id;
+    }
+  }
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.requests_submitted, 200);
+  EXPECT_EQ(s.finished_abort, n_abort);
+  EXPECT_EQ(s.finished_length, n_length);
+  EXPECT_EQ(s.finished_abort + s.finished_length + s.finished_stop + s.finished_error, 200);
+  EXPECT_GT(n_abort, 0);
+  expect_pool_clean(engine);
 }
 
 TEST(Engine, StopTokenIdsAndEos) {
