@@ -127,6 +127,36 @@ $CHECK error "$T/bad_route.json" "$T/bad_route.status" 404 || fail "unknown rout
 post after_bad /v1/completions '{"prompt":"still alive?","max_tokens":2}'
 expect_status after_bad 200
 
+echo "== 60 mutated request bodies: each a 200 or a 4xx with an error body, never a 5xx"
+python3 - "$PORT" "$KEY" <<'PY' || fail "mutated bodies"
+import http.client, json, random, sys
+port, key = int(sys.argv[1]), sys.argv[2]
+seeds = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "héllo ✓"}], "max_tokens": 2, "stop": ["a"],
+          "chat_template_kwargs": {"enable_thinking": False}, "logprobs": True, "top_logprobs": 1}),
+         ("/v1/completions", {"prompt": [9707, 11, 1879], "max_tokens": 2, "stream": True}),
+         ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2, "top_k": 3}, "return_logprob": True})]
+rnd = random.Random(7)
+counts = {}
+for i in range(60):
+    path, seed = seeds[i % len(seeds)]
+    b = bytearray(json.dumps(seed, ensure_ascii=False).encode())
+    op = rnd.randrange(4)
+    if op == 0: del b[rnd.randrange(len(b)):]
+    elif op == 1: b[rnd.randrange(len(b))] = rnd.randrange(256)
+    elif op == 2: b.insert(rnd.randrange(len(b)), ord(rnd.choice('{}[],:"0-e\\')))
+    else:
+        x, y = rnd.randrange(len(b)), rnd.randrange(len(b)); b[x], b[y] = b[y], b[x]
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", path, bytes(b), {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    r = c.getresponse(); body = r.read()
+    assert r.status < 500, (path, bytes(b), r.status, body[:300])
+    if r.status != 200:
+        assert "error" in json.loads(body), body
+    counts[r.status] = counts.get(r.status, 0) + 1
+print("   statuses:", dict(sorted(counts.items())))
+PY
+[[ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" == 200 ]] || fail "server unhealthy after mutated bodies"
+
 echo "== /flush_cache and /metrics accounting"
 post flush /flush_cache '{}'
 expect_status flush 200

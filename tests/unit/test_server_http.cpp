@@ -373,3 +373,48 @@ TEST(ServerHttp, DrainRefusesNewWorkAndMetricsAccountForAll) {
   EXPECT_EQ(h.client().Get("/health")->status, 503);
   EXPECT_TRUE(h.server->wait_idle(1s));
 }
+
+TEST(ServerHttp, MutatedBodiesGet200Or4xxNever5xx) {
+  Harness h;
+  const std::vector<std::pair<std::string, std::string>> seeds = {
+      {"/v1/chat/completions",
+       chat_body({{"max_tokens", 3}, {"stop", {"x"}}, {"logprobs", true}, {"top_logprobs", 1}}).dump()},
+      {"/v1/completions", json({{"prompt", {1, 2, 3}}, {"max_tokens", 2}, {"stream", true}}).dump()},
+      {"/generate",
+       json({{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 2}, {"top_k", 3}}}}).dump()},
+      {"/v1/embeddings", json({{"input", {"a", "b"}}, {"encoding_format", "base64"}}).dump()}};
+  uint64_t rng = 12345;
+  auto next = [&] {
+    return rng = rng * 6364136223846793005ull + 1442695040888963407ull, uint32_t(rng >> 33);
+  };
+  auto cli = h.client();
+  int ok = 0, bad = 0;
+  for (int i = 0; i < 300; ++i) {
+    const auto& [path, seed] = seeds[size_t(i) % seeds.size()];
+    std::string body = seed;
+    switch (next() % 4) {
+      case 0:
+        body.resize(next() % body.size());
+        break;  // truncated
+      case 1:
+        body[next() % body.size()] = char(next() % 256);
+        break;  // one byte replaced
+      case 2:
+        body.insert(next() % body.size(), std::string(1, "{}[],:\"0-e\\"[next() % 11]));
+        break;
+      default:
+        std::swap(body[next() % body.size()], body[next() % body.size()]);
+        break;
+    }
+    auto r = cli.Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(r) << "no response for " << body;
+    ASSERT_LT(r->status, 500) << path << " " << body << " -> " << r->body;
+    (r->status == 200 ? ok : bad)++;
+    if (r->status != 200) {
+      ASSERT_TRUE(json::parse(r->body).contains("error")) << r->body;
+    }
+  }
+  EXPECT_GT(bad, 100);  // most mutations break the request...
+  EXPECT_GT(ok, 10);    // ...some still make a valid one
+  h.expect_accounted();
+}
