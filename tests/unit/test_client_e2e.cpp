@@ -320,7 +320,7 @@ TEST(ClientE2E, ReportsCarryEveryLevel) {
 TEST(ClientE2E, AbDetectsASlowerServer) {
   FakeConfig fast, slow;
   fast.token_delay_us = 300;
-  slow.token_delay_us = 4000;
+  slow.token_delay_us = 8000;  // wide margins: the CI host may be busy
   FakeServer a(fast), b(slow);
   AbOptions opt;
   opt.sweep = small_sweep("", Api::generate);
@@ -337,10 +337,8 @@ TEST(ClientE2E, AbDetectsASlowerServer) {
     if (m.name != "tpot_ms.mean") continue;
     found = true;
     EXPECT_TRUE(m.has_interval);
-    std::printf("tpot mean A1 %.3f B %.3f A2 %.3f ms: change %.3f [%.3f, %.3f]\n", m.a1, m.b, m.a2,
-                m.change.point, m.change.lo, m.change.hi);
-    EXPECT_GT(m.change.point, 1.0);  // about 4 ms against about 0.3 ms per token
-    EXPECT_GT(m.change.lo, 0.5);
+    EXPECT_GT(m.change.point, 1.0);  // about 8 ms against about 0.3 ms per token
+    EXPECT_GT(m.change.lo, 0.5) << "tpot mean A1 " << m.a1 << " B " << m.b << " A2 " << m.a2 << " ms";
     EXPECT_LE(m.change.lo, m.change.point);
     EXPECT_GE(m.change.hi, m.change.point);
   }
