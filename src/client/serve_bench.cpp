@@ -179,8 +179,9 @@ Window run_window(const SweepOptions& opt, int concurrency, size_t n, uint64_t t
     if (failed)
       notes.push_back(std::to_string(failed) + " of " + std::to_string(warmups) +
                       " warm-ups failed: " + first_error);
+    const bool no_generate = opt.run.stream.api == Api::generate && first_error.rfind("HTTP 404", 0) == 0;
     KILN_CHECK(failed < size_t(warmups), "every warm-up request failed at concurrency ", concurrency, ": ",
-               first_error);
+               first_error, no_generate ? " (the server has no /generate: try --api completions)" : "");
   }
   if (opt.flush_cache) {
     const std::string note = flush_cache(opt.run);
