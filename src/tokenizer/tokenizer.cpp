@@ -128,6 +128,61 @@ class WordCache {
   uint64_t hash_ = 0;  // of the last find()
 };
 
+// Collects model.vocab and model.merges from parser callbacks and tells the parser to drop them.
+// Depths (nlohmann's callback convention): keys of the root object are at 1, of "model" at 2, vocab entries
+// and merge elements at 3, the two strings of a merge pair at 4.
+struct ModelTables {
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::string error;
+  std::string root_key, model_key, vocab_key;
+  std::vector<std::string> pair;
+
+  bool in(std::string_view what) const { return root_key == "model" && model_key == what; }
+  bool take(int depth, json::parse_event_t ev, json& v) {
+    using E = json::parse_event_t;
+    if (ev == E::key) {
+      if (depth == 1) root_key = v.get<std::string>();
+      if (depth == 2 && root_key == "model") model_key = v.get<std::string>();
+      if (depth == 3 && in("vocab")) {
+        vocab_key = v.get<std::string>();
+        return false;
+      }
+      return true;
+    }
+    if (ev == E::value && depth == 3 && in("vocab")) {
+      if (!v.is_number_integer() && error.empty())
+        error = "vocab id of '" + vocab_key + "' is not an integer";
+      if (v.is_number_integer()) vocab.emplace_back(vocab_key, v.get<int32_t>());
+      return false;
+    }
+    if (ev == E::value && depth == 4 && in("merges")) {
+      if (v.is_string()) pair.push_back(v.get<std::string>());
+      return false;
+    }
+    if (ev == E::array_end && depth == 3 && in("merges")) {  // a ["left", "right"] pair
+      if (pair.size() == 2) {
+        merges.emplace_back(std::move(pair[0]), std::move(pair[1]));
+      } else if (error.empty()) {
+        error = "merge " + std::to_string(merges.size()) + " is not a pair of strings";
+      }
+      pair.clear();
+      return false;
+    }
+    if (ev == E::value && depth == 3 && in("merges")) {  // older format: "left right"
+      const std::string m = v.is_string() ? v.get<std::string>() : std::string();
+      const size_t sp = m.find(' ');
+      if (sp == std::string::npos || sp == 0) {
+        if (error.empty()) error = "malformed merge '" + m + "'";
+      } else {
+        merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
+      }
+      return false;
+    }
+    return true;
+  }
+};
+
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& model_dir) {
@@ -138,12 +193,18 @@ Tokenizer Tokenizer::load(const std::string& model_dir) {
 
 Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json) {
   auto impl = std::make_shared<Impl>();
+  // model.vocab (151k entries) and model.merges are streamed out of the parser instead of becoming a DOM of
+  // std::map nodes: that DOM was most of the load time.
+  ModelTables tables;
   json t;
   try {
-    t = json::parse(tokenizer_json);
+    t = json::parse(tokenizer_json, [&tables](int depth, json::parse_event_t ev, json& v) {
+      return tables.take(depth, ev, v);
+    });
   } catch (const json::exception& e) {
     KILN_FAIL("tokenizer.json is not valid JSON: ", e.what());
   }
+  KILN_CHECK(tables.error.empty(), "tokenizer.json: ", tables.error);
   try {
     const json& model = t.at("model");
     KILN_CHECK(model.value("type", "BPE") == "BPE", "tokenizer.json: model type '", model.value("type", ""),
@@ -156,23 +217,9 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
                    model.at("end_of_word_suffix").get<std::string>().empty(),
                "tokenizer.json: end_of_word_suffix is not supported");
     KILN_CHECK(model.value("dropout", json()).is_null(), "tokenizer.json: BPE dropout is not supported");
-
-    std::vector<std::pair<std::string, int32_t>> vocab;
-    vocab.reserve(model.at("vocab").size());
-    for (const auto& [k, v] : model.at("vocab").items()) vocab.emplace_back(k, v.get<int32_t>());
-    std::vector<std::pair<std::string, std::string>> merges;
-    merges.reserve(model.at("merges").size());
-    for (const auto& m : model.at("merges")) {
-      if (m.is_array()) {
-        KILN_CHECK(m.size() == 2, "tokenizer.json: a merge must be a pair");
-        merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-      } else {  // older format: "left right"
-        const std::string s = m.get<std::string>();
-        const size_t sp = s.find(' ');
-        KILN_CHECK(sp != std::string::npos && sp > 0, "tokenizer.json: malformed merge '", s, "'");
-        merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-      }
-    }
+    KILN_CHECK(!tables.vocab.empty(), "tokenizer.json: model.vocab is missing or empty");
+    const auto& vocab = tables.vocab;
+    const auto& merges = tables.merges;
     impl->bpe = std::make_unique<tok::BpeModel>(vocab, merges);
 
     const json& norm = t.value("normalizer", json());

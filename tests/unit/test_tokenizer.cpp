@@ -184,6 +184,50 @@ TEST(Tokenizer, CopiesShareOneImplementation) {
   EXPECT_EQ(target.encode("shared"), tk->encode("shared"));
 }
 
+// A tokenizer.json with the 256 byte tokens, "aa" and one merge, in either merge format.
+std::string tiny_tokenizer_json(const json& merges, const json& extra_vocab = json::object()) {
+  json vocab = json::object();
+  uint32_t extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const uint32_t cp = printable ? uint32_t(b) : 256u + extra++;
+    std::string ch;
+    if (cp < 0x80) {
+      ch = std::string(1, char(cp));
+    } else {
+      ch = {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+    }
+    vocab[ch] = b;
+  }
+  vocab["aa"] = 256;
+  for (const auto& [k, v] : extra_vocab.items()) vocab[k] = v;
+  return json({{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+               {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+               {"decoder", {{"type", "ByteLevel"}}}})
+      .dump();
+}
+
+TEST(Tokenizer, LoadsBothMergeFormatsAndTheByteLevelRegex) {
+  const auto a = kiln::Tokenizer::from_json(tiny_tokenizer_json(json::array({json::array({"a", "a"})})));
+  const auto b = kiln::Tokenizer::from_json(tiny_tokenizer_json(json::array({"a a"})));
+  for (const auto* tk : {&a, &b}) {
+    EXPECT_EQ(tk->vocab_size(), 257);
+    // GPT-2's regex (ByteLevel use_regex): "aaa" and " a"; (a a) merges leftmost first; ids = byte values.
+    EXPECT_EQ(tk->encode("aaa a"), (std::vector<int32_t>{256, 'a', ' ', 'a'}));
+    EXPECT_EQ(tk->decode(tk->encode("aaa a")), "aaa a");
+    EXPECT_TRUE(tk->eos_token_ids().empty());
+    EXPECT_THROW(tk->render_chat("{}"), kiln::Error);  // no chat template
+  }
+  EXPECT_THROW(kiln::Tokenizer::from_json(tiny_tokenizer_json(json::array({"a"}))),
+               kiln::Error);  // malformed
+  EXPECT_THROW(kiln::Tokenizer::from_json(tiny_tokenizer_json(json::array({"a b"}))),
+               kiln::Error);  // "ab" absent
+  EXPECT_THROW(kiln::Tokenizer::from_json(tiny_tokenizer_json(json::array(), {{"zz", "x"}})),
+               kiln::Error);  // bad id
+  EXPECT_THROW(kiln::Tokenizer::from_json(tiny_tokenizer_json(json::array(), {{"zz", 5}})),
+               kiln::Error);  // dup id
+}
+
 TEST(Tokenizer, RejectsUnsupportedTokenizerJson) {
   EXPECT_THROW(kiln::Tokenizer::from_json("{not json"), kiln::Error);
   EXPECT_THROW(kiln::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {}}})"), kiln::Error);
