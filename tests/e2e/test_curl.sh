@@ -175,7 +175,7 @@ echo "== SIGTERM drains an in-flight stream, then exits 0"
 curl -sN "${AUTH[@]}" "${JSON[@]}" "$BASE/v1/completions" \
   -d '{"prompt":"Count:","max_tokens":40,"temperature":0,"ignore_eos":true,"stream":true}' >"$T/drain.sse" &
 CURL_PID=$!
-for _ in $(seq 1 100); do [[ -s "$T/drain.sse" ]] && break; sleep 0.05; done
+for _ in $(seq 1 400); do [[ -s "$T/drain.sse" ]] && break; sleep 0.05; done
 stop_server
 wait "$CURL_PID" || true
 grep -q '"finish_reason":"length"' "$T/drain.sse" || fail "the in-flight stream did not finish during the drain"
@@ -188,7 +188,7 @@ for k in 1 2 3 4 5 6; do
   curl -sN -D "$T/q$k.headers" -o "$T/q$k.body" "${JSON[@]}" "$BASE/v1/completions" \
     -d '{"prompt":"Count:","max_tokens":300,"ignore_eos":true,"stream":true}' &
 done
-for _ in $(seq 1 100); do
+for _ in $(seq 1 400); do
   (($(grep -l '^HTTP/1.1 ' "$T"/q?.headers 2>/dev/null | wc -l) == 6)) && break
   sleep 0.05
 done
