@@ -76,12 +76,7 @@ std::vector<std::vector<int32_t>> run_all(const EngineOptions& o,
   return out;
 }
 
-TEST(EngineQwen3, MixedBatchGreedyEqualsEachRequestAlone) {
-  EngineOptions base;
-  base.model_dir = write_demo_checkpoint();
-  base.device = "cpu";
-  base.page_size = 16;
-  base.max_total_tokens = 4096;
+std::vector<std::vector<int32_t>> demo_prompts() {
   std::vector<std::vector<int32_t>> prompts;
   uint32_t rng = 7;
   for (int n : {5, 17, 33, 48, 64, 3, 31}) {
@@ -91,6 +86,40 @@ TEST(EngineQwen3, MixedBatchGreedyEqualsEachRequestAlone) {
   }
   prompts.push_back(prompts[3]);  // a repeat: served from the prefix cache in the batched runs
   prompts.back().push_back(42);
+  return prompts;
+}
+
+// On a GPU (skipped elsewhere): the device sampler's greedy choice equals the host's on the same
+// logits, and mixed/chunked batches give the outputs of unmixed whole-prompt steps. The second is the
+// issue's H200 check; it holds only if the CUDA forward is batch-invariant.
+TEST(EngineQwen3, CudaDeviceSamplingAndMixedBatches) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU: the CUDA engine path is not exercised";
+  EngineOptions base;
+  base.model_dir = write_demo_checkpoint();
+  base.device = "cuda";
+  base.page_size = 16;
+  base.max_total_tokens = 4096;
+  const auto prompts = demo_prompts();
+  EngineOptions host = base;
+  host.sampling_backend = "cpu";
+  const auto want = run_all(host, prompts, 8, false, nullptr);
+  EXPECT_EQ(run_all(base, prompts, 8, false, nullptr), want)
+      << "device greedy sampling != host greedy sampling";
+  EngineOptions alone = base;
+  alone.chunked_prefill_size = 0;
+  alone.enable_mixed_batches = false;
+  alone.enable_prefix_cache = false;
+  EXPECT_EQ(run_all(alone, prompts, 8, true, nullptr), want)
+      << "mixed batches change greedy outputs on the GPU";
+}
+
+TEST(EngineQwen3, MixedBatchGreedyEqualsEachRequestAlone) {
+  EngineOptions base;
+  base.model_dir = write_demo_checkpoint();
+  base.device = "cpu";
+  base.page_size = 16;
+  base.max_total_tokens = 4096;
+  const auto prompts = demo_prompts();
 
   EngineOptions alone = base;  // whole prompts, no mixing, no prefix cache, one request at a time
   alone.chunked_prefill_size = 0;
