@@ -5,16 +5,20 @@
 // Contract for callers (the server):
 //   * submit() validates the request synchronously and throws before anything is queued:
 //       - kiln::Error             bad input (empty or over-long prompt, token id out of range, non-finite
-//                                  or out-of-range sampling parameters, embedding on a generative model...)
+//                                  or out-of-range sampling parameters, generation on an embedding model...)
 //                                  -> HTTP 400 with e.what()
 //       - kiln::EngineBusyError   the waiting queue is full, or the engine is shutting down
 //                                  -> HTTP 503 with Retry-After
 //   * Once submit() returns an id, the request WILL end exactly once with an event whose finished == true
 //     and finish_reason in {"stop", "length", "abort", "error"}; it is counted in EngineStats.
 //   * on_event runs on the engine thread. It must not block or call back into the engine except abort()
-//     (which is safe there); the server copies the event into its own queue.
-//   * Stop STRINGS are the server's job (it detokenizes) -> it calls abort() and reports "stop" itself.
-//     Stop token ids, EOS, max_new_tokens, and the context limit are handled here.
+//     and stats() (safe there); never flush_cache() or shutdown() from it. The server copies the event
+//     into its own queue.
+//   * Stop STRINGS are the server's job (it detokenizes) -> it calls abort() and reports "stop" itself;
+//     the engine counts such a request as finished_abort. Stop token ids, EOS, max_new_tokens, and the
+//     context limit are handled here.
+//   * stats(): counters are updated before a final event is delivered; page counts are exact whenever
+//     the engine is idle (refreshed every 16 steps while it runs; kv_pages_free is always exact).
 #pragma once
 
 #include <cstdint>
