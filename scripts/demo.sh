@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: install, build, write the demo checkpoint, run it.
+# The main job on the embedded default: install, build, write the demo checkpoint (random weights, real Qwen3
+# tokenizer), start `kiln serve` on it and print how to query it. Ctrl-C drains and stops the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/kiln-ccache}"
 cmake --preset release >/dev/null
 cmake --build --preset release
-./build/release/bin/kiln demo-model build/demo-model
-./build/release/bin/kiln generate --model build/demo-model --prompt "The capital of France is" --max-tokens 16
+exec bash scripts/serve_demo.sh "$@"
