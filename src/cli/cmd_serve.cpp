@@ -9,6 +9,7 @@
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
 // --drain-timeout seconds (default 30), then abort the rest; a second signal aborts at once. Every
 // accepted request ends (completed, error or aborted) and is counted; the totals are printed at exit.
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -105,7 +106,11 @@ int run_serve(const kiln::cli::Args& args) {
   kiln::server::TokenizerCodec codec(tok);
   kiln::server::ApiServer server(api, codec, so);
   const int bound = server.bind();
-  std::thread http([&] { server.listen(); });
+  std::atomic<bool> listen_done{false};
+  std::thread http([&] {
+    server.listen();
+    listen_done = true;
+  });
   std::fprintf(stderr, "kiln serve: model '%s' (%s), max context %lld tokens, listening on http://%s:%d%s\n",
                so.served_model_name.c_str(), engine->is_embedding_model() ? "embeddings" : "generation",
                (long long)engine->max_context_len(), so.host.c_str(), bound,
@@ -117,12 +122,14 @@ int run_serve(const kiln::cli::Args& args) {
     const timespec ts{time_t(ms.count() / 1000), long(ms.count() % 1000) * 1000000L};
     return sigtimedwait(&sigs, nullptr, &ts);
   };
-  for (int i = 0; i < 1000 && !server.running(); ++i) std::this_thread::sleep_for(5ms);
   int sig = -1;
-  while (sig <= 0 && server.running()) sig = wait_signal(1000ms);
+  while (sig <= 0 && !listen_done) sig = wait_signal(1000ms);
   std::fprintf(
       stderr, "kiln serve: %s: draining %lld in-flight request(s) for up to %.0f s (signal again to abort)\n",
-      sig == SIGTERM ? "SIGTERM" : "SIGINT", (long long)server.counters().active.load(), drain_s);
+      sig == SIGTERM  ? "SIGTERM"
+      : sig == SIGINT ? "SIGINT"
+                      : "the listener stopped",
+      (long long)server.counters().active.load(), drain_s);
   server.begin_drain();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(drain_s * 1000));
   while (!server.wait_idle(100ms)) {
@@ -134,6 +141,8 @@ int run_serve(const kiln::cli::Args& args) {
       break;
     }
   }
+  // stop() only reaches a server that is listening: wait for listen() to have started (or ended).
+  while (!server.running() && !listen_done) std::this_thread::sleep_for(5ms);
   server.stop();
   http.join();
   engine->shutdown(/*drain=*/false);
@@ -145,7 +154,7 @@ int run_serve(const kiln::cli::Args& args) {
       (long long)c.accepted.load(), (long long)c.completed.load(), (long long)c.errored.load(),
       (long long)c.aborted.load(), (long long)c.rejected_invalid.load(), (long long)c.rejected_busy.load(),
       (long long)c.rejected_auth.load());
-  return 0;
+  return sig > 0 ? 0 : 1;  // a listener that stopped on its own is a failure
 }
 
 }  // namespace

@@ -125,6 +125,12 @@ void ApiServer::Impl::setup_routes() {
   http.new_task_queue = [n = opts.http_threads] { return new httplib::ThreadPool(size_t(n)); };
   http.set_payload_max_length(opts.max_body_bytes);
   http.set_tcp_nodelay(true);
+  // httplib's default sets SO_REUSEPORT, which lets a second server bind a port already in use (the kernel
+  // then splits connections between them). SO_REUSEADDR alone allows a quick restart but refuses that.
+  http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts.api_key.empty() || req.path == "/health" || req.path == "/metrics")

@@ -279,6 +279,16 @@ TEST(ServerHttp, ApiKeyAndOpenRoutes) {
   h.expect_accounted();
 }
 
+TEST(ServerHttp, PortInUseIsAnError) {
+  Harness h;
+  fake::ByteCodec codec;
+  fake::FakeEngine engine;
+  ServerOptions o;
+  o.port = h.port;
+  ApiServer second(engine, codec, o);
+  EXPECT_THROW(second.bind(), kiln::Error);
+}
+
 TEST(ServerHttp, QueueFullIs503WithRetryAfter) {
   Harness h;
   h.engine.max_active = 0;
