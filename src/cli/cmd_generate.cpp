@@ -170,7 +170,9 @@ int run_generate(const kiln::cli::Args& args) {
   for (int64_t step = 0; step < max_tokens; ++step) {
     const auto t0 = Clock::now();
     const int32_t n = int32_t(seq.size()) - cached;
-    model->forward(step_batch(seq, cached, n, int(page_size), num_pages), cache, logits_t);
+    kiln::BatchDesc b = step_batch(seq, cached, n, int(page_size), num_pages);
+    if (!cfg.mrope_section.empty()) b.set_text_mrope();  // Qwen3-VL: text positions on all three axes
+    model->forward(b, cache, logits_t);
     kiln::copy_bytes(logits.data(), kiln::Device::cpu(), dev_logits.data(), lo.device,
                      logits.size() * sizeof(float));
     cached += n;

@@ -1,5 +1,7 @@
 #include "kiln/batch.h"
 
+#include <algorithm>
+
 #include "kiln/error.h"
 
 namespace kiln {
@@ -31,6 +33,15 @@ void BatchDesc::validate(int64_t vocab_size, int64_t num_pages) const {
     KILN_CHECK(logit_rows[i] >= 0 && size_t(logit_rows[i]) < T, "logit row out of range");
     KILN_CHECK(i == 0 || logit_rows[i] > logit_rows[i - 1], "logit rows must ascend");
   }
+}
+
+void BatchDesc::set_text_mrope() {
+  if (mrope) return;
+  const size_t T = positions.size();
+  positions.resize(3 * T);
+  std::copy_n(positions.begin(), T, positions.begin() + std::ptrdiff_t(T));
+  std::copy_n(positions.begin(), T, positions.begin() + std::ptrdiff_t(2 * T));
+  mrope = true;
 }
 
 }  // namespace kiln

@@ -118,6 +118,7 @@ void Engine::Impl::step() {
   BatchDesc& batch = plan.batch;
   const int32_t bucket = runner->graph_bucket(batch);
   if (bucket > batch.num_seqs()) pad_batch(batch, bucket);
+  if (!cfg.mrope_section.empty()) batch.set_text_mrope();  // Qwen3-VL: text on all three axes
   const size_t K = plan.sample_rows.size();
   // Whether row k draws a token this step (not for embeddings, nor past max_new_tokens / max_len).
   auto wants_token = [&](size_t k) {
