@@ -15,6 +15,7 @@ function(kiln_test file label)
   get_filename_component(name ${file} NAME_WE)
   add_executable(${name} ${file})
   target_link_libraries(${name} PRIVATE ${ARGN} GTest::gtest GTest::gtest_main kiln_warnings)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_compile_definitions(${name} PRIVATE
     KILN_SOURCE_DIR="${PROJECT_SOURCE_DIR}" KILN_BINARY_DIR="${PROJECT_BINARY_DIR}")
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60

@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/test_support.h"
 #include "model/qwen3.h"
 #include "test_util_cuda.h"
 
@@ -19,14 +20,7 @@ namespace {
 constexpr double kMaxGreedyDrift = 0.15;
 constexpr double kMaxRowDrift = 0.5;
 
-std::vector<double> log_softmax(const float* x, int64_t n) {
-  double mx = -1e300, sum = 0;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(x[i]));
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
-  std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - mx - std::log(sum);
-  return out;
-}
+using kiln::test_support::log_softmax;
 
 // Runs a greedy (or teacher-forced, when `forced` is non-empty) generation of `steps` tokens from prompt,
 // one forward per step (the prompt as one prefill), returning each step's logits.

@@ -5,6 +5,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/test_support.h"
 #include "kiln/config.h"
 #include "kiln/error.h"
 
@@ -13,18 +14,8 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no kiln::Error thrown>";
-}
-
-void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
-  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-}
+using kiln::test_support::error_of;
+using kiln::test_support::expect_contains;
 
 // Qwen3-4B's config.json as transformers 4.51 wrote it.
 json qwen3_4b_v4() {

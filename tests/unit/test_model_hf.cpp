@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/test_support.h"
 #include "model/qwen3.h"
 
 using namespace kiln;
@@ -21,14 +22,7 @@ constexpr double kMaxGreedyDrift = 0.15;
 // Every token HF gives a log-prob above -20 (a bf16 ulp of a logit up to 64 is 0.25).
 constexpr double kMaxRowDrift = 0.5;
 
-std::vector<double> log_softmax(const float* x, int64_t n) {
-  double mx = -1e300, sum = 0;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(x[i]));
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
-  std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - mx - std::log(sum);
-  return out;
-}
+using kiln::test_support::log_softmax;
 
 void check_fixture(const std::string& name) {
   const std::string dir = std::string(KILN_SOURCE_DIR) + "/tests/fixtures/hf/" + name;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <numeric>
 
+#include "common/test_support.h"
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
 
@@ -17,18 +18,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no kiln::Error thrown>";
-}
-
-void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
-  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-}
+using kiln::test_support::error_of;
+using kiln::test_support::expect_contains;
 
 // A fresh directory per test.
 std::string temp_dir() {

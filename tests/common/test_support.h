@@ -1,0 +1,42 @@
+// Helpers shared by the unit and GPU tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "kiln/error.h"
+
+namespace kiln::test_support {
+
+// The message of the kiln::Error f throws, or a marker that none was thrown.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no kiln::Error thrown>";
+}
+
+inline void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
+  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+}
+
+// Log-softmax in fp64 of n logits (the reference side of every log-prob comparison).
+inline std::vector<double> log_softmax(const float* x, int64_t n) {
+  double mx = -1e300, sum = 0;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(x[i]));
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - mx - std::log(sum);
+  return out;
+}
+
+}  // namespace kiln::test_support
