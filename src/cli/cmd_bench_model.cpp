@@ -25,7 +25,7 @@
 #include "model/qwen3.h"
 
 #ifdef KILN_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "kiln/cuda_check.h"
 
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -43,12 +43,6 @@ namespace {
 #ifdef KILN_HAVE_CUDA
 using namespace kiln;
 
-#define BENCH_CUDA(expr)                                               \
-  do {                                                                 \
-    cudaError_t e_ = (expr);                                           \
-    KILN_CHECK(e_ == cudaSuccess, #expr ": ", cudaGetErrorString(e_)); \
-  } while (0)
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -57,16 +51,16 @@ double median(std::vector<double> v) {
 // Milliseconds of fn() on the default stream, median of `reps` (CUDA events).
 double time_ms(int reps, const std::function<void()>& fn) {
   cudaEvent_t a, b;
-  BENCH_CUDA(cudaEventCreate(&a));
-  BENCH_CUDA(cudaEventCreate(&b));
+  KILN_CUDA_CHECK(cudaEventCreate(&a));
+  KILN_CUDA_CHECK(cudaEventCreate(&b));
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    BENCH_CUDA(cudaEventRecord(a));
+    KILN_CUDA_CHECK(cudaEventRecord(a));
     fn();
-    BENCH_CUDA(cudaEventRecord(b));
-    BENCH_CUDA(cudaEventSynchronize(b));
+    KILN_CUDA_CHECK(cudaEventRecord(b));
+    KILN_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms);
   }
   cudaEventDestroy(a);
@@ -77,9 +71,9 @@ double time_ms(int reps, const std::function<void()>& fn) {
 double copy_gbps() {
   const size_t n = size_t(1) << 30;
   Buffer a(n, Device::cuda()), b(n, Device::cuda());
-  BENCH_CUDA(cudaMemset(a.data(), 1, n));
+  KILN_CUDA_CHECK(cudaMemset(a.data(), 1, n));
   const double ms =
-      time_ms(10, [&] { BENCH_CUDA(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice)); });
+      time_ms(10, [&] { KILN_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice)); });
   return 2.0 * double(n) / (ms * 1e-3) / 1e9;
 }
 
@@ -87,8 +81,8 @@ double matmul_tflops() {
   const int64_t n = 8192;
   Buffer x(size_t(n * n) * 2, Device::cuda()), w(size_t(n * n) * 2, Device::cuda()),
       o(size_t(n * n) * 2, Device::cuda());
-  BENCH_CUDA(cudaMemset(x.data(), 0x3c, size_t(n * n) * 2));
-  BENCH_CUDA(cudaMemset(w.data(), 0x3c, size_t(n * n) * 2));
+  KILN_CUDA_CHECK(cudaMemset(x.data(), 0x3c, size_t(n * n) * 2));
+  KILN_CUDA_CHECK(cudaMemset(w.data(), 0x3c, size_t(n * n) * 2));
   cuda::GemmEngine eng;
   eng.tune({{8192, n, n, cuda::GemmOut::bf16}});
   const double ms =
@@ -133,18 +127,18 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
          qkv = buf(size_t(qkv_dim) * 2);
   Buffer att = buf(size_t(Hq * D) * 2), gu = buf(size_t(2 * I) * 2), act = buf(size_t(I) * 2);
   Buffer logits = buf(size_t(c.vocab_size) * 4);
-  BENCH_CUDA(cudaMemset(x.data(), 0x3c, size_t(H) * 2));
-  BENCH_CUDA(cudaMemset(r.data(), 0x3c, size_t(H) * 2));
-  BENCH_CUDA(cudaMemset(qkv.data(), 0x3c, size_t(qkv_dim) * 2));
-  BENCH_CUDA(cudaMemset(att.data(), 0x3c, size_t(Hq * D) * 2));
-  BENCH_CUDA(cudaMemset(gu.data(), 0x3c, size_t(2 * I) * 2));
+  KILN_CUDA_CHECK(cudaMemset(x.data(), 0x3c, size_t(H) * 2));
+  KILN_CUDA_CHECK(cudaMemset(r.data(), 0x3c, size_t(H) * 2));
+  KILN_CUDA_CHECK(cudaMemset(qkv.data(), 0x3c, size_t(qkv_dim) * 2));
+  KILN_CUDA_CHECK(cudaMemset(att.data(), 0x3c, size_t(Hq * D) * 2));
+  KILN_CUDA_CHECK(cudaMemset(gu.data(), 0x3c, size_t(2 * I) * 2));
   const BatchDesc b = one_seq(ctx - 1, 1, pages, ps, c.vocab_size);
   std::vector<int32_t> meta_i32 = {b.tokens[0], b.positions[0], 0, 1, ctx, 0};
   Buffer meta = buf(64), slots = buf(8), pt = buf(size_t(pages) * 4);
-  BENCH_CUDA(cudaMemcpy(meta.data(), meta_i32.data(), meta_i32.size() * 4, cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemcpy(meta.data(), meta_i32.data(), meta_i32.size() * 4, cudaMemcpyHostToDevice));
   const int64_t slot = ctx - 1;
-  BENCH_CUDA(cudaMemcpy(slots.data(), &slot, 8, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(pt.data(), b.page_table.data(), size_t(pages) * 4, cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemcpy(slots.data(), &slot, 8, cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemcpy(pt.data(), b.page_table.data(), size_t(pages) * 4, cudaMemcpyHostToDevice));
   const int32_t* mi = static_cast<const int32_t*>(meta.data());
   Buffer rope = ops::build_rope_table(int(c.rotary_dim()), c.rope_theta, ctx + 1, dev);
   const LayerWeights& lw = m.weights().layers[0];
@@ -197,7 +191,7 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
   // with events (median of 20) and divided by L: kernel time plus the in-graph launch gap, as in a
   // graph-replayed step.
   cudaStream_t s = nullptr;
-  BENCH_CUDA(cudaStreamCreate(&s));
+  KILN_CUDA_CHECK(cudaStreamCreate(&s));
   prep.stream = s;
   std::vector<double> us;
   double total = 0;
@@ -205,24 +199,24 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
   for (const auto& op : ops_list) {
     cuda::StreamScope scope(s);
     op.fn(0);  // warm-up (plans, scratch)
-    BENCH_CUDA(cudaStreamSynchronize(s));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(s));
     cudaGraph_t g = nullptr;
-    BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int l = 0; l < int(L); ++l) op.fn(l);
-    BENCH_CUDA(cudaStreamEndCapture(s, &g));
+    KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
     cudaGraphExec_t e = nullptr;
-    BENCH_CUDA(cudaGraphInstantiate(&e, g, 0));
+    KILN_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
     cudaEvent_t a, b;
-    BENCH_CUDA(cudaEventCreate(&a));
-    BENCH_CUDA(cudaEventCreate(&b));
+    KILN_CUDA_CHECK(cudaEventCreate(&a));
+    KILN_CUDA_CHECK(cudaEventCreate(&b));
     std::vector<double> t;
     for (int r = 0; r < 21; ++r) {
-      BENCH_CUDA(cudaEventRecord(a, s));
-      BENCH_CUDA(cudaGraphLaunch(e, s));
-      BENCH_CUDA(cudaEventRecord(b, s));
-      BENCH_CUDA(cudaEventSynchronize(b));
+      KILN_CUDA_CHECK(cudaEventRecord(a, s));
+      KILN_CUDA_CHECK(cudaGraphLaunch(e, s));
+      KILN_CUDA_CHECK(cudaEventRecord(b, s));
+      KILN_CUDA_CHECK(cudaEventSynchronize(b));
       float ms = 0;
-      BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
       if (r > 0) t.push_back(double(ms) * 1000.0 / double(L));
     }
     cudaEventDestroy(a);
@@ -260,7 +254,7 @@ int run_bench_model(const cli::Args& args) {
   const std::string kvd = f.str("kv-dtype", "bf16");
   KILN_CHECK(kvd == "bf16" || kvd == "fp8", "--kv-dtype: bf16 or fp8");
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const double gbps = copy_gbps();
   const double tflops = matmul_tflops();
   std::printf("device %s: copy %.0f GB/s (read + written), bf16 matmul %.0f TFLOP/s (8192^3, tuned)\n",
@@ -272,7 +266,7 @@ int run_bench_model(const cli::Args& args) {
   o.max_position = std::max(ctx + steps, prefill) + 16;
   const auto t0 = std::chrono::steady_clock::now();
   auto m = Qwen3Model::create(cfg, nullptr, o);
-  BENCH_CUDA(cudaDeviceSynchronize());
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = m->config();
   const int64_t wbytes = weight_bytes(m->weights(), c.tie_word_embeddings);
@@ -309,13 +303,13 @@ int run_bench_model(const cli::Args& args) {
   // Fill the cache to ctx - 1 tokens in prefill chunks of <= 4096, then time decode steps.
   for (int32_t s = 0; s < ctx - 1; s += 4096)
     m->forward(one_seq(s, std::min(4096, ctx - 1 - s), pages, ps, c.vocab_size), cache, tl);
-  BENCH_CUDA(cudaDeviceSynchronize());
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<double> tpot;
   for (int32_t i = 0; i < steps + 3; ++i) {
     const BatchDesc b = one_seq(ctx - 1 + i, 1, pages, ps, c.vocab_size);
     const auto a = std::chrono::steady_clock::now();
     m->forward(b, cache, tl);
-    BENCH_CUDA(cudaDeviceSynchronize());
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
     if (i >= 3)
       tpot.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
@@ -337,7 +331,7 @@ int run_bench_model(const cli::Args& args) {
       const BatchDesc b = one_seq(ctx - 1 + i, 1, pages, ps, c.vocab_size);
       const auto a = std::chrono::steady_clock::now();
       g.step(b);
-      BENCH_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream())));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream())));
       if (i >= 3)
         gt.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
     }

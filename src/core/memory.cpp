@@ -5,17 +5,12 @@
 #include "kiln/tensor.h"
 
 #ifdef KILN_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "kiln/cuda_check.h"
 #endif
 
 namespace kiln {
 
 #ifdef KILN_HAVE_CUDA
-#define KILN_CUDA_OK(expr)                                                              \
-  do {                                                                                  \
-    cudaError_t e_ = (expr);                                                            \
-    KILN_CHECK(e_ == cudaSuccess, #expr " failed: ", cudaGetErrorString(e_));           \
-  } while (0)
 #endif
 
 Buffer::Buffer(size_t bytes, Device d) : bytes_(bytes), device_(d) {
@@ -25,8 +20,8 @@ Buffer::Buffer(size_t bytes, Device d) : bytes_(bytes), device_(d) {
     KILN_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
   } else {
 #ifdef KILN_HAVE_CUDA
-    KILN_CUDA_OK(cudaSetDevice(d.index));
-    KILN_CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+    KILN_CUDA_CHECK(cudaSetDevice(d.index));
+    KILN_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
 #else
     KILN_FAIL("kiln was built without CUDA: cannot allocate on ", device_name(d));
 #endif
@@ -52,7 +47,7 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
     return;
   }
 #ifdef KILN_HAVE_CUDA
-  KILN_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 #else
   KILN_FAIL("kiln was built without CUDA: cannot copy to/from a GPU");
 #endif

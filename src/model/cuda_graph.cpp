@@ -4,7 +4,7 @@
 #include "kiln/error.h"
 
 #ifdef KILN_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "kiln/cuda_check.h"
 
 #include "ops/cuda/context.h"
 #endif
@@ -12,12 +12,6 @@
 namespace kiln {
 
 #ifdef KILN_HAVE_CUDA
-#define GRAPH_CUDA(expr)                                               \
-  do {                                                                 \
-    cudaError_t e_ = (expr);                                           \
-    KILN_CHECK(e_ == cudaSuccess, #expr ": ", cudaGetErrorString(e_)); \
-  } while (0)
-
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride)
     : model_(model), cache_(cache), pages_stride_(pages_stride) {
   KILN_CHECK(model.device().is_cuda() && cache.device() == model.device(),
@@ -27,7 +21,7 @@ CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t page
   logits_buf_ = Buffer(size_t(V) * sizeof(float), model.device());
   logits_ = logits_buf_.view(DType::f32, {1, V});
   cudaStream_t s = nullptr;
-  GRAPH_CUDA(cudaStreamCreate(&s));
+  KILN_CUDA_CHECK(cudaStreamCreate(&s));
   stream_ = s;
 }
 
@@ -44,12 +38,12 @@ void CudaDecodeGraph::capture() {
   // allocate nothing. The step's K/V write is idempotent, so the replay that follows repeats it harmlessly.
   model_.launch_layers(cache_);
   model_.launch_lm_head(logits_);
-  GRAPH_CUDA(cudaStreamSynchronize(s));
-  if (exec_) GRAPH_CUDA(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
-  if (graph_) GRAPH_CUDA(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (exec_) KILN_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
+  if (graph_) KILN_CUDA_CHECK(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
   exec_ = graph_ = nullptr;
   cudaGraph_t g = nullptr;
-  GRAPH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
     model_.launch_layers(cache_);
     model_.launch_lm_head(logits_);
@@ -58,10 +52,10 @@ void CudaDecodeGraph::capture() {
     if (g) cudaGraphDestroy(g);
     throw;
   }
-  GRAPH_CUDA(cudaStreamEndCapture(s, &g));
+  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
   graph_ = g;
   cudaGraphExec_t e = nullptr;
-  GRAPH_CUDA(cudaGraphInstantiate(&e, g, 0));
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
   exec_ = e;
   generation_ = model_.workspace_generation();
   ++captures_;
@@ -76,10 +70,11 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in) {
   b.page_table.resize(size_t(pages_stride_), 0);  // padding pages are never read: kv_lens bounds the reads
   b.pages_stride = pages_stride_;
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
-  GRAPH_CUDA(cudaStreamSynchronize(s));  // the last replay has read its inputs before they are overwritten
+  KILN_CUDA_CHECK(
+      cudaStreamSynchronize(s));  // the last replay has read its inputs before they are overwritten
   model_.stage(b, cache_);
   if (!exec_ || model_.workspace_generation() != generation_) capture();
-  GRAPH_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s));
+  KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s));
   return logits_;
 }
 

@@ -4,13 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include "kiln/cuda_check.h"
 #include "kiln/error.h"
-
-#define KILN_CUDA_CHECK(expr)                                                    \
-  do {                                                                           \
-    cudaError_t kiln_e_ = (expr);                                                \
-    KILN_CHECK(kiln_e_ == cudaSuccess, #expr ": ", cudaGetErrorString(kiln_e_)); \
-  } while (0)
 
 namespace kiln::cuda {
 

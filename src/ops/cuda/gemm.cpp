@@ -5,6 +5,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include "kiln/cuda_check.h"
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -16,11 +18,6 @@
 
 #include "kiln/error.h"
 
-#define KILN_CUDART_CHECK(expr)                                                  \
-  do {                                                                           \
-    cudaError_t kiln_e_ = (expr);                                                \
-    KILN_CHECK(kiln_e_ == cudaSuccess, #expr ": ", cudaGetErrorString(kiln_e_)); \
-  } while (0)
 #define KILN_LT_CHECK(expr)                                                               \
   do {                                                                                    \
     cublasStatus_t kiln_s_ = (expr);                                                      \
@@ -133,12 +130,12 @@ struct GemmEngine::Impl {
 
 GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
-  KILN_CUDART_CHECK(cudaSetDevice(device));
+  KILN_CUDA_CHECK(cudaSetDevice(device));
   cudaDeviceProp prop{};
-  KILN_CUDART_CHECK(cudaGetDeviceProperties(&prop, device));
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   impl_->gpu_name = prop.name;
   KILN_LT_CHECK(cublasLtCreate(&impl_->lt));
-  KILN_CUDART_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
+  KILN_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
 }
 
 GemmEngine::~GemmEngine() {
@@ -198,17 +195,17 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     o_bytes = std::max(o_bytes, size_t(s.m_bucket * s.n * (s.out == GemmOut::f32 ? 4 : 2)));
   }
   void *x = nullptr, *w = nullptr, *o = nullptr;
-  KILN_CUDART_CHECK(cudaMalloc(&x, x_bytes));
-  KILN_CUDART_CHECK(cudaMalloc(&w, w_bytes));
-  KILN_CUDART_CHECK(cudaMalloc(&o, o_bytes));
+  KILN_CUDA_CHECK(cudaMalloc(&x, x_bytes));
+  KILN_CUDA_CHECK(cudaMalloc(&w, w_bytes));
+  KILN_CUDA_CHECK(cudaMalloc(&o, o_bytes));
   // 0x3c3c is bf16 0.0115: finite, non-zero operands so the timing is of real arithmetic.
-  KILN_CUDART_CHECK(cudaMemset(x, 0x3c, x_bytes));
-  KILN_CUDART_CHECK(cudaMemset(w, 0x3c, w_bytes));
+  KILN_CUDA_CHECK(cudaMemset(x, 0x3c, x_bytes));
+  KILN_CUDA_CHECK(cudaMemset(w, 0x3c, w_bytes));
   cudaStream_t stream = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
-  KILN_CUDART_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  KILN_CUDART_CHECK(cudaEventCreate(&e0));
-  KILN_CUDART_CHECK(cudaEventCreate(&e1));
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  KILN_CUDA_CHECK(cudaEventCreate(&e0));
+  KILN_CUDA_CHECK(cudaEventCreate(&e1));
   for (const auto& s : shapes) {
     Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, s.n);
     std::vector<cublasLtMatmulAlgo_t> cands;
@@ -239,12 +236,12 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     for (size_t i = 0; i < cands.size(); ++i) {
       if (!impl_->check(p, cands[i])) continue;
       impl_->matmul(p, cands[i], x, w, o, stream);  // warm-up
-      KILN_CUDART_CHECK(cudaEventRecord(e0, stream));
+      KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
       for (int it = 0; it < iters; ++it) impl_->matmul(p, cands[i], x, w, o, stream);
-      KILN_CUDART_CHECK(cudaEventRecord(e1, stream));
-      KILN_CUDART_CHECK(cudaEventSynchronize(e1));
+      KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
+      KILN_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
-      KILN_CUDART_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
       const float us = ms * 1000.0f / float(iters);
       if (us < best) best = us, best_i = i;
     }
