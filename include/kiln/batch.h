@@ -18,8 +18,8 @@
 namespace kiln {
 
 struct BatchDesc {
-  std::vector<int32_t> tokens;        // [T]
-  std::vector<int32_t> positions;     // [T]; for M-RoPE [3, T] (t, h, w rows), see mrope
+  std::vector<int32_t> tokens;     // [T]
+  std::vector<int32_t> positions;  // [T]; for M-RoPE [3, T] (t, h, w rows), see mrope
   bool mrope = false;
   std::vector<int64_t> slot_mapping;  // [T]
   std::vector<int32_t> cu_q;          // [B + 1] prefix sums of new tokens per sequence
@@ -27,7 +27,7 @@ struct BatchDesc {
   std::vector<int32_t> page_table;    // [B, pages_stride]
   int32_t pages_stride = 0;
   int32_t page_size = 0;
-  std::vector<int32_t> logit_rows;    // token rows that need logits (usually each sequence's last)
+  std::vector<int32_t> logit_rows;  // token rows that need logits (usually each sequence's last)
 
   int32_t num_tokens() const { return int32_t(tokens.size()); }
   int32_t num_seqs() const { return cu_q.empty() ? 0 : int32_t(cu_q.size()) - 1; }

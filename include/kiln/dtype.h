@@ -19,10 +19,24 @@ enum class DType : uint8_t { f32, f16, bf16, f8e4m3, u8, i8, i16, i32, i64, u16,
 
 constexpr int dtype_size(DType t) {
   switch (t) {
-    case DType::f64: case DType::i64: case DType::u64: return 8;
-    case DType::f32: case DType::i32: case DType::u32: return 4;
-    case DType::f16: case DType::bf16: case DType::i16: case DType::u16: return 2;
-    case DType::f8e4m3: case DType::u8: case DType::i8: case DType::bool_: return 1;
+    case DType::f64:
+    case DType::i64:
+    case DType::u64:
+      return 8;
+    case DType::f32:
+    case DType::i32:
+    case DType::u32:
+      return 4;
+    case DType::f16:
+    case DType::bf16:
+    case DType::i16:
+    case DType::u16:
+      return 2;
+    case DType::f8e4m3:
+    case DType::u8:
+    case DType::i8:
+    case DType::bool_:
+      return 1;
   }
   return 0;
 }
@@ -48,12 +62,14 @@ KILN_HD float f32_from_bits(uint32_t u) {
   return f;
 }
 
-KILN_HD float bf16_to_f32(bf16_t h) { return f32_from_bits(uint32_t(h.bits) << 16); }
+KILN_HD float bf16_to_f32(bf16_t h) {
+  return f32_from_bits(uint32_t(h.bits) << 16);
+}
 
 KILN_HD bf16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x40u)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                                                  // round to nearest even
   return bf16_t{uint16_t(u >> 16)};
 }
 
@@ -75,7 +91,7 @@ KILN_HD f16_t f32_to_f16(float f) {
   const uint32_t u = f32_bits(f);
   const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return f16_t{uint16_t(sign | 0x7e00u)};  // NaN
+  if (a > 0x7f800000u) return f16_t{uint16_t(sign | 0x7e00u)};   // NaN
   if (a >= 0x477ff000u) return f16_t{uint16_t(sign | 0x7c00u)};  // rounds to >= 65520: Inf
   if (a < 0x38800000u) {
     // f16 subnormal or zero: value / 2^-24, rounded to nearest even (exact f32 arithmetic below 2^24).

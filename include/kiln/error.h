@@ -14,7 +14,8 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-[[noreturn]] void throw_error(const std::string& msg, std::source_location loc = std::source_location::current());
+[[noreturn]] void throw_error(const std::string& msg,
+                              std::source_location loc = std::source_location::current());
 
 namespace detail {
 template <typename... Args>
@@ -28,18 +29,19 @@ std::string concat(const Args&... args) {
 }  // namespace kiln
 
 // KILN_CHECK(cond, "message parts", value, ...): throws kiln::Error with the parts concatenated.
-#define KILN_CHECK(cond, ...)                                                                      \
-  do {                                                                                             \
-    if (!(cond)) ::kiln::throw_error(::kiln::detail::concat("check failed: " #cond ": " __VA_OPT__(, ) __VA_ARGS__)); \
+#define KILN_CHECK(cond, ...)                                                                              \
+  do {                                                                                                     \
+    if (!(cond))                                                                                           \
+      ::kiln::throw_error(::kiln::detail::concat("check failed: " #cond ": " __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 
-#define KILN_CHECK_OP_(a, b, op, ...)                                                              \
-  do {                                                                                             \
-    const auto& kiln_a_ = (a);                                                                     \
-    const auto& kiln_b_ = (b);                                                                     \
-    if (!(kiln_a_ op kiln_b_))                                                                     \
-      ::kiln::throw_error(::kiln::detail::concat("check failed: " #a " " #op " " #b " (", kiln_a_, \
-                                                 " vs ", kiln_b_, ") " __VA_OPT__(, ) __VA_ARGS__)); \
+#define KILN_CHECK_OP_(a, b, op, ...)                                                                      \
+  do {                                                                                                     \
+    const auto& kiln_a_ = (a);                                                                             \
+    const auto& kiln_b_ = (b);                                                                             \
+    if (!(kiln_a_ op kiln_b_))                                                                             \
+      ::kiln::throw_error(::kiln::detail::concat("check failed: " #a " " #op " " #b " (", kiln_a_, " vs ", \
+                                                 kiln_b_, ") " __VA_OPT__(, ) __VA_ARGS__));               \
   } while (0)
 #define KILN_CHECK_EQ(a, b, ...) KILN_CHECK_OP_(a, b, ==, __VA_ARGS__)
 #define KILN_CHECK_NE(a, b, ...) KILN_CHECK_OP_(a, b, !=, __VA_ARGS__)

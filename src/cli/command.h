@@ -23,5 +23,6 @@ const std::vector<Command>& commands();
 
 #define KILN_CONCAT2_(a, b) a##b
 #define KILN_CONCAT_(a, b) KILN_CONCAT2_(a, b)
-#define KILN_COMMAND(name, summary, fn) \
-  static const bool KILN_CONCAT_(kiln_cmd_registered_, __LINE__) = ::kiln::cli::register_command({name, summary, fn})
+#define KILN_COMMAND(name, summary, fn)                            \
+  static const bool KILN_CONCAT_(kiln_cmd_registered_, __LINE__) = \
+      ::kiln::cli::register_command({name, summary, fn})

@@ -14,7 +14,9 @@ bool register_command(Command c) {
   registry().push_back(std::move(c));
   return true;
 }
-const std::vector<Command>& commands() { return registry(); }
+const std::vector<Command>& commands() {
+  return registry();
+}
 
 static void usage() {
   std::fprintf(stderr, "usage: kiln <command> [flags]\n\ncommands:\n");

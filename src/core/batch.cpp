@@ -19,14 +19,16 @@ void BatchDesc::validate(int64_t vocab_size, int64_t num_pages) const {
   for (int b = 0; b < B; ++b) {
     KILN_CHECK(q_len(b) >= 0, "cu_q must be non-decreasing");
     KILN_CHECK(kv_lens[b] >= q_len(b), "sequence ", b, ": kv_len ", kv_lens[b], " < new tokens ", q_len(b));
-    KILN_CHECK(int64_t(kv_lens[b]) <= int64_t(pages_stride) * page_size, "sequence ", b, ": page table too short");
+    KILN_CHECK(int64_t(kv_lens[b]) <= int64_t(pages_stride) * page_size, "sequence ", b,
+               ": page table too short");
     for (int i = 0; i < (kv_lens[b] + page_size - 1) / page_size; ++i) {
       const int32_t p = page_table[size_t(b) * pages_stride + i];
       KILN_CHECK(p >= 0 && p < num_pages, "sequence ", b, ": page ", p, " out of range");
     }
   }
   for (size_t t = 0; t < T; ++t) {
-    KILN_CHECK(tokens[t] >= 0 && tokens[t] < vocab_size, "token id ", tokens[t], " out of range [0, ", vocab_size, ")");
+    KILN_CHECK(tokens[t] >= 0 && tokens[t] < vocab_size, "token id ", tokens[t], " out of range [0, ",
+               vocab_size, ")");
     KILN_CHECK(slot_mapping[t] < num_pages * page_size, "slot ", slot_mapping[t], " out of range");
   }
   for (size_t i = 0; i < logit_rows.size(); ++i) {

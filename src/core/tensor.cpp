@@ -4,9 +4,12 @@
 
 namespace kiln {
 
-std::string device_name(Device d) { return d.is_cpu() ? "cpu" : "cuda:" + std::to_string(d.index); }
+std::string device_name(Device d) {
+  return d.is_cpu() ? "cpu" : "cuda:" + std::to_string(d.index);
+}
 
-Tensor::Tensor(void* p, DType t, std::initializer_list<int64_t> dims, Device d) : data(p), dtype(t), device(d) {
+Tensor::Tensor(void* p, DType t, std::initializer_list<int64_t> dims, Device d)
+    : data(p), dtype(t), device(d) {
   KILN_CHECK_LE(dims.size(), size_t(kMaxDims));
   ndim = int(dims.size());
   int i = 0;

@@ -9,7 +9,9 @@ namespace kiln::ops {
 #ifdef KILN_HAVE_CUDA
 void* current_stream();
 #else
-inline void* current_stream() { return nullptr; }
+inline void* current_stream() {
+  return nullptr;
+}
 #endif
 
 }  // namespace kiln::ops

@@ -32,9 +32,9 @@ TEST(DType, F16RoundTripsEveryValue) {
   EXPECT_EQ(f32_to_f16(65504.0f).bits, 0x7bff);
   EXPECT_EQ(f32_to_f16(65519.0f).bits, 0x7bff);
   EXPECT_EQ(f32_to_f16(65520.0f).bits, 0x7c00);
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)).bits, 0x0000);       // tie to even zero
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -25)).bits, 0x0001);       // above the tie
-  EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)).bits, 0x0002);       // 1.5 ulp ties to even 2
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)).bits, 0x0000);  // tie to even zero
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -25)).bits, 0x0001);  // above the tie
+  EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)).bits, 0x0002);  // 1.5 ulp ties to even 2
 }
 
 TEST(Tensor, ViewsAndChecks) {
