@@ -214,7 +214,8 @@ TEST(Engine, LoadWithRandomAbortsAccountsForEveryRequest) {
   EXPECT_EQ(s.finished_abort, n_abort);
   EXPECT_EQ(s.finished_length, n_length);
   EXPECT_EQ(s.finished_abort + s.finished_length + s.finished_stop + s.finished_error, 200);
-  EXPECT_GT(n_abort, 0);
+  // How many aborts land before their request finishes depends on thread timing (none may, on a loaded
+  // machine); AbortEndsTheRequestAndFreesItsPages covers abort deterministically. Here: exact accounting.
   expect_pool_clean(engine);
 }
 

@@ -367,7 +367,16 @@ TEST(ServerHttp, DrainRefusesNewWorkAndMetricsAccountForAll) {
   Harness h;
   auto ok = h.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}});
   EXPECT_EQ(ok->status, 200);
+  // The outcome is counted once the response has been handed to the socket, which can be just after the
+  // client has read it: poll /metrics briefly rather than race the server's connection thread.
+  const std::string completed =
+      "kiln_server_requests_finished_total{model_name=\"demo\",outcome=\"completed\"} 1\n";
   auto m = h.client().Get("/metrics");
+  for (int i = 0; i < 200 && m && m->body.find(completed) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m = h.client().Get("/metrics");
+  }
+  ASSERT_TRUE(m);
   ASSERT_EQ(m->status, 200);
   EXPECT_NE(m->body.find("kiln_server_requests_accepted_total{model_name=\"demo\"} 1\n"), std::string::npos)
       << m->body;
