@@ -1,7 +1,7 @@
 // kiln generate: one sequence through the model (prefill, then one decode row per step) with a paged
 // KV cache, sampled on the CPU. Greedy at temperature 0 (the default); stops at EOS or --max-tokens.
 //   kiln generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N] [--temperature T]
-//                 [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [--device cpu|cuda|cuda:N]
+//                 [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [--device auto|cpu|cuda|cuda:N]
 //                 [--load-format real|random] [--kv-layout nhd|hnd] [--kv-dtype bf16|fp8_e4m3]
 //                 [--page-size N] [--ignore-eos]
 // --json prints {"ids", "text", "logprobs", "finish_reason", "prompt_tokens", timings} on one line;
@@ -58,16 +58,18 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 
 kiln::Device parse_device(const std::string& s) {
   kiln::Device d;
-  if (s == "cpu") {
+  if (s == "auto") {  // the GPU where one is visible (as vLLM and SGLang do), else the CPU
+    d = kiln::cuda_available() ? kiln::Device::cuda(0) : kiln::Device::cpu();
+  } else if (s == "cpu") {
     d = kiln::Device::cpu();
   } else if (s == "cuda" || s.rfind("cuda:", 0) == 0) {
     const std::string n = s.size() > 5 ? s.substr(5) : "0";
     require(s.size() == 4 || (!n.empty() && n.size() < 4 && std::all_of(n.begin(), n.end(), ::isdigit)),
-            "--device: expected cpu, cuda or cuda:N, got '", s, "'");
+            "--device: expected auto, cpu, cuda or cuda:N, got '", s, "'");
     d = kiln::Device::cuda(std::stoi(n));
     require(kiln::cuda_available(), "--device ", s, ": no CUDA device is available in this build or machine");
   } else {
-    KILN_FAIL("--device: expected cpu, cuda or cuda:N, got '", s, "'");
+    KILN_FAIL("--device: expected auto, cpu, cuda or cuda:N, got '", s, "'");
   }
   return d;
 }
@@ -126,7 +128,7 @@ int run_generate(const kiln::cli::Args& args) {
           load_format, "'");
 
   kiln::LoadOptions lo;
-  lo.device = parse_device(flags.str("device", "cpu"));
+  lo.device = parse_device(flags.str("device", "auto"));
   lo.load_format = load_format == "random" ? kiln::LoadFormat::random : kiln::LoadFormat::real;
   const kiln::ModelConfig cfg = kiln::load_model_config(dir);
   require(cfg.arch != kiln::ModelArch::qwen3_embedding, "this is an embedding model: it does not generate");

@@ -94,7 +94,7 @@ class CliGenerate : public ::testing::Test {
 };
 
 json generate_json(const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {"generate", "--model", demo_dir().string(), "--json"};
+  std::vector<std::string> args = {"generate", "--model", demo_dir().string(), "--json", "--device", "cpu"};
   args.insert(args.end(), extra.begin(), extra.end());
   const Result r = run_kiln(args);
   EXPECT_EQ(r.code, 0) << r.err;

@@ -88,7 +88,8 @@ void check_fixture(const std::string& name) {
     SCOPED_TRACE(name + ", prompt of " + std::to_string(prompt.size()) + " tokens");
 
     const Proc r = run(quote(kKiln) + " generate --model " + quote(kFixtures + name) + " --prompt-ids " +
-                       ids + " --max-tokens " + std::to_string(want.size()) + " --json");
+                       ids + " --max-tokens " + std::to_string(want.size()) +
+                       " --json --device cpu");  // the CPU oracle; GPU parity: tests/cuda
     ASSERT_EQ(r.status, 0) << "kiln generate failed (exit " << r.status << "): " << r.err;
     json got;
     try {

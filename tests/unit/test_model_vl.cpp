@@ -185,7 +185,7 @@ TEST_F(ModelVl, ForwardEqualsPlainQwen3BitForBit) {
 TEST_F(ModelVl, GenerateJsonEqualsPlainQwen3) {
   auto gen = [](const fs::path& d) {
     const Result r = run_kiln({"generate", "--model", d.string(), "--json", "--prompt", "The kiln fires at",
-                               "--max-tokens", "8", "--ignore-eos"});
+                               "--max-tokens", "8", "--ignore-eos", "--device", "cpu"});
     EXPECT_EQ(r.code, 0) << r.err;
     return r.code == 0 ? json::parse(r.out) : json{};
   };
