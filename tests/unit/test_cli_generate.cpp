@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kiln_process.h"
 #include "model/qwen3.h"
 
 namespace fs = std::filesystem;
@@ -22,40 +23,17 @@ using nlohmann::json;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string kiln_bin() {
-  if (const char* e = std::getenv("KILN_BIN"); e && *e) return e;  // a binary elsewhere (manual runs)
-  return std::string(KILN_BINARY_DIR) + "/bin/kiln";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using Result = kiln::test_support::KilnResult;
+using kiln::test_support::kiln_bin;
+using kiln::test_support::slurp;
 
 fs::path tmp_root() {
   static const fs::path root = fs::temp_directory_path() / ("kiln_test_cli_" + std::to_string(::getpid()));
   return root;
 }
 
-// Runs `kiln ARGS` (arguments single-quoted for the shell); captures stdout, stderr and the exit code.
 Result run_kiln(const std::vector<std::string>& args) {
-  std::string cmd = "'" + kiln_bin() + "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  const fs::path out = tmp_root() / "stdout.txt", err = tmp_root() / "stderr.txt";
-  cmd += " >'" + out.string() + "' 2>'" + err.string() + "'";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return kiln::test_support::run_kiln(args, tmp_root());
 }
 
 fs::path demo_dir() {

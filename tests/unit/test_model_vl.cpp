@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kiln_process.h"
 #include "engine_test_util.h"
 #include "kiln/safetensors.h"
 #include "model/qwen3.h"
@@ -29,21 +30,9 @@ using nlohmann::json;
 namespace kiln {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string kiln_bin() {
-  return std::string(KILN_BINARY_DIR) + "/bin/kiln";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using Result = kiln::test_support::KilnResult;
+using kiln::test_support::kiln_bin;
+using kiln::test_support::slurp;
 
 fs::path tmp_root() {
   static const fs::path root = fs::temp_directory_path() / ("kiln_test_vl_" + std::to_string(::getpid()));
@@ -51,16 +40,7 @@ fs::path tmp_root() {
 }
 
 Result run_kiln(const std::vector<std::string>& args) {
-  std::string cmd = "'" + kiln_bin() + "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  const fs::path out = tmp_root() / "stdout.txt", err = tmp_root() / "stderr.txt";
-  cmd += " >'" + out.string() + "' 2>'" + err.string() + "'";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return kiln::test_support::run_kiln(args, tmp_root());
 }
 
 fs::path plain_dir() {
