@@ -25,6 +25,7 @@
 #include "model/qwen3.h"
 
 #ifdef KILN_HAVE_CUDA
+#include "bench/kernel_bench.h"
 #include "kiln/cuda_check.h"
 
 #include "ops/activation.h"
@@ -68,13 +69,9 @@ double time_ms(int reps, const std::function<void()>& fn) {
   return median(t);
 }
 
+// The copy ceiling, measured as the kernel benchmarks measure it (bench/kernel_bench.h), default stream.
 double copy_gbps() {
-  const size_t n = size_t(1) << 30;
-  Buffer a(n, Device::cuda()), b(n, Device::cuda());
-  KILN_CUDA_CHECK(cudaMemset(a.data(), 1, n));
-  const double ms =
-      time_ms(10, [&] { KILN_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice)); });
-  return 2.0 * double(n) / (ms * 1e-3) / 1e9;
+  return bench::measure_copy_gbps(bench::Env{});
 }
 
 double matmul_tflops() {
