@@ -24,6 +24,9 @@ void Engine::Impl::loop() {
           return !incoming.empty() || !aborts.empty() || flush_requested > flushed || stopping;
         });
       in.swap(incoming);
+      // These wait in the scheduler until the next step plans; count them now, so submit()'s queue
+      // limit never sees an emptied `incoming` next to a stale `waiting`.
+      snapshot.waiting += int(in.size());
       ab.swap(aborts);
       flush = flush_requested;
       stop = stopping;
@@ -92,6 +95,10 @@ void Engine::Impl::accept(Incoming x) {
 
 void Engine::Impl::step() {
   StepPlan plan = sched->schedule();
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    snapshot.waiting = sched->num_waiting();  // exact for submit()'s queue limit while this step runs
+  }
   counters.preemptions += int64_t(plan.preempted.size());
   KILN_CHECK(!plan.empty(), "internal: ", sched->num_waiting(), " waiting and ", sched->num_running(),
              " running requests but nothing could be scheduled");

@@ -369,6 +369,48 @@ TEST(Engine, FullQueueAndShutdownAreBusyErrors) {
   EXPECT_EQ(engine.stats().finished_length, 2);
 }
 
+// Blocks inside the second forward() call: by then request 2 has moved from `incoming` into the
+// scheduler's waiting queue, and no publish has happened since (the CI race of commit 667be50).
+class SecondStepGate : public FakeRunner {
+ public:
+  std::promise<void> first_entered, second_entered;
+  std::shared_future<void> first_release, second_release;
+  int calls = 0;
+  void forward(const BatchDesc& b, std::vector<float>* l, std::vector<float>* h) override {
+    if (calls < 2) {
+      (calls == 0 ? first_entered : second_entered).set_value();
+      (calls == 0 ? first_release : second_release).wait();
+    }
+    ++calls;
+    FakeRunner::forward(b, l, h);
+  }
+};
+
+TEST(Engine, QueueLimitHoldsWhileTheLoopMovesRequestsIntoTheScheduler) {
+  auto gate = std::make_unique<SecondStepGate>();
+  std::promise<void> open1, open2;
+  gate->first_release = open1.get_future().share();
+  gate->second_release = open2.get_future().share();
+  auto entered1 = gate->first_entered.get_future();
+  auto entered2 = gate->second_entered.get_future();
+  EngineOptions o = small_opts(4096);
+  o.max_queued_requests = 1;
+  o.max_running_requests = 1;
+  Engine engine(std::move(gate), o);
+  Sink sink;
+  engine.submit(greedy({1, 2, 3}, 4), sink.cb());
+  entered1.wait();                                 // request 1 in its first step
+  engine.submit(greedy({4, 5, 6}, 4), sink.cb());  // queued in `incoming`
+  open1.set_value();
+  entered2.wait();  // the loop took request 2 into the scheduler, request 1 runs alone
+  EXPECT_THROW(engine.submit(greedy({7, 8, 9}, 4), sink.cb()), EngineBusyError);
+  EXPECT_EQ(engine.stats().waiting, 1);
+  open2.set_value();
+  sink.wait_finished(2);
+  EXPECT_EQ(engine.stats().requests_rejected, 1);
+  EXPECT_EQ(engine.stats().finished_length, 2);
+}
+
 TEST(Engine, ForwardFailureEndsThoseRequestsInErrorAndTheEngineGoesOn) {
   auto model = std::make_unique<FakeRunner>(64);
   model->fail_at_step = 0;
