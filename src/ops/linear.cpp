@@ -21,6 +21,28 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
   cpu::linear(x, weight, out);
 }
 
+void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
+  constexpr const char* op = "linear_silu_mul";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  detail::check_matrix(op, "gate_up", gate_up, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
+  KILN_CHECK(weight.shape[0] % 2 == 0, op, ": weight ", weight.describe(), " must be [2 * I, K]");
+  KILN_CHECK(gate_up.shape[0] == x.shape[0] && gate_up.shape[1] == weight.shape[0], op, ": gate_up ",
+             gate_up.describe(), " must be [", x.shape[0], ", ", weight.shape[0], "]");
+  KILN_CHECK(out.shape[0] == x.shape[0] && 2 * out.shape[1] == weight.shape[0], op, ": out ", out.describe(),
+             " must be [", x.shape[0], ", ", weight.shape[0] / 2, "]");
+  KILN_CHECK((out.data != x.data && out.data != gate_up.data && gate_up.data != x.data) || out.numel() == 0,
+             op, ": x, gate_up and out must not alias");
+  detail::check_same_device(op, x, weight);
+  detail::check_same_device(op, x, gate_up);
+  detail::check_same_device(op, x, out);
+  if (out.device.is_cuda()) return KILN_CUDA_OP(linear_silu_mul(x, weight, gate_up, out));
+  cpu::linear(x, weight, gate_up);
+  cpu::silu_and_mul(gate_up, out);
+}
+
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
   constexpr const char* op = "lm_head";
   detail::check_matrix(op, "x", x, 2, DType::bf16);

@@ -19,6 +19,18 @@ namespace kiln::ops {
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
 
+// The SwiGLU MLP's first half in one op: out = silu_and_mul(linear(x, weight)) (ops/activation.h).
+//   x:       bf16 [M, K], last stride 1
+//   weight:  bf16 [2I, K], last stride 1: the concatenated gate_up weight (gate rows 0..I-1, up rows I..2I-1)
+//   gate_up: bf16 [M, 2I], last stride 1: workspace for the unfused path; its contents afterwards are
+//            unspecified (the fused path leaves it alone)
+//   out:     bf16 [M, I], last stride 1; no aliasing among x, gate_up and out
+// Rounding points: those of linear (the gate and up values rounded to bf16) then of silu_and_mul, so the
+// result is that composition's. CPU: linear then silu_and_mul through gate_up. CUDA:
+// kiln::ops::cuda::linear_silu_mul: the fused GEMV (ops/cuda/gemv.h, bitwise the GEMV followed by the
+// silu_mul kernel) when the GEMM tuner chose the GEMV for [M, 2I, K], else the GEMM and the silu_mul kernel.
+void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out);
+
 // LM head: logits[r, :] = x[rows[r], :] · W^T, rows gathered from a hidden-state matrix.
 //   x:      bf16 [T, H], last stride 1;  rows: i32 [R] contiguous, each in [0, T)
 //   weight: bf16 [V, H] (the embedding table when tied), last stride 1

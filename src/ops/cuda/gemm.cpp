@@ -80,7 +80,55 @@ const char* out_name(GemmOut o) {
   return o == GemmOut::f32 ? "f32" : "bf16";
 }
 
+GemvEpilogue gemv_epilogue(GemmOut o) {
+  return o == GemmOut::f32 ? GemvEpilogue::f32 : GemvEpilogue::bf16;
+}
+
+std::string describe_gemv(GemvConfig c) {
+  return "kiln-gemv warps " + std::to_string(c.warps) + " rows " + std::to_string(kGemvRows);
+}
+
+constexpr const char* kCacheFormat = "kiln-gemm-tactics v2";
+
 }  // namespace
+
+std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
+  std::ostringstream out;
+  out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << out_name(s.out) << ' ' << t.us << ' '
+      << (t.kind == GemmKind::gemv ? "gemv" : "lt") << std::hex;
+  for (int i = 0; i < 8; ++i) {
+    const uint64_t word = t.kind == GemmKind::gemv ? (i == 0 ? uint64_t(t.gemv.warps) : 0) : t.algo[i];
+    out << ' ' << word;
+  }
+  out << std::dec << " # " << t.describe;
+  return out.str();
+}
+
+bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
+  std::istringstream is(line);
+  std::string out, kind;
+  s = GemmShape{};
+  t = GemmTactic{};
+  is >> s.m_bucket >> s.n >> s.k >> out >> t.us >> kind;
+  for (auto& word : t.algo) is >> std::hex >> word;
+  if (!is || (out != "bf16" && out != "f32") || (kind != "lt" && kind != "gemv")) return false;
+  if (s.m_bucket < 1 || s.n < 1 || s.k < 1) return false;
+  s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
+  if (kind == "gemv") {
+    t.kind = GemmKind::gemv;
+    bool ok = s.m_bucket <= kGemvMaxM;
+    for (int i = 1; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    t.gemv.warps = 0;
+    for (int w : kGemvWarpChoices)
+      if (uint64_t(w) == t.algo[0]) t.gemv.warps = w;
+    if (!ok || t.gemv.warps == 0) return false;
+    std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
+  }
+  std::string rest;
+  std::getline(is, rest);
+  if (const auto hash = rest.find("# "); hash != std::string::npos) t.describe = rest.substr(hash + 2);
+  return true;
+}
 
 int64_t gemm_m_bucket(int64_t m) {
   KILN_CHECK_GT(m, 0, "GEMM M must be positive");
@@ -152,8 +200,15 @@ std::string GemmEngine::key() const {
   return os.str();
 }
 
+std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type) const {
+  if (!gemv_enabled_ || m < 1 || m > kGemvMaxM) return std::nullopt;
+  const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type});
+  if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
+  return tuned->second.gemv;
+}
+
 void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
-                     int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream) {
+                     int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream, bool pdl) {
   KILN_CHECK(m > 0 && n > 0 && k > 0, "GEMM shape must be positive: M ", m, " N ", n, " K ", k);
   KILN_CHECK(k % 8 == 0 && n % 8 == 0, "GEMM N and K must be multiples of 8 (16-byte rows): N ", n, " K ", k);
   KILN_CHECK(ldx >= k && ldw >= k && ldo >= n && ldx % 8 == 0 && ldw % 8 == 0 && ldo % 8 == 0,
@@ -161,13 +216,18 @@ void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, voi
              " ldo ", ldo);
   for (const void* ptr : {x, w, static_cast<const void*>(out)})
     KILN_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "GEMM operands must be 16-byte aligned");
+  if (const auto g = gemv_choice(m, n, k, out_type)) {
+    gemv(x, ldx, w, ldw, out, ldo, m, n, k, gemv_epilogue(out_type), *g, stream, pdl);
+    ++gemv_dispatches_;
+    return;
+  }
   auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo});
   Plan& p = it->second;
   if (fresh) {
     try {
       p = make_descriptors(m, n, k, out_type, ldx, ldw, ldo);
       const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type});
-      if (tuned != tactics_.end()) {
+      if (tuned != tactics_.end() && tuned->second.kind == GemmKind::cublaslt) {
         std::memcpy(&p.algo, tuned->second.algo, sizeof(p.algo));
         p.have_algo = impl_->check(p, p.algo);
       }
@@ -194,6 +254,11 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     w_bytes = std::max(w_bytes, size_t(s.n * s.k * 2));
     o_bytes = std::max(o_bytes, size_t(s.m_bucket * s.n * (s.out == GemmOut::f32 ? 4 : 2)));
   }
+  // Room for weight copies that together exceed 3x the L2: calls rotate over them, so a weight that
+  // would fit in the L2 is still read from HBM, as in a decode step (each layer's weights once).
+  int l2 = 0;
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, impl_->device);
+  w_bytes = std::max(w_bytes, size_t(std::max(l2, 0)) * 3);
   void *x = nullptr, *w = nullptr, *o = nullptr;
   KILN_CUDA_CHECK(cudaMalloc(&x, x_bytes));
   KILN_CUDA_CHECK(cudaMalloc(&w, w_bytes));
@@ -208,6 +273,9 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   KILN_CUDA_CHECK(cudaEventCreate(&e1));
   for (const auto& s : shapes) {
     Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, s.n);
+    const size_t w_one = size_t(s.n * s.k);  // elements of one weight copy
+    const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / (w_one * 2)));
+    const auto* w0 = static_cast<const uint16_t*>(w);
     std::vector<cublasLtMatmulAlgo_t> cands;
     for (const auto& r : impl_->heuristic(p, 24)) {
       cands.push_back(r.algo);
@@ -225,19 +293,33 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
         if (impl_->check(p, a)) cands.push_back(a);
       }
     }
-    KILN_CHECK(!cands.empty(), "cuBLASLt has no algorithm for M ", s.m_bucket, " N ", s.n, " K ", s.k);
+    // kiln's GEMV, one pseudo-tactic per block size, for the decode buckets.
+    std::vector<GemvConfig> gemv_cands;
+    if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
+      for (int warps : kGemvWarpChoices) gemv_cands.push_back(GemvConfig{warps});
+    KILN_CHECK(!cands.empty() || !gemv_cands.empty(), "cuBLASLt has no algorithm for M ", s.m_bucket, " N ",
+               s.n, " K ", s.k);
     // Enough repetitions for ~2 ms of work per candidate, at least 3.
     const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
     const double bytes = 2.0 * double(s.n * s.k + s.m_bucket * s.k + s.m_bucket * s.n);
     const double est_us = std::max(flops / 600e12, bytes / 3.5e12) * 1e6 + 3.0;
     const int iters = std::clamp(int(2000.0 / est_us), 3, 200);
+    // Candidate i < cands.size() is cuBLASLt's, the rest are GEMV configurations.
+    auto call = [&](size_t i, int64_t it) {
+      const uint16_t* wi = w0 + size_t(it % copies) * w_one;
+      if (i < cands.size())
+        impl_->matmul(p, cands[i], x, wi, o, stream);
+      else
+        gemv(x, s.k, wi, s.k, o, s.n, s.m_bucket, s.n, s.k, gemv_epilogue(s.out),
+             gemv_cands[i - cands.size()], stream);
+    };
     float best = 1e30f;
     size_t best_i = 0;
-    for (size_t i = 0; i < cands.size(); ++i) {
-      if (!impl_->check(p, cands[i])) continue;
-      impl_->matmul(p, cands[i], x, w, o, stream);  // warm-up
+    for (size_t i = 0; i < cands.size() + gemv_cands.size(); ++i) {
+      if (i < cands.size() && !impl_->check(p, cands[i])) continue;
+      call(i, copies - 1);  // warm-up
       KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
-      for (int it = 0; it < iters; ++it) impl_->matmul(p, cands[i], x, w, o, stream);
+      for (int it = 0; it < iters; ++it) call(i, it);
       KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
       KILN_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
@@ -246,14 +328,20 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       if (us < best) best = us, best_i = i;
     }
     GemmTactic t;
-    std::memcpy(t.algo, &cands[best_i], sizeof(t.algo));
+    if (best_i < cands.size()) {
+      std::memcpy(t.algo, &cands[best_i], sizeof(t.algo));
+      t.describe = describe_algo(cands[best_i]);
+    } else {
+      t.kind = GemmKind::gemv;
+      t.gemv = gemv_cands[best_i - cands.size()];
+      t.describe = describe_gemv(t.gemv);
+    }
     t.us = best;
-    t.describe = describe_algo(cands[best_i]);
     if (verbose)
       std::printf("tune M<=%-5" PRId64 " N %-6" PRId64 " K %-5" PRId64
-                  " %-4s %9.2f us  %5.1f TFLOP/s  (%zu cands) %s\n",
-                  s.m_bucket, s.n, s.k, out_name(s.out), double(best), flops / best * 1e-6, cands.size(),
-                  t.describe.c_str());
+                  " %-4s %9.2f us  %5.1f TFLOP/s  %6.0f GB/s  (%zu cands) %s\n",
+                  s.m_bucket, s.n, s.k, out_name(s.out), double(best), flops / best * 1e-6,
+                  bytes / best * 1e-3, cands.size() + gemv_cands.size(), t.describe.c_str());
     tactics_[s] = t;
     destroy(p);
   }
@@ -272,22 +360,14 @@ bool GemmEngine::load(const std::string& path) {
   std::ifstream in(path);
   if (!in) return false;
   std::string line;
-  if (!std::getline(in, line) || line != "kiln-gemm-tactics v1") return false;
+  if (!std::getline(in, line) || line != kCacheFormat) return false;  // absent, or an older format
   if (!std::getline(in, line) || line != "key " + key()) return false;
   std::map<GemmShape, GemmTactic> loaded;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
-    std::istringstream is(line);
     GemmShape s;
-    std::string out;
     GemmTactic t;
-    is >> s.m_bucket >> s.n >> s.k >> out >> t.us;
-    for (auto& word : t.algo) is >> std::hex >> word;
-    if (!is || (out != "bf16" && out != "f32")) return false;  // a damaged file: re-tune rather than guess
-    s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
-    std::string rest;
-    std::getline(is, rest);
-    if (const auto hash = rest.find("# "); hash != std::string::npos) t.describe = rest.substr(hash + 2);
+    if (!parse_tactic_line(line, s, t)) return false;  // a damaged file: re-tune rather than guess
     loaded[s] = t;
   }
   tactics_ = std::move(loaded);
@@ -303,12 +383,8 @@ void GemmEngine::save(const std::string& path) const {
   {
     std::ofstream out(tmp);
     KILN_CHECK(bool(out), "cannot write the tactic cache ", tmp);
-    out << "kiln-gemm-tactics v1\nkey " << key() << "\n";
-    for (const auto& [s, t] : tactics_) {
-      out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << out_name(s.out) << ' ' << t.us << std::hex;
-      for (uint64_t word : t.algo) out << ' ' << word;
-      out << std::dec << " # " << t.describe << "\n";
-    }
+    out << kCacheFormat << "\nkey " << key() << "\n";
+    for (const auto& [s, t] : tactics_) out << format_tactic_line(s, t) << "\n";
     KILN_CHECK(bool(out), "writing the tactic cache ", tmp, " failed");
   }
   std::filesystem::rename(tmp, path);  // atomic: a reader never sees half a file

@@ -7,18 +7,26 @@
 // Split-K tactics change the summation order, so two tactics may differ in the last bf16 bit.
 //
 // Tactics: for each (M bucket, N, K, out dtype) the tuner times the heuristic's candidates and their
-// split-K variants and keeps the fastest. M bucket = the next power of two >= M (capped at 16384).
-// The cache file starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file whose key
-// differs is ignored. A cached tactic is re-checked with cublasLtMatmulAlgoCheck before first use and
-// replaced by the heuristic's first choice when the check fails.
+// split-K variants, and for M buckets <= 8 also kiln's own GEMV (gemv.h, one pseudo-tactic per block
+// size, described "kiln-gemv warps W"), and keeps the fastest. M bucket = the next power of two >= M
+// (capped at 16384). Weights are rotated over copies that together exceed the L2 while timing, so every
+// candidate reads W from HBM as a decode step does.
+// The cache file ("kiln-gemm-tactics v2") starts with a key line (GPU name, CUDA runtime and cuBLASLt
+// versions); a file whose key or format version differs is ignored (a v1 file is re-tuned). A cached
+// cuBLASLt tactic is re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the
+// heuristic's first choice when the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the
+// GEMV is only used where the tuner measured it faster on this GPU.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "ops/cuda/gemv.h"
 
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;  // the same declaration as CUDA's driver_types.h
@@ -33,13 +41,23 @@ struct GemmShape {
   auto operator<=>(const GemmShape&) const = default;
 };
 
+enum class GemmKind : uint8_t { cublaslt, gemv };
+
 struct GemmTactic {
-  uint64_t algo[8] = {};  // cublasLtMatmulAlgo_t, opaque; valid for one cuBLASLt version
+  GemmKind kind = GemmKind::cublaslt;
+  uint64_t algo[8] = {};  // cublaslt: cublasLtMatmulAlgo_t, opaque, valid for one cuBLASLt version
+  GemvConfig gemv{};      // gemv: the block size (algo unused, stored as zeros)
   float us = 0;           // measured time at the bucket's M when tuned
-  std::string describe;   // "algo 21 tile 17 stages 8 splitK 1 ..." for `kiln tune --show`
+  std::string describe;   // "algo 21 tile 17 stages 8 splitK 1 ..." / "kiln-gemv warps 4" for --show
 };
 
 int64_t gemm_m_bucket(int64_t m);
+
+// One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", kind "lt" or
+// "gemv" (gemv: w0 = warps). parse_tactic_line returns false for a damaged line (bad field, unknown kind,
+// a GEMV block size that gemv does not take).
+std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
+bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 
 // One per device and process (the model owns it): the cuBLASLt handle, a 32 MB workspace, tactics.
 class GemmEngine {
@@ -51,13 +69,21 @@ class GemmEngine {
 
   // out = x · W^T; raw device pointers, row strides ldx, ldw, ldo in elements (>= k, k, n; multiples of
   // 8). Validates shapes and 16-byte alignment; enqueues on stream. Uses the tuned tactic for
-  // (bucket(m), n, k, out) when it passes AlgoCheck for this exact shape, else the heuristic's first.
+  // (bucket(m), n, k, out): a GEMV tactic runs gemv (gemv.h; pdl passed on), a cuBLASLt one runs when it
+  // passes AlgoCheck for this exact shape; otherwise the heuristic's first cuBLASLt choice.
   void run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
-           int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream);
+           int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream, bool pdl = false);
   void run(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k, GemmOut out_type,
            cudaStream_t stream) {
     run(x, k, w, k, out, n, m, n, k, out_type, stream);
   }
+
+  // The GEMV configuration run() uses for this call (the tuned tactic of its bucket is a GEMV and the
+  // GEMV is enabled), else nothing (cuBLASLt). The fused gate_up + SiLU op asks this for [M, 2I, K].
+  std::optional<GemvConfig> gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type) const;
+  // Off: GEMV tactics are ignored (cuBLASLt heuristic instead), e.g. to time cuBLASLt alone. Default on.
+  void set_gemv_enabled(bool on) { gemv_enabled_ = on; }
+  int64_t gemv_dispatches() const { return gemv_dispatches_; }  // run() calls that ran the GEMV
 
   // Times candidates for each shape (synchronous; allocates scratch) and stores the winners.
   void tune(const std::vector<GemmShape>& shapes, bool verbose = false);
@@ -72,6 +98,8 @@ class GemmEngine {
   std::unique_ptr<Impl> impl_;
   std::map<GemmShape, GemmTactic> tactics_;
   int64_t fallbacks_ = 0;
+  int64_t gemv_dispatches_ = 0;
+  bool gemv_enabled_ = true;
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for

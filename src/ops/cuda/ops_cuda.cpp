@@ -5,6 +5,7 @@
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/gemv.h"
 
 namespace kiln::ops::cuda {
 namespace kc = ::kiln::cuda;
@@ -35,7 +36,23 @@ void silu_and_mul(const Tensor& gate_up, const Tensor& out) {
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
   if (x.shape[0] == 0) return;
   kc::gemm_engine().run(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0],
-                        x.shape[0], weight.shape[0], x.shape[1], kc::GemmOut::bf16, kc::current_stream());
+                        x.shape[0], weight.shape[0], x.shape[1], kc::GemmOut::bf16, kc::current_stream(),
+                        kc::pdl_enabled());
+}
+
+void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
+  const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
+  if (M == 0) return;
+  kc::GemmEngine& eng = kc::gemm_engine();
+  if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
+      g &&
+      kc::gemv_supported(M, N, K, x.stride[0], weight.stride[0], out.stride[0], kc::GemvEpilogue::silu_mul)) {
+    kc::gemv(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0], M, N, K,
+             kc::GemvEpilogue::silu_mul, *g, kc::current_stream(), kc::pdl_enabled());
+    return;
+  }
+  linear(x, weight, gate_up);
+  silu_and_mul(gate_up, out);
 }
 
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
@@ -47,7 +64,7 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
   kc::embedding_gather(rows.ptr<int32_t>(), x.data, x.stride[0], gathered, ldg, false, R, x.shape[0], H,
                        kc::current_stream(), kc::pdl_enabled());
   kc::gemm_engine().run(gathered, ldg, weight.data, weight.stride[0], logits.data, logits.stride[0], R, V, H,
-                        kc::GemmOut::f32, kc::current_stream());
+                        kc::GemmOut::f32, kc::current_stream(), kc::pdl_enabled());
   kc::round_f32_to_bf16(logits.ptr<float>(), R, V, logits.stride[0], kc::current_stream(), kc::pdl_enabled());
 }
 

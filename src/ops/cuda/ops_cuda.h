@@ -15,6 +15,9 @@ void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                   const Tensor& out);
 void silu_and_mul(const Tensor& gate_up, const Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
+// The gate_up GEMM with SiLU-and-multiply: the fused GEMV (gemv.h) when the tuner chose the GEMV for
+// [M, 2I, K] (M <= 8), else the GEMM into gate_up followed by the silu_mul kernel.
+void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out);
 // Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
 // bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);

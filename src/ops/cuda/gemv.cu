@@ -1,0 +1,204 @@
+// Small-M GEMV and the fused gate_up + SiLU-and-multiply GEMV; contracts in gemv.h.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/gemv.h"
+#include "ops/cuda/vec.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kMaxWarps = 16;
+
+struct GemvParams {
+  const uint4* x;  // [M, K/8], row stride ldx8 (uint4 units)
+  const uint4* w;  // [N, K/8], row stride ldw8
+  void* out;       // bf16 / f32 [M, N] or bf16 act [M, N/2], row stride ldo (elements)
+  int64_t ldx8, ldw8, ldo;
+  int64_t n;   // rows of W (silu_mul: 2I)
+  int64_t k8;  // K / 8
+};
+
+// W is streamed once: 16-byte read-only loads that skip L1 (x keeps it) with a 256-byte L2 prefetch hint.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Chunk steps whose W loads are issued together per thread: more bytes in flight where registers allow.
+template <int M>
+constexpr int unroll_for() {
+  return M <= 2 ? 4 : 2;
+}
+
+template <int M, GemvEpilogue E>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const __grid_constant__ GemvParams p) {
+  constexpr int R = kGemvRows;
+  constexpr int U = unroll_for<M>();
+  const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  // The block's W rows (clamped into range; the epilogue stores only real ones).
+  const uint4* wrow[R];
+  int64_t base;
+  if constexpr (E == GemvEpilogue::silu_mul) {
+    const int64_t half = p.n / 2;
+    base = int64_t(blockIdx.x) * (R / 2);
+#pragma unroll
+    for (int r = 0; r < R / 2; ++r) {
+      const int64_t j = base + r < half ? base + r : half - 1;
+      wrow[r] = p.w + j * p.ldw8;
+      wrow[R / 2 + r] = p.w + (half + j) * p.ldw8;
+    }
+  } else {
+    base = int64_t(blockIdx.x) * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) wrow[r] = p.w + (base + r < p.n ? base + r : p.n - 1) * p.ldw8;
+  }
+  pdl_wait();
+
+  float acc[M][R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+
+  for (int64_t c0 = tid; c0 < p.k8; c0 += int64_t(U) * T) {
+    uint4 wv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + int64_t(u) * T;
+      if (c < p.k8) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) wv[u][r] = load_stream(wrow[r] + c);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + int64_t(u) * T;
+      if (c < p.k8) {
+        float wf[R][8];
+#pragma unroll
+        for (int r = 0; r < R; ++r) unpack8(wv[u][r], wf[r]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float xf[8];
+          unpack8(__ldg(p.x + m * p.ldx8 + c), xf);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
+        }
+      }
+    }
+  }
+
+  // Warp butterfly, then the warps' sums in ascending warp order (gemv.h: the summation order).
+  __shared__ float red[kMaxWarps][M * R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = acc[m][r];
+#pragma unroll
+      for (int off = 16; off >= 1; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) red[warp][m * R + r] = v;
+    }
+  __syncthreads();
+  const int warps = T / 32;
+  auto total = [&](int i) {
+    float s = red[0][i];
+    for (int w = 1; w < warps; ++w) s += red[w][i];
+    return s;
+  };
+  if constexpr (E == GemvEpilogue::silu_mul) {
+    if (tid < M * (R / 2)) {
+      const int m = tid / (R / 2), c = tid % (R / 2);
+      const int64_t j = base + c;
+      if (j < p.n / 2) {
+        // silu_mul's formula and rounding points (elementwise.cu): g and u are the bf16 GEMM outputs.
+        const float g = round_bf16(total(m * R + c)), u = round_bf16(total(m * R + R / 2 + c));
+        const float y = round_bf16(__fdiv_rn(g, 1.0f + expf(-g))) * u;
+        static_cast<uint16_t*>(p.out)[m * p.ldo + j] = uint16_t(f32_to_bf16_bits(y));
+      }
+    }
+  } else {
+    if (tid < M * R) {
+      const int m = tid / R, r = tid % R;
+      const int64_t n = base + r;
+      if (n < p.n) {
+        const float s = total(tid);
+        if constexpr (E == GemvEpilogue::f32) {
+          static_cast<float*>(p.out)[m * p.ldo + n] = s;
+        } else {
+          static_cast<uint16_t*>(p.out)[m * p.ldo + n] = uint16_t(f32_to_bf16_bits(s));
+        }
+      }
+    }
+  }
+  pdl_launch_dependents();
+}
+
+using GemvKernel = void (*)(GemvParams);
+
+template <GemvEpilogue E>
+GemvKernel kernel_for(int64_t m) {
+  static constexpr GemvKernel table[kGemvMaxM] = {gemv_kernel<1, E>, gemv_kernel<2, E>, gemv_kernel<3, E>,
+                                                  gemv_kernel<4, E>, gemv_kernel<5, E>, gemv_kernel<6, E>,
+                                                  gemv_kernel<7, E>, gemv_kernel<8, E>};
+  return table[m - 1];
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+bool valid_warps(int w) {
+  for (int c : kGemvWarpChoices)
+    if (c == w) return true;
+  return false;
+}
+
+}  // namespace
+
+bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo,
+                    GemvEpilogue epi) {
+  const bool silu = epi == GemvEpilogue::silu_mul;
+  return m >= 1 && m <= kGemvMaxM && n >= 1 && k >= 8 && k % 8 == 0 && ldx >= k && ldw >= k && ldx % 8 == 0 &&
+         ldw % 8 == 0 && (!silu || n % 2 == 0) && ldo >= (silu ? n / 2 : n);
+}
+
+void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
+          int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl) {
+  KILN_CHECK(m >= 0 && m <= kGemvMaxM, "gemv: M must be in [0, ", kGemvMaxM, "], got ", m);
+  KILN_CHECK(n >= 1 && k >= 8 && k % 8 == 0, "gemv: N must be >= 1 and K a positive multiple of 8: N ", n,
+             " K ", k);
+  KILN_CHECK(epi != GemvEpilogue::silu_mul || n % 2 == 0,
+             "gemv: the silu_mul epilogue needs an even N (2I), got ", n);
+  const int64_t out_cols = epi == GemvEpilogue::silu_mul ? n / 2 : n;
+  KILN_CHECK(ldx >= k && ldw >= k && ldx % 8 == 0 && ldw % 8 == 0 && ldo >= out_cols,
+             "gemv: row strides must be >= the row length (x, W: multiples of 8): ldx ", ldx, " ldw ", ldw,
+             " ldo ", ldo);
+  KILN_CHECK(aligned16(x) && aligned16(w) && aligned16(out), "gemv: x, W and out must be 16-byte aligned");
+  KILN_CHECK(valid_warps(cfg.warps), "gemv: warps must be 2, 4, 8 or 16, got ", cfg.warps);
+  KILN_CHECK(gemv_supported(m == 0 ? 1 : m, n, k, ldx, ldw, ldo, epi), "gemv: unsupported call");
+  if (m == 0) return;
+  const GemvParams p{.x = static_cast<const uint4*>(x),
+                     .w = static_cast<const uint4*>(w),
+                     .out = out,
+                     .ldx8 = ldx / 8,
+                     .ldw8 = ldw / 8,
+                     .ldo = ldo,
+                     .n = n,
+                     .k8 = k / 8};
+  const int64_t per_block = epi == GemvEpilogue::silu_mul ? kGemvRows / 2 : kGemvRows;
+  const int64_t blocks = (out_cols + per_block - 1) / per_block;
+  KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
+  GemvKernel kern = epi == GemvEpilogue::bf16  ? kernel_for<GemvEpilogue::bf16>(m)
+                    : epi == GemvEpilogue::f32 ? kernel_for<GemvEpilogue::f32>(m)
+                                               : kernel_for<GemvEpilogue::silu_mul>(m);
+  launch(
+      {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
+      kern, p);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,55 @@
+// Small-M GEMV for decode (1 <= M <= 8): out[M, N] = x[M, K] · W[N, K]^T, bf16 in, fp32 accumulate,
+// bf16 or f32 out; and the fused gate_up GEMV with the SiLU-and-multiply epilogue. A candidate of the
+// GEMM tuner (gemm.h: a "kiln-gemv" pseudo-tactic), dispatched by GemmEngine::run when it won.
+//
+// Work split: a block of `warps` warps owns kGemvRows rows of W (for the fused epilogue: kGemvRows / 2
+// gate rows j.. and the matching up rows I + j..). Its threads split K into 16-byte chunks (8 bf16):
+// thread t (t = warp * 32 + lane) of T = 32 * warps takes chunks t, t + T, t + 2T, ... in ascending order,
+// W streamed with L1-bypassing 16-byte loads, x read through the read-only cache. Rows beyond N are
+// clamped onto row N - 1 and never stored.
+//
+// Summation order (fixed for a given `warps`, so two runs are bitwise equal, and a row's result does not
+// depend on M, on its place in the block, or on the epilogue): per thread, acc = fmaf(x, w, acc) over its
+// chunks in ascending order, the 8 elements of a chunk in order; then an xor butterfly 16, 8, 4, 2, 1 in
+// each warp; then one thread per output adds the warps' sums in ascending warp order ((w0 + w1) + w2 ...).
+// Different `warps` values may differ in the last bits (like two split-K tactics). Tolerance against an
+// fp64 reference as for the cuBLASLt GEMM: relative Frobenius error <= 2^-8 bf16 out, <= 1e-5 f32 out.
+//
+// Fused epilogue (gemv_silu_mul): g = bf16(dot(x, W[j])), u = bf16(dot(x, W[I + j])) (the values the
+// plain GEMV would store), act[m, j] = bf16(float(bf16(g / (1 + expf(-g)))) * u): the formula and the
+// rounding points of elementwise.h's silu_mul, so fused == gemv (same warps) then silu_mul, bitwise.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace kiln::cuda {
+
+constexpr int64_t kGemvMaxM = 8;
+constexpr int kGemvRows = 4;  // W rows per block (fused: 2 output columns)
+
+enum class GemvEpilogue : uint8_t { bf16, f32, silu_mul };
+
+struct GemvConfig {
+  int warps = 4;  // warps per block, one of 2, 4, 8, 16 (they split K)
+};
+
+// The configurations the tuner times (GemmEngine::tune) and the benchmark compares.
+inline constexpr int kGemvWarpChoices[] = {2, 4, 8, 16};
+
+// True when gemv can run this call: 1 <= m <= 8, k % 8 == 0, n >= 1, row strides multiples of 8, and
+// (for silu_mul) n even. Alignment of the pointers is checked by gemv itself.
+bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo, GemvEpilogue epi);
+
+// bf16 / f32 epilogue: out[m, n] (row stride ldo, elements of the output type) = x[m, :] · W[n, :].
+// silu_mul: W is the concatenated gate_up weight [n = 2I, K]; out is act [M, I] bf16 (row stride ldo).
+// x, W: bf16 row-major with row strides ldx, ldw (elements). x, W, out 16-byte aligned; strides multiples
+// of 8; ldx >= k, ldw >= k, ldo >= n (silu_mul: >= n / 2). out must not alias x or W. m == 0 is a no-op;
+// m > 8 or any other violation throws kiln::Error before anything is launched. pdl: programmatic
+// dependent launch (the kernel waits for its predecessor's writes before reading x).
+void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
+          int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
+
+}  // namespace kiln::cuda
