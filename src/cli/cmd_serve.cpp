@@ -4,7 +4,8 @@
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
 //              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
 //              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--drain-timeout S]
-//              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph] [--seed S]
+//              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph]
+//              [--cuda-graph-bs 1,2,4,...] [--seed S]
 //              [--sampling-backend auto|cpu]
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
 // --drain-timeout seconds (default 30), then abort the rest; a second signal aborts at once. Every
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "cli/client_flags.h"
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "kiln/error.h"
@@ -49,6 +51,7 @@ int run_serve(const kiln::cli::Args& args) {
                             "http-threads",
                             "drain-timeout",
                             "seed",
+                            "cuda-graph-bs",
                             "sampling-backend"},
                            {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
@@ -70,6 +73,11 @@ int run_serve(const kiln::cli::Args& args) {
   eo.enable_prefix_cache = !f.flag("disable-prefix-cache");
   eo.enable_mixed_batches = !f.flag("disable-mixed-batches");
   eo.disable_cuda_graph = f.flag("disable-cuda-graph");
+  if (f.has("cuda-graph-bs"))
+    for (int64_t b : kiln::cli::parse_int_list(f.str("cuda-graph-bs"), "cuda-graph-bs")) {
+      KILN_CHECK(b <= 4096, "--cuda-graph-bs ", b, " is too large (at most 4096)");
+      eo.cuda_graph_buckets.push_back(int(b));
+    }
   eo.seed = uint64_t(f.i64("seed", 0));
   eo.sampling_backend = f.str("sampling-backend", eo.sampling_backend);  // auto | cpu
 

@@ -1,6 +1,8 @@
 // Decode-step CUDA graph (see cuda_graph.h).
 #include "model/cuda_graph.h"
 
+#include <algorithm>
+
 #include "kiln/error.h"
 
 #ifdef KILN_HAVE_CUDA
@@ -12,14 +14,24 @@
 namespace kiln {
 
 #ifdef KILN_HAVE_CUDA
-CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride)
-    : model_(model), cache_(cache), pages_stride_(pages_stride) {
+CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
+                                 Tensor logits)
+    : model_(model), cache_(cache), pages_stride_(pages_stride), num_seqs_(num_seqs) {
   KILN_CHECK(model.device().is_cuda() && cache.device() == model.device(),
              "CudaDecodeGraph needs the model and its KV cache on one CUDA device");
   KILN_CHECK(pages_stride > 0, "CudaDecodeGraph: pages_stride must be positive");
+  KILN_CHECK(num_seqs > 0, "CudaDecodeGraph: num_seqs must be positive");
   const int64_t V = model.config().vocab_size;
-  logits_buf_ = Buffer(size_t(V) * sizeof(float), model.device());
-  logits_ = logits_buf_.view(DType::f32, {1, V});
+  if (logits.data) {
+    KILN_CHECK(logits.dtype == DType::f32 && logits.ndim == 2 && logits.shape[0] >= num_seqs &&
+                   logits.shape[1] == V && logits.stride[0] == V && logits.device == model.device(),
+               "CudaDecodeGraph: logits must be contiguous f32 [>= ", num_seqs, ", ", V, "] on ",
+               device_name(model.device()), ", got ", logits.describe());
+    logits_ = Tensor(logits.data, DType::f32, {num_seqs, V}, model.device());
+  } else {
+    logits_buf_ = Buffer(size_t(num_seqs) * size_t(V) * sizeof(float), model.device());
+    logits_ = logits_buf_.view(DType::f32, {num_seqs, V});
+  }
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   stream_ = s;
@@ -62,25 +74,48 @@ void CudaDecodeGraph::capture() {
 }
 
 Tensor CudaDecodeGraph::step(const BatchDesc& in) {
-  KILN_CHECK(in.num_seqs() == 1 && in.num_tokens() == 1 && in.logit_rows.size() == 1 && in.logit_rows[0] == 0,
-             "CudaDecodeGraph::step takes one sequence with one new token and its logits");
+  const int32_t B = num_seqs_;
+  const int64_t R = int64_t(in.logit_rows.size());
+  KILN_CHECK(in.num_seqs() == B && in.num_tokens() == B && !in.mrope, "CudaDecodeGraph::step takes ", B,
+             " sequences of one new token each without M-RoPE, got ", in.num_seqs(), " sequences and ",
+             in.num_tokens(), " tokens", in.mrope ? " (M-RoPE)" : "");
+  for (int32_t i = 0; i <= B; ++i)
+    KILN_CHECK(in.cu_q[size_t(i)] == i, "CudaDecodeGraph::step: sequence ", i - 1, " has not one new token");
+  KILN_CHECK(R <= B, "CudaDecodeGraph::step: ", R, " logit rows for ", B, " sequences");
+  for (int64_t r = 0; r < R; ++r)
+    KILN_CHECK(in.logit_rows[size_t(r)] == r, "CudaDecodeGraph::step: logit_rows must be 0, 1, ..., R-1");
   KILN_CHECK(in.pages_stride <= pages_stride_, "CudaDecodeGraph: page table of ", in.pages_stride,
              " pages is wider than the graph's ", pages_stride_);
-  BatchDesc b = in;
-  b.page_table.resize(size_t(pages_stride_), 0);  // padding pages are never read: kv_lens bounds the reads
+  KILN_CHECK_EQ(in.page_table.size(), size_t(B) * size_t(in.pages_stride),
+                "CudaDecodeGraph: page table size");
+  BatchDesc& b = staged_;
+  b.tokens = in.tokens;
+  b.positions = in.positions;
+  b.slot_mapping = in.slot_mapping;
+  b.cu_q = in.cu_q;
+  b.kv_lens = in.kv_lens;
+  b.page_size = in.page_size;
   b.pages_stride = pages_stride_;
+  // Padding entries are never read (kv_lens bounds the reads); 0 is a valid page index.
+  b.page_table.assign(size_t(B) * size_t(pages_stride_), 0);
+  for (int32_t i = 0; i < B; ++i)
+    std::copy_n(in.page_table.begin() + ptrdiff_t(i) * in.pages_stride, in.pages_stride,
+                b.page_table.begin() + ptrdiff_t(i) * pages_stride_);
+  b.logit_rows.resize(size_t(B));
+  for (int32_t i = 0; i < B; ++i) b.logit_rows[size_t(i)] = i;  // a fixed LM-head shape
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
   KILN_CUDA_CHECK(
       cudaStreamSynchronize(s));  // the last replay has read its inputs before they are overwritten
   model_.stage(b, cache_);
   if (!exec_ || model_.workspace_generation() != generation_) capture();
   KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s));
-  return logits_;
+  return Tensor(logits_.data, DType::f32, {R, model_.config().vocab_size}, model_.device());
 }
 
 #else
-CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride)
-    : model_(model), cache_(cache), pages_stride_(pages_stride) {
+CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
+                                 Tensor)
+    : model_(model), cache_(cache), pages_stride_(pages_stride), num_seqs_(num_seqs) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 CudaDecodeGraph::~CudaDecodeGraph() = default;

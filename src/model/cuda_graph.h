@@ -1,12 +1,15 @@
-// CudaDecodeGraph: single-sequence decode steps of a Qwen3Model replayed from one CUDA graph.
+// CudaDecodeGraph: decode steps of a Qwen3Model, `num_seqs` sequences of one new token each, replayed
+// from one CUDA graph.
 //
-// Each step stages the batch metadata (token, position, slot, kv_len, page table) into the model's
+// Each step stages the batch metadata (tokens, positions, slots, kv_lens, page table) into the model's
 // workspace with ordinary copies, then replays a graph of every launch of the step (all layers and the
 // LM head). The graph holds only device pointers to those staged buffers, so new inputs need no
 // recapture: it is correct when inputs change between replays (tests/cuda/test_cuda_graph.cpp checks
-// replay == eager bit for bit). It is recaptured when a workspace buffer was reallocated (a larger
-// prefill ran in between). The page table is padded to a fixed width, so one graph serves every
-// context up to pages_stride * page_size tokens, and the decode attention's split count stays fixed.
+// replay == eager bit for bit). It is recaptured when a workspace buffer was reallocated (a larger step
+// ran in between; Qwen3Model::reserve_workspace avoids that). The page table is re-laid to a fixed width,
+// so one graph serves every context up to pages_stride * page_size tokens and the decode attention's
+// split count stays fixed. The LM head runs over all num_seqs rows (a fixed shape); rows of padding
+// sequences (runtime/model_runner.h pad_batch) produce logits nobody reads.
 #pragma once
 
 #include <cstdint>
@@ -20,16 +23,22 @@ namespace kiln {
 
 class CudaDecodeGraph {
  public:
-  // model and cache on one CUDA device; pages_stride: the page-table width of every step.
-  CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride);
+  // model and cache on one CUDA device; pages_stride: the page-table width of every step; num_seqs: the
+  // batch size of every step. logits: where the LM head writes, f32 [>= num_seqs, vocab] on the device
+  // (several graphs of one runner may share it); empty: the graph allocates its own.
+  CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs = 1,
+                  Tensor logits = {});
   ~CudaDecodeGraph();
   CudaDecodeGraph(const CudaDecodeGraph&) = delete;
   CudaDecodeGraph& operator=(const CudaDecodeGraph&) = delete;
 
-  // One decode step: b has one sequence with one new token and logit_rows == {0}; b.pages_stride may be
-  // smaller than the graph's (the table is padded). Returns f32 [1, vocab] logits on the device, valid
-  // until the next step. Synchronous with the host only through the staging copies.
+  // One decode step: b has num_seqs sequences of one new token each, logit_rows == {0, 1, ..., R-1}
+  // (R <= num_seqs: rows past R are padding), no M-RoPE, b.pages_stride <= the graph's (each row is
+  // padded). Returns f32 [R, vocab] logits on the device, valid until the next step of any graph sharing
+  // the buffer. Synchronous with the host only through the staging copies.
   Tensor step(const BatchDesc& b);
+  int32_t num_seqs() const { return num_seqs_; }
+  int32_t pages_stride() const { return pages_stride_; }
   int captures() const { return captures_; }
   void* stream() const { return stream_; }
 
@@ -39,8 +48,10 @@ class CudaDecodeGraph {
   Qwen3Model& model_;
   KvCache& cache_;
   int32_t pages_stride_;
+  int32_t num_seqs_;
   Buffer logits_buf_;
-  Tensor logits_;
+  Tensor logits_;           // f32 [num_seqs, vocab]
+  BatchDesc staged_;        // reused across steps: no per-step allocation of the re-laid page table
   void* stream_ = nullptr;  // cudaStream_t (blocking: ordered with the staging copies)
   void* graph_ = nullptr;   // cudaGraph_t
   void* exec_ = nullptr;    // cudaGraphExec_t

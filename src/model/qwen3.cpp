@@ -234,6 +234,30 @@ void Qwen3Model::launch_lm_head(const Tensor& logits) {
   ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
 }
 
+void Qwen3Model::reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_stride, int64_t logit_rows) {
+  KILN_CHECK(tokens >= 0 && seqs >= 0 && pages_stride >= 0 && logit_rows >= 0,
+             "reserve_workspace: negative size");
+  const ModelConfig& c = cfg_;
+  Workspace& w = *ws_;
+  const size_t T = size_t(tokens), bf = sizeof(bf16_t);
+  const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size);
+  const size_t qkv_dim = size_t(c.num_heads + 2 * c.num_kv_heads) * size_t(c.head_dim);
+  w.get(Workspace::ids, T * 4);
+  w.get(Workspace::positions, 3 * T * 4);  // M-RoPE: three rows
+  w.get(Workspace::slots, T * 8);
+  w.get(Workspace::cu_q, size_t(seqs + 1) * 4);
+  w.get(Workspace::kv_lens, size_t(seqs) * 4);
+  w.get(Workspace::page_table, size_t(seqs) * size_t(pages_stride) * 4);
+  w.get(Workspace::rows, size_t(logit_rows) * 4);
+  w.get(Workspace::residual, T * H * bf);
+  w.get(Workspace::normed, T * H * bf);
+  w.get(Workspace::qkv, T * qkv_dim * bf);
+  w.get(Workspace::attn, T * size_t(c.num_heads * c.head_dim) * bf);
+  w.get(Workspace::tmp, T * H * bf);
+  w.get(Workspace::gate_up, T * 2 * I * bf);
+  w.get(Workspace::act, T * I * bf);
+}
+
 uint64_t Qwen3Model::workspace_generation() const {
   return ws_->generation;
 }

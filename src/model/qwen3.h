@@ -51,6 +51,10 @@ class Qwen3Model {
   // The same step, returning the final-norm hidden state of the logit rows instead of logits (the
   // embedding path): out bf16 or f32 [R, hidden] on the model's device.
   void forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out);
+  // Grows the per-step workspace to fit any step of up to `tokens` tokens, `seqs` sequences, a page table
+  // `pages_stride` wide and `logit_rows` logit rows, so such steps reallocate nothing and CUDA graphs
+  // captured after this call are not recaptured (model/cuda_graph.h).
+  void reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_stride, int64_t logit_rows);
 
  private:
   struct Workspace;

@@ -78,6 +78,22 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   const int64_t model_max = I.runner->config().max_position_embeddings;
   I.max_context = opts.max_context_len > 0 ? opts.max_context_len : (model_max > 0 ? model_max : INT32_MAX);
   I.context_limit = std::min(I.max_context, I.sched->capacity_tokens());
+  if (!opts.disable_cuda_graph) {
+    ModelRunner::GraphPlan gp;
+    const std::vector<int32_t> want =
+        opts.cuda_graph_buckets.empty()
+            ? default_graph_buckets()
+            : std::vector<int32_t>(opts.cuda_graph_buckets.begin(), opts.cuda_graph_buckets.end());
+    for (size_t i = 0; i < want.size(); ++i) {
+      KILN_CHECK(want[i] >= 1 && want[i] <= 4096 && (i == 0 || want[i] > want[i - 1]),
+                 "CUDA graph batch sizes must be ascending, in [1, 4096]");
+      if (want[i] <= opts.max_running_requests) gp.buckets.push_back(want[i]);
+    }
+    gp.max_pages_per_seq = int32_t((I.context_limit + opts.page_size - 1) / opts.page_size);
+    gp.max_seqs = opts.max_running_requests;
+    gp.max_step_tokens = int64_t(std::max(opts.chunked_prefill_size, 0)) + opts.max_running_requests;
+    if (!gp.buckets.empty()) I.runner->prepare_graphs(gp);
+  }
   const std::vector<double> lat{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                 0.5,   1,      2.5,   5,    10,    25,   50,  100};
   I.counters.ttft = Histogram::with_bounds(lat);

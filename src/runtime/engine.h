@@ -136,7 +136,9 @@ struct EngineOptions {
   // Admission keeps this fraction of the running requests' possible remaining growth free (it adapts:
   // 1 after a preemption, decaying to 0.1). 0 = admit greedily, preempt when the pool runs out.
   double admission_reserve = 0.7;
-  std::vector<int> cuda_graph_buckets;  // empty = defaults (1, 2, 4, 8, ... 128); CUDA helper's seam
+  // Decode-only steps padded to these batch sizes replay CUDA graphs captured at start (ascending; empty =
+  // 1, 2, 4, 8, 12, 16, 24, ..., 128; sizes above max_running_requests are dropped); larger ones run eagerly.
+  std::vector<int> cuda_graph_buckets;
   bool disable_cuda_graph = false;
   // "auto": sample on the model's device when its runner can (CUDA: only the tokens come back; min_p
   // and hidden-state requests fall back to the host); "cpu": always copy logits and sample on the host.

@@ -39,7 +39,7 @@ void FakeRunner::allocate_kv(int32_t num_pages, int32_t page_size) {
 }
 
 int32_t FakeRunner::graph_bucket(const BatchDesc& batch) const {
-  if (graph_buckets.empty() || batch.num_tokens() != batch.num_seqs()) return 0;  // decode-only batches
+  if (graph_buckets.empty() || !is_graphable_decode(batch)) return 0;
   for (int32_t b : graph_buckets)
     if (b >= batch.num_seqs()) return b;
   return 0;

@@ -25,6 +25,7 @@ class FakeRunner : public ModelRunner {
   int64_t kv_bytes_per_token() const override { return 8; }
   int64_t kv_memory_budget(double mem_fraction) const override { return int64_t(mem_fraction * (1 << 20)); }
   void allocate_kv(int32_t num_pages, int32_t page_size) override;
+  void prepare_graphs(const GraphPlan& plan) override { graph_plans.push_back(plan); }
   int32_t graph_bucket(const BatchDesc& batch) const override;
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
   // With device_sampling set, stands in for a device sampler: greedy argmax, or a draw from
@@ -42,6 +43,7 @@ class FakeRunner : public ModelRunner {
   int64_t max_seqs_seen = 0;
   bool saw_mixed_step = false;         // a step with both q_len == 1 and q_len > 1 rows
   std::vector<int32_t> graph_buckets;  // pad all-decode batches up to these (empty: never pad)
+  std::vector<GraphPlan> graph_plans;  // what prepare_graphs was given
   int64_t fail_at_step = -1;           // forward() throws on this step number
   std::vector<int32_t> step_tokens;    // tokens per step
   bool device_sampling = false;        // forward_sampled() works (else it declines)

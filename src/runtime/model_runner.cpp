@@ -23,4 +23,18 @@ void pad_batch(BatchDesc& batch, int32_t num_seqs) {
   }
 }
 
+bool is_graphable_decode(const BatchDesc& batch) {
+  const int32_t B = batch.num_seqs();
+  if (B == 0 || batch.num_tokens() != B || batch.mrope || batch.logit_rows.size() > size_t(B)) return false;
+  for (int32_t i = 0; i <= B; ++i)
+    if (batch.cu_q[size_t(i)] != i) return false;
+  for (size_t r = 0; r < batch.logit_rows.size(); ++r)
+    if (batch.logit_rows[r] != int32_t(r)) return false;
+  return true;
+}
+
+std::vector<int32_t> default_graph_buckets() {
+  return {1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128};
+}
+
 }  // namespace kiln

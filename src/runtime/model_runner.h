@@ -24,6 +24,16 @@ class ModelRunner {
   virtual int64_t kv_memory_budget(double mem_fraction) const = 0;
   // Allocates the paged KV storage. Called once, before the first forward().
   virtual void allocate_kv(int32_t num_pages, int32_t page_size) = 0;
+  // CUDA graphs for decode-only steps. The engine calls this once, after allocate_kv, unless graphs are
+  // disabled: the runner may capture graphs for these batch sizes now and size its step workspace so
+  // that later steps within the bounds reallocate nothing. Runners without graphs ignore it.
+  struct GraphPlan {
+    std::vector<int32_t> buckets;   // batch sizes, ascending, each >= 1
+    int32_t max_pages_per_seq = 0;  // the widest page table a sequence can need (context limit / page)
+    int64_t max_step_tokens = 0;    // tokens of the largest step the scheduler may form
+    int32_t max_seqs = 0;           // sequences of the largest step
+  };
+  virtual void prepare_graphs(const GraphPlan& /*plan*/) {}
   // CUDA-graph seam: the number of sequences to pad `batch` to (rows with slot -1, no logits, pointing
   // at KvPool::kNullPage), or 0 to run it eagerly as is. The engine pads with pad_batch() before forward.
   virtual int32_t graph_bucket(const BatchDesc& /*batch*/) const { return 0; }
@@ -58,5 +68,12 @@ class ModelRunner {
 // Appends padding sequences until the batch has num_seqs of them: one token each (id 0, position 0,
 // slot -1), kv_len 1, page table all KvPool::kNullPage, no logit row. The cache write skips slot -1.
 void pad_batch(BatchDesc& batch, int32_t num_seqs);
+
+// Whether every sequence of `batch` has exactly one new token and the logit rows are 0, 1, ..., R-1
+// (R <= num_seqs): the decode-only steps a CUDA graph bucket can run, padded or not.
+bool is_graphable_decode(const BatchDesc& batch);
+
+// The default CUDA-graph batch sizes (SGLang's spacing up to 128).
+std::vector<int32_t> default_graph_buckets();
 
 }  // namespace kiln

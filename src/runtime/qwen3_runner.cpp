@@ -1,6 +1,8 @@
 #include "runtime/qwen3_runner.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "kiln/error.h"
@@ -63,10 +65,75 @@ Tensor Qwen3Runner::device_rows(Buffer& buf, int64_t rows, int64_t cols) {
   return Tensor(buf.data(), DType::f32, {rows, cols}, device());
 }
 
+void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
+  KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
+  if (!device().is_cuda() || plan.buckets.empty() || !config().mrope_section.empty()) return;
+  KILN_CHECK(plan.max_pages_per_seq > 0, "prepare_graphs: max_pages_per_seq must be positive");
+  for (size_t i = 0; i < plan.buckets.size(); ++i)
+    KILN_CHECK(plan.buckets[i] >= 1 && (i == 0 || plan.buckets[i] > plan.buckets[i - 1]),
+               "CUDA graph batch sizes must be ascending and >= 1");
+  const auto t0 = std::chrono::steady_clock::now();
+  graphs_.clear();
+  graph_buckets_ = plan.buckets;
+  graph_widths_.clear();
+  for (int32_t w = 16; w < plan.max_pages_per_seq; w *= 2) graph_widths_.push_back(w);
+  graph_widths_.push_back(plan.max_pages_per_seq);
+  const int32_t top = graph_buckets_.back();
+  const int32_t seqs = std::max(plan.max_seqs, top);
+  // Size the workspace for every step the scheduler may form first, so no later step reallocates it and
+  // forces the graphs to be captured again.
+  model_->reserve_workspace(std::max<int64_t>(plan.max_step_tokens, top), seqs, graph_widths_.back(), seqs);
+  const int64_t V = config().vocab_size;
+  graph_logits_buf_ = Buffer(size_t(top) * size_t(V) * sizeof(float), device());
+  const Tensor shared(graph_logits_buf_.data(), DType::f32, {top, V}, device());
+  // Capture now, on steps of padding rows only (no K/V is written), so no serving step waits for one.
+  for (int32_t b : graph_buckets_) {
+    for (int32_t w : graph_widths_) {
+      auto g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, w, b, shared);
+      BatchDesc pad;
+      pad.page_size = cache_->page_size();
+      pad_batch(pad, b);
+      g->step(pad);
+      graphs_[{b, w}] = std::move(g);
+    }
+  }
+#ifdef KILN_HAVE_CUDA
+  KILN_CHECK(cudaDeviceSynchronize() == cudaSuccess,
+             "capturing the decode CUDA graphs failed: ", cudaGetErrorString(cudaGetLastError()));
+#endif
+  std::fprintf(stderr,
+               "kiln: captured %zu decode CUDA graphs (%zu batch sizes up to %d x %zu page-table widths "
+               "up to %d pages) in %.2f s\n",
+               graphs_.size(), graph_buckets_.size(), top, graph_widths_.size(), graph_widths_.back(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+int32_t Qwen3Runner::graph_bucket(const BatchDesc& batch) const {
+  if (graph_buckets_.empty() || !is_graphable_decode(batch)) return 0;
+  if (batch.num_seqs() > graph_buckets_.back() || batch.pages_stride > graph_widths_.back()) return 0;
+  return *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), batch.num_seqs());
+}
+
+CudaDecodeGraph* Qwen3Runner::graph_for(const BatchDesc& batch) {
+  if (graph_buckets_.empty() || !is_graphable_decode(batch)) return nullptr;
+  if (!std::binary_search(graph_buckets_.begin(), graph_buckets_.end(), batch.num_seqs())) return nullptr;
+  const auto w = std::lower_bound(graph_widths_.begin(), graph_widths_.end(), batch.pages_stride);
+  if (w == graph_widths_.end()) return nullptr;
+  return graphs_.at({batch.num_seqs(), *w}).get();
+}
+
 void Qwen3Runner::forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) {
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
   const int64_t R = int64_t(batch.logit_rows.size());
   const int64_t V = config().vocab_size, H = config().hidden_size;
+  if (!hidden && logits) {
+    if (CudaDecodeGraph* g = graph_for(batch)) {
+      const Tensor out = g->step(batch);
+      logits->resize(size_t(R * V));  // the copy waits for the replay (the graph's stream is blocking)
+      copy_bytes(logits->data(), Device::cpu(), out.data, device(), size_t(R * V) * sizeof(float));
+      return;
+    }
+  }
   // Both at once (a generative request asking for hidden states) runs the step twice; the second run
   // rewrites the same K/V values into the same slots.
   if (hidden) {
@@ -94,8 +161,14 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   const int64_t V = config().vocab_size;
   KILN_CHECK_EQ(int64_t(rows.size()), R, "one RowSampling per logit row");
   KILN_CHECK(top_n >= 0 && top_n <= cuda::kMaxTopN, "top_n ", top_n, " out of range");
-  Tensor logits = device_rows(logits_buf_, R, V);
-  model_->forward(batch, *cache_, logits);
+  CudaDecodeGraph* graph = graph_for(batch);
+  Tensor logits;
+  if (graph) {
+    logits = graph->step(batch);
+  } else {
+    logits = device_rows(logits_buf_, R, V);
+    model_->forward(batch, *cache_, logits);
+  }
   out->assign(size_t(R), SampledRow{});
   if (R == 0) return true;
   std::vector<cuda::SampleParams> hp(static_cast<size_t>(R));
@@ -108,7 +181,8 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   const size_t out_bytes = size_t(R) * (2 + 2 * size_t(top_n)) * 4;
   if (sample_params_buf_.bytes() < params_bytes) sample_params_buf_ = Buffer(params_bytes * 2, device());
   if (sample_out_buf_.bytes() < out_bytes) sample_out_buf_ = Buffer(out_bytes * 2, device());
-  auto* stream = static_cast<cudaStream_t>(ops::current_stream());
+  // Sampling follows the step on its stream: the graph's own, or the eager one.
+  auto* stream = static_cast<cudaStream_t>(graph ? graph->stream() : ops::current_stream());
   KILN_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "CUDA error before sampling");
   copy_bytes(sample_params_buf_.data(), device(), hp.data(), Device::cpu(), params_bytes);
   char* base = static_cast<char*>(sample_out_buf_.data());

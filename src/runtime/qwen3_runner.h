@@ -2,9 +2,13 @@
 // Qwen3Model and its KvCache, and copies each step's logits / hidden rows back to the host.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "model/cuda_graph.h"
 #include "model/kv_cache.h"
 #include "model/qwen3.h"
 #include "runtime/engine.h"
@@ -21,6 +25,10 @@ class Qwen3Runner : public ModelRunner {
   int64_t kv_bytes_per_token() const override { return KvCache::bytes_per_token(config(), kv_dtype_); }
   int64_t kv_memory_budget(double mem_fraction) const override;
   void allocate_kv(int32_t num_pages, int32_t page_size) override;
+  // CUDA: captures one decode graph per (bucket, page-table width) at once; widths are powers of two
+  // from 16 pages up to the plan's widest. Qwen3-VL (M-RoPE positions) and the CPU run eagerly.
+  void prepare_graphs(const GraphPlan& plan) override;
+  int32_t graph_bucket(const BatchDesc& batch) const override;
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
   // CUDA: logits stay on the device; kiln::cuda::sample draws every row there. CPU: declines.
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
@@ -28,9 +36,11 @@ class Qwen3Runner : public ModelRunner {
 
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }
+  int num_graphs() const { return int(graphs_.size()); }
 
  private:
   Tensor device_rows(Buffer& buf, int64_t rows, int64_t cols);  // f32 [rows, cols], grown on demand
+  CudaDecodeGraph* graph_for(const BatchDesc& batch);           // null: run eagerly
 
   std::unique_ptr<Qwen3Model> model_;
   std::unique_ptr<KvCache> cache_;
@@ -38,6 +48,10 @@ class Qwen3Runner : public ModelRunner {
   DType kv_dtype_;
   Buffer logits_buf_, hidden_buf_;
   Buffer sample_params_buf_, sample_out_buf_;  // device: SampleParams [R]; tokens, logprobs, top ids/logprobs
+  std::vector<int32_t> graph_buckets_, graph_widths_;  // ascending; empty: no graphs
+  Buffer graph_logits_buf_;                            // f32 [largest bucket, vocab], shared by the graphs
+  // Declared last: destroyed first, while the model, cache and logits buffer they use still exist.
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>> graphs_;  // (bucket, width)
 };
 
 // Parses the string options (device, load format, KV layout and dtype) and loads the model.

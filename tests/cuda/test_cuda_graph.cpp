@@ -1,8 +1,14 @@
 // The decode CUDA graph: replayed steps equal eager steps bit for bit while every input changes between
 // replays (token, position, slot, context length, a page-table entry appearing at a page boundary), with
-// and without programmatic dependent launch; a workspace reallocation forces a recapture.
+// and without programmatic dependent launch; a workspace reallocation forces a recapture. Batch buckets:
+// a graph of B sequences fed fewer real ones plus padding rows (runtime pad_batch), page tables narrower
+// than the graph's, equals the eager step of the same rows; the runner routes decode steps to its graphs.
+#include <numeric>
+
 #include "model/cuda_graph.h"
 #include "ops/cuda/context.h"
+#include "runtime/model_runner.h"
+#include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
 
 namespace kiln {
@@ -81,6 +87,135 @@ void run_case(bool pdl) {
   EXPECT_EQ(host(g.step(b)), want);
   EXPECT_EQ(g.captures(), 2);
   cuda::set_pdl(false);
+}
+
+// Step t of a 3-sequence decode workload: sequence i joins at step 4 i (so contexts differ), writes
+// position t - 4 i, and owns pages 1 + 8 i, 2 + 8 i, ... (never the null page 0). The page table is laid
+// out `width` pages wide (0 = as narrow as the step allows), then padded to `bucket` sequences.
+BatchDesc bucket_step(int32_t t, int32_t ps, int32_t width, int32_t bucket) {
+  BatchDesc b;
+  b.page_size = ps;
+  b.cu_q = {0};
+  std::vector<std::vector<int32_t>> rows;
+  for (int32_t i = 0; i < 3 && 4 * i <= t; ++i) {
+    const int32_t pos = t - 4 * i;
+    b.tokens.push_back((t * 31 + i * 7 + 3) % 512);
+    b.positions.push_back(pos);
+    b.slot_mapping.push_back(int64_t(1 + 8 * i + pos / ps) * ps + pos % ps);
+    b.cu_q.push_back(b.cu_q.back() + 1);
+    b.kv_lens.push_back(pos + 1);
+    b.logit_rows.push_back(i);
+    rows.emplace_back();
+    for (int32_t p = 0; p <= pos / ps; ++p) rows.back().push_back(1 + 8 * i + p);
+  }
+  int32_t w = width;
+  for (const auto& r : rows) w = std::max(w, int32_t(r.size()));
+  b.pages_stride = w;
+  for (auto& r : rows) {
+    r.resize(size_t(w), 0);
+    b.page_table.insert(b.page_table.end(), r.begin(), r.end());
+  }
+  pad_batch(b, bucket);
+  return b;
+}
+
+void run_bucket_case(int32_t bucket) {
+  LoadOptions o;
+  o.device = Device::cuda();
+  o.seed = 5;
+  auto m = Qwen3Model::create(tiny_config(), nullptr, o);
+  const int32_t ps = 16, width = 8, V = 512;
+  KvCache eager_cache(m->config(), 32, ps, ops::KvLayout::nhd, DType::bf16, Device::cuda());
+  KvCache graph_cache(m->config(), 32, ps, ops::KvLayout::nhd, DType::bf16, Device::cuda());
+  Buffer dl(size_t(bucket) * V * 4, Device::cuda());
+  const Tensor eager_logits(dl.data(), DType::f32, {bucket, V}, Device::cuda());
+  Buffer shared(size_t(bucket + 3) * V * 4, Device::cuda());
+  CudaDecodeGraph g(*m, graph_cache, width, bucket,
+                    Tensor(shared.data(), DType::f32, {bucket + 3, V}, Device::cuda()));
+  for (int32_t t = 0; t < 40; ++t) {  // 1, 2, then 3 real rows; page boundaries at 16 and 32
+    // Eager: the same rows laid out at the graph's width, logits for every row as the graph computes them.
+    BatchDesc e = bucket_step(t, ps, width, bucket);
+    e.logit_rows.resize(size_t(bucket));
+    std::iota(e.logit_rows.begin(), e.logit_rows.end(), 0);
+    m->forward(e, eager_cache, eager_logits);
+    const std::vector<float> all = host(eager_logits);
+    // Graph: the narrow table, logit rows of the real sequences only.
+    const BatchDesc b = bucket_step(t, ps, 0, bucket);
+    const Tensor got = g.step(b);
+    ASSERT_EQ(got.shape[0], int64_t(b.logit_rows.size()));
+    const std::vector<float> want(all.begin(), all.begin() + got.shape[0] * V);
+    ASSERT_EQ(host(got), want) << "bucket " << bucket << " step " << t;
+  }
+  EXPECT_EQ(g.captures(), 1);
+  // Wrong shapes are errors, not silent misreads.
+  EXPECT_THROW(g.step(bucket_step(3, ps, 0, bucket + 1)), Error);
+  EXPECT_THROW(g.step(bucket_step(3, ps, width + 1, bucket)), Error);
+  BatchDesc two_rows = bucket_step(3, ps, 0, bucket);
+  two_rows.logit_rows = {0, 0};
+  EXPECT_THROW(g.step(two_rows), Error);
+}
+
+TEST(CudaGraph, BucketReplayWithPaddingRowsEqualsEager) {
+  KILN_REQUIRE_GPU();
+  run_bucket_case(4);
+  run_bucket_case(8);
+}
+
+// The runner: graphs captured at prepare_graphs for every (bucket, width), decode steps routed to them, and
+// their sampled tokens and log-probs equal to an eager runner's on the same padded rows.
+TEST(CudaGraph, RunnerRoutesPaddedDecodeStepsToItsGraphs) {
+  KILN_REQUIRE_GPU();
+  const int32_t ps = 16, pages = 32;
+  auto make = [&] {
+    LoadOptions o;
+    o.device = Device::cuda();
+    o.seed = 9;
+    auto r = std::make_unique<Qwen3Runner>(Qwen3Model::create(tiny_config(), nullptr, o), ops::KvLayout::hnd,
+                                           DType::bf16);
+    r->allocate_kv(pages, ps);
+    return r;
+  };
+  auto graphed = make();
+  auto eager = make();
+  ModelRunner::GraphPlan plan;
+  plan.buckets = {1, 2, 4, 8};
+  plan.max_pages_per_seq = 40;  // widths 16, 32, 40
+  plan.max_step_tokens = 64;
+  plan.max_seqs = 8;
+  graphed->prepare_graphs(plan);
+  EXPECT_EQ(graphed->num_graphs(), 4 * 3);
+  EXPECT_EQ(eager->graph_bucket(bucket_step(9, ps, 0, 3)), 0) << "no plan, no graphs";
+  EXPECT_EQ(graphed->graph_bucket(bucket_step(9, ps, 0, 3)), 4);
+  EXPECT_EQ(graphed->graph_bucket(bucket_step(9, ps, 0, 5)), 8);
+  EXPECT_EQ(graphed->graph_bucket(bucket_step(9, ps, 0, 9)), 0) << "above the largest bucket";
+  EXPECT_EQ(graphed->graph_bucket(bucket_step(9, ps, 41, 3)), 0) << "table wider than any graph";
+  BatchDesc prefill = bucket_step(9, ps, 0, 3);
+  prefill.tokens.push_back(1), prefill.positions.push_back(9), prefill.slot_mapping.push_back(-1);
+  prefill.cu_q.back() += 1;
+  EXPECT_EQ(graphed->graph_bucket(prefill), 0) << "a sequence with two new tokens";
+
+  std::vector<ModelRunner::RowSampling> rows(8);  // greedy
+  for (int32_t bucket : {4, 8}) {
+    for (int32_t t = 0; t < 24; ++t) {
+      const BatchDesc b = bucket_step(t, ps, 0, bucket);
+      ASSERT_EQ(graphed->graph_bucket(b), bucket);
+      std::vector<ModelRunner::SampledRow> got, want;
+      const size_t R = b.logit_rows.size();
+      ASSERT_TRUE(graphed->forward_sampled(b, {rows.begin(), rows.begin() + ptrdiff_t(R)}, 2, &got));
+      // The eager runner on the same rows at the graph's width (16 pages) with every row's logits.
+      BatchDesc e = bucket_step(t, ps, 16, bucket);
+      e.logit_rows.resize(size_t(bucket));
+      std::iota(e.logit_rows.begin(), e.logit_rows.end(), 0);
+      ASSERT_TRUE(eager->forward_sampled(e, {rows.begin(), rows.begin() + bucket}, 2, &want));
+      ASSERT_EQ(got.size(), R);
+      for (size_t r = 0; r < R; ++r) {
+        EXPECT_EQ(got[r].token, want[r].token) << "bucket " << bucket << " step " << t << " row " << r;
+        EXPECT_EQ(got[r].logprob, want[r].logprob) << "bucket " << bucket << " step " << t << " row " << r;
+        ASSERT_EQ(got[r].top.size(), 2u);
+        EXPECT_EQ(got[r].top[1].id, want[r].top[1].id);
+      }
+    }
+  }
 }
 
 TEST(CudaGraph, ReplayEqualsEagerWhileInputsChange) {

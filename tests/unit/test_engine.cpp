@@ -411,6 +411,44 @@ TEST(Engine, QueueLimitHoldsWhileTheLoopMovesRequestsIntoTheScheduler) {
   EXPECT_EQ(engine.stats().finished_length, 2);
 }
 
+// The engine hands the runner one graph plan at start: the buckets that fit max_running_requests, the
+// widest page table a sequence can need, the largest step; none when graphs are disabled.
+TEST(Engine, GraphPlanFollowsTheOptions) {
+  {
+    auto model = std::make_unique<FakeRunner>(64, 8, -1, 100);  // 100 positions: context limit 100
+    FakeRunner* m = model.get();
+    EngineOptions o = small_opts(4096);  // pages of 4, chunks of 16
+    o.max_running_requests = 10;
+    Engine engine(std::move(model), o);
+    ASSERT_EQ(m->graph_plans.size(), 1u);
+    const ModelRunner::GraphPlan& p = m->graph_plans[0];
+    EXPECT_EQ(p.buckets, (std::vector<int32_t>{1, 2, 4, 8}));
+    EXPECT_EQ(p.max_pages_per_seq, 25);
+    EXPECT_EQ(p.max_seqs, 10);
+    EXPECT_EQ(p.max_step_tokens, 16 + 10);
+  }
+  {
+    auto model = std::make_unique<FakeRunner>(64);
+    FakeRunner* m = model.get();
+    EngineOptions o = small_opts(4096);
+    o.cuda_graph_buckets = {3, 5, 600};
+    Engine engine(std::move(model), o);
+    ASSERT_EQ(m->graph_plans.size(), 1u);
+    EXPECT_EQ(m->graph_plans[0].buckets, (std::vector<int32_t>{3, 5}));
+  }
+  {
+    auto model = std::make_unique<FakeRunner>(64);
+    FakeRunner* m = model.get();
+    EngineOptions o = small_opts(4096);
+    o.disable_cuda_graph = true;
+    Engine engine(std::move(model), o);
+    EXPECT_TRUE(m->graph_plans.empty());
+  }
+  EngineOptions o = small_opts(4096);
+  o.cuda_graph_buckets = {4, 2};
+  EXPECT_THROW(Engine(std::make_unique<FakeRunner>(64), o), Error);
+}
+
 TEST(Engine, ForwardFailureEndsThoseRequestsInErrorAndTheEngineGoesOn) {
   auto model = std::make_unique<FakeRunner>(64);
   model->fail_at_step = 0;
