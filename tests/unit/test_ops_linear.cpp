@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "ops/activation.h"
 #include "ops/cpu/reference.h"
 #include "ops/linear.h"
 
@@ -132,4 +133,46 @@ TEST(OpsLinear, Avx2AndBaselineKernelsAgreeBitwise) {
               Tensor(b.data(), DType::bf16, {M, N}));
   ops::cpu::linear_force_baseline(false);
   for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(a[i].bits, b[i].bits) << i;
+}
+
+// linear_silu_mul (the reference for the fused gate_up GEMV): exactly linear into gate_up, then
+// silu_and_mul; a hand-checked value; bad shapes and aliasing rejected.
+TEST(OpsLinearSiluMul, IsLinearThenSiluAndMulBitwise) {
+  const int64_t M = 3, I = 24, K = 40, N = 2 * I;
+  const auto x = random_bf16(size_t(M * K), 91), w = random_bf16(size_t(N * K), 92, 0.3f);
+  std::vector<bf16_t> gu(size_t(M * N)), act(size_t(M * I)), gu_ref(size_t(M * N)), act_ref(size_t(M * I));
+  const Tensor tx(const_cast<bf16_t*>(x.data()), DType::bf16, {M, K}),
+      tw(const_cast<bf16_t*>(w.data()), DType::bf16, {N, K});
+  ops::linear_silu_mul(tx, tw, Tensor(gu.data(), DType::bf16, {M, N}),
+                       Tensor(act.data(), DType::bf16, {M, I}));
+  ops::linear(tx, tw, Tensor(gu_ref.data(), DType::bf16, {M, N}));
+  ops::silu_and_mul(Tensor(gu_ref.data(), DType::bf16, {M, N}), Tensor(act_ref.data(), DType::bf16, {M, I}));
+  for (size_t i = 0; i < act.size(); ++i) EXPECT_EQ(act[i].bits, act_ref[i].bits) << i;
+}
+
+TEST(OpsLinearSiluMul, HandChecked) {
+  // x = [1, 2]; gate row [1, 0] -> g = 1; up row [0, 0.5] -> u = 1.
+  // silu(1) = 0.7310586 -> bf16 0.73046875; times u = 1 -> 0.73046875.
+  std::vector<bf16_t> x = {f32_to_bf16(1), f32_to_bf16(2)};
+  std::vector<bf16_t> w = {f32_to_bf16(1), f32_to_bf16(0), f32_to_bf16(0), f32_to_bf16(0.5f)};
+  std::vector<bf16_t> gu(2), act(1);
+  ops::linear_silu_mul(Tensor(x.data(), DType::bf16, {1, 2}), Tensor(w.data(), DType::bf16, {2, 2}),
+                       Tensor(gu.data(), DType::bf16, {1, 2}), Tensor(act.data(), DType::bf16, {1, 1}));
+  EXPECT_EQ(f(act[0]), 0.73046875f);
+}
+
+TEST(OpsLinearSiluMul, RejectsBadShapes) {
+  std::vector<bf16_t> x(2 * 8), w(6 * 8), gu(2 * 6), act(2 * 3), wodd(5 * 8);
+  const Tensor tx(x.data(), DType::bf16, {2, 8}), tw(w.data(), DType::bf16, {6, 8});
+  const Tensor tgu(gu.data(), DType::bf16, {2, 6}), tact(act.data(), DType::bf16, {2, 3});
+  EXPECT_NO_THROW(ops::linear_silu_mul(tx, tw, tgu, tact));
+  EXPECT_THROW(ops::linear_silu_mul(tx, Tensor(wodd.data(), DType::bf16, {5, 8}),
+                                    Tensor(gu.data(), DType::bf16, {2, 5}), tact),
+               Error);  // 2I odd
+  EXPECT_THROW(ops::linear_silu_mul(tx, tw, tgu, Tensor(act.data(), DType::bf16, {2, 2})),
+               Error);  // out [M, I]
+  EXPECT_THROW(ops::linear_silu_mul(tx, tw, Tensor(gu.data(), DType::bf16, {2, 4}), tact), Error);  // gate_up
+  EXPECT_THROW(ops::linear_silu_mul(tx, Tensor(w.data(), DType::bf16, {6, 4}), tgu, tact), Error);  // K
+  EXPECT_THROW(ops::linear_silu_mul(tx, tw, tgu, Tensor(gu.data(), DType::bf16, {2, 3})),
+               Error);  // out aliases
 }
