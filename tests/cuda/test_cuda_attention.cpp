@@ -1,9 +1,13 @@
 // Paged attention on the GPU: decode and prefill kernels against an fp64 reference computed from the
 // (dequantised) cache, across layouts (NHD, HND), page sizes (16, 32, 64), cache dtypes (bf16, fp8 with
 // UE8M0 scales), GQA groups and variable lengths; decode vs prefill on the same rows within 1 bf16 ulp;
-// NHD vs HND bitwise; the CPU oracle within 2^-8 relative Frobenius error.
+// NHD vs HND bitwise; the CPU oracle within 2^-8 relative Frobenius error. Every test that runs the decode
+// kernel runs both variants (cuda::DecodeKernel v1 and v2, see ops/cuda/attention.h); the workspace is
+// poisoned with NaN first, so a combine that reads a split nobody wrote shows up as a non-finite output.
 #include <algorithm>
+#include <initializer_list>
 #include <numeric>
+#include <string>
 
 #include "ops/cpu/reference.h"
 #include "ops/cuda/attention.h"
@@ -20,6 +24,7 @@ struct Case {
   std::vector<int> q_lens, kv_lens;
   int Hq = 8, Hkv = 2, D = 128, page_size = 16;
   bool hnd = false, fp8 = false;
+  int table_tokens = 0;  // > 0: the page table reaches this many tokens (a wide table, short contexts)
 };
 
 // Host copies of everything, the device buffers, and the fp64 reference.
@@ -30,8 +35,9 @@ struct AttnSetup {
   std::vector<bf16_t> q;
   std::vector<uint16_t> k16, v16;  // bf16 cache bits
   std::vector<uint8_t> k8, v8, ks, vs;
-  std::vector<double> kf, vf;  // dequantised values by (seq, pos, head, d)
-  std::vector<double> ref;     // [T, Hq, D]
+  std::vector<size_t> seq_base;  // first element of sequence b in kf / vf
+  std::vector<float> kf, vf;     // dequantised values (exact in fp32) by (seq, pos, head, d)
+  std::vector<double> ref;       // [T, Hq, D]
   Buffer dq, dk, dv, dks, dvs, dcu, dkv, dpt;
 
   int64_t off(int page, int row, int head) const {
@@ -47,14 +53,20 @@ struct AttnSetup {
     kv_lens.assign(c.kv_lens.begin(), c.kv_lens.end());
     for (int b = 0; b < B; ++b)
       pages_stride = std::max(pages_stride, (kv_lens[size_t(b)] + c.page_size - 1) / c.page_size);
-    pages_stride = std::max(pages_stride, 1);
-    num_pages = B * pages_stride + 3;
+    pages_stride = std::max({pages_stride, 1, (c.table_tokens + c.page_size - 1) / c.page_size});
+    // Pages in use are distinct; table entries past a sequence's length point at arbitrary valid pages.
+    int used_pages = 0;
+    for (int b = 0; b < B; ++b) used_pages += (kv_lens[size_t(b)] + c.page_size - 1) / c.page_size;
+    num_pages = used_pages + 3;
     std::vector<int32_t> perm(static_cast<size_t>(num_pages));
     std::iota(perm.begin(), perm.end(), 0);
     std::mt19937 rng(seed);
     std::shuffle(perm.begin(), perm.end(), rng);
-    page_table.assign(size_t(B * pages_stride), 0);
-    for (size_t i = 0; i < page_table.size(); ++i) page_table[i] = perm[i];
+    page_table.assign(size_t(B) * pages_stride, 0);
+    for (int b = 0, next = 0; b < B; ++b)
+      for (int i = 0; i < pages_stride; ++i)
+        page_table[size_t(b) * pages_stride + i] =
+            i * c.page_size < kv_lens[size_t(b)] ? perm[size_t(next++)] : perm[size_t(b + i) % perm.size()];
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     const size_t cache_elems = size_t(num_pages) * c.page_size * c.Hkv * c.D;
     k16.assign(cache_elems, 0x7fc0);  // NaN where nothing was written: must never be read
@@ -63,11 +75,11 @@ struct AttnSetup {
     v8.assign(cache_elems, 0x7f);
     ks.assign(cache_elems / 64, 127);
     vs.assign(cache_elems / 64, 127);
-    int max_kv = 0;
-    for (int b = 0; b < B; ++b) max_kv = std::max(max_kv, kv_lens[size_t(b)]);
-    const size_t per_seq = size_t(max_kv) * c.Hkv * c.D;
-    kf.assign(size_t(B) * per_seq, 0.0);
-    vf.assign(size_t(B) * per_seq, 0.0);
+    seq_base.assign(size_t(B) + 1, 0);
+    for (int b = 0; b < B; ++b)
+      seq_base[size_t(b) + 1] = seq_base[size_t(b)] + size_t(kv_lens[size_t(b)]) * c.Hkv * c.D;
+    kf.assign(seq_base.back(), 0.0f);
+    vf.assign(seq_base.back(), 0.0f);
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < kv_lens[size_t(b)]; ++t)
         for (int h = 0; h < c.Hkv; ++h) {
@@ -77,7 +89,7 @@ struct AttnSetup {
             std::vector<float> vals(size_t(c.D));
             // Keys get a per-head offset so scores spread and the softmax is not flat.
             for (auto& x : vals) x = u(rng) * (which == 0 ? 2.0f : 1.0f);
-            double* dst = (which == 0 ? kf : vf).data() + size_t(b) * per_seq + (size_t(t) * c.Hkv + h) * c.D;
+            float* dst = (which == 0 ? kf : vf).data() + seq_base[size_t(b)] + (size_t(t) * c.Hkv + h) * c.D;
             if (!c.fp8) {
               auto& bits = which == 0 ? k16 : v16;
               for (int d = 0; d < c.D; ++d) {
@@ -95,8 +107,7 @@ struct AttnSetup {
                 sc[size_t(o / 64 + blk)] = ue8m0_from_exponent(e);
                 for (int d = blk * 64; d < blk * 64 + 64; ++d) {
                   q8[size_t(o + d)] = f32_to_e4m3(vals[size_t(d)] * exp2_neg(e));
-                  dst[d] =
-                      double(e4m3_to_f32(q8[size_t(o + d)])) * double(ue8m0_to_f32(sc[size_t(o / 64 + blk)]));
+                  dst[d] = e4m3_to_f32(q8[size_t(o + d)]) * ue8m0_to_f32(sc[size_t(o / 64 + blk)]);
                 }
               }
             }
@@ -116,9 +127,9 @@ struct AttnSetup {
           double mx = -1e300;
           for (int t = 0; t < ctx; ++t) {
             double acc = 0;
-            const double* kr = kf.data() + size_t(b) * per_seq + (size_t(t) * c.Hkv + hk) * c.D;
+            const float* kr = kf.data() + seq_base[size_t(b)] + (size_t(t) * c.Hkv + hk) * c.D;
             for (int d = 0; d < c.D; ++d)
-              acc += double(bf16_to_f32(q[(size_t(row) * c.Hq + h) * c.D + d])) * kr[d];
+              acc += double(bf16_to_f32(q[(size_t(row) * c.Hq + h) * c.D + d])) * double(kr[d]);
             s[size_t(t)] = acc * scale;
             mx = std::max(mx, s[size_t(t)]);
           }
@@ -127,7 +138,7 @@ struct AttnSetup {
           for (int d = 0; d < c.D; ++d) {
             double o = 0;
             for (int t = 0; t < ctx; ++t)
-              o += s[size_t(t)] * vf[size_t(b) * per_seq + (size_t(t) * c.Hkv + hk) * c.D + d];
+              o += s[size_t(t)] * vf[seq_base[size_t(b)] + (size_t(t) * c.Hkv + hk) * c.D + d];
             ref[(size_t(row) * c.Hq + h) * c.D + d] = o / l;
           }
         }
@@ -189,13 +200,30 @@ struct AttnSetup {
 
 enum class Kernel { routed, decode, prefill };
 
+constexpr cuda::DecodeKernel kDecodeKernels[] = {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2};
+
+// Selects a decode kernel for one scope (and names it in failure messages).
+struct UseDecodeKernel {
+  ::testing::ScopedTrace trace;
+  explicit UseDecodeKernel(cuda::DecodeKernel k)
+      : trace(__FILE__, __LINE__, std::string("decode kernel ") + cuda::decode_kernel_name(k)) {
+    cuda::set_decode_kernel(k);
+  }
+  ~UseDecodeKernel() { cuda::set_decode_kernel(cuda::DecodeKernel::v2); }
+  UseDecodeKernel(const UseDecodeKernel&) = delete;
+  UseDecodeKernel& operator=(const UseDecodeKernel&) = delete;
+};
+
 std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0) {
   const size_t n = size_t(s.T) * s.c.Hq * s.c.D;
   Buffer out(n * 2, Device::cuda());
   copy_bytes(out.data(), Device::cuda(), std::vector<uint16_t>(n, 0x7fc0).data(), Device::cpu(), n * 2);
   const auto p = s.params(out.data());
   const size_t forced = size_t(s.T) * s.c.Hq * std::max(force_splits, 1) * (s.c.D + 2) * 4;
-  Buffer ws(std::max(cuda::paged_attention_workspace_bytes(p), forced) + 256, Device::cuda());
+  const size_t ws_bytes = std::max(cuda::paged_attention_workspace_bytes(p), forced) + 256;
+  Buffer ws(ws_bytes, Device::cuda());
+  // NaN everywhere: a split the combine reads but no decode block wrote poisons the output.
+  copy_bytes(ws.data(), Device::cuda(), std::vector<uint8_t>(ws_bytes, 0xff).data(), Device::cpu(), ws_bytes);
   switch (k) {
     case Kernel::routed:
       cuda::paged_attention(p, ws.data(), nullptr, force_splits);
@@ -250,10 +278,13 @@ TEST(CudaAttention, MixedBatchMatchesFp64AcrossLayoutsPagesDtypes) {
                  .hnd = hnd,
                  .fp8 = fp8};
           const AttnSetup s(c, seed++);
-          const auto got = run(s, Kernel::routed);
-          const double err = s.rel_err(got);
-          EXPECT_LE(err, 1.0 / 128) << "fp8 " << fp8 << " hnd " << hnd << " page " << ps << " D " << D;
-          for (const auto& x : got) ASSERT_TRUE(std::isfinite(bf16_to_f32(x))) << "a row was not written";
+          for (auto dk : kDecodeKernels) {
+            const UseDecodeKernel use(dk);
+            const auto got = run(s, Kernel::routed);
+            const double err = s.rel_err(got);
+            EXPECT_LE(err, 1.0 / 128) << "fp8 " << fp8 << " hnd " << hnd << " page " << ps << " D " << D;
+            for (const auto& x : got) ASSERT_TRUE(std::isfinite(bf16_to_f32(x))) << "a row was not written";
+          }
         }
 }
 
@@ -273,13 +304,16 @@ TEST(CudaAttention, DecodeAndPrefillAgreeWithinOneUlp) {
       const AttnSetup s(c, seed++);
       const auto pre = run(s, Kernel::prefill);
       EXPECT_LE(s.rel_err(pre), 1.0 / 128);
-      for (int splits : {0, 1, 3, 64}) {
-        const auto dec = run(s, Kernel::decode, splits);
-        EXPECT_LE(s.rel_err(dec), 1.0 / 128) << "G " << G << " splits " << splits;
-        double max_abs = 0;
-        EXPECT_EQ(agreement_violations(dec, pre, &max_abs), 0u)
-            << "G " << G << " fp8 " << fp8 << " splits " << splits << " max |diff| " << max_abs
-            << " max ulps " << max_ulps(dec, pre);
+      for (auto dk : kDecodeKernels) {
+        const UseDecodeKernel use(dk);
+        for (int splits : {0, 1, 3, 64, 128}) {
+          const auto dec = run(s, Kernel::decode, splits);
+          EXPECT_LE(s.rel_err(dec), 1.0 / 128) << "G " << G << " splits " << splits;
+          double max_abs = 0;
+          EXPECT_EQ(agreement_violations(dec, pre, &max_abs), 0u)
+              << "G " << G << " fp8 " << fp8 << " splits " << splits << " max |diff| " << max_abs
+              << " max ulps " << max_ulps(dec, pre);
+        }
       }
     }
 }
@@ -289,11 +323,16 @@ TEST(CudaAttention, MultiRowSequencesInADecodeShapedLaunch) {
   // T == B with a 3-row sequence (so others have none): the decode kernel walks every row.
   Case c{.q_lens = {3, 0, 0, 1}, .kv_lens = {40, 5, 0, 9}, .Hq = 4, .Hkv = 4, .D = 64, .page_size = 16};
   const AttnSetup s(c, 7);
-  const auto routed = run(s, Kernel::routed);
   const auto pre = run(s, Kernel::prefill);
-  EXPECT_LE(s.rel_err(routed), 1.0 / 128);
-  double max_abs = 0;
-  EXPECT_EQ(agreement_violations(routed, pre, &max_abs), 0u) << max_abs;
+  for (auto dk : kDecodeKernels) {
+    const UseDecodeKernel use(dk);
+    for (int splits : {0, 1, 2}) {
+      const auto routed = run(s, Kernel::routed, splits);
+      EXPECT_LE(s.rel_err(routed), 1.0 / 128) << "splits " << splits;
+      double max_abs = 0;
+      EXPECT_EQ(agreement_violations(routed, pre, &max_abs), 0u) << "splits " << splits << " " << max_abs;
+    }
+  }
 }
 
 TEST(CudaAttention, NhdAndHndBitwiseEqual) {
@@ -302,9 +341,12 @@ TEST(CudaAttention, NhdAndHndBitwiseEqual) {
   const AttnSetup a(c, 9);
   c.hnd = true;
   const AttnSetup b(c, 9);
-  for (Kernel k : {Kernel::routed, Kernel::prefill}) {
-    const auto x = run(a, k), y = run(b, k);
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i].bits, y[i].bits) << i;
+  for (auto dk : kDecodeKernels) {
+    const UseDecodeKernel use(dk);
+    for (Kernel k : {Kernel::routed, Kernel::prefill}) {
+      const auto x = run(a, k), y = run(b, k);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i].bits, y[i].bits) << i;
+    }
   }
 }
 
@@ -312,8 +354,7 @@ TEST(CudaAttention, MatchesCpuOracle) {
   KILN_REQUIRE_GPU();
   Case c{.q_lens = {1, 33, 2}, .kv_lens = {70, 100, 2}, .Hq = 8, .Hkv = 2, .D = 128, .page_size = 16};
   const AttnSetup s(c, 21);
-  const auto got = run(s, Kernel::routed);
-  std::vector<bf16_t> cpu_out(got.size());
+  std::vector<bf16_t> cpu_out(size_t(s.T) * c.Hq * c.D);
   const int64_t shape[4] = {s.num_pages, c.page_size, c.Hkv, c.D};
   ops::PagedAttentionArgs a;
   a.q = Tensor(const_cast<bf16_t*>(s.q.data()), DType::bf16, {s.T, c.Hq, c.D});
@@ -329,13 +370,98 @@ TEST(CudaAttention, MatchesCpuOracle) {
   a.out = Tensor(cpu_out.data(), DType::bf16, {s.T, c.Hq, c.D});
   a.scale = float(1.0 / std::sqrt(128.0));
   ops::cpu::paged_attention(a);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(bf16_to_f32(got[i])) - double(bf16_to_f32(cpu_out[i]));
-    num += d * d;
-    den += double(bf16_to_f32(cpu_out[i])) * double(bf16_to_f32(cpu_out[i]));
+  for (auto dk : kDecodeKernels) {
+    const UseDecodeKernel use(dk);
+    const auto got = run(s, Kernel::routed);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double d = double(bf16_to_f32(got[i])) - double(bf16_to_f32(cpu_out[i]));
+      num += d * d;
+      den += double(bf16_to_f32(cpu_out[i])) * double(bf16_to_f32(cpu_out[i]));
+    }
+    EXPECT_LE(std::sqrt(num / den), 1.0 / 256);
   }
-  EXPECT_LE(std::sqrt(num / den), 1.0 / 256);
+}
+
+// Checks one setup with both decode kernels: routed and decode-only launches (the given split counts) within
+// 2^-7 of fp64, every output finite, within 1 bf16 ulp of the prefill kernel and of each other.
+void check_decode_variants(const AttnSetup& s, std::initializer_list<int> splits_list,
+                           const std::string& what) {
+  SCOPED_TRACE(what);
+  const auto pre = run(s, Kernel::prefill);
+  EXPECT_LE(s.rel_err(pre), 1.0 / 128);
+  std::vector<std::vector<bf16_t>> by_kernel;
+  for (auto dk : kDecodeKernels) {
+    const UseDecodeKernel use(dk);
+    for (int splits : splits_list) {
+      const auto got = run(s, Kernel::routed, splits);
+      size_t bad = 0;
+      for (const auto& x : got) bad += !std::isfinite(bf16_to_f32(x));
+      EXPECT_EQ(bad, 0u) << "splits " << splits << ": non-finite outputs";
+      EXPECT_LE(s.rel_err(got), 1.0 / 128) << "splits " << splits;
+      double max_abs = 0;
+      EXPECT_EQ(agreement_violations(got, pre, &max_abs), 0u)
+          << "splits " << splits << " vs prefill, max |diff| " << max_abs;
+      if (splits == 0) by_kernel.push_back(got);
+    }
+  }
+  if (by_kernel.size() == 2) {
+    double max_abs = 0;
+    EXPECT_EQ(agreement_violations(by_kernel[0], by_kernel[1], &max_abs), 0u) << "v1 vs v2 " << max_abs;
+  }
+}
+
+TEST(CudaAttention, LongContextInAWideTable) {
+  KILN_REQUIRE_GPU();
+  // A table reaching 65536 tokens (4096 pages of 16) so the shape-only split count is 128, while the real
+  // contexts are 1, 33, 1024 and 8193..12000 tokens: v2 must size its chunks from kv_lens.
+  uint32_t seed = 500;
+  for (bool fp8 : {false, true})
+    for (bool hnd : {false, true}) {
+      Case c{.q_lens = {1, 1, 1, 1, 1},
+             .kv_lens = {8193, 1, 1024, 33, 12000},
+             .Hq = 8,
+             .Hkv = 2,
+             .D = 128,
+             .page_size = 16,
+             .hnd = hnd,
+             .fp8 = fp8,
+             .table_tokens = 65536};
+      const AttnSetup s(c, seed++);
+      check_decode_variants(s, {0, 1, 7, 128},
+                            std::string("fp8 ") + (fp8 ? "1" : "0") + (hnd ? " HND" : " NHD"));
+    }
+}
+
+TEST(CudaAttention, LargeBatchMixedLengths) {
+  KILN_REQUIRE_GPU();
+  // B = 128 one-token rows with lengths 1, short (2..40), medium (200..700) and long (2000..4100), the
+  // Qwen3-4B group (G 4) at D 128, page 32, HND; then the same lengths at G 1 with Hkv 32, where
+  // B * Hkv = 4096 blocks make the shape-only split count 1 (no workspace at all).
+  std::mt19937 rng(77);
+  Case c{.Hq = 8, .Hkv = 2, .D = 128, .page_size = 32, .hnd = true};
+  for (int b = 0; b < 128; ++b) {
+    c.q_lens.push_back(1);
+    const int kind = b % 4;
+    c.kv_lens.push_back(kind == 0   ? 1
+                        : kind == 1 ? 2 + int(rng() % 39)
+                        : kind == 2 ? 200 + int(rng() % 501)
+                                    : 2000 + int(rng() % 2101));
+  }
+  for (bool fp8 : {false, true}) {
+    c.fp8 = fp8;
+    const AttnSetup s(c, fp8 ? 601 : 600);
+    check_decode_variants(s, {0, 1, 5}, fp8 ? "G 4 fp8" : "G 4 bf16");
+  }
+  Case w = c;
+  w.fp8 = false;
+  w.Hq = w.Hkv = 32;
+  w.D = 64;
+  for (auto& len : w.kv_lens) len = std::min(len, 300);
+  const AttnSetup s(w, 602);
+  Buffer out(size_t(s.T) * w.Hq * w.D * 2, Device::cuda());
+  EXPECT_EQ(cuda::paged_attention_workspace_bytes(s.params(out.data())), 0u) << "expected one split";
+  check_decode_variants(s, {0}, "G 1, Hkv 32: one split");
 }
 
 TEST(CudaAttention, BadParamsAreErrors) {

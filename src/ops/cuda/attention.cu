@@ -1,5 +1,8 @@
 // Paged attention launchers: validation, decode split choice, row routing (see attention.h).
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "ops/cuda/attention_common.cuh"
 
@@ -55,6 +58,36 @@ void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* 
 
 }  // namespace
 
+namespace {
+
+std::atomic<int> g_decode_kernel{-1};  // -1: not chosen yet
+
+}  // namespace
+
+DecodeKernel decode_kernel() {
+  int k = g_decode_kernel.load(std::memory_order_relaxed);
+  if (k < 0) {
+    const char* env = std::getenv("KILN_ATTN_DECODE");
+    k = int(DecodeKernel::v2);
+    if (env && *env) {
+      KILN_CHECK(std::strcmp(env, "v1") == 0 || std::strcmp(env, "v2") == 0,
+                 "KILN_ATTN_DECODE must be v1 or v2, got '", env, "'");
+      k = std::strcmp(env, "v1") == 0 ? int(DecodeKernel::v1) : int(DecodeKernel::v2);
+    }
+    int expected = -1;  // a concurrent set_decode_kernel wins
+    if (!g_decode_kernel.compare_exchange_strong(expected, k)) k = expected;
+  }
+  return DecodeKernel(k);
+}
+
+void set_decode_kernel(DecodeKernel k) {
+  g_decode_kernel.store(int(k));
+}
+
+const char* decode_kernel_name(DecodeKernel k) {
+  return k == DecodeKernel::v1 ? "v1" : "v2";
+}
+
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
   int splits = 0, chunk = 0;
   decode_split(p, 0, &splits, &chunk);
@@ -69,8 +102,9 @@ void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int 
   decode_split(p, force_splits, &splits, &chunk);
   KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);
   if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
-  launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, stream, pdl);
-  if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, stream, pdl);
+  const DecodeKernel k = decode_kernel();
+  launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream, pdl);
+  if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, k, stream, pdl);
 }
 
 }  // namespace

@@ -16,6 +16,14 @@
 // Decode: grid (splits, Hkv, B), 128 threads. The G = Hq / Hkv query heads of a KV head share every K/V
 // load. splits depends only on (B, Hkv, pages_stride * page_size) so a captured graph stays valid; with
 // splits > 1 the partial (o / l, m, l) of each row go to `workspace` and a combine kernel writes out.
+// Two decode kernels (decode_kernel() picks; both keep the split count and workspace layout above):
+//   v1: split s walks keys [s c, s c + c), c = ceil(pages_stride * page_size / splits), one dependent
+//       page-table -> K/V load chain per key; splits past the context exit at once, the combine reads all.
+//   v2 (default): the chunk follows the row's real context on the device, c = max(64, ceil(ctx / splits)
+//       rounded up to 32 keys), so only ceil(ctx / c) splits do work; a split streams its keys in 32-key
+//       tiles through a 2-stage cp.async pipeline in shared memory (page ids prefetched one tile ahead),
+//       then every warp computes from shared memory. A row whose context fits one chunk is written out by
+//       its block directly; the combine reads only the splits that ran (and skips such rows).
 // Prefill: grid (ceil(T / 64), Hq, B), 128 threads: 64 query rows x 64-key tiles, mma.sync m16n8k16.
 #pragma once
 
@@ -52,6 +60,15 @@ struct PagedAttnParams {
   float scale = 0.0f;
   int32_t max_q_len = 0;  // host bound on q_len over sequences; 0 = unknown
 };
+
+enum class DecodeKernel : uint8_t { v1, v2 };
+
+// The decode kernel paged_attention and paged_attention_decode launch: set_decode_kernel's choice, else the
+// environment variable KILN_ATTN_DECODE ("v1" or "v2", read once; unset: v2; anything else is an error).
+// Graphs keep the kernel they captured.
+DecodeKernel decode_kernel();
+void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
+const char* decode_kernel_name(DecodeKernel k);
 
 // Bytes of workspace paged_attention needs for these shapes (0 when no split is used).
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p);

@@ -11,15 +11,37 @@
 
 namespace kiln::cuda {
 
-// Element offset of (context position t, kv head hk, d = 0) for sequence b; the page index is clamped
-// into the pool so a corrupt table can never send a load outside the cache.
-__device__ __forceinline__ int64_t kv_row_offset(const PagedAttnParams& p, int b, int t, int hk,
-                                                 int64_t* sc_off) {
-  int page = p.page_table[int64_t(b) * p.pages_stride + t / p.page_size];
-  page = page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-  const int row = t % p.page_size;
+// Page of context position t of sequence b, clamped into the pool so a corrupt table can never send a
+// load outside the cache.
+__device__ __forceinline__ int kv_page(const PagedAttnParams& p, int b, int t) {
+  const int page = p.page_table[int64_t(b) * p.pages_stride + t / p.page_size];
+  return page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+}
+
+// Element offset of (page, row in the page, kv head hk, d = 0); *sc_off: its scale byte offset (fp8).
+__device__ __forceinline__ int64_t kv_offset(const PagedAttnParams& p, int page, int row, int hk,
+                                             int64_t* sc_off) {
   *sc_off = int64_t(page) * p.sc_page + int64_t(row) * p.sc_row + int64_t(hk) * p.sc_head;
   return int64_t(page) * p.s_page + int64_t(row) * p.s_row + int64_t(hk) * p.s_head;
+}
+
+// Element offset of (context position t, kv head hk, d = 0) for sequence b.
+__device__ __forceinline__ int64_t kv_row_offset(const PagedAttnParams& p, int b, int t, int hk,
+                                                 int64_t* sc_off) {
+  return kv_offset(p, kv_page(p, b, t), t % p.page_size, hk, sc_off);
+}
+
+// 8 e4m3 values (raw, little-endian in a uint2) times the power-of-two scale s, widened exactly to fp32.
+__device__ __forceinline__ void widen_fp8x8(uint2 raw, float s, float (&f)[8]) {
+  const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h2 =
+        __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w[i / 2] >> (16 * (i % 2))) & 0xffffu), __NV_E4M3);
+    const __half2 hv(h2);
+    f[2 * i] = __low2float(hv) * s;  // a power-of-two scaling of an e4m3 value: exact
+    f[2 * i + 1] = __high2float(hv) * s;
+  }
 }
 
 // 8 consecutive elements d0 .. d0+7 (d0 % 8 == 0) of a cached row, widened exactly to fp32.
@@ -29,24 +51,17 @@ __device__ __forceinline__ void load_kv8(const void* base, const uint8_t* scales
   if constexpr (KT == KvDtype::bf16) {
     unpack8(*reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + off + d0), f);
   } else {
-    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + off + d0);
-    const float s = ue8m0_to_f32(scales[sc_off + d0 / 64]);
-    const uint32_t w[2] = {raw.x, raw.y};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __half2_raw h2 =
-          __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w[i / 2] >> (16 * (i % 2))) & 0xffffu), __NV_E4M3);
-      const __half2 hv(h2);
-      f[2 * i] = __low2float(hv) * s;  // a power-of-two scaling of an e4m3 value: exact
-      f[2 * i + 1] = __high2float(hv) * s;
-    }
+    widen_fp8x8(*reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + off + d0),
+                ue8m0_to_f32(scales[sc_off + d0 / 64]), f);
   }
 }
 
+// kernel: v1 walks a host-sized chunk (pages_stride * page_size / splits keys) per split; v2 sizes the
+// chunk on the device from the row's context and pipelines K/V through shared memory (attention_decode.cu).
 void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int chunk, bool all_rows,
-                   cudaStream_t stream, bool pdl);
+                   DecodeKernel kernel, cudaStream_t stream, bool pdl);
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,
-                           cudaStream_t stream, bool pdl);
+                           DecodeKernel kernel, cudaStream_t stream, bool pdl);
 void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl);
 
 // KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (64 or 128); any other

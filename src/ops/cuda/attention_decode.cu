@@ -1,5 +1,6 @@
 // Split-KV paged decode attention (one query row per sequence) and its combine kernel.
 #include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/attn_prep_fused.cuh"  // cp.async helpers
 
 namespace kiln::cuda {
 namespace {
@@ -25,11 +26,126 @@ __device__ __forceinline__ void merge(float& m, float& l, float (&acc)[8], float
   m = mn;
 }
 
-// Grid (splits, Hkv, B); block 4 warps. Lane mapping: LPT = D/8 lanes per key, each owning 8 consecutive
-// elements of head_dim (one 16-byte bf16 load or 8-byte fp8 load); TPW = 32/LPT keys per warp step.
-// Warp w handles keys t_begin + (step * 4 + w) * TPW + slot. The G query heads of KV head hk live in
-// registers of every lane and share each K/V load. Partial states merge across slots (shuffles), then
-// across warps (shared memory); splits == 1 writes bf16 out, else (o/l, m, l) go to the workspace.
+// Lane mapping shared by both decode kernels: LPT = D/8 lanes per key, each owning 8 consecutive elements
+// of head_dim (one 16-byte bf16 load or 8-byte fp8 load); TPW = 32/LPT keys per warp step. The G query
+// heads of KV head hk live in registers of every lane and share each K/V load.
+template <int D, int G>
+__device__ __forceinline__ void load_q(const PagedAttnParams& p, int row, int hk, int sub, float (&q)[G][8]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    unpack8(*reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t +
+                                            int64_t(hk * G + g) * p.q_stride_h + sub * 8),
+            q[g]);
+}
+
+template <int G>
+__device__ __forceinline__ void init_state(SoftmaxState<G>& st) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    st.m[g] = kNegInf;
+    st.l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) st.acc[g][j] = 0.0f;
+  }
+}
+
+// One key (this lane's 8 elements of k and v; zeros when !valid) into the running state of every head.
+// Every lane of the warp must call it (the dot product is reduced by shuffles over the key's LPT lanes).
+template <int D, int G>
+__device__ __forceinline__ void update_key(SoftmaxState<G>& st, const float (&q)[G][8], const float (&k)[8],
+                                           const float (&v)[8], bool valid, float scale) {
+  constexpr int LPT = D / 8;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s = fmaf(q[g][j], k[j], s);
+#pragma unroll
+    for (int off = LPT / 2; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+    s = valid ? s * scale : kNegInf;
+    const float mn = fmaxf(st.m[g], s);
+    if (mn != kNegInf) {
+      const float corr = expf(st.m[g] - mn), pj = expf(s - mn);
+      st.l[g] = st.l[g] * corr + pj;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) st.acc[g][j] = fmaf(pj, v[j], st.acc[g][j] * corr);
+      st.m[g] = mn;
+    }
+  }
+}
+
+// Floats of shared scratch finish_row needs: m and l [kWarps][G], acc [kWarps][G][D].
+template <int D, int G>
+constexpr int finish_scratch_floats() {
+  return 2 * kWarps * G + kWarps * G * D;
+}
+
+// Merges the block's partial states: the TPW slots of each warp (shuffles), then the warps (scratch in
+// shared memory). direct: writes the bf16 row of out; else (o/l, m, l) of `split` go to the workspace.
+// Ends with __syncthreads (the scratch may be reused at once).
+template <int D, int G>
+__device__ __forceinline__ void finish_row(const PagedAttnParams& p, SoftmaxState<G>& st, float* scratch,
+                                           float* ws, bool direct, int split, int splits, int row, int hk) {
+  constexpr int LPT = D / 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slot = lane / LPT, sub = lane % LPT;
+  // Merge the TPW slots of the warp (lanes sub, sub + LPT, ...).
+#pragma unroll
+  for (int off = LPT; off < 32; off *= 2) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float acc2[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc2[j] = __shfl_xor_sync(0xffffffffu, st.acc[g][j], off);
+      const float m2 = __shfl_xor_sync(0xffffffffu, st.m[g], off);
+      const float l2 = __shfl_xor_sync(0xffffffffu, st.l[g], off);
+      merge(st.m[g], st.l[g], st.acc[g], m2, l2, acc2);
+    }
+  }
+  float* sm_m = scratch;              // [kWarps][G]
+  float* sm_l = sm_m + kWarps * G;    // [kWarps][G]
+  float* sm_acc = sm_l + kWarps * G;  // [kWarps][G][D]
+  if (slot == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sm_acc[(warp * G + g) * D + sub * 8 + j] = st.acc[g][j];
+      if (sub == 0) sm_m[warp * G + g] = st.m[g], sm_l[warp * G + g] = st.l[g];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += kWarps * 32) {
+    const int g = idx / D, d = idx % D;
+    float M = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * G + g]);
+    float L = 0.0f, O = 0.0f;
+    if (M != kNegInf) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float c = expf(sm_m[w * G + g] - M);
+        L = fmaf(sm_l[w * G + g], c, L);
+        O = fmaf(sm_acc[(w * G + g) * D + d], c, O);
+      }
+    }
+    const int h = hk * G + g;
+    if (direct) {
+      static_cast<uint16_t*>(p.out)[int64_t(row) * p.o_stride_t + int64_t(h) * p.o_stride_h + d] =
+          uint16_t(f32_to_bf16_bits(__fdiv_rn(O, L)));
+    } else {
+      const int64_t part = (int64_t(row) * p.Hq + h) * splits + split;
+      ws[part * D + d] = L > 0.0f ? __fdiv_rn(O, L) : 0.0f;
+      if (d == 0) {
+        float* ml = ws + int64_t(p.T) * p.Hq * splits * D;
+        ml[2 * part] = M;
+        ml[2 * part + 1] = L;
+      }
+    }
+  }
+  __syncthreads();  // the shared partials may be reused by the next row
+}
+
+// v1: grid (splits, Hkv, B); block 4 warps. Warp w handles keys t_begin + (step * 4 + w) * TPW + slot of
+// the host-sized chunk, loading each key's K/V through the page table; splits == 1 writes bf16 out.
 template <int D, int G, KvDtype KT>
 __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, int splits, int chunk, int b,
                                            int row, int ctx) {
@@ -39,19 +155,9 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
   const int t_begin = split * chunk, t_end = min(ctx, t_begin + chunk);
 
   float q[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-    unpack8(*reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t +
-                                            int64_t(hk * G + g) * p.q_stride_h + sub * 8),
-            q[g]);
+  load_q<D, G>(p, row, hk, sub, q);
   SoftmaxState<G> st;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    st.m[g] = kNegInf;
-    st.l[g] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) st.acc[g][j] = 0.0f;
-  }
+  init_state(st);
 
   // The trip count is uniform across the warp so every lane takes part in the shuffles.
   for (int t0 = t_begin + warp * TPW; t0 < t_end; t0 += kWarps * TPW) {
@@ -67,77 +173,181 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
 #pragma unroll
       for (int j = 0; j < 8; ++j) k[j] = v[j] = 0.0f;
     }
+    update_key<D, G>(st, q, k, v, valid, p.scale);
+  }
+  __shared__ float scratch[finish_scratch_floats<D, G>()];
+  finish_row<D, G>(p, st, scratch, ws, splits == 1, split, splits, row, hk);
+}
+
+// ---- v2 -------------------------------------------------------------------------------------------------
+
+constexpr int kTile = 32;      // keys per pipeline stage
+constexpr int kMinChunk = 64;  // fewest keys a v2 split takes (below it the combine costs more than it saves)
+
+// The v2 chunk of a row with context ctx over `splits` splits (a multiple of kTile, >= kMinChunk); the
+// decode and combine kernels both derive the number of splits that ran, ceil(ctx / chunk), from it.
+__device__ __forceinline__ int v2_chunk(int ctx, int splits) {
+  const int per = (ctx + splits - 1) / splits;
+  return max(kMinChunk, (per + kTile - 1) / kTile * kTile);
+}
+
+// Shared-memory tile geometry: a stage holds kTile K rows then kTile V rows of kRowBytes each, copied in
+// kChunk-byte pieces (16 bf16; 8 fp8, the cache alignment validate() guarantees for fp8): thread i copies
+// piece i % kCpr of rows i / kCpr + j * kRowsPerPass, j < kPasses.
+template <int D, KvDtype KT>
+struct TileCfg {
+  static constexpr int kRowBytes = D * (KT == KvDtype::bf16 ? 2 : 1);
+  static constexpr int kChunk = KT == KvDtype::bf16 ? 16 : 8;
+  static constexpr int kCpr = kRowBytes / kChunk;
+  static constexpr int kRowsPerPass = kWarps * 32 / kCpr;
+  static constexpr int kPasses = kTile / kRowsPerPass;
+  static constexpr int kScales = KT == KvDtype::bf16 ? 0 : D / 64;  // scale bytes per row (fp8)
+  static constexpr int kStageBytes = 2 * kTile * kRowBytes;
+  static_assert(kCpr >= 4 && kPasses >= 1 && kTile % kRowsPerPass == 0, "tile geometry");
+  static_assert(kScales * kTile <= kWarps * 32, "one scale byte of K and of V per thread at most");
+};
+
+// Page ids of the keys this thread copies in the tile starting at key t0 (keys >= t_end: not looked up),
+// and of the key whose scale bytes it loads (fp8).
+template <int D, KvDtype KT>
+struct TilePages {
+  int pg[TileCfg<D, KT>::kPasses];
+  int pg_sc;
+};
+
+template <int D, KvDtype KT>
+__device__ __forceinline__ void load_tile_pages(const PagedAttnParams& p, int b, int t0, int t_end,
+                                                TilePages<D, KT>& tp) {
+  using C = TileCfg<D, KT>;
+  const int r0 = threadIdx.x / C::kCpr;
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float s = 0.0f;
+  for (int j = 0; j < C::kPasses; ++j) {
+    const int t = t0 + r0 + j * C::kRowsPerPass;
+    tp.pg[j] = t < t_end ? kv_page(p, b, t) : 0;
+  }
+  if constexpr (C::kScales > 0) {
+    const int t = t0 + int(threadIdx.x) / C::kScales;
+    tp.pg_sc = int(threadIdx.x) < kTile * C::kScales && t < t_end ? kv_page(p, b, t) : 0;
+  }
+}
+
+// Issues the cp.async copies of the tile's K and V rows into `stage` (rows >= t_end are left as they are
+// and never read) and, fp8, loads this thread's K and V scale bytes into sc (stored later: store_scales).
+template <int D, KvDtype KT>
+__device__ __forceinline__ void issue_tile(const PagedAttnParams& p, int t0, int t_end, int hk,
+                                           const TilePages<D, KT>& tp, unsigned char* stage,
+                                           uint8_t (&sc)[2]) {
+  using C = TileCfg<D, KT>;
+  constexpr int kEsz = KT == KvDtype::bf16 ? 2 : 1;
+  const int r0 = threadIdx.x / C::kCpr, cc = threadIdx.x % C::kCpr;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s = fmaf(q[g][j], k[j], s);
-#pragma unroll
-      for (int off = LPT / 2; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-      s = valid ? s * p.scale : kNegInf;
-      const float mn = fmaxf(st.m[g], s);
-      if (mn != kNegInf) {
-        const float corr = expf(st.m[g] - mn), pj = expf(s - mn);
-        st.l[g] = st.l[g] * corr + pj;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) st.acc[g][j] = fmaf(pj, v[j], st.acc[g][j] * corr);
-        st.m[g] = mn;
+  for (int j = 0; j < C::kPasses; ++j) {
+    const int r = r0 + j * C::kRowsPerPass, t = t0 + r;
+    if (t < t_end) {
+      int64_t sc_off;
+      const int64_t off = kv_offset(p, tp.pg[j], t % p.page_size, hk, &sc_off) * kEsz + cc * C::kChunk;
+      unsigned char* dk = stage + r * C::kRowBytes + cc * C::kChunk;
+      unsigned char* dv = dk + kTile * C::kRowBytes;
+      if constexpr (C::kChunk == 16) {
+        attn::cp_async16(dk, static_cast<const unsigned char*>(p.k) + off);
+        attn::cp_async16(dv, static_cast<const unsigned char*>(p.v) + off);
+      } else {
+        attn::cp_async8(dk, static_cast<const unsigned char*>(p.k) + off);
+        attn::cp_async8(dv, static_cast<const unsigned char*>(p.v) + off);
       }
     }
   }
-  // Merge the TPW slots of the warp (lanes sub, sub + LPT, ...).
-#pragma unroll
-  for (int off = LPT; off < 32; off *= 2) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float acc2[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc2[j] = __shfl_xor_sync(0xffffffffu, st.acc[g][j], off);
-      const float m2 = __shfl_xor_sync(0xffffffffu, st.m[g], off);
-      const float l2 = __shfl_xor_sync(0xffffffffu, st.l[g], off);
-      merge(st.m[g], st.l[g], st.acc[g], m2, l2, acc2);
+  if constexpr (C::kScales > 0) {
+    const int r = int(threadIdx.x) / C::kScales, blk = int(threadIdx.x) % C::kScales, t = t0 + r;
+    if (int(threadIdx.x) < kTile * C::kScales && t < t_end) {
+      int64_t sc_off;
+      kv_offset(p, tp.pg_sc, t % p.page_size, hk, &sc_off);
+      sc[0] = p.k_scale[sc_off + blk];
+      sc[1] = p.v_scale[sc_off + blk];
     }
   }
-  __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
-  __shared__ float sm_acc[kWarps][G][D];
-  if (slot == 0) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sm_acc[warp][g][sub * 8 + j] = st.acc[g][j];
-      if (sub == 0) sm_m[warp][g] = st.m[g], sm_l[warp][g] = st.l[g];
+}
+
+// Publishes the scale bytes issue_tile loaded (fp8) into the stage's scale table [K/V][kTile][kScales].
+template <int D, KvDtype KT>
+__device__ __forceinline__ void store_scales(uint8_t* stage_sc, const uint8_t (&sc)[2]) {
+  using C = TileCfg<D, KT>;
+  if constexpr (C::kScales > 0) {
+    if (int(threadIdx.x) < kTile * C::kScales) {
+      stage_sc[threadIdx.x] = sc[0];
+      stage_sc[kTile * C::kScales + threadIdx.x] = sc[1];
     }
   }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < G * D; idx += kWarps * 32) {
-    const int g = idx / D, d = idx % D;
-    float M = kNegInf;
+}
+
+// v2: the keys [split c, split c + c) of the row's context (c = v2_chunk), kTile at a time: while tile i
+// is computed from shared memory, tile i + 1's copies are in flight and tile i + 2's page ids are loading.
+// Warp w computes keys w * TPW + slot + k * kWarps * TPW of each tile (the per-key math of v1).
+template <int D, int G, KvDtype KT>
+__device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* ws, int splits, int b, int row,
+                                              int ctx, unsigned char* smem, uint8_t* smem_sc) {
+  using C = TileCfg<D, KT>;
+  constexpr int LPT = D / 8, TPW = 32 / LPT;
+  const int split = blockIdx.x, hk = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slot = lane / LPT, sub = lane % LPT;
+  const int chunk = v2_chunk(ctx, splits);
+  const int t_begin = split * chunk;
+  if (t_begin >= ctx) return;  // uniform over the block: this split has no keys of this row
+  const int t_end = min(ctx, t_begin + chunk);
+  const int n_tiles = (t_end - t_begin + kTile - 1) / kTile;
+
+  TilePages<D, KT> tp;
+  uint8_t sc[2] = {127, 127};
+  load_tile_pages<D, KT>(p, b, t_begin, t_end, tp);
+  issue_tile<D, KT>(p, t_begin, t_end, hk, tp, smem, sc);
+  attn::cp_async_commit();
+  store_scales<D, KT>(smem_sc, sc);
+  if (n_tiles > 1) load_tile_pages<D, KT>(p, b, t_begin + kTile, t_end, tp);
+
+  float q[G][8];
+  load_q<D, G>(p, row, hk, sub, q);
+  SoftmaxState<G> st;
+  init_state(st);
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1, t0 = t_begin + it * kTile;
+    const bool more = it + 1 < n_tiles;
+    if (more) issue_tile<D, KT>(p, t0 + kTile, t_end, hk, tp, smem + (stage ^ 1) * C::kStageBytes, sc);
+    attn::cp_async_commit();  // possibly empty: the wait below always leaves exactly the newest group
+    if (it + 2 < n_tiles) load_tile_pages<D, KT>(p, b, t0 + 2 * kTile, t_end, tp);
+    attn::cp_async_wait<1>();
+    __syncthreads();  // tile it (copies of every thread, and its scales) is visible
+
+    const unsigned char* sK = smem + stage * C::kStageBytes;
+    const unsigned char* sV = sK + kTile * C::kRowBytes;
+    const uint8_t* sSc = smem_sc + stage * 2 * kTile * C::kScales;
+#pragma unroll 1  // unrolled, the compiler hoists every key's loads: 142 registers at D 128, G 4 (vs 114)
+    for (int i = 0; i < kTile / (kWarps * TPW); ++i) {
+      const int r = (i * kWarps + warp) * TPW + slot;
+      const bool valid = t0 + r < t_end;
+      float k[8], v[8];
+      if (valid) {
+        if constexpr (KT == KvDtype::bf16) {
+          unpack8(*reinterpret_cast<const uint4*>(sK + r * C::kRowBytes + sub * 16), k);
+          unpack8(*reinterpret_cast<const uint4*>(sV + r * C::kRowBytes + sub * 16), v);
+        } else {
+          const int blk = sub * 8 / 64;
+          widen_fp8x8(*reinterpret_cast<const uint2*>(sK + r * C::kRowBytes + sub * 8),
+                      ue8m0_to_f32(sSc[r * C::kScales + blk]), k);
+          widen_fp8x8(*reinterpret_cast<const uint2*>(sV + r * C::kRowBytes + sub * 8),
+                      ue8m0_to_f32(sSc[(kTile + r) * C::kScales + blk]), v);
+        }
+      } else {
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][g]);
-    float L = 0.0f, O = 0.0f;
-    if (M != kNegInf) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float c = expf(sm_m[w][g] - M);
-        L = fmaf(sm_l[w][g], c, L);
-        O = fmaf(sm_acc[w][g][d], c, O);
+        for (int j = 0; j < 8; ++j) k[j] = v[j] = 0.0f;
       }
+      update_key<D, G>(st, q, k, v, valid, p.scale);
     }
-    const int h = hk * G + g;
-    if (splits == 1) {
-      static_cast<uint16_t*>(p.out)[int64_t(row) * p.o_stride_t + int64_t(h) * p.o_stride_h + d] =
-          uint16_t(f32_to_bf16_bits(__fdiv_rn(O, L)));
-    } else {
-      const int64_t part = (int64_t(row) * p.Hq + h) * splits + split;
-      ws[part * D + d] = L > 0.0f ? __fdiv_rn(O, L) : 0.0f;
-      if (d == 0) {
-        float* ml = ws + int64_t(p.T) * p.Hq * splits * D;
-        ml[2 * part] = M;
-        ml[2 * part + 1] = L;
-      }
-    }
+    if (more) store_scales<D, KT>(smem_sc + (stage ^ 1) * 2 * kTile * C::kScales, sc);
+    __syncthreads();  // stage `stage` is free for tile it + 2; tile it + 1's scales are published
   }
-  __syncthreads();  // the shared partials may be reused by the next row
+  const int n_active = (ctx + chunk - 1) / chunk;
+  finish_row<D, G>(p, st, reinterpret_cast<float*>(smem), ws, n_active == 1, split, splits, row, hk);
 }
 
 // The rows a decode block handles for sequence b: its one row when q_len == 1; with all_rows (a launch
@@ -166,10 +376,31 @@ __global__ void __launch_bounds__(kWarps * 32)
   pdl_launch_dependents();
 }
 
+// Grid (splits, Hkv, B); block 4 warps (see decode_row_v2). Shared memory: two K/V stages, reused as the
+// merge scratch once a row's keys are done.
+template <int D, int G, KvDtype KT>
+__global__ void __launch_bounds__(kWarps * 32)
+    decode_kernel_v2(const __grid_constant__ PagedAttnParams p, float* ws, int splits, bool all_rows) {
+  using C = TileCfg<D, KT>;
+  constexpr int kBytes = 2 * C::kStageBytes > finish_scratch_floats<D, G>() * 4
+                             ? 2 * C::kStageBytes
+                             : finish_scratch_floats<D, G>() * 4;
+  __shared__ alignas(16) unsigned char smem[kBytes];
+  __shared__ uint8_t smem_sc[C::kScales > 0 ? 2 * 2 * kTile * C::kScales : 1];  // [stage][K/V][kTile][scales]
+  pdl_wait();
+  int row0, n, kv_len;
+  if (decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len)) {
+    for (int i = 0; i < n; ++i)
+      decode_row_v2<D, G, KT>(p, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i, smem, smem_sc);
+  }
+  pdl_launch_dependents();
+}
+
 // Grid (Hq, B); block D threads, per row: the split maxima and weights w_s = l_s exp(m_s - M) computed
 // split-parallel into shared memory, then thread d sums w_s o_s[d] over the splits in order, 16 loads in
-// flight at a time (empty splits hold o = 0 and weight 0).
-template <int D>
+// flight at a time (empty splits hold o = 0 and weight 0). kV2: only the ceil(ctx / v2_chunk) splits that
+// ran are read, and a row with one such split (written out by its decode block) is skipped.
+template <int D, bool kV2>
 __global__ void __launch_bounds__(D)
     combine_kernel(const __grid_constant__ PagedAttnParams p, const float* ws, int splits, bool all_rows) {
   static_assert(D % 32 == 0 && D <= 1024, "one thread per element of head_dim");
@@ -182,9 +413,16 @@ __global__ void __launch_bounds__(D)
   if (decode_rows(p, blockIdx.y, all_rows, &row0, &n, &kv_len)) {
     const float* ml = ws + int64_t(p.T) * p.Hq * splits * D;
     for (int row = row0; row < row0 + n; ++row) {
+      int used = splits;
+      if constexpr (kV2) {
+        const int ctx = kv_len - (row0 + n - 1 - row);
+        const int chunk = v2_chunk(ctx, splits);
+        used = (ctx + chunk - 1) / chunk;
+        if (used <= 1) continue;  // uniform over the block
+      }
       const int64_t base = (int64_t(row) * p.Hq + h) * splits;
       float m = kNegInf;
-      for (int s = d; s < splits; s += D) m = fmaxf(m, ml[2 * (base + s)]);
+      for (int s = d; s < used; s += D) m = fmaxf(m, ml[2 * (base + s)]);
 #pragma unroll
       for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
       if (d % 32 == 0) red[d / 32] = m;
@@ -192,19 +430,19 @@ __global__ void __launch_bounds__(D)
       float M = kNegInf;
 #pragma unroll
       for (int w = 0; w < D / 32; ++w) M = fmaxf(M, red[w]);
-      for (int s = d; s < splits; s += D) {
+      for (int s = d; s < used; s += D) {
         const float ms = ml[2 * (base + s)];
         sw[s] = ms == kNegInf ? 0.0f : ml[2 * (base + s) + 1] * expf(ms - M);
       }
       __syncthreads();
       float L = 0.0f, O = 0.0f;
-      for (int s0 = 0; s0 < splits; s0 += 16) {
+      for (int s0 = 0; s0 < used; s0 += 16) {
         float v[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = s0 + i < splits ? ws[(base + s0 + i) * D + d] : 0.0f;
+        for (int i = 0; i < 16; ++i) v[i] = s0 + i < used ? ws[(base + s0 + i) * D + d] : 0.0f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
-          if (s0 + i < splits) {
+          if (s0 + i < used) {
             L += sw[s0 + i];
             O = fmaf(sw[s0 + i], v[i], O);
           }
@@ -218,34 +456,44 @@ __global__ void __launch_bounds__(D)
   pdl_launch_dependents();
 }
 
+template <int D, int G, KvDtype KT>
+void launch_decode_g(const LaunchCfg& cfg, const PagedAttnParams& p, float* ws, int splits, int chunk,
+                     bool all_rows, DecodeKernel kernel) {
+  if (kernel == DecodeKernel::v1) {
+    launch(cfg, decode_kernel<D, G, KT>, p, ws, splits, chunk, all_rows);
+  } else if constexpr (KT == KvDtype::bf16 || D % 64 == 0) {  // fp8 D 32 is refused before launch
+    launch(cfg, decode_kernel_v2<D, G, KT>, p, ws, splits, all_rows);
+  }
+}
+
 template <int D, KvDtype KT>
 void launch_decode_typed(const PagedAttnParams& p, float* ws, int splits, int chunk, bool all_rows,
-                         cudaStream_t stream, bool pdl) {
+                         DecodeKernel kernel, cudaStream_t stream, bool pdl) {
   const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(p.B)),
                       .block = dim3(kWarps * 32),
                       .stream = stream,
                       .pdl = pdl};
   switch (p.Hq / p.Hkv) {
     case 1:
-      launch(cfg, decode_kernel<D, 1, KT>, p, ws, splits, chunk, all_rows);
+      launch_decode_g<D, 1, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
       break;
     case 2:
-      launch(cfg, decode_kernel<D, 2, KT>, p, ws, splits, chunk, all_rows);
+      launch_decode_g<D, 2, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
       break;
     case 3:
-      launch(cfg, decode_kernel<D, 3, KT>, p, ws, splits, chunk, all_rows);
+      launch_decode_g<D, 3, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
       break;
     case 4:
-      launch(cfg, decode_kernel<D, 4, KT>, p, ws, splits, chunk, all_rows);
+      launch_decode_g<D, 4, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
       break;
     case 5:
-      launch(cfg, decode_kernel<D, 5, KT>, p, ws, splits, chunk, all_rows);
+      launch_decode_g<D, 5, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
       break;
     case 6:
-      launch(cfg, decode_kernel<D, 6, KT>, p, ws, splits, chunk, all_rows);
+      launch_decode_g<D, 6, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
       break;
     case 8:
-      launch(cfg, decode_kernel<D, 8, KT>, p, ws, splits, chunk, all_rows);
+      launch_decode_g<D, 8, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
       break;
     default:
       KILN_FAIL("paged decode attention: unsupported GQA group size ", p.Hq / p.Hkv, " (1-6, 8)");
@@ -255,18 +503,22 @@ void launch_decode_typed(const PagedAttnParams& p, float* ws, int splits, int ch
 }  // namespace
 
 void launch_decode(const PagedAttnParams& p, float* ws, int splits, int chunk, bool all_rows,
-                   cudaStream_t stream, bool pdl) {
+                   DecodeKernel kernel, cudaStream_t stream, bool pdl) {
   KILN_DISPATCH_HEAD_DIM(
-      p.D, KILN_DISPATCH_KV_DTYPE(p.kv_dtype,
-                                  launch_decode_typed<kD, kKT>(p, ws, splits, chunk, all_rows, stream, pdl);))
+      p.D, KILN_DISPATCH_KV_DTYPE(p.kv_dtype, launch_decode_typed<kD, kKT>(p, ws, splits, chunk, all_rows,
+                                                                           kernel, stream, pdl);))
 }
 
 void launch_decode_combine(const PagedAttnParams& p, const float* ws, int splits, bool all_rows,
-                           cudaStream_t stream, bool pdl) {
-  KILN_DISPATCH_HEAD_DIM(
-      p.D,
-      launch({.grid = dim3(unsigned(p.Hq), unsigned(p.B)), .block = dim3(kD), .stream = stream, .pdl = pdl},
-             combine_kernel<kD>, p, ws, splits, all_rows);)
+                           DecodeKernel kernel, cudaStream_t stream, bool pdl) {
+  KILN_DISPATCH_HEAD_DIM(p.D, {
+    const LaunchCfg cfg{
+        .grid = dim3(unsigned(p.Hq), unsigned(p.B)), .block = dim3(kD), .stream = stream, .pdl = pdl};
+    if (kernel == DecodeKernel::v1)
+      launch(cfg, combine_kernel<kD, false>, p, ws, splits, all_rows);
+    else
+      launch(cfg, combine_kernel<kD, true>, p, ws, splits, all_rows);
+  })
 }
 
 }  // namespace kiln::cuda
