@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstdio>
 
@@ -225,6 +227,13 @@ ApiServer::~ApiServer() {
 
 int ApiServer::bind() {
   auto& im = *impl_;
+  // httplib's default options set SO_REUSEPORT, which lets a second server bind a busy port and silently
+  // take half its connections: only SO_REUSEADDR here (a restart may reuse a port in TIME_WAIT).
+  im.http.set_socket_options([&im](int sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    im.listen_fd = sock;
+  });
   if (im.opts.port == 0) {
     im.bound_port = im.http.bind_to_any_port(im.opts.host);
     KILN_CHECK(im.bound_port > 0, "cannot bind ", im.opts.host, " (any port)");
@@ -233,6 +242,9 @@ int ApiServer::bind() {
                im.opts.port, " (address in use, or not a local address?)");
     im.bound_port = im.opts.port;
   }
+  // Debian's libcpp-httplib listens with a backlog of 5: a burst of clients (a benchmark opening 128
+  // connections at once) overflows it. listen() again on the bound socket deepens the queue.
+  if (im.listen_fd >= 0) KILN_CHECK(::listen(im.listen_fd, 4096) == 0, "listen() failed on the bound socket");
   return im.bound_port;
 }
 

@@ -28,6 +28,7 @@ struct ApiServer::Impl {
   ServerCounters counters;
   std::atomic<bool> draining{false};
   int bound_port = -1;
+  int listen_fd = -1;  // the listening socket, seen through httplib's socket-options hook
 
   std::mutex mu;  // guards active_ids and rng
   std::condition_variable idle_cv;
