@@ -1,0 +1,128 @@
+// gemm benchmark: the decode GEMMs of Qwen3-4B and Qwen3-0.6B (QKV, O, gate_up, down, LM head) at M = 1, 4,
+// 8: cuBLASLt (the tuned tactic when the cache has a cuBLASLt one for the shape, else the heuristic's first),
+// kiln's GEMV at each block size, the engine's own choice (what the model runs), and for gate_up the fused
+// GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel. Weights are rotated over >= 4 copies that
+// together exceed 2.2x the L2 (and the L2 is flushed before every sample), so every call reads W from HBM.
+// Timed as graph replays, plus "amortized": 16 launches over rotating copies in one graph / 16 (back to
+// back, as in a decode step). Bytes = W + x + out (W dominates).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bench/kernel_bench.h"
+#include "kiln/tensor.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/context.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/gemm.h"
+#include "ops/cuda/gemv.h"
+
+namespace kiln::bench {
+namespace {
+
+namespace kc = ::kiln::cuda;
+
+struct GemmCase {
+  const char* model;
+  const char* name;
+  int64_t n, k;
+  kc::GemmOut out;
+};
+
+// Qwen3-4B: hidden 2560, 32 x 128 Q, 8 x 128 KV, intermediate 9728. Qwen3-0.6B: hidden 1024, 16 x 128 Q,
+// 8 x 128 KV, intermediate 3072. Vocabulary 151936 (tied LM head, f32 logits).
+const GemmCase kCases[] = {
+    {"4B", "qkv", 6144, 2560, kc::GemmOut::bf16},      {"4B", "o", 2560, 4096, kc::GemmOut::bf16},
+    {"4B", "gate_up", 19456, 2560, kc::GemmOut::bf16}, {"4B", "down", 2560, 9728, kc::GemmOut::bf16},
+    {"4B", "lm_head", 151936, 2560, kc::GemmOut::f32}, {"0.6B", "qkv", 4096, 1024, kc::GemmOut::bf16},
+    {"0.6B", "o", 1024, 2048, kc::GemmOut::bf16},      {"0.6B", "gate_up", 6144, 1024, kc::GemmOut::bf16},
+    {"0.6B", "down", 1024, 3072, kc::GemmOut::bf16},   {"0.6B", "lm_head", 151936, 1024, kc::GemmOut::f32}};
+
+void run_gemm(const Env& env, std::vector<Row>& rows) {
+  kc::GemmEngine& eng = kc::gemm_engine();  // holds the tactic cache, when one exists for this GPU
+  const Device dev = Device::cuda();
+  for (const GemmCase& c : kCases) {
+    const bool gate_up = std::string(c.name) == "gate_up";
+    const size_t w_bytes = size_t(c.n * c.k) * 2;
+    const size_t copies = std::max<size_t>(4, (env.l2_bytes * 22 / 10 + w_bytes - 1) / w_bytes);
+    std::vector<Buffer> w;
+    for (size_t i = 0; i < copies; ++i) {
+      w.emplace_back(w_bytes, dev);
+      kc::fill_random_bf16(w.back().data(), c.n * c.k, 1000 + i, 0.05f, 0.0f, env.stream);
+    }
+    const int64_t M8 = kc::kGemvMaxM;
+    Buffer x(size_t(M8 * c.k) * 2, dev), out(size_t(M8 * c.n) * 4, dev), act(size_t(M8 * c.n) * 2, dev);
+    kc::fill_random_bf16(x.data(), M8 * c.k, 7, 1.0f, 0.0f, env.stream);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    for (const int64_t M : {1, 4, 8}) {
+      const std::string shape = std::string(c.model) + " " + c.name + " M=" + std::to_string(M) +
+                                " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
+      const double osz = c.out == kc::GemmOut::f32 ? 4 : 2;
+      const double io = double(M * c.k) * 2;
+      const auto tuned = eng.tactics().find(kc::GemmShape{kc::gemm_m_bucket(M), c.n, c.k, c.out});
+      const bool tuned_lt = tuned != eng.tactics().end() && tuned->second.kind == kc::GemmKind::cublaslt;
+      const auto choice = eng.gemv_choice(M, c.n, c.k, c.out);
+      const std::string lt_path = tuned_lt ? "tuned: " + tuned->second.describe : "heuristic";
+      const std::string chosen = choice ? "gemv warps " + std::to_string(choice->warps) : lt_path;
+      auto time_row = [&](Row r, const std::function<void(int)>& launch) {
+        launch(0);  // eager first call: plans, lazy module loading
+        KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+        std::vector<cudaGraphExec_t> g1, g16;
+        for (size_t i = 0; i < copies; ++i) g1.push_back(capture(env, launch, int(i), 1));
+        for (int k = 0; k < 4; ++k) g16.push_back(capture(env, launch, 16 * k, 16));
+        r.us = time_graph_cold_us(env, g1);
+        r.us_amortized = time_graph_cold_us(env, g16, 16);
+        for (auto g : g1) cudaGraphExecDestroy(g);
+        for (auto g : g16) cudaGraphExecDestroy(g);
+        KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+        rows.push_back(r);
+      };
+      auto wi = [&](int i) { return w[size_t(i) % copies].data(); };
+      const double plain_bytes = double(w_bytes) + io + double(M * c.n) * osz;
+
+      eng.set_gemv_enabled(false);
+      time_row(Row{"gemm", "cublaslt", shape, 0, -1, plain_bytes, lt_path}, [&](int i) {
+        eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, c.out, env.stream);
+      });
+      eng.set_gemv_enabled(true);
+      for (const int warps : kc::kGemvWarpChoices) {
+        time_row(Row{"gemm", "gemv w" + std::to_string(warps), shape, 0, -1, plain_bytes, "forced"},
+                 [&](int i) {
+                   kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k,
+                            c.out == kc::GemmOut::f32 ? kc::GemvEpilogue::f32 : kc::GemvEpilogue::bf16,
+                            kc::GemvConfig{warps}, env.stream);
+                 });
+      }
+      time_row(Row{"gemm", "engine choice", shape, 0, -1, plain_bytes, chosen}, [&](int i) {
+        eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, c.out, env.stream);
+      });
+      if (!gate_up) continue;
+      // gate_up + SiLU-and-mul: two launches (cuBLASLt into gate_up, then silu_mul) vs the fused GEMV.
+      const int64_t I = c.n / 2;
+      const double fused_bytes = double(w_bytes) + io + double(M * I) * 2;
+      eng.set_gemv_enabled(false);
+      time_row(
+          Row{"gemm", "cublaslt+silu_mul", shape, 0, -1, fused_bytes, lt_path + " + silu_mul"}, [&](int i) {
+            eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, kc::GemmOut::bf16, env.stream);
+            kc::silu_mul(out.data(), c.n, act.data(), I, M, I, env.stream);
+          });
+      eng.set_gemv_enabled(true);
+      for (const int warps : kc::kGemvWarpChoices) {
+        time_row(
+            Row{"gemm", "fused gemv+silu w" + std::to_string(warps), shape, 0, -1, fused_bytes, "forced"},
+            [&](int i) {
+              kc::gemv(x.data(), c.k, wi(i), c.k, act.data(), I, M, c.n, c.k, kc::GemvEpilogue::silu_mul,
+                       kc::GemvConfig{warps}, env.stream);
+            });
+      }
+    }
+  }
+}
+
+}  // namespace
+
+KILN_KERNEL_BENCH("gemm",
+                  "decode GEMMs (Qwen3-4B, 0.6B; M 1, 4, 8): cuBLASLt vs kiln GEMV vs fused gate_up+SiLU",
+                  run_gemm);
+
+}  // namespace kiln::bench
