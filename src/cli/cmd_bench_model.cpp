@@ -1,5 +1,5 @@
 // `kiln bench model [--shape qwen3-4b|qwen3-0.6b | --model DIR] [--context N] [--steps N] [--prefill N]
-//                   [--kv-dtype bf16|fp8] [--page-size N]`
+//                   [--kv-dtype bf16|fp8] [--page-size N] [--batch 8,32,128] [--no-breakdown]`
 // Whole-model timing on the GPU with random weights (generated on the device side of the loader):
 //   prefill: one prompt of --prefill tokens into an empty cache (median of 3), beside its floor
 //            FLOPs / the bf16 matmul rate measured in the same run (an 8192^3 cuBLASLt GEMM);
@@ -7,6 +7,7 @@
 //            --steps steps, beside its floor (weight bytes + KV bytes read) / the device-to-device copy
 //            rate measured in the same run (bytes read + written, as docs/PERF.md defines it);
 //   decode (graph): the same steps replayed from the decode CUDA graph, without and with PDL;
+//   --batch: decode of B sequences at --context, eager and from a B-sequence graph (serving's buckets);
 //   breakdown: each op of one decode step as L graph-replayed calls (one per layer's weights, so no L2
 //            reuse of weights), median of 20 replays / L: kernel time plus the in-graph launch gap.
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/client_flags.h"
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "cli/model_shapes.h"
@@ -88,20 +90,84 @@ double matmul_tflops() {
 }
 
 // A one-sequence batch of tokens [start, start + n) on pages 0, 1, 2, ... in order.
+// Appends a sequence of n new tokens at positions [start, start + n) whose pages are
+// [first_page, first_page + pages) to b (b.page_size and b.pages_stride = pages set by the caller).
+void add_seq(BatchDesc& b, int32_t start, int32_t n, int32_t pages, int32_t first_page, int64_t vocab) {
+  if (b.cu_q.empty()) b.cu_q = {0};
+  for (int32_t i = 0; i < n; ++i) {
+    b.tokens.push_back(int32_t((int64_t(start + i + first_page) * 7919) % vocab));
+    b.positions.push_back(start + i);
+    b.slot_mapping.push_back(int64_t(first_page) * b.page_size + start + i);
+  }
+  b.cu_q.push_back(b.cu_q.back() + n);
+  b.kv_lens.push_back(start + n);
+  for (int32_t p = 0; p < pages; ++p) b.page_table.push_back(first_page + p);
+  b.logit_rows.push_back(b.cu_q.back() - 1);
+}
+
 BatchDesc one_seq(int32_t start, int32_t n, int32_t pages, int32_t ps, int64_t vocab) {
   BatchDesc b;
   b.page_size = ps;
-  for (int32_t i = 0; i < n; ++i) {
-    b.tokens.push_back(int32_t((int64_t(start + i) * 7919) % vocab));
-    b.positions.push_back(start + i);
-    b.slot_mapping.push_back(start + i);
-  }
-  b.cu_q = {0, n};
-  b.kv_lens = {start + n};
   b.pages_stride = pages;
-  for (int32_t p = 0; p < pages; ++p) b.page_table.push_back(p);
-  b.logit_rows = {n - 1};
+  add_seq(b, start, n, pages, 0, vocab);
   return b;
+}
+
+// Decode at batch B: B sequences with `ctx` tokens of context each (filled by per-sequence prefills), then
+// `steps` decode steps eagerly and replayed from a CudaDecodeGraph of B sequences, as the serving engine's
+// graph buckets run them. Tokens/s = B / step time; floor = (weights + B x KV at ctx) / copy rate.
+void bench_batch_decode(Qwen3Model& m, int32_t B, int32_t ctx, int32_t steps, int32_t ps, DType kv,
+                        int64_t wbytes, double gbps) {
+  const ModelConfig& c = m.config();
+  const int32_t pages = (ctx + steps + ps - 1) / ps;
+  KvCache cache(c, B * pages + 1, ps, ops::KvLayout::hnd, kv, Device::cuda());
+  Buffer logits(size_t(B) * size_t(c.vocab_size) * 4, Device::cuda());
+  const Tensor one(logits.data(), DType::f32, {1, c.vocab_size}, Device::cuda());
+  for (int32_t i = 0; i < B; ++i) {
+    for (int32_t s = 0; s < ctx - 1; s += 4096) {
+      BatchDesc b;
+      b.page_size = ps;
+      b.pages_stride = pages;
+      add_seq(b, s, std::min(4096, ctx - 1 - s), pages, 1 + i * pages, c.vocab_size);
+      m.forward(b, cache, one);
+    }
+  }
+  auto step_batch = [&](int32_t pos) {
+    BatchDesc b;
+    b.page_size = ps;
+    b.pages_stride = pages;
+    for (int32_t i = 0; i < B; ++i) add_seq(b, pos, 1, pages, 1 + i * pages, c.vocab_size);
+    return b;
+  };
+  const Tensor all(logits.data(), DType::f32, {B, c.vocab_size}, Device::cuda());
+  std::vector<double> eager, graph;
+  for (int32_t i = 0; i < steps + 3; ++i) {
+    const BatchDesc b = step_batch(ctx - 1 + i);
+    const auto a = std::chrono::steady_clock::now();
+    m.forward(b, cache, all);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    if (i >= 3)
+      eager.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  CudaDecodeGraph g(m, cache, pages, B);
+  for (int32_t i = 0; i < steps + 3; ++i) {
+    const BatchDesc b = step_batch(ctx - 1 + i);  // the same steps again: the same K/V rewritten
+    const auto a = std::chrono::steady_clock::now();
+    g.step(b);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream())));
+    if (i >= 3)
+      graph.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  const double kv_bytes = double(KvCache::bytes_per_token(c, kv)) * ctx * B;
+  const double floor_ms = (double(wbytes) + kv_bytes) / (gbps * 1e9) * 1e3;
+  const double te = median(eager), tg = median(graph);
+  std::printf(
+      "decode batch %3d at context %d: eager %.3f ms/step, CUDA graph %.3f ms/step = %.0f tok/s; floor %.3f "
+      "ms ((%.2f GB weights + %.3f GB KV) / %.0f GB/s); %.0f%% of the floor\n",
+      B, ctx, te, tg, B / (tg * 1e-3), floor_ms, double(wbytes) / 1e9, kv_bytes / 1e9, gbps,
+      100.0 * floor_ms / tg);
 }
 
 int64_t weight_bytes(const Qwen3Weights& w, bool tied) {
@@ -240,8 +306,9 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
 }
 
 int run_bench_model(const cli::Args& args) {
-  const cli::Flags f(args, {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed"},
-                     {"no-breakdown"});
+  const cli::Flags f(
+      args, {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed", "batch"},
+      {"no-breakdown"});
   KILN_CHECK(cuda_available(), "kiln bench model needs a CUDA GPU; none is visible");
   const ModelConfig cfg = f.has("model") ? load_model_config(f.str("model"))
                                          : cli::builtin_qwen3_shape(f.str("shape", "qwen3-4b"));
@@ -339,6 +406,11 @@ int run_bench_model(const cli::Args& args) {
         ctx, pdl ? " + PDL" : "", tg, *std::min_element(gt.begin(), gt.end()), 100.0 * floor_ms / tg);
   }
   cuda::set_pdl(false);
+  if (f.has("batch"))
+    for (int64_t B : cli::parse_int_list(f.str("batch"), "batch")) {
+      KILN_CHECK(B <= 1024, "--batch ", B, " is too large (at most 1024)");
+      bench_batch_decode(*m, int32_t(B), ctx, steps, ps, cache.dtype(), wbytes, gbps);
+    }
   if (!f.flag("no-breakdown")) breakdown(*m, cache, ctx, pages, ps);
   return 0;
 }
