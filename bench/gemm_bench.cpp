@@ -1,9 +1,10 @@
 // gemm benchmark: the decode GEMMs of Qwen3-4B and Qwen3-0.6B (QKV, O, gate_up, down, LM head) at M = 1, 4,
 // 8: cuBLASLt (the tuned tactic when the cache has a cuBLASLt one for the shape, else the heuristic's first),
-// kiln's GEMV at each block size, the engine's own choice (what the model runs), and for gate_up the fused
-// GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel. Weights are rotated over >= 4 copies that
-// together exceed 2.2x the L2 (and the L2 is flushed before every sample), so every call reads W from HBM.
-// Timed as graph replays, plus "amortized": 16 launches over rotating copies in one graph / 16 (back to
+// kiln's GEMV at each block size, the engine's own choice (what the model runs; also with PDL, where the
+// amortized column shows back-to-back GEMVs prefetching W while the previous one drains), and for gate_up
+// the fused GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel. Weights are rotated over >= 4 copies
+// that together exceed 2.2x the L2 (and the L2 is flushed before every sample), so every call reads W from
+// HBM. Timed as graph replays, plus "amortized": 16 launches over rotating copies in one graph / 16 (back to
 // back, as in a decode step). Bytes = W + x + out (W dominates).
 #include <algorithm>
 #include <string>
@@ -93,9 +94,12 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                             kc::GemvConfig{warps}, env.stream);
                  });
       }
-      time_row(Row{"gemm", "engine choice", shape, 0, -1, plain_bytes, chosen}, [&](int i) {
-        eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, c.out, env.stream);
-      });
+      for (const bool pdl : {false, true}) {
+        time_row(Row{"gemm", pdl ? "engine choice+pdl" : "engine choice", shape, 0, -1, plain_bytes, chosen},
+                 [&](int i) {
+                   eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, c.out, env.stream, pdl);
+                 });
+      }
       if (!gate_up) continue;
       // gate_up + SiLU-and-mul: two launches (cuBLASLt into gate_up, then silu_mul) vs the fused GEMV.
       const int64_t I = c.n / 2;

@@ -15,6 +15,7 @@ struct GemvParams {
   int64_t ldx8, ldw8, ldo;
   int64_t n;   // rows of W (silu_mul: 2I)
   int64_t k8;  // K / 8
+  bool pdl;    // launched with PDL: prefetch the first W chunks into L2 before waiting
 };
 
 // W is streamed once: 16-byte read-only loads that skip L1 (x keeps it) with a 256-byte L2 prefetch hint.
@@ -24,6 +25,12 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
+}
+
+// An L2 prefetch is safe before the PDL wait even for data the previous kernel writes: the L2 is the point
+// of coherence, so a later write there is what the loads after the wait see.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // Chunk steps whose W loads are issued together per thread: more bytes in flight where registers allow.
@@ -53,6 +60,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const __grid_const
     base = int64_t(blockIdx.x) * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) wrow[r] = p.w + (base + r < p.n ? base + r : p.n - 1) * p.ldw8;
+  }
+  if (p.pdl) {  // overlap the first loads' HBM latency with the predecessor's tail
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = tid + int64_t(u) * T;
+      if (c < p.k8)
+#pragma unroll
+        for (int r = 0; r < R; ++r) prefetch_l2(wrow[r] + c);
+    }
   }
   pdl_wait();
 
@@ -189,7 +205,8 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
                      .ldw8 = ldw / 8,
                      .ldo = ldo,
                      .n = n,
-                     .k8 = k / 8};
+                     .k8 = k / 8,
+                     .pdl = pdl};
   const int64_t per_block = epi == GemvEpilogue::silu_mul ? kGemvRows / 2 : kGemvRows;
   const int64_t blocks = (out_cols + per_block - 1) / per_block;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");

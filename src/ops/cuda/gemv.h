@@ -48,7 +48,8 @@ bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, i
 // x, W: bf16 row-major with row strides ldx, ldw (elements). x, W, out 16-byte aligned; strides multiples
 // of 8; ldx >= k, ldw >= k, ldo >= n (silu_mul: >= n / 2). out must not alias x or W. m == 0 is a no-op;
 // m > 8 or any other violation throws kiln::Error before anything is launched. pdl: programmatic
-// dependent launch (the kernel waits for its predecessor's writes before reading x).
+// dependent launch: the kernel prefetches its first W chunks into L2 (always safe: no data is consumed),
+// then waits for its predecessor's writes before loading anything.
 void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
           int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
 
