@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/kiln-out}
 hf4b=${HF4B_DIR:-/tmp/hf4b}
 mkdir -p "$out"
+export PATH=/usr/local/cuda/bin:$PATH
+# One GEMM tactic cache for this machine's calls (bench/bench_model_device.sh uses the same default).
+export KILN_TUNE_CACHE=${KILN_TUNE_CACHE:-/tmp/kiln-gemm-tactics.txt}
 t0=$(date +%s)
 el() { echo "$(($(date +%s) - t0)) s"; }
 summary=()
@@ -68,4 +71,6 @@ grep -hE "^cuda " "$out/test_cuda_model_vl.log" 2>/dev/null
 grep -hE "^  qwen3_vl_tiny" "$out/test_hf_parity_vl.log" 2>/dev/null
 grep -hE "^  length " "$out/make_hf_4b.log" 2>/dev/null
 echo "---- failures"
-grep -hE "FAILED:|Failure|Expected|Which is|error:" "$out"/make_hf_*.log "$out"/test_*.log 2>/dev/null | head -40
+((vl_rc == 0)) || tail -15 "$out/make_hf_vl.log"
+((rc4b == 0)) || tail -15 "$out/make_hf_4b.log"
+grep -hE "Failure|Expected|Which is|error:" "$out"/test_*.log 2>/dev/null | head -40
