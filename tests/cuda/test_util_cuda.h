@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -67,7 +68,8 @@ inline int32_t argmax(const std::vector<float>& v) {
 }
 
 // Runs a greedy (or teacher-forced, when `forced` is non-empty) generation of `steps` tokens from prompt,
-// one forward per step (the prompt as one prefill), returning each step's logits.
+// one forward per step (the prompt as one prefill), returning each step's logits. The logits buffer is
+// poisoned (NaN) before every forward; a logit left unwritten or non-finite is a test failure.
 inline std::vector<std::vector<float>> model_steps(Qwen3Model& m, const std::vector<int32_t>& prompt,
                                                    int steps, const std::vector<int32_t>& forced,
                                                    DType cache_dtype, ops::KvLayout layout, int ps,
@@ -77,6 +79,7 @@ inline std::vector<std::vector<float>> model_steps(Qwen3Model& m, const std::vec
   const int pages = int((prompt.size() + size_t(steps) + size_t(ps) - 1) / size_t(ps)) + 1;
   KvCache cache(c, pages, ps, layout, cache_dtype, dev);
   Buffer dl(size_t(c.vocab_size) * 4, dev);
+  const std::vector<float> poison(static_cast<size_t>(c.vocab_size), std::numeric_limits<float>::quiet_NaN());
   std::vector<int32_t> seq = prompt;
   std::vector<std::vector<float>> out;
   int32_t cached = 0;
@@ -96,9 +99,13 @@ inline std::vector<std::vector<float>> model_steps(Qwen3Model& m, const std::vec
     for (int i = 0; i < pages; ++i) b.page_table.push_back(i);
     b.logit_rows = {n - 1};
     if (edit) edit(b);
+    copy_bytes(dl.data(), dev, poison.data(), Device::cpu(), poison.size() * 4);
     m.forward(b, cache, Tensor(dl.data(), DType::f32, {1, c.vocab_size}, dev));
     std::vector<float> logits(static_cast<size_t>(c.vocab_size));
     copy_bytes(logits.data(), Device::cpu(), dl.data(), dev, logits.size() * 4);
+    const auto bad = std::count_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
+    if (bad)
+      ADD_FAILURE() << bad << " of " << logits.size() << " logits unwritten or not finite at step " << step;
     cached += n;
     seq.push_back(forced.empty() ? argmax(logits) : forced[size_t(step)]);
     out.push_back(std::move(logits));
