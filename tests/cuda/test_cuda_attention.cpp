@@ -4,6 +4,7 @@
 // NHD vs HND bitwise; the CPU oracle within 2^-8 relative Frobenius error. Every test that runs the decode
 // kernel runs both variants (cuda::DecodeKernel v1 and v2, see ops/cuda/attention.h); the workspace is
 // poisoned with NaN first, so a combine that reads a split nobody wrote shows up as a non-finite output.
+// Likewise the prefill kernels (cuda::PrefillKernel v1, v2), which must also be bitwise equal.
 #include <algorithm>
 #include <initializer_list>
 #include <numeric>
@@ -200,18 +201,24 @@ struct AttnSetup {
 
 enum class Kernel { routed, decode, prefill };
 
-constexpr cuda::DecodeKernel kDecodeKernels[] = {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2};
+// The kernel generations under test: v1 (decode and prefill) and v2 (decode and prefill).
+enum class Gen { v1, v2 };
+constexpr Gen kGens[] = {Gen::v1, Gen::v2};
 
-// Selects a decode kernel for one scope (and names it in failure messages).
-struct UseDecodeKernel {
+// Selects the decode and prefill kernels of one generation for a scope (and names it in failure messages).
+struct UseKernels {
   ::testing::ScopedTrace trace;
-  explicit UseDecodeKernel(cuda::DecodeKernel k)
-      : trace(__FILE__, __LINE__, std::string("decode kernel ") + cuda::decode_kernel_name(k)) {
-    cuda::set_decode_kernel(k);
+  explicit UseKernels(Gen g)
+      : trace(__FILE__, __LINE__, std::string("kernels ") + (g == Gen::v1 ? "v1" : "v2")) {
+    cuda::set_decode_kernel(g == Gen::v1 ? cuda::DecodeKernel::v1 : cuda::DecodeKernel::v2);
+    cuda::set_prefill_kernel(g == Gen::v1 ? cuda::PrefillKernel::v1 : cuda::PrefillKernel::v2);
   }
-  ~UseDecodeKernel() { cuda::set_decode_kernel(cuda::DecodeKernel::v2); }
-  UseDecodeKernel(const UseDecodeKernel&) = delete;
-  UseDecodeKernel& operator=(const UseDecodeKernel&) = delete;
+  ~UseKernels() {
+    cuda::set_decode_kernel(cuda::DecodeKernel::v2);
+    cuda::set_prefill_kernel(cuda::PrefillKernel::v2);
+  }
+  UseKernels(const UseKernels&) = delete;
+  UseKernels& operator=(const UseKernels&) = delete;
 };
 
 std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0) {
@@ -278,8 +285,8 @@ TEST(CudaAttention, MixedBatchMatchesFp64AcrossLayoutsPagesDtypes) {
                  .hnd = hnd,
                  .fp8 = fp8};
           const AttnSetup s(c, seed++);
-          for (auto dk : kDecodeKernels) {
-            const UseDecodeKernel use(dk);
+          for (Gen gen : kGens) {
+            const UseKernels use(gen);
             const auto got = run(s, Kernel::routed);
             const double err = s.rel_err(got);
             EXPECT_LE(err, 1.0 / 128) << "fp8 " << fp8 << " hnd " << hnd << " page " << ps << " D " << D;
@@ -302,10 +309,10 @@ TEST(CudaAttention, DecodeAndPrefillAgreeWithinOneUlp) {
              .hnd = true,
              .fp8 = fp8};
       const AttnSetup s(c, seed++);
-      const auto pre = run(s, Kernel::prefill);
-      EXPECT_LE(s.rel_err(pre), 1.0 / 128);
-      for (auto dk : kDecodeKernels) {
-        const UseDecodeKernel use(dk);
+      for (Gen gen : kGens) {
+        const UseKernels use(gen);
+        const auto pre = run(s, Kernel::prefill);
+        EXPECT_LE(s.rel_err(pre), 1.0 / 128);
         for (int splits : {0, 1, 3, 64, 128}) {
           const auto dec = run(s, Kernel::decode, splits);
           EXPECT_LE(s.rel_err(dec), 1.0 / 128) << "G " << G << " splits " << splits;
@@ -323,9 +330,9 @@ TEST(CudaAttention, MultiRowSequencesInADecodeShapedLaunch) {
   // T == B with a 3-row sequence (so others have none): the decode kernel walks every row.
   Case c{.q_lens = {3, 0, 0, 1}, .kv_lens = {40, 5, 0, 9}, .Hq = 4, .Hkv = 4, .D = 64, .page_size = 16};
   const AttnSetup s(c, 7);
-  const auto pre = run(s, Kernel::prefill);
-  for (auto dk : kDecodeKernels) {
-    const UseDecodeKernel use(dk);
+  for (Gen gen : kGens) {
+    const UseKernels use(gen);
+    const auto pre = run(s, Kernel::prefill);
     for (int splits : {0, 1, 2}) {
       const auto routed = run(s, Kernel::routed, splits);
       EXPECT_LE(s.rel_err(routed), 1.0 / 128) << "splits " << splits;
@@ -341,8 +348,8 @@ TEST(CudaAttention, NhdAndHndBitwiseEqual) {
   const AttnSetup a(c, 9);
   c.hnd = true;
   const AttnSetup b(c, 9);
-  for (auto dk : kDecodeKernels) {
-    const UseDecodeKernel use(dk);
+  for (Gen gen : kGens) {
+    const UseKernels use(gen);
     for (Kernel k : {Kernel::routed, Kernel::prefill}) {
       const auto x = run(a, k), y = run(b, k);
       for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i].bits, y[i].bits) << i;
@@ -370,8 +377,8 @@ TEST(CudaAttention, MatchesCpuOracle) {
   a.out = Tensor(cpu_out.data(), DType::bf16, {s.T, c.Hq, c.D});
   a.scale = float(1.0 / std::sqrt(128.0));
   ops::cpu::paged_attention(a);
-  for (auto dk : kDecodeKernels) {
-    const UseDecodeKernel use(dk);
+  for (Gen gen : kGens) {
+    const UseKernels use(gen);
     const auto got = run(s, Kernel::routed);
     double num = 0, den = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -383,16 +390,46 @@ TEST(CudaAttention, MatchesCpuOracle) {
   }
 }
 
-// Checks one setup with both decode kernels: routed and decode-only launches (the given split counts) within
-// 2^-7 of fp64, every output finite, within 1 bf16 ulp of the prefill kernel and of each other.
+TEST(CudaAttention, PrefillV1AndV2BitwiseEqual) {
+  KILN_REQUIRE_GPU();
+  // The same math in the same order: v2 only changes how K/V tiles reach shared memory (fp8 runs v1).
+  uint32_t seed = 700;
+  for (bool fp8 : {false, true})
+    for (bool hnd : {false, true})
+      for (int ps : {16, 32, 64})
+        for (int D : {32, 64, 128}) {
+          if (fp8 && D == 32) continue;
+          Case c{.q_lens = {1, 77, 3, 200, 130, 64},
+                 .kv_lens = {1, 300, 3, 517, 130, 65},
+                 .Hq = 8,
+                 .Hkv = 2,
+                 .D = D,
+                 .page_size = ps,
+                 .hnd = hnd,
+                 .fp8 = fp8};
+          const AttnSetup s(c, seed++);
+          std::vector<bf16_t> out[2];
+          for (Gen gen : kGens) {
+            const UseKernels use(gen);
+            out[gen == Gen::v1 ? 0 : 1] = run(s, Kernel::prefill);
+          }
+          EXPECT_LE(s.rel_err(out[1]), 1.0 / 128);
+          size_t diff = 0;
+          for (size_t i = 0; i < out[0].size(); ++i) diff += out[0][i].bits != out[1][i].bits;
+          EXPECT_EQ(diff, 0u) << "fp8 " << fp8 << " hnd " << hnd << " page " << ps << " D " << D;
+        }
+}
+
+// Checks one setup with both kernel generations: routed launches (the given decode split counts) within
+// 2^-7 of fp64, every output finite, within 1 bf16 ulp of the prefill kernel and v1 within 1 ulp of v2.
 void check_decode_variants(const AttnSetup& s, std::initializer_list<int> splits_list,
                            const std::string& what) {
   SCOPED_TRACE(what);
-  const auto pre = run(s, Kernel::prefill);
-  EXPECT_LE(s.rel_err(pre), 1.0 / 128);
   std::vector<std::vector<bf16_t>> by_kernel;
-  for (auto dk : kDecodeKernels) {
-    const UseDecodeKernel use(dk);
+  for (Gen gen : kGens) {
+    const UseKernels use(gen);
+    const auto pre = run(s, Kernel::prefill);
+    EXPECT_LE(s.rel_err(pre), 1.0 / 128);
     for (int splits : splits_list) {
       const auto got = run(s, Kernel::routed, splits);
       size_t bad = 0;

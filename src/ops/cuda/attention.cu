@@ -60,32 +60,44 @@ void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* 
 
 namespace {
 
-std::atomic<int> g_decode_kernel{-1};  // -1: not chosen yet
+std::atomic<int> g_decode_kernel{-1}, g_prefill_kernel{-1};  // -1: not chosen yet
+
+// The kernel variant held by `choice`, or (first use) the environment variable `env`: "v1" -> 0, "v2" or
+// unset -> 1, anything else an error. A concurrent setter wins over the environment.
+int variant(std::atomic<int>& choice, const char* env) {
+  int k = choice.load(std::memory_order_relaxed);
+  if (k >= 0) return k;
+  const char* val = std::getenv(env);
+  k = 1;
+  if (val && *val) {
+    KILN_CHECK(std::strcmp(val, "v1") == 0 || std::strcmp(val, "v2") == 0, env, " must be v1 or v2, got '",
+               val, "'");
+    k = std::strcmp(val, "v1") == 0 ? 0 : 1;
+  }
+  int expected = -1;
+  return choice.compare_exchange_strong(expected, k) ? k : expected;
+}
 
 }  // namespace
 
 DecodeKernel decode_kernel() {
-  int k = g_decode_kernel.load(std::memory_order_relaxed);
-  if (k < 0) {
-    const char* env = std::getenv("KILN_ATTN_DECODE");
-    k = int(DecodeKernel::v2);
-    if (env && *env) {
-      KILN_CHECK(std::strcmp(env, "v1") == 0 || std::strcmp(env, "v2") == 0,
-                 "KILN_ATTN_DECODE must be v1 or v2, got '", env, "'");
-      k = std::strcmp(env, "v1") == 0 ? int(DecodeKernel::v1) : int(DecodeKernel::v2);
-    }
-    int expected = -1;  // a concurrent set_decode_kernel wins
-    if (!g_decode_kernel.compare_exchange_strong(expected, k)) k = expected;
-  }
-  return DecodeKernel(k);
+  return variant(g_decode_kernel, "KILN_ATTN_DECODE") == 0 ? DecodeKernel::v1 : DecodeKernel::v2;
 }
-
 void set_decode_kernel(DecodeKernel k) {
-  g_decode_kernel.store(int(k));
+  g_decode_kernel.store(k == DecodeKernel::v1 ? 0 : 1);
 }
-
 const char* decode_kernel_name(DecodeKernel k) {
   return k == DecodeKernel::v1 ? "v1" : "v2";
+}
+
+PrefillKernel prefill_kernel() {
+  return variant(g_prefill_kernel, "KILN_ATTN_PREFILL") == 0 ? PrefillKernel::v1 : PrefillKernel::v2;
+}
+void set_prefill_kernel(PrefillKernel k) {
+  g_prefill_kernel.store(k == PrefillKernel::v1 ? 0 : 1);
+}
+const char* prefill_kernel_name(PrefillKernel k) {
+  return k == PrefillKernel::v1 ? "v1" : "v2";
 }
 
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
@@ -119,7 +131,7 @@ void paged_attention_decode(const PagedAttnParams& p, void* workspace, cudaStrea
 void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl) {
   validate(p);
   if (p.B == 0 || p.T == 0) return;
-  launch_prefill(p, skip_single_rows, stream, pdl);
+  launch_prefill(p, skip_single_rows, prefill_kernel(), stream, pdl);
 }
 
 void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits,
@@ -133,7 +145,7 @@ void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t str
     return;
   }
   decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
-  launch_prefill(p, /*skip_single_rows=*/true, stream, pdl);
+  launch_prefill(p, /*skip_single_rows=*/true, prefill_kernel(), stream, pdl);
 }
 
 }  // namespace kiln::cuda

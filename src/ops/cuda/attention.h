@@ -25,6 +25,10 @@
 //       then every warp computes from shared memory. A row whose context fits one chunk is written out by
 //       its block directly; the combine reads only the splits that ran (and skips such rows).
 // Prefill: grid (ceil(T / 64), Hq, B), 128 threads: 64 query rows x 64-key tiles, mma.sync m16n8k16.
+// Two prefill kernels (prefill_kernel() picks), bitwise equal (same math, same order):
+//   v1: each K/V tile gathered with plain loads between two barriers, no overlap with the MMAs.
+//   v2 (default): bf16 caches copy K and V tiles with cp.async so the loads overlap the math (V of tile
+//       kt during S = Q K^T and the softmax, K of tile kt + 1 during P V); an fp8 cache runs v1.
 #pragma once
 
 #include <cstddef>
@@ -69,6 +73,14 @@ enum class DecodeKernel : uint8_t { v1, v2 };
 DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);
+
+enum class PrefillKernel : uint8_t { v1, v2 };
+
+// Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1" or "v2", read
+// once; unset: v2; anything else is an error).
+PrefillKernel prefill_kernel();
+void set_prefill_kernel(PrefillKernel k);
+const char* prefill_kernel_name(PrefillKernel k);
 
 // Bytes of workspace paged_attention needs for these shapes (0 when no split is used).
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p);

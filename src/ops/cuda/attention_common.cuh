@@ -62,7 +62,9 @@ void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int c
                    DecodeKernel kernel, cudaStream_t stream, bool pdl);
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,
                            DecodeKernel kernel, cudaStream_t stream, bool pdl);
-void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl);
+// kernel: v1 loads each K/V tile synchronously; v2 (bf16 caches; fp8 runs v1) with cp.async, overlapped.
+void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
+                    cudaStream_t stream, bool pdl);
 
 // KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (64 or 128); any other
 // head_dim is an error. KILN_DISPATCH_KV_DTYPE likewise with `constexpr KvDtype kKT`.

@@ -1,5 +1,6 @@
 // Causal paged prefill attention on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate).
 #include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/attn_prep_fused.cuh"  // cp.async helpers
 
 namespace kiln::cuda {
 namespace {
@@ -32,15 +33,68 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << 16);
 }
 
+// Copies rows [kt * 64, kt * 64 + 64) of the K (kV false) or V cache of (b, hk) into the [64][LD] tile
+// with cp.async (bf16 cache only); rows past last_pos are zeroed with plain stores. Not committed.
+template <int D, bool kV>
+__device__ __forceinline__ void issue_tile_async(const PagedAttnParams& p, int b, int hk, int kt,
+                                                 int last_pos, uint16_t* dst) {
+  constexpr int LD = D + 8, C8 = D / 8;
+  const uint16_t* src = static_cast<const uint16_t*>(kV ? p.v : p.k);
+  for (int c = threadIdx.x; c < kBK * C8; c += kWarps * 32) {
+    const int r = c / C8, cc = c % C8, key = kt * kBK + r;
+    uint16_t* d = dst + r * LD + cc * 8;
+    if (key <= last_pos) {
+      int64_t sc_off;
+      attn::cp_async16(d, src + kv_row_offset(p, b, key, hk, &sc_off) + cc * 8);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// v1's tile load: K and V rows of tile kt gathered with plain loads (fp8 widened exactly to bf16), rows past
+// last_pos zeroed; between two __syncthreads.
+template <int D, KvDtype KT>
+__device__ __forceinline__ void load_tile_sync(const PagedAttnParams& p, int b, int hk, int kt, int last_pos,
+                                               uint16_t* sK, uint16_t* sV) {
+  constexpr int LD = D + 8, C8 = D / 8;
+  __syncthreads();  // the previous tile's K and V are consumed
+  for (int c = threadIdx.x; c < kBK * C8; c += kWarps * 32) {
+    const int r = c / C8, cc = c % C8, key = kt * kBK + r;
+    uint4 kv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+    if (key <= last_pos) {
+      int64_t sc_off;
+      const int64_t off = kv_row_offset(p, b, key, hk, &sc_off);
+      if constexpr (KT == KvDtype::bf16) {
+        kv[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k) + off + cc * 8);
+        kv[1] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.v) + off + cc * 8);
+      } else {
+        float f[8];
+        load_kv8<KT>(p.k, p.k_scale, off, sc_off, cc * 8, f);
+        kv[0] = pack8(f);
+        load_kv8<KT>(p.v, p.v_scale, off, sc_off, cc * 8, f);
+        kv[1] = pack8(f);
+      }
+    }
+    *reinterpret_cast<uint4*>(sK + r * LD + cc * 8) = kv[0];
+    *reinterpret_cast<uint4*>(sV + r * LD + cc * 8) = kv[1];
+  }
+  __syncthreads();
+}
+
 // Grid (ceil(T / 64), Hq, B); block 4 warps; dynamic smem: Q, K, V tiles of [64][D + 8] bf16 (the +8
 // pad makes the 8 row addresses of every ldmatrix hit distinct banks).
+// kPipe (v2, bf16 cache): the same math in the same order (bitwise equal to v1), with K and V copied by
+// cp.async so they overlap the math: V of tile kt is in flight while S = Q K^T and the softmax run, K of
+// tile kt + 1 while O += P V runs (same shared memory as v1: one K and one V tile).
 // Block (tile, h, b) owns query rows [64 tile, 64 tile + 64) of sequence b, head h; warp w owns 16 rows.
 // Per 64-key tile: K and V rows gathered through the page table into smem (fp8 widened exactly to bf16,
 // rows past the causal bound zeroed), S = Q K^T by MMA, mask, online softmax in fp32 (expf), then
 // O += P V with P split into bf16 hi + lo (two MMAs) so P keeps ~16 bits. Output: O / l, one bf16 rounding.
-template <int D, KvDtype KT>
+template <int D, KvDtype KT, bool kV2>
 __global__ void __launch_bounds__(kWarps * 32)
     prefill_kernel(const __grid_constant__ PagedAttnParams p, bool skip_single) {
+  constexpr bool kPipe = kV2 && KT == KvDtype::bf16;  // the cp.async path copies bf16 rows as they are
   constexpr int LD = D + 8, C8 = D / 8;
   extern __shared__ uint4 smem_raw[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
@@ -59,6 +113,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int pos0 = kv_len - q_len + tile * kBQ;  // context position of the tile's first row
   const int last_pos = pos0 + rows - 1;
 
+  if constexpr (kPipe) {
+    issue_tile_async<D, false>(p, b, hk, 0, last_pos, sK);
+    attn::cp_async_commit();
+  }
   for (int c = tid; c < kBQ * C8; c += kWarps * 32) {
     const int r = c / C8, cc = c % C8;
     uint4 val = make_uint4(0, 0, 0, 0);
@@ -83,28 +141,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int n_tiles = last_pos / kBK + 1;
 
   for (int kt = 0; kt < n_tiles; ++kt) {
-    __syncthreads();  // the previous tile's K and V are consumed
-    for (int c = tid; c < kBK * C8; c += kWarps * 32) {
-      const int r = c / C8, cc = c % C8, key = kt * kBK + r;
-      uint4 kv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-      if (key <= last_pos) {
-        int64_t sc_off;
-        const int64_t off = kv_row_offset(p, b, key, hk, &sc_off);
-        if constexpr (KT == KvDtype::bf16) {
-          kv[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k) + off + cc * 8);
-          kv[1] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.v) + off + cc * 8);
-        } else {
-          float f[8];
-          load_kv8<KT>(p.k, p.k_scale, off, sc_off, cc * 8, f);
-          kv[0] = pack8(f);
-          load_kv8<KT>(p.v, p.v_scale, off, sc_off, cc * 8, f);
-          kv[1] = pack8(f);
-        }
-      }
-      *reinterpret_cast<uint4*>(sK + r * LD + cc * 8) = kv[0];
-      *reinterpret_cast<uint4*>(sV + r * LD + cc * 8) = kv[1];
+    if constexpr (kPipe) {
+      attn::cp_async_wait<0>();
+      __syncthreads();  // K of tile kt is visible; the previous tile's V is consumed
+      issue_tile_async<D, true>(p, b, hk, kt, last_pos, sV);
+      attn::cp_async_commit();
+    } else {
+      load_tile_sync<D, KT>(p, b, hk, kt, last_pos, sK, sV);
     }
-    __syncthreads();
 
     float s[kBK / 8][4];
 #pragma unroll
@@ -148,6 +192,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < 4; ++e) {
         s[nt][e] = expf(s[nt][e] - m[e >> 1]);
         l[e >> 1] += s[nt][e];
+      }
+    }
+    if constexpr (kPipe) {
+      attn::cp_async_wait<0>();
+      __syncthreads();  // V of tile kt is visible; every warp is done with K of tile kt
+      if (kt + 1 < n_tiles) {
+        issue_tile_async<D, false>(p, b, hk, kt + 1, last_pos, sK);
+        attn::cp_async_commit();
       }
     }
 #pragma unroll
@@ -195,16 +247,20 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 }  // namespace
 
-void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl) {
+void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
+                    cudaStream_t stream, bool pdl) {
   KILN_DISPATCH_HEAD_DIM(p.D, KILN_DISPATCH_KV_DTYPE(p.kv_dtype, {
-                           const size_t smem = size_t(kBQ + 2 * kBK) * (kD + 8) * 2;
-                           launch(
-                               {.grid = dim3(unsigned((p.T + kBQ - 1) / kBQ), unsigned(p.Hq), unsigned(p.B)),
-                                .block = dim3(kWarps * 32),
-                                .smem = smem,
-                                .stream = stream,
-                                .pdl = pdl},
-                               prefill_kernel<kD, kKT>, p, skip_single_rows);
+                           const LaunchCfg cfg{
+                               .grid = dim3(unsigned((p.T + kBQ - 1) / kBQ), unsigned(p.Hq), unsigned(p.B)),
+                               .block = dim3(kWarps * 32),
+                               .smem = size_t(kBQ + 2 * kBK) * (kD + 8) * 2,
+                               .stream = stream,
+                               .pdl = pdl};
+                           // v2 pipelines bf16 caches; an fp8 cache is widened on the way in (v1's load).
+                           if (kernel == PrefillKernel::v2 && kKT == KvDtype::bf16)
+                             launch(cfg, prefill_kernel<kD, kKT, true>, p, skip_single_rows);
+                           else
+                             launch(cfg, prefill_kernel<kD, kKT, false>, p, skip_single_rows);
                          }))
 }
 

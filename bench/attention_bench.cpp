@@ -1,0 +1,215 @@
+// Paged attention benchmark at the Qwen3-4B heads (32 Q / 8 KV, D 128), page 32, HND, bf16 and fp8 caches.
+// Decode: both decode kernels (cuda::DecodeKernel v1, v2) for B = 1 at context 1024 and 8192, B = 32 at
+// 1024 and B = 128 at 9216, each row timed as CUDA-graph replays of paged_attention (decode + combine, as
+// the model's decode graphs run it) plus "amortized" (16 in one graph / 16). The page table reaches
+// max(4160, context + 1024) tokens per sequence (4160: the table behind docs/PERF.md's 1024-context decode
+// numbers), so the shape-only split count is the engine's. Prefill: one 4096-token prompt, the prefill kernel
+// alone (v1 and v2, cuda::PrefillKernel; with an fp8 cache both run v1's loads). Every set (>= 4, rotated)
+// has its own page-table permutation, q, out and workspace over one cache pool; every sample starts from a
+// flushed L2. Bytes: K and V rows read (fp8: + their UE8M0 scales) + q read + out written; the split partials
+// the combine reads are not counted (the floor does not pay them). The prefill row's path column adds its
+// FLOPs (4 Hq D per causal (query, key) pair) and TFLOP/s.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "bench/kernel_bench.h"
+#include "kiln/cuda_check.h"
+#include "kiln/dtype.h"
+#include "kiln/tensor.h"
+#include "ops/cuda/attention.h"
+
+namespace kiln::bench {
+namespace {
+
+constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 32, kSets = 4;
+
+struct Shape {
+  int B = 1, ctx = 0, q_len = 1;  // q_len > 1: one prefill sequence of q_len new tokens
+  bool fp8 = false;
+  int table_tokens() const { return std::max(4160, ctx + 1024); }
+  int pages_per_seq() const { return (table_tokens() + kPage - 1) / kPage; }
+  int T() const { return B * q_len; }
+};
+
+// One cache pool (K, V, fp8 scales) shared by the sets of a shape, filled with a constant (the timing does
+// not depend on the values): bf16 0x3c3c (about 0.0115), e4m3 0x3c (1.5) with scale byte 127 (x 1).
+struct Pool {
+  Buffer k, v, ks, vs;
+  int num_pages = 0;
+};
+
+Pool make_pool(const Shape& s) {
+  Pool pool;
+  pool.num_pages = s.B * s.pages_per_seq();
+  const size_t rows = size_t(pool.num_pages) * kPage * kHkv;
+  const size_t bytes = rows * kD * (s.fp8 ? 1 : 2);
+  pool.k = Buffer(bytes, Device::cuda());
+  pool.v = Buffer(bytes, Device::cuda());
+  KILN_CUDA_CHECK(cudaMemset(pool.k.data(), 0x3c, bytes));
+  KILN_CUDA_CHECK(cudaMemset(pool.v.data(), 0x3c, bytes));
+  if (s.fp8) {
+    pool.ks = Buffer(rows * (kD / 64), Device::cuda());
+    pool.vs = Buffer(rows * (kD / 64), Device::cuda());
+    KILN_CUDA_CHECK(cudaMemset(pool.ks.data(), 127, pool.ks.bytes()));
+    KILN_CUDA_CHECK(cudaMemset(pool.vs.data(), 127, pool.vs.bytes()));
+  }
+  return pool;
+}
+
+struct Set {
+  Buffer q, out, cu_q, kv_lens, table, ws;
+  cuda::PagedAttnParams p;
+};
+
+Set make_set(const Shape& s, const Pool& pool, std::mt19937& rng) {
+  Set set;
+  const Device dev = Device::cuda();
+  const int T = s.T(), stride = s.pages_per_seq();
+  std::vector<uint16_t> q(size_t(T) * kHq * kD);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : q) x = f32_to_bf16(u(rng)).bits;
+  std::vector<int32_t> cu(size_t(s.B) + 1), lens(size_t(s.B), s.ctx), table(size_t(s.B) * stride);
+  for (int b = 0; b <= s.B; ++b) cu[size_t(b)] = b * s.q_len;
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  auto upload = [&](Buffer& dst, const void* src, size_t bytes) {
+    dst = Buffer(bytes, dev);
+    copy_bytes(dst.data(), dev, src, Device::cpu(), bytes);
+  };
+  upload(set.q, q.data(), q.size() * 2);
+  set.out = Buffer(q.size() * 2, dev);
+  upload(set.cu_q, cu.data(), cu.size() * 4);
+  upload(set.kv_lens, lens.data(), lens.size() * 4);
+  upload(set.table, table.data(), table.size() * 4);
+  const int64_t s_row = kD, s_head = int64_t(kPage) * kD, s_page = int64_t(kPage) * kHkv * kD;  // HND
+  set.p = {.q = set.q.data(),
+           .q_stride_t = int64_t(kHq) * kD,
+           .q_stride_h = kD,
+           .out = set.out.data(),
+           .o_stride_t = int64_t(kHq) * kD,
+           .o_stride_h = kD,
+           .k = pool.k.data(),
+           .v = pool.v.data(),
+           .s_page = s_page,
+           .s_row = s_row,
+           .s_head = s_head,
+           .k_scale = s.fp8 ? static_cast<const uint8_t*>(pool.ks.data()) : nullptr,
+           .v_scale = s.fp8 ? static_cast<const uint8_t*>(pool.vs.data()) : nullptr,
+           .sc_page = s_page / 64,
+           .sc_row = s_row / 64,
+           .sc_head = s_head / 64,
+           .kv_dtype = s.fp8 ? cuda::KvDtype::f8e4m3 : cuda::KvDtype::bf16,
+           .cu_q = static_cast<const int32_t*>(set.cu_q.data()),
+           .kv_lens = static_cast<const int32_t*>(set.kv_lens.data()),
+           .page_table = static_cast<const int32_t*>(set.table.data()),
+           .pages_stride = stride,
+           .page_size = kPage,
+           .num_pages = pool.num_pages,
+           .B = s.B,
+           .T = T,
+           .Hq = kHq,
+           .Hkv = kHkv,
+           .D = kD,
+           .scale = 1.0f / std::sqrt(float(kD)),
+           .max_q_len = s.q_len};
+  const size_t ws = cuda::paged_attention_workspace_bytes(set.p);
+  if (ws > 0) set.ws = Buffer(ws, dev);
+  return set;
+}
+
+// K and V rows read (each sequence's causal context once per KV head), q read, out written.
+double bytes_moved(const Shape& s) {
+  const double keys = double(s.B) * s.ctx;
+  double b = keys * kHkv * kD * (s.fp8 ? 1 : 2) * 2;
+  if (s.fp8) b += keys * kHkv * (kD / 64) * 2;
+  return b + double(s.T()) * kHq * kD * 2 * 2;
+}
+
+std::string shape_name(const Shape& s) {
+  std::string n = "B=" + std::to_string(s.B) + " ctx=" + std::to_string(s.ctx);
+  if (s.q_len > 1) n += " q_len=" + std::to_string(s.q_len);
+  return n + " table=" + std::to_string(s.table_tokens()) + " 32/8 D128 page32 HND " +
+         (s.fp8 ? "fp8" : "bf16");
+}
+
+void run_decode(const Env& env, std::vector<Row>& rows) {
+  std::mt19937 rng(7);
+  const Shape shapes[] = {{1, 1024}, {1, 8192}, {32, 1024}, {128, 9216}};
+  const cuda::DecodeKernel before = cuda::decode_kernel();
+  for (bool fp8 : {false, true}) {
+    for (Shape s : shapes) {
+      s.fp8 = fp8;
+      const Pool pool = make_pool(s);
+      std::vector<Set> sets;
+      for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
+      const size_t splits = sets[0].ws.bytes() / (size_t(s.T()) * kHq * (kD + 2) * sizeof(float));
+      for (cuda::DecodeKernel k : {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2}) {
+        cuda::set_decode_kernel(k);
+        Row r{"attention", std::string("decode ") + cuda::decode_kernel_name(k), shape_name(s)};
+        r.bytes = bytes_moved(s);
+        r.path =
+            "decode" + std::string(splits > 1 ? " + combine, splits=" + std::to_string(splits) : ", 1 split");
+        auto launch = [&](int i) {
+          const Set& set = sets[size_t(i) % sets.size()];
+          cuda::paged_attention(set.p, set.ws.data(), env.stream);
+        };
+        std::vector<cudaGraphExec_t> g1, g16;
+        for (size_t i = 0; i < sets.size(); ++i) g1.push_back(capture(env, launch, int(i), 1));
+        for (int j = 0; j < 4; ++j) g16.push_back(capture(env, launch, 16 * j, 16));
+        r.us = time_graph_cold_us(env, g1);
+        r.us_amortized = time_graph_cold_us(env, g16, 16);
+        for (auto g : g1) KILN_CUDA_CHECK(cudaGraphExecDestroy(g));
+        for (auto g : g16) KILN_CUDA_CHECK(cudaGraphExecDestroy(g));
+        KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+        rows.push_back(r);
+      }
+    }
+  }
+  cuda::set_decode_kernel(before);
+}
+
+void run_prefill(const Env& env, std::vector<Row>& rows) {
+  std::mt19937 rng(8);
+  const cuda::PrefillKernel before = cuda::prefill_kernel();
+  for (bool fp8 : {false, true}) {
+    const Shape s{.B = 1, .ctx = 4096, .q_len = 4096, .fp8 = fp8};
+    const Pool pool = make_pool(s);
+    std::vector<Set> sets;
+    for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
+    for (cuda::PrefillKernel k : {cuda::PrefillKernel::v1, cuda::PrefillKernel::v2}) {
+      cuda::set_prefill_kernel(k);
+      Row r{"attention", std::string("prefill ") + cuda::prefill_kernel_name(k), shape_name(s)};
+      r.bytes = bytes_moved(s);
+      r.us = time_cold_us(env, [&](int i) {
+        const Set& set = sets[size_t(i) % sets.size()];
+        cuda::paged_attention_prefill(set.p, /*skip_single_rows=*/false, env.stream);
+      });
+      KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+      const double pairs = double(s.q_len) * (s.q_len + 1) / 2;  // causal (query, key) pairs, ctx == q_len
+      const double flop = 4.0 * kHq * kD * pairs;
+      char path[96];
+      std::snprintf(path, sizeof(path), "%s, %.3g FLOP, %.1f TFLOP/s",
+                    fp8 ? "fp8: v1 loads" : "prefill kernel", flop, flop / (r.us * 1e-6) / 1e12);
+      r.path = path;
+      rows.push_back(r);
+    }
+  }
+  cuda::set_prefill_kernel(before);
+}
+
+void run_attention(const Env& env, std::vector<Row>& rows) {
+  run_decode(env, rows);
+  run_prefill(env, rows);
+}
+
+}  // namespace
+
+KILN_KERNEL_BENCH("attention",
+                  "paged attention: decode and prefill kernels, v1 vs v2, Qwen3-4B heads, page 32",
+                  run_attention);
+
+}  // namespace kiln::bench
