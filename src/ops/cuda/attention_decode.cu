@@ -296,13 +296,14 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
   const int t_end = min(ctx, t_begin + chunk);
   const int n_tiles = (t_end - t_begin + kTile - 1) / kTile;
 
-  TilePages<D, KT> tp;
+  // Prologue: the page ids of tiles 0 and 1 in one round trip, then tile 0's copies.
+  TilePages<D, KT> tp0, tp;
   uint8_t sc[2] = {127, 127};
-  load_tile_pages<D, KT>(p, b, t_begin, t_end, tp);
-  issue_tile<D, KT>(p, t_begin, t_end, hk, tp, smem, sc);
+  load_tile_pages<D, KT>(p, b, t_begin, t_end, tp0);
+  load_tile_pages<D, KT>(p, b, t_begin + kTile, t_end, tp);  // keys past t_end are not looked up
+  issue_tile<D, KT>(p, t_begin, t_end, hk, tp0, smem, sc);
   attn::cp_async_commit();
   store_scales<D, KT>(smem_sc, sc);
-  if (n_tiles > 1) load_tile_pages<D, KT>(p, b, t_begin + kTile, t_end, tp);
 
   float q[G][8];
   load_q<D, G>(p, row, hk, sub, q);
