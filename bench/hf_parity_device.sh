@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The two remaining Hugging Face parity checks in one GPU-machine call (through the device tool, with
-# .deps/sysroot carried):   bash bench/hf_parity_device.sh
+# .deps/sysroot carried):   bash bench/hf_parity_device.sh [OUT]     (OUT: the argument, else $OUT)
 #  1. starts, in the background, tests/fixtures/make_hf_4b_reference.py: the Qwen3-4B-shaped checkpoint and
 #     its HF reference into $HF4B_DIR (default /tmp/hf4b; ~8 GB, so not under $OUT), GPU, ~2 min;
 #  2. generates the Qwen3-VL fixture into tests/fixtures/hf/qwen3_vl_tiny (CPU, ~20 s) and copies it to
 #     $OUT/qwen3_vl_tiny, to be committed;
-#  3. builds kiln and the tests with scripts/device_build.sh (the VL fixture must exist first: CMake registers
-#     test_hf_parity_vl only then);
+#  3. builds kiln and the tests with scripts/device_build.sh in build/device (incremental after
+#     bench/bench_model_device.sh); the VL fixture must exist first: CMake registers test_hf_parity_vl only
+#     then;
 #  4. runs test_hf_parity_vl (kiln generate on the CPU vs HF), test_cuda_model_vl, and, once step 1 is done,
 #     test_cuda_model_hf4b with KILN_HF4B_DIR; prints a summary. Logs and hf4b_reference.json go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/kiln-out}
+out=${1:-${OUT:-/tmp/kiln-out}}
 hf4b=${HF4B_DIR:-/tmp/hf4b}
 mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -57,7 +58,8 @@ run_test test_cuda_model_vl
 
 wait $pid4b
 rc4b=$?
-summary+=("make_hf_4b_reference rc=$rc4b ($(el)): $(grep -E '^\{' "$out/make_hf_4b.log" | tail -1 | cut -c1-600)")
+last4b=$(grep -E '^\{' "$out/make_hf_4b.log" | tail -1 | cut -c1-600)
+summary+=("make_hf_4b_reference rc=$rc4b ($(el)): $last4b")
 if ((rc4b == 0)); then
   cp "$hf4b/hf_reference.json" "$out/hf4b_reference.json"
   run_test test_cuda_model_hf4b KILN_HF4B_DIR="$hf4b"
