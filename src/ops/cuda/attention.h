@@ -22,8 +22,9 @@
 //   v2 (default): the chunk follows the row's real context on the device, c = max(64, ceil(ctx / splits)
 //       rounded up to 32 keys), so only ceil(ctx / c) splits do work; a split streams its keys in 32-key
 //       tiles through a 2-stage cp.async pipeline in shared memory (page ids prefetched one tile ahead),
-//       then every warp computes from shared memory. A row whose context fits one chunk is written out by
-//       its block directly; the combine reads only the splits that ran (and skips such rows).
+//       then every warp computes from shared memory (G <= 4: scores of a tile first, one softmax rescale per
+//       tile; wider groups: v1's per-key update). A row whose context fits one chunk is written out by its
+//       block directly; the combine reads only the splits that ran (and skips such rows).
 // Prefill: grid (ceil(T / 64), Hq, B), 128 threads: 64 query rows x 64-key tiles, mma.sync m16n8k16.
 // Two prefill kernels (prefill_kernel() picks), bitwise equal (same math, same order):
 //   v1: each K/V tile gathered with plain loads between two barriers, no overlap with the MMAs.

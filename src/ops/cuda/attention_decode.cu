@@ -181,8 +181,12 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
 
 // ---- v2 -------------------------------------------------------------------------------------------------
 
-constexpr int kTile = 32;      // keys per pipeline stage
-constexpr int kMinChunk = 64;  // fewest keys a v2 split takes (below it the combine costs more than it saves)
+constexpr int kTile = 32;  // keys per pipeline stage
+constexpr int kMinChunk = 64;
+// Up to this group size v2 updates the softmax once per tile (4 blocks of 128 threads per SM: <= 128
+// registers); wider groups update it per key as v1 does.
+constexpr int kTileSoftmaxMaxG =
+    4;  // fewest keys a v2 split takes (below it the combine costs more than it saves)
 
 // The v2 chunk of a row with context ctx over `splits` splits (a multiple of kTile, >= kMinChunk); the
 // decode and combine kernels both derive the number of splits that ran, ceil(ctx / chunk), from it.
@@ -280,6 +284,22 @@ __device__ __forceinline__ void store_scales(uint8_t* stage_sc, const uint8_t (&
   }
 }
 
+// This lane's 8 elements of row r of a shared-memory tile (rows of row_bytes; fp8: scales [row][n_sc]),
+// widened exactly to fp32; zeros when !valid (the row was never copied and may hold anything).
+template <KvDtype KT>
+__device__ __forceinline__ void load_row8(const unsigned char* tile, const uint8_t* scales, int r,
+                                          int row_bytes, int n_sc, int sub, bool valid, float (&f)[8]) {
+  if (!valid) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = 0.0f;
+  } else if constexpr (KT == KvDtype::bf16) {
+    unpack8(*reinterpret_cast<const uint4*>(tile + r * row_bytes + sub * 16), f);
+  } else {
+    widen_fp8x8(*reinterpret_cast<const uint2*>(tile + r * row_bytes + sub * 8),
+                ue8m0_to_f32(scales[r * n_sc + sub * 8 / 64]), f);
+  }
+}
+
 // v2: the keys [split c, split c + c) of the row's context (c = v2_chunk), kTile at a time: while tile i
 // is computed from shared memory, tile i + 1's copies are in flight and tile i + 2's page ids are loading.
 // Warp w computes keys w * TPW + slot + k * kWarps * TPW of each tile (the per-key math of v1).
@@ -322,27 +342,68 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
     const unsigned char* sK = smem + stage * C::kStageBytes;
     const unsigned char* sV = sK + kTile * C::kRowBytes;
     const uint8_t* sSc = smem_sc + stage * 2 * kTile * C::kScales;
-#pragma unroll 1  // unrolled, the compiler hoists every key's loads: 142 registers at D 128, G 4 (vs 114)
-    for (int i = 0; i < kTile / (kWarps * TPW); ++i) {
-      const int r = (i * kWarps + warp) * TPW + slot;
-      const bool valid = t0 + r < t_end;
-      float k[8], v[8];
-      if (valid) {
-        if constexpr (KT == KvDtype::bf16) {
-          unpack8(*reinterpret_cast<const uint4*>(sK + r * C::kRowBytes + sub * 16), k);
-          unpack8(*reinterpret_cast<const uint4*>(sV + r * C::kRowBytes + sub * 16), v);
-        } else {
-          const int blk = sub * 8 / 64;
-          widen_fp8x8(*reinterpret_cast<const uint2*>(sK + r * C::kRowBytes + sub * 8),
-                      ue8m0_to_f32(sSc[r * C::kScales + blk]), k);
-          widen_fp8x8(*reinterpret_cast<const uint2*>(sV + r * C::kRowBytes + sub * 8),
-                      ue8m0_to_f32(sSc[(kTile + r) * C::kScales + blk]), v);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) k[j] = v[j] = 0.0f;
+    if constexpr (G > kTileSoftmaxMaxG) {
+      // Wide groups: v1's per-key update (the tile-wise one would need > 128 registers).
+#pragma unroll 1  // unrolled, the compiler hoists every key's loads
+      for (int i = 0; i < kTile / (kWarps * TPW); ++i) {
+        const int r = (i * kWarps + warp) * TPW + slot;
+        const bool valid = t0 + r < t_end;
+        float k[8], v[8];
+        load_row8<KT>(sK, sSc, r, C::kRowBytes, C::kScales, sub, valid, k);
+        load_row8<KT>(sV, sSc + kTile * C::kScales, r, C::kRowBytes, C::kScales, sub, valid, v);
+        update_key<D, G>(st, q, k, v, valid, p.scale);
       }
-      update_key<D, G>(st, q, k, v, valid, p.scale);
+    } else {
+      // This lane's kSteps keys of the tile: all scores first, then one running-max update per head for
+      // the tile (one rescale of acc instead of one per key), then P V with V re-read from shared memory.
+      constexpr int kSteps = kTile / (kWarps * TPW);
+      float sc_s[kSteps][G];
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i) {
+        const int r = (i * kWarps + warp) * TPW + slot;
+        float k[8];
+        load_row8<KT>(sK, sSc, r, C::kRowBytes, C::kScales, sub, t0 + r < t_end, k);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float s = 0.0f;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) s = fmaf(q[g][j], k[j], s);
+#pragma unroll
+          for (int off = LPT / 2; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+          sc_s[i][g] = t0 + r < t_end ? s * p.scale : kNegInf;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float mn = st.m[g];
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i) mn = fmaxf(mn, sc_s[i][g]);
+        if (mn == kNegInf) {  // no key of this lane's slot yet
+#pragma unroll
+          for (int i = 0; i < kSteps; ++i) sc_s[i][g] = 0.0f;
+          continue;
+        }
+        const float corr = expf(st.m[g] - mn);
+        st.l[g] *= corr;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) st.acc[g][j] *= corr;
+        st.m[g] = mn;
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i) {
+          sc_s[i][g] = expf(sc_s[i][g] - mn);  // 0 for keys past t_end
+          st.l[g] += sc_s[i][g];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i) {
+        const int r = (i * kWarps + warp) * TPW + slot;
+        float v[8];
+        load_row8<KT>(sV, sSc + kTile * C::kScales, r, C::kRowBytes, C::kScales, sub, t0 + r < t_end, v);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) st.acc[g][j] = fmaf(sc_s[i][g], v[j], st.acc[g][j]);
+      }
     }
     if (more) store_scales<D, KT>(smem_sc + (stage ^ 1) * 2 * kTile * C::kScales, sc);
     __syncthreads();  // stage `stage` is free for tile it + 2; tile it + 1's scales are published
@@ -380,7 +441,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // Grid (splits, Hkv, B); block 4 warps (see decode_row_v2). Shared memory: two K/V stages, reused as the
 // merge scratch once a row's keys are done.
 template <int D, int G, KvDtype KT>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, G <= kTileSoftmaxMaxG ? 4 : 1)
     decode_kernel_v2(const __grid_constant__ PagedAttnParams p, float* ws, int splits, bool all_rows) {
   using C = TileCfg<D, KT>;
   constexpr int kBytes = 2 * C::kStageBytes > finish_scratch_floats<D, G>() * 4
