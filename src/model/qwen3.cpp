@@ -6,7 +6,6 @@
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
 #include "model/cuda_tune.h"
-#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
 #include "ops/embedding.h"
@@ -210,8 +209,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     ops::paged_attention(att);
     ops::linear(attn.reshape({T, Hq * D}), lw.o_proj, tmp);
     ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
-    ops::linear(normed, lw.gate_up, gate_up);
-    ops::silu_and_mul(gate_up, act);
+    ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);  // fused GEMV at small M where the tuner chose it
     ops::linear(act, lw.down, tmp);
   }
   ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
