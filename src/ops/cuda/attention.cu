@@ -43,7 +43,8 @@ void validate(const PagedAttnParams& p) {
 // Splits depend only on shapes (never on kv_lens, which live on the device), so a graph stays valid.
 // The page table's reach (pages_stride * page_size) bounds the context, so chunks are sized from it:
 // up to 128 splits of >= 32 keys, enough blocks (~16 per SM) that a short context inside a wide table
-// still spreads over the GPU; splits past a sequence's length exit at once.
+// still spreads over the GPU; splits past a sequence's length exit at once. v1 uses `chunk`; v2 ignores it
+// and sizes its chunks from each row's context on the device (attention_decode.cu, v2_chunk).
 void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* chunk) {
   const int64_t max_ctx = int64_t(p.pages_stride) * p.page_size;
   int s = force_splits;

@@ -1,4 +1,6 @@
-// Split-KV paged decode attention (one query row per sequence) and its combine kernel.
+// Split-KV paged decode attention (one query row per sequence) and its combine kernel, in two versions
+// (ops/cuda/attention.h, DecodeKernel): v1 walks a host-sized chunk with one dependent page-table -> K/V
+// load per key; v2 sizes the chunk from the row's context and streams it through shared memory.
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/attn_prep_fused.cuh"  // cp.async helpers
 
