@@ -1,11 +1,11 @@
 // gemm benchmark: the decode GEMMs of Qwen3-4B and Qwen3-0.6B (QKV, O, gate_up, down, LM head) at M = 1, 4,
 // 8: cuBLASLt (the tuned tactic when the cache has a cuBLASLt one for the shape, else the heuristic's first),
-// kiln's GEMV at each block size, the engine's own choice (what the model runs; also with PDL, where the
-// amortized column shows back-to-back GEMVs prefetching W while the previous one drains), and for gate_up
-// the fused GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel. Weights are rotated over >= 4 copies
-// that together exceed 2.2x the L2 (and the L2 is flushed before every sample), so every call reads W from
-// HBM. Timed as graph replays, plus "amortized": 16 launches over rotating copies in one graph / 16 (back to
-// back, as in a decode step). Bytes = W + x + out (W dominates).
+// kiln's GEMV in every configuration (FMA or tensor-core kernel, block size), the engine's own choice (what
+// the model runs; also with PDL, where the amortized column shows back-to-back GEMVs prefetching W while the
+// previous one drains), and for gate_up the fused GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel.
+// Weights are rotated over >= 4 copies that together exceed 2.2x the L2 (and the L2 is flushed before every
+// sample), so every call reads W from HBM. Timed as graph replays, plus "amortized": 16 launches over
+// rotating copies in one graph / 16 (back to back, as in a decode step). Bytes = W + x + out (W dominates).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -39,6 +39,10 @@ const GemmCase kCases[] = {
     {"0.6B", "o", 1024, 2048, kc::GemmOut::bf16},      {"0.6B", "gate_up", 6144, 1024, kc::GemmOut::bf16},
     {"0.6B", "down", 1024, 3072, kc::GemmOut::bf16},   {"0.6B", "lm_head", 151936, 1024, kc::GemmOut::f32}};
 
+std::string config_name(const char* what, kc::GemvConfig c) {
+  return std::string(what) + (c.tensor_cores ? " tc" : " fma") + " w" + std::to_string(c.warps);
+}
+
 void run_gemm(const Env& env, std::vector<Row>& rows) {
   kc::GemmEngine& eng = kc::gemm_engine();  // holds the tactic cache, when one exists for this GPU
   const Device dev = Device::cuda();
@@ -64,7 +68,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
       const bool tuned_lt = tuned != eng.tactics().end() && tuned->second.kind == kc::GemmKind::cublaslt;
       const auto choice = eng.gemv_choice(M, c.n, c.k, c.out);
       const std::string lt_path = tuned_lt ? "tuned: " + tuned->second.describe : "heuristic";
-      const std::string chosen = choice ? "gemv warps " + std::to_string(choice->warps) : lt_path;
+      const std::string chosen = choice ? config_name("gemv", *choice) : lt_path;
       auto time_row = [&](Row r, const std::function<void(int)>& launch) {
         launch(0);  // eager first call: plans, lazy module loading
         KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
@@ -86,13 +90,12 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
         eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, c.out, env.stream);
       });
       eng.set_gemv_enabled(true);
-      for (const int warps : kc::kGemvWarpChoices) {
-        time_row(Row{"gemm", "gemv w" + std::to_string(warps), shape, 0, -1, plain_bytes, "forced"},
-                 [&](int i) {
-                   kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k,
-                            c.out == kc::GemmOut::f32 ? kc::GemvEpilogue::f32 : kc::GemvEpilogue::bf16,
-                            kc::GemvConfig{warps}, env.stream);
-                 });
+      for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
+        time_row(Row{"gemm", config_name("gemv", cfg), shape, 0, -1, plain_bytes, "forced"}, [&](int i) {
+          kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k,
+                   c.out == kc::GemmOut::f32 ? kc::GemvEpilogue::f32 : kc::GemvEpilogue::bf16, cfg,
+                   env.stream);
+        });
       }
       for (const bool pdl : {false, true}) {
         time_row(Row{"gemm", pdl ? "engine choice+pdl" : "engine choice", shape, 0, -1, plain_bytes, chosen},
@@ -111,13 +114,12 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
             kc::silu_mul(out.data(), c.n, act.data(), I, M, I, env.stream);
           });
       eng.set_gemv_enabled(true);
-      for (const int warps : kc::kGemvWarpChoices) {
-        time_row(
-            Row{"gemm", "fused gemv+silu w" + std::to_string(warps), shape, 0, -1, fused_bytes, "forced"},
-            [&](int i) {
-              kc::gemv(x.data(), c.k, wi(i), c.k, act.data(), I, M, c.n, c.k, kc::GemvEpilogue::silu_mul,
-                       kc::GemvConfig{warps}, env.stream);
-            });
+      for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
+        time_row(Row{"gemm", config_name("fused gemv+silu", cfg), shape, 0, -1, fused_bytes, "forced"},
+                 [&](int i) {
+                   kc::gemv(x.data(), c.k, wi(i), c.k, act.data(), I, M, c.n, c.k, kc::GemvEpilogue::silu_mul,
+                            cfg, env.stream);
+                 });
       }
     }
   }

@@ -34,6 +34,10 @@ using test::random_bf16;
 using test::to_device;
 using test::to_host;
 
+std::string describe(GemvConfig c) {
+  return std::string(c.tensor_cores ? "tensor-core" : "fma") + " warps " + std::to_string(c.warps);
+}
+
 void poison(const Buffer& b) {
   KILN_CUDA_CHECK(cudaMemset(b.data(), 0xff, b.bytes()));
 }
@@ -45,9 +49,10 @@ std::vector<float> read_out(const Buffer& b, size_t n, bool f32) {
 
 // Runs the GEMV into a poisoned buffer and returns its raw bytes (rows * ldo elements).
 std::vector<uint8_t> run_gemv(const Buffer& x, int64_t ldx, const Buffer& w, int64_t ldw, const Buffer& out,
-                              int64_t ldo, int64_t m, int64_t n, int64_t k, GemvEpilogue epi, int warps) {
+                              int64_t ldo, int64_t m, int64_t n, int64_t k, GemvEpilogue epi,
+                              GemvConfig cfg) {
   poison(out);
-  cuda::gemv(x.data(), ldx, w.data(), ldw, out.data(), ldo, m, n, k, epi, GemvConfig{warps}, nullptr);
+  cuda::gemv(x.data(), ldx, w.data(), ldw, out.data(), ldo, m, n, k, epi, cfg, nullptr);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   return to_host<uint8_t>(out, out.bytes());
 }
@@ -75,14 +80,14 @@ TEST(CudaGemv, MatchesFp64ReferenceDeterministicRowIndependent) {
     for (const bool f32 : {false, true}) {
       const GemvEpilogue epi = f32 ? GemvEpilogue::f32 : GemvEpilogue::bf16;
       const size_t esz = f32 ? 4 : 2;
-      for (const int warps : cuda::kGemvWarpChoices) {
+      for (const GemvConfig cfg : cuda::kGemvConfigs) {
         // M = 8 first: every smaller M must reproduce its first M rows bitwise.
-        const auto full = run_gemv(dx, s.K, dw, s.K, out, s.N, M8, s.N, s.K, epi, warps);
+        const auto full = run_gemv(dx, s.K, dw, s.K, out, s.N, M8, s.N, s.K, epi, cfg);
         for (int64_t M = M8; M >= 1; --M) {
-          const auto a = run_gemv(dx, s.K, dw, s.K, out, s.N, M, s.N, s.K, epi, warps);
-          const auto b = run_gemv(dx, s.K, dw, s.K, out, s.N, M, s.N, s.K, epi, warps);
-          const std::string what = std::string(s.name) + " M " + std::to_string(M) + " warps " +
-                                   std::to_string(warps) + (f32 ? " f32" : " bf16");
+          const auto a = run_gemv(dx, s.K, dw, s.K, out, s.N, M, s.N, s.K, epi, cfg);
+          const auto b = run_gemv(dx, s.K, dw, s.K, out, s.N, M, s.N, s.K, epi, cfg);
+          const std::string what = std::string(s.name) + " M " + std::to_string(M) + " " + describe(cfg) +
+                                   (f32 ? " f32" : " bf16");
           EXPECT_EQ(a, b) << what << ": two runs differ";
           const size_t used = size_t(M * s.N) * esz;
           EXPECT_EQ(std::memcmp(a.data(), full.data(), used), 0) << what << ": rows depend on M";
@@ -119,10 +124,10 @@ TEST(CudaGemv, RowStridedOperands) {
   const auto ref = test::gemm_fp64(x, ldx, w, ldw, M, N, K);
   Buffer dx = to_device(x), dw = to_device(w), out(size_t(M * ldo) * 4, Device::cuda());
   for (const bool f32 : {false, true}) {
-    for (const int warps : cuda::kGemvWarpChoices) {
-      run_gemv(dx, ldx, dw, ldw, out, ldo, M, N, K, f32 ? GemvEpilogue::f32 : GemvEpilogue::bf16, warps);
+    for (const GemvConfig cfg : cuda::kGemvConfigs) {
+      run_gemv(dx, ldx, dw, ldw, out, ldo, M, N, K, f32 ? GemvEpilogue::f32 : GemvEpilogue::bf16, cfg);
       const auto got = read_out(out, size_t(M * ldo), f32);
-      EXPECT_LE(test::rel_frobenius(ref, N, got, ldo, M), f32 ? 1e-5 : 1.0 / 256) << warps;
+      EXPECT_LE(test::rel_frobenius(ref, N, got, ldo, M), f32 ? 1e-5 : 1.0 / 256) << describe(cfg);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = N; n < ldo; ++n)
           ASSERT_TRUE(std::isnan(got[size_t(m * ldo + n)]))
@@ -149,13 +154,13 @@ TEST(CudaGemv, FusedSiluMulEqualsGemvThenSiluMulBitwise) {
     Buffer dx = to_device(x), dw = to_device(w);
     Buffer gate_up(size_t(M8 * N) * 2, Device::cuda()), act1(size_t(M8 * c.I) * 2, Device::cuda()),
         act2(size_t(M8 * c.I) * 2, Device::cuda());
-    for (const int warps : cuda::kGemvWarpChoices) {
+    for (const GemvConfig cfg : cuda::kGemvConfigs) {
       for (int64_t M = 1; M <= M8; ++M) {
         const std::string what = "I " + std::to_string(c.I) + " K " + std::to_string(c.K) + " M " +
-                                 std::to_string(M) + " warps " + std::to_string(warps);
-        const auto gu = run_gemv(dx, c.K, dw, c.K, gate_up, N, M, N, c.K, GemvEpilogue::bf16, warps);
-        const auto fused = run_gemv(dx, c.K, dw, c.K, act2, c.I, M, N, c.K, GemvEpilogue::silu_mul, warps);
-        const auto again = run_gemv(dx, c.K, dw, c.K, act2, c.I, M, N, c.K, GemvEpilogue::silu_mul, warps);
+                                 std::to_string(M) + " " + describe(cfg);
+        const auto gu = run_gemv(dx, c.K, dw, c.K, gate_up, N, M, N, c.K, GemvEpilogue::bf16, cfg);
+        const auto fused = run_gemv(dx, c.K, dw, c.K, act2, c.I, M, N, c.K, GemvEpilogue::silu_mul, cfg);
+        const auto again = run_gemv(dx, c.K, dw, c.K, act2, c.I, M, N, c.K, GemvEpilogue::silu_mul, cfg);
         EXPECT_EQ(fused, again) << what << ": two runs differ";
         const size_t used = size_t(M * c.I) * 2;
         for (size_t i = used; i < fused.size(); ++i)
@@ -257,6 +262,12 @@ TEST(CudaGemv, TacticLineRoundTrip) {
   EXPECT_EQ(t2.us, 12.5f);
   EXPECT_EQ(t2.describe, t.describe);
   EXPECT_EQ(cuda::format_tactic_line(s2, t2), line);
+  t.gemv.tensor_cores = true;
+  t.describe = "kiln-gemv-tc warps 8 rows 8";
+  const std::string tc_line = cuda::format_tactic_line(s, t);
+  EXPECT_EQ(tc_line, "4 19456 2560 bf16 12.5 gemv 8 1 0 0 0 0 0 0 # kiln-gemv-tc warps 8 rows 8");
+  ASSERT_TRUE(cuda::parse_tactic_line(tc_line, s2, t2));
+  EXPECT_EQ(t2.gemv, (GemvConfig{8, true}));
 
   cuda::GemmTactic lt;
   for (int i = 0; i < 8; ++i) lt.algo[i] = 0x1000u + uint64_t(i);
@@ -271,6 +282,7 @@ TEST(CudaGemv, TacticLineRoundTrip) {
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 3 0 0 0 0 0 0 0 # bad warps", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("16 19456 2560 bf16 12.5 gemv 4 0 0 0 0 0 0 0 # M > 8", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 1 0 0 0 0 # junk", s2, t2));
+  EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 2 0 0 0 0 0 0 # kernel 2", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 xyz 4 0 0 0 0 0 0 0 # kind", s2, t2));
   // A v1 line (no kind field) does not parse as v2.
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 1 2 3 4 5 6 7 8 # v1", s2, t2));
@@ -278,12 +290,12 @@ TEST(CudaGemv, TacticLineRoundTrip) {
 
 // Writes a v2 cache for `eng` holding one GEMV tactic for `s`.
 void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& path, const cuda::GemmShape& s,
-                      int warps) {
+                      GemvConfig cfg) {
   cuda::GemmTactic t;
   t.kind = cuda::GemmKind::gemv;
-  t.gemv.warps = warps;
+  t.gemv = cfg;
   t.us = 1.0f;
-  t.describe = "kiln-gemv warps " + std::to_string(warps) + " rows 4";
+  t.describe = describe(cfg);
   std::ofstream(path) << "kiln-gemm-tactics v2\nkey " << eng.key() << "\n"
                       << cuda::format_tactic_line(s, t) << "\n";
 }
@@ -297,12 +309,12 @@ TEST(CudaGemv, EngineLoadsDispatchesAndSavesGemvTactic) {
   Buffer dx = to_device(x), dw = to_device(w), o1(size_t(3 * N) * 2, Device::cuda()),
          o2(size_t(3 * N) * 2, Device::cuda());
   cuda::GemmEngine eng;
-  write_gemv_cache(eng, path, s, 8);
+  write_gemv_cache(eng, path, s, GemvConfig{8, true});
   ASSERT_TRUE(eng.load(path));
   ASSERT_EQ(eng.tactics().size(), size_t(1));
   EXPECT_EQ(eng.tactics().begin()->second.kind, cuda::GemmKind::gemv);
   ASSERT_TRUE(eng.gemv_choice(3, N, K, cuda::GemmOut::bf16).has_value());  // bucket 4
-  EXPECT_EQ(eng.gemv_choice(3, N, K, cuda::GemmOut::bf16)->warps, 8);
+  EXPECT_EQ(*eng.gemv_choice(3, N, K, cuda::GemmOut::bf16), (GemvConfig{8, true}));
   EXPECT_FALSE(eng.gemv_choice(3, N, K, cuda::GemmOut::f32).has_value());
   EXPECT_FALSE(eng.gemv_choice(1, N, K, cuda::GemmOut::bf16).has_value());  // bucket 1: not tuned
 
@@ -311,7 +323,7 @@ TEST(CudaGemv, EngineLoadsDispatchesAndSavesGemvTactic) {
   eng.run(dx.data(), dw.data(), o1.data(), 3, N, K, cuda::GemmOut::bf16, nullptr);
   EXPECT_EQ(eng.gemv_dispatches(), 1);
   EXPECT_EQ(eng.fallbacks(), 0);
-  const auto direct = run_gemv(dx, K, dw, K, o2, N, 3, N, K, GemvEpilogue::bf16, 8);
+  const auto direct = run_gemv(dx, K, dw, K, o2, N, 3, N, K, GemvEpilogue::bf16, GemvConfig{8, true});
   EXPECT_EQ(to_host<uint8_t>(o1, o1.bytes()), direct);
   EXPECT_LE(test::rel_error(x, K, w, test::widen(to_host<bf16_t>(o1, size_t(3 * N))), N, 3, N, K), 1.0 / 256);
 
@@ -387,7 +399,7 @@ TEST(CudaGemv, LinearSiluMulOpFusedAndUnfused) {
   };
   cuda::GemmEngine& eng = cuda::gemm_engine();
   const std::string path = std::string(KILN_BINARY_DIR) + "/test_gemv_op_tactics.txt";
-  write_gemv_cache(eng, path, {8, N, K, cuda::GemmOut::bf16}, 4);
+  write_gemv_cache(eng, path, {8, N, K, cuda::GemmOut::bf16}, GemvConfig{4, false});
   ASSERT_TRUE(eng.load(path));
   std::filesystem::remove(path);
   const int64_t before = eng.gemv_dispatches();

@@ -85,7 +85,8 @@ GemvEpilogue gemv_epilogue(GemmOut o) {
 }
 
 std::string describe_gemv(GemvConfig c) {
-  return "kiln-gemv warps " + std::to_string(c.warps) + " rows " + std::to_string(kGemvRows);
+  return std::string(c.tensor_cores ? "kiln-gemv-tc" : "kiln-gemv") + " warps " + std::to_string(c.warps) +
+         " rows " + std::to_string(gemv_rows(c));
 }
 
 constexpr const char* kCacheFormat = "kiln-gemm-tactics v2";
@@ -97,7 +98,8 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
   out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << out_name(s.out) << ' ' << t.us << ' '
       << (t.kind == GemmKind::gemv ? "gemv" : "lt") << std::hex;
   for (int i = 0; i < 8; ++i) {
-    const uint64_t word = t.kind == GemmKind::gemv ? (i == 0 ? uint64_t(t.gemv.warps) : 0) : t.algo[i];
+    const uint64_t gemv_word = i == 0 ? uint64_t(t.gemv.warps) : i == 1 ? uint64_t(t.gemv.tensor_cores) : 0;
+    const uint64_t word = t.kind == GemmKind::gemv ? gemv_word : t.algo[i];
     out << ' ' << word;
   }
   out << std::dec << " # " << t.describe;
@@ -116,8 +118,9 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
   s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
   if (kind == "gemv") {
     t.kind = GemmKind::gemv;
-    bool ok = s.m_bucket <= kGemvMaxM;
-    for (int i = 1; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    bool ok = s.m_bucket <= kGemvMaxM && t.algo[1] <= 1;
+    for (int i = 2; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    t.gemv.tensor_cores = t.algo[1] == 1;
     t.gemv.warps = 0;
     for (int w : kGemvWarpChoices)
       if (uint64_t(w) == t.algo[0]) t.gemv.warps = w;
@@ -296,7 +299,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     // kiln's GEMV, one pseudo-tactic per block size, for the decode buckets.
     std::vector<GemvConfig> gemv_cands;
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
-      for (int warps : kGemvWarpChoices) gemv_cands.push_back(GemvConfig{warps});
+      gemv_cands.assign(std::begin(kGemvConfigs), std::end(kGemvConfigs));
     KILN_CHECK(!cands.empty() || !gemv_cands.empty(), "cuBLASLt has no algorithm for M ", s.m_bucket, " N ",
                s.n, " K ", s.k);
     // Enough repetitions for ~2 ms of work per candidate, at least 3.

@@ -8,14 +8,14 @@
 //
 // Tactics: for each (M bucket, N, K, out dtype) the tuner times the heuristic's candidates and their
 // split-K variants, and for M buckets <= 8 also kiln's own GEMV (gemv.h, one pseudo-tactic per block
-// size, described "kiln-gemv warps W"), and keeps the fastest. M bucket = the next power of two >= M
-// (capped at 16384). Weights are rotated over copies that together exceed the L2 while timing, so every
-// candidate reads W from HBM as a decode step does.
-// The cache file ("kiln-gemm-tactics v2") starts with a key line (GPU name, CUDA runtime and cuBLASLt
-// versions); a file whose key or format version differs is ignored (a v1 file is re-tuned). A cached
-// cuBLASLt tactic is re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the
-// heuristic's first choice when the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the
-// GEMV is only used where the tuner measured it faster on this GPU.
+// configuration, described "kiln-gemv warps W ..." or "kiln-gemv-tc warps W ..."), and keeps the fastest. M
+// bucket = the next power of two >= M (capped at 16384). Weights are rotated over copies that together exceed
+// the L2 while timing, so every candidate reads W from HBM as a decode step does. The cache file
+// ("kiln-gemm-tactics v2") starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
+// whose key or format version differs is ignored (a v1 file is re-tuned). A cached cuBLASLt tactic is
+// re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the heuristic's first choice when
+// the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the GEMV is only used where the tuner
+// measured it faster on this GPU.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +46,7 @@ enum class GemmKind : uint8_t { cublaslt, gemv };
 struct GemmTactic {
   GemmKind kind = GemmKind::cublaslt;
   uint64_t algo[8] = {};  // cublaslt: cublasLtMatmulAlgo_t, opaque, valid for one cuBLASLt version
-  GemvConfig gemv{};      // gemv: the block size (algo unused, stored as zeros)
+  GemvConfig gemv{};      // gemv: the kernel and block size (algo unused, stored as zeros)
   float us = 0;           // measured time at the bucket's M when tuned
   std::string describe;   // "algo 21 tile 17 stages 8 splitK 1 ..." / "kiln-gemv warps 4" for --show
 };
@@ -54,8 +54,8 @@ struct GemmTactic {
 int64_t gemm_m_bucket(int64_t m);
 
 // One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", kind "lt" or
-// "gemv" (gemv: w0 = warps). parse_tactic_line returns false for a damaged line (bad field, unknown kind,
-// a GEMV block size that gemv does not take).
+// "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel). parse_tactic_line returns false for a damaged
+// line (bad field, unknown kind, a GEMV block size that gemv does not take).
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
 bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 

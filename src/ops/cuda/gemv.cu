@@ -39,28 +39,69 @@ constexpr int unroll_for() {
   return M <= 2 ? 4 : 2;
 }
 
+// Row r of a block of R rows: the W row it reads (clamped into range) and, through `base`, the output
+// column it stores. silu_mul: rows 0..R/2-1 are gate rows base + r, rows R/2.. the matching up rows.
+template <int R, GemvEpilogue E>
+__device__ __forceinline__ const uint4* block_row(const GemvParams& p, int r, int64_t& base) {
+  if constexpr (E == GemvEpilogue::silu_mul) {
+    const int64_t half = p.n / 2;
+    base = int64_t(blockIdx.x) * (R / 2);
+    const int c = r < R / 2 ? r : r - R / 2;
+    const int64_t j = base + c < half ? base + c : half - 1;
+    return p.w + (r < R / 2 ? j : half + j) * p.ldw8;
+  } else {
+    base = int64_t(blockIdx.x) * R;
+    return p.w + (base + r < p.n ? base + r : p.n - 1) * p.ldw8;
+  }
+}
+
+// red[w][m * R + r]: warp w's sum for x row m and block row r. Adds the warps in ascending order and
+// stores the block's outputs (gemv.h: the epilogues). Called by every thread after a __syncthreads.
+template <int M, int R, GemvEpilogue E>
+__device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base, const float (*red)[M * R],
+                                              int warps, int tid) {
+  auto total = [&](int i) {
+    float s = red[0][i];
+    for (int w = 1; w < warps; ++w) s += red[w][i];
+    return s;
+  };
+  if constexpr (E == GemvEpilogue::silu_mul) {
+    if (tid < M * (R / 2)) {
+      const int m = tid / (R / 2), c = tid % (R / 2);
+      const int64_t j = base + c;
+      if (j < p.n / 2) {
+        // silu_mul's formula and rounding points (elementwise.cu): g and u are the bf16 GEMM outputs.
+        const float g = round_bf16(total(m * R + c)), u = round_bf16(total(m * R + R / 2 + c));
+        const float y = round_bf16(__fdiv_rn(g, 1.0f + expf(-g))) * u;
+        static_cast<uint16_t*>(p.out)[m * p.ldo + j] = uint16_t(f32_to_bf16_bits(y));
+      }
+    }
+  } else {
+    if (tid < M * R) {
+      const int m = tid / R, r = tid % R;
+      const int64_t n = base + r;
+      if (n < p.n) {
+        const float s = total(tid);
+        if constexpr (E == GemvEpilogue::f32) {
+          static_cast<float*>(p.out)[m * p.ldo + n] = s;
+        } else {
+          static_cast<uint16_t*>(p.out)[m * p.ldo + n] = uint16_t(f32_to_bf16_bits(s));
+        }
+      }
+    }
+  }
+}
+
 template <int M, GemvEpilogue E>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const __grid_constant__ GemvParams p) {
-  constexpr int R = kGemvRows;
+  constexpr int R = gemv_rows(GemvConfig{.tensor_cores = false});
   constexpr int U = unroll_for<M>();
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   // The block's W rows (clamped into range; the epilogue stores only real ones).
   const uint4* wrow[R];
-  int64_t base;
-  if constexpr (E == GemvEpilogue::silu_mul) {
-    const int64_t half = p.n / 2;
-    base = int64_t(blockIdx.x) * (R / 2);
+  int64_t base = 0;
 #pragma unroll
-    for (int r = 0; r < R / 2; ++r) {
-      const int64_t j = base + r < half ? base + r : half - 1;
-      wrow[r] = p.w + j * p.ldw8;
-      wrow[R / 2 + r] = p.w + (half + j) * p.ldw8;
-    }
-  } else {
-    base = int64_t(blockIdx.x) * R;
-#pragma unroll
-    for (int r = 0; r < R; ++r) wrow[r] = p.w + (base + r < p.n ? base + r : p.n - 1) * p.ldw8;
-  }
+  for (int r = 0; r < R; ++r) wrow[r] = block_row<R, E>(p, r, base);
   if (p.pdl) {  // overlap the first loads' HBM latency with the predecessor's tail
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -120,48 +161,85 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const __grid_const
       if (lane == 0) red[warp][m * R + r] = v;
     }
   __syncthreads();
-  const int warps = T / 32;
-  auto total = [&](int i) {
-    float s = red[0][i];
-    for (int w = 1; w < warps; ++w) s += red[w][i];
-    return s;
-  };
-  if constexpr (E == GemvEpilogue::silu_mul) {
-    if (tid < M * (R / 2)) {
-      const int m = tid / (R / 2), c = tid % (R / 2);
-      const int64_t j = base + c;
-      if (j < p.n / 2) {
-        // silu_mul's formula and rounding points (elementwise.cu): g and u are the bf16 GEMM outputs.
-        const float g = round_bf16(total(m * R + c)), u = round_bf16(total(m * R + R / 2 + c));
-        const float y = round_bf16(__fdiv_rn(g, 1.0f + expf(-g))) * u;
-        static_cast<uint16_t*>(p.out)[m * p.ldo + j] = uint16_t(f32_to_bf16_bits(y));
-      }
+  store_outputs<M, R, E>(p, base, red, T / 32, tid);
+  pdl_launch_dependents();
+}
+
+// D += A · B for one mma.m16n8k16 (bf16 in, fp32 accumulate); A: x rows g and g + 8 (the latter zero),
+// B: W rows of the block.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// Tensor-core GEMV (gemv.h). Lane (g, t) streams chunk t of every 32-element K block of W row g (block row
+// g) and of x row g (zeros for g >= M); D[m][n] of the mma is out[m][base + n], held by lane (m, n / 2).
+template <int M, GemvEpilogue E>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_tc_kernel(const __grid_constant__ GemvParams p) {
+  constexpr int R = gemv_rows(GemvConfig{.tensor_cores = true});
+  constexpr int U = 8;  // K blocks whose loads a warp issues together
+  const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = T / 32;
+  const int g = lane / 4, t = lane % 4;
+  int64_t base = 0;
+  const uint4* wrow = block_row<R, E>(p, g, base);
+  const uint4* xrow = p.x + (g < M ? g : 0) * p.ldx8;
+  const int64_t kblocks = (p.k8 + 3) / 4;
+  if (p.pdl) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = (warp + int64_t(u) * warps) * 4 + t;
+      if (c < p.k8) prefetch_l2(wrow + c);
     }
-  } else {
-    if (tid < M * R) {
-      const int m = tid / R, r = tid % R;
-      const int64_t n = base + r;
-      if (n < p.n) {
-        const float s = total(tid);
-        if constexpr (E == GemvEpilogue::f32) {
-          static_cast<float*>(p.out)[m * p.ldo + n] = s;
-        } else {
-          static_cast<uint16_t*>(p.out)[m * p.ldo + n] = uint16_t(f32_to_bf16_bits(s));
-        }
+  }
+  pdl_wait();
+
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
+    uint4 wv[U], xv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
+      wv[u] = c < p.k8 ? load_stream(wrow + c) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
+      xv[u] = c < p.k8 && g < M ? __ldg(xrow + c) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb0 + int64_t(u) * warps < kblocks) {  // warp-uniform: every lane takes part in the mma
+        mma_bf16(d, xv[u].x, xv[u].y, wv[u].x, wv[u].y);
+        mma_bf16(d, xv[u].z, xv[u].w, wv[u].z, wv[u].w);
       }
     }
   }
+
+  __shared__ float red[kMaxWarps][M * R];
+  if (g < M) {
+    red[warp][g * R + 2 * t] = d[0];
+    red[warp][g * R + 2 * t + 1] = d[1];
+  }
+  __syncthreads();
+  store_outputs<M, R, E>(p, base, red, warps, tid);
   pdl_launch_dependents();
 }
 
 using GemvKernel = void (*)(GemvParams);
 
 template <GemvEpilogue E>
-GemvKernel kernel_for(int64_t m) {
-  static constexpr GemvKernel table[kGemvMaxM] = {gemv_kernel<1, E>, gemv_kernel<2, E>, gemv_kernel<3, E>,
-                                                  gemv_kernel<4, E>, gemv_kernel<5, E>, gemv_kernel<6, E>,
-                                                  gemv_kernel<7, E>, gemv_kernel<8, E>};
-  return table[m - 1];
+GemvKernel kernel_for(int64_t m, bool tc) {
+  static constexpr GemvKernel fma[kGemvMaxM] = {gemv_kernel<1, E>, gemv_kernel<2, E>, gemv_kernel<3, E>,
+                                                gemv_kernel<4, E>, gemv_kernel<5, E>, gemv_kernel<6, E>,
+                                                gemv_kernel<7, E>, gemv_kernel<8, E>};
+  static constexpr GemvKernel mma[kGemvMaxM] = {
+      gemv_tc_kernel<1, E>, gemv_tc_kernel<2, E>, gemv_tc_kernel<3, E>, gemv_tc_kernel<4, E>,
+      gemv_tc_kernel<5, E>, gemv_tc_kernel<6, E>, gemv_tc_kernel<7, E>, gemv_tc_kernel<8, E>};
+  return (tc ? mma : fma)[m - 1];
 }
 
 bool aligned16(const void* p) {
@@ -207,12 +285,13 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
                      .n = n,
                      .k8 = k / 8,
                      .pdl = pdl};
-  const int64_t per_block = epi == GemvEpilogue::silu_mul ? kGemvRows / 2 : kGemvRows;
+  const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t blocks = (out_cols + per_block - 1) / per_block;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
-  GemvKernel kern = epi == GemvEpilogue::bf16  ? kernel_for<GemvEpilogue::bf16>(m)
-                    : epi == GemvEpilogue::f32 ? kernel_for<GemvEpilogue::f32>(m)
-                                               : kernel_for<GemvEpilogue::silu_mul>(m);
+  const bool tc = cfg.tensor_cores;
+  GemvKernel kern = epi == GemvEpilogue::bf16  ? kernel_for<GemvEpilogue::bf16>(m, tc)
+                    : epi == GemvEpilogue::f32 ? kernel_for<GemvEpilogue::f32>(m, tc)
+                                               : kernel_for<GemvEpilogue::silu_mul>(m, tc);
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
       kern, p);

@@ -2,22 +2,32 @@
 // bf16 or f32 out; and the fused gate_up GEMV with the SiLU-and-multiply epilogue. A candidate of the
 // GEMM tuner (gemm.h: a "kiln-gemv" pseudo-tactic), dispatched by GemmEngine::run when it won.
 //
-// Work split: a block of `warps` warps owns kGemvRows rows of W (for the fused epilogue: kGemvRows / 2
+// Two kernels, both a candidate of the tuner (it times every GemvConfig and keeps the fastest):
+//
+// CUDA cores (tensor_cores false): a block of `warps` warps owns 4 rows of W (for the fused epilogue: 2
 // gate rows j.. and the matching up rows I + j..). Its threads split K into 16-byte chunks (8 bf16):
 // thread t (t = warp * 32 + lane) of T = 32 * warps takes chunks t, t + T, t + 2T, ... in ascending order,
-// W streamed with L1-bypassing 16-byte loads, x read through the read-only cache. Rows beyond N are
-// clamped onto row N - 1 and never stored.
+// W streamed with L1-bypassing 16-byte loads, x read through the read-only cache. Summation order: per
+// thread, acc = fmaf(x, w, acc) over its chunks in ascending order, the 8 elements of a chunk in order;
+// then an xor butterfly 16, 8, 4, 2, 1 in each warp; then the warps' sums in ascending warp order.
 //
-// Summation order (fixed for a given `warps`, so two runs are bitwise equal, and a row's result does not
-// depend on M, on its place in the block, or on the epilogue): per thread, acc = fmaf(x, w, acc) over its
-// chunks in ascending order, the 8 elements of a chunk in order; then an xor butterfly 16, 8, 4, 2, 1 in
-// each warp; then one thread per output adds the warps' sums in ascending warp order ((w0 + w1) + w2 ...).
-// Different `warps` values may differ in the last bits (like two split-K tactics). Tolerance against an
-// fp64 reference as for the cuBLASLt GEMM: relative Frobenius error <= 2^-8 bf16 out, <= 1e-5 f32 out.
+// Tensor cores (tensor_cores true; for M up to 8 the FMAs no longer compete with the loads): a block owns
+// 8 rows of W (fused: 4 gate + 4 up rows), the n = 8 side of mma.m16n8k16 (x is the m side, rows >= M
+// zero). K is cut into 32-element blocks; warp w takes blocks w, w + warps, ... in ascending order; in a
+// block, lane (g, t) = (lane / 4, lane % 4) loads the 16-byte chunk t of W row g and of x row g, and the
+// two mma of the block take the chunk's elements {0-3} and {4-7} (a permutation of k, the same for x
+// and W, so the products are those of the dot product). Each warp's block sums are accumulated by the
+// mma chain (fp32, the tensor core's own order, deterministic), then the warps' sums in ascending order.
+//
+// Rows beyond N are clamped onto row N - 1 and never stored. For a given config the order is fixed, so
+// two runs are bitwise equal, and a row's result does not depend on M, on its place in the block or on
+// the epilogue. Different configs may differ in the last bits (like two split-K tactics). Tolerance
+// against an fp64 reference as for the cuBLASLt GEMM: relative Frobenius error <= 2^-8 bf16 out, <= 1e-5
+// f32 out.
 //
 // Fused epilogue (gemv_silu_mul): g = bf16(dot(x, W[j])), u = bf16(dot(x, W[I + j])) (the values the
 // plain GEMV would store), act[m, j] = bf16(float(bf16(g / (1 + expf(-g)))) * u): the formula and the
-// rounding points of elementwise.h's silu_mul, so fused == gemv (same warps) then silu_mul, bitwise.
+// rounding points of elementwise.h's silu_mul, so fused == gemv (same config) then silu_mul, bitwise.
 #pragma once
 
 #include <cstdint>
@@ -28,16 +38,25 @@ using cudaStream_t = CUstream_st*;
 namespace kiln::cuda {
 
 constexpr int64_t kGemvMaxM = 8;
-constexpr int kGemvRows = 4;  // W rows per block (fused: 2 output columns)
 
 enum class GemvEpilogue : uint8_t { bf16, f32, silu_mul };
 
 struct GemvConfig {
-  int warps = 4;  // warps per block, one of 2, 4, 8, 16 (they split K)
+  int warps = 4;              // warps per block, one of 2, 4, 8, 16 (they split K)
+  bool tensor_cores = false;  // the mma kernel (8 rows per block) instead of the FMA one (4 rows)
+  bool operator==(const GemvConfig&) const = default;
 };
 
-// The configurations the tuner times (GemmEngine::tune) and the benchmark compares.
 inline constexpr int kGemvWarpChoices[] = {2, 4, 8, 16};
+
+// Every configuration (the tuner times them all; the tests and the benchmark cover them all).
+inline constexpr GemvConfig kGemvConfigs[] = {{2, false}, {4, false}, {8, false}, {16, false},
+                                              {2, true},  {4, true},  {8, true},  {16, true}};
+
+// W rows a block owns.
+constexpr int gemv_rows(GemvConfig c) {
+  return c.tensor_cores ? 8 : 4;
+}
 
 // True when gemv can run this call: 1 <= m <= 8, k % 8 == 0, n >= 1, row strides multiples of 8, and
 // (for silu_mul) n even. Alignment of the pointers is checked by gemv itself.
