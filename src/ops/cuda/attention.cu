@@ -57,10 +57,6 @@ void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* 
   *chunk = int((max_ctx + s - 1) / s);
 }
 
-}  // namespace
-
-namespace {
-
 std::atomic<int> g_decode_kernel{-1}, g_prefill_kernel{-1};  // -1: not chosen yet
 
 // The kernel variant held by `choice`, or (first use) the environment variable `env`: "v1" -> 0, "v2" or

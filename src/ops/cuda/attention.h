@@ -21,7 +21,7 @@
 //       page-table -> K/V load chain per key; splits past the context exit at once, the combine reads all.
 //   v2 (default): the chunk follows the row's real context on the device, c = max(64, ceil(ctx / splits)
 //       rounded up to 32 keys), so only ceil(ctx / c) splits do work; a split streams its keys in 32-key
-//       tiles through a 2-stage cp.async pipeline in shared memory (page ids prefetched one tile ahead),
+//       tiles through a 2-stage cp.async pipeline in shared memory (page ids looked up two tiles ahead),
 //       then every warp computes from shared memory (G <= 4: scores of a tile first, one softmax rescale per
 //       tile; wider groups: v1's per-key update). A row whose context fits one chunk is written out by its
 //       block directly; the combine reads only the splits that ran (and skips such rows).
