@@ -226,7 +226,7 @@ std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0) {
   Buffer out(n * 2, Device::cuda());
   copy_bytes(out.data(), Device::cuda(), std::vector<uint16_t>(n, 0x7fc0).data(), Device::cpu(), n * 2);
   const auto p = s.params(out.data());
-  const size_t forced = size_t(s.T) * s.c.Hq * std::max(force_splits, 1) * (s.c.D + 2) * 4;
+  const size_t forced = size_t(s.B) * s.c.Hq * std::max(force_splits, 1) * (s.c.D + 2) * 4;
   const size_t ws_bytes = std::max(cuda::paged_attention_workspace_bytes(p), forced) + 256;
   Buffer ws(ws_bytes, Device::cuda());
   // NaN everywhere: a split the combine reads but no decode block wrote poisons the output.

@@ -100,7 +100,8 @@ const char* prefill_kernel_name(PrefillKernel k) {
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
   int splits = 0, chunk = 0;
   decode_split(p, 0, &splits, &chunk);
-  return splits <= 1 ? 0 : size_t(p.T) * p.Hq * splits * (p.D + 2) * sizeof(float);
+  // One entry per sequence (attention_decode.cu ws_slot), however many prefill rows the step has.
+  return splits <= 1 ? 0 : size_t(p.B) * p.Hq * splits * (p.D + 2) * sizeof(float);
 }
 
 namespace {

@@ -83,13 +83,14 @@ PrefillKernel prefill_kernel();
 void set_prefill_kernel(PrefillKernel k);
 const char* prefill_kernel_name(PrefillKernel k);
 
-// Bytes of workspace paged_attention needs for these shapes (0 when no split is used).
+// Bytes of workspace paged_attention needs for these shapes (0 when no split is used): one entry per
+// sequence, whatever the number of prefill rows.
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
 
 // Validates p (D in {32, 64, 128} (fp8: 64, 128), Hq % Hkv == 0, Hq / Hkv in 1..6 or 8, page_size > 0,
 // alignment) and launches. workspace: device memory of paged_attention_workspace_bytes(p) bytes (may be null
 // when that is 0). force_splits in [1, 128] overrides the decode split count (tests; the workspace must then
-// hold T * Hq * force_splits * (D + 2) floats).
+// hold B * Hq * force_splits * (D + 2) floats).
 void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits = 0,
                      bool pdl = false);
 

@@ -82,12 +82,21 @@ constexpr int finish_scratch_floats() {
   return 2 * kWarps * G + kWarps * G * D;
 }
 
+// The workspace entry of query row `row` of sequence b: the row itself when T <= B (then every row is a
+// decode row, T of them), else the sequence (only single-row sequences are decoded then, one row each). So
+// the workspace holds B entries (paged_attention_workspace_bytes), not T: a prefill step's thousands of
+// rows take none.
+__device__ __forceinline__ int ws_slot(const PagedAttnParams& p, int b, int row) {
+  return p.T <= p.B ? row : b;
+}
+
 // Merges the block's partial states: the TPW slots of each warp (shuffles), then the warps (scratch in
-// shared memory). direct: writes the bf16 row of out; else (o/l, m, l) of `split` go to the workspace.
-// Ends with __syncthreads (the scratch may be reused at once).
+// shared memory). direct: writes the bf16 row of out; else (o/l, m, l) of `split` go to workspace entry
+// `ws_row`. Ends with __syncthreads (the scratch may be reused at once).
 template <int D, int G>
 __device__ __forceinline__ void finish_row(const PagedAttnParams& p, SoftmaxState<G>& st, float* scratch,
-                                           float* ws, bool direct, int split, int splits, int row, int hk) {
+                                           float* ws, bool direct, int split, int splits, int row, int ws_row,
+                                           int hk) {
   constexpr int LPT = D / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slot = lane / LPT, sub = lane % LPT;
   // Merge the TPW slots of the warp (lanes sub, sub + LPT, ...).
@@ -134,10 +143,10 @@ __device__ __forceinline__ void finish_row(const PagedAttnParams& p, SoftmaxStat
       static_cast<uint16_t*>(p.out)[int64_t(row) * p.o_stride_t + int64_t(h) * p.o_stride_h + d] =
           uint16_t(f32_to_bf16_bits(__fdiv_rn(O, L)));
     } else {
-      const int64_t part = (int64_t(row) * p.Hq + h) * splits + split;
+      const int64_t part = (int64_t(ws_row) * p.Hq + h) * splits + split;
       ws[part * D + d] = L > 0.0f ? __fdiv_rn(O, L) : 0.0f;
       if (d == 0) {
-        float* ml = ws + int64_t(p.T) * p.Hq * splits * D;
+        float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
         ml[2 * part] = M;
         ml[2 * part + 1] = L;
       }
@@ -178,7 +187,7 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
     update_key<D, G>(st, q, k, v, valid, p.scale);
   }
   __shared__ float scratch[finish_scratch_floats<D, G>()];
-  finish_row<D, G>(p, st, scratch, ws, splits == 1, split, splits, row, hk);
+  finish_row<D, G>(p, st, scratch, ws, splits == 1, split, splits, row, ws_slot(p, b, row), hk);
 }
 
 // ---- v2 -------------------------------------------------------------------------------------------------
@@ -411,7 +420,8 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
     __syncthreads();  // stage `stage` is free for tile it + 2; tile it + 1's scales are published
   }
   const int n_active = (ctx + chunk - 1) / chunk;
-  finish_row<D, G>(p, st, reinterpret_cast<float*>(smem), ws, n_active == 1, split, splits, row, hk);
+  finish_row<D, G>(p, st, reinterpret_cast<float*>(smem), ws, n_active == 1, split, splits, row,
+                   ws_slot(p, b, row), hk);
 }
 
 // The rows a decode block handles for sequence b: its one row when q_len == 1; with all_rows (a launch
@@ -475,7 +485,7 @@ __global__ void __launch_bounds__(D)
   pdl_wait();
   int row0, n, kv_len;
   if (decode_rows(p, blockIdx.y, all_rows, &row0, &n, &kv_len)) {
-    const float* ml = ws + int64_t(p.T) * p.Hq * splits * D;
+    const float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
     for (int row = row0; row < row0 + n; ++row) {
       int used = splits;
       if constexpr (kV2) {
@@ -484,7 +494,7 @@ __global__ void __launch_bounds__(D)
         used = (ctx + chunk - 1) / chunk;
         if (used <= 1) continue;  // uniform over the block
       }
-      const int64_t base = (int64_t(row) * p.Hq + h) * splits;
+      const int64_t base = (int64_t(ws_slot(p, blockIdx.y, row)) * p.Hq + h) * splits;
       float m = kNegInf;
       for (int s = d; s < used; s += D) m = fmaxf(m, ml[2 * (base + s)]);
 #pragma unroll
