@@ -2,7 +2,6 @@
 // (ops/cuda/attention.h, DecodeKernel): v1 walks a host-sized chunk with one dependent page-table -> K/V
 // load per key; v2 sizes the chunk from the row's context and streams it through shared memory.
 #include "ops/cuda/attention_common.cuh"
-#include "ops/cuda/attn_prep_fused.cuh"  // cp.async helpers
 
 namespace kiln::cuda {
 namespace {
@@ -264,11 +263,11 @@ __device__ __forceinline__ void issue_tile(const PagedAttnParams& p, int t0, int
       unsigned char* dk = stage + r * C::kRowBytes + cc * C::kChunk;
       unsigned char* dv = dk + kTile * C::kRowBytes;
       if constexpr (C::kChunk == 16) {
-        attn::cp_async16(dk, static_cast<const unsigned char*>(p.k) + off);
-        attn::cp_async16(dv, static_cast<const unsigned char*>(p.v) + off);
+        cp_async16(dk, static_cast<const unsigned char*>(p.k) + off);
+        cp_async16(dv, static_cast<const unsigned char*>(p.v) + off);
       } else {
-        attn::cp_async8(dk, static_cast<const unsigned char*>(p.k) + off);
-        attn::cp_async8(dv, static_cast<const unsigned char*>(p.v) + off);
+        cp_async8(dk, static_cast<const unsigned char*>(p.k) + off);
+        cp_async8(dv, static_cast<const unsigned char*>(p.v) + off);
       }
     }
   }
@@ -333,7 +332,7 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
   load_tile_pages<D, KT>(p, b, t_begin, t_end, tp0);
   load_tile_pages<D, KT>(p, b, t_begin + kTile, t_end, tp);  // keys past t_end are not looked up
   issue_tile<D, KT>(p, t_begin, t_end, hk, tp0, smem, sc);
-  attn::cp_async_commit();
+  cp_async_commit();
   store_scales<D, KT>(smem_sc, sc);
 
   float q[G][8];
@@ -345,9 +344,9 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
     const int stage = it & 1, t0 = t_begin + it * kTile;
     const bool more = it + 1 < n_tiles;
     if (more) issue_tile<D, KT>(p, t0 + kTile, t_end, hk, tp, smem + (stage ^ 1) * C::kStageBytes, sc);
-    attn::cp_async_commit();  // possibly empty: the wait below always leaves exactly the newest group
+    cp_async_commit();  // possibly empty: the wait below always leaves exactly the newest group
     if (it + 2 < n_tiles) load_tile_pages<D, KT>(p, b, t0 + 2 * kTile, t_end, tp);
-    attn::cp_async_wait<1>();
+    cp_async_wait<1>();
     __syncthreads();  // tile it (copies of every thread, and its scales) is visible
 
     const unsigned char* sK = smem + stage * C::kStageBytes;

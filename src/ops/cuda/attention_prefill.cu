@@ -1,6 +1,5 @@
 // Causal paged prefill attention on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate).
 #include "ops/cuda/attention_common.cuh"
-#include "ops/cuda/attn_prep_fused.cuh"  // cp.async helpers
 
 namespace kiln::cuda {
 namespace {
@@ -45,7 +44,7 @@ __device__ __forceinline__ void issue_tile_async(const PagedAttnParams& p, int b
     uint16_t* d = dst + r * LD + cc * 8;
     if (key <= last_pos) {
       int64_t sc_off;
-      attn::cp_async16(d, src + kv_row_offset(p, b, key, hk, &sc_off) + cc * 8);
+      cp_async16(d, src + kv_row_offset(p, b, key, hk, &sc_off) + cc * 8);
     } else {
       *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   if constexpr (kPipe) {
     issue_tile_async<D, false>(p, b, hk, 0, last_pos, sK);
-    attn::cp_async_commit();
+    cp_async_commit();
   }
   for (int c = tid; c < kBQ * C8; c += kWarps * 32) {
     const int r = c / C8, cc = c % C8;
@@ -142,10 +141,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   for (int kt = 0; kt < n_tiles; ++kt) {
     if constexpr (kPipe) {
-      attn::cp_async_wait<0>();
+      cp_async_wait<0>();
       __syncthreads();  // K of tile kt is visible; the previous tile's V is consumed
       issue_tile_async<D, true>(p, b, hk, kt, last_pos, sV);
-      attn::cp_async_commit();
+      cp_async_commit();
     } else {
       load_tile_sync<D, KT>(p, b, hk, kt, last_pos, sK, sV);
     }
@@ -195,11 +194,11 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
     if constexpr (kPipe) {
-      attn::cp_async_wait<0>();
+      cp_async_wait<0>();
       __syncthreads();  // V of tile kt is visible; every warp is done with K of tile kt
       if (kt + 1 < n_tiles) {
         issue_tile_async<D, false>(p, b, hk, kt + 1, last_pos, sK);
-        attn::cp_async_commit();
+        cp_async_commit();
       }
     }
 #pragma unroll

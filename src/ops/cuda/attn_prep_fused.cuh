@@ -25,6 +25,7 @@
 #pragma once
 
 #include "ops/cuda/attn_prep_common.cuh"
+#include "ops/cuda/common.cuh"
 
 namespace kiln::cuda::attn {
 
@@ -279,33 +280,12 @@ __global__ void __launch_bounds__(256, 3) attn_prep_prefill_kernel(const __grid_
   }
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
 constexpr int kStreamU = 4;       // heads per group per token in the streaming kernel (even: pairs)
 constexpr int kStreamStages = 4;  // tokens in flight per block: the one processed + 3 loading
 // Shared memory: [stages][U][256 threads] qkv chunks, [stages][4][G] cos/sin float4s, [stages] slots.
 template <int D>
 constexpr size_t stream_smem_bytes() {
   return size_t(kStreamStages) * (kStreamU * 256 * 16 + (D / 8) * 4 * 16 + 16);
-}
-
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(sa), "l"(gmem) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <ActKind A, CacheKind C, int D>

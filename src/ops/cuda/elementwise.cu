@@ -163,7 +163,7 @@ __global__ void silu_mul_kernel(const __grid_constant__ SiluParams p) {
     unpack8(in[c], g);
     unpack8(in[p.I8 + c], u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) y[j] = round_bf16(__fdiv_rn(g[j], 1.0f + expf(-g[j]))) * u[j];
+    for (int j = 0; j < 8; ++j) y[j] = silu_mul_f32(g[j], u[j]);
     reinterpret_cast<uint4*>(p.out + t * p.os)[c] = pack8(y);
   }
   pdl_launch_dependents();

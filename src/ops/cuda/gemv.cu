@@ -72,7 +72,7 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
       if (j < p.n / 2) {
         // silu_mul's formula and rounding points (elementwise.cu): g and u are the bf16 GEMM outputs.
         const float g = round_bf16(total(m * R + c)), u = round_bf16(total(m * R + R / 2 + c));
-        const float y = round_bf16(__fdiv_rn(g, 1.0f + expf(-g))) * u;
+        const float y = silu_mul_f32(g, u);
         static_cast<uint16_t*>(p.out)[m * p.ldo + j] = uint16_t(f32_to_bf16_bits(y));
       }
     }

@@ -38,4 +38,11 @@ __device__ __forceinline__ float round_bf16(float f) {
   return __bfloat162float(__float2bfloat16_rn(f));
 }
 
+// SiLU-and-mul of one element (ops/activation.h's rounding points): silu(g) = g / (1 + e^-g) correctly
+// divided, rounded to bf16, times u; g and u are bf16 values. The silu_mul kernel and the GEMV's fused
+// epilogue both call this, so fused and unfused results are bitwise equal.
+__device__ __forceinline__ float silu_mul_f32(float g, float u) {
+  return round_bf16(__fdiv_rn(g, 1.0f + expf(-g))) * u;
+}
+
 }  // namespace kiln::cuda
