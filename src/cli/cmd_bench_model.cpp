@@ -30,7 +30,6 @@
 #include "bench/kernel_bench.h"
 #include "kiln/cuda_check.h"
 
-#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
 #include "ops/cuda/context.h"
@@ -245,8 +244,9 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
       {"attn_prep", L, [&](int) { ops::attn_prep(prep); }},
       {"paged_attention", L, [&](int) { ops::paged_attention(pa); }},
       {"o_proj gemm", L, [&](int l) { ops::linear(ta, layers[size_t(l)].o_proj, tx); }},
-      {"gate_up gemm", L, [&](int l) { ops::linear(tn, layers[size_t(l)].gate_up, tg); }},
-      {"silu_and_mul", L, [&](int) { ops::silu_and_mul(tg, tact); }},
+      // As the model runs it: the fused GEMV where the tuner chose it, else the GEMM then silu_and_mul.
+      {"gate_up + silu_and_mul", L,
+       [&](int l) { ops::linear_silu_mul(tn, layers[size_t(l)].gate_up, tg, tact); }},
       {"down gemm", L, [&](int l) { ops::linear(tact, layers[size_t(l)].down, tx); }},
       {"lm_head", 1, [&](int) { ops::lm_head(tn, row0, m.weights().lm_head, tl); }},
   };
@@ -296,12 +296,12 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
       "\nper-op breakdown of one decode step (context %d; each op as %lld graph-replayed calls, one per "
       "layer's weights, median of 20 replays):\n",
       ctx, (long long)L);
-  std::printf("  %-16s %10s %8s %12s %7s\n", "op", "us/call", "calls", "us/step", "share");
+  std::printf("  %-24s %10s %8s %12s %7s\n", "op", "us/call", "calls", "us/step", "share");
   for (size_t i = 0; i < ops_list.size(); ++i)
-    std::printf("  %-16s %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i],
+    std::printf("  %-24s %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i],
                 (long long)ops_list[i].per_step, us[i] * double(ops_list[i].per_step),
                 100.0 * us[i] * double(ops_list[i].per_step) / total);
-  std::printf("  %-16s %10s %8lld %12.1f   (sum over ops; %lld op calls per step)\n", "total", "",
+  std::printf("  %-24s %10s %8lld %12.1f   (sum over ops; %lld op calls per step)\n", "total", "",
               (long long)launches, total, (long long)launches);
 }
 
