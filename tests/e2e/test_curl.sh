@@ -23,10 +23,14 @@ post() {
 }
 expect_status() { [[ "$(cat "$T/$1.status")" == "$2" ]] || fail "$1: status $(cat "$T/$1.status"), expected $2: $(head -c 300 "$T/$1.json")"; }
 
-echo "== a second server on the same port fails to bind instead of sharing it"
+echo "== a second server on the same port fails to bind instead of sharing it; bad graph sizes fail"
 rc=0
 timeout 60 "$KILN" serve --port "$PORT" --device cpu --model "$FIXTURES/demo" >"$T/second.out" 2>"$T/second.log" || rc=$?
 ((rc != 0)) && grep -q 'cannot bind' "$T/second.log" || fail "second server on port $PORT: rc $rc, $(cat "$T/second.log")"
+
+rc=0
+timeout 60 "$KILN" serve --port 0 --device cpu --model "$FIXTURES/demo" --cuda-graph-bs 4,2 >"$T/bs.out" 2>"$T/bs.log" || rc=$?
+((rc != 0)) && grep -q 'ascending' "$T/bs.log" || fail "--cuda-graph-bs 4,2: rc $rc, $(cat "$T/bs.log")"
 
 echo "== health, models, auth"
 [[ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" == 200 ]] || fail "/health"
