@@ -69,6 +69,7 @@ void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std
     KILN_FAIL("FakeRunner: injected failure");
   }
   ++steps;
+  if (!batch.logit_rows.empty()) ++logit_steps;
   step_tokens.push_back(batch.num_tokens());
   const int B = batch.num_seqs();
   bool has_decode = false, has_prefill = false;

@@ -40,6 +40,8 @@ class FakeRunner : public ModelRunner {
 
   // Test hooks.
   int64_t steps = 0;
+  int64_t logit_steps =
+      0;  // steps with at least one logit row (a prefill chunk that ends no prompt has none)
   int64_t max_seqs_seen = 0;
   bool saw_mixed_step = false;         // a step with both q_len == 1 and q_len > 1 rows
   std::vector<int32_t> graph_buckets;  // pad all-decode batches up to these (empty: never pad)

@@ -99,7 +99,10 @@ TEST(Engine, DeviceSamplingPathGivesTheSameGreedyOutputs) {
     EXPECT_FLOAT_EQ(e.top_logprobs[0][0].logprob, e.logprobs[0]);
   }
   engine.shutdown(true);
-  EXPECT_EQ(m->sampled_steps, m->steps);  // every step sampled on the "device"
+  // Every step that drew a token drew it on the "device" (how many prefill chunks draw none depends on
+  // how the submissions interleave with the engine thread).
+  EXPECT_GT(m->sampled_steps, 0);
+  EXPECT_EQ(m->sampled_steps, m->logit_steps);
 }
 
 TEST(Engine, DeviceSamplingFallsBackForMinPAndIsOffWithTheCpuBackend) {
