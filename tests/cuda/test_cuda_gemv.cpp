@@ -1,10 +1,11 @@
 // Small-M GEMV (ops/cuda/gemv.h): accuracy against an fp64 reference for M = 1..8 on the Qwen3-4B and 0.6B
 // decode shapes and odd ones, every block size, bf16 and f32 out; determinism (two runs bitwise equal, a
 // row's result independent of M); strided rows; the fused SiLU-and-mul epilogue bitwise equal to the GEMV
-// followed by the silu_mul kernel; bad arguments rejected before any launch; the tactic cache holding a
-// GEMV pseudo-tactic (line format round trip here without a GPU; load, dispatch, save on one); the
-// linear_silu_mul op on CUDA (fused when the GEMV is the tactic, else GEMM + silu_mul). Every output buffer
-// is poisoned (all bits set: NaN) before each run, so an element never written fails the checks.
+// followed by the silu_mul kernel; PDL launches (producer -> GEMV -> fused GEMV) bitwise equal to plain ones;
+// bad arguments rejected before any launch; the tactic cache holding a GEMV pseudo-tactic (line format round
+// trip here without a GPU; load, dispatch, save on one); the linear_silu_mul op on CUDA (fused when the GEMV
+// is the tactic, else GEMM + silu_mul). Every output buffer is poisoned (all bits set: NaN) before each run,
+// so an element never written fails the checks.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -191,6 +192,61 @@ TEST(CudaGemv, FusedSiluMulEqualsGemvThenSiluMulBitwise) {
   }
 }
 
+// PDL (pdl = true: griddepcontrol.wait before any load of x): producer kernel -> GEMV -> fused GEMV, the
+// second reading the first's output, as in a decode step; bitwise the same launches without PDL. The producer
+// rewrites x (x is the tail of a 32 MB fill) after the buffer held other values, so a read of x before the
+// wait would see stale data.
+TEST(CudaGemv, PdlChainEqualsPlainLaunches) {
+  KILN_REQUIRE_GPU();
+  const int64_t M = 5, K1 = 2560, N1 = 1024, I2 = 768, fill_n = int64_t(1) << 24;
+  const Device dev = Device::cuda();
+  Buffer big(size_t(fill_n) * 2, dev);
+  void* x = static_cast<uint16_t*>(big.data()) + (fill_n - M * K1);
+  const auto w1 = random_bf16(size_t(N1 * K1), 51, -0.05f, 0.05f), w2 = random_bf16(size_t(2 * I2 * N1), 52);
+  Buffer dw1 = to_device(w1), dw2 = to_device(w2), o1(size_t(M * N1) * 2, dev), o2(size_t(M * I2) * 2, dev);
+  cudaStream_t st = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (const GemvConfig cfg : cuda::kGemvConfigs) {
+    std::vector<uint8_t> want1, want2;
+    for (const bool pdl : {false, true}) {
+      cuda::fill_random_bf16(big.data(), fill_n, 99, 1.0f, 0.0f, st);  // stale values
+      KILN_CUDA_CHECK(cudaStreamSynchronize(st));
+      poison(o1);
+      poison(o2);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      cuda::fill_random_bf16(big.data(), fill_n, 7, 1.0f, 0.0f, st);  // the producer of x
+      cuda::gemv(x, K1, dw1.data(), K1, o1.data(), N1, M, N1, K1, GemvEpilogue::bf16, cfg, st, pdl);
+      cuda::gemv(o1.data(), N1, dw2.data(), N1, o2.data(), I2, M, 2 * I2, N1, GemvEpilogue::silu_mul, cfg, st,
+                 pdl);
+      KILN_CUDA_CHECK(cudaStreamSynchronize(st));
+      auto got1 = to_host<uint8_t>(o1, o1.bytes()), got2 = to_host<uint8_t>(o2, o2.bytes());
+      if (!pdl) {
+        want1 = std::move(got1);
+        want2 = std::move(got2);
+        continue;
+      }
+      EXPECT_EQ(got1, want1) << describe(cfg) << ": GEMV after the producer, with PDL";
+      EXPECT_EQ(got2, want2) << describe(cfg) << ": fused GEMV after the GEMV, with PDL";
+    }
+    // The plain launches are right: the first against fp64, the second fully written (no poison left).
+    std::vector<bf16_t> xh(size_t(M * K1));
+    KILN_CUDA_CHECK(cudaMemcpy(xh.data(), x, xh.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> got1(size_t(M * N1));
+    for (size_t i = 0; i < got1.size(); ++i) {
+      bf16_t v;
+      std::memcpy(&v.bits, want1.data() + 2 * i, 2);
+      got1[i] = bf16_to_f32(v);
+    }
+    EXPECT_LE(test::rel_error(xh, K1, w1, got1, N1, M, N1, K1), 1.0 / 256) << describe(cfg);
+    for (size_t i = 0; i + 1 < want2.size(); i += 2)
+      if (want2[i] == 0xff && want2[i + 1] == 0xff) {
+        ADD_FAILURE() << describe(cfg) << ": fused output element " << i / 2 << " not written";
+        break;
+      }
+  }
+  KILN_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
 TEST(CudaGemv, BadArgumentsAreErrorsAndLaunchNothing) {
   KILN_REQUIRE_GPU();
   Buffer x(64 * 1024, Device::cuda()), w(64 * 1024, Device::cuda()), out(64 * 1024, Device::cuda());
@@ -283,6 +339,7 @@ TEST(CudaGemv, TacticLineRoundTrip) {
   EXPECT_FALSE(cuda::parse_tactic_line("16 19456 2560 bf16 12.5 gemv 4 0 0 0 0 0 0 0 # M > 8", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 1 0 0 0 0 # junk", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 2 0 0 0 0 0 0 # kernel 2", s2, t2));
+  EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2564 bf16 12.5 gemv 4 0 0 0 0 0 0 0 # K % 8", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 xyz 4 0 0 0 0 0 0 0 # kind", s2, t2));
   // A v1 line (no kind field) does not parse as v2.
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 1 2 3 4 5 6 7 8 # v1", s2, t2));

@@ -118,7 +118,8 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
   s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
   if (kind == "gemv") {
     t.kind = GemmKind::gemv;
-    bool ok = s.m_bucket <= kGemvMaxM && t.algo[1] <= 1;
+    // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported holds.
+    bool ok = t.algo[1] <= 1 && gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out));
     for (int i = 2; i < 8; ++i) ok = ok && t.algo[i] == 0;
     t.gemv.tensor_cores = t.algo[1] == 1;
     t.gemv.warps = 0;

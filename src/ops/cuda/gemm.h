@@ -55,7 +55,8 @@ int64_t gemm_m_bucket(int64_t m);
 
 // One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", kind "lt" or
 // "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel). parse_tactic_line returns false for a damaged
-// line (bad field, unknown kind, a GEMV block size that gemv does not take).
+// line (bad field, unknown kind, a GEMV block size that gemv does not take, a GEMV tactic for a shape or M
+// bucket that gemv_supported refuses).
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
 bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 
