@@ -1,6 +1,8 @@
 // Tensor views -> raw CUDA launches (see ops_cuda.h).
 #include "ops/cuda/ops_cuda.h"
 
+#include <cstdint>
+
 #include "ops/cuda/attention.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
@@ -44,8 +46,9 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
   const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
   if (M == 0) return;
   kc::GemmEngine& eng = kc::gemm_engine();
+  const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
-      g &&
+      g && al16(x.data) && al16(weight.data) && al16(out.data) &&
       kc::gemv_supported(M, N, K, x.stride[0], weight.stride[0], out.stride[0], kc::GemvEpilogue::silu_mul)) {
     kc::gemv(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0], M, N, K,
              kc::GemvEpilogue::silu_mul, *g, kc::current_stream(), kc::pdl_enabled());
