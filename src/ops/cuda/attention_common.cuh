@@ -66,7 +66,7 @@ void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int
 void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
                     cudaStream_t stream, bool pdl);
 
-// KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (64 or 128); any other
+// KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (32, 64 or 128); any other
 // head_dim is an error. KILN_DISPATCH_KV_DTYPE likewise with `constexpr KvDtype kKT`.
 #define KILN_DISPATCH_HEAD_DIM(d, ...)                                          \
   switch (d) {                                                                  \

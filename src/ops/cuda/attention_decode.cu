@@ -191,12 +191,11 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
 
 // ---- v2 -------------------------------------------------------------------------------------------------
 
-constexpr int kTile = 32;  // keys per pipeline stage
-constexpr int kMinChunk = 64;
+constexpr int kTile = 32;      // keys per pipeline stage
+constexpr int kMinChunk = 64;  // fewest keys a v2 split takes (below it the combine costs more than it saves)
 // Up to this group size v2 updates the softmax once per tile (4 blocks of 128 threads per SM: <= 128
 // registers); wider groups update it per key as v1 does.
-constexpr int kTileSoftmaxMaxG =
-    4;  // fewest keys a v2 split takes (below it the combine costs more than it saves)
+constexpr int kTileSoftmaxMaxG = 4;
 
 // The v2 chunk of a row with context ctx over `splits` splits (a multiple of kTile, >= kMinChunk); the
 // decode and combine kernels both derive the number of splits that ran, ceil(ctx / chunk), from it.
