@@ -7,11 +7,14 @@
 // Likewise the prefill kernels (cuda::PrefillKernel v1, v2), which must also be bitwise equal. Cache rows
 // nobody wrote are NaN and page-table entries past a sequence's length are garbage ids (clamped onto
 // NaN pages), so a read past a row's context also shows up; PDL launches must give the same bits.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <initializer_list>
 #include <numeric>
 #include <string>
 
+#include "kiln/cuda_check.h"
 #include "ops/cpu/reference.h"
 #include "ops/cuda/attention.h"
 #include "ops/fp8.h"
@@ -227,8 +230,9 @@ struct UseKernels {
   UseKernels& operator=(const UseKernels&) = delete;
 };
 
-// pdl: launched with programmatic dependent launch (each kernel may start before the previous one ends and
-// must wait for it with griddepcontrol.wait before reading its inputs), as the model's graphs run them.
+// pdl: launched with programmatic dependent launch on a stream of its own (each kernel may start before the
+// previous one ends and must wait for it with griddepcontrol.wait before reading its inputs), as the model's
+// graphs run them.
 std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0, bool pdl = false) {
   const size_t n = size_t(s.T) * s.c.Hq * s.c.D;
   Buffer out(n * 2, Device::cuda());
@@ -239,16 +243,25 @@ std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0, bool
   Buffer ws(ws_bytes, Device::cuda());
   // NaN everywhere: a split the combine reads but no decode block wrote poisons the output.
   copy_bytes(ws.data(), Device::cuda(), std::vector<uint8_t>(ws_bytes, 0xff).data(), Device::cpu(), ws_bytes);
+  cudaStream_t st = nullptr;
+  if (pdl) {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());  // the poison is in place (the copies ran on another stream)
+  }
   switch (k) {
     case Kernel::routed:
-      cuda::paged_attention(p, ws.data(), nullptr, force_splits, pdl);
+      cuda::paged_attention(p, ws.data(), st, force_splits, pdl);
       break;
     case Kernel::decode:
-      cuda::paged_attention_decode(p, ws.data(), nullptr, force_splits, pdl);
+      cuda::paged_attention_decode(p, ws.data(), st, force_splits, pdl);
       break;
     case Kernel::prefill:
-      cuda::paged_attention_prefill(p, false, nullptr, pdl);
+      cuda::paged_attention_prefill(p, false, st, pdl);
       break;
+  }
+  if (st) {
+    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
+    KILN_CUDA_CHECK(cudaStreamDestroy(st));
   }
   return to_host<bf16_t>(out, n);
 }
