@@ -50,19 +50,26 @@ __device__ __forceinline__ void init_state(SoftmaxState<G>& st) {
   }
 }
 
+// q·k over head_dim: this lane's 8 elements (FMAs in order), then an xor butterfly over the D / 8 lanes of
+// the key; every lane of the warp must call it (full-mask shuffles).
+template <int D>
+__device__ __forceinline__ float key_dot(const float (&q)[8], const float (&k)[8]) {
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s = fmaf(q[j], k[j], s);
+#pragma unroll
+  for (int off = D / 16; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+  return s;
+}
+
 // One key (this lane's 8 elements of k and v; zeros when !valid) into the running state of every head.
 // Every lane of the warp must call it (the dot product is reduced by shuffles over the key's LPT lanes).
 template <int D, int G>
 __device__ __forceinline__ void update_key(SoftmaxState<G>& st, const float (&q)[G][8], const float (&k)[8],
                                            const float (&v)[8], bool valid, float scale) {
-  constexpr int LPT = D / 8;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) s = fmaf(q[g][j], k[j], s);
-#pragma unroll
-    for (int off = LPT / 2; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+    float s = key_dot<D>(q[g], k);
     s = valid ? s * scale : kNegInf;
     const float mn = fmaxf(st.m[g], s);
     if (mn != kNegInf) {
@@ -374,11 +381,7 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
         load_row8<KT>(sK, sSc, r, C::kRowBytes, C::kScales, sub, t0 + r < t_end, k);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-          float s = 0.0f;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) s = fmaf(q[g][j], k[j], s);
-#pragma unroll
-          for (int off = LPT / 2; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+          const float s = key_dot<D>(q[g], k);
           sc_s[i][g] = t0 + r < t_end ? s * p.scale : kNegInf;
         }
       }
