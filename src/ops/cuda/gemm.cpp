@@ -188,6 +188,11 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   impl_->gpu_name = prop.name;
   KILN_LT_CHECK(cublasLtCreate(&impl_->lt));
   KILN_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
+  // KILN_GEMV=0: ignore tuned GEMV tactics (cuBLASLt only), a switch to fall back without re-tuning.
+  if (const char* e = std::getenv("KILN_GEMV"); e && *e) {
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_GEMV must be 0 or 1, got '", e, "'");
+    gemv_enabled_ = std::string(e) == "1";
+  }
 }
 
 GemmEngine::~GemmEngine() {

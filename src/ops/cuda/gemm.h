@@ -82,7 +82,8 @@ class GemmEngine {
   // The GEMV configuration run() uses for this call (the tuned tactic of its bucket is a GEMV and the
   // GEMV is enabled), else nothing (cuBLASLt). The fused gate_up + SiLU op asks this for [M, 2I, K].
   std::optional<GemvConfig> gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type) const;
-  // Off: GEMV tactics are ignored (cuBLASLt heuristic instead), e.g. to time cuBLASLt alone. Default on.
+  // Off: GEMV tactics are ignored (cuBLASLt heuristic instead), e.g. to time cuBLASLt alone. Default on;
+  // the environment variable KILN_GEMV=0 starts it off.
   void set_gemv_enabled(bool on) { gemv_enabled_ = on; }
   int64_t gemv_dispatches() const { return gemv_dispatches_; }  // run() calls that ran the GEMV
 
