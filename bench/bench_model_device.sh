@@ -10,7 +10,7 @@ out=${OUT:-/tmp/kiln-out}
 mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 t0=$(date +%s)
-tests=(test_model test_model_hf)
+tests=(test_model test_model_hf test_model_vl test_engine_demo)
 for f in tests/cuda/test_*.cpp tests/cuda/test_*.cu; do tests+=("$(basename "${f%.*}")"); done
 bash scripts/device_build.sh "${tests[@]}" kiln >"$out/build.log" 2>&1 ||
   { grep -B2 -A12 -m3 "FAILED\|error" "$out/build.log"; exit 1; }

@@ -111,6 +111,9 @@ TEST(EngineQwen3, CudaDeviceSamplingAndMixedBatches) {
   alone.enable_prefix_cache = false;
   EXPECT_EQ(run_all(alone, prompts, 8, true, nullptr), want)
       << "mixed batches change greedy outputs on the GPU";
+  EngineOptions eager = base;  // decode steps unpadded and launched one by one
+  eager.disable_cuda_graph = true;
+  EXPECT_EQ(run_all(eager, prompts, 8, false, nullptr), want) << "CUDA graph buckets change greedy outputs";
 }
 
 TEST(EngineQwen3, MixedBatchGreedyEqualsEachRequestAlone) {
