@@ -123,6 +123,12 @@ int run_serve(const kiln::cli::Args& args) {
                so.served_model_name.c_str(), engine->is_embedding_model() ? "embeddings" : "generation",
                (long long)engine->max_context_len(), so.host.c_str(), bound,
                so.api_key.empty() ? "" : " (API key required)");
+  {
+    const kiln::EngineStats st = engine->stats();
+    std::fprintf(stderr, "kiln serve: KV pool %lld pages of %d = %lld tokens (%s cache, %s layout)\n",
+                 (long long)st.kv_pages_total, st.page_size, (long long)st.kv_pages_total * st.page_size,
+                 eo.kv_cache_dtype.c_str(), eo.kv_layout.c_str());
+  }
   std::fprintf(stdout, "READY http://%s:%d\n", so.host.c_str(), bound);
   std::fflush(stdout);
 
