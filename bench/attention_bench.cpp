@@ -4,11 +4,11 @@
 // the model's decode graphs run it) plus "amortized" (16 in one graph / 16). The page table reaches
 // max(4160, context + 1024) tokens per sequence (4160: the table behind docs/PERF.md's 1024-context decode
 // numbers), so the shape-only split count is the engine's. Prefill: one 4096-token prompt, the prefill kernel
-// alone (v1 and v2, cuda::PrefillKernel; with an fp8 cache both run v1's loads). Every set (>= 4, rotated)
-// has its own page-table permutation, q, out and workspace over one cache pool; every sample starts from a
-// flushed L2. Bytes: K and V rows read (fp8: + their UE8M0 scales) + q read + out written; the split partials
-// the combine reads are not counted (the floor does not pay them). The prefill row's path column adds its
-// FLOPs (4 Hq D per causal (query, key) pair) and TFLOP/s.
+// alone (v1, v2 and v3, cuda::PrefillKernel; with an fp8 cache all three run v1's kernel). Every set (>= 4,
+// rotated) has its own page-table permutation, q, out and workspace over one cache pool; every sample starts
+// from a flushed L2. Bytes: K and V rows read (fp8: + their UE8M0 scales) + q read + out written; the split
+// partials the combine reads are not counted (the floor does not pay them). The prefill row's path column
+// adds its FLOPs (4 Hq D per causal (query, key) pair) and TFLOP/s.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -180,7 +180,8 @@ void run_prefill(const Env& env, std::vector<Row>& rows) {
     const Pool pool = make_pool(s);
     std::vector<Set> sets;
     for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
-    for (cuda::PrefillKernel k : {cuda::PrefillKernel::v1, cuda::PrefillKernel::v2}) {
+    for (cuda::PrefillKernel k :
+         {cuda::PrefillKernel::v1, cuda::PrefillKernel::v2, cuda::PrefillKernel::v3}) {
       cuda::set_prefill_kernel(k);
       Row r{"attention", std::string("prefill ") + cuda::prefill_kernel_name(k), shape_name(s)};
       r.bytes = bytes_moved(s);
@@ -208,8 +209,8 @@ void run_attention(const Env& env, std::vector<Row>& rows) {
 
 }  // namespace
 
-KILN_KERNEL_BENCH("attention",
-                  "paged attention: decode and prefill kernels, v1 vs v2, Qwen3-4B heads, page 32",
-                  run_attention);
+KILN_KERNEL_BENCH(
+    "attention", "paged attention: decode (v1, v2) and prefill (v1, v2, v3) kernels, Qwen3-4B heads, page 32",
+    run_attention);
 
 }  // namespace kiln::bench

@@ -4,7 +4,7 @@
 // NHD vs HND bitwise; the CPU oracle within 2^-8 relative Frobenius error. Every test that runs the decode
 // kernel runs both variants (cuda::DecodeKernel v1 and v2, see ops/cuda/attention.h); the workspace is
 // poisoned with NaN first, so a combine that reads a split nobody wrote shows up as a non-finite output.
-// Likewise the prefill kernels (cuda::PrefillKernel v1, v2), which must also be bitwise equal. Cache rows
+// Likewise the prefill kernels (cuda::PrefillKernel v1, v2, v3), which must also be bitwise equal. Cache rows
 // nobody wrote are NaN and page-table entries past a sequence's length are garbage ids (clamped onto
 // NaN pages), so a read past a row's context also shows up; PDL launches must give the same bits.
 #include <cuda_runtime_api.h>
@@ -210,21 +210,26 @@ struct AttnSetup {
 
 enum class Kernel { routed, decode, prefill };
 
-// The kernel generations under test: v1 (decode and prefill) and v2 (decode and prefill).
-enum class Gen { v1, v2 };
-constexpr Gen kGens[] = {Gen::v1, Gen::v2};
+// The kernel generations under test: v1 (decode and prefill v1), v2 (decode and prefill v2) and v3 (decode
+// v2, prefill v3: there is no decode v3).
+enum class Gen { v1, v2, v3 };
+constexpr Gen kGens[] = {Gen::v1, Gen::v2, Gen::v3};
+const char* gen_name(Gen g) {
+  return g == Gen::v1 ? "v1" : g == Gen::v2 ? "v2" : "v3";
+}
 
 // Selects the decode and prefill kernels of one generation for a scope (and names it in failure messages).
 struct UseKernels {
   ::testing::ScopedTrace trace;
-  explicit UseKernels(Gen g)
-      : trace(__FILE__, __LINE__, std::string("kernels ") + (g == Gen::v1 ? "v1" : "v2")) {
+  explicit UseKernels(Gen g) : trace(__FILE__, __LINE__, std::string("kernels ") + gen_name(g)) {
     cuda::set_decode_kernel(g == Gen::v1 ? cuda::DecodeKernel::v1 : cuda::DecodeKernel::v2);
-    cuda::set_prefill_kernel(g == Gen::v1 ? cuda::PrefillKernel::v1 : cuda::PrefillKernel::v2);
+    cuda::set_prefill_kernel(g == Gen::v1   ? cuda::PrefillKernel::v1
+                             : g == Gen::v2 ? cuda::PrefillKernel::v2
+                                            : cuda::PrefillKernel::v3);
   }
-  ~UseKernels() {
+  ~UseKernels() {  // the defaults
     cuda::set_decode_kernel(cuda::DecodeKernel::v2);
-    cuda::set_prefill_kernel(cuda::PrefillKernel::v2);
+    cuda::set_prefill_kernel(cuda::PrefillKernel::v3);
   }
   UseKernels(const UseKernels&) = delete;
   UseKernels& operator=(const UseKernels&) = delete;
@@ -429,9 +434,25 @@ TEST(CudaAttention, MatchesCpuOracle) {
   }
 }
 
-TEST(CudaAttention, PrefillV1AndV2BitwiseEqual) {
+// The prefill outputs of every generation, bitwise compared with v1's; also v3 within 2^-7 of fp64.
+void expect_prefill_gens_bitwise_equal(const AttnSetup& s, const std::string& what) {
+  std::vector<bf16_t> out[3];
+  for (Gen gen : kGens) {
+    const UseKernels use(gen);
+    out[int(gen)] = run(s, Kernel::prefill);
+  }
+  EXPECT_LE(s.rel_err(out[2]), 1.0 / 128) << what;
+  for (int g = 1; g < 3; ++g) {
+    size_t diff = 0;
+    for (size_t i = 0; i < out[0].size(); ++i) diff += out[0][i].bits != out[g][i].bits;
+    EXPECT_EQ(diff, 0u) << "v1 vs " << gen_name(Gen(g)) << ": " << what;
+  }
+}
+
+TEST(CudaAttention, PrefillV1V2V3BitwiseEqual) {
   KILN_REQUIRE_GPU();
-  // The same math in the same order: v2 only changes how K/V tiles reach shared memory (fp8 runs v1).
+  // The same math in the same order: v2 only changes how K/V tiles reach shared memory (fp8 runs v1), v3
+  // which warps of a block share them (two query heads per block; fp8, G 1 and D 32 run v2).
   uint32_t seed = 700;
   for (bool fp8 : {false, true})
     for (bool hnd : {false, true})
@@ -447,20 +468,33 @@ TEST(CudaAttention, PrefillV1AndV2BitwiseEqual) {
                  .hnd = hnd,
                  .fp8 = fp8};
           const AttnSetup s(c, seed++);
-          std::vector<bf16_t> out[2];
-          for (Gen gen : kGens) {
-            const UseKernels use(gen);
-            out[gen == Gen::v1 ? 0 : 1] = run(s, Kernel::prefill);
-          }
-          EXPECT_LE(s.rel_err(out[1]), 1.0 / 128);
-          size_t diff = 0;
-          for (size_t i = 0; i < out[0].size(); ++i) diff += out[0][i].bits != out[1][i].bits;
-          EXPECT_EQ(diff, 0u) << "fp8 " << fp8 << " hnd " << hnd << " page " << ps << " D " << D;
+          expect_prefill_gens_bitwise_equal(s, "fp8 " + std::to_string(fp8) + " hnd " + std::to_string(hnd) +
+                                                   " page " + std::to_string(ps) + " D " + std::to_string(D));
         }
+  // Every group size v3 meets (G it divides into pairs and G it does not: the last block of a group then
+  // has an idle head slot), both layouts, D 64 and 128, a 1030-row prompt over a 200-token cached prefix
+  // (17 query tiles, the last partial) next to short sequences and one-row ones.
+  for (int G : {1, 2, 3, 4, 5, 8})
+    for (bool hnd : {false, true})
+      for (int D : {64, 128}) {
+        Case c{.q_lens = {1030, 1, 5, 64, 70},
+               .kv_lens = {1230, 9, 5, 100, 70},
+               .Hq = 2 * G,
+               .Hkv = 2,
+               .D = D,
+               .page_size = G % 3 == 0   ? 16
+                            : G % 3 == 1 ? 32
+                                         : 64,
+               .hnd = hnd};
+        const AttnSetup s(c, seed++);
+        expect_prefill_gens_bitwise_equal(
+            s, "G " + std::to_string(G) + " hnd " + std::to_string(hnd) + " D " + std::to_string(D));
+      }
 }
 
-// Checks one setup with both kernel generations: routed launches (the given decode split counts) within
-// 2^-7 of fp64, every output finite, within 1 bf16 ulp of the prefill kernel and v1 within 1 ulp of v2.
+// Checks one setup with every kernel generation: routed launches (the given decode split counts) within
+// 2^-7 of fp64, every output finite, within 1 bf16 ulp of the prefill kernel and v1 within 1 ulp of the
+// others.
 void check_decode_variants(const AttnSetup& s, std::initializer_list<int> splits_list,
                            const std::string& what) {
   SCOPED_TRACE(what);
@@ -481,9 +515,10 @@ void check_decode_variants(const AttnSetup& s, std::initializer_list<int> splits
       if (splits == 0) by_kernel.push_back(got);
     }
   }
-  if (by_kernel.size() == 2) {
+  for (size_t g = 1; g < by_kernel.size(); ++g) {
     double max_abs = 0;
-    EXPECT_EQ(agreement_violations(by_kernel[0], by_kernel[1], &max_abs), 0u) << "v1 vs v2 " << max_abs;
+    EXPECT_EQ(agreement_violations(by_kernel[0], by_kernel[g], &max_abs), 0u)
+        << "v1 vs " << gen_name(Gen(g)) << " " << max_abs;
   }
 }
 

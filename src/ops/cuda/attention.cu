@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "ops/cuda/attention_common.cuh"
 
@@ -59,17 +59,19 @@ void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* 
 
 std::atomic<int> g_decode_kernel{-1}, g_prefill_kernel{-1};  // -1: not chosen yet
 
-// The kernel variant held by `choice`, or (first use) the environment variable `env`: "v1" -> 0, "v2" or
-// unset -> 1, anything else an error. A concurrent setter wins over the environment.
-int variant(std::atomic<int>& choice, const char* env) {
+// The kernel variant held by `choice`, or (first use) the environment variable `env`: "v1" -> 0, "v2" -> 1,
+// ..., up to "v<count>"; unset -> `dflt`; anything else an error. A concurrent setter wins over the
+// environment.
+int variant(std::atomic<int>& choice, const char* env, int count, int dflt) {
   int k = choice.load(std::memory_order_relaxed);
   if (k >= 0) return k;
   const char* val = std::getenv(env);
-  k = 1;
+  k = dflt;
   if (val && *val) {
-    KILN_CHECK(std::strcmp(val, "v1") == 0 || std::strcmp(val, "v2") == 0, env, " must be v1 or v2, got '",
-               val, "'");
-    k = std::strcmp(val, "v1") == 0 ? 0 : 1;
+    k = -1;
+    for (int i = 0; i < count; ++i)
+      if (std::string("v") + std::to_string(i + 1) == val) k = i;
+    KILN_CHECK(k >= 0, env, " must be one of v1 .. v", count, ", got '", val, "'");
   }
   int expected = -1;
   return choice.compare_exchange_strong(expected, k) ? k : expected;
@@ -78,7 +80,7 @@ int variant(std::atomic<int>& choice, const char* env) {
 }  // namespace
 
 DecodeKernel decode_kernel() {
-  return variant(g_decode_kernel, "KILN_ATTN_DECODE") == 0 ? DecodeKernel::v1 : DecodeKernel::v2;
+  return variant(g_decode_kernel, "KILN_ATTN_DECODE", 2, 1) == 0 ? DecodeKernel::v1 : DecodeKernel::v2;
 }
 void set_decode_kernel(DecodeKernel k) {
   g_decode_kernel.store(k == DecodeKernel::v1 ? 0 : 1);
@@ -88,13 +90,13 @@ const char* decode_kernel_name(DecodeKernel k) {
 }
 
 PrefillKernel prefill_kernel() {
-  return variant(g_prefill_kernel, "KILN_ATTN_PREFILL") == 0 ? PrefillKernel::v1 : PrefillKernel::v2;
+  return PrefillKernel(variant(g_prefill_kernel, "KILN_ATTN_PREFILL", 3, 2));
 }
 void set_prefill_kernel(PrefillKernel k) {
-  g_prefill_kernel.store(k == PrefillKernel::v1 ? 0 : 1);
+  g_prefill_kernel.store(int(k));
 }
 const char* prefill_kernel_name(PrefillKernel k) {
-  return k == PrefillKernel::v1 ? "v1" : "v2";
+  return k == PrefillKernel::v1 ? "v1" : k == PrefillKernel::v2 ? "v2" : "v3";
 }
 
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {

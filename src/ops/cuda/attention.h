@@ -25,11 +25,16 @@
 //       then every warp computes from shared memory (G <= 4: scores of a tile first, one softmax rescale per
 //       tile; wider groups: v1's per-key update). A row whose context fits one chunk is written out by its
 //       block directly; the combine reads only the splits that ran (and skips such rows).
-// Prefill: grid (ceil(T / 64), Hq, B), 128 threads: 64 query rows x 64-key tiles, mma.sync m16n8k16.
-// Two prefill kernels (prefill_kernel() picks), bitwise equal (same math, same order):
-//   v1: each K/V tile gathered with plain loads between two barriers, no overlap with the MMAs.
-//   v2 (default): bf16 caches copy K and V tiles with cp.async so the loads overlap the math (V of tile
-//       kt during S = Q K^T and the softmax, K of tile kt + 1 during P V); an fp8 cache runs v1.
+// Prefill: 64 query rows x 64-key tiles, 4 warps (16 rows each) per query head, mma.sync m16n8k16.
+// Three prefill kernels (prefill_kernel() picks), bitwise equal (every (row, head) gets the same math in the
+// same order):
+//   v1: grid (ceil(T / 64), Hq, B); each K/V tile gathered with plain loads between two barriers, no overlap
+//       with the MMAs.
+//   v2: v1's grid; bf16 caches copy K and V tiles with cp.async so the loads overlap the math (V of tile kt
+//       during S = Q K^T and the softmax, K of tile kt + 1 during P V); an fp8 cache runs v1.
+//   v3 (default): v2 with 2 query heads of a KV group per block (8 warps, grid (ceil(T / 64),
+//       Hkv * ceil(G / 2), B)), so each K/V tile is copied into shared memory once for both; where
+//       prefill_v3_applies() is false (fp8 cache, G == 1, D == 32) it runs v2.
 #pragma once
 
 #include <cstddef>
@@ -75,13 +80,16 @@ DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);
 
-enum class PrefillKernel : uint8_t { v1, v2 };
+enum class PrefillKernel : uint8_t { v1, v2, v3 };
 
-// Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1" or "v2", read
-// once; unset: v2; anything else is an error).
+// Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1", "v2" or "v3",
+// read once; unset: v3; anything else is an error).
 PrefillKernel prefill_kernel();
 void set_prefill_kernel(PrefillKernel k);
 const char* prefill_kernel_name(PrefillKernel k);
+// Whether PrefillKernel::v3 runs its own kernel for these params (bf16 cache, Hq / Hkv >= 2, D >= 64);
+// otherwise it runs v2.
+bool prefill_v3_applies(const PagedAttnParams& p);
 
 // Bytes of workspace paged_attention needs for these shapes (0 when no split is used): one entry per
 // sequence, whatever the number of prefill rows.
