@@ -43,6 +43,34 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
   cpu::silu_and_mul(gate_up, out);
 }
 
+void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                         const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed) {
+  constexpr const char* op = "linear_add_rms_norm";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  detail::check_matrix(op, "residual", residual, 2, DType::bf16);
+  detail::check_matrix(op, "norm_weight", norm_weight, 1, DType::bf16);
+  detail::check_matrix(op, "tmp", tmp, 2, DType::bf16);
+  detail::check_matrix(op, "normed", normed, 2, DType::bf16);
+  const int64_t M = x.shape[0], N = weight.shape[0];
+  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
+  for (const Tensor* t : {&residual, &tmp, &normed})
+    KILN_CHECK(t->shape[0] == M && t->shape[1] == N, op, ": ", t->describe(), " must be [", M, ", ", N, "]");
+  KILN_CHECK(norm_weight.shape[0] == N && N > 0, op, ": norm_weight ", norm_weight.describe(), " must be [",
+             N, "], N > 0");
+  KILN_CHECK(eps > 0.0f, op, ": eps must be positive, got ", eps);
+  const void* ptrs[] = {x.data, tmp.data, residual.data, normed.data};
+  for (int i = 0; i < 4; ++i)
+    for (int j = i + 1; j < 4; ++j)
+      KILN_CHECK(ptrs[i] != ptrs[j] || M == 0, op, ": x, tmp, residual and normed must not alias");
+  for (const Tensor* t : {&weight, &residual, &norm_weight, &tmp, &normed})
+    detail::check_same_device(op, x, *t);
+  if (x.device.is_cuda())
+    return KILN_CUDA_OP(linear_add_rms_norm(x, weight, residual, norm_weight, eps, tmp, normed));
+  cpu::linear(x, weight, tmp);
+  cpu::add_rms_norm(tmp, residual, norm_weight, eps, normed);
+}
+
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
   constexpr const char* op = "lm_head";
   detail::check_matrix(op, "x", x, 2, DType::bf16);

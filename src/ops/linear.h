@@ -31,6 +31,22 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
 // silu_mul kernel) when the GEMM tuner chose the GEMV for [M, 2I, K], else the GEMM and the silu_mul kernel.
 void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out);
 
+// A projection followed by the residual add and the next RMSNorm, in one op (the O and down projections):
+//   tmp = linear(x, weight);  add_rms_norm(tmp, residual, norm_weight, eps, normed)   (ops/rms_norm.h)
+//   x:           bf16 [M, K], last stride 1
+//   weight:      bf16 [N, K], last stride 1 (N = H, the hidden size)
+//   residual:    bf16 [M, N], last stride 1; read and rewritten: residual = bf16(residual + tmp)
+//   norm_weight: bf16 [N] contiguous;  eps > 0
+//   tmp:         bf16 [M, N], last stride 1: the projection's output (written on every path)
+//   normed:      bf16 [M, N], last stride 1: rms_norm(residual)
+//   x, tmp, residual and normed must not alias one another.
+// Rounding points: those of linear then of add_rms_norm, so the result is that composition's. CPU: exactly
+// the composition. CUDA: kiln::ops::cuda::linear_add_rms_norm: the GEMV with the add + RMSNorm epilogue
+// (ops/cuda/gemv.h, bitwise the GEMV followed by the rms_norm kernel) when the GEMM tuner chose the GEMV for
+// [M, N, K], else the GEMM and the rms_norm kernel.
+void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                         const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed);
+
 // LM head: logits[r, :] = x[rows[r], :] · W^T, rows gathered from a hidden-state matrix.
 //   x:      bf16 [T, H], last stride 1;  rows: i32 [R] contiguous, each in [0, T)
 //   weight: bf16 [V, H] (the embedding table when tied), last stride 1

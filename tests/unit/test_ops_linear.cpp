@@ -1,5 +1,6 @@
-// CPU linear and LM head: hand-checked values, an fp64 reference over odd sizes, and the batch
-// invariance the model's bitwise tests rely on.
+// CPU linear, LM head and the fused ops (linear_silu_mul, linear_add_rms_norm: exactly their compositions):
+// hand-checked values, an fp64 reference over odd sizes, and the batch invariance the model's bitwise tests
+// rely on.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include "ops/activation.h"
 #include "ops/cpu/reference.h"
 #include "ops/linear.h"
+#include "ops/rms_norm.h"
 
 using namespace kiln;
 
@@ -175,4 +177,74 @@ TEST(OpsLinearSiluMul, RejectsBadShapes) {
   EXPECT_THROW(ops::linear_silu_mul(tx, Tensor(w.data(), DType::bf16, {6, 4}), tgu, tact), Error);  // K
   EXPECT_THROW(ops::linear_silu_mul(tx, tw, tgu, Tensor(gu.data(), DType::bf16, {2, 3})),
                Error);  // out aliases
+}
+
+TEST(OpsLinearAddRmsNorm, IsLinearThenAddRmsNormBitwise) {
+  const int64_t M = 3, N = 48, K = 40;
+  const float eps = 1e-6f;
+  const auto x = random_bf16(size_t(M * K), 93), w = random_bf16(size_t(N * K), 94, 0.3f);
+  const auto res0 = random_bf16(size_t(M * N), 95, 2.0f), nw = random_bf16(size_t(N), 96, 1.5f);
+  std::vector<bf16_t> tmp(size_t(M * N)), res(res0), normed(size_t(M * N));
+  std::vector<bf16_t> tmp_ref(size_t(M * N)), res_ref(res0), normed_ref(size_t(M * N));
+  const Tensor tx(const_cast<bf16_t*>(x.data()), DType::bf16, {M, K}),
+      tw(const_cast<bf16_t*>(w.data()), DType::bf16, {N, K}),
+      tnw(const_cast<bf16_t*>(nw.data()), DType::bf16, {N});
+  ops::linear_add_rms_norm(tx, tw, Tensor(res.data(), DType::bf16, {M, N}), tnw, eps,
+                           Tensor(tmp.data(), DType::bf16, {M, N}),
+                           Tensor(normed.data(), DType::bf16, {M, N}));
+  ops::linear(tx, tw, Tensor(tmp_ref.data(), DType::bf16, {M, N}));
+  ops::add_rms_norm(Tensor(tmp_ref.data(), DType::bf16, {M, N}), Tensor(res_ref.data(), DType::bf16, {M, N}),
+                    tnw, eps, Tensor(normed_ref.data(), DType::bf16, {M, N}));
+  for (size_t i = 0; i < tmp.size(); ++i) {
+    EXPECT_EQ(tmp[i].bits, tmp_ref[i].bits) << "tmp " << i;
+    EXPECT_EQ(res[i].bits, res_ref[i].bits) << "residual " << i;
+    EXPECT_EQ(normed[i].bits, normed_ref[i].bits) << "normed " << i;
+  }
+  bool updated = false;  // the residual was rewritten
+  for (size_t i = 0; i < res.size(); ++i) updated |= res[i].bits != res0[i].bits;
+  EXPECT_TRUE(updated);
+}
+
+TEST(OpsLinearAddRmsNorm, HandChecked) {
+  // x = [1, 2]; W = [[1, 0], [0, 0.5]] -> tmp = [1, 1]; residual [1, 3] -> [2, 4].
+  // ss = 4 + 16 = 20, mean 10, inv = 1 / sqrt(10 + eps) = 0.31622776; norm weight [1, 0.5]:
+  // normed = [bf16(0.6324555) = 0.6328125, bf16(1.264911) = 1.265625 times 0.5 = 0.6328125].
+  std::vector<bf16_t> x = {f32_to_bf16(1), f32_to_bf16(2)};
+  std::vector<bf16_t> w = {f32_to_bf16(1), f32_to_bf16(0), f32_to_bf16(0), f32_to_bf16(0.5f)};
+  std::vector<bf16_t> res = {f32_to_bf16(1), f32_to_bf16(3)}, nw = {f32_to_bf16(1), f32_to_bf16(0.5f)};
+  std::vector<bf16_t> tmp(2), normed(2);
+  ops::linear_add_rms_norm(Tensor(x.data(), DType::bf16, {1, 2}), Tensor(w.data(), DType::bf16, {2, 2}),
+                           Tensor(res.data(), DType::bf16, {1, 2}), Tensor(nw.data(), DType::bf16, {2}),
+                           1e-6f, Tensor(tmp.data(), DType::bf16, {1, 2}),
+                           Tensor(normed.data(), DType::bf16, {1, 2}));
+  EXPECT_EQ(f(tmp[0]), 1.0f);
+  EXPECT_EQ(f(tmp[1]), 1.0f);
+  EXPECT_EQ(f(res[0]), 2.0f);
+  EXPECT_EQ(f(res[1]), 4.0f);
+  EXPECT_EQ(f(normed[0]), 0.6328125f);
+  EXPECT_EQ(f(normed[1]), 0.6328125f);
+}
+
+TEST(OpsLinearAddRmsNorm, RejectsBadShapes) {
+  std::vector<bf16_t> x(2 * 8), w(6 * 8), res(2 * 6), nw(6), tmp(2 * 6), normed(2 * 6), other(2 * 6);
+  const Tensor tx(x.data(), DType::bf16, {2, 8}), tw(w.data(), DType::bf16, {6, 8});
+  const Tensor tres(res.data(), DType::bf16, {2, 6}), tnw(nw.data(), DType::bf16, {6});
+  const Tensor ttmp(tmp.data(), DType::bf16, {2, 6}), tnormed(normed.data(), DType::bf16, {2, 6});
+  EXPECT_NO_THROW(ops::linear_add_rms_norm(tx, tw, tres, tnw, 1e-6f, ttmp, tnormed));
+  EXPECT_THROW(
+      ops::linear_add_rms_norm(tx, Tensor(w.data(), DType::bf16, {6, 4}), tres, tnw, 1e-6f, ttmp, tnormed),
+      Error);  // K
+  EXPECT_THROW(
+      ops::linear_add_rms_norm(tx, tw, Tensor(res.data(), DType::bf16, {2, 5}), tnw, 1e-6f, ttmp, tnormed),
+      Error);  // residual [M, N]
+  EXPECT_THROW(
+      ops::linear_add_rms_norm(tx, tw, tres, Tensor(nw.data(), DType::bf16, {5}), 1e-6f, ttmp, tnormed),
+      Error);                                                                             // norm weight [N]
+  EXPECT_THROW(ops::linear_add_rms_norm(tx, tw, tres, tnw, 0.0f, ttmp, tnormed), Error);  // eps
+  EXPECT_THROW(
+      ops::linear_add_rms_norm(tx, tw, tres, tnw, 1e-6f, ttmp, Tensor(other.data(), DType::bf16, {2, 5})),
+      Error);                                                                           // normed [M, N]
+  EXPECT_THROW(ops::linear_add_rms_norm(tx, tw, tres, tnw, 1e-6f, ttmp, ttmp), Error);  // normed aliases tmp
+  EXPECT_THROW(ops::linear_add_rms_norm(tx, tw, tres, tnw, 1e-6f, tres, tnormed),
+               Error);  // tmp aliases residual
 }

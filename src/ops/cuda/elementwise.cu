@@ -1,6 +1,7 @@
 // Memory-bound kernels; contracts in elementwise.h.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/vec.cuh"
 
 namespace kiln::cuda {
@@ -53,94 +54,18 @@ struct NormParams {
   bool add;
 };
 
-// Grid: (ceil(T / 4)); block 4 warps, one row per warp. Lane l owns chunks l, l+32, ... (16-byte loads).
-// Rows of up to 32 * kRegChunks chunks (H <= 4096) are loaded whole into registers before any arithmetic,
-// so every load of the row is in flight at once; longer rows take a two-pass loop that re-reads r (this
-// lane's own writes). Reduction order: see rms_norm in elementwise.h (both paths sum identically).
-constexpr int kRegChunks = 16;
-
+// Grid: (ceil(T / 4)); block 4 warps, one row per warp: norm_row.cuh's rms_norm_row (lane l owns chunks
+// l, l+32, ...; 16-byte loads; reduction order: rms_norm in elementwise.h), which the GEMV's add + RMSNorm
+// epilogue (gemv.h) calls too.
 __global__ void __launch_bounds__(kNormRowsPerBlock * 32)
     rms_norm_kernel(const __grid_constant__ NormParams p) {
   pdl_wait();
   const int64_t t = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (t >= p.T) return;
-  const uint4* __restrict__ x = reinterpret_cast<const uint4*>(p.x + t * p.xs);
-  uint4* __restrict__ res = reinterpret_cast<uint4*>(p.residual + (p.add ? t * p.rs : 0));
-  uint4* __restrict__ out = reinterpret_cast<uint4*>(p.out + t * p.os);
-  const uint4* __restrict__ wv = p.w;
-  float acc = 0.0f;
-  if (p.H8 <= 32 * kRegChunks) {
-    uint4 xv[kRegChunks], rv[kRegChunks], wr[kRegChunks];
-#pragma unroll
-    for (int i = 0; i < kRegChunks; ++i) {
-      const int64_t c = lane + 32 * i;
-      if (c < p.H8) {
-        xv[i] = x[c];
-        wr[i] = wv[c];
-        if (p.add) rv[i] = res[c];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kRegChunks; ++i) {
-      const int64_t c = lane + 32 * i;
-      if (c < p.H8) {
-        float r[8];
-        unpack8(xv[i], r);
-        if (p.add) {
-          float a[8];
-          unpack8(rv[i], a);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) r[j] = round_bf16(a[j] + r[j]);
-          xv[i] = pack8(r);
-          res[c] = xv[i];
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc = fmaf(r[j], r[j], acc);
-      }
-    }
-#pragma unroll
-    for (int off = 16; off >= 1; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(acc, float(p.H8 * 8)) + p.eps));
-#pragma unroll
-    for (int i = 0; i < kRegChunks; ++i) {
-      const int64_t c = lane + 32 * i;
-      if (c < p.H8) {
-        float r[8], w[8], y[8];
-        unpack8(xv[i], r);
-        unpack8(wr[i], w);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) y[j] = round_bf16(r[j] * inv) * w[j];
-        out[c] = pack8(y);
-      }
-    }
-  } else {
-    for (int64_t c = lane; c < p.H8; c += 32) {
-      float r[8];
-      unpack8(x[c], r);
-      if (p.add) {
-        float a[8];
-        unpack8(res[c], a);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) r[j] = round_bf16(a[j] + r[j]);
-        res[c] = pack8(r);
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc = fmaf(r[j], r[j], acc);
-    }
-#pragma unroll
-    for (int off = 16; off >= 1; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(acc, float(p.H8 * 8)) + p.eps));
-    const uint4* src = p.add ? res : x;
-    for (int64_t c = lane; c < p.H8; c += 32) {
-      float r[8], w[8], y[8];
-      unpack8(src[c], r);
-      unpack8(wv[c], w);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) y[j] = round_bf16(r[j] * inv) * w[j];
-      out[c] = pack8(y);
-    }
-  }
+  rms_norm_row<false>(reinterpret_cast<const uint4*>(p.x + t * p.xs),
+                      reinterpret_cast<uint4*>(p.residual + (p.add ? t * p.rs : 0)), p.w,
+                      reinterpret_cast<uint4*>(p.out + t * p.os), p.H8, p.eps, p.add, lane);
   pdl_launch_dependents();
 }
 

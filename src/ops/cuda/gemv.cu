@@ -1,6 +1,7 @@
 // Small-M GEMV and the fused gate_up + SiLU-and-multiply GEMV; contracts in gemv.h.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/vec.cuh"
 
 namespace kiln::cuda {
@@ -16,7 +17,18 @@ struct GemvParams {
   int64_t n;   // rows of W (silu_mul: 2I)
   int64_t k8;  // K / 8
   bool pdl;    // launched with PDL: prefetch the first W chunks into L2 before waiting
+  // The add + RMSNorm epilogue (gemv_add_rms_norm; out is tmp, bf16): residual and normed [M, N] with row
+  // strides ldr, ldn (elements), norm_w [N / 8].
+  uint16_t* residual;
+  const uint4* norm_w;
+  uint16_t* normed;
+  int64_t ldr, ldn;
+  float eps;
 };
+
+// Blocks of the current gemv_add_rms_norm launch that have stored their outputs; the last one resets it to
+// 0 (gemv.h: why one word per device is enough). Module globals are per device.
+__device__ unsigned int g_norm_blocks_done = 0;
 
 // W is streamed once: 16-byte read-only loads that skip L1 (x keeps it) with a 256-byte L2 prefetch hint.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -92,7 +104,34 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
   }
 }
 
-template <int M, GemvEpilogue E>
+// The end of every GEMV block, after store_outputs. Plain: lets the dependent grid launch. Add + RMSNorm
+// (gemv.h): counts the block done; the last block runs the add + RMSNorm over the M rows of tmp.
+template <int M, bool kNorm>
+__device__ __forceinline__ void finish_block(const GemvParams& p, int warps, int tid) {
+  if constexpr (kNorm) {
+    __shared__ bool last;
+    __threadfence();  // release: this thread's tmp stores are visible device-wide before the block counts
+    __syncthreads();  // ... and every thread of the block has fenced its stores
+    if (tid == 0) {
+      last = atomicAdd(&g_norm_blocks_done, 1u) == gridDim.x - 1;
+      if (last) atomicExch(&g_norm_blocks_done, 0u);  // every block has counted: ready for the next launch
+      __threadfence();  // acquire: the other blocks' tmp stores before this block's reads of tmp
+    }
+    __syncthreads();
+    pdl_launch_dependents();  // dependents wait for this whole grid (tail included) before reading
+    if (!last) return;
+    const int lane = tid % 32;
+    for (int m = tid / 32; m < M; m += warps) {
+      rms_norm_row<true>(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.out) + m * p.ldo),
+                         reinterpret_cast<uint4*>(p.residual + m * p.ldr), p.norm_w,
+                         reinterpret_cast<uint4*>(p.normed + m * p.ldn), p.n / 8, p.eps, true, lane);
+    }
+  } else {
+    pdl_launch_dependents();
+  }
+}
+
+template <int M, GemvEpilogue E, bool kNorm>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const __grid_constant__ GemvParams p) {
   constexpr int R = gemv_rows(GemvConfig{.tensor_cores = false});
   constexpr int U = unroll_for<M>();
@@ -162,7 +201,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(const __grid_const
     }
   __syncthreads();
   store_outputs<M, R, E>(p, base, red, T / 32, tid);
-  pdl_launch_dependents();
+  finish_block<M, kNorm>(p, T / 32, tid);
 }
 
 // D += A · B for one mma.m16n8k16 (bf16 in, fp32 accumulate); A: x rows g and g + 8 (the latter zero),
@@ -177,7 +216,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2
 
 // Tensor-core GEMV (gemv.h). Lane (g, t) streams chunk t of every 32-element K block of W row g (block row
 // g) and of x row g (zeros for g >= M); D[m][n] of the mma is out[m][base + n], held by lane (m, n / 2).
-template <int M, GemvEpilogue E>
+template <int M, GemvEpilogue E, bool kNorm>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_tc_kernel(const __grid_constant__ GemvParams p) {
   constexpr int R = gemv_rows(GemvConfig{.tensor_cores = true});
   constexpr int U = 8;  // K blocks whose loads a warp issues together
@@ -226,19 +265,20 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_tc_kernel(const __grid_co
   }
   __syncthreads();
   store_outputs<M, R, E>(p, base, red, warps, tid);
-  pdl_launch_dependents();
+  finish_block<M, kNorm>(p, warps, tid);
 }
 
 using GemvKernel = void (*)(GemvParams);
 
-template <GemvEpilogue E>
+template <GemvEpilogue E, bool kNorm = false>
 GemvKernel kernel_for(int64_t m, bool tc) {
-  static constexpr GemvKernel fma[kGemvMaxM] = {gemv_kernel<1, E>, gemv_kernel<2, E>, gemv_kernel<3, E>,
-                                                gemv_kernel<4, E>, gemv_kernel<5, E>, gemv_kernel<6, E>,
-                                                gemv_kernel<7, E>, gemv_kernel<8, E>};
-  static constexpr GemvKernel mma[kGemvMaxM] = {
-      gemv_tc_kernel<1, E>, gemv_tc_kernel<2, E>, gemv_tc_kernel<3, E>, gemv_tc_kernel<4, E>,
-      gemv_tc_kernel<5, E>, gemv_tc_kernel<6, E>, gemv_tc_kernel<7, E>, gemv_tc_kernel<8, E>};
+  static constexpr GemvKernel fma[kGemvMaxM] = {
+      gemv_kernel<1, E, kNorm>, gemv_kernel<2, E, kNorm>, gemv_kernel<3, E, kNorm>, gemv_kernel<4, E, kNorm>,
+      gemv_kernel<5, E, kNorm>, gemv_kernel<6, E, kNorm>, gemv_kernel<7, E, kNorm>, gemv_kernel<8, E, kNorm>};
+  static constexpr GemvKernel mma[kGemvMaxM] = {gemv_tc_kernel<1, E, kNorm>, gemv_tc_kernel<2, E, kNorm>,
+                                                gemv_tc_kernel<3, E, kNorm>, gemv_tc_kernel<4, E, kNorm>,
+                                                gemv_tc_kernel<5, E, kNorm>, gemv_tc_kernel<6, E, kNorm>,
+                                                gemv_tc_kernel<7, E, kNorm>, gemv_tc_kernel<8, E, kNorm>};
   return (tc ? mma : fma)[m - 1];
 }
 
@@ -284,7 +324,13 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
                      .ldo = ldo,
                      .n = n,
                      .k8 = k / 8,
-                     .pdl = pdl};
+                     .pdl = pdl,
+                     .residual = nullptr,
+                     .norm_w = nullptr,
+                     .normed = nullptr,
+                     .ldr = 0,
+                     .ldn = 0,
+                     .eps = 0.0f};
   const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t blocks = (out_cols + per_block - 1) / per_block;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
@@ -295,6 +341,48 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
       kern, p);
+}
+
+bool gemv_add_rms_norm_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldt,
+                                 int64_t ldr, int64_t ldn) {
+  return gemv_supported(m, n, k, ldx, ldw, ldt, GemvEpilogue::bf16) && n % 8 == 0 && ldt % 8 == 0 &&
+         ldr % 8 == 0 && ldn % 8 == 0 && ldr >= n && ldn >= n;
+}
+
+void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, void* tmp, int64_t ldt,
+                       void* residual, int64_t ldr, const void* norm_w, void* normed, int64_t ldn, int64_t m,
+                       int64_t n, int64_t k, float eps, GemvConfig cfg, cudaStream_t stream, bool pdl) {
+  KILN_CHECK(m >= 0 && m <= kGemvMaxM, "gemv_add_rms_norm: M must be in [0, ", kGemvMaxM, "], got ", m);
+  KILN_CHECK(gemv_add_rms_norm_supported(m == 0 ? 1 : m, n, k, ldx, ldw, ldt, ldr, ldn),
+             "gemv_add_rms_norm: unsupported call: N ", n, " (a multiple of 8) K ", k,
+             " (a multiple of 8) ldx ", ldx, " ldw ", ldw, " ldt ", ldt, " ldr ", ldr, " ldn ", ldn,
+             " (multiples of 8, >= the row length)");
+  KILN_CHECK(aligned16(x) && aligned16(w) && aligned16(tmp) && aligned16(residual) && aligned16(norm_w) &&
+                 aligned16(normed),
+             "gemv_add_rms_norm: x, W, tmp, residual, norm weight and normed must be 16-byte aligned");
+  KILN_CHECK(valid_warps(cfg.warps), "gemv_add_rms_norm: warps must be 2, 4, 8 or 16, got ", cfg.warps);
+  KILN_CHECK(eps >= 0.0f, "gemv_add_rms_norm: eps must be >= 0");
+  if (m == 0) return;
+  const GemvParams p{.x = static_cast<const uint4*>(x),
+                     .w = static_cast<const uint4*>(w),
+                     .out = tmp,
+                     .ldx8 = ldx / 8,
+                     .ldw8 = ldw / 8,
+                     .ldo = ldt,
+                     .n = n,
+                     .k8 = k / 8,
+                     .pdl = pdl,
+                     .residual = static_cast<uint16_t*>(residual),
+                     .norm_w = static_cast<const uint4*>(norm_w),
+                     .normed = static_cast<uint16_t*>(normed),
+                     .ldr = ldr,
+                     .ldn = ldn,
+                     .eps = eps};
+  const int64_t rows = gemv_rows(cfg), blocks = (n + rows - 1) / rows;
+  KILN_CHECK(blocks <= 0x7fffffff, "gemv_add_rms_norm: N too large");
+  launch(
+      {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
+      kernel_for<GemvEpilogue::bf16, true>(m, cfg.tensor_cores), p);
 }
 
 }  // namespace kiln::cuda

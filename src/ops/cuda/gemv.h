@@ -28,6 +28,26 @@
 // Fused epilogue (gemv_silu_mul): g = bf16(dot(x, W[j])), u = bf16(dot(x, W[I + j])) (the values the
 // plain GEMV would store), act[m, j] = bf16(float(bf16(g / (1 + expf(-g)))) * u): the formula and the
 // rounding points of elementwise.h's silu_mul, so fused == gemv (same config) then silu_mul, bitwise.
+//
+// Add + RMSNorm epilogue (gemv_add_rms_norm, the O and down projections followed by the residual add and
+// the next RMSNorm): every block stores its bf16 outputs into tmp exactly as the bf16 epilogue does, then
+// counts itself done on a per-device counter (every thread: __threadfence after its stores; __syncthreads;
+// thread 0: atomicAdd). The block that sees count == blocks - 1 is the last one: it resets the counter to 0
+// (so the next launch, a graph replay included, starts from 0), fences, and its warps run norm_row.cuh's
+// rms_norm_row (the rms_norm kernel's own row function, add = true, tmp read through L2) over the M rows
+// (warp w: rows w, w + warps, ...). So tmp, residual and normed are bitwise those of gemv (same config) then
+// elementwise.h's rms_norm with add.
+// The counter (one __device__ word per device) is safe for any number of fused launches on one stream,
+// inside a graph or not: a launch's blocks touch it only after pdl_wait (griddepcontrol.wait, a no-op
+// without PDL), which returns once every earlier kernel in the stream has completed and flushed
+// (transitively: each of them waited on its own predecessor before completing), and the previous fused
+// launch's last block reset the counter before it completed. It is not safe for two fused launches in flight
+// at once on two streams of one device (they would share the count); kiln runs a model's forward on one
+// stream. PDL: every block calls griddepcontrol.launch_dependents once it has counted itself (the last block
+// before its add + RMSNorm): a dependent kernel may then be scheduled during the tail, but it reads nothing
+// before its own griddepcontrol.wait, which waits for this whole grid to complete and its writes (tmp,
+// residual, normed) to be visible. The last block is resident when it runs the tail and waits on no other
+// block, so an early dependent cannot starve it.
 #pragma once
 
 #include <cstdint>
@@ -71,5 +91,22 @@ bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, i
 // then waits for its predecessor's writes before loading anything.
 void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
           int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
+
+// True when gemv_add_rms_norm can run this call: gemv_supported for the bf16 epilogue, n % 8 == 0 (the norm's
+// 16-byte chunks), and the tmp, residual and normed row strides multiples of 8, >= n.
+bool gemv_add_rms_norm_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldt,
+                                 int64_t ldr, int64_t ldn);
+
+// tmp[m, :] = bf16(x[m, :] · W^T) (gemv's bf16 epilogue, same config: bitwise the same), then
+// rms_norm(tmp, residual, norm_w, normed, eps, add = true) over the m rows (elementwise.h: residual <- bf16(
+// residual + tmp), normed = the RMSNorm of the new residual), bitwise the rms_norm kernel's result. x, W: as
+// gemv; tmp, residual, normed: bf16 [m, n] with row strides ldt, ldr, ldn (multiples of 8, >= n); norm_w:
+// bf16 [n]. All pointers 16-byte aligned; no two of x, W, tmp, residual, normed, norm_w overlap. eps >= 0. m
+// == 0 is a no-op; any violation throws kiln::Error before anything is launched. pdl: as gemv (see above for
+// the ordering of the epilogue). Not for concurrent use on two streams of one device (see above).
+void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, void* tmp, int64_t ldt,
+                       void* residual, int64_t ldr, const void* norm_w, void* normed, int64_t ldn, int64_t m,
+                       int64_t n, int64_t k, float eps, GemvConfig cfg, cudaStream_t stream,
+                       bool pdl = false);
 
 }  // namespace kiln::cuda

@@ -58,6 +58,25 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
   silu_and_mul(gate_up, out);
 }
 
+void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                         const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed) {
+  const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
+  if (M == 0) return;
+  const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (const auto g = kc::gemm_engine().gemv_choice(M, N, K, kc::GemmOut::bf16);
+      g && al16(x.data) && al16(weight.data) && al16(tmp.data) && al16(residual.data) &&
+      al16(norm_weight.data) && al16(normed.data) &&
+      kc::gemv_add_rms_norm_supported(M, N, K, x.stride[0], weight.stride[0], tmp.stride[0],
+                                      residual.stride[0], normed.stride[0])) {
+    kc::gemv_add_rms_norm(x.data, x.stride[0], weight.data, weight.stride[0], tmp.data, tmp.stride[0],
+                          residual.data, residual.stride[0], norm_weight.data, normed.data, normed.stride[0],
+                          M, N, K, eps, *g, kc::current_stream(), kc::pdl_enabled());
+    return;
+  }
+  linear(x, weight, tmp);
+  add_rms_norm(tmp, residual, norm_weight, eps, normed);
+}
+
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
   const int64_t R = rows.shape[0], H = x.shape[1], V = weight.shape[0];
   if (R == 0) return;

@@ -18,6 +18,11 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
 // The gate_up GEMM with SiLU-and-multiply: the fused GEMV (gemv.h) when the tuner chose the GEMV for
 // [M, 2I, K] (M <= 8), else the GEMM into gate_up followed by the silu_mul kernel.
 void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out);
+// The O / down projection with the residual add and the next RMSNorm: the GEMV with the add + RMSNorm
+// epilogue (gemv.h) when the tuner chose the GEMV for [M, N, K] (M <= 8), else the GEMM into tmp followed by
+// the rms_norm kernel (add).
+void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                         const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed);
 // Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
 // bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
