@@ -2,10 +2,12 @@
 // 8: cuBLASLt (the tuned tactic when the cache has a cuBLASLt one for the shape, else the heuristic's first),
 // kiln's GEMV in every configuration (FMA or tensor-core kernel, block size), the engine's own choice (what
 // the model runs; also with PDL, where the amortized column shows back-to-back GEMVs prefetching W while the
-// previous one drains), and for gate_up the fused GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel.
-// Weights are rotated over >= 4 copies that together exceed 2.2x the L2 (and the L2 is flushed before every
-// sample), so every call reads W from HBM. Timed as graph replays, plus "amortized": 16 launches over
-// rotating copies in one graph / 16 (back to back, as in a decode step). Bytes = W + x + out (W dominates).
+// previous one drains), for gate_up the fused GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel, and
+// for O and down the GEMV with the add + RMSNorm epilogue against the GEMV (or cuBLASLt) + the rms_norm
+// kernel (add), in every configuration, and with PDL in the engine's configuration. Weights are rotated over
+// >= 4 copies that together exceed 2.2x the L2 (and the L2 is flushed before every sample), so every call
+// reads W from HBM. Timed as graph replays, plus "amortized": 16 launches over rotating copies in one graph /
+// 16 (back to back, as in a decode step). Bytes = W + x + out (W dominates).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -58,6 +60,15 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
     const int64_t M8 = kc::kGemvMaxM;
     Buffer x(size_t(M8 * c.k) * 2, dev), out(size_t(M8 * c.n) * 4, dev), act(size_t(M8 * c.n) * 2, dev);
     kc::fill_random_bf16(x.data(), M8 * c.k, 7, 1.0f, 0.0f, env.stream);
+    // O and down: the residual and the next RMSNorm's weight and output (residual [M, n] is rewritten by
+    // every launch; its values drift, which does not change the timing).
+    const bool add_norm = std::string(c.name) == "o" || std::string(c.name) == "down";
+    Buffer residual(add_norm ? size_t(M8 * c.n) * 2 : 16, dev), norm_w(add_norm ? size_t(c.n) * 2 : 16, dev),
+        normed(add_norm ? size_t(M8 * c.n) * 2 : 16, dev);
+    if (add_norm) {
+      kc::fill_random_bf16(residual.data(), M8 * c.n, 8, 1.0f, 0.0f, env.stream);
+      kc::fill_random_bf16(norm_w.data(), c.n, 9, 0.25f, 1.0f, env.stream);
+    }
     KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
     for (const int64_t M : {1, 4, 8}) {
       const std::string shape = std::string(c.model) + " " + c.name + " M=" + std::to_string(M) +
@@ -103,6 +114,50 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                    eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, c.out, env.stream, pdl);
                  });
       }
+      if (add_norm) {
+        // O / down + residual add + RMSNorm: two launches (cuBLASLt or the GEMV into tmp, then rms_norm with
+        // add) vs the GEMV whose last block runs the add + RMSNorm. Bytes: W, x, tmp, residual read and
+        // written, normed (the norm weight is negligible).
+        const double an_bytes = double(w_bytes) + io + double(M * c.n) * 2 * 4;
+        const float eps = 1e-6f;
+        auto norm = [&](bool pdl) {
+          kc::rms_norm(out.data(), c.n, residual.data(), c.n, norm_w.data(), normed.data(), c.n, M, c.n, eps,
+                       true, env.stream, pdl);
+        };
+        auto fused = [&](int i, kc::GemvConfig cfg, bool pdl) {
+          kc::gemv_add_rms_norm(x.data(), c.k, wi(i), c.k, out.data(), c.n, residual.data(), c.n,
+                                norm_w.data(), normed.data(), c.n, M, c.n, c.k, eps, cfg, env.stream, pdl);
+        };
+        eng.set_gemv_enabled(false);
+        time_row(Row{"gemm", "cublaslt+add_rms_norm", shape, 0, -1, an_bytes, lt_path + " + rms_norm"},
+                 [&](int i) {
+                   eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, kc::GemmOut::bf16,
+                           env.stream);
+                   norm(false);
+                 });
+        eng.set_gemv_enabled(true);
+        for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
+          time_row(Row{"gemm", config_name("gemv+add_rms_norm", cfg), shape, 0, -1, an_bytes, "forced"},
+                   [&](int i) {
+                     kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, kc::GemvEpilogue::bf16,
+                              cfg, env.stream);
+                     norm(false);
+                   });
+          time_row(Row{"gemm", config_name("fused gemv+add_rms_norm", cfg), shape, 0, -1, an_bytes, "forced"},
+                   [&](int i) { fused(i, cfg, false); });
+        }
+        // With PDL, in the engine's configuration (the tensor-core kernel with 8 warps when it has none).
+        const kc::GemvConfig pc = choice ? *choice : kc::GemvConfig{8, true};
+        const std::string pc_note = choice ? "engine choice" : "no GEMV tactic: default";
+        time_row(Row{"gemm", config_name("gemv+add_rms_norm+pdl", pc), shape, 0, -1, an_bytes, pc_note},
+                 [&](int i) {
+                   kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, kc::GemvEpilogue::bf16,
+                            pc, env.stream, true);
+                   norm(true);
+                 });
+        time_row(Row{"gemm", config_name("fused gemv+add_rms_norm+pdl", pc), shape, 0, -1, an_bytes, pc_note},
+                 [&](int i) { fused(i, pc, true); });
+      }
       if (!gate_up) continue;
       // gate_up + SiLU-and-mul: two launches (cuBLASLt into gate_up, then silu_mul) vs the fused GEMV.
       const int64_t I = c.n / 2;
@@ -128,7 +183,8 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
 }  // namespace
 
 KILN_KERNEL_BENCH("gemm",
-                  "decode GEMMs (Qwen3-4B, 0.6B; M 1, 4, 8): cuBLASLt vs kiln GEMV vs fused gate_up+SiLU",
+                  "decode GEMMs (Qwen3-4B, 0.6B; M 1, 4, 8): cuBLASLt vs kiln GEMV vs fused gate_up+SiLU and "
+                  "O/down+add+RMSNorm",
                   run_gemm);
 
 }  // namespace kiln::bench
