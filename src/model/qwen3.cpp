@@ -193,13 +193,9 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   prep.stream = ops::current_stream();
 
   ops::embedding(weights_.embed, ids, residual);
+  ops::rms_norm(residual, weights_.layers[0].input_norm, eps, normed);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[size_t(l)];
-    if (l == 0) {
-      ops::rms_norm(residual, lw.input_norm, eps, normed);
-    } else {
-      ops::add_rms_norm(tmp, residual, lw.input_norm, eps, normed);  // tmp: previous layer's MLP output
-    }
     ops::linear(normed, lw.qkv, qkv);
     prep.q_norm = lw.q_norm;
     prep.k_norm = lw.k_norm;
@@ -207,12 +203,14 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     ops::attn_prep(prep);
     att.cache = prep.cache;
     ops::paged_attention(att);
-    ops::linear(attn.reshape({T, Hq * D}), lw.o_proj, tmp);
-    ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
-    ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);  // fused GEMV at small M where the tuner chose it
-    ops::linear(act, lw.down, tmp);
+    // The projections carry the residual add and the next RMSNorm (one fused GEMV at small M where the tuner
+    // chose it): after down, the next layer's input norm, or the final norm after the last layer.
+    ops::linear_add_rms_norm(attn.reshape({T, Hq * D}), lw.o_proj, residual, lw.post_norm, eps, tmp, normed);
+    ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);
+    const Tensor& next_norm =
+        l + 1 < c.num_layers ? weights_.layers[size_t(l + 1)].input_norm : weights_.final_norm;
+    ops::linear_add_rms_norm(act, lw.down, residual, next_norm, eps, tmp, normed);
   }
-  ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
 }
 
 void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits) {
