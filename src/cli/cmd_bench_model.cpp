@@ -238,16 +238,23 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
        [&](int) {
          ops::embedding(m.weights().embed, Tensor(const_cast<int32_t*>(mi), DType::i32, {1}, dev), tx);
        }},
-      {"add_rms_norm", 2 * L + 1,
-       [&](int l) { ops::add_rms_norm(tx, tr, layers[size_t(l)].input_norm, eps, tn); }},
+      {"rms_norm (first layer)", 1, [&](int l) { ops::rms_norm(tr, layers[size_t(l)].input_norm, eps, tn); }},
       {"qkv gemm", L, [&](int l) { ops::linear(tn, layers[size_t(l)].qkv, tq); }},
       {"attn_prep", L, [&](int) { ops::attn_prep(prep); }},
       {"paged_attention", L, [&](int) { ops::paged_attention(pa); }},
-      {"o_proj gemm", L, [&](int l) { ops::linear(ta, layers[size_t(l)].o_proj, tx); }},
-      // As the model runs it: the fused GEMV where the tuner chose it, else the GEMM then silu_and_mul.
+      // The projections as the model runs them: the residual add and the next RMSNorm fused into the GEMV
+      // where the tuner chose it, else the GEMM then add_rms_norm (and gate_up likewise with silu_and_mul).
+      {"o_proj + add_rms_norm", L,
+       [&](int l) {
+         ops::linear_add_rms_norm(ta, layers[size_t(l)].o_proj, tr, layers[size_t(l)].post_norm, eps, tx, tn);
+       }},
       {"gate_up + silu_and_mul", L,
        [&](int l) { ops::linear_silu_mul(tn, layers[size_t(l)].gate_up, tg, tact); }},
-      {"down gemm", L, [&](int l) { ops::linear(tact, layers[size_t(l)].down, tx); }},
+      {"down + add_rms_norm", L,
+       [&](int l) {
+         ops::linear_add_rms_norm(tact, layers[size_t(l)].down, tr, layers[size_t(l)].input_norm, eps, tx,
+                                  tn);
+       }},
       {"lm_head", 1, [&](int) { ops::lm_head(tn, row0, m.weights().lm_head, tl); }},
   };
   // Each op: L calls (one per layer) captured in one CUDA graph on a private stream, the replay timed
