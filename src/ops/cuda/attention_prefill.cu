@@ -85,13 +85,15 @@ __device__ __forceinline__ void load_tile_sync(const PagedAttnParams& p, int b, 
   __syncthreads();
 }
 
-// Grid (ceil(T / 64), Hkv * ceil(G / kHeads), B), G = Hq / Hkv; block kHeads * 4 warps; dynamic smem:
+// Grid (ceil(T / 64), Hq, B) (kHeads 1) or (Hkv * ceil(G / kHeads), ceil(T / 64), B) (v3), G = Hq / Hkv;
+// block kHeads * 4 warps; dynamic smem:
 // kHeads Q tiles, one K and one V tile, each [64][D + 8] bf16 (the +8 pad makes the 8 row addresses of every
 // ldmatrix hit distinct banks).
-// Block (tile, hk * ceil(G / kHeads) + j, b) owns query rows [64 tile, 64 tile + 64) of sequence b and the
-// query heads hk G + j kHeads + i (i < kHeads, those < (hk + 1) G: in the last block of a group that G does
-// not divide, the warps of the missing heads only take part in the loads and barriers). Warp w computes
-// head slot i = w / 4, rows 16 (w % 4) .. + 15, with exactly the arithmetic of a kHeads = 1 block.
+// Block (tile, hk * ceil(G / kHeads) + j, b) (v3: the first two swapped, tiles in reverse) owns query rows
+// [64 tile, 64 tile + 64) of sequence b and the query heads hk G + j kHeads + i (i < kHeads, those < (hk + 1)
+// G: in the last block of a group that G does not divide, the warps of the missing heads only take part in
+// the loads and barriers). Warp w computes head slot i = w / 4, rows 16 (w % 4) .. + 15, with exactly the
+// arithmetic of a kHeads = 1 block.
 //   v1: kHeads 1, K/V tiles gathered with plain loads between two barriers (load_tile_sync).
 //   v2 (kPipe): kHeads 1, K and V copied by cp.async so they overlap the math: V of tile kt is in flight
 //       while S = Q K^T and the softmax run, K of tile kt + 1 while O += P V runs (one K and one V tile).
@@ -109,7 +111,10 @@ __global__ void __launch_bounds__(kWarps * 32 * kHeads)
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);  // [kHeads][64][LD]
   uint16_t* sK = sQ + kHeads * kBQ * LD;
   uint16_t* sV = sK + kBK * LD;
-  const int tile = blockIdx.x, b = blockIdx.z;
+  // v3's grid is (head blocks, tiles, B) walked last tile first: the blocks with the most keys (causal)
+  // start first, so the short ones fill the tail of the launch.
+  const int tile = kHeads == 1 ? int(blockIdx.x) : int(gridDim.y - 1 - blockIdx.y), b = blockIdx.z;
+  const int hblock = kHeads == 1 ? blockIdx.y : blockIdx.x;
   const int tid = threadIdx.x, warp = (tid / 32) % kWarps, slot = tid / 32 / kWarps, lane = tid % 32;
   pdl_wait();
   const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0;
@@ -118,8 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32 * kHeads)
   // A kv_len below q_len or beyond the page table's reach violates the contract: skipped, never read.
   if (kv_len < q_len || kv_len > int64_t(p.pages_stride) * p.page_size) return;
   const int G = p.Hq / p.Hkv, chunks = (G + kHeads - 1) / kHeads;
-  const int hk = blockIdx.y / chunks,
-            g0 = (blockIdx.y % chunks) * kHeads;  // first head of the block: hk G + g0
+  const int hk = hblock / chunks, g0 = (hblock % chunks) * kHeads;  // the block's first head: hk G + g0
   const int h = hk * G + g0 + slot;
   const bool active = kHeads == 1 || g0 + slot < G;  // warp-uniform
   const int rows = min(kBQ, q_len - tile * kBQ);
@@ -280,7 +284,7 @@ template <int D, KvDtype KT>
 bool launch_v3(LaunchCfg cfg, const PagedAttnParams& p, bool skip_single_rows) {
   if constexpr (KT == KvDtype::bf16 && D >= 64) {
     const int G = p.Hq / p.Hkv;
-    cfg.grid.y = unsigned(p.Hkv * ((G + kV3Heads - 1) / kV3Heads));
+    cfg.grid = dim3(unsigned(p.Hkv * ((G + kV3Heads - 1) / kV3Heads)), cfg.grid.x, cfg.grid.z);
     cfg.block = dim3(kV3Heads * kWarps * 32);
     cfg.smem = size_t(kV3Heads * kBQ + 2 * kBK) * (D + 8) * 2;
     launch(cfg, prefill_kernel<D, KT, true, kV3Heads>, p, skip_single_rows);
