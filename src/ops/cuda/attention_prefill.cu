@@ -5,8 +5,9 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kBQ = 64, kBK = 64, kWarps = 4;  // kWarps: the warps of one query head (16 rows each)
-// v3: query heads of one KV group per block (kWarps warps each). 2 keeps D 128 at v1's occupancy (~180
-// registers a thread: 8 warps per SM either way) while each K/V tile is loaded once for both heads.
+// v3: query heads of one KV group per block (kWarps warps each). 2 keeps D 128 at v2's occupancy (174 vs
+// 183 registers a thread, ptxas: 8 warps per SM either way) while each K/V tile is loaded once for both
+// heads; 4 would need <= 128 registers. (D 64: 8 warps per SM where v2 fits 12.)
 constexpr int kV3Heads = 2;
 constexpr float kNegInf = -__builtin_huge_valf();
 
