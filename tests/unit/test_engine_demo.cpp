@@ -7,6 +7,8 @@
 #include "engine_test_util.h"
 #include "kiln/safetensors.h"
 #include "model/weights.h"
+#include "runtime/model_runner.h"
+#include "runtime/qwen3_runner.h"
 
 namespace kiln {
 namespace {
@@ -168,6 +170,34 @@ TEST(EngineQwen3, CreateRejectsBadOptions) {
   auto engine = Engine::create(o);
   EXPECT_EQ(engine->model_config().vocab_size, 151936);
   EXPECT_EQ(engine->stats().kv_pages_total, 4096 / 32);
+}
+
+// Graphs are a CUDA matter: on the CPU the runner takes the plan, captures nothing and pads nothing.
+TEST(EngineQwen3, CpuRunnerIgnoresTheGraphPlan) {
+  EngineOptions o;
+  o.model_dir = write_demo_checkpoint();
+  o.device = "cpu";
+  auto runner = load_qwen3_runner(o);
+  runner->allocate_kv(64, 16);
+  ModelRunner::GraphPlan plan;
+  plan.buckets = {1, 2, 4};
+  plan.max_pages_per_seq = 8;
+  plan.max_step_tokens = 64;
+  plan.max_seqs = 4;
+  runner->prepare_graphs(plan);
+  EXPECT_EQ(runner->num_graphs(), 0);
+  BatchDesc b;
+  b.page_size = 16;
+  b.tokens = {1, 2, 3};
+  b.positions = {0, 0, 0};
+  b.slot_mapping = {16, 32, 48};
+  b.cu_q = {0, 1, 2, 3};
+  b.kv_lens = {1, 1, 1};
+  b.pages_stride = 1;
+  b.page_table = {1, 2, 3};
+  b.logit_rows = {0, 1, 2};
+  EXPECT_TRUE(is_graphable_decode(b));
+  EXPECT_EQ(runner->graph_bucket(b), 0);
 }
 
 }  // namespace
