@@ -5,7 +5,7 @@
 //              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
 //              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--drain-timeout S]
 //              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph]
-//              [--cuda-graph-bs 1,2,4,...] [--seed S]
+//              [--cuda-graph-bs 1,2,4,...] [--disable-pdl] [--seed S]
 //              [--sampling-backend auto|cpu]
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
 // --drain-timeout seconds (default 30), then abort the rest; a second signal aborts at once. Every
@@ -30,30 +30,31 @@ namespace {
 using namespace std::chrono_literals;
 
 int run_serve(const kiln::cli::Args& args) {
-  const kiln::cli::Flags f(args,
-                           {"model",
-                            "host",
-                            "port",
-                            "api-key",
-                            "served-model-name",
-                            "device",
-                            "load-format",
-                            "page-size",
-                            "kv-layout",
-                            "kv-cache-dtype",
-                            "max-total-tokens",
-                            "mem-fraction",
-                            "chunked-prefill-size",
-                            "max-running-requests",
-                            "max-queue",
-                            "max-context-len",
-                            "max-body-bytes",
-                            "http-threads",
-                            "drain-timeout",
-                            "seed",
-                            "cuda-graph-bs",
-                            "sampling-backend"},
-                           {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph"});
+  const kiln::cli::Flags f(
+      args,
+      {"model",
+       "host",
+       "port",
+       "api-key",
+       "served-model-name",
+       "device",
+       "load-format",
+       "page-size",
+       "kv-layout",
+       "kv-cache-dtype",
+       "max-total-tokens",
+       "mem-fraction",
+       "chunked-prefill-size",
+       "max-running-requests",
+       "max-queue",
+       "max-context-len",
+       "max-body-bytes",
+       "http-threads",
+       "drain-timeout",
+       "seed",
+       "cuda-graph-bs",
+       "sampling-backend"},
+      {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
 
@@ -73,6 +74,7 @@ int run_serve(const kiln::cli::Args& args) {
   eo.enable_prefix_cache = !f.flag("disable-prefix-cache");
   eo.enable_mixed_batches = !f.flag("disable-mixed-batches");
   eo.disable_cuda_graph = f.flag("disable-cuda-graph");
+  eo.disable_pdl = f.flag("disable-pdl");
   if (f.has("cuda-graph-bs"))
     for (int64_t b : kiln::cli::parse_int_list(f.str("cuda-graph-bs"), "cuda-graph-bs")) {
       KILN_CHECK(b <= 4096, "--cuda-graph-bs ", b, " is too large (at most 4096)");

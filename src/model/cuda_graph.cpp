@@ -35,6 +35,7 @@ CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t page
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   stream_ = s;
+  pdl_ = cuda::pdl_enabled();
 }
 
 CudaDecodeGraph::~CudaDecodeGraph() {
@@ -46,6 +47,11 @@ CudaDecodeGraph::~CudaDecodeGraph() {
 void CudaDecodeGraph::capture() {
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
   cuda::StreamScope scope(s);
+  struct PdlScope {  // the graph's PDL setting for these launches, the caller's again afterwards
+    bool before = cuda::pdl_enabled();
+    explicit PdlScope(bool on) { cuda::set_pdl(on); }
+    ~PdlScope() { cuda::set_pdl(before); }
+  } pdl_scope(pdl_);
   // Eager once on the graph's stream: creates GEMM plans and sizes scratch, so the captured launches
   // allocate nothing. The step's K/V write is idempotent, so the replay that follows repeats it harmlessly.
   model_.launch_layers(cache_);

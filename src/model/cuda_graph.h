@@ -9,7 +9,9 @@
 // ran in between; Qwen3Model::reserve_workspace avoids that). The page table is re-laid to a fixed width,
 // so one graph serves every context up to pages_stride * page_size tokens and the decode attention's
 // split count stays fixed. The LM head runs over all num_seqs rows (a fixed shape); rows of padding
-// sequences (runtime/model_runner.h pad_batch) produce logits nobody reads.
+// sequences (runtime/model_runner.h pad_batch) produce logits nobody reads. Programmatic dependent launch
+// (ops/cuda/context.h set_pdl) is captured as it was set when the graph was constructed, whatever it is
+// when a later step recaptures.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +59,7 @@ class CudaDecodeGraph {
   void* exec_ = nullptr;    // cudaGraphExec_t
   uint64_t generation_ = 0;
   int captures_ = 0;
+  bool pdl_ = false;  // launches inside the graph use PDL
 };
 
 }  // namespace kiln

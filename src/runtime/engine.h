@@ -140,6 +140,7 @@ struct EngineOptions {
   // 1, 2, 4, 8, 12, 16, 24, ..., 128; sizes above max_running_requests are dropped); larger ones run eagerly.
   std::vector<int> cuda_graph_buckets;
   bool disable_cuda_graph = false;
+  bool disable_pdl = false;  // no programmatic dependent launch inside the decode graphs
   // "auto": sample on the model's device when its runner can (CUDA: only the tokens come back; min_p
   // and hidden-state requests fall back to the host); "cpu": always copy logits and sample on the host.
   // The two draw from different random streams: seeded outputs are reproducible within one choice.

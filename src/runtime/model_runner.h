@@ -32,6 +32,7 @@ class ModelRunner {
     int32_t max_pages_per_seq = 0;  // the widest page table a sequence can need (context limit / page)
     int64_t max_step_tokens = 0;    // tokens of the largest step the scheduler may form
     int32_t max_seqs = 0;           // sequences of the largest step
+    bool pdl = true;                // programmatic dependent launch between the graphs' kernels
   };
   virtual void prepare_graphs(const GraphPlan& /*plan*/) {}
   // CUDA-graph seam: the number of sequences to pad `batch` to (rows with slot -1, no logits, pointing

@@ -10,6 +10,7 @@
 #ifdef KILN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "ops/cuda/context.h"
 #include "ops/cuda/sampling.h"
 #include "ops/stream.h"
 #endif
@@ -86,7 +87,12 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   const int64_t V = config().vocab_size;
   graph_logits_buf_ = Buffer(size_t(top) * size_t(V) * sizeof(float), device());
   const Tensor shared(graph_logits_buf_.data(), DType::f32, {top, V}, device());
-  // Capture now, on steps of padding rows only (no K/V is written), so no serving step waits for one.
+  // Capture now, on steps of padding rows only (no K/V is written), so no serving step waits for one. A
+  // graph keeps the PDL setting it was constructed under; eager steps keep the process's (off by default).
+#ifdef KILN_HAVE_CUDA
+  const bool pdl_before = cuda::pdl_enabled();
+  cuda::set_pdl(plan.pdl);
+#endif
   for (int32_t b : graph_buckets_) {
     for (int32_t w : graph_widths_) {
       auto g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, w, b, shared);
@@ -98,13 +104,15 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
     }
   }
 #ifdef KILN_HAVE_CUDA
+  cuda::set_pdl(pdl_before);
   KILN_CHECK(cudaDeviceSynchronize() == cudaSuccess,
              "capturing the decode CUDA graphs failed: ", cudaGetErrorString(cudaGetLastError()));
 #endif
   std::fprintf(stderr,
                "kiln: captured %zu decode CUDA graphs (%zu batch sizes up to %d x %zu page-table widths "
-               "up to %d pages) in %.2f s\n",
+               "up to %d pages%s) in %.2f s\n",
                graphs_.size(), graph_buckets_.size(), top, graph_widths_.size(), graph_widths_.back(),
+               plan.pdl ? ", PDL" : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 

@@ -429,15 +429,18 @@ TEST(Engine, GraphPlanFollowsTheOptions) {
     EXPECT_EQ(p.max_pages_per_seq, 25);
     EXPECT_EQ(p.max_seqs, 10);
     EXPECT_EQ(p.max_step_tokens, 16 + 10);
+    EXPECT_TRUE(p.pdl);
   }
   {
     auto model = std::make_unique<FakeRunner>(64);
     FakeRunner* m = model.get();
     EngineOptions o = small_opts(4096);
     o.cuda_graph_buckets = {3, 5, 600};
+    o.disable_pdl = true;
     Engine engine(std::move(model), o);
     ASSERT_EQ(m->graph_plans.size(), 1u);
     EXPECT_EQ(m->graph_plans[0].buckets, (std::vector<int32_t>{3, 5}));
+    EXPECT_FALSE(m->graph_plans[0].pdl);
   }
   {
     auto model = std::make_unique<FakeRunner>(64);
