@@ -149,28 +149,13 @@ int run_demo_model(const kiln::cli::Args& args) {
   // Weights: each tensor drawn by the same generator the model's random load format uses.
   std::vector<kiln::WeightSpec> specs = kiln::qwen3_weight_specs(cfg);
   if (arch == "vl") specs.push_back({"model.visual.patch_embed.proj.weight", {32, 3, 2, 16, 16}, false});
-  std::vector<std::vector<kiln::bf16_t>> data;
-  data.reserve(specs.size());
-  std::vector<kiln::NamedTensor> tensors;
-  for (const kiln::WeightSpec& s : specs) {
-    int64_t n = 1;
-    for (int64_t d : s.shape) n *= d;
-    data.emplace_back(static_cast<size_t>(n));
-    kiln::fill_random_weight(s, uint64_t(seed), data.back().data());
-    kiln::Tensor t(data.back().data(), kiln::DType::bf16, {n});
-    t.ndim = int(s.shape.size());
-    int64_t stride = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-      t.shape[size_t(i)] = s.shape[size_t(i)];
-      t.stride[size_t(i)] = stride;
-      stride *= s.shape[size_t(i)];
-    }
-    std::string name = s.name;
-    if (name.rfind(cfg.weight_prefix, 0) == 0 && name.rfind("model.visual.", 0) != 0)
-      name = saved.weight_prefix + name.substr(cfg.weight_prefix.size());  // model. -> model.language_model.
-    tensors.push_back({name, t});
+  kiln::RandomWeights weights = kiln::random_weights(specs, uint64_t(seed));
+  for (kiln::NamedTensor& t : weights.tensors) {
+    if (t.name.rfind(cfg.weight_prefix, 0) == 0 && t.name.rfind("model.visual.", 0) != 0)
+      t.name =
+          saved.weight_prefix + t.name.substr(cfg.weight_prefix.size());  // model. -> model.language_model.
   }
-  kiln::write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  kiln::write_safetensors((dir / "model.safetensors").string(), weights.tensors, {{"format", "pt"}});
 
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
     fs::copy_file(tok / name, dir / name, fs::copy_options::overwrite_existing, ec);

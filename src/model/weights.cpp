@@ -137,6 +137,26 @@ void fill_random_weight(const WeightSpec& spec, uint64_t seed, bf16_t* out) {
   });
 }
 
+RandomWeights random_weights(const std::vector<WeightSpec>& specs, uint64_t seed) {
+  RandomWeights w;
+  w.data.reserve(specs.size());  // the tensors point into these vectors: no reallocation
+  for (const WeightSpec& spec : specs) {
+    const int64_t n = numel_of(spec.shape);
+    w.data.emplace_back(static_cast<size_t>(n));
+    fill_random_weight(spec, seed, w.data.back().data());
+    Tensor t(w.data.back().data(), DType::bf16, {n});
+    t.ndim = int(spec.shape.size());
+    int64_t stride = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      t.shape[size_t(i)] = spec.shape[size_t(i)];
+      t.stride[size_t(i)] = stride;
+      stride *= spec.shape[size_t(i)];
+    }
+    w.tensors.push_back({spec.name, t});
+  }
+  return w;
+}
+
 Qwen3Weights load_qwen3_weights(const ModelConfig& c, const Checkpoint* ckpt, uint64_t seed, Device device) {
   check_config(c);
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;

@@ -34,26 +34,8 @@ std::string write_demo_checkpoint() {
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << kDemoConfig;
   const ModelConfig cfg = parse_model_config(kDemoConfig, "demo config");
-  std::vector<std::vector<bf16_t>> data;
-  std::vector<NamedTensor> tensors;
-  const auto specs = qwen3_weight_specs(cfg);
-  data.reserve(specs.size());
-  for (const WeightSpec& w : specs) {
-    int64_t n = 1;
-    for (int64_t d : w.shape) n *= d;
-    data.emplace_back(static_cast<size_t>(n));
-    fill_random_weight(w, 0, data.back().data());
-    Tensor t(data.back().data(), DType::bf16, {n});
-    t.ndim = int(w.shape.size());
-    int64_t stride = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-      t.shape[size_t(i)] = w.shape[size_t(i)];
-      t.stride[size_t(i)] = stride;
-      stride *= w.shape[size_t(i)];
-    }
-    tensors.push_back({w.name, t});
-  }
-  write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  const RandomWeights w = random_weights(qwen3_weight_specs(cfg), 0);
+  write_safetensors((dir / "model.safetensors").string(), w.tensors, {{"format", "pt"}});
   return dir.string();
 }
 
