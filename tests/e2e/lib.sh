@@ -15,6 +15,13 @@ skip() {
   exit 77
 }
 
+# require_openai_npm: node and the openai npm package from .deps/npm (SRC: the source tree), else skip.
+require_openai_npm() {
+  command -v node >/dev/null || skip "node is not installed (scripts/bootstrap.sh installs it)"
+  export NODE_PATH="$SRC/.deps/npm/node_modules"
+  [[ -d "$NODE_PATH/openai" ]] || skip "the openai npm package is missing from .deps/npm (run scripts/bootstrap.sh)"
+}
+
 # start_server NAME ARGS...: kiln serve on a free loopback port (--port 0, the server prints READY).
 start_server() {
   local name=$1

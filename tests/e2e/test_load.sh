@@ -6,9 +6,7 @@ KILN=$1
 FIXTURES=$2
 SRC=$3
 source "$(dirname "$0")/lib.sh"
-command -v node >/dev/null || skip "node is not installed (scripts/bootstrap.sh installs it)"
-export NODE_PATH="$SRC/.deps/npm/node_modules"
-[[ -d "$NODE_PATH/openai" ]] || skip "the openai npm package is missing from .deps/npm (run scripts/bootstrap.sh)"
+require_openai_npm
 start_server load --model "$FIXTURES/demo" --served-model-name demo --max-total-tokens 8192 --page-size 16 \
   --max-running-requests 16 --chunked-prefill-size 256
 node "$(dirname "$0")/test_load.cjs" "$BASE" "${LOAD_REQUESTS:-200}" "${LOAD_CONCURRENCY:-32}" || fail "load test"

@@ -6,9 +6,7 @@ KILN=$1
 FIXTURES=$2
 SRC=$3
 source "$(dirname "$0")/lib.sh"
-command -v node >/dev/null || skip "node is not installed (scripts/bootstrap.sh installs it)"
-export NODE_PATH="$SRC/.deps/npm/node_modules"
-[[ -d "$NODE_PATH/openai" ]] || skip "the openai npm package is missing from .deps/npm (run scripts/bootstrap.sh)"
+require_openai_npm
 
 start_server openai_embed --model "$FIXTURES/embed" --served-model-name embed --max-total-tokens 2048
 EMB_BASE=$BASE
