@@ -119,7 +119,9 @@ BatchDesc one_seq(int32_t start, int32_t n, int32_t pages, int32_t ps, int64_t v
 void bench_batch_decode(Qwen3Model& m, int32_t B, int32_t ctx, int32_t steps, int32_t ps, DType kv,
                         int64_t wbytes, double gbps) {
   const ModelConfig& c = m.config();
-  const int32_t pages = (ctx + steps + ps - 1) / ps;
+  constexpr int32_t warmups = 3;
+  // Room for the warm-up steps too: the last step writes position ctx - 1 + steps + warmups - 1.
+  const int32_t pages = (ctx + steps + warmups + ps - 1) / ps;
   KvCache cache(c, B * pages + 1, ps, ops::KvLayout::hnd, kv, Device::cuda());
   Buffer logits(size_t(B) * size_t(c.vocab_size) * 4, Device::cuda());
   const Tensor one(logits.data(), DType::f32, {1, c.vocab_size}, Device::cuda());
@@ -141,24 +143,24 @@ void bench_batch_decode(Qwen3Model& m, int32_t B, int32_t ctx, int32_t steps, in
   };
   const Tensor all(logits.data(), DType::f32, {B, c.vocab_size}, Device::cuda());
   std::vector<double> eager, graph;
-  for (int32_t i = 0; i < steps + 3; ++i) {
+  for (int32_t i = 0; i < steps + warmups; ++i) {
     const BatchDesc b = step_batch(ctx - 1 + i);
     const auto a = std::chrono::steady_clock::now();
     m.forward(b, cache, all);
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    if (i >= 3)
+    if (i >= warmups)
       eager.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   cuda::set_pdl(true);  // as kiln serve captures its decode graphs
   CudaDecodeGraph g(m, cache, pages, B);
   cuda::set_pdl(false);
-  for (int32_t i = 0; i < steps + 3; ++i) {
+  for (int32_t i = 0; i < steps + warmups; ++i) {
     const BatchDesc b = step_batch(ctx - 1 + i);  // the same steps again: the same K/V rewritten
     const auto a = std::chrono::steady_clock::now();
     g.step(b);
     KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream())));
-    if (i >= 3)
+    if (i >= warmups)
       graph.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }

@@ -2,6 +2,8 @@
 // helper (stream, dynamic shared memory, optional PDL), and 16-byte vector types.
 #pragma once
 
+#include <cstdint>
+
 #include <cuda_runtime.h>
 
 #include "kiln/cuda_check.h"
