@@ -730,10 +730,10 @@ TEST(CudaGemvAddRmsNorm, BackToBackGraphReplayAndPdl) {
   KILN_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
-// ops::linear_add_rms_norm on CUDA: the fused GEMV when the engine's tactic for [M, N, K] is the GEMV
-// (bitwise ops::linear then ops::add_rms_norm, which then run the GEMV and the rms_norm kernel), else
-// cuBLASLt + rms_norm through tmp; both bitwise the CPU op's residual / normed for their own tmp, and tmp
-// within bf16 tolerance of the CPU op's.
+// ops::linear_add_rms_norm on CUDA: the fused GEMV when switched on and the engine's tactic for [M, N, K] is
+// the GEMV (bitwise ops::linear then ops::add_rms_norm, which then run the GEMV and the rms_norm kernel),
+// else cuBLASLt + rms_norm through tmp; both bitwise the CPU op's residual / normed for their own tmp, and
+// tmp within bf16 tolerance of the CPU op's.
 TEST(CudaGemvAddRmsNorm, LinearAddRmsNormOpFusedAndUnfused) {
   KILN_REQUIRE_GPU();
   const int64_t M = 5, N = 1024, K = 2048;
@@ -749,8 +749,10 @@ TEST(CudaGemvAddRmsNorm, LinearAddRmsNormOpFusedAndUnfused) {
   std::filesystem::remove(path);
   const int64_t before = eng.gemv_dispatches();
   b.reset();
+  eng.set_gemv_add_rms_norm(true);
   ops::linear_add_rms_norm(tx, tw, tres, tnw, kNormEps, ttmp, tnormed);  // fused
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  eng.set_gemv_add_rms_norm(false);
   EXPECT_EQ(eng.gemv_dispatches(), before);  // no run() call: the fused kernel
   const auto fused = b.read();
   EXPECT_EQ(b.check(fused, M), "") << "fused op";
@@ -760,6 +762,11 @@ TEST(CudaGemvAddRmsNorm, LinearAddRmsNormOpFusedAndUnfused) {
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(eng.gemv_dispatches(), before + 1);
   EXPECT_TRUE(b.read() == fused) << "fused op != linear then add_rms_norm";
+  b.reset();
+  ops::linear_add_rms_norm(tx, tw, tres, tnw, kNormEps, ttmp, tnormed);  // the default: GEMV + kernel
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(eng.gemv_dispatches(), before + 2);
+  EXPECT_TRUE(b.read() == fused) << "default op (GEMV then add_rms_norm) != fused op";
 
   eng.set_gemv_enabled(false);  // cuBLASLt + rms_norm
   b.reset();

@@ -193,6 +193,11 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_GEMV must be 0 or 1, got '", e, "'");
     gemv_enabled_ = std::string(e) == "1";
   }
+  if (const char* e = std::getenv("KILN_GEMV_ADD_RMS_NORM"); e && *e) {
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_GEMV_ADD_RMS_NORM must be 0 or 1, got '",
+               e, "'");
+    gemv_add_rms_norm_ = std::string(e) == "1";
+  }
 }
 
 GemmEngine::~GemmEngine() {

@@ -86,6 +86,11 @@ class GemmEngine {
   // the environment variable KILN_GEMV=0 starts it off.
   void set_gemv_enabled(bool on) { gemv_enabled_ = on; }
   int64_t gemv_dispatches() const { return gemv_dispatches_; }  // run() calls that ran the GEMV
+  // On: ops::linear_add_rms_norm runs the GEMV with the add + RMSNorm epilogue where the GEMV is chosen.
+  // Default off (measured slower on the H200 than the GEMV then the add_rms_norm kernel, docs/PERF.md);
+  // KILN_GEMV_ADD_RMS_NORM=1 starts it on.
+  void set_gemv_add_rms_norm(bool on) { gemv_add_rms_norm_ = on; }
+  bool gemv_add_rms_norm() const { return gemv_add_rms_norm_; }
 
   // Times candidates for each shape (synchronous; allocates scratch) and stores the winners.
   void tune(const std::vector<GemmShape>& shapes, bool verbose = false);
@@ -102,6 +107,7 @@ class GemmEngine {
   int64_t fallbacks_ = 0;
   int64_t gemv_dispatches_ = 0;
   bool gemv_enabled_ = true;
+  bool gemv_add_rms_norm_ = false;
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for

@@ -2,8 +2,6 @@
 #include "ops/cuda/ops_cuda.h"
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/context.h"
@@ -65,16 +63,11 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
   const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
   if (M == 0) return;
   const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  // The fused epilogue (one GEMV whose last block runs the add + RMSNorm) measured slower than the GEMV and
-  // the add_rms_norm kernel on an H200 (4B o_proj at M=1: 21.8 us against 12.5 us, docs/PERF.md), so it is
-  // opt-in (KILN_GEMV_ADD_RMS_NORM=1) until its last-block wait is hidden; both paths give the same bits.
-  static const bool fused = [] {
-    const char* e = std::getenv("KILN_GEMV_ADD_RMS_NORM");
-    return e && std::string(e) == "1";
-  }();
-  if (const auto g = kc::gemm_engine().gemv_choice(M, N, K, kc::GemmOut::bf16);
-      fused && g && al16(x.data) && al16(weight.data) && al16(tmp.data) && al16(residual.data) &&
-      al16(norm_weight.data) && al16(normed.data) &&
+  // The fused epilogue only when switched on (GemmEngine::set_gemv_add_rms_norm): it measured slower.
+  kc::GemmEngine& eng = kc::gemm_engine();
+  if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
+      eng.gemv_add_rms_norm() && g && al16(x.data) && al16(weight.data) && al16(tmp.data) &&
+      al16(residual.data) && al16(norm_weight.data) && al16(normed.data) &&
       kc::gemv_add_rms_norm_supported(M, N, K, x.stride[0], weight.stride[0], tmp.stride[0],
                                       residual.stride[0], normed.stride[0])) {
     kc::gemv_add_rms_norm(x.data, x.stride[0], weight.data, weight.stride[0], tmp.data, tmp.stride[0],
