@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "kiln/error.h"
 
@@ -91,9 +92,11 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   // graph keeps the PDL setting it was constructed under; eager steps keep the process's (off by default).
 #ifdef KILN_HAVE_CUDA
   const bool pdl_before = cuda::pdl_enabled();
-  cuda::set_pdl(plan.pdl);
 #endif
   for (int32_t b : graph_buckets_) {
+#ifdef KILN_HAVE_CUDA
+    cuda::set_pdl(plan.pdl && b >= plan.pdl_min_batch);
+#endif
     for (int32_t w : graph_widths_) {
       auto g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, w, b, shared);
       BatchDesc pad;
@@ -112,7 +115,7 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
                "kiln: captured %zu decode CUDA graphs (%zu batch sizes up to %d x %zu page-table widths "
                "up to %d pages%s) in %.2f s\n",
                graphs_.size(), graph_buckets_.size(), top, graph_widths_.size(), graph_widths_.back(),
-               plan.pdl ? ", PDL" : "",
+               plan.pdl ? (", PDL from batch " + std::to_string(plan.pdl_min_batch)).c_str() : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
