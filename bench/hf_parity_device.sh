@@ -3,8 +3,8 @@
 # .deps/sysroot carried):   bash bench/hf_parity_device.sh [OUT]     (OUT: the argument, else $OUT)
 #  1. starts, in the background, tests/fixtures/make_hf_4b_reference.py: the Qwen3-4B-shaped checkpoint and
 #     its HF reference into $HF4B_DIR (default /tmp/hf4b; ~8 GB, so not under $OUT), GPU, ~2 min;
-#  2. generates the Qwen3-VL fixture into tests/fixtures/hf/qwen3_vl_tiny (CPU, ~20 s) and copies it to
-#     $OUT/qwen3_vl_tiny, to be committed;
+#  2. generates the Qwen3-VL fixture into tests/fixtures/hf/qwen3_vl_tiny (CPU, ~20 s) and packs it into
+#     $OUT/qwen3_vl_tiny.tgz, to be unpacked here and committed;
 #  3. builds kiln and the tests with scripts/device_build.sh in build/device (incremental after
 #     bench/bench_model_device.sh); the VL fixture must exist first: CMake registers test_hf_parity_vl only
 #     then;
@@ -30,7 +30,7 @@ vl_rc=$?
 summary+=("make_hf_vl_fixture rc=$vl_rc ($(el)): $(tail -1 "$out/make_hf_vl.log")")
 targets=(kiln test_cuda_model_vl test_cuda_model_hf4b)
 if ((vl_rc == 0)); then
-  cp -r tests/fixtures/hf/qwen3_vl_tiny "$out/"
+  tar czf "$out/qwen3_vl_tiny.tgz" -C tests/fixtures/hf qwen3_vl_tiny  # one file: the device tool returns 8
   targets+=(test_hf_parity_vl)
 fi
 
