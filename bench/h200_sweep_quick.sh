@@ -21,5 +21,5 @@ grep -h 'KV pool\|captured' "$out/serve-$kv.log" | head -3
 timeout ${SWEEP_SECONDS:-110} $K bench serve --base-url http://127.0.0.1:8123 --input-len ${IN:-8192} \
   --output-len ${OUTLEN:-1024} --concurrency ${CONC:-1,8,32} --num-prompts ${NUM:-2,8,32} --warmups 2 \
   --title "Qwen3-4B shape, random bf16 weights, KV $kv, H200" --out $out/sweep-$kv --no-progress 2>&1 | tail -30
-curl -s http://127.0.0.1:8123/metrics | grep -E "^kiln_(requests|kv|num)" | head -20
+curl -s http://127.0.0.1:8123/metrics | grep -E "^kiln_(requests|kv|num|preempt)" | head -24
 serve_stop
