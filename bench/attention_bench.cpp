@@ -4,7 +4,8 @@
 // the model's decode graphs run it) plus "amortized" (16 in one graph / 16). The page table reaches
 // max(4160, context + 1024) tokens per sequence (4160: the table behind docs/PERF.md's 1024-context decode
 // numbers), so the shape-only split count is the engine's. Prefill: one 4096-token prompt, the prefill kernel
-// alone (v1, v2 and v3, cuda::PrefillKernel; with an fp8 cache all three run v1's kernel). Every set (>= 4,
+// alone (v1, v2 and v3, cuda::PrefillKernel; with an fp8 cache v2 runs v1's loads and v3 shares them between
+// two heads). Every set (>= 4,
 // rotated) has its own page-table permutation, q, out and workspace over one cache pool; every sample starts
 // from a flushed L2. Bytes: K and V rows read (fp8: + their UE8M0 scales) + q read + out written; the split
 // partials the combine reads are not counted (the floor does not pay them). The prefill row's path column
@@ -194,7 +195,10 @@ void run_prefill(const Env& env, std::vector<Row>& rows) {
       const double flop = 4.0 * kHq * kD * pairs;
       char path[96];
       std::snprintf(path, sizeof(path), "%s, %.3g FLOP, %.1f TFLOP/s",
-                    fp8 ? "fp8: v1 loads" : "prefill kernel", flop, flop / (r.us * 1e-6) / 1e12);
+                    !fp8                           ? "prefill kernel"
+                    : k == cuda::PrefillKernel::v3 ? "fp8: v1 loads, shared by 2 heads"
+                                                   : "fp8: v1 loads",
+                    flop, flop / (r.us * 1e-6) / 1e12);
       r.path = path;
       rows.push_back(r);
     }

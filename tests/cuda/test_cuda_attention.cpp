@@ -452,7 +452,7 @@ void expect_prefill_gens_bitwise_equal(const AttnSetup& s, const std::string& wh
 TEST(CudaAttention, PrefillV1V2V3BitwiseEqual) {
   KILN_REQUIRE_GPU();
   // The same math in the same order: v2 only changes how K/V tiles reach shared memory (fp8 runs v1), v3
-  // which warps of a block share them (two query heads per block; fp8, G 1 and D 32 run v2).
+  // which warps of a block share them (two query heads per block, fp8 included; G 1 and D 32 run v2).
   uint32_t seed = 700;
   for (bool fp8 : {false, true})
     for (bool hnd : {false, true})

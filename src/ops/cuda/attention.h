@@ -34,8 +34,8 @@
 //       during S = Q K^T and the softmax, K of tile kt + 1 during P V); an fp8 cache runs v1.
 //   v3 (default): v2 with 2 query heads of a KV group per block (8 warps, grid (Hkv * ceil(G / 2),
 //       ceil(T / 64), B), the last query tile first: longest blocks start first), so each K/V tile is
-//       copied into shared memory once for both; where prefill_v3_applies() is false (fp8 cache, G == 1,
-//       D == 32) it runs v2.
+//       copied into shared memory once for both (an fp8 cache: widened by v1's loads, once for both);
+//       where prefill_v3_applies() is false (G == 1, D == 32) it runs v2.
 #pragma once
 
 #include <cstddef>

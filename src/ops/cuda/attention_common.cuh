@@ -63,7 +63,8 @@ void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int c
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,
                            DecodeKernel kernel, cudaStream_t stream, bool pdl);
 // kernel: v1 loads each K/V tile synchronously; v2 (bf16 caches; fp8 runs v1) with cp.async, overlapped;
-// v3 as v2 with two query heads of a KV group per block sharing each tile (prefill_v3_applies; else v2).
+// v3 as v2 with two query heads of a KV group per block sharing each tile, fp8 too (prefill_v3_applies;
+// else v2).
 void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
                     cudaStream_t stream, bool pdl);
 

@@ -98,8 +98,9 @@ __device__ __forceinline__ void load_tile_sync(const PagedAttnParams& p, int b, 
 //   v1: kHeads 1, K/V tiles gathered with plain loads between two barriers (load_tile_sync).
 //   v2 (kPipe): kHeads 1, K and V copied by cp.async so they overlap the math: V of tile kt is in flight
 //       while S = Q K^T and the softmax run, K of tile kt + 1 while O += P V runs (one K and one V tile).
-//   v3: v2 with kHeads = kV3Heads: each K/V tile is copied once for the heads of a group instead of once
-//       per head. v1, v2 and v3 are bitwise equal: the per-warp math and its order do not change.
+//   v3: v2 with kHeads = kV3Heads: each K/V tile is copied (fp8: widened) once for the heads of a group
+//       instead of once per head. v1, v2 and v3 are bitwise equal: the per-warp math and its order do not
+//       change.
 // Per 64-key tile: K and V rows gathered through the page table into smem (fp8 widened exactly to bf16,
 // rows past the causal bound zeroed), S = Q K^T by MMA, mask, online softmax in fp32 (expf), then
 // O += P V with P split into bf16 hi + lo (two MMAs) so P keeps ~16 bits. Output: O / l, one bf16 rounding.
@@ -271,10 +272,10 @@ __global__ void __launch_bounds__(kWarps * 32 * kHeads)
 
 }  // namespace
 
-// v3 runs where it shares tiles: bf16 cache (the cp.async path), G >= 2, D >= 64 (D 32 is no Qwen3 shape;
-// it and fp8 caches run v2, which for fp8 means v1's loads).
+// v3 runs where it shares tiles: G >= 2, D >= 64 (D 32 is no Qwen3 shape; it runs v2). With an fp8 cache
+// the shared tiles are v1's widening loads (once per head pair instead of once per head).
 bool prefill_v3_applies(const PagedAttnParams& p) {
-  return p.kv_dtype == KvDtype::bf16 && p.Hq / p.Hkv >= 2 && p.D >= 64;
+  return p.Hq / p.Hkv >= 2 && p.D >= 64;
 }
 
 namespace {
@@ -283,7 +284,7 @@ namespace {
 // does not (prefill_v3_applies covers the runtime side, this the compile-time one).
 template <int D, KvDtype KT>
 bool launch_v3(LaunchCfg cfg, const PagedAttnParams& p, bool skip_single_rows) {
-  if constexpr (KT == KvDtype::bf16 && D >= 64) {
+  if constexpr (D >= 64) {
     const int G = p.Hq / p.Hkv;
     cfg.grid = dim3(unsigned(p.Hkv * ((G + kV3Heads - 1) / kV3Heads)), cfg.grid.x, cfg.grid.z);
     cfg.block = dim3(kV3Heads * kWarps * 32);
