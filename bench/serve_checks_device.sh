@@ -2,7 +2,10 @@
 # Issue 6's H200 checks on the Qwen3-4B shape (random bf16 weights): greedy outputs of kiln serve with its
 # defaults (CUDA graph buckets, mixed prefill/decode batches) against --disable-cuda-graph and against
 # --disable-mixed-batches, through `kiln eval reference`: 32 prompts of 10-3000 words, 64 greedy tokens each,
-# 16 in flight, so decode batches of many sizes (graph buckets, padding) and mixed steps occur.
+# 16 in flight, so decode batches of many sizes (graph buckets, padding) and mixed steps occur. The dump keeps
+# each step's top-2, so the summary says how many divergences are near ties (the other run took the
+# reference's runner-up within --tie-margin, 0.05 nats: bf16 rounding on a flat random-weight distribution)
+# and how many are not (worth a look).
 # Usage (GPU machine): bench/serve_checks_device.sh OUT_DIR
 # Env: DEVICE (cuda), SHAPE (4b|0.6b|demo), KILN (binary), PROMPT_SCALE (1; 0.1 for a CPU dry run on the demo).
 set -uo pipefail
@@ -38,7 +41,7 @@ for variant in disable-cuda-graph disable-mixed-batches; do
   $K eval reference "${eval_args[@]}" --dump "$out/defaults.json" --out "$out/$variant.json" \
     >"$out/$variant.txt" 2>&1
   cat "$out/$variant.txt" | head -12
-  summary+=("defaults vs --$variant: $(grep -E '^prompts' "$out/$variant.txt"); $(grep -E '^log-prob' "$out/$variant.txt")")
+  summary+=("defaults vs --$variant: $(grep -E '^prompts' "$out/$variant.txt"); $(grep -E '^log-prob' "$out/$variant.txt"); $(grep -E '^divergences' "$out/$variant.txt")")
   serve_stop
 done
 printf '%s\n' "${summary[@]}"

@@ -1,5 +1,7 @@
 // `kiln eval reference` and `kiln eval gsm8k`: accuracy checks against any OpenAI-compatible server.
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "cli/command.h"
@@ -18,7 +20,8 @@ using namespace kiln;
 
 constexpr const char* kRefHelp =
     "usage: kiln eval reference --base-url URL --dump FILE [--write] [flags]\n"
-    "  --write                 query the server and store its greedy outputs as the dump FILE\n"
+    "  --write                 query the server and store its greedy outputs (with each step's top-2\n"
+    "                          alternatives) as the dump FILE\n"
     "  (without --write)       query the server on the dump's prompts and compare with it\n"
     "  --prompts FILE          prompts for --write (one per line or JSONL {\"prompt\"}; default: built-in "
     "set)\n"
@@ -27,7 +30,9 @@ constexpr const char* kRefHelp =
     "  --concurrency N         parallel requests (default 4); --timeout S (default 600)\n"
     "  --out FILE              write the comparison report as JSON\n"
     "  --min-agreement X       exit 3 when the prompt agreement rate is below X\n"
-    "  --max-drift X           exit 3 when the largest |log-prob drift| on the common prefix exceeds X\n";
+    "  --max-drift X           exit 3 when the largest |log-prob drift| on the common prefix exceeds X\n"
+    "  --tie-margin X          a divergence is a near tie when the candidate took the reference's runner-up\n"
+    "                          and the reference's top-1 minus top-2 logprob is <= X nats (default 0.05)\n";
 
 std::string pick_model(const cli::Flags& f, const std::string& url, client::Api api, const std::string& key) {
   std::string model = f.str("model");
@@ -43,7 +48,7 @@ std::string pick_model(const cli::Flags& f, const std::string& url, client::Api 
 int run_eval_reference(const cli::Args& args) {
   const cli::Flags f(args,
                      {"base-url", "dump", "prompts", "max-tokens", "api", "model", "api-key", "concurrency",
-                      "timeout", "out", "min-agreement", "max-drift"},
+                      "timeout", "out", "min-agreement", "max-drift", "tie-margin"},
                      {"write", "help"});
   if (f.flag("help")) {
     std::fputs(kRefHelp, stdout);
@@ -55,6 +60,8 @@ int run_eval_reference(const cli::Args& args) {
   const double timeout = f.f64("timeout", 600);
   KILN_CHECK(conc > 0 && conc <= 256, "--concurrency must be in [1, 256]");
   KILN_CHECK(timeout > 0, "--timeout must be positive");
+  const double tie_margin = f.f64("tie-margin", client::kDefaultTieMargin);
+  KILN_CHECK(tie_margin >= 0, "--tie-margin must be >= 0");
 
   client::RefDump ref;
   const bool write = f.flag("write");
@@ -97,18 +104,28 @@ int run_eval_reference(const cli::Args& args) {
                 got.records.size(), tokens, got.api.c_str(), got.model.c_str());
     return 0;
   }
-  const client::ReferenceReport rep = client::compare_dumps(ref, got);
+  const client::ReferenceReport rep = client::compare_dumps(ref, got, tie_margin);
   std::printf("reference %s (%s, %s) vs %s\n", dump_path.c_str(), ref.source.c_str(), ref.date_utc.c_str(),
               url.c_str());
   std::printf("prompts %zu, identical %zu, agreement rate %.4f, token agreement %.4f\n", rep.prompts,
               rep.identical, rep.agreement_rate, rep.token_agreement);
   std::printf("log-prob drift on the common prefix: mean |d| %.3g, max |d| %.3g\n", rep.mean_abs_drift,
               rep.max_abs_drift);
-  for (const auto& c : rep.per_prompt)
-    if (c.first_divergence >= 0)
-      std::printf("  prompt %zu diverges at token %lld of %zu: ref '%s' vs got '%s' (max |d| before: %.3g)\n",
-                  c.index, (long long)c.first_divergence, c.ref_tokens, c.ref_token.c_str(),
-                  c.got_token.c_str(), c.max_abs_drift);
+  std::printf("%s\n", client::near_tie_summary(rep).c_str());
+  for (const auto& c : rep.per_prompt) {
+    if (c.first_divergence < 0) continue;
+    char margin[128] = "ref margin unknown";
+    if (!std::isnan(c.ref_margin))
+      std::snprintf(margin, sizeof margin, "ref margin %.3g, got %s the runner-up", c.ref_margin,
+                    c.got_was_runner_up ? "was" : "was not");
+    if (!std::isnan(c.got_margin))
+      std::snprintf(margin + std::strlen(margin), sizeof margin - std::strlen(margin), ", got margin %.3g",
+                    c.got_margin);
+    std::printf(
+        "  prompt %zu diverges at token %lld of %zu: ref '%s' vs got '%s' (max |d| before: %.3g; %s%s)\n",
+        c.index, (long long)c.first_divergence, c.ref_tokens, c.ref_token.c_str(), c.got_token.c_str(),
+        c.max_abs_drift, margin, c.near_tie ? ": near tie" : "");
+  }
   if (f.has("out")) {
     nlohmann::json j = client::report_to_json(rep);
     j["reference"] = {
