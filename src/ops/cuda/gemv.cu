@@ -122,9 +122,9 @@ __device__ __forceinline__ void finish_block(const GemvParams& p, int warps, int
     if (!last) return;
     const int lane = tid % 32;
     for (int m = tid / 32; m < M; m += warps) {
-      rms_norm_row<true>(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.out) + m * p.ldo),
-                         reinterpret_cast<uint4*>(p.residual + m * p.ldr), p.norm_w,
-                         reinterpret_cast<uint4*>(p.normed + m * p.ldn), p.n / 8, p.eps, true, lane);
+      rms_norm_row<true, 0>(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.out) + m * p.ldo),
+                            reinterpret_cast<uint4*>(p.residual + m * p.ldr), p.norm_w,
+                            reinterpret_cast<uint4*>(p.normed + m * p.ldn), p.n / 8, p.eps, true, lane);
     }
   } else {
     pdl_launch_dependents();
