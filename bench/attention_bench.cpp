@@ -147,9 +147,9 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
       const Pool pool = make_pool(s);
       std::vector<Set> sets;
       for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
-      const size_t splits = sets[0].ws.bytes() / (size_t(s.B) * kHq * (kD + 2) * sizeof(float));  // B entries
       for (cuda::DecodeKernel k : {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2}) {
         cuda::set_decode_kernel(k);
+        const int splits = cuda::paged_attention_decode_splits(sets[0].p);
         Row r{"attention", std::string("decode ") + cuda::decode_kernel_name(k), shape_name(s)};
         r.bytes = bytes_moved(s);
         r.path =

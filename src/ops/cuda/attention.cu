@@ -99,6 +99,26 @@ const char* prefill_kernel_name(PrefillKernel k) {
   return k == PrefillKernel::v1 ? "v1" : k == PrefillKernel::v2 ? "v2" : "v3";
 }
 
+namespace {
+
+// v2 sizes chunks from each row's context (>= kDecodeV2MinChunk keys), so splits past the table's reach /
+// kDecodeV2MinChunk never get keys: launching them only adds blocks that exit. Dropping them changes no
+// chunk (for ctx <= reach, ceil(ctx / splits) stays <= kDecodeV2MinChunk), so no output bit. Still a function
+// of shapes only; the workspace stays sized by decode_split (the larger v1 count).
+int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
+  if (k != DecodeKernel::v2) return splits;
+  const int64_t reach = int64_t(p.pages_stride) * p.page_size;
+  return int(std::min<int64_t>(splits, (reach + kDecodeV2MinChunk - 1) / kDecodeV2MinChunk));
+}
+
+}  // namespace
+
+int paged_attention_decode_splits(const PagedAttnParams& p) {
+  int splits = 0, chunk = 0;
+  decode_split(p, 0, &splits, &chunk);
+  return launched_splits(p, splits, decode_kernel());
+}
+
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
   int splits = 0, chunk = 0;
   decode_split(p, 0, &splits, &chunk);
@@ -115,6 +135,7 @@ void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int 
   KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);
   if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
   const DecodeKernel k = decode_kernel();
+  if (force_splits <= 0) splits = launched_splits(p, splits, k);
   launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream, pdl);
   if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, k, stream, pdl);
 }

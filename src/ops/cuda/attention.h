@@ -95,6 +95,8 @@ bool prefill_v3_applies(const PagedAttnParams& p);
 // Bytes of workspace paged_attention needs for these shapes (0 when no split is used): one entry per
 // sequence, whatever the number of prefill rows.
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
+// The decode splits paged_attention launches for these shapes with the current decode kernel (1: no combine).
+int paged_attention_decode_splits(const PagedAttnParams& p);
 
 // Validates p (D in {32, 64, 128} (fp8: 64, 128), Hq % Hkv == 0, Hq / Hkv in 1..6 or 8, page_size > 0,
 // alignment) and launches. workspace: device memory of paged_attention_workspace_bytes(p) bytes (may be null

@@ -58,6 +58,9 @@ __device__ __forceinline__ void load_kv8(const void* base, const uint8_t* scales
 
 // kernel: v1 walks a host-sized chunk (pages_stride * page_size / splits keys) per split; v2 sizes the
 // chunk on the device from the row's context and pipelines K/V through shared memory (attention_decode.cu).
+// The fewest keys a v2 decode split takes (below it the combine costs more than it saves): v2 never runs
+// more than ceil(table reach / kDecodeV2MinChunk) splits with keys.
+constexpr int kDecodeV2MinChunk = 64;
 void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int chunk, bool all_rows,
                    DecodeKernel kernel, cudaStream_t stream, bool pdl);
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,

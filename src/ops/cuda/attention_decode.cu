@@ -198,8 +198,8 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
 
 // ---- v2 -------------------------------------------------------------------------------------------------
 
-constexpr int kTile = 32;      // keys per pipeline stage
-constexpr int kMinChunk = 64;  // fewest keys a v2 split takes (below it the combine costs more than it saves)
+constexpr int kTile = 32;  // keys per pipeline stage
+constexpr int kMinChunk = kDecodeV2MinChunk;
 // Up to this group size v2 updates the softmax once per tile (4 blocks of 128 threads per SM: <= 128
 // registers); wider groups update it per key as v1 does.
 constexpr int kTileSoftmaxMaxG = 4;
