@@ -1,9 +1,8 @@
 // Paged attention launchers: validation, decode split choice, row routing (see attention.h).
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "ops/cuda/attention_common.cuh"
 
@@ -70,12 +69,8 @@ int variant(std::atomic<int>& choice, const char* env, int count, int dflt) {
   k = dflt;
   if (val && *val) {
     k = -1;
-    for (int i = 0; i < count; ++i) {
-      // snprintf, not std::string concatenation: g++ 12 at -O3 raises a false -Wrestrict on the latter.
-      char name[12];
-      std::snprintf(name, sizeof(name), "v%d", i + 1);
-      if (std::strcmp(name, val) == 0) k = i;
-    }
+    for (int i = 0; i < count; ++i)
+      if (std::string("v") + std::to_string(i + 1) == val) k = i;
     KILN_CHECK(k >= 0, env, " must be one of v1 .. v", count, ", got '", val, "'");
   }
   int expected = -1;
