@@ -47,6 +47,7 @@ std::string config_name(const char* what, kc::GemvConfig c) {
 
 void run_gemm(const Env& env, std::vector<Row>& rows) {
   kc::GemmEngine& eng = kc::gemm_engine();  // holds the tactic cache, when one exists for this GPU
+  const bool gemv_on = eng.gemv_enabled();  // KILN_GEMV=0 keeps the engine's choice rows on cuBLASLt
   const Device dev = Device::cuda();
   for (const GemmCase& c : kCases) {
     const bool gate_up = std::string(c.name) == "gate_up";
@@ -100,7 +101,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
       time_row(Row{"gemm", "cublaslt", shape, 0, -1, plain_bytes, lt_path}, [&](int i) {
         eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, c.out, env.stream);
       });
-      eng.set_gemv_enabled(true);
+      eng.set_gemv_enabled(gemv_on);
       for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
         time_row(Row{"gemm", config_name("gemv", cfg), shape, 0, -1, plain_bytes, "forced"}, [&](int i) {
           kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k,
@@ -135,7 +136,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                            env.stream);
                    norm(false);
                  });
-        eng.set_gemv_enabled(true);
+        eng.set_gemv_enabled(gemv_on);
         for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
           time_row(Row{"gemm", config_name("gemv+add_rms_norm", cfg), shape, 0, -1, an_bytes, "forced"},
                    [&](int i) {
@@ -168,7 +169,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
             eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, kc::GemmOut::bf16, env.stream);
             kc::silu_mul(out.data(), c.n, act.data(), I, M, I, env.stream);
           });
-      eng.set_gemv_enabled(true);
+      eng.set_gemv_enabled(gemv_on);
       for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
         time_row(Row{"gemm", config_name("fused gemv+silu", cfg), shape, 0, -1, fused_bytes, "forced"},
                  [&](int i) {

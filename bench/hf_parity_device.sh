@@ -6,8 +6,7 @@
 #  2. generates the Qwen3-VL fixture into tests/fixtures/hf/qwen3_vl_tiny (CPU, ~20 s) and packs it into
 #     $OUT/qwen3_vl_tiny.tgz, to be unpacked here and committed;
 #  3. builds kiln and the tests with scripts/device_build.sh in build/device (incremental after
-#     bench/bench_model_device.sh); the VL fixture must exist first: CMake registers test_hf_parity_vl only
-#     then;
+#     bench/bench_model_device.sh);
 #  4. runs test_hf_parity_vl (kiln generate on the CPU vs HF), test_cuda_model_vl, and, once step 1 is done,
 #     test_cuda_model_hf4b with KILN_HF4B_DIR; prints a summary. Logs and hf4b_reference.json go to $OUT.
 set -uo pipefail

@@ -22,11 +22,13 @@ json.dump(c, open(p, "w"), indent=2)
 PY
 }
 
-# serve_start NAME PORT ARGS...: kiln serve in the background (pid in SERVE_PID), waits for READY (120 s).
+# serve_start NAME PORT ARGS...: kiln serve in the background (pid in SERVE_PID, log in SERVE_LOG), waits for
+# READY (120 s).
 serve_start() {
   local name=$1 port=$2
   shift 2
-  "$K" serve --port "$port" "$@" >"$out/$name.out" 2>"$out/$name.log" &
+  SERVE_LOG="$out/$name.log"
+  "$K" serve --port "$port" "$@" >"$out/$name.out" 2>"$SERVE_LOG" &
   SERVE_PID=$!
   for _ in $(seq 1 1200); do
     grep -q '^READY ' "$out/$name.out" 2>/dev/null && return 0
@@ -42,5 +44,5 @@ serve_start() {
 serve_stop() {
   kill -TERM $SERVE_PID 2>/dev/null
   wait $SERVE_PID
-  grep -h 'stopped. accepted\|captured' "$out"/*.log | tail -2
+  grep -h 'stopped. accepted\|captured' "$SERVE_LOG" | tail -2
 }

@@ -218,18 +218,21 @@ const char* gen_name(Gen g) {
   return g == Gen::v1 ? "v1" : g == Gen::v2 ? "v2" : "v3";
 }
 
-// Selects the decode and prefill kernels of one generation for a scope (and names it in failure messages).
+// Selects the decode and prefill kernels of one generation for a scope (and names it in failure messages),
+// then restores the choice it found (the defaults, or KILN_ATTN_DECODE / KILN_ATTN_PREFILL's).
 struct UseKernels {
   ::testing::ScopedTrace trace;
+  const cuda::DecodeKernel prev_decode = cuda::decode_kernel();
+  const cuda::PrefillKernel prev_prefill = cuda::prefill_kernel();
   explicit UseKernels(Gen g) : trace(__FILE__, __LINE__, std::string("kernels ") + gen_name(g)) {
     cuda::set_decode_kernel(g == Gen::v1 ? cuda::DecodeKernel::v1 : cuda::DecodeKernel::v2);
     cuda::set_prefill_kernel(g == Gen::v1   ? cuda::PrefillKernel::v1
                              : g == Gen::v2 ? cuda::PrefillKernel::v2
                                             : cuda::PrefillKernel::v3);
   }
-  ~UseKernels() {  // the defaults
-    cuda::set_decode_kernel(cuda::DecodeKernel::v2);
-    cuda::set_prefill_kernel(cuda::PrefillKernel::v3);
+  ~UseKernels() {
+    cuda::set_decode_kernel(prev_decode);
+    cuda::set_prefill_kernel(prev_prefill);
   }
   UseKernels(const UseKernels&) = delete;
   UseKernels& operator=(const UseKernels&) = delete;

@@ -1,6 +1,7 @@
 // Whole-model parity on the GPU: Qwen3Model with --device cuda against the same model on the CPU
 // (random weights; prefill + decode steps, fp8 and bf16 caches) and against Hugging Face transformers on the
 // tiny fixtures in tests/fixtures/hf (greedy tokens equal, log-prob drift bounded as in the CPU test).
+#include "common/model_steps.h"
 #include "model/qwen3.h"
 #include "test_util_cuda.h"
 

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 
+#include "common/model_steps.h"
 #include "common/test_support.h"
 #include "model/qwen3.h"
 #include "test_util_cuda.h"

@@ -1,6 +1,6 @@
 // Helpers for the GPU tests: device buffers from host vectors, deterministic random bf16 data, ulp
-// distance; the whole-model helpers come from common/model_steps.h. Every test skips (and says so) when no
-// GPU is visible.
+// distance (the whole-model tests add common/model_steps.h). Every test skips (and says so) when no GPU is
+// visible.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,7 +10,6 @@
 #include <random>
 #include <vector>
 
-#include "common/model_steps.h"
 #include "kiln/dtype.h"
 #include "kiln/tensor.h"
 

@@ -28,15 +28,19 @@ const char* kDemoConfig = R"({
   "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "tie_word_embeddings": true,
   "vocab_size": 151936})";
 
+// Written once per test binary (deterministic: seed 0), then shared by its tests.
 std::string write_demo_checkpoint() {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_engine_demo_ckpt";
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << kDemoConfig;
-  const ModelConfig cfg = parse_model_config(kDemoConfig, "demo config");
-  const RandomWeights w = random_weights(qwen3_weight_specs(cfg), 0);
-  write_safetensors((dir / "model.safetensors").string(), w.tensors, {{"format", "pt"}});
-  return dir.string();
+  static const std::string written = [] {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_engine_demo_ckpt";
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << kDemoConfig;
+    const ModelConfig cfg = parse_model_config(kDemoConfig, "demo config");
+    const RandomWeights w = random_weights(qwen3_weight_specs(cfg), 0);
+    write_safetensors((dir / "model.safetensors").string(), w.tensors, {{"format", "pt"}});
+    return dir.string();
+  }();
+  return written;
 }
 
 std::vector<std::vector<int32_t>> run_all(const EngineOptions& o,

@@ -2,8 +2,7 @@
 // the CLI only: tests/fixtures/hf/qwen3_vl_tiny (tests/fixtures/make_hf_vl_fixture.py: a tiny
 // Qwen3VLForConditionalGeneration, interleaved M-RoPE 12/10/10, a vision tower kiln must ignore) must give
 // HF's greedy continuation and log-probs, with the bounds of the Qwen3 fixtures (tests/common/hf_parity.h).
-// tests/CMakeLists.txt registers this test only once the fixture exists (it is generated on the device
-// machine, where transformers is).
+// The fixture is generated on the device machine, where transformers is, and committed.
 #include <gtest/gtest.h>
 
 #include <filesystem>
