@@ -154,9 +154,7 @@ void bench_batch_decode(Qwen3Model& m, int32_t B, int32_t ctx, int32_t steps, in
   }
   // Replayed from a graph captured without PDL, then from one captured with it (kiln serve's default).
   auto time_graph = [&](bool pdl) {
-    cuda::set_pdl(pdl);
-    CudaDecodeGraph g(m, cache, pages, B);
-    cuda::set_pdl(false);
+    CudaDecodeGraph g(m, cache, pages, B, {}, pdl);
     std::vector<double> t;
     for (int32_t i = 0; i < steps + warmups; ++i) {
       const BatchDesc b = step_batch(ctx - 1 + i);  // the same steps again: the same K/V rewritten
@@ -406,8 +404,7 @@ int run_bench_model(const cli::Args& args) {
   // The same steps replayed from the decode CUDA graph (staging copies included in each step's time),
   // without and with programmatic dependent launch between kiln's own kernels.
   for (bool pdl : {false, true}) {
-    cuda::set_pdl(pdl);
-    CudaDecodeGraph g(*m, cache, pages);
+    CudaDecodeGraph g(*m, cache, pages, 1, {}, pdl);
     std::vector<double> gt;
     for (int32_t i = 0; i < steps + 3; ++i) {
       const BatchDesc b = one_seq(ctx - 1 + i, 1, pages, ps, c.vocab_size);
@@ -423,7 +420,6 @@ int run_bench_model(const cli::Args& args) {
         "floor\n",
         ctx, pdl ? " + PDL" : "", tg, *std::min_element(gt.begin(), gt.end()), 100.0 * floor_ms / tg);
   }
-  cuda::set_pdl(false);
   if (f.has("batch"))
     for (int64_t B : cli::parse_int_list(f.str("batch"), "batch")) {
       KILN_CHECK(B <= 1024, "--batch ", B, " is too large (at most 1024)");

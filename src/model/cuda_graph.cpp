@@ -15,7 +15,7 @@ namespace kiln {
 
 #ifdef KILN_HAVE_CUDA
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
-                                 Tensor logits)
+                                 Tensor logits, std::optional<bool> pdl)
     : model_(model), cache_(cache), pages_stride_(pages_stride), num_seqs_(num_seqs) {
   KILN_CHECK(model.device().is_cuda() && cache.device() == model.device(),
              "CudaDecodeGraph needs the model and its KV cache on one CUDA device");
@@ -35,7 +35,7 @@ CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t page
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   stream_ = s;
-  pdl_ = cuda::pdl_enabled();
+  pdl_ = pdl.value_or(cuda::pdl_enabled());
 }
 
 CudaDecodeGraph::~CudaDecodeGraph() {
@@ -120,7 +120,7 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in) {
 
 #else
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
-                                 Tensor)
+                                 Tensor, std::optional<bool>)
     : model_(model), cache_(cache), pages_stride_(pages_stride), num_seqs_(num_seqs) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }

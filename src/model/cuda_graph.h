@@ -10,11 +10,12 @@
 // so one graph serves every context up to pages_stride * page_size tokens and the decode attention's
 // split count stays fixed. The LM head runs over all num_seqs rows (a fixed shape); rows of padding
 // sequences (runtime/model_runner.h pad_batch) produce logits nobody reads. Programmatic dependent launch
-// (ops/cuda/context.h set_pdl) is captured as it was set when the graph was constructed, whatever it is
+// is fixed when the graph is constructed (the pdl argument), whatever ops/cuda/context.h's set_pdl says
 // when a later step recaptures.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "kiln/batch.h"
 #include "kiln/tensor.h"
@@ -27,9 +28,10 @@ class CudaDecodeGraph {
  public:
   // model and cache on one CUDA device; pages_stride: the page-table width of every step; num_seqs: the
   // batch size of every step. logits: where the LM head writes, f32 [>= num_seqs, vocab] on the device
-  // (several graphs of one runner may share it); empty: the graph allocates its own.
+  // (several graphs of one runner may share it); empty: the graph allocates its own. pdl: whether the
+  // graph's launches use programmatic dependent launch; unset: the process's setting now (set_pdl).
   CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs = 1,
-                  Tensor logits = {});
+                  Tensor logits = {}, std::optional<bool> pdl = std::nullopt);
   ~CudaDecodeGraph();
   CudaDecodeGraph(const CudaDecodeGraph&) = delete;
   CudaDecodeGraph& operator=(const CudaDecodeGraph&) = delete;
@@ -39,8 +41,6 @@ class CudaDecodeGraph {
   // padded). Returns f32 [R, vocab] logits on the device, valid until the next step of any graph sharing
   // the buffer. Synchronous with the host only through the staging copies.
   Tensor step(const BatchDesc& b);
-  int32_t num_seqs() const { return num_seqs_; }
-  int32_t pages_stride() const { return pages_stride_; }
   int captures() const { return captures_; }
   void* stream() const { return stream_; }
 

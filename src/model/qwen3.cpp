@@ -46,6 +46,34 @@ struct Qwen3Model::Workspace {
     }
     return b.data();
   }
+  // An activation buffer (residual .. act) for T token rows: its one size formula, for stage and
+  // reserve_workspace alike.
+  void* activation(Slot s, const ModelConfig& c, int64_t T) {
+    const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size), D = size_t(c.head_dim);
+    size_t cols = 0;
+    switch (s) {
+      case residual:
+      case normed:
+      case tmp:
+        cols = H;
+        break;
+      case qkv:
+        cols = size_t(c.num_heads + 2 * c.num_kv_heads) * D;
+        break;
+      case attn:
+        cols = size_t(c.num_heads) * D;
+        break;
+      case gate_up:
+        cols = 2 * I;
+        break;
+      case act:
+        cols = I;
+        break;
+      default:
+        KILN_FAIL("Workspace::activation: slot ", int(s), " is not an activation");
+    }
+    return get(s, size_t(T) * cols * sizeof(bf16_t));
+  }
   template <typename T>
   void* upload(Slot s, const std::vector<T>& v) {
     void* p = get(s, v.size() * sizeof(T));
@@ -126,7 +154,6 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, qkv_dim = (Hq + 2 * Hkv) * D;
-  constexpr size_t bf = sizeof(bf16_t);
   w.T = T;
 
   Tensor ids(w.upload(Workspace::ids, b.tokens), DType::i32, {T}, dev);
@@ -138,13 +165,13 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   Tensor pt(w.upload(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
   w.rows_t = Tensor(w.upload(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
 
-  Tensor residual(w.get(Workspace::residual, size_t(T * H) * bf), DType::bf16, {T, H}, dev);
-  Tensor normed(w.get(Workspace::normed, size_t(T * H) * bf), DType::bf16, {T, H}, dev);
-  Tensor qkv(w.get(Workspace::qkv, size_t(T * qkv_dim) * bf), DType::bf16, {T, qkv_dim}, dev);
-  Tensor attn(w.get(Workspace::attn, size_t(T * Hq * D) * bf), DType::bf16, {T, Hq, D}, dev);
-  Tensor tmp(w.get(Workspace::tmp, size_t(T * H) * bf), DType::bf16, {T, H}, dev);
-  Tensor gate_up(w.get(Workspace::gate_up, size_t(T * 2 * I) * bf), DType::bf16, {T, 2 * I}, dev);
-  Tensor act(w.get(Workspace::act, size_t(T * I) * bf), DType::bf16, {T, I}, dev);
+  Tensor residual(w.activation(Workspace::residual, c, T), DType::bf16, {T, H}, dev);
+  Tensor normed(w.activation(Workspace::normed, c, T), DType::bf16, {T, H}, dev);
+  Tensor qkv(w.activation(Workspace::qkv, c, T), DType::bf16, {T, qkv_dim}, dev);
+  Tensor attn(w.activation(Workspace::attn, c, T), DType::bf16, {T, Hq, D}, dev);
+  Tensor tmp(w.activation(Workspace::tmp, c, T), DType::bf16, {T, H}, dev);
+  Tensor gate_up(w.activation(Workspace::gate_up, c, T), DType::bf16, {T, 2 * I}, dev);
+  Tensor act(w.activation(Workspace::act, c, T), DType::bf16, {T, I}, dev);
   w.final_hidden = normed;
   w.ids_v = ids, w.residual_v = residual, w.normed_v = normed, w.qkv_v = qkv, w.attn_v = attn, w.tmp_v = tmp;
   w.gate_up_v = gate_up, w.act_v = act;
@@ -235,9 +262,7 @@ void Qwen3Model::reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_s
              "reserve_workspace: negative size");
   const ModelConfig& c = cfg_;
   Workspace& w = *ws_;
-  const size_t T = size_t(tokens), bf = sizeof(bf16_t);
-  const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size);
-  const size_t qkv_dim = size_t(c.num_heads + 2 * c.num_kv_heads) * size_t(c.head_dim);
+  const size_t T = size_t(tokens);
   w.get(Workspace::ids, T * 4);
   w.get(Workspace::positions, 3 * T * 4);  // M-RoPE: three rows
   w.get(Workspace::slots, T * 8);
@@ -245,13 +270,7 @@ void Qwen3Model::reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_s
   w.get(Workspace::kv_lens, size_t(seqs) * 4);
   w.get(Workspace::page_table, size_t(seqs) * size_t(pages_stride) * 4);
   w.get(Workspace::rows, size_t(logit_rows) * 4);
-  w.get(Workspace::residual, T * H * bf);
-  w.get(Workspace::normed, T * H * bf);
-  w.get(Workspace::qkv, T * qkv_dim * bf);
-  w.get(Workspace::attn, T * size_t(c.num_heads * c.head_dim) * bf);
-  w.get(Workspace::tmp, T * H * bf);
-  w.get(Workspace::gate_up, T * 2 * I * bf);
-  w.get(Workspace::act, T * I * bf);
+  for (int s = Workspace::residual; s <= Workspace::act; ++s) w.activation(Workspace::Slot(s), c, tokens);
 }
 
 uint64_t Qwen3Model::workspace_generation() const {

@@ -89,7 +89,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
                  "CUDA graph batch sizes must be ascending, in [1, 4096]");
       if (want[i] <= opts.max_running_requests) gp.buckets.push_back(want[i]);
     }
-    gp.max_pages_per_seq = int32_t((I.context_limit + opts.page_size - 1) / opts.page_size);
+    gp.max_pages_per_seq = I.pool->pages_for(I.context_limit);
     gp.max_seqs = opts.max_running_requests;
     gp.max_step_tokens = int64_t(std::max(opts.chunked_prefill_size, 0)) + opts.max_running_requests;
     gp.pdl = !opts.disable_pdl;

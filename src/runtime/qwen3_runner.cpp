@@ -88,17 +88,12 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   const int64_t V = config().vocab_size;
   graph_logits_buf_ = Buffer(size_t(top) * size_t(V) * sizeof(float), device());
   const Tensor shared(graph_logits_buf_.data(), DType::f32, {top, V}, device());
-  // Capture now, on steps of padding rows only (no K/V is written), so no serving step waits for one. A
-  // graph keeps the PDL setting it was constructed under; eager steps keep the process's (off by default).
-#ifdef KILN_HAVE_CUDA
-  const bool pdl_before = cuda::pdl_enabled();
-#endif
+  // Capture now, on steps of padding rows only (no K/V is written), so no serving step waits for one. Each
+  // graph has its own PDL setting; eager steps keep the process's (off by default).
   for (int32_t b : graph_buckets_) {
-#ifdef KILN_HAVE_CUDA
-    cuda::set_pdl(plan.pdl && b >= plan.pdl_min_batch);
-#endif
     for (int32_t w : graph_widths_) {
-      auto g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, w, b, shared);
+      auto g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, w, b, shared,
+                                                 plan.pdl && b >= plan.pdl_min_batch);
       BatchDesc pad;
       pad.page_size = cache_->page_size();
       pad_batch(pad, b);
@@ -107,7 +102,6 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
     }
   }
 #ifdef KILN_HAVE_CUDA
-  cuda::set_pdl(pdl_before);
   KILN_CHECK(cudaDeviceSynchronize() == cudaSuccess,
              "capturing the decode CUDA graphs failed: ", cudaGetErrorString(cudaGetLastError()));
 #endif

@@ -111,12 +111,18 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
   return int(std::min<int64_t>(splits, (reach + kDecodeV2MinChunk - 1) / kDecodeV2MinChunk));
 }
 
+// The splits (and v1's chunk) decode() launches: force_splits when > 0, else the shape rule.
+int decode_launch_splits(const PagedAttnParams& p, int force_splits, DecodeKernel k, int* chunk) {
+  int splits = 0;
+  decode_split(p, force_splits, &splits, chunk);
+  return force_splits > 0 ? splits : launched_splits(p, splits, k);
+}
+
 }  // namespace
 
 int paged_attention_decode_splits(const PagedAttnParams& p) {
-  int splits = 0, chunk = 0;
-  decode_split(p, 0, &splits, &chunk);
-  return launched_splits(p, splits, decode_kernel());
+  int chunk = 0;
+  return decode_launch_splits(p, 0, decode_kernel(), &chunk);
 }
 
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
@@ -130,12 +136,11 @@ namespace {
 
 void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits, bool all_rows,
             bool pdl) {
-  int splits = 0, chunk = 0;
-  decode_split(p, force_splits, &splits, &chunk);
+  const DecodeKernel k = decode_kernel();
+  int chunk = 0;
+  const int splits = decode_launch_splits(p, force_splits, k, &chunk);
   KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);
   if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
-  const DecodeKernel k = decode_kernel();
-  if (force_splits <= 0) splits = launched_splits(p, splits, k);
   launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream, pdl);
   if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, k, stream, pdl);
 }

@@ -88,7 +88,7 @@ enum class PrefillKernel : uint8_t { v1, v2, v3 };
 PrefillKernel prefill_kernel();
 void set_prefill_kernel(PrefillKernel k);
 const char* prefill_kernel_name(PrefillKernel k);
-// Whether PrefillKernel::v3 runs its own kernel for these params (bf16 cache, Hq / Hkv >= 2, D >= 64);
+// Whether PrefillKernel::v3 runs its own kernel for these params (Hq / Hkv >= 2, D >= 64; bf16 or fp8 cache);
 // otherwise it runs v2.
 bool prefill_v3_applies(const PagedAttnParams& p);
 

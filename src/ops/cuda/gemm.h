@@ -85,6 +85,7 @@ class GemmEngine {
   // Off: GEMV tactics are ignored (cuBLASLt heuristic instead), e.g. to time cuBLASLt alone. Default on;
   // the environment variable KILN_GEMV=0 starts it off.
   void set_gemv_enabled(bool on) { gemv_enabled_ = on; }
+  bool gemv_enabled() const { return gemv_enabled_; }
   int64_t gemv_dispatches() const { return gemv_dispatches_; }  // run() calls that ran the GEMV
   // On: ops::linear_add_rms_norm runs the GEMV with the add + RMSNorm epilogue where the GEMV is chosen.
   // Default off (measured slower on the H200 than the GEMV then the add_rms_norm kernel, docs/PERF.md);

@@ -65,9 +65,9 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
   const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   // The fused epilogue only when switched on (GemmEngine::set_gemv_add_rms_norm): it measured slower.
   kc::GemmEngine& eng = kc::gemm_engine();
-  if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
-      eng.gemv_add_rms_norm() && g && al16(x.data) && al16(weight.data) && al16(tmp.data) &&
-      al16(residual.data) && al16(norm_weight.data) && al16(normed.data) &&
+  if (const auto g = eng.gemv_add_rms_norm() ? eng.gemv_choice(M, N, K, kc::GemmOut::bf16) : std::nullopt;
+      g && al16(x.data) && al16(weight.data) && al16(tmp.data) && al16(residual.data) &&
+      al16(norm_weight.data) && al16(normed.data) &&
       kc::gemv_add_rms_norm_supported(M, N, K, x.stride[0], weight.stride[0], tmp.stride[0],
                                       residual.stride[0], normed.stride[0])) {
     kc::gemv_add_rms_norm(x.data, x.stride[0], weight.data, weight.stride[0], tmp.data, tmp.stride[0],
