@@ -26,6 +26,9 @@ struct Device {
   static Device cuda(int i = 0) { return {DeviceKind::cuda, i}; }
 };
 std::string device_name(Device d);  // "cpu", "cuda:0"
+// --device values: "cpu", "cuda", "cuda:N" or "auto" (the first GPU when one is visible, as vLLM and SGLang
+// do; else the CPU); anything else is an error. Does not check that a named GPU exists.
+Device parse_device(const std::string& s);
 
 inline constexpr int kMaxDims = 5;
 

@@ -56,21 +56,11 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-kiln::Device parse_device(const std::string& s) {
-  kiln::Device d;
-  if (s == "auto") {  // the GPU where one is visible (as vLLM and SGLang do), else the CPU
-    d = kiln::cuda_available() ? kiln::Device::cuda(0) : kiln::Device::cpu();
-  } else if (s == "cpu") {
-    d = kiln::Device::cpu();
-  } else if (s == "cuda" || s.rfind("cuda:", 0) == 0) {
-    const std::string n = s.size() > 5 ? s.substr(5) : "0";
-    require(s.size() == 4 || (!n.empty() && n.size() < 4 && std::all_of(n.begin(), n.end(), ::isdigit)),
-            "--device: expected auto, cpu, cuda or cuda:N, got '", s, "'");
-    d = kiln::Device::cuda(std::stoi(n));
-    require(kiln::cuda_available(), "--device ", s, ": no CUDA device is available in this build or machine");
-  } else {
-    KILN_FAIL("--device: expected auto, cpu, cuda or cuda:N, got '", s, "'");
-  }
+// --device: kiln::parse_device's grammar; an explicit cuda needs a GPU.
+kiln::Device device_arg(const std::string& s) {
+  const kiln::Device d = kiln::parse_device(s);
+  require(!d.is_cuda() || kiln::cuda_available(), "--device ", s,
+          ": no CUDA device is available in this build or machine");
   return d;
 }
 
@@ -128,7 +118,7 @@ int run_generate(const kiln::cli::Args& args) {
           load_format, "'");
 
   kiln::LoadOptions lo;
-  lo.device = parse_device(flags.str("device", "auto"));
+  lo.device = device_arg(flags.str("device", "auto"));
   lo.load_format = load_format == "random" ? kiln::LoadFormat::random : kiln::LoadFormat::real;
   const kiln::ModelConfig cfg = kiln::load_model_config(dir);
   require(cfg.arch != kiln::ModelArch::qwen3_embedding, "this is an embedding model: it does not generate");

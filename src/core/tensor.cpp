@@ -1,11 +1,26 @@
 #include "kiln/tensor.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace kiln {
 
 std::string device_name(Device d) {
   return d.is_cpu() ? "cpu" : "cuda:" + std::to_string(d.index);
+}
+
+Device parse_device(const std::string& s) {
+  if (s == "auto") return cuda_available() ? Device::cuda(0) : Device::cpu();
+  if (s == "cpu") return Device::cpu();
+  if (s == "cuda") return Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    const std::string n = s.substr(5);
+    KILN_CHECK(!n.empty() && n.size() < 4 &&
+                   std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }),
+               "--device: expected auto, cpu, cuda or cuda:N, got '", s, "'");
+    return Device::cuda(std::stoi(n));
+  }
+  KILN_FAIL("--device: expected auto, cpu, cuda or cuda:N, got '", s, "'");
 }
 
 Tensor::Tensor(void* p, DType t, std::initializer_list<int64_t> dims, Device d)

@@ -20,20 +20,6 @@ namespace kiln {
 
 namespace {
 constexpr int64_t kGiB = int64_t(1) << 30;
-
-Device parse_device(const std::string& s) {
-  if (s == "auto") return cuda_available() ? Device::cuda(0) : Device::cpu();
-  if (s == "cpu") return Device::cpu();
-  if (s == "cuda") return Device::cuda(0);
-  if (s.rfind("cuda:", 0) == 0) {
-    const std::string n = s.substr(5);
-    KILN_CHECK(!n.empty() && n.size() < 4 &&
-                   std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }),
-               "bad device '", s, "': expected cpu, cuda, cuda:N or auto");
-    return Device::cuda(std::stoi(n));
-  }
-  KILN_FAIL("bad device '", s, "': expected cpu, cuda, cuda:N or auto");
-}
 }  // namespace
 
 Qwen3Runner::Qwen3Runner(std::unique_ptr<Qwen3Model> model, ops::KvLayout layout, DType kv_dtype)
