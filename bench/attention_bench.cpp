@@ -1,18 +1,19 @@
 // Paged attention benchmark at the Qwen3-4B heads (32 Q / 8 KV, D 128), page 32, HND, bf16 and fp8 caches.
-// Decode: both decode kernels (cuda::DecodeKernel v1, v2) for B = 1 at context 1024 and 8192, B = 32 at
-// 1024 and B = 128 at 9216, each row timed as CUDA-graph replays of paged_attention (decode + combine, as
-// the model's decode graphs run it) plus "amortized" (16 in one graph / 16). The page table reaches
-// max(4160, context + 1024) tokens per sequence (4160: the table behind docs/PERF.md's 1024-context decode
-// numbers), so the shape-only split count is the engine's. Prefill: one 4096-token prompt, the prefill kernel
-// alone (v1, v2 and v3, cuda::PrefillKernel; with an fp8 cache v2 runs v1's loads and v3 shares them between
-// two heads). Every set (>= 4,
-// rotated) has its own page-table permutation, q, out and workspace over one cache pool; every sample starts
-// from a flushed L2. Bytes: K and V rows read (fp8: + their UE8M0 scales) + q read + out written; the split
-// partials the combine reads are not counted (the floor does not pay them). The prefill row's path column
-// adds its FLOPs (4 Hq D per causal (query, key) pair) and TFLOP/s.
+// Decode: the decode kernels (cuda::DecodeKernel v1 (small shapes only), v2, v3) for B = 1 at context 1024
+// and 8192, B = 8 and 32 at 1024, B = 64 and 128 at 9216, each row timed as CUDA-graph replays of
+// paged_attention (decode + combine, as the model's decode graphs run it) plus "amortized" (16 in one graph /
+// 16). The page table reaches max(4160, context + 1024) tokens per sequence (4160: the table behind
+// docs/PERF.md's 1024-context decode numbers), so the shape-only split count is the engine's. Prefill: one
+// 4096-token prompt, the prefill kernel alone (v1, v2 and v3, cuda::PrefillKernel; with an fp8 cache v2 runs
+// v1's loads and v3 shares them between two heads). Every set (>= 4, rotated) has its own page-table
+// permutation, q, out and workspace over one cache pool; every sample starts from a flushed L2. Bytes: K and
+// V rows read (fp8: + their UE8M0 scales) + q read + out written; the split partials the combine reads are
+// not counted (the floor does not pay them). The prefill row's path column adds its FLOPs (4 Hq D per causal
+// (query, key) pair) and TFLOP/s.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -61,6 +62,18 @@ Pool make_pool(const Shape& s) {
   return pool;
 }
 
+// KILN_ATTN_BENCH_PAGES=contiguous: each sequence's pages in pool order (as a fresh pool hands them out)
+// instead of shuffled over the whole pool; the A/B of the two says what the paged gather costs.
+bool contiguous_pages() {
+  const char* v = std::getenv("KILN_ATTN_BENCH_PAGES");
+  return v && std::string(v) == "contiguous";
+}
+// KILN_ATTN_BENCH_ONLY=TEXT: only the shapes whose name contains TEXT (profiling one shape).
+bool shape_selected(const std::string& name) {
+  const char* v = std::getenv("KILN_ATTN_BENCH_ONLY");
+  return !v || !*v || name.find(v) != std::string::npos;
+}
+
 struct Set {
   Buffer q, out, cu_q, kv_lens, table, ws;
   cuda::PagedAttnParams p;
@@ -76,7 +89,7 @@ Set make_set(const Shape& s, const Pool& pool, std::mt19937& rng) {
   std::vector<int32_t> cu(size_t(s.B) + 1), lens(size_t(s.B), s.ctx), table(size_t(s.B) * stride);
   for (int b = 0; b <= s.B; ++b) cu[size_t(b)] = b * s.q_len;
   std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
+  if (!contiguous_pages()) std::shuffle(table.begin(), table.end(), rng);
   auto upload = [&](Buffer& dst, const void* src, size_t bytes) {
     dst = Buffer(bytes, dev);
     copy_bytes(dst.data(), dev, src, Device::cpu(), bytes);
@@ -134,20 +147,22 @@ std::string shape_name(const Shape& s) {
   std::string n = "B=" + std::to_string(s.B) + " ctx=" + std::to_string(s.ctx);
   if (s.q_len > 1) n += " q_len=" + std::to_string(s.q_len);
   return n + " table=" + std::to_string(s.table_tokens()) + " 32/8 D128 page32 HND " +
-         (s.fp8 ? "fp8" : "bf16");
+         (s.fp8 ? "fp8" : "bf16") + (contiguous_pages() ? " contiguous-pages" : "");
 }
 
 void run_decode(const Env& env, std::vector<Row>& rows) {
   std::mt19937 rng(7);
-  const Shape shapes[] = {{1, 1024}, {1, 8192}, {32, 1024}, {128, 9216}};
+  const Shape shapes[] = {{1, 1024}, {1, 8192}, {8, 1024}, {32, 1024}, {64, 9216}, {128, 9216}};
   const cuda::DecodeKernel before = cuda::decode_kernel();
   for (bool fp8 : {false, true}) {
     for (Shape s : shapes) {
       s.fp8 = fp8;
+      if (!shape_selected(shape_name(s))) continue;
       const Pool pool = make_pool(s);
       std::vector<Set> sets;
       for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
-      for (cuda::DecodeKernel k : {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2}) {
+      for (cuda::DecodeKernel k : {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2, cuda::DecodeKernel::v3}) {
+        if (k == cuda::DecodeKernel::v1 && s.B * s.ctx > 32 * 1024) continue;  // v1: measured before, slow
         cuda::set_decode_kernel(k);
         const int splits = cuda::paged_attention_decode_splits(sets[0].p);
         Row r{"attention", std::string("decode ") + cuda::decode_kernel_name(k), shape_name(s)};
@@ -178,6 +193,7 @@ void run_prefill(const Env& env, std::vector<Row>& rows) {
   const cuda::PrefillKernel before = cuda::prefill_kernel();
   for (bool fp8 : {false, true}) {
     const Shape s{.B = 1, .ctx = 4096, .q_len = 4096, .fp8 = fp8};
+    if (!shape_selected(shape_name(s))) continue;
     const Pool pool = make_pool(s);
     std::vector<Set> sets;
     for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
@@ -214,7 +230,8 @@ void run_attention(const Env& env, std::vector<Row>& rows) {
 }  // namespace
 
 KILN_KERNEL_BENCH(
-    "attention", "paged attention: decode (v1, v2) and prefill (v1, v2, v3) kernels, Qwen3-4B heads, page 32",
+    "attention",
+    "paged attention: decode (v1, v2, v3) and prefill (v1, v2, v3) kernels, Qwen3-4B heads, page 32",
     run_attention);
 
 }  // namespace kiln::bench

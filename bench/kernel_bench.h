@@ -38,6 +38,7 @@ struct Env {
   int reps = 100;  // samples per median (>= 100)
   size_t l2_bytes = 0;
   double copy_gbps = 0;  // device-to-device copy, bytes read + written, measured in this run
+  double read_gbps = 0;  // a read-only stream of 2 GB (the floor of read-dominated kernels), this run
   std::string device_name;
 };
 
@@ -67,6 +68,8 @@ double time_graph_cold_us(const Env& env, const std::vector<cudaGraphExec_t>& gr
 cudaGraphExec_t capture(const Env& env, const std::function<void(int)>& launch, int first, int n);
 // Device-to-device copy bandwidth (bytes read + written per second / 1e9), median of 20 copies of 512 MB.
 double measure_copy_gbps(const Env& env);
+// Read-only bandwidth (bytes read per second / 1e9), median of 20 reads of 2 GB.
+double measure_read_gbps(const Env& env);
 
 // Runs every benchmark whose name contains `filter` (empty: all) and returns the rows.
 Env make_env(int reps);

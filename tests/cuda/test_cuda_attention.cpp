@@ -2,7 +2,7 @@
 // (dequantised) cache, across layouts (NHD, HND), page sizes (16, 32, 64), cache dtypes (bf16, fp8 with
 // UE8M0 scales), GQA groups and variable lengths; decode vs prefill on the same rows within 1 bf16 ulp;
 // NHD vs HND bitwise; the CPU oracle within 2^-8 relative Frobenius error. Every test that runs the decode
-// kernel runs both variants (cuda::DecodeKernel v1 and v2, see ops/cuda/attention.h); the workspace is
+// kernel runs every variant (cuda::DecodeKernel v1, v2 and v3, see ops/cuda/attention.h); the workspace is
 // poisoned with NaN first, so a combine that reads a split nobody wrote shows up as a non-finite output.
 // Likewise the prefill kernels (cuda::PrefillKernel v1, v2, v3), which must also be bitwise equal. Cache rows
 // nobody wrote are NaN and page-table entries past a sequence's length are garbage ids (clamped onto
@@ -210,8 +210,7 @@ struct AttnSetup {
 
 enum class Kernel { routed, decode, prefill };
 
-// The kernel generations under test: v1 (decode and prefill v1), v2 (decode and prefill v2) and v3 (decode
-// v2, prefill v3: there is no decode v3).
+// The kernel generations under test: v1, v2 and v3 (decode and prefill of that version each).
 enum class Gen { v1, v2, v3 };
 constexpr Gen kGens[] = {Gen::v1, Gen::v2, Gen::v3};
 const char* gen_name(Gen g) {
@@ -225,7 +224,9 @@ struct UseKernels {
   const cuda::DecodeKernel prev_decode = cuda::decode_kernel();
   const cuda::PrefillKernel prev_prefill = cuda::prefill_kernel();
   explicit UseKernels(Gen g) : trace(__FILE__, __LINE__, std::string("kernels ") + gen_name(g)) {
-    cuda::set_decode_kernel(g == Gen::v1 ? cuda::DecodeKernel::v1 : cuda::DecodeKernel::v2);
+    cuda::set_decode_kernel(g == Gen::v1   ? cuda::DecodeKernel::v1
+                            : g == Gen::v2 ? cuda::DecodeKernel::v2
+                                           : cuda::DecodeKernel::v3);
     cuda::set_prefill_kernel(g == Gen::v1   ? cuda::PrefillKernel::v1
                              : g == Gen::v2 ? cuda::PrefillKernel::v2
                                             : cuda::PrefillKernel::v3);

@@ -80,13 +80,13 @@ int variant(std::atomic<int>& choice, const char* env, int count, int dflt) {
 }  // namespace
 
 DecodeKernel decode_kernel() {
-  return variant(g_decode_kernel, "KILN_ATTN_DECODE", 2, 1) == 0 ? DecodeKernel::v1 : DecodeKernel::v2;
+  return DecodeKernel(variant(g_decode_kernel, "KILN_ATTN_DECODE", 3, 2));
 }
 void set_decode_kernel(DecodeKernel k) {
-  g_decode_kernel.store(k == DecodeKernel::v1 ? 0 : 1);
+  g_decode_kernel.store(int(k));
 }
 const char* decode_kernel_name(DecodeKernel k) {
-  return k == DecodeKernel::v1 ? "v1" : "v2";
+  return k == DecodeKernel::v1 ? "v1" : k == DecodeKernel::v2 ? "v2" : "v3";
 }
 
 PrefillKernel prefill_kernel() {
@@ -106,7 +106,7 @@ namespace {
 // chunk (for ctx <= reach, ceil(ctx / splits) stays <= kDecodeV2MinChunk), so no output bit. Still a function
 // of shapes only; the workspace stays sized by decode_split (the larger v1 count).
 int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
-  if (k != DecodeKernel::v2) return splits;
+  if (k == DecodeKernel::v1) return splits;  // v3 shares v2's rule (64-key minimum chunks)
   const int64_t reach = int64_t(p.pages_stride) * p.page_size;
   return int(std::min<int64_t>(splits, (reach + kDecodeV2MinChunk - 1) / kDecodeV2MinChunk));
 }
@@ -118,17 +118,23 @@ int decode_launch_splits(const PagedAttnParams& p, int force_splits, DecodeKerne
   return force_splits > 0 ? splits : launched_splits(p, splits, k);
 }
 
+// The decode kernel that runs for p: the chosen one, v2 where v3 does not apply.
+DecodeKernel effective_decode_kernel(const PagedAttnParams& p) {
+  const DecodeKernel k = decode_kernel();
+  return k == DecodeKernel::v3 && !decode_v3_applies(p) ? DecodeKernel::v2 : k;
+}
+
 }  // namespace
 
 int paged_attention_decode_splits(const PagedAttnParams& p) {
   int chunk = 0;
-  return decode_launch_splits(p, 0, decode_kernel(), &chunk);
+  return decode_launch_splits(p, 0, effective_decode_kernel(p), &chunk);
 }
 
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
   int splits = 0, chunk = 0;
   decode_split(p, 0, &splits, &chunk);
-  // One entry per sequence (attention_decode.cu ws_slot), however many prefill rows the step has.
+  // One entry per sequence (attention_common.cuh decode_ws_slot), however many prefill rows the step has.
   return splits <= 1 ? 0 : size_t(p.B) * p.Hq * splits * (p.D + 2) * sizeof(float);
 }
 
@@ -136,7 +142,7 @@ namespace {
 
 void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits, bool all_rows,
             bool pdl) {
-  const DecodeKernel k = decode_kernel();
+  const DecodeKernel k = effective_decode_kernel(p);
   int chunk = 0;
   const int splits = decode_launch_splits(p, force_splits, k, &chunk);
   KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);

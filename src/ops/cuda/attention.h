@@ -19,7 +19,7 @@
 // Two decode kernels (decode_kernel() picks; both keep the split count and workspace layout above):
 //   v1: split s walks keys [s c, s c + c), c = ceil(pages_stride * page_size / splits), one dependent
 //       page-table -> K/V load chain per key; splits past the context exit at once, the combine reads all.
-//   v2 (default): the chunk follows the row's real context on the device, c = max(64, ceil(ctx / splits)
+//   v2: the chunk follows the row's real context on the device, c = max(64, ceil(ctx / splits)
 //       rounded up to 32 keys), so only ceil(ctx / c) splits do work; a split streams its keys in 32-key
 //       tiles through a 2-stage cp.async pipeline in shared memory (page ids looked up two tiles ahead),
 //       then every warp computes from shared memory (G <= 4: scores of a tile first, one softmax rescale per
@@ -72,11 +72,12 @@ struct PagedAttnParams {
   int32_t max_q_len = 0;  // host bound on q_len over sequences; 0 = unknown
 };
 
-enum class DecodeKernel : uint8_t { v1, v2 };
+enum class DecodeKernel : uint8_t { v1, v2, v3 };
 
 // The decode kernel paged_attention and paged_attention_decode launch: set_decode_kernel's choice, else the
-// environment variable KILN_ATTN_DECODE ("v1" or "v2", read once; unset: v2; anything else is an error).
-// Graphs keep the kernel they captured.
+// environment variable KILN_ATTN_DECODE ("v1", "v2" or "v3", read once; unset: v3; anything else is an
+// error). Where v3 does not apply (decode_v3_applies: D 32, an fp8 cache at D 64, rows not 16-byte aligned)
+// v2 runs. Graphs keep the kernel they captured.
 DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);

@@ -61,8 +61,41 @@ __device__ __forceinline__ void load_kv8(const void* base, const uint8_t* scales
 // The fewest keys a v2 decode split takes (below it the combine costs more than it saves): v2 never runs
 // more than ceil(table reach / kDecodeV2MinChunk) splits with keys.
 constexpr int kDecodeV2MinChunk = 64;
+constexpr int kDecodeV3Tile = 64;  // v3's keys per pipeline stage; its chunks are multiples of it
+
+// The chunk of keys each split of a v2 / v3 decode row with context ctx takes over `splits` splits: a
+// multiple of `tile`, at least kDecodeV2MinChunk; only ceil(ctx / chunk) splits get keys. The decode and
+// combine kernels both derive the splits that ran from it.
+__device__ __forceinline__ int decode_chunk(int ctx, int splits, int tile) {
+  const int per = (ctx + splits - 1) / splits;
+  return max(kDecodeV2MinChunk, (per + tile - 1) / tile * tile);
+}
+
+// The workspace entry of query row `row` of sequence b: the row itself when T <= B (then every row is a
+// decode row, T of them), else the sequence (only single-row sequences are decoded then, one row each). So
+// the workspace holds B entries (paged_attention_workspace_bytes), not T: a prefill step's thousands of
+// rows take none.
+__device__ __forceinline__ int decode_ws_slot(const PagedAttnParams& p, int b, int row) {
+  return p.T <= p.B ? row : b;
+}
+
+// The rows a decode block handles for sequence b: its one row when q_len == 1; with all_rows (a launch
+// where T == B, so no prefill kernel runs) every row of the sequence, each with its causal context.
+__device__ __forceinline__ bool decode_rows(const PagedAttnParams& p, int b, bool all_rows, int* row0, int* n,
+                                            int* kv_len) {
+  *row0 = p.cu_q[b];
+  *n = p.cu_q[b + 1] - *row0;
+  *kv_len = p.kv_lens[b];
+  // kv_lens beyond the page table's reach violate the contract: such a sequence is skipped, never read.
+  return *n >= 1 && (*n == 1 || all_rows) && *kv_len >= *n &&
+         *kv_len <= int64_t(p.pages_stride) * p.page_size;
+}
 void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int chunk, bool all_rows,
                    DecodeKernel kernel, cudaStream_t stream, bool pdl);
+// v3 (attention_decode_v3.cu): tensor-core decode; decode_v3_applies says where it runs (else v2 runs).
+bool decode_v3_applies(const PagedAttnParams& p);
+void launch_decode_v3(const PagedAttnParams& p, float* workspace, int splits, bool all_rows,
+                      cudaStream_t stream, bool pdl);
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,
                            DecodeKernel kernel, cudaStream_t stream, bool pdl);
 // kernel: v1 loads each K/V tile synchronously; v2 (bf16 caches; fp8 runs v1) with cp.async, overlapped;

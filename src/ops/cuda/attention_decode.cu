@@ -88,14 +88,6 @@ constexpr int finish_scratch_floats() {
   return 2 * kWarps * G + kWarps * G * D;
 }
 
-// The workspace entry of query row `row` of sequence b: the row itself when T <= B (then every row is a
-// decode row, T of them), else the sequence (only single-row sequences are decoded then, one row each). So
-// the workspace holds B entries (paged_attention_workspace_bytes), not T: a prefill step's thousands of
-// rows take none.
-__device__ __forceinline__ int ws_slot(const PagedAttnParams& p, int b, int row) {
-  return p.T <= p.B ? row : b;
-}
-
 // Merges the block's partial states: the TPW slots of each warp (shuffles), then the warps (scratch in
 // shared memory). direct: writes the bf16 row of out; else (o/l, m, l) of `split` go to workspace entry
 // `ws_row`. Ends with __syncthreads (the scratch may be reused at once).
@@ -193,23 +185,15 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
     update_key<D, G>(st, q, k, v, valid, p.scale);
   }
   __shared__ float scratch[finish_scratch_floats<D, G>()];
-  finish_row<D, G>(p, st, scratch, ws, splits == 1, split, splits, row, ws_slot(p, b, row), hk);
+  finish_row<D, G>(p, st, scratch, ws, splits == 1, split, splits, row, decode_ws_slot(p, b, row), hk);
 }
 
 // ---- v2 -------------------------------------------------------------------------------------------------
 
 constexpr int kTile = 32;  // keys per pipeline stage
-constexpr int kMinChunk = kDecodeV2MinChunk;
 // Up to this group size v2 updates the softmax once per tile (4 blocks of 128 threads per SM: <= 128
 // registers); wider groups update it per key as v1 does.
 constexpr int kTileSoftmaxMaxG = 4;
-
-// The v2 chunk of a row with context ctx over `splits` splits (a multiple of kTile, >= kMinChunk); the
-// decode and combine kernels both derive the number of splits that ran, ceil(ctx / chunk), from it.
-__device__ __forceinline__ int v2_chunk(int ctx, int splits) {
-  const int per = (ctx + splits - 1) / splits;
-  return max(kMinChunk, (per + kTile - 1) / kTile * kTile);
-}
 
 // Shared-memory tile geometry: a stage holds kTile K rows then kTile V rows of kRowBytes each, copied in
 // kChunk-byte pieces (16 bf16; 8 fp8, the cache alignment validate() guarantees for fp8): thread i copies
@@ -326,7 +310,7 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
   constexpr int LPT = D / 8, TPW = 32 / LPT;
   const int split = blockIdx.x, hk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slot = lane / LPT, sub = lane % LPT;
-  const int chunk = v2_chunk(ctx, splits);
+  const int chunk = decode_chunk(ctx, splits, kTile);
   const int t_begin = split * chunk;
   if (t_begin >= ctx) return;  // uniform over the block: this split has no keys of this row
   const int t_end = min(ctx, t_begin + chunk);
@@ -422,19 +406,7 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
   }
   const int n_active = (ctx + chunk - 1) / chunk;
   finish_row<D, G>(p, st, reinterpret_cast<float*>(smem), ws, n_active == 1, split, splits, row,
-                   ws_slot(p, b, row), hk);
-}
-
-// The rows a decode block handles for sequence b: its one row when q_len == 1; with all_rows (a launch
-// where T == B, so no prefill kernel runs) every row of the sequence, each with its causal context.
-__device__ __forceinline__ bool decode_rows(const PagedAttnParams& p, int b, bool all_rows, int* row0, int* n,
-                                            int* kv_len) {
-  *row0 = p.cu_q[b];
-  *n = p.cu_q[b + 1] - *row0;
-  *kv_len = p.kv_lens[b];
-  // kv_lens beyond the page table's reach violate the contract: such a sequence is skipped, never read.
-  return *n >= 1 && (*n == 1 || all_rows) && *kv_len >= *n &&
-         *kv_len <= int64_t(p.pages_stride) * p.page_size;
+                   decode_ws_slot(p, b, row), hk);
 }
 
 // Grid (splits, Hkv, B); block 4 warps (see decode_row).
@@ -473,9 +445,10 @@ __global__ void __launch_bounds__(kWarps * 32, G <= kTileSoftmaxMaxG ? 4 : 1)
 
 // Grid (Hq, B); block D threads, per row: the split maxima and weights w_s = l_s exp(m_s - M) computed
 // split-parallel into shared memory, then thread d sums w_s o_s[d] over the splits in order, 16 loads in
-// flight at a time (empty splits hold o = 0 and weight 0). kV2: only the ceil(ctx / v2_chunk) splits that
-// ran are read, and a row with one such split (written out by its decode block) is skipped.
-template <int D, bool kV2>
+// flight at a time (empty splits hold o = 0 and weight 0). kChunkTile > 0 (v2: 32, v3: 64): only the
+// ceil(ctx / decode_chunk(ctx, splits, kChunkTile)) splits that ran are read, and a row with one such split
+// (written out by its decode block) is skipped; 0 (v1): every split.
+template <int D, int kChunkTile>
 __global__ void __launch_bounds__(D)
     combine_kernel(const __grid_constant__ PagedAttnParams p, const float* ws, int splits, bool all_rows) {
   static_assert(D % 32 == 0 && D <= 1024, "one thread per element of head_dim");
@@ -489,13 +462,13 @@ __global__ void __launch_bounds__(D)
     const float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
     for (int row = row0; row < row0 + n; ++row) {
       int used = splits;
-      if constexpr (kV2) {
+      if constexpr (kChunkTile > 0) {
         const int ctx = kv_len - (row0 + n - 1 - row);
-        const int chunk = v2_chunk(ctx, splits);
+        const int chunk = decode_chunk(ctx, splits, kChunkTile);
         used = (ctx + chunk - 1) / chunk;
         if (used <= 1) continue;  // uniform over the block
       }
-      const int64_t base = (int64_t(ws_slot(p, blockIdx.y, row)) * p.Hq + h) * splits;
+      const int64_t base = (int64_t(decode_ws_slot(p, blockIdx.y, row)) * p.Hq + h) * splits;
       float m = kNegInf;
       for (int s = d; s < used; s += D) m = fmaxf(m, ml[2 * (base + s)]);
 #pragma unroll
@@ -536,6 +509,8 @@ void launch_decode_g(const LaunchCfg& cfg, const PagedAttnParams& p, float* ws, 
                      bool all_rows, DecodeKernel kernel) {
   if (kernel == DecodeKernel::v1) {
     launch(cfg, decode_kernel<D, G, KT>, p, ws, splits, chunk, all_rows);
+  } else if (kernel == DecodeKernel::v3) {
+    KILN_FAIL("paged decode attention: v3 is launched by launch_decode_v3");
   } else if constexpr (KT == KvDtype::bf16 || D % 64 == 0) {  // fp8 D 32 is refused before launch
     launch(cfg, decode_kernel_v2<D, G, KT>, p, ws, splits, all_rows);
   }
@@ -579,6 +554,7 @@ void launch_decode_typed(const PagedAttnParams& p, float* ws, int splits, int ch
 
 void launch_decode(const PagedAttnParams& p, float* ws, int splits, int chunk, bool all_rows,
                    DecodeKernel kernel, cudaStream_t stream, bool pdl) {
+  if (kernel == DecodeKernel::v3) return launch_decode_v3(p, ws, splits, all_rows, stream, pdl);
   KILN_DISPATCH_HEAD_DIM(
       p.D, KILN_DISPATCH_KV_DTYPE(p.kv_dtype, launch_decode_typed<kD, kKT>(p, ws, splits, chunk, all_rows,
                                                                            kernel, stream, pdl);))
@@ -590,9 +566,11 @@ void launch_decode_combine(const PagedAttnParams& p, const float* ws, int splits
     const LaunchCfg cfg{
         .grid = dim3(unsigned(p.Hq), unsigned(p.B)), .block = dim3(kD), .stream = stream, .pdl = pdl};
     if (kernel == DecodeKernel::v1)
-      launch(cfg, combine_kernel<kD, false>, p, ws, splits, all_rows);
+      launch(cfg, combine_kernel<kD, 0>, p, ws, splits, all_rows);
+    else if (kernel == DecodeKernel::v2)
+      launch(cfg, combine_kernel<kD, kTile>, p, ws, splits, all_rows);
     else
-      launch(cfg, combine_kernel<kD, true>, p, ws, splits, all_rows);
+      launch(cfg, combine_kernel<kD, kDecodeV3Tile>, p, ws, splits, all_rows);
   })
 }
 

@@ -1,0 +1,534 @@
+// Decode attention v3 (ops/cuda/attention.h, DecodeKernel::v3): split-KV paged decode on tensor cores.
+//
+// Mapping. Grid (splits, Hkv, B), 4 warps. Block (s, hk, b) owns keys [s c, s c + c) of sequence b's context
+// (c = decode_chunk(ctx, splits, kTile)) for the G = Hq / Hkv query heads of KV head hk. Keys stream through
+// shared memory in kTile = 64-key tiles, kStages deep (cp.async, zero-filled past the chunk, 16-byte pieces
+// XOR-swizzled by row so every ldmatrix and 8-byte load is bank-conflict free). Warp w takes keys
+// 16 w .. 16 w + 15 of every tile and keeps its own online-softmax state; the 4 warps merge at the end.
+//
+// Per warp and tile, with the group's G query heads as the rows of an m16n8k16 MMA (rows >= G are zero):
+//   S[16 x 16] = Q[16 x D] K^T      D / 16 k-steps x 2 key tiles of 8, K from shared memory (ldmatrix for
+//                                   bf16; fp8: an 8-byte load widened in registers, see below);
+//   online softmax in fp32 on S's rows (base-2 exponent, the score scale folded with log2 e);
+//   O[16 x D] += P V                P in bf16 as hi + lo (two MMAs, ~16 bits of p), V by ldmatrix.trans.
+// The query heads share every K/V byte loaded, and nothing but the MMAs touches each K/V element.
+//
+// FP8 (E4M3 + one UE8M0 scale per 64 elements): tiles are copied as bytes (half of bf16's traffic) and
+// widened exactly to bf16 in registers right before their MMA: byte -> bf16 bits with the value x 2^-120
+// (sign kept, exponent and mantissa shifted into place: exact, subnormals included), then two exact bf16
+// multiplies, by 2^120 and by the block's scale 2^(s - 127). For S the k-dimension (head_dim) is permuted
+// (lane t of a quad owns 8 consecutive elements of each 32: one 8-byte load), Q loaded with the same
+// permutation. For P V, ldmatrix.trans on byte pairs gives a lane two keys x two adjacent head_dim
+// elements, so the two n-tiles of each 16 elements hold the even and the odd ones (undone when storing O).
+//
+// Numerics: products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e - m)
+// with ex2.approx, P rounded as hi + lo bf16. Within the attention tolerance (docs/NUMERICS.md), and within
+// 1 bf16 ulp of the prefill kernel on the same rows.
+#include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/mma.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kTile = kDecodeV3Tile;  // keys per stage: 16 per warp
+constexpr float kNegInf = -__builtin_huge_valf();
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared-memory geometry of one stage: K rows then V rows of kRowBytes, in 16-byte pieces; piece c of row r
+// sits at c ^ (r & 7) (rows are >= 8 pieces wide, so an 8-row ldmatrix spreads over all 32 banks).
+template <int D, KvDtype KT>
+struct V3Cfg {
+  static constexpr int kEsz = KT == KvDtype::bf16 ? 2 : 1;
+  static constexpr int kRowBytes = D * kEsz;
+  static constexpr int kPieces = kRowBytes / 16;                    // per row
+  static constexpr int kCopies = kTile * kPieces / kThreads;        // K (and V) pieces per thread per tile
+  static constexpr int kRowStep = kThreads / kPieces;               // rows between a thread's pieces
+  static constexpr int kScales = KT == KvDtype::bf16 ? 0 : D / 64;  // scale bytes per row
+  static constexpr int kStageBytes = 2 * kTile * kRowBytes;
+  static constexpr int kStages = kStageBytes >= 32 * 1024 ? 3 : 4;
+  static constexpr int kScaleBytes = kStages * 2 * kTile * (kScales > 0 ? kScales : 1);
+  static_assert(kPieces >= 8 && kCopies >= 1 && kTile * kPieces % kThreads == 0, "tile geometry");
+};
+
+__device__ __forceinline__ int swz(int row, int piece) {
+  return piece ^ (row & 7);
+}
+
+// 16-byte global -> shared copy that fills zeros instead when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+  const uint32_t sa = smem_addr(smem);
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n) : "memory");
+}
+
+// Two e4m3 bytes of w picked by the prmt selector sel (result bytes 1 and 3) -> bf16x2 holding value x 2^-120
+// each: sign at bit 15, exponent and mantissa shifted from bits 8..14 to 4..10 (an e4m3 subnormal becomes a
+// bf16 subnormal of the same ratio).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_scaled(uint32_t w, uint32_t sel) {
+  uint32_t x;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(x) : "r"(w), "r"(sel));
+  return (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
+}
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+constexpr uint32_t kTwo120x2 = (247u << 7) | (247u << 23);  // bf16x2 (2^120, 2^120)
+// bf16 bits of 2^(byte - 127) (UE8M0): byte 0 is the subnormal 2^-127; 255 (NaN) is not a valid scale.
+__device__ __forceinline__ uint32_t ue8m0_bf16(uint32_t byte) {
+  return byte == 0 ? 0x0040u : byte << 7;
+}
+// The exact bf16 pair of two e4m3 bytes times their scales f (bf16x2 of 2^(s - 127)).
+__device__ __forceinline__ uint32_t widen_pair(uint32_t w, uint32_t sel, uint32_t f) {
+  return bf16x2_mul(bf16x2_mul(e4m3x2_to_bf16x2_scaled(w, sel), kTwo120x2), f);
+}
+
+// Context position -> (page-table index, row in the page) without an integer division when the page size is
+// a power of two (16, 32, 64: every engine configuration); other sizes divide.
+struct PagePos {
+  int size, shift;  // shift >= 0: size == 1 << shift
+  __device__ __forceinline__ int index(int t) const { return shift >= 0 ? t >> shift : t / size; }
+  __device__ __forceinline__ int row(int t) const { return shift >= 0 ? t & (size - 1) : t % size; }
+};
+
+__device__ __forceinline__ PagePos page_pos(int page_size) {
+  return {page_size, (page_size & (page_size - 1)) == 0 ? 31 - __clz(page_size) : -1};
+}
+
+// Page of context position t of sequence b (clamped into the pool, as kv_page).
+__device__ __forceinline__ int page_of(const PagedAttnParams& p, const PagePos& pp, int b, int t) {
+  const int page = p.page_table[int64_t(b) * p.pages_stride + pp.index(t)];
+  return page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+}
+
+// Element offset of (page, row in page, kv head hk) in the cache (or, with the sc_ strides, of its scales).
+__device__ __forceinline__ int64_t row_elem(int page, int row, int64_t s_page, int64_t s_row,
+                                            int64_t hk_off) {
+  return int64_t(page) * s_page + int64_t(row) * s_row + hk_off;
+}
+
+// Issues the cp.async copies of tile [t0, t0 + kTile) of (b, hk) into stage smem (K rows, then V rows);
+// rows past t_end are zero-filled. pg: the page of each of this thread's rows (load_pages).
+template <int D, KvDtype KT>
+__device__ __forceinline__ void issue_tile(const PagedAttnParams& p, const PagePos& pp, int hk, int t0,
+                                           int t_end, const int (&pg)[V3Cfg<D, KT>::kCopies],
+                                           unsigned char* stage) {
+  using C = V3Cfg<D, KT>;
+  const int piece = threadIdx.x % C::kPieces, r0 = threadIdx.x / C::kPieces;
+  const unsigned char* kb =
+      static_cast<const unsigned char*>(p.k) + (int64_t(hk) * p.s_head * C::kEsz + piece * 16);
+  const unsigned char* vb =
+      static_cast<const unsigned char*>(p.v) + (int64_t(hk) * p.s_head * C::kEsz + piece * 16);
+#pragma unroll
+  for (int j = 0; j < C::kCopies; ++j) {
+    const int r = r0 + j * C::kRowStep, t = t0 + r;
+    const bool valid = t < t_end;
+    const int64_t off = valid ? row_elem(pg[j], pp.row(t), p.s_page, p.s_row, 0) * C::kEsz : 0;
+    unsigned char* dk = stage + r * C::kRowBytes + swz(r, piece) * 16;
+    cp_async16_zfill(dk, kb + off, valid);
+    cp_async16_zfill(dk + kTile * C::kRowBytes, vb + off, valid);
+  }
+}
+
+template <int D, KvDtype KT>
+__device__ __forceinline__ void load_pages(const PagedAttnParams& p, const PagePos& pp, int b, int t0,
+                                           int t_end, int (&pg)[V3Cfg<D, KT>::kCopies]) {
+  using C = V3Cfg<D, KT>;
+  const int r0 = threadIdx.x / C::kPieces;
+#pragma unroll
+  for (int j = 0; j < C::kCopies; ++j) {
+    const int t = t0 + r0 + j * C::kRowStep;
+    pg[j] = t < t_end ? page_of(p, pp, b, t) : 0;
+  }
+}
+
+// fp8: the K and V scale bytes of one row of the tile (threads < kTile), loaded into registers now and
+// stored into the stage's table by store_scales once that stage is free to write.
+template <int D, KvDtype KT>
+__device__ __forceinline__ void load_scales(const PagedAttnParams& p, const PagePos& pp, int b, int hk,
+                                            int t0, int t_end, uint32_t (&sc)[2]) {
+  using C = V3Cfg<D, KT>;
+  if constexpr (C::kScales > 0) {
+    const int t = t0 + int(threadIdx.x);
+    sc[0] = sc[1] = 127u * 0x01010101u;
+    if (int(threadIdx.x) < kTile && t < t_end) {
+      const int64_t sc_off =
+          row_elem(page_of(p, pp, b, t), pp.row(t), p.sc_page, p.sc_row, int64_t(hk) * p.sc_head);
+#pragma unroll
+      for (int i = 0; i < C::kScales; ++i) {
+        sc[0] = (sc[0] & ~(0xffu << (8 * i))) | (uint32_t(p.k_scale[sc_off + i]) << (8 * i));
+        sc[1] = (sc[1] & ~(0xffu << (8 * i))) | (uint32_t(p.v_scale[sc_off + i]) << (8 * i));
+      }
+    }
+  }
+}
+template <int D, KvDtype KT>
+__device__ __forceinline__ void store_scales(uint8_t* stage_sc, const uint32_t (&sc)[2]) {
+  using C = V3Cfg<D, KT>;
+  if constexpr (C::kScales > 0) {
+    if (int(threadIdx.x) < kTile) {
+#pragma unroll
+      for (int i = 0; i < C::kScales; ++i) {
+        stage_sc[threadIdx.x * C::kScales + i] = uint8_t(sc[0] >> (8 * i));
+        stage_sc[(kTile + threadIdx.x) * C::kScales + i] = uint8_t(sc[1] >> (8 * i));
+      }
+    }
+  }
+}
+
+// Q of the group as m16n8k16 A fragments, rows = heads (>= G: zero), one entry per k-step: qa[s][0] holds
+// row g's k-slots (2t, 2t + 1), qa[s][1] slots (2t + 8, 2t + 9) (the other two A registers, rows 8..15,
+// are zero). bf16 caches: k-step s is head_dim 16 s .. 16 s + 15 in order; fp8: the permuted order of the
+// 8-byte K loads (lane t owns elements 8 t .. 8 t + 7 of each 32: k-step 2 q holds 32 q + 8 t + {0,1 | 2,3},
+// k-step 2 q + 1 holds + {4,5 | 6,7}).
+template <int D, int G, KvDtype KT>
+__device__ __forceinline__ void load_q_frags(const PagedAttnParams& p, int row, int hk,
+                                             uint32_t (&qa)[D / 16][2]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint16_t* q =
+      static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t + int64_t(hk * G + g) * p.q_stride_h;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) qa[s][0] = qa[s][1] = 0u;
+  if (g >= G) return;
+  if constexpr (KT == KvDtype::bf16) {
+#pragma unroll
+    for (int s = 0; s < D / 16; ++s) {
+      qa[s][0] = *reinterpret_cast<const uint32_t*>(q + 16 * s + 2 * t);
+      qa[s][1] = *reinterpret_cast<const uint32_t*>(q + 16 * s + 8 + 2 * t);
+    }
+  } else {
+#pragma unroll
+    for (int g32 = 0; g32 < D / 32; ++g32) {
+      const uint4 v = *reinterpret_cast<const uint4*>(q + 32 * g32 + 8 * t);
+      qa[2 * g32][0] = v.x, qa[2 * g32][1] = v.y;
+      qa[2 * g32 + 1][0] = v.z, qa[2 * g32 + 1][1] = v.w;
+    }
+  }
+}
+
+// S = Q K^T for this warp's 16 keys of the tile (rows of sK 16 w ..): acc[n][*] is key tile n (keys
+// 16 w + 8 n ..), c0 and c1 at keys 2t, 2t + 1 of it for head g.
+template <int D, KvDtype KT>
+__device__ __forceinline__ void scores(const unsigned char* sK, const uint8_t* sKs,
+                                       const uint32_t (&qa)[D / 16][2], float (&acc)[2][4]) {
+  using C = V3Cfg<D, KT>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[n][c] = 0.0f;
+  if constexpr (KT == KvDtype::bf16) {
+    // ldmatrix x4 per k-step: matrices (keys 0-7, d lo), (keys 0-7, d hi), (keys 8-15, d lo), (keys 8-15, d
+    // hi).
+    const int m = lane / 8, r = 16 * warp + (m / 2) * 8 + lane % 8;
+    const uint32_t row_base = smem_addr(sK + r * C::kRowBytes);
+#pragma unroll
+    for (int s = 0; s < D / 16; ++s) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, row_base + swz(r, 2 * s + m % 2) * 16);
+      const uint32_t a[4] = {qa[s][0], 0u, qa[s][1], 0u};
+      mma_bf16(acc[0], a, kb[0], kb[1]);
+      mma_bf16(acc[1], a, kb[2], kb[3]);
+    }
+  } else {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int r = 16 * warp + 8 * n + g;
+      const unsigned char* row = sK + r * C::kRowBytes;
+#pragma unroll
+      for (int g32 = 0; g32 < D / 32; ++g32) {
+        const uint2 w = *reinterpret_cast<const uint2*>(row + swz(r, 2 * g32 + t / 2) * 16 + 8 * (t % 2));
+        const uint32_t f = ue8m0_bf16(sKs[r * C::kScales + g32 / 2]) * 0x10001u;
+        const uint32_t a0[4] = {qa[2 * g32][0], 0u, qa[2 * g32][1], 0u};
+        const uint32_t a1[4] = {qa[2 * g32 + 1][0], 0u, qa[2 * g32 + 1][1], 0u};
+        mma_bf16(acc[n], a0, widen_pair(w.x, 0x1404u, f), widen_pair(w.x, 0x3424u, f));
+        mma_bf16(acc[n], a1, widen_pair(w.y, 0x1404u, f), widen_pair(w.y, 0x3424u, f));
+      }
+    }
+  }
+}
+
+// O += P V for this warp's 16 keys; pa: P as A fragments, [0] hi and [1] lo. o[j]: n-tile j of O (bf16:
+// head_dim 8 j .. 8 j + 7 in order; fp8: see o_dim).
+template <int D, KvDtype KT>
+__device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uint8_t* sVs,
+                                              const uint32_t (&pa)[2][4], float (&o)[D / 8][4]) {
+  using C = V3Cfg<D, KT>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, m = lane / 8;
+  // ldmatrix.trans x4: matrices (keys 0-7, piece lo), (keys 8-15, piece lo), (keys 0-7, piece hi), (keys
+  // 8-15, hi).
+  const int r = 16 * warp + (m % 2) * 8 + lane % 8;
+  const uint32_t row_base = smem_addr(sV + r * C::kRowBytes);
+  if constexpr (KT == KvDtype::bf16) {
+#pragma unroll
+    for (int pr = 0; pr < D / 16; ++pr) {  // head_dim 16 pr .. 16 pr + 15: n-tiles 2 pr, 2 pr + 1
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, row_base + swz(r, 2 * pr + m / 2) * 16);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mma_bf16(o[2 * pr], pa[h], vb[0], vb[1]);
+        mma_bf16(o[2 * pr + 1], pa[h], vb[2], vb[3]);
+      }
+    }
+  } else {
+    // Scales of this lane's keys 2t, 2t + 1 (b0 b1) and 8 + 2t, 9 + 2t (b2 b3), per 64-element block.
+    const int t = lane % 4, k0 = 16 * warp + 2 * t;
+    uint32_t f[C::kScales][2];
+#pragma unroll
+    for (int blk = 0; blk < C::kScales; ++blk) {
+      f[blk][0] =
+          ue8m0_bf16(sVs[k0 * C::kScales + blk]) | (ue8m0_bf16(sVs[(k0 + 1) * C::kScales + blk]) << 16);
+      f[blk][1] =
+          ue8m0_bf16(sVs[(k0 + 8) * C::kScales + blk]) | (ue8m0_bf16(sVs[(k0 + 9) * C::kScales + blk]) << 16);
+    }
+#pragma unroll
+    for (int g32 = 0; g32 < D / 32; ++g32) {  // bytes 32 g32 .. + 31: pieces 2 g32 (m / 2 = 0), 2 g32 + 1
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, row_base + swz(r, 2 * g32 + m / 2) * 16);
+      const int blk = g32 / 2;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {  // 16-element half: vb[2 hf] keys 0-7, vb[2 hf + 1] keys 8-15
+        const uint32_t e0 = widen_pair(vb[2 * hf], 0x2404u, f[blk][0]),
+                       e1 = widen_pair(vb[2 * hf + 1], 0x2404u, f[blk][1]);
+        const uint32_t d0 = widen_pair(vb[2 * hf], 0x3414u, f[blk][0]),
+                       d1 = widen_pair(vb[2 * hf + 1], 0x3414u, f[blk][1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mma_bf16(o[4 * g32 + 2 * hf], pa[h], e0, e1);      // even elements
+          mma_bf16(o[4 * g32 + 2 * hf + 1], pa[h], d0, d1);  // odd elements
+        }
+      }
+    }
+  }
+}
+
+// head_dim element of accumulator register c (0 or 1) of O's n-tile j in lane quad position t.
+template <KvDtype KT>
+__device__ __forceinline__ int o_dim(int j, int c, int t) {
+  if constexpr (KT == KvDtype::bf16) return 8 * j + 2 * t + c;
+  // fp8: n-tile 4 g32 + 2 hf + odd holds elements 32 g32 + 16 hf + 2 n + odd, n the MMA column 2t + c.
+  return 32 * (j / 4) + 16 * ((j / 2) % 2) + 2 * (2 * t + c) + j % 2;
+}
+
+// One query row of sequence b (context ctx) over this block's chunk, then the merge of the 4 warps.
+template <int D, int G, KvDtype KT>
+__device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, float* ws, int splits, int b, int row,
+                                              int ctx, unsigned char* smem, uint8_t* smem_sc) {
+  using C = V3Cfg<D, KT>;
+  const int split = blockIdx.x, hk = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int chunk = decode_chunk(ctx, splits, kTile);
+  const int t_begin = split * chunk;
+  if (t_begin >= ctx) return;  // uniform over the block
+  const int t_end = min(ctx, t_begin + chunk);
+  const int n_tiles = (t_end - t_begin + kTile - 1) / kTile;
+
+  // Prologue: tiles 0 .. kStages - 2 in flight, the pages of the next one loaded.
+  const PagePos pp = page_pos(p.page_size);
+  int pg[C::kCopies];
+  uint32_t sc[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < C::kStages - 1; ++i) {
+    const int t0 = t_begin + i * kTile;
+    if (i < n_tiles) {
+      load_pages<D, KT>(p, pp, b, t0, t_end, pg);
+      issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + i * C::kStageBytes);
+      load_scales<D, KT>(p, pp, b, hk, t0, t_end, sc);
+      store_scales<D, KT>(smem_sc + i * 2 * kTile * C::kScales, sc);
+    }
+    cp_async_commit();
+  }
+  load_pages<D, KT>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, pg);
+
+  uint32_t qa[D / 16][2];
+  load_q_frags<D, G, KT>(p, row, hk, qa);
+  const float scale2 = p.scale * kLog2e;
+  float m = kNegInf, l = 0.0f;  // row g's running max (base 2) and this lane's part of the sum
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[j][c] = 0.0f;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();  // tile it has landed for every thread; every warp is done with tile it - 1's stage
+    const int nxt = it + C::kStages - 1;
+    if (nxt < n_tiles) {
+      const int t0 = t_begin + nxt * kTile;
+      issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + (nxt % C::kStages) * C::kStageBytes);
+      load_scales<D, KT>(p, pp, b, hk, t0, t_end, sc);
+      if (nxt + 1 < n_tiles) load_pages<D, KT>(p, pp, b, t0 + kTile, t_end, pg);
+    }
+    cp_async_commit();
+
+    const int stage = it % C::kStages;
+    const unsigned char* sK = smem + stage * C::kStageBytes;
+    const uint8_t* sKs = smem_sc + stage * 2 * kTile * C::kScales;
+    float s[2][4];
+    scores<D, KT>(sK, sKs, qa, s);
+    // Mask keys past the chunk, scale to base 2, and update the running max of row g over the quad.
+    const int key0 = t_begin + it * kTile + 16 * warp;
+    float mt = kNegInf;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const bool valid = key0 + 8 * n + 2 * t + c < t_end;
+        s[n][c] = valid ? s[n][c] * scale2 : kNegInf;
+        mt = fmaxf(mt, s[n][c]);
+      }
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float m_new = fmaxf(m, mt);
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a warp with no key yet keeps p = 0
+    const float corr = exp2f(m - m_use);
+    m = m_new;
+    l *= corr;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[j][0] *= corr, o[j][1] *= corr;
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const float p0 = exp2f(s[n][0] - m_use), p1 = exp2f(s[n][1] - m_use);
+      l += p0 + p1;
+      const uint32_t hi = pack_bf16x2(p0, p1);
+      const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+      pa[0][2 * n] =
+          hi;  // A registers 0 (keys 2t, 2t + 1) and 2 (keys 8 + 2t, 9 + 2t); 1 and 3 (rows 8-15) zero
+      pa[1][2 * n] = pack_bf16x2(p0 - h0, p1 - h1);
+      pa[0][2 * n + 1] = pa[1][2 * n + 1] = 0u;
+    }
+    accumulate_pv<D, KT>(sK + kTile * C::kRowBytes, sKs + kTile * C::kScales, pa, o);
+    if (nxt < n_tiles) store_scales<D, KT>(smem_sc + (nxt % C::kStages) * 2 * kTile * C::kScales, sc);
+  }
+  cp_async_wait<0>();
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  __syncthreads();  // every warp is done with the stages: reuse them as the merge scratch
+
+  float* sm_m = reinterpret_cast<float*>(smem);  // [kWarps][G]
+  float* sm_l = sm_m + kWarps * G;               // [kWarps][G]
+  float* sm_o = sm_l + kWarps * G;               // [kWarps][G][D]
+  if (g < G) {
+    if (t == 0) sm_m[warp * G + g] = m, sm_l[warp * G + g] = l;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) sm_o[(warp * G + g) * D + o_dim<KT>(j, c, t)] = o[j][c];
+  }
+  __syncthreads();
+  const int n_active = (ctx + chunk - 1) / chunk;
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int gg = idx / D, d = idx % D;
+    float M = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * G + gg]);
+    float L = 0.0f, O = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = sm_m[w * G + gg];
+      if (mw != kNegInf) {
+        const float c = exp2f(mw - M);
+        L = fmaf(sm_l[w * G + gg], c, L);
+        O = fmaf(sm_o[(w * G + gg) * D + d], c, O);
+      }
+    }
+    const int h = hk * G + gg;
+    if (n_active == 1) {
+      static_cast<uint16_t*>(p.out)[int64_t(row) * p.o_stride_t + int64_t(h) * p.o_stride_h + d] =
+          uint16_t(f32_to_bf16_bits(__fdiv_rn(O, L)));
+    } else {
+      // The combine's format (attention_decode.cu): o / l, then the max in natural-log units and l.
+      const int64_t part = (int64_t(decode_ws_slot(p, b, row)) * p.Hq + h) * splits + split;
+      ws[part * D + d] = __fdiv_rn(O, L);
+      if (d == 0) {
+        float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
+        ml[2 * part] = M * 0.6931471805599453f;
+        ml[2 * part + 1] = L;
+      }
+    }
+  }
+  __syncthreads();  // the scratch may be reused by the next row
+}
+
+template <int D, int G, KvDtype KT>
+__global__ void __launch_bounds__(kThreads)
+    decode_kernel_v3(const __grid_constant__ PagedAttnParams p, float* ws, int splits, bool all_rows) {
+  using C = V3Cfg<D, KT>;
+  extern __shared__ uint4 smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
+  uint8_t* smem_sc = smem + C::kStages * C::kStageBytes;
+  pdl_wait();
+  int row0, n, kv_len;
+  if (decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len)) {
+    for (int i = 0; i < n; ++i)
+      decode_row_v3<D, G, KT>(p, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i, smem, smem_sc);
+  }
+  pdl_launch_dependents();
+}
+
+template <int D, int G, KvDtype KT>
+void launch_g(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
+  using C = V3Cfg<D, KT>;
+  constexpr size_t kSmem = size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
+  static_assert(kSmem >= sizeof(float) * (2 * kWarps * G + kWarps * G * D), "merge scratch fits the stages");
+  static const bool attr_set = [] {
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(p.B)),
+                      .block = dim3(kThreads),
+                      .smem = kSmem,
+                      .stream = stream,
+                      .pdl = pdl,
+                      .smem_attr_set = attr_set};
+  launch(cfg, decode_kernel_v3<D, G, KT>, p, ws, splits, all_rows);
+}
+
+template <int D, KvDtype KT>
+void launch_typed(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
+                  bool pdl) {
+  switch (p.Hq / p.Hkv) {
+    case 1:
+      return launch_g<D, 1, KT>(p, ws, splits, all_rows, stream, pdl);
+    case 2:
+      return launch_g<D, 2, KT>(p, ws, splits, all_rows, stream, pdl);
+    case 3:
+      return launch_g<D, 3, KT>(p, ws, splits, all_rows, stream, pdl);
+    case 4:
+      return launch_g<D, 4, KT>(p, ws, splits, all_rows, stream, pdl);
+    case 5:
+      return launch_g<D, 5, KT>(p, ws, splits, all_rows, stream, pdl);
+    case 6:
+      return launch_g<D, 6, KT>(p, ws, splits, all_rows, stream, pdl);
+    case 8:
+      return launch_g<D, 8, KT>(p, ws, splits, all_rows, stream, pdl);
+    default:
+      KILN_FAIL("paged decode attention v3: unsupported GQA group size ", p.Hq / p.Hkv, " (1-6, 8)");
+  }
+}
+
+}  // namespace
+
+bool decode_v3_applies(const PagedAttnParams& p) {
+  const int esz = p.kv_dtype == KvDtype::bf16 ? 2 : 1;
+  // 16-byte pieces of >= 8 per row (bf16: D 64, 128; fp8: D 128), every row start 16-byte aligned.
+  const bool aligned = (p.s_page * esz) % 16 == 0 && (p.s_row * esz) % 16 == 0 && (p.s_head * esz) % 16 == 0;
+  return aligned && p.Hq / p.Hkv <= 8 && (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16));
+}
+
+void launch_decode_v3(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
+                      bool pdl) {
+  KILN_CHECK(decode_v3_applies(p), "paged decode attention v3: unsupported shape (D ", p.D, ")");
+  if (p.D == 64) return launch_typed<64, KvDtype::bf16>(p, ws, splits, all_rows, stream, pdl);
+  if (p.kv_dtype == KvDtype::bf16)
+    return launch_typed<128, KvDtype::bf16>(p, ws, splits, all_rows, stream, pdl);
+  launch_typed<128, KvDtype::f8e4m3>(p, ws, splits, all_rows, stream, pdl);
+}
+
+}  // namespace kiln::cuda
