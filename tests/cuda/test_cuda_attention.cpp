@@ -579,6 +579,28 @@ TEST(CudaAttention, LargeBatchMixedLengths) {
   check_decode_variants(s, {0}, "G 1, Hkv 32: one split");
 }
 
+TEST(CudaAttention, PageSizesOffTheTmaPath) {
+  KILN_REQUIRE_GPU();
+  // Decode v3 copies pages of 16, 32 and 64 rows with TMA and any other page size with cp.async: pages of 8
+  // and 24 rows (a 64-key tile then spans pages that straddle it), both layouts and cache dtypes.
+  uint32_t seed = 900;
+  for (int ps : {8, 24})
+    for (bool fp8 : {false, true})
+      for (bool hnd : {false, true}) {
+        Case c{.q_lens = {1, 1, 1, 1},
+               .kv_lens = {1, 70, 1000, 3001},
+               .Hq = 8,
+               .Hkv = 2,
+               .D = 128,
+               .page_size = ps,
+               .hnd = hnd,
+               .fp8 = fp8};
+        const AttnSetup s(c, seed++);
+        check_decode_variants(
+            s, {0, 1, 5}, "page " + std::to_string(ps) + (fp8 ? " fp8" : " bf16") + (hnd ? " HND" : " NHD"));
+      }
+}
+
 TEST(CudaAttention, BadParamsAreErrors) {
   KILN_REQUIRE_GPU();
   Case c{.q_lens = {1}, .kv_lens = {4}, .Hq = 4, .Hkv = 2, .D = 128, .page_size = 16};

@@ -26,6 +26,7 @@
 // 1 bf16 ulp of the prefill kernel on the same rows.
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/tensor_map.h"
 
 namespace kiln::cuda {
 namespace {
@@ -35,13 +36,16 @@ constexpr int kTile = kDecodeV3Tile;  // keys per stage: 16 per warp
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Shared-memory geometry of one stage: K rows then V rows of kRowBytes, in 16-byte pieces; piece c of row r
-// sits at c ^ (r & 7) (rows are >= 8 pieces wide, so an 8-row ldmatrix spreads over all 32 banks).
+// Shared-memory geometry of one stage: the K tile, then the V tile, each kHalves column blocks of [kTile
+// rows] [128 bytes] (TMA's 128-byte swizzle box: 16-byte piece c of a row at c ^ (row & 7), so an 8-row
+// ldmatrix or 8-byte load spreads over all 32 banks); tile_off gives the byte of (row, 16-byte piece of the
+// row).
 template <int D, KvDtype KT>
 struct V3Cfg {
   static constexpr int kEsz = KT == KvDtype::bf16 ? 2 : 1;
   static constexpr int kRowBytes = D * kEsz;
   static constexpr int kPieces = kRowBytes / 16;                    // per row
+  static constexpr int kHalves = kRowBytes / 128;                   // 128-byte column blocks
   static constexpr int kCopies = kTile * kPieces / kThreads;        // K (and V) pieces per thread per tile
   static constexpr int kRowStep = kThreads / kPieces;               // rows between a thread's pieces
   static constexpr int kScales = KT == KvDtype::bf16 ? 0 : D / 64;  // scale bytes per row
@@ -51,8 +55,41 @@ struct V3Cfg {
   static_assert(kPieces >= 8 && kCopies >= 1 && kTile * kPieces % kThreads == 0, "tile geometry");
 };
 
-__device__ __forceinline__ int swz(int row, int piece) {
-  return piece ^ (row & 7);
+__device__ __forceinline__ int tile_off(int row, int piece) {
+  return (piece >> 3) * (kTile * 128) + row * 128 + (((piece & 7) ^ (row & 7)) << 4);
+}
+
+// ---- mbarrier + bulk tensor copy (TMA) ----
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Box (c0, c1, c2, c3) of map into smem, completing on bar.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap& map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+      "%4, "
+      "%5}], [%6];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
+// Orders this thread's generic shared-memory writes before later async-proxy (TMA) writes to the same bytes.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // 16-byte global -> shared copy that fills zeros instead when !valid (src is then not read).
@@ -126,7 +163,7 @@ __device__ __forceinline__ void issue_tile(const PagedAttnParams& p, const PageP
     const int r = r0 + j * C::kRowStep, t = t0 + r;
     const bool valid = t < t_end;
     const int64_t off = valid ? row_elem(pg[j], pp.row(t), p.s_page, p.s_row, 0) * C::kEsz : 0;
-    unsigned char* dk = stage + r * C::kRowBytes + swz(r, piece) * 16;
+    unsigned char* dk = stage + tile_off(r, piece);
     cp_async16_zfill(dk, kb + off, valid);
     cp_async16_zfill(dk + kTile * C::kRowBytes, vb + off, valid);
   }
@@ -142,6 +179,50 @@ __device__ __forceinline__ void load_pages(const PagedAttnParams& p, const PageP
     const int t = t0 + r0 + j * C::kRowStep;
     pg[j] = t < t_end ? page_of(p, pp, b, t) : 0;
   }
+}
+
+// TMA path (page sizes 16, 32, 64): thread 0 loads the page ids of a tile (at most 4 pages) ...
+template <int kMaxPages>
+__device__ __forceinline__ void load_tile_pages(const PagedAttnParams& p, const PagePos& pp, int b, int t0,
+                                                int t_end, int (&pages)[kMaxPages]) {
+#pragma unroll
+  for (int i = 0; i < kMaxPages; ++i) {
+    const int t = t0 + i * pp.size;
+    pages[i] = i * pp.size < kTile && t < t_end ? page_of(p, pp, b, t) : 0;
+  }
+}
+// ... and copies each page's rows of (hk) into the stage as 128-byte swizzled boxes (K then V), completing on
+// bar with the bytes announced. Rows of the last page past t_end are loaded too (and zeroed later in V).
+template <int D, KvDtype KT, int kMaxPages>
+__device__ __forceinline__ void tma_issue(const CUtensorMap& tk, const CUtensorMap& tv, uint64_t* bar,
+                                          unsigned char* stage, int hk, int t0, int t_end, int ps,
+                                          const int (&pages)[kMaxPages]) {
+  using C = V3Cfg<D, KT>;
+  const int n_pages = min(kTile / ps, (t_end - t0 + ps - 1) / ps);
+  mbar_expect_tx(bar, uint32_t(n_pages * C::kHalves * ps * 128 * 2));
+#pragma unroll
+  for (int i = 0; i < kMaxPages; ++i) {
+    if (i < n_pages) {
+#pragma unroll
+      for (int h = 0; h < C::kHalves; ++h) {
+        unsigned char* dst = stage + h * (kTile * 128) + i * ps * 128;
+        tma_load_4d(dst, tk, h * (128 / C::kEsz), 0, hk, pages[i], bar);
+        tma_load_4d(dst + kTile * C::kRowBytes, tv, h * (128 / C::kEsz), 0, hk, pages[i], bar);
+      }
+    }
+  }
+}
+// Zeroes V rows [valid, kTile) of a stage (TMA loaded whole pages: rows past the chunk may hold anything, and
+// p = 0 times a NaN would still poison O), then orders the stores before later TMA writes.
+template <int D, KvDtype KT>
+__device__ __forceinline__ void zero_v_tail(unsigned char* sV, int valid) {
+  using C = V3Cfg<D, KT>;
+  const int n = (kTile - valid) * 8;  // 16-byte pieces per column block
+  for (int i = threadIdx.x; i < n * C::kHalves; i += kThreads) {
+    const int h = i / n, r = valid + (i % n) / 8, c = i % 8;
+    *reinterpret_cast<uint4*>(sV + h * (kTile * 128) + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async();
 }
 
 // fp8: the K and V scale bytes of one row of the tile (threads < kTile), loaded into registers now and
@@ -223,11 +304,10 @@ __device__ __forceinline__ void scores(const unsigned char* sK, const uint8_t* s
     // ldmatrix x4 per k-step: matrices (keys 0-7, d lo), (keys 0-7, d hi), (keys 8-15, d lo), (keys 8-15, d
     // hi).
     const int m = lane / 8, r = 16 * warp + (m / 2) * 8 + lane % 8;
-    const uint32_t row_base = smem_addr(sK + r * C::kRowBytes);
 #pragma unroll
     for (int s = 0; s < D / 16; ++s) {
       uint32_t kb[4];
-      ldmatrix_x4(kb, row_base + swz(r, 2 * s + m % 2) * 16);
+      ldmatrix_x4(kb, smem_addr(sK + tile_off(r, 2 * s + m % 2)));
       const uint32_t a[4] = {qa[s][0], 0u, qa[s][1], 0u};
       mma_bf16(acc[0], a, kb[0], kb[1]);
       mma_bf16(acc[1], a, kb[2], kb[3]);
@@ -237,10 +317,9 @@ __device__ __forceinline__ void scores(const unsigned char* sK, const uint8_t* s
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int r = 16 * warp + 8 * n + g;
-      const unsigned char* row = sK + r * C::kRowBytes;
 #pragma unroll
       for (int g32 = 0; g32 < D / 32; ++g32) {
-        const uint2 w = *reinterpret_cast<const uint2*>(row + swz(r, 2 * g32 + t / 2) * 16 + 8 * (t % 2));
+        const uint2 w = *reinterpret_cast<const uint2*>(sK + tile_off(r, 2 * g32 + t / 2) + 8 * (t % 2));
         const uint32_t f = ue8m0_bf16(sKs[r * C::kScales + g32 / 2]) * 0x10001u;
         const uint32_t a0[4] = {qa[2 * g32][0], 0u, qa[2 * g32][1], 0u};
         const uint32_t a1[4] = {qa[2 * g32 + 1][0], 0u, qa[2 * g32 + 1][1], 0u};
@@ -261,12 +340,11 @@ __device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uin
   // ldmatrix.trans x4: matrices (keys 0-7, piece lo), (keys 8-15, piece lo), (keys 0-7, piece hi), (keys
   // 8-15, hi).
   const int r = 16 * warp + (m % 2) * 8 + lane % 8;
-  const uint32_t row_base = smem_addr(sV + r * C::kRowBytes);
   if constexpr (KT == KvDtype::bf16) {
 #pragma unroll
     for (int pr = 0; pr < D / 16; ++pr) {  // head_dim 16 pr .. 16 pr + 15: n-tiles 2 pr, 2 pr + 1
       uint32_t vb[4];
-      ldmatrix_x4_trans(vb, row_base + swz(r, 2 * pr + m / 2) * 16);
+      ldmatrix_x4_trans(vb, smem_addr(sV + tile_off(r, 2 * pr + m / 2)));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         mma_bf16(o[2 * pr], pa[h], vb[0], vb[1]);
@@ -287,7 +365,7 @@ __device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uin
 #pragma unroll
     for (int g32 = 0; g32 < D / 32; ++g32) {  // bytes 32 g32 .. + 31: pieces 2 g32 (m / 2 = 0), 2 g32 + 1
       uint32_t vb[4];
-      ldmatrix_x4_trans(vb, row_base + swz(r, 2 * g32 + m / 2) * 16);
+      ldmatrix_x4_trans(vb, smem_addr(sV + tile_off(r, 2 * g32 + m / 2)));
       const int blk = g32 / 2;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {  // 16-element half: vb[2 hf] keys 0-7, vb[2 hf + 1] keys 8-15
@@ -314,9 +392,14 @@ __device__ __forceinline__ int o_dim(int j, int c, int t) {
 }
 
 // One query row of sequence b (context ctx) over this block's chunk, then the merge of the 4 warps.
-template <int D, int G, KvDtype KT>
-__device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, float* ws, int splits, int b, int row,
-                                              int ctx, unsigned char* smem, uint8_t* smem_sc) {
+// kTma: K/V pages arrive by TMA (tk, tv, one mbarrier per stage in bars); else by cp.async. seq: tiles this
+// block streamed before this row (the stage and mbarrier phase of tile it are (seq + it) % kStages and
+// ((seq + it) / kStages) & 1); advanced by this row's tiles.
+template <int D, int G, KvDtype KT, bool kTma>
+__device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CUtensorMap& tk,
+                                              const CUtensorMap& tv, uint64_t* bars, float* ws, int splits,
+                                              int b, int row, int ctx, unsigned char* smem, uint8_t* smem_sc,
+                                              int& seq) {
   using C = V3Cfg<D, KT>;
   const int split = blockIdx.x, hk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -328,20 +411,38 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, float* w
 
   // Prologue: tiles 0 .. kStages - 2 in flight, the pages of the next one loaded.
   const PagePos pp = page_pos(p.page_size);
-  int pg[C::kCopies];
+  constexpr int kMaxPages = kTile / 16;
+  int pg[kTma ? 1 : C::kCopies];
+  int tpg[kMaxPages];  // kTma, thread 0: the pages of the next tile to issue
   uint32_t sc[2] = {0u, 0u};
+  const bool producer = threadIdx.x == 0;
+  if constexpr (kTma) {
+    fence_proxy_async();  // the previous row's merge scratch (generic writes) before this row's TMA writes
+    __syncthreads();
+  }
 #pragma unroll
   for (int i = 0; i < C::kStages - 1; ++i) {
-    const int t0 = t_begin + i * kTile;
+    const int t0 = t_begin + i * kTile, st = (seq + i) % C::kStages;
     if (i < n_tiles) {
-      load_pages<D, KT>(p, pp, b, t0, t_end, pg);
-      issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + i * C::kStageBytes);
+      if constexpr (kTma) {
+        if (producer) {
+          load_tile_pages(p, pp, b, t0, t_end, tpg);
+          tma_issue<D, KT>(tk, tv, &bars[st], smem + st * C::kStageBytes, hk, t0, t_end, pp.size, tpg);
+        }
+      } else {
+        load_pages<D, KT>(p, pp, b, t0, t_end, pg);
+        issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + st * C::kStageBytes);
+      }
       load_scales<D, KT>(p, pp, b, hk, t0, t_end, sc);
-      store_scales<D, KT>(smem_sc + i * 2 * kTile * C::kScales, sc);
+      store_scales<D, KT>(smem_sc + st * 2 * kTile * C::kScales, sc);
     }
-    cp_async_commit();
+    if constexpr (!kTma) cp_async_commit();
   }
-  load_pages<D, KT>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, pg);
+  if constexpr (kTma) {
+    if (producer) load_tile_pages(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, tpg);
+  } else {
+    load_pages<D, KT>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, pg);
+  }
 
   uint32_t qa[D / 16][2];
   load_q_frags<D, G, KT>(p, row, hk, qa);
@@ -354,18 +455,32 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, float* w
     for (int c = 0; c < 4; ++c) o[j][c] = 0.0f;
 
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<C::kStages - 2>();
+    const int stage = (seq + it) % C::kStages, nxt = it + C::kStages - 1,
+              nxt_stage = (seq + nxt) % C::kStages;
+    if constexpr (kTma) {
+      mbar_wait(&bars[stage], uint32_t((seq + it) / C::kStages) & 1u);
+      const int valid = t_end - (t_begin + it * kTile);
+      if (valid < kTile) zero_v_tail<D, KT>(smem + stage * C::kStageBytes + kTile * C::kRowBytes, valid);
+    } else {
+      cp_async_wait<C::kStages - 2>();
+    }
     __syncthreads();  // tile it has landed for every thread; every warp is done with tile it - 1's stage
-    const int nxt = it + C::kStages - 1;
     if (nxt < n_tiles) {
       const int t0 = t_begin + nxt * kTile;
-      issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + (nxt % C::kStages) * C::kStageBytes);
+      if constexpr (kTma) {
+        if (producer) {
+          tma_issue<D, KT>(tk, tv, &bars[nxt_stage], smem + nxt_stage * C::kStageBytes, hk, t0, t_end,
+                           pp.size, tpg);
+          if (nxt + 1 < n_tiles) load_tile_pages(p, pp, b, t0 + kTile, t_end, tpg);
+        }
+      } else {
+        issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + nxt_stage * C::kStageBytes);
+        if (nxt + 1 < n_tiles) load_pages<D, KT>(p, pp, b, t0 + kTile, t_end, pg);
+      }
       load_scales<D, KT>(p, pp, b, hk, t0, t_end, sc);
-      if (nxt + 1 < n_tiles) load_pages<D, KT>(p, pp, b, t0 + kTile, t_end, pg);
     }
-    cp_async_commit();
+    if constexpr (!kTma) cp_async_commit();
 
-    const int stage = it % C::kStages;
     const unsigned char* sK = smem + stage * C::kStageBytes;
     const uint8_t* sKs = smem_sc + stage * 2 * kTile * C::kScales;
     float s[2][4];
@@ -403,9 +518,10 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, float* w
       pa[0][2 * n + 1] = pa[1][2 * n + 1] = 0u;
     }
     accumulate_pv<D, KT>(sK + kTile * C::kRowBytes, sKs + kTile * C::kScales, pa, o);
-    if (nxt < n_tiles) store_scales<D, KT>(smem_sc + (nxt % C::kStages) * 2 * kTile * C::kScales, sc);
+    if (nxt < n_tiles) store_scales<D, KT>(smem_sc + nxt_stage * 2 * kTile * C::kScales, sc);
   }
-  cp_async_wait<0>();
+  seq += n_tiles;
+  if constexpr (!kTma) cp_async_wait<0>();
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   __syncthreads();  // every warp is done with the stages: reuse them as the merge scratch
@@ -455,39 +571,79 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, float* w
   __syncthreads();  // the scratch may be reused by the next row
 }
 
-template <int D, int G, KvDtype KT>
+// Dynamic shared memory: 1024-byte aligned stages (TMA's swizzle needs it), then the fp8 scale tables.
+template <int D, int G, KvDtype KT, bool kTma>
 __global__ void __launch_bounds__(kThreads)
-    decode_kernel_v3(const __grid_constant__ PagedAttnParams p, float* ws, int splits, bool all_rows) {
+    decode_kernel_v3(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
+                     const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
   using C = V3Cfg<D, KT>;
   extern __shared__ uint4 smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(smem_raw);
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* smem_sc = smem + C::kStages * C::kStageBytes;
+  __shared__ uint64_t bars[C::kStages];
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < C::kStages; ++i) mbar_init(&bars[i], 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
   pdl_wait();
-  int row0, n, kv_len;
+  int row0, n, kv_len, seq = 0;
   if (decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len)) {
     for (int i = 0; i < n; ++i)
-      decode_row_v3<D, G, KT>(p, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i, smem, smem_sc);
+      decode_row_v3<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i,
+                                    smem, smem_sc, seq);
   }
   pdl_launch_dependents();
 }
 
-template <int D, int G, KvDtype KT>
-void launch_g(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
+// Whether K/V pages can arrive by TMA: one 128-byte-swizzled box per (page, 128 bytes of the row) needs page
+// sizes that tile the 64-key stage (16, 32, 64; rows 16-byte aligned, which decode_v3_applies requires).
+bool tma_applies(const PagedAttnParams& p) {
+  return p.page_size == 16 || p.page_size == 32 || p.page_size == 64;
+}
+
+// The 4-D view (d, row in page, kv head, page) of a cache, boxes of 128 bytes x page_size rows.
+CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
+  const bool bf16 = p.kv_dtype == KvDtype::bf16;
+  const uint64_t esz = bf16 ? 2 : 1;
+  const uint64_t dims[4] = {uint64_t(p.D), uint64_t(p.page_size), uint64_t(p.Hkv), uint64_t(p.num_pages)};
+  const uint64_t strides[3] = {uint64_t(p.s_row) * esz, uint64_t(p.s_head) * esz, uint64_t(p.s_page) * esz};
+  const uint32_t box[4] = {uint32_t(128 / esz), uint32_t(p.page_size), 1, 1};
+  return encode_tiled_map(bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, base,
+                          dims, strides, box);
+}
+
+template <int D, int G, KvDtype KT, bool kTma>
+void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
+               bool pdl) {
   using C = V3Cfg<D, KT>;
-  constexpr size_t kSmem = size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
+  constexpr size_t kSmem = 1024 + size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
   static_assert(kSmem >= sizeof(float) * (2 * kWarps * G + kWarps * G * D), "merge scratch fits the stages");
   static const bool attr_set = [] {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT>,
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT, kTma>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
   }();
+  CUtensorMap tk{}, tv{};
+  if constexpr (kTma) tk = cache_map(p, p.k), tv = cache_map(p, p.v);
   const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(p.B)),
                       .block = dim3(kThreads),
                       .smem = kSmem,
                       .stream = stream,
                       .pdl = pdl,
                       .smem_attr_set = attr_set};
-  launch(cfg, decode_kernel_v3<D, G, KT>, p, ws, splits, all_rows);
+  launch(cfg, decode_kernel_v3<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows);
+}
+
+template <int D, int G, KvDtype KT>
+void launch_g(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
+  if (tma_applies(p))
+    launch_gt<D, G, KT, true>(p, ws, splits, all_rows, stream, pdl);
+  else
+    launch_gt<D, G, KT, false>(p, ws, splits, all_rows, stream, pdl);
 }
 
 template <int D, KvDtype KT>

@@ -1,0 +1,16 @@
+// Tensor maps for the bulk tensor copy engine (TMA, sm_90): the driver's cuTensorMapEncodeTiled, reached
+// through the runtime's entry-point query so nothing links against libcuda directly.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+// A tiled map over `rank` dimensions (dims[0] contiguous; strides_bytes[i] is the stride of dimension i + 1),
+// boxes of box[] elements, 128-byte swizzle, zero fill outside the tensor. Throws on an invalid request.
+CUtensorMap encode_tiled_map(CUtensorMapDataType dtype, int rank, const void* base, const uint64_t* dims,
+                             const uint64_t* strides_bytes, const uint32_t* box);
+
+}  // namespace kiln::cuda
