@@ -36,6 +36,13 @@
 //       ceil(T / 64), B), the last query tile first: longest blocks start first), so each K/V tile is
 //       copied into shared memory once for both (an fp8 cache: widened by v1's loads, once for both);
 //       where prefill_v3_applies() is false (G == 1, D == 32) it runs v2.
+//   v4 (Hopper, sm_90a; attention_prefill_v4_kernel.cuh): the FlashAttention-3 structure. Blocks of 128
+//       packed (token, head of the KV group) rows, so every K/V tile is loaded once per group; a producer
+//       warpgroup fills a 2-4 stage shared-memory pipeline (TMA boxes of whole pages for bf16 tiles inside
+//       the context, else gathered loads, fp8 widened exactly to bf16), completed on mbarriers; two
+//       consumer warpgroups of 64 rows run S = Q K^T and O += P V with wgmma, the softmax in fp32 and P
+//       rounded once to bf16 (not bitwise v1-v3: within a tolerance, docs/NUMERICS.md). Where
+//       prefill_v4_applies() is false it runs v3.
 #pragma once
 
 #include <cstddef>
@@ -81,16 +88,21 @@ DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);
 
-enum class PrefillKernel : uint8_t { v1, v2, v3 };
+enum class PrefillKernel : uint8_t { v1, v2, v3, v4 };
 
-// Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1", "v2" or "v3",
-// read once; unset: v3; anything else is an error).
+// Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1" .. "v4", read
+// once; unset: v3; anything else is an error).
 PrefillKernel prefill_kernel();
 void set_prefill_kernel(PrefillKernel k);
 const char* prefill_kernel_name(PrefillKernel k);
 // Whether PrefillKernel::v3 runs its own kernel for these params (Hq / Hkv >= 2, D >= 64; bf16 or fp8 cache);
 // otherwise it runs v2.
 bool prefill_v3_applies(const PagedAttnParams& p);
+// Whether PrefillKernel::v4 runs its own kernel for these params (D 64 or 128, an sm_90 device running the
+// build's sm_90a code); otherwise it runs v3. prefill_v4_uses_tma: whether its full K/V tiles come by TMA
+// (bf16 cache, page_size a multiple of 8 dividing 128); otherwise its producer warpgroup gathers them.
+bool prefill_v4_applies(const PagedAttnParams& p);
+bool prefill_v4_uses_tma(const PagedAttnParams& p);
 
 // Bytes of workspace paged_attention needs for these shapes (0 when no split is used): one entry per
 // sequence, whatever the number of prefill rows.
