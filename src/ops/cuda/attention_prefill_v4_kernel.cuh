@@ -211,6 +211,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
   }
   sm90::fence_proxy_async();
   sm90::named_bar_sync(2 + c, 128);
+  __syncwarp();
 
   // Context positions of this thread's two rows (rows past the sequence take its last row's position:
   // computed, never stored) and of the warpgroup's first row (tiles past it need no mask).
@@ -237,6 +238,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) sc[i] = 0.0f;
     sm90::mbar_wait(full_k, ph);
+    __syncwarp();  // the spin may end on different iterations per lane; wgmma needs the warp converged
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -293,6 +295,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     }
 
     sm90::mbar_wait(full_v, ph);
+    __syncwarp();
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {

@@ -70,9 +70,10 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32). The non-.aligned
+// form: a warp may reach it diverged (the producer's thread 0 issues TMA while its warp-mates run ahead).
 __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Register rebalancing between warpgroups (every warp of the warpgroup executes it).
