@@ -1,6 +1,8 @@
 // Prefill v4 launcher: where it applies, the TMA tensor maps of a bf16 cache, the launch (the kernel is
 // attention_prefill_v4_kernel.cuh).
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "ops/cuda/attention_prefill_v4.cuh"
 
@@ -74,12 +76,23 @@ bool device_runs_v4() {
   return k == 1;
 }
 
+// KILN_ATTN_V4_SERIAL=1 (read once): the consumers run each tile's two products in turn instead of
+// overlapping the softmax with the previous P V (same arithmetic, same bits; to tell a pipelining fault
+// from a layout fault on the GPU).
+bool v4_overlap() {
+  static const bool overlap = [] {
+    const char* v = std::getenv("KILN_ATTN_V4_SERIAL");
+    return !(v && *v && std::string(v) != "0");
+  }();
+  return overlap;
+}
+
 template <int D>
 void launch_d(const LaunchCfg& cfg, const PrefillV4Params& prm) {
   if (prm.p.kv_dtype == KvDtype::bf16)
-    launch_prefill_v4_kernel<D, KvDtype::bf16>(cfg, prm);
+    launch_prefill_v4_kernel<D, KvDtype::bf16>(cfg, prm, v4_overlap());
   else
-    launch_prefill_v4_kernel<D, KvDtype::f8e4m3>(cfg, prm);
+    launch_prefill_v4_kernel<D, KvDtype::f8e4m3>(cfg, prm, v4_overlap());
 }
 
 }  // namespace

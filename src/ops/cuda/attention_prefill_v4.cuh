@@ -22,8 +22,8 @@ constexpr int stages() {
 }
 template <int D>
 constexpr size_t smem_bytes() {
-  // 1024 bytes of slack to align the base for the 128-byte swizzle; Q; K and V stages; 3 barriers a stage.
-  return 1024 + size_t(kBM) * D * 2 + 2 * size_t(stages<D>()) * kBN * D * 2 + 3 * stages<D>() * 8;
+  // 1024 bytes of slack to align the base for the 128-byte swizzle; Q; K and V stages; 4 barriers a stage.
+  return 1024 + size_t(kBM) * D * 2 + 2 * size_t(stages<D>()) * kBN * D * 2 + 4 * stages<D>() * 8;
 }
 }  // namespace v4
 
@@ -40,9 +40,11 @@ struct PrefillV4Params {
   int32_t G = 1;            // Hq / Hkv
 };
 
-// Instantiated for D in {64, 128} and both cache dtypes (attention_prefill_v4_d64.cu, _d128.cu).
+// Instantiated for D in {64, 128} and both cache dtypes (attention_prefill_v4_d64.cu, _d128.cu). overlap:
+// the consumers overlap each tile's softmax with the previous tile's P V product (the default); false
+// runs the two products of a tile in turn (KILN_ATTN_V4_SERIAL=1, a debugging aid).
 template <int D, KvDtype KT>
-void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm);
+void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap);
 // The binary version (cudaFuncAttributes::binaryVersion) of that instantiation's code for the current
 // device: 90 only where sm_90a code was built and the device runs it.
 template <int D, KvDtype KT>

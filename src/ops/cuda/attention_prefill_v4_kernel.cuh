@@ -13,7 +13,8 @@
 //   (find_work: a warp-wide prefix sum over cu_q).
 //   Block: 384 threads = 3 warpgroups.
 //     warpgroup 0, producer (setmaxnreg 56): for key tile j = 0 .. n_tiles - 1 (kBN = 128 keys), stage
-//       j % S: waits until both consumers released the stage (empty barrier), then fills K and V:
+//       j % S: waits until both consumers released the stage's K (empty K barrier), fills it, then the
+//       same for V:
 //       - bf16 cache, tile wholly inside the context, page_size dividing 128: thread 0 issues one TMA box
 //         (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, then of V, each
 //         completing its own full barrier (expect_tx = the tile's bytes);
@@ -28,10 +29,12 @@
 //       K-major from shared memory), scales to the log2 domain, masks keys past each row's position
 //       (only in tiles that reach past the warpgroup's first row), online softmax in fp32 (running max m,
 //       sum l of unrounded p, O rescaled by 2^(m_old - m_new)), P rounded to bf16 in registers, waits V,
-//       O += P V (m64nDk16, A = P from registers, B = V MN-major from shared memory), then each warp
-//       releases the stage. Finally O / l, one bf16 rounding, stored to out[token, hk G + g, :].
+//       O += P V (m64nDk16, A = P from registers, B = V MN-major from shared memory); each warp releases
+//       K once S is done and V once P V is. Pipelined (the default): S_j is issued before P_{j-1} V_{j-1}
+//       and tile j's softmax runs while that product is in flight. Finally O / l, one bf16 rounding,
+//       stored to out[token, hk G + g, :].
 //   Shared memory (1024-aligned): Q [2 warpgroups][D / 64][64 rows][128 B]; K and V [S][D / 64][128 keys]
-//   [128 B]; fullK[S], fullV[S] (count 1 + TMA bytes), empty[S] (count 8: every consumer warp).
+//   [128 B]; fullK[S], fullV[S] (count 1 + TMA bytes), emptyK[S], emptyV[S] (count 8: every consumer warp).
 // Numerics: fp32 scores and softmax (exp2 of log2-scaled scores), P rounded once to bf16 for the P V MMA
 // (|p - bf16(p)| <= 2^-9 p) while l sums the unrounded p; see docs/NUMERICS.md for the stated bound.
 #pragma once
@@ -145,12 +148,13 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
   for (int j = 0; j < n_tiles; ++j) {
     const int s = j % S;
     const uint32_t ph = uint32_t(j / S) & 1u;
-    const uint32_t full_k = bars + 8 * s, full_v = bars + 8 * (S + s), empty = bars + 8 * (2 * S + s);
+    const uint32_t full_k = bars + 8 * s, full_v = bars + 8 * (S + s);
+    const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
     const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
     // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
     if (KT == KvDtype::bf16 && prm.use_tma && (j + 1) * kBN <= w.kv_len) {
       if (t != 0) continue;
-      sm90::mbar_wait(empty, ph ^ 1u);
+      sm90::mbar_wait(empty_k, ph ^ 1u);
       const int ps = p.page_size;
       sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
       for (int pg = 0; pg < kBN / ps; ++pg) {
@@ -160,6 +164,7 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
           sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
                             prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, page, full_k);
       }
+      sm90::mbar_wait(empty_v, ph ^ 1u);
       sm90::mbar_arrive_expect_tx(full_v, kTileBytes);
       for (int pg = 0; pg < kBN / ps; ++pg) {
         const int page = kv_page(p, w.b, j * kBN + pg * ps);
@@ -169,11 +174,12 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
                             prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, page, full_v);
       }
     } else {
-      sm90::mbar_wait(empty, ph ^ 1u);
+      sm90::mbar_wait(empty_k, ph ^ 1u);
       load_tile_manual<D, KT, false>(p, w, hk, j, dk);
       sm90::fence_proxy_async();
       sm90::named_bar_sync(1, 128);
       if (t == 0) sm90::mbar_arrive(full_k);
+      sm90::mbar_wait(empty_v, ph ^ 1u);
       load_tile_manual<D, KT, true>(p, w, hk, j, dv);
       sm90::fence_proxy_async();
       sm90::named_bar_sync(1, 128);
@@ -188,8 +194,9 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// Consumer warpgroup c (0 or 1) of the block: see the mapping comment at the top of this file.
-template <int D>
+// Consumer warpgroup c (0 or 1) of the block: see the mapping comment at the top of this file. kOverlap:
+// the softmax of tile j overlaps the P V product of tile j - 1; else each tile's two products run in turn.
+template <int D, bool kOverlap>
 __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles, int c,
                                         uint32_t sQ, uint32_t sK, uint32_t sV, uint32_t bars) {
   constexpr int S = stages<D>(), C8 = D / 8;
@@ -223,23 +230,29 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
   const int first_pos = pos_base + min(f_wg, rows - 1) / G;
   const float sl2 = p.scale * 1.4426950408889634f;  // scores in the log2 domain: p = 2^(s log2 e - m)
 
-  float o[D / 2];
+  float o[D / 2], sc[kBN / 2];
+  uint32_t pa[kBN / 16][4];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float m[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()}, l[2] = {0.0f, 0.0f};
-
-  for (int j = 0; j < n_tiles; ++j) {
-    const int s = j % S;
-    const uint32_t ph = uint32_t(j / S) & 1u;
-    const uint32_t full_k = bars + 8 * s, full_v = bars + 8 * (S + s), empty = bars + 8 * (2 * S + s);
-    const uint32_t k_tile = sK + s * kTileBytes, v_tile = sV + s * kTileBytes;
-
-    float sc[kBN / 2];
 #pragma unroll
-    for (int i = 0; i < kBN / 2; ++i) sc[i] = 0.0f;
-    sm90::mbar_wait(full_k, ph);
+  for (int i = 0; i < kBN / 2; ++i) sc[i] = 0.0f;
+  float m[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()}, l[2] = {0.0f, 0.0f}, corr[2];
+
+  // Stage s of key tile j: its barriers and buffers.
+  const auto full_k = [&](int j) { return bars + 8 * (j % S); };
+  const auto full_v = [&](int j) { return bars + 8 * (S + j % S); };
+  const auto wait_full = [&](uint32_t bar, int j) {
+    sm90::mbar_wait(bar, uint32_t(j / S) & 1u);
     __syncwarp();  // the spin may end on different iterations per lane; wgmma needs the warp converged
-    sm90::wgmma_fence();
+  };
+  // This warp is done with K (kV false) or V of tile j (its wgmma reads completed: after wait_group).
+  const auto release = [&](bool kV, int j) {
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(bars + 8 * ((kV ? 3 : 2) * S + j % S));
+  };
+  // sc = Q K_j^T (not committed).
+  const auto issue_qk = [&](int j) {
+    const uint32_t k_tile = sK + uint32_t(j % S) * kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t col = uint32_t(kk / 4), k32 = uint32_t(kk % 4) * 32;
@@ -247,10 +260,23 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       const uint64_t db = sm90::sw128_desc(k_tile + col * (kBN * 128) + k32, 16, 1024);
       sm90::wgmma_m64n128k16_ss(sc, da, db, kk > 0 ? 1u : 0u);
     }
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-
-    // Scale, mask, running max of rows lane / 4 (e = 0, 1) and lane / 4 + 8 (e = 2, 3).
+  };
+  // o += P V_j with P in pa (not committed).
+  const auto issue_pv = [&](int j) {
+    const uint32_t v_tile = sV + uint32_t(j % S) * kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t dv = sm90::sw128_desc(v_tile + uint32_t(kk) * 2048, kBN * 128, 1024);
+      if constexpr (D == 128)
+        sm90::wgmma_m64n128k16_rs(o, pa[kk], dv, 1u);
+      else
+        sm90::wgmma_m64n64k16_rs(o, pa[kk], dv, 1u);
+    }
+  };
+  // Online softmax of tile j in sc (rows lane / 4: e = 0, 1; lane / 4 + 8: e = 2, 3): scale to the log2
+  // domain, mask keys past each row's position, new running max, corr = 2^(m_old - m_new), sc = p,
+  // l = l corr + sum p. Touches neither o nor pa (a P V product may still be reading them).
+  const auto softmax = [&](int j) {
     const bool need_mask = (j + 1) * kBN - 1 > first_pos;
     float mx[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()};
 #pragma unroll
@@ -269,13 +295,10 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 is visible to every row from tile 0 on
-      const float corr = exp2_approx(m[r] - mn);
+      corr[r] = exp2_approx(m[r] - mn);
       m[r] = mn;
-      l[r] *= corr;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) o[4 * i + 2 * r] *= corr, o[4 * i + 2 * r + 1] *= corr;
+      l[r] *= corr[r];
     }
-    uint32_t pa[kBN / 16][4];
 #pragma unroll
     for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
@@ -285,7 +308,15 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
         sc[4 * i + e] = pe;
       }
     }
-    // n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k-step kk of P V.
+  };
+  // o *= corr (its rows), then P rounded to bf16: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of
+  // k-step kk of P V.
+  const auto rescale_and_pack = [&] {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[4 * i] *= corr[0], o[4 * i + 1] *= corr[0];
+      o[4 * i + 2] *= corr[1], o[4 * i + 3] *= corr[1];
+    }
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -293,22 +324,59 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       pa[kk][2] = pack_bf16x2(sc[8 * kk + 4], sc[8 * kk + 5]);
       pa[kk][3] = pack_bf16x2(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
+  };
 
-    sm90::mbar_wait(full_v, ph);
-    __syncwarp();
+  if constexpr (kOverlap) {
+    // S_j = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of tile j runs while that
+    // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. K_j
+    // is released as soon as S_j is done, V_{j-1} when its product is.
+    wait_full(full_k(0), 0);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t dv = sm90::sw128_desc(v_tile + uint32_t(kk) * 2048, kBN * 128, 1024);
-      if constexpr (D == 128)
-        sm90::wgmma_m64n128k16_rs(o, pa[kk], dv, 1u);
-      else
-        sm90::wgmma_m64n64k16_rs(o, pa[kk], dv, 1u);
-    }
+    issue_qk(0);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
-    __syncwarp();
-    if (lane == 0) sm90::mbar_arrive(empty);
+    release(false, 0);
+    softmax(0);
+    rescale_and_pack();
+    for (int j = 1; j < n_tiles; ++j) {
+      wait_full(full_k(j), j);
+      sm90::wgmma_fence();
+      issue_qk(j);
+      sm90::wgmma_commit();
+      wait_full(full_v(j - 1), j - 1);
+      sm90::wgmma_fence();
+      issue_pv(j - 1);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+      release(false, j);
+      softmax(j);
+      sm90::wgmma_wait<0>();
+      release(true, j - 1);
+      rescale_and_pack();
+    }
+    wait_full(full_v(n_tiles - 1), n_tiles - 1);
+    sm90::wgmma_fence();
+    issue_pv(n_tiles - 1);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    release(true, n_tiles - 1);
+  } else {
+    for (int j = 0; j < n_tiles; ++j) {
+      wait_full(full_k(j), j);
+      sm90::wgmma_fence();
+      issue_qk(j);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      release(false, j);
+      softmax(j);
+      rescale_and_pack();
+      wait_full(full_v(j), j);
+      sm90::wgmma_fence();
+      issue_pv(j);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      release(true, j);
+    }
   }
 
 #pragma unroll
@@ -331,7 +399,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
 
 #endif  // KILN_SM90A
 
-template <int D, KvDtype KT>
+template <int D, KvDtype KT, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_v4_kernel(const __grid_constant__ PrefillV4Params prm) {
 #ifdef KILN_SM90A
@@ -351,7 +419,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(bars + 8 * s, 1);            // full K
       sm90::mbar_init(bars + 8 * (S + s), 1);      // full V
-      sm90::mbar_init(bars + 8 * (2 * S + s), 8);  // empty: the 8 consumer warps
+      sm90::mbar_init(bars + 8 * (2 * S + s), 8);  // K consumed: the 8 consumer warps
+      sm90::mbar_init(bars + 8 * (3 * S + s), 8);  // V consumed
     }
     sm90::mbar_init_fence();
   }
@@ -362,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     produce<D, KT>(prm, w, hk, n_tiles, sK, sV, bars);
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
-    consume<D>(prm, w, hk, n_tiles, wg - 1, sQ, sK, sV, bars);
+    consume<D, kOverlap>(prm, w, hk, n_tiles, wg - 1, sQ, sK, sV, bars);
   }
   pdl_launch_dependents();
 #endif
@@ -371,14 +440,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace v4
 
 template <int D, KvDtype KT>
-void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm) {
-  launch(cfg, v4::prefill_v4_kernel<D, KT>, prm);
+void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap) {
+  if (overlap)
+    launch(cfg, v4::prefill_v4_kernel<D, KT, true>, prm);
+  else
+    launch(cfg, v4::prefill_v4_kernel<D, KT, false>, prm);
 }
 
 template <int D, KvDtype KT>
 int prefill_v4_binary_version() {
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, v4::prefill_v4_kernel<D, KT>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, v4::prefill_v4_kernel<D, KT, true>) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
