@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Prefill v4 (Hopper wgmma kernel) in one GPU-machine call (device tool, .deps/sysroot carried): builds
-# test_cuda_attention and kiln with scripts/device_build.sh (build/device), checks the SASS of the v4 units
-# (HGMMA, UTMALDG, USETMAXREG present), runs the v4 smoke test in debug mode (what ran, first mismatch, a
-# few values), the prefill attention tests, the attention kernel benchmark, then compute-sanitizer memcheck,
-# racecheck and synccheck on the smoke test. Logs go to $OUT; a summary is printed last.
+# test_cuda_attention, test_cuda_wgmma and kiln with scripts/device_build.sh (build/device), checks the SASS
+# of the v4 units (HGMMA, UTMALDG, USETMAXREG present), runs the wgmma layout tests, the v4 smoke test in
+# debug mode (what ran, first mismatch, a few values; if it fails, again with KILN_ATTN_V4_SERIAL=1 and with
+# KILN_ATTN_V4_NO_TMA=1 to tell a pipelining or TMA fault from an MMA layout one), the prefill attention
+# tests, the attention kernel benchmark, then compute-sanitizer memcheck, racecheck and synccheck on the
+# smoke test. Logs go to $OUT; a summary is printed last.
 # Usage: bench/prefill_v4_device.sh [steps]   steps: any of build sass smoke test bench sanitize (default all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,7 @@ step() { [[ $steps == *" $1 "* ]]; }
 elapsed() { echo "$(($(date +%s) - t0)) s"; }
 
 if step build; then
-  bash scripts/device_build.sh test_cuda_attention kiln >"$out/build.log" 2>&1 ||
+  bash scripts/device_build.sh test_cuda_attention test_cuda_wgmma kiln >"$out/build.log" 2>&1 ||
     { grep -B2 -A12 -m5 "FAILED\|error" "$out/build.log"; echo "BUILD FAILED ($(elapsed))"; exit 1; }
   summary+=("build: ok at $(elapsed)")
 fi
@@ -39,8 +41,18 @@ if step sass; then
 fi
 
 if step smoke; then
+  timeout 30 $bd/tests/test_cuda_wgmma >"$out/wgmma.log" 2>&1
+  summary+=("wgmma layout tests: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/wgmma.log" | tr '\n' ' ')")
   KILN_ATTN_TEST_DEBUG=1 timeout 60 $T --gtest_filter='CudaAttention.PrefillV4Smoke' >"$out/smoke.log" 2>&1
-  summary+=("smoke (debug): rc=$? $(grep -cE '^\[v4 debug\] (bf16|fp8)' "$out/smoke.log") cases printed")
+  rc=$?
+  summary+=("smoke (debug): rc=$rc $(grep -cE '^\[v4 debug\] (bf16|fp8)' "$out/smoke.log") cases printed")
+  if ((rc != 0)); then
+    for var in KILN_ATTN_V4_SERIAL KILN_ATTN_V4_NO_TMA; do
+      env $var=1 KILN_ATTN_TEST_DEBUG=1 timeout 60 $T --gtest_filter='CudaAttention.PrefillV4Smoke' \
+        >"$out/smoke_$var.log" 2>&1
+      summary+=("smoke with $var=1: rc=$?")
+    done
+  fi
 fi
 
 if step test; then
@@ -67,7 +79,9 @@ fi
 
 echo "---- summary ($(elapsed))"
 for s in "${summary[@]}"; do echo "$s"; done
+grep -h "^\[wgmma" "$out/wgmma.log" 2>/dev/null | head -16
 grep -h "^\[v4 debug\]" "$out/smoke.log" 2>/dev/null | head -24
+for f in "$out"/smoke_KILN_*.log; do [[ -f $f ]] && { echo "== $f"; grep -h "^\[v4 debug\] [bf]" "$f" | head -4; }; done
 grep -hE -A6 "Failure" "$out/smoke.log" "$out/tests.log" 2>/dev/null | head -40
 grep -E "prefill" "$out/bench.log" 2>/dev/null | cut -c1-220
 grep -hE -m6 "Invalid|Race|Error|Barrier" "$out"/san_*.log 2>/dev/null | head -12

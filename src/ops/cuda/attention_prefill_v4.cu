@@ -76,15 +76,22 @@ bool device_runs_v4() {
   return k == 1;
 }
 
-// KILN_ATTN_V4_SERIAL=1 (read once): the consumers run each tile's two products in turn instead of
-// overlapping the softmax with the previous P V (same arithmetic, same bits; to tell a pipelining fault
-// from a layout fault on the GPU).
+// Whether the environment variable is set to something other than "" or "0".
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
+// Debugging aids, read once (same arithmetic, same bits; to tell a fault's place on the GPU):
+// KILN_ATTN_V4_SERIAL=1: the consumers run each tile's two products in turn instead of overlapping the
+// softmax with the previous P V; KILN_ATTN_V4_NO_TMA=1: every tile is gathered by the producer threads.
 bool v4_overlap() {
-  static const bool overlap = [] {
-    const char* v = std::getenv("KILN_ATTN_V4_SERIAL");
-    return !(v && *v && std::string(v) != "0");
-  }();
+  static const bool overlap = !env_flag("KILN_ATTN_V4_SERIAL");
   return overlap;
+}
+bool v4_tma_allowed() {
+  static const bool allowed = !env_flag("KILN_ATTN_V4_NO_TMA");
+  return allowed;
 }
 
 template <int D>
@@ -103,7 +110,7 @@ bool prefill_v4_applies(const PagedAttnParams& p) {
 
 bool prefill_v4_uses_tma(const PagedAttnParams& p) {
   return p.kv_dtype == KvDtype::bf16 && p.page_size % 8 == 0 && v4::kBN % p.page_size == 0 &&
-         encode_tiled() != nullptr;
+         v4_tma_allowed() && encode_tiled() != nullptr;
 }
 
 bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl) {
