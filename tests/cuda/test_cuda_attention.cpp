@@ -5,7 +5,7 @@
 // kernel runs both variants (cuda::DecodeKernel v1 and v2, see ops/cuda/attention.h); the workspace is
 // poisoned with NaN first, so a combine that reads a split nobody wrote shows up as a non-finite output.
 // Likewise the prefill kernels (cuda::PrefillKernel v1, v2, v3), which must also be bitwise equal; v4 (the
-// Hopper wgmma kernel, test_cuda_attention_v4 cases below) is held to the fp64 bound and to the decode kernel
+// Hopper wgmma kernel, the PrefillV4* cases below) is held to the fp64 bound and to the decode kernel
 // within 1 ulp + 2^-9 max|v| (agreement_extra). Cache rows nobody wrote are NaN and page-table entries past a
 // sequence's length are garbage ids (clamped onto NaN pages), so a read past a row's context also shows
 // up; PDL launches must give the same bits. The shared setup is attention_setup.h.
