@@ -109,7 +109,7 @@ bool prefill_v4_applies(const PagedAttnParams& p) {
 }
 
 bool prefill_v4_uses_tma(const PagedAttnParams& p) {
-  return p.kv_dtype == KvDtype::bf16 && p.page_size % 8 == 0 && v4::kBN % p.page_size == 0 &&
+  return p.kv_dtype == KvDtype::bf16 && p.page_size % 16 == 0 && v4::kBN % p.page_size == 0 &&
          v4_tma_allowed() && encode_tiled() != nullptr;
 }
 

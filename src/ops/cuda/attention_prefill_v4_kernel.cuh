@@ -15,12 +15,13 @@
 //     warpgroup 0, producer (setmaxnreg 56): for key tile j = 0 .. n_tiles - 1 (kBN = 128 keys), stage
 //       j % S: waits until both consumers released the stage's K (empty K barrier), fills it, then the
 //       same for V:
-//       - bf16 cache, tile wholly inside the context, page_size dividing 128: thread 0 issues one TMA box
+//       - bf16 cache, tile wholly inside the context, page_size 16, 32, 64 or 128: thread 0 issues one TMA
+//       box
 //         (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, then of V, each
 //         completing its own full barrier (expect_tx = the tile's bytes);
-//       - otherwise (the tile reaching past kv_len, an fp8 cache, no tensor map): all 128 threads gather
-//         16-byte chunks through the page table (fp8: 8 e4m3 bytes widened exactly to bf16 with the row's
-//         UE8M0 scale), rows at or past kv_len stored as zeros (NaN garbage never reaches P V), written
+//       - otherwise (the tile reaching past kv_len, an fp8 cache, no tensor map): thread t gathers key row
+//         t of the tile through the page table (fp8: 8 e4m3 bytes at a time widened exactly to bf16 with
+//         the row's UE8M0 scale), rows at or past kv_len stored as zeros (NaN garbage never reaches P V),
 //         in the same swizzled layout, then fence.proxy.async + a named barrier + one arrival.
 //     warpgroups 1 and 2, consumers (setmaxnreg 224): consumer c owns packed rows 64 c .. 64 c + 63 of the
 //       block; warp w of it rows 16 w .. 16 w + 15 (thread: rows lane / 4 and lane / 4 + 8, the wgmma
@@ -103,37 +104,49 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 // K (kV false) or V rows of key tile j into the swizzled stage buffer at dst, by the 128 producer threads:
-// 16-byte chunks through the page table, rows at or past kv_len zero. Not fenced.
+// thread t gathers row t (key j kBN + t: one page lookup, then its row's 16-byte chunks, 4-8 loads in flight;
+// fp8: 8-byte loads of 8 e4m3, widened exactly with the row's UE8M0 scale of each 64 d), rows at or past
+// kv_len zero. Not fenced.
 template <int D, KvDtype KT, bool kV>
 __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const Work& w, int hk, int j,
                                                  uint32_t dst) {
-  constexpr int C8 = D / 8, kChunks = kBN * C8, kUnroll = 4;
-  static_assert(kChunks % (128 * kUnroll) == 0, "chunks per thread");
-  const void* src = kV ? p.v : p.k;
-  const uint8_t* scales = kV ? p.v_scale : p.k_scale;
-  const int t = int(threadIdx.x % 128);
-  for (int c0 = t; c0 < kChunks; c0 += 128 * kUnroll) {
-    uint4 val[kUnroll];
+  static_assert(kBN == 128, "one row per producer thread");
+  // Loads in flight a thread: 8 fp8 chunks (one scale block), 4 bf16 chunks (the producer's 56 registers).
+  constexpr int kGroup = KT == KvDtype::bf16 ? 4 : 8;
+  const int r = int(threadIdx.x % 128), key = j * kBN + r;
+  const bool in = key < w.kv_len;
+  int64_t off = 0, sc_off = 0;
+  if (in) off = kv_row_offset(p, w.b, key, hk, &sc_off);
+  const uint32_t row = dst + uint32_t(r) * 128;
+  // Chunk cc (8 elements) of the row: column block cc / 8, swizzled position (cc % 8) ^ (r % 8).
+  const auto chunk_addr = [&](int cc) {
+    return row + uint32_t(cc / 8) * (kBN * 128) + uint32_t(((cc % 8) ^ (r & 7)) << 4);
+  };
+  if constexpr (KT == KvDtype::bf16) {
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(kV ? p.v : p.k) + off);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * 128, r = c / C8, cc = c % C8, key = j * kBN + r;
-      val[u] = make_uint4(0, 0, 0, 0);
-      if (key < w.kv_len) {
-        int64_t sc_off;
-        const int64_t off = kv_row_offset(p, w.b, key, hk, &sc_off);
-        if constexpr (KT == KvDtype::bf16) {
-          val[u] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(src) + off + cc * 8));
-        } else {
-          float f[8];
-          load_kv8<KT>(src, scales, off, sc_off, cc * 8, f);
-          val[u] = pack8(f);
-        }
-      }
+    for (int g = 0; g < D / 8; g += kGroup) {
+      uint4 v[kGroup];
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) v[u] = in ? __ldg(src + g + u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) st_shared_v4(chunk_addr(g + u), v[u]);
     }
+  } else {
+    const uint2* src = reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(kV ? p.v : p.k) + off);
+    const uint8_t* scales = (kV ? p.v_scale : p.k_scale) + sc_off;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * 128, r = c / C8, cc = c % C8;
-      st_shared_v4(dst + uint32_t(cc / 8) * (kBN * 128) + sm90::sw128_offset(r, cc % 8), val[u]);
+    for (int g = 0; g < D / 8; g += kGroup) {
+      uint2 raw[kGroup];
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) raw[u] = in ? __ldg(src + g + u) : make_uint2(0, 0);
+      const float sc = in ? ue8m0_to_f32(scales[g * 8 / 64]) : 1.0f;  // kGroup * 8 = 64 d: one scale
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        float f[8];
+        widen_fp8x8(raw[u], sc, f);
+        st_shared_v4(chunk_addr(g + u), pack8(f));
+      }
     }
   }
 }
@@ -154,25 +167,29 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
     // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
     if (KT == KvDtype::bf16 && prm.use_tma && (j + 1) * kBN <= w.kv_len) {
       if (t != 0) continue;
+      // The tile's page ids first (independent loads, one latency), then the boxes of K and of V.
+      const int ps = p.page_size, n_pages = kBN / ps;
+      int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
       sm90::mbar_wait(empty_k, ph ^ 1u);
-      const int ps = p.page_size;
       sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
-      for (int pg = 0; pg < kBN / ps; ++pg) {
-        const int page = kv_page(p, w.b, j * kBN + pg * ps);
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg)
 #pragma unroll
         for (int c = 0; c < D / 64; ++c)
-          sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
-                            prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, page, full_k);
-      }
+          if (pg < n_pages)
+            sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
+                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_k);
       sm90::mbar_wait(empty_v, ph ^ 1u);
       sm90::mbar_arrive_expect_tx(full_v, kTileBytes);
-      for (int pg = 0; pg < kBN / ps; ++pg) {
-        const int page = kv_page(p, w.b, j * kBN + pg * ps);
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg)
 #pragma unroll
         for (int c = 0; c < D / 64; ++c)
-          sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
-                            prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, page, full_v);
-      }
+          if (pg < n_pages)
+            sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
+                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_v);
     } else {
       sm90::mbar_wait(empty_k, ph ^ 1u);
       load_tile_manual<D, KT, false>(p, w, hk, j, dk);
