@@ -290,9 +290,10 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
         sm90::wgmma_m64n64k16_rs(o, pa[kk], dv, 1u);
     }
   };
-  // Online softmax of tile j in sc (rows lane / 4: e = 0, 1; lane / 4 + 8: e = 2, 3): scale to the log2
-  // domain, mask keys past each row's position, new running max, corr = 2^(m_old - m_new), sc = p,
-  // l = l corr + sum p. Touches neither o nor pa (a P V product may still be reading them).
+  // Online softmax of tile j in sc (rows lane / 4: e = 0, 1; lane / 4 + 8: e = 2, 3): mask keys past each
+  // row's position, new running max m in the log2 domain, corr = 2^(m_old - m_new), sc = p =
+  // 2^(s sl2 - m) (one FFMA and one ex2 an element), l = l corr + sum p. Touches neither o nor pa (a P V
+  // product may still be reading them).
   const auto softmax = [&](int j) {
     const bool need_mask = (j + 1) * kBN - 1 > first_pos;
     float mx[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()};
@@ -300,7 +301,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = sc[4 * i + e] * sl2;
+        float v = sc[4 * i + e];
         if (need_mask && j * kBN + 8 * i + 2 * (lane % 4) + (e & 1) > rpos[e >> 1])
           v = -__builtin_huge_valf();
         sc[4 * i + e] = v;
@@ -311,7 +312,9 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 is visible to every row from tile 0 on
+      // max(s) sl2 = max(s sl2): scaling by sl2 > 0 is monotonic. Finite: key 0 is visible to every row
+      // from tile 0 on.
+      const float mn = fmaxf(m[r], mx[r] * sl2);
       corr[r] = exp2_approx(m[r] - mn);
       m[r] = mn;
       l[r] *= corr[r];
@@ -320,7 +323,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pe = exp2_approx(sc[4 * i + e] - m[e >> 1]);
+        const float pe = exp2_approx(fmaf(sc[4 * i + e], sl2, -m[e >> 1]));  // masked: 2^-inf = 0
         l[e >> 1] += pe;
         sc[4 * i + e] = pe;
       }
