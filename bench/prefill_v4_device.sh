@@ -5,16 +5,18 @@
 # debug mode (what ran, first mismatch, a few values; if it fails, again with KILN_ATTN_V4_SERIAL=1 and with
 # KILN_ATTN_V4_NO_TMA=1 to tell a pipelining or TMA fault from an MMA layout one), the prefill attention
 # tests, the attention kernel benchmark, then compute-sanitizer memcheck, racecheck and synccheck on the
-# smoke test. Logs go to $OUT; a summary is printed last.
+# smoke test. The logs are written to a folder of their own and packed into $OUT/prefill_v4_logs.tgz (the
+# device tool brings back at most 8 files), beside $OUT/summary.txt, the summary also printed last.
 # Usage: bench/prefill_v4_device.sh [steps]   steps: any of build sass smoke test bench sanitize (default all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/kiln-out}
-mkdir -p "$out"
+dest=${OUT:-/tmp/kiln-out}
+out=$(mktemp -d /tmp/prefill_v4_logs.XXXXXX)
+mkdir -p "$dest"
 export PATH=/usr/local/cuda/bin:$PATH
 steps=" ${*:-build sass smoke test bench sanitize} "
 t0=$(date +%s)
-bd=build/device
+bd=${BD:-build/device}  # BD: another build folder (a local dry run)
 T=$bd/tests/test_cuda_attention
 summary=()
 step() { [[ $steps == *" $1 "* ]]; }
@@ -22,7 +24,8 @@ elapsed() { echo "$(($(date +%s) - t0)) s"; }
 
 if step build; then
   bash scripts/device_build.sh test_cuda_attention test_cuda_wgmma kiln >"$out/build.log" 2>&1 ||
-    { grep -B2 -A12 -m5 "FAILED\|error" "$out/build.log"; echo "BUILD FAILED ($(elapsed))"; exit 1; }
+    { grep -B2 -A12 -m5 "FAILED\|error" "$out/build.log" | tee "$dest/summary.txt"; echo "BUILD FAILED ($(elapsed))";
+      cp "$out/build.log" "$dest/"; exit 1; }
   summary+=("build: ok at $(elapsed)")
 fi
 
@@ -42,7 +45,7 @@ fi
 
 if step smoke; then
   timeout 30 $bd/tests/test_cuda_wgmma >"$out/wgmma.log" 2>&1
-  summary+=("wgmma layout tests: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/wgmma.log" | tr '\n' ' ')")
+  summary+=("wgmma layout tests: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  \] [0-9]+ test' "$out/wgmma.log" | tr '\n' ' ')")
   KILN_ATTN_TEST_DEBUG=1 timeout 60 $T --gtest_filter='CudaAttention.PrefillV4Smoke' >"$out/smoke.log" 2>&1
   rc=$?
   summary+=("smoke (debug): rc=$rc $(grep -cE '^\[v4 debug\] (bf16|fp8)' "$out/smoke.log") cases printed")
@@ -60,7 +63,7 @@ if step test; then
     --gtest_filter='CudaAttention.PrefillV4*:CudaAttention.MixedBatch*:CudaAttention.NhdAndHnd*:CudaAttention.MatchesCpuOracle:CudaAttention.DecodeAndPrefill*:CudaAttention.PrefillV1V2V3*:CudaAttention.MultiRow*' \
     >"$out/tests.log" 2>&1
   rc=$?
-  summary+=("prefill tests: rc=$rc at $(elapsed): $(grep -E '^\[  (PASSED|FAILED|SKIPPED)|^\[       OK|tests ran' "$out/tests.log" | tail -4 | tr '\n' ' ')")
+  summary+=("prefill tests: rc=$rc at $(elapsed): $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  \] [0-9]+ test|^\[  FAILED  \] CudaAttention' "$out/tests.log" | head -12 | tr '\n' ' ')")
 fi
 
 if step bench; then
@@ -77,6 +80,7 @@ if step sanitize; then
   done
 fi
 
+{
 echo "---- summary ($(elapsed))"
 for s in "${summary[@]}"; do echo "$s"; done
 grep -h "^\[wgmma" "$out/wgmma.log" 2>/dev/null | head -16
@@ -85,3 +89,5 @@ for f in "$out"/smoke_KILN_*.log; do [[ -f $f ]] && { echo "== $f"; grep -h "^\[
 grep -hE -A6 "Failure" "$out/smoke.log" "$out/tests.log" 2>/dev/null | head -40
 grep -E "prefill" "$out/bench.log" 2>/dev/null | cut -c1-220
 grep -hE -m6 "Invalid|Race|Error|Barrier" "$out"/san_*.log 2>/dev/null | head -12
+} 2>&1 | tee "$dest/summary.txt"
+tar czf "$dest/prefill_v4_logs.tgz" -C "$out" .
