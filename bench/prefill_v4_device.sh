@@ -45,7 +45,7 @@ fi
 
 if step smoke; then
   timeout 30 $bd/tests/test_cuda_wgmma >"$out/wgmma.log" 2>&1
-  summary+=("wgmma layout tests: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  \] [0-9]+ test' "$out/wgmma.log" | tr '\n' ' ')")
+  summary+=("wgmma layout tests: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/wgmma.log" | tr '\n' ' ')")
   KILN_ATTN_TEST_DEBUG=1 timeout 60 $T --gtest_filter='CudaAttention.PrefillV4Smoke' >"$out/smoke.log" 2>&1
   rc=$?
   summary+=("smoke (debug): rc=$rc $(grep -cE '^\[v4 debug\] (bf16|fp8)' "$out/smoke.log") cases printed")
@@ -63,7 +63,7 @@ if step test; then
     --gtest_filter='CudaAttention.PrefillV4*:CudaAttention.MixedBatch*:CudaAttention.NhdAndHnd*:CudaAttention.MatchesCpuOracle:CudaAttention.DecodeAndPrefill*:CudaAttention.PrefillV1V2V3*:CudaAttention.MultiRow*' \
     >"$out/tests.log" 2>&1
   rc=$?
-  summary+=("prefill tests: rc=$rc at $(elapsed): $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  \] [0-9]+ test|^\[  FAILED  \] CudaAttention' "$out/tests.log" | head -12 | tr '\n' ' ')")
+  summary+=("prefill tests: rc=$rc at $(elapsed): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|^\[  FAILED  \] CudaAttention' "$out/tests.log" | head -12 | tr '\n' ' ')")
 fi
 
 if step bench; then
