@@ -4,12 +4,13 @@
 // paged_attention (decode + combine, as the model's decode graphs run it) plus "amortized" (16 in one graph /
 // 16). The page table reaches max(4160, context + 1024) tokens per sequence (4160: the table behind
 // docs/PERF.md's 1024-context decode numbers), so the shape-only split count is the engine's. Prefill: one
-// 4096-token prompt, the prefill kernel alone (v1, v2 and v3, cuda::PrefillKernel; with an fp8 cache v2 runs
-// v1's loads and v3 shares them between two heads). Every set (>= 4, rotated) has its own page-table
-// permutation, q, out and workspace over one cache pool; every sample starts from a flushed L2. Bytes: K and
-// V rows read (fp8: + their UE8M0 scales) + q read + out written; the split partials the combine reads are
-// not counted (the floor does not pay them). The prefill row's path column adds its FLOPs (4 Hq D per causal
-// (query, key) pair) and TFLOP/s.
+// 4096- and one 8192-token prompt, the prefill kernel alone (v1, v2, v3 and v4, cuda::PrefillKernel; with an
+// fp8 cache v2 runs v1's loads and v3 shares them between two heads; v4 is the Hopper wgmma kernel, its path
+// column says whether its tiles came by TMA or were gathered, or that it did not apply and ran v3). Every set
+// (>= 4, rotated) has its own page-table permutation, q, out and workspace over one cache pool; every sample
+// starts from a flushed L2. Bytes: K and V rows read (fp8: + their UE8M0 scales) + q read + out written; the
+// split partials the combine reads are not counted (the floor does not pay them). The prefill row's path
+// column adds its FLOPs (4 Hq D per causal (query, key) pair) and TFLOP/s.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -191,34 +192,39 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
 void run_prefill(const Env& env, std::vector<Row>& rows) {
   std::mt19937 rng(8);
   const cuda::PrefillKernel before = cuda::prefill_kernel();
-  for (bool fp8 : {false, true}) {
-    const Shape s{.B = 1, .ctx = 4096, .q_len = 4096, .fp8 = fp8};
-    if (!shape_selected(shape_name(s))) continue;
-    const Pool pool = make_pool(s);
-    std::vector<Set> sets;
-    for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
-    for (cuda::PrefillKernel k :
-         {cuda::PrefillKernel::v1, cuda::PrefillKernel::v2, cuda::PrefillKernel::v3}) {
-      cuda::set_prefill_kernel(k);
-      Row r{"attention", std::string("prefill ") + cuda::prefill_kernel_name(k), shape_name(s)};
-      r.bytes = bytes_moved(s);
-      r.us = time_cold_us(env, [&](int i) {
-        const Set& set = sets[size_t(i) % sets.size()];
-        cuda::paged_attention_prefill(set.p, /*skip_single_rows=*/false, env.stream);
-      });
-      KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
-      const double pairs = double(s.q_len) * (s.q_len + 1) / 2;  // causal (query, key) pairs, ctx == q_len
-      const double flop = 4.0 * kHq * kD * pairs;
-      char path[96];
-      std::snprintf(path, sizeof(path), "%s, %.3g FLOP, %.1f TFLOP/s",
-                    !fp8                           ? "prefill kernel"
-                    : k == cuda::PrefillKernel::v3 ? "fp8: v1 loads, shared by 2 heads"
-                                                   : "fp8: v1 loads",
-                    flop, flop / (r.us * 1e-6) / 1e12);
-      r.path = path;
-      rows.push_back(r);
+  for (int len : {4096, 8192})
+    for (bool fp8 : {false, true}) {
+      const Shape s{.B = 1, .ctx = len, .q_len = len, .fp8 = fp8};
+      if (!shape_selected(shape_name(s))) continue;
+      const Pool pool = make_pool(s);
+      std::vector<Set> sets;
+      for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
+      for (cuda::PrefillKernel k : {cuda::PrefillKernel::v1, cuda::PrefillKernel::v2, cuda::PrefillKernel::v3,
+                                    cuda::PrefillKernel::v4}) {
+        cuda::set_prefill_kernel(k);
+        Row r{"attention", std::string("prefill ") + cuda::prefill_kernel_name(k), shape_name(s)};
+        r.bytes = bytes_moved(s);
+        r.us = time_cold_us(env, [&](int i) {
+          const Set& set = sets[size_t(i) % sets.size()];
+          cuda::paged_attention_prefill(set.p, /*skip_single_rows=*/false, env.stream);
+        });
+        KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+        const double pairs = double(s.q_len) * (s.q_len + 1) / 2;  // causal (query, key) pairs, ctx == q_len
+        const double flop = 4.0 * kHq * kD * pairs;
+        const char* what = !fp8                           ? "prefill kernel"
+                           : k == cuda::PrefillKernel::v3 ? "fp8: v1 loads, shared by 2 heads"
+                                                          : "fp8: v1 loads";
+        if (k == cuda::PrefillKernel::v4)
+          what = !cuda::prefill_v4_applies(sets[0].p)   ? "v4 does not apply here: ran v3"
+                 : cuda::prefill_v4_uses_tma(sets[0].p) ? "wgmma, TMA tiles"
+                                                        : "wgmma, fp8 widened by the producer warpgroup";
+        char path[112];
+        std::snprintf(path, sizeof(path), "%s, %.3g FLOP, %.1f TFLOP/s", what, flop,
+                      flop / (r.us * 1e-6) / 1e12);
+        r.path = path;
+        rows.push_back(r);
+      }
     }
-  }
   cuda::set_prefill_kernel(before);
 }
 
@@ -231,7 +237,7 @@ void run_attention(const Env& env, std::vector<Row>& rows) {
 
 KILN_KERNEL_BENCH(
     "attention",
-    "paged attention: decode (v1, v2, v3) and prefill (v1, v2, v3) kernels, Qwen3-4B heads, page 32",
+    "paged attention: decode (v1, v2, v3) and prefill (v1, v2, v3, v4) kernels, Qwen3-4B heads, page 32",
     run_attention);
 
 }  // namespace kiln::bench

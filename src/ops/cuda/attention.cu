@@ -90,13 +90,13 @@ const char* decode_kernel_name(DecodeKernel k) {
 }
 
 PrefillKernel prefill_kernel() {
-  return PrefillKernel(variant(g_prefill_kernel, "KILN_ATTN_PREFILL", 3, 2));
+  return PrefillKernel(variant(g_prefill_kernel, "KILN_ATTN_PREFILL", 4, 2));
 }
 void set_prefill_kernel(PrefillKernel k) {
   g_prefill_kernel.store(int(k));
 }
 const char* prefill_kernel_name(PrefillKernel k) {
-  return k == PrefillKernel::v1 ? "v1" : k == PrefillKernel::v2 ? "v2" : "v3";
+  return k == PrefillKernel::v1 ? "v1" : k == PrefillKernel::v2 ? "v2" : k == PrefillKernel::v3 ? "v3" : "v4";
 }
 
 namespace {

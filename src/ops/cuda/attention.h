@@ -16,7 +16,7 @@
 // Decode: grid (splits, Hkv, B), 128 threads. The G = Hq / Hkv query heads of a KV head share every K/V
 // load. splits depends only on (B, Hkv, pages_stride * page_size) so a captured graph stays valid; with
 // splits > 1 the partial (o / l, m, l) of each row go to `workspace` and a combine kernel writes out.
-// Two decode kernels (decode_kernel() picks; both keep the split count and workspace layout above):
+// Three decode kernels (decode_kernel() picks; all keep the split count and workspace layout above):
 //   v1: split s walks keys [s c, s c + c), c = ceil(pages_stride * page_size / splits), one dependent
 //       page-table -> K/V load chain per key; splits past the context exit at once, the combine reads all.
 //   v2: the chunk follows the row's real context on the device, c = max(64, ceil(ctx / splits)
@@ -25,6 +25,11 @@
 //       then every warp computes from shared memory (G <= 4: scores of a tile first, one softmax rescale per
 //       tile; wider groups: v1's per-key update). A row whose context fits one chunk is written out by its
 //       block directly; the combine reads only the splits that ran (and skips such rows).
+//   v3 (default): v2's split rule with chunks of 64-key tiles, on tensor cores (attention_decode_v3.cu): the
+//       group's query heads are the rows of m16n8k16 MMAs for S = Q K^T and O += P V; tiles 3-4 stages deep
+//       in 128-byte-swizzled shared memory, copied by TMA one box per page (pages of 16, 32, 64 rows; else
+//       cp.async); each warp takes 16 keys of a tile with its own online softmax, merged at the end. fp8
+//       tiles move as bytes and are widened in registers. Within 1 bf16 ulp of prefill v1-v3.
 // Prefill: 64 query rows x 64-key tiles, 4 warps (16 rows each) per query head, mma.sync m16n8k16.
 // Three prefill kernels (prefill_kernel() picks), bitwise equal (every (row, head) gets the same math in the
 // same order):
@@ -36,6 +41,13 @@
 //       ceil(T / 64), B), the last query tile first: longest blocks start first), so each K/V tile is
 //       copied into shared memory once for both (an fp8 cache: widened by v1's loads, once for both);
 //       where prefill_v3_applies() is false (G == 1, D == 32) it runs v2.
+//   v4 (Hopper, sm_90a; attention_prefill_v4_kernel.cuh): the FlashAttention-3 structure. Blocks of 128
+//       packed (token, head of the KV group) rows, so every K/V tile is loaded once per group; a producer
+//       warpgroup fills a 2-4 stage shared-memory pipeline (TMA boxes of whole pages for bf16 tiles inside
+//       the context, else gathered loads, fp8 widened exactly to bf16), completed on mbarriers; two
+//       consumer warpgroups of 64 rows run S = Q K^T and O += P V with wgmma, the softmax in fp32 and P
+//       rounded once to bf16 (not bitwise v1-v3: within a tolerance, docs/NUMERICS.md). Where
+//       prefill_v4_applies() is false it runs v3.
 #pragma once
 
 #include <cstddef>
@@ -82,16 +94,22 @@ DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);
 
-enum class PrefillKernel : uint8_t { v1, v2, v3 };
+enum class PrefillKernel : uint8_t { v1, v2, v3, v4 };
 
-// Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1", "v2" or "v3",
-// read once; unset: v3; anything else is an error).
+// Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1" .. "v4", read
+// once; unset: v3; anything else is an error).
 PrefillKernel prefill_kernel();
 void set_prefill_kernel(PrefillKernel k);
 const char* prefill_kernel_name(PrefillKernel k);
 // Whether PrefillKernel::v3 runs its own kernel for these params (Hq / Hkv >= 2, D >= 64; bf16 or fp8 cache);
 // otherwise it runs v2.
 bool prefill_v3_applies(const PagedAttnParams& p);
+// Whether PrefillKernel::v4 runs its own kernel for these params (D 64 or 128, an sm_90 device running the
+// build's sm_90a code); otherwise it runs v3. prefill_v4_uses_tma: whether its full K/V tiles come by TMA
+// (bf16 cache, page_size a multiple of 16 dividing 128; not with KILN_ATTN_V4_NO_TMA=1); otherwise its
+// producer warpgroup gathers them. KILN_ATTN_V4_SERIAL=1 turns off its softmax / P V overlap (debugging).
+bool prefill_v4_applies(const PagedAttnParams& p);
+bool prefill_v4_uses_tma(const PagedAttnParams& p);
 
 // Bytes of workspace paged_attention needs for these shapes (0 when no split is used): one entry per
 // sequence, whatever the number of prefill rows.

@@ -101,8 +101,11 @@ void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int
 // kernel: v1 loads each K/V tile synchronously; v2 (bf16 caches; fp8 runs v1) with cp.async, overlapped;
 // v3 as v2 with two query heads of a KV group per block sharing each tile, fp8 too (prefill_v3_applies;
 // else v2).
+// v4: launch_prefill runs launch_prefill_v4 first, which returns false (launching nothing) where
+// prefill_v4_applies is false; v3 then runs.
 void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
                     cudaStream_t stream, bool pdl);
+bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl);
 
 // KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (32, 64 or 128); any other
 // head_dim is an error. KILN_DISPATCH_KV_DTYPE likewise with `constexpr KvDtype kKT`.

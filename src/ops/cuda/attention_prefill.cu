@@ -300,6 +300,10 @@ bool launch_v3(LaunchCfg cfg, const PagedAttnParams& p, bool skip_single_rows) {
 
 void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
                     cudaStream_t stream, bool pdl) {
+  if (kernel == PrefillKernel::v4) {
+    if (launch_prefill_v4(p, skip_single_rows, stream, pdl)) return;
+    kernel = PrefillKernel::v3;
+  }
   const unsigned tiles = unsigned((p.T + kBQ - 1) / kBQ);
   KILN_DISPATCH_HEAD_DIM(p.D, KILN_DISPATCH_KV_DTYPE(p.kv_dtype, {
                            const LaunchCfg cfg{.grid = dim3(tiles, unsigned(p.Hq), unsigned(p.B)),

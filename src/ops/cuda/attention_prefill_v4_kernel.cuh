@@ -1,0 +1,480 @@
+// Prefill v4: causal paged GQA attention with wgmma on Hopper (the FlashAttention-3 structure: a producer
+// warpgroup feeding a multi-stage shared-memory pipeline completed on mbarriers, two consumer warpgroups
+// doing S = Q K^T and O += P V with wgmma). Included only by the instantiation units.
+//
+// Work mapping.
+//   Packed query rows: sequence b's q_len x G (token, query head of KV group hk) pairs are numbered
+//   f = token * G + g (g = h - hk G). A block owns kBM = 128 consecutive packed rows of one (b, hk): all G
+//   heads of a group read the same K/V tiles, so each tile is fetched once per group and per 128 rows
+//   whatever G is (G 4: 32 tokens x 4 heads; G 1: 128 tokens; G 3, 5, 6 too: a block may start mid-token).
+//   Grid: 1-D, Hkv * (ceil(T G / 128) + B) blocks; block x serves KV head x % Hkv and work item x / Hkv,
+//   where work items enumerate the sequences in order and each sequence's row tiles last first (the causal
+//   tiles with the most keys start first); items past the last are idle blocks that exit at once
+//   (find_work: a warp-wide prefix sum over cu_q).
+//   Block: 384 threads = 3 warpgroups.
+//     warpgroup 0, producer (setmaxnreg 56): for key tile j = 0 .. n_tiles - 1 (kBN = 128 keys), stage
+//       j % S: waits until both consumers released the stage's K (empty K barrier), fills it, then the
+//       same for V:
+//       - bf16 cache, tile wholly inside the context, page_size 16, 32, 64 or 128: thread 0 issues one TMA
+//       box
+//         (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, then of V, each
+//         completing its own full barrier (expect_tx = the tile's bytes);
+//       - otherwise (the tile reaching past kv_len, an fp8 cache, no tensor map): thread t gathers key row
+//         t of the tile through the page table (fp8: 8 e4m3 bytes at a time widened exactly to bf16 with
+//         the row's UE8M0 scale), rows at or past kv_len stored as zeros (NaN garbage never reaches P V),
+//         in the same swizzled layout, then fence.proxy.async + a named barrier + one arrival.
+//     warpgroups 1 and 2, consumers (setmaxnreg 224): consumer c owns packed rows 64 c .. 64 c + 63 of the
+//       block; warp w of it rows 16 w .. 16 w + 15 (thread: rows lane / 4 and lane / 4 + 8, the wgmma
+//       accumulator layout, wgmma_bf16.cuh). It loads its Q rows (zero past the sequence) into swizzled
+//       shared memory once, then per key tile: waits K, S = Q K^T (m64n128k16, D / 16 steps, Q and K
+//       K-major from shared memory), scales to the log2 domain, masks keys past each row's position
+//       (only in tiles that reach past the warpgroup's first row), online softmax in fp32 (running max m,
+//       sum l of unrounded p, O rescaled by 2^(m_old - m_new)), P rounded to bf16 in registers, waits V,
+//       O += P V (m64nDk16, A = P from registers, B = V MN-major from shared memory); each warp releases
+//       K once S is done and V once P V is. Pipelined (the default): S_j is issued before P_{j-1} V_{j-1}
+//       and tile j's softmax runs while that product is in flight. Finally O / l, one bf16 rounding,
+//       stored to out[token, hk G + g, :].
+//   Shared memory (1024-aligned): Q [2 warpgroups][D / 64][64 rows][128 B]; K and V [S][D / 64][128 keys]
+//   [128 B]; fullK[S], fullV[S] (count 1 + TMA bytes), emptyK[S], emptyV[S] (count 8: every consumer warp).
+// Numerics: fp32 scores and softmax (exp2 of log2-scaled scores), P rounded once to bf16 for the P V MMA
+// (|p - bf16(p)| <= 2^-9 p) while l sums the unrounded p; see docs/NUMERICS.md for the stated bound.
+#pragma once
+
+#include "ops/cuda/attention_prefill_v4.cuh"
+#include "ops/cuda/sm90.cuh"
+#include "ops/cuda/wgmma_bf16.cuh"
+
+namespace kiln::cuda {
+namespace v4 {
+
+struct Work {
+  int b = 0, tile = 0, q0 = 0, q_len = 0, kv_len = 0;
+};
+
+// Work item x -> (sequence, row tile); false when x is past the last item. Every warp computes it alone
+// (warp-uniform result, no shared memory): a prefix sum of ceil(q_len G / 128) over 32 sequences at a time.
+__device__ __forceinline__ bool find_work(const PagedAttnParams& p, bool skip_single, int G, int x, Work& w) {
+  const int lane = int(threadIdx.x % 32);
+  int base = 0;
+  for (int b0 = 0; b0 < p.B; b0 += 32) {
+    const int b = b0 + lane;
+    int n = 0, q0 = 0, q_len = 0, kv_len = 0;
+    if (b < p.B) {
+      q0 = p.cu_q[b];
+      q_len = p.cu_q[b + 1] - q0;
+      kv_len = p.kv_lens[b];
+      // A kv_len below q_len or beyond the page table's reach violates the contract: skipped, never read.
+      const bool ok = q_len > 0 && !(skip_single && q_len == 1) && kv_len >= q_len &&
+                      kv_len <= int64_t(p.pages_stride) * p.page_size;
+      n = ok ? (q_len * G + kBM - 1) / kBM : 0;
+    }
+    int incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += t;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (x < base + total) {
+      const int L = __ffs(__ballot_sync(0xffffffffu, x < base + incl)) - 1;
+      const int nL = __shfl_sync(0xffffffffu, n, L);
+      const int excl = __shfl_sync(0xffffffffu, incl, L) - nL;
+      w.b = b0 + L;
+      w.q0 = __shfl_sync(0xffffffffu, q0, L);
+      w.q_len = __shfl_sync(0xffffffffu, q_len, L);
+      w.kv_len = __shfl_sync(0xffffffffu, kv_len, L);
+      w.tile = nL - 1 - (x - base - excl);
+      return true;
+    }
+    base += total;
+  }
+  return false;
+}
+
+#ifdef KILN_SM90A
+
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << 16);
+}
+
+// K (kV false) or V rows of key tile j into the swizzled stage buffer at dst, by the 128 producer threads:
+// thread t gathers row t (key j kBN + t: one page lookup, then its row's 16-byte chunks, 4-8 loads in flight;
+// fp8: 8-byte loads of 8 e4m3, widened exactly with the row's UE8M0 scale of each 64 d), rows at or past
+// kv_len zero. Not fenced.
+template <int D, KvDtype KT, bool kV>
+__device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const Work& w, int hk, int j,
+                                                 uint32_t dst) {
+  static_assert(kBN == 128, "one row per producer thread");
+  // Loads in flight a thread: 8 fp8 chunks (one scale block), 4 bf16 chunks (the producer's 56 registers).
+  constexpr int kGroup = KT == KvDtype::bf16 ? 4 : 8;
+  const int r = int(threadIdx.x % 128), key = j * kBN + r;
+  const bool in = key < w.kv_len;
+  int64_t off = 0, sc_off = 0;
+  if (in) off = kv_row_offset(p, w.b, key, hk, &sc_off);
+  const uint32_t row = dst + uint32_t(r) * 128;
+  // Chunk cc (8 elements) of the row: column block cc / 8, swizzled position (cc % 8) ^ (r % 8).
+  const auto chunk_addr = [&](int cc) {
+    return row + uint32_t(cc / 8) * (kBN * 128) + uint32_t(((cc % 8) ^ (r & 7)) << 4);
+  };
+  if constexpr (KT == KvDtype::bf16) {
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(kV ? p.v : p.k) + off);
+#pragma unroll
+    for (int g = 0; g < D / 8; g += kGroup) {
+      uint4 v[kGroup];
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) v[u] = in ? __ldg(src + g + u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) st_shared_v4(chunk_addr(g + u), v[u]);
+    }
+  } else {
+    const uint2* src = reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(kV ? p.v : p.k) + off);
+    const uint8_t* scales = (kV ? p.v_scale : p.k_scale) + sc_off;
+#pragma unroll
+    for (int g = 0; g < D / 8; g += kGroup) {
+      uint2 raw[kGroup];
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) raw[u] = in ? __ldg(src + g + u) : make_uint2(0, 0);
+      const float sc = in ? ue8m0_to_f32(scales[g * 8 / 64]) : 1.0f;  // kGroup * 8 = 64 d: one scale
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        float f[8];
+        widen_fp8x8(raw[u], sc, f);
+        st_shared_v4(chunk_addr(g + u), pack8(f));
+      }
+    }
+  }
+}
+
+template <int D, KvDtype KT>
+__device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles,
+                                        uint32_t sK, uint32_t sV, uint32_t bars) {
+  constexpr int S = stages<D>();
+  constexpr uint32_t kTileBytes = kBN * D * 2;
+  const PagedAttnParams& p = prm.p;
+  const int t = int(threadIdx.x % 128);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % S;
+    const uint32_t ph = uint32_t(j / S) & 1u;
+    const uint32_t full_k = bars + 8 * s, full_v = bars + 8 * (S + s);
+    const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
+    const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
+    // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
+    if (KT == KvDtype::bf16 && prm.use_tma && (j + 1) * kBN <= w.kv_len) {
+      if (t != 0) continue;
+      // The tile's page ids first (independent loads, one latency), then the boxes of K and of V.
+      const int ps = p.page_size, n_pages = kBN / ps;
+      int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
+      sm90::mbar_wait(empty_k, ph ^ 1u);
+      sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg)
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          if (pg < n_pages)
+            sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
+                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_k);
+      sm90::mbar_wait(empty_v, ph ^ 1u);
+      sm90::mbar_arrive_expect_tx(full_v, kTileBytes);
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg)
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          if (pg < n_pages)
+            sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
+                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_v);
+    } else {
+      sm90::mbar_wait(empty_k, ph ^ 1u);
+      load_tile_manual<D, KT, false>(p, w, hk, j, dk);
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(1, 128);
+      if (t == 0) sm90::mbar_arrive(full_k);
+      sm90::mbar_wait(empty_v, ph ^ 1u);
+      load_tile_manual<D, KT, true>(p, w, hk, j, dv);
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(1, 128);
+      if (t == 0) sm90::mbar_arrive(full_v);
+    }
+  }
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Consumer warpgroup c (0 or 1) of the block: see the mapping comment at the top of this file. kOverlap:
+// the softmax of tile j overlaps the P V product of tile j - 1; else each tile's two products run in turn.
+template <int D, bool kOverlap>
+__device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles, int c,
+                                        uint32_t sQ, uint32_t sK, uint32_t sV, uint32_t bars) {
+  constexpr int S = stages<D>(), C8 = D / 8;
+  constexpr uint32_t kTileBytes = kBN * D * 2;
+  const PagedAttnParams& p = prm.p;
+  const int G = prm.G, t = int(threadIdx.x % 128), warp = t / 32, lane = t % 32;
+  const int rows = w.q_len * G, f_wg = w.tile * kBM + c * kWgRows;
+  const uint32_t q_tile = sQ + uint32_t(c) * (kWgRows * D * 2);
+
+  // Q rows f_wg .. f_wg + 63 (zero past the sequence's rows), swizzled like K.
+  for (int i = t; i < kWgRows * C8; i += 128) {
+    const int r = i / C8, cc = i % C8, f = f_wg + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (f < rows)
+      val = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) +
+                                            int64_t(w.q0 + f / G) * p.q_stride_t +
+                                            int64_t(hk * G + f % G) * p.q_stride_h + cc * 8);
+    st_shared_v4(q_tile + uint32_t(cc / 8) * (kWgRows * 128) + sm90::sw128_offset(r, cc % 8), val);
+  }
+  sm90::fence_proxy_async();
+  sm90::named_bar_sync(2 + c, 128);
+  __syncwarp();
+
+  // Context positions of this thread's two rows (rows past the sequence take its last row's position:
+  // computed, never stored) and of the warpgroup's first row (tiles past it need no mask).
+  const int pos_base = w.kv_len - w.q_len;
+  int rpos[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2)
+    rpos[h2] = pos_base + min(f_wg + warp * 16 + lane / 4 + 8 * h2, rows - 1) / G;
+  const int first_pos = pos_base + min(f_wg, rows - 1) / G;
+  const float sl2 = p.scale * 1.4426950408889634f;  // scores in the log2 domain: p = 2^(s log2 e - m)
+
+  float o[D / 2], sc[kBN / 2];
+  uint32_t pa[kBN / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kBN / 2; ++i) sc[i] = 0.0f;
+  float m[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()}, l[2] = {0.0f, 0.0f}, corr[2];
+
+  // Stage s of key tile j: its barriers and buffers.
+  const auto full_k = [&](int j) { return bars + 8 * (j % S); };
+  const auto full_v = [&](int j) { return bars + 8 * (S + j % S); };
+  const auto wait_full = [&](uint32_t bar, int j) {
+    sm90::mbar_wait(bar, uint32_t(j / S) & 1u);
+    __syncwarp();  // the spin may end on different iterations per lane; wgmma needs the warp converged
+  };
+  // This warp is done with K (kV false) or V of tile j (its wgmma reads completed: after wait_group).
+  const auto release = [&](bool kV, int j) {
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(bars + 8 * ((kV ? 3 : 2) * S + j % S));
+  };
+  // sc = Q K_j^T (not committed).
+  const auto issue_qk = [&](int j) {
+    const uint32_t k_tile = sK + uint32_t(j % S) * kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t col = uint32_t(kk / 4), k32 = uint32_t(kk % 4) * 32;
+      const uint64_t da = sm90::sw128_desc(q_tile + col * (kWgRows * 128) + k32, 16, 1024);
+      const uint64_t db = sm90::sw128_desc(k_tile + col * (kBN * 128) + k32, 16, 1024);
+      sm90::wgmma_m64n128k16_ss(sc, da, db, kk > 0 ? 1u : 0u);
+    }
+  };
+  // o += P V_j with P in pa (not committed).
+  const auto issue_pv = [&](int j) {
+    const uint32_t v_tile = sV + uint32_t(j % S) * kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t dv = sm90::sw128_desc(v_tile + uint32_t(kk) * 2048, kBN * 128, 1024);
+      if constexpr (D == 128)
+        sm90::wgmma_m64n128k16_rs(o, pa[kk], dv, 1u);
+      else
+        sm90::wgmma_m64n64k16_rs(o, pa[kk], dv, 1u);
+    }
+  };
+  // Online softmax of tile j in sc (rows lane / 4: e = 0, 1; lane / 4 + 8: e = 2, 3): mask keys past each
+  // row's position, new running max m in the log2 domain, corr = 2^(m_old - m_new), sc = p =
+  // 2^(s sl2 - m) (one FFMA and one ex2 an element), l = l corr + sum p. Touches neither o nor pa (a P V
+  // product may still be reading them).
+  const auto softmax = [&](int j) {
+    const bool need_mask = (j + 1) * kBN - 1 > first_pos;
+    float mx[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()};
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = sc[4 * i + e];
+        if (need_mask && j * kBN + 8 * i + 2 * (lane % 4) + (e & 1) > rpos[e >> 1])
+          v = -__builtin_huge_valf();
+        sc[4 * i + e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      // max(s) sl2 = max(s sl2): scaling by sl2 > 0 is monotonic. Finite: key 0 is visible to every row
+      // from tile 0 on.
+      const float mn = fmaxf(m[r], mx[r] * sl2);
+      corr[r] = exp2_approx(m[r] - mn);
+      m[r] = mn;
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = exp2_approx(fmaf(sc[4 * i + e], sl2, -m[e >> 1]));  // masked: 2^-inf = 0
+        l[e >> 1] += pe;
+        sc[4 * i + e] = pe;
+      }
+    }
+  };
+  // o *= corr (its rows), then P rounded to bf16: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of
+  // k-step kk of P V.
+  const auto rescale_and_pack = [&] {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[4 * i] *= corr[0], o[4 * i + 1] *= corr[0];
+      o[4 * i + 2] *= corr[1], o[4 * i + 3] *= corr[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = pack_bf16x2(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = pack_bf16x2(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = pack_bf16x2(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+  };
+
+  if constexpr (kOverlap) {
+    // S_j = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of tile j runs while that
+    // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. K_j
+    // is released as soon as S_j is done, V_{j-1} when its product is.
+    wait_full(full_k(0), 0);
+    sm90::wgmma_fence();
+    issue_qk(0);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    release(false, 0);
+    softmax(0);
+    rescale_and_pack();
+    for (int j = 1; j < n_tiles; ++j) {
+      wait_full(full_k(j), j);
+      sm90::wgmma_fence();
+      issue_qk(j);
+      sm90::wgmma_commit();
+      wait_full(full_v(j - 1), j - 1);
+      sm90::wgmma_fence();
+      issue_pv(j - 1);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+      release(false, j);
+      softmax(j);
+      sm90::wgmma_wait<0>();
+      release(true, j - 1);
+      rescale_and_pack();
+    }
+    wait_full(full_v(n_tiles - 1), n_tiles - 1);
+    sm90::wgmma_fence();
+    issue_pv(n_tiles - 1);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    release(true, n_tiles - 1);
+  } else {
+    for (int j = 0; j < n_tiles; ++j) {
+      wait_full(full_k(j), j);
+      sm90::wgmma_fence();
+      issue_qk(j);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      release(false, j);
+      softmax(j);
+      rescale_and_pack();
+      wait_full(full_v(j), j);
+      sm90::wgmma_fence();
+      issue_pv(j);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      release(true, j);
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int f = f_wg + warp * 16 + lane / 4 + 8 * r;
+    if (f >= rows) continue;
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + int64_t(w.q0 + f / G) * p.o_stride_t +
+                    int64_t(hk * G + f % G) * p.o_stride_h + (lane % 4) * 2;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<uint32_t*>(dst + 8 * i) =
+          pack_bf16x2(__fdiv_rn(o[4 * i + 2 * r], l[r]), __fdiv_rn(o[4 * i + 2 * r + 1], l[r]));
+  }
+}
+
+#endif  // KILN_SM90A
+
+template <int D, KvDtype KT, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_v4_kernel(const __grid_constant__ PrefillV4Params prm) {
+#ifdef KILN_SM90A
+  constexpr int S = stages<D>();
+  const PagedAttnParams& p = prm.p;
+  pdl_wait();
+  const int hk = int(blockIdx.x) % p.Hkv, x = int(blockIdx.x) / p.Hkv;
+  Work w;
+  if (!find_work(p, prm.skip_single != 0, prm.G, x, w)) return;
+  const int rows = w.q_len * prm.G, f_end = min((w.tile + 1) * kBM, rows);
+  const int n_tiles = (w.kv_len - w.q_len + (f_end - 1) / prm.G) / kBN + 1;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t sQ = (sm90::smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + kBM * D * 2, sV = sK + S * kBN * D * 2, bars = sV + S * kBN * D * 2;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      sm90::mbar_init(bars + 8 * s, 1);            // full K
+      sm90::mbar_init(bars + 8 * (S + s), 1);      // full V
+      sm90::mbar_init(bars + 8 * (2 * S + s), 8);  // K consumed: the 8 consumer warps
+      sm90::mbar_init(bars + 8 * (3 * S + s), 8);  // V consumed
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = int(threadIdx.x / 128);
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    produce<D, KT>(prm, w, hk, n_tiles, sK, sV, bars);
+  } else {
+    sm90::setmaxnreg_inc<kConsumerRegs>();
+    consume<D, kOverlap>(prm, w, hk, n_tiles, wg - 1, sQ, sK, sV, bars);
+  }
+  pdl_launch_dependents();
+#endif
+}
+
+}  // namespace v4
+
+template <int D, KvDtype KT>
+void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap) {
+  if (overlap)
+    launch(cfg, v4::prefill_v4_kernel<D, KT, true>, prm);
+  else
+    launch(cfg, v4::prefill_v4_kernel<D, KT, false>, prm);
+}
+
+template <int D, KvDtype KT>
+int prefill_v4_binary_version() {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, v4::prefill_v4_kernel<D, KT, true>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return attr.binaryVersion;
+}
+
+}  // namespace kiln::cuda
