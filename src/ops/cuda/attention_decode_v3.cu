@@ -52,6 +52,8 @@ struct V3Cfg {
   static constexpr int kStageBytes = 2 * kTile * kRowBytes;
   static constexpr int kStages = kStageBytes >= 32 * 1024 ? 3 : 4;
   static constexpr int kScaleBytes = kStages * 2 * kTile * (kScales > 0 ? kScales : 1);
+  // Blocks per SM the shared memory allows (227 KB usable), so the register cap matches it.
+  static constexpr int kBlocksPerSm = 227 * 1024 / (1024 + kStages * kStageBytes + kScaleBytes + 64);
   static_assert(kPieces >= 8 && kCopies >= 1 && kTile * kPieces % kThreads == 0, "tile geometry");
 };
 
@@ -99,27 +101,29 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n) : "memory");
 }
 
-// Two e4m3 bytes of w picked by the prmt selector sel (result bytes 1 and 3) -> bf16x2 holding value x 2^-120
-// each: sign at bit 15, exponent and mantissa shifted from bits 8..14 to 4..10 (an e4m3 subnormal becomes a
-// bf16 subnormal of the same ratio).
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_scaled(uint32_t w, uint32_t sel) {
-  uint32_t x;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(x) : "r"(w), "r"(sel));
-  return (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
-}
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+// Two e4m3 values (the low and high byte of v) -> f16x2, exactly (every e4m3 value, subnormals included, is
+// an f16 value).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   uint32_t r;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(v));
   return r;
 }
-constexpr uint32_t kTwo120x2 = (247u << 7) | (247u << 23);  // bf16x2 (2^120, 2^120)
-// bf16 bits of 2^(byte - 127) (UE8M0): byte 0 is the subnormal 2^-127; 255 (NaN) is not a valid scale.
-__device__ __forceinline__ uint32_t ue8m0_bf16(uint32_t byte) {
-  return byte == 0 ? 0x0040u : byte << 7;
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(a), "r"(sel));
+  return r;
 }
-// The exact bf16 pair of two e4m3 bytes times their scales f (bf16x2 of 2^(s - 127)).
-__device__ __forceinline__ uint32_t widen_pair(uint32_t w, uint32_t sel, uint32_t f) {
-  return bf16x2_mul(bf16x2_mul(e4m3x2_to_bf16x2_scaled(w, sel), kTwo120x2), f);
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// 2^(byte - 127) (UE8M0) as a float; byte 0 is the subnormal 2^-127.
+__device__ __forceinline__ float ue8m0_f32(uint32_t byte) {
+  return __uint_as_float(byte == 0 ? 0x00400000u : byte << 23);
+}
+// 2^e for an integer e, 0 below the normal range (the terms it scales are then below 2^-126 of the largest).
+__device__ __forceinline__ float exp2i(int e) {
+  return e < -126 ? 0.0f : __uint_as_float(uint32_t(min(e, 127) + 127) << 23);
 }
 
 // Context position -> (page-table index, row in the page) without an integer division when the page size is
@@ -261,9 +265,9 @@ __device__ __forceinline__ void store_scales(uint8_t* stage_sc, const uint32_t (
 
 // Q of the group as m16n8k16 A fragments, rows = heads (>= G: zero), one entry per k-step: qa[s][0] holds
 // row g's k-slots (2t, 2t + 1), qa[s][1] slots (2t + 8, 2t + 9) (the other two A registers, rows 8..15,
-// are zero). bf16 caches: k-step s is head_dim 16 s .. 16 s + 15 in order; fp8: the permuted order of the
-// 8-byte K loads (lane t owns elements 8 t .. 8 t + 7 of each 32: k-step 2 q holds 32 q + 8 t + {0,1 | 2,3},
-// k-step 2 q + 1 holds + {4,5 | 6,7}).
+// are zero). bf16 caches: bf16, k-step s is head_dim 16 s .. 16 s + 15 in order; fp8: f16 (exact for
+// |q| in [2^-14, 65504]), in the permuted order of the 8-byte K loads (lane t owns elements 8 t .. 8 t + 7 of
+// each 32: k-step 2 q holds 32 q + 8 t + {0,1 | 2,3}, k-step 2 q + 1 holds + {4,5 | 6,7}).
 template <int D, int G, KvDtype KT>
 __device__ __forceinline__ void load_q_frags(const PagedAttnParams& p, int row, int hk,
                                              uint32_t (&qa)[D / 16][2]) {
@@ -282,9 +286,10 @@ __device__ __forceinline__ void load_q_frags(const PagedAttnParams& p, int row, 
   } else {
 #pragma unroll
     for (int g32 = 0; g32 < D / 32; ++g32) {
-      const uint4 v = *reinterpret_cast<const uint4*>(q + 32 * g32 + 8 * t);
-      qa[2 * g32][0] = v.x, qa[2 * g32][1] = v.y;
-      qa[2 * g32 + 1][0] = v.z, qa[2 * g32 + 1][1] = v.w;
+      float f[8];
+      unpack8(*reinterpret_cast<const uint4*>(q + 32 * g32 + 8 * t), f);
+      qa[2 * g32][0] = pack_f16x2(f[0], f[1]), qa[2 * g32][1] = pack_f16x2(f[2], f[3]);
+      qa[2 * g32 + 1][0] = pack_f16x2(f[4], f[5]), qa[2 * g32 + 1][1] = pack_f16x2(f[6], f[7]);
     }
   }
 }
@@ -313,28 +318,46 @@ __device__ __forceinline__ void scores(const unsigned char* sK, const uint8_t* s
       mma_bf16(acc[1], a, kb[2], kb[3]);
     }
   } else {
+    // f16 MMAs on the e4m3 values as they are, one accumulator per 64-element scale block; then each key's
+    // block scales (powers of two: exact) applied to its scores.
     const int g = lane / 4, t = lane % 4;
+    float blk_acc[C::kScales][2][4];
+#pragma unroll
+    for (int blk = 0; blk < C::kScales; ++blk)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) blk_acc[blk][n][c] = 0.0f;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int r = 16 * warp + 8 * n + g;
 #pragma unroll
       for (int g32 = 0; g32 < D / 32; ++g32) {
         const uint2 w = *reinterpret_cast<const uint2*>(sK + tile_off(r, 2 * g32 + t / 2) + 8 * (t % 2));
-        const uint32_t f = ue8m0_bf16(sKs[r * C::kScales + g32 / 2]) * 0x10001u;
         const uint32_t a0[4] = {qa[2 * g32][0], 0u, qa[2 * g32][1], 0u};
         const uint32_t a1[4] = {qa[2 * g32 + 1][0], 0u, qa[2 * g32 + 1][1], 0u};
-        mma_bf16(acc[n], a0, widen_pair(w.x, 0x1404u, f), widen_pair(w.x, 0x3424u, f));
-        mma_bf16(acc[n], a1, widen_pair(w.y, 0x1404u, f), widen_pair(w.y, 0x3424u, f));
+        mma_f16(blk_acc[g32 / 2][n], a0, e4m3x2_to_f16x2(w.x), e4m3x2_to_f16x2(w.x >> 16));
+        mma_f16(blk_acc[g32 / 2][n], a1, e4m3x2_to_f16x2(w.y), e4m3x2_to_f16x2(w.y >> 16));
       }
     }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int key = 16 * warp + 8 * n + 2 * t + c;
+#pragma unroll
+        for (int blk = 0; blk < C::kScales; ++blk)
+          acc[n][c] = fmaf(blk_acc[blk][n][c], ue8m0_f32(sKs[key * C::kScales + blk]), acc[n][c]);
+      }
   }
 }
 
-// O += P V for this warp's 16 keys; pa: P as A fragments, [0] hi and [1] lo. o[j]: n-tile j of O (bf16:
-// head_dim 8 j .. 8 j + 7 in order; fp8: see o_dim).
+// O += P V for this warp's 16 keys; pa: P as bf16 A fragments, [0] hi and [1] lo (bf16 caches); pa8[blk]: P
+// times the keys' V scales of 64-element block blk (and the running 2^k of P8Scale) as f16 hi and lo (fp8).
+// o[j]: n-tile j of O (bf16: head_dim 8 j .. 8 j + 7 in order; fp8: see o_dim).
 template <int D, KvDtype KT>
-__device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uint8_t* sVs,
-                                              const uint32_t (&pa)[2][4], float (&o)[D / 8][4]) {
+__device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uint32_t (&pa)[2][4],
+                                              const uint32_t (&pa8)[D / 64][2][4], float (&o)[D / 8][4]) {
   using C = V3Cfg<D, KT>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, m = lane / 8;
   // ldmatrix.trans x4: matrices (keys 0-7, piece lo), (keys 8-15, piece lo), (keys 0-7, piece hi), (keys
@@ -352,31 +375,21 @@ __device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uin
       }
     }
   } else {
-    // Scales of this lane's keys 2t, 2t + 1 (b0 b1) and 8 + 2t, 9 + 2t (b2 b3), per 64-element block.
-    const int t = lane % 4, k0 = 16 * warp + 2 * t;
-    uint32_t f[C::kScales][2];
-#pragma unroll
-    for (int blk = 0; blk < C::kScales; ++blk) {
-      f[blk][0] =
-          ue8m0_bf16(sVs[k0 * C::kScales + blk]) | (ue8m0_bf16(sVs[(k0 + 1) * C::kScales + blk]) << 16);
-      f[blk][1] =
-          ue8m0_bf16(sVs[(k0 + 8) * C::kScales + blk]) | (ue8m0_bf16(sVs[(k0 + 9) * C::kScales + blk]) << 16);
-    }
+    // f16 MMAs on the e4m3 values as they are; the V scales are in P (pa8: per 64-element block).
 #pragma unroll
     for (int g32 = 0; g32 < D / 32; ++g32) {  // bytes 32 g32 .. + 31: pieces 2 g32 (m / 2 = 0), 2 g32 + 1
       uint32_t vb[4];
       ldmatrix_x4_trans(vb, smem_addr(sV + tile_off(r, 2 * g32 + m / 2)));
-      const int blk = g32 / 2;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {  // 16-element half: vb[2 hf] keys 0-7, vb[2 hf + 1] keys 8-15
-        const uint32_t e0 = widen_pair(vb[2 * hf], 0x2404u, f[blk][0]),
-                       e1 = widen_pair(vb[2 * hf + 1], 0x2404u, f[blk][1]);
-        const uint32_t d0 = widen_pair(vb[2 * hf], 0x3414u, f[blk][0]),
-                       d1 = widen_pair(vb[2 * hf + 1], 0x3414u, f[blk][1]);
+        // Bytes (key 2t: d, d + 1; key 2t + 1: d, d + 1) -> the even elements' key pair, then the odd ones'.
+        const uint32_t lo = prmt(vb[2 * hf], 0x3120u), hi = prmt(vb[2 * hf + 1], 0x3120u);
+        const uint32_t e0 = e4m3x2_to_f16x2(lo), e1 = e4m3x2_to_f16x2(hi);
+        const uint32_t d0 = e4m3x2_to_f16x2(lo >> 16), d1 = e4m3x2_to_f16x2(hi >> 16);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          mma_bf16(o[4 * g32 + 2 * hf], pa[h], e0, e1);      // even elements
-          mma_bf16(o[4 * g32 + 2 * hf + 1], pa[h], d0, d1);  // odd elements
+          mma_f16(o[4 * g32 + 2 * hf], pa8[g32 / 2][h], e0, e1);      // even elements
+          mma_f16(o[4 * g32 + 2 * hf + 1], pa8[g32 / 2][h], d0, d1);  // odd elements
         }
       }
     }
@@ -448,6 +461,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
   load_q_frags<D, G, KT>(p, row, hk, qa);
   const float scale2 = p.scale * kLog2e;
   float m = kNegInf, l = 0.0f;  // row g's running max (base 2) and this lane's part of the sum
+  int vmax[D / 64] = {};        // fp8: the largest V scale byte so far per 64-element block (see below)
   float o[D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
@@ -503,21 +517,54 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     const float corr = exp2f(m - m_use);
     m = m_new;
     l *= corr;
+    float p_[2][2];  // this lane's p of keys 8 n + 2 t + c
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[j][0] *= corr, o[j][1] *= corr;
-    uint32_t pa[2][4];
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const float p0 = exp2f(s[n][0] - m_use), p1 = exp2f(s[n][1] - m_use);
-      l += p0 + p1;
-      const uint32_t hi = pack_bf16x2(p0, p1);
-      const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
-      pa[0][2 * n] =
-          hi;  // A registers 0 (keys 2t, 2t + 1) and 2 (keys 8 + 2t, 9 + 2t); 1 and 3 (rows 8-15) zero
-      pa[1][2 * n] = pack_bf16x2(p0 - h0, p1 - h1);
-      pa[0][2 * n + 1] = pa[1][2 * n + 1] = 0u;
+      for (int c = 0; c < 2; ++c) l += (p_[n][c] = exp2f(s[n][c] - m_use));
+    // A fragments of P: registers 0 (keys 2t, 2t + 1) and 2 (keys 8 + 2t, 9 + 2t); 1 and 3 (rows 8-15) zero.
+    uint32_t pa[2][4] = {}, pa8[D / 64][2][4] = {};
+    if constexpr (KT == KvDtype::bf16) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) o[j][0] *= corr, o[j][1] *= corr;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const uint32_t hi = pack_bf16x2(p_[n][0], p_[n][1]);
+        const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+        pa[0][2 * n] = hi;
+        pa[1][2 * n] = pack_bf16x2(p_[n][0] - h0, p_[n][1] - h1);
+      }
+    } else {
+      // fp8: p times each key's V scale of block blk, times 2^(142 - vmax[blk]) (vmax: the largest V scale
+      // byte this warp has met in the block), so the largest is <= 2^15 and the f16 hi + lo pair keeps ~22
+      // bits; O's block blk is held in those units (rescaled when vmax grows, undone at the end).
+      const uint8_t* sVs = sKs + kTile * C::kScales;
+      const int k0 = 16 * warp + 2 * t;
+#pragma unroll
+      for (int blk = 0; blk < D / 64; ++blk) {
+        int vs[2][2], tmax = 0;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) tmax = max(tmax, vs[n][c] = sVs[(k0 + 8 * n + c) * C::kScales + blk]);
+        tmax = max(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = max(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const int vnew = max(vmax[blk], tmax);
+        const float cb = corr * exp2i(vmax[blk] - vnew);
+        vmax[blk] = vnew;
+#pragma unroll
+        for (int j = 8 * blk; j < 8 * blk + 8; ++j) o[j][0] *= cb, o[j][1] *= cb;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const float q0 = p_[n][0] * exp2i(vs[n][0] + 15 - vnew),
+                      q1 = p_[n][1] * exp2i(vs[n][1] + 15 - vnew);
+          const __half2 hi = __floats2half2_rn(q0, q1);
+          pa8[blk][0][2 * n] = *reinterpret_cast<const uint32_t*>(&hi);
+          pa8[blk][1][2 * n] = pack_f16x2(q0 - __low2float(hi), q1 - __high2float(hi));
+        }
+      }
     }
-    accumulate_pv<D, KT>(sK + kTile * C::kRowBytes, sKs + kTile * C::kScales, pa, o);
+    accumulate_pv<D, KT>(sK + kTile * C::kRowBytes, pa, pa8, o);
     if (nxt < n_tiles) store_scales<D, KT>(smem_sc + nxt_stage * 2 * kTile * C::kScales, sc);
   }
   seq += n_tiles;
@@ -534,7 +581,10 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) sm_o[(warp * G + g) * D + o_dim<KT>(j, c, t)] = o[j][c];
+      for (int c = 0; c < 2; ++c) {
+        const float unit = KT == KvDtype::bf16 ? 1.0f : exp2i(vmax[j / 8] - 142);  // fp8: O's block units
+        sm_o[(warp * G + g) * D + o_dim<KT>(j, c, t)] = o[j][c] * unit;
+      }
   }
   __syncthreads();
   const int n_active = (ctx + chunk - 1) / chunk;
@@ -573,7 +623,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 
 // Dynamic shared memory: 1024-byte aligned stages (TMA's swizzle needs it), then the fp8 scale tables.
 template <int D, int G, KvDtype KT, bool kTma>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
     decode_kernel_v3(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
   using C = V3Cfg<D, KT>;
