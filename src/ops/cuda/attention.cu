@@ -105,10 +105,20 @@ namespace {
 // kDecodeV2MinChunk never get keys: launching them only adds blocks that exit. Dropping them changes no
 // chunk (for ctx <= reach, ceil(ctx / splits) stays <= kDecodeV2MinChunk), so no output bit. Still a function
 // of shapes only; the workspace stays sized by decode_split (the larger v1 count).
+//
+// v3 keeps 2-4 long-lived blocks per SM streaming many tiles each, so it wants about one wave: splits =
+// the resident block slots over the (sequence, KV head) pairs (B = 1: a split per slot; B * Hkv >= slots:
+// one split, no combine), at most v2's count (so the workspace, sized by decode_split, still holds them).
 int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
-  if (k == DecodeKernel::v1) return splits;  // v3 shares v2's rule (64-key minimum chunks)
+  if (k == DecodeKernel::v1) return splits;
   const int64_t reach = int64_t(p.pages_stride) * p.page_size;
-  return int(std::min<int64_t>(splits, (reach + kDecodeV2MinChunk - 1) / kDecodeV2MinChunk));
+  int s = int(std::min<int64_t>(splits, (reach + kDecodeV2MinChunk - 1) / kDecodeV2MinChunk));
+  if (k == DecodeKernel::v3) {
+    const int64_t pairs = int64_t(std::max(p.B, 1)) * p.Hkv;
+    const int64_t slots = int64_t(sm_count()) * decode_v3_blocks_per_sm(p);
+    s = int(std::clamp<int64_t>(slots / pairs, 1, s));
+  }
+  return s;
 }
 
 // The splits (and v1's chunk) decode() launches: force_splits when > 0, else the shape rule.

@@ -94,6 +94,7 @@ void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int c
                    DecodeKernel kernel, cudaStream_t stream, bool pdl);
 // v3 (attention_decode_v3.cu): tensor-core decode; decode_v3_applies says where it runs (else v2 runs).
 bool decode_v3_applies(const PagedAttnParams& p);
+int decode_v3_blocks_per_sm(const PagedAttnParams& p);  // resident v3 blocks per SM (shared memory bound)
 void launch_decode_v3(const PagedAttnParams& p, float* workspace, int splits, bool all_rows,
                       cudaStream_t stream, bool pdl);
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,

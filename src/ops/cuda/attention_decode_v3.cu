@@ -456,6 +456,10 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
   } else {
     load_pages<D, KT>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, pg);
   }
+  // fp8 scales run one tile further ahead than the copies: those of tile it + kStages - 1 are loaded at
+  // iteration it - 1 and stored at the end of iteration it, so no iteration waits on its own global loads.
+  if (C::kStages - 1 < n_tiles)
+    load_scales<D, KT>(p, pp, b, hk, t_begin + (C::kStages - 1) * kTile, t_end, sc);
 
   uint32_t qa[D / 16][2];
   load_q_frags<D, G, KT>(p, row, hk, qa);
@@ -491,8 +495,9 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
         issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + nxt_stage * C::kStageBytes);
         if (nxt + 1 < n_tiles) load_pages<D, KT>(p, pp, b, t0 + kTile, t_end, pg);
       }
-      load_scales<D, KT>(p, pp, b, hk, t0, t_end, sc);
     }
+    uint32_t sc_next[2] = {0u, 0u};
+    if (nxt + 1 < n_tiles) load_scales<D, KT>(p, pp, b, hk, t_begin + (nxt + 1) * kTile, t_end, sc_next);
     if constexpr (!kTma) cp_async_commit();
 
     const unsigned char* sK = smem + stage * C::kStageBytes;
@@ -566,6 +571,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     }
     accumulate_pv<D, KT>(sK + kTile * C::kRowBytes, pa, pa8, o);
     if (nxt < n_tiles) store_scales<D, KT>(smem_sc + nxt_stage * 2 * kTile * C::kScales, sc);
+    sc[0] = sc_next[0], sc[1] = sc_next[1];
   }
   seq += n_tiles;
   if constexpr (!kTma) cp_async_wait<0>();
@@ -726,6 +732,12 @@ bool decode_v3_applies(const PagedAttnParams& p) {
   // 16-byte pieces of >= 8 per row (bf16: D 64, 128; fp8: D 128), every row start 16-byte aligned.
   const bool aligned = (p.s_page * esz) % 16 == 0 && (p.s_row * esz) % 16 == 0 && (p.s_head * esz) % 16 == 0;
   return aligned && p.Hq / p.Hkv <= 8 && (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16));
+}
+
+int decode_v3_blocks_per_sm(const PagedAttnParams& p) {
+  if (p.D == 64) return V3Cfg<64, KvDtype::bf16>::kBlocksPerSm;
+  return p.kv_dtype == KvDtype::bf16 ? V3Cfg<128, KvDtype::bf16>::kBlocksPerSm
+                                     : V3Cfg<128, KvDtype::f8e4m3>::kBlocksPerSm;
 }
 
 void launch_decode_v3(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
