@@ -24,6 +24,9 @@
 // Numerics: products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e - m)
 // with ex2.approx, P rounded as hi + lo bf16. Within the attention tolerance (docs/NUMERICS.md), and within
 // 1 bf16 ulp of the prefill kernel on the same rows.
+#include <cstdlib>
+#include <string>
+
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/tensor_map.h"
@@ -628,8 +631,10 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 }
 
 // Dynamic shared memory: 1024-byte aligned stages (TMA's swizzle needs it), then the fp8 scale tables.
-template <int D, int G, KvDtype KT, bool kTma>
-__global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
+// kMinBlocks: the blocks per SM the register cap is set for (the shared-memory limit, or 2 for fp8 when
+// KILN_ATTN_V3_FP8_BLOCKS=2: uncapped registers, no spills, 8 warps instead of 12 per SM).
+template <int D, int G, KvDtype KT, bool kTma, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_kernel_v3(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
   using C = V3Cfg<D, KT>;
@@ -655,6 +660,18 @@ __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
   pdl_launch_dependents();
 }
 
+// KILN_ATTN_V3_FP8_BLOCKS ("2" or "3", read once; unset: 3): the fp8 kernel's blocks per SM (see the kernel).
+int fp8_blocks() {
+  static const int n = [] {
+    const char* v = std::getenv("KILN_ATTN_V3_FP8_BLOCKS");
+    if (!v || !*v) return 3;
+    KILN_CHECK(std::string(v) == "2" || std::string(v) == "3",
+               "KILN_ATTN_V3_FP8_BLOCKS must be 2 or 3, got '", v, "'");
+    return v[0] - '0';
+  }();
+  return n;
+}
+
 // Whether K/V pages can arrive by TMA: one 128-byte-swizzled box per (page, 128 bytes of the row) needs page
 // sizes that tile the 64-key stage (16, 32, 64; rows 16-byte aligned, which decode_v3_applies requires).
 bool tma_applies(const PagedAttnParams& p) {
@@ -672,14 +689,14 @@ CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
                           dims, strides, box);
 }
 
-template <int D, int G, KvDtype KT, bool kTma>
+template <int D, int G, KvDtype KT, bool kTma, int kMinBlocks>
 void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
                bool pdl) {
   using C = V3Cfg<D, KT>;
   constexpr size_t kSmem = 1024 + size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
   static_assert(kSmem >= sizeof(float) * (2 * kWarps * G + kWarps * G * D), "merge scratch fits the stages");
   static const bool attr_set = [] {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT, kTma>,
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT, kTma, kMinBlocks>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
   }();
@@ -691,15 +708,22 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
                       .stream = stream,
                       .pdl = pdl,
                       .smem_attr_set = attr_set};
-  launch(cfg, decode_kernel_v3<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows);
+  launch(cfg, decode_kernel_v3<D, G, KT, kTma, kMinBlocks>, p, tk, tv, ws, splits, all_rows);
 }
 
 template <int D, int G, KvDtype KT>
 void launch_g(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
-  if (tma_applies(p))
-    launch_gt<D, G, KT, true>(p, ws, splits, all_rows, stream, pdl);
-  else
-    launch_gt<D, G, KT, false>(p, ws, splits, all_rows, stream, pdl);
+  constexpr int kB = V3Cfg<D, KT>::kBlocksPerSm;
+  if (KT == KvDtype::f8e4m3 && fp8_blocks() == 2) {
+    if (tma_applies(p))
+      launch_gt<D, G, KT, true, 2>(p, ws, splits, all_rows, stream, pdl);
+    else
+      launch_gt<D, G, KT, false, 2>(p, ws, splits, all_rows, stream, pdl);
+  } else if (tma_applies(p)) {
+    launch_gt<D, G, KT, true, kB>(p, ws, splits, all_rows, stream, pdl);
+  } else {
+    launch_gt<D, G, KT, false, kB>(p, ws, splits, all_rows, stream, pdl);
+  }
 }
 
 template <int D, KvDtype KT>
@@ -736,8 +760,7 @@ bool decode_v3_applies(const PagedAttnParams& p) {
 
 int decode_v3_blocks_per_sm(const PagedAttnParams& p) {
   if (p.D == 64) return V3Cfg<64, KvDtype::bf16>::kBlocksPerSm;
-  return p.kv_dtype == KvDtype::bf16 ? V3Cfg<128, KvDtype::bf16>::kBlocksPerSm
-                                     : V3Cfg<128, KvDtype::f8e4m3>::kBlocksPerSm;
+  return p.kv_dtype == KvDtype::bf16 ? V3Cfg<128, KvDtype::bf16>::kBlocksPerSm : fp8_blocks();
 }
 
 void launch_decode_v3(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
