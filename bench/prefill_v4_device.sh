@@ -7,7 +7,11 @@
 # tests, the attention kernel benchmark, then compute-sanitizer memcheck, racecheck and synccheck on the
 # smoke test. The logs are written to a folder of their own and packed into $OUT/prefill_v4_logs.tgz (the
 # device tool brings back at most 8 files), beside $OUT/summary.txt, the summary also printed last.
-# Usage: bench/prefill_v4_device.sh [steps]   steps: any of build sass smoke test bench sanitize (default all)
+# Usage: bench/prefill_v4_device.sh [steps]   steps: any of build sass smoke failing test bench sanitize
+# (default: all but failing). failing: only the tests that failed on the first H200 run (v4's gathered last
+# tile after TMA tiles: DecodeAndPrefillAgreeWithinOneUlp, PrefillV4OddLengthsBatch19, LargeBatchMixedLengths)
+# plus PrefillV4ManyTilesPartialLast and the smoke test, about a minute; e.g. `bench/prefill_v4_device.sh build
+# failing`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-/tmp/kiln-out}
@@ -58,6 +62,18 @@ if step smoke; then
   fi
 fi
 
+if step failing; then
+  ft='CudaAttention.PrefillV4ManyTilesPartialLast:CudaAttention.PrefillV4Smoke:CudaAttention.LargeBatchMixedLengths'
+  ft+=':CudaAttention.DecodeAndPrefillAgreeWithinOneUlp:CudaAttention.PrefillV4OddLengthsBatch19'
+  timeout 200 $T --gtest_brief=1 --gtest_filter="$ft" >"$out/failing.log" 2>&1
+  rc=$?
+  summary+=("previously failing tests: rc=$rc at $(elapsed): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|^\[  FAILED  \] CudaAttention' "$out/failing.log" | head -12 | tr '\n' ' ')")
+  # The new test again with every tile gathered (no TMA): tells a remaining pipelining fault from a TMA one.
+  KILN_ATTN_V4_NO_TMA=1 timeout 60 $T --gtest_brief=1 --gtest_filter='CudaAttention.PrefillV4ManyTilesPartialLast' \
+    >"$out/failing_no_tma.log" 2>&1
+  summary+=("PrefillV4ManyTilesPartialLast with KILN_ATTN_V4_NO_TMA=1: rc=$?")
+fi
+
 if step test; then
   timeout 170 $T --gtest_brief=1 \
     --gtest_filter='CudaAttention.PrefillV4*:CudaAttention.MixedBatch*:CudaAttention.NhdAndHnd*:CudaAttention.MatchesCpuOracle:CudaAttention.DecodeAndPrefill*:CudaAttention.PrefillV1V2V3*:CudaAttention.MultiRow*' \
@@ -86,7 +102,7 @@ for s in "${summary[@]}"; do echo "$s"; done
 grep -h "^\[wgmma" "$out/wgmma.log" 2>/dev/null | head -16
 grep -h "^\[v4 debug\]" "$out/smoke.log" 2>/dev/null | head -24
 for f in "$out"/smoke_KILN_*.log; do [[ -f $f ]] && { echo "== $f"; grep -h "^\[v4 debug\] [bf]" "$f" | head -4; }; done
-grep -hE -A6 "Failure" "$out/smoke.log" "$out/tests.log" 2>/dev/null | head -40
+grep -hE -A6 "Failure" "$out/smoke.log" "$out/failing.log" "$out/failing_no_tma.log" "$out/tests.log" 2>/dev/null | head -40
 grep -E "prefill" "$out/bench.log" 2>/dev/null | cut -c1-220
 grep -hE -m6 "Invalid|Race|Error|Barrier" "$out"/san_*.log 2>/dev/null | head -12
 } 2>&1 | tee "$dest/summary.txt"

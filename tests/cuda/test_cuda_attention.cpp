@@ -443,6 +443,31 @@ TEST(CudaAttention, PrefillV4GroupSizes) {
     }
 }
 
+TEST(CudaAttention, PrefillV4ManyTilesPartialLast) {
+  KILN_REQUIRE_GPU();
+  // Short query tiles over long contexts whose last key tile reaches past kv_len: with a bf16 cache every
+  // tile but the last comes by TMA (producer thread 0 alone) and the last is gathered by all 128 producer
+  // threads, after the stage has been reused k = (n_tiles - 1) / stages >= 2 times (D 128: 2 stages, from
+  // kv_len 513; D 64: 4 stages, from kv_len 1025). Those threads used to run ahead over the TMA tiles and
+  // pass their own (aliased) parity wait on the stage's empty barrier early. Several launches, since the
+  // fault was a race.
+  uint32_t seed = 1200;
+  for (int D : {128, 64})
+    for (bool hnd : {true, false}) {
+      Case c{.q_lens = {1, 1, 1, 3, 130},
+             .kv_lens = {672, 1000, 1100, 2100, 4100},
+             .Hq = 8,
+             .Hkv = 2,
+             .D = D,
+             .page_size = hnd ? 32 : 16,
+             .hnd = hnd};
+      const AttnSetup s(c, seed++);
+      for (int rep = 0; rep < 3; ++rep)
+        check_v4(s, "D " + std::to_string(D) + (hnd ? " HND" : " NHD") + " launch " + std::to_string(rep));
+      if (attn_debug()) return;
+    }
+}
+
 TEST(CudaAttention, BadParamsAreErrors) {
   KILN_REQUIRE_GPU();
   Case c{.q_lens = {1}, .kv_lens = {4}, .Hq = 4, .Hkv = 2, .D = 128, .page_size = 16};

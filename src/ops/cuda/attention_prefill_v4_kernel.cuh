@@ -22,7 +22,10 @@
 //       - otherwise (the tile reaching past kv_len, an fp8 cache, no tensor map): thread t gathers key row
 //         t of the tile through the page table (fp8: 8 e4m3 bytes at a time widened exactly to bf16 with
 //         the row's UE8M0 scale), rows at or past kv_len stored as zeros (NaN garbage never reaches P V),
-//         in the same swizzled layout, then fence.proxy.async + a named barrier + one arrival.
+//         in the same swizzled layout, then fence.proxy.async + a named barrier + one arrival. Where some
+//         tiles came by TMA, only thread 0 has waited on the empty barriers for every tile (the others skip
+//         TMA tiles, and an mbarrier parity wait cannot tell phase k from k - 2), so thread 0 alone waits
+//         for a gathered tile's stage and a named barrier hands it to the other producer threads.
 //     warpgroups 1 and 2, consumers (setmaxnreg 224): consumer c owns packed rows 64 c .. 64 c + 63 of the
 //       block; warp w of it rows 16 w .. 16 w + 15 (thread: rows lane / 4 and lane / 4 + 8, the wgmma
 //       accumulator layout, wgmma_bf16.cuh). It loads its Q rows (zero past the sequence) into swizzled
@@ -158,6 +161,8 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
   constexpr uint32_t kTileBytes = kBN * D * 2;
   const PagedAttnParams& p = prm.p;
   const int t = int(threadIdx.x % 128);
+  // Whether some tiles come by TMA (thread 0 alone; the other producer threads skip them).
+  const bool tma_tiles = KT == KvDtype::bf16 && prm.use_tma;
   for (int j = 0; j < n_tiles; ++j) {
     const int s = j % S;
     const uint32_t ph = uint32_t(j / S) & 1u;
@@ -165,7 +170,7 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
     const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
     const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
     // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
-    if (KT == KvDtype::bf16 && prm.use_tma && (j + 1) * kBN <= w.kv_len) {
+    if (tma_tiles && (j + 1) * kBN <= w.kv_len) {
       if (t != 0) continue;
       // The tile's page ids first (independent loads, one latency), then the boxes of K and of V.
       const int ps = p.page_size, n_pages = kBN / ps;
@@ -190,13 +195,36 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
           if (pg < n_pages)
             sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
                               prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_v);
-    } else {
+    } else if (!tma_tiles) {
+      // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
+      // follow the empty barriers' phases one by one.
       sm90::mbar_wait(empty_k, ph ^ 1u);
       load_tile_manual<D, KT, false>(p, w, hk, j, dk);
       sm90::fence_proxy_async();
       sm90::named_bar_sync(1, 128);
       if (t == 0) sm90::mbar_arrive(full_k);
       sm90::mbar_wait(empty_v, ph ^ 1u);
+      load_tile_manual<D, KT, true>(p, w, hk, j, dv);
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(1, 128);
+      if (t == 0) sm90::mbar_arrive(full_v);
+    } else {
+      // A gathered tile after TMA tiles (the last tile, reaching past kv_len). Threads 1..127 skipped the
+      // TMA tiles' empty waits, so they must not wait on the empty barriers themselves: a parity wait cannot
+      // tell phase k from k - 2, and theirs would pass as soon as an older use of the stage was released
+      // (or at once on a fresh barrier), letting them write rows into a stage that a TMA load or the
+      // consumers still own. Thread 0 has waited for every tile in order: it waits, then a named barrier
+      // hands the stage to the others (bar.sync orders its acquire before their stores).
+      if (t == 0) sm90::mbar_wait(empty_k, ph ^ 1u);
+      sm90::named_bar_sync(1, 128);
+      load_tile_manual<D, KT, false>(p, w, hk, j, dk);
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(1, 128);
+      if (t == 0) {
+        sm90::mbar_arrive(full_k);
+        sm90::mbar_wait(empty_v, ph ^ 1u);
+      }
+      sm90::named_bar_sync(1, 128);
       load_tile_manual<D, KT, true>(p, w, hk, j, dv);
       sm90::fence_proxy_async();
       sm90::named_bar_sync(1, 128);
