@@ -50,6 +50,8 @@ struct ModelConfig {
 //   Qwen3VLForConditionalGeneration -> qwen3_vl_text (its text_config; "model.language_model.").
 //   rope: rope_parameters (5.x) or rope_theta + rope_scaling (4.x); only rope_type "default" (or the older
 //   "mrope") is accepted -- yarn/linear/dynamic scaling is rejected rather than silently ignored.
+//   Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a window
+//   (use_sliding_window) is rejected, and so are attention_bias and a hidden_act other than silu.
 //   dtype: "dtype" (5.x) or "torch_dtype" (4.x), bfloat16/float16/float32; eos_token_id: int or list.
 ModelConfig load_model_config(const std::string& model_dir);
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name);

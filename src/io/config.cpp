@@ -129,6 +129,47 @@ void parse_rope(const Fields& f, ModelConfig& c) {
     f.fail("partial_rotary_factor", "must be in (0, 1]");
 }
 
+// kiln runs full causal attention in every layer and the plain SiLU MLP without biases. transformers' Qwen3
+// slides a window in layer i when layer_types[i] is "sliding_attention" (derived, when the list is absent,
+// as i >= max_window_layers) and the window is on (use_sliding_window with a sliding_window size); such a
+// config is refused, naming the field, rather than served with the wrong attention.
+void check_layer_layout(const Fields& f, const ModelConfig& c) {
+  const std::string L = std::to_string(c.num_layers);
+  const bool window_on = f.opt_bool("use_sliding_window").value_or(false) && f.opt_int("sliding_window");
+  if (auto w = f.opt_int("sliding_window"); w && *w <= 0)
+    f.fail("sliding_window", "must be positive or null, got " + std::to_string(*w));
+  const std::optional<int64_t> max_window_layers = f.opt_int("max_window_layers");
+  if (max_window_layers && *max_window_layers < 0) f.fail("max_window_layers", "must not be negative");
+  if (const json* lt = f.find("layer_types")) {
+    if (!lt->is_array()) f.fail("layer_types", "must be a list of strings, got " + lt->dump());
+    if (int64_t(lt->size()) != c.num_layers)
+      f.fail("layer_types", "has " + std::to_string(lt->size()) + " entries, but num_hidden_layers is " + L);
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& t = (*lt)[i];
+      const std::string key = "layer_types[" + std::to_string(i) + "]";
+      if (!t.is_string()) f.fail(key, "must be a string, got " + t.dump());
+      const std::string v = t.get<std::string>();
+      if (v == "sliding_attention" && window_on)
+        f.fail(key,
+               "is \"sliding_attention\" with use_sliding_window on: kiln does not implement "
+               "sliding-window attention");
+      if (v != "full_attention" && v != "sliding_attention")
+        f.fail(key, "is \"" + v + "\" (full_attention or sliding_attention)");
+    }
+  } else if (window_on && max_window_layers.value_or(28) < c.num_layers) {
+    // Qwen3Config's default max_window_layers is 28.
+    f.fail("use_sliding_window",
+           "is true and max_window_layers (" + std::to_string(max_window_layers.value_or(28)) +
+               ") < num_hidden_layers (" + L +
+               "): those layers would use sliding-window attention, which kiln does not "
+               "implement");
+  }
+  if (f.opt_bool("attention_bias").value_or(false))
+    f.fail("attention_bias", "is true: kiln's Qwen3 has no q/k/v/o projection biases");
+  if (auto act = f.opt_str("hidden_act"); act && *act != "silu")
+    f.fail("hidden_act", "is \"" + *act + "\" (kiln's MLP is SiLU-gated: \"silu\")");
+}
+
 ModelArch arch_from_name(const Fields& top, const std::string& name, std::string* weight_prefix) {
   if (name == "Qwen3ForCausalLM") {
     *weight_prefix = "model.";
@@ -206,6 +247,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   if (auto e = f.opt_num("rms_norm_eps")) c.rms_norm_eps = *e;
   if (!(c.rms_norm_eps > 0)) f.fail("rms_norm_eps", "must be positive");
   if (f.opt_int("max_position_embeddings")) c.max_position_embeddings = f.positive("max_position_embeddings");
+
+  check_layer_layout(f, c);
 
   parse_rope(f, c);
   const int64_t rot = c.rotary_dim();
