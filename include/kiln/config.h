@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/dtype.h"
+#include "kiln/rope.h"
 
 namespace kiln {
 
@@ -26,7 +27,8 @@ struct ModelConfig {
   int64_t head_dim = 0;      // explicit in Qwen3 configs; hidden/num_heads when absent
   double rms_norm_eps = 1e-6;
   double rope_theta = 1e6;
-  std::string rope_type = "default";
+  std::string rope_type = "default";   // as written ("mrope" reads as "default")
+  RopeScaling rope_scaling;            // resolved from rope_type and its fields
   double partial_rotary_factor = 1.0;  // rotary_dim = head_dim * factor
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
@@ -39,6 +41,9 @@ struct ModelConfig {
   // Prefix of the decoder's weight names: "model." for Qwen3, "model.language_model." for Qwen3-VL.
   std::string weight_prefix = "model.";
 
+  // The longest context the model serves: YaRN original_max_position x factor and linear
+  // max_position_embeddings x factor (as vLLM and SGLang derive it), else max_position_embeddings.
+  int64_t max_context() const;
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor + 0.5); }
   int64_t q_size() const { return num_heads * head_dim; }
   int64_t kv_size() const { return num_kv_heads * head_dim; }
@@ -48,8 +53,9 @@ struct ModelConfig {
 // unknown architecture, missing or non-positive sizes, heads not dividing, mrope_section not summing.
 //   architectures[0]: Qwen3ForCausalLM -> qwen3 ("model."), Qwen3Model -> qwen3_embedding (""),
 //   Qwen3VLForConditionalGeneration -> qwen3_vl_text (its text_config; "model.language_model.").
-//   rope: rope_parameters (5.x) or rope_theta + rope_scaling (4.x); only rope_type "default" (or the older
-//   "mrope") is accepted -- yarn/linear/dynamic scaling is rejected rather than silently ignored.
+//   rope: rope_parameters (5.x) or rope_theta + rope_scaling (4.x); rope_type "default" (or the older
+//   "mrope"), "yarn" (factor, original_max_position_embeddings, attention_factor | mscale + mscale_all_dim,
+//   beta_fast, beta_slow, truncate), "linear" and "dynamic" (factor); others (longrope, llama3) are rejected.
 //   Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a window
 //   (use_sliding_window) is rejected, and so are attention_bias and a hidden_act other than silu.
 //   dtype: "dtype" (5.x) or "torch_dtype" (4.x), bfloat16/float16/float32; eos_token_id: int or list.

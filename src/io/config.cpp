@@ -95,10 +95,75 @@ DType parse_dtype(const Fields& f, const std::string& key, const std::string& s)
   f.fail(key, "names an unsupported dtype \"" + s + "\" (bfloat16, float16 or float32)");
 }
 
-// The rope block: 5.x rope_parameters {rope_theta, rope_type, partial_rotary_factor?, mrope_*}, or 4.x
-// top-level rope_theta with an optional rope_scaling {type|rope_type, mrope_section, mrope_interleaved}.
+// transformers' get_mscale: YaRN's attention factor for a context extension of `scale`.
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// The scaling fields of one rope block (rope_parameters or rope_scaling), as transformers 5 reads them.
+void parse_rope_scaling(const Fields& r, ModelConfig& c) {
+  RopeScaling& s = c.rope_scaling;
+  if (c.rope_type == "default") return;
+  if (c.rope_type == "linear" || c.rope_type == "dynamic" || c.rope_type == "yarn") {
+    s.kind = c.rope_type == "linear"    ? RopeScalingKind::linear
+             : c.rope_type == "dynamic" ? RopeScalingKind::dynamic
+                                        : RopeScalingKind::yarn;
+  } else {
+    r.fail("rope_type",
+           "\"" + c.rope_type + "\" is not supported (default, mrope, yarn, linear and dynamic are)");
+  }
+  const std::optional<double> factor = r.opt_num("factor");
+  const std::optional<int64_t> original = r.opt_int("original_max_position_embeddings");
+  if (original && *original <= 0) r.fail("original_max_position_embeddings", "must be positive");
+  if (factor) {
+    s.factor = *factor;
+  } else if (s.kind == RopeScalingKind::yarn && original && c.max_position_embeddings > 0) {
+    s.factor = double(c.max_position_embeddings) / double(*original);  // transformers' implicit factor
+  } else {
+    r.fail("factor", "is missing (rope_type \"" + c.rope_type + "\" needs it)");
+  }
+  if (!(s.factor >= 1)) r.fail("factor", "must be >= 1, got " + std::to_string(s.factor));
+  if (s.kind != RopeScalingKind::yarn) return;
+
+  s.original_max_position = original ? *original : c.max_position_embeddings;
+  if (s.original_max_position <= 0)
+    r.fail("original_max_position_embeddings", "is missing and so is max_position_embeddings");
+  // transformers reads these with `or`: 0 / null fall back to the paper's 32 and 1.
+  if (auto b = r.opt_num("beta_fast"); b && *b != 0) s.beta_fast = *b;
+  if (auto b = r.opt_num("beta_slow"); b && *b != 0) s.beta_slow = *b;
+  if (!(s.beta_fast > 0)) r.fail("beta_fast", "must be positive");
+  if (!(s.beta_slow > 0)) r.fail("beta_slow", "must be positive");
+  if (auto t = r.opt_bool("truncate")) s.truncate = *t;
+  if (auto a = r.opt_num("attention_factor")) {
+    if (!(*a > 0)) r.fail("attention_factor", "must be positive");
+    s.attention_factor = *a;
+  } else {
+    const double ms = r.opt_num("mscale").value_or(0), ms_all = r.opt_num("mscale_all_dim").value_or(0);
+    s.attention_factor = ms != 0 && ms_all != 0 ? yarn_mscale(s.factor, ms) / yarn_mscale(s.factor, ms_all)
+                                                : yarn_mscale(s.factor, 1.0);
+  }
+}
+
+// The rope block: 5.x rope_parameters {rope_theta, rope_type, partial_rotary_factor?, mrope_*, scaling
+// fields}, or 4.x top-level rope_theta with an optional rope_scaling {type|rope_type, scaling fields,
+// mrope_section, mrope_interleaved}. When a config carries both, the one that names a scaling wins.
 void parse_rope(const Fields& f, ModelConfig& c) {
   const char* block_key = f.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  auto type_of = [&](const char* key) -> std::string {
+    const json* b = f.find(key);
+    if (!b || !b->is_object()) return "default";
+    const Fields r(*b, f.source(), f.path(key) + ".");
+    std::optional<std::string> t = r.opt_str("rope_type");
+    if (!t) t = r.opt_str("type");
+    return t ? *t : "default";
+  };
+  if (f.find("rope_parameters") && f.find("rope_scaling")) {
+    const std::string a = type_of("rope_parameters"), b = type_of("rope_scaling");
+    const bool plain_a = a == "default" || a == "mrope", plain_b = b == "default" || b == "mrope";
+    if (!plain_a && !plain_b && a != b)
+      f.fail("rope_scaling", "says rope_type \"" + b + "\" but rope_parameters says \"" + a + "\"");
+    if (plain_a && !plain_b) block_key = "rope_scaling";
+  }
   if (auto t = f.opt_num("rope_theta")) c.rope_theta = *t;
   if (auto p = f.opt_num("partial_rotary_factor")) c.partial_rotary_factor = *p;
   if (const json* block = f.find(block_key)) {
@@ -111,8 +176,7 @@ void parse_rope(const Fields& f, ModelConfig& c) {
     if (type) c.rope_type = *type;
     // Qwen2-VL-era configs spell M-RoPE as type "mrope"; the rotation itself is the default one.
     if (c.rope_type == "mrope") c.rope_type = "default";
-    if (c.rope_type != "default")
-      r.fail("rope_type", "\"" + c.rope_type + "\" is not supported (only default RoPE and M-RoPE are)");
+    parse_rope_scaling(r, c);
     if (const json* sec = r.find("mrope_section")) {
       if (!sec->is_array() || sec->size() != 3)
         r.fail("mrope_section", "must be a list of 3 integers (t, h, w)");
@@ -282,6 +346,17 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (id < 0 || id >= c.vocab_size)
       f.fail("eos_token_id", "holds " + std::to_string(id) + ", outside [0, vocab_size)");
   return c;
+}
+
+int64_t ModelConfig::max_context() const {
+  switch (rope_scaling.kind) {
+    case RopeScalingKind::yarn:
+      return int64_t(double(rope_scaling.original_max_position) * rope_scaling.factor);
+    case RopeScalingKind::linear:
+      return int64_t(double(max_position_embeddings) * rope_scaling.factor);
+    default:
+      return max_position_embeddings;
+  }
 }
 
 ModelConfig load_model_config(const std::string& model_dir) {

@@ -26,7 +26,7 @@ struct LoadOptions {
   Device device = Device::cpu();
   LoadFormat load_format = LoadFormat::real;
   uint64_t seed = 0;
-  int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_position_embeddings
+  int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_context()
 };
 
 class Qwen3Model {

@@ -75,7 +75,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   so.reserve_init = opts.admission_reserve;
   so.reserve_min = std::min(so.reserve_min, opts.admission_reserve);
   I.sched = std::make_unique<Scheduler>(*I.pool, so);
-  const int64_t model_max = I.runner->config().max_position_embeddings;
+  const int64_t model_max = I.runner->config().max_context();
   I.max_context = opts.max_context_len > 0 ? opts.max_context_len : (model_max > 0 ? model_max : INT32_MAX);
   I.context_limit = std::min(I.max_context, I.sched->capacity_tokens());
   if (!opts.disable_cuda_graph) {

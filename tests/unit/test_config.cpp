@@ -204,9 +204,9 @@ TEST(Config, RejectionsNameTheField) {
        },
        {"head_dim", "not a multiple"}},
       {[](json& j) {
-         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+         j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
        },
-       {"rope_scaling.rope_type", "yarn"}},
+       {"rope_scaling.rope_type", "longrope"}},
       {[](json& j) { j["rope_theta"] = -1; }, {"rope_theta"}},
       {[](json& j) { j["rms_norm_eps"] = 0; }, {"rms_norm_eps"}},
       {[](json& j) { j["partial_rotary_factor"] = 1.5; }, {"partial_rotary_factor"}},
