@@ -23,11 +23,11 @@ namespace {
 using kiln::test_support::error_of;
 using kiln::test_support::expect_contains;
 
-// A fresh directory per test.
+// A fresh directory per test, inside this process's scratch folder (removed at exit).
 std::string temp_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::temp_directory_path() /
-               ("kiln_st_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
+  fs::path d = kiln::test_support::process_scratch_dir("st") /
+               (std::string(info->test_suite_name()) + "_" + info->name());
   fs::remove_all(d);
   fs::create_directories(d);
   return d.string();
@@ -137,10 +137,13 @@ TEST(Safetensors, ConcurrentWritersOfOnePathNeverCollide) {
     threads.emplace_back([&, t] {
       std::vector<int32_t> v(size_t(kN), t);
       for (int i = 0; i < kWrites && errors[size_t(t)].empty(); ++i)
-        errors[size_t(t)] = error_of([&] { write_safetensors(path, {{"v", Tensor(v.data(), DType::i32, {kN})}}); });
+        errors[size_t(t)] = error_of([&] {
+          write_safetensors(path, {{"v", Tensor(v.data(), DType::i32, {kN})}});
+        });
     });
   for (auto& th : threads) th.join();
-  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[size_t(t)], "<no kiln::Error thrown>") << "writer " << t;
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(errors[size_t(t)], "<no kiln::Error thrown>") << "writer " << t;
   Checkpoint ck = Checkpoint::open(dir);
   const Tensor v = ck.get("v", DType::i32, {kN});
   const int32_t first = v.ptr<int32_t>()[0];
@@ -153,7 +156,8 @@ TEST(Safetensors, ConcurrentWritersOfOnePathNeverCollide) {
 }
 
 TEST(Safetensors, UniqueTempPathsDiffer) {
-  const std::string a = unique_temp_path("/x/model.safetensors"), b = unique_temp_path("/x/model.safetensors");
+  const std::string a = unique_temp_path("/x/model.safetensors"),
+                    b = unique_temp_path("/x/model.safetensors");
   EXPECT_NE(a, b);
   EXPECT_EQ(a.rfind("/x/model.safetensors.tmp." + std::to_string(::getpid()) + ".", 0), 0u) << a;
 }
