@@ -15,6 +15,10 @@ namespace kiln {
 
 enum class ModelArch : uint8_t { qwen3, qwen3_vl_text, qwen3_embedding };
 
+// How an embedding model turns the final hidden states of a prompt into one vector (sentence-transformers'
+// Pooling module; Qwen3-Embedding pools the last token, i.e. its appended <|endoftext|>).
+enum class EmbeddingPooling : uint8_t { last_token, mean, cls };
+
 struct ModelConfig {
   ModelArch arch = ModelArch::qwen3;
   std::string architecture;  // as written in config.json, e.g. "Qwen3ForCausalLM"
@@ -38,6 +42,11 @@ struct ModelConfig {
   bool mrope_interleaved = false;  // Qwen3-VL: interleaved axis map; Qwen2.5-VL: sectioned
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
+  // Embedding models (arch qwen3_embedding): the pooling, and whether the vector is L2-normalised (a
+  // Normalize module; Qwen3Model checkpoints without modules.json: last token, normalised).
+  EmbeddingPooling pooling = EmbeddingPooling::last_token;
+  bool normalize_embeddings = true;
+  std::string embedding_source;  // "modules.json", "architectures" or "--is-embedding"; "" for generators
   // Prefix of the decoder's weight names: "model." for Qwen3, "model.language_model." for Qwen3-VL.
   std::string weight_prefix = "model.";
 
@@ -59,8 +68,16 @@ struct ModelConfig {
 //   Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a window
 //   (use_sliding_window) is rejected, and so are attention_bias and a hidden_act other than silu.
 //   dtype: "dtype" (5.x) or "torch_dtype" (4.x), bfloat16/float16/float32; eos_token_id: int or list.
+//   DIR/modules.json (sentence-transformers): the model is an embedding model (whatever architectures says),
+//   with the Pooling module's mode (lasttoken, mean or cls) and a Normalize module's L2 normalisation; any
+//   other module (Dense, ...) or pooling mode is rejected naming the file.
 ModelConfig load_model_config(const std::string& model_dir);
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name);
+// Reads DIR/modules.json and the Pooling module's config into cfg (no-op when modules.json is absent).
+void apply_sentence_transformers(const std::string& model_dir, ModelConfig& cfg);
+// SGLang's --is-embedding: serve a checkpoint that does not say it is one (Qwen3ForCausalLM) as an embedding
+// model -- last-token pooling, normalised, unless modules.json said otherwise. Rejects Qwen3-VL.
+void force_embedding(ModelConfig& cfg);
 
 // The config cannot always tell where the decoder's weights live (Qwen3-Embedding ships as "Qwen3ForCausalLM"
 // with unprefixed names). Keeps cfg.weight_prefix when PREFIX + "embed_tokens.weight" is among the names,

@@ -280,6 +280,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     top.fail("architectures", "is missing (and so is model_type)");
   }
   c.arch = arch_from_name(top, c.architecture, &c.weight_prefix);
+  if (c.arch == ModelArch::qwen3_embedding) c.embedding_source = "architectures";
 
   // The decoder's fields: Qwen3-VL nests them under text_config; some (dtype, tie, eos) may sit at the top.
   const json* text = &root;
@@ -365,7 +366,9 @@ ModelConfig load_model_config(const std::string& model_dir) {
   if (!in) KILN_FAIL(path, ": cannot open (is '", model_dir, "' a Hugging Face checkpoint directory?)");
   std::ostringstream ss;
   ss << in.rdbuf();
-  return parse_model_config(ss.str(), path);
+  ModelConfig c = parse_model_config(ss.str(), path);
+  apply_sentence_transformers(model_dir, c);
+  return c;
 }
 
 void adapt_weight_prefix(ModelConfig& cfg, const std::vector<std::string>& tensor_names) {

@@ -123,6 +123,7 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg, const Che
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, const LoadOptions& opts) {
   ModelConfig cfg = load_model_config(dir);
+  if (opts.is_embedding) force_embedding(cfg);
   if (opts.load_format == LoadFormat::random) return create(cfg, nullptr, opts);
   const Checkpoint ckpt = Checkpoint::open(dir);
   // Qwen3-Embedding ships unprefixed names ("layers.0...") that config.json cannot reveal.

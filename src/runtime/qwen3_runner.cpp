@@ -231,6 +231,7 @@ std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts) {
   }
   lo.seed = opts.seed;
   lo.max_position = opts.max_context_len;  // 0: the config's max_context()
+  lo.is_embedding = opts.is_embedding;
   ops::KvLayout layout;
   if (opts.kv_layout == "nhd") {
     layout = ops::KvLayout::nhd;
