@@ -7,10 +7,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/test_support.h"
 #include "gemm_reference.h"
 #include "ops/cuda/gemm.h"
 #include "test_util_cuda.h"
-#include "common/test_support.h"
 
 namespace kiln {
 namespace {

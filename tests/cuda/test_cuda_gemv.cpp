@@ -743,7 +743,8 @@ TEST(CudaGemvAddRmsNorm, LinearAddRmsNormOpFusedAndUnfused) {
       tres(b.res.data(), DType::bf16, {M, N}, dev), tnw(b.nw.data(), DType::bf16, {N}, dev),
       ttmp(b.tmp.data(), DType::bf16, {M, N}, dev), tnormed(b.normed.data(), DType::bf16, {M, N}, dev);
   cuda::GemmEngine& eng = cuda::gemm_engine();
-  const std::string path = (kiln::test_support::process_scratch_dir("cuda_gemv") / "addnorm_tactics.txt").string();
+  const std::string path =
+      (kiln::test_support::process_scratch_dir("cuda_gemv") / "addnorm_tactics.txt").string();
   write_gemv_cache(eng, path, {8, N, K, cuda::GemmOut::bf16}, GemvConfig{4, true});
   ASSERT_TRUE(eng.load(path));
   std::filesystem::remove(path);

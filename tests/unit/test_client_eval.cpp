@@ -9,8 +9,8 @@
 #include "client/eval_reference.h"
 #include "client/gsm8k.h"
 #include "client/workload.h"
-#include "kiln/error.h"
 #include "common/test_support.h"
+#include "kiln/error.h"
 
 using namespace kiln::client;
 

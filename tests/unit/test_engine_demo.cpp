@@ -4,12 +4,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/test_support.h"
 #include "engine_test_util.h"
 #include "kiln/safetensors.h"
 #include "model/weights.h"
 #include "runtime/model_runner.h"
 #include "runtime/qwen3_runner.h"
-#include "common/test_support.h"
 
 namespace kiln {
 namespace {
