@@ -14,7 +14,7 @@ DEVICE=${DEVICE:-cpu}
 CHECK=0
 [[ "${1:-}" == "--check" ]] && CHECK=1
 
-[[ -x "$KILN" ]] || { echo "serve_demo: $KILN not found; build first (cmake --preset release && cmake --build --preset release)" >&2; exit 1; }
+[[ -x "$KILN" ]] || { echo "serve_demo: $KILN not found; build first (cmake --preset release && cmake --build --preset release --target kiln)" >&2; exit 1; }
 [[ -f "$MODEL/config.json" ]] || "$KILN" demo-model "$MODEL"
 
 LOG=$(mktemp /tmp/kiln-serve.XXXXXX.log)

@@ -9,10 +9,15 @@
 #include <vector>
 
 #include "kiln/dtype.h"
+#include "kiln/rope.h"
 
 namespace kiln {
 
 enum class ModelArch : uint8_t { qwen3, qwen3_vl_text, qwen3_embedding };
+
+// How an embedding model turns the final hidden states of a prompt into one vector (sentence-transformers'
+// Pooling module; Qwen3-Embedding pools the last token, i.e. its appended <|endoftext|>).
+enum class EmbeddingPooling : uint8_t { last_token, mean, cls };
 
 struct ModelConfig {
   ModelArch arch = ModelArch::qwen3;
@@ -26,7 +31,8 @@ struct ModelConfig {
   int64_t head_dim = 0;      // explicit in Qwen3 configs; hidden/num_heads when absent
   double rms_norm_eps = 1e-6;
   double rope_theta = 1e6;
-  std::string rope_type = "default";
+  std::string rope_type = "default";   // as written ("mrope" reads as "default")
+  RopeScaling rope_scaling;            // resolved from rope_type and its fields
   double partial_rotary_factor = 1.0;  // rotary_dim = head_dim * factor
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
@@ -36,9 +42,17 @@ struct ModelConfig {
   bool mrope_interleaved = false;  // Qwen3-VL: interleaved axis map; Qwen2.5-VL: sectioned
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
+  // Embedding models (arch qwen3_embedding): the pooling, and whether the vector is L2-normalised (a
+  // Normalize module; Qwen3Model checkpoints without modules.json: last token, normalised).
+  EmbeddingPooling pooling = EmbeddingPooling::last_token;
+  bool normalize_embeddings = true;
+  std::string embedding_source;  // "modules.json", "architectures" or "--is-embedding"; "" for generators
   // Prefix of the decoder's weight names: "model." for Qwen3, "model.language_model." for Qwen3-VL.
   std::string weight_prefix = "model.";
 
+  // The longest context the model serves: YaRN original_max_position x factor and linear
+  // max_position_embeddings x factor (as vLLM and SGLang derive it), else max_position_embeddings.
+  int64_t max_context() const;
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor + 0.5); }
   int64_t q_size() const { return num_heads * head_dim; }
   int64_t kv_size() const { return num_kv_heads * head_dim; }
@@ -48,11 +62,22 @@ struct ModelConfig {
 // unknown architecture, missing or non-positive sizes, heads not dividing, mrope_section not summing.
 //   architectures[0]: Qwen3ForCausalLM -> qwen3 ("model."), Qwen3Model -> qwen3_embedding (""),
 //   Qwen3VLForConditionalGeneration -> qwen3_vl_text (its text_config; "model.language_model.").
-//   rope: rope_parameters (5.x) or rope_theta + rope_scaling (4.x); only rope_type "default" (or the older
-//   "mrope") is accepted -- yarn/linear/dynamic scaling is rejected rather than silently ignored.
+//   rope: rope_parameters (5.x) or rope_theta + rope_scaling (4.x); rope_type "default" (or the older
+//   "mrope"), "yarn" (factor, original_max_position_embeddings, attention_factor | mscale + mscale_all_dim,
+//   beta_fast, beta_slow, truncate), "linear" and "dynamic" (factor); others (longrope, llama3) are rejected.
+//   Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a window
+//   (use_sliding_window) is rejected, and so are attention_bias and a hidden_act other than silu.
 //   dtype: "dtype" (5.x) or "torch_dtype" (4.x), bfloat16/float16/float32; eos_token_id: int or list.
+//   DIR/modules.json (sentence-transformers): the model is an embedding model (whatever architectures says),
+//   with the Pooling module's mode (lasttoken, mean or cls) and a Normalize module's L2 normalisation; any
+//   other module (Dense, ...) or pooling mode is rejected naming the file.
 ModelConfig load_model_config(const std::string& model_dir);
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name);
+// Reads DIR/modules.json and the Pooling module's config into cfg (no-op when modules.json is absent).
+void apply_sentence_transformers(const std::string& model_dir, ModelConfig& cfg);
+// SGLang's --is-embedding: serve a checkpoint that does not say it is one (Qwen3ForCausalLM) as an embedding
+// model -- last-token pooling, normalised, unless modules.json said otherwise. Rejects Qwen3-VL.
+void force_embedding(ModelConfig& cfg);
 
 // The config cannot always tell where the decoder's weights live (Qwen3-Embedding ships as "Qwen3ForCausalLM"
 // with unprefixed names). Keeps cfg.weight_prefix when PREFIX + "embed_tokens.weight" is among the names,

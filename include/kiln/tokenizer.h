@@ -2,10 +2,11 @@
 // template, and a streaming detokenizer. Token-for-token equal to the Hugging Face `tokenizers` package.
 //
 // Contract:
-//  - encode(text): UTF-8 in (invalid UTF-8 throws kiln::Error naming the byte offset), ids out. No BOS/EOS is
-//    added (Qwen3 adds none). Pipeline: added tokens that are not `normalized` are split off the raw text
-//    (leftmost-longest, honouring lstrip/rstrip/single_word) -> NFC on the rest -> `normalized` added tokens
-//    split off -> the Split regex from tokenizer.json (PCRE2, UTF+UCP, JIT) -> byte-level BPE by merge rank.
+//  - encode(text): UTF-8 in (invalid UTF-8 throws kiln::Error naming the byte offset), ids out. No special
+//    tokens are added (encode(text, true) adds the post_processor's: what chat prompts must not get).
+//    Pipeline: added tokens that are not `normalized` are split off the raw text (leftmost-longest, honouring
+//    lstrip/rstrip/single_word) -> NFC on the rest -> `normalized` added tokens split off -> the Split regex
+//    from tokenizer.json (PCRE2, UTF+UCP, JIT) -> byte-level BPE by merge rank.
 //  - decode(ids): tokens -> bytes through the ByteLevel decoder, then bytes -> text with U+FFFD replacing
 //  each
 //    maximal invalid subsequence (what Rust's from_utf8_lossy and Hugging Face do). Ids outside
@@ -32,6 +33,12 @@ class Tokenizer {
   static Tokenizer from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json = "");
 
   std::vector<int32_t> encode(std::string_view text) const;
+  // With add_special_tokens, the tokens of tokenizer.json's post_processor (TemplateProcessing, Bert/Roberta;
+  // a Sequence of them; ByteLevel adds none) around the text, as transformers' tokenizer(text) adds them by
+  // default -- Qwen3-Embedding appends <|endoftext|>. Without, exactly encode(text) (and a + b for a pair).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
+  std::vector<int32_t> encode_pair(std::string_view a, std::string_view b, bool add_special_tokens) const;
+  bool adds_special_tokens() const;  // whether encode(text, true) can differ from encode(text)
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   int64_t vocab_size() const;  // model vocab + added tokens (max id + 1)

@@ -211,7 +211,7 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
   KILN_CUDA_CHECK(cudaMemcpy(slots.data(), &slot, 8, cudaMemcpyHostToDevice));
   KILN_CUDA_CHECK(cudaMemcpy(pt.data(), b.page_table.data(), size_t(pages) * 4, cudaMemcpyHostToDevice));
   const int32_t* mi = static_cast<const int32_t*>(meta.data());
-  Buffer rope = ops::build_rope_table(int(c.rotary_dim()), c.rope_theta, ctx + 1, dev);
+  Buffer rope = ops::build_rope_table(int(c.rotary_dim()), c.rope_theta, c.rope_scaling, ctx + 1, dev);
   const LayerWeights& lw = m.weights().layers[0];
   const float eps = float(c.rms_norm_eps);
   Tensor tx(x.data(), DType::bf16, {1, H}, dev), tr(r.data(), DType::bf16, {1, H}, dev),

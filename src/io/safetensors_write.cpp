@@ -1,11 +1,9 @@
 // write_safetensors: the writer used by `kiln demo-model` and the tests.
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "kiln/atomic_file.h"
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
 
@@ -44,10 +42,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) KILN_FAIL(tmp, ": cannot open for writing");
+  write_file_atomically(path, [&](std::ostream& f) {
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
     f.write(reinterpret_cast<const char*>(len), 8);
@@ -55,18 +50,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     for (const NamedTensor* t : order)
       if (t->tensor.nbytes() > 0)
         f.write(static_cast<const char*>(t->tensor.data), std::streamsize(t->tensor.nbytes()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      KILN_FAIL(tmp, ": write failed");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    KILN_FAIL(path, ": cannot rename from ", tmp, ": ", ec.message());
-  }
+  });
 }
 
 }  // namespace kiln

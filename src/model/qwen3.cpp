@@ -95,11 +95,16 @@ struct Qwen3Model::Workspace {
 
 Qwen3Model::Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, const LoadOptions& opts)
     : cfg_(cfg), opts_(opts), weights_(std::move(weights)), ws_(std::make_unique<Workspace>(opts.device)) {
-  KILN_CHECK(cfg_.rope_type == "default", "rope_type '", cfg_.rope_type,
-             "' is not supported (only 'default')");
-  max_position_ = opts.max_position > 0 ? opts.max_position : cfg_.max_position_embeddings;
+  max_position_ = opts.max_position > 0 ? opts.max_position : cfg_.max_context();
   KILN_CHECK(max_position_ > 0, "max_position_embeddings must be positive");
-  rope_buf_ = ops::build_rope_table(int(cfg_.rotary_dim()), cfg_.rope_theta, max_position_, opts.device);
+  // Dynamic NTK changes the frequencies only past max_position_embeddings; the table stops there.
+  KILN_CHECK(
+      cfg_.rope_scaling.kind != RopeScalingKind::dynamic || max_position_ <= cfg_.max_position_embeddings,
+      "rope_type 'dynamic' recomputes its frequencies past max_position_embeddings (",
+      cfg_.max_position_embeddings, "); kiln's rotary table is static, so the context is limited to it, not ",
+      max_position_);
+  rope_buf_ = ops::build_rope_table(int(cfg_.rotary_dim()), cfg_.rope_theta, cfg_.rope_scaling, max_position_,
+                                    opts.device);
 }
 
 Qwen3Model::~Qwen3Model() = default;
@@ -118,6 +123,7 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg, const Che
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, const LoadOptions& opts) {
   ModelConfig cfg = load_model_config(dir);
+  if (opts.is_embedding) force_embedding(cfg);
   if (opts.load_format == LoadFormat::random) return create(cfg, nullptr, opts);
   const Checkpoint ckpt = Checkpoint::open(dir);
   // Qwen3-Embedding ships unprefixed names ("layers.0...") that config.json cannot reveal.

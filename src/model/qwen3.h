@@ -26,7 +26,9 @@ struct LoadOptions {
   Device device = Device::cpu();
   LoadFormat load_format = LoadFormat::real;
   uint64_t seed = 0;
-  int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_position_embeddings
+  int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_context()
+  bool is_embedding =
+      false;  // serve a generation checkpoint as an embedding model (kiln/config.h force_embedding)
 };
 
 class Qwen3Model {

@@ -69,16 +69,21 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   so.chunked_prefill_size = opts.chunked_prefill_size;
   so.max_running_requests = opts.max_running_requests;
   so.enable_prefix_cache = opts.enable_prefix_cache;
+  // Mean and CLS pooling read the hidden state of every prompt token: none may come from the prefix cache,
+  // and the decode-bucket graphs (one output row per sequence) do not apply.
+  const ModelConfig& mc = I.runner->config();
+  I.pool_all_rows = mc.arch == ModelArch::qwen3_embedding && mc.pooling != EmbeddingPooling::last_token;
+  if (I.pool_all_rows) so.enable_prefix_cache = false;
   so.enable_mixed_batches = opts.enable_mixed_batches;
   KILN_CHECK(opts.admission_reserve >= 0.0 && opts.admission_reserve <= 1.0,
              "admission_reserve must be in [0, 1], got ", opts.admission_reserve);
   so.reserve_init = opts.admission_reserve;
   so.reserve_min = std::min(so.reserve_min, opts.admission_reserve);
   I.sched = std::make_unique<Scheduler>(*I.pool, so);
-  const int64_t model_max = I.runner->config().max_position_embeddings;
+  const int64_t model_max = I.runner->config().max_context();
   I.max_context = opts.max_context_len > 0 ? opts.max_context_len : (model_max > 0 ? model_max : INT32_MAX);
   I.context_limit = std::min(I.max_context, I.sched->capacity_tokens());
-  if (!opts.disable_cuda_graph) {
+  if (!opts.disable_cuda_graph && !I.pool_all_rows) {
     ModelRunner::GraphPlan gp;
     const std::vector<int32_t> want =
         opts.cuda_graph_buckets.empty()

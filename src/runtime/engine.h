@@ -80,7 +80,8 @@ struct TokenEvent {
   int prompt_tokens = 0;
   int completion_tokens = 0;     // total so far
   int cached_tokens = 0;         // prompt tokens served from the prefix cache (at the last (re)admission)
-  std::vector<float> embedding;  // embedding requests: last-token hidden state, L2-normalised [hidden]
+  std::vector<float> embedding;  // embedding requests: the pooled hidden state [hidden], L2-normalised
+                                 // when the model says so (ModelConfig::pooling, normalize_embeddings)
   std::vector<float> hidden;     // return_hidden: last position's final hidden state (unnormalised)
 };
 
@@ -120,7 +121,8 @@ struct EngineStats {
 
 struct EngineOptions {
   std::string model_dir;
-  std::string device = "auto";       // "cpu" | "cuda" | "cuda:N" | "auto" (cuda when available)
+  std::string device = "auto";  // "cpu" | "cuda" | "cuda:N" | "auto" (cuda when available)
+  bool is_embedding = false;  // SGLang's --is-embedding: a Qwen3ForCausalLM checkpoint served for embeddings
   std::string load_format = "auto";  // "auto" (safetensors) | "random" (config.json shapes, random weights)
   std::string kv_layout = "nhd";     // "nhd" | "hnd"
   std::string kv_cache_dtype = "auto";  // "auto" (model dtype) | "bf16" | "fp8_e4m3"

@@ -37,6 +37,9 @@ struct Live {
   int prompt_tokens = 0;
   int completion = 0;
   int cached_tokens = -1;  // set at the first admission (a preempted request re-matches its own pages)
+  // Mean / CLS pooling (embedding models): the sum of the pooled prompt rows' hidden states so far.
+  std::vector<double> pool_sum;
+  int64_t pooled = 0;
 };
 
 inline double seconds(Clock::time_point a, Clock::time_point b) {
@@ -51,6 +54,7 @@ struct Engine::Impl {
   int64_t context_limit = 0;  // min(max_context_len, pool capacity)
   int64_t max_context = 0;
   bool device_sampling = true;  // try ModelRunner::forward_sampled first
+  bool pool_all_rows = false;   // mean / CLS pooling: every prompt row's hidden state, not only the last
 
   // Shared with other threads, under mu.
   mutable std::mutex mu;

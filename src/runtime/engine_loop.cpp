@@ -126,6 +126,15 @@ void Engine::Impl::step() {
   const int32_t bucket = runner->graph_bucket(batch);
   if (bucket > batch.num_seqs()) pad_batch(batch, bucket);
   if (!cfg.mrope_section.empty()) batch.set_text_mrope();  // Qwen3-VL: text on all three axes
+  // Mean / CLS pooling: the hidden state of every real token row (below, hidden is [rows, H], not [K, H]).
+  const int32_t real_rows = batch.cu_q[plan.rows.size()];
+  if (pool_all_rows) {
+    need_hidden = true;
+    need_logits = false;
+    device_ok = false;
+    batch.logit_rows.resize(size_t(real_rows));
+    for (int32_t t = 0; t < real_rows; ++t) batch.logit_rows[size_t(t)] = t;
+  }
   const size_t K = plan.sample_rows.size();
   // Whether row k draws a token this step (not for embeddings, nor past max_new_tokens / max_len).
   auto wants_token = [&](size_t k) {
@@ -184,6 +193,23 @@ void Engine::Impl::step() {
       }
     });
   }
+  if (pool_all_rows) {
+    for (size_t i = 0; i < plan.rows.size(); ++i) {
+      const StepRow& r = plan.rows[i];
+      Live& L = live.at(r.seq->id);
+      if (r.begin == 0) {  // the prompt's first chunk, or its recomputation after a preemption
+        L.pool_sum.assign(size_t(H), 0.0);
+        L.pooled = 0;
+      }
+      for (int32_t t = batch.cu_q[i]; t < batch.cu_q[i + 1]; ++t) {
+        const int32_t pos = r.begin + (t - batch.cu_q[i]);
+        if (pos >= r.seq->prompt_len || (cfg.pooling == EmbeddingPooling::cls && pos != 0)) continue;
+        const float* h = hidden.data() + size_t(t) * size_t(H);
+        for (int64_t j = 0; j < H; ++j) L.pool_sum[size_t(j)] += double(h[j]);
+        ++L.pooled;
+      }
+    }
+  }
   sched->finalize(plan, sampled);
 
   const Clock::time_point now = Clock::now();
@@ -193,14 +219,22 @@ void Engine::Impl::step() {
     Live& L = live.at(id);
     TokenEvent ev;
     if (need_hidden && (L.req.embedding || L.req.return_hidden)) {
-      const float* h = hidden.data() + k * size_t(H);
-      if (L.req.return_hidden) ev.hidden.assign(h, h + H);
+      std::vector<double> v(static_cast<size_t>(H));
+      if (pool_all_rows) {  // mean of the prompt rows (CLS: the one first row)
+        KILN_CHECK(L.pooled > 0 && L.pool_sum.size() == size_t(H), "internal: nothing pooled for request ",
+                   id);
+        for (int64_t i = 0; i < H; ++i) v[size_t(i)] = L.pool_sum[size_t(i)] / double(L.pooled);
+      } else {  // last token: the sample row
+        const float* h = hidden.data() + k * size_t(H);
+        if (L.req.return_hidden) ev.hidden.assign(h, h + H);
+        for (int64_t i = 0; i < H; ++i) v[size_t(i)] = double(h[i]);
+      }
       if (L.req.embedding) {
         double ss = 0.0;
-        for (int64_t i = 0; i < H; ++i) ss += double(h[i]) * double(h[i]);
-        const double inv = ss > 0.0 ? 1.0 / std::sqrt(ss) : 0.0;
+        for (double x : v) ss += x * x;
+        const double inv = !cfg.normalize_embeddings ? 1.0 : ss > 0.0 ? 1.0 / std::sqrt(ss) : 0.0;
         ev.embedding.resize(size_t(H));
-        for (int64_t i = 0; i < H; ++i) ev.embedding[size_t(i)] = float(double(h[i]) * inv);
+        for (int64_t i = 0; i < H; ++i) ev.embedding[size_t(i)] = float(v[size_t(i)] * inv);
       }
     }
     if (L.req.embedding) {

@@ -230,7 +230,8 @@ std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts) {
     KILN_FAIL("bad load format '", opts.load_format, "': expected auto, safetensors or random");
   }
   lo.seed = opts.seed;
-  lo.max_position = opts.max_context_len;  // 0: the config's max_position_embeddings
+  lo.max_position = opts.max_context_len;  // 0: the config's max_context()
+  lo.is_embedding = opts.is_embedding;
   ops::KvLayout layout;
   if (opts.kv_layout == "nhd") {
     layout = ops::KvLayout::nhd;

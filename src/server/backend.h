@@ -45,8 +45,9 @@ class TextCodec {
   virtual ~TextCodec() = default;
   // Plain text to ids; no chat template. Throws kiln::Error on invalid UTF-8.
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
-  // Text input of /v1/embeddings: as encode(), plus whatever the embedding model expects at the end
-  // (Qwen3-Embedding pools the hidden state of a final <|endoftext|>).
+  // Text input of /v1/embeddings: as encode(), plus the tokenizer's post-processor tokens
+  // (add_special_tokens, as sentence-transformers encodes; Qwen3-Embedding's appends the <|endoftext|> it
+  // pools).
   virtual std::vector<int32_t> encode_embedding_input(const std::string& text) const { return encode(text); }
   // ids to text, special tokens skipped.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;

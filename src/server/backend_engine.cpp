@@ -17,17 +17,16 @@ class TokenizerStream : public TextStream {
 
 }  // namespace
 
-TokenizerCodec::TokenizerCodec(Tokenizer t)
-    : tok_(std::move(t)), endoftext_(tok_.token_id("<|endoftext|>")) {}
+TokenizerCodec::TokenizerCodec(Tokenizer t) : tok_(std::move(t)) {}
 
 std::vector<int32_t> TokenizerCodec::encode(const std::string& text) const {
   return tok_.encode(text);
 }
 
+// As SentenceTransformer.encode tokenizes: with the post_processor's special tokens (Qwen3-Embedding's
+// TemplateProcessing appends <|endoftext|>, whose hidden state is the pooled one).
 std::vector<int32_t> TokenizerCodec::encode_embedding_input(const std::string& text) const {
-  std::vector<int32_t> ids = tok_.encode(text);
-  if (endoftext_ && (ids.empty() || ids.back() != *endoftext_)) ids.push_back(*endoftext_);
-  return ids;
+  return tok_.encode(text, /*add_special_tokens=*/true);
 }
 
 std::string TokenizerCodec::decode(const std::vector<int32_t>& ids) const {

@@ -43,7 +43,6 @@ class TokenizerCodec : public TextCodec {
 
  private:
   Tokenizer tok_;
-  std::optional<int32_t> endoftext_;
 };
 
 }  // namespace kiln::server

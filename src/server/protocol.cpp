@@ -108,6 +108,8 @@ std::vector<int32_t> encode_text(const TextCodec& codec, const std::string& text
 }
 
 std::vector<int32_t> encode_embedding(const TextCodec& codec, const std::string& text) {
+  // Checked on the text: the post-processor would turn "" into a lone <|endoftext|>.
+  if (text.empty()) throw bad_request("'input' must not contain an empty string", "input");
   try {
     return codec.encode_embedding_input(text);
   } catch (const kiln::Error& e) {

@@ -271,6 +271,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     impl->raw_added.build(raw, raw_pat);
     impl->normalized_added.build(normalized, norm_pat);
     impl->vocab_size = vocab_size;
+    impl->post = tok::PostProcessor::parse(t.value("post_processor", json()), vocab_size);
 
     impl->id_bytes.assign(size_t(vocab_size), std::string());
     impl->id_kind.assign(size_t(vocab_size), 0);
@@ -390,6 +391,20 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     }
   }
   return out;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return impl_->post.apply(encode(text), nullptr, add_special_tokens);
+}
+
+std::vector<int32_t> Tokenizer::encode_pair(std::string_view a, std::string_view b,
+                                            bool add_special_tokens) const {
+  const std::vector<int32_t> second = encode(b);
+  return impl_->post.apply(encode(a), &second, add_special_tokens);
+}
+
+bool Tokenizer::adds_special_tokens() const {
+  return impl_->post.adds_tokens();
 }
 
 void Tokenizer::append_token_bytes(int32_t id, bool skip_special_tokens, std::string& out) const {

@@ -9,6 +9,7 @@
 #include "kiln/tokenizer.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/post_processor.h"
 #include "tokenizer/pretokenizer.h"
 
 namespace kiln {
@@ -20,6 +21,7 @@ struct Tokenizer::Impl {
   tok::AddedMatcher raw_added;             // added tokens with normalized=false
   tok::AddedMatcher normalized_added;      // added tokens with normalized=true
   std::vector<tok::AddedToken> added;      // all of them
+  tok::PostProcessor post;                 // special tokens for add_special_tokens
   int64_t vocab_size = 0;
   std::vector<std::string> id_bytes;  // decoded bytes of every id (empty string for holes)
   std::vector<uint8_t> id_kind;       // 0 hole, 1 model token, 2 added, 3 added special

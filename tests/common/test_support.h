@@ -2,18 +2,43 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "kiln/error.h"
 
 namespace kiln::test_support {
+
+// A writable folder of this process alone: ctest runs every TEST as its own process, so any path two TESTs
+// of one binary (or two binaries) could write at once must carry the pid. Created on first use, removed
+// with everything in it when the process exits normally.
+inline std::filesystem::path process_scratch_dir(const std::string& tag) {
+  struct Registry {
+    std::mutex m;
+    std::set<std::filesystem::path> dirs;
+    ~Registry() {
+      std::error_code ec;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  };
+  static Registry reg;
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() / ("kiln_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  const std::lock_guard<std::mutex> lock(reg.m);
+  reg.dirs.insert(d);
+  return d;
+}
 
 // The message of the kiln::Error f throws, or a marker that none was thrown.
 inline std::string error_of(const std::function<void()>& f) {

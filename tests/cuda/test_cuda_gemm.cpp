@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/test_support.h"
 #include "gemm_reference.h"
 #include "ops/cuda/gemm.h"
 #include "test_util_cuda.h"
@@ -79,7 +80,7 @@ TEST(CudaGemm, BucketsArePowersOfTwo) {
 
 TEST(CudaGemm, TuneSaveLoadRoundTrip) {
   KILN_REQUIRE_GPU();
-  const std::string path = std::string(KILN_BINARY_DIR) + "/test_gemm_tactics.txt";
+  const std::string path = (kiln::test_support::process_scratch_dir("cuda_gemm") / "tactics.txt").string();
   std::filesystem::remove(path);
   const std::vector<cuda::GemmShape> shapes = {{1, 1024, 512, cuda::GemmOut::bf16},
                                                {16, 1024, 512, cuda::GemmOut::bf16},

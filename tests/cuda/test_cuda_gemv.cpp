@@ -363,7 +363,7 @@ void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& path, cons
 
 TEST(CudaGemv, EngineLoadsDispatchesAndSavesGemvTactic) {
   KILN_REQUIRE_GPU();
-  const std::string path = std::string(KILN_BINARY_DIR) + "/test_gemv_tactics.txt";
+  const std::string path = (kiln::test_support::process_scratch_dir("cuda_gemv") / "tactics.txt").string();
   const int64_t N = 2560, K = 4096;
   const cuda::GemmShape s{4, N, K, cuda::GemmOut::bf16};
   const auto x = random_bf16(size_t(3 * K), 31), w = random_bf16(size_t(N * K), 32);
@@ -459,7 +459,7 @@ TEST(CudaGemv, LinearSiluMulOpFusedAndUnfused) {
     return std::sqrt(num / den);
   };
   cuda::GemmEngine& eng = cuda::gemm_engine();
-  const std::string path = std::string(KILN_BINARY_DIR) + "/test_gemv_op_tactics.txt";
+  const std::string path = (kiln::test_support::process_scratch_dir("cuda_gemv") / "op_tactics.txt").string();
   write_gemv_cache(eng, path, {8, N, K, cuda::GemmOut::bf16}, GemvConfig{4, false});
   ASSERT_TRUE(eng.load(path));
   std::filesystem::remove(path);
@@ -743,7 +743,8 @@ TEST(CudaGemvAddRmsNorm, LinearAddRmsNormOpFusedAndUnfused) {
       tres(b.res.data(), DType::bf16, {M, N}, dev), tnw(b.nw.data(), DType::bf16, {N}, dev),
       ttmp(b.tmp.data(), DType::bf16, {M, N}, dev), tnormed(b.normed.data(), DType::bf16, {M, N}, dev);
   cuda::GemmEngine& eng = cuda::gemm_engine();
-  const std::string path = std::string(KILN_BINARY_DIR) + "/test_gemv_addnorm_tactics.txt";
+  const std::string path =
+      (kiln::test_support::process_scratch_dir("cuda_gemv") / "addnorm_tactics.txt").string();
   write_gemv_cache(eng, path, {8, N, K, cuda::GemmOut::bf16}, GemvConfig{4, true});
   ASSERT_TRUE(eng.load(path));
   std::filesystem::remove(path);

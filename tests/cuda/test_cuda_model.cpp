@@ -1,6 +1,8 @@
 // Whole-model parity on the GPU: Qwen3Model with --device cuda against the same model on the CPU
 // (random weights; prefill + decode steps, fp8 and bf16 caches) and against Hugging Face transformers on the
 // tiny fixtures in tests/fixtures/hf (greedy tokens equal, log-prob drift bounded as in the CPU test).
+#include <filesystem>
+
 #include "common/model_steps.h"
 #include "model/qwen3.h"
 #include "test_util_cuda.h"
@@ -66,6 +68,23 @@ TEST(CudaModelHf, Gqa2HeadDim128Untied) {
 TEST(CudaModelHf, Gqa3HeadDim32Tied) {
   KILN_REQUIRE_GPU();
   check_fixture("qwen3_gqa3_d32_tied");
+}
+// YaRN (tests/fixtures/make_hf_yarn_fixture.py): the scaled rotary table through the fused prep kernel.
+void check_yarn_fixture(const std::string& name) {
+  const std::string dir = std::string(KILN_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
+  if (!std::filesystem::exists(dir + "/hf_reference.json"))
+    GTEST_SKIP() << "fixture " << dir
+                 << " is absent: generate it on the device machine with `python3 "
+                    "tests/fixtures/make_hf_yarn_fixture.py --out tests/fixtures/hf` and commit it";
+  test::check_hf_fixture_model(dir, Device::cuda());
+}
+TEST(CudaModelHf, YarnHeadDim64Factor4) {
+  KILN_REQUIRE_GPU();
+  check_yarn_fixture("qwen3_yarn_d64");
+}
+TEST(CudaModelHf, YarnHeadDim128NoTruncate) {
+  KILN_REQUIRE_GPU();
+  check_yarn_fixture("qwen3_yarn_d128_notrunc");
 }
 
 }  // namespace

@@ -219,4 +219,21 @@ grep -q 'aborting' "$SERVER_LOG" || fail "the second signal did not abort"
 SUMMARY2=$(grep 'stopped. accepted' "$SERVER_LOG" | sed 's/^kiln serve: //')
 [[ "$SUMMARY2" == *"completed 0, error 0, aborted $((6 - BUSY))"* && "$SUMMARY2" == *"busy $BUSY"* ]] ||
   fail "accounting after abort: $SUMMARY2"
+echo "== --is-embedding serves the generation checkpoint for /v1/embeddings, and refuses generation"
+start_server isemb --model "$FIXTURES/demo" --is-embedding --max-total-tokens 2048
+post isemb_ok /v1/embeddings '{"input":["hello world","x"],"dimensions":8}'
+expect_status isemb_ok 200
+python3 - "$T/isemb_ok.json" <<'PY' || fail "--is-embedding: $(head -c 300 "$T/isemb_ok.json")"
+import json, math, sys
+d = json.load(open(sys.argv[1]))["data"]
+assert len(d) == 2 and all(len(e["embedding"]) == 8 for e in d)
+assert all(abs(math.sqrt(sum(x * x for x in e["embedding"])) - 1) < 1e-4 for e in d)
+assert d[0]["embedding"] != d[1]["embedding"]
+PY
+post isemb_gen /v1/completions '{"prompt":"a","max_tokens":2}'
+expect_status isemb_gen 400
+post isemb_empty /v1/embeddings '{"input":""}'
+expect_status isemb_empty 400
+stop_server
+
 echo "PASS test_curl ($SUMMARY1 | queue test: $SUMMARY2)"

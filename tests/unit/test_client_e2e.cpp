@@ -14,6 +14,7 @@
 #include "client/pool.h"
 #include "client/report.h"
 #include "client/serve_bench.h"
+#include "common/test_support.h"
 #include "kiln/error.h"
 
 using namespace kiln::client;
@@ -383,7 +384,8 @@ TEST(ClientE2E, EvalReferenceAgainstAFakeServer) {
 
 TEST(ClientE2E, Gsm8kScoresAndWritesRecords) {
   FakeServer srv({});  // always answers "... The answer is 7."
-  const std::string path = std::string(KILN_BINARY_DIR) + "/gsm_fake.jsonl";
+  const std::string path =
+      (kiln::test_support::process_scratch_dir("client_e2e") / "gsm_fake.jsonl").string();
   std::ofstream(path) << R"({"question":"Shot one?","answer":"1 + 1 = 2\n#### 2"}
 {"question":"What is 3 + 4?","answer":"3 + 4 = <<3+4=7>>7\n#### 7"}
 {"question":"What is 4 + 4?","answer":"#### 8"}

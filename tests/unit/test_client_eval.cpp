@@ -9,13 +9,14 @@
 #include "client/eval_reference.h"
 #include "client/gsm8k.h"
 #include "client/workload.h"
+#include "common/test_support.h"
 #include "kiln/error.h"
 
 using namespace kiln::client;
 
 namespace {
 std::string temp_file(const std::string& name, const std::string& text) {
-  const std::string path = std::string(KILN_BINARY_DIR) + "/" + name;
+  const std::string path = (kiln::test_support::process_scratch_dir("client_eval") / name).string();
   std::ofstream(path) << text;
   return path;
 }

@@ -204,9 +204,9 @@ TEST(Config, RejectionsNameTheField) {
        },
        {"head_dim", "not a multiple"}},
       {[](json& j) {
-         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+         j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
        },
-       {"rope_scaling.rope_type", "yarn"}},
+       {"rope_scaling.rope_type", "longrope"}},
       {[](json& j) { j["rope_theta"] = -1; }, {"rope_theta"}},
       {[](json& j) { j["rms_norm_eps"] = 0; }, {"rms_norm_eps"}},
       {[](json& j) { j["partial_rotary_factor"] = 1.5; }, {"partial_rotary_factor"}},
@@ -217,6 +217,43 @@ TEST(Config, RejectionsNameTheField) {
        },
        {"eos_token_id", "200000"}},
       {[](json& j) { j["tie_word_embeddings"] = 1; }, {"tie_word_embeddings"}},
+      // Lists that must match the layer count, and attention kiln does not implement.
+      {[](json& j) {
+         j["layer_types"] = json::array({"full_attention", "full_attention"});
+       },
+       {"'layer_types'", "has 2 entries", "num_hidden_layers is 36"}},
+      {[](json& j) { j["layer_types"] = "full_attention"; }, {"'layer_types'", "list"}},
+      {[](json& j) {
+         j["layer_types"] = json::array();
+         for (int i = 0; i < 36; ++i)
+           j["layer_types"].push_back(i == 3 ? "linear_attention" : "full_attention");
+       },
+       {"'layer_types[3]'", "linear_attention"}},
+      {[](json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 4096;
+         j["layer_types"] = json::array();
+         for (int i = 0; i < 36; ++i)
+           j["layer_types"].push_back(i >= 30 ? "sliding_attention" : "full_attention");
+       },
+       {"'layer_types[30]'", "sliding-window"}},
+      {[](json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 4096;
+         j["max_window_layers"] = 20;
+       },
+       {"'use_sliding_window'", "max_window_layers (20)", "num_hidden_layers (36)", "sliding-window"}},
+      {[](json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 4096;
+         j.erase("max_window_layers");  // Qwen3Config's default, 28, is below 36
+       },
+       {"'use_sliding_window'", "max_window_layers (28)"}},
+      {[](json& j) { j["sliding_window"] = 0; }, {"'sliding_window'", "positive"}},
+      {[](json& j) { j["use_sliding_window"] = "yes"; }, {"'use_sliding_window'", "true or false"}},
+      {[](json& j) { j["attention_bias"] = true; }, {"'attention_bias'", "biases"}},
+      {[](json& j) { j["hidden_act"] = "gelu"; }, {"'hidden_act'", "gelu"}},
+      {[](json& j) { j["num_key_value_heads"] = 64; }, {"num_attention_heads", "num_key_value_heads (64)"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
@@ -226,6 +263,22 @@ TEST(Config, RejectionsNameTheField) {
     expect_contains(msg, {"test/config.json"});
     for (const auto& w : cases[i].want) expect_contains(msg, {w});
   }
+}
+
+// Sliding-window fields that, by transformers' rule, leave every layer on full attention are accepted.
+TEST(Config, SlidingWindowFieldsThatSlideNoLayerAreAccepted) {
+  json j = qwen3_4b_v4();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  j["max_window_layers"] = 36;  // no layer index reaches it
+  EXPECT_EQ(parse(j).num_layers, 36);
+  j = qwen3_4b_v4();
+  j["layer_types"] = json::array();
+  for (int i = 0; i < 36; ++i) j["layer_types"].push_back(i % 2 ? "sliding_attention" : "full_attention");
+  EXPECT_EQ(parse(j).num_layers, 36);  // use_sliding_window false: no window, full attention everywhere
+  j["use_sliding_window"] = true;
+  j.erase("sliding_window");  // null window: still full attention
+  EXPECT_EQ(parse(j).num_layers, 36);
 }
 
 TEST(Config, VLRejections) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/test_support.h"
 #include "engine_test_util.h"
 #include "kiln/safetensors.h"
 #include "model/weights.h"
@@ -28,11 +29,12 @@ const char* kDemoConfig = R"({
   "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "tie_word_embeddings": true,
   "vocab_size": 151936})";
 
-// Written once per test binary (deterministic: seed 0), then shared by its tests.
+// Written once per test process (deterministic: seed 0) into a folder of its own: ctest runs each TEST as
+// a process, and they start at the same time under -j.
 std::string write_demo_checkpoint() {
   static const std::string written = [] {
     namespace fs = std::filesystem;
-    const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_engine_demo_ckpt";
+    const fs::path dir = test_support::process_scratch_dir("engine_demo") / "ckpt";
     fs::create_directories(dir);
     std::ofstream(dir / "config.json") << kDemoConfig;
     const ModelConfig cfg = parse_model_config(kDemoConfig, "demo config");

@@ -8,8 +8,10 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <thread>
 
 #include "common/test_support.h"
+#include "kiln/atomic_file.h"
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
 
@@ -21,11 +23,11 @@ namespace {
 using kiln::test_support::error_of;
 using kiln::test_support::expect_contains;
 
-// A fresh directory per test.
+// A fresh directory per test, inside this process's scratch folder (removed at exit).
 std::string temp_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::temp_directory_path() /
-               ("kiln_st_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
+  fs::path d = kiln::test_support::process_scratch_dir("st") /
+               (std::string(info->test_suite_name()) + "_" + info->name());
   fs::remove_all(d);
   fs::create_directories(d);
   return d.string();
@@ -119,6 +121,45 @@ TEST(Safetensors, WriterRoundTripsEveryDTypeAndMetadata) {
   EXPECT_EQ(*s.ptr<float>(), 2.5f);
   const Tensor e = ck.get("empty", DType::bf16, {0, 4});
   EXPECT_EQ(e.numel(), 0);
+}
+
+// Concurrent writers of one path (ctest -j runs TESTs that write the same checkpoint at once): each write
+// goes through its own temporary, so every one succeeds, the file ends whole (one writer's bytes, not a mix)
+// and no temporary is left behind. With one fixed ".tmp" name the renames race and fail.
+TEST(Safetensors, ConcurrentWritersOfOnePathNeverCollide) {
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/model.safetensors";
+  constexpr int kThreads = 6, kWrites = 15;
+  constexpr int64_t kN = 1 << 16;
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<int32_t> v(size_t(kN), t);
+      for (int i = 0; i < kWrites && errors[size_t(t)].empty(); ++i)
+        errors[size_t(t)] = error_of([&] {
+          write_safetensors(path, {{"v", Tensor(v.data(), DType::i32, {kN})}});
+        });
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(errors[size_t(t)], "<no kiln::Error thrown>") << "writer " << t;
+  Checkpoint ck = Checkpoint::open(dir);
+  const Tensor v = ck.get("v", DType::i32, {kN});
+  const int32_t first = v.ptr<int32_t>()[0];
+  EXPECT_GE(first, 0);
+  EXPECT_LT(first, kThreads);
+  for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(v.ptr<int32_t>()[i], first) << "mixed writers at element " << i;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"model.safetensors"});
+}
+
+TEST(Safetensors, UniqueTempPathsDiffer) {
+  const std::string a = unique_temp_path("/x/model.safetensors"),
+                    b = unique_temp_path("/x/model.safetensors");
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.rfind("/x/model.safetensors.tmp." + std::to_string(::getpid()) + ".", 0), 0u) << a;
 }
 
 TEST(Safetensors, CheckedGetNamesTensorAndFile) {

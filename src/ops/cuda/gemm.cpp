@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kiln/atomic_file.h"
 #include "kiln/error.h"
 
 #define KILN_LT_CHECK(expr)                                                               \
@@ -393,15 +394,12 @@ bool GemmEngine::load(const std::string& path) {
 void GemmEngine::save(const std::string& path) const {
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    KILN_CHECK(bool(out), "cannot write the tactic cache ", tmp);
+  // A unique temporary, then a rename: a reader never sees half a file, and two processes tuning at once
+  // (the GPU tests under ctest -j) never write the same temporary.
+  write_file_atomically(path, [&](std::ostream& out) {
     out << kCacheFormat << "\nkey " << key() << "\n";
     for (const auto& [s, t] : tactics_) out << format_tactic_line(s, t) << "\n";
-    KILN_CHECK(bool(out), "writing the tactic cache ", tmp, " failed");
-  }
-  std::filesystem::rename(tmp, path);  // atomic: a reader never sees half a file
+  });
 }
 
 std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t kv_size, int64_t inter,

@@ -1,0 +1,36 @@
+// Qwen3-Embedding fixtures (tests/fixtures/make_hf_embedding_fixture.py) on the GPU: the engine on cuda
+// against sentence-transformers' vectors, with common/hf_embedding.h's bounds (cosine >= 0.999, norms,
+// dimensions). Skips without a GPU, or (saying how to make them) while the fixtures are absent.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/hf_embedding.h"
+#include "test_util_cuda.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_fixture(const std::string& name, bool normalize) {
+  const fs::path dir = fs::path(KILN_SOURCE_DIR) / "tests/fixtures/hf" / name;
+  nlohmann::json ref;
+  KILN_SKIP_WITHOUT_EMBEDDING_FIXTURE(dir, ref);
+  kiln::test_support::check_hf_embeddings(dir, ref, "cuda", normalize);
+}
+
+}  // namespace
+
+TEST(CudaHfEmbedding, HubLayoutQwen3ForCausalLM) {
+  KILN_REQUIRE_GPU();
+  check_fixture("qwen3_embedding_hub", true);
+}
+TEST(CudaHfEmbedding, SentenceTransformersQwen3Model) {
+  KILN_REQUIRE_GPU();
+  check_fixture("qwen3_embedding_st", true);
+}
+TEST(CudaHfEmbedding, MeanPoolingWithoutNormalize) {
+  KILN_REQUIRE_GPU();
+  check_fixture("qwen3_embedding_mean", false);
+}
