@@ -90,7 +90,7 @@ const char* decode_kernel_name(DecodeKernel k) {
 }
 
 PrefillKernel prefill_kernel() {
-  return PrefillKernel(variant(g_prefill_kernel, "KILN_ATTN_PREFILL", 4, 2));
+  return PrefillKernel(variant(g_prefill_kernel, "KILN_ATTN_PREFILL", 4, 3));
 }
 void set_prefill_kernel(PrefillKernel k) {
   g_prefill_kernel.store(int(k));

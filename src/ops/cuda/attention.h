@@ -37,7 +37,7 @@
 //       with the MMAs.
 //   v2: v1's grid; bf16 caches copy K and V tiles with cp.async so the loads overlap the math (V of tile kt
 //       during S = Q K^T and the softmax, K of tile kt + 1 during P V); an fp8 cache runs v1.
-//   v3 (default): v2 with 2 query heads of a KV group per block (8 warps, grid (Hkv * ceil(G / 2),
+//   v3: v2 with 2 query heads of a KV group per block (8 warps, grid (Hkv * ceil(G / 2),
 //       ceil(T / 64), B), the last query tile first: longest blocks start first), so each K/V tile is
 //       copied into shared memory once for both (an fp8 cache: widened by v1's loads, once for both);
 //       where prefill_v3_applies() is false (G == 1, D == 32) it runs v2.
@@ -97,7 +97,7 @@ const char* decode_kernel_name(DecodeKernel k);
 enum class PrefillKernel : uint8_t { v1, v2, v3, v4 };
 
 // Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1" .. "v4", read
-// once; unset: v3; anything else is an error).
+// once; unset: v4, which runs v3 where it does not apply; anything else is an error).
 PrefillKernel prefill_kernel();
 void set_prefill_kernel(PrefillKernel k);
 const char* prefill_kernel_name(PrefillKernel k);
