@@ -18,6 +18,7 @@ shapes = {
                  intermediate_size=3072),
 }
 c.update(shapes[shape], head_dim=128, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960)
+c.pop("layer_types", None)  # the demo's list has its own layer count
 json.dump(c, open(p, "w"), indent=2)
 PY
 }

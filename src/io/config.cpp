@@ -351,8 +351,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
 int64_t ModelConfig::max_context() const {
   switch (rope_scaling.kind) {
-    case RopeScalingKind::yarn:
-      return int64_t(double(rope_scaling.original_max_position) * rope_scaling.factor);
+    case RopeScalingKind::yarn:  // the scaled window, or the configured one where that is longer
+      return std::max<int64_t>(max_position_embeddings,
+                               int64_t(double(rope_scaling.original_max_position) * rope_scaling.factor));
     case RopeScalingKind::linear:
       return int64_t(double(max_position_embeddings) * rope_scaling.factor);
     default:

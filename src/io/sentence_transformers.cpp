@@ -39,10 +39,22 @@ EmbeddingPooling read_pooling(const std::filesystem::path& file, const ModelConf
     if (!it->is_boolean()) KILN_FAIL(file.string(), ": field '", key, "' must be true or false");
     return it->get<bool>();
   };
-  if (auto it = p.find("word_embedding_dimension"); it != p.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<int64_t>() != c.hidden_size)
-      KILN_FAIL(file.string(), ": field 'word_embedding_dimension' is ", it->dump(), ", but hidden_size is ",
-                c.hidden_size);
+  // sentence-transformers < 6 (the hub's Qwen3-Embedding) writes word_embedding_dimension and one boolean per
+  // mode; 6.x writes embedding_dimension and a pooling_mode string.
+  for (const char* dim_key : {"word_embedding_dimension", "embedding_dimension"}) {
+    if (auto it = p.find(dim_key); it != p.end() && !it->is_null()) {
+      if (!it->is_number_integer() || it->get<int64_t>() != c.hidden_size)
+        KILN_FAIL(file.string(), ": field '", dim_key, "' is ", it->dump(), ", but hidden_size is ",
+                  c.hidden_size);
+    }
+  }
+  if (auto it = p.find("pooling_mode"); it != p.end() && !it->is_null()) {
+    const std::string mode = it->is_string() ? it->get<std::string>() : it->dump();
+    if (mode == "lasttoken") return EmbeddingPooling::last_token;
+    if (mode == "mean") return EmbeddingPooling::mean;
+    if (mode == "cls") return EmbeddingPooling::cls;
+    KILN_FAIL(file.string(), ": field 'pooling_mode' is '", mode,
+              "': kiln pools by lasttoken, mean or cls only");
   }
   for (const char* unsupported :
        {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens"})

@@ -106,6 +106,26 @@ TEST(SentenceTransformers, IsEmbeddingForcesTheMode) {
   EXPECT_EQ(s.embedding_source, "modules.json");
 }
 
+TEST(SentenceTransformers, PoolingConfigAsSentenceTransformers6WritesIt) {
+  // 6.x writes embedding_dimension and a pooling_mode string instead of one boolean per mode.
+  const json m = modules(false);
+  for (const auto& [mode, want] :
+       std::vector<std::pair<std::string, EmbeddingPooling>>{{"lasttoken", EmbeddingPooling::last_token},
+                                                             {"mean", EmbeddingPooling::mean},
+                                                             {"cls", EmbeddingPooling::cls}}) {
+    const json pool = {{"embedding_dimension", 64}, {"pooling_mode", mode}, {"include_prompt", true}};
+    const ModelConfig c = load_model_config(checkpoint("st6_" + mode, &m, &pool).string());
+    EXPECT_EQ(c.arch, ModelArch::qwen3_embedding) << mode;
+    EXPECT_EQ(c.pooling, want) << mode;
+  }
+  const json max_pool = {{"embedding_dimension", 64}, {"pooling_mode", "max"}};
+  expect_contains(error_of([&] { load_model_config(checkpoint("st6_max", &m, &max_pool).string()); }),
+                  {"1_Pooling/config.json", "pooling_mode", "max"});
+  const json wide = {{"embedding_dimension", 1024}, {"pooling_mode", "lasttoken"}};
+  expect_contains(error_of([&] { load_model_config(checkpoint("st6_wide", &m, &wide).string()); }),
+                  {"embedding_dimension", "1024", "64"});
+}
+
 TEST(SentenceTransformers, MalformedLayoutsAreClearErrors) {
   const json p = pooling("lasttoken");
   struct Case {
