@@ -28,8 +28,14 @@
 #include <string>
 
 #include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/device_flag.h"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/sm90.cuh"
 #include "ops/cuda/tensor_map.h"
+
+#if defined(__CUDA_ARCH__) && !defined(KILN_SM90A)
+#pragma nv_diag_suppress 177  // a non-sm_90a device pass compiles no v3 device code: its constants go unused
+#endif
 
 namespace kiln::cuda {
 namespace {
@@ -64,37 +70,20 @@ __device__ __forceinline__ int tile_off(int row, int piece) {
   return (piece >> 3) * (kTile * 128) + row * 128 + (((piece & 7) ^ (row & 7)) << 4);
 }
 
-// ---- mbarrier + bulk tensor copy (TMA) ----
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
+// The device code is Hopper code (TMA, mbarriers: sm_90a); elsewhere the kernel has an empty body and
+// decode_v3_applies() is false, so v2 runs.
+#ifdef KILN_SM90A
+using sm90::fence_proxy_async;
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
+  sm90::mbar_arrive_expect_tx(smem_addr(bar), bytes);
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
+  sm90::mbar_wait(smem_addr(bar), parity);
 }
 // Box (c0, c1, c2, c3) of map into smem, completing on bar.
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap& map, int c0, int c1, int c2, int c3,
                                             uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
-      "%4, "
-      "%5}], [%6];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
-      : "memory");
-}
-// Orders this thread's generic shared-memory writes before later async-proxy (TMA) writes to the same bytes.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  sm90::tma_load_4d(smem_addr(dst), &map, c0, c1, c2, c3, smem_addr(bar));
 }
 
 // 16-byte global -> shared copy that fills zeros instead when !valid (src is then not read).
@@ -630,6 +619,8 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
   __syncthreads();  // the scratch may be reused by the next row
 }
 
+#endif  // KILN_SM90A
+
 // Dynamic shared memory: 1024-byte aligned stages (TMA's swizzle needs it), then the fp8 scale tables.
 // kMinBlocks: the blocks per SM the register cap is set for (the shared-memory limit, or 2 for fp8 when
 // KILN_ATTN_V3_FP8_BLOCKS=2: uncapped registers, no spills, 8 warps instead of 12 per SM).
@@ -637,6 +628,7 @@ template <int D, int G, KvDtype KT, bool kTma, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     decode_kernel_v3(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
+#ifdef KILN_SM90A
   using C = V3Cfg<D, KT>;
   extern __shared__ uint4 smem_raw[];
   unsigned char* smem =
@@ -645,8 +637,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   __shared__ uint64_t bars[C::kStages];
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
-      for (int i = 0; i < C::kStages; ++i) mbar_init(&bars[i], 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int i = 0; i < C::kStages; ++i) sm90::mbar_init(smem_addr(&bars[i]), 1);
+      sm90::mbar_init_fence();
     }
     __syncthreads();
   }
@@ -658,6 +650,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                                     smem, smem_sc, seq);
   }
   pdl_launch_dependents();
+#endif  // KILN_SM90A
 }
 
 // KILN_ATTN_V3_FP8_BLOCKS ("2" or "3", read once; unset: 3): the fp8 kernel's blocks per SM (see the kernel).
@@ -751,11 +744,26 @@ void launch_typed(const PagedAttnParams& p, float* ws, int splits, bool all_rows
 
 }  // namespace
 
+namespace {
+
+// Whether the current device is sm_90 and runs this build's sm_90a code of the kernel (a build without
+// sm_90a, or another GPU, runs v2). Checked once per device.
+bool device_runs_v3() {
+  static PerDeviceFlag flag;
+  return flag.get([] {
+    return current_device_is_sm90() && kernel_binary_version(reinterpret_cast<const void*>(
+                                           decode_kernel_v3<128, 4, KvDtype::bf16, true, 2>)) == 90;
+  });
+}
+
+}  // namespace
+
 bool decode_v3_applies(const PagedAttnParams& p) {
   const int esz = p.kv_dtype == KvDtype::bf16 ? 2 : 1;
   // 16-byte pieces of >= 8 per row (bf16: D 64, 128; fp8: D 128), every row start 16-byte aligned.
   const bool aligned = (p.s_page * esz) % 16 == 0 && (p.s_row * esz) % 16 == 0 && (p.s_head * esz) % 16 == 0;
-  return aligned && p.Hq / p.Hkv <= 8 && (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16));
+  return aligned && p.Hq / p.Hkv <= 8 && (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16)) &&
+         device_runs_v3();
 }
 
 int decode_v3_blocks_per_sm(const PagedAttnParams& p) {

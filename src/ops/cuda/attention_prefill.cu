@@ -1,5 +1,6 @@
 // Causal paged prefill attention on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate).
 #include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/mma.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -10,31 +11,6 @@ constexpr int kBQ = 64, kBK = 64, kWarps = 4;  // kWarps: the warps of one query
 // heads; 4 would need <= 128 registers. (D 64: 8 warps per SM where v2 fits 12.)
 constexpr int kV3Heads = 2;
 constexpr float kNegInf = -__builtin_huge_valf();
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// c += a (16x16, row) * b (16x8, col); fragments as in the PTX ISA's m16n8k16 bf16 layout.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << 16);
-}
 
 // Copies rows [kt * 64, kt * 64 + 64) of the K (kV false) or V cache of (b, hk) into the [64][LD] tile
 // with cp.async (bf16 cache only), kThreads threads (the block) sharing the 16-byte chunks; rows past

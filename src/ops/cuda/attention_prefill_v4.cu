@@ -5,75 +5,38 @@
 #include <string>
 
 #include "ops/cuda/attention_prefill_v4.cuh"
+#include "ops/cuda/device_flag.h"
+#include "ops/cuda/tensor_map.h"
 
 namespace kiln::cuda {
 namespace {
-
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
-                                   CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                   CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda); null if absent.
-EncodeTiledFn encode_tiled() {
-  static const EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return EncodeTiledFn(nullptr);
-    }
-    return reinterpret_cast<EncodeTiledFn>(f);
-  }();
-  return fn;
-}
 
 // One bf16 cache (K or V) as the 4-D tensor the kernel's TMA boxes address (attention_prefill_v4.cuh):
 // (d, row-or-head, head-or-row, page) with byte strides (s_row or s_head, the other, s_page) * 2; box
 // 64 d x page_size rows; 128-byte swizzle (the layout the wgmma descriptors expect). False when the driver
 // refuses it (the kernel then gathers every tile with its producer threads).
 bool encode_kv_map(CUtensorMap* map, const void* base, const PagedAttnParams& p, bool rows_dim1) {
-  const EncodeTiledFn encode = encode_tiled();
-  if (!encode) return false;
-  const cuuint64_t row_dim = cuuint64_t(p.page_size), head_dim = cuuint64_t(p.Hkv);
-  const cuuint64_t row_stride = cuuint64_t(p.s_row) * 2, head_stride = cuuint64_t(p.s_head) * 2;
-  const cuuint64_t dims[4] = {cuuint64_t(p.D), rows_dim1 ? row_dim : head_dim, rows_dim1 ? head_dim : row_dim,
-                              cuuint64_t(p.num_pages)};
-  const cuuint64_t strides[3] = {rows_dim1 ? row_stride : head_stride, rows_dim1 ? head_stride : row_stride,
-                                 cuuint64_t(p.s_page) * 2};
-  const cuuint32_t box[4] = {64, rows_dim1 ? cuuint32_t(p.page_size) : 1u,
-                             rows_dim1 ? 1u : cuuint32_t(p.page_size), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
-                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const uint64_t row_dim = uint64_t(p.page_size), head_dim = uint64_t(p.Hkv);
+  const uint64_t row_stride = uint64_t(p.s_row) * 2, head_stride = uint64_t(p.s_head) * 2;
+  const uint64_t dims[4] = {uint64_t(p.D), rows_dim1 ? row_dim : head_dim, rows_dim1 ? head_dim : row_dim,
+                            uint64_t(p.num_pages)};
+  const uint64_t strides[3] = {rows_dim1 ? row_stride : head_stride, rows_dim1 ? head_stride : row_stride,
+                               uint64_t(p.s_page) * 2};
+  const uint32_t box[4] = {64, rows_dim1 ? uint32_t(p.page_size) : 1u, rows_dim1 ? 1u : uint32_t(p.page_size),
+                           1};
+  return try_encode_tiled_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box);
 }
 
 // Whether the current device is sm_90 and runs the sm_90a code of every v4 instantiation (a build
 // without sm_90a, or another GPU, falls back). Checked once per device.
 bool device_runs_v4() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int8_t> known[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  int8_t k = known[dev].load(std::memory_order_relaxed);
-  if (k == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    const bool ok = major == 9 && minor == 0 && prefill_v4_binary_version<128, KvDtype::bf16>() == 90 &&
-                    prefill_v4_binary_version<128, KvDtype::f8e4m3>() == 90 &&
-                    prefill_v4_binary_version<64, KvDtype::bf16>() == 90 &&
-                    prefill_v4_binary_version<64, KvDtype::f8e4m3>() == 90;
-    k = ok ? 1 : 2;
-    known[dev].store(k, std::memory_order_relaxed);
-  }
-  return k == 1;
+  static PerDeviceFlag flag;
+  return flag.get([] {
+    return current_device_is_sm90() && prefill_v4_binary_version<128, KvDtype::bf16>() == 90 &&
+           prefill_v4_binary_version<128, KvDtype::f8e4m3>() == 90 &&
+           prefill_v4_binary_version<64, KvDtype::bf16>() == 90 &&
+           prefill_v4_binary_version<64, KvDtype::f8e4m3>() == 90;
+  });
 }
 
 // Whether the environment variable is set to something other than "" or "0".
@@ -110,7 +73,7 @@ bool prefill_v4_applies(const PagedAttnParams& p) {
 
 bool prefill_v4_uses_tma(const PagedAttnParams& p) {
   return p.kv_dtype == KvDtype::bf16 && p.page_size % 16 == 0 && v4::kBN % p.page_size == 0 &&
-         v4_tma_allowed() && encode_tiled() != nullptr;
+         v4_tma_allowed() && tensor_maps_available();
 }
 
 bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl) {

@@ -44,6 +44,7 @@
 #pragma once
 
 #include "ops/cuda/attention_prefill_v4.cuh"
+#include "ops/cuda/device_flag.h"
 #include "ops/cuda/sm90.cuh"
 #include "ops/cuda/wgmma_bf16.cuh"
 
@@ -497,12 +498,7 @@ void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, 
 
 template <int D, KvDtype KT>
 int prefill_v4_binary_version() {
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, v4::prefill_v4_kernel<D, KT, true>) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return attr.binaryVersion;
+  return kernel_binary_version(reinterpret_cast<const void*>(v4::prefill_v4_kernel<D, KT, true>));
 }
 
 }  // namespace kiln::cuda

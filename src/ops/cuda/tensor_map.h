@@ -9,7 +9,12 @@
 namespace kiln::cuda {
 
 // A tiled map over `rank` dimensions (dims[0] contiguous; strides_bytes[i] is the stride of dimension i + 1),
-// boxes of box[] elements, 128-byte swizzle, zero fill outside the tensor. Throws on an invalid request.
+// boxes of box[] elements, 128-byte swizzle, zero fill outside the tensor. try_: false when the driver lacks
+// the entry point or refuses the request (the caller falls back); encode_tiled_map throws instead.
+// Whether the driver exports cuTensorMapEncodeTiled at all.
+bool tensor_maps_available();
+bool try_encode_tiled_map(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* base,
+                          const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box);
 CUtensorMap encode_tiled_map(CUtensorMapDataType dtype, int rank, const void* base, const uint64_t* dims,
                              const uint64_t* strides_bytes, const uint32_t* box);
 
