@@ -142,6 +142,9 @@ int paged_attention_decode_splits(const PagedAttnParams& p) {
 }
 
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
+  // Callers size the workspace before they capture graphs: probing here which decode kernel runs (its
+  // once-per-device query of the loaded sm_90a code) keeps that query out of any capture.
+  (void)effective_decode_kernel(p);
   int splits = 0, chunk = 0;
   decode_split(p, 0, &splits, &chunk);
   // One entry per sequence (attention_common.cuh decode_ws_slot), however many prefill rows the step has.
