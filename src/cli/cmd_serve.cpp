@@ -7,6 +7,7 @@
 //              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph]
 //              [--cuda-graph-bs 1,2,4,...] [--disable-pdl] [--seed S]
 //              [--sampling-backend auto|cpu] [--is-embedding]
+//              [--reasoning-parser auto|qwen3|none] [--tool-call-parser qwen25|none]
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -39,6 +40,8 @@ int run_serve(const kiln::cli::Args& args) {
        "port",
        "api-key",
        "served-model-name",
+       "reasoning-parser",
+       "tool-call-parser",
        "device",
        "load-format",
        "page-size",
@@ -102,6 +105,12 @@ int run_serve(const kiln::cli::Args& args) {
   so.max_body_bytes = size_t(body);
   so.http_threads = int(f.i64("http-threads", so.http_threads));
   KILN_CHECK(so.http_threads >= 1 && so.http_threads <= 4096, "--http-threads must be in [1, 4096]");
+  so.reasoning_parser = f.str("reasoning-parser", so.reasoning_parser);
+  KILN_CHECK(so.reasoning_parser == "auto" || so.reasoning_parser == "qwen3" || so.reasoning_parser == "none",
+             "--reasoning-parser must be auto, qwen3 or none, got '", so.reasoning_parser, "'");
+  so.tool_call_parser = f.str("tool-call-parser", so.tool_call_parser);
+  KILN_CHECK(so.tool_call_parser == "qwen25" || so.tool_call_parser == "none",
+             "--tool-call-parser must be qwen25 or none, got '", so.tool_call_parser, "'");
   const double drain_s = f.f64("drain-timeout", 30.0);
   KILN_CHECK(drain_s >= 0, "--drain-timeout must be >= 0");
 
