@@ -1,5 +1,6 @@
 #include "server/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -173,6 +174,14 @@ void parse_sampling(const json& obj, const ApiLimits& lim, SamplingParams& sp,
                       "n");
 }
 
+// generation_config.json's eos ids stop generation as the model's own eos does (not under ignore_eos).
+void add_default_eos(SamplingParams& sp, const ApiLimits& lim) {
+  if (sp.ignore_eos) return;
+  for (int32_t id : lim.extra_eos_ids)
+    if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), id) == sp.stop_token_ids.end())
+      sp.stop_token_ids.push_back(id);
+}
+
 void reject_openai_unsupported(const json& body) {
   if (auto v = opt_int(body, "best_of", INT64_MIN, INT64_MAX); v && *v != 1)
     throw bad_request("'best_of' must be 1", "best_of");
@@ -315,7 +324,9 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.endpoint = Endpoint::chat;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
+  g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop);
+  add_default_eos(g.sampling, lim);
   parse_stream(body, g);
   g.logprobs = opt_bool(body, "logprobs").value_or(false);
   if (auto v = opt_int(body, "top_logprobs", 0, kMaxTopLogprobs)) {
@@ -382,7 +393,9 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   g.endpoint = Endpoint::completion;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
+  g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop);
+  add_default_eos(g.sampling, lim);
   parse_stream(body, g);
   if (auto v = opt_int(body, "logprobs", 0, kMaxTopLogprobs)) {
     g.logprobs = true;
@@ -447,6 +460,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     check_prompt(g, "input_ids");
   }
   std::optional<int64_t> max_new;
+  g.sampling = lim.sampling_defaults;
   if (const json* sp = field(body, "sampling_params")) {
     if (!sp->is_object()) throw bad_request("'sampling_params' must be an object", "sampling_params");
     parse_sampling(*sp, lim, g.sampling, g.stop);
@@ -454,6 +468,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     if (auto v = opt_bool(*sp, "skip_special_tokens"); v && !*v)
       throw bad_request("'skip_special_tokens': false is not supported", "sampling_params");
   }
+  add_default_eos(g.sampling, lim);
   g.stream = opt_bool(body, "stream").value_or(false);
   g.logprobs = opt_bool(body, "return_logprob").value_or(false);
   if (auto v = opt_int(body, "top_logprobs_num", 0, kMaxTopLogprobs)) g.top_logprobs = int(*v);

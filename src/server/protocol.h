@@ -39,6 +39,10 @@ struct ApiLimits {
   // reasoning_content, and <tool_call> blocks into tool_calls when the request has tools.
   bool reasoning_parser = false;
   bool tool_call_parser = false;
+  // The checkpoint's generation_config.json (ServerOptions): sampling fields a request leaves unset, and
+  // eos ids added to its stop_token_ids unless it sets ignore_eos.
+  SamplingParams sampling_defaults;
+  std::vector<int32_t> extra_eos_ids;
 };
 
 enum class Endpoint { chat, completion, generate };

@@ -59,6 +59,8 @@ ApiLimits ApiServer::Impl::limits() const {
   l.reasoning_parser =
       opts.reasoning_parser == "qwen3" || (opts.reasoning_parser == "auto" && codec.chat_template_thinks());
   l.tool_call_parser = opts.tool_call_parser != "none";
+  l.sampling_defaults = opts.sampling_defaults;
+  l.extra_eos_ids = opts.extra_eos_ids;
   return l;
 }
 

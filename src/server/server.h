@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "runtime/engine.h"
 #include "server/backend.h"
 #include "server/metrics.h"
 
@@ -34,6 +36,9 @@ struct ServerOptions {
   // tool_call_parser: "qwen25" (Qwen's <tool_call> JSON blocks, SGLang's name) or "none".
   std::string reasoning_parser = "auto";
   std::string tool_call_parser = "qwen25";
+  // Request defaults from generation_config.json (server/generation_config.h); empty: none.
+  SamplingParams sampling_defaults;
+  std::vector<int32_t> extra_eos_ids;
 };
 
 class ApiServer {
