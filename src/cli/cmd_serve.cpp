@@ -7,6 +7,8 @@
 //              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph]
 //              [--cuda-graph-bs 1,2,4,...] [--disable-pdl] [--seed S]
 //              [--sampling-backend auto|cpu] [--is-embedding]
+//              [--reasoning-parser auto|qwen3|none] [--tool-call-parser qwen25|none]
+//              [--generation-config auto|none]
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -25,6 +27,7 @@
 #include "kiln/tokenizer.h"
 #include "runtime/engine.h"
 #include "server/backend_engine.h"
+#include "server/generation_config.h"
 #include "server/server.h"
 
 namespace {
@@ -39,6 +42,9 @@ int run_serve(const kiln::cli::Args& args) {
        "port",
        "api-key",
        "served-model-name",
+       "reasoning-parser",
+       "tool-call-parser",
+       "generation-config",
        "device",
        "load-format",
        "page-size",
@@ -102,6 +108,15 @@ int run_serve(const kiln::cli::Args& args) {
   so.max_body_bytes = size_t(body);
   so.http_threads = int(f.i64("http-threads", so.http_threads));
   KILN_CHECK(so.http_threads >= 1 && so.http_threads <= 4096, "--http-threads must be in [1, 4096]");
+  so.reasoning_parser = f.str("reasoning-parser", so.reasoning_parser);
+  KILN_CHECK(so.reasoning_parser == "auto" || so.reasoning_parser == "qwen3" || so.reasoning_parser == "none",
+             "--reasoning-parser must be auto, qwen3 or none, got '", so.reasoning_parser, "'");
+  so.tool_call_parser = f.str("tool-call-parser", so.tool_call_parser);
+  KILN_CHECK(so.tool_call_parser == "qwen25" || so.tool_call_parser == "none",
+             "--tool-call-parser must be qwen25 or none, got '", so.tool_call_parser, "'");
+  const std::string gen_config = f.str("generation-config", "auto");
+  KILN_CHECK(gen_config == "auto" || gen_config == "none", "--generation-config must be auto or none, got '",
+             gen_config, "'");
   const double drain_s = f.f64("drain-timeout", 30.0);
   KILN_CHECK(drain_s >= 0, "--drain-timeout must be >= 0");
 
@@ -117,6 +132,19 @@ int run_serve(const kiln::cli::Args& args) {
   std::unique_ptr<kiln::Engine> engine = kiln::Engine::create(eo);
   kiln::server::EngineAdapter api(*engine);
   kiln::server::TokenizerCodec codec(tok);
+  if (gen_config == "auto" && !engine->is_embedding_model()) {
+    kiln::server::GenerationDefaults gd =
+        kiln::server::load_generation_config(eo.model_dir, engine->model_config().vocab_size);
+    for (const auto& w : gd.warnings)
+      std::fprintf(stderr, "kiln serve: generation_config.json: %s\n", w.c_str());
+    if (!gd.applied.empty()) {
+      std::string list;
+      for (const auto& a : gd.applied) list += (list.empty() ? "" : ", ") + a;
+      std::fprintf(stderr, "kiln serve: request defaults from generation_config.json: %s\n", list.c_str());
+    }
+    so.sampling_defaults = gd.sampling;
+    so.extra_eos_ids = std::move(gd.eos_ids);
+  }
   kiln::server::ApiServer server(api, codec, so);
   const int bound = server.bind();
   std::atomic<bool> listen_done{false};

@@ -57,6 +57,8 @@ class TextCodec {
   // The chat template applied to an OpenAI chat request (messages, tools, chat_template_kwargs such as
   // enable_thinking), ending with the assistant generation prompt. Throws kiln::Error on bad messages.
   virtual std::string render_chat(const nlohmann::json& request) const = 0;
+  // Whether the chat template writes <think> blocks (Qwen3's does): `--reasoning-parser auto` is on then.
+  virtual bool chat_template_thinks() const { return false; }
 };
 
 }  // namespace kiln::server

@@ -1,5 +1,7 @@
 #include "server/backend_engine.h"
 
+#include "kiln/error.h"
+
 namespace kiln::server {
 namespace {
 
@@ -17,7 +19,22 @@ class TokenizerStream : public TextStream {
 
 }  // namespace
 
-TokenizerCodec::TokenizerCodec(Tokenizer t) : tok_(std::move(t)) {}
+static bool template_thinks(const TokenizerCodec& c) {
+  const nlohmann::json msgs = {{{"role", "user"}, {"content", "x"}}};
+  try {
+    for (bool on : {false, true}) {
+      const std::string p =
+          c.render_chat({{"messages", msgs}, {"chat_template_kwargs", {{"enable_thinking", on}}}});
+      if (p.find("<think>") != std::string::npos) return true;
+    }
+  } catch (const kiln::Error&) {  // no template, or one kiln cannot render: nothing to parse either
+  }
+  return false;
+}
+
+TokenizerCodec::TokenizerCodec(Tokenizer t) : tok_(std::move(t)) {
+  thinks_ = template_thinks(*this);
+}
 
 std::vector<int32_t> TokenizerCodec::encode(const std::string& text) const {
   return tok_.encode(text);

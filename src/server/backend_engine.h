@@ -40,9 +40,13 @@ class TokenizerCodec : public TextCodec {
   // Maps the OpenAI request onto the tokenizer's: messages, tools, add_generation_prompt = true, and
   // chat_template_kwargs (enable_thinking) lifted to the top level.
   std::string render_chat(const nlohmann::json& request) const override;
+  // Judged by rendering: a template that thinks writes <think> when enable_thinking is false (Qwen3's
+  // empty block) or leaves one open in the generation prompt.
+  bool chat_template_thinks() const override { return thinks_; }
 
  private:
   Tokenizer tok_;
+  bool thinks_ = false;
 };
 
 }  // namespace kiln::server

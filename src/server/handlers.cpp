@@ -19,9 +19,10 @@ constexpr auto kPollInterval = std::chrono::milliseconds(50);
 // One generation request in flight. Touched only by the HTTP worker serving it (provider + releaser);
 // the engine thread reaches only `queue`, through the shared_ptr its callback holds.
 struct Session {
-  Session(const TextCodec& codec, GenSpec s) : spec(std::move(s)), tracker(codec, spec) {}
+  Session(const TextCodec& codec, GenSpec s) : spec(std::move(s)), tracker(codec, spec), parser(spec.parse) {}
   GenSpec spec;
   OutputTracker tracker;
+  OutputParser parser;  // chat streams: released text -> content / reasoning / tool-call deltas
   std::shared_ptr<EventQueue> queue = std::make_shared<EventQueue>();
   RequestId rid = 0;
   ResponseCtx ctx;
@@ -43,10 +44,13 @@ std::string stream_delta(Session& s, const Delta& d, const TextCodec& codec) {
   if (d.text.empty() && !has_lp && s.spec.endpoint != Endpoint::generate) return "";
   json chunk;
   switch (s.spec.endpoint) {
-    case Endpoint::chat:
-      chunk = chat_chunk(s.ctx, {{"content", d.text}}, nullptr,
-                         has_lp ? chat_logprobs(d.tokens, codec) : json(nullptr));
+    case Endpoint::chat: {
+      const ParsedDelta pd = s.parser.feed(d.text);
+      if (pd.empty() && !has_lp) return "";  // held back: a possible tag, or the inside of a call
+      chunk =
+          chat_chunk(s.ctx, chat_delta(pd), nullptr, has_lp ? chat_logprobs(d.tokens, codec) : json(nullptr));
       break;
+    }
     case Endpoint::completion: {
       json lp = nullptr;
       if (has_lp) {
@@ -77,9 +81,16 @@ std::string stream_end(Session& s, const TextCodec& codec) {
   const double e2e = std::chrono::duration<double>(Clock::now() - s.start).count();
   json chunk;
   switch (s.spec.endpoint) {
-    case Endpoint::chat:
-      chunk = chat_chunk(s.ctx, json::object(), finish_reason_json(t), nullptr);
+    case Endpoint::chat: {
+      const ParsedDelta rest = s.parser.finish();  // what the parser still held back
+      if (!rest.empty()) {
+        json c = chat_chunk(s.ctx, chat_delta(rest), nullptr, nullptr);
+        if (s.spec.include_usage) c["usage"] = maybe_usage(s);
+        out += sse_frame(c);
+      }
+      chunk = chat_chunk(s.ctx, json::object(), chat_finish_reason(t, s.parser.tool_call_count()), nullptr);
       break;
+    }
     case Endpoint::completion:
       chunk = completion_chunk(s.ctx, "", finish_reason_json(t), nullptr);
       break;
@@ -129,6 +140,7 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const httplib::Request& req
                                               : parse_generate_request(body, codec, lim);
   if (engine.is_embedding_model())
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
+  if (ep == Endpoint::chat) spec.parse.id_prefix = make_id("call_") + "_";
   auto s = std::make_shared<Session>(codec, std::move(spec));
   s->ctx.id = make_id(ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "");
   s->ctx.created = int64_t(std::time(nullptr));

@@ -1,5 +1,6 @@
 #include "server/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -173,6 +174,14 @@ void parse_sampling(const json& obj, const ApiLimits& lim, SamplingParams& sp,
                       "n");
 }
 
+// generation_config.json's eos ids stop generation as the model's own eos does (not under ignore_eos).
+void add_default_eos(SamplingParams& sp, const ApiLimits& lim) {
+  if (sp.ignore_eos) return;
+  for (int32_t id : lim.extra_eos_ids)
+    if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), id) == sp.stop_token_ids.end())
+      sp.stop_token_ids.push_back(id);
+}
+
 void reject_openai_unsupported(const json& body) {
   if (auto v = opt_int(body, "best_of", INT64_MIN, INT64_MAX); v && *v != 1)
     throw bad_request("'best_of' must be 1", "best_of");
@@ -247,6 +256,55 @@ std::string content_text(const json& content, size_t i) {
   return text;
 }
 
+// Whether the reply should be parsed for tool calls: tools given and tool_choice "auto" (or absent).
+bool tools_requested(const json& body, const json* tools) {
+  const json* tc = field(body, "tool_choice");
+  if (tc) {
+    if (tc->is_object()) {
+      const json* fn = field(*tc, "function");
+      const std::string name = fn && fn->is_object() && fn->contains("name") && (*fn)["name"].is_string()
+                                   ? (*fn)["name"].get<std::string>()
+                                   : std::string("?");
+      throw bad_request("'tool_choice' naming a function ('" + name +
+                            "') is not supported: forcing a call needs constrained decoding, which kiln "
+                            "does not have yet; use \"auto\" (the model chooses) or \"none\"",
+                        "tool_choice");
+    }
+    if (!tc->is_string())
+      throw bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or an object", "tool_choice");
+    const std::string c = tc->get<std::string>();
+    if (c == "required")
+      throw bad_request(
+          "'tool_choice': \"required\" is not supported: forcing a call needs constrained decoding, which "
+          "kiln does not have yet; use \"auto\" (the model chooses) or \"none\"",
+          "tool_choice");
+    if (c != "none" && c != "auto")
+      throw bad_request(
+          "'tool_choice' must be \"none\", \"auto\", \"required\" or an object; got '" + c + "'",
+          "tool_choice");
+    if (c == "auto" && (!tools || tools->empty()))
+      throw bad_request("'tool_choice' \"auto\" needs a non-empty 'tools' list", "tool_choice");
+    if (c == "none") return false;
+  }
+  if (auto v = opt_bool(body, "parallel_tool_calls"); v) (void)*v;  // accepted; several calls are parsed
+  return tools && !tools->empty();
+}
+
+bool thinking_enabled(const json& body) {
+  const json* kw = field(body, "chat_template_kwargs");
+  if (!kw) return true;
+  auto it = kw->find("enable_thinking");
+  return it == kw->end() || !it->is_boolean() || it->get<bool>();
+}
+
+// The generation prompt left a <think> open (templates that start the reply inside reasoning).
+bool prompt_opens_think(const std::string& text) {
+  const size_t open = text.rfind("<think>");
+  return open != std::string::npos && text.find("</think>", open) == std::string::npos &&
+         text.find("<|im_start|>assistant", open) == std::string::npos &&
+         text.rfind("<|im_start|>assistant") < open;
+}
+
 }  // namespace
 
 json parse_body(const std::string& body) {
@@ -266,7 +324,9 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.endpoint = Endpoint::chat;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
+  g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop);
+  add_default_eos(g.sampling, lim);
   parse_stream(body, g);
   g.logprobs = opt_bool(body, "logprobs").value_or(false);
   if (auto v = opt_int(body, "top_logprobs", 0, kMaxTopLogprobs)) {
@@ -306,8 +366,9 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
     if (auto it = kw->find("enable_thinking"); it != kw->end() && !it->is_boolean() && !it->is_null())
       throw bad_request("'chat_template_kwargs.enable_thinking' must be a boolean", "chat_template_kwargs");
   }
-  if (const json* tools = field(body, "tools"); tools && !tools->is_array())
-    throw bad_request("'tools' must be a list", "tools");
+  const json* tools = field(body, "tools");
+  if (tools && !tools->is_array()) throw bad_request("'tools' must be a list", "tools");
+  const bool parse_tools = tools_requested(body, tools) && lim.tool_call_parser;
   std::string text;
   try {
     text = codec.render_chat(normalized);
@@ -318,6 +379,10 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.prompt = encode_text(codec, text, "messages");
   check_prompt(g, "messages");
   set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens");
+  g.parse.tools = parse_tools;
+  g.parse.reasoning =
+      lim.reasoning_parser && opt_bool(body, "separate_reasoning").value_or(true) && thinking_enabled(body);
+  g.parse.start_in_reasoning = g.parse.reasoning && prompt_opens_think(text);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;
@@ -328,7 +393,9 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   g.endpoint = Endpoint::completion;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
+  g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop);
+  add_default_eos(g.sampling, lim);
   parse_stream(body, g);
   if (auto v = opt_int(body, "logprobs", 0, kMaxTopLogprobs)) {
     g.logprobs = true;
@@ -393,6 +460,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     check_prompt(g, "input_ids");
   }
   std::optional<int64_t> max_new;
+  g.sampling = lim.sampling_defaults;
   if (const json* sp = field(body, "sampling_params")) {
     if (!sp->is_object()) throw bad_request("'sampling_params' must be an object", "sampling_params");
     parse_sampling(*sp, lim, g.sampling, g.stop);
@@ -400,6 +468,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     if (auto v = opt_bool(*sp, "skip_special_tokens"); v && !*v)
       throw bad_request("'skip_special_tokens': false is not supported", "sampling_params");
   }
+  add_default_eos(g.sampling, lim);
   g.stream = opt_bool(body, "stream").value_or(false);
   g.logprobs = opt_bool(body, "return_logprob").value_or(false);
   if (auto v = opt_int(body, "top_logprobs_num", 0, kMaxTopLogprobs)) g.top_logprobs = int(*v);

@@ -2,12 +2,20 @@
 // structs before anything reaches the engine. Every problem is an ApiError (400, or 404 for an unknown
 // model) that names the offending field: wrong JSON types, missing/empty/over-long prompts, token ids out
 // of range, non-finite or out-of-range sampling parameters, unsupported options (n > 1, best_of, echo,
-// penalties, logit_bias). JSON null is treated as "not given", as OpenAI clients send it for unset fields.
+// penalties, logit_bias, a "required" or named tool_choice). JSON null is treated as "not given", as OpenAI
+// clients send it for unset fields.
 //
 // Ranges: temperature [0, 2] finite; top_p (0, 1]; top_k -1, 0 (disabled) or >= 1; min_p [0, 1];
 // max_tokens >= 1 (/generate: max_new_tokens >= 0); prompt + max_tokens <= the context length (when
 // max_tokens is absent it defaults to the rest of the context for chat, 16 for completions and 128 for
 // /generate, clamped to the context); at most 16 stop strings of 1..256 bytes; top_logprobs 0..20.
+//
+// Chat output parsing (GenSpec::parse): reasoning when the server's parser is on, the request keeps
+// `separate_reasoning` (SGLang; default true) and `chat_template_kwargs.enable_thinking` (default true);
+// it starts inside reasoning when the rendered prompt ends with an open <think>. Tool calls are parsed
+// when the server's parser is on, `tools` is non-empty and `tool_choice` is "auto" (the default with
+// tools); "none" renders the tools but parses nothing (vLLM's default); "required" and a named function
+// need constrained decoding, which kiln does not have: 400.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +25,7 @@
 
 #include "runtime/engine.h"
 #include "server/backend.h"
+#include "server/output_parser.h"
 
 namespace kiln::server {
 
@@ -26,6 +35,14 @@ struct ApiLimits {
   int64_t hidden_size = 0;
   std::string served_model_name;
   size_t max_embedding_inputs = 256;
+  // Output parsing the server is configured for (ServerOptions): chat replies split <think> blocks into
+  // reasoning_content, and <tool_call> blocks into tool_calls when the request has tools.
+  bool reasoning_parser = false;
+  bool tool_call_parser = false;
+  // The checkpoint's generation_config.json (ServerOptions): sampling fields a request leaves unset, and
+  // eos ids added to its stop_token_ids unless it sets ignore_eos.
+  SamplingParams sampling_defaults;
+  std::vector<int32_t> extra_eos_ids;
 };
 
 enum class Endpoint { chat, completion, generate };
@@ -43,6 +60,7 @@ struct GenSpec {
   int top_logprobs = 0;                  // alternatives per token
   bool return_hidden = false;            // /generate return_hidden_states
   bool return_text_in_logprobs = false;  // /generate: token text next to each logprob
+  ParserOptions parse;                   // chat: reasoning / tool-call parsing of the reply
 };
 
 struct EmbedSpec {

@@ -116,12 +116,46 @@ json usage_chunk(const ResponseCtx& c, const char* object, const OutputTracker& 
           {"model", c.model}, {"choices", json::array()}, {"usage", usage_json(t)}};
 }
 
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  json out = json::array();
+  for (const auto& c : calls) {
+    json j = {
+        {"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+    if (with_index) j["index"] = c.index;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+json chat_delta(const ParsedDelta& d) {
+  json delta = json::object();
+  if (!d.content.empty()) delta["content"] = d.content;
+  if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+  if (!d.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(d.tool_calls, true);
+  if (delta.empty()) delta["content"] = "";
+  return delta;
+}
+
+json chat_finish_reason(const OutputTracker& t, int tool_calls) {
+  if (t.finished() && t.finish_reason() == "stop" && tool_calls > 0) return "tool_calls";
+  return finish_reason_json(t);
+}
+
 json chat_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
                    const TextCodec& codec) {
+  OutputParser parser(spec.parse);
+  ParsedDelta d = parser.feed(t.text());
+  d.append(parser.finish());
+  json message = {{"role", "assistant"}, {"content", d.content}};
+  if (!d.reasoning.empty()) message["reasoning_content"] = d.reasoning;
+  if (!d.tool_calls.empty()) {
+    if (d.content.empty()) message["content"] = nullptr;
+    message["tool_calls"] = tool_calls_json(d.tool_calls, false);
+  }
   json choice = {{"index", 0},
-                 {"message", {{"role", "assistant"}, {"content", t.text()}}},
+                 {"message", std::move(message)},
                  {"logprobs", spec.logprobs ? chat_logprobs(t.tokens(), codec) : json(nullptr)},
-                 {"finish_reason", finish_reason_json(t)}};
+                 {"finish_reason", chat_finish_reason(t, parser.tool_call_count())}};
   return {{"id", c.id},
           {"object", "chat.completion"},
           {"created", c.created},

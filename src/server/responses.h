@@ -46,6 +46,16 @@ nlohmann::json completion_chunk(const ResponseCtx& c, const std::string& text, n
                                 nlohmann::json logprobs);
 nlohmann::json usage_chunk(const ResponseCtx& c, const char* object, const OutputTracker& t);
 
+// Chat deltas from the output parser: content, reasoning_content and tool_calls (OpenAI's streaming
+// shape: {index, id, type: "function", function: {name, arguments}}), each only when present; a delta
+// with none of them is {"content": ""}.
+nlohmann::json chat_delta(const ParsedDelta& d);
+nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index);
+// finish_reason_json, but "tool_calls" for a reply that stopped (not length/abort) after making calls.
+nlohmann::json chat_finish_reason(const OutputTracker& t, int tool_calls);
+
+// The message is parsed as spec.parse says: reasoning_content (when there was reasoning), tool_calls
+// (content null when nothing else was said).
 nlohmann::json chat_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
                              const TextCodec& codec);
 nlohmann::json completion_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,

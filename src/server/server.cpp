@@ -56,6 +56,11 @@ ApiLimits ApiServer::Impl::limits() const {
   l.max_context_len = engine.max_context_len();
   l.hidden_size = engine.hidden_size();
   l.served_model_name = opts.served_model_name;
+  l.reasoning_parser =
+      opts.reasoning_parser == "qwen3" || (opts.reasoning_parser == "auto" && codec.chat_template_thinks());
+  l.tool_call_parser = opts.tool_call_parser != "none";
+  l.sampling_defaults = opts.sampling_defaults;
+  l.extra_eos_ids = opts.extra_eos_ids;
   return l;
 }
 

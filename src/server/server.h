@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "runtime/engine.h"
 #include "server/backend.h"
 #include "server/metrics.h"
 
@@ -30,6 +32,13 @@ struct ServerOptions {
   size_t max_body_bytes = 16u << 20;  // larger bodies get 413
   int http_threads = 128;             // concurrent connections served; more wait in the accept queue
   int retry_after_s = 1;              // Retry-After on 503
+  // Chat output parsing. reasoning_parser: "auto" (on when the chat template thinks), "qwen3", "none".
+  // tool_call_parser: "qwen25" (Qwen's <tool_call> JSON blocks, SGLang's name) or "none".
+  std::string reasoning_parser = "auto";
+  std::string tool_call_parser = "qwen25";
+  // Request defaults from generation_config.json (server/generation_config.h); empty: none.
+  SamplingParams sampling_defaults;
+  std::vector<int32_t> extra_eos_ids;
 };
 
 class ApiServer {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -69,6 +70,8 @@ class ByteCodec : public TextCodec {
     if (kw != req.end() && kw->is_object() && kw->value("enable_thinking", true) == false) s += " <no-think>";
     return s;
   }
+  bool chat_template_thinks() const override { return thinks; }
+  bool thinks = true;  // as Qwen3's template: the reasoning parser is on under --reasoning-parser auto
 };
 
 // One request per "step" advances by one token; step_ms paces it so tests can abort mid-stream.
@@ -88,9 +91,14 @@ class FakeEngine : public EngineApi {
   int max_active = 1000;  // beyond this submit() throws EngineBusyError
   bool embedding_model = false;
   std::atomic<bool> fail_requests{false};  // finish every request with "error"
+  // Set before the first submit: a reply per request, as token ids of a real tokenizer (EOS appended by
+  // the caller), instead of the fixed byte reply; vocab and eos to match that tokenizer.
+  std::function<std::vector<int32_t>(const Request&)> script;
+  int64_t vocab = kVocab;
+  int32_t eos = kEos;
 
   RequestId submit(Request req, std::function<void(const TokenEvent&)> cb) override {
-    for (int32_t id : req.prompt) KILN_CHECK(id >= 0 && id < kVocab, "token id ", id, " out of range");
+    for (int32_t id : req.prompt) KILN_CHECK(id >= 0 && id < vocab, "token id ", id, " out of range");
     KILN_CHECK(!req.prompt.empty(), "empty prompt");
     std::lock_guard<std::mutex> lock(mu_);
     if (int(live_.size()) >= max_active) {
@@ -98,7 +106,9 @@ class FakeEngine : public EngineApi {
       throw EngineBusyError("queue full");
     }
     const RequestId id = next_id_++;
-    live_[id] = Live{std::move(req), std::move(cb), 0, false};
+    std::vector<int32_t> ids;
+    if (script) ids = script(req);
+    live_[id] = Live{std::move(req), std::move(cb), 0, false, std::move(ids)};
     ++stats_.requests_submitted;
     stats_.prompt_tokens_total += int64_t(live_[id].req.prompt.size());
     cv_.notify_all();
@@ -120,7 +130,7 @@ class FakeEngine : public EngineApi {
     s.page_size = 32;
     return s;
   }
-  int64_t vocab_size() const override { return kVocab; }
+  int64_t vocab_size() const override { return vocab; }
   int64_t max_context_len() const override { return 512; }
   bool is_embedding_model() const override { return embedding_model; }
   int64_t hidden_size() const override { return 8; }
@@ -137,6 +147,7 @@ class FakeEngine : public EngineApi {
     std::function<void(const TokenEvent&)> cb;
     int produced = 0;
     bool aborted = false;
+    std::vector<int32_t> ids;  // the scripted reply, when script is set
   };
 
   void finish(TokenEvent& e, const char* reason) {
@@ -175,7 +186,9 @@ class FakeEngine : public EngineApi {
           finish(e, "length");
         } else {
           const int k = l.produced;
-          const int32_t tok = k < int(reply_.size()) ? int32_t(uint8_t(reply_[size_t(k)])) : kEos;
+          const int32_t tok = script                   ? (k < int(l.ids.size()) ? l.ids[size_t(k)] : eos)
+                              : k < int(reply_.size()) ? int32_t(uint8_t(reply_[size_t(k)]))
+                                                       : eos;
           e.ids.push_back(tok);
           if (l.req.sampling.return_logprob) {
             e.logprobs.push_back(-0.25f * float(k + 1));
@@ -188,7 +201,7 @@ class FakeEngine : public EngineApi {
           ++stats_.generation_tokens_total;
           e.completion_tokens = l.produced;
           const auto& stops = l.req.sampling.stop_token_ids;
-          if ((tok == kEos && !l.req.sampling.ignore_eos) ||
+          if ((tok == eos && !l.req.sampling.ignore_eos) ||
               std::find(stops.begin(), stops.end(), tok) != stops.end()) {
             e.matched_stop = tok;
             finish(e, "stop");
