@@ -7,8 +7,7 @@
 
 #include <thread>
 
-#include "server/server.h"
-#include "test_server_fakes.h"
+#include "test_server_harness.h"
 
 using namespace kiln;
 using namespace kiln::server;
@@ -24,30 +23,13 @@ const std::string kThinkAndCalls =
     "\"get_time\", "
     "\"arguments\": {\"tz\": \"CET\"}}\n</tool_call>";
 
-struct Harness {
-  explicit Harness(std::string reply, ServerOptions o = {}) : engine(std::move(reply), 1) {
-    o.port = 0;
-    o.served_model_name = "demo";
-    o.http_threads = 8;
-    server = std::make_unique<ApiServer>(engine, codec, o);
-    port = server->bind();
-    thread = std::thread([this] { server->listen(); });
-    for (int i = 0; i < 1000 && !server->running(); ++i) std::this_thread::sleep_for(5ms);
-  }
-  ~Harness() {
-    server->stop();
-    thread.join();
-  }
+struct Harness : fake::ServerHarness {
+  explicit Harness(std::string reply, ServerOptions o = {}) : ServerHarness(std::move(reply), 1, o, 8) {}
   httplib::Result post(const json& body) const {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(10, 0);
     return c.Post("/v1/chat/completions", body.dump(), "application/json");
   }
-  fake::ByteCodec codec;
-  fake::FakeEngine engine;
-  std::unique_ptr<ApiServer> server;
-  int port = 0;
-  std::thread thread;
 };
 
 const json kTools = json::array(

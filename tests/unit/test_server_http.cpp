@@ -7,8 +7,7 @@
 #include <cmath>
 #include <thread>
 
-#include "server/server.h"
-#include "test_server_fakes.h"
+#include "test_server_harness.h"
 
 using namespace kiln;
 using namespace kiln::server;
@@ -19,22 +18,10 @@ namespace {
 
 const std::string kReply = "Hello world! This is kiln.";
 
-class Harness {
+class Harness : public fake::ServerHarness {
  public:
   explicit Harness(ServerOptions o = {}, int step_ms = 2, std::string reply = kReply)
-      : engine(reply, step_ms) {
-    o.port = 0;
-    o.served_model_name = "demo";
-    o.http_threads = 16;
-    server = std::make_unique<ApiServer>(engine, codec, o);
-    port = server->bind();
-    thread = std::thread([this] { server->listen(); });
-    for (int i = 0; i < 1000 && !server->running(); ++i) std::this_thread::sleep_for(5ms);
-  }
-  ~Harness() {
-    server->stop();
-    thread.join();
-  }
+      : ServerHarness(std::move(reply), step_ms, o, 16) {}
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(10, 0);
@@ -56,12 +43,6 @@ class Harness {
     const auto& c = server->counters();
     EXPECT_EQ(c.accepted.load(), c.completed.load() + c.errored.load() + c.aborted.load());
   }
-
-  fake::ByteCodec codec;
-  fake::FakeEngine engine;
-  std::unique_ptr<ApiServer> server;
-  int port = 0;
-  std::thread thread;
 };
 
 json chat_body(json extra = json::object()) {

@@ -1,0 +1,42 @@
+// The real ApiServer over the fake engine and byte tokenizer (test_server_fakes.h) on an ephemeral loopback
+// port, listening on a thread of its own until destroyed: the fixture the HTTP tests build on.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "server/server.h"
+#include "test_server_fakes.h"
+
+namespace kiln::server::fake {
+
+struct ServerHarness {
+  // reply: what the engine "generates", one byte a token every step_ms.
+  ServerHarness(std::string reply, int step_ms, ServerOptions o, int http_threads)
+      : engine(std::move(reply), step_ms) {
+    o.port = 0;
+    o.served_model_name = "demo";
+    o.http_threads = http_threads;
+    server = std::make_unique<ApiServer>(engine, codec, o);
+    port = server->bind();
+    thread = std::thread([this] { server->listen(); });
+    for (int i = 0; i < 1000 && !server->running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ~ServerHarness() {
+    server->stop();
+    thread.join();
+  }
+  ServerHarness(const ServerHarness&) = delete;
+  ServerHarness& operator=(const ServerHarness&) = delete;
+
+  ByteCodec codec;
+  FakeEngine engine;
+  std::unique_ptr<ApiServer> server;
+  int port = 0;
+  std::thread thread;
+};
+
+}  // namespace kiln::server::fake
