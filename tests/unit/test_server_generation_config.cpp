@@ -6,8 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include <unistd.h>
-
+#include "common/test_support.h"
 #include "kiln/error.h"
 #include "server/generation_config.h"
 #include "server/protocol.h"
@@ -72,12 +71,10 @@ TEST(GenerationConfig, BadValuesAreWarnedAndNotApplied) {
 }
 
 TEST(GenerationConfig, LoadsFromTheCheckpointDirectory) {
-  const auto dir = std::filesystem::temp_directory_path() / ("kiln_gencfg_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const auto dir = test_support::process_scratch_dir("gencfg");
   EXPECT_TRUE(load_generation_config(dir.string(), 151936).eos_ids.empty());  // no file: no defaults
   std::ofstream(dir / "generation_config.json") << kQwen3;
   EXPECT_EQ(load_generation_config(dir.string(), 151936).sampling.top_k, 20);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(GenerationConfig, RequestsTakeDefaultsForWhatTheyLeaveUnset) {

@@ -11,11 +11,14 @@
 
 namespace kiln::cuda {
 
-// Page of context position t of sequence b, clamped into the pool so a corrupt table can never send a
-// load outside the cache.
-__device__ __forceinline__ int kv_page(const PagedAttnParams& p, int b, int t) {
-  const int page = p.page_table[int64_t(b) * p.pages_stride + t / p.page_size];
+// A page id from a table entry, clamped into the pool so a corrupt table can never send a load outside the
+// cache.
+__device__ __forceinline__ int clamp_page(const PagedAttnParams& p, int page) {
   return page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
+}
+// Page of context position t of sequence b.
+__device__ __forceinline__ int kv_page(const PagedAttnParams& p, int b, int t) {
+  return clamp_page(p, p.page_table[int64_t(b) * p.pages_stride + t / p.page_size]);
 }
 
 // Element offset of (page, row in the page, kv head hk, d = 0); *sc_off: its scale byte offset (fp8).

@@ -130,16 +130,9 @@ __device__ __forceinline__ PagePos page_pos(int page_size) {
   return {page_size, (page_size & (page_size - 1)) == 0 ? 31 - __clz(page_size) : -1};
 }
 
-// Page of context position t of sequence b (clamped into the pool, as kv_page).
+// Page of context position t of sequence b (clamped, as kv_page).
 __device__ __forceinline__ int page_of(const PagedAttnParams& p, const PagePos& pp, int b, int t) {
-  const int page = p.page_table[int64_t(b) * p.pages_stride + pp.index(t)];
-  return page < 0 ? 0 : (page >= p.num_pages ? p.num_pages - 1 : page);
-}
-
-// Element offset of (page, row in page, kv head hk) in the cache (or, with the sc_ strides, of its scales).
-__device__ __forceinline__ int64_t row_elem(int page, int row, int64_t s_page, int64_t s_row,
-                                            int64_t hk_off) {
-  return int64_t(page) * s_page + int64_t(row) * s_row + hk_off;
+  return clamp_page(p, p.page_table[int64_t(b) * p.pages_stride + pp.index(t)]);
 }
 
 // Issues the cp.async copies of tile [t0, t0 + kTile) of (b, hk) into stage smem (K rows, then V rows);
@@ -158,7 +151,8 @@ __device__ __forceinline__ void issue_tile(const PagedAttnParams& p, const PageP
   for (int j = 0; j < C::kCopies; ++j) {
     const int r = r0 + j * C::kRowStep, t = t0 + r;
     const bool valid = t < t_end;
-    const int64_t off = valid ? row_elem(pg[j], pp.row(t), p.s_page, p.s_row, 0) * C::kEsz : 0;
+    int64_t sc_unused;  // hk's offset is in kb / vb already
+    const int64_t off = valid ? kv_offset(p, pg[j], pp.row(t), 0, &sc_unused) * C::kEsz : 0;
     unsigned char* dk = stage + tile_off(r, piece);
     cp_async16_zfill(dk, kb + off, valid);
     cp_async16_zfill(dk + kTile * C::kRowBytes, vb + off, valid);
@@ -231,8 +225,8 @@ __device__ __forceinline__ void load_scales(const PagedAttnParams& p, const Page
     const int t = t0 + int(threadIdx.x);
     sc[0] = sc[1] = 127u * 0x01010101u;
     if (int(threadIdx.x) < kTile && t < t_end) {
-      const int64_t sc_off =
-          row_elem(page_of(p, pp, b, t), pp.row(t), p.sc_page, p.sc_row, int64_t(hk) * p.sc_head);
+      int64_t sc_off;
+      kv_offset(p, page_of(p, pp, b, t), pp.row(t), hk, &sc_off);
 #pragma unroll
       for (int i = 0; i < C::kScales; ++i) {
         sc[0] = (sc[0] & ~(0xffu << (8 * i))) | (uint32_t(p.k_scale[sc_off + i]) << (8 * i));
@@ -704,19 +698,21 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
   launch(cfg, decode_kernel_v3<D, G, KT, kTma, kMinBlocks>, p, tk, tv, ws, splits, all_rows);
 }
 
+// TMA or cp.async loads, by page size.
+template <int D, int G, KvDtype KT, int kMinBlocks>
+void launch_b(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
+  if (tma_applies(p))
+    launch_gt<D, G, KT, true, kMinBlocks>(p, ws, splits, all_rows, stream, pdl);
+  else
+    launch_gt<D, G, KT, false, kMinBlocks>(p, ws, splits, all_rows, stream, pdl);
+}
+
 template <int D, int G, KvDtype KT>
 void launch_g(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
-  constexpr int kB = V3Cfg<D, KT>::kBlocksPerSm;
-  if (KT == KvDtype::f8e4m3 && fp8_blocks() == 2) {
-    if (tma_applies(p))
-      launch_gt<D, G, KT, true, 2>(p, ws, splits, all_rows, stream, pdl);
-    else
-      launch_gt<D, G, KT, false, 2>(p, ws, splits, all_rows, stream, pdl);
-  } else if (tma_applies(p)) {
-    launch_gt<D, G, KT, true, kB>(p, ws, splits, all_rows, stream, pdl);
-  } else {
-    launch_gt<D, G, KT, false, kB>(p, ws, splits, all_rows, stream, pdl);
+  if constexpr (KT == KvDtype::f8e4m3) {
+    if (fp8_blocks() == 2) return launch_b<D, G, KT, 2>(p, ws, splits, all_rows, stream, pdl);
   }
+  launch_b<D, G, KT, V3Cfg<D, KT>::kBlocksPerSm>(p, ws, splits, all_rows, stream, pdl);
 }
 
 template <int D, KvDtype KT>
