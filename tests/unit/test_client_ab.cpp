@@ -46,7 +46,7 @@ TEST(ClientAb, ExactScaleChangeForEveryReducer) {
   EXPECT_TRUE(r.valid);
   EXPECT_EQ(r.paired, 20u);
   for (const char* red : {"mean", "median", "p95", "p99"}) {
-    const AbMetric& t = metric(r, std::string("ttft_ms.") + red);
+    const AbMetric t = metric(r, std::string("ttft_ms.") + red);
     EXPECT_TRUE(t.has_interval);
     EXPECT_NEAR(t.change.point, 0.5, 1e-9) << red;
     EXPECT_NEAR(t.change.lo, 0.5, 1e-9) << red;
@@ -66,7 +66,7 @@ TEST(ClientAb, CrossoverCancelsLinearDrift) {
   const std::vector<Window> b = {window(14, at(1), at(1)), window(14, at(3), at(3))};
   const AbResult r = compare_windows(a, b, 500, 9);
   EXPECT_EQ(r.paired, 28u);  // 2 rounds x 14 requests
-  const AbMetric& m = metric(r, "ttft_ms.mean");
+  const AbMetric m = metric(r, "ttft_ms.mean");
   EXPECT_NEAR(m.change.point, 0, 1e-12);
   EXPECT_NEAR(m.change.lo, 0, 1e-12);
   EXPECT_NEAR(m.change.hi, 0, 1e-12);
