@@ -569,8 +569,10 @@ void launch_decode_combine(const PagedAttnParams& p, const float* ws, int splits
       launch(cfg, combine_kernel<kD, 0>, p, ws, splits, all_rows);
     else if (kernel == DecodeKernel::v2)
       launch(cfg, combine_kernel<kD, kTile>, p, ws, splits, all_rows);
-    else
+    else if (p.kv_dtype == KvDtype::bf16)
       launch(cfg, combine_kernel<kD, kDecodeV3Tile>, p, ws, splits, all_rows);
+    else
+      launch(cfg, combine_kernel<kD, kDecodeV3TileFp8>, p, ws, splits, all_rows);
   })
 }
 

@@ -13,21 +13,16 @@
 //   O[16 x D] += P V                P in bf16 as hi + lo (two MMAs, ~16 bits of p), V by ldmatrix.trans.
 // The query heads share every K/V byte loaded, and nothing but the MMAs touches each K/V element.
 //
-// FP8 (E4M3 + one UE8M0 scale per 64 elements): tiles are copied as bytes (half of bf16's traffic) and
-// widened exactly to bf16 in registers right before their MMA: byte -> bf16 bits with the value x 2^-120
-// (sign kept, exponent and mantissa shifted into place: exact, subnormals included), then two exact bf16
-// multiplies, by 2^120 and by the block's scale 2^(s - 127). For S the k-dimension (head_dim) is permuted
-// (lane t of a quad owns 8 consecutive elements of each 32: one 8-byte load), Q loaded with the same
-// permutation. For P V, ldmatrix.trans on byte pairs gives a lane two keys x two adjacent head_dim
-// elements, so the two n-tiles of each 16 elements hold the even and the odd ones (undone when storing O).
+// FP8 (E4M3 + one UE8M0 scale per 64 elements): tiles of 128 keys (32 per warp) are copied as bytes (half
+// of bf16's traffic) and fed as they are to FP8 MMAs (m16n8k32 e4m3): Q and P as two e4m3 terms each (rows
+// g and g + 8 of the MMA), see attention_decode_v3_fp8.cuh.
 //
-// Numerics: products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e - m)
-// with ex2.approx, P rounded as hi + lo bf16. Within the attention tolerance (docs/NUMERICS.md), and within
-// 1 bf16 ulp of the prefill kernel on the same rows.
-#include <cstdlib>
-#include <string>
-
+// Numerics: bf16 products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e
+// - m) with ex2.approx, P rounded as hi + lo bf16: within the attention tolerance (docs/NUMERICS.md) and 1
+// bf16 ulp of the prefill kernel on the same rows. FP8: P to 2^-8 relative (attention_decode_v3_fp8.cuh),
+// within 1 ulp + 2^-8 max |v| of the prefill kernel.
 #include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/attention_decode_v3_fp8.cuh"
 #include "ops/cuda/device_flag.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"
@@ -41,7 +36,7 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kWarps = 4, kThreads = kWarps * 32;
-constexpr int kTile = kDecodeV3Tile;  // keys per stage: 16 per warp
+using decode_v3::tile_off;
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -51,24 +46,24 @@ constexpr float kLog2e = 1.4426950408889634f;
 // row).
 template <int D, KvDtype KT>
 struct V3Cfg {
+  static constexpr bool kFp8 = KT != KvDtype::bf16;
+  static constexpr int kTile = kFp8 ? decode_v3::kFp8Tile : kDecodeV3Tile;  // keys per stage
+  static constexpr int kWarpKeys = kTile / kWarps;
   static constexpr int kEsz = KT == KvDtype::bf16 ? 2 : 1;
   static constexpr int kRowBytes = D * kEsz;
-  static constexpr int kPieces = kRowBytes / 16;                    // per row
-  static constexpr int kHalves = kRowBytes / 128;                   // 128-byte column blocks
-  static constexpr int kCopies = kTile * kPieces / kThreads;        // K (and V) pieces per thread per tile
-  static constexpr int kRowStep = kThreads / kPieces;               // rows between a thread's pieces
-  static constexpr int kScales = KT == KvDtype::bf16 ? 0 : D / 64;  // scale bytes per row
+  static constexpr int kPieces = kRowBytes / 16;              // per row
+  static constexpr int kHalves = kRowBytes / 128;             // 128-byte column blocks
+  static constexpr int kCopies = kTile * kPieces / kThreads;  // K (and V) pieces per thread per tile
+  static constexpr int kRowStep = kThreads / kPieces;         // rows between a thread's pieces
   static constexpr int kStageBytes = 2 * kTile * kRowBytes;
   static constexpr int kStages = kStageBytes >= 32 * 1024 ? 3 : 4;
-  static constexpr int kScaleBytes = kStages * 2 * kTile * (kScales > 0 ? kScales : 1);
+  static_assert(!kFp8 || D == 128, "fp8: D 128");
+  // fp8: per stage and key, the 4-byte word holding its K scales, then the same for V (issue_scales).
+  static constexpr int kScaleBytes = kStages * 2 * kTile * 4;
   // Blocks per SM the shared memory allows (227 KB usable), so the register cap matches it.
   static constexpr int kBlocksPerSm = 227 * 1024 / (1024 + kStages * kStageBytes + kScaleBytes + 64);
   static_assert(kPieces >= 8 && kCopies >= 1 && kTile * kPieces % kThreads == 0, "tile geometry");
 };
-
-__device__ __forceinline__ int tile_off(int row, int piece) {
-  return (piece >> 3) * (kTile * 128) + row * 128 + (((piece & 7) ^ (row & 7)) << 4);
-}
 
 // The device code is Hopper code (TMA, mbarriers: sm_90a); elsewhere the kernel has an empty body and
 // decode_v3_applies() is false, so v2 runs.
@@ -91,31 +86,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
   const uint32_t sa = smem_addr(smem);
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n) : "memory");
-}
-
-// Two e4m3 values (the low and high byte of v) -> f16x2, exactly (every e4m3 value, subnormals included, is
-// an f16 value).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  uint32_t r;
-  asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(v));
-  return r;
-}
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(a), "r"(sel));
-  return r;
-}
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-// 2^(byte - 127) (UE8M0) as a float; byte 0 is the subnormal 2^-127.
-__device__ __forceinline__ float ue8m0_f32(uint32_t byte) {
-  return __uint_as_float(byte == 0 ? 0x00400000u : byte << 23);
-}
-// 2^e for an integer e, 0 below the normal range (the terms it scales are then below 2^-126 of the largest).
-__device__ __forceinline__ float exp2i(int e) {
-  return e < -126 ? 0.0f : __uint_as_float(uint32_t(min(e, 127) + 127) << 23);
 }
 
 // Context position -> (page-table index, row in the page) without an integer division when the page size is
@@ -153,9 +123,9 @@ __device__ __forceinline__ void issue_tile(const PagedAttnParams& p, const PageP
     const bool valid = t < t_end;
     int64_t sc_unused;  // hk's offset is in kb / vb already
     const int64_t off = valid ? kv_offset(p, pg[j], pp.row(t), 0, &sc_unused) * C::kEsz : 0;
-    unsigned char* dk = stage + tile_off(r, piece);
+    unsigned char* dk = stage + tile_off<C::kTile>(r, piece);
     cp_async16_zfill(dk, kb + off, valid);
-    cp_async16_zfill(dk + kTile * C::kRowBytes, vb + off, valid);
+    cp_async16_zfill(dk + C::kTile * C::kRowBytes, vb + off, valid);
   }
 }
 
@@ -172,7 +142,7 @@ __device__ __forceinline__ void load_pages(const PagedAttnParams& p, const PageP
 }
 
 // TMA path (page sizes 16, 32, 64): thread 0 loads the page ids of a tile (at most 4 pages) ...
-template <int kMaxPages>
+template <int kTile, int kMaxPages>
 __device__ __forceinline__ void load_tile_pages(const PagedAttnParams& p, const PagePos& pp, int b, int t0,
                                                 int t_end, int (&pages)[kMaxPages]) {
 #pragma unroll
@@ -188,6 +158,7 @@ __device__ __forceinline__ void tma_issue(const CUtensorMap& tk, const CUtensorM
                                           unsigned char* stage, int hk, int t0, int t_end, int ps,
                                           const int (&pages)[kMaxPages]) {
   using C = V3Cfg<D, KT>;
+  constexpr int kTile = C::kTile;
   const int n_pages = min(kTile / ps, (t_end - t0 + ps - 1) / ps);
   mbar_expect_tx(bar, uint32_t(n_pages * C::kHalves * ps * 128 * 2));
 #pragma unroll
@@ -207,6 +178,7 @@ __device__ __forceinline__ void tma_issue(const CUtensorMap& tk, const CUtensorM
 template <int D, KvDtype KT>
 __device__ __forceinline__ void zero_v_tail(unsigned char* sV, int valid) {
   using C = V3Cfg<D, KT>;
+  constexpr int kTile = C::kTile;
   const int n = (kTile - valid) * 8;  // 16-byte pieces per column block
   for (int i = threadIdx.x; i < n * C::kHalves; i += kThreads) {
     const int h = i / n, r = valid + (i % n) / 8, c = i % 8;
@@ -215,179 +187,107 @@ __device__ __forceinline__ void zero_v_tail(unsigned char* sV, int valid) {
   fence_proxy_async();
 }
 
-// fp8: the K and V scale bytes of one row of the tile (threads < kTile), loaded into registers now and
-// stored into the stage's table by store_scales once that stage is free to write.
+// fp8: the K and V scales of key threadIdx.x of the tile at t0 arrive by one 4-byte cp.async each: the
+// aligned word holding the key's two bytes (decode_v3_applies requires even scale strides, so the pair never
+// straddles a word; scale_shift says which half). Copied with the K/V tile, so no iteration waits on a global
+// load of its own. page: the key's page (page_of, loaded an iteration ahead); past t_end zeros are stored.
 template <int D, KvDtype KT>
-__device__ __forceinline__ void load_scales(const PagedAttnParams& p, const PagePos& pp, int b, int hk,
-                                            int t0, int t_end, uint32_t (&sc)[2]) {
+__device__ __forceinline__ void issue_scales(const PagedAttnParams& p, const PagePos& pp, int hk, int t0,
+                                             int t_end, int page, uint32_t* stage_sc) {
   using C = V3Cfg<D, KT>;
-  if constexpr (C::kScales > 0) {
-    const int t = t0 + int(threadIdx.x);
-    sc[0] = sc[1] = 127u * 0x01010101u;
-    if (int(threadIdx.x) < kTile && t < t_end) {
-      int64_t sc_off;
-      kv_offset(p, page_of(p, pp, b, t), pp.row(t), hk, &sc_off);
-#pragma unroll
-      for (int i = 0; i < C::kScales; ++i) {
-        sc[0] = (sc[0] & ~(0xffu << (8 * i))) | (uint32_t(p.k_scale[sc_off + i]) << (8 * i));
-        sc[1] = (sc[1] & ~(0xffu << (8 * i))) | (uint32_t(p.v_scale[sc_off + i]) << (8 * i));
-      }
-    }
-  }
+  static_assert(C::kTile == kThreads, "one key per thread");
+  const int t = t0 + int(threadIdx.x);
+  const bool valid = t < t_end;
+  int64_t sc_off = 0;
+  if (valid) kv_offset(p, page, pp.row(t), hk, &sc_off);
+  const uintptr_t ka = reinterpret_cast<uintptr_t>(p.k_scale + sc_off) & ~uintptr_t(3);
+  const uintptr_t va = reinterpret_cast<uintptr_t>(p.v_scale + sc_off) & ~uintptr_t(3);
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(stage_sc + threadIdx.x)),
+               "l"(ka), "r"(n)
+               : "memory");
+  asm volatile(
+      "cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(stage_sc + C::kTile + threadIdx.x)),
+      "l"(va), "r"(n)
+      : "memory");
 }
-template <int D, KvDtype KT>
-__device__ __forceinline__ void store_scales(uint8_t* stage_sc, const uint32_t (&sc)[2]) {
-  using C = V3Cfg<D, KT>;
-  if constexpr (C::kScales > 0) {
-    if (int(threadIdx.x) < kTile) {
-#pragma unroll
-      for (int i = 0; i < C::kScales; ++i) {
-        stage_sc[threadIdx.x * C::kScales + i] = uint8_t(sc[0] >> (8 * i));
-        stage_sc[(kTile + threadIdx.x) * C::kScales + i] = uint8_t(sc[1] >> (8 * i));
-      }
-    }
-  }
+// The page of key threadIdx.x of the tile at t0 (0 past t_end).
+__device__ __forceinline__ int key_page(const PagedAttnParams& p, const PagePos& pp, int b, int t0,
+                                        int t_end) {
+  const int t = t0 + int(threadIdx.x);
+  return t < t_end ? page_of(p, pp, b, t) : 0;
+}
+// The TMA path tracks the scale copies on the stage's mbarrier: each thread's arrival fires once its copies
+// have landed (the barrier counts kThreads of them besides the producer's).
+__device__ __forceinline__ void scales_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Shift (0 or 16) of the key's scale pair inside its word, for keys of even (c = 0) and odd (c = 1) rows:
+// the pair sits at byte (row sc_row + hk sc_head) & 2 of the word (page starts are word aligned; pages have
+// an even size, and tiles start at even positions, so a key's row parity is its position's).
+__device__ __forceinline__ void scale_shifts(const PagedAttnParams& p, int hk, int (&sh)[2]) {
+  const int h = int(int64_t(hk) * p.sc_head & 2);
+  sh[0] = 8 * h;
+  sh[1] = 8 * (h ^ int(p.sc_row & 2));
 }
 
-// Q of the group as m16n8k16 A fragments, rows = heads (>= G: zero), one entry per k-step: qa[s][0] holds
-// row g's k-slots (2t, 2t + 1), qa[s][1] slots (2t + 8, 2t + 9) (the other two A registers, rows 8..15,
-// are zero). bf16 caches: bf16, k-step s is head_dim 16 s .. 16 s + 15 in order; fp8: f16 (exact for
-// |q| in [2^-14, 65504]), in the permuted order of the 8-byte K loads (lane t owns elements 8 t .. 8 t + 7 of
-// each 32: k-step 2 q holds 32 q + 8 t + {0,1 | 2,3}, k-step 2 q + 1 holds + {4,5 | 6,7}).
-template <int D, int G, KvDtype KT>
-__device__ __forceinline__ void load_q_frags(const PagedAttnParams& p, int row, int hk,
-                                             uint32_t (&qa)[D / 16][2]) {
+// Q of the group as m16n8k16 A fragments (bf16 caches), rows = heads (>= G: zero), one entry per k-step
+// (head_dim 16 s .. 16 s + 15): qa[s][0] holds row g's k-slots (2t, 2t + 1), qa[s][1] slots (2t + 8, 2t + 9)
+// (the other two A registers, rows 8..15, are zero).
+template <int D, int G>
+__device__ __forceinline__ void load_q_frags(const uint16_t* q, uint32_t (&qa)[D / 16][2]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const uint16_t* q =
-      static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t + int64_t(hk * G + g) * p.q_stride_h;
 #pragma unroll
-  for (int s = 0; s < D / 16; ++s) qa[s][0] = qa[s][1] = 0u;
-  if (g >= G) return;
-  if constexpr (KT == KvDtype::bf16) {
-#pragma unroll
-    for (int s = 0; s < D / 16; ++s) {
-      qa[s][0] = *reinterpret_cast<const uint32_t*>(q + 16 * s + 2 * t);
-      qa[s][1] = *reinterpret_cast<const uint32_t*>(q + 16 * s + 8 + 2 * t);
-    }
-  } else {
-#pragma unroll
-    for (int g32 = 0; g32 < D / 32; ++g32) {
-      float f[8];
-      unpack8(*reinterpret_cast<const uint4*>(q + 32 * g32 + 8 * t), f);
-      qa[2 * g32][0] = pack_f16x2(f[0], f[1]), qa[2 * g32][1] = pack_f16x2(f[2], f[3]);
-      qa[2 * g32 + 1][0] = pack_f16x2(f[4], f[5]), qa[2 * g32 + 1][1] = pack_f16x2(f[6], f[7]);
-    }
+  for (int s = 0; s < D / 16; ++s) {
+    qa[s][0] = g < G ? *reinterpret_cast<const uint32_t*>(q + 16 * s + 2 * t) : 0u;
+    qa[s][1] = g < G ? *reinterpret_cast<const uint32_t*>(q + 16 * s + 8 + 2 * t) : 0u;
   }
 }
 
-// S = Q K^T for this warp's 16 keys of the tile (rows of sK 16 w ..): acc[n][*] is key tile n (keys
+// S = Q K^T for this warp's 16 keys of a bf16 tile (rows of sK 16 w ..): acc[n][*] is key tile n (keys
 // 16 w + 8 n ..), c0 and c1 at keys 2t, 2t + 1 of it for head g.
-template <int D, KvDtype KT>
-__device__ __forceinline__ void scores(const unsigned char* sK, const uint8_t* sKs,
-                                       const uint32_t (&qa)[D / 16][2], float (&acc)[2][4]) {
-  using C = V3Cfg<D, KT>;
+template <int D>
+__device__ __forceinline__ void scores(const unsigned char* sK, const uint32_t (&qa)[D / 16][2],
+                                       float (&acc)[2][4]) {
+  constexpr int kTile = V3Cfg<D, KvDtype::bf16>::kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int n = 0; n < 2; ++n)
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[n][c] = 0.0f;
-  if constexpr (KT == KvDtype::bf16) {
-    // ldmatrix x4 per k-step: matrices (keys 0-7, d lo), (keys 0-7, d hi), (keys 8-15, d lo), (keys 8-15, d
-    // hi).
-    const int m = lane / 8, r = 16 * warp + (m / 2) * 8 + lane % 8;
+  // ldmatrix x4 per k-step: matrices (keys 0-7, d lo), (keys 0-7, d hi), (keys 8-15, d lo), (keys 8-15, d
+  // hi).
+  const int m = lane / 8, r = 16 * warp + (m / 2) * 8 + lane % 8;
 #pragma unroll
-    for (int s = 0; s < D / 16; ++s) {
-      uint32_t kb[4];
-      ldmatrix_x4(kb, smem_addr(sK + tile_off(r, 2 * s + m % 2)));
-      const uint32_t a[4] = {qa[s][0], 0u, qa[s][1], 0u};
-      mma_bf16(acc[0], a, kb[0], kb[1]);
-      mma_bf16(acc[1], a, kb[2], kb[3]);
-    }
-  } else {
-    // f16 MMAs on the e4m3 values as they are, one accumulator per 64-element scale block; then each key's
-    // block scales (powers of two: exact) applied to its scores.
-    const int g = lane / 4, t = lane % 4;
-    float blk_acc[C::kScales][2][4];
-#pragma unroll
-    for (int blk = 0; blk < C::kScales; ++blk)
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) blk_acc[blk][n][c] = 0.0f;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const int r = 16 * warp + 8 * n + g;
-#pragma unroll
-      for (int g32 = 0; g32 < D / 32; ++g32) {
-        const uint2 w = *reinterpret_cast<const uint2*>(sK + tile_off(r, 2 * g32 + t / 2) + 8 * (t % 2));
-        const uint32_t a0[4] = {qa[2 * g32][0], 0u, qa[2 * g32][1], 0u};
-        const uint32_t a1[4] = {qa[2 * g32 + 1][0], 0u, qa[2 * g32 + 1][1], 0u};
-        mma_f16(blk_acc[g32 / 2][n], a0, e4m3x2_to_f16x2(w.x), e4m3x2_to_f16x2(w.x >> 16));
-        mma_f16(blk_acc[g32 / 2][n], a1, e4m3x2_to_f16x2(w.y), e4m3x2_to_f16x2(w.y >> 16));
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int key = 16 * warp + 8 * n + 2 * t + c;
-#pragma unroll
-        for (int blk = 0; blk < C::kScales; ++blk)
-          acc[n][c] = fmaf(blk_acc[blk][n][c], ue8m0_f32(sKs[key * C::kScales + blk]), acc[n][c]);
-      }
+  for (int s = 0; s < D / 16; ++s) {
+    uint32_t kb[4];
+    ldmatrix_x4(kb, smem_addr(sK + tile_off<kTile>(r, 2 * s + m % 2)));
+    const uint32_t a[4] = {qa[s][0], 0u, qa[s][1], 0u};
+    mma_bf16(acc[0], a, kb[0], kb[1]);
+    mma_bf16(acc[1], a, kb[2], kb[3]);
   }
 }
 
-// O += P V for this warp's 16 keys; pa: P as bf16 A fragments, [0] hi and [1] lo (bf16 caches); pa8[blk]: P
-// times the keys' V scales of 64-element block blk (and the running 2^k of P8Scale) as f16 hi and lo (fp8).
-// o[j]: n-tile j of O (bf16: head_dim 8 j .. 8 j + 7 in order; fp8: see o_dim).
-template <int D, KvDtype KT>
+// O += P V for this warp's 16 keys of a bf16 tile; pa: P as bf16 A fragments, [0] hi and [1] lo. o[j]: n-tile
+// j of O, head_dim 8 j .. 8 j + 7 (c0 and c1 at 8 j + 2t, + 1).
+template <int D>
 __device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uint32_t (&pa)[2][4],
-                                              const uint32_t (&pa8)[D / 64][2][4], float (&o)[D / 8][4]) {
-  using C = V3Cfg<D, KT>;
+                                              float (&o)[D / 8][4]) {
+  constexpr int kTile = V3Cfg<D, KvDtype::bf16>::kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, m = lane / 8;
   // ldmatrix.trans x4: matrices (keys 0-7, piece lo), (keys 8-15, piece lo), (keys 0-7, piece hi), (keys
   // 8-15, hi).
   const int r = 16 * warp + (m % 2) * 8 + lane % 8;
-  if constexpr (KT == KvDtype::bf16) {
 #pragma unroll
-    for (int pr = 0; pr < D / 16; ++pr) {  // head_dim 16 pr .. 16 pr + 15: n-tiles 2 pr, 2 pr + 1
-      uint32_t vb[4];
-      ldmatrix_x4_trans(vb, smem_addr(sV + tile_off(r, 2 * pr + m / 2)));
+  for (int pr = 0; pr < D / 16; ++pr) {  // head_dim 16 pr .. 16 pr + 15: n-tiles 2 pr, 2 pr + 1
+    uint32_t vb[4];
+    ldmatrix_x4_trans(vb, smem_addr(sV + tile_off<kTile>(r, 2 * pr + m / 2)));
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mma_bf16(o[2 * pr], pa[h], vb[0], vb[1]);
-        mma_bf16(o[2 * pr + 1], pa[h], vb[2], vb[3]);
-      }
-    }
-  } else {
-    // f16 MMAs on the e4m3 values as they are; the V scales are in P (pa8: per 64-element block).
-#pragma unroll
-    for (int g32 = 0; g32 < D / 32; ++g32) {  // bytes 32 g32 .. + 31: pieces 2 g32 (m / 2 = 0), 2 g32 + 1
-      uint32_t vb[4];
-      ldmatrix_x4_trans(vb, smem_addr(sV + tile_off(r, 2 * g32 + m / 2)));
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {  // 16-element half: vb[2 hf] keys 0-7, vb[2 hf + 1] keys 8-15
-        // Bytes (key 2t: d, d + 1; key 2t + 1: d, d + 1) -> the even elements' key pair, then the odd ones'.
-        const uint32_t lo = prmt(vb[2 * hf], 0x3120u), hi = prmt(vb[2 * hf + 1], 0x3120u);
-        const uint32_t e0 = e4m3x2_to_f16x2(lo), e1 = e4m3x2_to_f16x2(hi);
-        const uint32_t d0 = e4m3x2_to_f16x2(lo >> 16), d1 = e4m3x2_to_f16x2(hi >> 16);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mma_f16(o[4 * g32 + 2 * hf], pa8[g32 / 2][h], e0, e1);      // even elements
-          mma_f16(o[4 * g32 + 2 * hf + 1], pa8[g32 / 2][h], d0, d1);  // odd elements
-        }
-      }
+    for (int h = 0; h < 2; ++h) {
+      mma_bf16(o[2 * pr], pa[h], vb[0], vb[1]);
+      mma_bf16(o[2 * pr + 1], pa[h], vb[2], vb[3]);
     }
   }
-}
-
-// head_dim element of accumulator register c (0 or 1) of O's n-tile j in lane quad position t.
-template <KvDtype KT>
-__device__ __forceinline__ int o_dim(int j, int c, int t) {
-  if constexpr (KT == KvDtype::bf16) return 8 * j + 2 * t + c;
-  // fp8: n-tile 4 g32 + 2 hf + odd holds elements 32 g32 + 16 hf + 2 n + odd, n the MMA column 2t + c.
-  return 32 * (j / 4) + 16 * ((j / 2) % 2) + 2 * (2 * t + c) + j % 2;
 }
 
 // One query row of sequence b (context ctx) over this block's chunk, then the merge of the 4 warps.
@@ -397,9 +297,10 @@ __device__ __forceinline__ int o_dim(int j, int c, int t) {
 template <int D, int G, KvDtype KT, bool kTma>
 __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CUtensorMap& tk,
                                               const CUtensorMap& tv, uint64_t* bars, float* ws, int splits,
-                                              int b, int row, int ctx, unsigned char* smem, uint8_t* smem_sc,
+                                              int b, int row, int ctx, unsigned char* smem, uint32_t* smem_sc,
                                               int& seq) {
   using C = V3Cfg<D, KT>;
+  constexpr int kTile = C::kTile, kNt = C::kWarpKeys / 8;  // a warp's 8-key score tiles
   const int split = blockIdx.x, hk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int chunk = decode_chunk(ctx, splits, kTile);
@@ -413,7 +314,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
   constexpr int kMaxPages = kTile / 16;
   int pg[kTma ? 1 : C::kCopies];
   int tpg[kMaxPages];  // kTma, thread 0: the pages of the next tile to issue
-  uint32_t sc[2] = {0u, 0u};
+  int spg = 0;         // fp8: the page of this thread's key in the next tile whose scales are issued
   const bool producer = threadIdx.x == 0;
   if constexpr (kTma) {
     fence_proxy_async();  // the previous row's merge scratch (generic writes) before this row's TMA writes
@@ -425,36 +326,46 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     if (i < n_tiles) {
       if constexpr (kTma) {
         if (producer) {
-          load_tile_pages(p, pp, b, t0, t_end, tpg);
+          load_tile_pages<kTile>(p, pp, b, t0, t_end, tpg);
           tma_issue<D, KT>(tk, tv, &bars[st], smem + st * C::kStageBytes, hk, t0, t_end, pp.size, tpg);
         }
       } else {
         load_pages<D, KT>(p, pp, b, t0, t_end, pg);
         issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + st * C::kStageBytes);
       }
-      load_scales<D, KT>(p, pp, b, hk, t0, t_end, sc);
-      store_scales<D, KT>(smem_sc + st * 2 * kTile * C::kScales, sc);
+      if constexpr (C::kFp8) {
+        issue_scales<D, KT>(p, pp, hk, t0, t_end, key_page(p, pp, b, t0, t_end), smem_sc + st * 2 * kTile);
+        if constexpr (kTma) scales_arrive(&bars[st]);
+      }
     }
     if constexpr (!kTma) cp_async_commit();
   }
   if constexpr (kTma) {
-    if (producer) load_tile_pages(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, tpg);
+    if (producer) load_tile_pages<kTile>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, tpg);
   } else {
     load_pages<D, KT>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, pg);
   }
-  // fp8 scales run one tile further ahead than the copies: those of tile it + kStages - 1 are loaded at
-  // iteration it - 1 and stored at the end of iteration it, so no iteration waits on its own global loads.
-  if (C::kStages - 1 < n_tiles)
-    load_scales<D, KT>(p, pp, b, hk, t_begin + (C::kStages - 1) * kTile, t_end, sc);
+  if constexpr (C::kFp8) spg = key_page(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end);
+  int sh[2] = {0, 0};  // fp8: scale_shifts
+  if constexpr (C::kFp8) scale_shifts(p, hk, sh);
 
-  uint32_t qa[D / 16][2];
-  load_q_frags<D, G, KT>(p, row, hk, qa);
-  const float scale2 = p.scale * kLog2e;
+  const uint16_t* qrow =
+      static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t + int64_t(hk * G + g) * p.q_stride_h;
+  // bf16: Q as bf16 A fragments; fp8: as two e4m3 terms in units of 2^qe, undone with the score scale.
+  uint32_t qa[C::kFp8 ? 1 : D / 16][2];
+  uint32_t qa8[C::kFp8 ? D / 32 : 1][4];
+  float scale2 = p.scale * kLog2e;
+  if constexpr (C::kFp8) {
+    scale2 *= decode_v3::exp2i(-decode_v3::load_q_fp8<D, G>(qrow, qa8));
+  } else {
+    load_q_frags<D, G>(qrow, qa);
+  }
   float m = kNegInf, l = 0.0f;  // row g's running max (base 2) and this lane's part of the sum
-  int vmax[D / 64] = {};        // fp8: the largest V scale byte so far per 64-element block (see below)
-  float o[D / 8][4];
+  // O of head g: bf16: o[j][c] at head_dim 8 j + 2 t + c (c < 2; c 2-3 are rows 8-15, zero); fp8: o[j][c]
+  // at 16 j + 4 t + c.
+  float o[C::kFp8 ? D / 16 : D / 8][4];
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+  for (int j = 0; j < (C::kFp8 ? D / 16 : D / 8); ++j)
 #pragma unroll
     for (int c = 0; c < 4; ++c) o[j][c] = 0.0f;
 
@@ -475,30 +386,37 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
         if (producer) {
           tma_issue<D, KT>(tk, tv, &bars[nxt_stage], smem + nxt_stage * C::kStageBytes, hk, t0, t_end,
                            pp.size, tpg);
-          if (nxt + 1 < n_tiles) load_tile_pages(p, pp, b, t0 + kTile, t_end, tpg);
+          if (nxt + 1 < n_tiles) load_tile_pages<kTile>(p, pp, b, t0 + kTile, t_end, tpg);
         }
       } else {
         issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + nxt_stage * C::kStageBytes);
         if (nxt + 1 < n_tiles) load_pages<D, KT>(p, pp, b, t0 + kTile, t_end, pg);
       }
+      if constexpr (C::kFp8) {
+        issue_scales<D, KT>(p, pp, hk, t0, t_end, spg, smem_sc + nxt_stage * 2 * kTile);
+        if constexpr (kTma) scales_arrive(&bars[nxt_stage]);
+        if (nxt + 1 < n_tiles) spg = key_page(p, pp, b, t0 + kTile, t_end);
+      }
     }
-    uint32_t sc_next[2] = {0u, 0u};
-    if (nxt + 1 < n_tiles) load_scales<D, KT>(p, pp, b, hk, t_begin + (nxt + 1) * kTile, t_end, sc_next);
     if constexpr (!kTma) cp_async_commit();
 
     const unsigned char* sK = smem + stage * C::kStageBytes;
-    const uint8_t* sKs = smem_sc + stage * 2 * kTile * C::kScales;
-    float s[2][4];
-    scores<D, KT>(sK, sKs, qa, s);
+    const uint32_t* sKs = smem_sc + stage * 2 * kTile;  // fp8: K scale words, then V
+    float s[kNt][C::kFp8 ? 2 : 4];
+    if constexpr (C::kFp8) {
+      decode_v3::scores_fp8<D>(sK, sKs, sh, qa8, s);
+    } else {
+      scores<D>(sK, qa, s);
+    }
     // Mask keys past the chunk, scale to base 2, and update the running max of row g over the quad.
-    const int key0 = t_begin + it * kTile + 16 * warp;
+    const int key0 = t_begin + it * kTile + C::kWarpKeys * warp;
     float mt = kNegInf;
+    const bool partial = key0 + C::kWarpKeys > t_end;  // uniform over the warp: only the chunk's last tile
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < kNt; ++n)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const bool valid = key0 + 8 * n + 2 * t + c < t_end;
-        s[n][c] = valid ? s[n][c] * scale2 : kNegInf;
+        s[n][c] = !partial || key0 + 8 * n + 2 * t + c < t_end ? s[n][c] * scale2 : kNegInf;
         mt = fmaxf(mt, s[n][c]);
       }
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
@@ -508,14 +426,20 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     const float corr = exp2f(m - m_use);
     m = m_new;
     l *= corr;
-    float p_[2][2];  // this lane's p of keys 8 n + 2 t + c
+    float p_[kNt][2];  // this lane's p of keys 8 n + 2 t + c
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < kNt; ++n)
 #pragma unroll
       for (int c = 0; c < 2; ++c) l += (p_[n][c] = exp2f(s[n][c] - m_use));
-    // A fragments of P: registers 0 (keys 2t, 2t + 1) and 2 (keys 8 + 2t, 9 + 2t); 1 and 3 (rows 8-15) zero.
-    uint32_t pa[2][4] = {}, pa8[D / 64][2][4] = {};
-    if constexpr (KT == KvDtype::bf16) {
+    if constexpr (C::kFp8) {
+      uint32_t pa8[D / 64][4];
+      float fold[D / 64];
+      decode_v3::p_frags_fp8<D>(p_, sKs + kTile, sh, pa8, fold);
+      decode_v3::pv_fp8<D>(sK + kTile * C::kRowBytes, pa8, fold, corr, o);
+    } else {
+      // A fragments of P: registers 0 (keys 2t, 2t + 1) and 2 (keys 8 + 2t, 9 + 2t); 1 and 3 (rows 8-15)
+      // zero; [0] the bf16 rounding of p, [1] the rest.
+      uint32_t pa[2][4] = {};
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) o[j][0] *= corr, o[j][1] *= corr;
 #pragma unroll
@@ -525,39 +449,8 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
         pa[0][2 * n] = hi;
         pa[1][2 * n] = pack_bf16x2(p_[n][0] - h0, p_[n][1] - h1);
       }
-    } else {
-      // fp8: p times each key's V scale of block blk, times 2^(142 - vmax[blk]) (vmax: the largest V scale
-      // byte this warp has met in the block), so the largest is <= 2^15 and the f16 hi + lo pair keeps ~22
-      // bits; O's block blk is held in those units (rescaled when vmax grows, undone at the end).
-      const uint8_t* sVs = sKs + kTile * C::kScales;
-      const int k0 = 16 * warp + 2 * t;
-#pragma unroll
-      for (int blk = 0; blk < D / 64; ++blk) {
-        int vs[2][2], tmax = 0;
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) tmax = max(tmax, vs[n][c] = sVs[(k0 + 8 * n + c) * C::kScales + blk]);
-        tmax = max(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-        tmax = max(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-        const int vnew = max(vmax[blk], tmax);
-        const float cb = corr * exp2i(vmax[blk] - vnew);
-        vmax[blk] = vnew;
-#pragma unroll
-        for (int j = 8 * blk; j < 8 * blk + 8; ++j) o[j][0] *= cb, o[j][1] *= cb;
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const float q0 = p_[n][0] * exp2i(vs[n][0] + 15 - vnew),
-                      q1 = p_[n][1] * exp2i(vs[n][1] + 15 - vnew);
-          const __half2 hi = __floats2half2_rn(q0, q1);
-          pa8[blk][0][2 * n] = *reinterpret_cast<const uint32_t*>(&hi);
-          pa8[blk][1][2 * n] = pack_f16x2(q0 - __low2float(hi), q1 - __high2float(hi));
-        }
-      }
+      accumulate_pv<D>(sK + kTile * C::kRowBytes, pa, o);
     }
-    accumulate_pv<D, KT>(sK + kTile * C::kRowBytes, pa, pa8, o);
-    if (nxt < n_tiles) store_scales<D, KT>(smem_sc + nxt_stage * 2 * kTile * C::kScales, sc);
-    sc[0] = sc_next[0], sc[1] = sc_next[1];
   }
   seq += n_tiles;
   if constexpr (!kTma) cp_async_wait<0>();
@@ -570,13 +463,16 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
   float* sm_o = sm_l + kWarps * G;               // [kWarps][G][D]
   if (g < G) {
     if (t == 0) sm_m[warp * G + g] = m, sm_l[warp * G + g] = l;
+    float* dst = sm_o + (warp * G + g) * D;
+    if constexpr (C::kFp8) {
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
+      for (int j = 0; j < D / 16; ++j)
+        *reinterpret_cast<float4*>(dst + 16 * j + 4 * t) = make_float4(o[j][0], o[j][1], o[j][2], o[j][3]);
+    } else {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float unit = KT == KvDtype::bf16 ? 1.0f : exp2i(vmax[j / 8] - 142);  // fp8: O's block units
-        sm_o[(warp * G + g) * D + o_dim<KT>(j, c, t)] = o[j][c] * unit;
-      }
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) = make_float2(o[j][0], o[j][1]);
+    }
   }
   __syncthreads();
   const int n_active = (ctx + chunk - 1) / chunk;
@@ -616,10 +512,9 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 #endif  // KILN_SM90A
 
 // Dynamic shared memory: 1024-byte aligned stages (TMA's swizzle needs it), then the fp8 scale tables.
-// kMinBlocks: the blocks per SM the register cap is set for (the shared-memory limit, or 2 for fp8 when
-// KILN_ATTN_V3_FP8_BLOCKS=2: uncapped registers, no spills, 8 warps instead of 12 per SM).
-template <int D, int G, KvDtype KT, bool kTma, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+// The register cap matches the blocks per SM the shared memory allows.
+template <int D, int G, KvDtype KT, bool kTma>
+__global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
     decode_kernel_v3(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
 #ifdef KILN_SM90A
@@ -627,11 +522,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   extern __shared__ uint4 smem_raw[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* smem_sc = smem + C::kStages * C::kStageBytes;
+  uint32_t* smem_sc = reinterpret_cast<uint32_t*>(smem + C::kStages * C::kStageBytes);
   __shared__ uint64_t bars[C::kStages];
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
-      for (int i = 0; i < C::kStages; ++i) sm90::mbar_init(smem_addr(&bars[i]), 1);
+      // The producer's arrival (with the TMA bytes), and for fp8 every thread's scale copies.
+      for (int i = 0; i < C::kStages; ++i) sm90::mbar_init(smem_addr(&bars[i]), C::kFp8 ? 1 + kThreads : 1);
       sm90::mbar_init_fence();
     }
     __syncthreads();
@@ -645,18 +541,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   pdl_launch_dependents();
 #endif  // KILN_SM90A
-}
-
-// KILN_ATTN_V3_FP8_BLOCKS ("2" or "3", read once; unset: 3): the fp8 kernel's blocks per SM (see the kernel).
-int fp8_blocks() {
-  static const int n = [] {
-    const char* v = std::getenv("KILN_ATTN_V3_FP8_BLOCKS");
-    if (!v || !*v) return 3;
-    KILN_CHECK(std::string(v) == "2" || std::string(v) == "3",
-               "KILN_ATTN_V3_FP8_BLOCKS must be 2 or 3, got '", v, "'");
-    return v[0] - '0';
-  }();
-  return n;
 }
 
 // Whether K/V pages can arrive by TMA: one 128-byte-swizzled box per (page, 128 bytes of the row) needs page
@@ -676,14 +560,14 @@ CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
                           dims, strides, box);
 }
 
-template <int D, int G, KvDtype KT, bool kTma, int kMinBlocks>
+template <int D, int G, KvDtype KT, bool kTma>
 void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
                bool pdl) {
   using C = V3Cfg<D, KT>;
   constexpr size_t kSmem = 1024 + size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
   static_assert(kSmem >= sizeof(float) * (2 * kWarps * G + kWarps * G * D), "merge scratch fits the stages");
   static const bool attr_set = [] {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT, kTma, kMinBlocks>,
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT, kTma>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
   }();
@@ -695,24 +579,16 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
                       .stream = stream,
                       .pdl = pdl,
                       .smem_attr_set = attr_set};
-  launch(cfg, decode_kernel_v3<D, G, KT, kTma, kMinBlocks>, p, tk, tv, ws, splits, all_rows);
+  launch(cfg, decode_kernel_v3<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows);
 }
 
 // TMA or cp.async loads, by page size.
-template <int D, int G, KvDtype KT, int kMinBlocks>
-void launch_b(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
-  if (tma_applies(p))
-    launch_gt<D, G, KT, true, kMinBlocks>(p, ws, splits, all_rows, stream, pdl);
-  else
-    launch_gt<D, G, KT, false, kMinBlocks>(p, ws, splits, all_rows, stream, pdl);
-}
-
 template <int D, int G, KvDtype KT>
 void launch_g(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
-  if constexpr (KT == KvDtype::f8e4m3) {
-    if (fp8_blocks() == 2) return launch_b<D, G, KT, 2>(p, ws, splits, all_rows, stream, pdl);
-  }
-  launch_b<D, G, KT, V3Cfg<D, KT>::kBlocksPerSm>(p, ws, splits, all_rows, stream, pdl);
+  if (tma_applies(p))
+    launch_gt<D, G, KT, true>(p, ws, splits, all_rows, stream, pdl);
+  else
+    launch_gt<D, G, KT, false>(p, ws, splits, all_rows, stream, pdl);
 }
 
 template <int D, KvDtype KT>
@@ -748,7 +624,7 @@ bool device_runs_v3() {
   static PerDeviceFlag flag;
   return flag.get([] {
     return current_device_is_sm90() && kernel_binary_version(reinterpret_cast<const void*>(
-                                           decode_kernel_v3<128, 4, KvDtype::bf16, true, 2>)) == 90;
+                                           decode_kernel_v3<128, 4, KvDtype::bf16, true>)) == 90;
   });
 }
 
@@ -758,13 +634,19 @@ bool decode_v3_applies(const PagedAttnParams& p) {
   const int esz = p.kv_dtype == KvDtype::bf16 ? 2 : 1;
   // 16-byte pieces of >= 8 per row (bf16: D 64, 128; fp8: D 128), every row start 16-byte aligned.
   const bool aligned = (p.s_page * esz) % 16 == 0 && (p.s_row * esz) % 16 == 0 && (p.s_head * esz) % 16 == 0;
-  return aligned && p.Hq / p.Hkv <= 8 && (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16)) &&
-         device_runs_v3();
+  // fp8: scale pairs inside aligned words at a parity issue_scales can tell (scale_shifts).
+  const bool words =
+      p.kv_dtype == KvDtype::bf16 ||
+      (p.page_size % 2 == 0 && p.sc_page % 4 == 0 && p.sc_row % 2 == 0 && p.sc_head % 2 == 0 &&
+       (reinterpret_cast<uintptr_t>(p.k_scale) | reinterpret_cast<uintptr_t>(p.v_scale)) % 4 == 0);
+  return aligned && words && p.Hq / p.Hkv <= 8 &&
+         (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16)) && device_runs_v3();
 }
 
 int decode_v3_blocks_per_sm(const PagedAttnParams& p) {
   if (p.D == 64) return V3Cfg<64, KvDtype::bf16>::kBlocksPerSm;
-  return p.kv_dtype == KvDtype::bf16 ? V3Cfg<128, KvDtype::bf16>::kBlocksPerSm : fp8_blocks();
+  return p.kv_dtype == KvDtype::bf16 ? V3Cfg<128, KvDtype::bf16>::kBlocksPerSm
+                                     : V3Cfg<128, KvDtype::f8e4m3>::kBlocksPerSm;
 }
 
 void launch_decode_v3(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
