@@ -14,13 +14,12 @@
 // The query heads share every K/V byte loaded, and nothing but the MMAs touches each K/V element.
 //
 // FP8 (E4M3 + one UE8M0 scale per 64 elements): tiles of 128 keys (32 per warp) are copied as bytes (half
-// of bf16's traffic) and fed as they are to FP8 MMAs (m16n8k32 e4m3): Q and P as two e4m3 terms each (rows
-// g and g + 8 of the MMA), see attention_decode_v3_fp8.cuh.
+// of bf16's traffic) and widened to f16 pair by pair right before their f16 MMAs; Q and P in f16 (P as hi +
+// lo in rows g and g + 8), see attention_decode_v3_fp8.cuh.
 //
 // Numerics: bf16 products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e
 // - m) with ex2.approx, P rounded as hi + lo bf16: within the attention tolerance (docs/NUMERICS.md) and 1
-// bf16 ulp of the prefill kernel on the same rows. FP8: P to 2^-8 relative (attention_decode_v3_fp8.cuh),
-// within 1 ulp + 2^-8 max |v| of the prefill kernel.
+// bf16 ulp of the prefill kernel on the same rows; fp8 the same (attention_decode_v3_fp8.cuh).
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/attention_decode_v3_fp8.cuh"
 #include "ops/cuda/device_flag.h"
@@ -351,12 +350,12 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 
   const uint16_t* qrow =
       static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t + int64_t(hk * G + g) * p.q_stride_h;
-  // bf16: Q as bf16 A fragments; fp8: as two e4m3 terms in units of 2^qe, undone with the score scale.
+  // bf16: Q as bf16 A fragments; fp8: f16 ones in the order of the K fragments.
   uint32_t qa[C::kFp8 ? 1 : D / 16][2];
-  uint32_t qa8[C::kFp8 ? D / 32 : 1][4];
-  float scale2 = p.scale * kLog2e;
+  uint32_t qa8[C::kFp8 ? D / 32 : 1][2][2];
+  const float scale2 = p.scale * kLog2e;
   if constexpr (C::kFp8) {
-    scale2 *= decode_v3::exp2i(-decode_v3::load_q_fp8<D, G>(qrow, qa8));
+    decode_v3::load_q_f16<D, G>(qrow, qa8);
   } else {
     load_q_frags<D, G>(qrow, qa);
   }
@@ -432,7 +431,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 #pragma unroll
       for (int c = 0; c < 2; ++c) l += (p_[n][c] = exp2f(s[n][c] - m_use));
     if constexpr (C::kFp8) {
-      uint32_t pa8[D / 64][4];
+      uint32_t pa8[D / 64][2][4];
       float fold[D / 64];
       decode_v3::p_frags_fp8<D>(p_, sKs + kTile, sh, pa8, fold);
       decode_v3::pv_fp8<D>(sK + kTile * C::kRowBytes, pa8, fold, corr, o);
