@@ -229,11 +229,11 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   ops::rms_norm(residual, weights_.layers[0].input_norm, eps, normed);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[size_t(l)];
-    ops::linear(normed, lw.qkv, qkv);
     prep.q_norm = lw.q_norm;
     prep.k_norm = lw.k_norm;
     prep.cache = cache.layer(int(l));
-    ops::attn_prep(prep);
+    // At decode sizes one kernel (the QKV GEMV with the preparation as its epilogue), else the two ops.
+    ops::linear_attn_prep(normed, lw.qkv, prep);
     att.cache = prep.cache;
     ops::paged_attention(att);
     // The projections carry the residual add and the next RMSNorm (one fused GEMV at small M where the tuner

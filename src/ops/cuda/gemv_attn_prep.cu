@@ -1,0 +1,139 @@
+// QKV GEMV + attention preparation in one launch; the contract and the scheme are in gemv_attn_prep.h.
+//
+// Mapping of the tail (the block that completes head h): threads form groups of G = D / 8 consecutive lanes,
+// group j takes tokens j, j + groups, ... (< m); lane c of a group owns elements [8c, 8c + 8) of the head,
+// exactly as a group of attn_prep_decode_kernel does for (token, head), and runs the same device functions
+// on the same 16 bytes, so every output byte is that kernel's.
+#include "ops/cuda/attn_prep_fused.cuh"
+#include "ops/cuda/gemv_attn_prep.h"
+#include "ops/cuda/gemv_kernels.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace gemv_detail;
+
+// Blocks of head h of the current launch that have stored their qkv outputs; the block that completes the
+// head resets its word to 0 (gemv_attn_prep.h). Module globals are per device.
+__device__ unsigned int g_head_blocks_done[kGemvAttnPrepMaxHeads];
+
+// attn_prep of head h for tokens 0..M-1 on the qkv rows the GEMV blocks have just stored.
+template <int M, int D, CacheKind C>
+__device__ __forceinline__ void prep_head(const AttnPrepParams& a, int h, int threads, int tid) {
+  constexpr int G = D / 8;
+  const int c = tid % G, groups = threads / G;
+  const unsigned mask = attn::group_mask<D>();
+  const bool qk = h < a.Hq + a.Hkv;
+  uint4 wb = make_uint4(0, 0, 0, 0);
+  if (qk)
+    wb = __ldg(
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(h < a.Hq ? a.q_norm : a.k_norm) + 8 * c));
+  for (int t = tid / G; t < M; t += groups) {  // whole groups take the same tokens (shuffles stay inside)
+    // Written by other blocks of this launch: read through L2 (.cg), never the read-only path.
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.qkv) +
+                                                            int64_t(t) * a.qkv_row + int64_t(h) * D + 8 * c));
+    attn::TokenCtx k;
+    attn::load_token<D>(a, t, c, qk, k);
+    if (qk) {
+      attn::process_qk<ActKind::bf16, C, D>(a, t, h, c, mask, raw, wb, k);
+    } else {
+      attn::store_v<ActKind::bf16, C>(a, h - a.Hq - a.Hkv, c, mask, raw, k);
+    }
+  }
+}
+
+template <int D>
+struct AttnPrepTail {
+  using Args = AttnPrepParams;
+  template <int M, int R>
+  static __device__ __forceinline__ void finish(const GemvParams&, const AttnPrepParams& a, int64_t base,
+                                                int warps, int tid) {
+    static_assert(D % R == 0, "a block's rows must lie in one head");
+    __shared__ bool last;
+    const int h = int(base / D);
+    __threadfence();  // release: this thread's qkv stores are visible device-wide before the block counts
+    __syncthreads();  // ... and every thread of the block has fenced its stores
+    if (tid == 0) {
+      last = atomicAdd(&g_head_blocks_done[h], 1u) == unsigned(D / R) - 1;
+      if (last) atomicExch(&g_head_blocks_done[h], 0u);  // the head is complete: ready for the next launch
+      __threadfence();  // acquire: the head's other blocks' stores before this block's reads
+    }
+    __syncthreads();
+    pdl_launch_dependents();  // dependents wait for the whole grid (tails included) before reading
+    if (!last) return;
+    if (a.cache == CacheKind::fp8) {
+      prep_head<M, D, CacheKind::fp8>(a, h, warps * 32, tid);
+    } else {
+      prep_head<M, D, CacheKind::bf16>(a, h, warps * 32, tid);
+    }
+  }
+};
+
+using PrepKernel = void (*)(GemvParams, AttnPrepParams);
+
+template <int D>
+PrepKernel kernel_for(int64_t m, bool tc) {
+  using T = AttnPrepTail<D>;
+  constexpr GemvEpilogue E = GemvEpilogue::bf16;
+  static constexpr PrepKernel fma[kGemvMaxM] = {
+      gemv_kernel<1, E, T>, gemv_kernel<2, E, T>, gemv_kernel<3, E, T>, gemv_kernel<4, E, T>,
+      gemv_kernel<5, E, T>, gemv_kernel<6, E, T>, gemv_kernel<7, E, T>, gemv_kernel<8, E, T>};
+  static constexpr PrepKernel mma[kGemvMaxM] = {
+      gemv_tc_kernel<1, E, T>, gemv_tc_kernel<2, E, T>, gemv_tc_kernel<3, E, T>, gemv_tc_kernel<4, E, T>,
+      gemv_tc_kernel<5, E, T>, gemv_tc_kernel<6, E, T>, gemv_tc_kernel<7, E, T>, gemv_tc_kernel<8, E, T>};
+  return (tc ? mma : fma)[m - 1];
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+bool known_config(GemvConfig c) {
+  for (const GemvConfig& k : kGemvConfigs)
+    if (k == c) return true;
+  return false;
+}
+
+}  // namespace
+
+bool gemv_attn_prep_supported(int64_t m, int64_t k, const void* x, int64_t ldx, const void* w, int64_t ldw,
+                              const AttnPrepParams& p) {
+  const int64_t heads = int64_t(p.Hq) + 2 * int64_t(p.Hkv), n = heads * p.D;
+  return m >= 1 && m <= kGemvMaxM && p.T == m && p.act == ActKind::bf16 &&
+         (p.cache == CacheKind::bf16 || p.cache == CacheKind::fp8) && (p.D == 64 || p.D == 128) &&
+         heads <= kGemvAttnPrepMaxHeads && attn_prep_fused_supported(p) && aligned16(x) && aligned16(w) &&
+         gemv_supported(m, n, k, ldx, ldw, p.qkv_row, GemvEpilogue::bf16);
+}
+
+void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m, int64_t k,
+                    const AttnPrepParams& p, GemvConfig cfg, cudaStream_t stream, bool pdl) {
+  if (m == 0) return;
+  KILN_CHECK(gemv_attn_prep_supported(m, k, x, ldx, w, ldw, p), "gemv_attn_prep: unsupported call: M ", m,
+             " K ", k, " T ", p.T, " D ", p.D, " heads ", p.Hq, "/", p.Hkv,
+             " (gemv_attn_prep.h lists the guards)");
+  KILN_CHECK(known_config(cfg), "gemv_attn_prep: unknown GEMV config: warps ", cfg.warps);
+  const int64_t n = (int64_t(p.Hq) + 2 * int64_t(p.Hkv)) * p.D;
+  const GemvParams g{.x = static_cast<const uint4*>(x),
+                     .w = static_cast<const uint4*>(w),
+                     .out = const_cast<void*>(p.qkv),
+                     .ldx8 = ldx / 8,
+                     .ldw8 = ldw / 8,
+                     .ldo = p.qkv_row,
+                     .n = n,
+                     .k8 = k / 8,
+                     .pdl = pdl,
+                     .residual = nullptr,
+                     .norm_w = nullptr,
+                     .normed = nullptr,
+                     .ldr = 0,
+                     .ldn = 0,
+                     .eps = 0.0f};
+  const int64_t blocks = n / gemv_rows(cfg);  // D % rows == 0: whole heads
+  const PrepKernel kern =
+      p.D == 64 ? kernel_for<64>(m, cfg.tensor_cores) : kernel_for<128>(m, cfg.tensor_cores);
+  launch(
+      {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
+      kern, g, p);
+}
+
+}  // namespace kiln::cuda
