@@ -36,7 +36,7 @@ void run_gemv_attn_prep(const Env& env, std::vector<Row>& rows) {
   const Device dev = Device::cuda();
   std::mt19937_64 rng(9);
   Buffer table = ops::build_rope_table(kD, 1e6, kMaxPos, dev);
-  for (const auto [model, K, Hq] : {std::tuple{"4B", int64_t(2560), 32}, {"0.6B", int64_t(1024), 16}}) {
+  for (const auto& [model, K, Hq] : {std::tuple{"4B", int64_t(2560), 32}, {"0.6B", int64_t(1024), 16}}) {
     const int64_t N = int64_t(Hq + 2 * kHkv) * kD;
     const size_t w_bytes = size_t(N * K) * 2;
     const size_t copies = std::max<size_t>(4, (env.l2_bytes * 22 / 10 + w_bytes - 1) / w_bytes);

@@ -219,7 +219,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   if (T == 0) return;
   const int64_t Hq = c.num_heads, D = c.head_dim;
   const float eps = float(c.rms_norm_eps);
-  Tensor &ids = w.ids_v, &residual = w.residual_v, &normed = w.normed_v, &qkv = w.qkv_v, &attn = w.attn_v;
+  Tensor &ids = w.ids_v, &residual = w.residual_v, &normed = w.normed_v, &attn = w.attn_v;
   Tensor &tmp = w.tmp_v, &gate_up = w.gate_up_v, &act = w.act_v;
   ops::AttnPrepArgs& prep = w.prep;
   ops::PagedAttentionArgs& att = w.att;

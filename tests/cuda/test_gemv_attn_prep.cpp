@@ -17,6 +17,7 @@
 
 #include "attn_prep_case.h"
 #include "common/test_support.h"
+#include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/gemv_attn_prep.h"
@@ -138,7 +139,7 @@ TEST(GemvAttnPrep, BitwiseEqualToGemvThenAttnPrep) {
 TEST(GemvAttnPrep, ModelShapes) {
   KILN_REQUIRE_GPU();
   std::mt19937_64 rng(5);
-  for (const auto [K, Hq] : {std::pair<int64_t, int>{2560, 32}, {1024, 16}}) {
+  for (const auto& [K, Hq] : {std::pair<int64_t, int>{2560, 32}, {1024, 16}}) {
     for (const int T : {1, 3, 5, 8}) {
       for (const DType cache : {DType::bf16, DType::f8e4m3}) {
         for (const int mrope : {0, 2}) {
