@@ -89,18 +89,19 @@ void run_gemv_attn_prep(const Env& env, std::vector<Row>& rows) {
         rows.push_back(r);
       };
       for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
-        for (const bool pdl : {false, true}) {
-          const std::string sfx = config_name(cfg) + (pdl ? "+pdl" : "");
-          time_row(Row{"gemv_attn_prep", "gemv+attn_prep " + sfx, shape, 0, -1, bytes, "two launches"},
-                   [&](int i) {
-                     kc::gemv(x.data(), K, wi(i), K, qkv.data(), N, M, N, K, kc::GemvEpilogue::bf16, cfg,
-                              env.stream, pdl);
-                     ops::AttnPrepArgs b = a;
-                     b.pdl = pdl;
-                     ops::attn_prep(b);
-                   });
-          time_row(Row{"gemv_attn_prep", "fused " + sfx, shape, 0, -1, bytes, "gemv_attn_prep"}, [&](int i) {
-            kc::gemv_attn_prep(x.data(), K, wi(i), K, M, K, params, cfg, env.stream, pdl);
+        const std::string sfx = config_name(cfg);
+        time_row(Row{"gemv_attn_prep", "gemv+attn_prep " + sfx, shape, 0, -1, bytes, "two launches"},
+                 [&](int i) {
+                   kc::gemv(x.data(), K, wi(i), K, qkv.data(), N, M, N, K, kc::GemvEpilogue::bf16, cfg,
+                            env.stream);
+                   ops::attn_prep(a);
+                 });
+        // The tensor-core kernel with and without its register cap (gemv.h: gemv_tail_min_blocks).
+        for (const int cap : {0, 3}) {
+          if (cap == 3 && !cfg.tensor_cores) continue;
+          const std::string v = "fused " + sfx + (cfg.tensor_cores ? " cap" + std::to_string(cap) : "");
+          time_row(Row{"gemv_attn_prep", v, shape, 0, -1, bytes, "gemv_attn_prep"}, [&](int i) {
+            kc::gemv_attn_prep(x.data(), K, wi(i), K, M, K, params, cfg, env.stream, false, cap);
           });
         }
       }

@@ -76,12 +76,13 @@ void run_reference(FusedCase& f, DeviceCase& dev, GemvConfig cfg, cudaStream_t s
   ASSERT_EQ(path, ops::AttnPrepPath::cuda_fused_decode) << f.in.c.describe();
 }
 
-void run_fused(FusedCase& f, DeviceCase& dev, GemvConfig cfg, cudaStream_t s = nullptr, bool pdl = false) {
+void run_fused(FusedCase& f, DeviceCase& dev, GemvConfig cfg, cudaStream_t s = nullptr, bool pdl = false,
+               int cap = -1) {
   const ops::AttnPrepArgs a = f.in.args(dev.base, Device::cuda());
   const cuda::AttnPrepParams p = ops::attn_prep_params(a);
   ASSERT_TRUE(cuda::gemv_attn_prep_supported(f.in.c.T, f.K, f.x.data(), f.K, f.w.data(), f.K, p))
       << f.in.c.describe();
-  cuda::gemv_attn_prep(f.x.data(), f.K, f.w.data(), f.K, f.in.c.T, f.K, p, cfg, s, pdl);
+  cuda::gemv_attn_prep(f.x.data(), f.K, f.w.data(), f.K, f.in.c.T, f.K, p, cfg, s, pdl, cap);
 }
 
 CaseCfg random_cfg(std::mt19937_64& rng) {
@@ -123,12 +124,16 @@ TEST(GemvAttnPrep, BitwiseEqualToGemvThenAttnPrep) {
       run_reference(f, dev, g);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       Case want = download(dev, f.in);
-      dev.upload(f.in);
-      run_fused(f, dev, g);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ASSERT_EQ(dev.diff(want), "") << "case " << i << " " << (g.tensor_cores ? "tc" : "fma") << " warps "
-                                    << g.warps << ": " << cfg.describe();
-      ++runs;
+      // Both register caps of the tensor-core kernel (gemv.h: gemv_tail_min_blocks): the same bits.
+      for (const int cap : {0, 3}) {
+        if (cap == 3 && !g.tensor_cores) continue;
+        dev.upload(f.in);
+        run_fused(f, dev, g, nullptr, false, cap);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(dev.diff(want), "") << "case " << i << " " << (g.tensor_cores ? "tc" : "fma") << " warps "
+                                      << g.warps << " cap " << cap << ": " << cfg.describe();
+        ++runs;
+      }
     }
   }
   std::printf("[ gemv_attn_prep ] %d cases, %d fused runs compared bit for bit\n", n, runs);

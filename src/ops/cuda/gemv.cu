@@ -1,4 +1,7 @@
 // Small-M GEMV and the fused gate_up + SiLU-and-multiply GEMV; contracts in gemv.h.
+#include <cstdlib>
+#include <string>
+
 #include "ops/cuda/gemv_kernels.cuh"
 #include "ops/cuda/norm_row.cuh"
 
@@ -13,8 +16,10 @@ __device__ unsigned int g_norm_blocks_done = 0;
 
 // Add + RMSNorm (gemv.h): counts the block done; the last block runs the add + RMSNorm over the M rows of
 // tmp.
+template <int kMinBlocks>
 struct NormTail {
   using Args = NoArgs;
+  static constexpr int kTcMinBlocks = kMinBlocks;  // gemv.h: gemv_tail_min_blocks
   template <int M, int R>
   static __device__ __forceinline__ void finish(const GemvParams& p, const Args&, int64_t, int warps,
                                                 int tid) {
@@ -112,6 +117,17 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
       kern, p, NoArgs{});
 }
 
+int gemv_tail_min_blocks() {
+  static const int v = [] {
+    const char* e = std::getenv("KILN_GEMV_TAIL_MIN_BLOCKS");
+    if (!e || !*e) return 3;
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "3",
+               "KILN_GEMV_TAIL_MIN_BLOCKS must be 0 or 3, got '", e, "'");
+    return std::atoi(e);
+  }();
+  return v;
+}
+
 bool gemv_add_rms_norm_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldt,
                                  int64_t ldr, int64_t ldn) {
   return gemv_supported(m, n, k, ldx, ldw, ldt, GemvEpilogue::bf16) && n % 8 == 0 && ldt % 8 == 0 &&
@@ -151,7 +167,10 @@ void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, v
   KILN_CHECK(blocks <= 0x7fffffff, "gemv_add_rms_norm: N too large");
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
-      kernel_for<GemvEpilogue::bf16, NormTail>(m, cfg.tensor_cores), p, NoArgs{});
+      cfg.tensor_cores && gemv_tail_min_blocks() == 3
+          ? kernel_for<GemvEpilogue::bf16, NormTail<3>>(m, true)
+          : kernel_for<GemvEpilogue::bf16, NormTail<0>>(m, cfg.tensor_cores),
+      p, NoArgs{});
 }
 
 }  // namespace kiln::cuda

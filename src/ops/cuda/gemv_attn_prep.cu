@@ -42,9 +42,10 @@ __device__ __forceinline__ void prep_head(const AttnPrepParams& a, int h, int th
   }
 }
 
-template <int D>
+template <int D, int kMinBlocks>
 struct AttnPrepTail {
   using Args = AttnPrepParams;
+  static constexpr int kTcMinBlocks = kMinBlocks;
   template <int M, int R>
   static __device__ __forceinline__ void finish(const GemvParams&, const AttnPrepParams& a, int64_t base,
                                                 int warps, int tid) {
@@ -71,13 +72,14 @@ struct AttnPrepTail {
 
 using PrepKernel = void (*)(GemvParams, AttnPrepParams);
 
-template <int D>
+template <int D, int kMinBlocks>
 PrepKernel kernel_for(int64_t m, bool tc) {
-  using T = AttnPrepTail<D>;
+  using T = AttnPrepTail<D, kMinBlocks>;
+  using F = AttnPrepTail<D, 0>;  // the FMA kernel takes no cap (kTcMinBlocks is the mma kernel's)
   constexpr GemvEpilogue E = GemvEpilogue::bf16;
   static constexpr PrepKernel fma[kGemvMaxM] = {
-      gemv_kernel<1, E, T>, gemv_kernel<2, E, T>, gemv_kernel<3, E, T>, gemv_kernel<4, E, T>,
-      gemv_kernel<5, E, T>, gemv_kernel<6, E, T>, gemv_kernel<7, E, T>, gemv_kernel<8, E, T>};
+      gemv_kernel<1, E, F>, gemv_kernel<2, E, F>, gemv_kernel<3, E, F>, gemv_kernel<4, E, F>,
+      gemv_kernel<5, E, F>, gemv_kernel<6, E, F>, gemv_kernel<7, E, F>, gemv_kernel<8, E, F>};
   static constexpr PrepKernel mma[kGemvMaxM] = {
       gemv_tc_kernel<1, E, T>, gemv_tc_kernel<2, E, T>, gemv_tc_kernel<3, E, T>, gemv_tc_kernel<4, E, T>,
       gemv_tc_kernel<5, E, T>, gemv_tc_kernel<6, E, T>, gemv_tc_kernel<7, E, T>, gemv_tc_kernel<8, E, T>};
@@ -106,8 +108,11 @@ bool gemv_attn_prep_supported(int64_t m, int64_t k, const void* x, int64_t ldx, 
 }
 
 void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m, int64_t k,
-                    const AttnPrepParams& p, GemvConfig cfg, cudaStream_t stream, bool pdl) {
+                    const AttnPrepParams& p, GemvConfig cfg, cudaStream_t stream, bool pdl,
+                    int tc_min_blocks) {
   if (m == 0) return;
+  KILN_CHECK(tc_min_blocks == -1 || tc_min_blocks == 0 || tc_min_blocks == 3,
+             "gemv_attn_prep: tc_min_blocks must be -1, 0 or 3, got ", tc_min_blocks);
   KILN_CHECK(gemv_attn_prep_supported(m, k, x, ldx, w, ldw, p), "gemv_attn_prep: unsupported call: M ", m,
              " K ", k, " T ", p.T, " D ", p.D, " heads ", p.Hq, "/", p.Hkv,
              " (gemv_attn_prep.h lists the guards)");
@@ -129,8 +134,10 @@ void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int6
                      .ldn = 0,
                      .eps = 0.0f};
   const int64_t blocks = n / gemv_rows(cfg);  // D % rows == 0: whole heads
-  const PrepKernel kern =
-      p.D == 64 ? kernel_for<64>(m, cfg.tensor_cores) : kernel_for<128>(m, cfg.tensor_cores);
+  const bool capped = (tc_min_blocks < 0 ? gemv_tail_min_blocks() : tc_min_blocks) == 3;
+  const bool tc = cfg.tensor_cores;
+  const PrepKernel kern = p.D == 64 ? (capped ? kernel_for<64, 3>(m, tc) : kernel_for<64, 0>(m, tc))
+                                    : (capped ? kernel_for<128, 3>(m, tc) : kernel_for<128, 0>(m, tc));
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
       kern, g, p);

@@ -3,6 +3,9 @@
 // policy, Tail: Tail::Args is the kernel's second parameter and Tail::finish<M, R>(p, args, base, warps, tid)
 // runs in every thread of every block after store_outputs (base: the block's first output column, R: its
 // W rows). The dot products do not depend on the tail, so every tail sees bitwise the plain GEMV's outputs.
+// Tail::kTcMinBlocks is the tensor-core kernel's __launch_bounds__ minimum of resident 512-thread blocks (0:
+// none, ptxas's own choice): a tail's locals would otherwise set the register count of the whole kernel
+// (gemv.h: gemv_tail_min_blocks).
 #pragma once
 
 #include "ops/cuda/common.cuh"
@@ -191,7 +194,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2
 // Tensor-core GEMV (gemv.h). Lane (g, t) streams chunk t of every 32-element K block of W row g (block row
 // g) and of x row g (zeros for g >= M); D[m][n] of the mma is out[m][base + n], held by lane (m, n / 2).
 template <int M, GemvEpilogue E, class Tail>
-__global__ void __launch_bounds__(kMaxWarps * 32)
+__global__ void __launch_bounds__(kMaxWarps * 32, Tail::kTcMinBlocks)
     gemv_tc_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
   constexpr int R = gemv_rows(GemvConfig{.tensor_cores = true});
   constexpr int U = 8;  // K blocks whose loads a warp issues together
@@ -249,6 +252,7 @@ struct NoArgs {};
 // No tail: lets the dependent grid launch.
 struct PlainTail {
   using Args = NoArgs;
+  static constexpr int kTcMinBlocks = 0;
   template <int M, int R>
   static __device__ __forceinline__ void finish(const GemvParams&, const Args&, int64_t, int, int) {
     pdl_launch_dependents();
