@@ -29,19 +29,22 @@ k=$bd/bin/kiln
 # Decode buckets only (M <= 16), so the model load does not tune the prefill shapes.
 $k tune --shape qwen3-4b --max-tokens 16 --max-logit-rows 8 >"$out/tune.log" 2>&1
 $k tune --shape qwen3-0.6b --max-tokens 16 --max-logit-rows 8 >>"$out/tune.log" 2>&1
-$k tune --shape qwen3-4b --show 2>&1 | grep -E "^ *(1|8) " | head -12 >>"$out/tune.log"
+$k tune --shape qwen3-4b --show >>"$out/tune.log" 2>&1
 say "tune: $(el)"
 if [[ $what == tests ]]; then
   for t in test_gemv_attn_prep test_cuda_gemv test_attn_prep test_cuda_graph test_cuda_model; do
     KILN_ATTN_PREP_CASES=400 timeout 120 $bd/tests/$t --gtest_brief=1 >>"$out/tests.log" 2>&1
     rc=$?
-    say "$t rc=$rc ($(el))"
+    say "$t rc=$rc ($(el)) $(grep -E '^\[  (PASSED|FAILED)' "$out/tests.log" | tail -1)"
   done
-  grep -E "FAILED|Failure|error" "$out/tests.log" | head -8
+  grep -E "FAILED|Failure" "$out/tests.log" | head -8
+  timeout 60 $k bench kernels --filter gemv_attn_prep >"$out/kernels.log" 2>&1
+  say "bench kernels rc=$? ($(el))"
+  grep -E "M=1 .*(tc w(4|8|16)|op )" "$out/kernels.log" | head -30
   wait $pid4b
   say "make_hf_4b rc=$? ($(el)): $(tail -1 "$out/make_hf4b.log")"
   KILN_HF4B_DIR=/tmp/hf4b timeout 150 $bd/tests/test_cuda_model_hf4b >"$out/hf4b.log" 2>&1
-  say "test_cuda_model_hf4b rc=$? ($(el)): $(grep -E "^\[  (PASSED|FAILED)|tokens" "$out/hf4b.log" | tail -4 | tr '\n' ' ')"
+  say "test_cuda_model_hf4b rc=$? ($(el)): $(grep -E "^\[  (PASSED|FAILED)|greedy" "$out/hf4b.log" | tail -6 | tr '\n' ' ')"
   {
     echo "== 4B ctx 1024 B=1, fused (default), breakdown"
     timeout 60 $k bench model --shape qwen3-4b --context 1024 --steps 32
@@ -51,12 +54,13 @@ if [[ $what == tests ]]; then
   say "bench 4B: $(el)"
 else
   {
+    for v in "1 0 3" "0 0 3" "1 1 3" "1 1 0"; do
+      read -r ap arn cap <<<"$v"
+      echo "== 4B ctx 1024 B=1,8 KILN_GEMV_ATTN_PREP=$ap KILN_GEMV_ADD_RMS_NORM=$arn KILN_GEMV_TAIL_MIN_BLOCKS=$cap"
+      KILN_GEMV_ATTN_PREP=$ap KILN_GEMV_ADD_RMS_NORM=$arn KILN_GEMV_TAIL_MIN_BLOCKS=$cap timeout 50 $k bench model \
+        --shape qwen3-4b --context 1024 --steps 32 --batch 8 $([[ $v == "1 0 3" ]] || echo --no-breakdown)
+    done
     for ap in 1 0; do
-      for arn in 0 1; do
-        echo "== 4B ctx 1024 B=1,8 KILN_GEMV_ATTN_PREP=$ap KILN_GEMV_ADD_RMS_NORM=$arn"
-        KILN_GEMV_ATTN_PREP=$ap KILN_GEMV_ADD_RMS_NORM=$arn timeout 50 $k bench model --shape qwen3-4b \
-          --context 1024 --steps 32 --batch 8 $([[ $ap$arn == 10 ]] || echo --no-breakdown)
-      done
       echo "== 4B ctx 8192 B=1 KILN_GEMV_ATTN_PREP=$ap"
       KILN_GEMV_ATTN_PREP=$ap timeout 40 $k bench model --shape qwen3-4b --context 8192 --steps 16 --no-breakdown
       echo "== 0.6B ctx 1024 B=1 KILN_GEMV_ATTN_PREP=$ap"
@@ -65,12 +69,10 @@ else
     done
   } >"$out/bench.log" 2>&1
   say "bench model: $(el)"
-  timeout 60 $k bench kernels --filter gemv_attn_prep >"$out/kernels.log" 2>&1
-  say "bench kernels: $(el)"
-  # Why the add + RMSNorm epilogue is slower: the O-shaped GEMV with and without it, one launch each.
+  # The tails' cost inside the GEMV: the O-shaped GEMV with the add + RMSNorm epilogue, capped and not.
   KILN_GEMV_ADD_RMS_NORM=1 timeout 60 ncu --clock-control none --kernel-name regex:"gemv" --launch-skip 300 \
-    --launch-count 8 --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    --launch-count 6 --section SpeedOfLight --section LaunchStats --section Occupancy \
     $k bench model --shape qwen3-4b --context 256 --steps 2 --no-breakdown >"$out/ncu.log" 2>&1
   say "ncu rc=$? ($(el))"
 fi
-grep -E "TPOT|step|floor|per-op|^  [a-z_].* [0-9]" "$out/bench.log" | head -60
+grep -E "TPOT|step|floor|^== |^  [a-z_].* [0-9]" "$out/bench.log" | head -70
