@@ -33,7 +33,8 @@ $k tune --shape qwen3-4b --show >>"$out/tune.log" 2>&1
 say "tune: $(el)"
 if [[ $what == tests ]]; then
   for t in test_gemv_attn_prep test_cuda_gemv test_attn_prep test_cuda_graph test_cuda_model; do
-    KILN_ATTN_PREP_CASES=400 timeout 120 $bd/tests/$t --gtest_brief=1 >>"$out/tests.log" 2>&1
+    # The whole-model tests with the fusion switched on (it is off by default).
+    KILN_GEMV_ATTN_PREP=1 KILN_ATTN_PREP_CASES=400 timeout 120 $bd/tests/$t --gtest_brief=1 >>"$out/tests.log" 2>&1
     rc=$?
     say "$t rc=$rc ($(el)) $(grep -E '^\[  (PASSED|FAILED)' "$out/tests.log" | tail -1)"
   done
@@ -43,12 +44,12 @@ if [[ $what == tests ]]; then
   grep -E "M=1 .*(tc w(4|8|16)|op )" "$out/kernels.log" | head -30
   wait $pid4b
   say "make_hf_4b rc=$? ($(el)): $(tail -1 "$out/make_hf4b.log")"
-  KILN_HF4B_DIR=/tmp/hf4b timeout 150 $bd/tests/test_cuda_model_hf4b >"$out/hf4b.log" 2>&1
+  KILN_GEMV_ATTN_PREP=1 KILN_HF4B_DIR=/tmp/hf4b timeout 150 $bd/tests/test_cuda_model_hf4b >"$out/hf4b.log" 2>&1
   say "test_cuda_model_hf4b rc=$? ($(el)): $(grep -E "^\[  (PASSED|FAILED)|greedy" "$out/hf4b.log" | tail -6 | tr '\n' ' ')"
   {
-    echo "== 4B ctx 1024 B=1, fused (default), breakdown"
-    timeout 60 $k bench model --shape qwen3-4b --context 1024 --steps 32
-    echo "== 4B ctx 1024 B=1, KILN_GEMV_ATTN_PREP=0 (before)"
+    echo "== 4B ctx 1024 B=1, KILN_GEMV_ATTN_PREP=1, breakdown"
+    KILN_GEMV_ATTN_PREP=1 timeout 60 $k bench model --shape qwen3-4b --context 1024 --steps 32
+    echo "== 4B ctx 1024 B=1, KILN_GEMV_ATTN_PREP=0 (the default)"
     KILN_GEMV_ATTN_PREP=0 timeout 40 $k bench model --shape qwen3-4b --context 1024 --steps 32 --no-breakdown
   } >"$out/bench.log" 2>&1
   say "bench 4B: $(el)"

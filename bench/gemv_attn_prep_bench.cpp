@@ -115,7 +115,7 @@ void run_gemv_attn_prep(const Env& env, std::vector<Row>& rows) {
                    ops::linear_attn_prep(tx, Tensor(wi(i), DType::bf16, {N, K}, dev), a);
                  });
       }
-      kc::gemm_engine().set_gemv_attn_prep(true);
+      kc::gemm_engine().set_gemv_attn_prep(false);
     }
   }
 }

@@ -232,7 +232,8 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     prep.q_norm = lw.q_norm;
     prep.k_norm = lw.k_norm;
     prep.cache = cache.layer(int(l));
-    // At decode sizes one kernel (the QKV GEMV with the preparation as its epilogue), else the two ops.
+    // At decode sizes one kernel where switched on (the QKV GEMV with the preparation as its epilogue), else
+    // the GEMV or GEMM, then attn_prep.
     ops::linear_attn_prep(normed, lw.qkv, prep);
     att.cache = prep.cache;
     ops::paged_attention(att);

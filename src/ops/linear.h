@@ -51,9 +51,9 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
 // The QKV projection with the attention preparation: linear(x, weight, args.qkv) then attn_prep(args)
 // (ops/attn_prep.h), bitwise: x bf16 [T, K], weight bf16 [(Hq + 2 Hkv) D, K].
 // On CUDA one kernel (ops/cuda/gemv_attn_prep.h: 1 <= T <= 8, bf16 activations, bf16 or fp8 cache, head_dim
-// 64 or 128) where the tuner chose the GEMV for the QKV shape and the fusion is on (GemmEngine::
-// set_gemv_attn_prep, KILN_GEMV_ATTN_PREP); returns cuda_gemv_fused then. Otherwise the two ops, returning
-// attn_prep's path. Capturable in a CUDA graph like attn_prep.
+// 64 or 128) where the tuner chose the GEMV for the QKV shape and the fusion is switched on (GemmEngine::
+// set_gemv_attn_prep, KILN_GEMV_ATTN_PREP=1; off by default); returns cuda_gemv_fused then. Otherwise the two
+// ops, returning attn_prep's path. Capturable in a CUDA graph like attn_prep.
 AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnPrepArgs& args);
 
 // LM head: logits[r, :] = x[rows[r], :] · W^T, rows gathered from a hidden-state matrix.

@@ -265,7 +265,7 @@ TEST(GemvAttnPrep, OpDispatcher) {
     EXPECT_EQ(path_taken, on ? ops::AttnPrepPath::cuda_gemv_fused : ops::AttnPrepPath::cuda_fused_decode);
     EXPECT_EQ(dev.diff(want), "") << "switch " << on;
   }
-  eng.set_gemv_attn_prep(true);
+  eng.set_gemv_attn_prep(false);
 }
 
 }  // namespace

@@ -93,8 +93,8 @@ class GemmEngine {
   void set_gemv_add_rms_norm(bool on) { gemv_add_rms_norm_ = on; }
   bool gemv_add_rms_norm() const { return gemv_add_rms_norm_; }
   // On: ops::linear_attn_prep runs the QKV GEMV fused with the attention preparation (gemv_attn_prep.h)
-  // where the GEMV is chosen for the QKV shape and the fused guards hold. Default on; KILN_GEMV_ATTN_PREP=0
-  // starts it off (the GEMV, then the attn_prep kernel).
+  // where the GEMV is chosen for the QKV shape and the fused guards hold. Default off until it has been
+  // measured on the GPU (docs/PERF.md); KILN_GEMV_ATTN_PREP=1 starts it on.
   void set_gemv_attn_prep(bool on) { gemv_attn_prep_ = on; }
   bool gemv_attn_prep() const { return gemv_attn_prep_; }
 
@@ -114,7 +114,7 @@ class GemmEngine {
   int64_t gemv_dispatches_ = 0;
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
-  bool gemv_attn_prep_ = true;
+  bool gemv_attn_prep_ = false;
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for
