@@ -1,7 +1,8 @@
 // gemv_attn_prep benchmark: the decode QKV projection with the attention preparation, Qwen3-4B (K 2560, 32/8
 // heads) and Qwen3-0.6B (K 1024, 16/8) at D128, HND page-32 BF16 cache, Q in place, M = 1, 4, 8: the GEMV
-// then the fused attn_prep decode kernel (two launches) against gemv_attn_prep (one), for every GEMV
-// config, and the engine's choice through ops::linear_attn_prep (what the model runs). W rotated over
+// then the fused attn_prep decode kernel (two launches) against gemv_attn_prep (one), for every GEMV config
+// (the tensor-core kernel with and without its register cap, gemv.h: gemv_tail_min_blocks), and
+// ops::linear_attn_prep with the switch off and on (the tuner's config, what the model runs). W rotated over
 // copies exceeding 2.2x the L2, the L2 flushed before every sample; graph replays, plus "amortized" (16 in
 // one graph / 16). Bytes: W + x + qkv written + Q / K / V rewritten (W dominates).
 #include <algorithm>
