@@ -80,6 +80,11 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
   add_rms_norm(tmp, residual, norm_weight, eps, normed);
 }
 
+bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k) {
+  const kc::GemmEngine& eng = kc::gemm_engine();
+  return m >= 1 && eng.gemv_attn_prep() && eng.gemv_choice(m, n, k, kc::GemmOut::bf16).has_value();
+}
+
 bool linear_attn_prep(const Tensor& x, const Tensor& weight, const kc::AttnPrepParams& p, void* stream) {
   const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
   kc::GemmEngine& eng = kc::gemm_engine();

@@ -30,6 +30,9 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
 // attn_prep). On `stream` (a cudaStream_t), as attn_prep's args.stream.
 bool linear_attn_prep(const Tensor& x, const Tensor& weight, const ::kiln::cuda::AttnPrepParams& p,
                       void* stream);
+// The cheap half of that decision (the switch and the tuner's choice for [m, n, k]), asked before the
+// params are built.
+bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k);
 // Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
 // bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
