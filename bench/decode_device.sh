@@ -38,6 +38,10 @@ if [[ $what == tests ]]; then
     rc=$?
     say "$t rc=$rc ($(el)) $(grep -E '^\[  (PASSED|FAILED)' "$out/tests.log" | tail -1)"
   done
+  # The add + RMSNorm epilogue without its register cap too (the default run above has it).
+  KILN_GEMV_TAIL_MIN_BLOCKS=0 timeout 60 $bd/tests/test_cuda_gemv --gtest_brief=1 --gtest_filter='CudaGemvAddRmsNorm.*' \
+    >>"$out/tests.log" 2>&1
+  say "test_cuda_gemv (AddRmsNorm, cap 0) rc=$? ($(el))"
   grep -E "FAILED|Failure" "$out/tests.log" | head -8
   timeout 60 $k bench kernels --filter gemv_attn_prep >"$out/kernels.log" 2>&1
   say "bench kernels rc=$? ($(el))"
