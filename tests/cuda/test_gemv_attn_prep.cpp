@@ -268,5 +268,53 @@ TEST(GemvAttnPrep, OpDispatcher) {
   eng.set_gemv_attn_prep(false);
 }
 
+// The guards (host code: runs without a GPU too) and the throw before any launch.
+TEST(GemvAttnPrep, GuardsAndBadArguments) {
+  cuda::AttnPrepParams p;
+  p.T = 1, p.Hq = 32, p.Hkv = 8, p.D = 128, p.rotary_dim = 128;
+  void* const a16 = reinterpret_cast<void*>(uintptr_t(1) << 20);  // any 16-byte aligned address
+  p.q_dst = a16;
+  p.qkv = p.q_norm = p.k_norm = a16;
+  p.rope = static_cast<const float*>(a16);
+  p.k_cache = p.v_cache = a16;
+  p.qkv_row = 6144, p.q_row = 6144, p.q_head = 128;
+  p.c_page = 32 * 8 * 128, p.c_row = 128, p.c_head = 32 * 128;
+  p.num_slots = 1024, p.page_size = 32;
+  const int64_t K = 2560;
+  EXPECT_TRUE(cuda::gemv_attn_prep_supported(1, K, a16, K, a16, K, p));
+  auto with = [&](auto&& change) {
+    cuda::AttnPrepParams q = p;
+    change(q);
+    return q;
+  };
+  EXPECT_FALSE(cuda::gemv_attn_prep_supported(2, K, a16, K, a16, K, p));  // T != m
+  for (const int m : {0, 9}) {
+    EXPECT_FALSE(cuda::gemv_attn_prep_supported(m, K, a16, K, a16, K, with([&](auto& q) { q.T = m; })));
+  }
+  EXPECT_TRUE(cuda::gemv_attn_prep_supported(8, K, a16, K, a16, K, with([](auto& q) { q.T = 8; })));
+  EXPECT_FALSE(cuda::gemv_attn_prep_supported(1, K, a16, K, a16, K,
+                                              with([](auto& q) { q.act = cuda::ActKind::f16; })));
+  EXPECT_FALSE(cuda::gemv_attn_prep_supported(1, K, a16, K, a16, K,
+                                              with([](auto& q) { q.cache = cuda::CacheKind::f16; })));
+  EXPECT_TRUE(cuda::gemv_attn_prep_supported(1, K, a16, K, a16, K,
+                                             with([](auto& q) { q.cache = cuda::CacheKind::fp8; })));
+  EXPECT_FALSE(cuda::gemv_attn_prep_supported(
+      1, K, a16, K, a16, K, with([](auto& q) { q.D = 256, q.rotary_dim = 256, q.qkv_row = 48 * 256; })));
+  EXPECT_FALSE(
+      cuda::gemv_attn_prep_supported(1, K, a16, K, a16, K, with([](auto& q) { q.rotary_dim = 120; })));
+  EXPECT_FALSE(cuda::gemv_attn_prep_supported(1, K, a16, K, a16, K, with([](auto& q) {
+                                                q.Hq = 512, q.qkv_row = (512 + 16) * 128;
+                                              })));  // > kGemvAttnPrepMaxHeads heads
+  EXPECT_FALSE(cuda::gemv_attn_prep_supported(1, K, a16, K, a16, K, with([](auto& q) { q.qkv_row = 6140; })));
+  const void* odd = static_cast<const char*>(a16) + 8;
+  EXPECT_FALSE(cuda::gemv_attn_prep_supported(1, K, odd, K, a16, K, p));              // x not 16-byte aligned
+  EXPECT_FALSE(cuda::gemv_attn_prep_supported(1, K + 4, a16, K + 4, a16, K + 4, p));  // K % 8
+  // Rejected before anything is launched (no GPU needed to get the error).
+  EXPECT_THROW(cuda::gemv_attn_prep(a16, K, a16, K, 2, K, p, GemvConfig{8, true}, nullptr), Error);
+  EXPECT_THROW(cuda::gemv_attn_prep(a16, K, a16, K, 1, K, p, GemvConfig{3, true}, nullptr), Error);
+  EXPECT_THROW(cuda::gemv_attn_prep(a16, K, a16, K, 1, K, p, GemvConfig{8, true}, nullptr, false, 2), Error);
+  EXPECT_NO_THROW(cuda::gemv_attn_prep(a16, K, a16, K, 0, K, p, GemvConfig{8, true}, nullptr));  // m == 0
+}
+
 }  // namespace
 }  // namespace kiln
