@@ -6,7 +6,8 @@
 // sizes 1 / 16 / 32, plain RoPE and M-RoPE (sectioned and interleaved, distinct t/h/w rows), partial rotary,
 // Q in place and contiguous, slot < 0, every GEMV config; launches back to back across grid sizes (the
 // per-head counters reset); a replayed CUDA graph with changing inputs, with and without PDL; the op
-// dispatcher (ops::linear_attn_prep) fused where the GEMV is the tactic and unfused otherwise.
+// dispatcher (ops::linear_attn_prep) fused where the GEMV is the tactic and unfused otherwise; the guards and
+// the errors before any launch (host only: that test also runs without a GPU).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
