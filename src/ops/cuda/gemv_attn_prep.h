@@ -12,7 +12,7 @@
 // and what gemv and the fused attn_prep kernels need (gemv_attn_prep_supported). Everything else: the caller
 // runs the two ops (the dispatcher in ops/attn_prep.cpp does).
 //
-// How (gemv_attn_prep.cu): the GEMV kernels of gemv_kernels.cuh with a tail. A block owns R = 4 (FMA) or 8
+// How (gemv_attn_prep_kernel.cuh): the GEMV kernels of gemv_kernels.cuh with a tail. A block owns R = 4 (FMA) or 8
 // (tensor-core) rows of W, so all of them belong to one head h = first row / D, and D / R blocks make a head.
 // Each block stores its bf16 outputs into qkv as the plain GEMV does, then counts itself done on the head's
 // counter (release fence, atomicAdd). The block that completes the head resets the counter and runs
