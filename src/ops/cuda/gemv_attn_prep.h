@@ -12,10 +12,10 @@
 // and what gemv and the fused attn_prep kernels need (gemv_attn_prep_supported). Everything else: the caller
 // runs the two ops (the dispatcher in ops/attn_prep.cpp does).
 //
-// How (gemv_attn_prep_kernel.cuh): the GEMV kernels of gemv_kernels.cuh with a tail. A block owns R = 4 (FMA) or 8
-// (tensor-core) rows of W, so all of them belong to one head h = first row / D, and D / R blocks make a head.
-// Each block stores its bf16 outputs into qkv as the plain GEMV does, then counts itself done on the head's
-// counter (release fence, atomicAdd). The block that completes the head resets the counter and runs
+// How (gemv_attn_prep_kernel.cuh): the GEMV kernels of gemv_kernels.cuh with a tail. A block owns R = 4 (FMA)
+// or 8 (tensor-core) rows of W, so all of them belong to one head h = first row / D, and D / R blocks make a
+// head. Each block stores its bf16 outputs into qkv as the plain GEMV does, then counts itself done on the
+// head's counter (release fence, atomicAdd). The block that completes the head resets the counter and runs
 // attn_prep for head h of every token on the rows just written (read back through L2): the fused decode
 // kernel's own device code (attn_prep_fused.cuh: load_token, process_qk, store_v), groups of D / 8 lanes
 // per token. The counters (one __device__ word per head, per device) are reset by the block that completes
