@@ -10,7 +10,7 @@
 // stride). Covered: 1 <= m <= 8, bf16 activations, a bf16 or fp8 (E4M3 + UE8M0) cache in any layout (the
 // strides of p) and page size, head_dim 64 or 128, rotary_dim % 16 == 0, at most kGemvAttnPrepMaxHeads heads,
 // and what gemv and the fused attn_prep kernels need (gemv_attn_prep_supported). Everything else: the caller
-// runs the two ops (the dispatcher in ops/attn_prep.cpp does).
+// runs the two ops (ops::linear_attn_prep in ops/linear.cpp does).
 //
 // How (gemv_attn_prep_kernel.cuh): the GEMV kernels of gemv_kernels.cuh with a tail. A block owns R = 4 (FMA)
 // or 8 (tensor-core) rows of W, so all of them belong to one head h = first row / D, and D / R blocks make a
