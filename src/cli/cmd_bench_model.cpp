@@ -250,6 +250,8 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
       {"rms_norm (first layer)", 1, [&](int l) { ops::rms_norm(tr, layers[size_t(l)].input_norm, eps, tn); }},
       {"qkv gemm", L, [&](int l) { ops::linear(tn, layers[size_t(l)].qkv, tq); }},
       {"attn_prep", L, [&](int) { ops::attn_prep(prep); }},
+      // The two above as the model calls them (one kernel with KILN_GEMV_ATTN_PREP=1); not in the sum.
+      {"linear_attn_prep (op)", 0, [&](int l) { ops::linear_attn_prep(tn, layers[size_t(l)].qkv, prep); }},
       {"paged_attention", L, [&](int) { ops::paged_attention(pa); }},
       // The projections as the model runs them: the residual add and the next RMSNorm fused into the GEMV
       // where the tuner chose it, else the GEMM then add_rms_norm (and gate_up likewise with silu_and_mul).

@@ -219,7 +219,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   if (T == 0) return;
   const int64_t Hq = c.num_heads, D = c.head_dim;
   const float eps = float(c.rms_norm_eps);
-  Tensor &ids = w.ids_v, &residual = w.residual_v, &normed = w.normed_v, &qkv = w.qkv_v, &attn = w.attn_v;
+  Tensor &ids = w.ids_v, &residual = w.residual_v, &normed = w.normed_v, &attn = w.attn_v;
   Tensor &tmp = w.tmp_v, &gate_up = w.gate_up_v, &act = w.act_v;
   ops::AttnPrepArgs& prep = w.prep;
   ops::PagedAttentionArgs& att = w.att;
@@ -229,11 +229,12 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   ops::rms_norm(residual, weights_.layers[0].input_norm, eps, normed);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[size_t(l)];
-    ops::linear(normed, lw.qkv, qkv);
     prep.q_norm = lw.q_norm;
     prep.k_norm = lw.k_norm;
     prep.cache = cache.layer(int(l));
-    ops::attn_prep(prep);
+    // At decode sizes one kernel where switched on (the QKV GEMV with the preparation as its epilogue), else
+    // the GEMV or GEMM, then attn_prep.
+    ops::linear_attn_prep(normed, lw.qkv, prep);
     att.cache = prep.cache;
     ops::paged_attention(att);
     // The projections carry the residual add and the next RMSNorm (one fused GEMV at small M where the tuner

@@ -44,6 +44,8 @@ const char* attn_prep_path_name(AttnPrepPath p) {
       return "cuda_fused_streaming";
     case AttnPrepPath::cuda_unfused:
       return "cuda_unfused";
+    case AttnPrepPath::cuda_gemv_fused:
+      return "cuda_gemv_fused";
   }
   return "?";
 }
@@ -263,6 +265,15 @@ void attn_prep_fused(const AttnPrepArgs& a, AttnPrepKernel kernel) {
 #else
   (void)kernel;
 #endif
+}
+
+}  // namespace kiln::ops
+
+namespace kiln::ops {
+
+cuda::AttnPrepParams attn_prep_params(const AttnPrepArgs& a) {
+  attn_prep_validate(a);
+  return make_params(a);
 }
 
 }  // namespace kiln::ops

@@ -54,6 +54,7 @@
 #include <cstdint>
 
 #include "kiln/tensor.h"
+#include "ops/cuda/attn_prep_params.h"
 #include "ops/kv_cache.h"
 #include "ops/rope_table.h"
 
@@ -95,6 +96,7 @@ enum class AttnPrepPath : uint8_t {
   cuda_fused_prefill,    // token-loop kernel, register loads
   cuda_fused_streaming,  // token-loop kernel, cp.async pipeline (heads <= 4 per group of each block)
   cuda_unfused,
+  cuda_gemv_fused,  // ops::linear_attn_prep (linear.h) only: the QKV GEMV and the preparation in one kernel
 };
 // The fused kernels, for forcing one (tests, benchmarks).
 enum class AttnPrepKernel : uint8_t { decode, prefill, prefill_streaming };
@@ -123,5 +125,9 @@ void attn_prep_fused(const AttnPrepArgs& args, AttnPrepKernel kernel);
 
 // Validation shared by every path (raises kiln::Error on any mismatch).
 void attn_prep_validate(const AttnPrepArgs& args);
+
+// The raw kernel parameters the CUDA paths build from these (validated) args, for tests and benchmarks that
+// call a kernel directly (e.g. ops/cuda/gemv_attn_prep.h).
+::kiln::cuda::AttnPrepParams attn_prep_params(const AttnPrepArgs& args);
 
 }  // namespace kiln::ops

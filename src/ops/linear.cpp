@@ -88,4 +88,22 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
   cpu::lm_head(x, rows, weight, logits);
 }
 
+AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnPrepArgs& a) {
+  KILN_CHECK(x.ndim == 2 && weight.ndim == 2 && a.qkv.ndim == 2 && x.shape[0] == a.qkv.shape[0] &&
+                 weight.shape[0] == a.qkv.shape[1] && x.shape[1] == weight.shape[1],
+             "linear_attn_prep: x ", x.describe(), " and weight ", weight.describe(), " do not make qkv ",
+             a.qkv.describe());
+#ifdef KILN_HAVE_CUDA
+  // The args are validated once on either path: by attn_prep_params here, else by attn_prep below.
+  if (a.qkv.device.is_cuda() && x.dtype == DType::bf16 && weight.dtype == DType::bf16 &&
+      x.device == a.qkv.device && weight.device == a.qkv.device && x.stride[1] == 1 &&
+      weight.stride[1] == 1 && x.data != a.qkv.data &&
+      KILN_CUDA_OP(linear_attn_prep_chosen(x.shape[0], weight.shape[0], x.shape[1])) &&
+      KILN_CUDA_OP(linear_attn_prep(x, weight, attn_prep_params(a), a.stream)))
+    return AttnPrepPath::cuda_gemv_fused;
+#endif
+  linear(x, weight, a.qkv);
+  return attn_prep(a);
+}
+
 }  // namespace kiln::ops

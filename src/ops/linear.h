@@ -14,6 +14,7 @@
 #pragma once
 
 #include "kiln/tensor.h"
+#include "ops/attn_prep.h"
 
 namespace kiln::ops {
 
@@ -46,6 +47,14 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
 // (ops/cuda/gemv.h, bitwise the same) where the tuner chose the GEMV (measured slower on the H200 so far).
 void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
                          const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed);
+
+// The QKV projection with the attention preparation: linear(x, weight, args.qkv) then attn_prep(args)
+// (ops/attn_prep.h), bitwise: x bf16 [T, K], weight bf16 [(Hq + 2 Hkv) D, K].
+// On CUDA one kernel (ops/cuda/gemv_attn_prep.h: 1 <= T <= 8, bf16 activations, bf16 or fp8 cache, head_dim
+// 64 or 128) where the tuner chose the GEMV for the QKV shape and the fusion is switched on (GemmEngine::
+// set_gemv_attn_prep, KILN_GEMV_ATTN_PREP=1; off by default); returns cuda_gemv_fused then. Otherwise the two
+// ops, returning attn_prep's path. Capturable in a CUDA graph like attn_prep.
+AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnPrepArgs& args);
 
 // LM head: logits[r, :] = x[rows[r], :] · W^T, rows gathered from a hidden-state matrix.
 //   x:      bf16 [T, H], last stride 1;  rows: i32 [R] contiguous, each in [0, T)

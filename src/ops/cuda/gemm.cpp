@@ -199,6 +199,11 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
                e, "'");
     gemv_add_rms_norm_ = std::string(e) == "1";
   }
+  if (const char* e = std::getenv("KILN_GEMV_ATTN_PREP"); e && *e) {
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_GEMV_ATTN_PREP must be 0 or 1, got '", e,
+               "'");
+    gemv_attn_prep_ = std::string(e) == "1";
+  }
 }
 
 GemmEngine::~GemmEngine() {

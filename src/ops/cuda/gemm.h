@@ -92,6 +92,11 @@ class GemmEngine {
   // KILN_GEMV_ADD_RMS_NORM=1 starts it on.
   void set_gemv_add_rms_norm(bool on) { gemv_add_rms_norm_ = on; }
   bool gemv_add_rms_norm() const { return gemv_add_rms_norm_; }
+  // On: ops::linear_attn_prep runs the QKV GEMV fused with the attention preparation (gemv_attn_prep.h)
+  // where the GEMV is chosen for the QKV shape and the fused guards hold. Default off until it has been
+  // measured on the GPU (docs/PERF.md); KILN_GEMV_ATTN_PREP=1 starts it on.
+  void set_gemv_attn_prep(bool on) { gemv_attn_prep_ = on; }
+  bool gemv_attn_prep() const { return gemv_attn_prep_; }
 
   // Times candidates for each shape (synchronous; allocates scratch) and stores the winners.
   void tune(const std::vector<GemmShape>& shapes, bool verbose = false);
@@ -109,6 +114,7 @@ class GemmEngine {
   int64_t gemv_dispatches_ = 0;
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
+  bool gemv_attn_prep_ = false;
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for

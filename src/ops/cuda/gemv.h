@@ -109,4 +109,12 @@ void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, v
                        int64_t n, int64_t k, float eps, GemvConfig cfg, cudaStream_t stream,
                        bool pdl = false);
 
+// Register cap of the tensor-core kernel when it carries a tail (the add + RMSNorm here, the attention
+// preparation in gemv_attn_prep.h). The plain tensor-core GEMV compiles to 38 registers; the tails' locals
+// raise the whole kernel to 100-113 (a third of the resident 512-thread blocks). 3: __launch_bounds__(512,
+// 3), 40 registers, the plain kernel's occupancy, the tail's locals spilled to local memory (0.4-0.5 KB per
+// thread, in the finishing block only). 0: no cap. Read once from KILN_GEMV_TAIL_MIN_BLOCKS (0 or 3), default
+// 3. The arithmetic is the same either way, so are the bits.
+int gemv_tail_min_blocks();
+
 }  // namespace kiln::cuda

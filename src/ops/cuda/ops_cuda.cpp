@@ -8,6 +8,7 @@
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/gemv_attn_prep.h"
 
 namespace kiln::ops::cuda {
 namespace kc = ::kiln::cuda;
@@ -77,6 +78,24 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
   }
   linear(x, weight, tmp);
   add_rms_norm(tmp, residual, norm_weight, eps, normed);
+}
+
+bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k) {
+  const kc::GemmEngine& eng = kc::gemm_engine();
+  return m >= 1 && eng.gemv_attn_prep() && eng.gemv_choice(m, n, k, kc::GemmOut::bf16).has_value();
+}
+
+bool linear_attn_prep(const Tensor& x, const Tensor& weight, const kc::AttnPrepParams& p, void* stream) {
+  const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
+  kc::GemmEngine& eng = kc::gemm_engine();
+  if (M == 0 || !eng.gemv_attn_prep()) return false;
+  // The tuner's GEMV config for the QKV shape: the one linear() would run, so the rows are bitwise its rows.
+  const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
+  if (!g || !kc::gemv_attn_prep_supported(M, K, x.data, x.stride[0], weight.data, weight.stride[0], p))
+    return false;
+  kc::gemv_attn_prep(x.data, x.stride[0], weight.data, weight.stride[0], M, K, p, *g,
+                     static_cast<cudaStream_t>(stream), kc::pdl_enabled());
+  return true;
 }
 
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {

@@ -5,6 +5,7 @@
 
 #include "kiln/tensor.h"
 #include "ops/attention.h"
+#include "ops/cuda/attn_prep_params.h"
 #include "ops/stream.h"
 
 namespace kiln::ops::cuda {
@@ -23,6 +24,15 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
 // the rms_norm kernel (add).
 void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
                          const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed);
+// The QKV projection fused with the attention preparation (gemv_attn_prep.h) for the prep params p of the
+// qkv rows: launches it and returns true when the engine's fusion switch is on, the tuner chose the GEMV for
+// [M, N, K] and the fused guards hold; else launches nothing and returns false (the caller runs linear, then
+// attn_prep). On `stream` (a cudaStream_t), as attn_prep's args.stream.
+bool linear_attn_prep(const Tensor& x, const Tensor& weight, const ::kiln::cuda::AttnPrepParams& p,
+                      void* stream);
+// The cheap half of that decision (the switch and the tuner's choice for [m, n, k]), asked before the
+// params are built.
+bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k);
 // Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
 // bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);

@@ -1,0 +1,73 @@
+// QKV GEMV + attention preparation in one launch: the guards and the head_dim switch (the contract and the
+// scheme are in gemv_attn_prep.h, the kernels in gemv_attn_prep_kernel.cuh, one build unit per head_dim).
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/gemv_attn_prep.h"
+#include "ops/cuda/gemv_kernels.cuh"
+
+namespace kiln::cuda {
+
+void launch_gemv_attn_prep_d64(const gemv_detail::GemvParams& g, const AttnPrepParams& p, int64_t m,
+                               GemvConfig cfg, bool capped, cudaStream_t stream, bool pdl);
+void launch_gemv_attn_prep_d128(const gemv_detail::GemvParams& g, const AttnPrepParams& p, int64_t m,
+                                GemvConfig cfg, bool capped, cudaStream_t stream, bool pdl);
+
+namespace {
+
+using gemv_detail::GemvParams;
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+bool known_config(GemvConfig c) {
+  for (const GemvConfig& k : kGemvConfigs)
+    if (k == c) return true;
+  return false;
+}
+
+}  // namespace
+
+bool gemv_attn_prep_supported(int64_t m, int64_t k, const void* x, int64_t ldx, const void* w, int64_t ldw,
+                              const AttnPrepParams& p) {
+  const int64_t heads = int64_t(p.Hq) + 2 * int64_t(p.Hkv), n = heads * p.D;
+  return m >= 1 && m <= kGemvMaxM && p.T == m && p.act == ActKind::bf16 &&
+         (p.cache == CacheKind::bf16 || p.cache == CacheKind::fp8) && (p.D == 64 || p.D == 128) &&
+         heads <= kGemvAttnPrepMaxHeads && attn_prep_fused_supported(p) && aligned16(x) && aligned16(w) &&
+         gemv_supported(m, n, k, ldx, ldw, p.qkv_row, GemvEpilogue::bf16);
+}
+
+void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m, int64_t k,
+                    const AttnPrepParams& p, GemvConfig cfg, cudaStream_t stream, bool pdl,
+                    int tc_min_blocks) {
+  if (m == 0) return;
+  KILN_CHECK(tc_min_blocks == -1 || tc_min_blocks == 0 || tc_min_blocks == 3,
+             "gemv_attn_prep: tc_min_blocks must be -1, 0 or 3, got ", tc_min_blocks);
+  KILN_CHECK(gemv_attn_prep_supported(m, k, x, ldx, w, ldw, p), "gemv_attn_prep: unsupported call: M ", m,
+             " K ", k, " T ", p.T, " D ", p.D, " heads ", p.Hq, "/", p.Hkv,
+             " (gemv_attn_prep.h lists the guards)");
+  KILN_CHECK(known_config(cfg), "gemv_attn_prep: unknown GEMV config: warps ", cfg.warps);
+  const int64_t n = (int64_t(p.Hq) + 2 * int64_t(p.Hkv)) * p.D;
+  const GemvParams g{.x = static_cast<const uint4*>(x),
+                     .w = static_cast<const uint4*>(w),
+                     .out = const_cast<void*>(p.qkv),
+                     .ldx8 = ldx / 8,
+                     .ldw8 = ldw / 8,
+                     .ldo = p.qkv_row,
+                     .n = n,
+                     .k8 = k / 8,
+                     .pdl = pdl,
+                     .residual = nullptr,
+                     .norm_w = nullptr,
+                     .normed = nullptr,
+                     .ldr = 0,
+                     .ldn = 0,
+                     .eps = 0.0f};
+  const bool capped = (tc_min_blocks < 0 ? gemv_tail_min_blocks() : tc_min_blocks) == 3;
+  if (p.D == 64) {
+    launch_gemv_attn_prep_d64(g, p, m, cfg, capped, stream, pdl);
+  } else {
+    launch_gemv_attn_prep_d128(g, p, m, cfg, capped, stream, pdl);
+  }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,107 @@
+// The fused QKV GEMV + attention-preparation kernels for one head_dim (gemv_attn_prep.h: the contract and
+// the scheme); included by gemv_attn_prep_d{64,128}.cu, one build unit per head_dim.
+//
+// Mapping of the tail (the block that completes head h): threads form groups of G = D / 8 consecutive lanes,
+// group j takes tokens j, j + groups, ... (< m); lane c of a group owns elements [8c, 8c + 8) of the head,
+// exactly as a group of attn_prep_decode_kernel does for (token, head), and runs the same device functions
+// on the same 16 bytes, so every output byte is that kernel's.
+#pragma once
+
+#include "ops/cuda/attn_prep_fused.cuh"
+#include "ops/cuda/gemv_attn_prep.h"
+#include "ops/cuda/gemv_kernels.cuh"
+
+// Everything here has internal linkage: each build unit (head_dim) has its own kernels and counters.
+namespace kiln::cuda::gemv_attn_prep_detail {
+namespace {
+
+using namespace gemv_detail;
+
+// Blocks of head h of the current launch that have stored their qkv outputs; the block that completes the
+// head resets its word to 0 (gemv_attn_prep.h). Module globals are per device; each build unit (head_dim)
+// has its own array, which launches on one stream never share at once anyway.
+__device__ unsigned int g_head_blocks_done[kGemvAttnPrepMaxHeads];
+
+// attn_prep of head h for tokens 0..M-1 on the qkv rows the GEMV blocks have just stored.
+template <int M, int D, CacheKind C>
+__device__ __forceinline__ void prep_head(const AttnPrepParams& a, int h, int threads, int tid) {
+  constexpr int G = D / 8;
+  const int c = tid % G, groups = threads / G;
+  const unsigned mask = attn::group_mask<D>();
+  const bool qk = h < a.Hq + a.Hkv;
+  uint4 wb = make_uint4(0, 0, 0, 0);
+  if (qk)
+    wb = __ldg(
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(h < a.Hq ? a.q_norm : a.k_norm) + 8 * c));
+  for (int t = tid / G; t < M; t += groups) {  // whole groups take the same tokens (shuffles stay inside)
+    // Written by other blocks of this launch: read through L2 (.cg), never the read-only path.
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.qkv) +
+                                                            int64_t(t) * a.qkv_row + int64_t(h) * D + 8 * c));
+    attn::TokenCtx k;
+    attn::load_token<D>(a, t, c, qk, k);
+    if (qk) {
+      attn::process_qk<ActKind::bf16, C, D>(a, t, h, c, mask, raw, wb, k);
+    } else {
+      attn::store_v<ActKind::bf16, C>(a, h - a.Hq - a.Hkv, c, mask, raw, k);
+    }
+  }
+}
+
+template <int D, int kMinBlocks>
+struct AttnPrepTail {
+  using Args = AttnPrepParams;
+  static constexpr int kTcMinBlocks = kMinBlocks;
+  template <int M, int R>
+  static __device__ __forceinline__ void finish(const GemvParams&, const AttnPrepParams& a, int64_t base,
+                                                int warps, int tid) {
+    static_assert(D % R == 0, "a block's rows must lie in one head");
+    __shared__ bool last;
+    const int h = int(base / D);
+    __threadfence();  // release: this thread's qkv stores are visible device-wide before the block counts
+    __syncthreads();  // ... and every thread of the block has fenced its stores
+    if (tid == 0) {
+      last = atomicAdd(&g_head_blocks_done[h], 1u) == unsigned(D / R) - 1;
+      if (last) atomicExch(&g_head_blocks_done[h], 0u);  // the head is complete: ready for the next launch
+      __threadfence();  // acquire: the head's other blocks' stores before this block's reads
+    }
+    __syncthreads();
+    pdl_launch_dependents();  // dependents wait for the whole grid (tails included) before reading
+    if (!last) return;
+    if (a.cache == CacheKind::fp8) {
+      prep_head<M, D, CacheKind::fp8>(a, h, warps * 32, tid);
+    } else {
+      prep_head<M, D, CacheKind::bf16>(a, h, warps * 32, tid);
+    }
+  }
+};
+
+using PrepKernel = void (*)(GemvParams, AttnPrepParams);
+
+template <int D, int kMinBlocks>
+PrepKernel kernel_for(int64_t m, bool tc) {
+  using T = AttnPrepTail<D, kMinBlocks>;
+  using F = AttnPrepTail<D, 0>;  // the FMA kernel takes no cap (kTcMinBlocks is the mma kernel's)
+  constexpr GemvEpilogue E = GemvEpilogue::bf16;
+  static constexpr PrepKernel fma[kGemvMaxM] = {
+      gemv_kernel<1, E, F>, gemv_kernel<2, E, F>, gemv_kernel<3, E, F>, gemv_kernel<4, E, F>,
+      gemv_kernel<5, E, F>, gemv_kernel<6, E, F>, gemv_kernel<7, E, F>, gemv_kernel<8, E, F>};
+  static constexpr PrepKernel mma[kGemvMaxM] = {
+      gemv_tc_kernel<1, E, T>, gemv_tc_kernel<2, E, T>, gemv_tc_kernel<3, E, T>, gemv_tc_kernel<4, E, T>,
+      gemv_tc_kernel<5, E, T>, gemv_tc_kernel<6, E, T>, gemv_tc_kernel<7, E, T>, gemv_tc_kernel<8, E, T>};
+  return (tc ? mma : fma)[m - 1];
+}
+
+// Launches the D-instantiation (p validated by the caller).
+template <int D>
+void launch_d(const GemvParams& g, const AttnPrepParams& p, int64_t m, GemvConfig cfg, bool capped,
+              cudaStream_t stream, bool pdl) {
+  const int64_t blocks = g.n / gemv_rows(cfg);  // D % rows == 0: whole heads
+  const bool tc = cfg.tensor_cores;
+  const PrepKernel kern = capped ? kernel_for<D, 3>(m, tc) : kernel_for<D, 0>(m, tc);
+  launch(
+      {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
+      kern, g, p);
+}
+
+}  // namespace
+}  // namespace kiln::cuda::gemv_attn_prep_detail
