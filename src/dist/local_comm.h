@@ -1,0 +1,30 @@
+// LocalGroup: n ranks as threads of one process, collectives over host memory (the CPU backend's tensor
+// parallelism; see communicator.h). The sum is deterministic and identical on every rank: each element is
+// accumulated in fp32 over ranks 0, 1, ..., n - 1 and rounded once (bf16: round to nearest even), whatever
+// the thread timing. A rank that fails calls abort(): every rank blocked in (or later entering) a collective
+// of the group then throws instead of waiting forever.
+#pragma once
+
+#include <memory>
+
+#include "dist/communicator.h"
+
+namespace kiln::dist {
+
+class LocalGroup {
+ public:
+  explicit LocalGroup(int size);
+  ~LocalGroup();
+  LocalGroup(const LocalGroup&) = delete;
+  LocalGroup& operator=(const LocalGroup&) = delete;
+  int size() const;
+  Communicator& comm(int rank);  // rank's communicator; use it from that rank's thread only
+  void abort();
+
+ private:
+  struct Shared;
+  class Rank;
+  std::unique_ptr<Shared> shared_;
+};
+
+}  // namespace kiln::dist

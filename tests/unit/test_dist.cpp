@@ -1,0 +1,161 @@
+// The tensor-parallel plumbing that runs without GPUs (src/dist): LocalGroup's collectives (values against a
+// sum computed here, the same bits on every rank, any thread timing), abort, and the TCP rendezvous that
+// carries NCCL's unique id between nodes (loopback only).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "dist/local_comm.h"
+#include "dist/nccl_comm.h"
+#include "dist/rendezvous.h"
+#include "kiln/dtype.h"
+#include "kiln/error.h"
+
+namespace kiln::dist {
+namespace {
+
+template <class Fn>
+void on_ranks(int n, Fn fn) {
+  std::vector<std::thread> th;
+  for (int r = 0; r < n; ++r) th.emplace_back(fn, r);
+  for (auto& t : th) t.join();
+}
+
+TEST(LocalGroup, AllReduceSumsInRankOrderSameBitsEverywhere) {
+  for (int n : {1, 2, 3, 4}) {
+    LocalGroup g(n);
+    constexpr size_t kCount = 1001;  // not a multiple of the rank count
+    std::vector<std::vector<float>> f{size_t(n), std::vector<float>(kCount)};
+    std::vector<std::vector<bf16_t>> h{size_t(n), std::vector<bf16_t>(kCount)};
+    std::mt19937 rng{uint32_t(n)};
+    std::uniform_real_distribution<float> u(-3, 3);
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < kCount; ++i) f[size_t(r)][i] = u(rng), h[size_t(r)][i] = f32_to_bf16(u(rng));
+    std::vector<float> want_f(kCount);
+    std::vector<bf16_t> want_h(kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      float a = 0, b = 0;
+      for (int r = 0; r < n; ++r) a += f[size_t(r)][i], b += bf16_to_f32(h[size_t(r)][i]);
+      want_f[i] = a, want_h[i] = f32_to_bf16(b);
+    }
+    on_ranks(n, [&](int r) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200 * r));  // arrive in a different order
+      g.comm(r).all_reduce_sum(f[size_t(r)].data(), kCount, ReduceType::f32);
+      g.comm(n - 1 - r).rank();  // another rank's object is only read
+      g.comm(r).all_reduce_sum(h[size_t(r)].data(), kCount, ReduceType::bf16);
+    });
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(f[size_t(r)][i], want_f[i]) << "n " << n << " rank " << r << " i " << i;
+        ASSERT_EQ(h[size_t(r)][i].bits, want_h[i].bits) << "n " << n << " rank " << r << " i " << i;
+      }
+  }
+}
+
+TEST(LocalGroup, BroadcastAndManyCollectivesInLockstep) {
+  LocalGroup g(4);
+  std::vector<std::vector<int>> v(4, std::vector<int>(16));
+  on_ranks(4, [&](int r) {
+    for (int step = 0; step < 200; ++step) {
+      for (int i = 0; i < 16; ++i) v[size_t(r)][size_t(i)] = r == step % 4 ? step * 100 + i : -1;
+      g.comm(r).broadcast(v[size_t(r)].data(), 16 * sizeof(int), step % 4);
+      for (int i = 0; i < 16; ++i)
+        if (v[size_t(r)][size_t(i)] != step * 100 + i) throw std::runtime_error("broadcast mismatch");
+      float x = float(r + step);
+      g.comm(r).all_reduce_sum(&x, 1, ReduceType::f32);
+      if (x != float(6 + 4 * step)) throw std::runtime_error("all-reduce mismatch");
+    }
+  });
+  EXPECT_EQ(g.size(), 4);
+  EXPECT_THROW(g.comm(4), Error);
+  EXPECT_THROW(LocalGroup(0), Error);
+}
+
+TEST(LocalGroup, AbortReleasesRanksWaitingForOneThatFailed) {
+  LocalGroup g(3);
+  std::atomic<int> threw{0};
+  std::thread waiters[2];
+  for (int r = 0; r < 2; ++r)
+    waiters[r] = std::thread([&, r] {
+      float x = 1;
+      try {
+        g.comm(r).all_reduce_sum(&x, 1, ReduceType::f32);
+      } catch (const Error&) {
+        ++threw;
+      }
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  g.abort();  // rank 2 failed before its collective
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(threw.load(), 2);
+  float y = 0;
+  EXPECT_THROW(g.comm(2).all_reduce_sum(&y, 1, ReduceType::f32), Error);
+}
+
+TEST(Rendezvous, NodeZeroHandsItsBlobToEveryPeer) {
+  RendezvousServer server("127.0.0.1", 0);
+  ASSERT_GT(server.port(), 0);
+  std::string blob(128, '\0');
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = char(i * 7);
+  std::vector<std::string> got(3);
+  std::vector<std::thread> peers;
+  for (int i = 0; i < 3; ++i)
+    peers.emplace_back([&, i] { got[size_t(i)] = rendezvous_fetch("127.0.0.1", server.port(), 10.0); });
+  server.serve(blob, 3, 10.0);
+  for (auto& t : peers) t.join();
+  for (const auto& g : got) EXPECT_EQ(g, blob);
+}
+
+TEST(Rendezvous, ExchangeBlobWithNodeZeroStartingLast) {
+  int port = 0;
+  {
+    RendezvousServer probe("127.0.0.1", 0);  // a free port for this test, released at once
+    port = probe.port();
+  }
+  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  std::string got;
+  std::thread peer([&] { got = exchange_blob(addr, 2, 1, "", 10.0); });  // retries until node 0 listens
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(exchange_blob(addr, 2, 0, "nccl-id", 10.0), "nccl-id");
+  peer.join();
+  EXPECT_EQ(got, "nccl-id");
+  EXPECT_EQ(exchange_blob("unused:1", 1, 0, "x", 1.0), "x");  // one node: nothing travels
+}
+
+TEST(Rendezvous, BadInputAndDeadlinesAreClearErrors) {
+  std::string host;
+  int port = 0;
+  parse_dist_addr("[::1]:5000", &host, &port);
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 5000);
+  EXPECT_THROW(parse_dist_addr("localhost", &host, &port), Error);
+  EXPECT_THROW(parse_dist_addr("localhost:0", &host, &port), Error);
+  EXPECT_THROW(parse_dist_addr("localhost:70000", &host, &port), Error);
+  EXPECT_THROW(parse_dist_addr("localhost:12a", &host, &port), Error);
+  EXPECT_THROW(exchange_blob("127.0.0.1:5000", 2, 2, "", 1.0), Error);
+  int closed = 0;
+  {
+    RendezvousServer probe("127.0.0.1", 0);
+    closed = probe.port();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(rendezvous_fetch("127.0.0.1", closed, 0.3), Error);  // nobody listens
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  RendezvousServer lonely("127.0.0.1", 0);
+  EXPECT_THROW(lonely.serve("x", 1, 0.2), Error);  // no peer comes
+}
+
+TEST(Nccl, FactoriesSayWhetherTheBuildHasNccl) {
+  if (!nccl_available()) {
+    EXPECT_THROW(nccl_unique_id(), Error);
+    return;
+  }
+  EXPECT_EQ(nccl_unique_id().size(), 128u);  // ncclUniqueId: 128 bytes, no GPU needed
+}
+
+}  // namespace
+}  // namespace kiln::dist
