@@ -48,6 +48,12 @@ struct SamplingParams {
   int max_new_tokens = 16;   // >= 0 (0: only prefill; useful with return_hidden / logprobs)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  // if false, the model's eos_token_ids end the request with "stop"
+  // Logit processing before the draw (runtime/logit_processor.h has the exact order and arithmetic).
+  float presence_penalty = 0.0f;    // [-2, 2]: subtracted once from each id generated so far
+  float frequency_penalty = 0.0f;   // [-2, 2]: times the id's count among the generated tokens
+  float repetition_penalty = 1.0f;  // (0, 2]: ids in the prompt or generated: logit > 0 divided, else times
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (id in [0, vocab), bias in [-100, 100]) added
+  int min_new_tokens = 0;  // [0, max_new_tokens]: stop ids and EOS are masked until this many are generated
   bool return_logprob = false;
   int top_logprobs = 0;  // 0..20: alternatives per generated token (needs return_logprob)
 };

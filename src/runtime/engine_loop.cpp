@@ -77,7 +77,12 @@ void Engine::Impl::accept(Incoming x) {
   L.prompt_tokens = int(L.req.prompt.size());
   L.seed =
       L.req.sampling.seed >= 0 ? uint64_t(L.req.sampling.seed) : opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull);
-  L.sampler = std::make_unique<Sampler>(L.req.sampling, L.seed, /*always_logprob=*/false);
+  // min_new_tokens holds back what would end the request: its stop ids and, unless ignore_eos, EOS.
+  std::vector<int32_t> masked = L.req.sampling.stop_token_ids;
+  if (!L.req.sampling.ignore_eos)
+    masked.insert(masked.end(), runner->config().eos_token_ids.begin(), runner->config().eos_token_ids.end());
+  L.sampler = std::make_unique<Sampler>(L.req.sampling, L.seed, /*always_logprob=*/false, L.req.prompt,
+                                        std::move(masked));
   auto seq = std::make_unique<Sequence>();
   seq->id = x.id;
   seq->tokens = L.req.prompt;
@@ -154,8 +159,13 @@ void Engine::Impl::step() {
       std::vector<ModelRunner::RowSampling> rs(K);
       for (size_t k = 0; k < K; ++k) {
         const Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
-        rs[k] = {L.req.sampling.temperature, L.req.sampling.top_k, L.req.sampling.top_p, L.seed,
-                 uint64_t(L.completion)};
+        rs[k] = {L.req.sampling.temperature,
+                 L.req.sampling.top_k,
+                 L.req.sampling.top_p,
+                 L.seed,
+                 uint64_t(L.completion),
+                 &L.sampler->processor(),
+                 plan.rows[size_t(plan.sample_rows[k])].seq->id};
       }
       std::vector<ModelRunner::SampledRow> out;
       sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out);
@@ -246,6 +256,7 @@ void Engine::Impl::step() {
       continue;
     }
     const int32_t tok = sampled[k];
+    L.sampler->observe(tok);
     ++L.completion;
     ++counters.generation_tokens_total;
     if (L.completion == 1) {
@@ -306,6 +317,7 @@ void Engine::Impl::finish(RequestId id, const std::string& reason, const std::st
     ++(reason == "abort" ? counters.finished_abort : counters.finished_error);
   }
   sched->release(id);
+  runner->release_request(id);
   publish(false);  // whoever sees the final event also sees it counted
   emit(id, L, e);
   live.erase(it);

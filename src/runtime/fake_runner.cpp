@@ -141,8 +141,9 @@ bool FakeRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSa
   const size_t V = size_t(config_.vocab_size);
   out->assign(rows.size(), SampledRow{});
   for (size_t r = 0; r < rows.size(); ++r) {
-    const float* x = logits.data() + r * V;
+    float* x = logits.data() + r * V;
     const RowSampling& p = rows[r];
+    if (p.proc) p.proc->apply(x, int64_t(V));  // as a device sampler must: bias, mask, penalties first
     std::vector<int32_t> order(V);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
