@@ -39,6 +39,8 @@ class EngineBusyError : public Error {
   explicit EngineBusyError(const std::string& what) : Error(what) {}
 };
 
+using RequestId = uint64_t;
+
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy; must be finite and >= 0
   float top_p = 1.0f;        // (0, 1]
@@ -63,9 +65,13 @@ struct Request {
   SamplingParams sampling;
   bool embedding = false;      // run forward_hidden over the prompt, reply once with `embedding`
   bool return_hidden = false;  // also report the last position's final hidden state
+  // Parallel samples of one prompt (OpenAI's n): when non-zero, this request is held back until request
+  // `after_prefill_of` has computed its whole prompt (or ended), so that it finds that prompt's full
+  // pages in the prefix cache and computes only the tail (under one page, plus the last token). The
+  // prompt is then prefilled once for all n samples. No effect with the prefix cache off or when that
+  // request is not running any more.
+  RequestId after_prefill_of = 0;
 };
-
-using RequestId = uint64_t;
 
 struct TokenLogprob {
   int32_t id;

@@ -90,11 +90,34 @@ void Engine::Impl::accept(Incoming x) {
   const int64_t want = L.req.embedding ? 0 : L.req.sampling.max_new_tokens;
   seq->max_len = int32_t(std::min<int64_t>(int64_t(seq->prompt_len) + want, context_limit));
   counters.prompt_tokens_total += L.prompt_tokens;
-  live.emplace(x.id, std::move(L));
+  const RequestId leader = L.req.after_prefill_of;
+  Live& me = live.emplace(x.id, std::move(L)).first->second;
+  if (auto it = live.find(leader); leader != 0 && sched->cache() && it != live.end() &&
+                                   it->second.completion == 0 && !it->second.req.embedding) {
+    me.held = std::move(seq);  // admitted once the leader's prompt pages are in the cache
+    it->second.followers.push_back(x.id);
+    ++num_held;
+    return;
+  }
+  admit(x.id, std::move(seq));
+}
+
+void Engine::Impl::admit(RequestId id, std::unique_ptr<Sequence> seq) {
   try {
     sched->admit(std::move(seq));
   } catch (const std::exception& e) {
-    finish(x.id, "error", e.what());
+    finish(id, "error", e.what());
+  }
+}
+
+void Engine::Impl::release_followers(Live& leader) {
+  std::vector<RequestId> ids;
+  ids.swap(leader.followers);
+  for (RequestId f : ids) {
+    auto it = live.find(f);
+    if (it == live.end() || !it->second.held) continue;  // ended while held
+    --num_held;
+    admit(f, std::move(it->second.held));
   }
 }
 
@@ -102,7 +125,7 @@ void Engine::Impl::step() {
   StepPlan plan = sched->schedule();
   {
     std::lock_guard<std::mutex> lk(mu);
-    snapshot.waiting = sched->num_waiting();  // exact for submit()'s queue limit while this step runs
+    snapshot.waiting = sched->num_waiting() + num_held;  // exact for submit()'s queue limit during the step
   }
   counters.preemptions += int64_t(plan.preempted.size());
   KILN_CHECK(!plan.empty(), "internal: ", sched->num_waiting(), " waiting and ", sched->num_running(),
@@ -260,6 +283,7 @@ void Engine::Impl::step() {
     ++L.completion;
     ++counters.generation_tokens_total;
     if (L.completion == 1) {
+      release_followers(L);  // its prompt is computed: its full pages are in the cache now
       L.t_first = now;
       counters.ttft.observe(seconds(L.t_submit, now));
     }
@@ -316,8 +340,13 @@ void Engine::Impl::finish(RequestId id, const std::string& reason, const std::st
   } else {
     ++(reason == "abort" ? counters.finished_abort : counters.finished_error);
   }
-  sched->release(id);
+  if (L.held) {
+    --num_held;
+  } else {
+    sched->release(id);
+  }
   runner->release_request(id);
+  release_followers(L);
   publish(false);  // whoever sees the final event also sees it counted
   emit(id, L, e);
   live.erase(it);
@@ -335,7 +364,7 @@ void Engine::Impl::publish(bool full) {
   s.requests_submitted = snapshot.requests_submitted;
   s.requests_rejected = snapshot.requests_rejected;
   s.running = sched->num_running();
-  s.waiting = sched->num_waiting();
+  s.waiting = sched->num_waiting() + num_held;
   s.page_size = pool->page_size();
   s.kv_pages_total = pool->num_usable();
   s.kv_pages_free = pool->num_free();
