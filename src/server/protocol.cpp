@@ -18,6 +18,9 @@ constexpr size_t kMaxStopBytes = 256;
 constexpr int kMaxTopLogprobs = 20;
 constexpr int64_t kMaxN = 16;  // choices per request (vLLM has no cap; 16 bounds one request's share)
 constexpr size_t kMaxLogitBias = 1024;
+// Why structured output is refused (README, "Structured output"): no grammar engine is to be had.
+constexpr const char* kNoGrammar =
+    "structured output needs constrained decoding (a grammar engine), which kiln does not have";
 
 const json* field(const json& obj, const char* name) {
   auto it = obj.find(name);
@@ -205,6 +208,11 @@ void parse_sampling(const json& obj, const ApiLimits& lim, SamplingParams& sp, s
     if (auto v = opt_int(obj, name, 0, INT32_MAX)) sp.min_new_tokens = int(*v);
   sp.logit_bias = parse_logit_bias(obj, lim);
   if (auto v = opt_int(obj, "n", 1, kMaxN)) n = int(*v);
+  // Constrained decoding, as SGLang (sampling_params) and vLLM (extra body) name it: refused, not ignored.
+  for (const char* name : {"regex", "ebnf", "json_schema", "structural_tag", "guided_json", "guided_regex",
+                           "guided_choice", "guided_grammar", "structured_outputs"})
+    if (field(obj, name))
+      throw bad_request(std::string("'") + name + "' is not supported: " + kNoGrammar, name);
 }
 
 // generation_config.json's eos ids stop generation as the model's own eos does (not under ignore_eos).
@@ -225,8 +233,12 @@ void reject_openai_unsupported(const json& body) {
   if (const json* v = field(body, "response_format")) {
     if (!v->is_object()) throw bad_request("'response_format' must be an object", "response_format");
     auto t = v->find("type");
-    if (t == v->end() || !t->is_string() || t->get<std::string>() != "text")
-      throw bad_request("only response_format {\"type\": \"text\"} is supported", "response_format");
+    const std::string type = t != v->end() && t->is_string() ? t->get<std::string>() : "";
+    if (type != "text")
+      throw bad_request("'response_format' " +
+                            (type.empty() ? std::string("without a type") : "'" + type + "'") +
+                            " is not supported: " + kNoGrammar + "; only {\"type\": \"text\"} is accepted",
+                        "response_format");
   }
 }
 
