@@ -139,6 +139,21 @@ TEST(ServerTracker, StopStringEndsEarlyAndCountsConsumedTokens) {
   EXPECT_EQ(t.completion_tokens(), 7);  // "hello w": the token completing the match is counted
 }
 
+TEST(ServerTracker, StopStringsCountFromMinTokensOn) {
+  fake::ByteCodec codec;
+  GenSpec spec;
+  spec.prompt = {1};
+  spec.stop = {"a"};
+  spec.sampling.min_new_tokens = 3;
+  OutputTracker t(codec, spec);
+  TokenEvent e;
+  e.ids = codec.encode("aaxa");  // tokens 1 and 2 come before min_tokens: their "a" does not stop it
+  const Delta d = t.consume(e);
+  EXPECT_TRUE(t.stopped_by_string());
+  EXPECT_EQ(d.text, "aax");
+  EXPECT_EQ(t.completion_tokens(), 4);
+}
+
 TEST(ServerTracker, HeldBackTextIsReleasedAtLength) {
   fake::ByteCodec codec;
   GenSpec spec;
