@@ -34,6 +34,8 @@ void Engine::Impl::validate(const Request& r) const {
   KILN_CHECK(s.max_new_tokens >= 0, "max_new_tokens must be >= 0, got ", s.max_new_tokens);
   for (int32_t t : s.stop_token_ids)
     KILN_CHECK(t >= 0 && t < V, "stop token id ", t, " is outside the vocabulary [0, ", V, ")");
+  for (const auto& [t, b] : s.logit_bias)
+    KILN_CHECK(t >= 0 && t < V, "logit_bias token id ", t, " is outside the vocabulary [0, ", V, ")");
   const int64_t n = int64_t(r.prompt.size());
   KILN_CHECK(n <= context_limit, "the prompt has ", n, " tokens; the limit is ", context_limit,
              n > max_context ? " (the model's context length)" : " (the KV pool's capacity)");

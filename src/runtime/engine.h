@@ -39,6 +39,8 @@ class EngineBusyError : public Error {
   explicit EngineBusyError(const std::string& what) : Error(what) {}
 };
 
+using RequestId = uint64_t;
+
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy; must be finite and >= 0
   float top_p = 1.0f;        // (0, 1]
@@ -48,6 +50,12 @@ struct SamplingParams {
   int max_new_tokens = 16;   // >= 0 (0: only prefill; useful with return_hidden / logprobs)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  // if false, the model's eos_token_ids end the request with "stop"
+  // Logit processing before the draw (runtime/logit_processor.h has the exact order and arithmetic).
+  float presence_penalty = 0.0f;    // [-2, 2]: subtracted once from each id generated so far
+  float frequency_penalty = 0.0f;   // [-2, 2]: times the id's count among the generated tokens
+  float repetition_penalty = 1.0f;  // (0, 2]: ids in the prompt or generated: logit > 0 divided, else times
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (id in [0, vocab), bias in [-100, 100]) added
+  int min_new_tokens = 0;  // [0, max_new_tokens]: stop ids and EOS are masked until this many are generated
   bool return_logprob = false;
   int top_logprobs = 0;  // 0..20: alternatives per generated token (needs return_logprob)
 };
@@ -57,9 +65,13 @@ struct Request {
   SamplingParams sampling;
   bool embedding = false;      // run forward_hidden over the prompt, reply once with `embedding`
   bool return_hidden = false;  // also report the last position's final hidden state
+  // Parallel samples of one prompt (OpenAI's n): when non-zero, this request is held back until request
+  // `after_prefill_of` has computed its whole prompt (or ended), so that it finds that prompt's full
+  // pages in the prefix cache and computes only the tail (under one page, plus the last token). The
+  // prompt is then prefilled once for all n samples. No effect with the prefix cache off or when that
+  // request is not running any more.
+  RequestId after_prefill_of = 0;
 };
-
-using RequestId = uint64_t;
 
 struct TokenLogprob {
   int32_t id;

@@ -37,6 +37,8 @@ struct Live {
   int prompt_tokens = 0;
   int completion = 0;
   int cached_tokens = -1;  // set at the first admission (a preempted request re-matches its own pages)
+  std::unique_ptr<Sequence> held;    // not admitted yet: waits for its after_prefill_of request
+  std::vector<RequestId> followers;  // requests held until this one has computed its prompt
   // Mean / CLS pooling (embedding models): the sum of the pooled prompt rows' hidden states so far.
   std::vector<double> pool_sum;
   int64_t pooled = 0;
@@ -76,6 +78,9 @@ struct Engine::Impl {
   void loop();
   void step();
   void accept(Incoming in);
+  void admit(RequestId id, std::unique_ptr<Sequence> seq);
+  void release_followers(Live& leader);  // admits the requests held for its prompt
+  int num_held = 0;                      // Live entries with a held sequence
   void emit(RequestId id, Live& L, TokenEvent& ev);
   void finish(RequestId id, const std::string& reason, const std::string& error = {},
               TokenEvent* ev = nullptr);

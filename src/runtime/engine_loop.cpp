@@ -77,7 +77,12 @@ void Engine::Impl::accept(Incoming x) {
   L.prompt_tokens = int(L.req.prompt.size());
   L.seed =
       L.req.sampling.seed >= 0 ? uint64_t(L.req.sampling.seed) : opts.seed ^ (x.id * 0x9E3779B97F4A7C15ull);
-  L.sampler = std::make_unique<Sampler>(L.req.sampling, L.seed, /*always_logprob=*/false);
+  // min_new_tokens holds back what would end the request: its stop ids and, unless ignore_eos, EOS.
+  std::vector<int32_t> masked = L.req.sampling.stop_token_ids;
+  if (!L.req.sampling.ignore_eos)
+    masked.insert(masked.end(), runner->config().eos_token_ids.begin(), runner->config().eos_token_ids.end());
+  L.sampler = std::make_unique<Sampler>(L.req.sampling, L.seed, /*always_logprob=*/false, L.req.prompt,
+                                        std::move(masked));
   auto seq = std::make_unique<Sequence>();
   seq->id = x.id;
   seq->tokens = L.req.prompt;
@@ -85,11 +90,34 @@ void Engine::Impl::accept(Incoming x) {
   const int64_t want = L.req.embedding ? 0 : L.req.sampling.max_new_tokens;
   seq->max_len = int32_t(std::min<int64_t>(int64_t(seq->prompt_len) + want, context_limit));
   counters.prompt_tokens_total += L.prompt_tokens;
-  live.emplace(x.id, std::move(L));
+  const RequestId leader = L.req.after_prefill_of;
+  Live& me = live.emplace(x.id, std::move(L)).first->second;
+  if (auto it = live.find(leader); leader != 0 && sched->cache() && it != live.end() &&
+                                   it->second.completion == 0 && !it->second.req.embedding) {
+    me.held = std::move(seq);  // admitted once the leader's prompt pages are in the cache
+    it->second.followers.push_back(x.id);
+    ++num_held;
+    return;
+  }
+  admit(x.id, std::move(seq));
+}
+
+void Engine::Impl::admit(RequestId id, std::unique_ptr<Sequence> seq) {
   try {
     sched->admit(std::move(seq));
   } catch (const std::exception& e) {
-    finish(x.id, "error", e.what());
+    finish(id, "error", e.what());
+  }
+}
+
+void Engine::Impl::release_followers(Live& leader) {
+  std::vector<RequestId> ids;
+  ids.swap(leader.followers);
+  for (RequestId f : ids) {
+    auto it = live.find(f);
+    if (it == live.end() || !it->second.held) continue;  // ended while held
+    --num_held;
+    admit(f, std::move(it->second.held));
   }
 }
 
@@ -97,7 +125,7 @@ void Engine::Impl::step() {
   StepPlan plan = sched->schedule();
   {
     std::lock_guard<std::mutex> lk(mu);
-    snapshot.waiting = sched->num_waiting();  // exact for submit()'s queue limit while this step runs
+    snapshot.waiting = sched->num_waiting() + num_held;  // exact for submit()'s queue limit during the step
   }
   counters.preemptions += int64_t(plan.preempted.size());
   KILN_CHECK(!plan.empty(), "internal: ", sched->num_waiting(), " waiting and ", sched->num_running(),
@@ -154,8 +182,13 @@ void Engine::Impl::step() {
       std::vector<ModelRunner::RowSampling> rs(K);
       for (size_t k = 0; k < K; ++k) {
         const Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
-        rs[k] = {L.req.sampling.temperature, L.req.sampling.top_k, L.req.sampling.top_p, L.seed,
-                 uint64_t(L.completion)};
+        rs[k] = {L.req.sampling.temperature,
+                 L.req.sampling.top_k,
+                 L.req.sampling.top_p,
+                 L.seed,
+                 uint64_t(L.completion),
+                 &L.sampler->processor(),
+                 plan.rows[size_t(plan.sample_rows[k])].seq->id};
       }
       std::vector<ModelRunner::SampledRow> out;
       sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out);
@@ -246,9 +279,11 @@ void Engine::Impl::step() {
       continue;
     }
     const int32_t tok = sampled[k];
+    L.sampler->observe(tok);
     ++L.completion;
     ++counters.generation_tokens_total;
     if (L.completion == 1) {
+      release_followers(L);  // its prompt is computed: its full pages are in the cache now
       L.t_first = now;
       counters.ttft.observe(seconds(L.t_submit, now));
     }
@@ -305,7 +340,13 @@ void Engine::Impl::finish(RequestId id, const std::string& reason, const std::st
   } else {
     ++(reason == "abort" ? counters.finished_abort : counters.finished_error);
   }
-  sched->release(id);
+  if (L.held) {
+    --num_held;
+  } else {
+    sched->release(id);
+  }
+  runner->release_request(id);
+  release_followers(L);
   publish(false);  // whoever sees the final event also sees it counted
   emit(id, L, e);
   live.erase(it);
@@ -323,7 +364,7 @@ void Engine::Impl::publish(bool full) {
   s.requests_submitted = snapshot.requests_submitted;
   s.requests_rejected = snapshot.requests_rejected;
   s.running = sched->num_running();
-  s.waiting = sched->num_waiting();
+  s.waiting = sched->num_waiting() + num_held;
   s.page_size = pool->page_size();
   s.kv_pages_total = pool->num_usable();
   s.kv_pages_free = pool->num_free();

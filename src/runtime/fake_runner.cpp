@@ -45,6 +45,13 @@ int32_t FakeRunner::graph_bucket(const BatchDesc& batch) const {
   return 0;
 }
 
+void FakeRunner::write_logits(const int32_t* context, int64_t n, float* row) const {
+  const uint64_t h = context_hash(context, n);
+  const int64_t V = config_.vocab_size;
+  for (int64_t v = 0; v < V; ++v) row[v] = float((uint64_t(v) * 7919u + h) % 97u) / 97.0f;
+  row[h % uint64_t(V)] = 2.0f;
+}
+
 int32_t FakeRunner::next_token(const int32_t* context, int64_t n) const {
   return int32_t(context_hash(context, n) % uint64_t(config_.vocab_size));
 }
@@ -113,12 +120,7 @@ void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std
       if (next_logit >= batch.logit_rows.size() || batch.logit_rows[next_logit] != r) continue;
       const int64_t n = batch.positions[size_t(r)] + 1;
       const uint64_t h = context_hash(ctx.data(), n);
-      const int32_t target = int32_t(h % uint64_t(V));
-      if (logits) {
-        float* row = logits->data() + next_logit * size_t(V);
-        for (int64_t v = 0; v < V; ++v) row[v] = float((uint64_t(v) * 7919u + h) % 97u) / 97.0f;
-        row[target] = 2.0f;
-      }
+      if (logits) write_logits(ctx.data(), n, logits->data() + next_logit * size_t(V));
       if (hidden) {
         float* row = hidden->data() + next_logit * size_t(H);
         for (int64_t i = 0; i < H; ++i) row[i] = float((h >> (i % 16 * 4)) & 15u) + 1.0f;
@@ -141,8 +143,9 @@ bool FakeRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSa
   const size_t V = size_t(config_.vocab_size);
   out->assign(rows.size(), SampledRow{});
   for (size_t r = 0; r < rows.size(); ++r) {
-    const float* x = logits.data() + r * V;
+    float* x = logits.data() + r * V;
     const RowSampling& p = rows[r];
+    if (p.proc) p.proc->apply(x, int64_t(V));  // as a device sampler must: bias, mask, penalties first
     std::vector<int32_t> order(V);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });

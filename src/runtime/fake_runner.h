@@ -33,6 +33,8 @@ class FakeRunner : public ModelRunner {
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                        std::vector<SampledRow>* out) override;
 
+  // The logits after `context` ([vocab] into row): values in [0, 1) except 2 at next_token().
+  void write_logits(const int32_t* context, int64_t n, float* row) const;
   // The greedy argmax token after `context`. Logits peak there, by a margin of at least 1.
   int32_t next_token(const int32_t* context, int64_t n) const;
   // Greedy continuation of `prompt` by `steps` tokens (stops after eos when stop_at_eos).

@@ -10,6 +10,7 @@
 #include "kiln/config.h"
 #include "kiln/tensor.h"
 #include "runtime/engine.h"
+#include "runtime/logit_processor.h"
 
 namespace kiln {
 
@@ -55,6 +56,12 @@ class ModelRunner {
     float top_p = 1.0f;
     uint64_t seed = 0;
     uint64_t step = 0;
+    // The request's logit processing (bias, min-token mask, penalties), applied to the row before the
+    // draw and the logprobs exactly as LogitProcessor::apply does; null or inactive: none. Its
+    // generated() history is complete up to this step; the runner may keep device state for it under
+    // `request` until release_request().
+    const LogitProcessor* proc = nullptr;
+    uint64_t request = 0;
   };
   struct SampledRow {
     int32_t token = -1;
@@ -68,6 +75,8 @@ class ModelRunner {
                                int /*top_n*/, std::vector<SampledRow>* /*out*/) {
     return false;
   }
+  // The request ended: whatever device state forward_sampled kept for it may go.
+  virtual void release_request(uint64_t /*request*/) {}
 };
 
 // Appends padding sequences until the batch has num_seqs of them: one token each (id 0, position 0,

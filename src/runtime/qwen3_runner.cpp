@@ -20,11 +20,21 @@ namespace kiln {
 
 namespace {
 constexpr int64_t kGiB = int64_t(1) << 30;
+
+const Qwen3Model& nonnull(const std::unique_ptr<Qwen3Model>& m) {
+  KILN_CHECK(m != nullptr);
+  return *m;
+}
 }  // namespace
 
 Qwen3Runner::Qwen3Runner(std::unique_ptr<Qwen3Model> model, ops::KvLayout layout, DType kv_dtype)
-    : model_(std::move(model)), layout_(layout), kv_dtype_(kv_dtype) {
-  KILN_CHECK(model_ != nullptr);
+    : model_(std::move(model)),
+      layout_(layout),
+      kv_dtype_(kv_dtype),
+      penalties_(nonnull(model_).device(), model_->config().vocab_size) {}
+
+void Qwen3Runner::release_request(uint64_t request) {
+  penalties_.release(request);
 }
 
 int64_t Qwen3Runner::kv_memory_budget(double mem_fraction) const {
@@ -181,9 +191,11 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   auto* logprobs = reinterpret_cast<float*>(base + size_t(R) * 4);
   auto* top_ids = reinterpret_cast<int32_t*>(base + size_t(R) * 8);
   auto* top_lp = reinterpret_cast<float*>(base + size_t(R) * (8 + 4 * size_t(top_n)));
+  const bool processed = penalties_.apply(logits.ptr<float>(), V, rows, stream);
   cuda::sample(logits.ptr<float>(), V, R, V,
                static_cast<const cuda::SampleParams*>(sample_params_buf_.data()), tokens, logprobs, top_n,
                top_n > 0 ? top_ids : nullptr, top_n > 0 ? top_lp : nullptr, stream);
+  if (processed) penalties_.count_sampled(tokens, R, stream);  // the history grows on the device
   KILN_CHECK(cudaStreamSynchronize(stream) == cudaSuccess,
              "CUDA sampling failed: ", cudaGetErrorString(cudaGetLastError()));
   std::vector<char> host(out_bytes);

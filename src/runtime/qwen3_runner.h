@@ -11,6 +11,7 @@
 #include "model/cuda_graph.h"
 #include "model/kv_cache.h"
 #include "model/qwen3.h"
+#include "runtime/device_penalties.h"
 #include "runtime/engine.h"
 #include "runtime/model_runner.h"
 
@@ -31,8 +32,12 @@ class Qwen3Runner : public ModelRunner {
   int32_t graph_bucket(const BatchDesc& batch) const override;
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
   // CUDA: logits stay on the device; kiln::cuda::sample draws every row there. CPU: declines.
+  // Rows with logit processing (bias, min-token mask, penalties) get it on the device first
+  // (DevicePenalties), graph or not.
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                        std::vector<SampledRow>* out) override;
+  void release_request(uint64_t request) override;
+  const DevicePenalties& penalties() const { return penalties_; }
 
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }
@@ -48,6 +53,7 @@ class Qwen3Runner : public ModelRunner {
   DType kv_dtype_;
   Buffer logits_buf_, hidden_buf_;
   Buffer sample_params_buf_, sample_out_buf_;  // device: SampleParams [R]; tokens, logprobs, top ids/logprobs
+  DevicePenalties penalties_;
   std::vector<int32_t> graph_buckets_, graph_widths_;  // ascending; empty: no graphs
   Buffer graph_logits_buf_;                            // f32 [largest bucket, vocab], shared by the graphs
   // Declared last: destroyed first, while the model, cache and logits buffer they use still exist.

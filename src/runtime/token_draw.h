@@ -2,8 +2,9 @@
 // per-request generator so a seeded request draws the same tokens whatever it is batched with.
 // Order of operations (SGLang/vLLM's): temperature 0 -> argmax (lowest id on ties); else logits /
 // temperature -> softmax -> top-k -> top-p (smallest set whose mass reaches top_p) -> min-p -> renormalise
-// -> inverse-CDF draw. The reported logprob is the token's log-softmax of the RAW logits (what OpenAI's
-// logprobs report), and top alternatives are the highest raw log-probabilities, ids ascending on ties.
+// -> inverse-CDF draw. The reported logprob is the token's log-softmax of the logits given (before
+// temperature and the filters; the Sampler gives it the processed row), and top alternatives are the
+// highest such log-probabilities, ids ascending on ties.
 #pragma once
 
 #include <cstdint>

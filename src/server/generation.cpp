@@ -23,6 +23,7 @@ OutputTracker::OutputTracker(const TextCodec& codec, const GenSpec& spec)
     : stream_(codec.stream()),
       stop_(spec.stop),
       want_logprobs_(spec.logprobs),
+      min_tokens_(spec.sampling.min_new_tokens),
       prompt_tokens_(int(spec.prompt.size())) {}
 
 void OutputTracker::finish_text(Delta& d) {
@@ -47,7 +48,9 @@ Delta OutputTracker::consume(const TokenEvent& e) {
     const int32_t id = e.ids[i];
     // The stop/eos token that ended the request is counted but its text is not shown.
     const bool hidden = e.finished && e.finish_reason == "stop" && i + 1 == n && id == e.matched_stop;
-    if (!hidden) {
+    if (!hidden && completion_tokens_ + 1 < min_tokens_) {
+      d.text += stream_->push(id);  // before min_tokens no stop string counts (vLLM's rule)
+    } else if (!hidden) {
       const StopMatcher::Result r = stop_.push(stream_->push(id));
       d.text += r.text;
       if (r.matched) {

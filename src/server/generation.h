@@ -74,6 +74,7 @@ class OutputTracker {
   std::unique_ptr<TextStream> stream_;
   StopMatcher stop_;
   bool want_logprobs_;
+  int min_tokens_;  // stop strings are looked for from this token on (1-based)
   bool finished_ = false;
   bool stopped_by_string_ = false;
   std::string finish_reason_;

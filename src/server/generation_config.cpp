@@ -59,8 +59,7 @@ GenerationDefaults parse_generation_config(const std::string& text, int64_t voca
       d.warnings.push_back("top_k " + it->dump() + " is not an integer >= -1: not applied");
     }
   }
-  if (auto it = j.find("repetition_penalty"); it != j.end() && it->is_number() && it->get<double>() != 1.0)
-    d.warnings.push_back("repetition_penalty " + it->dump() + " is not applied (kiln has no penalties yet)");
+  if (take_num(j, "repetition_penalty", 0.0, 2.0, true, d, v)) d.sampling.repetition_penalty = float(v);
   if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
     const json ids = it->is_array() ? *it : json::array({*it});
     for (const auto& id : ids) {

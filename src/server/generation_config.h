@@ -1,8 +1,8 @@
 // A checkpoint's generation_config.json as request defaults (vLLM's `--generation-config auto`): its
 // eos_token_id list ends generation (Qwen3: <|im_end|> and <|endoftext|>, where config.json names only the
-// first), and its temperature / top_p / top_k / min_p apply to requests that do not set them. do_sample is
-// ignored, as vLLM ignores it. Fields kiln cannot apply (repetition_penalty != 1) or out-of-range values
-// are not applied and are named in `warnings`; a missing file gives no defaults.
+// first), and its temperature / top_p / top_k / min_p / repetition_penalty apply to requests that do not
+// set them. do_sample is ignored, as vLLM ignores it. Out-of-range values (repetition_penalty outside
+// (0, 2], ...) are not applied and are named in `warnings`; a missing file gives no defaults.
 #pragma once
 
 #include <cstdint>

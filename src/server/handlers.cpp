@@ -1,4 +1,5 @@
 // Generation (/v1/chat/completions, /v1/completions, /generate) and /v1/embeddings handlers.
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 
@@ -16,15 +17,15 @@ namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 
-// One generation request in flight. Touched only by the HTTP worker serving it (provider + releaser);
-// the engine thread reaches only `queue`, through the shared_ptr its callback holds.
+// One choice of a generation request in flight. Touched only by the HTTP worker serving it (provider +
+// releaser); the engine thread reaches only the request's EventQueue, through the shared_ptr its
+// callback holds.
 struct Session {
   Session(const TextCodec& codec, GenSpec s) : spec(std::move(s)), tracker(codec, spec), parser(spec.parse) {}
   GenSpec spec;
   OutputTracker tracker;
   OutputParser parser;  // chat streams: released text -> content / reasoning / tool-call deltas
-  std::shared_ptr<EventQueue> queue = std::make_shared<EventQueue>();
-  RequestId rid = 0;
+  RequestId rid = 0;    // 0 until submitted
   ResponseCtx ctx;
   Clock::time_point start = Clock::now();
   bool started = false;
@@ -70,15 +71,12 @@ std::string stream_delta(Session& s, const Delta& d, const TextCodec& codec) {
   return sse_frame(chunk);
 }
 
-// The closing frames: finish_reason, usage (when asked), an error frame if the engine failed, [DONE].
-std::string stream_end(Session& s, const TextCodec& codec) {
+// A choice's closing frame when it finishes: its finish_reason (chat: after what the parser held back),
+// an error frame if the engine failed it, or /generate's final object.
+std::string stream_choice_end(Session& s, const TextCodec& codec) {
   const OutputTracker& t = s.tracker;
+  if (t.finish_reason() == "error") return sse_frame(error_body(500, "generation failed: " + t.error()));
   std::string out;
-  if (t.finish_reason() == "error") {
-    out += sse_frame(error_body(500, "generation failed: " + t.error()));
-    return out + sse_done();
-  }
-  const double e2e = std::chrono::duration<double>(Clock::now() - s.start).count();
   json chunk;
   switch (s.spec.endpoint) {
     case Endpoint::chat: {
@@ -95,32 +93,59 @@ std::string stream_end(Session& s, const TextCodec& codec) {
       chunk = completion_chunk(s.ctx, "", finish_reason_json(t), nullptr);
       break;
     case Endpoint::generate:
-      return sse_frame(generate_response(s.ctx, t, s.spec, codec, e2e)) + sse_done();
+      return sse_frame(generate_response(s.ctx, t, s.spec, codec,
+                                         std::chrono::duration<double>(Clock::now() - s.start).count()));
   }
-  if (s.spec.include_usage) {
-    chunk["usage"] = maybe_usage(s);
-    out += sse_frame(chunk);
-    out += sse_frame(usage_chunk(
-        s.ctx, s.spec.endpoint == Endpoint::chat ? "chat.completion.chunk" : "text_completion", t));
-  } else {
-    out += sse_frame(chunk);
-  }
-  return out + sse_done();
+  if (s.spec.include_usage) chunk["usage"] = maybe_usage(s);
+  return out + sse_frame(chunk);
 }
 
-std::string full_body(Session& s, const TextCodec& codec) {
-  const OutputTracker& t = s.tracker;
-  if (t.finish_reason() == "error") return dump_json(error_body(500, "generation failed: " + t.error()));
-  const double e2e = std::chrono::duration<double>(Clock::now() - s.start).count();
-  switch (s.spec.endpoint) {
-    case Endpoint::chat:
-      return dump_json(chat_response(s.ctx, t, s.spec, codec));
-    case Endpoint::completion:
-      return dump_json(completion_response(s.ctx, t, s.spec, codec));
-    case Endpoint::generate:
-      return dump_json(generate_response(s.ctx, t, s.spec, codec, e2e));
+using Group = std::vector<std::shared_ptr<Session>>;
+
+std::vector<const OutputTracker*> trackers(const Group& g) {
+  std::vector<const OutputTracker*> t;
+  for (const auto& s : g) t.push_back(&s->tracker);
+  return t;
+}
+
+bool any_error(const Group& g) {
+  for (const auto& s : g)
+    if (s->tracker.finish_reason() == "error") return true;
+  return false;
+}
+
+// After every choice's end: the usage chunk (when asked; not after an error) and [DONE].
+std::string stream_tail(const Group& g) {
+  const Session& s = *g[0];
+  if (!s.spec.include_usage || s.spec.endpoint == Endpoint::generate || any_error(g)) return sse_done();
+  const char* object = s.spec.endpoint == Endpoint::chat ? "chat.completion.chunk" : "text_completion";
+  json u = usage_chunk(s.ctx, object, s.tracker);
+  u["usage"] = usage_json(trackers(g));
+  return sse_frame(u) + sse_done();
+}
+
+std::string full_body(const Group& g, const TextCodec& codec) {
+  for (const auto& s : g)
+    if (s->tracker.finish_reason() == "error")
+      return dump_json(error_body(500, "generation failed: " + s->tracker.error()));
+  std::vector<json> bodies;
+  for (const auto& s : g) {
+    const double e2e = std::chrono::duration<double>(Clock::now() - s->start).count();
+    switch (s->spec.endpoint) {
+      case Endpoint::chat:
+        bodies.push_back(chat_response(s->ctx, s->tracker, s->spec, codec));
+        break;
+      case Endpoint::completion:
+        bodies.push_back(completion_response(s->ctx, s->tracker, s->spec, codec));
+        break;
+      case Endpoint::generate:
+        bodies.push_back(generate_response(s->ctx, s->tracker, s->spec, codec, e2e));
+        break;
+    }
   }
-  return "";
+  if (g.size() == 1) return dump_json(bodies[0]);
+  if (g[0]->spec.endpoint == Endpoint::generate) return dump_json(json(bodies));  // SGLang: a list
+  return dump_json(merge_choices(bodies, usage_json(trackers(g))));
 }
 
 Outcome outcome_of(const OutputTracker& t) {
@@ -135,60 +160,94 @@ Outcome outcome_of(const OutputTracker& t) {
 void ApiServer::Impl::handle_generation(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
   const json body = parse_body(req.body);
   const ApiLimits lim = limits();
-  GenSpec spec = ep == Endpoint::chat         ? parse_chat_request(body, codec, lim)
-                 : ep == Endpoint::completion ? parse_completion_request(body, codec, lim)
-                                              : parse_generate_request(body, codec, lim);
+  const GenSpec spec = ep == Endpoint::chat         ? parse_chat_request(body, codec, lim)
+                       : ep == Endpoint::completion ? parse_completion_request(body, codec, lim)
+                                                    : parse_generate_request(body, codec, lim);
   if (engine.is_embedding_model())
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
-  if (ep == Endpoint::chat) spec.parse.id_prefix = make_id("call_") + "_";
-  auto s = std::make_shared<Session>(codec, std::move(spec));
-  s->ctx.id = make_id(ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "");
-  s->ctx.created = int64_t(std::time(nullptr));
-  s->ctx.model = s->spec.model;
+  // n choices: n engine requests on one event queue; the later ones wait for the first's prefill and
+  // reuse its cached prompt pages (Request::after_prefill_of).
+  auto queue = std::make_shared<EventQueue>();
+  ResponseCtx ctx;
+  ctx.id = make_id(ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "");
+  ctx.created = int64_t(std::time(nullptr));
+  ctx.model = spec.model;
+  Group group;
+  for (int i = 0; i < spec.n; ++i) {
+    GenSpec si = spec;
+    if (ep == Endpoint::chat) si.parse.id_prefix = make_id("call_") + "_";
+    auto s = std::make_shared<Session>(codec, std::move(si));
+    s->ctx = ctx;
+    s->ctx.index = i;
+    group.push_back(std::move(s));
+  }
+  try {
+    for (size_t i = 0; i < group.size(); ++i) {
+      Session& s = *group[i];
+      Request r;
+      r.prompt = s.spec.prompt;
+      r.sampling = s.spec.sampling;
+      if (r.sampling.seed >= 0)
+        r.sampling.seed = int64_t((uint64_t(r.sampling.seed) + i) & uint64_t(INT64_MAX));
+      r.return_hidden = s.spec.return_hidden;
+      r.after_prefill_of = i > 0 ? group[0]->rid : 0;
+      s.rid = submit(std::move(r), [q = queue](const TokenEvent& e) { q->push(e); });
+      on_accepted(s.rid);
+    }
+  } catch (...) {  // busy part-way: the choices already submitted go too
+    for (const auto& s : group)
+      if (s->rid != 0) {
+        engine.abort(s->rid);
+        on_ended(s->rid, Outcome::aborted);
+      }
+    throw;
+  }
 
-  Request r;
-  r.prompt = s->spec.prompt;
-  r.sampling = s->spec.sampling;
-  r.return_hidden = s->spec.return_hidden;
-  s->rid = submit(std::move(r), [q = s->queue](const TokenEvent& e) { q->push(e); });
-  on_accepted(s->rid);
-
-  const bool stream = s->spec.stream;
-  auto provider = [this, s, stream](size_t, httplib::DataSink& sink) -> bool {
+  const bool stream = spec.stream;
+  auto provider = [this, group, queue, stream](size_t, httplib::DataSink& sink) -> bool {
     std::string out;
-    if (!s->started) {
-      s->started = true;
-      if (stream && s->spec.endpoint == Endpoint::chat) {
-        json first = chat_chunk(s->ctx, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
-        if (s->spec.include_usage) first["usage"] = maybe_usage(*s);
-        out += sse_frame(first);
+    Session& first = *group[0];
+    if (!first.started) {
+      first.started = true;
+      if (stream && first.spec.endpoint == Endpoint::chat) {
+        for (const auto& s : group) {
+          json c = chat_chunk(s->ctx, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
+          if (s->spec.include_usage) c["usage"] = maybe_usage(*s);
+          out += sse_frame(c);
+        }
       }
     }
     std::vector<TokenEvent> events;
-    s->queue->wait_pop(events, out.empty() ? kPollInterval : std::chrono::milliseconds(0));
+    queue->wait_pop(events, out.empty() ? kPollInterval : std::chrono::milliseconds(0));
     if (sink.is_writable && !sink.is_writable()) return false;  // the client went away
     for (const auto& e : events) {
-      const Delta d = s->tracker.consume(e);
-      if (s->tracker.stopped_by_string() && !s->abort_sent) {
-        s->abort_sent = true;
-        engine.abort(s->rid);  // the engine frees the pages; the client sees finish_reason "stop"
+      auto it = std::find_if(group.begin(), group.end(), [&](const auto& s) { return s->rid == e.id; });
+      if (it == group.end() || (*it)->tracker.finished()) continue;
+      Session& s = **it;
+      const Delta d = s.tracker.consume(e);
+      if (s.tracker.stopped_by_string() && !s.abort_sent) {
+        s.abort_sent = true;
+        engine.abort(s.rid);  // the engine frees the pages; the client sees finish_reason "stop"
       }
-      if (stream) out += stream_delta(*s, d, codec);
-      if (s->tracker.finished()) break;
+      if (stream) out += stream_delta(s, d, codec);
+      if (stream && s.tracker.finished()) out += stream_choice_end(s, codec);
     }
-    const bool finished = s->tracker.finished();
-    if (finished) out += stream ? stream_end(*s, codec) : full_body(*s, codec);
+    const bool finished =
+        std::all_of(group.begin(), group.end(), [](const auto& s) { return s->tracker.finished(); });
+    if (finished) out += stream ? stream_tail(group) : full_body(group, codec);
     if (!out.empty() && !sink.write(out.data(), out.size())) return false;
     if (finished) sink.done();
     return true;
   };
   // Runs once, when the response is destroyed: after the last byte, or when the client went away or the
-  // server stopped mid-way -- then the engine request is aborted so its pages are freed.
-  auto releaser = [this, s](bool) {
-    if (s->ended) return;
-    s->ended = true;
-    if (!s->tracker.finished()) engine.abort(s->rid);
-    on_ended(s->rid, outcome_of(s->tracker));
+  // server stopped mid-way -- then the unfinished engine requests are aborted so their pages are freed.
+  auto releaser = [this, group](bool) {
+    for (const auto& s : group) {
+      if (s->ended) continue;
+      s->ended = true;
+      if (!s->tracker.finished()) engine.abort(s->rid);
+      on_ended(s->rid, outcome_of(s->tracker));
+    }
   };
   if (stream) {
     res.set_header("Cache-Control", "no-cache");

@@ -16,6 +16,11 @@ using nlohmann::json;
 constexpr size_t kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 256;
 constexpr int kMaxTopLogprobs = 20;
+constexpr int64_t kMaxN = 16;  // choices per request (vLLM has no cap; 16 bounds one request's share)
+constexpr size_t kMaxLogitBias = 1024;
+// Why structured output is refused (README, "Structured output"): no grammar engine is to be had.
+constexpr const char* kNoGrammar =
+    "structured output needs constrained decoding (a grammar engine), which kiln does not have";
 
 const json* field(const json& obj, const char* name) {
   auto it = obj.find(name);
@@ -151,10 +156,40 @@ std::vector<int32_t> parse_stop_ids(const json& obj, const char* name, const Api
   return token_list(*v, name, lim);
 }
 
+// OpenAI's logit_bias: {"<token id>": bias in [-100, 100], ...}; SGLang's has the same shape.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& obj, const ApiLimits& lim) {
+  std::vector<std::pair<int32_t, float>> out;
+  const json* v = field(obj, "logit_bias");
+  if (!v) return out;
+  if (!v->is_object()) throw bad_request("'logit_bias' must be an object of token id -> bias", "logit_bias");
+  if (v->size() > kMaxLogitBias)
+    throw bad_request("'logit_bias' holds at most " + std::to_string(kMaxLogitBias) + " entries",
+                      "logit_bias");
+  for (const auto& [key, bias] : v->items()) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != key.size() || id < 0 || id >= lim.vocab_size)
+      throw bad_request(
+          "'logit_bias' key '" + key + "' is not a token id in [0, " + std::to_string(lim.vocab_size) + ")",
+          "logit_bias");
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::fabs(bias.get<double>()) > 100.0)
+      throw bad_request(
+          "'logit_bias' values must be numbers in [-100, 100]; token " + key + " has " + bias.dump(),
+          "logit_bias");
+    out.emplace_back(int32_t(id), float(bias.get<double>()));
+  }
+  return out;
+}
+
 // Sampling fields shared by the OpenAI endpoints and /generate's sampling_params (SGLang names the same
 // fields the same way, except max_new_tokens).
-void parse_sampling(const json& obj, const ApiLimits& lim, SamplingParams& sp,
-                    std::vector<std::string>& stop) {
+void parse_sampling(const json& obj, const ApiLimits& lim, SamplingParams& sp, std::vector<std::string>& stop,
+                    int& n) {
   if (auto v = opt_num(obj, "temperature", 0.0, 2.0)) sp.temperature = float(*v);
   if (auto v = opt_num(obj, "top_p", 0.0, 1.0, /*lo_open=*/true)) sp.top_p = float(*v);
   if (auto v = opt_int(obj, "top_k", -1, 1 << 30)) sp.top_k = *v == 0 ? -1 : int(*v);
@@ -164,14 +199,20 @@ void parse_sampling(const json& obj, const ApiLimits& lim, SamplingParams& sp,
   if (auto v = opt_bool(obj, "ignore_eos")) sp.ignore_eos = *v;
   sp.stop_token_ids = parse_stop_ids(obj, "stop_token_ids", lim);
   stop = parse_stop(obj, "stop");
-  for (const char* p : {"presence_penalty", "frequency_penalty"})
-    if (auto v = opt_num(obj, p, -2.0, 2.0); v && *v != 0.0)
-      throw bad_request(std::string("'") + p + "' is not supported (only 0)", p);
-  if (auto v = opt_num(obj, "repetition_penalty", 0.0, 2.0, true); v && *v != 1.0)
-    throw bad_request("'repetition_penalty' is not supported (only 1)", "repetition_penalty");
-  if (auto v = opt_int(obj, "n", INT64_MIN, INT64_MAX); v && *v != 1)
-    throw bad_request("'n' must be 1: kiln returns one choice per request; send several requests instead",
-                      "n");
+  if (auto v = opt_num(obj, "presence_penalty", -2.0, 2.0)) sp.presence_penalty = float(*v);
+  if (auto v = opt_num(obj, "frequency_penalty", -2.0, 2.0)) sp.frequency_penalty = float(*v);
+  if (auto v = opt_num(obj, "repetition_penalty", 0.0, 2.0, /*lo_open=*/true))
+    sp.repetition_penalty = float(*v);
+  // vLLM names it min_tokens, SGLang min_new_tokens; checked against max_tokens once that is known.
+  for (const char* name : {"min_tokens", "min_new_tokens"})
+    if (auto v = opt_int(obj, name, 0, INT32_MAX)) sp.min_new_tokens = int(*v);
+  sp.logit_bias = parse_logit_bias(obj, lim);
+  if (auto v = opt_int(obj, "n", 1, kMaxN)) n = int(*v);
+  // Constrained decoding, as SGLang (sampling_params) and vLLM (extra body) name it: refused, not ignored.
+  for (const char* name : {"regex", "ebnf", "json_schema", "structural_tag", "guided_json", "guided_regex",
+                           "guided_choice", "guided_grammar", "structured_outputs"})
+    if (field(obj, name))
+      throw bad_request(std::string("'") + name + "' is not supported: " + kNoGrammar, name);
 }
 
 // generation_config.json's eos ids stop generation as the model's own eos does (not under ignore_eos).
@@ -189,15 +230,15 @@ void reject_openai_unsupported(const json& body) {
   if (const json* v = field(body, "suffix"))
     if (!v->is_string() || !v->get<std::string>().empty())
       throw bad_request("'suffix' is not supported", "suffix");
-  if (const json* v = field(body, "logit_bias")) {
-    if (!v->is_object()) throw bad_request("'logit_bias' must be an object", "logit_bias");
-    if (!v->empty()) throw bad_request("'logit_bias' is not supported", "logit_bias");
-  }
   if (const json* v = field(body, "response_format")) {
     if (!v->is_object()) throw bad_request("'response_format' must be an object", "response_format");
     auto t = v->find("type");
-    if (t == v->end() || !t->is_string() || t->get<std::string>() != "text")
-      throw bad_request("only response_format {\"type\": \"text\"} is supported", "response_format");
+    const std::string type = t != v->end() && t->is_string() ? t->get<std::string>() : "";
+    if (type != "text")
+      throw bad_request("'response_format' " +
+                            (type.empty() ? std::string("without a type") : "'" + type + "'") +
+                            " is not supported: " + kNoGrammar + "; only {\"type\": \"text\"} is accepted",
+                        "response_format");
   }
 }
 
@@ -231,6 +272,14 @@ void set_max_tokens(GenSpec& g, std::optional<int64_t> given, int64_t def, const
   } else {
     g.sampling.max_new_tokens = int(std::min(def, room));
   }
+}
+
+// min_tokens may not ask for more than max_tokens allows (vLLM's rule).
+void check_min_tokens(const GenSpec& g) {
+  if (g.sampling.min_new_tokens > g.sampling.max_new_tokens)
+    throw bad_request("'min_tokens' (" + std::to_string(g.sampling.min_new_tokens) +
+                          ") must not exceed max_tokens (" + std::to_string(g.sampling.max_new_tokens) + ")",
+                      g.endpoint == Endpoint::generate ? "min_new_tokens" : "min_tokens");
 }
 
 void check_prompt(const GenSpec& g, const char* param) {
@@ -325,7 +374,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
   g.sampling = lim.sampling_defaults;
-  parse_sampling(body, lim, g.sampling, g.stop);
+  parse_sampling(body, lim, g.sampling, g.stop, g.n);
   add_default_eos(g.sampling, lim);
   parse_stream(body, g);
   g.logprobs = opt_bool(body, "logprobs").value_or(false);
@@ -379,6 +428,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.prompt = encode_text(codec, text, "messages");
   check_prompt(g, "messages");
   set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens");
+  check_min_tokens(g);
   g.parse.tools = parse_tools;
   g.parse.reasoning =
       lim.reasoning_parser && opt_bool(body, "separate_reasoning").value_or(true) && thinking_enabled(body);
@@ -394,7 +444,7 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
   g.sampling = lim.sampling_defaults;
-  parse_sampling(body, lim, g.sampling, g.stop);
+  parse_sampling(body, lim, g.sampling, g.stop, g.n);
   add_default_eos(g.sampling, lim);
   parse_stream(body, g);
   if (auto v = opt_int(body, "logprobs", 0, kMaxTopLogprobs)) {
@@ -425,6 +475,7 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   }
   check_prompt(g, "prompt");
   set_max_tokens(g, max_tokens, 16, lim, "max_tokens");
+  check_min_tokens(g);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;
@@ -463,7 +514,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
   g.sampling = lim.sampling_defaults;
   if (const json* sp = field(body, "sampling_params")) {
     if (!sp->is_object()) throw bad_request("'sampling_params' must be an object", "sampling_params");
-    parse_sampling(*sp, lim, g.sampling, g.stop);
+    parse_sampling(*sp, lim, g.sampling, g.stop, g.n);
     max_new = opt_int(*sp, "max_new_tokens", 0, INT32_MAX);
     if (auto v = opt_bool(*sp, "skip_special_tokens"); v && !*v)
       throw bad_request("'skip_special_tokens': false is not supported", "sampling_params");
@@ -477,6 +528,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
   g.return_text_in_logprobs = opt_bool(body, "return_text_in_logprobs").value_or(false);
   g.return_hidden = opt_bool(body, "return_hidden_states").value_or(false);
   set_max_tokens(g, max_new, 128, lim, "max_new_tokens");
+  check_min_tokens(g);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;

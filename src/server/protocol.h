@@ -1,11 +1,14 @@
 // Request schemas: OpenAI chat/completions/embeddings and SGLang /generate, parsed and validated into plain
 // structs before anything reaches the engine. Every problem is an ApiError (400, or 404 for an unknown
 // model) that names the offending field: wrong JSON types, missing/empty/over-long prompts, token ids out
-// of range, non-finite or out-of-range sampling parameters, unsupported options (n > 1, best_of, echo,
-// penalties, logit_bias, a "required" or named tool_choice). JSON null is treated as "not given", as OpenAI
-// clients send it for unset fields.
+// of range, non-finite or out-of-range sampling parameters, unsupported options (best_of != 1, echo,
+// suffix, response_format other than text, a "required" or named tool_choice). JSON null is treated as
+// "not given", as OpenAI clients send it for unset fields.
 //
 // Ranges: temperature [0, 2] finite; top_p (0, 1]; top_k -1, 0 (disabled) or >= 1; min_p [0, 1];
+// presence_penalty and frequency_penalty [-2, 2]; repetition_penalty (0, 2]; logit_bias {"<id>": [-100,
+// 100]} (at most 1024 ids, each in the vocabulary); min_tokens (/generate: min_new_tokens) in [0,
+// max_tokens]; n in [1, 16] (/generate: sampling_params.n);
 // max_tokens >= 1 (/generate: max_new_tokens >= 0); prompt + max_tokens <= the context length (when
 // max_tokens is absent it defaults to the rest of the context for chat, 16 for completions and 128 for
 // /generate, clamped to the context); at most 16 stop strings of 1..256 bytes; top_logprobs 0..20.
@@ -53,6 +56,7 @@ struct GenSpec {
   std::vector<int32_t> prompt;  // token ids, non-empty
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings (the server matches them on detokenized text)
+  int n = 1;                      // choices: n samples of the one prompt (seeded: seed, seed+1, ...)
   bool stream = false;
   bool include_usage = false;            // stream_options.include_usage
   bool continuous_usage = false;         // stream_options.continuous_usage_stats (vLLM): usage on every chunk

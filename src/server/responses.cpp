@@ -46,6 +46,25 @@ json usage_json(const OutputTracker& t) {
           {"prompt_tokens_details", {{"cached_tokens", t.cached_tokens()}}}};
 }
 
+json usage_json(const std::vector<const OutputTracker*>& choices) {
+  json u = usage_json(*choices.at(0));
+  int completion = 0;
+  for (const OutputTracker* t : choices) completion += t->completion_tokens();
+  u["completion_tokens"] = completion;
+  u["total_tokens"] = choices[0]->prompt_tokens() + completion;
+  return u;
+}
+
+json merge_choices(const std::vector<json>& bodies, json usage) {
+  json out = bodies.at(0);
+  json all = json::array();
+  for (const json& b : bodies)
+    for (const json& c : b["choices"]) all.push_back(c);
+  out["choices"] = std::move(all);
+  out["usage"] = std::move(usage);
+  return out;
+}
+
 json finish_reason_json(const OutputTracker& t) {
   if (!t.finished()) return nullptr;
   return t.finish_reason();
@@ -93,7 +112,7 @@ json chat_chunk(const ResponseCtx& c, json delta, json finish_reason, json logpr
           {"created", c.created},
           {"model", c.model},
           {"system_fingerprint", nullptr},
-          {"choices", json::array({{{"index", 0},
+          {"choices", json::array({{{"index", c.index},
                                     {"delta", std::move(delta)},
                                     {"logprobs", std::move(logprobs)},
                                     {"finish_reason", std::move(finish_reason)}}})}};
@@ -105,7 +124,7 @@ json completion_chunk(const ResponseCtx& c, const std::string& text, json finish
           {"created", c.created},
           {"model", c.model},
           {"system_fingerprint", nullptr},
-          {"choices", json::array({{{"index", 0},
+          {"choices", json::array({{{"index", c.index},
                                     {"text", text},
                                     {"logprobs", std::move(logprobs)},
                                     {"finish_reason", std::move(finish_reason)}}})}};
@@ -152,7 +171,7 @@ json chat_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& 
     if (d.content.empty()) message["content"] = nullptr;
     message["tool_calls"] = tool_calls_json(d.tool_calls, false);
   }
-  json choice = {{"index", 0},
+  json choice = {{"index", c.index},
                  {"message", std::move(message)},
                  {"logprobs", spec.logprobs ? chat_logprobs(t.tokens(), codec) : json(nullptr)},
                  {"finish_reason", chat_finish_reason(t, parser.tool_call_count())}};
@@ -167,7 +186,7 @@ json chat_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& 
 
 json completion_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
                          const TextCodec& codec) {
-  json choice = {{"index", 0},
+  json choice = {{"index", c.index},
                  {"text", t.text()},
                  {"logprobs", spec.logprobs ? completion_logprobs(t.tokens(), codec, 0) : json(nullptr)},
                  {"finish_reason", finish_reason_json(t)}};
@@ -215,7 +234,9 @@ json generate_response(const ResponseCtx& c, const OutputTracker& t, const GenSp
     if (spec.top_logprobs > 0) meta["output_top_logprobs"] = tops;
   }
   if (spec.return_hidden && t.finished()) meta["hidden_states"] = json::array({t.hidden()});
-  return {{"text", t.text()}, {"output_ids", t.output_ids()}, {"meta_info", meta}};
+  json out = {{"text", t.text()}, {"output_ids", t.output_ids()}, {"meta_info", meta}};
+  if (spec.n > 1) out["index"] = c.index;  // SGLang's parallel samples say which one they are
+  return out;
 }
 
 std::vector<float> shape_embedding(std::vector<float> v, int64_t dims) {

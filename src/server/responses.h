@@ -19,6 +19,7 @@ struct ResponseCtx {
   std::string id;       // "chatcmpl-...", "cmpl-...", or the /generate rid
   int64_t created = 0;  // unix seconds
   std::string model;
+  int index = 0;  // the choice (n > 1: 0..n-1), in choices[].index and /generate's "index"
 };
 
 // JSON text; invalid UTF-8 (a model can emit any bytes) becomes U+FFFD instead of throwing.
@@ -33,6 +34,12 @@ inline const char* sse_done() {
 }
 
 nlohmann::json usage_json(const OutputTracker& t);
+// n choices of one prompt (OpenAI's and vLLM's accounting): the prompt counted once, completion tokens
+// summed over the choices; cached tokens those of the first choice's prompt.
+nlohmann::json usage_json(const std::vector<const OutputTracker*>& choices);
+// One response body from the per-choice bodies of n choices: the first body, with every body's choices[]
+// and the summed usage.
+nlohmann::json merge_choices(const std::vector<nlohmann::json>& bodies, nlohmann::json usage);
 // OpenAI finish_reason: "stop", "length", or kiln's "abort" (null while running).
 nlohmann::json finish_reason_json(const OutputTracker& t);
 

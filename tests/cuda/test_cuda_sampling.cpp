@@ -1,12 +1,20 @@
 // GPU sampling: greedy = argmax (lowest id on ties), log-probabilities = log_softmax in fp64 within 1e-4,
 // top-k / top-p keep exactly the intended set, seeds reproduce, and temperature sampling follows softmax
-// (a chi-square bound over 4000 draws of a 6-token distribution).
+// (a chi-square bound over 4000 draws of a 6-token distribution). Logit processing (bias, min-token mask,
+// repetition / frequency / presence penalties) through DevicePenalties equals the CPU LogitProcessor bit
+// for bit over several steps whose history grows on the device, after host-drawn steps, row reuse and
+// count-table growth; greedy on the processed row equals the CPU's choice.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <numeric>
 
 #include "ops/cuda/sampling.h"
+#include "ops/cuda/sampling_penalties.h"
+#include "runtime/device_penalties.h"
+#include "runtime/logit_processor.h"
 #include "test_util_cuda.h"
 
 namespace kiln {
@@ -150,6 +158,130 @@ TEST(CudaSampling, SeedsReproduceAndFollowSoftmax) {
   // The logprob reported is of the unscaled distribution.
   const auto ls = log_softmax(row.data(), V);
   for (int r = 0; r < 10; ++r) EXPECT_NEAR(a.logprobs[size_t(r)], ls[size_t(a.tokens[size_t(r)])], 1e-5);
+}
+
+// The processors of one batch: every combination of penalties, a bias, a min-token mask, none at all.
+std::vector<SamplingParams> penalty_params(int R) {
+  std::vector<SamplingParams> v(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    SamplingParams& p = v[size_t(r)];
+    p.max_new_tokens = 100;
+    if (r % 6 == 5) continue;  // no processing: the row must come back untouched
+    p.presence_penalty = r % 2 ? 1.25f : -0.5f;
+    p.frequency_penalty = r % 3 ? 0.3f : -1.7f;
+    p.repetition_penalty = r % 4 == 0 ? 1.0f : 0.4f + 0.3f * float(r % 5);
+    if (r % 3 == 1) p.logit_bias = {{int32_t(7 + r), 4.5f}, {int32_t(151000 - r), -30.0f}};
+    if (r % 4 == 2) p.min_new_tokens = 3;
+    if (r == 4) p.presence_penalty = p.frequency_penalty = 0, p.repetition_penalty = 1;  // bias only
+  }
+  return v;
+}
+
+TEST(CudaSampling, PenaltiesEqualTheCpuProcessorBitForBitAsTheHistoryGrows) {
+  KILN_REQUIRE_GPU();
+  const int64_t V = 151936;
+  const int R = 20;  // more penalized rows than the table's first 8: it grows (and copies) mid-step
+  std::mt19937 g(3);
+  std::vector<SamplingParams> sp = penalty_params(R);
+  std::vector<std::unique_ptr<LogitProcessor>> procs;
+  std::vector<ModelRunner::RowSampling> rows(static_cast<size_t>(R));
+  auto fresh = [&](int r, uint64_t request) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 50 + r; ++i) prompt.push_back(int32_t(g() % 2000));  // repeats among them
+    procs[size_t(r)] =
+        std::make_unique<LogitProcessor>(sp[size_t(r)], prompt, std::vector<int32_t>{151643, 3});
+    rows[size_t(r)].proc = procs[size_t(r)].get();
+    rows[size_t(r)].request = request;
+  };
+  procs.resize(size_t(R));
+  for (int r = 0; r < R; ++r) fresh(r, uint64_t(r + 1));
+  DevicePenalties dp(Device::cuda(), V);
+  Buffer tok(size_t(R) * 4, Device::cuda()), lp(size_t(R) * 4, Device::cuda());
+  const std::vector<cuda::SampleParams> greedy(static_cast<size_t>(R));
+  Buffer params = to_device(greedy);
+  for (int step = 0; step < 7; ++step) {
+    // Logits whose maxima the processing moves: the prompt ids and recent outputs score high.
+    std::vector<float> logits = random_logits(R * V, uint32_t(10 + step), 2.0f);
+    for (int r = 0; r < R; ++r)
+      for (int32_t t : procs[size_t(r)]->prompt()) logits[size_t(r) * size_t(V) + size_t(t)] += 6.0f;
+    Buffer dl = to_device(logits);
+    auto* d = static_cast<float*>(dl.data());
+    ASSERT_TRUE(dp.apply(d, V, rows, nullptr));
+    cuda::sample(d, V, R, V, static_cast<const cuda::SampleParams*>(params.data()),
+                 static_cast<int32_t*>(tok.data()), static_cast<float*>(lp.data()), 0, nullptr, nullptr,
+                 nullptr);
+    dp.count_sampled(static_cast<int32_t*>(tok.data()), R, nullptr);
+    const std::vector<float> got = to_host<float>(dl, size_t(R * V));
+    const std::vector<int32_t> tokens = to_host<int32_t>(tok, size_t(R));
+    for (int r = 0; r < R; ++r) {
+      std::vector<float> want(logits.begin() + r * V, logits.begin() + (r + 1) * V);
+      procs[size_t(r)]->apply(want.data(), V);
+      const float* row = got.data() + size_t(r) * size_t(V);
+      int bad = 0;
+      for (int64_t i = 0; i < V && bad < 3; ++i)
+        if (std::memcmp(&row[i], &want[size_t(i)], 4) != 0) {
+          ++bad;
+          ADD_FAILURE() << "step " << step << " row " << r << " id " << i << ": " << row[i] << " vs "
+                        << want[size_t(i)];
+        }
+      const int64_t am = std::max_element(want.begin(), want.end()) - want.begin();
+      EXPECT_EQ(tokens[size_t(r)], am) << "step " << step << " row " << r;
+      procs[size_t(r)]->observe(tokens[size_t(r)]);
+    }
+    if (step == 2) procs[0]->observe(42);  // a host-drawn token the device has not seen: uploaded next step
+    if (step == 3) {  // row 1's request ends; a new one takes the freed (and re-zeroed) count row
+      dp.release(rows[1].request);
+      fresh(1, 1000);
+    }
+  }
+  EXPECT_EQ(dp.count_rows_in_use(), 16);  // rows 4 (bias only) and 5, 11, 17 (none) hold no count row
+  for (int r = 0; r < R; ++r) dp.release(rows[size_t(r)].request);
+  EXPECT_EQ(dp.count_rows_in_use(), 0);
+}
+
+TEST(CudaSampling, PenaltyKernelsSkipWhatTheyShould) {
+  KILN_REQUIRE_GPU();
+  const int64_t V = 1000;
+  std::vector<float> x = random_logits(2 * V, 9, 1.0f);
+  std::vector<uint32_t> counts(static_cast<size_t>(V), 0);
+  counts[5] = cuda::kPromptBit;      // prompt only: repetition, no presence
+  counts[6] = 2;                     // generated twice
+  counts[7] = cuda::kPromptBit | 1;  // both
+  std::vector<cuda::PenaltyRow> rows = {{.count_row = 0,
+                                         .adds_begin = 0,
+                                         .adds_end = 2,
+                                         .presence = 0.5f,
+                                         .frequency = 0.25f,
+                                         .repetition = 2.0f},
+                                        {.count_row = -1, .adds_begin = 2, .adds_end = 3}};
+  const std::vector<int32_t> ids = {5, 2000, 9};  // 2000 is outside the vocabulary: skipped
+  const std::vector<float> vals = {1.0f, 3.0f, -2.0f};
+  Buffer dx = to_device(x), dr = to_device(rows), di = to_device(ids), dv = to_device(vals),
+         dc = to_device(counts);
+  cuda::apply_penalties(static_cast<float*>(dx.data()), V, 2, V, static_cast<cuda::PenaltyRow*>(dr.data()),
+                        static_cast<int32_t*>(di.data()), static_cast<float*>(dv.data()),
+                        static_cast<uint32_t*>(dc.data()), nullptr);
+  const auto y = to_host<float>(dx, size_t(2 * V));
+  auto rep = [](float v) { return v > 0 ? v / 2.0f : v * 2.0f; };
+  for (int64_t i = 0; i < V; ++i) {
+    float want = x[size_t(i)];
+    if (i == 5) want = rep(want + 1.0f);
+    if (i == 6) want = rep(want) - 0.25f * 2.0f - 0.5f;
+    if (i == 7) want = rep(want) - 0.25f - 0.5f;
+    EXPECT_EQ(y[size_t(i)], want) << i;
+    EXPECT_EQ(y[size_t(V + i)], x[size_t(V + i)] + (i == 9 ? -2.0f : 0.0f)) << i;
+  }
+  // count_tokens: repeated pairs all count; prompt marks OR in; negative rows and bad ids are skipped.
+  const std::vector<int32_t> crow = {0, 0, -1, 0, 0}, cid = {3, 3, 3, 4000, 8};
+  Buffer dcr = to_device(crow), dci = to_device(cid);
+  cuda::count_tokens(static_cast<uint32_t*>(dc.data()), V, static_cast<int32_t*>(dcr.data()),
+                     static_cast<int32_t*>(dci.data()), 5, false, nullptr);
+  cuda::count_tokens(static_cast<uint32_t*>(dc.data()), V, static_cast<int32_t*>(dcr.data()),
+                     static_cast<int32_t*>(dci.data()), 5, true, nullptr);
+  const auto c = to_host<uint32_t>(dc, size_t(V));
+  EXPECT_EQ(c[3], cuda::kPromptBit | 2u);
+  EXPECT_EQ(c[8], cuda::kPromptBit | 1u);
+  EXPECT_EQ(c[6], 2u);
 }
 
 TEST(CudaSampling, BadArgumentsAreErrors) {

@@ -89,8 +89,38 @@ async function main() {
   assert.equal(sts.text, st.choices[0].text);
   assert.equal(sts.finish, 'stop');
 
+  // n choices, penalties and logit_bias through the SDK (random weights: the bias makes the output known).
+  const nReq = { ...chatReq, n: 3, temperature: 1, seed: 11, max_tokens: 6, ignore_eos: true,
+                 presence_penalty: 1, frequency_penalty: 0.5, repetition_penalty: 1.3 };
+  const nr = await client.chat.completions.create(nReq);
+  assert.equal(nr.choices.length, 3);
+  nr.choices.forEach((ch, i) => assert.equal(ch.index, i));
+  assert.equal(new Set(nr.choices.map((ch) => ch.message.content)).size, 3, 'three seeded samples, three texts');
+  assert.equal(nr.usage.prompt_tokens, r.usage.prompt_tokens);  // the prompt counted once
+  assert.equal(nr.usage.completion_tokens, 18);
+  const ns = await client.chat.completions.create({ ...nReq, n: 2, stream: true, stream_options: { include_usage: true } });
+  const texts = ['', ''];
+  let nUsage = null;
+  for await (const ch of ns) {
+    if (ch.usage) nUsage = ch.usage;
+    for (const c of ch.choices) texts[c.index] += c.delta.content ?? '';
+  }
+  assert.equal(texts[0], nr.choices[0].message.content);  // same seeds, same samples
+  assert.equal(texts[1], nr.choices[1].message.content);
+  assert.equal(nUsage.completion_tokens, 12);
+  const forced = await client.completions.create({ model: 'demo', prompt: 'Once', max_tokens: 3, logprobs: 1,
+                                                   logit_bias: { 9707: 100 }, ignore_eos: true });
+  const ft = forced.choices[0].logprobs;
+  assert.deepEqual(ft.tokens, [ft.tokens[0], ft.tokens[0], ft.tokens[0]]);
+  assert.equal(forced.choices[0].text, 'Hello'.repeat(3));  // token 9707 is "Hello"
+  ft.token_logprobs.forEach((x) => assert.ok(x > -1e-3, `logprob ${x} of the processed distribution`));
+
   // Errors arrive as the SDK's error classes, with OpenAI's fields.
-  await expectError(client.chat.completions.create({ ...chatReq, n: 2 }), OpenAI.BadRequestError, 400, 'n');
+  await expectError(client.chat.completions.create({ ...chatReq, n: 17 }), OpenAI.BadRequestError, 400, 'n');
+  await expectError(client.chat.completions.create({ ...chatReq, presence_penalty: 3 }), OpenAI.BadRequestError, 400,
+                    'presence_penalty');
+  await expectError(client.chat.completions.create({ ...chatReq, response_format: { type: 'json_object' } }),
+                    OpenAI.BadRequestError, 400, 'response_format');
   await expectError(client.chat.completions.create({ ...chatReq, temperature: -1 }), OpenAI.BadRequestError, 400, 'temperature');
   await expectError(client.completions.create({ model: 'demo', prompt: '' }), OpenAI.BadRequestError, 400, 'prompt');
   await expectError(client.chat.completions.create({ ...chatReq, model: 'gpt-4o' }), OpenAI.NotFoundError, 404, 'model');

@@ -1,8 +1,10 @@
 // The engine on the real model: a demo-shaped Qwen3 checkpoint through Engine::create.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "common/test_support.h"
 #include "engine_test_util.h"
@@ -47,12 +49,15 @@ std::string write_demo_checkpoint() {
 
 std::vector<std::vector<int32_t>> run_all(const EngineOptions& o,
                                           const std::vector<std::vector<int32_t>>& prompts, int new_tokens,
-                                          bool one_at_a_time, EngineStats* stats) {
+                                          bool one_at_a_time, EngineStats* stats,
+                                          const std::function<void(size_t, Request&)>& edit = {}) {
   auto engine = Engine::create(o);
   Sink sink;
   std::vector<RequestId> ids;
   for (const auto& p : prompts) {
-    ids.push_back(engine->submit(greedy(p, new_tokens), sink.cb()));
+    Request r = greedy(p, new_tokens);
+    if (edit) edit(ids.size(), r);
+    ids.push_back(engine->submit(r, sink.cb()));
     if (one_at_a_time) sink.wait_finished(int(ids.size()));
   }
   sink.wait_finished(int(prompts.size()));
@@ -104,6 +109,84 @@ TEST(EngineQwen3, CudaDeviceSamplingAndMixedBatches) {
   EngineOptions eager = base;  // decode steps unpadded and launched one by one
   eager.disable_cuda_graph = true;
   EXPECT_EQ(run_all(eager, prompts, 8, false, nullptr), want) << "CUDA graph buckets change greedy outputs";
+}
+
+// Penalties, a bias and min_new_tokens on every request of a batch (each its own mix).
+void penalize(size_t i, Request& r) {
+  r.sampling.repetition_penalty = i % 2 ? 1.8f : 1.0f;
+  r.sampling.presence_penalty = i % 3 == 0 ? 1.5f : 0.0f;
+  r.sampling.frequency_penalty = i % 3 == 1 ? 0.7f : -0.2f;
+  if (i % 4 == 3) r.sampling.logit_bias = {{int32_t(1000 + i), 3.0f}, {151645, -5.0f}};
+  if (i % 4 == 2) r.sampling.min_new_tokens = 4;
+}
+
+// On a GPU: the device's logit processing (count rows updated on the device, through the decode graphs
+// and eagerly) draws what the host's does on the same logits.
+TEST(EngineQwen3, CudaDevicePenaltiesEqualTheHostsWithAndWithoutGraphs) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU: the CUDA engine path is not exercised";
+  EngineOptions base;
+  base.model_dir = write_demo_checkpoint();
+  base.device = "cuda";
+  base.page_size = 16;
+  base.max_total_tokens = 4096;
+  const auto prompts = demo_prompts();
+  EngineOptions host = base;
+  host.sampling_backend = "cpu";
+  const auto want = run_all(host, prompts, 24, false, nullptr, penalize);
+  EXPECT_NE(want, run_all(host, prompts, 24, false, nullptr)) << "the penalties changed nothing";
+  EXPECT_EQ(run_all(base, prompts, 24, false, nullptr, penalize), want)
+      << "device processing != host processing";
+  EngineOptions eager = base;
+  eager.disable_cuda_graph = true;
+  EXPECT_EQ(run_all(eager, prompts, 24, false, nullptr, penalize), want) << "graphs change processed outputs";
+}
+
+// The demo checkpoint on the CPU: penalties stop repeats, a bias forces a token, n samples of a prompt
+// prefill it once (the engine's counters say so).
+TEST(EngineQwen3, PenaltiesBiasAndParallelSamplesOnTheCpu) {
+  EngineOptions o;
+  o.model_dir = write_demo_checkpoint();
+  o.device = "cpu";
+  o.page_size = 16;
+  o.max_total_tokens = 4096;
+  const std::vector<int32_t> prompt = demo_prompts()[4];  // 64 tokens: 4 full pages
+  auto no_repeats = [](std::vector<int32_t> v) {
+    std::sort(v.begin(), v.end());
+    return std::adjacent_find(v.begin(), v.end()) == v.end();
+  };
+  const auto plain = run_all(o, {prompt}, 24, false, nullptr)[0];
+  EXPECT_FALSE(no_repeats(plain)) << "the random model does not repeat itself: the next check proves nothing";
+  const auto penalized = run_all(o, {prompt}, 24, false, nullptr, [](size_t, Request& r) {
+    r.sampling.repetition_penalty = 2.0f;
+    r.sampling.presence_penalty = 2.0f;
+  })[0];
+  EXPECT_TRUE(no_repeats(penalized));
+  const auto forced = run_all(o, {prompt}, 5, false, nullptr, [](size_t, Request& r) {
+    r.sampling.logit_bias = {{4242, 100.0f}};
+  })[0];
+  EXPECT_EQ(forced, std::vector<int32_t>(5, 4242));
+
+  auto engine = Engine::create(o);
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) {
+    Request r;
+    r.prompt = prompt;
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 7 + i;
+    r.sampling.max_new_tokens = 6;
+    r.after_prefill_of = ids.empty() ? 0 : ids[0];
+    ids.push_back(engine->submit(r, sink.cb()));
+  }
+  sink.wait_finished(4);
+  std::vector<std::vector<int32_t>> outs;
+  for (RequestId id : ids) outs.push_back(sink.tokens(id));
+  std::sort(outs.begin(), outs.end());
+  EXPECT_EQ(std::unique(outs.begin(), outs.end()), outs.end()) << "4 seeded samples, not 4 distinct ones";
+  const EngineStats s = engine->stats();
+  EXPECT_EQ(s.prompt_tokens_total, 4 * 64);
+  EXPECT_EQ(s.cached_tokens_total, 3 * 48) << "the 3 later samples reuse the first one's full pages";
+  expect_pool_clean(*engine);
 }
 
 TEST(EngineQwen3, MixedBatchGreedyEqualsEachRequestAlone) {

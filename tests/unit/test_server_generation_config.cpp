@@ -31,6 +31,7 @@ ApiLimits limits_with_defaults() {
   l.sampling_defaults.top_p = 0.95f;
   l.sampling_defaults.top_k = 20;
   l.sampling_defaults.min_p = 0.05f;
+  l.sampling_defaults.repetition_penalty = 1.05f;
   l.extra_eos_ids = {257, 258};
   return l;
 }
@@ -52,11 +53,15 @@ TEST(GenerationConfig, Qwen3FileGivesItsDefaultsAndBothEosIds) {
   EXPECT_EQ(d.eos_ids, (std::vector<int32_t>{151645, 151643}));
   EXPECT_TRUE(d.warnings.empty());
   EXPECT_EQ(d.applied.size(), 4u);
+  // Checkpoints that ship a repetition penalty (Qwen2.5's 1.05) have it applied.
+  const GenerationDefaults r = parse_generation_config(R"({"repetition_penalty": 1.05})", 100);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.05f);
+  EXPECT_TRUE(r.warnings.empty());
 }
 
 TEST(GenerationConfig, BadValuesAreWarnedAndNotApplied) {
   const GenerationDefaults d = parse_generation_config(
-      R"({"temperature": 7, "top_p": 0, "top_k": 1.5, "min_p": 0.1, "repetition_penalty": 1.05,
+      R"({"temperature": 7, "top_p": 0, "top_k": 1.5, "min_p": 0.1, "repetition_penalty": 3,
           "eos_token_id": [5, 999, 5]})",
       100);
   EXPECT_FLOAT_EQ(d.sampling.temperature, 1.0f);
@@ -64,6 +69,7 @@ TEST(GenerationConfig, BadValuesAreWarnedAndNotApplied) {
   EXPECT_EQ(d.sampling.top_k, -1);
   EXPECT_FLOAT_EQ(d.sampling.min_p, 0.1f);
   EXPECT_EQ(d.eos_ids, (std::vector<int32_t>{5}));
+  EXPECT_FLOAT_EQ(d.sampling.repetition_penalty, 1.0f);
   EXPECT_EQ(d.warnings.size(), 5u);  // temperature, top_p, top_k, repetition_penalty, eos 999
   EXPECT_EQ(parse_generation_config(R"({"eos_token_id": 7})", 100).eos_ids, (std::vector<int32_t>{7}));
   EXPECT_THROW(parse_generation_config("{", 100), kiln::Error);
@@ -85,7 +91,10 @@ TEST(GenerationConfig, RequestsTakeDefaultsForWhatTheyLeaveUnset) {
   EXPECT_FLOAT_EQ(g.sampling.top_p, 0.95f);
   EXPECT_EQ(g.sampling.top_k, 20);
   EXPECT_FLOAT_EQ(g.sampling.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(g.sampling.repetition_penalty, 1.05f);
   EXPECT_EQ(g.sampling.stop_token_ids, (std::vector<int32_t>{257, 258}));
+  EXPECT_FLOAT_EQ(
+      parse_chat_request(chat({{"repetition_penalty", 1.0}}), codec, lim).sampling.repetition_penalty, 1.0f);
   // Set fields win; stop_token_ids are merged without duplicates; top_k 0 (disabled) is set too.
   g = parse_chat_request(chat({{"temperature", 0}, {"top_k", 0}, {"stop_token_ids", {258, 42}}}), codec, lim);
   EXPECT_FLOAT_EQ(g.sampling.temperature, 0.0f);

@@ -230,7 +230,7 @@ TEST(ServerHttp, BadInputsGetOpenAIErrorsAndTheServerGoesOn) {
   expect_error_shape(cli.Post("/v1/chat/completions", "\"just a string\"", "application/json"), 400);
   expect_error_shape(cli.Post("/v1/completions", "{\"prompt\": \"\xc3\x28\"}", "application/json"), 400);
   expect_error_shape(h.post("/v1/chat/completions", chat_body({{"temperature", "hot"}})), 400, "temperature");
-  expect_error_shape(h.post("/v1/chat/completions", chat_body({{"n", 3}})), 400, "n");
+  expect_error_shape(h.post("/v1/chat/completions", chat_body({{"n", 17}})), 400, "n");
   expect_error_shape(h.post("/v1/completions", {{"prompt", {1, 100000}}}), 400, "prompt");
   expect_error_shape(h.post("/v1/completions", {{"prompt", ""}}), 400, "prompt");
   expect_error_shape(h.post("/v1/chat/completions", chat_body({{"model", "gpt-9"}})), 404, "model");

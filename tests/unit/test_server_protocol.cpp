@@ -1,6 +1,7 @@
 // Server pieces without HTTP: stop strings across tokens, output tracking, request validation, metrics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "server/api_error.h"
@@ -138,6 +139,21 @@ TEST(ServerTracker, StopStringEndsEarlyAndCountsConsumedTokens) {
   EXPECT_EQ(t.completion_tokens(), 7);  // "hello w": the token completing the match is counted
 }
 
+TEST(ServerTracker, StopStringsCountFromMinTokensOn) {
+  fake::ByteCodec codec;
+  GenSpec spec;
+  spec.prompt = {1};
+  spec.stop = {"a"};
+  spec.sampling.min_new_tokens = 3;
+  OutputTracker t(codec, spec);
+  TokenEvent e;
+  e.ids = codec.encode("aaxa");  // tokens 1 and 2 come before min_tokens: their "a" does not stop it
+  const Delta d = t.consume(e);
+  EXPECT_TRUE(t.stopped_by_string());
+  EXPECT_EQ(d.text, "aax");
+  EXPECT_EQ(t.completion_tokens(), 4);
+}
+
 TEST(ServerTracker, HeldBackTextIsReleasedAtLength) {
   fake::ByteCodec codec;
   GenSpec spec;
@@ -216,6 +232,54 @@ TEST(ServerProtocol, CompletionAndGenerateParse) {
   EXPECT_EQ(g.sampling.max_new_tokens, 64 - 3);  // default 128 clamped to the context
 }
 
+TEST(ServerProtocol, PenaltiesBiasMinTokensAndNParse) {
+  fake::ByteCodec codec;
+  const json msgs = {{{"role", "user"}, {"content", "hi"}}};
+  GenSpec g = parse_chat_request({{"messages", msgs},
+                                  {"presence_penalty", 0.5},
+                                  {"frequency_penalty", -1.25},
+                                  {"repetition_penalty", 1.3},
+                                  {"logit_bias", {{"7", 100}, {"12", -100}, {"3", 0.5}}},
+                                  {"min_tokens", 3},
+                                  {"max_tokens", 6},
+                                  {"n", 4}},
+                                 codec, limits());
+  EXPECT_FLOAT_EQ(g.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.frequency_penalty, -1.25f);
+  EXPECT_FLOAT_EQ(g.sampling.repetition_penalty, 1.3f);
+  auto bias = g.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{3, 0.5f}, {7, 100.0f}, {12, -100.0f}}));
+  EXPECT_EQ(g.sampling.min_new_tokens, 3);
+  EXPECT_EQ(g.n, 4);
+  // Completions take the same names; /generate SGLang's (min_new_tokens, n inside sampling_params).
+  g = parse_completion_request({{"prompt", "ab"}, {"n", 2}, {"min_tokens", 1}}, codec, limits());
+  EXPECT_EQ(g.n, 2);
+  EXPECT_EQ(g.sampling.min_new_tokens, 1);
+  g = parse_generate_request({{"text", "ab"},
+                              {"sampling_params",
+                               {{"presence_penalty", 1},
+                                {"frequency_penalty", 0.5},
+                                {"repetition_penalty", 1.1},
+                                {"min_new_tokens", 2},
+                                {"stop_token_ids", {9}},
+                                {"logit_bias", {{"4", 2}}},
+                                {"n", 3}}}},
+                             codec, limits());
+  EXPECT_FLOAT_EQ(g.sampling.presence_penalty, 1.0f);
+  EXPECT_FLOAT_EQ(g.sampling.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.repetition_penalty, 1.1f);
+  EXPECT_EQ(g.sampling.min_new_tokens, 2);
+  EXPECT_EQ(g.sampling.stop_token_ids, std::vector<int32_t>{9});
+  EXPECT_EQ(g.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{4, 2.0f}}));
+  EXPECT_EQ(g.n, 3);
+  // Defaults: no penalty, one choice.
+  g = parse_chat_request({{"messages", msgs}}, codec, limits());
+  EXPECT_EQ(g.n, 1);
+  EXPECT_FLOAT_EQ(g.sampling.repetition_penalty, 1.0f);
+  EXPECT_TRUE(g.sampling.logit_bias.empty());
+}
+
 TEST(ServerProtocol, BadInputsAreRejectedWithTheirParam) {
   fake::ByteCodec codec;
   const auto L = limits();
@@ -235,13 +299,28 @@ TEST(ServerProtocol, BadInputsAreRejectedWithTheirParam) {
   EXPECT_EQ(chat({{"max_tokens", 0}}), P(400, "max_tokens"));
   EXPECT_EQ(chat({{"max_tokens", 1.5}}), P(400, "max_tokens"));
   EXPECT_EQ(chat({{"max_tokens", 1000}}), P(400, "max_tokens"));  // prompt + 1000 > context 64
-  EXPECT_EQ(chat({{"n", 2}}), P(400, "n"));
+  EXPECT_EQ(chat({{"n", 17}}), P(400, "n"));
+  EXPECT_EQ(chat({{"response_format", {{"type", "json_object"}}}}), P(400, "response_format"));
+  EXPECT_EQ(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", json::object()}}}}),
+            P(400, "response_format"));
+  EXPECT_EQ(chat({{"guided_json", json::object()}}), P(400, "guided_json"));
+  EXPECT_EQ(chat({{"response_format", {{"type", "text"}}}}), P(0, ""));
+  EXPECT_EQ(chat({{"n", 0}}), P(400, "n"));
   EXPECT_EQ(chat({{"stream", "yes"}}), P(400, "stream"));
   EXPECT_EQ(chat({{"stream_options", {{"include_usage", true}}}}), P(400, "stream_options"));
   EXPECT_EQ(chat({{"stop", {1, 2}}}), P(400, "stop"));
   EXPECT_EQ(chat({{"stop", ""}}), P(400, "stop"));
-  EXPECT_EQ(chat({{"logit_bias", {{"5", 1}}}}), P(400, "logit_bias"));
-  EXPECT_EQ(chat({{"presence_penalty", 0.5}}), P(400, "presence_penalty"));
+  EXPECT_EQ(chat({{"logit_bias", {{"5", 101}}}}), P(400, "logit_bias"));
+  EXPECT_EQ(chat({{"logit_bias", {{"x5", 1}}}}), P(400, "logit_bias"));
+  EXPECT_EQ(chat({{"logit_bias", {{"999", 1}}}}), P(400, "logit_bias"));  // outside the vocabulary
+  EXPECT_EQ(chat({{"logit_bias", {{"-1", 1}}}}), P(400, "logit_bias"));
+  EXPECT_EQ(chat({{"logit_bias", {5, 1}}}), P(400, "logit_bias"));
+  EXPECT_EQ(chat({{"presence_penalty", 2.5}}), P(400, "presence_penalty"));
+  EXPECT_EQ(chat({{"frequency_penalty", -3}}), P(400, "frequency_penalty"));
+  EXPECT_EQ(chat({{"repetition_penalty", 0}}), P(400, "repetition_penalty"));
+  EXPECT_EQ(chat({{"repetition_penalty", 2.5}}), P(400, "repetition_penalty"));
+  EXPECT_EQ(chat({{"min_tokens", -1}}), P(400, "min_tokens"));
+  EXPECT_EQ(chat({{"min_tokens", 9}, {"max_tokens", 8}}), P(400, "min_tokens"));
   EXPECT_EQ(chat({{"top_logprobs", 3}}), P(400, "top_logprobs"));  // without logprobs
   EXPECT_EQ(chat({{"model", "other"}}), P(404, "model"));
   EXPECT_EQ(chat({{"messages", json::array()}}), P(400, "messages"));
@@ -270,6 +349,12 @@ TEST(ServerProtocol, BadInputsAreRejectedWithTheirParam) {
   EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"temperature", nullptr}, {"max_new_tokens", -1}}}}),
             P(400, "max_new_tokens"));
   EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", 3}}), P(400, "sampling_params"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"n", 20}}}}), P(400, "n"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"regex", "[0-9]+"}}}}), P(400, "regex"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"ebnf", "root ::= \"a\""}}}}), P(400, "ebnf"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"json_schema", "{}"}}}}), P(400, "json_schema"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"min_new_tokens", 5}, {"max_new_tokens", 2}}}}),
+            P(400, "min_new_tokens"));
 
   auto emb = [&](json b) { return error_of([&] { parse_embedding_request(b, codec, L); }); };
   EXPECT_EQ(emb({{"input", ""}}), P(400, "input"));
