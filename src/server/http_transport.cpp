@@ -73,7 +73,8 @@ std::string response_head(const HttpResponse& r, bool keep_alive, bool chunked, 
   h.append(reason.data(), reason.size());
   h += "\r\nContent-Type: " + r.content_type + "\r\n";
   for (const auto& [k, v] : r.headers) h += k + ": " + v + "\r\n";
-  h += chunked ? std::string("Transfer-Encoding: chunked\r\n") : "Content-Length: " + std::to_string(length) + "\r\n";
+  h += chunked ? std::string("Transfer-Encoding: chunked\r\n")
+               : "Content-Length: " + std::to_string(length) + "\r\n";
   h += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
   return h;
 }
@@ -106,7 +107,10 @@ struct Conn;
 
 struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   Impl(TransportOptions o, Routes r, ServerCounters& c)
-      : opts(std::move(o)), routes(std::move(r)), counters(c), workers(size_t(std::max(1, opts.worker_threads))) {}
+      : opts(std::move(o)),
+        routes(std::move(r)),
+        counters(c),
+        workers(size_t(std::max(1, opts.worker_threads))) {}
 
   TransportOptions opts;
   Routes routes;
@@ -302,7 +306,8 @@ awaitable<void> Conn::fail_read() {
   if (e == http::error::body_limit)
     co_return co_await reply_and_close(
         413, "request body exceeds " + std::to_string(srv.opts.max_body_bytes) + " bytes");
-  if (is_http_parse_error(e)) co_return co_await reply_and_close(400, "malformed HTTP request: " + e.message());
+  if (is_http_parse_error(e))
+    co_return co_await reply_and_close(400, "malformed HTTP request: " + e.message());
   // end of stream, a reset, a partial message from a client that left: nobody to answer
 }
 
@@ -394,7 +399,8 @@ HttpResponse HttpTransport::Impl::error(int status, const std::string& msg) noex
 awaitable<void> HttpTransport::Impl::accept_loop() {
   error_code ec;
   while (!stopping) {
-    tcp::socket s = co_await acceptor.async_accept(asio::make_strand(ioc), asio::redirect_error(use_awaitable, ec));
+    tcp::socket s =
+        co_await acceptor.async_accept(asio::make_strand(ioc), asio::redirect_error(use_awaitable, ec));
     if (stopping || !acceptor.is_open()) break;
     if (ec) {  // out of descriptors, or the like: back off instead of spinning
       asio::steady_timer t(acceptor.get_executor(), 50ms);

@@ -54,7 +54,9 @@ struct HttpResponse {
   std::shared_ptr<ResponseSource> source;
   bool stream = false;
 
-  void set_header(std::string name, std::string value) { headers.emplace_back(std::move(name), std::move(value)); }
+  void set_header(std::string name, std::string value) {
+    headers.emplace_back(std::move(name), std::move(value));
+  }
 };
 
 // A response produced over time by another thread (the engine's token events).

@@ -32,10 +32,10 @@ struct ServerOptions {
   int port = 8000;                 // 0: any free port (see ApiServer::port())
   std::string api_key;             // non-empty: every route except /health and /metrics needs "Bearer <key>"
   std::string served_model_name = "kiln";
-  size_t max_body_bytes = 16u << 20;  // larger bodies get 413
-  int http_threads = 2;               // I/O threads: every connection is served on one of them
-  int http_workers = 2;               // threads parsing and submitting POST requests
-  int max_connections = 4096;         // beyond: 503 with Retry-After, connection closed
+  size_t max_body_bytes = 16u << 20;                // larger bodies get 413
+  int http_threads = 2;                             // I/O threads: every connection is served on one of them
+  int http_workers = 2;                             // threads parsing and submitting POST requests
+  int max_connections = 4096;                       // beyond: 503 with Retry-After, connection closed
   std::chrono::milliseconds idle_timeout{60000};    // keep-alive: idle connections closed after this
   std::chrono::milliseconds header_timeout{10000};  // first byte to end of headers, else 408
   std::chrono::milliseconds body_timeout{30000};    // end of headers to end of body, else 408

@@ -51,8 +51,10 @@ inline int dial(int port) {
 }
 
 inline std::string post_request(const std::string& path, const std::string& body, bool declare_full = true) {
-  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n" +
-         "Content-Length: " + std::to_string(declare_full ? body.size() : body.size() + 100) + "\r\n\r\n" + body;
+  return "POST " + path +
+         " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n" +
+         "Content-Length: " + std::to_string(declare_full ? body.size() : body.size() + 100) + "\r\n\r\n" +
+         body;
 }
 
 // One client connection: `out` is written (all at once, or one byte every `trickle` when set), `in` collects

@@ -63,7 +63,8 @@ struct Prober {
   std::thread thread;
 };
 
-// The text and completion_tokens of a streamed /v1/completions reply (include_usage); -1 tokens when malformed.
+// The text and completion_tokens of a streamed /v1/completions reply (include_usage); -1 tokens when
+// malformed.
 std::pair<std::string, int> stream_result(const std::string& reply) {
   const std::string body = body_of(reply);
   std::string text;
@@ -160,7 +161,8 @@ TEST(ServerScale, IdleStreamingAndSlowClientsAtOnce) {
   EXPECT_EQ(probe.failures, 0);
   EXPECT_LT(probe.worst_ms, 50.0) << "over " << probe.polls << " polls";
   std::printf("scale: %d polls of /health and /metrics, worst %.1f ms; streams done in %.2f s\n",
-              probe.polls.load(), probe.worst_ms.load(), std::chrono::duration<double>(Clock::now() - t0).count());
+              probe.polls.load(), probe.worst_ms.load(),
+              std::chrono::duration<double>(Clock::now() - t0).count());
 
   // The idle connections were held all along (not cut by the other clients' deadlines).
   int still_open = 0;
