@@ -5,6 +5,7 @@
 // completion tokens and [DONE], every slow client got 408, every poll got 200 within --max-poll-ms, and every
 // idle connection is still open at the end. One thread of clients on poll() (tests/unit/scale_client.h).
 //   kiln_load_probe PORT [--idle N] [--streams S] [--slow W] [--tokens K] [--model NAME] [--max-poll-ms MS]
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -53,11 +54,13 @@ int main(int argc, char** argv) {
   std::atomic<bool> stop{false};
   std::atomic<int> polls{0}, bad_polls{0};
   std::atomic<double> worst{0};
+  std::vector<double> lat;  // the prober's only
   std::thread prober([&] {
     for (int i = 0; !stop; ++i) {
       int status = 0;
       const double ms = timed_get(port, i % 2 ? "/metrics" : "/health", &status);
       polls++;
+      lat.push_back(ms);
       if (status != 200) bad_polls++;
       if (ms > worst) worst = ms;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -72,7 +75,7 @@ int main(int argc, char** argv) {
                                  {"stream", true},
                                  {"stream_options", {{"include_usage", true}}}})
                                .dump();
-  std::vector<Conn> streams(size_t(streams_n)), slow(size_t(slow_n));
+  std::vector<Conn> streams(static_cast<size_t>(streams_n)), slow(static_cast<size_t>(slow_n));
   std::vector<Conn*> all;
   for (auto& c : streams) {
     c.fd = dial(port);
@@ -135,8 +138,14 @@ int main(int argc, char** argv) {
   if (open != idle_n) fail(std::to_string(idle_n - open) + " idle connections were closed");
   if (bad_polls > 0) fail(std::to_string(bad_polls.load()) + " polls did not get 200");
   if (worst > max_poll_ms) fail("worst /health or /metrics latency " + std::to_string(worst.load()) + " ms");
+  std::sort(lat.begin(), lat.end());
+  const auto pct = [&](double q) { return lat.empty() ? 0.0 : lat[size_t(q * double(lat.size() - 1))]; };
+  const auto over = std::count_if(lat.begin(), lat.end(), [&](double v) { return v > max_poll_ms; });
   std::printf(
-      "load_probe: %d idle, %d streams x %d tokens, %d slow clients in %.1f s; %d polls, worst %.1f ms; %s\n",
-      idle_n, streams_n, tokens, slow_n, secs, polls.load(), worst.load(), failures ? "FAIL" : "ok");
+      "load_probe: %d idle, %d streams x %d tokens, %d slow clients in %.1f s; %d polls: p50 %.2f ms, p99 "
+      "%.2f "
+      "ms, worst %.1f ms, %ld over %.0f ms; %s\n",
+      idle_n, streams_n, tokens, slow_n, secs, polls.load(), pct(0.5), pct(0.99), worst.load(), long(over),
+      max_poll_ms, failures ? "FAIL" : "ok");
   return failures ? 1 : 0;
 }
