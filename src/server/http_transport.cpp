@@ -126,6 +126,8 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
 
   std::atomic<bool> stopping{false};
   std::atomic<bool> is_running{false};
+  std::mutex run_mu;  // orders run()'s start against stop(): a transport never run is stopped directly
+  bool ran = false;
   std::atomic<int> rejecting{0};
   std::mutex mu;  // guards conns and accept_done
   std::unordered_map<Conn*, std::weak_ptr<Conn>> conns;
@@ -477,7 +479,12 @@ int HttpTransport::bind() {
 
 void HttpTransport::run() {
   auto im = impl_;
-  im->is_running = true;
+  {
+    std::lock_guard<std::mutex> lock(im->run_mu);
+    if (im->stopping) return;
+    im->ran = true;
+    im->is_running = true;
+  }
   asio::post(im->acceptor.get_executor(), [im] {
     if (!im->all_closed) im->arm_hard_stop(asio::steady_timer::time_point::max());
   });
@@ -495,7 +502,15 @@ bool HttpTransport::running() const {
 
 void HttpTransport::stop() {
   auto im = impl_;
-  if (im->stopping.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(im->run_mu);
+    if (im->stopping.exchange(true)) return;
+    if (!im->ran) {  // no thread runs ioc: nothing to post to (and posting would keep `im` alive in it)
+      error_code e;
+      im->acceptor.close(e);
+      return;
+    }
+  }
   asio::post(im->acceptor.get_executor(), [im] {
     error_code e;
     im->acceptor.close(e);
