@@ -5,6 +5,7 @@
 
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/asio/awaitable.hpp>
@@ -90,6 +91,13 @@ void append_chunk(std::string& wire, std::string_view data) {
 bool is_http_parse_error(const error_code& ec) {
   static const auto& cat = make_error_code(http::error::bad_target).category();
   return &ec.category() == &cat && ec != http::error::end_of_stream && ec != http::error::partial_message;
+}
+
+// I/O threads do little work each time they wake, and a CPU-bound engine (the CPU backend's pool) may share
+// their cores: a higher priority lets them answer /health at once. Needs CAP_SYS_NICE; without it, nothing.
+constexpr int kIoNice = -5;
+void raise_io_priority() {
+  setpriority(PRIO_PROCESS, id_t(::gettid()), kIoNice);
 }
 
 // Servers hold a descriptor per connection: take the hard limit (a no-op where the soft one already is).
@@ -490,8 +498,16 @@ void HttpTransport::run() {
   });
   asio::co_spawn(im->acceptor.get_executor(), im->accept_loop(), asio::detached);
   std::vector<std::thread> threads;
-  for (int i = 1; i < im->opts.io_threads; ++i) threads.emplace_back([im] { im->ioc.run(); });
+  for (int i = 1; i < im->opts.io_threads; ++i)
+    threads.emplace_back([im] {
+      raise_io_priority();
+      im->ioc.run();
+    });
+  // The calling thread serves too, at its own priority restored after.
+  const int nice_before = getpriority(PRIO_PROCESS, id_t(::gettid()));
+  raise_io_priority();
   im->ioc.run();
+  setpriority(PRIO_PROCESS, id_t(::gettid()), nice_before);
   for (auto& t : threads) t.join();
   im->is_running = false;
 }

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   std::atomic<double> worst{0};
   std::vector<double> lat;  // the prober's only
   std::thread prober([&] {
+    raise_thread_priority();
     for (int i = 0; !stop; ++i) {
       int status = 0;
       const double ms = timed_get(port, i % 2 ? "/metrics" : "/health", &status);
