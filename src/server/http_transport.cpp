@@ -160,7 +160,10 @@ struct WakeState {
 
 struct Conn : std::enable_shared_from_this<Conn> {
   Conn(HttpTransport::Impl& s, tcp::socket so)
-      : srv(s), sock(std::move(so)), deadline(sock.get_executor()), wake_timer(sock.get_executor()) {}
+      : srv(s), sock(std::move(so)), deadline(sock.get_executor()), wake_timer(sock.get_executor()) {
+    error_code e;
+    sock.non_blocking(true, e);  // for write()'s first, synchronous attempt
+  }
 
   HttpTransport::Impl& srv;
   tcp::socket sock;
@@ -322,6 +325,11 @@ awaitable<void> Conn::fail_read() {
 }
 
 awaitable<bool> Conn::write(std::string_view data) {
+  // Most writes fit the socket's buffer: done at once (the socket is non-blocking), no timer, no suspension.
+  const size_t now = sock.write_some(asio::buffer(data.data(), data.size()), ec);
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) co_return false;
+  if (now == data.size()) co_return true;
+  data.remove_prefix(now);
   arm(srv.opts.write_timeout);
   co_await asio::async_write(sock, asio::buffer(data.data(), data.size()), token());
   disarm();
