@@ -101,12 +101,16 @@ void raise_io_priority() {
 }
 
 // Servers hold a descriptor per connection: take the hard limit (a no-op where the soft one already is).
-void raise_fd_limit() {
+// Returns the limit in force.
+int64_t raise_fd_limit() {
   rlimit r{};
-  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return INT64_MAX;
+  if (r.rlim_cur < r.rlim_max) {
     r.rlim_cur = r.rlim_max;
     setrlimit(RLIMIT_NOFILE, &r);
+    getrlimit(RLIMIT_NOFILE, &r);
   }
+  return r.rlim_cur == RLIM_INFINITY ? INT64_MAX : int64_t(r.rlim_cur);
 }
 
 }  // namespace
@@ -471,7 +475,11 @@ HttpTransport::~HttpTransport() {
 
 int HttpTransport::bind() {
   Impl& im = *impl_;
-  raise_fd_limit();
+  // Past the descriptor limit accept() would fail and clients would wait unanswered in the backlog: keep the
+  // cap below it, leaving room for the over-cap replies and the process's own files.
+  const int64_t fds = raise_fd_limit();
+  const int64_t room = fds - std::min<int64_t>(kMaxRejecting + 64, fds / 4);
+  if (room < im.opts.max_connections) im.opts.max_connections = int(std::max<int64_t>(1, room));
   error_code ec;
   asio::ip::address addr = asio::ip::make_address(im.opts.host, ec);
   if (ec) {  // a host name: its first address
