@@ -1,7 +1,8 @@
 // The HTTP transport at scale, over loopback against the fake engine: 1,000 idle connections + 300 streams +
 // 200 slow clients at once while /health and /metrics answer within 50 ms; the connection cap (503 +
 // Retry-After); header/body deadlines (408, counted) that block nobody else; keep-alive reuse and the idle
-// timeout; mass disconnects aborting every request. Clients are raw sockets on one poll() loop
+// timeout; mass disconnects aborting every request; the transport's own statuses (400, 431, 413 from the
+// headers alone) with JSON bodies, and Expect: 100-continue. Clients are raw sockets on one poll() loop
 // (scale_client.h); every loop is bounded by a deadline.
 #include <gtest/gtest.h>
 
@@ -298,4 +299,53 @@ TEST(ServerScale, MassDisconnectAbortsEveryRequest) {
   EXPECT_EQ(h.engine.stats().finished_abort, kStreams);
   EXPECT_LT(h.engine.stats().generation_tokens_total, 40 * kStreams);  // stopped well before 60 each
   EXPECT_EQ(h.engine.stats().kv_pages_used, 0);
+}
+
+TEST(ServerScale, TransportStatusesHaveJsonBodies) {
+  ServerOptions o;
+  o.max_body_bytes = 4096;
+  Scale h(o, 2);
+  auto exchange = [&](const std::string& request) {
+    Conn c;
+    c.fd = dial(h.port);
+    c.out = request;
+    std::vector<Conn*> one{&c};
+    EXPECT_TRUE(pump(one, Clock::now() + 5s));
+    ::close(c.fd);
+    return c.in;
+  };
+  auto expect_error = [](const std::string& reply, int status) {
+    EXPECT_EQ(status_of(reply), status) << reply.substr(0, 200);
+    EXPECT_EQ(header_of(reply, "Connection"), "close");
+    const json j = json::parse(body_of(reply), nullptr, false);
+    ASSERT_TRUE(j.is_object()) << reply;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+  };
+  expect_error(exchange("BLAH\r\n\r\n"), 400);
+  expect_error(exchange("GET /health HTTP/1.1\r\nX-Big: " + std::string(70000, 'x') + "\r\n\r\n"), 431);
+  // A declared length over the limit is refused from the headers alone, without waiting for the body.
+  const auto t0 = Clock::now();
+  expect_error(exchange("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"), 413);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.5);  // 1 s linger at most
+  EXPECT_GE(h.server->counters().rejected_invalid, 3);
+  // Expect: 100-continue gets the interim reply before the body is sent.
+  const int fd = dial(h.port);
+  const std::string body = json({{"prompt", "a"}, {"max_tokens", 2}}).dump();
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Expect: 100-continue\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), ssize_t(head.size()));
+  char buf[256];
+  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, size_t(n)), "HTTP/1.1 100 Continue\r\n\r\n");
+  Conn rest;
+  rest.fd = fd;
+  rest.out = body;
+  std::vector<Conn*> one{&rest};
+  ASSERT_TRUE(pump(one, Clock::now() + 5s));
+  ::close(fd);
+  EXPECT_EQ(status_of(rest.in), 200) << rest.in;
+  EXPECT_EQ(json::parse(body_of(rest.in))["choices"][0]["text"], "Th");
 }
