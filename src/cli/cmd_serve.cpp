@@ -3,7 +3,9 @@
 //              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--page-size 32]
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
 //              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
-//              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--drain-timeout S]
+//              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--http-workers N]
+//              [--max-connections N] [--http-idle-timeout S] [--http-header-timeout S]
+//              [--http-body-timeout S] [--http-write-timeout S] [--drain-timeout S]
 //              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph]
 //              [--cuda-graph-bs 1,2,4,...] [--disable-pdl] [--seed S]
 //              [--sampling-backend auto|cpu] [--is-embedding]
@@ -58,6 +60,12 @@ int run_serve(const kiln::cli::Args& args) {
        "max-context-len",
        "max-body-bytes",
        "http-threads",
+       "http-workers",
+       "max-connections",
+       "http-idle-timeout",
+       "http-header-timeout",
+       "http-body-timeout",
+       "http-write-timeout",
        "drain-timeout",
        "seed",
        "cuda-graph-bs",
@@ -107,7 +115,21 @@ int run_serve(const kiln::cli::Args& args) {
   KILN_CHECK(body >= 1024, "--max-body-bytes must be >= 1024, got ", body);
   so.max_body_bytes = size_t(body);
   so.http_threads = int(f.i64("http-threads", so.http_threads));
-  KILN_CHECK(so.http_threads >= 1 && so.http_threads <= 4096, "--http-threads must be in [1, 4096]");
+  KILN_CHECK(so.http_threads >= 1 && so.http_threads <= 256, "--http-threads must be in [1, 256]");
+  so.http_workers = int(f.i64("http-workers", so.http_workers));
+  KILN_CHECK(so.http_workers >= 1 && so.http_workers <= 256, "--http-workers must be in [1, 256]");
+  const int64_t max_conn = f.i64("max-connections", so.max_connections);
+  KILN_CHECK(max_conn >= 1 && max_conn <= 1000000, "--max-connections must be in [1, 1000000]");
+  so.max_connections = int(max_conn);
+  auto seconds_flag = [&](const char* name, std::chrono::milliseconds def) {
+    const double s = f.f64(name, double(def.count()) / 1000.0);
+    KILN_CHECK(s > 0 && s <= 86400, "--", name, " must be in (0, 86400] seconds, got ", s);
+    return std::chrono::milliseconds(int64_t(s * 1000));
+  };
+  so.idle_timeout = seconds_flag("http-idle-timeout", so.idle_timeout);
+  so.header_timeout = seconds_flag("http-header-timeout", so.header_timeout);
+  so.body_timeout = seconds_flag("http-body-timeout", so.body_timeout);
+  so.write_timeout = seconds_flag("http-write-timeout", so.write_timeout);
   so.reasoning_parser = f.str("reasoning-parser", so.reasoning_parser);
   KILN_CHECK(so.reasoning_parser == "auto" || so.reasoning_parser == "qwen3" || so.reasoning_parser == "none",
              "--reasoning-parser must be auto, qwen3 or none, got '", so.reasoning_parser, "'");

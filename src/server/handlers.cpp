@@ -1,4 +1,6 @@
-// Generation (/v1/chat/completions, /v1/completions, /generate) and /v1/embeddings handlers.
+// Generation (/v1/chat/completions, /v1/completions, /generate) and /v1/embeddings handlers. Each parses and
+// submits on a worker thread and returns a ResponseSource (server/http_transport.h) that the connection
+// pulls on its I/O thread whenever the engine's callback wakes it.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -15,11 +17,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
-
-// One choice of a generation request in flight. Touched only by the HTTP worker serving it (provider +
-// releaser); the engine thread reaches only the request's EventQueue, through the shared_ptr its
-// callback holds.
+// One choice of a generation request in flight (n of them per request, in a GroupSource). Touched only by
+// its connection's I/O thread.
 struct Session {
   Session(const TextCodec& codec, GenSpec s) : spec(std::move(s)), tracker(codec, spec), parser(spec.parse) {}
   GenSpec spec;
@@ -155,9 +154,74 @@ Outcome outcome_of(const OutputTracker& t) {
   return Outcome::aborted;
 }
 
+// The response of one generation request: its n choices on one event queue. Touched only by its
+// connection (pull, finish, on its I/O thread); the engine thread reaches only `queue` and `wake`, through
+// the shared_ptrs its callbacks hold.
+struct GroupSource : ResponseSource {
+  explicit GroupSource(ApiServer::Impl& srv) : server(srv) {}
+  ~GroupSource() override { finish(false); }  // a response dropped before the transport took it
+
+  void attach(std::function<void()> fn) override { wake->arm(std::move(fn)); }
+  bool pull(std::string& out, HttpResponse& res) override;
+  void finish(bool complete) override;
+
+  ApiServer::Impl& server;
+  Group group;
+  std::shared_ptr<EventQueue> queue = std::make_shared<EventQueue>();
+  std::shared_ptr<WakeRelay> wake = std::make_shared<WakeRelay>();
+  bool started = false;
+};
+
+bool GroupSource::pull(std::string& out, HttpResponse&) {
+  const TextCodec& codec = server.codec;
+  const bool stream = group[0]->spec.stream;
+  if (!started) {
+    started = true;
+    if (stream && group[0]->spec.endpoint == Endpoint::chat) {
+      for (const auto& s : group) {
+        json c = chat_chunk(s->ctx, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
+        if (s->spec.include_usage) c["usage"] = maybe_usage(*s);
+        out += sse_frame(c);
+      }
+    }
+  }
+  std::vector<TokenEvent> events;
+  queue->wait_pop(events, std::chrono::milliseconds(0));
+  for (const auto& e : events) {
+    auto it = std::find_if(group.begin(), group.end(), [&](const auto& s) { return s->rid == e.id; });
+    if (it == group.end() || (*it)->tracker.finished()) continue;
+    Session& s = **it;
+    const Delta d = s.tracker.consume(e);
+    if (s.tracker.stopped_by_string() && !s.abort_sent) {
+      s.abort_sent = true;
+      server.engine.abort(s.rid);  // the engine frees the pages; the client sees finish_reason "stop"
+    }
+    if (stream) out += stream_delta(s, d, codec);
+    if (stream && s.tracker.finished()) out += stream_choice_end(s, codec);
+  }
+  const bool finished =
+      std::all_of(group.begin(), group.end(), [](const auto& s) { return s->tracker.finished(); });
+  if (!finished) return false;
+  out += stream ? stream_tail(group) : full_body(group, codec);
+  return true;
+}
+
+// Once, when the transport is done with the response: after the last byte, or when the client went away or
+// the server stopped mid-way (or a submission failed part-way) -- then the unfinished engine requests are
+// aborted so their pages are freed.
+void GroupSource::finish(bool) {
+  wake->disarm();
+  for (const auto& s : group) {
+    if (s->ended || s->rid == 0) continue;
+    s->ended = true;
+    if (!s->tracker.finished()) server.engine.abort(s->rid);
+    server.on_ended(s->rid, outcome_of(s->tracker));
+  }
+}
+
 }  // namespace
 
-void ApiServer::Impl::handle_generation(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, HttpResponse& res) {
   const json body = parse_body(req.body);
   const ApiLimits lim = limits();
   const GenSpec spec = ep == Endpoint::chat         ? parse_chat_request(body, codec, lim)
@@ -167,157 +231,141 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const httplib::Request& req
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
   // n choices: n engine requests on one event queue; the later ones wait for the first's prefill and
   // reuse its cached prompt pages (Request::after_prefill_of).
-  auto queue = std::make_shared<EventQueue>();
+  auto src = std::make_shared<GroupSource>(*this);
   ResponseCtx ctx;
   ctx.id = make_id(ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "");
   ctx.created = int64_t(std::time(nullptr));
   ctx.model = spec.model;
-  Group group;
   for (int i = 0; i < spec.n; ++i) {
     GenSpec si = spec;
     if (ep == Endpoint::chat) si.parse.id_prefix = make_id("call_") + "_";
     auto s = std::make_shared<Session>(codec, std::move(si));
     s->ctx = ctx;
     s->ctx.index = i;
-    group.push_back(std::move(s));
+    src->group.push_back(std::move(s));
   }
-  try {
-    for (size_t i = 0; i < group.size(); ++i) {
-      Session& s = *group[i];
-      Request r;
-      r.prompt = s.spec.prompt;
-      r.sampling = s.spec.sampling;
-      if (r.sampling.seed >= 0)
-        r.sampling.seed = int64_t((uint64_t(r.sampling.seed) + i) & uint64_t(INT64_MAX));
-      r.return_hidden = s.spec.return_hidden;
-      r.after_prefill_of = i > 0 ? group[0]->rid : 0;
-      s.rid = submit(std::move(r), [q = queue](const TokenEvent& e) { q->push(e); });
-      on_accepted(s.rid);
-    }
-  } catch (...) {  // busy part-way: the choices already submitted go too
-    for (const auto& s : group)
-      if (s->rid != 0) {
-        engine.abort(s->rid);
-        on_ended(s->rid, Outcome::aborted);
-      }
-    throw;
+  // Busy part-way: src's destructor aborts and counts the choices already submitted.
+  for (size_t i = 0; i < src->group.size(); ++i) {
+    Session& s = *src->group[i];
+    Request r;
+    r.prompt = s.spec.prompt;
+    r.sampling = s.spec.sampling;
+    if (r.sampling.seed >= 0)
+      r.sampling.seed = int64_t((uint64_t(r.sampling.seed) + i) & uint64_t(INT64_MAX));
+    r.return_hidden = s.spec.return_hidden;
+    r.after_prefill_of = i > 0 ? src->group[0]->rid : 0;
+    s.rid = submit(std::move(r), [q = src->queue, w = src->wake](const TokenEvent& e) {
+      q->push(e);
+      w->wake();
+    });
+    on_accepted(s.rid);
   }
-
   const bool stream = spec.stream;
-  auto provider = [this, group, queue, stream](size_t, httplib::DataSink& sink) -> bool {
-    std::string out;
-    Session& first = *group[0];
-    if (!first.started) {
-      first.started = true;
-      if (stream && first.spec.endpoint == Endpoint::chat) {
-        for (const auto& s : group) {
-          json c = chat_chunk(s->ctx, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
-          if (s->spec.include_usage) c["usage"] = maybe_usage(*s);
-          out += sse_frame(c);
-        }
-      }
-    }
-    std::vector<TokenEvent> events;
-    queue->wait_pop(events, out.empty() ? kPollInterval : std::chrono::milliseconds(0));
-    if (sink.is_writable && !sink.is_writable()) return false;  // the client went away
-    for (const auto& e : events) {
-      auto it = std::find_if(group.begin(), group.end(), [&](const auto& s) { return s->rid == e.id; });
-      if (it == group.end() || (*it)->tracker.finished()) continue;
-      Session& s = **it;
-      const Delta d = s.tracker.consume(e);
-      if (s.tracker.stopped_by_string() && !s.abort_sent) {
-        s.abort_sent = true;
-        engine.abort(s.rid);  // the engine frees the pages; the client sees finish_reason "stop"
-      }
-      if (stream) out += stream_delta(s, d, codec);
-      if (stream && s.tracker.finished()) out += stream_choice_end(s, codec);
-    }
-    const bool finished =
-        std::all_of(group.begin(), group.end(), [](const auto& s) { return s->tracker.finished(); });
-    if (finished) out += stream ? stream_tail(group) : full_body(group, codec);
-    if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-    if (finished) sink.done();
-    return true;
-  };
-  // Runs once, when the response is destroyed: after the last byte, or when the client went away or the
-  // server stopped mid-way -- then the unfinished engine requests are aborted so their pages are freed.
-  auto releaser = [this, group](bool) {
-    for (const auto& s : group) {
-      if (s->ended) continue;
-      s->ended = true;
-      if (!s->tracker.finished()) engine.abort(s->rid);
-      on_ended(s->rid, outcome_of(s->tracker));
-    }
-  };
   if (stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
   }
-  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json", provider, releaser);
+  res.content_type = stream ? "text/event-stream" : "application/json";
+  res.stream = stream;
+  res.source = std::move(src);
 }
 
-void ApiServer::Impl::handle_embeddings(const httplib::Request& req, httplib::Response& res) {
-  const json body = parse_body(req.body);
-  const EmbedSpec spec = parse_embedding_request(body, codec, limits());
-  if (!engine.is_embedding_model())
-    throw bad_request(
-        "this model does not produce embeddings: serve an embedding checkpoint (Qwen3-Embedding)", "model");
-  auto queue = std::make_shared<EventQueue>();
+namespace {
+
+// The inputs of one /v1/embeddings request, each its own engine request; one JSON reply once all are done.
+struct EmbedSession : ResponseSource {
+  EmbedSession(ApiServer::Impl& srv, EmbedSpec sp) : server(srv), spec(std::move(sp)) {}
+  ~EmbedSession() override { finish(false); }
+
+  void attach(std::function<void()> fn) override { wake->arm(std::move(fn)); }
+  bool pull(std::string& out, HttpResponse& res) override;
+  void finish(bool complete) override;
+
+  ApiServer::Impl& server;
+  EmbedSpec spec;
+  std::shared_ptr<EventQueue> queue = std::make_shared<EventQueue>();
+  std::shared_ptr<WakeRelay> wake = std::make_shared<WakeRelay>();
   std::vector<RequestId> ids;
-  auto end_all = [&](const std::vector<RequestId>& v, Outcome o) {
-    for (RequestId id : v) on_ended(id, o);
-  };
-  try {
-    for (const auto& input : spec.inputs) {
-      Request r;
-      r.prompt = input;
-      r.embedding = true;
-      r.sampling.max_new_tokens = 0;
-      ids.push_back(submit(std::move(r), [queue](const TokenEvent& e) { queue->push(e); }));
-      on_accepted(ids.back());
-    }
-  } catch (...) {
-    for (RequestId id : ids) engine.abort(id);
-    end_all(ids, Outcome::aborted);
-    throw;
-  }
-  // Embedding requests are one forward each: wait for all of them (no token stream to watch).
-  std::vector<std::vector<float>> vecs(ids.size());
-  std::vector<bool> done(ids.size(), false);
-  size_t remaining = ids.size();
+  std::vector<std::vector<float>> vecs;
+  std::vector<bool> done;
+  size_t remaining = 0;
   int64_t prompt_tokens = 0;
   std::string error;
   bool aborted = false;
-  while (remaining > 0) {
-    std::vector<TokenEvent> events;
-    queue->wait_pop(events, kPollInterval);
-    for (const auto& e : events) {
-      if (!e.finished) continue;
-      for (size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] != e.id || done[i]) continue;
-        done[i] = true;
-        --remaining;
-        const Outcome o = e.finish_reason == "error"   ? Outcome::error
-                          : e.finish_reason == "abort" ? Outcome::aborted
-                                                       : Outcome::completed;
-        on_ended(ids[i], o);
-        if (o == Outcome::error) error = e.error;
-        if (o == Outcome::aborted) aborted = true;
-        prompt_tokens += e.prompt_tokens > 0 ? e.prompt_tokens : int64_t(spec.inputs[i].size());
-        vecs[i] = shape_embedding(e.embedding, spec.dimensions);
-      }
+  bool ended = false;
+};
+
+bool EmbedSession::pull(std::string& out, HttpResponse& res) {
+  std::vector<TokenEvent> events;
+  queue->wait_pop(events, std::chrono::milliseconds(0));
+  for (const auto& e : events) {
+    if (!e.finished) continue;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] != e.id || done[i]) continue;
+      done[i] = true;
+      --remaining;
+      const Outcome o = e.finish_reason == "error"   ? Outcome::error
+                        : e.finish_reason == "abort" ? Outcome::aborted
+                                                     : Outcome::completed;
+      server.on_ended(ids[i], o);
+      if (o == Outcome::error) error = e.error;
+      if (o == Outcome::aborted) aborted = true;
+      prompt_tokens += e.prompt_tokens > 0 ? e.prompt_tokens : int64_t(spec.inputs[i].size());
+      vecs[i] = shape_embedding(e.embedding, spec.dimensions);
     }
   }
+  if (remaining > 0) return false;
   if (!error.empty()) {
-    send_error(res, 500, error_body(500, "embedding failed: " + error));
-    return;
+    server.send_error(res, 500, error_body(500, "embedding failed: " + error));
+  } else if (aborted) {
+    server.send_error(res, 503, error_body(503, "the request was aborted (server shutting down)"));
+  } else {
+    res.body = dump_json(embeddings_response(spec.model, vecs, spec.base64, prompt_tokens));
   }
-  if (aborted) {
-    send_error(res, 503, error_body(503, "the request was aborted (server shutting down)"));
-    return;
+  out = std::move(res.body);
+  res.body.clear();
+  return true;
+}
+
+// Inputs still running when the client went away (or the server stopped) are aborted and counted so.
+void EmbedSession::finish(bool) {
+  if (ended) return;
+  ended = true;
+  wake->disarm();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (done[i]) continue;
+    done[i] = true;
+    server.engine.abort(ids[i]);
+    server.on_ended(ids[i], Outcome::aborted);
   }
-  res.set_content(dump_json(embeddings_response(spec.model, vecs, spec.base64, prompt_tokens)),
-                  "application/json");
+}
+
+}  // namespace
+
+void ApiServer::Impl::handle_embeddings(const HttpRequest& req, HttpResponse& res) {
+  const json body = parse_body(req.body);
+  EmbedSpec spec = parse_embedding_request(body, codec, limits());
+  if (!engine.is_embedding_model())
+    throw bad_request(
+        "this model does not produce embeddings: serve an embedding checkpoint (Qwen3-Embedding)", "model");
+  auto s = std::make_shared<EmbedSession>(*this, std::move(spec));
+  // On a refusal mid-way, the destructor aborts and counts the inputs already submitted.
+  for (const auto& input : s->spec.inputs) {
+    Request r;
+    r.prompt = input;
+    r.embedding = true;
+    r.sampling.max_new_tokens = 0;
+    const RequestId id = submit(std::move(r), [q = s->queue, w = s->wake](const TokenEvent& e) {
+      q->push(e);
+      w->wake();
+    });
+    s->ids.push_back(id);
+    s->done.push_back(false);
+    s->vecs.emplace_back();
+    s->remaining++;
+    on_accepted(id);
+  }
+  res.source = std::move(s);
 }
 
 }  // namespace kiln::server

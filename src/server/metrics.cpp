@@ -108,6 +108,12 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   w.sample("kiln_server_requests_rejected_total", double(c.rejected_invalid.load()), "reason=\"invalid\"");
   w.sample("kiln_server_requests_rejected_total", double(c.rejected_busy.load()), "reason=\"busy\"");
   w.sample("kiln_server_requests_rejected_total", double(c.rejected_auth.load()), "reason=\"auth\"");
+  w.sample("kiln_server_requests_rejected_total", double(c.rejected_timeout.load()), "reason=\"timeout\"");
+  w.gauge("kiln_server_connections_open", "HTTP connections open now.", double(c.connections_open.load()));
+  w.counter("kiln_server_connections_total", "HTTP connections accepted.",
+            double(c.connections_total.load()));
+  w.counter("kiln_server_connections_rejected_total", "HTTP connections refused with 503 (over the cap).",
+            double(c.connections_rejected.load()));
   return w.str();
 }
 

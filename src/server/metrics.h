@@ -25,6 +25,11 @@ struct ServerCounters {
   std::atomic<int64_t> rejected_busy{0};     // 503: queue full or draining
   std::atomic<int64_t> rejected_auth{0};     // 401
   std::atomic<int64_t> active{0};            // accepted and not yet ended
+  // The transport's (server/http_transport.h).
+  std::atomic<int64_t> rejected_timeout{0};      // 408: headers or body not received in time
+  std::atomic<int64_t> connections_open{0};      // TCP connections being served now
+  std::atomic<int64_t> connections_total{0};     // accepted since start (over the cap included)
+  std::atomic<int64_t> connections_rejected{0};  // 503: over --max-connections
 };
 
 std::string render_metrics(const EngineStats& s, const ServerCounters& c, const std::string& model_name);

@@ -1,7 +1,5 @@
 #include "server/server.h"
 
-#include <sys/socket.h>
-
 #include <chrono>
 #include <cstdio>
 
@@ -77,14 +75,15 @@ std::string ApiServer::Impl::make_id(const char* prefix) {
   return std::string(prefix) + buf;
 }
 
-void ApiServer::Impl::send_error(httplib::Response& res, int status, const json& body) {
+void ApiServer::Impl::send_error(HttpResponse& res, int status, const json& body) {
   res.status = status;
   if (status == 503) res.set_header("Retry-After", std::to_string(opts.retry_after_s));
-  res.set_content(dump_json(body), "application/json");
+  res.content_type = "application/json";
+  res.body = dump_json(body);
 }
 
 template <typename Fn>
-void ApiServer::Impl::guarded(httplib::Response& res, Fn&& fn) {
+void ApiServer::Impl::guarded(HttpResponse& res, Fn&& fn) {
   try {
     fn();
   } catch (const ApiError& e) {
@@ -128,102 +127,99 @@ void ApiServer::Impl::on_ended(RequestId id, Outcome o) {
   idle_cv.notify_all();
 }
 
-void ApiServer::Impl::setup_routes() {
-  http.new_task_queue = [n = opts.http_threads] { return new httplib::ThreadPool(size_t(n)); };
-  http.set_payload_max_length(opts.max_body_bytes);
-  http.set_tcp_nodelay(true);
-  // httplib's default sets SO_REUSEPORT, which lets a second server bind a port already in use (the kernel
-  // then splits connections between them). SO_REUSEADDR alone allows a quick restart but refuses that.
-  http.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opts.api_key.empty() || req.path == "/health" || req.path == "/metrics")
-      return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
+HttpResponse ApiServer::Impl::route(const HttpRequest& req) {
+  HttpResponse res;
+  const std::string& path = req.path;
+  if (!opts.api_key.empty() && path != "/health" && path != "/metrics") {
+    const std::string auth = req.header("Authorization");
     const std::string prefix = "Bearer ";
-    if (auth.rfind(prefix, 0) == 0 && same_secret(auth.substr(prefix.size()), opts.api_key))
-      return httplib::Server::HandlerResponse::Unhandled;
-    counters.rejected_auth++;
-    res.set_header("WWW-Authenticate", "Bearer");
-    send_error(res, 401,
-               error_body(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "", "",
-                          "invalid_api_key"));
-    return httplib::Server::HandlerResponse::Handled;
-  });
-
-  // Statuses httplib produces itself (404 no route, 413 body too large, 400 bad HTTP) get a JSON body.
-  http.set_error_handler(
-      httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        std::string msg = status_text(res.status);
-        if (res.status == 404) msg = "no route for " + req.method + " " + req.path;
-        if (res.status == 413) msg = "request body exceeds " + std::to_string(opts.max_body_bytes) + " bytes";
-        if (res.status == 413 || res.status == 400) counters.rejected_invalid++;
-        res.set_content(dump_json(error_body(res.status, msg)), "application/json");
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
+    if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), opts.api_key)) {
+      counters.rejected_auth++;
+      res.set_header("WWW-Authenticate", "Bearer");
+      send_error(res, 401,
+                 error_body(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "", "",
+                            "invalid_api_key"));
+      return res;
     }
-    send_error(res, 500, error_body(500, "internal error: " + what));
-  });
-
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { handle_generation(Endpoint::chat, req, res); });
-  });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { handle_generation(Endpoint::completion, req, res); });
-  });
-  http.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { handle_generation(Endpoint::generate, req, res); });
-  });
-  http.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { handle_embeddings(req, res); });
-  });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const json model = {{"id", opts.served_model_name},
-                        {"object", "model"},
-                        {"created", int64_t(std::time(nullptr))},
-                        {"owned_by", "kiln"},
-                        {"max_model_len", engine.max_context_len()}};
-    res.set_content(dump_json({{"object", "list"}, {"data", json::array({model})}}), "application/json");
-  });
-  http.Get("/get_model_info", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(dump_json({{"model_path", opts.served_model_name},
-                               {"is_generation", !engine.is_embedding_model()},
-                               {"max_context_len", engine.max_context_len()}}),
-                    "application/json");
-  });
-  http.Post("/flush_cache", [this](const httplib::Request&, httplib::Response& res) {
-    guarded(res, [&] {
-      engine.flush_cache();
-      res.set_content(dump_json({{"success", true}, {"message", "Cache flushed."}}), "application/json");
-    });
-  });
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (draining) {
-      send_error(res, 503, error_body(503, "the server is shutting down"));
-      return;
+  }
+  if (req.method == "GET") {
+    // Answered on the I/O thread: snapshots only (the engine's stats are a copy taken under a short lock).
+    if (path == "/health") {
+      if (draining)
+        send_error(res, 503, error_body(503, "the server is shutting down"));
+      else
+        res.body = "{\"status\":\"ok\"}";
+      return res;
     }
-    res.set_content("{\"status\":\"ok\"}", "application/json");
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(render_metrics(engine.stats(), counters, opts.served_model_name),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  });
+    if (path == "/metrics") {
+      res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      res.body = render_metrics(engine.stats(), counters, opts.served_model_name);
+      return res;
+    }
+    if (path == "/v1/models") {
+      const json model = {{"id", opts.served_model_name},
+                          {"object", "model"},
+                          {"created", int64_t(std::time(nullptr))},
+                          {"owned_by", "kiln"},
+                          {"max_model_len", engine.max_context_len()}};
+      res.body = dump_json({{"object", "list"}, {"data", json::array({model})}});
+      return res;
+    }
+    if (path == "/get_model_info") {
+      res.body = dump_json({{"model_path", opts.served_model_name},
+                            {"is_generation", !engine.is_embedding_model()},
+                            {"max_context_len", engine.max_context_len()}});
+      return res;
+    }
+  } else if (req.method == "POST") {
+    const bool chat = path == "/v1/chat/completions", completion = path == "/v1/completions";
+    if (chat || completion || path == "/generate") {
+      const Endpoint ep = chat ? Endpoint::chat : completion ? Endpoint::completion : Endpoint::generate;
+      guarded(res, [&] { handle_generation(ep, req, res); });
+      return res;
+    }
+    if (path == "/v1/embeddings") {
+      guarded(res, [&] { handle_embeddings(req, res); });
+      return res;
+    }
+    if (path == "/flush_cache") {
+      guarded(res, [&] {
+        engine.flush_cache();  // waits for the engine's step: POST routes run on a worker thread
+        res.body = dump_json({{"success", true}, {"message", "Cache flushed."}});
+      });
+      return res;
+    }
+  }
+  send_error(res, 404, error_body(404, "no route for " + req.method + " " + path));
+  return res;
 }
 
 ApiServer::ApiServer(EngineApi& engine, const TextCodec& codec, ServerOptions opts)
     : impl_(std::make_unique<Impl>(engine, codec, std::move(opts))) {
-  impl_->setup_routes();
+  Impl& im = *impl_;
+  TransportOptions t;
+  t.host = im.opts.host;
+  t.port = im.opts.port;
+  t.io_threads = im.opts.http_threads;
+  t.worker_threads = im.opts.http_workers;
+  t.max_connections = im.opts.max_connections;
+  t.max_body_bytes = im.opts.max_body_bytes;
+  t.idle_timeout = im.opts.idle_timeout;
+  t.header_timeout = im.opts.header_timeout;
+  t.body_timeout = im.opts.body_timeout;
+  t.write_timeout = im.opts.write_timeout;
+  t.retry_after_s = im.opts.retry_after_s;
+  Routes r;
+  r.is_fast = [](const HttpRequest& req) { return req.method != "POST"; };
+  r.handle = [&im](const HttpRequest& req) { return im.route(req); };
+  // Statuses the transport produces itself (a malformed request, deadlines, limits) get a JSON body.
+  r.error = [&im](int status, const std::string& msg) {
+    if (status == 400 || status == 413 || status == 431) im.counters.rejected_invalid++;
+    HttpResponse res;
+    im.send_error(res, status, error_body(status, msg.empty() ? status_text(status) : msg));
+    return res;
+  };
+  im.http = std::make_unique<HttpTransport>(std::move(t), std::move(r), im.counters);
 }
 
 ApiServer::~ApiServer() {
@@ -231,36 +227,18 @@ ApiServer::~ApiServer() {
 }
 
 int ApiServer::bind() {
-  auto& im = *impl_;
-  // httplib's default options set SO_REUSEPORT, which lets a second server bind a busy port and silently
-  // take half its connections: only SO_REUSEADDR here (a restart may reuse a port in TIME_WAIT).
-  im.http.set_socket_options([&im](int sock) {
-    const int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    im.listen_fd = sock;
-  });
-  if (im.opts.port == 0) {
-    im.bound_port = im.http.bind_to_any_port(im.opts.host);
-    KILN_CHECK(im.bound_port > 0, "cannot bind ", im.opts.host, " (any port)");
-  } else {
-    KILN_CHECK(im.http.bind_to_port(im.opts.host, im.opts.port), "cannot bind ", im.opts.host, ":",
-               im.opts.port, " (address in use, or not a local address?)");
-    im.bound_port = im.opts.port;
-  }
-  // Debian's libcpp-httplib listens with a backlog of 5: a burst of clients (a benchmark opening 128
-  // connections at once) overflows it. listen() again on the bound socket deepens the queue.
-  if (im.listen_fd >= 0) KILN_CHECK(::listen(im.listen_fd, 4096) == 0, "listen() failed on the bound socket");
-  return im.bound_port;
+  impl_->bound_port = impl_->http->bind();
+  return impl_->bound_port;
 }
 
 void ApiServer::listen() {
-  impl_->http.listen_after_bind();
+  impl_->http->run();
 }
 int ApiServer::port() const {
   return impl_->bound_port;
 }
 bool ApiServer::running() const {
-  return impl_->http.is_running();
+  return impl_->http->running();
 }
 
 void ApiServer::begin_drain() {
@@ -285,7 +263,7 @@ void ApiServer::abort_all() {
 }
 
 void ApiServer::stop() {
-  if (impl_ && impl_->http.is_running()) impl_->http.stop();
+  if (impl_) impl_->http->stop();
 }
 
 const ServerCounters& ApiServer::counters() const {

@@ -1,12 +1,15 @@
-// ApiServer: the OpenAI/SGLang-compatible HTTP front of kiln (cpp-httplib underneath).
+// ApiServer: the OpenAI/SGLang-compatible HTTP front of kiln, over the event-driven transport of
+// server/http_transport.h (Boost.Beast on Boost.Asio).
 //
 //   POST /v1/chat/completions  /v1/completions  /v1/embeddings  /generate  /flush_cache
-//   GET  /v1/models  /health  /metrics
+//   GET  /v1/models  /health  /metrics  /get_model_info
 //
-// Each HTTP worker thread serves one connection; generation responses are written from a chunked content
-// provider that waits on the request's event queue, so a client that goes away is noticed within
-// ~50 ms (the socket is checked between waits) and its engine request is aborted, freeing its pages.
-// Non-streaming responses use the same path (a chunked JSON body), so they get the same behaviour.
+// Connections are multiplexed on `http_threads` I/O threads; the GET routes are answered there from
+// snapshots (never waiting on the engine), the POST routes are parsed, tokenized and submitted on
+// `http_workers` threads. A generation response holds no thread while it waits: each engine event wakes
+// its connection, which writes what was released (SSE frames as they come, or one JSON body at the end).
+// A client that goes away is noticed at the next event (or within a second) and its engine request is
+// aborted, freeing its pages.
 //
 // Lifecycle: bind() -> listen() (blocks) on one thread; from another: begin_drain() (new requests get
 // 503, /health turns 503), wait_idle(timeout), abort_all(), stop(). The server never owns the engine.
@@ -29,9 +32,15 @@ struct ServerOptions {
   int port = 8000;                 // 0: any free port (see ApiServer::port())
   std::string api_key;             // non-empty: every route except /health and /metrics needs "Bearer <key>"
   std::string served_model_name = "kiln";
-  size_t max_body_bytes = 16u << 20;  // larger bodies get 413
-  int http_threads = 128;             // concurrent connections served; more wait in the accept queue
-  int retry_after_s = 1;              // Retry-After on 503
+  size_t max_body_bytes = 16u << 20;                // larger bodies get 413
+  int http_threads = 2;                             // I/O threads: every connection is served on one of them
+  int http_workers = 2;                             // threads parsing and submitting POST requests
+  int max_connections = 4096;                       // beyond: 503 with Retry-After, connection closed
+  std::chrono::milliseconds idle_timeout{60000};    // keep-alive: idle connections closed after this
+  std::chrono::milliseconds header_timeout{10000};  // first byte to end of headers, else 408
+  std::chrono::milliseconds body_timeout{30000};    // end of headers to end of body, else 408
+  std::chrono::milliseconds write_timeout{30000};   // a client not reading for this long is dropped
+  int retry_after_s = 1;                            // Retry-After on 503
   // Chat output parsing. reasoning_parser: "auto" (on when the chat template thinks), "qwen3", "none".
   // tool_call_parser: "qwen25" (Qwen's <tool_call> JSON blocks, SGLang's name) or "none".
   std::string reasoning_parser = "auto";

@@ -1,16 +1,17 @@
 // Private to src/server: the state behind ApiServer, shared by server.cpp (routes, auth, lifecycle) and
-// handlers.cpp (generation and embedding requests).
+// handlers.cpp (generation and embedding requests). The transport underneath is server/http_transport.h.
 #pragma once
-
-#include <httplib.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
 #include <unordered_set>
 
+#include "server/http_transport.h"
 #include "server/protocol.h"
 #include "server/server.h"
 
@@ -24,11 +25,9 @@ struct ApiServer::Impl {
   EngineApi& engine;
   const TextCodec& codec;
   ServerOptions opts;
-  httplib::Server http;
   ServerCounters counters;
   std::atomic<bool> draining{false};
   int bound_port = -1;
-  int listen_fd = -1;  // the listening socket, seen through httplib's socket-options hook
 
   std::mutex mu;  // guards active_ids and rng
   std::condition_variable idle_cv;
@@ -38,20 +37,44 @@ struct ApiServer::Impl {
   ApiLimits limits() const;
   std::string make_id(const char* prefix);
 
-  void setup_routes();
+  // The reply to one request (auth, then the route); see server.cpp.
+  HttpResponse route(const HttpRequest& req);
   // Runs `fn`, turning ApiError and kiln::Error into OpenAI-shaped error responses (and counting them).
   template <typename Fn>
-  void guarded(httplib::Response& res, Fn&& fn);
-  void send_error(httplib::Response& res, int status, const nlohmann::json& body);
+  void guarded(HttpResponse& res, Fn&& fn);
+  void send_error(HttpResponse& res, int status, const nlohmann::json& body);
 
   // Accepted requests: registered once the engine gave an id, ended exactly once with an outcome.
   void on_accepted(RequestId id);
   void on_ended(RequestId id, Outcome o);
 
-  void handle_generation(Endpoint ep, const httplib::Request& req, httplib::Response& res);
-  void handle_embeddings(const httplib::Request& req, httplib::Response& res);
+  // Both leave an HttpResponse with a ResponseSource that is fed by the engine's events.
+  void handle_generation(Endpoint ep, const HttpRequest& req, HttpResponse& res);
+  void handle_embeddings(const HttpRequest& req, HttpResponse& res);
   // Submits to the engine, mapping its refusals to ApiError (busy -> 503, bad input -> 400).
   RequestId submit(Request r, std::function<void(const TokenEvent&)> cb);
+
+  // Last: destroyed first, while everything its connections' sources reach is still there.
+  std::unique_ptr<HttpTransport> http;
+};
+
+// Engine thread -> the transport's wake-up for one response: the engine's callback may outlive the
+// response, so it calls through this, which the response disarms when it finishes.
+class WakeRelay {
+ public:
+  void arm(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = std::move(fn);
+  }
+  void disarm() { arm(nullptr); }
+  void wake() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fn_) fn_();
+  }
+
+ private:
+  std::mutex mu_;
+  std::function<void()> fn_;
 };
 
 }  // namespace kiln::server

@@ -1,0 +1,563 @@
+// HttpTransport on Boost.Asio + Boost.Beast (see http_transport.h for the contract). One coroutine per
+// connection on its own strand; one watchdog timer per connection enforces every deadline by cancelling the
+// socket's pending operation; responses are written as raw HTTP/1.1 (status line, headers, chunks).
+#include "server/http_transport.h"
+
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/status.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "kiln/error.h"
+
+namespace kiln::server {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+using asio::use_awaitable;
+using error_code = boost::system::error_code;
+using namespace std::chrono_literals;
+
+std::string HttpRequest::header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (beast::iequals(k, name)) return v;
+  return "";
+}
+
+namespace {
+
+constexpr auto kPeekInterval = 1s;  // a waiting response checks that its client is still there this often
+constexpr auto kLinger = 1s;        // how long a closing connection's unread input is drained
+constexpr size_t kLingerBytes = 1u << 20;
+constexpr int kMaxRejecting = 256;  // connections being sent the over-cap 503 at once; beyond, closed at once
+
+// True when the client has closed or reset the connection (a non-blocking peek; pipelined bytes stay queued).
+bool peer_gone(tcp::socket& s) {
+  char c;
+  const ssize_t n = ::recv(s.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return true;
+  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+std::string response_head(const HttpResponse& r, bool keep_alive, bool chunked, size_t length) {
+  std::string h = "HTTP/1.1 " + std::to_string(r.status) + ' ';
+  const auto reason = http::obsolete_reason(http::int_to_status(unsigned(r.status)));
+  h.append(reason.data(), reason.size());
+  h += "\r\nContent-Type: " + r.content_type + "\r\n";
+  for (const auto& [k, v] : r.headers) h += k + ": " + v + "\r\n";
+  h += chunked ? std::string("Transfer-Encoding: chunked\r\n")
+               : "Content-Length: " + std::to_string(length) + "\r\n";
+  h += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+  return h;
+}
+
+void append_chunk(std::string& wire, std::string_view data) {
+  char len[24];
+  std::snprintf(len, sizeof len, "%zx\r\n", data.size());
+  wire += len;
+  wire += data;
+  wire += "\r\n";
+}
+
+bool is_http_parse_error(const error_code& ec) {
+  static const auto& cat = make_error_code(http::error::bad_target).category();
+  return &ec.category() == &cat && ec != http::error::end_of_stream && ec != http::error::partial_message;
+}
+
+// I/O threads do little work each time they wake, and a CPU-bound engine (the CPU backend's pool) may share
+// their cores: a higher priority lets them answer /health at once. Needs CAP_SYS_NICE; without it, nothing.
+constexpr int kIoNice = -5;
+void raise_io_priority() {
+  setpriority(PRIO_PROCESS, id_t(::gettid()), kIoNice);
+}
+
+// Servers hold a descriptor per connection: take the hard limit (a no-op where the soft one already is).
+// Returns the limit in force.
+int64_t raise_fd_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return INT64_MAX;
+  if (r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+    getrlimit(RLIMIT_NOFILE, &r);
+  }
+  return r.rlim_cur == RLIM_INFINITY ? INT64_MAX : int64_t(r.rlim_cur);
+}
+
+}  // namespace
+
+struct Conn;
+
+struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
+  Impl(TransportOptions o, Routes r, ServerCounters& c)
+      : opts(std::move(o)),
+        routes(std::move(r)),
+        counters(c),
+        workers(size_t(std::max(1, opts.worker_threads))) {}
+
+  TransportOptions opts;
+  Routes routes;
+  ServerCounters& counters;
+  // Declared in this order so the workers (which post into ioc) are joined before ioc goes.
+  asio::io_context ioc;
+  asio::thread_pool workers;
+  tcp::acceptor acceptor{asio::make_strand(ioc)};
+  // Keeps ioc.run() going until stop(); stop() re-arms it to 5 s, for a connection that will not close (a
+  // handler blocked on a worker). On the acceptor's strand.
+  asio::steady_timer hard_stop{acceptor.get_executor()};
+  std::atomic<bool> all_closed{false};
+
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> is_running{false};
+  std::mutex run_mu;  // orders run()'s start against stop(): a transport never run is stopped directly
+  bool ran = false;
+  std::atomic<int> rejecting{0};
+  std::mutex mu;  // guards conns and accept_done
+  std::unordered_map<Conn*, std::weak_ptr<Conn>> conns;
+  bool accept_done = false;
+
+  awaitable<void> accept_loop();
+  HttpResponse handle(const HttpRequest& req) noexcept;
+  HttpResponse error(int status, const std::string& msg) noexcept;
+  void forget(Conn* c);
+  void maybe_done();  // with mu held
+  void arm_hard_stop(asio::steady_timer::time_point at);
+};
+
+// The writer's wake-up, shared with the response source's producer (any thread).
+struct WakeState {
+  WakeState(asio::any_io_executor e, std::weak_ptr<Conn> c) : ex(std::move(e)), conn(std::move(c)) {}
+  void wake();
+  asio::any_io_executor ex;
+  std::weak_ptr<Conn> conn;
+  std::atomic<bool> pending{false};  // coalesces wakes: one post per pull
+};
+
+struct Conn : std::enable_shared_from_this<Conn> {
+  Conn(HttpTransport::Impl& s, tcp::socket so)
+      : srv(s), sock(std::move(so)), deadline(sock.get_executor()), wake_timer(sock.get_executor()) {
+    error_code e;
+    sock.non_blocking(true, e);  // for write()'s first, synchronous attempt
+  }
+
+  HttpTransport::Impl& srv;
+  tcp::socket sock;
+  asio::steady_timer deadline;    // the watchdog: on expiry the socket's pending operation is cancelled
+  asio::steady_timer wake_timer;  // a waiting response sleeps on it; WakeState cancels it
+  uint64_t armed = 0;             // generation of the watchdog wait, so a stale expiry does nothing
+  bool timed_out = false;
+  bool closing = false;  // stop() reached this connection
+  error_code ec;
+
+  static awaitable<void> run(std::shared_ptr<Conn> c);
+  static awaitable<void> run_reject(std::shared_ptr<Conn> c);
+  awaitable<void> serve();
+  awaitable<void> fail_read();
+  awaitable<bool> write(std::string_view data);
+  awaitable<bool> write_source(HttpResponse& res, bool keep_alive, bool head_only);
+  awaitable<void> reply_and_close(int status, const std::string& msg);
+  awaitable<void> linger();
+  void close_now() {
+    closing = true;
+    error_code e;
+    sock.cancel(e);
+    wake_timer.cancel();
+    deadline.cancel();
+  }
+
+  void arm(std::chrono::milliseconds d) {
+    timed_out = false;
+    const uint64_t gen = ++armed;
+    deadline.expires_after(d);
+    deadline.async_wait([w = weak_from_this(), gen](error_code e) {
+      auto c = w.lock();
+      if (e || !c || c->armed != gen) return;
+      c->timed_out = true;
+      error_code ignored;
+      c->sock.cancel(ignored);
+    });
+  }
+  void disarm() {
+    ++armed;
+    deadline.cancel();
+  }
+  auto token() { return asio::redirect_error(use_awaitable, ec); }
+};
+
+void WakeState::wake() {
+  if (pending.exchange(true)) return;
+  asio::post(ex, [w = conn] {
+    if (auto c = w.lock()) c->wake_timer.cancel();
+  });
+}
+
+awaitable<void> Conn::run(std::shared_ptr<Conn> c) {
+  {
+    std::lock_guard<std::mutex> lock(c->srv.mu);
+    c->srv.conns.emplace(c.get(), c);
+  }
+  if (!c->srv.stopping) {  // registered first, so stop() either sees it or it sees stopping
+    try {
+      co_await c->serve();
+    } catch (const std::exception&) {  // a failure on one connection closes that connection only
+    }
+  }
+  error_code e;
+  c->sock.close(e);
+  c->deadline.cancel();
+  c->wake_timer.cancel();
+  c->srv.counters.connections_open--;
+  c->srv.forget(c.get());
+}
+
+awaitable<void> Conn::run_reject(std::shared_ptr<Conn> c) {
+  try {
+    co_await c->reply_and_close(503, "too many connections (--max-connections " +
+                                         std::to_string(c->srv.opts.max_connections) + "): retry later");
+  } catch (const std::exception&) {
+  }
+  error_code e;
+  c->sock.close(e);
+  c->deadline.cancel();
+  c->srv.rejecting--;
+}
+
+awaitable<void> Conn::serve() {
+  const TransportOptions& o = srv.opts;
+  beast::flat_buffer buf;
+  for (;;) {
+    if (buf.size() == 0) {  // keep-alive: nothing buffered, wait for the next request's first byte
+      buf.shrink_to_fit();  // an idle connection holds no buffer
+      arm(o.idle_timeout);
+      co_await sock.async_wait(tcp::socket::wait_read, token());
+      if (ec || closing) co_return;  // idle too long, stop(), or a reset: closed without a reply
+    }
+    http::request_parser<http::string_body> p;
+    p.header_limit(uint32_t(std::min<size_t>(o.max_header_bytes, UINT32_MAX)));
+    p.body_limit(o.max_body_bytes);
+    arm(o.header_timeout);
+    co_await http::async_read_header(sock, buf, p, token());
+    if (ec) co_return co_await fail_read();
+    if (!p.is_done()) {
+      if (beast::iequals(p.get()[http::field::expect], "100-continue") &&
+          !co_await write("HTTP/1.1 100 Continue\r\n\r\n"))
+        co_return;
+      arm(o.body_timeout);
+      co_await http::async_read(sock, buf, p, token());
+      if (ec) co_return co_await fail_read();
+    }
+    disarm();
+    if (closing) co_return;
+
+    auto& m = p.get();
+    HttpRequest req;
+    req.method = std::string(m.method_string());
+    req.target = std::string(m.target());
+    req.path = req.target.substr(0, req.target.find('?'));
+    for (const auto& f : m) req.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    req.body = std::move(m.body());
+    const bool head_only = req.method == "HEAD";
+    if (head_only) req.method = "GET";
+    const bool keep_alive = m.keep_alive();
+
+    HttpResponse res;
+    if (srv.routes.is_fast(req)) {
+      res = srv.handle(req);
+    } else {  // parsing, tokenization, submission: off the I/O threads
+      auto* s = &srv;
+      res = co_await asio::co_spawn(
+          srv.workers, [s, &req]() -> awaitable<HttpResponse> { co_return s->handle(req); }, use_awaitable);
+    }
+    if (!res.source) {
+      std::string wire = response_head(res, keep_alive && !closing, false, res.body.size());
+      if (!head_only) wire += res.body;
+      if (!co_await write(wire)) co_return;
+    } else if (!co_await write_source(res, keep_alive, head_only)) {
+      co_return;
+    }
+    if (closing) co_return;
+    if (!keep_alive) co_return co_await linger();
+  }
+}
+
+// A request that could not be read: answered when it was the client's doing, else closed quietly.
+awaitable<void> Conn::fail_read() {
+  const error_code e = ec;
+  if (closing) co_return;
+  if (timed_out) {
+    srv.counters.rejected_timeout++;
+    co_return co_await reply_and_close(408, "the request was not received in time (header/body deadline)");
+  }
+  if (e == http::error::header_limit)
+    co_return co_await reply_and_close(
+        431, "request headers exceed " + std::to_string(srv.opts.max_header_bytes) + " bytes");
+  if (e == http::error::body_limit)
+    co_return co_await reply_and_close(
+        413, "request body exceeds " + std::to_string(srv.opts.max_body_bytes) + " bytes");
+  if (is_http_parse_error(e))
+    co_return co_await reply_and_close(400, "malformed HTTP request: " + e.message());
+  // end of stream, a reset, a partial message from a client that left: nobody to answer
+}
+
+awaitable<bool> Conn::write(std::string_view data) {
+  // Most writes fit the socket's buffer: done at once (the socket is non-blocking), no timer, no suspension.
+  const size_t now = sock.write_some(asio::buffer(data.data(), data.size()), ec);
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) co_return false;
+  if (now == data.size()) co_return true;
+  data.remove_prefix(now);
+  arm(srv.opts.write_timeout);
+  co_await asio::async_write(sock, asio::buffer(data.data(), data.size()), token());
+  disarm();
+  co_return !ec;
+}
+
+awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head_only) {
+  const std::shared_ptr<ResponseSource> src = res.source;
+  struct Finish {  // finish() exactly once, also when this frame is destroyed mid-way
+    ResponseSource* s;
+    bool complete = false;
+    ~Finish() { s->finish(complete); }
+  } fin{src.get()};
+  auto ws = std::make_shared<WakeState>(sock.get_executor(), weak_from_this());
+  src->attach([ws] { ws->wake(); });
+  if (res.stream && !co_await write(response_head(res, keep_alive && !closing, true, 0))) co_return false;
+  std::string out, wire;
+  for (;;) {
+    ws->pending = false;
+    out.clear();
+    wire.clear();
+    const bool done = src->pull(out, res);
+    if (res.stream) {
+      if (!out.empty()) append_chunk(wire, out);
+      if (done) wire += "0\r\n\r\n";
+    } else if (done) {
+      wire = response_head(res, keep_alive && !closing, false, out.size());
+      if (!head_only) wire += out;
+    }
+    if (!wire.empty() && !co_await write(wire)) co_return false;
+    if (done) {
+      fin.complete = true;
+      co_return true;
+    }
+    if (closing || peer_gone(sock)) co_return false;
+    if (!ws->pending) {
+      wake_timer.expires_after(kPeekInterval);
+      co_await wake_timer.async_wait(token());  // woken (cancelled), or a second passed: look again
+    }
+    if (closing) co_return false;
+  }
+}
+
+awaitable<void> Conn::reply_and_close(int status, const std::string& msg) {
+  HttpResponse r = srv.error(status, msg);
+  std::string wire = response_head(r, false, false, r.body.size()) + r.body;
+  if (co_await write(wire)) co_await linger();
+}
+
+// Half-close, then read and drop what the client still sends (up to a limit and a deadline), so closing does
+// not reset the connection before the client has read the reply.
+awaitable<void> Conn::linger() {
+  error_code e;
+  sock.shutdown(tcp::socket::shutdown_send, e);
+  arm(std::chrono::duration_cast<std::chrono::milliseconds>(kLinger));
+  std::vector<char> scratch(4096);
+  size_t total = 0;
+  while (total < kLingerBytes && !closing) {
+    total += co_await sock.async_read_some(asio::buffer(scratch), token());
+    if (ec) break;
+  }
+  disarm();
+}
+
+HttpResponse HttpTransport::Impl::handle(const HttpRequest& req) noexcept {
+  try {
+    return routes.handle(req);
+  } catch (const std::exception& e) {
+    return error(500, std::string("internal error: ") + e.what());
+  }
+}
+
+HttpResponse HttpTransport::Impl::error(int status, const std::string& msg) noexcept {
+  try {
+    return routes.error(status, msg);
+  } catch (...) {
+    HttpResponse r;
+    r.status = status;
+    r.content_type = "text/plain";
+    r.body = msg;
+    return r;
+  }
+}
+
+awaitable<void> HttpTransport::Impl::accept_loop() {
+  error_code ec;
+  while (!stopping) {
+    tcp::socket s =
+        co_await acceptor.async_accept(asio::make_strand(ioc), asio::redirect_error(use_awaitable, ec));
+    if (stopping || !acceptor.is_open()) break;
+    if (ec) {  // out of descriptors, or the like: back off instead of spinning
+      asio::steady_timer t(acceptor.get_executor(), 50ms);
+      co_await t.async_wait(asio::redirect_error(use_awaitable, ec));
+      continue;
+    }
+    s.set_option(tcp::no_delay(true), ec);
+    counters.connections_total++;
+    auto c = std::make_shared<Conn>(*this, std::move(s));
+    if (counters.connections_open >= opts.max_connections) {
+      counters.connections_rejected++;
+      if (rejecting < kMaxRejecting) {
+        rejecting++;
+        asio::co_spawn(c->sock.get_executor(), Conn::run_reject(c), asio::detached);
+      }
+      continue;  // else dropped: closed by ~Conn
+    }
+    counters.connections_open++;
+    asio::co_spawn(c->sock.get_executor(), Conn::run(c), asio::detached);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  accept_done = true;
+  maybe_done();
+}
+
+void HttpTransport::Impl::forget(Conn* c) {
+  std::lock_guard<std::mutex> lock(mu);
+  conns.erase(c);
+  maybe_done();
+}
+
+void HttpTransport::Impl::maybe_done() {
+  if (!stopping || !accept_done || !conns.empty() || all_closed.exchange(true)) return;
+  asio::post(acceptor.get_executor(), [self = shared_from_this()] { self->hard_stop.cancel(); });
+}
+
+void HttpTransport::Impl::arm_hard_stop(asio::steady_timer::time_point at) {
+  hard_stop.expires_at(at);  // a wait replaced here ends with operation_aborted and does nothing
+  hard_stop.async_wait([self = shared_from_this()](error_code e) {
+    if (!e || self->all_closed) self->ioc.stop();
+  });
+}
+
+HttpTransport::HttpTransport(TransportOptions opts, Routes routes, ServerCounters& counters)
+    : impl_(std::make_shared<Impl>(std::move(opts), std::move(routes), counters)) {}
+
+HttpTransport::~HttpTransport() {
+  stop();
+}
+
+int HttpTransport::bind() {
+  Impl& im = *impl_;
+  // Past the descriptor limit accept() would fail and clients would wait unanswered in the backlog: keep the
+  // cap below it, leaving room for the over-cap replies and the process's own files.
+  const int64_t fds = raise_fd_limit();
+  const int64_t room = fds - std::min<int64_t>(kMaxRejecting + 64, fds / 4);
+  if (room < im.opts.max_connections) im.opts.max_connections = int(std::max<int64_t>(1, room));
+  error_code ec;
+  asio::ip::address addr = asio::ip::make_address(im.opts.host, ec);
+  if (ec) {  // a host name: its first address
+    tcp::resolver res(im.ioc);
+    auto r = res.resolve(im.opts.host, "", ec);
+    KILN_CHECK(!ec && !r.empty(), "cannot resolve host '", im.opts.host, "': ", ec.message());
+    addr = r.begin()->endpoint().address();
+  }
+  const tcp::endpoint ep(addr, uint16_t(im.opts.port));
+  im.acceptor.open(ep.protocol(), ec);
+  KILN_CHECK(!ec, "cannot open a socket for ", im.opts.host, ": ", ec.message());
+  // SO_REUSEADDR allows a quick restart on a port in TIME_WAIT; no SO_REUSEPORT, so a second server on a
+  // busy port fails instead of silently taking half its connections.
+  im.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  im.acceptor.bind(ep, ec);
+  KILN_CHECK(!ec, "cannot bind ", im.opts.host, ":", im.opts.port, " (", ec.message(), ")");
+  im.acceptor.listen(4096, ec);  // a burst of clients (a benchmark opening 512 at once) fits the queue
+  KILN_CHECK(!ec, "listen() failed: ", ec.message());
+  return im.acceptor.local_endpoint().port();
+}
+
+void HttpTransport::run() {
+  auto im = impl_;
+  {
+    std::lock_guard<std::mutex> lock(im->run_mu);
+    if (im->stopping) return;
+    im->ran = true;
+    im->is_running = true;
+  }
+  asio::post(im->acceptor.get_executor(), [im] {
+    if (!im->all_closed) im->arm_hard_stop(asio::steady_timer::time_point::max());
+  });
+  asio::co_spawn(im->acceptor.get_executor(), im->accept_loop(), asio::detached);
+  std::vector<std::thread> threads;
+  for (int i = 1; i < im->opts.io_threads; ++i)
+    threads.emplace_back([im] {
+      raise_io_priority();
+      im->ioc.run();
+    });
+  // The calling thread serves too, at its own priority restored after.
+  const int nice_before = getpriority(PRIO_PROCESS, id_t(::gettid()));
+  raise_io_priority();
+  im->ioc.run();
+  setpriority(PRIO_PROCESS, id_t(::gettid()), nice_before);
+  for (auto& t : threads) t.join();
+  im->is_running = false;
+}
+
+bool HttpTransport::running() const {
+  return impl_->is_running && !impl_->stopping;
+}
+
+void HttpTransport::stop() {
+  auto im = impl_;
+  {
+    std::lock_guard<std::mutex> lock(im->run_mu);
+    if (im->stopping.exchange(true)) return;
+    if (!im->ran) {  // no thread runs ioc: nothing to post to (and posting would keep `im` alive in it)
+      error_code e;
+      im->acceptor.close(e);
+      return;
+    }
+  }
+  asio::post(im->acceptor.get_executor(), [im] {
+    error_code e;
+    im->acceptor.close(e);
+  });
+  std::vector<std::shared_ptr<Conn>> live;
+  {
+    std::lock_guard<std::mutex> lock(im->mu);
+    for (auto& [p, w] : im->conns)
+      if (auto c = w.lock()) live.push_back(std::move(c));
+    im->maybe_done();
+  }
+  for (auto& c : live) asio::post(c->sock.get_executor(), [c] { c->close_now(); });
+  asio::post(im->acceptor.get_executor(), [im] {
+    if (!im->all_closed) im->arm_hard_stop(asio::steady_timer::clock_type::now() + 5s);
+  });
+}
+
+}  // namespace kiln::server
