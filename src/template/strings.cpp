@@ -1,0 +1,278 @@
+// Python's str methods as chat templates call them (startswith, split, strip, title, replace, ...), over
+// UTF-8 with Python's whitespace set. Case mapping is ASCII-only: non-ASCII letters keep their case
+// (Python maps them; no HF template we know of upper- or lower-cases non-ASCII text).
+#include <algorithm>
+
+#include "template/eval.h"
+
+namespace kiln::tmpl {
+namespace {
+
+uint32_t decode(std::string_view c) {
+  const auto u = static_cast<unsigned char>(c[0]);
+  if (c.size() == 1) return u;
+  uint32_t cp = u & (0x3f >> (c.size() - 1));
+  for (size_t k = 1; k < c.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(c[k]) & 0x3f);
+  return cp;
+}
+
+bool py_space(uint32_t cp) {  // str.isspace(): Unicode White_Space plus the ASCII separators
+  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
+         cp == 0x3000;
+}
+
+bool is_alpha(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+const std::string& str_arg(const Value* v, const char* fn) {
+  if (!v || !v->is_string()) fail(std::string(fn) + "() argument must be str");
+  return *v->s;
+}
+
+std::vector<std::string> split(const std::string& s, const Value* sep, int64_t maxsplit) {
+  std::vector<std::string> out;
+  if (!sep || sep->is_none()) {  // runs of whitespace, no empty pieces
+    const auto cs = utf8_chars(s);
+    size_t k = 0;
+    while (k < cs.size()) {
+      while (k < cs.size() && py_space(decode(cs[k]))) ++k;
+      if (k == cs.size()) break;
+      if (maxsplit >= 0 && int64_t(out.size()) == maxsplit) {
+        std::string rest;
+        for (size_t j = k; j < cs.size(); ++j) rest += cs[j];
+        while (!rest.empty() && py_space(uint8_t(rest.back()))) rest.pop_back();
+        out.push_back(rest);
+        return out;
+      }
+      std::string w;
+      while (k < cs.size() && !py_space(decode(cs[k]))) w += cs[k++];
+      out.push_back(std::move(w));
+    }
+    return out;
+  }
+  const std::string& d = str_arg(sep, "split");
+  if (d.empty()) fail("empty separator");
+  size_t b = 0;
+  while (true) {
+    const size_t e = s.find(d, b);
+    if (e == std::string::npos || (maxsplit >= 0 && int64_t(out.size()) == maxsplit)) {
+      out.push_back(s.substr(b));
+      return out;
+    }
+    out.push_back(s.substr(b, e - b));
+    b = e + d.size();
+  }
+}
+
+Value strings(std::vector<std::string> parts) {
+  Array a;
+  a.reserve(parts.size());
+  for (auto& p : parts) a.push_back(Value::string(std::move(p)));
+  return Value::array(std::move(a));
+}
+
+bool affix(const std::string& s, const Value* p, bool start) {
+  auto one = [&](const Value& x) {
+    const std::string& q = str_arg(&x, start ? "startswith" : "endswith");
+    return s.size() >= q.size() && (start ? s.compare(0, q.size(), q) == 0 : s.compare(s.size() - q.size(), q.size(), q) == 0);
+  };
+  if (p && p->is_array()) return std::any_of(p->a->begin(), p->a->end(), one);
+  if (!p) fail("startswith/endswith need an argument");
+  return one(*p);
+}
+
+}  // namespace
+
+std::string py_strip(std::string_view s, const Value& chars, bool left, bool right) {
+  const auto cs = utf8_chars(s);
+  std::vector<std::string_view> set;
+  const bool ws = chars.is_none() || chars.is_undefined();
+  if (!ws) set = utf8_chars(str_arg(&chars, "strip"));
+  auto strip_it = [&](std::string_view c) {
+    return ws ? py_space(decode(c)) : std::find(set.begin(), set.end(), c) != set.end();
+  };
+  size_t b = 0, e = cs.size();
+  if (left)
+    while (b < e && strip_it(cs[b])) ++b;
+  if (right)
+    while (e > b && strip_it(cs[e - 1])) --e;
+  if (b == e) return "";
+  return std::string(s.substr(size_t(cs[b].data() - s.data()), size_t(cs[e - 1].data() + cs[e - 1].size() - cs[b].data())));
+}
+
+std::string py_upper(std::string_view s) {
+  std::string r(s);
+  for (char& c : r)
+    if (c >= 'a' && c <= 'z') c = char(c - 32);
+  return r;
+}
+std::string py_lower(std::string_view s) {
+  std::string r(s);
+  for (char& c : r)
+    if (c >= 'A' && c <= 'Z') c = char(c + 32);
+  return r;
+}
+std::string py_capitalize(std::string_view s) {
+  std::string r = py_lower(s);
+  if (!r.empty() && r[0] >= 'a' && r[0] <= 'z') r[0] = char(r[0] - 32);
+  return r;
+}
+static std::string py_title(std::string_view s) {  // str.title(): a letter after a non-letter is upper-cased
+  std::string r(s);
+  bool prev = false;
+  for (char& c : r) {
+    const bool a = is_alpha(c);
+    if (a) c = prev ? char(c | 0x20) : char(c & ~0x20);
+    prev = a;
+  }
+  return r;
+}
+std::string jinja_title(std::string_view s) {  // the title filter: words start after - whitespace ( { [ <
+  std::string r;
+  bool start = true;
+  for (char c : s) {
+    const bool sep = c == '-' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' ||
+                     c == '(' || c == '{' || c == '[' || c == '<';
+    if (sep) {
+      r += c;
+      start = true;
+    } else {
+      r += start ? (c >= 'a' && c <= 'z' ? char(c - 32) : c) : (c >= 'A' && c <= 'Z' ? char(c + 32) : c);
+      start = false;
+    }
+  }
+  return r;
+}
+
+Value string_method(const std::string& s, const std::string& name, std::vector<Value>& args, Kwargs& kwargs,
+                    bool& found) {
+  found = true;
+  const Value none = Value::none();
+  if (name == "startswith" || name == "endswith") {
+    check_args(name.c_str(), args, kwargs, 1, {});
+    return Value::boolean(affix(s, arg(args, kwargs, 0, "prefix"), name == "startswith"));
+  }
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    check_args(name.c_str(), args, kwargs, 1, {});
+    const Value* c = arg(args, kwargs, 0, "chars");
+    return Value::string(py_strip(s, c ? *c : none, name != "rstrip", name != "lstrip"));
+  }
+  if (name == "split" || name == "rsplit") {
+    check_args(name.c_str(), args, kwargs, 2, {"sep", "maxsplit"});
+    const Value* m = arg(args, kwargs, 1, "maxsplit");
+    const int64_t maxsplit = m ? m->as_int() : -1;
+    if (name == "rsplit" && maxsplit >= 0) {  // split from the right: reverse, split, reverse back
+      const Value* sep = arg(args, kwargs, 0, "sep");
+      std::vector<std::string> parts = split(s, sep, -1);
+      const std::string d = sep && sep->is_string() ? *sep->s : " ";
+      if (int64_t(parts.size()) - 1 <= maxsplit) return strings(std::move(parts));
+      std::vector<std::string> out;
+      const size_t head = parts.size() - size_t(maxsplit);
+      std::string first;
+      for (size_t k = 0; k < head; ++k) first += (k ? d : "") + parts[k];
+      out.push_back(first);
+      for (size_t k = head; k < parts.size(); ++k) out.push_back(parts[k]);
+      return strings(std::move(out));
+    }
+    return strings(split(s, arg(args, kwargs, 0, "sep"), maxsplit));
+  }
+  if (name == "splitlines") {
+    std::vector<std::string> out;
+    size_t b = 0;
+    for (size_t k = 0; k < s.size(); ++k)
+      if (s[k] == '\n' || s[k] == '\r') {
+        out.push_back(s.substr(b, k - b));
+        if (s[k] == '\r' && k + 1 < s.size() && s[k + 1] == '\n') ++k;
+        b = k + 1;
+      }
+    if (b < s.size()) out.push_back(s.substr(b));
+    return strings(std::move(out));
+  }
+  if (name == "upper") return Value::string(py_upper(s));
+  if (name == "lower") return Value::string(py_lower(s));
+  if (name == "title") return Value::string(py_title(s));
+  if (name == "capitalize") return Value::string(py_capitalize(s));
+  if (name == "replace") {
+    check_args("replace", args, kwargs, 3, {"count"});
+    const std::string& a = str_arg(arg(args, kwargs, 0, "old"), "replace");
+    const std::string& b = str_arg(arg(args, kwargs, 1, "new"), "replace");
+    const Value* cv = arg(args, kwargs, 2, "count");
+    int64_t count = cv ? cv->as_int() : -1;
+    std::string r;
+    size_t p = 0;
+    if (a.empty()) {  // Python inserts `new` between every character
+      const auto cs = utf8_chars(s);
+      for (size_t k = 0; k <= cs.size(); ++k) {
+        if (count < 0 || int64_t(k) < count) r += b;
+        if (k < cs.size()) r += cs[k];
+      }
+      return Value::string(std::move(r));
+    }
+    while (count != 0) {
+      const size_t e = s.find(a, p);
+      if (e == std::string::npos) break;
+      r.append(s, p, e - p);
+      r += b;
+      p = e + a.size();
+      --count;
+    }
+    r.append(s, p);
+    return Value::string(std::move(r));
+  }
+  if (name == "find" || name == "rfind" || name == "index" || name == "count") {
+    const std::string& sub = str_arg(arg(args, kwargs, 0, "sub"), name.c_str());
+    if (name == "count") {
+      int64_t n = 0;
+      if (sub.empty()) return Value::integer(int64_t(utf8_length(s)) + 1);
+      for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+      return Value::integer(n);
+    }
+    const size_t p = name == "rfind" ? s.rfind(sub) : s.find(sub);
+    if (p == std::string::npos) {
+      if (name == "index") fail("substring not found");
+      return Value::integer(-1);
+    }
+    return Value::integer(int64_t(utf8_length(std::string_view(s).substr(0, p))));
+  }
+  if (name == "join") {
+    const Value* it = arg(args, kwargs, 0, "iterable");
+    if (!it) fail("join() takes exactly one argument");
+    std::string r;
+    bool first = true;
+    for (const Value& v : iterate(*it)) {
+      if (!v.is_string()) fail("sequence item: expected str instance, " + std::string(kind_name(v)) + " found");
+      if (!first) r += s;
+      first = false;
+      r += *v.s;
+    }
+    return Value::string(std::move(r));
+  }
+  if (name == "isdigit" || name == "isalpha" || name == "isspace" || name == "isalnum" || name == "islower" ||
+      name == "isupper") {
+    if (s.empty()) return Value::boolean(false);
+    bool ok = true, cased = false;
+    for (char c : s) {
+      const bool d = c >= '0' && c <= '9', a = is_alpha(c);
+      if (name == "isdigit") ok = ok && d;
+      if (name == "isalpha") ok = ok && a;
+      if (name == "isalnum") ok = ok && (a || d);
+      if (name == "isspace") ok = ok && py_space(uint8_t(c));
+      if (name == "islower") ok = ok && !(c >= 'A' && c <= 'Z'), cased = cased || (c >= 'a' && c <= 'z');
+      if (name == "isupper") ok = ok && !(c >= 'a' && c <= 'z'), cased = cased || (c >= 'A' && c <= 'Z');
+    }
+    return Value::boolean(ok && (name != "islower" && name != "isupper" ? true : cased));
+  }
+  if (name == "removeprefix" || name == "removesuffix") {
+    const std::string& a = str_arg(arg(args, kwargs, 0, "prefix"), name.c_str());
+    if (name == "removeprefix") return Value::string(s.compare(0, a.size(), a) == 0 ? s.substr(a.size()) : s);
+    return Value::string(s.size() >= a.size() && s.compare(s.size() - a.size(), a.size(), a) == 0
+                             ? s.substr(0, s.size() - a.size())
+                             : s);
+  }
+  found = false;
+  return Value::undefined();
+}
+
+}  // namespace kiln::tmpl
