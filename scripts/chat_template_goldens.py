@@ -174,9 +174,14 @@ def template_vars(request, tokens):
     return v
 
 
+_compiled = {}
+
+
 def render_jinja2(env, source, variables):
     try:
-        return {"out": env.from_string(source).render(**variables)}
+        if source not in _compiled:
+            _compiled[source] = env.from_string(source)
+        return {"out": _compiled[source].render(**variables)}
     except Exception as e:  # noqa: BLE001 -- every raise is an outcome
         return {"error": f"{type(e).__name__}: {e}"}
 

@@ -2,6 +2,8 @@
 // globals transformers adds (raise_exception, strftime_now) -- with Jinja 3.1's behaviour for each.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #include "template/eval.h"
@@ -516,8 +518,15 @@ Value apply_filter(const std::string& n, const Value& v, std::vector<Value>& arg
   if (n == "round") {
     const Value* p = arg(args, kwargs, 0, "precision");
     const Value* m = arg(args, kwargs, 1, "method");
-    const double scale = std::pow(10.0, p ? double(p->as_int()) : 0.0);
+    const int64_t digits = p ? p->as_int() : 0;
     const std::string method = m ? to_str(*m) : "common";
+    if (method == "common" && digits >= 0 && digits < 20) {
+      // Python's round(): the exact binary value rounded half to even, which printf does too.
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.*f", int(digits), v.as_double());
+      return Value::floating(std::strtod(buf, nullptr));
+    }
+    const double scale = std::pow(10.0, double(digits));
     const double x = v.as_double() * scale;
     const double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : round_half_away(x);
     return Value::floating(r / scale);

@@ -141,7 +141,7 @@ class Lexer {
     const bool strip = q < src_.size() && src_[q] == '-';
     if (strip || (q < src_.size() && src_[q] == '+')) ++q;
     if (src_.compare(q, 2, "%}") != 0) err(tag_start, "expected '%}' after 'raw'");
-    size_t body = after_tag(q + 2, strip, false, true);
+    size_t body = after_tag(q + 2, strip, /*keep=*/true, true);  // Jinja: no trim_blocks after {% raw %}
     for (size_t s = body; (s = src_.find("{%", s)) != std::string_view::npos; s += 2) {
       size_t r = s + 2;
       const bool lstrip = r < src_.size() && src_[r] == '-';
