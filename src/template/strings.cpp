@@ -1,6 +1,8 @@
 // Python's str methods as chat templates call them (startswith, split, strip, title, replace, ...), over
-// UTF-8 with Python's whitespace set. Case mapping is ASCII-only: non-ASCII letters keep their case
-// (Python maps them; no HF template we know of upper- or lower-cases non-ASCII text).
+// UTF-8 with Python's whitespace set. Case mapping is Unicode's simple (one code point to one) mapping from
+// utf8proc; Python's few one-to-many special cases (German sharp s to "SS", ligatures) are not made.
+#include <utf8proc.h>
+
 #include <algorithm>
 
 #include "template/eval.h"
@@ -102,44 +104,62 @@ std::string py_strip(std::string_view s, const Value& chars, bool left, bool rig
   return std::string(s.substr(size_t(cs[b].data() - s.data()), size_t(cs[e - 1].data() + cs[e - 1].size() - cs[b].data())));
 }
 
-std::string py_upper(std::string_view s) {
-  std::string r(s);
-  for (char& c : r)
-    if (c >= 'a' && c <= 'z') c = char(c - 32);
-  return r;
-}
-std::string py_lower(std::string_view s) {
-  std::string r(s);
-  for (char& c : r)
-    if (c >= 'A' && c <= 'Z') c = char(c + 32);
-  return r;
-}
-std::string py_capitalize(std::string_view s) {
-  std::string r = py_lower(s);
-  if (!r.empty() && r[0] >= 'a' && r[0] <= 'z') r[0] = char(r[0] - 32);
-  return r;
-}
-static std::string py_title(std::string_view s) {  // str.title(): a letter after a non-letter is upper-cased
-  std::string r(s);
-  bool prev = false;
-  for (char& c : r) {
-    const bool a = is_alpha(c);
-    if (a) c = prev ? char(c | 0x20) : char(c & ~0x20);
-    prev = a;
+namespace {
+
+template <typename F>
+std::string map_chars(std::string_view s, F f) {  // f(code point, index, previous cased?) -> code point
+  std::string r;
+  r.reserve(s.size());
+  bool prev_cased = false;
+  size_t i = 0;
+  for (std::string_view c : utf8_chars(s)) {
+    const uint32_t cp = decode(c);
+    const uint32_t m = f(cp, i++, prev_cased);
+    const auto cat = utf8proc_category(utf8proc_int32_t(cp));
+    prev_cased = cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
+    if (m == cp) {
+      r += c;
+    } else {
+      utf8proc_uint8_t buf[4];
+      r.append(reinterpret_cast<const char*>(buf), size_t(utf8proc_encode_char(utf8proc_int32_t(m), buf)));
+    }
   }
   return r;
+}
+uint32_t upper(uint32_t cp) {
+  return uint32_t(utf8proc_toupper(utf8proc_int32_t(cp)));
+}
+uint32_t lower(uint32_t cp) {
+  return uint32_t(utf8proc_tolower(utf8proc_int32_t(cp)));
+}
+uint32_t title(uint32_t cp) {
+  return uint32_t(utf8proc_totitle(utf8proc_int32_t(cp)));
+}
+
+}  // namespace
+
+std::string py_upper(std::string_view s) {
+  return map_chars(s, [](uint32_t c, size_t, bool) { return upper(c); });
+}
+std::string py_lower(std::string_view s) {
+  return map_chars(s, [](uint32_t c, size_t, bool) { return lower(c); });
+}
+std::string py_capitalize(std::string_view s) {  // Python >= 3.8: the first character in title case
+  return map_chars(s, [](uint32_t c, size_t i, bool) { return i == 0 ? title(c) : lower(c); });
+}
+static std::string py_title(std::string_view s) {  // str.title(): title case after an uncased character
+  return map_chars(s, [](uint32_t c, size_t, bool prev) { return prev ? lower(c) : title(c); });
 }
 std::string jinja_title(std::string_view s) {  // the title filter: words start after - whitespace ( { [ <
   std::string r;
   bool start = true;
-  for (char c : s) {
-    const bool sep = c == '-' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' ||
-                     c == '(' || c == '{' || c == '[' || c == '<';
-    if (sep) {
+  for (std::string_view c : utf8_chars(s)) {
+    const uint32_t cp = decode(c);
+    if (cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || py_space(cp)) {
       r += c;
       start = true;
     } else {
-      r += start ? (c >= 'a' && c <= 'z' ? char(c - 32) : c) : (c >= 'A' && c <= 'Z' ? char(c + 32) : c);
+      r += start ? py_upper(c) : py_lower(c);
       start = false;
     }
   }
