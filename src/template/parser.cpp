@@ -2,6 +2,7 @@
 #include "template/parser.h"
 
 #include <initializer_list>
+#include <string_view>
 
 #include "template/lexer.h"
 
@@ -74,12 +75,18 @@ class Parser {
   // ---- statements ----
 
   // Parses until a block tag whose name is in `ends` (left unconsumed, the block_begin consumed) or eof.
+  static std::string closing(std::initializer_list<const char*> ends) {  // the end tag, for messages
+    for (const char* e : ends)
+      if (std::string_view(e).starts_with("end")) return e;
+    return ends.size() ? *ends.begin() : "";
+  }
+
   Body body(std::initializer_list<const char*> ends) {
     Body out;
     while (true) {
       const Token& tk = cur();
       if (tk.type == Tok::eof) {
-        if (ends.size()) err("unexpected end of template, expected '" + std::string(*ends.begin()) + "'");
+        if (ends.size()) err("unexpected end of template, expected '" + closing(ends) + "'");
         return out;
       }
       if (tk.type == Tok::text) {
@@ -110,6 +117,8 @@ class Parser {
             return out;
           }
         ++p_;
+        if (nm.s.starts_with("end") || nm.s == "elif" || nm.s == "else")
+          err("unexpected '" + nm.s + "'" + (ends.size() ? ", expected '" + closing(ends) + "'" : std::string()));
         out.push_back(statement());
       } else {
         err("unexpected " + describe());
