@@ -32,14 +32,19 @@ enum class EK : uint8_t {
   cond,       // b if a else c
 };
 
+// Operators, resolved at parse time (the evaluator switches on them instead of comparing strings).
+enum class Op : uint8_t { none, add, sub, mul, div, floordiv, mod, pow, concat, and_, or_, not_, neg, pos, eq, ne, lt, gt, le, ge, in, notin };
+Op op_from(const std::string& s);
+
 struct Expr {
   EK kind;
+  Op op = Op::none;              // unary / binary
   int line = 0;
   Value lit;
   std::string name;              // name / attribute / filter / test / operator
   ExprP a, b, c, d;              // operands
   std::vector<ExprP> args;       // positional arguments, list/tuple items, compare operands
-  std::vector<std::string> ops;  // compare operators
+  std::vector<Op> ops;           // compare operators
   std::vector<std::pair<std::string, ExprP>> kwargs;
   std::vector<std::pair<ExprP, ExprP>> items;  // dict literal
   bool negated = false;                        // `is not`

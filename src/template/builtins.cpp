@@ -11,9 +11,10 @@
 namespace kiln::tmpl {
 
 void raise_undefined(const Value& v) {
-  if (v.undefined_name.empty()) fail("a value is undefined");
-  if (v.undefined_name.find(' ') != std::string::npos) fail(v.undefined_name);
-  fail("'" + v.undefined_name + "' is undefined");
+  if (!v.s || v.s->empty()) fail("a value is undefined");
+  if (v.missing_attr) fail("the object has no attribute or item '" + *v.s + "'");
+  if (v.s->find(' ') != std::string::npos) fail(*v.s);
+  fail("'" + *v.s + "' is undefined");
 }
 
 const Value* arg(std::vector<Value>& args, Kwargs& kwargs, size_t i, const char* name) {

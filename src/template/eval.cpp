@@ -21,31 +21,52 @@ class Located : public TemplateError {
   throw Located("chat template error (line " + std::to_string(line) + "): " + e.what());
 }
 
-Value arith(const std::string& op, const Value& a, const Value& b) {
+const char* op_text(Op op) {
+  switch (op) {
+    case Op::add:
+      return "+";
+    case Op::sub:
+      return "-";
+    case Op::mul:
+      return "*";
+    case Op::div:
+      return "/";
+    case Op::floordiv:
+      return "//";
+    case Op::mod:
+      return "%";
+    case Op::pow:
+      return "**";
+    default:
+      return "?";
+  }
+}
+
+Value arith(Op op, const Value& a, const Value& b) {
   if (a.is_undefined()) raise_undefined(a);
   if (b.is_undefined()) raise_undefined(b);
   if (a.is_number() && b.is_number()) {
     const bool fl = a.kind == Kind::floating || b.kind == Kind::floating;
-    if (op == "+") return fl ? Value::floating(a.as_double() + b.as_double()) : Value::integer(a.as_int() + b.as_int());
-    if (op == "-") return fl ? Value::floating(a.as_double() - b.as_double()) : Value::integer(a.as_int() - b.as_int());
-    if (op == "*") return fl ? Value::floating(a.as_double() * b.as_double()) : Value::integer(a.as_int() * b.as_int());
-    if (op == "/") {
+    if (op == Op::add) return fl ? Value::floating(a.as_double() + b.as_double()) : Value::integer(a.as_int() + b.as_int());
+    if (op == Op::sub) return fl ? Value::floating(a.as_double() - b.as_double()) : Value::integer(a.as_int() - b.as_int());
+    if (op == Op::mul) return fl ? Value::floating(a.as_double() * b.as_double()) : Value::integer(a.as_int() * b.as_int());
+    if (op == Op::div) {
       if (b.as_double() == 0) fail("division by zero");
       return Value::floating(a.as_double() / b.as_double());
     }
-    if (op == "//" || op == "%") {
-      if (b.as_double() == 0) fail(op == "//" ? "integer division or modulo by zero" : "modulo by zero");
+    if (op == Op::floordiv || op == Op::mod) {
+      if (b.as_double() == 0) fail(op == Op::floordiv ? "integer division or modulo by zero" : "modulo by zero");
       if (fl) {
         const double x = a.as_double(), y = b.as_double();
         const double q = std::floor(x / y);
-        return Value::floating(op == "//" ? q : x - q * y);
+        return Value::floating(op == Op::floordiv ? q : x - q * y);
       }
       const int64_t x = a.as_int(), y = b.as_int();
       int64_t q = x / y;
       if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // floor, as Python
-      return Value::integer(op == "//" ? q : x - q * y);
+      return Value::integer(op == Op::floordiv ? q : x - q * y);
     }
-    if (op == "**") {
+    if (op == Op::pow) {
       if (!fl && b.as_int() >= 0) {
         int64_t r = 1;
         for (int64_t k = 0; k < b.as_int(); ++k) r *= a.as_int();
@@ -54,15 +75,15 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
       return Value::floating(std::pow(a.as_double(), b.as_double()));
     }
   }
-  if (op == "+" && a.is_string() && b.is_string()) return Value::string(*a.s + *b.s);
-  if (op == "+" && a.is_array() && b.is_array()) {
+  if (op == Op::add && a.is_string() && b.is_string()) return Value::string(*a.s + *b.s);
+  if (op == Op::add && a.is_array() && b.is_array()) {
     Array r = *a.a;
     r.insert(r.end(), b.a->begin(), b.a->end());
     Value v = Value::array(std::move(r));
     v.tuple = a.tuple;
     return v;
   }
-  if (op == "*" && (a.is_string() || a.is_array()) && (b.kind == Kind::integer || b.kind == Kind::boolean)) {
+  if (op == Op::mul && (a.is_string() || a.is_array()) && (b.kind == Kind::integer || b.kind == Kind::boolean)) {
     const int64_t n = b.as_int();
     if (a.is_string()) {
       std::string r;
@@ -73,9 +94,9 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
     for (int64_t k = 0; k < n; ++k) r.insert(r.end(), a.a->begin(), a.a->end());
     return Value::array(std::move(r));
   }
-  if (op == "*" && b.is_string() && a.kind == Kind::integer) return arith(op, b, a);
-  if (op == "%" && a.is_string()) fail("printf-style '%' formatting of strings is not supported");
-  fail("unsupported operand type(s) for " + op + ": '" + kind_name(a) + "' and '" + kind_name(b) + "'");
+  if (op == Op::mul && b.is_string() && a.kind == Kind::integer) return arith(op, b, a);
+  if (op == Op::mod && a.is_string()) fail("printf-style '%' formatting of strings is not supported");
+  fail(std::string("unsupported operand type(s) for ") + op_text(op) + ": '" + kind_name(a) + "' and '" + kind_name(b) + "'");
 }
 
 class Evaluator {
@@ -107,7 +128,7 @@ Value Evaluator::eval(const Expr& e, Scope& sc) {
       return e.lit;
     case EK::name: {
       const Value* v = sc.lookup(e.name);
-      return v ? *v : Value::undefined(e.name);
+      return v ? *v : Value::undefined_ref(e.name, false);
     }
     case EK::list:
     case EK::tuple: {
@@ -130,7 +151,7 @@ Value Evaluator::eval(const Expr& e, Scope& sc) {
       const Value obj = eval(*e.a, sc);
       if (obj.is_undefined()) raise_undefined(obj);
       Value r = get_attr(obj, e.name);
-      if (r.is_undefined()) r.undefined_name = repr(obj).substr(0, 40) + " has no attribute '" + e.name + "'";
+      if (r.is_undefined()) r = Value::undefined_ref(e.name, true);
       return r;
     }
     case EK::getitem: {
@@ -138,7 +159,7 @@ Value Evaluator::eval(const Expr& e, Scope& sc) {
       if (obj.is_undefined()) raise_undefined(obj);
       const Value key = eval(*e.b, sc);
       Value r = get_item(obj, key);
-      if (r.is_undefined()) r.undefined_name = repr(obj).substr(0, 40) + " has no element " + repr(key);
+      if (r.is_undefined() && e.b->kind == EK::literal && e.b->lit.is_string()) r = Value::undefined_ref(*e.b->lit.s, true);
       return r;
     }
     case EK::slice: {
@@ -159,48 +180,48 @@ Value Evaluator::eval(const Expr& e, Scope& sc) {
     }
     case EK::unary: {
       const Value v = eval(*e.a, sc);
-      if (e.name == "not") return Value::boolean(!truthy(v));
+      if (e.op == Op::not_) return Value::boolean(!truthy(v));
       if (v.is_undefined()) raise_undefined(v);
       if (!v.is_number()) fail(std::string("bad operand type for unary ") + e.name + ": '" + kind_name(v) + "'");
-      if (e.name == "+") return v.kind == Kind::floating ? v : Value::integer(v.as_int());
+      if (e.op == Op::pos) return v.kind == Kind::floating ? v : Value::integer(v.as_int());
       return v.kind == Kind::floating ? Value::floating(-v.f) : Value::integer(-v.as_int());
     }
     case EK::binary: {
-      if (e.name == "and") {
+      if (e.op == Op::and_) {
         Value l = eval(*e.a, sc);
         return truthy(l) ? eval(*e.b, sc) : l;
       }
-      if (e.name == "or") {
+      if (e.op == Op::or_) {
         Value l = eval(*e.a, sc);
         return truthy(l) ? l : eval(*e.b, sc);
       }
       const Value l = eval(*e.a, sc), r = eval(*e.b, sc);
-      if (e.name == "~") {
+      if (e.op == Op::concat) {
         std::string s = to_str(l);
         append_str(r, s);
         return Value::string(std::move(s));
       }
-      return arith(e.name, l, r);
+      return arith(e.op, l, r);
     }
     case EK::compare: {
       Value l = eval(*e.a, sc);
       for (size_t k = 0; k < e.ops.size(); ++k) {
         Value r = eval(*e.args[k], sc);
-        const std::string& op = e.ops[k];
+        const Op op = e.ops[k];
         bool ok;
-        if (op == "==") {
+        if (op == Op::eq) {
           ok = equal(l, r);
-        } else if (op == "!=") {
+        } else if (op == Op::ne) {
           ok = !equal(l, r);
-        } else if (op == "in") {
+        } else if (op == Op::in) {
           ok = contains(r, l);
-        } else if (op == "notin") {
+        } else if (op == Op::notin) {
           ok = !contains(r, l);
         } else {
           if (l.is_undefined()) raise_undefined(l);
           if (r.is_undefined()) raise_undefined(r);
           const int c = compare(l, r);
-          ok = op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0;
+          ok = op == Op::lt ? c < 0 : op == Op::gt ? c > 0 : op == Op::le ? c <= 0 : c >= 0;
         }
         if (!ok) return Value::boolean(false);
         l = std::move(r);
@@ -300,9 +321,22 @@ Flow Evaluator::exec_for(const Stmt& s, Scope& sc, std::string& out) {
     return Flow::normal;
   }
   const int64_t n = int64_t(items.size());
+  // One loop object per loop, updated in place each iteration (its keys are built once).
+  auto index = std::make_shared<int64_t>(0);
+  Value loop = Value::object();
+  auto& li = loop.o->items;
+  for (const char* k : {"index0", "index", "revindex0", "revindex", "first", "last", "length", "depth", "depth0",
+                        "previtem", "nextitem"})
+    li.emplace_back(k, Value());
+  li.emplace_back("cycle", Value::function([index](std::vector<Value>& args, Kwargs&) -> Value {
+                    if (args.empty()) fail("no items for cycling given");
+                    return args[size_t(*index) % args.size()];
+                  }));
+  static const std::string kPrev = "loop.previtem", kNext = "loop.nextitem";
   for (int64_t k = 0; k < n; ++k) {
     Scope f;
     f.parent = &sc;
+    f.vars.reserve(s.targets.size() + 1);
     const Value& it = items[size_t(k)];
     if (s.targets.size() == 1) {
       f.set(s.targets[0], it);
@@ -313,25 +347,19 @@ Flow Evaluator::exec_for(const Stmt& s, Scope& sc, std::string& out) {
              " loop variables");
       for (size_t j = 0; j < parts.size(); ++j) f.set(s.targets[j], parts[j]);
     }
-    Value loop = Value::object();
-    auto& li = loop.o->items;
-    li.reserve(12);
-    li.emplace_back("index0", Value::integer(k));
-    li.emplace_back("index", Value::integer(k + 1));
-    li.emplace_back("revindex0", Value::integer(n - k - 1));
-    li.emplace_back("revindex", Value::integer(n - k));
-    li.emplace_back("first", Value::boolean(k == 0));
-    li.emplace_back("last", Value::boolean(k == n - 1));
-    li.emplace_back("length", Value::integer(n));
-    li.emplace_back("depth", Value::integer(1));
-    li.emplace_back("depth0", Value::integer(0));
-    li.emplace_back("previtem", k > 0 ? items[size_t(k - 1)] : Value::undefined("loop.previtem"));
-    li.emplace_back("nextitem", k + 1 < n ? items[size_t(k + 1)] : Value::undefined("loop.nextitem"));
-    li.emplace_back("cycle", Value::function([k](std::vector<Value>& args, Kwargs&) -> Value {
-                      if (args.empty()) fail("no items for cycling given");
-                      return args[size_t(k) % args.size()];
-                    }));
-    f.set("loop", std::move(loop));
+    *index = k;
+    li[0].second = Value::integer(k);
+    li[1].second = Value::integer(k + 1);
+    li[2].second = Value::integer(n - k - 1);
+    li[3].second = Value::integer(n - k);
+    li[4].second = Value::boolean(k == 0);
+    li[5].second = Value::boolean(k == n - 1);
+    li[6].second = Value::integer(n);
+    li[7].second = Value::integer(1);
+    li[8].second = Value::integer(0);
+    li[9].second = k > 0 ? items[size_t(k - 1)] : Value::undefined_ref(kPrev, false);
+    li[10].second = k + 1 < n ? items[size_t(k + 1)] : Value::undefined_ref(kNext, false);
+    f.set("loop", loop);
     if (exec(s.body, f, out) == Flow::break_) break;
   }
   return Flow::normal;

@@ -7,6 +7,18 @@
 #include "template/lexer.h"
 
 namespace kiln::tmpl {
+
+Op op_from(const std::string& s) {
+  static const std::pair<const char*, Op> table[] = {
+      {"+", Op::add},  {"-", Op::sub},   {"*", Op::mul},  {"/", Op::div},     {"//", Op::floordiv}, {"%", Op::mod},
+      {"**", Op::pow}, {"~", Op::concat}, {"and", Op::and_}, {"or", Op::or_}, {"not", Op::not_},   {"==", Op::eq},
+      {"!=", Op::ne},  {"<", Op::lt},    {">", Op::gt},   {"<=", Op::le},     {">=", Op::ge},       {"in", Op::in},
+      {"notin", Op::notin}};
+  for (const auto& [k, v] : table)
+    if (s == k) return v;
+  return Op::none;
+}
+
 namespace {
 
 class Parser {
@@ -322,6 +334,7 @@ class Parser {
 
   ExprP binary(std::string op, ExprP l, ExprP r) {
     auto e = node(EK::binary);
+    e->op = op_from(op);
     e->name = std::move(op);
     e->a = std::move(l);
     e->b = std::move(r);
@@ -343,6 +356,7 @@ class Parser {
       auto e = node(EK::unary);
       ++p_;
       e->name = "not";
+      e->op = Op::not_;
       e->a = not_expr();
       return e;
     }
@@ -368,7 +382,7 @@ class Parser {
         cmp = node(EK::compare);
         cmp->a = std::move(first);
       }
-      cmp->ops.push_back(op);
+      cmp->ops.push_back(op_from(op));
       cmp->args.push_back(math1());
     }
     return cmp ? std::move(cmp) : std::move(first);
@@ -404,6 +418,7 @@ class Parser {
     if (is_op("-") || is_op("+")) {
       e = node(EK::unary);
       e->name = t_[p_++].s;
+      e->op = e->name == "-" ? Op::neg : Op::pos;
       e->a = unary(false);
     } else {
       e = primary_postfix();

@@ -40,18 +40,27 @@ struct Value {
   Kind kind = Kind::undefined;
   bool tuple = false;      // an array written (a, b): repr prints parentheses
   bool namespace_ = false;  // an object made by namespace(): attributes may be assigned
+  bool missing_attr = false;  // an undefined from obj.name / obj[key]: s names the attribute
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::shared_ptr<const std::string> s;
+  std::shared_ptr<const std::string> s;  // the string; for undefined, what is missing (for messages)
   std::shared_ptr<Array> a;
   std::shared_ptr<Object> o;
   std::shared_ptr<const Function> fn;
-  std::string undefined_name;  // for "'x' is undefined" messages
 
-  static Value undefined(std::string name = {}) {
+  static Value undefined() { return Value(); }
+  // hint: a name ("x": "'x' is undefined") or a whole sentence (it has a space).
+  static Value undefined(std::string hint) {
     Value v;
-    v.undefined_name = std::move(name);
+    v.s = std::make_shared<const std::string>(std::move(hint));
+    return v;
+  }
+  // Without allocating: `name` must outlive the value (a name in the parsed template).
+  static Value undefined_ref(const std::string& name, bool missing_attr) {
+    Value v;
+    v.s = std::shared_ptr<const std::string>(std::shared_ptr<const std::string>(), &name);
+    v.missing_attr = missing_attr;
     return v;
   }
   static Value none() { return make(Kind::none); }

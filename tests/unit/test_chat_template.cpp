@@ -87,7 +87,7 @@ TEST(ChatTemplate, BrokenTemplateIsAClearErrorWhenRendered) {
     broken.render_chat(R"({"messages": [{"role": "user", "content": "hi"}]})");
     ADD_FAILURE() << "a broken template rendered";
   } catch (const kiln::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("does not parse: template syntax error (line 1)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("does not parse: template syntax error (line 2): unexpected 'endif', expected 'endfor'"), std::string::npos)
         << e.what();
   }
 }
