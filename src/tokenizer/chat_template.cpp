@@ -46,11 +46,14 @@ std::shared_ptr<const ChatTemplate> ChatTemplate::load(std::string_view tokenize
   ojson spec;  // a string, or a list of {"name", "template"}
   if (!chat_template_jinja.empty()) {
     spec = std::string(chat_template_jinja);
+    ct->origin_ = "chat_template.jinja";
   } else if (!chat_template_json.empty()) {
     const ojson j = parse_json(chat_template_json, "chat_template.json");
     if (j.is_object() && j.contains("chat_template")) spec = j.at("chat_template");
+    ct->origin_ = "chat_template.json";
   } else if (cfg.is_object() && cfg.contains("chat_template")) {
     spec = cfg.at("chat_template");
+    ct->origin_ = "tokenizer_config.json";
   }
   auto add = [&](std::string name, std::string source) {
     Entry e;
@@ -75,6 +78,17 @@ std::shared_ptr<const ChatTemplate> ChatTemplate::load(std::string_view tokenize
       if (v.is_string()) add(k, v.get<std::string>());
   }
   return ct;
+}
+
+std::string ChatTemplate::describe() const {
+  if (entries_.empty()) return "none";
+  std::string s;
+  for (const auto& e : entries_) {
+    if (!s.empty()) s += "; ";
+    s += "'" + e.name + "' from " + origin_ + ": ";
+    s += e.native_qwen3 ? "Qwen3, rendered natively" : e.compiled ? "Jinja, interpreted" : "does not parse: " + e.parse_error;
+  }
+  return s;
 }
 
 const ChatTemplate::Entry& ChatTemplate::pick(const ojson& request) const {

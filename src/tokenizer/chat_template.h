@@ -30,6 +30,8 @@ class ChatTemplate {
                                                   std::string_view chat_template_jinja,
                                                   std::string_view chat_template_json);
   bool empty() const { return entries_.empty(); }
+  // One line for logs: where the template came from, how it renders, and any parse error.
+  std::string describe() const;
   // request_json: {"messages": [...], "tools"?, "documents"?, "add_generation_prompt"?, other variables}.
   std::string render(std::string_view request_json) const;
   // The same through the interpreter even for the Qwen3 template (tests compare the two paths).
@@ -42,6 +44,7 @@ class ChatTemplate {
     std::shared_ptr<const tmpl::Template> compiled;  // null when parse_error is set
   };
   std::vector<Entry> entries_;
+  std::string origin_;  // the file it came from
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
 
   const Entry& pick(const nlohmann::ordered_json& request) const;

@@ -453,6 +453,10 @@ std::string Tokenizer::render_chat(std::string_view request_json) const {
   return impl_->chat->render(request_json);
 }
 
+std::string Tokenizer::chat_template_info() const {
+  return impl_->chat->describe();
+}
+
 StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
 

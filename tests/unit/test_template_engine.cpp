@@ -91,6 +91,14 @@ TEST(TemplateEngine, TemplateFoundWhereTransformersLooks) {
                   {"\"messages\" list"});
 }
 
+TEST(TemplateEngine, DescribeSaysWhereAndHow) {
+  EXPECT_EQ(kiln::tok::ChatTemplate::load("{}", "", "")->describe(), "none");
+  EXPECT_EQ(kiln::tok::ChatTemplate::load("{}", "{{ x }}", "")->describe(),
+            "'default' from chat_template.jinja: Jinja, interpreted");
+  expect_contains(kiln::tok::ChatTemplate::load(R"({"chat_template": "{% if %}"})", "", "")->describe(),
+                  {"from tokenizer_config.json: does not parse: template syntax error (line 1)"});
+}
+
 const ojson& goldens() {
   static const ojson g = [] {
     std::ifstream f(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/chat_templates/goldens.json");
