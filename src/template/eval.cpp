@@ -47,15 +47,19 @@ Value arith(Op op, const Value& a, const Value& b) {
   if (b.is_undefined()) raise_undefined(b);
   if (a.is_number() && b.is_number()) {
     const bool fl = a.kind == Kind::floating || b.kind == Kind::floating;
-    if (op == Op::add) return fl ? Value::floating(a.as_double() + b.as_double()) : Value::integer(a.as_int() + b.as_int());
-    if (op == Op::sub) return fl ? Value::floating(a.as_double() - b.as_double()) : Value::integer(a.as_int() - b.as_int());
-    if (op == Op::mul) return fl ? Value::floating(a.as_double() * b.as_double()) : Value::integer(a.as_int() * b.as_int());
+    if (op == Op::add)
+      return fl ? Value::floating(a.as_double() + b.as_double()) : Value::integer(a.as_int() + b.as_int());
+    if (op == Op::sub)
+      return fl ? Value::floating(a.as_double() - b.as_double()) : Value::integer(a.as_int() - b.as_int());
+    if (op == Op::mul)
+      return fl ? Value::floating(a.as_double() * b.as_double()) : Value::integer(a.as_int() * b.as_int());
     if (op == Op::div) {
       if (b.as_double() == 0) fail("division by zero");
       return Value::floating(a.as_double() / b.as_double());
     }
     if (op == Op::floordiv || op == Op::mod) {
-      if (b.as_double() == 0) fail(op == Op::floordiv ? "integer division or modulo by zero" : "modulo by zero");
+      if (b.as_double() == 0)
+        fail(op == Op::floordiv ? "integer division or modulo by zero" : "modulo by zero");
       if (fl) {
         const double x = a.as_double(), y = b.as_double();
         const double q = std::floor(x / y);
@@ -67,7 +71,7 @@ Value arith(Op op, const Value& a, const Value& b) {
       return Value::integer(op == Op::floordiv ? q : x - q * y);
     }
     if (op == Op::pow) {
-      if (!fl && b.as_int() >= 0) {
+      if (!fl && b.as_int() >= 0 && b.as_int() < 64) {  // larger powers: a float (Python: a big int)
         int64_t r = 1;
         for (int64_t k = 0; k < b.as_int(); ++k) r *= a.as_int();
         return Value::integer(r);
@@ -83,8 +87,11 @@ Value arith(Op op, const Value& a, const Value& b) {
     v.tuple = a.tuple;
     return v;
   }
-  if (op == Op::mul && (a.is_string() || a.is_array()) && (b.kind == Kind::integer || b.kind == Kind::boolean)) {
+  if (op == Op::mul && (a.is_string() || a.is_array()) &&
+      (b.kind == Kind::integer || b.kind == Kind::boolean)) {
     const int64_t n = b.as_int();
+    const size_t unit = a.is_string() ? a.s->size() : a.a->size() * sizeof(Value);
+    if (n > 0 && unit > 0 && uint64_t(n) > (uint64_t(1) << 26) / unit) fail("repetition result too large");
     if (a.is_string()) {
       std::string r;
       for (int64_t k = 0; k < n; ++k) r += *a.s;
@@ -96,15 +103,20 @@ Value arith(Op op, const Value& a, const Value& b) {
   }
   if (op == Op::mul && b.is_string() && a.kind == Kind::integer) return arith(op, b, a);
   if (op == Op::mod && a.is_string()) fail("printf-style '%' formatting of strings is not supported");
-  fail(std::string("unsupported operand type(s) for ") + op_text(op) + ": '" + kind_name(a) + "' and '" + kind_name(b) + "'");
+  fail(std::string("unsupported operand type(s) for ") + op_text(op) + ": '" + kind_name(a) + "' and '" +
+       kind_name(b) + "'");
 }
 
 class Evaluator {
  public:
+  explicit Evaluator(const Scope* top) : top_(top) {}
   Value eval(const Expr& e, Scope& sc);
   Flow exec(const Body& body, Scope& sc, std::string& out);
 
  private:
+  const Scope* top_;  // the render's top-level scope: alive for the whole render
+  int depth_ = 0;     // macro calls in progress (Python would raise RecursionError; we must not overflow)
+
   Flow exec_stmt(const Stmt& s, Scope& sc, std::string& out);
   Flow exec_for(const Stmt& s, Scope& sc, std::string& out);
   Value make_macro(const Stmt& s, Scope& sc);
@@ -159,7 +171,8 @@ Value Evaluator::eval(const Expr& e, Scope& sc) {
       if (obj.is_undefined()) raise_undefined(obj);
       const Value key = eval(*e.b, sc);
       Value r = get_item(obj, key);
-      if (r.is_undefined() && e.b->kind == EK::literal && e.b->lit.is_string()) r = Value::undefined_ref(*e.b->lit.s, true);
+      if (r.is_undefined() && e.b->kind == EK::literal && e.b->lit.is_string())
+        r = Value::undefined_ref(*e.b->lit.s, true);
       return r;
     }
     case EK::slice: {
@@ -182,7 +195,8 @@ Value Evaluator::eval(const Expr& e, Scope& sc) {
       const Value v = eval(*e.a, sc);
       if (e.op == Op::not_) return Value::boolean(!truthy(v));
       if (v.is_undefined()) raise_undefined(v);
-      if (!v.is_number()) fail(std::string("bad operand type for unary ") + e.name + ": '" + kind_name(v) + "'");
+      if (!v.is_number())
+        fail(std::string("bad operand type for unary ") + e.name + ": '" + kind_name(v) + "'");
       if (e.op == Op::pos) return v.kind == Kind::floating ? v : Value::integer(v.as_int());
       return v.kind == Kind::floating ? Value::floating(-v.f) : Value::integer(-v.as_int());
     }
@@ -261,9 +275,27 @@ Value Evaluator::call(const Expr& e, Scope& sc) {
 
 Value Evaluator::make_macro(const Stmt& s, Scope& sc) {
   const Stmt* m = &s;
-  Scope* defining = &sc;
+  // A macro defined at the top level sees that scope live (names set after it, itself for recursion). One
+  // defined inside a loop or macro could outlive its frame (stored in a namespace): it keeps a copy of the
+  // variables it can see instead of a pointer to the frame.
+  const Scope* defining = &sc;
+  std::shared_ptr<Scope> snapshot;
+  if (&sc != top_) {
+    snapshot = std::make_shared<Scope>();
+    for (const Scope* f = &sc; f && f != top_; f = f->parent)
+      for (const auto& [k, v] : f->vars)
+        if (!snapshot->lookup(k)) snapshot->vars.emplace_back(k, v);
+    snapshot->parent = top_;
+    defining = snapshot.get();
+  }
   Evaluator* self = this;
-  return Value::function([m, defining, self](std::vector<Value>& args, Kwargs& kwargs) -> Value {
+  return Value::function([m, defining, snapshot, self](std::vector<Value>& args, Kwargs& kwargs) -> Value {
+    if (self->depth_ >= 200) fail("maximum macro recursion depth (200) exceeded");
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { --d; }
+    } depth(self->depth_);
     Scope local;
     local.parent = defining;
     const std::string name = m->kind == SK::call_block ? "caller" : m->targets[0];
@@ -325,8 +357,8 @@ Flow Evaluator::exec_for(const Stmt& s, Scope& sc, std::string& out) {
   auto index = std::make_shared<int64_t>(0);
   Value loop = Value::object();
   auto& li = loop.o->items;
-  for (const char* k : {"index0", "index", "revindex0", "revindex", "first", "last", "length", "depth", "depth0",
-                        "previtem", "nextitem"})
+  for (const char* k : {"index0", "index", "revindex0", "revindex", "first", "last", "length", "depth",
+                        "depth0", "previtem", "nextitem"})
     li.emplace_back(k, Value());
   li.emplace_back("cycle", Value::function([index](std::vector<Value>& args, Kwargs&) -> Value {
                     if (args.empty()) fail("no items for cycling given");
@@ -343,8 +375,8 @@ Flow Evaluator::exec_for(const Stmt& s, Scope& sc, std::string& out) {
     } else {
       const std::vector<Value> parts = iterate(it);
       if (parts.size() != s.targets.size())
-        fail("cannot unpack " + std::to_string(parts.size()) + " values into " + std::to_string(s.targets.size()) +
-             " loop variables");
+        fail("cannot unpack " + std::to_string(parts.size()) + " values into " +
+             std::to_string(s.targets.size()) + " loop variables");
       for (size_t j = 0; j < parts.size(); ++j) f.set(s.targets[j], parts[j]);
     }
     *index = k;
@@ -390,7 +422,8 @@ Flow Evaluator::exec_stmt(const Stmt& s, Scope& sc, std::string& out) {
         sc.set(s.targets[0], std::move(v));
       } else {
         const std::vector<Value> parts = iterate(v);
-        if (parts.size() != s.targets.size()) fail("cannot unpack " + std::to_string(parts.size()) + " values");
+        if (parts.size() != s.targets.size())
+          fail("cannot unpack " + std::to_string(parts.size()) + " values");
         for (size_t k = 0; k < parts.size(); ++k) sc.set(s.targets[k], parts[k]);
       }
       return Flow::normal;
@@ -451,9 +484,9 @@ Flow Evaluator::exec(const Body& body, Scope& sc, std::string& out) {
 }  // namespace
 
 void render_body(const Body& body, Scope& globals, std::string& out) {
-  Evaluator ev;
   Scope top;
   top.parent = &globals;
+  Evaluator ev(&top);
   ev.exec(body, top, out);
 }
 

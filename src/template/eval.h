@@ -39,13 +39,15 @@ Value apply_filter(const std::string& name, const Value& v, std::vector<Value>& 
 bool apply_test(const std::string& name, const Value& v, std::vector<Value>& args);
 bool has_filter(const std::string& name);
 bool has_test(const std::string& name);
-Value call_method(const Value& obj, const std::string& name, std::vector<Value>& args, Kwargs& kwargs, bool& found);
-Value get_attr(const Value& obj, std::string_view name);  // Jinja's getattr: attribute, then item, else undefined
-Value get_item(const Value& obj, const Value& key);       // Jinja's getitem: item, else undefined
+Value call_method(const Value& obj, const std::string& name, std::vector<Value>& args, Kwargs& kwargs,
+                  bool& found);
+Value get_attr(const Value& obj,
+               std::string_view name);               // Jinja's getattr: attribute, then item, else undefined
+Value get_item(const Value& obj, const Value& key);  // Jinja's getitem: item, else undefined
 Value attr_path(const Value& obj, const std::string& path);  // "a.b.0" as map(attribute=...) reads it
 Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step);
 bool contains(const Value& container, const Value& item);  // Python's `in`
-std::vector<Value> iterate(const Value& v);               // Python's iter(): list items, dict keys, chars
+std::vector<Value> iterate(const Value& v);                // Python's iter(): list items, dict keys, chars
 [[noreturn]] void raise_undefined(const Value& v);
 // Globals every render sees: range, namespace, dict, raise_exception, strftime_now.
 void add_globals(Scope& s);

@@ -56,7 +56,8 @@ class Lexer {
 
   std::vector<Token> run() {
     // keep_trailing_newline=False: one trailing newline of the source is not part of the template.
-    if (!src_.empty() && src_.back() == '\n') src_.remove_suffix(src_.size() >= 2 && src_[src_.size() - 2] == '\r' ? 2 : 1);
+    if (!src_.empty() && src_.back() == '\n')
+      src_.remove_suffix(src_.size() >= 2 && src_[src_.size() - 2] == '\r' ? 2 : 1);
     size_t pos = 0;
     while (pos < src_.size()) {
       size_t k = find_tag(pos);
@@ -72,7 +73,9 @@ class Lexer {
       } else if (mod != '+' && kind != '{') {
         // lstrip_blocks: drop the spaces between the line start and the tag.
         size_t b = text.size();
-        while (b > 0 && (text[b - 1] == ' ' || text[b - 1] == '\t' || text[b - 1] == '\f' || text[b - 1] == '\v' || text[b - 1] == '\r')) --b;
+        while (b > 0 && (text[b - 1] == ' ' || text[b - 1] == '\t' || text[b - 1] == '\f' ||
+                         text[b - 1] == '\v' || text[b - 1] == '\r'))
+          --b;
         const size_t at = pos + b;
         if (at == 0 || src_[at - 1] == '\n') text = text.substr(0, b);
       }
@@ -96,7 +99,7 @@ class Lexer {
  private:
   std::string_view src_;
   std::vector<Token> out_;
-  int line_ = 1;        // the line of src_[line_pos_]
+  int line_ = 1;  // the line of src_[line_pos_]
   size_t line_pos_ = 0;
 
   int line_at(size_t pos) {  // positions only move forward
@@ -134,7 +137,8 @@ class Lexer {
   bool try_raw(size_t p, size_t tag_start, size_t& pos) {
     size_t q = p;
     while (q < src_.size() && is_space(src_[q])) ++q;
-    if (src_.compare(q, 3, "raw") != 0 || (q + 3 < src_.size() && (is_name_start(src_[q + 3]) || is_digit(src_[q + 3]))))
+    if (src_.compare(q, 3, "raw") != 0 ||
+        (q + 3 < src_.size() && (is_name_start(src_[q + 3]) || is_digit(src_[q + 3]))))
       return false;
     q += 3;
     while (q < src_.size() && is_space(src_[q])) ++q;
@@ -169,7 +173,9 @@ class Lexer {
     while (true) {
       while (p < src_.size() && is_space(src_[p])) ++p;
       line_at(p);
-      if (p >= src_.size()) err(p, var ? "unexpected end of template, expected '}}'" : "unexpected end of template, expected '%}'");
+      if (p >= src_.size())
+        err(p,
+            var ? "unexpected end of template, expected '}}'" : "unexpected end of template, expected '%}'");
       const char* close = var ? "}}" : "%}";
       if (depth == 0) {
         const bool mod = (src_[p] == '-' || (!var && src_[p] == '+')) && src_.compare(p + 1, 2, close) == 0;
@@ -189,8 +195,8 @@ class Lexer {
       } else if (c == '\'' || c == '"') {
         p = lex_string(p);
       } else {
-        static const char* ops[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
-                                    "=", ".", ",", ":", "|", "(", ")", "[", "]", "{", "}"};
+        static const char* ops[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
+                                    ">",  "=",  ".",  ",",  ":",  "|",  "(", ")", "[", "]", "{", "}"};
         const char* hit = nullptr;
         for (const char* o : ops)
           if (src_.compare(p, std::strlen(o), o) == 0) {
@@ -210,7 +216,8 @@ class Lexer {
     size_t e = p;
     std::string digits;
     auto run = [&] {
-      while (e < src_.size() && (is_digit(src_[e]) || (src_[e] == '_' && e + 1 < src_.size() && is_digit(src_[e + 1]))))
+      while (e < src_.size() &&
+             (is_digit(src_[e]) || (src_[e] == '_' && e + 1 < src_.size() && is_digit(src_[e + 1]))))
         if (src_[e++] != '_') digits += src_[e - 1];
     };
     run();

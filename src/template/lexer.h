@@ -15,7 +15,19 @@
 
 namespace kiln::tmpl {
 
-enum class Tok : uint8_t { text, var_begin, var_end, block_begin, block_end, name, string, integer, floating, op, eof };
+enum class Tok : uint8_t {
+  text,
+  var_begin,
+  var_end,
+  block_begin,
+  block_end,
+  name,
+  string,
+  integer,
+  floating,
+  op,
+  eof
+};
 
 struct Token {
   Tok type;

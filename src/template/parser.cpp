@@ -1,6 +1,7 @@
 // Recursive-descent Jinja parser; see parser.h.
 #include "template/parser.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <string_view>
 
@@ -10,10 +11,10 @@ namespace kiln::tmpl {
 
 Op op_from(const std::string& s) {
   static const std::pair<const char*, Op> table[] = {
-      {"+", Op::add},  {"-", Op::sub},   {"*", Op::mul},  {"/", Op::div},     {"//", Op::floordiv}, {"%", Op::mod},
-      {"**", Op::pow}, {"~", Op::concat}, {"and", Op::and_}, {"or", Op::or_}, {"not", Op::not_},   {"==", Op::eq},
-      {"!=", Op::ne},  {"<", Op::lt},    {">", Op::gt},   {"<=", Op::le},     {">=", Op::ge},       {"in", Op::in},
-      {"notin", Op::notin}};
+      {"+", Op::add},    {"-", Op::sub},  {"*", Op::mul},    {"/", Op::div},      {"//", Op::floordiv},
+      {"%", Op::mod},    {"**", Op::pow}, {"~", Op::concat}, {"and", Op::and_},   {"or", Op::or_},
+      {"not", Op::not_}, {"==", Op::eq},  {"!=", Op::ne},    {"<", Op::lt},       {">", Op::gt},
+      {"<=", Op::le},    {">=", Op::ge},  {"in", Op::in},    {"notin", Op::notin}};
   for (const auto& [k, v] : table)
     if (s == k) return v;
   return Op::none;
@@ -77,6 +78,18 @@ class Parser {
     if (cur().type != Tok::block_end) err("expected '%}', got " + describe());
     ++p_;
   }
+  // Sets e's height and refuses trees taller than 256: evaluating and destroying them recurses.
+  ExprP fin(ExprP e) {
+    int h = 0;
+    for (const ExprP* c : {&e->a, &e->b, &e->c, &e->d})
+      if (*c) h = std::max(h, (*c)->height);
+    for (const auto& x : e->args) h = std::max(h, x->height);
+    for (const auto& kv : e->kwargs) h = std::max(h, kv.second->height);
+    for (const auto& kv : e->items) h = std::max({h, kv.first->height, kv.second->height});
+    e->height = h + 1;
+    if (e->height > 256) err("expression nested too deeply");
+    return e;
+  }
   ExprP node(EK k) {
     auto e = std::make_unique<Expr>();
     e->kind = k;
@@ -130,7 +143,8 @@ class Parser {
           }
         ++p_;
         if (nm.s.starts_with("end") || nm.s == "elif" || nm.s == "else")
-          err("unexpected '" + nm.s + "'" + (ends.size() ? ", expected '" + closing(ends) + "'" : std::string()));
+          err("unexpected '" + nm.s + "'" +
+              (ends.size() ? ", expected '" + closing(ends) + "'" : std::string()));
         out.push_back(statement());
       } else {
         err("unexpected " + describe());
@@ -150,7 +164,15 @@ class Parser {
     expect_block_end();
   }
 
+  int nesting_ = 0;  // open block tags: bounded for the same reason as fin()
+
   StmtP statement() {
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { --d; }
+    } depth(nesting_);
+    if (nesting_ > 128) err("blocks nested too deeply");
     const std::string tag = expect_name();
     if (tag == "if") return if_stmt();
     if (tag == "for") return for_stmt();
@@ -327,7 +349,7 @@ class Parser {
       c->a = or_expr();
       c->b = std::move(e);
       if (skip_name("else")) c->c = expr();
-      e = std::move(c);
+      e = fin(std::move(c));
     }
     return e;
   }
@@ -338,7 +360,7 @@ class Parser {
     e->name = std::move(op);
     e->a = std::move(l);
     e->b = std::move(r);
-    return e;
+    return fin(std::move(e));
   }
 
   ExprP or_expr() {
@@ -358,7 +380,7 @@ class Parser {
       e->name = "not";
       e->op = Op::not_;
       e->a = not_expr();
-      return e;
+      return fin(std::move(e));
     }
     return compare();
   }
@@ -367,8 +389,8 @@ class Parser {
     ExprP cmp;
     while (true) {
       std::string op;
-      if (cur().type == Tok::op &&
-          (cur().s == "==" || cur().s == "!=" || cur().s == "<" || cur().s == ">" || cur().s == "<=" || cur().s == ">=")) {
+      if (cur().type == Tok::op && (cur().s == "==" || cur().s == "!=" || cur().s == "<" || cur().s == ">" ||
+                                    cur().s == "<=" || cur().s == ">=")) {
         op = t_[p_++].s;
       } else if (skip_name("in")) {
         op = "in";
@@ -385,7 +407,7 @@ class Parser {
       cmp->ops.push_back(op_from(op));
       cmp->args.push_back(math1());
     }
-    return cmp ? std::move(cmp) : std::move(first);
+    return cmp ? fin(std::move(cmp)) : std::move(first);
   }
   ExprP math1() {
     ExprP e = concat();
@@ -420,6 +442,7 @@ class Parser {
       e->name = t_[p_++].s;
       e->op = e->name == "-" ? Op::neg : Op::pos;
       e->a = unary(false);
+      e = fin(std::move(e));
     } else {
       e = primary_postfix();
     }
@@ -433,7 +456,7 @@ class Parser {
         f->name = expect_name();
         if (is_op("(")) call_args(*f);
         f->a = std::move(e);
-        e = std::move(f);
+        e = fin(std::move(f));
       } else if (skip_name("is")) {
         auto t = node(EK::test);
         t->negated = skip_name("not");
@@ -447,12 +470,12 @@ class Parser {
           t->args.push_back(primary_postfix());
         }
         t->a = std::move(e);
-        e = std::move(t);
+        e = fin(std::move(t));
       } else if (is_op("(")) {
         auto c = node(EK::call);
         c->a = std::move(e);
         call_args(*c);
-        e = std::move(c);
+        e = fin(std::move(c));
       } else {
         return e;
       }
@@ -488,20 +511,20 @@ class Parser {
           g->a = std::move(e);
           g->b = node(EK::literal);
           g->b->lit = Value::integer(t_[p_++].i);
-          e = std::move(g);
+          e = fin(std::move(g));
         } else {
           auto g = node(EK::getattr);
           g->name = expect_name();
           g->a = std::move(e);
-          e = std::move(g);
+          e = fin(std::move(g));
         }
       } else if (skip_op("[")) {
-        e = subscript(std::move(e));
+        e = fin(subscript(std::move(e)));
       } else if (is_op("(")) {
         auto c = node(EK::call);
         c->a = std::move(e);
         call_args(*c);
-        e = std::move(c);
+        e = fin(std::move(c));
       } else {
         return e;
       }
@@ -539,7 +562,15 @@ class Parser {
     return s;
   }
 
+  int depth_ = 0;  // nesting of primary(): bounded so a hostile template cannot overflow the stack
+
   ExprP primary() {
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(++x) {}
+      ~Depth() { --d; }
+    } depth(depth_);
+    if (depth_ > 200) err("expression nested too deeply");
     const Token& tk = cur();
     if (tk.type == Tok::name) {
       auto e = node(EK::literal);
@@ -583,7 +614,7 @@ class Parser {
           if (is_op(")")) break;
           t->args.push_back(expr());
         }
-        e = std::move(t);
+        e = fin(std::move(t));
       }
       expect_op(")");
       return e;
@@ -597,7 +628,7 @@ class Parser {
         }
         l->args.push_back(expr());
       }
-      return l;
+      return fin(std::move(l));
     }
     if (skip_op("{")) {
       auto d = node(EK::dict);
@@ -610,7 +641,7 @@ class Parser {
         expect_op(":");
         d->items.emplace_back(std::move(k), expr());
       }
-      return d;
+      return fin(std::move(d));
     }
     err("unexpected " + describe());
   }

@@ -19,9 +19,9 @@ uint32_t decode(std::string_view c) {
 }
 
 bool py_space(uint32_t cp) {  // str.isspace(): Unicode White_Space plus the ASCII separators
-  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
-         cp == 0x3000;
+  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f ||
+         cp == 0x205f || cp == 0x3000;
 }
 
 bool is_alpha(char c) {
@@ -78,7 +78,8 @@ Value strings(std::vector<std::string> parts) {
 bool affix(const std::string& s, const Value* p, bool start) {
   auto one = [&](const Value& x) {
     const std::string& q = str_arg(&x, start ? "startswith" : "endswith");
-    return s.size() >= q.size() && (start ? s.compare(0, q.size(), q) == 0 : s.compare(s.size() - q.size(), q.size(), q) == 0);
+    return s.size() >= q.size() &&
+           (start ? s.compare(0, q.size(), q) == 0 : s.compare(s.size() - q.size(), q.size(), q) == 0);
   };
   if (p && p->is_array()) return std::any_of(p->a->begin(), p->a->end(), one);
   if (!p) fail("startswith/endswith need an argument");
@@ -101,7 +102,8 @@ std::string py_strip(std::string_view s, const Value& chars, bool left, bool rig
   if (right)
     while (e > b && strip_it(cs[e - 1])) --e;
   if (b == e) return "";
-  return std::string(s.substr(size_t(cs[b].data() - s.data()), size_t(cs[e - 1].data() + cs[e - 1].size() - cs[b].data())));
+  return std::string(
+      s.substr(size_t(cs[b].data() - s.data()), size_t(cs[e - 1].data() + cs[e - 1].size() - cs[b].data())));
 }
 
 namespace {
@@ -262,7 +264,8 @@ Value string_method(const std::string& s, const std::string& name, std::vector<V
     std::string r;
     bool first = true;
     for (const Value& v : iterate(*it)) {
-      if (!v.is_string()) fail("sequence item: expected str instance, " + std::string(kind_name(v)) + " found");
+      if (!v.is_string())
+        fail("sequence item: expected str instance, " + std::string(kind_name(v)) + " found");
       if (!first) r += s;
       first = false;
       r += *v.s;

@@ -106,7 +106,8 @@ int compare(const Value& a, const Value& b) {
       if (int c = compare((*a.a)[i], (*b.a)[i])) return c;
     return a.a->size() < b.a->size() ? -1 : a.a->size() > b.a->size() ? 1 : 0;
   }
-  fail(std::string("'<' not supported between instances of '") + kind_name(a) + "' and '" + kind_name(b) + "'");
+  fail(std::string("'<' not supported between instances of '") + kind_name(a) + "' and '" + kind_name(b) +
+       "'");
 }
 
 std::string py_float_repr(double x) {
@@ -357,10 +358,12 @@ void dump_string(const std::string& s, bool ensure_ascii, std::string& out) {
       // Decode one UTF-8 sequence; code points past the BMP become a surrogate pair, as json.dumps writes.
       const int n = u >= 0xf0 ? 4 : u >= 0xe0 ? 3 : 2;
       uint32_t cp = u & (0x3f >> (n - 1));
-      for (int k = 1; k < n && i + 1 < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[++i]) & 0x3f);
+      for (int k = 1; k < n && i + 1 < s.size(); ++k)
+        cp = (cp << 6) | (static_cast<unsigned char>(s[++i]) & 0x3f);
       if (cp >= 0x10000) {
         cp -= 0x10000;
-        std::snprintf(h, sizeof h, "\\u%04x\\u%04x", unsigned(0xd800 + (cp >> 10)), unsigned(0xdc00 + (cp & 0x3ff)));
+        std::snprintf(h, sizeof h, "\\u%04x\\u%04x", unsigned(0xd800 + (cp >> 10)),
+                      unsigned(0xdc00 + (cp & 0x3ff)));
       } else {
         std::snprintf(h, sizeof h, "\\u%04x", unsigned(cp));
       }

@@ -38,8 +38,8 @@ enum class Kind : uint8_t { undefined, none, boolean, integer, floating, string,
 
 struct Value {
   Kind kind = Kind::undefined;
-  bool tuple = false;      // an array written (a, b): repr prints parentheses
-  bool namespace_ = false;  // an object made by namespace(): attributes may be assigned
+  bool tuple = false;         // an array written (a, b): repr prints parentheses
+  bool namespace_ = false;    // an object made by namespace(): attributes may be assigned
   bool missing_attr = false;  // an undefined from obj.name / obj[key]: s names the attribute
   bool b = false;
   int64_t i = 0;
@@ -103,7 +103,9 @@ struct Value {
   bool is_array() const { return kind == Kind::array; }
   bool is_object() const { return kind == Kind::object; }
   const std::string& str() const { return *s; }
-  double as_double() const { return kind == Kind::floating ? f : kind == Kind::boolean ? double(b) : double(i); }
+  double as_double() const {
+    return kind == Kind::floating ? f : kind == Kind::boolean ? double(b) : double(i);
+  }
   int64_t as_int() const { return kind == Kind::boolean ? int64_t(b) : i; }
 
  private:

@@ -30,10 +30,12 @@ std::shared_ptr<const ChatTemplate> ChatTemplate::load(std::string_view tokenize
                                                        std::string_view chat_template_jinja,
                                                        std::string_view chat_template_json) {
   auto ct = std::make_shared<ChatTemplate>();
-  const ojson cfg = tokenizer_config_json.empty() ? ojson::object()
-                                                  : parse_json(tokenizer_config_json, "tokenizer_config.json");
+  const ojson cfg = tokenizer_config_json.empty()
+                        ? ojson::object()
+                        : parse_json(tokenizer_config_json, "tokenizer_config.json");
   if (cfg.is_object()) {
-    for (const char* k : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
+    for (const char* k :
+         {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
       if (auto it = cfg.find(k); it != cfg.end())
         if (ojson t = token_text(*it); !t.is_null()) ct->special_tokens_[k] = t;
     if (auto it = cfg.find("additional_special_tokens"); it != cfg.end() && it->is_array()) {
@@ -86,7 +88,9 @@ std::string ChatTemplate::describe() const {
   for (const auto& e : entries_) {
     if (!s.empty()) s += "; ";
     s += "'" + e.name + "' from " + origin_ + ": ";
-    s += e.native_qwen3 ? "Qwen3, rendered natively" : e.compiled ? "Jinja, interpreted" : "does not parse: " + e.parse_error;
+    s += e.native_qwen3 ? "Qwen3, rendered natively"
+         : e.compiled   ? "Jinja, interpreted"
+                        : "does not parse: " + e.parse_error;
   }
   return s;
 }
@@ -102,13 +106,16 @@ const ChatTemplate::Entry& ChatTemplate::pick(const ojson& request) const {
 }
 
 std::string ChatTemplate::render(std::string_view request_json, bool allow_native) const {
-  KILN_CHECK(!entries_.empty(), "this tokenizer has no chat template (tokenizer_config.json, chat_template.jinja "
-                                "or chat_template.json)");
+  KILN_CHECK(!entries_.empty(),
+             "this tokenizer has no chat template (tokenizer_config.json, chat_template.jinja "
+             "or chat_template.json)");
   // The native path parses the request itself (and rejects what it cannot render) when it applies.
-  if (allow_native && entries_.size() == 1 && entries_[0].native_qwen3) return render_qwen3_chat(request_json);
+  if (allow_native && entries_.size() == 1 && entries_[0].native_qwen3)
+    return render_qwen3_chat(request_json);
   const ojson req = parse_json(request_json, "chat request");
   KILN_CHECK(req.is_object(), "chat request must be a JSON object");
-  KILN_CHECK(req.contains("messages") && req.at("messages").is_array(), "chat request needs a \"messages\" list");
+  KILN_CHECK(req.contains("messages") && req.at("messages").is_array(),
+             "chat request needs a \"messages\" list");
   const Entry& e = pick(req);
   if (allow_native && e.native_qwen3) return render_qwen3_chat(request_json);
   if (!e.compiled) KILN_FAIL("the chat template does not parse: ", e.parse_error);

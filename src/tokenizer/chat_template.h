@@ -5,9 +5,9 @@
 // request (chat_template_kwargs such as enable_thinking), which may override them.
 //
 // Where the template comes from, first match wins (transformers' from_pretrained): a chat_template.jinja
-// file; chat_template.json's "chat_template" (what processors of VL checkpoints ship); tokenizer_config.json's
-// "chat_template". A list of named templates picks "tool_use" when the request has tools and one exists,
-// else "default" (as transformers' get_chat_template).
+// file; chat_template.json's "chat_template" (what processors of VL checkpoints ship);
+// tokenizer_config.json's "chat_template". A list of named templates picks "tool_use" when the request has
+// tools and one exists, else "default" (as transformers' get_chat_template).
 //
 // The Qwen3 template (fingerprint) renders natively (qwen3_chat.cpp), any other through src/template. A
 // template that does not parse is reported when rendered (load succeeds: the tokenizer is still usable).

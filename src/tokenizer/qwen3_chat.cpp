@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/error.h"
-#include "tokenizer/pyjson.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/pyjson.h"
 
 namespace kiln {
 namespace {

@@ -72,7 +72,8 @@ TEST(ChatTemplate, OtherTemplatesRenderThroughTheInterpreter) {
   cfg["chat_template"] = cfg["chat_template"].get<std::string>() + " ";
   const auto other = kiln::Tokenizer::from_json(
       kiln::test::read_text(kiln::test::qwen3_tokenizer_dir() + "/tokenizer.json"), cfg.dump());
-  const std::string req = R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true})";
+  const std::string req =
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true})";
   EXPECT_EQ(other.render_chat(req), tk->render_chat(req) + " ");
 }
 
@@ -87,7 +88,9 @@ TEST(ChatTemplate, BrokenTemplateIsAClearErrorWhenRendered) {
     broken.render_chat(R"({"messages": [{"role": "user", "content": "hi"}]})");
     ADD_FAILURE() << "a broken template rendered";
   } catch (const kiln::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("does not parse: template syntax error (line 2): unexpected 'endif', expected 'endfor'"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(
+                  "does not parse: template syntax error (line 2): unexpected 'endif', expected 'endfor'"),
+              std::string::npos)
         << e.what();
   }
 }

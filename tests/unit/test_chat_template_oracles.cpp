@@ -95,7 +95,8 @@ TEST(ChatTemplateOracles, NativeQwen3EqualsInterpreter) {
 // or the npm packages are missing.
 TEST(ChatTemplateOracles, FixtureIsCurrent) {
   const std::string root = KILN_SOURCE_DIR;
-  if (std::system("python3 -c 'import jinja2' >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3-jinja2 missing";
+  if (std::system("python3 -c 'import jinja2' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-jinja2 missing";
   if (std::system("node --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "node missing";
   if (!std::ifstream(root + "/.deps/npm/node_modules/@huggingface/jinja/package.json").good())
     GTEST_SKIP() << "@huggingface/jinja missing (scripts/bootstrap.sh installs it)";

@@ -27,7 +27,8 @@ std::string render(const std::string& src, const ojson& vars = ojson::object()) 
 TEST(TemplateEngine, SyntaxErrorsNameTheLine) {
   expect_contains(error_of([] { Template("a\n{{ x "); }), {"template syntax error (line 2)", "'}}'"});
   expect_contains(error_of([] { Template("{% for x in y %}\n\n{% endif %}"); }), {"(line 3)", "endfor"});
-  expect_contains(error_of([] { Template("{% frobnicate %}"); }), {"unknown or unsupported tag 'frobnicate'"});
+  expect_contains(error_of([] { Template("{% frobnicate %}"); }),
+                  {"unknown or unsupported tag 'frobnicate'"});
   expect_contains(error_of([] { Template("{{ 'abc }}"); }), {"unterminated string"});
   expect_contains(error_of([] { Template("{% if x %}"); }), {"unexpected end of template", "endif"});
   expect_contains(error_of([] { Template("{{ a b }}"); }), {"expected '}}'"});
@@ -46,9 +47,32 @@ TEST(TemplateEngine, RenderErrorsNameTheLineAndCause) {
   expect_contains(error_of([] { render("{{ xs.append(1) }}", {{"xs", ojson::array()}}); }), {"unsafe"});
   expect_contains(error_of([] { render("{{ d.update({}) }}", {{"d", ojson::object()}}); }), {"unsafe"});
   // Undefined is lenient where Jinja's default Undefined is: printing, truth, iteration, default, length.
-  EXPECT_EQ(render("[{{ nope }}]{{ nope is defined }}{% for x in nope %}x{% endfor %}{{ nope | default('d') }}"
-                   "{{ nope | length }}{{ {}.missing }}"),
-            "[]Falsed0");
+  EXPECT_EQ(
+      render("[{{ nope }}]{{ nope is defined }}{% for x in nope %}x{% endfor %}{{ nope | default('d') }}"
+             "{{ nope | length }}{{ {}.missing }}"),
+      "[]Falsed0");
+}
+
+// A hostile or broken template fails cleanly instead of exhausting the stack or memory.
+TEST(TemplateEngine, LimitsInsteadOfCrashes) {
+  expect_contains(error_of([] { render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"); }),
+                  {"maximum macro recursion depth"});
+  expect_contains(
+      error_of([] { Template("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"); }),
+      {"nested too deeply"});
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 5000; ++i) chain += " + 1";
+  expect_contains(error_of([&] { Template(chain + " }}"); }), {"nested too deeply"});
+  std::string blocks;
+  for (int i = 0; i < 5000; ++i) blocks += "{% if true %}";
+  expect_contains(error_of([&] { Template{blocks}; }), {"nested too deeply"});
+  expect_contains(error_of([] { render("{{ 'x' * 1000000000000 }}"); }), {"too large"});
+  EXPECT_EQ(render("{{ 2 ** 100 }}"), "1.2676506002282294e+30");  // Python: the exact integer
+  // A macro defined in a loop and called after it (kept in a namespace) sees what it saw when defined
+  // (Jinja2 prints its internal "missing" sentinel here; either way nothing dangles).
+  EXPECT_EQ(render("{% set ns = namespace(m=none) %}{% for i in [1, 2] %}{% macro f() %}{{ i }}{% endmacro %}"
+                   "{% set ns.m = f %}{% endfor %}{{ ns.m() }}"),
+            "2");
 }
 
 TEST(TemplateEngine, VariablesAsTransformersPassesThem) {
@@ -85,10 +109,12 @@ TEST(TemplateEngine, TemplateFoundWhereTransformersLooks) {
       {"name": "b", "template": "B"}]})",
                                                         "", "");
   expect_contains(error_of([&] { no_default->render(req); }), {"none is named \"default\""});
-  expect_contains(error_of([] { kiln::tok::ChatTemplate::load("{}", "", "")->render(R"({"messages": []})"); }),
-                  {"no chat template"});
-  expect_contains(error_of([] { kiln::tok::ChatTemplate::load("{}", "x", "")->render(R"({"messages": 3})"); }),
-                  {"\"messages\" list"});
+  expect_contains(
+      error_of([] { kiln::tok::ChatTemplate::load("{}", "", "")->render(R"({"messages": []})"); }),
+      {"no chat template"});
+  expect_contains(
+      error_of([] { kiln::tok::ChatTemplate::load("{}", "x", "")->render(R"({"messages": 3})"); }),
+      {"\"messages\" list"});
 }
 
 TEST(TemplateEngine, DescribeSaysWhereAndHow) {
@@ -112,14 +138,17 @@ ojson long_conversation(bool with_tools) {
   ojson msgs = ojson::array();
   msgs.push_back({{"role", "system"}, {"content", "You are a helpful assistant with tools."}});
   for (int i = 0; i < 25; ++i) {
-    msgs.push_back({{"role", "user"}, {"content", "Question " + std::to_string(i) + ": what is the weather in city " +
-                                                      std::to_string(i) + " and how should I dress for it today?"}});
+    msgs.push_back({{"role", "user"},
+                    {"content", "Question " + std::to_string(i) + ": what is the weather in city " +
+                                    std::to_string(i) + " and how should I dress for it today?"}});
     if (with_tools) {
-      msgs.push_back({{"role", "assistant"},
-                      {"content", ""},
-                      {"tool_calls", {{{"type", "function"},
-                                       {"function", {{"name", "get_weather"},
-                                                     {"arguments", {{"city", "city " + std::to_string(i)}}}}}}}}});
+      msgs.push_back(
+          {{"role", "assistant"},
+           {"content", ""},
+           {"tool_calls",
+            {{{"type", "function"},
+              {"function",
+               {{"name", "get_weather"}, {"arguments", {{"city", "city " + std::to_string(i)}}}}}}}}});
       msgs.push_back({{"role", "tool"}, {"content", R"({"temp": 21.5, "sky": "clear", "wind": "5 km/h"})"}});
     } else {
       msgs.push_back({{"role", "assistant"}, {"content", "Let me think about it."}});
@@ -164,7 +193,7 @@ std::shared_ptr<const kiln::tok::ChatTemplate> golden_template(const std::string
   return kiln::tok::ChatTemplate::load(cfg.dump(), "", "");
 }
 
-// The budget is the issue's: <= 1 ms for a long conversation. Best of 20, so a loaded CI machine does not
+// The budget is the issue's: <= 1 ms for a long conversation. Best of 50, so a loaded CI machine does not
 // make it flaky; the figures are printed for docs/PERF.md.
 TEST(TemplateEngine, LongConversationRendersWithinOneMillisecond) {
   const std::string tools = long_conversation(true).dump(), plain = long_conversation(false).dump();
@@ -172,12 +201,12 @@ TEST(TemplateEngine, LongConversationRendersWithinOneMillisecond) {
     const char* name;
     const std::string* req;
     bool interpreted;
-  } cases[] = {{"real/qwen3", &tools, true},          {"real/qwen3", &tools, false},
-               {"feature/chat_full", &tools, true},  {"real/llama3_1", &plain, true},
-               {"real/gemma3", &plain, true},        {"real/deepseek_v3", &plain, true}};
+  } cases[] = {{"real/qwen3", &tools, true},        {"real/qwen3", &tools, false},
+               {"feature/chat_full", &tools, true}, {"real/llama3_1", &plain, true},
+               {"real/gemma3", &plain, true},       {"real/deepseek_v3", &plain, true}};
   for (const auto& c : cases) {
     const auto ct = golden_template(c.name);
-    const double us = best_render_us(*ct, *c.req, c.interpreted, 20);
+    const double us = best_render_us(*ct, *c.req, c.interpreted, 50);
     std::printf("%-20s %-11s 100 turns%s: %.0f us\n", c.name, c.interpreted ? "interpreter" : "native",
                 c.req == &tools ? " + 4 tools" : "", us);
     EXPECT_LE(us, 1000.0) << c.name;
