@@ -10,6 +10,17 @@ namespace {
 
 enum class Flow { normal, break_, continue_ };
 
+// Budgets that turn a runaway template into an error instead of an exhausted server (a prompt is far
+// smaller; a 100-turn conversation takes ~1,000 steps).
+constexpr size_t kMaxString = Value::kMaxString;  // any string, the output included
+constexpr size_t kMaxList = size_t(1) << 22;
+constexpr int64_t kMaxSteps = 5'000'000;  // loop iterations plus macro calls, per render
+
+void check_size(size_t n, size_t max) {
+  if (n > max)
+    fail("result too large (over " + std::to_string(max) + (max == kMaxString ? " bytes)" : " items)"));
+}
+
 // A TemplateError that already names its line.
 class Located : public TemplateError {
  public:
@@ -79,8 +90,12 @@ Value arith(Op op, const Value& a, const Value& b) {
       return Value::floating(std::pow(a.as_double(), b.as_double()));
     }
   }
-  if (op == Op::add && a.is_string() && b.is_string()) return Value::string(*a.s + *b.s);
+  if (op == Op::add && a.is_string() && b.is_string()) {
+    check_size(a.s->size() + b.s->size(), kMaxString);
+    return Value::string(*a.s + *b.s);
+  }
   if (op == Op::add && a.is_array() && b.is_array()) {
+    check_size(a.a->size() + b.a->size(), kMaxList);
     Array r = *a.a;
     r.insert(r.end(), b.a->begin(), b.a->end());
     Value v = Value::array(std::move(r));
@@ -116,6 +131,10 @@ class Evaluator {
  private:
   const Scope* top_;  // the render's top-level scope: alive for the whole render
   int depth_ = 0;     // macro calls in progress (Python would raise RecursionError; we must not overflow)
+  int64_t steps_ = 0;
+  void step() {
+    if (++steps_ > kMaxSteps) fail("render budget exceeded (5,000,000 loop iterations and macro calls)");
+  }
 
   Flow exec_stmt(const Stmt& s, Scope& sc, std::string& out);
   Flow exec_for(const Stmt& s, Scope& sc, std::string& out);
@@ -213,6 +232,7 @@ Value Evaluator::eval(const Expr& e, Scope& sc) {
       if (e.op == Op::concat) {
         std::string s = to_str(l);
         append_str(r, s);
+        check_size(s.size(), kMaxString);
         return Value::string(std::move(s));
       }
       return arith(e.op, l, r);
@@ -291,6 +311,7 @@ Value Evaluator::make_macro(const Stmt& s, Scope& sc) {
   Evaluator* self = this;
   return Value::function([m, defining, snapshot, self](std::vector<Value>& args, Kwargs& kwargs) -> Value {
     if (self->depth_ >= 200) fail("maximum macro recursion depth (200) exceeded");
+    self->step();
     struct Depth {
       int& d;
       explicit Depth(int& x) : d(++x) {}
@@ -392,6 +413,7 @@ Flow Evaluator::exec_for(const Stmt& s, Scope& sc, std::string& out) {
     li[9].second = k > 0 ? items[size_t(k - 1)] : Value::undefined_ref(kPrev, false);
     li[10].second = k + 1 < n ? items[size_t(k + 1)] : Value::undefined_ref(kNext, false);
     f.set("loop", loop);
+    step();
     if (exec(s.body, f, out) == Flow::break_) break;
   }
   return Flow::normal;
@@ -476,6 +498,7 @@ Flow Evaluator::exec(const Body& body, Scope& sc, std::string& out) {
     } catch (const TemplateError& e) {
       rethrow_at(s->line, e);
     }
+    check_size(out.size(), kMaxString);
     if (fl != Flow::normal) return fl;
   }
   return Flow::normal;

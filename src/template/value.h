@@ -79,7 +79,9 @@ struct Value {
     v.f = x;
     return v;
   }
+  static constexpr size_t kMaxString = size_t(64) << 20;  // no string grows past this: a runaway template
   static Value string(std::string x) {
+    if (x.size() > kMaxString) fail("string result too large (over 64 MiB)");
     Value v = make(Kind::string);
     v.s = std::make_shared<const std::string>(std::move(x));
     return v;
