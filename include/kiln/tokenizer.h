@@ -32,7 +32,8 @@ class Tokenizer {
   static Tokenizer load(const std::string& model_dir);
   // The same from the files' contents ("" for a file that is absent; tests build variants this way).
   static Tokenizer from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json = "",
-                             std::string_view chat_template_jinja = "", std::string_view chat_template_json = "");
+                             std::string_view chat_template_jinja = "",
+                             std::string_view chat_template_json = "");
 
   std::vector<int32_t> encode(std::string_view text) const;
   // With add_special_tokens, the tokens of tokenizer.json's post_processor (TemplateProcessing, Bert/Roberta;
@@ -54,9 +55,13 @@ class Tokenizer {
 
   // request_json: {"messages": [...], "tools"?: [...], "documents"?: [...], "add_generation_prompt"?: bool,
   // any other key a template variable (enable_thinking, ...)}. Returns the prompt text exactly as
-  // transformers' apply_chat_template renders the checkpoint's Jinja template (src/tokenizer/chat_template.h).
-  // Throws kiln::Error for malformed requests, a template that does not parse, or one that raises.
+  // transformers' apply_chat_template renders the checkpoint's Jinja template
+  // (src/tokenizer/chat_template.h). Throws kiln::Error for malformed requests, a template that does not
+  // parse, or one that raises.
   std::string render_chat(std::string_view request_json) const;
+  // One line for logs: where the chat template came from and how it renders ("none" without one; a
+  // template that does not parse says so and why: render_chat then throws that error).
+  std::string chat_template_info() const;
 
   // Appends the decoded bytes of one id (no UTF-8 repair) to out; for StreamDecoder.
   void append_token_bytes(int32_t id, bool skip_special_tokens, std::string& out) const;

@@ -241,7 +241,7 @@ bool apply_test(const std::string& n, const Value& v, std::vector<Value>& args) 
   if (n == "false") return v.kind == Kind::boolean && !v.b;
   if (n == "mapping") return v.is_object();
   if (n == "iterable") return v.is_array() || v.is_object() || v.is_string() || v.is_undefined();
-  if (n == "sequence") return v.is_array() || v.is_object() || v.is_string();
+  if (n == "sequence") return v.is_array() || v.is_object() || v.is_string() || v.is_undefined();
   if (n == "callable") return v.kind == Kind::function;
   if (n == "odd" || n == "even") {
     if (v.kind != Kind::integer && v.kind != Kind::boolean) fail("test '" + n + "' needs an integer");
