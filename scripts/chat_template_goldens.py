@@ -206,7 +206,6 @@ def build():
         del c["vars"]
     return {
         "generated_by": "scripts/chat_template_goldens.py",
-        "jinja2_version": jinja2.__version__,
         "packages_without_template": missing,
         "templates": {n: {"source": s, "special_tokens": t} for n, s, t in templates},
         "cases": cases,
@@ -228,7 +227,7 @@ def main():
     n = len(data["cases"])
     agree = sum(c["oracles_agree"] for c in data["cases"])
     errors = sum("error" in c["jinja2"] for c in data["cases"])
-    print(f"{n} cases, {agree} where both oracles agree, {errors} where Jinja2 raises; no template in: {data['packages_without_template']}")
+    print(f"Jinja2 {jinja2.__version__}: {n} cases, {agree} where both oracles agree, {errors} where Jinja2 raises; no template in: {data['packages_without_template']}")
     for c in data["cases"]:
         if not c["oracles_agree"]:
             print("  oracles differ:", c["template"], c["conversation"])
