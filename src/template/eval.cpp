@@ -117,7 +117,10 @@ Value arith(Op op, const Value& a, const Value& b) {
     return Value::array(std::move(r));
   }
   if (op == Op::mul && b.is_string() && a.kind == Kind::integer) return arith(op, b, a);
-  if (op == Op::mod && a.is_string()) fail("printf-style '%' formatting of strings is not supported");
+  if (op == Op::mod && a.is_string()) {  // a tuple supplies the arguments, anything else is the one argument
+    if (b.is_array() && b.tuple) return Value::string(py_percent_format(*a.s, *b.a));
+    return Value::string(py_percent_format(*a.s, {b}));
+  }
   fail(std::string("unsupported operand type(s) for ") + op_text(op) + ": '" + kind_name(a) + "' and '" +
        kind_name(b) + "'");
 }

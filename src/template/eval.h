@@ -60,6 +60,9 @@ std::string py_upper(std::string_view s);
 std::string py_lower(std::string_view s);
 std::string py_capitalize(std::string_view s);
 std::string jinja_title(std::string_view s);
+// Python's `fmt % args` (the `format` filter too): %s %r %d %i %x %o %f %e %g %% with flags, width,
+// precision.
+std::string py_percent_format(const std::string& fmt, const std::vector<Value>& args);
 
 // Argument helpers: positional i, else keyword `name`, else the default.
 const Value* arg(std::vector<Value>& args, Kwargs& kwargs, size_t i, const char* name);

@@ -306,6 +306,10 @@ Value apply_filter(const std::string& n, const Value& v, std::vector<Value>& arg
     }
     return Value::string(std::move(r));
   }
+  if (n == "format") {
+    if (!v.is_string()) fail("format filter needs a format string");
+    return Value::string(py_percent_format(*v.s, args));
+  }
   if (n == "wordcount") {
     bool found;
     std::vector<Value> no;
@@ -316,12 +320,13 @@ Value apply_filter(const std::string& n, const Value& v, std::vector<Value>& arg
 }
 
 bool has_filter(const std::string& n) {
-  static const char* names[] = {
-      "tojson",     "default", "d",      "length",   "count", "trim",   "upper",       "lower",
-      "capitalize", "title",   "string", "safe",     "e",     "escape", "forceescape", "replace",
-      "join",       "list",    "items",  "dictsort", "first", "last",   "reverse",     "sort",
-      "unique",     "min",     "max",    "sum",      "map",   "select", "reject",      "selectattr",
-      "rejectattr", "attr",    "int",    "float",    "abs",   "round",  "indent",      "wordcount"};
+  static const char* names[] = {"tojson", "default",    "d",           "length",    "count",   "trim",
+                                "upper",  "lower",      "capitalize",  "title",     "string",  "safe",
+                                "e",      "escape",     "forceescape", "replace",   "join",    "list",
+                                "items",  "dictsort",   "first",       "last",      "reverse", "sort",
+                                "unique", "min",        "max",         "sum",       "map",     "select",
+                                "reject", "selectattr", "rejectattr",  "attr",      "int",     "float",
+                                "abs",    "round",      "indent",      "wordcount", "format"};
   return std::any_of(std::begin(names), std::end(names), [&](const char* x) { return n == x; });
 }
 

@@ -4,6 +4,8 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "template/eval.h"
 
@@ -166,6 +168,58 @@ std::string jinja_title(std::string_view s) {  // the title filter: words start 
     }
   }
   return r;
+}
+
+std::string py_percent_format(const std::string& fmt, const std::vector<Value>& args) {
+  std::string out;
+  size_t next = 0;
+  auto take = [&]() -> const Value& {
+    if (next >= args.size()) fail("not enough arguments for format string");
+    return args[next++];
+  };
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out += fmt[i];
+      continue;
+    }
+    if (++i >= fmt.size()) fail("incomplete format");
+    std::string spec = "%";  // flags, width and precision, passed to snprintf for numbers
+    while (i < fmt.size() && std::string_view("-+ #0123456789.").find(fmt[i]) != std::string_view::npos)
+      spec += fmt[i++];
+    if (i >= fmt.size()) fail("incomplete format");
+    const char conv = fmt[i];
+    char buf[128];
+    if (conv == '%') {
+      out += '%';
+    } else if (conv == 's' || conv == 'r') {
+      const Value& v = take();
+      const std::string t = conv == 's' ? to_str(v) : repr(v);
+      const size_t width =
+          spec.size() > 1 ? size_t(std::max(0, std::atoi(spec.c_str() + 1 + (spec[1] == '-')))) : 0;
+      const size_t len = utf8_length(t);
+      if (len < width && spec.find('-') == std::string::npos) out.append(width - len, ' ');
+      out += t;
+      if (len < width && spec.find('-') != std::string::npos) out.append(width - len, ' ');
+    } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
+      const Value& v = take();
+      if (!v.is_number())
+        fail(std::string("%") + conv + " format: a number is required, not " + kind_name(v));
+      const long long n =
+          v.kind == Kind::floating ? static_cast<long long>(v.f) : static_cast<long long>(v.as_int());
+      std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), n);
+      out += buf;
+    } else if (conv == 'f' || conv == 'F' || conv == 'e' || conv == 'E' || conv == 'g' || conv == 'G') {
+      const Value& v = take();
+      if (!v.is_number())
+        fail(std::string("%") + conv + " format: a number is required, not " + kind_name(v));
+      std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v.as_double());
+      out += buf;
+    } else {
+      fail(std::string("unsupported format character '") + conv + "'");
+    }
+  }
+  if (next < args.size()) fail("not all arguments converted during string formatting");
+  return out;
 }
 
 Value string_method(const std::string& s, const std::string& name, std::vector<Value>& args, Kwargs& kwargs,
