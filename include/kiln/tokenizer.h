@@ -27,10 +27,13 @@ namespace kiln {
 class Tokenizer {
  public:
   // model_dir holds tokenizer.json and tokenizer_config.json (the latter may be absent: no chat template,
-  // eos from <|im_end|>/<|endoftext|> only).
+  // eos from <|im_end|>/<|endoftext|> only), and chat_template.jinja / chat_template.json where the
+  // checkpoint ships its template in a file of its own.
   static Tokenizer load(const std::string& model_dir);
-  // The same from the files' contents (tests build variants of the real tokenizer this way).
-  static Tokenizer from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json = "");
+  // The same from the files' contents ("" for a file that is absent; tests build variants this way).
+  static Tokenizer from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json = "",
+                             std::string_view chat_template_jinja = "",
+                             std::string_view chat_template_json = "");
 
   std::vector<int32_t> encode(std::string_view text) const;
   // With add_special_tokens, the tokens of tokenizer.json's post_processor (TemplateProcessing, Bert/Roberta;
@@ -50,11 +53,15 @@ class Tokenizer {
   // eos_token from tokenizer_config.json, then <|im_end|> and <|endoftext|> where present; no duplicates.
   std::vector<int32_t> eos_token_ids() const;
 
-  // request_json: {"messages": [...], "tools"?: [...], "add_generation_prompt"?: bool, "enable_thinking"?:
-  // bool, other keys ignored}. Returns the prompt text exactly as Hugging Face renders the model's Qwen3
-  // Jinja template. Throws kiln::Error for malformed requests and for a chat template this renderer does not
-  // know.
+  // request_json: {"messages": [...], "tools"?: [...], "documents"?: [...], "add_generation_prompt"?: bool,
+  // any other key a template variable (enable_thinking, ...)}. Returns the prompt text exactly as
+  // transformers' apply_chat_template renders the checkpoint's Jinja template
+  // (src/tokenizer/chat_template.h). Throws kiln::Error for malformed requests, a template that does not
+  // parse, or one that raises.
   std::string render_chat(std::string_view request_json) const;
+  // One line for logs: where the chat template came from and how it renders ("none" without one; a
+  // template that does not parse says so and why: render_chat then throws that error).
+  std::string chat_template_info() const;
 
   // Appends the decoded bytes of one id (no UTF-8 repair) to out; for StreamDecoder.
   void append_token_bytes(int32_t id, bool skip_special_tokens, std::string& out) const;

@@ -154,6 +154,7 @@ int run_serve(const kiln::cli::Args& args) {
   std::unique_ptr<kiln::Engine> engine = kiln::Engine::create(eo);
   kiln::server::EngineAdapter api(*engine);
   kiln::server::TokenizerCodec codec(tok);
+  std::fprintf(stderr, "kiln serve: chat template: %s\n", tok.chat_template_info().c_str());
   if (gen_config == "auto" && !engine->is_embedding_model()) {
     kiln::server::GenerationDefaults gd =
         kiln::server::load_generation_config(eo.model_dir, engine->model_config().vocab_size);

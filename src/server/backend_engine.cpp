@@ -66,7 +66,8 @@ std::unique_ptr<TextStream> TokenizerCodec::stream() const {
 
 std::string TokenizerCodec::render_chat(const nlohmann::json& request) const {
   nlohmann::json r = {{"messages", request.at("messages")}, {"add_generation_prompt", true}};
-  if (auto it = request.find("tools"); it != request.end() && !it->is_null()) r["tools"] = *it;
+  for (const char* k : {"tools", "documents"})
+    if (auto it = request.find(k); it != request.end() && !it->is_null()) r[k] = *it;
   if (auto kw = request.find("chat_template_kwargs"); kw != request.end() && kw->is_object())
     for (const auto& [k, v] : kw->items())
       if (!v.is_null()) r[k] = v;

@@ -1,234 +1,144 @@
-// The Qwen3 chat template, rendered natively. Why native rather than a Jinja interpreter: the template is
-// one fixed program of ~90 lines; a C++ transcription is a few hundred lines with no dependency, renders in
-// microseconds, and its every branch is checked against Jinja2 goldens from the real template. A template
-// we have not transcribed is rejected by fingerprint with a clear error instead of being rendered wrong.
-//
-// Deviations from Jinja, where Jinja would raise or print a Python repr (never where it renders text):
-// missing/null "content" renders as ""; "content" given as a list of {"type": "text", "text": ...} parts
-// renders their concatenation (other part types are rejected); a message without a string "role" is
-// rejected (Jinja would skip it silently).
-#include <cstdio>
-#include <nlohmann/json.hpp>
+// Chat-template discovery, the variables transformers passes, and dispatch to the native Qwen3 renderer or
+// the Jinja interpreter; see chat_template.h.
+#include "tokenizer/chat_template.h"
 
 #include "kiln/error.h"
-#include "tokenizer/pyjson.h"
-#include "tokenizer/tokenizer_impl.h"
 
-namespace kiln {
+namespace kiln::tok {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
-  return h;
-}
-
-// Fingerprints of the templates this file implements (FNV-1a 64 of the exact text).
-// Qwen3 (0.6B ... 235B-A22B, April 2025): thinking with <think> around the last query, tools,
-// enable_thinking.
-constexpr uint64_t kQwen3Template = 0x2bfdb7aa9754484eull;
-
-bool truthy(const ojson& v) {  // Python truthiness of a JSON value
-  switch (v.type()) {
-    case ojson::value_t::null:
-      return false;
-    case ojson::value_t::boolean:
-      return v.get<bool>();
-    case ojson::value_t::number_integer:
-      return v.get<int64_t>() != 0;
-    case ojson::value_t::number_unsigned:
-      return v.get<uint64_t>() != 0;
-    case ojson::value_t::number_float:
-      return v.get<double>() != 0.0;
-    case ojson::value_t::string:
-      return !v.get_ref<const std::string&>().empty();
-    case ojson::value_t::array:
-    case ojson::value_t::object:
-      return !v.empty();
-    default:
-      return false;
+ojson parse_json(std::string_view text, const char* what) {
+  try {
+    return ojson::parse(text);
+  } catch (const ojson::exception& e) {
+    KILN_FAIL(what, " is not valid JSON: ", e.what());
   }
 }
 
-struct Message {
-  std::string role, content;
-  const ojson* raw;
-};
-
-std::string content_of(const ojson& m, size_t i) {
-  if (!m.contains("content") || m.at("content").is_null()) return "";
-  const ojson& c = m.at("content");
-  if (c.is_string()) return c.get<std::string>();
-  KILN_CHECK(c.is_array(), "messages[", i, "].content must be a string, null or a list of text parts");
-  std::string s;
-  for (const auto& part : c) {
-    KILN_CHECK(part.is_object() && part.value("type", "") == "text" && part.contains("text") &&
-                   part.at("text").is_string(),
-               "messages[", i, "].content: only {\"type\": \"text\", \"text\": ...} parts are supported");
-    s += part.at("text").get<std::string>();
-  }
-  return s;
-}
-
-std::string lstrip_nl(std::string_view s) {
-  size_t b = 0;
-  while (b < s.size() && s[b] == '\n') ++b;
-  return std::string(s.substr(b));
-}
-std::string rstrip_nl(std::string_view s) {
-  size_t e = s.size();
-  while (e > 0 && s[e - 1] == '\n') --e;
-  return std::string(s.substr(0, e));
-}
-std::string strip_nl(std::string_view s) {
-  return lstrip_nl(rstrip_nl(s));
-}
-bool starts_with(std::string_view s, std::string_view p) {
-  return s.substr(0, p.size()) == p;
-}
-bool ends_with(std::string_view s, std::string_view p) {
-  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
-}
-
-void render_tool_calls(const ojson& calls, const std::string& content, size_t i, std::string& out) {
-  KILN_CHECK(calls.is_array(), "messages[", i, "].tool_calls must be a list");
-  for (size_t j = 0; j < calls.size(); ++j) {
-    if ((j == 0 && !content.empty()) || j > 0) out += '\n';
-    const ojson* tc = &calls[j];
-    KILN_CHECK(tc->is_object(), "messages[", i, "].tool_calls[", j, "] must be an object");
-    if (tc->contains("function") && truthy(tc->at("function"))) tc = &tc->at("function");
-    KILN_CHECK(tc->is_object(), "messages[", i, "].tool_calls[", j, "].function must be an object");
-    out += "<tool_call>\n{\"name\": \"";
-    if (tc->contains("name") && !tc->at("name").is_null()) {
-      KILN_CHECK(tc->at("name").is_string(), "messages[", i, "].tool_calls[", j, "]: name must be a string");
-      out += tc->at("name").get<std::string>();
-    }
-    out += "\", \"arguments\": ";
-    KILN_CHECK(tc->contains("arguments"), "messages[", i, "].tool_calls[", j, "]: arguments are missing");
-    const ojson& args = tc->at("arguments");
-    if (args.is_string()) {
-      out += args.get<std::string>();
-    } else {
-      tok::py_json_dumps(args, out);
-    }
-    out += "}\n</tool_call>";
-  }
-}
-
-std::string render_qwen3(const ojson& req) {
-  KILN_CHECK(req.is_object(), "chat request must be a JSON object");
-  KILN_CHECK(req.contains("messages") && req.at("messages").is_array(),
-             "chat request needs a \"messages\" list");
-  const ojson& raw = req.at("messages");
-  std::vector<Message> msgs;
-  for (size_t i = 0; i < raw.size(); ++i) {
-    const ojson& m = raw[i];
-    KILN_CHECK(m.is_object(), "messages[", i, "] must be an object");
-    KILN_CHECK(m.contains("role") && m.at("role").is_string(), "messages[", i, "].role must be a string");
-    msgs.push_back({m.at("role").get<std::string>(), content_of(m, i), &m});
-  }
-  const ojson tools = req.value("tools", ojson());
-  KILN_CHECK(tools.is_null() || tools.is_array(), "\"tools\" must be a list");
-  const bool agp = truthy(req.value("add_generation_prompt", ojson()));
-  const bool thinking_off = req.contains("enable_thinking") && req.at("enable_thinking").is_boolean() &&
-                            !req.at("enable_thinking").get<bool>();
-
-  std::string out;
-  const size_t n = msgs.size();
-  const bool first_system = n > 0 && msgs[0].role == "system";
-  if (truthy(tools)) {
-    out += "<|im_start|>system\n";
-    if (first_system) out += msgs[0].content + "\n\n";
-    out +=
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
-        "with "
-        "function signatures within <tools></tools> XML tags:\n<tools>";
-    for (const auto& t : tools) {
-      out += '\n';
-      tok::py_json_dumps(t, out);
-    }
-    out +=
-        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-        "<args-json-object>}\n</tool_call><|im_end|>\n";
-  } else if (first_system) {
-    out += "<|im_start|>system\n" + msgs[0].content + "<|im_end|>\n";
-  }
-
-  // The last user turn that is a real query (not a wrapped tool response).
-  long last_query = long(n) - 1;
-  for (long i = long(n) - 1; i >= 0; --i) {
-    const Message& m = msgs[size_t(i)];
-    if (m.role == "user" &&
-        !(starts_with(m.content, "<tool_response>") && ends_with(m.content, "</tool_response>"))) {
-      last_query = i;
-      break;
-    }
-  }
-
-  for (size_t i = 0; i < n; ++i) {
-    const Message& m = msgs[i];
-    if (m.role == "user" || (m.role == "system" && i != 0)) {
-      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-    } else if (m.role == "assistant") {
-      std::string content = m.content, reasoning;
-      const ojson& rc = m.raw->value("reasoning_content", ojson());
-      if (!rc.is_null()) {
-        KILN_CHECK(rc.is_string(), "messages[", i, "].reasoning_content must be a string");
-        reasoning = rc.get<std::string>();
-      } else if (content.find("</think>") != std::string::npos) {
-        const std::string& c = m.content;
-        content = lstrip_nl(std::string_view(c).substr(c.rfind("</think>") + 8));
-        const std::string before = rstrip_nl(std::string_view(c).substr(0, c.find("</think>")));
-        const size_t t = before.rfind("<think>");
-        reasoning = lstrip_nl(t == std::string::npos ? before : before.substr(t + 7));
-      }
-      if (long(i) > last_query && (i + 1 == n || !reasoning.empty())) {
-        out +=
-            "<|im_start|>assistant\n<think>\n" + strip_nl(reasoning) + "\n</think>\n\n" + lstrip_nl(content);
-      } else {
-        out += "<|im_start|>assistant\n" + content;
-      }
-      const ojson& calls = m.raw->value("tool_calls", ojson());
-      if (truthy(calls)) render_tool_calls(calls, content, i, out);
-      out += "<|im_end|>\n";
-    } else if (m.role == "tool") {
-      if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (i + 1 == n || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
-    }
-    // Any other role renders nothing, as in the template.
-  }
-  if (agp) {
-    out += "<|im_start|>assistant\n";
-    if (thinking_off) out += "<think>\n\n</think>\n\n";
-  }
-  return out;
+// The token's text: a plain string or an AddedToken object {"content": ...}.
+ojson token_text(const ojson& v) {
+  if (v.is_string()) return v;
+  if (v.is_object() && v.contains("content") && v.at("content").is_string()) return v.at("content");
+  return nullptr;
 }
 
 }  // namespace
 
-std::string render_qwen3_chat(const std::string& chat_template, std::string_view request_json) {
-  const uint64_t fp = fnv1a(chat_template);
-  if (fp != kQwen3Template) {
-    char hex[24];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fp));
-    KILN_FAIL("unrecognised chat template (", chat_template.size(), " bytes, FNV-1a 0x", hex,
-              "): kiln renders the Qwen3 template natively and no other");
+std::shared_ptr<const ChatTemplate> ChatTemplate::load(std::string_view tokenizer_config_json,
+                                                       std::string_view chat_template_jinja,
+                                                       std::string_view chat_template_json) {
+  auto ct = std::make_shared<ChatTemplate>();
+  const ojson cfg = tokenizer_config_json.empty()
+                        ? ojson::object()
+                        : parse_json(tokenizer_config_json, "tokenizer_config.json");
+  if (cfg.is_object()) {
+    for (const char* k :
+         {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
+      if (auto it = cfg.find(k); it != cfg.end())
+        if (ojson t = token_text(*it); !t.is_null()) ct->special_tokens_[k] = t;
+    if (auto it = cfg.find("additional_special_tokens"); it != cfg.end() && it->is_array()) {
+      ojson list = ojson::array();
+      for (const auto& t : *it)
+        if (ojson s = token_text(t); !s.is_null()) list.push_back(s);
+      ct->special_tokens_["additional_special_tokens"] = list;
+    }
   }
-  ojson req;
-  try {
-    req = ojson::parse(request_json);
-  } catch (const ojson::exception& e) {
-    KILN_FAIL("chat request is not valid JSON: ", e.what());
+  ojson spec;  // a string, or a list of {"name", "template"}
+  if (!chat_template_jinja.empty()) {
+    spec = std::string(chat_template_jinja);
+    ct->origin_ = "chat_template.jinja";
+  } else if (!chat_template_json.empty()) {
+    const ojson j = parse_json(chat_template_json, "chat_template.json");
+    if (j.is_object() && j.contains("chat_template")) spec = j.at("chat_template");
+    ct->origin_ = "chat_template.json";
+  } else if (cfg.is_object() && cfg.contains("chat_template")) {
+    spec = cfg.at("chat_template");
+    ct->origin_ = "tokenizer_config.json";
   }
-  try {
-    return render_qwen3(req);
-  } catch (const ojson::exception& e) {
-    KILN_FAIL("chat request has an unexpected structure: ", e.what());
+  auto add = [&](std::string name, std::string source) {
+    Entry e;
+    e.name = std::move(name);
+    e.source = std::move(source);
+    e.native_qwen3 = is_qwen3_template(e.source);
+    try {
+      e.compiled = std::make_shared<const tmpl::Template>(e.source);
+    } catch (const tmpl::TemplateError& err) {
+      e.parse_error = err.what();
+    }
+    ct->entries_.push_back(std::move(e));
+  };
+  if (spec.is_string()) {
+    add("default", spec.get<std::string>());
+  } else if (spec.is_array()) {
+    for (const auto& t : spec)
+      if (t.is_object() && t.value("name", ojson()).is_string() && t.value("template", ojson()).is_string())
+        add(t.at("name").get<std::string>(), t.at("template").get<std::string>());
+  } else if (spec.is_object()) {  // {name: template}, as transformers saves a dict
+    for (const auto& [k, v] : spec.items())
+      if (v.is_string()) add(k, v.get<std::string>());
   }
+  return ct;
 }
 
-}  // namespace kiln
+std::string ChatTemplate::describe() const {
+  if (entries_.empty()) return "none";
+  std::string s;
+  for (const auto& e : entries_) {
+    if (!s.empty()) s += "; ";
+    s += "'" + e.name + "' from " + origin_ + ": ";
+    s += e.native_qwen3 ? "Qwen3, rendered natively"
+         : e.compiled   ? "Jinja, interpreted"
+                        : "does not parse: " + e.parse_error;
+  }
+  return s;
+}
+
+const ChatTemplate::Entry& ChatTemplate::pick(const ojson& request) const {
+  KILN_CHECK(!entries_.empty(), "this checkpoint has no chat template");
+  if (entries_.size() == 1) return entries_[0];
+  const bool tools = request.contains("tools") && !request.at("tools").is_null();
+  for (const char* want : {tools ? "tool_use" : "", "default"})
+    for (const auto& e : entries_)
+      if (e.name == want) return e;
+  KILN_FAIL("this checkpoint has several chat templates and none is named \"default\"");
+}
+
+std::string ChatTemplate::render(std::string_view request_json, bool allow_native) const {
+  KILN_CHECK(!entries_.empty(),
+             "this tokenizer has no chat template (tokenizer_config.json, chat_template.jinja "
+             "or chat_template.json)");
+  // The native path parses the request itself (and rejects what it cannot render) when it applies.
+  if (allow_native && entries_.size() == 1 && entries_[0].native_qwen3)
+    return render_qwen3_chat(request_json);
+  const ojson req = parse_json(request_json, "chat request");
+  KILN_CHECK(req.is_object(), "chat request must be a JSON object");
+  KILN_CHECK(req.contains("messages") && req.at("messages").is_array(),
+             "chat request needs a \"messages\" list");
+  const Entry& e = pick(req);
+  if (allow_native && e.native_qwen3) return render_qwen3_chat(request_json);
+  if (!e.compiled) KILN_FAIL("the chat template does not parse: ", e.parse_error);
+  // transformers: render(messages=..., tools=..., documents=..., add_generation_prompt=...,
+  // **{**special_tokens_map, **kwargs}).
+  tmpl::Value vars = tmpl::Value::object();
+  auto& items = vars.o->items;
+  items.emplace_back("messages", tmpl::from_json(req.at("messages")));
+  items.emplace_back("tools", tmpl::Value::none());
+  items.emplace_back("documents", tmpl::Value::none());
+  items.emplace_back("add_generation_prompt", tmpl::Value::boolean(false));
+  for (const auto& [k, v] : special_tokens_.items()) items.emplace_back(k, tmpl::from_json(v));
+  for (const auto& [k, v] : req.items())
+    if (k != "messages") vars.o->set(k, tmpl::from_json(v));
+  return e.compiled->render(vars);
+}
+
+std::string ChatTemplate::render(std::string_view request_json) const {
+  return render(request_json, true);
+}
+
+std::string ChatTemplate::render_interpreted(std::string_view request_json) const {
+  return render(request_json, false);
+}
+
+}  // namespace kiln::tok

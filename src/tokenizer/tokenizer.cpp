@@ -187,11 +187,15 @@ struct ModelTables {
 
 Tokenizer Tokenizer::load(const std::string& model_dir) {
   const std::string tj = model_dir + "/tokenizer.json", cj = model_dir + "/tokenizer_config.json";
+  const std::string jinja = model_dir + "/chat_template.jinja", ctj = model_dir + "/chat_template.json";
   KILN_CHECK(file_exists(tj), "no tokenizer.json in '", model_dir, "'");
-  return from_json(read_file(tj), file_exists(cj) ? read_file(cj) : std::string());
+  return from_json(read_file(tj), file_exists(cj) ? read_file(cj) : std::string(),
+                   file_exists(jinja) ? read_file(jinja) : std::string(),
+                   file_exists(ctj) ? read_file(ctj) : std::string());
 }
 
-Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json) {
+Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json,
+                               std::string_view chat_template_jinja, std::string_view chat_template_json) {
   auto impl = std::make_shared<Impl>();
   // model.vocab (151k entries) and model.merges are streamed out of the parser instead of becoming a DOM of
   // std::map nodes: that DOM was most of the load time.
@@ -295,23 +299,17 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     KILN_FAIL("tokenizer.json: unexpected structure: ", e.what());
   }
 
-  // tokenizer_config.json: chat template and eos token.
+  // tokenizer_config.json: eos token; the chat template from there or its own files.
   std::string eos;
   if (!tokenizer_config_json.empty()) {
     try {
       const json c = json::parse(tokenizer_config_json);
       eos = token_content(c.value("eos_token", json()));
-      const json& ct = c.value("chat_template", json());
-      if (ct.is_string()) {
-        impl->chat_template = ct.get<std::string>();
-      } else if (ct.is_array()) {  // named templates: use "default"
-        for (const auto& e : ct)
-          if (e.value("name", "") == "default") impl->chat_template = e.value("template", "");
-      }
     } catch (const json::exception& e) {
       KILN_FAIL("tokenizer_config.json is not valid: ", e.what());
     }
   }
+  impl->chat = tok::ChatTemplate::load(tokenizer_config_json, chat_template_jinja, chat_template_json);
   Tokenizer tk(impl);
   for (const std::string& name : {eos, std::string("<|im_end|>"), std::string("<|endoftext|>")}) {
     if (name.empty()) continue;
@@ -452,8 +450,11 @@ std::vector<int32_t> Tokenizer::eos_token_ids() const {
 }
 
 std::string Tokenizer::render_chat(std::string_view request_json) const {
-  KILN_CHECK(!impl_->chat_template.empty(), "this tokenizer has no chat_template in tokenizer_config.json");
-  return render_qwen3_chat(impl_->chat_template, request_json);
+  return impl_->chat->render(request_json);
+}
+
+std::string Tokenizer::chat_template_info() const {
+  return impl_->chat->describe();
 }
 
 StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)

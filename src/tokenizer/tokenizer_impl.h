@@ -9,6 +9,7 @@
 #include "kiln/tokenizer.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/post_processor.h"
 #include "tokenizer/pretokenizer.h"
 
@@ -26,12 +27,9 @@ struct Tokenizer::Impl {
   std::vector<std::string> id_bytes;  // decoded bytes of every id (empty string for holes)
   std::vector<uint8_t> id_kind;       // 0 hole, 1 model token, 2 added, 3 added special
   std::vector<int32_t> eos_ids;
-  std::string chat_template;  // from tokenizer_config.json ("" when absent)
+  std::shared_ptr<const tok::ChatTemplate> chat;  // never null; empty() when the checkpoint has none
 
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;  // after added-token splitting
 };
-
-// Renders the Qwen3 chat template natively (chat_template.cpp); throws for a template it does not know.
-std::string render_qwen3_chat(const std::string& chat_template, std::string_view request_json);
 
 }  // namespace kiln
