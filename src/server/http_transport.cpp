@@ -89,8 +89,10 @@ void append_chunk(std::string& wire, std::string_view data) {
 }
 
 bool is_http_parse_error(const error_code& ec) {
-  static const auto& cat = make_error_code(http::error::bad_target).category();
-  return &ec.category() == &cat && ec != http::error::end_of_stream && ec != http::error::partial_message;
+  // The category object is a static of Beast's; compare addresses (no reference kept to a temporary).
+  static const void* const cat = &make_error_code(http::error::bad_target).category();
+  return static_cast<const void*>(&ec.category()) == cat && ec != http::error::end_of_stream &&
+         ec != http::error::partial_message;
 }
 
 // I/O threads do little work each time they wake, and a CPU-bound engine (the CPU backend's pool) may share

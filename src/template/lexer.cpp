@@ -299,7 +299,19 @@ class Lexer {
         case 'U': {
           const size_t n = c == 'x' ? 2 : c == 'u' ? 4 : 8;
           if (i + n >= src_.size()) err(p, "truncated \\" + std::string(1, c) + " escape");
-          append_utf8(uint32_t(std::stoul(std::string(src_.substr(i + 1, n)), nullptr, 16)), v);
+          uint32_t cp = 0;
+          for (size_t k = 1; k <= n; ++k) {  // exactly n hex digits, as Python reads them
+            const char h = src_[i + k];
+            const int d = h >= '0' && h <= '9'   ? h - '0'
+                          : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                          : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                 : -1;
+            if (d < 0)
+              err(p, "bad \\" + std::string(1, c) + " escape: expected " + std::to_string(n) + " hex digits");
+            cp = cp * 16 + uint32_t(d);
+          }
+          if (cp > 0x10FFFF) err(p, "\\U escape out of range");
+          append_utf8(cp, v);
           i += n;
           break;
         }

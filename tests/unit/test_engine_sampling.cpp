@@ -189,7 +189,10 @@ TEST(EngineSampling, AHeldSampleCanBeAbortedAndFollowsAnAbortedLeader) {
   const RequestId a = engine->submit(lead, sink.cb());
   Request f = lead;
   f.after_prefill_of = a;
-  const RequestId b = engine->submit(f, sink.cb());
+  Request fb = f;
+  fb.sampling.max_new_tokens =
+      2000;  // b cannot finish on its own before the abort below, however slow we are
+  const RequestId b = engine->submit(fb, sink.cb());
   const RequestId c = engine->submit(f, sink.cb());
   engine->abort(b);  // held or not by now: it ends once, as an abort
   engine->abort(a);  // c is then admitted on its own

@@ -33,6 +33,12 @@ TEST(TemplateEngine, SyntaxErrorsNameTheLine) {
   expect_contains(error_of([] { Template("{% if x %}"); }), {"unexpected end of template", "endif"});
   expect_contains(error_of([] { Template("{{ a b }}"); }), {"expected '}}'"});
   expect_contains(error_of([] { Template("{% extends 'base' %}"); }), {"unsupported tag 'extends'"});
+  // Escapes take exactly their hex digits (a fuzzer's find: these used to escape as std::invalid_argument).
+  expect_contains(error_of([] { Template("{{ '\\xzz' }}"); }), {"bad \\x escape"});
+  expect_contains(error_of([] { Template("{{ '\\u12g4' }}"); }), {"bad \\u escape"});
+  expect_contains(error_of([] { Template("{{ '\\U-0000001' }}"); }), {"bad \\U escape"});
+  expect_contains(error_of([] { Template("{{ '\\UFFFFFFFF' }}"); }), {"out of range"});
+  EXPECT_EQ(render("{{ '\\x41\\u00e9\\U0001F600' }}"), "A\xc3\xa9\xf0\x9f\x98\x80");
 }
 
 TEST(TemplateEngine, RenderErrorsNameTheLineAndCause) {
