@@ -12,6 +12,7 @@
 #include "dist/local_comm.h"
 #include "dist/nccl_comm.h"
 #include "dist/rendezvous.h"
+#include "dist/shard_plan.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"
 
@@ -147,6 +148,63 @@ TEST(Rendezvous, BadInputAndDeadlinesAreClearErrors) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   RendezvousServer lonely("127.0.0.1", 0);
   EXPECT_THROW(lonely.serve("x", 1, 0.2), Error);  // no peer comes
+}
+
+ModelConfig shape(int64_t hq, int64_t hkv, int64_t inter, int64_t vocab) {
+  ModelConfig c;
+  c.num_heads = hq, c.num_kv_heads = hkv, c.intermediate_size = inter, c.vocab_size = vocab, c.head_dim = 128;
+  return c;
+}
+
+TEST(ShardPlan, PartitionsHeadsMlpAndVocabAndReplicatesKvHeadsPastTheirCount) {
+  for (const ModelConfig& c :
+       {shape(32, 8, 9728, 151936), shape(16, 8, 3072, 151936), shape(64, 8, 25600, 151936)})
+    for (int tp : {1, 2, 4, 8, 16}) {
+      if (c.num_heads % tp) continue;
+      int64_t q = 0, inter = 0, vocab = 0;
+      std::vector<int> kv_users(size_t(c.num_kv_heads), 0);
+      for (int r = 0; r < tp; ++r) {
+        const ShardPlan p = make_shard_plan(c, tp, r);
+        EXPECT_EQ(p.q_heads.begin, q) << tp << " " << r;  // contiguous, in rank order
+        q = p.q_heads.end;
+        EXPECT_EQ(p.intermediate.begin, inter);
+        inter = p.intermediate.end;
+        EXPECT_EQ(p.vocab.begin, vocab);
+        vocab = p.vocab.end;
+        // Every query head of the rank uses a KV head the rank holds.
+        const int64_t group = c.num_heads / c.num_kv_heads;
+        EXPECT_GE(p.q_heads.begin / group, p.kv_heads.begin);
+        EXPECT_LT((p.q_heads.end - 1) / group, p.kv_heads.end);
+        for (int64_t h = p.kv_heads.begin; h < p.kv_heads.end; ++h) ++kv_users[size_t(h)];
+        EXPECT_EQ(p.kv_replicas, tp > c.num_kv_heads ? tp / c.num_kv_heads : 1);
+        EXPECT_EQ(p.q_rows(128), (Range{p.q_heads.begin * 128, p.q_heads.end * 128}));
+      }
+      EXPECT_EQ(q, c.num_heads);
+      EXPECT_EQ(inter, c.intermediate_size);
+      EXPECT_EQ(vocab, c.vocab_size);
+      for (int u : kv_users) EXPECT_EQ(u, tp > c.num_kv_heads ? tp / c.num_kv_heads : 1) << "tp " << tp;
+    }
+  EXPECT_THROW(make_shard_plan(shape(32, 8, 9728, 100), 3, 0), Error);   // heads
+  EXPECT_THROW(make_shard_plan(shape(48, 6, 9216, 100), 8, 0), Error);   // tp above kv heads, not a multiple
+  EXPECT_THROW(make_shard_plan(shape(32, 8, 9730, 100), 4, 0), Error);   // intermediate
+  EXPECT_THROW(make_shard_plan(shape(32, 8, 9728, 100), 2, 2), Error);   // rank
+  const ShardPlan last = make_shard_plan(shape(32, 8, 9728, 10), 4, 3);  // ceil(10 / 4) = 3 rows each
+  EXPECT_EQ(last.vocab, (Range{9, 10}));
+}
+
+TEST(ShardPlan, RowAndColumnSlicesOfAStridedTensor) {
+  std::vector<uint16_t> w(5 * 8);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = uint16_t(i);
+  const Tensor t = Tensor::strided(w.data(), DType::bf16, {5, 6}, {8, 1});  // rows padded to 8
+  std::vector<uint16_t> rows(2 * 6), cols(5 * 2);
+  copy_rows(t, {1, 3}, rows.data());
+  copy_cols(t, {2, 4}, cols.data());
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 6; ++j) EXPECT_EQ(rows[size_t(i * 6 + j)], (1 + i) * 8 + j);
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 2; ++j) EXPECT_EQ(cols[size_t(i * 2 + j)], i * 8 + 2 + j);
+  EXPECT_THROW(copy_rows(t, {4, 6}, rows.data()), Error);
+  EXPECT_THROW(copy_cols(t, {3, 2}, cols.data()), Error);
 }
 
 TEST(Nccl, FactoriesSayWhetherTheBuildHasNccl) {
