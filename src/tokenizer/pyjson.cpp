@@ -1,55 +1,16 @@
 #include "tokenizer/pyjson.h"
 
-#include <charconv>
 #include <cmath>
 #include <cstdio>
+
+#include "template/value.h"
 
 namespace kiln::tok {
 
 std::string py_float_repr(double x) {
   if (std::isnan(x)) return "NaN";
   if (std::isinf(x)) return x > 0 ? "Infinity" : "-Infinity";  // json.dumps spells them so
-  char buf[64];
-  // Shortest round-trip digits in scientific form: [-]d[.ddd]e[+-]xx
-  const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
-  std::string s(buf, r.ptr);
-  std::string out;
-  size_t i = 0;
-  if (s[0] == '-') {
-    out += '-';
-    i = 1;
-  }
-  const size_t epos = s.find('e');
-  std::string digits;
-  for (size_t k = i; k < epos; ++k)
-    if (s[k] != '.') digits += s[k];
-  const int exp = std::stoi(s.substr(epos + 1));
-  // repr uses fixed notation for 1e-4 <= |x| < 1e16, exponent notation otherwise.
-  if (exp >= -4 && exp < 16) {
-    if (exp < 0) {
-      out += "0.";
-      out.append(size_t(-exp - 1), '0');
-      out += digits;
-    } else if (size_t(exp) + 1 >= digits.size()) {
-      out += digits;
-      out.append(size_t(exp) + 1 - digits.size(), '0');
-      out += ".0";
-    } else {
-      out += digits.substr(0, size_t(exp) + 1);
-      out += '.';
-      out += digits.substr(size_t(exp) + 1);
-    }
-    return out;
-  }
-  out += digits[0];
-  if (digits.size() > 1) {
-    out += '.';
-    out += digits.substr(1);
-  }
-  char e[16];
-  std::snprintf(e, sizeof e, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
-  out += e;
-  return out;
+  return tmpl::py_float_repr(x);                               // repr(float)'s digits and layout
 }
 
 namespace {

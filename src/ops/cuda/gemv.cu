@@ -98,13 +98,7 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
                      .ldo = ldo,
                      .n = n,
                      .k8 = k / 8,
-                     .pdl = pdl,
-                     .residual = nullptr,
-                     .norm_w = nullptr,
-                     .normed = nullptr,
-                     .ldr = 0,
-                     .ldn = 0,
-                     .eps = 0.0f};
+                     .pdl = pdl};
   const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t blocks = (out_cols + per_block - 1) / per_block;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");

@@ -25,12 +25,12 @@ struct GemvParams {
   int64_t k8;  // K / 8
   bool pdl;    // launched with PDL: prefetch the first W chunks into L2 before waiting
   // The add + RMSNorm epilogue (gemv_add_rms_norm; out is tmp, bf16): residual and normed [M, N] with row
-  // strides ldr, ldn (elements), norm_w [N / 8].
-  uint16_t* residual;
-  const uint4* norm_w;
-  uint16_t* normed;
-  int64_t ldr, ldn;
-  float eps;
+  // strides ldr, ldn (elements), norm_w [N / 8]; unset for the other epilogues.
+  uint16_t* residual = nullptr;
+  const uint4* norm_w = nullptr;
+  uint16_t* normed = nullptr;
+  int64_t ldr = 0, ldn = 0;
+  float eps = 0.0f;
 };
 
 // W is streamed once: 16-byte read-only loads that skip L1 (x keeps it) with a 256-byte L2 prefetch hint.
