@@ -30,6 +30,7 @@
 
 #include "kiln/config.h"
 #include "kiln/error.h"
+#include "vision/image_input.h"
 
 namespace kiln {
 
@@ -71,6 +72,11 @@ struct Request {
   // prompt is then prefilled once for all n samples. No effect with the prefix cache off or when that
   // request is not running any more.
   RequestId after_prefill_of = 0;
+  // Qwen3-VL: the request's images in prompt order. `prompt` already holds, for image i, the vision-start
+  // token, images[i].merged_tokens(merge) image-pad tokens, and the vision-end token (as transformers'
+  // processor expands them); the engine encodes the images and puts their embeddings at those pads.
+  // Must be empty for a text-only model.
+  std::vector<vision::ImagePatches> images;
 };
 
 struct TokenLogprob {
