@@ -130,8 +130,11 @@ Set make_set(const Shape& s, const Pool& pool, std::mt19937& rng) {
            .Hkv = kHkv,
            .D = kD,
            .scale = 1.0f / std::sqrt(float(kD)),
-           .max_q_len = s.q_len};
-  const size_t ws = cuda::paged_attention_workspace_bytes(set.p);
+           .max_q_len = s.q_len,
+           .prefill_pages = s.B * ((s.ctx + kPage - 1) / kPage)};
+  // The decode partials (paged_attention) or the fp8 prefill staging copy (paged_attention_prefill).
+  const size_t ws = std::max(cuda::paged_attention_workspace_bytes(set.p),
+                             cuda::paged_attention_prefill_workspace_bytes(set.p));
   if (ws > 0) set.ws = Buffer(ws, dev);
   return set;
 }
@@ -199,14 +202,20 @@ void run_prefill(const Env& env, std::vector<Row>& rows) {
       const Pool pool = make_pool(s);
       std::vector<Set> sets;
       for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
-      for (cuda::PrefillKernel k : {cuda::PrefillKernel::v1, cuda::PrefillKernel::v2, cuda::PrefillKernel::v3,
-                                    cuda::PrefillKernel::v4}) {
+      // v4 twice with an fp8 cache: through the bf16 staging copy (the default) and without it.
+      const int variants = fp8 ? 5 : 4;
+      for (int vi = 0; vi < variants; ++vi) {
+        const cuda::PrefillKernel k = cuda::PrefillKernel(std::min(vi, 3));
+        const bool staged = vi == 3 && fp8;
         cuda::set_prefill_kernel(k);
-        Row r{"attention", std::string("prefill ") + cuda::prefill_kernel_name(k), shape_name(s)};
+        Row r{"attention",
+              std::string("prefill ") + cuda::prefill_kernel_name(k) + (vi == 4 ? " unstaged" : ""),
+              shape_name(s)};
         r.bytes = bytes_moved(s);
         r.us = time_cold_us(env, [&](int i) {
           const Set& set = sets[size_t(i) % sets.size()];
-          cuda::paged_attention_prefill(set.p, /*skip_single_rows=*/false, env.stream);
+          cuda::paged_attention_prefill(set.p, /*skip_single_rows=*/false, vi == 4 ? nullptr : set.ws.data(),
+                                        env.stream);
         });
         KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
         const double pairs = double(s.q_len) * (s.q_len + 1) / 2;  // causal (query, key) pairs, ctx == q_len
@@ -217,7 +226,9 @@ void run_prefill(const Env& env, std::vector<Row>& rows) {
         if (k == cuda::PrefillKernel::v4)
           what = !cuda::prefill_v4_applies(sets[0].p)   ? "v4 does not apply here: ran v3"
                  : cuda::prefill_v4_uses_tma(sets[0].p) ? "wgmma, TMA tiles"
-                                                        : "wgmma, fp8 widened by the producer warpgroup";
+                 : staged && cuda::prefill_fp8_staging_bytes(sets[0].p) > 0
+                     ? "fp8 staged to bf16, then wgmma + TMA"
+                     : "wgmma, fp8 widened by the producer warpgroup";
         char path[112];
         std::snprintf(path, sizeof(path), "%s, %.3g FLOP, %.1f TFLOP/s", what, flop,
                       flop / (r.us * 1e-6) / 1e12);

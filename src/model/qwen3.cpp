@@ -206,6 +206,8 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   att.page_table = pt;
   att.out = attn;
   att.scale = float(1.0 / std::sqrt(double(D)));
+  for (int64_t s = 0; s < B; ++s)
+    if (b.q_len(int(s)) >= 2) att.prefill_pages += (b.kv_lens[size_t(s)] + b.page_size - 1) / b.page_size;
   w.prep = prep;
   w.att = att;
 }

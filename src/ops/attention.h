@@ -37,6 +37,9 @@ struct PagedAttentionArgs {
   Tensor page_table;  // i32 [B, pages_stride]
   Tensor out;         // bf16 [T, Hq, D]
   float scale = 0.0f;
+  // Host bound on sum over the sequences with q_len >= 2 of ceil(kv_len / page_size) (0 = unknown): lets the
+  // CUDA backend stage an fp8 cache's prefill pages as bf16 (ops/cuda/attention.h). Ignored on the CPU.
+  int32_t prefill_pages = 0;
 };
 
 void paged_attention(const PagedAttentionArgs& args);

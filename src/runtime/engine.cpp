@@ -1,6 +1,8 @@
 // Engine: the thread, the request table and the step loop. See README.md for the invariants.
 #include "runtime/engine.h"
 
+#include <pthread.h>
+
 #include <cmath>
 
 #include "runtime/engine_impl.h"
@@ -109,7 +111,12 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   I.counters.tpot =
       Histogram::with_bounds({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5});
   I.publish(true);
-  I.thread = std::thread([this] { impl_->loop(); });
+  I.thread = std::thread([this] {
+    // Named so that per-thread CPU accounting (/proc/PID/task/*/comm, top -H) tells the engine from the
+    // HTTP layer's threads (bench/http_scale_device.sh).
+    pthread_setname_np(pthread_self(), "kiln-engine");
+    impl_->loop();
+  });
 }
 
 Engine::~Engine() {

@@ -185,7 +185,11 @@ struct AttnSetup {
     }
   }
 
-  cuda::PagedAttnParams params(void* out) const {
+  // staged: prefill_pages covers every sequence (an upper bound), so an fp8 cache's prefill goes through the
+  // bf16 staging copy where it applies; false leaves it 0 (v4 widens fp8 rows in its producer).
+  cuda::PagedAttnParams params(void* out, bool staged = true) const {
+    int32_t pages = 0;
+    for (int b = 0; b < B; ++b) pages += (kv_lens[size_t(b)] + c.page_size - 1) / c.page_size;
     const int64_t s_row = c.hnd ? c.D : int64_t(c.Hkv) * c.D;
     const int64_t s_head = c.hnd ? int64_t(c.page_size) * c.D : c.D;
     const int64_t s_page = int64_t(c.page_size) * c.Hkv * c.D;
@@ -217,7 +221,8 @@ struct AttnSetup {
             .Hq = c.Hq,
             .Hkv = c.Hkv,
             .D = c.D,
-            .scale = float(1.0 / std::sqrt(double(c.D)))};
+            .scale = float(1.0 / std::sqrt(double(c.D))),
+            .prefill_pages = staged ? pages : 0};
   }
 
   double rel_err(const std::vector<bf16_t>& got) const {
@@ -293,13 +298,18 @@ struct UseKernels {
 // pdl: launched with programmatic dependent launch on a stream of its own (each kernel may start before the
 // previous one ends and must wait for it with griddepcontrol.wait before reading its inputs), as the model's
 // graphs run them.
-inline std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0, bool pdl = false) {
+// staged: see AttnSetup::params.
+inline std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0, bool pdl = false,
+                               bool staged = true) {
   const size_t n = size_t(s.T) * s.c.Hq * s.c.D;
   Buffer out(n * 2, Device::cuda());
   copy_bytes(out.data(), Device::cuda(), std::vector<uint16_t>(n, 0x7fc0).data(), Device::cpu(), n * 2);
-  const auto p = s.params(out.data());
+  const auto p = s.params(out.data(), staged);
   const size_t forced = size_t(s.B) * s.c.Hq * std::max(force_splits, 1) * (s.c.D + 2) * 4;
-  const size_t ws_bytes = std::max(cuda::paged_attention_workspace_bytes(p), forced) + 256;
+  // Forced splits' partials, then the fp8 staging copy (or the staging copy alone at offset 0 for
+  // paged_attention_prefill); poisoned like the rest.
+  const size_t ws_bytes = cuda::paged_attention_workspace_bytes(p) + forced +
+                          cuda::paged_attention_prefill_workspace_bytes(p) + 512;
   Buffer ws(ws_bytes, Device::cuda());
   // NaN everywhere: a split the combine reads but no decode block wrote poisons the output.
   copy_bytes(ws.data(), Device::cuda(), std::vector<uint8_t>(ws_bytes, 0xff).data(), Device::cpu(), ws_bytes);
@@ -316,7 +326,7 @@ inline std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 
       cuda::paged_attention_decode(p, ws.data(), st, force_splits, pdl);
       break;
     case Kernel::prefill:
-      cuda::paged_attention_prefill(p, false, st, pdl);
+      cuda::paged_attention_prefill(p, false, ws.data(), st, pdl);
       break;
   }
   if (st) {

@@ -334,15 +334,36 @@ bool attn_debug() {
 
 std::string v4_path(const AttnSetup& s) {
   const auto p = s.params(nullptr);
-  return !cuda::prefill_v4_applies(p)   ? "v4 does not apply here (ran v3)"
-         : cuda::prefill_v4_uses_tma(p) ? "v4 (TMA tiles)"
-                                        : "v4 (gathered tiles)";
+  return !cuda::prefill_v4_applies(p)             ? "v4 does not apply here (ran v3)"
+         : cuda::prefill_v4_uses_tma(p)           ? "v4 (TMA tiles)"
+         : cuda::prefill_fp8_staging_bytes(p) > 0 ? "v4 (fp8 staged as bf16, TMA tiles)"
+                                                  : "v4 (gathered tiles)";
 }
 
 size_t non_finite(const std::vector<bf16_t>& got) {
   size_t n = 0;
   for (const auto& x : got) n += !std::isfinite(bf16_to_f32(x));
   return n;
+}
+
+size_t bit_diffs(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i].bits != b[i].bits;
+  return n;
+}
+
+// An fp8 cache: prefill v4 through the bf16 staging copy and without it give the same bits, alone and routed
+// beside the decode kernel (the copy then follows the decode partials in the workspace), eager and with PDL.
+void expect_fp8_staging_bitwise(const AttnSetup& s, const std::string& what) {
+  if (!s.c.fp8) return;
+  SCOPED_TRACE(what + ": fp8 staged vs unstaged");
+  const UseKernels use(Gen::v4);
+  for (Kernel k : {Kernel::prefill, Kernel::routed}) {
+    const auto staged = run(s, k), unstaged = run(s, k, 0, false, /*staged=*/false);
+    EXPECT_EQ(non_finite(staged), 0u) << s.first_mismatch(staged);
+    EXPECT_EQ(bit_diffs(staged, unstaged), 0u) << (k == Kernel::prefill ? "prefill" : "routed");
+    EXPECT_EQ(bit_diffs(staged, run(s, k, 0, /*pdl=*/true)), 0u) << "PDL, staged";
+  }
 }
 
 // Prefill v4 against fp64 and against v3 (within v4's agreement tolerance), every output written, a PDL
@@ -367,6 +388,7 @@ double check_v4(const AttnSetup& s, const std::string& what) {
   size_t diff = 0;
   for (size_t i = 0; i < v4.size(); ++i) diff += v4[i].bits != pdl[i].bits;
   EXPECT_EQ(diff, 0u) << "PDL launch differs";
+  expect_fp8_staging_bitwise(s, what);
   if (attn_debug()) {
     std::printf("[v4 debug] %s, %s: rel err v4 %.3g (v3 %.3g), max |v3 - v4| %.3g; %s\n", what.c_str(),
                 v4_path(s).c_str(), err, s.rel_err(v3), max_abs, s.first_mismatch(v4).c_str());
@@ -397,6 +419,35 @@ TEST(CudaAttention, PrefillV4Smoke) {
       const AttnSetup s(c, seed++);
       check_v4(s, std::string(fp8 ? "fp8" : "bf16") + (hnd ? " HND" : " NHD"));
     }
+}
+
+// A small fp8 grid for compute-sanitizer (bench/attention_device.sh sanitize runs memcheck, racecheck and
+// synccheck on it): decode v3's 128-key fp8 tiles (scales by cp.async on the stage barrier) and prefill v4,
+// staged and unstaged, over pages of 16, 32 and 64 rows (TMA) and 24 (cp.async; no staging), both layouts,
+// head_dim 64 and 128, against fp64.
+TEST(CudaAttention, Fp8SmallGridForSanitizers) {
+  KILN_REQUIRE_GPU();
+  uint32_t seed = 1300;
+  for (int ps : {16, 24, 32, 64})
+    for (bool hnd : {false, true})
+      for (int D : {64, 128}) {
+        Case c{.q_lens = {1, 7, 1, 33},
+               .kv_lens = {1, 40, 200, 300},
+               .Hq = 8,
+               .Hkv = 2,
+               .D = D,
+               .page_size = ps,
+               .hnd = hnd,
+               .fp8 = true};
+        const AttnSetup s(c, seed++);
+        const std::string what =
+            "page " + std::to_string(ps) + (hnd ? " HND" : " NHD") + " D " + std::to_string(D);
+        const UseKernels use(Gen::v4);
+        const auto got = run(s, Kernel::routed);
+        EXPECT_LE(s.rel_err(got), 1.0 / 128) << what << ": " << s.first_mismatch(got);
+        EXPECT_EQ(non_finite(got), 0u) << what << ": " << s.first_mismatch(got);
+        expect_fp8_staging_bitwise(s, what);
+      }
 }
 
 TEST(CudaAttention, PrefillV4OddLengthsBatch19) {

@@ -141,17 +141,44 @@ int paged_attention_decode_splits(const PagedAttnParams& p) {
   return decode_launch_splits(p, 0, effective_decode_kernel(p), &chunk);
 }
 
+namespace {
+
+// The decode partials' bytes (force_splits > 0: that many splits), rounded up to 256: the fp8 prefill
+// staging copy follows them in the workspace.
+size_t decode_workspace_bytes(const PagedAttnParams& p, int force_splits) {
+  int splits = force_splits, chunk = 0;
+  if (splits <= 0) decode_split(p, 0, &splits, &chunk);
+  // One entry per sequence (attention_common.cuh decode_ws_slot), however many prefill rows the step has.
+  const size_t bytes = splits <= 1 ? 0 : size_t(p.B) * p.Hq * splits * (p.D + 2) * sizeof(float);
+  return (bytes + 255) / 256 * 256;
+}
+
+// Whether paged_attention launches the prefill kernel for p (see its routing).
+bool has_prefill_rows(const PagedAttnParams& p) {
+  return !(p.T == p.B || p.max_q_len == 1);
+}
+
+}  // namespace
+
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
   // Callers size the workspace before they capture graphs: probing here which decode kernel runs (its
   // once-per-device query of the loaded sm_90a code) keeps that query out of any capture.
   (void)effective_decode_kernel(p);
-  int splits = 0, chunk = 0;
-  decode_split(p, 0, &splits, &chunk);
-  // One entry per sequence (attention_common.cuh decode_ws_slot), however many prefill rows the step has.
-  return splits <= 1 ? 0 : size_t(p.B) * p.Hq * splits * (p.D + 2) * sizeof(float);
+  const size_t staging = has_prefill_rows(p) ? prefill_fp8_staging_bytes(p) : 0;
+  return staging == 0 && decode_workspace_bytes(p, 0) == 0 ? 0 : decode_workspace_bytes(p, 0) + staging;
+}
+
+size_t paged_attention_prefill_workspace_bytes(const PagedAttnParams& p) {
+  return prefill_fp8_staging_bytes(p);
 }
 
 namespace {
+
+// The prefill rows: through the fp8 staging copy where it applies, else the chosen kernel.
+void prefill(const PagedAttnParams& p, bool skip_single_rows, void* staging, cudaStream_t stream, bool pdl) {
+  if (launch_prefill_fp8_staged(p, skip_single_rows, staging, stream, pdl)) return;
+  launch_prefill(p, skip_single_rows, prefill_kernel(), stream, pdl);
+}
 
 void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits, bool all_rows,
             bool pdl) {
@@ -173,10 +200,11 @@ void paged_attention_decode(const PagedAttnParams& p, void* workspace, cudaStrea
   decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
 }
 
-void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl) {
+void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, void* workspace,
+                             cudaStream_t stream, bool pdl) {
   validate(p);
   if (p.B == 0 || p.T == 0) return;
-  launch_prefill(p, skip_single_rows, prefill_kernel(), stream, pdl);
+  prefill(p, skip_single_rows, workspace, stream, pdl);
 }
 
 void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits,
@@ -190,7 +218,9 @@ void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t str
     return;
   }
   decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
-  launch_prefill(p, /*skip_single_rows=*/true, prefill_kernel(), stream, pdl);
+  void* staging =
+      workspace ? static_cast<uint8_t*>(workspace) + decode_workspace_bytes(p, force_splits) : nullptr;
+  prefill(p, /*skip_single_rows=*/true, staging, stream, pdl);
 }
 
 }  // namespace kiln::cuda

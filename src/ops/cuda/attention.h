@@ -82,6 +82,10 @@ struct PagedAttnParams {
   int32_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 0.0f;
   int32_t max_q_len = 0;  // host bound on q_len over sequences; 0 = unknown
+  // Host bound (>= the exact count) on sum over the sequences the prefill kernel runs of
+  // ceil(kv_len / page_size); 0 = unknown. With an fp8 cache and prefill v4 it sizes the bf16 staging copy
+  // of those pages (prefill_fp8_staging_bytes); unknown: v4 widens the fp8 rows in its producer warpgroup.
+  int32_t prefill_pages = 0;
 };
 
 enum class DecodeKernel : uint8_t { v1, v2, v3 };
@@ -110,17 +114,27 @@ bool prefill_v3_applies(const PagedAttnParams& p);
 // producer warpgroup gathers them. KILN_ATTN_V4_SERIAL=1 turns off its softmax / P V overlap (debugging).
 bool prefill_v4_applies(const PagedAttnParams& p);
 bool prefill_v4_uses_tma(const PagedAttnParams& p);
+// FP8 prefill through staging (attention_prefill_fp8_staging.cu): with an fp8 cache, prefill v4 chosen and
+// applying, prefill_pages > 0, pages of 16, 32, 64 or 128 rows and tensor maps available, the pages v4 will
+// read are first widened (exactly) into a bf16 copy in the workspace, which v4 then reads with TMA: bitwise
+// the unstaged output, about twice as fast (docs/PERF.md). The bytes that copy needs (the page table of the
+// copy, then its K and V pages), or 0 where staging does not apply or would exceed
+// KILN_ATTN_FP8_STAGING_MB (MiB, default 256; 0 turns it off).
+size_t prefill_fp8_staging_bytes(const PagedAttnParams& p);
 
-// Bytes of workspace paged_attention needs for these shapes (0 when no split is used): one entry per
-// sequence, whatever the number of prefill rows.
+// Bytes of workspace paged_attention needs for these shapes: the decode splits' partials (0 when no split is
+// used; one entry per sequence, whatever the number of prefill rows), rounded up to 256 bytes, then the fp8
+// prefill staging copy where it applies (prefill_fp8_staging_bytes; only when the launch has prefill rows).
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
+// Bytes of workspace paged_attention_prefill needs (the staging copy alone, at offset 0).
+size_t paged_attention_prefill_workspace_bytes(const PagedAttnParams& p);
 // The decode splits paged_attention launches for these shapes with the current decode kernel (1: no combine).
 int paged_attention_decode_splits(const PagedAttnParams& p);
 
 // Validates p (D in {32, 64, 128} (fp8: 64, 128), Hq % Hkv == 0, Hq / Hkv in 1..6 or 8, page_size > 0,
 // alignment) and launches. workspace: device memory of paged_attention_workspace_bytes(p) bytes (may be null
 // when that is 0). force_splits in [1, 128] overrides the decode split count (tests; the workspace must then
-// hold B * Hq * force_splits * (D + 2) floats).
+// hold B * Hq * force_splits * (D + 2) floats, rounded up to 256 bytes, before the staging copy).
 void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits = 0,
                      bool pdl = false);
 
@@ -128,7 +142,7 @@ void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t str
 // kernel handles sequences with q_len == 1, the prefill kernel every sequence with q_len >= 1.
 void paged_attention_decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream,
                             int force_splits = 0, bool pdl = false);
-void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream,
-                             bool pdl = false);
+void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, void* workspace,
+                             cudaStream_t stream, bool pdl = false);
 
 }  // namespace kiln::cuda

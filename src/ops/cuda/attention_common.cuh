@@ -111,6 +111,10 @@ void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int
 void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
                     cudaStream_t stream, bool pdl);
 bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl);
+// Stages an fp8 cache's pages into `staging` (prefill_fp8_staging_bytes(p) bytes) and runs v4 on the copy;
+// false (launching nothing) where staging does not apply or staging is null.
+bool launch_prefill_fp8_staged(const PagedAttnParams& p, bool skip_single_rows, void* staging,
+                               cudaStream_t stream, bool pdl);
 
 // KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (32, 64 or 128); any other
 // head_dim is an error. KILN_DISPATCH_KV_DTYPE likewise with `constexpr KvDtype kKT`.

@@ -155,7 +155,8 @@ void paged_attention(const PagedAttentionArgs& a) {
                         .Hkv = int32_t(c.k.shape[nhd ? 2 : 1]),
                         .D = int32_t(a.q.shape[2]),
                         .scale = a.scale,
-                        .max_q_len = 0};
+                        .max_q_len = 0,
+                        .prefill_pages = a.prefill_pages};
   const size_t ws = kc::paged_attention_workspace_bytes(p);
   kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0, kc::pdl_enabled());
 }
