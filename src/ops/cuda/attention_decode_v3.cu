@@ -55,11 +55,7 @@ struct V3Cfg {
   static constexpr int kCopies = kTile * kPieces / kThreads;  // K (and V) pieces per thread per tile
   static constexpr int kRowStep = kThreads / kPieces;         // rows between a thread's pieces
   static constexpr int kStageBytes = 2 * kTile * kRowBytes;
-#ifdef KILN_DECODE_V3_STAGES  // an experiment's override (a build flag; the rule below is the default)
-  static constexpr int kStages = KILN_DECODE_V3_STAGES;
-#else
   static constexpr int kStages = kStageBytes >= 32 * 1024 ? 3 : 4;
-#endif
   static_assert(!kFp8 || D == 128, "fp8: D 128");
   // fp8: per stage and key, the 4-byte word holding its K scales, then the same for V (issue_scales).
   static constexpr int kScaleBytes = kStages * 2 * kTile * 4;

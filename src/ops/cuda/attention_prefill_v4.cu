@@ -56,15 +56,6 @@ bool v4_tma_allowed() {
   static const bool allowed = !env_flag("KILN_ATTN_V4_NO_TMA");
   return allowed;
 }
-// KILN_ATTN_V4_PINGPONG=0: the consumer warpgroups issue their MMAs independently (A/B of the
-// inter-warpgroup schedule; the same arithmetic, so the same bits).
-bool v4_pingpong() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_ATTN_V4_PINGPONG");
-    return !(v && std::string(v) == "0");
-  }();
-  return on;
-}
 
 template <int D>
 void launch_d(const LaunchCfg& cfg, const PrefillV4Params& prm) {
@@ -91,7 +82,6 @@ bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStre
   prm.p = p;
   prm.skip_single = skip_single_rows ? 1 : 0;
   prm.G = p.Hq / p.Hkv;
-  prm.pingpong = v4_pingpong() ? 1 : 0;
   if (prefill_v4_uses_tma(p)) {
     prm.rows_dim1 = p.s_row <= p.s_head ? 1 : 0;
     prm.use_tma = encode_kv_map(&prm.tmap_k, p.k, p, prm.rows_dim1 != 0) &&

@@ -38,7 +38,6 @@ struct PrefillV4Params {
   int32_t rows_dim1 = 0;
   int32_t skip_single = 0;  // skip sequences with q_len == 1 (the decode kernel's)
   int32_t G = 1;            // Hq / Hkv
-  int32_t pingpong = 0;     // 1: the two consumer warpgroups take turns issuing their MMAs (see the kernel)
 };
 
 // Instantiated for D in {64, 128} and both cache dtypes (attention_prefill_v4_d64.cu, _d128.cu). overlap:

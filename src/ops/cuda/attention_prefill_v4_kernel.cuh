@@ -35,11 +35,8 @@
 //       sum l of unrounded p, O rescaled by 2^(m_old - m_new)), P rounded to bf16 in registers, waits V,
 //       O += P V (m64nDk16, A = P from registers, B = V MN-major from shared memory); each warp releases
 //       K once S is done and V once P V is. Pipelined (the default): S_j is issued before P_{j-1} V_{j-1}
-//       and tile j's softmax runs while that product is in flight. With pingpong (the default) the two
-//       consumers also take turns issuing their MMAs (named barriers 4 and 5, FlashAttention-3's
-//       inter-warpgroup schedule): consumer 0 issues tile j's products, then consumer 1 issues its own while
-//       consumer 0 runs its softmax, so the tensor cores are fed by one warpgroup while the other does the
-//       exponentials. Finally O / l, one bf16 rounding, stored to out[token, hk G + g, :].
+//       and tile j's softmax runs while that product is in flight. Finally O / l, one bf16 rounding,
+//       stored to out[token, hk G + g, :].
 //   Shared memory (1024-aligned): Q [2 warpgroups][D / 64][64 rows][128 B]; K and V [S][D / 64][128 keys]
 //   [128 B]; fullK[S], fullV[S] (count 1 + TMA bytes), emptyK[S], emptyV[S] (count 8: every consumer warp).
 // Numerics: fp32 scores and softmax (exp2 of log2-scaled scores), P rounded once to bf16 for the P V MMA
@@ -378,46 +375,27 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     }
   };
 
-  // Ping-pong: each MMA-issuing phase of consumer c runs between bar.sync(4 + c) and bar.arrive(5 - c) over
-  // both consumers' 256 threads; consumer 1 opens with an arrival on consumer 0's barrier so that consumer 0
-  // goes first. Both consumers have n_tiles + 1 phases (S_0, then S_j with P_{j-1} V_{j-1}, then the last
-  // P V); consumer 1 skips its last arrival, which no phase of consumer 0 would consume.
-  const bool pingpong = prm.pingpong != 0;
-  int phase = 0;
-  const auto turn_begin = [&] {
-    if (pingpong) sm90::named_bar_sync(4 + c, 256);
-  };
-  const auto turn_end = [&] {
-    if (pingpong && !(c == 1 && phase == n_tiles)) sm90::named_bar_arrive(5 - c, 256);
-    ++phase;
-  };
-  if (pingpong && c == 1) sm90::named_bar_arrive(4, 256);
-
   if constexpr (kOverlap) {
     // S_j = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of tile j runs while that
     // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. K_j
     // is released as soon as S_j is done, V_{j-1} when its product is.
     wait_full(full_k(0), 0);
-    turn_begin();
     sm90::wgmma_fence();
     issue_qk(0);
     sm90::wgmma_commit();
-    turn_end();
     sm90::wgmma_wait<0>();
     release(false, 0);
     softmax(0);
     rescale_and_pack();
     for (int j = 1; j < n_tiles; ++j) {
       wait_full(full_k(j), j);
-      wait_full(full_v(j - 1), j - 1);
-      turn_begin();
       sm90::wgmma_fence();
       issue_qk(j);
       sm90::wgmma_commit();
+      wait_full(full_v(j - 1), j - 1);
       sm90::wgmma_fence();
       issue_pv(j - 1);
       sm90::wgmma_commit();
-      turn_end();
       sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       release(false, j);
       softmax(j);
@@ -426,19 +404,14 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       rescale_and_pack();
     }
     wait_full(full_v(n_tiles - 1), n_tiles - 1);
-    turn_begin();
     sm90::wgmma_fence();
     issue_pv(n_tiles - 1);
     sm90::wgmma_commit();
-    turn_end();
     sm90::wgmma_wait<0>();
     release(true, n_tiles - 1);
   } else {
-    // Serial: the phases are S_0 .. S_{n-1} with each tile's P V in the same turn after its softmax, and
-    // one empty closing turn, so both consumers again count n_tiles + 1.
     for (int j = 0; j < n_tiles; ++j) {
       wait_full(full_k(j), j);
-      turn_begin();
       sm90::wgmma_fence();
       issue_qk(j);
       sm90::wgmma_commit();
@@ -452,10 +425,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
       release(true, j);
-      turn_end();
     }
-    turn_begin();
-    turn_end();
   }
 
 #pragma unroll

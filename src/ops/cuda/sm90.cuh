@@ -76,11 +76,6 @@ __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Arrive at named barrier `id` without waiting (the producer side of a bar.sync over `threads`).
-__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Register rebalancing between warpgroups (every warp of the warpgroup executes it).
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
