@@ -115,7 +115,9 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
   int s = int(std::min<int64_t>(splits, (reach + kDecodeV2MinChunk - 1) / kDecodeV2MinChunk));
   if (k == DecodeKernel::v3) {
     const int64_t pairs = int64_t(std::max(p.B, 1)) * p.Hkv;
-    const int64_t slots = int64_t(sm_count()) * decode_v3_blocks_per_sm(p);
+    // Splits for at most 2 blocks per SM: fp8 blocks reside 3 to an SM, but splitting for 3 made B = 1
+    // and 8 slower (more, shorter splits; H200, docs/PERF.md).
+    const int64_t slots = int64_t(sm_count()) * std::min(2, decode_v3_blocks_per_sm(p));
     s = int(std::clamp<int64_t>(slots / pairs, 1, s));
   }
   return s;

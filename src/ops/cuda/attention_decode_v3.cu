@@ -55,7 +55,10 @@ struct V3Cfg {
   static constexpr int kCopies = kTile * kPieces / kThreads;  // K (and V) pieces per thread per tile
   static constexpr int kRowStep = kThreads / kPieces;         // rows between a thread's pieces
   static constexpr int kStageBytes = 2 * kTile * kRowBytes;
-  static constexpr int kStages = kStageBytes >= 32 * 1024 ? 3 : 4;
+  // fp8: 2 stages of 128 keys, so 3 blocks share an SM (registers capped at 168 by the launch bounds):
+  // measured 854 -> 743 us at B=128 ctx 9216 (H200); bf16 keeps 3 stages and 2 blocks (2 stages: 1156 ->
+  // 1212 us), docs/PERF.md.
+  static constexpr int kStages = kFp8 ? 2 : kStageBytes >= 32 * 1024 ? 3 : 4;
   static_assert(!kFp8 || D == 128, "fp8: D 128");
   // fp8: per stage and key, the 4-byte word holding its K scales, then the same for V (issue_scales).
   static constexpr int kScaleBytes = kStages * 2 * kTile * 4;
