@@ -158,6 +158,7 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
   std::mt19937 rng(7);
   const Shape shapes[] = {{1, 1024}, {1, 8192}, {8, 1024}, {32, 1024}, {64, 9216}, {128, 9216}};
   const cuda::DecodeKernel before = cuda::decode_kernel();
+  const bool fold_before = cuda::decode_v3_fold_enabled();
   for (bool fp8 : {false, true}) {
     for (Shape s : shapes) {
       s.fp8 = fp8;
@@ -165,14 +166,22 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
       const Pool pool = make_pool(s);
       std::vector<Set> sets;
       for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
-      for (cuda::DecodeKernel k : {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2, cuda::DecodeKernel::v3}) {
+      // v3 twice where it splits: its folded combine (the default) and the separate combine kernel.
+      for (int vi = 0; vi < 4; ++vi) {
+        const cuda::DecodeKernel k = cuda::DecodeKernel(std::min(vi, 2));
         if (k == cuda::DecodeKernel::v1 && s.B * s.ctx > 32 * 1024) continue;  // v1: measured before, slow
         cuda::set_decode_kernel(k);
+        cuda::set_decode_v3_fold(vi != 3);
         const int splits = cuda::paged_attention_decode_splits(sets[0].p);
-        Row r{"attention", std::string("decode ") + cuda::decode_kernel_name(k), shape_name(s)};
+        if (vi == 3 && splits <= 1) continue;
+        Row r{"attention",
+              std::string("decode ") + cuda::decode_kernel_name(k) + (vi == 3 ? " unfolded" : ""),
+              shape_name(s)};
         r.bytes = bytes_moved(s);
-        r.path =
-            "decode" + std::string(splits > 1 ? " + combine, splits=" + std::to_string(splits) : ", 1 split");
+        const bool folded = k == cuda::DecodeKernel::v3 && splits > 1 && cuda::decode_v3_fold_enabled();
+        r.path = "decode" + std::string(splits > 1 ? (folded ? ", folded combine" : " + combine") +
+                                                         std::string(", splits=") + std::to_string(splits)
+                                                   : ", 1 split");
         auto launch = [&](int i) {
           const Set& set = sets[size_t(i) % sets.size()];
           cuda::paged_attention(set.p, set.ws.data(), env.stream);
@@ -190,6 +199,7 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
     }
   }
   cuda::set_decode_kernel(before);
+  cuda::set_decode_v3_fold(fold_before);
 }
 
 void run_prefill(const Env& env, std::vector<Row>& rows) {
