@@ -158,7 +158,6 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
   std::mt19937 rng(7);
   const Shape shapes[] = {{1, 1024}, {1, 8192}, {8, 1024}, {32, 1024}, {64, 9216}, {128, 9216}};
   const cuda::DecodeKernel before = cuda::decode_kernel();
-  const bool fold_before = cuda::decode_v3_fold_enabled();
   for (bool fp8 : {false, true}) {
     for (Shape s : shapes) {
       s.fp8 = fp8;
@@ -166,22 +165,14 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
       const Pool pool = make_pool(s);
       std::vector<Set> sets;
       for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
-      // v3 twice where it splits: its folded combine (the default) and the separate combine kernel.
-      for (int vi = 0; vi < 4; ++vi) {
-        const cuda::DecodeKernel k = cuda::DecodeKernel(std::min(vi, 2));
+      for (cuda::DecodeKernel k : {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2, cuda::DecodeKernel::v3}) {
         if (k == cuda::DecodeKernel::v1 && s.B * s.ctx > 32 * 1024) continue;  // v1: measured before, slow
         cuda::set_decode_kernel(k);
-        cuda::set_decode_v3_fold(vi != 3);
         const int splits = cuda::paged_attention_decode_splits(sets[0].p);
-        if (vi == 3 && splits <= 1) continue;
-        Row r{"attention",
-              std::string("decode ") + cuda::decode_kernel_name(k) + (vi == 3 ? " unfolded" : ""),
-              shape_name(s)};
+        Row r{"attention", std::string("decode ") + cuda::decode_kernel_name(k), shape_name(s)};
         r.bytes = bytes_moved(s);
-        const bool folded = k == cuda::DecodeKernel::v3 && splits > 1 && cuda::decode_v3_fold_enabled();
-        r.path = "decode" + std::string(splits > 1 ? (folded ? ", folded combine" : " + combine") +
-                                                         std::string(", splits=") + std::to_string(splits)
-                                                   : ", 1 split");
+        r.path =
+            "decode" + std::string(splits > 1 ? " + combine, splits=" + std::to_string(splits) : ", 1 split");
         auto launch = [&](int i) {
           const Set& set = sets[size_t(i) % sets.size()];
           cuda::paged_attention(set.p, set.ws.data(), env.stream);
@@ -199,7 +190,6 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
     }
   }
   cuda::set_decode_kernel(before);
-  cuda::set_decode_v3_fold(fold_before);
 }
 
 void run_prefill(const Env& env, std::vector<Row>& rows) {

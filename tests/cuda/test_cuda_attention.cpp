@@ -450,51 +450,6 @@ TEST(CudaAttention, Fp8SmallGridForSanitizers) {
       }
 }
 
-// Decode v3's folded combine (the last split block of a row merges the partials) against the separate combine
-// kernel: the same bits for every row, whatever the split count (shape-chosen and forced), both cache dtypes
-// and layouts, one-row and multi-row (all_rows) launches, PDL; and launched three times in a row (the
-// completion counters must be back at 0 after each launch).
-TEST(CudaAttention, DecodeV3FoldedCombineBitwise) {
-  KILN_REQUIRE_GPU();
-  struct Restore {
-    bool prev = cuda::decode_v3_fold_enabled();
-    ~Restore() { cuda::set_decode_v3_fold(prev); }
-  } restore;
-  const UseKernels use(Gen::v4);
-  uint32_t seed = 1500;
-  for (bool fp8 : {false, true})
-    for (bool hnd : {false, true})
-      for (int forced : {0, 3, 17}) {
-        Case c{.q_lens = {1, 1, 1},
-               .kv_lens = {1, 700, 2100},
-               .Hq = 8,
-               .Hkv = 2,
-               .D = 128,
-               .page_size = 32,
-               .hnd = hnd,
-               .fp8 = fp8};
-        const AttnSetup s(c, seed++);
-        const std::string what = std::string(fp8 ? "fp8" : "bf16") + (hnd ? " HND" : " NHD") + " splits " +
-                                 (forced ? std::to_string(forced) : "auto");
-        cuda::set_decode_v3_fold(false);
-        const auto ref = run(s, Kernel::routed, forced);
-        EXPECT_LE(s.rel_err(ref), 1.0 / 128) << what << ": " << s.first_mismatch(ref);
-        cuda::set_decode_v3_fold(true);
-        for (int rep = 0; rep < 3; ++rep) {
-          const auto got = run(s, Kernel::routed, forced, /*pdl=*/rep == 2);
-          EXPECT_EQ(bit_diffs(ref, got), 0u) << what << ", launch " << rep << ": " << s.first_mismatch(got);
-        }
-      }
-  // Multi-row sequences in a decode-shaped launch (T == B: the decode kernel walks every row, one counter
-  // per row slot).
-  Case c{.q_lens = {3, 0, 1, 0}, .kv_lens = {500, 9, 1300, 4}, .Hq = 8, .Hkv = 2, .D = 128, .page_size = 16};
-  const AttnSetup s(c, 1600);
-  cuda::set_decode_v3_fold(false);
-  const auto ref = run(s, Kernel::routed);
-  cuda::set_decode_v3_fold(true);
-  EXPECT_EQ(bit_diffs(ref, run(s, Kernel::routed)), 0u) << "multi-row";
-}
-
 TEST(CudaAttention, PrefillV4OddLengthsBatch19) {
   KILN_REQUIRE_GPU();
   // 19 sequences of 1, 7, 33, 1000 and 4097 new tokens (cycled) over cached prefixes of 0, 17 and 300

@@ -190,9 +190,7 @@ void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int 
   KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);
   if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
   launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream, pdl);
-  const bool folded = k == DecodeKernel::v3 && decode_v3_folds(p, splits);
-  if (splits > 1 && !folded)
-    launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, k, stream, pdl);
+  if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, k, stream, pdl);
 }
 
 }  // namespace

@@ -99,12 +99,6 @@ DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);
 
-// Whether decode v3 merges its splits itself (the last block of each row and KV head; no combine kernel):
-// set_decode_v3_fold's choice, else KILN_ATTN_V3_FOLD ("0": off, read once; default on). The same bits either
-// way (tests compare them); graphs keep what they captured.
-bool decode_v3_fold_enabled();
-void set_decode_v3_fold(bool on);  // tests and benchmarks
-
 enum class PrefillKernel : uint8_t { v1, v2, v3, v4 };
 
 // Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1" .. "v4", read

@@ -99,9 +99,6 @@ void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int c
 // v3 (attention_decode_v3.cu): tensor-core decode; decode_v3_applies says where it runs (else v2 runs).
 bool decode_v3_applies(const PagedAttnParams& p);
 int decode_v3_blocks_per_sm(const PagedAttnParams& p);  // resident v3 blocks per SM (shared memory bound)
-// Whether a v3 launch with these splits merges them itself (its last block per row and KV head), so no
-// combine kernel follows (attention_decode_v3.cu, "Folded combine").
-bool decode_v3_folds(const PagedAttnParams& p, int splits);
 void launch_decode_v3(const PagedAttnParams& p, float* workspace, int splits, bool all_rows,
                       cudaStream_t stream, bool pdl);
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,

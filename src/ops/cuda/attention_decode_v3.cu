@@ -17,22 +17,9 @@
 // of bf16's traffic) and widened to f16 pair by pair right before their f16 MMAs; Q and P in f16 (P as hi +
 // lo in rows g and g + 8), see attention_decode_v3_fp8.cuh.
 //
-// Folded combine (decode_v3_folds): with splits > 1 the blocks of a row write their partials as for the
-// combine kernel, then count themselves done on a per-device counter of (row slot, hk) (every thread:
-// __threadfence after its stores; __syncthreads; thread 0: atomicAdd). The block that completes the count
-// resets it to 0 (so the next launch, a graph replay included, starts from 0) and merges the row's splits for
-// its G heads with combine_kernel's arithmetic in combine_kernel's order (the same bits; partials read
-// through L2, not a possibly stale L1), so the separate combine launch is not needed. As for the GEMV's
-// add + RMSNorm counter (gemv.h): safe for any number of launches on one stream, not for two in flight at
-// once on two streams of one device.
-//
 // Numerics: bf16 products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e
 // - m) with ex2.approx, P rounded as hi + lo bf16: within the attention tolerance (docs/NUMERICS.md) and 1
 // bf16 ulp of the prefill kernel on the same rows; fp8 the same (attention_decode_v3_fp8.cuh).
-#include <atomic>
-#include <cstdlib>
-#include <string>
-
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/attention_decode_v3_fp8.cuh"
 #include "ops/cuda/device_flag.h"
@@ -79,11 +66,6 @@ struct V3Cfg {
   static constexpr int kBlocksPerSm = 227 * 1024 / (1024 + kStages * kStageBytes + kScaleBytes + 64);
   static_assert(kPieces >= 8 && kCopies >= 1 && kTile * kPieces % kThreads == 0, "tile geometry");
 };
-
-// Completion counts of the folded combine, one per (row slot, KV head): zero at load, reset by each row's
-// last block.
-constexpr int kFoldSlots = 16384;
-__device__ unsigned int g_fold_count[kFoldSlots];
 
 // The device code is Hopper code (TMA, mbarriers: sm_90a); elsewhere the kernel has an empty body and
 // decode_v3_applies() is false, so v2 runs.
@@ -314,34 +296,11 @@ __device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uin
 // kTma: K/V pages arrive by TMA (tk, tv, one mbarrier per stage in bars); else by cp.async. seq: tiles this
 // block streamed before this row (the stage and mbarrier phase of tile it are (seq + it) % kStages and
 // ((seq + it) / kStages) & 1); advanced by this row's tiles.
-// The folded combine of row `row` (its n_active splits' partials in ws) for the G heads of KV head hk: what
-// combine_kernel computes for those heads, in its order.
-template <int D, int G>
-__device__ __forceinline__ void fold_combine(const PagedAttnParams& p, const float* ws, int splits, int b,
-                                             int row, int hk, int n_active) {
-  const float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
-  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
-    const int h = hk * G + idx / D, d = idx % D;
-    const int64_t base = (int64_t(decode_ws_slot(p, b, row)) * p.Hq + h) * splits;
-    float M = kNegInf;
-    for (int s = 0; s < n_active; ++s) M = fmaxf(M, __ldcg(ml + 2 * (base + s)));
-    float L = 0.0f, O = 0.0f;
-    for (int s = 0; s < n_active; ++s) {
-      const float ms = __ldcg(ml + 2 * (base + s));
-      const float w = ms == kNegInf ? 0.0f : __ldcg(ml + 2 * (base + s) + 1) * expf(ms - M);
-      L += w;
-      O = fmaf(w, __ldcg(ws + (base + s) * D + d), O);
-    }
-    static_cast<uint16_t*>(p.out)[int64_t(row) * p.o_stride_t + int64_t(h) * p.o_stride_h + d] =
-        uint16_t(f32_to_bf16_bits(__fdiv_rn(O, L)));
-  }
-}
-
 template <int D, int G, KvDtype KT, bool kTma>
 __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CUtensorMap& tk,
                                               const CUtensorMap& tv, uint64_t* bars, float* ws, int splits,
-                                              bool fold, int b, int row, int ctx, unsigned char* smem,
-                                              uint32_t* smem_sc, int& seq) {
+                                              int b, int row, int ctx, unsigned char* smem, uint32_t* smem_sc,
+                                              int& seq) {
   using C = V3Cfg<D, KT>;
   constexpr int kTile = C::kTile, kNt = C::kWarpKeys / 8;  // a warp's 8-key score tiles
   const int split = blockIdx.x, hk = blockIdx.y;
@@ -549,21 +508,6 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
       }
     }
   }
-  if (fold && n_active > 1) {
-    __shared__ int last;
-    __threadfence();  // this thread's partial is visible device-wide before the block counts itself
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned int* count = &g_fold_count[decode_ws_slot(p, b, row) * p.Hkv + hk];
-      last = atomicAdd(count, 1u) == unsigned(n_active - 1);
-      if (last) atomicExch(count, 0u);
-    }
-    __syncthreads();
-    if (last) {
-      __threadfence();
-      fold_combine<D, G>(p, ws, splits, b, row, hk, n_active);
-    }
-  }
   __syncthreads();  // the scratch may be reused by the next row
 }
 
@@ -574,8 +518,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 template <int D, int G, KvDtype KT, bool kTma>
 __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
     decode_kernel_v3(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
-                     const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows,
-                     bool fold) {
+                     const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
 #ifdef KILN_SM90A
   using C = V3Cfg<D, KT>;
   extern __shared__ uint4 smem_raw[];
@@ -595,8 +538,8 @@ __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
   int row0, n, kv_len, seq = 0;
   if (decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len)) {
     for (int i = 0; i < n; ++i)
-      decode_row_v3<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, fold, blockIdx.z, row0 + i,
-                                    kv_len - n + 1 + i, smem, smem_sc, seq);
+      decode_row_v3<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i,
+                                    smem, smem_sc, seq);
   }
   pdl_launch_dependents();
 #endif  // KILN_SM90A
@@ -638,7 +581,7 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
                       .stream = stream,
                       .pdl = pdl,
                       .smem_attr_set = attr_set};
-  launch(cfg, decode_kernel_v3<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows, decode_v3_folds(p, splits));
+  launch(cfg, decode_kernel_v3<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows);
 }
 
 // TMA or cp.async loads, by page size.
@@ -700,27 +643,6 @@ bool decode_v3_applies(const PagedAttnParams& p) {
        (reinterpret_cast<uintptr_t>(p.k_scale) | reinterpret_cast<uintptr_t>(p.v_scale)) % 4 == 0);
   return aligned && words && p.Hq / p.Hkv <= 8 &&
          (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16)) && device_runs_v3();
-}
-
-namespace {
-std::atomic<int> g_fold{-1};  // -1: not chosen yet
-}  // namespace
-
-bool decode_v3_fold_enabled() {
-  int v = g_fold.load(std::memory_order_relaxed);
-  if (v >= 0) return v != 0;
-  const char* e = std::getenv("KILN_ATTN_V3_FOLD");
-  v = e && std::string(e) == "0" ? 0 : 1;
-  int expected = -1;
-  return (g_fold.compare_exchange_strong(expected, v) ? v : expected) != 0;
-}
-
-void set_decode_v3_fold(bool on) {
-  g_fold.store(on ? 1 : 0);
-}
-
-bool decode_v3_folds(const PagedAttnParams& p, int splits) {
-  return decode_v3_fold_enabled() && splits > 1 && int64_t(p.B) * p.Hkv <= kFoldSlots;
 }
 
 int decode_v3_blocks_per_sm(const PagedAttnParams& p) {
