@@ -7,7 +7,8 @@
 # reference's runner-up within --tie-margin, 0.05 nats: bf16 rounding on a flat random-weight distribution)
 # and how many are not (worth a look).
 # Usage (GPU machine): bench/serve_checks_device.sh OUT_DIR
-# Env: DEVICE (cuda), SHAPE (4b|0.6b|demo), KILN (binary), PROMPT_SCALE (1; 0.1 for a CPU dry run on the demo).
+# Env: DEVICE (cuda), SHAPE (4b|0.6b|demo), KILN (binary), PROMPT_SCALE (1; 0.1 for a CPU dry run on the demo),
+# KV (kv-cache-dtype, e.g. fp8_e4m3), VARIANTS (see below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?out dir}
@@ -29,7 +30,8 @@ with open(sys.argv[1], "w") as f:
         n = int(([10, 40, 200, 800, 3000][i % 5] + r.randrange(10)) * scale) + 1
         f.write(" ".join(r.choice(words) for _ in range(n)) + "\n")
 PY
-common=(--model $m --load-format random --device ${DEVICE:-cuda} --served-model-name shape --max-running-requests 64)
+common=(--model $m --load-format random --device ${DEVICE:-cuda} --served-model-name shape --max-running-requests 64
+  ${KV:+--kv-cache-dtype $KV})
 eval_args=(--base-url http://127.0.0.1:8124 --concurrency 16 --timeout 600)
 summary=()
 serve_start defaults 8124 "${common[@]}" || exit 1
@@ -37,12 +39,18 @@ $K eval reference "${eval_args[@]}" --write --dump "$out/defaults.json" --prompt
   --max-tokens 64 || exit 1
 curl -s http://127.0.0.1:8124/metrics | grep -E "^kiln_(steps|requests_total|preempt)" | head
 serve_stop
-for variant in disable-cuda-graph disable-mixed-batches; do
-  serve_start $variant 8124 "${common[@]}" --$variant || exit 1
+# VARIANTS: flags of kiln serve (without --), or old-kernels (the previous attention kernels: decode v2,
+# prefill v3, through KILN_ATTN_DECODE / KILN_ATTN_PREFILL).
+for variant in ${VARIANTS:-disable-cuda-graph disable-mixed-batches}; do
+  if [[ $variant == old-kernels ]]; then
+    KILN_ATTN_DECODE=v2 KILN_ATTN_PREFILL=v3 serve_start $variant 8124 "${common[@]}" || exit 1
+  else
+    serve_start $variant 8124 "${common[@]}" --$variant || exit 1
+  fi
   $K eval reference "${eval_args[@]}" --dump "$out/defaults.json" --out "$out/$variant.json" \
     >"$out/$variant.txt" 2>&1
   cat "$out/$variant.txt" | head -12
-  summary+=("defaults vs --$variant: $(grep -E '^prompts' "$out/$variant.txt"); $(grep -E '^log-prob' "$out/$variant.txt"); $(grep -E '^divergences' "$out/$variant.txt")")
+  summary+=("defaults vs $variant: $(grep -E '^prompts' "$out/$variant.txt"); $(grep -E '^log-prob' "$out/$variant.txt"); $(grep -E '^divergences' "$out/$variant.txt")")
   serve_stop
 done
 printf '%s\n' "${summary[@]}"
