@@ -23,8 +23,8 @@ void check(cudnnStatus_t st, const std::string& what) {
 constexpr auto kOperationGraphHandle = cudnnBackendAttributeName_t(800);  // CUDNN_ATTR_OPERATIONGRAPH_HANDLE
 constexpr auto kExecutionPlanHandle = cudnnBackendAttributeName_t(400);   // CUDNN_ATTR_EXECUTION_PLAN_HANDLE
 
-void set(const Desc& d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n, const void* v,
-         const char* what) {
+void set(const Desc& d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n,
+         const void* v, const char* what) {
   check(cudnnBackendSetAttribute(d.get(), a, t, n, v), std::string("cudnnBackendSetAttribute(") + what + ")");
 }
 void set_i64(const Desc& d, cudnnBackendAttributeName_t a, int64_t v, const char* what) {
@@ -59,7 +59,8 @@ class GraphBuilder {
     set_i64(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, uid, "TENSOR_UNIQUE_ID");
     set_i64(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16, "TENSOR_BYTE_ALIGNMENT");
     set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "TENSOR_IS_VIRTUAL");
-    if (by_value) set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, "TENSOR_IS_BY_VALUE");
+    if (by_value)
+      set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, "TENSOR_IS_BY_VALUE");
     finalize(t, ("tensor uid " + std::to_string(uid)).c_str());
     return keep(std::move(t));
   }
@@ -77,17 +78,20 @@ class GraphBuilder {
     set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "OPERATION_MATMUL_BDESC");
     set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "OPERATION_MATMUL_CDESC");
     set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm, "OPERATION_MATMUL_DESC");
-    if (m_override) set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, *m_override, "GEMM_M_OVERRIDE");
-    if (n_override) set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, *n_override, "GEMM_N_OVERRIDE");
-    if (k_override) set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, *k_override, "GEMM_K_OVERRIDE");
+    if (m_override)
+      set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, *m_override, "GEMM_M_OVERRIDE");
+    if (n_override)
+      set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, *n_override, "GEMM_N_OVERRIDE");
+    if (k_override)
+      set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, *k_override, "GEMM_K_OVERRIDE");
     finalize(op, "OPERATION_MATMUL_DESCRIPTOR");
     keep(std::move(mm));
     add_op(std::move(op));
   }
 
   // y = mode(x[, b[, t]]); b is BDESC and t TDESC (BINARY_SELECT: y = t ? x : b).
-  void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t compute, const Desc& x, const Desc* b, const Desc* t,
-                 const Desc& y, int64_t axis = -1) {
+  void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t compute, const Desc& x, const Desc* b,
+                 const Desc* t, const Desc& y, int64_t axis = -1) {
     Desc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
     set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "POINTWISE_MODE");
     set_dtype(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, compute, "POINTWISE_MATH_PREC");
@@ -109,7 +113,8 @@ class GraphBuilder {
 
   void reduction(cudnnReduceTensorOp_t mode, const Desc& x, const Desc& y) {
     Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    set(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "REDUCTION_OPERATOR");
+    set(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode,
+        "REDUCTION_OPERATOR");
     set_dtype(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT, "REDUCTION_COMP_TYPE");
     finalize(red, "REDUCTION_DESCRIPTOR");
     Desc op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
@@ -123,7 +128,8 @@ class GraphBuilder {
 
   void paged_load(const Desc& container, const Desc& seq_len, const Desc& table, const Desc& y) {
     Desc op(CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR);
-    set_desc(op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_CONTAINER_DESC, container, "PAGED_CACHE_LOAD_CONTAINER");
+    set_desc(op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_CONTAINER_DESC, container,
+             "PAGED_CACHE_LOAD_CONTAINER");
     set_desc(op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_PAGE_TABLE_DESC, table, "PAGED_CACHE_LOAD_PAGE_TABLE");
     set_desc(op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_SEQUENCE_DESC, seq_len, "PAGED_CACHE_LOAD_SEQUENCE");
     set_desc(op, CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_YDESC, y, "PAGED_CACHE_LOAD_YDESC");
@@ -135,7 +141,8 @@ class GraphBuilder {
     Desc g(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops_.size()), ops_.data(),
         "OPERATIONGRAPH_OPS");
-    set(g, kOperationGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle, "OPERATIONGRAPH_HANDLE");
+    // Optional since cuDNN 9.8: without one the graph still finalizes (a GPU-less check of the graph).
+    if (handle) set(g, kOperationGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle, "OPERATIONGRAPH_HANDLE");
     finalize(g, "OPERATIONGRAPH_DESCRIPTOR");
     return g;
   }
@@ -250,10 +257,10 @@ std::string engine_index(const Desc& cfg) {
     Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
     cudnnBackendDescriptor_t e = engine.get();
     int64_t n = 0, index = -1;
-    if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) ==
-            CUDNN_STATUS_SUCCESS &&
-        cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) ==
-            CUDNN_STATUS_SUCCESS)
+    if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                 &e) == CUDNN_STATUS_SUCCESS &&
+        cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                 &index) == CUDNN_STATUS_SUCCESS)
       return std::to_string(index);
   } catch (const BackendError&) {
   }
@@ -262,16 +269,17 @@ std::string engine_index(const Desc& cfg) {
 
 std::string plan_json(const Desc& plan) {
   int64_t n = 0;
-  if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0, &n,
-                               nullptr) != CUDNN_STATUS_SUCCESS ||
+  if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0,
+                               &n, nullptr) != CUDNN_STATUS_SUCCESS ||
       n <= 0)
     return "";
   std::string s(size_t(n), '\0');
-  if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &n,
-                               s.data()) != CUDNN_STATUS_SUCCESS)
+  if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n,
+                               &n, s.data()) != CUDNN_STATUS_SUCCESS)
     return "";
   s.resize(s.find('\0') == std::string::npos ? s.size() : s.find('\0'));
-  return s;
+  const size_t engine = s.rfind("\"engine\":");  // the engine and its knobs, not the whole graph again
+  return engine == std::string::npos ? s : s.substr(engine);
 }
 
 }  // namespace
@@ -296,7 +304,7 @@ Desc::~Desc() {
   if (d_) cudnnBackendDestroyDescriptor(d_);
 }
 
-SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec) {
+SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec, cudnnBackendDescriptor_t device) {
   SdpaPlan p;
   p.spec_ = spec;
   p.scalars_ = std::make_unique<std::array<float, 2>>(
@@ -312,13 +320,16 @@ SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec) {
       Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
       set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "ENGINEHEUR_OPERATION_GRAPH");
       set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "ENGINEHEUR_MODE");
+      if (device)
+        set(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &device,
+            "ENGINEHEUR_DEVICEPROP");
       if (cudnnStatus_t st = cudnnBackendFinalize(heur.get()); st != CUDNN_STATUS_SUCCESS) {
         tried += std::string(" heuristic ") + mode_name + ": " + status_text(st) + ";";
         continue;
       }
       int64_t count = 0;
-      check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                     &count, nullptr),
+      check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                     0, &count, nullptr),
             "cudnnBackendGetAttribute(ENGINEHEUR_RESULTS count)");
       std::vector<Desc> cfgs;
       std::vector<cudnnBackendDescriptor_t> raw;
@@ -327,21 +338,25 @@ SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec) {
         raw.push_back(cfgs.back().get());
       }
       if (count > 0)
-        check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                       count, &count, raw.data()),
+        check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, raw.data()),
               "cudnnBackendGetAttribute(ENGINEHEUR_RESULTS)");
       tried += std::string(" heuristic ") + mode_name + ": " + std::to_string(count) + " configs";
       for (int64_t i = 0; i < count; ++i) {
         auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        set(*plan, kExecutionPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle, "EXECUTION_PLAN_HANDLE");
-        set_desc(*plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[size_t(i)], "EXECUTION_PLAN_ENGINE_CONFIG");
+        if (handle) set(*plan, kExecutionPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle, "EXECUTION_PLAN_HANDLE");
+        if (device)
+          set(*plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &device,
+              "EXECUTION_PLAN_DEVICEPROP");
+        set_desc(*plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[size_t(i)],
+                 "EXECUTION_PLAN_ENGINE_CONFIG");
         if (cudnnStatus_t st = cudnnBackendFinalize(plan->get()); st != CUDNN_STATUS_SUCCESS) {
           tried += ", #" + std::to_string(i) + " " + cudnnGetErrorString(st);
           continue;
         }
         int64_t n = 0;
-        check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                       &n, &p.workspace_),
+        check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                       CUDNN_TYPE_INT64, 1, &n, &p.workspace_),
               "cudnnBackendGetAttribute(EXECUTION_PLAN_WORKSPACE_SIZE)");
         p.engine_ = "engine " + engine_index(cfgs[size_t(i)]) + " (heuristic " + mode_name + ", config " +
                     std::to_string(i + 1) + " of " + std::to_string(count) + ")";

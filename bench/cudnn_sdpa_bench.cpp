@@ -219,9 +219,12 @@ cudaGraphExec_t try_capture(const Env& env, cudnnHandle_t h, const cudnn::SdpaPl
   cudaGraph_t g = nullptr;
   const cudaError_t end = cudaStreamEndCapture(env.stream, &g);
   cudaGraphExec_t ge = nullptr;
-  if (st != CUDNN_STATUS_SUCCESS) why = "cudnnBackendExecute under capture: " + cudnn::status_text(st);
-  else if (end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
-  else if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) why = "cudaGraphInstantiate failed";
+  if (st != CUDNN_STATUS_SUCCESS)
+    why = "cudnnBackendExecute under capture: " + cudnn::status_text(st);
+  else if (end != cudaSuccess)
+    why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+  else if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
+    why = "cudaGraphInstantiate failed";
   if (g) cudaGraphDestroy(g);
   cudaGetLastError();  // a failed capture leaves its error behind; the eager timing must not see it
   return why.empty() ? ge : nullptr;
@@ -253,8 +256,8 @@ Row run_shape(const Env& env, cudnnHandle_t h, const Shape& s, std::mt19937& rng
     plan = std::move(second);
     form = "graph with stats output";
   }
-  std::fprintf(stderr, "attention_cudnn: %s: %s, %s, workspace %lld B; plan %s\n", r.shape.c_str(), form.c_str(),
-               plan.engine().c_str(), static_cast<long long>(plan.workspace_bytes()),
+  std::fprintf(stderr, "attention_cudnn: %s: %s, %s, workspace %lld B; plan %s\n", r.shape.c_str(),
+               form.c_str(), plan.engine().c_str(), static_cast<long long>(plan.workspace_bytes()),
                plan.json().empty() ? "(no json)" : plan.json().c_str());
   Data d = make_data(s, rng);
   Buffer ws;
@@ -268,7 +271,7 @@ Row run_shape(const Env& env, cudnnHandle_t h, const Shape& s, std::mt19937& rng
       return r;
     }
   }
-  KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());  // device-to-device fills return before they finish
   if (cudnnStatus_t st = plan.execute(h, packs[0]); st != CUDNN_STATUS_SUCCESS) {
     r.path = "NOT RUN: cudnnBackendExecute: " + cudnn::status_text(st);
     return r;
@@ -324,12 +327,13 @@ Row run_shape(const Env& env, cudnnHandle_t h, const Shape& s, std::mt19937& rng
 void run_cudnn_sdpa(const Env& env, std::vector<Row>& rows) {
   cudnnHandle_t h = nullptr;
   if (cudnnStatus_t st = cudnnCreate(&h); st != CUDNN_STATUS_SUCCESS) {
-    rows.push_back({"attention_cudnn", "cudnn sdpa", "-", 0, -1, 0, "NOT RUN: cudnnCreate: " + cudnn::status_text(st)});
+    rows.push_back(
+        {"attention_cudnn", "cudnn sdpa", "-", 0, -1, 0, "NOT RUN: cudnnCreate: " + cudnn::status_text(st)});
     return;
   }
   if (cudnnStatus_t st = cudnnSetStream(h, env.stream); st != CUDNN_STATUS_SUCCESS) {
-    rows.push_back(
-        {"attention_cudnn", "cudnn sdpa", "-", 0, -1, 0, "NOT RUN: cudnnSetStream: " + cudnn::status_text(st)});
+    rows.push_back({"attention_cudnn", "cudnn sdpa", "-", 0, -1, 0,
+                    "NOT RUN: cudnnSetStream: " + cudnn::status_text(st)});
     cudnnDestroy(h);
     return;
   }
