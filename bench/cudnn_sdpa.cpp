@@ -351,7 +351,7 @@ SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec, cudnnBacken
         set_desc(*plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[size_t(i)],
                  "EXECUTION_PLAN_ENGINE_CONFIG");
         if (cudnnStatus_t st = cudnnBackendFinalize(plan->get()); st != CUDNN_STATUS_SUCCESS) {
-          tried += ", #" + std::to_string(i) + " " + cudnnGetErrorString(st);
+          tried += ", #" + std::to_string(i + 1) + " " + status_text(st).substr(0, 160);
           continue;
         }
         int64_t n = 0;
@@ -366,7 +366,8 @@ SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec, cudnnBacken
       }
       tried += ";";
     }
-    p.error_ = "no engine:" + tried;
+    // With 0 configs cuDNN dropped every candidate itself; its log says why.
+    p.error_ = "no engine:" + tried + " (CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr: why)";
   } catch (const BackendError& e) {
     p.error_ = e.what();
   }
