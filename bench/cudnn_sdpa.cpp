@@ -137,6 +137,27 @@ class GraphBuilder {
     add_op(std::move(op));
   }
 
+  // CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR; the paged inputs only when `table_k` is given.
+  void sdpa_op(const Desc& q, const Desc& k, const Desc& v, const Desc& o, const Desc* stats,
+               const Desc& scale, const Desc* table_k, const Desc* table_v, const Desc* seq_q,
+               const Desc* seq_kv) {
+    Desc op(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, q, "SDPA_FWD_QDESC");
+    set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, k, "SDPA_FWD_KDESC");
+    set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, v, "SDPA_FWD_VDESC");
+    set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, o, "SDPA_FWD_ODESC");
+    if (stats) set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, *stats, "SDPA_FWD_STATSDESC");
+    set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, scale, "SDPA_FWD_SCALEDESC");
+    if (table_k) {
+      set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_PAGE_TABLE_KDESC, *table_k, "SDPA_FWD_PAGE_TABLE_KDESC");
+      set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_PAGE_TABLE_VDESC, *table_v, "SDPA_FWD_PAGE_TABLE_VDESC");
+      set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_QDESC, *seq_q, "SDPA_FWD_SEQ_LEN_QDESC");
+      set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_KVDESC, *seq_kv, "SDPA_FWD_SEQ_LEN_KVDESC");
+    }
+    finalize(op, "OPERATION_SDPA_FWD_DESCRIPTOR");
+    add_op(std::move(op));
+  }
+
   Desc graph(cudnnHandle_t handle) {
     Desc g(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops_.size()), ops_.data(),
@@ -161,6 +182,31 @@ class GraphBuilder {
 
 Dims row_major(const Dims& d) {
   return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
+}
+
+// Adds the single SDPA_FWD operation of `s` to `g`: K and V as they are ([B, Hkv, S, D], or the page
+// containers with their tables and the lengths, which imply the padding mask).
+void build_sdpa_op(GraphBuilder& g, const SdpaSpec& s) {
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, bf16 = CUDNN_DATA_BFLOAT16, i32 = CUDNN_DATA_INT32;
+  const Dims one{1, 1, 1, 1}, rd{s.B, s.Hq, s.s_q, 1};
+  const Desc& q = g.tensor(kQ, bf16, {s.B, s.Hq, s.s_q, s.D}, s.q_stride, false);
+  const Desc& o = g.tensor(kO, bf16, {s.B, s.Hq, s.s_q, s.D}, s.o_stride, false);
+  const Desc& scale = g.tensor(kScale, f32, one, one, false, true);
+  const Desc* stats = s.stats_output ? &g.tensor(kStats, f32, rd, row_major(rd), false) : nullptr;
+  if (s.page_size > 0) {
+    const Dims container{s.num_pages, s.Hkv, s.page_size, s.D}, table{s.B, 1, s.s_kv / s.page_size, 1};
+    const Desc& k = g.tensor(kK, bf16, container, row_major(container), false);
+    const Desc& v = g.tensor(kV, bf16, container, row_major(container), false);
+    const Desc& tk = g.tensor(kTableK, i32, table, row_major(table), false);
+    const Desc& tv = g.tensor(kTableV, i32, table, row_major(table), false);
+    const Desc& sq = g.tensor(kSeqQ, i32, {s.B, 1, 1, 1}, one, false);
+    const Desc& skv = g.tensor(kSeqKv, i32, {s.B, 1, 1, 1}, one, false);
+    g.sdpa_op(q, k, v, o, stats, scale, &tk, &tv, &sq, &skv);
+  } else {
+    const Desc& k = g.tensor(kK, bf16, {s.B, s.Hkv, s.s_kv, s.D}, s.kv_stride, false);
+    const Desc& v = g.tensor(kV, bf16, {s.B, s.Hkv, s.s_kv, s.D}, s.kv_stride, false);
+    g.sdpa_op(q, k, v, o, stats, scale, nullptr, nullptr, nullptr, nullptr);
+  }
 }
 
 // Adds the SDPA graph of `s` to `g` (see cudnn_sdpa.h).
@@ -311,7 +357,9 @@ SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec, cudnnBacken
       std::array<float, 2>{spec.scale, -std::numeric_limits<float>::infinity()});
   try {
     GraphBuilder g(p.keep_);
-    build_sdpa(g, spec);
+    if (spec.single_op && spec.causal)
+      throw BackendError("the SDPA_FWD operation has no causal mask before 9.21");
+    spec.single_op ? build_sdpa_op(g, spec) : build_sdpa(g, spec);
     p.keep_.push_back(g.graph(handle));
     const Desc& graph = p.keep_.back();
     std::string tried;
@@ -377,7 +425,7 @@ SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec, cudnnBacken
 Desc SdpaPlan::pack(const SdpaBuffers& b, void* workspace, std::string& error) const {
   std::vector<int64_t> uids{kQ, kK, kV, kO, kScale};
   std::vector<void*> ptrs{b.q, b.k, b.v, b.o, &(*scalars_)[0]};
-  if (spec_.page_size > 0 || spec_.causal) {
+  if (!spec_.single_op && (spec_.page_size > 0 || spec_.causal)) {
     uids.push_back(kNegInf);
     ptrs.push_back(&(*scalars_)[1]);
   }

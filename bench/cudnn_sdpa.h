@@ -3,8 +3,11 @@
 //   [paged K load] -> S = Q K^T -> S * scale -> [padding mask] -> [causal mask] -> softmax (max, sub, exp,
 //   sum, log + add = stats, div) -> P (bf16) V -> O
 // Paged K/V (cuDNN >= 9.5: CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR) needs per-sequence lengths,
-// so that form also carries the padding mask. Every failing cudnnBackend* call becomes an error string naming
-// the call (never an abort): a machine on which cuDNN cannot build the graph still runs the bench.
+// so that form also carries the padding mask. The second form is cuDNN's single SDPA operation
+// (CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, >= 9.13; paged >= 9.15), which cudnn-frontend prefers where
+// it applies; in 9.19 it has no causal mask (that needs >= 9.21), so it serves the decode rows only. Every
+// failing cudnnBackend* call becomes an error string naming the call (never an abort): a machine on which
+// cuDNN cannot build the graph still runs the bench.
 #pragma once
 
 #include <cudnn.h>
@@ -32,6 +35,7 @@ struct SdpaSpec {
   // Softmax stats (max + log sum exp, fp32 [B, Hq, s_q, 1]) as a real output (the training graph) instead
   // of a virtual tensor (inference): a second form to try when no engine takes the first.
   bool stats_output = false;
+  bool single_op = false;  // the SDPA_FWD operation instead of the graph (no causal mask)
 };
 
 // Device pointers of one input set; the paged ones only when SdpaSpec::page_size > 0.

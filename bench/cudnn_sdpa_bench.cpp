@@ -14,7 +14,10 @@
 // in [-1, 1], a pattern of kPeriod values repeated through each buffer (the host reads any element back from
 // the pattern; the odd period keeps rows from lining up). >= 4 sets (q, out, page-table permutation) over
 // one K/V allocation, rotated; every sample starts from a flushed L2. Bytes and FLOPs as attention_bench.cpp.
+// A row keeps the first form cuDNN plans (its path names it): the graph ("graph"), the graph with a real
+// stats output ("graph + stats"), or for decode the single SDPA_FWD operation ("sdpa op").
 // KILN_ATTN_BENCH_ONLY=TEXT: only the shapes whose name contains TEXT (shared with attention_bench.cpp).
+// KILN_CUDNN_SDPA_OP=1: also decode rows of the SDPA_FWD operation ("cudnn sdpa op", "cudnn sdpa op paged").
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +26,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <tuple>
 
@@ -236,25 +240,40 @@ std::string fmt(const char* f, double a, double b = 0) {
   return s;
 }
 
-// One row: build the plan (inference form, else the training form with real stats), validate, time.
-Row run_shape(const Env& env, cudnnHandle_t h, const Shape& s, std::mt19937& rng) {
-  Row r{"attention_cudnn", s.paged ? "cudnn sdpa paged" : "cudnn sdpa", shape_name(s)};
+// The forms a row tries, in order, keeping the first cuDNN builds a plan for: the graph as cudnn-frontend
+// lowers inference SDPA, the same with a real stats output (the training graph), and for decode the single
+// SDPA_FWD operation. Rows of `op` try that operation alone.
+struct Form {
+  const char* name;
+  bool stats_output, single_op;
+};
+constexpr Form kGraphForms[] = {
+    {"graph", false, false}, {"graph + stats", true, false}, {"sdpa op", false, true}};
+constexpr Form kOpForms[] = {{"sdpa op", false, true}, {"sdpa op + stats", true, true}};
+
+// One row: build the plan, validate, time.
+Row run_shape(const Env& env, cudnnHandle_t h, const Shape& s, bool op, std::mt19937& rng) {
+  Row r{"attention_cudnn", std::string("cudnn sdpa") + (op ? " op" : "") + (s.paged ? " paged" : ""),
+        shape_name(s)};
   r.bytes = bytes_moved(s);
   cudnn::SdpaSpec spec = make_spec(s);
-  cudnn::SdpaPlan plan = cudnn::SdpaPlan::build(h, spec);
-  std::string form = "inference graph";
-  if (!plan.ok()) {
-    std::fprintf(stderr, "attention_cudnn: %s: inference graph: %s\n", r.shape.c_str(), plan.error().c_str());
-    spec.stats_output = true;
-    cudnn::SdpaPlan second = cudnn::SdpaPlan::build(h, spec);
-    if (!second.ok()) {
-      std::fprintf(stderr, "attention_cudnn: %s: graph with stats output: %s\n", r.shape.c_str(),
-                   second.error().c_str());
-      r.path = "NOT RUN: cuDNN builds no plan: " + plan.error().substr(0, 200);
-      return r;
+  cudnn::SdpaPlan plan;
+  std::string form, first_error;
+  for (const Form& f : op ? std::span<const Form>(kOpForms) : std::span<const Form>(kGraphForms)) {
+    if (f.single_op && s.prefill) continue;  // no causal mask in the operation before cuDNN 9.21
+    spec.stats_output = f.stats_output;
+    spec.single_op = f.single_op;
+    plan = cudnn::SdpaPlan::build(h, spec);
+    if (plan.ok()) {
+      form = f.name;
+      break;
     }
-    plan = std::move(second);
-    form = "graph with stats output";
+    std::fprintf(stderr, "attention_cudnn: %s: %s: %s\n", r.shape.c_str(), f.name, plan.error().c_str());
+    if (first_error.empty()) first_error = std::string(f.name) + ": " + plan.error();
+  }
+  if (!plan.ok()) {
+    r.path = "NOT RUN: cuDNN builds no plan: " + first_error.substr(0, 200);
+    return r;
   }
   std::fprintf(stderr, "attention_cudnn: %s: %s, %s, workspace %lld B; plan %s\n", r.shape.c_str(),
                form.c_str(), plan.engine().c_str(), static_cast<long long>(plan.workspace_bytes()),
@@ -315,8 +334,8 @@ Row run_shape(const Env& env, cudnnHandle_t h, const Shape& s, std::mt19937& rng
     r.path = "NOT RUN: cudnnBackendExecute while timing: " + cudnn::status_text(failed);
     return r;
   }
-  r.path = plan.engine() + ", ws " + std::to_string(plan.workspace_bytes()) + " B, " + timing + ", " + check;
-  if (form != "inference graph") r.path += ", " + form;
+  r.path = form + ", " + plan.engine() + ", ws " + std::to_string(plan.workspace_bytes()) + " B, " + timing +
+           ", " + check;
   if (s.prefill) {
     const double flop = 4.0 * kHq * kD * (double(s.ctx) * (s.ctx + 1) / 2);  // causal (query, key) pairs
     r.path += fmt(", %.3g FLOP, %.1f TFLOP/s", flop, flop / (r.us * 1e-6) / 1e12);
@@ -349,13 +368,21 @@ void run_cudnn_sdpa(const Env& env, std::vector<Row>& rows) {
     }
     for (int len : {4096, 8192}) shapes.push_back({.B = 1, .ctx = len, .prefill = true, .paged = paged});
   }
+  // KILN_CUDNN_SDPA_OP=1: decode rows of the single SDPA_FWD operation too (their own plans; it may pick
+  // other engines than the graph).
+  const char* op_env = std::getenv("KILN_CUDNN_SDPA_OP");
+  const bool op_rows = op_env && std::string(op_env) == "1";
   for (const Shape& s : shapes) {
     if (!shape_selected(shape_name(s))) continue;
-    try {
-      rows.push_back(run_shape(env, h, s, rng));
-    } catch (const std::exception& e) {  // e.g. out of memory: this row only
-      rows.push_back({"attention_cudnn", s.paged ? "cudnn sdpa paged" : "cudnn sdpa", shape_name(s), 0, -1,
-                      bytes_moved(s), std::string("NOT RUN: ") + e.what()});
+    for (bool op : {false, true}) {
+      if (op && (!op_rows || s.prefill)) continue;
+      try {
+        rows.push_back(run_shape(env, h, s, op, rng));
+      } catch (const std::exception& e) {  // e.g. out of memory: this row only
+        rows.push_back({"attention_cudnn",
+                        std::string("cudnn sdpa") + (op ? " op" : "") + (s.paged ? " paged" : ""),
+                        shape_name(s), 0, -1, bytes_moved(s), std::string("NOT RUN: ") + e.what()});
+      }
     }
   }
   cudnnDestroy(h);
