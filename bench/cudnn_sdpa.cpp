@@ -162,8 +162,7 @@ class GraphBuilder {
     Desc g(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops_.size()), ops_.data(),
         "OPERATIONGRAPH_OPS");
-    // Optional since cuDNN 9.8: without one the graph still finalizes (a GPU-less check of the graph).
-    if (handle) set(g, kOperationGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle, "OPERATIONGRAPH_HANDLE");
+    set(g, kOperationGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle, "OPERATIONGRAPH_HANDLE");
     finalize(g, "OPERATIONGRAPH_DESCRIPTOR");
     return g;
   }
@@ -350,7 +349,7 @@ Desc::~Desc() {
   if (d_) cudnnBackendDestroyDescriptor(d_);
 }
 
-SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec, cudnnBackendDescriptor_t device) {
+SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec) {
   SdpaPlan p;
   p.spec_ = spec;
   p.scalars_ = std::make_unique<std::array<float, 2>>(
@@ -368,9 +367,6 @@ SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec, cudnnBacken
       Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
       set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "ENGINEHEUR_OPERATION_GRAPH");
       set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "ENGINEHEUR_MODE");
-      if (device)
-        set(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &device,
-            "ENGINEHEUR_DEVICEPROP");
       if (cudnnStatus_t st = cudnnBackendFinalize(heur.get()); st != CUDNN_STATUS_SUCCESS) {
         tried += std::string(" heuristic ") + mode_name + ": " + status_text(st) + ";";
         continue;
@@ -392,10 +388,7 @@ SdpaPlan SdpaPlan::build(cudnnHandle_t handle, const SdpaSpec& spec, cudnnBacken
       tried += std::string(" heuristic ") + mode_name + ": " + std::to_string(count) + " configs";
       for (int64_t i = 0; i < count; ++i) {
         auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        if (handle) set(*plan, kExecutionPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle, "EXECUTION_PLAN_HANDLE");
-        if (device)
-          set(*plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &device,
-              "EXECUTION_PLAN_DEVICEPROP");
+        set(*plan, kExecutionPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle, "EXECUTION_PLAN_HANDLE");
         set_desc(*plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[size_t(i)],
                  "EXECUTION_PLAN_ENGINE_CONFIG");
         if (cudnnStatus_t st = cudnnBackendFinalize(plan->get()); st != CUDNN_STATUS_SUCCESS) {

@@ -64,11 +64,8 @@ class Desc {
 class SdpaPlan {
  public:
   // Builds the graph, asks the heuristics (mode A, then the fallback list) and keeps the first engine
-  // config whose plan finalizes. `device` (a finalized CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, cuDNN >= 9.8)
-  // plans for that GPU instead of the handle's: with a null handle, a GPU-less check that cuDNN has an engine
-  // for the graph (such a plan cannot execute).
-  static SdpaPlan build(cudnnHandle_t handle, const SdpaSpec& spec,
-                        cudnnBackendDescriptor_t device = nullptr);
+  // config whose plan finalizes.
+  static SdpaPlan build(cudnnHandle_t handle, const SdpaSpec& spec);
   bool ok() const { return plan_ != nullptr; }
   const std::string& error() const { return error_; }
   const std::string& engine() const { return engine_; }  // "engine 8 (heuristic A, config 1 of 3)"
