@@ -27,7 +27,7 @@ struct Row {
   std::string bench;         // "attn_prep"
   std::string variant;       // "fused", "unfused"
   std::string shape;         // "T=4096 32/8 D128 HND bf16-cache q-contig"
-  double us = 0;             // median time of one launch (graph replay when graphed)
+  double us = 0;             // median time of one launch (graph replay when graphed); 0: not run (path: why)
   double us_amortized = -1;  // 16 launches in one graph / 16; < 0 when not measured
   double bytes = 0;          // bytes read + written by one launch (the physics floor's numerator)
   std::string path;          // implementation actually taken (e.g. "cuda_fused_decode")
