@@ -7,12 +7,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kiln/batch.h"
 #include "kiln/config.h"
 #include "kiln/tensor.h"
 #include "model/kv_cache.h"
+#include "model/tensor_parallel.h"
 #include "model/weights.h"
 
 namespace kiln {
@@ -29,6 +31,9 @@ struct LoadOptions {
   int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_context()
   bool is_embedding =
       false;  // serve a generation checkpoint as an embedding model (kiln/config.h force_embedding)
+  // Tensor parallelism: load and run this rank's slice (model/tensor_parallel.h; copied into the model).
+  // Null: the whole model, no collectives.
+  const TpShard* tp = nullptr;
 };
 
 class Qwen3Model {
@@ -44,6 +49,8 @@ class Qwen3Model {
   Device device() const { return opts_.device; }
   int64_t max_position() const { return max_position_; }
   const Qwen3Weights& weights() const { return weights_; }
+  // Tensor parallelism: this rank's shard (config() is then shard_config's), else null.
+  const TpShard* tp() const { return tp_ ? &*tp_ : nullptr; }
 
   // One step. batch must satisfy BatchDesc::validate against this model and cache (checked here, with the
   // positions against the rotary table); its new tokens' K/V are written into `cache`. Not reentrant: the
@@ -78,6 +85,7 @@ class Qwen3Model {
   Buffer rope_buf_;
   int64_t max_position_ = 0;
   std::unique_ptr<Workspace> ws_;
+  std::optional<TpShard> tp_;
 };
 
 }  // namespace kiln

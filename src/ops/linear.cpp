@@ -21,6 +21,20 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
   cpu::linear(x, weight, out);
 }
 
+void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out) {
+  constexpr const char* op = "linear_f32";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, DType::f32);
+  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
+  KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == weight.shape[0], op, ": out ", out.describe(),
+             " must be [", x.shape[0], ", ", weight.shape[0], "]");
+  detail::check_same_device(op, x, weight);
+  detail::check_same_device(op, x, out);
+  KILN_CHECK(out.device.is_cpu(), op, " runs on the CPU only, got ", out.describe());
+  cpu::linear_f32(x, weight, out);
+}
+
 void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
   constexpr const char* op = "linear_silu_mul";
   detail::check_matrix(op, "x", x, 2, DType::bf16);

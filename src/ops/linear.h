@@ -20,6 +20,11 @@ namespace kiln::ops {
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
 
+// linear without its rounding point: out f32 [M, N] (last stride 1) holds the fp32 sums, in linear's CPU
+// summation order, unrounded. A tensor-parallel rank's share of a row-parallel projection, summed over the
+// ranks before the one bf16 rounding (model/tensor_parallel.h). CPU only (CUDA runs TP with bf16 partials).
+void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out);
+
 // The SwiGLU MLP's first half in one op: out = silu_and_mul(linear(x, weight)) (ops/activation.h).
 //   x:       bf16 [M, K], last stride 1
 //   weight:  bf16 [2I, K], last stride 1: the concatenated gate_up weight (gate rows 0..I-1, up rows I..2I-1)
