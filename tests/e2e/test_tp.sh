@@ -54,7 +54,7 @@ PY
 done
 
 echo "== a rank that fails in a step stops the server"
-export KILN_TP_FAULT=1:60
+export KILN_TP_FAULT=1:30  # the 7th of the request's 12 steps (5 collectives each)
 start_server fault --model "$MODEL" --max-total-tokens 512 --page-size 4 --tp 2
 unset KILN_TP_FAULT
 code=$(curl -s -o "$T/fault.json" -w '%{http_code}' -H "Content-Type: application/json" -X POST "$BASE/generate" \

@@ -190,7 +190,13 @@ TEST_P(TpVsTp1, SameGreedyTokensLogprobsWithinTheBoundKvPerRank) {
   const auto prompts = fixture_prompts(cs.fixture);
   const EngineOptions eo = cpu_opts(cs.fixture);
   constexpr int kNew = 12;
-  constexpr int32_t kPages = 40, kPageSize = 4;  // 156 tokens for ~170 wanted: preemption
+  constexpr int32_t kPageSize = 4;
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  // ~70 % of what every request wants at once (preemptions), and room for the longest alone.
+  int32_t want = 0;
+  for (const auto& p : prompts) want += int32_t(p.size()) + kNew;
+  const int32_t kPages = std::max(want * 7 / 10, int32_t(longest) + kNew + 8) / kPageSize + 1;
   auto full = load_qwen3_runner(eo);
   const Outcome a = drive(*full, prompts, kNew, kPages, kPageSize);
   TpRunnerOptions to;
@@ -338,7 +344,7 @@ TEST(TpRunner, RankFailingInAStepStopsTheGroupWithoutHanging) {
     TpRunnerOptions to;
     to.tp = 4;
     to.fail_rank = 2;
-    to.fail_collective = 9;
+    to.fail_collective = 3;  // within the first step (5 collectives; 2 more per command broadcast)
     to.broadcast_commands = bc;
     TpRunner tp(cpu_opts("qwen3_gqa4_d64_tied"), to);
     tp.allocate_kv(16, 4);
@@ -395,7 +401,11 @@ TEST(TpEngine, SameTokensAsTp1AndAFailureStopsTheEngine) {
     Engine e(std::move(r), eo);
     test::Sink sink;
     std::vector<RequestId> ids;
-    for (const auto& p : prompts) ids.push_back(e.submit(test::greedy(p, 10), sink.cb()));
+    for (const auto& p : prompts) {
+      Request q = test::greedy(p, 10);
+      q.sampling.ignore_eos = true;
+      ids.push_back(e.submit(std::move(q), sink.cb()));
+    }
     sink.wait_finished(int(ids.size()));
     std::vector<std::vector<int32_t>> out;
     for (RequestId id : ids) {
@@ -414,7 +424,11 @@ TEST(TpEngine, SameTokensAsTp1AndAFailureStopsTheEngine) {
   to.fail_collective = 40;
   Engine e(std::make_unique<TpRunner>(eo, to), eo);
   test::Sink sink;
-  for (const auto& p : prompts) e.submit(test::greedy(p, 10), sink.cb());
+  for (const auto& p : prompts) {
+    Request q = test::greedy(p, 10);
+    q.sampling.ignore_eos = true;
+    e.submit(std::move(q), sink.cb());
+  }
   sink.wait_finished(int(prompts.size()));
   sink.expect_one_finish_each();
   for (const auto& [id, evs] : sink.events) {
