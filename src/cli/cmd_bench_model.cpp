@@ -12,7 +12,7 @@
 //            reuse of weights), median of 20 replays / L: kernel time plus the in-graph launch gap.
 // `--tp N --model DIR` instead times single-stream decode through the tensor-parallel runner over N GPUs
 // (runtime/tp_runner.h; random weights, DIR's config.json): TPOT eager and from the decode graphs (the NCCL
-// all-reduces captured inside), logits back on the host as serving's host path has them.
+// all-reduces captured inside), each step sampled greedily on rank 0's GPU as serving does.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -351,11 +351,14 @@ int bench_model_tp(const cli::Flags& f) {
   std::vector<float> logits;
   for (int32_t s = 0; s < ctx - 1; s += 4096)
     r.forward(one_seq(s, std::min(4096, ctx - 1 - s), pages, ps, V), &logits, nullptr);
+  std::vector<ModelRunner::RowSampling> greedy(1);
+  greedy[0].temperature = 0.0f;
+  std::vector<ModelRunner::SampledRow> sampled;
   auto tpot = [&](int32_t first) {
     std::vector<double> t;
     for (int32_t i = 0; i < steps + 3; ++i) {
       const auto a = std::chrono::steady_clock::now();
-      r.forward(one_seq(first + i, 1, pages, ps, V), &logits, nullptr);
+      r.forward_sampled(one_seq(first + i, 1, pages, ps, V), greedy, 0, &sampled);
       if (i >= 3)
         t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
     }
@@ -371,8 +374,8 @@ int bench_model_tp(const cli::Flags& f) {
   KILN_CHECK(r.graph_bucket(one_seq(ctx - 1, 1, pages, ps, V)) == 1, "no decode graph for batch 1");
   const double graph = tpot(ctx - 1);  // rewrites the same slots with the same values
   std::printf(
-      "tensor parallelism %d: random weights in %.1f s; decode TPOT at context %d (batch 1, logits to "
-      "the host): eager %.3f ms, CUDA graph %.3f ms\n",
+      "tensor parallelism %d: random weights in %.1f s; decode TPOT at context %d (batch 1, greedy on "
+      "the GPU): eager %.3f ms, CUDA graph %.3f ms\n",
       eo.tp, load_s, ctx, eager, graph);
   return 0;
 }
@@ -382,7 +385,7 @@ int run_bench_model(const cli::Args& args) {
       args, {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed", "batch", "tp"},
       {"no-breakdown"});
   KILN_CHECK(cuda_available(), "kiln bench model needs a CUDA GPU; none is visible");
-  if (f.i64("tp", 1) > 1) return bench_model_tp(f);
+  if (f.has("tp")) return bench_model_tp(f);  // --tp 1 too: the TP path with a one-rank NCCL group
   const ModelConfig cfg = f.has("model") ? load_model_config(f.str("model"))
                                          : cli::builtin_qwen3_shape(f.str("shape", "qwen3-4b"));
   const int32_t ctx = int32_t(f.i64("context", 1024)), steps = int32_t(f.i64("steps", 32));

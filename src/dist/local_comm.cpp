@@ -38,7 +38,8 @@ struct LocalGroup::Shared {
       return;
     }
     cv.wait(lk, [&] { return generation != gen || aborted; });
-    KILN_CHECK(!aborted, "tensor-parallel group aborted by another rank");
+    if (generation != gen) return;  // the barrier completed before any abort
+    KILN_FAIL("tensor-parallel group aborted by another rank");
   }
 };
 

@@ -6,32 +6,30 @@
 
 namespace kiln::ops {
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
-  constexpr const char* op = "linear";
+namespace {
+// linear's and linear_f32's arguments: x, weight bf16; out of out_dtype, [M, N], not aliasing x.
+void check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& out, DType out_dtype) {
   detail::check_matrix(op, "x", x, 2, DType::bf16);
   detail::check_matrix(op, "weight", weight, 2, DType::bf16);
-  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, out_dtype);
   KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
   KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == weight.shape[0], op, ": out ", out.describe(),
              " must be [", x.shape[0], ", ", weight.shape[0], "]");
   KILN_CHECK(out.data != x.data || out.numel() == 0, op, ": out must not alias x");
   detail::check_same_device(op, x, weight);
   detail::check_same_device(op, x, out);
+}
+}  // namespace
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
+  check_linear("linear", x, weight, out, DType::bf16);
   if (out.device.is_cuda()) return KILN_CUDA_OP(linear(x, weight, out));
   cpu::linear(x, weight, out);
 }
 
 void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out) {
-  constexpr const char* op = "linear_f32";
-  detail::check_matrix(op, "x", x, 2, DType::bf16);
-  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
-  detail::check_matrix(op, "out", out, 2, DType::f32);
-  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
-  KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == weight.shape[0], op, ": out ", out.describe(),
-             " must be [", x.shape[0], ", ", weight.shape[0], "]");
-  detail::check_same_device(op, x, weight);
-  detail::check_same_device(op, x, out);
-  KILN_CHECK(out.device.is_cpu(), op, " runs on the CPU only, got ", out.describe());
+  check_linear("linear_f32", x, weight, out, DType::f32);
+  KILN_CHECK(out.device.is_cpu(), "linear_f32 runs on the CPU only, got ", out.describe());
   cpu::linear_f32(x, weight, out);
 }
 

@@ -65,13 +65,14 @@ std::string tp_encode(const TpCommand& c) {
   Writer w;
   w.put<int32_t>(c.a);
   w.put<int32_t>(c.b);
-  w.put<uint8_t>(uint8_t(c.want_logits) | uint8_t(c.want_hidden) << 1 | uint8_t(c.graph_pdl) << 2 |
+  const ModelRunner::GraphPlan& g = c.graph;
+  w.put<uint8_t>(uint8_t(c.want_logits) | uint8_t(c.want_hidden) << 1 | uint8_t(g.pdl) << 2 |
                  uint8_t(c.batch.mrope) << 3);
-  w.put_vec(c.graph_buckets);
-  w.put<int32_t>(c.graph_max_pages);
-  w.put<int32_t>(c.graph_max_seqs);
-  w.put<int32_t>(c.graph_pdl_min_batch);
-  w.put<int64_t>(c.graph_max_step_tokens);
+  w.put_vec(g.buckets);
+  w.put<int32_t>(g.max_pages_per_seq);
+  w.put<int32_t>(g.max_seqs);
+  w.put<int32_t>(g.pdl_min_batch);
+  w.put<int64_t>(g.max_step_tokens);
   const BatchDesc& b = c.batch;
   w.put_vec(b.tokens);
   w.put_vec(b.positions);
@@ -120,13 +121,14 @@ TpCommand tp_decode(const void* header, const void* payload, size_t bytes) {
   const uint8_t flags = r.get<uint8_t>();
   c.want_logits = flags & 1;
   c.want_hidden = flags & 2;
-  c.graph_pdl = flags & 4;
+  ModelRunner::GraphPlan& g = c.graph;
+  g.pdl = flags & 4;
   c.batch.mrope = flags & 8;
-  c.graph_buckets = r.get_vec<int32_t>();
-  c.graph_max_pages = r.get<int32_t>();
-  c.graph_max_seqs = r.get<int32_t>();
-  c.graph_pdl_min_batch = r.get<int32_t>();
-  c.graph_max_step_tokens = r.get<int64_t>();
+  g.buckets = r.get_vec<int32_t>();
+  g.max_pages_per_seq = r.get<int32_t>();
+  g.max_seqs = r.get<int32_t>();
+  g.pdl_min_batch = r.get<int32_t>();
+  g.max_step_tokens = r.get<int64_t>();
   BatchDesc& b = c.batch;
   b.tokens = r.get_vec<int32_t>();
   b.positions = r.get_vec<int32_t>();

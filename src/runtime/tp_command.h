@@ -10,23 +10,21 @@
 #include <vector>
 
 #include "kiln/batch.h"
+#include "runtime/model_runner.h"
 
 namespace kiln {
 
 struct TpCommand {
   enum class Op : int32_t {
     allocate_kv = 1,     // a = num_pages, b = page_size
-    prepare_graphs = 2,  // graph_*: the ModelRunner::GraphPlan
+    prepare_graphs = 2,  // graph
     forward = 3,         // batch; want_logits / want_hidden as the engine asked rank 0
     stop = 4,            // the ranks leave their loops
   };
   Op op = Op::stop;
   int32_t a = 0, b = 0;
   bool want_logits = false, want_hidden = false;
-  std::vector<int32_t> graph_buckets;
-  int32_t graph_max_pages = 0, graph_max_seqs = 0, graph_pdl_min_batch = 2;
-  int64_t graph_max_step_tokens = 0;
-  bool graph_pdl = true;
+  ModelRunner::GraphPlan graph;
   BatchDesc batch;
 };
 

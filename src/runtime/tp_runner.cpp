@@ -110,6 +110,11 @@ struct TpRunner::Impl {
   // runner dead and throws RunnerFatalError.
   void run(const std::vector<int>& which, const std::function<void(Worker&)>& fn, const char* what);
   std::vector<int> all_or_leader() const;
+  // One engine call: rank 0 runs rank0 (after broadcasting c when others follow broadcasts), every other
+  // local rank executes c over `batch` (the caller's, read in place).
+  void call(const TpCommand& c, const BatchDesc& batch, const std::function<void(Qwen3Runner&)>& rank0,
+            const char* what);
+  TpCommand forward_command(const BatchDesc& batch, bool logits, bool hidden) const;
   [[noreturn]] void die(const std::string& msg);
   std::string root_cause() const;
   // The command protocol (tp_command.h).
@@ -218,6 +223,27 @@ std::vector<int> TpRunner::Impl::all_or_leader() const {
   return v;
 }
 
+void TpRunner::Impl::call(const TpCommand& c, const BatchDesc& batch,
+                          const std::function<void(Qwen3Runner&)>& rank0, const char* what) {
+  run(
+      all_or_leader(),
+      [&](Worker& w) {
+        if (w.global != 0) return execute(w, c, batch);
+        if (follower_loops) send(w, c);
+        rank0(*w.runner);
+      },
+      what);
+}
+
+TpCommand TpRunner::Impl::forward_command(const BatchDesc& batch, bool logits, bool hidden) const {
+  TpCommand c;
+  c.op = TpCommand::Op::forward;
+  c.want_logits = logits;
+  c.want_hidden = hidden;
+  if (follower_loops) c.batch = batch;  // to be encoded; ranks in this process read the caller's batch
+  return c;
+}
+
 void TpRunner::Impl::send(Worker& w, const TpCommand& c) {
   const std::string payload = tp_encode(c), header = tp_header(c, payload.size());
   const size_t need = std::max(payload.size(), kTpHeaderBytes);
@@ -250,17 +276,9 @@ void TpRunner::Impl::execute(Worker& w, const TpCommand& c, const BatchDesc& bat
     case TpCommand::Op::allocate_kv:
       w.runner->allocate_kv(c.a, c.b);
       return;
-    case TpCommand::Op::prepare_graphs: {
-      ModelRunner::GraphPlan p;
-      p.buckets = c.graph_buckets;
-      p.max_pages_per_seq = c.graph_max_pages;
-      p.max_step_tokens = c.graph_max_step_tokens;
-      p.max_seqs = c.graph_max_seqs;
-      p.pdl = c.graph_pdl;
-      p.pdl_min_batch = c.graph_pdl_min_batch;
-      w.runner->prepare_graphs(p);
+    case TpCommand::Op::prepare_graphs:
+      w.runner->prepare_graphs(c.graph);
       return;
-    }
     case TpCommand::Op::forward:
       // Rank 0's Qwen3Runner::forward / forward_sampled make the same model calls (and graph choice).
       if (c.want_logits && !c.want_hidden) {
@@ -457,7 +475,8 @@ int64_t TpRunner::kv_memory_budget(double mem_fraction) const {
   // Read-only queries of each rank's device (no collective); remote nodes are taken to be alike.
   int64_t budget = INT64_MAX;
   for (const auto& w : impl_->workers) budget = std::min(budget, w->runner->kv_memory_budget(mem_fraction));
-  return budget;
+  // CPU ranks share the host's memory: each gets its share of the one budget.
+  return device().is_cpu() ? budget / local_ranks() : budget;
 }
 
 void TpRunner::allocate_kv(int32_t num_pages, int32_t page_size) {
@@ -465,33 +484,16 @@ void TpRunner::allocate_kv(int32_t num_pages, int32_t page_size) {
   c.op = TpCommand::Op::allocate_kv;
   c.a = num_pages;
   c.b = page_size;
-  impl_->run(
-      impl_->all_or_leader(),
-      [&](Worker& w) {
-        if (w.global != 0) return impl_->execute(w, c, c.batch);
-        if (impl_->follower_loops) impl_->send(w, c);
-        w.runner->allocate_kv(num_pages, page_size);
-      },
-      "allocating the KV cache");
+  impl_->call(
+      c, c.batch, [&](Qwen3Runner& r) { r.allocate_kv(num_pages, page_size); }, "allocating the KV cache");
 }
 
 void TpRunner::prepare_graphs(const GraphPlan& plan) {
   TpCommand c;
   c.op = TpCommand::Op::prepare_graphs;
-  c.graph_buckets = plan.buckets;
-  c.graph_max_pages = plan.max_pages_per_seq;
-  c.graph_max_step_tokens = plan.max_step_tokens;
-  c.graph_max_seqs = plan.max_seqs;
-  c.graph_pdl = plan.pdl;
-  c.graph_pdl_min_batch = plan.pdl_min_batch;
-  impl_->run(
-      impl_->all_or_leader(),
-      [&](Worker& w) {
-        if (w.global != 0) return impl_->execute(w, c, c.batch);
-        if (impl_->follower_loops) impl_->send(w, c);
-        w.runner->prepare_graphs(plan);
-      },
-      "capturing the decode CUDA graphs");
+  c.graph = plan;
+  impl_->call(
+      c, c.batch, [&](Qwen3Runner& r) { r.prepare_graphs(plan); }, "capturing the decode CUDA graphs");
 }
 
 int32_t TpRunner::graph_bucket(const BatchDesc& batch) const {
@@ -499,41 +501,22 @@ int32_t TpRunner::graph_bucket(const BatchDesc& batch) const {
 }
 
 void TpRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) {
-  TpCommand c;
-  c.op = TpCommand::Op::forward;
-  c.want_logits = logits != nullptr;
-  c.want_hidden = hidden != nullptr;
-  const bool bc = impl_->follower_loops;
-  if (bc) c.batch = batch;  // the pointer-mode ranks read the caller's batch directly
-  impl_->run(
-      impl_->all_or_leader(),
-      [&](Worker& w) {
-        if (w.global != 0) return impl_->execute(w, c, batch);
-        if (bc) impl_->send(w, c);
-        w.runner->forward(batch, logits, hidden);
-      },
-      "a step");
+  const TpCommand c = impl_->forward_command(batch, logits != nullptr, hidden != nullptr);
+  impl_->call(
+      c, batch, [&](Qwen3Runner& r) { r.forward(batch, logits, hidden); }, "a step");
 }
 
 bool TpRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                                std::vector<SampledRow>* out) {
   if (!device().is_cuda()) return false;  // the CPU ranks' logits are sampled on the host
-  TpCommand c;
-  c.op = TpCommand::Op::forward;
-  c.want_logits = true;
-  const bool bc = impl_->follower_loops;
-  if (bc) c.batch = batch;
-  bool ran = false;
-  impl_->run(
-      impl_->all_or_leader(),
-      [&](Worker& w) {
-        if (w.global != 0) return impl_->execute(w, c, batch);
-        if (bc) impl_->send(w, c);
-        ran = w.runner->forward_sampled(batch, rows, top_n, out);
-        KILN_CHECK(ran, "rank 0 declined device sampling on a GPU");
+  const TpCommand c = impl_->forward_command(batch, true, false);
+  impl_->call(
+      c, batch,
+      [&](Qwen3Runner& r) {
+        KILN_CHECK(r.forward_sampled(batch, rows, top_n, out), "rank 0 declined device sampling on a GPU");
       },
       "a step");
-  return ran;
+  return true;
 }
 
 void TpRunner::release_request(uint64_t request) {

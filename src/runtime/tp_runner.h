@@ -63,10 +63,11 @@ class TpRunner : public ModelRunner {
   TpRunner(const EngineOptions& opts, const TpRunnerOptions& tp);
   ~TpRunner() override;
 
-  const ModelConfig& config() const override { return cfg_; }    // the whole model's
-  Device device() const override;                                // rank 0's
-  int64_t kv_bytes_per_token() const override;                   // one rank's (its KV heads)
-  int64_t kv_memory_budget(double mem_fraction) const override;  // the smallest over the local ranks
+  const ModelConfig& config() const override { return cfg_; }  // the whole model's
+  Device device() const override;                              // rank 0's
+  int64_t kv_bytes_per_token() const override;                 // one rank's (its KV heads)
+  // Per rank: the smallest over the local GPUs; CPU ranks split the one host budget.
+  int64_t kv_memory_budget(double mem_fraction) const override;
   void allocate_kv(int32_t num_pages, int32_t page_size) override;
   void prepare_graphs(const GraphPlan& plan) override;
   int32_t graph_bucket(const BatchDesc& batch) const override;

@@ -69,7 +69,9 @@ TEST(TpCuda, OneRankNcclGroupEqualsTheNonTpRunnerEagerAndInGraphs) {
     for (int s = 0; s < 12; ++s) {
       const int32_t n = int32_t(seq.size()) - done;
       const BatchDesc b = step(seq, done, n, kPage, kPages);
-      if (s > 0) ASSERT_EQ(tp.graph_bucket(b), 1) << "decode steps replay the graphs";
+      if (s > 0) {
+        ASSERT_EQ(tp.graph_bucket(b), 1) << "decode steps replay the graphs";
+      }
       std::vector<float> la, lb;
       plain->forward(b, &la, nullptr);
       tp.forward(b, &lb, nullptr);

@@ -213,8 +213,9 @@ TEST_P(TpVsTp1, SameGreedyTokensLogprobsWithinTheBoundKvPerRank) {
   for (const auto& [id, toks] : a.tokens) {
     ASSERT_EQ(b.tokens.at(id).size(), toks.size()) << "request " << id;
     for (size_t i = 0; i < toks.size(); ++i) {
-      ASSERT_EQ(b.tokens.at(id)[i], toks[i]) << "request " << id << " step " << i << " (TP = 1's top-2 margin "
-                                             << a.margins.at(id)[i] << ", bound " << a.bounds.at(id)[i] << ")";
+      ASSERT_EQ(b.tokens.at(id)[i], toks[i])
+          << "request " << id << " step " << i << " (TP = 1's top-2 margin " << a.margins.at(id)[i]
+          << ", bound " << a.bounds.at(id)[i] << ")";
       const double d = std::fabs(b.logprobs.at(id)[i] - a.logprobs.at(id)[i]);
       EXPECT_LE(d, a.bounds.at(id)[i]) << "request " << id << " step " << i;
       worst = std::max(worst, d), sum += d, ++n;
@@ -307,7 +308,7 @@ TEST(TpCommand, RoundTripAndCorruptInput) {
   TpCommand c;
   c.op = TpCommand::Op::forward;
   c.want_logits = true;
-  c.graph_buckets = {1, 2, 4};
+  c.graph.buckets = {1, 2, 4};
   c.batch.tokens = {5, 6, 7};
   c.batch.positions = {0, 1, 2};
   c.batch.slot_mapping = {4, 5, -1};
@@ -323,7 +324,7 @@ TEST(TpCommand, RoundTripAndCorruptInput) {
   EXPECT_EQ(d.op, c.op);
   EXPECT_TRUE(d.want_logits);
   EXPECT_FALSE(d.want_hidden);
-  EXPECT_EQ(d.graph_buckets, c.graph_buckets);
+  EXPECT_EQ(d.graph.buckets, c.graph.buckets);
   EXPECT_EQ(d.batch.tokens, c.batch.tokens);
   EXPECT_EQ(d.batch.slot_mapping, c.batch.slot_mapping);
   EXPECT_EQ(d.batch.page_table, c.batch.page_table);
