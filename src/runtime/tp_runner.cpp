@@ -160,11 +160,16 @@ void TpRunner::Impl::worker_main(Worker& w) {
 }
 
 std::string TpRunner::Impl::root_cause() const {
-  const Worker* first = nullptr;
-  for (const auto& w : workers)
-    if (w->error_seq && (!first || w->error_seq < first->error_seq)) first = w.get();
-  return first ? "tensor-parallel rank " + std::to_string(first->global) + " failed: " + first->error
-               : std::string("tensor-parallel group failed");
+  uint64_t first = 0;
+  std::string why = "tensor-parallel group failed";
+  for (const auto& w : workers) {
+    std::lock_guard lk(w->m);  // a follower loop may be recording its failure
+    if (w->error_seq && (!first || w->error_seq < first)) {
+      first = w->error_seq;
+      why = "tensor-parallel rank " + std::to_string(w->global) + " failed: " + w->error;
+    }
+  }
+  return why;
 }
 
 void TpRunner::Impl::die(const std::string& msg) {

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hf_parity.h"
 #include "dist/shard_plan.h"
 #include "engine_test_util.h"
 #include "kiln/error.h"
@@ -253,6 +254,15 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TpVsTp1,
                          [](const auto& info) {
                            return std::string(info.param.fixture) + "_tp" + std::to_string(info.param.tp);
                          });
+
+// `kiln generate --tp N` against Hugging Face's own greedy path and log-probs (the same bound as TP = 1's).
+TEST(TpCli, GenerateWithTpMatchesHuggingFace) {
+  for (const Case& c :
+       {Case{"qwen3_gqa2_d128_untied", 4}, Case{"qwen3_gqa3_d32_tied", 2}, Case{"qwen3_gqa4_d64_tied", 4}}) {
+    SCOPED_TRACE(std::string(c.fixture) + " --tp " + std::to_string(c.tp));
+    test_support::check_hf_fixture_cli(fixture(c.fixture), 3, {"--tp", std::to_string(c.tp)});
+  }
+}
 
 TEST(TpRunner, ShapesThatDoNotDivideAreClearErrors) {
   TpRunnerOptions to;
