@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace kiln::dist {
 
@@ -28,6 +29,9 @@ class Communicator {
   // Gives up on the group: every rank blocked in (or later entering) a collective fails instead of waiting
   // for a rank that will not come (LocalGroup: throws; NCCL: ncclCommAbort). Callable from any thread.
   virtual void abort() = 0;
+  // An error the group hit outside any call (NCCL: ncclCommGetAsyncError, e.g. a peer process that died),
+  // or "" when there is none. Callable from any thread; a watchdog polls it.
+  virtual std::string async_error() { return {}; }
 };
 
 }  // namespace kiln::dist

@@ -50,6 +50,12 @@ class NcclComm final : public Communicator {
   void abort() override {
     if (!aborted_.exchange(true)) ncclCommAbort(c_);
   }
+  std::string async_error() override {
+    if (aborted_.load()) return {};
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(c_, &r) != ncclSuccess) return "ncclCommGetAsyncError failed";
+    return r == ncclSuccess || r == ncclInProgress ? std::string() : std::string(ncclGetErrorString(r));
+  }
 
  private:
   ncclComm_t c_;

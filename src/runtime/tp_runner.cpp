@@ -70,7 +70,7 @@ TpRunnerOptions tp_runner_options(const EngineOptions& e) {
 
 // One local rank: its thread, device, communicator, shard and runner, and the mailbox the engine thread
 // (or, for the follower loops, nobody) posts jobs to.
-struct Worker {
+struct RankWorker {
   int local = 0, global = 0;
   Device device;
   dist::Communicator* comm = nullptr;
@@ -83,7 +83,7 @@ struct Worker {
 
   std::mutex m;
   std::condition_variable cv;
-  std::function<void(Worker&)> job;
+  std::function<void(RankWorker&)> job;
   uint64_t posted = 0, done = 0;
   bool quit = false;
   std::string error;       // the last job's failure
@@ -97,7 +97,7 @@ struct TpRunner::Impl {
   dist::ReduceType reduce = dist::ReduceType::f32;
   std::unique_ptr<dist::LocalGroup> group;
   std::vector<std::unique_ptr<dist::Communicator>> nccl;
-  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<std::unique_ptr<RankWorker>> workers;
   std::atomic<uint64_t> failures{0};
   std::string failed;           // non-empty: the runner is dead, with this message
   bool follower_loops = false;  // local ranks other than 0 run follow() (broadcast mode)
@@ -105,10 +105,11 @@ struct TpRunner::Impl {
 
   void start(const EngineOptions& eo);
   void abort_all();
-  void worker_main(Worker& w);
+  std::string async_error();  // the first communicator's asynchronous error, or ""
+  void worker_main(RankWorker& w);
   // Runs fn on the given local ranks' threads and waits for all of them; a failure or a timeout makes the
   // runner dead and throws RunnerFatalError.
-  void run(const std::vector<int>& which, const std::function<void(Worker&)>& fn, const char* what);
+  void run(const std::vector<int>& which, const std::function<void(RankWorker&)>& fn, const char* what);
   std::vector<int> all_or_leader() const;
   // One engine call: rank 0 runs rank0 (after broadcasting c when others follow broadcasts), every other
   // local rank executes c over `batch` (the caller's, read in place).
@@ -118,10 +119,10 @@ struct TpRunner::Impl {
   [[noreturn]] void die(const std::string& msg);
   std::string root_cause() const;
   // The command protocol (tp_command.h).
-  void send(Worker& w, const TpCommand& c);
-  TpCommand receive(Worker& w);
-  void execute(Worker& w, const TpCommand& c, const BatchDesc& batch);
-  void follow(Worker& w);
+  void send(RankWorker& w, const TpCommand& c);
+  TpCommand receive(RankWorker& w);
+  void execute(RankWorker& w, const TpCommand& c, const BatchDesc& batch);
+  void follow(RankWorker& w);
   ~Impl();
 };
 
@@ -132,9 +133,35 @@ void TpRunner::Impl::abort_all() {
     if (w->owned_comm) w->owned_comm->abort();
 }
 
-void TpRunner::Impl::worker_main(Worker& w) {
+std::string TpRunner::Impl::async_error() {
+  for (auto& c : nccl)
+    if (std::string e = c->async_error(); !e.empty()) return e;
+  for (auto& w : workers)
+    if (w->owned_comm)
+      if (std::string e = w->owned_comm->async_error(); !e.empty()) return e;
+  return {};
+}
+
+// Waits until w has finished its job or the deadline passes, checking the communicators' asynchronous errors
+// every second (a peer lost in another process): such an error aborts the group, which ends the wait.
+static bool wait_done(TpRunner::Impl& impl, RankWorker& w, Clock::time_point deadline) {
+  std::unique_lock lk(w.m);
   for (;;) {
-    std::function<void(Worker&)> job;
+    const auto slice = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+    if (w.cv.wait_until(lk, slice, [&] { return w.done == w.posted; })) return true;
+    if (Clock::now() >= deadline) return false;
+    lk.unlock();
+    if (const std::string e = impl.async_error(); !e.empty()) {
+      std::fprintf(stderr, "kiln: tensor-parallel communicator error: %s: aborting the group\n", e.c_str());
+      impl.abort_all();
+    }
+    lk.lock();
+  }
+}
+
+void TpRunner::Impl::worker_main(RankWorker& w) {
+  for (;;) {
+    std::function<void(RankWorker&)> job;
     {
       std::unique_lock lk(w.m);
       w.cv.wait(lk, [&] { return w.quit || w.posted != w.done; });
@@ -178,11 +205,11 @@ void TpRunner::Impl::die(const std::string& msg) {
   throw RunnerFatalError(failed);
 }
 
-void TpRunner::Impl::run(const std::vector<int>& which, const std::function<void(Worker&)>& fn,
+void TpRunner::Impl::run(const std::vector<int>& which, const std::function<void(RankWorker&)>& fn,
                          const char* what) {
   if (!failed.empty()) throw RunnerFatalError(failed);
   for (int i : which) {
-    Worker& w = *workers[size_t(i)];
+    RankWorker& w = *workers[size_t(i)];
     std::lock_guard lk(w.m);
     w.job = fn;
     w.error.clear();
@@ -193,9 +220,7 @@ void TpRunner::Impl::run(const std::vector<int>& which, const std::function<void
                                            std::chrono::duration<double>(opts.timeout_s));
   bool timed_out = false;
   for (int i : which) {
-    Worker& w = *workers[size_t(i)];
-    std::unique_lock lk(w.m);
-    if (!w.cv.wait_until(lk, deadline, [&] { return w.done == w.posted; })) {
+    if (!wait_done(*this, *workers[size_t(i)], deadline)) {
       timed_out = true;
       break;
     }
@@ -205,7 +230,7 @@ void TpRunner::Impl::run(const std::vector<int>& which, const std::function<void
     const auto grace = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(kAbortGraceS));
     for (int i : which) {
-      Worker& w = *workers[size_t(i)];
+      RankWorker& w = *workers[size_t(i)];
       std::unique_lock lk(w.m);
       if (!w.cv.wait_until(lk, grace, [&] { return w.done == w.posted; })) {
         std::fprintf(stderr,
@@ -232,7 +257,7 @@ void TpRunner::Impl::call(const TpCommand& c, const BatchDesc& batch,
                           const std::function<void(Qwen3Runner&)>& rank0, const char* what) {
   run(
       all_or_leader(),
-      [&](Worker& w) {
+      [&](RankWorker& w) {
         if (w.global != 0) return execute(w, c, batch);
         if (follower_loops) send(w, c);
         rank0(*w.runner);
@@ -249,7 +274,7 @@ TpCommand TpRunner::Impl::forward_command(const BatchDesc& batch, bool logits, b
   return c;
 }
 
-void TpRunner::Impl::send(Worker& w, const TpCommand& c) {
+void TpRunner::Impl::send(RankWorker& w, const TpCommand& c) {
   const std::string payload = tp_encode(c), header = tp_header(c, payload.size());
   const size_t need = std::max(payload.size(), kTpHeaderBytes);
   if (!w.wire || w.wire->bytes() < need) w.wire.emplace(std::max<size_t>(need * 2, 4096), w.device);
@@ -260,7 +285,7 @@ void TpRunner::Impl::send(Worker& w, const TpCommand& c) {
   w.comm->broadcast(w.wire->data(), payload.size(), 0);
 }
 
-TpCommand TpRunner::Impl::receive(Worker& w) {
+TpCommand TpRunner::Impl::receive(RankWorker& w) {
   if (!w.wire) w.wire.emplace(4096, w.device);
   char header[kTpHeaderBytes];
   w.comm->broadcast(w.wire->data(), kTpHeaderBytes, 0);
@@ -276,7 +301,7 @@ TpCommand TpRunner::Impl::receive(Worker& w) {
 }
 
 // What a rank other than 0 does for the engine's call on rank 0: the same model work, nothing returned.
-void TpRunner::Impl::execute(Worker& w, const TpCommand& c, const BatchDesc& batch) {
+void TpRunner::Impl::execute(RankWorker& w, const TpCommand& c, const BatchDesc& batch) {
   switch (c.op) {
     case TpCommand::Op::allocate_kv:
       w.runner->allocate_kv(c.a, c.b);
@@ -298,7 +323,7 @@ void TpRunner::Impl::execute(Worker& w, const TpCommand& c, const BatchDesc& bat
   }
 }
 
-void TpRunner::Impl::follow(Worker& w) {
+void TpRunner::Impl::follow(RankWorker& w) {
   for (;;) {
     const TpCommand c = receive(w);
     if (c.op == TpCommand::Op::stop) return;
@@ -374,7 +399,7 @@ void TpRunner::Impl::start(const EngineOptions& eo) {
   }
 
   for (int i = 0; i < local_n; ++i) {
-    auto w = std::make_unique<Worker>();
+    auto w = std::make_unique<RankWorker>();
     w->local = i;
     w->global = opts.node_rank * local_n + i;
     w->device = devices[size_t(i)];
@@ -385,7 +410,7 @@ void TpRunner::Impl::start(const EngineOptions& eo) {
     workers.push_back(std::move(w));
   }
   for (auto& w : workers) {
-    Worker* p = w.get();
+    RankWorker* p = w.get();
     p->thread = std::thread([this, p] { worker_main(*p); });
   }
   const Checkpoint* ck = ckpt ? &*ckpt : nullptr;
@@ -393,7 +418,7 @@ void TpRunner::Impl::start(const EngineOptions& eo) {
   for (size_t i = 0; i < all.size(); ++i) all[i] = int(i);
   run(
       all,
-      [&](Worker& w) {
+      [&](RankWorker& w) {
         if (!nccl_id.empty()) {
           w.owned_comm = dist::nccl_comm(nccl_id, tp, w.global, w.device.index);
           w.comm = w.owned_comm.get();
@@ -413,9 +438,9 @@ void TpRunner::Impl::start(const EngineOptions& eo) {
     std::vector<int> rest;
     for (size_t i = leader ? 1 : 0; i < workers.size(); ++i) rest.push_back(int(i));
     for (int i : rest) {
-      Worker& w = *workers[size_t(i)];
+      RankWorker& w = *workers[size_t(i)];
       std::lock_guard lk(w.m);
-      w.job = [this](Worker& x) { follow(x); };
+      w.job = [this](RankWorker& x) { follow(x); };
       ++w.posted;
       w.cv.notify_all();
     }
@@ -428,7 +453,7 @@ TpRunner::Impl::~Impl() {
       TpCommand stop;
       stop.op = TpCommand::Op::stop;
       run(
-          {0}, [&](Worker& w) { send(w, stop); }, "stopping");
+          {0}, [&](RankWorker& w) { send(w, stop); }, "stopping");
     } catch (const std::exception&) {
       // Already reported; the loops were aborted.
     }
@@ -527,7 +552,7 @@ bool TpRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSamp
 void TpRunner::release_request(uint64_t request) {
   if (!impl_->failed.empty()) return;  // called while the engine ends every request after a failure
   impl_->run(
-      {0}, [&](Worker& w) { w.runner->release_request(request); }, "releasing a request");
+      {0}, [&](RankWorker& w) { w.runner->release_request(request); }, "releasing a request");
 }
 
 void run_tp_follower(const EngineOptions& eo, const TpRunnerOptions& tp) {
@@ -537,10 +562,9 @@ void run_tp_follower(const EngineOptions& eo, const TpRunnerOptions& tp) {
   impl.start(eo);
   std::fprintf(stderr, "kiln: node %d: %zu tensor-parallel rank(s) loaded, following node 0\n", tp.node_rank,
                impl.workers.size());
-  for (auto& w : impl.workers) {  // the loops end at the leader's stop, or at a failure
-    std::unique_lock lk(w->m);
-    w->cv.wait(lk, [&] { return w->done == w->posted; });
-  }
+  for (auto& w : impl.workers)  // the loops end at the leader's stop, or at a failure (or a lost peer)
+    while (!wait_done(impl, *w, Clock::now() + std::chrono::hours(24))) {
+    }
   if (impl.failures.load() > 0) {
     impl.failed = impl.root_cause();
     throw Error(impl.failed);

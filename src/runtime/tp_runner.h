@@ -21,8 +21,9 @@
 // collective fail instead of waiting for it), and the call throws RunnerFatalError naming the rank and its
 // error; the engine then ends every request with it and stops, and so does `kiln serve`. A step that
 // outlasts TpRunnerOptions::timeout_s on any rank (a peer lost without an error) aborts the group the same
-// way; a rank that still does not return within a grace period after the abort ends the process (exit 70)
-// rather than hang it. Once failed, every call throws again.
+// way, as does an asynchronous communicator error (polled every second: a peer process lost); a rank that
+// still does not return within a grace period after the abort ends the process (exit 70) rather than hang it.
+// Once failed, every call throws again.
 #pragma once
 
 #include <cstdint>
