@@ -10,6 +10,9 @@
 //   --batch: decode of B sequences at --context, eager and from a B-sequence graph (serving's buckets);
 //   breakdown: each op of one decode step as L graph-replayed calls (one per layer's weights, so no L2
 //            reuse of weights), median of 20 replays / L: kernel time plus the in-graph launch gap.
+// `--tp N --model DIR` instead times single-stream decode through the tensor-parallel runner over N GPUs
+// (runtime/tp_runner.h; random weights, DIR's config.json): TPOT eager and from the decode graphs (the NCCL
+// all-reduces captured inside), each step sampled greedily on rank 0's GPU as serving does.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +28,7 @@
 #include "kiln/config.h"
 #include "model/cuda_graph.h"
 #include "model/qwen3.h"
+#include "runtime/tp_runner.h"
 
 #ifdef KILN_HAVE_CUDA
 #include "bench/kernel_bench.h"
@@ -323,11 +327,65 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
               (long long)launches, total, (long long)launches);
 }
 
+// --tp N: decode TPOT through TpRunner, eager and from its graphs.
+int bench_model_tp(const cli::Flags& f) {
+  KILN_CHECK(f.has("model"), "kiln bench model --tp needs --model DIR (its config.json; random weights)");
+  EngineOptions eo;
+  eo.model_dir = f.str("model");
+  eo.tp = int(f.i64("tp", 1));
+  eo.device = "cuda";
+  eo.load_format = "random";
+  eo.kv_layout = "hnd";
+  eo.kv_cache_dtype = f.str("kv-dtype", "bf16") == "fp8" ? "fp8_e4m3" : "bf16";
+  eo.seed = uint64_t(f.i64("seed", 0));
+  const int32_t ctx = int32_t(f.i64("context", 1024)), steps = int32_t(f.i64("steps", 32));
+  const int32_t ps = int32_t(f.i64("page-size", 32));
+  KILN_CHECK(ctx >= 2 && steps >= 1 && ps > 0, "bad --context/--steps/--page-size");
+  eo.max_context_len = ctx + steps + 16;
+  const auto t0 = std::chrono::steady_clock::now();
+  TpRunner r(eo, tp_runner_options(eo));
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t V = r.config().vocab_size;
+  const int32_t pages = (ctx + steps + ps - 1) / ps + 1;
+  r.allocate_kv(pages, ps);
+  std::vector<float> logits;
+  for (int32_t s = 0; s < ctx - 1; s += 4096)
+    r.forward(one_seq(s, std::min(4096, ctx - 1 - s), pages, ps, V), &logits, nullptr);
+  std::vector<ModelRunner::RowSampling> greedy(1);
+  greedy[0].temperature = 0.0f;
+  std::vector<ModelRunner::SampledRow> sampled;
+  auto tpot = [&](int32_t first) {
+    std::vector<double> t;
+    for (int32_t i = 0; i < steps + 3; ++i) {
+      const auto a = std::chrono::steady_clock::now();
+      r.forward_sampled(one_seq(first + i, 1, pages, ps, V), greedy, 0, &sampled);
+      if (i >= 3)
+        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    }
+    return median(t);
+  };
+  const double eager = tpot(ctx - 1);
+  ModelRunner::GraphPlan gp;
+  gp.buckets = {1};
+  gp.max_pages_per_seq = pages;
+  gp.max_step_tokens = 4096;
+  gp.max_seqs = 1;
+  r.prepare_graphs(gp);
+  KILN_CHECK(r.graph_bucket(one_seq(ctx - 1, 1, pages, ps, V)) == 1, "no decode graph for batch 1");
+  const double graph = tpot(ctx - 1);  // rewrites the same slots with the same values
+  std::printf(
+      "tensor parallelism %d: random weights in %.1f s; decode TPOT at context %d (batch 1, greedy on "
+      "the GPU): eager %.3f ms, CUDA graph %.3f ms\n",
+      eo.tp, load_s, ctx, eager, graph);
+  return 0;
+}
+
 int run_bench_model(const cli::Args& args) {
   const cli::Flags f(
-      args, {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed", "batch"},
+      args, {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed", "batch", "tp"},
       {"no-breakdown"});
   KILN_CHECK(cuda_available(), "kiln bench model needs a CUDA GPU; none is visible");
+  if (f.has("tp")) return bench_model_tp(f);  // --tp 1 too: the TP path with a one-rank NCCL group
   const ModelConfig cfg = f.has("model") ? load_model_config(f.str("model"))
                                          : cli::builtin_qwen3_shape(f.str("shape", "qwen3-4b"));
   const int32_t ctx = int32_t(f.i64("context", 1024)), steps = int32_t(f.i64("steps", 32));

@@ -3,7 +3,8 @@
 //   kiln generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N] [--temperature T]
 //                 [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [--device auto|cpu|cuda|cuda:N]
 //                 [--load-format real|random] [--kv-layout nhd|hnd] [--kv-dtype bf16|fp8_e4m3]
-//                 [--page-size N] [--ignore-eos]
+//                 [--page-size N] [--ignore-eos] [--tp N]
+// --tp N: the model sharded over N ranks (runtime/tp_runner.h; CPU threads or GPUs cuda:N..), one process.
 // --json prints {"ids", "text", "logprobs", "finish_reason", "prompt_tokens", timings} on one line;
 // logprobs are the natural-log probabilities of each generated token under the raw model distribution.
 // Otherwise the generated text goes to stdout and a timing line to stderr.
@@ -18,10 +19,12 @@
 
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "cli/tp_flags.h"
 #include "kiln/error.h"
 #include "kiln/tokenizer.h"
 #include "model/qwen3.h"
 #include "runtime/sampler.h"
+#include "runtime/tp_runner.h"
 
 namespace {
 
@@ -86,7 +89,7 @@ int run_generate(const kiln::cli::Args& args) {
   const kiln::cli::Flags flags(
       args,
       {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-p", "top-k", "min-p", "seed",
-       "device", "load-format", "kv-layout", "kv-dtype", "page-size"},
+       "device", "load-format", "kv-layout", "kv-dtype", "page-size", "tp"},
       {"json", "ignore-eos"});
   require(flags.positional().empty(), "unexpected argument '", flags.positional()[0], "'");
   const std::string dir = flags.required("model");
@@ -141,12 +144,27 @@ int run_generate(const kiln::cli::Args& args) {
     for (int32_t e : tok->eos_token_ids()) eos.push_back(e);
   }
 
+  kiln::EngineOptions eo;  // --tp > 1: the tensor-parallel runner over the same options
+  kiln::cli::read_tp_flags(flags, eo);
   const auto t_load = Clock::now();
-  const auto model = kiln::Qwen3Model::load(dir, lo);
   const int32_t num_pages = int32_t((context + page_size - 1) / page_size);
-  kiln::KvCache cache(cfg, num_pages, int(page_size),
-                      kv_layout == "nhd" ? kiln::ops::KvLayout::nhd : kiln::ops::KvLayout::hnd,
-                      kv_dtype == "bf16" ? kiln::DType::bf16 : kiln::DType::f8e4m3, lo.device);
+  std::unique_ptr<kiln::TpRunner> tp;
+  std::unique_ptr<kiln::Qwen3Model> model;
+  std::optional<kiln::KvCache> cache;
+  if (eo.tp > 1) {
+    eo.model_dir = dir;
+    eo.device = kiln::device_name(lo.device);
+    eo.load_format = load_format == "random" ? "random" : "auto";
+    eo.kv_layout = kv_layout;
+    eo.kv_cache_dtype = kv_dtype;
+    tp = std::make_unique<kiln::TpRunner>(eo, kiln::tp_runner_options(eo));
+    tp->allocate_kv(num_pages, int32_t(page_size));
+  } else {
+    model = kiln::Qwen3Model::load(dir, lo);
+    cache.emplace(cfg, num_pages, int(page_size),
+                  kv_layout == "nhd" ? kiln::ops::KvLayout::nhd : kiln::ops::KvLayout::hnd,
+                  kv_dtype == "bf16" ? kiln::DType::bf16 : kiln::DType::f8e4m3, lo.device);
+  }
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
 
   kiln::Buffer dev_logits(size_t(cfg.vocab_size) * sizeof(float), lo.device);
@@ -163,9 +181,13 @@ int run_generate(const kiln::cli::Args& args) {
     const int32_t n = int32_t(seq.size()) - cached;
     kiln::BatchDesc b = step_batch(seq, cached, n, int(page_size), num_pages);
     if (!cfg.mrope_section.empty()) b.set_text_mrope();  // Qwen3-VL: text positions on all three axes
-    model->forward(b, cache, logits_t);
-    kiln::copy_bytes(logits.data(), kiln::Device::cpu(), dev_logits.data(), lo.device,
-                     logits.size() * sizeof(float));
+    if (tp) {
+      tp->forward(b, &logits, nullptr);
+    } else {
+      model->forward(b, *cache, logits_t);
+      kiln::copy_bytes(logits.data(), kiln::Device::cpu(), dev_logits.data(), lo.device,
+                       logits.size() * sizeof(float));
+    }
     cached += n;
     const kiln::Draw d = sampler.sample(logits);
     (step == 0 ? prefill_s : decode_s) += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -11,6 +11,11 @@
 //              [--sampling-backend auto|cpu] [--is-embedding]
 //              [--reasoning-parser auto|qwen3|none] [--tool-call-parser qwen25|none]
 //              [--generation-config auto|none]
+//              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
+// --tp N shards the model over N ranks (GPUs cuda:N.., or CPU threads with --device cpu):
+// runtime/tp_runner.h. Across nodes every node runs `kiln serve` with the same flags and its own --node-rank;
+// node 0 serves HTTP, the others load their ranks and follow node 0's steps until it stops. A rank that fails
+// stops the server (exit 1) with the rank's error.
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -20,14 +25,18 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "cli/client_flags.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "cli/tp_flags.h"
 #include "kiln/error.h"
 #include "kiln/tokenizer.h"
 #include "runtime/engine.h"
+#include "runtime/tp_runner.h"
 #include "server/backend_engine.h"
 #include "server/generation_config.h"
 #include "server/server.h"
@@ -36,40 +45,45 @@ namespace {
 
 using namespace std::chrono_literals;
 
+std::set<std::string> serve_flags() {
+  std::set<std::string> s = {"model",
+                             "host",
+                             "port",
+                             "api-key",
+                             "served-model-name",
+                             "reasoning-parser",
+                             "tool-call-parser",
+                             "generation-config",
+                             "device",
+                             "load-format",
+                             "page-size",
+                             "kv-layout",
+                             "kv-cache-dtype",
+                             "max-total-tokens",
+                             "mem-fraction",
+                             "chunked-prefill-size",
+                             "max-running-requests",
+                             "max-queue",
+                             "max-context-len",
+                             "max-body-bytes",
+                             "http-threads",
+                             "http-workers",
+                             "max-connections",
+                             "http-idle-timeout",
+                             "http-header-timeout",
+                             "http-body-timeout",
+                             "http-write-timeout",
+                             "drain-timeout",
+                             "seed",
+                             "cuda-graph-bs",
+                             "sampling-backend"};
+  s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
+  return s;
+}
+
 int run_serve(const kiln::cli::Args& args) {
   const kiln::cli::Flags f(
-      args,
-      {"model",
-       "host",
-       "port",
-       "api-key",
-       "served-model-name",
-       "reasoning-parser",
-       "tool-call-parser",
-       "generation-config",
-       "device",
-       "load-format",
-       "page-size",
-       "kv-layout",
-       "kv-cache-dtype",
-       "max-total-tokens",
-       "mem-fraction",
-       "chunked-prefill-size",
-       "max-running-requests",
-       "max-queue",
-       "max-context-len",
-       "max-body-bytes",
-       "http-threads",
-       "http-workers",
-       "max-connections",
-       "http-idle-timeout",
-       "http-header-timeout",
-       "http-body-timeout",
-       "http-write-timeout",
-       "drain-timeout",
-       "seed",
-       "cuda-graph-bs",
-       "sampling-backend"},
+      args, serve_flags(),
       {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl", "is-embedding"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
@@ -99,6 +113,12 @@ int run_serve(const kiln::cli::Args& args) {
     }
   eo.seed = uint64_t(f.i64("seed", 0));
   eo.sampling_backend = f.str("sampling-backend", eo.sampling_backend);  // auto | cpu
+  kiln::cli::read_tp_flags(f, eo);
+  if (eo.node_rank > 0) {  // a follower node: no HTTP, its ranks take node 0's steps until node 0 stops
+    kiln::run_tp_follower(eo, kiln::tp_runner_options(eo));
+    std::fprintf(stderr, "kiln serve: node %d: node 0 stopped; exiting\n", eo.node_rank);
+    return 0;
+  }
 
   kiln::server::ServerOptions so;
   so.host = f.str("host", "127.0.0.1");
@@ -193,12 +213,18 @@ int run_serve(const kiln::cli::Args& args) {
     return sigtimedwait(&sigs, nullptr, &ts);
   };
   int sig = -1;
-  while (sig <= 0 && !listen_done) sig = wait_signal(1000ms);
+  std::string fatal;
+  while (sig <= 0 && !listen_done && fatal.empty()) {
+    sig = wait_signal(200ms);
+    fatal = engine->fatal_error();
+  }
+  if (!fatal.empty()) std::fprintf(stderr, "kiln serve: the engine stopped: %s\n", fatal.c_str());
   std::fprintf(
       stderr, "kiln serve: %s: draining %lld in-flight request(s) for up to %.0f s (signal again to abort)\n",
-      sig == SIGTERM  ? "SIGTERM"
-      : sig == SIGINT ? "SIGINT"
-                      : "the listener stopped",
+      !fatal.empty()   ? "the engine failed"
+      : sig == SIGTERM ? "SIGTERM"
+      : sig == SIGINT  ? "SIGINT"
+                       : "the listener stopped",
       (long long)server.counters().active.load(), drain_s);
   server.begin_drain();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(drain_s * 1000));
@@ -224,7 +250,7 @@ int run_serve(const kiln::cli::Args& args) {
       (long long)c.accepted.load(), (long long)c.completed.load(), (long long)c.errored.load(),
       (long long)c.aborted.load(), (long long)c.rejected_invalid.load(), (long long)c.rejected_busy.load(),
       (long long)c.rejected_auth.load());
-  return sig > 0 ? 0 : 1;  // a listener that stopped on its own is a failure
+  return sig > 0 && fatal.empty() ? 0 : 1;  // a listener that stopped on its own, or a failed rank: failure
 }
 
 }  // namespace

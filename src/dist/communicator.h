@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace kiln::dist {
 
@@ -22,6 +23,15 @@ class Communicator {
   virtual void all_reduce_sum(void* data, size_t count, ReduceType type, void* stream = nullptr) = 0;
   // root's `bytes` at data copied to every rank's data.
   virtual void broadcast(void* data, size_t bytes, int root, void* stream = nullptr) = 0;
+  // Rank r's `bytes` at send land at recv + r * bytes on every rank (recv: size() * bytes; send may be
+  // recv + rank() * bytes, in place). Same memory rules as all_reduce_sum.
+  virtual void all_gather(const void* send, void* recv, size_t bytes, void* stream = nullptr) = 0;
+  // Gives up on the group: every rank blocked in (or later entering) a collective fails instead of waiting
+  // for a rank that will not come (LocalGroup: throws; NCCL: ncclCommAbort). Callable from any thread.
+  virtual void abort() = 0;
+  // An error the group hit outside any call (NCCL: ncclCommGetAsyncError, e.g. a peer process that died),
+  // or "" when there is none. Callable from any thread; a watchdog polls it.
+  virtual std::string async_error() { return {}; }
 };
 
 }  // namespace kiln::dist

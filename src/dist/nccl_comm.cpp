@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
 #endif
 
@@ -23,23 +24,43 @@ namespace {
 class NcclComm final : public Communicator {
  public:
   NcclComm(ncclComm_t c, int rank, int size, int device) : c_(c), rank_(rank), size_(size), device_(device) {}
-  ~NcclComm() override { ncclCommDestroy(c_); }
+  ~NcclComm() override {
+    if (!aborted_.load()) ncclCommDestroy(c_);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void all_reduce_sum(void* data, size_t count, ReduceType type, void* stream) override {
+    if (aborted_.load()) KILN_FAIL("tensor-parallel group aborted by another rank");
     KILN_CHECK(cudaSetDevice(device_) == cudaSuccess, "NCCL all-reduce: cudaSetDevice(", device_, ")");
     KILN_NCCL_CHECK(ncclAllReduce(data, data, count, type == ReduceType::f32 ? ncclFloat32 : ncclBfloat16,
                                   ncclSum, c_, static_cast<cudaStream_t>(stream)));
   }
   void broadcast(void* data, size_t bytes, int root, void* stream) override {
     KILN_CHECK(root >= 0 && root < size_, "broadcast root ", root, " out of range (", size_, " ranks)");
+    if (aborted_.load()) KILN_FAIL("tensor-parallel group aborted by another rank");
     KILN_CHECK(cudaSetDevice(device_) == cudaSuccess, "NCCL broadcast: cudaSetDevice(", device_, ")");
     KILN_NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, c_, static_cast<cudaStream_t>(stream)));
+  }
+  void all_gather(const void* send, void* recv, size_t bytes, void* stream) override {
+    if (aborted_.load()) KILN_FAIL("tensor-parallel group aborted by another rank");
+    KILN_CHECK(cudaSetDevice(device_) == cudaSuccess, "NCCL all-gather: cudaSetDevice(", device_, ")");
+    KILN_NCCL_CHECK(ncclAllGather(send, recv, bytes, ncclUint8, c_, static_cast<cudaStream_t>(stream)));
+  }
+  // ncclCommAbort ends the operations in flight (kernels waiting for a peer return), from any thread.
+  void abort() override {
+    if (!aborted_.exchange(true)) ncclCommAbort(c_);
+  }
+  std::string async_error() override {
+    if (aborted_.load()) return {};
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(c_, &r) != ncclSuccess) return "ncclCommGetAsyncError failed";
+    return r == ncclSuccess || r == ncclInProgress ? std::string() : std::string(ncclGetErrorString(r));
   }
 
  private:
   ncclComm_t c_;
   int rank_, size_, device_;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace

@@ -35,6 +35,7 @@ ShardPlan make_shard_plan(const ModelConfig& c, int tp, int rank) {
   const int64_t i_per = c.intermediate_size / tp;
   p.intermediate = {rank * i_per, (rank + 1) * i_per};
   const int64_t v_per = (c.vocab_size + tp - 1) / tp;
+  p.vocab_per_rank = v_per;
   p.vocab = {std::min(c.vocab_size, rank * v_per), std::min(c.vocab_size, (rank + 1) * v_per)};
   return p;
 }

@@ -25,10 +25,11 @@ struct Range {
 
 struct ShardPlan {
   int tp = 1, rank = 0;
-  Range q_heads, kv_heads;  // in heads
-  int kv_replicas = 1;      // ranks holding each of this rank's KV heads
-  Range intermediate;       // gate/up output rows, down input columns
-  Range vocab;              // embedding / LM head rows
+  Range q_heads, kv_heads;     // in heads
+  int kv_replicas = 1;         // ranks holding each of this rank's KV heads
+  Range intermediate;          // gate/up output rows, down input columns
+  Range vocab;                 // embedding / LM head rows
+  int64_t vocab_per_rank = 0;  // ceil(vocab / tp): rank r's rows start at r * vocab_per_rank
   // The HF weight slices, [out, in] row-major: q_proj rows, k_proj / v_proj rows, o_proj columns.
   Range q_rows(int64_t head_dim) const { return {q_heads.begin * head_dim, q_heads.end * head_dim}; }
   Range kv_rows(int64_t head_dim) const { return {kv_heads.begin * head_dim, kv_heads.end * head_dim}; }

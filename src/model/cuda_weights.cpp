@@ -25,4 +25,16 @@ void fill_random_weight_cuda(const WeightSpec& spec, uint64_t seed, void* device
 #endif
 }
 
+void fill_random_weight_range_cuda(const WeightSpec& spec, uint64_t seed, int64_t offset, int64_t n,
+                                   void* device_out) {
+#ifdef KILN_HAVE_CUDA
+  const RandomWeightParams rp = random_weight_params(spec, seed);
+  cuda::fill_uniform_splitmix_bf16(device_out, n, rp.key + uint64_t(offset), rp.center, rp.half_width,
+                                   nullptr);
+#else
+  (void)spec, (void)seed, (void)offset, (void)n, (void)device_out;
+  KILN_FAIL("kiln was built without CUDA: cannot fill weights on a GPU");
+#endif
+}
+
 }  // namespace kiln

@@ -38,6 +38,8 @@ struct Qwen3Model::Workspace {
     vis_rows,
     vis_embeds,
     vis_deep,
+    tp_partial,  // tensor parallelism: f32 [T, hidden] row-parallel partials (f32 reduce)
+    tp_logits,   // tensor parallelism: f32 [tp, R, ceil(vocab / tp)] the LM head's all-gather
     num_slots
   };
   explicit Workspace(Device d) : device(d), bufs(num_slots) {}
@@ -92,7 +94,7 @@ struct Qwen3Model::Workspace {
   Tensor final_hidden;      // bf16 [T, hidden]: final-norm output of the last run_layers
   Tensor rows_t;            // i32 [R]: the last batch's logit rows
   // Views made by stage() for launch_layers().
-  Tensor ids_v, residual_v, normed_v, qkv_v, attn_v, tmp_v, gate_up_v, act_v;
+  Tensor ids_v, residual_v, normed_v, qkv_v, attn_v, tmp_v, gate_up_v, act_v, tp_partial_v, tp_logits_v;
   ops::AttnPrepArgs prep;
   ops::PagedAttentionArgs att;
   // The step's image-token rows (stage_visual): rows i32 [n], embeds bf16 [n, H], deep bf16 [L, n, H].
@@ -129,6 +131,22 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg, const Che
              "unsupported architecture '", cfg.architecture, "'");
   KILN_CHECK(cfg.dtype == DType::bf16, "kiln runs bf16 checkpoints; config.json says ",
              dtype_name(cfg.dtype));
+  if (opts.tp) {  // this rank's slice, with the rank's shapes (model/tensor_parallel.h)
+    KILN_CHECK(!cfg.has_vision,
+               "tensor parallelism (--tp) does not shard the Qwen3-VL vision tower: serve a "
+               "checkpoint with images at --tp 1");
+    const ModelConfig local = shard_config(cfg, opts.tp->plan);
+    Qwen3Weights w = load_qwen3_weights_shard(cfg, opts.tp->plan, ckpt, opts.seed, opts.device);
+    if (opts.device.is_cuda()) {
+      ModelConfig tuned = local;  // the LM head GEMM is [R, the rank's vocab rows]
+      tuned.vocab_size = opts.tp->plan.vocab.size();
+      cuda_autotune_if_needed(tuned);
+    }
+    auto m = std::unique_ptr<Qwen3Model>(new Qwen3Model(local, std::move(w), nullptr, opts));
+    m->tp_ = *opts.tp;
+    m->opts_.tp = nullptr;
+    return m;
+  }
   Qwen3Weights w = load_qwen3_weights(cfg, ckpt, opts.seed, opts.device);
   std::unique_ptr<Qwen3VLVision> vision;
   if (cfg.has_vision) vision = std::make_unique<Qwen3VLVision>(cfg, ckpt, opts.seed, opts.device);
@@ -226,6 +244,12 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   w.final_hidden = normed;
   w.ids_v = ids, w.residual_v = residual, w.normed_v = normed, w.qkv_v = qkv, w.attn_v = attn, w.tmp_v = tmp;
   w.gate_up_v = gate_up, w.act_v = act;
+  if (tp_) {
+    if (tp_->reduce == dist::ReduceType::f32)
+      w.tp_partial_v = Tensor(w.get(Workspace::tp_partial, size_t(T * H) * 4), DType::f32, {T, H}, dev);
+    const int64_t n = tp_gathered_elems(*tp_, R);
+    w.tp_logits_v = Tensor(w.get(Workspace::tp_logits, size_t(n) * 4), DType::f32, {n}, dev);
+  }
 
   // Q stays in place in the QKV rows: [T, Hq, D] with the QKV row stride.
   const Tensor q = Tensor::strided(qkv.data, DType::bf16, {T, Hq, D}, {qkv_dim, D, 1}, dev);
@@ -272,6 +296,11 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   ops::PagedAttentionArgs& att = w.att;
   prep.stream = ops::current_stream();
 
+  // O and down: under tensor parallelism the rank's partial products are all-reduced before the add + norm.
+  const auto project = [&](const Tensor& x, const Tensor& weight, const Tensor& norm) {
+    if (tp_) return tp_linear_add_rms_norm(*tp_, x, weight, residual, norm, eps, tmp, w.tp_partial_v, normed);
+    ops::linear_add_rms_norm(x, weight, residual, norm, eps, tmp, normed);
+  };
   ops::embedding(weights_.embed, ids, residual);
   if (w.vis_n > 0) ops::scatter_rows(residual, w.vis_rows_v, w.vis_embeds_v, /*accumulate=*/false);
   ops::rms_norm(residual, weights_.layers[0].input_norm, eps, normed);
@@ -287,11 +316,11 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     ops::paged_attention(att);
     // The projections carry the residual add and the next RMSNorm (one fused GEMV at small M where the tuner
     // chose it): after down, the next layer's input norm, or the final norm after the last layer.
-    ops::linear_add_rms_norm(attn.reshape({T, Hq * D}), lw.o_proj, residual, lw.post_norm, eps, tmp, normed);
+    project(attn.reshape({T, Hq * D}), lw.o_proj, lw.post_norm);
     ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);
     const Tensor& next_norm =
         l + 1 < c.num_layers ? weights_.layers[size_t(l + 1)].input_norm : weights_.final_norm;
-    ops::linear_add_rms_norm(act, lw.down, residual, next_norm, eps, tmp, normed);
+    project(act, lw.down, next_norm);
     if (l < w.vis_layers) {  // deepstack: onto the layer's output, then the next norm again
       ops::scatter_rows(residual, w.vis_rows_v, w.vis_deep_v[size_t(l)], /*accumulate=*/true);
       ops::rms_norm(residual, next_norm, eps, normed);
@@ -314,6 +343,8 @@ void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& l
 }
 
 void Qwen3Model::launch_lm_head(const Tensor& logits) {
+  if (tp_)
+    return tp_lm_head(*tp_, ws_->final_hidden, ws_->rows_t, weights_.lm_head, ws_->tp_logits_v, logits);
   ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
 }
 
@@ -331,6 +362,10 @@ void Qwen3Model::reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_s
   w.get(Workspace::page_table, size_t(seqs) * size_t(pages_stride) * 4);
   w.get(Workspace::rows, size_t(logit_rows) * 4);
   for (int s = Workspace::residual; s <= Workspace::act; ++s) w.activation(Workspace::Slot(s), c, tokens);
+  if (tp_) {
+    if (tp_->reduce == dist::ReduceType::f32) w.get(Workspace::tp_partial, T * size_t(c.hidden_size) * 4);
+    w.get(Workspace::tp_logits, size_t(tp_gathered_elems(*tp_, logit_rows)) * 4);
+  }
 }
 
 uint64_t Qwen3Model::workspace_generation() const {

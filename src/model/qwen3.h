@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kiln/batch.h"
@@ -14,6 +15,7 @@
 #include "kiln/tensor.h"
 #include "model/kv_cache.h"
 #include "model/qwen3_vl_vision.h"
+#include "model/tensor_parallel.h"
 #include "model/weights.h"
 
 namespace kiln {
@@ -30,6 +32,9 @@ struct LoadOptions {
   int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_context()
   bool is_embedding =
       false;  // serve a generation checkpoint as an embedding model (kiln/config.h force_embedding)
+  // Tensor parallelism: load and run this rank's slice (model/tensor_parallel.h; copied into the model).
+  // Null: the whole model, no collectives.
+  const TpShard* tp = nullptr;
 };
 
 // Qwen3-VL: the image-token rows of one step. Their input embeddings are replaced by the vision tower's
@@ -56,6 +61,8 @@ class Qwen3Model {
   Device device() const { return opts_.device; }
   int64_t max_position() const { return max_position_; }
   const Qwen3Weights& weights() const { return weights_; }
+  // Tensor parallelism: this rank's shard (config() is then shard_config's), else null.
+  const TpShard* tp() const { return tp_ ? &*tp_ : nullptr; }
 
   // One step. batch must satisfy BatchDesc::validate against this model and cache (checked here, with the
   // positions against the rotary table); its new tokens' K/V are written into `cache`. Not reentrant: the
@@ -99,6 +106,7 @@ class Qwen3Model {
   int64_t max_position_ = 0;
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<Qwen3VLVision> vision_;
+  std::optional<TpShard> tp_;
 };
 
 }  // namespace kiln

@@ -124,9 +124,14 @@ RandomWeightParams random_weight_params(const WeightSpec& spec, uint64_t seed) {
 }
 
 void fill_random_weight(const WeightSpec& spec, uint64_t seed, bf16_t* out) {
-  const int64_t n = numel_of(spec.shape);
+  fill_random_weight_range(spec, seed, 0, numel_of(spec.shape), out);
+}
+
+void fill_random_weight_range(const WeightSpec& spec, uint64_t seed, int64_t offset, int64_t n, bf16_t* out) {
+  KILN_CHECK(offset >= 0 && n >= 0 && offset + n <= numel_of(spec.shape), "fill_random_weight_range: [",
+             offset, ", ", offset + n, ") outside ", spec.name);
   const RandomWeightParams rp = random_weight_params(spec, seed);
-  const uint64_t key = rp.key;
+  const uint64_t key = rp.key + uint64_t(offset);
   const float half_width = rp.half_width, center = rp.center;
   ops::cpu::parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {

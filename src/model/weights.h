@@ -47,6 +47,8 @@ std::vector<WeightSpec> qwen3_weight_specs(const ModelConfig& cfg);
 // matrices uniform with std 0.02 (|x| <= 0.02 * sqrt(3)), norm weights 1 + uniform in [-0.1, 0.1].
 // out has numel(spec.shape) elements.
 void fill_random_weight(const WeightSpec& spec, uint64_t seed, bf16_t* out);
+// Elements [offset, offset + n) of fill_random_weight's values (a tensor-parallel rank's slice).
+void fill_random_weight_range(const WeightSpec& spec, uint64_t seed, int64_t offset, int64_t n, bf16_t* out);
 // fill_random_weight for every spec, in host memory, as NamedTensors the safetensors writer takes (named
 // spec.name, row-major with spec.shape); `data` owns the values the tensors view.
 struct RandomWeights {
@@ -56,6 +58,9 @@ struct RandomWeights {
 RandomWeights random_weights(const std::vector<WeightSpec>& specs, uint64_t seed);
 // The same values written straight into device memory (model/cuda_weights.cpp; CUDA builds only).
 void fill_random_weight_cuda(const WeightSpec& spec, uint64_t seed, void* device_out);
+// fill_random_weight_range on the GPU, enqueued on the legacy stream (not synchronized).
+void fill_random_weight_range_cuda(const WeightSpec& spec, uint64_t seed, int64_t offset, int64_t n,
+                                   void* device_out);
 // What fill_random_weight draws from: element i = bf16(center + (2u - 1) * half_width),
 // u = (splitmix64(key + i) >> 40) / 2^24.
 struct RandomWeightParams {

@@ -27,6 +27,10 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
 // CUDA: kiln::ops::cuda::linear_bias: the bf16 GEMM (GemmOut::bf16), then the bias added with a second
 // rounding: up to 1 bf16 ulp more than the CPU's single rounding (within the GEMM tolerance).
 void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+// linear without its rounding point: out f32 [M, N] (last stride 1) holds the fp32 sums, in linear's CPU
+// summation order, unrounded. A tensor-parallel rank's share of a row-parallel projection, summed over the
+// ranks before the one bf16 rounding (model/tensor_parallel.h). CPU only (CUDA runs TP with bf16 partials).
+void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out);
 
 // The SwiGLU MLP's first half in one op: out = silu_and_mul(linear(x, weight)) (ops/activation.h).
 //   x:       bf16 [M, K], last stride 1

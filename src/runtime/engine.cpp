@@ -129,6 +129,11 @@ Engine::~Engine() {
   shutdown(false);
 }
 
+std::string Engine::fatal_error() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->fatal;
+}
+
 const ModelConfig& Engine::model_config() const {
   return impl_->runner->config();
 }
@@ -151,7 +156,7 @@ RequestId Engine::submit(Request req, std::function<void(const TokenEvent&)> on_
   std::lock_guard<std::mutex> lk(I.mu);
   if (I.stopping) {
     ++I.snapshot.requests_rejected;
-    throw EngineBusyError("the engine is shutting down");
+    throw EngineBusyError(I.fatal.empty() ? "the engine is shutting down" : "the engine stopped: " + I.fatal);
   }
   if (int64_t(I.incoming.size()) + I.snapshot.waiting >= I.opts.max_queued_requests) {
     ++I.snapshot.requests_rejected;

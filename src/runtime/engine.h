@@ -166,6 +166,12 @@ struct EngineOptions {
   // The two draw from different random streams: seeded outputs are reproducible within one choice.
   std::string sampling_backend = "auto";
   uint64_t seed = 0;  // base for requests without a seed
+  // Tensor parallelism (runtime/tp_runner.h): tp ranks over all nodes, tp / nnodes GPUs (or CPU ranks) on
+  // this node; SGLang's --tp, --nnodes, --node-rank and --dist-init-addr host:port (node 0's rendezvous).
+  int tp = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string dist_init_addr;
 };
 
 class ModelRunner;  // runtime/model_runner.h: forward + KV storage behind one interface (real or fake)
@@ -187,6 +193,10 @@ class Engine {
   // drain = true: stop accepting, finish everything queued/running, then stop.
   // drain = false: stop accepting, abort everything, then stop. Idempotent; joins the engine thread.
   void shutdown(bool drain);
+
+  // Non-empty once the model runner failed for good (a tensor-parallel rank died): the engine has ended
+  // every request with this error and stopped; submit() refuses with it. `kiln serve` then exits.
+  std::string fatal_error() const;
 
   const ModelConfig& model_config() const;
   int64_t max_context_len() const;

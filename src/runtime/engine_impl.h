@@ -65,6 +65,7 @@ struct Engine::Impl {
   std::vector<RequestId> aborts;
   uint64_t flush_requested = 0, flush_done = 0;
   bool stopping = false, drain = true, thread_done = false;
+  std::string fatal;  // the runner can run no more steps (RunnerFatalError): the engine stopped with this
   EngineStats snapshot;
   RequestId next_id = 1;
   std::thread thread;

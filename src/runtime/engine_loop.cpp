@@ -33,6 +33,14 @@ void Engine::Impl::loop() {
       dr = drain;
     }
     for (Incoming& x : in) accept(std::move(x));
+    if (!fatal.empty()) {  // the runner died in the last step: end everything with its error, stop
+      std::vector<RequestId> ids;
+      for (const auto& [id, L] : live) ids.push_back(id);
+      std::sort(ids.begin(), ids.end());
+      for (RequestId id : ids) finish(id, "error", fatal);
+      publish(true);
+      break;
+    }
     for (RequestId id : ab) finish(id, "abort");
     if (stop && !dr) {
       std::vector<RequestId> ids;
@@ -55,6 +63,12 @@ void Engine::Impl::loop() {
     }
     try {
       step();
+    } catch (const RunnerFatalError& e) {
+      std::fprintf(stderr, "kiln engine: the model runner failed for good: %s\n", e.what());
+      std::lock_guard<std::mutex> lk(mu);
+      fatal = e.what();
+      stopping = true;  // submit() refuses from now on; the next turn ends every request
+      continue;
     } catch (const std::exception& e) {
       // An internal failure outside the model call: end every request rather than lose any.
       std::fprintf(stderr, "kiln engine: step failed: %s\n", e.what());
@@ -214,6 +228,8 @@ void Engine::Impl::step() {
     }
     if (!sampled_on_device)
       runner->forward(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr);
+  } catch (const RunnerFatalError&) {
+    throw;  // no step can run any more: loop() ends every request
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
     std::vector<RequestId> ids;

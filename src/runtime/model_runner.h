@@ -16,6 +16,13 @@
 
 namespace kiln {
 
+// Thrown by a runner that can run no further step (a tensor-parallel rank failed, runtime/tp_runner.h): the
+// engine ends every request with its message and stops; later submits are refused with it.
+class RunnerFatalError : public Error {
+ public:
+  explicit RunnerFatalError(const std::string& what) : Error(what) {}
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kiln/error.h"
+#include "runtime/tp_runner.h"
 
 #ifdef KILN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -174,6 +175,14 @@ void Qwen3Runner::forward(const BatchDesc& batch, std::vector<float>* logits, st
   images_.step_done(b);
 }
 
+Tensor Qwen3Runner::forward_device(const BatchDesc& batch) {
+  KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
+  if (CudaDecodeGraph* g = graph_for(batch)) return g->step(batch);
+  Tensor out = device_rows(logits_buf_, int64_t(batch.logit_rows.size()), config().vocab_size);
+  model_->forward(batch, *cache_, out);
+  return out;
+}
+
 bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                                   std::vector<SampledRow>* out) {
 #ifdef KILN_HAVE_CUDA
@@ -248,9 +257,10 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
 #endif
 }
 
-std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts) {
+Qwen3RunnerSettings parse_qwen3_runner_settings(const EngineOptions& opts) {
   KILN_CHECK(!opts.model_dir.empty(), "no model directory given");
-  LoadOptions lo;
+  Qwen3RunnerSettings st;
+  LoadOptions& lo = st.load;
   lo.device = parse_device(opts.device);
 #ifdef KILN_HAVE_CUDA
   const char* why = "";
@@ -269,30 +279,36 @@ std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts) {
   lo.seed = opts.seed;
   lo.max_position = opts.max_context_len;  // 0: the config's max_context()
   lo.is_embedding = opts.is_embedding;
-  ops::KvLayout layout;
   if (opts.kv_layout == "nhd") {
-    layout = ops::KvLayout::nhd;
+    st.layout = ops::KvLayout::nhd;
   } else if (opts.kv_layout == "hnd") {
-    layout = ops::KvLayout::hnd;
+    st.layout = ops::KvLayout::hnd;
   } else {
     KILN_FAIL("bad KV layout '", opts.kv_layout, "': expected nhd or hnd");
   }
-  auto model = Qwen3Model::load(opts.model_dir, lo);
-  DType kv = model->config().dtype;
-  if (opts.kv_cache_dtype == "bf16") {
-    kv = DType::bf16;
-  } else if (opts.kv_cache_dtype == "fp16") {
-    kv = DType::f16;
-  } else if (opts.kv_cache_dtype == "fp8_e4m3") {
-    kv = DType::f8e4m3;
-  } else {
-    KILN_CHECK(opts.kv_cache_dtype == "auto", "bad KV cache dtype '", opts.kv_cache_dtype,
-               "': expected auto, bf16, fp16 or fp8_e4m3");
-  }
-  return std::make_unique<Qwen3Runner>(std::move(model), layout, kv);
+  KILN_CHECK(opts.kv_cache_dtype == "auto" || opts.kv_cache_dtype == "bf16" ||
+                 opts.kv_cache_dtype == "fp16" || opts.kv_cache_dtype == "fp8_e4m3",
+             "bad KV cache dtype '", opts.kv_cache_dtype, "': expected auto, bf16, fp16 or fp8_e4m3");
+  st.kv_cache_dtype = opts.kv_cache_dtype;
+  return st;
+}
+
+DType Qwen3RunnerSettings::kv_dtype(const ModelConfig& cfg) const {
+  if (kv_cache_dtype == "bf16") return DType::bf16;
+  if (kv_cache_dtype == "fp16") return DType::f16;
+  if (kv_cache_dtype == "fp8_e4m3") return DType::f8e4m3;
+  return cfg.dtype;
+}
+
+std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts) {
+  const Qwen3RunnerSettings st = parse_qwen3_runner_settings(opts);
+  auto model = Qwen3Model::load(opts.model_dir, st.load);
+  const DType kv = st.kv_dtype(model->config());
+  return std::make_unique<Qwen3Runner>(std::move(model), st.layout, kv);
 }
 
 std::unique_ptr<Engine> Engine::create(const EngineOptions& opts) {
+  if (opts.tp > 1) return std::make_unique<Engine>(make_tp_runner(opts), opts);
   return std::make_unique<Engine>(load_qwen3_runner(opts), opts);
 }
 

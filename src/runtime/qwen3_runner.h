@@ -43,6 +43,9 @@ class Qwen3Runner : public ModelRunner {
                      std::vector<vision::ImagePatches> images) override;
   const VlImages& images() const { return images_; }
   const DevicePenalties& penalties() const { return penalties_; }
+  // The step with its logits left on the device (f32 [R, vocab], valid until the next step): what the
+  // tensor-parallel ranks other than 0 run (runtime/tp_runner.h), replaying the same graph rank 0 does.
+  Tensor forward_device(const BatchDesc& batch);
 
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }
@@ -69,7 +72,16 @@ class Qwen3Runner : public ModelRunner {
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>> graphs_;  // (bucket, width)
 };
 
-// Parses the string options (device, load format, KV layout and dtype) and loads the model.
+// The string options (device, load format, KV layout and dtype) parsed; errors name the bad value.
+struct Qwen3RunnerSettings {
+  LoadOptions load;
+  ops::KvLayout layout = ops::KvLayout::nhd;
+  std::string kv_cache_dtype = "auto";
+  DType kv_dtype(const ModelConfig& cfg) const;  // "auto": the model's dtype
+};
+Qwen3RunnerSettings parse_qwen3_runner_settings(const EngineOptions& opts);
+
+// Parses the string options and loads the model.
 std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts);
 
 }  // namespace kiln

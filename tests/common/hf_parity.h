@@ -45,9 +45,11 @@ inline nlohmann::json load_hf_reference(const std::filesystem::path& fixture) {
   return f ? nlohmann::json::parse(f) : nlohmann::json();
 }
 
-// Runs `kiln generate --json --device cpu` on every case of the fixture (expected_cases of them) and checks
-// the greedy path (>= kHfMinGreedySteps equal) and the log-prob of each common step against hf_step_bound.
-inline void check_hf_fixture_cli(const std::filesystem::path& fixture, size_t expected_cases) {
+// Runs `kiln generate --json --device cpu` (plus `extra` flags, e.g. --tp 2) on every case of the fixture
+// (expected_cases of them) and checks the greedy path (>= kHfMinGreedySteps equal) and the log-prob of each
+// common step against hf_step_bound.
+inline void check_hf_fixture_cli(const std::filesystem::path& fixture, size_t expected_cases,
+                                 const std::vector<std::string>& extra = {}) {
   namespace fs = std::filesystem;
   using nlohmann::json;
   ASSERT_TRUE(fs::exists(kiln_bin())) << kiln_bin() << " does not exist: build the `kiln` target first";
@@ -67,9 +69,18 @@ inline void check_hf_fixture_cli(const std::filesystem::path& fixture, size_t ex
     SCOPED_TRACE(name + ", prompt of " + std::to_string(prompt.size()) + " tokens");
 
     // The CPU oracle; GPU parity: tests/cuda.
-    const KilnResult r = run_kiln({"generate", "--model", fixture.string(), "--prompt-ids", ids,
-                                   "--max-tokens", std::to_string(want.size()), "--json", "--device", "cpu"},
-                                  scratch);
+    std::vector<std::string> args = {"generate",
+                                     "--model",
+                                     fixture.string(),
+                                     "--prompt-ids",
+                                     ids,
+                                     "--max-tokens",
+                                     std::to_string(want.size()),
+                                     "--json",
+                                     "--device",
+                                     "cpu"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const KilnResult r = run_kiln(args, scratch);
     ASSERT_EQ(r.code, 0) << "kiln generate failed (exit " << r.code << "): " << r.err;
     json got;
     try {

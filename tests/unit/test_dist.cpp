@@ -96,6 +96,56 @@ TEST(LocalGroup, AbortReleasesRanksWaitingForOneThatFailed) {
   EXPECT_THROW(g.comm(2).all_reduce_sum(&y, 1, ReduceType::f32), Error);
 }
 
+TEST(LocalGroup, AllGatherPlacesEveryRanksBlockInRankOrderAlsoInPlace) {
+  for (int n : {1, 3, 4}) {
+    LocalGroup g(n);
+    constexpr size_t kBytes = 37;
+    std::vector<std::vector<unsigned char>> out(size_t(n),
+                                                std::vector<unsigned char>(kBytes * size_t(n), 0xee));
+    on_ranks(n, [&](int r) {
+      std::vector<unsigned char> mine(kBytes);
+      for (size_t i = 0; i < kBytes; ++i) mine[i] = (unsigned char)(r * 50 + int(i));
+      g.comm(r).all_gather(mine.data(), out[size_t(r)].data(), kBytes);
+      // In place: the send block is the rank's own block of recv.
+      std::vector<unsigned char> inplace(kBytes * size_t(n), 0xee);
+      std::copy(mine.begin(), mine.end(), inplace.begin() + ptrdiff_t(kBytes) * r);
+      g.comm(r).all_gather(inplace.data() + kBytes * size_t(r), inplace.data(), kBytes);
+      if (inplace != out[size_t(r)]) throw std::runtime_error("in-place all-gather differs");
+    });
+    for (int r = 0; r < n; ++r)
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < kBytes; ++i)
+          ASSERT_EQ(out[size_t(r)][size_t(q) * kBytes + i], (unsigned char)(q * 50 + int(i)))
+              << "n " << n << " rank " << r << " block " << q;
+  }
+}
+
+TEST(LocalGroup, InjectedFailureThrowsAtThatCollectiveAndAbortReleasesTheOthers) {
+  LocalGroup g(3);
+  g.fail_at(1, 4);  // rank 1's fifth collective
+  std::vector<int> done(3, 0);
+  std::vector<std::string> why(3);
+  on_ranks(3, [&](int r) {
+    try {
+      for (int i = 0; i < 10; ++i) {
+        float x = 1;
+        g.comm(r).all_reduce_sum(&x, 1, ReduceType::f32);
+        ++done[size_t(r)];
+      }
+    } catch (const Error& e) {
+      why[size_t(r)] = e.what();
+      g.comm(r).abort();  // what a failing rank's worker does
+    }
+  });
+  EXPECT_EQ(done[1], 4);
+  EXPECT_NE(why[1].find("injected failure: rank 1 all-reduce #4"), std::string::npos) << why[1];
+  for (int r : {0, 2}) {
+    EXPECT_EQ(done[size_t(r)], 4);
+    EXPECT_NE(why[size_t(r)].find("aborted by another rank"), std::string::npos) << why[size_t(r)];
+  }
+  EXPECT_TRUE(g.aborted());
+}
+
 TEST(Rendezvous, NodeZeroHandsItsBlobToEveryPeer) {
   RendezvousServer server("127.0.0.1", 0);
   ASSERT_GT(server.port(), 0);

@@ -152,14 +152,27 @@ void linear_force_baseline(bool on) {
   g_force_baseline.store(on);
 }
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
+namespace {
+// x · weight^T for every row of x, each fp32 sum handed to store(row, col, sum).
+template <typename Store>
+void linear_rows(const Tensor& x, const Tensor& weight, const Store& store) {
   const int64_t M = x.shape[0], K = x.shape[1], N = weight.shape[0];
   if (M == 0 || N == 0) return;
   const std::vector<float> X = widen_rows(x, M, [](int64_t r) { return r; });
+  gemm(X.data(), M, K, weight.ptr<bf16_t>(), weight.stride[0], N, store);
+}
+}  // namespace
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
   bf16_t* o = out.ptr<bf16_t>();
   const int64_t ldo = out.stride[0];
-  gemm(X.data(), M, K, weight.ptr<bf16_t>(), weight.stride[0], N,
-       [&](int64_t m, int64_t n, float v) { o[m * ldo + n] = f32_to_bf16(v); });
+  linear_rows(x, weight, [&](int64_t m, int64_t n, float v) { o[m * ldo + n] = f32_to_bf16(v); });
+}
+
+void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out) {
+  float* o = out.ptr<float>();
+  const int64_t ldo = out.stride[0];
+  linear_rows(x, weight, [&](int64_t m, int64_t n, float v) { o[m * ldo + n] = v; });
 }
 
 void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {

@@ -12,6 +12,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& ou
 void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
                   const Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
+void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out);
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
 // linear / lm_head run an AVX2 build of their kernel where the CPU has AVX2, else the x86-64 baseline
 // build; both give bitwise equal results. Tests force the baseline to check that.

@@ -1,0 +1,242 @@
+#include "model/tensor_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/error.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+#include "ops/stream.h"
+
+#ifdef KILN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kiln/cuda_check.h"
+#endif
+
+namespace kiln {
+
+ModelConfig shard_config(const ModelConfig& c, const dist::ShardPlan& p) {
+  ModelConfig s = c;
+  s.num_heads = p.q_heads.size();
+  s.num_kv_heads = p.kv_heads.size();
+  s.intermediate_size = p.intermediate.size();
+  return s;
+}
+
+namespace {
+
+using dist::Range;
+
+std::string layer_name(const ModelConfig& c, int64_t l, const char* leaf) {
+  return c.weight_prefix + "layers." + std::to_string(l) + "." + leaf;
+}
+
+constexpr size_t kStagingBytes = size_t(16) << 20;
+
+// One slice of a checkpoint tensor [rows, cols] (cols 0: a vector): rows r, columns k.
+struct Part {
+  std::string name;
+  int64_t rows = 0, cols = 0;
+  Range r, k;
+  bool norm = false;
+};
+
+// Builds the rank's tensors: each a stack of parts, each part written straight to its place in the device
+// buffer from the mapping (contiguous rows) or through a bounded staging buffer (a column slice to a GPU).
+class ShardLoader {
+ public:
+  ShardLoader(const Checkpoint* ckpt, uint64_t seed, Device device, Qwen3Weights& w)
+      : ckpt_(ckpt), seed_(seed), device_(device), w_(w) {}
+
+  Tensor stacked(const std::vector<Part>& parts) {
+    int64_t rows = 0;
+    const int64_t width = parts[0].cols ? parts[0].k.size() : 1;
+    for (const Part& p : parts) {
+      KILN_CHECK((p.cols ? p.k.size() : 1) == width, "internal: stacked parts of different widths");
+      rows += p.r.size();
+    }
+    Buffer buf(size_t(rows * width) * sizeof(bf16_t), device_);
+    auto* dst = static_cast<bf16_t*>(buf.data());
+    for (const Part& p : parts) {
+      write(p, dst);
+      dst += p.r.size() * width;
+    }
+#ifdef KILN_HAVE_CUDA
+    if (device_.is_cuda()) KILN_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // the random fills
+#endif
+    Tensor t = parts[0].cols ? buf.view(DType::bf16, {rows, width}) : buf.view(DType::bf16, {rows});
+    w_.storage.push_back(std::move(buf));
+    return t;
+  }
+  Tensor matrix(const std::string& name, int64_t rows, int64_t cols, Range r, Range k) {
+    return stacked({{name, rows, cols, r, k, false}});
+  }
+  Tensor vector(const std::string& name, int64_t n) {
+    return stacked({{name, n, 0, {0, n}, {0, 1}, true}});
+  }
+
+ private:
+  void write(const Part& p, bf16_t* dst) {
+    const int64_t cols = p.cols ? p.cols : 1, width = p.cols ? p.k.size() : 1;
+    const bool whole_rows = width == cols;
+    if (!ckpt_) {
+      const WeightSpec spec{
+          p.name, p.cols ? std::vector<int64_t>{p.rows, p.cols} : std::vector<int64_t>{p.rows}, p.norm};
+      // Whole rows are one range of the tensor's elements; a column slice is one range per row.
+      const int64_t runs = whole_rows ? 1 : p.r.size(), run = whole_rows ? p.r.size() * cols : width;
+      std::vector<bf16_t> host;
+      for (int64_t i = 0; i < runs; ++i) {
+        const int64_t offset = (p.r.begin + i) * cols + (whole_rows ? 0 : p.k.begin);
+        if (device_.is_cuda()) {
+          fill_random_weight_range_cuda(spec, seed_, offset, run, dst + i * run);
+        } else {
+          fill_random_weight_range(spec, seed_, offset, run, dst + i * run);
+        }
+      }
+      return;
+    }
+    const Tensor t = p.cols ? ckpt_->get(p.name, DType::bf16, {p.rows, p.cols})
+                            : ckpt_->get(p.name, DType::bf16, {p.rows});
+    if (whole_rows) {
+      copy_bytes(dst, device_, t.ptr<bf16_t>() + p.r.begin * cols, Device::cpu(),
+                 size_t(p.r.size() * cols) * sizeof(bf16_t));
+      return;
+    }
+    const Tensor rows_view = Tensor::strided(t.ptr<bf16_t>() + p.r.begin * cols, DType::bf16,
+                                             {p.r.size(), cols}, {cols, 1}, Device::cpu());
+    if (device_.is_cpu()) {
+      dist::copy_cols(rows_view, p.k, dst);
+      return;
+    }
+    // To a GPU: a few rows at a time through host staging, never the whole tensor.
+    const int64_t chunk = std::max<int64_t>(1, int64_t(kStagingBytes / (size_t(width) * sizeof(bf16_t))));
+    std::vector<bf16_t> staging(size_t(std::min(chunk, p.r.size()) * width));
+    for (int64_t r0 = 0; r0 < p.r.size(); r0 += chunk) {
+      const int64_t n = std::min(chunk, p.r.size() - r0);
+      const Tensor piece = Tensor::strided(t.ptr<bf16_t>() + (p.r.begin + r0) * cols, DType::bf16, {n, cols},
+                                           {cols, 1}, Device::cpu());
+      dist::copy_cols(piece, p.k, staging.data());
+      copy_bytes(dst + r0 * width, device_, staging.data(), Device::cpu(),
+                 size_t(n * width) * sizeof(bf16_t));
+    }
+  }
+
+  const Checkpoint* ckpt_;
+  uint64_t seed_;
+  Device device_;
+  Qwen3Weights& w_;
+};
+
+}  // namespace
+
+Qwen3Weights load_qwen3_weights_shard(const ModelConfig& c, const dist::ShardPlan& p, const Checkpoint* ckpt,
+                                      uint64_t seed, Device device) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t qd = c.num_heads * D, kvd = c.num_kv_heads * D;
+  const Range all_h{0, H}, q = p.q_rows(D), kv = p.kv_rows(D);
+  Qwen3Weights w;
+  ShardLoader ld(ckpt, seed, device, w);
+  w.embed = ld.matrix(c.weight_prefix + "embed_tokens.weight", V, H, {0, V}, all_h);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerWeights lw;
+    lw.input_norm = ld.vector(layer_name(c, l, "input_layernorm.weight"), H);
+    lw.qkv = ld.stacked({{layer_name(c, l, "self_attn.q_proj.weight"), qd, H, q, all_h},
+                         {layer_name(c, l, "self_attn.k_proj.weight"), kvd, H, kv, all_h},
+                         {layer_name(c, l, "self_attn.v_proj.weight"), kvd, H, kv, all_h}});
+    lw.q_norm = ld.vector(layer_name(c, l, "self_attn.q_norm.weight"), D);
+    lw.k_norm = ld.vector(layer_name(c, l, "self_attn.k_norm.weight"), D);
+    lw.o_proj = ld.matrix(layer_name(c, l, "self_attn.o_proj.weight"), H, qd, all_h, q);
+    lw.post_norm = ld.vector(layer_name(c, l, "post_attention_layernorm.weight"), H);
+    lw.gate_up = ld.stacked({{layer_name(c, l, "mlp.gate_proj.weight"), I, H, p.intermediate, all_h},
+                             {layer_name(c, l, "mlp.up_proj.weight"), I, H, p.intermediate, all_h}});
+    lw.down = ld.matrix(layer_name(c, l, "mlp.down_proj.weight"), H, I, all_h, p.intermediate);
+    w.layers.push_back(lw);
+  }
+  w.final_norm = ld.vector(c.weight_prefix + "norm.weight", H);
+  if (c.tie_word_embeddings) {
+    w.lm_head = Tensor(w.embed.ptr<bf16_t>() + p.vocab.begin * H, DType::bf16, {p.vocab.size(), H}, device);
+  } else if (c.arch == ModelArch::qwen3_embedding && (!ckpt || !ckpt->has("lm_head.weight"))) {
+    // Qwen3-Embedding checkpoints carry no LM head (load_qwen3_weights): lm_head stays empty.
+  } else {
+    KILN_CHECK(!ckpt || ckpt->has("lm_head.weight"),
+               "checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false");
+    w.lm_head = ld.matrix("lm_head.weight", V, H, p.vocab, all_h);
+  }
+  return w;
+}
+
+namespace {
+
+void* stream_arg() {
+  return ops::current_stream();
+}
+
+}  // namespace
+
+void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const Tensor& weight, const Tensor& residual,
+                            const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& partial,
+                            const Tensor& normed) {
+  const int64_t M = x.shape[0], N = weight.shape[0];
+  if (M == 0) return;
+  KILN_CHECK(tmp.is_contiguous(), "tp_linear_add_rms_norm: tmp must be contiguous, got ", tmp.describe());
+  if (tp.reduce == dist::ReduceType::bf16) {
+    ops::linear(x, weight, tmp);
+    tp.comm->all_reduce_sum(tmp.data, size_t(M * N), dist::ReduceType::bf16, stream_arg());
+  } else {
+    KILN_CHECK(x.device.is_cpu(), "the fp32 tensor-parallel all-reduce runs on the CPU only (CUDA: bf16)");
+    KILN_CHECK(partial.dtype == DType::f32 && partial.is_contiguous() && partial.numel() == M * N,
+               "tp_linear_add_rms_norm: partial must be contiguous f32 [", M, ", ", N, "], got ",
+               partial.describe());
+    ops::linear_f32(x, weight, partial);
+    tp.comm->all_reduce_sum(partial.data, size_t(M * N), dist::ReduceType::f32, stream_arg());
+    const float* src = partial.ptr<float>();
+    bf16_t* dst = tmp.ptr<bf16_t>();
+    for (int64_t i = 0; i < M * N; ++i) dst[i] = f32_to_bf16(src[i]);  // linear's one rounding point
+  }
+  ops::add_rms_norm(tmp, residual, norm_weight, eps, normed);
+}
+
+int64_t tp_gathered_elems(const TpShard& tp, int64_t R) {
+  return int64_t(tp.plan.tp) * R * tp.plan.vocab_per_rank;
+}
+
+void tp_lm_head(const TpShard& tp, const Tensor& x, const Tensor& rows, const Tensor& weight,
+                const Tensor& gathered, const Tensor& logits) {
+  const int64_t R = rows.shape[0], V = logits.shape[1], per = tp.plan.vocab_per_rank;
+  const int n = tp.plan.tp;
+  if (R == 0) return;
+  KILN_CHECK(gathered.dtype == DType::f32 && gathered.is_contiguous() && gathered.numel() >= n * R * per,
+             "tp_lm_head: gathered must be contiguous f32 [", n, ", ", R, ", ", per, "], got ",
+             gathered.describe());
+  KILN_CHECK(logits.stride[0] == V && weight.shape[0] == tp.plan.vocab.size(), "tp_lm_head: logits ",
+             logits.describe(), " / weight ", weight.describe(), " do not fit the plan");
+  float* base = gathered.ptr<float>();
+  float* mine = base + int64_t(tp.plan.rank) * R * per;
+  ops::lm_head(x, rows, weight,
+               Tensor::strided(mine, DType::f32, {R, weight.shape[0]}, {per, 1}, gathered.device));
+  tp.comm->all_gather(mine, base, size_t(R * per) * sizeof(float), stream_arg());
+  // Rank q's block [R, per] holds vocab columns [q * per, q * per + its rows).
+  for (int q = 0; q < n; ++q) {
+    const int64_t begin = std::min<int64_t>(V, q * per), cols = std::min<int64_t>(V, (q + 1) * per) - begin;
+    if (cols == 0) continue;
+    const float* src = base + int64_t(q) * R * per;
+    float* dst = logits.ptr<float>() + begin;
+    if (logits.device.is_cpu()) {
+      for (int64_t r = 0; r < R; ++r) std::memcpy(dst + r * V, src + r * per, size_t(cols) * sizeof(float));
+      continue;
+    }
+#ifdef KILN_HAVE_CUDA
+    KILN_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(V) * sizeof(float), src, size_t(per) * sizeof(float),
+                                      size_t(cols) * sizeof(float), size_t(R), cudaMemcpyDeviceToDevice,
+                                      static_cast<cudaStream_t>(ops::current_stream())));
+#else
+    KILN_FAIL("kiln was built without CUDA");
+#endif
+  }
+}
+
+}  // namespace kiln
