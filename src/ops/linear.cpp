@@ -44,96 +44,97 @@ void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
   detail::check_same_device(op, x, out);
   if (x.device.is_cuda()) return KILN_CUDA_OP(linear_bias(x, weight, bias, out));
   cpu::linear_bias(x, weight, bias, out);
-  void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out) {
-    check_linear("linear_f32", x, weight, out, DType::f32);
-    KILN_CHECK(out.device.is_cpu(), "linear_f32 runs on the CPU only, got ", out.describe());
-    cpu::linear_f32(x, weight, out);
-  }
+}
 
-  void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
-    constexpr const char* op = "linear_silu_mul";
-    detail::check_matrix(op, "x", x, 2, DType::bf16);
-    detail::check_matrix(op, "weight", weight, 2, DType::bf16);
-    detail::check_matrix(op, "gate_up", gate_up, 2, DType::bf16);
-    detail::check_matrix(op, "out", out, 2, DType::bf16);
-    KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
-    KILN_CHECK(weight.shape[0] % 2 == 0, op, ": weight ", weight.describe(), " must be [2 * I, K]");
-    KILN_CHECK(gate_up.shape[0] == x.shape[0] && gate_up.shape[1] == weight.shape[0], op, ": gate_up ",
-               gate_up.describe(), " must be [", x.shape[0], ", ", weight.shape[0], "]");
-    KILN_CHECK(out.shape[0] == x.shape[0] && 2 * out.shape[1] == weight.shape[0], op, ": out ",
-               out.describe(), " must be [", x.shape[0], ", ", weight.shape[0] / 2, "]");
-    KILN_CHECK((out.data != x.data && out.data != gate_up.data && gate_up.data != x.data) || out.numel() == 0,
-               op, ": x, gate_up and out must not alias");
-    detail::check_same_device(op, x, weight);
-    detail::check_same_device(op, x, gate_up);
-    detail::check_same_device(op, x, out);
-    if (out.device.is_cuda()) return KILN_CUDA_OP(linear_silu_mul(x, weight, gate_up, out));
-    cpu::linear(x, weight, gate_up);
-    cpu::silu_and_mul(gate_up, out);
-  }
+void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out) {
+  check_linear("linear_f32", x, weight, out, DType::f32);
+  KILN_CHECK(out.device.is_cpu(), "linear_f32 runs on the CPU only, got ", out.describe());
+  cpu::linear_f32(x, weight, out);
+}
 
-  void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
-                           const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed) {
-    constexpr const char* op = "linear_add_rms_norm";
-    detail::check_matrix(op, "x", x, 2, DType::bf16);
-    detail::check_matrix(op, "weight", weight, 2, DType::bf16);
-    detail::check_matrix(op, "residual", residual, 2, DType::bf16);
-    detail::check_matrix(op, "norm_weight", norm_weight, 1, DType::bf16);
-    detail::check_matrix(op, "tmp", tmp, 2, DType::bf16);
-    detail::check_matrix(op, "normed", normed, 2, DType::bf16);
-    const int64_t M = x.shape[0], N = weight.shape[0];
-    KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
-    for (const Tensor* t : {&residual, &tmp, &normed})
-      KILN_CHECK(t->shape[0] == M && t->shape[1] == N, op, ": ", t->describe(), " must be [", M, ", ", N,
-                 "]");
-    KILN_CHECK(norm_weight.shape[0] == N && N > 0, op, ": norm_weight ", norm_weight.describe(), " must be [",
-               N, "], N > 0");
-    KILN_CHECK(eps > 0.0f, op, ": eps must be positive, got ", eps);
-    const void* ptrs[] = {x.data, tmp.data, residual.data, normed.data};
-    for (int i = 0; i < 4; ++i)
-      for (int j = i + 1; j < 4; ++j)
-        KILN_CHECK(ptrs[i] != ptrs[j] || M == 0, op, ": x, tmp, residual and normed must not alias");
-    for (const Tensor* t : {&weight, &residual, &norm_weight, &tmp, &normed})
-      detail::check_same_device(op, x, *t);
-    if (x.device.is_cuda())
-      return KILN_CUDA_OP(linear_add_rms_norm(x, weight, residual, norm_weight, eps, tmp, normed));
-    cpu::linear(x, weight, tmp);
-    cpu::add_rms_norm(tmp, residual, norm_weight, eps, normed);
-  }
+void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
+  constexpr const char* op = "linear_silu_mul";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  detail::check_matrix(op, "gate_up", gate_up, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
+  KILN_CHECK(weight.shape[0] % 2 == 0, op, ": weight ", weight.describe(), " must be [2 * I, K]");
+  KILN_CHECK(gate_up.shape[0] == x.shape[0] && gate_up.shape[1] == weight.shape[0], op, ": gate_up ",
+             gate_up.describe(), " must be [", x.shape[0], ", ", weight.shape[0], "]");
+  KILN_CHECK(out.shape[0] == x.shape[0] && 2 * out.shape[1] == weight.shape[0], op, ": out ", out.describe(),
+             " must be [", x.shape[0], ", ", weight.shape[0] / 2, "]");
+  KILN_CHECK((out.data != x.data && out.data != gate_up.data && gate_up.data != x.data) || out.numel() == 0,
+             op, ": x, gate_up and out must not alias");
+  detail::check_same_device(op, x, weight);
+  detail::check_same_device(op, x, gate_up);
+  detail::check_same_device(op, x, out);
+  if (out.device.is_cuda()) return KILN_CUDA_OP(linear_silu_mul(x, weight, gate_up, out));
+  cpu::linear(x, weight, gate_up);
+  cpu::silu_and_mul(gate_up, out);
+}
 
-  void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
-    constexpr const char* op = "lm_head";
-    detail::check_matrix(op, "x", x, 2, DType::bf16);
-    detail::check_matrix(op, "rows", rows, 1, DType::i32);
-    detail::check_matrix(op, "weight", weight, 2, DType::bf16);
-    detail::check_matrix(op, "logits", logits, 2, DType::f32);
-    KILN_CHECK(rows.is_contiguous(), op, ": rows must be contiguous");
-    KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
-    KILN_CHECK(logits.shape[0] == rows.shape[0] && logits.shape[1] == weight.shape[0], op, ": logits ",
-               logits.describe(), " must be [", rows.shape[0], ", ", weight.shape[0], "]");
-    detail::check_same_device(op, x, rows);
-    detail::check_same_device(op, x, weight);
-    detail::check_same_device(op, x, logits);
-    if (logits.device.is_cuda()) return KILN_CUDA_OP(lm_head(x, rows, weight, logits));
-    cpu::lm_head(x, rows, weight, logits);
-  }
+void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                         const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed) {
+  constexpr const char* op = "linear_add_rms_norm";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  detail::check_matrix(op, "residual", residual, 2, DType::bf16);
+  detail::check_matrix(op, "norm_weight", norm_weight, 1, DType::bf16);
+  detail::check_matrix(op, "tmp", tmp, 2, DType::bf16);
+  detail::check_matrix(op, "normed", normed, 2, DType::bf16);
+  const int64_t M = x.shape[0], N = weight.shape[0];
+  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
+  for (const Tensor* t : {&residual, &tmp, &normed})
+    KILN_CHECK(t->shape[0] == M && t->shape[1] == N, op, ": ", t->describe(), " must be [", M, ", ", N, "]");
+  KILN_CHECK(norm_weight.shape[0] == N && N > 0, op, ": norm_weight ", norm_weight.describe(), " must be [",
+             N, "], N > 0");
+  KILN_CHECK(eps > 0.0f, op, ": eps must be positive, got ", eps);
+  const void* ptrs[] = {x.data, tmp.data, residual.data, normed.data};
+  for (int i = 0; i < 4; ++i)
+    for (int j = i + 1; j < 4; ++j)
+      KILN_CHECK(ptrs[i] != ptrs[j] || M == 0, op, ": x, tmp, residual and normed must not alias");
+  for (const Tensor* t : {&weight, &residual, &norm_weight, &tmp, &normed})
+    detail::check_same_device(op, x, *t);
+  if (x.device.is_cuda())
+    return KILN_CUDA_OP(linear_add_rms_norm(x, weight, residual, norm_weight, eps, tmp, normed));
+  cpu::linear(x, weight, tmp);
+  cpu::add_rms_norm(tmp, residual, norm_weight, eps, normed);
+}
 
-  AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnPrepArgs& a) {
-    KILN_CHECK(x.ndim == 2 && weight.ndim == 2 && a.qkv.ndim == 2 && x.shape[0] == a.qkv.shape[0] &&
-                   weight.shape[0] == a.qkv.shape[1] && x.shape[1] == weight.shape[1],
-               "linear_attn_prep: x ", x.describe(), " and weight ", weight.describe(), " do not make qkv ",
-               a.qkv.describe());
+void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
+  constexpr const char* op = "lm_head";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "rows", rows, 1, DType::i32);
+  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  detail::check_matrix(op, "logits", logits, 2, DType::f32);
+  KILN_CHECK(rows.is_contiguous(), op, ": rows must be contiguous");
+  KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
+  KILN_CHECK(logits.shape[0] == rows.shape[0] && logits.shape[1] == weight.shape[0], op, ": logits ",
+             logits.describe(), " must be [", rows.shape[0], ", ", weight.shape[0], "]");
+  detail::check_same_device(op, x, rows);
+  detail::check_same_device(op, x, weight);
+  detail::check_same_device(op, x, logits);
+  if (logits.device.is_cuda()) return KILN_CUDA_OP(lm_head(x, rows, weight, logits));
+  cpu::lm_head(x, rows, weight, logits);
+}
+
+AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnPrepArgs& a) {
+  KILN_CHECK(x.ndim == 2 && weight.ndim == 2 && a.qkv.ndim == 2 && x.shape[0] == a.qkv.shape[0] &&
+                 weight.shape[0] == a.qkv.shape[1] && x.shape[1] == weight.shape[1],
+             "linear_attn_prep: x ", x.describe(), " and weight ", weight.describe(), " do not make qkv ",
+             a.qkv.describe());
 #ifdef KILN_HAVE_CUDA
-    // The args are validated once on either path: by attn_prep_params here, else by attn_prep below.
-    if (a.qkv.device.is_cuda() && x.dtype == DType::bf16 && weight.dtype == DType::bf16 &&
-        x.device == a.qkv.device && weight.device == a.qkv.device && x.stride[1] == 1 &&
-        weight.stride[1] == 1 && x.data != a.qkv.data &&
-        KILN_CUDA_OP(linear_attn_prep_chosen(x.shape[0], weight.shape[0], x.shape[1])) &&
-        KILN_CUDA_OP(linear_attn_prep(x, weight, attn_prep_params(a), a.stream)))
-      return AttnPrepPath::cuda_gemv_fused;
+  // The args are validated once on either path: by attn_prep_params here, else by attn_prep below.
+  if (a.qkv.device.is_cuda() && x.dtype == DType::bf16 && weight.dtype == DType::bf16 &&
+      x.device == a.qkv.device && weight.device == a.qkv.device && x.stride[1] == 1 &&
+      weight.stride[1] == 1 && x.data != a.qkv.data &&
+      KILN_CUDA_OP(linear_attn_prep_chosen(x.shape[0], weight.shape[0], x.shape[1])) &&
+      KILN_CUDA_OP(linear_attn_prep(x, weight, attn_prep_params(a), a.stream)))
+    return AttnPrepPath::cuda_gemv_fused;
 #endif
-    linear(x, weight, a.qkv);
-    return attn_prep(a);
-  }
+  linear(x, weight, a.qkv);
+  return attn_prep(a);
+}
 
 }  // namespace kiln::ops
