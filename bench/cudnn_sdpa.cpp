@@ -149,10 +149,16 @@ class GraphBuilder {
     if (stats) set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, *stats, "SDPA_FWD_STATSDESC");
     set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, scale, "SDPA_FWD_SCALEDESC");
     if (table_k) {
+#if CUDNN_VERSION >= 91900  // the paged inputs of the single operation (older headers lack the attributes)
       set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_PAGE_TABLE_KDESC, *table_k, "SDPA_FWD_PAGE_TABLE_KDESC");
       set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_PAGE_TABLE_VDESC, *table_v, "SDPA_FWD_PAGE_TABLE_VDESC");
       set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_QDESC, *seq_q, "SDPA_FWD_SEQ_LEN_QDESC");
       set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_KVDESC, *seq_kv, "SDPA_FWD_SEQ_LEN_KVDESC");
+#else
+      (void)table_v, (void)seq_q, (void)seq_kv;
+      throw BackendError("the paged SDPA_FWD operation needs cuDNN headers >= 9.19, built with " +
+                         std::to_string(CUDNN_VERSION));
+#endif
     }
     finalize(op, "OPERATION_SDPA_FWD_DESCRIPTOR");
     add_op(std::move(op));
@@ -172,7 +178,9 @@ class GraphBuilder {
     keep_.push_back(std::move(d));
     return keep_.back();
   }
-  void add_op(Desc op) { ops_.push_back(keep(std::move(op)).get()); }
+  void add_op(Desc op) {
+    ops_.push_back(keep(std::move(op)).get());
+  }
 
   std::deque<Desc>& keep_;  // references into it stay valid as it grows
   std::vector<cudnnBackendDescriptor_t> ops_;
