@@ -31,7 +31,7 @@
 #include <boost/beast/http/string_body.hpp>
 #include <cerrno>
 #include <condition_variable>
-#include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -82,9 +82,15 @@ std::string response_head(const HttpResponse& r, bool keep_alive, bool chunked, 
 }
 
 void append_chunk(std::string& wire, std::string_view data) {
-  char len[24];
-  std::snprintf(len, sizeof len, "%zx\r\n", data.size());
-  wire += len;
+  char len[16];  // the size in hex, as chunked encoding has it
+  char* p = std::end(len);
+  size_t n = data.size();
+  do {
+    *--p = "0123456789abcdef"[n & 15];
+    n >>= 4;
+  } while (n > 0);
+  wire.append(p, size_t(std::end(len) - p));
+  wire += "\r\n";
   wire += data;
   wire += "\r\n";
 }
@@ -155,7 +161,7 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   std::mutex ready_mu;
   std::vector<std::shared_ptr<WakeState>> ready;
   bool drain_posted = false;
-  void wake(std::shared_ptr<WakeState> ws);
+  void wake(const std::shared_ptr<WakeState>& ws);
   void drain_ready();
 
   awaitable<void> accept_loop();
@@ -243,12 +249,12 @@ struct Conn : std::enable_shared_from_this<Conn> {
   }
 };
 
-void HttpTransport::Impl::wake(std::shared_ptr<WakeState> ws) {
+void HttpTransport::Impl::wake(const std::shared_ptr<WakeState>& ws) {
   if (ws->pending.exchange(true)) return;
   bool post = false;
   {
     std::lock_guard<std::mutex> lock(ready_mu);
-    ready.push_back(std::move(ws));
+    ready.push_back(ws);
     post = !std::exchange(drain_posted, true);
   }
   if (post) asio::post(ioc, [this] { drain_ready(); });  // the handler dies with ioc, a member
