@@ -6,8 +6,11 @@
 # (OpenAI, incremental chunks) at each concurrency. Per window: utime and stime of the non-engine threads
 # (/proc/PID/task/*/stat) over kiln_generation_tokens_total's rise, and the engine thread's own CPU per
 # token for reference. CPU time, not wall time, so a busy machine changes little; repeat (REPEAT=N) to see
-# the noise.
+# the noise. FAKE_SERVE=BIN: the same over kiln_fake_serve instead (tests/e2e/fake_serve.cpp: the real server
+# and the demo tokenizer over a fake engine that steps every STEP_MS ms (default 30) and echoes the prompt),
+# fast enough for C=256 on a CPU where the demo checkpoint's steps take seconds.
 #   scripts/http_cpu_per_token.sh
+#   FAKE_SERVE=build/cpu/tests/e2e/kiln_fake_serve STEP_MS=1 scripts/http_cpu_per_token.sh
 # Env: KILN (binary, default build/cpu/bin/kiln), MODEL (demo checkpoint dir, written if missing),
 #   LEVELS ("64 256"), APIS ("generate completions"), INPUT_LEN (16), OUTPUT_LEN (256), PROMPTS (2C a level),
 #   REPEAT (1), SERVE_ARGS (extra `kiln serve` flags), OUT (logs, default a temp dir).
@@ -21,9 +24,14 @@ mkdir -p "$out"
 [[ -f $MODEL/config.json ]] || "$K" demo-model "$MODEL" >/dev/null
 ulimit -n 65536 2>/dev/null || true
 
-# shellcheck disable=SC2086
-KILN_NUM_THREADS=1 "$K" serve --model "$MODEL" --device cpu --port 0 --max-running-requests 256 \
-  ${SERVE_ARGS:-} >"$out/serve.out" 2>"$out/serve.log" &
+if [[ -n ${FAKE_SERVE:-} ]]; then
+  "$FAKE_SERVE" serve --model "$MODEL" --port 0 --echo --step-ms "${STEP_MS:-30}" >"$out/serve.out" \
+    2>"$out/serve.log" &
+else
+  # shellcheck disable=SC2086
+  KILN_NUM_THREADS=1 "$K" serve --model "$MODEL" --device cpu --port 0 --max-running-requests 256 \
+    ${SERVE_ARGS:-} >"$out/serve.out" 2>"$out/serve.log" &
+fi
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
 base=

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -198,7 +197,12 @@ struct Conn : std::enable_shared_from_this<Conn> {
   bool watching = false;   // a response is being written: watch_peer() is on
   bool peer_left = false;  // seen while watching: the client closed or reset the connection
   // A response waiting for its producer sleeps here; resumed by a wake, the client leaving, or stop().
-  asio::any_completion_handler<void(error_code)> waiter;
+  // (Type-erased by hand: Boost 1.81's any_completion_handler recurses when moved.)
+  struct Waiter {
+    virtual ~Waiter() = default;
+    virtual void resume(error_code e) = 0;
+  };
+  std::unique_ptr<Waiter> waiter;
   error_code ec;
 
   static awaitable<void> run(std::shared_ptr<Conn> c);
@@ -212,9 +216,8 @@ struct Conn : std::enable_shared_from_this<Conn> {
   void watch_peer();
   void resume(error_code e) {
     if (!waiter) return;
-    auto h = std::move(waiter);
-    waiter = {};
-    std::move(h)(e);
+    const std::unique_ptr<Waiter> w = std::move(waiter);  // the resumed coroutine may wait again
+    w->resume(e);
   }
   void close_now() {
     closing = true;
@@ -245,7 +248,15 @@ struct Conn : std::enable_shared_from_this<Conn> {
   auto wait_wake() {
     auto t = token();
     return asio::async_initiate<decltype(t), void(error_code)>(
-        [this](auto handler) { waiter = std::move(handler); }, t);
+        [this](auto handler) {
+          struct Held : Waiter {
+            explicit Held(decltype(handler)&& h) : h(std::move(h)) {}
+            void resume(error_code e) override { std::move(h)(e); }
+            decltype(handler) h;
+          };
+          waiter = std::make_unique<Held>(std::move(handler));
+        },
+        t);
   }
 };
 
