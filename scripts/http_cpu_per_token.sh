@@ -53,7 +53,7 @@ cpu_ticks() {
     echo "$([[ $comm == kiln-engine ]] && echo 1 || echo 0) $(sed 's/.*) //' "$t/stat" 2>/dev/null |
       awk '{print $12, $13}') $(awk '{print $1}' "$t/schedstat" 2>/dev/null)"
   done | awk 'NF == 4 { if ($1) { eu += $2; es += $3; en += $4 } else { hu += $2; hs += $3; hn += $4 } }
-              END { printf "%d %d %d %d %d %d\n", eu, es, hu, hs, en, hn }'
+              END { printf "%d %d %d %d %.0f %.0f\n", eu, es, hu, hs, en, hn }'
 }
 gen_tokens() { curl -s "$base/metrics" | awk '/^kiln_generation_tokens_total/ {print $2}'; }
 
