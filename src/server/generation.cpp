@@ -3,20 +3,14 @@
 namespace kiln::server {
 
 void EventQueue::push(const TokenEvent& e) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(e);
-  }
-  cv_.notify_one();
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(e);
 }
 
-void EventQueue::wait_pop(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
-  while (!events_.empty()) {
-    out.push_back(std::move(events_.front()));
-    events_.pop_front();
-  }
+void EventQueue::take(std::vector<TokenEvent>& out) {
+  out.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  out.swap(events_);
 }
 
 OutputTracker::OutputTracker(const TextCodec& codec, const GenSpec& spec)

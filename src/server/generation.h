@@ -4,8 +4,6 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -23,13 +21,13 @@ namespace kiln::server {
 class EventQueue {
  public:
   void push(const TokenEvent& e);
-  // Moves every queued event into `out` (appending), waiting up to `timeout` for the first one.
-  void wait_pop(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout);
+  // Replaces `out` with every queued event. The two sides swap buffers, so a steady stream allocates no
+  // queue storage.
+  void take(std::vector<TokenEvent>& out);
 
  private:
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<TokenEvent> events_;
+  std::vector<TokenEvent> events_;
 };
 
 // One released (not hidden by a stop) generated token, for logprobs in any endpoint's shape.

@@ -9,6 +9,7 @@
 #include "server/generation.h"
 #include "server/responses.h"
 #include "server/server_impl.h"
+#include "server/sse_writer.h"
 
 namespace kiln::server {
 
@@ -30,7 +31,9 @@ struct Session {
   bool started = false;
   bool abort_sent = false;
   bool ended = false;
-  size_t text_offset = 0;  // completions logprobs: byte offset of the next token's text
+  size_t text_offset = 0;     // completions logprobs: byte offset of the next token's text
+  sse::StringCache gen_text;  // /generate streams: the cumulative text and ids, serialized once
+  sse::IdsCache gen_ids;
 };
 
 json maybe_usage(const Session& s) {
@@ -38,36 +41,47 @@ json maybe_usage(const Session& s) {
   return nullptr;
 }
 
-// SSE frames for what one event released.
-std::string stream_delta(Session& s, const Delta& d, const TextCodec& codec) {
+// SSE frames for what one event released, appended to `out` (the fixed shapes by sse_writer.h).
+void stream_delta(Session& s, const Delta& d, const TextCodec& codec, std::string& out) {
   const bool has_lp = s.spec.logprobs && !d.tokens.empty();
-  if (d.text.empty() && !has_lp && s.spec.endpoint != Endpoint::generate) return "";
-  json chunk;
+  if (d.text.empty() && !has_lp && s.spec.endpoint != Endpoint::generate) return;
+  const std::string usage = !s.spec.include_usage     ? ""
+                            : s.spec.continuous_usage ? dump_json(usage_json(s.tracker))
+                                                      : "null";
+  std::string body;
   switch (s.spec.endpoint) {
     case Endpoint::chat: {
       const ParsedDelta pd = s.parser.feed(d.text);
-      if (pd.empty() && !has_lp) return "";  // held back: a possible tag, or the inside of a call
-      chunk =
-          chat_chunk(s.ctx, chat_delta(pd), nullptr, has_lp ? chat_logprobs(d.tokens, codec) : json(nullptr));
-      break;
+      if (pd.empty() && !has_lp) return;  // held back: a possible tag, or the inside of a call
+      if (pd.tool_calls.empty())
+        sse::append_text_delta(body, pd.content, pd.reasoning);
+      else
+        body = dump_json(chat_delta(pd));
+      const std::string lp = has_lp ? dump_json(chat_logprobs(d.tokens, codec)) : "null";
+      sse::append_chat_chunk(out, s.ctx, {body, "null", lp, usage});
+      return;
     }
     case Endpoint::completion: {
-      json lp = nullptr;
+      std::string lp = "null";
       if (has_lp) {
-        lp = completion_logprobs(d.tokens, codec, s.text_offset);
+        lp = dump_json(completion_logprobs(d.tokens, codec, s.text_offset));
         for (const auto& t : d.tokens) s.text_offset += codec.token_bytes(t.id).size();
       }
-      chunk = completion_chunk(s.ctx, d.text, nullptr, lp);
-      break;
+      sse::append_string(body, d.text);
+      sse::append_completion_chunk(out, s.ctx, {body, "null", lp, usage});
+      return;
     }
-    case Endpoint::generate:
-      if (d.ids.empty() && d.text.empty()) return "";
-      if (s.tracker.finished()) return "";  // the final frame carries everything
-      return sse_frame(generate_response(s.ctx, s.tracker, s.spec, codec,
-                                         std::chrono::duration<double>(Clock::now() - s.start).count()));
+    case Endpoint::generate: {
+      if (d.ids.empty() && d.text.empty()) return;
+      if (s.tracker.finished()) return;  // the final frame carries everything
+      const double e2e = std::chrono::duration<double>(Clock::now() - s.start).count();
+      if (s.spec.logprobs)  // cumulative logprob lists: the general shape
+        out += sse_frame(generate_response(s.ctx, s.tracker, s.spec, codec, e2e));
+      else
+        sse::append_generate_running(out, s.ctx, s.tracker, s.spec.n > 1, e2e, s.gen_text, s.gen_ids);
+      return;
+    }
   }
-  if (s.spec.include_usage) chunk["usage"] = maybe_usage(s);
-  return sse_frame(chunk);
 }
 
 // A choice's closing frame when it finishes: its finish_reason (chat: after what the parser held back),
@@ -169,6 +183,7 @@ struct GroupSource : ResponseSource {
   Group group;
   std::shared_ptr<EventQueue> queue = std::make_shared<EventQueue>();
   std::shared_ptr<WakeRelay> wake = std::make_shared<WakeRelay>();
+  std::vector<TokenEvent> events;  // swapped with the queue's buffer each pull
   bool started = false;
 };
 
@@ -185,8 +200,7 @@ bool GroupSource::pull(std::string& out, HttpResponse&) {
       }
     }
   }
-  std::vector<TokenEvent> events;
-  queue->wait_pop(events, std::chrono::milliseconds(0));
+  queue->take(events);
   for (const auto& e : events) {
     auto it = std::find_if(group.begin(), group.end(), [&](const auto& s) { return s->rid == e.id; });
     if (it == group.end() || (*it)->tracker.finished()) continue;
@@ -196,7 +210,7 @@ bool GroupSource::pull(std::string& out, HttpResponse&) {
       s.abort_sent = true;
       server.engine.abort(s.rid);  // the engine frees the pages; the client sees finish_reason "stop"
     }
-    if (stream) out += stream_delta(s, d, codec);
+    if (stream) stream_delta(s, d, codec, out);
     if (stream && s.tracker.finished()) out += stream_choice_end(s, codec);
   }
   const bool finished =
@@ -297,7 +311,7 @@ struct EmbedSession : ResponseSource {
 
 bool EmbedSession::pull(std::string& out, HttpResponse& res) {
   std::vector<TokenEvent> events;
-  queue->wait_pop(events, std::chrono::milliseconds(0));
+  queue->take(events);
   for (const auto& e : events) {
     if (!e.finished) continue;
     for (size_t i = 0; i < ids.size(); ++i) {

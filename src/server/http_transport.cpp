@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -29,7 +30,7 @@
 #include <boost/beast/http/string_body.hpp>
 #include <cerrno>
 #include <condition_variable>
-#include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -55,8 +56,7 @@ std::string HttpRequest::header(std::string_view name) const {
 
 namespace {
 
-constexpr auto kPeekInterval = 1s;  // a waiting response checks that its client is still there this often
-constexpr auto kLinger = 1s;        // how long a closing connection's unread input is drained
+constexpr auto kLinger = 1s;  // how long a closing connection's unread input is drained
 constexpr size_t kLingerBytes = 1u << 20;
 constexpr int kMaxRejecting = 256;  // connections being sent the over-cap 503 at once; beyond, closed at once
 
@@ -81,9 +81,15 @@ std::string response_head(const HttpResponse& r, bool keep_alive, bool chunked, 
 }
 
 void append_chunk(std::string& wire, std::string_view data) {
-  char len[24];
-  std::snprintf(len, sizeof len, "%zx\r\n", data.size());
-  wire += len;
+  char len[16];  // the size in hex, as chunked encoding has it
+  char* p = std::end(len);
+  size_t n = data.size();
+  do {
+    *--p = "0123456789abcdef"[n & 15];
+    n >>= 4;
+  } while (n > 0);
+  wire.append(p, size_t(std::end(len) - p));
+  wire += "\r\n";
   wire += data;
   wire += "\r\n";
 }
@@ -118,6 +124,7 @@ int64_t raise_fd_limit() {
 }  // namespace
 
 struct Conn;
+struct WakeState;
 
 struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   Impl(TransportOptions o, Routes r, ServerCounters& c)
@@ -147,6 +154,15 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   std::unordered_map<Conn*, std::weak_ptr<Conn>> conns;
   bool accept_done = false;
 
+  // Response wake-ups from producer threads, coalesced: the first wake after a drain posts one drain task,
+  // which hands every woken connection to its strand (a step's events for hundreds of streams cost the
+  // producer one post, not one per stream).
+  std::mutex ready_mu;
+  std::vector<std::shared_ptr<WakeState>> ready;
+  bool drain_posted = false;
+  void wake(const std::shared_ptr<WakeState>& ws);
+  void drain_ready();
+
   awaitable<void> accept_loop();
   HttpResponse handle(const HttpRequest& req) noexcept;
   HttpResponse error(int status, const std::string& msg) noexcept;
@@ -155,29 +171,38 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   void arm_hard_stop(asio::steady_timer::time_point at);
 };
 
-// The writer's wake-up, shared with the response source's producer (any thread).
+// The writer's wake-up, shared with the response source's producer (any thread). The transport outlives
+// every wake: a source calls wake only until its finish() returns, which is before the connection ends.
 struct WakeState {
-  WakeState(asio::any_io_executor e, std::weak_ptr<Conn> c) : ex(std::move(e)), conn(std::move(c)) {}
-  void wake();
-  asio::any_io_executor ex;
+  WakeState(HttpTransport::Impl& s, asio::any_io_executor e, std::weak_ptr<Conn> c)
+      : srv(s), ex(std::move(e)), conn(std::move(c)) {}
+  HttpTransport::Impl& srv;
+  asio::any_io_executor ex;  // the connection's strand
   std::weak_ptr<Conn> conn;
-  std::atomic<bool> pending{false};  // coalesces wakes: one post per pull
+  std::atomic<bool> pending{false};  // coalesces wakes: one per pull
 };
 
 struct Conn : std::enable_shared_from_this<Conn> {
-  Conn(HttpTransport::Impl& s, tcp::socket so)
-      : srv(s), sock(std::move(so)), deadline(sock.get_executor()), wake_timer(sock.get_executor()) {
+  Conn(HttpTransport::Impl& s, tcp::socket so) : srv(s), sock(std::move(so)), deadline(sock.get_executor()) {
     error_code e;
     sock.non_blocking(true, e);  // for write()'s first, synchronous attempt
   }
 
   HttpTransport::Impl& srv;
   tcp::socket sock;
-  asio::steady_timer deadline;    // the watchdog: on expiry the socket's pending operation is cancelled
-  asio::steady_timer wake_timer;  // a waiting response sleeps on it; WakeState cancels it
-  uint64_t armed = 0;             // generation of the watchdog wait, so a stale expiry does nothing
+  asio::steady_timer deadline;  // the watchdog: on expiry the socket's pending operation is cancelled
+  uint64_t armed = 0;           // generation of the watchdog wait, so a stale expiry does nothing
   bool timed_out = false;
-  bool closing = false;  // stop() reached this connection
+  bool closing = false;    // stop() reached this connection
+  bool watching = false;   // a response is being written: watch_peer() is on
+  bool peer_left = false;  // seen while watching: the client closed or reset the connection
+  // A response waiting for its producer sleeps here; resumed by a wake, the client leaving, or stop().
+  // (Type-erased by hand: Boost 1.81's any_completion_handler recurses when moved.)
+  struct Waiter {
+    virtual ~Waiter() = default;
+    virtual void resume(error_code e) = 0;
+  };
+  std::unique_ptr<Waiter> waiter;
   error_code ec;
 
   static awaitable<void> run(std::shared_ptr<Conn> c);
@@ -188,12 +213,18 @@ struct Conn : std::enable_shared_from_this<Conn> {
   awaitable<bool> write_source(HttpResponse& res, bool keep_alive, bool head_only);
   awaitable<void> reply_and_close(int status, const std::string& msg);
   awaitable<void> linger();
+  void watch_peer();
+  void resume(error_code e) {
+    if (!waiter) return;
+    const std::unique_ptr<Waiter> w = std::move(waiter);  // the resumed coroutine may wait again
+    w->resume(e);
+  }
   void close_now() {
     closing = true;
     error_code e;
     sock.cancel(e);
-    wake_timer.cancel();
     deadline.cancel();
+    resume(asio::error::operation_aborted);
   }
 
   void arm(std::chrono::milliseconds d) {
@@ -213,12 +244,58 @@ struct Conn : std::enable_shared_from_this<Conn> {
     deadline.cancel();
   }
   auto token() { return asio::redirect_error(use_awaitable, ec); }
+  // Sleeps until resume().
+  auto wait_wake() {
+    auto t = token();
+    return asio::async_initiate<decltype(t), void(error_code)>(
+        [this](auto handler) {
+          struct Held : Waiter {
+            explicit Held(decltype(handler)&& h) : h(std::move(h)) {}
+            void resume(error_code e) override { std::move(h)(e); }
+            decltype(handler) h;
+          };
+          waiter = std::make_unique<Held>(std::move(handler));
+        },
+        t);
+  }
 };
 
-void WakeState::wake() {
-  if (pending.exchange(true)) return;
-  asio::post(ex, [w = conn] {
-    if (auto c = w.lock()) c->wake_timer.cancel();
+void HttpTransport::Impl::wake(const std::shared_ptr<WakeState>& ws) {
+  if (ws->pending.exchange(true)) return;
+  bool post = false;
+  {
+    std::lock_guard<std::mutex> lock(ready_mu);
+    ready.push_back(ws);
+    post = !std::exchange(drain_posted, true);
+  }
+  if (post) asio::post(ioc, [this] { drain_ready(); });  // the handler dies with ioc, a member
+}
+
+void HttpTransport::Impl::drain_ready() {
+  std::vector<std::shared_ptr<WakeState>> batch;
+  {
+    std::lock_guard<std::mutex> lock(ready_mu);
+    batch.swap(ready);
+    drain_posted = false;
+  }
+  for (auto& ws : batch)
+    asio::post(ws->ex, [w = ws->conn] {
+      if (auto c = w.lock()) c->resume({});
+    });
+}
+
+// While a response waits, the socket's readability says the client may have gone (a FIN or a reset), so no
+// token pays for a check. Pipelined bytes make it readable too: then the watch is renewed (the next arrival,
+// a reset included, fires it again), and a client that only closes is noticed when a write fails.
+void Conn::watch_peer() {
+  sock.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code e) {
+    if (e || !self->watching) return;
+    if (peer_gone(self->sock)) {
+      self->peer_left = true;
+      self->resume({});
+    } else {
+      self->watch_peer();
+    }
   });
 }
 
@@ -236,7 +313,6 @@ awaitable<void> Conn::run(std::shared_ptr<Conn> c) {
   error_code e;
   c->sock.close(e);
   c->deadline.cancel();
-  c->wake_timer.cancel();
   c->srv.counters.connections_open--;
   c->srv.forget(c.get());
 }
@@ -349,8 +425,23 @@ awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head
     bool complete = false;
     ~Finish() { s->finish(complete); }
   } fin{src.get()};
-  auto ws = std::make_shared<WakeState>(sock.get_executor(), weak_from_this());
-  src->attach([ws] { ws->wake(); });
+  auto ws = std::make_shared<WakeState>(srv, sock.get_executor(), weak_from_this());
+  src->attach([ws] { ws->srv.wake(ws); });
+  struct Watch {  // the peer watch, on for this response only
+    Conn& c;
+    explicit Watch(Conn& conn) : c(conn) {
+      c.watching = true;
+      c.peer_left = false;
+      c.watch_peer();
+      // A FIN that came before the watch was registered raised no event: look once.
+      if (peer_gone(c.sock)) c.peer_left = true;
+    }
+    ~Watch() {
+      c.watching = false;
+      error_code e;
+      c.sock.cancel(e);
+    }
+  } watch{*this};
   if (res.stream && !co_await write(response_head(res, keep_alive && !closing, true, 0))) co_return false;
   std::string out, wire;
   for (;;) {
@@ -370,12 +461,9 @@ awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head
       fin.complete = true;
       co_return true;
     }
-    if (closing || peer_gone(sock)) co_return false;
-    if (!ws->pending) {
-      wake_timer.expires_after(kPeekInterval);
-      co_await wake_timer.async_wait(token());  // woken (cancelled), or a second passed: look again
-    }
-    if (closing) co_return false;
+    if (closing || peer_left) co_return false;
+    if (!ws->pending) co_await wait_wake();
+    if (closing || peer_left) co_return false;
   }
 }
 

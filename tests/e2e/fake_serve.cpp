@@ -3,6 +3,8 @@
 // real <think> and <tool_call> tags. Invoked as `kiln_fake_serve serve --model DIR [--port P] ...` (the
 // shape tests/e2e/lib.sh uses for kiln; other flags are ignored). Script: a prompt holding a
 // <tool_response> gets the final answer; any other prompt gets reasoning and two tool calls.
+// Measurement (scripts/http_cpu_per_token.sh): `--step-ms N` paces the fake engine (default 1), `--echo`
+// replies with the prompt's tokens over and over instead (every token real text, as long as asked).
 #include <pthread.h>
 
 #include <csignal>
@@ -17,11 +19,15 @@
 
 int main(int argc, char** argv) {
   std::string model;
-  int port = 0;
-  for (int i = 1; i + 1 < argc; ++i) {
+  int port = 0, step_ms = 1;
+  bool echo = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--echo") echo = true;
+    if (i + 1 == argc) break;
     if (a == "--model") model = argv[i + 1];
     if (a == "--port") port = std::stoi(argv[i + 1]);
+    if (a == "--step-ms") step_ms = std::stoi(argv[i + 1]);
   }
   if (model.empty()) {
     std::fprintf(stderr, "usage: kiln_fake_serve serve --model DIR [--port P]\n");
@@ -36,10 +42,16 @@ int main(int argc, char** argv) {
 
   const kiln::Tokenizer tok = kiln::Tokenizer::load(model);
   kiln::server::TokenizerCodec codec(tok);
-  kiln::server::fake::FakeEngine engine("", 1);
+  kiln::server::fake::FakeEngine engine("", step_ms);
   engine.vocab = tok.vocab_size();
   engine.eos = *tok.token_id("<|im_end|>");
-  engine.script = [&tok](const kiln::Request& r) {
+  engine.script = [&tok, echo](const kiln::Request& r) {
+    if (echo) {
+      std::vector<int32_t> ids;
+      while (int(ids.size()) < r.sampling.max_new_tokens)
+        ids.insert(ids.end(), r.prompt.begin(), r.prompt.end());
+      return ids;
+    }
     const std::string prompt = tok.decode(r.prompt);
     const bool answer = prompt.find("<tool_response>") != std::string::npos;
     const std::string reply =

@@ -4,6 +4,8 @@
 // back across tokens, disconnects, queue limits.
 #pragma once
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -218,6 +220,7 @@ class FakeEngine : public EngineApi {
   }
 
   void loop() {
+    pthread_setname_np(pthread_self(), "kiln-engine");  // as the real engine's, for per-thread CPU figures
     std::unique_lock<std::mutex> lock(mu_);
     while (!quit_) {
       if (live_.empty()) {
