@@ -132,18 +132,21 @@ std::array<uint64_t, 2> image_content_hash(const RgbImage& image) {
   return out;
 }
 
-ImagePatches preprocess_image(const RgbImage& image, const ProcessorConfig& c) {
+RgbImage resize_for_processor(const RgbImage& image, const ProcessorConfig& c) {
   KILN_CHECK(image.width >= 1 && image.height >= 1, "image ", image.width, "x", image.height);
-  int out_h = image.height, out_w = image.width;
-  if (c.do_resize) {
-    const auto hw = smart_resize(image.height, image.width, c.factor(), c.min_pixels, c.max_pixels);
-    out_h = hw[0];
-    out_w = hw[1];
+  if (!c.do_resize) {
+    KILN_CHECK(image.height % c.factor() == 0 && image.width % c.factor() == 0, "image size ", image.width, "x",
+               image.height, " is not a multiple of ", c.factor(), " (do_resize is off)");
+    return image;
   }
-  KILN_CHECK(out_h % c.factor() == 0 && out_w % c.factor() == 0, "image size ", out_w, "x", out_h,
-             " is not a multiple of ", c.factor(), " (do_resize is off)");
-  const std::vector<uint8_t> rgb =
-      c.do_resize ? resize_bicubic_rgb(image.rgb, image.width, image.height, out_w, out_h, c.kernel) : image.rgb;
+  const auto hw = smart_resize(image.height, image.width, c.factor(), c.min_pixels, c.max_pixels);
+  return {hw[1], hw[0], resize_bicubic_rgb(image.rgb, image.width, image.height, hw[1], hw[0], c.kernel)};
+}
+
+ImagePatches preprocess_image(const RgbImage& image, const ProcessorConfig& c) {
+  const RgbImage resized = resize_for_processor(image, c);
+  const int out_h = resized.height, out_w = resized.width;
+  const std::vector<uint8_t>& rgb = resized.rgb;
 
   // Per-channel affine map of a byte, computed once per value: the same float32 operations as the backend.
   std::array<std::array<float, 256>, 3> lut{};

@@ -41,6 +41,11 @@ ProcessorConfig parse_processor_config(std::string_view json_text);
 // transformers' smart_resize: {height, width}. Throws ImageError(bad_aspect_ratio) past 200:1.
 std::array<int, 2> smart_resize(int height, int width, int factor, int64_t min_pixels, int64_t max_pixels);
 
+// The processor's resize step alone: smart_resize's size, bicubic with config.kernel (the image unchanged when
+// do_resize is off or the size already fits). Throws kiln::Error when do_resize is off and the size is not a
+// multiple of the factor.
+RgbImage resize_for_processor(const RgbImage& image, const ProcessorConfig& config);
+
 // One decoded RGB image -> ImagePatches (values in float32 exactly as the torchvision backend computes them:
 // (float(x) - mean * 255) / (std * 255), the fused rescale+normalize, or the Pil backend's x * (1/255) then
 // (x - mean) / std, each in float32; content_hash of the decoded RGB pixels and their size).

@@ -8,11 +8,15 @@
 namespace kiln::vision {
 namespace {
 
-double keys_cubic(double x) {  // a = -0.5 (Keys), as PIL and torch's antialias path
+// Keys cubic, a = -0.5, with each implementation's own operation order for the outer piece (the two round
+// differently in the last bit).
+double keys_cubic(double x, ResampleKernel kernel) {
   constexpr double a = -0.5;
   x = std::abs(x);
   if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
-  if (x < 2.0) return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
+  if (x < 2.0)
+    return kernel == ResampleKernel::pil ? (((x - 5.0) * x + 8.0) * x - 4.0) * a
+                                         : ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
   return 0.0;
 }
 
@@ -28,6 +32,7 @@ AxisWeights axis_weights(int in_size, int out_size, ResampleKernel kernel) {
   const double scale = static_cast<double>(in_size) / out_size;
   const double filter_scale = std::max(scale, 1.0);
   const double support = 2.0 * filter_scale;
+  const double inv_scale = 1.0 / filter_scale;
   AxisWeights a;
   a.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
   a.first.resize(out_size);
@@ -42,7 +47,7 @@ AxisWeights axis_weights(int in_size, int out_size, ResampleKernel kernel) {
     const int n = std::clamp(hi - lo, 0, a.taps);
     double total = 0.0;
     double* wi = &w[static_cast<size_t>(i) * a.taps];
-    for (int j = 0; j < n; ++j) total += wi[j] = keys_cubic((j + lo - center + 0.5) / filter_scale);
+    for (int j = 0; j < n; ++j) total += wi[j] = keys_cubic((j + lo - center + 0.5) * inv_scale, kernel);
     if (total != 0.0)
       for (int j = 0; j < n; ++j) w_max = std::max(w_max, wi[j] /= total);
     a.first[i] = lo;
