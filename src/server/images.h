@@ -62,3 +62,20 @@ std::vector<vision::ImagePatches> load_images(const std::vector<ImageRef>& refs,
 std::vector<uint8_t> fetch_url(const std::string& url, size_t max_bytes, const ImageFetchOptions& opts);
 
 }  // namespace kiln::server
+
+namespace kiln {
+class Tokenizer;
+}
+
+namespace kiln::server {
+
+// The image setup for the checkpoint in model_dir (vision_setup.cpp): null when config.json has no vision_config
+// (a text-only model), or has one but no preprocessor_config.json (then `note` says so: such a directory holds
+// the text decoder alone, and images are refused); otherwise preprocessor_config.json parsed and the vision
+// token ids from the tokenizer. kiln::Error for a malformed preprocessor_config.json, missing vision tokens, or
+// ids that disagree with config.json's image_token_id / vision_start_token_id / vision_end_token_id.
+std::shared_ptr<const VisionSetup> load_vision_setup(const std::string& model_dir, const Tokenizer& tokenizer,
+                                                     const vision::ImageLimits& limits, const ImageFetchOptions& fetch,
+                                                     std::string& note);
+
+}  // namespace kiln::server
