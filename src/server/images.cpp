@@ -57,8 +57,8 @@ std::vector<uint8_t> decode_base64(std::string_view text, const std::string& par
       out.push_back(static_cast<uint8_t>(acc >> bits));
     }
   }
-  // A final group of 1 symbol cannot hold a byte; padding, when present, must complete the group.
-  if (symbols % 4 == 1 || (pad > 0 && (symbols + static_cast<size_t>(pad)) % 4 != 0) || pad > 2)
+  // As Python's b64decode (what vLLM and SGLang decode with): whole 4-character groups, '=' padding included.
+  if ((symbols + static_cast<size_t>(pad)) % 4 != 0 || pad > 2 || symbols % 4 == 1)
     throw ApiError(400, "'" + param + "': invalid base64 (truncated)", param, "", "invalid_image");
   return out;
 }

@@ -46,8 +46,9 @@ struct ImageRef {
 // The ApiError for an ImageError (status and code by kind).
 ApiError image_api_error(const vision::ImageError& e, const std::string& param);
 
-// Decodes a strict base64 string (RFC 4648 alphabet, '=' padding optional, ASCII whitespace ignored as
-// Python's b64decode(validate=False) does not; kiln refuses other characters). Throws ApiError 400 naming param.
+// Decodes base64 (RFC 4648, '+/' or the URL-safe '-_', whole padded groups as Python's b64decode requires; ASCII
+// whitespace skipped). Any other character is refused (Python would drop it silently). Throws ApiError 400
+// naming param.
 std::vector<uint8_t> decode_base64(std::string_view text, const std::string& param);
 
 // The encoded bytes of one source (base64-decoded or fetched). Throws ApiError.
