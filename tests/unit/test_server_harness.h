@@ -40,6 +40,8 @@ struct BasicServerHarness {
   int port = 0;
   std::thread thread;
 };
-using ServerHarness = BasicServerHarness<>;
+struct ServerHarness : BasicServerHarness<> {
+  using BasicServerHarness::BasicServerHarness;
+};
 
 }  // namespace kiln::server::fake
