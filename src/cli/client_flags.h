@@ -15,8 +15,9 @@
 namespace kiln::cli {
 
 inline const std::set<std::string> kWorkloadFlags = {
-    "api",     "model",   "input-len",         "output-len", "seed",   "vocab-range",
-    "prompts", "warmups", "warmup-output-len", "timeout",    "api-key", "image", "image-tokens"};
+    "api",         "model",   "input-len",   "output-len",        "seed",
+    "vocab-range", "prompts", "warmups",     "warmup-output-len", "timeout",
+    "api-key",     "image",   "image-tokens"};
 inline const std::set<std::string> kWorkloadBoolFlags = {"no-flush", "no-progress"};
 
 inline constexpr const char* kWorkloadHelp =
@@ -33,9 +34,11 @@ inline constexpr const char* kWorkloadHelp =
     "  --no-flush                   do not POST /flush_cache after the warm-ups\n"
     "  --timeout S                  per-request timeout in seconds (default 3600); --api-key KEY\n"
     "  --no-progress                no progress bar (it is drawn only on a terminal anyway)\n"
-    "  --image FILE                 send this image (PNG/JPEG/WebP) with every request as /generate image_data\n"
+    "  --image FILE                 send this image (PNG/JPEG/WebP) with every request as /generate "
+    "image_data\n"
     "                               (random prompts only), its placeholder appended to each prompt\n"
-    "  --image-tokens S,P,E         placeholder ids: vision start, image pad, vision end (default Qwen3-VL's\n"
+    "  --image-tokens S,P,E         placeholder ids: vision start, image pad, vision end (default "
+    "Qwen3-VL's\n"
     "                               151652,151655,151653)\n";
 
 inline std::vector<int64_t> parse_int_list(const std::string& s, const std::string& flag) {
@@ -79,7 +82,8 @@ inline client::SweepOptions workload_from_flags(const Flags& f) {
   o.run.stream.api = client::parse_api(api);
   if (f.has("image")) {
     KILN_CHECK(o.run.stream.api == client::Api::generate && w.texts.empty(),
-               "--image goes with random prompts over /generate (image_data); not with --prompts or --api completions");
+               "--image goes with random prompts over /generate (image_data); not with --prompts or --api "
+               "completions");
     std::ifstream in(f.str("image"), std::ios::binary);
     KILN_CHECK(in.good(), "--image: cannot read ", f.str("image"));
     w.image_b64 = client::base64_encode(std::string(std::istreambuf_iterator<char>(in), {}));

@@ -28,7 +28,8 @@ kiln::vision::RgbImage synthetic(int w, int h) {
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
       for (int c = 0; c < 3; ++c)
-        im.rgb[(size_t(y) * w + x) * 3 + c] = uint8_t((x * 255 / w + y * 255 / h * c + int(rng() % 24)) & 255);
+        im.rgb[(size_t(y) * w + x) * 3 + c] =
+            uint8_t((x * 255 / w + y * 255 / h * c + int(rng() % 24)) & 255);
   return im;
 }
 
@@ -58,9 +59,10 @@ int run_bench_images(const kiln::cli::Args& args) {
   const int reps = int(f.i64("reps", 5));
   KILN_CHECK(reps >= 1 && reps <= 1000, "--reps must be in [1, 1000]");
   std::printf("image preprocessing on the CPU (one thread), %s resize, min/max pixels %lld/%lld, %d reps\n\n",
-              cfg.kernel == kiln::vision::ResampleKernel::pil ? "PIL" : "torchvision", (long long)cfg.min_pixels,
-              (long long)cfg.max_pixels, reps);
-  std::printf("| input | resized (w x h) | tokens | median ms | min ms |\n| --- | --- | ---: | ---: | ---: |\n");
+              cfg.kernel == kiln::vision::ResampleKernel::pil ? "PIL" : "torchvision",
+              (long long)cfg.min_pixels, (long long)cfg.max_pixels, reps);
+  std::printf(
+      "| input | resized (w x h) | tokens | median ms | min ms |\n| --- | --- | ---: | ---: | ---: |\n");
   for (auto [w, h] : {std::pair{448, 448}, {1024, 1024}, {1920, 1080}}) {
     const kiln::vision::RgbImage im = synthetic(w, h);
     const std::string name = "RGB " + std::to_string(w) + "x" + std::to_string(h);

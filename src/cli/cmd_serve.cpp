@@ -16,7 +16,8 @@
 // Images (a Qwen3-VL checkpoint: config.json has a vision_config): at most --max-images-per-request (16)
 // images per request, each at most --max-image-bytes encoded (20 MiB) and --max-image-pixels decoded
 // (89,478,485, PIL's limit); http(s) image URLs are fetched unless --image-url-fetch off, each within
-// --image-fetch-timeout seconds (10). A data: URL travels in the body: --max-body-bytes (16 MiB) bounds it too.
+// --image-fetch-timeout seconds (10). A data: URL travels in the body: --max-body-bytes (16 MiB) bounds it
+// too.
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -161,7 +162,8 @@ int run_serve(const kiln::cli::Args& args) {
   KILN_CHECK(image_limits.max_pixels >= 1, "--max-image-pixels must be >= 1");
   kiln::server::ImageFetchOptions fetch;
   const std::string url_fetch = f.str("image-url-fetch", "on");
-  KILN_CHECK(url_fetch == "on" || url_fetch == "off", "--image-url-fetch must be on or off, got '", url_fetch, "'");
+  KILN_CHECK(url_fetch == "on" || url_fetch == "off", "--image-url-fetch must be on or off, got '", url_fetch,
+             "'");
   fetch.allow_urls = url_fetch == "on";
   fetch.timeout = seconds_flag("image-fetch-timeout", fetch.timeout);
   const double drain_s = f.f64("drain-timeout", 30.0);
@@ -184,12 +186,13 @@ int run_serve(const kiln::cli::Args& args) {
   so.vision = kiln::server::load_vision_setup(eo.model_dir, tok, image_limits, fetch, vision_note);
   if (!vision_note.empty()) std::fprintf(stderr, "kiln serve: %s\n", vision_note.c_str());
   if (so.vision)
-    std::fprintf(stderr,
-                 "kiln serve: images: up to %d per request, %zu bytes and %lld pixels each, resized to %lld..%lld "
-                 "pixels (multiples of %d); http(s) URLs %s\n",
-                 image_limits.max_images, image_limits.max_bytes, (long long)image_limits.max_pixels,
-                 (long long)so.vision->processor.min_pixels, (long long)so.vision->processor.max_pixels,
-                 so.vision->processor.factor(), fetch.allow_urls ? "fetched" : "refused");
+    std::fprintf(
+        stderr,
+        "kiln serve: images: up to %d per request, %zu bytes and %lld pixels each, resized to %lld..%lld "
+        "pixels (multiples of %d); http(s) URLs %s\n",
+        image_limits.max_images, image_limits.max_bytes, (long long)image_limits.max_pixels,
+        (long long)so.vision->processor.min_pixels, (long long)so.vision->processor.max_pixels,
+        so.vision->processor.factor(), fetch.allow_urls ? "fetched" : "refused");
   if (gen_config == "auto" && !engine->is_embedding_model()) {
     kiln::server::GenerationDefaults gd =
         kiln::server::load_generation_config(eo.model_dir, engine->model_config().vocab_size);

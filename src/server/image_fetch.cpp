@@ -42,9 +42,12 @@ std::vector<uint8_t> fetch_url(const std::string& url, size_t max_bytes, const I
     if (!cli.is_valid()) fetch_failed(url, "not a valid http(s) URL");
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
     if (left.count() <= 0) fetch_failed(url, "timed out");
-    cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::seconds>(left).count(), left.count() % 1000000);
-    cli.set_read_timeout(std::chrono::duration_cast<std::chrono::seconds>(left).count(), left.count() % 1000000);
-    cli.set_write_timeout(std::chrono::duration_cast<std::chrono::seconds>(left).count(), left.count() % 1000000);
+    cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::seconds>(left).count(),
+                               left.count() % 1000000);
+    cli.set_read_timeout(std::chrono::duration_cast<std::chrono::seconds>(left).count(),
+                         left.count() % 1000000);
+    cli.set_write_timeout(std::chrono::duration_cast<std::chrono::seconds>(left).count(),
+                          left.count() % 1000000);
     cli.set_follow_location(false);  // redirects counted here, each one under the same deadline
     std::vector<uint8_t> body;
     bool too_big = false, late = false;
@@ -76,12 +79,14 @@ std::vector<uint8_t> fetch_url(const std::string& url, size_t max_bytes, const I
           return true;
         });
     if (too_big)
-      throw vision::ImageError(vision::ImageErrorKind::too_many_bytes,
-                               "image URL " + url + ": more than the limit of " + std::to_string(max_bytes) + " bytes");
+      throw vision::ImageError(
+          vision::ImageErrorKind::too_many_bytes,
+          "image URL " + url + ": more than the limit of " + std::to_string(max_bytes) + " bytes");
     if (late) fetch_failed(url, "timed out");
     if (!res) {
       const httplib::Error err = res.error();
-      // A read that stops within a few ms of the deadline is the deadline (the socket timeouts are approximate).
+      // A read that stops within a few ms of the deadline is the deadline (the socket timeouts are
+      // approximate).
       if (Clock::now() + std::chrono::milliseconds(50) >= deadline) fetch_failed(url, "timed out");
       fetch_failed(url, err == httplib::Error::Connection ? "unreachable (connection failed)"
                                                           : "fetch failed (" + httplib::to_string(err) + ")");

@@ -10,16 +10,26 @@ ApiError image_api_error(const vision::ImageError& e, const std::string& param) 
   const char* code = "invalid_image";
   int status = 400;
   switch (e.kind()) {
-    case ImageErrorKind::undecodable: code = "invalid_image"; break;
-    case ImageErrorKind::unsupported_format: code = "unsupported_image_format"; break;
-    case ImageErrorKind::bad_aspect_ratio: code = "invalid_image_size"; break;
+    case ImageErrorKind::undecodable:
+      code = "invalid_image";
+      break;
+    case ImageErrorKind::unsupported_format:
+      code = "unsupported_image_format";
+      break;
+    case ImageErrorKind::bad_aspect_ratio:
+      code = "invalid_image_size";
+      break;
     case ImageErrorKind::too_many_bytes:
     case ImageErrorKind::too_many_pixels:
       code = "image_too_large";
       status = 413;
       break;
-    case ImageErrorKind::too_many_images: code = "too_many_images"; break;
-    case ImageErrorKind::fetch_failed: code = "image_fetch_failed"; break;
+    case ImageErrorKind::too_many_images:
+      code = "too_many_images";
+      break;
+    case ImageErrorKind::fetch_failed:
+      code = "image_fetch_failed";
+      break;
   }
   return ApiError(status, "'" + param + "': " + e.what(), param, "", code);
 }
@@ -83,8 +93,11 @@ std::vector<uint8_t> image_bytes(const ImageRef& ref, const VisionSetup& setup) 
   }
   if (s.rfind("http://", 0) == 0 || s.rfind("https://", 0) == 0) {
     if (!setup.fetch.allow_urls)
-      throw ApiError(400, "'" + ref.param + "': image URLs are disabled on this server (--image-url-fetch off); "
-                     "send the image as a data: URL", ref.param, "", "image_fetch_failed");
+      throw ApiError(400,
+                     "'" + ref.param +
+                         "': image URLs are disabled on this server (--image-url-fetch off); "
+                         "send the image as a data: URL",
+                     ref.param, "", "image_fetch_failed");
     try {
       return fetch_url(s, setup.limits.max_bytes, setup.fetch);
     } catch (const vision::ImageError& e) {
@@ -100,12 +113,13 @@ std::vector<uint8_t> image_bytes(const ImageRef& ref, const VisionSetup& setup) 
     return decode_base64(s, ref.param);
   }
   const size_t colon = s.find(':');
-  throw ApiError(400,
-                 "'" + ref.param + "': unsupported image source" +
-                     (colon != std::string::npos && colon < 16 ? " scheme '" + s.substr(0, colon) + ":'" : "") +
-                     " (data: URLs with base64" + (setup.fetch.allow_urls ? " and http(s) URLs" : "") +
-                     (ref.allow_raw_base64 ? ", or raw base64" : "") + " are accepted)",
-                 ref.param, "", "invalid_image");
+  throw ApiError(
+      400,
+      "'" + ref.param + "': unsupported image source" +
+          (colon != std::string::npos && colon < 16 ? " scheme '" + s.substr(0, colon) + ":'" : "") +
+          " (data: URLs with base64" + (setup.fetch.allow_urls ? " and http(s) URLs" : "") +
+          (ref.allow_raw_base64 ? ", or raw base64" : "") + " are accepted)",
+      ref.param, "", "invalid_image");
 }
 
 namespace {
@@ -132,7 +146,8 @@ std::vector<vision::ImagePatches> load_images(const std::vector<ImageRef>& refs,
   }
   std::vector<std::future<vision::ImagePatches>> jobs;
   jobs.reserve(refs.size());
-  for (const auto& r : refs) jobs.push_back(std::async(std::launch::async, load_one, std::cref(r), std::cref(setup)));
+  for (const auto& r : refs)
+    jobs.push_back(std::async(std::launch::async, load_one, std::cref(r), std::cref(setup)));
   for (auto& j : jobs) j.wait();  // all finish before any error leaves (they reference refs and setup)
   for (auto& j : jobs) out.push_back(j.get());
   return out;

@@ -47,8 +47,8 @@ struct ApiLimits {
   // eos ids added to its stop_token_ids unless it sets ignore_eos.
   SamplingParams sampling_defaults;
   std::vector<int32_t> extra_eos_ids;
-  // A vision-language checkpoint: images are accepted (server/images.h). Null: a text-only model, and any image
-  // in a request is a 400.
+  // A vision-language checkpoint: images are accepted (server/images.h). Null: a text-only model, and any
+  // image in a request is a 400.
   std::shared_ptr<const VisionSetup> vision;
 };
 

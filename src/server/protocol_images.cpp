@@ -25,7 +25,8 @@ json chat_content(const json& content, size_t message, const ApiLimits& lim, std
   for (size_t k = 0; k < content.size(); ++k) {
     const json& part = content[k];
     const std::string pp = param + "[" + std::to_string(k) + "]";
-    const json* type = part.is_object() && part.contains("type") && part["type"].is_string() ? &part["type"] : nullptr;
+    const json* type =
+        part.is_object() && part.contains("type") && part["type"].is_string() ? &part["type"] : nullptr;
     if (type && *type == "text" && part.contains("text") && part["text"].is_string()) {
       text += part["text"].get<std::string>();
       parts.push_back({{"type", "text"}, {"text", part["text"]}});
@@ -39,20 +40,23 @@ json chat_content(const json& content, size_t message, const ApiLimits& lim, std
         throw bad_request("'" + pp + "' must be {\"type\": \"image_url\", \"image_url\": {\"url\": \"...\"}}",
                           pp + ".image_url.url");
       images.push_back({url->get<std::string>(), pp + ".image_url.url", false});
-      parts.push_back({{"type", "image_url"}, {"image_url", {{"url", "<image " + std::to_string(images.size()) + ">"}}}});
+      parts.push_back(
+          {{"type", "image_url"}, {"image_url", {{"url", "<image " + std::to_string(images.size()) + ">"}}}});
       has_image = true;
       continue;
     }
     if (type && (*type == "image" || *type == "input_image")) {
       if (!lim.vision) throw text_only_model(pp);
-      throw bad_request("'" + pp + "': send images as {\"type\": \"image_url\", \"image_url\": {\"url\": \"...\"}}", pp);
+      throw bad_request(
+          "'" + pp + "': send images as {\"type\": \"image_url\", \"image_url\": {\"url\": \"...\"}}", pp);
     }
     throw bad_request("'" + pp + "' must be a text part {\"type\": \"text\", \"text\": \"...\"}" +
                           std::string(lim.vision ? " or an image part {\"type\": \"image_url\", ...}" : "") +
                           "; other kinds are not supported",
                       pp);
   }
-  // The template sees the url as a placeholder: the data itself (possibly megabytes of base64) is not its business.
+  // The template sees the url as a placeholder: the data itself (possibly megabytes of base64) is not its
+  // business.
   if (has_image) return parts;
   return text;
 }
@@ -63,7 +67,8 @@ std::vector<ImageRef> generate_image_refs(const json& body, const ApiLimits& lim
   std::vector<ImageRef> out;
   auto add = [&](const json& v, const std::string& param) {
     if (!v.is_string() || v.get_ref<const std::string&>().empty())
-      throw bad_request("'" + param + "' must be a non-empty string (a data: URL, an http(s) URL or base64)", param);
+      throw bad_request("'" + param + "' must be a non-empty string (a data: URL, an http(s) URL or base64)",
+                        param);
     out.push_back({v.get<std::string>(), param, true});
   };
   if (it->is_string()) {
@@ -82,10 +87,11 @@ void attach_images(GenSpec& g, const std::vector<ImageRef>& images, const ApiLim
   const VisionSetup& v = *lim.vision;
   const int pads = vision::count_image_pads(g.prompt, v.tokens);
   if (static_cast<size_t>(pads) != images.size())
-    throw bad_request(std::string("'") + param + "' has " + std::to_string(pads) +
-                          " image placeholder(s) (<|vision_start|><|image_pad|><|vision_end|>) but the request carries " +
-                          std::to_string(images.size()) + " image(s)",
-                      param);
+    throw bad_request(
+        std::string("'") + param + "' has " + std::to_string(pads) +
+            " image placeholder(s) (<|vision_start|><|image_pad|><|vision_end|>) but the request carries " +
+            std::to_string(images.size()) + " image(s)",
+        param);
   if (images.empty()) return;
   g.images = load_images(images, v);
   try {

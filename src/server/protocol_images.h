@@ -10,7 +10,8 @@
 namespace kiln::server {
 
 // A chat message's content for the template, collecting its images in order. Text-only content (a string, or
-// text parts) becomes the joined text, as before; with image parts (`{"type": "image_url", "image_url": {"url":
+// text parts) becomes the joined text, as before; with image parts (`{"type": "image_url", "image_url":
+// {"url":
 // ...}}`, the url also accepted as a bare string) the list of parts is kept for the template (Qwen3-VL's
 // renders each image as <|vision_start|><|image_pad|><|vision_end|>). Throws ApiError: other part types, a
 // malformed part, or any image when lim.vision is null (a text-only model).

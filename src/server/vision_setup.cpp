@@ -41,7 +41,8 @@ std::shared_ptr<const VisionSetup> load_vision_setup(const std::string& model_di
     const auto v = tok.token_id(token);
     KILN_CHECK(v.has_value(), model_dir, ": the tokenizer has no ", token, " token");
     if (cfg.contains(config_key) && cfg[config_key].is_number_integer())
-      KILN_CHECK_EQ(*v, cfg[config_key].get<int32_t>(), token, " in the tokenizer vs config.json ", config_key);
+      KILN_CHECK_EQ(*v, cfg[config_key].get<int32_t>(), token, " in the tokenizer vs config.json ",
+                    config_key);
     return *v;
   };
   setup->tokens.vision_start = id("<|vision_start|>", "vision_start_token_id");

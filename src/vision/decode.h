@@ -37,9 +37,10 @@ class ImageError : public Error {
 const char* image_error_kind_name(ImageErrorKind kind);
 
 struct ImageLimits {
-  size_t max_bytes = 20u << 20;       // encoded bytes per image (OpenAI's per-image limit is 20 MB)
-  int64_t max_pixels = 89'478'485;    // decoded width x height (PIL's MAX_IMAGE_PIXELS), checked before decoding
-  int max_images = 16;                // per request
+  size_t max_bytes = 20u << 20;  // encoded bytes per image (OpenAI's per-image limit is 20 MB)
+  int64_t max_pixels =
+      89'478'485;       // decoded width x height (PIL's MAX_IMAGE_PIXELS), checked before decoding
+  int max_images = 16;  // per request
 };
 
 enum class ImageFormat { png, jpeg, webp };
@@ -66,8 +67,8 @@ ImageFormat sniff_image_format(std::span<const uint8_t> bytes);
 // undecodable for corrupt or truncated data, unsupported_format for variants not handled.
 DecodedImage decode_image(std::span<const uint8_t> bytes, const ImageLimits& limits);
 
-// transformers' convert_to_rgb (image_transforms.py): RGB kept; otherwise converted to RGBA by PIL's rules and
-// alpha-composited over opaque white with PIL's ImagingAlphaComposite integer arithmetic.
+// transformers' convert_to_rgb (image_transforms.py): RGB kept; otherwise converted to RGBA by PIL's rules
+// and alpha-composited over opaque white with PIL's ImagingAlphaComposite integer arithmetic.
 RgbImage to_rgb(const DecodedImage& image);
 
 // decode_image then to_rgb.

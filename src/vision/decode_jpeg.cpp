@@ -1,12 +1,12 @@
 // JPEG through libjpeg-turbo with its defaults (islow DCT, fancy upsampling): what PIL's JPEG plugin asks of
 // the same library. A JPEG that ends early is an error, as in PIL ("image file is truncated"), not the grey
 // fill libjpeg would supply.
-#include <cstdio>  // jpeglib.h needs FILE and size_t first
-#include <jpeglib.h>
-#include <jerror.h>
-
 #include <csetjmp>
+#include <cstdio>  // jpeglib.h needs FILE and size_t first
 #include <cstring>
+
+#include <jerror.h>
+#include <jpeglib.h>
 
 #include "vision/decode.h"
 
@@ -48,9 +48,12 @@ JpegStep jpeg_decode_raw(std::span<const uint8_t> bytes, const ImageLimits* limi
   out->width = static_cast<int>(cinfo.image_width);
   out->height = static_cast<int>(cinfo.image_height);
   JpegStep early = JpegStep::ok;
-  if (out->width < 1 || out->height < 1) early = JpegStep::bad_size;
-  else if (static_cast<int64_t>(out->width) * out->height > limits->max_pixels) early = JpegStep::too_big;
-  else if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) early = JpegStep::cmyk;
+  if (out->width < 1 || out->height < 1)
+    early = JpegStep::bad_size;
+  else if (static_cast<int64_t>(out->width) * out->height > limits->max_pixels)
+    early = JpegStep::too_big;
+  else if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK)
+    early = JpegStep::cmyk;
   if (early != JpegStep::ok) {
     jpeg_destroy_decompress(&cinfo);
     return early;
@@ -77,12 +80,16 @@ DecodedImage decode_jpeg(std::span<const uint8_t> bytes, const ImageLimits& limi
   DecodedImage out;
   out.format = ImageFormat::jpeg;
   switch (jpeg_decode_raw(bytes, &limits, &err, &out)) {
-    case JpegStep::ok: return out;
+    case JpegStep::ok:
+      return out;
     case JpegStep::too_big:
-    case JpegStep::bad_size: check_dimensions(out.width, out.height, limits, "JPEG"); break;
+    case JpegStep::bad_size:
+      check_dimensions(out.width, out.height, limits, "JPEG");
+      break;
     case JpegStep::cmyk:
       throw ImageError(ImageErrorKind::unsupported_format, "image: CMYK/YCCK JPEG is not supported");
-    case JpegStep::error: break;
+    case JpegStep::error:
+      break;
   }
   const bool truncated = err.pub.msg_code == JWRN_JPEG_EOF;
   throw ImageError(ImageErrorKind::undecodable, std::string("image: JPEG does not decode: ") +

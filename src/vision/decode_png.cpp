@@ -35,7 +35,8 @@ void png_on_warning(png_structp, png_const_charp) {}  // ancillary-chunk complai
 enum class PngStep { ok, error, too_big, grey16, bad_size };
 
 // No C++ object with a destructor lives in this frame: libpng leaves it by longjmp on any error.
-PngStep png_decode_raw(PngSource* src, const ImageLimits* limits, DecodedImage* out, std::vector<png_bytep>* rows) {
+PngStep png_decode_raw(PngSource* src, const ImageLimits* limits, DecodedImage* out,
+                       std::vector<png_bytep>* rows) {
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, src, png_on_error, png_on_warning);
   if (!png) return PngStep::error;
   png_infop info = png_create_info_struct(png);
@@ -76,7 +77,8 @@ PngStep png_decode_raw(PngSource* src, const ImageLimits* limits, DecodedImage* 
   png_read_update_info(png, info);
   out->channels = png_get_channels(png, info);
   const size_t row_bytes = png_get_rowbytes(png, info);
-  if (row_bytes != static_cast<size_t>(w) * static_cast<size_t>(out->channels)) png_error(png, "unexpected row size");
+  if (row_bytes != static_cast<size_t>(w) * static_cast<size_t>(out->channels))
+    png_error(png, "unexpected row size");
   out->pixels.resize(row_bytes * h);
   rows->resize(h);
   for (png_uint_32 y = 0; y < h; ++y) (*rows)[y] = out->pixels.data() + y * row_bytes;
@@ -94,15 +96,19 @@ DecodedImage decode_png(std::span<const uint8_t> bytes, const ImageLimits& limit
   out.format = ImageFormat::png;
   std::vector<png_bytep> rows;
   switch (png_decode_raw(&src, &limits, &out, &rows)) {
-    case PngStep::ok: return out;
+    case PngStep::ok:
+      return out;
     case PngStep::too_big:
-    case PngStep::bad_size: check_dimensions(out.width, out.height, limits, "PNG"); break;
+    case PngStep::bad_size:
+      check_dimensions(out.width, out.height, limits, "PNG");
+      break;
     case PngStep::grey16:
       throw ImageError(ImageErrorKind::unsupported_format, "image: 16-bit greyscale PNG is not supported");
-    case PngStep::error: break;
+    case PngStep::error:
+      break;
   }
-  throw ImageError(ImageErrorKind::undecodable,
-                   std::string("image: PNG does not decode: ") + (src.error[0] ? src.error : "libpng failed"));
+  throw ImageError(ImageErrorKind::undecodable, std::string("image: PNG does not decode: ") +
+                                                    (src.error[0] ? src.error : "libpng failed"));
 }
 
 }  // namespace kiln::vision::detail

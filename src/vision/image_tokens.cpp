@@ -14,8 +14,8 @@ std::vector<int32_t> expand_image_pads(std::span<const int32_t> ids, const std::
                                        const VisionTokenIds& tokens, int merge_size) {
   KILN_CHECK(merge_size >= 1, "merge_size ", merge_size);
   const int pads = count_image_pads(ids, tokens);
-  KILN_CHECK(static_cast<size_t>(pads) == images.size(), "the prompt has ", pads, " image placeholder(s) but the request carries ",
-             images.size(), " image(s)");
+  KILN_CHECK(static_cast<size_t>(pads) == images.size(), "the prompt has ", pads,
+             " image placeholder(s) but the request carries ", images.size(), " image(s)");
   size_t total = ids.size();
   for (const auto& im : images) total += static_cast<size_t>(im.merged_tokens(merge_size)) - 1;
   std::vector<int32_t> out;
@@ -26,8 +26,9 @@ std::vector<int32_t> expand_image_pads(std::span<const int32_t> ids, const std::
       out.push_back(ids[i]);
       continue;
     }
-    KILN_CHECK(i > 0 && i + 1 < ids.size() && ids[i - 1] == tokens.vision_start && ids[i + 1] == tokens.vision_end,
-               "image placeholder ", next + 1, " is not between <|vision_start|> and <|vision_end|>");
+    KILN_CHECK(
+        i > 0 && i + 1 < ids.size() && ids[i - 1] == tokens.vision_start && ids[i + 1] == tokens.vision_end,
+        "image placeholder ", next + 1, " is not between <|vision_start|> and <|vision_end|>");
     const int n = images[next++].merged_tokens(merge_size);
     KILN_CHECK(n >= 1, "image ", next, " has no tokens");
     out.insert(out.end(), static_cast<size_t>(n), tokens.image_pad);

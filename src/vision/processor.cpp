@@ -51,14 +51,17 @@ ProcessorConfig parse_processor_config(std::string_view text) {
   }
   KILN_CHECK(cfg.is_object(), "preprocessor_config.json must be a JSON object");
   ProcessorConfig c;
-  if (cfg.contains("patch_size")) c.patch_size = static_cast<int>(positive_int(cfg["patch_size"], "patch_size"));
+  if (cfg.contains("patch_size"))
+    c.patch_size = static_cast<int>(positive_int(cfg["patch_size"], "patch_size"));
   if (cfg.contains("temporal_patch_size"))
     c.temporal_patch_size = static_cast<int>(positive_int(cfg["temporal_patch_size"], "temporal_patch_size"));
-  if (cfg.contains("merge_size")) c.merge_size = static_cast<int>(positive_int(cfg["merge_size"], "merge_size"));
+  if (cfg.contains("merge_size"))
+    c.merge_size = static_cast<int>(positive_int(cfg["merge_size"], "merge_size"));
   if (cfg.contains("size") && !cfg["size"].is_null()) {
     const json& size = cfg["size"];
     KILN_CHECK(size.is_object() && size.contains("shortest_edge") && size.contains("longest_edge"),
-               "preprocessor_config.json: size must contain 'shortest_edge' and 'longest_edge', got ", size.dump());
+               "preprocessor_config.json: size must contain 'shortest_edge' and 'longest_edge', got ",
+               size.dump());
     c.min_pixels = positive_int(size["shortest_edge"], "size.shortest_edge");
     c.max_pixels = positive_int(size["longest_edge"], "size.longest_edge");
   }
@@ -74,12 +77,15 @@ ProcessorConfig parse_processor_config(std::string_view text) {
   c.do_convert_rgb = flag(cfg, "do_convert_rgb", true);
   KILN_CHECK(c.do_convert_rgb, "preprocessor_config.json: do_convert_rgb false is not supported");
   if (cfg.contains("rescale_factor")) {
-    KILN_CHECK(cfg["rescale_factor"].is_number(), "preprocessor_config.json: rescale_factor must be a number");
+    KILN_CHECK(cfg["rescale_factor"].is_number(),
+               "preprocessor_config.json: rescale_factor must be a number");
     c.rescale_factor = cfg["rescale_factor"].get<double>();
     KILN_CHECK(c.rescale_factor > 0, "preprocessor_config.json: rescale_factor must be positive");
   }
-  if (cfg.contains("image_mean") && !cfg["image_mean"].is_null()) c.image_mean = triple(cfg["image_mean"], "image_mean");
-  if (cfg.contains("image_std") && !cfg["image_std"].is_null()) c.image_std = triple(cfg["image_std"], "image_std");
+  if (cfg.contains("image_mean") && !cfg["image_mean"].is_null())
+    c.image_mean = triple(cfg["image_mean"], "image_mean");
+  if (cfg.contains("image_std") && !cfg["image_std"].is_null())
+    c.image_std = triple(cfg["image_std"], "image_std");
   for (double s : c.image_std) KILN_CHECK(s != 0.0, "preprocessor_config.json: image_std has a zero");
   if (cfg.contains("resample") && !cfg["resample"].is_null())
     KILN_CHECK(cfg["resample"].is_number_integer() && cfg["resample"].get<int>() == 3,
@@ -96,7 +102,8 @@ std::array<int, 2> smart_resize(int height, int width, int factor, int64_t min_p
   const double h = height, w = width, f = factor;
   if (std::max(h, w) / std::min(h, w) > 200)
     throw ImageError(ImageErrorKind::bad_aspect_ratio,
-                     kiln::detail::concat("image: absolute aspect ratio must be smaller than 200, got ", width, "x", height));
+                     kiln::detail::concat("image: absolute aspect ratio must be smaller than 200, got ",
+                                          width, "x", height));
   int64_t h_bar = static_cast<int64_t>(py_round(h / f)) * factor;
   int64_t w_bar = static_cast<int64_t>(py_round(w / f)) * factor;
   if (h_bar * w_bar > max_pixels) {
@@ -135,8 +142,8 @@ std::array<uint64_t, 2> image_content_hash(const RgbImage& image) {
 RgbImage resize_for_processor(const RgbImage& image, const ProcessorConfig& c) {
   KILN_CHECK(image.width >= 1 && image.height >= 1, "image ", image.width, "x", image.height);
   if (!c.do_resize) {
-    KILN_CHECK(image.height % c.factor() == 0 && image.width % c.factor() == 0, "image size ", image.width, "x",
-               image.height, " is not a multiple of ", c.factor(), " (do_resize is off)");
+    KILN_CHECK(image.height % c.factor() == 0 && image.width % c.factor() == 0, "image size ", image.width,
+               "x", image.height, " is not a multiple of ", c.factor(), " (do_resize is off)");
     return image;
   }
   const auto hw = smart_resize(image.height, image.width, c.factor(), c.min_pixels, c.max_pixels);
@@ -159,7 +166,8 @@ ImagePatches preprocess_image(const RgbImage& image, const ProcessorConfig& c) {
         x = (x - mean) / std;
       } else {
         if (c.do_rescale) x = static_cast<float>(static_cast<double>(v) * c.rescale_factor);
-        if (c.do_normalize) x = (x - static_cast<float>(c.image_mean[ch])) / static_cast<float>(c.image_std[ch]);
+        if (c.do_normalize)
+          x = (x - static_cast<float>(c.image_mean[ch])) / static_cast<float>(c.image_std[ch]);
       }
       lut[ch][v] = x;
     }

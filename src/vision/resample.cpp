@@ -22,8 +22,8 @@ double keys_cubic(double x, ResampleKernel kernel) {
 
 // One axis: for each output index, the first input index, the tap count and the integer weights.
 struct AxisWeights {
-  int taps = 0;               // stride of `weights`
-  int precision = 0;          // fractional bits
+  int taps = 0;       // stride of `weights`
+  int precision = 0;  // fractional bits
   std::vector<int> first, count;
   std::vector<int32_t> weights;  // [out, taps]
 };
@@ -75,8 +75,8 @@ uint8_t clamp_shift(int32_t acc, int precision) {
 }
 
 // rows [y0, y1) of src [*, in_w, 3] -> [y1 - y0, out_w, 3]
-std::vector<uint8_t> pass_horizontal(const std::vector<uint8_t>& src, int in_w, int y0, int y1, const AxisWeights& a,
-                                     int out_w) {
+std::vector<uint8_t> pass_horizontal(const std::vector<uint8_t>& src, int in_w, int y0, int y1,
+                                     const AxisWeights& a, int out_w) {
   std::vector<uint8_t> dst(static_cast<size_t>(y1 - y0) * out_w * 3);
   const int32_t half = int32_t{1} << (a.precision - 1);
   for (int y = y0; y < y1; ++y) {
@@ -122,10 +122,10 @@ std::vector<uint8_t> pass_vertical(const std::vector<uint8_t>& src, int w, int r
 
 }  // namespace
 
-std::vector<uint8_t> resize_bicubic_rgb(const std::vector<uint8_t>& rgb, int in_w, int in_h, int out_w, int out_h,
-                                        ResampleKernel kernel) {
-  KILN_CHECK(in_w >= 1 && in_h >= 1 && out_w >= 1 && out_h >= 1, "resize ", in_w, "x", in_h, " -> ", out_w, "x",
-             out_h);
+std::vector<uint8_t> resize_bicubic_rgb(const std::vector<uint8_t>& rgb, int in_w, int in_h, int out_w,
+                                        int out_h, ResampleKernel kernel) {
+  KILN_CHECK(in_w >= 1 && in_h >= 1 && out_w >= 1 && out_h >= 1, "resize ", in_w, "x", in_h, " -> ", out_w,
+             "x", out_h);
   KILN_CHECK_EQ(rgb.size(), static_cast<size_t>(in_w) * in_h * 3);
   const bool need_h = out_w != in_w, need_v = out_h != in_h;
   if (!need_h && !need_v) return rgb;
@@ -135,7 +135,8 @@ std::vector<uint8_t> resize_bicubic_rgb(const std::vector<uint8_t>& rgb, int in_
   // Only the input rows the vertical pass reads go through the horizontal one.
   const int y0 = av.first.front();
   const int y1 = av.first.back() + av.count.back();
-  const std::vector<uint8_t> tmp = pass_horizontal(rgb, in_w, y0, y1, axis_weights(in_w, out_w, kernel), out_w);
+  const std::vector<uint8_t> tmp =
+      pass_horizontal(rgb, in_w, y0, y1, axis_weights(in_w, out_w, kernel), out_w);
   return pass_vertical(tmp, out_w, y0, av, out_h);
 }
 

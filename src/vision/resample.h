@@ -16,7 +16,7 @@ namespace kiln::vision {
 enum class ResampleKernel { torchvision, pil };
 
 // rgb: [in_h, in_w, 3]; returns [out_h, out_w, 3]. Sizes >= 1 (kiln::Error otherwise).
-std::vector<uint8_t> resize_bicubic_rgb(const std::vector<uint8_t>& rgb, int in_w, int in_h, int out_w, int out_h,
-                                        ResampleKernel kernel);
+std::vector<uint8_t> resize_bicubic_rgb(const std::vector<uint8_t>& rgb, int in_w, int in_h, int out_w,
+                                        int out_h, ResampleKernel kernel);
 
 }  // namespace kiln::vision

@@ -35,5 +35,6 @@ TEST(ClientImage, RequestsCarryTheImageAndItsPlaceholder) {
   }
   EXPECT_NE(reqs[0].input_ids[0], reqs[1].input_ids[0]);
   w.image_b64.clear();
-  EXPECT_FALSE(nlohmann::json::parse(build_stream_body(make_requests(w, 3, 1)[0], StreamOptions{})).contains("image_data"));
+  EXPECT_FALSE(nlohmann::json::parse(build_stream_body(make_requests(w, 3, 1)[0], StreamOptions{}))
+                   .contains("image_data"));
 }

@@ -1,8 +1,8 @@
 // Image inputs through the real HTTP server (fake engine, a byte tokenizer whose chat rendering writes the
 // vision tokens): data: URLs, http URLs from a loopback server of this test (its own ephemeral port), several
 // images per message and per request, /generate image_data, and a 4xx with the right code for every bad image
-// (truncated base64, truncated or zero-size or huge images, other formats, too many, unreachable or slow URLs,
-// images to a text-only model). The server stays up and accounts every request.
+// (truncated base64, truncated or zero-size or huge images, other formats, too many, unreachable or slow
+// URLs, images to a text-only model). The server stays up and accounts every request.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -62,7 +62,9 @@ std::string b64(const std::vector<uint8_t>& bytes) {
   return out;
 }
 
-std::vector<uint8_t> image(const char* name) { return kiln::vision_test::read_bytes(kiln::vision_test::fixture_dir() / "images" / name); }
+std::vector<uint8_t> image(const char* name) {
+  return kiln::vision_test::read_bytes(kiln::vision_test::fixture_dir() / "images" / name);
+}
 std::string data_url(const std::vector<uint8_t>& bytes, const char* mime = "image/png") {
   return std::string("data:") + mime + ";base64," + b64(bytes);
 }
@@ -91,7 +93,8 @@ struct ImageHost {
     srv.Get("/big", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(std::string(200000, 'x'), "application/octet-stream");
     });
-    srv.Get("/redirect", [](const httplib::Request&, httplib::Response& res) { res.set_redirect("/odd_rgb.png"); });
+    srv.Get("/redirect",
+            [](const httplib::Request&, httplib::Response& res) { res.set_redirect("/odd_rgb.png"); });
     srv.Get(R"(/([a-z_]+\.(png|jpg|webp)))", [](const httplib::Request& req, httplib::Response& res) {
       const auto bytes = image(req.matches[1].str().c_str());
       if (bytes.empty()) {
@@ -146,14 +149,21 @@ class Harness : public fake::BasicServerHarness<VisionCodec> {
   std::vector<kiln::Request> seen;
 };
 
-json image_part(const std::string& url) { return {{"type", "image_url"}, {"image_url", {{"url", url}}}}; }
-json text_part(const std::string& t) { return {{"type", "text"}, {"text", t}}; }
+json image_part(const std::string& url) {
+  return {{"type", "image_url"}, {"image_url", {{"url", url}}}};
+}
+json text_part(const std::string& t) {
+  return {{"type", "text"}, {"text", t}};
+}
 json chat(json content) {
-  return {{"model", "demo"}, {"max_tokens", 4}, {"messages", {{{"role", "user"}, {"content", std::move(content)}}}}};
+  return {{"model", "demo"},
+          {"max_tokens", 4},
+          {"messages", {{{"role", "user"}, {"content", std::move(content)}}}}};
 }
 
 // The error's status and code.
-void expect_error(const httplib::Result& r, int status, const std::string& code, const std::string& words = "") {
+void expect_error(const httplib::Result& r, int status, const std::string& code,
+                  const std::string& words = "") {
   ASSERT_TRUE(r) << "no response";
   EXPECT_EQ(r->status, status) << r->body;
   const json e = json::parse(r->body)["error"];
@@ -161,18 +171,22 @@ void expect_error(const httplib::Result& r, int status, const std::string& code,
     EXPECT_EQ(e["code"], code) << r->body;
   }
   if (!words.empty()) {
-    EXPECT_NE(e["message"].get<std::string>().find(words), std::string::npos) << words << " not in " << r->body;
+    EXPECT_NE(e["message"].get<std::string>().find(words), std::string::npos)
+        << words << " not in " << r->body;
   }
 }
 
-int count(const std::vector<int32_t>& ids, int32_t id) { return int(std::count(ids.begin(), ids.end(), id)); }
+int count(const std::vector<int32_t>& ids, int32_t id) {
+  return int(std::count(ids.begin(), ids.end(), id));
+}
 
 }  // namespace
 
 TEST(ServerImages, DataUrlBecomesPatchesAndPads) {
   Harness h;
-  const auto r = h.post("/v1/chat/completions", chat({text_part("What is "), image_part(data_url(image("odd_rgb.png"))),
-                                                       text_part("?")}));
+  const auto r =
+      h.post("/v1/chat/completions",
+             chat({text_part("What is "), image_part(data_url(image("odd_rgb.png"))), text_part("?")}));
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   const kiln::Request req = h.last();
@@ -190,9 +204,11 @@ TEST(ServerImages, DataUrlBecomesPatchesAndPads) {
 TEST(ServerImages, SeveralImagesPerMessageAndRequestInOrder) {
   Harness h;
   ImageHost host;
-  json body = chat({image_part(data_url(image("grey.png"))), text_part("and"), image_part(host.url("/photo.jpg"))});
+  json body =
+      chat({image_part(data_url(image("grey.png"))), text_part("and"), image_part(host.url("/photo.jpg"))});
   body["messages"].push_back({{"role", "assistant"}, {"content", "Two."}});
-  body["messages"].push_back({{"role", "user"}, {"content", {image_part(host.url("/redirect")), text_part("third")}}});
+  body["messages"].push_back(
+      {{"role", "user"}, {"content", {image_part(host.url("/redirect")), text_part("third")}}});
   const auto r = h.post("/v1/chat/completions", body);
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -212,7 +228,8 @@ TEST(ServerImages, SeveralImagesPerMessageAndRequestInOrder) {
 TEST(ServerImages, GenerateImageData) {
   Harness h;
   const std::string png = b64(image("odd_rgb.png"));
-  json body = {{"text", "look: \x01\x02\x03 and \x01\x02\x03"}, {"image_data", {png, data_url(image("grey.png"))}},
+  json body = {{"text", "look: \x01\x02\x03 and \x01\x02\x03"},
+               {"image_data", {png, data_url(image("grey.png"))}},
                {"sampling_params", {{"max_new_tokens", 2}}}};
   auto r = h.post("/generate", body);
   ASSERT_TRUE(r);
@@ -245,11 +262,12 @@ TEST(ServerImages, BadImagesGetTheirCode) {
   const std::string gif = "GIF89a\x01\x00\x01\x00\x00\x00\x00";
   expect_error(h.post("/v1/chat/completions", chat({image_part(data_url({gif.begin(), gif.end()}))})), 400,
                "unsupported_image_format", "GIF");
-  expect_error(h.post("/v1/chat/completions", chat({image_part(data_url({}))})), 400, "invalid_image", "empty");
+  expect_error(h.post("/v1/chat/completions", chat({image_part(data_url({}))})), 400, "invalid_image",
+               "empty");
   expect_error(h.post("/v1/chat/completions", chat({image_part("data:image/png,abc")})), 400, "invalid_image",
                "base64");
-  expect_error(h.post("/v1/chat/completions", chat({image_part("ftp://example.com/a.png")})), 400, "invalid_image",
-               "'ftp:'");
+  expect_error(h.post("/v1/chat/completions", chat({image_part("ftp://example.com/a.png")})), 400,
+               "invalid_image", "'ftp:'");
   expect_error(h.post("/v1/chat/completions", chat({image_part(data_url(image("big_odd.png")))})), 413,
                "image_too_large", "bytes");
   // Declared 100000 x 100000 in a valid PNG header: refused from the header.
@@ -261,15 +279,15 @@ TEST(ServerImages, BadImagesGetTheirCode) {
   json five = json::array();
   for (int i = 0; i < 5; ++i) five.push_back(image_part(data_url(png)));
   expect_error(h.post("/v1/chat/completions", chat(five)), 400, "too_many_images", "limit of 4");
-  expect_error(h.post("/v1/chat/completions", chat({image_part(host.url("/slow"))})), 400, "image_fetch_failed",
-               "timed out");
+  expect_error(h.post("/v1/chat/completions", chat({image_part(host.url("/slow"))})), 400,
+               "image_fetch_failed", "timed out");
   expect_error(h.post("/v1/chat/completions", chat({image_part(host.url("/big"))})), 413, "image_too_large");
   expect_error(h.post("/v1/chat/completions", chat({image_part(host.url("/missing.png"))})), 400,
                "image_fetch_failed", "404");
   expect_error(h.post("/v1/chat/completions", chat({image_part("http://127.0.0.1:1/x.png")})), 400,
                "image_fetch_failed", "unreachable");
-  expect_error(h.post("/v1/chat/completions", chat({{{"type", "image_url"}, {"image_url", {{"url", 5}}}}})), 400, "",
-               "image_url");
+  expect_error(h.post("/v1/chat/completions", chat({{{"type", "image_url"}, {"image_url", {{"url", 5}}}}})),
+               400, "", "image_url");
   EXPECT_EQ(h.submitted(), 0u);  // nothing reached the engine
   // And the server still serves.
   ASSERT_EQ(h.post("/v1/chat/completions", chat({image_part(data_url(png))}))->status, 200);

@@ -1,6 +1,6 @@
 // src/vision decoding: every committed test image decodes to what PIL's Image.open + transformers'
-// convert_to_rgb gave (tests/fixtures/vision/decoded, written by make_vl_pixel_fixture.py), and bad input gets
-// the ImageError kind the server maps to its 4xx.
+// convert_to_rgb gave (tests/fixtures/vision/decoded, written by make_vl_pixel_fixture.py), and bad input
+// gets the ImageError kind the server maps to its 4xx.
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -16,9 +16,9 @@ using kiln::vision_test::read_bytes;
 
 namespace {
 
-const char* kImages[] = {"odd_rgb.png", "photo.jpg",        "wide.webp",          "big_odd.png",   "grey.png",
-                         "grey.jpg",    "rgba.png",         "rgba_lossless.webp", "palette_trns.png",
-                         "exif_rot6.jpg"};
+const char* kImages[] = {"odd_rgb.png",      "photo.jpg",    "wide.webp", "big_odd.png",
+                         "grey.png",         "grey.jpg",     "rgba.png",  "rgba_lossless.webp",
+                         "palette_trns.png", "exif_rot6.jpg"};
 
 ImageErrorKind kind_of(const std::vector<uint8_t>& bytes, const ImageLimits& limits = {}) {
   try {
@@ -30,7 +30,9 @@ ImageErrorKind kind_of(const std::vector<uint8_t>& bytes, const ImageLimits& lim
   return ImageErrorKind::fetch_failed;
 }
 
-bool is_jpeg(const std::string& name) { return name.ends_with(".jpg"); }
+bool is_jpeg(const std::string& name) {
+  return name.ends_with(".jpg");
+}
 
 // A PNG chunk with its CRC.
 void put_chunk(std::vector<uint8_t>& out, const char* type, const std::vector<uint8_t>& data) {
@@ -39,7 +41,8 @@ void put_chunk(std::vector<uint8_t>& out, const char* type, const std::vector<ui
   const size_t start = out.size();
   out.insert(out.end(), type, type + 4);
   out.insert(out.end(), data.begin(), data.end());
-  const uint32_t crc = static_cast<uint32_t>(crc32(0, out.data() + start, static_cast<uInt>(out.size() - start)));
+  const uint32_t crc =
+      static_cast<uint32_t>(crc32(0, out.data() + start, static_cast<uInt>(out.size() - start)));
   for (int i = 3; i >= 0; --i) out.push_back(static_cast<uint8_t>(crc >> (8 * i)));
 }
 
@@ -63,13 +66,16 @@ TEST(VisionDecode, MatchesPilOnEveryFixtureImage) {
     const auto bytes = read_bytes(fixture_dir() / "images" / name);
     ASSERT_FALSE(bytes.empty()) << "missing fixture image (run tests/fixtures/make_vl_pixel_fixture.py)";
     const RgbImage got = decode_rgb(bytes, {});
-    const RgbImage want = decode_rgb(read_bytes(fixture_dir() / "decoded" / (std::string(name) + ".png")), {});
+    const RgbImage want =
+        decode_rgb(read_bytes(fixture_dir() / "decoded" / (std::string(name) + ".png")), {});
     ASSERT_EQ(got.width, want.width);
     ASSERT_EQ(got.height, want.height);
     int max_diff = 0;
-    for (size_t i = 0; i < got.rgb.size(); ++i) max_diff = std::max(max_diff, std::abs(got.rgb[i] - want.rgb[i]));
+    for (size_t i = 0; i < got.rgb.size(); ++i)
+      max_diff = std::max(max_diff, std::abs(got.rgb[i] - want.rgb[i]));
     // PNG and WebP are exact; JPEG may differ by one level where PIL's bundled libjpeg-turbo is another
-    // release than Debian's (the islow IDCT is exact across releases; the colour conversion tables may not be).
+    // release than Debian's (the islow IDCT is exact across releases; the colour conversion tables may not
+    // be).
     EXPECT_LE(max_diff, is_jpeg(name) ? 1 : 0);
   }
 }
@@ -94,12 +100,9 @@ TEST(VisionDecode, AlphaCompositeIsPils) {
   // Values from Pillow's Image.alpha_composite over white, then convert("RGB").
   const struct {
     uint8_t in[4], out[3];
-  } cases[] = {{{100, 50, 200, 128}, {177, 152, 227}},
-               {{0, 0, 0, 1}, {254, 254, 254}},
-               {{255, 255, 255, 254}, {255, 255, 255}},
-               {{37, 180, 90, 77}, {189, 232, 205}},
-               {{10, 20, 30, 0}, {255, 255, 255}},
-               {{10, 20, 30, 255}, {10, 20, 30}}};
+  } cases[] = {{{100, 50, 200, 128}, {177, 152, 227}},  {{0, 0, 0, 1}, {254, 254, 254}},
+               {{255, 255, 255, 254}, {255, 255, 255}}, {{37, 180, 90, 77}, {189, 232, 205}},
+               {{10, 20, 30, 0}, {255, 255, 255}},      {{10, 20, 30, 255}, {10, 20, 30}}};
   for (const auto& c : cases) {
     DecodedImage d{1, 1, 4, ImageFormat::png, {c.in[0], c.in[1], c.in[2], c.in[3]}};
     const RgbImage rgb = to_rgb(d);
@@ -149,7 +152,8 @@ TEST(VisionDecode, ByteAndPixelLimits) {
   for (const char* name : {"odd_rgb.png", "wide.webp"}) {
     ImageLimits one;
     one.max_pixels = 1;
-    EXPECT_EQ(kind_of(read_bytes(fixture_dir() / "images" / name), one), ImageErrorKind::too_many_pixels) << name;
+    EXPECT_EQ(kind_of(read_bytes(fixture_dir() / "images" / name), one), ImageErrorKind::too_many_pixels)
+        << name;
   }
 }
 
@@ -170,7 +174,8 @@ TEST(VisionDecode, HugeDeclaredDimensionsFailBeforeAllocating) {
   ASSERT_TRUE(patched);
   EXPECT_EQ(kind_of(jpeg), ImageErrorKind::too_many_pixels);
   // A WebP whose VP8L header claims 16384 x 16384 (the format's maximum) in a 30-byte file.
-  std::vector<uint8_t> webp = {'R', 'I', 'F', 'F', 22, 0, 0, 0, 'W', 'E', 'B', 'P', 'V', 'P', '8', 'L', 10, 0, 0, 0,
+  std::vector<uint8_t> webp = {'R',  'I',  'F',  'F',  22,   0,    0,    0,    'W',  'E',
+                               'B',  'P',  'V',  'P',  '8',  'L',  10,   0,    0,    0,
                                0x2f, 0xff, 0xff, 0xff, 0x0f, 0x00, 0x00, 0x00, 0x00, 0x00};
   EXPECT_EQ(kind_of(webp), ImageErrorKind::too_many_pixels);
 }

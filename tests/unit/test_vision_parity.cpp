@@ -3,11 +3,12 @@
 // pixel_values within a tolerance.
 //
 // Tolerance: the resize is integer arithmetic on both sides, but its weights come from doubles (the cubic's
-// terms, the normalization by their sum, the scale), so a sum that lands within rounding of .5 can round the other
-// way when any of those operations is ordered differently. Such a flip moves one sample by one 8-bit level, i.e.
-// one pixel_values quantum 1 / (255 * std) (0.00784 for Qwen3-VL's std 0.5). Allowed: at most 1 level anywhere,
-// on at most 0.5 % of samples (torchvision's kernel) or 0.1 % (PIL's, which kiln matches bit for bit on Pillow
-// 9.4 in development). Normalization itself is float32 in the same order as transformers: exact.
+// terms, the normalization by their sum, the scale), so a sum that lands within rounding of .5 can round the
+// other way when any of those operations is ordered differently. Such a flip moves one sample by one 8-bit
+// level, i.e. one pixel_values quantum 1 / (255 * std) (0.00784 for Qwen3-VL's std 0.5). Allowed: at most 1
+// level anywhere, on at most 0.5 % of samples (torchvision's kernel) or 0.1 % (PIL's, which kiln matches bit
+// for bit on Pillow 9.4 in development). Normalization itself is float32 in the same order as transformers:
+// exact.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,9 +35,9 @@ ProcessorConfig case_config(const nlohmann::json& refs, const nlohmann::json& c)
   return cfg;
 }
 
-#define SKIP_WITHOUT_REFERENCES(refs)                                                                    \
-  if ((refs).is_null())                                                                                  \
-  GTEST_SKIP() << "tests/fixtures/vision/references.json is absent: the lead generates it on the GPU "  \
+#define SKIP_WITHOUT_REFERENCES(refs)                                                                  \
+  if ((refs).is_null())                                                                                \
+  GTEST_SKIP() << "tests/fixtures/vision/references.json is absent: the lead generates it on the GPU " \
                   "machine with tests/fixtures/make_vl_pixel_fixture.py (transformers, torch, torchvision)"
 
 }  // namespace
@@ -51,8 +52,8 @@ TEST(VisionParity, GridsEqualTransformers) {
     const ImagePatches p = preprocess_image(im, case_config(refs, c));
     const std::vector<int> grid = {p.grid_t, p.grid_h, p.grid_w};
     if (c.value("load_image", false)) {
-      // transformers' load_image turned the EXIF-rotated image upright; kiln (like the processor on a PIL image,
-      // vLLM and SGLang) does not: the grid is the transposed one.
+      // transformers' load_image turned the EXIF-rotated image upright; kiln (like the processor on a PIL
+      // image, vLLM and SGLang) does not: the grid is the transposed one.
       EXPECT_NE(grid, c["grid_thw"].get<std::vector<int>>());
       EXPECT_EQ((std::vector<int>{grid[0], grid[2], grid[1]}), c["grid_thw"].get<std::vector<int>>());
       continue;
@@ -88,8 +89,8 @@ TEST(VisionParity, PixelValuesMatchTransformers) {
     const double frac = static_cast<double>(off) / static_cast<double>(mine.rgb.size());
     EXPECT_LE(worst, 1);
     EXPECT_LE(frac, cfg.kernel == ResampleKernel::pil ? 0.001 : 0.005);
-    std::printf("[ parity ] %-36s %4dx%-4d samples off by one level: %zu (%.3f %%)\n", name.c_str(), mine.width,
-                mine.height, off, 100 * frac);
+    std::printf("[ parity ] %-36s %4dx%-4d samples off by one level: %zu (%.3f %%)\n", name.c_str(),
+                mine.width, mine.height, off, 100 * frac);
 
     const ImagePatches p = preprocess_image(im, cfg);
     const double quantum = 1.0 / (255.0 * cfg.image_std[0]);
@@ -116,7 +117,8 @@ TEST(VisionParity, PixelValuesMatchTransformers) {
 TEST(VisionParity, DefaultBackendIsTorchvision) {
   const auto refs = load_references();
   SKIP_WITHOUT_REFERENCES(refs);
-  // What AutoImageProcessor gave for Qwen3-VL's preprocessor_config.json: kiln's default kernel must be that one.
+  // What AutoImageProcessor gave for Qwen3-VL's preprocessor_config.json: kiln's default kernel must be that
+  // one.
   const std::string cls = refs["auto_image_processor_default"];
   const ResampleKernel want = cls.ends_with("Pil") ? ResampleKernel::pil : ResampleKernel::torchvision;
   EXPECT_EQ(parse_processor_config(refs["configs"]["qwen3vl"].dump()).kernel, want) << cls;

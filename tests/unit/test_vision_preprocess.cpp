@@ -33,9 +33,10 @@ TEST(VisionProcessor, SmartResizeAsTransformers) {
   EXPECT_EQ(smart_resize(448, 448, 32, 65536, 16777216), (A{448, 448}));
   EXPECT_EQ(smart_resize(1024, 1024, 32, 65536, 16777216), (A{1024, 1024}));
   EXPECT_EQ(smart_resize(10, 10, 32, 65536, 16777216), (A{256, 256}));  // min_pixels: ceil branch
-  EXPECT_EQ(smart_resize(48, 80, 32, 1024, 1 << 24), (A{64, 64}));       // 1.5 and 2.5 both round to 2 (even)
-  EXPECT_EQ(smart_resize(112, 144, 32, 1024, 1 << 24), (A{128, 128}));   // 3.5 -> 4, 4.5 -> 4
-  // max_pixels: floor branch. 151x133 with max 16384: beta = sqrt(20083/16384); floor(136.4/32) = 4, 120.1 -> 3.
+  EXPECT_EQ(smart_resize(48, 80, 32, 1024, 1 << 24), (A{64, 64}));      // 1.5 and 2.5 both round to 2 (even)
+  EXPECT_EQ(smart_resize(112, 144, 32, 1024, 1 << 24), (A{128, 128}));  // 3.5 -> 4, 4.5 -> 4
+  // max_pixels: floor branch. 151x133 with max 16384: beta = sqrt(20083/16384); floor(136.4/32) = 4, 120.1
+  // -> 3.
   EXPECT_EQ(smart_resize(151, 133, 32, 1024, 16384), (A{128, 96}));
   EXPECT_EQ(smart_resize(4000, 30, 32, 1024, 16384), (A{1472, 32}));  // never below one factor
   try {
@@ -67,11 +68,13 @@ TEST(VisionProcessor, ParsesPreprocessorConfig) {
   using kiln::test_support::error_of;
   using kiln::test_support::expect_contains;
   expect_contains(error_of([] { parse_processor_config(R"({"resample": 2})"); }), {"resample"});
-  expect_contains(error_of([] { parse_processor_config(R"({"size": {"shortest_edge": 5}})"); }), {"longest_edge"});
+  expect_contains(error_of([] { parse_processor_config(R"({"size": {"shortest_edge": 5}})"); }),
+                  {"longest_edge"});
   expect_contains(error_of([] { parse_processor_config(R"({"patch_size": 0})"); }), {"patch_size"});
   expect_contains(error_of([] { parse_processor_config("[1]"); }), {"object"});
   expect_contains(error_of([] { parse_processor_config("{"); }), {"not JSON"});
-  expect_contains(error_of([] { parse_processor_config(R"({"do_convert_rgb": false})"); }), {"do_convert_rgb"});
+  expect_contains(error_of([] { parse_processor_config(R"({"do_convert_rgb": false})"); }),
+                  {"do_convert_rgb"});
 }
 
 TEST(VisionProcessor, PatchRowsInProcessorOrder) {

@@ -27,7 +27,8 @@ ImagePatches patches(int t, int h, int w) {
 TEST(VisionTokens, EmbeddedAssetsAreTheFiles) {
   const std::string dir = std::string(KILN_SOURCE_DIR) + "/src/vision/";
   EXPECT_EQ(qwen3_vl_chat_template(), kiln::test::read_text(dir + "qwen3_vl_chat_template.jinja"));
-  EXPECT_EQ(qwen3_vl_preprocessor_config_json(), kiln::test::read_text(dir + "qwen3_vl_preprocessor_config.json"));
+  EXPECT_EQ(qwen3_vl_preprocessor_config_json(),
+            kiln::test::read_text(dir + "qwen3_vl_preprocessor_config.json"));
   const ProcessorConfig c = parse_processor_config(qwen3_vl_preprocessor_config_json());
   EXPECT_EQ(c.patch_size, 16);
   EXPECT_EQ(c.factor(), 32);
@@ -50,7 +51,9 @@ TEST(VisionTokens, ExpandsEachPadToItsMergedTokens) {
   using kiln::test_support::expect_contains;
   expect_contains(error_of([&] { expand_image_pads(ids, {patches(1, 2, 2)}, t, 2); }),
                   {"2 image placeholder(s)", "1 image(s)"});
-  expect_contains(error_of([&] { expand_image_pads(std::vector<int32_t>{1, 12, 11}, {patches(1, 2, 2)}, t, 2); }),
+  expect_contains(error_of([&] {
+                    expand_image_pads(std::vector<int32_t>{1, 12, 11}, {patches(1, 2, 2)}, t, 2);
+                  }),
                   {"not between"});
   EXPECT_EQ(expand_image_pads(std::vector<int32_t>{1, 2}, {}, t, 2), (std::vector<int32_t>{1, 2}));
 }
@@ -62,8 +65,8 @@ TEST(VisionTokens, ChatPromptFromTheRealTemplate) {
   nlohmann::json cfg = nlohmann::json::parse(kiln::test::read_text(dir + "/tokenizer_config.json"));
   cfg.erase("chat_template");
   const std::string chat_template_json = nlohmann::json{{"chat_template", qwen3_vl_chat_template()}}.dump();
-  const kiln::Tokenizer tok =
-      kiln::Tokenizer::from_json(kiln::test::read_text(dir + "/tokenizer.json"), cfg.dump(), "", chat_template_json);
+  const kiln::Tokenizer tok = kiln::Tokenizer::from_json(kiln::test::read_text(dir + "/tokenizer.json"),
+                                                         cfg.dump(), "", chat_template_json);
   const VisionTokenIds ids{*tok.token_id("<|vision_start|>"), *tok.token_id("<|vision_end|>"),
                            *tok.token_id("<|image_pad|>")};
   EXPECT_EQ(ids.vision_start, 151652);

@@ -10,7 +10,9 @@
 
 namespace kiln::vision_test {
 
-inline std::filesystem::path fixture_dir() { return std::filesystem::path(KILN_SOURCE_DIR) / "tests/fixtures/vision"; }
+inline std::filesystem::path fixture_dir() {
+  return std::filesystem::path(KILN_SOURCE_DIR) / "tests/fixtures/vision";
+}
 
 inline std::vector<uint8_t> read_bytes(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
