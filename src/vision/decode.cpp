@@ -31,19 +31,6 @@ bool starts_with(std::span<const uint8_t> b, const char* magic, size_t at = 0) {
   return b.size() >= at + n && std::memcmp(b.data() + at, magic, n) == 0;
 }
 
-// PIL's ImagingAlphaComposite for an opaque destination, one channel: 7 extra bits of precision, divisions
-// by 255 rounded by shifts (SHIFTFORDIV255).
-uint8_t composite_over_white(uint32_t src, uint32_t alpha) {
-  if (alpha == 0) return 255;
-  constexpr uint32_t kBits = 7;
-  const uint32_t blend = 255 * (255 - alpha);
-  const uint32_t outa255 = alpha * 255 + blend;
-  const uint32_t coef1 = alpha * 255 * 255 * (1u << kBits) / outa255;
-  const uint32_t coef2 = 255 * (1u << kBits) - coef1;
-  const uint32_t tmp = src * coef1 + 255 * coef2 + (0x80u << kBits);
-  return static_cast<uint8_t>((((tmp >> 8) + tmp) >> 8) >> kBits);
-}
-
 }  // namespace
 
 ImageFormat sniff_image_format(std::span<const uint8_t> b) {
@@ -108,18 +95,15 @@ RgbImage to_rgb(const DecodedImage& im) {
     case 3:
       std::memcpy(o, p, n * 3);
       break;
-    case 1:  // L -> RGBA has alpha 255: the composite leaves the grey value
+    case 1:  // L -> RGB: the grey value replicated
       for (size_t i = 0; i < n; ++i) o[3 * i] = o[3 * i + 1] = o[3 * i + 2] = p[i];
       break;
-    case 2:
-      for (size_t i = 0; i < n; ++i) {
-        const uint8_t v = composite_over_white(p[2 * i], p[2 * i + 1]);
-        o[3 * i] = o[3 * i + 1] = o[3 * i + 2] = v;
-      }
+    case 2:  // LA -> RGB: the grey value, alpha dropped
+      for (size_t i = 0; i < n; ++i) o[3 * i] = o[3 * i + 1] = o[3 * i + 2] = p[2 * i];
       break;
-    case 4:
+    case 4:  // RGBA -> RGB: alpha dropped, the stored colour kept (what PIL's convert("RGB") does)
       for (size_t i = 0; i < n; ++i)
-        for (int c = 0; c < 3; ++c) o[3 * i + c] = composite_over_white(p[4 * i + c], p[4 * i + 3]);
+        for (int c = 0; c < 3; ++c) o[3 * i + c] = p[4 * i + c];
       break;
   }
   return out;

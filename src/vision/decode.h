@@ -1,6 +1,7 @@
 // Image decoding for Qwen3-VL inputs: PNG (libpng), JPEG (libjpeg-turbo) and WebP (libwebp), then to RGB
-// exactly as transformers' image processors see a PIL image opened with Image.open (convert_rgb: any alpha
-// composited over white with PIL's integer arithmetic, grey replicated). EXIF orientation is NOT applied:
+// exactly as transformers' image processors see a PIL image opened with Image.open (transformers 5.x's
+// convert_to_rgb is PIL's convert("RGB"): grey replicated, alpha and tRNS transparency dropped, the stored
+// colour kept; older transformers composited over white, and so does vLLM). EXIF orientation is NOT applied:
 // transformers' processors do not apply it to a PIL image (only its load_image helper does), nor do vLLM's
 // and SGLang's loaders. Every failure is an ImageError naming its kind, so the server can answer a 4xx.
 #pragma once
