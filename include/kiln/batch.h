@@ -28,6 +28,9 @@ struct BatchDesc {
   int32_t pages_stride = 0;
   int32_t page_size = 0;
   std::vector<int32_t> logit_rows;  // token rows that need logits (usually each sequence's last)
+  // [B] or empty: the request each sequence belongs to (0 for padding). The runtime's scheduler fills it so
+  // a runner can find per-request state (Qwen3-VL images and M-RoPE positions); the model ignores it.
+  std::vector<uint64_t> seq_ids;
 
   int32_t num_tokens() const { return int32_t(tokens.size()); }
   int32_t num_seqs() const { return cu_q.empty() ? 0 : int32_t(cu_q.size()) - 1; }

@@ -19,6 +19,32 @@ enum class ModelArch : uint8_t { qwen3, qwen3_vl_text, qwen3_embedding };
 // Pooling module; Qwen3-Embedding pools the last token, i.e. its appended <|endoftext|>).
 enum class EmbeddingPooling : uint8_t { last_token, mean, cls };
 
+// Qwen3-VL's vision tower (config.json vision_config; transformers' Qwen3VLVisionConfig defaults where a
+// field is absent) and the token ids the processor puts around each image (top-level config fields).
+struct VisionConfig {
+  int64_t depth = 27;
+  int64_t hidden_size = 1152;
+  std::string hidden_act = "gelu_pytorch_tanh";  // the blocks' MLP: gelu_pytorch_tanh (tanh GELU) or gelu
+  int64_t intermediate_size = 4304;
+  int64_t num_heads = 16;
+  int64_t in_channels = 3;
+  int64_t patch_size = 16;
+  int64_t spatial_merge_size = 2;
+  int64_t temporal_patch_size = 2;
+  int64_t out_hidden_size = 3584;          // the decoder's hidden size
+  int64_t num_position_embeddings = 2304;  // a square grid of learned positions (48 x 48)
+  std::vector<int64_t> deepstack_visual_indexes = {8, 16, 24};
+  int64_t image_token_id = 151655;
+  int64_t video_token_id = 151656;
+  int64_t vision_start_token_id = 151652;
+  int64_t vision_end_token_id = 151653;
+
+  int64_t head_dim() const { return hidden_size / num_heads; }
+  int64_t patch_dim() const { return in_channels * temporal_patch_size * patch_size * patch_size; }
+  int64_t merged_dim() const { return hidden_size * spatial_merge_size * spatial_merge_size; }
+  int64_t grid_side() const;  // sqrt(num_position_embeddings)
+};
+
 struct ModelConfig {
   ModelArch arch = ModelArch::qwen3;
   std::string architecture;  // as written in config.json, e.g. "Qwen3ForCausalLM"
@@ -47,6 +73,9 @@ struct ModelConfig {
   EmbeddingPooling pooling = EmbeddingPooling::last_token;
   bool normalize_embeddings = true;
   std::string embedding_source;  // "modules.json", "architectures" or "--is-embedding"; "" for generators
+  // Qwen3-VL: the vision tower (weights under "model.visual."); has_vision false for text-only models.
+  bool has_vision = false;
+  VisionConfig vision;
   // Prefix of the decoder's weight names: "model." for Qwen3, "model.language_model." for Qwen3-VL.
   std::string weight_prefix = "model.";
 
@@ -61,7 +90,10 @@ struct ModelConfig {
 // Reads DIR/config.json. Throws kiln::Error naming the file and the field on anything wrong:
 // unknown architecture, missing or non-positive sizes, heads not dividing, mrope_section not summing.
 //   architectures[0]: Qwen3ForCausalLM -> qwen3 ("model."), Qwen3Model -> qwen3_embedding (""),
-//   Qwen3VLForConditionalGeneration -> qwen3_vl_text (its text_config; "model.language_model.").
+//   Qwen3VLForConditionalGeneration -> qwen3_vl_text (its text_config; "model.language_model."), with its
+//   vision_config (has_vision; depth, widths, patch/merge sizes, deepstack_visual_indexes, hidden_act
+//   gelu_pytorch_tanh or gelu) and image/video/vision_start/vision_end token ids; without a vision_config
+//   or with image token ids outside the vocabulary, only the text decoder is loaded (has_vision false).
 //   rope: rope_parameters (5.x) or rope_theta + rope_scaling (4.x); rope_type "default" (or the older
 //   "mrope"), "yarn" (factor, original_max_position_embeddings, attention_factor | mscale + mscale_all_dim,
 //   beta_fast, beta_slow, truncate), "linear" and "dynamic" (factor); others (longrope, llama3) are rejected.

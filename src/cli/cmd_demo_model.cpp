@@ -3,8 +3,10 @@
 // bf16, generation_config.json) plus the real Qwen3 tokenizer files, so every kiln command (and transformers)
 // can load it. Its output text is meaningless: the weights are random (seeded, deterministic).
 // --arch vl saves the same decoder as the language model of a Qwen3VLForConditionalGeneration
-// checkpoint (text_config with interleaved M-RoPE, weights under model.language_model., plus one dummy
-// model.visual.* tensor that kiln must ignore): its text weights equal the plain demo's of the same seed.
+// checkpoint (text_config with interleaved M-RoPE, weights under model.language_model.) with a small vision
+// tower of Qwen3-VL's real layout (16-pixel patches, 2 frames, 2x2 merge, 48 x 48 learned positions, 3
+// blocks, 2 deepstack mergers; random weights under model.visual.) and the processor files
+// (cli/demo_vl_files.h): its text weights equal the plain demo's of the same seed.
 // --embedding writes it as Qwen3-Embedding ships: a sentence-transformers model (modules.json: Transformer ->
 // Pooling (--pooling lasttoken|mean|cls, default lasttoken) -> Normalize), unprefixed weights and no LM head,
 // and tokenizer.json with Qwen3-Embedding's TemplateProcessing post-processor appending <|endoftext|>.
@@ -17,10 +19,12 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/demo_vl_files.h"
 #include "cli/flags.h"
 #include "kiln/config.h"
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
+#include "model/qwen3_vl_vision.h"
 #include "model/weights.h"
 
 #ifndef KILN_SOURCE_DIR
@@ -86,10 +90,17 @@ json demo_vl_config(const json& text) {
       {"transformers_version", "4.57.0"},
       {"video_token_id", 151656},
       {"vision_config",
-       {{"depth", 1},
-        {"hidden_size", 32},
+       {{"deepstack_visual_indexes", {0, 1}},
+        {"depth", 3},
+        {"hidden_act", "gelu_pytorch_tanh"},
+        {"hidden_size", 64},
+        {"in_channels", 3},
+        {"initializer_range", 0.02},
+        {"intermediate_size", 256},
         {"model_type", "qwen3_vl"},
-        {"out_hidden_size", 256},
+        {"num_heads", 4},
+        {"num_position_embeddings", 2304},
+        {"out_hidden_size", text["hidden_size"]},
         {"patch_size", 16},
         {"spatial_merge_size", 2},
         {"temporal_patch_size", 2}}},
@@ -204,7 +215,10 @@ int run_demo_model(const kiln::cli::Args& args) {
 
   // Weights: each tensor drawn by the same generator the model's random load format uses.
   std::vector<kiln::WeightSpec> specs = kiln::qwen3_weight_specs(cfg);
-  if (arch == "vl") specs.push_back({"model.visual.patch_embed.proj.weight", {32, 3, 2, 16, 16}, false});
+  if (arch == "vl") {
+    const std::vector<kiln::WeightSpec> visual = kiln::qwen3_vl_vision_weight_specs(saved);
+    specs.insert(specs.end(), visual.begin(), visual.end());
+  }
   kiln::RandomWeights weights = kiln::random_weights(specs, uint64_t(seed));
   for (kiln::NamedTensor& t : weights.tensors) {
     if (t.name.rfind(cfg.weight_prefix, 0) == 0 && t.name.rfind("model.visual.", 0) != 0)
@@ -217,6 +231,7 @@ int run_demo_model(const kiln::cli::Args& args) {
     fs::copy_file(tok / name, dir / name, fs::copy_options::overwrite_existing, ec);
     KILN_CHECK(!ec, "cannot copy ", (tok / name).string(), " to ", dir.string(), ": ", ec.message());
   }
+  if (arch == "vl") kiln::cli::write_demo_vl_files(dir, saved);
   if (flags.flag("embedding")) {
     std::ifstream in(tok / "tokenizer.json", std::ios::binary);
     json t = json::parse(in);

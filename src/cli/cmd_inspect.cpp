@@ -24,8 +24,28 @@ const char* arch_name(kiln::ModelArch a) {
   return "?";
 }
 
+nlohmann::json vision_json(const kiln::ModelConfig& c) {
+  if (!c.has_vision) return nullptr;
+  const kiln::VisionConfig& v = c.vision;
+  return {{"depth", v.depth},
+          {"hidden_size", v.hidden_size},
+          {"hidden_act", v.hidden_act},
+          {"intermediate_size", v.intermediate_size},
+          {"num_heads", v.num_heads},
+          {"patch_size", v.patch_size},
+          {"temporal_patch_size", v.temporal_patch_size},
+          {"spatial_merge_size", v.spatial_merge_size},
+          {"out_hidden_size", v.out_hidden_size},
+          {"num_position_embeddings", v.num_position_embeddings},
+          {"deepstack_visual_indexes", v.deepstack_visual_indexes},
+          {"image_token_id", v.image_token_id},
+          {"vision_start_token_id", v.vision_start_token_id},
+          {"vision_end_token_id", v.vision_end_token_id}};
+}
+
 nlohmann::json config_json(const kiln::ModelConfig& c) {
   return {{"arch", arch_name(c.arch)},
+          {"vision", vision_json(c)},
           {"architecture", c.architecture},
           {"weight_prefix", c.weight_prefix},
           {"vocab_size", c.vocab_size},

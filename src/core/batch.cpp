@@ -10,6 +10,8 @@ void BatchDesc::validate(int64_t vocab_size, int64_t num_pages) const {
   const size_t T = tokens.size();
   KILN_CHECK_EQ(positions.size(), mrope ? 3 * T : T, "positions size");
   KILN_CHECK_EQ(slot_mapping.size(), T, "slot_mapping size");
+  KILN_CHECK(seq_ids.empty() || seq_ids.size() + 1 == cu_q.size(),
+             "seq_ids must be empty or one per sequence");
   KILN_CHECK(!cu_q.empty() && cu_q.front() == 0, "cu_q must start at 0");
   KILN_CHECK_EQ(size_t(cu_q.back()), T, "cu_q must end at the token count");
   const int B = num_seqs();

@@ -252,6 +252,68 @@ ModelArch arch_from_name(const Fields& top, const std::string& name, std::string
                                 "Qwen3VLForConditionalGeneration)");
 }
 
+// Qwen3-VL's vision_config (defaults: transformers' Qwen3VLVisionConfig) and the top-level token ids.
+void parse_vision(const Fields& top, ModelConfig& c) {
+  VisionConfig& v = c.vision;
+  auto tok = [&](const char* key, int64_t& out) {
+    if (auto t = top.opt_int(key)) {
+      if (*t < 0) top.fail(key, "must be a token id, got " + std::to_string(*t));
+      out = *t;
+    }
+  };
+  const json* vc = top.find("vision_config");
+  if (!vc) return;  // the text decoder alone (has_vision stays false: images are refused)
+  if (!vc->is_object()) top.fail("vision_config", "must be an object, got " + vc->dump());
+  const Fields f(*vc, top.source(), "vision_config.");
+  auto size = [&](const char* key, int64_t& out) {
+    if (f.opt_int(key)) out = f.positive(key);
+  };
+  size("depth", v.depth);
+  size("hidden_size", v.hidden_size);
+  size("intermediate_size", v.intermediate_size);
+  size("num_heads", v.num_heads);
+  size("in_channels", v.in_channels);
+  size("patch_size", v.patch_size);
+  size("spatial_merge_size", v.spatial_merge_size);
+  size("temporal_patch_size", v.temporal_patch_size);
+  size("out_hidden_size", v.out_hidden_size);
+  size("num_position_embeddings", v.num_position_embeddings);
+  if (auto a = f.opt_str("hidden_act")) v.hidden_act = *a;
+  if (v.hidden_act != "gelu_pytorch_tanh" && v.hidden_act != "gelu")
+    f.fail("hidden_act", "is \"" + v.hidden_act + "\" (kiln's vision MLP runs gelu_pytorch_tanh or gelu)");
+  if (v.hidden_size % v.num_heads != 0 || v.head_dim() % 4 != 0)
+    f.fail("num_heads",
+           "must divide hidden_size into heads whose size is a multiple of 4 (2-D rotary halves)");
+  const int64_t side = v.grid_side();
+  if (side * side != v.num_position_embeddings)
+    f.fail("num_position_embeddings",
+           "must be a square number, got " + std::to_string(v.num_position_embeddings));
+  if (v.out_hidden_size != c.hidden_size)
+    f.fail("out_hidden_size", "(" + std::to_string(v.out_hidden_size) +
+                                  ") must equal text_config.hidden_size (" + std::to_string(c.hidden_size) +
+                                  ")");
+  if (f.find("deepstack_visual_indexes")) {
+    const auto idx = f.opt_int_list("deepstack_visual_indexes");
+    v.deepstack_visual_indexes = *idx;
+  }
+  for (size_t i = 0; i < v.deepstack_visual_indexes.size(); ++i) {
+    const int64_t d = v.deepstack_visual_indexes[i];
+    if (d < 0 || d >= v.depth || (i > 0 && d <= v.deepstack_visual_indexes[i - 1]))
+      f.fail("deepstack_visual_indexes", "must be ascending block indexes in [0, depth)");
+  }
+  if (int64_t(v.deepstack_visual_indexes.size()) > c.num_layers)
+    f.fail("deepstack_visual_indexes", "has more entries than the decoder has layers");
+  tok("image_token_id", v.image_token_id);
+  tok("video_token_id", v.video_token_id);
+  tok("vision_start_token_id", v.vision_start_token_id);
+  tok("vision_end_token_id", v.vision_end_token_id);
+  // A checkpoint whose image tokens lie outside its vocabulary (test fixtures that keep transformers' default
+  // ids with a tiny vocabulary) cannot take images: its text decoder alone is served.
+  for (int64_t id : {v.image_token_id, v.vision_start_token_id, v.vision_end_token_id})
+    if (id >= c.vocab_size) return;
+  c.has_vision = true;
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name) {
@@ -346,7 +408,15 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   for (int64_t id : c.eos_token_ids)
     if (id < 0 || id >= c.vocab_size)
       f.fail("eos_token_id", "holds " + std::to_string(id) + ", outside [0, vocab_size)");
+  if (c.arch == ModelArch::qwen3_vl_text) parse_vision(top, c);
   return c;
+}
+
+int64_t VisionConfig::grid_side() const {
+  int64_t s = int64_t(std::sqrt(double(num_position_embeddings)));
+  while (s * s > num_position_embeddings) --s;
+  while ((s + 1) * (s + 1) <= num_position_embeddings) ++s;
+  return s;
 }
 
 int64_t ModelConfig::max_context() const {

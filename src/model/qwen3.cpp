@@ -12,6 +12,7 @@
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope_table.h"
+#include "ops/rows.h"
 #include "ops/stream.h"
 
 namespace kiln {
@@ -34,6 +35,9 @@ struct Qwen3Model::Workspace {
     tmp,
     gate_up,
     act,
+    vis_rows,
+    vis_embeds,
+    vis_deep,
     num_slots
   };
   explicit Workspace(Device d) : device(d), bufs(num_slots) {}
@@ -91,10 +95,19 @@ struct Qwen3Model::Workspace {
   Tensor ids_v, residual_v, normed_v, qkv_v, attn_v, tmp_v, gate_up_v, act_v;
   ops::AttnPrepArgs prep;
   ops::PagedAttentionArgs att;
+  // The step's image-token rows (stage_visual): rows i32 [n], embeds bf16 [n, H], deep bf16 [L, n, H].
+  int64_t vis_n = 0, vis_layers = 0;
+  Tensor vis_rows_v, vis_embeds_v;
+  std::vector<Tensor> vis_deep_v;
 };
 
-Qwen3Model::Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, const LoadOptions& opts)
-    : cfg_(cfg), opts_(opts), weights_(std::move(weights)), ws_(std::make_unique<Workspace>(opts.device)) {
+Qwen3Model::Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, std::unique_ptr<Qwen3VLVision> vision,
+                       const LoadOptions& opts)
+    : cfg_(cfg),
+      opts_(opts),
+      weights_(std::move(weights)),
+      ws_(std::make_unique<Workspace>(opts.device)),
+      vision_(std::move(vision)) {
   max_position_ = opts.max_position > 0 ? opts.max_position : cfg_.max_context();
   KILN_CHECK(max_position_ > 0, "max_position_embeddings must be positive");
   // Dynamic NTK changes the frequencies only past max_position_embeddings; the table stops there.
@@ -117,8 +130,10 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg, const Che
   KILN_CHECK(cfg.dtype == DType::bf16, "kiln runs bf16 checkpoints; config.json says ",
              dtype_name(cfg.dtype));
   Qwen3Weights w = load_qwen3_weights(cfg, ckpt, opts.seed, opts.device);
+  std::unique_ptr<Qwen3VLVision> vision;
+  if (cfg.has_vision) vision = std::make_unique<Qwen3VLVision>(cfg, ckpt, opts.seed, opts.device);
   if (opts.device.is_cuda()) cuda_autotune_if_needed(cfg);
-  return std::unique_ptr<Qwen3Model>(new Qwen3Model(cfg, std::move(w), opts));
+  return std::unique_ptr<Qwen3Model>(new Qwen3Model(cfg, std::move(w), std::move(vision), opts));
 }
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, const LoadOptions& opts) {
@@ -131,9 +146,37 @@ std::unique_ptr<Qwen3Model> Qwen3Model::load(const std::string& dir, const LoadO
   return create(cfg, &ckpt, opts);
 }
 
-void Qwen3Model::run_layers(const BatchDesc& b, KvCache& cache) {
+void Qwen3Model::run_layers(const BatchDesc& b, KvCache& cache, const VisualInput* visual) {
   stage(b, cache);
+  stage_visual(visual);
   launch_layers(cache);
+}
+
+void Qwen3Model::stage_visual(const VisualInput* v) {
+  Workspace& w = *ws_;
+  w.vis_n = 0;
+  w.vis_layers = 0;
+  w.vis_deep_v.clear();
+  if (!v || v->empty()) return;
+  KILN_CHECK(cfg_.has_vision, "image rows given to a model without a vision tower");
+  const int64_t n = int64_t(v->rows.size()), H = cfg_.hidden_size, L = v->deepstack_layers;
+  KILN_CHECK(L >= 0 && L <= cfg_.num_layers, "deepstack layers ", L, " outside [0, ", cfg_.num_layers, "]");
+  KILN_CHECK(int64_t(v->embeds.size()) == n * H && int64_t(v->deepstack.size()) == L * n * H,
+             "visual input: embeds / deepstack sizes do not match ", n, " rows of ", H);
+  for (int64_t i = 0; i < n; ++i)
+    KILN_CHECK(v->rows[size_t(i)] >= 0 && v->rows[size_t(i)] < w.T &&
+                   (i == 0 || v->rows[size_t(i)] > v->rows[size_t(i - 1)]),
+               "visual input: rows must ascend within [0, ", w.T, ")");
+  const Device dev = device();
+  w.vis_rows_v = Tensor(w.upload(Workspace::vis_rows, v->rows), DType::i32, {n}, dev);
+  w.vis_embeds_v = Tensor(w.upload(Workspace::vis_embeds, v->embeds), DType::bf16, {n, H}, dev);
+  if (L > 0) {
+    auto* base = static_cast<bf16_t*>(w.upload(Workspace::vis_deep, v->deepstack));
+    for (int64_t l = 0; l < L; ++l)
+      w.vis_deep_v.push_back(Tensor(base + l * n * H, DType::bf16, {n, H}, dev));
+  }
+  w.vis_n = n;
+  w.vis_layers = L;
 }
 
 void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
@@ -156,6 +199,8 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   }
 
   Workspace& w = *ws_;
+  w.vis_n = 0;  // a step has no image rows unless stage_visual gives them
+  w.vis_layers = 0;
   const Device dev = device();
   const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
@@ -226,6 +271,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   prep.stream = ops::current_stream();
 
   ops::embedding(weights_.embed, ids, residual);
+  if (w.vis_n > 0) ops::scatter_rows(residual, w.vis_rows_v, w.vis_embeds_v, /*accumulate=*/false);
   ops::rms_norm(residual, weights_.layers[0].input_norm, eps, normed);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[size_t(l)];
@@ -244,10 +290,15 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     const Tensor& next_norm =
         l + 1 < c.num_layers ? weights_.layers[size_t(l + 1)].input_norm : weights_.final_norm;
     ops::linear_add_rms_norm(act, lw.down, residual, next_norm, eps, tmp, normed);
+    if (l < w.vis_layers) {  // deepstack: onto the layer's output, then the next norm again
+      ops::scatter_rows(residual, w.vis_rows_v, w.vis_deep_v[size_t(l)], /*accumulate=*/true);
+      ops::rms_norm(residual, next_norm, eps, normed);
+    }
   }
 }
 
-void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits) {
+void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits,
+                         const VisualInput* visual) {
   const int64_t R = int64_t(batch.logit_rows.size());
   KILN_CHECK(logits.ndim == 2 && logits.dtype == DType::f32 && logits.shape[0] == R &&
                  logits.shape[1] == cfg_.vocab_size && logits.device == device(),
@@ -256,7 +307,7 @@ void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& l
   KILN_CHECK(weights_.lm_head.data != nullptr,
              "this embedding checkpoint has no LM head: it gives hidden states "
              "(forward_hidden), not logits");
-  run_layers(batch, cache);
+  run_layers(batch, cache, visual);
   if (R > 0) launch_lm_head(logits);
 }
 
@@ -284,13 +335,14 @@ uint64_t Qwen3Model::workspace_generation() const {
   return ws_->generation;
 }
 
-void Qwen3Model::forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out) {
+void Qwen3Model::forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out,
+                                const VisualInput* visual) {
   const int64_t R = int64_t(batch.logit_rows.size());
   KILN_CHECK(out.ndim == 2 && (out.dtype == DType::f32 || out.dtype == DType::bf16) && out.shape[0] == R &&
                  out.shape[1] == cfg_.hidden_size && out.device == device(),
              "hidden out must be bf16 or f32 [", R, ", ", cfg_.hidden_size, "] on ", device_name(device()),
              ", got ", out.describe());
-  run_layers(batch, cache);
+  run_layers(batch, cache, visual);
   if (R > 0) ops::embedding(ws_->final_hidden, ws_->rows_t, out);
 }
 

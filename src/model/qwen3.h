@@ -13,6 +13,7 @@
 #include "kiln/config.h"
 #include "kiln/tensor.h"
 #include "model/kv_cache.h"
+#include "model/qwen3_vl_vision.h"
 #include "model/weights.h"
 
 namespace kiln {
@@ -29,6 +30,17 @@ struct LoadOptions {
   int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_context()
   bool is_embedding =
       false;  // serve a generation checkpoint as an embedding model (kiln/config.h force_embedding)
+};
+
+// Qwen3-VL: the image-token rows of one step. Their input embeddings are replaced by the vision tower's
+// merged rows (HF: inputs_embeds.masked_scatter) and, after decoder layer l < deepstack layers, deepstack[l]
+// is added to their hidden states (HF: _deepstack_process, a bf16 add) before the next norm.
+struct VisualInput {
+  std::vector<int32_t> rows;      // [n] token rows of the step, ascending, distinct
+  std::vector<bf16_t> embeds;     // [n, hidden] host memory
+  std::vector<bf16_t> deepstack;  // [layers, n, hidden] host memory
+  int32_t deepstack_layers = 0;
+  bool empty() const { return rows.empty(); }
 };
 
 class Qwen3Model {
@@ -49,10 +61,15 @@ class Qwen3Model {
   // positions against the rotary table); its new tokens' K/V are written into `cache`. Not reentrant: the
   // per-step workspace is shared, so one thread (the engine's) calls forward / forward_hidden at a time.
   // logits: f32 [R, vocab] on the model's device, R = batch.logit_rows.size(), row r for logit_rows[r].
-  void forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits);
+  // visual: the step's image-token rows (Qwen3-VL), or null.
+  void forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits,
+               const VisualInput* visual = nullptr);
   // The same step, returning the final-norm hidden state of the logit rows instead of logits (the
   // embedding path): out bf16 or f32 [R, hidden] on the model's device.
-  void forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out);
+  void forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out,
+                      const VisualInput* visual = nullptr);
+  // Qwen3-VL's vision tower (on the model's device); null for text-only models.
+  const Qwen3VLVision* vision() const { return vision_.get(); }
   // Grows the per-step workspace to fit any step of up to `tokens` tokens, `seqs` sequences, a page table
   // `pages_stride` wide and `logit_rows` logit rows, so such steps reallocate nothing and CUDA graphs
   // captured after this call are not recaptured (model/cuda_graph.h).
@@ -60,9 +77,12 @@ class Qwen3Model {
 
  private:
   struct Workspace;
-  Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, const LoadOptions& opts);
+  Qwen3Model(const ModelConfig& cfg, Qwen3Weights weights, std::unique_ptr<Qwen3VLVision> vision,
+             const LoadOptions& opts);
   // Runs every layer and the final norm; the final-norm hidden states are left in the workspace.
-  void run_layers(const BatchDesc& batch, KvCache& cache);
+  void run_layers(const BatchDesc& batch, KvCache& cache, const VisualInput* visual);
+  // Uploads a step's visual rows into the workspace (none: clears them); after stage().
+  void stage_visual(const VisualInput* visual);
   // run_layers in two halves: stage validates the batch and uploads its metadata into the workspace;
   // launch_layers issues the ops only (no sync, no allocation: what a CUDA graph captures).
   void stage(const BatchDesc& batch, KvCache& cache);
@@ -78,6 +98,7 @@ class Qwen3Model {
   Buffer rope_buf_;
   int64_t max_position_ = 0;
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<Qwen3VLVision> vision_;
 };
 
 }  // namespace kiln

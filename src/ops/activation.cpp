@@ -17,4 +17,15 @@ void silu_and_mul(const Tensor& gate_up, const Tensor& out) {
   cpu::silu_and_mul(gate_up, out);
 }
 
+void gelu(const Tensor& x, const Tensor& out, GeluApprox approx) {
+  constexpr const char* op = "gelu";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == x.shape[1], op, ": out ", out.describe(), " vs x ",
+             x.describe());
+  detail::check_same_device(op, x, out);
+  if (x.device.is_cuda()) return KILN_CUDA_OP(gelu(x, out, approx == GeluApprox::tanh));
+  cpu::gelu(x, out, approx == GeluApprox::tanh);
+}
+
 }  // namespace kiln::ops

@@ -20,6 +20,14 @@ namespace kiln::ops {
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
 
+// Linear with bias (the vision tower's layers: nn.Linear(bias=True), the patch embedding's Conv3d):
+//   out[m, n] = bf16(sum_k x[m, k] w[n, k] + bias[n]): the sum as linear's, the bias added in fp32, one
+//   rounding (torch's bf16 addmm and cuBLASLt's bias epilogue both round once).
+//   bias: bf16 [N] contiguous; the rest as linear.
+// CUDA: kiln::ops::cuda::linear_bias: the bf16 GEMM (GemmOut::bf16), then the bias added with a second
+// rounding: up to 1 bf16 ulp more than the CPU's single rounding (within the GEMM tolerance).
+void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+
 // The SwiGLU MLP's first half in one op: out = silu_and_mul(linear(x, weight)) (ops/activation.h).
 //   x:       bf16 [M, K], last stride 1
 //   weight:  bf16 [2I, K], last stride 1: the concatenated gate_up weight (gate rows 0..I-1, up rows I..2I-1)

@@ -36,6 +36,12 @@ void Engine::Impl::validate(const Request& r) const {
     KILN_CHECK(t >= 0 && t < V, "stop token id ", t, " is outside the vocabulary [0, ", V, ")");
   for (const auto& [t, b] : s.logit_bias)
     KILN_CHECK(t >= 0 && t < V, "logit_bias token id ", t, " is outside the vocabulary [0, ", V, ")");
+  // Qwen3-VL: images only for a model with a vision tower, each matching its pad tokens in the prompt (and
+  // no pad tokens without an image): layout_vl_prompt's checks.
+  const ModelConfig& mc = runner->config();
+  KILN_CHECK(r.images.empty() || mc.has_vision, "this model (", mc.architecture,
+             ") is text-only: it takes no images");
+  if (mc.has_vision) (void)layout_vl_prompt(mc, r.prompt, r.images);
   const int64_t n = int64_t(r.prompt.size());
   KILN_CHECK(n <= context_limit, "the prompt has ", n, " tokens; the limit is ", context_limit,
              n > max_context ? " (the model's context length)" : " (the KV pool's capacity)");

@@ -87,6 +87,12 @@ void Engine::Impl::accept(Incoming x) {
   seq->id = x.id;
   seq->tokens = L.req.prompt;
   seq->prompt_len = int32_t(L.req.prompt.size());
+  if (!L.req.images.empty()) {  // checked by submit(): the pads key the cache by the images' content
+    VlPromptLayout layout = layout_vl_prompt(runner->config(), L.req.prompt, L.req.images);
+    seq->cache_key = vl_cache_key(layout, L.req.prompt, L.req.images);
+    runner->attach_images(x.id, std::move(layout), std::move(L.req.images));
+    L.req.images.clear();
+  }
   const int64_t want = L.req.embedding ? 0 : L.req.sampling.max_new_tokens;
   seq->max_len = int32_t(std::min<int64_t>(int64_t(seq->prompt_len) + want, context_limit));
   counters.prompt_tokens_total += L.prompt_tokens;

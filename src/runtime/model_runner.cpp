@@ -19,6 +19,7 @@ void pad_batch(BatchDesc& batch, int32_t num_seqs) {
     batch.slot_mapping.push_back(-1);
     batch.cu_q.push_back(batch.cu_q.back() + 1);
     batch.kv_lens.push_back(1);
+    if (!batch.seq_ids.empty()) batch.seq_ids.push_back(0);
     batch.page_table.insert(batch.page_table.end(), size_t(batch.pages_stride), KvPool::kNullPage);
   }
 }

@@ -8,7 +8,9 @@
 
 #include "kiln/batch.h"
 #include "kiln/config.h"
+#include "kiln/error.h"
 #include "kiln/tensor.h"
+#include "model/qwen3_vl_prompt.h"
 #include "runtime/engine.h"
 #include "runtime/logit_processor.h"
 
@@ -75,8 +77,15 @@ class ModelRunner {
                                int /*top_n*/, std::vector<SampledRow>* /*out*/) {
     return false;
   }
-  // The request ended: whatever device state forward_sampled kept for it may go.
+  // The request ended: whatever device state forward_sampled kept for it may go (and its images).
   virtual void release_request(uint64_t /*request*/) {}
+  // Qwen3-VL: the images of `request`, already checked against its prompt (layout_vl_prompt); the runner
+  // encodes them when a step computes their pad tokens and keeps them until release_request. The engine
+  // calls it only for a model with a vision tower (submit rejects images otherwise).
+  virtual void attach_images(uint64_t /*request*/, VlPromptLayout /*layout*/,
+                             std::vector<vision::ImagePatches> /*images*/) {
+    KILN_FAIL("this model runner takes no images");
+  }
 };
 
 // Appends padding sequences until the batch has num_seqs of them: one token each (id 0, position 0,

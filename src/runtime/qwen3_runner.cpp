@@ -35,6 +35,22 @@ Qwen3Runner::Qwen3Runner(std::unique_ptr<Qwen3Model> model, ops::KvLayout layout
 
 void Qwen3Runner::release_request(uint64_t request) {
   penalties_.release(request);
+  images_.release(request);
+}
+
+void Qwen3Runner::attach_images(uint64_t request, VlPromptLayout layout,
+                                std::vector<vision::ImagePatches> images) {
+  KILN_CHECK(model_->vision() != nullptr, "this model (", config().architecture,
+             ") is text-only: it takes no images");
+  images_.attach(request, std::move(layout), std::move(images));
+}
+
+const BatchDesc& Qwen3Runner::with_images(const BatchDesc& batch, BatchDesc& local, VisualInput& visual) {
+  visual = VisualInput{};
+  if (images_.empty() || model_->vision() == nullptr) return batch;
+  local = batch;
+  images_.prepare(local, *model_->vision(), visual);
+  return local;
 }
 
 int64_t Qwen3Runner::kv_memory_budget(double mem_fraction) const {
@@ -135,22 +151,27 @@ void Qwen3Runner::forward(const BatchDesc& batch, std::vector<float>* logits, st
       return;
     }
   }
+  BatchDesc local;
+  VisualInput visual;
+  const BatchDesc& b = with_images(batch, local, visual);
+  const VisualInput* vis = visual.empty() ? nullptr : &visual;
   // Both at once (a generative request asking for hidden states) runs the step twice; the second run
   // rewrites the same K/V values into the same slots.
   if (hidden) {
     Tensor out = device_rows(hidden_buf_, R, H);
-    model_->forward_hidden(batch, *cache_, out);
+    model_->forward_hidden(b, *cache_, out, vis);
     hidden->resize(size_t(R * H));
     copy_bytes(hidden->data(), Device::cpu(), out.data, device(), size_t(R * H) * sizeof(float));
   }
   if (logits || !hidden) {
     Tensor out = device_rows(logits_buf_, R, V);
-    model_->forward(batch, *cache_, out);
+    model_->forward(b, *cache_, out, vis);
     if (logits) {
       logits->resize(size_t(R * V));
       copy_bytes(logits->data(), Device::cpu(), out.data, device(), size_t(R * V) * sizeof(float));
     }
   }
+  images_.step_done(b);
 }
 
 bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
@@ -167,8 +188,12 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   if (graph) {
     logits = graph->step(batch);
   } else {
+    BatchDesc local;
+    VisualInput visual;
+    const BatchDesc& b = with_images(batch, local, visual);
     logits = device_rows(logits_buf_, R, V);
-    model_->forward(batch, *cache_, logits);
+    model_->forward(b, *cache_, logits, visual.empty() ? nullptr : &visual);
+    images_.step_done(b);
   }
   out->assign(size_t(R), SampledRow{});
   if (R == 0) return true;

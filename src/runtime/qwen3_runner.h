@@ -14,6 +14,7 @@
 #include "runtime/device_penalties.h"
 #include "runtime/engine.h"
 #include "runtime/model_runner.h"
+#include "runtime/vl_images.h"
 
 namespace kiln {
 
@@ -37,6 +38,10 @@ class Qwen3Runner : public ModelRunner {
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                        std::vector<SampledRow>* out) override;
   void release_request(uint64_t request) override;
+  // Qwen3-VL images: encoded on the CPU backend (model/qwen3_vl_vision.h) when a step reaches their pads.
+  void attach_images(uint64_t request, VlPromptLayout layout,
+                     std::vector<vision::ImagePatches> images) override;
+  const VlImages& images() const { return images_; }
   const DevicePenalties& penalties() const { return penalties_; }
 
   Qwen3Model& model() { return *model_; }
@@ -45,7 +50,10 @@ class Qwen3Runner : public ModelRunner {
 
  private:
   Tensor device_rows(Buffer& buf, int64_t rows, int64_t cols);  // f32 [rows, cols], grown on demand
-  CudaDecodeGraph* graph_for(const BatchDesc& batch);           // null: run eagerly
+  // The batch the model runs: `batch` itself, or (requests with images in it) a copy with their M-RoPE
+  // positions, `visual` then holding the image rows.
+  const BatchDesc& with_images(const BatchDesc& batch, BatchDesc& local, VisualInput& visual);
+  CudaDecodeGraph* graph_for(const BatchDesc& batch);  // null: run eagerly
 
   std::unique_ptr<Qwen3Model> model_;
   std::unique_ptr<KvCache> cache_;
@@ -54,6 +62,7 @@ class Qwen3Runner : public ModelRunner {
   Buffer logits_buf_, hidden_buf_;
   Buffer sample_params_buf_, sample_out_buf_;  // device: SampleParams [R]; tokens, logprobs, top ids/logprobs
   DevicePenalties penalties_;
+  VlImages images_;
   std::vector<int32_t> graph_buckets_, graph_widths_;  // ascending; empty: no graphs
   Buffer graph_logits_buf_;                            // f32 [largest bucket, vocab], shared by the graphs
   // Declared last: destroyed first, while the model, cache and logits buffer they use still exist.

@@ -29,6 +29,8 @@ void Scheduler::admit(std::unique_ptr<Sequence> seq) {
   KILN_CHECK(seq != nullptr);
   KILN_CHECK(!seq->tokens.empty(), "a sequence needs at least one token");
   KILN_CHECK(!seqs_.count(seq->id), "sequence id ", seq->id, " admitted twice");
+  KILN_CHECK(seq->cache_key.empty() || seq->cache_key.size() == seq->tokens.size(),
+             "a sequence's cache key must match its tokens in length");
   KILN_CHECK(int64_t(seq->tokens.size()) <= seq->max_len, "sequence longer than its max_len");
   KILN_CHECK(seq->max_len <= capacity_tokens(), "the request needs ", seq->max_len,
              " tokens of KV but the pool holds only ", capacity_tokens());
@@ -99,7 +101,7 @@ void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
     Sequence& s = *waiting_.front();
     if (cache_) {
       // Leave at least the last token to compute: its logits start the generation.
-      RadixCache::Match m = cache_->match(s.tokens.data(), int64_t(s.tokens.size()) - 1);
+      RadixCache::Match m = cache_->match(s.key(), int64_t(s.tokens.size()) - 1);
       s.pages = std::move(m.pages);
       s.num_computed = int32_t(m.tokens);
       s.num_offered = s.num_computed;
@@ -152,6 +154,7 @@ void Scheduler::phase_build(StepPlan& plan) const {
     }
     b.cu_q.push_back(b.cu_q.back() + r.q_len);
     b.kv_lens.push_back(r.begin + r.q_len);
+    b.seq_ids.push_back(s.id);
     const int32_t used = pool_.pages_for(r.begin + r.q_len);
     for (int32_t p = 0; p < stride; ++p)
       b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
@@ -200,7 +203,7 @@ void Scheduler::offer_to_cache(Sequence& seq) {
   if (!cache_) return;
   const int32_t full = seq.num_computed / pool_.page_size() * pool_.page_size();
   if (full <= seq.num_offered) return;
-  cache_->insert(seq.tokens.data(), full, seq.pages);
+  cache_->insert(seq.key(), full, seq.pages);
   seq.num_offered = full;
 }
 
@@ -231,7 +234,10 @@ void Scheduler::finalize(const StepPlan& plan, const std::vector<int32_t>& sampl
   }
   for (size_t k = 0; k < sampled.size(); ++k) {
     Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
-    if (sampled[k] >= 0) s.tokens.push_back(sampled[k]);
+    if (sampled[k] >= 0) {
+      s.tokens.push_back(sampled[k]);
+      if (!s.cache_key.empty()) s.cache_key.push_back(sampled[k]);
+    }
   }
   for (const StepRow& r : plan.rows) offer_to_cache(*r.seq);
 }

@@ -50,6 +50,10 @@ struct Sequence {
   uint64_t id = 0;
   uint64_t arrival = 0;         // FCFS order, assigned by admit()
   std::vector<int32_t> tokens;  // prompt, then generated tokens
+  // The prefix cache's key for tokens, when it differs from them (Qwen3-VL: image tokens keyed by the image's
+  // content hash, model/qwen3_vl_prompt.h); empty: the tokens themselves. Grows with tokens.
+  std::vector<int32_t> cache_key;
+  const int32_t* key() const { return cache_key.empty() ? tokens.data() : cache_key.data(); }
   int32_t prompt_len = 0;
   int32_t max_len = 0;        // tokens.size() never exceeds it (the engine ends the request there)
   int32_t num_computed = 0;   // KV exists for tokens [0, num_computed)

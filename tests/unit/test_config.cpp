@@ -55,7 +55,11 @@ json qwen3_vl_v4() {
       "rope_scaling": {"mrope_interleaved": true, "mrope_section": [24, 20, 20], "rope_type": "default"},
       "rope_theta": 5000000, "use_cache": true, "vocab_size": 151936},
     "tie_word_embeddings": true, "transformers_version": "4.57.0",
-    "vision_config": {"depth": 24, "hidden_size": 1024, "model_type": "qwen3_vl"}})");
+    "vision_config": {"deepstack_visual_indexes": [5, 11, 17], "depth": 24, "hidden_act": "gelu_pytorch_tanh",
+      "hidden_size": 1024, "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4096,
+      "model_type": "qwen3_vl", "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 2560,
+      "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    "video_token_id": 151656, "vision_end_token_id": 151653, "vision_start_token_id": 151652})");
 }
 
 ModelConfig parse(const json& j) {
@@ -167,6 +171,16 @@ TEST(Config, Qwen3VLTextDecoder) {
     EXPECT_EQ(c.hidden_size, 2560);
     EXPECT_EQ(c.max_position_embeddings, 262144);
     EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151645}));
+    ASSERT_TRUE(c.has_vision);
+    EXPECT_EQ(c.vision.depth, 24);
+    EXPECT_EQ(c.vision.hidden_size, 1024);
+    EXPECT_EQ(c.vision.head_dim(), 64);
+    EXPECT_EQ(c.vision.patch_dim(), 1536);
+    EXPECT_EQ(c.vision.grid_side(), 48);
+    EXPECT_EQ(c.vision.out_hidden_size, 2560);
+    EXPECT_EQ(c.vision.deepstack_visual_indexes, (std::vector<int64_t>{5, 11, 17}));
+    EXPECT_EQ(c.vision.image_token_id, 151655);
+    EXPECT_EQ(c.vision.vision_start_token_id, 151652);
   }
   // Qwen2-VL-era spelling: type "mrope", sectioned (not interleaved).
   json j = qwen3_vl_v4();
@@ -175,6 +189,39 @@ TEST(Config, Qwen3VLTextDecoder) {
   EXPECT_EQ(c.rope_type, "default");
   EXPECT_FALSE(c.mrope_interleaved);
   EXPECT_EQ(c.mrope_section, (std::vector<int>{16, 24, 24}));
+}
+
+TEST(Config, VisionConfigRejectionsNameTheField) {
+  auto fails_with = [](json j, const std::string& needle) {
+    try {
+      parse(j);
+    } catch (const kiln::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "no error for " << needle;
+  };
+  json j = qwen3_vl_v4();
+  j["vision_config"]["out_hidden_size"] = 4096;
+  fails_with(j, "vision_config.out_hidden_size");
+  j = qwen3_vl_v4();
+  j["vision_config"]["hidden_act"] = "relu";
+  fails_with(j, "vision_config.hidden_act");
+  j = qwen3_vl_v4();
+  j["vision_config"]["deepstack_visual_indexes"] = {5, 30};
+  fails_with(j, "vision_config.deepstack_visual_indexes");
+  j = qwen3_vl_v4();
+  j["vision_config"]["num_position_embeddings"] = 2300;
+  fails_with(j, "vision_config.num_position_embeddings");
+  j = qwen3_vl_v4();
+  j.erase("vision_config");
+  EXPECT_FALSE(parse(j).has_vision) << "no vision_config: the text decoder alone";
+  j = qwen3_vl_v4();
+  j["image_token_id"] = -3;
+  fails_with(j, "image_token_id");
+  j = qwen3_vl_v4();
+  j["image_token_id"] = 999999;  // outside the vocabulary: the text decoder alone
+  EXPECT_FALSE(parse(j).has_vision);
 }
 
 TEST(Config, RejectionsNameTheField) {

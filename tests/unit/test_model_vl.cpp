@@ -247,5 +247,44 @@ TEST_F(ModelVl, EngineGeneratesAsPlainQwen3) {
   EXPECT_EQ(bad.load(), 0) << "the engine gave the Qwen3-VL model batches without three equal position rows";
 }
 
+// The demo checkpoint's vision tower serves images (the README's main job): Qwen3-VL's token ids, 1536-value
+// patches, the processor file beside it; a different picture changes the output.
+TEST_F(ModelVl, EngineServesImagesOnTheDemoCheckpoint) {
+  ASSERT_TRUE(fs::exists(vl_dir() / "preprocessor_config.json"));
+  const json pre = json::parse(slurp(vl_dir() / "preprocessor_config.json"));
+  EXPECT_EQ(pre["patch_size"], 16);
+  EXPECT_EQ(pre["merge_size"], 2);
+  EngineOptions o = test::small_opts(1024, 16, 16);
+  o.model_dir = vl_dir().string();
+  o.device = "cpu";
+  auto engine = Engine::create(o);
+  auto image = [](uint32_t seed) {  // 64 x 96 pixels: 4 x 6 patches, 6 image tokens
+    vision::ImagePatches img;
+    img.grid_t = 1, img.grid_h = 4, img.grid_w = 6, img.patch_dim = 1536;
+    uint32_t rng = seed;
+    for (int i = 0; i < 24 * 1536; ++i)
+      img.values.push_back(float((rng = rng * 1664525u + 1013904223u) >> 8) / 8388608.0f - 1.0f);
+    img.content_hash = {seed, seed * 3ull};
+    return img;
+  };
+  std::vector<int32_t> p = {151644, 872, 198, 151652};  // <|im_start|>user\n<|vision_start|>
+  p.insert(p.end(), 6, 151655);
+  p.insert(p.end(), {151653, 3838, 374, 419, 30});
+  std::vector<std::vector<float>> lp;
+  for (uint32_t seed : {1u, 2u}) {
+    Request r = test::greedy(p, 5);
+    r.images = {image(seed)};
+    r.sampling.return_logprob = true;
+    test::Sink sink;
+    const RequestId id = engine->submit(r, sink.cb());
+    sink.wait_finished(1);
+    ASSERT_EQ(sink.last(id).finish_reason, "length") << sink.last(id).error;
+    EXPECT_EQ(sink.tokens(id).size(), 5u);
+    lp.push_back(sink.events[id].front().logprobs);
+  }
+  EXPECT_NE(lp[0], lp[1]) << "the picture must change the output";
+  test::expect_pool_clean(*engine);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/cpu/dot.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cpu/reference.h"
 #include "ops/fp8.h"
@@ -47,13 +48,6 @@ struct CacheReader {
     }
   }
 };
-
-float dot8(const float* a, const float* b, int64_t n) {
-  float l[8] = {};
-  for (int64_t i = 0; i < n; ++i) l[i % 8] += a[i] * b[i];
-  const float s0 = l[0] + l[4], s1 = l[1] + l[5], s2 = l[2] + l[6], s3 = l[3] + l[7];
-  return (s0 + s2) + (s1 + s3);
-}
 
 }  // namespace
 

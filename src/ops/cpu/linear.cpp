@@ -162,6 +162,17 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
        [&](int64_t m, int64_t n, float v) { o[m * ldo + n] = f32_to_bf16(v); });
 }
 
+void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+  const int64_t M = x.shape[0], K = x.shape[1], N = weight.shape[0];
+  if (M == 0 || N == 0) return;
+  const std::vector<float> X = widen_rows(x, M, [](int64_t r) { return r; });
+  bf16_t* o = out.ptr<bf16_t>();
+  const bf16_t* b = bias.ptr<bf16_t>();
+  const int64_t ldo = out.stride[0];
+  gemm(X.data(), M, K, weight.ptr<bf16_t>(), weight.stride[0], N,
+       [&](int64_t m, int64_t n, float v) { o[m * ldo + n] = f32_to_bf16(v + bf16_to_f32(b[n])); });
+}
+
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits) {
   const int64_t R = rows.shape[0], K = x.shape[1], V = weight.shape[0], T = x.shape[0];
   const int32_t* row = rows.ptr<int32_t>();

@@ -19,5 +19,14 @@ bool linear_uses_avx2();
 void linear_force_baseline(bool on);
 void silu_and_mul(const Tensor& gate_up, const Tensor& out);
 void paged_attention(const PagedAttentionArgs& args);
+void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+// Vision tower ops (ops/layer_norm.h, activation.h, rows.h, vision_attention.h).
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& out);
+void gelu(const Tensor& x, const Tensor& out, bool tanh_approx);
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+void scatter_rows(const Tensor& dst, const Tensor& rows, const Tensor& src, bool accumulate);
+void rope_2d(const Tensor& qkv, const Tensor& pos, const Tensor& table, int num_heads);
+void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                      const Tensor& out, float scale);
 
 }  // namespace kiln::ops::cpu

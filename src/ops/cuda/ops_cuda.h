@@ -36,6 +36,17 @@ bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k);
 // Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
 // bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
+// ops/rows.h (rows.cu): bf16 add, and the image-row scatter (copy or add) into the decoder's hidden states.
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+void scatter_rows(const Tensor& dst, const Tensor& rows, const Tensor& src, bool accumulate);
+// The vision tower's ops (vision.cu; contracts in ops/layer_norm.h, activation.h, linear.h,
+// vision_attention.h).
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& out);
+void gelu(const Tensor& x, const Tensor& out, bool tanh_approx);
+void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+void rope_2d(const Tensor& qkv, const Tensor& pos, const Tensor& table, int num_heads);
+void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                      const Tensor& out, float scale);
 // A pure decode step (T == B) launches only the decode kernel (see ops/cuda/attention.h).
 void paged_attention(const PagedAttentionArgs& args);
 

@@ -1,0 +1,350 @@
+#include "model/qwen3_vl_vision.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kiln/error.h"
+#include "model/qwen3_vl_prompt.h"
+#include "ops/activation.h"
+#include "ops/layer_norm.h"
+#include "ops/linear.h"
+#include "ops/rows.h"
+#include "ops/vision_attention.h"
+
+namespace kiln {
+namespace {
+
+constexpr const char* kPrefix = "model.visual.";
+constexpr float kNormEps = 1e-6f;  // every LayerNorm of the tower (transformers hard-codes it)
+constexpr double kRopeTheta = 10000.0;
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Tensors on `device`, one Buffer each, from the checkpoint or the seeded generator.
+class Loader {
+ public:
+  Loader(const Checkpoint* ckpt, uint64_t seed, Device device, VisionWeights& w)
+      : ckpt_(ckpt), seed_(seed), device_(device), w_(w) {}
+  // Loads `spec` and returns it viewed as `view` (same number of elements).
+  Tensor load(const WeightSpec& spec, std::initializer_list<int64_t> view) {
+    const int64_t n = numel_of(spec.shape);
+    Buffer buf(size_t(n) * sizeof(bf16_t), device_);
+    if (ckpt_) {
+      KILN_CHECK(ckpt_->has(spec.name), "checkpoint has no '", spec.name,
+                 "' (a Qwen3-VL checkpoint carries its vision tower under model.visual.)");
+      const Tensor t = ckpt_->get(spec.name);
+      KILN_CHECK(t.dtype == DType::bf16, "'", spec.name, "' must be bf16, got ", t.describe());
+      bool same = t.ndim == int(spec.shape.size());
+      for (int i = 0; same && i < t.ndim; ++i) same = t.shape[size_t(i)] == spec.shape[size_t(i)];
+      KILN_CHECK(same && t.is_contiguous(), "'", spec.name, "' has shape ", t.describe(),
+                 "; the config implies ", shape_text(spec.shape));
+      copy_bytes(buf.data(), device_, t.data, Device::cpu(), size_t(n) * sizeof(bf16_t));
+    } else {
+      std::vector<bf16_t> host(static_cast<size_t>(n));
+      fill_random_weight(spec, seed_, host.data());
+      copy_bytes(buf.data(), device_, host.data(), Device::cpu(), size_t(n) * sizeof(bf16_t));
+    }
+    Tensor t = buf.view(DType::bf16, view);
+    KILN_CHECK_EQ(t.numel(), n, "vision weight view of ", spec.name);
+    w_.storage.push_back(std::move(buf));
+    return t;
+  }
+
+ private:
+  static std::string shape_text(const std::vector<int64_t>& s) {
+    std::string o = "[";
+    for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+    return o + "]";
+  }
+  const Checkpoint* ckpt_;
+  uint64_t seed_;
+  Device device_;
+  VisionWeights& w_;
+};
+
+void push_linear(std::vector<WeightSpec>& s, const std::string& name, int64_t out, int64_t in) {
+  s.push_back({name + ".weight", {out, in}, false});
+  s.push_back({name + ".bias", {out}, false});
+}
+void push_norm(std::vector<WeightSpec>& s, const std::string& name, int64_t n) {
+  s.push_back({name + ".weight", {n}, true});
+  s.push_back({name + ".bias", {n}, false});
+}
+
+// A bf16 activation matrix on the tower's device.
+struct Mat {
+  Buffer buf;
+  int64_t rows = 0, cols = 0;
+  Mat(int64_t r, int64_t c, Device d)
+      : buf(size_t(std::max<int64_t>(r * c, 1)) * sizeof(bf16_t), d), rows(r), cols(c) {}
+  Tensor t() const { return as(rows, cols); }
+  Tensor as(int64_t r, int64_t c) const {
+    Tensor v(buf.data(), DType::bf16, {r, c}, buf.device());
+    return v;
+  }
+};
+
+void linear(const Tensor& x, const VisionLinear& l, const Tensor& out) {
+  ops::linear_bias(x, l.w, l.b, out);
+}
+
+// out = fc2(GELU(fc1(x))) with exact GELU: the merger MLPs; h: the fc1 activation scratch.
+void merger_mlp(const Tensor& x, const VisionMergerWeights& m, const Tensor& h, const Tensor& out) {
+  linear(x, m.fc1, h);
+  ops::gelu(h, h, ops::GeluApprox::none);
+  linear(h, m.fc2, out);
+}
+
+// Device rows -> host bf16 rows [r0, r0 + n) of a [*, cols] matrix.
+std::vector<bf16_t> host_rows(const Mat& m, int64_t r0, int64_t n) {
+  std::vector<bf16_t> v(static_cast<size_t>(n * m.cols));
+  copy_bytes(v.data(), Device::cpu(), static_cast<const bf16_t*>(m.buf.data()) + r0 * m.cols, m.buf.device(),
+             v.size() * sizeof(bf16_t));
+  return v;
+}
+
+// torch.linspace(0, end, steps) in fp32 as ATen's CPU kernel computes it: the first half from the start,
+// the second from the end.
+std::vector<float> linspace_f32(float end, int64_t steps) {
+  std::vector<float> v(static_cast<size_t>(steps));
+  if (steps == 1) {
+    v[0] = 0.0f;
+    return v;
+  }
+  const float step = end / float(steps - 1);
+  const int64_t half = steps / 2;
+  for (int64_t i = 0; i < steps; ++i)
+    v[size_t(i)] = i < half ? step * float(i) : end - step * float(steps - 1 - i);
+  return v;
+}
+
+}  // namespace
+
+std::vector<WeightSpec> qwen3_vl_vision_weight_specs(const ModelConfig& c) {
+  KILN_CHECK(c.has_vision, "qwen3_vl_vision_weight_specs: the config has no vision tower");
+  const VisionConfig& v = c.vision;
+  const std::string p = kPrefix;
+  const int64_t h = v.hidden_size, m4 = v.merged_dim();
+  std::vector<WeightSpec> s;
+  s.push_back({p + "patch_embed.proj.weight",
+               {h, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size},
+               false});
+  s.push_back({p + "patch_embed.proj.bias", {h}, false});
+  s.push_back({p + "pos_embed.weight", {v.num_position_embeddings, h}, false});
+  for (int64_t i = 0; i < v.depth; ++i) {
+    const std::string b = p + "blocks." + std::to_string(i) + ".";
+    push_norm(s, b + "norm1", h);
+    push_norm(s, b + "norm2", h);
+    push_linear(s, b + "attn.qkv", 3 * h, h);
+    push_linear(s, b + "attn.proj", h, h);
+    push_linear(s, b + "mlp.linear_fc1", v.intermediate_size, h);
+    push_linear(s, b + "mlp.linear_fc2", h, v.intermediate_size);
+  }
+  push_norm(s, p + "merger.norm", h);
+  push_linear(s, p + "merger.linear_fc1", m4, m4);
+  push_linear(s, p + "merger.linear_fc2", v.out_hidden_size, m4);
+  for (size_t j = 0; j < v.deepstack_visual_indexes.size(); ++j) {
+    const std::string d = p + "deepstack_merger_list." + std::to_string(j) + ".";
+    push_norm(s, d + "norm", m4);
+    push_linear(s, d + "linear_fc1", m4, m4);
+    push_linear(s, d + "linear_fc2", v.out_hidden_size, m4);
+  }
+  return s;
+}
+
+Qwen3VLVision::Qwen3VLVision(const ModelConfig& c, const Checkpoint* ckpt, uint64_t seed, Device device)
+    : cfg_(c.vision), device_(device) {
+  const std::vector<WeightSpec> specs = qwen3_vl_vision_weight_specs(c);
+  Loader ld(ckpt, seed, device, w_);
+  size_t i = 0;
+  auto next = [&](std::initializer_list<int64_t> view) { return ld.load(specs[i++], view); };
+  auto lin = [&](int64_t out, int64_t in) {
+    VisionLinear l;
+    l.w = next({out, in});
+    l.b = next({out});
+    return l;
+  };
+  auto norm = [&](int64_t n) {
+    VisionNorm l;
+    l.w = next({n});
+    l.b = next({n});
+    return l;
+  };
+  const int64_t h = cfg_.hidden_size, m4 = cfg_.merged_dim(), I = cfg_.intermediate_size;
+  w_.patch_embed.w = next({h, cfg_.patch_dim()});
+  w_.patch_embed.b = next({h});
+  w_.pos_embed = next({cfg_.num_position_embeddings, h});
+  for (int64_t b = 0; b < cfg_.depth; ++b) {
+    VisionBlockWeights bw;
+    bw.norm1 = norm(h);
+    bw.norm2 = norm(h);
+    bw.qkv = lin(3 * h, h);
+    bw.proj = lin(h, h);
+    bw.fc1 = lin(I, h);
+    bw.fc2 = lin(h, I);
+    w_.blocks.push_back(bw);
+  }
+  w_.merger.norm = norm(h);
+  w_.merger.fc1 = lin(m4, m4);
+  w_.merger.fc2 = lin(cfg_.out_hidden_size, m4);
+  for (size_t j = 0; j < cfg_.deepstack_visual_indexes.size(); ++j) {
+    VisionMergerWeights mw;
+    mw.norm = norm(m4);
+    mw.fc1 = lin(m4, m4);
+    mw.fc2 = lin(cfg_.out_hidden_size, m4);
+    w_.deepstack.push_back(mw);
+  }
+  KILN_CHECK_EQ(i, specs.size(), "vision weights loaded vs specs");
+}
+
+void Qwen3VLVision::check_image(const vision::ImagePatches& img) const {
+  check_vl_image(cfg_, img, 0);
+}
+
+std::vector<bf16_t> Qwen3VLVision::position_embedding(const vision::ImagePatches& img) const {
+  const int64_t side = cfg_.grid_side(), h = cfg_.hidden_size, m = cfg_.spatial_merge_size;
+  const int64_t H = img.grid_h, W = img.grid_w, T = img.grid_t;
+  const std::vector<float> hs = linspace_f32(float(side - 1), H), ws = linspace_f32(float(side - 1), W);
+  std::vector<bf16_t> table(static_cast<size_t>(w_.pos_embed.numel()));
+  copy_bytes(table.data(), Device::cpu(), w_.pos_embed.data, device_, table.size() * sizeof(bf16_t));
+  const bf16_t* E = table.data();
+  auto bf = [](float x) { return bf16_to_f32(f32_to_bf16(x)); };
+  // [H * W, h] in raster order, as transformers sums the four corners (bf16 products, bf16 adds).
+  std::vector<bf16_t> grid(size_t(H * W * h));
+  for (int64_t i = 0; i < H; ++i) {
+    const int64_t fh = int64_t(hs[size_t(i)]), ch = std::min(fh + 1, side - 1);
+    const float dh = hs[size_t(i)] - float(fh);
+    for (int64_t j = 0; j < W; ++j) {
+      const int64_t fw = int64_t(ws[size_t(j)]), cw = std::min(fw + 1, side - 1);
+      const float dw = ws[size_t(j)] - float(fw);
+      const int64_t idx[4] = {fh * side + fw, fh * side + cw, ch * side + fw, ch * side + cw};
+      const float wt[4] = {bf((1 - dh) * (1 - dw)), bf((1 - dh) * dw), bf(dh * (1 - dw)), bf(dh * dw)};
+      bf16_t* o = grid.data() + (i * W + j) * h;
+      for (int64_t c = 0; c < h; ++c) {
+        float acc = 0;
+        for (int k = 0; k < 4; ++k) {
+          const float p = bf(bf16_to_f32(E[idx[k] * h + c]) * wt[k]);
+          acc = k == 0 ? p : bf(acc + p);
+        }
+        o[c] = f32_to_bf16(acc);
+      }
+    }
+  }
+  // Repeated per frame, reordered into merge blocks (t, h/m, w/m, m, m): the processor's patch order.
+  std::vector<bf16_t> out(size_t(T * H * W * h));
+  int64_t r = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t bh = 0; bh < H / m; ++bh)
+      for (int64_t bw = 0; bw < W / m; ++bw)
+        for (int64_t ir = 0; ir < m; ++ir)
+          for (int64_t ic = 0; ic < m; ++ic, ++r)
+            std::copy_n(grid.data() + ((bh * m + ir) * W + bw * m + ic) * h, h, out.data() + r * h);
+  return out;
+}
+
+std::vector<VisionOutput> Qwen3VLVision::encode(
+    const std::vector<const vision::ImagePatches*>& images) const {
+  const int64_t h = cfg_.hidden_size, m = cfg_.spatial_merge_size, nh = cfg_.num_heads, D = cfg_.head_dim();
+  const int64_t unit = m * m, pd = cfg_.patch_dim();
+  int64_t N = 0, max_hw = 1;
+  for (const vision::ImagePatches* img : images) {
+    KILN_CHECK(img != nullptr, "encode: null image");
+    check_image(*img);
+    N += img->patches();
+    max_hw = std::max<int64_t>({max_hw, img->grid_h, img->grid_w});
+  }
+  std::vector<VisionOutput> outs(images.size());
+  if (N == 0) return outs;
+
+  // Pixel rows rounded to bf16 (HF: pixel_values.type(visual.dtype)), the per-patch (row, column) and the
+  // attention segments: one per frame of each image (transformers' cu_seqlens repeats h * w per frame).
+  const Device dev = device_;
+  std::vector<bf16_t> px(static_cast<size_t>(N * pd)), pe_all(static_cast<size_t>(N * h));
+  std::vector<int32_t> pos(static_cast<size_t>(2 * N)), cu{0};
+  int64_t r0 = 0;
+  for (const vision::ImagePatches* img : images) {
+    const int64_t n = img->patches();
+    for (int64_t i = 0; i < n * pd; ++i) px[size_t(r0 * pd + i)] = f32_to_bf16(img->values[size_t(i)]);
+    const std::vector<bf16_t> pe = position_embedding(*img);
+    std::copy(pe.begin(), pe.end(), pe_all.begin() + r0 * h);
+    int64_t r = r0;
+    for (int64_t t = 0; t < img->grid_t; ++t) {
+      for (int64_t bh = 0; bh < img->grid_h / m; ++bh)
+        for (int64_t bw = 0; bw < img->grid_w / m; ++bw)
+          for (int64_t ir = 0; ir < m; ++ir)
+            for (int64_t ic = 0; ic < m; ++ic, ++r) {
+              pos[size_t(2 * r)] = int32_t(bh * m + ir);
+              pos[size_t(2 * r + 1)] = int32_t(bw * m + ic);
+            }
+      cu.push_back(int32_t(cu.back() + img->grid_h * img->grid_w));
+    }
+    r0 += n;
+  }
+  auto upload = [&](const auto& v) {
+    Buffer b(std::max<size_t>(v.size() * sizeof(v[0]), 1), dev);
+    copy_bytes(b.data(), dev, v.data(), Device::cpu(), v.size() * sizeof(v[0]));
+    return b;
+  };
+  const Buffer px_b = upload(px), pe_b = upload(pe_all), pos_b = upload(pos), cu_b = upload(cu);
+  const Buffer table = ops::build_rope_2d_table(int(D), kRopeTheta, max_hw, dev);
+  const ops::RopeTable2d rope = ops::rope_2d_table_view(table, int(D), max_hw);
+  const Tensor pos_t = pos_b.view(DType::i32, {N, 2});
+  const Tensor cu_t = cu_b.view(DType::i32, {int64_t(cu.size())});
+
+  const int64_t I = cfg_.intermediate_size, m4 = h * unit, out_h = cfg_.out_hidden_size;
+  Mat x(N, h, dev), normed(N, h, dev), attn(N, h, dev), tmp(N, h, dev), qkv(N, 3 * h, dev), f(N, I, dev);
+  Mat n4(N / unit, m4, dev), f4(N / unit, m4, dev);
+  linear(px_b.view(DType::bf16, {N, pd}), w_.patch_embed, x.t());
+  ops::add(x.t(), pe_b.view(DType::bf16, {N, h}), x.t());
+
+  const ops::GeluApprox act = cfg_.hidden_act == "gelu" ? ops::GeluApprox::none : ops::GeluApprox::tanh;
+  std::vector<Mat> deep;
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  auto* qkv_base = static_cast<bf16_t*>(qkv.buf.data());
+  const auto part = [&](int64_t k) {
+    return Tensor::strided(qkv_base + k * h, DType::bf16, {N, nh, D}, {3 * h, D, 1}, dev);
+  };
+  for (int64_t b = 0; b < cfg_.depth; ++b) {
+    const VisionBlockWeights& bw = w_.blocks[size_t(b)];
+    ops::layer_norm(x.t(), bw.norm1.w, bw.norm1.b, kNormEps, normed.t());
+    linear(normed.t(), bw.qkv, qkv.t());
+    ops::rope_2d(qkv.t(), pos_t, rope, int(nh));
+    ops::varlen_attention(part(0), part(1), part(2), cu_t,
+                          Tensor(attn.buf.data(), DType::bf16, {N, nh, D}, dev), scale);
+    linear(attn.t(), bw.proj, tmp.t());
+    ops::add(x.t(), tmp.t(), x.t());
+    ops::layer_norm(x.t(), bw.norm2.w, bw.norm2.b, kNormEps, normed.t());
+    linear(normed.t(), bw.fc1, f.t());
+    ops::gelu(f.t(), f.t(), act);
+    linear(f.t(), bw.fc2, tmp.t());
+    ops::add(x.t(), tmp.t(), x.t());
+    const auto& di = cfg_.deepstack_visual_indexes;
+    if (const auto it = std::find(di.begin(), di.end(), b); it != di.end()) {
+      // [N, h] rows of each 2x2 block are adjacent: the same bytes as [N / 4, 4h] (the post-shuffle norm).
+      const VisionMergerWeights& dm = w_.deepstack[size_t(it - di.begin())];
+      ops::layer_norm(x.as(N / unit, m4), dm.norm.w, dm.norm.b, kNormEps, n4.t());
+      deep.emplace_back(N / unit, out_h, dev);
+      merger_mlp(n4.t(), dm, f4.t(), deep.back().t());
+    }
+  }
+  ops::layer_norm(x.t(), w_.merger.norm.w, w_.merger.norm.b, kNormEps, normed.t());
+  Mat merged(N / unit, out_h, dev);
+  merger_mlp(normed.as(N / unit, m4), w_.merger, f4.t(), merged.t());
+
+  int64_t row = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    VisionOutput& o = outs[i];
+    o.tokens = images[i]->merged_tokens(int(m));
+    o.embeds = host_rows(merged, row, o.tokens);
+    for (const Mat& d : deep) o.deepstack.push_back(host_rows(d, row, o.tokens));
+    row += o.tokens;
+  }
+  return outs;
+}
+
+}  // namespace kiln

@@ -1,0 +1,50 @@
+// VlImages: the Qwen3-VL runner's per-request image state. A request's images stay here (as the
+// processor's patches) from admission until release_request; their encoder outputs exist only while a
+// step's prefill rows cover their pad tokens: encoded on demand (every image a step needs, across all its
+// requests, in one vision pass), dropped once the prefill has passed the image. A preempted request that
+// recomputes its prompt, or a chunk boundary inside an image, simply re-encodes or reuses; pads served
+// from the prefix cache are never encoded.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/batch.h"
+#include "model/qwen3.h"
+#include "model/qwen3_vl_prompt.h"
+#include "model/qwen3_vl_vision.h"
+
+namespace kiln {
+
+class VlImages {
+ public:
+  void attach(uint64_t request, VlPromptLayout layout, std::vector<vision::ImagePatches> images);
+  void release(uint64_t request) { map_.erase(request); }
+  bool empty() const { return map_.empty(); }
+  // Images of `request` whose encoder output is held now (tests).
+  int encoded_images(uint64_t request) const;
+  int64_t images_encoded_total() const { return encoded_total_; }  // vision-tower image encodings so far
+
+  // For one step (batch.seq_ids names the requests; positions already three equal rows): writes the M-RoPE
+  // positions of the attached requests' rows, encodes the images whose pads the step computes, and fills
+  // `visual` with those rows' embeddings and deepstack features (hidden = the decoder's width).
+  void prepare(BatchDesc& batch, const Qwen3VLVision& vision, VisualInput& visual);
+  // After the step ran: drops the encodings the prefill has passed.
+  void step_done(const BatchDesc& batch);
+
+ private:
+  struct Entry {
+    VlPromptLayout layout;
+    std::vector<vision::ImagePatches> images;
+    std::vector<std::optional<VisionOutput>> encoded;  // per image
+    // The image whose pads include context position p and p's row in it, or -1.
+    int image_at(int32_t p) const;
+  };
+  std::unordered_map<uint64_t, Entry> map_;
+  std::atomic<int64_t> encoded_total_{0};
+};
+
+}  // namespace kiln

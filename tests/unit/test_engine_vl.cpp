@@ -1,0 +1,166 @@
+// Qwen3-VL images through the runtime engine on the CPU (tiny random-weight model, vl_test_util.h): a
+// chunked prefill that splits an image gives the tokens of an unsplit one; a repeated image hits the prefix
+// cache (and is not encoded again) while a different image with the same tokens does not; requests batched
+// together, and preempted ones, give what each gives alone; bad image inputs are rejected at submit.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "engine_test_util.h"
+#include "kiln/error.h"
+#include "model/qwen3.h"
+#include "runtime/qwen3_runner.h"
+#include "vl_test_util.h"
+
+namespace kiln {
+namespace {
+
+using test::greedy;
+using test::Sink;
+
+struct VlEngine {
+  std::unique_ptr<Engine> engine;
+  Qwen3Runner* runner = nullptr;  // owned by the engine; read only while it is idle
+};
+
+VlEngine make_engine(const EngineOptions& opts, const ModelConfig& cfg = test::tiny_vl_config()) {
+  LoadOptions lo;
+  lo.device = Device::cpu();
+  lo.load_format = LoadFormat::random;
+  lo.seed = 7;
+  auto runner =
+      std::make_unique<Qwen3Runner>(Qwen3Model::create(cfg, nullptr, lo), ops::KvLayout::nhd, DType::bf16);
+  VlEngine v;
+  v.runner = runner.get();
+  v.engine = std::make_unique<Engine>(std::move(runner), opts);
+  return v;
+}
+
+Request image_request(const std::vector<vision::ImagePatches>& imgs, int text_before, int salt, int n) {
+  Request r = greedy(test::vl_prompt(imgs, text_before, salt), n);
+  r.images = imgs;
+  r.sampling.return_logprob = true;
+  return r;
+}
+
+// Runs the requests concurrently; returns each one's tokens and its final event.
+std::vector<std::pair<std::vector<int32_t>, TokenEvent>> run_all(Engine& e,
+                                                                 const std::vector<Request>& reqs) {
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (const Request& r : reqs) ids.push_back(e.submit(r, sink.cb()));
+  sink.wait_finished(int(reqs.size()));
+  sink.expect_one_finish_each();
+  std::vector<std::pair<std::vector<int32_t>, TokenEvent>> out;
+  for (RequestId id : ids) {
+    out.emplace_back(sink.tokens(id), sink.last(id));
+    EXPECT_EQ(out.back().second.finish_reason, "length") << out.back().second.error;
+  }
+  return out;
+}
+
+const std::vector<vision::ImagePatches> kA = {test::test_image(8, 12, 1)};  // 24 pads
+const std::vector<vision::ImagePatches> kB = {test::test_image(8, 12, 2)};
+
+TEST(EngineVl, ChunkedPrefillSplittingAnImageEqualsWhole) {
+  const Request r = image_request({kA[0], test::test_image(4, 6, 3)}, 6, 1, 8);
+  VlEngine whole = make_engine(test::small_opts(4096, 4, 4096));
+  const auto ref = run_all(*whole.engine, {r});
+  ASSERT_EQ(ref[0].first.size(), 8u);
+  for (int chunk : {5, 13}) {  // boundaries inside both images
+    VlEngine split = make_engine(test::small_opts(4096, 4, chunk));
+    const auto got = run_all(*split.engine, {r});
+    EXPECT_EQ(got[0].first, ref[0].first) << "chunk " << chunk;
+    EXPECT_EQ(got[0].second.logprobs, ref[0].second.logprobs) << "chunk " << chunk;
+    test::expect_pool_clean(*split.engine);
+  }
+}
+
+TEST(EngineVl, TheImageChangesTheOutput) {
+  VlEngine e = make_engine(test::small_opts(4096));
+  const auto a = run_all(*e.engine, {image_request(kA, 6, 1, 6)});
+  const auto b = run_all(*e.engine, {image_request(kB, 6, 1, 6)});
+  EXPECT_NE(a[0].second.logprobs, b[0].second.logprobs);
+}
+
+TEST(EngineVl, RepeatedImageHitsThePrefixCacheDifferentImageDoesNot) {
+  const Request ra = image_request(kA, 9, 2, 6), rb = image_request(kB, 9, 2, 6);
+  ASSERT_EQ(ra.prompt, rb.prompt) << "same tokens, different pixels";
+  VlEngine fresh_b = make_engine(test::small_opts(4096));
+  const auto b_alone = run_all(*fresh_b.engine, {rb});
+
+  VlEngine e = make_engine(test::small_opts(4096));
+  const auto first = run_all(*e.engine, {ra});
+  EXPECT_EQ(first[0].second.cached_tokens, 0);
+  EXPECT_EQ(e.runner->images().images_encoded_total(), 1);
+  const auto again = run_all(*e.engine, {ra});
+  // Everything but the last prompt token's page comes from the cache, past the whole image.
+  const int pad_end = 9 + 1 + 24;
+  EXPECT_GE(again[0].second.cached_tokens, pad_end);
+  EXPECT_EQ(e.runner->images().images_encoded_total(), 1) << "a fully cached image is not encoded again";
+  EXPECT_EQ(again[0].first, first[0].first);
+  EXPECT_EQ(again[0].second.logprobs, first[0].second.logprobs);
+  const auto other = run_all(*e.engine, {rb});
+  EXPECT_LE(other[0].second.cached_tokens, 9) << "a different image shares no page past its <|vision_start|>";
+  EXPECT_EQ(e.runner->images().images_encoded_total(), 2);
+  EXPECT_EQ(other[0].first, b_alone[0].first);
+  EXPECT_EQ(other[0].second.logprobs, b_alone[0].second.logprobs);
+  test::expect_pool_clean(*e.engine);
+}
+
+TEST(EngineVl, BatchedAndPreemptedRequestsEqualEachAlone) {
+  std::vector<Request> reqs = {
+      image_request(kA, 3, 1, 10), image_request(kB, 5, 2, 10),
+      image_request({test::test_image(4, 4, 9), test::test_image(2, 6, 8)}, 2, 3, 10)};
+  Request text = greedy(test::prompt_of(20, 4), 10);
+  text.sampling.return_logprob = true;
+  reqs.push_back(text);
+  std::vector<std::vector<float>> alone;
+  for (const Request& r : reqs) {
+    VlEngine e = make_engine(test::small_opts(4096, 4, 4096));
+    alone.push_back(run_all(*e.engine, {r})[0].second.logprobs);
+  }
+  VlEngine together = make_engine(test::small_opts(4096, 4, 16));
+  const auto got = run_all(*together.engine, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].second.logprobs, alone[i]) << "request " << i;
+  // A pool of 72 tokens without an admission reserve: running requests outgrow it, the newest are
+  // preempted and recompute their prompts (images included) later.
+  EngineOptions tight_opts = test::small_opts(72, 4, 16);
+  tight_opts.admission_reserve = 0.0;
+  VlEngine tight = make_engine(tight_opts);
+  const auto pre = run_all(*tight.engine, reqs);
+  EXPECT_GT(tight.engine->stats().preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(pre[i].second.logprobs, alone[i]) << "request " << i;
+  test::expect_pool_clean(*tight.engine);
+}
+
+TEST(EngineVl, BadImageInputsAreRejectedAtSubmit) {
+  VlEngine e = make_engine(test::small_opts(4096));
+  Sink sink;
+  Request r = image_request(kA, 4, 1, 4);
+  r.prompt.pop_back();  // keep the pads intact: drop trailing text
+  Request short_pads = r;
+  short_pads.prompt.erase(short_pads.prompt.begin() + 6);
+  EXPECT_THROW(e.engine->submit(short_pads, sink.cb()), Error);
+  Request no_image = r;
+  no_image.images.clear();
+  EXPECT_THROW(e.engine->submit(no_image, sink.cb()), Error);
+  EXPECT_EQ(e.engine->stats().requests_submitted, 0);
+  // A text-only model given an image.
+  nlohmann::json j = test::tiny_vl_config_json()["text_config"];
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["tie_word_embeddings"] = true;
+  VlEngine text = make_engine(test::small_opts(4096), parse_model_config(j.dump(), "text config"));
+  try {
+    text.engine->submit(r, sink.cb());
+    ADD_FAILURE() << "a text-only model accepted an image";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("text-only"), std::string::npos) << err.what();
+  }
+  // The engine still serves.
+  const auto ok = run_all(*e.engine, {image_request(kA, 4, 1, 3)});
+  EXPECT_EQ(ok[0].first.size(), 3u);
+}
+
+}  // namespace
+}  // namespace kiln
