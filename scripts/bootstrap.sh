@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 apt_pkgs=(build-essential cmake ninja-build ccache clang libclang-rt-14-dev
   libgtest-dev nlohmann-json3-dev libcpp-httplib-dev libboost1.81-dev libpcre2-dev libutf8proc-dev
+  libpng-dev libjpeg62-turbo-dev libwebp-dev libssl-dev zlib1g-dev ca-certificates
   curl python3-jinja2)
 # node/npm: the machine may carry its own Node.js (with npm bundled); only install Debian's when absent.
 command -v npm >/dev/null || apt_pkgs+=(nodejs npm)

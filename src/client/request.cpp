@@ -26,6 +26,7 @@ std::string build_stream_body(const RequestSpec& spec, const StreamOptions& opt)
       body["input_ids"] = spec.input_ids;
     else
       body["text"] = spec.text;
+    if (!spec.image_b64.empty()) body["image_data"] = spec.image_b64;
     body["sampling_params"] = {{"max_new_tokens", spec.output_len}, {"ignore_eos", true}, {"temperature", 0}};
     body["stream"] = true;
   } else {

@@ -29,6 +29,8 @@ struct RequestSpec {
   std::string text;
   int64_t expected_input = -1;  // prompt tokens the server must report; -1: unknown (text prompt)
   int64_t output_len = 0;       // exact output tokens asked for (ignore_eos)
+  // Api::generate: one image sent as image_data (base64); input_ids then hold its placeholder tokens.
+  std::string image_b64;
 };
 
 struct RequestResult {

@@ -78,6 +78,27 @@ std::vector<RequestSpec> make_requests(const Workload& w, uint64_t tag, size_t n
     }
     out[i].expected_input = w.input_len;
     out[i].output_len = w.output_len;
+    if (!w.image_b64.empty()) {
+      out[i].input_ids.insert(out[i].input_ids.end(), w.image_tokens.begin(), w.image_tokens.end());
+      out[i].image_b64 = w.image_b64;
+      out[i].expected_input = -1;
+    }
+  }
+  return out;
+}
+
+std::string base64_encode(const std::string& bytes) {
+  static constexpr char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  auto at = [&](size_t k) { return k < bytes.size() ? uint32_t(uint8_t(bytes[k])) : 0u; };
+  for (; i < bytes.size(); i += 3) {
+    const uint32_t v = (at(i) << 16) | (at(i + 1) << 8) | at(i + 2);
+    out += t[(v >> 18) & 63];
+    out += t[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? t[(v >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? t[v & 63] : '=';
   }
   return out;
 }

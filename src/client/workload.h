@@ -26,7 +26,16 @@ struct Workload {
   int32_t vocab_lo = 1000;  // random ids are drawn uniformly from [vocab_lo, vocab_hi)
   int32_t vocab_hi = 30000;
   std::vector<TextPrompt> texts;  // when non-empty, prompts come from here instead of random ids
+  // An image for every request (random-id prompts, /generate): base64 of the file, and the placeholder token
+  // ids appended to each prompt (vision start, image pad, vision end: Qwen3-VL's by default). Appended, so
+  // the random ids before it keep requests from sharing prefix-cache pages; the server reports the prompt
+  // length with the image's tokens, which the client does not know (the count is then not checked).
+  std::string image_b64;
+  std::vector<int32_t> image_tokens = {151652, 151655, 151653};
 };
+
+// Standard base64 with padding.
+std::string base64_encode(const std::string& bytes);
 
 // n requests for the stream `tag` (e.g. the concurrency level, or a warm-up stream). Prompt i depends
 // only on (seed, tag, i).

@@ -263,6 +263,7 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
     Session& s = *src->group[i];
     Request r;
     r.prompt = s.spec.prompt;
+    r.images = s.spec.images;
     r.sampling = s.spec.sampling;
     if (r.sampling.seed >= 0)
       r.sampling.seed = int64_t((uint64_t(r.sampling.seed) + i) & uint64_t(INT64_MAX));

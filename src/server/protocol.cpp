@@ -7,6 +7,7 @@
 
 #include "kiln/error.h"
 #include "server/api_error.h"
+#include "server/protocol_images.h"
 
 namespace kiln::server {
 namespace {
@@ -286,25 +287,6 @@ void check_prompt(const GenSpec& g, const char* param) {
   if (g.prompt.empty()) throw bad_request(std::string("'") + param + "' must not be empty", param);
 }
 
-std::string content_text(const json& content, size_t i) {
-  const std::string param = "messages[" + std::to_string(i) + "].content";
-  if (content.is_null()) return "";
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array())
-    throw bad_request("'" + param + "' must be a string or a list of text parts", param);
-  std::string text;
-  for (const auto& part : content) {
-    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-        !part["text"].is_string())
-      throw bad_request(
-          "'" + param +
-              "' parts must be {\"type\": \"text\", \"text\": \"...\"}; other kinds are not supported",
-          param);
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
 // Whether the reply should be parsed for tool calls: tools given and tool_choice "auto" (or absent).
 bool tools_requested(const json& body, const json* tools) {
   const json* tc = field(body, "tool_choice");
@@ -391,6 +373,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
     throw bad_request("'messages' must be a non-empty list", "messages");
   json normalized = body;
   json& out_msgs = normalized["messages"];
+  std::vector<ImageRef> images;
   for (size_t i = 0; i < msgs->size(); ++i) {
     const json& m = (*msgs)[i];
     const std::string p = "messages[" + std::to_string(i) + "]";
@@ -407,7 +390,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
     auto content = m.find("content");
     if (content == m.end() && r != "assistant")
       throw bad_request("'" + p + ".content' is required", p + ".content");
-    out_msgs[i]["content"] = content == m.end() ? "" : content_text(*content, i);
+    out_msgs[i]["content"] = content == m.end() ? json("") : chat_content(*content, i, lim, images);
   }
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object())
@@ -427,6 +410,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   }
   g.prompt = encode_text(codec, text, "messages");
   check_prompt(g, "messages");
+  attach_images(g, images, lim, "messages");
   set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens");
   check_min_tokens(g);
   g.parse.tools = parse_tools;
@@ -510,6 +494,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     g.prompt = token_list(*t, "input_ids", lim);
     check_prompt(g, "input_ids");
   }
+  attach_images(g, generate_image_refs(body, lim), lim, text ? "text" : "input_ids");
   std::optional<int64_t> max_new;
   g.sampling = lim.sampling_defaults;
   if (const json* sp = field(body, "sampling_params")) {

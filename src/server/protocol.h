@@ -28,6 +28,7 @@
 
 #include "runtime/engine.h"
 #include "server/backend.h"
+#include "server/images.h"
 #include "server/output_parser.h"
 
 namespace kiln::server {
@@ -46,6 +47,9 @@ struct ApiLimits {
   // eos ids added to its stop_token_ids unless it sets ignore_eos.
   SamplingParams sampling_defaults;
   std::vector<int32_t> extra_eos_ids;
+  // A vision-language checkpoint: images are accepted (server/images.h). Null: a text-only model, and any
+  // image in a request is a 400.
+  std::shared_ptr<const VisionSetup> vision;
 };
 
 enum class Endpoint { chat, completion, generate };
@@ -65,6 +69,8 @@ struct GenSpec {
   bool return_hidden = false;            // /generate return_hidden_states
   bool return_text_in_logprobs = false;  // /generate: token text next to each logprob
   ParserOptions parse;                   // chat: reasoning / tool-call parsing of the reply
+  // Qwen3-VL: the request's images in prompt order; `prompt` already holds each one's expanded image pads.
+  std::vector<vision::ImagePatches> images;
 };
 
 struct EmbedSpec {

@@ -59,6 +59,7 @@ ApiLimits ApiServer::Impl::limits() const {
   l.tool_call_parser = opts.tool_call_parser != "none";
   l.sampling_defaults = opts.sampling_defaults;
   l.extra_eos_ids = opts.extra_eos_ids;
+  l.vision = opts.vision;
   return l;
 }
 

@@ -23,6 +23,7 @@
 
 #include "runtime/engine.h"
 #include "server/backend.h"
+#include "server/images.h"
 #include "server/metrics.h"
 
 namespace kiln::server {
@@ -48,6 +49,9 @@ struct ServerOptions {
   // Request defaults from generation_config.json (server/generation_config.h); empty: none.
   SamplingParams sampling_defaults;
   std::vector<int32_t> extra_eos_ids;
+  // A vision-language checkpoint's image inputs (processor config, limits, token ids, URL fetching); null for
+  // a text-only model, which answers 400 to any image.
+  std::shared_ptr<const VisionSetup> vision;
 };
 
 class ApiServer {

@@ -12,9 +12,11 @@
 
 namespace kiln::server::fake {
 
-struct ServerHarness {
+// Codec: the tokenizer double (ByteCodec, or one derived from it).
+template <typename Codec = ByteCodec>
+struct BasicServerHarness {
   // reply: what the engine "generates", one byte a token every step_ms.
-  ServerHarness(std::string reply, int step_ms, ServerOptions o, int http_threads)
+  BasicServerHarness(std::string reply, int step_ms, ServerOptions o, int http_threads)
       : engine(std::move(reply), step_ms) {
     o.port = 0;
     o.served_model_name = "demo";
@@ -25,18 +27,21 @@ struct ServerHarness {
     for (int i = 0; i < 1000 && !server->running(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  ~ServerHarness() {
+  ~BasicServerHarness() {
     server->stop();
     thread.join();
   }
-  ServerHarness(const ServerHarness&) = delete;
-  ServerHarness& operator=(const ServerHarness&) = delete;
+  BasicServerHarness(const BasicServerHarness&) = delete;
+  BasicServerHarness& operator=(const BasicServerHarness&) = delete;
 
-  ByteCodec codec;
+  Codec codec;
   FakeEngine engine;
   std::unique_ptr<ApiServer> server;
   int port = 0;
   std::thread thread;
+};
+struct ServerHarness : BasicServerHarness<> {
+  using BasicServerHarness::BasicServerHarness;
 };
 
 }  // namespace kiln::server::fake
