@@ -157,6 +157,7 @@ TEST(CudaVision, TowerMatchesCpu) {
 TEST(CudaVision, Qwen3Vl4bShapedTowerMatchesCpu) {
   KILN_REQUIRE_GPU();
   nlohmann::json j = test::tiny_vl_config_json();
+  j["text_config"]["num_hidden_layers"] = 3;  // a decoder layer for each of the 3 deepstack features
   j["vision_config"] = {{"depth", 24},
                         {"hidden_size", 1024},
                         {"intermediate_size", 4096},
