@@ -68,8 +68,8 @@ ImageFormat sniff_image_format(std::span<const uint8_t> bytes);
 // undecodable for corrupt or truncated data, unsupported_format for variants not handled.
 DecodedImage decode_image(std::span<const uint8_t> bytes, const ImageLimits& limits);
 
-// transformers 5.x's convert_to_rgb (image_transforms.py), i.e. PIL's convert("RGB"): RGB kept, grey replicated,
-// alpha dropped (a palette's or tRNS transparency too: libpng's expansion gave it as alpha).
+// transformers 5.x's convert_to_rgb (image_transforms.py), i.e. PIL's convert("RGB"): RGB kept, grey
+// replicated, alpha dropped (a palette's or tRNS transparency too: libpng's expansion gave it as alpha).
 RgbImage to_rgb(const DecodedImage& image);
 
 // decode_image then to_rgb.
