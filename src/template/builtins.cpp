@@ -2,6 +2,7 @@
 // transformers adds (raise_exception, strftime_now) -- with Jinja 3.1's behaviour for each. Filters are in
 // filters.cpp.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -108,8 +109,12 @@ Value attr_path(const Value& obj, const std::string& path) {
     const std::string part = path.substr(b, e == std::string::npos ? std::string::npos : e - b);
     const bool digits =
         !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-    cur = digits && cur.is_array() ? get_item(cur, Value::integer(std::stoll(part)))
-                                   : get_item(cur, Value::string(part));
+    int64_t index = 0;
+    if (digits && cur.is_array() &&
+        std::from_chars(part.data(), part.data() + part.size(), index).ec != std::errc{})
+      return Value::undefined();  // an index past int64: past the end of any list
+    cur =
+        digits && cur.is_array() ? get_item(cur, Value::integer(index)) : get_item(cur, Value::string(part));
     if (e == std::string::npos || cur.is_undefined()) return cur;
     b = e + 1;
   }
@@ -138,12 +143,13 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
   const int64_t b = clamp(start, st > 0 ? 0 : n - 1), e = clamp(stop, st > 0 ? n : -1);
   std::string s;
   Array a;
-  for (int64_t i = b; st > 0 ? i < e : i > e; i += st) {
+  for (int64_t i = b; st > 0 ? i < e : i > e;) {
     if (obj.is_string()) {
       s += cs[size_t(i)];
     } else {
       a.push_back((*obj.a)[size_t(i)]);
     }
+    if (__builtin_add_overflow(i, st, &i)) break;  // past the end either way
   }
   if (obj.is_string()) return Value::string(std::move(s));
   Value r = Value::array(std::move(a));
@@ -247,7 +253,10 @@ bool apply_test(const std::string& n, const Value& v, std::vector<Value>& args) 
     if (v.kind != Kind::integer && v.kind != Kind::boolean) fail("test '" + n + "' needs an integer");
     return (v.as_int() % 2 != 0) == (n == "odd");
   }
-  if (n == "divisibleby") return need(0).as_int() != 0 && v.as_int() % need(0).as_int() == 0;
+  if (n == "divisibleby") {
+    const int64_t d = need(0).as_int();
+    return d != 0 && (d == -1 || v.as_int() % d == 0);  // INT64_MIN % -1 traps
+  }
   if (n == "eq" || n == "equalto" || n == "==") return equal(v, need(0));
   if (n == "ne" || n == "!=") return !equal(v, need(0));
   if (n == "lt" || n == "lessthan" || n == "<") return compare(v, need(0)) < 0;
@@ -284,9 +293,10 @@ void add_globals(Scope& s) {
           }
           if (st == 0) fail("range() arg 3 must not be zero");
           Array out;
-          for (int64_t i = b; st > 0 ? i < e : i > e; i += st) {
+          for (int64_t i = b; st > 0 ? i < e : i > e;) {
             out.push_back(Value::integer(i));
             if (out.size() > 100000) fail("range too big");
+            if (__builtin_add_overflow(i, st, &i)) break;  // past the end either way
           }
           return Value::array(std::move(out));
         }));

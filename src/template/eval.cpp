@@ -59,11 +59,14 @@ Value arith(Op op, const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
     const bool fl = a.kind == Kind::floating || b.kind == Kind::floating;
     if (op == Op::add)
-      return fl ? Value::floating(a.as_double() + b.as_double()) : Value::integer(a.as_int() + b.as_int());
+      return fl ? Value::floating(a.as_double() + b.as_double())
+                : Value::integer(checked_add(a.as_int(), b.as_int()));
     if (op == Op::sub)
-      return fl ? Value::floating(a.as_double() - b.as_double()) : Value::integer(a.as_int() - b.as_int());
+      return fl ? Value::floating(a.as_double() - b.as_double())
+                : Value::integer(checked_sub(a.as_int(), b.as_int()));
     if (op == Op::mul)
-      return fl ? Value::floating(a.as_double() * b.as_double()) : Value::integer(a.as_int() * b.as_int());
+      return fl ? Value::floating(a.as_double() * b.as_double())
+                : Value::integer(checked_mul(a.as_int(), b.as_int()));
     if (op == Op::div) {
       if (b.as_double() == 0) fail("division by zero");
       return Value::floating(a.as_double() / b.as_double());
@@ -77,15 +80,17 @@ Value arith(Op op, const Value& a, const Value& b) {
         return Value::floating(op == Op::floordiv ? q : x - q * y);
       }
       const int64_t x = a.as_int(), y = b.as_int();
+      if (y == -1) return Value::integer(op == Op::floordiv ? checked_neg(x) : 0);  // INT64_MIN / -1 traps
       int64_t q = x / y;
       if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // floor, as Python
       return Value::integer(op == Op::floordiv ? q : x - q * y);
     }
     if (op == Op::pow) {
-      if (!fl && b.as_int() >= 0 && b.as_int() < 64) {  // larger powers: a float (Python: a big int)
+      if (!fl && b.as_int() >= 0 && b.as_int() < 64) {  // past 64 bits: a float (Python: a big int)
         int64_t r = 1;
-        for (int64_t k = 0; k < b.as_int(); ++k) r *= a.as_int();
-        return Value::integer(r);
+        bool fits = true;
+        for (int64_t k = 0; k < b.as_int() && fits; ++k) fits = !__builtin_mul_overflow(r, a.as_int(), &r);
+        if (fits) return Value::integer(r);
       }
       return Value::floating(std::pow(a.as_double(), b.as_double()));
     }
@@ -220,7 +225,7 @@ Value Evaluator::eval(const Expr& e, Scope& sc) {
       if (!v.is_number())
         fail(std::string("bad operand type for unary ") + e.name + ": '" + kind_name(v) + "'");
       if (e.op == Op::pos) return v.kind == Kind::floating ? v : Value::integer(v.as_int());
-      return v.kind == Kind::floating ? Value::floating(-v.f) : Value::integer(-v.as_int());
+      return v.kind == Kind::floating ? Value::floating(-v.f) : Value::integer(checked_neg(v.as_int()));
     }
     case EK::binary: {
       if (e.op == Op::and_) {

@@ -1,5 +1,6 @@
 // Jinja 3.1's filters, transformers' tojson among them; see eval.h for the interface.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,24 +15,25 @@ double round_half_away(double x) {
 }
 
 Value to_number(const Value& v, bool as_float, const Value* def) {
+  if (v.kind == Kind::floating && std::isnan(v.f) && !as_float)  // Python: int(nan) is a ValueError
+    return def ? *def : Value::integer(0);
   if (v.is_number())
     return as_float ? Value::floating(v.as_double())
-                    : Value::integer(v.kind == Kind::floating ? int64_t(v.f) : v.as_int());
+                    : Value::integer(v.kind == Kind::floating ? int_of_float(v.f) : v.as_int());
   if (v.is_string()) {
     const std::string t = py_strip(*v.s, Value::none(), true, true);
-    try {
-      size_t used = 0;
-      if (as_float) {
-        const double d = std::stod(t, &used);
-        if (used == t.size()) return Value::floating(d);
-      } else {
-        const long long i = std::stoll(t, &used, 10);
-        if (used == t.size()) return Value::integer(i);
-        const double d = std::stod(t, &used);  // Jinja's int filter falls back to int(float(s))
-        if (used == t.size()) return Value::integer(int64_t(d));
-      }
-    } catch (const std::exception&) {
+    const char* b = t.c_str();
+    const char* end = b + t.size();
+    if (!as_float) {
+      int64_t i = 0;
+      const auto r = std::from_chars(b + (t.size() > 1 && t[0] == '+'), end, i);
+      if (r.ec == std::errc{} && r.ptr == end && !t.empty()) return Value::integer(i);
     }
+    // strtod, as Python's float(): past the range is inf (or 0); Jinja's int falls back to int(float(s)).
+    char* used = nullptr;
+    const double d = t.empty() ? 0.0 : std::strtod(b, &used);
+    if (!t.empty() && used == end && !(std::isnan(d) && !as_float))
+      return as_float ? Value::floating(d) : Value::integer(int_of_float(d));
   }
   if (def) return *def;
   return as_float ? Value::floating(0.0) : Value::integer(0);
@@ -110,7 +112,7 @@ Value tojson(const Value& v, std::vector<Value>& args, Kwargs& kwargs) {
   if (const Value* x = arg(args, kwargs, 0, "ensure_ascii")) o.ensure_ascii = truthy(*x);
   if (const Value* x = arg(args, kwargs, 1, "indent"); x && !x->is_none()) {
     if (x->is_string()) fail("tojson: a string indent is not supported");
-    o.indent = int(std::max<int64_t>(0, x->as_int()));
+    o.indent = int(bounded_count(x->as_int(), 4096, "tojson: indent"));
     o.item_sep = ",";
   }
   if (const Value* x = arg(args, kwargs, 2, "separators"); x && !x->is_none()) {
@@ -228,7 +230,7 @@ Value apply_filter(const std::string& n, const Value& v, std::vector<Value>& arg
       if (!acc.is_number() || !y.is_number()) fail("sum: unsupported operand types");
       acc = acc.kind == Kind::floating || y.kind == Kind::floating
                 ? Value::floating(acc.as_double() + y.as_double())
-                : Value::integer(acc.as_int() + y.as_int());
+                : Value::integer(checked_add(acc.as_int(), y.as_int()));
     }
     return acc;
   }
@@ -266,7 +268,7 @@ Value apply_filter(const std::string& n, const Value& v, std::vector<Value>& arg
   if (n == "float") return to_number(v, true, arg(args, kwargs, 0, "default"));
   if (n == "abs") {
     if (v.kind == Kind::floating) return Value::floating(std::fabs(v.f));
-    if (v.is_number()) return Value::integer(std::llabs(v.as_int()));
+    if (v.is_number()) return Value::integer(v.as_int() < 0 ? checked_neg(v.as_int()) : v.as_int());
     fail("bad operand type for abs()");
   }
   if (n == "round") {
@@ -289,7 +291,10 @@ Value apply_filter(const std::string& n, const Value& v, std::vector<Value>& arg
     const Value* w = arg(args, kwargs, 0, "width");
     const Value* first = arg(args, kwargs, 1, "first");
     const Value* blank = arg(args, kwargs, 2, "blank");
-    const std::string pad = w && w->is_string() ? *w->s : std::string(size_t(w ? w->as_int() : 4), ' ');
+    const std::string pad =
+        w && w->is_string()
+            ? *w->s
+            : std::string(bounded_count(w ? w->as_int() : 4, Value::kMaxString, "indent: width"), ' ');
     const std::string s = str_of();
     std::string r;
     size_t b = 0;
@@ -298,7 +303,10 @@ Value apply_filter(const std::string& n, const Value& v, std::vector<Value>& arg
       size_t e = s.find('\n', b);
       const std::string line = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
       if (!first_line) r += '\n';
-      if (first_line ? (first && truthy(*first)) : (!line.empty() || (blank && truthy(*blank)))) r += pad;
+      if (first_line ? (first && truthy(*first)) : (!line.empty() || (blank && truthy(*blank)))) {
+        if (r.size() + pad.size() + line.size() > Value::kMaxString) fail("indent: result too large");
+        r += pad;
+      }
       r += line;
       first_line = false;
       if (e == std::string::npos) break;

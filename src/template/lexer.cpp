@@ -1,6 +1,7 @@
 // Jinja's lexer rules for data, tags, comments and raw blocks; see lexer.h.
 #include "template/lexer.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "template/value.h"
@@ -240,7 +241,7 @@ class Lexer {
     }
     Token t{is_float ? Tok::floating : Tok::integer, digits, 0, 0, line_};
     if (is_float) {
-      t.f = std::stod(digits);
+      t.f = std::strtod(digits.c_str(), nullptr);  // past the double range: inf or 0, as Python
     } else {
       try {
         t.i = std::stoll(digits);

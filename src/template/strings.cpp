@@ -170,6 +170,8 @@ std::string jinja_title(std::string_view s) {  // the title filter: words start 
   return r;
 }
 
+constexpr int kMaxFormatField = 1024;
+
 std::string py_percent_format(const std::string& fmt, const std::vector<Value>& args) {
   std::string out;
   size_t next = 0;
@@ -183,29 +185,49 @@ std::string py_percent_format(const std::string& fmt, const std::vector<Value>& 
       continue;
     }
     if (++i >= fmt.size()) fail("incomplete format");
-    std::string spec = "%";  // flags, width and precision, passed to snprintf for numbers
-    while (i < fmt.size() && std::string_view("-+ #0123456789.").find(fmt[i]) != std::string_view::npos)
+    // Python's %-spec: flags, a width, a precision. Each number is bounded (no template needs a wider
+    // field), so the output and snprintf's buffer stay small whatever the template asks for.
+    std::string spec = "%";
+    while (i < fmt.size() && std::string_view("-+ #0").find(fmt[i]) != std::string_view::npos)
       spec += fmt[i++];
+    const bool left = spec.find('-') != std::string::npos;
+    auto number = [&]() -> int {
+      int n = 0;
+      for (; i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9'; ++i) {
+        spec += fmt[i];
+        n = n * 10 + (fmt[i] - '0');
+        if (n > kMaxFormatField)
+          fail("format field width or precision over " + std::to_string(kMaxFormatField));
+      }
+      return n;
+    };
+    const int width = number();
+    int precision = -1;
+    if (i < fmt.size() && fmt[i] == '.') {
+      spec += fmt[i++];
+      precision = number();
+    }
     if (i >= fmt.size()) fail("incomplete format");
     const char conv = fmt[i];
-    char buf[128];
+    char buf[2 * kMaxFormatField + 64];
     if (conv == '%') {
       out += '%';
     } else if (conv == 's' || conv == 'r') {
       const Value& v = take();
-      const std::string t = conv == 's' ? to_str(v) : repr(v);
-      const size_t width =
-          spec.size() > 1 ? size_t(std::max(0, std::atoi(spec.c_str() + 1 + (spec[1] == '-')))) : 0;
-      const size_t len = utf8_length(t);
-      if (len < width && spec.find('-') == std::string::npos) out.append(width - len, ' ');
+      std::string t = conv == 's' ? to_str(v) : repr(v);
+      if (precision >= 0 && utf8_length(t) > size_t(precision)) {  // "%.3s" keeps 3 characters
+        const auto cs = utf8_chars(t);
+        t = std::string(t.data(), size_t(cs[size_t(precision)].data() - t.data()));
+      }
+      const size_t len = utf8_length(t), w = size_t(width);
+      if (len < w && !left) out.append(w - len, ' ');
       out += t;
-      if (len < width && spec.find('-') != std::string::npos) out.append(width - len, ' ');
+      if (len < w && left) out.append(w - len, ' ');
     } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
       const Value& v = take();
       if (!v.is_number())
         fail(std::string("%") + conv + " format: a number is required, not " + kind_name(v));
-      const long long n =
-          v.kind == Kind::floating ? static_cast<long long>(v.f) : static_cast<long long>(v.as_int());
+      const long long n = v.kind == Kind::floating ? int_of_float(v.f) : v.as_int();
       std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), n);
       out += buf;
     } else if (conv == 'f' || conv == 'F' || conv == 'e' || conv == 'E' || conv == 'g' || conv == 'G') {

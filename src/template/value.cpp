@@ -12,6 +12,43 @@ void fail(const std::string& msg) {
   throw TemplateError(msg);
 }
 
+namespace {
+[[noreturn]] void overflow(const char* op, int64_t a, int64_t b) {
+  fail(std::string("integer overflow: ") + std::to_string(a) + " " + op + " " + std::to_string(b) +
+       " does not fit in 64 bits");
+}
+}  // namespace
+
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) overflow("+", a, b);
+  return r;
+}
+int64_t checked_sub(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) overflow("-", a, b);
+  return r;
+}
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) overflow("*", a, b);
+  return r;
+}
+int64_t checked_neg(int64_t a) {
+  return checked_sub(0, a);
+}
+int64_t int_of_float(double d) {
+  // [-2^63, 2^63): both bounds are exact doubles; NaN fails every comparison.
+  if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+    fail("cannot convert float " + py_float_repr(d) + " to a 64-bit integer");
+  return int64_t(d);
+}
+size_t bounded_count(int64_t n, size_t max, const char* what) {
+  if (n <= 0) return 0;
+  if (uint64_t(n) > max) fail(std::string(what) + " " + std::to_string(n) + " is too large");
+  return size_t(n);
+}
+
 const char* kind_name(const Value& v) {
   switch (v.kind) {
     case Kind::undefined:
@@ -379,7 +416,9 @@ void dump(const Value& v, const DumpOptions& opt, int level, std::string& out) {
   const auto newline = [&](int lvl) {
     if (opt.indent < 0) return;
     out += '\n';
-    out.append(size_t(opt.indent) * size_t(lvl), ' ');
+    const size_t pad = size_t(opt.indent) * size_t(lvl);
+    if (out.size() + pad > Value::kMaxString) fail("tojson: result too large (over 64 MiB)");
+    out.append(pad, ' ');
   };
   switch (v.kind) {
     case Kind::none:

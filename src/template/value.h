@@ -27,6 +27,16 @@ class TemplateError : public Error {
 };
 [[noreturn]] void fail(const std::string& msg);
 
+// Integers are 64-bit (Python's are unbounded): arithmetic that would overflow is a TemplateError, never
+// wrapped or undefined behaviour; a float becomes an integer only when it fits.
+int64_t checked_add(int64_t a, int64_t b);
+int64_t checked_sub(int64_t a, int64_t b);
+int64_t checked_mul(int64_t a, int64_t b);
+int64_t checked_neg(int64_t a);
+int64_t int_of_float(double d);
+// A count the template supplies (a width, an indent): negative counts as 0, past `max` is an error.
+size_t bounded_count(int64_t n, size_t max, const char* what);
+
 struct Value;
 struct Object;
 using Array = std::vector<Value>;

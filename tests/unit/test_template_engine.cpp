@@ -81,6 +81,42 @@ TEST(TemplateEngine, LimitsInsteadOfCrashes) {
             "2");
 }
 
+// Integers are 64-bit where Python's are unbounded: what fits matches Python, what would overflow is an
+// error, and every width, indent and precision a template supplies is bounded (fuzzer finds: each of these
+// used to be undefined behaviour, a trap or an allocation of gigabytes).
+TEST(TemplateEngine, IntegerEdgesAndWidthsAreErrorsNotCrashes) {
+  const std::string min = "(-9223372036854775807 - 1)";
+  for (const std::string& expr :
+       std::vector<std::string>{"9223372036854775807 + 1", min + " - 1", "9223372036854775807 * 3", "-" + min,
+                                min + " // -1", min + " | abs", "[9223372036854775807, 1] | sum"})
+    expect_contains(error_of([&] { render("{{ " + expr + " }}"); }), {"integer overflow"});
+  EXPECT_EQ(render("{{ " + min + " % -1 }} {{ 7 // -1 }} {{ " + min + " is divisibleby(-1) }}"), "0 -7 True");
+  EXPECT_EQ(render("{{ 3 ** 39 }} {{ 3 ** 40 }}"), "4052555153018976267 1.2157665459056929e+19");
+  expect_contains(error_of([] { render("{{ 1e300 | int }}"); }), {"cannot convert float 1e+300"});
+  expect_contains(error_of([] { render("{{ '1e300' | int }}"); }), {"cannot convert float"});
+  expect_contains(error_of([] { render("{{ '%d' | format(1e300) }}"); }), {"cannot convert float"});
+  EXPECT_EQ(render("{{ 'nan' | float | int }} {{ -2.7 | int }} {{ ' 12 ' | int }} {{ '+7' | int }} {{ "
+                   "'2.5e1' | int }}"),
+            "0 -2 12 7 25");
+  EXPECT_EQ(render("{{ 11e3003 }} {{ 1e-400 }} {{ '1e999' | float }} {{ 'x' | float(default=1.5) }}"),
+            "inf 0.0 inf 1.5");
+  EXPECT_EQ(render("{{ ([[1]] | map(attribute='99999999999999999999') | first) is defined }}"), "False");
+  EXPECT_EQ(render("{{ range(0, 9223372036854775807, 4611686018427387904) | list }}"),
+            "[0, 4611686018427387904]");
+  EXPECT_EQ(render("{{ [1, 2, 3][1::9223372036854775807] }}{{ 'abc'[::-9223372036854775807] }}"), "[2]c");
+  EXPECT_EQ(
+      render("[{{ '%5.2s' | format('abc') }}|{{ '%-4s' | format('\u00e9') }}|{{ '%05.1f' | format(2.25) }}]"),
+      "[   ab|\u00e9   |002.2]");
+  expect_contains(error_of([] { render("{{ '%2000d' | format(1) }}"); }), {"format field"});
+  expect_contains(error_of([] { render("{{ '%.99999999999f' | format(1) }}"); }), {"format field"});
+  EXPECT_EQ(render("{{ 'a\nb' | indent(-1) }}|{{ 'a\nb' | indent(2) }}"), "a\nb|a\n  b");
+  expect_contains(error_of([] { render("{{ 'a\nb' | indent(100000000) }}"); }),
+                  {"indent: width", "too large"});
+  expect_contains(error_of([] { render("{{ 'a\nb\nc' | indent('y' * 40000000) }}"); }), {"too large"});
+  expect_contains(error_of([] { render("{{ {'a': 1} | tojson(indent=5000) }}"); }),
+                  {"indent 5000 is too large"});
+}
+
 TEST(TemplateEngine, VariablesAsTransformersPassesThem) {
   const std::string src =
       "{{ bos_token is defined }} {{ eos_token }} {{ tools is none }} {{ documents is none }} "
