@@ -173,7 +173,7 @@ void Engine::Impl::step() {
   BatchDesc& batch = plan.batch;
   const int32_t bucket = runner->graph_bucket(batch);
   if (bucket > batch.num_seqs()) pad_batch(batch, bucket);
-  if (!cfg.mrope_section.empty()) batch.set_text_mrope();  // Qwen3-VL: text on all three axes
+  runner->place_positions(batch);  // Qwen3-VL: M-RoPE rows where a row is an image pad
   // Mean / CLS pooling: the hidden state of every real token row (below, hidden is [rows, H], not [K, H]).
   const int32_t real_rows = batch.cu_q[plan.rows.size()];
   if (pool_all_rows) {

@@ -52,6 +52,11 @@ class ModelRunner {
   // CUDA-graph seam: the number of sequences to pad `batch` to (rows with slot -1, no logits, pointing
   // at KvPool::kNullPage), or 0 to run it eagerly as is. The engine pads with pad_batch() before forward.
   virtual int32_t graph_bucket(const BatchDesc& /*batch*/) const { return 0; }
+  // The positions the step's rows rotate by, set once the batch is formed and padded. Default: a model
+  // with M-RoPE (Qwen3-VL) gets three equal text rows (BatchDesc::set_text_mrope).
+  virtual void place_positions(BatchDesc& batch) const {
+    if (!config().mrope_section.empty()) batch.set_text_mrope();
+  }
   // One step over `batch` (already validated). For each batch.logit_rows entry, in order: logits
   // [vocab] f32 into *logits (when non-null) and the final-norm hidden state [hidden] f32 into *hidden
   // (when non-null). Both are resized by the callee. Throws kiln::Error on failure.

@@ -50,8 +50,13 @@ const BatchDesc& Qwen3Runner::with_images(const BatchDesc& batch, BatchDesc& loc
   visual = VisualInput{};
   if (images_.empty() || model_->vision() == nullptr) return batch;
   local = batch;
-  images_.prepare(local, *model_->vision(), visual);
+  if (!images_.text_positions(local)) images_.prepare(local, *model_->vision(), visual);
   return local;
+}
+
+void Qwen3Runner::place_positions(BatchDesc& batch) const {
+  if (config().mrope_section.empty()) return;
+  if (!images_.text_positions(batch)) batch.set_text_mrope();
 }
 
 int64_t Qwen3Runner::kv_memory_budget(double mem_fraction) const {
@@ -82,7 +87,7 @@ Tensor Qwen3Runner::device_rows(Buffer& buf, int64_t rows, int64_t cols) {
 
 void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
-  if (!device().is_cuda() || plan.buckets.empty() || !config().mrope_section.empty()) return;
+  if (!device().is_cuda() || plan.buckets.empty()) return;
   KILN_CHECK(plan.max_pages_per_seq > 0, "prepare_graphs: max_pages_per_seq must be positive");
   for (size_t i = 0; i < plan.buckets.size(); ++i)
     KILN_CHECK(plan.buckets[i] >= 1 && (i == 0 || plan.buckets[i] > plan.buckets[i - 1]),
@@ -127,7 +132,8 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
 }
 
 int32_t Qwen3Runner::graph_bucket(const BatchDesc& batch) const {
-  if (graph_buckets_.empty() || !is_graphable_decode(batch)) return 0;
+  if (graph_buckets_.empty() || !is_graphable_decode(batch) || !images_.plain_positions_suffice(batch))
+    return 0;
   if (batch.num_seqs() > graph_buckets_.back() || batch.pages_stride > graph_widths_.back()) return 0;
   return *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), batch.num_seqs());
 }
@@ -144,18 +150,18 @@ void Qwen3Runner::forward(const BatchDesc& batch, std::vector<float>* logits, st
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
   const int64_t R = int64_t(batch.logit_rows.size());
   const int64_t V = config().vocab_size, H = config().hidden_size;
-  if (!hidden && logits) {
-    if (CudaDecodeGraph* g = graph_for(batch)) {
-      const Tensor out = g->step(batch);
+  BatchDesc local;
+  VisualInput visual;
+  const BatchDesc& b = with_images(batch, local, visual);
+  const VisualInput* vis = visual.empty() ? nullptr : &visual;
+  if (!hidden && logits && !vis) {
+    if (CudaDecodeGraph* g = graph_for(b)) {
+      const Tensor out = g->step(b);
       logits->resize(size_t(R * V));  // the copy waits for the replay (the graph's stream is blocking)
       copy_bytes(logits->data(), Device::cpu(), out.data, device(), size_t(R * V) * sizeof(float));
       return;
     }
   }
-  BatchDesc local;
-  VisualInput visual;
-  const BatchDesc& b = with_images(batch, local, visual);
-  const VisualInput* vis = visual.empty() ? nullptr : &visual;
   // Both at once (a generative request asking for hidden states) runs the step twice; the second run
   // rewrites the same K/V values into the same slots.
   if (hidden) {
@@ -192,14 +198,14 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   const int64_t V = config().vocab_size;
   KILN_CHECK_EQ(int64_t(rows.size()), R, "one RowSampling per logit row");
   KILN_CHECK(top_n >= 0 && top_n <= cuda::kMaxTopN, "top_n ", top_n, " out of range");
-  CudaDecodeGraph* graph = graph_for(batch);
+  BatchDesc local;
+  VisualInput visual;
+  const BatchDesc& b = with_images(batch, local, visual);
+  CudaDecodeGraph* graph = visual.empty() ? graph_for(b) : nullptr;
   Tensor logits;
   if (graph) {
-    logits = graph->step(batch);
+    logits = graph->step(b);
   } else {
-    BatchDesc local;
-    VisualInput visual;
-    const BatchDesc& b = with_images(batch, local, visual);
     logits = device_rows(logits_buf_, R, V);
     model_->forward(b, *cache_, logits, visual.empty() ? nullptr : &visual);
     images_.step_done(b);

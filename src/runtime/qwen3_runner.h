@@ -28,9 +28,13 @@ class Qwen3Runner : public ModelRunner {
   int64_t kv_memory_budget(double mem_fraction) const override;
   void allocate_kv(int32_t num_pages, int32_t page_size) override;
   // CUDA: captures one decode graph per (bucket, page-table width) at once; widths are powers of two
-  // from 16 pages up to the plan's widest. Qwen3-VL (M-RoPE positions) and the CPU run eagerly.
+  // from 16 pages up to the plan's widest. The CPU runs eagerly; so does a Qwen3-VL step with image rows
+  // (M-RoPE positions), while its decode steps replay the graphs (place_positions keeps them plain).
   void prepare_graphs(const GraphPlan& plan) override;
   int32_t graph_bucket(const BatchDesc& batch) const override;
+  // Qwen3-VL: plain positions (with each image request's offset) unless a row is an image pad, then three
+  // M-RoPE rows (VlImages::text_positions).
+  void place_positions(BatchDesc& batch) const override;
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
   // CUDA: logits stay on the device; kiln::cuda::sample draws every row there. CPU: declines.
   // Rows with logit processing (bias, min-token mask, penalties) get it on the device first
@@ -53,8 +57,8 @@ class Qwen3Runner : public ModelRunner {
 
  private:
   Tensor device_rows(Buffer& buf, int64_t rows, int64_t cols);  // f32 [rows, cols], grown on demand
-  // The batch the model runs: `batch` itself, or (requests with images in it) a copy with their M-RoPE
-  // positions, `visual` then holding the image rows.
+  // The batch the model runs: `batch` itself, or (requests with images in it) a copy with their positions
+  // placed (plain, or M-RoPE rows with `visual` then holding the image rows); either way idempotent.
   const BatchDesc& with_images(const BatchDesc& batch, BatchDesc& local, VisualInput& visual);
   CudaDecodeGraph* graph_for(const BatchDesc& batch);  // null: run eagerly
 

@@ -84,6 +84,37 @@ void VlImages::prepare(BatchDesc& b, const Qwen3VLVision& vision, VisualInput& v
   }
 }
 
+template <typename F>
+bool VlImages::each_text_row(const BatchDesc& b, F&& f) const {
+  if (b.mrope) return false;
+  if (map_.empty() || b.seq_ids.empty()) return true;
+  for (int32_t s = 0; s < b.num_seqs(); ++s) {
+    const auto it = map_.find(b.seq_ids[size_t(s)]);
+    if (it == map_.end()) continue;
+    const Entry& e = it->second;
+    const int32_t q = b.q_len(s), start = b.kv_lens[size_t(s)] - q;
+    for (int32_t i = 0; i < q; ++i) {
+      const int32_t p = start + i, pos = e.layout.position(p, 0);
+      if ((p < e.layout.prompt_len && e.image_at(p) >= 0) || e.layout.position(p, 1) != pos ||
+          e.layout.position(p, 2) != pos)
+        return false;
+      f(b.cu_q[size_t(s)] + i, pos);
+    }
+  }
+  return true;
+}
+
+bool VlImages::plain_positions_suffice(const BatchDesc& b) const {
+  return each_text_row(b, [](int32_t, int32_t) {});
+}
+
+bool VlImages::text_positions(BatchDesc& b) const {
+  // Checked first, written second: a step that needs M-RoPE rows is left as it came.
+  if (!plain_positions_suffice(b)) return false;
+  each_text_row(b, [&](int32_t t, int32_t pos) { b.positions[size_t(t)] = pos; });
+  return true;
+}
+
 void VlImages::step_done(const BatchDesc& b) {
   for (int32_t s = 0; s < int32_t(b.seq_ids.size()); ++s) {
     const auto it = map_.find(b.seq_ids[size_t(s)]);

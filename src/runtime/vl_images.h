@@ -32,6 +32,13 @@ class VlImages {
   // positions of the attached requests' rows, encodes the images whose pads the step computes, and fills
   // `visual` with those rows' embeddings and deepstack features (hidden = the decoder's width).
   void prepare(BatchDesc& batch, const Qwen3VLVision& vision, VisualInput& visual);
+  // For a plain (not M-RoPE) step none of whose rows is an image pad (decode steps, text chunks): writes
+  // the attached requests' text positions (equal on all three axes: p + the image offset) into the plain
+  // positions and returns true; plain RoPE rotates them bitwise as M-RoPE rotates three equal rows, so
+  // such a step needs no M-RoPE rows and a decode step can replay a CUDA graph. Otherwise returns false
+  // and changes nothing. Idempotent.
+  bool text_positions(BatchDesc& batch) const;
+  bool plain_positions_suffice(const BatchDesc& batch) const;  // text_positions would return true
   // After the step ran: drops the encodings the prefill has passed.
   void step_done(const BatchDesc& batch);
 
@@ -43,6 +50,11 @@ class VlImages {
     // The image whose pads include context position p and p's row in it, or -1.
     int image_at(int32_t p) const;
   };
+  // Calls f(token row, text position) for each row of an attached request; false (stopping) at a row
+  // that needs M-RoPE rows (an image pad), or when the batch has them already.
+  template <typename F>
+  bool each_text_row(const BatchDesc& batch, F&& f) const;
+
   std::unordered_map<uint64_t, Entry> map_;
   std::atomic<int64_t> encoded_total_{0};
 };

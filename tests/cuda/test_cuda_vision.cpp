@@ -242,31 +242,67 @@ TEST(CudaVision, ModelWithImageRowsMatchesCpu) {
 // The engine on the GPU with images, whole and chunked prefills (chunks of 7 split both images): every
 // request finishes with its tokens (values: ModelWithImageRowsMatchesCpu; GPU kernels at other chunkings
 // round differently, so no bitwise claim here).
-TEST(CudaVision, EngineServesImagesOnTheGpu) {
+// Image requests (and a text one) batched on the GPU: decode steps replay CUDA graphs at plain positions
+// carrying each image's offset and give the eager steps' tokens; eager plain steps are bitwise what three
+// M-RoPE rows on every step (the placement before decode went plain) give; prefill chunks split inside
+// the images.
+TEST(CudaVision, EngineServesImagesOnTheGpuWithAndWithoutGraphs) {
   KILN_REQUIRE_GPU();
-  for (int chunk : {4096, 7}) {
+  struct Run {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<float>> logprobs;
+    int graphs = 0;
+  };
+  auto run = [](int chunk, bool graphs, bool mrope_every_step) {
     LoadOptions lo;
     lo.device = Device::cuda();
     lo.load_format = LoadFormat::random;
     lo.seed = 7;
     EngineOptions opts = test::small_opts(4096, 16, chunk);
-    opts.disable_cuda_graph = true;
-    Engine e(std::make_unique<Qwen3Runner>(Qwen3Model::create(test::tiny_vl_config(), nullptr, lo),
-                                           ops::KvLayout::nhd, DType::bf16),
-             opts);
+    opts.disable_cuda_graph = !graphs;
+    auto model = Qwen3Model::create(test::tiny_vl_config(), nullptr, lo);
+    std::unique_ptr<Qwen3Runner> runner =
+        mrope_every_step
+            ? std::make_unique<test::MropeEveryStepRunner>(std::move(model), ops::KvLayout::nhd, DType::bf16)
+            : std::make_unique<Qwen3Runner>(std::move(model), ops::KvLayout::nhd, DType::bf16);
+    Qwen3Runner* r = runner.get();
+    Engine e(std::move(runner), opts);
     test::Sink sink;
     std::vector<RequestId> ids;
     for (const auto& imgs :
          {std::vector<vision::ImagePatches>{test::test_image(8, 12, 1)},
-          std::vector<vision::ImagePatches>{test::test_image(4, 6, 2), test::test_image(6, 4, 3)}}) {
-      Request r = test::greedy(test::vl_prompt(imgs, 5, 1), 8);
-      r.images = imgs;
-      ids.push_back(e.submit(r, sink.cb()));
+          std::vector<vision::ImagePatches>{test::test_image(4, 6, 2), test::test_image(6, 4, 3)},
+          std::vector<vision::ImagePatches>{}}) {
+      Request q = test::greedy(imgs.empty() ? test::prompt_of(20, 4) : test::vl_prompt(imgs, 5, 1), 12);
+      q.images = imgs;
+      q.sampling.return_logprob = true;
+      ids.push_back(e.submit(q, sink.cb()));
     }
-    sink.wait_finished(2);
+    sink.wait_finished(int(ids.size()));
+    Run out;
     for (RequestId id : ids) {
       EXPECT_EQ(sink.last(id).finish_reason, "length") << sink.last(id).error;
-      EXPECT_EQ(sink.tokens(id).size(), 8u);
+      out.tokens.push_back(sink.tokens(id));
+      out.logprobs.push_back(sink.last(id).logprobs);
+    }
+    out.graphs = r->num_graphs();
+    return out;
+  };
+  for (int chunk : {4096, 7}) {
+    const Run graphs = run(chunk, true, false), eager = run(chunk, false, false),
+              mrope = run(chunk, false, true);
+    EXPECT_GT(graphs.graphs, 0) << "a Qwen3-VL model captures decode graphs";
+    EXPECT_EQ(eager.graphs, 0);
+    for (size_t i = 0; i < graphs.tokens.size(); ++i) {
+      EXPECT_EQ(graphs.tokens[i].size(), 12u);
+      EXPECT_EQ(graphs.tokens[i], eager.tokens[i]) << "request " << i << ", chunk " << chunk;
+      // A graph pads the batch to its bucket: its GEMMs may take another algorithm than the unpadded eager
+      // step's (as for text models, tokens must agree; the logprobs agree to rounding).
+      ASSERT_EQ(graphs.logprobs[i].size(), eager.logprobs[i].size());
+      for (size_t k = 0; k < graphs.logprobs[i].size(); ++k)
+        EXPECT_NEAR(graphs.logprobs[i][k], eager.logprobs[i][k], 2e-2) << "request " << i << ", token " << k;
+      EXPECT_EQ(eager.tokens[i], mrope.tokens[i]) << "request " << i << ", chunk " << chunk;
+      EXPECT_EQ(eager.logprobs[i], mrope.logprobs[i]) << "request " << i << ", chunk " << chunk;
     }
   }
 }

@@ -10,6 +10,7 @@
 #include "kiln/error.h"
 #include "model/qwen3.h"
 #include "runtime/qwen3_runner.h"
+#include "runtime/vl_images.h"
 #include "vl_test_util.h"
 
 namespace kiln {
@@ -23,13 +24,14 @@ struct VlEngine {
   Qwen3Runner* runner = nullptr;  // owned by the engine; read only while it is idle
 };
 
+template <typename Runner = Qwen3Runner>
 VlEngine make_engine(const EngineOptions& opts, const ModelConfig& cfg = test::tiny_vl_config()) {
   LoadOptions lo;
   lo.device = Device::cpu();
   lo.load_format = LoadFormat::random;
   lo.seed = 7;
   auto runner =
-      std::make_unique<Qwen3Runner>(Qwen3Model::create(cfg, nullptr, lo), ops::KvLayout::nhd, DType::bf16);
+      std::make_unique<Runner>(Qwen3Model::create(cfg, nullptr, lo), ops::KvLayout::nhd, DType::bf16);
   VlEngine v;
   v.runner = runner.get();
   v.engine = std::make_unique<Engine>(std::move(runner), opts);
@@ -74,6 +76,74 @@ TEST(EngineVl, ChunkedPrefillSplittingAnImageEqualsWhole) {
     EXPECT_EQ(got[0].second.logprobs, ref[0].second.logprobs) << "chunk " << chunk;
     test::expect_pool_clean(*split.engine);
   }
+}
+
+// Steps with no image-pad row (decode, text chunks) run plain RoPE at p + the image offset (so a decode
+// step can replay a CUDA graph): bitwise what three equal M-RoPE rows give, for image and text requests
+// batched together; a wrong or missing offset would change every decode logprob.
+TEST(EngineVl, PlainDecodePositionsEqualMropeRowsBitwise) {
+  std::vector<Request> reqs = {
+      image_request(kA, 3, 1, 12),
+      image_request({test::test_image(4, 4, 9), test::test_image(2, 6, 8)}, 2, 3, 12)};
+  Request text = greedy(test::prompt_of(20, 4), 12);
+  text.sampling.return_logprob = true;
+  reqs.push_back(text);
+  for (int chunk : {4096, 7}) {
+    VlEngine plain = make_engine(test::small_opts(4096, 4, chunk));
+    VlEngine mrope = make_engine<test::MropeEveryStepRunner>(test::small_opts(4096, 4, chunk));
+    const auto got = run_all(*plain.engine, reqs), want = run_all(*mrope.engine, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].first, want[i].first) << "request " << i << ", chunk " << chunk;
+      EXPECT_EQ(got[i].second.logprobs, want[i].second.logprobs) << "request " << i << ", chunk " << chunk;
+    }
+  }
+}
+
+TEST(EngineVl, TextPositionsCarryTheImageOffsetAndRefuseImageRows) {
+  const ModelConfig cfg = test::tiny_vl_config();
+  const std::vector<int32_t> prompt = test::vl_prompt(kA, 3, 1);
+  const VlPromptLayout layout = layout_vl_prompt(cfg, prompt, kA);
+  ASSERT_LT(layout.delta, 0) << "a 4 x 6 merged grid spans fewer positions than its 24 pads";
+  VlImages images;
+  images.attach(5, layout, kA);
+  const int32_t P = int32_t(prompt.size());
+  auto step = [&](std::vector<int32_t> kv_lens, std::vector<int32_t> q_lens) {
+    BatchDesc b;
+    b.page_size = 16;
+    b.pages_stride = 8;
+    b.cu_q = {0};
+    for (size_t s = 0; s < kv_lens.size(); ++s) {
+      b.seq_ids.push_back(s == 0 ? 5 : 9);  // 9: a request without images
+      b.kv_lens.push_back(kv_lens[s]);
+      b.cu_q.push_back(b.cu_q.back() + q_lens[s]);
+      for (int32_t i = 0; i < q_lens[s]; ++i) {
+        b.tokens.push_back(1);
+        b.positions.push_back(kv_lens[s] - q_lens[s] + i);
+        b.slot_mapping.push_back(0);
+      }
+      b.page_table.insert(b.page_table.end(), 8, 0);
+    }
+    return b;
+  };
+  BatchDesc decode = step({P + 4, 30}, {1, 1});
+  EXPECT_TRUE(images.plain_positions_suffice(decode));
+  ASSERT_TRUE(images.text_positions(decode));
+  EXPECT_FALSE(decode.mrope);
+  EXPECT_EQ(decode.positions, (std::vector<int32_t>{P + 3 + layout.delta, 29}));
+  ASSERT_TRUE(images.text_positions(decode)) << "idempotent";
+  EXPECT_EQ(decode.positions, (std::vector<int32_t>{P + 3 + layout.delta, 29}));
+  BatchDesc text_chunk = step({3}, {3});  // the text before the image: positions 0, 1, 2 on every axis
+  ASSERT_TRUE(images.text_positions(text_chunk));
+  EXPECT_EQ(text_chunk.positions, (std::vector<int32_t>{0, 1, 2}));
+  BatchDesc pad_row = step({P + 4, 3 + 1 + 5}, {1, 1});
+  pad_row.seq_ids = {9, 5};  // request 5's row is its fifth image pad
+  const BatchDesc before = pad_row;
+  EXPECT_FALSE(images.plain_positions_suffice(pad_row));
+  EXPECT_FALSE(images.text_positions(pad_row));
+  EXPECT_EQ(pad_row.positions, before.positions) << "left as it came";
+  BatchDesc already = step({P + 4}, {1});
+  already.set_text_mrope();
+  EXPECT_FALSE(images.text_positions(already));
 }
 
 TEST(EngineVl, TheImageChangesTheOutput) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/config.h"
+#include "runtime/qwen3_runner.h"
 #include "vision/image_input.h"
 
 namespace kiln::test {
@@ -34,6 +35,14 @@ inline nlohmann::json tiny_vl_config_json() {
 inline ModelConfig tiny_vl_config() {
   return parse_model_config(tiny_vl_config_json().dump(), "tiny VL config");
 }
+
+// The placement before decode steps went plain: three M-RoPE rows on every step of a Qwen3-VL model
+// (eager steps only: an M-RoPE step never replays a graph).
+class MropeEveryStepRunner : public Qwen3Runner {
+ public:
+  using Qwen3Runner::Qwen3Runner;
+  void place_positions(BatchDesc& batch) const override { batch.set_text_mrope(); }
+};
 
 // An image of grid 1 x gh x gw patches (patch_dim 3 * 2 * 4 * 4 = 96) with values in [-1, 1] from `seed`.
 inline vision::ImagePatches test_image(int gh, int gw, uint32_t seed) {
