@@ -42,6 +42,7 @@
 #include "cli/tp_flags.h"
 #include "kiln/error.h"
 #include "kiln/tokenizer.h"
+#include "ops/attn_prep.h"
 #include "runtime/engine.h"
 #include "runtime/tp_runner.h"
 #include "server/backend_engine.h"
@@ -202,6 +203,8 @@ int run_serve(const kiln::cli::Args& args) {
   kiln::server::EngineAdapter api(*engine);
   kiln::server::TokenizerCodec codec(tok);
   std::fprintf(stderr, "kiln serve: chat template: %s\n", tok.chat_template_info().c_str());
+  if (kiln::ops::attn_prep_unfused_forced())
+    std::fprintf(stderr, "kiln serve: attention preparation: unfused (KILN_ATTN_PREP=unfused)\n");
   std::string vision_note;
   so.vision = kiln::server::load_vision_setup(eo.model_dir, tok, image_limits, fetch, vision_note);
   if (!vision_note.empty()) std::fprintf(stderr, "kiln serve: %s\n", vision_note.c_str());

@@ -2,6 +2,8 @@
 #include "ops/attn_prep.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "ops/cuda/attn_prep_params.h"
 
@@ -205,9 +207,21 @@ constexpr int64_t kStreamingMaxTokens = 1024;
 
 }  // namespace
 
+bool attn_prep_unfused_forced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("KILN_ATTN_PREP");
+    if (!e || !*e) return false;
+    const std::string v(e);
+    KILN_CHECK(v == "fused" || v == "unfused", "KILN_ATTN_PREP must be fused or unfused, got '", v, "'");
+    return v == "unfused";
+  }();
+  return forced;
+}
+
 AttnPrepPath attn_prep_select(const AttnPrepArgs& a) {
   if (a.qkv.device.is_cpu()) return AttnPrepPath::cpu_reference;
 #ifdef KILN_HAVE_CUDA
+  if (attn_prep_unfused_forced()) return AttnPrepPath::cuda_unfused;
   const cuda::AttnPrepParams p = make_params(a);
   if (cuda::attn_prep_fused_supported(p)) {
     if (a.qkv.shape[0] <= kDecodeMaxTokens) return AttnPrepPath::cuda_fused_decode;

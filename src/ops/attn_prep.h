@@ -112,6 +112,10 @@ const char* attn_prep_path_name(AttnPrepPath p);
 AttnPrepPath attn_prep(const AttnPrepArgs& args);
 // The guard alone: the path attn_prep would take for these args (they must validate).
 AttnPrepPath attn_prep_select(const AttnPrepArgs& args);
+// KILN_ATTN_PREP=unfused (read once; "fused", the default, or "unfused", else an error): every CUDA call of
+// attn_prep and linear_attn_prep takes the unfused path, for A/B runs of the whole engine (the seed's check:
+// identical greedy tokens through the server either way).
+bool attn_prep_unfused_forced();
 
 // CPU reference (CPU tensors only): the oracle, a direct transcription of the contract above.
 void attn_prep_reference(const AttnPrepArgs& args);

@@ -121,7 +121,7 @@ AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnP
   // The args are validated once on either path: by attn_prep_params here, else by attn_prep below.
   if (a.qkv.device.is_cuda() && x.dtype == DType::bf16 && weight.dtype == DType::bf16 &&
       x.device == a.qkv.device && weight.device == a.qkv.device && x.stride[1] == 1 &&
-      weight.stride[1] == 1 && x.data != a.qkv.data &&
+      weight.stride[1] == 1 && x.data != a.qkv.data && !attn_prep_unfused_forced() &&
       KILN_CUDA_OP(linear_attn_prep_chosen(x.shape[0], weight.shape[0], x.shape[1])) &&
       KILN_CUDA_OP(linear_attn_prep(x, weight, attn_prep_params(a), a.stream)))
     return AttnPrepPath::cuda_gemv_fused;
