@@ -42,7 +42,8 @@ json maybe_usage(const Session& s) {
 }
 
 // SSE frames for what one event released, appended to `out` (the fixed shapes by sse_writer.h).
-void stream_delta(Session& s, const Delta& d, const TextCodec& codec, std::string& out) {
+void stream_delta(Session& s, const Delta& d, const TextCodec& codec, Frame& frame) {
+  std::string& out = frame.bytes;
   const bool has_lp = s.spec.logprobs && !d.tokens.empty();
   if (d.text.empty() && !has_lp && s.spec.endpoint != Endpoint::generate) return;
   const std::string usage = !s.spec.include_usage     ? ""
@@ -78,7 +79,7 @@ void stream_delta(Session& s, const Delta& d, const TextCodec& codec, std::strin
       if (s.spec.logprobs)  // cumulative logprob lists: the general shape
         out += sse_frame(generate_response(s.ctx, s.tracker, s.spec, codec, e2e));
       else
-        sse::append_generate_running(out, s.ctx, s.tracker, s.spec.n > 1, e2e, s.gen_text, s.gen_ids);
+        sse::append_generate_running(frame, s.ctx, s.tracker, s.spec.n > 1, e2e, s.gen_text, s.gen_ids);
       return;
     }
   }
@@ -176,7 +177,7 @@ struct GroupSource : ResponseSource {
   ~GroupSource() override { finish(false); }  // a response dropped before the transport took it
 
   void attach(std::function<void()> fn) override { wake->arm(std::move(fn)); }
-  bool pull(std::string& out, HttpResponse& res) override;
+  bool pull(Frame& out, HttpResponse& res) override;
   void finish(bool complete) override;
 
   ApiServer::Impl& server;
@@ -187,7 +188,8 @@ struct GroupSource : ResponseSource {
   bool started = false;
 };
 
-bool GroupSource::pull(std::string& out, HttpResponse&) {
+bool GroupSource::pull(Frame& frame, HttpResponse&) {
+  std::string& out = frame.bytes;
   const TextCodec& codec = server.codec;
   const bool stream = group[0]->spec.stream;
   if (!started) {
@@ -210,7 +212,7 @@ bool GroupSource::pull(std::string& out, HttpResponse&) {
       s.abort_sent = true;
       server.engine.abort(s.rid);  // the engine frees the pages; the client sees finish_reason "stop"
     }
-    if (stream) stream_delta(s, d, codec, out);
+    if (stream) stream_delta(s, d, codec, frame);
     if (stream && s.tracker.finished()) out += stream_choice_end(s, codec);
   }
   const bool finished =
@@ -293,7 +295,7 @@ struct EmbedSession : ResponseSource {
   ~EmbedSession() override { finish(false); }
 
   void attach(std::function<void()> fn) override { wake->arm(std::move(fn)); }
-  bool pull(std::string& out, HttpResponse& res) override;
+  bool pull(Frame& out, HttpResponse& res) override;
   void finish(bool complete) override;
 
   ApiServer::Impl& server;
@@ -310,7 +312,8 @@ struct EmbedSession : ResponseSource {
   bool ended = false;
 };
 
-bool EmbedSession::pull(std::string& out, HttpResponse& res) {
+bool EmbedSession::pull(Frame& frame, HttpResponse& res) {
+  std::string& out = frame.bytes;
   std::vector<TokenEvent> events;
   queue->take(events);
   for (const auto& e : events) {

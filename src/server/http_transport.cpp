@@ -36,6 +36,7 @@
 #include <unordered_map>
 
 #include "kiln/error.h"
+#include "server/http_wire.h"
 
 namespace kiln::server {
 
@@ -48,78 +49,15 @@ using asio::use_awaitable;
 using error_code = boost::system::error_code;
 using namespace std::chrono_literals;
 
-std::string HttpRequest::header(std::string_view name) const {
-  for (const auto& [k, v] : headers)
-    if (beast::iequals(k, name)) return v;
-  return "";
-}
+using wire::is_http_parse_error;
+using wire::peer_gone;
+using wire::response_head;
 
 namespace {
 
 constexpr auto kLinger = 1s;  // how long a closing connection's unread input is drained
 constexpr size_t kLingerBytes = 1u << 20;
 constexpr int kMaxRejecting = 256;  // connections being sent the over-cap 503 at once; beyond, closed at once
-
-// True when the client has closed or reset the connection (a non-blocking peek; pipelined bytes stay queued).
-bool peer_gone(tcp::socket& s) {
-  char c;
-  const ssize_t n = ::recv(s.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return true;
-  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-}
-
-std::string response_head(const HttpResponse& r, bool keep_alive, bool chunked, size_t length) {
-  std::string h = "HTTP/1.1 " + std::to_string(r.status) + ' ';
-  const auto reason = http::obsolete_reason(http::int_to_status(unsigned(r.status)));
-  h.append(reason.data(), reason.size());
-  h += "\r\nContent-Type: " + r.content_type + "\r\n";
-  for (const auto& [k, v] : r.headers) h += k + ": " + v + "\r\n";
-  h += chunked ? std::string("Transfer-Encoding: chunked\r\n")
-               : "Content-Length: " + std::to_string(length) + "\r\n";
-  h += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-  return h;
-}
-
-void append_chunk(std::string& wire, std::string_view data) {
-  char len[16];  // the size in hex, as chunked encoding has it
-  char* p = std::end(len);
-  size_t n = data.size();
-  do {
-    *--p = "0123456789abcdef"[n & 15];
-    n >>= 4;
-  } while (n > 0);
-  wire.append(p, size_t(std::end(len) - p));
-  wire += "\r\n";
-  wire += data;
-  wire += "\r\n";
-}
-
-bool is_http_parse_error(const error_code& ec) {
-  // The category object is a static of Beast's; compare addresses (no reference kept to a temporary).
-  static const void* const cat = &make_error_code(http::error::bad_target).category();
-  return static_cast<const void*>(&ec.category()) == cat && ec != http::error::end_of_stream &&
-         ec != http::error::partial_message;
-}
-
-// I/O threads do little work each time they wake, and a CPU-bound engine (the CPU backend's pool) may share
-// their cores: a higher priority lets them answer /health at once. Needs CAP_SYS_NICE; without it, nothing.
-constexpr int kIoNice = -5;
-void raise_io_priority() {
-  setpriority(PRIO_PROCESS, id_t(::gettid()), kIoNice);
-}
-
-// Servers hold a descriptor per connection: take the hard limit (a no-op where the soft one already is).
-// Returns the limit in force.
-int64_t raise_fd_limit() {
-  rlimit r{};
-  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return INT64_MAX;
-  if (r.rlim_cur < r.rlim_max) {
-    r.rlim_cur = r.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &r);
-    getrlimit(RLIMIT_NOFILE, &r);
-  }
-  return r.rlim_cur == RLIM_INFINITY ? INT64_MAX : int64_t(r.rlim_cur);
-}
 
 }  // namespace
 
@@ -210,6 +148,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
   awaitable<void> serve();
   awaitable<void> fail_read();
   awaitable<bool> write(std::string_view data);
+  // One gathered send of prefix, the frame's pieces and suffix (the rest, if the socket takes less, copied
+  // and written as write() does).
+  awaitable<bool> write_frame(std::string_view prefix, const Frame& f, std::string_view suffix);
+  std::vector<asio::const_buffer> gather;  // write_frame's buffers, kept for their capacity
   awaitable<bool> write_source(HttpResponse& res, bool keep_alive, bool head_only);
   awaitable<void> reply_and_close(int status, const std::string& msg);
   awaitable<void> linger();
@@ -290,7 +232,7 @@ void HttpTransport::Impl::drain_ready() {
 void Conn::watch_peer() {
   sock.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code e) {
     if (e || !self->watching) return;
-    if (peer_gone(self->sock)) {
+    if (peer_gone(self->sock.native_handle())) {
       self->peer_left = true;
       self->resume({});
     } else {
@@ -418,6 +360,30 @@ awaitable<bool> Conn::write(std::string_view data) {
   co_return !ec;
 }
 
+awaitable<bool> Conn::write_frame(std::string_view prefix, const Frame& f, std::string_view suffix) {
+  gather.clear();
+  size_t total = 0;
+  auto add = [&](const char* d, size_t n) {
+    gather.emplace_back(d, n);
+    total += n;
+  };
+  add(prefix.data(), prefix.size());
+  f.each(add);
+  add(suffix.data(), suffix.size());
+  const size_t now = sock.write_some(gather, ec);  // sendmsg (Asio gathers at most 64 buffers at once)
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) co_return false;
+  if (now == total) co_return true;
+  std::string rest;
+  rest.reserve(total - now);
+  size_t skip = now;
+  for (const asio::const_buffer& b : gather) {
+    const size_t n = b.size() > skip ? b.size() - skip : 0;
+    rest.append(static_cast<const char*>(b.data()) + (b.size() - n), n);
+    skip -= b.size() - n;
+  }
+  co_return co_await write(rest);
+}
+
 awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head_only) {
   const std::shared_ptr<ResponseSource> src = res.source;
   struct Finish {  // finish() exactly once, also when this frame is destroyed mid-way
@@ -434,7 +400,7 @@ awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head
       c.peer_left = false;
       c.watch_peer();
       // A FIN that came before the watch was registered raised no event: look once.
-      if (peer_gone(c.sock)) c.peer_left = true;
+      if (peer_gone(c.sock.native_handle())) c.peer_left = true;
     }
     ~Watch() {
       c.watching = false;
@@ -443,18 +409,22 @@ awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head
     }
   } watch{*this};
   if (res.stream && !co_await write(response_head(res, keep_alive && !closing, true, 0))) co_return false;
-  std::string out, wire;
+  Frame out;
+  std::string wire;
+  char hex[24];
   for (;;) {
     ws->pending = false;
     out.clear();
     wire.clear();
     const bool done = src->pull(out, res);
-    if (res.stream) {
-      if (!out.empty()) append_chunk(wire, out);
-      if (done) wire += "0\r\n\r\n";
+    if (res.stream && !out.empty()) {  // one chunk (and the last, when done), gathered from the frame
+      if (!co_await write_frame(wire::chunk_header(out.size(), hex), out, done ? "\r\n0\r\n\r\n" : "\r\n"))
+        co_return false;
+    } else if (res.stream && done) {
+      wire = "0\r\n\r\n";
     } else if (done) {
       wire = response_head(res, keep_alive && !closing, false, out.size());
-      if (!head_only) wire += out;
+      if (!head_only) out.append_to(wire);
     }
     if (!wire.empty() && !co_await write(wire)) co_return false;
     if (done) {
@@ -567,7 +537,7 @@ int HttpTransport::bind() {
   Impl& im = *impl_;
   // Past the descriptor limit accept() would fail and clients would wait unanswered in the backlog: keep the
   // cap below it, leaving room for the over-cap replies and the process's own files.
-  const int64_t fds = raise_fd_limit();
+  const int64_t fds = wire::raise_fd_limit();
   const int64_t room = fds - std::min<int64_t>(kMaxRejecting + 64, fds / 4);
   if (room < im.opts.max_connections) im.opts.max_connections = int(std::max<int64_t>(1, room));
   error_code ec;
@@ -606,12 +576,12 @@ void HttpTransport::run() {
   std::vector<std::thread> threads;
   for (int i = 1; i < im->opts.io_threads; ++i)
     threads.emplace_back([im] {
-      raise_io_priority();
+      wire::raise_io_priority();
       im->ioc.run();
     });
   // The calling thread serves too, at its own priority restored after.
   const int nice_before = getpriority(PRIO_PROCESS, id_t(::gettid()));
-  raise_io_priority();
+  wire::raise_io_priority();
   im->ioc.run();
   setpriority(PRIO_PROCESS, id_t(::gettid()), nice_before);
   for (auto& t : threads) t.join();

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/frame.h"
 #include "server/metrics.h"
 
 namespace kiln::server {
@@ -66,9 +67,10 @@ class ResponseSource {
   // Once, on the connection's I/O thread, before the first pull(). The source calls `wake` (from any thread,
   // as often as it likes, until finish() has returned) when pull() has something new.
   virtual void attach(std::function<void()> wake) = 0;
-  // On the connection's I/O thread: appends what is ready to `out`; returns true when the response is
+  // On the connection's I/O thread: appends what is ready to `out` (its views must stay valid until the next
+  // pull() or finish()); returns true when the response is
   // complete (a deferred reply may then set res.status, res.headers, res.content_type).
-  virtual bool pull(std::string& out, HttpResponse& res) = 0;
+  virtual bool pull(Frame& out, HttpResponse& res) = 0;
   // Exactly once, on the I/O thread: complete = every byte was handed to the socket; false = the client went
   // away (noticed at the next wake, or within a second), a write timed out, or the server is stopping.
   virtual void finish(bool complete) = 0;

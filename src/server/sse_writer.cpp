@@ -156,23 +156,23 @@ void append_double(std::string& out, double v) {
   out.append(buf.data(), size_t(end - buf.data()));
 }
 
-void StringCache::append_literal(std::string& out, const std::string& s) {
+void StringCache::append_literal(Frame& out, const std::string& s) {
   const std::string_view rest = std::string_view(s).substr(done_);
   done_ += escape(escaped_, rest, true);
-  out += '"';
-  out += escaped_;
-  escape(out, std::string_view(s).substr(done_), false);
-  out += '"';
+  out.bytes += '"';
+  out.view(escaped_, escaped_.size());
+  escape(out.bytes, std::string_view(s).substr(done_), false);
+  out.bytes += '"';
 }
 
-void IdsCache::append_array(std::string& out, const std::vector<int32_t>& ids) {
+void IdsCache::append_array(Frame& out, const std::vector<int32_t>& ids) {
   for (; done_ < ids.size(); ++done_) {
     if (done_ > 0) joined_ += ',';
     append_int(joined_, ids[done_]);
   }
-  out += '[';
-  out += joined_;
-  out += ']';
+  out.bytes += '[';
+  out.view(joined_, joined_.size());
+  out.bytes += ']';
 }
 
 void append_chat_chunk(std::string& out, const ResponseCtx& c, const ChunkParts& p) {
@@ -217,8 +217,9 @@ void append_text_delta(std::string& out, const std::string& content, const std::
   out += '}';
 }
 
-void append_generate_running(std::string& out, const ResponseCtx& c, const OutputTracker& t, bool with_index,
+void append_generate_running(Frame& frame, const ResponseCtx& c, const OutputTracker& t, bool with_index,
                              double e2e_seconds, StringCache& text, IdsCache& ids) {
+  std::string& out = frame.bytes;
   out += "data: {";
   if (with_index) {
     out += "\"index\":";
@@ -236,9 +237,9 @@ void append_generate_running(std::string& out, const ResponseCtx& c, const Outpu
   out += ",\"prompt_tokens\":";
   append_int(out, t.prompt_tokens());
   out += "},\"output_ids\":";
-  ids.append_array(out, t.output_ids());
+  ids.append_array(frame, t.output_ids());
   out += ",\"text\":";
-  text.append_literal(out, t.text());
+  text.append_literal(frame, t.text());
   out += "}\n\n";
 }
 

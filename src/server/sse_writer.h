@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "server/frame.h"
 #include "server/responses.h"
 
 namespace kiln::server::sse {
@@ -26,7 +27,7 @@ void append_double(std::string& out, double v);
 class StringCache {
  public:
   // The string literal of `s`; `s` must extend the string passed last time.
-  void append_literal(std::string& out, const std::string& s);
+  void append_literal(Frame& out, const std::string& s);
 
  private:
   std::string escaped_;  // the escape of s[0, done_), without quotes
@@ -36,7 +37,7 @@ class StringCache {
 // The same for a growing list of ids: "1,2,3" without brackets.
 class IdsCache {
  public:
-  void append_array(std::string& out, const std::vector<int32_t>& ids);
+  void append_array(Frame& out, const std::vector<int32_t>& ids);
 
  private:
   std::string joined_;
@@ -59,8 +60,8 @@ void append_completion_chunk(std::string& out, const ResponseCtx& c, const Chunk
 void append_text_delta(std::string& out, const std::string& content, const std::string& reasoning);
 
 // "data: {/generate object}\n\n" of a running request without logprobs (generate_response's shape then:
-// finish_reason null, no hidden states), text and output_ids from the caches.
-void append_generate_running(std::string& out, const ResponseCtx& c, const OutputTracker& t, bool with_index,
+// finish_reason null, no hidden states), text and output_ids as views of the caches (sent from there).
+void append_generate_running(Frame& out, const ResponseCtx& c, const OutputTracker& t, bool with_index,
                              double e2e_seconds, StringCache& text, IdsCache& ids);
 
 }  // namespace kiln::server::sse

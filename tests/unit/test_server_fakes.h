@@ -92,6 +92,7 @@ class FakeEngine : public EngineApi {
 
   int max_active = 1000;  // beyond this submit() throws EngineBusyError
   bool embedding_model = false;
+  int64_t max_context = 512;               // the context limit the server checks requests against
   std::atomic<bool> fail_requests{false};  // finish every request with "error"
   // Set before the first submit: a reply per request, as token ids of a real tokenizer (EOS appended by
   // the caller), instead of the fixed byte reply; vocab and eos to match that tokenizer.
@@ -133,7 +134,7 @@ class FakeEngine : public EngineApi {
     return s;
   }
   int64_t vocab_size() const override { return vocab; }
-  int64_t max_context_len() const override { return 512; }
+  int64_t max_context_len() const override { return max_context; }
   bool is_embedding_model() const override { return embedding_model; }
   int64_t hidden_size() const override { return 8; }
 

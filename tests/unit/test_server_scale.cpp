@@ -23,7 +23,8 @@ namespace {
 const std::string kReply = "The quick brown fox jumps over the lazy dog, then naps in the sun.";
 
 struct Scale : fake::ServerHarness {
-  Scale(ServerOptions o, int step_ms) : ServerHarness(kReply, step_ms, o, 2) {}
+  Scale(ServerOptions o, int step_ms, std::string reply = kReply)
+      : ServerHarness(std::move(reply), step_ms, o, 2) {}
   bool settle(std::chrono::milliseconds limit = 10s) const {
     const auto end = Clock::now() + limit;
     while (Clock::now() < end) {
@@ -348,4 +349,68 @@ TEST(ServerScale, TransportStatusesHaveJsonBodies) {
   ::close(fd);
   EXPECT_EQ(status_of(rest.in), 200) << rest.in;
   EXPECT_EQ(json::parse(body_of(rest.in))["choices"][0]["text"], "Th");
+}
+
+// A /generate stream far larger than the socket buffers of a client that reads nothing at first: the
+// gathered sends (cumulative text and ids sent from the session's caches) go out partly, the rest after
+// the socket drains, and every frame arrives whole and in order.
+TEST(ServerScale, StreamOutgrowingTheSocketBuffersArrivesWhole) {
+  std::string reply;
+  for (int i = 0; reply.size() < 2500; ++i) reply += "tok" + std::to_string(i) + (i % 7 ? " " : "\n\"q\"\\");
+  Scale h({}, 1, reply);
+  h.engine.max_context = 4096;
+  Conn c;
+  c.fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;  // before connect, so the advertised window stays small
+  ASSERT_EQ(setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(h.port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(c.fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const int n = int(reply.size());
+  c.out = post_request("/generate", json({{"text", "x"},
+                                          {"stream", true},
+                                          {"sampling_params", {{"max_new_tokens", n}, {"temperature", 0}}}})
+                                        .dump());
+  ASSERT_EQ(::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL), ssize_t(c.out.size()));
+  c.sent = c.out.size();
+  // Nothing is read until the whole reply is generated: ~16 MB of frames, far more than the socket buffers.
+  EXPECT_TRUE(h.wait_for([&] { return h.engine.stats().generation_tokens_total >= n; }, 30s))
+      << h.engine.stats().generation_tokens_total;
+  std::vector<Conn*> all{&c};
+  ASSERT_TRUE(pump(all, Clock::now() + 60s));
+  ::close(c.fd);
+  ASSERT_EQ(status_of(c.in), 200) << c.in.substr(0, 200);
+  const std::string body = body_of(c.in);
+  ASSERT_FALSE(body.empty()) << "malformed chunking";
+  size_t pos = 0, last_len = 0;
+  int frames = 0;
+  json last;
+  bool done = false;
+  while (pos < body.size()) {
+    ASSERT_EQ(body.compare(pos, 6, "data: "), 0) << "at byte " << pos;
+    const size_t end = body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    const std::string payload = body.substr(pos + 6, end - pos - 6);
+    pos = end + 2;
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json j = json::parse(payload);
+    const std::string text = j["text"];
+    ASSERT_EQ(reply.compare(0, text.size(), text), 0)
+        << "frame " << frames << " is not a prefix of the reply";
+    ASSERT_GE(text.size(), last_len);
+    ASSERT_EQ(j["output_ids"].size(), text.size()) << "one byte per token";
+    last_len = text.size();
+    last = j;
+    ++frames;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_GT(frames, n / 2);
+  EXPECT_EQ(last["text"], reply);
+  EXPECT_EQ(last["meta_info"]["completion_tokens"], n);
+  EXPECT_TRUE(h.settle());
 }

@@ -82,19 +82,42 @@ TEST(SseWriter, GrowingStringCacheMatchesAWholeDump) {
     std::string s;
     for (int piece = 0; piece < 8; ++piece) {
       s += random_bytes(rng, 4);
-      std::string out;
+      Frame out;
       cache.append_literal(out, s);
-      ASSERT_EQ(out, dump_json(json(s))) << json(valid_utf8(s)).dump();
+      ASSERT_EQ(out.str(), dump_json(json(s))) << json(valid_utf8(s)).dump();
     }
   }
   sse::IdsCache ids;
   std::vector<int32_t> v;
   for (int32_t x : {0, 7, -1, 151935, 2147483647}) {
     v.push_back(x);
-    std::string out;
+    Frame out;
     ids.append_array(out, v);
-    EXPECT_EQ(out, json(v).dump());
+    EXPECT_EQ(out.str(), json(v).dump());
   }
+}
+
+// A frame's views name a prefix of an append-only string and are read when the frame is sent: two views of
+// one string in one frame (two events in one pull) stay right across the reallocation between them.
+TEST(SseWriter, FrameViewsAreResolvedWhenSent) {
+  std::string grows = "ab";
+  Frame f;
+  f.bytes += "<";
+  f.view(grows, grows.size());
+  f.bytes += "|";
+  grows += std::string(4096, 'x');  // reallocates
+  f.view(grows, 3);
+  f.view(grows, 0);  // nothing
+  f.bytes += ">";
+  EXPECT_EQ(f.size(), 8u);
+  EXPECT_EQ(f.str(), "<ab|abx>");
+  std::string flat = "head:";
+  f.append_to(flat);
+  EXPECT_EQ(flat, "head:<ab|abx>");
+  f.clear();
+  EXPECT_TRUE(f.empty());
+  f.bytes = "only bytes";
+  EXPECT_EQ(f.str(), "only bytes");
 }
 
 TEST(SseWriter, NumbersMatchNlohmann) {
@@ -168,9 +191,9 @@ TEST(SseWriter, CumulativeGenerateFramesMatchGenerateResponse) {
       e.completion_tokens = int(i + 1);
       t.consume(e);
       const double e2e = 0.001 * double(i) + 1e-6;
-      std::string out;
+      Frame out;
       sse::append_generate_running(out, c, t, n > 1, e2e, text, ids);
-      ASSERT_EQ(out, sse_frame(generate_response(c, t, spec, codec, e2e))) << i;
+      ASSERT_EQ(out.str(), sse_frame(generate_response(c, t, spec, codec, e2e))) << i;
     }
   }
 }

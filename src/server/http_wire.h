@@ -1,0 +1,30 @@
+// The HTTP/1.1 bytes the transport writes (heads, chunk framing) and the socket and process helpers it
+// uses; see http_transport.cpp.
+#pragma once
+
+#include <boost/system/error_code.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "server/http_transport.h"
+
+namespace kiln::server::wire {
+
+// Status line and headers, through the blank line: Content-Length `length`, or chunked.
+std::string response_head(const HttpResponse& r, bool keep_alive, bool chunked, size_t length);
+// A chunk's header, "<size in hex>\r\n", in `buf` (its data and "\r\n" follow on the wire).
+std::string_view chunk_header(size_t size, char (&buf)[24]);
+// True when the client has closed or reset the connection (a non-blocking peek; pipelined bytes stay queued).
+bool peer_gone(int fd);
+// A malformed request (Beast's parse errors, not the end of the stream or a partial message).
+bool is_http_parse_error(const boost::system::error_code& ec);
+// I/O threads do little work each time they wake, and a CPU-bound engine (the CPU backend's pool) may share
+// their cores: a higher priority lets them answer /health at once. Needs CAP_SYS_NICE; without it, nothing.
+void raise_io_priority();
+// Servers hold a descriptor per connection: take the hard limit (a no-op where the soft one already is).
+// Returns the limit in force.
+int64_t raise_fd_limit();
+
+}  // namespace kiln::server::wire
