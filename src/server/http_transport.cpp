@@ -1,5 +1,6 @@
-// HttpTransport on Boost.Asio + Boost.Beast (see http_transport.h for the contract). One coroutine per
-// connection on its own strand; one watchdog timer per connection enforces every deadline by cancelling the
+// HttpTransport on Boost.Asio + Boost.Beast (see http_transport.h for the contract). One io_context per I/O
+// thread (a shard); each connection lives on one, so its handlers never run concurrently without a strand.
+// One coroutine per connection; one watchdog timer per connection enforces every deadline by cancelling the
 // socket's pending operation; responses are written as raw HTTP/1.1 (status line, headers, chunks).
 #include "server/http_transport.h"
 
@@ -12,12 +13,12 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -64,6 +65,25 @@ constexpr int kMaxRejecting = 256;  // connections being sent the over-cap 503 a
 struct Conn;
 struct WakeState;
 
+// One I/O thread's io_context and its pending response wake-ups. Wakes from producer threads are coalesced:
+// the first after a drain posts one drain task, which resumes every woken connection in place (they all
+// live on this thread), so a step's events for hundreds of streams cost the producer one post per shard.
+struct IoShard {
+  asio::io_context ioc{1};
+  asio::executor_work_guard<asio::io_context::executor_type> keep{ioc.get_executor()};  // until stop
+  std::mutex ready_mu;
+  std::vector<std::shared_ptr<WakeState>> ready, draining;
+  bool drain_posted = false;
+  void wake(const std::shared_ptr<WakeState>& ws);
+  void drain();
+};
+
+std::vector<std::unique_ptr<IoShard>> make_shards(int n) {
+  std::vector<std::unique_ptr<IoShard>> v;
+  for (int i = 0; i < std::max(1, n); ++i) v.push_back(std::make_unique<IoShard>());
+  return v;
+}
+
 struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   Impl(TransportOptions o, Routes r, ServerCounters& c)
       : opts(std::move(o)),
@@ -74,12 +94,13 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   TransportOptions opts;
   Routes routes;
   ServerCounters& counters;
-  // Declared in this order so the workers (which post into ioc) are joined before ioc goes.
-  asio::io_context ioc;
+  // Declared in this order so the workers (which post into the shards) are joined before the shards go.
+  std::vector<std::unique_ptr<IoShard>> shards = make_shards(opts.io_threads);
   asio::thread_pool workers;
-  tcp::acceptor acceptor{asio::make_strand(ioc)};
-  // Keeps ioc.run() going until stop(); stop() re-arms it to 5 s, for a connection that will not close (a
-  // handler blocked on a worker). On the acceptor's strand.
+  tcp::acceptor acceptor{shards[0]->ioc};  // shard 0, like the hard stop and the accept loop
+  size_t next_shard = 0;                   // the accept loop's round robin
+  // Ends every shard's run() when it fires: all connections closed, or stop() re-armed it to 5 s for a
+  // connection that will not close (a handler blocked on a worker).
   asio::steady_timer hard_stop{acceptor.get_executor()};
   std::atomic<bool> all_closed{false};
 
@@ -92,15 +113,6 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   std::unordered_map<Conn*, std::weak_ptr<Conn>> conns;
   bool accept_done = false;
 
-  // Response wake-ups from producer threads, coalesced: the first wake after a drain posts one drain task,
-  // which hands every woken connection to its strand (a step's events for hundreds of streams cost the
-  // producer one post, not one per stream).
-  std::mutex ready_mu;
-  std::vector<std::shared_ptr<WakeState>> ready;
-  bool drain_posted = false;
-  void wake(const std::shared_ptr<WakeState>& ws);
-  void drain_ready();
-
   awaitable<void> accept_loop();
   HttpResponse handle(const HttpRequest& req) noexcept;
   HttpResponse error(int status, const std::string& msg) noexcept;
@@ -112,21 +124,21 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
 // The writer's wake-up, shared with the response source's producer (any thread). The transport outlives
 // every wake: a source calls wake only until its finish() returns, which is before the connection ends.
 struct WakeState {
-  WakeState(HttpTransport::Impl& s, asio::any_io_executor e, std::weak_ptr<Conn> c)
-      : srv(s), ex(std::move(e)), conn(std::move(c)) {}
-  HttpTransport::Impl& srv;
-  asio::any_io_executor ex;  // the connection's strand
+  WakeState(IoShard& s, std::weak_ptr<Conn> c) : shard(s), conn(std::move(c)) {}
+  IoShard& shard;  // the connection's
   std::weak_ptr<Conn> conn;
   std::atomic<bool> pending{false};  // coalesces wakes: one per pull
 };
 
 struct Conn : std::enable_shared_from_this<Conn> {
-  Conn(HttpTransport::Impl& s, tcp::socket so) : srv(s), sock(std::move(so)), deadline(sock.get_executor()) {
+  Conn(HttpTransport::Impl& s, IoShard& sh, tcp::socket so)
+      : srv(s), shard(sh), sock(std::move(so)), deadline(sock.get_executor()) {
     error_code e;
     sock.non_blocking(true, e);  // for write()'s first, synchronous attempt
   }
 
   HttpTransport::Impl& srv;
+  IoShard& shard;  // the I/O thread sock lives on
   tcp::socket sock;
   asio::steady_timer deadline;  // the watchdog: on expiry the socket's pending operation is cancelled
   uint64_t armed = 0;           // generation of the watchdog wait, so a stale expiry does nothing
@@ -202,7 +214,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   }
 };
 
-void HttpTransport::Impl::wake(const std::shared_ptr<WakeState>& ws) {
+void IoShard::wake(const std::shared_ptr<WakeState>& ws) {
   if (ws->pending.exchange(true)) return;
   bool post = false;
   {
@@ -210,20 +222,18 @@ void HttpTransport::Impl::wake(const std::shared_ptr<WakeState>& ws) {
     ready.push_back(ws);
     post = !std::exchange(drain_posted, true);
   }
-  if (post) asio::post(ioc, [this] { drain_ready(); });  // the handler dies with ioc, a member
+  if (post) asio::post(ioc, [this] { drain(); });  // the handler dies with ioc, a member
 }
 
-void HttpTransport::Impl::drain_ready() {
-  std::vector<std::shared_ptr<WakeState>> batch;
+void IoShard::drain() {
   {
     std::lock_guard<std::mutex> lock(ready_mu);
-    batch.swap(ready);
+    draining.swap(ready);  // both keep their capacity from step to step
     drain_posted = false;
   }
-  for (auto& ws : batch)
-    asio::post(ws->ex, [w = ws->conn] {
-      if (auto c = w.lock()) c->resume({});
-    });
+  for (auto& ws : draining)
+    if (auto c = ws->conn.lock()) c->resume({});  // this shard's thread: the connection's
+  draining.clear();
 }
 
 // While a response waits, the socket's readability says the client may have gone (a FIN or a reset), so no
@@ -391,8 +401,8 @@ awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head
     bool complete = false;
     ~Finish() { s->finish(complete); }
   } fin{src.get()};
-  auto ws = std::make_shared<WakeState>(srv, sock.get_executor(), weak_from_this());
-  src->attach([ws] { ws->srv.wake(ws); });
+  auto ws = std::make_shared<WakeState>(shard, weak_from_this());
+  src->attach([ws] { ws->shard.wake(ws); });
   struct Watch {  // the peer watch, on for this response only
     Conn& c;
     explicit Watch(Conn& conn) : c(conn) {
@@ -481,8 +491,8 @@ HttpResponse HttpTransport::Impl::error(int status, const std::string& msg) noex
 awaitable<void> HttpTransport::Impl::accept_loop() {
   error_code ec;
   while (!stopping) {
-    tcp::socket s =
-        co_await acceptor.async_accept(asio::make_strand(ioc), asio::redirect_error(use_awaitable, ec));
+    IoShard& shard = *shards[next_shard++ % shards.size()];
+    tcp::socket s = co_await acceptor.async_accept(shard.ioc, asio::redirect_error(use_awaitable, ec));
     if (stopping || !acceptor.is_open()) break;
     if (ec) {  // out of descriptors, or the like: back off instead of spinning
       asio::steady_timer t(acceptor.get_executor(), 50ms);
@@ -491,7 +501,7 @@ awaitable<void> HttpTransport::Impl::accept_loop() {
     }
     s.set_option(tcp::no_delay(true), ec);
     counters.connections_total++;
-    auto c = std::make_shared<Conn>(*this, std::move(s));
+    auto c = std::make_shared<Conn>(*this, shard, std::move(s));
     if (counters.connections_open >= opts.max_connections) {
       counters.connections_rejected++;
       if (rejecting < kMaxRejecting) {
@@ -522,7 +532,8 @@ void HttpTransport::Impl::maybe_done() {
 void HttpTransport::Impl::arm_hard_stop(asio::steady_timer::time_point at) {
   hard_stop.expires_at(at);  // a wait replaced here ends with operation_aborted and does nothing
   hard_stop.async_wait([self = shared_from_this()](error_code e) {
-    if (!e || self->all_closed) self->ioc.stop();
+    if (!e || self->all_closed)
+      for (auto& sh : self->shards) sh->ioc.stop();
   });
 }
 
@@ -543,7 +554,7 @@ int HttpTransport::bind() {
   error_code ec;
   asio::ip::address addr = asio::ip::make_address(im.opts.host, ec);
   if (ec) {  // a host name: its first address
-    tcp::resolver res(im.ioc);
+    tcp::resolver res(im.shards[0]->ioc);
     auto r = res.resolve(im.opts.host, "", ec);
     KILN_CHECK(!ec && !r.empty(), "cannot resolve host '", im.opts.host, "': ", ec.message());
     addr = r.begin()->endpoint().address();
@@ -574,15 +585,15 @@ void HttpTransport::run() {
   });
   asio::co_spawn(im->acceptor.get_executor(), im->accept_loop(), asio::detached);
   std::vector<std::thread> threads;
-  for (int i = 1; i < im->opts.io_threads; ++i)
-    threads.emplace_back([im] {
+  for (size_t i = 1; i < im->shards.size(); ++i)
+    threads.emplace_back([im, i] {
       wire::raise_io_priority();
-      im->ioc.run();
+      im->shards[i]->ioc.run();
     });
-  // The calling thread serves too, at its own priority restored after.
+  // The calling thread serves shard 0 (the acceptor's), at its own priority restored after.
   const int nice_before = getpriority(PRIO_PROCESS, id_t(::gettid()));
   wire::raise_io_priority();
-  im->ioc.run();
+  im->shards[0]->ioc.run();
   setpriority(PRIO_PROCESS, id_t(::gettid()), nice_before);
   for (auto& t : threads) t.join();
   im->is_running = false;
@@ -597,7 +608,7 @@ void HttpTransport::stop() {
   {
     std::lock_guard<std::mutex> lock(im->run_mu);
     if (im->stopping.exchange(true)) return;
-    if (!im->ran) {  // no thread runs ioc: nothing to post to (and posting would keep `im` alive in it)
+    if (!im->ran) {  // no thread runs a shard: nothing to post to (and posting would keep `im` alive in it)
       error_code e;
       im->acceptor.close(e);
       return;
