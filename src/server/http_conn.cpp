@@ -146,7 +146,7 @@ awaitable<bool> Conn::write(std::string_view data) {
   co_return !ec;
 }
 
-awaitable<bool> Conn::write_frame(std::string_view prefix, const Frame& f, std::string_view suffix) {
+bool Conn::send_frame(std::string_view prefix, const Frame& f, std::string_view suffix, std::string& rest) {
   gather.clear();
   size_t total = 0;
   auto add = [&](const char* d, size_t n) {
@@ -157,9 +157,9 @@ awaitable<bool> Conn::write_frame(std::string_view prefix, const Frame& f, std::
   f.each(add);
   add(suffix.data(), suffix.size());
   const size_t now = sock.write_some(gather, ec);  // sendmsg (Asio gathers at most 64 buffers at once)
-  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) co_return false;
-  if (now == total) co_return true;
-  std::string rest;
+  rest.clear();
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) return false;
+  if (now == total) return true;
   rest.reserve(total - now);
   size_t skip = now;
   for (const asio::const_buffer& b : gather) {
@@ -167,7 +167,7 @@ awaitable<bool> Conn::write_frame(std::string_view prefix, const Frame& f, std::
     rest.append(static_cast<const char*>(b.data()) + (b.size() - n), n);
     skip -= b.size() - n;
   }
-  co_return co_await write(rest);
+  return true;
 }
 
 awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head_only) {
@@ -204,7 +204,8 @@ awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head
     wire.clear();
     const bool done = src->pull(out, res);
     if (res.stream && !out.empty()) {  // one chunk (and the last, when done), gathered from the frame
-      if (!co_await write_frame(wire::chunk_header(out.size(), hex), out, done ? "\r\n0\r\n\r\n" : "\r\n"))
+      // Sent here without a coroutine call; only what the socket did not take waits in write().
+      if (!send_frame(wire::chunk_header(out.size(), hex), out, done ? "\r\n0\r\n\r\n" : "\r\n", wire))
         co_return false;
     } else if (res.stream && done) {
       wire = "0\r\n\r\n";

@@ -148,10 +148,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
   awaitable<void> serve();
   awaitable<void> fail_read();
   awaitable<bool> write(std::string_view data);
-  // One gathered send of prefix, the frame's pieces and suffix (the rest, if the socket takes less, copied
-  // and written as write() does).
-  awaitable<bool> write_frame(std::string_view prefix, const Frame& f, std::string_view suffix);
-  std::vector<asio::const_buffer> gather;  // write_frame's buffers, kept for their capacity
+  // One gathered send of prefix, the frame's pieces and suffix, not suspending: false on a socket error;
+  // what the socket did not take is copied to `rest` (empty when it took everything), for write().
+  bool send_frame(std::string_view prefix, const Frame& f, std::string_view suffix, std::string& rest);
+  std::vector<asio::const_buffer> gather;  // send_frame's buffers, kept for their capacity
   awaitable<bool> write_source(HttpResponse& res, bool keep_alive, bool head_only);
   awaitable<void> reply_and_close(int status, const std::string& msg);
   awaitable<void> linger();
