@@ -41,6 +41,12 @@ constexpr std::array<uint8_t, 400> kUtf8d = {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
 
+// Printable ASCII other than '"' and '\\': written as it is.
+bool plain(char c) {
+  const auto u = uint8_t(c);
+  return u >= 0x20 && u < 0x80 && c != '"' && c != '\\';
+}
+
 // Escapes `s` (without quotes) onto `out` as nlohmann's dump_escaped does with ensure_ascii off and the
 // replace handler. `partial`: stop at the last character boundary and return how many bytes were consumed
 // (an unfinished sequence at the end is left for later); otherwise an unfinished sequence becomes U+FFFD.
@@ -51,6 +57,16 @@ size_t escape(std::string& out, std::string_view s, bool partial) {
   size_t in_at_accept = 0;            // and the input consumed then
   size_t undumped = 0;                // bytes of an unfinished sequence
   for (size_t i = 0; i < s.size(); ++i) {
+    if (state == kAccept && plain(s[i])) {  // a run of ASCII that needs no escape: appended at once
+      size_t e = i + 1;
+      while (e < s.size() && plain(s[e])) ++e;
+      out.append(s.data() + i, e - i);
+      out_at_accept = out.size();
+      in_at_accept = e;
+      undumped = 0;
+      i = e - 1;
+      continue;
+    }
     const auto byte = uint8_t(s[i]);
     const uint8_t type = kUtf8d[byte];
     cp = state != kAccept ? (byte & 0x3fu) | (cp << 6u) : (0xffu >> type) & byte;
