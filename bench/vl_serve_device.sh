@@ -114,13 +114,16 @@ for i in range(18):
     r = c.getresponse()
     first = None
     for line in r:
-        if line.startswith(b"data: ") and b'"content":"' in line and b'"content":""' not in line:
+        text = line.replace(b'"content":""', b"").replace(b'"reasoning_content":""', b"")
+        if line.startswith(b"data: ") and (b'"content":"' in text or b'"reasoning_content":"' in text):
             first = time.perf_counter() - t
             break
     r.read()
     c.close()
     if first is not None and i >= 2:  # two warm-ups
         ttft.append(first * 1e3)
+if not ttft:
+    sys.exit("one-image chat request: no streamed text arrived")
 print(f"one-image chat request (448x448, 196 image tokens), TTFT over {len(ttft)}: median {statistics.median(ttft):.1f} ms,"
       f" min {min(ttft):.1f}, max {max(ttft):.1f}")
 PY
