@@ -60,8 +60,8 @@ HttpResponse HttpTransport::Impl::error(int status, const std::string& msg) noex
 awaitable<void> HttpTransport::Impl::accept_loop() {
   error_code ec;
   while (!stopping) {
-    IoShard& shard = *shards[next_shard++ % shards.size()];
-    tcp::socket s = co_await acceptor.async_accept(shard.ioc, asio::redirect_error(use_awaitable, ec));
+    IoShard* shard = shards[next_shard++ % shards.size()].get();
+    tcp::socket s = co_await acceptor.async_accept(shard->ioc, asio::redirect_error(use_awaitable, ec));
     if (stopping || !acceptor.is_open()) break;
     if (ec) {  // out of descriptors, or the like: back off instead of spinning
       asio::steady_timer t(acceptor.get_executor(), 50ms);
@@ -70,7 +70,7 @@ awaitable<void> HttpTransport::Impl::accept_loop() {
     }
     s.set_option(tcp::no_delay(true), ec);
     counters.connections_total++;
-    auto c = std::make_shared<Conn>(*this, shard, std::move(s));
+    auto c = std::make_shared<Conn>(*this, *shard, std::move(s));
     if (counters.connections_open >= opts.max_connections) {
       counters.connections_rejected++;
       if (rejecting < kMaxRejecting) {
