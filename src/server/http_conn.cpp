@@ -1,12 +1,12 @@
-// One connection's life on its shard: reading requests under the deadlines, handing them to the routes,
+// One connection's life on its strand: reading requests under the deadlines, handing them to the routes,
 // writing replies and streamed responses, noticing a client that left, lingering before a close.
 #include <sys/socket.h>
 
 #include "server/http_transport_impl.h"
 
 // g++ flags Asio's coroutine frames (awaitable_frame_base's own operator new / sized delete) as a mismatched
-// pair where it inlines them here (g++ 12; GCC bug 109224, a false positive for coroutine frames): off for this
-// file only, on every g++ the builds use (12 here, 14 on the GPU machine).
+// pair where it inlines them here (g++ 12; GCC bug 109224, a false positive for coroutine frames): off for
+// this file only, on every g++ the builds use (12 here, 14 on the GPU machine).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
@@ -178,8 +178,8 @@ awaitable<bool> Conn::write_source(HttpResponse& res, bool keep_alive, bool head
     bool complete = false;
     ~Finish() { s->finish(complete); }
   } fin{src.get()};
-  auto ws = std::make_shared<WakeState>(shard, weak_from_this());
-  src->attach([ws] { ws->shard.wake(ws); });
+  auto ws = std::make_shared<WakeState>(srv, sock.get_executor(), weak_from_this());
+  src->attach([ws] { ws->srv.wake(ws); });
   struct Watch {  // the peer watch, on for this response only
     Conn& c;
     explicit Watch(Conn& conn) : c(conn) {

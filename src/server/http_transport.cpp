@@ -1,7 +1,7 @@
-// HttpTransport on Boost.Asio + Boost.Beast (see http_transport.h for the contract). One io_context per I/O
-// thread (a shard); each connection lives on one, so its handlers never run concurrently without a strand.
-// One coroutine per connection; one watchdog timer per connection enforces every deadline by cancelling the
-// socket's pending operation; responses are written as raw HTTP/1.1 (status line, headers, chunks).
+// HttpTransport on Boost.Asio + Boost.Beast (see http_transport.h for the contract): the I/O threads, the
+// accept loop, coalesced response wake-ups, run and stop. One coroutine per connection on its own strand
+// (http_conn.cpp); one watchdog timer per connection enforces every deadline by cancelling the socket's
+// pending operation; responses are written as raw HTTP/1.1 (status line, headers, chunks).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -9,13 +9,7 @@
 
 namespace kiln::server {
 
-std::vector<std::unique_ptr<IoShard>> make_shards(int n) {
-  std::vector<std::unique_ptr<IoShard>> v;
-  for (int i = 0; i < std::max(1, n); ++i) v.push_back(std::make_unique<IoShard>());
-  return v;
-}
-
-void IoShard::wake(const std::shared_ptr<WakeState>& ws) {
+void HttpTransport::Impl::wake(const std::shared_ptr<WakeState>& ws) {
   if (ws->pending.exchange(true)) return;
   bool post = false;
   {
@@ -23,18 +17,20 @@ void IoShard::wake(const std::shared_ptr<WakeState>& ws) {
     ready.push_back(ws);
     post = !std::exchange(drain_posted, true);
   }
-  if (post) asio::post(ioc, [this] { drain(); });  // the handler dies with ioc, a member
+  if (post) asio::post(ioc, [this] { drain_ready(); });  // the handler dies with ioc, a member
 }
 
-void IoShard::drain() {
+void HttpTransport::Impl::drain_ready() {
+  std::vector<std::shared_ptr<WakeState>> batch;
   {
     std::lock_guard<std::mutex> lock(ready_mu);
-    draining.swap(ready);  // both keep their capacity from step to step
+    batch.swap(ready);
     drain_posted = false;
   }
-  for (auto& ws : draining)
-    if (auto c = ws->conn.lock()) c->resume({});  // this shard's thread: the connection's
-  draining.clear();
+  for (auto& ws : batch)
+    asio::post(ws->ex, [w = ws->conn] {
+      if (auto c = w.lock()) c->resume({});
+    });
 }
 
 HttpResponse HttpTransport::Impl::handle(const HttpRequest& req) noexcept {
@@ -60,8 +56,8 @@ HttpResponse HttpTransport::Impl::error(int status, const std::string& msg) noex
 awaitable<void> HttpTransport::Impl::accept_loop() {
   error_code ec;
   while (!stopping) {
-    IoShard* shard = shards[next_shard++ % shards.size()].get();
-    tcp::socket s = co_await acceptor.async_accept(shard->ioc, asio::redirect_error(use_awaitable, ec));
+    tcp::socket s =
+        co_await acceptor.async_accept(asio::make_strand(ioc), asio::redirect_error(use_awaitable, ec));
     if (stopping || !acceptor.is_open()) break;
     if (ec) {  // out of descriptors, or the like: back off instead of spinning
       asio::steady_timer t(acceptor.get_executor(), 50ms);
@@ -70,7 +66,7 @@ awaitable<void> HttpTransport::Impl::accept_loop() {
     }
     s.set_option(tcp::no_delay(true), ec);
     counters.connections_total++;
-    auto c = std::make_shared<Conn>(*this, *shard, std::move(s));
+    auto c = std::make_shared<Conn>(*this, std::move(s));
     if (counters.connections_open >= opts.max_connections) {
       counters.connections_rejected++;
       if (rejecting < kMaxRejecting) {
@@ -101,8 +97,7 @@ void HttpTransport::Impl::maybe_done() {
 void HttpTransport::Impl::arm_hard_stop(asio::steady_timer::time_point at) {
   hard_stop.expires_at(at);  // a wait replaced here ends with operation_aborted and does nothing
   hard_stop.async_wait([self = shared_from_this()](error_code e) {
-    if (!e || self->all_closed)
-      for (auto& sh : self->shards) sh->ioc.stop();
+    if (!e || self->all_closed) self->ioc.stop();
   });
 }
 
@@ -123,7 +118,7 @@ int HttpTransport::bind() {
   error_code ec;
   asio::ip::address addr = asio::ip::make_address(im.opts.host, ec);
   if (ec) {  // a host name: its first address
-    tcp::resolver res(im.shards[0]->ioc);
+    tcp::resolver res(im.ioc);
     auto r = res.resolve(im.opts.host, "", ec);
     KILN_CHECK(!ec && !r.empty(), "cannot resolve host '", im.opts.host, "': ", ec.message());
     addr = r.begin()->endpoint().address();
@@ -154,15 +149,15 @@ void HttpTransport::run() {
   });
   asio::co_spawn(im->acceptor.get_executor(), im->accept_loop(), asio::detached);
   std::vector<std::thread> threads;
-  for (size_t i = 1; i < im->shards.size(); ++i)
-    threads.emplace_back([im, i] {
+  for (int i = 1; i < im->opts.io_threads; ++i)
+    threads.emplace_back([im] {
       wire::raise_io_priority();
-      im->shards[i]->ioc.run();
+      im->ioc.run();
     });
-  // The calling thread serves shard 0 (the acceptor's), at its own priority restored after.
+  // The calling thread serves too, at its own priority restored after.
   const int nice_before = getpriority(PRIO_PROCESS, id_t(::gettid()));
   wire::raise_io_priority();
-  im->shards[0]->ioc.run();
+  im->ioc.run();
   setpriority(PRIO_PROCESS, id_t(::gettid()), nice_before);
   for (auto& t : threads) t.join();
   im->is_running = false;
@@ -177,7 +172,7 @@ void HttpTransport::stop() {
   {
     std::lock_guard<std::mutex> lock(im->run_mu);
     if (im->stopping.exchange(true)) return;
-    if (!im->ran) {  // no thread runs a shard: nothing to post to (and posting would keep `im` alive in it)
+    if (!im->ran) {  // no thread runs ioc: nothing to post to (and posting would keep `im` alive in it)
       error_code e;
       im->acceptor.close(e);
       return;

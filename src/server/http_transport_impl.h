@@ -1,5 +1,6 @@
-// The transport's internals, shared by http_transport.cpp (shards, accepting, run and stop) and http_conn.cpp
-// (one connection's life: reading requests, writing responses and streams, deadlines, lingering).
+// The transport's internals, shared by http_transport.cpp (accepting, wake-ups, run and stop) and
+// http_conn.cpp (one connection's life: reading requests, writing responses and streams, deadlines,
+// lingering).
 #pragma once
 
 #include <atomic>
@@ -7,12 +8,12 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -57,21 +58,6 @@ inline constexpr int kMaxRejecting =
 struct Conn;
 struct WakeState;
 
-// One I/O thread's io_context and its pending response wake-ups. Wakes from producer threads are coalesced:
-// the first after a drain posts one drain task, which resumes every woken connection in place (they all
-// live on this thread), so a step's events for hundreds of streams cost the producer one post per shard.
-struct IoShard {
-  asio::io_context ioc{1};
-  asio::executor_work_guard<asio::io_context::executor_type> keep{ioc.get_executor()};  // until stop
-  std::mutex ready_mu;
-  std::vector<std::shared_ptr<WakeState>> ready, draining;
-  bool drain_posted = false;
-  void wake(const std::shared_ptr<WakeState>& ws);
-  void drain();
-};
-
-std::vector<std::unique_ptr<IoShard>> make_shards(int n);
-
 struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   Impl(TransportOptions o, Routes r, ServerCounters& c)
       : opts(std::move(o)),
@@ -82,13 +68,12 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   TransportOptions opts;
   Routes routes;
   ServerCounters& counters;
-  // Declared in this order so the workers (which post into the shards) are joined before the shards go.
-  std::vector<std::unique_ptr<IoShard>> shards = make_shards(opts.io_threads);
+  // Declared in this order so the workers (which post into ioc) are joined before ioc goes.
+  asio::io_context ioc;
   asio::thread_pool workers;
-  tcp::acceptor acceptor{shards[0]->ioc};  // shard 0, like the hard stop and the accept loop
-  size_t next_shard = 0;                   // the accept loop's round robin
-  // Ends every shard's run() when it fires: all connections closed, or stop() re-armed it to 5 s for a
-  // connection that will not close (a handler blocked on a worker).
+  tcp::acceptor acceptor{asio::make_strand(ioc)};
+  // Keeps ioc.run() going until stop(); stop() re-arms it to 5 s, for a connection that will not close (a
+  // handler blocked on a worker). On the acceptor's strand.
   asio::steady_timer hard_stop{acceptor.get_executor()};
   std::atomic<bool> all_closed{false};
 
@@ -101,6 +86,15 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   std::unordered_map<Conn*, std::weak_ptr<Conn>> conns;
   bool accept_done = false;
 
+  // Response wake-ups from producer threads, coalesced: the first wake after a drain posts one drain task,
+  // which hands every woken connection to its strand (a step's events for hundreds of streams cost the
+  // producer one post, not one per stream).
+  std::mutex ready_mu;
+  std::vector<std::shared_ptr<WakeState>> ready;
+  bool drain_posted = false;
+  void wake(const std::shared_ptr<WakeState>& ws);
+  void drain_ready();
+
   awaitable<void> accept_loop();
   HttpResponse handle(const HttpRequest& req) noexcept;
   HttpResponse error(int status, const std::string& msg) noexcept;
@@ -112,21 +106,21 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
 // The writer's wake-up, shared with the response source's producer (any thread). The transport outlives
 // every wake: a source calls wake only until its finish() returns, which is before the connection ends.
 struct WakeState {
-  WakeState(IoShard& s, std::weak_ptr<Conn> c) : shard(s), conn(std::move(c)) {}
-  IoShard& shard;  // the connection's
+  WakeState(HttpTransport::Impl& s, asio::any_io_executor e, std::weak_ptr<Conn> c)
+      : srv(s), ex(std::move(e)), conn(std::move(c)) {}
+  HttpTransport::Impl& srv;
+  asio::any_io_executor ex;  // the connection's strand
   std::weak_ptr<Conn> conn;
   std::atomic<bool> pending{false};  // coalesces wakes: one per pull
 };
 
 struct Conn : std::enable_shared_from_this<Conn> {
-  Conn(HttpTransport::Impl& s, IoShard& sh, tcp::socket so)
-      : srv(s), shard(sh), sock(std::move(so)), deadline(sock.get_executor()) {
+  Conn(HttpTransport::Impl& s, tcp::socket so) : srv(s), sock(std::move(so)), deadline(sock.get_executor()) {
     error_code e;
     sock.non_blocking(true, e);  // for write()'s first, synchronous attempt
   }
 
   HttpTransport::Impl& srv;
-  IoShard& shard;  // the I/O thread sock lives on
   tcp::socket sock;
   asio::steady_timer deadline;  // the watchdog: on expiry the socket's pending operation is cancelled
   uint64_t armed = 0;           // generation of the watchdog wait, so a stale expiry does nothing
