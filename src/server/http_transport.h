@@ -1,9 +1,9 @@
 // HttpTransport: kiln's event-driven HTTP/1.1 server transport (Boost.Beast's request parser on Boost.Asio,
-// C++20 coroutines; only http_transport.cpp sees Boost). It knows nothing of OpenAI or the engine: it
-// parses requests, hands each to Routes, and writes what comes back.
+// C++20 coroutines; only the transport's .cpp files and http_transport_impl.h see Boost). It knows nothing
+// of OpenAI or the engine: it parses requests, hands each to Routes, and writes what comes back.
 //
-// Threads: `io_threads` run every connection (each connection on one of them, dealt round robin), so
-// thousands of idle or streaming connections cost no thread; a request is handled on the I/O thread when
+// Threads: `io_threads` run every connection (each on its own strand), so thousands of idle or streaming
+// connections cost no thread; a request is handled on the I/O thread when
 // Routes::is_fast says so (cheap snapshots: /health, /metrics), otherwise on one of `worker_threads` (body
 // parsing, tokenization, submission), so a slow handler never delays an I/O thread. A streamed response
 // (ResponseSource) is pulled on the I/O thread whenever its producer wakes it, and holds nothing while it
