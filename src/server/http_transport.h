@@ -1,5 +1,5 @@
 // HttpTransport: kiln's event-driven HTTP/1.1 server transport (Boost.Beast's request parser on Boost.Asio,
-// C++20 coroutines; only the transport's .cpp files and http_transport_impl.h see Boost). It knows nothing
+// C++20 coroutines; only the transport's own files, src/server/http_*, see Boost). It knows nothing
 // of OpenAI or the engine: it parses requests, hands each to Routes, and writes what comes back.
 //
 // Threads: `io_threads` run every connection (each on its own strand), so thousands of idle or streaming
