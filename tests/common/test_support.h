@@ -11,13 +11,24 @@
 #include <functional>
 #include <initializer_list>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "kiln/dtype.h"
 #include "kiln/error.h"
 
 namespace kiln::test_support {
+
+// n bf16 values drawn uniformly from [lo, hi) by a seeded generator.
+inline std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<bf16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
 
 // A writable folder of this process alone: ctest runs every TEST as its own process, so any path two TESTs
 // of one binary (or two binaries) could write at once must carry the pid. Created on first use, removed

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "common/test_support.h"
 #include "kiln/error.h"
 #include "ops/activation.h"
 #include "ops/layer_norm.h"
@@ -18,13 +19,7 @@ using namespace kiln;
 
 namespace {
 
-std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<bf16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(d(rng));
-  return v;
-}
+using test_support::random_bf16;
 std::vector<bf16_t> poisoned(size_t n) {
   return std::vector<bf16_t>(n, bf16_t{0x7fc1});
 }

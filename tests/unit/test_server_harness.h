@@ -2,10 +2,13 @@
 // port, listening on a thread of its own until destroyed: the fixture the HTTP tests build on.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "server/server.h"
 #include "test_server_fakes.h"
@@ -43,5 +46,20 @@ struct BasicServerHarness {
 struct ServerHarness : BasicServerHarness<> {
   using BasicServerHarness::BasicServerHarness;
 };
+
+// Splits an SSE body into its data payloads, checking the framing ("data: ...\n\n", nothing else).
+inline std::vector<std::string> sse_payloads(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    EXPECT_EQ(body.compare(pos, 6, "data: "), 0) << "frame at " << pos << ": " << body.substr(pos, 40);
+    const size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos);
+    if (end == std::string::npos) break;
+    out.push_back(body.substr(pos + 6, end - pos - 6));
+    pos = end + 2;
+  }
+  return out;
+}
 
 }  // namespace kiln::server::fake

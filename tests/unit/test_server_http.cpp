@@ -16,6 +16,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using fake::sse_payloads;
+
 const std::string kReply = "Hello world! This is kiln.";
 
 class Harness : public fake::ServerHarness {
@@ -49,21 +51,6 @@ json chat_body(json extra = json::object()) {
   json b = {{"model", "demo"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 100}};
   b.update(extra);
   return b;
-}
-
-// Splits an SSE body into its data payloads, checking the framing ("data: ...\n\n", nothing else).
-std::vector<std::string> sse_payloads(const std::string& body) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos < body.size()) {
-    EXPECT_EQ(body.compare(pos, 6, "data: "), 0) << "frame at " << pos << ": " << body.substr(pos, 40);
-    const size_t end = body.find("\n\n", pos);
-    EXPECT_NE(end, std::string::npos);
-    if (end == std::string::npos) break;
-    out.push_back(body.substr(pos + 6, end - pos - 6));
-    pos = end + 2;
-  }
-  return out;
 }
 
 void expect_error_shape(const httplib::Result& r, int status, const std::string& param = "") {
