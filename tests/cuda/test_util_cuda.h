@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "common/test_support.h"
 #include "kiln/dtype.h"
 #include "kiln/tensor.h"
 
@@ -35,11 +36,7 @@ std::vector<T> to_host(const Buffer& b, size_t n) {
 }
 
 inline std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<bf16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(d(rng));
-  return v;
+  return test_support::random_bf16(n, seed, lo, hi);  // the GPU tests' default range
 }
 
 // Distance in bf16 ulps between two finite bf16 values (via the order-preserving integer map).
