@@ -17,12 +17,21 @@
 //   q, k, v: bf16 [T, Hn, D], last stride 1 (token and head strides free: they sit in the QKV buffer)
 //   cu_seqlens: i32 [S + 1] on q's device, cu[0] = 0, non-decreasing, cu[S] = T (checked on a host copy)
 //   out: bf16 [T, Hn, D], last stride 1, not aliasing q, k or v
-//   Numerics as paged_attention (ops/attention.h): fp32 scores (dot products with 8 lane partials, then a
-//   pairwise tree) times scale, softmax in fp32 with the max subtracted, fp32 weighted sum of V, one
-//   rounding to bf16. Tolerance against fp64: relative Frobenius error <= 2^-7.
-// CUDA (ops/cuda/vision.cu): rope_2d bitwise the CPU (the same fp32 operations, no fma); varlen_attention
-// one thread per (query row, head) with an online softmax (head_dim 16, 32, 64, 72, 80 or 128), within the
-// tolerance above. A SIMT kernel, not tensor cores: correct first (docs/PERF.md times it).
+//   Numerics (the CPU reference, as paged_attention in ops/attention.h): fp32 scores (dot products with 8
+//   lane partials, then a pairwise tree) times scale, softmax in fp32 with the max subtracted, fp32 weighted
+//   sum of V, one rounding to bf16. Tolerance against fp64: relative Frobenius error <= 2^-7.
+// CUDA (ops/cuda/vision.cu dispatches; raw-pointer launchers in ops/cuda/vision_attention.h): rope_2d bitwise
+// the CPU (the same fp32 operations, no fma). varlen_attention, within the tolerance above:
+//   - head_dim 64 and 128 (16-byte aligned q/k/v, strides multiples of 8): tensor cores (ops/cuda/
+//     vision_attention.cu), FlashAttention-2 style: one block per (64- or 128-row query tile of a segment,
+//     head), each block finding its segment in the device's cu_seqlens (no host copy, no sync); S = Q K^T by
+//     bf16 MMA with fp32 accumulation; an online softmax over 64-key tiles in fp32, the scale folded into
+//     the exponent: P = 2^(S c - m c) with c = scale * log2(e) (one fma, ex2.approx; scale finite and > 0,
+//     else the SIMT kernel), m the running max; P rounded to bf16 for the P V MMA (fp32 accumulation; the row
+//     sum l keeps the unrounded fp32 P), as FlashAttention does: each weight within 2^-8 relative, so an
+//     output element within 2^-8 (sum_j p_j |v_j| / l) of the fp32-P result; O / l rounded once to bf16.
+//   - other head dims (16, 32, 72, 80): a SIMT kernel, one thread per (query row, head) with an online
+//     softmax. `kiln bench kernels --filter vision_attention` times both.
 #pragma once
 
 #include <cstdint>

@@ -45,6 +45,7 @@
 
 #include "ops/cuda/attention_prefill_v4.cuh"
 #include "ops/cuda/device_flag.h"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"
 #include "ops/cuda/wgmma_bf16.cuh"
 
@@ -232,12 +233,6 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
       if (t == 0) sm90::mbar_arrive(full_v);
     }
   }
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Consumer warpgroup c (0 or 1) of the block: see the mapping comment at the top of this file. kOverlap:

@@ -1,10 +1,21 @@
-// Warp-level tensor-core helpers shared by the attention kernels: ldmatrix loads from shared memory and the
-// m16n8k16 bf16 MMA with fp32 accumulation (fragment layouts as in the PTX ISA, "mma.m16n8k16").
+// Warp-level tensor-core helpers shared by the attention kernels: ldmatrix loads from shared memory, the
+// m16n8k16 bf16 MMA with fp32 accumulation (fragment layouts as in the PTX ISA, "mma.m16n8k16"), and the
+// softmax's 2^x.
 #pragma once
 
 #include <cstdint>
 
+#include "ops/cuda/vec.cuh"
+
 namespace kiln::cuda {
+
+// 2^x by the SFU (ex2.approx, ~2 ulp), results below 2^-126 flushed to 0 (a weight that small next to the
+// row's max of 1 is lost in the fp32 sum anyway); 2^-inf = 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));

@@ -1,6 +1,7 @@
 // The Qwen3-VL vision tower's kernels (contracts: ops/layer_norm.h, ops/activation.h gelu, ops/linear.h
 // linear_bias, ops/vision_attention.h). Simple, correct SIMT kernels: the tower runs once per image, and its
-// GEMMs (cuBLASLt, through the GEMM engine) dominate everywhere but in attention at large images.
+// GEMMs (cuBLASLt, through the GEMM engine) dominate everywhere but in attention at large images, which runs
+// on tensor cores (vision_attention.cu) for head_dim 64 and 128; the SIMT attention here takes the others.
 #include <cfloat>
 
 #include "ops/cuda/common.cuh"
@@ -8,6 +9,7 @@
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/ops_cuda.h"
 #include "ops/cuda/vec.cuh"
+#include "ops/cuda/vision_attention.h"
 
 namespace kiln::ops::cuda {
 namespace {
@@ -116,22 +118,12 @@ __global__ void rope_2d_kernel(const __grid_constant__ Rope2dParams p) {
   }
 }
 
-struct VarlenParams {
-  const uint16_t* q;  // [T, Hn, D], strides qs (token), qh (head)
-  const uint16_t* k;  // [T, Hn, D], strides ks, kh
-  const uint16_t* v;  // [T, Hn, D], strides vs, vh
-  const int32_t* cu;  // [S + 1], device
-  uint16_t* out;      // [T, Hn, D], strides os, oh
-  int64_t qs, qh, ks, kh, vs, vh, os, oh, T, Hn;
-  int32_t S;
-  float scale;
-};
-
 // Grid: (ceil(T / 64), Hn); block 64: one query row per thread, over every key of its segment (found by a
 // binary search of cu), online softmax in fp32, acc[D] in registers; neighbouring threads read the same keys,
 // so the loads broadcast through L1. One rounding to bf16 at the end.
 template <int D>
-__global__ void __launch_bounds__(64) varlen_attention_kernel(const __grid_constant__ VarlenParams p) {
+__global__ void __launch_bounds__(64)
+    varlen_attention_kernel(const __grid_constant__ kc::VarlenAttnParams p) {
   const int64_t t = int64_t(blockIdx.x) * 64 + threadIdx.x, h = blockIdx.y;
   if (t >= p.T) return;
   int32_t lo = 0, hi = p.S;  // the segment s with cu[s] <= t < cu[s + 1]
@@ -233,43 +225,53 @@ void rope_2d(const Tensor& qkv, const Tensor& pos, const Tensor& table, int num_
 
 void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                       const Tensor& out, float scale) {
-  const int64_t T = q.shape[0], Hn = q.shape[1], D = q.shape[2];
-  if (T == 0) return;
-  const VarlenParams p{.q = q.ptr<uint16_t>(),
-                       .k = k.ptr<uint16_t>(),
-                       .v = v.ptr<uint16_t>(),
-                       .cu = cu_seqlens.ptr<int32_t>(),
-                       .out = out.ptr<uint16_t>(),
-                       .qs = q.stride[0],
-                       .qh = q.stride[1],
-                       .ks = k.stride[0],
-                       .kh = k.stride[1],
-                       .vs = v.stride[0],
-                       .vh = v.stride[1],
-                       .os = out.stride[0],
-                       .oh = out.stride[1],
-                       .T = T,
-                       .Hn = Hn,
-                       .S = int32_t(cu_seqlens.shape[0] - 1),
-                       .scale = scale};
-  const kc::LaunchCfg cfg{
-      .grid = dim3(unsigned((T + 63) / 64), unsigned(Hn)), .block = dim3(64), .stream = kc::current_stream()};
-  switch (D) {
-    case 16:
-      return kc::launch(cfg, varlen_attention_kernel<16>, p);
-    case 32:
-      return kc::launch(cfg, varlen_attention_kernel<32>, p);
-    case 64:
-      return kc::launch(cfg, varlen_attention_kernel<64>, p);
-    case 72:
-      return kc::launch(cfg, varlen_attention_kernel<72>, p);
-    case 80:
-      return kc::launch(cfg, varlen_attention_kernel<80>, p);
-    case 128:
-      return kc::launch(cfg, varlen_attention_kernel<128>, p);
-    default:
-      KILN_FAIL("varlen_attention: unsupported head_dim ", D, " on CUDA (16, 32, 64, 72, 80, 128)");
-  }
+  const kc::VarlenAttnParams p{.q = q.ptr<uint16_t>(),
+                               .k = k.ptr<uint16_t>(),
+                               .v = v.ptr<uint16_t>(),
+                               .cu = cu_seqlens.ptr<int32_t>(),
+                               .out = out.ptr<uint16_t>(),
+                               .qs = q.stride[0],
+                               .qh = q.stride[1],
+                               .ks = k.stride[0],
+                               .kh = k.stride[1],
+                               .vs = v.stride[0],
+                               .vh = v.stride[1],
+                               .os = out.stride[0],
+                               .oh = out.stride[1],
+                               .T = q.shape[0],
+                               .Hn = q.shape[1],
+                               .S = int32_t(cu_seqlens.shape[0] - 1),
+                               .D = int32_t(q.shape[2]),
+                               .scale = scale};
+  // The tensor-core kernel (vision_attention.cu) for D 64 and 128 on aligned rows, else the SIMT one.
+  kc::launch_varlen_attention(p, kc::current_stream());
 }
 
 }  // namespace kiln::ops::cuda
+
+namespace kiln::cuda {
+
+void launch_varlen_attention_simt(const VarlenAttnParams& p, cudaStream_t stream) {
+  if (p.T == 0) return;
+  const LaunchCfg cfg{
+      .grid = dim3(unsigned((p.T + 63) / 64), unsigned(p.Hn)), .block = dim3(64), .stream = stream};
+  namespace oc = ::kiln::ops::cuda;
+  switch (p.D) {
+    case 16:
+      return launch(cfg, oc::varlen_attention_kernel<16>, p);
+    case 32:
+      return launch(cfg, oc::varlen_attention_kernel<32>, p);
+    case 64:
+      return launch(cfg, oc::varlen_attention_kernel<64>, p);
+    case 72:
+      return launch(cfg, oc::varlen_attention_kernel<72>, p);
+    case 80:
+      return launch(cfg, oc::varlen_attention_kernel<80>, p);
+    case 128:
+      return launch(cfg, oc::varlen_attention_kernel<128>, p);
+    default:
+      KILN_FAIL("varlen_attention: unsupported head_dim ", p.D, " on CUDA (16, 32, 64, 72, 80, 128)");
+  }
+}
+
+}  // namespace kiln::cuda
