@@ -70,6 +70,17 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
       kc::fill_random_bf16(residual.data(), M8 * c.n, 8, 1.0f, 0.0f, env.stream);
       kc::fill_random_bf16(norm_w.data(), c.n, 9, 0.25f, 1.0f, env.stream);
     }
+    // QKV and gate_up: their input is rms_norm(residual + delta), the previous projection's output added
+    // (the add + RMSNorm kernel then the GEMV, vs the GEMV with the residual-norm prologue).
+    const bool norm_in = std::string(c.name) == "qkv" || gate_up;
+    Buffer ni_delta(norm_in ? size_t(M8 * c.k) * 2 : 16, dev),
+        ni_res(norm_in ? size_t(M8 * c.k) * 2 : 16, dev), ni_w(norm_in ? size_t(c.k) * 2 : 16, dev),
+        ni_normed(norm_in ? size_t(M8 * c.k) * 2 : 16, dev);
+    if (norm_in) {
+      kc::fill_random_bf16(ni_delta.data(), M8 * c.k, 10, 1.0f, 0.0f, env.stream);
+      kc::fill_random_bf16(ni_res.data(), M8 * c.k, 11, 1.0f, 0.0f, env.stream);
+      kc::fill_random_bf16(ni_w.data(), c.k, 12, 0.25f, 1.0f, env.stream);
+    }
     KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
     for (const int64_t M : {1, 4, 8}) {
       const std::string shape = std::string(c.model) + " " + c.name + " M=" + std::to_string(M) +
@@ -159,6 +170,36 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
         time_row(Row{"gemm", config_name("fused gemv+add_rms_norm+pdl", pc), shape, 0, -1, an_bytes, pc_note},
                  [&](int i) { fused(i, pc, true); });
       }
+      if (norm_in) {
+        // Bytes: W, delta and residual read, residual written, the output (act for gate_up).
+        const int64_t cols = gate_up ? c.n / 2 : c.n;
+        const double ni_bytes = double(w_bytes) + double(M * c.k) * 2 * 3 + double(M * cols) * 2;
+        const kc::GemvEpilogue epi = gate_up ? kc::GemvEpilogue::silu_mul : kc::GemvEpilogue::bf16;
+        void* dst = gate_up ? act.data() : out.data();
+        const kc::GemvConfig pc = choice ? *choice : kc::GemvConfig{8, true};
+        const std::string note = choice ? "engine choice" : "no GEMV tactic: default";
+        time_row(Row{"gemm", config_name(gate_up ? "add_rms_norm+gemv+silu" : "add_rms_norm+gemv", pc), shape,
+                     0, -1, ni_bytes, note},
+                 [&](int i) {
+                   kc::rms_norm(ni_delta.data(), c.k, ni_res.data(), c.k, ni_w.data(), ni_normed.data(), c.k,
+                                M, c.k, 1e-6f, true, env.stream, false);
+                   kc::gemv(ni_normed.data(), c.k, wi(i), c.k, dst, cols, M, c.n, c.k, epi, pc, env.stream);
+                 });
+        // The fused kernel for every config (M = 1 only) and block sizing (0: one wave; g: g groups a block).
+        for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
+          if (M > 1 && !(cfg == pc)) continue;
+          for (const int g : {0, 2}) {
+            const std::string what =
+                std::string("gemv_norm_in") + (gate_up ? "+silu" : "") + " g" + std::to_string(g);
+            time_row(Row{"gemm", config_name(what.c_str(), cfg), shape, 0, -1, ni_bytes,
+                         cfg == pc ? note : "forced"},
+                     [&](int i) {
+                       kc::gemv_norm_in(ni_delta.data(), c.k, ni_res.data(), c.k, ni_w.data(), 1e-6f, wi(i),
+                                        c.k, dst, cols, M, c.n, c.k, epi, cfg, env.stream, false, g);
+                     });
+          }
+        }
+      }
       if (!gate_up) continue;
       // gate_up + SiLU-and-mul: two launches (cuBLASLt into gate_up, then silu_mul) vs the fused GEMV.
       const int64_t I = c.n / 2;
@@ -184,8 +225,8 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
 }  // namespace
 
 KILN_KERNEL_BENCH("gemm",
-                  "decode GEMMs (Qwen3-4B, 0.6B; M 1, 4, 8): cuBLASLt vs kiln GEMV vs fused gate_up+SiLU and "
-                  "O/down+add+RMSNorm",
+                  "decode GEMMs (Qwen3-4B, 0.6B; M 1, 4, 8): cuBLASLt vs kiln GEMV vs fused gate_up+SiLU, "
+                  "O/down+add+RMSNorm and add+RMSNorm+QKV/gate_up",
                   run_gemm);
 
 }  // namespace kiln::bench

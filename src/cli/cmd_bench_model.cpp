@@ -252,24 +252,27 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
          ops::embedding(m.weights().embed, Tensor(const_cast<int32_t*>(mi), DType::i32, {1}, dev), tx);
        }},
       {"rms_norm (first layer)", 1, [&](int l) { ops::rms_norm(tr, layers[size_t(l)].input_norm, eps, tn); }},
-      {"qkv gemm", L, [&](int l) { ops::linear(tn, layers[size_t(l)].qkv, tq); }},
-      {"attn_prep", L, [&](int) { ops::attn_prep(prep); }},
-      // The two above as the model calls them (one kernel with KILN_GEMV_ATTN_PREP=1); not in the sum.
-      {"linear_attn_prep (op)", 0, [&](int l) { ops::linear_attn_prep(tn, layers[size_t(l)].qkv, prep); }},
+      // The ops as the model calls them: the residual add and RMSNorm of the previous projection's output
+      // belong to QKV and gate_up (in their GEMV's prologue where the tuner chose the GEMV and
+      // KILN_GEMV_NORM_IN is on, else the add_rms_norm kernel first); QKV with attn_prep (one kernel with
+      // KILN_GEMV_ATTN_PREP=1, else QKV then attn_prep).
+      {"add_rms_norm + qkv + attn_prep (op)", L,
+       [&](int l) {
+         ops::linear_attn_prep(ops::ResidualNorm{tx, tr, layers[size_t(l)].input_norm, eps, tn},
+                               layers[size_t(l)].qkv, prep);
+       }},
       {"paged_attention", L, [&](int) { ops::paged_attention(pa); }},
-      // The projections as the model runs them: the residual add and the next RMSNorm fused into the GEMV
-      // where the tuner chose it, else the GEMM then add_rms_norm (and gate_up likewise with silu_and_mul).
-      {"o_proj + add_rms_norm", L,
+      {"o_proj", L, [&](int l) { ops::linear(ta, layers[size_t(l)].o_proj, tx); }},
+      {"add_rms_norm + gate_up + silu_and_mul (op)", L,
        [&](int l) {
-         ops::linear_add_rms_norm(ta, layers[size_t(l)].o_proj, tr, layers[size_t(l)].post_norm, eps, tx, tn);
+         ops::linear_silu_mul(ops::ResidualNorm{tx, tr, layers[size_t(l)].post_norm, eps, tn},
+                              layers[size_t(l)].gate_up, tg, tact);
        }},
-      {"gate_up + silu_and_mul", L,
-       [&](int l) { ops::linear_silu_mul(tn, layers[size_t(l)].gate_up, tg, tact); }},
-      {"down + add_rms_norm", L,
-       [&](int l) {
-         ops::linear_add_rms_norm(tact, layers[size_t(l)].down, tr, layers[size_t(l)].input_norm, eps, tx,
-                                  tn);
-       }},
+      {"down", L, [&](int l) { ops::linear(tact, layers[size_t(l)].down, tx); }},
+      // Their parts, not in the sum: QKV alone, attn_prep alone, the add + RMSNorm kernel alone.
+      {"qkv gemm", 0, [&](int l) { ops::linear(tn, layers[size_t(l)].qkv, tq); }},
+      {"attn_prep", 0, [&](int) { ops::attn_prep(prep); }},
+      {"add_rms_norm", 0, [&](int l) { ops::add_rms_norm(tx, tr, layers[size_t(l)].post_norm, eps, tn); }},
       {"lm_head", 1, [&](int) { ops::lm_head(tn, row0, m.weights().lm_head, tl); }},
   };
   // Each op: L calls (one per layer) captured in one CUDA graph on a private stream, the replay timed
@@ -318,12 +321,12 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
       "\nper-op breakdown of one decode step (context %d; each op as %lld graph-replayed calls, one per "
       "layer's weights, median of 20 replays):\n",
       ctx, (long long)L);
-  std::printf("  %-24s %10s %8s %12s %7s\n", "op", "us/call", "calls", "us/step", "share");
+  std::printf("  %-44s %10s %8s %12s %7s\n", "op", "us/call", "calls", "us/step", "share");
   for (size_t i = 0; i < ops_list.size(); ++i)
-    std::printf("  %-24s %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i],
+    std::printf("  %-44s %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i],
                 (long long)ops_list[i].per_step, us[i] * double(ops_list[i].per_step),
                 100.0 * us[i] * double(ops_list[i].per_step) / total);
-  std::printf("  %-24s %10s %8lld %12.1f   (sum over ops; %lld op calls per step)\n", "total", "",
+  std::printf("  %-44s %10s %8lld %12.1f   (sum over ops; %lld op calls per step)\n", "total", "",
               (long long)launches, total, (long long)launches);
 }
 

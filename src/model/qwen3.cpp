@@ -296,7 +296,8 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   ops::PagedAttentionArgs& att = w.att;
   prep.stream = ops::current_stream();
 
-  // O and down: under tensor parallelism the rank's partial products are all-reduced before the add + norm.
+  // O and down with the add + norm: under tensor parallelism the rank's partial products are all-reduced
+  // before it.
   const auto project = [&](const Tensor& x, const Tensor& weight, const Tensor& norm) {
     if (tp_) return tp_linear_add_rms_norm(*tp_, x, weight, residual, norm, eps, tmp, w.tp_partial_v, normed);
     ops::linear_add_rms_norm(x, weight, residual, norm, eps, tmp, normed);
@@ -304,6 +305,11 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   ops::embedding(weights_.embed, ids, residual);
   if (w.vis_n > 0) ops::scatter_rows(residual, w.vis_rows_v, w.vis_embeds_v, /*accumulate=*/false);
   ops::rms_norm(residual, weights_.layers[0].input_norm, eps, normed);
+  // Without tensor parallelism the residual add and RMSNorm after O and after down (but the last, which
+  // feeds the LM head, and the deepstack layers', which add image features first) belong to the next
+  // projection: ops::ResidualNorm, which may run them in its GEMV's prologue. `pending`: the next QKV's input
+  // is rms_norm(residual + tmp) rather than normed.
+  bool pending = false;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[size_t(l)];
     prep.q_norm = lw.q_norm;
@@ -311,16 +317,31 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     prep.cache = cache.layer(int(l));
     // At decode sizes one kernel where switched on (the QKV GEMV with the preparation as its epilogue), else
     // the GEMV or GEMM, then attn_prep.
-    ops::linear_attn_prep(normed, lw.qkv, prep);
+    if (pending) {
+      ops::linear_attn_prep(ops::ResidualNorm{tmp, residual, lw.input_norm, eps, normed}, lw.qkv, prep);
+    } else {
+      ops::linear_attn_prep(normed, lw.qkv, prep);
+    }
     att.cache = prep.cache;
     ops::paged_attention(att);
-    // The projections carry the residual add and the next RMSNorm (one fused GEMV at small M where the tuner
-    // chose it): after down, the next layer's input norm, or the final norm after the last layer.
-    project(attn.reshape({T, Hq * D}), lw.o_proj, lw.post_norm);
-    ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);
-    const Tensor& next_norm =
-        l + 1 < c.num_layers ? weights_.layers[size_t(l + 1)].input_norm : weights_.final_norm;
-    project(act, lw.down, next_norm);
+    const Tensor o_in = attn.reshape({T, Hq * D});
+    if (tp_) {
+      project(o_in, lw.o_proj, lw.post_norm);
+      ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);
+    } else {
+      ops::linear(o_in, lw.o_proj, tmp);
+      ops::linear_silu_mul(ops::ResidualNorm{tmp, residual, lw.post_norm, eps, normed}, lw.gate_up, gate_up,
+                           act);
+    }
+    // After down, the next layer's input norm, or the final norm after the last layer.
+    const bool last = l + 1 == c.num_layers;
+    const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
+    pending = !tp_ && !last && l >= w.vis_layers;
+    if (pending) {
+      ops::linear(act, lw.down, tmp);
+    } else {
+      project(act, lw.down, next_norm);
+    }
     if (l < w.vis_layers) {  // deepstack: onto the layer's output, then the next norm again
       ops::scatter_rows(residual, w.vis_rows_v, w.vis_deep_v[size_t(l)], /*accumulate=*/true);
       ops::rms_norm(residual, next_norm, eps, normed);

@@ -3,6 +3,7 @@
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
 #include "ops/cuda/dispatch.h"
+#include "ops/rms_norm.h"
 
 namespace kiln::ops {
 
@@ -128,6 +129,60 @@ AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnP
 #endif
   linear(x, weight, a.qkv);
   return attn_prep(a);
+}
+
+namespace {
+
+// Validates a ResidualNorm input of K columns against the op's tensor `other` (which none may alias).
+void check_residual_norm(const char* op, const ResidualNorm& in, int64_t K, const Tensor& other) {
+  detail::check_matrix(op, "delta", in.delta, 2, DType::bf16);
+  detail::check_matrix(op, "residual", in.residual, 2, DType::bf16);
+  detail::check_matrix(op, "normed", in.normed, 2, DType::bf16);
+  detail::check_matrix(op, "norm weight", in.weight, 1, DType::bf16);
+  const int64_t M = in.delta.shape[0];
+  for (const Tensor* t : {&in.residual, &in.normed})
+    KILN_CHECK(t->shape[0] == M && t->shape[1] == K, op, ": ", t->describe(), " must be [", M, ", ", K, "]");
+  KILN_CHECK(in.delta.shape[1] == K && in.weight.shape[0] == K, op, ": delta ", in.delta.describe(),
+             " and norm weight ", in.weight.describe(), " must have ", K, " columns");
+  KILN_CHECK(in.eps > 0.0f, op, ": eps must be positive, got ", in.eps);
+  const void* ptrs[] = {in.delta.data, in.residual.data, in.normed.data, other.data};
+  for (int i = 0; i < 4; ++i)
+    for (int j = i + 1; j < 4; ++j)
+      KILN_CHECK(ptrs[i] != ptrs[j] || M == 0, op, ": delta, residual, normed and the output must not alias");
+  for (const Tensor* t : {&in.residual, &in.normed, &in.weight}) detail::check_same_device(op, in.delta, *t);
+}
+
+}  // namespace
+
+void linear_silu_mul(const ResidualNorm& in, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
+  check_residual_norm("linear_silu_mul", in, weight.ndim == 2 ? weight.shape[1] : -1, out);
+  detail::check_same_device("linear_silu_mul", in.delta, out);
+#ifdef KILN_HAVE_CUDA
+  if (out.device.is_cuda() && weight.ndim == 2 && weight.dtype == DType::bf16 && weight.stride[1] == 1 &&
+      out.ndim == 2 && out.dtype == DType::bf16 && out.stride[1] == 1 && out.shape[0] == in.delta.shape[0] &&
+      2 * out.shape[1] == weight.shape[0] && weight.device == out.device &&
+      KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, weight, out, /*silu=*/true)))
+    return;
+#endif
+  add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
+  linear_silu_mul(in.normed, weight, gate_up, out);
+}
+
+AttnPrepPath linear_attn_prep(const ResidualNorm& in, const Tensor& weight, const AttnPrepArgs& a) {
+  check_residual_norm("linear_attn_prep", in, weight.ndim == 2 ? weight.shape[1] : -1, a.qkv);
+#ifdef KILN_HAVE_CUDA
+  // The QKV GEMV fused with the preparation reads x from memory: with it on, the norm runs first.
+  if (a.qkv.device.is_cuda() && weight.ndim == 2 && weight.dtype == DType::bf16 && weight.stride[1] == 1 &&
+      a.qkv.ndim == 2 && a.qkv.dtype == DType::bf16 && a.qkv.stride[1] == 1 &&
+      a.qkv.shape[0] == in.delta.shape[0] && a.qkv.shape[1] == weight.shape[0] &&
+      weight.device == a.qkv.device && in.delta.device == a.qkv.device &&
+      !(!attn_prep_unfused_forced() &&
+        KILN_CUDA_OP(linear_attn_prep_chosen(in.delta.shape[0], weight.shape[0], weight.shape[1]))) &&
+      KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, weight, a.qkv, /*silu=*/false)))
+    return attn_prep(a);
+#endif
+  add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
+  return linear_attn_prep(in.normed, weight, a);
 }
 
 }  // namespace kiln::ops

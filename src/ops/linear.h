@@ -68,6 +68,23 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
 // ops, returning attn_prep's path. Capturable in a CUDA graph like attn_prep.
 AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnPrepArgs& args);
 
+// The input of a projection that follows a residual add and an RMSNorm (the QKV and gate_up projections of
+// a decoder layer): x = add_rms_norm(delta, residual, weight, eps, normed) (ops/rms_norm.h), i.e. residual =
+// bf16(residual + delta), normed = rms_norm(residual). The ops below taking one compute x themselves, so on
+// CUDA the add and the norm may run in the projection's own prologue (ops/cuda/gemv.h: gemv_norm_in, where
+// the tuner chose the GEMV and GemmEngine::gemv_norm_in is on; then normed is not written and is left
+// unspecified). Either way residual is rewritten and the projection's result is bitwise that of
+// add_rms_norm then the op on normed.
+//   delta, residual, normed: bf16 [M, K], last stride 1, none aliasing another or the op's other tensors
+//   weight: bf16 [K] contiguous;  eps > 0
+struct ResidualNorm {
+  Tensor delta, residual, weight;
+  float eps = 0.0f;
+  Tensor normed;
+};
+void linear_silu_mul(const ResidualNorm& in, const Tensor& weight, const Tensor& gate_up, const Tensor& out);
+AttnPrepPath linear_attn_prep(const ResidualNorm& in, const Tensor& weight, const AttnPrepArgs& args);
+
 // LM head: logits[r, :] = x[rows[r], :] · W^T, rows gathered from a hidden-state matrix.
 //   x:      bf16 [T, H], last stride 1;  rows: i32 [R] contiguous, each in [0, T)
 //   weight: bf16 [V, H] (the embedding table when tied), last stride 1

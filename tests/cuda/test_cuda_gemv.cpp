@@ -328,6 +328,13 @@ TEST(CudaGemv, TacticLineRoundTrip) {
   EXPECT_EQ(tc_line, "4 19456 2560 bf16 12.5 gemv 8 1 0 0 0 0 0 0 # kiln-gemv-tc warps 8 rows 8");
   ASSERT_TRUE(cuda::parse_tactic_line(tc_line, s2, t2));
   EXPECT_EQ(t2.gemv, (GemvConfig{8, true}));
+  EXPECT_FALSE(t2.gemv_norm_in);
+  t.gemv_norm_in = true;  // the residual-norm prologue won: word 2
+  const std::string ni_line = cuda::format_tactic_line(s, t);
+  EXPECT_EQ(ni_line, "4 19456 2560 bf16 12.5 gemv 8 1 1 0 0 0 0 0 # kiln-gemv-tc warps 8 rows 8");
+  ASSERT_TRUE(cuda::parse_tactic_line(ni_line, s2, t2));
+  EXPECT_TRUE(t2.gemv_norm_in);
+  EXPECT_EQ(cuda::format_tactic_line(s2, t2), ni_line);
 
   cuda::GemmTactic lt;
   for (int i = 0; i < 8; ++i) lt.algo[i] = 0x1000u + uint64_t(i);
@@ -343,6 +350,7 @@ TEST(CudaGemv, TacticLineRoundTrip) {
   EXPECT_FALSE(cuda::parse_tactic_line("16 19456 2560 bf16 12.5 gemv 4 0 0 0 0 0 0 0 # M > 8", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 1 0 0 0 0 # junk", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 2 0 0 0 0 0 0 # kernel 2", s2, t2));
+  EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 2 0 0 0 0 0 # norm-in 2", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2564 bf16 12.5 gemv 4 0 0 0 0 0 0 0 # K % 8", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 xyz 4 0 0 0 0 0 0 0 # kind", s2, t2));
   // A v1 line (no kind field) does not parse as v2.

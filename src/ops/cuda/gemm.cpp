@@ -14,10 +14,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "kiln/atomic_file.h"
 #include "kiln/error.h"
+#include "ops/cuda/elementwise.h"
 
 #define KILN_LT_CHECK(expr)                                                               \
   do {                                                                                    \
@@ -92,6 +94,14 @@ std::string describe_gemv(GemvConfig c) {
 
 constexpr const char* kCacheFormat = "kiln-gemm-tactics v2";
 
+// An on/off switch from the environment: "0" or "1", else `fallback` when unset or empty.
+bool env_switch(const char* name, bool fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", name, " must be 0 or 1, got '", e, "'");
+  return std::string(e) == "1";
+}
+
 }  // namespace
 
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
@@ -99,7 +109,10 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
   out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << out_name(s.out) << ' ' << t.us << ' '
       << (t.kind == GemmKind::gemv ? "gemv" : "lt") << std::hex;
   for (int i = 0; i < 8; ++i) {
-    const uint64_t gemv_word = i == 0 ? uint64_t(t.gemv.warps) : i == 1 ? uint64_t(t.gemv.tensor_cores) : 0;
+    const uint64_t gemv_word = i == 0   ? uint64_t(t.gemv.warps)
+                               : i == 1 ? uint64_t(t.gemv.tensor_cores)
+                               : i == 2 ? uint64_t(t.gemv_norm_in)
+                                        : 0;
     const uint64_t word = t.kind == GemmKind::gemv ? gemv_word : t.algo[i];
     out << ' ' << word;
   }
@@ -120,9 +133,11 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
   if (kind == "gemv") {
     t.kind = GemmKind::gemv;
     // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported holds.
-    bool ok = t.algo[1] <= 1 && gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out));
-    for (int i = 2; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    bool ok = t.algo[1] <= 1 && t.algo[2] <= 1 &&
+              gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out));
+    for (int i = 3; i < 8; ++i) ok = ok && t.algo[i] == 0;
     t.gemv.tensor_cores = t.algo[1] == 1;
+    t.gemv_norm_in = t.algo[2] == 1;
     t.gemv.warps = 0;
     for (int w : kGemvWarpChoices)
       if (uint64_t(w) == t.algo[0]) t.gemv.warps = w;
@@ -190,19 +205,13 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   KILN_LT_CHECK(cublasLtCreate(&impl_->lt));
   KILN_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
   // KILN_GEMV=0: ignore tuned GEMV tactics (cuBLASLt only), a switch to fall back without re-tuning.
-  if (const char* e = std::getenv("KILN_GEMV"); e && *e) {
-    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_GEMV must be 0 or 1, got '", e, "'");
-    gemv_enabled_ = std::string(e) == "1";
-  }
-  if (const char* e = std::getenv("KILN_GEMV_ADD_RMS_NORM"); e && *e) {
-    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_GEMV_ADD_RMS_NORM must be 0 or 1, got '",
-               e, "'");
-    gemv_add_rms_norm_ = std::string(e) == "1";
-  }
-  if (const char* e = std::getenv("KILN_GEMV_ATTN_PREP"); e && *e) {
-    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_GEMV_ATTN_PREP must be 0 or 1, got '", e,
-               "'");
-    gemv_attn_prep_ = std::string(e) == "1";
+  gemv_enabled_ = env_switch("KILN_GEMV", gemv_enabled_);
+  gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
+  gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
+  if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
+               "KILN_GEMV_NORM_IN must be 0, 1 or 2, got '", e, "'");
+    gemv_norm_in_ = std::atoi(e);
   }
 }
 
@@ -225,6 +234,13 @@ std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t 
   const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type});
   if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
   return tuned->second.gemv;
+}
+
+std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, int64_t k) const {
+  if (gemv_norm_in_ == 0) return std::nullopt;
+  const auto g = gemv_choice(m, n, k, GemmOut::bf16);
+  if (!g || gemv_norm_in_ == 2) return g;
+  return tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16}).gemv_norm_in ? g : std::nullopt;
 }
 
 void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
@@ -283,6 +299,11 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   KILN_CUDA_CHECK(cudaMalloc(&x, x_bytes));
   KILN_CUDA_CHECK(cudaMalloc(&w, w_bytes));
   KILN_CUDA_CHECK(cudaMalloc(&o, o_bytes));
+  // The residual-norm timing's residual (rewritten by every call) and normed rows, [M, K] like x.
+  void *norm_res = nullptr, *norm_out = nullptr;
+  KILN_CUDA_CHECK(cudaMalloc(&norm_res, x_bytes));
+  KILN_CUDA_CHECK(cudaMalloc(&norm_out, x_bytes));
+  KILN_CUDA_CHECK(cudaMemset(norm_res, 0x3c, x_bytes));
   // 0x3c3c is bf16 0.0115: finite, non-zero operands so the timing is of real arithmetic.
   KILN_CUDA_CHECK(cudaMemset(x, 0x3c, x_bytes));
   KILN_CUDA_CHECK(cudaMemset(w, 0x3c, w_bytes));
@@ -355,6 +376,33 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       t.kind = GemmKind::gemv;
       t.gemv = gemv_cands[best_i - cands.size()];
       t.describe = describe_gemv(t.gemv);
+      // The residual-norm prologue against the add_rms_norm kernel then this GEMV (x, o and the first rows
+      // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
+      if (s.out == GemmOut::bf16 &&
+          gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
+        const auto time_us = [&](const std::function<void(int64_t)>& f) {
+          f(copies - 1);
+          KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
+          for (int it = 0; it < iters; ++it) f(it);
+          KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
+          KILN_CUDA_CHECK(cudaEventSynchronize(e1));
+          float ms = 0;
+          KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+          return ms * 1000.0f / float(iters);
+        };
+        void* res = norm_res;
+        const float pair = time_us([&](int64_t it) {
+          rms_norm(x, s.k, res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, true, stream);
+          gemv(norm_out, s.k, w0 + size_t(it % copies) * w_one, s.k, o, s.n, s.m_bucket, s.n, s.k,
+               GemvEpilogue::bf16, t.gemv, stream);
+        });
+        const float fused = time_us([&](int64_t it) {
+          ::kiln::cuda::gemv_norm_in(x, s.k, res, s.k, w0, 1e-6f, w0 + size_t(it % copies) * w_one, s.k, o,
+                                     s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream);
+        });
+        t.gemv_norm_in = fused < pair;
+        if (t.gemv_norm_in) t.describe += " +norm-in";
+      }
     }
     t.us = best;
     if (verbose)
@@ -374,6 +422,8 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   cudaFree(x);
   cudaFree(w);
   cudaFree(o);
+  cudaFree(norm_res);
+  cudaFree(norm_out);
 }
 
 bool GemmEngine::load(const std::string& path) {

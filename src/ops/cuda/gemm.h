@@ -8,9 +8,12 @@
 //
 // Tactics: for each (M bucket, N, K, out dtype) the tuner times the heuristic's candidates and their
 // split-K variants, and for M buckets <= 8 also kiln's own GEMV (gemv.h, one pseudo-tactic per block
-// configuration, described "kiln-gemv warps W ..." or "kiln-gemv-tc warps W ..."), and keeps the fastest. M
-// bucket = the next power of two >= M (capped at 16384). Weights are rotated over copies that together exceed
-// the L2 while timing, so every candidate reads W from HBM as a decode step does. The cache file
+// configuration, described "kiln-gemv warps W ..." or "kiln-gemv-tc warps W ..."), and keeps the fastest;
+// where that is the GEMV on a bf16 output, it also times the GEMV with the residual-norm prologue
+// (gemv_norm_in) against the add_rms_norm kernel then the GEMV, and marks the tactic (" +norm-in") where the
+// prologue won. M bucket = the next power of two >= M (capped at 16384). Weights are rotated over copies that
+// together exceed the L2 while timing, so every candidate reads W from HBM as a decode step does. The cache
+// file
 // ("kiln-gemm-tactics v2") starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
 // whose key or format version differs is ignored (a v1 file is re-tuned). A cached cuBLASLt tactic is
 // re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the heuristic's first choice when
@@ -47,16 +50,19 @@ struct GemmTactic {
   GemmKind kind = GemmKind::cublaslt;
   uint64_t algo[8] = {};  // cublaslt: cublasLtMatmulAlgo_t, opaque, valid for one cuBLASLt version
   GemvConfig gemv{};      // gemv: the kernel and block size (algo unused, stored as zeros)
-  float us = 0;           // measured time at the bucket's M when tuned
-  std::string describe;   // "algo 21 tile 17 stages 8 splitK 1 ..." / "kiln-gemv warps 4" for --show
+  // gemv: the GEMV with the residual-norm prologue (gemv.h: gemv_norm_in) measured faster than the
+  // add_rms_norm kernel then this GEMV, when this shape's input is a residual add + RMSNorm.
+  bool gemv_norm_in = false;
+  float us = 0;          // measured time at the bucket's M when tuned
+  std::string describe;  // "algo 21 tile 17 stages 8 splitK 1 ..." / "kiln-gemv warps 4" for --show
 };
 
 int64_t gemm_m_bucket(int64_t m);
 
 // One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", kind "lt" or
-// "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel). parse_tactic_line returns false for a damaged
-// line (bad field, unknown kind, a GEMV block size that gemv does not take, a GEMV tactic for a shape or M
-// bucket that gemv_supported refuses).
+// "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel, w2 = 1 where the residual-norm prologue won).
+// parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV block size that gemv
+// does not take, a GEMV tactic for a shape or M bucket that gemv_supported refuses).
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
 bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 
@@ -97,6 +103,15 @@ class GemmEngine {
   // measured on the GPU (docs/PERF.md); KILN_GEMV_ATTN_PREP=1 starts it on.
   void set_gemv_attn_prep(bool on) { gemv_attn_prep_ = on; }
   bool gemv_attn_prep() const { return gemv_attn_prep_; }
+  // The GEMV configuration for a projection whose input is a residual add + RMSNorm (ops/linear.h:
+  // ResidualNorm) when the tuned tactic is that GEMV with the residual-norm prologue (gemv.h: gemv_norm_in;
+  // the tuner keeps it where it measured faster than the add_rms_norm kernel then the GEMV) and the switch is
+  // on, else nothing (the add_rms_norm kernel, then the projection).
+  std::optional<GemvConfig> gemv_norm_in_choice(int64_t m, int64_t n, int64_t k) const;
+  // Off: ignore the tuned residual-norm prologue. Default on; KILN_GEMV_NORM_IN=0 starts it off; =2 (for
+  // A/B runs) takes it wherever the GEMV is the tactic, measured faster or not.
+  void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
+  int gemv_norm_in() const { return gemv_norm_in_; }
 
   // Times candidates for each shape (synchronous; allocates scratch) and stores the winners.
   void tune(const std::vector<GemmShape>& shapes, bool verbose = false);
@@ -115,6 +130,7 @@ class GemmEngine {
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
+  int gemv_norm_in_ = 1;
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for

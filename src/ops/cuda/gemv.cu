@@ -1,4 +1,5 @@
 // Small-M GEMV and the fused gate_up + SiLU-and-multiply GEMV; contracts in gemv.h.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -45,15 +46,16 @@ struct NormTail {
 
 using GemvKernel = void (*)(GemvParams, NoArgs);
 
-template <GemvEpilogue E, class Tail = PlainTail>
+template <GemvEpilogue E, class Tail = PlainTail, bool N = false>
 GemvKernel kernel_for(int64_t m, bool tc) {
-  static constexpr GemvKernel fma[kGemvMaxM] = {
-      gemv_kernel<1, E, Tail>, gemv_kernel<2, E, Tail>, gemv_kernel<3, E, Tail>, gemv_kernel<4, E, Tail>,
-      gemv_kernel<5, E, Tail>, gemv_kernel<6, E, Tail>, gemv_kernel<7, E, Tail>, gemv_kernel<8, E, Tail>};
-  static constexpr GemvKernel mma[kGemvMaxM] = {gemv_tc_kernel<1, E, Tail>, gemv_tc_kernel<2, E, Tail>,
-                                                gemv_tc_kernel<3, E, Tail>, gemv_tc_kernel<4, E, Tail>,
-                                                gemv_tc_kernel<5, E, Tail>, gemv_tc_kernel<6, E, Tail>,
-                                                gemv_tc_kernel<7, E, Tail>, gemv_tc_kernel<8, E, Tail>};
+  static constexpr GemvKernel fma[kGemvMaxM] = {gemv_kernel<1, E, Tail, N>, gemv_kernel<2, E, Tail, N>,
+                                                gemv_kernel<3, E, Tail, N>, gemv_kernel<4, E, Tail, N>,
+                                                gemv_kernel<5, E, Tail, N>, gemv_kernel<6, E, Tail, N>,
+                                                gemv_kernel<7, E, Tail, N>, gemv_kernel<8, E, Tail, N>};
+  static constexpr GemvKernel mma[kGemvMaxM] = {gemv_tc_kernel<1, E, Tail, N>, gemv_tc_kernel<2, E, Tail, N>,
+                                                gemv_tc_kernel<3, E, Tail, N>, gemv_tc_kernel<4, E, Tail, N>,
+                                                gemv_tc_kernel<5, E, Tail, N>, gemv_tc_kernel<6, E, Tail, N>,
+                                                gemv_tc_kernel<7, E, Tail, N>, gemv_tc_kernel<8, E, Tail, N>};
   return (tc ? mma : fma)[m - 1];
 }
 
@@ -165,6 +167,88 @@ void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, v
           ? kernel_for<GemvEpilogue::bf16, NormTail<3>>(m, true)
           : kernel_for<GemvEpilogue::bf16, NormTail<0>>(m, cfg.tensor_cores),
       p, NoArgs{});
+}
+
+// KILN_GEMV_NORM_IN_GROUPS=g (g >= 1): the default block sizing of gemv_norm_in, g row groups a block instead
+// of one wave (for A/B runs); unset or 0: one wave.
+static int norm_in_groups_env() {
+  static const int v = [] {
+    const char* e = std::getenv("KILN_GEMV_NORM_IN_GROUPS");
+    if (!e || !*e) return 0;
+    const int g = std::atoi(e);
+    KILN_CHECK(g >= 0 && g <= 1024, "KILN_GEMV_NORM_IN_GROUPS must be in [0, 1024], got '", e, "'");
+    return g;
+  }();
+  return v;
+}
+
+bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_t ldr, int64_t ldw,
+                            int64_t ldo, GemvEpilogue epi) {
+  return gemv_supported(m, n, k, k, ldw, ldo, epi) && ldd >= k && ldr >= k && ldd % 8 == 0 && ldr % 8 == 0 &&
+         norm_in_smem_bytes(m, k / 8) <= kGemvNormInMaxSmem;
+}
+
+void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w, float eps,
+                  const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                  GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl, int groups_per_block) {
+  KILN_CHECK(m >= 0 && m <= kGemvMaxM, "gemv_norm_in: M must be in [0, ", kGemvMaxM, "], got ", m);
+  KILN_CHECK(groups_per_block >= 0, "gemv_norm_in: groups_per_block must be >= 0, got ", groups_per_block);
+  KILN_CHECK(gemv_norm_in_supported(m == 0 ? 1 : m, n, k, ldd, ldr, ldw, ldo, epi),
+             "gemv_norm_in: unsupported call: N ", n, " K ", k, " (a multiple of 8) ldd ", ldd, " ldr ", ldr,
+             " ldw ", ldw, " (multiples of 8, >= K) ldo ", ldo, ", prologue rows of ",
+             norm_in_smem_bytes(m, k / 8), " bytes (at most ", kGemvNormInMaxSmem, ")");
+  KILN_CHECK(aligned16(delta) && aligned16(residual) && aligned16(norm_w) && aligned16(w) && aligned16(out),
+             "gemv_norm_in: delta, residual, norm weight, W and out must be 16-byte aligned");
+  KILN_CHECK(valid_warps(cfg.warps), "gemv_norm_in: warps must be 2, 4, 8 or 16, got ", cfg.warps);
+  KILN_CHECK(eps >= 0.0f, "gemv_norm_in: eps must be >= 0");
+  if (m == 0) return;
+  GemvParams p{.x = nullptr,
+               .w = static_cast<const uint4*>(w),
+               .out = out,
+               .ldx8 = 0,
+               .ldw8 = ldw / 8,
+               .ldo = ldo,
+               .n = n,
+               .k8 = k / 8,
+               .pdl = pdl,
+               .eps = eps};
+  p.ni_delta = static_cast<const uint4*>(delta);
+  p.ni_residual = static_cast<uint4*>(residual);
+  p.ni_w = static_cast<const uint4*>(norm_w);
+  p.ni_ldd8 = ldd / 8;
+  p.ni_ldr8 = ldr / 8;
+  const int64_t out_cols = epi == GemvEpilogue::silu_mul ? n / 2 : n;
+  const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
+  const int64_t groups = (out_cols + per_block - 1) / per_block;
+  const bool tc = cfg.tensor_cores;
+  GemvKernel kern = epi == GemvEpilogue::bf16  ? kernel_for<GemvEpilogue::bf16, PlainTail, true>(m, tc)
+                    : epi == GemvEpilogue::f32 ? kernel_for<GemvEpilogue::f32, PlainTail, true>(m, tc)
+                                               : kernel_for<GemvEpilogue::silu_mul, PlainTail, true>(m, tc);
+  // Blocks take row groups blockIdx.x, + gridDim.x, ... after their one prologue (gemv_kernels.cuh): one
+  // wave of resident blocks by default, else groups_per_block groups each.
+  // The kernels' static shared memory (the warps' sums, at most 4 KB, and the prologue's scalars) counts
+  // against the 48 KB a launch gets without raising the limit.
+  const size_t smem = size_t(norm_in_smem_bytes(m, k / 8));
+  if (smem > 40 * 1024)
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if (groups_per_block == 0) groups_per_block = norm_in_groups_env();
+  int64_t blocks = groups;
+  if (groups_per_block > 0) {
+    blocks = (groups + groups_per_block - 1) / groups_per_block;
+  } else {
+    int dev = 0, sms = 132, per_sm = 1;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, cfg.warps * 32, smem));
+    blocks = std::min<int64_t>(groups, int64_t(sms) * std::max(per_sm, 1));
+  }
+  KILN_CHECK(blocks <= 0x7fffffff, "gemv_norm_in: N too large");
+  launch({.grid = dim3(unsigned(blocks)),
+          .block = dim3(unsigned(cfg.warps * 32)),
+          .smem = smem,
+          .stream = stream,
+          .pdl = pdl,
+          .smem_attr_set = true},
+         kern, p, NoArgs{});
 }
 
 }  // namespace kiln::cuda

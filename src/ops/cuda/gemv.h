@@ -48,6 +48,19 @@
 // before its own griddepcontrol.wait, which waits for this whole grid to complete and its writes (tmp,
 // residual, normed) to be visible. The last block is resident when it runs the tail and waits on no other
 // block, so an early dependent cannot starve it.
+//
+// Residual-norm prologue (gemv_norm_in, the QKV and gate_up projections that follow a residual add and an
+// RMSNorm): x is not read; every block computes it into shared memory first, h = bf16(residual + delta) and
+// x = rms_norm(h) * norm_w for the M rows, with norm_row.cuh's chunk arithmetic in rms_norm_row's summation
+// order (each row's squares by one warp, lane l over chunks l, l + 32, ...), then runs the dot products of
+// the plain kernel (same config, same order) on it. So out (and act for silu_mul) is bitwise rms_norm with
+// add (elementwise.h) then gemv, and residual is rewritten with the same h. Every block reads all of the
+// residual; each block counts itself on a per-device counter once its reads have returned (after a
+// __syncthreads), and the block that counts last, when every other block has read, writes h back and resets
+// the counter to 0. The normed rows are never stored. Safe for any number of launches on one stream, in a
+// graph or not (the count is touched after pdl_wait, as the add + RMSNorm epilogue's), not for two launches
+// in flight at once on two streams of one device. Its blocks prefetch their whole W slice towards L2 before
+// the prologue, so the W stream overlaps it. PDL: as gemv.
 #pragma once
 
 #include <cstdint>
@@ -108,6 +121,28 @@ void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, v
                        void* residual, int64_t ldr, const void* norm_w, void* normed, int64_t ldn, int64_t m,
                        int64_t n, int64_t k, float eps, GemvConfig cfg, cudaStream_t stream,
                        bool pdl = false);
+
+// Shared memory the residual-norm prologue may use (M rows of K bf16, each padded by 64 bytes, and the norm
+// weight).
+constexpr int64_t kGemvNormInMaxSmem = 160 * 1024;
+
+// True when gemv_norm_in can run this call: gemv_supported (x's stride taken as K), delta and residual row
+// strides multiples of 8 and >= K, and the prologue's rows within kGemvNormInMaxSmem.
+bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_t ldr, int64_t ldw,
+                            int64_t ldo, GemvEpilogue epi);
+
+// residual[m, :] <- h = bf16(residual[m, :] + delta[m, :]); out = gemv(rms_norm(h) * norm_w, W) with the
+// epilogue epi: bitwise rms_norm(delta, residual, norm_w, normed, eps, add = true) (elementwise.h) then gemv
+// (same config) on normed, without storing normed. delta, residual: bf16 [m, K] (row strides ldd, ldr);
+// norm_w: bf16 [K]; W, out, ldo, epi: as gemv. All pointers 16-byte aligned; residual overlaps none of the
+// others, out overlaps none. eps >= 0. m == 0 is a no-op; any violation throws kiln::Error before anything is
+// launched. Not for concurrent use on two streams of one device (see above). groups_per_block: the row groups
+// (of gemv_rows(cfg) W rows) each block takes after its prologue, 0: as many as one wave of resident blocks
+// needs. The same bits for any value.
+void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w, float eps,
+                  const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                  GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false,
+                  int groups_per_block = 0);
 
 // Register cap of the tensor-core kernel when it carries a tail (the add + RMSNorm here, the attention
 // preparation in gemv_attn_prep.h). The plain tensor-core GEMV compiles to 38 registers; the tails' locals

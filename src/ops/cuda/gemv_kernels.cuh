@@ -10,6 +10,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/vec.cuh"
 
 namespace kiln::cuda::gemv_detail {
@@ -31,7 +32,115 @@ struct GemvParams {
   uint16_t* normed = nullptr;
   int64_t ldr = 0, ldn = 0;
   float eps = 0.0f;
+  // The residual-norm prologue (kNormIn; x unused): delta and residual [M, K] with row strides ldd8, ldr8
+  // (uint4 units) and the norm weight [K / 8].
+  const uint4* ni_delta = nullptr;
+  uint4* ni_residual = nullptr;
+  const uint4* ni_w = nullptr;
+  int64_t ni_ldd8 = 0, ni_ldr8 = 0;
 };
+
+// Blocks of the current residual-norm launch that have read the residual; the last one resets it to 0
+// (gemv.h: gemv_norm_in, why one word is enough). Module globals are per device and, being static, per
+// translation unit: only gemv.cu instantiates the prologue.
+static __device__ unsigned int g_norm_in_blocks_read = 0;
+
+// Shared-memory row stride of the prologue's x rows (uint4 units): 64 bytes of padding put the tensor-core
+// kernel's 8 x rows on distinct banks.
+__host__ __device__ constexpr int64_t norm_in_lds8(int64_t k8) {
+  return k8 + 4;
+}
+// The prologue's shared memory: the M x rows, then the norm weight's K / 8 chunks.
+__host__ __device__ constexpr int64_t norm_in_smem_bytes(int64_t m, int64_t k8) {
+  return (m * norm_in_lds8(k8) + k8) * 16;
+}
+
+// The tensor-core kernel's __launch_bounds__ minimum of resident 512-thread blocks with the prologue: 2 (64
+// registers, 4-20 bytes of spills; uncapped it takes 94-104, one block per SM; capped at the plain kernel's
+// 3, 40 registers, it spills 200-260 bytes a thread).
+constexpr int kNormInTcMinBlocks = 2;
+
+// A 16-byte shared-memory load the compiler keeps in program order among the other asm volatile (the
+// tensor-core GEMV's mma): hoisting all of a round's x loads ahead of the mma would hold 32 more registers.
+__device__ __forceinline__ uint4 load_shared16(const uint4* p) {
+  uint4 v;
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a));
+  return v;
+}
+
+// x for the FMA GEMV's dot products: shared memory (the prologue's rows) or global through the read-only
+// path.
+template <bool kShared>
+__device__ __forceinline__ uint4 load_x(const uint4* p) {
+  if constexpr (kShared) {
+    return *p;
+  } else {
+    return __ldg(p);
+  }
+}
+
+// The residual-norm prologue, run by every thread of the block after pdl_wait: xs[m] = rms_norm(residual[m]
+// + delta[m]) * w for the M rows, bitwise norm_row.cuh's rms_norm_row with add (the rms_norm kernel): the
+// same chunk arithmetic, and each row's squares summed by one warp with lane l taking chunks l, l + 32, ...
+// in order. The sums h = bf16(residual + delta) are spread over all threads first, kNormInBatch chunks of
+// loads in flight per thread (with the norm weight staged into shared memory ws the same way), the squares
+// then read h from shared memory. The block counts itself once its residual reads are done; the block that
+// counts last (every other block has read by then) writes h back.
+constexpr int kNormInBatch = 4;
+template <int M>
+__device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs, uint4* ws, int tid, int T) {
+  __shared__ float inv[M];
+  __shared__ bool last;
+  const int k8 = int(p.k8), lds = int(norm_in_lds8(p.k8)), total = M * k8;
+  for (int c0 = tid; c0 < total; c0 += kNormInBatch * T) {
+    uint4 dv[kNormInBatch], rv[kNormInBatch];
+#pragma unroll
+    for (int b = 0; b < kNormInBatch; ++b) {
+      const int c = c0 + b * T, m = c / k8, j = c - m * k8;
+      if (c < total) {
+        dv[b] = __ldcg(p.ni_delta + m * p.ni_ldd8 + j);
+        rv[b] = __ldcg(p.ni_residual + m * p.ni_ldr8 + j);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kNormInBatch; ++b) {
+      const int c = c0 + b * T, m = c / k8, j = c - m * k8;
+      if (c < total) xs[m * lds + j] = norm_add_chunk(dv[b], rv[b]);
+    }
+  }
+  for (int j0 = tid; j0 < k8; j0 += kNormInBatch * T) {
+    uint4 wv[kNormInBatch];
+#pragma unroll
+    for (int b = 0; b < kNormInBatch; ++b)
+      if (j0 + b * T < k8) wv[b] = __ldg(p.ni_w + j0 + b * T);
+#pragma unroll
+    for (int b = 0; b < kNormInBatch; ++b)
+      if (j0 + b * T < k8) ws[j0 + b * T] = wv[b];
+  }
+  __syncthreads();  // every residual read of this block has returned
+  if (tid == 0) {
+    last = atomicAdd(&g_norm_in_blocks_read, 1u) == gridDim.x - 1;
+    if (last) atomicExch(&g_norm_in_blocks_read, 0u);  // every block has counted: ready for the next launch
+  }
+  const int warp = tid / 32, lane = tid % 32;
+  for (int m = warp; m < M; m += T / 32) {  // warp-uniform: the butterfly needs the whole warp
+    float acc = 0.0f;
+    for (int j = lane; j < k8; j += 32) norm_square_chunk(xs[m * lds + j], acc);
+    const float v = norm_inv_rms(acc, k8, p.eps);
+    if (lane == 0) inv[m] = v;
+  }
+  __syncthreads();
+  for (int c = tid; c < total; c += T) {
+    const int m = c / k8, j = c - m * k8;
+    const uint4 h = xs[m * lds + j];
+    if (last) p.ni_residual[m * p.ni_ldr8 + j] = h;
+    xs[m * lds + j] = norm_scale_chunk(h, ws[j], inv[m]);
+  }
+  __syncthreads();
+}
 
 // W is streamed once: 16-byte read-only loads that skip L1 (x keeps it) with a 256-byte L2 prefetch hint.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -54,18 +163,25 @@ constexpr int unroll_for() {
   return M <= 2 ? 4 : 2;
 }
 
-// Row r of a block of R rows: the W row it reads (clamped into range) and, through `base`, the output
-// column it stores. silu_mul: rows 0..R/2-1 are gate rows base + r, rows R/2.. the matching up rows.
+// Row groups of R W rows (R / 2 output columns for silu_mul): one per block, except with the residual-norm
+// prologue, where a block takes groups blockIdx.x, + gridDim.x, ... after one prologue.
 template <int R, GemvEpilogue E>
-__device__ __forceinline__ const uint4* block_row(const GemvParams& p, int r, int64_t& base) {
+__device__ __forceinline__ int64_t row_groups(const GemvParams& p) {
+  return E == GemvEpilogue::silu_mul ? (p.n / 2 + R / 2 - 1) / (R / 2) : (p.n + R - 1) / R;
+}
+
+// Row r of group grp: the W row it reads (clamped into range) and, through `base`, the group's first
+// output column. silu_mul: rows 0..R/2-1 are gate rows base + r, rows R/2.. the matching up rows.
+template <int R, GemvEpilogue E>
+__device__ __forceinline__ const uint4* block_row(const GemvParams& p, int64_t grp, int r, int64_t& base) {
   if constexpr (E == GemvEpilogue::silu_mul) {
     const int64_t half = p.n / 2;
-    base = int64_t(blockIdx.x) * (R / 2);
+    base = grp * (R / 2);
     const int c = r < R / 2 ? r : r - R / 2;
     const int64_t j = base + c < half ? base + c : half - 1;
     return p.w + (r < R / 2 ? j : half + j) * p.ldw8;
   } else {
-    base = int64_t(blockIdx.x) * R;
+    base = grp * R;
     return p.w + (base + r < p.n ? base + r : p.n - 1) * p.ldw8;
   }
 }
@@ -107,18 +223,29 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
   }
 }
 
-template <int M, GemvEpilogue E, class Tail>
+template <int M, GemvEpilogue E, class Tail, bool kNormIn = false>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     gemv_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
   constexpr int R = gemv_rows(GemvConfig{.tensor_cores = false});
   constexpr int U = unroll_for<M>();
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  // The block's W rows (clamped into range; the epilogue stores only real ones).
+  const int64_t groups = row_groups<R, E>(p);
+  // The group's W rows (clamped into range; the epilogue stores only real ones).
   const uint4* wrow[R];
   int64_t base = 0;
+  const auto rows_of = [&](int64_t grp, const uint4*(&rows)[R], int64_t& b) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) wrow[r] = block_row<R, E>(p, r, base);
-  if (p.pdl) {  // overlap the first loads' HBM latency with the predecessor's tail
+    for (int r = 0; r < R; ++r) rows[r] = block_row<R, E>(p, grp, r, b);
+  };
+  const auto prefetch_group = [&](const uint4* const(&rows)[R]) {  // a group's whole W slice towards L2
+    for (int64_t c = tid; c < p.k8; c += T)
+#pragma unroll
+      for (int r = 0; r < R; ++r) prefetch_l2(rows[r] + c);
+  };
+  rows_of(blockIdx.x, wrow, base);
+  if constexpr (kNormIn) {  // the W stream overlaps the prologue
+    prefetch_group(wrow);
+  } else if (p.pdl) {  // overlap the first loads' HBM latency with the predecessor's tail
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = tid + int64_t(u) * T;
@@ -128,56 +255,81 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     }
   }
   pdl_wait();
+  extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
+  if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
+  const uint4* xs = kNormIn ? norm_in_x : p.x;
+  const int64_t ldx8 = kNormIn ? norm_in_lds8(p.k8) : p.ldx8;
 
-  float acc[M][R];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
-
-  for (int64_t c0 = tid; c0 < p.k8; c0 += int64_t(U) * T) {
-    uint4 wv[U][R];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = c0 + int64_t(u) * T;
-      if (c < p.k8) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) wv[u][r] = load_stream(wrow[r] + c);
-      }
+  __shared__ float red[kMaxWarps][M * R];
+  // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
+  const auto run_group = [&](int64_t grp, bool more) {
+    if (more) {
+      const uint4* next[R];
+      int64_t nb;
+      rows_of(grp + gridDim.x, next, nb);
+      prefetch_group(next);
     }
+    float acc[M][R];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = c0 + int64_t(u) * T;
-      if (c < p.k8) {
-        float wf[R][8];
+    for (int m = 0; m < M; ++m)
 #pragma unroll
-        for (int r = 0; r < R; ++r) unpack8(wv[u][r], wf[r]);
+      for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+
+    for (int64_t c0 = tid; c0 < p.k8; c0 += int64_t(U) * T) {
+      uint4 wv[U][R];
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float xf[8];
-          unpack8(__ldg(p.x + m * p.ldx8 + c), xf);
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + int64_t(u) * T;
+        if (c < p.k8) {
 #pragma unroll
-          for (int r = 0; r < R; ++r)
+          for (int r = 0; r < R; ++r) wv[u][r] = load_stream(wrow[r] + c);
+        }
+      }
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + int64_t(u) * T;
+        if (c < p.k8) {
+          float wf[R][8];
+#pragma unroll
+          for (int r = 0; r < R; ++r) unpack8(wv[u][r], wf[r]);
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            float xf[8];
+            unpack8(load_x<kNormIn>(xs + m * ldx8 + c), xf);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
+          }
         }
       }
     }
-  }
 
-  // Warp butterfly, then the warps' sums in ascending warp order (gemv.h: the summation order).
-  __shared__ float red[kMaxWarps][M * R];
+    // Warp butterfly, then the warps' sums in ascending warp order (gemv.h: the summation order).
 #pragma unroll
-  for (int m = 0; m < M; ++m)
+    for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float v = acc[m][r];
+      for (int r = 0; r < R; ++r) {
+        float v = acc[m][r];
 #pragma unroll
-      for (int off = 16; off >= 1; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0) red[warp][m * R + r] = v;
+        for (int off = 16; off >= 1; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) red[warp][m * R + r] = v;
+      }
+    __syncthreads();
+    store_outputs<M, R, E>(p, base, red, T / 32, tid);
+  };
+  if constexpr (kNormIn) {
+    for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+      const bool more = grp + gridDim.x < groups;
+      run_group(grp, more);
+      if (more) {
+        __syncthreads();  // red is rewritten by the next group
+        rows_of(grp + gridDim.x, wrow, base);
+      }
     }
-  __syncthreads();
-  store_outputs<M, R, E>(p, base, red, T / 32, tid);
+  } else {
+    run_group(blockIdx.x, false);
+  }
   Tail::template finish<M, R>(p, ta, base, T / 32, tid);
 }
 
@@ -193,18 +345,23 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2
 
 // Tensor-core GEMV (gemv.h). Lane (g, t) streams chunk t of every 32-element K block of W row g (block row
 // g) and of x row g (zeros for g >= M); D[m][n] of the mma is out[m][base + n], held by lane (m, n / 2).
-template <int M, GemvEpilogue E, class Tail>
-__global__ void __launch_bounds__(kMaxWarps * 32, Tail::kTcMinBlocks)
+template <int M, GemvEpilogue E, class Tail, bool kNormIn = false>
+__global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks : Tail::kTcMinBlocks)
     gemv_tc_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
   constexpr int R = gemv_rows(GemvConfig{.tensor_cores = true});
   constexpr int U = 8;  // K blocks whose loads a warp issues together
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = T / 32;
   const int g = lane / 4, t = lane % 4;
+  const int64_t groups = row_groups<R, E>(p), kblocks = (p.k8 + 3) / 4;
   int64_t base = 0;
-  const uint4* wrow = block_row<R, E>(p, g, base);
-  const uint4* xrow = p.x + (g < M ? g : 0) * p.ldx8;
-  const int64_t kblocks = (p.k8 + 3) / 4;
-  if (p.pdl) {
+  const uint4* wrow = block_row<R, E>(p, blockIdx.x, g, base);
+  const auto prefetch_group = [&](const uint4* row) {  // a group's whole W slice towards L2
+    for (int64_t kb = warp; kb < kblocks; kb += warps)
+      if (kb * 4 + t < p.k8) prefetch_l2(row + kb * 4 + t);
+  };
+  if constexpr (kNormIn) {  // the W stream overlaps the prologue
+    prefetch_group(wrow);
+  } else if (p.pdl) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = (warp + int64_t(u) * warps) * 4 + t;
@@ -212,37 +369,66 @@ __global__ void __launch_bounds__(kMaxWarps * 32, Tail::kTcMinBlocks)
     }
   }
   pdl_wait();
-
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
+  if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
+  const uint4* xrow =
+      kNormIn ? norm_in_x + (g < M ? g : 0) * norm_in_lds8(p.k8) : p.x + (g < M ? g : 0) * p.ldx8;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
-    uint4 wv[U], xv[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
-      wv[u] = c < p.k8 ? load_stream(wrow + c) : zero;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
-      xv[u] = c < p.k8 && g < M ? __ldg(xrow + c) : zero;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (kb0 + int64_t(u) * warps < kblocks) {  // warp-uniform: every lane takes part in the mma
-        mma_bf16(d, xv[u].x, xv[u].y, wv[u].x, wv[u].y);
-        mma_bf16(d, xv[u].z, xv[u].w, wv[u].z, wv[u].w);
-      }
-    }
-  }
 
   __shared__ float red[kMaxWarps][M * R];
-  if (g < M) {
-    red[warp][g * R + 2 * t] = d[0];
-    red[warp][g * R + 2 * t + 1] = d[1];
+  // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
+  const auto run_group = [&](int64_t grp, bool more) {
+    if (more) {
+      int64_t nb;
+      prefetch_group(block_row<R, E>(p, grp + gridDim.x, g, nb));
+    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
+      uint4 wv[U], xv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
+        wv[u] = c < p.k8 ? load_stream(wrow + c) : zero;
+      }
+      if constexpr (!kNormIn) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
+          xv[u] = c < p.k8 && g < M ? __ldg(xrow + c) : zero;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (kb0 + int64_t(u) * warps < kblocks) {  // warp-uniform: every lane takes part in the mma
+          if constexpr (kNormIn) {  // x from shared memory right before its mma (ordered: both asm volatile)
+            const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
+            xv[u] = c < p.k8 && g < M ? load_shared16(xrow + c) : zero;
+          }
+          mma_bf16(d, xv[u].x, xv[u].y, wv[u].x, wv[u].y);
+          mma_bf16(d, xv[u].z, xv[u].w, wv[u].z, wv[u].w);
+        }
+      }
+    }
+
+    if (g < M) {
+      red[warp][g * R + 2 * t] = d[0];
+      red[warp][g * R + 2 * t + 1] = d[1];
+    }
+    __syncthreads();
+    store_outputs<M, R, E>(p, base, red, warps, tid);
+  };
+  if constexpr (kNormIn) {
+    for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+      const bool more = grp + gridDim.x < groups;
+      run_group(grp, more);
+      if (more) {
+        __syncthreads();  // red is rewritten by the next group
+        wrow = block_row<R, E>(p, grp + gridDim.x, g, base);
+      }
+    }
+  } else {
+    run_group(blockIdx.x, false);
   }
-  __syncthreads();
-  store_outputs<M, R, E>(p, base, red, warps, tid);
   Tail::template finish<M, R>(p, ta, base, warps, tid);
 }
 

@@ -80,6 +80,24 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
   add_rms_norm(tmp, residual, norm_weight, eps, normed);
 }
 
+bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& norm_weight, float eps,
+                    const Tensor& weight, const Tensor& out, bool silu) {
+  const int64_t M = delta.shape[0], N = weight.shape[0], K = weight.shape[1];
+  if (M == 0) return false;
+  const auto g = kc::gemm_engine().gemv_norm_in_choice(M, N, K);
+  const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const kc::GemvEpilogue epi = silu ? kc::GemvEpilogue::silu_mul : kc::GemvEpilogue::bf16;
+  if (!g || !al16(delta.data) || !al16(residual.data) || !al16(norm_weight.data) || !al16(weight.data) ||
+      !al16(out.data) ||
+      !kc::gemv_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0], weight.stride[0],
+                                  out.stride[0], epi))
+    return false;
+  kc::gemv_norm_in(delta.data, delta.stride[0], residual.data, residual.stride[0], norm_weight.data, eps,
+                   weight.data, weight.stride[0], out.data, out.stride[0], M, N, K, epi, *g,
+                   kc::current_stream(), kc::pdl_enabled());
+  return true;
+}
+
 bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k) {
   const kc::GemmEngine& eng = kc::gemm_engine();
   return m >= 1 && eng.gemv_attn_prep() && eng.gemv_choice(m, n, k, kc::GemmOut::bf16).has_value();

@@ -33,6 +33,13 @@ bool linear_attn_prep(const Tensor& x, const Tensor& weight, const ::kiln::cuda:
 // The cheap half of that decision (the switch and the tuner's choice for [m, n, k]), asked before the
 // params are built.
 bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k);
+// A projection whose input is rms_norm(residual + delta) (ops/linear.h: ResidualNorm), as one launch: the
+// GEMV with the residual-norm prologue (gemv.h: gemv_norm_in; residual rewritten, nothing else but out) into
+// out, with the silu_mul epilogue when silu (out is then act [M, N / 2]). Launches it and returns true when
+// the engine's switch is on, the tuner chose the GEMV for [M, N, K] and the kernel's guards hold; else
+// launches nothing and returns false (the caller runs add_rms_norm, then the projection).
+bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& norm_weight, float eps,
+                    const Tensor& weight, const Tensor& out, bool silu);
 // Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
 // bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);
@@ -40,13 +47,16 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void scatter_rows(const Tensor& dst, const Tensor& rows, const Tensor& src, bool accumulate);
 // The vision tower's ops (vision.cu; contracts in ops/layer_norm.h, activation.h, linear.h,
-// vision_attention.h).
+// vision_attention.h, vision_pos_embed.h).
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& out);
 void gelu(const Tensor& x, const Tensor& out, bool tanh_approx);
 void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
 void rope_2d(const Tensor& qkv, const Tensor& pos, const Tensor& table, int num_heads);
 void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                       const Tensor& out, float scale);
+void pos_embed_interpolate(const Tensor& table, const Tensor& lin, int64_t side, int64_t grid_t,
+                           int64_t grid_h, int64_t grid_w, int64_t merge, const Tensor& out);
+void cast_to_bf16(const Tensor& in, const Tensor& out);
 // A pure decode step (T == B) launches only the decode kernel (see ops/cuda/attention.h).
 void paged_attention(const PagedAttentionArgs& args);
 
