@@ -11,6 +11,7 @@
 #include "ops/linear.h"
 #include "ops/rows.h"
 #include "ops/vision_attention.h"
+#include "ops/vision_pos_embed.h"
 
 namespace kiln {
 namespace {
@@ -100,26 +101,19 @@ void merger_mlp(const Tensor& x, const VisionMergerWeights& m, const Tensor& h, 
   linear(h, m.fc2, out);
 }
 
+// A host vector copied into a new Buffer on `d` (at least 1 byte).
+template <typename T>
+Buffer upload_vector(const std::vector<T>& v, Device d) {
+  Buffer b(std::max<size_t>(v.size() * sizeof(T), 1), d);
+  copy_bytes(b.data(), d, v.data(), Device::cpu(), v.size() * sizeof(T));
+  return b;
+}
+
 // Device rows -> host bf16 rows [r0, r0 + n) of a [*, cols] matrix.
 std::vector<bf16_t> host_rows(const Mat& m, int64_t r0, int64_t n) {
   std::vector<bf16_t> v(static_cast<size_t>(n * m.cols));
   copy_bytes(v.data(), Device::cpu(), static_cast<const bf16_t*>(m.buf.data()) + r0 * m.cols, m.buf.device(),
              v.size() * sizeof(bf16_t));
-  return v;
-}
-
-// torch.linspace(0, end, steps) in fp32 as ATen's CPU kernel computes it: the first half from the start,
-// the second from the end.
-std::vector<float> linspace_f32(float end, int64_t steps) {
-  std::vector<float> v(static_cast<size_t>(steps));
-  if (steps == 1) {
-    v[0] = 0.0f;
-    return v;
-  }
-  const float step = end / float(steps - 1);
-  const int64_t half = steps / 2;
-  for (int64_t i = 0; i < steps; ++i)
-    v[size_t(i)] = i < half ? step * float(i) : end - step * float(steps - 1 - i);
   return v;
 }
 
@@ -207,44 +201,13 @@ void Qwen3VLVision::check_image(const vision::ImagePatches& img) const {
 }
 
 std::vector<bf16_t> Qwen3VLVision::position_embedding(const vision::ImagePatches& img) const {
-  const int64_t side = cfg_.grid_side(), h = cfg_.hidden_size, m = cfg_.spatial_merge_size;
-  const int64_t H = img.grid_h, W = img.grid_w, T = img.grid_t;
-  const std::vector<float> hs = linspace_f32(float(side - 1), H), ws = linspace_f32(float(side - 1), W);
-  std::vector<bf16_t> table(static_cast<size_t>(w_.pos_embed.numel()));
-  copy_bytes(table.data(), Device::cpu(), w_.pos_embed.data, device_, table.size() * sizeof(bf16_t));
-  const bf16_t* E = table.data();
-  auto bf = [](float x) { return bf16_to_f32(f32_to_bf16(x)); };
-  // [H * W, h] in raster order, as transformers sums the four corners (bf16 products, bf16 adds).
-  std::vector<bf16_t> grid(size_t(H * W * h));
-  for (int64_t i = 0; i < H; ++i) {
-    const int64_t fh = int64_t(hs[size_t(i)]), ch = std::min(fh + 1, side - 1);
-    const float dh = hs[size_t(i)] - float(fh);
-    for (int64_t j = 0; j < W; ++j) {
-      const int64_t fw = int64_t(ws[size_t(j)]), cw = std::min(fw + 1, side - 1);
-      const float dw = ws[size_t(j)] - float(fw);
-      const int64_t idx[4] = {fh * side + fw, fh * side + cw, ch * side + fw, ch * side + cw};
-      const float wt[4] = {bf((1 - dh) * (1 - dw)), bf((1 - dh) * dw), bf(dh * (1 - dw)), bf(dh * dw)};
-      bf16_t* o = grid.data() + (i * W + j) * h;
-      for (int64_t c = 0; c < h; ++c) {
-        float acc = 0;
-        for (int k = 0; k < 4; ++k) {
-          const float p = bf(bf16_to_f32(E[idx[k] * h + c]) * wt[k]);
-          acc = k == 0 ? p : bf(acc + p);
-        }
-        o[c] = f32_to_bf16(acc);
-      }
-    }
-  }
-  // Repeated per frame, reordered into merge blocks (t, h/m, w/m, m, m): the processor's patch order.
-  std::vector<bf16_t> out(size_t(T * H * W * h));
-  int64_t r = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t bh = 0; bh < H / m; ++bh)
-      for (int64_t bw = 0; bw < W / m; ++bw)
-        for (int64_t ir = 0; ir < m; ++ir)
-          for (int64_t ic = 0; ic < m; ++ic, ++r)
-            std::copy_n(grid.data() + ((bh * m + ir) * W + bw * m + ic) * h, h, out.data() + r * h);
-  return out;
+  const int64_t h = cfg_.hidden_size, n = img.patches();
+  const Buffer lin =
+      upload_vector(ops::pos_embed_linspace(cfg_.grid_side(), img.grid_h, img.grid_w), device_);
+  const Mat out(n, h, device_);
+  ops::pos_embed_interpolate(w_.pos_embed, lin.view(DType::f32, {img.grid_h + img.grid_w}), img.grid_t,
+                             img.grid_h, img.grid_w, cfg_.spatial_merge_size, out.t());
+  return host_rows(out, 0, n);
 }
 
 std::vector<VisionOutput> Qwen3VLVision::encode(
@@ -261,17 +224,17 @@ std::vector<VisionOutput> Qwen3VLVision::encode(
   std::vector<VisionOutput> outs(images.size());
   if (N == 0) return outs;
 
-  // Pixel rows rounded to bf16 (HF: pixel_values.type(visual.dtype)), the per-patch (row, column) and the
-  // attention segments: one per frame of each image (transformers' cu_seqlens repeats h * w per frame).
+  // The per-patch (row, column), the attention segments (one per frame of each image: transformers'
+  // cu_seqlens repeats h * w per frame) and the position-embedding linspaces of every image, on the host
+  // (O(patches + grid sides)); the O(patches * hidden) work runs on the tower's device below.
   const Device dev = device_;
-  std::vector<bf16_t> px(static_cast<size_t>(N * pd)), pe_all(static_cast<size_t>(N * h));
   std::vector<int32_t> pos(static_cast<size_t>(2 * N)), cu{0};
+  std::vector<float> lin;
   int64_t r0 = 0;
   for (const vision::ImagePatches* img : images) {
     const int64_t n = img->patches();
-    for (int64_t i = 0; i < n * pd; ++i) px[size_t(r0 * pd + i)] = f32_to_bf16(img->values[size_t(i)]);
-    const std::vector<bf16_t> pe = position_embedding(*img);
-    std::copy(pe.begin(), pe.end(), pe_all.begin() + r0 * h);
+    const std::vector<float> l = ops::pos_embed_linspace(cfg_.grid_side(), img->grid_h, img->grid_w);
+    lin.insert(lin.end(), l.begin(), l.end());
     int64_t r = r0;
     for (int64_t t = 0; t < img->grid_t; ++t) {
       for (int64_t bh = 0; bh < img->grid_h / m; ++bh)
@@ -285,12 +248,8 @@ std::vector<VisionOutput> Qwen3VLVision::encode(
     }
     r0 += n;
   }
-  auto upload = [&](const auto& v) {
-    Buffer b(std::max<size_t>(v.size() * sizeof(v[0]), 1), dev);
-    copy_bytes(b.data(), dev, v.data(), Device::cpu(), v.size() * sizeof(v[0]));
-    return b;
-  };
-  const Buffer px_b = upload(px), pe_b = upload(pe_all), pos_b = upload(pos), cu_b = upload(cu);
+  const Buffer pos_b = upload_vector(pos, dev), cu_b = upload_vector(cu, dev),
+               lin_b = upload_vector(lin, dev);
   const Buffer table = ops::build_rope_2d_table(int(D), kRopeTheta, max_hw, dev);
   const ops::RopeTable2d rope = ops::rope_2d_table_view(table, int(D), max_hw);
   const Tensor pos_t = pos_b.view(DType::i32, {N, 2});
@@ -299,8 +258,31 @@ std::vector<VisionOutput> Qwen3VLVision::encode(
   const int64_t I = cfg_.intermediate_size, m4 = h * unit, out_h = cfg_.out_hidden_size;
   Mat x(N, h, dev), normed(N, h, dev), attn(N, h, dev), tmp(N, h, dev), qkv(N, 3 * h, dev), f(N, I, dev);
   Mat n4(N / unit, m4, dev), f4(N / unit, m4, dev);
-  linear(px_b.view(DType::bf16, {N, pd}), w_.patch_embed, x.t());
-  ops::add(x.t(), pe_b.view(DType::bf16, {N, h}), x.t());
+  // Pixel rows rounded to bf16 (HF: pixel_values.type(visual.dtype)) and the interpolated position embedding,
+  // both on the tower's device; on CUDA the f32 pixel rows go up as they are (on the CPU backend the cast
+  // reads the images' own rows). These buffers live to the end of encode, past every kernel reading them.
+  Mat px(N, pd, dev), pe(N, h, dev);
+  const Buffer px_f32(dev.is_cuda() ? size_t(N * pd) * sizeof(float) : 0, dev);
+  for (int64_t i = 0, r = 0, l = 0; i < int64_t(images.size()); ++i) {
+    const vision::ImagePatches& img = *images[size_t(i)];
+    const int64_t n = img.patches(), nl = img.grid_h + img.grid_w;
+    Tensor src(const_cast<float*>(img.values.data()), DType::f32, {n, pd});
+    if (dev.is_cuda()) {
+      float* d = static_cast<float*>(px_f32.data()) + r * pd;
+      copy_bytes(d, dev, img.values.data(), Device::cpu(), size_t(n * pd) * sizeof(float));
+      src = Tensor(d, DType::f32, {n, pd}, dev);
+    }
+    const auto rows = [&](const Mat& mat) {
+      return Tensor(static_cast<bf16_t*>(mat.buf.data()) + r * mat.cols, DType::bf16, {n, mat.cols}, dev);
+    };
+    ops::cast_to_bf16(src, rows(px));
+    ops::pos_embed_interpolate(w_.pos_embed,
+                               Tensor(static_cast<float*>(lin_b.data()) + l, DType::f32, {nl}, dev),
+                               img.grid_t, img.grid_h, img.grid_w, m, rows(pe));
+    r += n, l += nl;
+  }
+  linear(px.t(), w_.patch_embed, x.t());
+  ops::add(x.t(), pe.t(), x.t());
 
   const ops::GeluApprox act = cfg_.hidden_act == "gelu" ? ops::GeluApprox::none : ops::GeluApprox::tanh;
   std::vector<Mat> deep;

@@ -1,5 +1,5 @@
-// Dispatchers of the vision tower's ops (ops/layer_norm.h, ops/rows.h, ops/vision_attention.h): argument
-// checks, then the CPU reference or the CUDA kernel where one exists.
+// Dispatchers of the vision tower's ops (ops/layer_norm.h, ops/rows.h, ops/vision_attention.h,
+// ops/vision_pos_embed.h): argument checks, then the CPU reference or the CUDA kernel where one exists.
 #include <cmath>
 #include <vector>
 
@@ -9,6 +9,7 @@
 #include "ops/layer_norm.h"
 #include "ops/rows.h"
 #include "ops/vision_attention.h"
+#include "ops/vision_pos_embed.h"
 
 namespace kiln::ops {
 namespace {
@@ -145,6 +146,73 @@ void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
   detail::check_same_device(op, q, out);
   if (q.device.is_cuda()) return KILN_CUDA_OP(varlen_attention(q, k, v, cu_seqlens, out, scale));
   cpu::varlen_attention(q, k, v, cu_seqlens, out, scale);
+}
+
+namespace {
+
+// torch.linspace(0, end, steps) in fp32 as ATen's CPU kernel computes it: the first half from the start,
+// the second from the end.
+void linspace_f32(float end, int64_t steps, float* v) {
+  if (steps == 1) {
+    v[0] = 0.0f;
+    return;
+  }
+  const float step = end / float(steps - 1);
+  const int64_t half = steps / 2;
+  for (int64_t i = 0; i < steps; ++i) v[i] = i < half ? step * float(i) : end - step * float(steps - 1 - i);
+}
+
+}  // namespace
+
+std::vector<float> pos_embed_linspace(int64_t side, int64_t grid_h, int64_t grid_w) {
+  KILN_CHECK(side > 0 && grid_h > 0 && grid_w > 0, "pos_embed_linspace: side ", side, " and grid ", grid_h,
+             " x ", grid_w, " must be positive");
+  std::vector<float> v(static_cast<size_t>(grid_h + grid_w));
+  linspace_f32(float(side - 1), grid_h, v.data());
+  linspace_f32(float(side - 1), grid_w, v.data() + grid_h);
+  return v;
+}
+
+void pos_embed_interpolate(const Tensor& table, const Tensor& lin, int64_t grid_t, int64_t grid_h,
+                           int64_t grid_w, int64_t merge, const Tensor& out) {
+  constexpr const char* op = "pos_embed_interpolate";
+  detail::check_matrix(op, "table", table, 2, DType::bf16);
+  detail::check_matrix(op, "lin", lin, 1, DType::f32);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  KILN_CHECK(table.is_contiguous() && lin.is_contiguous(), op, ": table ", table.describe(), " and lin ",
+             lin.describe(), " must be contiguous");
+  int64_t side = int64_t(std::sqrt(double(table.shape[0])));
+  while (side * side > table.shape[0]) --side;
+  while ((side + 1) * (side + 1) <= table.shape[0]) ++side;
+  KILN_CHECK(side > 0 && side * side == table.shape[0] && table.shape[1] > 0, op, ": table ",
+             table.describe(), " must be [side * side, C]");
+  KILN_CHECK(
+      merge > 0 && grid_t > 0 && grid_h > 0 && grid_w > 0 && grid_h % merge == 0 && grid_w % merge == 0, op,
+      ": grid ", grid_t, " x ", grid_h, " x ", grid_w, " must be positive multiples of merge ", merge);
+  KILN_CHECK(lin.shape[0] == grid_h + grid_w, op, ": lin ", lin.describe(), " must be [", grid_h + grid_w,
+             "]");
+  KILN_CHECK(out.shape[0] == grid_t * grid_h * grid_w && out.shape[1] == table.shape[1], op, ": out ",
+             out.describe(), " must be [", grid_t * grid_h * grid_w, ", ", table.shape[1], "]");
+  detail::check_same_device(op, table, lin);
+  detail::check_same_device(op, table, out);
+  if (table.device.is_cuda())
+    return KILN_CUDA_OP(pos_embed_interpolate(table, lin, side, grid_t, grid_h, grid_w, merge, out));
+  const float* v = lin.ptr<float>();
+  for (int64_t i = 0; i < lin.shape[0]; ++i)
+    KILN_CHECK(std::isfinite(v[i]) && v[i] >= 0.0f && v[i] <= float(side - 1), op, ": lin[", i, "] = ", v[i],
+               " outside [0, ", side - 1, "]");
+  cpu::pos_embed_interpolate(table, lin, side, grid_t, grid_h, grid_w, merge, out);
+}
+
+void cast_to_bf16(const Tensor& in, const Tensor& out) {
+  constexpr const char* op = "cast_to_bf16";
+  detail::check_matrix(op, "in", in, 2, DType::f32);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  check_same_shape(op, in, out);
+  detail::check_same_device(op, in, out);
+  if (in.numel() == 0) return;
+  if (in.device.is_cuda()) return KILN_CUDA_OP(cast_to_bf16(in, out));
+  cpu::cast_to_bf16(in, out);
 }
 
 }  // namespace kiln::ops

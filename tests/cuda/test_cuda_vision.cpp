@@ -1,12 +1,15 @@
 // The Qwen3-VL image path on the GPU against the CPU oracle: each vision op (layer_norm, gelu, linear_bias,
-// add, scatter_rows, rope_2d, varlen_attention) on odd sizes; the whole vision tower (a small tower and the
-// Qwen3-VL-4B tower's shape on a 224x224 image); a prefill with image rows through the decoder; and the
-// engine serving images on the GPU with whole and image-splitting chunked prefills (tiny random-weight model,
-// unit/vl_test_util.h). Bounds: ops as their headers state (bitwise for add/scatter/rope_2d); the tower
+// add, scatter_rows, rope_2d, varlen_attention, pos_embed_interpolate, cast_to_bf16) on odd sizes; the whole
+// vision tower (a small tower, one with a 2-frame image, and the Qwen3-VL-4B tower's shape on a 224x224
+// image); a prefill with image rows through the decoder; and the engine serving images on the GPU with whole
+// and image-splitting chunked prefills (tiny random-weight model, unit/vl_test_util.h). Bounds: ops as their
+// headers state (bitwise for add, scatter_rows, rope_2d, pos_embed_interpolate and cast_to_bf16); the tower
 // within 2^-6 relative Frobenius error per output (bf16 roundings at other points: GEMM tactics, online
 // softmax, a second rounding of the bias); the decoder's log-softmax row within common/model_steps.h's
 // kModelMaxRowDrift.
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
 
 #include "../unit/engine_test_util.h"
@@ -23,6 +26,7 @@
 #include "ops/linear.h"
 #include "ops/rows.h"
 #include "ops/vision_attention.h"
+#include "ops/vision_pos_embed.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
 
@@ -133,6 +137,91 @@ TEST(CudaVision, LinearBiasRopeAndAttentionMatchCpu) {
                           dev_t(dout2, {T, Hn, D}), 0.125f);
     EXPECT_LE(rel_frob(test::to_host<bf16_t>(dout2, o.size()), o), std::ldexp(1.0, -7))
         << "attention D " << D;
+  }
+}
+
+// pos_embed_interpolate on the GPU bitwise the CPU reference: table sides 48 (the real tower's) and 4, widths
+// 1024 and 72, grids 28x28, 64x64, 68x120 (a 1088 x 1920 image), 120x68 and 8x6 with 1 and 2 frames, merge 2
+// (and 1 on one grid), into an out with a padded row stride poisoned with NaN: every element written, the
+// padding untouched. Then cast_to_bf16 (the pixel rows) bitwise kiln's f32_to_bf16 on a padded f32 input
+// holding ties, NaNs, infinities and subnormals.
+TEST(CudaVision, PosEmbedInterpolateAndPixelCastMatchCpuBitwise) {
+  KILN_REQUIRE_GPU();
+  struct Grid {
+    int64_t side, C, T, H, W, m;
+  };
+  const Grid grids[] = {{48, 1024, 1, 28, 28, 2}, {48, 1024, 2, 64, 64, 2}, {48, 1024, 1, 68, 120, 2},
+                        {48, 72, 2, 68, 120, 2},  {48, 72, 1, 120, 68, 2},  {48, 72, 2, 8, 6, 2},
+                        {48, 1024, 2, 8, 6, 2},   {4, 72, 2, 28, 28, 2},    {4, 1024, 1, 8, 6, 1},
+                        {48, 72, 1, 7, 3, 1}};
+  for (const Grid& g : grids) {
+    SCOPED_TRACE("side " + std::to_string(g.side) + " C " + std::to_string(g.C) + " grid " +
+                 std::to_string(g.T) + "x" + std::to_string(g.H) + "x" + std::to_string(g.W) + " m " +
+                 std::to_string(g.m));
+    const int64_t rows = g.T * g.H * g.W, ld = g.C + 8, P = g.side * g.side;
+    auto table = test::random_bf16(size_t(P * g.C), uint32_t(g.side * 7 + g.C), -40, 40);
+    std::vector<float> lin = ops::pos_embed_linspace(g.side, g.H, g.W);
+    std::vector<bf16_t> want(size_t(rows * ld), bf16_t{0xffff});
+    ops::pos_embed_interpolate(Tensor(table.data(), DType::bf16, {P, g.C}),
+                               Tensor(lin.data(), DType::f32, {g.H + g.W}), g.T, g.H, g.W, g.m,
+                               Tensor::strided(want.data(), DType::bf16, {rows, g.C}, {ld, 1}));
+    const Buffer dtab = test::to_device(table), dlin = test::to_device(lin),
+                 dout = test::to_device(std::vector<bf16_t>(want.size(), bf16_t{0xffff}));
+    ops::pos_embed_interpolate(
+        dev_t(dtab, {P, g.C}), dev_t(dlin, {g.H + g.W}, DType::f32), g.T, g.H, g.W, g.m,
+        Tensor::strided(dout.data(), DType::bf16, {rows, g.C}, {ld, 1}, Device::cuda()));
+    const auto got = test::to_host<bf16_t>(dout, want.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < ld; ++c) {
+        const size_t i = size_t(r * ld + c);
+        if (c >= g.C) {
+          ASSERT_EQ(got[i].bits, 0xffff) << "padding written, row " << r;
+          continue;
+        }
+        ASSERT_TRUE(std::isfinite(bf16_to_f32(want[i]))) << "CPU left row " << r << " channel " << c;
+        ASSERT_EQ(got[i].bits, want[i].bits) << "row " << r << " channel " << c;
+      }
+  }
+
+  // The pixel rows' cast: [M, K] = [37, 1536] from an f32 buffer with row stride 1540, out row stride 1544.
+  const int64_t M = 37, K = 1536, ldi = K + 4, ldo = K + 8;
+  std::vector<float> in(size_t(M * ldi));
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> d(-3, 3);
+  for (float& x : in) x = d(rng);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::nanf(""), neg_nan = -std::nanf("0x5"), sub = std::ldexp(1.0f, -140);
+  const std::vector<float> specials = {0.0f,    -0.0f,   inf, -inf, nan, neg_nan, sub, std::ldexp(1.0f, -127),
+                                       3.4e38f, -3.4e38f};
+  for (size_t k = 0; k < specials.size(); ++k) in[k] = specials[k];
+  for (uint32_t k = 0; k < 64; ++k) {  // ties and their neighbours: low 16 bits 0x7fff, 0x8000, 0x8001
+    const uint32_t u = 0x3f800000u + (k << 16) + 0x7fffu + (k % 3);
+    std::memcpy(&in[size_t(ldi + k)], &u, 4);
+  }
+  const Buffer din = test::to_device(in),
+               dpx = test::to_device(std::vector<bf16_t>(size_t(M * ldo), bf16_t{0x7fc1}));
+  ops::cast_to_bf16(Tensor::strided(din.data(), DType::f32, {M, K}, {ldi, 1}, Device::cuda()),
+                    Tensor::strided(dpx.data(), DType::bf16, {M, K}, {ldo, 1}, Device::cuda()));
+  const auto px = test::to_host<bf16_t>(dpx, size_t(M * ldo));
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < ldo; ++c) {
+      const uint16_t want = c < K ? f32_to_bf16(in[size_t(r * ldi + c)]).bits : uint16_t(0x7fc1);
+      ASSERT_EQ(px[size_t(r * ldo + c)].bits, want) << "cast row " << r << " column " << c;
+    }
+}
+
+// The towers' position_embedding (encode's first step, through the op on each device) bitwise equal on a
+// 2-frame image and a still one.
+TEST(CudaVision, TowerPositionEmbeddingMatchesCpuBitwise) {
+  KILN_REQUIRE_GPU();
+  const ModelConfig cfg = test::tiny_vl_config();
+  const Qwen3VLVision cpu(cfg, nullptr, 5, Device::cpu()), gpu(cfg, nullptr, 5, Device::cuda());
+  for (int frames : {1, 2}) {
+    vision::ImagePatches img = test::test_image(8, 12, 3);
+    img.grid_t = frames;
+    const auto a = cpu.position_embedding(img), b = gpu.position_embedding(img);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i].bits, b[i].bits) << "frames " << frames << " " << i;
   }
 }
 
@@ -358,6 +447,19 @@ void expect_tower_matches(const ModelConfig& cfg, const std::vector<vision::Imag
 TEST(CudaVision, TowerMatchesCpu) {
   KILN_REQUIRE_GPU();
   expect_tower_matches(test::tiny_vl_config(), {test::test_image(8, 12, 1), test::test_image(4, 6, 2)});
+}
+
+// A 2-frame image between two still ones: the position embedding repeated per frame, one attention segment
+// per frame, the pixel rows cast on the device at each image's offset.
+TEST(CudaVision, TowerWithTwoFrameImageMatchesCpu) {
+  KILN_REQUIRE_GPU();
+  vision::ImagePatches two = test::test_image(6, 4, 7);
+  two.grid_t = 2;
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> d(-1, 1);
+  two.values.resize(size_t(two.patches()) * size_t(two.patch_dim));
+  for (float& v : two.values) v = d(rng);
+  expect_tower_matches(test::tiny_vl_config(), {test::test_image(4, 6, 2), two, test::test_image(8, 12, 1)});
 }
 
 TEST(CudaVision, Qwen3Vl4bShapedTowerMatchesCpu) {

@@ -29,5 +29,10 @@ void scatter_rows(const Tensor& dst, const Tensor& rows, const Tensor& src, bool
 void rope_2d(const Tensor& qkv, const Tensor& pos, const Tensor& table, int num_heads);
 void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                       const Tensor& out, float scale);
+// ops/vision_pos_embed.h.
+// side: the table's grid side (table rows = side * side).
+void pos_embed_interpolate(const Tensor& table, const Tensor& lin, int64_t side, int64_t grid_t,
+                           int64_t grid_h, int64_t grid_w, int64_t merge, const Tensor& out);
+void cast_to_bf16(const Tensor& in, const Tensor& out);
 
 }  // namespace kiln::ops::cpu

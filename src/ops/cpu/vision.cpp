@@ -1,6 +1,7 @@
 // CPU references for the vision tower's ops: LayerNorm, GELU, bf16 adds and row scatters, the 2-D rotary
-// embedding and bidirectional variable-length attention. Each output element is computed by one thread
-// in a fixed order, so results are bitwise independent of the thread count.
+// embedding, bidirectional variable-length attention, the interpolated position embedding and the pixel rows'
+// bf16 rounding. Each output element is computed by one thread in a fixed order, so results are bitwise
+// independent of the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -17,6 +18,16 @@ const bf16_t* row_of(const Tensor& t, int64_t r) {
 }
 bf16_t* mut_row_of(const Tensor& t, int64_t r) {
   return t.ptr<bf16_t>() + r * t.stride[0];
+}
+
+// One axis term of the interpolation (ops/vision_pos_embed.h): floor and ceil corner and the fraction.
+struct PosAxis {
+  int64_t lo, hi;
+  float frac;
+};
+PosAxis pos_axis(float v, int64_t side) {
+  const int64_t lo = int64_t(v);
+  return {lo, std::min(lo + 1, side - 1), v - float(lo)};
 }
 
 }  // namespace
@@ -155,6 +166,47 @@ void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
       }
       bf16_t* o = out.ptr<bf16_t>() + t * out.stride[0] + h * out.stride[1];
       for (int64_t d = 0; d < D; ++d) o[d] = f32_to_bf16(acc[size_t(d)] / denom);
+    }
+  });
+}
+
+void pos_embed_interpolate(const Tensor& table, const Tensor& lin, int64_t side, int64_t grid_t,
+                           int64_t grid_h, int64_t grid_w, int64_t merge, const Tensor& out) {
+  const int64_t C = table.shape[1], H = grid_h, W = grid_w, m = merge, HW = H * W;
+  const bf16_t* E = table.ptr<bf16_t>();
+  const float* v = lin.ptr<float>();
+  auto bf = [](float x) { return bf16_to_f32(f32_to_bf16(x)); };
+  // q: a patch of frame 0 in merge-block order; frame t's row is t * HW + q (the same values).
+  parallel_for(HW, 16, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t blk = q / (m * m), in = q % (m * m);
+      const int64_t i = (blk / (W / m)) * m + in / m, j = (blk % (W / m)) * m + in % m;
+      const PosAxis ah = pos_axis(v[i], side), aw = pos_axis(v[H + j], side);
+      const float dh = ah.frac, dw = aw.frac;
+      const int64_t idx[4] = {ah.lo * side + aw.lo, ah.lo * side + aw.hi, ah.hi * side + aw.lo,
+                              ah.hi * side + aw.hi};
+      const float wt[4] = {bf((1 - dh) * (1 - dw)), bf((1 - dh) * dw), bf(dh * (1 - dw)), bf(dh * dw)};
+      bf16_t* o = mut_row_of(out, q);
+      for (int64_t c = 0; c < C; ++c) {
+        float acc = 0;
+        for (int k = 0; k < 4; ++k) {
+          const float p = bf(bf16_to_f32(E[idx[k] * C + c]) * wt[k]);
+          acc = k == 0 ? p : bf(acc + p);
+        }
+        o[c] = f32_to_bf16(acc);
+      }
+      for (int64_t t = 1; t < grid_t; ++t) std::copy_n(o, C, mut_row_of(out, t * HW + q));
+    }
+  });
+}
+
+void cast_to_bf16(const Tensor& in, const Tensor& out) {
+  const int64_t M = in.shape[0], K = in.shape[1];
+  parallel_for(M, 64, [&](int64_t m0, int64_t m1) {
+    for (int64_t r = m0; r < m1; ++r) {
+      const float* x = in.ptr<float>() + r * in.stride[0];
+      bf16_t* o = mut_row_of(out, r);
+      for (int64_t c = 0; c < K; ++c) o[c] = f32_to_bf16(x[c]);
     }
   });
 }

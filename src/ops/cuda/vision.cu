@@ -1,7 +1,8 @@
 // The Qwen3-VL vision tower's kernels (contracts: ops/layer_norm.h, ops/activation.h gelu, ops/linear.h
-// linear_bias, ops/vision_attention.h). Simple, correct SIMT kernels: the tower runs once per image, and its
-// GEMMs (cuBLASLt, through the GEMM engine) dominate everywhere but in attention at large images, which runs
-// on tensor cores (vision_attention.cu) for head_dim 64 and 128; the SIMT attention here takes the others.
+// linear_bias, ops/vision_attention.h, ops/vision_pos_embed.h). Simple, correct SIMT kernels: the tower runs
+// once per image, and its GEMMs (cuBLASLt, through the GEMM engine) dominate everywhere but in attention at
+// large images, which runs on tensor cores (vision_attention.cu) for head_dim 64 and 128; the SIMT attention
+// here takes the others.
 #include <cfloat>
 
 #include "ops/cuda/common.cuh"
@@ -160,6 +161,65 @@ __global__ void __launch_bounds__(64)
   for (int d = 0; d < D; ++d) o[d] = to_bf(acc[d] / l);
 }
 
+// kiln's own rounding (kiln/dtype.h, the CPU reference's): NaN handling included, bitwise the host's.
+__device__ __forceinline__ float round_bf(float f) {
+  return ::kiln::bf16_to_f32(::kiln::f32_to_bf16(f));
+}
+
+struct PosEmbedParams {
+  const uint16_t* table;  // [side * side, C]
+  const float* lin;       // [H + W]: the row linspace, then the column one
+  uint16_t* out;          // [T * H * W, C], row stride os
+  int64_t os, C, side, T, H, W, m;
+};
+
+// Grid: (H * W): one patch q of frame 0 in merge-block order per block; block 128 strides over the channels
+// and stores each value into every frame's row (t * H * W + q). The arithmetic of ops/vision_pos_embed.h
+// with each fp32 operation correctly rounded and unfused (__fsub_rn, __fmul_rn, __fadd_rn) and each rounding
+// point through kiln::f32_to_bf16: bitwise the CPU reference.
+__global__ void pos_embed_kernel(const __grid_constant__ PosEmbedParams p) {
+  const int64_t q = blockIdx.x, mm = p.m * p.m, blk = q / mm, in = q % mm, wb = p.W / p.m;
+  const int64_t i = (blk / wb) * p.m + in / p.m, j = (blk % wb) * p.m + in % p.m;
+  // floor corner (clamped into the table: a bad lin value never reads outside it), ceil corner, fraction.
+  auto axis = [&](float v, int64_t& lo, int64_t& hi) {
+    lo = int64_t(v);
+    lo = lo < 0 ? 0 : (lo > p.side - 1 ? p.side - 1 : lo);
+    hi = lo + 1 < p.side - 1 ? lo + 1 : p.side - 1;
+    return __fsub_rn(v, float(lo));
+  };
+  int64_t fh, ch, fw, cw;
+  const float dh = axis(p.lin[i], fh, ch), dw = axis(p.lin[p.H + j], fw, cw);
+  const float uh = __fsub_rn(1.0f, dh), uw = __fsub_rn(1.0f, dw);
+  const float wt[4] = {round_bf(__fmul_rn(uh, uw)), round_bf(__fmul_rn(uh, dw)), round_bf(__fmul_rn(dh, uw)),
+                       round_bf(__fmul_rn(dh, dw))};
+  const uint16_t* e[4] = {p.table + (fh * p.side + fw) * p.C, p.table + (fh * p.side + cw) * p.C,
+                          p.table + (ch * p.side + fw) * p.C, p.table + (ch * p.side + cw) * p.C};
+  const int64_t frame = p.H * p.W * p.os;
+  for (int64_t c = threadIdx.x; c < p.C; c += blockDim.x) {
+    float acc = round_bf(__fmul_rn(bf(e[0][c]), wt[0]));
+#pragma unroll
+    for (int k = 1; k < 4; ++k) acc = round_bf(__fadd_rn(acc, round_bf(__fmul_rn(bf(e[k][c]), wt[k]))));
+    const uint16_t y = ::kiln::f32_to_bf16(acc).bits;
+    uint16_t* o = p.out + q * p.os + c;
+    for (int64_t t = 0; t < p.T; ++t) o[t * frame] = y;
+  }
+}
+
+struct CastParams {
+  const float* in;  // [M, K], row stride is
+  uint16_t* out;    // [M, K], row stride os
+  int64_t is, os, M, K;
+};
+
+// Grid-stride over M * K elements: out = kiln::f32_to_bf16(in), the host's conversion.
+__global__ void cast_to_bf16_kernel(const __grid_constant__ CastParams p) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < p.M * p.K;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / p.K, c = e % p.K;
+    p.out[r * p.os + c] = ::kiln::f32_to_bf16(p.in[r * p.is + c]).bits;
+  }
+}
+
 }  // namespace
 
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& out) {
@@ -245,6 +305,35 @@ void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
                                .scale = scale};
   // The tensor-core kernel (vision_attention.cu) for D 64 and 128 on aligned rows, else the SIMT one.
   kc::launch_varlen_attention(p, kc::current_stream());
+}
+
+void pos_embed_interpolate(const Tensor& table, const Tensor& lin, int64_t side, int64_t grid_t,
+                           int64_t grid_h, int64_t grid_w, int64_t merge, const Tensor& out) {
+  KILN_CHECK(grid_h * grid_w < (int64_t(1) << 31), "pos_embed_interpolate: grid ", grid_h, " x ", grid_w,
+             " too large for one launch");
+  const PosEmbedParams p{.table = table.ptr<uint16_t>(),
+                         .lin = lin.ptr<float>(),
+                         .out = out.ptr<uint16_t>(),
+                         .os = out.stride[0],
+                         .C = table.shape[1],
+                         .side = side,
+                         .T = grid_t,
+                         .H = grid_h,
+                         .W = grid_w,
+                         .m = merge};
+  kc::launch({.grid = dim3(unsigned(grid_h * grid_w)), .block = dim3(128), .stream = kc::current_stream()},
+             pos_embed_kernel, p);
+}
+
+void cast_to_bf16(const Tensor& in, const Tensor& out) {
+  const CastParams p{.in = in.ptr<float>(),
+                     .out = out.ptr<uint16_t>(),
+                     .is = in.stride[0],
+                     .os = out.stride[0],
+                     .M = in.shape[0],
+                     .K = in.shape[1]};
+  kc::launch({.grid = dim3(blocks_for(p.M * p.K, 256)), .block = dim3(256), .stream = kc::current_stream()},
+             cast_to_bf16_kernel, p);
 }
 
 }  // namespace kiln::ops::cuda
