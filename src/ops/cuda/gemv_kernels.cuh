@@ -223,6 +223,25 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
   }
 }
 
+// Runs a kernel's row groups: run(grp, more) for group blockIdx.x alone, or with the prologue (kNormIn) for
+// groups blockIdx.x, + gridDim.x, ..., calling next(grp') to move the block's rows on between two of them
+// (after a barrier: the groups share the block's reduction buffer). more: another group follows.
+template <bool kNormIn, class Run, class Next>
+__device__ __forceinline__ void for_each_group(int64_t groups, Run&& run, Next&& next) {
+  if constexpr (kNormIn) {
+    for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+      const bool more = grp + gridDim.x < groups;
+      run(grp, more);
+      if (more) {
+        __syncthreads();
+        next(grp + gridDim.x);
+      }
+    }
+  } else {
+    run(int64_t(blockIdx.x), false);
+  }
+}
+
 template <int M, GemvEpilogue E, class Tail, bool kNormIn = false>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     gemv_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
@@ -318,18 +337,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     __syncthreads();
     store_outputs<M, R, E>(p, base, red, T / 32, tid);
   };
-  if constexpr (kNormIn) {
-    for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
-      const bool more = grp + gridDim.x < groups;
-      run_group(grp, more);
-      if (more) {
-        __syncthreads();  // red is rewritten by the next group
-        rows_of(grp + gridDim.x, wrow, base);
-      }
-    }
-  } else {
-    run_group(blockIdx.x, false);
-  }
+  for_each_group<kNormIn>(groups, run_group, [&](int64_t next) { rows_of(next, wrow, base); });
   Tail::template finish<M, R>(p, ta, base, T / 32, tid);
 }
 
@@ -417,18 +425,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     __syncthreads();
     store_outputs<M, R, E>(p, base, red, warps, tid);
   };
-  if constexpr (kNormIn) {
-    for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
-      const bool more = grp + gridDim.x < groups;
-      run_group(grp, more);
-      if (more) {
-        __syncthreads();  // red is rewritten by the next group
-        wrow = block_row<R, E>(p, grp + gridDim.x, g, base);
-      }
-    }
-  } else {
-    run_group(blockIdx.x, false);
-  }
+  for_each_group<kNormIn>(groups, run_group, [&](int64_t next) { wrow = block_row<R, E>(p, next, g, base); });
   Tail::template finish<M, R>(p, ta, base, warps, tid);
 }
 
