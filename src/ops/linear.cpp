@@ -171,15 +171,18 @@ void linear_silu_mul(const ResidualNorm& in, const Tensor& weight, const Tensor&
 AttnPrepPath linear_attn_prep(const ResidualNorm& in, const Tensor& weight, const AttnPrepArgs& a) {
   check_residual_norm("linear_attn_prep", in, weight.ndim == 2 ? weight.shape[1] : -1, a.qkv);
 #ifdef KILN_HAVE_CUDA
-  // The QKV GEMV fused with the preparation reads x from memory: with it on, the norm runs first.
   if (a.qkv.device.is_cuda() && weight.ndim == 2 && weight.dtype == DType::bf16 && weight.stride[1] == 1 &&
       a.qkv.ndim == 2 && a.qkv.dtype == DType::bf16 && a.qkv.stride[1] == 1 &&
       a.qkv.shape[0] == in.delta.shape[0] && a.qkv.shape[1] == weight.shape[0] &&
-      weight.device == a.qkv.device && in.delta.device == a.qkv.device &&
-      !(!attn_prep_unfused_forced() &&
-        KILN_CUDA_OP(linear_attn_prep_chosen(in.delta.shape[0], weight.shape[0], weight.shape[1]))) &&
-      KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, weight, a.qkv, /*silu=*/false)))
-    return attn_prep(a);
+      weight.device == a.qkv.device && in.delta.device == a.qkv.device) {
+    // The QKV GEMV fused with the preparation reads x from memory: where it runs, the norm runs first.
+    const bool prep_fused =
+        !attn_prep_unfused_forced() &&
+        KILN_CUDA_OP(linear_attn_prep_chosen(in.delta.shape[0], weight.shape[0], weight.shape[1]));
+    if (!prep_fused &&
+        KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, weight, a.qkv, /*silu=*/false)))
+      return attn_prep(a);
+  }
 #endif
   add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
   return linear_attn_prep(in.normed, weight, a);

@@ -354,18 +354,22 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
         gemv(x, s.k, wi, s.k, o, s.n, s.m_bucket, s.n, s.k, gemv_epilogue(s.out),
              gemv_cands[i - cands.size()], stream);
     };
-    float best = 1e30f;
-    size_t best_i = 0;
-    for (size_t i = 0; i < cands.size() + gemv_cands.size(); ++i) {
-      if (i < cands.size() && !impl_->check(p, cands[i])) continue;
-      call(i, copies - 1);  // warm-up
+    // µs per call of f(it) over `iters` calls rotating the weight copies, after a warm-up call.
+    const auto time_us = [&](const std::function<void(int64_t)>& f) {
+      f(copies - 1);
       KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
-      for (int it = 0; it < iters; ++it) call(i, it);
+      for (int it = 0; it < iters; ++it) f(it);
       KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
       KILN_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      const float us = ms * 1000.0f / float(iters);
+      return ms * 1000.0f / float(iters);
+    };
+    float best = 1e30f;
+    size_t best_i = 0;
+    for (size_t i = 0; i < cands.size() + gemv_cands.size(); ++i) {
+      if (i < cands.size() && !impl_->check(p, cands[i])) continue;
+      const float us = time_us([&](int64_t it) { call(i, it); });
       if (us < best) best = us, best_i = i;
     }
     GemmTactic t;
@@ -380,25 +384,14 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
       if (s.out == GemmOut::bf16 &&
           gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
-        const auto time_us = [&](const std::function<void(int64_t)>& f) {
-          f(copies - 1);
-          KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
-          for (int it = 0; it < iters; ++it) f(it);
-          KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
-          KILN_CUDA_CHECK(cudaEventSynchronize(e1));
-          float ms = 0;
-          KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-          return ms * 1000.0f / float(iters);
-        };
-        void* res = norm_res;
         const float pair = time_us([&](int64_t it) {
-          rms_norm(x, s.k, res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, true, stream);
+          rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, true, stream);
           gemv(norm_out, s.k, w0 + size_t(it % copies) * w_one, s.k, o, s.n, s.m_bucket, s.n, s.k,
                GemvEpilogue::bf16, t.gemv, stream);
         });
         const float fused = time_us([&](int64_t it) {
-          ::kiln::cuda::gemv_norm_in(x, s.k, res, s.k, w0, 1e-6f, w0 + size_t(it % copies) * w_one, s.k, o,
-                                     s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream);
+          ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, w0 + size_t(it % copies) * w_one, s.k,
+                                     o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream);
         });
         t.gemv_norm_in = fused < pair;
         if (t.gemv_norm_in) t.describe += " +norm-in";

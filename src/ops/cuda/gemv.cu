@@ -1,7 +1,10 @@
 // Small-M GEMV and the fused gate_up + SiLU-and-multiply GEMV; contracts in gemv.h.
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "ops/cuda/gemv_kernels.cuh"
 #include "ops/cuda/norm_row.cuh"
@@ -182,6 +185,23 @@ static int norm_in_groups_env() {
   return v;
 }
 
+// Resident blocks of `kern` on the whole current device (SMs x blocks per SM) for this block size and
+// shared memory, asked of the driver once per (device, kernel, block, smem): the launch is on decode's hot
+// path.
+static int64_t norm_in_wave(GemvKernel kern, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, GemvKernel, int, size_t>, int64_t> waves;
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, kern, threads, smem);
+  if (const auto it = waves.find(key); it != waves.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem));
+  return waves[key] = int64_t(sms) * std::max(per_sm, 1);
+}
+
 bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_t ldr, int64_t ldw,
                             int64_t ldo, GemvEpilogue epi) {
   return gemv_supported(m, n, k, k, ldw, ldo, epi) && ldd >= k && ldr >= k && ldd % 8 == 0 && ldr % 8 == 0 &&
@@ -236,10 +256,7 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
   if (groups_per_block > 0) {
     blocks = (groups + groups_per_block - 1) / groups_per_block;
   } else {
-    int dev = 0, sms = 132, per_sm = 1;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, cfg.warps * 32, smem));
-    blocks = std::min<int64_t>(groups, int64_t(sms) * std::max(per_sm, 1));
+    blocks = std::min<int64_t>(groups, norm_in_wave(kern, cfg.warps * 32, smem));
   }
   KILN_CHECK(blocks <= 0x7fffffff, "gemv_norm_in: N too large");
   launch({.grid = dim3(unsigned(blocks)),
