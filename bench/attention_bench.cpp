@@ -74,6 +74,20 @@ bool shape_selected(const std::string& name) {
   const char* v = std::getenv("KILN_ATTN_BENCH_ONLY");
   return !v || !*v || name.find(v) != std::string::npos;
 }
+// KILN_ATTN_BENCH_KERNELS=A,B,...: only the rows whose kernel ("decode v3", "prefill v4 unstaged", ...) is
+// one of the names (an A/B run of the current kernels without the older generations).
+bool kernel_selected(const std::string& kernel) {
+  const char* v = std::getenv("KILN_ATTN_BENCH_KERNELS");
+  if (!v || !*v) return true;
+  const std::string list = std::string(",") + v + ",";
+  return list.find("," + kernel + ",") != std::string::npos;
+}
+
+// KILN_ATTN_BENCH_SPLITS=N: decode rows run N splits instead of the shape rule's (0: the rule).
+int forced_splits() {
+  const char* v = std::getenv("KILN_ATTN_BENCH_SPLITS");
+  return v && *v ? std::clamp(std::atoi(v), 0, 128) : 0;
+}
 
 struct Set {
   Buffer q, out, cu_q, kv_lens, table, ws;
@@ -132,9 +146,11 @@ Set make_set(const Shape& s, const Pool& pool, std::mt19937& rng) {
            .scale = 1.0f / std::sqrt(float(kD)),
            .max_q_len = s.q_len,
            .prefill_pages = s.B * ((s.ctx + kPage - 1) / kPage)};
-  // The decode partials (paged_attention) or the fp8 prefill staging copy (paged_attention_prefill).
-  const size_t ws = std::max(cuda::paged_attention_workspace_bytes(set.p),
-                             cuda::paged_attention_prefill_workspace_bytes(set.p));
+  // The decode partials (paged_attention; forced_splits() of them at most) or the fp8 prefill staging copy
+  // (paged_attention_prefill).
+  const size_t forced = size_t(s.B) * kHq * forced_splits() * (kD + 2) * sizeof(float);
+  const size_t ws = std::max({cuda::paged_attention_workspace_bytes(set.p), forced,
+                              cuda::paged_attention_prefill_workspace_bytes(set.p)});
   if (ws > 0) set.ws = Buffer(ws, dev);
   return set;
 }
@@ -167,15 +183,17 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
       for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
       for (cuda::DecodeKernel k : {cuda::DecodeKernel::v1, cuda::DecodeKernel::v2, cuda::DecodeKernel::v3}) {
         if (k == cuda::DecodeKernel::v1 && s.B * s.ctx > 32 * 1024) continue;  // v1: measured before, slow
+        if (!kernel_selected(std::string("decode ") + cuda::decode_kernel_name(k))) continue;
         cuda::set_decode_kernel(k);
-        const int splits = cuda::paged_attention_decode_splits(sets[0].p);
+        const int splits =
+            forced_splits() > 0 ? forced_splits() : cuda::paged_attention_decode_splits(sets[0].p);
         Row r{"attention", std::string("decode ") + cuda::decode_kernel_name(k), shape_name(s)};
         r.bytes = bytes_moved(s);
         r.path =
             "decode" + std::string(splits > 1 ? " + combine, splits=" + std::to_string(splits) : ", 1 split");
         auto launch = [&](int i) {
           const Set& set = sets[size_t(i) % sets.size()];
-          cuda::paged_attention(set.p, set.ws.data(), env.stream);
+          cuda::paged_attention(set.p, set.ws.data(), env.stream, forced_splits());
         };
         std::vector<cudaGraphExec_t> g1, g16;
         for (size_t i = 0; i < sets.size(); ++i) g1.push_back(capture(env, launch, int(i), 1));
@@ -207,10 +225,11 @@ void run_prefill(const Env& env, std::vector<Row>& rows) {
       for (int vi = 0; vi < variants; ++vi) {
         const cuda::PrefillKernel k = cuda::PrefillKernel(std::min(vi, 3));
         const bool staged = vi == 3 && fp8;
-        cuda::set_prefill_kernel(k);
         Row r{"attention",
               std::string("prefill ") + cuda::prefill_kernel_name(k) + (vi == 4 ? " unstaged" : ""),
               shape_name(s)};
+        if (!kernel_selected(r.variant)) continue;
+        cuda::set_prefill_kernel(k);
         r.bytes = bytes_moved(s);
         r.us = time_cold_us(env, [&](int i) {
           const Set& set = sets[size_t(i) % sets.size()];

@@ -101,6 +101,25 @@ const char* prefill_kernel_name(PrefillKernel k) {
 
 namespace {
 
+// Large batches (at least one pair per 2-block slot): v3's blocks of one shape do equal work and run in
+// waves of `resident` (SMs x the blocks an SM holds), so with one split the last wave can be mostly idle
+// (fp8 B = 128: 1024 blocks over 396 slots, 2.59 waves run as 3). Picks the splits s <= cap minimizing
+// waves(s) x (tiles per split + 1), the + 1 a block's fixed cost (Q load, the first tile's latency), plus
+// one tile for the combine launch when s > 1; ties keep fewer splits. Tiles from the table's reach.
+int wave_balanced_splits(const PagedAttnParams& p, int64_t pairs, int cap) {
+  const int64_t resident = int64_t(sm_count()) * decode_v3_blocks_per_sm(p);
+  const int64_t tile = p.kv_dtype == KvDtype::bf16 ? kDecodeV3Tile : kDecodeV3TileFp8;
+  const int64_t tiles = (int64_t(p.pages_stride) * p.page_size + tile - 1) / tile;
+  int best = 1;
+  int64_t best_cost = -1;
+  for (int s = 1; s <= cap; ++s) {
+    const int64_t waves = (pairs * s + resident - 1) / resident;
+    const int64_t cost = waves * ((tiles + s - 1) / s + 1) + (s > 1 ? 1 : 0);
+    if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
+}
+
 // v2 sizes chunks from each row's context (>= kDecodeV2MinChunk keys), so splits past the table's reach /
 // kDecodeV2MinChunk never get keys: launching them only adds blocks that exit. Dropping them changes no
 // chunk (for ctx <= reach, ceil(ctx / splits) stays <= kDecodeV2MinChunk), so no output bit. Still a function
@@ -108,7 +127,7 @@ namespace {
 //
 // v3 keeps 2-4 long-lived blocks per SM streaming many tiles each, so it wants about one wave: splits =
 // the resident block slots over the (sequence, KV head) pairs (B = 1: a split per slot; B * Hkv >= slots:
-// one split, no combine), at most v2's count (so the workspace, sized by decode_split, still holds them).
+// wave_balanced_splits), at most v2's count (so the workspace, sized by decode_split, still holds them).
 int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
   if (k == DecodeKernel::v1) return splits;
   const int64_t reach = int64_t(p.pages_stride) * p.page_size;
@@ -118,7 +137,8 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
     // Splits for at most 2 blocks per SM: fp8 blocks reside 3 to an SM, but splitting for 3 made B = 1
     // and 8 slower (more, shorter splits; H200, docs/PERF.md).
     const int64_t slots = int64_t(sm_count()) * std::min(2, decode_v3_blocks_per_sm(p));
-    s = int(std::clamp<int64_t>(slots / pairs, 1, s));
+    if (pairs < slots) return int(std::clamp<int64_t>(slots / pairs, 1, s));
+    return wave_balanced_splits(p, pairs, s);
   }
   return s;
 }

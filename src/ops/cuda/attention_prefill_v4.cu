@@ -57,12 +57,24 @@ bool v4_tma_allowed() {
   return allowed;
 }
 
+// Pipeline stages for head_dim D: 4 for D 64; for D 128 KILN_ATTN_V4_STAGES (2 or 3, read once; default 2).
+int v4_stages(int D) {
+  static const int d128 = [] {
+    const char* v = std::getenv("KILN_ATTN_V4_STAGES");
+    if (!v || !*v) return 2;
+    KILN_CHECK(std::string(v) == "2" || std::string(v) == "3", "KILN_ATTN_V4_STAGES must be 2 or 3, got '", v,
+               "'");
+    return std::string(v) == "3" ? 3 : 2;
+  }();
+  return D == 128 ? d128 : 4;
+}
+
 template <int D>
-void launch_d(const LaunchCfg& cfg, const PrefillV4Params& prm) {
+void launch_d(const LaunchCfg& cfg, const PrefillV4Params& prm, int stages) {
   if (prm.p.kv_dtype == KvDtype::bf16)
-    launch_prefill_v4_kernel<D, KvDtype::bf16>(cfg, prm, v4_overlap());
+    launch_prefill_v4_kernel<D, KvDtype::bf16>(cfg, prm, v4_overlap(), stages);
   else
-    launch_prefill_v4_kernel<D, KvDtype::f8e4m3>(cfg, prm, v4_overlap());
+    launch_prefill_v4_kernel<D, KvDtype::f8e4m3>(cfg, prm, v4_overlap(), stages);
 }
 
 }  // namespace
@@ -93,15 +105,16 @@ bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStre
   const int64_t items = (int64_t(p.T) * prm.G + v4::kBM - 1) / v4::kBM + p.B;
   const int64_t blocks = items * p.Hkv;
   KILN_CHECK(blocks < (int64_t(1) << 31), "paged attention prefill v4: grid of ", blocks, " blocks");
+  const int stages = v4_stages(p.D);
   const LaunchCfg cfg{.grid = dim3(unsigned(blocks)),
                       .block = dim3(v4::kThreads),
-                      .smem = p.D == 128 ? v4::smem_bytes<128>() : v4::smem_bytes<64>(),
+                      .smem = p.D == 128 ? v4::smem_bytes<128>(stages) : v4::smem_bytes<64>(stages),
                       .stream = stream,
                       .pdl = pdl};
   if (p.D == 128)
-    launch_d<128>(cfg, prm);
+    launch_d<128>(cfg, prm, stages);
   else
-    launch_d<64>(cfg, prm);
+    launch_d<64>(cfg, prm, stages);
   return true;
 }
 

@@ -156,10 +156,9 @@ __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const
   }
 }
 
-template <int D, KvDtype KT>
+template <int D, KvDtype KT, int S>
 __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles,
                                         uint32_t sK, uint32_t sV, uint32_t bars) {
-  constexpr int S = stages<D>();
   constexpr uint32_t kTileBytes = kBN * D * 2;
   const PagedAttnParams& p = prm.p;
   const int t = int(threadIdx.x % 128);
@@ -237,10 +236,10 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
 
 // Consumer warpgroup c (0 or 1) of the block: see the mapping comment at the top of this file. kOverlap:
 // the softmax of tile j overlaps the P V product of tile j - 1; else each tile's two products run in turn.
-template <int D, bool kOverlap>
+template <int D, int S, bool kOverlap>
 __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles, int c,
                                         uint32_t sQ, uint32_t sK, uint32_t sV, uint32_t bars) {
-  constexpr int S = stages<D>(), C8 = D / 8;
+  constexpr int C8 = D / 8;
   constexpr uint32_t kTileBytes = kBN * D * 2;
   const PagedAttnParams& p = prm.p;
   const int G = prm.G, t = int(threadIdx.x % 128), warp = t / 32, lane = t % 32;
@@ -443,11 +442,10 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
 
 #endif  // KILN_SM90A
 
-template <int D, KvDtype KT, bool kOverlap>
+template <int D, KvDtype KT, bool kOverlap, int S>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_v4_kernel(const __grid_constant__ PrefillV4Params prm) {
 #ifdef KILN_SM90A
-  constexpr int S = stages<D>();
   const PagedAttnParams& p = prm.p;
   pdl_wait();
   const int hk = int(blockIdx.x) % p.Hkv, x = int(blockIdx.x) / p.Hkv;
@@ -472,10 +470,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = int(threadIdx.x / 128);
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    produce<D, KT>(prm, w, hk, n_tiles, sK, sV, bars);
+    produce<D, KT, S>(prm, w, hk, n_tiles, sK, sV, bars);
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
-    consume<D, kOverlap>(prm, w, hk, n_tiles, wg - 1, sQ, sK, sV, bars);
+    consume<D, S, kOverlap>(prm, w, hk, n_tiles, wg - 1, sQ, sK, sV, bars);
   }
   pdl_launch_dependents();
 #endif
@@ -483,17 +481,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace v4
 
-template <int D, KvDtype KT>
-void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap) {
+template <int D, KvDtype KT, int S>
+void launch_prefill_v4_staged(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap) {
   if (overlap)
-    launch(cfg, v4::prefill_v4_kernel<D, KT, true>, prm);
+    launch(cfg, v4::prefill_v4_kernel<D, KT, true, S>, prm);
   else
-    launch(cfg, v4::prefill_v4_kernel<D, KT, false>, prm);
+    launch(cfg, v4::prefill_v4_kernel<D, KT, false, S>, prm);
+}
+
+template <int D, KvDtype KT>
+void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap, int stages) {
+  KILN_CHECK(cfg.smem == v4::smem_bytes<D>(stages), "prefill v4: shared memory for ", stages, " stages");
+  if constexpr (D == 128) {
+    KILN_CHECK(stages == 2 || stages == 3, "prefill v4: D 128 runs 2 or 3 stages, not ", stages);
+    if (stages == 3) return launch_prefill_v4_staged<D, KT, 3>(cfg, prm, overlap);
+    return launch_prefill_v4_staged<D, KT, 2>(cfg, prm, overlap);
+  } else {
+    KILN_CHECK(stages == 4, "prefill v4: D 64 runs 4 stages, not ", stages);
+    return launch_prefill_v4_staged<D, KT, 4>(cfg, prm, overlap);
+  }
 }
 
 template <int D, KvDtype KT>
 int prefill_v4_binary_version() {
-  return kernel_binary_version(reinterpret_cast<const void*>(v4::prefill_v4_kernel<D, KT, true>));
+  return kernel_binary_version(
+      reinterpret_cast<const void*>(v4::prefill_v4_kernel < D, KT, true, D == 128 ? 2 : 4 >));
 }
 
 }  // namespace kiln::cuda
