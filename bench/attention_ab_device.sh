@@ -6,7 +6,8 @@
 # under the defaults and each variant. A variant is a set of environment assignments, variants separated by
 # ';' (e.g. VARIANTS="KILN_ATTN_V4_STAGES=3;KILN_ATTN_BENCH_SPLITS=1"). Logs go to $OUT (at most 8 files
 # come back: keep VARIANTS short); a table of every bench row is printed last.
-# Usage: VARIANTS=... [TEST_AB=gtest-filter] bench/attention_ab_device.sh [tests] [bench] [ncu]
+# "sass": the v4 head_dim-128 unit's SASS into $OUT. BENCH_FILTER: the benchmarks (default "=attention").
+# Usage: VARIANTS=... [TEST_AB=gtest-filter] bench/attention_ab_device.sh [tests] [bench] [ncu] [sass]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/kiln-out}
@@ -45,7 +46,7 @@ if [[ $want == *" bench "* ]]; then
     echo "==== bench [$v]" >>"$bench_log"
     a=()
     [[ $v == default ]] || read -r -a a <<<"$v"
-    env "${a[@]}" KILN_ATTN_BENCH_KERNELS="$kernels" timeout 200 $bd/bin/kiln bench kernels --filter attention \
+    env "${a[@]}" KILN_ATTN_BENCH_KERNELS="$kernels" timeout 200 $bd/bin/kiln bench kernels --filter "${BENCH_FILTER:-=attention}" \
       >>"$bench_log" 2>&1
     summary+=("bench [$v] rc=$? ($(($(date +%s) - t0)) s)")
   done
@@ -59,9 +60,14 @@ if [[ $want == *" ncu "* ]]; then
     env "${a[@]}" KILN_ATTN_BENCH_KERNELS="prefill v4" \
       KILN_ATTN_BENCH_ONLY="ctx=4096 q_len=4096 table=5120 32/8 D128 page32 HND bf16" timeout 120 \
       ncu --clock-control none -k regex:prefill_v4_kernel --launch-skip 3 -c 1 --metrics "$metrics" \
+      --section SourceCounters --section WarpStateStats \
       $bd/bin/kiln bench kernels --filter attention >>"$out/ncu.log" 2>&1
     summary+=("ncu [$v] rc=$? ($(($(date +%s) - t0)) s)")
   done
+fi
+if [[ $want == *" sass "* ]]; then  # the v4 head_dim-128 unit's SASS, to read here
+  cuobjdump -sass "$(find $bd -name 'attention_prefill_v4_d128.cu.o' | head -1)" >"$out/sass_v4_d128.txt" 2>&1
+  summary+=("sass rc=$? $(grep -c HGMMA "$out/sass_v4_d128.txt") HGMMA lines")
 fi
 echo "---- summary ($(($(date +%s) - t0)) s)"
 for s in "${summary[@]}"; do echo "$s"; done

@@ -184,7 +184,10 @@ Env make_env(int reps) {
 std::vector<Row> run_benches(const Env& env, const std::string& filter) {
   std::vector<Row> rows;
   for (const Bench& b : benches()) {
-    if (!filter.empty() && b.name.find(filter) == std::string::npos) continue;
+    // "=NAME": that benchmark alone; otherwise every benchmark whose name contains the filter.
+    const bool match = filter.empty() || (filter[0] == '=' ? b.name == filter.substr(1)
+                                                           : b.name.find(filter) != std::string::npos);
+    if (!match) continue;
     b.fn(env, rows);
   }
   return rows;

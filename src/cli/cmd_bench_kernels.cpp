@@ -1,4 +1,4 @@
-// `kiln bench kernels [--filter NAME] [--reps N]`: runs the registered kernel benchmarks (bench/) on the
+// `kiln bench kernels [--filter NAME|=NAME] [--reps N]`: runs the registered kernel benchmarks (bench/) on the
 // GPU and prints one table: time, bytes moved, GB/s and the fraction of this run's copy bandwidth.
 #include <cstdio>
 

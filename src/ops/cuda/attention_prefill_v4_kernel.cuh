@@ -104,8 +104,11 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
                : "memory");
 }
 
+// Both rounded to nearest even (the bits of two f32_to_bf16_bits), in one cvt.rn.bf16x2.f32.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << 16);
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
 // K (kV false) or V rows of key tile j into the swizzled stage buffer at dst, by the 128 producer threads:
@@ -319,7 +322,10 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
   // product may still be reading them).
   const auto softmax = [&](int j) {
     const bool need_mask = (j + 1) * kBN - 1 > first_pos;
-    float mx[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()};
+    // Each row's maximum in two independent chains (its even and odd columns), then merged: a max is exact
+    // in any order, and the two chains halve the dependent latency.
+    float mx4[4] = {-__builtin_huge_valf(), -__builtin_huge_valf(), -__builtin_huge_valf(),
+                    -__builtin_huge_valf()};
 #pragma unroll
     for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
@@ -328,9 +334,10 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
         if (need_mask && j * kBN + 8 * i + 2 * (lane % 4) + (e & 1) > rpos[e >> 1])
           v = -__builtin_huge_valf();
         sc[4 * i + e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        mx4[e] = fmaxf(mx4[e], v);
       }
     }
+    float mx[2] = {fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3])};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -340,26 +347,32 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       const float mn = fmaxf(m[r], mx[r] * sl2);
       corr[r] = exp2_approx(m[r] - mn);
       m[r] = mn;
-      l[r] *= corr[r];
     }
+    // The tile's p summed in four independent chains (a row's even and odd columns, in column order), then
+    // l = l corr + (even + odd): the chains halve the dependent latency of the sum.
+    float ls[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float pe = exp2_approx(fmaf(sc[4 * i + e], sl2, -m[e >> 1]));  // masked: 2^-inf = 0
-        l[e >> 1] += pe;
+        ls[e] += pe;
         sc[4 * i + e] = pe;
       }
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], corr[r], ls[2 * r] + ls[2 * r + 1]);
   };
-  // o *= corr (its rows), then P rounded to bf16: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of
-  // k-step kk of P V.
-  const auto rescale_and_pack = [&] {
+  // o *= corr (its rows): before the P V product of the tile whose softmax gave corr.
+  const auto rescale = [&] {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       o[4 * i] *= corr[0], o[4 * i + 1] *= corr[0];
       o[4 * i + 2] *= corr[1], o[4 * i + 3] *= corr[1];
     }
+  };
+  // P rounded to bf16: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k-step kk of P V.
+  const auto pack = [&] {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -371,8 +384,9 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
 
   if constexpr (kOverlap) {
     // S_j = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of tile j runs while that
-    // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. K_j
-    // is released as soon as S_j is done, V_{j-1} when its product is.
+    // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. O is
+    // rescaled for tile j - 1 while S_j runs (the order of FA3's mainloop; the same operations on O as
+    // rescaling before issuing S_j). K_j is released as soon as S_j is done, V_{j-1} when its product is.
     wait_full(full_k(0), 0);
     sm90::wgmma_fence();
     issue_qk(0);
@@ -380,12 +394,13 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     sm90::wgmma_wait<0>();
     release(false, 0);
     softmax(0);
-    rescale_and_pack();
+    pack();
     for (int j = 1; j < n_tiles; ++j) {
       wait_full(full_k(j), j);
       sm90::wgmma_fence();
       issue_qk(j);
       sm90::wgmma_commit();
+      rescale();
       wait_full(full_v(j - 1), j - 1);
       sm90::wgmma_fence();
       issue_pv(j - 1);
@@ -395,8 +410,9 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       softmax(j);
       sm90::wgmma_wait<0>();
       release(true, j - 1);
-      rescale_and_pack();
+      pack();
     }
+    rescale();
     wait_full(full_v(n_tiles - 1), n_tiles - 1);
     sm90::wgmma_fence();
     issue_pv(n_tiles - 1);
@@ -412,7 +428,8 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       sm90::wgmma_wait<0>();
       release(false, j);
       softmax(j);
-      rescale_and_pack();
+      rescale();
+      pack();
       wait_full(full_v(j), j);
       sm90::wgmma_fence();
       issue_pv(j);
