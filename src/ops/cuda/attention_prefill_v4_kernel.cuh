@@ -43,6 +43,8 @@
 // (|p - bf16(p)| <= 2^-9 p) while l sums the unrounded p; see docs/NUMERICS.md for the stated bound.
 #pragma once
 
+#include <type_traits>
+
 #include "ops/cuda/attention_prefill_v4.cuh"
 #include "ops/cuda/device_flag.h"
 #include "ops/cuda/mma.cuh"
@@ -317,11 +319,21 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     }
   };
   // Online softmax of tile j in sc (rows lane / 4: e = 0, 1; lane / 4 + 8: e = 2, 3): mask keys past each
-  // row's position, new running max m in the log2 domain, corr = 2^(m_old - m_new), sc = p =
-  // 2^(s sl2 - m) (one FFMA and one ex2 an element), l = l corr + sum p. Touches neither o nor pa (a P V
-  // product may still be reading them).
-  const auto softmax = [&](int j) {
-    const bool need_mask = (j + 1) * kBN - 1 > first_pos;
+  // row's position (kMask: only tiles reaching past the warpgroup's first row), new running max m in the
+  // log2 domain, corr = 2^(m_old - m_new), sc = p = 2^(s sl2 - m) (one FFMA and one ex2 an element), l = l
+  // corr + sum p. Touches neither o nor pa (a P V product may still be reading them). The masked and the
+  // unmasked tile are separate code behind a warp-uniform branch, the mask a compare of a constant column
+  // against one threshold a row: an if-converted mask cost every tile ~128 instructions and the registers
+  // of 32 column indices, and with them ptxas waited for the in-flight P V before the softmax instead of
+  // after it (SASS, H200 run of 2026-12-01).
+  const auto softmax = [&](int j, auto mask_tag) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    // Key 8 i + 2 (lane % 4) + (e & 1) of tile j lies past row r's position when 8 i + (e & 1) > thr[r].
+    int thr[2] = {0, 0};
+    if constexpr (kMask) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) thr[r] = rpos[r] - j * kBN - 2 * (lane % 4);
+    }
     // Each row's maximum in two independent chains (its even and odd columns), then merged: a max is exact
     // in any order, and the two chains halve the dependent latency.
     float mx4[4] = {-__builtin_huge_valf(), -__builtin_huge_valf(), -__builtin_huge_valf(),
@@ -330,11 +342,10 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = sc[4 * i + e];
-        if (need_mask && j * kBN + 8 * i + 2 * (lane % 4) + (e & 1) > rpos[e >> 1])
-          v = -__builtin_huge_valf();
-        sc[4 * i + e] = v;
-        mx4[e] = fmaxf(mx4[e], v);
+        if constexpr (kMask) {
+          if (8 * i + (e & 1) > thr[e >> 1]) sc[4 * i + e] = -__builtin_huge_valf();
+        }
+        mx4[e] = fmaxf(mx4[e], sc[4 * i + e]);
       }
     }
     float mx[2] = {fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3])};
@@ -362,6 +373,12 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], corr[r], ls[2 * r] + ls[2 * r + 1]);
+  };
+  const auto softmax_tile = [&](int j) {
+    if ((j + 1) * kBN - 1 > first_pos)
+      softmax(j, std::true_type{});
+    else
+      softmax(j, std::false_type{});
   };
   // o *= corr (its rows): before the P V product of the tile whose softmax gave corr.
   const auto rescale = [&] {
@@ -393,7 +410,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     release(false, 0);
-    softmax(0);
+    softmax_tile(0);
     pack();
     for (int j = 1; j < n_tiles; ++j) {
       wait_full(full_k(j), j);
@@ -407,7 +424,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       sm90::wgmma_commit();
       sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       release(false, j);
-      softmax(j);
+      softmax_tile(j);
       sm90::wgmma_wait<0>();
       release(true, j - 1);
       pack();
@@ -427,7 +444,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
       release(false, j);
-      softmax(j);
+      softmax_tile(j);
       rescale();
       pack();
       wait_full(full_v(j), j);
