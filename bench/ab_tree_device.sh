@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The current tree against an older one in one GPU-machine call (device tool; carry .deps/sysroot and
-# .ab/base.tar.gz, a `git archive` of the older commit made here: git archive --format=tar COMMIT | gzip >
-# .ab/base.tar.gz, with /.ab/ in .git/info/exclude). Builds kiln in this tree (build/device) and in the
-# unpacked base (/tmp/kiln-base, this tree's sysroot), then runs `kiln $CMD` with each binary in turn,
+# The current tree against other trees in one GPU-machine call (device tool; carry .deps/sysroot and .ab,
+# which holds NAME.tar.gz tarballs of the other trees made here, e.g. git archive --format=tar COMMIT -- .
+# ':!tests/fixtures' ':!bench/results' | gzip > .ab/base.tar.gz, with /.ab/ in .git/info/exclude). Builds
+# kiln in this tree (build/device) and in each unpacked tree (/tmp/kiln-NAME, this tree's sysroot) at once,
+# then runs `kiln $CMD` with each binary in turn,
 # ROUNDS times alternating (so drift between machines' clocks or over the run shows as spread, not as a
 # difference), with the environment assignments of ENV. PROFILE=1 adds ncu's per-SASS-instruction warp-stall
 # samples of prefill v4 (bf16, 4096 tokens) of the current build, as CSV for reading here.
@@ -13,20 +14,30 @@ out=${OUT:-/tmp/kiln-out}
 mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
 t0=$(date +%s)
-base=/tmp/kiln-base
-rm -rf "$base" && mkdir -p "$base/.deps" && tar -xzf .ab/base.tar.gz -C "$base" && ln -s "$PWD/.deps/sysroot" "$base/.deps/sysroot" ||
-  { echo "no base tree (.ab/base.tar.gz)"; exit 1; }
-(bash scripts/device_build.sh kiln >"$out/build_new.log" 2>&1; echo "new build rc=$?") &
-(cd "$base" && bash scripts/device_build.sh kiln >"$out/build_base.log" 2>&1; echo "base build rc=$?") &
+names=()
+for tb in .ab/*.tar.gz; do
+  n=$(basename "$tb" .tar.gz)
+  d=/tmp/kiln-$n
+  rm -rf "$d" && mkdir -p "$d/.deps" && tar -xzf "$tb" -C "$d" && ln -s "$PWD/.deps/sysroot" "$d/.deps/sysroot" || continue
+  names+=("$n")
+  (cd "$d" && bash scripts/device_build.sh kiln >"$out/build_$n.log" 2>&1; echo "$n build rc=$?") &
+done
+targets=(kiln)
+[[ ${TESTS:-0} == 1 ]] && targets+=(test_cuda_attention)
+(bash scripts/device_build.sh "${targets[@]}" >"$out/build_new.log" 2>&1; echo "new build rc=$?") &
 wait
 echo "builds: $(($(date +%s) - t0)) s"
+if [[ ${TESTS:-0} == 1 ]]; then  # TESTS=1: the current tree's attention tests first
+  timeout 300 build/device/tests/test_cuda_attention --gtest_brief=1 >"$out/tests.log" 2>&1
+  echo "test_cuda_attention rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/tests.log" | tr '\n' ' ') ($(($(date +%s) - t0)) s)"
+fi
 read -r -a cmd <<<"${CMD:-bench kernels --filter =attention}"
 IFS=';' read -r -a envs <<<"${ENV:-}"
 log="$out/ab.log"
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for which in base new; do
+  for which in "${names[@]}" new; do
     bin=build/device/bin/kiln
-    [[ $which == base ]] && bin=$base/build/device/bin/kiln
+    [[ $which == new ]] || bin=/tmp/kiln-$which/build/device/bin/kiln
     echo "==== round $r $which" >>"$log"
     env "${envs[@]}" timeout 200 "$bin" "${cmd[@]}" >>"$log" 2>&1
     echo "round $r $which rc=$? ($(($(date +%s) - t0)) s)"

@@ -13,8 +13,8 @@
 //   (find_work: a warp-wide prefix sum over cu_q).
 //   Block: 384 threads = 3 warpgroups.
 //     warpgroup 0, producer (setmaxnreg 56): for key tile j = 0 .. n_tiles - 1 (kBN = 128 keys), stage
-//       j % S: waits until both consumers released the stage's K (empty K barrier), fills it, then the
-//       same for V:
+//       j % S: waits until both consumers released the stage's K (empty K barrier) and fills it, then the
+//       same for V of tile j - 1 (K runs a tile ahead: produce):
 //       - bf16 cache, tile wholly inside the context, page_size 16, 32, 64 or 128: thread 0 issues one TMA
 //       box
 //         (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, then of V, each
@@ -161,81 +161,72 @@ __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const
   }
 }
 
+// K (kV false) or V of key tile j into its stage: TMA boxes from thread 0 where the tile lies inside the
+// context, else gathered by the 128 producer threads (see the mapping comment).
+template <int D, KvDtype KT, int S, bool kV>
+__device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const Work& w, int hk, int j,
+                                             uint32_t sKV, uint32_t bars) {
+  constexpr uint32_t kTileBytes = kBN * D * 2;
+  const PagedAttnParams& p = prm.p;
+  const int t = int(threadIdx.x % 128), s = j % S;
+  const uint32_t ph = uint32_t(j / S) & 1u;
+  const uint32_t full = bars + 8 * ((kV ? S : 0) + s), empty = bars + 8 * ((kV ? 3 : 2) * S + s);
+  const uint32_t dst = sKV + s * kTileBytes;
+  // Whether some tiles come by TMA (thread 0 alone; the other producer threads skip them).
+  const bool tma_tiles = KT == KvDtype::bf16 && prm.use_tma;
+  // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
+  if (tma_tiles && (j + 1) * kBN <= w.kv_len) {
+    if (t != 0) return;
+    // The tile's page ids first (independent loads, one latency), then its boxes.
+    const int ps = p.page_size, n_pages = kBN / ps;
+    int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
+#pragma unroll
+    for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
+    sm90::mbar_wait(empty, ph ^ 1u);
+    sm90::mbar_arrive_expect_tx(full, kTileBytes);
+    const CUtensorMap* map = kV ? &prm.tmap_v : &prm.tmap_k;
+#pragma unroll
+    for (int pg = 0; pg < kBN / 16; ++pg)
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c)
+        if (pg < n_pages)
+          sm90::tma_load_4d(dst + uint32_t(c * kBN + pg * ps) * 128, map, c * 64, prm.rows_dim1 ? 0 : hk,
+                            prm.rows_dim1 ? hk : 0, pages[pg], full);
+  } else if (!tma_tiles) {
+    // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
+    // follow the empty barriers' phases one by one.
+    sm90::mbar_wait(empty, ph ^ 1u);
+    load_tile_manual<D, KT, kV>(p, w, hk, j, dst);
+    sm90::fence_proxy_async();
+    sm90::named_bar_sync(1, 128);
+    if (t == 0) sm90::mbar_arrive(full);
+  } else {
+    // A gathered tile after TMA tiles (the last tile, reaching past kv_len). Threads 1..127 skipped the
+    // TMA tiles' empty waits, so they must not wait on the empty barriers themselves: a parity wait cannot
+    // tell phase k from k - 2, and theirs would pass as soon as an older use of the stage was released
+    // (or at once on a fresh barrier), letting them write rows into a stage that a TMA load or the
+    // consumers still own. Thread 0 has waited for every tile in order: it waits, then a named barrier
+    // hands the stage to the others (bar.sync orders its acquire before their stores).
+    if (t == 0) sm90::mbar_wait(empty, ph ^ 1u);
+    sm90::named_bar_sync(1, 128);
+    load_tile_manual<D, KT, kV>(p, w, hk, j, dst);
+    sm90::fence_proxy_async();
+    sm90::named_bar_sync(1, 128);
+    if (t == 0) sm90::mbar_arrive(full);
+  }
+}
+
+// The producer warpgroup: K runs one tile ahead of V (K_j, then V_{j-1}). The consumers release K_j in the
+// middle of their iteration j but V_j only at the end of iteration j + 1, so a producer that filled K_j
+// and V_j in turn held K_{j+2} back until V_j was free: the consumers then waited on K (16 % of all warp
+// stall samples at a K-full wait, ncu on the H200, 2026-12-01). Each barrier still sees its tiles in
+// order, so every parity wait stays exact.
 template <int D, KvDtype KT, int S>
 __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles,
                                         uint32_t sK, uint32_t sV, uint32_t bars) {
-  constexpr uint32_t kTileBytes = kBN * D * 2;
-  const PagedAttnParams& p = prm.p;
-  const int t = int(threadIdx.x % 128);
-  // Whether some tiles come by TMA (thread 0 alone; the other producer threads skip them).
-  const bool tma_tiles = KT == KvDtype::bf16 && prm.use_tma;
-  for (int j = 0; j < n_tiles; ++j) {
-    const int s = j % S;
-    const uint32_t ph = uint32_t(j / S) & 1u;
-    const uint32_t full_k = bars + 8 * s, full_v = bars + 8 * (S + s);
-    const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
-    const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
-    // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
-    if (tma_tiles && (j + 1) * kBN <= w.kv_len) {
-      if (t != 0) continue;
-      // The tile's page ids first (independent loads, one latency), then the boxes of K and of V.
-      const int ps = p.page_size, n_pages = kBN / ps;
-      int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
-#pragma unroll
-      for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
-      sm90::mbar_wait(empty_k, ph ^ 1u);
-      sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
-#pragma unroll
-      for (int pg = 0; pg < kBN / 16; ++pg)
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c)
-          if (pg < n_pages)
-            sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
-                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_k);
-      sm90::mbar_wait(empty_v, ph ^ 1u);
-      sm90::mbar_arrive_expect_tx(full_v, kTileBytes);
-#pragma unroll
-      for (int pg = 0; pg < kBN / 16; ++pg)
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c)
-          if (pg < n_pages)
-            sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
-                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_v);
-    } else if (!tma_tiles) {
-      // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
-      // follow the empty barriers' phases one by one.
-      sm90::mbar_wait(empty_k, ph ^ 1u);
-      load_tile_manual<D, KT, false>(p, w, hk, j, dk);
-      sm90::fence_proxy_async();
-      sm90::named_bar_sync(1, 128);
-      if (t == 0) sm90::mbar_arrive(full_k);
-      sm90::mbar_wait(empty_v, ph ^ 1u);
-      load_tile_manual<D, KT, true>(p, w, hk, j, dv);
-      sm90::fence_proxy_async();
-      sm90::named_bar_sync(1, 128);
-      if (t == 0) sm90::mbar_arrive(full_v);
-    } else {
-      // A gathered tile after TMA tiles (the last tile, reaching past kv_len). Threads 1..127 skipped the
-      // TMA tiles' empty waits, so they must not wait on the empty barriers themselves: a parity wait cannot
-      // tell phase k from k - 2, and theirs would pass as soon as an older use of the stage was released
-      // (or at once on a fresh barrier), letting them write rows into a stage that a TMA load or the
-      // consumers still own. Thread 0 has waited for every tile in order: it waits, then a named barrier
-      // hands the stage to the others (bar.sync orders its acquire before their stores).
-      if (t == 0) sm90::mbar_wait(empty_k, ph ^ 1u);
-      sm90::named_bar_sync(1, 128);
-      load_tile_manual<D, KT, false>(p, w, hk, j, dk);
-      sm90::fence_proxy_async();
-      sm90::named_bar_sync(1, 128);
-      if (t == 0) {
-        sm90::mbar_arrive(full_k);
-        sm90::mbar_wait(empty_v, ph ^ 1u);
-      }
-      sm90::named_bar_sync(1, 128);
-      load_tile_manual<D, KT, true>(p, w, hk, j, dv);
-      sm90::fence_proxy_async();
-      sm90::named_bar_sync(1, 128);
-      if (t == 0) sm90::mbar_arrive(full_v);
-    }
+  for (int j = 0; j <= n_tiles; ++j) {
+    if (j < n_tiles) produce_tile<D, KT, S, false>(prm, w, hk, j, sK, bars);
+    if (j > 0) produce_tile<D, KT, S, true>(prm, w, hk, j - 1, sV, bars);
   }
 }
 
