@@ -13,8 +13,8 @@
 //   (find_work: a warp-wide prefix sum over cu_q).
 //   Block: 384 threads = 3 warpgroups.
 //     warpgroup 0, producer (setmaxnreg 56): for key tile j = 0 .. n_tiles - 1 (kBN = 128 keys), stage
-//       j % S: waits until both consumers released the stage's K (empty K barrier) and fills it, then the
-//       same for V of tile j - 1 (K runs a tile ahead: produce):
+//       j % S: waits until both consumers released the stage's K (empty K barrier), fills it, then the
+//       same for V:
 //       - bf16 cache, tile wholly inside the context, page_size 16, 32, 64 or 128: thread 0 issues one TMA
 //       box
 //         (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, then of V, each
@@ -42,8 +42,6 @@
 // Numerics: fp32 scores and softmax (exp2 of log2-scaled scores), P rounded once to bf16 for the P V MMA
 // (|p - bf16(p)| <= 2^-9 p) while l sums the unrounded p; see docs/NUMERICS.md for the stated bound.
 #pragma once
-
-#include <type_traits>
 
 #include "ops/cuda/attention_prefill_v4.cuh"
 #include "ops/cuda/device_flag.h"
@@ -106,11 +104,8 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
                : "memory");
 }
 
-// Both rounded to nearest even (the bits of two f32_to_bf16_bits), in one cvt.rn.bf16x2.f32.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
+  return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << 16);
 }
 
 // K (kV false) or V rows of key tile j into the swizzled stage buffer at dst, by the 128 producer threads:
@@ -161,72 +156,89 @@ __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const
   }
 }
 
-// K (kV false) or V of key tile j into its stage: TMA boxes from thread 0 where the tile lies inside the
-// context, else gathered by the 128 producer threads (see the mapping comment).
-template <int D, KvDtype KT, int S, bool kV>
-__device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const Work& w, int hk, int j,
-                                             uint32_t sKV, uint32_t bars) {
-  constexpr uint32_t kTileBytes = kBN * D * 2;
-  const PagedAttnParams& p = prm.p;
-  const int t = int(threadIdx.x % 128), s = j % S;
-  const uint32_t ph = uint32_t(j / S) & 1u;
-  const uint32_t full = bars + 8 * ((kV ? S : 0) + s), empty = bars + 8 * ((kV ? 3 : 2) * S + s);
-  const uint32_t dst = sKV + s * kTileBytes;
-  // Whether some tiles come by TMA (thread 0 alone; the other producer threads skip them).
-  const bool tma_tiles = KT == KvDtype::bf16 && prm.use_tma;
-  // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
-  if (tma_tiles && (j + 1) * kBN <= w.kv_len) {
-    if (t != 0) return;
-    // The tile's page ids first (independent loads, one latency), then its boxes.
-    const int ps = p.page_size, n_pages = kBN / ps;
-    int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
-#pragma unroll
-    for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
-    sm90::mbar_wait(empty, ph ^ 1u);
-    sm90::mbar_arrive_expect_tx(full, kTileBytes);
-    const CUtensorMap* map = kV ? &prm.tmap_v : &prm.tmap_k;
-#pragma unroll
-    for (int pg = 0; pg < kBN / 16; ++pg)
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c)
-        if (pg < n_pages)
-          sm90::tma_load_4d(dst + uint32_t(c * kBN + pg * ps) * 128, map, c * 64, prm.rows_dim1 ? 0 : hk,
-                            prm.rows_dim1 ? hk : 0, pages[pg], full);
-  } else if (!tma_tiles) {
-    // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
-    // follow the empty barriers' phases one by one.
-    sm90::mbar_wait(empty, ph ^ 1u);
-    load_tile_manual<D, KT, kV>(p, w, hk, j, dst);
-    sm90::fence_proxy_async();
-    sm90::named_bar_sync(1, 128);
-    if (t == 0) sm90::mbar_arrive(full);
-  } else {
-    // A gathered tile after TMA tiles (the last tile, reaching past kv_len). Threads 1..127 skipped the
-    // TMA tiles' empty waits, so they must not wait on the empty barriers themselves: a parity wait cannot
-    // tell phase k from k - 2, and theirs would pass as soon as an older use of the stage was released
-    // (or at once on a fresh barrier), letting them write rows into a stage that a TMA load or the
-    // consumers still own. Thread 0 has waited for every tile in order: it waits, then a named barrier
-    // hands the stage to the others (bar.sync orders its acquire before their stores).
-    if (t == 0) sm90::mbar_wait(empty, ph ^ 1u);
-    sm90::named_bar_sync(1, 128);
-    load_tile_manual<D, KT, kV>(p, w, hk, j, dst);
-    sm90::fence_proxy_async();
-    sm90::named_bar_sync(1, 128);
-    if (t == 0) sm90::mbar_arrive(full);
-  }
-}
-
-// The producer warpgroup: K runs one tile ahead of V (K_j, then V_{j-1}). The consumers release K_j in the
-// middle of their iteration j but V_j only at the end of iteration j + 1, so a producer that filled K_j
-// and V_j in turn held K_{j+2} back until V_j was free: the consumers then waited on K (16 % of all warp
-// stall samples at a K-full wait, ncu on the H200, 2026-12-01). Each barrier still sees its tiles in
-// order, so every parity wait stays exact.
 template <int D, KvDtype KT, int S>
 __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles,
                                         uint32_t sK, uint32_t sV, uint32_t bars) {
-  for (int j = 0; j <= n_tiles; ++j) {
-    if (j < n_tiles) produce_tile<D, KT, S, false>(prm, w, hk, j, sK, bars);
-    if (j > 0) produce_tile<D, KT, S, true>(prm, w, hk, j - 1, sV, bars);
+  constexpr uint32_t kTileBytes = kBN * D * 2;
+  const PagedAttnParams& p = prm.p;
+  const int t = int(threadIdx.x % 128);
+  // Whether some tiles come by TMA (thread 0 alone; the other producer threads skip them).
+  const bool tma_tiles = KT == KvDtype::bf16 && prm.use_tma;
+  // Thread 0 looks up the page ids of TMA tile j + 1 while it waits for and fills tile j, so no page-table
+  // latency sits between a stage's release and its refill.
+  const int ps = p.page_size, n_pages = kBN / ps;
+  const auto tma_tile = [&](int j) { return tma_tiles && (j + 1) * kBN <= w.kv_len; };
+  int pages[kBN / 16], next[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
+  const auto lookup = [&](int j, int(&dst)[kBN / 16]) {
+#pragma unroll
+    for (int pg = 0; pg < kBN / 16; ++pg) dst[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
+  };
+  if (t == 0 && n_tiles > 0 && tma_tile(0)) lookup(0, next);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % S;
+    const uint32_t ph = uint32_t(j / S) & 1u;
+    const uint32_t full_k = bars + 8 * s, full_v = bars + 8 * (S + s);
+    const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
+    const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
+    // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
+    if (tma_tile(j)) {
+      if (t != 0) continue;
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = next[pg];
+      if (j + 1 < n_tiles && tma_tile(j + 1)) lookup(j + 1, next);
+      sm90::mbar_wait(empty_k, ph ^ 1u);
+      sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg)
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          if (pg < n_pages)
+            sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
+                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_k);
+      sm90::mbar_wait(empty_v, ph ^ 1u);
+      sm90::mbar_arrive_expect_tx(full_v, kTileBytes);
+#pragma unroll
+      for (int pg = 0; pg < kBN / 16; ++pg)
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          if (pg < n_pages)
+            sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
+                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_v);
+    } else if (!tma_tiles) {
+      // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
+      // follow the empty barriers' phases one by one.
+      sm90::mbar_wait(empty_k, ph ^ 1u);
+      load_tile_manual<D, KT, false>(p, w, hk, j, dk);
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(1, 128);
+      if (t == 0) sm90::mbar_arrive(full_k);
+      sm90::mbar_wait(empty_v, ph ^ 1u);
+      load_tile_manual<D, KT, true>(p, w, hk, j, dv);
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(1, 128);
+      if (t == 0) sm90::mbar_arrive(full_v);
+    } else {
+      // A gathered tile after TMA tiles (the last tile, reaching past kv_len). Threads 1..127 skipped the
+      // TMA tiles' empty waits, so they must not wait on the empty barriers themselves: a parity wait cannot
+      // tell phase k from k - 2, and theirs would pass as soon as an older use of the stage was released
+      // (or at once on a fresh barrier), letting them write rows into a stage that a TMA load or the
+      // consumers still own. Thread 0 has waited for every tile in order: it waits, then a named barrier
+      // hands the stage to the others (bar.sync orders its acquire before their stores).
+      if (t == 0) sm90::mbar_wait(empty_k, ph ^ 1u);
+      sm90::named_bar_sync(1, 128);
+      load_tile_manual<D, KT, false>(p, w, hk, j, dk);
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(1, 128);
+      if (t == 0) {
+        sm90::mbar_arrive(full_k);
+        sm90::mbar_wait(empty_v, ph ^ 1u);
+      }
+      sm90::named_bar_sync(1, 128);
+      load_tile_manual<D, KT, true>(p, w, hk, j, dv);
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(1, 128);
+      if (t == 0) sm90::mbar_arrive(full_v);
+    }
   }
 }
 
@@ -310,36 +322,23 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     }
   };
   // Online softmax of tile j in sc (rows lane / 4: e = 0, 1; lane / 4 + 8: e = 2, 3): mask keys past each
-  // row's position (kMask: only tiles reaching past the warpgroup's first row), new running max m in the
-  // log2 domain, corr = 2^(m_old - m_new), sc = p = 2^(s sl2 - m) (one FFMA and one ex2 an element), l = l
-  // corr + sum p. Touches neither o nor pa (a P V product may still be reading them). The masked and the
-  // unmasked tile are separate code behind a warp-uniform branch, the mask a compare of a constant column
-  // against one threshold a row: an if-converted mask cost every tile ~128 instructions and the registers
-  // of 32 column indices, and with them ptxas waited for the in-flight P V before the softmax instead of
-  // after it (SASS, H200 run of 2026-12-01).
-  const auto softmax = [&](int j, auto mask_tag) {
-    constexpr bool kMask = decltype(mask_tag)::value;
-    // Key 8 i + 2 (lane % 4) + (e & 1) of tile j lies past row r's position when 8 i + (e & 1) > thr[r].
-    int thr[2] = {0, 0};
-    if constexpr (kMask) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) thr[r] = rpos[r] - j * kBN - 2 * (lane % 4);
-    }
-    // Each row's maximum in two independent chains (its even and odd columns), then merged: a max is exact
-    // in any order, and the two chains halve the dependent latency.
-    float mx4[4] = {-__builtin_huge_valf(), -__builtin_huge_valf(), -__builtin_huge_valf(),
-                    -__builtin_huge_valf()};
+  // row's position, new running max m in the log2 domain, corr = 2^(m_old - m_new), sc = p =
+  // 2^(s sl2 - m) (one FFMA and one ex2 an element), l = l corr + sum p. Touches neither o nor pa (a P V
+  // product may still be reading them).
+  const auto softmax = [&](int j) {
+    const bool need_mask = (j + 1) * kBN - 1 > first_pos;
+    float mx[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()};
 #pragma unroll
     for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if constexpr (kMask) {
-          if (8 * i + (e & 1) > thr[e >> 1]) sc[4 * i + e] = -__builtin_huge_valf();
-        }
-        mx4[e] = fmaxf(mx4[e], sc[4 * i + e]);
+        float v = sc[4 * i + e];
+        if (need_mask && j * kBN + 8 * i + 2 * (lane % 4) + (e & 1) > rpos[e >> 1])
+          v = -__builtin_huge_valf();
+        sc[4 * i + e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
     }
-    float mx[2] = {fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3])};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -349,38 +348,26 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       const float mn = fmaxf(m[r], mx[r] * sl2);
       corr[r] = exp2_approx(m[r] - mn);
       m[r] = mn;
+      l[r] *= corr[r];
     }
-    // The tile's p summed in four independent chains (a row's even and odd columns, in column order), then
-    // l = l corr + (even + odd): the chains halve the dependent latency of the sum.
-    float ls[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < kBN / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float pe = exp2_approx(fmaf(sc[4 * i + e], sl2, -m[e >> 1]));  // masked: 2^-inf = 0
-        ls[e] += pe;
+        l[e >> 1] += pe;
         sc[4 * i + e] = pe;
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], corr[r], ls[2 * r] + ls[2 * r + 1]);
   };
-  const auto softmax_tile = [&](int j) {
-    if ((j + 1) * kBN - 1 > first_pos)
-      softmax(j, std::true_type{});
-    else
-      softmax(j, std::false_type{});
-  };
-  // o *= corr (its rows): before the P V product of the tile whose softmax gave corr.
-  const auto rescale = [&] {
+  // o *= corr (its rows), then P rounded to bf16: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of
+  // k-step kk of P V.
+  const auto rescale_and_pack = [&] {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       o[4 * i] *= corr[0], o[4 * i + 1] *= corr[0];
       o[4 * i + 2] *= corr[1], o[4 * i + 3] *= corr[1];
     }
-  };
-  // P rounded to bf16: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of k-step kk of P V.
-  const auto pack = [&] {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       pa[kk][0] = pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -392,35 +379,32 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
 
   if constexpr (kOverlap) {
     // S_j = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of tile j runs while that
-    // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. O is
-    // rescaled for tile j - 1 while S_j runs (the order of FA3's mainloop; the same operations on O as
-    // rescaling before issuing S_j). K_j is released as soon as S_j is done, V_{j-1} when its product is.
+    // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. K_j
+    // is released as soon as S_j is done, V_{j-1} when its product is.
     wait_full(full_k(0), 0);
     sm90::wgmma_fence();
     issue_qk(0);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     release(false, 0);
-    softmax_tile(0);
-    pack();
+    softmax(0);
+    rescale_and_pack();
     for (int j = 1; j < n_tiles; ++j) {
       wait_full(full_k(j), j);
       sm90::wgmma_fence();
       issue_qk(j);
       sm90::wgmma_commit();
-      rescale();
       wait_full(full_v(j - 1), j - 1);
       sm90::wgmma_fence();
       issue_pv(j - 1);
       sm90::wgmma_commit();
       sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       release(false, j);
-      softmax_tile(j);
+      softmax(j);
       sm90::wgmma_wait<0>();
       release(true, j - 1);
-      pack();
+      rescale_and_pack();
     }
-    rescale();
     wait_full(full_v(n_tiles - 1), n_tiles - 1);
     sm90::wgmma_fence();
     issue_pv(n_tiles - 1);
@@ -435,9 +419,8 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
       release(false, j);
-      softmax_tile(j);
-      rescale();
-      pack();
+      softmax(j);
+      rescale_and_pack();
       wait_full(full_v(j), j);
       sm90::wgmma_fence();
       issue_pv(j);
