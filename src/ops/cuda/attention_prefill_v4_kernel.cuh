@@ -164,16 +164,6 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
   const int t = int(threadIdx.x % 128);
   // Whether some tiles come by TMA (thread 0 alone; the other producer threads skip them).
   const bool tma_tiles = KT == KvDtype::bf16 && prm.use_tma;
-  // Thread 0 looks up the page ids of TMA tile j + 1 while it waits for and fills tile j, so no page-table
-  // latency sits between a stage's release and its refill.
-  const int ps = p.page_size, n_pages = kBN / ps;
-  const auto tma_tile = [&](int j) { return tma_tiles && (j + 1) * kBN <= w.kv_len; };
-  int pages[kBN / 16], next[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
-  const auto lookup = [&](int j, int(&dst)[kBN / 16]) {
-#pragma unroll
-    for (int pg = 0; pg < kBN / 16; ++pg) dst[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
-  };
-  if (t == 0 && n_tiles > 0 && tma_tile(0)) lookup(0, next);
   for (int j = 0; j < n_tiles; ++j) {
     const int s = j % S;
     const uint32_t ph = uint32_t(j / S) & 1u;
@@ -181,11 +171,13 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& 
     const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
     const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
     // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
-    if (tma_tile(j)) {
+    if (tma_tiles && (j + 1) * kBN <= w.kv_len) {
       if (t != 0) continue;
+      // The tile's page ids first (independent loads, one latency), then the boxes of K and of V.
+      const int ps = p.page_size, n_pages = kBN / ps;
+      int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
 #pragma unroll
-      for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = next[pg];
-      if (j + 1 < n_tiles && tma_tile(j + 1)) lookup(j + 1, next);
+      for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
       sm90::mbar_wait(empty_k, ph ^ 1u);
       sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
 #pragma unroll
@@ -512,8 +504,8 @@ void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, 
 
 template <int D, KvDtype KT>
 int prefill_v4_binary_version() {
-  return kernel_binary_version(
-      reinterpret_cast<const void*>(v4::prefill_v4_kernel < D, KT, true, D == 128 ? 2 : 4 >));
+  constexpr int kStages = D == 128 ? 2 : 4;  // any instantiation: they are compiled together
+  return kernel_binary_version(reinterpret_cast<const void*>(v4::prefill_v4_kernel<D, KT, true, kStages>));
 }
 
 }  // namespace kiln::cuda
