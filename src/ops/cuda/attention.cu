@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ops/cuda/attention_common.cuh"
+#include "ops/decode_splits.h"
 
 namespace kiln::cuda {
 namespace {
@@ -101,30 +102,12 @@ const char* prefill_kernel_name(PrefillKernel k) {
 
 namespace {
 
-// Large batches (at least one pair per 2-block slot): v3's blocks of one shape do equal work w (tiles of
-// their split, + 1 for a block's fixed cost: Q load, the first tile's latency), an SM holds c of them at a
-// time, and an SM's bandwidth is saturated from 2 resident blocks on (one alone pulls about half of it):
-// an SM given m blocks then takes floor(m / c) rounds of c w / min(c, 2) plus r w / min(r, 2) for the
-// r = m mod c left. Picks the splits s <= cap minimizing the busiest SM's time (m = ceil(pairs s / SMs))
-// plus one tile for the combine launch when s > 1; ties keep fewer splits. Tiles from the table's reach.
-// H200, fp8 (c = 3), B = 64 ctx 9216: 1 split 438 us, 3 splits 386; B = 128: 1 split 739, 3 splits 745
-// (docs/PERF.md): the model picks 3 and 1.
+// Large batches (at least one pair per 2-block slot): the wave model of ops/decode_splits.h over this
+// device's SMs and the blocks an SM holds (shared memory bound); tiles from the table's reach.
 int wave_balanced_splits(const PagedAttnParams& p, int64_t pairs, int cap) {
-  const int64_t sms = sm_count(), c = decode_v3_blocks_per_sm(p);
   const int64_t tile = p.kv_dtype == KvDtype::bf16 ? kDecodeV3Tile : kDecodeV3TileFp8;
   const int64_t tiles = (int64_t(p.pages_stride) * p.page_size + tile - 1) / tile;
-  const auto sm_time = [&](int64_t m, int64_t w) {  // in units of w / 2 (one saturated SM's block time)
-    const int64_t r = m % c;
-    return (m / c) * c * w * 2 / std::min<int64_t>(c, 2) + (r > 0 ? r * w * 2 / std::min<int64_t>(r, 2) : 0);
-  };
-  int best = 1;
-  int64_t best_cost = -1;
-  for (int s = 1; s <= cap; ++s) {
-    const int64_t m = (pairs * s + sms - 1) / sms, w = (tiles + s - 1) / s + 1;
-    const int64_t cost = sm_time(m, w) + (s > 1 ? 2 : 0);
-    if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
-  }
-  return best;
+  return ops::decode_wave_splits(pairs, cap, sm_count(), decode_v3_blocks_per_sm(p), tiles);
 }
 
 // v2 sizes chunks from each row's context (>= kDecodeV2MinChunk keys), so splits past the table's reach /
