@@ -14,8 +14,9 @@
 // noise of each other: on the same rows they agree within 1 bf16 ulp.
 //
 // Decode: grid (splits, Hkv, B), 128 threads. The G = Hq / Hkv query heads of a KV head share every K/V
-// load. splits depends only on (B, Hkv, pages_stride * page_size) so a captured graph stays valid; with
-// splits > 1 the partial (o / l, m, l) of each row go to `workspace` and a combine kernel writes out.
+// load. splits depends only on shapes (B, Hkv, D, the cache dtype, pages_stride * page_size) and the device,
+// never on kv_lens, so a captured graph stays valid; with splits > 1 the partial (o / l, m, l) of each row
+// go to `workspace` and a combine kernel writes out.
 // Three decode kernels (decode_kernel() picks; all keep the split count and workspace layout above):
 //   v1: split s walks keys [s c, s c + c), c = ceil(pages_stride * page_size / splits), one dependent
 //       page-table -> K/V load chain per key; splits past the context exit at once, the combine reads all.
@@ -25,8 +26,10 @@
 //       then every warp computes from shared memory (G <= 4: scores of a tile first, one softmax rescale per
 //       tile; wider groups: v1's per-key update). A row whose context fits one chunk is written out by its
 //       block directly; the combine reads only the splits that ran (and skips such rows).
-//   v3 (default): v2's split rule with chunks of 64-key tiles, on tensor cores (attention_decode_v3.cu): the
-//       group's query heads are the rows of m16n8k16 MMAs for S = Q K^T and O += P V; tiles 2-4 stages deep
+//   v3 (default): v2's chunking in 64-key tiles (fp8: 128), as many splits as fill one wave of resident
+//       blocks at small batch and the SM-time model of ops/decode_splits.h at large batch, on tensor cores
+//       (attention_decode_v3.cu): the group's query heads are the rows of m16n8k16 MMAs for S = Q K^T and
+//       O += P V; tiles 2-4 stages deep
 //       (fp8: 2, three blocks an SM) in 128-byte-swizzled shared memory, copied by TMA one box per page
 //       (pages of 16, 32, 64 rows; else cp.async); each warp takes 16 keys of a tile with its own online
 //       softmax, merged at the end. fp8 tiles move as bytes and are widened in registers. Within 1 bf16 ulp
