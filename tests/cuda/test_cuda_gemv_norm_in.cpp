@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/test_support.h"
+#include "gemv_test_util.h"
 #include "kiln/cuda_check.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
@@ -33,10 +34,6 @@ using test::to_device;
 using test::to_host;
 
 constexpr float kEps = 1e-6f;
-
-std::string describe(GemvConfig c) {
-  return std::string(c.tensor_cores ? "tensor-core" : "fma") + " warps " + std::to_string(c.warps);
-}
 
 struct Shape {
   const char* name;
@@ -117,7 +114,8 @@ TEST(CudaGemvNormIn, EqualsAddRmsNormThenGemvBitwise) {
     const auto res0 = to_host<uint16_t>(b.res0, b.res0.bytes() / 2);
     for (const GemvConfig cfg : cuda::kGemvConfigs)
       for (int64_t m = 1; m <= cuda::kGemvMaxM; ++m) {
-        const std::string what = std::string(s.name) + " M " + std::to_string(m) + " " + describe(cfg);
+        const std::string what =
+            std::string(s.name) + " M " + std::to_string(m) + " " + test::gemv_config_name(cfg);
         ASSERT_TRUE(cuda::gemv_norm_in_supported(m, s.n, s.k, b.ld, b.ld, s.k, b.cols,
                                                  s.silu ? GemvEpilogue::silu_mul : GemvEpilogue::bf16))
             << what;
@@ -180,7 +178,7 @@ TEST(CudaGemvNormIn, GraphReplayWithChangingInputsAndPdl) {
   };
   for (const GemvConfig cfg : {GemvConfig{16, true}, GemvConfig{8, true}, GemvConfig{4, false}}) {
     for (const bool pdl : {false, true}) {
-      const std::string what = describe(cfg) + (pdl ? " with PDL" : "");
+      const std::string what = test::gemv_config_name(cfg) + (pdl ? " with PDL" : "");
       // The captured chain copies res0 into the residual first: rewriting res0 before each replay changes
       // the inputs of the replay (and the reference is recomputed on them).
       cudaGraph_t graph = nullptr;

@@ -18,6 +18,7 @@
 
 #include "attn_prep_case.h"
 #include "common/test_support.h"
+#include "gemv_test_util.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
@@ -222,18 +223,6 @@ TEST(GemvAttnPrep, GraphReplaysWithChangingInputs) {
   }
 }
 
-// Writes a tactic cache holding one GEMV tactic for `s`.
-void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& path, const cuda::GemmShape& s,
-                      GemvConfig cfg) {
-  cuda::GemmTactic t;
-  t.kind = cuda::GemmKind::gemv;
-  t.gemv = cfg;
-  t.us = 1.0f;
-  t.describe = "test";
-  std::ofstream(path) << "kiln-gemm-tactics v2\nkey " << eng.key() << "\n"
-                      << cuda::format_tactic_line(s, t) << "\n";
-}
-
 // ops::linear_attn_prep: one kernel where the engine's tactic for the QKV shape is the GEMV and the switch is
 // on, the two ops otherwise (switch off, or M outside the tuned bucket); the same bytes either way.
 TEST(GemvAttnPrep, OpDispatcher) {
@@ -248,7 +237,7 @@ TEST(GemvAttnPrep, OpDispatcher) {
   cuda::GemmEngine& eng = cuda::gemm_engine();
   const std::string path =
       (kiln::test_support::process_scratch_dir("gemv_attn_prep") / "tactics.txt").string();
-  write_gemv_cache(eng, path, {8, N, f.K, cuda::GemmOut::bf16}, GemvConfig{8, true});
+  test::write_gemv_cache(eng, path, {8, N, f.K, cuda::GemmOut::bf16}, GemvConfig{8, true});
   ASSERT_TRUE(eng.load(path));
   std::filesystem::remove(path);
   const ops::AttnPrepArgs a = f.in.args(dev.base, Device::cuda());

@@ -3,6 +3,7 @@
 // visible.
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "common/test_support.h"
+#include "kiln/cuda_check.h"
 #include "kiln/dtype.h"
 #include "kiln/tensor.h"
 
@@ -33,6 +35,12 @@ std::vector<T> to_host(const Buffer& b, size_t n) {
   std::vector<T> v(n);
   copy_bytes(v.data(), Device::cpu(), b.data(), Device::cuda(), n * sizeof(T));
   return v;
+}
+
+// Sets every byte of a device buffer to 0xff (bf16 and f32 NaN), so an element a kernel never writes fails
+// any value check. Ordered before later work on the legacy default stream, like any cudaMemset.
+inline void poison(const Buffer& b) {
+  KILN_CUDA_CHECK(cudaMemset(b.data(), 0xff, b.bytes()));
 }
 
 inline std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
