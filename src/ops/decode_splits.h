@@ -9,7 +9,8 @@
 // r = m mod per_sm left. The busiest SM (m = ceil(pairs * s / sms)) sets the time; s > 1 adds the combine
 // launch (one tile). The smallest cost over s = 1 .. cap wins, ties keeping fewer splits.
 // H200 (132 SMs), fp8 cache (3 blocks an SM, 80 tiles of 128 keys in a 10240-token table): B = 64 -> 2
-// splits (measured 388 us against 438 with one), B = 128 -> 1 (739 us; 745 with 3): docs/PERF.md.
+// splits (measured 388 us against 438 with one), B = 128 -> 1 (739 us; 745 with 3): docs/PERF.md. The decode
+// launcher applies it to fp8 caches only (the lone-block premise was fitted to the ALU-bound fp8 kernel).
 #pragma once
 
 #include <algorithm>

@@ -103,10 +103,13 @@ const char* prefill_kernel_name(PrefillKernel k) {
 namespace {
 
 // Large batches (at least one pair per 2-block slot): the wave model of ops/decode_splits.h over this
-// device's SMs and the blocks an SM holds (shared memory bound); tiles from the table's reach.
+// device's SMs and the blocks an SM holds (shared memory bound); tiles from the table's reach. FP8 caches
+// only: the model's premise (a block left alone on an SM pulls about half its bandwidth) was fitted to the
+// ALU-bound FP8 kernel (H200: B = 64 one split 438 us, two 388); whether a lone bf16 block is as slow is
+// unmeasured, and where the model was checked for bf16 (B = 64, 128) it keeps one split anyway.
 int wave_balanced_splits(const PagedAttnParams& p, int64_t pairs, int cap) {
-  const int64_t tile = p.kv_dtype == KvDtype::bf16 ? kDecodeV3Tile : kDecodeV3TileFp8;
-  const int64_t tiles = (int64_t(p.pages_stride) * p.page_size + tile - 1) / tile;
+  if (p.kv_dtype == KvDtype::bf16) return 1;
+  const int64_t tiles = (int64_t(p.pages_stride) * p.page_size + kDecodeV3TileFp8 - 1) / kDecodeV3TileFp8;
   return ops::decode_wave_splits(pairs, cap, sm_count(), decode_v3_blocks_per_sm(p), tiles);
 }
 

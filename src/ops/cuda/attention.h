@@ -27,12 +27,12 @@
 //       tile; wider groups: v1's per-key update). A row whose context fits one chunk is written out by its
 //       block directly; the combine reads only the splits that ran (and skips such rows).
 //   v3 (default): v2's chunking in 64-key tiles (fp8: 128), as many splits as fill one wave of resident
-//       blocks at small batch and the SM-time model of ops/decode_splits.h at large batch, on tensor cores
-//       (attention_decode_v3.cu): the group's query heads are the rows of m16n8k16 MMAs for S = Q K^T and
-//       O += P V; tiles 2-4 stages deep (fp8: 2, three blocks an SM) in 128-byte-swizzled shared memory,
-//       copied by TMA one box per page (pages of 16, 32, 64 rows; else cp.async); each warp takes 16 keys
-//       of a tile with its own online softmax, merged at the end. fp8 tiles move as bytes and are widened in registers. Within 1 bf16 ulp
-//       of prefill v1-v3.
+//       blocks at small batch and at large batch one (bf16) or the SM-time model of ops/decode_splits.h
+//       (fp8), on tensor cores (attention_decode_v3.cu): the group's query heads are the rows of m16n8k16
+//       MMAs for S = Q K^T and O += P V; tiles 2-4 stages deep (fp8: 2, three blocks an SM) in
+//       128-byte-swizzled shared memory, copied by TMA one box per page (pages of 16, 32, 64 rows; else
+//       cp.async); each warp takes 16 keys of a tile with its own online softmax, merged at the end. fp8
+//       tiles move as bytes and are widened in registers. Within 1 bf16 ulp of prefill v1-v3.
 // Prefill: 64 query rows x 64-key tiles, 4 warps (16 rows each) per query head, mma.sync m16n8k16.
 // Three prefill kernels (prefill_kernel() picks), bitwise equal (every (row, head) gets the same math in the
 // same order):
