@@ -85,8 +85,11 @@ bool kernel_selected(const std::string& kernel) {
 
 // KILN_ATTN_BENCH_SPLITS=N: decode rows run N splits instead of the shape rule's (0: the rule).
 int forced_splits() {
-  const char* v = std::getenv("KILN_ATTN_BENCH_SPLITS");
-  return v && *v ? std::clamp(std::atoi(v), 0, 128) : 0;
+  static const int n = [] {
+    const char* v = std::getenv("KILN_ATTN_BENCH_SPLITS");
+    return v && *v ? std::clamp(std::atoi(v), 0, 128) : 0;
+  }();
+  return n;
 }
 
 struct Set {

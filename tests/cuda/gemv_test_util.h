@@ -14,12 +14,14 @@ inline std::string gemv_config_name(cuda::GemvConfig c) {
   return std::string(c.tensor_cores ? "tensor-core" : "fma") + " warps " + std::to_string(c.warps);
 }
 
-// Writes a v2 tactic cache for `eng` holding one GEMV tactic (configuration cfg) for shape s.
+// Writes a v2 tactic cache for `eng` holding one GEMV tactic (configuration cfg) for shape s; norm_in: the
+// tactic takes the residual add + RMSNorm in its prologue (cache word 2, "+norm-in").
 inline void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& path, const cuda::GemmShape& s,
-                             cuda::GemvConfig cfg) {
+                             cuda::GemvConfig cfg, bool norm_in = false) {
   cuda::GemmTactic t;
   t.kind = cuda::GemmKind::gemv;
   t.gemv = cfg;
+  t.gemv_norm_in = norm_in;
   t.us = 1.0f;
   t.describe = gemv_config_name(cfg);
   std::ofstream(path) << "kiln-gemm-tactics v2\nkey " << eng.key() << "\n"

@@ -9,7 +9,6 @@
 #include <cuda_runtime_api.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -220,18 +219,9 @@ TEST(CudaGemvNormIn, ResidualNormOpsOnAndOff) {
   // The engine's tactic for the gate_up shape: the tensor-core GEMV (a cache holding only it).
   cuda::GemmEngine& eng = cuda::gemm_engine();
   const std::string path = (test_support::process_scratch_dir("cuda_gemv_norm_in") / "tactics.txt").string();
-  {
-    cuda::GemmTactic tac;
-    tac.kind = cuda::GemmKind::gemv;
-    tac.gemv = GemvConfig{8, true};
-    tac.gemv_norm_in = true;
-    tac.us = 1.0f;
-    tac.describe = "gemv";
-    std::ofstream(path) << "kiln-gemm-tactics v2\nkey " << eng.key() << "\n"
-                        << cuda::format_tactic_line({cuda::gemm_m_bucket(M), 2 * I, H, cuda::GemmOut::bf16},
-                                                    tac)
-                        << "\n";
-  }
+  test::write_gemv_cache(eng, path, {cuda::gemm_m_bucket(M), 2 * I, H, cuda::GemmOut::bf16},
+                         GemvConfig{8, true},
+                         /*norm_in=*/true);
   ASSERT_TRUE(eng.load(path));
   std::filesystem::remove(path);
   ASSERT_TRUE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());

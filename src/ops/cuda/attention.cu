@@ -102,17 +102,6 @@ const char* prefill_kernel_name(PrefillKernel k) {
 
 namespace {
 
-// Large batches (at least one pair per 2-block slot): the wave model of ops/decode_splits.h over this
-// device's SMs and the blocks an SM holds (shared memory bound); tiles from the table's reach. FP8 caches
-// only: the model's premise (a block left alone on an SM pulls about half its bandwidth) was fitted to the
-// ALU-bound FP8 kernel (H200: B = 64 one split 438 us, two 388); whether a lone bf16 block is as slow is
-// unmeasured, and where the model was checked for bf16 (B = 64, 128) it keeps one split anyway.
-int wave_balanced_splits(const PagedAttnParams& p, int64_t pairs, int cap) {
-  if (p.kv_dtype == KvDtype::bf16) return 1;
-  const int64_t tiles = (int64_t(p.pages_stride) * p.page_size + kDecodeV3TileFp8 - 1) / kDecodeV3TileFp8;
-  return ops::decode_wave_splits(pairs, cap, sm_count(), decode_v3_blocks_per_sm(p), tiles);
-}
-
 // v2 sizes chunks from each row's context (>= kDecodeV2MinChunk keys), so splits past the table's reach /
 // kDecodeV2MinChunk never get keys: launching them only adds blocks that exit. Dropping them changes no
 // chunk (for ctx <= reach, ceil(ctx / splits) stays <= kDecodeV2MinChunk), so no output bit. Still a function
@@ -120,7 +109,7 @@ int wave_balanced_splits(const PagedAttnParams& p, int64_t pairs, int cap) {
 //
 // v3 keeps 2-4 long-lived blocks per SM streaming many tiles each, so it wants about one wave: splits =
 // the resident block slots over the (sequence, KV head) pairs (B = 1: a split per slot; B * Hkv >= slots:
-// wave_balanced_splits), at most v2's count (so the workspace, sized by decode_split, still holds them).
+// the wave model below), at most v2's count (so the workspace, sized by decode_split, still holds them).
 int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
   if (k == DecodeKernel::v1) return splits;
   const int64_t reach = int64_t(p.pages_stride) * p.page_size;
@@ -129,9 +118,16 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
     const int64_t pairs = int64_t(std::max(p.B, 1)) * p.Hkv;
     // Splits for at most 2 blocks per SM: fp8 blocks reside 3 to an SM, but splitting for 3 made B = 1
     // and 8 slower (more, shorter splits; H200, docs/PERF.md).
-    const int64_t slots = int64_t(sm_count()) * std::min(2, decode_v3_blocks_per_sm(p));
+    const int64_t sms = sm_count(), per_sm = decode_v3_blocks_per_sm(p),
+                  slots = sms * std::min<int64_t>(2, per_sm);
     if (pairs < slots) return int(std::clamp<int64_t>(slots / pairs, 1, s));
-    return wave_balanced_splits(p, pairs, s);
+    // Large batches: the wave model of ops/decode_splits.h over this device's SMs and the blocks an SM holds
+    // (shared memory bound), tiles from the table's reach. FP8 caches only: the model's premise (a block left
+    // alone on an SM pulls about half its bandwidth) was fitted to the ALU-bound FP8 kernel (H200: B = 64 one
+    // split 438 us, two 388); whether a lone bf16 block is as slow is unmeasured, and where the model was
+    // checked for bf16 (B = 64, 128) it keeps one split anyway.
+    if (p.kv_dtype == KvDtype::bf16) return 1;
+    return ops::decode_wave_splits(pairs, s, sms, per_sm, (reach + kDecodeV3TileFp8 - 1) / kDecodeV3TileFp8);
   }
   return s;
 }
