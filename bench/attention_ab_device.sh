@@ -4,7 +4,7 @@
 # each VARIANTS entry; benchmarks the current kernels' rows (decode v3, prefill v4) under the defaults and
 # under each VARIANTS entry; optionally ("ncu") the warp-stall breakdown of prefill v4 (bf16, 4096 tokens)
 # under the defaults and each variant. A variant is a set of environment assignments, variants separated by
-# ';' (e.g. VARIANTS="KILN_ATTN_V4_STAGES=3;KILN_ATTN_BENCH_SPLITS=1"). Logs go to $OUT (at most 8 files
+# ';' (e.g. VARIANTS="KILN_ATTN_V4_SERIAL=1;KILN_ATTN_BENCH_SPLITS=1"). Logs go to $OUT (at most 8 files
 # come back: keep VARIANTS short); a table of every bench row is printed last.
 # "sass": the v4 head_dim-128 unit's SASS into $OUT. BENCH_FILTER: the benchmarks (default "=attention").
 # Usage: VARIANTS=... [TEST_AB=gtest-filter] bench/attention_ab_device.sh [tests] [bench] [ncu] [sass]

@@ -519,6 +519,30 @@ TEST(CudaAttention, PrefillV4ManyTilesPartialLast) {
     }
 }
 
+TEST(CudaAttention, PrefillV4PersistentBlocksTakeManyItems) {
+  KILN_REQUIRE_GPU();
+  // v4's grid is one persistent block an SM: with 4 KV heads and a 2000-token prompt (G 3, 4, 5: 188 to 316
+  // work items beside those of the short sequences) each block walks several items, so Q double-buffering
+  // (by TMA at G 4; gathered at G 3 and 5, whose packed rows start mid-token), the stage phases running on
+  // across items and the zigzag schedule are all exercised, with bf16 (TMA tiles) and fp8 (gathered tiles).
+  uint32_t seed = 1400;
+  for (int G : {3, 4, 5})
+    for (bool fp8 : {false, true}) {
+      Case c{.q_lens = {2000, 1, 37, 260},
+             .kv_lens = {2100, 50, 37, 900},
+             .Hq = 4 * G,
+             .Hkv = 4,
+             .D = G == 4 ? 64 : 128,
+             .page_size = G == 5 ? 16 : 32,
+             .hnd = G != 3,
+             .fp8 = fp8,
+             .ref_stride = 8};
+      const AttnSetup s(c, seed++);
+      check_v4(s, "G " + std::to_string(G) + (fp8 ? " fp8" : " bf16"));
+      if (attn_debug()) return;
+    }
+}
+
 TEST(CudaAttention, BadParamsAreErrors) {
   KILN_REQUIRE_GPU();
   Case c{.q_lens = {1}, .kv_lens = {4}, .Hq = 4, .Hkv = 2, .D = 128, .page_size = 16};

@@ -8,13 +8,14 @@
 #include "ops/decode_splits.h"
 
 namespace kiln::cuda {
-namespace {
 
 int sm_count() {
   int dev = 0, sms = 132;
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return sms;
 }
+
+namespace {
 
 void validate(const PagedAttnParams& p) {
   KILN_CHECK(p.D == 32 || p.D == 64 || p.D == 128, "paged attention: head_dim must be 32, 64 or 128, got ",

@@ -97,6 +97,8 @@ __device__ __forceinline__ bool decode_rows(const PagedAttnParams& p, int b, boo
 void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int chunk, bool all_rows,
                    DecodeKernel kernel, cudaStream_t stream, bool pdl);
 // v3 (attention_decode_v3.cu): tensor-core decode; decode_v3_applies says where it runs (else v2 runs).
+// The current device's SM count (132 where the query fails).
+int sm_count();
 bool decode_v3_applies(const PagedAttnParams& p);
 int decode_v3_blocks_per_sm(const PagedAttnParams& p);  // resident v3 blocks per SM (shared memory bound)
 void launch_decode_v3(const PagedAttnParams& p, float* workspace, int splits, bool all_rows,

@@ -1,5 +1,6 @@
 // Prefill v4 launcher: where it applies, the TMA tensor maps of a bf16 cache, the launch (the kernel is
 // attention_prefill_v4_kernel.cuh).
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -57,24 +58,12 @@ bool v4_tma_allowed() {
   return allowed;
 }
 
-// Pipeline stages for head_dim D: 4 for D 64; for D 128 KILN_ATTN_V4_STAGES (2 or 3, read once; default 2).
-int v4_stages(int D) {
-  static const int d128 = [] {
-    const char* v = std::getenv("KILN_ATTN_V4_STAGES");
-    if (!v || !*v) return 2;
-    KILN_CHECK(std::string(v) == "2" || std::string(v) == "3", "KILN_ATTN_V4_STAGES must be 2 or 3, got '", v,
-               "'");
-    return std::string(v) == "3" ? 3 : 2;
-  }();
-  return D == 128 ? d128 : 4;
-}
-
 template <int D>
-void launch_d(const LaunchCfg& cfg, const PrefillV4Params& prm, int stages) {
+void launch_d(const LaunchCfg& cfg, const PrefillV4Params& prm) {
   if (prm.p.kv_dtype == KvDtype::bf16)
-    launch_prefill_v4_kernel<D, KvDtype::bf16>(cfg, prm, v4_overlap(), stages);
+    launch_prefill_v4_kernel<D, KvDtype::bf16>(cfg, prm, v4_overlap());
   else
-    launch_prefill_v4_kernel<D, KvDtype::f8e4m3>(cfg, prm, v4_overlap(), stages);
+    launch_prefill_v4_kernel<D, KvDtype::f8e4m3>(cfg, prm, v4_overlap());
 }
 
 }  // namespace
@@ -101,20 +90,31 @@ bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStre
                       ? 1
                       : 0;
   }
-  // Work items: sum over sequences of ceil(q_len G / kBM) <= ceil(T G / kBM) + B.
+  // Q by TMA where a consumer's 64 packed rows are whole tokens (G divides 64): one box of G heads x 64 / G
+  // tokens. q is (d, head, token) with the caller's strides; tokens past T read as zeros.
+  if (64 % prm.G == 0 && tensor_maps_available() && v4_tma_allowed()) {
+    const uint64_t dims[3] = {uint64_t(p.D), uint64_t(p.Hq), uint64_t(p.T)};
+    const uint64_t strides[2] = {uint64_t(p.q_stride_h) * 2, uint64_t(p.q_stride_t) * 2};
+    const uint32_t box[3] = {64, uint32_t(prm.G), uint32_t(64 / prm.G)};
+    prm.use_tma_q =
+        try_encode_tiled_map(&prm.tmap_q, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, p.q, dims, strides, box) ? 1
+                                                                                                        : 0;
+  }
+  // Work items: sum over sequences of ceil(q_len G / kBM) <= ceil(T G / kBM) + B; one persistent block an
+  // SM at most (the shared memory holds one).
   const int64_t items = (int64_t(p.T) * prm.G + v4::kBM - 1) / v4::kBM + p.B;
-  const int64_t blocks = items * p.Hkv;
-  KILN_CHECK(blocks < (int64_t(1) << 31), "paged attention prefill v4: grid of ", blocks, " blocks");
-  const int stages = v4_stages(p.D);
+  KILN_CHECK(items * p.Hkv < (int64_t(1) << 30), "paged attention prefill v4: ", items * p.Hkv,
+             " work items");
+  const int64_t blocks = std::min<int64_t>(items * p.Hkv, sm_count());
   const LaunchCfg cfg{.grid = dim3(unsigned(blocks)),
                       .block = dim3(v4::kThreads),
-                      .smem = p.D == 128 ? v4::smem_bytes<128>(stages) : v4::smem_bytes<64>(stages),
+                      .smem = p.D == 128 ? v4::smem_bytes<128>() : v4::smem_bytes<64>(),
                       .stream = stream,
                       .pdl = pdl};
   if (p.D == 128)
-    launch_d<128>(cfg, prm, stages);
+    launch_d<128>(cfg, prm);
   else
-    launch_d<64>(cfg, prm, stages);
+    launch_d<64>(cfg, prm);
   return true;
 }
 

@@ -3,10 +3,8 @@
 
 namespace kiln::cuda {
 
-template void launch_prefill_v4_kernel<128, KvDtype::bf16>(const LaunchCfg&, const PrefillV4Params&, bool,
-                                                           int);
-template void launch_prefill_v4_kernel<128, KvDtype::f8e4m3>(const LaunchCfg&, const PrefillV4Params&, bool,
-                                                             int);
+template void launch_prefill_v4_kernel<128, KvDtype::bf16>(const LaunchCfg&, const PrefillV4Params&, bool);
+template void launch_prefill_v4_kernel<128, KvDtype::f8e4m3>(const LaunchCfg&, const PrefillV4Params&, bool);
 template int prefill_v4_binary_version<128, KvDtype::bf16>();
 template int prefill_v4_binary_version<128, KvDtype::f8e4m3>();
 

@@ -7,17 +7,21 @@
 //   f = token * G + g (g = h - hk G). A block owns kBM = 128 consecutive packed rows of one (b, hk): all G
 //   heads of a group read the same K/V tiles, so each tile is fetched once per group and per 128 rows
 //   whatever G is (G 4: 32 tokens x 4 heads; G 1: 128 tokens; G 3, 5, 6 too: a block may start mid-token).
-//   Grid: 1-D, Hkv * (ceil(T G / 128) + B) blocks; block x serves KV head x % Hkv and work item x / Hkv,
-//   where work items enumerate the sequences in order and each sequence's row tiles last first (the causal
-//   tiles with the most keys start first); items past the last are idle blocks that exit at once
-//   (find_work: a warp-wide prefix sum over cu_q).
+//   Work items: (KV head hk, sequence, row tile), linear index x: head x % Hkv, item x / Hkv, where items
+//   enumerate the sequences in order and each sequence's row tiles last first (the causal tiles with the
+//   most keys first; find_work: a warp-wide prefix sum over cu_q).
+//   Grid: persistent, min(Hkv * (ceil(T G / 128) + B), SMs) blocks of one per SM. Block b's k-th item is
+//   x = k P + b in even rounds and k P + P - 1 - b in odd ones (P blocks, a zigzag that pairs long items
+//   with short ones: block_item); both roles walk the same sequence, and the key-tile count jt runs on
+//   across items, so the producer fills the next item's Q and first tiles while the consumers finish the
+//   current one (no prologue or epilogue with idle tensor cores between items).
 //   Block: 384 threads = 3 warpgroups.
-//     warpgroup 0, producer (setmaxnreg 56): for key tile j = 0 .. n_tiles - 1 (kBN = 128 keys), stage
-//       j % S: waits until both consumers released the stage's K (empty K barrier), fills it, then the
-//       same for V:
+//     warpgroup 0, producer (setmaxnreg 64): per item k, its Q into Q buffer k % 2 (once the consumers
+//       released item k - 2's; by TMA where G divides 64, else gathered by the 128 threads), then for key
+//       tile j = 0 .. n_tiles - 1 (kBN = 128 keys), the block's tile jt, stage jt % S: waits until both
+//       consumers released the stage's K (empty K barrier), fills it, then the same for V:
 //       - bf16 cache, tile wholly inside the context, page_size 16, 32, 64 or 128: thread 0 issues one TMA
-//       box
-//         (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, then of V, each
+//         box (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, then of V, each
 //         completing its own full barrier (expect_tx = the tile's bytes);
 //       - otherwise (the tile reaching past kv_len, an fp8 cache, no tensor map): thread t gathers key row
 //         t of the tile through the page table (fp8: 8 e4m3 bytes at a time widened exactly to bf16 with
@@ -26,19 +30,20 @@
 //         tiles came by TMA, only thread 0 has waited on the empty barriers for every tile (the others skip
 //         TMA tiles, and an mbarrier parity wait cannot tell phase k from k - 2), so thread 0 alone waits
 //         for a gathered tile's stage and a named barrier hands it to the other producer threads.
-//     warpgroups 1 and 2, consumers (setmaxnreg 224): consumer c owns packed rows 64 c .. 64 c + 63 of the
-//       block; warp w of it rows 16 w .. 16 w + 15 (thread: rows lane / 4 and lane / 4 + 8, the wgmma
-//       accumulator layout, wgmma_bf16.cuh). It loads its Q rows (zero past the sequence) into swizzled
-//       shared memory once, then per key tile: waits K, S = Q K^T (m64n128k16, D / 16 steps, Q and K
-//       K-major from shared memory), scales to the log2 domain, masks keys past each row's position
-//       (only in tiles that reach past the warpgroup's first row), online softmax in fp32 (running max m,
-//       sum l of unrounded p, O rescaled by 2^(m_old - m_new)), P rounded to bf16 in registers, waits V,
-//       O += P V (m64nDk16, A = P from registers, B = V MN-major from shared memory); each warp releases
-//       K once S is done and V once P V is. Pipelined (the default): S_j is issued before P_{j-1} V_{j-1}
-//       and tile j's softmax runs while that product is in flight. Finally O / l, one bf16 rounding,
-//       stored to out[token, hk G + g, :].
-//   Shared memory (1024-aligned): Q [2 warpgroups][D / 64][64 rows][128 B]; K and V [S][D / 64][128 keys]
-//   [128 B]; fullK[S], fullV[S] (count 1 + TMA bytes), emptyK[S], emptyV[S] (count 8: every consumer warp).
+//     warpgroups 1 and 2, consumers (setmaxnreg 216): consumer c owns packed rows 64 c .. 64 c + 63 of the
+//       item; warp w of it rows 16 w .. 16 w + 15 (thread: rows lane / 4 and lane / 4 + 8, the wgmma
+//       accumulator layout, wgmma_bf16.cuh). Per item it waits for its Q buffer, then per key tile: waits
+//       K, S = Q K^T (m64n128k16, D / 16 steps, Q and K K-major from shared memory), scales to the log2
+//       domain, masks keys past each row's position (only in tiles that reach past the warpgroup's first
+//       row), online softmax in fp32 (running max m, sum l of unrounded p, O rescaled by 2^(m_old -
+//       m_new)), P rounded to bf16 in registers, waits V, O += P V (m64nDk16, A = P from registers, B = V
+//       MN-major from shared memory); each warp releases K once S is done, V once P V is, and the Q buffer
+//       after the item's last product. Pipelined (the default): S_j is issued before P_{j-1} V_{j-1} and
+//       tile j's softmax runs while that product is in flight. Finally O / l, one bf16 rounding, stored to
+//       out[token, hk G + g, :].
+//   Shared memory (1024-aligned): Q [2 buffers][2 warpgroups][D / 64][64 rows][128 B]; K and V [S][D / 64]
+//   [128 keys][128 B]; fullK[S], fullV[S] (count 1 + TMA bytes), emptyK[S], emptyV[S] (count 8: every
+//   consumer warp), fullQ[2] (count 1 + TMA bytes), emptyQ[2] (count 8).
 // Numerics: fp32 scores and softmax (exp2 of log2-scaled scores), P rounded once to bf16 for the P V MMA
 // (|p - bf16(p)| <= 2^-9 p) while l sums the unrounded p; see docs/NUMERICS.md for the stated bound.
 #pragma once
@@ -116,7 +121,7 @@ template <int D, KvDtype KT, bool kV>
 __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const Work& w, int hk, int j,
                                                  uint32_t dst) {
   static_assert(kBN == 128, "one row per producer thread");
-  // Loads in flight a thread: 8 fp8 chunks (one scale block), 4 bf16 chunks (the producer's 56 registers).
+  // Loads in flight a thread: 8 fp8 chunks (one scale block), 4 bf16 chunks (the producer's 64 registers).
   constexpr int kGroup = KT == KvDtype::bf16 ? 4 : 8;
   const int r = int(threadIdx.x % 128), key = j * kBN + r;
   const bool in = key < w.kv_len;
@@ -156,109 +161,185 @@ __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const
   }
 }
 
-template <int D, KvDtype KT, int S>
-__device__ __forceinline__ void produce(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles,
-                                        uint32_t sK, uint32_t sV, uint32_t bars) {
-  constexpr uint32_t kTileBytes = kBN * D * 2;
+// One work item of the block: the KV head, the (sequence, row tile) and its key tiles.
+struct Item {
+  int hk = 0, n_tiles = 0;
+  Work w;
+};
+
+// The block's item k, false past the last. Static persistent schedule: block b of P takes the linear work
+// index k P + b in even rounds k and k P + P - 1 - b in odd ones (a zigzag); KV head index % Hkv, item
+// index / Hkv. Items run longest first within a sequence, so each block pairs a long item with a short one
+// and the blocks' totals even out. The indices grow with k, so the first one past the last item ends the
+// block. Every warp computes it alone (warp-uniform).
+__device__ __forceinline__ bool block_item(const PrefillV4Params& prm, int k, Item& it) {
   const PagedAttnParams& p = prm.p;
-  const int t = int(threadIdx.x % 128);
+  const int P = int(gridDim.x), b = int(blockIdx.x), x = k * P + ((k & 1) ? P - 1 - b : b);
+  it.hk = x % p.Hkv;
+  if (!find_work(p, prm.skip_single != 0, prm.G, x / p.Hkv, it.w)) return false;
+  const int rows = it.w.q_len * prm.G, f_end = min((it.w.tile + 1) * kBM, rows);
+  it.n_tiles = (it.w.kv_len - it.w.q_len + (f_end - 1) / prm.G) / kBN + 1;
+  return true;
+}
+
+// Q of item k into Q buffer k % 2 (both consumers' halves, the consumers' layout: [2][D / 64][64 rows]
+// [128 B]) once the consumers released the item two before it, completing the buffer's full barrier:
+// - use_tma_q: thread 0 issues one box (64 d x G heads x 64 / G tokens) per consumer half and column
+//   block; rows past the sequence hold other tokens' or zero-filled q (computed, never stored);
+// - otherwise every producer thread waits (each waits every Q phase in order) and gathers packed row t,
+//   zero past the sequence's rows.
+template <int D>
+__device__ __forceinline__ void produce_q(const PrefillV4Params& prm, const Item& it, int k, uint32_t q_buf,
+                                          uint32_t full, uint32_t empty) {
+  constexpr uint32_t kHalfBytes = kWgRows * D * 2;
+  const PagedAttnParams& p = prm.p;
+  const int t = int(threadIdx.x % 128), G = prm.G;
+  const uint32_t ph = uint32_t(k >> 1) & 1u;
+  if (prm.use_tma_q) {
+    if (t != 0) return;
+    sm90::mbar_wait(empty, ph ^ 1u);
+    sm90::mbar_arrive_expect_tx(full, 2 * kHalfBytes);
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int cb = 0; cb < D / 64; ++cb)
+        sm90::tma_load_3d(q_buf + uint32_t(c) * kHalfBytes + uint32_t(cb) * (kWgRows * 128), &prm.tmap_q,
+                          cb * 64, it.hk * G, it.w.q0 + (it.w.tile * kBM + c * kWgRows) / G, full);
+    return;
+  }
+  sm90::mbar_wait(empty, ph ^ 1u);
+  const int f = it.w.tile * kBM + t, r = t % kWgRows;
+  const bool in = f < it.w.q_len * G;
+  const uint4* src = reinterpret_cast<const uint4*>(
+      static_cast<const uint16_t*>(p.q) +
+      (in ? int64_t(it.w.q0 + f / G) * p.q_stride_t + int64_t(it.hk * G + f % G) * p.q_stride_h : 0));
+  const uint32_t row = q_buf + uint32_t(t / kWgRows) * kHalfBytes;
+  constexpr int kGroup = 4;  // loads in flight a thread (the producer's 64 registers)
+#pragma unroll
+  for (int g = 0; g < D / 8; g += kGroup) {
+    uint4 v[kGroup];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) v[u] = in ? __ldg(src + g + u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const int cc = g + u;
+      st_shared_v4(row + uint32_t(cc / 8) * (kWgRows * 128) + sm90::sw128_offset(r, cc % 8), v[u]);
+    }
+  }
+  sm90::fence_proxy_async();
+  sm90::named_bar_sync(1, 128);
+  if (t == 0) sm90::mbar_arrive(full);
+}
+
+// Key tile j of the item, the block's jt-th tile (stage jt % S, phase (jt / S) & 1): K, then V.
+template <int D, KvDtype KT, int S>
+__device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const Item& it, int j, int jt,
+                                             uint32_t base) {
+  constexpr uint32_t kTileBytes = kBN * D * 2;
+  const uint32_t sK = base + smem_k_offset<D>(), sV = base + smem_v_offset<D>(),
+                 bars = base + smem_bars_offset<D>();
+  const PagedAttnParams& p = prm.p;
+  const Work& w = it.w;
+  const int t = int(threadIdx.x % 128), hk = it.hk;
   // Whether some tiles come by TMA (thread 0 alone; the other producer threads skip them).
   const bool tma_tiles = KT == KvDtype::bf16 && prm.use_tma;
-  for (int j = 0; j < n_tiles; ++j) {
-    const int s = j % S;
-    const uint32_t ph = uint32_t(j / S) & 1u;
-    const uint32_t full_k = bars + 8 * s, full_v = bars + 8 * (S + s);
-    const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
-    const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
-    // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
-    if (tma_tiles && (j + 1) * kBN <= w.kv_len) {
-      if (t != 0) continue;
-      // The tile's page ids first (independent loads, one latency), then the boxes of K and of V.
-      const int ps = p.page_size, n_pages = kBN / ps;
-      int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
+  const int s = jt % S;
+  const uint32_t ph = uint32_t(jt / S) & 1u;
+  const uint32_t full_k = bars + 8 * s, full_v = bars + 8 * (S + s);
+  const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
+  const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
+  // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
+  if (tma_tiles && (j + 1) * kBN <= w.kv_len) {
+    if (t != 0) return;
+    // The tile's page ids first (independent loads, one latency), then the boxes of K and of V.
+    const int ps = p.page_size, n_pages = kBN / ps;
+    int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
 #pragma unroll
-      for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
-      sm90::mbar_wait(empty_k, ph ^ 1u);
-      sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
+    for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
+    sm90::mbar_wait(empty_k, ph ^ 1u);
+    sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
 #pragma unroll
-      for (int pg = 0; pg < kBN / 16; ++pg)
+    for (int pg = 0; pg < kBN / 16; ++pg)
 #pragma unroll
-        for (int c = 0; c < D / 64; ++c)
-          if (pg < n_pages)
-            sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
-                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_k);
+      for (int c = 0; c < D / 64; ++c)
+        if (pg < n_pages)
+          sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
+                            prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_k);
+    sm90::mbar_wait(empty_v, ph ^ 1u);
+    sm90::mbar_arrive_expect_tx(full_v, kTileBytes);
+#pragma unroll
+    for (int pg = 0; pg < kBN / 16; ++pg)
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c)
+        if (pg < n_pages)
+          sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
+                            prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_v);
+  } else if (!tma_tiles) {
+    // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
+    // follow the empty barriers' phases one by one.
+    sm90::mbar_wait(empty_k, ph ^ 1u);
+    load_tile_manual<D, KT, false>(p, w, hk, j, dk);
+    sm90::fence_proxy_async();
+    sm90::named_bar_sync(1, 128);
+    if (t == 0) sm90::mbar_arrive(full_k);
+    sm90::mbar_wait(empty_v, ph ^ 1u);
+    load_tile_manual<D, KT, true>(p, w, hk, j, dv);
+    sm90::fence_proxy_async();
+    sm90::named_bar_sync(1, 128);
+    if (t == 0) sm90::mbar_arrive(full_v);
+  } else {
+    // A gathered tile after TMA tiles (an item's last tile, reaching past kv_len). Threads 1..127 skipped
+    // the TMA tiles' empty waits, so they must not wait on the empty barriers themselves: a parity wait
+    // cannot tell phase k from k - 2, and theirs would pass as soon as an older use of the stage was
+    // released (or at once on a fresh barrier), letting them write rows into a stage that a TMA load or the
+    // consumers still own. Thread 0 has waited for every tile in order: it waits, then a named barrier
+    // hands the stage to the others (bar.sync orders its acquire before their stores).
+    if (t == 0) sm90::mbar_wait(empty_k, ph ^ 1u);
+    sm90::named_bar_sync(1, 128);
+    load_tile_manual<D, KT, false>(p, w, hk, j, dk);
+    sm90::fence_proxy_async();
+    sm90::named_bar_sync(1, 128);
+    if (t == 0) {
+      sm90::mbar_arrive(full_k);
       sm90::mbar_wait(empty_v, ph ^ 1u);
-      sm90::mbar_arrive_expect_tx(full_v, kTileBytes);
-#pragma unroll
-      for (int pg = 0; pg < kBN / 16; ++pg)
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c)
-          if (pg < n_pages)
-            sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
-                              prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_v);
-    } else if (!tma_tiles) {
-      // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
-      // follow the empty barriers' phases one by one.
-      sm90::mbar_wait(empty_k, ph ^ 1u);
-      load_tile_manual<D, KT, false>(p, w, hk, j, dk);
-      sm90::fence_proxy_async();
-      sm90::named_bar_sync(1, 128);
-      if (t == 0) sm90::mbar_arrive(full_k);
-      sm90::mbar_wait(empty_v, ph ^ 1u);
-      load_tile_manual<D, KT, true>(p, w, hk, j, dv);
-      sm90::fence_proxy_async();
-      sm90::named_bar_sync(1, 128);
-      if (t == 0) sm90::mbar_arrive(full_v);
-    } else {
-      // A gathered tile after TMA tiles (the last tile, reaching past kv_len). Threads 1..127 skipped the
-      // TMA tiles' empty waits, so they must not wait on the empty barriers themselves: a parity wait cannot
-      // tell phase k from k - 2, and theirs would pass as soon as an older use of the stage was released
-      // (or at once on a fresh barrier), letting them write rows into a stage that a TMA load or the
-      // consumers still own. Thread 0 has waited for every tile in order: it waits, then a named barrier
-      // hands the stage to the others (bar.sync orders its acquire before their stores).
-      if (t == 0) sm90::mbar_wait(empty_k, ph ^ 1u);
-      sm90::named_bar_sync(1, 128);
-      load_tile_manual<D, KT, false>(p, w, hk, j, dk);
-      sm90::fence_proxy_async();
-      sm90::named_bar_sync(1, 128);
-      if (t == 0) {
-        sm90::mbar_arrive(full_k);
-        sm90::mbar_wait(empty_v, ph ^ 1u);
-      }
-      sm90::named_bar_sync(1, 128);
-      load_tile_manual<D, KT, true>(p, w, hk, j, dv);
-      sm90::fence_proxy_async();
-      sm90::named_bar_sync(1, 128);
-      if (t == 0) sm90::mbar_arrive(full_v);
     }
+    sm90::named_bar_sync(1, 128);
+    load_tile_manual<D, KT, true>(p, w, hk, j, dv);
+    sm90::fence_proxy_async();
+    sm90::named_bar_sync(1, 128);
+    if (t == 0) sm90::mbar_arrive(full_v);
   }
 }
 
-// Consumer warpgroup c (0 or 1) of the block: see the mapping comment at the top of this file. kOverlap:
-// the softmax of tile j overlaps the P V product of tile j - 1; else each tile's two products run in turn.
-template <int D, int S, bool kOverlap>
-__device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& w, int hk, int n_tiles, int c,
-                                        uint32_t sQ, uint32_t sK, uint32_t sV, uint32_t bars) {
-  constexpr int C8 = D / 8;
-  constexpr uint32_t kTileBytes = kBN * D * 2;
-  const PagedAttnParams& p = prm.p;
-  const int G = prm.G, t = int(threadIdx.x % 128), warp = t / 32, lane = t % 32;
-  const int rows = w.q_len * G, f_wg = w.tile * kBM + c * kWgRows;
-  const uint32_t q_tile = sQ + uint32_t(c) * (kWgRows * D * 2);
-
-  // Q rows f_wg .. f_wg + 63 (zero past the sequence's rows), swizzled like K.
-  for (int i = t; i < kWgRows * C8; i += 128) {
-    const int r = i / C8, cc = i % C8, f = f_wg + r;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (f < rows)
-      val = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) +
-                                            int64_t(w.q0 + f / G) * p.q_stride_t +
-                                            int64_t(hk * G + f % G) * p.q_stride_h + cc * 8);
-    st_shared_v4(q_tile + uint32_t(cc / 8) * (kWgRows * 128) + sm90::sw128_offset(r, cc % 8), val);
+// The producer warpgroup: for each of the block's items, its Q, then its key tiles through the stages
+// (the tile count runs on across items, so the next item's first tiles load while the consumers finish
+// the current one).
+template <int D, KvDtype KT, int S>
+__device__ __forceinline__ void produce(const PrefillV4Params& prm, uint32_t base) {
+  const uint32_t bars_q = base + smem_bars_offset<D>() + 8 * (4 * S);
+  Item it;
+  int jt = 0;
+  for (int k = 0; block_item(prm, k, it); ++k) {
+    produce_q<D>(prm, it, k, base + uint32_t(k & 1) * (kBM * D * 2), bars_q + 8 * (k & 1),
+                 bars_q + 8 * (2 + (k & 1)));
+    for (int j = 0; j < it.n_tiles; ++j, ++jt) produce_tile<D, KT, S>(prm, it, j, jt, base);
   }
-  sm90::fence_proxy_async();
-  sm90::named_bar_sync(2 + c, 128);
-  __syncwarp();
+}
+
+// Consumer warpgroup c (0 or 1) on item k of the block, whose first key tile is the block's jt0-th: see
+// the mapping comment at the top of this file. kOverlap: the softmax of tile j overlaps the P V product of
+// tile j - 1; else each tile's two products run in turn.
+template <int D, int S, bool kOverlap>
+__device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const Item& it, int k, int jt0,
+                                             int c, uint32_t sQ) {
+  constexpr uint32_t kTileBytes = kBN * D * 2;
+  const uint32_t sK = sQ + smem_k_offset<D>(), sV = sQ + smem_v_offset<D>(),
+                 bars = sQ + smem_bars_offset<D>();
+  const PagedAttnParams& p = prm.p;
+  const Work& w = it.w;
+  const int G = prm.G, n_tiles = it.n_tiles, t = int(threadIdx.x % 128), warp = t / 32, lane = t % 32;
+  const int rows = w.q_len * G, f_wg = w.tile * kBM + c * kWgRows;
+  const uint32_t q_tile = sQ + uint32_t(k & 1) * (kBM * D * 2) + uint32_t(c) * (kWgRows * D * 2);
 
   // Context positions of this thread's two rows (rows past the sequence take its last row's position:
   // computed, never stored) and of the warpgroup's first row (tiles past it need no mask).
@@ -278,21 +359,23 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
   for (int i = 0; i < kBN / 2; ++i) sc[i] = 0.0f;
   float m[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()}, l[2] = {0.0f, 0.0f}, corr[2];
 
-  // Stage s of key tile j: its barriers and buffers.
-  const auto full_k = [&](int j) { return bars + 8 * (j % S); };
-  const auto full_v = [&](int j) { return bars + 8 * (S + j % S); };
-  const auto wait_full = [&](uint32_t bar, int j) {
-    sm90::mbar_wait(bar, uint32_t(j / S) & 1u);
+  // Key tile j of the item is the block's tile jt0 + j: stage (jt0 + j) % S, phase ((jt0 + j) / S) & 1.
+  const auto stage = [&](int j) { return (jt0 + j) % S; };
+  const auto full_k = [&](int j) { return bars + 8 * stage(j); };
+  const auto full_v = [&](int j) { return bars + 8 * (S + stage(j)); };
+  const auto wait_full = [&](uint32_t bar, uint32_t parity) {
+    sm90::mbar_wait(bar, parity);
     __syncwarp();  // the spin may end on different iterations per lane; wgmma needs the warp converged
   };
+  const auto parity = [&](int j) { return uint32_t((jt0 + j) / S) & 1u; };
   // This warp is done with K (kV false) or V of tile j (its wgmma reads completed: after wait_group).
   const auto release = [&](bool kV, int j) {
     __syncwarp();
-    if (lane == 0) sm90::mbar_arrive(bars + 8 * ((kV ? 3 : 2) * S + j % S));
+    if (lane == 0) sm90::mbar_arrive(bars + 8 * ((kV ? 3 : 2) * S + stage(j)));
   };
   // sc = Q K_j^T (not committed).
   const auto issue_qk = [&](int j) {
-    const uint32_t k_tile = sK + uint32_t(j % S) * kTileBytes;
+    const uint32_t k_tile = sK + uint32_t(stage(j)) * kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t col = uint32_t(kk / 4), k32 = uint32_t(kk % 4) * 32;
@@ -303,7 +386,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
   };
   // o += P V_j with P in pa (not committed).
   const auto issue_pv = [&](int j) {
-    const uint32_t v_tile = sV + uint32_t(j % S) * kTileBytes;
+    const uint32_t v_tile = sV + uint32_t(stage(j)) * kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       const uint64_t dv = sm90::sw128_desc(v_tile + uint32_t(kk) * 2048, kBN * 128, 1024);
@@ -369,11 +452,12 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     }
   };
 
+  wait_full(bars + 8 * (4 * S + (k & 1)), uint32_t(k >> 1) & 1u);  // Q
   if constexpr (kOverlap) {
     // S_j = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of tile j runs while that
     // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. K_j
     // is released as soon as S_j is done, V_{j-1} when its product is.
-    wait_full(full_k(0), 0);
+    wait_full(full_k(0), parity(0));
     sm90::wgmma_fence();
     issue_qk(0);
     sm90::wgmma_commit();
@@ -382,11 +466,11 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     softmax(0);
     rescale_and_pack();
     for (int j = 1; j < n_tiles; ++j) {
-      wait_full(full_k(j), j);
+      wait_full(full_k(j), parity(j));
       sm90::wgmma_fence();
       issue_qk(j);
       sm90::wgmma_commit();
-      wait_full(full_v(j - 1), j - 1);
+      wait_full(full_v(j - 1), parity(j - 1));
       sm90::wgmma_fence();
       issue_pv(j - 1);
       sm90::wgmma_commit();
@@ -397,7 +481,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       release(true, j - 1);
       rescale_and_pack();
     }
-    wait_full(full_v(n_tiles - 1), n_tiles - 1);
+    wait_full(full_v(n_tiles - 1), parity(n_tiles - 1));
     sm90::wgmma_fence();
     issue_pv(n_tiles - 1);
     sm90::wgmma_commit();
@@ -405,7 +489,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
     release(true, n_tiles - 1);
   } else {
     for (int j = 0; j < n_tiles; ++j) {
-      wait_full(full_k(j), j);
+      wait_full(full_k(j), parity(j));
       sm90::wgmma_fence();
       issue_qk(j);
       sm90::wgmma_commit();
@@ -413,7 +497,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       release(false, j);
       softmax(j);
       rescale_and_pack();
-      wait_full(full_v(j), j);
+      wait_full(full_v(j), parity(j));
       sm90::wgmma_fence();
       issue_pv(j);
       sm90::wgmma_commit();
@@ -421,18 +505,25 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
       release(true, j);
     }
   }
+  // Every S product of the item is done: its Q buffer goes back to the producer (the item after next).
+  __syncwarp();
+  if (lane == 0) sm90::mbar_arrive(bars + 8 * (4 * S + 2 + (k & 1)));
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  // The item's place, looked up again rather than held in registers through the tile loop.
+  Item e;
+  block_item(prm, k, e);
+  const int e_rows = e.w.q_len * G, e_f_wg = e.w.tile * kBM + c * kWgRows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int f = f_wg + warp * 16 + lane / 4 + 8 * r;
-    if (f >= rows) continue;
-    uint16_t* dst = static_cast<uint16_t*>(p.out) + int64_t(w.q0 + f / G) * p.o_stride_t +
-                    int64_t(hk * G + f % G) * p.o_stride_h + (lane % 4) * 2;
+    const int f = e_f_wg + warp * 16 + lane / 4 + 8 * r;
+    if (f >= e_rows) continue;
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + int64_t(e.w.q0 + f / G) * p.o_stride_t +
+                    int64_t(e.hk * G + f % G) * p.o_stride_h + (lane % 4) * 2;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i)
       *reinterpret_cast<uint32_t*>(dst + 8 * i) =
@@ -440,23 +531,28 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, const Work& 
   }
 }
 
+template <int D, int S, bool kOverlap>
+__device__ __forceinline__ void consume(const PrefillV4Params& prm, int c, uint32_t sQ) {
+  Item it;
+  int jt = 0;
+  for (int k = 0; block_item(prm, k, it); ++k) {
+    consume_item<D, S, kOverlap>(prm, it, k, jt, c, sQ);
+    jt += it.n_tiles;
+  }
+}
+
 #endif  // KILN_SM90A
 
-template <int D, KvDtype KT, bool kOverlap, int S>
+template <int D, KvDtype KT, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_v4_kernel(const __grid_constant__ PrefillV4Params prm) {
 #ifdef KILN_SM90A
-  const PagedAttnParams& p = prm.p;
+  constexpr int S = stages<D>();
   pdl_wait();
-  const int hk = int(blockIdx.x) % p.Hkv, x = int(blockIdx.x) / p.Hkv;
-  Work w;
-  if (!find_work(p, prm.skip_single != 0, prm.G, x, w)) return;
-  const int rows = w.q_len * prm.G, f_end = min((w.tile + 1) * kBM, rows);
-  const int n_tiles = (w.kv_len - w.q_len + (f_end - 1) / prm.G) / kBN + 1;
-
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ = (sm90::smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + kBM * D * 2, sV = sK + S * kBN * D * 2, bars = sV + S * kBN * D * 2;
+  const uint32_t sK = sQ + smem_k_offset<D>(), sV = sQ + smem_v_offset<D>(),
+                 bars = sQ + smem_bars_offset<D>();
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(bars + 8 * s, 1);            // full K
@@ -464,16 +560,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::mbar_init(bars + 8 * (2 * S + s), 8);  // K consumed: the 8 consumer warps
       sm90::mbar_init(bars + 8 * (3 * S + s), 8);  // V consumed
     }
+    for (int b = 0; b < 2; ++b) {
+      sm90::mbar_init(bars + 8 * (4 * S + b), 1);      // full Q
+      sm90::mbar_init(bars + 8 * (4 * S + 2 + b), 8);  // Q consumed
+    }
     sm90::mbar_init_fence();
   }
   __syncthreads();
   const int wg = int(threadIdx.x / 128);
   if (wg == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    produce<D, KT, S>(prm, w, hk, n_tiles, sK, sV, bars);
+    produce<D, KT, S>(prm, sQ);
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
-    consume<D, S, kOverlap>(prm, w, hk, n_tiles, wg - 1, sQ, sK, sV, bars);
+    consume<D, S, kOverlap>(prm, wg - 1, sQ);
   }
   pdl_launch_dependents();
 #endif
@@ -481,31 +581,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace v4
 
-template <int D, KvDtype KT, int S>
-void launch_prefill_v4_staged(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap) {
-  if (overlap)
-    launch(cfg, v4::prefill_v4_kernel<D, KT, true, S>, prm);
-  else
-    launch(cfg, v4::prefill_v4_kernel<D, KT, false, S>, prm);
-}
-
 template <int D, KvDtype KT>
-void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap, int stages) {
-  KILN_CHECK(cfg.smem == v4::smem_bytes<D>(stages), "prefill v4: shared memory for ", stages, " stages");
-  if constexpr (D == 128) {
-    KILN_CHECK(stages == 2 || stages == 3, "prefill v4: D 128 runs 2 or 3 stages, not ", stages);
-    if (stages == 3) return launch_prefill_v4_staged<D, KT, 3>(cfg, prm, overlap);
-    return launch_prefill_v4_staged<D, KT, 2>(cfg, prm, overlap);
-  } else {
-    KILN_CHECK(stages == 4, "prefill v4: D 64 runs 4 stages, not ", stages);
-    return launch_prefill_v4_staged<D, KT, 4>(cfg, prm, overlap);
-  }
+void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap) {
+  KILN_CHECK(cfg.smem == v4::smem_bytes<D>(), "prefill v4: shared memory of ", cfg.smem, " bytes, not ",
+             v4::smem_bytes<D>());
+  if (overlap)
+    launch(cfg, v4::prefill_v4_kernel<D, KT, true>, prm);
+  else
+    launch(cfg, v4::prefill_v4_kernel<D, KT, false>, prm);
 }
 
 template <int D, KvDtype KT>
 int prefill_v4_binary_version() {
-  constexpr int kStages = D == 128 ? 2 : 4;  // any instantiation: they are compiled together
-  return kernel_binary_version(reinterpret_cast<const void*>(v4::prefill_v4_kernel<D, KT, true, kStages>));
+  return kernel_binary_version(reinterpret_cast<const void*>(v4::prefill_v4_kernel<D, KT, true>));
 }
 
 }  // namespace kiln::cuda

@@ -53,8 +53,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
-// ---- TMA: a 4-D box of the tensor map at `tmap` (a __grid_constant__ kernel parameter) into shared
-// memory at `dst`, completing `bytes` on the mbarrier `bar` (its expect_tx was announced). ----
+// ---- TMA: a 3-D or 4-D box of the tensor map at `tmap` (a __grid_constant__ kernel parameter) into shared
+// memory at `dst`, completing its bytes on the mbarrier `bar` (their expect_tx was announced). ----
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+      "%4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, int c0, int c1, int c2, int c3,
                                             uint32_t bar) {
   asm volatile(
