@@ -13,7 +13,8 @@
 #   FAKE_SERVE=build/cpu/tests/e2e/kiln_fake_serve STEP_MS=1 scripts/http_cpu_per_token.sh
 # Env: KILN (binary, default build/cpu/bin/kiln), MODEL (demo checkpoint dir, written if missing),
 #   LEVELS ("64 256"), APIS ("generate completions"), INPUT_LEN (16), OUTPUT_LEN (256), PROMPTS (2C a level),
-#   REPEAT (1), SERVE_ARGS (extra `kiln serve` flags), OUT (logs, default a temp dir).
+#   REPEAT (1), SERVE_ARGS (extra `kiln serve` flags; with FAKE_SERVE only --stream-interval N is read), OUT
+#   (logs, default a temp dir).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 K=${KILN:-build/cpu/bin/kiln}
@@ -25,8 +26,9 @@ mkdir -p "$out"
 ulimit -n 65536 2>/dev/null || true
 
 if [[ -n ${FAKE_SERVE:-} ]]; then
-  "$FAKE_SERVE" serve --model "$MODEL" --port 0 --echo --step-ms "${STEP_MS:-30}" >"$out/serve.out" \
-    2>"$out/serve.log" &
+  # shellcheck disable=SC2086
+  "$FAKE_SERVE" serve --model "$MODEL" --port 0 --echo --step-ms "${STEP_MS:-30}" ${SERVE_ARGS:-} \
+    >"$out/serve.out" 2>"$out/serve.log" &
 else
   # shellcheck disable=SC2086
   KILN_NUM_THREADS=1 "$K" serve --model "$MODEL" --device cpu --port 0 --max-running-requests 256 \

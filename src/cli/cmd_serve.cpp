@@ -5,7 +5,7 @@
 //              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
 //              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--http-workers N]
 //              [--max-connections N] [--http-idle-timeout S] [--http-header-timeout S]
-//              [--http-body-timeout S] [--http-write-timeout S] [--drain-timeout S]
+//              [--http-body-timeout S] [--http-write-timeout S] [--drain-timeout S] [--stream-interval N]
 //              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph]
 //              [--cuda-graph-bs 1,2,4,...] [--disable-pdl] [--seed S]
 //              [--sampling-backend auto|cpu] [--is-embedding]
@@ -81,6 +81,7 @@ std::set<std::string> serve_flags() {
                              "http-header-timeout",
                              "http-body-timeout",
                              "http-write-timeout",
+                             "stream-interval",
                              "drain-timeout",
                              "seed",
                              "cuda-graph-bs",
@@ -163,6 +164,10 @@ int run_serve(const kiln::cli::Args& args) {
   so.header_timeout = seconds_flag("http-header-timeout", so.header_timeout);
   so.body_timeout = seconds_flag("http-body-timeout", so.body_timeout);
   so.write_timeout = seconds_flag("http-write-timeout", so.write_timeout);
+  const int64_t interval = f.i64("stream-interval", so.stream_interval);
+  KILN_CHECK(interval >= 1 && interval <= 1000000, "--stream-interval must be in [1, 1000000], got ",
+             interval);
+  so.stream_interval = int(interval);
   so.reasoning_parser = f.str("reasoning-parser", so.reasoning_parser);
   KILN_CHECK(so.reasoning_parser == "auto" || so.reasoning_parser == "qwen3" || so.reasoning_parser == "none",
              "--reasoning-parser must be auto, qwen3 or none, got '", so.reasoning_parser, "'");

@@ -2,9 +2,17 @@
 
 namespace kiln::server {
 
-void EventQueue::push(const TokenEvent& e) {
+bool EventQueue::push(const TokenEvent& e) {
   std::lock_guard<std::mutex> lock(mu_);
   events_.push_back(e);
+  unwoken_tokens_ += e.ids.size();
+  const bool wake = e.finished || e.ids.empty() ||
+                    (every_ > 0 && (!woke_with_tokens_ || unwoken_tokens_ >= size_t(every_)));
+  if (wake) {
+    woke_with_tokens_ = woke_with_tokens_ || !e.ids.empty();
+    unwoken_tokens_ = 0;
+  }
+  return wake;
 }
 
 void EventQueue::take(std::vector<TokenEvent>& out) {

@@ -20,7 +20,12 @@ namespace kiln::server {
 // Engine thread -> HTTP thread. push() takes a lock for a moment and never blocks otherwise.
 class EventQueue {
  public:
-  void push(const TokenEvent& e);
+  // When push() says the response's connection should be woken: `every` > 0 tokens queued since the last
+  // wake (the first event with tokens wakes at once, so the time to the first token does not wait); 0:
+  // only events without tokens, such as the finish. A finish or an event without tokens always wakes.
+  explicit EventQueue(int every = 1) : every_(every) {}
+  // Queues e; true when the connection is due a wake (see the constructor).
+  bool push(const TokenEvent& e);
   // Replaces `out` with every queued event. The two sides swap buffers, so a steady stream allocates no
   // queue storage.
   void take(std::vector<TokenEvent>& out);
@@ -28,6 +33,9 @@ class EventQueue {
  private:
   std::mutex mu_;
   std::vector<TokenEvent> events_;
+  const int every_;
+  size_t unwoken_tokens_ = 0;  // queued since the last wake
+  bool woke_with_tokens_ = false;
 };
 
 // One released (not hidden by a stop) generated token, for logprobs in any endpoint's shape.

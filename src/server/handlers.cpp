@@ -31,7 +31,9 @@ struct Session {
   bool started = false;
   bool abort_sent = false;
   bool ended = false;
-  size_t text_offset = 0;     // completions logprobs: byte offset of the next token's text
+  size_t text_offset = 0;  // completions logprobs: byte offset of the next token's text
+  Delta pulled;            // what this pull's events released, sent as one frame
+  bool pulled_any = false;
   sse::StringCache gen_text;  // /generate streams: the cumulative text and ids, serialized once
   sse::IdsCache gen_ids;
 };
@@ -173,7 +175,8 @@ Outcome outcome_of(const OutputTracker& t) {
 // connection (pull, finish, on its I/O thread); the engine thread reaches only `queue` and `wake`, through
 // the shared_ptrs its callbacks hold.
 struct GroupSource : ResponseSource {
-  explicit GroupSource(ApiServer::Impl& srv) : server(srv) {}
+  GroupSource(ApiServer::Impl& srv, int wake_every)
+      : server(srv), queue(std::make_shared<EventQueue>(wake_every)) {}
   ~GroupSource() override { finish(false); }  // a response dropped before the transport took it
 
   void attach(std::function<void()> fn) override { wake->arm(std::move(fn)); }
@@ -182,7 +185,7 @@ struct GroupSource : ResponseSource {
 
   ApiServer::Impl& server;
   Group group;
-  std::shared_ptr<EventQueue> queue = std::make_shared<EventQueue>();
+  std::shared_ptr<EventQueue> queue;
   std::shared_ptr<WakeRelay> wake = std::make_shared<WakeRelay>();
   std::vector<TokenEvent> events;  // swapped with the queue's buffer each pull
   bool started = false;
@@ -203,17 +206,34 @@ bool GroupSource::pull(Frame& frame, HttpResponse&) {
     }
   }
   queue->take(events);
+  // A choice's events of one pull (several under a stream interval, or when the connection fell behind)
+  // become one frame: one delta with all their text, ids and logprobs.
   for (const auto& e : events) {
     auto it = std::find_if(group.begin(), group.end(), [&](const auto& s) { return s->rid == e.id; });
     if (it == group.end() || (*it)->tracker.finished()) continue;
     Session& s = **it;
-    const Delta d = s.tracker.consume(e);
+    Delta d = s.tracker.consume(e);
     if (s.tracker.stopped_by_string() && !s.abort_sent) {
       s.abort_sent = true;
       server.engine.abort(s.rid);  // the engine frees the pages; the client sees finish_reason "stop"
     }
-    if (stream) stream_delta(s, d, codec, frame);
-    if (stream && s.tracker.finished()) out += stream_choice_end(s, codec);
+    if (!stream) continue;
+    if (!s.pulled_any) {
+      s.pulled = std::move(d);
+      s.pulled_any = true;
+      continue;
+    }
+    s.pulled.text += d.text;
+    s.pulled.ids.insert(s.pulled.ids.end(), d.ids.begin(), d.ids.end());
+    s.pulled.tokens.insert(s.pulled.tokens.end(), std::make_move_iterator(d.tokens.begin()),
+                           std::make_move_iterator(d.tokens.end()));
+  }
+  for (const auto& sp : group) {
+    Session& s = *sp;
+    if (!s.pulled_any) continue;
+    s.pulled_any = false;
+    stream_delta(s, s.pulled, codec, frame);
+    if (s.tracker.finished()) out += stream_choice_end(s, codec);
   }
   const bool finished =
       std::all_of(group.begin(), group.end(), [](const auto& s) { return s->tracker.finished(); });
@@ -247,7 +267,11 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
   // n choices: n engine requests on one event queue; the later ones wait for the first's prefill and
   // reuse its cached prompt pages (Request::after_prefill_of).
-  auto src = std::make_shared<GroupSource>(*this);
+  // The connection is woken every opts.stream_interval tokens while streaming (SGLang's --stream-interval:
+  // fewer, larger chunks); a response sent whole needs waking only at its end, unless the server must watch
+  // its text for stop strings to abort it as soon as one matches.
+  const int wake_every = spec.stream || !spec.stop.empty() ? opts.stream_interval : 0;
+  auto src = std::make_shared<GroupSource>(*this, wake_every);
   ResponseCtx ctx;
   ctx.id = make_id(ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "");
   ctx.created = int64_t(std::time(nullptr));
@@ -272,8 +296,7 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
     r.return_hidden = s.spec.return_hidden;
     r.after_prefill_of = i > 0 ? src->group[0]->rid : 0;
     s.rid = submit(std::move(r), [q = src->queue, w = src->wake](const TokenEvent& e) {
-      q->push(e);
-      w->wake();
+      if (q->push(e)) w->wake();
     });
     on_accepted(s.rid);
   }
@@ -374,8 +397,7 @@ void ApiServer::Impl::handle_embeddings(const HttpRequest& req, HttpResponse& re
     r.embedding = true;
     r.sampling.max_new_tokens = 0;
     const RequestId id = submit(std::move(r), [q = s->queue, w = s->wake](const TokenEvent& e) {
-      q->push(e);
-      w->wake();
+      if (q->push(e)) w->wake();
     });
     s->ids.push_back(id);
     s->done.push_back(false);

@@ -42,6 +42,9 @@ struct ServerOptions {
   std::chrono::milliseconds body_timeout{30000};    // end of headers to end of body, else 408
   std::chrono::milliseconds write_timeout{30000};   // a client not reading for this long is dropped
   int retry_after_s = 1;                            // Retry-After on 503
+  // Streaming: a response's connection is woken, and a chunk written, once this many tokens have arrived
+  // since the last (the first token at once; the end always): SGLang's --stream-interval.
+  int stream_interval = 1;
   // Chat output parsing. reasoning_parser: "auto" (on when the chat template thinks), "qwen3", "none".
   // tool_call_parser: "qwen25" (Qwen's <tool_call> JSON blocks, SGLang's name) or "none".
   std::string reasoning_parser = "auto";

@@ -4,7 +4,8 @@
 // shape tests/e2e/lib.sh uses for kiln; other flags are ignored). Script: a prompt holding a
 // <tool_response> gets the final answer; any other prompt gets reasoning and two tool calls.
 // Measurement (scripts/http_cpu_per_token.sh): `--step-ms N` paces the fake engine (default 1), `--echo`
-// replies with the prompt's tokens over and over instead (every token real text, as long as asked).
+// replies with the prompt's tokens over and over instead (every token real text, as long as asked),
+// `--stream-interval N` is kiln serve's.
 #include <pthread.h>
 
 #include <csignal>
@@ -19,7 +20,7 @@
 
 int main(int argc, char** argv) {
   std::string model;
-  int port = 0, step_ms = 1;
+  int port = 0, step_ms = 1, stream_interval = 1;
   bool echo = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     if (a == "--model") model = argv[i + 1];
     if (a == "--port") port = std::stoi(argv[i + 1]);
     if (a == "--step-ms") step_ms = std::stoi(argv[i + 1]);
+    if (a == "--stream-interval") stream_interval = std::stoi(argv[i + 1]);
   }
   if (model.empty()) {
     std::fprintf(stderr, "usage: kiln_fake_serve serve --model DIR [--port P]\n");
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
   kiln::server::ServerOptions so;
   so.port = port;
   so.served_model_name = "demo";
+  so.stream_interval = stream_interval;
   kiln::server::ApiServer server(engine, codec, so);
   const int bound = server.bind();
   std::thread http([&] { server.listen(); });

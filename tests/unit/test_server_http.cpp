@@ -177,6 +177,57 @@ TEST(ServerHttp, LengthLimitAndCompletionLogprobs) {
   h.expect_accounted();
 }
 
+TEST(ServerHttp, StreamIntervalSendsFewerLargerChunksWithTheSameOutput) {
+  ServerOptions o;
+  o.stream_interval = 4;
+  Harness h(o, 4);
+  // /v1/completions with logprobs: the events of one wake become one chunk (text, tokens, offsets merged).
+  auto r = h.post("/v1/completions",
+                  {{"prompt", {1, 2, 3}}, {"max_tokens", 100}, {"logprobs", 1}, {"stream", true}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto frames = sse_payloads(r->body);
+  ASSERT_GE(frames.size(), 3u);
+  EXPECT_EQ(frames.back(), "[DONE]");
+  std::string text;
+  json tokens = json::array(), offsets = json::array();
+  size_t content_chunks = 0;
+  for (size_t i = 0; i + 1 < frames.size(); ++i) {
+    const json c = json::parse(frames[i]);
+    const json& ch = c["choices"][0];
+    const std::string t = ch["text"].get<std::string>();
+    if (!ch["logprobs"].is_null()) {
+      for (const auto& x : ch["logprobs"]["tokens"]) tokens.push_back(x);
+      for (const auto& x : ch["logprobs"]["text_offset"]) offsets.push_back(x);
+    }
+    if (t.empty()) continue;
+    ++content_chunks;
+    text += t;
+  }
+  EXPECT_EQ(text, kReply);
+  ASSERT_EQ(tokens.size(), kReply.size() + 1);  // and EOS
+  for (size_t i = 0; i < kReply.size(); ++i) {
+    EXPECT_EQ(tokens[i], std::string(1, kReply[i]));
+    EXPECT_EQ(offsets[i], int(i));
+  }
+  // 27 tokens (26 bytes and EOS): the first alone, then at most one chunk every 4 (one a token without the
+  // interval, the engine stepping every 4 ms).
+  EXPECT_LE(content_chunks, 1 + (kReply.size() + 1 + 3) / 4) << r->body;
+  // /generate streams cumulative frames: the last text and ids are the whole reply.
+  auto g =
+      h.post("/generate",
+             {{"input_ids", {1, 2, 3}}, {"sampling_params", {{"max_new_tokens", 100}}}, {"stream", true}});
+  ASSERT_TRUE(g);
+  ASSERT_EQ(g->status, 200) << g->body;
+  const auto gf = sse_payloads(g->body);
+  ASSERT_GE(gf.size(), 2u);
+  EXPECT_LE(gf.size(), 2 + (kReply.size() + 1 + 3) / 4);
+  const json last = json::parse(gf[gf.size() - 2]);
+  EXPECT_EQ(last["text"], kReply);
+  EXPECT_EQ(last["meta_info"]["completion_tokens"], int(kReply.size()) + 1);
+  h.expect_accounted();
+}
+
 TEST(ServerHttp, SglangGenerate) {
   Harness h;
   auto r = h.post("/generate", {{"text", "ab"},

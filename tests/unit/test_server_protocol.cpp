@@ -172,6 +172,35 @@ TEST(ServerTracker, HeldBackTextIsReleasedAtLength) {
   EXPECT_EQ(t.finish_reason(), "length");
 }
 
+// The stream interval's wake policy: the first tokens at once, then every `every` tokens (an event may carry
+// several), a finish or a token-less event always, and with every = 0 only those.
+TEST(ServerEventQueue, WakesAtTheFirstTokenEveryNTokensAndTheEnd) {
+  const auto tok = [](int n, bool finished = false) {
+    TokenEvent e;
+    e.id = 1;
+    e.ids.assign(size_t(n), 7);
+    e.finished = finished;
+    return e;
+  };
+  EventQueue q4(4);
+  std::vector<bool> wakes;
+  for (const TokenEvent& e :
+       {tok(0), tok(1), tok(1), tok(1), tok(1), tok(1), tok(2), tok(3), tok(1), tok(1, true)})
+    wakes.push_back(q4.push(e));
+  // token-less: wake; first tokens: wake; 1+1+1+1 = 4: wake; 1+2 = 3: not; +3 = 6: wake; 1: not; the finish.
+  EXPECT_EQ(wakes, (std::vector<bool>{true, true, false, false, false, true, false, true, false, true}));
+  std::vector<TokenEvent> taken;
+  q4.take(taken);
+  EXPECT_EQ(taken.size(), 10u);  // every event queued, woken or not
+  EventQueue q1(1);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(q1.push(tok(1)));
+  EventQueue whole(0);  // a response sent whole: woken only at its end
+  EXPECT_FALSE(whole.push(tok(1)));
+  EXPECT_FALSE(whole.push(tok(5)));
+  EXPECT_TRUE(whole.push(tok(0)));
+  EXPECT_TRUE(whole.push(tok(1, true)));
+}
+
 TEST(ServerProtocol, ChatRequestParses) {
   fake::ByteCodec codec;
   const json body = {{"model", "demo"},

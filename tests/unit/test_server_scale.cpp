@@ -404,7 +404,10 @@ TEST(ServerScale, StreamOutgrowingTheSocketBuffersArrivesWhole) {
     ++frames;
   }
   EXPECT_TRUE(done);
-  EXPECT_GT(frames, n / 2);
+  // The events that queue while a send waits are merged into the next frame, so the count depends on how
+  // the socket drained; the stream must still have been far larger than the socket buffers.
+  EXPECT_GT(frames, 10);
+  EXPECT_GT(body.size(), size_t(1) << 20);
   EXPECT_EQ(last["text"], reply);
   EXPECT_EQ(last["meta_info"]["completion_tokens"], n);
   EXPECT_TRUE(h.settle());
