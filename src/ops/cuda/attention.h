@@ -44,9 +44,10 @@
 //       ceil(T / 64), B), the last query tile first: longest blocks start first), so each K/V tile is
 //       copied into shared memory once for both (an fp8 cache: widened by v1's loads, once for both);
 //       where prefill_v3_applies() is false (G == 1, D == 32) it runs v2.
-//   v4 (Hopper, sm_90a; attention_prefill_v4_kernel.cuh): the FlashAttention-3 structure. Blocks of 128
-//       packed (token, head of the KV group) rows, so every K/V tile is loaded once per group; a producer
-//       warpgroup fills a 2-4 stage shared-memory pipeline (TMA boxes of whole pages for bf16 tiles inside
+//   v4 (Hopper, sm_90a; attention_prefill_v4_kernel.cuh): the FlashAttention-3 structure. Persistent
+//       blocks (one an SM) walk work items of 128 packed (token, head of the KV group) rows, so every K/V
+//       tile is loaded once per group; a producer warpgroup loads each item's Q (double-buffered) and fills
+//       a 2-4 stage shared-memory pipeline (TMA boxes of whole pages for bf16 tiles inside
 //       the context, else gathered loads, fp8 widened exactly to bf16), completed on mbarriers; two
 //       consumer warpgroups of 64 rows run S = Q K^T and O += P V with wgmma, the softmax in fp32 and P
 //       rounded once to bf16 (not bitwise v1-v3: within a tolerance, docs/NUMERICS.md). Where
