@@ -18,6 +18,21 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
                : "memory");
 }
 
+// One bf16 row of D elements from src (zeros where !in) into swizzled shared memory: chunk cc (8 elements)
+// at chunk_addr(cc), 4 16-byte loads in flight (the producer's 64 registers). Not fenced.
+template <int D, typename ChunkAddr>
+__device__ __forceinline__ void copy_row_bf16(const uint4* src, bool in, const ChunkAddr& chunk_addr) {
+  constexpr int kGroup = 4;
+#pragma unroll
+  for (int g = 0; g < D / 8; g += kGroup) {
+    uint4 v[kGroup];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) v[u] = in ? __ldg(src + g + u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) st_shared_v4(chunk_addr(g + u), v[u]);
+  }
+}
+
 // K (kV false) or V rows of key tile j into the swizzled stage buffer at dst, by the 128 producer threads:
 // thread t gathers row t (key j kBN + t: one page lookup, then its row's 16-byte chunks, 4-8 loads in flight;
 // fp8: 8-byte loads of 8 e4m3, widened exactly with the row's UE8M0 scale of each 64 d), rows at or past
@@ -26,8 +41,7 @@ template <int D, KvDtype KT, bool kV>
 __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const Work& w, int hk, int j,
                                                  uint32_t dst) {
   static_assert(kBN == 128, "one row per producer thread");
-  // Loads in flight a thread: 8 fp8 chunks (one scale block), 4 bf16 chunks (the producer's 64 registers).
-  constexpr int kGroup = KT == KvDtype::bf16 ? 4 : 8;
+  constexpr int kGroup = 8;  // fp8 chunks in flight a thread: one scale block (bf16: copy_row_bf16's 4)
   const int r = int(threadIdx.x % 128), key = j * kBN + r;
   const bool in = key < w.kv_len;
   int64_t off = 0, sc_off = 0;
@@ -38,15 +52,8 @@ __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const
     return row + uint32_t(cc / 8) * (kBN * 128) + uint32_t(((cc % 8) ^ (r & 7)) << 4);
   };
   if constexpr (KT == KvDtype::bf16) {
-    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(kV ? p.v : p.k) + off);
-#pragma unroll
-    for (int g = 0; g < D / 8; g += kGroup) {
-      uint4 v[kGroup];
-#pragma unroll
-      for (int u = 0; u < kGroup; ++u) v[u] = in ? __ldg(src + g + u) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < kGroup; ++u) st_shared_v4(chunk_addr(g + u), v[u]);
-    }
+    copy_row_bf16<D>(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(kV ? p.v : p.k) + off), in,
+                     chunk_addr);
   } else {
     const uint2* src = reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(kV ? p.v : p.k) + off);
     const uint8_t* scales = (kV ? p.v_scale : p.k_scale) + sc_off;
@@ -98,18 +105,9 @@ __device__ __forceinline__ void produce_q(const PrefillV4Params& prm, const Item
       static_cast<const uint16_t*>(p.q) +
       (in ? int64_t(it.w.q0 + f / G) * p.q_stride_t + int64_t(it.hk * G + f % G) * p.q_stride_h : 0));
   const uint32_t row = q_buf + uint32_t(t / kWgRows) * kHalfBytes;
-  constexpr int kGroup = 4;  // loads in flight a thread (the producer's 64 registers)
-#pragma unroll
-  for (int g = 0; g < D / 8; g += kGroup) {
-    uint4 v[kGroup];
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u) v[u] = in ? __ldg(src + g + u) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
-      const int cc = g + u;
-      st_shared_v4(row + uint32_t(cc / 8) * (kWgRows * 128) + sm90::sw128_offset(r, cc % 8), v[u]);
-    }
-  }
+  copy_row_bf16<D>(src, in, [&](int cc) {
+    return row + uint32_t(cc / 8) * (kWgRows * 128) + sm90::sw128_offset(r, cc % 8);
+  });
   sm90::fence_proxy_async();
   sm90::named_bar_sync(1, 128);
   if (t == 0) sm90::mbar_arrive(full);
@@ -140,24 +138,20 @@ __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const I
     int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
 #pragma unroll
     for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
-    sm90::mbar_wait(empty_k, ph ^ 1u);
-    sm90::mbar_arrive_expect_tx(full_k, kTileBytes);
+    // K, then V: once the consumers released the stage, one box per page and 64-wide column.
+    const auto issue = [&](uint32_t empty, uint32_t full, uint32_t dst, const CUtensorMap* tmap) {
+      sm90::mbar_wait(empty, ph ^ 1u);
+      sm90::mbar_arrive_expect_tx(full, kTileBytes);
 #pragma unroll
-    for (int pg = 0; pg < kBN / 16; ++pg)
+      for (int pg = 0; pg < kBN / 16; ++pg)
 #pragma unroll
-      for (int c = 0; c < D / 64; ++c)
-        if (pg < n_pages)
-          sm90::tma_load_4d(dk + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_k, c * 64,
-                            prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_k);
-    sm90::mbar_wait(empty_v, ph ^ 1u);
-    sm90::mbar_arrive_expect_tx(full_v, kTileBytes);
-#pragma unroll
-    for (int pg = 0; pg < kBN / 16; ++pg)
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c)
-        if (pg < n_pages)
-          sm90::tma_load_4d(dv + uint32_t(c * kBN + pg * ps) * 128, &prm.tmap_v, c * 64,
-                            prm.rows_dim1 ? 0 : hk, prm.rows_dim1 ? hk : 0, pages[pg], full_v);
+        for (int c = 0; c < D / 64; ++c)
+          if (pg < n_pages)
+            sm90::tma_load_4d(dst + uint32_t(c * kBN + pg * ps) * 128, tmap, c * 64, prm.rows_dim1 ? 0 : hk,
+                              prm.rows_dim1 ? hk : 0, pages[pg], full);
+    };
+    issue(empty_k, full_k, dk, &prm.tmap_k);
+    issue(empty_v, full_v, dv, &prm.tmap_v);
   } else if (!tma_tiles) {
     // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
     // follow the empty barriers' phases one by one.
