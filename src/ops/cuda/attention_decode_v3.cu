@@ -20,6 +20,8 @@
 // Numerics: bf16 products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e
 // - m) with ex2.approx, P rounded as hi + lo bf16: within the attention tolerance (docs/NUMERICS.md) and 1
 // bf16 ulp of the prefill kernel on the same rows; fp8 the same (attention_decode_v3_fp8.cuh).
+#include <type_traits>
+
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/attention_decode_v3_fp8.cuh"
 #include "ops/cuda/attention_decode_v3_loads.cuh"
@@ -157,28 +159,31 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     load_pages<D, KT>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, pg);
   }
   if constexpr (C::kFp8) spg = key_page(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end);
-  int sh[2] = {0, 0};  // fp8: scale_shifts
-  if constexpr (C::kFp8) scale_shifts(p, hk, sh);
-
-  const uint16_t* qrow =
-      static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t + int64_t(hk * G + g) * p.q_stride_h;
-  // bf16: Q as bf16 A fragments; fp8: f16 ones in the order of the K fragments.
-  uint32_t qa[C::kFp8 ? 1 : D / 16][2];
-  uint32_t qa8[C::kFp8 ? D / 32 : 1][2][2];
-  const float scale2 = p.scale * kLog2e;
+  int sh = 0;  // fp8: the shift of this lane's scale pairs (its keys have the row parity of g)
   if constexpr (C::kFp8) {
-    decode_v3::load_q_f16<D, G>(qrow, qa8);
-  } else {
-    load_q_frags<D, G>(qrow, qa);
+    int shifts[2];
+    scale_shifts(p, hk, shifts);
+    sh = shifts[g & 1];
   }
-  float m = kNegInf, l = 0.0f;  // row g's running max (base 2) and this lane's part of the sum
-  // O of head g: bf16: o[j][c] at head_dim 8 j + 2 t + c (c < 2; c 2-3 are rows 8-15, zero); fp8: o[j][c]
-  // at 16 j + 4 t + c.
-  float o[C::kFp8 ? D / 16 : D / 8][4];
+
+  const float scale2 = p.scale * kLog2e;
+  const uint16_t* qgroup =
+      static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t + int64_t(hk * G) * p.q_stride_h;
+  // bf16: Q as A fragments (rows = heads g), m / l / O of head g: o[j][c] at head_dim 8 j + 2 t + c (c < 2;
+  // c 2-3 are rows 8-15, zero). fp8: the transposed mapping's state (attention_decode_v3_fp8.cuh).
+  uint32_t qa[C::kFp8 ? 1 : D / 16][2];
+  float m = kNegInf, l = 0.0f;
+  float o[C::kFp8 ? 1 : D / 8][4];
+  std::conditional_t<C::kFp8, Fp8Row<D, G>, NoFp8Row> fp8;
+  if constexpr (C::kFp8) {
+    fp8.init(qgroup, p.q_stride_h);
+  } else {
+    load_q_frags<D, G>(qgroup + int64_t(g) * p.q_stride_h, qa);
 #pragma unroll
-  for (int j = 0; j < (C::kFp8 ? D / 16 : D / 8); ++j)
+    for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) o[j][c] = 0.0f;
+      for (int c = 0; c < 4; ++c) o[j][c] = 0.0f;
+  }
 
   for (int it = 0; it < n_tiles; ++it) {
     const int stage = (seq + it) % C::kStages, nxt = it + C::kStages - 1,
@@ -212,42 +217,35 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     if constexpr (!kTma) cp_async_commit();
 
     const unsigned char* sK = smem + stage * C::kStageBytes;
-    const uint32_t* sKs = smem_sc + stage * 2 * kTile;  // fp8: K scale words, then V
-    float s[kNt][C::kFp8 ? 2 : 4];
     if constexpr (C::kFp8) {
-      decode_v3::scores_fp8<D>(sK, sKs, sh, qa8, s);
+      const int key0 = t_begin + it * kTile + C::kWarpKeys * warp;
+      fp8.tile(sK, smem_sc + stage * 2 * kTile, sh, scale2, key0, t_end, key0 + C::kWarpKeys > t_end);
     } else {
+      float s[kNt][4];
       scores<D>(sK, qa, s);
-    }
-    // Mask keys past the chunk, scale to base 2, and update the running max of row g over the quad.
-    const int key0 = t_begin + it * kTile + C::kWarpKeys * warp;
-    float mt = kNegInf;
-    const bool partial = key0 + C::kWarpKeys > t_end;  // uniform over the warp: only the chunk's last tile
+      // Mask keys past the chunk, scale to base 2, and update the running max of row g over the quad.
+      const int key0 = t_begin + it * kTile + C::kWarpKeys * warp;
+      float mt = kNegInf;
+      const bool partial = key0 + C::kWarpKeys > t_end;  // uniform over the warp: only the chunk's last tile
 #pragma unroll
-    for (int n = 0; n < kNt; ++n)
+      for (int n = 0; n < kNt; ++n)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        s[n][c] = !partial || key0 + 8 * n + 2 * t + c < t_end ? s[n][c] * scale2 : kNegInf;
-        mt = fmaxf(mt, s[n][c]);
-      }
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    const float m_new = fmaxf(m, mt);
-    const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a warp with no key yet keeps p = 0
-    const float corr = exp2f(m - m_use);
-    m = m_new;
-    l *= corr;
-    float p_[kNt][2];  // this lane's p of keys 8 n + 2 t + c
+        for (int c = 0; c < 2; ++c) {
+          s[n][c] = !partial || key0 + 8 * n + 2 * t + c < t_end ? s[n][c] * scale2 : kNegInf;
+          mt = fmaxf(mt, s[n][c]);
+        }
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+      const float m_new = fmaxf(m, mt);
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a warp with no key yet keeps p = 0
+      const float corr = exp2f(m - m_use);
+      m = m_new;
+      l *= corr;
+      float p_[kNt][2];  // this lane's p of keys 8 n + 2 t + c
 #pragma unroll
-    for (int n = 0; n < kNt; ++n)
+      for (int n = 0; n < kNt; ++n)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) l += (p_[n][c] = exp2f(s[n][c] - m_use));
-    if constexpr (C::kFp8) {
-      uint32_t pa8[D / 64][2][4];
-      float fold[D / 64];
-      decode_v3::p_frags_fp8<D>(p_, sKs + kTile, sh, pa8, fold);
-      decode_v3::pv_fp8<D>(sK + kTile * C::kRowBytes, pa8, fold, corr, o);
-    } else {
+        for (int c = 0; c < 2; ++c) l += (p_[n][c] = exp2f(s[n][c] - m_use));
       // A fragments of P: registers 0 (keys 2t, 2t + 1) and 2 (keys 8 + 2t, 9 + 2t); 1 and 3 (rows 8-15)
       // zero; [0] the bf16 rounding of p, [1] the rest.
       uint32_t pa[2][4] = {};
@@ -265,21 +263,19 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
   }
   seq += n_tiles;
   if constexpr (!kTma) cp_async_wait<0>();
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
   __syncthreads();  // every warp is done with the stages: reuse them as the merge scratch
 
   float* sm_m = reinterpret_cast<float*>(smem);  // [kWarps][G]
   float* sm_l = sm_m + kWarps * G;               // [kWarps][G]
   float* sm_o = sm_l + kWarps * G;               // [kWarps][G][D]
-  if (g < G) {
-    if (t == 0) sm_m[warp * G + g] = m, sm_l[warp * G + g] = l;
-    float* dst = sm_o + (warp * G + g) * D;
-    if constexpr (C::kFp8) {
-#pragma unroll
-      for (int j = 0; j < D / 16; ++j)
-        *reinterpret_cast<float4*>(dst + 16 * j + 4 * t) = make_float4(o[j][0], o[j][1], o[j][2], o[j][3]);
-    } else {
+  if constexpr (C::kFp8) {
+    fp8.to_scratch(sm_m, sm_l, sm_o);
+  } else {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < G) {
+      if (t == 0) sm_m[warp * G + g] = m, sm_l[warp * G + g] = l;
+      float* dst = sm_o + (warp * G + g) * D;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j)
         *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) = make_float2(o[j][0], o[j][1]);

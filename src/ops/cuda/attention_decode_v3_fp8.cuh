@@ -1,20 +1,24 @@
-// Decode attention v3, FP8 cache (E4M3 + one UE8M0 scale per 64 elements): the per-warp math of a 128-key
-// tile. Hopper has no FP8 mma.sync (ptxas emulates m16n8k32 e4m3 with conversions and two f16 MMAs), so the
-// kernel does that itself and keeps Q and P in f16: each e4m3 pair becomes f16x2 in one cvt right before its
-// m16n8k16 f16 MMA (exact: every e4m3 value is an f16 value).
+// Decode attention v3, FP8 cache (E4M3 + one UE8M0 scale per 64 elements): one warp's state for a query row
+// and its math on a 128-key tile. Hopper has no FP8 mma.sync (ptxas emulates m16n8k32 e4m3 with conversions
+// and two f16 MMAs), so the kernel widens each e4m3 pair to f16x2 itself (one cvt, exact: every e4m3 value is
+// an f16 value) right before its m16n8k16 f16 MMA, with Q and P in f16.
 //
-// Mapping. A warp owns 32 keys of the tile (keys 32 w .. 32 w + 31) and the GQA group's G <= 8 query heads
-// (MMA rows g < G; rows g + 8 carry P's low part).
-//   S = Q K^T   K by ldmatrix: a lane gets 4 consecutive bytes (head_dim 4t..4t+3 of a 16-byte piece) of key
-//               g, i.e. two f16x2 B registers once widened, which the MMA reads as k-slots (2t, 2t+1) and
-//               (2t+8, 2t+9): the head_dim order inside each 16 is permuted, Q loaded in the same order. One
-//               accumulator per 64-element scale block, the K scales applied per key after.
-//   O += P V    P times each key's V scale over the tile's largest, times 2^E so the tile's largest weight is
-//   in
-//               [2^14, 2^15), as f16 hi (rows g) + lo (rows g + 8); V by ldmatrix.trans, whose b16 pairs give
-//               a lane two keys x two adjacent head_dim bytes: a prmt gathers 4 keys of the even and of the
-//               odd element, widened to the B registers of the natural key order. Each tile's product lands
-//               in a zero accumulator and is folded into O in fp32 with 2^(vref - 127 - E).
+// Mapping: the keys are the MMAs' rows and the query heads their columns (S^T = K Q^T, O^T += V^T P^T), so
+// the 16 rows of every MMA carry keys or head_dim elements and none is padding. A warp owns 32 keys of the
+// tile (32 w .. 32 w + 31: two 16-key m-tiles) and 8 columns: for G <= 4 column n is head n % 4, its P's
+// hi part in columns 0-3 and lo part in 4-7 (S is computed twice, so lanes t and t + 2 hold the same
+// scores and each makes one part, no shuffle); for G = 5..8 column n is head n, hi and lo as two n-tiles.
+//   S^T  K by ldmatrix: a lane gets 4 bytes (head_dim 4t..4t+3 of a 16-byte piece) of keys g and g + 8,
+//        i.e. A registers 0/2 and 1/3 once widened: the head_dim order inside each 16 is permuted, Q (the B
+//        operand) loaded in the same order. One accumulator per 64-element scale block, each key's K scales
+//        applied after. s[mt][c]: key 16 mt + g + 8 (c / 2) of the warp, column 2t + c % 2.
+//   P    p times the key's V scale over the warp's largest, times 2^E so the column's largest weight is in
+//        [2^14, 2^15), rounded to f16 as hi + lo; packed per key (columns 2t, 2t + 1) and turned into B
+//        fragments (keys 2t, 2t + 1 of column g) by movmatrix.trans.
+//   O^T  V by ldmatrix.trans, whose b16 pairs give a lane two keys x two adjacent head_dim bytes: a prmt
+//        gathers 4 keys of the even and of the odd element, widened to the A registers (rows g / g + 8 =
+//        head_dim 16 pc + 2g / + 1). Each tile's product lands in a zero accumulator and is folded into O in
+//        fp32 with 2^(vref - 127 - E).
 // Numerics (docs/NUMERICS.md): products exact (e4m3 and f16 into fp32), Q's f16 rounding outside f16's normal
 // range only, p kept to ~2^-22 by its two terms: the bounds of the bf16 path.
 #pragma once
@@ -52,155 +56,260 @@ __device__ __forceinline__ uint32_t prmt2(uint32_t a, uint32_t b, uint32_t sel) 
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
   return r;
 }
-// The two e4m3 values in the low 16 bits of v -> f16x2 (low byte -> low half), exactly.
+// The two e4m3 values in the low (kHi: high) 16 bits of v -> f16x2 (lower byte -> low half), exactly.
+template <bool kHi>
 __device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t v) {
   uint32_t r;
-  asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(v));
+  if constexpr (kHi) {
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(r) : "r"(v));
+  } else {
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(v));
+  }
   return r;
 }
 __device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
-
-// Q of head g (lane g = lane / 4; rows >= G zero) as f16 A registers in the permuted head_dim order of the K
-// fragments: qa[ks][h] for head_dim 32 ks + 16 h + 4t .. + 3: {(4t, 4t+1), (4t+2, 4t+3)}, MMA registers 0
-// and 2.
-template <int D, int G>
-__device__ __forceinline__ void load_q_f16(const uint16_t* q, uint32_t (&qa)[D / 32][2][2]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int ks = 0; ks < D / 32; ++ks)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint2 w =
-          g < G ? *reinterpret_cast<const uint2*>(q + 32 * ks + 16 * h + 4 * t) : make_uint2(0, 0);
-      qa[ks][h][0] = f16x2(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u));
-      qa[ks][h][1] = f16x2(__uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
-    }
+// The transpose of an 8x8 b16 matrix held one row pair per lane (lane 4r + c: row r, columns 2c, 2c + 1).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t v) {
+  uint32_t r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
 }
 
-// S for this warp's 32 keys: s[n][c] is key 32 w + 8 n + 2 t + c of head g. sKs: the tile's K scale words,
-// one per key, the key's two bytes at bit sh[c] (c: the key's row parity).
-template <int D>
-__device__ __forceinline__ void scores_fp8(const unsigned char* sK, const uint32_t* sKs, const int (&sh)[2],
-                                           const uint32_t (&qa)[D / 32][2][2], float (&s)[4][2]) {
+// One warp's online-softmax state for a query row: m / l of its columns 2t, 2t + 1 (l: this lane's keys
+// only), O^T of its columns (o[nt][pc][c]: head_dim 16 pc + 2g + c / 2, column 2t + c % 2 of n-tile nt), and
+// Q^T as B fragments.
+template <int D, int G>
+struct Fp8Row {
   static_assert(D == 128, "two 64-element scale blocks");
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4, m = lane / 8;
-  float acc[2][4][4];
+  static constexpr bool kDup = G <= 4;      // hi and lo in one n-tile (columns n and n + 4)
+  static constexpr int kOt = kDup ? 1 : 2;  // O^T n-tiles: hi and lo apart for G > 4
+  uint32_t qb[D / 16][2];                   // piece P: Q(head_dim 16 P + 4t, + 1), (16 P + 4t + 2, + 3)
+  float m[2], l[2];
+  float o[kOt][D / 16][4];
+
+  // Column g's head, or -1 where the column is padding.
+  __device__ __forceinline__ static int column_head(int n) {
+    const int h = kDup ? n % 4 : n;
+    return h < G ? h : -1;
+  }
+
+  // q: the row's first query head of the group (heads q_stride_h apart).
+  __device__ __forceinline__ void init(const uint16_t* q, int64_t q_stride_h) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, h = column_head(g);
 #pragma unroll
-  for (int b = 0; b < 2; ++b)
+    for (int pc = 0; pc < D / 16; ++pc) {
+      const uint2 w =
+          h >= 0 ? *reinterpret_cast<const uint2*>(q + h * q_stride_h + 16 * pc + 4 * t) : make_uint2(0, 0);
+      qb[pc][0] = f16x2(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u));
+      qb[pc][1] = f16x2(__uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+    }
+    m[0] = m[1] = -__builtin_huge_valf();
+    l[0] = l[1] = 0.0f;
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int nt = 0; nt < kOt; ++nt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[b][n][c] = 0.0f;
-        // ldmatrix x4 per 16 keys and 32 head_dim bytes: (keys 0-7, bytes 0-15), (keys 0-7, 16-31), (keys
-        // 8-15, 0-15), (keys 8-15, 16-31).
+      for (int pc = 0; pc < D / 16; ++pc)
 #pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    const int r = 32 * warp + 16 * h2 + (m / 2) * 8 + lane % 8;
+        for (int c = 0; c < 4; ++c) o[nt][pc][c] = 0.0f;
+  }
+
+  // S^T of the warp's 32 keys with the K scales applied. sKs: the tile's K scale words, one per key, the
+  // key's two bytes at bit sh (every key of this lane has the row parity of g).
+  __device__ __forceinline__ void scores(const unsigned char* sK, const uint32_t* sKs, int sh,
+                                         float (&s)[2][4]) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, mi = lane / 8;
+    float acc[2][2][4];  // [scale block][m-tile][c]
 #pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks) {
-      uint32_t kb[4];
-      ldmatrix_x4(kb, smem_addr(sK + tile_off<kFp8Tile>(r, 2 * ks + m % 2)));
+    for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[b][mt][c] = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      // ldmatrix x4 per 16 keys and 32 head_dim bytes: (keys 0-7, piece 2ks), (keys 8-15, 2ks), (keys 0-7,
+      // 2ks + 1), (keys 8-15, 2ks + 1).
+      const int r = 32 * warp + 16 * mt + (mi % 2) * 8 + lane % 8;
+#pragma unroll
+      for (int ks = 0; ks < D / 32; ++ks) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, smem_addr(sK + tile_off<kFp8Tile>(r, 2 * ks + mi / 2)));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t a[4] = {qa[ks][h][0], 0u, qa[ks][h][1], 0u};
-          const uint32_t w = kb[2 * j + h];
-          mma_f16(acc[ks / 2][2 * h2 + j], a, f16x2_of_e4m3x2(w), f16x2_of_e4m3x2(w >> 16));
+          const uint32_t a[4] = {f16x2_of_e4m3x2<false>(kb[2 * h]), f16x2_of_e4m3x2<false>(kb[2 * h + 1]),
+                                 f16x2_of_e4m3x2<true>(kb[2 * h]), f16x2_of_e4m3x2<true>(kb[2 * h + 1])};
+          mma_f16(acc[ks / 2][mt], a, qb[2 * ks + h][0], qb[2 * ks + h][1]);
         }
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < 4; ++n)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const uint32_t sc = sKs[32 * warp + 8 * n + 2 * t + c] >> sh[c];
-      s[n][c] = acc[0][n][c] * ue8m0_f32(sc & 0xffu) + acc[1][n][c] * ue8m0_f32((sc >> 8) & 0xffu);
-    }
-}
-
-// P of this warp's 32 keys (p[n][c]: key 8 n + 2 t + c, head g) as f16 A fragments per 64-element block and
-// 16-key half (pa[blk][kh]). fold[blk]: the factor that turns the block's products into O's units.
-// sVs, sh: the tile's V scale words as in scores_fp8.
-template <int D>
-__device__ __forceinline__ void p_frags_fp8(const float (&p)[4][2], const uint32_t* sVs, const int (&sh)[2],
-                                            uint32_t (&pa)[D / 64][2][4], float (&fold)[D / 64]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
-  uint32_t vw[4][2];  // the key's two V scale bytes in bits 0-15
-#pragma unroll
-  for (int n = 0; n < 4; ++n)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) vw[n][c] = sVs[32 * warp + 8 * n + 2 * t + c] >> sh[c];
-#pragma unroll
-  for (int blk = 0; blk < D / 64; ++blk) {
-    int vs[4][2], vref = 0;
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) vref = max(vref, vs[n][c] = int((vw[n][c] >> (8 * blk)) & 0xffu));
-    vref = max(vref, __shfl_xor_sync(0xffffffffu, vref, 1));
-    vref = max(vref, __shfl_xor_sync(0xffffffffu, vref, 2));
-    // u = p 2^(vs - vref) by adding to p's exponent bits (p in [0, 1]); a result that would leave the normal
-    // range (below 2^-126) becomes 0. As integers, non-negative floats order as their values.
-    int ub[4][2], umax = 0;
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        ub[n][c] = max(int(__float_as_uint(p[n][c])) + ((vs[n][c] - vref) << 23), 0);
-        umax = max(umax, ub[n][c]);
       }
-    umax = max(umax, __shfl_xor_sync(0xffffffffu, umax, 1));
-    umax = max(umax, __shfl_xor_sync(0xffffffffu, umax, 2));
-    // umax 2^E in [2^14, 2^15) (E <= 126: a tile below 2^-112 of the running maximum keeps fewer bits).
-    const int E = umax > 0 ? min(126, 141 - (umax >> 23)) : 0;
-    const float sE = exp2i(E);
-    fold[blk] = exp2i(vref - 127 - E);
-    // Keys 16 kh .. 16 kh + 15: registers 0 / 2 the hi of keys (2t, 2t+1) / (8+2t, 9+2t), 1 / 3 their lo.
+    }
 #pragma unroll
-    for (int kh = 0; kh < 2; ++kh)
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t sc = sKs[32 * warp + 16 * mt + 8 * hh + g] >> sh;
+        const float s0 = ue8m0_f32(sc & 0xffu), s1 = ue8m0_f32((sc >> 8) & 0xffu);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          s[mt][2 * hh + j] = acc[0][mt][2 * hh + j] * s0 + acc[1][mt][2 * hh + j] * s1;
+      }
+  }
+
+  // One tile: the online softmax over S (scaled by scale2 = scale log2 e; keys at or past t_end masked when
+  // partial), then O = O corr + P V. key0: the context position of the warp's first key.
+  __device__ __forceinline__ void tile(const unsigned char* sK, const uint32_t* sKs, int sh, float scale2,
+                                       int key0, int t_end, bool partial) {
+    const unsigned char* sV = sK + kFp8Tile * D;
+    const uint32_t* sVs = sKs + kFp8Tile;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    constexpr float kNegInf = -__builtin_huge_valf();
+    float s[2][4];
+    scores(sK, sKs, sh, s);
+    float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        s[mt][c] = !partial || key0 + 16 * mt + 8 * (c / 2) + g < t_end ? s[mt][c] * scale2 : kNegInf;
+        mx[c % 2] = fmaxf(mx[c % 2], s[mt][c]);
+      }
+    float corr[2], m_use[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int x = 4; x < 32; x *= 2) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], x));
+      const float m_new = fmaxf(m[j], mx[j]);
+      m_use[j] = m_new == kNegInf ? 0.0f : m_new;  // a column with no key yet keeps p = 0
+      corr[j] = exp2f(m[j] - m_use[j]);
+      m[j] = m_new;
+      l[j] *= corr[j];
+    }
+    float p[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) l[c % 2] += (p[mt][c] = exp2f(s[mt][c] - m_use[c % 2]));
+
+    // P as B fragments per scale block: pb[blk][nt][mt][i] for the k-step of m-tile mt.
+    uint32_t vw[2][2];  // the V scale pair of key 16 mt + 8 hh + g in bits 0-15
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) vw[mt][hh] = sVs[32 * warp + 16 * mt + 8 * hh + g] >> sh;
+    uint32_t pb[2][kOt][2][2];
+    float fold[2][2];  // [blk][j]: the factor that turns the block's products of column 2t + j into O's units
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      int vs[2][2], vref = 0;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) vref = max(vref, vs[mt][hh] = int((vw[mt][hh] >> (8 * blk)) & 0xffu));
+#pragma unroll
+      for (int x = 4; x < 32; x *= 2) vref = max(vref, __shfl_xor_sync(0xffffffffu, vref, x));
+      // u = p 2^(vs - vref) by adding to p's exponent bits (p in [0, 1]); a result that would leave the
+      // normal range (below 2^-126) becomes 0. As integers, non-negative floats order as their values.
+      int ub[2][4], umax[2] = {0, 0};
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          ub[mt][c] = max(int(__float_as_uint(p[mt][c])) + ((vs[mt][c / 2] - vref) << 23), 0);
+          umax[c % 2] = max(umax[c % 2], ub[mt][c]);
+        }
+      float sE[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float x0 = __int_as_float(ub[2 * kh + j][0]) * sE, x1 = __int_as_float(ub[2 * kh + j][1]) * sE;
-        const __half2 hi = __floats2half2_rn(x0, x1);
-        pa[blk][kh][2 * j] = *reinterpret_cast<const uint32_t*>(&hi);
-        pa[blk][kh][2 * j + 1] = f16x2(x0 - __low2float(hi), x1 - __high2float(hi));
+#pragma unroll
+        for (int x = 4; x < 32; x *= 2) umax[j] = max(umax[j], __shfl_xor_sync(0xffffffffu, umax[j], x));
+        // umax 2^E in [2^14, 2^15) (E <= 126: a tile below 2^-112 of the running maximum keeps fewer bits).
+        const int E = umax[j] > 0 ? min(126, 141 - (umax[j] >> 23)) : 0;
+        sE[j] = exp2i(E);
+        fold[blk][j] = exp2i(vref - 127 - E);
       }
-  }
-}
-
-// O = O corr + P V for this warp's 32 keys; o[pc][i] is head_dim 16 pc + 4 t + i of head g.
-template <int D>
-__device__ __forceinline__ void pv_fp8(const unsigned char* sV, const uint32_t (&pa)[D / 64][2][4],
-                                       const float (&fold)[D / 64], float corr, float (&o)[D / 16][4]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // ldmatrix.trans x4: matrix i = keys 8 i .. 8 i + 7 of the warp's 32, one 16-byte piece.
-  const int r = 32 * warp + lane;
 #pragma unroll
-  for (int pc = 0; pc < D / 16; ++pc) {
-    uint32_t vb[4];
-    ldmatrix_x4_trans(vb, smem_addr(sV + tile_off<kFp8Tile>(r, pc)));
-    // vb[i] bytes: (key 8i+2t: d, d+1), (key 8i+2t+1: d, d+1), d = 16 pc + 2 g. e[kh] / od[kh]: keys 2t,
-    // 2t+1, 8+2t, 9+2t of half kh at the even / odd element.
-    const uint32_t e[2] = {prmt2(vb[0], vb[1], 0x6420u), prmt2(vb[2], vb[3], 0x6420u)};
-    const uint32_t od[2] = {prmt2(vb[0], vb[1], 0x7531u), prmt2(vb[2], vb[3], 0x7531u)};
-    float te[4] = {0.0f, 0.0f, 0.0f, 0.0f}, to[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int kh = 0; kh < 2; ++kh) {
-      mma_f16(te, pa[pc / 4][kh], f16x2_of_e4m3x2(e[kh]),
-              f16x2_of_e4m3x2(e[kh] >> 16));  // n = g: 16 pc + 2 g
-      mma_f16(to, pa[pc / 4][kh], f16x2_of_e4m3x2(od[kh]), f16x2_of_e4m3x2(od[kh] >> 16));  // 16 pc + 2 g + 1
+        for (int hh = 0; hh < 2; ++hh) {
+          const float x0 = __int_as_float(ub[mt][2 * hh]) * sE[0],
+                      x1 = __int_as_float(ub[mt][2 * hh + 1]) * sE[1];
+          const __half2 hi = __floats2half2_rn(x0, x1);
+          const uint32_t hi_bits = *reinterpret_cast<const uint32_t*>(&hi);
+          const uint32_t lo_bits = f16x2(x0 - __low2float(hi), x1 - __high2float(hi));
+          if constexpr (kDup) {
+            pb[blk][0][mt][hh] = movmatrix_trans(t >= 2 ? lo_bits : hi_bits);
+          } else {
+            pb[blk][0][mt][hh] = movmatrix_trans(hi_bits);
+            pb[blk][1][mt][hh] = movmatrix_trans(lo_bits);
+          }
+        }
     }
-    const float f = fold[pc / 4];
-    o[pc][0] = fmaf(o[pc][0], corr, (te[0] + te[2]) * f);
-    o[pc][1] = fmaf(o[pc][1], corr, (to[0] + to[2]) * f);
-    o[pc][2] = fmaf(o[pc][2], corr, (te[1] + te[3]) * f);
-    o[pc][3] = fmaf(o[pc][3], corr, (to[1] + to[3]) * f);
+
+    // O^T: ldmatrix.trans x4, matrix i = keys 8 i .. 8 i + 7 of the warp's 32, one 16-byte piece.
+    const int r = 32 * warp + lane;
+#pragma unroll
+    for (int pc = 0; pc < D / 16; ++pc) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, smem_addr(sV + tile_off<kFp8Tile>(r, pc)));
+      float te[kOt][4];
+#pragma unroll
+      for (int nt = 0; nt < kOt; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) te[nt][c] = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        // vb[i] bytes: (key 2t: d, d + 1), (key 2t + 1: d, d + 1) of keys 8 i .., d = 16 pc + 2g. e / od:
+        // keys 2t, 2t + 1, 8 + 2t, 9 + 2t of m-tile mt at the even / odd element.
+        const uint32_t e = prmt2(vb[2 * mt], vb[2 * mt + 1], 0x6420u);
+        const uint32_t od = prmt2(vb[2 * mt], vb[2 * mt + 1], 0x7531u);
+        const uint32_t a[4] = {f16x2_of_e4m3x2<false>(e), f16x2_of_e4m3x2<false>(od),
+                               f16x2_of_e4m3x2<true>(e), f16x2_of_e4m3x2<true>(od)};
+#pragma unroll
+        for (int nt = 0; nt < kOt; ++nt) mma_f16(te[nt], a, pb[pc / 4][nt][mt][0], pb[pc / 4][nt][mt][1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < kOt; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          o[nt][pc][c] = fmaf(o[nt][pc][c], corr[c % 2], te[nt][c] * fold[pc / 4][c % 2]);
+    }
   }
-}
-#endif  // KILN_SM90A
+
+  // After the last tile: this warp's m, l and O of each head into the merge scratch (sm_m / sm_l [warp][G],
+  // sm_o [warp][G][D]).
+  __device__ __forceinline__ void to_scratch(float* sm_m, float* sm_l, float* sm_o) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int x = 4; x < 32; x *= 2) l[j] += __shfl_xor_sync(0xffffffffu, l[j], x);
+        // hi + lo of each column: kDup, from lane t + 2; else the second n-tile.
+#pragma unroll
+    for (int pc = 0; pc < D / 16; ++pc)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if constexpr (kDup) {
+          o[0][pc][c] += __shfl_xor_sync(0xffffffffu, o[0][pc][c], 2);
+        } else {
+          o[0][pc][c] += o[kOt - 1][pc][c];
+        }
+      }
+    if (kDup && t >= 2) return;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int h = 2 * t + j;
+      if (h >= G) continue;
+      if (g == 0) sm_m[warp * G + h] = m[j], sm_l[warp * G + h] = l[j];
+      float* dst = sm_o + (warp * G + h) * D + 2 * g;
+#pragma unroll
+      for (int pc = 0; pc < D / 16; ++pc)
+        *reinterpret_cast<float2*>(dst + 16 * pc) = make_float2(o[0][pc][j], o[0][pc][2 + j]);
+    }
+  }
+};
+#endif               // KILN_SM90A
+struct NoFp8Row {};  // a bf16 cache's stand-in
 
 }  // namespace kiln::cuda::decode_v3
