@@ -124,11 +124,11 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 
   // Prologue: tiles 0 .. kStages - 2 in flight, the pages of the next one loaded.
   const PagePos pp = page_pos(p.page_size);
-  constexpr int kMaxPages = kTile / 16;
   int pg[kTma ? 1 : C::kCopies];
-  int tpg[kMaxPages];  // kTma, thread 0: the pages of the next tile to issue
-  int spg = 0;         // fp8: the page of this thread's key in the next tile whose scales are issued
-  const bool producer = threadIdx.x == 0;
+  // kTma: this lane's page (lane_tile_page) of the next tile its warp issues; tile n is issued by warp n %
+  // kWarps.
+  int tpg = 0;
+  int spg = 0;  // fp8: the page of this thread's key in the next tile whose scales are issued
   if constexpr (kTma) {
     fence_proxy_async();  // the previous row's merge scratch (generic writes) before this row's TMA writes
     __syncthreads();
@@ -138,10 +138,9 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     const int t0 = t_begin + i * kTile, st = (seq + i) % C::kStages;
     if (i < n_tiles) {
       if constexpr (kTma) {
-        if (producer) {
-          load_tile_pages<kTile>(p, pp, b, t0, t_end, tpg);
-          tma_issue<D, KT>(tk, tv, &bars[st], smem + st * C::kStageBytes, hk, t0, t_end, pp.size, tpg);
-        }
+        if (warp == i % kWarps)
+          tma_issue_warp<D, KT>(tk, tv, &bars[st], smem + st * C::kStageBytes, hk, t0, t_end, pp,
+                                lane_tile_page<kTile>(p, pp, b, t0, t_end));
       } else {
         load_pages<D, KT>(p, pp, b, t0, t_end, pg);
         issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + st * C::kStageBytes);
@@ -154,7 +153,9 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     if constexpr (!kTma) cp_async_commit();
   }
   if constexpr (kTma) {
-    if (producer) load_tile_pages<kTile>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, tpg);
+    // The first tile each warp issues in the loop: the first n >= kStages - 1 with n % kWarps == warp.
+    const int first = C::kStages - 1 + (warp - (C::kStages - 1) % kWarps + kWarps) % kWarps;
+    if (first < n_tiles) tpg = lane_tile_page<kTile>(p, pp, b, t_begin + first * kTile, t_end);
   } else {
     load_pages<D, KT>(p, pp, b, t_begin + (C::kStages - 1) * kTile, t_end, pg);
   }
@@ -199,10 +200,10 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     if (nxt < n_tiles) {
       const int t0 = t_begin + nxt * kTile;
       if constexpr (kTma) {
-        if (producer) {
-          tma_issue<D, KT>(tk, tv, &bars[nxt_stage], smem + nxt_stage * C::kStageBytes, hk, t0, t_end,
-                           pp.size, tpg);
-          if (nxt + 1 < n_tiles) load_tile_pages<kTile>(p, pp, b, t0 + kTile, t_end, tpg);
+        if (warp == nxt % kWarps) {
+          tma_issue_warp<D, KT>(tk, tv, &bars[nxt_stage], smem + nxt_stage * C::kStageBytes, hk, t0, t_end,
+                                pp, tpg);
+          if (nxt + kWarps < n_tiles) tpg = lane_tile_page<kTile>(p, pp, b, t0 + kWarps * kTile, t_end);
         }
       } else {
         issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + nxt_stage * C::kStageBytes);

@@ -71,6 +71,19 @@ __device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
+// A 4-byte shared-memory load (the pointers here are generic ones, which would load through the generic
+// path).
+__device__ __forceinline__ uint32_t lds32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(smem_addr(p)));
+  return v;
+}
+// Lane-wise max of two u16x2.
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
 // The transpose of an 8x8 b16 matrix held one row pair per lane (lane 4r + c: row r, columns 2c, 2c + 1).
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t v) {
   uint32_t r;
@@ -88,6 +101,7 @@ struct Fp8Row {
   static constexpr int kOt = kDup ? 1 : 2;  // O^T n-tiles: hi and lo apart for G > 4
   uint32_t qb[D / 16][2];                   // piece P: Q(head_dim 16 P + 4t, + 1), (16 P + 4t + 2, + 3)
   float m[2], l[2];
+  int vref[2];  // per 64-element block: the largest V scale byte seen (O's units)
   float o[kOt][D / 16][4];
 
   // Column g's head, or -1 where the column is padding.
@@ -108,6 +122,7 @@ struct Fp8Row {
     }
     m[0] = m[1] = -__builtin_huge_valf();
     l[0] = l[1] = 0.0f;
+    vref[0] = vref[1] = 0;
 #pragma unroll
     for (int nt = 0; nt < kOt; ++nt)
 #pragma unroll
@@ -149,7 +164,7 @@ struct Fp8Row {
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const uint32_t sc = sKs[32 * warp + 16 * mt + 8 * hh + g] >> sh;
+        const uint32_t sc = lds32(sKs + 32 * warp + 16 * mt + 8 * hh + g) >> sh;
         const float s0 = ue8m0_f32(sc & 0xffu), s1 = ue8m0_f32((sc >> 8) & 0xffu);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
@@ -167,97 +182,99 @@ struct Fp8Row {
     constexpr float kNegInf = -__builtin_huge_valf();
     float s[2][4];
     scores(sK, sKs, sh, s);
-    float mx[2] = {kNegInf, kNegInf};
+    if (partial) {  // uniform over the warp: only the chunk's last tile
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        s[mt][c] = !partial || key0 + 16 * mt + 8 * (c / 2) + g < t_end ? s[mt][c] * scale2 : kNegInf;
-        mx[c % 2] = fmaxf(mx[c % 2], s[mt][c]);
-      }
-    float corr[2], m_use[2];
+        for (int c = 0; c < 4; ++c)
+          if (key0 + 16 * mt + 8 * (c / 2) + g >= t_end) s[mt][c] = kNegInf;
+    }
+    // The running max (base 2) of each column over the warp's keys (scale2 > 0: the max of s, scaled).
+    float mx[2] = {fmaxf(fmaxf(s[0][0], s[0][2]), fmaxf(s[1][0], s[1][2])),
+                   fmaxf(fmaxf(s[0][1], s[0][3]), fmaxf(s[1][1], s[1][3]))};
+    float corr[2], neg_m[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int x = 4; x < 32; x *= 2) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], x));
-      const float m_new = fmaxf(m[j], mx[j]);
-      m_use[j] = m_new == kNegInf ? 0.0f : m_new;  // a column with no key yet keeps p = 0
-      corr[j] = exp2f(m[j] - m_use[j]);
+      const float m_new = fmaxf(m[j], mx[j] * scale2);
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a column with no key yet keeps p = 0
+      corr[j] = exp2_approx(m[j] - m_use);
+      neg_m[j] = -m_use;
       m[j] = m_new;
       l[j] *= corr[j];
     }
-    float p[2][4];
+    float p[2][4];  // <= 1
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) l[c % 2] += (p[mt][c] = exp2f(s[mt][c] - m_use[c % 2]));
+      for (int c = 0; c < 4; ++c) l[c % 2] += (p[mt][c] = exp2_approx(fmaf(s[mt][c], scale2, neg_m[c % 2])));
 
-    // P as B fragments per scale block: pb[blk][nt][mt][i] for the k-step of m-tile mt.
-    uint32_t vw[2][2];  // the V scale pair of key 16 mt + 8 hh + g in bits 0-15
+    // V scales: each key's pair as u16x2 (block 0 low, 1 high), the warp's largest of each block, and the
+    // running reference vref (O is kept in units of 2^(vref - 127 - 14)).
+    uint32_t vw[2][2];
+    uint32_t vmax = 0;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) vw[mt][hh] = sVs[32 * warp + 16 * mt + 8 * hh + g] >> sh;
-    uint32_t pb[2][kOt][2][2];
-    float fold[2][2];  // [blk][j]: the factor that turns the block's products of column 2t + j into O's units
+      for (int hh = 0; hh < 2; ++hh) {
+        vw[mt][hh] = prmt2(lds32(sVs + 32 * warp + 16 * mt + 8 * hh + g), 0u, sh ? 0x4342u : 0x4140u);
+        vmax = max_u16x2(vmax, vw[mt][hh]);
+      }
+#pragma unroll
+    for (int x = 4; x < 32; x *= 2) vmax = max_u16x2(vmax, __shfl_xor_sync(0xffffffffu, vmax, x));
+    float resc[2][2];  // [blk][j]: the factor that moves O of column 2t + j into the new units
+    bool rescale = corr[0] != 1.0f || corr[1] != 1.0f;
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk) {
-      int vs[2][2], vref = 0;
+      const int vnew = max(vref[blk], int(vmax >> (16 * blk)) & 0xffff);
+      const float f = exp2i(vref[blk] - vnew);
+      rescale |= vnew != vref[blk];
+      vref[blk] = vnew;
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int j = 0; j < 2; ++j) resc[blk][j] = corr[j] * f;
+    }
+    if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) vref = max(vref, vs[mt][hh] = int((vw[mt][hh] >> (8 * blk)) & 0xffu));
+      for (int nt = 0; nt < kOt; ++nt)
 #pragma unroll
-      for (int x = 4; x < 32; x *= 2) vref = max(vref, __shfl_xor_sync(0xffffffffu, vref, x));
-      // u = p 2^(vs - vref) by adding to p's exponent bits (p in [0, 1]); a result that would leave the
-      // normal range (below 2^-126) becomes 0. As integers, non-negative floats order as their values.
-      int ub[2][4], umax[2] = {0, 0};
+        for (int pc = 0; pc < D / 16; ++pc)
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+          for (int c = 0; c < 4; ++c) o[nt][pc][c] *= resc[pc / 4][c % 2];
+    }
+
+    // P as B fragments per scale block: x = p 2^(vs - vref + 14) <= 2^14, as f16 hi + lo; pb[blk][nt][mt][i]
+    // for the k-step of m-tile mt.
+    uint32_t pb[2][kOt][2][2];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          ub[mt][c] = max(int(__float_as_uint(p[mt][c])) + ((vs[mt][c / 2] - vref) << 23), 0);
-          umax[c % 2] = max(umax[c % 2], ub[mt][c]);
-        }
-      float sE[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int x = 4; x < 32; x *= 2) umax[j] = max(umax[j], __shfl_xor_sync(0xffffffffu, umax[j], x));
-        // umax 2^E in [2^14, 2^15) (E <= 126: a tile below 2^-112 of the running maximum keeps fewer bits).
-        const int E = umax[j] > 0 ? min(126, 141 - (umax[j] >> 23)) : 0;
-        sE[j] = exp2i(E);
-        fold[blk][j] = exp2i(vref - 127 - E);
-      }
+    for (int blk = 0; blk < 2; ++blk)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const float x0 = __int_as_float(ub[mt][2 * hh]) * sE[0],
-                      x1 = __int_as_float(ub[mt][2 * hh + 1]) * sE[1];
+          const int vs = int(vw[mt][hh] >> (16 * blk)) & 0xffff;
+          // 2^(vs - vref + 14), 0 below the normal range
+          const float f = __int_as_float(max(vs - vref[blk] + 141, 0) << 23);
+          const float x0 = p[mt][2 * hh] * f, x1 = p[mt][2 * hh + 1] * f;
           const __half2 hi = __floats2half2_rn(x0, x1);
           const uint32_t hi_bits = *reinterpret_cast<const uint32_t*>(&hi);
-          const uint32_t lo_bits = f16x2(x0 - __low2float(hi), x1 - __high2float(hi));
           if constexpr (kDup) {
-            pb[blk][0][mt][hh] = movmatrix_trans(t >= 2 ? lo_bits : hi_bits);
+            // lanes t >= 2 (columns 4-7) carry the lo part: x - hi; the others x - 0.
+            const float keep = t >= 2 ? 1.0f : 0.0f;
+            pb[blk][0][mt][hh] =
+                movmatrix_trans(f16x2(fmaf(-keep, __low2float(hi), x0), fmaf(-keep, __high2float(hi), x1)));
           } else {
             pb[blk][0][mt][hh] = movmatrix_trans(hi_bits);
-            pb[blk][1][mt][hh] = movmatrix_trans(lo_bits);
+            pb[blk][1][mt][hh] = movmatrix_trans(f16x2(x0 - __low2float(hi), x1 - __high2float(hi)));
           }
         }
-    }
 
-    // O^T: ldmatrix.trans x4, matrix i = keys 8 i .. 8 i + 7 of the warp's 32, one 16-byte piece.
+    // O^T += V^T P^T: ldmatrix.trans x4, matrix i = keys 8 i .. 8 i + 7 of the warp's 32, one 16-byte piece.
     const int r = 32 * warp + lane;
 #pragma unroll
     for (int pc = 0; pc < D / 16; ++pc) {
       uint32_t vb[4];
       ldmatrix_x4_trans(vb, smem_addr(sV + tile_off<kFp8Tile>(r, pc)));
-      float te[kOt][4];
-#pragma unroll
-      for (int nt = 0; nt < kOt; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) te[nt][c] = 0.0f;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         // vb[i] bytes: (key 2t: d, d + 1), (key 2t + 1: d, d + 1) of keys 8 i .., d = 16 pc + 2g. e / od:
@@ -267,13 +284,8 @@ struct Fp8Row {
         const uint32_t a[4] = {f16x2_of_e4m3x2<false>(e), f16x2_of_e4m3x2<false>(od),
                                f16x2_of_e4m3x2<true>(e), f16x2_of_e4m3x2<true>(od)};
 #pragma unroll
-        for (int nt = 0; nt < kOt; ++nt) mma_f16(te[nt], a, pb[pc / 4][nt][mt][0], pb[pc / 4][nt][mt][1]);
+        for (int nt = 0; nt < kOt; ++nt) mma_f16(o[nt][pc], a, pb[pc / 4][nt][mt][0], pb[pc / 4][nt][mt][1]);
       }
-#pragma unroll
-      for (int nt = 0; nt < kOt; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          o[nt][pc][c] = fmaf(o[nt][pc][c], corr[c % 2], te[nt][c] * fold[pc / 4][c % 2]);
     }
   }
 
@@ -285,7 +297,9 @@ struct Fp8Row {
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int x = 4; x < 32; x *= 2) l[j] += __shfl_xor_sync(0xffffffffu, l[j], x);
-        // hi + lo of each column: kDup, from lane t + 2; else the second n-tile.
+    // hi + lo of each column (kDup: from lane t + 2; else the second n-tile), then out of the units
+    // 2^(vref - 127 - 14) (two exact steps: 2^(vref - 127) alone may be subnormal).
+    const float unit[2] = {ue8m0_f32(uint32_t(vref[0])), ue8m0_f32(uint32_t(vref[1]))};
 #pragma unroll
     for (int pc = 0; pc < D / 16; ++pc)
 #pragma unroll
@@ -295,6 +309,7 @@ struct Fp8Row {
         } else {
           o[0][pc][c] += o[kOt - 1][pc][c];
         }
+        o[0][pc][c] = o[0][pc][c] * 0x1p-14f * unit[pc / 4];
       }
     if (kDup && t >= 2) return;
 #pragma unroll

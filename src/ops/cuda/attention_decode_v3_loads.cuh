@@ -119,35 +119,34 @@ __device__ __forceinline__ void load_pages(const PagedAttnParams& p, const PageP
   }
 }
 
-// TMA path (page sizes 16, 32, 64): thread 0 loads the page ids of a tile (at most 4 pages) ...
-template <int kTile, int kMaxPages>
-__device__ __forceinline__ void load_tile_pages(const PagedAttnParams& p, const PagePos& pp, int b, int t0,
-                                                int t_end, int (&pages)[kMaxPages]) {
-#pragma unroll
-  for (int i = 0; i < kMaxPages; ++i) {
-    const int t = t0 + i * pp.size;
-    pages[i] = i * pp.size < kTile && t < t_end ? page_of(p, pp, b, t) : 0;
-  }
+// TMA path (page sizes 16, 32, 64, so pp.shift >= 0). A tile's producer is one warp (tile n: warp n %
+// kWarps, so the page lookups and copy issues of successive tiles fall on different schedulers); lane i
+// looks up page i of the tile (0 past the chunk or the tile) ...
+template <int kTile>
+__device__ __forceinline__ int lane_tile_page(const PagedAttnParams& p, const PagePos& pp, int b, int t0,
+                                              int t_end) {
+  const int i = threadIdx.x % 32, t = t0 + i * pp.size;
+  return i * pp.size < kTile && t < t_end ? page_of(p, pp, b, t) : 0;
 }
-// ... and copies each page's rows of (hk) into the stage as 128-byte swizzled boxes (K then V), completing on
-// bar with the bytes announced. Rows of the last page past t_end are loaded too (and zeroed later in V).
-template <int D, KvDtype KT, int kMaxPages>
-__device__ __forceinline__ void tma_issue(const CUtensorMap& tk, const CUtensorMap& tv, uint64_t* bar,
-                                          unsigned char* stage, int hk, int t0, int t_end, int ps,
-                                          const int (&pages)[kMaxPages]) {
+// ... and, with the whole warp, copies each page's rows of (hk) into the stage as 128-byte swizzled boxes (K
+// then V), completing on bar: lane 0 arrives announcing the bytes, lane i issues page i's boxes. Rows of the
+// last page past t_end are loaded too (and zeroed later in V).
+template <int D, KvDtype KT>
+__device__ __forceinline__ void tma_issue_warp(const CUtensorMap& tk, const CUtensorMap& tv, uint64_t* bar,
+                                               unsigned char* stage, int hk, int t0, int t_end,
+                                               const PagePos& pp, int page) {
   using C = V3Cfg<D, KT>;
   constexpr int kTile = C::kTile;
-  const int n_pages = min(kTile / ps, (t_end - t0 + ps - 1) / ps);
-  mbar_expect_tx(bar, uint32_t(n_pages * C::kHalves * ps * 128 * 2));
+  const int lane = threadIdx.x % 32;
+  const int n_pages = min(kTile >> pp.shift, (t_end - t0 + pp.size - 1) >> pp.shift);
+  if (lane == 0) mbar_expect_tx(bar, uint32_t(n_pages * C::kHalves * pp.size * 128 * 2));
+  __syncwarp();
+  if (lane < n_pages) {
 #pragma unroll
-  for (int i = 0; i < kMaxPages; ++i) {
-    if (i < n_pages) {
-#pragma unroll
-      for (int h = 0; h < C::kHalves; ++h) {
-        unsigned char* dst = stage + h * (kTile * 128) + i * ps * 128;
-        tma_load_4d(dst, tk, h * (128 / C::kEsz), 0, hk, pages[i], bar);
-        tma_load_4d(dst + kTile * C::kRowBytes, tv, h * (128 / C::kEsz), 0, hk, pages[i], bar);
-      }
+    for (int h = 0; h < C::kHalves; ++h) {
+      unsigned char* dst = stage + h * (kTile * 128) + lane * pp.size * 128;
+      tma_load_4d(dst, tk, h * (128 / C::kEsz), 0, hk, page, bar);
+      tma_load_4d(dst + kTile * C::kRowBytes, tv, h * (128 / C::kEsz), 0, hk, page, bar);
     }
   }
 }
