@@ -123,10 +123,8 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
                   slots = sms * std::min<int64_t>(2, per_sm);
     if (pairs < slots) return int(std::clamp<int64_t>(slots / pairs, 1, s));
     // Large batches: the wave model of ops/decode_splits.h over this device's SMs and the blocks an SM holds
-    // (shared memory bound), tiles from the table's reach. FP8 caches only: the model's premise (a block left
-    // alone on an SM pulls about half its bandwidth) was fitted to the ALU-bound FP8 kernel (H200: B = 64 one
-    // split 438 us, two 388); whether a lone bf16 block is as slow is unmeasured, and where the model was
-    // checked for bf16 (B = 64, 128) it keeps one split anyway.
+    // (shared memory bound), tiles from the table's reach. FP8 caches only: bf16 measured one split best
+    // at B = 64 and 128 (H200, docs/PERF.md), which the model picks there too.
     if (p.kv_dtype == KvDtype::bf16) return 1;
     return ops::decode_wave_splits(pairs, s, sms, per_sm, (reach + kDecodeV3TileFp8 - 1) / kDecodeV3TileFp8);
   }
