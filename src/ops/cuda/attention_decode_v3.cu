@@ -6,16 +6,18 @@
 // XOR-swizzled by row so every ldmatrix and 8-byte load is bank-conflict free). Warp w takes keys
 // 16 w .. 16 w + 15 of every tile and keeps its own online-softmax state; the 4 warps merge at the end.
 //
-// Per warp and tile, with the group's G query heads as the rows of an m16n8k16 MMA (rows >= G are zero):
-//   S[16 x 16] = Q[16 x D] K^T      D / 16 k-steps x 2 key tiles of 8, K from shared memory (ldmatrix for
-//                                   bf16; fp8: an 8-byte load widened in registers, see below);
+// Per warp and tile (bf16), with the group's G query heads as the rows of an m16n8k16 MMA (rows >= G zero):
+//   S[16 x 16] = Q[16 x D] K^T      D / 16 k-steps x 2 key tiles of 8, K by ldmatrix from shared memory;
 //   online softmax in fp32 on S's rows (base-2 exponent, the score scale folded with log2 e);
 //   O[16 x D] += P V                P in bf16 as hi + lo (two MMAs, ~16 bits of p), V by ldmatrix.trans.
 // The query heads share every K/V byte loaded, and nothing but the MMAs touches each K/V element.
 //
 // FP8 (E4M3 + one UE8M0 scale per 64 elements): tiles of 128 keys (32 per warp) are copied as bytes (half
-// of bf16's traffic) and widened to f16 pair by pair right before their f16 MMAs; Q and P in f16 (P as hi +
-// lo in rows g and g + 8), see attention_decode_v3_fp8.cuh.
+// of bf16's traffic) and widened to f16 pair by pair right before their f16 MMAs, with the keys as the MMA
+// rows and the query heads as its columns (attention_decode_v3_fp8.cuh).
+//
+// Loads (TMA path): tile n's page lookups and copies are issued by warp n % 4 (lane i: page i, looked up
+// 4 tiles ahead), so they do not all fall on one scheduler.
 //
 // Numerics: bf16 products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e
 // - m) with ex2.approx, P rounded as hi + lo bf16: within the attention tolerance (docs/NUMERICS.md) and 1

@@ -12,15 +12,18 @@
 //        i.e. A registers 0/2 and 1/3 once widened: the head_dim order inside each 16 is permuted, Q (the B
 //        operand) loaded in the same order. One accumulator per 64-element scale block, each key's K scales
 //        applied after. s[mt][c]: key 16 mt + g + 8 (c / 2) of the warp, column 2t + c % 2.
-//   P    p times the key's V scale over the warp's largest, times 2^E so the column's largest weight is in
-//        [2^14, 2^15), rounded to f16 as hi + lo; packed per key (columns 2t, 2t + 1) and turned into B
-//        fragments (keys 2t, 2t + 1 of column g) by movmatrix.trans.
+//   P    p (<= 1: relative to the running max) times 2^(vs - vref + 14), vs the key's V scale byte and vref
+//        the largest seen so far in the row, so every weight is <= 2^14; rounded to f16 as hi + lo, packed
+//        per key (columns 2t, 2t + 1) and turned into B fragments (keys 2t, 2t + 1 of column g) by
+//        movmatrix.trans.
 //   O^T  V by ldmatrix.trans, whose b16 pairs give a lane two keys x two adjacent head_dim bytes: a prmt
 //        gathers 4 keys of the even and of the odd element, widened to the A registers (rows g / g + 8 =
-//        head_dim 16 pc + 2g / + 1). Each tile's product lands in a zero accumulator and is folded into O in
-//        fp32 with 2^(vref - 127 - E).
+//        head_dim 16 pc + 2g / + 1). The MMAs accumulate into O, kept in units of 2^(vref - 127 - 14); O is
+//        rescaled (corr times 2^(vref_old - vref_new), exact powers of two besides corr) only on tiles where
+//        some column's max or vref moved (a warp vote), and leaves those units once, after the last tile.
 // Numerics (docs/NUMERICS.md): products exact (e4m3 and f16 into fp32), Q's f16 rounding outside f16's normal
-// range only, p kept to ~2^-22 by its two terms: the bounds of the bf16 path.
+// range only, p kept to ~2^-22 by its two terms for weights above 2^-28 of the row's largest (below, f16's
+// subnormal step bounds the error by 2^-39 of it): the bounds of the bf16 path.
 #pragma once
 
 #include <cuda_fp16.h>
