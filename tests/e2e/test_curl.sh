@@ -198,7 +198,7 @@ echo "== queue limit -> 503 with Retry-After; a second SIGTERM aborts in-flight 
 start_server queue --model "$FIXTURES/demo" --max-total-tokens 2048 --max-running-requests 1 --max-queue 1
 for k in 1 2 3 4 5 6; do
   curl -sN -D "$T/q$k.headers" -o "$T/q$k.body" "${JSON[@]}" "$BASE/v1/completions" \
-    -d '{"prompt":"Count:","max_tokens":300,"ignore_eos":true,"stream":true}' &
+    -d '{"prompt":"Count:","max_tokens":1800,"ignore_eos":true,"stream":true}' &
 done
 for _ in $(seq 1 400); do
   (($(grep -l '^HTTP/1.1 ' "$T"/q?.headers 2>/dev/null | wc -l) == 6)) && break
@@ -220,8 +220,15 @@ wait
 [[ $rc -eq 0 ]] || fail "server exited with $rc after two signals"
 grep -q 'aborting' "$SERVER_LOG" || fail "the second signal did not abort"
 SUMMARY2=$(grep 'stopped. accepted' "$SERVER_LOG" | sed 's/^kiln serve: //')
-[[ "$SUMMARY2" == *"completed 0, error 0, aborted $((6 - BUSY))"* && "$SUMMARY2" == *"busy $BUSY"* ]] ||
+# Every accepted request ends completed or aborted, and the second signal aborted at least one. (How many
+# finish first depends on this machine's load: the running request may end inside the first signal's drain,
+# which failed CI once with 300 tokens; 1800 make that unlikely, the check no longer depends on it.)
+if [[ $SUMMARY2 =~ accepted\ ([0-9]+):\ completed\ ([0-9]+),\ error\ 0,\ aborted\ ([0-9]+)\;.*busy\ ([0-9]+), ]]; then
+  ((BASH_REMATCH[1] == 6 - BUSY && BASH_REMATCH[2] + BASH_REMATCH[3] == 6 - BUSY && BASH_REMATCH[3] >= 1 &&
+    BASH_REMATCH[4] == BUSY)) || fail "accounting after abort: $SUMMARY2"
+else
   fail "accounting after abort: $SUMMARY2"
+fi
 echo "== --is-embedding serves the generation checkpoint for /v1/embeddings, and refuses generation"
 start_server isemb --model "$FIXTURES/demo" --is-embedding --max-total-tokens 2048
 post isemb_ok /v1/embeddings '{"input":["hello world","x"],"dimensions":8}'
