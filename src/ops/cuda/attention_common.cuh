@@ -67,6 +67,16 @@ constexpr int kDecodeV2MinChunk = 64;
 constexpr int kDecodeV3Tile = 64;      // v3's keys per pipeline stage (bf16); its chunks are multiples of it
 constexpr int kDecodeV3TileFp8 = 128;  // the same for fp8 caches (32 keys per warp: the k of an FP8 MMA)
 
+// Inclusive prefix sum of v over the warp's lanes (lane i: v of lanes 0..i); every lane of the warp calls it.
+__device__ __forceinline__ int warp_inclusive_sum(int v) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xffffffffu, v, o);
+    if (int(threadIdx.x % 32) >= o) v += t;
+  }
+  return v;
+}
+
 // The chunk of keys each split of a v2 / v3 decode row with context ctx takes over `splits` splits: a
 // multiple of `tile`, at least kDecodeV2MinChunk; only ceil(ctx / chunk) splits get keys. The decode and
 // combine kernels both derive the splits that ran from it.

@@ -260,14 +260,13 @@ struct Fp8Row {
           const float f = __int_as_float(max(vs - vref[blk] + 141, 0) << 23);
           const float x0 = p[mt][2 * hh] * f, x1 = p[mt][2 * hh + 1] * f;
           const __half2 hi = __floats2half2_rn(x0, x1);
-          const uint32_t hi_bits = *reinterpret_cast<const uint32_t*>(&hi);
           if constexpr (kDup) {
             // lanes t >= 2 (columns 4-7) carry the lo part: x - hi; the others x - 0.
             const float keep = t >= 2 ? 1.0f : 0.0f;
             pb[blk][0][mt][hh] =
                 movmatrix_trans(f16x2(fmaf(-keep, __low2float(hi), x0), fmaf(-keep, __high2float(hi), x1)));
           } else {
-            pb[blk][0][mt][hh] = movmatrix_trans(hi_bits);
+            pb[blk][0][mt][hh] = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&hi));
             pb[blk][1][mt][hh] = movmatrix_trans(f16x2(x0 - __low2float(hi), x1 - __high2float(hi)));
           }
         }

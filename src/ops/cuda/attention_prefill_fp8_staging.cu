@@ -40,12 +40,7 @@ __device__ __forceinline__ bool find_page(const PagedAttnParams& p, bool skip_si
   for (int b0 = 0; b0 < p.B; b0 += 32) {
     const int b = b0 + lane;
     const int n = b < p.B ? staged_pages_of(p, skip_single, b) : 0;
-    int incl = n;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int t = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += t;
-    }
+    const int incl = warp_inclusive_sum(n);
     const int total = __shfl_sync(0xffffffffu, incl, 31);
     if (x < base + total) {
       const int L = __ffs(__ballot_sync(0xffffffffu, x < base + incl)) - 1;

@@ -29,12 +29,7 @@ __device__ __forceinline__ bool find_work(const PagedAttnParams& p, bool skip_si
                       kv_len <= int64_t(p.pages_stride) * p.page_size;
       n = ok ? (q_len * G + kBM - 1) / kBM : 0;
     }
-    int incl = n;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int t = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += t;
-    }
+    const int incl = warp_inclusive_sum(n);
     const int total = __shfl_sync(0xffffffffu, incl, 31);
     if (x < base + total) {
       const int L = __ffs(__ballot_sync(0xffffffffu, x < base + incl)) - 1;
