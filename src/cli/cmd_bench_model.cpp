@@ -9,7 +9,8 @@
 //   decode (graph): the same steps replayed from the decode CUDA graph, without and with PDL;
 //   --batch: decode of B sequences at --context, eager and from a B-sequence graph (serving's buckets);
 //   breakdown: each op of one decode step as L graph-replayed calls (one per layer's weights, so no L2
-//            reuse of weights), median of 20 replays / L: kernel time plus the in-graph launch gap.
+//            reuse of weights), median of 20 replays / L: kernel time plus the in-graph launch gap, each
+//            op captured without and with PDL between its calls.
 // `--tp N --model DIR` instead times single-stream decode through the tensor-parallel runner over N GPUs
 // (runtime/tp_runner.h; random weights, DIR's config.json): TPOT eager and from the decode graphs (the NCCL
 // all-reduces captured inside), each step sampled greedily on rank 0's GPU as serving does.
@@ -281,17 +282,18 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   prep.stream = s;
-  std::vector<double> us;
-  double total = 0;
-  int64_t launches = 0;
-  for (const auto& op : ops_list) {
+  // Each op timed twice: launched plainly, and with programmatic dependent launch (PDL) between its calls.
+  const auto time_op = [&](const Op& op, bool pdl) {
     cuda::StreamScope scope(s);
+    const bool before = cuda::pdl_enabled();
+    cuda::set_pdl(pdl);
     op.fn(0);  // warm-up (plans, scratch)
     KILN_CUDA_CHECK(cudaStreamSynchronize(s));
     cudaGraph_t g = nullptr;
     KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int l = 0; l < int(L); ++l) op.fn(l);
     KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    cuda::set_pdl(before);
     cudaGraphExec_t e = nullptr;
     KILN_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
     cudaEvent_t a, b;
@@ -311,9 +313,16 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
     cudaEventDestroy(b);
     cudaGraphExecDestroy(e);
     cudaGraphDestroy(g);
-    const double u = median(t);
-    us.push_back(u);
-    total += u * double(op.per_step);
+    return median(t);
+  };
+  std::vector<double> us, us_pdl;
+  double total = 0, total_pdl = 0;
+  int64_t launches = 0;
+  for (const auto& op : ops_list) {
+    us.push_back(time_op(op, false));
+    us_pdl.push_back(time_op(op, true));
+    total += us.back() * double(op.per_step);
+    total_pdl += us_pdl.back() * double(op.per_step);
     launches += op.per_step;
   }
   cudaStreamDestroy(s);
@@ -321,13 +330,13 @@ void breakdown(Qwen3Model& m, KvCache& cache, int32_t ctx, int32_t pages, int32_
       "\nper-op breakdown of one decode step (context %d; each op as %lld graph-replayed calls, one per "
       "layer's weights, median of 20 replays):\n",
       ctx, (long long)L);
-  std::printf("  %-44s %10s %8s %12s %7s\n", "op", "us/call", "calls", "us/step", "share");
+  std::printf("  %-44s %10s %10s %8s %12s %7s\n", "op", "us/call", "with PDL", "calls", "us/step", "share");
   for (size_t i = 0; i < ops_list.size(); ++i)
-    std::printf("  %-44s %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i],
+    std::printf("  %-44s %10.2f %10.2f %8lld %12.1f %6.1f%%\n", ops_list[i].name, us[i], us_pdl[i],
                 (long long)ops_list[i].per_step, us[i] * double(ops_list[i].per_step),
                 100.0 * us[i] * double(ops_list[i].per_step) / total);
-  std::printf("  %-44s %10s %8lld %12.1f   (sum over ops; %lld op calls per step)\n", "total", "",
-              (long long)launches, total, (long long)launches);
+  std::printf("  %-44s %10s %10s %8lld %12.1f   (sum over ops; %lld op calls per step; with PDL %.1f)\n",
+              "total", "", "", (long long)launches, total, (long long)launches, total_pdl);
 }
 
 // --tp N: decode TPOT through TpRunner, eager and from its graphs.

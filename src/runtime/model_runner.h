@@ -43,10 +43,11 @@ class ModelRunner {
     int64_t max_step_tokens = 0;    // tokens of the largest step the scheduler may form
     int32_t max_seqs = 0;           // sequences of the largest step
     bool pdl = true;                // programmatic dependent launch between the graphs' kernels ...
-    // ... of buckets of at least this many sequences. On the H200 (docs/PERF.md) PDL slowed the
-    // one-sequence Qwen3-4B graph by 9% (its GEMVs wait behind early-launched dependents) and sped
-    // batches of 8 and 32 by 2%.
-    int32_t pdl_min_batch = 2;
+    // ... of buckets of at least this many sequences. On the H200 (docs/PERF.md, twelfth session) PDL
+    // speeds the one-sequence Qwen3-4B graph by 4.5 % and the 0.6B one by 11 % since the GEMVs let their
+    // dependents launch right after their own wait (it slowed them by 9 % while the GEMVs prefetched W into
+    // L2 before the wait and let dependents launch only at their end).
+    int32_t pdl_min_batch = 1;
   };
   virtual void prepare_graphs(const GraphPlan& /*plan*/) {}
   // CUDA-graph seam: the number of sequences to pad `batch` to (rows with slot -1, no logits, pointing

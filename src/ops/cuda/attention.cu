@@ -197,7 +197,10 @@ void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int 
   const int splits = decode_launch_splits(p, force_splits, k, &chunk);
   KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);
   if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
-  launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream, pdl);
+  // The decode kernel itself is launched without PDL: launched early, its blocks (a third of an SM's shared
+  // memory each) made fp8 steps of 8 and 32 sequences 2-7 % slower on the H200; the combine gains from it
+  // (docs/PERF.md, twelfth session).
+  launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream, /*pdl=*/false);
   if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, k, stream, pdl);
 }
 

@@ -138,7 +138,9 @@ int paged_attention_decode_splits(const PagedAttnParams& p);
 // Validates p (D in {32, 64, 128} (fp8: 64, 128), Hq % Hkv == 0, Hq / Hkv in 1..6 or 8, page_size > 0,
 // alignment) and launches. workspace: device memory of paged_attention_workspace_bytes(p) bytes (may be null
 // when that is 0). force_splits in [1, 128] overrides the decode split count (tests; the workspace must then
-// hold B * Hq * force_splits * (D + 2) floats, rounded up to 256 bytes, before the staging copy).
+// hold B * Hq * force_splits * (D + 2) floats, rounded up to 256 bytes, before the staging copy). pdl:
+// programmatic dependent launch for the prefill kernels and the decode splits' combine (the decode kernel
+// itself always launches plainly: measured faster so, attention.cu).
 void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits = 0,
                      bool pdl = false);
 

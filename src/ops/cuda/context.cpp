@@ -3,10 +3,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kiln/error.h"
@@ -47,6 +50,26 @@ void set_pdl(bool on) {
 }
 bool pdl_enabled() {
   return g_pdl;
+}
+bool pdl_for(PdlSite site) {
+  static const unsigned mask = [] {
+    const char* e = std::getenv("KILN_PDL_SITES");
+    if (!e || !*e) return ~0u;
+    static constexpr const char* kNames[] = {"elementwise", "gemv", "attention", "lm_head"};
+    unsigned m = 0;
+    std::string list(e);
+    for (size_t a = 0; a <= list.size();) {
+      const size_t b = std::min(list.find(',', a), list.size());
+      const std::string name = list.substr(a, b - a);
+      bool known = false;
+      for (unsigned i = 0; i < 4; ++i)
+        if (name == kNames[i]) m |= 1u << i, known = true;
+      KILN_CHECK(known, "KILN_PDL_SITES: unknown site '", name, "' (elementwise, gemv, attention, lm_head)");
+      a = b + 1;
+    }
+    return m;
+  }();
+  return g_pdl && (mask >> unsigned(site) & 1u);
 }
 
 cudaStream_t current_stream() {

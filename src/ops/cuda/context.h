@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ops/cuda/gemm.h"
 
@@ -36,6 +37,11 @@ GemmEngine& gemm_engine();
 // every kiln kernel waits for its predecessor's writes before reading, so either setting is correct).
 void set_pdl(bool on);
 bool pdl_enabled();
+// The op families whose kernels may use PDL while pdl_enabled(): all of them by default, else those named
+// in KILN_PDL_SITES (a comma list of elementwise, gemv, attention, lm_head; read once), for A/B runs
+// (docs/PERF.md, twelfth session).
+enum class PdlSite : uint8_t { elementwise, gemv, attention, lm_head };
+bool pdl_for(PdlSite site);
 
 // True while the current stream is capturing a graph.
 bool capturing();

@@ -36,7 +36,6 @@ struct NormTail {
       __threadfence();  // acquire: the other blocks' tmp stores before this block's reads of tmp
     }
     __syncthreads();
-    pdl_launch_dependents();  // dependents wait for this whole grid (tail included) before reading
     if (!last) return;
     const int lane = tid % 32;
     for (int m = tid / 32; m < M; m += warps) {
@@ -102,8 +101,7 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
                      .ldw8 = ldw / 8,
                      .ldo = ldo,
                      .n = n,
-                     .k8 = k / 8,
-                     .pdl = pdl};
+                     .k8 = k / 8};
   const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t blocks = (out_cols + per_block - 1) / per_block;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
@@ -155,7 +153,6 @@ void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, v
                      .ldo = ldt,
                      .n = n,
                      .k8 = k / 8,
-                     .pdl = pdl,
                      .residual = static_cast<uint16_t*>(residual),
                      .norm_w = static_cast<const uint4*>(norm_w),
                      .normed = static_cast<uint16_t*>(normed),
@@ -230,7 +227,6 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
                .ldo = ldo,
                .n = n,
                .k8 = k / 8,
-               .pdl = pdl,
                .eps = eps};
   p.ni_delta = static_cast<const uint4*>(delta);
   p.ni_residual = static_cast<uint4*>(residual);

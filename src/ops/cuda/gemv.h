@@ -43,11 +43,10 @@
 // (transitively: each of them waited on its own predecessor before completing), and the previous fused
 // launch's last block reset the counter before it completed. It is not safe for two fused launches in flight
 // at once on two streams of one device (they would share the count); kiln runs a model's forward on one
-// stream. PDL: every block calls griddepcontrol.launch_dependents once it has counted itself (the last block
-// before its add + RMSNorm): a dependent kernel may then be scheduled during the tail, but it reads nothing
-// before its own griddepcontrol.wait, which waits for this whole grid to complete and its writes (tmp,
-// residual, normed) to be visible. The last block is resident when it runs the tail and waits on no other
-// block, so an early dependent cannot starve it.
+// stream. PDL: as gemv; a dependent reads nothing before its own griddepcontrol.wait, which waits for this
+// whole grid (the tail included) to complete and its writes (tmp, residual, normed) to be visible. The last
+// block is resident when it runs the tail and waits on no other block, so an early dependent cannot starve
+// it.
 //
 // Residual-norm prologue (gemv_norm_in, the QKV and gate_up projections that follow a residual add and an
 // RMSNorm): x is not read; every block computes it into shared memory first, h = bf16(residual + delta) and
@@ -100,8 +99,11 @@ bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, i
 // x, W: bf16 row-major with row strides ldx, ldw (elements). x, W, out 16-byte aligned; strides multiples
 // of 8; ldx >= k, ldw >= k, ldo >= n (silu_mul: >= n / 2). out must not alias x or W. m == 0 is a no-op;
 // m > 8 or any other violation throws kiln::Error before anything is launched. pdl: programmatic
-// dependent launch: the kernel prefetches its first W chunks into L2 (always safe: no data is consumed),
-// then waits for its predecessor's writes before loading anything.
+// dependent launch: every block waits for its predecessor's writes (griddepcontrol.wait) before loading
+// anything, then at once lets the next kernel launch (griddepcontrol.launch_dependents), whose blocks take
+// free SM slots and wait in turn for this whole grid to complete, so the launch gap overlaps this kernel's
+// W stream. An L2 prefetch of the first W chunks before the wait measured slower (docs/PERF.md, twelfth
+// session).
 void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
           int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
 

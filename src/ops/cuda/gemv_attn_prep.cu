@@ -54,8 +54,7 @@ void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int6
                      .ldw8 = ldw / 8,
                      .ldo = p.qkv_row,
                      .n = n,
-                     .k8 = k / 8,
-                     .pdl = pdl};
+                     .k8 = k / 8};
   const bool capped = (tc_min_blocks < 0 ? gemv_tail_min_blocks() : tc_min_blocks) == 3;
   if (p.D == 64) {
     launch_gemv_attn_prep_d64(g, p, m, cfg, capped, stream, pdl);

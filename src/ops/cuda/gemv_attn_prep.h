@@ -21,7 +21,7 @@
 // per token. The counters (one __device__ word per head, per device) are reset by the block that completes
 // each head, so every launch (a graph replay too) starts from 0; they are touched only after the PDL wait,
 // so launches on one stream never overlap on them. Not for two launches in flight at once on two streams of
-// one device (as gemv_add_rms_norm). PDL: as gemv (prefetch W into L2 before the wait).
+// one device (as gemv_add_rms_norm). PDL: as gemv.
 #pragma once
 
 #include <cstdint>

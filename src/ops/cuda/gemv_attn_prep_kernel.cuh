@@ -65,7 +65,6 @@ struct AttnPrepTail {
       __threadfence();  // acquire: the head's other blocks' stores before this block's reads
     }
     __syncthreads();
-    pdl_launch_dependents();  // dependents wait for the whole grid (tails included) before reading
     if (!last) return;
     if (a.cache == CacheKind::fp8) {
       prep_head<M, D, CacheKind::fp8>(a, h, warps * 32, tid);

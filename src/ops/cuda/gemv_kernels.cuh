@@ -24,7 +24,6 @@ struct GemvParams {
   int64_t ldx8, ldw8, ldo;
   int64_t n;   // rows of W (silu_mul: 2I)
   int64_t k8;  // K / 8
-  bool pdl;    // launched with PDL: prefetch the first W chunks into L2 before waiting
   // The add + RMSNorm epilogue (gemv_add_rms_norm; out is tmp, bf16): residual and normed [M, N] with row
   // strides ldr, ldn (elements), norm_w [N / 8]; unset for the other epilogues.
   uint16_t* residual = nullptr;
@@ -262,18 +261,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       for (int r = 0; r < R; ++r) prefetch_l2(rows[r] + c);
   };
   rows_of(blockIdx.x, wrow, base);
-  if constexpr (kNormIn) {  // the W stream overlaps the prologue
-    prefetch_group(wrow);
-  } else if (p.pdl) {  // overlap the first loads' HBM latency with the predecessor's tail
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = tid + int64_t(u) * T;
-      if (c < p.k8)
-#pragma unroll
-        for (int r = 0; r < R; ++r) prefetch_l2(wrow[r] + c);
-    }
-  }
+  if constexpr (kNormIn) prefetch_group(wrow);  // the W stream overlaps the prologue
   pdl_wait();
+  pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
   if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
   const uint4* xs = kNormIn ? norm_in_x : p.x;
@@ -367,16 +357,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     for (int64_t kb = warp; kb < kblocks; kb += warps)
       if (kb * 4 + t < p.k8) prefetch_l2(row + kb * 4 + t);
   };
-  if constexpr (kNormIn) {  // the W stream overlaps the prologue
-    prefetch_group(wrow);
-  } else if (p.pdl) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = (warp + int64_t(u) * warps) * 4 + t;
-      if (c < p.k8) prefetch_l2(wrow + c);
-    }
-  }
+  if constexpr (kNormIn) prefetch_group(wrow);  // the W stream overlaps the prologue
   pdl_wait();
+  pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
   if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
   const uint4* xrow =
@@ -432,14 +415,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
 // The Args of a tail that needs none.
 struct NoArgs {};
 
-// No tail: lets the dependent grid launch.
+// No tail.
 struct PlainTail {
   using Args = NoArgs;
   static constexpr int kTcMinBlocks = 0;
   template <int M, int R>
-  static __device__ __forceinline__ void finish(const GemvParams&, const Args&, int64_t, int, int) {
-    pdl_launch_dependents();
-  }
+  static __device__ __forceinline__ void finish(const GemvParams&, const Args&, int64_t, int, int) {}
 };
 
 }  // namespace kiln::cuda::gemv_detail

@@ -16,31 +16,32 @@ namespace kc = ::kiln::cuda;
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   kc::embedding_gather(ids.ptr<int32_t>(), table.data, table.stride[0], out.data, out.stride[0],
                        out.dtype == DType::f32, ids.shape[0], table.shape[0], table.shape[1],
-                       kc::current_stream(), kc::pdl_enabled());
+                       kc::current_stream(), kc::pdl_for(kc::PdlSite::elementwise));
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
   kc::rms_norm(x.data, x.stride[0], nullptr, 0, weight.data, out.data, out.stride[0], x.shape[0], x.shape[1],
                eps,
-               /*add=*/false, kc::current_stream(), kc::pdl_enabled());
+               /*add=*/false, kc::current_stream(), kc::pdl_for(kc::PdlSite::elementwise));
 }
 
 void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
                   const Tensor& out) {
   kc::rms_norm(x.data, x.stride[0], residual.data, residual.stride[0], weight.data, out.data, out.stride[0],
-               x.shape[0], x.shape[1], eps, /*add=*/true, kc::current_stream(), kc::pdl_enabled());
+               x.shape[0], x.shape[1], eps, /*add=*/true, kc::current_stream(),
+               kc::pdl_for(kc::PdlSite::elementwise));
 }
 
 void silu_and_mul(const Tensor& gate_up, const Tensor& out) {
   kc::silu_mul(gate_up.data, gate_up.stride[0], out.data, out.stride[0], out.shape[0], out.shape[1],
-               kc::current_stream(), kc::pdl_enabled());
+               kc::current_stream(), kc::pdl_for(kc::PdlSite::elementwise));
 }
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
   if (x.shape[0] == 0) return;
   kc::gemm_engine().run(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0],
                         x.shape[0], weight.shape[0], x.shape[1], kc::GemmOut::bf16, kc::current_stream(),
-                        kc::pdl_enabled());
+                        kc::pdl_for(kc::PdlSite::gemv));
 }
 
 void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
@@ -52,7 +53,7 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
       g && al16(x.data) && al16(weight.data) && al16(out.data) &&
       kc::gemv_supported(M, N, K, x.stride[0], weight.stride[0], out.stride[0], kc::GemvEpilogue::silu_mul)) {
     kc::gemv(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0], M, N, K,
-             kc::GemvEpilogue::silu_mul, *g, kc::current_stream(), kc::pdl_enabled());
+             kc::GemvEpilogue::silu_mul, *g, kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
     return;
   }
   linear(x, weight, gate_up);
@@ -73,7 +74,7 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
                                       residual.stride[0], normed.stride[0])) {
     kc::gemv_add_rms_norm(x.data, x.stride[0], weight.data, weight.stride[0], tmp.data, tmp.stride[0],
                           residual.data, residual.stride[0], norm_weight.data, normed.data, normed.stride[0],
-                          M, N, K, eps, *g, kc::current_stream(), kc::pdl_enabled());
+                          M, N, K, eps, *g, kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
     return;
   }
   linear(x, weight, tmp);
@@ -94,7 +95,7 @@ bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& n
     return false;
   kc::gemv_norm_in(delta.data, delta.stride[0], residual.data, residual.stride[0], norm_weight.data, eps,
                    weight.data, weight.stride[0], out.data, out.stride[0], M, N, K, epi, *g,
-                   kc::current_stream(), kc::pdl_enabled());
+                   kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
   return true;
 }
 
@@ -112,7 +113,7 @@ bool linear_attn_prep(const Tensor& x, const Tensor& weight, const kc::AttnPrepP
   if (!g || !kc::gemv_attn_prep_supported(M, K, x.data, x.stride[0], weight.data, weight.stride[0], p))
     return false;
   kc::gemv_attn_prep(x.data, x.stride[0], weight.data, weight.stride[0], M, K, p, *g,
-                     static_cast<cudaStream_t>(stream), kc::pdl_enabled());
+                     static_cast<cudaStream_t>(stream), kc::pdl_for(kc::PdlSite::gemv));
   return true;
 }
 
@@ -123,10 +124,11 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
   void* gathered = kc::scratch(size_t(R * ldg) * 2);
   // The row gather is an embedding lookup into the hidden-state matrix (rows were range-checked upstream).
   kc::embedding_gather(rows.ptr<int32_t>(), x.data, x.stride[0], gathered, ldg, false, R, x.shape[0], H,
-                       kc::current_stream(), kc::pdl_enabled());
+                       kc::current_stream(), kc::pdl_for(kc::PdlSite::lm_head));
   kc::gemm_engine().run(gathered, ldg, weight.data, weight.stride[0], logits.data, logits.stride[0], R, V, H,
-                        kc::GemmOut::f32, kc::current_stream(), kc::pdl_enabled());
-  kc::round_f32_to_bf16(logits.ptr<float>(), R, V, logits.stride[0], kc::current_stream(), kc::pdl_enabled());
+                        kc::GemmOut::f32, kc::current_stream(), kc::pdl_for(kc::PdlSite::lm_head));
+  kc::round_f32_to_bf16(logits.ptr<float>(), R, V, logits.stride[0], kc::current_stream(),
+                        kc::pdl_for(kc::PdlSite::lm_head));
 }
 
 void paged_attention(const PagedAttentionArgs& a) {
@@ -176,7 +178,8 @@ void paged_attention(const PagedAttentionArgs& a) {
                         .max_q_len = 0,
                         .prefill_pages = a.prefill_pages};
   const size_t ws = kc::paged_attention_workspace_bytes(p);
-  kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0, kc::pdl_enabled());
+  kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0,
+                      kc::pdl_for(kc::PdlSite::attention));
 }
 
 }  // namespace kiln::ops::cuda
