@@ -352,7 +352,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
         impl_->matmul(p, cands[i], x, wi, o, stream);
       else
         gemv(x, s.k, wi, s.k, o, s.n, s.m_bucket, s.n, s.k, gemv_epilogue(s.out),
-             gemv_cands[i - cands.size()], stream);
+             gemv_cands[i - cands.size()], stream, /*pdl=*/true);
     };
     // µs per call of f(it) over `iters` calls rotating the weight copies, after a warm-up call.
     const auto time_us = [&](const std::function<void(int64_t)>& f) {
@@ -385,13 +385,15 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       if (s.out == GemmOut::bf16 &&
           gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
         const float pair = time_us([&](int64_t it) {
-          rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, true, stream);
+          rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,
+                   /*pdl=*/true);
           gemv(norm_out, s.k, w0 + size_t(it % copies) * w_one, s.k, o, s.n, s.m_bucket, s.n, s.k,
-               GemvEpilogue::bf16, t.gemv, stream);
+               GemvEpilogue::bf16, t.gemv, stream, /*pdl=*/true);
         });
         const float fused = time_us([&](int64_t it) {
           ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, w0 + size_t(it % copies) * w_one, s.k,
-                                     o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream);
+                                     o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream,
+                                     /*pdl=*/true);
         });
         t.gemv_norm_in = fused < pair;
         if (t.gemv_norm_in) t.describe += " +norm-in";

@@ -11,10 +11,11 @@
 // configuration, described "kiln-gemv warps W ..." or "kiln-gemv-tc warps W ..."), and keeps the fastest;
 // where that is the GEMV on a bf16 output, it also times the GEMV with the residual-norm prologue
 // (gemv_norm_in) against the add_rms_norm kernel then the GEMV, and marks the tactic (" +norm-in") where the
-// prologue won. M bucket = the next power of two >= M (capped at 16384). Weights are rotated over copies that
-// together exceed the L2 while timing, so every candidate reads W from HBM as a decode step does. The cache
-// file
-// ("kiln-gemm-tactics v2") starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
+// prologue won. kiln's kernels are timed launched with PDL, as the decode graphs launch them (each call's
+// W stream then overlaps the previous call's tail, which cuBLASLt's kernels cannot do). M bucket = the next
+// power of two >= M (capped at 16384). Weights are rotated over copies that together exceed the L2 while
+// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v2")
+// starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
 // whose key or format version differs is ignored (a v1 file is re-tuned). A cached cuBLASLt tactic is
 // re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the heuristic's first choice when
 // the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the GEMV is only used where the tuner

@@ -99,11 +99,12 @@ bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, i
 // x, W: bf16 row-major with row strides ldx, ldw (elements). x, W, out 16-byte aligned; strides multiples
 // of 8; ldx >= k, ldw >= k, ldo >= n (silu_mul: >= n / 2). out must not alias x or W. m == 0 is a no-op;
 // m > 8 or any other violation throws kiln::Error before anything is launched. pdl: programmatic
-// dependent launch: every block waits for its predecessor's writes (griddepcontrol.wait) before loading
-// anything, then at once lets the next kernel launch (griddepcontrol.launch_dependents), whose blocks take
-// free SM slots and wait in turn for this whole grid to complete, so the launch gap overlaps this kernel's
-// W stream. An L2 prefetch of the first W chunks before the wait measured slower (docs/PERF.md, twelfth
-// session).
+// dependent launch: every block issues its first round of W loads, waits for its predecessor's writes
+// (griddepcontrol.wait) before reading x, then at once lets the next kernel launch
+// (griddepcontrol.launch_dependents), whose blocks take free SM slots, issue their own W loads and wait in
+// turn for this whole grid to complete: the W streams of consecutive GEMVs overlap the launch gap and each
+// other's tails. So W must not be written by an earlier kernel on the stream (model weights are not). An L2
+// prefetch of the first W chunks before the wait measured slower (docs/PERF.md, twelfth session).
 void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
           int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
 

@@ -8,6 +8,8 @@
 // (gemv.h: gemv_tail_min_blocks).
 #pragma once
 
+#include <type_traits>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/norm_row.cuh"
@@ -150,6 +152,16 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
+// load_stream kept in program order among the asm volatile (the PDL wait): the round issued before the
+// wait must not sink below it.
+__device__ __forceinline__ uint4 load_stream_pinned(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // An L2 prefetch is safe before the PDL wait even for data the previous kernel writes: the L2 is the point
 // of coherence, so a later write there is what the loads after the wait see.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
@@ -261,7 +273,26 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       for (int r = 0; r < R; ++r) prefetch_l2(rows[r] + c);
   };
   rows_of(blockIdx.x, wrow, base);
-  if constexpr (kNormIn) prefetch_group(wrow);  // the W stream overlaps the prologue
+  // A round of W chunks: U steps of the thread's chunks from c0, R rows.
+  uint4 wv[U][R];
+  const auto load_round = [&](int64_t c0, auto pinned) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + int64_t(u) * T;
+      if (c < p.k8) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          wv[u][r] = decltype(pinned)::value ? load_stream_pinned(wrow[r] + c) : load_stream(wrow[r] + c);
+      }
+    }
+  };
+  // W is never written by an earlier kernel (gemv.h): its first round is issued before the PDL wait, so
+  // the stream starts while the predecessor finishes; with the prologue, the whole slice goes towards L2.
+  if constexpr (kNormIn) {
+    prefetch_group(wrow);
+  } else {
+    load_round(tid, std::true_type{});
+  }
   pdl_wait();
   pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
@@ -285,15 +316,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
 
     for (int64_t c0 = tid; c0 < p.k8; c0 += int64_t(U) * T) {
-      uint4 wv[U][R];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = c0 + int64_t(u) * T;
-        if (c < p.k8) {
-#pragma unroll
-          for (int r = 0; r < R; ++r) wv[u][r] = load_stream(wrow[r] + c);
-        }
-      }
+      if (kNormIn || c0 != tid)
+        load_round(c0, std::false_type{});  // the first round of the one group came before the wait
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + int64_t(u) * T;
@@ -357,14 +381,31 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     for (int64_t kb = warp; kb < kblocks; kb += warps)
       if (kb * 4 + t < p.k8) prefetch_l2(row + kb * 4 + t);
   };
-  if constexpr (kNormIn) prefetch_group(wrow);  // the W stream overlaps the prologue
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 wv[U];  // a round of W: chunk t of K blocks kb0, kb0 + warps, ... of the lane's row
+  const auto load_round = [&](int64_t kb0, auto pinned) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
+      if (c < p.k8) {
+        wv[u] = decltype(pinned)::value ? load_stream_pinned(wrow + c) : load_stream(wrow + c);
+      } else {
+        wv[u] = zero;
+      }
+    }
+  };
+  // As the FMA kernel: the first round of W before the PDL wait, or the slice towards L2 with the prologue.
+  if constexpr (kNormIn) {
+    prefetch_group(wrow);
+  } else {
+    load_round(warp, std::true_type{});
+  }
   pdl_wait();
   pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
   if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
   const uint4* xrow =
       kNormIn ? norm_in_x + (g < M ? g : 0) * norm_in_lds8(p.k8) : p.x + (g < M ? g : 0) * p.ldx8;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
 
   __shared__ float red[kMaxWarps][M * R];
   // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
@@ -375,12 +416,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     }
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
-      uint4 wv[U], xv[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
-        wv[u] = c < p.k8 ? load_stream(wrow + c) : zero;
-      }
+      if (kNormIn || kb0 != warp)
+        load_round(kb0, std::false_type{});  // the first round of the one group came before the wait
+      uint4 xv[U];
       if constexpr (!kNormIn) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
