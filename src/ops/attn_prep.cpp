@@ -6,6 +6,9 @@
 #include <string>
 
 #include "ops/cuda/attn_prep_params.h"
+#ifdef KILN_HAVE_CUDA
+#include "ops/cuda/context.h"
+#endif
 
 namespace kiln::ops {
 
@@ -242,7 +245,9 @@ AttnPrepPath attn_prep(const AttnPrepArgs& a) {
   }
 #ifdef KILN_HAVE_CUDA
   if (a.qkv.shape[0] == 0) return path;
-  const cuda::AttnPrepParams p = make_params(a);
+  cuda::AttnPrepParams p = make_params(a);
+  // Inside the decode graphs (pdl_enabled) the fused kernels launch with PDL too: they wait before reading.
+  p.pdl = p.pdl || cuda::pdl_for(cuda::PdlSite::elementwise);
   if (path == AttnPrepPath::cuda_unfused) {
     cuda::launch_attn_prep_unfused(p, a.stream);
   } else {
