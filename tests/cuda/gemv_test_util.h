@@ -1,9 +1,10 @@
 // Helpers shared by the GEMV tests (test_cuda_gemv*.cpp, test_gemv_attn_prep.cpp): a configuration's name
-// for failure messages, and a tactic cache holding one GEMV tactic (what `kiln tune` would write).
+// for failure messages, and tactic caches holding GEMV tactics (what `kiln tune` would write).
 #pragma once
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
@@ -14,18 +15,32 @@ inline std::string gemv_config_name(cuda::GemvConfig c) {
   return std::string(c.tensor_cores ? "tensor-core" : "fma") + " warps " + std::to_string(c.warps);
 }
 
-// Writes a v2 tactic cache for `eng` holding one GEMV tactic (configuration cfg) for shape s; norm_in: the
-// tactic takes the residual add + RMSNorm in its prologue (cache word 2, "+norm-in").
+// One GEMV tactic of a tactic cache: configuration cfg for shape s; norm_in: the tactic takes the residual
+// add + RMSNorm in its prologue (cache word 2, "+norm-in").
+struct GemvEntry {
+  cuda::GemmShape s;
+  cuda::GemvConfig cfg;
+  bool norm_in = false;
+};
+
+// Writes a v2 tactic cache for `eng` holding these GEMV tactics (what `kiln tune` would write).
+inline void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& path,
+                             const std::vector<GemvEntry>& entries) {
+  std::ofstream out(path);
+  out << "kiln-gemm-tactics v2\nkey " << eng.key() << "\n";
+  for (const GemvEntry& e : entries) {
+    cuda::GemmTactic t;
+    t.kind = cuda::GemmKind::gemv;
+    t.gemv = e.cfg;
+    t.gemv_norm_in = e.norm_in;
+    t.us = 1.0f;
+    t.describe = gemv_config_name(e.cfg);
+    out << cuda::format_tactic_line(e.s, t) << "\n";
+  }
+}
 inline void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& path, const cuda::GemmShape& s,
                              cuda::GemvConfig cfg, bool norm_in = false) {
-  cuda::GemmTactic t;
-  t.kind = cuda::GemmKind::gemv;
-  t.gemv = cfg;
-  t.gemv_norm_in = norm_in;
-  t.us = 1.0f;
-  t.describe = gemv_config_name(cfg);
-  std::ofstream(path) << "kiln-gemm-tactics v2\nkey " << eng.key() << "\n"
-                      << cuda::format_tactic_line(s, t) << "\n";
+  write_gemv_cache(eng, path, {{s, cfg, norm_in}});
 }
 
 }  // namespace kiln::test

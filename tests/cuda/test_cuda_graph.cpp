@@ -3,10 +3,15 @@
 // and without programmatic dependent launch; a workspace reallocation forces a recapture. Batch buckets:
 // a graph of B sequences fed fewer real ones plus padding rows (runtime pad_batch), page tables narrower
 // than the graph's, equals the eager step of the same rows; the runner routes decode steps to its graphs.
+// With kiln's GEMVs as the tactics (serving's batch-1 path) the replays equal the eager steps too.
 #include <numeric>
+#include <string>
 
+#include "common/test_support.h"
+#include "gemv_test_util.h"
 #include "model/cuda_graph.h"
 #include "ops/cuda/context.h"
+#include "ops/cuda/gemm.h"
 #include "runtime/model_runner.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
@@ -50,6 +55,37 @@ std::vector<float> host(const Tensor& t) {
   copy_bytes(v.data(), Device::cpu(), t.data, t.device, v.size() * 4);
   return v;
 }
+
+// kiln's GEMV as the tactic of every projection of tiny_config at M = 1 (QKV and gate_up, which share a
+// shape, with the residual-norm prologue; O and the LM head on the FMA kernel, down on the tensor-core
+// one), installed in the process's GEMM engine for the scope's life: decode steps then run the GEMVs that
+// serving's batch-1 graphs chain with PDL (the W loads issued before each kernel's wait, the next kernel
+// launched right after it), where the untuned engine would run cuBLASLt.
+class GemvTacticsScope {
+ public:
+  GemvTacticsScope() {
+    cuda::GemmEngine& eng = cuda::gemm_engine();
+    const auto dir = test_support::process_scratch_dir("cuda_graph");
+    saved_ = (dir / "saved_tactics.txt").string();
+    eng.save(saved_);
+    const std::string path = (dir / "gemv_tactics.txt").string();
+    const ModelConfig c = tiny_config();
+    const int64_t H = c.hidden_size, qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+    const int64_t q = c.num_heads * c.head_dim, I = c.intermediate_size;
+    test::write_gemv_cache(eng, path,
+                           {{{1, qkv, H, cuda::GemmOut::bf16}, {4, false}, true},  // QKV and gate_up
+                            {{1, H, q, cuda::GemmOut::bf16}, {2, false}, false},   // O
+                            {{1, H, I, cuda::GemmOut::bf16}, {8, true}, false},    // down
+                            {{1, c.vocab_size, H, cuda::GemmOut::f32}, {4, false}, false}});
+    loaded_ = eng.load(path);
+  }
+  ~GemvTacticsScope() { cuda::gemm_engine().load(saved_); }
+  bool loaded() const { return loaded_; }
+
+ private:
+  std::string saved_;
+  bool loaded_ = false;
+};
 
 void run_case(bool pdl) {
   LoadOptions o;
@@ -225,6 +261,22 @@ TEST(CudaGraph, ReplayEqualsEagerWhileInputsChange) {
 
 TEST(CudaGraph, ReplayEqualsEagerWithPdl) {
   KILN_REQUIRE_GPU();
+  run_case(true);
+}
+
+// The same with kiln's GEMVs for every projection (serving's batch-1 path), without and with PDL.
+TEST(CudaGraph, ReplayEqualsEagerWithGemvTactics) {
+  KILN_REQUIRE_GPU();
+  const GemvTacticsScope scope;
+  ASSERT_TRUE(scope.loaded());
+  const cuda::GemmEngine& eng = cuda::gemm_engine();
+  const ModelConfig c = tiny_config();
+  const int64_t qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  ASSERT_TRUE(eng.gemv_norm_in_choice(1, qkv, c.hidden_size).has_value());
+  ASSERT_TRUE(eng.gemv_choice(1, c.vocab_size, c.hidden_size, cuda::GemmOut::f32).has_value());
+  const int64_t before = eng.gemv_dispatches();
+  run_case(false);
+  EXPECT_GT(eng.gemv_dispatches(), before) << "the O, down and LM-head projections ran no GEMV";
   run_case(true);
 }
 
