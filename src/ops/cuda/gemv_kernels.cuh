@@ -144,21 +144,20 @@ __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs,
 }
 
 // W is streamed once: 16-byte read-only loads that skip L1 (x keeps it) with a 256-byte L2 prefetch hint.
+// kPinned: kept in program order among the asm volatile (the PDL wait), so the round issued before the wait
+// cannot sink below it.
+template <bool kPinned = false>
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// load_stream kept in program order among the asm volatile (the PDL wait): the round issued before the
-// wait must not sink below it.
-__device__ __forceinline__ uint4 load_stream_pinned(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  if constexpr (kPinned) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  }
   return v;
 }
 
@@ -281,8 +280,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       const int64_t c = c0 + int64_t(u) * T;
       if (c < p.k8) {
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          wv[u][r] = decltype(pinned)::value ? load_stream_pinned(wrow[r] + c) : load_stream(wrow[r] + c);
+        for (int r = 0; r < R; ++r) wv[u][r] = load_stream<decltype(pinned)::value>(wrow[r] + c);
       }
     }
   };
@@ -388,7 +386,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     for (int u = 0; u < U; ++u) {
       const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
       if (c < p.k8) {
-        wv[u] = decltype(pinned)::value ? load_stream_pinned(wrow + c) : load_stream(wrow + c);
+        wv[u] = load_stream<decltype(pinned)::value>(wrow + c);
       } else {
         wv[u] = zero;
       }
