@@ -167,12 +167,21 @@ struct Conn : std::enable_shared_from_this<Conn> {
     timed_out = false;
     const uint64_t gen = ++armed;
     deadline.expires_after(d);
+    watch_deadline(gen);
+  }
+  // On expiry: flag the timeout and cancel the socket's pending operation. A composed read or write
+  // (Beast's header read, Asio's async_write) caught between two of its steps has nothing pending, and its
+  // next step would start unharmed, so the cancel repeats every millisecond until the coroutine moves on
+  // (re-arms or disarms: a new generation). Timer and coroutine share the connection's strand.
+  void watch_deadline(uint64_t gen) {
     deadline.async_wait([w = weak_from_this(), gen](error_code e) {
       auto c = w.lock();
       if (e || !c || c->armed != gen) return;
       c->timed_out = true;
       error_code ignored;
       c->sock.cancel(ignored);
+      c->deadline.expires_after(std::chrono::milliseconds(1));
+      c->watch_deadline(gen);
     });
   }
   void disarm() {
