@@ -58,8 +58,10 @@
 // __syncthreads), and the block that counts last, when every other block has read, writes h back and resets
 // the counter to 0. The normed rows are never stored. Safe for any number of launches on one stream, in a
 // graph or not (the count is touched after pdl_wait, as the add + RMSNorm epilogue's), not for two launches
-// in flight at once on two streams of one device. Its blocks prefetch their whole W slice towards L2 before
-// the prologue, so the W stream overlaps it. PDL: as gemv.
+// in flight at once on two streams of one device. Before the prologue (and before the PDL wait) its blocks
+// issue their first round of W loads into registers, as the plain GEMV does, and prefetch the rest of their
+// W slice towards L2, so the W stream overlaps the norm (the first round: 0.6B 1.047 -> 1.030 ms a token,
+// 4B unchanged; docs/PERF.md, thirteenth session). PDL: as gemv.
 #pragma once
 
 #include <cstdint>

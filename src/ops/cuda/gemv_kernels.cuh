@@ -87,10 +87,11 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 // + delta[m]) * w for the M rows, bitwise norm_row.cuh's rms_norm_row with add (the rms_norm kernel): the
 // same chunk arithmetic, and each row's squares summed by one warp with lane l taking chunks l, l + 32, ...
 // in order. The sums h = bf16(residual + delta) are spread over all threads first, kNormInBatch chunks of
-// loads in flight per thread (with the norm weight staged into shared memory ws the same way), the squares
-// then read h from shared memory. The block counts itself once its residual reads are done; the block that
-// counts last (every other block has read by then) writes h back.
-constexpr int kNormInBatch = 4;
+// loads in flight per thread (2: the kernel holds its first round of W in registers meanwhile; 4 spilled
+// 150-200 bytes a thread in the tensor-core kernel; with the norm weight staged into shared memory ws the
+// same way), the squares then read h from shared memory. The block counts itself once its residual reads are
+// done; the block that counts last (every other block has read by then) writes h back.
+constexpr int kNormInBatch = 2;
 template <int M>
 __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs, uint4* ws, int tid, int T) {
   __shared__ float inv[M];
@@ -285,12 +286,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     }
   };
   // W is never written by an earlier kernel (gemv.h): its first round is issued before the PDL wait, so
-  // the stream starts while the predecessor finishes; with the prologue, the whole slice goes towards L2.
-  if constexpr (kNormIn) {
-    prefetch_group(wrow);
-  } else {
-    load_round(tid, std::true_type{});
-  }
+  // the stream starts while the predecessor finishes (and, with the prologue, while the norm runs); with the
+  // prologue the rest of the slice goes towards L2 as well.
+  load_round(tid, std::true_type{});
+  if constexpr (kNormIn) prefetch_group(wrow);
   pdl_wait();
   pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
@@ -314,8 +313,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
 
     for (int64_t c0 = tid; c0 < p.k8; c0 += int64_t(U) * T) {
-      if (kNormIn || c0 != tid)
-        load_round(c0, std::false_type{});  // the first round of the one group came before the wait
+      if (c0 != tid || (kNormIn && grp != blockIdx.x))
+        load_round(c0, std::false_type{});  // the first round of the first group came before the wait
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + int64_t(u) * T;
@@ -392,12 +391,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
       }
     }
   };
-  // As the FMA kernel: the first round of W before the PDL wait, or the slice towards L2 with the prologue.
-  if constexpr (kNormIn) {
-    prefetch_group(wrow);
-  } else {
-    load_round(warp, std::true_type{});
-  }
+  // As the FMA kernel: the first round of W before the PDL wait, the slice towards L2 with the prologue.
+  load_round(warp, std::true_type{});
+  if constexpr (kNormIn) prefetch_group(wrow);
   pdl_wait();
   pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
@@ -414,8 +410,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     }
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
-      if (kNormIn || kb0 != warp)
-        load_round(kb0, std::false_type{});  // the first round of the one group came before the wait
+      if (kb0 != warp || (kNormIn && grp != blockIdx.x))
+        load_round(kb0, std::false_type{});  // the first round of the first group came before the wait
       uint4 xv[U];
       if constexpr (!kNormIn) {
 #pragma unroll
