@@ -42,7 +42,8 @@ const GemmCase kCases[] = {
     {"0.6B", "down", 1024, 3072, kc::GemmOut::bf16},   {"0.6B", "lm_head", 151936, 1024, kc::GemmOut::f32}};
 
 std::string config_name(const char* what, kc::GemvConfig c) {
-  return std::string(what) + (c.tensor_cores ? " tc" : " fma") + " w" + std::to_string(c.warps);
+  return std::string(what) + (c.tensor_cores ? " tc" : " fma") + " w" + std::to_string(c.warps) +
+         (c.tiles > 1 ? " x" + std::to_string(c.tiles) : "");
 }
 
 void run_gemm(const Env& env, std::vector<Row>& rows) {
@@ -149,6 +150,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                  });
         eng.set_gemv_enabled(gemv_on);
         for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
+          if (!kc::gemv_fusable(cfg)) continue;
           time_row(Row{"gemm", config_name("gemv+add_rms_norm", cfg), shape, 0, -1, an_bytes, "forced"},
                    [&](int i) {
                      kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, kc::GemvEpilogue::bf16,
@@ -159,7 +161,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                    [&](int i) { fused(i, cfg, false); });
         }
         // With PDL, in the engine's configuration (the tensor-core kernel with 8 warps when it has none).
-        const kc::GemvConfig pc = choice ? *choice : kc::GemvConfig{8, true};
+        const kc::GemvConfig pc = choice && kc::gemv_fusable(*choice) ? *choice : kc::GemvConfig{8, true};
         const std::string pc_note = choice ? "engine choice" : "no GEMV tactic: default";
         time_row(Row{"gemm", config_name("gemv+add_rms_norm+pdl", pc), shape, 0, -1, an_bytes, pc_note},
                  [&](int i) {
@@ -176,7 +178,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
         const double ni_bytes = double(w_bytes) + double(M * c.k) * 2 * 3 + double(M * cols) * 2;
         const kc::GemvEpilogue epi = gate_up ? kc::GemvEpilogue::silu_mul : kc::GemvEpilogue::bf16;
         void* dst = gate_up ? act.data() : out.data();
-        const kc::GemvConfig pc = choice ? *choice : kc::GemvConfig{8, true};
+        const kc::GemvConfig pc = choice && kc::gemv_fusable(*choice) ? *choice : kc::GemvConfig{8, true};
         const std::string note = choice ? "engine choice" : "no GEMV tactic: default";
         time_row(Row{"gemm", config_name(gate_up ? "add_rms_norm+gemv+silu" : "add_rms_norm+gemv", pc), shape,
                      0, -1, ni_bytes, note},
@@ -187,7 +189,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                  });
         // The fused kernel for every config (M = 1 only) and block sizing (0: one wave; g: g groups a block).
         for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
-          if (M > 1 && !(cfg == pc)) continue;
+          if ((M > 1 && !(cfg == pc)) || !kc::gemv_fusable(cfg)) continue;
           for (const int g : {0, 2}) {
             const std::string what =
                 std::string("gemv_norm_in") + (gate_up ? "+silu" : "") + " g" + std::to_string(g);

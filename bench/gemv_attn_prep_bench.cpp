@@ -90,6 +90,7 @@ void run_gemv_attn_prep(const Env& env, std::vector<Row>& rows) {
         rows.push_back(r);
       };
       for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
+        if (!kc::gemv_fusable(cfg)) continue;
         const std::string sfx = config_name(cfg);
         time_row(Row{"gemv_attn_prep", "gemv+attn_prep " + sfx, shape, 0, -1, bytes, "two launches"},
                  [&](int i) {

@@ -12,7 +12,8 @@
 namespace kiln::test {
 
 inline std::string gemv_config_name(cuda::GemvConfig c) {
-  return std::string(c.tensor_cores ? "tensor-core" : "fma") + " warps " + std::to_string(c.warps);
+  return std::string(c.tensor_cores ? "tensor-core" : "fma") + " warps " + std::to_string(c.warps) +
+         (c.tiles > 1 ? " tiles " + std::to_string(c.tiles) : "");
 }
 
 // One GEMV tactic of a tactic cache: configuration cfg for shape s; norm_in: the tactic takes the residual

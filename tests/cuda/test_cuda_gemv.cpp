@@ -329,6 +329,14 @@ TEST(CudaGemv, TacticLineRoundTrip) {
   ASSERT_TRUE(cuda::parse_tactic_line(ni_line, s2, t2));
   EXPECT_TRUE(t2.gemv_norm_in);
   EXPECT_EQ(cuda::format_tactic_line(s2, t2), ni_line);
+  t.gemv_norm_in = false;
+  t.gemv.tiles = 4;  // four 8-row tiles: word 3
+  t.describe = "kiln-gemv-tc warps 8 rows 32";
+  const std::string tiles_line = cuda::format_tactic_line(s, t);
+  EXPECT_EQ(tiles_line, "4 19456 2560 bf16 12.5 gemv 8 1 0 4 0 0 0 0 # kiln-gemv-tc warps 8 rows 32");
+  ASSERT_TRUE(cuda::parse_tactic_line(tiles_line, s2, t2));
+  EXPECT_EQ(t2.gemv, (GemvConfig{8, true, 4}));
+  EXPECT_EQ(cuda::format_tactic_line(s2, t2), tiles_line);
 
   cuda::GemmTactic lt;
   for (int i = 0; i < 8; ++i) lt.algo[i] = 0x1000u + uint64_t(i);
@@ -342,7 +350,13 @@ TEST(CudaGemv, TacticLineRoundTrip) {
 
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 3 0 0 0 0 0 0 0 # bad warps", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("16 19456 2560 bf16 12.5 gemv 4 0 0 0 0 0 0 0 # M > 8", s2, t2));
-  EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 1 0 0 0 0 # junk", s2, t2));
+  EXPECT_FALSE(
+      cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 1 0 0 0 0 # one tile as 1", s2, t2));
+  EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 1 0 3 0 0 0 0 # 3 tiles", s2, t2));
+  EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 2 0 0 0 0 # fma tiles", s2, t2));
+  EXPECT_FALSE(
+      cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 1 1 4 0 0 0 0 # norm-in tiles", s2, t2));
+  EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 0 0 1 0 0 # junk", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 2 0 0 0 0 0 0 # kernel 2", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 2 0 0 0 0 0 # norm-in 2", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2564 bf16 12.5 gemv 4 0 0 0 0 0 0 0 # K % 8", s2, t2));

@@ -112,7 +112,7 @@ TEST(CudaGemvNormIn, EqualsAddRmsNormThenGemvBitwise) {
     const Bufs b(s, seed += 10);
     const auto res0 = to_host<uint16_t>(b.res0, b.res0.bytes() / 2);
     for (const GemvConfig cfg : cuda::kGemvConfigs)
-      for (int64_t m = 1; m <= cuda::kGemvMaxM; ++m) {
+      for (int64_t m = 1; m <= cuda::kGemvMaxM && cuda::gemv_fusable(cfg); ++m) {
         const std::string what =
             std::string(s.name) + " M " + std::to_string(m) + " " + test::gemv_config_name(cfg);
         ASSERT_TRUE(cuda::gemv_norm_in_supported(m, s.n, s.k, b.ld, b.ld, s.k, b.cols,
@@ -266,6 +266,23 @@ TEST(CudaGemvNormIn, ResidualNormOpsOnAndOff) {
   EXPECT_TRUE(to_host<uint16_t>(res, size_t(M * H)) == before);
   EXPECT_THROW(cuda::gemv_norm_in(delta.data(), H, res.data(), H, nw.data(), kEps, w.data(), H, act.data(), I,
                                   9, 2 * I, H, GemvEpilogue::silu_mul, GemvConfig{8, true}, nullptr),
+               Error);
+
+  // A multi-tile tactic (gemv.h: gemv_fusable) has no prologue form, even with the prologue forced on: the
+  // op runs add_rms_norm then the fused gate_up GEMV of that config, bitwise the composition.
+  test::write_gemv_cache(eng, path, {cuda::gemm_m_bucket(M), 2 * I, H, cuda::GemmOut::bf16},
+                         GemvConfig{8, true, 4});
+  ASSERT_TRUE(eng.load(path));
+  std::filesystem::remove(path);
+  eng.set_gemv_norm_in(2);
+  EXPECT_FALSE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());
+  eng.set_gemv_norm_in(1);
+  const auto want4 = run(1, true);
+  for (uint16_t e : want4.first) ASSERT_NE(e, 0xffff);
+  EXPECT_TRUE(run(2, false) == want4)
+      << "ResidualNorm op with a four-tile tactic != add_rms_norm then the op";
+  EXPECT_THROW(cuda::gemv_norm_in(delta.data(), H, res.data(), H, nw.data(), kEps, w.data(), H, act.data(), I,
+                                  M, 2 * I, H, GemvEpilogue::silu_mul, GemvConfig{8, true, 4}, nullptr),
                Error);
 }
 

@@ -112,6 +112,7 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
     const uint64_t gemv_word = i == 0   ? uint64_t(t.gemv.warps)
                                : i == 1 ? uint64_t(t.gemv.tensor_cores)
                                : i == 2 ? uint64_t(t.gemv_norm_in)
+                               : i == 3 ? uint64_t(t.gemv.tiles == 1 ? 0 : t.gemv.tiles)
                                         : 0;
     const uint64_t word = t.kind == GemmKind::gemv ? gemv_word : t.algo[i];
     out << ' ' << word;
@@ -135,13 +136,16 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
     // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported holds.
     bool ok = t.algo[1] <= 1 && t.algo[2] <= 1 &&
               gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out));
-    for (int i = 3; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    for (int i = 4; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    ok = ok && t.algo[3] != 1;  // one tile is written as 0
     t.gemv.tensor_cores = t.algo[1] == 1;
     t.gemv_norm_in = t.algo[2] == 1;
+    t.gemv.tiles = t.algo[3] == 0 ? 1 : int(std::min<uint64_t>(t.algo[3], 64));  // word 3: tiles (0: one)
     t.gemv.warps = 0;
     for (int w : kGemvWarpChoices)
       if (uint64_t(w) == t.algo[0]) t.gemv.warps = w;
-    if (!ok || t.gemv.warps == 0) return false;
+    if (!ok || t.gemv.warps == 0 || !gemv_known_config(t.gemv) || (t.gemv_norm_in && !gemv_fusable(t.gemv)))
+      return false;
     std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
   }
   std::string rest;
@@ -239,7 +243,8 @@ std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t 
 std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, int64_t k) const {
   if (gemv_norm_in_ == 0) return std::nullopt;
   const auto g = gemv_choice(m, n, k, GemmOut::bf16);
-  if (!g || gemv_norm_in_ == 2) return g;
+  if (!g || !gemv_fusable(*g)) return std::nullopt;
+  if (gemv_norm_in_ == 2) return g;
   return tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16}).gemv_norm_in ? g : std::nullopt;
 }
 
@@ -336,8 +341,10 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     }
     // kiln's GEMV, one pseudo-tactic per block size, for the decode buckets.
     std::vector<GemvConfig> gemv_cands;
+    // The multi-tile configs from M = 2: at M = 1 the one-tile ones keep the fused forms (gemv_fusable).
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
-      gemv_cands.assign(std::begin(kGemvConfigs), std::end(kGemvConfigs));
+      for (const GemvConfig& c : kGemvConfigs)
+        if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
     KILN_CHECK(!cands.empty() || !gemv_cands.empty(), "cuBLASLt has no algorithm for M ", s.m_bucket, " N ",
                s.n, " K ", s.k);
     // Enough repetitions for ~2 ms of work per candidate, at least 3.
@@ -382,7 +389,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       t.describe = describe_gemv(t.gemv);
       // The residual-norm prologue against the add_rms_norm kernel then this GEMV (x, o and the first rows
       // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
-      if (s.out == GemmOut::bf16 &&
+      if (s.out == GemmOut::bf16 && gemv_fusable(t.gemv) &&
           gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
         const float pair = time_us([&](int64_t it) {
           rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "ops/cuda/gemv_kernels.cuh"
 #include "ops/cuda/norm_row.cuh"
@@ -48,8 +49,10 @@ struct NormTail {
 
 using GemvKernel = void (*)(GemvParams, NoArgs);
 
+// The kernel of config cfg for M = m (1..8): FMA, or tensor cores with cfg.tiles tiles (more than one only
+// for the plain kernel: gemv_fusable).
 template <GemvEpilogue E, class Tail = PlainTail, bool N = false>
-GemvKernel kernel_for(int64_t m, bool tc) {
+GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
   static constexpr GemvKernel fma[kGemvMaxM] = {gemv_kernel<1, E, Tail, N>, gemv_kernel<2, E, Tail, N>,
                                                 gemv_kernel<3, E, Tail, N>, gemv_kernel<4, E, Tail, N>,
                                                 gemv_kernel<5, E, Tail, N>, gemv_kernel<6, E, Tail, N>,
@@ -58,17 +61,24 @@ GemvKernel kernel_for(int64_t m, bool tc) {
                                                 gemv_tc_kernel<3, E, Tail, N>, gemv_tc_kernel<4, E, Tail, N>,
                                                 gemv_tc_kernel<5, E, Tail, N>, gemv_tc_kernel<6, E, Tail, N>,
                                                 gemv_tc_kernel<7, E, Tail, N>, gemv_tc_kernel<8, E, Tail, N>};
-  return (tc ? mma : fma)[m - 1];
+  if constexpr (std::is_same_v<Tail, PlainTail> && !N) {
+    static constexpr GemvKernel mma2[kGemvMaxM] = {
+        gemv_tc_kernel<1, E, Tail, N, 2>, gemv_tc_kernel<2, E, Tail, N, 2>, gemv_tc_kernel<3, E, Tail, N, 2>,
+        gemv_tc_kernel<4, E, Tail, N, 2>, gemv_tc_kernel<5, E, Tail, N, 2>, gemv_tc_kernel<6, E, Tail, N, 2>,
+        gemv_tc_kernel<7, E, Tail, N, 2>, gemv_tc_kernel<8, E, Tail, N, 2>};
+    static constexpr GemvKernel mma4[kGemvMaxM] = {
+        gemv_tc_kernel<1, E, Tail, N, 4>, gemv_tc_kernel<2, E, Tail, N, 4>, gemv_tc_kernel<3, E, Tail, N, 4>,
+        gemv_tc_kernel<4, E, Tail, N, 4>, gemv_tc_kernel<5, E, Tail, N, 4>, gemv_tc_kernel<6, E, Tail, N, 4>,
+        gemv_tc_kernel<7, E, Tail, N, 4>, gemv_tc_kernel<8, E, Tail, N, 4>};
+    if (cfg.tensor_cores && cfg.tiles == 2) return mma2[m - 1];
+    if (cfg.tensor_cores && cfg.tiles == 4) return mma4[m - 1];
+  }
+  KILN_CHECK(gemv_fusable(cfg), "gemv: the fused forms run one-tile configs only, got ", cfg.tiles, " tiles");
+  return (cfg.tensor_cores ? mma : fma)[m - 1];
 }
 
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-bool valid_warps(int w) {
-  for (int c : kGemvWarpChoices)
-    if (c == w) return true;
-  return false;
 }
 
 }  // namespace
@@ -92,7 +102,8 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
              "gemv: row strides must be >= the row length (x, W: multiples of 8): ldx ", ldx, " ldw ", ldw,
              " ldo ", ldo);
   KILN_CHECK(aligned16(x) && aligned16(w) && aligned16(out), "gemv: x, W and out must be 16-byte aligned");
-  KILN_CHECK(valid_warps(cfg.warps), "gemv: warps must be 2, 4, 8 or 16, got ", cfg.warps);
+  KILN_CHECK(gemv_known_config(cfg), "gemv: unknown config: warps ", cfg.warps, " (2, 4, 8 or 16), tiles ",
+             cfg.tiles, " (tensor cores: 1, 2 or 4; FMA: 1)");
   if (m == 0) return;
   const GemvParams p{.x = static_cast<const uint4*>(x),
                      .w = static_cast<const uint4*>(w),
@@ -105,10 +116,9 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
   const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t blocks = (out_cols + per_block - 1) / per_block;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
-  const bool tc = cfg.tensor_cores;
-  GemvKernel kern = epi == GemvEpilogue::bf16  ? kernel_for<GemvEpilogue::bf16>(m, tc)
-                    : epi == GemvEpilogue::f32 ? kernel_for<GemvEpilogue::f32>(m, tc)
-                                               : kernel_for<GemvEpilogue::silu_mul>(m, tc);
+  GemvKernel kern = epi == GemvEpilogue::bf16  ? kernel_for<GemvEpilogue::bf16>(m, cfg)
+                    : epi == GemvEpilogue::f32 ? kernel_for<GemvEpilogue::f32>(m, cfg)
+                                               : kernel_for<GemvEpilogue::silu_mul>(m, cfg);
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
       kern, p, NoArgs{});
@@ -142,7 +152,9 @@ void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, v
   KILN_CHECK(aligned16(x) && aligned16(w) && aligned16(tmp) && aligned16(residual) && aligned16(norm_w) &&
                  aligned16(normed),
              "gemv_add_rms_norm: x, W, tmp, residual, norm weight and normed must be 16-byte aligned");
-  KILN_CHECK(valid_warps(cfg.warps), "gemv_add_rms_norm: warps must be 2, 4, 8 or 16, got ", cfg.warps);
+  KILN_CHECK(gemv_known_config(cfg) && gemv_fusable(cfg),
+             "gemv_add_rms_norm: warps must be 2, 4, 8 or 16 and tiles 1, got warps ", cfg.warps, " tiles ",
+             cfg.tiles);
   KILN_CHECK(eps >= 0.0f, "gemv_add_rms_norm: eps must be >= 0");
   if (m == 0) return;
   const GemvParams p{.x = static_cast<const uint4*>(x),
@@ -163,9 +175,8 @@ void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, v
   KILN_CHECK(blocks <= 0x7fffffff, "gemv_add_rms_norm: N too large");
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
-      cfg.tensor_cores && gemv_tail_min_blocks() == 3
-          ? kernel_for<GemvEpilogue::bf16, NormTail<3>>(m, true)
-          : kernel_for<GemvEpilogue::bf16, NormTail<0>>(m, cfg.tensor_cores),
+      cfg.tensor_cores && gemv_tail_min_blocks() == 3 ? kernel_for<GemvEpilogue::bf16, NormTail<3>>(m, cfg)
+                                                      : kernel_for<GemvEpilogue::bf16, NormTail<0>>(m, cfg),
       p, NoArgs{});
 }
 
@@ -216,7 +227,9 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
              norm_in_smem_bytes(m, k / 8), " bytes (at most ", kGemvNormInMaxSmem, ")");
   KILN_CHECK(aligned16(delta) && aligned16(residual) && aligned16(norm_w) && aligned16(w) && aligned16(out),
              "gemv_norm_in: delta, residual, norm weight, W and out must be 16-byte aligned");
-  KILN_CHECK(valid_warps(cfg.warps), "gemv_norm_in: warps must be 2, 4, 8 or 16, got ", cfg.warps);
+  KILN_CHECK(gemv_known_config(cfg) && gemv_fusable(cfg),
+             "gemv_norm_in: warps must be 2, 4, 8 or 16 and tiles 1, got warps ", cfg.warps, " tiles ",
+             cfg.tiles);
   KILN_CHECK(eps >= 0.0f, "gemv_norm_in: eps must be >= 0");
   if (m == 0) return;
   GemvParams p{.x = nullptr,
@@ -236,10 +249,9 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
   const int64_t out_cols = epi == GemvEpilogue::silu_mul ? n / 2 : n;
   const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t groups = (out_cols + per_block - 1) / per_block;
-  const bool tc = cfg.tensor_cores;
-  GemvKernel kern = epi == GemvEpilogue::bf16  ? kernel_for<GemvEpilogue::bf16, PlainTail, true>(m, tc)
-                    : epi == GemvEpilogue::f32 ? kernel_for<GemvEpilogue::f32, PlainTail, true>(m, tc)
-                                               : kernel_for<GemvEpilogue::silu_mul, PlainTail, true>(m, tc);
+  GemvKernel kern = epi == GemvEpilogue::bf16  ? kernel_for<GemvEpilogue::bf16, PlainTail, true>(m, cfg)
+                    : epi == GemvEpilogue::f32 ? kernel_for<GemvEpilogue::f32, PlainTail, true>(m, cfg)
+                                               : kernel_for<GemvEpilogue::silu_mul, PlainTail, true>(m, cfg);
   // Blocks take row groups blockIdx.x, + gridDim.x, ... after their one prologue (gemv_kernels.cuh): one
   // wave of resident blocks by default, else groups_per_block groups each.
   // The kernels' static shared memory (the warps' sums, at most 4 KB, and the prologue's scalars) counts

@@ -18,6 +18,12 @@
 // two mma of the block take the chunk's elements {0-3} and {4-7} (a permutation of k, the same for x
 // and W, so the products are those of the dot product). Each warp's block sums are accumulated by the
 // mma chain (fp32, the tensor core's own order, deterministic), then the warps' sums in ascending order.
+// With tiles = 2 or 4 a block owns 16 or 32 rows (fused: half gate, half up rows), as that many 8-row
+// tiles: lane (g, t) loads chunk t of rows g, g + 8, ... and of x row g once for all of them, and each tile
+// has its own mma chain in the same order, so a row's sums are those of the one-tile kernel's order (the
+// same bits need not follow: the tile kernels are other configs). x is read once per block and K block, so
+// its traffic through L1 and L2 is W's times M / (8 tiles): at M = 8 one tile reads as many x bytes as W
+// bytes (measured at 43-62 % of the copy rate, thirteenth session), four tiles a quarter.
 //
 // Rows beyond N are clamped onto row N - 1 and never stored. For a given config the order is fixed, so
 // two runs are bitwise equal, and a row's result does not depend on M, on its place in the block or on
@@ -77,19 +83,36 @@ enum class GemvEpilogue : uint8_t { bf16, f32, silu_mul };
 
 struct GemvConfig {
   int warps = 4;              // warps per block, one of 2, 4, 8, 16 (they split K)
-  bool tensor_cores = false;  // the mma kernel (8 rows per block) instead of the FMA one (4 rows)
+  bool tensor_cores = false;  // the mma kernel (8 rows a tile) instead of the FMA one (4 rows a block)
+  int tiles = 1;              // tensor cores: 8-row tiles a block owns, 1, 2 or 4 (FMA: 1)
   bool operator==(const GemvConfig&) const = default;
 };
 
 inline constexpr int kGemvWarpChoices[] = {2, 4, 8, 16};
 
 // Every configuration (the tuner times them all; the tests and the benchmark cover them all).
-inline constexpr GemvConfig kGemvConfigs[] = {{2, false}, {4, false}, {8, false}, {16, false},
-                                              {2, true},  {4, true},  {8, true},  {16, true}};
+inline constexpr GemvConfig kGemvConfigs[] = {{2, false},   {4, false},   {8, false},   {16, false},
+                                              {2, true},    {4, true},    {8, true},    {16, true},
+                                              {2, true, 2}, {4, true, 2}, {8, true, 2}, {16, true, 2},
+                                              {2, true, 4}, {4, true, 4}, {8, true, 4}, {16, true, 4}};
 
 // W rows a block owns.
 constexpr int gemv_rows(GemvConfig c) {
-  return c.tensor_cores ? 8 : 4;
+  return c.tensor_cores ? 8 * c.tiles : 4;
+}
+
+// True for the configurations the fused forms run (gemv_add_rms_norm, gemv_norm_in, gemv_attn_prep.h): one
+// tile. The tuner times the fused forms only for those; a fused op given another falls back to its unfused
+// form (ops_cuda.cpp).
+constexpr bool gemv_fusable(GemvConfig c) {
+  return c.tiles == 1;
+}
+
+// True when cfg is one of kGemvConfigs.
+constexpr bool gemv_known_config(GemvConfig c) {
+  for (const GemvConfig& k : kGemvConfigs)
+    if (k == c) return true;
+  return false;
 }
 
 // True when gemv can run this call: 1 <= m <= 8, k % 8 == 0, n >= 1, row strides multiples of 8, and

@@ -19,12 +19,6 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-bool known_config(GemvConfig c) {
-  for (const GemvConfig& k : kGemvConfigs)
-    if (k == c) return true;
-  return false;
-}
-
 }  // namespace
 
 bool gemv_attn_prep_supported(int64_t m, int64_t k, const void* x, int64_t ldx, const void* w, int64_t ldw,
@@ -45,7 +39,8 @@ void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int6
   KILN_CHECK(gemv_attn_prep_supported(m, k, x, ldx, w, ldw, p), "gemv_attn_prep: unsupported call: M ", m,
              " K ", k, " T ", p.T, " D ", p.D, " heads ", p.Hq, "/", p.Hkv,
              " (gemv_attn_prep.h lists the guards)");
-  KILN_CHECK(known_config(cfg), "gemv_attn_prep: unknown GEMV config: warps ", cfg.warps);
+  KILN_CHECK(gemv_known_config(cfg) && gemv_fusable(cfg),
+             "gemv_attn_prep: not a one-tile GEMV config: warps ", cfg.warps, " tiles ", cfg.tiles);
   const int64_t n = (int64_t(p.Hq) + 2 * int64_t(p.Hkv)) * p.D;
   const GemvParams g{.x = static_cast<const uint4*>(x),
                      .w = static_cast<const uint4*>(w),

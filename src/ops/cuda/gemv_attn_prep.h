@@ -38,8 +38,9 @@ bool gemv_attn_prep_supported(int64_t m, int64_t k, const void* x, int64_t ldx, 
                               const AttnPrepParams& p);
 
 // Runs the fused kernel; throws kiln::Error before launching anything when gemv_attn_prep_supported fails
-// or the config is not one of kGemvConfigs. m == 0 is a no-op. tc_min_blocks: the tensor-core kernel's
-// register cap (gemv.h: gemv_tail_min_blocks), 0 or 3; -1 takes the process default.
+// or the config is not a one-tile config of kGemvConfigs (gemv.h: gemv_fusable). m == 0 is a no-op.
+// tc_min_blocks: the tensor-core kernel's register cap (gemv.h: gemv_tail_min_blocks), 0 or 3; -1 takes the
+// process default.
 void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m, int64_t k,
                     const AttnPrepParams& p, GemvConfig cfg, cudaStream_t stream, bool pdl = false,
                     int tc_min_blocks = -1);

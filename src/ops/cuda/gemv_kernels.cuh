@@ -207,9 +207,10 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
     for (int w = 1; w < warps; ++w) s += red[w][i];
     return s;
   };
+  const int T = warps * 32;
   if constexpr (E == GemvEpilogue::silu_mul) {
-    if (tid < M * (R / 2)) {
-      const int m = tid / (R / 2), c = tid % (R / 2);
+    for (int i = tid; i < M * (R / 2); i += T) {
+      const int m = i / (R / 2), c = i % (R / 2);
       const int64_t j = base + c;
       if (j < p.n / 2) {
         // silu_mul's formula and rounding points (elementwise.cu): g and u are the bf16 GEMM outputs.
@@ -219,11 +220,11 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
       }
     }
   } else {
-    if (tid < M * R) {
-      const int m = tid / R, r = tid % R;
+    for (int i = tid; i < M * R; i += T) {
+      const int m = i / R, r = i % R;
       const int64_t n = base + r;
       if (n < p.n) {
-        const float s = total(tid);
+        const float s = total(i);
         if constexpr (E == GemvEpilogue::f32) {
           static_cast<float*>(p.out)[m * p.ldo + n] = s;
         } else {
@@ -252,6 +253,17 @@ __device__ __forceinline__ void for_each_group(int64_t groups, Run&& run, Next&&
     run(int64_t(blockIdx.x), false);
   }
 }
+
+// The Args of a tail that needs none.
+struct NoArgs {};
+
+// No tail.
+struct PlainTail {
+  using Args = NoArgs;
+  static constexpr int kTcMinBlocks = 0;
+  template <int M, int R>
+  static __device__ __forceinline__ void finish(const GemvParams&, const Args&, int64_t, int, int) {}
+};
 
 template <int M, GemvEpilogue E, class Tail, bool kNormIn = false>
 __global__ void __launch_bounds__(kMaxWarps * 32)
@@ -362,38 +374,54 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2
       : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
-// Tensor-core GEMV (gemv.h). Lane (g, t) streams chunk t of every 32-element K block of W row g (block row
-// g) and of x row g (zeros for g >= M); D[m][n] of the mma is out[m][base + n], held by lane (m, n / 2).
-template <int M, GemvEpilogue E, class Tail, bool kNormIn = false>
+// Tensor-core GEMV (gemv.h), NT tiles of 8 W rows a block (R = 8 NT). Lane (g, t) streams chunk t of every
+// 32-element K block of W rows g, g + 8, ... (one per tile) and of x row g (zeros for g >= M); D[m][n] of
+// tile j's mma is out[m][base + 8 j + n], held by lane (m, n / 2). A round: U = 8 / NT K blocks of every
+// tile (the same registers whatever NT); one x chunk serves the NT tiles, so x is read 1 / NT times as often
+// per W byte (at M = 8 and NT = 1, x's L1 and L2 traffic equals W's).
+template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, int NT = 1>
 __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks : Tail::kTcMinBlocks)
     gemv_tc_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
-  constexpr int R = gemv_rows(GemvConfig{.tensor_cores = true});
-  constexpr int U = 8;  // K blocks whose loads a warp issues together
+  static_assert(NT == 1 || NT == 2 || NT == 4, "1, 2 or 4 tiles of 8 rows");
+  static_assert(NT == 1 || (!kNormIn && std::is_same_v<Tail, PlainTail>),
+                "the prologue and the tails run the one-tile kernel (gemv.h: gemv_fusable)");
+  constexpr int R = 8 * NT;
+  constexpr int U = 8 / NT;  // K blocks whose loads a warp issues together, per tile
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = T / 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t groups = row_groups<R, E>(p), kblocks = (p.k8 + 3) / 4;
   int64_t base = 0;
-  const uint4* wrow = block_row<R, E>(p, blockIdx.x, g, base);
-  const auto prefetch_group = [&](const uint4* row) {  // a group's whole W slice towards L2
+  const uint4* wrow[NT];
+  const auto rows_of = [&](int64_t grp) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) wrow[j] = block_row<R, E>(p, grp, g + 8 * j, base);
+  };
+  rows_of(blockIdx.x);
+  const auto prefetch_group = [&](int64_t grp) {  // a group's whole W slice towards L2 (NT == 1)
+    int64_t nb;
+    const uint4* row = block_row<R, E>(p, grp, g, nb);
     for (int64_t kb = warp; kb < kblocks; kb += warps)
       if (kb * 4 + t < p.k8) prefetch_l2(row + kb * 4 + t);
   };
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 wv[U];  // a round of W: chunk t of K blocks kb0, kb0 + warps, ... of the lane's row
+  uint4 wv[U][NT];  // a round of W: chunk t of K blocks kb0, kb0 + warps, ... of the lane's rows
   const auto load_round = [&](int64_t kb0, auto pinned) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
-      if (c < p.k8) {
-        wv[u] = load_stream<decltype(pinned)::value>(wrow + c);
-      } else {
-        wv[u] = zero;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (c < p.k8) {
+          wv[u][j] = load_stream<decltype(pinned)::value>(wrow[j] + c);
+        } else {
+          wv[u][j] = zero;
+        }
       }
     }
   };
   // As the FMA kernel: the first round of W before the PDL wait, the slice towards L2 with the prologue.
   load_round(warp, std::true_type{});
-  if constexpr (kNormIn) prefetch_group(wrow);
+  if constexpr (kNormIn) prefetch_group(blockIdx.x);
   pdl_wait();
   pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
@@ -404,11 +432,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
   __shared__ float red[kMaxWarps][M * R];
   // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
   const auto run_group = [&](int64_t grp, bool more) {
-    if (more) {
-      int64_t nb;
-      prefetch_group(block_row<R, E>(p, grp + gridDim.x, g, nb));
-    }
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (more) prefetch_group(grp + gridDim.x);
+    float d[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
     for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
       if (kb0 != warp || (kNormIn && grp != blockIdx.x))
         load_round(kb0, std::false_type{});  // the first round of the first group came before the wait
@@ -427,32 +454,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
             const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
             xv[u] = c < p.k8 && g < M ? load_shared16(xrow + c) : zero;
           }
-          mma_bf16(d, xv[u].x, xv[u].y, wv[u].x, wv[u].y);
-          mma_bf16(d, xv[u].z, xv[u].w, wv[u].z, wv[u].w);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            mma_bf16(d[j], xv[u].x, xv[u].y, wv[u][j].x, wv[u][j].y);
+            mma_bf16(d[j], xv[u].z, xv[u].w, wv[u][j].z, wv[u][j].w);
+          }
         }
       }
     }
 
     if (g < M) {
-      red[warp][g * R + 2 * t] = d[0];
-      red[warp][g * R + 2 * t + 1] = d[1];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        red[warp][g * R + 8 * j + 2 * t] = d[j][0];
+        red[warp][g * R + 8 * j + 2 * t + 1] = d[j][1];
+      }
     }
     __syncthreads();
     store_outputs<M, R, E>(p, base, red, warps, tid);
   };
-  for_each_group<kNormIn>(groups, run_group, [&](int64_t next) { wrow = block_row<R, E>(p, next, g, base); });
+  for_each_group<kNormIn>(groups, run_group, [&](int64_t next) { rows_of(next); });
   Tail::template finish<M, R>(p, ta, base, warps, tid);
 }
-
-// The Args of a tail that needs none.
-struct NoArgs {};
-
-// No tail.
-struct PlainTail {
-  using Args = NoArgs;
-  static constexpr int kTcMinBlocks = 0;
-  template <int M, int R>
-  static __device__ __forceinline__ void finish(const GemvParams&, const Args&, int64_t, int, int) {}
-};
 
 }  // namespace kiln::cuda::gemv_detail

@@ -68,8 +68,8 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
   // The fused epilogue only when switched on (GemmEngine::set_gemv_add_rms_norm): it measured slower.
   kc::GemmEngine& eng = kc::gemm_engine();
   if (const auto g = eng.gemv_add_rms_norm() ? eng.gemv_choice(M, N, K, kc::GemmOut::bf16) : std::nullopt;
-      g && al16(x.data) && al16(weight.data) && al16(tmp.data) && al16(residual.data) &&
-      al16(norm_weight.data) && al16(normed.data) &&
+      g && kc::gemv_fusable(*g) && al16(x.data) && al16(weight.data) && al16(tmp.data) &&
+      al16(residual.data) && al16(norm_weight.data) && al16(normed.data) &&
       kc::gemv_add_rms_norm_supported(M, N, K, x.stride[0], weight.stride[0], tmp.stride[0],
                                       residual.stride[0], normed.stride[0])) {
     kc::gemv_add_rms_norm(x.data, x.stride[0], weight.data, weight.stride[0], tmp.data, tmp.stride[0],
@@ -101,7 +101,9 @@ bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& n
 
 bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k) {
   const kc::GemmEngine& eng = kc::gemm_engine();
-  return m >= 1 && eng.gemv_attn_prep() && eng.gemv_choice(m, n, k, kc::GemmOut::bf16).has_value();
+  if (m < 1 || !eng.gemv_attn_prep()) return false;
+  const auto g = eng.gemv_choice(m, n, k, kc::GemmOut::bf16);
+  return g && kc::gemv_fusable(*g);
 }
 
 bool linear_attn_prep(const Tensor& x, const Tensor& weight, const kc::AttnPrepParams& p, void* stream) {
@@ -110,7 +112,8 @@ bool linear_attn_prep(const Tensor& x, const Tensor& weight, const kc::AttnPrepP
   if (M == 0 || !eng.gemv_attn_prep()) return false;
   // The tuner's GEMV config for the QKV shape: the one linear() would run, so the rows are bitwise its rows.
   const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
-  if (!g || !kc::gemv_attn_prep_supported(M, K, x.data, x.stride[0], weight.data, weight.stride[0], p))
+  if (!g || !kc::gemv_fusable(*g) ||
+      !kc::gemv_attn_prep_supported(M, K, x.data, x.stride[0], weight.data, weight.stride[0], p))
     return false;
   kc::gemv_attn_prep(x.data, x.stride[0], weight.data, weight.stride[0], M, K, p, *g,
                      static_cast<cudaStream_t>(stream), kc::pdl_for(kc::PdlSite::gemv));
