@@ -9,6 +9,7 @@
 // reads W from HBM. Timed as graph replays, plus "amortized": 16 launches over rotating copies in one graph /
 // 16 (back to back, as in a decode step). Bytes = W + x + out (W dominates).
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,13 @@
 
 namespace kiln::bench {
 namespace {
+
+// KILN_GEMM_BENCH_ONLY=TEXT: only the rows whose shape ("4B down M=8 N=2560 K=9728") contains TEXT (one
+// shape under ncu: the whole table passes hundreds of graph launches through the profiler).
+bool shape_selected(const std::string& shape) {
+  const char* v = std::getenv("KILN_GEMM_BENCH_ONLY");
+  return !v || !*v || shape.find(v) != std::string::npos;
+}
 
 namespace kc = ::kiln::cuda;
 
@@ -50,7 +58,15 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
   kc::GemmEngine& eng = kc::gemm_engine();  // holds the tactic cache, when one exists for this GPU
   const bool gemv_on = eng.gemv_enabled();  // KILN_GEMV=0 keeps the engine's choice rows on cuBLASLt
   const Device dev = Device::cuda();
+  constexpr int64_t kMs[] = {1, 4, 8};
+  const auto shape_of = [](const GemmCase& c, int64_t M) {
+    return std::string(c.model) + " " + c.name + " M=" + std::to_string(M) + " N=" + std::to_string(c.n) +
+           " K=" + std::to_string(c.k);
+  };
   for (const GemmCase& c : kCases) {
+    if (std::none_of(std::begin(kMs), std::end(kMs),
+                     [&](int64_t M) { return shape_selected(shape_of(c, M)); }))
+      continue;  // no row of this case is asked for: no weights either
     const bool gate_up = std::string(c.name) == "gate_up";
     const size_t w_bytes = size_t(c.n * c.k) * 2;
     const size_t copies = std::max<size_t>(4, (env.l2_bytes * 22 / 10 + w_bytes - 1) / w_bytes);
@@ -83,9 +99,9 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
       kc::fill_random_bf16(ni_w.data(), c.k, 12, 0.25f, 1.0f, env.stream);
     }
     KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
-    for (const int64_t M : {1, 4, 8}) {
-      const std::string shape = std::string(c.model) + " " + c.name + " M=" + std::to_string(M) +
-                                " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
+    for (const int64_t M : kMs) {
+      const std::string shape = shape_of(c, M);
+      if (!shape_selected(shape)) continue;
       const double osz = c.out == kc::GemmOut::f32 ? 4 : 2;
       const double io = double(M * c.k) * 2;
       const auto tuned = eng.tactics().find(kc::GemmShape{kc::gemm_m_bucket(M), c.n, c.k, c.out});
