@@ -23,7 +23,8 @@
 // has its own mma chain in the same order, so a row's sums are those of the one-tile kernel's order (the
 // same bits need not follow: the tile kernels are other configs). x is read once per block and K block, so
 // its traffic through L1 and L2 is W's times M / (8 tiles): at M = 8 one tile reads as many x bytes as W
-// bytes (measured at 43-62 % of the copy rate, thirteenth session), four tiles a quarter.
+// bytes (measured at 43-62 % of the copy rate, thirteenth session), four tiles a quarter. The tuner offers
+// them from the M = 2 bucket: at M = 1 the one-tile configs keep the fused forms (gemv_fusable).
 //
 // Rows beyond N are clamped onto row N - 1 and never stored. For a given config the order is fixed, so
 // two runs are bitwise equal, and a row's result does not depend on M, on its place in the block or on
