@@ -134,18 +134,14 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
   if (kind == "gemv") {
     t.kind = GemmKind::gemv;
     // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported holds.
-    bool ok = t.algo[1] <= 1 && t.algo[2] <= 1 &&
+    // Word 3 is the tiles, one written as 0; the words are small, so the int casts keep them (a bad value
+    // makes no known config).
+    bool ok = t.algo[0] <= 16 && t.algo[1] <= 1 && t.algo[2] <= 1 && t.algo[3] != 1 && t.algo[3] <= 4 &&
               gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out));
     for (int i = 4; i < 8; ++i) ok = ok && t.algo[i] == 0;
-    ok = ok && t.algo[3] != 1;  // one tile is written as 0
-    t.gemv.tensor_cores = t.algo[1] == 1;
+    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3])};
     t.gemv_norm_in = t.algo[2] == 1;
-    t.gemv.tiles = t.algo[3] == 0 ? 1 : int(std::min<uint64_t>(t.algo[3], 64));  // word 3: tiles (0: one)
-    t.gemv.warps = 0;
-    for (int w : kGemvWarpChoices)
-      if (uint64_t(w) == t.algo[0]) t.gemv.warps = w;
-    if (!ok || t.gemv.warps == 0 || !gemv_known_config(t.gemv) || (t.gemv_norm_in && !gemv_fusable(t.gemv)))
-      return false;
+    if (!ok || !gemv_known_config(t.gemv) || (t.gemv_norm_in && !gemv_fusable(t.gemv))) return false;
     std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
   }
   std::string rest;

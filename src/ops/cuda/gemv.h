@@ -89,8 +89,6 @@ struct GemvConfig {
   bool operator==(const GemvConfig&) const = default;
 };
 
-inline constexpr int kGemvWarpChoices[] = {2, 4, 8, 16};
-
 // Every configuration (the tuner times them all; the tests and the benchmark cover them all).
 inline constexpr GemvConfig kGemvConfigs[] = {{2, false},   {4, false},   {8, false},   {16, false},
                                               {2, true},    {4, true},    {8, true},    {16, true},
