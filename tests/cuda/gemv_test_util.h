@@ -16,6 +16,14 @@ inline std::string gemv_config_name(cuda::GemvConfig c) {
          (c.tiles > 1 ? " tiles " + std::to_string(c.tiles) : "");
 }
 
+// The configurations the fused forms run (gemv.h: gemv_fusable): the ones their tests cover.
+inline std::vector<cuda::GemvConfig> fusable_gemv_configs() {
+  std::vector<cuda::GemvConfig> v;
+  for (const cuda::GemvConfig& c : cuda::kGemvConfigs)
+    if (cuda::gemv_fusable(c)) v.push_back(c);
+  return v;
+}
+
 // One GEMV tactic of a tactic cache: configuration cfg for shape s; norm_in: the tactic takes the residual
 // add + RMSNorm in its prologue (cache word 2, "+norm-in").
 struct GemvEntry {

@@ -138,8 +138,8 @@ TEST(CudaGemvAddRmsNorm, FusedEqualsGemvThenAddRmsNormBitwise) {
   for (const NormShape& sh : kNormShapes) {
     const int64_t ld = sh.N == 1024 ? sh.N + 24 : sh.N;
     const NormBufs b(sh.N, sh.K, ld, seed += 10);
-    for (const GemvConfig cfg : cuda::kGemvConfigs)
-      for (int64_t M = 1; M <= cuda::kGemvMaxM && cuda::gemv_fusable(cfg); ++M) {
+    for (const GemvConfig cfg : test::fusable_gemv_configs())
+      for (int64_t M = 1; M <= cuda::kGemvMaxM; ++M) {
         const std::string what =
             std::string(sh.name) + " M " + std::to_string(M) + " " + test::gemv_config_name(cfg);
         const auto unfused = b.run(M, cfg, false);
@@ -170,8 +170,7 @@ TEST(CudaGemvAddRmsNorm, BackToBackGraphReplayAndPdl) {
     uint32_t seed = 500;
     for (const NormShape& sh : kNormShapes)
       bufs.push_back(std::make_unique<NormBufs>(sh.N, sh.K, sh.N, seed += 10));
-    for (const GemvConfig cfg : cuda::kGemvConfigs) {
-      if (!cuda::gemv_fusable(cfg)) continue;
+    for (const GemvConfig cfg : test::fusable_gemv_configs()) {
       const int64_t M = cfg.warps == 2 ? 8 : 3;  // 2 warps: 4 rows per warp in the tail
       std::vector<NormBufs::Out> want;
       for (const auto& b : bufs) want.push_back(b->run(M, cfg, false));
@@ -237,8 +236,7 @@ TEST(CudaGemvAddRmsNorm, BackToBackGraphReplayAndPdl) {
     for (const Buffer* b : outs) v.push_back(to_host<uint16_t>(*b, b->bytes() / 2));
     return v;
   };
-  for (const GemvConfig cfg : cuda::kGemvConfigs) {
-    if (!cuda::gemv_fusable(cfg)) continue;
+  for (const GemvConfig cfg : test::fusable_gemv_configs()) {
     poison_all();
     enqueue(cfg, false, false);
     KILN_CUDA_CHECK(cudaStreamSynchronize(st));

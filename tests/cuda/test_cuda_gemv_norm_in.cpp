@@ -111,8 +111,8 @@ TEST(CudaGemvNormIn, EqualsAddRmsNormThenGemvBitwise) {
   for (const Shape& s : kShapes) {
     const Bufs b(s, seed += 10);
     const auto res0 = to_host<uint16_t>(b.res0, b.res0.bytes() / 2);
-    for (const GemvConfig cfg : cuda::kGemvConfigs)
-      for (int64_t m = 1; m <= cuda::kGemvMaxM && cuda::gemv_fusable(cfg); ++m) {
+    for (const GemvConfig cfg : test::fusable_gemv_configs())
+      for (int64_t m = 1; m <= cuda::kGemvMaxM; ++m) {
         const std::string what =
             std::string(s.name) + " M " + std::to_string(m) + " " + test::gemv_config_name(cfg);
         ASSERT_TRUE(cuda::gemv_norm_in_supported(m, s.n, s.k, b.ld, b.ld, s.k, b.cols,

@@ -120,8 +120,7 @@ TEST(GemvAttnPrep, BitwiseEqualToGemvThenAttnPrep) {
     const CaseCfg cfg = random_cfg(rng);
     FusedCase f(cfg, pick<int64_t>(rng, {256, 520, 1024}), rng);
     DeviceCase dev(f.in);
-    for (const GemvConfig g : cuda::kGemvConfigs) {
-      if (!cuda::gemv_fusable(g)) continue;  // the fused kernel runs the one-tile configs
+    for (const GemvConfig g : test::fusable_gemv_configs()) {
       dev.upload(f.in);
       run_reference(f, dev, g);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
