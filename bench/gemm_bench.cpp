@@ -50,11 +50,8 @@ const GemmCase kCases[] = {
     {"0.6B", "down", 1024, 3072, kc::GemmOut::bf16},   {"0.6B", "lm_head", 151936, 1024, kc::GemmOut::f32}};
 
 std::string config_name(const char* what, kc::GemvConfig c) {
-  return std::string(what) +
-         (c.ring           ? " ring"
-          : c.tensor_cores ? " tc"
-                           : " fma") +
-         " w" + std::to_string(c.warps) + (c.tiles > 1 ? " x" + std::to_string(c.tiles) : "");
+  return std::string(what) + (c.tensor_cores ? " tc" : " fma") + " w" + std::to_string(c.warps) +
+         (c.tiles > 1 ? " x" + std::to_string(c.tiles) : "");
 }
 
 void run_gemm(const Env& env, std::vector<Row>& rows) {
@@ -134,7 +131,6 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
       });
       eng.set_gemv_enabled(gemv_on);
       for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
-        if (!kc::gemv_config_runs(cfg)) continue;
         time_row(Row{"gemm", config_name("gemv", cfg), shape, 0, -1, plain_bytes, "forced"}, [&](int i) {
           kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k,
                    c.out == kc::GemmOut::f32 ? kc::GemvEpilogue::f32 : kc::GemvEpilogue::bf16, cfg,
@@ -198,8 +194,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
         const double ni_bytes = double(w_bytes) + double(M * c.k) * 2 * 3 + double(M * cols) * 2;
         const kc::GemvEpilogue epi = gate_up ? kc::GemvEpilogue::silu_mul : kc::GemvEpilogue::bf16;
         void* dst = gate_up ? act.data() : out.data();
-        const kc::GemvConfig pc =
-            choice && kc::gemv_norm_in_fusable(*choice) ? *choice : kc::GemvConfig{8, true};
+        const kc::GemvConfig pc = choice && kc::gemv_fusable(*choice) ? *choice : kc::GemvConfig{8, true};
         const std::string note = choice ? "engine choice" : "no GEMV tactic: default";
         time_row(Row{"gemm", config_name(gate_up ? "add_rms_norm+gemv+silu" : "add_rms_norm+gemv", pc), shape,
                      0, -1, ni_bytes, note},
@@ -210,10 +205,8 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                  });
         // The fused kernel for every config (M = 1 only) and block sizing (0: one wave; g: g groups a block).
         for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
-          if ((M > 1 && !(cfg == pc)) || !kc::gemv_norm_in_fusable(cfg) || !kc::gemv_config_runs(cfg))
-            continue;
+          if ((M > 1 && !(cfg == pc)) || !kc::gemv_fusable(cfg)) continue;
           for (const int g : {0, 2}) {
-            if (cfg.ring && g != 0) continue;  // the ring ignores the sizing
             const std::string what =
                 std::string("gemv_norm_in") + (gate_up ? "+silu" : "") + " g" + std::to_string(g);
             time_row(Row{"gemm", config_name(what.c_str(), cfg), shape, 0, -1, ni_bytes,
@@ -237,7 +230,6 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
           });
       eng.set_gemv_enabled(gemv_on);
       for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
-        if (!kc::gemv_config_runs(cfg)) continue;
         time_row(Row{"gemm", config_name("fused gemv+silu", cfg), shape, 0, -1, fused_bytes, "forced"},
                  [&](int i) {
                    kc::gemv(x.data(), c.k, wi(i), c.k, act.data(), I, M, c.n, c.k, kc::GemvEpilogue::silu_mul,

@@ -12,26 +12,8 @@
 namespace kiln::test {
 
 inline std::string gemv_config_name(cuda::GemvConfig c) {
-  return std::string(c.ring           ? "ring"
-                     : c.tensor_cores ? "tensor-core"
-                                      : "fma") +
-         " warps " + std::to_string(c.warps) + (c.tiles > 1 ? " tiles " + std::to_string(c.tiles) : "");
-}
-
-// The configurations the residual-norm prologue runs (gemv.h: gemv_norm_in_fusable) on this device.
-inline std::vector<cuda::GemvConfig> norm_in_gemv_configs() {
-  std::vector<cuda::GemvConfig> v;
-  for (const cuda::GemvConfig& c : cuda::kGemvConfigs)
-    if (cuda::gemv_norm_in_fusable(c) && cuda::gemv_config_runs(c)) v.push_back(c);
-  return v;
-}
-
-// The configurations this device runs (gemv.h: gemv_config_runs; the ring needs sm_90).
-inline std::vector<cuda::GemvConfig> runnable_gemv_configs() {
-  std::vector<cuda::GemvConfig> v;
-  for (const cuda::GemvConfig& c : cuda::kGemvConfigs)
-    if (cuda::gemv_config_runs(c)) v.push_back(c);
-  return v;
+  return std::string(c.tensor_cores ? "tensor-core" : "fma") + " warps " + std::to_string(c.warps) +
+         (c.tiles > 1 ? " tiles " + std::to_string(c.tiles) : "");
 }
 
 // The configurations the fused forms run (gemv.h: gemv_fusable): the ones their tests cover.

@@ -88,7 +88,6 @@ GemvEpilogue gemv_epilogue(GemmOut o) {
 }
 
 std::string describe_gemv(GemvConfig c) {
-  if (c.ring) return "kiln-gemv-ring warps " + std::to_string(c.warps);
   return std::string(c.tensor_cores ? "kiln-gemv-tc" : "kiln-gemv") + " warps " + std::to_string(c.warps) +
          " rows " + std::to_string(gemv_rows(c));
 }
@@ -114,7 +113,6 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
                                : i == 1 ? uint64_t(t.gemv.tensor_cores)
                                : i == 2 ? uint64_t(t.gemv_norm_in)
                                : i == 3 ? uint64_t(t.gemv.tiles == 1 ? 0 : t.gemv.tiles)
-                               : i == 4 ? uint64_t(t.gemv.ring)
                                         : 0;
     const uint64_t word = t.kind == GemmKind::gemv ? gemv_word : t.algo[i];
     out << ' ' << word;
@@ -136,16 +134,14 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
   if (kind == "gemv") {
     t.kind = GemmKind::gemv;
     // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported holds.
-    // Word 3 is the tiles, one written as 0; word 4 the ring kernel; the words are small, so the int casts
-    // keep them (a bad value makes no known config).
+    // Word 3 is the tiles, one written as 0; the words are small, so the int casts keep them (a bad value
+    // makes no known config).
     bool ok = t.algo[0] <= 16 && t.algo[1] <= 1 && t.algo[2] <= 1 && t.algo[3] != 1 && t.algo[3] <= 4 &&
-              t.algo[4] <= 1 && gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out));
-    for (int i = 5; i < 8; ++i) ok = ok && t.algo[i] == 0;
-    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), t.algo[4] == 1};
+              gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out));
+    for (int i = 4; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3])};
     t.gemv_norm_in = t.algo[2] == 1;
-    if (!ok || !gemv_known_config(t.gemv) || (t.gemv_norm_in && !gemv_norm_in_fusable(t.gemv)) ||
-        (t.gemv.ring && !gemv_ring_fits(s.m_bucket, s.k, gemv_epilogue(s.out), t.gemv_norm_in)))
-      return false;
+    if (!ok || !gemv_known_config(t.gemv) || (t.gemv_norm_in && !gemv_fusable(t.gemv))) return false;
     std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
   }
   std::string rest;
@@ -243,7 +239,7 @@ std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t 
 std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, int64_t k) const {
   if (gemv_norm_in_ == 0) return std::nullopt;
   const auto g = gemv_choice(m, n, k, GemmOut::bf16);
-  if (!g || !gemv_norm_in_fusable(*g)) return std::nullopt;
+  if (!g || !gemv_fusable(*g)) return std::nullopt;
   if (gemv_norm_in_ == 2) return g;
   return tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16}).gemv_norm_in ? g : std::nullopt;
 }
@@ -317,8 +313,6 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   KILN_CUDA_CHECK(cudaEventCreate(&e0));
   KILN_CUDA_CHECK(cudaEventCreate(&e1));
-  // KILN_GEMV_RING=0 keeps the ring configs out of the candidates (an A/B switch).
-  const bool ring_on = env_switch("KILN_GEMV_RING", true);
   for (const auto& s : shapes) {
     Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, s.n);
     const size_t w_one = size_t(s.n * s.k);  // elements of one weight copy
@@ -343,13 +337,10 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     }
     // kiln's GEMV, one pseudo-tactic per block size, for the decode buckets.
     std::vector<GemvConfig> gemv_cands;
-    // The multi-tile configs from M = 2: at M = 1 the one-tile ones keep the fused forms (gemv_fusable); the
-    // ring at every M where it runs (it has the residual-norm prologue, not the tails).
+    // The multi-tile configs from M = 2: at M = 1 the one-tile ones keep the fused forms (gemv_fusable).
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvConfigs)
-        if ((s.m_bucket >= 2 || gemv_fusable(c) || c.ring) && gemv_config_runs(c) &&
-            (!c.ring || (ring_on && gemv_ring_fits(s.m_bucket, s.k, gemv_epilogue(s.out)))))
-          gemv_cands.push_back(c);
+        if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
     KILN_CHECK(!cands.empty() || !gemv_cands.empty(), "cuBLASLt has no algorithm for M ", s.m_bucket, " N ",
                s.n, " K ", s.k);
     // Enough repetitions for ~2 ms of work per candidate, at least 3.
@@ -394,8 +385,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       t.describe = describe_gemv(t.gemv);
       // The residual-norm prologue against the add_rms_norm kernel then this GEMV (x, o and the first rows
       // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
-      if (s.out == GemmOut::bf16 && gemv_norm_in_fusable(t.gemv) &&
-          (!t.gemv.ring || gemv_ring_fits(s.m_bucket, s.k, GemvEpilogue::bf16, /*norm_in=*/true)) &&
+      if (s.out == GemmOut::bf16 && gemv_fusable(t.gemv) &&
           gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
         const float pair = time_us([&](int64_t it) {
           rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,

@@ -62,11 +62,10 @@ int64_t gemm_m_bucket(int64_t m);
 
 // One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", kind "lt" or
 // "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel, w2 = 1 where the residual-norm prologue won,
-// w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile; w4 = 1 for the ring
-// kernel).
+// w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile).
 // parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
-// not take, the prologue with a multi-tile or ring config, a ring config for rows it cannot hold, a GEMV
-// tactic for a shape or M bucket that gemv_supported refuses).
+// not take, the prologue with a multi-tile config, a GEMV tactic for a shape or M bucket that
+// gemv_supported refuses).
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
 bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 

@@ -8,7 +8,6 @@
 #include <type_traits>
 
 #include "ops/cuda/gemv_kernels.cuh"
-#include "ops/cuda/gemv_ring.h"
 #include "ops/cuda/norm_row.cuh"
 
 namespace kiln::cuda {
@@ -103,14 +102,9 @@ void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int
              "gemv: row strides must be >= the row length (x, W: multiples of 8): ldx ", ldx, " ldw ", ldw,
              " ldo ", ldo);
   KILN_CHECK(aligned16(x) && aligned16(w) && aligned16(out), "gemv: x, W and out must be 16-byte aligned");
-  KILN_CHECK(gemv_known_config(cfg), "gemv: unknown config: warps ", cfg.warps,
-             " (2, 4, 8 or 16; ring: 4, 8 or 16), tiles ", cfg.tiles,
-             " (tensor cores: 1, 2 or 4; FMA and ring: 1)");
+  KILN_CHECK(gemv_known_config(cfg), "gemv: unknown config: warps ", cfg.warps, " (2, 4, 8 or 16), tiles ",
+             cfg.tiles, " (tensor cores: 1, 2 or 4; FMA: 1)");
   if (m == 0) return;
-  if (cfg.ring) {
-    gemv_ring(x, ldx, w, ldw, out, ldo, m, n, k, epi, cfg.warps, stream, pdl);
-    return;
-  }
   const GemvParams p{.x = static_cast<const uint4*>(x),
                      .w = static_cast<const uint4*>(w),
                      .out = out,
@@ -233,16 +227,11 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
              norm_in_smem_bytes(m, k / 8), " bytes (at most ", kGemvNormInMaxSmem, ")");
   KILN_CHECK(aligned16(delta) && aligned16(residual) && aligned16(norm_w) && aligned16(w) && aligned16(out),
              "gemv_norm_in: delta, residual, norm weight, W and out must be 16-byte aligned");
-  KILN_CHECK(gemv_known_config(cfg) && gemv_norm_in_fusable(cfg),
-             "gemv_norm_in: warps must be 2, 4, 8 or 16 (ring: 4, 8 or 16) and tiles 1, got warps ",
-             cfg.warps, " tiles ", cfg.tiles);
+  KILN_CHECK(gemv_known_config(cfg) && gemv_fusable(cfg),
+             "gemv_norm_in: warps must be 2, 4, 8 or 16 and tiles 1, got warps ", cfg.warps, " tiles ",
+             cfg.tiles);
   KILN_CHECK(eps >= 0.0f, "gemv_norm_in: eps must be >= 0");
   if (m == 0) return;
-  if (cfg.ring) {  // its own sizing: one persistent block an SM
-    const RingNormIn ni{delta, ldd, residual, ldr, norm_w, eps};
-    gemv_ring(nullptr, k, w, ldw, out, ldo, m, n, k, epi, cfg.warps, stream, pdl, &ni);
-    return;
-  }
   GemvParams p{.x = nullptr,
                .w = static_cast<const uint4*>(w),
                .out = out,

@@ -26,13 +26,6 @@
 // bytes (measured at 43-62 % of the copy rate, thirteenth session), four tiles a quarter. The tuner offers
 // them from the M = 2 bucket: at M = 1 the one-tile configs keep the fused forms (gemv_fusable).
 //
-// Ring (ring true, sm_90 only; gemv_ring.cu): one persistent block per SM owns a contiguous share of W's
-// rows (silu_mul: of the gate rows and the matching up rows) and streams it through a 96 KB shared-memory
-// ring filled by 1-D bulk copies from a producer warp, the first stages issued before the PDL wait; each of
-// `warps` consumer warps takes whole rows: lane l over the row's chunks l, l + 32, ... in ascending order
-// (fmaf, the 8 elements of a chunk in order), then an xor butterfly 16, 8, 4, 2, 1; x through L1. Rows of
-// at most 48 KB (gemv_ring_fits).
-//
 // Rows beyond N are clamped onto row N - 1 and never stored. For a given config the order is fixed, so
 // two runs are bitwise equal, and a row's result does not depend on M, on its place in the block or on
 // the epilogue. Different configs may differ in the last bits (like two split-K tactics). Tolerance
@@ -90,34 +83,27 @@ constexpr int64_t kGemvMaxM = 8;
 enum class GemvEpilogue : uint8_t { bf16, f32, silu_mul };
 
 struct GemvConfig {
-  int warps = 4;              // warps per block, one of 2, 4, 8, 16 (they split K; ring: consumer warps)
+  int warps = 4;              // warps per block, one of 2, 4, 8, 16 (they split K)
   bool tensor_cores = false;  // the mma kernel (8 rows a tile) instead of the FMA one (4 rows a block)
   int tiles = 1;              // tensor cores: 8-row tiles a block owns, 1, 2 or 4 (FMA: 1)
-  bool ring = false;          // the ring kernel (below; FMA, one tile)
   bool operator==(const GemvConfig&) const = default;
 };
 
 // Every configuration (the tuner times them all; the tests and the benchmark cover them all).
-inline constexpr GemvConfig kGemvConfigs[] = {
-    {2, false},    {4, false},          {8, false},          {16, false},         {2, true},
-    {4, true},     {8, true},           {16, true},          {2, true, 2},        {4, true, 2},
-    {8, true, 2},  {16, true, 2},       {2, true, 4},        {4, true, 4},        {8, true, 4},
-    {16, true, 4}, {4, false, 1, true}, {8, false, 1, true}, {16, false, 1, true}};
+inline constexpr GemvConfig kGemvConfigs[] = {{2, false},   {4, false},   {8, false},   {16, false},
+                                              {2, true},    {4, true},    {8, true},    {16, true},
+                                              {2, true, 2}, {4, true, 2}, {8, true, 2}, {16, true, 2},
+                                              {2, true, 4}, {4, true, 4}, {8, true, 4}, {16, true, 4}};
 
-// W rows a block owns (the ring kernel: its share of N, decided at launch; 0 here).
+// W rows a block owns.
 constexpr int gemv_rows(GemvConfig c) {
-  return c.ring ? 0 : c.tensor_cores ? 8 * c.tiles : 4;
+  return c.tensor_cores ? 8 * c.tiles : 4;
 }
 
-// True for the configurations the fused tails run (gemv_add_rms_norm, gemv_attn_prep.h): one tile, not the
-// ring. The tuner times the fused forms only for those; a fused op given another falls back to its unfused
+// True for the configurations the fused forms run (gemv_add_rms_norm, gemv_norm_in, gemv_attn_prep.h): one
+// tile. The tuner times the fused forms only for those; a fused op given another falls back to its unfused
 // form (ops_cuda.cpp).
 constexpr bool gemv_fusable(GemvConfig c) {
-  return c.tiles == 1 && !c.ring;
-}
-
-// True for the configurations the residual-norm prologue runs (gemv_norm_in): one tile, the ring included.
-constexpr bool gemv_norm_in_fusable(GemvConfig c) {
   return c.tiles == 1;
 }
 
@@ -127,17 +113,6 @@ constexpr bool gemv_known_config(GemvConfig c) {
     if (k == c) return true;
   return false;
 }
-
-// True when this device runs the ring configs (an sm_90 device and this build's sm_90a code); the other
-// configs run anywhere.
-bool gemv_ring_available();
-inline bool gemv_config_runs(GemvConfig c) {
-  return !c.ring || gemv_ring_available();
-}
-
-// True when the ring kernel runs M = m rows of K: two items (silu_mul: two rows an item) fit its ring (K <=
-// 24576, silu_mul 12288), and with the residual-norm prologue (norm_in) its rows fit beside the ring.
-bool gemv_ring_fits(int64_t m, int64_t k, GemvEpilogue epi, bool norm_in = false);
 
 // True when gemv can run this call: 1 <= m <= 8, k % 8 == 0, n >= 1, row strides multiples of 8, and
 // (for silu_mul) n even. Alignment of the pointers is checked by gemv itself.
@@ -190,8 +165,7 @@ bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_
 // others, out overlaps none. eps >= 0. m == 0 is a no-op; any violation throws kiln::Error before anything is
 // launched. Not for concurrent use on two streams of one device (see above). groups_per_block: the row groups
 // (of gemv_rows(cfg) W rows) each block takes after its prologue, 0: as many as one wave of resident blocks
-// needs. The same bits for any value. A ring config (gemv_norm_in_fusable) ignores it (one block an SM) and
-// runs only where gemv_ring_fits(m, k, epi, true) holds.
+// needs. The same bits for any value.
 void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w, float eps,
                   const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
                   GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false,

@@ -91,14 +91,9 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 // 150-200 bytes a thread in the tensor-core kernel; with the norm weight staged into shared memory ws the
 // same way), the squares then read h from shared memory. The block counts itself once its residual reads are
 // done; the block that counts last (every other block has read by then) writes h back.
-// tid, T: this thread among the T that run it; sync: their barrier (__syncthreads when they are the block).
 constexpr int kNormInBatch = 2;
-struct BlockSync {
-  __device__ void operator()() const { __syncthreads(); }
-};
-template <int M, class Sync = BlockSync>
-__device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs, uint4* ws, int tid, int T,
-                                                 Sync sync = {}) {
+template <int M>
+__device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs, uint4* ws, int tid, int T) {
   __shared__ float inv[M];
   __shared__ bool last;
   const int k8 = int(p.k8), lds = int(norm_in_lds8(p.k8)), total = M * k8;
@@ -127,7 +122,7 @@ __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs,
     for (int b = 0; b < kNormInBatch; ++b)
       if (j0 + b * T < k8) ws[j0 + b * T] = wv[b];
   }
-  sync();  // every residual read of this block has returned
+  __syncthreads();  // every residual read of this block has returned
   if (tid == 0) {
     last = atomicAdd(&g_norm_in_blocks_read, 1u) == gridDim.x - 1;
     if (last) atomicExch(&g_norm_in_blocks_read, 0u);  // every block has counted: ready for the next launch
@@ -139,14 +134,14 @@ __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs,
     const float v = norm_inv_rms(acc, k8, p.eps);
     if (lane == 0) inv[m] = v;
   }
-  sync();
+  __syncthreads();
   for (int c = tid; c < total; c += T) {
     const int m = c / k8, j = c - m * k8;
     const uint4 h = xs[m * lds + j];
     if (last) p.ni_residual[m * p.ni_ldr8 + j] = h;
     xs[m * lds + j] = norm_scale_chunk(h, ws[j], inv[m]);
   }
-  sync();
+  __syncthreads();
 }
 
 // W is streamed once: 16-byte read-only loads that skip L1 (x keeps it) with a 256-byte L2 prefetch hint.

@@ -51,8 +51,7 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
   const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
       g && al16(x.data) && al16(weight.data) && al16(out.data) &&
-      kc::gemv_supported(M, N, K, x.stride[0], weight.stride[0], out.stride[0], kc::GemvEpilogue::silu_mul) &&
-      (!g->ring || kc::gemv_ring_fits(M, K, kc::GemvEpilogue::silu_mul))) {
+      kc::gemv_supported(M, N, K, x.stride[0], weight.stride[0], out.stride[0], kc::GemvEpilogue::silu_mul)) {
     kc::gemv(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0], M, N, K,
              kc::GemvEpilogue::silu_mul, *g, kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
     return;
@@ -89,8 +88,8 @@ bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& n
   const auto g = kc::gemm_engine().gemv_norm_in_choice(M, N, K);
   const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const kc::GemvEpilogue epi = silu ? kc::GemvEpilogue::silu_mul : kc::GemvEpilogue::bf16;
-  if (!g || (g->ring && !kc::gemv_ring_fits(M, K, epi, /*norm_in=*/true)) || !al16(delta.data) ||
-      !al16(residual.data) || !al16(norm_weight.data) || !al16(weight.data) || !al16(out.data) ||
+  if (!g || !al16(delta.data) || !al16(residual.data) || !al16(norm_weight.data) || !al16(weight.data) ||
+      !al16(out.data) ||
       !kc::gemv_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0], weight.stride[0],
                                   out.stride[0], epi))
     return false;

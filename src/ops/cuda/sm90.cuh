@@ -72,15 +72,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, int 
       : "memory");
 }
 
-// ---- a 1-D bulk copy: `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `src` into
-// shared memory at `dst`, completing on the mbarrier `bar` (their expect_tx was announced). ----
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
 // Generic-proxy writes to shared memory (st.shared) made visible to the async proxy (wgmma operand reads,
 // TMA): every writing thread runs it after its stores, before the barrier that hands the data over.
 __device__ __forceinline__ void fence_proxy_async() {
