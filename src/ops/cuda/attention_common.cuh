@@ -64,6 +64,7 @@ __device__ __forceinline__ void load_kv8(const void* base, const uint8_t* scales
 // The fewest keys a v2 decode split takes (below it the combine costs more than it saves): v2 never runs
 // more than ceil(table reach / kDecodeV2MinChunk) splits with keys.
 constexpr int kDecodeV2MinChunk = 64;
+constexpr int kDecodeV2Tile = 32;      // v2's keys per pipeline stage; its chunks are multiples of it
 constexpr int kDecodeV3Tile = 64;      // v3's keys per pipeline stage (bf16); its chunks are multiples of it
 constexpr int kDecodeV3TileFp8 = 128;  // the same for fp8 caches (32 keys per warp: the k of an FP8 MMA)
 

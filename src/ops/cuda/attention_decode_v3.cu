@@ -306,7 +306,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
       static_cast<uint16_t*>(p.out)[int64_t(row) * p.o_stride_t + int64_t(h) * p.o_stride_h + d] =
           uint16_t(f32_to_bf16_bits(__fdiv_rn(O, L)));
     } else {
-      // The combine's format (attention_decode.cu): o / l, then the max in natural-log units and l.
+      // The combine's format (attention_decode_combine.cu): o / l, then the max in natural-log units and l.
       const int64_t part = (int64_t(decode_ws_slot(p, b, row)) * p.Hq + h) * splits + split;
       ws[part * D + d] = __fdiv_rn(O, L);
       if (d == 0) {
