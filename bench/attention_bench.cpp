@@ -198,14 +198,7 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
           const Set& set = sets[size_t(i) % sets.size()];
           cuda::paged_attention(set.p, set.ws.data(), env.stream, forced_splits());
         };
-        std::vector<cudaGraphExec_t> g1, g16;
-        for (size_t i = 0; i < sets.size(); ++i) g1.push_back(capture(env, launch, int(i), 1));
-        for (int j = 0; j < 4; ++j) g16.push_back(capture(env, launch, 16 * j, 16));
-        r.us = time_graph_cold_us(env, g1);
-        r.us_amortized = time_graph_cold_us(env, g16, 16);
-        for (auto g : g1) KILN_CUDA_CHECK(cudaGraphExecDestroy(g));
-        for (auto g : g16) KILN_CUDA_CHECK(cudaGraphExecDestroy(g));
-        KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+        time_graph_row(env, launch, int(sets.size()), r);
         rows.push_back(r);
       }
     }

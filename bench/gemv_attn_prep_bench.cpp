@@ -80,13 +80,7 @@ void run_gemv_attn_prep(const Env& env, std::vector<Row>& rows) {
       auto time_row = [&](Row r, const std::function<void(int)>& launch) {
         launch(0);
         KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
-        std::vector<cudaGraphExec_t> g1, g16;
-        for (size_t i = 0; i < copies; ++i) g1.push_back(capture(env, launch, int(i), 1));
-        for (int k = 0; k < 4; ++k) g16.push_back(capture(env, launch, 16 * k, 16));
-        r.us = time_graph_cold_us(env, g1);
-        r.us_amortized = time_graph_cold_us(env, g16, 16);
-        for (auto g : g1) cudaGraphExecDestroy(g);
-        for (auto g : g16) cudaGraphExecDestroy(g);
+        time_graph_row(env, launch, int(copies), r);
         rows.push_back(r);
       };
       for (const kc::GemvConfig cfg : kc::kGemvConfigs) {

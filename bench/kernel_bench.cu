@@ -114,6 +114,17 @@ cudaGraphExec_t capture(const Env& env, const std::function<void(int)>& launch, 
   return ge;
 }
 
+void time_graph_row(const Env& env, const std::function<void(int)>& launch, int sets, Row& r) {
+  std::vector<cudaGraphExec_t> g1, g16;
+  for (int i = 0; i < sets; ++i) g1.push_back(capture(env, launch, i, 1));
+  for (int k = 0; k < 4; ++k) g16.push_back(capture(env, launch, 16 * k, 16));
+  r.us = time_graph_cold_us(env, g1);
+  r.us_amortized = time_graph_cold_us(env, g16, 16);
+  KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+  for (auto g : g1) KILN_CUDA_CHECK(cudaGraphExecDestroy(g));
+  for (auto g : g16) KILN_CUDA_CHECK(cudaGraphExecDestroy(g));
+}
+
 double measure_copy_gbps(const Env& env) {
   const size_t bytes = size_t(512) << 20;
   void *a = nullptr, *b = nullptr;

@@ -66,6 +66,9 @@ double time_graph_cold_us(const Env& env, const std::vector<cudaGraphExec_t>& gr
                           double per_graph_launches = 1);
 // Captures launch(i) for i in [first, first + n) on env.stream into one executable graph.
 cudaGraphExec_t capture(const Env& env, const std::function<void(int)>& launch, int first, int n);
+// A small launch's row: r.us = graph replays of launch(i), one launch a graph, i < sets (the input sets
+// the launch rotates); r.us_amortized = 16 launches in one graph / 16. The graphs are destroyed after.
+void time_graph_row(const Env& env, const std::function<void(int)>& launch, int sets, Row& r);
 // Device-to-device copy bandwidth (bytes read + written per second / 1e9), median of 20 copies of 512 MB.
 double measure_copy_gbps(const Env& env);
 // Read-only bandwidth (bytes read per second / 1e9), median of 20 reads of 2 GB.

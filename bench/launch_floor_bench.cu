@@ -97,13 +97,7 @@ void run_launch_floor(const Env& env, std::vector<Row>& rows) {
   };
   for (const Case& c : cases) {
     Row row{"launch_floor", c.name, "graph replay, cold L2", 0, -1, c.bytes, "bench kernels"};
-    std::vector<cudaGraphExec_t> g1, g16;
-    for (int k = 0; k < 4; ++k) g1.push_back(capture(env, c.launch, k, 1));
-    for (int k = 0; k < 4; ++k) g16.push_back(capture(env, c.launch, 16 * k, 16));
-    row.us = time_graph_cold_us(env, g1);
-    row.us_amortized = time_graph_cold_us(env, g16, 16);
-    for (auto g : g1) cudaGraphExecDestroy(g);
-    for (auto g : g16) cudaGraphExecDestroy(g);
+    time_graph_row(env, c.launch, int(tables.size()), row);
     rows.push_back(row);
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
