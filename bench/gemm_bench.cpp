@@ -210,6 +210,13 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                      });
           }
         }
+        // The fused kernel with PDL, as the decode graphs launch it, in the engine's configuration.
+        time_row(Row{"gemm", config_name(gate_up ? "gemv_norm_in+silu+pdl" : "gemv_norm_in+pdl", pc), shape,
+                     0, -1, ni_bytes, note},
+                 [&](int i) {
+                   kc::gemv_norm_in(ni_delta.data(), c.k, ni_res.data(), c.k, ni_w.data(), 1e-6f, wi(i), c.k,
+                                    dst, cols, M, c.n, c.k, epi, pc, env.stream, true);
+                 });
       }
       if (!gate_up) continue;
       // gate_up + SiLU-and-mul: two launches (cuBLASLt into gate_up, then silu_mul) vs the fused GEMV.

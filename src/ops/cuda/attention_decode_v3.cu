@@ -359,7 +359,12 @@ bool tma_applies(const PagedAttnParams& p) {
   return p.page_size == 16 || p.page_size == 32 || p.page_size == 64;
 }
 
-// The 4-D view (d, row in page, kv head, page) of a cache, boxes of 128 bytes x page_size rows.
+// The 4-D view (d, row in page, kv head, page) of a cache, boxes of 128 bytes x page_size rows. L2 fetches
+// of 128 bytes, the box's row: with the default 256-byte promotion every row of a box also pulled in the
+// other half of its 256-byte (bf16) K/V row, or the next row (fp8), which another box reads later; the L2
+// then served 25 % more sectors than the tile bytes, the extra crossing between its two halves (ncu), and
+// B = 128 at ctx 9216 ran at 1,133 µs bf16 / 603 fp8 against 1,056 / 576 with 128 (docs/PERF.md, fifteenth
+// session).
 CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
   const bool bf16 = p.kv_dtype == KvDtype::bf16;
   const uint64_t esz = bf16 ? 2 : 1;
@@ -367,7 +372,7 @@ CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
   const uint64_t strides[3] = {uint64_t(p.s_row) * esz, uint64_t(p.s_head) * esz, uint64_t(p.s_page) * esz};
   const uint32_t box[4] = {uint32_t(128 / esz), uint32_t(p.page_size), 1, 1};
   return encode_tiled_map(bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, base,
-                          dims, strides, box);
+                          dims, strides, box, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
 }
 
 template <int D, int G, KvDtype KT, bool kTma>

@@ -66,9 +66,10 @@
 // the counter to 0. The normed rows are never stored. Safe for any number of launches on one stream, in a
 // graph or not (the count is touched after pdl_wait, as the add + RMSNorm epilogue's), not for two launches
 // in flight at once on two streams of one device. Before the prologue (and before the PDL wait) its blocks
-// issue their first round of W loads into registers, as the plain GEMV does, and prefetch the rest of their
-// W slice towards L2, so the W stream overlaps the norm (the first round: 0.6B 1.047 -> 1.030 ms a token,
-// 4B unchanged; docs/PERF.md, thirteenth session). PDL: as gemv.
+// issue their first round of W loads into registers, as the plain GEMV does, prefetch the rest of their
+// W slice towards L2 and stage the norm weight into shared memory, so the W stream overlaps the norm (the
+// first round: 0.6B 1.047 -> 1.030 ms a token, 4B unchanged; docs/PERF.md, thirteenth session; the weight
+// and the count off the squares' path: 4B QKV 13.4 -> 12.8 µs, fifteenth session). PDL: as gemv.
 #pragma once
 
 #include <cstdint>

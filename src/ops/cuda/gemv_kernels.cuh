@@ -88,10 +88,24 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 // same chunk arithmetic, and each row's squares summed by one warp with lane l taking chunks l, l + 32, ...
 // in order. The sums h = bf16(residual + delta) are spread over all threads first, kNormInBatch chunks of
 // loads in flight per thread (2: the kernel holds its first round of W in registers meanwhile; 4 spilled
-// 150-200 bytes a thread in the tensor-core kernel; with the norm weight staged into shared memory ws the
-// same way), the squares then read h from shared memory. The block counts itself once its residual reads are
-// done; the block that counts last (every other block has read by then) writes h back.
+// 150-200 bytes a thread in the tensor-core kernel), the squares then read h from shared memory. The norm
+// weight is already in shared memory ws (norm_in_stage_weight, before the PDL wait). The block counts itself
+// once its residual reads are done, on its last warp while warp 0 sums row 0's squares; the block that counts
+// last (every other block has read by then) writes h back.
 constexpr int kNormInBatch = 2;
+// The norm weight's K / 8 chunks into shared memory ws (a weight: never written by an earlier kernel).
+__device__ __forceinline__ void norm_in_stage_weight(const GemvParams& p, uint4* ws, int tid, int T) {
+  const int k8 = int(p.k8);
+  for (int j0 = tid; j0 < k8; j0 += kNormInBatch * T) {
+    uint4 wv[kNormInBatch];
+#pragma unroll
+    for (int b = 0; b < kNormInBatch; ++b)
+      if (j0 + b * T < k8) wv[b] = __ldg(p.ni_w + j0 + b * T);
+#pragma unroll
+    for (int b = 0; b < kNormInBatch; ++b)
+      if (j0 + b * T < k8) ws[j0 + b * T] = wv[b];
+  }
+}
 template <int M>
 __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs, uint4* ws, int tid, int T) {
   __shared__ float inv[M];
@@ -113,17 +127,9 @@ __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs,
       if (c < total) xs[m * lds + j] = norm_add_chunk(dv[b], rv[b]);
     }
   }
-  for (int j0 = tid; j0 < k8; j0 += kNormInBatch * T) {
-    uint4 wv[kNormInBatch];
-#pragma unroll
-    for (int b = 0; b < kNormInBatch; ++b)
-      if (j0 + b * T < k8) wv[b] = __ldg(p.ni_w + j0 + b * T);
-#pragma unroll
-    for (int b = 0; b < kNormInBatch; ++b)
-      if (j0 + b * T < k8) ws[j0 + b * T] = wv[b];
-  }
-  __syncthreads();  // every residual read of this block has returned
-  if (tid == 0) {
+  __syncthreads();  // every residual read of this block has returned (and ws, staged before the PDL wait)
+  // The count's round trip on the last warp, beside the squares of row 0 on warp 0 (blocks have >= 2 warps).
+  if (tid == T - 32) {
     last = atomicAdd(&g_norm_in_blocks_read, 1u) == gridDim.x - 1;
     if (last) atomicExch(&g_norm_in_blocks_read, 0u);  // every block has counted: ready for the next launch
   }
@@ -301,10 +307,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   // the stream starts while the predecessor finishes (and, with the prologue, while the norm runs); with the
   // prologue the rest of the slice goes towards L2 as well.
   load_round(tid, std::true_type{});
-  if constexpr (kNormIn) prefetch_group(wrow);
-  pdl_wait();
-  pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
+  if constexpr (kNormIn) {
+    prefetch_group(wrow);
+    norm_in_stage_weight(p, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
+  }
+  pdl_wait();
+  pdl_launch_dependents();  // gemv.h: PDL
   if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
   const uint4* xs = kNormIn ? norm_in_x : p.x;
   const int64_t ldx8 = kNormIn ? norm_in_lds8(p.k8) : p.ldx8;
@@ -421,10 +430,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
   };
   // As the FMA kernel: the first round of W before the PDL wait, the slice towards L2 with the prologue.
   load_round(warp, std::true_type{});
-  if constexpr (kNormIn) prefetch_group(blockIdx.x);
-  pdl_wait();
-  pdl_launch_dependents();              // gemv.h: PDL
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
+  if constexpr (kNormIn) {
+    prefetch_group(blockIdx.x);
+    norm_in_stage_weight(p, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
+  }
+  pdl_wait();
+  pdl_launch_dependents();  // gemv.h: PDL
   if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
   const uint4* xrow =
       kNormIn ? norm_in_x + (g < M ? g : 0) * norm_in_lds8(p.k8) : p.x + (g < M ? g : 0) * p.ldx8;
