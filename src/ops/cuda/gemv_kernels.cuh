@@ -83,17 +83,11 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
   }
 }
 
-// The residual-norm prologue, run by every thread of the block after pdl_wait: xs[m] = rms_norm(residual[m]
-// + delta[m]) * w for the M rows, bitwise norm_row.cuh's rms_norm_row with add (the rms_norm kernel): the
-// same chunk arithmetic, and each row's squares summed by one warp with lane l taking chunks l, l + 32, ...
-// in order. The sums h = bf16(residual + delta) are spread over all threads first, kNormInBatch chunks of
-// loads in flight per thread (2: the kernel holds its first round of W in registers meanwhile; 4 spilled
-// 150-200 bytes a thread in the tensor-core kernel), the squares then read h from shared memory. The norm
-// weight is already in shared memory ws (norm_in_stage_weight, before the PDL wait). The block counts itself
-// once its residual reads are done, on its last warp while warp 0 sums row 0's squares; the block that counts
-// last (every other block has read by then) writes h back.
+// Chunks of loads in flight per thread in the residual-norm prologue and its weight staging.
 constexpr int kNormInBatch = 2;
-// The norm weight's K / 8 chunks into shared memory ws (a weight: never written by an earlier kernel).
+
+// The norm weight's K / 8 chunks into shared memory ws, by every thread of the block before pdl_wait (a
+// weight: never written by an earlier kernel).
 __device__ __forceinline__ void norm_in_stage_weight(const GemvParams& p, uint4* ws, int tid, int T) {
   const int k8 = int(p.k8);
   for (int j0 = tid; j0 < k8; j0 += kNormInBatch * T) {
@@ -106,6 +100,16 @@ __device__ __forceinline__ void norm_in_stage_weight(const GemvParams& p, uint4*
       if (j0 + b * T < k8) ws[j0 + b * T] = wv[b];
   }
 }
+
+// The residual-norm prologue, run by every thread of the block after pdl_wait: xs[m] = rms_norm(residual[m]
+// + delta[m]) * w for the M rows, bitwise norm_row.cuh's rms_norm_row with add (the rms_norm kernel): the
+// same chunk arithmetic, and each row's squares summed by one warp with lane l taking chunks l, l + 32, ...
+// in order. The sums h = bf16(residual + delta) are spread over all threads first, kNormInBatch chunks of
+// loads in flight per thread (2: the kernel holds its first round of W in registers meanwhile; 4 spilled
+// 150-200 bytes a thread in the tensor-core kernel), the squares then read h from shared memory. The norm
+// weight is already in shared memory ws (norm_in_stage_weight, before the PDL wait). The block counts itself
+// once its residual reads are done, on its last warp while warp 0 sums row 0's squares; the block that counts
+// last (every other block has read by then) writes h back.
 template <int M>
 __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs, uint4* ws, int tid, int T) {
   __shared__ float inv[M];
