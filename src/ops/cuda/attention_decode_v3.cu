@@ -360,11 +360,10 @@ bool tma_applies(const PagedAttnParams& p) {
 }
 
 // The 4-D view (d, row in page, kv head, page) of a cache, boxes of 128 bytes x page_size rows. L2 fetches
-// of 128 bytes, the box's row: with the default 256-byte promotion every row of a box also pulled in the
-// other half of its 256-byte (bf16) K/V row, or the next row (fp8), which another box reads later; the L2
-// then served 25 % more sectors than the tile bytes, the extra crossing between its two halves (ncu), and
-// B = 128 at ctx 9216 ran at 1,133 µs bf16 / 603 fp8 against 1,056 / 576 with 128 (docs/PERF.md, fifteenth
-// session).
+// of 128 bytes, the box's row: with the default 256-byte promotion each bf16 box row also pulled in the other
+// half of its 256-byte K/V row, which another box reads later; the L2 then served 25 % more sectors than the
+// tile bytes, the extra crossing between its two halves (ncu), and B = 128 at ctx 9216 ran at 1,133 µs bf16
+// / 603 fp8 against 1,056 / 576 with 128 (fp8 not profiled; docs/PERF.md, fifteenth session).
 CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
   const bool bf16 = p.kv_dtype == KvDtype::bf16;
   const uint64_t esz = bf16 ? 2 : 1;

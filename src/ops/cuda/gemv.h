@@ -69,7 +69,7 @@
 // issue their first round of W loads into registers, as the plain GEMV does, prefetch the rest of their
 // W slice towards L2 and stage the norm weight into shared memory, so the W stream overlaps the norm (the
 // first round: 0.6B 1.047 -> 1.030 ms a token, 4B unchanged; docs/PERF.md, thirteenth session; the weight
-// and the count off the squares' path: 4B QKV 13.4 -> 12.8 µs, fifteenth session). PDL: as gemv.
+// and the count off the squares' path: 4B QKV 13.4 -> 12.5 µs, fifteenth session). PDL: as gemv.
 #pragma once
 
 #include <cstdint>

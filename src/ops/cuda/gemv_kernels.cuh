@@ -311,14 +311,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   // the stream starts while the predecessor finishes (and, with the prologue, while the norm runs); with the
   // prologue the rest of the slice goes towards L2 as well.
   load_round(tid, std::true_type{});
-  extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
+  extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows, then the norm weight
+  uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
     prefetch_group(wrow);
-    norm_in_stage_weight(p, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
+    norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
   pdl_launch_dependents();  // gemv.h: PDL
-  if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
+  if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_w, tid, T);
   const uint4* xs = kNormIn ? norm_in_x : p.x;
   const int64_t ldx8 = kNormIn ? norm_in_lds8(p.k8) : p.ldx8;
 
@@ -434,14 +435,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
   };
   // As the FMA kernel: the first round of W before the PDL wait, the slice towards L2 with the prologue.
   load_round(warp, std::true_type{});
-  extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows
+  extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows, then the norm weight
+  uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
     prefetch_group(blockIdx.x);
-    norm_in_stage_weight(p, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
+    norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
   pdl_launch_dependents();  // gemv.h: PDL
-  if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_x + M * norm_in_lds8(p.k8), tid, T);
+  if constexpr (kNormIn) norm_in_prologue<M>(p, norm_in_x, norm_in_w, tid, T);
   const uint4* xrow =
       kNormIn ? norm_in_x + (g < M ? g : 0) * norm_in_lds8(p.k8) : p.x + (g < M ? g : 0) * p.ldx8;
 
