@@ -196,7 +196,8 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
             "decode" + std::string(splits > 1 ? " + combine, splits=" + std::to_string(splits) : ", 1 split");
         auto launch = [&](int i) {
           const Set& set = sets[size_t(i) % sets.size()];
-          cuda::paged_attention(set.p, set.ws.data(), env.stream, forced_splits());
+          // The combine with PDL, as the model's decode graphs launch it.
+          cuda::paged_attention(set.p, set.ws.data(), env.stream, forced_splits(), /*pdl=*/true);
         };
         time_graph_row(env, launch, int(sets.size()), r);
         rows.push_back(r);

@@ -21,9 +21,12 @@ __global__ void __launch_bounds__(D)
   __shared__ float sw[kMaxSplits];
   __shared__ float red[D / 32];
   const int h = blockIdx.x, d = threadIdx.x;
-  pdl_wait();
+  // The row metadata before the wait: the decode kernel before this one launches without PDL (everything
+  // before it is done once it runs) and never writes cu_q or kv_lens, so they are final when this starts.
   int row0, n, kv_len;
-  if (decode_rows(p, blockIdx.y, all_rows, &row0, &n, &kv_len)) {
+  const bool rows = decode_rows(p, blockIdx.y, all_rows, &row0, &n, &kv_len);
+  pdl_wait();
+  if (rows) {
     const float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
     for (int row = row0; row < row0 + n; ++row) {
       int used = splits;

@@ -343,6 +343,11 @@ __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
     __syncthreads();
   }
   pdl_wait();
+  // With splits the dependent is the combine: let its blocks launch and read the row metadata as soon as
+  // every block of this grid has started (its wait still holds it until this grid is done), rather than
+  // after the last block's end. B = 1: 10.94 -> 10.72 us (graph, bf16 ctx 1024), the 4B step 3.06 -> 3.00
+  // ms (H200, docs/PERF.md, sixteenth session). One split: the next projection's GEMV, kept at the end.
+  if (splits > 1) pdl_launch_dependents();
   int row0, n, kv_len, seq = 0;
   if (decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len)) {
     for (int i = 0; i < n; ++i)
