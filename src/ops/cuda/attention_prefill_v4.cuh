@@ -60,6 +60,10 @@ struct PrefillV4Params {
   int32_t rows_dim1 = 0;
   int32_t skip_single = 0;  // skip sequences with q_len == 1 (the decode kernel's)
   int32_t G = 1;            // Hq / Hkv
+  // The producer thread that issues V's TMA boxes (thread 0 issues K's; attention_prefill_v4_producer.cuh).
+  // A parameter rather than a constant: as a compile-time 32, ptxas spilled 4 bytes in the bf16 kernels,
+  // and this is the form measured on the H200 (docs/PERF.md, sixteenth session).
+  int32_t v_issue_thread = 32;
 };
 
 // Instantiated for D in {64, 128} and both cache dtypes (attention_prefill_v4_d64.cu, _d128.cu). overlap:

@@ -21,15 +21,16 @@
 //       tile j = 0 .. n_tiles - 1 (kBN = 128 keys), the block's tile jt, stage jt % S: waits until both
 //       consumers released the stage's K (empty K barrier), fills it, then the same for V:
 //       - bf16 cache, tile wholly inside the context, page_size 16, 32, 64 or 128: thread 0 issues one TMA
-//         box (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, then of V, each
+//         box (page_size rows x 64 d, 128-byte swizzle) per page and 64-wide column of K, and thread 32
+//         (v_issue_thread) those of V, each thread with its own page lookups and empty waits, each tensor
 //         completing its own full barrier (expect_tx = the tile's bytes);
 //       - otherwise (the tile reaching past kv_len, an fp8 cache, no tensor map): thread t gathers key row
 //         t of the tile through the page table (fp8: 8 e4m3 bytes at a time widened exactly to bf16 with
 //         the row's UE8M0 scale), rows at or past kv_len stored as zeros (NaN garbage never reaches P V),
 //         in the same swizzled layout, then fence.proxy.async + a named barrier + one arrival. Where some
-//         tiles came by TMA, only thread 0 has waited on the empty barriers for every tile (the others skip
-//         TMA tiles, and an mbarrier parity wait cannot tell phase k from k - 2), so thread 0 alone waits
-//         for a gathered tile's stage and a named barrier hands it to the other producer threads.
+//         tiles came by TMA, only thread 0 (K) and thread 32 (V) have waited on the empty barriers for every
+//         tile (the others skip TMA tiles, and an mbarrier parity wait cannot tell phase k from k - 2), so
+//         they alone wait for a gathered tile's stages and a named barrier hands each to the others.
 //     warpgroups 1 and 2, consumers (setmaxnreg 216): consumer c owns packed rows 64 c .. 64 c + 63 of the
 //       item; warp w of it rows 16 w .. 16 w + 15 (thread: rows lane / 4 and lane / 4 + 8, the wgmma
 //       accumulator layout, wgmma_bf16.cuh). Per item it waits for its Q buffer, then per key tile: waits

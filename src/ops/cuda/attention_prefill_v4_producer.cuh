@@ -113,7 +113,12 @@ __device__ __forceinline__ void produce_q(const PrefillV4Params& prm, const Item
   if (t == 0) sm90::mbar_arrive(full);
 }
 
-// Key tile j of the item, the block's jt-th tile (stage jt % S, phase (jt / S) & 1): K, then V.
+// Key tile j of the item, the block's jt-th tile (stage jt % S, phase (jt / S) & 1): K, then V. TMA tiles:
+// thread 0 issues K's boxes and thread vt = prm.v_issue_thread (32, lane 0 of warp 1) V's, each walking every
+// tile with its own page lookups and empty-barrier waits, so K of tile j + 1 is not held behind the wait for
+// V_j's stage (released only after P V_{j-2}, a tile later than K_{j-1}'s). With one thread issuing both, the
+// consumers waited for K tiles (9.5 % of their stall samples, ncu); split: prefill 4096 tokens 352 -> 298 µs
+// (bf16, 390 -> 461 TFLOP/s), 8192 1,300 -> 1,091 µs (H200, docs/PERF.md, sixteenth session).
 template <int D, KvDtype KT, int S>
 __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const Item& it, int j, int jt,
                                              uint32_t base) {
@@ -123,7 +128,7 @@ __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const I
   const PagedAttnParams& p = prm.p;
   const Work& w = it.w;
   const int t = int(threadIdx.x % 128), hk = it.hk;
-  // Whether some tiles come by TMA (thread 0 alone; the other producer threads skip them).
+  // Whether some tiles come by TMA (threads 0 and vt alone; the other producer threads skip them).
   const bool tma_tiles = KT == KvDtype::bf16 && prm.use_tma;
   const int s = jt % S;
   const uint32_t ph = uint32_t(jt / S) & 1u;
@@ -131,14 +136,16 @@ __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const I
   const uint32_t empty_k = bars + 8 * (2 * S + s), empty_v = bars + 8 * (3 * S + s);
   const uint32_t dk = sK + s * kTileBytes, dv = sV + s * kTileBytes;
   // Uniform over the warpgroup: TMA only for tiles whose every key is inside the context.
+  const int vt = prm.v_issue_thread;
   if (tma_tiles && (j + 1) * kBN <= w.kv_len) {
-    if (t != 0) return;
-    // The tile's page ids first (independent loads, one latency), then the boxes of K and of V.
+    if (t != 0 && t != vt) return;
+    // The tile's page ids first (independent loads, one latency; each of the two threads its own), then
+    // thread 0 the boxes of K, thread vt those of V.
     const int ps = p.page_size, n_pages = kBN / ps;
     int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
 #pragma unroll
     for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
-    // K, then V: once the consumers released the stage, one box per page and 64-wide column.
+    // Once the consumers released the stage: one box per page and 64-wide column.
     const auto issue = [&](uint32_t empty, uint32_t full, uint32_t dst, const CUtensorMap* tmap) {
       sm90::mbar_wait(empty, ph ^ 1u);
       sm90::mbar_arrive_expect_tx(full, kTileBytes);
@@ -150,8 +157,8 @@ __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const I
             sm90::tma_load_4d(dst + uint32_t(c * kBN + pg * ps) * 128, tmap, c * 64, prm.rows_dim1 ? 0 : hk,
                               prm.rows_dim1 ? hk : 0, pages[pg], full);
     };
-    issue(empty_k, full_k, dk, &prm.tmap_k);
-    issue(empty_v, full_v, dv, &prm.tmap_v);
+    if (t == 0) issue(empty_k, full_k, dk, &prm.tmap_k);
+    if (t == vt) issue(empty_v, full_v, dv, &prm.tmap_v);
   } else if (!tma_tiles) {
     // Every tile gathered: each producer thread waits for every tile's stage itself, so its parity waits
     // follow the empty barriers' phases one by one.
@@ -166,21 +173,20 @@ __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const I
     sm90::named_bar_sync(1, 128);
     if (t == 0) sm90::mbar_arrive(full_v);
   } else {
-    // A gathered tile after TMA tiles (an item's last tile, reaching past kv_len). Threads 1..127 skipped
+    // A gathered tile after TMA tiles (an item's last tile, reaching past kv_len). The other threads skipped
     // the TMA tiles' empty waits, so they must not wait on the empty barriers themselves: a parity wait
     // cannot tell phase k from k - 2, and theirs would pass as soon as an older use of the stage was
     // released (or at once on a fresh barrier), letting them write rows into a stage that a TMA load or the
-    // consumers still own. Thread 0 has waited for every tile in order: it waits, then a named barrier
-    // hands the stage to the others (bar.sync orders its acquire before their stores).
+    // consumers still own. Thread 0 has waited for every K stage in order and thread vt for every V
+    // stage: each waits for its own, then a named barrier hands the stage to the others (bar.sync orders
+    // its acquire before their stores).
     if (t == 0) sm90::mbar_wait(empty_k, ph ^ 1u);
     sm90::named_bar_sync(1, 128);
     load_tile_manual<D, KT, false>(p, w, hk, j, dk);
     sm90::fence_proxy_async();
     sm90::named_bar_sync(1, 128);
-    if (t == 0) {
-      sm90::mbar_arrive(full_k);
-      sm90::mbar_wait(empty_v, ph ^ 1u);
-    }
+    if (t == 0) sm90::mbar_arrive(full_k);
+    if (t == vt) sm90::mbar_wait(empty_v, ph ^ 1u);
     sm90::named_bar_sync(1, 128);
     load_tile_manual<D, KT, true>(p, w, hk, j, dv);
     sm90::fence_proxy_async();
