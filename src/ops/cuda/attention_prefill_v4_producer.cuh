@@ -116,9 +116,10 @@ __device__ __forceinline__ void produce_q(const PrefillV4Params& prm, const Item
 // Key tile j of the item, the block's jt-th tile (stage jt % S, phase (jt / S) & 1): K, then V. TMA tiles:
 // thread 0 issues K's boxes and thread vt = prm.v_issue_thread (32, lane 0 of warp 1) V's, each walking every
 // tile with its own page lookups and empty-barrier waits, so K of tile j + 1 is not held behind the wait for
-// V_j's stage (released only after P V_{j-2}, a tile later than K_{j-1}'s). With one thread issuing both, the
-// consumers waited for K tiles (9.5 % of their stall samples, ncu); split: prefill 4096 tokens 352 -> 298 µs
-// (bf16, 390 -> 461 TFLOP/s), 8192 1,300 -> 1,091 µs (H200, docs/PERF.md, sixteenth session).
+// V_j's stage (freed when P V_{j-2} completes, after the consumers' softmax of tile j - 1; K_{j+1}'s stage
+// frees when S_{j-1} does, before it). With one thread issuing both, the consumers waited for K tiles (9.5 %
+// of their stall samples, ncu); split: prefill 4096 tokens 352 -> 298 µs (bf16, 390 -> 461 TFLOP/s), 8192
+// 1,300 -> 1,091 µs (H200, docs/PERF.md, sixteenth session).
 template <int D, KvDtype KT, int S>
 __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const Item& it, int j, int jt,
                                              uint32_t base) {
