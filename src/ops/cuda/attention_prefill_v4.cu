@@ -83,6 +83,8 @@ bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStre
   prm.p = p;
   prm.skip_single = skip_single_rows ? 1 : 0;
   prm.G = p.Hq / p.Hkv;
+  static const bool pingpong = !env_flag("KILN_ATTN_V4_NO_PINGPONG");  // the A/B switch (docs/BENCH.md)
+  prm.pingpong = pingpong ? 1 : 0;
   if (prefill_v4_uses_tma(p)) {
     prm.rows_dim1 = p.s_row <= p.s_head ? 1 : 0;
     prm.use_tma = encode_kv_map(&prm.tmap_k, p.k, p, prm.rows_dim1 != 0) &&

@@ -64,6 +64,10 @@ struct PrefillV4Params {
   // A parameter rather than a constant: as a compile-time 32, ptxas spilled 4 bytes in the bf16 kernels,
   // and this is the form measured on the H200 (docs/PERF.md, sixteenth session).
   int32_t v_issue_thread = 32;
+  // The two consumers take turns issuing their products (attention_prefill_v4_kernel.cuh); 0 under
+  // KILN_ATTN_V4_NO_PINGPONG=1. A parameter rather than a constant: the compile-time form measured 2.7 %
+  // slower at 8192 tokens on the same H200 (docs/PERF.md, seventeenth session).
+  int32_t pingpong = 1;
 };
 
 // Instantiated for D in {64, 128} and both cache dtypes (attention_prefill_v4_d64.cu, _d128.cu). overlap:

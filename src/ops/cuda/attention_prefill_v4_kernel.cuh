@@ -40,8 +40,9 @@
 //       m_new)), P rounded to bf16 in registers, waits V, O += P V (m64nDk16, A = P from registers, B = V
 //       MN-major from shared memory); each warp releases K once S is done, V once P V is, and the Q buffer
 //       after the item's last product. Pipelined (the default): S_j is issued before P_{j-1} V_{j-1} and
-//       tile j's softmax runs while that product is in flight. Finally O / l, one bf16 rounding, stored to
-//       out[token, hk G + g, :].
+//       tile j's softmax runs while that product is in flight, and the two consumers take turns issuing
+//       their products (named barriers 2 and 3, once both operands are in), so one's softmax overlaps the
+//       other's MMAs. Finally O / l, one bf16 rounding, stored to out[token, hk G + g, :].
 //   Shared memory (1024-aligned): Q [2 buffers][2 warpgroups][D / 64][64 rows][128 B]; K and V [S][D / 64]
 //   [128 keys][128 B]; fullK[S], fullV[S] (count 1 + TMA bytes), emptyK[S], emptyV[S] (count 8: every
 //   consumer warp), fullQ[2] (count 1 + TMA bytes), emptyQ[2] (count 8).
@@ -190,28 +191,44 @@ __device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const I
     }
   };
 
+  // Ping-pong (prm.pingpong, the default): the two consumers take turns issuing their tensor work, FA3's
+  // inter-warpgroup schedule: consumer c waits for its turn on named barrier 2 + c and hands the turn to the
+  // other on 3 - c once its products are issued, so one's softmax runs while the other's products do
+  // (+3-5 % at 4096 and 8192 tokens on the H200, docs/PERF.md seventeenth session).
+  const bool pp = prm.pingpong != 0;
+  const auto turn_take = [&] {
+    if (pp) sm90::named_bar_sync(uint32_t(2 + c), 256);
+  };
+  const auto turn_give = [&] {
+    if (pp) sm90::named_bar_arrive(uint32_t(3 - c), 256);
+  };
   wait_full(bars + 8 * (4 * S + (k & 1)), uint32_t(k >> 1) & 1u);  // Q
   if constexpr (kOverlap) {
     // S_j = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of tile j runs while that
     // product is still on the tensor cores (wait_group 1), FlashAttention-3's intra-warpgroup overlap. K_j
     // is released as soon as S_j is done, V_{j-1} when its product is.
     wait_full(full_k(0), parity(0));
+    turn_take();
     sm90::wgmma_fence();
     issue_qk(0);
     sm90::wgmma_commit();
+    turn_give();
     sm90::wgmma_wait<0>();
     release(false, 0);
     softmax(0);
     rescale_and_pack();
     for (int j = 1; j < n_tiles; ++j) {
       wait_full(full_k(j), parity(j));
+      if (pp) wait_full(full_v(j - 1), parity(j - 1));  // both operands in before taking the turn
+      turn_take();
       sm90::wgmma_fence();
       issue_qk(j);
       sm90::wgmma_commit();
-      wait_full(full_v(j - 1), parity(j - 1));
+      if (!pp) wait_full(full_v(j - 1), parity(j - 1));
       sm90::wgmma_fence();
       issue_pv(j - 1);
       sm90::wgmma_commit();
+      turn_give();
       sm90::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       release(false, j);
       softmax(j);
@@ -220,9 +237,11 @@ __device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const I
       rescale_and_pack();
     }
     wait_full(full_v(n_tiles - 1), parity(n_tiles - 1));
+    turn_take();
     sm90::wgmma_fence();
     issue_pv(n_tiles - 1);
     sm90::wgmma_commit();
+    turn_give();
     sm90::wgmma_wait<0>();
     release(true, n_tiles - 1);
   } else {
@@ -273,10 +292,14 @@ template <int D, int S, bool kOverlap>
 __device__ __forceinline__ void consume(const PrefillV4Params& prm, int c, uint32_t sQ) {
   Item it;
   int jt = 0;
+  // Ping-pong: consumer 0 takes the first turn; its extra take at the end matches consumer 1's last
+  // hand-over (every take pairs with one hand-over; both consumers walk the same items and tiles).
+  if (kOverlap && prm.pingpong && c == 1) sm90::named_bar_arrive(2, 256);
   for (int k = 0; block_item(prm, k, it); ++k) {
     consume_item<D, S, kOverlap>(prm, it, k, jt, c, sQ);
     jt += it.n_tiles;
   }
+  if (kOverlap && prm.pingpong && c == 0) sm90::named_bar_sync(2, 256);
 }
 
 #endif  // KILN_SM90A
