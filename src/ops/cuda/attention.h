@@ -115,7 +115,8 @@ bool prefill_v3_applies(const PagedAttnParams& p);
 // Whether PrefillKernel::v4 runs its own kernel for these params (D 64 or 128, an sm_90 device running the
 // build's sm_90a code); otherwise it runs v3. prefill_v4_uses_tma: whether its full K/V tiles come by TMA
 // (bf16 cache, page_size a multiple of 16 dividing 128; not with KILN_ATTN_V4_NO_TMA=1); otherwise its
-// producer warpgroup gathers them. KILN_ATTN_V4_SERIAL=1 turns off its softmax / P V overlap (debugging).
+// producer warpgroup gathers them. KILN_ATTN_V4_SERIAL=1 turns off its softmax / P V overlap and
+// KILN_ATTN_V4_NO_PINGPONG=1 its consumers' turn-taking (debugging, A/B).
 bool prefill_v4_applies(const PagedAttnParams& p);
 bool prefill_v4_uses_tma(const PagedAttnParams& p);
 // FP8 prefill through staging (attention_prefill_fp8_staging.cu): with an fp8 cache, prefill v4 chosen and

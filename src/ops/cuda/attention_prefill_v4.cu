@@ -48,7 +48,8 @@ bool env_flag(const char* name) {
 
 // Debugging aids, read once (same arithmetic, same bits; to tell a fault's place on the GPU):
 // KILN_ATTN_V4_SERIAL=1: the consumers run each tile's two products in turn instead of overlapping the
-// softmax with the previous P V; KILN_ATTN_V4_NO_TMA=1: every tile is gathered by the producer threads.
+// softmax with the previous P V; KILN_ATTN_V4_NO_TMA=1: every tile is gathered by the producer threads;
+// KILN_ATTN_V4_NO_PINGPONG=1: the two consumers issue their products without taking turns.
 bool v4_overlap() {
   static const bool overlap = !env_flag("KILN_ATTN_V4_SERIAL");
   return overlap;
@@ -83,7 +84,7 @@ bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStre
   prm.p = p;
   prm.skip_single = skip_single_rows ? 1 : 0;
   prm.G = p.Hq / p.Hkv;
-  static const bool pingpong = !env_flag("KILN_ATTN_V4_NO_PINGPONG");  // the A/B switch (docs/BENCH.md)
+  static const bool pingpong = !env_flag("KILN_ATTN_V4_NO_PINGPONG");
   prm.pingpong = pingpong ? 1 : 0;
   if (prefill_v4_uses_tma(p)) {
     prm.rows_dim1 = p.s_row <= p.s_head ? 1 : 0;
