@@ -23,14 +23,14 @@ fx_rc=$?
 summary+=("make_hf_vl_image_fixture rc=$fx_rc ($(el)): $(tail -1 "$out/make_hf_vl_image.log" | cut -c1-600)")
 ((fx_rc == 0)) && tar czf "$out/qwen3_vl_image_tiny.tgz" -C tests/fixtures/hf qwen3_vl_image_tiny
 
-targets=(kiln test_hf_parity_vl_image test_engine_vl test_ops_vision test_cuda_vision)
+targets=(kiln test_hf_parity_vl_image test_engine_vl test_ops_vision test_cuda_vision test_cuda_vision_varlen)
 bash scripts/device_build.sh "${targets[@]}" >"$out/build.log" 2>&1
 build_rc=$?
 summary+=("build rc=$build_rc ($(el))")
 ((build_rc == 0)) || grep -B2 -A12 -m3 "FAILED\|error" "$out/build.log" | head -60
 
 bd=build/device/tests
-for name in test_hf_parity_vl_image test_engine_vl test_ops_vision test_cuda_vision; do
+for name in test_hf_parity_vl_image test_engine_vl test_ops_vision test_cuda_vision test_cuda_vision_varlen; do
   if [[ ! -x $bd/$name ]]; then
     summary+=("$name: not built")
     continue
