@@ -6,7 +6,9 @@
 # then runs `kiln $CMD` with each binary in turn,
 # ROUNDS times alternating (so drift between machines' clocks or over the run shows as spread, not as a
 # difference), with the environment assignments of ENV. PROFILE=1 adds ncu's per-SASS-instruction warp-stall
-# samples of prefill v4 (bf16, 4096 tokens) of the current build, as CSV for reading here.
+# samples of prefill v4 (bf16, 4096 tokens) of the current build, as CSV for reading here. FLAGS="-D..." adds
+# this tree built a second time with those nvcc flags (build/device-flags, named "flags"; an experiment behind
+# a compile-time switch, e.g. bench/experiments/prefill_v4_k_stages.patch); with TESTS=1 its tests run too.
 # Usage: CMD="bench kernels --filter =attention" ENV="KILN_ATTN_BENCH_KERNELS=prefill v4" bench/ab_tree_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +27,18 @@ done
 targets=(kiln)
 [[ ${TESTS:-0} == 1 ]] && targets+=(test_cuda_attention)
 (bash scripts/device_build.sh "${targets[@]}" >"$out/build_new.log" 2>&1; echo "new build rc=$?") &
+if [[ -n ${FLAGS:-} ]]; then
+  names+=(flags)
+  (KILN_BUILD_DIR=build/device-flags KILN_CUDA_FLAGS="$FLAGS" bash scripts/device_build.sh "${targets[@]}" \
+    >"$out/build_flags.log" 2>&1; echo "flags build ($FLAGS) rc=$?") &
+fi
 wait
 echo "builds: $(($(date +%s) - t0)) s"
-if [[ ${TESTS:-0} == 1 ]]; then  # TESTS=1: the current tree's attention tests first
-  timeout 300 build/device/tests/test_cuda_attention --gtest_brief=1 >"$out/tests.log" 2>&1
-  echo "test_cuda_attention rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/tests.log" | tr '\n' ' ') ($(($(date +%s) - t0)) s)"
+if [[ ${TESTS:-0} == 1 ]]; then  # TESTS=1: the current tree's attention tests first (and the flags build's)
+  for bd in build/device ${FLAGS:+build/device-flags}; do
+    timeout 300 $bd/tests/test_cuda_attention --gtest_brief=1 >"$out/tests_${bd##*/}.log" 2>&1
+    echo "$bd test_cuda_attention rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/tests_${bd##*/}.log" | tr '\n' ' ') ($(($(date +%s) - t0)) s)"
+  done
 fi
 read -r -a cmd <<<"${CMD:-bench kernels --filter =attention}"
 IFS=';' read -r -a envs <<<"${ENV:-}"
@@ -38,6 +47,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   for which in "${names[@]}" new; do
     bin=build/device/bin/kiln
     [[ $which == new ]] || bin=/tmp/kiln-$which/build/device/bin/kiln
+    [[ $which == flags ]] && bin=build/device-flags/bin/kiln
     echo "==== round $r $which" >>"$log"
     env "${envs[@]}" timeout 200 "$bin" "${cmd[@]}" >>"$log" 2>&1
     echo "round $r $which rc=$? ($(($(date +%s) - t0)) s)"
