@@ -45,9 +45,11 @@ IFS=';' read -r -a envs <<<"${ENV:-}"
 log="$out/ab.log"
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for which in "${names[@]}" new; do
-    bin=build/device/bin/kiln
-    [[ $which == new ]] || bin=/tmp/kiln-$which/build/device/bin/kiln
-    [[ $which == flags ]] && bin=build/device-flags/bin/kiln
+    case $which in
+      new) bin=build/device/bin/kiln ;;
+      flags) bin=build/device-flags/bin/kiln ;;
+      *) bin=/tmp/kiln-$which/build/device/bin/kiln ;;
+    esac
     echo "==== round $r $which" >>"$log"
     env "${envs[@]}" timeout 200 "$bin" "${cmd[@]}" >>"$log" 2>&1
     echo "round $r $which rc=$? ($(($(date +%s) - t0)) s)"
