@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Summarise `ncu --csv --metrics gpu__time_duration.sum` of one whole-model prefill (kiln bench model's
+profiler range): the kernels of the first layer in launch order, then every kernel family (name and grid)
+with its count and total time, largest first. Usage: prefill_breakdown.py NCU.csv LAYERS"""
+import csv
+import sys
+
+
+def short(name):
+    name = name.split("(")[0]
+    return name if len(name) <= 70 else name[:67] + "..."
+
+
+rows = []
+with open(sys.argv[1], newline="") as f:
+    lines = [l for l in f if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    us = float(r["Metric Value"].replace(",", "")) / (1e3 if r["Metric Unit"] == "nsecond" else 1.0)
+    if r["Metric Unit"] == "msecond":
+        us = float(r["Metric Value"].replace(",", "")) * 1e3
+    rows.append((short(r["Kernel Name"]), r["Grid Size"], us))
+layers = int(sys.argv[2])
+total = sum(u for _, _, u in rows)
+print(f"{len(rows)} kernels, {total / 1e3:.2f} ms of kernel time (serialized by ncu, no launch gaps)")
+
+
+def period():
+    # The layers repeat one kernel sequence of p launches; a few launches before (embedding) and after (final
+    # norm, LM head) them.
+    names = [n for n, _, _ in rows]
+    for extra in range(0, 16):
+        if (len(rows) - extra) % layers:
+            continue
+        p = (len(rows) - extra) // layers
+        for s in range(0, extra + 1):
+            if all(names[s + i] == names[s + i + p] for i in range(p * (layers - 1))):
+                return p, s
+    return 0, 0
+
+
+per_layer, start = period()
+print(f"\nlayer 1 ({per_layer} kernels a layer, from launch {start}), launch order, us:")
+for name, grid, us in rows[start:start + per_layer]:
+    print(f"  {us:9.1f}  {name}  grid {grid}")
+fam = {}
+for name, grid, us in rows:
+    k = (name, grid)
+    c, t = fam.get(k, (0, 0.0))
+    fam[k] = (c + 1, t + us)
+print("\nby kernel and grid, total us (share):")
+for (name, grid), (c, t) in sorted(fam.items(), key=lambda kv: -kv[1][1]):
+    print(f"  {t:10.1f} ({100 * t / total:4.1f} %)  x{c:<4d} {name}  grid {grid}")
