@@ -9,6 +9,7 @@
 # samples of prefill v4 (bf16, 4096 tokens) of the current build, as CSV for reading here. FLAGS="-D..." adds
 # this tree built a second time with those nvcc flags (build/device-flags, named "flags"; an experiment behind
 # a compile-time switch, e.g. bench/experiments/prefill_v4_k_stages.patch); with TESTS=1 its tests run too.
+# FLAGS2 adds a third build of this tree the same way (build/device-flags2, named "flags2").
 # Usage: CMD="bench kernels --filter =attention" ENV="KILN_ATTN_BENCH_KERNELS=prefill v4" bench/ab_tree_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,15 +28,17 @@ done
 targets=(kiln)
 [[ ${TESTS:-0} == 1 ]] && targets+=(test_cuda_attention)
 (bash scripts/device_build.sh "${targets[@]}" >"$out/build_new.log" 2>&1; echo "new build rc=$?") &
-if [[ -n ${FLAGS:-} ]]; then
-  names+=(flags)
-  (KILN_BUILD_DIR=build/device-flags KILN_CUDA_FLAGS="$FLAGS" bash scripts/device_build.sh "${targets[@]}" \
-    >"$out/build_flags.log" 2>&1; echo "flags build ($FLAGS) rc=$?") &
-fi
+for fv in FLAGS FLAGS2; do
+  [[ -n ${!fv:-} ]] || continue
+  n=$(tr 'A-Z' 'a-z' <<<"$fv")
+  names+=("$n")
+  (KILN_BUILD_DIR=build/device-$n KILN_CUDA_FLAGS="${!fv}" bash scripts/device_build.sh "${targets[@]}" \
+    >"$out/build_$n.log" 2>&1; echo "$n build (${!fv}) rc=$?") &
+done
 wait
 echo "builds: $(($(date +%s) - t0)) s"
 if [[ ${TESTS:-0} == 1 ]]; then  # TESTS=1: the current tree's attention tests first (and the flags build's)
-  for bd in build/device ${FLAGS:+build/device-flags}; do
+  for bd in build/device ${FLAGS:+build/device-flags} ${FLAGS2:+build/device-flags2}; do
     timeout 300 $bd/tests/test_cuda_attention --gtest_brief=1 >"$out/tests_${bd##*/}.log" 2>&1
     echo "$bd test_cuda_attention rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/tests_${bd##*/}.log" | tr '\n' ' ') ($(($(date +%s) - t0)) s)"
   done
@@ -47,7 +50,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   for which in "${names[@]}" new; do
     case $which in
       new) bin=build/device/bin/kiln ;;
-      flags) bin=build/device-flags/bin/kiln ;;
+      flags | flags2) bin=build/device-$which/bin/kiln ;;
       *) bin=/tmp/kiln-$which/build/device/bin/kiln ;;
     esac
     echo "==== round $r $which" >>"$log"
