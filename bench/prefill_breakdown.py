@@ -17,9 +17,8 @@ with open(sys.argv[1], newline="") as f:
 for r in csv.DictReader(lines):
     if r.get("Metric Name") != "gpu__time_duration.sum":
         continue
-    us = float(r["Metric Value"].replace(",", "")) / (1e3 if r["Metric Unit"] == "nsecond" else 1.0)
-    if r["Metric Unit"] == "msecond":
-        us = float(r["Metric Value"].replace(",", "")) * 1e3
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+    us = float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]]
     rows.append((short(r["Kernel Name"]), r["Grid Size"], us))
 layers = int(sys.argv[2])
 total = sum(u for _, _, u in rows)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
@@ -275,8 +276,11 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   att.page_table = pt;
   att.out = attn;
   att.scale = float(1.0 / std::sqrt(double(D)));
-  for (int64_t s = 0; s < B; ++s)
+  att.min_q_len = B > 0 ? std::numeric_limits<int32_t>::max() : 0;
+  for (int64_t s = 0; s < B; ++s) {
     if (b.q_len(int(s)) >= 2) att.prefill_pages += (b.kv_lens[size_t(s)] + b.page_size - 1) / b.page_size;
+    att.min_q_len = std::min(att.min_q_len, b.q_len(int(s)));
+  }
   w.prep = prep;
   w.att = att;
 }

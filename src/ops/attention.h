@@ -40,6 +40,9 @@ struct PagedAttentionArgs {
   // Host bound on sum over the sequences with q_len >= 2 of ceil(kv_len / page_size) (0 = unknown): lets the
   // CUDA backend stage an fp8 cache's prefill pages as bf16 (ops/cuda/attention.h). Ignored on the CPU.
   int32_t prefill_pages = 0;
+  // Host bound: every sequence has at least min_q_len new tokens (0 = unknown); >= 2 lets the CUDA backend
+  // skip its decode launch in a prefill-only step. Ignored on the CPU.
+  int32_t min_q_len = 0;
 };
 
 void paged_attention(const PagedAttentionArgs& args);

@@ -298,13 +298,14 @@ struct UseKernels {
 // pdl: launched with programmatic dependent launch on a stream of its own (each kernel may start before the
 // previous one ends and must wait for it with griddepcontrol.wait before reading its inputs), as the model's
 // graphs run them.
-// staged: see AttnSetup::params.
+// staged: see AttnSetup::params. min_q_len: the params' host bound (0: unknown).
 inline std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0, bool pdl = false,
-                               bool staged = true) {
+                               bool staged = true, int32_t min_q_len = 0) {
   const size_t n = size_t(s.T) * s.c.Hq * s.c.D;
   Buffer out(n * 2, Device::cuda());
   copy_bytes(out.data(), Device::cuda(), std::vector<uint16_t>(n, 0x7fc0).data(), Device::cpu(), n * 2);
-  const auto p = s.params(out.data(), staged);
+  auto p = s.params(out.data(), staged);
+  p.min_q_len = min_q_len;
   const size_t forced = size_t(s.B) * s.c.Hq * std::max(force_splits, 1) * (s.c.D + 2) * 4;
   // Forced splits' partials, then the fp8 staging copy (or the staging copy alone at offset 0 for
   // paged_attention_prefill); poisoned like the rest.

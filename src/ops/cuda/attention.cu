@@ -230,7 +230,7 @@ void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t str
     decode(p, workspace, stream, force_splits, /*all_rows=*/true, pdl);
     return;
   }
-  decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
+  if (p.min_q_len < 2) decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
   void* staging =
       workspace ? static_cast<uint8_t*>(workspace) + decode_workspace_bytes(p, force_splits) : nullptr;
   prefill(p, /*skip_single_rows=*/true, staging, stream, pdl);

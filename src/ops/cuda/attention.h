@@ -5,7 +5,8 @@
 // Row routing: sequences with q_len == 1 go to the decode kernel, q_len > 1 to the prefill kernel. The
 // host does not read cu_q: when T == B (or the host bound max_q_len == 1) only the decode kernel is
 // launched and it also walks the rows of any multi-row sequence (T == B then implies some have none);
-// otherwise both kernels run, each skipping the other's sequences.
+// otherwise both kernels run, each skipping the other's sequences (the decode kernel is not launched when
+// the host bound min_q_len says no sequence has one row).
 //
 // Numerics (both kernels): k, v widened exactly to fp32 (fp8: e4m3 * 2^(byte - 127), exact in bf16 and
 // fp32); s_j = dot(q, k_j) * scale in fp32; p_j = expf(s_j - m) against a running max m; o = sum p_j v_j /
@@ -86,6 +87,9 @@ struct PagedAttnParams {
   int32_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 0.0f;
   int32_t max_q_len = 0;  // host bound on q_len over sequences; 0 = unknown
+  // Host bound: every sequence has at least min_q_len rows (0 = unknown). >= 2: no one-row sequence, so
+  // paged_attention launches no decode kernel (a prefill-only step; graphs hold decode steps only).
+  int32_t min_q_len = 0;
   // Host bound (>= the exact count) on sum over the sequences the prefill kernel runs of
   // ceil(kv_len / page_size); 0 = unknown. With an fp8 cache and prefill v4 it sizes the bf16 staging copy
   // of those pages (prefill_fp8_staging_bytes); unknown: v4 widens the fp8 rows in its producer warpgroup.

@@ -140,19 +140,34 @@ __device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const I
   // 2^(s sl2 - m) (one FFMA and one ex2 an element), l = l corr + sum p. Touches neither o nor pa (a P V
   // product may still be reading them).
   const auto softmax = [&](int j) {
-    const bool need_mask = (j + 1) * kBN - 1 > first_pos;
-    float mx[2] = {-__builtin_huge_valf(), -__builtin_huge_valf()};
+    // The mask is its own code behind the warp-uniform need_mask, one threshold a row (column 8 i + e % 2
+    // of this thread lies past row r's position when it exceeds lim[r]): folded into every tile's max loop,
+    // ptxas if-converted it into 64 ISETP + 64 FSEL a tile (+5 % at 4096 and 8192 tokens without them,
+    // docs/PERF.md eighteenth session).
+    if ((j + 1) * kBN - 1 > first_pos) {
+      const int lim[2] = {rpos[0] - j * kBN - 2 * (lane % 4), rpos[1] - j * kBN - 2 * (lane % 4)};
 #pragma unroll
-    for (int i = 0; i < kBN / 8; ++i) {
+      for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (8 * i + (e & 1) > lim[e >> 1]) sc[4 * i + e] = -__builtin_huge_valf();
+    }
+    // Row maxima in four chains a row (fmaxf is exact: the same bits in any order).
+    float mq[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) mq[r][q] = -__builtin_huge_valf();
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = sc[4 * i + e];
-        if (need_mask && j * kBN + 8 * i + 2 * (lane % 4) + (e & 1) > rpos[e >> 1])
-          v = -__builtin_huge_valf();
-        sc[4 * i + e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        float& q = mq[e >> 1][(i % 2) * 2 + (e & 1)];
+        q = fmaxf(q, sc[4 * i + e]);
       }
-    }
+    float mx[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(mq[r][0], mq[r][1]), fmaxf(mq[r][2], mq[r][3]));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));

@@ -179,6 +179,7 @@ void paged_attention(const PagedAttentionArgs& a) {
                         .D = int32_t(a.q.shape[2]),
                         .scale = a.scale,
                         .max_q_len = 0,
+                        .min_q_len = a.min_q_len,
                         .prefill_pages = a.prefill_pages};
   const size_t ws = kc::paged_attention_workspace_bytes(p);
   kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0,
