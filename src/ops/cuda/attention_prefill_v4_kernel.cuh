@@ -37,12 +37,13 @@
 //       K, S = Q K^T (m64n128k16, D / 16 steps, Q and K K-major from shared memory), scales to the log2
 //       domain, masks keys past each row's position (only in tiles that reach past the warpgroup's first
 //       row), online softmax in fp32 (running max m, sum l of unrounded p, O rescaled by 2^(m_old -
-//       m_new)), P rounded to bf16 in registers, waits V, O += P V (m64nDk16, A = P from registers, B = V
-//       MN-major from shared memory); each warp releases K once S is done, V once P V is, and the Q buffer
-//       after the item's last product. Pipelined (the default): S_j is issued before P_{j-1} V_{j-1} and
-//       tile j's softmax runs while that product is in flight, and the two consumers take turns issuing
-//       their products (named barriers 2 and 3, once both operands are in), so one's softmax overlaps the
-//       other's MMAs. Finally O / l, one bf16 rounding, stored to out[token, hk G + g, :].
+//       m_new) unless no row of the warp moved its max), P rounded to bf16 in registers, waits V, O += P V
+//       (m64nDk16, A = P from registers, B = V MN-major from shared memory); each warp releases K once S is
+//       done, V once P V is, and the Q buffer after the item's last product. Pipelined (the default): S_j is
+//       issued before P_{j-1} V_{j-1} and tile j's softmax runs while that product is in flight, and the two
+//       consumers take turns issuing their products (named barriers 2 and 3, once both operands are in), so
+//       one's softmax overlaps the other's MMAs. Finally O / l, one bf16 rounding, stored to out[token, hk G
+//       + g, :].
 //   Shared memory (1024-aligned): Q [2 buffers][2 warpgroups][D / 64][64 rows][128 B]; K and V [S][D / 64]
 //   [128 keys][128 B]; fullK[S], fullV[S] (count 1 + TMA bytes), emptyK[S], emptyV[S] (count 8: every
 //   consumer warp), fullQ[2] (count 1 + TMA bytes), emptyQ[2] (count 8).
@@ -179,23 +180,31 @@ __device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const I
       m[r] = mn;
       l[r] *= corr[r];
     }
+    // The row sums in two chains a row (one chain of 32 dependent FADDs a row was the softmax's longest;
+    // another order of the same unrounded p: v4 is held to the fp64 bound, not to bits).
+    float lq[2][2] = {};
 #pragma unroll
-    for (int i = 0; i < kBN / 8; ++i) {
+    for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float pe = exp2_approx(fmaf(sc[4 * i + e], sl2, -m[e >> 1]));  // masked: 2^-inf = 0
-        l[e >> 1] += pe;
+        lq[e >> 1][e & 1] += pe;
         sc[4 * i + e] = pe;
       }
-    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] += lq[r][0] + lq[r][1];
   };
   // o *= corr (its rows), then P rounded to bf16: n8 blocks 2 kk and 2 kk + 1 of S are the A fragment of
   // k-step kk of P V.
   const auto rescale_and_pack = [&] {
+    // No rescale when no row of the warp moved its max (o * 1 = o: the same bits), as in most tiles of a
+    // long row.
+    if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) {
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      o[4 * i] *= corr[0], o[4 * i + 1] *= corr[0];
-      o[4 * i + 2] *= corr[1], o[4 * i + 3] *= corr[1];
+      for (int i = 0; i < D / 8; ++i) {
+        o[4 * i] *= corr[0], o[4 * i + 1] *= corr[0];
+        o[4 * i + 2] *= corr[1], o[4 * i + 3] *= corr[1];
+      }
     }
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
