@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Summarise an ncu source page (`ncu -i REP --page source --csv --print-source sass`): warp stall samples
+by reason over the whole kernel, then the instructions with the most samples (their index, samples,
+executions, top two reasons, SASS), and the opcode mix of the hottest loop if LOOP=first,last indices are
+given. Usage: ncu_source_top.py SOURCE.csv [TOP] [FIRST LAST]"""
+import csv
+import sys
+
+
+def num(x):
+    try:
+        return float(x.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+lines = [l for l in open(sys.argv[1]) if l.startswith('"') and not l.startswith('"Kernel Name"')]
+rows = list(csv.DictReader(lines))
+if not rows:
+    sys.exit("no CSV rows")
+cols = list(rows[0].keys())
+src = next((c for c in cols if c and c.strip() == "Source"), None)
+samples = next((c for c in cols if c and "Warp Stall Sampling (All" in c), None)
+executed = next((c for c in cols if c and c.strip() == "Instructions Executed"), None)
+reasons = [c for c in cols if c.startswith("stall_") and "Not Issued" not in c]
+if not (src and samples):
+    sys.exit("columns not found; the header is: " + " | ".join(cols))
+total = sum(num(r[samples]) for r in rows)
+print(f"# {len(rows)} SASS instructions, {total:.0f} stall samples")
+if reasons:
+    by = sorted(((sum(num(r[c]) for r in rows), c) for c in reasons), reverse=True)
+    for v, c in by[:12]:
+        print(f"#   {c:40s} {v:8.0f} {100 * v / total:5.1f} %")
+top = int(sys.argv[2]) if len(sys.argv) > 2 else 30
+print("# index | samples | executed | top reasons | instruction")
+for i, r in sorted(enumerate(rows), key=lambda ir: -num(ir[1][samples]))[:top]:
+    rs = sorted(((num(r[c]), c) for c in reasons), reverse=True)[:2]
+    why = ", ".join(f"{c.split(':')[-1].strip()} {v:.0f}" for v, c in rs if v > 0)
+    ex = num(r[executed]) if executed else 0
+    print(f"{i} | {num(r[samples]):.0f} | {ex:.0f} | {why} | {r[src].strip()}")
+if len(sys.argv) > 4:
+    first, last = int(sys.argv[3]), int(sys.argv[4])
+    mix = {}
+    for r in rows[first:last + 1]:
+        op = r[src].strip().split()
+        op = [t for t in op if not t.startswith("@")]
+        k = op[0].split(".")[0] if op else "?"
+        mix[k] = mix.get(k, 0) + 1
+    print(f"# opcodes of instructions {first}-{last}: " +
+          ", ".join(f"{k} {v}" for k, v in sorted(mix.items(), key=lambda kv: -kv[1])[:16]))
