@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summarise `ncu --csv --metrics gpu__time_duration.sum` of one whole-model prefill (kiln bench model's
-profiler range): the kernels of the first layer in launch order, then every kernel family (name and grid)
-with its count and total time, largest first. Usage: prefill_breakdown.py NCU.csv LAYERS"""
+profiler range): the layers' kernels by their position in a layer (so two GEMMs that share a cuBLASLt kernel
+stay apart), layer 1's time and all layers' total, then every kernel family (name and grid) with its count and
+total time, largest first. Usage: prefill_breakdown.py NCU.csv LAYERS"""
 import csv
 import sys
 
@@ -40,9 +41,10 @@ def period():
 
 
 per_layer, start = period()
-print(f"\nlayer 1 ({per_layer} kernels a layer, from launch {start}), launch order, us:")
-for name, grid, us in rows[start:start + per_layer]:
-    print(f"  {us:9.1f}  {name}  grid {grid}")
+print(f"\nthe layers' kernels by position ({per_layer} a layer, from launch {start}): layer 1's us, all layers' ms")
+for i, (name, grid, us) in enumerate(rows[start:start + per_layer]):
+    tot = sum(rows[start + l * per_layer + i][2] for l in range(layers))
+    print(f"  {us:9.1f}  {tot / 1e3:8.2f}  {name}  grid {grid}")
 fam = {}
 for name, grid, us in rows:
     k = (name, grid)
