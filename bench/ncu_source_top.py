@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Summarise an ncu source page (`ncu -i REP --page source --csv --print-source sass`): warp stall samples
-by reason over the whole kernel, then the instructions with the most samples (their index, samples,
-executions, top two reasons, SASS), and the opcode mix of the hottest loop if LOOP=first,last indices are
-given. Usage: ncu_source_top.py SOURCE.csv [TOP] [FIRST LAST]"""
+by reason over the whole kernel, then the TOP instructions with the most samples (their index, samples,
+executions, top two reasons, SASS), and the opcode mix of instructions FIRST..LAST (e.g. a loop) when given.
+Usage: ncu_source_top.py SOURCE.csv [TOP] [FIRST LAST]"""
 import csv
 import sys
 

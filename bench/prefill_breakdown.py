@@ -12,14 +12,14 @@ def short(name):
     return name if len(name) <= 70 else name[:67] + "..."
 
 
+UNIT_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 rows = []
 with open(sys.argv[1], newline="") as f:
     lines = [l for l in f if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") != "gpu__time_duration.sum":
         continue
-    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
-    us = float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]]
+    us = float(r["Metric Value"].replace(",", "")) * UNIT_US[r["Metric Unit"]]
     rows.append((short(r["Kernel Name"]), r["Grid Size"], us))
 layers = int(sys.argv[2])
 total = sum(u for _, _, u in rows)

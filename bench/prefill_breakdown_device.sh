@@ -3,7 +3,8 @@
 # tunes the 4B shape's GEMMs, then for each prompt length in LENS (default "4096 8192") runs
 # `kiln bench model --prefill N` under ncu (--profile-from-start off: the profiler range holds exactly one
 # forward; only gpu__time_duration, caches not flushed, clocks not locked) and summarises it with
-# bench/prefill_breakdown.py. Also prints the timed prefill rows without the profiler. Logs in $OUT.
+# bench/prefill_breakdown.py. Also prints the same process's timed prefill row (its forwards outside the
+# profiler range, so not profiled, though the process runs under ncu). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/kiln-out}
