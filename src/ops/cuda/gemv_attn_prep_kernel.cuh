@@ -1,13 +1,11 @@
 // The fused QKV GEMV + attention-preparation kernels for one head_dim (gemv_attn_prep.h: the contract and
 // the scheme); included by gemv_attn_prep_d{64,128}.cu, one build unit per head_dim.
 //
-// Mapping of the tail (the block that completes head h): threads form groups of G = D / 8 consecutive lanes,
-// group j takes tokens j, j + groups, ... (< m); lane c of a group owns elements [8c, 8c + 8) of the head,
-// exactly as a group of attn_prep_decode_kernel does for (token, head), and runs the same device functions
-// on the same 16 bytes, so every output byte is that kernel's.
+// The block that completes head h runs attn::prep_head on it (attn_prep_head.cuh: the mapping), so every
+// output byte is attn_prep_decode_kernel's.
 #pragma once
 
-#include "ops/cuda/attn_prep_fused.cuh"
+#include "ops/cuda/attn_prep_head.cuh"
 #include "ops/cuda/gemv_attn_prep.h"
 #include "ops/cuda/gemv_kernels.cuh"
 
@@ -21,31 +19,6 @@ using namespace gemv_detail;
 // head resets its word to 0 (gemv_attn_prep.h). Module globals are per device; each build unit (head_dim)
 // has its own array, which launches on one stream never share at once anyway.
 __device__ unsigned int g_head_blocks_done[kGemvAttnPrepMaxHeads];
-
-// attn_prep of head h for tokens 0..M-1 on the qkv rows the GEMV blocks have just stored.
-template <int M, int D, CacheKind C>
-__device__ __forceinline__ void prep_head(const AttnPrepParams& a, int h, int threads, int tid) {
-  constexpr int G = D / 8;
-  const int c = tid % G, groups = threads / G;
-  const unsigned mask = attn::group_mask<D>();
-  const bool qk = h < a.Hq + a.Hkv;
-  uint4 wb = make_uint4(0, 0, 0, 0);
-  if (qk)
-    wb = __ldg(
-        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(h < a.Hq ? a.q_norm : a.k_norm) + 8 * c));
-  for (int t = tid / G; t < M; t += groups) {  // whole groups take the same tokens (shuffles stay inside)
-    // Written by other blocks of this launch: read through L2 (.cg), never the read-only path.
-    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.qkv) +
-                                                            int64_t(t) * a.qkv_row + int64_t(h) * D + 8 * c));
-    attn::TokenCtx k;
-    attn::load_token<D>(a, t, c, qk, k);
-    if (qk) {
-      attn::process_qk<ActKind::bf16, C, D>(a, t, h, c, mask, raw, wb, k);
-    } else {
-      attn::store_v<ActKind::bf16, C>(a, h - a.Hq - a.Hkv, c, mask, raw, k);
-    }
-  }
-}
 
 template <int D, int kMinBlocks>
 struct AttnPrepTail {
@@ -67,9 +40,9 @@ struct AttnPrepTail {
     __syncthreads();
     if (!last) return;
     if (a.cache == CacheKind::fp8) {
-      prep_head<M, D, CacheKind::fp8>(a, h, warps * 32, tid);
+      attn::prep_head<M, D, CacheKind::fp8>(a, h, warps * 32, tid);
     } else {
-      prep_head<M, D, CacheKind::bf16>(a, h, warps * 32, tid);
+      attn::prep_head<M, D, CacheKind::bf16>(a, h, warps * 32, tid);
     }
   }
 };
