@@ -16,7 +16,9 @@ bool decode_chain(const DecodeChainArgs& a) {
   if ((a.next_qkv == nullptr) != (a.next_prep == nullptr)) return false;
   // The chain's preparation is the fused decode kernel's: not where the unfused one is forced.
   if (a.next_prep && attn_prep_unfused_forced()) return false;
-  return KILN_CUDA_OP(decode_chain(a));
+  if (!a.next_prep) return KILN_CUDA_OP(decode_chain(a, nullptr));
+  const ::kiln::cuda::AttnPrepParams prep = attn_prep_params(*a.next_prep);  // validates
+  return KILN_CUDA_OP(decode_chain(a, &prep));
 #else
   (void)a;
   return false;

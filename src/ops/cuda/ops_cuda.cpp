@@ -187,7 +187,7 @@ void paged_attention(const PagedAttentionArgs& a) {
                       kc::pdl_for(kc::PdlSite::attention));
 }
 
-bool decode_chain(const DecodeChainArgs& a) {
+bool decode_chain(const DecodeChainArgs& a, const kc::AttnPrepParams* next_prep) {
   kc::GemmEngine& eng = kc::gemm_engine();
   if (!eng.decode_chain()) return false;
   bool weights_ok = true;
@@ -212,10 +212,10 @@ bool decode_chain(const DecodeChainArgs& a) {
                           .post_norm = a.post_norm.data,
                           .next_norm = a.next_norm.data,
                           .eps = a.eps,
-                          .has_next = a.next_qkv != nullptr};
+                          .has_next = a.next_qkv != nullptr && next_prep != nullptr};
   if (p.has_next) {
     p.qkv = proj(*a.next_qkv);
-    p.prep = ::kiln::ops::attn_prep_params(*a.next_prep);
+    p.prep = *next_prep;
   } else {
     p.normed = a.normed.data;
   }

@@ -62,8 +62,9 @@ void cast_to_bf16(const Tensor& in, const Tensor& out);
 void paged_attention(const PagedAttentionArgs& args);
 
 // The decode chain (ops/decode_chain.h) with each projection's tuned FMA GEMV config (4 warps where the
-// tactic is another kernel): launches it and returns true when the engine's switch is on and the kernel's
-// guards hold (kiln::cuda::decode_chain_supported), else launches nothing and returns false.
-bool decode_chain(const DecodeChainArgs& a);
+// tactic is another kernel) and next_prep, the next layer's validated preparation (null for the last
+// layer): launches it and returns true when the engine's switch is on and the kernel's guards hold
+// (kiln::cuda::decode_chain_supported), else launches nothing and returns false.
+bool decode_chain(const DecodeChainArgs& a, const ::kiln::cuda::AttnPrepParams* next_prep);
 
 }  // namespace kiln::ops::cuda
