@@ -1,10 +1,11 @@
 // The decode chain (decode_chain.h: the contract, the scheme and why it is bitwise the unfused ops).
 //
-// Mapping: grid = SMs (one 512-thread block each). GEMV phases: subgroup g = tid / (32 warps) of block b
+// Mapping: grid = 2 blocks of 512 threads an SM. GEMV phases: subgroup g = tid / (32 warps) of block b
 // owns row groups b * S + g, + gridDim.x * S, ... (S = 16 / warps); its thread ts = tid % (32 warps) takes
 // the 16-byte chunks ts, ts + 32 warps, ... of the group's 4 W rows, as gemv_kernel's thread ts does. The
 // preparation: head h on block h, h + gridDim.x, ... (one 16-lane group: M = 1). The final norm: warp 0 of
 // block 0.
+#include <algorithm>
 #include <atomic>
 #include <type_traits>
 
@@ -22,10 +23,19 @@ using gemv_detail::GemvParams;
 
 constexpr int kWarps = 16, kThreads = kWarps * 32;
 constexpr int R = 4;  // W rows of a row group (gemv.h: the FMA kernel's 4)
-constexpr int U = gemv_detail::unroll_for<1>();
+// Chunk steps a thread loads together (gemv_kernel's 4 at M = 1 hold 64 registers of W; 2 fit two blocks an
+// SM, twice the warps to hide the loads' latency: the summation order does not depend on it).
+#ifndef KILN_EXP_CHAIN_U  // EXPERIMENT switches for an A/B of the occupancy (build flags)
+#define KILN_EXP_CHAIN_U 2
+#define KILN_EXP_CHAIN_BLOCKS 2
+#endif
+constexpr int U = KILN_EXP_CHAIN_U;
+constexpr int kBlocksPerSm = KILN_EXP_CHAIN_BLOCKS;
 
-// Arrivals at the grid barriers of the current launch, and blocks that have left it (decode_chain.h).
+// Arrivals at the grid barriers of the current launch, the arrivals the last block to arrive saw (what the
+// others poll: a word apart from the atomics), and blocks that have left the launch (decode_chain.h).
 __device__ unsigned int g_chain_arrived = 0;
+__device__ unsigned int g_chain_open = 0;
 __device__ unsigned int g_chain_left = 0;
 
 std::atomic<uint64_t> g_launches{0};
@@ -34,17 +44,22 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Every block's stores so far are visible to every block's loads after it (loads through L2: .cg).
+// Every block's stores so far are visible to every block's loads after it (loads through L2: .cg). The last
+// block to arrive opens the barrier by a release store to another word than the counted one, so the waiting
+// blocks' polls do not queue behind the arrivals' atomics.
 __device__ __forceinline__ void grid_barrier(unsigned& target) {
   __syncthreads();
   target += gridDim.x;
   if (threadIdx.x == 0) {
     __threadfence();
-    atomicAdd(&g_chain_arrived, 1u);
-    unsigned v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&g_chain_arrived) : "memory");
-    } while (v < target);
+    if (atomicAdd(&g_chain_arrived, 1u) + 1 == target) {
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&g_chain_open), "r"(target) : "memory");
+    } else {
+      unsigned v;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&g_chain_open) : "memory");
+      } while (v < target);
+    }
   }
   __syncthreads();
 }
@@ -223,7 +238,7 @@ __device__ __forceinline__ Phase phase_of(const DecodeChainGemv& d, void* out) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     decode_chain_kernel(const __grid_constant__ DecodeChainParams p) {
   constexpr GemvEpilogue kBf16 = GemvEpilogue::bf16, kSilu = GemvEpilogue::silu_mul;
   extern __shared__ uint4 smem[];
@@ -280,6 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Leave: the last block out resets the barrier for the next launch (every block has passed its last wait).
   if (threadIdx.x == 0 && atomicAdd(&g_chain_left, 1u) == gridDim.x - 1) {
     g_chain_arrived = 0;
+    g_chain_open = 0;
     g_chain_left = 0;
     __threadfence();
   }
@@ -294,14 +310,16 @@ bool gemv_ok(const DecodeChainGemv& g) {
          (g.warps == 2 || g.warps == 4 || g.warps == 8 || g.warps == 16);
 }
 
-int chain_sms() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&dev));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  return sms;
+// The grid: every block resident at once (the barriers wait for all of them), kBlocksPerSm an SM where the
+// occupancy calculator agrees (the dynamic shared memory is at most 40 KB a block).
+int chain_blocks(size_t smem) {
+  int dev = 0, sms = 0, per_sm = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  KILN_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_chain_kernel<128>, kThreads, smem));
+  KILN_CHECK(per_sm >= 1, "decode_chain: a block does not fit on an SM");
+  return sms * std::min(per_sm, kBlocksPerSm);
 }
 
 size_t smem_bytes(const DecodeChainParams& p) {
@@ -335,7 +353,7 @@ void decode_chain(const DecodeChainParams& p, cudaStream_t stream, bool pdl) {
              " warps ", p.o.warps, "/", p.gate_up.warps, "/", p.down.warps, "/", p.qkv.warps, " D ", p.prep.D,
              " (decode_chain.h lists the guards)");
   const bool d64 = p.has_next && p.prep.D == 64;
-  launch({.grid = dim3(unsigned(chain_sms())),
+  launch({.grid = dim3(unsigned(chain_blocks(smem_bytes(p)))),
           .block = dim3(kThreads),
           .smem = smem_bytes(p),
           .stream = stream,
