@@ -9,7 +9,6 @@
 #include "model/cuda_tune.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
-#include "ops/decode_chain.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
@@ -315,9 +314,6 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   // projection: ops::ResidualNorm, which may run them in its GEMV's prologue. `pending`: the next QKV's input
   // is rms_norm(residual + tmp) rather than normed.
   bool pending = false;
-  // `prepped`: the previous layer's decode chain (ops/decode_chain.h: a step of one token, where the engine
-  // switches it on) already ran this layer's QKV projection and attention preparation.
-  bool prepped = false;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[size_t(l)];
     prep.q_norm = lw.q_norm;
@@ -325,45 +321,14 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     prep.cache = cache.layer(int(l));
     // At decode sizes one kernel where switched on (the QKV GEMV with the preparation as its epilogue), else
     // the GEMV or GEMM, then attn_prep.
-    if (!prepped && pending) {
+    if (pending) {
       ops::linear_attn_prep(ops::ResidualNorm{tmp, residual, lw.input_norm, eps, normed}, lw.qkv, prep);
-    } else if (!prepped) {
+    } else {
       ops::linear_attn_prep(normed, lw.qkv, prep);
     }
     att.cache = prep.cache;
     ops::paged_attention(att);
     const Tensor o_in = attn.reshape({T, Hq * D});
-    const bool last = l + 1 == c.num_layers;
-    prepped = false;
-    if (!tp_ && T == 1 && l >= w.vis_layers) {  // not a deepstack layer: it adds image features after down
-      ops::AttnPrepArgs next = prep;
-      ops::DecodeChainArgs ca{
-          .attn = o_in,
-          .o_proj = lw.o_proj,
-          .gate_up = lw.gate_up,
-          .down = lw.down,
-          .post_norm = lw.post_norm,
-          .next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm,
-          .eps = eps,
-          .o_out = Tensor(gate_up.data, DType::bf16, {T, c.hidden_size}, gate_up.device),  // scratch
-          .residual = residual,
-          .act = act,
-          .tmp = tmp};
-      if (last) {
-        ca.normed = normed;
-      } else {
-        const LayerWeights& nw = weights_.layers[size_t(l + 1)];
-        next.q_norm = nw.q_norm;
-        next.k_norm = nw.k_norm;
-        next.cache = cache.layer(int(l + 1));
-        ca.next_qkv = &nw.qkv;
-        ca.next_prep = &next;
-      }
-      if (ops::decode_chain(ca)) {
-        prepped = !last;
-        continue;
-      }
-    }
     if (tp_) {
       project(o_in, lw.o_proj, lw.post_norm);
       ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);
@@ -373,6 +338,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
                            act);
     }
     // After down, the next layer's input norm, or the final norm after the last layer.
+    const bool last = l + 1 == c.num_layers;
     const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
     pending = !tp_ && !last && l >= w.vis_layers;
     if (pending) {

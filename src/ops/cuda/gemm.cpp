@@ -208,7 +208,6 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   gemv_enabled_ = env_switch("KILN_GEMV", gemv_enabled_);
   gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
   gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
-  decode_chain_ = env_switch("KILN_DECODE_CHAIN", decode_chain_);
   if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
                "KILN_GEMV_NORM_IN must be 0, 1 or 2, got '", e, "'");

@@ -106,11 +106,6 @@ class GemmEngine {
   // measured on the GPU (docs/PERF.md); KILN_GEMV_ATTN_PREP=1 starts it on.
   void set_gemv_attn_prep(bool on) { gemv_attn_prep_ = on; }
   bool gemv_attn_prep() const { return gemv_attn_prep_; }
-  // On: a batch-1 decode step runs each layer's O, gate_up, down and the next layer's QKV and attention
-  // preparation as one persistent launch (decode_chain.h; ops/decode_chain.h), with the tuned FMA GEMV
-  // configs. KILN_DECODE_CHAIN=1 starts it on, =0 off.
-  void set_decode_chain(bool on) { decode_chain_ = on; }
-  bool decode_chain() const { return decode_chain_; }
   // The GEMV configuration for a projection whose input is a residual add + RMSNorm (ops/linear.h:
   // ResidualNorm) when the tuned tactic is that GEMV with the residual-norm prologue (gemv.h: gemv_norm_in;
   // the tuner keeps it where it measured faster than the add_rms_norm kernel then the GEMV) and the switch is
@@ -138,7 +133,6 @@ class GemmEngine {
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
-  bool decode_chain_ = false;
   int gemv_norm_in_ = 1;
 };
 

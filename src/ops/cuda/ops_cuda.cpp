@@ -5,7 +5,6 @@
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/context.h"
-#include "ops/cuda/decode_chain.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
@@ -185,43 +184,6 @@ void paged_attention(const PagedAttentionArgs& a) {
   const size_t ws = kc::paged_attention_workspace_bytes(p);
   kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0,
                       kc::pdl_for(kc::PdlSite::attention));
-}
-
-bool decode_chain(const DecodeChainArgs& a, const kc::AttnPrepParams* next_prep) {
-  kc::GemmEngine& eng = kc::gemm_engine();
-  if (!eng.decode_chain()) return false;
-  bool weights_ok = true;
-  const auto proj = [&](const Tensor& w) {
-    weights_ok = weights_ok && w.ndim == 2 && w.stride[1] == 1;
-    const int64_t n = w.ndim == 2 ? w.shape[0] : 0, k = w.ndim == 2 ? w.shape[1] : 0;
-    const auto g = eng.gemv_choice(1, n, k, kc::GemmOut::bf16);
-    return kc::DecodeChainGemv{.w = w.data,
-                               .ldw = w.ndim == 2 ? w.stride[0] : 0,
-                               .n = n,
-                               .k = k,
-                               .warps = g && !g->tensor_cores ? g->warps : 4};
-  };
-  kc::DecodeChainParams p{.o = proj(a.o_proj),
-                          .gate_up = proj(a.gate_up),
-                          .down = proj(a.down),
-                          .attn = a.attn.data,
-                          .o_out = a.o_out.data,
-                          .residual = a.residual.data,
-                          .act = a.act.data,
-                          .tmp = a.tmp.data,
-                          .post_norm = a.post_norm.data,
-                          .next_norm = a.next_norm.data,
-                          .eps = a.eps,
-                          .has_next = a.next_qkv != nullptr && next_prep != nullptr};
-  if (p.has_next) {
-    p.qkv = proj(*a.next_qkv);
-    p.prep = *next_prep;
-  } else {
-    p.normed = a.normed.data;
-  }
-  if (!weights_ok || a.o_proj.shape[1] != a.attn.shape[1] || !kc::decode_chain_supported(p)) return false;
-  kc::decode_chain(p, kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
-  return true;
 }
 
 }  // namespace kiln::ops::cuda

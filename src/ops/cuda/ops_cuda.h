@@ -6,7 +6,6 @@
 #include "kiln/tensor.h"
 #include "ops/attention.h"
 #include "ops/cuda/attn_prep_params.h"
-#include "ops/decode_chain.h"
 #include "ops/stream.h"
 
 namespace kiln::ops::cuda {
@@ -60,11 +59,5 @@ void pos_embed_interpolate(const Tensor& table, const Tensor& lin, int64_t side,
 void cast_to_bf16(const Tensor& in, const Tensor& out);
 // A pure decode step (T == B) launches only the decode kernel (see ops/cuda/attention.h).
 void paged_attention(const PagedAttentionArgs& args);
-
-// The decode chain (ops/decode_chain.h) with each projection's tuned FMA GEMV config (4 warps where the
-// tactic is another kernel) and next_prep, the next layer's validated preparation (null for the last
-// layer): launches it and returns true when the engine's switch is on and the kernel's guards hold
-// (kiln::cuda::decode_chain_supported), else launches nothing and returns false.
-bool decode_chain(const DecodeChainArgs& a, const ::kiln::cuda::AttnPrepParams* next_prep);
 
 }  // namespace kiln::ops::cuda
