@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
     }
   });
 
+  lower_thread_priority();  // this thread drives the load: the prober comes first
   const std::string body = json({{"model", model},
                                  {"prompt", "Hello there"},
                                  {"max_tokens", tokens},

@@ -38,6 +38,11 @@ inline long raise_fd_limit() {
 inline void raise_thread_priority() {
   setpriority(PRIO_PROCESS, id_t(::gettid()), -10);
 }
+// The calling thread's priority lowered (nice 10; always permitted): where the prober's cannot be raised
+// (an unprivileged CI machine), the test's own load thread yields the shared CPU to it instead.
+inline void lower_thread_priority() {
+  setpriority(PRIO_PROCESS, id_t(::gettid()), 10);
+}
 
 // A connected socket to 127.0.0.1:port (blocking connect), or -1.
 inline int dial(int port) {
