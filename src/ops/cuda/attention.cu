@@ -131,6 +131,24 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
   return s;
 }
 
+// Whether the decode kernel itself launches with PDL. v3 issues its first K/V tiles of the context written
+// by earlier steps before its wait, so launched early their page lookups and copies overlap the
+// predecessor (attn_prep): done where the rows are split into one wave of blocks (B = 1 .. 16 at Qwen3's
+// shapes), the latency-bound steps; such a launch holds at most 2 blocks an SM (launch_decode_v3). 4B
+// step, graph + PDL: batch 1 ctx 1024 3.00 -> 2.96 ms, ctx 8192 3.28 -> 3.22, batch 8 fp8 ctx 8192
+// 4.59 -> 4.49; 0.6B 0.97 -> 0.93 (H200, docs/PERF.md, twentieth session). Elsewhere it waits for a plain
+// launch: launched early there, its blocks made fp8 steps of 32 sequences 2-7 % slower on the H200 before
+// the early loads existed (twelfth session). KILN_ATTN_DECODE_EARLY=0 turns it off (A/B), read once.
+bool decode_launches_early(const PagedAttnParams& p, DecodeKernel k, int splits) {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_ATTN_DECODE_EARLY");
+    return !(e && std::string(e) == "0");
+  }();
+  if (!on || k != DecodeKernel::v3 || splits < 2) return false;
+  const int64_t slots = int64_t(sm_count()) * std::min(2, decode_v3_blocks_per_sm(p));
+  return int64_t(std::max(p.B, 1)) * p.Hkv * splits <= slots;
+}
+
 // The splits (and v1's chunk) decode() launches: force_splits when > 0, else the shape rule.
 int decode_launch_splits(const PagedAttnParams& p, int force_splits, DecodeKernel k, int* chunk) {
   int splits = 0;
@@ -197,10 +215,8 @@ void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int 
   const int splits = decode_launch_splits(p, force_splits, k, &chunk);
   KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);
   if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
-  // The decode kernel itself is launched without PDL: launched early, its blocks (a third of an SM's shared
-  // memory each) made fp8 steps of 8 and 32 sequences 2-7 % slower on the H200; the combine gains from it
-  // (docs/PERF.md, twelfth session).
-  launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream, /*pdl=*/false);
+  launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream,
+                pdl && decode_launches_early(p, k, splits));
   if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, k, stream, pdl);
 }
 

@@ -17,11 +17,14 @@
 // rows and the query heads as its columns (attention_decode_v3_fp8.cuh).
 //
 // Loads (TMA path): tile n's page lookups and copies are issued by warp n % 4 (lane i: page i, looked up
-// 4 tiles ahead), so they do not all fall on one scheduler.
+// 4 tiles ahead), so they do not all fall on one scheduler. The first row's prologue tiles that hold only
+// keys written by earlier steps are issued before the PDL wait (issue_before_wait): launched early, their
+// page lookups and copies overlap attn_prep, which writes this step's rows.
 //
 // Numerics: bf16 products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e
 // - m) with ex2.approx, P rounded as hi + lo bf16: within the attention tolerance (docs/NUMERICS.md) and 1
 // bf16 ulp of the prefill kernel on the same rows; fp8 the same (attention_decode_v3_fp8.cuh).
+#include <algorithm>
 #include <type_traits>
 
 #include "ops/cuda/attention_common.cuh"
@@ -105,24 +108,86 @@ __device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uin
   }
 }
 
+// This block's keys [t_begin, t_end) of a row with context ctx, in n_tiles tiles; false when the split
+// starts past the context (uniform over the block).
+template <int kTile>
+__device__ __forceinline__ bool row_window(int ctx, int splits, int& t_begin, int& t_end, int& n_tiles) {
+  const int chunk = decode_chunk(ctx, splits, kTile);
+  t_begin = int(blockIdx.x) * chunk;
+  t_end = min(ctx, t_begin + chunk);
+  n_tiles = (t_end - t_begin + kTile - 1) / kTile;
+  return t_begin < ctx;
+}
+
+// Prologue tiles i0 .. i1 - 1 (i1 <= kStages - 1) of a row: each tile's K/V copies (and fp8 scale words)
+// issued into stage (seq + i) % kStages; cp.async: one commit group per tile, issued or not.
+template <int D, KvDtype KT, bool kTma>
+__device__ __forceinline__ void issue_prologue(const PagedAttnParams& p, const CUtensorMap& tk,
+                                               const CUtensorMap& tv, uint64_t* bars, int b, int t_begin,
+                                               int t_end, int n_tiles, int seq, int i0, int i1,
+                                               unsigned char* smem, uint32_t* smem_sc) {
+  using C = V3Cfg<D, KT>;
+  constexpr int kTile = C::kTile;
+  const int hk = blockIdx.y, warp = threadIdx.x / 32;
+  const PagePos pp = page_pos(p.page_size);
+#pragma unroll
+  for (int i = 0; i < C::kStages - 1; ++i) {
+    if (i < i0 || i >= i1) continue;
+    const int t0 = t_begin + i * kTile, st = (seq + i) % C::kStages;
+    if (i < n_tiles) {
+      if constexpr (kTma) {
+        if (warp == i % kWarps)
+          tma_issue_warp<D, KT>(tk, tv, &bars[st], smem + st * C::kStageBytes, hk, t0, t_end, pp,
+                                lane_tile_page<kTile>(p, pp, b, t0, t_end));
+      } else {
+        int pg[C::kCopies];
+        load_pages<D, KT>(p, pp, b, t0, t_end, pg);
+        issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + st * C::kStageBytes);
+      }
+      if constexpr (C::kFp8) {
+        issue_scales<D, KT>(p, pp, hk, t0, t_end, key_page(p, pp, b, t0, t_end), smem_sc + st * 2 * kTile);
+        if constexpr (kTma) scales_arrive(&bars[st]);
+      }
+    }
+    if constexpr (!kTma) cp_async_commit();
+  }
+}
+
+// Before the PDL wait: the first row's prologue tiles whose keys all precede position `written` (the first
+// K/V row this launch's predecessor may still be writing: earlier steps wrote the rest, and the page table
+// and lengths were uploaded before the graph). Returns how many were issued, a prefix of the prologue.
+// With a launch early (PDL), their page lookups and copies overlap the predecessor's run.
+template <int D, KvDtype KT, bool kTma>
+__device__ __forceinline__ int issue_before_wait(const PagedAttnParams& p, const CUtensorMap& tk,
+                                                 const CUtensorMap& tv, uint64_t* bars, int splits, int b,
+                                                 int ctx, int written, unsigned char* smem,
+                                                 uint32_t* smem_sc) {
+  using C = V3Cfg<D, KT>;
+  int t_begin, t_end, n_tiles;
+  if (!row_window<C::kTile>(ctx, splits, t_begin, t_end, n_tiles)) return 0;
+  int n = 0;
+  while (n < C::kStages - 1 && n < n_tiles && min(t_begin + (n + 1) * C::kTile, t_end) <= written) ++n;
+  if (n > 0) issue_prologue<D, KT, kTma>(p, tk, tv, bars, b, t_begin, t_end, n_tiles, 0, 0, n, smem, smem_sc);
+  return n;
+}
+
 // One query row of sequence b (context ctx) over this block's chunk, then the merge of the 4 warps.
 // kTma: K/V pages arrive by TMA (tk, tv, one mbarrier per stage in bars); else by cp.async. seq: tiles this
 // block streamed before this row (the stage and mbarrier phase of tile it are (seq + it) % kStages and
-// ((seq + it) / kStages) & 1); advanced by this row's tiles.
+// ((seq + it) / kStages) & 1); advanced by this row's tiles. issued: the prologue tiles issue_before_wait
+// already issued (the first row only).
 template <int D, int G, KvDtype KT, bool kTma>
 __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CUtensorMap& tk,
                                               const CUtensorMap& tv, uint64_t* bars, float* ws, int splits,
                                               int b, int row, int ctx, unsigned char* smem, uint32_t* smem_sc,
-                                              int& seq) {
+                                              int& seq, int issued) {
   using C = V3Cfg<D, KT>;
   constexpr int kTile = C::kTile, kNt = C::kWarpKeys / 8;  // a warp's 8-key score tiles
   const int split = blockIdx.x, hk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  int t_begin, t_end, n_tiles;
+  if (!row_window<kTile>(ctx, splits, t_begin, t_end, n_tiles)) return;
   const int chunk = decode_chunk(ctx, splits, kTile);
-  const int t_begin = split * chunk;
-  if (t_begin >= ctx) return;  // uniform over the block
-  const int t_end = min(ctx, t_begin + chunk);
-  const int n_tiles = (t_end - t_begin + kTile - 1) / kTile;
 
   // Prologue: tiles 0 .. kStages - 2 in flight, the pages of the next one loaded.
   const PagePos pp = page_pos(p.page_size);
@@ -135,25 +200,8 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
     fence_proxy_async();  // the previous row's merge scratch (generic writes) before this row's TMA writes
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < C::kStages - 1; ++i) {
-    const int t0 = t_begin + i * kTile, st = (seq + i) % C::kStages;
-    if (i < n_tiles) {
-      if constexpr (kTma) {
-        if (warp == i % kWarps)
-          tma_issue_warp<D, KT>(tk, tv, &bars[st], smem + st * C::kStageBytes, hk, t0, t_end, pp,
-                                lane_tile_page<kTile>(p, pp, b, t0, t_end));
-      } else {
-        load_pages<D, KT>(p, pp, b, t0, t_end, pg);
-        issue_tile<D, KT>(p, pp, hk, t0, t_end, pg, smem + st * C::kStageBytes);
-      }
-      if constexpr (C::kFp8) {
-        issue_scales<D, KT>(p, pp, hk, t0, t_end, key_page(p, pp, b, t0, t_end), smem_sc + st * 2 * kTile);
-        if constexpr (kTma) scales_arrive(&bars[st]);
-      }
-    }
-    if constexpr (!kTma) cp_async_commit();
-  }
+  issue_prologue<D, KT, kTma>(p, tk, tv, bars, b, t_begin, t_end, n_tiles, seq, issued, C::kStages - 1, smem,
+                              smem_sc);
   if constexpr (kTma) {
     // The first tile each warp issues in the loop: the first n >= kStages - 1 with n % kWarps == warp.
     const int first = C::kStages - 1 + (warp - (C::kStages - 1) % kWarps + kWarps) % kWarps;
@@ -342,17 +390,21 @@ __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
     }
     __syncthreads();
   }
+  int row0, n, kv_len, seq = 0, issued = 0;
+  const bool rows = decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len);
+  if (rows)
+    issued = issue_before_wait<D, KT, kTma>(p, tk, tv, bars, splits, blockIdx.z, kv_len - n + 1, kv_len - n,
+                                            smem, smem_sc);
   pdl_wait();
   // With splits the dependent is the combine: let its blocks launch and read the row metadata as soon as
   // every block of this grid has started (its wait still holds it until this grid is done), rather than
   // after the last block's end. B = 1: 10.94 -> 10.72 us (graph, bf16 ctx 1024), the 4B step 3.06 -> 3.00
   // ms (H200, docs/PERF.md, sixteenth session). One split: the next projection's GEMV, kept at the end.
   if (splits > 1) pdl_launch_dependents();
-  int row0, n, kv_len, seq = 0;
-  if (decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len)) {
+  if (rows) {
     for (int i = 0; i < n; ++i)
       decode_row_v3<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i,
-                                    smem, smem_sc, seq);
+                                    smem, smem_sc, seq, i == 0 ? issued : 0);
   }
   // With splits the trigger came right after the wait (above).
   if (splits <= 1) pdl_launch_dependents();
@@ -386,16 +438,22 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
   using C = V3Cfg<D, KT>;
   constexpr size_t kSmem = 1024 + size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
   static_assert(kSmem >= sizeof(float) * (2 * kWarps * G + kWarps * G * D), "merge scratch fits the stages");
+  // pdl: an early launch (attention.cu: decode_launches_early), whose grid of at most 2 blocks an SM
+  // (launched_splits) asks for 80 KB of shared memory a block so that no SM takes 3 (fp8 fits 3): launched
+  // while attn_prep still runs, fp8 grids with 3 an SM allowed made the 4B step at batch 8, ctx 8192, 2.4 %
+  // slower than a plain launch; held to 2 an SM they made it 2.2 % faster (H200, docs/PERF.md, twentieth
+  // session).
+  constexpr size_t kSmemEarly = std::max<size_t>(kSmem, 80 * 1024);
   static const bool attr_set = [] {
     KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT, kTma>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemEarly)));
     return true;
   }();
   CUtensorMap tk{}, tv{};
   if constexpr (kTma) tk = cache_map(p, p.k), tv = cache_map(p, p.v);
   const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(p.B)),
                       .block = dim3(kThreads),
-                      .smem = kSmem,
+                      .smem = pdl ? kSmemEarly : kSmem,
                       .stream = stream,
                       .pdl = pdl,
                       .smem_attr_set = attr_set};
