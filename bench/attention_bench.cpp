@@ -192,10 +192,8 @@ void run_decode(const Env& env, std::vector<Row>& rows) {
             forced_splits() > 0 ? forced_splits() : cuda::paged_attention_decode_splits(sets[0].p);
         Row r{"attention", std::string("decode ") + cuda::decode_kernel_name(k), shape_name(s)};
         r.bytes = bytes_moved(s);
-        const bool merged = cuda::paged_attention_decode_merges_in_kernel(sets[0].p, forced_splits());
-        r.path = "decode" + std::string(splits <= 1 ? ", 1 split"
-                                        : merged ? ", splits=" + std::to_string(splits) + " merged in-kernel"
-                                                 : " + combine, splits=" + std::to_string(splits));
+        r.path =
+            "decode" + std::string(splits > 1 ? " + combine, splits=" + std::to_string(splits) : ", 1 split");
         auto launch = [&](int i) {
           const Set& set = sets[size_t(i) % sets.size()];
           // The combine with PDL, as the model's decode graphs launch it.

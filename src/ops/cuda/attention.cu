@@ -149,17 +149,6 @@ bool decode_launches_early(const PagedAttnParams& p, DecodeKernel k, int splits)
   return int64_t(std::max(p.B, 1)) * p.Hkv * splits <= slots;
 }
 
-// Whether an early decode launch merges its splits itself (attention_decode_v3_fold.cuh) rather than
-// through the combine launch: the 4B step at batch 1 ... (H200, docs/PERF.md, twentieth session).
-// KILN_ATTN_DECODE_FOLD=0 keeps the combine (A/B), read once.
-bool decode_folds() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_ATTN_DECODE_FOLD");
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
-
 // The splits (and v1's chunk) decode() launches: force_splits when > 0, else the shape rule.
 int decode_launch_splits(const PagedAttnParams& p, int force_splits, DecodeKernel k, int* chunk) {
   int splits = 0;
@@ -178,14 +167,6 @@ DecodeKernel effective_decode_kernel(const PagedAttnParams& p) {
 int paged_attention_decode_splits(const PagedAttnParams& p) {
   int chunk = 0;
   return decode_launch_splits(p, 0, effective_decode_kernel(p), &chunk);
-}
-
-bool paged_attention_decode_merges_in_kernel(const PagedAttnParams& p, int force_splits) {
-  const DecodeKernel k = effective_decode_kernel(p);
-  int chunk = 0;
-  const int splits = decode_launch_splits(p, force_splits, k, &chunk);
-  return k == DecodeKernel::v3 && decode_launches_early(p, k, splits) && decode_folds() &&
-         decode_v3_folds(p, splits, true);
 }
 
 namespace {
@@ -234,15 +215,9 @@ void decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int 
   const int splits = decode_launch_splits(p, force_splits, k, &chunk);
   KILN_CHECK(splits <= 128, "paged attention: at most 128 decode splits, asked for ", splits);
   if (splits > 1) KILN_CHECK(workspace != nullptr, "paged attention: split-KV decode needs a workspace");
-  float* ws = static_cast<float*>(workspace);
-  bool folded = false;
-  if (k == DecodeKernel::v3) {
-    const bool early = pdl && decode_launches_early(p, k, splits);
-    folded = launch_decode_v3(p, ws, splits, all_rows, stream, early, early && decode_folds());
-  } else {
-    launch_decode(p, ws, splits, chunk, all_rows, k, stream, /*pdl=*/false);
-  }
-  if (splits > 1 && !folded) launch_decode_combine(p, ws, splits, all_rows, k, stream, pdl);
+  launch_decode(p, static_cast<float*>(workspace), splits, chunk, all_rows, k, stream,
+                pdl && decode_launches_early(p, k, splits));
+  if (splits > 1) launch_decode_combine(p, static_cast<float*>(workspace), splits, all_rows, k, stream, pdl);
 }
 
 }  // namespace

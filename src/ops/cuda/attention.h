@@ -139,9 +139,6 @@ size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
 size_t paged_attention_prefill_workspace_bytes(const PagedAttnParams& p);
 // The decode splits paged_attention launches for these shapes with the current decode kernel (1: no combine).
 int paged_attention_decode_splits(const PagedAttnParams& p);
-// Whether paged_attention with pdl (and force_splits) merges its decode splits inside the decode kernel (an
-// early launch at small batch) rather than with the combine launch.
-bool paged_attention_decode_merges_in_kernel(const PagedAttnParams& p, int force_splits = 0);
 
 // Validates p (D in {32, 64, 128} (fp8: 64, 128), Hq % Hkv == 0, Hq / Hkv in 1..6 or 8, page_size > 0,
 // alignment) and launches. workspace: device memory of paged_attention_workspace_bytes(p) bytes (may be null

@@ -112,13 +112,8 @@ void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int c
 int sm_count();
 bool decode_v3_applies(const PagedAttnParams& p);
 int decode_v3_blocks_per_sm(const PagedAttnParams& p);  // resident v3 blocks per SM (shared memory bound)
-// Whether an early launch (pdl) of `splits` splits can merge them in the kernel (its shared memory holds the
-// merge; attention_decode_v3_fold.cuh).
-bool decode_v3_folds(const PagedAttnParams& p, int splits, bool early);
-// fold: where decode_v3_folds, the last split block of each row merges the splits; returns whether it does,
-// else the caller launches the combine.
-bool launch_decode_v3(const PagedAttnParams& p, float* workspace, int splits, bool all_rows,
-                      cudaStream_t stream, bool pdl, bool fold);
+void launch_decode_v3(const PagedAttnParams& p, float* workspace, int splits, bool all_rows,
+                      cudaStream_t stream, bool pdl);
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,
                            DecodeKernel kernel, cudaStream_t stream, bool pdl);
 // kernel: v1 loads each K/V tile synchronously; v2 (bf16 caches; fp8 runs v1) with cp.async, overlapped;

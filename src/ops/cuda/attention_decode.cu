@@ -494,6 +494,7 @@ void launch_decode_typed(const PagedAttnParams& p, float* ws, int splits, int ch
 
 void launch_decode(const PagedAttnParams& p, float* ws, int splits, int chunk, bool all_rows,
                    DecodeKernel kernel, cudaStream_t stream, bool pdl) {
+  if (kernel == DecodeKernel::v3) return launch_decode_v3(p, ws, splits, all_rows, stream, pdl);
   KILN_DISPATCH_HEAD_DIM(
       p.D, KILN_DISPATCH_KV_DTYPE(p.kv_dtype, launch_decode_typed<kD, kKT>(p, ws, splits, chunk, all_rows,
                                                                            kernel, stream, pdl);))

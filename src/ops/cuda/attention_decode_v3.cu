@@ -28,7 +28,6 @@
 #include <type_traits>
 
 #include "ops/cuda/attention_common.cuh"
-#include "ops/cuda/attention_decode_v3_fold.cuh"
 #include "ops/cuda/attention_decode_v3_fp8.cuh"
 #include "ops/cuda/attention_decode_v3_loads.cuh"
 #include "ops/cuda/device_flag.h"
@@ -176,13 +175,12 @@ __device__ __forceinline__ int issue_before_wait(const PagedAttnParams& p, const
 // kTma: K/V pages arrive by TMA (tk, tv, one mbarrier per stage in bars); else by cp.async. seq: tiles this
 // block streamed before this row (the stage and mbarrier phase of tile it are (seq + it) % kStages and
 // ((seq + it) / kStages) & 1); advanced by this row's tiles. issued: the prologue tiles issue_before_wait
-// already issued (the first row only). fold: the row's last split block merges the splits
-// (attention_decode_v3_fold.cuh) instead of a combine launch.
+// already issued (the first row only).
 template <int D, int G, KvDtype KT, bool kTma>
 __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CUtensorMap& tk,
                                               const CUtensorMap& tv, uint64_t* bars, float* ws, int splits,
-                                              bool fold, int b, int row, int ctx, unsigned char* smem,
-                                              uint32_t* smem_sc, int& seq, int issued) {
+                                              int b, int row, int ctx, unsigned char* smem, uint32_t* smem_sc,
+                                              int& seq, int issued) {
   using C = V3Cfg<D, KT>;
   constexpr int kTile = C::kTile, kNt = C::kWarpKeys / 8;  // a warp's 8-key score tiles
   const int split = blockIdx.x, hk = blockIdx.y;
@@ -366,7 +364,6 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
       }
     }
   }
-  if (fold && n_active > 1) fold_count_and_merge<D, G, kThreads>(p, ws, splits, b, row, hk, n_active, smem);
   __syncthreads();  // the scratch may be reused by the next row
 }
 
@@ -377,8 +374,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 template <int D, int G, KvDtype KT, bool kTma>
 __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
     decode_kernel_v3(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
-                     const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows,
-                     bool fold) {
+                     const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
 #ifdef KILN_SM90A
   using C = V3Cfg<D, KT>;
   extern __shared__ uint4 smem_raw[];
@@ -407,8 +403,8 @@ __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
   if (splits > 1) pdl_launch_dependents();
   if (rows) {
     for (int i = 0; i < n; ++i)
-      decode_row_v3<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, fold, blockIdx.z, row0 + i,
-                                    kv_len - n + 1 + i, smem, smem_sc, seq, i == 0 ? issued : 0);
+      decode_row_v3<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i,
+                                    smem, smem_sc, seq, i == 0 ? issued : 0);
   }
   // With splits the trigger came right after the wait (above).
   if (splits <= 1) pdl_launch_dependents();
@@ -436,21 +432,9 @@ CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
                           dims, strides, box, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
 }
 
-// Dynamic shared memory of a launch (early: at most 2 blocks an SM, see launch_gt).
-size_t v3_launch_smem(int D, KvDtype kt, bool early) {
-  const auto bytes = [](auto cfg) {
-    using C = decltype(cfg);
-    return size_t(1024) + size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
-  };
-  const size_t s = D == 64               ? bytes(V3Cfg<64, KvDtype::bf16>{})
-                   : kt == KvDtype::bf16 ? bytes(V3Cfg<128, KvDtype::bf16>{})
-                                         : bytes(V3Cfg<128, KvDtype::f8e4m3>{});
-  return early ? std::max<size_t>(s, 80 * 1024) : s;
-}
-
 template <int D, int G, KvDtype KT, bool kTma>
-bool launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl,
-               bool fold) {
+void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
+               bool pdl) {
   using C = V3Cfg<D, KT>;
   constexpr size_t kSmem = 1024 + size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
   static_assert(kSmem >= sizeof(float) * (2 * kWarps * G + kWarps * G * D), "merge scratch fits the stages");
@@ -459,7 +443,7 @@ bool launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
   // while attn_prep still runs, fp8 grids with 3 an SM allowed made the 4B step at batch 8, ctx 8192, 2.4 %
   // slower than a plain launch; held to 2 an SM they made it 2.2 % faster (H200, docs/PERF.md, twentieth
   // session).
-  constexpr size_t kSmemEarly = std::max<size_t>(kSmem, 80 * 1024);  // v3_launch_smem's
+  constexpr size_t kSmemEarly = std::max<size_t>(kSmem, 80 * 1024);
   static const bool attr_set = [] {
     KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT, kTma>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemEarly)));
@@ -467,44 +451,42 @@ bool launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
   }();
   CUtensorMap tk{}, tv{};
   if constexpr (kTma) tk = cache_map(p, p.k), tv = cache_map(p, p.v);
-  const size_t smem = pdl ? kSmemEarly : kSmem;
-  fold = fold && decode_v3_folds(p, splits, pdl);
   const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(p.B)),
                       .block = dim3(kThreads),
-                      .smem = smem,
+                      .smem = pdl ? kSmemEarly : kSmem,
                       .stream = stream,
                       .pdl = pdl,
                       .smem_attr_set = attr_set};
-  launch(cfg, decode_kernel_v3<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows, fold);
-  return fold;
+  launch(cfg, decode_kernel_v3<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows);
 }
 
 // TMA or cp.async loads, by page size.
 template <int D, int G, KvDtype KT>
-bool launch_g(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl,
-              bool fold) {
-  if (tma_applies(p)) return launch_gt<D, G, KT, true>(p, ws, splits, all_rows, stream, pdl, fold);
-  return launch_gt<D, G, KT, false>(p, ws, splits, all_rows, stream, pdl, fold);
+void launch_g(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream, bool pdl) {
+  if (tma_applies(p))
+    launch_gt<D, G, KT, true>(p, ws, splits, all_rows, stream, pdl);
+  else
+    launch_gt<D, G, KT, false>(p, ws, splits, all_rows, stream, pdl);
 }
 
 template <int D, KvDtype KT>
-bool launch_typed(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
-                  bool pdl, bool fold) {
+void launch_typed(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
+                  bool pdl) {
   switch (p.Hq / p.Hkv) {
     case 1:
-      return launch_g<D, 1, KT>(p, ws, splits, all_rows, stream, pdl, fold);
+      return launch_g<D, 1, KT>(p, ws, splits, all_rows, stream, pdl);
     case 2:
-      return launch_g<D, 2, KT>(p, ws, splits, all_rows, stream, pdl, fold);
+      return launch_g<D, 2, KT>(p, ws, splits, all_rows, stream, pdl);
     case 3:
-      return launch_g<D, 3, KT>(p, ws, splits, all_rows, stream, pdl, fold);
+      return launch_g<D, 3, KT>(p, ws, splits, all_rows, stream, pdl);
     case 4:
-      return launch_g<D, 4, KT>(p, ws, splits, all_rows, stream, pdl, fold);
+      return launch_g<D, 4, KT>(p, ws, splits, all_rows, stream, pdl);
     case 5:
-      return launch_g<D, 5, KT>(p, ws, splits, all_rows, stream, pdl, fold);
+      return launch_g<D, 5, KT>(p, ws, splits, all_rows, stream, pdl);
     case 6:
-      return launch_g<D, 6, KT>(p, ws, splits, all_rows, stream, pdl, fold);
+      return launch_g<D, 6, KT>(p, ws, splits, all_rows, stream, pdl);
     case 8:
-      return launch_g<D, 8, KT>(p, ws, splits, all_rows, stream, pdl, fold);
+      return launch_g<D, 8, KT>(p, ws, splits, all_rows, stream, pdl);
     default:
       KILN_FAIL("paged decode attention v3: unsupported GQA group size ", p.Hq / p.Hkv, " (1-6, 8)");
   }
@@ -545,20 +527,13 @@ int decode_v3_blocks_per_sm(const PagedAttnParams& p) {
                                      : V3Cfg<128, KvDtype::f8e4m3>::kBlocksPerSm;
 }
 
-bool decode_v3_folds(const PagedAttnParams& p, int splits, bool early) {
-  // The merge's partials go into the stages (and, fp8, the padding of an early launch) past the alignment.
-  return early && splits > 1 && int64_t(p.B) * p.Hkv <= decode_v3::kFoldSlots &&
-         decode_v3::fold_smem_bytes(p.Hq / p.Hkv, p.D, splits) + 1024 <=
-             v3_launch_smem(p.D, p.kv_dtype, true);
-}
-
-bool launch_decode_v3(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
-                      bool pdl, bool fold) {
+void launch_decode_v3(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
+                      bool pdl) {
   KILN_CHECK(decode_v3_applies(p), "paged decode attention v3: unsupported shape (D ", p.D, ")");
-  if (p.D == 64) return launch_typed<64, KvDtype::bf16>(p, ws, splits, all_rows, stream, pdl, fold);
+  if (p.D == 64) return launch_typed<64, KvDtype::bf16>(p, ws, splits, all_rows, stream, pdl);
   if (p.kv_dtype == KvDtype::bf16)
-    return launch_typed<128, KvDtype::bf16>(p, ws, splits, all_rows, stream, pdl, fold);
-  return launch_typed<128, KvDtype::f8e4m3>(p, ws, splits, all_rows, stream, pdl, fold);
+    return launch_typed<128, KvDtype::bf16>(p, ws, splits, all_rows, stream, pdl);
+  launch_typed<128, KvDtype::f8e4m3>(p, ws, splits, all_rows, stream, pdl);
 }
 
 }  // namespace kiln::cuda
