@@ -183,27 +183,34 @@ TEST(CudaAttentionEarly, MultiRowSequencesInADecodeShapedLaunch) {
   }
 }
 
-TEST(CudaAttentionEarly, Qwen3HeadsDecodeBatches) {
+TEST(CudaAttentionEarly, QwenHeadsDecodeBatches) {
   KILN_REQUIRE_GPU();
-  // Qwen3-4B's heads (32 / 8) at B = 1, 8 and 16 with the shape rule's splits: the shapes whose decode
-  // launches early in the model's graphs.
+  // Qwen3-4B's heads (32 / 8) at B = 1, 8 and 16 with the shape rule's splits (the shapes whose decode
+  // launches early in the model's graphs), then groups of 8 and of 1 at B = 1 and 8.
   uint32_t seed = 1500;
-  for (int B : {1, 8, 16})
-    for (bool fp8 : {false, true}) {
-      Case c{.q_lens = {},
-             .kv_lens = {},
-             .Hq = 32,
-             .Hkv = 8,
-             .D = 128,
-             .page_size = 32,
-             .hnd = true,
-             .fp8 = fp8};
-      for (int b = 0; b < B; ++b) {
-        c.q_lens.push_back(1);
-        c.kv_lens.push_back(1 + (b * 977 + 1024) % 2049);
+  struct Heads {
+    int Hq, Hkv;
+    std::vector<int> batches;
+  };
+  for (const Heads& hd : {Heads{32, 8, {1, 8, 16}}, Heads{16, 2, {1, 8}}, Heads{8, 8, {1, 8}}})
+    for (int B : hd.batches)
+      for (bool fp8 : {false, true}) {
+        Case c{.q_lens = {},
+               .kv_lens = {},
+               .Hq = hd.Hq,
+               .Hkv = hd.Hkv,
+               .D = 128,
+               .page_size = 32,
+               .hnd = true,
+               .fp8 = fp8};
+        for (int b = 0; b < B; ++b) {
+          c.q_lens.push_back(1);
+          c.kv_lens.push_back(1 + (b * 977 + 1024) % 2049);
+        }
+        check_case(c, seed++, Kernel::decode, {0},
+                   "heads " + std::to_string(hd.Hq) + "/" + std::to_string(hd.Hkv) + " B " +
+                       std::to_string(B) + (fp8 ? " fp8" : " bf16"));
       }
-      check_case(c, seed++, Kernel::decode, {0}, "B " + std::to_string(B) + (fp8 ? " fp8" : " bf16"));
-    }
 }
 
 }  // namespace
