@@ -160,7 +160,7 @@ TEST(CudaAttentionEarly, DecodeReadsThisStepsRowsAfterItsWait) {
                .page_size = ps,
                .hnd = hnd,
                .fp8 = fp8};
-        check_case(c, seed++, Kernel::decode, {0, 2, 9},
+        check_case(c, seed++, Kernel::decode, {0, 1, 2, 9},
                    "page " + std::to_string(ps) + (fp8 ? " fp8" : " bf16") + (hnd ? " HND" : " NHD"));
       }
 }

@@ -133,18 +133,19 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
 
 // Whether the decode kernel itself launches with PDL. v3 issues its first K/V tiles of the context written
 // by earlier steps before its wait, so launched early their page lookups and copies overlap the
-// predecessor (attn_prep): done where the rows are split into one wave of blocks (B = 1 .. 16 at Qwen3's
-// shapes), the latency-bound steps; such a launch holds at most 2 blocks an SM (launch_decode_v3). 4B
-// step, graph + PDL: batch 1 ctx 1024 3.00 -> 2.96 ms, ctx 8192 3.28 -> 3.22, batch 8 fp8 ctx 8192
-// 4.59 -> 4.49; 0.6B 0.97 -> 0.93 (H200, docs/PERF.md, twentieth session). Elsewhere it waits for a plain
-// launch: launched early there, its blocks made fp8 steps of 32 sequences 2-7 % slower on the H200 before
-// the early loads existed (twelfth session). KILN_ATTN_DECODE_EARLY=0 turns it off (A/B), read once.
+// predecessor (attn_prep): done where the grid is one wave of at most 2 blocks an SM (B = 1 .. 32 at
+// Qwen3-4B's heads), which such a launch enforces (launch_decode_v3). 4B step, graph + PDL: batch 1 ctx
+// 1024 3.00 -> 2.96 ms, ctx 8192 3.28 -> 3.22, batch 8 fp8 ctx 8192 4.59 -> 4.49, batch 32 ctx 8192
+// 12.26 -> 12.03 (fp8 8.02 -> 7.91); 0.6B 0.97 -> 0.93 (H200, docs/PERF.md, twentieth session). Larger
+// grids wait for a plain launch: launched early, blocks of several waves land unevenly (fp8 steps of 32
+// sequences were 2-7 % slower before the 2-an-SM cap and the early loads, twelfth session).
+// KILN_ATTN_DECODE_EARLY=0 turns it off (A/B), read once.
 bool decode_launches_early(const PagedAttnParams& p, DecodeKernel k, int splits) {
   static const bool on = [] {
     const char* e = std::getenv("KILN_ATTN_DECODE_EARLY");
     return !(e && std::string(e) == "0");
   }();
-  if (!on || k != DecodeKernel::v3 || splits < 2) return false;
+  if (!on || k != DecodeKernel::v3) return false;
   const int64_t slots = int64_t(sm_count()) * std::min(2, decode_v3_blocks_per_sm(p));
   return int64_t(std::max(p.B, 1)) * p.Hkv * splits <= slots;
 }
