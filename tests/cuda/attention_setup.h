@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -298,9 +299,11 @@ struct UseKernels {
 // pdl: launched with programmatic dependent launch on a stream of its own (each kernel may start before the
 // previous one ends and must wait for it with griddepcontrol.wait before reading its inputs), as the model's
 // graphs run them.
-// staged: see AttnSetup::params. min_q_len: the params' host bound (0: unknown).
+// staged: see AttnSetup::params. min_q_len: the params' host bound (0: unknown). before: launched on the
+// attention's stream right before it (its predecessor), once the poisoned buffers are in place.
 inline std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 0, bool pdl = false,
-                               bool staged = true, int32_t min_q_len = 0) {
+                               bool staged = true, int32_t min_q_len = 0,
+                               const std::function<void(cudaStream_t)>& before = {}) {
   const size_t n = size_t(s.T) * s.c.Hq * s.c.D;
   Buffer out(n * 2, Device::cuda());
   copy_bytes(out.data(), Device::cuda(), std::vector<uint16_t>(n, 0x7fc0).data(), Device::cpu(), n * 2);
@@ -319,6 +322,7 @@ inline std::vector<bf16_t> run(const AttnSetup& s, Kernel k, int force_splits = 
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     KILN_CUDA_CHECK(cudaDeviceSynchronize());  // the poison is in place (the copies ran on another stream)
   }
+  if (before) before(st);
   switch (k) {
     case Kernel::routed:
       cuda::paged_attention(p, ws.data(), st, force_splits, pdl);

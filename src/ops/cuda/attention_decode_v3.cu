@@ -438,8 +438,8 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
   using C = V3Cfg<D, KT>;
   constexpr size_t kSmem = 1024 + size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
   static_assert(kSmem >= sizeof(float) * (2 * kWarps * G + kWarps * G * D), "merge scratch fits the stages");
-  // pdl: an early launch (attention.cu: decode_launches_early), whose grid of at most 2 blocks an SM
-  // (launched_splits) asks for 80 KB of shared memory a block so that no SM takes 3 (fp8 fits 3): launched
+  // pdl: an early launch (attention.cu: decode_launches_early: a grid of one wave at most 2 blocks an SM)
+  // asks for 80 KB of shared memory a block so that no SM takes 3 (fp8 fits 3): launched
   // while attn_prep still runs, fp8 grids with 3 an SM allowed made the 4B step at batch 8, ctx 8192, 2.4 %
   // slower than a plain launch; held to 2 an SM they made it 2.2 % faster (H200, docs/PERF.md, twentieth
   // session).
