@@ -118,7 +118,7 @@ __device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const I
   const auto issue_qk = [&](int j) {
     const uint32_t k_tile = sK + uint32_t(stage(j)) * kTileBytes;
     // One descriptor per operand tile, each k-step's offset added to its 14-bit address field (shared
-    // addresses stay below 256 KB, so the field never carries): 64 fewer instructions in the loop than a
+    // addresses stay below 256 KB, so the field never carries): 64 fewer SASS instructions than a
     // descriptor built per k-step, 0.5 % faster at 4096 and 8192 tokens (H200, docs/PERF.md, twenty-first
     // session).
     const uint64_t qd = sm90::sw128_desc(q_tile, 16, 1024), kd = sm90::sw128_desc(k_tile, 16, 1024);
