@@ -10,9 +10,6 @@
 
 namespace kiln {
 
-#ifdef KILN_HAVE_CUDA
-#endif
-
 Buffer::Buffer(size_t bytes, Device d) : bytes_(bytes), device_(d) {
   void* p = nullptr;
   if (d.is_cpu()) {

@@ -112,7 +112,10 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in) {
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
   KILN_CUDA_CHECK(
       cudaStreamSynchronize(s));  // the last replay has read its inputs before they are overwritten
-  model_.stage(b, cache_);
+  {
+    cuda::StreamScope scope(s);  // the inputs' copies go ahead of the replay on its stream
+    model_.stage(b, cache_);
+  }
   if (!exec_ || model_.workspace_generation() != generation_) capture();
   KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s));
   return Tensor(logits_.data, DType::f32, {R, model_.config().vocab_size}, model_.device());

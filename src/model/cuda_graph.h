@@ -54,7 +54,7 @@ class CudaDecodeGraph {
   Buffer logits_buf_;
   Tensor logits_;           // f32 [num_seqs, vocab]
   BatchDesc staged_;        // reused across steps: no per-step allocation of the re-laid page table
-  void* stream_ = nullptr;  // cudaStream_t (blocking: ordered with the staging copies)
+  void* stream_ = nullptr;  // cudaStream_t (blocking: ordered with the legacy stream's synchronous copies)
   void* graph_ = nullptr;   // cudaGraph_t
   void* exec_ = nullptr;    // cudaGraphExec_t
   uint64_t generation_ = 0;

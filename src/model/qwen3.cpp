@@ -6,6 +6,7 @@
 
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
+#include "kiln/staged_upload.h"
 #include "model/cuda_tune.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
@@ -43,7 +44,7 @@ struct Qwen3Model::Workspace {
     tp_logits,   // tensor parallelism: f32 [tp, R, ceil(vocab / tp)] the LM head's all-gather
     num_slots
   };
-  explicit Workspace(Device d) : device(d), bufs(num_slots) {}
+  explicit Workspace(Device d) : device(d), bufs(num_slots), staged(d) {}
 
   void* get(Slot s, size_t bytes) {
     Buffer& b = bufs[size_t(s)];
@@ -87,9 +88,17 @@ struct Qwen3Model::Workspace {
     copy_bytes(p, device, v.data(), Device::cpu(), v.size() * sizeof(T));
     return p;
   }
+  // A step's input into its slot by an asynchronous copy (between staged.begin and end).
+  template <typename T>
+  void* stage_input(Slot s, const std::vector<T>& v) {
+    void* p = get(s, v.size() * sizeof(T));
+    staged.copy(p, v.data(), v.size() * sizeof(T));
+    return p;
+  }
 
   Device device;
   std::vector<Buffer> bufs;
+  StagedUploads staged;     // stage()'s inputs: pinned, copied on the launches' stream
   uint64_t generation = 0;  // bumped on every reallocation: a captured CUDA graph is then stale
   int64_t T = 0;            // tokens of the last run_layers
   Tensor final_hidden;      // bf16 [T, hidden]: final-norm output of the last run_layers
@@ -226,14 +235,24 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, qkv_dim = (Hq + 2 * Hkv) * D;
   w.T = T;
 
-  Tensor ids(w.upload(Workspace::ids, b.tokens), DType::i32, {T}, dev);
-  Tensor pos = b.mrope ? Tensor(w.upload(Workspace::positions, b.positions), DType::i32, {3, T}, dev)
-                       : Tensor(w.upload(Workspace::positions, b.positions), DType::i32, {T}, dev);
-  Tensor slots(w.upload(Workspace::slots, b.slot_mapping), DType::i64, {T}, dev);
-  Tensor cu(w.upload(Workspace::cu_q, b.cu_q), DType::i32, {B + 1}, dev);
-  Tensor kv_lens(w.upload(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
-  Tensor pt(w.upload(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
-  w.rows_t = Tensor(w.upload(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
+  // The inputs leave by asynchronous copies on the stream the step launches on, not by one synchronous
+  // pageable cudaMemcpy each (staging + launch of a batch-1 serving step 68 -> 55 µs; docs/PERF.md,
+  // twenty-second session).
+  {
+    const auto fp = [](const auto& v) { return StagedUploads::footprint(v.size() * sizeof(v[0])); };
+    w.staged.begin(fp(b.tokens) + fp(b.positions) + fp(b.slot_mapping) + fp(b.cu_q) + fp(b.kv_lens) +
+                       fp(b.page_table) + fp(b.logit_rows),
+                   ops::current_stream());
+  }
+  Tensor ids(w.stage_input(Workspace::ids, b.tokens), DType::i32, {T}, dev);
+  void* const pos_p = w.stage_input(Workspace::positions, b.positions);
+  Tensor pos = b.mrope ? Tensor(pos_p, DType::i32, {3, T}, dev) : Tensor(pos_p, DType::i32, {T}, dev);
+  Tensor slots(w.stage_input(Workspace::slots, b.slot_mapping), DType::i64, {T}, dev);
+  Tensor cu(w.stage_input(Workspace::cu_q, b.cu_q), DType::i32, {B + 1}, dev);
+  Tensor kv_lens(w.stage_input(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
+  Tensor pt(w.stage_input(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
+  w.rows_t = Tensor(w.stage_input(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
+  w.staged.end();
 
   Tensor residual(w.activation(Workspace::residual, c, T), DType::bf16, {T, H}, dev);
   Tensor normed(w.activation(Workspace::normed, c, T), DType::bf16, {T, H}, dev);

@@ -32,7 +32,8 @@ Qwen3Runner::Qwen3Runner(std::unique_ptr<Qwen3Model> model, ops::KvLayout layout
     : model_(std::move(model)),
       layout_(layout),
       kv_dtype_(kv_dtype),
-      penalties_(nonnull(model_).device(), model_->config().vocab_size) {}
+      sample_uploads_(nonnull(model_).device()),
+      penalties_(model_->device(), model_->config().vocab_size) {}
 
 void Qwen3Runner::release_request(uint64_t request) {
   penalties_.release(request);
@@ -222,10 +223,14 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   const size_t out_bytes = size_t(R) * (2 + 2 * size_t(top_n)) * 4;
   if (sample_params_buf_.bytes() < params_bytes) sample_params_buf_ = Buffer(params_bytes * 2, device());
   if (sample_out_buf_.bytes() < out_bytes) sample_out_buf_ = Buffer(out_bytes * 2, device());
-  // Sampling follows the step on its stream: the graph's own, or the eager one.
-  auto* stream = static_cast<cudaStream_t>(graph ? graph->stream() : ops::current_stream());
-  KILN_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "CUDA error before sampling");
-  copy_bytes(sample_params_buf_.data(), device(), hp.data(), Device::cpu(), params_bytes);
+  // Sampling follows the step on its stream (the graph's own, or the eager one), its parameters copied
+  // while the step runs: the host waits once, for the sampled rows (a wait for the step, then a pageable
+  // copy of the parameters, cost a batch-1 serving step ~18 µs more; docs/PERF.md, twenty-second session).
+  void* const stream_handle = graph ? graph->stream() : ops::current_stream();
+  auto* stream = static_cast<cudaStream_t>(stream_handle);
+  sample_uploads_.begin(StagedUploads::footprint(params_bytes), stream_handle);
+  sample_uploads_.copy(sample_params_buf_.data(), hp.data(), params_bytes);
+  sample_uploads_.end();
   char* base = static_cast<char*>(sample_out_buf_.data());
   auto* tokens = reinterpret_cast<int32_t*>(base);
   auto* logprobs = reinterpret_cast<float*>(base + size_t(R) * 4);
@@ -237,7 +242,7 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
                top_n > 0 ? top_ids : nullptr, top_n > 0 ? top_lp : nullptr, stream);
   if (processed) penalties_.count_sampled(tokens, R, stream);  // the history grows on the device
   KILN_CHECK(cudaStreamSynchronize(stream) == cudaSuccess,
-             "CUDA sampling failed: ", cudaGetErrorString(cudaGetLastError()));
+             "CUDA step or sampling failed: ", cudaGetErrorString(cudaGetLastError()));
   std::vector<char> host(out_bytes);
   copy_bytes(host.data(), Device::cpu(), base, device(), out_bytes);
   for (int64_t r = 0; r < R; ++r) {

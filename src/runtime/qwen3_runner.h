@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/staged_upload.h"
 #include "model/cuda_graph.h"
 #include "model/kv_cache.h"
 #include "model/qwen3.h"
@@ -68,6 +69,7 @@ class Qwen3Runner : public ModelRunner {
   DType kv_dtype_;
   Buffer logits_buf_, hidden_buf_;
   Buffer sample_params_buf_, sample_out_buf_;  // device: SampleParams [R]; tokens, logprobs, top ids/logprobs
+  StagedUploads sample_uploads_;               // the SampleParams' copies
   DevicePenalties penalties_;
   VlImages images_;
   std::vector<int32_t> graph_buckets_, graph_widths_;  // ascending; empty: no graphs

@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kiln/batch.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"
+#include "kiln/staged_upload.h"
 #include "kiln/tensor.h"
 
 using namespace kiln;
@@ -74,4 +76,29 @@ TEST(BatchDesc, ValidateRejectsInconsistentDescriptors) {
   EXPECT_THROW(b.validate(3, 16), Error);  // token 3 out of range
   b.kv_lens = {1, 6};
   EXPECT_THROW(b.validate(10, 16), Error);  // kv_len < new tokens
+}
+
+TEST(StagedUploads, CpuCopiesAtOnceWithinTheBound) {
+  StagedUploads up(Device::cpu());
+  EXPECT_THROW(up.copy(nullptr, nullptr, 4), Error);  // outside begin() / end()
+  const std::vector<int32_t> a = {1, 2, 3}, b = {7, 8, 9, 10, 11};
+  std::vector<int32_t> da(3, -1), db(5, -1);
+  up.begin(StagedUploads::footprint(12) + StagedUploads::footprint(20), nullptr);
+  up.copy(da.data(), a.data(), 12);
+  up.copy(db.data(), b.data(), 20);
+  up.end();
+  EXPECT_EQ(da, a);
+  EXPECT_EQ(db, b);
+  // Past the bound: a clear error, the destination untouched; the next batch works.
+  std::vector<int32_t> dc(5, -1);
+  up.begin(StagedUploads::footprint(12), nullptr);
+  EXPECT_THROW(up.copy(dc.data(), b.data(), 20), Error);
+  EXPECT_EQ(dc, std::vector<int32_t>(5, -1));
+  up.begin(StagedUploads::footprint(20), nullptr);
+  up.copy(dc.data(), b.data(), 20);
+  up.end();
+  EXPECT_EQ(dc, b);
+  EXPECT_EQ(StagedUploads::footprint(1), 16u);
+  EXPECT_EQ(StagedUploads::footprint(16), 16u);
+  EXPECT_EQ(StagedUploads::footprint(17), 32u);
 }
