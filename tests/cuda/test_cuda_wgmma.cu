@@ -98,7 +98,7 @@ __global__ void rs_kernel(const uint16_t* p, const uint16_t* v, float* out) {
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
-    const uint64_t dv = sm90::sw128_desc(sv + uint32_t(kk) * 2048, kK * 128, 1024);
+    const sm90::WgmmaDesc dv = sm90::sw128_desc(sv + uint32_t(kk) * 2048, kK * 128, 1024);
     if constexpr (N == 128)
       sm90::wgmma_m64n128k16_rs(d, pa[kk], dv, 1u);
     else

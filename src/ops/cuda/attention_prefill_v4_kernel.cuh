@@ -121,22 +121,21 @@ __device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const I
     // addresses stay below 256 KB, so the field never carries): 64 fewer SASS instructions than a
     // descriptor built per k-step, 0.5 % faster at 4096 and 8192 tokens (H200, docs/PERF.md, twenty-first
     // session).
-    const uint64_t qd = sm90::sw128_desc(q_tile, 16, 1024), kd = sm90::sw128_desc(k_tile, 16, 1024);
+    const sm90::WgmmaDesc qd = sm90::sw128_desc(q_tile, 16, 1024), kd = sm90::sw128_desc(k_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t col = uint32_t(kk / 4), k32 = uint32_t(kk % 4) * 32;
-      const uint64_t da = qd + ((col * (kWgRows * 128) + k32) >> 4);
-      const uint64_t db = kd + ((col * (kBN * 128) + k32) >> 4);
-      sm90::wgmma_m64n128k16_ss(sc, da, db, kk > 0 ? 1u : 0u);
+      sm90::wgmma_m64n128k16_ss(sc, qd.plus(col * (kWgRows * 128) + k32), kd.plus(col * (kBN * 128) + k32),
+                                kk > 0 ? 1u : 0u);
     }
   };
   // o += P V_j with P in pa (not committed).
   const auto issue_pv = [&](int j) {
     const uint32_t v_tile = sV + uint32_t(stage(j)) * kTileBytes;
-    const uint64_t vd = sm90::sw128_desc(v_tile, kBN * 128, 1024);
+    const sm90::WgmmaDesc vd = sm90::sw128_desc(v_tile, kBN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t dv = vd + uint64_t(kk) * (2048 >> 4);  // the next 16 keys: 2 KB on
+      const sm90::WgmmaDesc dv = vd.plus(uint32_t(kk) * 2048);  // the next 16 keys: 2 KB on
       if constexpr (D == 128)
         sm90::wgmma_m64n128k16_rs(o, pa[kk], dv, 1u);
       else

@@ -127,9 +127,21 @@ __device__ __forceinline__ void wgmma_wait() {
 //   MN-major operand (V: the reduction dimension, keys, runs down the rows; N = d along the row): SBO = 1024
 //     (8 keys to the next 8), LBO = the byte distance between column blocks (d 0-63 -> d 64-127). A k16
 //     step advances the start address by 16 rows = 2048 bytes.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return uint64_t((smem_addr & 0x3ffff) >> 4) | (uint64_t((lbo_bytes & 0x3ffff) >> 4) << 16) |
-         (uint64_t((sbo_bytes & 0x3ffff) >> 4) << 32) | (uint64_t(1) << 62);
+// Held as its two 32-bit halves, packed into the 64-bit operand inside the wgmma asm: lo = start address and
+// LBO, hi = SBO and the swizzle mode, a constant of the layout. A k-step's offset is then one 32-bit add to
+// lo (plus(); the 14-bit address field never carries while shared addresses stay below 256 KB), and ptxas
+// puts the constant hi into a uniform register itself. As one 64-bit value, both halves of every descriptor
+// went through general registers and an R2UR each, with a 64-bit add (carry included) a k-step (SASS of
+// prefill v4; docs/PERF.md, twenty-second session).
+struct WgmmaDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ WgmmaDesc plus(uint32_t byte_offset) const {
+    return {lo + (byte_offset >> 4), hi};
+  }
+};
+__device__ __forceinline__ WgmmaDesc sw128_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return {((smem_addr & 0x3ffff) >> 4) | (((lbo_bytes & 0x3ffff) >> 4) << 16),
+          ((sbo_bytes & 0x3ffff) >> 4) | (1u << 30)};
 }
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 128-byte-swizzled column block.
