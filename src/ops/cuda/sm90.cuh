@@ -129,10 +129,10 @@ __device__ __forceinline__ void wgmma_wait() {
 //     step advances the start address by 16 rows = 2048 bytes.
 // Held as its two 32-bit halves, packed into the 64-bit operand inside the wgmma asm: lo = start address and
 // LBO, hi = SBO and the swizzle mode, a constant of the layout. A k-step's offset is then one 32-bit add to
-// lo (plus(); the 14-bit address field never carries while shared addresses stay below 256 KB), and ptxas
-// puts the constant hi into a uniform register itself. As one 64-bit value, both halves of every descriptor
-// went through general registers and an R2UR each, with a 64-bit add (carry included) a k-step (SASS of
-// prefill v4; docs/PERF.md, twenty-second session).
+// lo (plus(); the 14-bit address field never carries while shared addresses stay below 256 KB) where a 64-bit
+// value took an add with carry and register moves: prefill v4 has 48 fewer SASS instructions and runs 0.1-0.3
+// % faster (H200, docs/PERF.md, twenty-second session). ptxas still moves both halves to uniform registers
+// with R2UR (272 in the kernel, as before).
 struct WgmmaDesc {
   uint32_t lo, hi;
   __device__ __forceinline__ WgmmaDesc plus(uint32_t byte_offset) const {
