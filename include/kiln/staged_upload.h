@@ -43,4 +43,21 @@ class StagedUploads {
   bool open_ = false;
 };
 
+// Pinned host memory (cudaMallocHost; heap memory in a build without CUDA): where asynchronous
+// device-to-host copies land. reserve() keeps the contents only while the size fits; the caller makes sure
+// no copy into it is still in flight when it grows or is destroyed.
+class PinnedHost {
+ public:
+  PinnedHost() = default;
+  ~PinnedHost();
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+  void* reserve(size_t bytes);
+  void* data() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace kiln

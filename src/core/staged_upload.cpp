@@ -2,6 +2,7 @@
 #include "kiln/staged_upload.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "kiln/error.h"
@@ -90,6 +91,31 @@ void StagedUploads::end() {
   KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_), static_cast<cudaStream_t>(stream_)));
   open_ = false;
 #endif
+}
+
+PinnedHost::~PinnedHost() {
+#ifdef KILN_HAVE_CUDA
+  if (p_) cudaFreeHost(p_);
+#else
+  std::free(p_);
+#endif
+}
+
+void* PinnedHost::reserve(size_t bytes) {
+  if (bytes <= bytes_ && p_) return p_;
+  const size_t want = std::max<size_t>(bytes, 2 * bytes_);
+#ifdef KILN_HAVE_CUDA
+  if (p_) KILN_CUDA_CHECK(cudaFreeHost(p_));
+  p_ = nullptr;
+  bytes_ = 0;
+  KILN_CUDA_CHECK(cudaMallocHost(&p_, want ? want : 1));
+#else
+  std::free(p_);
+  p_ = std::malloc(want ? want : 1);
+  KILN_CHECK(p_ != nullptr, "host allocation of ", want, " bytes failed");
+#endif
+  bytes_ = want;
+  return p_;
 }
 
 }  // namespace kiln

@@ -79,7 +79,7 @@ void CudaDecodeGraph::capture() {
   ++captures_;
 }
 
-Tensor CudaDecodeGraph::step(const BatchDesc& in) {
+Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
   const int32_t B = num_seqs_;
   const int64_t R = int64_t(in.logit_rows.size());
   KILN_CHECK(in.num_seqs() == B && in.num_tokens() == B && !in.mrope, "CudaDecodeGraph::step takes ", B,
@@ -110,12 +110,18 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in) {
   b.logit_rows.resize(size_t(B));
   for (int32_t i = 0; i < B; ++i) b.logit_rows[size_t(i)] = i;  // a fixed LM-head shape
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
-  KILN_CUDA_CHECK(
-      cudaStreamSynchronize(s));  // the last replay has read its inputs before they are overwritten
+  // A plain step waits for the graph's earlier replays, as every step did before the overlap schedule
+  // (measured that way on the H200). A chained step (token_ids) must not: it is queued while its
+  // predecessor runs. Either way the inputs' copies are ordered after the earlier replays that read them:
+  // on the same stream, or StagedUploads waits for the device when the previous step ran on another one.
+  if (!token_ids) KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   {
-    cuda::StreamScope scope(s);  // the inputs' copies go ahead of the replay on its stream
+    cuda::StreamScope scope(s);
     model_.stage(b, cache_);
   }
+  if (token_ids)
+    KILN_CUDA_CHECK(cudaMemcpyAsync(model_.staged_token_ids(), token_ids, size_t(R) * sizeof(int32_t),
+                                    cudaMemcpyDeviceToDevice, s));
   if (!exec_ || model_.workspace_generation() != generation_) capture();
   KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s));
   return Tensor(logits_.data, DType::f32, {R, model_.config().vocab_size}, model_.device());
@@ -129,7 +135,7 @@ CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t page
 }
 CudaDecodeGraph::~CudaDecodeGraph() = default;
 void CudaDecodeGraph::capture() {}
-Tensor CudaDecodeGraph::step(const BatchDesc&) {
+Tensor CudaDecodeGraph::step(const BatchDesc&, const int32_t*) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 #endif

@@ -39,8 +39,10 @@ class CudaDecodeGraph {
   // One decode step: b has num_seqs sequences of one new token each, logit_rows == {0, 1, ..., R-1}
   // (R <= num_seqs: rows past R are padding), no M-RoPE, b.pages_stride <= the graph's (each row is
   // padded). Returns f32 [R, vocab] logits on the device, valid until the next step of any graph sharing
-  // the buffer. Synchronous with the host only through the staging copies.
-  Tensor step(const BatchDesc& b);
+  // the buffer. The inputs' copies and the replay are queued on stream() after the host waited for the
+  // graph's earlier steps; token_ids: device memory holding the R rows' input tokens, copied over b.tokens
+  // on the stream (the overlap schedule's chained step: the previous step's draws), and no wait.
+  Tensor step(const BatchDesc& b, const int32_t* token_ids = nullptr);
   int captures() const { return captures_; }
   void* stream() const { return stream_; }
 

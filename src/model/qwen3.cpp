@@ -207,6 +207,10 @@ void Qwen3Model::stage_visual(const VisualInput* v) {
   w.vis_layers = L;
 }
 
+void* Qwen3Model::staged_token_ids() const {
+  return ws_->ids_v.data;
+}
+
 void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   const ModelConfig& c = cfg_;
   b.validate(c.vocab_size, cache.num_pages());

@@ -93,6 +93,8 @@ class Qwen3Model {
   // run_layers in two halves: stage validates the batch and uploads its metadata into the workspace;
   // launch_layers issues the ops only (no sync, no allocation: what a CUDA graph captures).
   void stage(const BatchDesc& batch, KvCache& cache);
+  // The device copy of the staged batch's token ids (i32 [T]), valid until the next stage().
+  void* staged_token_ids() const;
   void launch_layers(KvCache& cache);
   // The LM head over the staged logit rows of the last step.
   void launch_lm_head(const Tensor& logits);

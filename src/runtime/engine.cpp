@@ -62,6 +62,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   KILN_CHECK(opts.sampling_backend == "auto" || opts.sampling_backend == "cpu", "bad sampling backend '",
              opts.sampling_backend, "': expected auto or cpu");
   I.device_sampling = opts.sampling_backend == "auto";
+  I.overlap = opts.overlap_schedule;
   I.runner = std::move(runner);
   int64_t tokens = opts.max_total_tokens;
   if (tokens <= 0) {

@@ -165,6 +165,12 @@ struct EngineOptions {
   // and hidden-state requests fall back to the host); "cpu": always copy logits and sample on the host.
   // The two draw from different random streams: seeded outputs are reproducible within one choice.
   std::string sampling_backend = "auto";
+  // Overlap schedule: while a decode step runs on the device, the engine plans and launches the next one
+  // for the same requests (its input tokens taken on the device from the running step's draws), then
+  // emits the running step's tokens; a request that stops meanwhile wastes one row of the step launched
+  // ahead. Only for decode-only graph steps with device sampling and no logit processing, while nothing
+  // waits for admission; everything else runs one step at a time as without it.
+  bool overlap_schedule = false;
   uint64_t seed = 0;  // base for requests without a seed
   // Tensor parallelism (runtime/tp_runner.h): tp ranks over all nodes, tp / nnodes GPUs (or CPU ranks) on
   // this node; SGLang's --tp, --nnodes, --node-rank and --dist-init-addr host:port (node 0's rendezvous).

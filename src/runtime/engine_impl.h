@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -75,9 +76,31 @@ struct Engine::Impl {
   EngineStats counters;                         // the counter and histogram fields
   std::vector<float> logits_host, hidden_host;  // [logit rows, vocab] / [logit rows, hidden]
 
+  // The overlap schedule (EngineOptions::overlap_schedule): the decode step launched and not yet collected,
+  // and the requests that ended while their sequence is in it (its KV write still lands in their pages:
+  // released once it is collected).
+  struct InFlight {
+    StepPlan plan;
+    int top_n = 0;
+  };
+  bool overlap = false;
+  std::optional<InFlight> inflight;
+  std::vector<RequestId> deferred_release;
+
   void validate(const Request& r) const;
   void loop();
   void step();
+  // Overlap: whether `plan` (padded, validated) can go by ModelRunner::launch_sampled, with these rows'
+  // parameters; `ahead`: as the continuation of a step in flight (each row one token further).
+  bool launchable(const StepPlan& plan, bool ahead) const;
+  std::vector<ModelRunner::RowSampling> row_sampling(const StepPlan& plan, uint64_t ahead) const;
+  void step_in_flight();  // launches the continuation of `inflight` when it can, then collects `inflight`
+  std::optional<InFlight> launch_continuation(const InFlight& cur);
+  bool in_flight(RequestId id) const;
+  void release_deferred();
+  // The tokens of a finished step: finalize, then each sample row's event (or its end).
+  void complete_step(const StepPlan& plan, const std::vector<int32_t>& sampled, std::vector<Draw>& draws,
+                     bool need_hidden);
   void accept(Incoming in);
   void admit(RequestId id, std::unique_ptr<Sequence> seq);
   void release_followers(Live& leader);  // admits the requests held for its prompt

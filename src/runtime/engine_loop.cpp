@@ -142,6 +142,7 @@ void Engine::Impl::release_followers(Live& leader) {
 }
 
 void Engine::Impl::step() {
+  if (inflight) return step_in_flight();
   StepPlan plan = sched->schedule();
   {
     std::lock_guard<std::mutex> lk(mu);
@@ -199,16 +200,11 @@ void Engine::Impl::step() {
   try {
     batch.validate(V, pool->num_pages());
     if (device_ok) {
-      std::vector<ModelRunner::RowSampling> rs(K);
-      for (size_t k = 0; k < K; ++k) {
-        const Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
-        rs[k] = {L.req.sampling.temperature,
-                 L.req.sampling.top_k,
-                 L.req.sampling.top_p,
-                 L.seed,
-                 uint64_t(L.completion),
-                 &L.sampler->processor(),
-                 plan.rows[size_t(plan.sample_rows[k])].seq->id};
+      const std::vector<ModelRunner::RowSampling> rs = row_sampling(plan, 0);
+      if (overlap && launchable(plan, false) && runner->launch_sampled(batch, rs, top_n, false)) {
+        inflight =
+            InFlight{std::move(plan), top_n};  // collected by the next step, after its successor launched
+        return;
       }
       std::vector<ModelRunner::SampledRow> out;
       sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out);
@@ -232,6 +228,7 @@ void Engine::Impl::step() {
     throw;  // no step can run any more: loop() ends every request
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
+    runner->abandon_launched();
     std::vector<RequestId> ids;
     for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
     for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
@@ -265,13 +262,132 @@ void Engine::Impl::step() {
       }
     }
   }
+  complete_step(plan, sampled, draws, need_hidden);
+}
+
+std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan& plan, uint64_t ahead) const {
+  std::vector<ModelRunner::RowSampling> rs(plan.sample_rows.size());
+  for (size_t k = 0; k < rs.size(); ++k) {
+    const RequestId id = plan.rows[size_t(plan.sample_rows[k])].seq->id;
+    const Live& L = live.at(id);
+    rs[k] = {L.req.sampling.temperature,
+             L.req.sampling.top_k,
+             L.req.sampling.top_p,
+             L.seed,
+             uint64_t(L.completion) + ahead,
+             &L.sampler->processor(),
+             id};
+  }
+  return rs;
+}
+
+bool Engine::Impl::launchable(const StepPlan& plan, bool ahead) const {
+  if (plan.rows.empty() || plan.prefill_tokens > 0 || !is_graphable_decode(plan.batch)) return false;
+  // A step launched ahead draws each row's token after the one the step in flight draws: both must be
+  // wanted (the length limits), and nothing may be waiting for a step of its own.
+  const int64_t more = ahead ? 2 : 1;
+  for (size_t k = 0; k < plan.sample_rows.size(); ++k) {
+    const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
+    auto it = live.find(s.id);
+    if (it == live.end()) return false;
+    const Live& L = it->second;
+    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f ||
+        L.sampler->processor().active() || L.completion + more > L.req.sampling.max_new_tokens ||
+        int64_t(s.tokens.size()) + more - 1 >= int64_t(s.max_len))
+      return false;
+  }
+  if (!ahead) return true;
+  if (sched->num_waiting() + num_held > 0) return false;
+  std::lock_guard<std::mutex> lk(mu);
+  return incoming.empty() && aborts.empty() && !stopping && flush_requested <= flush_done;
+}
+
+bool Engine::Impl::in_flight(RequestId id) const {
+  if (!inflight) return false;
+  for (const StepRow& r : inflight->plan.rows)
+    if (r.seq->id == id) return true;
+  return false;
+}
+
+void Engine::Impl::release_deferred() {
+  std::vector<RequestId> keep;
+  for (RequestId id : deferred_release) {
+    if (in_flight(id)) {
+      keep.push_back(id);
+    } else {
+      sched->release(id);
+    }
+  }
+  deferred_release.swap(keep);
+}
+
+std::optional<Engine::Impl::InFlight> Engine::Impl::launch_continuation(const InFlight& cur) {
+  if (!launchable(cur.plan, true)) return std::nullopt;
+  StepPlan next;
+  if (!sched->plan_continuation(cur.plan, &next)) return std::nullopt;
+  BatchDesc& batch = next.batch;
+  const int32_t bucket = runner->graph_bucket(batch);
+  if (bucket > batch.num_seqs()) pad_batch(batch, bucket);
+  runner->place_positions(batch);
+  batch.validate(runner->config().vocab_size, pool->num_pages());
+  if (!runner->launch_sampled(batch, row_sampling(cur.plan, 1), cur.top_n, true)) return std::nullopt;
+  ++counters.steps;
+  return InFlight{std::move(next), cur.top_n};
+}
+
+void Engine::Impl::step_in_flight() {
+  InFlight cur = std::move(*inflight);
+  inflight.reset();
+  const size_t K = cur.plan.sample_rows.size();
+  const int64_t V = runner->config().vocab_size;
+  std::vector<int32_t> sampled(K, -1);
+  std::vector<Draw> draws(K);
+  try {
+    inflight = launch_continuation(cur);  // before cur's tokens are known: its rows' next step
+    std::vector<ModelRunner::SampledRow> out;
+    runner->collect_sampled(&out);
+    KILN_CHECK_EQ(out.size(), K, "the runner returned the wrong number of sampled rows");
+    for (size_t k = 0; k < K; ++k) {
+      auto it = live.find(cur.plan.rows[size_t(cur.plan.sample_rows[k])].seq->id);
+      if (it == live.end()) continue;  // ended while in flight: its draw is dropped
+      KILN_CHECK(out[k].token >= 0 && out[k].token < V, "device sampling returned token ", out[k].token);
+      sampled[k] = draws[k].token = out[k].token;
+      draws[k].logprob = out[k].logprob;
+      const int n = it->second.req.sampling.top_logprobs;
+      draws[k].top.assign(out[k].top.begin(),
+                          out[k].top.begin() + std::min<ptrdiff_t>(n, ptrdiff_t(out[k].top.size())));
+    }
+  } catch (const RunnerFatalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // The rows of both steps end in error (the same requests); everyone else goes on.
+    runner->abandon_launched();
+    inflight.reset();
+    std::vector<RequestId> ids;
+    for (const StepRow& r : cur.plan.rows) ids.push_back(r.seq->id);
+    for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
+    release_deferred();
+    return;
+  }
+  complete_step(cur.plan, sampled, draws, false);
+  release_deferred();
+}
+
+void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t>& sampled,
+                                 std::vector<Draw>& draws, bool need_hidden) {
   sched->finalize(plan, sampled);
+  const ModelConfig& cfg = runner->config();
+  const int64_t H = cfg.hidden_size;
+  const size_t K = plan.sample_rows.size();
+  const std::vector<float>& hidden = hidden_host;
 
   const Clock::time_point now = Clock::now();
   for (size_t k = 0; k < K; ++k) {
     const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
     const RequestId id = s.id;
-    Live& L = live.at(id);
+    auto live_it = live.find(id);
+    if (live_it == live.end()) continue;  // ended while this step was in flight (overlap schedule)
+    Live& L = live_it->second;
     TokenEvent ev;
     if (need_hidden && (L.req.embedding || L.req.return_hidden)) {
       std::vector<double> v(static_cast<size_t>(H));
@@ -364,6 +480,8 @@ void Engine::Impl::finish(RequestId id, const std::string& reason, const std::st
   }
   if (L.held) {
     --num_held;
+  } else if (in_flight(id)) {
+    deferred_release.push_back(id);  // the step in flight still writes its KV: released once it is collected
   } else {
     sched->release(id);
   }

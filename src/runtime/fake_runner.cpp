@@ -170,4 +170,35 @@ bool FakeRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSa
   return true;
 }
 
+bool FakeRunner::launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                                bool chained) {
+  if (!device_sampling || !launch_ahead) return false;
+  KILN_CHECK(launched_.size() < 2, "FakeRunner: a third step launched before the first was collected");
+  KILN_CHECK(is_graphable_decode(batch), "FakeRunner: launch_sampled takes decode steps only");
+  const BatchDesc* run = &batch;
+  BatchDesc local;
+  if (chained) {  // the tokens drawn by the step launched last, row for row, as a device copy would take them
+    KILN_CHECK(!launched_.empty(), "FakeRunner: a chained step with no step launched before it");
+    const std::vector<SampledRow>& prev = launched_.back();
+    KILN_CHECK(prev.size() >= batch.logit_rows.size(), "FakeRunner: a chained step has more rows than ",
+               prev.size());
+    local = batch;
+    for (size_t r = 0; r < batch.logit_rows.size(); ++r) local.tokens[r] = prev[r].token;
+    run = &local;
+    ++chained_steps;
+  }
+  std::vector<SampledRow> out;
+  KILN_CHECK(forward_sampled(*run, rows, top_n, &out), "FakeRunner: device sampling is off");
+  --sampled_steps;  // counted as launched, not as forward_sampled
+  ++launched_steps;
+  launched_.push_back(std::move(out));
+  return true;
+}
+
+void FakeRunner::collect_sampled(std::vector<SampledRow>* out) {
+  KILN_CHECK(!launched_.empty(), "FakeRunner: collect_sampled with no step launched");
+  *out = std::move(launched_.front());
+  launched_.pop_front();
+}
+
 }  // namespace kiln

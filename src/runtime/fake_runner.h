@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "runtime/model_runner.h"
@@ -32,6 +33,12 @@ class FakeRunner : public ModelRunner {
   // softmax(logits / T) over the top-k with a generator seeded by (seed, step) only. Counts its calls.
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                        std::vector<SampledRow>* out) override;
+  // With device_sampling and launch_ahead set: runs the step at once (a chained step takes its tokens from
+  // the previous launch's draws) and keeps the rows until collect_sampled(), which returns them in order.
+  bool launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                      bool chained) override;
+  void collect_sampled(std::vector<SampledRow>* out) override;
+  void abandon_launched() override { launched_.clear(); }
 
   // The logits after `context` ([vocab] into row): values in [0, 1) except 2 at next_token().
   void write_logits(const int32_t* context, int64_t n, float* row) const;
@@ -45,19 +52,22 @@ class FakeRunner : public ModelRunner {
   int64_t logit_steps =
       0;  // steps with at least one logit row (a prefill chunk that ends no prompt has none)
   int64_t max_seqs_seen = 0;
-  bool saw_mixed_step = false;         // a step with both q_len == 1 and q_len > 1 rows
-  std::vector<int32_t> graph_buckets;  // pad all-decode batches up to these (empty: never pad)
-  std::vector<GraphPlan> graph_plans;  // what prepare_graphs was given
-  int64_t fail_at_step = -1;           // forward() throws on this step number
-  std::vector<int32_t> step_tokens;    // tokens per step
-  bool device_sampling = false;        // forward_sampled() works (else it declines)
-  int64_t sampled_steps = 0;           // steps served by forward_sampled()
+  bool saw_mixed_step = false;                    // a step with both q_len == 1 and q_len > 1 rows
+  std::vector<int32_t> graph_buckets;             // pad all-decode batches up to these (empty: never pad)
+  std::vector<GraphPlan> graph_plans;             // what prepare_graphs was given
+  int64_t fail_at_step = -1;                      // forward() throws on this step number
+  std::vector<int32_t> step_tokens;               // tokens per step
+  bool device_sampling = false;                   // forward_sampled() works (else it declines)
+  int64_t sampled_steps = 0;                      // steps served by forward_sampled()
+  bool launch_ahead = false;                      // launch_sampled() works (with device_sampling)
+  int64_t launched_steps = 0, chained_steps = 0;  // served by launch_sampled(), chained ones among them
 
  private:
   ModelConfig config_;
   int32_t page_size_ = 0;
   std::vector<int64_t> slot_token_;  // [num_pages * page_size]: -1 empty
   std::vector<int64_t> slot_pos_;
+  std::deque<std::vector<SampledRow>> launched_;  // launched, not collected (oldest first)
 };
 
 }  // namespace kiln

@@ -90,6 +90,22 @@ class ModelRunner {
                                int /*top_n*/, std::vector<SampledRow>* /*out*/) {
     return false;
   }
+  // The overlap schedule's seam (EngineOptions::overlap_schedule): launch a graphable decode step with device
+  // sampling and return before it has run; collect_sampled() waits for the oldest launched step and returns
+  // its rows, as forward_sampled would have. chained: the step's input tokens are the sampled tokens of the
+  // step launched just before it, row for row, taken where they were drawn (batch.tokens is ignored), so the
+  // engine can launch step N + 1 before it has seen step N's tokens. At most two steps are launched and not
+  // collected. Returns false, having run nothing, when this runner cannot run this step so (the engine then
+  // collects what is in flight and runs the step with forward_sampled).
+  virtual bool launch_sampled(const BatchDesc& /*batch*/, const std::vector<RowSampling>& /*rows*/,
+                              int /*top_n*/, bool /*chained*/) {
+    return false;
+  }
+  virtual void collect_sampled(std::vector<SampledRow>* /*out*/) {
+    KILN_FAIL("this model runner launches no steps ahead (launch_sampled)");
+  }
+  // After a failed launch or collect: waits for and drops every launched step (their rows end in error).
+  virtual void abandon_launched() {}
   // The request ended: whatever device state forward_sampled kept for it may go (and its images).
   virtual void release_request(uint64_t /*request*/) {}
   // Qwen3-VL: the images of `request`, already checked against its prompt (layout_vl_prompt); the runner

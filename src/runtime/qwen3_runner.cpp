@@ -12,6 +12,7 @@
 #ifdef KILN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kiln/cuda_check.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/sampling.h"
 #include "ops/stream.h"
@@ -34,6 +35,14 @@ Qwen3Runner::Qwen3Runner(std::unique_ptr<Qwen3Model> model, ops::KvLayout layout
       kv_dtype_(kv_dtype),
       sample_uploads_(nonnull(model_).device()),
       penalties_(model_->device(), model_->config().vocab_size) {}
+
+Qwen3Runner::~Qwen3Runner() {
+  abandon_launched();
+#ifdef KILN_HAVE_CUDA
+  for (void* e : launch_done_)
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+#endif
+}
 
 void Qwen3Runner::release_request(uint64_t request) {
   penalties_.release(request);
@@ -190,6 +199,33 @@ Tensor Qwen3Runner::forward_device(const BatchDesc& batch) {
   return out;
 }
 
+namespace {
+
+// The draws of R rows as the sampler leaves them: tokens [R] i32, logprobs [R] f32, top ids [R, top_n] i32,
+// top logprobs [R, top_n] f32.
+size_t draw_bytes(int64_t R, int top_n) {
+  return size_t(R) * (2 + 2 * size_t(top_n)) * 4;
+}
+
+void unpack_draws(const char* host, int64_t R, int top_n, std::vector<ModelRunner::SampledRow>* out) {
+  out->assign(size_t(R), ModelRunner::SampledRow{});
+  for (int64_t r = 0; r < R; ++r) {
+    ModelRunner::SampledRow& o = (*out)[size_t(r)];
+    std::memcpy(&o.token, host + size_t(r) * 4, 4);
+    std::memcpy(&o.logprob, host + size_t(R) * 4 + size_t(r) * 4, 4);
+    for (int i = 0; i < top_n; ++i) {
+      TokenLogprob t;
+      std::memcpy(&t.id, host + size_t(R) * 8 + (size_t(r) * size_t(top_n) + size_t(i)) * 4, 4);
+      std::memcpy(&t.logprob,
+                  host + size_t(R) * (8 + 4 * size_t(top_n)) + (size_t(r) * size_t(top_n) + size_t(i)) * 4,
+                  4);
+      o.top.push_back(t);
+    }
+  }
+}
+
+}  // namespace
+
 bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                                   std::vector<SampledRow>* out) {
 #ifdef KILN_HAVE_CUDA
@@ -219,8 +255,7 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
     hp[size_t(r)] = {s.temperature, s.top_k, s.top_p, s.seed, s.step};
   }
   const size_t params_bytes = size_t(R) * sizeof(cuda::SampleParams);
-  // tokens [R] i32, logprobs [R] f32, top ids [R, top_n] i32, top logprobs [R, top_n] f32
-  const size_t out_bytes = size_t(R) * (2 + 2 * size_t(top_n)) * 4;
+  const size_t out_bytes = draw_bytes(R, top_n);
   if (sample_params_buf_.bytes() < params_bytes) sample_params_buf_ = Buffer(params_bytes * 2, device());
   if (sample_out_buf_.bytes() < out_bytes) sample_out_buf_ = Buffer(out_bytes * 2, device());
   // Sampling follows the step on its stream (the graph's own, or the eager one), its parameters copied
@@ -245,19 +280,7 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
              "CUDA step or sampling failed: ", cudaGetErrorString(cudaGetLastError()));
   std::vector<char> host(out_bytes);
   copy_bytes(host.data(), Device::cpu(), base, device(), out_bytes);
-  for (int64_t r = 0; r < R; ++r) {
-    SampledRow& o = (*out)[size_t(r)];
-    std::memcpy(&o.token, host.data() + size_t(r) * 4, 4);
-    std::memcpy(&o.logprob, host.data() + size_t(R) * 4 + size_t(r) * 4, 4);
-    for (int i = 0; i < top_n; ++i) {
-      TokenLogprob t;
-      std::memcpy(&t.id, host.data() + size_t(R) * 8 + (size_t(r) * size_t(top_n) + size_t(i)) * 4, 4);
-      std::memcpy(
-          &t.logprob,
-          host.data() + size_t(R) * (8 + 4 * size_t(top_n)) + (size_t(r) * size_t(top_n) + size_t(i)) * 4, 4);
-      o.top.push_back(t);
-    }
-  }
+  unpack_draws(host.data(), R, top_n, out);
   return true;
 #else
   (void)batch;
@@ -266,6 +289,89 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   (void)out;
   return false;
 #endif
+}
+
+bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                                 bool chained) {
+#ifdef KILN_HAVE_CUDA
+  if (!device().is_cuda() || launched_.size() >= 2) return false;
+  KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
+  const int64_t R = int64_t(batch.logit_rows.size());
+  const int64_t V = config().vocab_size;
+  KILN_CHECK_EQ(int64_t(rows.size()), R, "one RowSampling per logit row");
+  KILN_CHECK(top_n >= 0 && top_n <= cuda::kMaxTopN, "top_n ", top_n, " out of range");
+  for (const RowSampling& r : rows)
+    if (r.proc && r.proc->active()) return false;  // the device penalties' history needs each step's draws
+  BatchDesc local;
+  VisualInput visual;
+  const BatchDesc& b = with_images(batch, local, visual);
+  CudaDecodeGraph* graph = visual.empty() && R > 0 ? graph_for(b) : nullptr;
+  if (!graph) return false;
+  // A chained step reads the draws of the step launched before it: the same graph, so the same stream.
+  if (chained && (launched_.empty() || launched_.back().graph != graph || launched_.back().rows < R))
+    return false;
+  const int slot = next_slot_;
+  const size_t out_bytes = draw_bytes(R, top_n), params_bytes = size_t(R) * sizeof(cuda::SampleParams);
+  if (launch_out_buf_[slot].bytes() < out_bytes) launch_out_buf_[slot] = Buffer(out_bytes * 2, device());
+  if (sample_params_buf_.bytes() < params_bytes) sample_params_buf_ = Buffer(params_bytes * 2, device());
+  void* host = launch_host_[slot].reserve(out_bytes);  // no copy into it in flight: its step was collected
+  if (!launch_done_[slot]) {
+    cudaEvent_t e = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    launch_done_[slot] = e;
+  }
+  const int32_t* chain_tokens =
+      chained ? static_cast<const int32_t*>(launch_out_buf_[launched_.back().slot].data()) : nullptr;
+  const Tensor logits = graph->step(b, chain_tokens);
+  auto* stream = static_cast<cudaStream_t>(graph->stream());
+  std::vector<cuda::SampleParams> hp(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const RowSampling& p = rows[size_t(r)];
+    hp[size_t(r)] = {p.temperature, p.top_k, p.top_p, p.seed, p.step};
+  }
+  // The parameters' buffer is shared with the step launched before: its sampling, earlier on the same
+  // stream, has read it by the time this copy runs.
+  sample_uploads_.begin(StagedUploads::footprint(params_bytes), graph->stream());
+  sample_uploads_.copy(sample_params_buf_.data(), hp.data(), params_bytes);
+  sample_uploads_.end();
+  char* base = static_cast<char*>(launch_out_buf_[slot].data());
+  cuda::sample(
+      logits.ptr<float>(), V, R, V, static_cast<const cuda::SampleParams*>(sample_params_buf_.data()),
+      reinterpret_cast<int32_t*>(base), reinterpret_cast<float*>(base + size_t(R) * 4), top_n,
+      top_n > 0 ? reinterpret_cast<int32_t*>(base + size_t(R) * 8) : nullptr,
+      top_n > 0 ? reinterpret_cast<float*>(base + size_t(R) * (8 + 4 * size_t(top_n))) : nullptr, stream);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(host, base, out_bytes, cudaMemcpyDeviceToHost, stream));
+  KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(launch_done_[slot]), stream));
+  launched_.push_back({R, top_n, slot, graph});
+  next_slot_ = 1 - slot;
+  return true;
+#else
+  (void)batch;
+  (void)rows;
+  (void)top_n;
+  (void)chained;
+  return false;
+#endif
+}
+
+void Qwen3Runner::collect_sampled(std::vector<SampledRow>* out) {
+  KILN_CHECK(!launched_.empty(), "Qwen3Runner::collect_sampled: no step in flight");
+#ifdef KILN_HAVE_CUDA
+  const Launched l = launched_.front();
+  launched_.erase(launched_.begin());
+  const cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(launch_done_[l.slot]));
+  KILN_CHECK(e == cudaSuccess, "CUDA step or sampling failed: ", cudaGetErrorString(e));
+  unpack_draws(static_cast<const char*>(launch_host_[l.slot].data()), l.rows, l.top_n, out);
+#else
+  (void)out;
+#endif
+}
+
+void Qwen3Runner::abandon_launched() {
+#ifdef KILN_HAVE_CUDA
+  for (const Launched& l : launched_) cudaEventSynchronize(static_cast<cudaEvent_t>(launch_done_[l.slot]));
+#endif
+  launched_.clear();
 }
 
 Qwen3RunnerSettings parse_qwen3_runner_settings(const EngineOptions& opts) {

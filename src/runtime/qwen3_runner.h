@@ -22,6 +22,7 @@ namespace kiln {
 class Qwen3Runner : public ModelRunner {
  public:
   Qwen3Runner(std::unique_ptr<Qwen3Model> model, ops::KvLayout layout, DType kv_dtype);
+  ~Qwen3Runner() override;  // waits for the steps launch_sampled left in flight
 
   const ModelConfig& config() const override { return model_->config(); }
   Device device() const override { return model_->device(); }
@@ -42,6 +43,14 @@ class Qwen3Runner : public ModelRunner {
   // (DevicePenalties), graph or not.
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                        std::vector<SampledRow>* out) override;
+  // CUDA, graph steps only, rows without logit processing: the step's replay, its sampling and the copy of
+  // the draws to pinned host memory are queued on the graph's stream and an event marks their end; a
+  // chained step (same graph as the step launched before it) takes its input tokens from that step's draws
+  // by a device copy. Two steps at most in flight, each with its own draw buffers.
+  bool launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                      bool chained) override;
+  void collect_sampled(std::vector<SampledRow>* out) override;
+  void abandon_launched() override;
   void release_request(uint64_t request) override;
   // Qwen3-VL images: encoded on the CPU backend (model/qwen3_vl_vision.h) when a step reaches their pads.
   void attach_images(uint64_t request, VlPromptLayout layout,
@@ -70,6 +79,19 @@ class Qwen3Runner : public ModelRunner {
   Buffer logits_buf_, hidden_buf_;
   Buffer sample_params_buf_, sample_out_buf_;  // device: SampleParams [R]; tokens, logprobs, top ids/logprobs
   StagedUploads sample_uploads_;               // the SampleParams' copies
+  // launch_sampled's steps in flight, oldest first: each has a slot (draw buffers on the device and in
+  // pinned host memory, and the event recorded after its draws reached the host).
+  struct Launched {
+    int64_t rows = 0;
+    int top_n = 0;
+    int slot = 0;
+    const CudaDecodeGraph* graph = nullptr;
+  };
+  std::vector<Launched> launched_;
+  Buffer launch_out_buf_[2];
+  PinnedHost launch_host_[2];
+  void* launch_done_[2] = {nullptr, nullptr};  // cudaEvent_t
+  int next_slot_ = 0;
   DevicePenalties penalties_;
   VlImages images_;
   std::vector<int32_t> graph_buckets_, graph_widths_;  // ascending; empty: no graphs

@@ -148,7 +148,9 @@ void Scheduler::phase_build(StepPlan& plan) const {
     const StepRow& r = plan.rows[i];
     const Sequence& s = *r.seq;
     for (int32_t t = r.begin; t < r.begin + r.q_len; ++t) {
-      b.tokens.push_back(s.tokens[size_t(t)]);
+      // A continuation's row (plan_continuation) is one token past the sequence: its token is drawn by the
+      // step before it, on the device; 0 stands in.
+      b.tokens.push_back(size_t(t) < s.tokens.size() ? s.tokens[size_t(t)] : 0);
       b.positions.push_back(t);
       b.slot_mapping.push_back(int64_t(s.pages[size_t(t / ps)]) * ps + t % ps);
     }
@@ -165,6 +167,25 @@ void Scheduler::phase_build(StepPlan& plan) const {
     plan.decode_rows.push_back(r.q_len == 1 ? 1 : 0);
     (r.q_len == 1 ? plan.decode_tokens : plan.prefill_tokens) += r.q_len;
   }
+}
+
+bool Scheduler::plan_continuation(const StepPlan& prev, StepPlan* next) {
+  *next = StepPlan{};
+  for (const StepRow& r : prev.rows) {
+    Sequence& s = *r.seq;
+    KILN_CHECK(r.q_len == 1 && r.samples && s.running && s.num_computed == r.begin &&
+                   int32_t(s.tokens.size()) == r.begin + 1,
+               "plan_continuation: row of sequence ", s.id, " is not an unfinalized decode row");
+    // Pages for one token more than prev computes: the free list, then the prefix cache; no preemption.
+    const int32_t need = pool_.pages_for(r.begin + 2) - int32_t(s.pages.size());
+    if (need > 0) {
+      make_free(need);
+      if (!pool_.alloc(need, s.pages)) return false;
+    }
+    next->rows.push_back({&s, r.begin + 1, 1, true});
+  }
+  phase_build(*next);
+  return true;
 }
 
 bool Scheduler::ensure_pages(Sequence& seq, int32_t tokens_after, StepPlan& plan) {

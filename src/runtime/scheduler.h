@@ -11,6 +11,10 @@
 //                       reserve for what running sequences will still claim (see reserve_init); stops
 //                       at the first one that does not fit (strict FCFS) or at max_running
 //                     phase_build: the BatchDesc (+ which rows are decode rows)
+//   plan_continuation(prev)   the overlap schedule: the decode step that follows `prev` for the same
+//                       rows before prev is finalized (each row one token further; its input token is prev's
+//                       draw, not known here: 0 in the batch), or false when pages would need eviction
+//                       beyond the free list and the cache, or a preemption
 //   finalize(plan, sampled)   after the model ran: advance each row, append sampled tokens, offer
 //                       newly full pages to the prefix cache
 //   release(id)     the engine ended a sequence (finished, aborted, failed): its computed full pages go
@@ -91,6 +95,10 @@ class Scheduler {
   void admit(std::unique_ptr<Sequence> seq);
   // Verb 2.
   StepPlan schedule();
+  // Verb 2b. prev: a plan of decode rows only, every row sampling, not finalized yet. Builds in *next the
+  // step of the same rows one token on (pages allocated, with eviction from the prefix cache but never a
+  // preemption); false (nothing planned, pages already taken stay with their sequences) when it cannot.
+  bool plan_continuation(const StepPlan& prev, StepPlan* next);
   // Verb 3. sampled[k] is the token drawn from the logits of plan.batch.logit_rows[k], or -1 for none.
   void finalize(const StepPlan& plan, const std::vector<int32_t>& sampled);
   // Verb 4. Unknown ids are ignored.

@@ -355,3 +355,89 @@ TEST(Scheduler, ManyRequestsRandomisedAgainstReference) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// plan_continuation: the step after a decode step, planned before that step is finalized, runs the same
+// rows one token on; FakeRunner (its tokens taken as a device would: the previous step's argmax) checks
+// every context it reads, and the outputs equal the reference. Pages are claimed across page boundaries,
+// and a pool with no page left for a continuation says so without preempting.
+TEST(Scheduler, ContinuationPlansTheNextDecodeStepBeforeFinalize) {
+  Driver d(64, 4, {});
+  for (int i = 0; i < 3; ++i) d.add(uint64_t(i + 1), prompt_of(5 + 3 * i, i), 9);
+  while (d.sched.num_running() + d.sched.num_waiting() > 0) {
+    StepPlan plan = d.sched.schedule();
+    ASSERT_FALSE(plan.empty());
+    std::vector<float> logits;
+    d.model.forward(plan.batch, &logits, nullptr);
+    const int64_t V = d.model.config().vocab_size;
+    auto argmax = [&](const std::vector<float>& l) {
+      std::vector<int32_t> t;
+      for (size_t k = 0; k * size_t(V) < l.size(); ++k)
+        t.push_back(
+            int32_t(std::max_element(l.begin() + ptrdiff_t(k * V), l.begin() + ptrdiff_t((k + 1) * V)) -
+                    (l.begin() + ptrdiff_t(k * V))));
+      return t;
+    };
+    std::vector<int32_t> sampled = argmax(logits);
+    bool all_decode = plan.prefill_tokens == 0;
+    for (int32_t r : plan.sample_rows) {
+      const Sequence* s = plan.rows[size_t(r)].seq;
+      all_decode &= int(s->tokens.size()) - s->prompt_len + 2 <= d.max_new[s->id];
+    }
+    if (all_decode) {  // the continuation, run with the draws above as its tokens
+      StepPlan next;
+      ASSERT_TRUE(d.sched.plan_continuation(plan, &next));
+      ASSERT_EQ(next.rows.size(), plan.rows.size());
+      for (size_t i = 0; i < next.rows.size(); ++i) {
+        EXPECT_EQ(next.rows[i].begin, plan.rows[i].begin + 1);
+        EXPECT_EQ(next.batch.tokens[i], 0);  // drawn by the step before, on the device
+        next.batch.tokens[i] = sampled[i];
+      }
+      d.sched.finalize(plan, sampled);
+      d.sched.check_integrity();
+      std::vector<float> logits2;
+      d.model.forward(next.batch, &logits2, nullptr);
+      d.sched.finalize(next, argmax(logits2));
+    } else {
+      d.sched.finalize(plan, sampled);
+    }
+    d.sched.check_integrity();
+    std::vector<uint64_t> done;
+    for (const StepRow& r : plan.rows)
+      if (int(r.seq->tokens.size()) - r.seq->prompt_len >= d.max_new[r.seq->id]) done.push_back(r.seq->id);
+    for (uint64_t id : done) {
+      Sequence* s = d.sched.find(id);
+      d.outputs[id].assign(s->tokens.begin() + s->prompt_len, s->tokens.end());
+      d.sched.release(id);
+    }
+  }
+  d.expect_reference_outputs();
+  d.expect_all_pages_free_after_flush();
+
+  // One page left for a continuation that needs two (both sequences' next tokens start a page): false,
+  // nothing preempted; the page the first row took stays with its sequence.
+  SchedulerOptions greedy_admission;
+  greedy_admission.reserve_init = 0.0;
+  Driver t(4, 4, greedy_admission);
+  t.add(1, prompt_of(3, 1), 5);
+  t.add(2, prompt_of(3, 2), 1);
+  StepPlan p = t.sched.schedule();
+  ASSERT_EQ(p.prefill_tokens, 6);
+  std::vector<float> l;
+  t.model.forward(p.batch, &l, nullptr);
+  t.sched.finalize(p, {1, 2});
+  StepPlan dec = t.sched.schedule();
+  ASSERT_EQ(dec.decode_tokens, 2);
+  ASSERT_EQ(t.pool.num_free(), 1);
+  StepPlan cont;
+  EXPECT_FALSE(t.sched.plan_continuation(dec, &cont));
+  EXPECT_EQ(t.pool.num_free(), 0);
+  EXPECT_EQ(t.sched.find(1)->pages.size(), 2u);
+  EXPECT_EQ(t.sched.total_preemptions(), 0);
+  t.sched.check_integrity();
+}
+
+}  // namespace
+}  // namespace kiln
