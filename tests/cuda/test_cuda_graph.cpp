@@ -4,6 +4,7 @@
 // a graph of B sequences fed fewer real ones plus padding rows (runtime pad_batch), page tables narrower
 // than the graph's, equals the eager step of the same rows; the runner routes decode steps to its graphs.
 // With kiln's GEMVs as the tactics (serving's batch-1 path) the replays equal the eager steps too.
+// The overlap schedule's chained launches (launch_sampled) draw what steps run one at a time draw.
 #include <numeric>
 #include <string>
 
@@ -252,6 +253,73 @@ TEST(CudaGraph, RunnerRoutesPaddedDecodeStepsToItsGraphs) {
       }
     }
   }
+}
+
+// The overlap schedule's runner path: steps launched ahead (launch_sampled), each chained on the previous
+// step's draws by a device copy, give the draws of steps run one at a time with those draws as host tokens.
+TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
+  KILN_REQUIRE_GPU();
+  const int32_t ps = 16, pages = 32;
+  auto make = [&] {
+    LoadOptions o;
+    o.device = Device::cuda();
+    o.seed = 9;
+    auto r = std::make_unique<Qwen3Runner>(Qwen3Model::create(tiny_config(), nullptr, o), ops::KvLayout::hnd,
+                                           DType::bf16);
+    r->allocate_kv(pages, ps);
+    ModelRunner::GraphPlan plan;
+    plan.buckets = {4};
+    plan.max_pages_per_seq = 16;
+    plan.max_step_tokens = 64;
+    plan.max_seqs = 4;
+    r->prepare_graphs(plan);
+    return r;
+  };
+  auto one = make(), ahead = make();
+  const std::vector<ModelRunner::RowSampling> rows(3);  // greedy
+  std::vector<ModelRunner::SampledRow> a, b;
+  for (int32_t t = 0; t < 8; ++t) {  // the same contexts in both caches
+    const BatchDesc s = bucket_step(t, ps, 0, 4);
+    const size_t R = s.logit_rows.size();
+    ASSERT_TRUE(one->forward_sampled(s, {rows.begin(), rows.begin() + ptrdiff_t(R)}, 0, &a));
+    ASSERT_TRUE(ahead->forward_sampled(s, {rows.begin(), rows.begin() + ptrdiff_t(R)}, 0, &b));
+  }
+  ASSERT_EQ(a.size(), 3u);
+  auto with_tokens = [&](int32_t t, const std::vector<ModelRunner::SampledRow>& prev) {
+    BatchDesc s = bucket_step(t, ps, 0, 4);
+    for (size_t r = 0; r < 3; ++r) s.tokens[r] = prev[r].token;
+    return s;
+  };
+  // Steps 8 .. 20: one at a time on `one` (host tokens = the last draws); on `ahead`, step 8 launched plain,
+  // then each next one launched chained before the previous is collected.
+  std::vector<std::vector<ModelRunner::SampledRow>> want;
+  for (int32_t t = 8; t <= 20; ++t) {
+    const BatchDesc s = with_tokens(t, t == 8 ? a : want.back());
+    std::vector<ModelRunner::SampledRow> w;
+    ASSERT_TRUE(one->forward_sampled(s, rows, 2, &w));
+    want.push_back(w);
+  }
+  ASSERT_TRUE(ahead->launch_sampled(with_tokens(8, a), rows, 2, false));
+  std::vector<std::vector<ModelRunner::SampledRow>> got;
+  for (int32_t t = 9; t <= 20; ++t) {
+    BatchDesc s = bucket_step(t, ps, 0, 4);
+    for (size_t r = 0; r < 3; ++r) s.tokens[r] = 0;  // not known on the host: taken on the device
+    ASSERT_TRUE(ahead->launch_sampled(s, rows, 2, true)) << "step " << t;
+    got.emplace_back();
+    ahead->collect_sampled(&got.back());
+  }
+  got.emplace_back();
+  ahead->collect_sampled(&got.back());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    for (size_t r = 0; r < 3; ++r) {
+      EXPECT_EQ(got[i][r].token, want[i][r].token) << "step " << 8 + i << " row " << r;
+      EXPECT_EQ(got[i][r].logprob, want[i][r].logprob) << "step " << 8 + i << " row " << r;
+      ASSERT_EQ(got[i][r].top.size(), 2u);
+      EXPECT_EQ(got[i][r].top[1].id, want[i][r].top[1].id);
+    }
+  // A chained launch needs a step launched before it.
+  EXPECT_FALSE(ahead->launch_sampled(bucket_step(21, ps, 0, 4), rows, 0, true)) << "nothing launched before";
 }
 
 TEST(CudaGraph, ReplayEqualsEagerWhileInputsChange) {
