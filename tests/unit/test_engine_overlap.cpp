@@ -105,8 +105,14 @@ TEST(EngineOverlap, AbortsArrivalsAndAFailingStep) {
     const Request r = greedy(prompt_of(4 + i, i), 40);
     reqs[engine.submit(r, sink.cb())] = r;
   }
-  // Mid-run: two aborts and four arrivals, while decode steps go ahead of their predecessors.
-  while (m->chained_steps < 20) std::this_thread::yield();
+  // Mid-run (60 tokens out, decode steps going ahead of their predecessors): two aborts, four arrivals.
+  const auto emitted = [&] {
+    std::lock_guard<std::mutex> lk(sink.mu);
+    size_t n = 0;
+    for (const auto& [id, evs] : sink.events) n += evs.size();
+    return n;
+  };
+  while (emitted() < 60) std::this_thread::sleep_for(std::chrono::microseconds(50));
   const RequestId first = reqs.begin()->first;
   engine.abort(first);
   engine.abort(std::next(reqs.begin())->first);
@@ -116,6 +122,7 @@ TEST(EngineOverlap, AbortsArrivalsAndAFailingStep) {
   }
   sink.wait_finished(int(reqs.size()));
   sink.expect_one_finish_each();
+  EXPECT_GT(m->chained_steps, 20);
   const FakeRunner ref(64);
   for (auto& [id, r] : reqs) {
     const TokenEvent last = sink.last(id);
