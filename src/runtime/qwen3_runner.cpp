@@ -199,6 +199,7 @@ Tensor Qwen3Runner::forward_device(const BatchDesc& batch) {
   return out;
 }
 
+#ifdef KILN_HAVE_CUDA
 namespace {
 
 // The draws of R rows as the sampler leaves them: tokens [R] i32, logprobs [R] f32, top ids [R, top_n] i32,
@@ -225,6 +226,7 @@ void unpack_draws(const char* host, int64_t R, int top_n, std::vector<ModelRunne
 }
 
 }  // namespace
+#endif
 
 bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                                   std::vector<SampledRow>* out) {
