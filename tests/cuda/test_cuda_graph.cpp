@@ -278,7 +278,7 @@ TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
   auto one = make(), ahead = make();
   const std::vector<ModelRunner::RowSampling> rows(3);  // greedy
   std::vector<ModelRunner::SampledRow> a, b;
-  for (int32_t t = 0; t < 8; ++t) {  // the same contexts in both caches
+  for (int32_t t = 0; t < 12; ++t) {  // the same contexts in both caches (3 rows from step 8 on)
     const BatchDesc s = bucket_step(t, ps, 0, 4);
     const size_t R = s.logit_rows.size();
     ASSERT_TRUE(one->forward_sampled(s, {rows.begin(), rows.begin() + ptrdiff_t(R)}, 0, &a));
@@ -290,18 +290,18 @@ TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
     for (size_t r = 0; r < 3; ++r) s.tokens[r] = prev[r].token;
     return s;
   };
-  // Steps 8 .. 20: one at a time on `one` (host tokens = the last draws); on `ahead`, step 8 launched plain,
-  // then each next one launched chained before the previous is collected.
+  // Steps 12 .. 24: one at a time on `one` (host tokens = the last draws); on `ahead`, step 12 launched
+  // plain, then each next one launched chained before the previous is collected.
   std::vector<std::vector<ModelRunner::SampledRow>> want;
-  for (int32_t t = 8; t <= 20; ++t) {
-    const BatchDesc s = with_tokens(t, t == 8 ? a : want.back());
+  for (int32_t t = 12; t <= 24; ++t) {
+    const BatchDesc s = with_tokens(t, t == 12 ? a : want.back());
     std::vector<ModelRunner::SampledRow> w;
     ASSERT_TRUE(one->forward_sampled(s, rows, 2, &w));
     want.push_back(w);
   }
-  ASSERT_TRUE(ahead->launch_sampled(with_tokens(8, a), rows, 2, false));
+  ASSERT_TRUE(ahead->launch_sampled(with_tokens(12, a), rows, 2, false));
   std::vector<std::vector<ModelRunner::SampledRow>> got;
-  for (int32_t t = 9; t <= 20; ++t) {
+  for (int32_t t = 13; t <= 24; ++t) {
     BatchDesc s = bucket_step(t, ps, 0, 4);
     for (size_t r = 0; r < 3; ++r) s.tokens[r] = 0;  // not known on the host: taken on the device
     ASSERT_TRUE(ahead->launch_sampled(s, rows, 2, true)) << "step " << t;
@@ -313,13 +313,13 @@ TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i)
     for (size_t r = 0; r < 3; ++r) {
-      EXPECT_EQ(got[i][r].token, want[i][r].token) << "step " << 8 + i << " row " << r;
-      EXPECT_EQ(got[i][r].logprob, want[i][r].logprob) << "step " << 8 + i << " row " << r;
+      EXPECT_EQ(got[i][r].token, want[i][r].token) << "step " << 12 + i << " row " << r;
+      EXPECT_EQ(got[i][r].logprob, want[i][r].logprob) << "step " << 12 + i << " row " << r;
       ASSERT_EQ(got[i][r].top.size(), 2u);
       EXPECT_EQ(got[i][r].top[1].id, want[i][r].top[1].id);
     }
   // A chained launch needs a step launched before it.
-  EXPECT_FALSE(ahead->launch_sampled(bucket_step(21, ps, 0, 4), rows, 0, true)) << "nothing launched before";
+  EXPECT_FALSE(ahead->launch_sampled(bucket_step(25, ps, 0, 4), rows, 0, true)) << "nothing launched before";
 }
 
 TEST(CudaGraph, ReplayEqualsEagerWhileInputsChange) {
