@@ -285,6 +285,9 @@ TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
     ASSERT_TRUE(ahead->forward_sampled(s, {rows.begin(), rows.begin() + ptrdiff_t(R)}, 0, &b));
   }
   ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t r = 0; r < 3; ++r)
+    ASSERT_EQ(a[r].token, b[r].token) << "the two runners differ before the test";
   auto with_tokens = [&](int32_t t, const std::vector<ModelRunner::SampledRow>& prev) {
     BatchDesc s = bucket_step(t, ps, 0, 4);
     for (size_t r = 0; r < 3; ++r) s.tokens[r] = prev[r].token;
