@@ -55,15 +55,20 @@ int main(int argc, char** argv) {
   std::atomic<int> polls{0}, bad_polls{0};
   std::atomic<double> worst{0};
   std::vector<double> lat;  // the prober's only
+  int worst_poll = -1;      // the prober's only: which poll was the worst ...
+  double worst_at = 0.0;    // ... and when it started (ms after the prober's start)
   std::thread prober([&] {
     raise_thread_priority();
+    const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; !stop; ++i) {
       int status = 0;
+      const double at =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const double ms = timed_get(port, i % 2 ? "/metrics" : "/health", &status);
       polls++;
       lat.push_back(ms);
       if (status != 200) bad_polls++;
-      if (ms > worst) worst = ms;
+      if (ms > worst) worst = ms, worst_poll = i, worst_at = at;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
@@ -145,9 +150,8 @@ int main(int argc, char** argv) {
   const auto over = std::count_if(lat.begin(), lat.end(), [&](double v) { return v > max_poll_ms; });
   std::printf(
       "load_probe: %d idle, %d streams x %d tokens, %d slow clients in %.1f s; %d polls: p50 %.2f ms, p99 "
-      "%.2f "
-      "ms, worst %.1f ms, %ld over %.0f ms; %s\n",
-      idle_n, streams_n, tokens, slow_n, secs, polls.load(), pct(0.5), pct(0.99), worst.load(), long(over),
-      max_poll_ms, failures ? "FAIL" : "ok");
+      "%.2f ms, worst %.1f ms (poll %d, started %.0f ms in), %ld over %.0f ms; %s\n",
+      idle_n, streams_n, tokens, slow_n, secs, polls.load(), pct(0.5), pct(0.99), worst.load(), worst_poll,
+      worst_at, long(over), max_poll_ms, failures ? "FAIL" : "ok");
   return failures ? 1 : 0;
 }
