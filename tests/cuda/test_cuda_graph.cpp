@@ -198,20 +198,23 @@ TEST(CudaGraph, BucketReplayWithPaddingRowsEqualsEager) {
   run_bucket_case(8);
 }
 
+// A runner over the tiny model (seed 9) with its paged cache, on the GPU.
+std::unique_ptr<Qwen3Runner> tiny_runner(int32_t ps, int32_t pages) {
+  LoadOptions o;
+  o.device = Device::cuda();
+  o.seed = 9;
+  auto r = std::make_unique<Qwen3Runner>(Qwen3Model::create(tiny_config(), nullptr, o), ops::KvLayout::hnd,
+                                         DType::bf16);
+  r->allocate_kv(pages, ps);
+  return r;
+}
+
 // The runner: graphs captured at prepare_graphs for every (bucket, width), decode steps routed to them, and
 // their sampled tokens and log-probs equal to an eager runner's on the same padded rows.
 TEST(CudaGraph, RunnerRoutesPaddedDecodeStepsToItsGraphs) {
   KILN_REQUIRE_GPU();
   const int32_t ps = 16, pages = 32;
-  auto make = [&] {
-    LoadOptions o;
-    o.device = Device::cuda();
-    o.seed = 9;
-    auto r = std::make_unique<Qwen3Runner>(Qwen3Model::create(tiny_config(), nullptr, o), ops::KvLayout::hnd,
-                                           DType::bf16);
-    r->allocate_kv(pages, ps);
-    return r;
-  };
+  auto make = [&] { return tiny_runner(ps, pages); };
   auto graphed = make();
   auto eager = make();
   ModelRunner::GraphPlan plan;
@@ -261,12 +264,7 @@ TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
   KILN_REQUIRE_GPU();
   const int32_t ps = 16, pages = 32;
   auto make = [&] {
-    LoadOptions o;
-    o.device = Device::cuda();
-    o.seed = 9;
-    auto r = std::make_unique<Qwen3Runner>(Qwen3Model::create(tiny_config(), nullptr, o), ops::KvLayout::hnd,
-                                           DType::bf16);
-    r->allocate_kv(pages, ps);
+    auto r = tiny_runner(ps, pages);
     ModelRunner::GraphPlan plan;
     plan.buckets = {4};
     plan.max_pages_per_seq = 16;
