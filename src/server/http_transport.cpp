@@ -133,6 +133,8 @@ int HttpTransport::bind() {
   KILN_CHECK(!ec, "cannot bind ", im.opts.host, ":", im.opts.port, " (", ec.message(), ")");
   im.acceptor.listen(4096, ec);  // a burst of clients (a benchmark opening 512 at once) fits the queue
   KILN_CHECK(!ec, "listen() failed: ", ec.message());
+  wire::reserve_fd_table(im.acceptor.native_handle(),
+                         std::min(fds, int64_t(im.opts.max_connections) + kMaxRejecting + 256));
   return im.acceptor.local_endpoint().port();
 }
 

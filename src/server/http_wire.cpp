@@ -1,5 +1,6 @@
 #include "server/http_wire.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/status.hpp>
 #include <cerrno>
+#include <climits>
 #include <iterator>
 
 namespace kiln::server {
@@ -73,6 +75,12 @@ int64_t raise_fd_limit() {
     getrlimit(RLIMIT_NOFILE, &r);
   }
   return r.rlim_cur == RLIM_INFINITY ? INT64_MAX : int64_t(r.rlim_cur);
+}
+
+void reserve_fd_table(int fd, int64_t count) {
+  if (count <= 0 || count > INT_MAX) return;
+  const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, int(count - 1));  // the lowest free one >= count - 1
+  if (high >= 0) ::close(high);
 }
 
 }  // namespace wire

@@ -26,5 +26,11 @@ void raise_io_priority();
 // Servers hold a descriptor per connection: take the hard limit (a no-op where the soft one already is).
 // Returns the limit in force.
 int64_t raise_fd_limit();
+// Grows the process's descriptor table to hold `count` descriptors now. The kernel doubles the table as
+// descriptors are opened, and in a process with threads each doubling waits for an RCU grace period (tens of
+// milliseconds on a busy machine) inside whichever thread opened the descriptor: the thread accepting a burst
+// of connections would stall there, and every poll waiting to be accepted with it.
+// `fd`: any open descriptor (duplicated once, then closed).
+void reserve_fd_table(int fd, int64_t count);
 
 }  // namespace kiln::server::wire

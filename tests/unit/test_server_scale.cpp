@@ -5,8 +5,10 @@
 // headers alone) with JSON bodies, and Expect: 100-continue. Clients are raw sockets on one poll() loop
 // (scale_client.h); every loop is bounded by a deadline.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
+#include <fstream>
 #include <thread>
 
 #include "scale_client.h"
@@ -192,6 +194,25 @@ TEST(ServerScale, IdleStreamingAndSlowClientsAtOnce) {
   timed_get(h.port, "/metrics", &status, &metrics);
   EXPECT_NE(metrics.find("kiln_server_requests_rejected_total{model_name=\"demo\",reason=\"timeout\"} 200\n"),
             std::string::npos);
+}
+
+// The process's descriptor table is grown to the connection cap at bind. Grown on demand instead, each
+// doubling stalls the accepting thread for an RCU grace period (tens of ms on a busy machine): e2e_scale's
+// first /health poll, queued behind 1,000 idle connections' accepts, took 50-65 ms that way.
+// (gtest_discover_tests runs this test in a process of its own, whose table starts small.)
+TEST(ServerScale, DescriptorTableHoldsTheConnectionCapFromBind) {
+  ServerOptions o;
+  o.max_connections = 3000;
+  Scale h(o, 2);
+  rlimit lim{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  long fd_size = -1;
+  while (std::getline(status, line))
+    if (line.rfind("FDSize:", 0) == 0) fd_size = std::stol(line.substr(7));
+  ASSERT_GT(fd_size, 0) << "no FDSize in /proc/self/status";
+  EXPECT_GE(fd_size, std::min<long>(long(lim.rlim_cur), 3000));
 }
 
 TEST(ServerScale, ConnectionCapIs503WithRetryAfter) {
