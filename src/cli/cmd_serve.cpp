@@ -7,7 +7,7 @@
 //              [--max-connections N] [--http-idle-timeout S] [--http-header-timeout S]
 //              [--http-body-timeout S] [--http-write-timeout S] [--drain-timeout S] [--stream-interval N]
 //              [--disable-prefix-cache] [--disable-mixed-batches] [--disable-cuda-graph]
-//              [--cuda-graph-bs 1,2,4,...] [--disable-pdl] [--enable-overlap-schedule] [--seed S]
+//              [--cuda-graph-bs 1,2,4,...] [--disable-pdl] [--disable-overlap-schedule] [--seed S]
 //              [--sampling-backend auto|cpu] [--is-embedding]
 //              [--reasoning-parser auto|qwen3|none] [--tool-call-parser qwen25|none]
 //              [--generation-config auto|none]
@@ -98,7 +98,7 @@ std::set<std::string> serve_flags() {
 int run_serve(const kiln::cli::Args& args) {
   const kiln::cli::Flags f(args, serve_flags(),
                            {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph",
-                            "disable-pdl", "enable-overlap-schedule", "is-embedding"});
+                            "disable-pdl", "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
 
@@ -120,7 +120,10 @@ int run_serve(const kiln::cli::Args& args) {
   eo.enable_mixed_batches = !f.flag("disable-mixed-batches");
   eo.disable_cuda_graph = f.flag("disable-cuda-graph");
   eo.disable_pdl = f.flag("disable-pdl");
-  eo.overlap_schedule = f.flag("enable-overlap-schedule");
+  // On by default; --enable-overlap-schedule (its name before it was) is still accepted.
+  KILN_CHECK(!(f.flag("enable-overlap-schedule") && f.flag("disable-overlap-schedule")),
+             "--enable-overlap-schedule and --disable-overlap-schedule contradict each other");
+  eo.overlap_schedule = !f.flag("disable-overlap-schedule");
   if (f.has("cuda-graph-bs"))
     for (int64_t b : kiln::cli::parse_int_list(f.str("cuda-graph-bs"), "cuda-graph-bs")) {
       KILN_CHECK(b <= 4096, "--cuda-graph-bs ", b, " is too large (at most 4096)");
