@@ -8,7 +8,7 @@
 # and how many are not (worth a look).
 # Usage (GPU machine): bench/serve_checks_device.sh OUT_DIR
 # Env: DEVICE (cuda), SHAPE (4b|0.6b|demo), KILN (binary), PROMPT_SCALE (1; 0.1 for a CPU dry run on the demo),
-# KV (kv-cache-dtype, e.g. fp8_e4m3), VARIANTS (see below).
+# KV (kv-cache-dtype, e.g. fp8_e4m3), VARIANTS (see below), MAX_RUNNING (64; below 16, requests wait for a place).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?out dir}
@@ -30,7 +30,7 @@ with open(sys.argv[1], "w") as f:
         n = int(([10, 40, 200, 800, 3000][i % 5] + r.randrange(10)) * scale) + 1
         f.write(" ".join(r.choice(words) for _ in range(n)) + "\n")
 PY
-common=(--model $m --load-format random --device ${DEVICE:-cuda} --served-model-name shape --max-running-requests 64
+common=(--model $m --load-format random --device ${DEVICE:-cuda} --served-model-name shape --max-running-requests ${MAX_RUNNING:-64}
   ${KV:+--kv-cache-dtype $KV})
 eval_args=(--base-url http://127.0.0.1:8124 --concurrency 16 --timeout 600)
 summary=()

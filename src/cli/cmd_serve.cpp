@@ -96,9 +96,10 @@ std::set<std::string> serve_flags() {
 }
 
 int run_serve(const kiln::cli::Args& args) {
-  const kiln::cli::Flags f(args, serve_flags(),
-                           {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph",
-                            "disable-pdl", "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding"});
+  const kiln::cli::Flags f(
+      args, serve_flags(),
+      {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl",
+       "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
 

@@ -284,7 +284,7 @@ std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan&
 bool Engine::Impl::launchable(const StepPlan& plan, bool ahead) const {
   if (plan.rows.empty() || plan.prefill_tokens > 0 || !is_graphable_decode(plan.batch)) return false;
   // A step launched ahead draws each row's token after the one the step in flight draws: both must be
-  // wanted (the length limits), and nothing may be waiting for a step of its own.
+  // wanted (the length limits), and nothing that the next step could admit may be waiting for it.
   const int64_t more = ahead ? 2 : 1;
   for (size_t k = 0; k < plan.sample_rows.size(); ++k) {
     const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
@@ -297,7 +297,11 @@ bool Engine::Impl::launchable(const StepPlan& plan, bool ahead) const {
       return false;
   }
   if (!ahead) return true;
-  if (sched->num_waiting() + num_held > 0) return false;
+  // With every running place taken, a waiting request cannot be admitted before one of these ends; one that
+  // ends in the step in flight is seen when that step is collected, and its place goes to the oldest waiting
+  // request a step later than it would one step at a time (as in SGLang's overlap schedule).
+  if (num_held > 0) return false;
+  if (sched->num_waiting() > 0 && sched->num_running() < opts.max_running_requests) return false;
   std::lock_guard<std::mutex> lk(mu);
   return incoming.empty() && aborts.empty() && !stopping && flush_requested <= flush_done;
 }

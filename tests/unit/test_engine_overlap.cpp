@@ -1,8 +1,9 @@
 // The overlap schedule (EngineOptions::overlap_schedule) over FakeRunner, whose launch_sampled runs a
 // chained step on the previous launch's draws as a device would, and which checks every context it reads
 // back through the page table: the outputs equal those of one step at a time (greedy: the reference;
-// seeded sampling: the same draws), with requests stopping on EOS while a step is in flight, aborts and
-// arrivals mid-run, a failing step, and rows that cannot go ahead (logit processing, min_p).
+// seeded sampling: the same draws), with requests stopping on EOS while a step is in flight, requests waiting
+// for a place, aborts and arrivals mid-run, a failing step, and rows that cannot go ahead (logit processing,
+// min_p).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -28,8 +29,9 @@ struct Outputs {
   int64_t launched = 0, chained = 0;
 };
 
-// requests[i] submitted at once; overlap on or off; graph buckets so decode steps are graphable.
-Outputs run(const std::vector<Request>& requests, bool overlap) {
+// requests[i] submitted at once; overlap on or off; graph buckets so decode steps are graphable;
+// max_running: the engine's cap on running requests (the rest wait).
+Outputs run(const std::vector<Request>& requests, bool overlap, int max_running = 256) {
   auto model = std::make_unique<FakeRunner>(64, 8, kEos);
   FakeRunner* m = model.get();
   m->device_sampling = true;
@@ -37,6 +39,7 @@ Outputs run(const std::vector<Request>& requests, bool overlap) {
   m->graph_buckets = {1, 2, 4, 8, 16};
   EngineOptions o = small_opts(4096);
   o.overlap_schedule = overlap;
+  o.max_running_requests = max_running;
   Engine engine(std::move(model), o);
   Sink sink;
   std::vector<RequestId> ids;
@@ -88,6 +91,27 @@ TEST(EngineOverlap, SameOutputsAsOneStepAtATime) {
     stopped += on.reasons.at(int(i)) == "stop";
   }
   EXPECT_GT(stopped, 0) << "no request stopped at EOS while a step was in flight: the case is untested";
+}
+
+// Requests waiting while every running place is taken (a saturated server) do not stop the overlap: none can
+// be admitted before a running one ends. Two places, six requests: the decode steps of all three pairs go
+// ahead (one step at a time whenever something waited, only the last pair's could), and each waiting request
+// is admitted once a place frees, with the same outputs.
+TEST(EngineOverlap, WaitingRequestsThatCannotBeAdmittedDoNotStopIt) {
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    Request r = greedy(prompt_of(5 + i, 60 + i), 24);
+    r.sampling.ignore_eos = i % 2 == 0;  // the others may stop early at EOS, freeing their place sooner
+    reqs.push_back(r);
+  }
+  const Outputs off = run(reqs, false, 2), on = run(reqs, true, 2);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(on.tokens.at(int(i)), off.tokens.at(int(i))) << "request " << i;
+    EXPECT_EQ(on.reasons.at(int(i)), off.reasons.at(int(i))) << "request " << i;
+  }
+  // One pair's decode chain is at most 21 steps (24 tokens, the first from the prefill, the last two not
+  // ahead).
+  EXPECT_GT(on.chained, 30) << "the steps of the pairs that ran while others waited did not go ahead";
 }
 
 TEST(EngineOverlap, AbortsArrivalsAndAFailingStep) {
