@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 #include "kiln/error.h"
@@ -207,19 +206,30 @@ namespace {
 size_t draw_bytes(int64_t R, int top_n) {
   return size_t(R) * (2 + 2 * size_t(top_n)) * 4;
 }
+struct DrawLayout {
+  int32_t* tokens;
+  float* logprobs;
+  int32_t* top_ids;  // null when top_n == 0
+  float* top_logprobs;
+};
+DrawLayout draw_layout(void* base, int64_t R, int top_n) {
+  char* b = static_cast<char*>(base);
+  return {reinterpret_cast<int32_t*>(b), reinterpret_cast<float*>(b + size_t(R) * 4),
+          top_n > 0 ? reinterpret_cast<int32_t*>(b + size_t(R) * 8) : nullptr,
+          top_n > 0 ? reinterpret_cast<float*>(b + size_t(R) * (8 + 4 * size_t(top_n))) : nullptr};
+}
 
-void unpack_draws(const char* host, int64_t R, int top_n, std::vector<ModelRunner::SampledRow>* out) {
+void unpack_draws(void* host, int64_t R, int top_n, std::vector<ModelRunner::SampledRow>* out) {
+  const DrawLayout d = draw_layout(host, R, top_n);
   out->assign(size_t(R), ModelRunner::SampledRow{});
   for (int64_t r = 0; r < R; ++r) {
     ModelRunner::SampledRow& o = (*out)[size_t(r)];
-    std::memcpy(&o.token, host + size_t(r) * 4, 4);
-    std::memcpy(&o.logprob, host + size_t(R) * 4 + size_t(r) * 4, 4);
-    for (int i = 0; i < top_n; ++i) {
+    o.token = d.tokens[r];
+    o.logprob = d.logprobs[r];
+    for (int64_t i = r * top_n; i < (r + 1) * top_n; ++i) {
       TokenLogprob t;
-      std::memcpy(&t.id, host + size_t(R) * 8 + (size_t(r) * size_t(top_n) + size_t(i)) * 4, 4);
-      std::memcpy(&t.logprob,
-                  host + size_t(R) * (8 + 4 * size_t(top_n)) + (size_t(r) * size_t(top_n) + size_t(i)) * 4,
-                  4);
+      t.id = d.top_ids[i];
+      t.logprob = d.top_logprobs[i];
       o.top.push_back(t);
     }
   }
@@ -251,37 +261,18 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   }
   out->assign(size_t(R), SampledRow{});
   if (R == 0) return true;
-  std::vector<cuda::SampleParams> hp(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) {
-    const RowSampling& s = rows[size_t(r)];
-    hp[size_t(r)] = {s.temperature, s.top_k, s.top_p, s.seed, s.step};
-  }
-  const size_t params_bytes = size_t(R) * sizeof(cuda::SampleParams);
   const size_t out_bytes = draw_bytes(R, top_n);
-  if (sample_params_buf_.bytes() < params_bytes) sample_params_buf_ = Buffer(params_bytes * 2, device());
   if (sample_out_buf_.bytes() < out_bytes) sample_out_buf_ = Buffer(out_bytes * 2, device());
-  // Sampling follows the step on its stream (the graph's own, or the eager one), its parameters copied
-  // while the step runs: the host waits once, for the sampled rows (a wait for the step, then a pageable
-  // copy of the parameters, cost a batch-1 serving step ~18 µs more; docs/PERF.md, twenty-second session).
   void* const stream_handle = graph ? graph->stream() : ops::current_stream();
   auto* stream = static_cast<cudaStream_t>(stream_handle);
-  sample_uploads_.begin(StagedUploads::footprint(params_bytes), stream_handle);
-  sample_uploads_.copy(sample_params_buf_.data(), hp.data(), params_bytes);
-  sample_uploads_.end();
-  char* base = static_cast<char*>(sample_out_buf_.data());
-  auto* tokens = reinterpret_cast<int32_t*>(base);
-  auto* logprobs = reinterpret_cast<float*>(base + size_t(R) * 4);
-  auto* top_ids = reinterpret_cast<int32_t*>(base + size_t(R) * 8);
-  auto* top_lp = reinterpret_cast<float*>(base + size_t(R) * (8 + 4 * size_t(top_n)));
   const bool processed = penalties_.apply(logits.ptr<float>(), V, rows, stream);
-  cuda::sample(logits.ptr<float>(), V, R, V,
-               static_cast<const cuda::SampleParams*>(sample_params_buf_.data()), tokens, logprobs, top_n,
-               top_n > 0 ? top_ids : nullptr, top_n > 0 ? top_lp : nullptr, stream);
-  if (processed) penalties_.count_sampled(tokens, R, stream);  // the history grows on the device
+  sample_into(logits, rows, top_n, sample_out_buf_.data(), stream_handle);
+  if (processed)  // the history grows on the device
+    penalties_.count_sampled(draw_layout(sample_out_buf_.data(), R, top_n).tokens, R, stream);
   KILN_CHECK(cudaStreamSynchronize(stream) == cudaSuccess,
              "CUDA step or sampling failed: ", cudaGetErrorString(cudaGetLastError()));
   std::vector<char> host(out_bytes);
-  copy_bytes(host.data(), Device::cpu(), base, device(), out_bytes);
+  copy_bytes(host.data(), Device::cpu(), sample_out_buf_.data(), device(), out_bytes);
   unpack_draws(host.data(), R, top_n, out);
   return true;
 #else
@@ -299,7 +290,6 @@ bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSa
   if (!device().is_cuda() || launched_.size() >= 2) return false;
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
   const int64_t R = int64_t(batch.logit_rows.size());
-  const int64_t V = config().vocab_size;
   KILN_CHECK_EQ(int64_t(rows.size()), R, "one RowSampling per logit row");
   KILN_CHECK(top_n >= 0 && top_n <= cuda::kMaxTopN, "top_n ", top_n, " out of range");
   for (const RowSampling& r : rows)
@@ -313,9 +303,8 @@ bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSa
   if (chained && (launched_.empty() || launched_.back().graph != graph || launched_.back().rows < R))
     return false;
   const int slot = next_slot_;
-  const size_t out_bytes = draw_bytes(R, top_n), params_bytes = size_t(R) * sizeof(cuda::SampleParams);
+  const size_t out_bytes = draw_bytes(R, top_n);
   if (launch_out_buf_[slot].bytes() < out_bytes) launch_out_buf_[slot] = Buffer(out_bytes * 2, device());
-  if (sample_params_buf_.bytes() < params_bytes) sample_params_buf_ = Buffer(params_bytes * 2, device());
   void* host = launch_host_[slot].reserve(out_bytes);  // no copy into it in flight: its step was collected
   if (!launch_done_[slot]) {
     cudaEvent_t e = nullptr;
@@ -326,23 +315,11 @@ bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSa
       chained ? static_cast<const int32_t*>(launch_out_buf_[launched_.back().slot].data()) : nullptr;
   const Tensor logits = graph->step(b, chain_tokens);
   auto* stream = static_cast<cudaStream_t>(graph->stream());
-  std::vector<cuda::SampleParams> hp(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) {
-    const RowSampling& p = rows[size_t(r)];
-    hp[size_t(r)] = {p.temperature, p.top_k, p.top_p, p.seed, p.step};
-  }
   // The parameters' buffer is shared with the step launched before: its sampling, earlier on the same
-  // stream, has read it by the time this copy runs.
-  sample_uploads_.begin(StagedUploads::footprint(params_bytes), graph->stream());
-  sample_uploads_.copy(sample_params_buf_.data(), hp.data(), params_bytes);
-  sample_uploads_.end();
-  char* base = static_cast<char*>(launch_out_buf_[slot].data());
-  cuda::sample(
-      logits.ptr<float>(), V, R, V, static_cast<const cuda::SampleParams*>(sample_params_buf_.data()),
-      reinterpret_cast<int32_t*>(base), reinterpret_cast<float*>(base + size_t(R) * 4), top_n,
-      top_n > 0 ? reinterpret_cast<int32_t*>(base + size_t(R) * 8) : nullptr,
-      top_n > 0 ? reinterpret_cast<float*>(base + size_t(R) * (8 + 4 * size_t(top_n))) : nullptr, stream);
-  KILN_CUDA_CHECK(cudaMemcpyAsync(host, base, out_bytes, cudaMemcpyDeviceToHost, stream));
+  // stream, has read it by the time this step's copy runs.
+  sample_into(logits, rows, top_n, launch_out_buf_[slot].data(), graph->stream());
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(host, launch_out_buf_[slot].data(), out_bytes, cudaMemcpyDeviceToHost, stream));
   KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(launch_done_[slot]), stream));
   launched_.push_back({R, top_n, slot, graph});
   next_slot_ = 1 - slot;
@@ -356,6 +333,30 @@ bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSa
 #endif
 }
 
+#ifdef KILN_HAVE_CUDA
+// Sampling follows the step on its stream (the graph's own, or the eager one), its parameters copied while
+// the step runs: the host waits once, for the sampled rows (a wait for the step, then a pageable copy of the
+// parameters, cost a batch-1 serving step ~18 µs more; docs/PERF.md, twenty-second session).
+void Qwen3Runner::sample_into(const Tensor& logits, const std::vector<RowSampling>& rows, int top_n,
+                              void* out, void* stream) {
+  const int64_t R = int64_t(rows.size()), V = config().vocab_size;
+  std::vector<cuda::SampleParams> hp(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const RowSampling& p = rows[size_t(r)];
+    hp[size_t(r)] = {p.temperature, p.top_k, p.top_p, p.seed, p.step};
+  }
+  const size_t params_bytes = size_t(R) * sizeof(cuda::SampleParams);
+  if (sample_params_buf_.bytes() < params_bytes) sample_params_buf_ = Buffer(params_bytes * 2, device());
+  sample_uploads_.begin(StagedUploads::footprint(params_bytes), stream);
+  sample_uploads_.copy(sample_params_buf_.data(), hp.data(), params_bytes);
+  sample_uploads_.end();
+  const DrawLayout d = draw_layout(out, R, top_n);
+  cuda::sample(logits.ptr<float>(), V, R, V,
+               static_cast<const cuda::SampleParams*>(sample_params_buf_.data()), d.tokens, d.logprobs, top_n,
+               d.top_ids, d.top_logprobs, static_cast<cudaStream_t>(stream));
+}
+#endif
+
 void Qwen3Runner::collect_sampled(std::vector<SampledRow>* out) {
   KILN_CHECK(!launched_.empty(), "Qwen3Runner::collect_sampled: no step in flight");
 #ifdef KILN_HAVE_CUDA
@@ -363,7 +364,7 @@ void Qwen3Runner::collect_sampled(std::vector<SampledRow>* out) {
   launched_.erase(launched_.begin());
   const cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(launch_done_[l.slot]));
   KILN_CHECK(e == cudaSuccess, "CUDA step or sampling failed: ", cudaGetErrorString(e));
-  unpack_draws(static_cast<const char*>(launch_host_[l.slot].data()), l.rows, l.top_n, out);
+  unpack_draws(launch_host_[l.slot].data(), l.rows, l.top_n, out);
 #else
   (void)out;
 #endif

@@ -88,6 +88,10 @@ class Qwen3Runner : public ModelRunner {
     const CudaDecodeGraph* graph = nullptr;
   };
   std::vector<Launched> launched_;
+  // CUDA: uploads the rows' SampleParams (StagedUploads on `stream`) and queues cuda::sample of `logits` into
+  // `out` (device, draw_bytes(rows, top_n): tokens, logprobs, top ids, top logprobs).
+  void sample_into(const Tensor& logits, const std::vector<RowSampling>& rows, int top_n, void* out,
+                   void* stream);
   Buffer launch_out_buf_[2];
   PinnedHost launch_host_[2];
   void* launch_done_[2] = {nullptr, nullptr};  // cudaEvent_t
