@@ -240,8 +240,8 @@ void run_prefill(const Env& env, std::vector<Row>& rows) {
                            : k == cuda::PrefillKernel::v3 ? "fp8: v1 loads, shared by 2 heads"
                                                           : "fp8: v1 loads";
         if (k == cuda::PrefillKernel::v4)
-          what = !cuda::prefill_v4_applies(sets[0].p)   ? "v4 does not apply here: ran v3"
-                 : cuda::prefill_v4_uses_tma(sets[0].p) ? "wgmma, TMA tiles"
+          what = !cuda::prefill_sm90_applies(sets[0].p)   ? "v4 does not apply here: ran v3"
+                 : cuda::prefill_sm90_uses_tma(sets[0].p) ? "wgmma, TMA tiles"
                  : staged && cuda::prefill_fp8_staging_bytes(sets[0].p) > 0
                      ? "fp8 staged to bf16, then wgmma + TMA"
                      : "wgmma, fp8 widened by the producer warpgroup";

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CPU model of prefill v4's producer / consumer mbarrier protocol (attention_prefill_v4_kernel.cuh), to
+"""CPU model of prefill v4's producer / consumer mbarrier protocol (attention_prefill_sm90_wgmma_kernel.cuh), to
 check the stage and phase bookkeeping without a GPU.
 
 mbarrier model (PTX ISA): a barrier has a current phase number and a pending-arrival count; when the count

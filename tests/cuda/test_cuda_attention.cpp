@@ -353,8 +353,8 @@ bool attn_debug() {
 
 std::string v4_path(const AttnSetup& s) {
   const auto p = s.params(nullptr);
-  return !cuda::prefill_v4_applies(p)             ? "v4 does not apply here (ran v3)"
-         : cuda::prefill_v4_uses_tma(p)           ? "v4 (TMA tiles)"
+  return !cuda::prefill_sm90_applies(p)           ? "v4 does not apply here (ran v3)"
+         : cuda::prefill_sm90_uses_tma(p)         ? "v4 (TMA tiles)"
          : cuda::prefill_fp8_staging_bytes(p) > 0 ? "v4 (fp8 staged as bf16, TMA tiles)"
                                                   : "v4 (gathered tiles)";
 }

@@ -1,4 +1,4 @@
-// Decode v3 issues the first K/V tiles of each row before its PDL wait (attention_decode_v3.cu:
+// Decode v3 issues the first K/V tiles of each row before its PDL wait (attention_decode_sm90_tma.cu:
 // issue_before_wait), so launched early they overlap the predecessor. Only K/V rows written by earlier
 // steps may be read there: this step's rows are the predecessor's (attn_prep) to write. Here the
 // predecessor is a slow writer: it lets the decode launch at once, then spins before it restores this

@@ -46,7 +46,7 @@ void validate(const PagedAttnParams& p) {
 // The page table's reach (pages_stride * page_size) bounds the context, so chunks are sized from it:
 // up to 128 splits of >= 32 keys, enough blocks (~16 per SM) that a short context inside a wide table
 // still spreads over the GPU; splits past a sequence's length exit at once. v1 uses `chunk`; v2 ignores it
-// and sizes its chunks from each row's context on the device (attention_decode.cu, v2_chunk).
+// and sizes its chunks from each row's context on the device (attention_decode_portable.cu, v2_chunk).
 void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* chunk) {
   const int64_t max_ctx = int64_t(p.pages_stride) * p.page_size;
   int s = force_splits;
@@ -119,14 +119,15 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
     const int64_t pairs = int64_t(std::max(p.B, 1)) * p.Hkv;
     // Splits for at most 2 blocks per SM: fp8 blocks reside 3 to an SM, but splitting for 3 made B = 1
     // and 8 slower (more, shorter splits; H200, docs/PERF.md).
-    const int64_t sms = sm_count(), per_sm = decode_v3_blocks_per_sm(p),
+    const int64_t sms = sm_count(), per_sm = decode_sm90_blocks_per_sm(p),
                   slots = sms * std::min<int64_t>(2, per_sm);
     if (pairs < slots) return int(std::clamp<int64_t>(slots / pairs, 1, s));
     // Large batches: the wave model of ops/decode_splits.h over this device's SMs and the blocks an SM holds
     // (shared memory bound), tiles from the table's reach. FP8 caches only: bf16 measured one split best
     // at B = 64 and 128 (H200, docs/PERF.md), which the model picks there too.
     if (p.kv_dtype == KvDtype::bf16) return 1;
-    return ops::decode_wave_splits(pairs, s, sms, per_sm, (reach + kDecodeV3TileFp8 - 1) / kDecodeV3TileFp8);
+    return ops::decode_wave_splits(pairs, s, sms, per_sm,
+                                   (reach + kDecodeSm90TileFp8 - 1) / kDecodeSm90TileFp8);
   }
   return s;
 }
@@ -134,7 +135,7 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
 // Whether the decode kernel itself launches with PDL. v3 issues its first K/V tiles of the context written
 // by earlier steps before its wait, so launched early their page lookups and copies overlap the
 // predecessor (attn_prep): done where the grid is one wave of at most 2 blocks an SM (B = 1 .. 32 at
-// Qwen3-4B's heads), which such a launch enforces (launch_decode_v3). 4B step, graph + PDL: batch 1 ctx
+// Qwen3-4B's heads), which such a launch enforces (launch_decode_sm90). 4B step, graph + PDL: batch 1 ctx
 // 1024 3.00 -> 2.96 ms, ctx 8192 3.28 -> 3.22, batch 8 fp8 ctx 8192 4.59 -> 4.49, batch 32 ctx 8192
 // 12.26 -> 12.03 (fp8 8.02 -> 7.91); 0.6B 0.97 -> 0.93 (H200, docs/PERF.md, twentieth session). Larger
 // grids wait for a plain launch: launched early, blocks of several waves land unevenly (fp8 steps of 32
@@ -146,7 +147,7 @@ bool decode_launches_early(const PagedAttnParams& p, DecodeKernel k, int splits)
     return !(e && std::string(e) == "0");
   }();
   if (!on || k != DecodeKernel::v3) return false;
-  const int64_t slots = int64_t(sm_count()) * std::min(2, decode_v3_blocks_per_sm(p));
+  const int64_t slots = int64_t(sm_count()) * std::min(2, decode_sm90_blocks_per_sm(p));
   return int64_t(std::max(p.B, 1)) * p.Hkv * splits <= slots;
 }
 
@@ -160,7 +161,7 @@ int decode_launch_splits(const PagedAttnParams& p, int force_splits, DecodeKerne
 // The decode kernel that runs for p: the chosen one, v2 where v3 does not apply.
 DecodeKernel effective_decode_kernel(const PagedAttnParams& p) {
   const DecodeKernel k = decode_kernel();
-  return k == DecodeKernel::v3 && !decode_v3_applies(p) ? DecodeKernel::v2 : k;
+  return k == DecodeKernel::v3 && !decode_sm90_applies(p) ? DecodeKernel::v2 : k;
 }
 
 }  // namespace

@@ -29,8 +29,8 @@
 //       block directly; the combine reads only the splits that ran (and skips such rows).
 //   v3 (default): v2's chunking in 64-key tiles (fp8: 128), as many splits as fill one wave of resident
 //       blocks at small batch and at large batch one (bf16) or the SM-time model of ops/decode_splits.h
-//       (fp8), on tensor cores (attention_decode_v3.cu): the group's query heads are the rows of m16n8k16
-//       MMAs for S = Q K^T and O += P V; tiles 2-4 stages deep (fp8: 2, three blocks an SM) in
+//       (fp8), on tensor cores (attention_decode_sm90_tma.cu): the group's query heads are the rows of
+//       m16n8k16 MMAs for S = Q K^T and O += P V; tiles 2-4 stages deep (fp8: 2, three blocks an SM) in
 //       128-byte-swizzled shared memory, copied by TMA one box per page (pages of 16, 32, 64 rows; else
 //       cp.async); each warp takes 16 keys of a tile with its own online softmax, merged at the end. fp8
 //       tiles move as bytes and are widened in registers. Within 1 bf16 ulp of prefill v1-v3.
@@ -45,14 +45,14 @@
 //       ceil(T / 64), B), the last query tile first: longest blocks start first), so each K/V tile is
 //       copied into shared memory once for both (an fp8 cache: widened by v1's loads, once for both);
 //       where prefill_v3_applies() is false (G == 1, D == 32) it runs v2.
-//   v4 (Hopper, sm_90a; attention_prefill_v4_kernel.cuh): the FlashAttention-3 structure. Persistent
+//   v4 (Hopper, sm_90a; attention_prefill_sm90_wgmma_kernel.cuh): the FlashAttention-3 structure. Persistent
 //       blocks (one an SM) walk work items of 128 packed (token, head of the KV group) rows, so every K/V
 //       tile is loaded once per group; a producer warpgroup loads each item's Q (double-buffered) and fills
 //       a 2-4 stage shared-memory pipeline (TMA boxes of whole pages for bf16 tiles inside
 //       the context, else gathered loads, fp8 widened exactly to bf16), completed on mbarriers; two
 //       consumer warpgroups of 64 rows run S = Q K^T and O += P V with wgmma, the softmax in fp32 and P
 //       rounded once to bf16 (not bitwise v1-v3: within a tolerance, docs/NUMERICS.md). Where
-//       prefill_v4_applies() is false it runs v3.
+//       prefill_sm90_applies() is false it runs v3.
 #pragma once
 
 #include <cstddef>
@@ -100,7 +100,7 @@ enum class DecodeKernel : uint8_t { v1, v2, v3 };
 
 // The decode kernel paged_attention and paged_attention_decode launch: set_decode_kernel's choice, else the
 // environment variable KILN_ATTN_DECODE ("v1", "v2" or "v3", read once; unset: v3; anything else is an
-// error). Where v3 does not apply (decode_v3_applies: D 32, an fp8 cache at D 64, rows not 16-byte aligned)
+// error). Where v3 does not apply (decode_sm90_applies: D 32, an fp8 cache at D 64, rows not 16-byte aligned)
 // v2 runs. Graphs keep the kernel they captured.
 DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
@@ -117,17 +117,17 @@ const char* prefill_kernel_name(PrefillKernel k);
 // otherwise it runs v2.
 bool prefill_v3_applies(const PagedAttnParams& p);
 // Whether PrefillKernel::v4 runs its own kernel for these params (D 64 or 128, an sm_90 device running the
-// build's sm_90a code); otherwise it runs v3. prefill_v4_uses_tma: whether its full K/V tiles come by TMA
-// (bf16 cache, page_size a multiple of 16 dividing 128; not with KILN_ATTN_V4_NO_TMA=1); otherwise its
-// producer warpgroup gathers them. KILN_ATTN_V4_SERIAL=1 turns off its softmax / P V overlap and
-// KILN_ATTN_V4_NO_PINGPONG=1 its consumers' turn-taking (debugging, A/B).
-bool prefill_v4_applies(const PagedAttnParams& p);
-bool prefill_v4_uses_tma(const PagedAttnParams& p);
-// FP8 prefill through staging (attention_prefill_fp8_staging.cu): with an fp8 cache, prefill v4 chosen and
-// applying, prefill_pages > 0, pages of 16, 32, 64 or 128 rows and tensor maps available, the pages v4 will
-// read are first widened (exactly) into a bf16 copy in the workspace, which v4 then reads with TMA: bitwise
-// the unstaged output, about twice as fast (docs/PERF.md). The bytes that copy needs (the page table of the
-// copy, then its K and V pages), or 0 where staging does not apply or would exceed
+// build's sm_90a code); otherwise it runs v3. prefill_sm90_uses_tma: whether its full K/V tiles come by TMA
+// (bf16 cache, page_size a multiple of 16 dividing 128; not with KILN_ATTN_PREFILL_NO_TMA=1); otherwise its
+// producer warpgroup gathers them. KILN_ATTN_PREFILL_SERIAL=1 turns off its softmax / P V overlap and
+// KILN_ATTN_PREFILL_NO_PINGPONG=1 its consumers' turn-taking (debugging, A/B).
+bool prefill_sm90_applies(const PagedAttnParams& p);
+bool prefill_sm90_uses_tma(const PagedAttnParams& p);
+// FP8 prefill through staging (attention_prefill_sm90_fp8_staging.cu): with an fp8 cache, prefill v4 chosen
+// and applying, prefill_pages > 0, pages of 16, 32, 64 or 128 rows and tensor maps available, the pages v4
+// will read are first widened (exactly) into a bf16 copy in the workspace, which v4 then reads with TMA:
+// bitwise the unstaged output, about twice as fast (docs/PERF.md). The bytes that copy needs (the page table
+// of the copy, then its K and V pages), or 0 where staging does not apply or would exceed
 // KILN_ATTN_FP8_STAGING_MB (MiB, default 256; 0 turns it off).
 size_t prefill_fp8_staging_bytes(const PagedAttnParams& p);
 

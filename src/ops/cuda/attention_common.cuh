@@ -60,13 +60,13 @@ __device__ __forceinline__ void load_kv8(const void* base, const uint8_t* scales
 }
 
 // kernel: v1 walks a host-sized chunk (pages_stride * page_size / splits keys) per split; v2 sizes the
-// chunk on the device from the row's context and pipelines K/V through shared memory (attention_decode.cu).
-// The fewest keys a v2 decode split takes (below it the combine costs more than it saves): v2 never runs
-// more than ceil(table reach / kDecodeV2MinChunk) splits with keys.
+// chunk on the device from the row's context and pipelines K/V through shared memory
+// (attention_decode_portable.cu). The fewest keys a v2 decode split takes (below it the combine costs more
+// than it saves): v2 never runs more than ceil(table reach / kDecodeV2MinChunk) splits with keys.
 constexpr int kDecodeV2MinChunk = 64;
-constexpr int kDecodeV2Tile = 32;      // v2's keys per pipeline stage; its chunks are multiples of it
-constexpr int kDecodeV3Tile = 64;      // v3's keys per pipeline stage (bf16); its chunks are multiples of it
-constexpr int kDecodeV3TileFp8 = 128;  // the same for fp8 caches (32 keys per warp: the k of an FP8 MMA)
+constexpr int kDecodeV2Tile = 32;    // v2's keys per pipeline stage; its chunks are multiples of it
+constexpr int kDecodeSm90Tile = 64;  // v3's keys per pipeline stage (bf16); its chunks are multiples of it
+constexpr int kDecodeSm90TileFp8 = 128;  // the same for fp8 caches (32 keys per warp: the k of an FP8 MMA)
 
 // Inclusive prefix sum of v over the warp's lanes (lane i: v of lanes 0..i); every lane of the warp calls it.
 __device__ __forceinline__ int warp_inclusive_sum(int v) {
@@ -107,23 +107,23 @@ __device__ __forceinline__ bool decode_rows(const PagedAttnParams& p, int b, boo
 }
 void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int chunk, bool all_rows,
                    DecodeKernel kernel, cudaStream_t stream, bool pdl);
-// v3 (attention_decode_v3.cu): tensor-core decode; decode_v3_applies says where it runs (else v2 runs).
-// The current device's SM count (132 where the query fails).
+// v3 (attention_decode_sm90_tma.cu): tensor-core decode; decode_sm90_applies says where it runs (else v2
+// runs). The current device's SM count (132 where the query fails).
 int sm_count();
-bool decode_v3_applies(const PagedAttnParams& p);
-int decode_v3_blocks_per_sm(const PagedAttnParams& p);  // resident v3 blocks per SM (shared memory bound)
-void launch_decode_v3(const PagedAttnParams& p, float* workspace, int splits, bool all_rows,
-                      cudaStream_t stream, bool pdl);
+bool decode_sm90_applies(const PagedAttnParams& p);
+int decode_sm90_blocks_per_sm(const PagedAttnParams& p);  // resident v3 blocks per SM (shared memory bound)
+void launch_decode_sm90(const PagedAttnParams& p, float* workspace, int splits, bool all_rows,
+                        cudaStream_t stream, bool pdl);
 void launch_decode_combine(const PagedAttnParams& p, const float* workspace, int splits, bool all_rows,
                            DecodeKernel kernel, cudaStream_t stream, bool pdl);
 // kernel: v1 loads each K/V tile synchronously; v2 (bf16 caches; fp8 runs v1) with cp.async, overlapped;
 // v3 as v2 with two query heads of a KV group per block sharing each tile, fp8 too (prefill_v3_applies;
 // else v2).
-// v4: launch_prefill runs launch_prefill_v4 first, which returns false (launching nothing) where
-// prefill_v4_applies is false; v3 then runs.
+// v4: launch_prefill runs launch_prefill_sm90 first, which returns false (launching nothing) where
+// prefill_sm90_applies is false; v3 then runs.
 void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
                     cudaStream_t stream, bool pdl);
-bool launch_prefill_v4(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl);
+bool launch_prefill_sm90(const PagedAttnParams& p, bool skip_single_rows, cudaStream_t stream, bool pdl);
 // Stages an fp8 cache's pages into `staging` (prefill_fp8_staging_bytes(p) bytes) and runs v4 on the copy;
 // false (launching nothing) where staging does not apply or staging is null.
 bool launch_prefill_fp8_staged(const PagedAttnParams& p, bool skip_single_rows, void* staging,

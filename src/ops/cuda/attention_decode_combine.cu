@@ -104,9 +104,9 @@ void launch_decode_combine(const PagedAttnParams& p, const float* ws, int splits
     else if (kernel == DecodeKernel::v2)
       launch(cfg, combine_kernel<kD, kDecodeV2Tile>, p, ws, splits, all_rows);
     else if (p.kv_dtype == KvDtype::bf16)
-      launch(cfg, combine_kernel<kD, kDecodeV3Tile>, p, ws, splits, all_rows);
+      launch(cfg, combine_kernel<kD, kDecodeSm90Tile>, p, ws, splits, all_rows);
     else
-      launch(cfg, combine_kernel<kD, kDecodeV3TileFp8>, p, ws, splits, all_rows);
+      launch(cfg, combine_kernel<kD, kDecodeSm90TileFp8>, p, ws, splits, all_rows);
   })
 }
 

@@ -34,7 +34,7 @@
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"  // KILN_SM90A
 
-namespace kiln::cuda::decode_v3 {
+namespace kiln::cuda::decode_sm90 {
 
 // Byte offset of (row, 16-byte piece) in a stage's K or V tile of kTile rows: 128-byte column blocks, piece c
 // of a row at c ^ (row & 7) (TMA's 128-byte swizzle), so 8-row ldmatrix loads hit all 32 banks.
@@ -43,7 +43,7 @@ __device__ __forceinline__ int tile_off(int row, int piece) {
   return (piece >> 3) * (kTile * 128) + row * 128 + (((piece & 7) ^ (row & 7)) << 4);
 }
 
-constexpr int kFp8Tile = kDecodeV3TileFp8;  // keys per stage: 32 per warp
+constexpr int kFp8Tile = kDecodeSm90TileFp8;  // keys per stage: 32 per warp
 
 #ifdef KILN_SM90A
 // 2^e for an integer e, 0 below the normal range.
@@ -329,4 +329,4 @@ struct Fp8Row {
 #endif               // KILN_SM90A
 struct NoFp8Row {};  // a bf16 cache's stand-in
 
-}  // namespace kiln::cuda::decode_v3
+}  // namespace kiln::cuda::decode_sm90

@@ -6,17 +6,17 @@
 // so the output is bitwise the unstaged v4's (tests/cuda/test_cuda_attention.cpp checks it).
 //
 // Work mapping (stage_fp8_pages): grid (prefill_pages, Hkv), 128 threads. The staged sequences are the ones
-// the prefill kernel runs (v4_runs_sequence); staged page x is, in sequence order, page i of sequence b
-// (each warp finds (b, i) alone: a prefix sum of ceil(kv_len / page_size) over 32 sequences at a time).
-// Block (x, hk) widens rows [0, min(page_size, kv_len - i page_size)) of KV head hk of that page, K then V,
-// 8 elements a thread and step (one 8-byte load, one scale byte, one 16-byte store), into slot x of the
-// staging copy: HND bf16 [slot][Hkv][page_size][D] for K, the same after it for V. Block (x, 0) writes the
-// staged table entry table[b, i] = x. Rows past kv_len are not written: v4 never reads them (it zero-fills
-// a tile's rows at or past kv_len itself).
+// the prefill kernel runs (prefill_sm90_runs_sequence); staged page x is, in sequence order, page i of
+// sequence b (each warp finds (b, i) alone: a prefix sum of ceil(kv_len / page_size) over 32 sequences at a
+// time). Block (x, hk) widens rows [0, min(page_size, kv_len - i page_size)) of KV head hk of that page, K
+// then V, 8 elements a thread and step (one 8-byte load, one scale byte, one 16-byte store), into slot x of
+// the staging copy: HND bf16 [slot][Hkv][page_size][D] for K, the same after it for V. Block (x, 0) writes
+// the staged table entry table[b, i] = x. Rows past kv_len are not written: v4 never reads them (it
+// zero-fills a tile's rows at or past kv_len itself).
 #include <cstdlib>
 #include <string>
 
-#include "ops/cuda/attention_prefill_v4.cuh"
+#include "ops/cuda/attention_prefill_sm90_wgmma.cuh"
 #include "ops/cuda/tensor_map.h"
 
 namespace kiln::cuda {
@@ -101,8 +101,9 @@ size_t pages_bytes(const PagedAttnParams& p) {
 
 size_t prefill_fp8_staging_bytes(const PagedAttnParams& p) {
   const bool applies = p.kv_dtype == KvDtype::f8e4m3 && p.prefill_pages > 0 &&
-                       prefill_kernel() == PrefillKernel::v4 && prefill_v4_applies(p) &&
-                       p.page_size % 16 == 0 && v4::kBN % p.page_size == 0 && tensor_maps_available();
+                       prefill_kernel() == PrefillKernel::v4 && prefill_sm90_applies(p) &&
+                       p.page_size % 16 == 0 && prefill_sm90::kBN % p.page_size == 0 &&
+                       tensor_maps_available();
   if (!applies) return 0;
   const size_t bytes = table_bytes(p) + pages_bytes(p);
   return bytes <= staging_cap() ? bytes : 0;
@@ -135,7 +136,7 @@ bool launch_prefill_fp8_staged(const PagedAttnParams& p, bool skip_single_rows, 
   s.page_table = table;
   s.num_pages = p.prefill_pages;
   s.prefill_pages = 0;
-  return launch_prefill_v4(s, skip_single_rows, stream, pdl);
+  return launch_prefill_sm90(s, skip_single_rows, stream, pdl);
 }
 
 }  // namespace kiln::cuda

@@ -1,4 +1,5 @@
-// Causal paged prefill attention on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate).
+// Portable causal paged prefill attention on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate; any
+// sm_80+ GPU): PrefillKernel v1, v2 and v3 (ops/cuda/attention.h), the fallback of the Hopper wgmma kernel.
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/mma.cuh"
 
@@ -277,7 +278,7 @@ bool launch_v3(LaunchCfg cfg, const PagedAttnParams& p, bool skip_single_rows) {
 void launch_prefill(const PagedAttnParams& p, bool skip_single_rows, PrefillKernel kernel,
                     cudaStream_t stream, bool pdl) {
   if (kernel == PrefillKernel::v4) {
-    if (launch_prefill_v4(p, skip_single_rows, stream, pdl)) return;
+    if (launch_prefill_sm90(p, skip_single_rows, stream, pdl)) return;
     kernel = PrefillKernel::v3;
   }
   const unsigned tiles = unsigned((p.T + kBQ - 1) / kBQ);

@@ -1,14 +1,14 @@
-// Prefill v4's producer warpgroup (see the mapping comment of attention_prefill_v4_kernel.cuh): each work
-// item's Q into one of two Q buffers, then its key tiles through the K and V stages, by TMA or gathered
+// Prefill v4's producer warpgroup (see the mapping comment of attention_prefill_sm90_wgmma_kernel.cuh): each
+// work item's Q into one of two Q buffers, then its key tiles through the K and V stages, by TMA or gathered
 // through the page table (fp8 widened to bf16).
 #pragma once
 
-#include "ops/cuda/attention_prefill_v4_schedule.cuh"
+#include "ops/cuda/attention_prefill_sm90_wgmma_schedule.cuh"
 #include "ops/cuda/sm90.cuh"
 #include "ops/cuda/vec.cuh"
 
 namespace kiln::cuda {
-namespace v4 {
+namespace prefill_sm90 {
 
 #ifdef KILN_SM90A
 
@@ -80,7 +80,7 @@ __device__ __forceinline__ void load_tile_manual(const PagedAttnParams& p, const
 // - otherwise every producer thread waits (each waits every Q phase in order) and gathers packed row t,
 //   zero past the sequence's rows.
 template <int D>
-__device__ __forceinline__ void produce_q(const PrefillV4Params& prm, const Item& it, int k, uint32_t q_buf,
+__device__ __forceinline__ void produce_q(const PrefillSm90Params& prm, const Item& it, int k, uint32_t q_buf,
                                           uint32_t full, uint32_t empty) {
   constexpr uint32_t kHalfBytes = kWgRows * D * 2;
   const PagedAttnParams& p = prm.p;
@@ -121,7 +121,7 @@ __device__ __forceinline__ void produce_q(const PrefillV4Params& prm, const Item
 // of their stall samples, ncu); split: prefill 4096 tokens 352 -> 298 µs (bf16, 390 -> 461 TFLOP/s), 8192
 // 1,300 -> 1,091 µs (H200, docs/PERF.md, sixteenth session).
 template <int D, KvDtype KT, int S>
-__device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const Item& it, int j, int jt,
+__device__ __forceinline__ void produce_tile(const PrefillSm90Params& prm, const Item& it, int j, int jt,
                                              uint32_t base) {
   constexpr uint32_t kTileBytes = kBN * D * 2;
   const uint32_t sK = base + smem_k_offset<D>(), sV = base + smem_v_offset<D>(),
@@ -143,7 +143,7 @@ __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const I
     // The tile's page ids first (independent loads, one latency; each of the two threads its own), then
     // thread 0 the boxes of K, thread vt those of V.
     const int ps = p.page_size, n_pages = kBN / ps;
-    int pages[kBN / 16];  // page_size >= 16 (prefill_v4_uses_tma)
+    int pages[kBN / 16];  // page_size >= 16 (prefill_sm90_uses_tma)
 #pragma unroll
     for (int pg = 0; pg < kBN / 16; ++pg) pages[pg] = pg < n_pages ? kv_page(p, w.b, j * kBN + pg * ps) : 0;
     // Once the consumers released the stage: one box per page and 64-wide column.
@@ -200,7 +200,7 @@ __device__ __forceinline__ void produce_tile(const PrefillV4Params& prm, const I
 // (the tile count runs on across items, so the next item's first tiles load while the consumers finish
 // the current one).
 template <int D, KvDtype KT, int S>
-__device__ __forceinline__ void produce(const PrefillV4Params& prm, uint32_t base) {
+__device__ __forceinline__ void produce(const PrefillSm90Params& prm, uint32_t base) {
   const uint32_t bars_q = base + smem_bars_offset<D>() + 8 * (4 * S);
   Item it;
   int jt = 0;
@@ -213,5 +213,5 @@ __device__ __forceinline__ void produce(const PrefillV4Params& prm, uint32_t bas
 
 #endif  // KILN_SM90A
 
-}  // namespace v4
+}  // namespace prefill_sm90
 }  // namespace kiln::cuda

@@ -1,12 +1,12 @@
-// Prefill v4's work schedule (see the mapping comment of attention_prefill_v4_kernel.cuh): work items,
-// their lookup from cu_q, and the persistent blocks' static zigzag over them. Included by the producer and
-// consumer code; every warp computes it alone.
+// Prefill v4's work schedule (see the mapping comment of attention_prefill_sm90_wgmma_kernel.cuh): work
+// items, their lookup from cu_q, and the persistent blocks' static zigzag over them. Included by the producer
+// and consumer code; every warp computes it alone.
 #pragma once
 
-#include "ops/cuda/attention_prefill_v4.cuh"
+#include "ops/cuda/attention_prefill_sm90_wgmma.cuh"
 
 namespace kiln::cuda {
-namespace v4 {
+namespace prefill_sm90 {
 
 struct Work {
   int b = 0, tile = 0, q0 = 0, q_len = 0, kv_len = 0;
@@ -58,7 +58,7 @@ struct Item {
 // index / Hkv. Items run longest first within a sequence, so each block pairs a long item with a short one
 // and the blocks' totals even out. The indices grow with k, so the first one past the last item ends the
 // block. Every warp computes it alone (warp-uniform).
-__device__ __forceinline__ bool block_item(const PrefillV4Params& prm, int k, Item& it) {
+__device__ __forceinline__ bool block_item(const PrefillSm90Params& prm, int k, Item& it) {
   const PagedAttnParams& p = prm.p;
   const int P = int(gridDim.x), b = int(blockIdx.x), x = k * P + ((k & 1) ? P - 1 - b : b);
   it.hk = x % p.Hkv;
@@ -68,5 +68,5 @@ __device__ __forceinline__ bool block_item(const PrefillV4Params& prm, int k, It
   return true;
 }
 
-}  // namespace v4
+}  // namespace prefill_sm90
 }  // namespace kiln::cuda

@@ -1,6 +1,6 @@
-// Decode attention v3 (attention_decode_v3.cu): a stage's shared-memory geometry and the copies that fill
-// it (TMA boxes per page, cp.async 16-byte pieces, the fp8 scale words), with the page lookups they need.
-// Included by attention_decode_v3.cu only.
+// Decode attention v3 (attention_decode_sm90_tma.cu): a stage's shared-memory geometry and the copies that
+// fill it (TMA boxes per page, cp.async 16-byte pieces, the fp8 scale words), with the page lookups they
+// need. Included by attention_decode_sm90_tma.cu only.
 #pragma once
 
 #include <cuda.h>
@@ -8,11 +8,11 @@
 #include <cstdint>
 
 #include "ops/cuda/attention_common.cuh"
-#include "ops/cuda/attention_decode_v3_fp8.cuh"  // tile_off, kFp8Tile
-#include "ops/cuda/mma.cuh"                      // smem_addr
+#include "ops/cuda/attention_decode_sm90_tma_fp8.cuh"  // tile_off, kFp8Tile
+#include "ops/cuda/mma.cuh"                            // smem_addr
 #include "ops/cuda/sm90.cuh"
 
-namespace kiln::cuda::decode_v3 {
+namespace kiln::cuda::decode_sm90 {
 
 constexpr int kWarps = 4, kThreads = kWarps * 32;
 
@@ -21,9 +21,9 @@ constexpr int kWarps = 4, kThreads = kWarps * 32;
 // ldmatrix or 8-byte load spreads over all 32 banks); tile_off gives the byte of (row, 16-byte piece of the
 // row).
 template <int D, KvDtype KT>
-struct V3Cfg {
+struct TileCfg {
   static constexpr bool kFp8 = KT != KvDtype::bf16;
-  static constexpr int kTile = kFp8 ? kFp8Tile : kDecodeV3Tile;  // keys per stage
+  static constexpr int kTile = kFp8 ? kFp8Tile : kDecodeSm90Tile;  // keys per stage
   static constexpr int kWarpKeys = kTile / kWarps;
   static constexpr int kEsz = KT == KvDtype::bf16 ? 2 : 1;
   static constexpr int kRowBytes = D * kEsz;
@@ -87,9 +87,9 @@ __device__ __forceinline__ int page_of(const PagedAttnParams& p, const PagePos& 
 // rows past t_end are zero-filled. pg: the page of each of this thread's rows (load_pages).
 template <int D, KvDtype KT>
 __device__ __forceinline__ void issue_tile(const PagedAttnParams& p, const PagePos& pp, int hk, int t0,
-                                           int t_end, const int (&pg)[V3Cfg<D, KT>::kCopies],
+                                           int t_end, const int (&pg)[TileCfg<D, KT>::kCopies],
                                            unsigned char* stage) {
-  using C = V3Cfg<D, KT>;
+  using C = TileCfg<D, KT>;
   const int piece = threadIdx.x % C::kPieces, r0 = threadIdx.x / C::kPieces;
   const unsigned char* kb =
       static_cast<const unsigned char*>(p.k) + (int64_t(hk) * p.s_head * C::kEsz + piece * 16);
@@ -109,8 +109,8 @@ __device__ __forceinline__ void issue_tile(const PagedAttnParams& p, const PageP
 
 template <int D, KvDtype KT>
 __device__ __forceinline__ void load_pages(const PagedAttnParams& p, const PagePos& pp, int b, int t0,
-                                           int t_end, int (&pg)[V3Cfg<D, KT>::kCopies]) {
-  using C = V3Cfg<D, KT>;
+                                           int t_end, int (&pg)[TileCfg<D, KT>::kCopies]) {
+  using C = TileCfg<D, KT>;
   const int r0 = threadIdx.x / C::kPieces;
 #pragma unroll
   for (int j = 0; j < C::kCopies; ++j) {
@@ -135,7 +135,7 @@ template <int D, KvDtype KT>
 __device__ __forceinline__ void tma_issue_warp(const CUtensorMap& tk, const CUtensorMap& tv, uint64_t* bar,
                                                unsigned char* stage, int hk, int t0, int t_end,
                                                const PagePos& pp, int page) {
-  using C = V3Cfg<D, KT>;
+  using C = TileCfg<D, KT>;
   constexpr int kTile = C::kTile;
   const int lane = threadIdx.x % 32;
   const int n_pages = min(kTile >> pp.shift, (t_end - t0 + pp.size - 1) >> pp.shift);
@@ -154,7 +154,7 @@ __device__ __forceinline__ void tma_issue_warp(const CUtensorMap& tk, const CUte
 // p = 0 times a NaN would still poison O), then orders the stores before later TMA writes.
 template <int D, KvDtype KT>
 __device__ __forceinline__ void zero_v_tail(unsigned char* sV, int valid) {
-  using C = V3Cfg<D, KT>;
+  using C = TileCfg<D, KT>;
   constexpr int kTile = C::kTile;
   const int n = (kTile - valid) * 8;  // 16-byte pieces per column block
   for (int i = threadIdx.x; i < n * C::kHalves; i += kThreads) {
@@ -165,13 +165,14 @@ __device__ __forceinline__ void zero_v_tail(unsigned char* sV, int valid) {
 }
 
 // fp8: the K and V scales of key threadIdx.x of the tile at t0 arrive by one 4-byte cp.async each: the
-// aligned word holding the key's two bytes (decode_v3_applies requires even scale strides, so the pair never
-// straddles a word; scale_shift says which half). Copied with the K/V tile, so no iteration waits on a global
-// load of its own. page: the key's page (page_of, loaded an iteration ahead); past t_end zeros are stored.
+// aligned word holding the key's two bytes (decode_sm90_applies requires even scale strides, so the pair
+// never straddles a word; scale_shift says which half). Copied with the K/V tile, so no iteration waits on a
+// global load of its own. page: the key's page (page_of, loaded an iteration ahead); past t_end zeros are
+// stored.
 template <int D, KvDtype KT>
 __device__ __forceinline__ void issue_scales(const PagedAttnParams& p, const PagePos& pp, int hk, int t0,
                                              int t_end, int page, uint32_t* stage_sc) {
-  using C = V3Cfg<D, KT>;
+  using C = TileCfg<D, KT>;
   static_assert(C::kTile == kThreads, "one key per thread");
   const int t = t0 + int(threadIdx.x);
   const bool valid = t < t_end;
@@ -209,4 +210,4 @@ __device__ __forceinline__ void scale_shifts(const PagedAttnParams& p, int hk, i
 }
 #endif  // KILN_SM90A
 
-}  // namespace kiln::cuda::decode_v3
+}  // namespace kiln::cuda::decode_sm90

@@ -1,4 +1,5 @@
-// Decode attention v3 (ops/cuda/attention.h, DecodeKernel::v3): split-KV paged decode on tensor cores.
+// Hopper decode attention (sm_90a; DecodeKernel::v3, the default: ops/cuda/attention.h, README.md here):
+// split-KV paged decode on tensor cores, K/V tiles copied by TMA (cp.async for other page sizes).
 //
 // Mapping. Grid (splits, Hkv, B), 4 warps. Block (s, hk, b) owns keys [s c, s c + c) of sequence b's context
 // (c = decode_chunk(ctx, splits, kTile)) for the G = Hq / Hkv query heads of KV head hk. Keys stream through
@@ -14,7 +15,7 @@
 //
 // FP8 (E4M3 + one UE8M0 scale per 64 elements): tiles of 128 keys (32 per warp) are copied as bytes (half
 // of bf16's traffic) and widened to f16 pair by pair right before their f16 MMAs, with the keys as the MMA
-// rows and the query heads as its columns (attention_decode_v3_fp8.cuh).
+// rows and the query heads as its columns (attention_decode_sm90_tma_fp8.cuh).
 //
 // Loads (TMA path): tile n's page lookups and copies are issued by warp n % 4 (lane i: page i, looked up
 // 4 tiles ahead), so they do not all fall on one scheduler. The first row's prologue tiles that hold only
@@ -23,13 +24,13 @@
 //
 // Numerics: bf16 products exact (bf16 x bf16 in fp32), fp32 accumulation in the tensor cores, p = 2^(s log2e
 // - m) with ex2.approx, P rounded as hi + lo bf16: within the attention tolerance (docs/NUMERICS.md) and 1
-// bf16 ulp of the prefill kernel on the same rows; fp8 the same (attention_decode_v3_fp8.cuh).
+// bf16 ulp of the prefill kernel on the same rows; fp8 the same (attention_decode_sm90_tma_fp8.cuh).
 #include <algorithm>
 #include <type_traits>
 
 #include "ops/cuda/attention_common.cuh"
-#include "ops/cuda/attention_decode_v3_fp8.cuh"
-#include "ops/cuda/attention_decode_v3_loads.cuh"
+#include "ops/cuda/attention_decode_sm90_tma_fp8.cuh"
+#include "ops/cuda/attention_decode_sm90_tma_loads.cuh"
 #include "ops/cuda/device_flag.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"
@@ -42,12 +43,13 @@
 namespace kiln::cuda {
 namespace {
 
-using namespace decode_v3;  // the tile geometry and copies (attention_decode_v3_loads.cuh), the fp8 math
+using namespace decode_sm90;  // the tile geometry and copies (attention_decode_sm90_tma_loads.cuh), the fp8
+                              // math
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The device code is Hopper code (TMA, mbarriers: sm_90a); elsewhere the kernel has an empty body and
-// decode_v3_applies() is false, so v2 runs.
+// decode_sm90_applies() is false, so v2 runs.
 #ifdef KILN_SM90A
 // Q of the group as m16n8k16 A fragments (bf16 caches), rows = heads (>= G: zero), one entry per k-step
 // (head_dim 16 s .. 16 s + 15): qa[s][0] holds row g's k-slots (2t, 2t + 1), qa[s][1] slots (2t + 8, 2t + 9)
@@ -67,7 +69,7 @@ __device__ __forceinline__ void load_q_frags(const uint16_t* q, uint32_t (&qa)[D
 template <int D>
 __device__ __forceinline__ void scores(const unsigned char* sK, const uint32_t (&qa)[D / 16][2],
                                        float (&acc)[2][4]) {
-  constexpr int kTile = V3Cfg<D, KvDtype::bf16>::kTile;
+  constexpr int kTile = TileCfg<D, KvDtype::bf16>::kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int n = 0; n < 2; ++n)
@@ -91,7 +93,7 @@ __device__ __forceinline__ void scores(const unsigned char* sK, const uint32_t (
 template <int D>
 __device__ __forceinline__ void accumulate_pv(const unsigned char* sV, const uint32_t (&pa)[2][4],
                                               float (&o)[D / 8][4]) {
-  constexpr int kTile = V3Cfg<D, KvDtype::bf16>::kTile;
+  constexpr int kTile = TileCfg<D, KvDtype::bf16>::kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, m = lane / 8;
   // ldmatrix.trans x4: matrices (keys 0-7, piece lo), (keys 8-15, piece lo), (keys 0-7, piece hi), (keys
   // 8-15, hi).
@@ -126,7 +128,7 @@ __device__ __forceinline__ void issue_prologue(const PagedAttnParams& p, const C
                                                const CUtensorMap& tv, uint64_t* bars, int b, int t_begin,
                                                int t_end, int n_tiles, int seq, int i0, int i1,
                                                unsigned char* smem, uint32_t* smem_sc) {
-  using C = V3Cfg<D, KT>;
+  using C = TileCfg<D, KT>;
   constexpr int kTile = C::kTile;
   const int hk = blockIdx.y, warp = threadIdx.x / 32;
   const PagePos pp = page_pos(p.page_size);
@@ -162,7 +164,7 @@ __device__ __forceinline__ int issue_before_wait(const PagedAttnParams& p, const
                                                  const CUtensorMap& tv, uint64_t* bars, int splits, int b,
                                                  int ctx, int written, unsigned char* smem,
                                                  uint32_t* smem_sc) {
-  using C = V3Cfg<D, KT>;
+  using C = TileCfg<D, KT>;
   int t_begin, t_end, n_tiles;
   if (!row_window<C::kTile>(ctx, splits, t_begin, t_end, n_tiles)) return 0;
   int n = 0;
@@ -177,11 +179,11 @@ __device__ __forceinline__ int issue_before_wait(const PagedAttnParams& p, const
 // ((seq + it) / kStages) & 1); advanced by this row's tiles. issued: the prologue tiles issue_before_wait
 // already issued (the first row only).
 template <int D, int G, KvDtype KT, bool kTma>
-__device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CUtensorMap& tk,
-                                              const CUtensorMap& tv, uint64_t* bars, float* ws, int splits,
-                                              int b, int row, int ctx, unsigned char* smem, uint32_t* smem_sc,
-                                              int& seq, int issued) {
-  using C = V3Cfg<D, KT>;
+__device__ __forceinline__ void decode_sm90_row(const PagedAttnParams& p, const CUtensorMap& tk,
+                                                const CUtensorMap& tv, uint64_t* bars, float* ws, int splits,
+                                                int b, int row, int ctx, unsigned char* smem,
+                                                uint32_t* smem_sc, int& seq, int issued) {
+  using C = TileCfg<D, KT>;
   constexpr int kTile = C::kTile, kNt = C::kWarpKeys / 8;  // a warp's 8-key score tiles
   const int split = blockIdx.x, hk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -221,7 +223,7 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
   const uint16_t* qgroup =
       static_cast<const uint16_t*>(p.q) + int64_t(row) * p.q_stride_t + int64_t(hk * G) * p.q_stride_h;
   // bf16: Q as A fragments (rows = heads g), m / l / O of head g: o[j][c] at head_dim 8 j + 2 t + c (c < 2;
-  // c 2-3 are rows 8-15, zero). fp8: the transposed mapping's state (attention_decode_v3_fp8.cuh).
+  // c 2-3 are rows 8-15, zero). fp8: the transposed mapping's state (attention_decode_sm90_tma_fp8.cuh).
   uint32_t qa[C::kFp8 ? 1 : D / 16][2];
   float m = kNegInf, l = 0.0f;
   float o[C::kFp8 ? 1 : D / 8][4];
@@ -372,11 +374,11 @@ __device__ __forceinline__ void decode_row_v3(const PagedAttnParams& p, const CU
 // Dynamic shared memory: 1024-byte aligned stages (TMA's swizzle needs it), then the fp8 scale tables.
 // The register cap matches the blocks per SM the shared memory allows.
 template <int D, int G, KvDtype KT, bool kTma>
-__global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
-    decode_kernel_v3(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
-                     const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
+__global__ void __launch_bounds__(kThreads, TileCfg<D, KT>::kBlocksPerSm)
+    decode_sm90_kernel(const __grid_constant__ PagedAttnParams p, const __grid_constant__ CUtensorMap tk,
+                       const __grid_constant__ CUtensorMap tv, float* ws, int splits, bool all_rows) {
 #ifdef KILN_SM90A
-  using C = V3Cfg<D, KT>;
+  using C = TileCfg<D, KT>;
   extern __shared__ uint4 smem_raw[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -403,8 +405,8 @@ __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
   if (splits > 1) pdl_launch_dependents();
   if (rows) {
     for (int i = 0; i < n; ++i)
-      decode_row_v3<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i,
-                                    smem, smem_sc, seq, i == 0 ? issued : 0);
+      decode_sm90_row<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i,
+                                      smem, smem_sc, seq, i == 0 ? issued : 0);
   }
   // With splits the trigger came right after the wait (above).
   if (splits <= 1) pdl_launch_dependents();
@@ -412,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, V3Cfg<D, KT>::kBlocksPerSm)
 }
 
 // Whether K/V pages can arrive by TMA: one 128-byte-swizzled box per (page, 128 bytes of the row) needs page
-// sizes that tile the 64-key stage (16, 32, 64; rows 16-byte aligned, which decode_v3_applies requires).
+// sizes that tile the 64-key stage (16, 32, 64; rows 16-byte aligned, which decode_sm90_applies requires).
 bool tma_applies(const PagedAttnParams& p) {
   return p.page_size == 16 || p.page_size == 32 || p.page_size == 64;
 }
@@ -435,7 +437,7 @@ CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
 template <int D, int G, KvDtype KT, bool kTma>
 void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
                bool pdl) {
-  using C = V3Cfg<D, KT>;
+  using C = TileCfg<D, KT>;
   constexpr size_t kSmem = 1024 + size_t(C::kStages) * C::kStageBytes + C::kScaleBytes;
   static_assert(kSmem >= sizeof(float) * (2 * kWarps * G + kWarps * G * D), "merge scratch fits the stages");
   // pdl: an early launch (attention.cu: decode_launches_early: a grid of one wave at most 2 blocks an SM)
@@ -445,7 +447,7 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
   // session).
   constexpr size_t kSmemEarly = std::max<size_t>(kSmem, 80 * 1024);
   static const bool attr_set = [] {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_v3<D, G, KT, kTma>,
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<D, G, KT, kTma>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemEarly)));
     return true;
   }();
@@ -457,7 +459,7 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
                       .stream = stream,
                       .pdl = pdl,
                       .smem_attr_set = attr_set};
-  launch(cfg, decode_kernel_v3<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows);
+  launch(cfg, decode_sm90_kernel<D, G, KT, kTma>, p, tk, tv, ws, splits, all_rows);
 }
 
 // TMA or cp.async loads, by page size.
@@ -498,17 +500,17 @@ namespace {
 
 // Whether the current device is sm_90 and runs this build's sm_90a code of the kernel (a build without
 // sm_90a, or another GPU, runs v2). Checked once per device.
-bool device_runs_v3() {
+bool device_runs_decode_sm90() {
   static PerDeviceFlag flag;
   return flag.get([] {
     return current_device_is_sm90() && kernel_binary_version(reinterpret_cast<const void*>(
-                                           decode_kernel_v3<128, 4, KvDtype::bf16, true>)) == 90;
+                                           decode_sm90_kernel<128, 4, KvDtype::bf16, true>)) == 90;
   });
 }
 
 }  // namespace
 
-bool decode_v3_applies(const PagedAttnParams& p) {
+bool decode_sm90_applies(const PagedAttnParams& p) {
   const int esz = p.kv_dtype == KvDtype::bf16 ? 2 : 1;
   // 16-byte pieces of >= 8 per row (bf16: D 64, 128; fp8: D 128), every row start 16-byte aligned.
   const bool aligned = (p.s_page * esz) % 16 == 0 && (p.s_row * esz) % 16 == 0 && (p.s_head * esz) % 16 == 0;
@@ -518,18 +520,18 @@ bool decode_v3_applies(const PagedAttnParams& p) {
       (p.page_size % 2 == 0 && p.sc_page % 4 == 0 && p.sc_row % 2 == 0 && p.sc_head % 2 == 0 &&
        (reinterpret_cast<uintptr_t>(p.k_scale) | reinterpret_cast<uintptr_t>(p.v_scale)) % 4 == 0);
   return aligned && words && p.Hq / p.Hkv <= 8 &&
-         (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16)) && device_runs_v3();
+         (p.D == 128 || (p.D == 64 && p.kv_dtype == KvDtype::bf16)) && device_runs_decode_sm90();
 }
 
-int decode_v3_blocks_per_sm(const PagedAttnParams& p) {
-  if (p.D == 64) return V3Cfg<64, KvDtype::bf16>::kBlocksPerSm;
-  return p.kv_dtype == KvDtype::bf16 ? V3Cfg<128, KvDtype::bf16>::kBlocksPerSm
-                                     : V3Cfg<128, KvDtype::f8e4m3>::kBlocksPerSm;
+int decode_sm90_blocks_per_sm(const PagedAttnParams& p) {
+  if (p.D == 64) return TileCfg<64, KvDtype::bf16>::kBlocksPerSm;
+  return p.kv_dtype == KvDtype::bf16 ? TileCfg<128, KvDtype::bf16>::kBlocksPerSm
+                                     : TileCfg<128, KvDtype::f8e4m3>::kBlocksPerSm;
 }
 
-void launch_decode_v3(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
-                      bool pdl) {
-  KILN_CHECK(decode_v3_applies(p), "paged decode attention v3: unsupported shape (D ", p.D, ")");
+void launch_decode_sm90(const PagedAttnParams& p, float* ws, int splits, bool all_rows, cudaStream_t stream,
+                        bool pdl) {
+  KILN_CHECK(decode_sm90_applies(p), "paged decode attention v3: unsupported shape (D ", p.D, ")");
   if (p.D == 64) return launch_typed<64, KvDtype::bf16>(p, ws, splits, all_rows, stream, pdl);
   if (p.kv_dtype == KvDtype::bf16)
     return launch_typed<128, KvDtype::bf16>(p, ws, splits, all_rows, stream, pdl);

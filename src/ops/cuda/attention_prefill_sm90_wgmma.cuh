@@ -1,6 +1,6 @@
 // Prefill v4 (Hopper, sm_90a): the kernel's parameters and launch entry points, shared by the launcher
-// (attention_prefill_v4.cu) and the per-head_dim instantiation units (attention_prefill_v4_d*.cu, which
-// include attention_prefill_v4_kernel.cuh).
+// (attention_prefill_sm90_wgmma.cu) and the per-head_dim instantiation units
+// (attention_prefill_sm90_wgmma_d*.cu, which include attention_prefill_sm90_wgmma_kernel.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -9,7 +9,7 @@
 
 namespace kiln::cuda {
 
-namespace v4 {
+namespace prefill_sm90 {
 // Block tile: kBM packed query rows (two consumer warpgroups of 64) against kBN keys per pipeline stage.
 constexpr int kBM = 128, kBN = 128, kWgRows = 64, kThreads = 384;
 // Registers a thread (setmaxnreg): the producer warpgroup gives up what the consumers take, within the
@@ -43,9 +43,9 @@ constexpr size_t smem_bytes() {
 }
 static_assert(smem_bytes<128>() <= 232448 && smem_bytes<64>() <= 232448,
               "sm_90's 227 KB of shared memory a block");
-}  // namespace v4
+}  // namespace prefill_sm90
 
-struct PrefillV4Params {
+struct PrefillSm90Params {
   // bf16 K and V caches as 4-D tensors for TMA: dim 0 d (D elements), dims 1 and 2 the row in the page and
   // the KV head in ascending stride order (rows_dim1: the row is dim 1, HND), dim 3 the page; box
   // 64 x page_size rows, 128-byte swizzle. Unused (zero) when use_tma is 0.
@@ -60,26 +60,27 @@ struct PrefillV4Params {
   int32_t rows_dim1 = 0;
   int32_t skip_single = 0;  // skip sequences with q_len == 1 (the decode kernel's)
   int32_t G = 1;            // Hq / Hkv
-  // The producer thread that issues V's TMA boxes (thread 0 issues K's; attention_prefill_v4_producer.cuh).
-  // A parameter rather than a constant: as a compile-time 32, ptxas spilled 4 bytes in the bf16 kernels,
-  // and this is the form measured on the H200 (docs/PERF.md, sixteenth session).
+  // The producer thread that issues V's TMA boxes (thread 0 issues K's;
+  // attention_prefill_sm90_wgmma_producer.cuh). A parameter rather than a constant: as a compile-time 32,
+  // ptxas spilled 4 bytes in the bf16 kernels, and this is the form measured on the H200 (docs/PERF.md,
+  // sixteenth session).
   int32_t v_issue_thread = 32;
-  // The two consumers take turns issuing their products (attention_prefill_v4_kernel.cuh); 0 under
-  // KILN_ATTN_V4_NO_PINGPONG=1. A parameter rather than a constant: the compile-time form measured 2.7 %
+  // The two consumers take turns issuing their products (attention_prefill_sm90_wgmma_kernel.cuh); 0 under
+  // KILN_ATTN_PREFILL_NO_PINGPONG=1. A parameter rather than a constant: the compile-time form measured 2.7 %
   // slower at 8192 tokens on the same H200 (docs/PERF.md, seventeenth session).
   int32_t pingpong = 1;
 };
 
-// Instantiated for D in {64, 128} and both cache dtypes (attention_prefill_v4_d64.cu, _d128.cu). overlap:
-// the consumers overlap each tile's softmax with the previous tile's P V product (the default); false
-// runs the two products of a tile in turn (KILN_ATTN_V4_SERIAL=1, a debugging aid). cfg.smem must be
-// smem_bytes<D>(); cfg.grid is the persistent grid (at most one block an SM: the blocks take the work
-// items in a static zigzag order, attention_prefill_v4_kernel.cuh).
+// Instantiated for D in {64, 128} and both cache dtypes (attention_prefill_sm90_wgmma_d64.cu, _d128.cu).
+// overlap: the consumers overlap each tile's softmax with the previous tile's P V product (the default);
+// false runs the two products of a tile in turn (KILN_ATTN_PREFILL_SERIAL=1, a debugging aid). cfg.smem must
+// be smem_bytes<D>(); cfg.grid is the persistent grid (at most one block an SM: the blocks take the work
+// items in a static zigzag order, attention_prefill_sm90_wgmma_kernel.cuh).
 template <int D, KvDtype KT>
-void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap);
+void launch_prefill_sm90_kernel(const LaunchCfg& cfg, const PrefillSm90Params& prm, bool overlap);
 // The binary version (cudaFuncAttributes::binaryVersion) of that instantiation's code for the current
 // device: 90 only where sm_90a code was built and the device runs it.
 template <int D, KvDtype KT>
-int prefill_v4_binary_version();
+int prefill_sm90_binary_version();
 
 }  // namespace kiln::cuda

@@ -1,6 +1,7 @@
-// Split-KV paged decode attention (one query row per sequence), in two versions (ops/cuda/attention.h,
-// DecodeKernel): v1 walks a host-sized chunk with one dependent page-table -> K/V load per key; v2 sizes the
-// chunk from the row's context and streams it through shared memory. The split combine of every version is
+// Portable split-KV paged decode attention on CUDA cores (any sm_80+ GPU; one query row per sequence), in
+// two versions (ops/cuda/attention.h, DecodeKernel): v1 walks a host-sized chunk with one dependent
+// page-table -> K/V load per key; v2 sizes the chunk from the row's context and streams it through shared
+// memory. The split combine of every version is
 // in attention_decode_combine.cu.
 #include "ops/cuda/attention_common.cuh"
 
@@ -450,7 +451,7 @@ void launch_decode_g(const LaunchCfg& cfg, const PagedAttnParams& p, float* ws, 
   if (kernel == DecodeKernel::v1) {
     launch(cfg, decode_kernel<D, G, KT>, p, ws, splits, chunk, all_rows);
   } else if (kernel == DecodeKernel::v3) {
-    KILN_FAIL("paged decode attention: v3 is launched by launch_decode_v3");
+    KILN_FAIL("paged decode attention: v3 is launched by launch_decode_sm90");
   } else if constexpr (KT == KvDtype::bf16 || D % 64 == 0) {  // fp8 D 32 is refused before launch
     launch(cfg, decode_kernel_v2<D, G, KT>, p, ws, splits, all_rows);
   }
@@ -494,7 +495,7 @@ void launch_decode_typed(const PagedAttnParams& p, float* ws, int splits, int ch
 
 void launch_decode(const PagedAttnParams& p, float* ws, int splits, int chunk, bool all_rows,
                    DecodeKernel kernel, cudaStream_t stream, bool pdl) {
-  if (kernel == DecodeKernel::v3) return launch_decode_v3(p, ws, splits, all_rows, stream, pdl);
+  if (kernel == DecodeKernel::v3) return launch_decode_sm90(p, ws, splits, all_rows, stream, pdl);
   KILN_DISPATCH_HEAD_DIM(
       p.D, KILN_DISPATCH_KV_DTYPE(p.kv_dtype, launch_decode_typed<kD, kKT>(p, ws, splits, chunk, all_rows,
                                                                            kernel, stream, pdl);))

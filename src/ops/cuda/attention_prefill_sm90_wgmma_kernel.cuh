@@ -51,14 +51,14 @@
 // (|p - bf16(p)| <= 2^-9 p) while l sums the unrounded p; see docs/NUMERICS.md for the stated bound.
 #pragma once
 
-#include "ops/cuda/attention_prefill_v4_producer.cuh"
+#include "ops/cuda/attention_prefill_sm90_wgmma_producer.cuh"
 #include "ops/cuda/device_flag.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"
 #include "ops/cuda/wgmma_bf16.cuh"
 
 namespace kiln::cuda {
-namespace v4 {
+namespace prefill_sm90 {
 
 #ifdef KILN_SM90A
 
@@ -70,7 +70,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // the mapping comment at the top of this file. kOverlap: the softmax of tile j overlaps the P V product of
 // tile j - 1; else each tile's two products run in turn.
 template <int D, int S, bool kOverlap>
-__device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const Item& it, int k, int jt0,
+__device__ __forceinline__ void consume_item(const PrefillSm90Params& prm, const Item& it, int k, int jt0,
                                              int c, uint32_t sQ) {
   constexpr uint32_t kTileBytes = kBN * D * 2;
   static_assert(smem_bytes<D>() < 0x40000, "issue_qk / issue_pv add offsets to a 14-bit address field");
@@ -319,7 +319,7 @@ __device__ __forceinline__ void consume_item(const PrefillV4Params& prm, const I
 }
 
 template <int D, int S, bool kOverlap>
-__device__ __forceinline__ void consume(const PrefillV4Params& prm, int c, uint32_t sQ) {
+__device__ __forceinline__ void consume(const PrefillSm90Params& prm, int c, uint32_t sQ) {
   Item it;
   int jt = 0;
   // Ping-pong: consumer 0 takes the first turn; its extra take at the end matches consumer 1's last
@@ -336,7 +336,7 @@ __device__ __forceinline__ void consume(const PrefillV4Params& prm, int c, uint3
 
 template <int D, KvDtype KT, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_v4_kernel(const __grid_constant__ PrefillV4Params prm) {
+    prefill_sm90_kernel(const __grid_constant__ PrefillSm90Params prm) {
 #ifdef KILN_SM90A
   constexpr int S = stages<D>();
   pdl_wait();
@@ -370,21 +370,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-}  // namespace v4
+}  // namespace prefill_sm90
 
 template <int D, KvDtype KT>
-void launch_prefill_v4_kernel(const LaunchCfg& cfg, const PrefillV4Params& prm, bool overlap) {
-  KILN_CHECK(cfg.smem == v4::smem_bytes<D>(), "prefill v4: shared memory of ", cfg.smem, " bytes, not ",
-             v4::smem_bytes<D>());
+void launch_prefill_sm90_kernel(const LaunchCfg& cfg, const PrefillSm90Params& prm, bool overlap) {
+  KILN_CHECK(cfg.smem == prefill_sm90::smem_bytes<D>(), "prefill v4: shared memory of ", cfg.smem,
+             " bytes, not ", prefill_sm90::smem_bytes<D>());
   if (overlap)
-    launch(cfg, v4::prefill_v4_kernel<D, KT, true>, prm);
+    launch(cfg, prefill_sm90::prefill_sm90_kernel<D, KT, true>, prm);
   else
-    launch(cfg, v4::prefill_v4_kernel<D, KT, false>, prm);
+    launch(cfg, prefill_sm90::prefill_sm90_kernel<D, KT, false>, prm);
 }
 
 template <int D, KvDtype KT>
-int prefill_v4_binary_version() {
-  return kernel_binary_version(reinterpret_cast<const void*>(v4::prefill_v4_kernel<D, KT, true>));
+int prefill_sm90_binary_version() {
+  return kernel_binary_version(reinterpret_cast<const void*>(prefill_sm90::prefill_sm90_kernel<D, KT, true>));
 }
 
 }  // namespace kiln::cuda

@@ -1,0 +1,13 @@
+// Prefill v4 instantiations for head_dim 128 (bf16 and fp8 caches): one build unit per head_dim.
+#include "ops/cuda/attention_prefill_sm90_wgmma_kernel.cuh"
+
+namespace kiln::cuda {
+
+template void launch_prefill_sm90_kernel<128, KvDtype::bf16>(const LaunchCfg&, const PrefillSm90Params&,
+                                                             bool);
+template void launch_prefill_sm90_kernel<128, KvDtype::f8e4m3>(const LaunchCfg&, const PrefillSm90Params&,
+                                                               bool);
+template int prefill_sm90_binary_version<128, KvDtype::bf16>();
+template int prefill_sm90_binary_version<128, KvDtype::f8e4m3>();
+
+}  // namespace kiln::cuda
