@@ -1,8 +1,7 @@
 // Portable split-KV paged decode attention on CUDA cores (any sm_80+ GPU; one query row per sequence), in
 // two versions (ops/cuda/attention.h, DecodeKernel): v1 walks a host-sized chunk with one dependent
 // page-table -> K/V load per key; v2 sizes the chunk from the row's context and streams it through shared
-// memory. The split combine of every version is
-// in attention_decode_combine.cu.
+// memory. The split combine of every version is in attention_decode_combine.cu.
 #include "ops/cuda/attention_common.cuh"
 
 namespace kiln::cuda {
