@@ -2,7 +2,7 @@
 # Configure and build on the GPU machine with the Debian headers/static libraries carried in .deps/sysroot
 # (see scripts/device_deps.sh). Usage: scripts/device_build.sh [targets...]   (default: everything)
 # KILN_BUILD_DIR (default build/device) and KILN_CUDA_FLAGS (extra nvcc flags, e.g. an experiment's -D switch)
-# give a second build of the same tree beside the first (bench/ab_tree_device.sh FLAGS=...).
+# give a second build of the same tree beside the first (`bench/device.sh ab` with FLAGS=...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD/.deps/sysroot"

@@ -440,7 +440,7 @@ TEST(CudaAttention, PrefillV4Smoke) {
     }
 }
 
-// A small fp8 grid for compute-sanitizer (bench/attention_device.sh sanitize runs memcheck, racecheck and
+// A small fp8 grid for compute-sanitizer (`bench/device.sh sanitize` runs memcheck, racecheck and
 // synccheck on it): decode v3's 128-key fp8 tiles (scales by cp.async on the stage barrier) and prefill v4,
 // staged and unstaged, over pages of 16, 32 and 64 rows (TMA) and 24 (cp.async; no staging), both layouts,
 // head_dim 64 and 128, against fp64.

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The one entry point for the GPU machine: bash bench/device.sh SUITE [SUITE...]   (docs/BENCH.md)
+#
+# Every suite shares one build (scripts/device_build.sh, in build/device) and one GEMM tactic cache
+# ($KILN_TUNE_CACHE, default /tmp/kiln-gemm-tactics.txt), writes its logs under a work folder, and adds rows to
+# one summary table printed last. $OUT (default /tmp/kiln-out) gets summary.txt, logs.tgz (every log) and at
+# most five more files a suite names (fixture tarballs): the device tool brings back at most 8 files.
+# Carry .deps/sysroot (made here by scripts/device_deps.sh); the serving and parity suites also need the
+# tokenizer models under .deps/npm. With no GPU the build still runs and every GPU suite says it was skipped.
+#
+# Suites (run in the order given; `all` = build tests kernels model):
+#   build      kiln and every GPU test binary
+#   probe      the machine, its toolchain and its ceilings: copy bandwidth and bf16 matmul rate (torch)
+#   tests      every GPU test binary (tests/cuda and the engine, VL and TP tests that run on CUDA)
+#   kernels    kiln bench kernels: attention (+ cuDNN SDPA), attn_prep, gemm, gemv_attn_prep, launch_floor
+#   attention  test_cuda_attention, then the attention rows under the defaults and each VARIANTS entry
+#   sanitize   compute-sanitizer memcheck, racecheck, synccheck on the attention and attn_prep small cases
+#   model      kiln tune, then kiln bench model: decode steps (4B, 0.6B; batch 1-128; bf16 and fp8 caches),
+#              the per-op breakdown, one 8192-token prompt
+#   decode     the decode step under the switches kept for A/B (SWITCHES; default: PDL sites, fused QKV)
+#   prefill    one prompt's prefill kernel by kernel under ncu (LENS, default "4096 8192")
+#   serve      the serving sweep: 4B shape, random weights, 8192 in / 1024 out (CONC, NUM, KV, SWEEP_SECONDS)
+#   seed       the second SGLang seed's workloads: /generate 4096 in / 1 out at C = 4 (200 requests), and
+#              /v1/embeddings of 4096 and 8192 ids on a Qwen3-Embedding-shaped checkpoint
+#   ready      time from `kiln serve` to READY, cold (empty tactic cache) and tuned
+#   checks     greedy outputs of kiln serve's defaults against VARIANTS (default --disable-cuda-graph and
+#              --disable-mixed-batches) through kiln eval reference
+#   http       the HTTP layer's CPU per streamed token at C = 256 and 512 (LEVELS)
+#   vl         Qwen3-VL: image parity fixture, VL tests, kiln bench vision (448, 1024, 1920x1080)
+#   vl-serve   Qwen3-VL serving: fused vs unfused vs eager greedy image chats, TTFT, bench serve --image
+#   tp         the NCCL tensor-parallel tests and kiln bench model --tp 1 beside the plain runner
+#   parity     Hugging Face parity: the Qwen3-4B-shaped checkpoint (test_cuda_model_hf4b), the VL fixture
+#   embed      the Qwen3-Embedding fixtures on CUDA (test_cuda_embedding_hf)
+#   yarn       one 131,000-token YaRN prompt served (~1 min)
+#   ncu        Nsight Compute on the attention kernels (prefill, decode bf16 / fp8, cuDNN's decode)
+#   sass       the prefill kernel's SASS: instruction counts and the order of its waits and exponentials
+#   ab         this tree against the trees in .ab/*.tar.gz and FLAGS / FLAGS2 builds (CMD, ENV, ROUNDS)
+# Environment: OUT, KILN_TUNE_CACHE, and each suite's knobs above (docs/BENCH.md lists them with defaults).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+here=bench/device
+# shellcheck source=bench/device/lib.sh
+source "$here/lib.sh"
+# shellcheck source=bench/device/suites_gpu.sh
+source "$here/suites_gpu.sh"
+# shellcheck source=bench/device/suites_model.sh
+source "$here/suites_model.sh"
+# shellcheck source=bench/device/suites_serve.sh
+source "$here/suites_serve.sh"
+# shellcheck source=bench/device/suites_vl.sh
+source "$here/suites_vl.sh"
+# shellcheck source=bench/device/suites_ab.sh
+source "$here/suites_ab.sh"
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+(($#)) || { usage; exit 2; }
+suites=()
+for s in "$@"; do
+  case $s in
+    -h | --help | help) usage; exit 0 ;;
+    all) suites+=(build tests kernels model) ;;
+    *)
+      declare -F "suite_${s//-/_}" >/dev/null || { echo "device.sh: unknown suite '$s' (bench/device.sh --help)"; exit 2; }
+      suites+=("$s")
+      ;;
+  esac
+done
+
+dev_start
+for s in "${suites[@]}"; do
+  dev_section "$s"
+  "suite_${s//-/_}"
+done
+dev_finish
