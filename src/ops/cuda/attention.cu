@@ -137,9 +137,10 @@ int launched_splits(const PagedAttnParams& p, int splits, DecodeKernel k) {
 // predecessor (attn_prep): done where the grid is one wave of at most 2 blocks an SM (B = 1 .. 32 at
 // Qwen3-4B's heads), which such a launch enforces (launch_decode_sm90). 4B step, graph + PDL: batch 1 ctx
 // 1024 3.00 -> 2.96 ms, ctx 8192 3.28 -> 3.22, batch 8 fp8 ctx 8192 4.59 -> 4.49, batch 32 ctx 8192
-// 12.26 -> 12.03 (fp8 8.02 -> 7.91); 0.6B 0.97 -> 0.93 (H200, docs/PERF.md, twentieth session). Larger
-// grids wait for a plain launch: launched early, blocks of several waves land unevenly (fp8 steps of 32
-// sequences were 2-7 % slower before the 2-an-SM cap and the early loads, twelfth session).
+// 12.26 -> 12.03 (fp8 8.02 -> 7.91); 0.6B 0.97 -> 0.93 (H200, 2026-12-03, `7a2a4c0`;
+// bench/results/h200_decode_early_launch_2026-12-03.txt). Larger grids wait for a plain launch: launched
+// early, blocks of several waves land unevenly (fp8 steps of 32 sequences were 2-7 % slower before the
+// 2-an-SM cap and the early loads: 2026-12-02, bench/results/h200_pdl_decode_step_2026-12-02.txt).
 // KILN_ATTN_DECODE_EARLY=0 turns it off (A/B), read once.
 bool decode_launches_early(const PagedAttnParams& p, DecodeKernel k, int splits) {
   static const bool on = [] {

@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(kThreads, TileCfg<D, KT>::kBlocksPerSm)
   // With splits the dependent is the combine: let its blocks launch and read the row metadata as soon as
   // every block of this grid has started (its wait still holds it until this grid is done), rather than
   // after the last block's end. B = 1: 10.94 -> 10.72 us (graph, bf16 ctx 1024), the 4B step 3.06 -> 3.00
-  // ms (H200, docs/PERF.md, sixteenth session). One split: the next projection's GEMV, kept at the end.
+  // ms (H200, 2026-12-02, `aacdc54`; bench/results/h200_decode_cluster_merge_early_combine_2026-12-02.txt).
+  // One split: the next projection's GEMV, kept at the end.
   if (splits > 1) pdl_launch_dependents();
   if (rows) {
     for (int i = 0; i < n; ++i)
@@ -423,7 +424,8 @@ bool tma_applies(const PagedAttnParams& p) {
 // of 128 bytes, the box's row: with the default 256-byte promotion each bf16 box row also pulled in the other
 // half of its 256-byte K/V row, which another box reads later; the L2 then served 25 % more sectors than the
 // tile bytes, the extra crossing between its two halves (ncu), and B = 128 at ctx 9216 ran at 1,133 µs bf16
-// / 603 fp8 against 1,056 / 576 with 128 (fp8 not profiled; docs/PERF.md, fifteenth session).
+// / 603 fp8 against 1,056 / 576 with 128 (fp8 not profiled; H200, 2026-12-02,
+// `8fe5dd7`; bench/results/h200_decode_l2_promotion_2026-12-02.txt).
 CUtensorMap cache_map(const PagedAttnParams& p, const void* base) {
   const bool bf16 = p.kv_dtype == KvDtype::bf16;
   const uint64_t esz = bf16 ? 2 : 1;
@@ -443,8 +445,8 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
   // pdl: an early launch (attention.cu: decode_launches_early: a grid of one wave at most 2 blocks an SM)
   // asks for 80 KB of shared memory a block so that no SM takes 3 (fp8 fits 3): launched
   // while attn_prep still runs, fp8 grids with 3 an SM allowed made the 4B step at batch 8, ctx 8192, 2.4 %
-  // slower than a plain launch; held to 2 an SM they made it 2.2 % faster (H200, docs/PERF.md, twentieth
-  // session).
+  // slower than a plain launch; held to 2 an SM they made it 2.2 % faster (H200, 2026-12-03, `7a2a4c0`;
+  // bench/results/h200_decode_early_launch_2026-12-03.txt).
   constexpr size_t kSmemEarly = std::max<size_t>(kSmem, 80 * 1024);
   static const bool attr_set = [] {
     KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_sm90_kernel<D, G, KT, kTma>,

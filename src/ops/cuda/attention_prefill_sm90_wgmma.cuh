@@ -62,12 +62,13 @@ struct PrefillSm90Params {
   int32_t G = 1;            // Hq / Hkv
   // The producer thread that issues V's TMA boxes (thread 0 issues K's;
   // attention_prefill_sm90_wgmma_producer.cuh). A parameter rather than a constant: as a compile-time 32,
-  // ptxas spilled 4 bytes in the bf16 kernels, and this is the form measured on the H200 (docs/PERF.md,
-  // sixteenth session).
+  // ptxas spilled 4 bytes in the bf16 kernels, and this is the form measured on the H200 (2026-12-02,
+  // `164b2c3`; bench/results/h200_decode_cluster_merge_early_combine_2026-12-02.txt).
   int32_t v_issue_thread = 32;
   // The two consumers take turns issuing their products (attention_prefill_sm90_wgmma_kernel.cuh); 0 under
   // KILN_ATTN_PREFILL_NO_PINGPONG=1. A parameter rather than a constant: the compile-time form measured 2.7 %
-  // slower at 8192 tokens on the same H200 (docs/PERF.md, seventeenth session).
+  // slower at 8192 tokens on the same H200 (2026-12-02, `7c679c9`;
+  // bench/results/h200_prefill_pingpong_2026-12-02.txt).
   int32_t pingpong = 1;
 };
 

@@ -119,8 +119,8 @@ __device__ __forceinline__ void consume_item(const PrefillSm90Params& prm, const
     const uint32_t k_tile = sK + uint32_t(stage(j)) * kTileBytes;
     // One descriptor per operand tile, each k-step's offset added to its 14-bit address field (shared
     // addresses stay below 256 KB, so the field never carries): 64 fewer SASS instructions than a
-    // descriptor built per k-step, 0.5 % faster at 4096 and 8192 tokens (H200, docs/PERF.md, twenty-first
-    // session).
+    // descriptor built per k-step, 0.5 % faster at 4096 and 8192 tokens (H200, 2026-12-03, `3925ba7`;
+    // bench/results/h200_decode_prefill_probes_2026-12-03.txt).
     const sm90::WgmmaDesc qd = sm90::sw128_desc(q_tile, 16, 1024), kd = sm90::sw128_desc(k_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -149,8 +149,8 @@ __device__ __forceinline__ void consume_item(const PrefillSm90Params& prm, const
   const auto softmax = [&](int j) {
     // The mask is its own code behind the warp-uniform need_mask, one threshold a row (column 8 i + e % 2
     // of this thread lies past row r's position when it exceeds lim[r]): folded into every tile's max loop,
-    // ptxas if-converted it into 64 ISETP + 64 FSEL a tile (+5 % at 4096 and 8192 tokens without them,
-    // docs/PERF.md eighteenth session).
+    // ptxas if-converted it into 64 ISETP + 64 FSEL a tile (+5 % at 4096 and 8192 tokens without them:
+    // H200, 2026-12-03, `ad79b29`; bench/results/h200_prefill_split_mask_2026-12-03.txt).
     if ((j + 1) * kBN - 1 > first_pos) {
       const int lim[2] = {rpos[0] - j * kBN - 2 * (lane % 4), rpos[1] - j * kBN - 2 * (lane % 4)};
 #pragma unroll
@@ -224,7 +224,8 @@ __device__ __forceinline__ void consume_item(const PrefillSm90Params& prm, const
   // Ping-pong (prm.pingpong, the default): the two consumers take turns issuing their tensor work, FA3's
   // inter-warpgroup schedule: consumer c waits for its turn on named barrier 2 + c and hands the turn to the
   // other on 3 - c once its products are issued, so one's softmax runs while the other's products do
-  // (+3-5 % at 4096 and 8192 tokens on the H200, docs/PERF.md seventeenth session).
+  // (+3-5 % at 4096 and 8192 tokens on the H200, 2026-12-02, `7c679c9`;
+  // bench/results/h200_prefill_pingpong_2026-12-02.txt).
   const bool pp = prm.pingpong != 0;
   const auto turn_take = [&] {
     if (pp) sm90::named_bar_sync(uint32_t(2 + c), 256);

@@ -119,7 +119,8 @@ __device__ __forceinline__ void produce_q(const PrefillSm90Params& prm, const It
 // V_j's stage (freed when P V_{j-2} completes, after the consumers' softmax of tile j - 1; K_{j+1}'s stage
 // frees when S_{j-1} does, before it). With one thread issuing both, the consumers waited for K tiles (9.5 %
 // of their stall samples, ncu); split: prefill 4096 tokens 352 -> 298 µs (bf16, 390 -> 461 TFLOP/s), 8192
-// 1,300 -> 1,091 µs (H200, docs/PERF.md, sixteenth session).
+// 1,300 -> 1,091 µs (H200, 2026-12-02, `164b2c3`;
+// bench/results/h200_decode_cluster_merge_early_combine_2026-12-02.txt).
 template <int D, KvDtype KT, int S>
 __device__ __forceinline__ void produce_tile(const PrefillSm90Params& prm, const Item& it, int j, int jt,
                                              uint32_t base) {

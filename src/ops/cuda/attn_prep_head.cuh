@@ -1,6 +1,6 @@
 // attn_prep of one head for the first M tokens of qkv rows that other blocks of the same launch stored: the
-// tail of the fused QKV GEMV (gemv_attn_prep_kernel.cuh) calls it, as does the decode chain kept in
-// bench/experiments/decode_chain.patch, so both write attn_prep_decode_kernel's bytes.
+// tail of the fused QKV GEMV (gemv_attn_prep_kernel.cuh) calls it (as did the persistent decode chain,
+// `5a145b0`: docs/PERF.md "Tried, measured, not kept"), so it writes attn_prep_decode_kernel's bytes.
 //
 // Mapping: the caller's `threads` threads form groups of G = D / 8 consecutive lanes; group j takes tokens
 // j, j + groups, ... (< M); lane c of a group owns elements [8c, 8c + 8) of the head, exactly as a group of

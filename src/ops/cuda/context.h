@@ -39,8 +39,9 @@ void set_pdl(bool on);
 bool pdl_enabled();
 // The op families whose kernels may use PDL while pdl_enabled(): all of them by default, else those named
 // in KILN_PDL_SITES (a comma list of elementwise, gemv, attention, lm_head; read once), for A/B runs
-// (docs/PERF.md, twelfth session). elementwise covers the norms, SiLU, the embedding gather and the fused
-// attn_prep kernels; gemv every small-M projection kiln runs itself (cuBLASLt's kernels never use PDL).
+// (H200, 2026-12-02, `af20cce`: bench/results/h200_pdl_decode_step_2026-12-02.txt). elementwise covers the
+// norms, SiLU, the embedding gather and the fused attn_prep kernels; gemv every small-M projection kiln runs
+// itself (cuBLASLt's kernels never use PDL).
 enum class PdlSite : uint8_t { elementwise, gemv, attention, lm_head };
 bool pdl_for(PdlSite site);
 

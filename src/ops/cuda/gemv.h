@@ -23,8 +23,8 @@
 // has its own mma chain in the same order, so a row's sums are those of the one-tile kernel's order (the
 // same bits need not follow: the tile kernels are other configs). x is read once per block and K block, so
 // its traffic through L1 and L2 is W's times M / (8 tiles): at M = 8 one tile reads as many x bytes as W
-// bytes (measured at 43-62 % of the copy rate, thirteenth session), four tiles a quarter. The tuner offers
-// them from the M = 2 bucket: at M = 1 the one-tile configs keep the fused forms (gemv_fusable).
+// bytes (measured at 43-62 % of the copy rate: H200, 2026-12-02, `2937c4b`), four tiles a quarter. The tuner
+// offers them from the M = 2 bucket: at M = 1 the one-tile configs keep the fused forms (gemv_fusable).
 //
 // Rows beyond N are clamped onto row N - 1 and never stored. For a given config the order is fixed, so
 // two runs are bitwise equal, and a row's result does not depend on M, on its place in the block or on
@@ -68,8 +68,9 @@
 // in flight at once on two streams of one device. Before the prologue (and before the PDL wait) its blocks
 // issue their first round of W loads into registers, as the plain GEMV does, prefetch the rest of their
 // W slice towards L2 and stage the norm weight into shared memory, so the W stream overlaps the norm (the
-// first round: 0.6B 1.047 -> 1.030 ms a token, 4B unchanged; docs/PERF.md, thirteenth session; the weight
-// and the count off the squares' path: 4B QKV 13.4 -> 12.5 µs, fifteenth session). PDL: as gemv.
+// first round: 0.6B 1.047 -> 1.030 ms a token, 4B unchanged; H200, 2026-12-02, `db1b288`; the weight
+// and the count off the squares' path: 4B QKV 13.4 -> 12.5 µs, 2026-12-02, `8fe5dd7`:
+// bench/results/h200_norm_in_prologue_2026-12-02.txt). PDL: as gemv.
 #pragma once
 
 #include <cstdint>
@@ -129,7 +130,8 @@ bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, i
 // (griddepcontrol.launch_dependents), whose blocks take free SM slots, issue their own W loads and wait in
 // turn for this whole grid to complete: the W streams of consecutive GEMVs overlap the launch gap and each
 // other's tails. So W must not be written by an earlier kernel on the stream (model weights are not). An L2
-// prefetch of the first W chunks before the wait measured slower (docs/PERF.md, twelfth session).
+// prefetch of the first W chunks before the wait measured slower (H200, 2026-12-02, `af20cce`;
+// bench/results/h200_pdl_decode_step_2026-12-02.txt).
 void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
           int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
 

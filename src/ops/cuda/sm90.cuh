@@ -131,8 +131,9 @@ __device__ __forceinline__ void wgmma_wait() {
 // LBO, hi = SBO and the swizzle mode, a constant of the layout. A k-step's offset is then one 32-bit add to
 // lo (plus(); the 14-bit address field never carries while shared addresses stay below 256 KB) where a 64-bit
 // value took an add with carry and register moves: prefill v4 has 48 fewer SASS instructions and runs 0.1-0.3
-// % faster (H200, docs/PERF.md, twenty-second session). ptxas still moves both halves to uniform registers
-// with R2UR (272 in the kernel, as before).
+// % faster (H200, 2026-12-03, `b40a9c3`;
+// bench/results/h200_prefill_wait_staged_inputs_2026-12-03.txt). ptxas still moves both halves to uniform
+// registers with R2UR (272 in the kernel, as before).
 struct WgmmaDesc {
   uint32_t lo, hi;
   __device__ __forceinline__ WgmmaDesc plus(uint32_t byte_offset) const {
