@@ -40,20 +40,21 @@ serve_stop() {
   grep -h 'stopped. accepted\|captured' "$SERVE_LOG" | tail -2
 }
 
-# CONC, NUM (levels and prompts a level), IN, OUTLEN, KV (auto|fp8_e4m3), SWEEP_SECONDS, SERVE_ARGS. The counts
+# CONC, NUM (levels and prompts a level), IN, OUTLEN, KV (auto|fp8_e4m3), SHAPE (4b|0.6b), MAX_RUNNING (128),
+# SWEEP_SECONDS, SERVE_ARGS (more kiln serve flags). The counts
 # are far below `kiln bench serve`'s defaults: say so next to any figure taken with them.
 suite_serve() {
   need_gpu || return
   build kiln || return
   local m=$W/serve/model kv=${KV:-auto}
-  shape_model "$m" 4b || return
+  shape_model "$m" "${SHAPE:-4b}" || return
   # shellcheck disable=SC2086
-  serve_start "$kv" 8123 --model "$m" --load-format random --device cuda --served-model-name qwen3-4b-shape \
-    --max-running-requests 128 --kv-cache-dtype "$kv" ${SERVE_ARGS:-} || return
+  serve_start "$kv" 8123 --model "$m" --load-format random --device cuda --served-model-name shape \
+    --max-running-requests "${MAX_RUNNING:-128}" --kv-cache-dtype "$kv" ${SERVE_ARGS:-} || return
   grep -h 'KV pool\|captured' "$SERVE_LOG" | head -3
   timeout "${SWEEP_SECONDS:-300}" "$K" bench serve --base-url http://127.0.0.1:8123 \
     --input-len "${IN:-8192}" --output-len "${OUTLEN:-1024}" --concurrency "${CONC:-1,8,32}" \
-    --num-prompts "${NUM:-2,8,32}" --warmups 2 --title "Qwen3-4B shape, random bf16 weights, KV $kv" \
+    --num-prompts "${NUM:-2,8,32}" --warmups 2 --title "Qwen3-${SHAPE:-4b} shape, random bf16 weights, KV $kv" \
     --out "$W/serve/sweep_$kv" --no-progress >"$W/serve/sweep_$kv.txt" 2>&1
   row "sweep ${IN:-8192}/${OUTLEN:-1024}, C=${CONC:-1,8,32}, KV $kv" "rc=$?"
   grep -E '^\|' "$W/serve/sweep_$kv.txt" | head -12
