@@ -8,6 +8,7 @@ OUT=${OUT:-/tmp/kiln-out}
 BD=${BD:-build/device}    # the shared build folder (scripts/device_build.sh's default)
 K=${KILN:-$BD/bin/kiln}   # KILN: another kiln binary (a CPU dry run of a serving suite: build/cpu/bin/kiln)
 W=${WORK:-/tmp/kiln-device}  # every log; packed into $OUT/logs.tgz at the end
+S=${SCRATCH:-/tmp/kiln-device-scratch}  # models, profiles, tarballs: not packed (too large to bring back)
 rows=()                   # the summary table: suite, what, result, seconds (tab-separated)
 kept=()                   # files for $OUT besides summary.txt and logs.tgz (at most 5)
 t_start=$(date +%s)
@@ -17,7 +18,7 @@ suite=
 # dev_start: fresh work folder, the machine in one line.
 dev_start() {
   mkdir -p "$OUT"
-  rm -rf "$W" && mkdir -p "$W"
+  rm -rf "$W" "$S" && mkdir -p "$W" "$S"
   if have_gpu; then
     gpu_name=$(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader 2>/dev/null |
       head -1)
@@ -43,10 +44,10 @@ row() {
   echo "  $1: $2"
 }
 
-# keep FILE: copy FILE into $OUT (at most 5 such files; more are only in logs.tgz).
+# keep FILE: copy FILE into $OUT (at most 5 such files; past that the file stays where it is, said so).
 keep() {
   if ((${#kept[@]} >= 5)); then
-    echo "  (not kept in \$OUT, only in logs.tgz: $1)"
+    echo "  (not copied to \$OUT, more than 5 kept files: $1 stays on the machine)"
     return
   fi
   cp "$1" "$OUT/" && kept+=("$(basename "$1")")

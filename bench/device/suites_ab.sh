@@ -63,10 +63,10 @@ suite_ab() {
   if [[ ${PROFILE:-0} == 1 ]]; then
     KILN_ATTN_BENCH_KERNELS="prefill v4" KILN_ATTN_BENCH_ONLY="ctx=4096 q_len=4096 table=5120 32/8 D128 page32 HND bf16" \
       timeout 200 ncu --clock-control none -k regex:prefill_sm90_kernel --launch-skip 3 -c 1 --set full \
-      --import-source no -o "$W/ab/prefill" "$BD/bin/kiln" bench kernels --filter =attention >"$W/ab/ncu_run.log" 2>&1
+      --import-source no -o "$S/prefill" "$BD/bin/kiln" bench kernels --filter =attention >"$W/ab/ncu_run.log" 2>&1
     row "ncu prefill (full set)" "rc=$?"
-    ncu -i "$W/ab/prefill.ncu-rep" --page source --csv --print-source sass >"$W/ab/prefill_source.csv" 2>&1
-    ncu -i "$W/ab/prefill.ncu-rep" --page details >"$W/ab/prefill_details.txt" 2>&1
+    ncu -i "$S/prefill.ncu-rep" --page source --csv --print-source sass >"$W/ab/prefill_source.csv" 2>&1
+    ncu -i "$S/prefill.ncu-rep" --page details >"$W/ab/prefill_details.txt" 2>&1
     python3 bench/ncu_source_top.py "$W/ab/prefill_source.csv" 30 2>&1 | head -40
   fi
 }

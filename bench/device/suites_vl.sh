@@ -9,7 +9,7 @@ suite_vl() {
   local fx=$?
   row "make_hf_vl_image_fixture" "rc=$fx $(tail -1 "$W/vl/make_fixture.log" | cut -c1-120)"
   if ((fx == 0)); then
-    tar czf "$W/vl/qwen3_vl_image_tiny.tgz" -C tests/fixtures/hf qwen3_vl_image_tiny && keep "$W/vl/qwen3_vl_image_tiny.tgz"
+    tar czf "$S/qwen3_vl_image_tiny.tgz" -C tests/fixtures/hf qwen3_vl_image_tiny && keep "$S/qwen3_vl_image_tiny.tgz"
   fi
   local tests=(test_hf_parity_vl_image test_engine_vl test_ops_vision test_cuda_vision test_cuda_vision_varlen
     test_cuda_model_vl)
@@ -27,7 +27,7 @@ suite_vl() {
 suite_vl_serve() {
   [[ ${DEVICE:-cuda} == cpu ]] || need_gpu || return
   build kiln || return
-  local m=$W/vl-serve/model port=8141 out=$W/vl-serve
+  local m=$S/vl-serve-model port=8141 out=$W/vl-serve
   "$K" demo-model "$m" --arch vl >/dev/null || return
   [[ ${SHAPE:-4b} == demo ]] || python3 "$here/vl_config.py" "$m/config.json"
   python3 "$here/make_png.py" "$out/img448.png"
@@ -75,7 +75,7 @@ suite_parity() {
   local vl=$?
   row "make_hf_vl_fixture" "rc=$vl $(tail -1 "$W/parity/make_hf_vl.log" | cut -c1-120)"
   if ((vl == 0)); then
-    tar czf "$W/parity/qwen3_vl_tiny.tgz" -C tests/fixtures/hf qwen3_vl_tiny && keep "$W/parity/qwen3_vl_tiny.tgz"
+    tar czf "$S/qwen3_vl_tiny.tgz" -C tests/fixtures/hf qwen3_vl_tiny && keep "$S/qwen3_vl_tiny.tgz"
   fi
   build kiln test_cuda_model_vl test_cuda_model_hf4b test_hf_parity_vl || { wait $pid4b; return; }
   ((vl == 0)) && run_test test_hf_parity_vl
@@ -99,7 +99,7 @@ suite_embed() {
     row "make_hf_embedding_fixture" "rc=$? $(tail -1 "$W/embed/make_fixture.log" | cut -c1-120)"
     local fx=()
     mapfile -t fx < <(cd tests/fixtures/hf && ls -d qwen3_embedding_*)
-    tar czf "$W/embed/embedding_fixtures.tgz" -C tests/fixtures/hf "${fx[@]}" && keep "$W/embed/embedding_fixtures.tgz"
+    tar czf "$S/embedding_fixtures.tgz" -C tests/fixtures/hf "${fx[@]}" && keep "$S/embedding_fixtures.tgz"
   fi
   build test_cuda_embedding_hf || return
   run_test test_cuda_embedding_hf
