@@ -68,7 +68,7 @@ build() {
   [[ -n ${KILN:-} && $* == kiln ]] && return 0
   local log="$W/build.log"
   echo "==== $(date +%T) targets: $*" >>"$log"
-  if ! bash scripts/device_build.sh "$@" >>"$log" 2>&1; then
+  if ! KILN_BUILD_DIR=$BD bash scripts/device_build.sh "$@" >>"$log" 2>&1; then
     grep -m5 -B2 -A12 "FAILED\|error" "$log" | head -60
     row "build" "FAILED ($*): see build.log"
     return 1

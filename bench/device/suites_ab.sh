@@ -26,7 +26,7 @@ suite_ab() {
     names+=("$n")
     (cd "$d" && bash scripts/device_build.sh kiln >"$W/ab/build_$n.log" 2>&1) &
   done
-  (bash scripts/device_build.sh "${targets[@]}" >"$W/ab/build_new.log" 2>&1) &
+  (KILN_BUILD_DIR=$BD bash scripts/device_build.sh "${targets[@]}" >"$W/ab/build_new.log" 2>&1) &
   for fv in FLAGS FLAGS2; do
     [[ -n ${!fv:-} ]] || continue
     n=${fv,,}
