@@ -440,7 +440,7 @@ int run_bench_model(const cli::Args& args) {
     const BatchDesc b = one_seq(0, prefill, pages, ps, c.vocab_size);
     m->forward(b, cache, tl);  // warm-up: workspace, GEMM plans
     // One more forward inside a profiler range, so `ncu --profile-from-start off` sees exactly one prompt's
-    // kernels (bench/prefill_breakdown_device.sh); a no-op without a profiler.
+    // kernels (`bench/device.sh prefill`); a no-op without a profiler.
     KILN_CUDA_CHECK(cudaProfilerStart());
     m->forward(b, cache, tl);
     KILN_CUDA_CHECK(cudaDeviceSynchronize());

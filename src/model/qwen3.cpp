@@ -240,8 +240,8 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   w.T = T;
 
   // The inputs leave by asynchronous copies on the stream the step launches on, not by one synchronous
-  // pageable cudaMemcpy each (staging + launch of a batch-1 serving step 68 -> 55 µs; docs/PERF.md,
-  // twenty-second session).
+  // pageable cudaMemcpy each (staging + launch of a batch-1 serving step 68 -> 55 µs; H200, 2026-12-03,
+  // `0546dfd`: bench/results/h200_prefill_wait_staged_inputs_2026-12-03.txt).
   {
     const auto fp = [](const auto& v) { return StagedUploads::footprint(v.size() * sizeof(v[0])); };
     w.staged.begin(fp(b.tokens) + fp(b.positions) + fp(b.slot_mapping) + fp(b.cu_q) + fp(b.kv_lens) +

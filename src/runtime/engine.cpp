@@ -120,7 +120,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   I.publish(true);
   I.thread = std::thread([this] {
     // Named so that per-thread CPU accounting (/proc/PID/task/*/comm, top -H) tells the engine from the
-    // HTTP layer's threads (bench/http_scale_device.sh).
+    // HTTP layer's threads (`bench/device.sh http`).
     pthread_setname_np(pthread_self(), "kiln-engine");
     impl_->loop();
   });

@@ -170,7 +170,7 @@ struct EngineOptions {
   // emits the running step's tokens; a request that stops meanwhile wastes one row of the step launched
   // ahead. Only for decode-only graph steps with device sampling and no logit processing, while nothing
   // waits for admission; everything else runs one step at a time as without it. On by default (as in
-  // SGLang): measured faster on the H200 at C = 1 and 32 (docs/PERF.md, twenty-third session).
+  // SGLang): measured faster on the H200 at C = 1 and 32 (2026-12-03, `6d43051`; docs/PERF.md "Serving").
   bool overlap_schedule = true;
   uint64_t seed = 0;  // base for requests without a seed
   // Tensor parallelism (runtime/tp_runner.h): tp ranks over all nodes, tp / nnodes GPUs (or CPU ranks) on

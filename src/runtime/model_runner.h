@@ -43,10 +43,11 @@ class ModelRunner {
     int64_t max_step_tokens = 0;    // tokens of the largest step the scheduler may form
     int32_t max_seqs = 0;           // sequences of the largest step
     bool pdl = true;                // programmatic dependent launch between the graphs' kernels ...
-    // ... of buckets of at least this many sequences. On the H200 (docs/PERF.md, twelfth session) PDL
-    // speeds the one-sequence Qwen3-4B graph by 4.5 % and the 0.6B one by 11 % since the GEMVs let their
-    // dependents launch right after their own wait (it slowed them by 9 % while the GEMVs prefetched W into
-    // L2 before the wait and let dependents launch only at their end).
+    // ... of buckets of at least this many sequences. On the H200 (2026-12-02, `af20cce`;
+    // bench/results/h200_pdl_decode_step_2026-12-02.txt) PDL speeds the one-sequence Qwen3-4B graph by 4.5 %
+    // and the 0.6B one by 11 % since the GEMVs let their dependents launch right after their own wait (it
+    // slowed them by 9 % while the GEMVs prefetched W into L2 before the wait and let dependents launch only
+    // at their end).
     int32_t pdl_min_batch = 1;
   };
   virtual void prepare_graphs(const GraphPlan& /*plan*/) {}

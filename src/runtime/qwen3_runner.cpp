@@ -336,7 +336,8 @@ bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSa
 #ifdef KILN_HAVE_CUDA
 // Sampling follows the step on its stream (the graph's own, or the eager one), its parameters copied while
 // the step runs: the host waits once, for the sampled rows (a wait for the step, then a pageable copy of the
-// parameters, cost a batch-1 serving step ~18 µs more; docs/PERF.md, twenty-second session).
+// parameters, cost a batch-1 serving step ~18 µs more; H200, 2026-12-03,
+// `0546dfd`: bench/results/h200_prefill_wait_staged_inputs_2026-12-03.txt).
 void Qwen3Runner::sample_into(const Tensor& logits, const std::vector<RowSampling>& rows, int top_n,
                               void* out, void* stream) {
   const int64_t R = int64_t(rows.size()), V = config().vocab_size;

@@ -430,7 +430,7 @@ TEST(Engine, GraphPlanFollowsTheOptions) {
     EXPECT_EQ(p.max_seqs, 10);
     EXPECT_EQ(p.max_step_tokens, 16 + 10);
     EXPECT_TRUE(p.pdl);
-    EXPECT_EQ(p.pdl_min_batch, 1);  // every graph with PDL (docs/PERF.md, twelfth session)
+    EXPECT_EQ(p.pdl_min_batch, 1);  // every graph with PDL (H200, 2026-12-02, `9cc142f`)
   }
   {
     auto model = std::make_unique<FakeRunner>(64);
