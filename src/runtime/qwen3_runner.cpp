@@ -97,6 +97,9 @@ Tensor Qwen3Runner::device_rows(Buffer& buf, int64_t rows, int64_t cols) {
 void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
   if (!device().is_cuda() || plan.buckets.empty()) return;
+  // An embedding model's steps read hidden states (forward_hidden), never logits: no decode graphs (they end
+  // in the LM head, which it has none of) and no logits buffer.
+  if (config().arch == ModelArch::qwen3_embedding) return;
   KILN_CHECK(plan.max_pages_per_seq > 0, "prepare_graphs: max_pages_per_seq must be positive");
   for (size_t i = 0; i < plan.buckets.size(); ++i)
     KILN_CHECK(plan.buckets[i] >= 1 && (i == 0 || plan.buckets[i] > plan.buckets[i - 1]),
