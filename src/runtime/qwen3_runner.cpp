@@ -175,14 +175,18 @@ void Qwen3Runner::forward(const BatchDesc& batch, std::vector<float>* logits, st
     }
   }
   // Both at once (a generative request asking for hidden states) runs the step twice; the second run
-  // rewrites the same K/V values into the same slots.
-  if (hidden) {
+  // rewrites the same K/V values into the same slots. A step that wants neither (a prompt chunk before the
+  // last) runs the LM head's forward, but an embedding model's the hidden one: it has no LM head.
+  const bool no_head = config().arch == ModelArch::qwen3_embedding;
+  if (hidden || (!logits && no_head)) {
     Tensor out = device_rows(hidden_buf_, R, H);
     model_->forward_hidden(b, *cache_, out, vis);
-    hidden->resize(size_t(R * H));
-    copy_bytes(hidden->data(), Device::cpu(), out.data, device(), size_t(R * H) * sizeof(float));
+    if (hidden) {
+      hidden->resize(size_t(R * H));
+      copy_bytes(hidden->data(), Device::cpu(), out.data, device(), size_t(R * H) * sizeof(float));
+    }
   }
-  if (logits || !hidden) {
+  if (logits || (!hidden && !no_head)) {
     Tensor out = device_rows(logits_buf_, R, V);
     model_->forward(b, *cache_, out, vis);
     if (logits) {
