@@ -11,7 +11,7 @@
 #  4. serves the 151,669-vocabulary fixture with `kiln serve --device cuda` and checks /v1/embeddings' vectors
 #     for its texts against sentence-transformers' (cosine >= the parity bound). Prints a summary; logs go to OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${1:-${OUT:-/tmp/kiln-out}}
 mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1

@@ -94,7 +94,7 @@ TEST(HfEmbedding, MeanPoolingWithoutNormalize) {
   check_fixture("qwen3_embedding_mean", EmbeddingPooling::mean, false);
 }
 // Issue 41 point 8: the real Qwen3 tokenizer, GQA 2:1 with one KV head, heads x head_dim != hidden, weights
-// of scale 0.2, a text of ~376 tokens.
+// of scale 0.2, a text of ~400 tokens.
 TEST(HfEmbedding, Qwen3TokenizerOneKvHeadScale02) {
   check_fixture("qwen3_embedding_qwen3tok", EmbeddingPooling::last_token, true);
 }
