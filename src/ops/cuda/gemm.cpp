@@ -297,8 +297,8 @@ void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, voi
     ++gemv_dispatches_;
     return;
   }
-  if (ldo % 8 == 0 && aligned16(out))
-    return run_cublaslt(x, ldx, w, ldw, out, ldo, m, n, k, out_type, stream);
+  if (ldo % 8 == 0 && aligned16(out) && run_cublaslt(x, ldx, w, ldw, out, ldo, m, n, k, out_type, stream))
+    return;
   // The output rows are not 16-byte aligned (N = 151,669, Qwen3-Embedding-0.6B's vocabulary, as a logits
   // row stride): cuBLASLt writes aligned rows into the staging buffer, then one 2-D copy moves them. This
   // keeps the tuned tactic (tuned at this stride) and costs M x N elements of copy, small beside the N x K
@@ -306,19 +306,20 @@ void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, voi
   // misaligned.
   const int64_t lds = aligned_ld(n);
   const size_t es = out_type == GemmOut::f32 ? 4 : 2;
-  void* staged = impl_->staging_for(size_t(m * lds) * es, stream);
-  if (!staged) {  // would grow inside a graph capture: the any-shape kernel, which needs no memory
-    ++any_shape_dispatches_;
-    gemm_any(x, ldx, w, ldw, out, ldo, m, n, k, out_type == GemmOut::f32, stream, pdl);
+  // Null where it would grow inside a graph capture; then, as where cuBLASLt has no algorithm, the any-shape
+  // kernel, which needs no memory.
+  void* staged = ldo % 8 == 0 && aligned16(out) ? nullptr : impl_->staging_for(size_t(m * lds) * es, stream);
+  if (staged && run_cublaslt(x, ldx, w, ldw, staged, lds, m, n, k, out_type, stream)) {
+    KILN_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ldo) * es, staged, size_t(lds) * es, size_t(n) * es,
+                                      size_t(m), cudaMemcpyDeviceToDevice, stream));
+    ++staged_dispatches_;
     return;
   }
-  run_cublaslt(x, ldx, w, ldw, staged, lds, m, n, k, out_type, stream);
-  KILN_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ldo) * es, staged, size_t(lds) * es, size_t(n) * es,
-                                    size_t(m), cudaMemcpyDeviceToDevice, stream));
-  ++staged_dispatches_;
+  ++any_shape_dispatches_;
+  gemm_any(x, ldx, w, ldw, out, ldo, m, n, k, out_type == GemmOut::f32, stream, pdl);
 }
 
-void GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
+bool GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
                               int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream) {
   auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo});
   Plan& p = it->second;
@@ -333,7 +334,11 @@ void GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t
       if (!p.have_algo) {
         ++fallbacks_;
         const auto h = impl_->heuristic(p, 1);
-        KILN_CHECK(!h.empty(), "cuBLASLt has no algorithm for bf16 GEMM M ", m, " N ", n, " K ", k);
+        if (h.empty()) {  // no cuBLASLt algorithm for this shape: the caller runs the any-shape kernel
+          destroy(p);
+          impl_->plans.erase(it);
+          return false;
+        }
         p.algo = h[0].algo;
         p.have_algo = true;
       }
@@ -344,6 +349,7 @@ void GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t
     }
   }
   impl_->matmul(p, p.algo, x, w, out, stream);
+  return true;
 }
 
 void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
@@ -407,8 +413,10 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvConfigs)
         if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
-    KILN_CHECK(!cands.empty() || !gemv_cands.empty(), "cuBLASLt has no algorithm for M ", s.m_bucket, " N ",
-               s.n, " K ", s.k);
+    if (cands.empty() && gemv_cands.empty()) {  // nothing to time: run() takes the any-shape kernel
+      destroy(p);
+      continue;
+    }
     // Enough repetitions for ~2 ms of work per candidate, at least 3.
     const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
     const double bytes = 2.0 * double(s.n * s.k + s.m_bucket * s.k + s.m_bucket * s.n);

@@ -8,7 +8,8 @@
 //   - cuBLASLt on the caller's output where its stride is a multiple of 8 and it is 16-byte aligned (every
 //     shape of a Qwen3 model with an even vocabulary): the fast path, unchanged;
 //   - else cuBLASLt into an aligned staging buffer, then a 2-D copy into the output (the odd-vocabulary LM
-//     head). cuBLASLt's bf16 kernels need 16-byte-aligned leading dimensions; the copy (M x N) is small
+//     head); the any-shape kernel where cuBLASLt has no algorithm or the buffer would grow in a graph
+//     capture. cuBLASLt's bf16 kernels need 16-byte-aligned leading dimensions; the copy (M x N) is small
 //     beside the N x K weight read, and padding the weight at load would not align the caller's logits rows.
 // Accumulation in fp32 (CUBLAS_COMPUTE_32F); the result is rounded once, to bf16 (GemmOut::bf16) or
 // stored as fp32 (GemmOut::f32, used for logits). Tolerance against an fp64 reference: relative
@@ -136,8 +137,9 @@ class GemmEngine {
   int64_t staged_dispatches() const { return staged_dispatches_; }        // cuBLASLt via the staging rows
 
  private:
-  // cuBLASLt on 16-byte-aligned operands and strides (the tuned tactic, else the heuristic's).
-  void run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
+  // cuBLASLt on 16-byte-aligned operands and strides (the tuned tactic, else the heuristic's); false, having
+  // enqueued nothing, where cuBLASLt has no algorithm for the shape.
+  bool run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
                     int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream);
 
   struct Impl;
