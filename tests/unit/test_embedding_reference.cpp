@@ -41,36 +41,23 @@ using Matrix = std::vector<double>;  // row-major
 
 // The checkpoint's tensors as bf16 values (what the engine reads) and as doubles (what the reference reads).
 struct Weights {
-  std::vector<std::vector<bf16_t>> data;
-  std::vector<NamedTensor> named;
+  RandomWeights bf16;  // random_weights' shapes and names, its values replaced by the draw below
   std::map<std::string, Matrix> f64;
 };
 
 Weights draw_weights(const ModelConfig& cfg) {
-  Weights w;
+  const auto specs = qwen3_weight_specs(cfg);
+  Weights w{random_weights(specs, 0), {}};
   std::mt19937_64 rng(41);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const auto specs = qwen3_weight_specs(cfg);
-  w.data.reserve(specs.size());  // the named tensors point into these vectors
-  for (const WeightSpec& s : specs) {
-    int64_t n = 1;
-    for (int64_t d : s.shape) n *= d;
-    auto& v = w.data.emplace_back(static_cast<size_t>(n));
-    Matrix& f = w.f64[s.name];
-    f.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) {
-      v[size_t(i)] = f32_to_bf16(s.norm ? 1.0f + 0.1f * normal(rng) : 0.2f * normal(rng));
-      f[size_t(i)] = double(bf16_to_f32(v[size_t(i)]));
+  for (size_t t = 0; t < specs.size(); ++t) {
+    std::vector<bf16_t>& v = w.bf16.data[t];
+    Matrix& f = w.f64[specs[t].name];
+    f.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = f32_to_bf16(specs[t].norm ? 1.0f + 0.1f * normal(rng) : 0.2f * normal(rng));
+      f[i] = double(bf16_to_f32(v[i]));
     }
-    Tensor t(v.data(), DType::bf16, {n});
-    t.ndim = int(s.shape.size());
-    int64_t stride = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-      t.shape[size_t(i)] = s.shape[size_t(i)];
-      t.stride[size_t(i)] = stride;
-      stride *= s.shape[size_t(i)];
-    }
-    w.named.push_back({s.name, t});
   }
   return w;
 }
@@ -182,7 +169,7 @@ TEST(EmbeddingReference, PointEightShapeMatchesAnExactForward) {
   ModelConfig cfg = parse_model_config(config, "point 8 config");
   cfg.weight_prefix = "";  // Qwen3-Embedding's unprefixed names
   const Weights w = draw_weights(cfg);
-  write_safetensors((d / "model.safetensors").string(), w.named);
+  write_safetensors((d / "model.safetensors").string(), w.bf16.tensors);
 
   // Short prompts (the short texts are 6-27 tokens), two sharing a prefix, and one of 376; each ends
   // in <|endoftext|> as the post-processor makes it.
