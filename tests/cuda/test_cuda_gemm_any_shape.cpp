@@ -10,7 +10,6 @@
 
 #include "gemm_reference.h"
 #include "ops/cpu/reference.h"
-#include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
 #include "ops/linear.h"
 #include "test_util_cuda.h"
