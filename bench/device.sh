@@ -31,6 +31,8 @@
 #   tp         the NCCL tensor-parallel tests and kiln bench model --tp 1 beside the plain runner
 #   parity     Hugging Face parity: the Qwen3-4B-shaped checkpoint (test_cuda_model_hf4b), the VL fixture
 #   embed      the Qwen3-Embedding fixtures on CUDA (test_cuda_embedding_hf)
+#   embed-any-shape  the real-tokenizer embedding fixtures made (kept as a tarball), GEMMs of any N and K,
+#              kiln serve --device cuda on the 151,669 vocabulary
 #   yarn       one 131,000-token YaRN prompt served (~1 min)
 #   ncu        Nsight Compute on the attention kernels (prefill, decode bf16 / fp8, cuDNN's decode)
 #   sass       the prefill kernel's SASS: instruction counts and the order of its waits and exponentials

@@ -104,3 +104,15 @@ suite_embed() {
   build test_cuda_embedding_hf || return
   run_test test_cuda_embedding_hf
 }
+
+# The embedding fixtures of issue 41 point 8 (real tokenizer, one KV head, vocab 151,936 and 151,669), the GEMMs
+# of any N and K, and `kiln serve --device cuda` on the odd vocabulary (bench/device/embedding_any_shape.sh).
+suite_embed_any_shape() {
+  need_gpu || return
+  local d="$W/embed-any-shape"
+  mkdir -p "$d"
+  bash bench/device/embedding_any_shape.sh "$d" >"$d/run.log" 2>&1
+  row "embedding_any_shape.sh" "rc=$?"
+  sed -n '/^---- summary/,$p' "$d/run.log"
+  [[ -f $d/hf_embedding_point8.tgz ]] && keep "$d/hf_embedding_point8.tgz"
+}

@@ -27,9 +27,11 @@ int run_tune(const kiln::cli::Args& args) {
   KILN_CHECK(max_rows >= 1 && max_rows <= max_tokens, "--max-logit-rows must be in [1, --max-tokens]");
   KILN_CHECK(kiln::cuda_available(), "kiln tune needs a CUDA GPU; none is visible");
   const std::string path = f.str("cache", kiln::cuda::default_tactic_cache_path());
+  // An embedding model runs no LM head (model/weights.h): no vocabulary GEMM to tune.
+  const bool lm_head = cfg.arch != kiln::ModelArch::qwen3_embedding;
   const auto shapes =
       kiln::cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
-                                    cfg.vocab_size, max_tokens, max_rows);
+                                    cfg.vocab_size, max_tokens, lm_head ? max_rows : 0);
   kiln::cuda::GemmEngine eng;
   const bool have = eng.load(path);
   std::printf("tactic cache %s (%s)\nkey %s\n", path.c_str(), have ? "loaded" : "none for this GPU/version",

@@ -21,8 +21,10 @@ void cuda_autotune_if_needed(const ModelConfig& cfg) {
   const std::string path = cuda::default_tactic_cache_path();
   std::fprintf(stderr, "kiln: tuning cuBLASLt GEMM tactics for this GPU and model shape (once; cache %s)\n",
                path.c_str());
+  // An embedding model runs no LM head (model/weights.h): its vocabulary GEMM is not tuned.
+  const int64_t logit_rows = cfg.arch == ModelArch::qwen3_embedding ? 0 : 1;
   eng.tune(cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
-                                   cfg.vocab_size, 512, 1));
+                                   cfg.vocab_size, 512, logit_rows));
   try {
     eng.save(path);
   } catch (const std::exception& ex) {  // a read-only home still runs, just re-tunes next start

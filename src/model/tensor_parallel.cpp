@@ -157,10 +157,10 @@ Qwen3Weights load_qwen3_weights_shard(const ModelConfig& c, const dist::ShardPla
     w.layers.push_back(lw);
   }
   w.final_norm = ld.vector(c.weight_prefix + "norm.weight", H);
-  if (c.tie_word_embeddings) {
+  if (c.arch == ModelArch::qwen3_embedding) {
+    // An embedding model runs no LM head (load_qwen3_weights): lm_head stays empty.
+  } else if (c.tie_word_embeddings) {
     w.lm_head = Tensor(w.embed.ptr<bf16_t>() + p.vocab.begin * H, DType::bf16, {p.vocab.size(), H}, device);
-  } else if (c.arch == ModelArch::qwen3_embedding && (!ckpt || !ckpt->has("lm_head.weight"))) {
-    // Qwen3-Embedding checkpoints carry no LM head (load_qwen3_weights): lm_head stays empty.
   } else {
     KILN_CHECK(!ckpt || ckpt->has("lm_head.weight"),
                "checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false");

@@ -187,10 +187,11 @@ Qwen3Weights load_qwen3_weights(const ModelConfig& c, const Checkpoint* ckpt, ui
     w.layers.push_back(lw);
   }
   w.final_norm = ld.vector(c.weight_prefix + "norm.weight", H);
-  if (c.tie_word_embeddings) {
+  if (c.arch == ModelArch::qwen3_embedding) {
+    // An embedding model never runs the LM head (forward_hidden): lm_head stays empty, tied or not, even
+    // where the checkpoint holds lm_head.weight (a generation checkpoint served with --is-embedding).
+  } else if (c.tie_word_embeddings) {
     w.lm_head = w.embed;
-  } else if (c.arch == ModelArch::qwen3_embedding && (!ckpt || !ckpt->has("lm_head.weight"))) {
-    // Qwen3-Embedding checkpoints (Qwen3Model) carry no LM head even when untied: lm_head stays empty.
   } else {
     KILN_CHECK(!ckpt || ckpt->has("lm_head.weight"),
                "checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false");

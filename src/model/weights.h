@@ -28,7 +28,7 @@ struct Qwen3Weights {
   std::vector<Buffer> storage;  // owns every tensor below
   Tensor embed;                 // bf16 [vocab, hidden]
   Tensor lm_head;               // bf16 [vocab, hidden]; the embedding table when tied; empty for an
-                                // untied Qwen3-Embedding checkpoint (it has none)
+                                // embedding model (ModelArch::qwen3_embedding), which runs none
   Tensor final_norm;            // bf16 [hidden]
   std::vector<LayerWeights> layers;
 };

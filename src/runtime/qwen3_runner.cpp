@@ -97,6 +97,9 @@ Tensor Qwen3Runner::device_rows(Buffer& buf, int64_t rows, int64_t cols) {
 void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
   if (!device().is_cuda() || plan.buckets.empty()) return;
+  // An embedding model's steps read hidden states (forward_hidden), never logits: no decode graphs (they end
+  // in the LM head, which it has none of) and no logits buffer.
+  if (config().arch == ModelArch::qwen3_embedding) return;
   KILN_CHECK(plan.max_pages_per_seq > 0, "prepare_graphs: max_pages_per_seq must be positive");
   for (size_t i = 0; i < plan.buckets.size(); ++i)
     KILN_CHECK(plan.buckets[i] >= 1 && (i == 0 || plan.buckets[i] > plan.buckets[i - 1]),
@@ -172,14 +175,18 @@ void Qwen3Runner::forward(const BatchDesc& batch, std::vector<float>* logits, st
     }
   }
   // Both at once (a generative request asking for hidden states) runs the step twice; the second run
-  // rewrites the same K/V values into the same slots.
-  if (hidden) {
+  // rewrites the same K/V values into the same slots. A step that wants neither (a prompt chunk before the
+  // last) runs the LM head's forward, but an embedding model's the hidden one: it has no LM head.
+  const bool no_head = config().arch == ModelArch::qwen3_embedding;
+  if (hidden || (!logits && no_head)) {
     Tensor out = device_rows(hidden_buf_, R, H);
     model_->forward_hidden(b, *cache_, out, vis);
-    hidden->resize(size_t(R * H));
-    copy_bytes(hidden->data(), Device::cpu(), out.data, device(), size_t(R * H) * sizeof(float));
+    if (hidden) {
+      hidden->resize(size_t(R * H));
+      copy_bytes(hidden->data(), Device::cpu(), out.data, device(), size_t(R * H) * sizeof(float));
+    }
   }
-  if (logits || !hidden) {
+  if (logits || (!hidden && !no_head)) {
     Tensor out = device_rows(logits_buf_, R, V);
     model_->forward(b, *cache_, out, vis);
     if (logits) {

@@ -31,7 +31,8 @@ class Qwen3Runner : public ModelRunner {
   void allocate_kv(int32_t num_pages, int32_t page_size) override;
   // CUDA: captures one decode graph per (bucket, page-table width) at once; widths are powers of two
   // from 16 pages up to the plan's widest. The CPU runs eagerly; so does a Qwen3-VL step with image rows
-  // (M-RoPE positions), while its decode steps replay the graphs (place_positions keeps them plain).
+  // (M-RoPE positions), while its decode steps replay the graphs (place_positions keeps them plain). An
+  // embedding model captures none (it runs no LM head).
   void prepare_graphs(const GraphPlan& plan) override;
   int32_t graph_bucket(const BatchDesc& batch) const override;
   // Qwen3-VL: plain positions (with each image request's offset) unless a row is an image pad, then three

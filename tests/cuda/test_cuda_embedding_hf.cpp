@@ -34,3 +34,13 @@ TEST(CudaHfEmbedding, MeanPoolingWithoutNormalize) {
   KILN_REQUIRE_GPU();
   check_fixture("qwen3_embedding_mean", false);
 }
+// Issue 41 point 8's family (see tests/unit/test_server_embedding_hf.cpp); the second has Qwen3-Embedding-
+// 0.6B's odd vocabulary, which stopped `kiln serve --device cuda` while tuning an LM head it never runs.
+TEST(CudaHfEmbedding, Qwen3TokenizerOneKvHeadScale02) {
+  KILN_REQUIRE_GPU();
+  check_fixture("qwen3_embedding_qwen3tok", true);
+}
+TEST(CudaHfEmbedding, OddVocabulary151669) {
+  KILN_REQUIRE_GPU();
+  check_fixture("qwen3_embedding_vocab151669", true);
+}

@@ -53,6 +53,25 @@ TEST(CudaModel, MatchesCpuModelOnRandomWeights) {
   test::expect_gpu_matches_cpu(*cpu, *gpu, prompt, 12, "random weights");
 }
 
+// Issue 41 point 7: a generation model whose vocabulary is not a multiple of 8 (151,669, Qwen3-Embedding-
+// 0.6B's, as an LM) loads, tunes and runs on the GPU: its LM head GEMM writes logits rows of 151,669 f32.
+TEST(CudaModel, OddVocabularyLmMatchesCpuModel) {
+  KILN_REQUIRE_GPU();
+  for (const bool tied : {true, false}) {
+    ModelConfig c = tiny_config();
+    c.vocab_size = 151669;
+    c.tie_word_embeddings = tied;
+    LoadOptions o;
+    o.seed = 12;
+    auto cpu = Qwen3Model::create(c, nullptr, o);
+    o.device = Device::cuda();
+    auto gpu = Qwen3Model::create(c, nullptr, o);
+    std::vector<int32_t> prompt(33);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 4099 + 151668) % 151669);
+    test::expect_gpu_matches_cpu(*cpu, *gpu, prompt, 8, tied ? "vocab 151669, tied" : "vocab 151669, untied");
+  }
+}
+
 void check_fixture(const std::string& name) {
   test::check_hf_fixture_model(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/hf/" + name, Device::cuda());
 }

@@ -343,3 +343,49 @@ TEST(Qwen3Model, UntiedEmbeddingModelHasNoLmHead) {
   std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
   EXPECT_THROW(m->forward(b, cache, Tensor(logits.data(), DType::f32, {1, cfg.vocab_size})), Error);
 }
+
+// Issue 41 point 7: an embedding model holds no LM head, whatever the checkpoint: tied (the hub's
+// Qwen3-Embedding: lm_head used to alias the embedding table, so a CUDA start tuned a vocabulary GEMM) or an
+// untied generation checkpoint that carries lm_head.weight, served with --is-embedding (force_embedding).
+TEST(Qwen3Model, EmbeddingModelWeightsHoldNoLmHead) {
+  const ModelConfig untied = tiny_config(false);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("kiln_test_model_embedding_head_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const RandomWeights rw = random_weights(qwen3_weight_specs(untied), 11);
+  bool has_head = false;
+  for (const NamedTensor& t : rw.tensors) has_head |= t.name == "lm_head.weight";
+  ASSERT_TRUE(has_head);
+  write_safetensors((dir / "model.safetensors").string(), rw.tensors);
+  const Checkpoint ck = Checkpoint::open(dir.string());
+  for (bool tied : {true, false}) {
+    ModelConfig cfg = tiny_config(tied);
+    LoadOptions o;
+    o.seed = 11;
+    auto lm = Qwen3Model::create(cfg, tied ? nullptr : &ck, o);
+    EXPECT_NE(lm->weights().lm_head.data, nullptr) << "tied " << tied;  // a generation model keeps its head
+    force_embedding(cfg);
+    ASSERT_EQ(cfg.arch, ModelArch::qwen3_embedding);
+    auto m = Qwen3Model::create(cfg, tied ? nullptr : &ck, o);
+    EXPECT_EQ(m->weights().lm_head.data, nullptr) << "tied " << tied;
+    for (const WeightSpec& s : qwen3_weight_specs(cfg)) EXPECT_NE(s.name, "lm_head.weight");
+    // The hidden states are the generation model's: the same layers, only the head is gone.
+    KvCache c1(cfg, 4, 16, ops::KvLayout::nhd, DType::bf16, Device::cpu());
+    KvCache c2(cfg, 4, 16, ops::KvLayout::nhd, DType::bf16, Device::cpu());
+    Seq s1{seq_tokens(5, 3), {}, 0}, s2 = s1;
+    int32_t n1 = 0, n2 = 0;
+    BatchDesc b1, b2;
+    b1.page_size = b2.page_size = 16;
+    add_seq(b1, s1, 5, n1, true);
+    finish(b1, {&s1});
+    add_seq(b2, s2, 5, n2, true);
+    finish(b2, {&s2});
+    std::vector<float> h1(size_t(cfg.hidden_size)), h2(size_t(cfg.hidden_size));
+    lm->forward_hidden(b1, c1, Tensor(h1.data(), DType::f32, {1, cfg.hidden_size}));
+    m->forward_hidden(b2, c2, Tensor(h2.data(), DType::f32, {1, cfg.hidden_size}));
+    EXPECT_EQ(h1, h2) << "tied " << tied;
+    std::vector<float> logits(size_t(cfg.vocab_size));
+    EXPECT_THROW(m->forward(b2, c2, Tensor(logits.data(), DType::f32, {1, cfg.vocab_size})), Error);
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -6,13 +6,19 @@
 // /v1/embeddings' parsing (TokenizerCodec + parse_embedding_request) gives sentence-transformers' token
 // ids (so equal prompt-token counts); the engine's vectors pass common/hf_embedding.h (cosine >= 0.999,
 // norms, dimensions). tests/cuda/test_cuda_embedding_hf.cpp checks the same on the GPU.
+// Issue 41 point 8's family (qwen3_embedding_qwen3tok, qwen3_embedding_vocab151669: the real Qwen3 tokenizer,
+// 2 query heads / 1 KV head of head_dim 64 over a smaller hidden size, weights N(0, 0.2^2), vocabularies
+// 151,936 and 151,669) ships without its 11 MB tokenizer.json: the tokenizer is rebuilt from .deps' Qwen3
+// tokenizer with the fixture's post-processor (the token-id check skips, saying so, where .deps is absent).
 // Until the fixtures are generated and committed, each test SKIPS and says how to make them.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/hf_embedding.h"
 #include "kiln/config.h"
@@ -31,6 +37,21 @@ namespace {
 
 const fs::path kFixtures = fs::path(KILN_SOURCE_DIR) / "tests/fixtures/hf";
 
+// /v1/embeddings' parsing with `tok` gives the reference's token ids for its texts.
+void check_token_ids(Tokenizer tok, const ModelConfig& cfg, const json& ref) {
+  const server::TokenizerCodec codec(std::move(tok));
+  server::ApiLimits lim;
+  lim.vocab_size = cfg.vocab_size;
+  lim.hidden_size = cfg.hidden_size;
+  lim.max_context_len = cfg.max_context();
+  const server::EmbedSpec spec = server::parse_embedding_request({{"input", ref["texts"]}}, codec, lim);
+  const auto want_ids = ref["prompt_ids"].get<std::vector<std::vector<int32_t>>>();
+  ASSERT_EQ(spec.inputs.size(), want_ids.size());
+  for (size_t i = 0; i < want_ids.size(); ++i)
+    EXPECT_EQ(spec.inputs[i], want_ids[i])
+        << "text " << i << " tokenizes differently from sentence-transformers";
+}
+
 void check_fixture(const std::string& name, EmbeddingPooling pooling, bool normalize) {
   const fs::path dir = kFixtures / name;
   json ref;
@@ -44,18 +65,20 @@ void check_fixture(const std::string& name, EmbeddingPooling pooling, bool norma
 
   // /v1/embeddings' parsing: the texts tokenize as sentence-transformers tokenized them (so the prompt-token
   // counts in usage are equal).
-  const server::TokenizerCodec codec(Tokenizer::load(dir.string()));
-  server::ApiLimits lim;
-  lim.vocab_size = cfg.vocab_size;
-  lim.hidden_size = cfg.hidden_size;
-  lim.max_context_len = cfg.max_context();
-  const server::EmbedSpec spec = server::parse_embedding_request({{"input", ref["texts"]}}, codec, lim);
-  const auto want_ids = ref["prompt_ids"].get<std::vector<std::vector<int32_t>>>();
-  ASSERT_EQ(spec.inputs.size(), want_ids.size());
-  for (size_t i = 0; i < want_ids.size(); ++i)
-    EXPECT_EQ(spec.inputs[i], want_ids[i])
-        << "text " << i << " tokenizes differently from sentence-transformers";
-
+  std::optional<Tokenizer> tok;
+  if (ref.value("tokenizer", "") == "qwen3-npm") {
+    const std::string file = test::qwen3_tokenizer_dir() + "/tokenizer.json";
+    if (std::ifstream(file).good()) {
+      json t = json::parse(test::read_text(file));
+      t["post_processor"] = ref["post_processor"];
+      tok = Tokenizer::from_json(t.dump());
+    } else {
+      std::printf("  %s: %s is absent: token ids not checked\n", name.c_str(), file.c_str());
+    }
+  } else {
+    tok = Tokenizer::load(dir.string());
+  }
+  if (tok) check_token_ids(std::move(*tok), cfg, ref);
   test_support::check_hf_embeddings(dir, ref, "cpu", normalize);
 }
 
@@ -69,6 +92,15 @@ TEST(HfEmbedding, SentenceTransformersQwen3Model) {
 }
 TEST(HfEmbedding, MeanPoolingWithoutNormalize) {
   check_fixture("qwen3_embedding_mean", EmbeddingPooling::mean, false);
+}
+// Issue 41 point 8: the real Qwen3 tokenizer, GQA 2:1 with one KV head, heads x head_dim != hidden, weights
+// of scale 0.2, a text of ~400 tokens.
+TEST(HfEmbedding, Qwen3TokenizerOneKvHeadScale02) {
+  check_fixture("qwen3_embedding_qwen3tok", EmbeddingPooling::last_token, true);
+}
+// The same family with Qwen3-Embedding-0.6B's odd vocabulary (151,669).
+TEST(HfEmbedding, OddVocabulary151669) {
+  check_fixture("qwen3_embedding_vocab151669", EmbeddingPooling::last_token, true);
 }
 
 // /v1/embeddings' text inputs go through the post-processor (the real Qwen3 tokenizer with Qwen3-Embedding's

@@ -20,6 +20,7 @@
 #include "kiln/atomic_file.h"
 #include "kiln/error.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/gemm_any.h"
 
 #define KILN_LT_CHECK(expr)                                                               \
   do {                                                                                    \
@@ -94,6 +95,16 @@ std::string describe_gemv(GemvConfig c) {
 
 constexpr const char* kCacheFormat = "kiln-gemm-tactics v2";
 
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// cuBLASLt's output row stride for N columns: N rounded up to 16 bytes of bf16 (what its tensor-op kernels
+// need). The tuner times every shape at this stride, and run() stages an unaligned output through it.
+int64_t aligned_ld(int64_t n) {
+  return (n + 7) / 8 * 8;
+}
+
 // An on/off switch from the environment: "0" or "1", else `fallback` when unset or empty.
 bool env_switch(const char* name, bool fallback) {
   const char* e = std::getenv(name);
@@ -163,6 +174,27 @@ struct GemmEngine::Impl {
   void* workspace = nullptr;
   std::string gpu_name;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, Plan> plans;
+  // Aligned output rows for a GEMM whose own output cuBLASLt cannot write (run()): grow-only; outgrown
+  // buffers are kept, since a captured CUDA graph may still copy from them.
+  void* staging = nullptr;
+  size_t staging_bytes = 0;
+  std::vector<void*> retired;
+
+  // `bytes` of staging, or null when it would have to grow while `stream` is capturing a graph (no
+  // allocation may happen there; CudaDecodeGraph runs each step eagerly first, which grows it).
+  void* staging_for(size_t bytes, cudaStream_t stream) {
+    if (bytes <= staging_bytes) return staging;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) return nullptr;
+    void* grown = nullptr;
+    const size_t want = std::max(bytes, 2 * staging_bytes);
+    KILN_CUDA_CHECK(cudaMalloc(&grown, want));
+    if (staging) retired.push_back(staging);
+    staging = grown;
+    staging_bytes = want;
+    return staging;
+  }
 
   // Heuristic candidates for a plan's descriptors (at most `count`).
   std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Plan& p, int count) const {
@@ -217,6 +249,8 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
 
 GemmEngine::~GemmEngine() {
   for (auto& [key, plan] : impl_->plans) destroy(plan);
+  for (void* b : impl_->retired) cudaFree(b);
+  if (impl_->staging) cudaFree(impl_->staging);
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
 }
@@ -247,17 +281,46 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
 void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
                      int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream, bool pdl) {
   KILN_CHECK(m > 0 && n > 0 && k > 0, "GEMM shape must be positive: M ", m, " N ", n, " K ", k);
-  KILN_CHECK(k % 8 == 0 && n % 8 == 0, "GEMM N and K must be multiples of 8 (16-byte rows): N ", n, " K ", k);
-  KILN_CHECK(ldx >= k && ldw >= k && ldo >= n && ldx % 8 == 0 && ldw % 8 == 0 && ldo % 8 == 0,
-             "GEMM row strides must be >= the row length and multiples of 8: ldx ", ldx, " ldw ", ldw,
-             " ldo ", ldo);
-  for (const void* ptr : {x, w, static_cast<const void*>(out)})
-    KILN_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "GEMM operands must be 16-byte aligned");
-  if (const auto g = gemv_choice(m, n, k, out_type)) {
+  KILN_CHECK(ldx >= k && ldw >= k && ldo >= n, "GEMM row strides must be >= the row length: ldx ", ldx,
+             " ldw ", ldw, " ldo ", ldo, " for M ", m, " N ", n, " K ", k);
+  // cuBLASLt's bf16 kernels and the GEMV read x and W in 16-byte vectors.
+  const bool inputs_aligned = k % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && aligned16(x) && aligned16(w);
+  if (!inputs_aligned) {
+    ++any_shape_dispatches_;
+    gemm_any(x, ldx, w, ldw, out, ldo, m, n, k, out_type == GemmOut::f32, stream, pdl);
+    return;
+  }
+  // The GEMV writes scalars: any N and output stride.
+  if (const auto g = gemv_choice(m, n, k, out_type);
+      g && aligned16(out) && gemv_supported(m, n, k, ldx, ldw, ldo, gemv_epilogue(out_type))) {
     gemv(x, ldx, w, ldw, out, ldo, m, n, k, gemv_epilogue(out_type), *g, stream, pdl);
     ++gemv_dispatches_;
     return;
   }
+  if (ldo % 8 == 0 && aligned16(out) && run_cublaslt(x, ldx, w, ldw, out, ldo, m, n, k, out_type, stream))
+    return;
+  // The output rows are not 16-byte aligned (N = 151,669, Qwen3-Embedding-0.6B's vocabulary, as a logits
+  // row stride): cuBLASLt writes aligned rows into the staging buffer, then one 2-D copy moves them. This
+  // keeps the tuned tactic (tuned at this stride) and costs M x N elements of copy, small beside the N x K
+  // weight read; padding the weight at load could not help, since the caller's output stride is the one
+  // misaligned.
+  const int64_t lds = aligned_ld(n);
+  const size_t es = out_type == GemmOut::f32 ? 4 : 2;
+  // Null where it would grow inside a graph capture; then, as where cuBLASLt has no algorithm, the any-shape
+  // kernel, which needs no memory.
+  void* staged = ldo % 8 == 0 && aligned16(out) ? nullptr : impl_->staging_for(size_t(m * lds) * es, stream);
+  if (staged && run_cublaslt(x, ldx, w, ldw, staged, lds, m, n, k, out_type, stream)) {
+    KILN_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ldo) * es, staged, size_t(lds) * es, size_t(n) * es,
+                                      size_t(m), cudaMemcpyDeviceToDevice, stream));
+    ++staged_dispatches_;
+    return;
+  }
+  ++any_shape_dispatches_;
+  gemm_any(x, ldx, w, ldw, out, ldo, m, n, k, out_type == GemmOut::f32, stream, pdl);
+}
+
+bool GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
+                              int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream) {
   auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo});
   Plan& p = it->second;
   if (fresh) {
@@ -271,7 +334,11 @@ void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, voi
       if (!p.have_algo) {
         ++fallbacks_;
         const auto h = impl_->heuristic(p, 1);
-        KILN_CHECK(!h.empty(), "cuBLASLt has no algorithm for bf16 GEMM M ", m, " N ", n, " K ", k);
+        if (h.empty()) {  // no cuBLASLt algorithm for this shape: the caller runs the any-shape kernel
+          destroy(p);
+          impl_->plans.erase(it);
+          return false;
+        }
         p.algo = h[0].algo;
         p.have_algo = true;
       }
@@ -282,6 +349,7 @@ void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, voi
     }
   }
   impl_->matmul(p, p.algo, x, w, out, stream);
+  return true;
 }
 
 void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
@@ -289,7 +357,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   for (const auto& s : shapes) {
     x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
     w_bytes = std::max(w_bytes, size_t(s.n * s.k * 2));
-    o_bytes = std::max(o_bytes, size_t(s.m_bucket * s.n * (s.out == GemmOut::f32 ? 4 : 2)));
+    o_bytes = std::max(o_bytes, size_t(s.m_bucket * aligned_ld(s.n) * (s.out == GemmOut::f32 ? 4 : 2)));
   }
   // Room for weight copies that together exceed 3x the L2: calls rotate over them, so a weight that
   // would fit in the L2 is still read from HBM, as in a decode step (each layer's weights once).
@@ -314,7 +382,11 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   KILN_CUDA_CHECK(cudaEventCreate(&e0));
   KILN_CUDA_CHECK(cudaEventCreate(&e1));
   for (const auto& s : shapes) {
-    Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, s.n);
+    // K not a multiple of 8: neither cuBLASLt's bf16 kernels nor the GEMV take it; run() sends it to the
+    // any-shape kernel, so there is nothing to choose.
+    if (s.k % 8 != 0) continue;
+    // At run()'s output stride for this N (the staging stride where N is not a multiple of 8).
+    Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, aligned_ld(s.n));
     const size_t w_one = size_t(s.n * s.k);  // elements of one weight copy
     const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / (w_one * 2)));
     const auto* w0 = static_cast<const uint16_t*>(w);
@@ -341,8 +413,10 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvConfigs)
         if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
-    KILN_CHECK(!cands.empty() || !gemv_cands.empty(), "cuBLASLt has no algorithm for M ", s.m_bucket, " N ",
-               s.n, " K ", s.k);
+    if (cands.empty() && gemv_cands.empty()) {  // nothing to time: run() takes the any-shape kernel
+      destroy(p);
+      continue;
+    }
     // Enough repetitions for ~2 ms of work per candidate, at least 3.
     const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
     const double bytes = 2.0 * double(s.n * s.k + s.m_bucket * s.k + s.m_bucket * s.n);
@@ -352,7 +426,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     auto call = [&](size_t i, int64_t it) {
       const uint16_t* wi = w0 + size_t(it % copies) * w_one;
       if (i < cands.size())
-        impl_->matmul(p, cands[i], x, wi, o, stream);
+        impl_->matmul(p, cands[i], x, wi, o, stream);  // o rows at aligned_ld(N)
       else
         gemv(x, s.k, wi, s.k, o, s.n, s.m_bucket, s.n, s.k, gemv_epilogue(s.out),
              gemv_cands[i - cands.size()], stream, /*pdl=*/true);
@@ -463,7 +537,8 @@ std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t
     shapes.push_back({mb, hidden, q_size, GemmOut::bf16});
     shapes.push_back({mb, 2 * inter, hidden, GemmOut::bf16});
     shapes.push_back({mb, hidden, inter, GemmOut::bf16});
-    if (mb <= gemm_m_bucket(max_logit_rows)) shapes.push_back({mb, vocab, hidden, GemmOut::f32});
+    if (max_logit_rows > 0 && mb <= gemm_m_bucket(max_logit_rows))
+      shapes.push_back({mb, vocab, hidden, GemmOut::f32});
   }
   return shapes;
 }

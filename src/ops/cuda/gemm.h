@@ -1,6 +1,16 @@
 // BF16 GEMM through cuBLASLt with an on-disk tactic cache (the autotuner).
 //
-// Contract: out[M, N] = x[M, K] · W[N, K]^T. x, W: bf16, row-major, contiguous (row strides K).
+// Contract: out[M, N] = x[M, K] · W[N, K]^T. x, W: bf16, row-major, row strides >= K. Any M, N, K >= 1
+// (issue 41: a vocabulary of 151,669 as an LM head's N and output stride). Dispatch, in order:
+//   - K, the input strides not multiples of 8 or an input not 16-byte aligned (no Qwen3 checkpoint): the
+//     any-shape kernel (gemm_any.h), correct for every shape, not fast;
+//   - the tuned GEMV (any N and output stride);
+//   - cuBLASLt on the caller's output where its stride is a multiple of 8 and it is 16-byte aligned (every
+//     shape of a Qwen3 model with an even vocabulary): the fast path, unchanged;
+//   - else cuBLASLt into an aligned staging buffer, then a 2-D copy into the output (the odd-vocabulary LM
+//     head); the any-shape kernel where cuBLASLt has no algorithm or the buffer would grow in a graph
+//     capture. cuBLASLt's bf16 kernels need 16-byte-aligned leading dimensions; the copy (M x N) is small
+//     beside the N x K weight read, and padding the weight at load would not align the caller's logits rows.
 // Accumulation in fp32 (CUBLAS_COMPUTE_32F); the result is rounded once, to bf16 (GemmOut::bf16) or
 // stored as fp32 (GemmOut::f32, used for logits). Tolerance against an fp64 reference: relative
 // Frobenius error <= 2^-8 for bf16 output, <= 1e-5 for f32 output (the inputs being bf16-exact).
@@ -77,8 +87,8 @@ class GemmEngine {
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
 
-  // out = x · W^T; raw device pointers, row strides ldx, ldw, ldo in elements (>= k, k, n; multiples of
-  // 8). Validates shapes and 16-byte alignment; enqueues on stream. Uses the tuned tactic for
+  // out = x · W^T; raw device pointers, row strides ldx, ldw, ldo in elements (>= k, k, n). Validates the
+  // shape; enqueues on stream (the dispatch at the top of this file). Uses the tuned tactic for
   // (bucket(m), n, k, out): a GEMV tactic runs gemv (gemv.h; pdl passed on), a cuBLASLt one runs when it
   // passes AlgoCheck for this exact shape; otherwise the heuristic's first cuBLASLt choice.
   void run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
@@ -123,13 +133,22 @@ class GemmEngine {
   std::string key() const;  // "NVIDIA H200|cudart 13000|cublasLt 130000"
   const std::map<GemmShape, GemmTactic>& tactics() const { return tactics_; }
   int64_t fallbacks() const { return fallbacks_; }  // dispatches that used the heuristic
+  int64_t any_shape_dispatches() const { return any_shape_dispatches_; }  // run() calls sent to gemm_any
+  int64_t staged_dispatches() const { return staged_dispatches_; }        // cuBLASLt via the staging rows
 
  private:
+  // cuBLASLt on 16-byte-aligned operands and strides (the tuned tactic, else the heuristic's); false, having
+  // enqueued nothing, where cuBLASLt has no algorithm for the shape.
+  bool run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
+                    int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::map<GemmShape, GemmTactic> tactics_;
   int64_t fallbacks_ = 0;
   int64_t gemv_dispatches_ = 0;
+  int64_t any_shape_dispatches_ = 0;
+  int64_t staged_dispatches_ = 0;
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
@@ -137,7 +156,8 @@ class GemmEngine {
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for
-// M buckets up to max_logit_rows), each for every M bucket from 1 to max_tokens.
+// M buckets up to max_logit_rows, none when it is 0: an embedding model), each for every M bucket from 1 to
+// max_tokens.
 std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t kv_size, int64_t inter,
                                          int64_t vocab, int64_t max_tokens, int64_t max_logit_rows);
 
