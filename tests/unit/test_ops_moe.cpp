@@ -9,7 +9,9 @@
 
 #include "common/test_support.h"
 #include "kiln/dtype.h"
+#include "ops/activation.h"
 #include "ops/cpu/moe.h"
+#include "ops/linear.h"
 #include "ops/moe.h"
 
 using namespace kiln;
@@ -211,8 +213,6 @@ TEST(MoeMlp, MatchesAHandDerivedTinyCase) {
     }
   }
 }
-}
-}
 
 // A token's output does not depend on which other tokens share the batch (and so share its experts).
 TEST(MoeMlp, TokenRowsAreIndependentOfTheBatch) {
@@ -269,4 +269,45 @@ TEST(MoeMlp, BadShapesNameTheTensor) {
         ops::moe_mlp(Tensor(x.data(), DType::bf16, {2, 16}), w, Tensor(out.data(), DType::bf16, {2, 16}));
       }),
       {"moe_mlp", "down"});
+}
+
+// moe_mlp equals its contract composed from the other ops token by token (router linear, moe_route, each
+// chosen expert's linear / silu_and_mul / linear, the fp32 sum in ascending expert index, one rounding): with
+// top-3 the order of the sum matters, so a different order or an unrounded routing weight shows here.
+TEST(MoeMlp, EqualsTheContractComposedTokenByToken) {
+  const int64_t E = 8, H = 48, I = 24, k = 3, T = 9;
+  Layer L = random_layer(E, H, I, 31);
+  const std::vector<bf16_t> x = test_support::random_bf16(size_t(T * H), 32);
+  for (bool norm : {false, true}) {
+    const std::vector<bf16_t> got = run_mlp(x, L, k, norm);
+    const ops::MoeWeights w = L.view(k, norm);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<bf16_t> row(x.begin() + t * H, x.begin() + (t + 1) * H), logits(static_cast<size_t>(E)),
+          wts(static_cast<size_t>(k));
+      std::vector<int32_t> ex(static_cast<size_t>(k));
+      const Tensor xr(row.data(), DType::bf16, {1, H});
+      ops::linear(xr, w.router, Tensor(logits.data(), DType::bf16, {1, E}));
+      ops::moe_route(Tensor(logits.data(), DType::bf16, {1, E}), k, norm,
+                     Tensor(ex.data(), DType::i32, {1, k}), Tensor(wts.data(), DType::bf16, {1, k}));
+      std::vector<float> acc(static_cast<size_t>(H), 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        ASSERT_TRUE(j == 0 || ex[size_t(j)] > ex[size_t(j - 1)]) << "experts not in ascending order";
+        const int64_t e = ex[size_t(j)];
+        std::vector<bf16_t> gu(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I)),
+            y(static_cast<size_t>(H));
+        ops::linear(xr, Tensor(L.gate_up.data() + e * 2 * I * H, DType::bf16, {2 * I, H}),
+                    Tensor(gu.data(), DType::bf16, {1, 2 * I}));
+        ops::silu_and_mul(Tensor(gu.data(), DType::bf16, {1, 2 * I}),
+                          Tensor(act.data(), DType::bf16, {1, I}));
+        ops::linear(Tensor(act.data(), DType::bf16, {1, I}),
+                    Tensor(L.down.data() + e * H * I, DType::bf16, {H, I}),
+                    Tensor(y.data(), DType::bf16, {1, H}));
+        for (int64_t h = 0; h < H; ++h)
+          acc[size_t(h)] += bf16_to_f32(y[size_t(h)]) * bf16_to_f32(wts[size_t(j)]);
+      }
+      for (int64_t h = 0; h < H; ++h)
+        ASSERT_EQ(bf16_to_f32(got[size_t(t * H + h)]), bf16_to_f32(f32_to_bf16(acc[size_t(h)])))
+            << "token " << t << " column " << h << (norm ? " (renormalized)" : "");
+    }
+  }
 }

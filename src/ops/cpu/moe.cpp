@@ -41,6 +41,7 @@ void route_row(const bf16_t* logit, int64_t E, int64_t k, bool norm, int32_t* ex
       if (taken[size_t(i)]) continue;
       if (best < 0 || l[size_t(i)] > l[size_t(best)]) best = i;
     }
+    if (best < 0) break;  // k <= E (checked by the dispatcher): never
     taken[size_t(best)] = 1;
   }
   for (int64_t i = 0; i < E; ++i) e[size_t(i)] = float(std::exp(double(l[size_t(i)] - m)));
@@ -64,8 +65,8 @@ void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const T
                const Tensor& weights) {
   const int64_t T = logits.shape[0], E = logits.shape[1];
   parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
-    std::vector<float> l(size_t(E)), e(size_t(E));
-    std::vector<char> taken(size_t(E));
+    std::vector<float> l(static_cast<size_t>(E)), e(static_cast<size_t>(E));
+    std::vector<char> taken(static_cast<size_t>(E));
     for (int64_t t = t0; t < t1; ++t)
       route_row(logits.ptr<bf16_t>() + t * logits.stride[0], E, top_k, norm_topk_prob,
                 experts.ptr<int32_t>() + t * top_k, weights.ptr<bf16_t>() + t * top_k, l, taken, e);
@@ -83,7 +84,7 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
             Tensor(weights.data(), DType::bf16, {T, k}));
 
   // (token, slot) pairs grouped by expert, tokens ascending within an expert.
-  std::vector<std::vector<int64_t>> pairs(size_t(E));
+  std::vector<std::vector<int64_t>> pairs(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) pairs[size_t(experts[size_t(t * k + j)])].push_back(t * k + j);
 
