@@ -311,3 +311,27 @@ TEST(MoeMlp, EqualsTheContractComposedTokenByToken) {
     }
   }
 }
+
+// The weighted sum runs in ascending expert index: expert 0's output s is tiny, experts 1 and 2 give +L and
+// -L exactly (same gate/up, negated down), all weighted 1/3. Ascending, (s + L) - L loses s and gives 0;
+// any order that adds s after +L and -L cancel (e.g. descending) gives s.
+TEST(MoeMlp, WeightedSumRunsInAscendingExpertIndex) {
+  const int64_t E = 3, H = 32, I = 16;
+  Layer L = random_layer(E, H, I, 41);
+  std::fill(L.router.begin(), L.router.end(), f32_to_bf16(0.0f));  // equal logits: all three, 1/3 each
+  std::copy(L.gate_up.begin() + 2 * I * H, L.gate_up.begin() + 4 * I * H, L.gate_up.begin() + 4 * I * H);
+  for (int64_t i = 0; i < H * I; ++i) {
+    const float d1 = bf16_to_f32(L.down[size_t(H * I + i)]);
+    L.down[size_t(2 * H * I + i)] = f32_to_bf16(-d1);
+    L.down[size_t(i)] = f32_to_bf16(std::ldexp(d1, -40));
+  }
+  const std::vector<bf16_t> x = test_support::random_bf16(size_t(4 * H), 42);
+  const std::vector<bf16_t> got = run_mlp(x, L, 3, false);
+  int nonzero_s = 0;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(bf16_to_f32(got[i]), 0.0f) << "element " << i;
+  // The experiment has teeth: expert 0 alone is not zero.
+  Layer only0 = L;
+  for (int64_t i = H * I; i < 3 * H * I; ++i) only0.down[size_t(i)] = f32_to_bf16(0.0f);
+  for (bf16_t v : run_mlp(x, only0, 3, false)) nonzero_s += bf16_to_f32(v) != 0.0f;
+  EXPECT_GT(nonzero_s, int(got.size()) / 2);
+}
