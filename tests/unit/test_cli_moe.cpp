@@ -98,3 +98,12 @@ TEST_F(CliMoe, GenerateOnTheCpuMatchesTheModelInProcess) {
     EXPECT_NEAR(lps[s], lp[size_t(ids[s])], 1e-4) << "step " << s;
   }
 }
+
+TEST_F(CliMoe, TensorParallelismIsRefusedWithAClearError) {
+  const auto r = run_kiln({"generate", "--model", dir_.string(), "--prompt-ids", "1,2,3", "--max-tokens", "2",
+                           "--device", "cpu", "--tp", "2"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("tensor parallelism (--tp) does not shard MoE experts in this build"),
+            std::string::npos)
+      << r.err;
+}
