@@ -359,29 +359,31 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     att.cache = prep.cache;
     ops::paged_attention(att);
     const Tensor o_in = attn.reshape({T, Hq * D});
-    // After the MLP, the next layer's input norm, or the final norm after the last layer.
-    const bool last = l + 1 == c.num_layers;
-    const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
-    pending = !tp_ && !last && l >= w.vis_layers;
-    if (lw.moe.present()) {  // the sparse MLP (ops/moe.h) into tmp; MoE models never run under TP (create)
+    if (lw.moe.present()) {  // the sparse MLP (ops/moe.h) into tmp; MoE models have no TP or images (create)
+      const bool last = l + 1 == c.num_layers;
       ops::linear(o_in, lw.o_proj, tmp);
       ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
       ops::moe_mlp(normed, lw.moe, tmp);
-      if (!pending) ops::add_rms_norm(tmp, residual, next_norm, eps, normed);
+      pending = !last;  // the next QKV adds tmp and norms; after the last layer, the final norm here
+      if (last) ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
+      continue;
+    }
+    if (tp_) {
+      project(o_in, lw.o_proj, lw.post_norm);
+      ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);
     } else {
-      if (tp_) {
-        project(o_in, lw.o_proj, lw.post_norm);
-        ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);
-      } else {
-        ops::linear(o_in, lw.o_proj, tmp);
-        ops::linear_silu_mul(ops::ResidualNorm{tmp, residual, lw.post_norm, eps, normed}, lw.gate_up, gate_up,
-                             act);
-      }
-      if (pending) {
-        ops::linear(act, lw.down, tmp);
-      } else {
-        project(act, lw.down, next_norm);
-      }
+      ops::linear(o_in, lw.o_proj, tmp);
+      ops::linear_silu_mul(ops::ResidualNorm{tmp, residual, lw.post_norm, eps, normed}, lw.gate_up, gate_up,
+                           act);
+    }
+    // After down, the next layer's input norm, or the final norm after the last layer.
+    const bool last = l + 1 == c.num_layers;
+    const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
+    pending = !tp_ && !last && l >= w.vis_layers;
+    if (pending) {
+      ops::linear(act, lw.down, tmp);
+    } else {
+      project(act, lw.down, next_norm);
     }
     if (l < w.vis_layers) {  // deepstack: onto the layer's output, then the next norm again
       ops::scatter_rows(residual, w.vis_rows_v, w.vis_deep_v[size_t(l)], /*accumulate=*/true);
