@@ -13,7 +13,7 @@
 
 namespace kiln {
 
-enum class ModelArch : uint8_t { qwen3, qwen3_vl_text, qwen3_embedding };
+enum class ModelArch : uint8_t { qwen3, qwen3_vl_text, qwen3_embedding, qwen3_moe };
 
 // How an embedding model turns the final hidden states of a prompt into one vector (sentence-transformers'
 // Pooling module; Qwen3-Embedding pools the last token, i.e. its appended <|endoftext|>).
@@ -43,6 +43,18 @@ struct VisionConfig {
   int64_t patch_dim() const { return in_channels * temporal_patch_size * patch_size * patch_size; }
   int64_t merged_dim() const { return hidden_size * spatial_merge_size * spatial_merge_size; }
   int64_t grid_side() const;  // sqrt(num_position_embeddings)
+};
+
+// Qwen3-MoE (Qwen3MoeForCausalLM): the sparse MLP and the layers that have it. num_experts == 0: no sparse
+// layer (every MLP is the dense intermediate_size SwiGLU). router_aux_loss_coef and output_router_logits
+// (training only) are read by nobody.
+struct MoeConfig {
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;  // top-k, in [1, num_experts]
+  int64_t moe_intermediate_size = 0;
+  int64_t decoder_sparse_step = 1;       // >= 1
+  std::vector<int64_t> mlp_only_layers;  // layers in [0, num_layers) that keep the dense MLP
+  bool norm_topk_prob = false;           // renormalize the chosen experts' probabilities to sum to 1
 };
 
 struct ModelConfig {
@@ -78,6 +90,8 @@ struct ModelConfig {
   VisionConfig vision;
   // Prefix of the decoder's weight names: "model." for Qwen3, "model.language_model." for Qwen3-VL.
   std::string weight_prefix = "model.";
+  // Qwen3-MoE: the sparse MLP (num_experts 0 for every other architecture).
+  MoeConfig moe;
 
   // The longest context the model serves: YaRN original_max_position x factor and linear
   // max_position_embeddings x factor (as vLLM and SGLang derive it), else max_position_embeddings.
@@ -85,6 +99,10 @@ struct ModelConfig {
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor + 0.5); }
   int64_t q_size() const { return num_heads * head_dim; }
   int64_t kv_size() const { return num_kv_heads * head_dim; }
+  // Whether layer l runs the sparse MLP, by transformers' Qwen3MoeDecoderLayer rule: l not in
+  // mlp_only_layers, num_experts > 0 and (l + 1) % decoder_sparse_step == 0.
+  bool is_moe_layer(int64_t l) const;
+  bool has_moe_layers() const;
 };
 
 // Reads DIR/config.json. Throws kiln::Error naming the file and the field on anything wrong:
@@ -97,8 +115,11 @@ struct ModelConfig {
 //   rope: rope_parameters (5.x) or rope_theta + rope_scaling (4.x); rope_type "default" (or the older
 //   "mrope"), "yarn" (factor, original_max_position_embeddings, attention_factor | mscale + mscale_all_dim,
 //   beta_fast, beta_slow, truncate), "linear" and "dynamic" (factor); others (longrope, llama3) are rejected.
-//   Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a window
-//   (use_sliding_window) is rejected, and so are attention_bias and a hidden_act other than silu.
+//   Qwen3MoeForCausalLM (model_type qwen3_moe) -> qwen3_moe ("model."), with num_experts (or
+//   num_local_experts), num_experts_per_tok (<= num_experts), moe_intermediate_size, decoder_sparse_step
+//   (>= 1, default 1), mlp_only_layers (indexes in [0, num_hidden_layers)) and norm_topk_prob (default
+//   false). Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a
+//   window (use_sliding_window) is rejected, and so are attention_bias and a hidden_act other than silu.
 //   dtype: "dtype" (5.x) or "torch_dtype" (4.x), bfloat16/float16/float32; eos_token_id: int or list.
 //   DIR/modules.json (sentence-transformers): the model is an embedding model (whatever architectures says),
 //   with the Pooling module's mode (lasttoken, mean or cls) and a Normalize module's L2 normalisation; any

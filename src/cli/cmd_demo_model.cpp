@@ -7,6 +7,9 @@
 // tower of Qwen3-VL's real layout (16-pixel patches, 2 frames, 2x2 merge, 48 x 48 learned positions, 3
 // blocks, 2 deepstack mergers; random weights under model.visual.) and the processor files
 // (cli/demo_vl_files.h): its text weights equal the plain demo's of the same seed.
+// --arch moe writes it as Qwen3-MoE (Qwen3MoeForCausalLM, cli/demo_moe_files.h): 8 experts, top-2, layer 0
+// dense, in two safetensors shards with an index, as the hub ships Qwen3-30B-A3B; its attention weights
+// equal the plain demo's of the same seed.
 // --embedding writes it as Qwen3-Embedding ships: a sentence-transformers model (modules.json: Transformer ->
 // Pooling (--pooling lasttoken|mean|cls, default lasttoken) -> Normalize), unprefixed weights and no LM head,
 // and tokenizer.json with Qwen3-Embedding's TemplateProcessing post-processor appending <|endoftext|>.
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/demo_moe_files.h"
 #include "cli/demo_vl_files.h"
 #include "cli/flags.h"
 #include "kiln/config.h"
@@ -174,14 +178,15 @@ int run_demo_model(const kiln::cli::Args& args) {
   const kiln::cli::Flags flags(args, {"seed", "arch", "pooling"}, {"embedding"});
   KILN_CHECK(
       flags.positional().size() == 1,
-      "usage: kiln demo-model DIR [--seed S] [--embedding [--pooling lasttoken|mean|cls] | --arch vl]");
+      "usage: kiln demo-model DIR [--seed S] [--embedding [--pooling lasttoken|mean|cls] | --arch vl|moe]");
   const std::string pooling = flags.str("pooling", "lasttoken");
   KILN_CHECK(pooling == "lasttoken" || pooling == "mean" || pooling == "cls",
              "--pooling must be lasttoken, mean or cls, got '", pooling, "'");
   KILN_CHECK(flags.flag("embedding") || !flags.has("pooling"), "--pooling needs --embedding");
   const std::string arch = flags.str("arch", "qwen3");
-  KILN_CHECK(arch == "qwen3" || arch == "vl", "--arch must be qwen3 or vl, got '", arch, "'");
-  KILN_CHECK(arch == "qwen3" || !flags.flag("embedding"), "--embedding and --arch vl do not combine");
+  KILN_CHECK(arch == "qwen3" || arch == "vl" || arch == "moe", "--arch must be qwen3, vl or moe, got '", arch,
+             "'");
+  KILN_CHECK(arch == "qwen3" || !flags.flag("embedding"), "--embedding and --arch ", arch, " do not combine");
   const int64_t seed = flags.i64("seed", 0);
   KILN_CHECK(seed >= 0, "--seed must be >= 0, got ", seed);
   const fs::path dir = flags.positional()[0];
@@ -200,6 +205,7 @@ int run_demo_model(const kiln::cli::Args& args) {
   // --embedding: the same decoder saved as Qwen3-Embedding is (architectures ["Qwen3Model"], no "model."
   // prefix, no LM head): the server's /v1/embeddings fixture.
   if (flags.flag("embedding")) cfg_json["architectures"] = {"Qwen3Model"};
+  if (arch == "moe") cfg_json = kiln::cli::demo_moe_config(cfg_json);
   // The weights are drawn under the plain (or embedding) names, so --arch vl renames the same values.
   const kiln::ModelConfig cfg = kiln::parse_model_config(cfg_json.dump(), "demo config.json");
   if (arch == "vl") cfg_json = demo_vl_config(cfg_json);
@@ -225,7 +231,11 @@ int run_demo_model(const kiln::cli::Args& args) {
       t.name =
           saved.weight_prefix + t.name.substr(cfg.weight_prefix.size());  // model. -> model.language_model.
   }
-  kiln::write_safetensors((dir / "model.safetensors").string(), weights.tensors, {{"format", "pt"}});
+  if (arch == "moe") {
+    kiln::cli::write_sharded_safetensors(dir, weights.tensors, 2);
+  } else {
+    kiln::write_safetensors((dir / "model.safetensors").string(), weights.tensors, {{"format", "pt"}});
+  }
 
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
     fs::copy_file(tok / name, dir / name, fs::copy_options::overwrite_existing, ec);
@@ -240,7 +250,10 @@ int run_demo_model(const kiln::cli::Args& args) {
     write_sentence_transformers(dir, pooling, cfg.hidden_size);
   }
   std::printf("wrote a random-weight %s demo checkpoint (seed %lld) to %s\n",
-              arch == "vl" ? "Qwen3-VL" : "Qwen3", static_cast<long long>(seed), dir.string().c_str());
+              arch == "vl"    ? "Qwen3-VL"
+              : arch == "moe" ? "Qwen3-MoE"
+                              : "Qwen3",
+              static_cast<long long>(seed), dir.string().c_str());
   return 0;
 }
 

@@ -20,6 +20,8 @@ const char* arch_name(kiln::ModelArch a) {
       return "qwen3_vl_text";
     case kiln::ModelArch::qwen3_embedding:
       return "qwen3_embedding";
+    case kiln::ModelArch::qwen3_moe:
+      return "qwen3_moe";
   }
   return "?";
 }
@@ -43,9 +45,26 @@ nlohmann::json vision_json(const kiln::ModelConfig& c) {
           {"vision_end_token_id", v.vision_end_token_id}};
 }
 
+// Qwen3-MoE: the experts and which layers are sparse.
+nlohmann::json moe_json(const kiln::ModelConfig& c) {
+  if (c.moe.num_experts == 0) return nullptr;
+  std::vector<int64_t> sparse;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (c.is_moe_layer(l)) sparse.push_back(l);
+  const kiln::MoeConfig& m = c.moe;
+  return {{"num_experts", m.num_experts},
+          {"num_experts_per_tok", m.num_experts_per_tok},
+          {"moe_intermediate_size", m.moe_intermediate_size},
+          {"norm_topk_prob", m.norm_topk_prob},
+          {"decoder_sparse_step", m.decoder_sparse_step},
+          {"mlp_only_layers", m.mlp_only_layers},
+          {"sparse_layers", sparse}};
+}
+
 nlohmann::json config_json(const kiln::ModelConfig& c) {
   return {{"arch", arch_name(c.arch)},
           {"vision", vision_json(c)},
+          {"moe", moe_json(c)},
           {"architecture", c.architecture},
           {"weight_prefix", c.weight_prefix},
           {"vocab_size", c.vocab_size},

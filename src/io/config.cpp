@@ -247,9 +247,13 @@ ModelArch arch_from_name(const Fields& top, const std::string& name, std::string
     *weight_prefix = "model.language_model.";
     return ModelArch::qwen3_vl_text;
   }
+  if (name == "Qwen3MoeForCausalLM") {
+    *weight_prefix = "model.";
+    return ModelArch::qwen3_moe;
+  }
   top.fail("architectures", "names \"" + name +
                                 "\", which kiln does not support (Qwen3ForCausalLM, Qwen3Model, "
-                                "Qwen3VLForConditionalGeneration)");
+                                "Qwen3VLForConditionalGeneration, Qwen3MoeForCausalLM)");
 }
 
 // Qwen3-VL's vision_config (defaults: transformers' Qwen3VLVisionConfig) and the top-level token ids.
@@ -314,7 +318,54 @@ void parse_vision(const Fields& top, ModelConfig& c) {
   c.has_vision = true;
 }
 
+// Qwen3MoeConfig's sparse-MLP fields (transformers' defaults where optional). transformers 5 maps
+// num_experts to num_local_experts, so either spelling is read.
+void parse_moe(const Fields& f, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  const bool plain = f.find("num_experts") != nullptr, local = f.find("num_local_experts") != nullptr;
+  if (!plain && !local) f.fail("num_experts", "is missing (a Qwen3-MoE config names its expert count)");
+  m.num_experts = f.positive(plain ? "num_experts" : "num_local_experts");
+  if (plain && local && f.positive("num_local_experts") != m.num_experts)
+    f.fail("num_local_experts", "(" + std::to_string(f.positive("num_local_experts")) +
+                                    ") disagrees with num_experts (" + std::to_string(m.num_experts) + ")");
+  m.num_experts_per_tok = f.positive("num_experts_per_tok");
+  if (m.num_experts_per_tok > m.num_experts)
+    f.fail("num_experts_per_tok", "(" + std::to_string(m.num_experts_per_tok) + ") exceeds num_experts (" +
+                                      std::to_string(m.num_experts) + ")");
+  m.moe_intermediate_size = f.positive("moe_intermediate_size");
+  if (auto step = f.opt_int("decoder_sparse_step")) {
+    if (*step < 1) f.fail("decoder_sparse_step", "must be >= 1, got " + std::to_string(*step));
+    m.decoder_sparse_step = *step;
+  }
+  if (const json* only = f.find("mlp_only_layers")) {
+    if (!only->is_array()) f.fail("mlp_only_layers", "must be a list of layer indexes, got " + only->dump());
+    for (const json& e : *only) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= c.num_layers)
+        f.fail("mlp_only_layers", "holds " + e.dump() + ", not a layer index in [0, num_hidden_layers = " +
+                                      std::to_string(c.num_layers) + ")");
+      m.mlp_only_layers.push_back(e.get<int64_t>());
+    }
+  }
+  if (auto n = f.opt_bool("norm_topk_prob")) m.norm_topk_prob = *n;
+  if (auto s = f.opt_int("shared_expert_intermediate_size"); s && *s > 0)
+    f.fail("shared_expert_intermediate_size",
+           "is " + std::to_string(*s) + ": Qwen3-MoE has no shared expert");
+}
+
 }  // namespace
+
+bool ModelConfig::is_moe_layer(int64_t l) const {
+  if (moe.num_experts <= 0 || (l + 1) % moe.decoder_sparse_step != 0) return false;
+  for (int64_t d : moe.mlp_only_layers)
+    if (d == l) return false;
+  return true;
+}
+
+bool ModelConfig::has_moe_layers() const {
+  for (int64_t l = 0; l < num_layers; ++l)
+    if (is_moe_layer(l)) return true;
+  return false;
+}
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name) {
   json root;
@@ -336,6 +387,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       c.architecture = "Qwen3ForCausalLM";
     else if (*mt == "qwen3_vl")
       c.architecture = "Qwen3VLForConditionalGeneration";
+    else if (*mt == "qwen3_moe")
+      c.architecture = "Qwen3MoeForCausalLM";
     else
       top.fail("model_type", "is \"" + *mt + "\" and 'architectures' is missing: not a supported model");
   } else {
@@ -409,6 +462,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (id < 0 || id >= c.vocab_size)
       f.fail("eos_token_id", "holds " + std::to_string(id) + ", outside [0, vocab_size)");
   if (c.arch == ModelArch::qwen3_vl_text) parse_vision(top, c);
+  if (c.arch == ModelArch::qwen3_moe) parse_moe(f, c);
   return c;
 }
 

@@ -12,6 +12,7 @@
 #include "ops/attn_prep.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/rms_norm.h"
 #include "ops/rope_table.h"
 #include "ops/rows.h"
@@ -137,8 +138,14 @@ Qwen3Model::~Qwen3Model() = default;
 std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg, const Checkpoint* ckpt,
                                                const LoadOptions& opts) {
   KILN_CHECK(cfg.arch == ModelArch::qwen3 || cfg.arch == ModelArch::qwen3_vl_text ||
-                 cfg.arch == ModelArch::qwen3_embedding,
+                 cfg.arch == ModelArch::qwen3_embedding || cfg.arch == ModelArch::qwen3_moe,
              "unsupported architecture '", cfg.architecture, "'");
+  if (cfg.has_moe_layers()) {  // ops/moe.h: the sparse MLP has its CPU oracle only so far
+    KILN_CHECK(!opts.device.is_cuda(), cfg.architecture,
+               ": MoE layers run on the CPU backend only in this build (use --device cpu)");
+    KILN_CHECK(!opts.tp, cfg.architecture,
+               ": tensor parallelism (--tp) does not shard MoE experts in this build: run at --tp 1");
+  }
   KILN_CHECK(cfg.dtype == DType::bf16, "kiln runs bf16 checkpoints; config.json says ",
              dtype_name(cfg.dtype));
   if (opts.tp) {  // this rank's slice, with the rank's shapes (model/tensor_parallel.h)
@@ -352,6 +359,15 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     att.cache = prep.cache;
     ops::paged_attention(att);
     const Tensor o_in = attn.reshape({T, Hq * D});
+    if (lw.moe.present()) {  // the sparse MLP (ops/moe.h) into tmp; MoE models have no TP or images (create)
+      const bool last = l + 1 == c.num_layers;
+      ops::linear(o_in, lw.o_proj, tmp);
+      ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
+      ops::moe_mlp(normed, lw.moe, tmp);
+      pending = !last;  // the next QKV adds tmp and norms; after the last layer, the final norm here
+      if (last) ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
+      continue;
+    }
     if (tp_) {
       project(o_in, lw.o_proj, lw.post_norm);
       ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);

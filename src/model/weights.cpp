@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kiln/error.h"
+#include "model/qwen3_moe.h"
 #include "ops/cpu/parallel.h"
 
 namespace kiln {
@@ -106,6 +107,10 @@ std::vector<WeightSpec> qwen3_weight_specs(const ModelConfig& c) {
     s.push_back({layer_name(c, l, "self_attn.q_norm.weight"), {D}, true});
     s.push_back({layer_name(c, l, "self_attn.k_norm.weight"), {D}, true});
     s.push_back({layer_name(c, l, "post_attention_layernorm.weight"), {H}, true});
+    if (c.is_moe_layer(l)) {
+      append_moe_layer_specs(c, l, s);
+      continue;
+    }
     s.push_back({layer_name(c, l, "mlp.gate_proj.weight"), {I, H}, false});
     s.push_back({layer_name(c, l, "mlp.up_proj.weight"), {I, H}, false});
     s.push_back({layer_name(c, l, "mlp.down_proj.weight"), {H, I}, false});
@@ -180,6 +185,13 @@ Qwen3Weights load_qwen3_weights(const ModelConfig& c, const Checkpoint* ckpt, ui
     lw.k_norm = ld.vector(layer_name(c, l, "self_attn.k_norm.weight"), D);
     lw.o_proj = ld.matrix(layer_name(c, l, "self_attn.o_proj.weight"), H, qd);
     lw.post_norm = ld.vector(layer_name(c, l, "post_attention_layernorm.weight"), H);
+    if (c.is_moe_layer(l)) {
+      lw.moe = load_moe_layer(c, l, ckpt, device, w.storage, [&](const auto& parts, int64_t cols) {
+        return ld.stacked(parts, cols, false);
+      });
+      w.layers.push_back(lw);
+      continue;
+    }
     lw.gate_up = ld.stacked(
         {{layer_name(c, l, "mlp.gate_proj.weight"), I}, {layer_name(c, l, "mlp.up_proj.weight"), I}}, H,
         false);

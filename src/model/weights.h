@@ -10,6 +10,7 @@
 #include "kiln/config.h"
 #include "kiln/safetensors.h"
 #include "kiln/tensor.h"
+#include "ops/moe.h"
 
 namespace kiln {
 
@@ -22,6 +23,9 @@ struct LayerWeights {
   Tensor post_norm;   // bf16 [hidden]
   Tensor gate_up;     // bf16 [2*I, hidden]: gate rows, then up
   Tensor down;        // bf16 [hidden, I]
+  // Qwen3-MoE sparse layers (config.is_moe_layer; model/qwen3_moe.h): the router and experts, in place of
+  // gate_up / down (left empty); moe.present() is false on dense layers.
+  ops::MoeWeights moe;
 };
 
 struct Qwen3Weights {

@@ -230,8 +230,8 @@ TEST(Config, RejectionsNameTheField) {
     std::vector<std::string> want;
   };
   const std::vector<Case> cases = {
-      {[](json& j) { j["architectures"] = {"Qwen3MoeForCausalLM"}; },
-       {"architectures", "Qwen3MoeForCausalLM"}},
+      {[](json& j) { j["architectures"] = {"Qwen2MoeForCausalLM"}; },
+       {"architectures", "Qwen2MoeForCausalLM"}},
       {[](json& j) { j["architectures"] = json::array(); }, {"architectures"}},
       {[](json& j) {
          j.erase("architectures");

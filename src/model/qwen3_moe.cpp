@@ -1,0 +1,64 @@
+#include "model/qwen3_moe.h"
+
+#include "kiln/error.h"
+
+namespace kiln {
+namespace {
+
+std::string mlp_name(const ModelConfig& c, int64_t l, const std::string& leaf) {
+  return c.weight_prefix + "layers." + std::to_string(l) + ".mlp." + leaf;
+}
+std::string expert_name(const ModelConfig& c, int64_t l, int64_t e, const char* proj) {
+  return mlp_name(c, l, "experts." + std::to_string(e) + "." + proj + ".weight");
+}
+
+// A fused [E, rows, cols] checkpoint tensor, checked and copied to the device.
+Tensor load_fused(const Checkpoint& ckpt, const std::string& name, int64_t E, int64_t rows, int64_t cols,
+                  Device device, std::vector<Buffer>& storage) {
+  const Tensor t = ckpt.get(name, DType::bf16, {E, rows, cols});
+  Buffer buf(size_t(t.nbytes()), device);
+  copy_bytes(buf.data(), device, t.data, Device::cpu(), size_t(t.nbytes()));
+  const Tensor v = buf.view(DType::bf16, {E, rows, cols});
+  storage.push_back(std::move(buf));
+  return v;
+}
+
+}  // namespace
+
+void append_moe_layer_specs(const ModelConfig& c, int64_t l, std::vector<WeightSpec>& s) {
+  const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
+  s.push_back({mlp_name(c, l, "gate.weight"), {E, H}, false});
+  for (int64_t e = 0; e < E; ++e) {
+    s.push_back({expert_name(c, l, e, "gate_proj"), {I, H}, false});
+    s.push_back({expert_name(c, l, e, "up_proj"), {I, H}, false});
+    s.push_back({expert_name(c, l, e, "down_proj"), {H, I}, false});
+  }
+}
+
+ops::MoeWeights load_moe_layer(const ModelConfig& c, int64_t l, const Checkpoint* ckpt, Device device,
+                               std::vector<Buffer>& storage, const StackedLoad& stacked) {
+  const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
+  KILN_CHECK(c.is_moe_layer(l), "layer ", l, " has no sparse MLP");
+  ops::MoeWeights w;
+  w.top_k = c.moe.num_experts_per_tok;
+  w.norm_topk_prob = c.moe.norm_topk_prob;
+  w.router = stacked({{mlp_name(c, l, "gate.weight"), E}}, H);
+  const std::string fused_gate_up = mlp_name(c, l, "experts.gate_up_proj");
+  if (ckpt && ckpt->has(fused_gate_up)) {
+    w.gate_up = load_fused(*ckpt, fused_gate_up, E, 2 * I, H, device, storage);
+    w.down = load_fused(*ckpt, mlp_name(c, l, "experts.down_proj"), E, H, I, device, storage);
+    return w;
+  }
+  std::vector<std::pair<std::string, int64_t>> gate_up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    gate_up.emplace_back(expert_name(c, l, e, "gate_proj"), I);
+    gate_up.emplace_back(expert_name(c, l, e, "up_proj"), I);
+    down.emplace_back(expert_name(c, l, e, "down_proj"), H);
+  }
+  // [E * 2I, H] and [E * H, I] row stacks are the [E, 2I, H] and [E, H, I] layouts.
+  w.gate_up = stacked(gate_up, H).reshape({E, 2 * I, H});
+  w.down = stacked(down, I).reshape({E, H, I});
+  return w;
+}
+
+}  // namespace kiln

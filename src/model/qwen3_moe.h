@@ -1,0 +1,41 @@
+// Qwen3-MoE's sparse MLP layers (config.is_moe_layer): their checkpoint tensors and their loading. The block
+// itself is ops::moe_mlp (ops/moe.h); Qwen3Model calls it in place of the dense MLP on those layers.
+//
+// Checkpoint layouts read (both hold the same values):
+//   hub (Qwen's releases; transformers 5's save_pretrained by default):
+//     L.mlp.gate.weight [E, H]; L.mlp.experts.e.{gate,up}_proj.weight [I, H];
+//     L.mlp.experts.e.down_proj.weight [H, I] for e in [0, E)
+//   fused (transformers 5's in-memory layout, saved with save_original_format=False):
+//     L.mlp.gate.weight [E, H]; L.mlp.experts.gate_up_proj [E, 2I, H] (gate rows first);
+//     L.mlp.experts.down_proj [E, H, I]
+// where L = weight_prefix + "layers.<l>" and I = moe_intermediate_size.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/config.h"
+#include "kiln/safetensors.h"
+#include "kiln/tensor.h"
+#include "model/weights.h"
+#include "ops/moe.h"
+
+namespace kiln {
+
+// The hub-layout tensors of sparse layer l, in a fixed order: the router, then per expert gate, up, down.
+void append_moe_layer_specs(const ModelConfig& cfg, int64_t l, std::vector<WeightSpec>& specs);
+
+// Builds one device tensor of rows x cols from named [rows_i, cols] parts stacked in order (from the
+// checkpoint, or random per part when there is none): the dense loader's (model/weights.cpp).
+using StackedLoad =
+    std::function<Tensor(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols)>;
+
+// Sparse layer l's weights: from the fused layout when `ckpt` has it, else the hub layout through
+// `stacked`. Fused tensors are copied to `device` into buffers appended to `storage`.
+ops::MoeWeights load_moe_layer(const ModelConfig& cfg, int64_t l, const Checkpoint* ckpt, Device device,
+                               std::vector<Buffer>& storage, const StackedLoad& stacked);
+
+}  // namespace kiln

@@ -1,0 +1,125 @@
+// The sparse MLP's oracle (ops/moe.h): routing per token, then the experts visited in ascending index, each
+// over the rows that chose it (a gathered GEMM, so a row's result is linear's and never depends on which
+// other rows chose the same expert), accumulating every token's fp32 sum in ascending expert order.
+#include "ops/cpu/moe.h"
+
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/parallel.h"
+#include "ops/cpu/reference.h"
+
+namespace kiln::ops::cpu {
+
+float moe_lane_sum(const float* v, int64_t n) {
+  float p[32] = {};
+  for (int64_t i = 0; i < n; ++i) p[i % 32] += v[i];
+  for (int o = 16; o >= 1; o /= 2) {
+    float q[32];
+    for (int l = 0; l < 32; ++l) q[l] = p[l] + p[l ^ o];
+    for (int l = 0; l < 32; ++l) p[l] = q[l];
+  }
+  return p[0];
+}
+
+namespace {
+
+// Row t of the routing: experts and weights of the top-k, in ascending expert index.
+void route_row(const bf16_t* logit, int64_t E, int64_t k, bool norm, int32_t* experts, bf16_t* weights,
+               std::vector<float>& l, std::vector<char>& taken, std::vector<float>& e) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < E; ++i) {
+    l[size_t(i)] = bf16_to_f32(logit[i]);
+    m = std::fmax(m, l[size_t(i)]);
+  }
+  // k selection passes: the best expert not yet taken, the lower index winning ties (and a NaN never
+  // beating anything, so the choice is still defined).
+  std::fill(taken.begin(), taken.end(), 0);
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < E; ++i) {
+      if (taken[size_t(i)]) continue;
+      if (best < 0 || l[size_t(i)] > l[size_t(best)]) best = i;
+    }
+    if (best < 0) break;  // k <= E (checked by the dispatcher): never
+    taken[size_t(best)] = 1;
+  }
+  for (int64_t i = 0; i < E; ++i) e[size_t(i)] = float(std::exp(double(l[size_t(i)] - m)));
+  const float S = moe_lane_sum(e.data(), E);
+  int64_t slot = 0;
+  float s_k = 0.0f;
+  for (int64_t i = 0; i < E; ++i) {
+    if (!taken[size_t(i)]) continue;
+    const float p = e[size_t(i)] / S;
+    experts[slot] = int32_t(i);
+    e[size_t(slot)] = p;  // reuse: slots < i are past, so the probabilities left to read are untouched
+    s_k += p;
+    ++slot;
+  }
+  for (int64_t j = 0; j < k; ++j) weights[j] = f32_to_bf16(norm ? e[size_t(j)] / s_k : e[size_t(j)]);
+}
+
+}  // namespace
+
+void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
+               const Tensor& weights) {
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
+    std::vector<float> l(static_cast<size_t>(E)), e(static_cast<size_t>(E));
+    std::vector<char> taken(static_cast<size_t>(E));
+    for (int64_t t = t0; t < t1; ++t)
+      route_row(logits.ptr<bf16_t>() + t * logits.stride[0], E, top_k, norm_topk_prob,
+                experts.ptr<int32_t>() + t * top_k, weights.ptr<bf16_t>() + t * top_k, l, taken, e);
+  });
+}
+
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
+  const int64_t T = x.shape[0], H = x.shape[1], E = w.num_experts(), I = w.intermediate(), k = w.top_k;
+  if (T == 0) return;
+  std::vector<bf16_t> logits(size_t(T * E)), weights(size_t(T * k));
+  std::vector<int32_t> experts(size_t(T * k));
+  const Tensor logits_t(logits.data(), DType::bf16, {T, E});
+  linear(x, w.router, logits_t);
+  moe_route(logits_t, k, w.norm_topk_prob, Tensor(experts.data(), DType::i32, {T, k}),
+            Tensor(weights.data(), DType::bf16, {T, k}));
+
+  // (token, slot) pairs grouped by expert, tokens ascending within an expert.
+  std::vector<std::vector<int64_t>> pairs(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) pairs[size_t(experts[size_t(t * k + j)])].push_back(t * k + j);
+
+  std::vector<float> acc(size_t(T * H), 0.0f);
+  std::vector<bf16_t> xs, gu, act, y;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<int64_t>& rows = pairs[size_t(e)];
+    const int64_t n = int64_t(rows.size());
+    if (n == 0) continue;
+    xs.resize(size_t(n * H));
+    gu.resize(size_t(n * 2 * I));
+    act.resize(size_t(n * I));
+    y.resize(size_t(n * H));
+    for (int64_t r = 0; r < n; ++r) {
+      const bf16_t* src = x.ptr<bf16_t>() + (rows[size_t(r)] / k) * x.stride[0];
+      std::copy(src, src + H, xs.begin() + r * H);
+    }
+    const Tensor gate_up(w.gate_up.ptr<bf16_t>() + e * 2 * I * H, DType::bf16, {2 * I, H});
+    const Tensor down(w.down.ptr<bf16_t>() + e * H * I, DType::bf16, {H, I});
+    const Tensor gu_t(gu.data(), DType::bf16, {n, 2 * I}), act_t(act.data(), DType::bf16, {n, I});
+    linear(Tensor(xs.data(), DType::bf16, {n, H}), gate_up, gu_t);
+    silu_and_mul(gu_t, act_t);
+    linear(act_t, down, Tensor(y.data(), DType::bf16, {n, H}));
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t pair = rows[size_t(r)], t = pair / k;
+      const float wt = bf16_to_f32(weights[size_t(pair)]);
+      float* a = acc.data() + t * H;
+      const bf16_t* yr = y.data() + r * H;
+      for (int64_t h = 0; h < H; ++h) a[h] += bf16_to_f32(yr[h]) * wt;
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    bf16_t* o = out.ptr<bf16_t>() + t * out.stride[0];
+    for (int64_t h = 0; h < H; ++h) o[h] = f32_to_bf16(acc[size_t(t * H + h)]);
+  }
+}
+
+}  // namespace kiln::ops::cpu

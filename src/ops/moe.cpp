@@ -1,0 +1,58 @@
+#include "ops/moe.h"
+
+#include "ops/checks.h"
+#include "ops/cpu/moe.h"
+
+namespace kiln::ops {
+namespace {
+
+constexpr const char* kCpuOnly = "MoE layers run on the CPU backend only in this build";
+
+void check_route(const char* op, const Tensor& logits, int64_t top_k, const Tensor& experts,
+                 const Tensor& weights) {
+  detail::check_matrix(op, "logits", logits, 2, DType::bf16);
+  detail::check_matrix(op, "experts", experts, 2, DType::i32);
+  detail::check_matrix(op, "weights", weights, 2, DType::bf16);
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  KILN_CHECK(top_k >= 1 && top_k <= E, op, ": top_k ", top_k, " outside [1, ", E, "] (the expert count)");
+  for (const Tensor* t : {&experts, &weights})
+    KILN_CHECK(t->shape[0] == T && t->shape[1] == top_k && t->is_contiguous(), op, ": ", t->describe(),
+               " must be contiguous [", T, ", ", top_k, "]");
+  detail::check_same_device(op, logits, experts);
+  detail::check_same_device(op, logits, weights);
+}
+
+}  // namespace
+
+void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
+               const Tensor& weights) {
+  constexpr const char* op = "moe_route";
+  check_route(op, logits, top_k, experts, weights);
+  KILN_CHECK(!logits.device.is_cuda(), op, ": ", kCpuOnly);
+  cpu::moe_route(logits, top_k, norm_topk_prob, experts, weights);
+}
+
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
+  constexpr const char* op = "moe_mlp";
+  detail::check_matrix(op, "x", x, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  detail::check_matrix(op, "router", w.router, 2, DType::bf16);
+  detail::check_matrix(op, "gate_up", w.gate_up, 3, DType::bf16);
+  detail::check_matrix(op, "down", w.down, 3, DType::bf16);
+  const int64_t H = x.shape[1], E = w.router.shape[0], I = w.gate_up.shape[1] / 2;
+  KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == H, op, ": out ", out.describe(), " vs x ",
+             x.describe());
+  KILN_CHECK(out.data != x.data || x.numel() == 0, op, ": out must not alias x");
+  KILN_CHECK(w.router.shape[1] == H, op, ": router ", w.router.describe(), " must be [E, ", H, "]");
+  KILN_CHECK(w.gate_up.shape[0] == E && w.gate_up.shape[1] == 2 * I && w.gate_up.shape[2] == H &&
+                 w.gate_up.is_contiguous(),
+             op, ": gate_up ", w.gate_up.describe(), " must be contiguous [", E, ", ", 2 * I, ", ", H, "]");
+  KILN_CHECK(w.down.shape[0] == E && w.down.shape[1] == H && w.down.shape[2] == I && w.down.is_contiguous(),
+             op, ": down ", w.down.describe(), " must be contiguous [", E, ", ", H, ", ", I, "]");
+  KILN_CHECK(w.top_k >= 1 && w.top_k <= E, op, ": top_k ", w.top_k, " outside [1, ", E, "]");
+  for (const Tensor* t : {&out, &w.router, &w.gate_up, &w.down}) detail::check_same_device(op, x, *t);
+  KILN_CHECK(!x.device.is_cuda(), op, ": ", kCpuOnly);
+  cpu::moe_mlp(x, w, out);
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,64 @@
+// Qwen3-MoE's sparse MLP (transformers' Qwen3MoeSparseMoeBlock: router, softmax, top-k, experts, weighted
+// sum), the contract every backend implements. docs/NUMERICS.md "Mixture of experts" says why each rounding
+// point sits where it does and how it differs from transformers' own bf16 path.
+//
+// moe_route(logits, top_k, norm_topk_prob, experts, weights), per token row t, E = logits.shape[1]:
+//   l_i    = logits[t, i] (bf16, widened exactly to fp32);  m = max_i l_i
+//   chosen = the top_k experts by l_i, equal logits broken by the lower expert index; written to
+//            experts[t, 0 .. k) in ASCENDING expert index. (Softmax is monotone, so these are the top-k of
+//            the probabilities; choosing on the bf16 logits keeps the choice independent of exp's last bit.)
+//   e_i    = fp32(exp(fp64(l_i - m)))  the subtraction in fp32 (IEEE, round to nearest), exp in fp64, rounded
+//            once to fp32: correctly rounded but for fp64 double-rounding hard cases (< 2^-28 of arguments),
+//            so CUDA's fp64 exp gives the same bits as libm's
+//   S      = sum_i e_i over all E experts in the canonical order: 32 lane partials, lane l sums experts
+//            l, l + 32, l + 64, ... in ascending index (fp32 adds from +0), then an xor butterfly over
+//            offsets 16, 8, 4, 2, 1 (p_l = p_l + p_(l ^ o)); S = p_0
+//   p_j    = e_j / S                   fp32, correctly rounded (CUDA: __fdiv_rn), for the chosen j
+//   w_j    = p_j / s_k if norm_topk_prob, s_k = sum of the chosen p_j in ascending expert index (fp32, from
+//            +0), the division correctly rounded; else w_j = p_j
+//   weights[t, slot of j] = bf16(w_j)  rounding point (HF: routing_weights.to(hidden dtype))
+//   logits: bf16 [T, E], last stride 1;  experts: i32 [T, k] contiguous;  weights: bf16 [T, k] contiguous
+//   1 <= k <= E. Host (CPU) tensors only in this build.
+//
+// moe_mlp(x, w, out): out = the sparse MLP of x.
+//   logits = linear(x, w.router)                       bf16 [T, E] (ops/linear.h: one bf16 rounding)
+//   experts, weights = moe_route(logits, w.top_k, w.norm_topk_prob)
+//   y_(t,e) = linear(silu_and_mul(linear(x_t, w.gate_up[e])), w.down[e])
+//             each chosen expert's SwiGLU with the dense MLP's rounding points (ops/linear.h
+//             linear_silu_mul, then linear): gate/up rounded to bf16, silu rounded, the product rounded,
+//             the down projection rounded to bf16
+//   out[t] = bf16(sum over t's chosen e in ascending expert index of y_(t,e) * weights[t, e])
+//             fp32 sum from +0, one rounding at the end. Each product is of two bf16 values, exact in fp32,
+//             so a kernel that contracts it into an fma gets the same bits.
+//   x: bf16 [T, H], last stride 1;  out: bf16 [T, H], last stride 1, not aliasing x
+//   w.router: bf16 [E, H];  w.gate_up: bf16 [E, 2I, H] contiguous (expert e's I gate rows, then its I up
+//   rows);  w.down: bf16 [E, H, I] contiguous
+// Summation orders inside the GEMMs are linear's (tolerance for other backends, ops/linear.h); the routing
+// (experts, weights) from given logits and the final sum from given expert outputs are bitwise contracts.
+// CUDA: not implemented in this build: moe_mlp on a CUDA tensor throws ("MoE layers run on the CPU backend
+// only in this build"); Qwen3Model refuses a MoE checkpoint on --device cuda at load.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/tensor.h"
+
+namespace kiln::ops {
+
+// One sparse MLP's weights (views; the model owns the storage). router empty: the layer is dense.
+struct MoeWeights {
+  Tensor router;   // bf16 [E, H]      mlp.gate.weight
+  Tensor gate_up;  // bf16 [E, 2I, H]  mlp.experts.e.{gate,up}_proj.weight stacked
+  Tensor down;     // bf16 [E, H, I]   mlp.experts.e.down_proj.weight stacked
+  int64_t top_k = 0;
+  bool norm_topk_prob = false;
+  bool present() const { return router.data != nullptr; }
+  int64_t num_experts() const { return router.shape[0]; }
+  int64_t intermediate() const { return down.shape[2]; }
+};
+
+void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
+               const Tensor& weights);
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out);
+
+}  // namespace kiln::ops

@@ -1,0 +1,109 @@
+// `kiln demo-model --arch moe`, `kiln inspect` and `kiln generate --device cpu` on a Qwen3-MoE checkpoint, as
+// a user runs them: the binary as a subprocess on a demo checkpoint written into a temp dir of this process.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/kiln_process.h"
+#include "common/model_steps.h"
+#include "common/test_support.h"
+#include "model/qwen3.h"
+
+namespace fs = std::filesystem;
+using kiln::test_support::kiln_bin;
+using kiln::test_support::slurp;
+using nlohmann::json;
+
+namespace {
+
+fs::path scratch() {
+  return kiln::test_support::process_scratch_dir("cli_moe");
+}
+
+kiln::test_support::KilnResult run_kiln(const std::vector<std::string>& args) {
+  return kiln::test_support::run_kiln(args, scratch());
+}
+
+class CliMoe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kiln_bin())) GTEST_SKIP() << "kiln binary not built at " << kiln_bin();
+    dir_ = scratch() / "demo_moe";
+    const auto r = run_kiln({"demo-model", dir_.string(), "--arch", "moe", "--seed", "4"});
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(CliMoe, DemoCheckpointIsShardedInTheHubLayout) {
+  const json cfg = json::parse(slurp(dir_ / "config.json"));
+  EXPECT_EQ(cfg["architectures"], json{"Qwen3MoeForCausalLM"});
+  EXPECT_EQ(cfg["model_type"], "qwen3_moe");
+  EXPECT_FALSE(fs::exists(dir_ / "model.safetensors"));
+  const json index = json::parse(slurp(dir_ / "model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_EQ(files,
+            (std::set<std::string>{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}));
+  EXPECT_TRUE(index["weight_map"].contains("model.layers.1.mlp.gate.weight"));
+  EXPECT_TRUE(index["weight_map"].contains("model.layers.3.mlp.experts.7.down_proj.weight"));
+  EXPECT_TRUE(index["weight_map"].contains("model.layers.0.mlp.gate_proj.weight"));  // layer 0 is dense
+  EXPECT_FALSE(index["weight_map"].contains("model.layers.0.mlp.gate.weight"));
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+    EXPECT_TRUE(fs::exists(dir_ / f)) << f;
+}
+
+TEST_F(CliMoe, InspectShowsTheExperts) {
+  const auto r = run_kiln({"inspect", "--model", dir_.string(), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["config"]["arch"], "qwen3_moe");
+  const json& moe = j["config"]["moe"];
+  EXPECT_EQ(moe["num_experts"], 8);
+  EXPECT_EQ(moe["num_experts_per_tok"], 2);
+  EXPECT_EQ(moe["moe_intermediate_size"], 128);
+  EXPECT_EQ(moe["norm_topk_prob"], true);
+  EXPECT_EQ(moe["sparse_layers"], (json{1, 2, 3}));
+  EXPECT_EQ(j["files"].size(), 2u);
+  bool expert = false;
+  for (const json& t : j["tensors"])
+    expert |= t["name"] == "model.layers.2.mlp.experts.5.up_proj.weight" && t["shape"] == json{128, 256};
+  EXPECT_TRUE(expert) << "expert 5's up_proj of layer 2 not listed as [128, 256]";
+  const auto text = run_kiln({"inspect", "--model", dir_.string()});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("\"num_experts\":8"), std::string::npos) << text.out.substr(0, 2000);
+}
+
+// kiln generate --device cpu: the greedy ids and log-probs of the model stepped in-process.
+TEST_F(CliMoe, GenerateOnTheCpuMatchesTheModelInProcess) {
+  const auto r = run_kiln({"generate", "--model", dir_.string(), "--prompt-ids", "9707,11,1879,374",
+                           "--max-tokens", "6", "--json", "--device", "cpu", "--ignore-eos"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  const auto ids = j["ids"].get<std::vector<int32_t>>();
+  const auto lps = j["logprobs"].get<std::vector<double>>();
+  ASSERT_EQ(ids.size(), 6u);
+  auto m = kiln::Qwen3Model::load(dir_.string(), kiln::LoadOptions{});
+  const auto logits = kiln::test::model_steps(*m, {9707, 11, 1879, 374}, 6, {}, kiln::DType::bf16,
+                                              kiln::ops::KvLayout::hnd, 16);
+  for (size_t s = 0; s < ids.size(); ++s) {
+    EXPECT_EQ(ids[s], kiln::test::argmax(logits[s])) << "step " << s;
+    const auto lp = kiln::test_support::log_softmax(logits[s].data(), int64_t(logits[s].size()));
+    EXPECT_NEAR(lps[s], lp[size_t(ids[s])], 1e-4) << "step " << s;
+  }
+}
+
+TEST_F(CliMoe, TensorParallelismIsRefusedWithAClearError) {
+  const auto r = run_kiln({"generate", "--model", dir_.string(), "--prompt-ids", "1,2,3", "--max-tokens", "2",
+                           "--device", "cpu", "--tp", "2"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("tensor parallelism (--tp) does not shard MoE experts in this build"),
+            std::string::npos)
+      << r.err;
+}
