@@ -33,6 +33,7 @@
 #   embed      the Qwen3-Embedding fixtures on CUDA (test_cuda_embedding_hf)
 #   embed-any-shape  the real-tokenizer embedding fixtures made (kept as a tarball), GEMMs of any N and K,
 #              kiln serve --device cuda on the 151,669 vocabulary
+#   moe-fixtures  the Qwen3-MoE parity fixtures (transformers, CPU torch), kept as a tarball
 #   yarn       one 131,000-token YaRN prompt served (~1 min)
 #   ncu        Nsight Compute on the attention kernels (prefill, decode bf16 / fp8, cuDNN's decode)
 #   sass       the prefill kernel's SASS: instruction counts and the order of its waits and exponentials

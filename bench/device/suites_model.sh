@@ -106,3 +106,13 @@ suite_yarn() {
   row "131,000 in / 64 out" "rc=$? $(grep -E '^\| [0-9]' "$W/yarn/serve.txt" | head -1 | cut -c1-140)"
   serve_stop
 }
+
+# The Qwen3-MoE parity fixtures made by transformers (CPU torch; tests/unit/test_hf_parity_moe.cpp reads them).
+suite_moe_fixtures() {
+  local d="$W/moe-fixtures" fx=()
+  mkdir -p "$d"
+  python3 tests/fixtures/make_hf_moe_fixture.py --out tests/fixtures/hf >"$d/make.log" 2>&1
+  row "make_hf_moe_fixture" "rc=$? $(tail -1 "$d/make.log" | cut -c1-120)"
+  mapfile -t fx < <(cd tests/fixtures/hf && ls -d qwen3_moe_* 2>/dev/null)
+  ((${#fx[@]})) && tar czf "$d/hf_moe_fixtures.tgz" -C tests/fixtures/hf "${fx[@]}" && keep "$d/hf_moe_fixtures.tgz"
+}
