@@ -396,10 +396,10 @@ int bench_model_tp(const cli::Flags& f) {
 }
 
 int run_bench_model(const cli::Args& args) {
-  const cli::Flags f(
-      args, {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed", "batch", "tp",
-             "quantization"},
-      {"no-breakdown"});
+  const cli::Flags f(args,
+                     {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed",
+                      "batch", "tp", "quantization"},
+                     {"no-breakdown"});
   KILN_CHECK(cuda_available(), "kiln bench model needs a CUDA GPU; none is visible");
   if (f.has("tp")) return bench_model_tp(f);  // --tp 1 too: the TP path with a one-rank NCCL group
   const ModelConfig cfg = f.has("model") ? load_model_config(f.str("model"))

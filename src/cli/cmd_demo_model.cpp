@@ -175,7 +175,8 @@ fs::path tokenizer_source() {
 }
 
 int run_demo_model(const kiln::cli::Args& args) {
-  const kiln::cli::Flags flags(args, {"seed", "arch", "pooling", "quantization", "scale-dtype"}, {"embedding"});
+  const kiln::cli::Flags flags(args, {"seed", "arch", "pooling", "quantization", "scale-dtype"},
+                               {"embedding"});
   KILN_CHECK(
       flags.positional().size() == 1,
       "usage: kiln demo-model DIR [--seed S] [--embedding [--pooling lasttoken|mean|cls] | --arch vl]");
@@ -260,8 +261,8 @@ int run_demo_model(const kiln::cli::Args& args) {
     write_sentence_transformers(dir, pooling, cfg.hidden_size);
   }
   std::printf("wrote a random-weight %s%s demo checkpoint (seed %lld) to %s\n",
-              arch == "vl" ? "Qwen3-VL" : "Qwen3", quant == "fp8" ? " block-FP8" : "", static_cast<long long>(seed),
-              dir.string().c_str());
+              arch == "vl" ? "Qwen3-VL" : "Qwen3", quant == "fp8" ? " block-FP8" : "",
+              static_cast<long long>(seed), dir.string().c_str());
   return 0;
 }
 

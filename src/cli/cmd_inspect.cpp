@@ -96,10 +96,13 @@ int run_inspect(const kiln::cli::Args& args) {
                        {"file", std::filesystem::path(ck.files()[size_t(e.file)]).filename().string()}});
   }
   if (flags.flag("json")) {
-    const nlohmann::json out{{"model", dir},          {"config", config_json(cfg)},
-                             {"files", ck.files()},   {"metadata", ck.metadata()},
+    const nlohmann::json out{{"model", dir},
+                             {"config", config_json(cfg)},
+                             {"files", ck.files()},
+                             {"metadata", ck.metadata()},
                              {"fp8_linears", fp8_linears},
-                             {"tensor_bytes", total}, {"tensors", tensors}};
+                             {"tensor_bytes", total},
+                             {"tensors", tensors}};
     std::printf("%s\n", out.dump(1).c_str());
     return 0;
   }

@@ -340,8 +340,9 @@ void parse_quantization(const Fields& top, const Fields& text, QuantConfig& q) {
         (*b)[0].get<int64_t>() != 128 || (*b)[1].get<int64_t>() != 128)
       f.fail("weight_block_size", "is " + b->dump() + " (kiln's block-FP8 weights use [128, 128] blocks)");
   } else {
-    f.fail("weight_block_size", "is missing: per-tensor FP8 scales are not supported (kiln runs [128, 128] "
-                                "blocks)");
+    f.fail("weight_block_size",
+           "is missing: per-tensor FP8 scales are not supported (kiln runs [128, 128] "
+           "blocks)");
   }
   if (const json* m = f.find("modules_to_not_convert")) {
     if (!m->is_array()) f.fail("modules_to_not_convert", "must be a list of strings, got " + m->dump());

@@ -53,8 +53,8 @@ bool checkpoint_linear_is_fp8(const QuantConfig& q, const Checkpoint& ckpt, cons
   KILN_CHECK(!fp8_module_excluded(q, weight_name), "tensor '", weight_name,
              "' is F8_E4M3 but quantization_config.modules_to_not_convert keeps that module bf16");
   const std::vector<int64_t> want{rows, cols};
-  KILN_CHECK(e.shape == want, "tensor '", weight_name, "': expected f8e4m3", shape_str(want), ", found f8e4m3",
-             shape_str(e.shape));
+  KILN_CHECK(e.shape == want, "tensor '", weight_name, "': expected f8e4m3", shape_str(want),
+             ", found f8e4m3", shape_str(e.shape));
   KILN_CHECK(has_scale, "tensor '", weight_name, "' is F8_E4M3 but its block scales '", scale_name,
              "' are missing");
   const TensorEntry& s = ckpt.entry(scale_name);
@@ -67,7 +67,8 @@ bool checkpoint_linear_is_fp8(const QuantConfig& q, const Checkpoint& ckpt, cons
   return true;
 }
 
-Fp8HostPart read_fp8_part(const Checkpoint& ckpt, const std::string& weight_name, int64_t rows, int64_t cols) {
+Fp8HostPart read_fp8_part(const Checkpoint& ckpt, const std::string& weight_name, int64_t rows,
+                          int64_t cols) {
   Fp8HostPart p;
   p.rows = rows, p.cols = cols;
   p.q = ckpt.get(weight_name).ptr<uint8_t>();
@@ -97,8 +98,9 @@ Fp8HostPart quantize_fp8_part(const bf16_t* w, int64_t rows, int64_t cols, const
   return p;
 }
 
-ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts, const std::vector<std::string>& names,
-                                   Device device, std::vector<Buffer>& storage) {
+ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
+                                   const std::vector<std::string>& names, Device device,
+                                   std::vector<Buffer>& storage) {
   KILN_CHECK(!parts.empty() && parts.size() == names.size(), "place_fp8_linear: no parts");
   const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
   int64_t rows = 0, scale_rows = 0;
@@ -116,8 +118,8 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts, const 
       copy_bytes(s.data(), device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
       const ops::LinearWeight w(q.view(DType::f8e4m3, {p.rows, p.cols}),
                                 s.view(DType::f32, {ops::fp8_blocks(p.rows), kb}));
-      ops::dequantize_fp8(w, Tensor(static_cast<bf16_t*>(out.data()) + row0 * cols, DType::bf16,
-                                    {p.rows, cols}, device));
+      ops::dequantize_fp8(
+          w, Tensor(static_cast<bf16_t*>(out.data()) + row0 * cols, DType::bf16, {p.rows, cols}, device));
 #ifdef KILN_HAVE_CUDA
       KILN_CUDA_CHECK(cudaDeviceSynchronize());  // before q and s are freed
 #endif
@@ -182,7 +184,8 @@ std::vector<NamedTensor> quantize_checkpoint_linears(const std::vector<NamedTens
     } else {
       out.push_back({t.name, Tensor(storage.bytes.emplace_back(std::move(p.owned)).data(), DType::f8e4m3,
                                     {rows, cols})});
-      out.push_back({scale_name, Tensor(storage.f32.emplace_back(std::move(p.scale)).data(), DType::f32, {nb, kb})});
+      out.push_back(
+          {scale_name, Tensor(storage.f32.emplace_back(std::move(p.scale)).data(), DType::f32, {nb, kb})});
     }
   }
   return out;

@@ -30,8 +30,8 @@ struct Fp8HostPart {
 bool fp8_module_excluded(const QuantConfig& q, const std::string& weight_name);
 
 // How the checkpoint stores linear `weight_name` ([rows, cols]): true for F8_E4M3 with a valid
-// NAME.weight_scale_inv (F32 or BF16, [ceil(rows/128), ceil(cols/128)]), false for anything else (the caller's
-// bf16 read then checks dtype and shape). Throws naming the tensor for an FP8 weight without
+// NAME.weight_scale_inv (F32 or BF16, [ceil(rows/128), ceil(cols/128)]), false for anything else (the
+// caller's bf16 read then checks dtype and shape). Throws naming the tensor for an FP8 weight without
 // quantization_config or listed in modules_to_not_convert, a wrong shape, a missing or malformed scale, or a
 // scale next to a weight that is not F8_E4M3.
 bool checkpoint_linear_is_fp8(const QuantConfig& q, const Checkpoint& ckpt, const std::string& weight_name,
@@ -46,8 +46,9 @@ Fp8HostPart quantize_fp8_part(const bf16_t* w, int64_t rows, int64_t cols, const
 //   CPU: the e4m3 matrix and its scales, run by the block-FP8 CPU path; every part but the last must have a
 //        multiple of 128 rows so the block grid stays aligned (else an error naming the part);
 //   CUDA: the dequantized bf16 matrix (path (c), the portable CUDA path), one dequantization kernel per part.
-ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts, const std::vector<std::string>& names,
-                                   Device device, std::vector<Buffer>& storage);
+ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
+                                   const std::vector<std::string>& names, Device device,
+                                   std::vector<Buffer>& storage);
 
 // Writing FP8 checkpoints (demo-model --quantization fp8, tests): each tensor of `in` for which
 // `is_linear(name)` holds (a bf16 [out, in] "*.weight") is replaced by its online quantization, F8_E4M3, and

@@ -81,13 +81,14 @@ class Loader {
     const QuantConfig& q = cfg_.quant;
     size_t stored_fp8 = 0;
     if (ckpt_)
-      for (const auto& [name, rows] : parts) stored_fp8 += checkpoint_linear_is_fp8(q, *ckpt_, name, rows, cols);
+      for (const auto& [name, rows] : parts)
+        stored_fp8 += checkpoint_linear_is_fp8(q, *ckpt_, name, rows, cols);
     KILN_CHECK(stored_fp8 == 0 || stored_fp8 == parts.size(), "'", parts[0].first, "' and '",
                parts.back().first,
                "' are stacked into one matrix but the checkpoint stores some of them F8_E4M3 and some not");
     // Online: --quantization fp8 on a bf16 checkpoint, or random weights for an FP8 config.
-    const bool online = stored_fp8 == 0 && q.fp8() && (q.online || !ckpt_) &&
-                        !fp8_module_excluded(q, parts[0].first);
+    const bool online =
+        stored_fp8 == 0 && q.fp8() && (q.online || !ckpt_) && !fp8_module_excluded(q, parts[0].first);
     if (stored_fp8 == 0 && !online) return stacked(parts, cols, false);
     std::vector<Fp8HostPart> host;
     std::vector<std::string> names;
@@ -214,8 +215,8 @@ Qwen3Weights load_qwen3_weights(const ModelConfig& c, const Checkpoint* ckpt, ui
     lw.k_norm = ld.vector(layer_name(c, l, "self_attn.k_norm.weight"), D);
     lw.o_proj = ld.linear({{layer_name(c, l, "self_attn.o_proj.weight"), H}}, qd);
     lw.post_norm = ld.vector(layer_name(c, l, "post_attention_layernorm.weight"), H);
-    lw.gate_up =
-        ld.linear({{layer_name(c, l, "mlp.gate_proj.weight"), I}, {layer_name(c, l, "mlp.up_proj.weight"), I}}, H);
+    lw.gate_up = ld.linear(
+        {{layer_name(c, l, "mlp.gate_proj.weight"), I}, {layer_name(c, l, "mlp.up_proj.weight"), I}}, H);
     lw.down = ld.linear({{layer_name(c, l, "mlp.down_proj.weight"), H}}, I);
     w.layers.push_back(lw);
   }

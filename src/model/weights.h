@@ -17,12 +17,12 @@
 namespace kiln {
 
 struct LayerWeights {
-  Tensor input_norm;  // bf16 [hidden]
-  ops::LinearWeight qkv;  // [Hq*D + 2*Hkv*D, hidden]: q rows, then k, then v
-  Tensor q_norm;      // bf16 [D]
-  Tensor k_norm;      // bf16 [D]
-  ops::LinearWeight o_proj;  // [hidden, Hq*D]
-  Tensor post_norm;   // bf16 [hidden]
+  Tensor input_norm;          // bf16 [hidden]
+  ops::LinearWeight qkv;      // [Hq*D + 2*Hkv*D, hidden]: q rows, then k, then v
+  Tensor q_norm;              // bf16 [D]
+  Tensor k_norm;              // bf16 [D]
+  ops::LinearWeight o_proj;   // [hidden, Hq*D]
+  Tensor post_norm;           // bf16 [hidden]
   ops::LinearWeight gate_up;  // [2*I, hidden]: gate rows, then up
   ops::LinearWeight down;     // [hidden, I]
 };

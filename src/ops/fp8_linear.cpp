@@ -20,8 +20,8 @@ void check_linear_weight(const char* op, const char* name, const LinearWeight& w
   KILN_CHECK(w.scale.data != nullptr, op, ": ", name, " is f8e4m3 but has no block scales");
   detail::check_matrix(op, "block scales", w.scale, 2, DType::f32);
   const int64_t nb = fp8_blocks(w.rows()), kb = fp8_blocks(w.cols());
-  KILN_CHECK(w.scale.shape[0] == nb && w.scale.shape[1] == kb && w.scale.is_contiguous(), op, ": ", name,
-             " ", w.weight.describe(), " needs contiguous block scales f32[", nb, ", ", kb, "], got ",
+  KILN_CHECK(w.scale.shape[0] == nb && w.scale.shape[1] == kb && w.scale.is_contiguous(), op, ": ", name, " ",
+             w.weight.describe(), " needs contiguous block scales f32[", nb, ", ", kb, "], got ",
              w.scale.describe());
   detail::check_same_device(op, w.weight, w.scale);
 }

@@ -40,7 +40,8 @@ struct LinearWeight {
   Tensor scale;
 
   LinearWeight() = default;
-  LinearWeight(const Tensor& w) : weight(w) {}  // NOLINT(google-explicit-constructor): bf16 is the common case
+  LinearWeight(const Tensor& w)
+      : weight(w) {}  // NOLINT(google-explicit-constructor): bf16 is the common case
   LinearWeight(const Tensor& w, const Tensor& s) : weight(w), scale(s) {}
   bool is_fp8() const { return weight.dtype == DType::f8e4m3; }
   int64_t rows() const { return weight.shape[0]; }

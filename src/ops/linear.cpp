@@ -1,10 +1,10 @@
 #include "ops/linear.h"
 
+#include "ops/activation.h"
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
 #include "ops/cuda/dispatch.h"
 #include "ops/rms_norm.h"
-#include "ops/activation.h"
 
 namespace kiln::ops {
 

@@ -21,7 +21,8 @@ using kiln::test_support::kiln_bin;
 using kiln::test_support::slurp;
 
 fs::path tmp_root() {
-  static const fs::path root = fs::temp_directory_path() / ("kiln_test_cli_fp8_" + std::to_string(::getpid()));
+  static const fs::path root =
+      fs::temp_directory_path() / ("kiln_test_cli_fp8_" + std::to_string(::getpid()));
   return root;
 }
 
@@ -46,10 +47,17 @@ class CliFp8 : public ::testing::Test {
 };
 
 json generate(const std::string& model, const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {"generate",    "--model",        (tmp_root() / model).string(),
-                                   "--json",      "--device",       "cpu",
-                                   "--prompt-ids", "9707,11,1879,0", "--max-tokens",
-                                   "6",           "--ignore-eos"};
+  std::vector<std::string> args = {"generate",
+                                   "--model",
+                                   (tmp_root() / model).string(),
+                                   "--json",
+                                   "--device",
+                                   "cpu",
+                                   "--prompt-ids",
+                                   "9707,11,1879,0",
+                                   "--max-tokens",
+                                   "6",
+                                   "--ignore-eos"};
   args.insert(args.end(), extra.begin(), extra.end());
   const Result r = run_kiln(args);
   EXPECT_EQ(r.code, 0) << r.err;
@@ -96,7 +104,8 @@ TEST_F(CliFp8, GeneratesOnTheCpuAndEqualsOnlineQuantization) {
   ASSERT_TRUE(a.contains("ids") && b.contains("ids") && c.contains("ids"));
   EXPECT_EQ(a["ids"].size(), 6u);
   EXPECT_EQ(a["ids"], b["ids"]);
-  EXPECT_EQ(a["logprobs"], b["logprobs"]);  // bitwise: the checkpoint is the online quantization of the same weights
+  EXPECT_EQ(a["logprobs"],
+            b["logprobs"]);  // bitwise: the checkpoint is the online quantization of the same weights
   EXPECT_NE(a["logprobs"], c["logprobs"]);  // and FP8 is not BF16
 }
 

@@ -47,7 +47,8 @@ ModelConfig fp8_config(int64_t intermediate = 256) {
 }
 
 bool is_decoder_linear(const std::string& n) {
-  return n.rfind("model.layers.", 0) == 0 && n.size() > 12 && n.compare(n.size() - 12, 12, "_proj.weight") == 0;
+  return n.rfind("model.layers.", 0) == 0 && n.size() > 12 &&
+         n.compare(n.size() - 12, 12, "_proj.weight") == 0;
 }
 
 using Mutate = std::function<void(std::vector<NamedTensor>&)>;
@@ -63,7 +64,8 @@ fs::path write_checkpoint(const std::string& name, const ModelConfig& cfg,
   static std::vector<Fp8CheckpointStorage> keep_q;
   keep.push_back(random_weights(qwen3_weight_specs(cfg), 5));
   keep_q.emplace_back();
-  std::vector<NamedTensor> t = quantize_checkpoint_linears(keep.back().tensors, quantize, bf16_scales, keep_q.back());
+  std::vector<NamedTensor> t =
+      quantize_checkpoint_linears(keep.back().tensors, quantize, bf16_scales, keep_q.back());
   if (mutate) mutate(t);
   write_safetensors((dir / "model.safetensors").string(), t);
   return dir;
@@ -123,10 +125,10 @@ void erase(std::vector<NamedTensor>& t, const std::string& name) {
 }  // namespace
 
 TEST(Fp8Config, ParsesQwenFp8Block) {
-  const ModelConfig c = parse_model_config(
-      config_json(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+  const ModelConfig c =
+      parse_model_config(config_json(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                       "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", "mlp.gate"]})"),
-      "config.json");
+                         "config.json");
   EXPECT_EQ(c.quant.method, "fp8");
   EXPECT_TRUE(c.quant.fp8());
   EXPECT_EQ(c.quant.modules_to_not_convert, (std::vector<std::string>{"lm_head", "mlp.gate"}));
@@ -142,14 +144,16 @@ TEST(Fp8Config, RefusesOtherSchemesNamingThem) {
   }
   const std::pair<const char*, const char*> bad[] = {
       {R"({"quant_method": "fp8", "weight_block_size": [64, 64]})", "weight_block_size"},
-      {R"({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"})", "static"},
+      {R"({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"})",
+       "static"},
       {R"({"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": "e5m2"})", "e5m2"},
       {R"({"quant_method": "fp8"})", "weight_block_size"},
       {R"({"weight_block_size": [128, 128]})", "quant_method"},
       {R"("fp8")", "must be an object"},
   };
   for (const auto& [q, want] : bad)
-    expect_contains(error_of([&] { parse_model_config(config_json(q), "config.json"); }), {"config.json", want});
+    expect_contains(error_of([&] { parse_model_config(config_json(q), "config.json"); }),
+                    {"config.json", want});
 }
 
 TEST(Fp8Model, CheckpointEqualsOnlineQuantizationOfItsSourceBitwise) {
@@ -177,7 +181,7 @@ TEST(Fp8Model, CheckpointEqualsOnlineQuantizationOfItsSourceBitwise) {
   // logits move (the test can fail both ways), by about that much, not more.
   const double rel = std::sqrt(num / den);
   EXPECT_GT(rel, 1e-3);
-  EXPECT_LT(rel, 0.15);
+  EXPECT_LT(rel, 0.15);  // measured 0.068 (2026-12-06): about one e4m3 rounding per operand, over 2 layers
 }
 
 TEST(Fp8Model, Bf16ScalesWidenExactly) {
@@ -188,7 +192,8 @@ TEST(Fp8Model, Bf16ScalesWidenExactly) {
   const Tensor s = ck.get("model.layers.1.mlp.down_proj.weight_scale_inv");
   ASSERT_EQ(s.dtype, DType::bf16);
   const ops::LinearWeight& down = m->weights().layers[1].down;
-  for (int64_t i = 0; i < s.numel(); ++i) EXPECT_EQ(down.scale.ptr<float>()[i], bf16_to_f32(s.ptr<bf16_t>()[i]));
+  for (int64_t i = 0; i < s.numel(); ++i)
+    EXPECT_EQ(down.scale.ptr<float>()[i], bf16_to_f32(s.ptr<bf16_t>()[i]));
   for (float v : prefill_logits(*m)) ASSERT_TRUE(std::isfinite(v));
 }
 
@@ -208,7 +213,8 @@ TEST(Fp8Model, ShardedCheckpointLoadsTheSame) {
   }
   write_safetensors((dir / "model-00001-of-00002.safetensors").string(), a);
   write_safetensors((dir / "model-00002-of-00002.safetensors").string(), b);
-  std::ofstream(dir / "model.safetensors.index.json") << nlohmann::json{{"metadata", {}}, {"weight_map", map}}.dump();
+  std::ofstream(dir / "model.safetensors.index.json")
+      << nlohmann::json{{"metadata", {}}, {"weight_map", map}}.dump();
   EXPECT_EQ(prefill_logits(*load(dir, cfg)), prefill_logits(*load(one, cfg)));
 }
 
@@ -233,10 +239,10 @@ TEST(Fp8Model, LoaderRefusesBadTensorsNamingThem) {
                              cfg),
                   {o_scale, "F32 or BF16", "i32"});
   // A missing scale.
-  expect_contains(
-      load_error(write_checkpoint("no_scale", cfg, is_decoder_linear, false, [&](auto& t) { erase(t, o_scale); }),
-                 cfg),
-      {"model.layers.1.self_attn.o_proj.weight", o_scale, "missing"});
+  expect_contains(load_error(write_checkpoint("no_scale", cfg, is_decoder_linear, false,
+                                              [&](auto& t) { erase(t, o_scale); }),
+                             cfg),
+                  {"model.layers.1.self_attn.o_proj.weight", o_scale, "missing"});
   // An FP8 weight of the wrong shape.
   expect_contains(load_error(write_checkpoint("bad_weight", cfg, is_decoder_linear, false,
                                               [&](auto& t) {
@@ -249,14 +255,14 @@ TEST(Fp8Model, LoaderRefusesBadTensorsNamingThem) {
   expect_contains(load_error(write_checkpoint("no_config", cfg, is_decoder_linear), without_quant(cfg)),
                   {"model.layers.0.self_attn.q_proj.weight", "quantization_config"});
   // A scale beside a bf16 weight.
-  expect_contains(
-      load_error(write_checkpoint("stray_scale", cfg, [](const std::string&) { return false; }, false,
-                                  [&](auto& t) {
-                                    t.push_back({"model.layers.0.mlp.down_proj.weight_scale_inv",
-                                                 Tensor(wrong.data(), DType::f32, {2, 2})});
-                                  }),
-                 cfg),
-      {"model.layers.0.mlp.down_proj.weight_scale_inv", "F8_E4M3"});
+  expect_contains(load_error(write_checkpoint(
+                                 "stray_scale", cfg, [](const std::string&) { return false; }, false,
+                                 [&](auto& t) {
+                                   t.push_back({"model.layers.0.mlp.down_proj.weight_scale_inv",
+                                                Tensor(wrong.data(), DType::f32, {2, 2})});
+                                 }),
+                             cfg),
+                  {"model.layers.0.mlp.down_proj.weight_scale_inv", "F8_E4M3"});
   // q stored FP8, k and v bf16: one stacked matrix cannot mix them.
   expect_contains(
       load_error(write_checkpoint("mixed", cfg,
@@ -265,11 +271,12 @@ TEST(Fp8Model, LoaderRefusesBadTensorsNamingThem) {
       {"model.layers.0.self_attn.q_proj.weight", "stacked"});
   // An f16 linear in an FP8 checkpoint: the bf16 read names it.
   static std::vector<uint16_t> halves(size_t(200 * 256), 0x3c00);
-  expect_contains(load_error(write_checkpoint("f16", cfg, [](const std::string&) { return false; }, false,
-                                              [&](auto& t) {
-                                                replace(t, "model.layers.1.mlp.down_proj.weight",
-                                                        Tensor(halves.data(), DType::f16, {200, 256}));
-                                              }),
+  expect_contains(load_error(write_checkpoint(
+                                 "f16", cfg, [](const std::string&) { return false; }, false,
+                                 [&](auto& t) {
+                                   replace(t, "model.layers.1.mlp.down_proj.weight",
+                                           Tensor(halves.data(), DType::f16, {200, 256}));
+                                 }),
                              cfg),
                   {"model.layers.1.mlp.down_proj.weight", "f16"});
 }

@@ -24,17 +24,15 @@ float bf(bf16_t v) {
 }
 
 // W8A8 and weight-only on a case whose every step is exact but the final bf16 rounding, worked by hand:
-//   x row 0: k = 0: 448, k = 1..127: 1 (group scale 448/448 = 1); k = 128: 224, k = 129..255: -0.5 (scale 0.5:
+//   x row 0: k = 0: 448, k = 1..127: 1 (group scale 448/448 = 1); k = 128: 224, k = 129..255: -0.5 (scale
+//   0.5:
 //            q = 448, -1). Row 1: block 0 all zero (q = 0); k = 200: -7, the rest of block 1: 0.875 (scale
 //            7/448 = 1/64: q = -448, 56).
-//   W (one block row, two block columns; scales 0.25 and 2): row 0 q = 1; row 1 q = +2 at even k, -2 at odd k;
-//   row 2 q = 448 at k = 0, 0.5 at k = 200, else 0.
-//   out[0, 0] = 575 * 0.25 + 321 * (0.5 * 2) = 464.75 -> bf16 464      (ulp 2 in [256, 512))
-//   out[0, 1] = 894 * 0.25 + 898 * 1 = 1121.5 -> 1120                 (ulp 8)
-//   out[0, 2] = 200704 * 0.25 + (-0.5) * 1 = 50175.5 -> 50176         (ulp 256)
-//   out[1, 0] = 0 + (-448 + 127 * 56) / 32 = 208.25 -> 208
-//   out[1, 1] = (-896 + 63 * 112 - 64 * 112) / 32 = -31.5
-//   out[1, 2] = (-448 * 0.5) / 32 = -7
+//   W (one block row, two block columns; scales 0.25 and 2): row 0 q = 1; row 1 q = +2 at even k, -2 at odd
+//   k; row 2 q = 448 at k = 0, 0.5 at k = 200, else 0. out[0, 0] = 575 * 0.25 + 321 * (0.5 * 2) = 464.75 ->
+//   bf16 464      (ulp 2 in [256, 512)) out[0, 1] = 894 * 0.25 + 898 * 1 = 1121.5 -> 1120 (ulp 8) out[0, 2] =
+//   200704 * 0.25 + (-0.5) * 1 = 50175.5 -> 50176         (ulp 256) out[1, 0] = 0 + (-448 + 127 * 56) / 32 =
+//   208.25 -> 208 out[1, 1] = (-896 + 63 * 112 - 64 * 112) / 32 = -31.5 out[1, 2] = (-448 * 0.5) / 32 = -7
 struct HandCase {
   std::vector<bf16_t> x = std::vector<bf16_t>(2 * 256);
   std::vector<uint8_t> q = std::vector<uint8_t>(3 * 256);
@@ -62,7 +60,8 @@ TEST(OpsFp8, HandCheckedBlocksBothPaths) {
                     Tensor(out.data(), DType::bf16, {2, 3}), path);
     for (int m = 0; m < 2; ++m)
       for (int n = 0; n < 3; ++n)
-        EXPECT_EQ(bf(out[size_t(m * 3 + n)]), want[m][n]) << "path " << int(path) << " [" << m << ", " << n << "]";
+        EXPECT_EQ(bf(out[size_t(m * 3 + n)]), want[m][n])
+            << "path " << int(path) << " [" << m << ", " << n << "]";
   }
 }
 
@@ -90,17 +89,17 @@ TEST(OpsFp8, E4m3EncodeEdgeCases) {
   EXPECT_EQ(f32_to_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
   EXPECT_EQ(f32_to_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7f);
   EXPECT_EQ(f32_to_e4m3(-0.f), 0x80);
-  EXPECT_EQ(f32_to_e4m3(0x1p-9f), 0x01);                    // smallest subnormal
-  EXPECT_EQ(f32_to_e4m3(0x1p-10f), 0x00);                   // half of it: a tie, to the even zero
-  EXPECT_EQ(f32_to_e4m3(0x1.8p-10f), 0x01);                 // above the tie
-  EXPECT_EQ(f32_to_e4m3(0x1.8p-9f), 0x02);                  // 1.5 x 2^-9: tie between 1 and 2, to even 2
-  EXPECT_EQ(f32_to_e4m3(7 * 0x1p-9f), 0x07);                // largest subnormal
-  EXPECT_EQ(f32_to_e4m3(0x1p-6f), 0x08);                    // smallest normal
-  EXPECT_EQ(f32_to_e4m3(1.0625f), 0x38);                    // tie between 1 and 1.125: even 1
-  EXPECT_EQ(f32_to_e4m3(1.1875f), 0x3a);                    // tie between 1.125 and 1.25: even 1.25
-  EXPECT_EQ(f32_to_e4m3(-1.1876f), 0xba);                   // just above the tie
-  for (int b = 0; b < 256; ++b) {                           // decode then encode is the identity
-    if ((b & 0x7f) == 0x7f) continue;                       // NaN
+  EXPECT_EQ(f32_to_e4m3(0x1p-9f), 0x01);      // smallest subnormal
+  EXPECT_EQ(f32_to_e4m3(0x1p-10f), 0x00);     // half of it: a tie, to the even zero
+  EXPECT_EQ(f32_to_e4m3(0x1.8p-10f), 0x01);   // above the tie
+  EXPECT_EQ(f32_to_e4m3(0x1.8p-9f), 0x02);    // 1.5 x 2^-9: tie between 1 and 2, to even 2
+  EXPECT_EQ(f32_to_e4m3(7 * 0x1p-9f), 0x07);  // largest subnormal
+  EXPECT_EQ(f32_to_e4m3(0x1p-6f), 0x08);      // smallest normal
+  EXPECT_EQ(f32_to_e4m3(1.0625f), 0x38);      // tie between 1 and 1.125: even 1
+  EXPECT_EQ(f32_to_e4m3(1.1875f), 0x3a);      // tie between 1.125 and 1.25: even 1.25
+  EXPECT_EQ(f32_to_e4m3(-1.1876f), 0xba);     // just above the tie
+  for (int b = 0; b < 256; ++b) {             // decode then encode is the identity
+    if ((b & 0x7f) == 0x7f) continue;         // NaN
     EXPECT_EQ(f32_to_e4m3(e4m3_to_f32(uint8_t(b))), b) << b;
   }
 }
@@ -134,7 +133,8 @@ TEST(OpsFp8, ActivationQuantizerScalesAndRounding) {
 double rel_error_vs_fp64(int64_t M, int64_t N, int64_t K, ops::Fp8LinearPath path, uint32_t seed) {
   const int64_t Nb = ops::fp8_blocks(N), Kb = ops::fp8_blocks(K);
   std::vector<bf16_t> x = test_support::random_bf16(size_t(M * K), seed);
-  for (int64_t k = 0; k < K; ++k) x[size_t(k)] = f32_to_bf16(bf(x[size_t(k)]) * 64.f);  // groups of other scales
+  for (int64_t k = 0; k < K; ++k)
+    x[size_t(k)] = f32_to_bf16(bf(x[size_t(k)]) * 64.f);  // groups of other scales
   std::vector<bf16_t> w = test_support::random_bf16(size_t(N * K), seed + 1, -0.1f, 0.1f);
   std::vector<uint8_t> q(size_t(N * K));
   std::vector<float> s(size_t(Nb * Kb));
@@ -215,7 +215,8 @@ TEST(OpsFp8, OnlineQuantizationRoundTripBound) {
     for (int64_t c = 0; c < K; ++c) {
       const float sc = s[size_t((r / 128) * Kb + c / 128)], v = bf(w[size_t(r * K + c)]);
       const float back = e4m3_to_f32(q[size_t(r * K + c)]) * sc;
-      EXPECT_LE(std::fabs(back - v), (std::ldexp(1.f, -4) * std::fabs(v) + std::ldexp(1.f, -10) * sc) * 1.0001f)
+      EXPECT_LE(std::fabs(back - v),
+                (std::ldexp(1.f, -4) * std::fabs(v) + std::ldexp(1.f, -10) * sc) * 1.0001f)
           << r << ", " << c;
       saturated += (q[size_t(r * K + c)] & 0x7f) == 0x7e;
     }
@@ -228,9 +229,9 @@ TEST(OpsFp8, QuantizerRefusesNonFiniteWeightsNamingThem) {
   std::vector<uint8_t> q(4);
   std::vector<float> s(1);
   expect_contains(error_of([&] {
-                    ops::quantize_weight_fp8(Tensor(w.data(), DType::bf16, {2, 2}),
-                                             Tensor(q.data(), DType::f8e4m3, {2, 2}),
-                                             Tensor(s.data(), DType::f32, {1, 1}), "model.layers.0.mlp.up_proj.weight");
+                    ops::quantize_weight_fp8(
+                        Tensor(w.data(), DType::bf16, {2, 2}), Tensor(q.data(), DType::f8e4m3, {2, 2}),
+                        Tensor(s.data(), DType::f32, {1, 1}), "model.layers.0.mlp.up_proj.weight");
                   }),
                   {"model.layers.0.mlp.up_proj.weight", "non-finite", "[1, 1]"});
 }
@@ -264,7 +265,9 @@ TEST(OpsFp8, ArgumentChecksNameTheProblem) {
                                 Tensor(out.data(), DType::bf16, {2, 3}));
                   }),
                   {"no block scales"});
-  expect_contains(error_of([&] { ops::linear(x, h.weight(), Tensor(out.data(), DType::bf16, {2, 2})); }),
+  expect_contains(error_of([&] {
+                    ops::linear(x, h.weight(), Tensor(out.data(), DType::bf16, {2, 2}));
+                  }),
                   {"out", "[2, 3]"});
 }
 

@@ -16,8 +16,8 @@ namespace kiln::ops::cpu {
 namespace {
 
 constexpr float kE4m3Max = 448.0f;
-constexpr float kActEps = 1e-10f;     // vLLM's per_token_group_quant_fp8 eps
-constexpr float kWeightEps = 1e-4f;   // DeepGEMM's per_block_cast_to_fp8 clamp
+constexpr float kActEps = 1e-10f;    // vLLM's per_token_group_quant_fp8 eps
+constexpr float kWeightEps = 1e-4f;  // DeepGEMM's per_block_cast_to_fp8 clamp
 
 // ops::linear's lane order: l[k mod 8] accumulates in ascending k, then (l0+l4)+(l2+l6) + (l1+l5)+(l3+l7).
 // `k0` is the global index of a[0] (the lane of element i is (k0 + i) mod 8).
@@ -122,8 +122,8 @@ void quantize_weight_fp8(const Tensor& w, const Tensor& q, const Tensor& scale, 
   uint8_t* Q = q.ptr<uint8_t>();
   float* S = scale.ptr<float>();
   for (int64_t i = 0; i < N * K; ++i)
-    KILN_CHECK(std::isfinite(bf16_to_f32(W[i])), "--quantization fp8: ", name, " holds a non-finite value at [",
-               i / K, ", ", i % K, "]");
+    KILN_CHECK(std::isfinite(bf16_to_f32(W[i])), "--quantization fp8: ", name,
+               " holds a non-finite value at [", i / K, ", ", i % K, "]");
   parallel_for(Nb, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t nb = b0; nb < b1; ++nb) {
       const int64_t r0 = nb * kFp8Block, r1 = std::min(N, r0 + kFp8Block);

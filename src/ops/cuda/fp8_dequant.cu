@@ -23,7 +23,8 @@ __global__ void dequantize_fp8_kernel(const __grid_constant__ DequantParams p) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < p.N * p.K;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = i / p.K, k = i % p.K;
-    const float w = __fmul_rn(::kiln::e4m3_to_f32(p.q[n * p.ldq + k]), p.scale[(n / kBlock) * p.kb + k / kBlock]);
+    const float w =
+        __fmul_rn(::kiln::e4m3_to_f32(p.q[n * p.ldq + k]), p.scale[(n / kBlock) * p.kb + k / kBlock]);
     p.out[i] = uint16_t(::kiln::cuda::f32_to_bf16_bits(w));
   }
 }
