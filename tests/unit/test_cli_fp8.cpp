@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/kiln_process.h"
+#include "common/test_support.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -20,27 +21,23 @@ using Result = kiln::test_support::KilnResult;
 using kiln::test_support::kiln_bin;
 using kiln::test_support::slurp;
 
+// This process's scratch folder (removed at exit): the demo checkpoints and the subprocess output.
 fs::path tmp_root() {
-  static const fs::path root =
-      fs::temp_directory_path() / ("kiln_test_cli_fp8_" + std::to_string(::getpid()));
-  return root;
-}
-
-Result run_kiln(const std::vector<std::string>& args) {
-  return kiln::test_support::run_kiln(args, tmp_root());
+  return kiln::test_support::process_scratch_dir("cli_fp8");
 }
 
 class CliFp8 : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    fs::create_directories(tmp_root());
     if (!fs::exists(kiln_bin())) return;
-    ASSERT_EQ(run_kiln({"demo-model", (tmp_root() / "bf16").string(), "--seed", "4"}).code, 0);
-    const Result r =
-        run_kiln({"demo-model", (tmp_root() / "fp8").string(), "--seed", "4", "--quantization", "fp8"});
+    ASSERT_EQ(kiln::test_support::run_kiln({"demo-model", (tmp_root() / "bf16").string(), "--seed", "4"},
+                                           tmp_root())
+                  .code,
+              0);
+    const Result r = kiln::test_support::run_kiln(
+        {"demo-model", (tmp_root() / "fp8").string(), "--seed", "4", "--quantization", "fp8"}, tmp_root());
     ASSERT_EQ(r.code, 0) << r.err;
   }
-  static void TearDownTestSuite() { fs::remove_all(tmp_root()); }
   void SetUp() override {
     if (!fs::exists(kiln_bin())) GTEST_SKIP() << "kiln binary not built at " << kiln_bin();
   }
@@ -59,7 +56,7 @@ json generate(const std::string& model, const std::vector<std::string>& extra) {
                                    "6",
                                    "--ignore-eos"};
   args.insert(args.end(), extra.begin(), extra.end());
-  const Result r = run_kiln(args);
+  const Result r = kiln::test_support::run_kiln(args, tmp_root());
   EXPECT_EQ(r.code, 0) << r.err;
   return r.code == 0 ? json::parse(r.out) : json{};
 }
@@ -70,7 +67,8 @@ TEST_F(CliFp8, DemoCheckpointHasQwenFp8Layout) {
   const json cfg = json::parse(slurp(tmp_root() / "fp8" / "config.json"));
   EXPECT_EQ(cfg["quantization_config"]["quant_method"], "fp8");
   EXPECT_EQ(cfg["quantization_config"]["weight_block_size"], json::array({128, 128}));
-  const Result r = run_kiln({"inspect", "--model", (tmp_root() / "fp8").string(), "--json"});
+  const Result r = kiln::test_support::run_kiln(
+      {"inspect", "--model", (tmp_root() / "fp8").string(), "--json"}, tmp_root());
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["fp8_linears"], 4 * 7);  // 4 layers x q, k, v, o, gate, up, down
@@ -93,7 +91,8 @@ TEST_F(CliFp8, DemoCheckpointHasQwenFp8Layout) {
     scales += n.find("weight_scale_inv") != std::string::npos;
   }
   EXPECT_EQ(scales, 4 * 7);
-  const Result text = run_kiln({"inspect", "--model", (tmp_root() / "fp8").string()});
+  const Result text =
+      kiln::test_support::run_kiln({"inspect", "--model", (tmp_root() / "fp8").string()}, tmp_root());
   EXPECT_NE(text.out.find("quantization: fp8 (checkpoint"), std::string::npos) << text.out;
 }
 
@@ -110,8 +109,10 @@ TEST_F(CliFp8, GeneratesOnTheCpuAndEqualsOnlineQuantization) {
 }
 
 TEST_F(CliFp8, BadQuantizationFlagIsOneClearError) {
-  const Result r = run_kiln({"generate", "--model", (tmp_root() / "bf16").string(), "--device", "cpu",
-                             "--prompt-ids", "1,2", "--quantization", "awq"});
+  const Result r =
+      kiln::test_support::run_kiln({"generate", "--model", (tmp_root() / "bf16").string(), "--device", "cpu",
+                                    "--prompt-ids", "1,2", "--quantization", "awq"},
+                                   tmp_root());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--quantization must be none or fp8, got 'awq'"), std::string::npos) << r.err;
 }
