@@ -33,8 +33,15 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 bool fp8_module_excluded(const QuantConfig& q, const std::string& weight_name) {
   const std::string module = module_of(weight_name);
-  for (const std::string& m : q.modules_to_not_convert)
-    if (!m.empty() && module.find(m) != std::string::npos) return true;
+  for (const std::string& m : q.modules_to_not_convert) {
+    if (m.empty()) continue;
+    // Whole dotted components only: "mlp.gate" (an MoE router) must not match "mlp.gate_proj", nor
+    // "layers.1" match "layers.11".
+    for (size_t pos = module.find(m); pos != std::string::npos; pos = module.find(m, pos + 1)) {
+      const size_t end = pos + m.size();
+      if ((pos == 0 || module[pos - 1] == '.') && (end == module.size() || module[end] == '.')) return true;
+    }
+  }
   return false;
 }
 
@@ -50,8 +57,6 @@ bool checkpoint_linear_is_fp8(const QuantConfig& q, const Checkpoint& ckpt, cons
   }
   KILN_CHECK(q.method == "fp8", "tensor '", weight_name,
              "' is F8_E4M3 but config.json has no quantization_config with quant_method \"fp8\"");
-  KILN_CHECK(!fp8_module_excluded(q, weight_name), "tensor '", weight_name,
-             "' is F8_E4M3 but quantization_config.modules_to_not_convert keeps that module bf16");
   const std::vector<int64_t> want{rows, cols};
   KILN_CHECK(e.shape == want, "tensor '", weight_name, "': expected f8e4m3", shape_str(want),
              ", found f8e4m3", shape_str(e.shape));

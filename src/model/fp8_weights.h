@@ -25,15 +25,18 @@ struct Fp8HostPart {
   int64_t rows = 0, cols = 0;
 };
 
-// "model.layers.0.mlp.down_proj.weight" -> whether quantization_config.modules_to_not_convert keeps that
-// module bf16 (a substring of the module name, as transformers and vLLM match it).
+// "model.layers.0.mlp.down_proj.weight" -> whether quantization_config.modules_to_not_convert names that
+// module: an entry matching whole dotted components of the module name ("down_proj", "mlp.down_proj",
+// "model.layers.0.mlp"; "mlp.gate" is the MoE router, not "mlp.gate_proj"). It decides what online
+// quantization leaves bf16; a checkpoint's own storage decides the rest (an F8_E4M3 weight with its scales
+// runs in FP8 whatever the list says).
 bool fp8_module_excluded(const QuantConfig& q, const std::string& weight_name);
 
 // How the checkpoint stores linear `weight_name` ([rows, cols]): true for F8_E4M3 with a valid
 // NAME.weight_scale_inv (F32 or BF16, [ceil(rows/128), ceil(cols/128)]), false for anything else (the
 // caller's bf16 read then checks dtype and shape). Throws naming the tensor for an FP8 weight without
-// quantization_config or listed in modules_to_not_convert, a wrong shape, a missing or malformed scale, or a
-// scale next to a weight that is not F8_E4M3.
+// quantization_config, a wrong shape, a missing or malformed scale, or a scale next to a weight that is not
+// F8_E4M3.
 bool checkpoint_linear_is_fp8(const QuantConfig& q, const Checkpoint& ckpt, const std::string& weight_name,
                               int64_t rows, int64_t cols);
 // Reads a linear that checkpoint_linear_is_fp8 accepted (scales widened to fp32; a non-finite or negative

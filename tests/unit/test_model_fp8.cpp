@@ -296,9 +296,16 @@ TEST(Fp8Model, ModulesToNotConvertStayBf16) {
   auto m = load(write_checkpoint("keep_down", cfg, not_down), cfg);
   EXPECT_TRUE(m->weights().layers[0].gate_up.is_fp8());
   EXPECT_FALSE(m->weights().layers[0].down.is_fp8());
-  // Listed but stored F8_E4M3: refused.
-  expect_contains(load_error(write_checkpoint("listed_fp8", cfg, is_decoder_linear), cfg),
-                  {"model.layers.0.mlp.down_proj.weight", "modules_to_not_convert"});
+  // Listed but stored F8_E4M3 with its scales: the storage decides (FP8).
+  EXPECT_TRUE(
+      load(write_checkpoint("listed_fp8", cfg, is_decoder_linear), cfg)->weights().layers[0].down.is_fp8());
+  // Entries match whole dotted components only.
+  QuantConfig q;
+  q.modules_to_not_convert = {"mlp.gate", "layers.1"};
+  EXPECT_FALSE(fp8_module_excluded(q, "model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_TRUE(fp8_module_excluded(q, "model.layers.0.mlp.gate.weight"));
+  EXPECT_FALSE(fp8_module_excluded(q, "model.layers.11.mlp.up_proj.weight"));
+  EXPECT_TRUE(fp8_module_excluded(q, "model.layers.1.mlp.up_proj.weight"));
   // Random weights for such a config: quantized at load, the listed module kept bf16.
   LoadOptions o;
   auto r = Qwen3Model::create(cfg, nullptr, o);
