@@ -20,20 +20,40 @@ constexpr float kActEps = 1e-10f;    // vLLM's per_token_group_quant_fp8 eps
 constexpr float kWeightEps = 1e-4f;  // DeepGEMM's per_block_cast_to_fp8 clamp
 
 // ops::linear's lane order: l[k mod 8] accumulates in ascending k, then (l0+l4)+(l2+l6) + (l1+l5)+(l3+l7).
-// `k0` is the global index of a[0] (the lane of element i is (k0 + i) mod 8).
-float lane_dot(const float* a, const float* b, int64_t n, int64_t k0) {
+// a[0] and b[0] sit at a global k that is a multiple of 8 (a block start, or 0), so lane j owns i = j mod 8.
+// The eight lanes are written out so the compiler keeps them in one vector register.
+float lane_dot(const float* a, const float* b, int64_t n) {
   float l[8] = {};
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const float prod = a[i + j] * b[i + j];
+      l[j] += prod;
+    }
+  for (int j = 0; i < n; ++i, ++j) {
     const float prod = a[i] * b[i];
-    l[(k0 + i) & 7] += prod;
+    l[j] += prod;
   }
   const float s0 = l[0] + l[4], s1 = l[1] + l[5], s2 = l[2] + l[6], s3 = l[3] + l[7];
   return (s0 + s2) + (s1 + s3);
 }
 
-// A weight row n decoded to fp32 (e4m3 widening is exact).
+// e4m3 byte -> fp32, every value exact (e4m3_to_f32 tabulated once: the decode is the hot loop's other half).
+struct E4m3Table {
+  float v[256];
+  E4m3Table() {
+    for (int b = 0; b < 256; ++b) v[b] = e4m3_to_f32(uint8_t(b));
+  }
+};
+const E4m3Table& e4m3_table() {
+  static const E4m3Table t;
+  return t;
+}
+
+// A weight row n decoded to fp32.
 void decode_row(const uint8_t* q, int64_t K, float* out) {
-  for (int64_t k = 0; k < K; ++k) out[k] = e4m3_to_f32(q[k]);
+  const float* t = e4m3_table().v;
+  for (int64_t k = 0; k < K; ++k) out[k] = t[q[k]];
 }
 
 int64_t rows_grain(int64_t N) {
@@ -87,7 +107,7 @@ void linear_fp8_w8a8(const Tensor& x, const Tensor& weight, const Tensor& scale,
         float acc = 0.0f;
         for (int64_t kb = 0; kb < Kb; ++kb) {
           const int64_t k0 = kb * kFp8Block, len = std::min(kFp8Block, K - k0);
-          const float p = lane_dot(xq.data() + m * K + k0, wrow.data() + k0, len, k0);
+          const float p = lane_dot(xq.data() + m * K + k0, wrow.data() + k0, len);
           const float s = xs[size_t(m * Kb + kb)] * ws[kb];
           const float contrib = p * s;
           acc = acc + contrib;
@@ -109,9 +129,10 @@ void linear_fp8_weight_only(const Tensor& x, const Tensor& weight, const Tensor&
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* q = weight.ptr<uint8_t>() + n * weight.stride[0];
       const float* ws = S + (n / kFp8Block) * Kb;
-      for (int64_t k = 0; k < K; ++k) wf[size_t(k)] = e4m3_to_f32(q[k]) * ws[k / kFp8Block];
+      decode_row(q, K, wf.data());
+      for (int64_t k = 0; k < K; ++k) wf[size_t(k)] *= ws[k / kFp8Block];
       for (int64_t m = 0; m < M; ++m)
-        out.ptr<bf16_t>()[m * out.stride[0] + n] = f32_to_bf16(lane_dot(xf.data() + m * K, wf.data(), K, 0));
+        out.ptr<bf16_t>()[m * out.stride[0] + n] = f32_to_bf16(lane_dot(xf.data() + m * K, wf.data(), K));
     }
   });
 }
