@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/test_support.h"
+#include "ops/cpu/fp8_ref.h"
 #include "ops/fp8.h"
 #include "ops/fp8_linear.h"
 #include "ops/linear.h"
@@ -127,6 +128,67 @@ TEST(OpsFp8, ActivationQuantizerScalesAndRounding) {
   EXPECT_EQ(q[size_t(K + 5)], 0x7f);
   EXPECT_EQ(q[size_t(K + 6)], 0xfe);
   EXPECT_EQ(q[size_t(K + 7)], f32_to_e4m3(2.f));
+}
+
+// The quantizer divides by the scale (a correctly rounded x / a_s), as vLLM's kernels do; a multiply by the
+// reciprocal moves values that land on an e4m3 rounding boundary. Over groups of many scales and every bf16
+// value of a range, the oracle equals the division everywhere and the reciprocal differs somewhere (so this
+// test would catch a quantizer, CPU or GPU, that multiplies).
+TEST(OpsFp8, ActivationQuantizerDividesNotMultipliesByTheReciprocal) {
+  int differ = 0;
+  for (int g = 0; g < 200; ++g) {
+    std::vector<bf16_t> x(128);
+    x[0] = f32_to_bf16(1.0f + float(g) * 0.37f);  // the group's amax
+    for (int i = 1; i < 128; ++i)
+      x[size_t(i)] = f32_to_bf16(bf(x[0]) * float(i) / 128.0f * (i % 2 ? 1.f : -1.f));
+    std::vector<uint8_t> q(128);
+    const float s = ops::cpu::quantize_act_group(x.data(), 128, q.data());
+    EXPECT_EQ(s, bf(x[0]) / 448.0f);
+    const float r = 1.0f / s;
+    for (int i = 0; i < 128; ++i) {
+      ASSERT_EQ(q[size_t(i)], f32_to_e4m3(bf(x[size_t(i)]) / s)) << g << ", " << i;
+      differ += f32_to_e4m3(bf(x[size_t(i)]) * r) != q[size_t(i)];
+    }
+  }
+  EXPECT_GT(differ, 0) << "no value told division from the reciprocal: the test cannot fail";
+}
+
+// Path (a) written out from docs/NUMERICS.md in the test itself, one rounding per written operation: the
+// oracle equals it bitwise on ragged shapes. (Scaling in the other order, (p * a_s) * w_s as transformers'
+// Triton kernel does, changes the fp32 sums in the last bit but, on this data, no bf16 output: only a
+// tolerance can tell a GPU kernel's order apart.)
+TEST(OpsFp8, W8A8IsTheWrittenContractBitwise) {
+  const int64_t M = 5, N = 260, K = 333, Nb = ops::fp8_blocks(N), Kb = ops::fp8_blocks(K);
+  std::vector<bf16_t> x = test_support::random_bf16(size_t(M * K), 21);
+  std::vector<bf16_t> w = test_support::random_bf16(size_t(N * K), 22, -0.2f, 0.2f);
+  std::vector<uint8_t> q(size_t(N * K)), qa(size_t(M * K));
+  std::vector<float> s(size_t(Nb * Kb)), as(size_t(M * Kb));
+  ops::quantize_weight_fp8(Tensor(w.data(), DType::bf16, {N, K}), Tensor(q.data(), DType::f8e4m3, {N, K}),
+                           Tensor(s.data(), DType::f32, {Nb, Kb}), "w");
+  ops::quantize_act_fp8(Tensor(x.data(), DType::bf16, {M, K}), Tensor(qa.data(), DType::f8e4m3, {M, K}),
+                        Tensor(as.data(), DType::f32, {M, Kb}));
+  std::vector<bf16_t> out(size_t(M * N));
+  ops::linear_fp8(Tensor(x.data(), DType::bf16, {M, K}),
+                  {Tensor(q.data(), DType::f8e4m3, {N, K}), Tensor(s.data(), DType::f32, {Nb, Kb})},
+                  Tensor(out.data(), DType::bf16, {M, N}), ops::Fp8LinearPath::w8a8);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      volatile float acc = 0.0f;  // volatile: one rounding per written operation, no fma
+      for (int64_t kb = 0; kb < Kb; ++kb) {
+        volatile float l[8] = {};
+        for (int64_t k = kb * 128; k < std::min(K, kb * 128 + 128); ++k) {
+          volatile float prod = e4m3_to_f32(qa[size_t(m * K + k)]) * e4m3_to_f32(q[size_t(n * K + k)]);
+          l[k % 8] = l[k % 8] + prod;
+        }
+        volatile float s0 = l[0] + l[4], s1 = l[1] + l[5], s2 = l[2] + l[6], s3 = l[3] + l[7];
+        volatile float a = s0 + s2, b = s1 + s3;
+        volatile float p = a + b;
+        volatile float sc = as[size_t(m * Kb + kb)] * s[size_t((n / 128) * Kb + kb)];
+        volatile float c = p * sc;
+        acc = acc + c;
+      }
+      ASSERT_EQ(out[size_t(m * N + n)].bits, f32_to_bf16(acc).bits) << m << ", " << n;
+    }
 }
 
 // Relative Frobenius error of out against an fp64 reference of the same quantized operands, for M x N x K.
