@@ -57,6 +57,19 @@ struct MoeConfig {
   bool norm_topk_prob = false;           // renormalize the chosen experts' probabilities to sum to 1
 };
 
+// How the checkpoint's linear layers are stored (config.json quantization_config; docs/NUMERICS.md "Block-FP8
+// linear layers"). kiln reads one scheme: Qwen's -FP8 releases, {"quant_method": "fp8", "fmt": "e4m3",
+// "activation_scheme": "dynamic", "weight_block_size": [128, 128]}. Any other is refused at parse time.
+struct QuantConfig {
+  std::string method;                               // "" (bf16 checkpoint) or "fp8"
+  std::vector<std::string> modules_to_not_convert;  // substrings of module names kept bf16
+  // --quantization fp8: quantize this bf16 checkpoint's linears at load into the same block format.
+  bool online = false;
+  bool fp8() const { return method == "fp8" || online; }
+  // "none", "fp8 (checkpoint: e4m3, 128x128 blocks, dynamic activations)" or "fp8 (online ...)".
+  std::string describe() const;
+};
+
 struct ModelConfig {
   ModelArch arch = ModelArch::qwen3;
   std::string architecture;  // as written in config.json, e.g. "Qwen3ForCausalLM"
@@ -88,6 +101,7 @@ struct ModelConfig {
   // Qwen3-VL: the vision tower (weights under "model.visual."); has_vision false for text-only models.
   bool has_vision = false;
   VisionConfig vision;
+  QuantConfig quant;
   // Prefix of the decoder's weight names: "model." for Qwen3, "model.language_model." for Qwen3-VL.
   std::string weight_prefix = "model.";
   // Qwen3-MoE: the sparse MLP (num_experts 0 for every other architecture).
@@ -121,6 +135,10 @@ struct ModelConfig {
 //   false). Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a
 //   window (use_sliding_window) is rejected, and so are attention_bias and a hidden_act other than silu.
 //   dtype: "dtype" (5.x) or "torch_dtype" (4.x), bfloat16/float16/float32; eos_token_id: int or list.
+//   quantization_config (top level, or text_config's for Qwen3-VL): quant_method "fp8" with fmt "e4m3" (the
+//   default), activation_scheme "dynamic" (the default), weight_block_size [128, 128] (the default) and an
+//   optional modules_to_not_convert list; any other quant_method (awq, gptq, compressed-tensors,
+//   bitsandbytes, ...), fmt, block size or a "static" activation scheme is rejected naming the value.
 //   DIR/modules.json (sentence-transformers): the model is an embedding model (whatever architectures says),
 //   with the Pooling module's mode (lasttoken, mean or cls) and a Normalize module's L2 normalisation; any
 //   other module (Dense, ...) or pooling mode is rejected naming the file.

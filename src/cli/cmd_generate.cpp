@@ -2,7 +2,8 @@
 // KV cache, sampled on the CPU. Greedy at temperature 0 (the default); stops at EOS or --max-tokens.
 //   kiln generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N] [--temperature T]
 //                 [--top-p P] [--top-k K] [--min-p P] [--seed S] [--json] [--device auto|cpu|cuda|cuda:N]
-//                 [--load-format real|random] [--kv-layout nhd|hnd] [--kv-dtype bf16|fp8_e4m3]
+//                 [--load-format real|random] [--quantization none|fp8] [--kv-layout nhd|hnd]
+//                 [--kv-dtype bf16|fp8_e4m3]
 //                 [--page-size N] [--ignore-eos] [--tp N]
 // --tp N: the model sharded over N ranks (runtime/tp_runner.h; CPU threads or GPUs cuda:N..), one process.
 // --json prints {"ids", "text", "logprobs", "finish_reason", "prompt_tokens", timings} on one line;
@@ -89,7 +90,7 @@ int run_generate(const kiln::cli::Args& args) {
   const kiln::cli::Flags flags(
       args,
       {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-p", "top-k", "min-p", "seed",
-       "device", "load-format", "kv-layout", "kv-dtype", "page-size", "tp"},
+       "device", "load-format", "quantization", "kv-layout", "kv-dtype", "page-size", "tp"},
       {"json", "ignore-eos"});
   require(flags.positional().empty(), "unexpected argument '", flags.positional()[0], "'");
   const std::string dir = flags.required("model");
@@ -123,6 +124,7 @@ int run_generate(const kiln::cli::Args& args) {
   kiln::LoadOptions lo;
   lo.device = device_arg(flags.str("device", "auto"));
   lo.load_format = load_format == "random" ? kiln::LoadFormat::random : kiln::LoadFormat::real;
+  lo.quantization = flags.str("quantization", "none");
   const kiln::ModelConfig cfg = kiln::load_model_config(dir);
   require(cfg.arch != kiln::ModelArch::qwen3_embedding, "this is an embedding model: it does not generate");
 
@@ -155,6 +157,7 @@ int run_generate(const kiln::cli::Args& args) {
     eo.model_dir = dir;
     eo.device = kiln::device_name(lo.device);
     eo.load_format = load_format == "random" ? "random" : "auto";
+    eo.quantization = lo.quantization;
     eo.kv_layout = kv_layout;
     eo.kv_cache_dtype = kv_dtype;
     tp = std::make_unique<kiln::TpRunner>(eo, kiln::tp_runner_options(eo));

@@ -88,7 +88,8 @@ nlohmann::json config_json(const kiln::ModelConfig& c) {
           {"tie_word_embeddings", c.tie_word_embeddings},
           {"dtype", std::string(kiln::dtype_name(c.dtype))},
           {"eos_token_ids", c.eos_token_ids},
-          {"bos_token_id", c.bos_token_id}};
+          {"bos_token_id", c.bos_token_id},
+          {"quantization", c.quant.describe()}};
 }
 
 int run_inspect(const kiln::cli::Args& args) {
@@ -101,10 +102,12 @@ int run_inspect(const kiln::cli::Args& args) {
   kiln::adapt_weight_prefix(cfg, names);
 
   uint64_t total = 0;
+  int64_t fp8_linears = 0;  // F8_E4M3 tensors: the block-FP8 linears (each with its weight_scale_inv)
   nlohmann::json tensors = nlohmann::json::array();
   for (const auto& n : names) {
     const kiln::TensorEntry& e = ck.entry(n);
     total += e.end - e.begin;
+    fp8_linears += e.dtype == kiln::DType::f8e4m3;
     tensors.push_back({{"name", n},
                        {"dtype", kiln::safetensors_dtype_name(e.dtype)},
                        {"shape", e.shape},
@@ -112,9 +115,13 @@ int run_inspect(const kiln::cli::Args& args) {
                        {"file", std::filesystem::path(ck.files()[size_t(e.file)]).filename().string()}});
   }
   if (flags.flag("json")) {
-    const nlohmann::json out{{"model", dir},          {"config", config_json(cfg)},
-                             {"files", ck.files()},   {"metadata", ck.metadata()},
-                             {"tensor_bytes", total}, {"tensors", tensors}};
+    const nlohmann::json out{{"model", dir},
+                             {"config", config_json(cfg)},
+                             {"files", ck.files()},
+                             {"metadata", ck.metadata()},
+                             {"fp8_linears", fp8_linears},
+                             {"tensor_bytes", total},
+                             {"tensors", tensors}};
     std::printf("%s\n", out.dump(1).c_str());
     return 0;
   }
@@ -122,6 +129,9 @@ int run_inspect(const kiln::cli::Args& args) {
   std::printf("model %s\nconfig:\n", dir.c_str());
   for (const auto& [k, v] : cj.items()) std::printf("  %-24s %s\n", k.c_str(), v.dump().c_str());
   std::printf("files: %zu, tensors: %zu, %.3f MB\n", ck.files().size(), names.size(), double(total) / 1e6);
+  if (cfg.quant.fp8())
+    std::printf("quantization: %s; %lld linears stored F8_E4M3 with weight_scale_inv\n",
+                cfg.quant.describe().c_str(), static_cast<long long>(fp8_linears));
   for (const auto& t : tensors) {
     std::printf("  %-56s %-8s %-18s %s\n", t["name"].get<std::string>().c_str(),
                 t["dtype"].get<std::string>().c_str(), t["shape"].dump().c_str(),

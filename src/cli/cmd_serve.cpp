@@ -1,6 +1,7 @@
 // kiln serve: the OpenAI/SGLang-compatible HTTP server (src/server) over one engine.
 //   kiln serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--served-model-name X]
-//              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--page-size 32]
+//              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--quantization none|fp8]
+//              [--page-size 32]
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
 //              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
 //              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--http-workers N]
@@ -64,6 +65,7 @@ std::set<std::string> serve_flags() {
                              "generation-config",
                              "device",
                              "load-format",
+                             "quantization",
                              "page-size",
                              "kv-layout",
                              "kv-cache-dtype",
@@ -108,6 +110,7 @@ int run_serve(const kiln::cli::Args& args) {
   eo.device = f.str("device", "auto");
   eo.is_embedding = f.flag("is-embedding");
   eo.load_format = f.str("load-format", "auto");
+  eo.quantization = f.str("quantization", "none");
   eo.kv_layout = f.str("kv-layout", "nhd");
   eo.kv_cache_dtype = f.str("kv-cache-dtype", "auto");
   eo.page_size = int(f.i64("page-size", 32));

@@ -352,6 +352,46 @@ void parse_moe(const Fields& f, ModelConfig& c) {
            "is " + std::to_string(*s) + ": Qwen3-MoE has no shared expert");
 }
 
+// quantization_config: the one block-FP8 scheme kiln runs (kiln/config.h QuantConfig), or a refusal naming
+// what the checkpoint asks for.
+void parse_quantization(const Fields& top, const Fields& text, QuantConfig& q) {
+  const Fields* owner = text.find("quantization_config") ? &text : &top;
+  const json* qc = owner->find("quantization_config");
+  if (!qc) return;
+  if (!qc->is_object()) owner->fail("quantization_config", "must be an object, got " + qc->dump());
+  const Fields f(*qc, owner->source(), owner->path("quantization_config") + ".");
+  const std::optional<std::string> method = f.opt_str("quant_method");
+  if (!method) f.fail("quant_method", "is missing");
+  if (*method != "fp8")
+    f.fail("quant_method", "is \"" + *method +
+                               "\": kiln runs bf16 checkpoints and block-FP8 ones (quant_method \"fp8\", "
+                               "e4m3, 128x128 blocks, as Qwen's -FP8 releases ship them); not awq, gptq, "
+                               "compressed-tensors, bitsandbytes or other schemes");
+  if (auto fmt = f.opt_str("fmt"); fmt && *fmt != "e4m3")
+    f.fail("fmt", "is \"" + *fmt + "\" (kiln's FP8 weights are e4m3)");
+  if (auto act = f.opt_str("activation_scheme"); act && *act != "dynamic")
+    f.fail("activation_scheme", "is \"" + *act +
+                                    "\": kiln quantizes activations dynamically (per token and 128-group); "
+                                    "static activation scales are not supported");
+  if (const json* b = f.find("weight_block_size")) {
+    if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() || !(*b)[1].is_number_integer() ||
+        (*b)[0].get<int64_t>() != 128 || (*b)[1].get<int64_t>() != 128)
+      f.fail("weight_block_size", "is " + b->dump() + " (kiln's block-FP8 weights use [128, 128] blocks)");
+  } else {
+    f.fail("weight_block_size",
+           "is missing: per-tensor FP8 scales are not supported (kiln runs [128, 128] "
+           "blocks)");
+  }
+  if (const json* m = f.find("modules_to_not_convert")) {
+    if (!m->is_array()) f.fail("modules_to_not_convert", "must be a list of strings, got " + m->dump());
+    for (const json& e : *m) {
+      if (!e.is_string()) f.fail("modules_to_not_convert", "must be a list of strings, got " + m->dump());
+      q.modules_to_not_convert.push_back(e.get<std::string>());
+    }
+  }
+  q.method = "fp8";
+}
+
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int64_t l) const {
@@ -365,6 +405,17 @@ bool ModelConfig::has_moe_layers() const {
   for (int64_t l = 0; l < num_layers; ++l)
     if (is_moe_layer(l)) return true;
   return false;
+}
+
+std::string QuantConfig::describe() const {
+  if (!fp8()) return "none";
+  std::string s = online ? "fp8 (online from bf16: e4m3, 128x128 blocks, dynamic per-token-group activations)"
+                         : "fp8 (checkpoint: e4m3, 128x128 blocks, dynamic per-token-group activations)";
+  if (!modules_to_not_convert.empty()) {
+    s += "; kept bf16:";
+    for (const std::string& m : modules_to_not_convert) s += " " + m;
+  }
+  return s;
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name) {
@@ -463,6 +514,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       f.fail("eos_token_id", "holds " + std::to_string(id) + ", outside [0, vocab_size)");
   if (c.arch == ModelArch::qwen3_vl_text) parse_vision(top, c);
   if (c.arch == ModelArch::qwen3_moe) parse_moe(f, c);
+  parse_quantization(top, f, c.quant);
   return c;
 }
 

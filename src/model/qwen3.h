@@ -32,6 +32,9 @@ struct LoadOptions {
   int64_t max_position = 0;  // rows of the rotary table; 0 = config.max_context()
   bool is_embedding =
       false;  // serve a generation checkpoint as an embedding model (kiln/config.h force_embedding)
+  // --quantization (vLLM's flag): "" or "none" keeps the checkpoint's storage; "fp8" quantizes its bf16
+  // linears at load into block-FP8 (a checkpoint already in FP8 is taken as it is). Anything else is refused.
+  std::string quantization;
   // Tensor parallelism: load and run this rank's slice (model/tensor_parallel.h; copied into the model).
   // Null: the whole model, no collectives.
   const TpShard* tp = nullptr;

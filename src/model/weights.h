@@ -1,6 +1,8 @@
-// Qwen3 weights on one device: loaded from a Hugging Face checkpoint (bf16) or generated from a seed.
-// At load, q/k/v are concatenated into one [Hq*D + 2*Hkv*D, hidden] matrix and gate/up into one
-// [2*I, hidden] matrix (gate rows first), so each sublayer runs one GEMM.
+// Qwen3 weights on one device: loaded from a Hugging Face checkpoint (bf16 or block-FP8) or generated from a
+// seed. At load, q/k/v are concatenated into one [Hq*D + 2*Hkv*D, hidden] matrix and gate/up into one
+// [2*I, hidden] matrix (gate rows first), so each sublayer runs one GEMM. The four projections are
+// ops::LinearWeight: bf16, or block-FP8 (e4m3 + 128x128 scales) where the checkpoint stores them so or
+// --quantization fp8 asks for it (model/fp8_weights.h; the CUDA backend holds them dequantized to bf16).
 #pragma once
 
 #include <cstdint>
@@ -11,18 +13,19 @@
 #include "kiln/safetensors.h"
 #include "kiln/tensor.h"
 #include "ops/moe.h"
+#include "ops/fp8_linear.h"
 
 namespace kiln {
 
 struct LayerWeights {
-  Tensor input_norm;  // bf16 [hidden]
-  Tensor qkv;         // bf16 [Hq*D + 2*Hkv*D, hidden]: q rows, then k, then v
-  Tensor q_norm;      // bf16 [D]
-  Tensor k_norm;      // bf16 [D]
-  Tensor o_proj;      // bf16 [hidden, Hq*D]
-  Tensor post_norm;   // bf16 [hidden]
-  Tensor gate_up;     // bf16 [2*I, hidden]: gate rows, then up
-  Tensor down;        // bf16 [hidden, I]
+  Tensor input_norm;          // bf16 [hidden]
+  ops::LinearWeight qkv;      // [Hq*D + 2*Hkv*D, hidden]: q rows, then k, then v
+  Tensor q_norm;              // bf16 [D]
+  Tensor k_norm;              // bf16 [D]
+  ops::LinearWeight o_proj;   // [hidden, Hq*D]
+  Tensor post_norm;           // bf16 [hidden]
+  ops::LinearWeight gate_up;  // [2*I, hidden]: gate rows, then up
+  ops::LinearWeight down;     // [hidden, I]
   // Qwen3-MoE sparse layers (config.is_moe_layer; model/qwen3_moe.h): the router and experts, in place of
   // gate_up / down (left empty); moe.present() is false on dense layers.
   ops::MoeWeights moe;
@@ -73,8 +76,10 @@ struct RandomWeightParams {
 };
 RandomWeightParams random_weight_params(const WeightSpec& spec, uint64_t seed);
 
-// Loads every tensor from `ckpt` (bf16, exact shapes; anything else is a kiln::Error naming the tensor),
-// or generates them with fill_random_weight when ckpt is null, and places them on `device`.
+// Loads every tensor from `ckpt` (bf16, exact shapes, or a block-FP8 linear as model/fp8_weights.h reads
+// it; anything else is a kiln::Error naming the tensor), or generates them with fill_random_weight when ckpt
+// is null, and places them on `device`. cfg.quant.fp8() quantizes bf16 linears at load (also random ones),
+// except those modules_to_not_convert lists.
 Qwen3Weights load_qwen3_weights(const ModelConfig& cfg, const Checkpoint* ckpt, uint64_t seed, Device device);
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 #include "ops/linear.h"
 
+#include "ops/activation.h"
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
 #include "ops/cuda/dispatch.h"
@@ -21,9 +22,19 @@ void check_linear(const char* op, const Tensor& x, const Tensor& weight, const T
   detail::check_same_device(op, x, weight);
   detail::check_same_device(op, x, out);
 }
+
+// A block-FP8 weight's projection: path (a) of ops/fp8_linear.h on the CPU; the CUDA backend has none yet.
+void linear_fp8_cpu(const char* op, const Tensor& x, const LinearWeight& w, const Tensor& out) {
+  KILN_CHECK(x.device.is_cpu(), op, ": block-FP8 weights run on the CPU backend only (the CUDA backend ",
+             "dequantizes them at load), got ", w.weight.describe());
+  linear_fp8(x, w, out, Fp8LinearPath::w8a8);
+}
+
 }  // namespace
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
+void linear(const Tensor& x, const LinearWeight& w, const Tensor& out) {
+  if (w.is_fp8()) return linear_fp8_cpu("linear", x, w, out);
+  const Tensor& weight = w.weight;
   check_linear("linear", x, weight, out, DType::bf16);
   if (out.device.is_cuda()) return KILN_CUDA_OP(linear(x, weight, out));
   cpu::linear(x, weight, out);
@@ -46,8 +57,14 @@ void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out) {
   cpu::linear_f32(x, weight, out);
 }
 
-void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
+void linear_silu_mul(const Tensor& x, const LinearWeight& w, const Tensor& gate_up, const Tensor& out) {
   constexpr const char* op = "linear_silu_mul";
+  if (w.is_fp8()) {  // the composition, with the FP8 projection's rounding points
+    KILN_CHECK(gate_up.data != out.data || out.numel() == 0, op, ": gate_up and out must not alias");
+    linear_fp8_cpu(op, x, w, gate_up);
+    return silu_and_mul(gate_up, out);
+  }
+  const Tensor& weight = w.weight;
   detail::check_matrix(op, "x", x, 2, DType::bf16);
   detail::check_matrix(op, "weight", weight, 2, DType::bf16);
   detail::check_matrix(op, "gate_up", gate_up, 2, DType::bf16);
@@ -68,9 +85,14 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
   cpu::silu_and_mul(gate_up, out);
 }
 
-void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+void linear_add_rms_norm(const Tensor& x, const LinearWeight& w, const Tensor& residual,
                          const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed) {
   constexpr const char* op = "linear_add_rms_norm";
+  if (w.is_fp8()) {  // the composition, with the FP8 projection's rounding points
+    linear_fp8_cpu(op, x, w, tmp);
+    return add_rms_norm(tmp, residual, norm_weight, eps, normed);
+  }
+  const Tensor& weight = w.weight;
   detail::check_matrix(op, "x", x, 2, DType::bf16);
   detail::check_matrix(op, "weight", weight, 2, DType::bf16);
   detail::check_matrix(op, "residual", residual, 2, DType::bf16);
@@ -113,7 +135,8 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
   cpu::lm_head(x, rows, weight, logits);
 }
 
-AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnPrepArgs& a) {
+AttnPrepPath linear_attn_prep(const Tensor& x, const LinearWeight& w, const AttnPrepArgs& a) {
+  const Tensor& weight = w.weight;
   KILN_CHECK(x.ndim == 2 && weight.ndim == 2 && a.qkv.ndim == 2 && x.shape[0] == a.qkv.shape[0] &&
                  weight.shape[0] == a.qkv.shape[1] && x.shape[1] == weight.shape[1],
              "linear_attn_prep: x ", x.describe(), " and weight ", weight.describe(), " do not make qkv ",
@@ -127,7 +150,7 @@ AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnP
       KILN_CUDA_OP(linear_attn_prep(x, weight, attn_prep_params(a), a.stream)))
     return AttnPrepPath::cuda_gemv_fused;
 #endif
-  linear(x, weight, a.qkv);
+  linear(x, w, a.qkv);
   return attn_prep(a);
 }
 
@@ -154,7 +177,9 @@ void check_residual_norm(const char* op, const ResidualNorm& in, int64_t K, cons
 
 }  // namespace
 
-void linear_silu_mul(const ResidualNorm& in, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
+void linear_silu_mul(const ResidualNorm& in, const LinearWeight& w, const Tensor& gate_up,
+                     const Tensor& out) {
+  const Tensor& weight = w.weight;
   check_residual_norm("linear_silu_mul", in, weight.ndim == 2 ? weight.shape[1] : -1, out);
   detail::check_same_device("linear_silu_mul", in.delta, out);
 #ifdef KILN_HAVE_CUDA
@@ -165,10 +190,11 @@ void linear_silu_mul(const ResidualNorm& in, const Tensor& weight, const Tensor&
     return;
 #endif
   add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
-  linear_silu_mul(in.normed, weight, gate_up, out);
+  linear_silu_mul(in.normed, w, gate_up, out);
 }
 
-AttnPrepPath linear_attn_prep(const ResidualNorm& in, const Tensor& weight, const AttnPrepArgs& a) {
+AttnPrepPath linear_attn_prep(const ResidualNorm& in, const LinearWeight& w, const AttnPrepArgs& a) {
+  const Tensor& weight = w.weight;
   check_residual_norm("linear_attn_prep", in, weight.ndim == 2 ? weight.shape[1] : -1, a.qkv);
 #ifdef KILN_HAVE_CUDA
   if (a.qkv.device.is_cuda() && weight.ndim == 2 && weight.dtype == DType::bf16 && weight.stride[1] == 1 &&
@@ -185,7 +211,7 @@ AttnPrepPath linear_attn_prep(const ResidualNorm& in, const Tensor& weight, cons
   }
 #endif
   add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
-  return linear_attn_prep(in.normed, weight, a);
+  return linear_attn_prep(in.normed, w, a);
 }
 
 }  // namespace kiln::ops

@@ -11,14 +11,21 @@
 //
 // CUDA: the dispatcher's CUDA branch is to call kiln::ops::cuda::linear(x, weight, out), a wrapper over
 // kiln::cuda::GemmEngine::run (src/ops/cuda/gemm.h) with GemmOut::bf16.
+//
+// The projection ops below (linear, linear_silu_mul, linear_add_rms_norm, linear_attn_prep) take a
+// LinearWeight (ops/fp8_linear.h): a bf16 matrix as above, or a block-FP8 matrix with its 128 x 128 scales,
+// which runs path (a), W8A8, of ops/fp8_linear.h on the CPU (each op then has that path's rounding points in
+// place of linear's). The CUDA backend holds no FP8 weights yet (the model dequantizes them at load) and
+// refuses one, naming the op.
 #pragma once
 
 #include "kiln/tensor.h"
 #include "ops/attn_prep.h"
+#include "ops/fp8_linear.h"
 
 namespace kiln::ops {
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
+void linear(const Tensor& x, const LinearWeight& weight, const Tensor& out);
 
 // Linear with bias (the vision tower's layers: nn.Linear(bias=True), the patch embedding's Conv3d):
 //   out[m, n] = bf16(sum_k x[m, k] w[n, k] + bias[n]): the sum as linear's, the bias added in fp32, one
@@ -42,7 +49,7 @@ void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out);
 // result is that composition's. CPU: linear then silu_and_mul through gate_up. CUDA:
 // kiln::ops::cuda::linear_silu_mul: the fused GEMV (ops/cuda/gemv.h, bitwise the GEMV followed by the
 // silu_mul kernel) when the GEMM tuner chose the GEMV for [M, 2I, K], else the GEMM and the silu_mul kernel.
-void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out);
+void linear_silu_mul(const Tensor& x, const LinearWeight& weight, const Tensor& gate_up, const Tensor& out);
 
 // A projection followed by the residual add and the next RMSNorm, in one op (the O and down projections):
 //   tmp = linear(x, weight);  add_rms_norm(tmp, residual, norm_weight, eps, normed)   (ops/rms_norm.h)
@@ -57,7 +64,7 @@ void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_u
 // the composition. CUDA: kiln::ops::cuda::linear_add_rms_norm: the projection (the tuner's GEMV or GEMM) then
 // the add_rms_norm kernel; with KILN_GEMV_ADD_RMS_NORM=1, the GEMV with the add + RMSNorm epilogue
 // (ops/cuda/gemv.h, bitwise the same) where the tuner chose the GEMV (measured slower on the H200 so far).
-void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+void linear_add_rms_norm(const Tensor& x, const LinearWeight& weight, const Tensor& residual,
                          const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed);
 
 // The QKV projection with the attention preparation: linear(x, weight, args.qkv) then attn_prep(args)
@@ -66,7 +73,7 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
 // 64 or 128) where the tuner chose the GEMV for the QKV shape and the fusion is switched on (GemmEngine::
 // set_gemv_attn_prep, KILN_GEMV_ATTN_PREP=1; off by default); returns cuda_gemv_fused then. Otherwise the two
 // ops, returning attn_prep's path. Capturable in a CUDA graph like attn_prep.
-AttnPrepPath linear_attn_prep(const Tensor& x, const Tensor& weight, const AttnPrepArgs& args);
+AttnPrepPath linear_attn_prep(const Tensor& x, const LinearWeight& weight, const AttnPrepArgs& args);
 
 // The input of a projection that follows a residual add and an RMSNorm (the QKV and gate_up projections of
 // a decoder layer): x = add_rms_norm(delta, residual, weight, eps, normed) (ops/rms_norm.h), i.e. residual =
@@ -82,8 +89,9 @@ struct ResidualNorm {
   float eps = 0.0f;
   Tensor normed;
 };
-void linear_silu_mul(const ResidualNorm& in, const Tensor& weight, const Tensor& gate_up, const Tensor& out);
-AttnPrepPath linear_attn_prep(const ResidualNorm& in, const Tensor& weight, const AttnPrepArgs& args);
+void linear_silu_mul(const ResidualNorm& in, const LinearWeight& weight, const Tensor& gate_up,
+                     const Tensor& out);
+AttnPrepPath linear_attn_prep(const ResidualNorm& in, const LinearWeight& weight, const AttnPrepArgs& args);
 
 // LM head: logits[r, :] = x[rows[r], :] · W^T, rows gathered from a hidden-state matrix.
 //   x:      bf16 [T, H], last stride 1;  rows: i32 [R] contiguous, each in [0, T)

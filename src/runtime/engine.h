@@ -142,7 +142,9 @@ struct EngineOptions {
   std::string device = "auto";  // "cpu" | "cuda" | "cuda:N" | "auto" (cuda when available)
   bool is_embedding = false;  // SGLang's --is-embedding: a Qwen3ForCausalLM checkpoint served for embeddings
   std::string load_format = "auto";  // "auto" (safetensors) | "random" (config.json shapes, random weights)
-  std::string kv_layout = "nhd";     // "nhd" | "hnd"
+  // vLLM's --quantization: "none" | "fp8" (block-FP8 linears at load; model/qwen3.h LoadOptions).
+  std::string quantization = "none";
+  std::string kv_layout = "nhd";        // "nhd" | "hnd"
   std::string kv_cache_dtype = "auto";  // "auto" (model dtype) | "bf16" | "fp8_e4m3"
   int page_size = 32;
   int64_t max_total_tokens = 0;     // KV pool size in tokens; 0 = from mem_fraction

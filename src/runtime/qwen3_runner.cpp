@@ -405,6 +405,7 @@ Qwen3RunnerSettings parse_qwen3_runner_settings(const EngineOptions& opts) {
     KILN_FAIL("bad load format '", opts.load_format, "': expected auto, safetensors or random");
   }
   lo.seed = opts.seed;
+  lo.quantization = opts.quantization;
   lo.max_position = opts.max_context_len;  // 0: the config's max_context()
   lo.is_embedding = opts.is_embedding;
   if (opts.kv_layout == "nhd") {

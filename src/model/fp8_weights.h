@@ -1,0 +1,72 @@
+// Block-FP8 linears at load (docs/NUMERICS.md "Block-FP8 linear layers"): reading Qwen's -FP8 checkpoint
+// tensors (F8_E4M3 NAME.weight + NAME.weight_scale_inv), quantizing bf16 weights online (--quantization
+// fp8), and placing the result on the model's device as one ops::LinearWeight per stacked projection.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/config.h"
+#include "kiln/safetensors.h"
+#include "kiln/tensor.h"
+#include "ops/fp8_linear.h"
+
+namespace kiln {
+
+// One checkpoint linear's block-FP8 data in host memory: q e4m3 [rows, cols] (into the checkpoint mapping,
+// or `owned` when quantized at load) and its scales fp32 [ceil(rows/128), ceil(cols/128)].
+struct Fp8HostPart {
+  std::vector<uint8_t> owned;
+  const uint8_t* q = nullptr;
+  std::vector<float> scale;
+  int64_t rows = 0, cols = 0;
+};
+
+// "model.layers.0.mlp.down_proj.weight" -> whether quantization_config.modules_to_not_convert names that
+// module: an entry matching whole dotted components of the module name ("down_proj", "mlp.down_proj",
+// "model.layers.0.mlp"; "mlp.gate" is the MoE router, not "mlp.gate_proj"). It decides what online
+// quantization leaves bf16; a checkpoint's own storage decides the rest (an F8_E4M3 weight with its scales
+// runs in FP8 whatever the list says).
+bool fp8_module_excluded(const QuantConfig& q, const std::string& weight_name);
+
+// How the checkpoint stores linear `weight_name` ([rows, cols]): true for F8_E4M3 with a valid
+// NAME.weight_scale_inv (F32 or BF16, [ceil(rows/128), ceil(cols/128)]), false for anything else (the
+// caller's bf16 read then checks dtype and shape). Throws naming the tensor for an FP8 weight without
+// quantization_config, a wrong shape, a missing or malformed scale, or a scale next to a weight that is not
+// F8_E4M3.
+bool checkpoint_linear_is_fp8(const QuantConfig& q, const Checkpoint& ckpt, const std::string& weight_name,
+                              int64_t rows, int64_t cols);
+// Reads a linear that checkpoint_linear_is_fp8 accepted (scales widened to fp32; a non-finite or negative
+// scale is an error naming the tensor).
+Fp8HostPart read_fp8_part(const Checkpoint& ckpt, const std::string& weight_name, int64_t rows, int64_t cols);
+// Online quantization of one bf16 weight [rows, cols] (ops::quantize_weight_fp8).
+Fp8HostPart quantize_fp8_part(const bf16_t* w, int64_t rows, int64_t cols, const std::string& name);
+
+// Stacks the parts along rows into one projection on `device` (its buffers appended to `storage`):
+//   CPU: the e4m3 matrix and its scales, run by the block-FP8 CPU path; every part but the last must have a
+//        multiple of 128 rows so the block grid stays aligned (else an error naming the part);
+//   CUDA: the dequantized bf16 matrix (path (c), the portable CUDA path), one dequantization kernel per part.
+ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
+                                   const std::vector<std::string>& names, Device device,
+                                   std::vector<Buffer>& storage);
+
+// Writing FP8 checkpoints (demo-model --quantization fp8, tests): each tensor of `in` for which
+// `is_linear(name)` holds (a bf16 [out, in] "*.weight") is replaced by its online quantization, F8_E4M3, and
+// followed by NAME.weight_scale_inv (F32, or BF16 when bf16_scales: the scale rounded to bf16, and the e4m3
+// values requantized against that rounded scale so w ~= q * scale still holds). The returned tensors view
+// `storage`, which must outlive them; other tensors pass through.
+struct Fp8CheckpointStorage {
+  std::deque<std::vector<uint8_t>> bytes;
+  std::deque<std::vector<float>> f32;
+  std::deque<std::vector<bf16_t>> bf16;
+};
+std::vector<NamedTensor> quantize_checkpoint_linears(const std::vector<NamedTensor>& in,
+                                                     const std::function<bool(const std::string&)>& is_linear,
+                                                     bool bf16_scales, Fp8CheckpointStorage& storage);
+// The config.json block of such a checkpoint (Qwen's -FP8 layout).
+std::string fp8_quantization_config_json(const std::vector<std::string>& modules_to_not_convert = {});
+
+}  // namespace kiln
