@@ -33,6 +33,7 @@
 #   embed      the Qwen3-Embedding fixtures on CUDA (test_cuda_embedding_hf)
 #   embed-any-shape  the real-tokenizer embedding fixtures made (kept as a tarball), GEMMs of any N and K,
 #              kiln serve --device cuda on the 151,669 vocabulary
+#   fp8        the block-FP8 fixture (transformers, CPU torch), kept as a tarball; test_cuda_fp8_dequant
 #   moe-fixtures  the Qwen3-MoE parity fixtures (transformers, CPU torch), kept as a tarball
 #   yarn       one 131,000-token YaRN prompt served (~1 min)
 #   ncu        Nsight Compute on the attention kernels (prefill, decode bf16 / fp8, cuDNN's decode)

@@ -116,3 +116,16 @@ suite_moe_fixtures() {
   mapfile -t fx < <(cd tests/fixtures/hf && ls -d qwen3_moe_* 2>/dev/null)
   ((${#fx[@]})) && tar czf "$d/hf_moe_fixtures.tgz" -C tests/fixtures/hf "${fx[@]}" && keep "$d/hf_moe_fixtures.tgz"
 }
+
+# Block-FP8 weights: the transformers-made fixture (CPU torch; tests/unit/test_hf_parity_fp8.cpp reads it), kept as
+# a tarball, then the CUDA dequantization and the FP8 model on CUDA against the CPU (test_cuda_fp8_dequant).
+suite_fp8() {
+  local d="$W/fp8"
+  mkdir -p "$d"
+  python3 tests/fixtures/make_hf_fp8_fixture.py --out "$d/hf" >"$d/make.log" 2>&1
+  row "make_hf_fp8_fixture" "rc=$? $(tail -1 "$d/make.log" | cut -c1-120)"
+  [[ -d $d/hf/qwen3_fp8_tiny ]] && tar czf "$d/hf_fp8_fixture.tgz" -C "$d/hf" qwen3_fp8_tiny && keep "$d/hf_fp8_fixture.tgz"
+  need_gpu || return
+  build test_cuda_fp8_dequant || return
+  run_test test_cuda_fp8_dequant
+}
