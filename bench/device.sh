@@ -39,7 +39,7 @@
 #   ncu        Nsight Compute on the attention kernels (prefill, decode bf16 / fp8, cuDNN's decode)
 #   sass       the prefill kernel's SASS: instruction counts and the order of its waits and exponentials
 #   ab         this tree against the trees in .ab/*.tar.gz and FLAGS / FLAGS2 builds (CMD, ENV, ROUNDS)
-# Environment: OUT, KILN_TUNE_CACHE, and each suite's knobs above (docs/BENCH.md lists them with defaults).
+# Environment: OUT, KILN_TUNE_CACHE, KILN_COMMIT (the commit the summary names: the device copy's git may not be the tree's), and each suite's knobs above (docs/BENCH.md lists them with defaults).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 here=bench/device

@@ -25,7 +25,7 @@ dev_start() {
   else
     gpu_name="no GPU visible (nvidia-smi found none): GPU suites are skipped"
   fi
-  echo "device.sh: $gpu_name; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); tactics $KILN_TUNE_CACHE"
+  echo "device.sh: $gpu_name; commit ${KILN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo "?")}; tactics $KILN_TUNE_CACHE"
   echo "$gpu_name" >"$W/device.txt"
 }
 
