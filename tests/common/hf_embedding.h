@@ -126,8 +126,8 @@ inline void check_hf_embeddings(const std::filesystem::path& dir, const nlohmann
         << "text " << i;
   }
   std::printf(
-      "  %s on %s: %zu texts, min cosine to sentence-transformers (fp32) %.6f (bound %.6f; its own bf16: "
-      "%.6f)\n",
+      "  %s on %s: %zu texts, min cosine to the fp32 reference (transformers at the appended <|endoftext|>) %.6f "
+      "(bound %.6f; its own bf16: %.6f)\n",
       dir.filename().string().c_str(), device.c_str(), ids.size(), worst, bound,
       ref["bf16_min_cosine"].get<double>());
 }
