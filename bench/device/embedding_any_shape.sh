@@ -109,3 +109,6 @@ grep -hE "tuning|GEMM|error" "$out/serve.log" 2>/dev/null | head -5
 echo "---- failures"
 ((fix_rc == 0)) || tail -15 "$out/make_hf_embedding.log"
 grep -hE "Failure|Expected|Which is|error:" "$out"/test_*.log 2>/dev/null | head -40
+# The exit status says whether any step above failed (not the last grep's).
+for s in "${summary[@]}"; do [[ $s =~ rc=[1-9] ]] && exit 1; done
+exit 0

@@ -171,7 +171,10 @@ void dequantize_fp8(const Tensor& weight, const Tensor& scale, const Tensor& out
       const uint8_t* q = weight.ptr<uint8_t>() + n * weight.stride[0];
       bf16_t* o = out.ptr<bf16_t>() + n * out.stride[0];
       const float* ws = S + (n / kFp8Block) * Kb;
-      for (int64_t k = 0; k < K; ++k) o[k] = f32_to_bf16(e4m3_to_f32(q[k]) * ws[k / kFp8Block]);
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = e4m3_to_f32(q[k]) * ws[k / kFp8Block];
+        o[k] = std::isnan(v) ? bf16_t{0x7fff} : f32_to_bf16(v);  // the canonical NaN, as __float2bfloat16_rn
+      }
     }
   });
 }
