@@ -13,7 +13,7 @@
 //              [--generation-config auto|none]
 //              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //              [--max-images-per-request N] [--max-image-bytes N] [--max-image-pixels N]
-//              [--image-url-fetch on|off] [--image-fetch-timeout S]
+//              [--image-url-fetch on|off] [--image-fetch-timeout S] [--image-url-allow-private]
 // --tp N shards the model over N ranks (GPUs cuda:N.., or CPU threads with --device cpu):
 // runtime/tp_runner.h. Across nodes every node runs `kiln serve` with the same flags and its own --node-rank;
 // node 0 serves HTTP, the others load their ranks and follow node 0's steps until it stops. A rank that fails
@@ -99,7 +99,7 @@ int run_serve(const kiln::cli::Args& args) {
   const kiln::cli::Flags f(
       args, serve_flags(),
       {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl",
-       "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding"});
+       "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding", "image-url-allow-private"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
 
@@ -196,6 +196,7 @@ int run_serve(const kiln::cli::Args& args) {
   KILN_CHECK(url_fetch == "on" || url_fetch == "off", "--image-url-fetch must be on or off, got '", url_fetch,
              "'");
   fetch.allow_urls = url_fetch == "on";
+  fetch.allow_private = f.flag("image-url-allow-private");  // server/address_policy.h
   fetch.timeout = seconds_flag("image-fetch-timeout", fetch.timeout);
   const double drain_s = f.f64("drain-timeout", 30.0);
   KILN_CHECK(drain_s >= 0, "--drain-timeout must be >= 0");

@@ -13,6 +13,63 @@ void fail(const std::string& msg) {
 }
 
 namespace {
+thread_local int walk_depth = 0;
+
+// Containers whose last reference went while another was being freed: freed by the outermost release.
+struct Graveyard {
+  std::vector<Array*> arrays;
+  std::vector<Object*> objects;
+  bool busy = false;
+};
+thread_local Graveyard graveyard;
+
+void bury(Graveyard& g) {
+  g.busy = true;
+  while (!g.arrays.empty() || !g.objects.empty()) {
+    if (!g.arrays.empty()) {
+      Array* a = g.arrays.back();
+      g.arrays.pop_back();
+      delete a;  // its elements' containers land in the graveyard instead of recursing
+    } else {
+      Object* o = g.objects.back();
+      g.objects.pop_back();
+      delete o;
+    }
+  }
+  g.busy = false;
+}
+
+template <typename T>
+void release(std::vector<T*>& pile, T* p) noexcept {
+  try {
+    pile.push_back(p);
+  } catch (...) {
+    delete p;  // out of memory for the pile: this one recurses
+    return;
+  }
+  if (!graveyard.busy) bury(graveyard);
+}
+}  // namespace
+
+NestingGuard::NestingGuard() {
+  if (++walk_depth > kMaxValueDepth) {
+    --walk_depth;
+    fail("value nested deeper than " + std::to_string(kMaxValueDepth) +
+         " levels (kiln's limit for template values)");
+  }
+}
+NestingGuard::~NestingGuard() {
+  --walk_depth;
+}
+
+void release_array(Array* a) noexcept {
+  release(graveyard.arrays, a);
+}
+void release_object(Object* o) noexcept {
+  release(graveyard.objects, o);
+}
+
+namespace {
 [[noreturn]] void overflow(const char* op, int64_t a, int64_t b) {
   fail(std::string("integer overflow: ") + std::to_string(a) + " " + op + " " + std::to_string(b) +
        " does not fit in 64 bits");
@@ -97,6 +154,7 @@ bool truthy(const Value& v) {
 }
 
 bool equal(const Value& a, const Value& b) {
+  const NestingGuard level;
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::floating || b.kind == Kind::floating) return a.as_double() == b.as_double();
     return a.as_int() == b.as_int();
@@ -130,6 +188,7 @@ bool equal(const Value& a, const Value& b) {
 }
 
 int compare(const Value& a, const Value& b) {
+  const NestingGuard level;
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::floating || b.kind == Kind::floating) {
       const double x = a.as_double(), y = b.as_double();
@@ -220,6 +279,7 @@ void repr_string(const std::string& s, std::string& out) {
 }
 
 void append_repr(const Value& v, std::string& out) {
+  const NestingGuard level;
   switch (v.kind) {
     case Kind::string:
       repr_string(*v.s, out);
@@ -295,6 +355,7 @@ std::string repr(const Value& v) {
 }
 
 Value from_json(const nlohmann::ordered_json& j) {
+  const NestingGuard level;
   using T = nlohmann::ordered_json::value_t;
   switch (j.type()) {
     case T::null:
@@ -329,6 +390,7 @@ Value from_json(const nlohmann::ordered_json& j) {
 }
 
 nlohmann::ordered_json to_json(const Value& v) {
+  const NestingGuard level;
   switch (v.kind) {
     case Kind::none:
       return nullptr;
@@ -413,6 +475,7 @@ void dump_string(const std::string& s, bool ensure_ascii, std::string& out) {
 }
 
 void dump(const Value& v, const DumpOptions& opt, int level, std::string& out) {
+  const NestingGuard nesting;
   const auto newline = [&](int lvl) {
     if (opt.indent < 0) return;
     out += '\n';
