@@ -91,10 +91,10 @@ def check_stream_body(data, what):
     if not frames or frames[-1] != "[DONE]":
         bad(f"{what}: stream without [DONE]: {data[-200:]!r}")
         return
-    last = json.loads(frames[-2]) if len(frames) >= 2 else {}
-    finished = "error" in last or any(c.get("finish_reason") for c in last.get("choices", []))
+    ends = [json.loads(f) for f in frames[:-1]]  # a usage chunk (no choices) may follow the finish
+    finished = any("error" in f or any(c.get("finish_reason") for c in f.get("choices", [])) for f in ends)
     if not finished:
-        bad(f"{what}: last frame has no finish_reason or error: {frames[-2][:200]}")
+        bad(f"{what}: no frame has a finish_reason or an error: {frames[-2][:200] if len(frames) > 1 else ''}")
 
 
 # --- hostile inputs (expected: 400 naming the limit, the server unharmed) ---------------------------------

@@ -41,7 +41,7 @@ v = {}
 for line in sys.argv[1].splitlines():
     if line and not line.startswith("#"):
         k, _, x = line.rpartition(" ")
-        v[k] = float(x)
+        v[k.replace('model_name="demo",', "").replace('{model_name="demo"}', "")] = float(x)
 acc = v["kiln_server_requests_accepted_total"]
 ended = sum(v['kiln_server_requests_finished_total{outcome="%s"}' % o] for o in ("completed", "error", "aborted"))
 used, total = v["kiln_kv_pages_used"], v["kiln_kv_pages_total"]
@@ -76,7 +76,7 @@ echo "== SIGTERM while streams run: exit within --drain-timeout $DRAIN s + 1 s"
 $CHAOS "$PORT" streams >"$E2E_LOG_DIR/streams.out" 2>&1 &
 STREAMS=$!
 for _ in $(seq 1 100); do  # until the streams are in flight
-  active=$(metric kiln_server_active_requests)
+  active=$(metric 'kiln_server_active_requests{model_name="demo"}')
   [[ "${active%.*}" -ge 1 ]] && break
   sleep 0.05
 done
