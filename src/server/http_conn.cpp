@@ -151,10 +151,11 @@ awaitable<void> Conn::serve_over_cap() {
   const bool head_only = req.method == "HEAD";
   if (head_only) req.method = "GET";
   // Only a request without a body: the next bytes are not read.
-  if (ec || !p.is_done() || req.method != "GET" || !srv.routes.is_fast(req))
+  if (ec || !p.is_done() || req.method != "GET" || !srv.routes.is_fast(req)) {
+    srv.counters.connections_rejected++;
     co_return co_await reply_and_close(503, busy);
-  const HttpResponse res = srv.handle(req);
-  if (res.source) co_return co_await reply_and_close(503, busy);
+  }
+  const HttpResponse res = srv.handle(req);  // a snapshot route: a whole reply, never a source
   std::string wire = response_head(res, false, false, res.body.size());
   if (!head_only) wire += res.body;
   if (co_await write(wire)) co_await linger();

@@ -177,6 +177,7 @@ TEST(ServerHardening, ProbesAreAnsweredPastTheConnectionCap) {
   ::close(silent.fd);
   EXPECT_EQ(status_of(silent.in), 503) << silent.in;
   EXPECT_EQ(h.server->counters().connections_open, 20);
+  EXPECT_EQ(h.server->counters().connections_rejected, 2);  // the answered probes are not refusals
   for (int fd : idle) ::close(fd);
 }
 

@@ -458,7 +458,7 @@ TEST(ServerValidation, NullMaxTokensMeansTheDefault) {
   EXPECT_EQ(absent.sampling.max_new_tokens, l.max_context_len - int64_t(absent.prompt.size()));
   const GenSpec completion = parse_completion_request({{"prompt", "hi"}, {"max_tokens", nullptr}}, codec, l);
   EXPECT_EQ(completion.sampling.max_new_tokens, 16);
-  const GenSpec generate = parse_generate_request(
-      {{"text", "hi"}, {"sampling_params", {{"max_new_tokens", nullptr}}}}, codec, l);
+  const GenSpec generate =
+      parse_generate_request({{"text", "hi"}, {"sampling_params", {{"max_new_tokens", nullptr}}}}, codec, l);
   EXPECT_EQ(generate.sampling.max_new_tokens, std::min<int64_t>(128, l.max_context_len - 2));
 }
