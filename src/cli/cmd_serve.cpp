@@ -117,6 +117,8 @@ int run_serve(const kiln::cli::Args& args) {
   eo.max_running_requests = int(f.i64("max-running-requests", eo.max_running_requests));
   eo.max_queued_requests = int(f.i64("max-queue", eo.max_queued_requests));
   eo.max_context_len = f.i64("max-context-len", 0);
+  if (eo.max_context_len > kiln::kMaxContextTokens)  // the rotary table is sized by it (kiln/config.h)
+    KILN_FAIL("--max-context-len ", eo.max_context_len, " is past kiln's limit of ", kiln::kMaxContextTokens);
   eo.enable_prefix_cache = !f.flag("disable-prefix-cache");
   eo.enable_mixed_batches = !f.flag("disable-mixed-batches");
   eo.disable_cuda_graph = f.flag("disable-cuda-graph");

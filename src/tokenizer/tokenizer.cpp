@@ -265,9 +265,9 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
       tok::AddedToken at;
       at.content = a.at("content").get<std::string>();
       const json& id = a.at("id");
-      KILN_CHECK(id.is_number_integer() && token_id_of(id) >= 0 && token_id_of(id) < kMaxTokenIds,
-                 "tokenizer.json: added token '", at.content, "' has id ", id.dump(), ", outside [0, ",
-                 kMaxTokenIds, ") (kiln's limit)");
+      if (!id.is_number_integer() || token_id_of(id) < 0 || token_id_of(id) >= kMaxTokenIds)
+        KILN_FAIL("tokenizer.json: added token '", at.content, "' has id ", id.dump(), ", outside [0, ",
+                  kMaxTokenIds, ") (kiln's limit)");
       at.id = int32_t(token_id_of(id));
       KILN_CHECK(tok::utf8_find_invalid(at.content) == std::string_view::npos, "added token ", at.id,
                  " is not UTF-8");

@@ -26,6 +26,11 @@ for cmd in chat-template "tokenize --input-json"; do
   ((rc == 1)) && grep -q "nests deeper than 128 levels" "$E2E_LOG_DIR/cli.err" ||
     fail "kiln $cmd on deep JSON: rc $rc, $(head -c 300 "$E2E_LOG_DIR/cli.err")"
 done
+rc=0
+timeout 60 "$KILN" serve --port 0 --device cpu --model "$VL" --max-context-len 1000000000000000 >/dev/null \
+  2>"$E2E_LOG_DIR/ctx.err" || rc=$?
+((rc == 1)) && grep -q "past kiln's limit of 4194304" "$E2E_LOG_DIR/ctx.err" ||
+  fail "--max-context-len 1e15: rc $rc, $(tail -c 300 "$E2E_LOG_DIR/ctx.err") (a bare std::bad_alloc before)"
 
 start_server chaos --model "$VL" --served-model-name demo --max-total-tokens 8192 --max-connections "$CAP" \
   --drain-timeout "$DRAIN" --max-running-requests 16
