@@ -16,10 +16,14 @@ namespace {
 thread_local int walk_depth = 0;
 
 // Containers whose last reference went while another was being freed: freed by the outermost release.
+// graveyard_gone (trivially destructible, so readable to the thread's very end) says the graveyard itself
+// was destroyed: values freed after that (a static's, at exit) are deleted directly.
+thread_local bool graveyard_gone = false;
 struct Graveyard {
   std::vector<Array*> arrays;
   std::vector<Object*> objects;
   bool busy = false;
+  ~Graveyard() { graveyard_gone = true; }
 };
 thread_local Graveyard graveyard;
 
@@ -40,9 +44,13 @@ void bury(Graveyard& g) {
 }
 
 template <typename T>
-void release(std::vector<T*>& pile, T* p) noexcept {
+void release(std::vector<T*> Graveyard::*pile, T* p) noexcept {
+  if (graveyard_gone) {
+    delete p;
+    return;
+  }
   try {
-    pile.push_back(p);
+    (graveyard.*pile).push_back(p);
   } catch (...) {
     delete p;  // out of memory for the pile: this one recurses
     return;
@@ -63,10 +71,10 @@ NestingGuard::~NestingGuard() {
 }
 
 void release_array(Array* a) noexcept {
-  release(graveyard.arrays, a);
+  release(&Graveyard::arrays, a);
 }
 void release_object(Object* o) noexcept {
-  release(graveyard.objects, o);
+  release(&Graveyard::objects, o);
 }
 
 namespace {
