@@ -70,6 +70,11 @@ struct QuantConfig {
   std::string describe() const;
 };
 
+// Bounds on what config.json may claim, far above any real checkpoint (vocabularies ~256k, contexts ~1M):
+// past them, a clear error naming the field instead of an allocation that fails as a bare std::bad_alloc.
+inline constexpr int64_t kMaxVocabSize = int64_t(1) << 24;      // 16,777,216 token ids
+inline constexpr int64_t kMaxContextTokens = int64_t(1) << 22;  // 4,194,304 positions (the rotary table)
+
 struct ModelConfig {
   ModelArch arch = ModelArch::qwen3;
   std::string architecture;  // as written in config.json, e.g. "Qwen3ForCausalLM"

@@ -14,7 +14,7 @@
 //              [--generation-config auto|none]
 //              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //              [--max-images-per-request N] [--max-image-bytes N] [--max-image-pixels N]
-//              [--image-url-fetch on|off] [--image-fetch-timeout S]
+//              [--image-url-fetch on|off] [--image-fetch-timeout S] [--image-url-allow-private]
 // --tp N shards the model over N ranks (GPUs cuda:N.., or CPU threads with --device cpu):
 // runtime/tp_runner.h. Across nodes every node runs `kiln serve` with the same flags and its own --node-rank;
 // node 0 serves HTTP, the others load their ranks and follow node 0's steps until it stops. A rank that fails
@@ -101,7 +101,7 @@ int run_serve(const kiln::cli::Args& args) {
   const kiln::cli::Flags f(
       args, serve_flags(),
       {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl",
-       "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding"});
+       "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding", "image-url-allow-private"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
 
@@ -120,6 +120,8 @@ int run_serve(const kiln::cli::Args& args) {
   eo.max_running_requests = int(f.i64("max-running-requests", eo.max_running_requests));
   eo.max_queued_requests = int(f.i64("max-queue", eo.max_queued_requests));
   eo.max_context_len = f.i64("max-context-len", 0);
+  if (eo.max_context_len > kiln::kMaxContextTokens)  // the rotary table is sized by it (kiln/config.h)
+    KILN_FAIL("--max-context-len ", eo.max_context_len, " is past kiln's limit of ", kiln::kMaxContextTokens);
   eo.enable_prefix_cache = !f.flag("disable-prefix-cache");
   eo.enable_mixed_batches = !f.flag("disable-mixed-batches");
   eo.disable_cuda_graph = f.flag("disable-cuda-graph");
@@ -199,6 +201,7 @@ int run_serve(const kiln::cli::Args& args) {
   KILN_CHECK(url_fetch == "on" || url_fetch == "off", "--image-url-fetch must be on or off, got '", url_fetch,
              "'");
   fetch.allow_urls = url_fetch == "on";
+  fetch.allow_private = f.flag("image-url-allow-private");  // server/address_policy.h
   fetch.timeout = seconds_flag("image-fetch-timeout", fetch.timeout);
   const double drain_s = f.f64("drain-timeout", 30.0);
   KILN_CHECK(drain_s >= 0, "--drain-timeout must be >= 0");

@@ -15,6 +15,7 @@
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "kiln/error.h"
+#include "kiln/json_depth.h"
 #include "kiln/tokenizer.h"
 
 namespace {
@@ -38,6 +39,7 @@ double thread_cpu_seconds() {
 }
 
 json parse_json(const std::string& s, const char* what) {
+  kiln::check_json_depth(s, "stdin");
   try {
     return json::parse(s);
   } catch (const json::exception& e) {

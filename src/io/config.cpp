@@ -1,4 +1,5 @@
 // HF config.json -> ModelConfig for the Qwen3 family (transformers 4.x and 5.x layouts).
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,11 @@ class Fields {
     if (!v) fail(key, "is missing");
     if (*v <= 0) fail(key, "must be positive, got " + std::to_string(*v));
     return *v;
+  }
+  int64_t positive_at_most(const std::string& key, int64_t max) const {
+    const int64_t v = positive(key);
+    if (v > max) fail(key, "is " + std::to_string(v) + ", past kiln's limit of " + std::to_string(max));
+    return v;
   }
   std::optional<double> opt_num(const std::string& key) const {
     const json* v = find(key);
@@ -456,7 +462,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   }
   const Fields f(*text, source_name, c.arch == ModelArch::qwen3_vl_text ? "text_config." : "");
 
-  c.vocab_size = f.positive("vocab_size");
+  c.vocab_size = f.positive_at_most("vocab_size", kMaxVocabSize);
   c.hidden_size = f.positive("hidden_size");
   c.intermediate_size = f.positive("intermediate_size");
   c.num_layers = f.positive("num_hidden_layers");
@@ -477,11 +483,23 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   }
   if (auto e = f.opt_num("rms_norm_eps")) c.rms_norm_eps = *e;
   if (!(c.rms_norm_eps > 0)) f.fail("rms_norm_eps", "must be positive");
-  if (f.opt_int("max_position_embeddings")) c.max_position_embeddings = f.positive("max_position_embeddings");
+  if (f.opt_int("max_position_embeddings"))
+    c.max_position_embeddings = f.positive_at_most("max_position_embeddings", kMaxContextTokens);
 
   check_layer_layout(f, c);
 
   parse_rope(f, c);
+  {
+    const RopeScaling& s = c.rope_scaling;  // the context max_context() derives from the scaling
+    const double ctx = s.kind == RopeScalingKind::yarn     ? std::max(double(c.max_position_embeddings),
+                                                                      double(s.original_max_position) * s.factor)
+                       : s.kind == RopeScalingKind::linear ? double(c.max_position_embeddings) * s.factor
+                                                           : double(c.max_position_embeddings);
+    if (ctx > double(kMaxContextTokens))
+      f.fail(f.find("rope_parameters") ? "rope_parameters.factor" : "rope_scaling.factor",
+             "gives a context of " + std::to_string(int64_t(std::min(ctx, 9e18))) +
+                 " tokens, past kiln's limit of " + std::to_string(kMaxContextTokens));
+  }
   const int64_t rot = c.rotary_dim();
   if (rot <= 0 || rot % 2 != 0 || rot > c.head_dim)
     f.fail("partial_rotary_factor",

@@ -35,7 +35,12 @@ inline ApiError bad_request(const std::string& message, const std::string& param
   return ApiError(400, message, param);
 }
 
-// The OpenAI error body for any status and message (param/code null when empty).
+// `message` without the source locations kiln::Error appends (" [src/runtime/sampler.cpp:14]"): those are for
+// the server's log, not for clients.
+std::string strip_source_locations(const std::string& message);
+
+// The OpenAI error body for any status and message (param/code null when empty). A message that carried a
+// source location is written to stderr whole, and sent without it.
 nlohmann::json error_body(int status, const std::string& message, const std::string& param = "",
                           const std::string& type = "", const std::string& code = "");
 

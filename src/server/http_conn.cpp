@@ -48,8 +48,7 @@ awaitable<void> Conn::run(std::shared_ptr<Conn> c) {
 
 awaitable<void> Conn::run_reject(std::shared_ptr<Conn> c) {
   try {
-    co_await c->reply_and_close(503, "too many connections (--max-connections " +
-                                         std::to_string(c->srv.opts.max_connections) + "): retry later");
+    co_await c->serve_over_cap();
   } catch (const std::exception&) {
   }
   error_code e;
@@ -74,6 +73,18 @@ awaitable<void> Conn::serve() {
     arm(o.header_timeout);
     co_await http::async_read_header(sock, buf, p, token());
     if (ec) co_return co_await fail_read();
+    {  // Beast reads a body only by the last coding (gzip: no body, the body is the next request)
+      const auto& h = p.get();
+      std::vector<std::string_view> te;
+      for (auto [it, end] = h.equal_range(http::field::transfer_encoding); it != end; ++it)
+        te.emplace_back(it->value());
+      const std::string bad = wire::transfer_encoding_error(
+          te, h.find(http::field::content_length) != h.end(), h.version() >= 11);
+      if (!bad.empty()) {
+        disarm();
+        co_return co_await reply_and_close(400, bad);
+      }
+    }
     if (!p.is_done()) {
       if (beast::iequals(p.get()[http::field::expect], "100-continue") &&
           !co_await write("HTTP/1.1 100 Continue\r\n\r\n"))
@@ -114,6 +125,40 @@ awaitable<void> Conn::serve() {
     if (closing) co_return;
     if (!keep_alive) co_return co_await linger();
   }
+}
+
+// Past --max-connections: one request is read, within kOverCapWait, and answered if it is a snapshot route
+// (Routes::is_fast: /health, /metrics, /v1/models), so a load balancer's probe is answered however many idle
+// connections hold the cap; anything else (or nothing in time) gets the 503. Then the connection closes.
+awaitable<void> Conn::serve_over_cap() {
+  const std::string busy = "too many connections (--max-connections " +
+                           std::to_string(srv.opts.max_connections) + "): retry later";
+  beast::flat_buffer buf;
+  http::request_parser<http::string_body> p;
+  p.header_limit(uint32_t(std::min<size_t>(srv.opts.max_header_bytes, UINT32_MAX)));
+  arm(std::min<std::chrono::milliseconds>(srv.opts.header_timeout, kOverCapWait));
+  co_await http::async_read_header(sock, buf, p, token());
+  disarm();
+  if (closing) co_return;
+  const auto& m = p.get();
+  HttpRequest req;
+  if (!ec) {
+    req.method = std::string(m.method_string());
+    req.target = std::string(m.target());
+    req.path = req.target.substr(0, req.target.find('?'));
+    for (const auto& f : m) req.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+  }
+  const bool head_only = req.method == "HEAD";
+  if (head_only) req.method = "GET";
+  // Only a request without a body: the next bytes are not read.
+  if (ec || !p.is_done() || req.method != "GET" || !srv.routes.is_fast(req)) {
+    srv.counters.connections_rejected++;
+    co_return co_await reply_and_close(503, busy);
+  }
+  const HttpResponse res = srv.handle(req);  // a snapshot route: a whole reply, never a source
+  std::string wire = response_head(res, false, false, res.body.size());
+  if (!head_only) wire += res.body;
+  if (co_await write(wire)) co_await linger();
 }
 
 // A request that could not be read: answered when it was the client's doing, else closed quietly.

@@ -68,10 +68,11 @@ awaitable<void> HttpTransport::Impl::accept_loop() {
     counters.connections_total++;
     auto c = std::make_shared<Conn>(*this, std::move(s));
     if (counters.connections_open >= opts.max_connections) {
-      counters.connections_rejected++;
-      if (rejecting < kMaxRejecting) {
+      if (rejecting < kMaxRejecting) {  // counted as rejected unless it is a probe that gets its answer
         rejecting++;
         asio::co_spawn(c->sock.get_executor(), Conn::run_reject(c), asio::detached);
+      } else {
+        counters.connections_rejected++;
       }
       continue;  // else dropped: closed by ~Conn
     }

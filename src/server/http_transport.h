@@ -15,7 +15,10 @@
 //   body_timeout    from the end of the headers to the end of the body    -> 408
 //   write_timeout   one write to a client that does not read              -> connection closed
 //   max_header_bytes -> 431, max_body_bytes -> 413, a malformed request -> 400
-//   max_connections: the connection beyond it gets 503 with Retry-After and is closed.
+//   max_connections: a connection beyond it may send one request (within 2 s): a GET of a snapshot route
+//                    (Routes::is_fast: /health, /metrics) is answered, anything else gets 503 with
+//                    Retry-After; then it is closed. So probes are answered however many idle connections
+//                    hold the cap (at most 256 such connections at once; beyond, closed unanswered).
 // A connection answered with an error is closed after the reply (lingering: its unread input is drained
 // for up to a second, so the client reads the reply instead of a reset).
 #pragma once

@@ -53,7 +53,9 @@ using wire::response_head;
 inline constexpr auto kLinger = 1s;  // how long a closing connection's unread input is drained
 inline constexpr size_t kLingerBytes = 1u << 20;
 inline constexpr int kMaxRejecting =
-    256;  // connections being sent the over-cap 503 at once; beyond, closed at once
+    256;  // connections past the cap being answered at once; beyond, closed at once
+// How long a connection past the cap may take to send its request (a probe sends it at once).
+inline constexpr std::chrono::milliseconds kOverCapWait{2000};
 
 struct Conn;
 struct WakeState;
@@ -139,6 +141,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
 
   static awaitable<void> run(std::shared_ptr<Conn> c);
   static awaitable<void> run_reject(std::shared_ptr<Conn> c);
+  awaitable<void> serve_over_cap();
   awaitable<void> serve();
   awaitable<void> fail_read();
   awaitable<bool> write(std::string_view data);

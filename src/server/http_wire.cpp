@@ -24,6 +24,21 @@ std::string HttpRequest::header(std::string_view name) const {
 
 namespace wire {
 
+std::string transfer_encoding_error(const std::vector<std::string_view>& te, bool has_content_length,
+                                    bool http11) {
+  if (te.empty()) return "";
+  const std::string accepted = "; only a single 'Transfer-Encoding: chunked' is accepted";
+  if (te.size() > 1) return "Transfer-Encoding given " + std::to_string(te.size()) + " times" + accepted;
+  std::string_view v = te[0];
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  if (!boost::beast::iequals(v, "chunked"))
+    return "Transfer-Encoding '" + std::string(v.substr(0, 64)) + "' is not supported" + accepted;
+  if (has_content_length) return "Transfer-Encoding and Content-Length together" + accepted;
+  if (!http11) return "Transfer-Encoding in an HTTP/1.0 request" + accepted;
+  return "";
+}
+
 std::string response_head(const HttpResponse& r, bool keep_alive, bool chunked, size_t length) {
   std::string h = "HTTP/1.1 " + std::to_string(r.status) + ' ';
   const auto reason = http::obsolete_reason(http::int_to_status(unsigned(r.status)));

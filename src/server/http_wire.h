@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "server/http_transport.h"
 
@@ -16,6 +17,12 @@ namespace kiln::server::wire {
 std::string response_head(const HttpResponse& r, bool keep_alive, bool chunked, size_t length);
 // A chunk's header, "<size in hex>\r\n", in `buf` (its data and "\r\n" follow on the wire).
 std::string_view chunk_header(size_t size, char (&buf)[24]);
+// RFC 9112 6.3: why a request's framing headers are refused, "" when they are fine. The only
+// Transfer-Encoding accepted is one field saying `chunked` (any case, optional whitespace), on HTTP/1.1,
+// without Content-Length; any other coding, a list, a repeat, or chunked beside Content-Length is refused
+// (400, and the connection closed: its body's end cannot be trusted). `te`: every Transfer-Encoding value.
+std::string transfer_encoding_error(const std::vector<std::string_view>& te, bool has_content_length,
+                                    bool http11);
 // True when the client has closed or reset the connection (a non-blocking peek; pipelined bytes stay queued).
 bool peer_gone(int fd);
 // A malformed request (Beast's parse errors, not the end of the stream or a partial message).

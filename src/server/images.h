@@ -27,6 +27,9 @@ struct ImageFetchOptions {
   bool allow_urls = true;                    // http(s) URLs (false: only data: URLs and raw base64)
   std::chrono::milliseconds timeout{10000};  // per image: connect + transfer
   int max_redirects = 3;
+  // Loopback, private, link-local and other non-public addresses (server/address_policy.h) may be fetched:
+  // --image-url-allow-private. Off: a 400 naming the address's range.
+  bool allow_private = false;
 };
 
 // What the server needs to accept images: present only for a vision-language checkpoint.

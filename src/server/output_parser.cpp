@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "kiln/json_depth.h"
+
 namespace kiln::server {
 namespace {
 
@@ -34,6 +36,8 @@ size_t partial_tag(std::string_view s, std::string_view tag) {
 // The inside of a <tool_call> block as a call, or false when it is not one.
 bool parse_call(std::string_view inner, ToolCall& call) {
   using ojson = nlohmann::ordered_json;
+  // Too deep to dump safely (kiln/json_depth.h): the block stays text.
+  if (json_nesting_depth(inner, kMaxJsonDepth) > kMaxJsonDepth) return false;
   const ojson j = ojson::parse(inner.begin(), inner.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return false;
   auto name = j.find("name");

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "kiln/error.h"
+#include "kiln/json_depth.h"
 #include "server/api_error.h"
 #include "server/protocol_images.h"
 
@@ -339,6 +340,12 @@ bool prompt_opens_think(const std::string& text) {
 }  // namespace
 
 json parse_body(const std::string& body) {
+  // Before parsing: the parsed value is copied, dumped and walked recursively (kiln/json_depth.h).
+  try {
+    check_json_depth(body, "the request body");
+  } catch (const kiln::Error& e) {
+    throw bad_request(e.what());
+  }
   json j;
   try {
     j = json::parse(body);
@@ -541,12 +548,12 @@ EmbedSpec parse_embedding_request(const json& body, const TextCodec& codec, cons
   if (in->is_string()) {
     add_ids(encode_embedding(codec, in->get<std::string>()));
   } else if (in->is_array() && !in->empty()) {
-    if (in->size() > lim.max_embedding_inputs)
-      throw bad_request("'input' holds at most " + std::to_string(lim.max_embedding_inputs) + " items",
-                        "input");
-    if ((*in)[0].is_number()) {
+    if ((*in)[0].is_number()) {  // one tokenized input (OpenAI): bounded by the context, not the input count
       add_ids(token_list(*in, "input", lim));
     } else {
+      if (in->size() > lim.max_embedding_inputs)
+        throw bad_request("'input' holds at most " + std::to_string(lim.max_embedding_inputs) + " inputs",
+                          "input");
       for (const auto& item : *in) {
         if (item.is_string())
           add_ids(encode_embedding(codec, item.get<std::string>()));

@@ -21,6 +21,14 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// "Bearer " in any case: authentication schemes are case-insensitive (RFC 9110 11.1).
+bool is_bearer(const std::string& auth) {
+  if (auth.size() < 7 || auth[6] != ' ') return false;
+  for (size_t i = 0; i < 6; ++i)
+    if (char(auth[i] | 0x20) != "bearer"[i]) return false;
+  return true;
+}
+
 const char* status_text(int status) {
   switch (status) {
     case 400:
@@ -133,8 +141,7 @@ HttpResponse ApiServer::Impl::route(const HttpRequest& req) {
   const std::string& path = req.path;
   if (!opts.api_key.empty() && path != "/health" && path != "/metrics") {
     const std::string auth = req.header("Authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), opts.api_key)) {
+    if (!is_bearer(auth) || !same_secret(auth.substr(7), opts.api_key)) {
       counters.rejected_auth++;
       res.set_header("WWW-Authenticate", "Bearer");
       send_error(res, 401,

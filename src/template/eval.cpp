@@ -15,6 +15,10 @@ enum class Flow { normal, break_, continue_ };
 constexpr size_t kMaxString = Value::kMaxString;  // any string, the output included
 constexpr size_t kMaxList = size_t(1) << 22;
 constexpr int64_t kMaxSteps = 5'000'000;  // loop iterations plus macro calls, per render
+// Expressions and statements being evaluated at once, macro calls included: each expression is at most 256
+// deep (the parser's bound) but a macro may call itself from the bottom of one, 200 times. This keeps the
+// recursion well inside a thread's stack (~1 KB a level).
+constexpr int kMaxEvalNesting = 2000;
 
 void check_size(size_t n, size_t max) {
   if (n > max)
@@ -140,6 +144,18 @@ class Evaluator {
   const Scope* top_;  // the render's top-level scope: alive for the whole render
   int depth_ = 0;     // macro calls in progress (Python would raise RecursionError; we must not overflow)
   int64_t steps_ = 0;
+  int nesting_ = 0;  // eval() and exec() frames on the stack
+  struct Nesting {
+    int& n;
+    explicit Nesting(int& x) : n(x) {
+      if (++n > kMaxEvalNesting) {
+        --n;
+        fail("template evaluation nested deeper than " + std::to_string(kMaxEvalNesting) +
+             " levels (kiln's limit: expressions within macros calling themselves)");
+      }
+    }
+    ~Nesting() { --n; }
+  };
   void step() {
     if (++steps_ > kMaxSteps) fail("render budget exceeded (5,000,000 loop iterations and macro calls)");
   }
@@ -162,6 +178,7 @@ class Evaluator {
 };
 
 Value Evaluator::eval(const Expr& e, Scope& sc) {
+  const Nesting nest(nesting_);
   switch (e.kind) {
     case EK::literal:
       return e.lit;
@@ -499,6 +516,7 @@ Flow Evaluator::exec_stmt(const Stmt& s, Scope& sc, std::string& out) {
 }
 
 Flow Evaluator::exec(const Body& body, Scope& sc, std::string& out) {
+  const Nesting nest(nesting_);
   for (const auto& s : body) {
     Flow fl;
     try {

@@ -13,6 +13,71 @@ void fail(const std::string& msg) {
 }
 
 namespace {
+thread_local int walk_depth = 0;
+
+// Containers whose last reference went while another was being freed: freed by the outermost release.
+// graveyard_gone (trivially destructible, so readable to the thread's very end) says the graveyard itself
+// was destroyed: values freed after that (a static's, at exit) are deleted directly.
+thread_local bool graveyard_gone = false;
+struct Graveyard {
+  std::vector<Array*> arrays;
+  std::vector<Object*> objects;
+  bool busy = false;
+  ~Graveyard() { graveyard_gone = true; }
+};
+thread_local Graveyard graveyard;
+
+void bury(Graveyard& g) {
+  g.busy = true;
+  while (!g.arrays.empty() || !g.objects.empty()) {
+    if (!g.arrays.empty()) {
+      Array* a = g.arrays.back();
+      g.arrays.pop_back();
+      delete a;  // its elements' containers land in the graveyard instead of recursing
+    } else {
+      Object* o = g.objects.back();
+      g.objects.pop_back();
+      delete o;
+    }
+  }
+  g.busy = false;
+}
+
+template <typename T>
+void release(std::vector<T*> Graveyard::*pile, T* p) noexcept {
+  if (graveyard_gone) {
+    delete p;
+    return;
+  }
+  try {
+    (graveyard.*pile).push_back(p);
+  } catch (...) {
+    delete p;  // out of memory for the pile: this one recurses
+    return;
+  }
+  if (!graveyard.busy) bury(graveyard);
+}
+}  // namespace
+
+NestingGuard::NestingGuard() {
+  if (++walk_depth > kMaxValueDepth) {
+    --walk_depth;
+    fail("value nested deeper than " + std::to_string(kMaxValueDepth) +
+         " levels (kiln's limit for template values)");
+  }
+}
+NestingGuard::~NestingGuard() {
+  --walk_depth;
+}
+
+void release_array(Array* a) noexcept {
+  release(&Graveyard::arrays, a);
+}
+void release_object(Object* o) noexcept {
+  release(&Graveyard::objects, o);
+}
+
+namespace {
 [[noreturn]] void overflow(const char* op, int64_t a, int64_t b) {
   fail(std::string("integer overflow: ") + std::to_string(a) + " " + op + " " + std::to_string(b) +
        " does not fit in 64 bits");
@@ -97,6 +162,7 @@ bool truthy(const Value& v) {
 }
 
 bool equal(const Value& a, const Value& b) {
+  const NestingGuard level;
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::floating || b.kind == Kind::floating) return a.as_double() == b.as_double();
     return a.as_int() == b.as_int();
@@ -130,6 +196,7 @@ bool equal(const Value& a, const Value& b) {
 }
 
 int compare(const Value& a, const Value& b) {
+  const NestingGuard level;
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::floating || b.kind == Kind::floating) {
       const double x = a.as_double(), y = b.as_double();
@@ -220,6 +287,7 @@ void repr_string(const std::string& s, std::string& out) {
 }
 
 void append_repr(const Value& v, std::string& out) {
+  const NestingGuard level;
   switch (v.kind) {
     case Kind::string:
       repr_string(*v.s, out);
@@ -295,6 +363,7 @@ std::string repr(const Value& v) {
 }
 
 Value from_json(const nlohmann::ordered_json& j) {
+  const NestingGuard level;
   using T = nlohmann::ordered_json::value_t;
   switch (j.type()) {
     case T::null:
@@ -329,6 +398,7 @@ Value from_json(const nlohmann::ordered_json& j) {
 }
 
 nlohmann::ordered_json to_json(const Value& v) {
+  const NestingGuard level;
   switch (v.kind) {
     case Kind::none:
       return nullptr;
@@ -413,6 +483,7 @@ void dump_string(const std::string& s, bool ensure_ascii, std::string& out) {
 }
 
 void dump(const Value& v, const DumpOptions& opt, int level, std::string& out) {
+  const NestingGuard nesting;
   const auto newline = [&](int lvl) {
     if (opt.indent < 0) return;
     out += '\n';

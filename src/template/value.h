@@ -44,6 +44,22 @@ using Kwargs = std::vector<std::pair<std::string, Value>>;
 // Positional and keyword arguments of a call; the function validates them itself.
 using Function = std::function<Value(std::vector<Value>& args, Kwargs& kwargs)>;
 
+// Walks of nested values (str, repr, ==, <, tojson, JSON conversion) go at most kMaxValueDepth levels deep:
+// past it a TemplateError, never a stack overflow. Request JSON nests at most kiln::kMaxJsonDepth (128)
+// levels; only a value the template builds itself (namespace attributes wrapped in a loop) gets deeper.
+inline constexpr int kMaxValueDepth = 512;
+class NestingGuard {  // one per level of a recursive walk, on the walking thread
+ public:
+  NestingGuard();
+  ~NestingGuard();
+  NestingGuard(const NestingGuard&) = delete;
+  NestingGuard& operator=(const NestingGuard&) = delete;
+};
+// Lists and dicts are freed through these, without recursion: a chain nested a million deep (which a
+// template can build) is destroyed in a loop, not one stack frame per level.
+void release_array(Array* a) noexcept;
+void release_object(Object* o) noexcept;
+
 enum class Kind : uint8_t { undefined, none, boolean, integer, floating, string, array, object, function };
 
 struct Value {
@@ -98,7 +114,7 @@ struct Value {
   }
   static Value array(Array x = {}) {
     Value v = make(Kind::array);
-    v.a = std::make_shared<Array>(std::move(x));
+    v.a = std::shared_ptr<Array>(new Array(std::move(x)), release_array);
     return v;
   }
   static Value object();
@@ -148,7 +164,7 @@ struct Object {
 
 inline Value Value::object() {
   Value v = make(Kind::object);
-  v.o = std::make_shared<Object>();
+  v.o = std::shared_ptr<Object>(new Object(), release_object);
   return v;
 }
 

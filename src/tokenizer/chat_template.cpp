@@ -3,6 +3,7 @@
 #include "tokenizer/chat_template.h"
 
 #include "kiln/error.h"
+#include "kiln/json_depth.h"
 
 namespace kiln::tok {
 namespace {
@@ -10,6 +11,7 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 ojson parse_json(std::string_view text, const char* what) {
+  check_json_depth(text, what);  // the values are converted and dumped recursively
   try {
     return ojson::parse(text);
   } catch (const ojson::exception& e) {

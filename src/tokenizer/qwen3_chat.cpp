@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/error.h"
+#include "kiln/json_depth.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/pyjson.h"
 
@@ -216,6 +217,7 @@ bool is_qwen3_template(std::string_view chat_template) {
 }
 
 std::string render_qwen3_chat(std::string_view request_json) {
+  check_json_depth(request_json, "chat request");  // render_qwen3 dumps tool schemas recursively
   ojson req;
   try {
     req = ojson::parse(request_json);

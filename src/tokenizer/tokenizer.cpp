@@ -128,6 +128,14 @@ class WordCache {
   uint64_t hash_ = 0;  // of the last find()
 };
 
+// Token ids past this are refused by name (real vocabularies hold ~256k): tables are sized by the largest id.
+constexpr int64_t kMaxTokenIds = int64_t(1) << 24;
+
+// An integer JSON value as an id, -1 when it does not fit int64.
+int64_t token_id_of(const json& v) {
+  return v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? -1 : v.get<int64_t>();
+}
+
 // Collects model.vocab and model.merges from parser callbacks and tells the parser to drop them.
 // Depths (nlohmann's callback convention): keys of the root object are at 1, of "model" at 2, vocab entries
 // and merge elements at 3, the two strings of a merge pair at 4.
@@ -153,7 +161,16 @@ struct ModelTables {
     if (ev == E::value && depth == 3 && in("vocab")) {
       if (!v.is_number_integer() && error.empty())
         error = "vocab id of '" + vocab_key + "' is not an integer";
-      if (v.is_number_integer()) vocab.emplace_back(vocab_key, v.get<int32_t>());
+      if (v.is_number_integer()) {
+        const int64_t id = token_id_of(v);
+        if (id < 0 || id >= kMaxTokenIds) {
+          if (error.empty())
+            error = "vocab id " + v.dump() + " of '" + vocab_key + "' is outside [0, " +
+                    std::to_string(kMaxTokenIds) + ") (kiln's limit)";
+        } else {
+          vocab.emplace_back(vocab_key, int32_t(id));
+        }
+      }
       return false;
     }
     if (ev == E::value && depth == 4 && in("merges")) {
@@ -247,8 +264,11 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     for (const auto& a : t.value("added_tokens", json::array())) {
       tok::AddedToken at;
       at.content = a.at("content").get<std::string>();
-      at.id = a.at("id").get<int32_t>();
-      KILN_CHECK(at.id >= 0, "tokenizer.json: added token '", at.content, "' has a negative id");
+      const json& id = a.at("id");
+      if (!id.is_number_integer() || token_id_of(id) < 0 || token_id_of(id) >= kMaxTokenIds)
+        KILN_FAIL("tokenizer.json: added token '", at.content, "' has id ", id.dump(), ", outside [0, ",
+                  kMaxTokenIds, ") (kiln's limit)");
+      at.id = int32_t(token_id_of(id));
       KILN_CHECK(tok::utf8_find_invalid(at.content) == std::string_view::npos, "added token ", at.id,
                  " is not UTF-8");
       at.special = a.value("special", false);

@@ -301,6 +301,14 @@ TEST(Config, RejectionsNameTheField) {
       {[](json& j) { j["attention_bias"] = true; }, {"'attention_bias'", "biases"}},
       {[](json& j) { j["hidden_act"] = "gelu"; }, {"'hidden_act'", "gelu"}},
       {[](json& j) { j["num_key_value_heads"] = 64; }, {"num_attention_heads", "num_key_value_heads (64)"}},
+      // Sizes past kiln's bounds: named, not a bare std::bad_alloc later (issue 41).
+      {[](json& j) { j["max_position_embeddings"] = 1000000000000000; },
+       {"'max_position_embeddings'", "1000000000000000", "limit of 4194304"}},
+      {[](json& j) { j["vocab_size"] = 1000000000; }, {"'vocab_size'", "limit of 16777216"}},
+      {[](json& j) {
+         j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e12}};
+       },
+       {"'rope_scaling.factor'", "gives a context of", "limit of 4194304"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));

@@ -92,8 +92,9 @@ class FakeEngine : public EngineApi {
 
   int max_active = 1000;  // beyond this submit() throws EngineBusyError
   bool embedding_model = false;
-  int64_t max_context = 512;               // the context limit the server checks requests against
-  std::atomic<bool> fail_requests{false};  // finish every request with "error"
+  int64_t max_context = 512;                      // the context limit the server checks requests against
+  std::atomic<bool> fail_requests{false};         // finish every request with "error"
+  std::string fail_message = "injected failure";  // that error's text (set before the requests)
   // Set before the first submit: a reply per request, as token ids of a real tokenizer (EOS appended by
   // the caller), instead of the fixed byte reply; vocab and eos to match that tokenizer.
   std::function<std::vector<int32_t>(const Request&)> script;
@@ -176,7 +177,7 @@ class FakeEngine : public EngineApi {
         if (l.aborted) {
           finish(e, "abort");
         } else if (fail_requests) {
-          e.error = "injected failure";
+          e.error = fail_message;
           finish(e, "error");
         } else if (l.req.embedding) {
           std::vector<float> v(8);

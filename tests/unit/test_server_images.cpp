@@ -79,6 +79,7 @@ std::shared_ptr<const VisionSetup> small_vision() {
   v->limits.max_bytes = 30000;  // big_odd.png (~35 KB) is over
   v->limits.max_pixels = 1 << 20;
   v->fetch.timeout = 400ms;
+  v->fetch.allow_private = true;  // the image host below is on loopback
   return v;
 }
 

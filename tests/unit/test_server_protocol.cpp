@@ -443,3 +443,22 @@ TEST(ServerMetrics, PrometheusTextHasEverySeries) {
             std::string::npos);
   EXPECT_NE(m.find("# TYPE kiln_e2e_request_latency_seconds histogram"), std::string::npos);
 }
+
+// max_tokens: null is "not given" (OpenAI clients send null for unset fields), as in vLLM: a chat reply may
+// then run to the end of the context, a completion gets 16 tokens (docs/SERVING.md, "Errors and robustness").
+TEST(ServerValidation, NullMaxTokensMeansTheDefault) {
+  fake::ByteCodec codec;
+  const ApiLimits l = limits();
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  json chat_null = chat;
+  chat_null["max_tokens"] = nullptr;
+  chat_null["max_completion_tokens"] = nullptr;
+  const GenSpec absent = parse_chat_request(chat, codec, l), null = parse_chat_request(chat_null, codec, l);
+  EXPECT_EQ(null.sampling.max_new_tokens, absent.sampling.max_new_tokens);
+  EXPECT_EQ(absent.sampling.max_new_tokens, l.max_context_len - int64_t(absent.prompt.size()));
+  const GenSpec completion = parse_completion_request({{"prompt", "hi"}, {"max_tokens", nullptr}}, codec, l);
+  EXPECT_EQ(completion.sampling.max_new_tokens, 16);
+  const GenSpec generate =
+      parse_generate_request({{"text", "hi"}, {"sampling_params", {{"max_new_tokens", nullptr}}}}, codec, l);
+  EXPECT_EQ(generate.sampling.max_new_tokens, std::min<int64_t>(128, l.max_context_len - 2));
+}

@@ -225,7 +225,7 @@ TEST(ServerScale, ConnectionCapIs503WithRetryAfter) {
   Conn extra;
   extra.fd = dial(h.port);
   ASSERT_GE(extra.fd, 0);
-  extra.out = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  extra.out = post_request("/v1/completions", R"({"prompt": "a"})");  // work; a probe would be answered
   std::vector<Conn*> one{&extra};
   ASSERT_TRUE(pump(one, Clock::now() + 5s));
   ::close(extra.fd);

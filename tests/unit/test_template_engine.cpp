@@ -59,6 +59,34 @@ TEST(TemplateEngine, RenderErrorsNameTheLineAndCause) {
       "[]Falsed0");
 }
 
+// Recursion the parser's bounds do not see (issue 41): a macro calling itself from the bottom of a deep
+// expression, values a template nests by itself, a namespace holding itself, and request JSON nested past
+// the limit. Each overflowed the stack before.
+TEST(TemplateEngine, DeepEvaluationAndDeepValuesFailCleanly) {
+  std::string deep_call = "{% macro f() %}{{ 'a'";
+  for (int i = 0; i < 190; ++i) deep_call += " ~ ('a'";
+  deep_call += " ~ f()" + std::string(190, ')') + " }}{% endmacro %}{{ f() }}";
+  expect_contains(error_of([&] { render(deep_call); }),
+                  {"template evaluation nested deeper than 2000 levels"});
+  const std::string chain =
+      "{% set ns = namespace(x=none) %}{% for i in range(1000) %}{% for j in range(300) %}"
+      "{% set ns.x = [ns.x] %}{% endfor %}{% endfor %}";
+  EXPECT_EQ(render(chain + "built"), "built");  // and freed without one stack frame per level
+  for (const char* use :
+       {"{{ ns.x }}", "{{ ns.x | tojson }}", "{{ ns.x == ns.x | list }}", "{{ ns.x < ns.x }}"})
+    expect_contains(error_of([&] { render(chain + use); }), {"value nested deeper than 512 levels"});
+  expect_contains(error_of([] { render("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}"); }),
+                  {"value nested deeper than 512 levels"});
+  // Values as deep as request JSON may be still work.
+  std::string ok =
+      "{% set ns = namespace(x=1) %}{% for i in range(200) %}{% set ns.x = [ns.x] %}{% endfor %}";
+  EXPECT_EQ(render(ok + "{{ ns.x | tojson }}"), std::string(200, '[') + "1" + std::string(200, ']'));
+  const auto ct = kiln::tok::ChatTemplate::load("", "{{ messages[0].x | tojson }}", "");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expect_contains(error_of([&] { ct->render(R"({"messages": [{"role": "user", "x": )" + deep + "}]}"); }),
+                  {"chat request nests deeper than 128 levels"});
+}
+
 // A hostile or broken template fails cleanly instead of exhausting the stack or memory.
 TEST(TemplateEngine, LimitsInsteadOfCrashes) {
   expect_contains(error_of([] { render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"); }),

@@ -228,6 +228,30 @@ TEST(Tokenizer, LoadsBothMergeFormatsAndTheByteLevelRegex) {
                kiln::Error);  // dup id
 }
 
+// Ids far past any vocabulary are named, not a bare std::bad_alloc from tables sized by the largest id.
+TEST(Tokenizer, HugeIdsAreClearErrors) {
+  auto message = [](const std::string& tj) {
+    try {
+      kiln::Tokenizer::from_json(tj);
+    } catch (const kiln::Error& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("not a kiln::Error: ") + e.what();
+    }
+    return std::string("no error");
+  };
+  const std::string vocab_id = message(tiny_tokenizer_json(json::array(), {{"zz", 1000000000}}));
+  EXPECT_NE(vocab_id.find("vocab id 1000000000 of 'zz' is outside [0, 16777216)"), std::string::npos)
+      << vocab_id;
+  EXPECT_NE(message(tiny_tokenizer_json(json::array(), {{"zz", 5000000000}})).find("outside [0, 16777216)"),
+            std::string::npos);
+  json added = json::parse(tiny_tokenizer_json(json::array()));
+  added["added_tokens"] = {{{"id", 1000000000}, {"content", "<big>"}, {"special", true}}};
+  const std::string added_id = message(added.dump());
+  EXPECT_NE(added_id.find("added token '<big>' has id 1000000000, outside [0, 16777216)"), std::string::npos)
+      << added_id;
+}
+
 TEST(Tokenizer, RejectsUnsupportedTokenizerJson) {
   EXPECT_THROW(kiln::Tokenizer::from_json("{not json"), kiln::Error);
   EXPECT_THROW(kiln::Tokenizer::from_json(R"({"model": {"type": "WordPiece", "vocab": {}}})"), kiln::Error);
