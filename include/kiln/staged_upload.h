@@ -1,8 +1,8 @@
 // A step's small host-to-device inputs (token ids, positions, slots, page tables, sampling parameters)
 // without a synchronous pageable copy each: their bytes go into one pinned host arena and leave by
 // cudaMemcpyAsync on the stream that consumes them. With them a batch-1 serving step of the 4B shape takes
-// ~30 µs less host time (its seven input copies and the sampling parameters' copy; H200, docs/PERF.md,
-// twenty-second session).
+// ~30 µs less host time (its seven input copies and the sampling parameters' copy; H200, 2026-12-03,
+// `0546dfd`, docs/PERF.md "Serving").
 //
 // Use: begin(bound, stream) with an upper bound of the batch's bytes (the sum of footprint() over its
 // copies), copy() per input, end(). begin() waits for the previous batch's copies to leave the arena, so no
