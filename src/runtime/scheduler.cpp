@@ -43,9 +43,10 @@ void Scheduler::admit(std::unique_ptr<Sequence> seq) {
   seqs_.emplace(seq->id, std::move(seq));
 }
 
-StepPlan Scheduler::schedule() {
+StepPlan Scheduler::schedule(int64_t prefill_limit) {
   StepPlan plan;
   int64_t budget = opts_.chunked_prefill_size > 0 ? opts_.chunked_prefill_size : INT64_MAX;
+  if (prefill_limit > 0) budget = std::min(budget, prefill_limit);
   if (opts_.enable_mixed_batches) {
     phase_running(plan, budget, /*decode=*/true, /*prefill=*/true);
     if (plan.preempted.empty()) phase_admit(plan, budget);
