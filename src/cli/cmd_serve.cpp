@@ -15,6 +15,7 @@
 //              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //              [--max-images-per-request N] [--max-image-bytes N] [--max-image-pixels N]
 //              [--image-url-fetch on|off] [--image-fetch-timeout S] [--image-decode-timeout S]
+//              [--image-max-resized-pixels N]
 // --tp N shards the model over N ranks (GPUs cuda:N.., or CPU threads with --device cpu):
 // runtime/tp_runner.h. Across nodes every node runs `kiln serve` with the same flags and its own --node-rank;
 // node 0 serves HTTP, the others load their ranks and follow node 0's steps until it stops. A rank that fails
@@ -103,7 +104,8 @@ std::set<std::string> serve_flags() {
                              "max-image-pixels",
                              "image-url-fetch",
                              "image-fetch-timeout",
-                             "image-decode-timeout"};
+                             "image-decode-timeout",
+                             "image-max-resized-pixels"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
   return s;
 }
@@ -214,6 +216,9 @@ int run_serve(const kiln::cli::Args& args) {
   image_limits.max_decode_seconds = f.f64("image-decode-timeout", image_limits.max_decode_seconds);
   KILN_CHECK(image_limits.max_decode_seconds > 0 && image_limits.max_decode_seconds <= 3600,
              "--image-decode-timeout must be in (0, 3600] seconds, got ", image_limits.max_decode_seconds);
+  image_limits.max_resized_pixels = f.i64("image-max-resized-pixels", 0);
+  KILN_CHECK(image_limits.max_resized_pixels >= 0,
+             "--image-max-resized-pixels must be >= 0 (0: the checkpoint's)");
   kiln::server::ImageFetchOptions fetch;
   const std::string url_fetch = f.str("image-url-fetch", "on");
   KILN_CHECK(url_fetch == "on" || url_fetch == "off", "--image-url-fetch must be on or off, got '", url_fetch,

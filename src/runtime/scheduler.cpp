@@ -65,6 +65,14 @@ StepPlan Scheduler::schedule(int64_t prefill_limit) {
 }
 
 void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool prefill) {
+  // While requests wait for a place, running prefills get only half of the step's prefill budget: the rest
+  // goes to admission, so a long prompt being prefilled chunk by chunk does not hold a short one back until
+  // it is done (vLLM's long_prefill_token_threshold has the same purpose). Not in unmixed mode, whose steps
+  // must not mix a prompt's last 1-token chunk (a decode-shaped row) with other prefill rows.
+  const bool admitting =
+      opts_.enable_mixed_batches && !waiting_.empty() && int(running_.size()) < opts_.max_running_requests;
+  const int64_t reserved = admitting && budget >= 2 ? budget / 2 : 0;
+  budget -= reserved;
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
     const int32_t remaining = int32_t(s.tokens.size()) - s.num_computed;
@@ -81,6 +89,7 @@ void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool
     if (remaining > 1) budget -= q;
     plan.rows.push_back({&s, s.num_computed, q, s.num_computed + q == int32_t(s.tokens.size())});
   }
+  budget += reserved;
 }
 
 int64_t Scheduler::future_pages(const Sequence& s) const {

@@ -49,6 +49,10 @@ struct ImageLimits {
   // max_pixels, which is checked against the header AND against the data actually there before anything
   // is allocated (a JPEG or PNG too short for the size it declares is refused).
   double max_decode_seconds = 10.0;
+  // > 0: lowers the processor's max_pixels (what an image is resized to at most, so the vision tower's input;
+  // its cost grows with the square of the patches) to this, as vLLM's --mm-processor-kwargs max_pixels does.
+  // 0: the checkpoint's preprocessor_config.json (Qwen3-VL: 16,777,216), transformers' preprocessing exactly.
+  int64_t max_resized_pixels = 0;
 };
 
 enum class ImageFormat { png, jpeg, webp };

@@ -5,6 +5,7 @@
 // from above only, which a slower (loaded) machine can only make smaller.
 #include <gtest/gtest.h>
 
+#include <mutex>
 #include <numeric>
 
 #include "engine_test_util.h"
@@ -57,6 +58,29 @@ TEST(EngineStepBound, PrefillStepsFollowTheMeasuredRateAndOutputsAreUnchanged) {
   for (size_t i = 1; i < m->step_tokens.size(); ++i) EXPECT_LE(m->step_tokens[i], 80) << "step " << i;
   EXPECT_EQ(std::accumulate(m->step_tokens.begin(), m->step_tokens.end(), 0), 1200 + 5);  // + 5 decode steps
   expect_pool_clean(engine);
+}
+
+TEST(EngineStepBound, AShortRequestIsNotHeldBackUntilALongPromptIsPrefilled) {
+  auto model = std::make_unique<FakeRunner>(64);
+  FakeRunner* m = model.get();
+  Engine engine(std::move(model), small_opts(8192, 4, 64));  // 2000 tokens: 32 chunks of 64
+  std::mutex mu;
+  std::vector<RequestId> finished;  // in the order they ended
+  auto cb = [&](const TokenEvent& e) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (e.finished) finished.push_back(e.id);
+  };
+  m->hold_steps();
+  const RequestId long_id = engine.submit(greedy(prompt_of(2000, 4), 1), cb);
+  m->wait_until_held();  // the long prompt's first chunk is running
+  const RequestId short_id = engine.submit(greedy(prompt_of(3, 5), 1), cb);
+  m->release_steps();
+  engine.shutdown(true);
+  ASSERT_EQ(finished, (std::vector<RequestId>{short_id, long_id}));
+  // The short request ran in the second step, beside the long prompt's second chunk (half the budget each).
+  ASSERT_GE(m->step_tokens.size(), 3u);
+  EXPECT_EQ(m->step_tokens[0], 64);
+  EXPECT_EQ(m->step_tokens[1], 32 + 3);
 }
 
 TEST(EngineStepBound, OffTheWholeChunkRunsInOneStep) {
