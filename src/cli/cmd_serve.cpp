@@ -315,15 +315,17 @@ int run_serve(const kiln::cli::Args& args) {
   while (!server.wait_idle(50ms)) {
     if (wait_signal(0ms) > 0) {
       forced = true;
-      std::fprintf(stderr, "kiln serve: second signal: ending every request now\n");
+      std::fprintf(stderr, "kiln serve: second signal: aborting every request now\n");
       break;
     }
     if (std::chrono::steady_clock::now() >= deadline) break;
   }
   const auto ended_at = std::chrono::steady_clock::now();
   if (server.counters().active.load() > 0) {
-    std::fprintf(stderr, "kiln serve: ending %lld request(s) as aborted\n",
-                 (long long)server.counters().active.load());
+    std::fprintf(
+        stderr,
+        "kiln serve: aborting %lld request(s): each ends now, a stream with finish_reason abort and [DONE]\n",
+        (long long)server.counters().active.load());
     server.end_all();
     server.wait_idle(500ms);  // their last chunks handed to the sockets
   }

@@ -69,8 +69,18 @@ void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool
   // goes to admission, so a long prompt being prefilled chunk by chunk does not hold a short one back until
   // it is done (vLLM's long_prefill_token_threshold has the same purpose). Not in unmixed mode, whose steps
   // must not mix a prompt's last 1-token chunk (a decode-shaped row) with other prefill rows.
-  const bool admitting =
+  bool admitting =
       opts_.enable_mixed_batches && !waiting_.empty() && int(running_.size()) < opts_.max_running_requests;
+  if (admitting && cache_) {
+    // A waiting request that starts as a running prompt does (a shared system prompt) is better off waiting
+    // for that prompt's pages to reach the prefix cache than computing them again beside it.
+    const Sequence& w = *waiting_.front();
+    const int32_t n = std::min<int32_t>(pool_.page_size(), int32_t(w.tokens.size()));
+    for (const Sequence* r : running_)
+      if (int32_t(r->tokens.size()) - r->num_computed > 1 && int32_t(r->tokens.size()) >= n &&
+          std::equal(w.key(), w.key() + n, r->key()))
+        admitting = false;
+  }
   const int64_t reserved = admitting && budget >= 2 ? budget / 2 : 0;
   budget -= reserved;
   for (size_t i = 0; i < running_.size(); ++i) {
