@@ -3,7 +3,8 @@
 //              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--quantization none|fp8]
 //              [--page-size 32]
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
-//              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
+//              [--mem-fraction F] [--chunked-prefill-size N] [--max-prefill-chunk-ms MS]
+//              [--max-running-requests N] [--max-queue N]
 //              [--max-context-len N] [--max-body-bytes N] [--http-threads N] [--http-workers N]
 //              [--max-connections N] [--http-idle-timeout S] [--http-header-timeout S]
 //              [--http-body-timeout S] [--http-write-timeout S] [--drain-timeout S] [--stream-interval N]
@@ -15,24 +16,35 @@
 //              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //              [--max-images-per-request N] [--max-image-bytes N] [--max-image-pixels N]
 //              [--image-url-fetch on|off] [--image-fetch-timeout S] [--image-url-allow-private]
+//              [--image-decode-timeout S] [--image-max-resized-pixels N]
 // --tp N shards the model over N ranks (GPUs cuda:N.., or CPU threads with --device cpu):
 // runtime/tp_runner.h. Across nodes every node runs `kiln serve` with the same flags and its own --node-rank;
 // node 0 serves HTTP, the others load their ranks and follow node 0's steps until it stops. A rank that fails
 // stops the server (exit 1) with the rank's error.
 // Images (a Qwen3-VL checkpoint: config.json has a vision_config): at most --max-images-per-request (16)
 // images per request, each at most --max-image-bytes encoded (20 MiB) and --max-image-pixels decoded
-// (89,478,485, PIL's limit); http(s) image URLs are fetched unless --image-url-fetch off, each within
+// (89,478,485, PIL's limit; a JPEG or PNG with too little data for the size it declares is refused before
+// decoding), decoded within --image-decode-timeout seconds (10); http(s) image URLs are fetched unless
+// --image-url-fetch off, each within
 // --image-fetch-timeout seconds (10). A data: URL travels in the body: --max-body-bytes (16 MiB) bounds it
 // too.
+// --max-prefill-chunk-ms MS: a step computes at most the prefill tokens that the last measured rate fits into
+// MS milliseconds (-1, the default: 500 on the CPU backend, off on CUDA), so aborts and shutdown are seen
+// between steps.
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
-// --drain-timeout seconds (default 30), then abort the rest; a second signal aborts at once. Every
-// accepted request ends (completed, error or aborted) and is counted; the totals are printed at exit.
+// --drain-timeout seconds (default 30), then end the rest as aborted (each stream gets a final chunk with
+// finish_reason "abort", then [DONE]) and exit within a second, even while the engine is inside a long step;
+// a second signal does that at once. Every accepted request ends (completed, error or aborted) and is
+// counted; the totals are printed at exit.
 #include <atomic>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -72,6 +84,7 @@ std::set<std::string> serve_flags() {
                              "max-total-tokens",
                              "mem-fraction",
                              "chunked-prefill-size",
+                             "max-prefill-chunk-ms",
                              "max-running-requests",
                              "max-queue",
                              "max-context-len",
@@ -92,7 +105,9 @@ std::set<std::string> serve_flags() {
                              "max-image-bytes",
                              "max-image-pixels",
                              "image-url-fetch",
-                             "image-fetch-timeout"};
+                             "image-fetch-timeout",
+                             "image-decode-timeout",
+                             "image-max-resized-pixels"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
   return s;
 }
@@ -117,6 +132,13 @@ int run_serve(const kiln::cli::Args& args) {
   eo.max_total_tokens = f.i64("max-total-tokens", 0);
   eo.mem_fraction = f.f64("mem-fraction", eo.mem_fraction);
   eo.chunked_prefill_size = int(f.i64("chunked-prefill-size", eo.chunked_prefill_size));
+  const int64_t chunk_ms = f.i64("max-prefill-chunk-ms", eo.max_prefill_chunk_ms);
+  KILN_CHECK(
+      chunk_ms >= -1 && chunk_ms <= 3'600'000,
+      "--max-prefill-chunk-ms must be -1 (auto: 500 on the CPU, off on CUDA), 0 (off) or milliseconds up "
+      "to 3600000, got ",
+      chunk_ms);
+  eo.max_prefill_chunk_ms = int(chunk_ms);
   eo.max_running_requests = int(f.i64("max-running-requests", eo.max_running_requests));
   eo.max_queued_requests = int(f.i64("max-queue", eo.max_queued_requests));
   eo.max_context_len = f.i64("max-context-len", 0);
@@ -196,6 +218,12 @@ int run_serve(const kiln::cli::Args& args) {
   image_limits.max_bytes = size_t(image_bytes);
   image_limits.max_pixels = f.i64("max-image-pixels", image_limits.max_pixels);
   KILN_CHECK(image_limits.max_pixels >= 1, "--max-image-pixels must be >= 1");
+  image_limits.max_decode_seconds = f.f64("image-decode-timeout", image_limits.max_decode_seconds);
+  KILN_CHECK(image_limits.max_decode_seconds > 0 && image_limits.max_decode_seconds <= 3600,
+             "--image-decode-timeout must be in (0, 3600] seconds, got ", image_limits.max_decode_seconds);
+  image_limits.max_resized_pixels = f.i64("image-max-resized-pixels", 0);
+  KILN_CHECK(image_limits.max_resized_pixels >= 0,
+             "--image-max-resized-pixels must be >= 0 (0: the checkpoint's)");
   kiln::server::ImageFetchOptions fetch;
   const std::string url_fetch = f.str("image-url-fetch", "on");
   KILN_CHECK(url_fetch == "on" || url_fetch == "off", "--image-url-fetch must be on or off, got '", url_fetch,
@@ -284,21 +312,62 @@ int run_serve(const kiln::cli::Args& args) {
                        : "the listener stopped",
       (long long)server.counters().active.load(), drain_s);
   server.begin_drain();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(drain_s * 1000));
-  while (!server.wait_idle(100ms)) {
-    if (wait_signal(0ms) > 0 || std::chrono::steady_clock::now() >= deadline) {
-      std::fprintf(stderr, "kiln serve: aborting %lld request(s)\n",
-                   (long long)server.counters().active.load());
-      server.abort_all();
-      server.wait_idle(10s);
+  // The drain's deadline is hard: every request still open at it is ended by the server (each stream gets a
+  // final chunk with finish_reason "abort" and [DONE]), and the process exits within a second of it even
+  // when the engine is inside a step that will not end soon. A second signal skips to that at once.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + std::chrono::milliseconds(int64_t(drain_s * 1000));
+  bool forced = false;
+  while (!server.wait_idle(50ms)) {
+    if (wait_signal(0ms) > 0) {
+      forced = true;
+      std::fprintf(stderr, "kiln serve: second signal: aborting every request now\n");
       break;
     }
+    if (std::chrono::steady_clock::now() >= deadline) break;
   }
-  // stop() only reaches a server that is listening: wait for listen() to have started (or ended).
-  while (!server.running() && !listen_done) std::this_thread::sleep_for(5ms);
-  server.stop();
-  http.join();
-  engine->shutdown(/*drain=*/false);
+  const auto ended_at = std::chrono::steady_clock::now();
+  if (server.counters().active.load() > 0) {
+    std::fprintf(
+        stderr,
+        "kiln serve: aborting %lld request(s): each ends now, a stream with finish_reason abort and [DONE]\n",
+        (long long)server.counters().active.load());
+    server.end_all();
+    server.wait_idle(500ms);  // their last chunks handed to the sockets
+  }
+  // What is left (closing connections, the engine's current step) gets the rest of one second.
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopped = false;
+  std::thread closer([&] {
+    // stop() only reaches a server that is listening: wait for listen() to have started (or ended).
+    while (!server.running() && !listen_done) std::this_thread::sleep_for(5ms);
+    server.stop();
+    http.join();
+    engine->shutdown(/*drain=*/false);
+    std::lock_guard<std::mutex> lk(stop_mu);
+    stopped = true;
+    stop_cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lk(stop_mu);
+    const auto hard = ended_at + (forced ? 500ms : 900ms);
+    while (!stopped && std::chrono::steady_clock::now() < hard)
+      if (stop_cv.wait_for(lk, 20ms, [&] { return stopped; })) break;
+  }
+  if (!stopped) {
+    const auto& c = server.counters();
+    std::fprintf(stderr,
+                 "kiln serve: the engine is still inside a step %.1f s after the signal; exiting without it. "
+                 "accepted %lld: completed %lld, error %lld, aborted %lld\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 (long long)c.accepted.load(), (long long)c.completed.load(), (long long)c.errored.load(),
+                 (long long)c.aborted.load());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    std::_Exit(sig > 0 && fatal.empty() ? 0 : 1);  // no destructor may wait for the engine thread
+  }
+  closer.join();
   const auto& c = server.counters();
   std::fprintf(
       stderr,

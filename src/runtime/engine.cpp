@@ -64,6 +64,11 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   I.device_sampling = opts.sampling_backend == "auto";
   I.overlap = opts.overlap_schedule;
   I.runner = std::move(runner);
+  KILN_CHECK(
+      opts.max_prefill_chunk_ms >= -1 && opts.max_prefill_chunk_ms <= 3'600'000,
+      "max_prefill_chunk_ms must be -1 (auto), 0 (off) or a number of milliseconds up to an hour, got ",
+      opts.max_prefill_chunk_ms);
+  I.prefill_ms = std::max(0, opts.max_prefill_chunk_ms);  // auto (-1) is resolved by Engine::create
   int64_t tokens = opts.max_total_tokens;
   if (tokens <= 0) {
     KILN_CHECK(opts.mem_fraction > 0.0 && opts.mem_fraction <= 1.0, "mem_fraction must be in (0, 1], got ",

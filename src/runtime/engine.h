@@ -150,6 +150,13 @@ struct EngineOptions {
   int64_t max_total_tokens = 0;     // KV pool size in tokens; 0 = from mem_fraction
   double mem_fraction = 0.85;       // of device memory (total) for weights + KV; cpu: of a 4 GiB default
   int chunked_prefill_size = 8192;  // max prefill tokens per step (<= 0: no chunking, whole prompts)
+  // A time bound on a step's prefill: the next step computes at most as many prefill tokens as the last
+  // measured prefill rate fits into this many milliseconds (never more than twice the tokens measured, at
+  // least 16), so that aborts, arrivals and shutdown are seen between steps that last about this long.
+  // 0: off (steps bounded by chunked_prefill_size alone); -1: auto, which Engine::create resolves to 500 ms
+  // on the CPU backend and off on CUDA (whose chunks of chunked_prefill_size tokens take well under a
+  // second); the constructor taking a runner reads -1 as off.
+  int max_prefill_chunk_ms = -1;
   int max_running_requests = 256;
   int max_queued_requests = 4096;  // beyond this submit() throws EngineBusyError
   int64_t max_context_len = 0;     // prompt + output tokens; 0 = model's max_position_embeddings

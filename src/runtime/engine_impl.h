@@ -58,6 +58,12 @@ struct Engine::Impl {
   int64_t max_context = 0;
   bool device_sampling = true;  // try ModelRunner::forward_sampled first
   bool pool_all_rows = false;   // mean / CLS pooling: every prompt row's hidden state, not only the last
+  // The time bound on prefill steps (EngineOptions::max_prefill_chunk_ms resolved; 0: off) and the prefill
+  // tokens the next step may compute under it (from the last measured rate; kPrefillProbe at first).
+  static constexpr int64_t kPrefillProbe = 128, kPrefillMin = 16;
+  int64_t prefill_ms = 0;
+  int64_t prefill_cap = kPrefillProbe;
+  void observe_prefill(int64_t tokens, Clock::time_point t0);
 
   // Shared with other threads, under mu.
   mutable std::mutex mu;

@@ -141,9 +141,24 @@ void Engine::Impl::release_followers(Live& leader) {
   }
 }
 
+void Engine::Impl::observe_prefill(int64_t tokens, Clock::time_point t0) {
+  // A step with only a small tail of prefill says little about the rate: keep the cap it ran under.
+  if (prefill_ms <= 0 || tokens < kPrefillMin) return;
+  const double ms = std::max(1e-3, seconds(t0, Clock::now()) * 1e3);
+  const double fit = double(tokens) / ms * double(prefill_ms);
+  prefill_cap = std::clamp<int64_t>(int64_t(fit), kPrefillMin, std::max<int64_t>(kPrefillMin, 2 * tokens));
+}
+
 void Engine::Impl::step() {
   if (inflight) return step_in_flight();
-  StepPlan plan = sched->schedule();
+  const Clock::time_point t0 = Clock::now();
+  StepPlan plan = sched->schedule(prefill_ms > 0 ? prefill_cap : 0);
+  struct Observe {  // the step's prefill rate, however the step ends
+    Impl& I;
+    int64_t tokens;
+    Clock::time_point t0;
+    ~Observe() { I.observe_prefill(tokens, t0); }
+  } observe{*this, plan.prefill_tokens, t0};
   {
     std::lock_guard<std::mutex> lk(mu);
     snapshot.waiting = sched->num_waiting() + num_held;  // exact for submit()'s queue limit during the step

@@ -1,9 +1,11 @@
 #include "runtime/fake_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "kiln/error.h"
 #include "runtime/kv_pool.h"
@@ -68,7 +70,39 @@ std::vector<int32_t> FakeRunner::reference(const std::vector<int32_t>& prompt, i
   return out;
 }
 
+void FakeRunner::hold_steps() {
+  std::lock_guard<std::mutex> lk(gate_mu_);
+  gate_held_ = true;
+}
+
+void FakeRunner::release_steps() {
+  {
+    std::lock_guard<std::mutex> lk(gate_mu_);
+    gate_held_ = false;
+  }
+  gate_cv_.notify_all();
+}
+
+void FakeRunner::wait_until_held() {
+  std::unique_lock<std::mutex> lk(gate_mu_);
+  gate_cv_.wait(lk, [&] { return gate_held_ && gate_waiting_ > 0; });
+}
+
 void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) {
+  {
+    std::unique_lock<std::mutex> lk(gate_mu_);
+    ++gate_waiting_;
+    gate_cv_.notify_all();
+    gate_cv_.wait(lk, [&] { return !gate_held_; });
+    --gate_waiting_;
+  }
+  if (ms_per_prefill_token > 0.0) {
+    int64_t prefill = 0;
+    for (int b = 0; b < batch.num_seqs(); ++b)
+      if (batch.q_len(b) > 1) prefill += batch.q_len(b);
+    std::this_thread::sleep_for(
+        std::chrono::duration<double, std::milli>(ms_per_prefill_token * double(prefill)));
+  }
   KILN_CHECK(page_size_ > 0 && batch.page_size == page_size_,
              "FakeRunner: KV not allocated for this page size");
   if (fail_at_step == steps) {

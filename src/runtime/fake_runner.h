@@ -7,8 +7,10 @@
 // without any batching, paging or caching.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <vector>
 
 #include "runtime/model_runner.h"
@@ -47,7 +49,17 @@ class FakeRunner : public ModelRunner {
   // Greedy continuation of `prompt` by `steps` tokens (stops after eos when stop_at_eos).
   std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int steps, bool stop_at_eos) const;
 
-  // Test hooks.
+  // Test hooks. A test may set them from its own thread only while the engine thread is known to be between
+  // steps (idle, or held at the gate below).
+  // The step gate: while held, every forward() waits at its start (before it counts the step) until
+  // release_steps(). A test holds it while it submits several requests, so that they are all admitted before
+  // the engine has run more than one step, however the threads are scheduled.
+  void hold_steps();
+  void release_steps();
+  void wait_until_held();  // returns once a forward() waits at the held gate
+  // Each step sleeps this long per prefill token (rows with q_len > 1) after the gate: a model whose prefill
+  // takes at least this long, for the engine's time bound on steps (EngineOptions::max_prefill_chunk_ms).
+  double ms_per_prefill_token = 0.0;
   int64_t steps = 0;
   int64_t logit_steps =
       0;  // steps with at least one logit row (a prefill chunk that ends no prompt has none)
@@ -68,6 +80,10 @@ class FakeRunner : public ModelRunner {
   std::vector<int64_t> slot_token_;  // [num_pages * page_size]: -1 empty
   std::vector<int64_t> slot_pos_;
   std::deque<std::vector<SampledRow>> launched_;  // launched, not collected (oldest first)
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool gate_held_ = false;
+  int gate_waiting_ = 0;
 };
 
 }  // namespace kiln

@@ -437,8 +437,10 @@ std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts) {
 }
 
 std::unique_ptr<Engine> Engine::create(const EngineOptions& opts) {
-  if (opts.tp > 1) return std::make_unique<Engine>(make_tp_runner(opts), opts);
-  return std::make_unique<Engine>(load_qwen3_runner(opts), opts);
+  std::unique_ptr<ModelRunner> runner = opts.tp > 1 ? make_tp_runner(opts) : load_qwen3_runner(opts);
+  EngineOptions o = opts;
+  if (o.max_prefill_chunk_ms < 0) o.max_prefill_chunk_ms = runner->device().is_cpu() ? 500 : 0;
+  return std::make_unique<Engine>(std::move(runner), o);
 }
 
 }  // namespace kiln

@@ -43,9 +43,10 @@ void Scheduler::admit(std::unique_ptr<Sequence> seq) {
   seqs_.emplace(seq->id, std::move(seq));
 }
 
-StepPlan Scheduler::schedule() {
+StepPlan Scheduler::schedule(int64_t prefill_limit) {
   StepPlan plan;
   int64_t budget = opts_.chunked_prefill_size > 0 ? opts_.chunked_prefill_size : INT64_MAX;
+  if (prefill_limit > 0) budget = std::min(budget, prefill_limit);
   if (opts_.enable_mixed_batches) {
     phase_running(plan, budget, /*decode=*/true, /*prefill=*/true);
     if (plan.preempted.empty()) phase_admit(plan, budget);
@@ -64,6 +65,24 @@ StepPlan Scheduler::schedule() {
 }
 
 void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool prefill) {
+  // While requests wait for a place, running prefills get only half of the step's prefill budget: the rest
+  // goes to admission, so a long prompt being prefilled chunk by chunk does not hold a short one back until
+  // it is done (vLLM's long_prefill_token_threshold has the same purpose). Not in unmixed mode, whose steps
+  // must not mix a prompt's last 1-token chunk (a decode-shaped row) with other prefill rows.
+  bool admitting =
+      opts_.enable_mixed_batches && !waiting_.empty() && int(running_.size()) < opts_.max_running_requests;
+  if (admitting && cache_) {
+    // A waiting request that starts as a running prompt does (a shared system prompt) is better off waiting
+    // for that prompt's pages to reach the prefix cache than computing them again beside it.
+    const Sequence& w = *waiting_.front();
+    const int32_t n = std::min<int32_t>(pool_.page_size(), int32_t(w.tokens.size()));
+    for (const Sequence* r : running_)
+      if (int32_t(r->tokens.size()) - r->num_computed > 1 && int32_t(r->tokens.size()) >= n &&
+          std::equal(w.key(), w.key() + n, r->key()))
+        admitting = false;
+  }
+  const int64_t reserved = admitting && budget >= 2 ? budget / 2 : 0;
+  budget -= reserved;
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
     const int32_t remaining = int32_t(s.tokens.size()) - s.num_computed;
@@ -80,6 +99,7 @@ void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool
     if (remaining > 1) budget -= q;
     plan.rows.push_back({&s, s.num_computed, q, s.num_computed + q == int32_t(s.tokens.size())});
   }
+  budget += reserved;
 }
 
 int64_t Scheduler::future_pages(const Sequence& s) const {

@@ -93,8 +93,9 @@ class Scheduler {
 
   // Verb 1. Throws kiln::Error when the sequence can never fit (max_len over the pool's capacity).
   void admit(std::unique_ptr<Sequence> seq);
-  // Verb 2.
-  StepPlan schedule();
+  // Verb 2. prefill_limit > 0: this step computes at most that many prefill tokens (below
+  // chunked_prefill_size: the engine's time bound on a step, EngineOptions::max_prefill_chunk_ms).
+  StepPlan schedule(int64_t prefill_limit = 0);
   // Verb 2b. prev: a plan of decode rows only, every row sampling, not finalized yet. Builds in *next the
   // step of the same rows one token on (pages allocated, with eviction from the prefix cache but never a
   // preemption); false (nothing planned, pages already taken stay with their sequences) when it cannot.

@@ -21,6 +21,7 @@ ApiError image_api_error(const vision::ImageError& e, const std::string& param) 
       break;
     case ImageErrorKind::too_many_bytes:
     case ImageErrorKind::too_many_pixels:
+    case ImageErrorKind::decode_timeout:
       code = "image_too_large";
       status = 413;
       break;

@@ -109,7 +109,11 @@ void ApiServer::Impl::guarded(HttpResponse& res, Fn&& fn) {
 RequestId ApiServer::Impl::submit(Request r, std::function<void(const TokenEvent&)> cb) {
   if (draining) throw ApiError(503, "the server is shutting down", "", "service_unavailable");
   try {
-    return engine.submit(std::move(r), std::move(cb));
+    std::function<void(const TokenEvent&)> sink = cb;
+    const RequestId id = engine.submit(std::move(r), std::move(cb));
+    std::lock_guard<std::mutex> lock(mu);
+    sinks.emplace(id, std::move(sink));
+    return id;
   } catch (const EngineBusyError& e) {
     throw ApiError(503, std::string("the server is busy: ") + e.what(), "", "service_unavailable");
   } catch (const kiln::Error& e) {
@@ -131,6 +135,7 @@ void ApiServer::Impl::on_ended(RequestId id, Outcome o) {
   {
     std::lock_guard<std::mutex> lock(mu);
     active_ids.erase(id);
+    sinks.erase(id);
     counters.active--;
   }
   idle_cv.notify_all();
@@ -268,6 +273,24 @@ void ApiServer::abort_all() {
     ids.assign(impl_->active_ids.begin(), impl_->active_ids.end());
   }
   for (RequestId id : ids) impl_->engine.abort(id);
+}
+
+void ApiServer::end_all() {
+  std::vector<std::pair<RequestId, std::function<void(const TokenEvent&)>>> open;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    open.assign(impl_->sinks.begin(), impl_->sinks.end());
+  }
+  for (auto& [id, sink] : open) {
+    impl_->engine.abort(id);  // frees its pages once the engine's step ends
+    // The response ends now, as an abort: its final chunk and [DONE] (a whole reply: 503) go out at the
+    // connection's next pull. The engine's own final event, when it comes, finds the request ended.
+    TokenEvent e;
+    e.id = id;
+    e.finished = true;
+    e.finish_reason = "abort";
+    sink(e);
+  }
 }
 
 void ApiServer::stop() {

@@ -12,7 +12,8 @@
 // aborted, freeing its pages.
 //
 // Lifecycle: bind() -> listen() (blocks) on one thread; from another: begin_drain() (new requests get
-// 503, /health turns 503), wait_idle(timeout), abort_all(), stop(). The server never owns the engine.
+// 503, /health turns 503), wait_idle(timeout), end_all() (every stream ends with a final chunk and [DONE]),
+// wait_idle(short), stop(). The server never owns the engine.
 #pragma once
 
 #include <chrono>
@@ -77,6 +78,12 @@ class ApiServer {
   bool wait_idle(std::chrono::milliseconds timeout);
   // Aborts every in-flight request in the engine (each still ends, as "abort", and is counted).
   void abort_all();
+  // Aborts every in-flight request in the engine AND ends its response at once, without waiting for the
+  // engine (which may be in a long step): a stream gets a final chunk with finish_reason "abort", then
+  // `data: [DONE]` and the chunked terminator; a whole reply ends as an abort too (finish_reason "abort";
+  // /v1/embeddings: 503). Each is counted as aborted once its
+  // bytes are handed to the socket (wait_idle then returns true). The drain's last act.
+  void end_all();
   void stop();
 
   const ServerCounters& counters() const;

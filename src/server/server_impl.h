@@ -9,6 +9,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "server/http_transport.h"
@@ -29,9 +30,12 @@ struct ApiServer::Impl {
   std::atomic<bool> draining{false};
   int bound_port = -1;
 
-  std::mutex mu;  // guards active_ids and rng
+  std::mutex mu;  // guards active_ids, sinks and rng
   std::condition_variable idle_cv;
   std::unordered_set<RequestId> active_ids;
+  // Each accepted request's event callback, kept until it ends, so that end_all() can end its response
+  // without the engine (which may be inside a long step and deliver its own final event much later).
+  std::unordered_map<RequestId, std::function<void(const TokenEvent&)>> sinks;
   std::mt19937_64 rng{std::random_device{}()};
 
   ApiLimits limits() const;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,13 @@ std::shared_ptr<const VisionSetup> load_vision_setup(const std::string& model_di
   }
   auto setup = std::make_shared<VisionSetup>();
   setup->processor = vision::parse_processor_config(read_file(pre));
+  if (limits.max_resized_pixels > 0) {
+    vision::ProcessorConfig& p = setup->processor;
+    const int64_t least = std::max<int64_t>(p.min_pixels, int64_t(p.factor()) * p.factor());
+    KILN_CHECK(limits.max_resized_pixels >= least, "--image-max-resized-pixels ", limits.max_resized_pixels,
+               " is below the processor's minimum of ", least, " pixels");
+    p.max_pixels = std::min(p.max_pixels, limits.max_resized_pixels);
+  }
   setup->limits = limits;
   setup->fetch = fetch;
   auto id = [&](const char* token, const char* config_key) {

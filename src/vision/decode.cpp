@@ -1,5 +1,6 @@
 #include "vision/decode.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kiln::vision {
@@ -20,6 +21,8 @@ const char* image_error_kind_name(ImageErrorKind kind) {
       return "fetch_failed";
     case ImageErrorKind::bad_aspect_ratio:
       return "bad_aspect_ratio";
+    case ImageErrorKind::decode_timeout:
+      return "decode_timeout";
   }
   return "unknown";
 }
@@ -65,6 +68,18 @@ void check_dimensions(int64_t width, int64_t height, const ImageLimits& limits, 
     throw ImageError(ImageErrorKind::too_many_pixels,
                      kiln::detail::concat("image: ", width, "x", height, " = ", width * height,
                                           " pixels exceeds the limit of ", limits.max_pixels, " pixels"));
+}
+
+std::chrono::steady_clock::time_point decode_deadline(const ImageLimits& limits) {
+  const double s = std::clamp(limits.max_decode_seconds, 0.0, 86400.0);
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+void throw_decode_timeout(const ImageLimits& limits, const char* format) {
+  throw ImageError(ImageErrorKind::decode_timeout,
+                   kiln::detail::concat("image: decoding the ", format, " took longer than the limit of ",
+                                        limits.max_decode_seconds, " s"));
 }
 }  // namespace detail
 

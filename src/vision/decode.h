@@ -6,6 +6,7 @@
 // and SGLang's loaders. Every failure is an ImageError naming its kind, so the server can answer a 4xx.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -24,6 +25,7 @@ enum class ImageErrorKind {
   too_many_images,     // more images in one request than ImageLimits::max_images
   fetch_failed,        // an image URL could not be fetched (unreachable, timeout, HTTP error)
   bad_aspect_ratio,    // longer side / shorter side > 200 (transformers' smart_resize refuses it too)
+  decode_timeout,      // decoding ran past ImageLimits::max_decode_seconds
 };
 
 class ImageError : public Error {
@@ -42,6 +44,15 @@ struct ImageLimits {
   int64_t max_pixels =
       89'478'485;       // decoded width x height (PIL's MAX_IMAGE_PIXELS), checked before decoding
   int max_images = 16;  // per request
+  // Wall time one image's decode may take (JPEG and PNG decoders are stopped between rows when it runs out;
+  // WebP's decoder is linear and fast). Whatever the data, decode work per image is bounded by this and by
+  // max_pixels, which is checked against the header AND against the data actually there before anything
+  // is allocated (a JPEG or PNG too short for the size it declares is refused).
+  double max_decode_seconds = 10.0;
+  // > 0: lowers the processor's max_pixels (what an image is resized to at most, so the vision tower's input;
+  // its cost grows with the square of the patches) to this, as vLLM's --mm-processor-kwargs max_pixels does.
+  // 0: the checkpoint's preprocessor_config.json (Qwen3-VL: 16,777,216), transformers' preprocessing exactly.
+  int64_t max_resized_pixels = 0;
 };
 
 enum class ImageFormat { png, jpeg, webp };
@@ -82,6 +93,9 @@ DecodedImage decode_jpeg(std::span<const uint8_t> bytes, const ImageLimits& limi
 DecodedImage decode_webp(std::span<const uint8_t> bytes, const ImageLimits& limits);
 // Throws too_many_pixels when width x height exceeds the limit, undecodable when either is < 1.
 void check_dimensions(int64_t width, int64_t height, const ImageLimits& limits, const char* format);
+// When a decode that starts now must stop (ImageLimits::max_decode_seconds), and the error it then throws.
+std::chrono::steady_clock::time_point decode_deadline(const ImageLimits& limits);
+[[noreturn]] void throw_decode_timeout(const ImageLimits& limits, const char* format);
 }  // namespace detail
 
 }  // namespace kiln::vision

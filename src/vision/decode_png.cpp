@@ -3,6 +3,7 @@
 // their high byte (PIL's "RGB;16B" raw modes). No gamma or colour management (PIL applies none).
 #include <png.h>
 
+#include <chrono>
 #include <csetjmp>
 #include <cstring>
 
@@ -15,7 +16,41 @@ struct PngSource {
   const uint8_t* data;
   size_t size, pos;
   char error[200];
+  std::chrono::steady_clock::time_point deadline;
+  bool timed_out;
 };
+
+// After each row libpng decodes: the only place a long decode can be stopped.
+void png_on_row(png_structp png, png_uint_32, int) {
+  auto* src = static_cast<PngSource*>(png_get_io_ptr(png));
+  if (std::chrono::steady_clock::now() < src->deadline) return;
+  src->timed_out = true;
+  png_error(png, "time budget");
+}
+
+// The IDAT bytes the file holds (its chunk list walked; a broken list is left for libpng to report).
+uint64_t png_idat_bytes(const uint8_t* data, size_t size) {
+  uint64_t total = 0;
+  for (size_t at = 8; at + 12 <= size;) {
+    const uint32_t len = uint32_t(data[at]) << 24 | uint32_t(data[at + 1]) << 16 |
+                         uint32_t(data[at + 2]) << 8 | uint32_t(data[at + 3]);
+    if (std::memcmp(data + at + 4, "IDAT", 4) == 0) total += len;
+    if (std::memcmp(data + at + 4, "IEND", 4) == 0 || len > size - at - 12) break;
+    at += 12 + size_t(len);
+  }
+  return total;
+}
+
+// Deflate expands at most 1032:1 (a 258-byte match costs at least 2 bits), so a file whose image data is
+// shorter than this cannot hold the declared image: refused before a pixel is allocated.
+uint64_t png_idat_bytes_needed(uint64_t width, uint64_t height, int depth, int color) {
+  const int samples = color == PNG_COLOR_TYPE_RGB_ALPHA    ? 4
+                      : color == PNG_COLOR_TYPE_RGB        ? 3
+                      : color == PNG_COLOR_TYPE_GRAY_ALPHA ? 2
+                                                           : 1;
+  const uint64_t row = 1 + (width * uint64_t(samples) * uint64_t(depth) + 7) / 8;  // filter byte + samples
+  return row * height / 1032;
+}
 
 void png_read_mem(png_structp png, png_bytep out, size_t n) {
   auto* src = static_cast<PngSource*>(png_get_io_ptr(png));
@@ -32,7 +67,7 @@ void png_on_error(png_structp png, png_const_charp msg) {
 
 void png_on_warning(png_structp, png_const_charp) {}  // ancillary-chunk complaints; PIL ignores them too
 
-enum class PngStep { ok, error, too_big, grey16, bad_size };
+enum class PngStep { ok, error, too_big, grey16, bad_size, too_little_data };
 
 // No C++ object with a destructor lives in this frame: libpng leaves it by longjmp on any error.
 PngStep png_decode_raw(PngSource* src, const ImageLimits* limits, DecodedImage* out,
@@ -64,6 +99,11 @@ PngStep png_decode_raw(PngSource* src, const ImageLimits* limits, DecodedImage* 
     png_destroy_read_struct(&png, &info, nullptr);
     return PngStep::too_big;
   }
+  if (png_idat_bytes(src->data, src->size) < png_idat_bytes_needed(w, h, depth, color)) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return PngStep::too_little_data;
+  }
+  png_set_read_status_fn(png, png_on_row);
   const bool has_trns = png_get_valid(png, info, PNG_INFO_tRNS) != 0;
   if (depth == 16 && color == PNG_COLOR_TYPE_GRAY) {  // PIL opens it as "I;16", not as 8-bit grey
     png_destroy_read_struct(&png, &info, nullptr);
@@ -91,13 +131,17 @@ PngStep png_decode_raw(PngSource* src, const ImageLimits* limits, DecodedImage* 
 }  // namespace
 
 DecodedImage decode_png(std::span<const uint8_t> bytes, const ImageLimits& limits) {
-  PngSource src{bytes.data(), bytes.size(), 0, {}};
+  PngSource src{bytes.data(), bytes.size(), 0, {}, decode_deadline(limits), false};
   DecodedImage out;
   out.format = ImageFormat::png;
   std::vector<png_bytep> rows;
   switch (png_decode_raw(&src, &limits, &out, &rows)) {
     case PngStep::ok:
       return out;
+    case PngStep::too_little_data:
+      throw ImageError(ImageErrorKind::undecodable,
+                       kiln::detail::concat("image: PNG declares ", out.width, "x", out.height,
+                                            " but holds too little image data for that size"));
     case PngStep::too_big:
     case PngStep::bad_size:
       check_dimensions(out.width, out.height, limits, "PNG");
@@ -105,6 +149,7 @@ DecodedImage decode_png(std::span<const uint8_t> bytes, const ImageLimits& limit
     case PngStep::grey16:
       throw ImageError(ImageErrorKind::unsupported_format, "image: 16-bit greyscale PNG is not supported");
     case PngStep::error:
+      if (src.timed_out) throw_decode_timeout(limits, "PNG");
       break;
   }
   throw ImageError(ImageErrorKind::undecodable, std::string("image: PNG does not decode: ") +

@@ -147,6 +147,13 @@ RgbImage resize_for_processor(const RgbImage& image, const ProcessorConfig& c) {
     return image;
   }
   const auto hw = smart_resize(image.height, image.width, c.factor(), c.min_pixels, c.max_pixels);
+  // The vision tower's cost grows with the square of its patches: its input never passes max_pixels
+  // (smart_resize rounds down there; only a max_pixels below factor^2 could be passed, and is refused).
+  if (int64_t(hw[0]) * hw[1] > c.max_pixels)
+    throw ImageError(
+        ImageErrorKind::too_many_pixels,
+        kiln::detail::concat("image: resized to ", hw[1], "x", hw[0], ", over the processor's limit of ",
+                             c.max_pixels, " pixels (max_pixels / size.longest_edge)"));
   return {hw[1], hw[0], resize_bicubic_rgb(image.rgb, image.width, image.height, hw[1], hw[0], c.kernel)};
 }
 

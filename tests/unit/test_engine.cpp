@@ -584,9 +584,11 @@ TEST(Engine, CachedTokensAreReported) {
   EXPECT_EQ(sink.last(b).cached_tokens, 20);  // 5 full pages of 4; the last token is always computed
   EXPECT_EQ(sink.tokens(a), sink.tokens(b));
   EXPECT_EQ(engine.stats().cached_tokens_total, 20);
-  // At rest (no flush): no page is used, the 6 full pages of prompt + output stay cached.
+  // At rest (no flush): no page is used, the 6 full pages of prompt + output stay cached. The engine
+  // republishes exact counts once it is idle, just after the final event: poll for that (up to 60 s, the
+  // Sink's bound; a loaded machine may keep the engine thread off a core for a while).
   EngineStats s;
-  for (int i = 0; i < 1000; ++i) {
+  for (int i = 0; i < 30000; ++i) {
     s = engine.stats();
     if (s.kv_pages_used == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));

@@ -161,14 +161,21 @@ TEST(EngineOverlap, AbortsArrivalsAndAFailingStep) {
     }
   }
   expect_pool_clean(engine);
-  // A step that fails while another is in flight: its requests end in error, the engine goes on.
+  // A step that fails while another is in flight: its requests end in error, the engine goes on. The gate
+  // holds the engine's first step until all three are submitted, so all three are running by the second
+  // step and still running (30 tokens each) when the seventh fails, whatever the thread scheduling (without
+  // it, a test thread descheduled between two submits let the first request reach the failing step alone).
   m->fail_at_step = m->steps + 6;
+  const int64_t chained_before = m->chained_steps;
+  m->hold_steps();
   std::vector<RequestId> late;
   for (int i = 0; i < 3; ++i) late.push_back(engine.submit(greedy(prompt_of(5, 40 + i), 30), sink.cb()));
+  m->release_steps();
   sink.wait_finished(int(reqs.size()) + 3);
   int errors = 0;
   for (RequestId id : late) errors += sink.last(id).finish_reason == "error";
   EXPECT_EQ(errors, 3);
+  EXPECT_GT(m->chained_steps, chained_before);  // steps went ahead of their predecessors meanwhile
   const RequestId after = engine.submit(greedy(prompt_of(6, 50), 10), sink.cb());
   sink.wait_finished(int(reqs.size()) + 4);
   EXPECT_EQ(sink.tokens(after), ref.reference(prompt_of(6, 50), 10, false));
