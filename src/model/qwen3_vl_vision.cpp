@@ -210,8 +210,8 @@ std::vector<bf16_t> Qwen3VLVision::position_embedding(const vision::ImagePatches
   return host_rows(out, 0, n);
 }
 
-std::vector<VisionOutput> Qwen3VLVision::encode(
-    const std::vector<const vision::ImagePatches*>& images) const {
+std::vector<VisionOutput> Qwen3VLVision::encode(const std::vector<const vision::ImagePatches*>& images,
+                                                const std::function<bool()>& stop) const {
   const int64_t h = cfg_.hidden_size, m = cfg_.spatial_merge_size, nh = cfg_.num_heads, D = cfg_.head_dim();
   const int64_t unit = m * m, pd = cfg_.patch_dim();
   int64_t N = 0, max_hw = 1;
@@ -291,7 +291,11 @@ std::vector<VisionOutput> Qwen3VLVision::encode(
   const auto part = [&](int64_t k) {
     return Tensor::strided(qkv_base + k * h, DType::bf16, {N, nh, D}, {3 * h, D, 1}, dev);
   };
+  const auto check_stop = [&] {
+    if (stop && stop()) throw VisionCancelled();
+  };
   for (int64_t b = 0; b < cfg_.depth; ++b) {
+    check_stop();
     const VisionBlockWeights& bw = w_.blocks[size_t(b)];
     ops::layer_norm(x.t(), bw.norm1.w, bw.norm1.b, kNormEps, normed.t());
     linear(normed.t(), bw.qkv, qkv.t());
@@ -314,6 +318,7 @@ std::vector<VisionOutput> Qwen3VLVision::encode(
       merger_mlp(n4.t(), dm, f4.t(), deep.back().t());
     }
   }
+  check_stop();
   ops::layer_norm(x.t(), w_.merger.norm.w, w_.merger.norm.b, kNormEps, normed.t());
   Mat merged(N / unit, out_h, dev);
   merger_mlp(normed.as(N / unit, m4), w_.merger, f4.t(), merged.t());

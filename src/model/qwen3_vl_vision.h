@@ -11,10 +11,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "kiln/config.h"
+#include "kiln/error.h"
 #include "kiln/safetensors.h"
 #include "kiln/tensor.h"
 #include "model/weights.h"
@@ -51,6 +53,13 @@ struct VisionWeights {
 std::vector<WeightSpec> qwen3_vl_vision_weight_specs(const ModelConfig& cfg);
 
 // One image's encoder output: bf16 rows in the order of its image-pad tokens.
+// Thrown by Qwen3VLVision::encode when its `stop` check says so between blocks: the pass was cut short and
+// produced nothing.
+class VisionCancelled : public Error {
+ public:
+  VisionCancelled() : Error("the vision pass was cancelled") {}
+};
+
 struct VisionOutput {
   int64_t tokens = 0;                          // merged rows: grid_t * (grid_h / m) * (grid_w / m)
   std::vector<bf16_t> embeds;                  // [tokens, out_hidden]: the patch merger's output
@@ -70,7 +79,10 @@ class Qwen3VLVision {
   // kiln::Error naming what is wrong.
   void check_image(const vision::ImagePatches& img) const;
   // Encodes the images in one pass (attention stays within each image frame); one output per image.
-  std::vector<VisionOutput> encode(const std::vector<const vision::ImagePatches*>& images) const;
+  // `stop` (when set) is called on the host before each block and before the merger; true throws
+  // VisionCancelled. On CUDA it reads host state only between asynchronous launches: no sync.
+  std::vector<VisionOutput> encode(const std::vector<const vision::ImagePatches*>& images,
+                                   const std::function<bool()>& stop = {}) const;
   // The interpolated position embedding, bf16 [patches, h] in the processor's patch order (what encode adds
   // to the patch embedding): exposed for tests.
   std::vector<bf16_t> position_embedding(const vision::ImagePatches& img) const;

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "runtime/engine_impl.h"
@@ -64,6 +65,11 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   I.device_sampling = opts.sampling_backend == "auto";
   I.overlap = opts.overlap_schedule;
   I.runner = std::move(runner);
+  // A request counts as abandoned once aborted (queued for the next turn) or at an abortive shutdown.
+  I.runner->set_abandoned_check([&I](uint64_t id) {
+    std::lock_guard<std::mutex> lk(I.mu);
+    return (I.stopping && !I.drain) || std::find(I.aborts.begin(), I.aborts.end(), id) != I.aborts.end();
+  });
   KILN_CHECK(
       opts.max_prefill_chunk_ms >= -1 && opts.max_prefill_chunk_ms <= 3'600'000,
       "max_prefill_chunk_ms must be -1 (auto), 0 (off) or a number of milliseconds up to an hour, got ",

@@ -132,9 +132,10 @@ struct EngineStats {
   int64_t finished_error = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
-  Histogram ttft;  // submit -> first token (seconds)
-  Histogram tpot;  // per output token after the first, per request mean
-  Histogram e2e;   // submit -> finish
+  int64_t steps_cancelled = 0;  // steps stopped inside (StepCancelled: all they served was abandoned)
+  Histogram ttft;               // submit -> first token (seconds)
+  Histogram tpot;               // per output token after the first, per request mean
+  Histogram e2e;                // submit -> finish
 };
 
 struct EngineOptions {

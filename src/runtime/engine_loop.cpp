@@ -241,6 +241,12 @@ void Engine::Impl::step() {
       runner->forward(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr);
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
+  } catch (const StepCancelled&) {
+    // Every request the step's long work served was abandoned: nothing ran, nothing is finalized. The next
+    // turn ends the abandoned requests (their pages freed, none offered to the cache) and plans the rest.
+    runner->abandon_launched();
+    ++counters.steps_cancelled;
+    return;
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
     runner->abandon_launched();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kiln/batch.h"
@@ -21,6 +22,14 @@ namespace kiln {
 class RunnerFatalError : public Error {
  public:
   explicit RunnerFatalError(const std::string& what) : Error(what) {}
+};
+
+// Thrown by forward / forward_sampled when the step stopped early because every request it was working for
+// had been abandoned (set_abandoned_check): nothing was computed and no KV written; the engine ends the
+// abandoned requests and plans the others again, as if the step had not been planned.
+class StepCancelled : public Error {
+ public:
+  explicit StepCancelled(const std::string& what) : Error(what) {}
 };
 
 class ModelRunner {
@@ -109,6 +118,10 @@ class ModelRunner {
   virtual void abandon_launched() {}
   // The request ended: whatever device state forward_sampled kept for it may go (and its images).
   virtual void release_request(uint64_t /*request*/) {}
+  // The engine's "is this request abandoned" (aborted, or an abortive shutdown), callable from the engine
+  // thread during a step. A runner with long indivisible work (a Qwen3-VL vision pass) polls it and throws
+  // StepCancelled when everything that work serves is abandoned. Set once, before the first step.
+  virtual void set_abandoned_check(std::function<bool(uint64_t request)> /*abandoned*/) {}
   // Qwen3-VL: the images of `request`, already checked against its prompt (layout_vl_prompt); the runner
   // encodes them when a step computes their pad tokens and keeps them until release_request. The engine
   // calls it only for a model with a vision tower (submit rejects images otherwise).

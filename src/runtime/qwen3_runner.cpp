@@ -59,7 +59,11 @@ const BatchDesc& Qwen3Runner::with_images(const BatchDesc& batch, BatchDesc& loc
   visual = VisualInput{};
   if (images_.empty() || model_->vision() == nullptr) return batch;
   local = batch;
-  if (!images_.text_positions(local)) images_.prepare(local, *model_->vision(), visual);
+  try {
+    if (!images_.text_positions(local)) images_.prepare(local, *model_->vision(), visual, abandoned_);
+  } catch (const VisionCancelled& e) {
+    throw StepCancelled(e.what());
+  }
   return local;
 }
 

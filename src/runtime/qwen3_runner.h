@@ -56,6 +56,11 @@ class Qwen3Runner : public ModelRunner {
   // Qwen3-VL images: encoded on the CPU backend (model/qwen3_vl_vision.h) when a step reaches their pads.
   void attach_images(uint64_t request, VlPromptLayout layout,
                      std::vector<vision::ImagePatches> images) override;
+  // Polled between the vision tower's blocks (VlImages::prepare): a pass whose requests are all abandoned
+  // stops and forward throws StepCancelled.
+  void set_abandoned_check(std::function<bool(uint64_t request)> abandoned) override {
+    abandoned_ = std::move(abandoned);
+  }
   const VlImages& images() const { return images_; }
   const DevicePenalties& penalties() const { return penalties_; }
   // The step with its logits left on the device (f32 [R, vocab], valid until the next step): what the
@@ -99,6 +104,7 @@ class Qwen3Runner : public ModelRunner {
   int next_slot_ = 0;
   DevicePenalties penalties_;
   VlImages images_;
+  std::function<bool(uint64_t request)> abandoned_;
   std::vector<int32_t> graph_buckets_, graph_widths_;  // ascending; empty: no graphs
   Buffer graph_logits_buf_;                            // f32 [largest bucket, vocab], shared by the graphs
   // Declared last: destroyed first, while the model, cache and logits buffer they use still exist.

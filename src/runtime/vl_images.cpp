@@ -9,6 +9,7 @@ namespace kiln {
 void VlImages::attach(uint64_t request, VlPromptLayout layout, std::vector<vision::ImagePatches> images) {
   KILN_CHECK_EQ(layout.spans.size(), images.size(), "VlImages::attach: one span per image");
   Entry e;
+  e.request = request;
   e.layout = std::move(layout);
   e.images = std::move(images);
   e.encoded.resize(e.images.size());
@@ -31,7 +32,8 @@ int VlImages::Entry::image_at(int32_t p) const {
   return p < it->first_pad + it->count ? int(it - s.begin()) : -1;
 }
 
-void VlImages::prepare(BatchDesc& b, const Qwen3VLVision& vision, VisualInput& visual) {
+void VlImages::prepare(BatchDesc& b, const Qwen3VLVision& vision, VisualInput& visual,
+                       const std::function<bool(uint64_t)>& abandoned) {
   visual = VisualInput{};
   if (map_.empty() || b.seq_ids.empty()) return;
   if (!b.mrope) b.set_text_mrope();
@@ -62,7 +64,13 @@ void VlImages::prepare(BatchDesc& b, const Qwen3VLVision& vision, VisualInput& v
   if (!need.empty()) {
     std::vector<const vision::ImagePatches*> imgs;
     for (const auto& [e, k] : need) imgs.push_back(&e->images[size_t(k)]);
-    std::vector<VisionOutput> out = vision.encode(imgs);
+    std::function<bool()> stop;
+    if (abandoned)
+      stop = [&] {
+        return std::all_of(need.begin(), need.end(),
+                           [&](const auto& n) { return abandoned(n.first->request); });
+      };
+    std::vector<VisionOutput> out = vision.encode(imgs, stop);
     for (size_t i = 0; i < need.size(); ++i)
       need[i].first->encoded[size_t(need[i].second)] = std::move(out[i]);
     encoded_total_ += int64_t(need.size());

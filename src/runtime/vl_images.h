@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -31,7 +32,10 @@ class VlImages {
   // For one step (batch.seq_ids names the requests; positions already three equal rows): writes the M-RoPE
   // positions of the attached requests' rows, encodes the images whose pads the step computes, and fills
   // `visual` with those rows' embeddings and deepstack features (hidden = the decoder's width).
-  void prepare(BatchDesc& batch, const Qwen3VLVision& vision, VisualInput& visual);
+  // `abandoned(request)` (when set) is asked between the vision tower's blocks: once it holds for every
+  // request whose image the pass encodes, the pass stops and VisionCancelled propagates (nothing encoded).
+  void prepare(BatchDesc& batch, const Qwen3VLVision& vision, VisualInput& visual,
+               const std::function<bool(uint64_t request)>& abandoned = {});
   // For a plain (not M-RoPE) step none of whose rows is an image pad (decode steps, text chunks): writes
   // the attached requests' text positions (equal on all three axes: p + the image offset) into the plain
   // positions and returns true; plain RoPE rotates them bitwise as M-RoPE rotates three equal rows, so
@@ -44,6 +48,7 @@ class VlImages {
 
  private:
   struct Entry {
+    uint64_t request = 0;
     VlPromptLayout layout;
     std::vector<vision::ImagePatches> images;
     std::vector<std::optional<VisionOutput>> encoded;  // per image

@@ -1,9 +1,11 @@
 // Qwen3-VL images through the runtime engine on the CPU (tiny random-weight model, vl_test_util.h): a
 // chunked prefill that splits an image gives the tokens of an unsplit one; a repeated image hits the prefix
 // cache (and is not encoded again) while a different image with the same tokens does not; requests batched
-// together, and preempted ones, give what each gives alone; bad image inputs are rejected at submit.
+// together, and preempted ones, give what each gives alone; bad image inputs are rejected at submit; an
+// abort or an abortive shutdown during a vision pass stops it between the tower's blocks.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 
 #include "engine_test_util.h"
@@ -230,6 +232,77 @@ TEST(EngineVl, BadImageInputsAreRejectedAtSubmit) {
   // The engine still serves.
   const auto ok = run_all(*e.engine, {image_request(kA, 4, 1, 3)});
   EXPECT_EQ(ok[0].first.size(), 3u);
+}
+
+// At the vision tower's first block check, aborts the request asked about (or shuts the engine down,
+// abortively) through the engine, then answers with the engine's own check: an abort that arrives while
+// the pass runs, deterministically. Counts the checks.
+class AbortInVisionRunner : public Qwen3Runner {
+ public:
+  using Qwen3Runner::Qwen3Runner;
+  std::atomic<Engine*> engine{nullptr};
+  std::atomic<bool> shutdown_instead{false};
+  std::atomic<int> checks{0};
+  void set_abandoned_check(std::function<bool(uint64_t)> abandoned) override {
+    Qwen3Runner::set_abandoned_check([this, abandoned](uint64_t id) {
+      if (checks++ == 0) {
+        if (shutdown_instead)
+          engine.load()->shutdown(false);  // from the engine thread: does not join itself
+        else
+          engine.load()->abort(id);
+      }
+      return abandoned(id);
+    });
+  }
+};
+
+TEST(EngineVl, AbortDuringTheVisionPassStopsItAtTheNextBlock) {
+  Request text = greedy(test::prompt_of(20, 4), 6);
+  text.sampling.return_logprob = true;
+  VlEngine alone = make_engine(test::small_opts(4096, 4, 4096));
+  const auto want = run_all(*alone.engine, {text});
+
+  VlEngine v = make_engine<AbortInVisionRunner>(test::small_opts(4096, 4, 4096));
+  auto& runner = static_cast<AbortInVisionRunner&>(*v.runner);
+  runner.engine = v.engine.get();
+  Sink sink;
+  const RequestId img = v.engine->submit(image_request(kA, 3, 1, 6), sink.cb());
+  const RequestId txt = v.engine->submit(text, sink.cb());
+  sink.wait_finished(2);
+  sink.expect_one_finish_each();
+  EXPECT_EQ(sink.last(img).finish_reason, "abort");
+  EXPECT_TRUE(sink.tokens(img).empty());
+  EXPECT_EQ(runner.checks.load(), 1) << "the pass stopped before its first block";
+  EXPECT_EQ(runner.images().images_encoded_total(), 0);
+  const EngineStats s = v.engine->stats();
+  EXPECT_EQ(s.steps_cancelled, 1);
+  EXPECT_EQ(s.finished_abort, 1);
+  // A request planned into the cancelled step is planned again: it gives what it gives alone.
+  EXPECT_EQ(sink.last(txt).finish_reason, "length");
+  EXPECT_EQ(sink.tokens(txt), want[0].first);
+  EXPECT_EQ(sink.last(txt).logprobs, want[0].second.logprobs);
+  test::expect_pool_clean(*v.engine);
+  // The engine still encodes images.
+  const auto ok = run_all(*v.engine, {image_request(kA, 3, 1, 2)});
+  EXPECT_EQ(ok[0].first.size(), 2u);
+  EXPECT_EQ(runner.images().images_encoded_total(), 1);
+}
+
+TEST(EngineVl, AbortiveShutdownDuringTheVisionPassEndsItAborted) {
+  VlEngine v = make_engine<AbortInVisionRunner>(test::small_opts(4096, 4, 4096));
+  auto& runner = static_cast<AbortInVisionRunner&>(*v.runner);
+  runner.engine = v.engine.get();
+  runner.shutdown_instead = true;
+  Sink sink;
+  const RequestId img = v.engine->submit(image_request(kA, 3, 1, 6), sink.cb());
+  sink.wait_finished(1);
+  v.engine->shutdown(false);  // joins the engine thread
+  EXPECT_EQ(sink.last(img).finish_reason, "abort");
+  EXPECT_EQ(runner.checks.load(), 1);
+  EXPECT_EQ(runner.images().images_encoded_total(), 0);
+  const EngineStats s = v.engine->stats();
+  EXPECT_EQ(s.steps_cancelled, 1);
+  EXPECT_EQ(s.kv_pages_used, 0);
 }
 
 }  // namespace
