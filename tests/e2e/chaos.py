@@ -7,15 +7,22 @@ Phases:
           hostile request must get its 4xx; every normal one a complete reply (or a 503 when busy).
   cap     CAP idle connections hold --max-connections while /health and /metrics are polled (200 each)
           and work past the cap gets 503.
+  engine  image bombs and broken images (each a 4xx within 2 s), a 1-token text request answered while a
+          large valid image is processed, a client gone during a long prefill counted aborted with every
+          KV page back. Needs CHAOS_PHOTO (tests/fixtures/vision/images/photo.jpg).
   streams start long streams and keep reading them (the SIGTERM comes meanwhile); each stream must end
           with a finish_reason or an error frame and [DONE], never cut.
 Prints one line per check failure and exits 1 if any; prints a summary line otherwise.
 """
+import base64
 import http.client
 import json
+import os
 import socket
+import struct
 import sys
 import threading
+import zlib
 import time
 
 PORT = int(sys.argv[1])
@@ -141,8 +148,131 @@ def hostile_images():
         if status != 400 or b"--image-url-allow-private" not in data:
             bad(f"image URL {url}: status {status}: {data[:300]!r}")
         note("private-image-url")
-    # --- rel-engine: image bombs (a JPEG whose SOF lies about its size, an all-zero 2048x2048 PNG) and the
-    # --- engine-abort inputs go here, each expected to end in a 4xx or an abort within a second.
+
+
+# --- engine-side inputs: image bombs, a large image beside a short request, a disconnect mid-prefill -------
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def zero_png(width, height, rows):
+    """An 8-bit RGB PNG of width x height whose IDAT is `rows` all-zero rows (tests/unit/test_vision_decode_limits.cpp)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(bytes(rows * (1 + 3 * width)), 9)
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
+
+
+def jpeg_claiming(width, height):
+    """photo.jpg (83 x 61, the issue's 3.7 KB file) with its frame header claiming width x height."""
+    jpeg = bytearray(open(os.environ["CHAOS_PHOTO"], "rb").read())
+    for i in range(2, len(jpeg) - 9):
+        if jpeg[i] == 0xFF and jpeg[i + 1] in (0xC0, 0xC2):
+            jpeg[i + 5:i + 9] = struct.pack(">HH", height, width)
+            return bytes(jpeg)
+    raise RuntimeError("no frame header in photo.jpg")
+
+
+def image_chat(data, mime, max_tokens=1):
+    url = "data:%s;base64,%s" % (mime, base64.b64encode(data).decode())
+    return chat({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": url}}]}]},
+        max_tokens=max_tokens)
+
+
+def metrics():
+    _, m = get("/metrics")
+    v = {}
+    for line in m.decode().splitlines():
+        if line and not line.startswith("#"):
+            k, _, x = line.rpartition(" ")
+            v[k.replace('model_name="demo",', "").replace('{model_name="demo"}', "")] = float(x)
+    return v
+
+
+def hostile_image_bytes():
+    photo = open(os.environ["CHAOS_PHOTO"], "rb").read()
+    small = zero_png(64, 64, 64)
+    cases = [("JPEG whose SOF claims 9000x9000", jpeg_claiming(9000, 9000), "image/jpeg", 400),
+             ("9000x9000 PNG with 16 rows of data", zero_png(9000, 9000, 16), "image/png", 400),
+             ("100000x100000 PNG header", zero_png(100000, 100000, 1), "image/png", 413),
+             ("truncated JPEG", photo[:len(photo) // 2], "image/jpeg", 400),
+             ("truncated PNG", small[:len(small) // 2], "image/png", 400)]
+    for what, data, mime, want in cases:
+        t0 = time.monotonic()
+        status, body = post("/v1/chat/completions", image_chat(data, mime))
+        dt = time.monotonic() - t0
+        if status != want or dt > 2.0:
+            bad(f"{what}: status {status} after {dt:.2f} s (expected {want} within 2 s): {body[:200]!r}")
+        note("image-bomb-%d" % status)
+        print(f"chaos engine: {what}: {status} in {dt * 1000:.0f} ms")
+
+
+def text_beside_a_large_image():
+    """The issue's all-zero 2048x2048 PNG is a valid image: it must be served, and a 1-token text request sent
+    while it is decoded and encoded must not wait for it."""
+    result = {}
+
+    def big():
+        result["image"] = post("/v1/chat/completions", image_chat(zero_png(2048, 2048, 2048), "image/png"))
+
+    t = threading.Thread(target=big)
+    t.start()
+    time.sleep(0.05)  # the image request first (the text one's bound holds in either order)
+    t0 = time.monotonic()
+    status, body = post("/v1/chat/completions", chat(max_tokens=1))
+    dt = time.monotonic() - t0
+    t.join()
+    if status != 200 or dt > 5.0:
+        bad(f"1-token text beside a 2048x2048 image: status {status} after {dt:.2f} s: {body[:200]!r}")
+    print(f"chaos engine: a 1-token text request beside the 2048x2048 image: {status} in {dt:.2f} s")
+    if result["image"][0] != 200:
+        bad(f"the 2048x2048 all-zero PNG: status {result['image'][0]}: {result['image'][1][:200]!r}")
+    note("text-beside-image")
+
+
+def disconnect_mid_prefill():
+    """A streamed completion with a ~6,000-token prompt; the client resets the connection once the server has
+    accepted it (the prefill runs in time-bounded steps, and decode follows for up to 1,500 tokens): the
+    request must end as aborted and every KV page must come back."""
+    aborted_key = 'kiln_server_requests_finished_total{outcome="aborted"}'
+    before = metrics()
+    aborted0 = before[aborted_key]
+    accepted0 = before["kiln_server_requests_accepted_total"]
+    body = json.dumps({"model": "demo", "prompt": "lorem ipsum dolor " * 2000, "max_tokens": 1500,
+                       "stream": True, "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", PORT), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.monotonic() + 10
+    while metrics()["kiln_server_requests_accepted_total"] <= accepted0:
+        if time.monotonic() > deadline:
+            bad("the long prompt was never accepted")
+            break
+        time.sleep(0.02)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset
+    s.close()
+    t0 = time.monotonic()
+    while True:
+        v = metrics()
+        done = (v[aborted_key] > aborted0 and
+                v["kiln_server_active_requests"] == 0 and v["kiln_kv_pages_used"] == 0)
+        if done:
+            break
+        if time.monotonic() - t0 > 10:
+            bad(f"client gone mid-prefill: not aborted with its pages freed after 10 s: aborted "
+                f"{v[aborted_key]:.0f} (was {aborted0:.0f}), "
+                f"active {v['kiln_server_active_requests']:.0f}, pages used {v['kiln_kv_pages_used']:.0f}")
+            break
+        time.sleep(0.05)
+    note("disconnect-mid-prefill")
+    print("chaos engine: the vanished long prompt was aborted and its pages freed %.2f s after the reset"
+          % (time.monotonic() - t0))
+
+
+def phase_engine():
+    run_threads([(hostile_image_bytes, ())])
+    text_beside_a_large_image()
+    disconnect_mid_prefill()
 
 
 # --- normal traffic ----------------------------------------------------------------------------------------
@@ -247,6 +377,6 @@ def phase_streams():
     run_threads([(stream_to_the_end, (i,)) for i in range(4)])
 
 
-{"mixed": phase_mixed, "cap": phase_cap, "streams": phase_streams}[PHASE]()
+{"mixed": phase_mixed, "cap": phase_cap, "engine": phase_engine, "streams": phase_streams}[PHASE]()
 print("chaos %s: %s" % (PHASE, json.dumps(counts, sort_keys=True)))
 sys.exit(1 if failures else 0)

@@ -3,7 +3,8 @@
 # counts (~60 s on 2 cores). Hostile inputs (JSON nested 100,000 deep in several fields, Transfer-Encodings
 # other than chunked, image URLs naming private addresses, idle connections holding the cap while /health is
 # polled) mixed with normal streaming and non-streaming traffic and clients vanishing mid-stream
-# (tests/e2e/chaos.py), then a SIGTERM while streams run. Checks: the server never dies before the SIGTERM;
+# (tests/e2e/chaos.py), image bombs and broken images, a short request beside a large image and a client gone
+# mid-prefill, then a SIGTERM while streams run. Checks: the server never dies before the SIGTERM;
 # every accepted request ends with a completion, an error or an abort (accepted = completed + errors +
 # aborted, on /metrics and in the exit line); every KV page is free once traffic settles; the process exits
 # within --drain-timeout + 1 s. Usage: test_chaos.sh KILN FIXTURES_DIR SRC_DIR
@@ -33,7 +34,7 @@ timeout 60 "$KILN" serve --port 0 --device cpu --model "$VL" --max-context-len 1
   fail "--max-context-len 1e15: rc $rc, $(tail -c 300 "$E2E_LOG_DIR/ctx.err") (a bare std::bad_alloc before)"
 
 start_server chaos --model "$VL" --served-model-name demo --max-total-tokens 8192 --max-connections "$CAP" \
-  --drain-timeout "$DRAIN" --max-running-requests 16
+  --drain-timeout "$DRAIN" --max-running-requests 16 --image-max-resized-pixels 262144
 alive() { kill -0 "$SERVER_PID" 2>/dev/null || fail "the server died before the SIGTERM"; }
 
 # accounted: /metrics' accepted = completed + errors + aborted and no request active; prints the counts.
@@ -74,8 +75,11 @@ echo "== idle connections at the cap ($CAP) while /health and /metrics are polle
 $CHAOS "$PORT" cap "$CAP" || fail "probes past the connection cap"
 alive
 
-# --- rel-engine: the engine-abort inputs (a long prefill cut by a disconnect, an image bomb in flight)
-# --- go here, before the SIGTERM, each checked to end within a second.
+echo "== image bombs and broken images, a short request beside a large image, a client gone mid-prefill"
+CHAOS_PHOTO="$3/tests/fixtures/vision/images/photo.jpg" $CHAOS "$PORT" engine || fail "engine-side inputs"
+alive
+settle
+echo "   $(accounted)"
 
 echo "== SIGTERM while streams run: exit within --drain-timeout $DRAIN s + 1 s"
 $CHAOS "$PORT" streams >"$E2E_LOG_DIR/streams.out" 2>&1 &
