@@ -300,8 +300,10 @@ std::vector<VisionOutput> Qwen3VLVision::encode(const std::vector<const vision::
     ops::layer_norm(x.t(), bw.norm1.w, bw.norm1.b, kNormEps, normed.t());
     linear(normed.t(), bw.qkv, qkv.t());
     ops::rope_2d(qkv.t(), pos_t, rope, int(nh));
+    // The block's long op on the CPU (quadratic in an image's patches): it polls `stop` itself.
     ops::varlen_attention(part(0), part(1), part(2), cu_t,
-                          Tensor(attn.buf.data(), DType::bf16, {N, nh, D}, dev), scale);
+                          Tensor(attn.buf.data(), DType::bf16, {N, nh, D}, dev), scale, stop);
+    check_stop();
     linear(attn.t(), bw.proj, tmp.t());
     ops::add(x.t(), tmp.t(), x.t());
     ops::layer_norm(x.t(), bw.norm2.w, bw.norm2.b, kNormEps, normed.t());

@@ -79,7 +79,8 @@ class Qwen3VLVision {
   // kiln::Error naming what is wrong.
   void check_image(const vision::ImagePatches& img) const;
   // Encodes the images in one pass (attention stays within each image frame); one output per image.
-  // `stop` (when set) is called on the host before each block and before the merger; true throws
+  // `stop` (when set) is called on the host before each block, after its attention and before the merger,
+  // and on the CPU backend by the attention's worker threads (ops::varlen_attention): true throws
   // VisionCancelled. On CUDA it reads host state only between asynchronous launches: no sync.
   std::vector<VisionOutput> encode(const std::vector<const vision::ImagePatches*>& images,
                                    const std::function<bool()>& stop = {}) const;

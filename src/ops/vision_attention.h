@@ -20,6 +20,10 @@
 //   Numerics (the CPU reference, as paged_attention in ops/attention.h): fp32 scores (dot products with 8
 //   lane partials, then a pairwise tree) times scale, softmax in fp32 with the max subtracted, fp32 weighted
 //   sum of V, one rounding to bf16. Tolerance against fp64: relative Frobenius error <= 2^-7.
+//   stop (optional; the CPU backend only): polled on the worker threads every 64 (row, head) pairs; once it
+//   returns true the remaining pairs are skipped and `out` is left partly written (the caller discards it).
+//   One image's pass is minutes of this op on the CPU, so a caller can give up within a fraction of a second.
+//   CUDA ignores it: its launches are asynchronous, the host has nothing to stop.
 // CUDA (ops/cuda/vision.cu dispatches; raw-pointer launchers in ops/cuda/vision_attention.h): rope_2d bitwise
 // the CPU (the same fp32 operations, no fma). varlen_attention, within the tolerance above:
 //   - head_dim 64 and 128 (16-byte aligned q/k/v, strides multiples of 8): tensor cores (ops/cuda/
@@ -35,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "kiln/tensor.h"
 
@@ -52,6 +57,6 @@ RopeTable2d rope_2d_table_view(const Buffer& table, int head_dim, int64_t max_po
 
 void rope_2d(const Tensor& qkv, const Tensor& pos, const RopeTable2d& table, int num_heads);
 void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
-                      const Tensor& out, float scale);
+                      const Tensor& out, float scale, const std::function<bool()>& stop = {});
 
 }  // namespace kiln::ops

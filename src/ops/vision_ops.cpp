@@ -121,7 +121,7 @@ void rope_2d(const Tensor& qkv, const Tensor& pos, const RopeTable2d& table, int
 }
 
 void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
-                      const Tensor& out, float scale) {
+                      const Tensor& out, float scale, const std::function<bool()>& stop) {
   constexpr const char* op = "varlen_attention";
   detail::check_matrix(op, "q", q, 3, DType::bf16);
   detail::check_matrix(op, "k", k, 3, DType::bf16);
@@ -145,7 +145,7 @@ void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
   detail::check_same_device(op, q, v);
   detail::check_same_device(op, q, out);
   if (q.device.is_cuda()) return KILN_CUDA_OP(varlen_attention(q, k, v, cu_seqlens, out, scale));
-  cpu::varlen_attention(q, k, v, cu_seqlens, out, scale);
+  cpu::varlen_attention(q, k, v, cu_seqlens, out, scale, stop);
 }
 
 namespace {

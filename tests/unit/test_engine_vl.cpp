@@ -234,7 +234,8 @@ TEST(EngineVl, BadImageInputsAreRejectedAtSubmit) {
   EXPECT_EQ(ok[0].first.size(), 3u);
 }
 
-// At the vision tower's first block check, aborts the request asked about (or shuts the engine down,
+// At the vision tower's first check (or check number abort_at: later ones come from the attention's worker
+// threads, ops::varlen_attention's `stop`), aborts the request asked about (or shuts the engine down,
 // abortively) through the engine, then answers with the engine's own check: an abort that arrives while
 // the pass runs, deterministically. Counts the checks.
 class AbortInVisionRunner : public Qwen3Runner {
@@ -242,10 +243,10 @@ class AbortInVisionRunner : public Qwen3Runner {
   using Qwen3Runner::Qwen3Runner;
   std::atomic<Engine*> engine{nullptr};
   std::atomic<bool> shutdown_instead{false};
-  std::atomic<int> checks{0};
+  std::atomic<int> checks{0}, abort_at{0};  // abort at check number abort_at (0: the first)
   void set_abandoned_check(std::function<bool(uint64_t)> abandoned) override {
     Qwen3Runner::set_abandoned_check([this, abandoned](uint64_t id) {
-      if (checks++ == 0) {
+      if (checks++ == abort_at) {
         if (shutdown_instead)
           engine.load()->shutdown(false);  // from the engine thread: does not join itself
         else
@@ -286,6 +287,22 @@ TEST(EngineVl, AbortDuringTheVisionPassStopsItAtTheNextBlock) {
   const auto ok = run_all(*v.engine, {image_request(kA, 3, 1, 2)});
   EXPECT_EQ(ok[0].first.size(), 2u);
   EXPECT_EQ(runner.images().images_encoded_total(), 1);
+}
+
+TEST(EngineVl, AbortInsideTheVisionAttentionStopsThePass) {
+  VlEngine v = make_engine<AbortInVisionRunner>(test::small_opts(4096, 4, 4096));
+  auto& runner = static_cast<AbortInVisionRunner&>(*v.runner);
+  runner.engine = v.engine.get();
+  runner.abort_at =
+      1;  // the first check inside block 0's attention (96 patches x 2 heads: polls at 0, 64, 128)
+  Sink sink;
+  const RequestId img = v.engine->submit(image_request(kA, 3, 1, 6), sink.cb());
+  sink.wait_finished(1);
+  EXPECT_EQ(sink.last(img).finish_reason, "abort");
+  EXPECT_LE(runner.checks.load(), 5) << "block 0's attention stopped, or the check right after it";
+  EXPECT_EQ(runner.images().images_encoded_total(), 0);
+  EXPECT_EQ(v.engine->stats().steps_cancelled, 1);
+  test::expect_pool_clean(*v.engine);
 }
 
 TEST(EngineVl, AbortiveShutdownDuringTheVisionPassEndsItAborted) {

@@ -228,6 +228,18 @@ TEST(OpsVision, VarlenAttentionIsBidirectionalWithinSegmentsOnly) {
       ops::varlen_attention(view(qkv, 0), view(qkv, 1), view(qkv, 2), Tensor(bad.data(), DType::i32, {3}),
                             Tensor(out.data(), DType::bf16, {T, Hn, D}), scale),
       Error);
+  // `stop`: never true, the same bits; true at once, the op returns with (row 0, head 0) unwritten.
+  auto out4 = poisoned(out.size());
+  int polls = 0;
+  ops::varlen_attention(view(qkv, 0), view(qkv, 1), view(qkv, 2), Tensor(cu.data(), DType::i32, {4}),
+                        Tensor(out4.data(), DType::bf16, {T, Hn, D}), scale, [&] { return ++polls < 0; });
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out4[i].bits, out[i].bits) << i;
+  EXPECT_GE(polls, 1);
+  auto out5 = poisoned(out.size());
+  const auto poison = poisoned(1)[0].bits;
+  ops::varlen_attention(view(qkv, 0), view(qkv, 1), view(qkv, 2), Tensor(cu.data(), DType::i32, {4}),
+                        Tensor(out5.data(), DType::bf16, {T, Hn, D}), scale, [] { return true; });
+  for (int64_t d = 0; d < D; ++d) EXPECT_EQ(out5[size_t(d)].bits, poison) << d;
 }
 
 }  // namespace

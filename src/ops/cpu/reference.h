@@ -2,6 +2,8 @@
 // validate shapes, dtypes and devices first; see each op's header for its contract.
 #pragma once
 
+#include <functional>
+
 #include "kiln/tensor.h"
 #include "ops/attention.h"
 
@@ -28,7 +30,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void scatter_rows(const Tensor& dst, const Tensor& rows, const Tensor& src, bool accumulate);
 void rope_2d(const Tensor& qkv, const Tensor& pos, const Tensor& table, int num_heads);
 void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
-                      const Tensor& out, float scale);
+                      const Tensor& out, float scale, const std::function<bool()>& stop = {});
 // ops/vision_pos_embed.h.
 // side: the table's grid side (table rows = side * side).
 void pos_embed_interpolate(const Tensor& table, const Tensor& lin, int64_t side, int64_t grid_t,

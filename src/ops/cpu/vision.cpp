@@ -3,6 +3,7 @@
 // bf16 rounding. Each output element is computed by one thread in a fixed order, so results are bitwise
 // independent of the thread count.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -130,7 +131,7 @@ void rope_2d(const Tensor& qkv, const Tensor& pos, const Tensor& table, int num_
 }
 
 void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
-                      const Tensor& out, float scale) {
+                      const Tensor& out, float scale, const std::function<bool()>& stop) {
   const int64_t T = q.shape[0], Hn = q.shape[1], D = q.shape[2];
   const int32_t* cu = cu_seqlens.ptr<int32_t>();
   const int64_t S = cu_seqlens.shape[0] - 1;
@@ -141,10 +142,15 @@ void varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const T
     const bf16_t* src = x.ptr<bf16_t>() + t * x.stride[0] + h * x.stride[1];
     for (int64_t d = 0; d < D; ++d) dst[d] = bf16_to_f32(src[d]);
   };
+  std::atomic<bool> stopped{false};
   parallel_for(T * Hn, 4, [&](int64_t w0, int64_t w1) {
     std::vector<float> qf(static_cast<size_t>(D)), kf(static_cast<size_t>(D)), acc(static_cast<size_t>(D)),
         scores;
     for (int64_t w = w0; w < w1; ++w) {
+      if (stop && (stopped.load(std::memory_order_relaxed) || (w % 64 == 0 && stop()))) {
+        stopped.store(true, std::memory_order_relaxed);
+        return;
+      }
       const int64_t t = w / Hn, h = w % Hn;
       const int32_t b = cu[seg_of[size_t(t)]], e = cu[seg_of[size_t(t)] + 1];
       widen(q, t, h, qf.data());
