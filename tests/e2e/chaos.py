@@ -252,6 +252,11 @@ def disconnect_mid_prefill():
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset
     s.close()
     t0 = time.monotonic()
+    # The engine has moved past the aborted prompt once a 1-token request sent now is answered (the page
+    # counts on /metrics are published between steps: only then do they say the pages are back).
+    status, data = post("/v1/chat/completions", chat(max_tokens=1), timeout=30)
+    if status != 200 or time.monotonic() - t0 > 10:
+        bad(f"a 1-token request after the reset: status {status} after {time.monotonic() - t0:.2f} s")
     while True:
         v = metrics()
         done = (v[aborted_key] > aborted0 and
