@@ -1,0 +1,117 @@
+#include "grammar/vocab.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "kiln/error.h"
+
+namespace kiln::grammar {
+
+TokenSet TokenSet::from_ids(std::vector<int32_t> ids, size_t vocab_size) {
+  TokenSet t;
+  if (ids.size() * 32 > vocab_size) {  // more than about one id per mask word: a bitmask is smaller
+    t.words.assign((vocab_size + 31) / 32, 0);
+    for (int32_t id : ids) t.words[size_t(id) >> 5] |= 1u << (id & 31);
+  } else {
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    t.ids = std::move(ids);
+  }
+  return t;
+}
+
+void TokenSet::or_into(uint32_t* mask) const {
+  const size_t n = words.size();
+  const uint32_t* w = words.data();
+  for (size_t i = 0; i < n; ++i) mask[i] |= w[i];
+  for (int32_t id : ids) mask[size_t(id) >> 5] |= 1u << (id & 31);
+}
+
+bool TokenSet::contains(int32_t id) const {
+  if (!words.empty()) return (words[size_t(id) >> 5] >> (id & 31)) & 1;
+  return std::binary_search(ids.begin(), ids.end(), id);
+}
+
+size_t TokenSet::count() const {
+  size_t n = ids.size();
+  for (uint32_t w : words) n += size_t(__builtin_popcount(w));
+  return n;
+}
+
+TokenVocab::TokenVocab(std::vector<std::string> token_bytes, std::vector<int32_t> eos_ids)
+    : bytes_(std::move(token_bytes)), eos_(std::move(eos_ids)) {
+  KILN_CHECK(bytes_.size() < (1u << 30), "grammar: vocabulary too large");
+  for (int32_t e : eos_)
+    KILN_CHECK(e >= 0 && size_t(e) < bytes_.size(), "grammar: eos id ", e, " out of range");
+  for (int32_t e : eos_) bytes_[size_t(e)].clear();  // EOS is never a byte string
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    if (!bytes_[i].empty()) sorted_.push_back(int32_t(i));
+    for (char c : bytes_[i]) h = (h ^ uint8_t(c)) * 1099511628211ull;
+    h = (h ^ 0x1FF) * 1099511628211ull;
+  }
+  for (int32_t e : eos_) h = (h ^ uint64_t(e)) * 1099511628211ull;
+  hash_ = h;
+  std::sort(sorted_.begin(), sorted_.end(),
+            [&](int32_t a, int32_t b) { return bytes_[size_t(a)] < bytes_[size_t(b)]; });
+  // Breadth-first, so each node's children are contiguous.
+  trie_.push_back({0, 0, 0, 0, uint32_t(sorted_.size()), 0, 0});
+  std::deque<uint32_t> queue{0};
+  while (!queue.empty()) {
+    const uint32_t n = queue.front();
+    queue.pop_front();
+    const uint32_t d = trie_[n].depth;
+    uint32_t i = trie_[n].tok_lo;
+    const uint32_t hi = trie_[n].tok_hi;
+    while (i < hi && bytes_[size_t(sorted_[i])].size() == d) ++i;
+    trie_[n].tok_mid = i;
+    trie_[n].first_child = uint32_t(trie_.size());
+    while (i < hi) {
+      const uint8_t b = uint8_t(bytes_[size_t(sorted_[i])][d]);
+      uint32_t j = i;
+      while (j < hi && uint8_t(bytes_[size_t(sorted_[j])][d]) == b) ++j;
+      TrieNode c;
+      c.tok_lo = i, c.tok_hi = j, c.depth = d + 1, c.byte = b;
+      queue.push_back(uint32_t(trie_.size()));
+      trie_.push_back(c);
+      ++trie_[n].n_children;
+      i = j;
+    }
+  }
+}
+
+bool TokenVocab::is_eos(int32_t id) const {
+  return std::find(eos_.begin(), eos_.end(), id) != eos_.end();
+}
+
+std::shared_ptr<const DfaWalk> TokenVocab::dfa_walk(const Dfa& d, int32_t state) const {
+  const auto key = std::make_pair(d.hash, state);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = walks_.find(key);
+    if (it != walks_.end()) return it->second;
+  }
+  auto w = std::make_shared<DfaWalk>();
+  std::vector<int32_t> acc;
+  // Depth-first over (node, DFA state); a child is visited only while the DFA is alive.
+  std::vector<std::pair<uint32_t, int32_t>> stack{{0, state}};
+  while (!stack.empty()) {
+    const auto [n, s] = stack.back();
+    stack.pop_back();
+    const TrieNode& node = trie_[n];
+    for (uint32_t c = node.first_child; c < node.first_child + node.n_children; ++c) {
+      const TrieNode& ch = trie_[c];
+      const int32_t t = d.step(s, ch.byte);
+      if (t < 0) continue;
+      for (uint32_t k = ch.tok_lo; k < ch.tok_mid; ++k) acc.push_back(sorted_[k]);
+      if (ch.n_children == 0) continue;
+      if (d.accepting[size_t(t)]) w->exits.push_back(c);
+      if (d.has_out[size_t(t)]) stack.push_back({c, t});
+    }
+  }
+  w->accepted = TokenSet::from_ids(std::move(acc), bytes_.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  return walks_.emplace(key, std::move(w)).first->second;
+}
+
+}  // namespace kiln::grammar
