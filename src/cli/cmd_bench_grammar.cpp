@@ -3,11 +3,11 @@
 // Compile time per schema and mask time per token (p50 / p99 / max, one thread) over seeded random walks of
 // valid outputs: each step fills the mask (timed), then samples a token from it (half the time among the
 // allowed tokens that carry JSON structure, so walks end), until the grammar is complete or --max-tokens.
-// The first walk of each grammar is "cold" (it fills the lazy mask cache); later walks are "warm".
-// Schemas: every *.json file of a directory, or one schema per line of a JSONL file.
+// Times are thread CPU time. The first walk of each grammar is "cold" (it fills the lazy mask cache); later
+// walks are "warm". Schemas: every *.json file of a directory, or one schema per line of a JSONL file.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -74,16 +74,22 @@ struct Stats {
   }
 };
 
+inline int popcount32(uint32_t v) {  // SWAR: without -mpopcnt the builtin is a libgcc call
+  v = v - ((v >> 1) & 0x55555555u);
+  v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);
+  return int((((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
+}
+
 // Picks the k-th set bit of mask & filter (filter may be null) uniformly; -1 when none.
 int32_t sample(const std::vector<uint32_t>& mask, const std::vector<uint32_t>* filter, std::mt19937_64& rng) {
   size_t total = 0;
   for (size_t w = 0; w < mask.size(); ++w)
-    total += size_t(__builtin_popcount(mask[w] & (filter ? (*filter)[w] : ~0u)));
+    total += size_t(popcount32(mask[w] & (filter ? (*filter)[w] : ~0u)));
   if (total == 0) return -1;
   size_t k = rng() % total;
   for (size_t w = 0; w < mask.size(); ++w) {
     uint32_t bits = mask[w] & (filter ? (*filter)[w] : ~0u);
-    const size_t c = size_t(__builtin_popcount(bits));
+    const size_t c = size_t(popcount32(bits));
     if (k >= c) {
       k -= c;
       continue;

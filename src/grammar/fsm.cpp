@@ -17,25 +17,33 @@ uint32_t Nfa::add_state() {
 
 namespace {
 
-using Row = std::array<int32_t, 256>;
+constexpr size_t kMinimizeLimit = 96;
 
-// Keeps only states reachable from start that can reach an accepting state, merges equivalent states
-// (Moore refinement), and compresses the byte columns into classes.
-Dfa finish(const std::vector<Row>& raw, const std::vector<uint8_t>& acc, int32_t start) {
+// A DFA under construction: rows of nc columns; col_of maps each byte to its column.
+struct RawDfa {
+  uint32_t nc = 0;
+  std::array<uint8_t, 256> col_of{};
+  std::vector<int32_t> next;  // [state * nc + column]; -1 dead
+  std::vector<uint8_t> acc;
+  size_t size() const { return acc.size(); }
+  int32_t at(size_t s, uint32_t c) const { return next[s * nc + c]; }
+};
+
+// Keeps only states reachable from state 0 that can reach an accepting state, merges equivalent states
+// (Moore refinement), and compresses the columns into byte classes.
+Dfa finish(const RawDfa& raw) {
   const size_t n = raw.size();
+  const uint32_t nc = raw.nc;
   std::vector<std::vector<int32_t>> rev(n);
-  for (size_t s = 0; s < n; ++s) {
-    int32_t last = -2;
-    for (int b = 0; b < 256; ++b) {
-      const int32_t t = raw[s][size_t(b)];
-      if (t >= 0 && t != last) rev[size_t(t)].push_back(int32_t(s));
-      last = t;
+  for (size_t s = 0; s < n; ++s)
+    for (uint32_t c = 0; c < nc; ++c) {
+      const int32_t t = raw.at(s, c);
+      if (t >= 0) rev[size_t(t)].push_back(int32_t(s));
     }
-  }
   std::vector<uint8_t> live(n, 0);
   std::vector<int32_t> work;
   for (size_t s = 0; s < n; ++s)
-    if (acc[s]) live[s] = 1, work.push_back(int32_t(s));
+    if (raw.acc[s]) live[s] = 1, work.push_back(int32_t(s));
   while (!work.empty()) {
     const int32_t t = work.back();
     work.pop_back();
@@ -43,38 +51,41 @@ Dfa finish(const std::vector<Row>& raw, const std::vector<uint8_t>& acc, int32_t
       if (!live[size_t(s)]) live[size_t(s)] = 1, work.push_back(s);
   }
   Dfa d;
-  if (start < 0 || !live[size_t(start)]) {
+  if (n == 0 || !live[0]) {
     d.hash = 0x9e3779b97f4a7c15ull;
     return d;
   }
-  // Forward reachability through live states.
   std::vector<int32_t> order, id(n, -1);
-  id[size_t(start)] = 0;
-  order.push_back(start);
+  id[0] = 0;
+  order.push_back(0);
   for (size_t i = 0; i < order.size(); ++i)
-    for (int b = 0; b < 256; ++b) {
-      const int32_t t = raw[size_t(order[i])][size_t(b)];
+    for (uint32_t c = 0; c < nc; ++c) {
+      const int32_t t = raw.at(size_t(order[i]), c);
       if (t >= 0 && live[size_t(t)] && id[size_t(t)] < 0)
         id[size_t(t)] = int32_t(order.size()), order.push_back(t);
     }
   const size_t m = order.size();
-  auto target = [&](size_t i, int b) {
-    const int32_t t = raw[size_t(order[i])][size_t(b)];
+  auto target = [&](size_t i, uint32_t c) {
+    const int32_t t = raw.at(size_t(order[i]), c);
     return (t >= 0 && live[size_t(t)]) ? id[size_t(t)] : -1;
   };
-  // Moore refinement: block of a state = (accepting, blocks of its 256 successors), until stable.
+  // Moore refinement: block of a state = (its block, blocks of its successors), until the count is stable.
+  // It takes up to m rounds (long chains: bounded repetitions), so big automata stay as built: subset
+  // construction of our regexes is near-minimal, and an unminimized DFA is just as correct.
   std::vector<int32_t> block(m);
-  for (size_t i = 0; i < m; ++i) block[i] = acc[size_t(order[i])] ? 1 : 0;
   size_t n_blocks = 0;
-  for (;;) {
+  const bool minimize = m <= kMinimizeLimit;
+  for (size_t i = 0; i < m; ++i) block[i] = minimize ? (raw.acc[size_t(order[i])] ? 1 : 0) : int32_t(i);
+  if (!minimize) n_blocks = m;
+  std::vector<int32_t> sig(nc + 1);
+  for (; minimize;) {
     std::map<std::vector<int32_t>, int32_t> sig_ids;
     std::vector<int32_t> nb(m);
-    std::vector<int32_t> sig(257);
     for (size_t i = 0; i < m; ++i) {
       sig[0] = block[i];
-      for (int b = 0; b < 256; ++b) {
-        const int32_t t = target(i, b);
-        sig[size_t(b) + 1] = t < 0 ? -1 : block[size_t(t)];
+      for (uint32_t c = 0; c < nc; ++c) {
+        const int32_t t = target(i, c);
+        sig[c + 1] = t < 0 ? -1 : block[size_t(t)];
       }
       nb[i] = sig_ids.emplace(sig, int32_t(sig_ids.size())).first->second;
     }
@@ -83,28 +94,29 @@ Dfa finish(const std::vector<Row>& raw, const std::vector<uint8_t>& acc, int32_t
     block = std::move(nb);
     if (stable) break;
   }
-  // Renumber blocks so the start state is 0 and the order is deterministic (first appearance).
   std::vector<int32_t> renum(n_blocks, -1);
   int32_t next_id = 0;
   for (size_t i = 0; i < m; ++i)
     if (renum[size_t(block[i])] < 0) renum[size_t(block[i])] = next_id++;
-  std::vector<Row> min_rows(n_blocks);
+  std::vector<int32_t> rows(n_blocks * nc, -1);
   std::vector<uint8_t> min_acc(n_blocks, 0);
   for (size_t i = 0; i < m; ++i) {
     const size_t s = size_t(renum[size_t(block[i])]);
-    min_acc[s] = acc[size_t(order[i])];
-    for (int b = 0; b < 256; ++b) {
-      const int32_t t = target(i, b);
-      min_rows[s][size_t(b)] = t < 0 ? -1 : renum[size_t(block[size_t(t)])];
+    min_acc[s] = raw.acc[size_t(order[i])];
+    for (uint32_t c = 0; c < nc; ++c) {
+      const int32_t t = target(i, c);
+      rows[s * nc + c] = t < 0 ? -1 : renum[size_t(block[size_t(t)])];
     }
   }
-  // Byte classes: bytes whose columns are equal share a class.
+  // Byte classes: columns that are equal after minimization share a class.
   std::map<std::vector<int32_t>, uint8_t> col_ids;
+  std::vector<uint8_t> class_of_col(nc);
   std::vector<int32_t> col(n_blocks);
-  for (int b = 0; b < 256; ++b) {
-    for (size_t s = 0; s < n_blocks; ++s) col[s] = min_rows[s][size_t(b)];
-    d.byte_class[size_t(b)] = col_ids.emplace(col, uint8_t(col_ids.size())).first->second;
+  for (uint32_t c = 0; c < nc; ++c) {
+    for (size_t s = 0; s < n_blocks; ++s) col[s] = rows[s * nc + c];
+    class_of_col[c] = col_ids.emplace(col, uint8_t(col_ids.size())).first->second;
   }
+  for (int b = 0; b < 256; ++b) d.byte_class[size_t(b)] = class_of_col[raw.col_of[size_t(b)]];
   d.n_classes = uint32_t(col_ids.size());
   d.start = 0;
   d.next.assign(n_blocks * d.n_classes, -1);
@@ -116,7 +128,7 @@ Dfa finish(const std::vector<Row>& raw, const std::vector<uint8_t>& acc, int32_t
   for (size_t s = 0; s < n_blocks; ++s) {
     mix(min_acc[s]);
     for (int b = 0; b < 256; ++b) {
-      const int32_t t = min_rows[s][size_t(b)];
+      const int32_t t = rows[s * nc + raw.col_of[size_t(b)]];
       d.next[s * d.n_classes + d.byte_class[size_t(b)]] = t;
       mix(uint64_t(int64_t(t)) + 7);
       if (t >= 0) d.has_out[s] = 1, d.out_bytes[s][size_t(b) >> 6] |= 1ull << (b & 63);
@@ -159,8 +171,10 @@ Dfa determinize(const Nfa& nfa, Frag frag, size_t max_states) {
   };
   std::map<std::vector<uint32_t>, int32_t> ids;
   std::vector<std::vector<uint32_t>> sets;
-  std::vector<Row> rows;
-  std::vector<uint8_t> acc;
+  RawDfa raw;
+  raw.nc = uint32_t(classes.size());
+  for (uint32_t c = 0; c < raw.nc; ++c)
+    for (int b = classes[c].first; b <= classes[c].second; ++b) raw.col_of[size_t(b)] = uint8_t(c);
   auto intern = [&](std::vector<uint32_t> set) -> int32_t {
     if (set.empty()) return -1;
     auto it = ids.find(set);
@@ -168,17 +182,18 @@ Dfa determinize(const Nfa& nfa, Frag frag, size_t max_states) {
     KILN_CHECK(sets.size() < max_states, "grammar: an automaton needs more than ", max_states,
                " DFA states (the limit): simplify the pattern or shrink its repetition counts");
     const int32_t id = int32_t(sets.size());
-    acc.push_back(std::binary_search(set.begin(), set.end(), frag.end) ? 1 : 0);
+    raw.acc.push_back(std::binary_search(set.begin(), set.end(), frag.end) ? 1 : 0);
     ids.emplace(set, id);
     sets.push_back(std::move(set));
-    rows.emplace_back();
+    raw.next.resize(raw.next.size() + raw.nc, -1);
     return id;
   };
   std::vector<uint32_t> init{frag.start};
   close(init);
   intern(init);
   for (size_t i = 0; i < sets.size(); ++i) {
-    for (auto [lo, hi] : classes) {
+    for (uint32_t c = 0; c < raw.nc; ++c) {
+      const auto [lo, hi] = classes[c];
       std::vector<uint32_t> moved;
       for (uint32_t s : sets[i])
         for (const auto& e : nfa.edges[s])
@@ -187,10 +202,10 @@ Dfa determinize(const Nfa& nfa, Frag frag, size_t max_states) {
       moved.erase(std::unique(moved.begin(), moved.end()), moved.end());
       close(moved);
       const int32_t t = intern(std::move(moved));
-      for (int b = lo; b <= hi; ++b) rows[i][size_t(b)] = t;
+      raw.next[i * raw.nc + c] = t;
     }
   }
-  return finish(rows, acc, 0);
+  return finish(raw);
 }
 
 namespace {
@@ -199,8 +214,19 @@ Dfa product(const Dfa& a, const Dfa& b, bool intersect, size_t max_states) {
   if (intersect && b.start < 0) return b;
   std::map<std::pair<int32_t, int32_t>, int32_t> ids;
   std::vector<std::pair<int32_t, int32_t>> pairs;
-  std::vector<Row> rows;
-  std::vector<uint8_t> acc;
+  RawDfa raw;
+  std::map<std::pair<uint8_t, uint8_t>, uint8_t> cols;
+  std::vector<uint8_t> rep;  // a byte of each column
+  for (int c = 0; c < 256; ++c) {
+    const auto key = std::make_pair(a.byte_class[size_t(c)], b.byte_class[size_t(c)]);
+    auto it = cols.find(key);
+    if (it == cols.end()) {
+      it = cols.emplace(key, uint8_t(cols.size())).first;
+      rep.push_back(uint8_t(c));
+    }
+    raw.col_of[size_t(c)] = it->second;
+  }
+  raw.nc = uint32_t(cols.size());
   auto intern = [&](int32_t x, int32_t y) -> int32_t {
     if (x < 0 || (intersect && y < 0)) return -1;
     auto it = ids.find({x, y});
@@ -212,20 +238,20 @@ Dfa product(const Dfa& a, const Dfa& b, bool intersect, size_t max_states) {
     ids.emplace(std::make_pair(x, y), id);
     pairs.push_back({x, y});
     const bool in_b = y >= 0 && b.accepting[size_t(y)];
-    acc.push_back(a.accepting[size_t(x)] && (intersect ? in_b : !in_b) ? 1 : 0);
-    rows.emplace_back();
+    raw.acc.push_back(a.accepting[size_t(x)] && (intersect ? in_b : !in_b) ? 1 : 0);
+    raw.next.resize(raw.next.size() + raw.nc, -1);
     return id;
   };
   intern(a.start, b.start);
   for (size_t i = 0; i < pairs.size(); ++i)
-    for (int c = 0; c < 256; ++c) {
+    for (uint32_t c = 0; c < raw.nc; ++c) {
       const auto [x, y] = pairs[i];
-      const int32_t nx = a.step(x, uint8_t(c));
-      const int32_t ny = y < 0 ? -1 : b.step(y, uint8_t(c));
+      const int32_t nx = a.step(x, rep[c]);
+      const int32_t ny = y < 0 ? -1 : b.step(y, rep[c]);
       const int32_t t = intern(nx, ny);
-      rows[i][size_t(c)] = t;
+      raw.next[i * raw.nc + c] = t;
     }
-  return finish(rows, acc, 0);
+  return finish(raw);
 }
 }  // namespace
 

@@ -53,9 +53,12 @@ class SchemaCompiler {
     ws_ = b_.lexeme(json_ws_re(o.max_whitespace));
   }
 
+  // The document: whitespace may surround the value, as JSON allows.
   Grammar run() {
-    const uint32_t r = rule_for(root_, "root", 0);
-    return b_.finish(r);
+    const uint32_t value = rule_for(root_, "value", 0);
+    const uint32_t doc = b_.new_rule("root");
+    b_.add_alt(doc, {ws_, b_.call(value), ws_});
+    return b_.finish(doc);
   }
 
  private:
@@ -66,7 +69,17 @@ class SchemaCompiler {
   std::map<std::string, uint32_t> refs_;
   int64_t any_rule_ = -1;
 
+  std::map<std::string, Element> memo_;  // lexemes by what they were built from: schemas repeat them
+
   Element lit(const std::string& s) { return b_.literal(s); }
+  template <typename Make>
+  Element memo(const std::string& key, Make make) {
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    const Element e = b_.lexeme(make());
+    memo_.emplace(key, e);
+    return e;
+  }
 
   const json& resolve(const std::string& ref) {
     KILN_CHECK(!ref.empty() && ref[0] == '#', "json schema: only local $ref (#...) is supported, got ", ref);
@@ -164,7 +177,7 @@ class SchemaCompiler {
   }
 
   void add_any(uint32_t r) {
-    const Element str = b_.lexeme(json_string_re(0, -1));
+    const Element str = memo("string{}", [] { return compile_re(json_string_re(0, -1)); });
     b_.add_alt(r, {str});
     b_.add_alt(r, {b_.lexeme(json_number_re(false))});
     b_.add_alt(r, {b_.lexeme(parse_regex("true|false|null", false))});
@@ -305,9 +318,15 @@ class SchemaCompiler {
       } else if (ty == "boolean") {
         b_.add_alt(r, {b_.lexeme(parse_regex("true|false", false))});
       } else if (ty == "integer" || ty == "number") {
-        b_.add_alt(r, {b_.lexeme(number_re(s, ty == "integer"))});
+        json bounds = json::object();
+        for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+          if (s.contains(k)) bounds[k] = s[k];
+        b_.add_alt(r, {memo(ty + bounds.dump(), [&] { return compile_re(number_re(s, ty == "integer")); })});
       } else if (ty == "string") {
-        b_.add_alt(r, {b_.lexeme(string_dfa(s))});
+        json key = json::object();
+        for (const char* k : {"minLength", "maxLength", "pattern", "format"})
+          if (s.contains(k)) key[k] = s[k];
+        b_.add_alt(r, {memo("string" + key.dump(), [&] { return string_dfa(s); })});
       } else if (ty == "array") {
         add_array(r, s, name, depth);
       } else if (ty == "object") {
@@ -453,10 +472,11 @@ class SchemaCompiler {
     if (addl != false) {
       std::vector<Re> names;
       for (const auto& p : props) names.push_back(re_bytes(json(p.key).dump()));
+      const bool closed_names = !names.empty();
       Dfa keys = compile_re(json_string_re(0, -1));
-      if (!names.empty()) keys = dfa_difference(keys, compile_re(re_alt(std::move(names))));
-      kv_addl = {b_.lexeme(std::move(keys)), ws_, lit(":"), ws_,
-                 b_.call(rule_for(addl, name + "/additional", depth + 1))};
+      if (closed_names) keys = dfa_difference(keys, compile_re(re_alt(std::move(names))));
+      kv_addl = {!closed_names ? memo("string{}", [&] { return keys; }) : b_.lexeme(std::move(keys)), ws_,
+                 lit(":"), ws_, b_.call(rule_for(addl, name + "/additional", depth + 1))};
     }
     std::vector<std::vector<Element>> pv(n);
     for (size_t i = 0; i < n; ++i)

@@ -148,6 +148,7 @@ class Parser {
 
   // A language L' with L' ∪ {ε} = L ∪ {ε}, built so that L' has no ε (used under an unbounded loop).
   static Re strip_nullable(Re r) {
+    if (!re_nullable(r)) return r;
     switch (r.kind) {
       case Re::Kind::repeat:
         if (r.max < 0 || r.max > 1) return re_repeat(strip_nullable(std::move(r.kids[0])), 1, r.max);

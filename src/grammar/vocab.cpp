@@ -1,11 +1,21 @@
 #include "grammar/vocab.h"
 
 #include <algorithm>
+#include <bit>
 #include <deque>
 
 #include "kiln/error.h"
 
 namespace kiln::grammar {
+
+namespace {
+// Portable SWAR popcount: without -mpopcnt, std::popcount is a libgcc call that dominated profiles.
+inline uint32_t popcount32(uint32_t v) {
+  v = v - ((v >> 1) & 0x55555555u);
+  v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);
+  return (((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24;
+}
+}  // namespace
 
 TokenSet TokenSet::from_ids(std::vector<int32_t> ids, size_t vocab_size) {
   TokenSet t;
@@ -17,6 +27,21 @@ TokenSet TokenSet::from_ids(std::vector<int32_t> ids, size_t vocab_size) {
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     t.ids = std::move(ids);
   }
+  return t;
+}
+
+TokenSet TokenSet::from_words(std::vector<uint32_t> words) {
+  size_t n = 0;
+  for (uint32_t w : words) n += size_t(popcount32(w));
+  TokenSet t;
+  if (n > words.size()) {  // more than one id per word: keep the bitmask
+    t.words = std::move(words);
+    return t;
+  }
+  t.ids.reserve(n);
+  for (size_t i = 0; i < words.size(); ++i)
+    for (uint32_t bits = words[i]; bits; bits &= bits - 1)
+      t.ids.push_back(int32_t(i * 32 + size_t(std::countr_zero(bits))));
   return t;
 }
 
@@ -34,7 +59,7 @@ bool TokenSet::contains(int32_t id) const {
 
 size_t TokenSet::count() const {
   size_t n = ids.size();
-  for (uint32_t w : words) n += size_t(__builtin_popcount(w));
+  for (uint32_t w : words) n += size_t(popcount32(w));
   return n;
 }
 
@@ -92,24 +117,38 @@ std::shared_ptr<const DfaWalk> TokenVocab::dfa_walk(const Dfa& d, int32_t state)
     if (it != walks_.end()) return it->second;
   }
   auto w = std::make_shared<DfaWalk>();
-  std::vector<int32_t> acc;
-  // Depth-first over (node, DFA state); a child is visited only while the DFA is alive.
-  std::vector<std::pair<uint32_t, int32_t>> stack{{0, state}};
+  std::vector<uint32_t> words(mask_words(), 0);
+  // Depth-first with an explicit stack of child ranges; a child is entered only while the DFA is alive.
+  struct Level {
+    uint32_t child, end;
+    int32_t state;
+  };
+  std::vector<Level> stack;
+  stack.reserve(64);
+  stack.push_back({trie_[0].first_child, trie_[0].first_child + trie_[0].n_children, state});
+  const TrieNode* trie = trie_.data();
+  const int32_t* sorted = sorted_.data();
+  const int32_t* next = d.next.data();
+  const uint8_t* cls = d.byte_class.data();
+  const uint8_t* accepting = d.accepting.data();
+  const uint8_t* has_out = d.has_out.data();
+  const size_t nc = d.n_classes;
+  uint32_t* bits = words.data();
   while (!stack.empty()) {
-    const auto [n, s] = stack.back();
-    stack.pop_back();
-    const TrieNode& node = trie_[n];
-    for (uint32_t c = node.first_child; c < node.first_child + node.n_children; ++c) {
-      const TrieNode& ch = trie_[c];
-      const int32_t t = d.step(s, ch.byte);
-      if (t < 0) continue;
-      for (uint32_t k = ch.tok_lo; k < ch.tok_mid; ++k) acc.push_back(sorted_[k]);
-      if (ch.n_children == 0) continue;
-      if (d.accepting[size_t(t)]) w->exits.push_back(c);
-      if (d.has_out[size_t(t)]) stack.push_back({c, t});
+    Level& top = stack.back();
+    if (top.child == top.end) {
+      stack.pop_back();
+      continue;
     }
+    const TrieNode& ch = trie[top.child++];
+    const int32_t t = next[size_t(top.state) * nc + cls[ch.byte]];
+    if (t < 0) continue;
+    for (uint32_t k = ch.tok_lo; k < ch.tok_mid; ++k) bits[size_t(sorted[k]) >> 5] |= 1u << (sorted[k] & 31);
+    if (ch.n_children == 0) continue;
+    if (accepting[t]) w->exits.push_back(uint32_t(&ch - trie));
+    if (has_out[t]) stack.push_back({ch.first_child, ch.first_child + ch.n_children, t});
   }
-  w->accepted = TokenSet::from_ids(std::move(acc), bytes_.size());
+  w->accepted = TokenSet::from_words(std::move(words));
   std::lock_guard<std::mutex> lock(mu_);
   return walks_.emplace(key, std::move(w)).first->second;
 }

@@ -21,6 +21,7 @@ struct TokenSet {
   std::vector<uint32_t> words;
   std::vector<int32_t> ids;
   static TokenSet from_ids(std::vector<int32_t> ids, size_t vocab_size);
+  static TokenSet from_words(std::vector<uint32_t> words);
   void or_into(uint32_t* mask) const;
   bool contains(int32_t id) const;
   size_t count() const;
