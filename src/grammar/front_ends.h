@@ -25,9 +25,10 @@ Re json_number_re(bool integer);
 struct NumberBounds {
   bool has_min = false, has_max = false;
   double min = 0, max = 0;
+  std::string min_text, max_text;  // the bounds as the schema wrote them (decimal digits)
   bool min_exclusive = false, max_exclusive = false;
 };
-Re json_bounded_number_re(bool integer, const NumberBounds& b);
+Dfa json_bounded_number_dfa(bool integer, const NumberBounds& b);
 // The format's regex (inside the quotes, JSON-escaped text), or throws UnsupportedKeyword("format: NAME").
 Re json_format_re(std::string_view format);
 

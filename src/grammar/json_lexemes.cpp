@@ -1,4 +1,5 @@
 // JSON lexemes: whitespace, strings, numbers (with bounds), and string formats, as regular expressions.
+#include <cctype>
 #include <cmath>
 #include <string>
 
@@ -47,27 +48,84 @@ std::string uint_range(int64_t lo, int64_t hi) {
   return "(?:" + out + ")";
 }
 
-int64_t as_int_bound(double v, const char* keyword) {
-  if (!(std::fabs(v) <= 1e18) || v != std::floor(v)) throw UnsupportedKeyword(keyword);
-  return int64_t(v);
+// A decimal bound split into integer digits and fraction digits (trailing zeros dropped).
+struct Decimal {
+  bool negative = false;
+  std::string int_part, frac;
+};
+Decimal parse_decimal(const std::string& text, const char* keyword) {
+  Decimal d;
+  size_t i = 0;
+  if (i < text.size() && text[i] == '-') d.negative = true, ++i;
+  while (i < text.size() && std::isdigit(uint8_t(text[i]))) d.int_part += text[i++];
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    while (i < text.size() && std::isdigit(uint8_t(text[i]))) d.frac += text[i++];
+  }
+  // Exponents and magnitudes past 1e18 are refused by name rather than approximated.
+  if (i != text.size() || d.int_part.empty() || d.int_part.size() > 18) throw UnsupportedKeyword(keyword);
+  while (d.int_part.size() > 1 && d.int_part[0] == '0') d.int_part.erase(0, 1);
+  while (!d.frac.empty() && d.frac.back() == '0') d.frac.pop_back();
+  if (d.int_part == "0" && d.frac.empty()) d.negative = false;
+  return d;
 }
 
-// Texts `D[.F]` (no sign, no exponent) of values x with lo <(=) x <(=) hi; hi_open: no upper bound.
-std::string nonneg_number(int64_t lo, bool lo_excl, int64_t hi, bool hi_excl, bool hi_open) {
-  const std::string any = "(?:\\.[0-9]+)?", zero = "(?:\\.0+)?", nonzero = "\\.[0-9]*[1-9][0-9]*";
+// Non-empty digit strings d with 0.d >= 0.b (> when excl); b has no trailing zeros.
+std::string frac_digits_ge(const std::string& b, bool excl) {
+  if (b.empty()) return excl ? "[0-9]*[1-9][0-9]*" : "[0-9]+";
   std::string out;
-  auto add = [&](const std::string& p) { out += (out.empty() ? "" : "|") + p; };
-  if (!hi_open && hi == lo) {
-    if (!lo_excl && !hi_excl) add(std::to_string(lo) + zero);
-  } else {
-    add(std::to_string(lo) + (lo_excl ? nonzero : any));
-    if (hi_open)
-      add(uint_range(lo + 1, -1) + any);
-    else if (hi - 1 >= lo + 1)
-      add(uint_range(lo + 1, hi - 1) + any);
-    if (!hi_open && !hi_excl) add(std::to_string(hi) + zero);
-  }
-  return out.empty() ? "" : "(?:" + out + ")";
+  if (b[0] < '9') out += std::string("[") + char(b[0] + 1) + "-9][0-9]*|";
+  const std::string rest = b.substr(1);
+  out += std::string(1, b[0]) +
+         (rest.empty() ? (excl ? "[0-9]*[1-9][0-9]*" : "[0-9]*") : frac_digits_ge(rest, excl));
+  return "(?:" + out + ")";
+}
+// Optional fractions (?:\.d)? with value <= 0.b (< when excl).
+std::string frac_le(const std::string& b, bool excl);
+// Non-empty digit strings d with 0.d <= 0.b (< when excl); b non-empty, no trailing zeros.
+std::string frac_digits_le(const std::string& b, bool excl) {
+  std::string out;
+  if (b[0] > '0') out += std::string("[0-") + char(b[0] - 1) + "][0-9]*|";
+  const std::string rest = b.substr(1);
+  if (rest.empty())
+    out += excl ? std::string("") : std::string(1, b[0]) + "0*";
+  else
+    out += std::string(1, b[0]) + "(?:" + frac_digits_le(rest, excl) + "|0*)";
+  if (!out.empty() && out.back() == '|') out.pop_back();
+  return out.empty() ? "[]" : "(?:" + out + ")";
+}
+std::string frac_le(const std::string& b, bool excl) {
+  if (b.empty()) return excl ? "[]" : "(?:\\.0+)?";
+  return "(?:\\." + frac_digits_le(b, excl) + ")?";
+}
+std::string frac_ge(const std::string& b, bool excl) {
+  if (b.empty() && !excl) return "(?:\\.[0-9]+)?";
+  return "\\." + frac_digits_ge(b, excl);
+}
+int64_t to_int(const std::string& digits) {
+  return std::stoll(digits);
+}
+
+// Number texts (no exponent) with value >= d (> when excl).
+std::string at_least(const Decimal& d, bool excl) {
+  const std::string any = "(?:\\.[0-9]+)?";
+  const int64_t i = to_int(d.int_part);
+  if (!d.negative)
+    return "(?:" + uint_range(i + 1, -1) + any + "|" + d.int_part + frac_ge(d.frac, excl) + ")";
+  // Every non-negative number, and negatives of magnitude <= |d|.
+  std::string out = "(?:" + uint_range(0, -1) + any;
+  if (i > 0) out += "|-" + uint_range(0, i - 1) + any;
+  return out + "|-" + d.int_part + frac_le(d.frac, excl) + ")";
+}
+// Number texts (no exponent) with value <= d (< when excl).
+std::string at_most(const Decimal& d, bool excl) {
+  const std::string any = "(?:\\.[0-9]+)?";
+  const int64_t i = to_int(d.int_part);
+  if (d.negative)
+    return "(?:-" + uint_range(i + 1, -1) + any + "|-" + d.int_part + frac_ge(d.frac, excl) + ")";
+  std::string out = "(?:-" + uint_range(0, -1) + any;
+  if (i > 0) out += "|" + uint_range(0, i - 1) + any;
+  return out + "|" + d.int_part + frac_le(d.frac, excl) + ")";
 }
 
 }  // namespace
@@ -90,8 +148,8 @@ Re json_number_re(bool integer) {
   return rx(integer ? "-?(0|[1-9][0-9]*)" : "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?");
 }
 
-Re json_bounded_number_re(bool integer, const NumberBounds& b) {
-  if (!b.has_min && !b.has_max) return json_number_re(integer);
+Dfa json_bounded_number_dfa(bool integer, const NumberBounds& b) {
+  if (!b.has_min && !b.has_max) return compile_re(json_number_re(integer));
   std::string out;
   auto add = [&](const std::string& p) {
     if (!p.empty()) out += (out.empty() ? "" : "|") + p;
@@ -116,31 +174,19 @@ Re json_bounded_number_re(bool integer, const NumberBounds& b) {
       const int64_t top = has_hi ? std::min<int64_t>(hi, -1) : -1;
       if (!has_lo || lo <= top) add("-" + uint_range(-top, has_lo ? -lo : -1));
     }
-    if (out.empty()) return re_chars(CharSet{});  // an empty range: nothing matches
-    return rx(out);
+    if (out.empty()) return Dfa{};  // an empty range: nothing matches
+    return compile_re(rx(out));
   }
-  const char* lo_kw = b.min_exclusive ? "exclusiveMinimum" : "minimum";
-  const char* hi_kw = b.max_exclusive ? "exclusiveMaximum" : "maximum";
-  const int64_t lo = b.has_min ? as_int_bound(b.min, lo_kw) : 0;
-  const int64_t hi = b.has_max ? as_int_bound(b.max, hi_kw) : 0;
-  if (b.has_min && b.has_max && (lo > hi || (lo == hi && (b.min_exclusive || b.max_exclusive))))
-    return re_chars(CharSet{});
-  // Non-negative side: x >= max(lo, 0).
-  if (!b.has_max || hi >= 0) {
-    const bool from_zero = !b.has_min || lo < 0;
-    add(nonneg_number(from_zero ? 0 : lo, from_zero ? false : b.min_exclusive, hi, b.max_exclusive,
-                      !b.has_max));
-  }
-  // Negative side: x = -y, y > 0, -hi <= y <= -lo.
-  if (!b.has_min || lo < 0) {
-    const bool from_zero = !b.has_max || hi >= 0;
-    const int64_t ylo = from_zero ? 0 : -hi;
-    const bool ylo_excl = from_zero ? true : b.max_exclusive;
-    const std::string neg = nonneg_number(ylo, ylo_excl, b.has_min ? -lo : 0, b.min_exclusive, !b.has_min);
-    if (!neg.empty()) add("-" + neg);
-  }
-  if (out.empty()) return re_chars(CharSet{});
-  return rx(out);
+  // Numbers: the texts above the lower bound intersected with those below the upper one (no exponent).
+  Dfa d = compile_re(
+      rx(b.has_min ? at_least(parse_decimal(b.min_text, b.min_exclusive ? "exclusiveMinimum" : "minimum"),
+                              b.min_exclusive)
+                   : "-?(0|[1-9][0-9]*)(\\.[0-9]+)?"));
+  if (b.has_max)
+    d = dfa_intersection(
+        d, compile_re(rx(at_most(parse_decimal(b.max_text, b.max_exclusive ? "exclusiveMaximum" : "maximum"),
+                                 b.max_exclusive))));
+  return d;
 }
 
 Re json_format_re(std::string_view format) {

@@ -41,6 +41,30 @@ const std::set<std::string> kSupported = {"type",
                                           "maximum",
                                           "exclusiveMinimum",
                                           "exclusiveMaximum"};
+// JSON Schema assertions the engine cannot enforce: refused by name. Keywords outside the vocabulary are
+// annotations (the spec ignores them) and pass.
+const std::set<std::string> kUnsupported = {"not",
+                                            "if",
+                                            "then",
+                                            "else",
+                                            "patternProperties",
+                                            "propertyNames",
+                                            "minProperties",
+                                            "maxProperties",
+                                            "dependencies",
+                                            "dependentRequired",
+                                            "dependentSchemas",
+                                            "uniqueItems",
+                                            "contains",
+                                            "minContains",
+                                            "maxContains",
+                                            "multipleOf",
+                                            "unevaluatedProperties",
+                                            "unevaluatedItems",
+                                            "$dynamicRef",
+                                            "$recursiveRef",
+                                            "contentSchema",
+                                            "$data"};
 const std::set<std::string> kAnnotations = {
     "title",   "description", "$schema",  "$id",       "id",      "$comment",         "examples",
     "default", "deprecated",  "readOnly", "writeOnly", "$anchor", "contentMediaType", "contentEncoding"};
@@ -104,7 +128,7 @@ class SchemaCompiler {
   void check_keywords(const json& s) {
     for (auto it = s.begin(); it != s.end(); ++it) {
       const std::string& k = it.key();
-      if (kSupported.count(k) || kAnnotations.count(k)) continue;
+      if (kSupported.count(k) || kAnnotations.count(k) || !kUnsupported.count(k)) continue;
       if (k == "uniqueItems" && it.value() == false) continue;
       if ((k == "minProperties" && it.value() == 0) || k == "$recursiveAnchor") continue;
       if (!opt_.lenient) throw UnsupportedKeyword(k);
@@ -321,7 +345,7 @@ class SchemaCompiler {
         json bounds = json::object();
         for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
           if (s.contains(k)) bounds[k] = s[k];
-        b_.add_alt(r, {memo(ty + bounds.dump(), [&] { return compile_re(number_re(s, ty == "integer")); })});
+        b_.add_alt(r, {memo(ty + bounds.dump(), [&] { return number_dfa(s, ty == "integer"); })});
       } else if (ty == "string") {
         json key = json::object();
         for (const char* k : {"minLength", "maxLength", "pattern", "format"})
@@ -337,20 +361,21 @@ class SchemaCompiler {
     }
   }
 
-  Re number_re(const json& s, bool integer) {
+  Dfa number_dfa(const json& s, bool integer) {
     NumberBounds nb;
     auto num = [&](const char* k) {
       KILN_CHECK(s[k].is_number(), "json schema: ", k, " must be a number");
       return s[k].get<double>();
     };
-    if (s.contains("minimum")) nb.has_min = true, nb.min = num("minimum");
-    if (s.contains("maximum")) nb.has_max = true, nb.max = num("maximum");
+    if (s.contains("minimum")) nb.has_min = true, nb.min = num("minimum"), nb.min_text = s["minimum"].dump();
+    if (s.contains("maximum")) nb.has_max = true, nb.max = num("maximum"), nb.max_text = s["maximum"].dump();
     if (s.contains("exclusiveMinimum")) {
       if (s["exclusiveMinimum"].is_boolean()) {  // draft 4: a flag on minimum
         nb.min_exclusive = s["exclusiveMinimum"].get<bool>();
       } else {
         const double v = num("exclusiveMinimum");
-        if (!nb.has_min || v >= nb.min) nb.has_min = true, nb.min = v, nb.min_exclusive = true;
+        if (!nb.has_min || v >= nb.min)
+          nb.has_min = true, nb.min = v, nb.min_exclusive = true, nb.min_text = s["exclusiveMinimum"].dump();
       }
     }
     if (s.contains("exclusiveMaximum")) {
@@ -358,14 +383,15 @@ class SchemaCompiler {
         nb.max_exclusive = s["exclusiveMaximum"].get<bool>();
       } else {
         const double v = num("exclusiveMaximum");
-        if (!nb.has_max || v <= nb.max) nb.has_max = true, nb.max = v, nb.max_exclusive = true;
+        if (!nb.has_max || v <= nb.max)
+          nb.has_max = true, nb.max = v, nb.max_exclusive = true, nb.max_text = s["exclusiveMaximum"].dump();
       }
     }
     try {
-      return json_bounded_number_re(integer, nb);
+      return json_bounded_number_dfa(integer, nb);
     } catch (const UnsupportedKeyword&) {
       if (!opt_.lenient) throw;
-      return json_number_re(integer);
+      return compile_re(json_number_re(integer));
     }
   }
 

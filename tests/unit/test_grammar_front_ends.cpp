@@ -33,6 +33,13 @@ TEST(GrammarJsonSchema, Keywords) {
        {"0", "1.5", "2", "2.0", "0.001"},
        {"-0.5", "2.5", "2.01", "3"}},
       {R"({"type":"number","exclusiveMinimum":0})", {"0.1", "5", "1000.5"}, {"0", "-1", "0.0"}},
+      {R"({"type":"number","minimum":1.1,"maximum":2.25})",
+       {"1.1", "1.10", "1.5", "2", "2.25", "2.2"},
+       {"1", "1.09", "2.26", "2.3", "3", "-1.5"}},
+      {R"({"type":"number","exclusiveMinimum":-2.5,"exclusiveMaximum":-0.5})",
+       {"-2.4", "-1", "-0.51", "-2.49"},
+       {"-2.5", "-0.5", "0", "-3", "-2.51"}},
+      {R"({"type":"number","maximum":-1.5})", {"-1.5", "-2", "-100.25"}, {"-1.4", "0", "1"}},
       {R"({"type":"string","minLength":2,"maxLength":3})",
        {"\"ab\"", "\"abc\"", "\"\\n\\t\"", "\"\xC3\xA9\xC3\xA9\""},
        {"\"a\"", "\"abcd\"", "\"\xC3\xA9\""}},
@@ -112,7 +119,7 @@ TEST(GrammarJsonSchema, RefusesUnsupportedKeywordsByName) {
            {R"({"type":"integer","multipleOf":3})", "multipleOf"},
            {R"({"type":"object","patternProperties":{"^a":{}}})", "patternProperties"},
            {R"({"type":"string","format":"ipv6"})", "format"},
-           {R"({"type":"number","minimum":1.5})", "minimum"},
+           {R"({"type":"number","minimum":1e300})", "minimum"},
            {R"({"type":"array","uniqueItems":true})", "uniqueItems"}}) {
     try {
       compile(GrammarKind::json_schema, schema, testing::small_vocab());
