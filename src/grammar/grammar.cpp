@@ -14,6 +14,7 @@ bool same_dfa(const Dfa& a, const Dfa& b) {
 }  // namespace
 
 uint32_t GrammarBuilder::new_rule(std::string name) {
+  KILN_CHECK(g_.rules.size() < kMaxElements, "grammar: more than ", kMaxElements, " rules (the limit)");
   g_.rules.push_back({std::move(name), {}});
   return uint32_t(g_.rules.size() - 1);
 }

@@ -36,6 +36,7 @@ struct Grammar {
 
 class GrammarBuilder {
  public:
+  static constexpr size_t kMaxElements = 1000000;  // grammar size limit (rules + elements)
   uint32_t new_rule(std::string name);
   void add_alt(uint32_t rule, std::vector<Element> seq);
   Element lexeme(Dfa d);  // deduplicated by content
@@ -48,6 +49,7 @@ class GrammarBuilder {
 
  private:
   Grammar g_;
+  size_t elements_ = 0;
 };
 
 // A position in the flattened grammar: one element of one alternative, or the end of the alternative.

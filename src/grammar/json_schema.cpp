@@ -1,6 +1,7 @@
 // JSON Schema -> grammar. Objects keep the schema's property order (declared properties in the order the
 // schema lists them, then additional ones); see README.md for the keyword list and the limits.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -110,8 +111,10 @@ class SchemaCompiler {
     if (ref == "#") return root_;
     std::string ptr;
     for (size_t i = 1; i < ref.size(); ++i) {  // percent-decoding
-      if (ref[i] == '%' && i + 2 < ref.size()) {
-        ptr += char(std::stoi(ref.substr(i + 1, 2), nullptr, 16));
+      if (ref[i] == '%' && i + 2 < ref.size() && std::isxdigit(uint8_t(ref[i + 1])) &&
+          std::isxdigit(uint8_t(ref[i + 2]))) {
+        auto hex = [](char c) { return c <= '9' ? c - '0' : (c | 32) - 'a' + 10; };
+        ptr += char(hex(ref[i + 1]) * 16 + hex(ref[i + 2]));
         i += 2;
       } else {
         ptr += ref[i];
@@ -553,7 +556,11 @@ Grammar json_schema_grammar(std::string_view schema_json, const CompileOptions& 
     KILN_FAIL("json schema: not valid JSON: ", e.what());
   }
   SchemaCompiler c(root, options);
-  return c.run();
+  try {
+    return c.run();
+  } catch (const json::exception& e) {  // a keyword's value of the wrong JSON type
+    KILN_FAIL("json schema: ", e.what());
+  }
 }
 
 Grammar any_json_grammar(const CompileOptions& options) {
