@@ -138,6 +138,50 @@ FlatGrammar normalize(Grammar g) {
       f.key_base[p] = f.num_keys;
       f.num_keys += uint32_t(g.lexemes[f.pos[p].id].num_states());
     }
+  // FIRST and FOLLOW byte sets (fixpoints): an exit from a rule followed by a byte outside FOLLOW(rule) can
+  // never continue, whatever the context, so the mask cache rejects it instead of deferring it.
+  using Bytes = std::array<uint64_t, 4>;
+  auto add = [](Bytes& a, const Bytes& b) {
+    bool grew = false;
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t v = a[size_t(i)] | b[size_t(i)];
+      grew = grew || v != a[size_t(i)];
+      a[size_t(i)] = v;
+    }
+    return grew;
+  };
+  std::vector<Bytes> first(nr, Bytes{0, 0, 0, 0});
+  auto elem_first = [&](const Element& e) {
+    if (e.kind == Element::Kind::rule) return first[e.id];
+    const Dfa& d = g.lexemes[e.id];
+    return d.out_bytes[size_t(d.start)];
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < nr; ++r)
+      for (const auto& alt : g.rules[r].alts)
+        for (const auto& e : alt) {
+          changed = add(first[r], elem_first(e)) || changed;
+          if (!elem_nullable(e)) break;
+        }
+  }
+  f.follow.assign(nr, Bytes{0, 0, 0, 0});
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < nr; ++r)
+      for (const auto& alt : g.rules[r].alts)
+        for (size_t i = 0; i < alt.size(); ++i) {
+          if (alt[i].kind != Element::Kind::rule) continue;
+          Bytes fo{0, 0, 0, 0};
+          bool rest_nullable = true;
+          for (size_t j = i + 1; j < alt.size() && rest_nullable; ++j) {
+            add(fo, elem_first(alt[j]));
+            rest_nullable = elem_nullable(alt[j]);
+          }
+          if (rest_nullable) add(fo, f.follow[r]);
+          changed = add(f.follow[alt[i].id], fo) || changed;
+        }
+  }
   f.lexemes = std::move(g.lexemes);
   f.root = g.root;
   return f;

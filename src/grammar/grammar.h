@@ -7,6 +7,7 @@
 // cache works per (lexeme position, DFA state), and a lexeme keeps the walk inside one table.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -66,7 +67,8 @@ struct FlatGrammar {
   std::vector<std::vector<uint32_t>> alt_starts;  // per rule: the first position of each alternative
   std::vector<Dfa> lexemes;
   std::vector<std::string> rule_names;
-  std::vector<uint32_t> key_base;  // per position: first mask-cache key of a lexeme position
+  std::vector<std::array<uint64_t, 4>> follow;  // per rule: the bytes that may come right after it ends
+  std::vector<uint32_t> key_base;               // per position: first mask-cache key of a lexeme position
   uint32_t num_keys = 0;
   uint32_t root = 0;
 };

@@ -1,6 +1,7 @@
 // The adaptive token-mask cache (compiled.h): classifying the vocabulary for one (lexeme position, DFA
 // state).
 #include <algorithm>
+#include <array>
 #include <deque>
 
 #include "grammar/compiled.h"
@@ -15,45 +16,64 @@ namespace {
 // (the rule's caller is kBottomFrame: reaching it means the token leaves the rule).
 class ContextWalk {
  public:
-  ContextWalk(const TokenVocab& v, Stepper& st) : v_(v), st_(st) {}
+  // follow: the bytes that may come after the rule ends (FOLLOW); an exit is kept only for those.
+  ContextWalk(const TokenVocab& v, Stepper& st, const std::array<uint64_t, 4>& follow)
+      : v_(v), st_(st), follow_(follow) {}
   std::vector<int32_t> accepted;
-  std::vector<std::pair<int32_t, uint16_t>> uncertain;  // (token, offset where it leaves the rule)
+  std::vector<uint64_t> uncertain;  // (token << 16) | offset where it leaves the rule
 
-  void below(uint32_t n, const ParseState& from, std::vector<uint16_t>& exits) { walk(n, from, exits, 0); }
-  void all_below(uint32_t n, const std::vector<uint16_t>& exits) {
+  // pending: the depth of an exit right at node n (-1: none), applied to the children it may continue into.
+  void below(uint32_t n, const ParseState& from, int pending) {
+    std::vector<uint16_t> exits;
+    walk(n, from, exits, pending, 0);
+  }
+  void all_below(uint32_t n, std::vector<uint16_t>& exits, int pending) {
     const TrieNode& node = v_.trie()[n];
-    for (uint32_t k = node.tok_mid; k < node.tok_hi; ++k)
-      for (uint16_t e : exits) uncertain.push_back({v_.sorted()[k], e});
+    for (uint32_t c = node.first_child; c < node.first_child + node.n_children; ++c) {
+      const TrieNode& ch = v_.trie()[c];
+      const bool with = pending >= 0 && follows(ch.byte);
+      if (with) exits.push_back(uint16_t(pending));
+      for (uint32_t k = ch.tok_lo; k < ch.tok_hi; ++k)
+        for (uint16_t e : exits) uncertain.push_back((uint64_t(uint32_t(v_.sorted()[k])) << 16) | e);
+      if (with) exits.pop_back();
+    }
   }
 
  private:
-  void walk(uint32_t n, const ParseState& from, std::vector<uint16_t>& exits, size_t level) {
+  bool follows(uint8_t b) const { return (follow_[b >> 6] >> (b & 63)) & 1; }
+
+  void walk(uint32_t n, const ParseState& from, std::vector<uint16_t>& exits, int pending, size_t level) {
     if (states_.size() <= level) states_.resize(level + 1);
     const TrieNode& node = v_.trie()[n];
     for (uint32_t c = node.first_child; c < node.first_child + node.n_children; ++c) {
       const TrieNode& ch = v_.trie()[c];
+      const bool with = pending >= 0 && follows(ch.byte);
+      if (with) exits.push_back(uint16_t(pending));
       ParseState& nx = states_[level];
       st_.step(from, ch.byte, nx);
       const bool live = !nx.tops.empty(), exited_here = nx.exited;
-      if (!live && !exited_here && exits.empty()) continue;
-      for (uint32_t k = ch.tok_lo; k < ch.tok_mid; ++k) {
-        if (live || exited_here) {
-          accepted.push_back(v_.sorted()[k]);
-        } else {
-          for (uint16_t e : exits) uncertain.push_back({v_.sorted()[k], e});
+      if (live || exited_here || !exits.empty()) {
+        for (uint32_t k = ch.tok_lo; k < ch.tok_mid; ++k) {
+          if (live || exited_here) {
+            accepted.push_back(v_.sorted()[k]);
+          } else {
+            for (uint16_t e : exits) uncertain.push_back((uint64_t(uint32_t(v_.sorted()[k])) << 16) | e);
+          }
+        }
+        const int next_pending = exited_here ? int(ch.depth) : -1;
+        if (ch.n_children != 0) {
+          if (live)
+            walk(c, nx, exits, next_pending, level + 1);
+          else
+            all_below(c, exits, next_pending);
         }
       }
-      if (ch.n_children == 0) continue;
-      if (exited_here) exits.push_back(uint16_t(ch.depth));
-      if (live)
-        walk(c, nx, exits, level + 1);
-      else
-        all_below(c, exits);
-      if (exited_here) exits.pop_back();
+      if (with) exits.pop_back();
     }
   }
   const TokenVocab& v_;
   Stepper& st_;
+  const std::array<uint64_t, 4>& follow_;
   std::deque<ParseState> states_;  // per depth; a deque so growing it keeps `from` valid
 };
 
@@ -97,15 +117,14 @@ std::unique_ptr<KeyMask> CompiledGrammar::compute(uint32_t pos, int32_t state) c
   Stepper st(g_, options_.max_depth, options_.max_stacks);
   ParseState after;
   st.after(pos + 1, kBottomFrame, after);
-  ContextWalk cw(*vocab_, st);
-  std::vector<uint16_t> exits;
+  ContextWalk cw(*vocab_, st, g_.follow[g_.pos[pos].rule]);
+  std::vector<uint16_t> none;
   for (uint32_t e : walk->exits) {
-    exits.clear();
-    if (after.exited) exits.push_back(uint16_t(vocab_->trie()[e].depth));
+    const int pending = after.exited ? int(vocab_->trie()[e].depth) : -1;
     if (!after.tops.empty())
-      cw.below(e, after, exits);
-    else if (!exits.empty())
-      cw.all_below(e, exits);
+      cw.below(e, after, pending);
+    else if (pending >= 0)
+      cw.all_below(e, none, pending);
   }
   auto m = std::make_unique<KeyMask>();
   if (cw.accepted.empty()) {
@@ -125,12 +144,13 @@ std::unique_ptr<KeyMask> CompiledGrammar::compute(uint32_t pos, int32_t state) c
   std::sort(unc.begin(), unc.end());
   unc.erase(std::unique(unc.begin(), unc.end()), unc.end());
   for (size_t i = 0; i < unc.size();) {
+    const int32_t tok = int32_t(unc[i] >> 16);
     size_t j = i;
-    while (j < unc.size() && unc[j].first == unc[i].first) ++j;
-    if (!m->accepted.contains(unc[i].first)) {
-      m->uncertain.push_back(unc[i].first);
+    while (j < unc.size() && int32_t(unc[j] >> 16) == tok) ++j;
+    if (!m->accepted.contains(tok)) {
+      m->uncertain.push_back(tok);
       m->offset_begin.push_back(uint32_t(m->offsets.size()));
-      for (size_t k = i; k < j; ++k) m->offsets.push_back(unc[k].second);
+      for (size_t k = i; k < j; ++k) m->offsets.push_back(uint16_t(unc[k] & 0xFFFF));
     }
     i = j;
   }

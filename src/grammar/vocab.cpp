@@ -109,8 +109,40 @@ bool TokenVocab::is_eos(int32_t id) const {
   return std::find(eos_.begin(), eos_.end(), id) != eos_.end();
 }
 
+// A hash of the automaton as seen from one state (its reachable states numbered in breadth-first order, every
+// byte's target): states of different DFAs with the same future share one walk -- the name part of a
+// property-name DFA and a plain string, or the tails of strings with different maxLength.
+static uint64_t state_hash(const Dfa& d, int32_t state) {
+  std::vector<int32_t> order{state};
+  std::vector<int32_t> id(d.num_states(), -1);
+  id[size_t(state)] = 0;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int32_t s = order[i];
+    mix(d.accepting[size_t(s)]);
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = d.step(s, uint8_t(b));
+      if (t >= 0 && id[size_t(t)] < 0) id[size_t(t)] = int32_t(order.size()), order.push_back(t);
+      mix(uint64_t(int64_t(t < 0 ? -1 : id[size_t(t)])) + 3);
+    }
+  }
+  return h ^ (uint64_t(order.size()) << 48);
+}
+
 std::shared_ptr<const DfaWalk> TokenVocab::dfa_walk(const Dfa& d, int32_t state) const {
-  const auto key = std::make_pair(d.hash, state);
+  uint64_t rooted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = rooted_.find({d.hash, state});
+    rooted = it != rooted_.end() ? it->second : 0;
+  }
+  if (rooted == 0) {
+    rooted = state_hash(d, state) | 1;
+    std::lock_guard<std::mutex> lock(mu_);
+    rooted_[{d.hash, state}] = rooted;
+  }
+  const auto key = std::make_pair(rooted, 0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = walks_.find(key);

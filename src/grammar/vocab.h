@@ -66,7 +66,8 @@ class TokenVocab {
   std::vector<TrieNode> trie_;   // [0] is the root; children of a node are contiguous
   uint64_t hash_ = 0;
   mutable std::mutex mu_;
-  mutable std::map<std::pair<uint64_t, int32_t>, std::shared_ptr<const DfaWalk>> walks_;
+  mutable std::map<std::pair<uint64_t, int32_t>, std::shared_ptr<const DfaWalk>> walks_;  // by rooted hash
+  mutable std::map<std::pair<uint64_t, int32_t>, uint64_t> rooted_;  // (DFA hash, state) -> rooted hash
 };
 
 }  // namespace kiln::grammar
