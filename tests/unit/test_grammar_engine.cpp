@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "grammar_test_util.h"
 
@@ -128,6 +129,27 @@ TEST(GrammarEngine, DeepRecursionIsBounded) {
   auto any = build(GrammarKind::any_json, "", o);
   EXPECT_FALSE(accepts_bytes(any, std::string(100, '[') + std::string(100, ']')));
   EXPECT_TRUE(accepts_bytes(any, "[[[]]]"));
+}
+
+TEST(GrammarEngine, MatchersOnThreadsShareOneGrammar) {
+  // The lazy mask cache fills from several threads at once; every thread must see the walks a lone thread
+  // sees.
+  CompileOptions o;
+  o.max_whitespace = 2;
+  const std::string schema = R"({"type":"object","properties":{"a":{"type":"string","maxLength":4},
+      "b":{"type":"array","items":{"type":"integer","minimum":-5}}},"required":["a"]})";
+  std::vector<std::string> expected;
+  {
+    auto g = build(GrammarKind::json_schema, schema, o);
+    for (uint64_t seed = 0; seed < 8; ++seed) expected.push_back(random_walk(g, seed, 60, false));
+  }
+  auto shared = build(GrammarKind::json_schema, schema, o);
+  std::vector<std::string> got(8);
+  std::vector<std::thread> threads;
+  for (uint64_t seed = 0; seed < 8; ++seed)
+    threads.emplace_back([&, seed] { got[seed] = random_walk(shared, seed, 60, false); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(got, expected);
 }
 
 TEST(GrammarEngine, CacheSharesCompiledGrammars) {
