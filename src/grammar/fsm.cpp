@@ -77,20 +77,37 @@ Dfa finish(const RawDfa& raw) {
   const bool minimize = m <= kMinimizeLimit;
   for (size_t i = 0; i < m; ++i) block[i] = minimize ? (raw.acc[size_t(order[i])] ? 1 : 0) : int32_t(i);
   if (!minimize) n_blocks = m;
-  std::vector<int32_t> sig(nc + 1);
+  // Rows of signatures in one flat array, grouped by sorting row indices: no allocation per state.
+  const size_t w = nc + 1;
+  std::vector<int32_t> sig(m * w);
+  std::vector<uint32_t> idx(m);
+  auto row_less = [&](uint32_t a, uint32_t b) {
+    return std::lexicographical_compare(sig.begin() + ptrdiff_t(a * w), sig.begin() + ptrdiff_t(a * w + w),
+                                        sig.begin() + ptrdiff_t(b * w), sig.begin() + ptrdiff_t(b * w + w));
+  };
+  auto row_eq = [&](uint32_t a, uint32_t b) {
+    return std::equal(sig.begin() + ptrdiff_t(a * w), sig.begin() + ptrdiff_t(a * w + w),
+                      sig.begin() + ptrdiff_t(b * w));
+  };
   for (; minimize;) {
-    std::map<std::vector<int32_t>, int32_t> sig_ids;
-    std::vector<int32_t> nb(m);
     for (size_t i = 0; i < m; ++i) {
-      sig[0] = block[i];
+      sig[i * w] = block[i];
       for (uint32_t c = 0; c < nc; ++c) {
         const int32_t t = target(i, c);
-        sig[c + 1] = t < 0 ? -1 : block[size_t(t)];
+        sig[i * w + c + 1] = t < 0 ? -1 : block[size_t(t)];
       }
-      nb[i] = sig_ids.emplace(sig, int32_t(sig_ids.size())).first->second;
+      idx[i] = uint32_t(i);
     }
-    const bool stable = sig_ids.size() == n_blocks;
-    n_blocks = sig_ids.size();
+    std::sort(idx.begin(), idx.end(), row_less);
+    std::vector<int32_t> nb(m);
+    int32_t next_block = -1;
+    for (size_t k = 0; k < m; ++k) {
+      if (k == 0 || !row_eq(idx[k - 1], idx[k])) ++next_block;
+      nb[idx[k]] = next_block;
+    }
+    const size_t count = size_t(next_block + 1);
+    const bool stable = count == n_blocks;
+    n_blocks = count;
     block = std::move(nb);
     if (stable) break;
   }
@@ -125,15 +142,16 @@ Dfa finish(const RawDfa& raw) {
   d.out_bytes.assign(n_blocks, {0, 0, 0, 0});
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  for (size_t s = 0; s < n_blocks; ++s) {
-    mix(min_acc[s]);
+  for (size_t s = 0; s < n_blocks; ++s)
     for (int b = 0; b < 256; ++b) {
       const int32_t t = rows[s * nc + raw.col_of[size_t(b)]];
       d.next[s * d.n_classes + d.byte_class[size_t(b)]] = t;
-      mix(uint64_t(int64_t(t)) + 7);
       if (t >= 0) d.has_out[s] = 1, d.out_bytes[s][size_t(b) >> 6] |= 1ull << (b & 63);
     }
-  }
+  // The content hash: classes, table and accepting flags (the DFA is canonical once built this way).
+  for (int b = 0; b < 256; ++b) mix(d.byte_class[size_t(b)]);
+  for (int32_t t : d.next) mix(uint64_t(int64_t(t)) + 7);
+  for (uint8_t a : min_acc) mix(a);
   d.hash = h ^ (uint64_t(n_blocks) << 40);
   return d;
 }

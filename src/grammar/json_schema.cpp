@@ -96,7 +96,9 @@ class SchemaCompiler {
 
   std::map<std::string, Element> memo_;  // lexemes by what they were built from: schemas repeat them
 
-  Element lit(const std::string& s) { return b_.literal(s); }
+  Element lit(const std::string& s) {
+    return memo("lit:" + s, [&] { return compile_re(re_bytes(s)); });
+  }
   template <typename Make>
   Element memo(const std::string& key, Make make) {
     auto it = memo_.find(key);
