@@ -17,8 +17,9 @@ Grammar ebnf_grammar(std::string_view text);
 
 // JSON lexemes shared by the JSON front ends (json_lexemes.cpp).
 Re json_ws_re(int max_whitespace);
-Re json_string_re(int min_chars, int max_chars);  // a whole JSON string literal, quotes included
-Re json_string_char_re();                         // one character of a JSON string, escaped or not
+Re json_string_re(int min_chars, int max_chars);    // a whole JSON string literal, quotes included
+Re json_string_char_re();                           // one character of a JSON string, escaped or not
+Dfa json_string_dfa(int min_chars, int max_chars);  // json_string_re(min, max), built faster
 Re json_number_re(bool integer);
 // Integers / numbers within bounds; nullopt bounds are open. Throws UnsupportedKeyword(keyword) for bounds
 // it cannot express (non-integer bounds of numbers, magnitudes past 1e18).

@@ -273,6 +273,16 @@ Dfa product(const Dfa& a, const Dfa& b, bool intersect, size_t max_states) {
 }
 }  // namespace
 
+Dfa dfa_from_table(const std::vector<int32_t>& next, const std::vector<uint8_t>& accepting,
+                   const std::array<uint8_t, 256>& col_of, uint32_t n_cols) {
+  RawDfa raw;
+  raw.nc = n_cols;
+  raw.col_of = col_of;
+  raw.next = next;
+  raw.acc = accepting;
+  return finish(raw);
+}
+
 Dfa dfa_difference(const Dfa& a, const Dfa& b, size_t max_states) {
   return product(a, b, false, max_states);
 }

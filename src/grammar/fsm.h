@@ -46,6 +46,10 @@ struct Dfa {
 
 // Subset construction, dead-state pruning and minimization. Throws kiln::Error past max_states.
 Dfa determinize(const Nfa& nfa, Frag frag, size_t max_states = 20000);
+// A DFA from a table over byte columns: next[s * n_cols + col_of[byte]] (-1 dead), state 0 the start;
+// pruned, minimized and compressed as determinize() does.
+Dfa dfa_from_table(const std::vector<int32_t>& next, const std::vector<uint8_t>& accepting,
+                   const std::array<uint8_t, 256>& col_of, uint32_t n_cols);
 // Strings accepted by a and not by b.
 Dfa dfa_difference(const Dfa& a, const Dfa& b, size_t max_states = 20000);
 // Strings accepted by both.

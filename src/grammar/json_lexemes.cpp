@@ -1,4 +1,5 @@
 // JSON lexemes: whitespace, strings, numbers (with bounds), and string formats, as regular expressions.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <string>
@@ -142,6 +143,54 @@ Re json_string_char_re() {
 
 Re json_string_re(int min_chars, int max_chars) {
   return re_concat({re_bytes("\""), re_repeat(json_string_char_re(), min_chars, max_chars), re_bytes("\"")});
+}
+
+Dfa json_string_dfa(int min_chars, int max_chars) {
+  // Built directly from the one-character DFA, copy k for "k characters written": the subset construction
+  // of the unrolled regex costs ~10x more for maxLength in the tens.
+  static const Dfa kChar = compile_re(json_string_char_re());
+  const int32_t c0 = kChar.start;
+  int32_t fin = -1;
+  for (size_t q = 0; q < kChar.num_states(); ++q)
+    if (kChar.accepting[q]) {
+      if (fin >= 0 || kChar.has_out[q]) return compile_re(json_string_re(min_chars, max_chars));
+      fin = int32_t(q);
+    }
+  // Columns: the character DFA's byte classes, with `"` in a column of its own (it also closes the string).
+  std::array<uint8_t, 256> col = kChar.byte_class;
+  uint32_t nc = kChar.n_classes;
+  const uint8_t quote_col = uint8_t(nc++);
+  col['"'] = quote_col;
+  std::array<uint8_t, 256> rep{};  // a byte of each column
+  for (int b = 255; b >= 0; --b) rep[col[size_t(b)]] = uint8_t(b);
+  const int copies = max_chars < 0 ? min_chars + 1 : max_chars + 1;
+  const int32_t per = int32_t(kChar.num_states());
+  // States: 0 before the opening quote, 1 after the closing one, then copies x per.
+  auto id = [&](int k, int32_t q) { return 2 + k * per + q; };
+  const size_t n = size_t(2 + copies * per);
+  std::vector<int32_t> next(n * nc, -1);
+  std::vector<uint8_t> acc(n, 0);
+  acc[1] = 1;
+  next[quote_col] = id(0, c0);
+  for (int k = 0; k < copies; ++k) {
+    for (int32_t q = 0; q < per; ++q) {
+      if (q == fin) continue;
+      for (uint32_t c = 0; c < nc; ++c) {
+        const int32_t t = kChar.step(q, rep[c]);
+        if (t < 0) continue;
+        int32_t to;
+        if (t == fin) {
+          const int nk = max_chars < 0 ? std::min(k + 1, min_chars) : k + 1;
+          to = nk < copies ? id(nk, c0) : -1;
+        } else {
+          to = id(k, t);
+        }
+        next[size_t(id(k, q)) * nc + c] = to;
+      }
+    }
+    if (k >= min_chars) next[size_t(id(k, c0)) * nc + quote_col] = 1;
+  }
+  return dfa_from_table(next, acc, col, nc);
 }
 
 Re json_number_re(bool integer) {

@@ -206,7 +206,7 @@ class SchemaCompiler {
   }
 
   void add_any(uint32_t r) {
-    const Element str = memo("string{}", [] { return compile_re(json_string_re(0, -1)); });
+    const Element str = memo("string{}", [] { return json_string_dfa(0, -1); });
     b_.add_alt(r, {str});
     b_.add_alt(r, {b_.lexeme(json_number_re(false))});
     b_.add_alt(r, {b_.lexeme(parse_regex("true|false|null", false))});
@@ -411,7 +411,7 @@ class SchemaCompiler {
     const int64_t lo = count(s, "minLength", 0), hi = count(s, "maxLength", -1);
     KILN_CHECK(lo <= kMaxUnroll && hi <= kMaxUnroll, "json schema: minLength/maxLength above ", kMaxUnroll,
                " (the limit)");
-    Dfa d = compile_re(json_string_re(int(lo), int(hi)));
+    Dfa d = json_string_dfa(int(lo), int(hi));
     auto quoted = [](Re inner) { return re_concat({re_bytes("\""), std::move(inner), re_bytes("\"")}); };
     if (s.contains("pattern")) {
       KILN_CHECK(s["pattern"].is_string(), "json schema: pattern must be a string");
@@ -504,7 +504,7 @@ class SchemaCompiler {
       std::vector<Re> names;
       for (const auto& p : props) names.push_back(re_bytes(json(p.key).dump()));
       const bool closed_names = !names.empty();
-      Dfa keys = compile_re(json_string_re(0, -1));
+      Dfa keys = json_string_dfa(0, -1);
       if (closed_names) keys = dfa_difference(keys, compile_re(re_alt(std::move(names))));
       kv_addl = {!closed_names ? memo("string{}", [&] { return keys; }) : b_.lexeme(std::move(keys)), ws_,
                  lit(":"), ws_, b_.call(rule_for(addl, name + "/additional", depth + 1))};

@@ -2,6 +2,7 @@
 // keyword, regex, EBNF; unicode and escapes in strings; refusals that name the keyword.
 #include <gtest/gtest.h>
 
+#include "grammar/front_ends.h"
 #include "grammar_test_util.h"
 
 namespace kiln::grammar {
@@ -103,6 +104,16 @@ TEST(GrammarJsonSchema, Keywords) {
        {"\"\\x\"", "\"\\u12\"", "\"a\nb\"", "\"\xC3\"", "\"\xED\xA0\x80\"", "\"\xC0\xAF\""}},
   };
   for (const auto& c : cases) check(GrammarKind::json_schema, c);
+}
+
+TEST(GrammarJsonSchema, DirectStringAutomatonEqualsTheRegexOne) {
+  for (auto [lo, hi] :
+       std::vector<std::pair<int, int>>{{0, -1}, {0, 0}, {2, 3}, {1, -1}, {3, -1}, {0, 5}, {4, 4}}) {
+    const Dfa direct = json_string_dfa(lo, hi), via_regex = compile_re(json_string_re(lo, hi));
+    EXPECT_EQ(dfa_difference(direct, via_regex).start, -1) << lo << "," << hi;
+    EXPECT_EQ(dfa_difference(via_regex, direct).start, -1) << lo << "," << hi;
+    EXPECT_GE(direct.start, 0);
+  }
 }
 
 TEST(GrammarJsonSchema, StrictClosesObjects) {
