@@ -63,6 +63,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
              opts.sampling_backend, "': expected auto or cpu");
   I.device_sampling = opts.sampling_backend == "auto";
   I.overlap = opts.overlap_schedule;
+  spec::validate_spec_options(opts.speculative);
   I.runner = std::move(runner);
   int64_t tokens = opts.max_total_tokens;
   if (tokens <= 0) {
