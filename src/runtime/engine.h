@@ -135,9 +135,9 @@ struct EngineStats {
   int64_t finished_error = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
-  Histogram ttft;  // submit -> first token (seconds)
-  Histogram tpot;  // per output token after the first, per request mean
-  Histogram e2e;   // submit -> finish
+  Histogram ttft;        // submit -> first token (seconds)
+  Histogram tpot;        // per output token after the first, per request mean
+  Histogram e2e;         // submit -> finish
   spec::SpecStats spec;  // speculative decoding (EngineOptions::speculative): drafts and acceptance
 };
 

@@ -1,5 +1,5 @@
-// Speculative decoding in the engine (src/spec/README.md has the contract). A decode-only step whose rows carry
-// n-gram drafts runs as one verify step instead: each sequence computes its last token and its k drafts
+// Speculative decoding in the engine (src/spec/README.md has the contract). A decode-only step whose rows
+// carry n-gram drafts runs as one verify step instead: each sequence computes its last token and its k drafts
 // (k + 1 rows, logits at every one), the request's own sampler judges the drafts (spec/verify.h), the kept
 // tokens are committed to the scheduler and the rejected positions' pages given back (spec/kv_extent.h).
 // The model sees an ordinary step of multi-row sequences over their cached prefix.
@@ -28,26 +28,31 @@ bool ends_request(const Live& L, const ModelConfig& cfg, int32_t tok) {
           std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) != cfg.eos_token_ids.end());
 }
 
-// The verify step's batch: sequence i computes its last token and drafts[i] at positions begin .. begin + k_i,
-// with logits at every row.
-BatchDesc verify_batch(const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts, const KvPool& pool) {
+// The verify step's batch: the plan's rows as planned, each decode row with drafts extended by them
+// (positions begin .. begin + k) and given logits at every row; other rows keep the plan's logit row (their
+// last, when they sample). logit_base[i]: the first logit row of plan row i.
+BatchDesc verify_batch(const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+                       const KvPool& pool, std::vector<int32_t>* logit_base) {
   BatchDesc b;
   const int32_t ps = pool.page_size();
   b.page_size = ps;
   b.cu_q.assign(1, 0);
-  for (size_t i = 0; i < plan.rows.size(); ++i)
-    b.pages_stride =
-        std::max(b.pages_stride, pool.pages_for(plan.rows[i].begin + 1 + int32_t(drafts[i].size())));
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& r = plan.rows[i];
+    b.pages_stride = std::max(b.pages_stride, pool.pages_for(r.begin + r.q_len + int32_t(drafts[i].size())));
+  }
+  logit_base->assign(plan.rows.size(), -1);
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& r = plan.rows[i];
     const Sequence& s = *r.seq;
-    const int32_t q = 1 + int32_t(drafts[i].size());
+    const int32_t q = r.q_len + int32_t(drafts[i].size());
+    if (r.samples) (*logit_base)[i] = int32_t(b.logit_rows.size());
     for (int32_t j = 0; j < q; ++j) {
       const int32_t pos = r.begin + j;
-      b.tokens.push_back(j == 0 ? s.tokens[size_t(r.begin)] : drafts[i][size_t(j - 1)]);
+      b.tokens.push_back(j < r.q_len ? s.tokens[size_t(pos)] : drafts[i][size_t(j - r.q_len)]);
       b.positions.push_back(pos);
       b.slot_mapping.push_back(int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps);
-      b.logit_rows.push_back(b.cu_q.back() + j);
+      if (r.samples && (j + 1 == q || !drafts[i].empty())) b.logit_rows.push_back(b.cu_q.back() + j);
     }
     b.cu_q.push_back(b.cu_q.back() + q);
     b.kv_lens.push_back(r.begin + q);
@@ -63,23 +68,24 @@ BatchDesc verify_batch(const StepPlan& plan, const std::vector<std::vector<int32
 
 bool Engine::Impl::spec_step(StepPlan& plan) {
   const spec::SpecOptions& so = opts.speculative;
-  if (!so.enabled() || plan.empty() || plan.prefill_tokens > 0 || pool_all_rows ||
-      !runner->config().mrope_section.empty() || plan.sample_rows.size() != plan.rows.size())
-    return false;
-  for (auto it = ngram.begin(); it != ngram.end();) it = live.count(it->first) ? std::next(it) : ngram.erase(it);
+  if (!so.enabled() || plan.empty() || pool_all_rows || !runner->config().mrope_section.empty()) return false;
+  for (auto it = ngram.begin(); it != ngram.end();)
+    it = live.count(it->first) ? std::next(it) : ngram.erase(it);
   const size_t B = plan.rows.size();
   std::vector<std::vector<int32_t>> drafts(B);
   std::vector<uint8_t> wants(B, 0);
   bool any = false;
   for (size_t i = 0; i < B; ++i) {
-    const Sequence& s = *plan.rows[i].seq;
+    const StepRow& r = plan.rows[i];
+    const Sequence& s = *r.seq;
     const Live& L = live.at(s.id);
-    if (!verifiable(L) || plan.sample_rows[i] != int32_t(i)) return false;
+    if (!verifiable(L)) return false;
+    if (!r.samples) continue;
     // Tokens this step may still emit: within max_new_tokens and max_len (k drafts emit up to k + 1).
     const int64_t room = std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
                                            int64_t(s.max_len) - int64_t(s.tokens.size()));
     wants[i] = room > 0;
-    if (room <= 1) continue;
+    if (room <= 1 || r.q_len != 1) continue;  // drafts ride on decode rows only
     spec::NgramIndex& idx = ngram.try_emplace(s.id, so.ngram_min, so.ngram_max).first->second;
     if (idx.size() > s.tokens.size()) idx = spec::NgramIndex(so.ngram_min, so.ngram_max);
     idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size()));
@@ -96,7 +102,8 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
     drafts[i].resize(size_t(std::max(0, covered - r.begin - 1)));
   }
   const int64_t V = runner->config().vocab_size;
-  BatchDesc batch = verify_batch(plan, drafts, *pool);
+  std::vector<int32_t> logit_base;
+  BatchDesc batch = verify_batch(plan, drafts, *pool, &logit_base);
   runner->place_positions(batch);
   std::vector<float>& logits = logits_host;
   try {
@@ -106,51 +113,58 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const std::exception& e) {
     std::vector<RequestId> ids;
-    for (const StepRow& r : plan.rows) {
-      spec::rollback_pages(*pool, r.seq->pages, int32_t(r.seq->tokens.size()));
-      ids.push_back(r.seq->id);
+    for (size_t i = 0; i < B; ++i) {
+      Sequence& s = *plan.rows[i].seq;
+      if (!drafts[i].empty()) spec::rollback_pages(*pool, s.pages, int32_t(s.tokens.size()));
+      ids.push_back(s.id);
     }
     for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
     return true;
   }
-  // Each row judges its drafts with its own request's generator: rows go in parallel without changing results.
+  // Each row judges its drafts with its own request's generator: rows go in parallel without changing
+  // results. A row without drafts draws its token as a plain step would (one uniform, the same distribution).
   std::vector<std::vector<int32_t>> emitted(B);
   ops::cpu::parallel_for(int64_t(B), B >= 8 ? 4 : int64_t(B) + 1, [&](int64_t i0, int64_t i1) {
     for (size_t i = size_t(i0); i < size_t(i1); ++i) {
       if (!wants[i]) continue;
       Live& L = live.at(plan.rows[i].seq->id);
-      emitted[i] = verify_row(L, logits.data() + size_t(batch.cu_q[i]) * size_t(V), drafts[i]);
+      emitted[i] = verify_row(L, logits.data() + size_t(logit_base[i]) * size_t(V), drafts[i]);
     }
   });
   // Commit: the kept drafts join the sequence before finalize appends the last emitted token, so the row
   // computed 1 + (emitted - 1) positions for real; the pages past the sequence go back.
   const ModelConfig& cfg = runner->config();
-  std::vector<int32_t> sampled(B, -1);
+  std::vector<int32_t> by_row(B, -1);
   ++counters.spec.verify_steps;
   for (size_t i = 0; i < B; ++i) {
     std::vector<int32_t>& e = emitted[i];
+    if (e.empty()) continue;
     Sequence& s = *plan.rows[i].seq;
     Live& L = live.at(s.id);
-    const int32_t drafted = int32_t(drafts[i].size()), accepted = std::max(0, int32_t(e.size()) - 1);
+    const int32_t drafted = int32_t(drafts[i].size()), accepted = int32_t(e.size()) - 1;
     counters.spec.observe_row(drafted, accepted);
     if (drafted > 0) {
       ++L.spec.verify_rows;
       L.spec.draft_tokens += drafted;
       L.spec.accepted_tokens += accepted;
     }
-    if (e.empty()) continue;
     for (size_t j = 0; j < e.size(); ++j)
       if (ends_request(L, cfg, e[j])) e.resize(j + 1);  // what follows a stop is never emitted
     s.tokens.insert(s.tokens.end(), e.begin(), e.end() - 1);
     if (!s.cache_key.empty()) s.cache_key.insert(s.cache_key.end(), e.begin(), e.end() - 1);
-    plan.rows[i].q_len = int32_t(e.size());
-    sampled[i] = e.back();
+    plan.rows[i].q_len += int32_t(e.size()) - 1;
+    by_row[i] = e.back();
   }
+  std::vector<int32_t> sampled(plan.sample_rows.size());
+  for (size_t k = 0; k < sampled.size(); ++k) sampled[k] = by_row[size_t(plan.sample_rows[k])];
   sched->finalize(plan, sampled);
-  for (const StepRow& r : plan.rows) spec::rollback_pages(*pool, r.seq->pages, int32_t(r.seq->tokens.size()));
+  for (size_t i = 0; i < B; ++i)
+    if (!drafts[i].empty())
+      spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
   for (size_t i = 0; i < B; ++i) {
+    if (!plan.rows[i].samples) continue;
     const RequestId id = plan.rows[i].seq->id;
-    if (sampled[i] < 0) {
+    if (by_row[i] < 0) {
       finish(id, "length");
     } else {
       deliver_verified(id, emitted[i]);
@@ -159,11 +173,13 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
   return true;
 }
 
-std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits, std::span<const int32_t> draft) const {
+std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits,
+                                              std::span<const int32_t> draft) const {
   const int64_t V = runner->config().vocab_size;
   const SamplingParams& sp = L.sampler->params();
-  // Position j's processing counts drafts 0 .. j-1 as generated (penalties, the min-token mask): a copy of the
-  // request's processor advanced draft by draft. Inactive processing stays inactive as tokens are observed.
+  // Position j's processing counts drafts 0 .. j-1 as generated (penalties, the min-token mask): a copy of
+  // the request's processor advanced draft by draft. Inactive processing stays inactive as tokens are
+  // observed.
   std::optional<LogitProcessor> proc;
   if (L.sampler->processor().active()) proc.emplace(L.sampler->processor());
   std::vector<float> row;

@@ -1,5 +1,5 @@
-// Categorical: a distribution over token ids exactly as the sampler draws from it (runtime/token_draw.h builds
-// it from a processed logit row) and as the verifier accepts or rejects draft tokens against it
+// Categorical: a distribution over token ids exactly as the sampler draws from it (runtime/token_draw.h
+// builds it from a processed logit row) and as the verifier accepts or rejects draft tokens against it
 // (spec/verify.h). One type for both, so the draw and the verification can never disagree on the
 // distribution.
 //

@@ -31,7 +31,8 @@ void NgramIndex::suffix_hashes(size_t end, uint64_t* h) const {
 }
 
 bool NgramIndex::same(size_t end_a, size_t end_b, int32_t n) const {
-  return std::equal(seq_.begin() + long(end_a) - n, seq_.begin() + long(end_a), seq_.begin() + long(end_b) - n);
+  return std::equal(seq_.begin() + long(end_a) - n, seq_.begin() + long(end_a),
+                    seq_.begin() + long(end_b) - n);
 }
 
 void NgramIndex::append(int32_t token) {
@@ -39,7 +40,8 @@ void NgramIndex::append(int32_t token) {
   const size_t end = seq_.size();
   uint64_t h[64];
   suffix_hashes(end, h);
-  for (int32_t n = min_n_; n <= max_n_ && size_t(n) <= end; ++n) last_end_[size_t(n - min_n_)][h[n - min_n_]] = int32_t(end);
+  for (int32_t n = min_n_; n <= max_n_ && size_t(n) <= end; ++n)
+    last_end_[size_t(n - min_n_)][h[n - min_n_]] = int32_t(end);
   seq_.push_back(token);
 }
 
@@ -65,8 +67,12 @@ std::vector<int32_t> NgramIndex::propose(int32_t k) const {
   if (k <= 0) return {};
   const NgramMatch m = longest_match();
   if (m.n == 0) return {};
-  const size_t b = size_t(m.end), e = std::min(seq_.size(), b + size_t(k));
-  return std::vector<int32_t>(seq_.begin() + long(b), seq_.begin() + long(e));
+  // The sequence read on from the occurrence's end; past the sequence's end the draft copies itself (the
+  // text repeats with period size() - end, as a run or a loop does), so a match always drafts k tokens.
+  const size_t L = seq_.size(), e = size_t(m.end);
+  std::vector<int32_t> draft(static_cast<size_t>(k));
+  for (size_t i = 0; i < draft.size(); ++i) draft[i] = e + i < L ? seq_[e + i] : draft[e + i - L];
+  return draft;
 }
 
 }  // namespace kiln::spec

@@ -1,8 +1,10 @@
 // NgramIndex: prompt lookup (n-gram) drafting over one request's own tokens, prompt and output.
 //
 // The match: the longest n in [min_n, max_n] such that the sequence's last n tokens also occur ending at an
-// earlier position e (e < size()); among those occurrences the most recent (largest e). The draft: the
-// tokens that followed it, seq[e, min(e + k, size())): at least one, at most k. No match, no draft.
+// earlier position e (e < size()); among those occurrences the most recent (largest e). The draft: the k
+// tokens that followed it, the sequence read on from e, where past its end the draft continues from itself
+// (draft[i] = seq[e + i] for e + i < size(), else draft[e + i - size()]: the text repeats with period
+// size() - e, as a run or a loop does). No match, no draft.
 // (vLLM's prompt_lookup_min / prompt_lookup_max and SGLang's min / max match window are [min_n, max_n].)
 //
 // Incremental: append() indexes the n-grams (n in [min_n, max_n]) that end where the sequence ended before
@@ -34,7 +36,7 @@ class NgramIndex {
   size_t size() const { return seq_.size(); }
 
   NgramMatch longest_match() const;
-  // Up to k tokens after the longest match (empty without one, or when k <= 0).
+  // k tokens after the longest match (empty without one, or when k <= 0).
   std::vector<int32_t> propose(int32_t k) const;
 
  private:

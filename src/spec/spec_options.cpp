@@ -28,7 +28,8 @@ void apply_vllm_speculative_config(const std::string& json, SpecOptions* o) {
     KILN_FAIL("--speculative-config is not valid JSON: ", e.what());
   }
   KILN_CHECK(j.is_object(), "--speculative-config must be a JSON object");
-  KILN_CHECK(j.contains("method") && j["method"].is_string(), "--speculative-config needs a \"method\" string");
+  KILN_CHECK(j.contains("method") && j["method"].is_string(),
+             "--speculative-config needs a \"method\" string");
   auto int_field = [&](const char* key, int32_t* out) {
     if (!j.contains(key)) return;
     KILN_CHECK(j[key].is_number_integer(), "--speculative-config \"", key, "\" must be an integer");
@@ -56,8 +57,8 @@ void validate_spec_options(const SpecOptions& o) {
   KILN_CHECK(o.num_draft_tokens >= 1 && o.num_draft_tokens <= kMaxDraftTokens,
              "the number of speculative draft tokens must be in [1, ", kMaxDraftTokens, "], got ",
              o.num_draft_tokens);
-  KILN_CHECK(o.ngram_min >= 1 && o.ngram_min <= o.ngram_max && o.ngram_max <= 64,
-             "the n-gram match window [", o.ngram_min, ", ", o.ngram_max, "] must satisfy 1 <= min <= max <= 64");
+  KILN_CHECK(o.ngram_min >= 1 && o.ngram_min <= o.ngram_max && o.ngram_max <= 64, "the n-gram match window [",
+             o.ngram_min, ", ", o.ngram_max, "] must satisfy 1 <= min <= max <= 64");
 }
 
 }  // namespace kiln::spec

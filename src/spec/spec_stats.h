@@ -29,13 +29,18 @@ struct SpecStats {
     if (accepted_per_pos.size() < size_t(drafted)) accepted_per_pos.resize(size_t(drafted), 0);
     for (int32_t i = 0; i < accepted; ++i) ++accepted_per_pos[size_t(i)];
   }
-  double acceptance_rate() const { return draft_tokens > 0 ? double(accepted_tokens) / double(draft_tokens) : 0.0; }
-  double mean_acceptance_length() const { return drafts > 0 ? 1.0 + double(accepted_tokens) / double(drafts) : 0.0; }
+  double acceptance_rate() const {
+    return draft_tokens > 0 ? double(accepted_tokens) / double(draft_tokens) : 0.0;
+  }
+  double mean_acceptance_length() const {
+    return drafts > 0 ? 1.0 + double(accepted_tokens) / double(drafts) : 0.0;
+  }
 };
 
 // Per request (TokenEvent::spec): the same counts over its own verify rows.
 struct SpecRequestStats {
-  int32_t verify_rows = 0;  // verify rows with a draft (vLLM's per-request num_drafts, SGLang's spec_verify_ct)
+  int32_t verify_rows =
+      0;  // verify rows with a draft (vLLM's per-request num_drafts, SGLang's spec_verify_ct)
   int32_t draft_tokens = 0;
   int32_t accepted_tokens = 0;
 };

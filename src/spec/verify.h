@@ -32,7 +32,7 @@ struct Verdict {
 
 // The target's side at one verify position: its greedy token (greedy requests) or its distribution.
 struct TargetPosition {
-  int32_t greedy = -1;               // used when dist is null
+  int32_t greedy = -1;                // used when dist is null
   const Categorical* dist = nullptr;  // sampling requests
 };
 
@@ -49,8 +49,8 @@ int32_t target_token(const TargetPosition& t, std::mt19937_64& rng);
 
 // A chain draft d[0..k) verified left to right. target(j) returns the target's side at position j (after the
 // context and d[0..j), all of them kept), called for j = 0, 1, ... in order and only while drafts are kept,
-// at most k + 1 times, so the caller may advance per-position state (a penalty history) as it goes. Returns the emitted tokens: the kept drafts, then the
-// target's token (1 .. k + 1 tokens).
+// at most k + 1 times, so the caller may advance per-position state (a penalty history) as it goes. Returns
+// the emitted tokens: the kept drafts, then the target's token (1 .. k + 1 tokens).
 template <typename TargetFn>
 std::vector<int32_t> verify_chain(std::span<const int32_t> draft, TargetFn&& target, std::mt19937_64& rng) {
   std::vector<int32_t> out;
