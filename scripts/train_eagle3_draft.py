@@ -26,8 +26,8 @@ at positions <= t and to its own chain's earlier steps at t (what chain drafting
 position of step s at t: t + s - 1. Loss: cross-entropy against the target's next-token distribution restricted to
 the draft vocabulary (positions whose target argmax is outside it masked), weighted 0.8^(s-1).
 
-Data: the Python sources on this machine (as train_small_qwen3.py, held-out files excluded: it reads
-TARGET/heldout_files.txt when present). Evaluation: the target generates greedy continuations of held-out files;
+Data: the Python sources on this machine, split into train and held-out files exactly as train_small_qwen3.py
+splits them (its python_sources). Evaluation: the target generates greedy continuations of held-out files;
 along them, the draft's chain of k tokens is checked against the target's greedy tokens at every position: the
 acceptance length (1 + kept drafts per verify) that chain drafting with k = --eval-k would reach.
 
@@ -37,55 +37,22 @@ The draft is small (about 2 H^2 * 6 + draft_vocab * H parameters: ~50 MB in bf16
 vocabulary), so it can come back from a device call.
 """
 import argparse
-import hashlib
 import json
 import math
 import os
-import random
-import site
 import sys
-import sysconfig
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_small_qwen3 import python_sources, read, tokenize_files  # noqa: E402  the same files and held-out split
+
 
 def log(*a):
     print("[train_eagle3_draft]", *a, flush=True)
-
-
-def python_sources(exclude):
-    roots = [sysconfig.get_paths()["stdlib"]]
-    try:
-        roots += site.getsitepackages()
-    except AttributeError:
-        pass
-    seen, files = set(), []
-    for root in roots:
-        if not root or not os.path.isdir(root):
-            continue
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for f in sorted(filenames):
-                p = os.path.realpath(os.path.join(dirpath, f))
-                if f.endswith(".py") and p not in seen and p not in exclude:
-                    seen.add(p)
-                    try:
-                        if 200 <= os.path.getsize(p) <= 400_000:
-                            files.append(p)
-                    except OSError:
-                        pass
-    return files
-
-
-def read(p):
-    try:
-        with open(p, "r", encoding="utf-8") as f:
-            return f.read()
-    except (UnicodeDecodeError, OSError):
-        return None
 
 
 class RMSNorm(nn.Module):
@@ -213,22 +180,10 @@ def main():
     theta = float(rp.get("rope_theta", getattr(tc, "rope_theta", 1_000_000.0)))
     eps = float(tc.rms_norm_eps)
 
-    heldout = set()
-    hf = os.path.join(args.target, "heldout_files.txt")
-    if os.path.exists(hf):
-        heldout = set(l.strip() for l in open(hf) if l.strip())
-    files = python_sources(heldout)
-    random.Random(1).shuffle(files)
+    # The same split as train_small_qwen3.py (by a hash of each path): the target never saw the held-out files.
+    files, heldout_files = python_sources(args.data_bytes)
     eos = tok.token_to_id("<|endoftext|>")
-    chunks, total = [], 0
-    for i in range(0, len(files), 256):
-        texts = [t for t in (read(p) for p in files[i:i + 256]) if t]
-        for enc in tok.encode_batch(texts):
-            chunks.append(torch.tensor(enc.ids + [eos], dtype=torch.int32))
-            total += len(enc.ids) + 1
-        if total * 4 >= args.data_bytes:
-            break
-    data = torch.cat(chunks)
+    data = tokenize_files(tok, files, eos, limit_tokens=args.data_bytes // 4)
     log(f"{data.numel():,} training tokens; target {L} layers, hidden {Ht}, features from layers {layer_ids}")
 
     # Draft vocabulary: the most frequent target tokens in the data.
@@ -301,7 +256,7 @@ def main():
     # Acceptance along the target's own greedy continuations of held-out files.
     draft.eval()
     prompts = []
-    for p in sorted(heldout):
+    for p in heldout_files:
         t = read(p)
         if t and len(t) > 600:
             prompts.append(tok.encode(t[:1500]).ids[-256:])
