@@ -32,7 +32,7 @@ along them, the draft's chain of k tokens is checked against the target's greedy
 acceptance length (1 + kept drafts per verify) that chain drafting with k = --eval-k would reach.
 
 Usage (repo root, on the GPU machine, after train_small_qwen3.py in the same device call or machine):
-    python3 scripts/train_eagle3_draft.py --target /tmp/small_qwen3 --out /tmp/small_qwen3_eagle3 --minutes 4
+    python3 scripts/train_eagle3_draft.py --target build/small_qwen3 --out build/small_qwen3_eagle3 --minutes 4
 The draft is small (about 2 H^2 * 6 + draft_vocab * H parameters: ~50 MB in bf16 for H = 768 and a 16k draft
 vocabulary), so it can come back from a device call.
 """

