@@ -101,6 +101,38 @@ TEST(SpecEngine, FakeRunnerGreedyEqualsReference) {
   }
 }
 
+// A verify step whose forward fails ends exactly its requests with "error", gives their draft pages back, and
+// the engine goes on serving.
+TEST(SpecEngine, FailedVerifyStepEndsOnlyItsRequests) {
+  struct FailingVerify : FakeRunner {
+    FailingVerify() : FakeRunner(3) {}
+    bool failed = false;
+    void forward(const BatchDesc& b, std::vector<float>* logits, std::vector<float>* hidden) override {
+      // Only a verify step asks for more logit rows than it has sequences.
+      if (!failed && b.logit_rows.size() > size_t(b.num_seqs())) {
+        failed = true;
+        KILN_FAIL("injected verify failure");
+      }
+      FakeRunner::forward(b, logits, hidden);
+    }
+  };
+  const EngineOptions o = with_ngram(test::small_opts(4096, 4, 16), 4);
+  Engine engine(std::make_unique<FailingVerify>(), o);
+  Sink sink;
+  const auto prompts = repeating_prompts(3, 3, 9);
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) ids.push_back(engine.submit(greedy(p, 16), sink.cb()));
+  sink.wait_finished(int(ids.size()));
+  int errors = 0;
+  for (RequestId id : ids) errors += sink.last(id).finish_reason == "error";
+  EXPECT_GE(errors, 1);
+  const RequestId after = engine.submit(greedy(prompts[0], 16), sink.cb());
+  sink.wait_finished(int(ids.size()) + 1);
+  EXPECT_EQ(sink.tokens(after), FakeRunner(3).reference(prompts[0], 16, false));
+  sink.expect_one_finish_each();
+  expect_pool_clean(engine);
+}
+
 // A seeded sampled request draws from its own generator: the same tokens alone or in a batch, with
 // penalties and a bias (the verifier's per-position processing).
 TEST(SpecEngine, SeededSamplingIsIndependentOfTheBatch) {
