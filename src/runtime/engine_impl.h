@@ -118,7 +118,10 @@ struct Engine::Impl {
   std::unordered_map<RequestId, spec::NgramIndex> ngram;
   bool spec_step(StepPlan& plan);
   std::vector<int32_t> verify_row(Live& L, const float* logits, std::span<const int32_t> draft) const;
-  void deliver_verified(RequestId id, const std::vector<int32_t>& tokens);
+  // The logprobs (and top alternatives) of a verify row's emitted tokens, when the request asks for them.
+  std::vector<Draw> emitted_logprobs(const Live& L, const float* logits,
+                                     const std::vector<int32_t>& tokens) const;
+  void deliver_verified(RequestId id, const std::vector<int32_t>& tokens, std::vector<Draw>& draws);
 };
 
 }  // namespace kiln

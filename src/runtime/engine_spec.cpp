@@ -4,6 +4,7 @@
 // tokens are committed to the scheduler and the rejected positions' pages given back (spec/kv_extent.h).
 // The model sees an ordinary step of multi-row sequences over their cached prefix.
 #include <algorithm>
+#include <optional>
 
 #include "ops/cpu/parallel.h"
 #include "runtime/engine_impl.h"
@@ -14,12 +15,38 @@
 namespace kiln {
 namespace {
 
-// Requests a verify step serves (the rest make the whole step a plain one): generation without logprobs or
-// hidden states (their per-position reporting is not built yet).
+// Requests a verify step serves (the rest make the whole step a plain one): generation without hidden states.
 bool verifiable(const Live& L) {
-  return !L.req.embedding && !L.req.return_hidden && !L.req.sampling.return_logprob &&
-         L.req.sampling.top_logprobs == 0;
+  return !L.req.embedding && !L.req.return_hidden;
 }
+
+// The processed logits of a verify row's positions in order: position j's processing counts tokens 0 .. j-1
+// of `drafted` as generated (penalties, the min-token mask), by a copy of the request's processor advanced
+// token by token. Inactive processing stays inactive as tokens are observed, so then the raw rows serve.
+class ProcessedRows {
+ public:
+  ProcessedRows(const LogitProcessor& proc, const float* logits, int64_t vocab,
+                std::span<const int32_t> drafted)
+      : logits_(logits), vocab_(vocab), drafted_(drafted) {
+    if (proc.active()) proc_.emplace(proc);
+  }
+  // Call with j = 0, 1, ... in order.
+  const float* at(size_t j) {
+    const float* x = logits_ + j * size_t(vocab_);
+    if (!proc_) return x;
+    if (j > 0) proc_->observe(drafted_[j - 1]);
+    row_.assign(x, x + vocab_);
+    proc_->apply(row_.data(), vocab_);
+    return row_.data();
+  }
+
+ private:
+  const float* logits_;
+  int64_t vocab_;
+  std::span<const int32_t> drafted_;
+  std::optional<LogitProcessor> proc_;
+  std::vector<float> row_;
+};
 
 bool ends_request(const Live& L, const ModelConfig& cfg, int32_t tok) {
   const auto& stops = L.req.sampling.stop_token_ids;
@@ -124,11 +151,14 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
   // Each row judges its drafts with its own request's generator: rows go in parallel without changing
   // results. A row without drafts draws its token as a plain step would (one uniform, the same distribution).
   std::vector<std::vector<int32_t>> emitted(B);
+  std::vector<std::vector<Draw>> draws(B);
   ops::cpu::parallel_for(int64_t(B), B >= 8 ? 4 : int64_t(B) + 1, [&](int64_t i0, int64_t i1) {
     for (size_t i = size_t(i0); i < size_t(i1); ++i) {
       if (!wants[i]) continue;
       Live& L = live.at(plan.rows[i].seq->id);
-      emitted[i] = verify_row(L, logits.data() + size_t(logit_base[i]) * size_t(V), drafts[i]);
+      const float* rows = logits.data() + size_t(logit_base[i]) * size_t(V);
+      emitted[i] = verify_row(L, rows, drafts[i]);
+      draws[i] = emitted_logprobs(L, rows, emitted[i]);
     }
   });
   // Commit: the kept drafts join the sequence before finalize appends the last emitted token, so the row
@@ -167,7 +197,8 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
     if (by_row[i] < 0) {
       finish(id, "length");
     } else {
-      deliver_verified(id, emitted[i]);
+      if (!draws[i].empty()) draws[i].resize(emitted[i].size());  // cut after a stop, as the tokens were
+      deliver_verified(id, emitted[i], draws[i]);
     }
   }
   return true;
@@ -177,21 +208,10 @@ std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits,
                                               std::span<const int32_t> draft) const {
   const int64_t V = runner->config().vocab_size;
   const SamplingParams& sp = L.sampler->params();
-  // Position j's processing counts drafts 0 .. j-1 as generated (penalties, the min-token mask): a copy of
-  // the request's processor advanced draft by draft. Inactive processing stays inactive as tokens are
-  // observed.
-  std::optional<LogitProcessor> proc;
-  if (L.sampler->processor().active()) proc.emplace(L.sampler->processor());
-  std::vector<float> row;
+  ProcessedRows rows(L.sampler->processor(), logits, V, draft);
   spec::Categorical dist;
   auto target = [&](size_t j) {
-    const float* x = logits + j * size_t(V);
-    if (proc) {
-      if (j > 0) proc->observe(draft[j - 1]);
-      row.assign(x, x + V);
-      proc->apply(row.data(), V);
-      x = row.data();
-    }
+    const float* x = rows.at(j);
     if (sp.temperature <= 0.0f) return spec::TargetPosition{greedy_token(x, V), nullptr};
     token_distribution(x, V, sp, &dist);
     return spec::TargetPosition{-1, &dist};
@@ -199,7 +219,23 @@ std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits,
   return spec::verify_chain(draft, target, L.sampler->generator());
 }
 
-void Engine::Impl::deliver_verified(RequestId id, const std::vector<int32_t>& tokens) {
+std::vector<Draw> Engine::Impl::emitted_logprobs(const Live& L, const float* logits,
+                                                 const std::vector<int32_t>& tokens) const {
+  const SamplingParams& sp = L.sampler->params();
+  if (!sp.return_logprob && sp.top_logprobs == 0) return {};
+  // The emitted tokens but the last are the kept drafts: each position's processing is the verifier's.
+  const int64_t V = runner->config().vocab_size;
+  ProcessedRows rows(L.sampler->processor(), logits, V, tokens);
+  std::vector<Draw> out(tokens.size());
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    out[j].token = tokens[j];
+    token_logprobs(rows.at(j), V, sp, &out[j]);
+  }
+  return out;
+}
+
+void Engine::Impl::deliver_verified(RequestId id, const std::vector<int32_t>& tokens,
+                                    std::vector<Draw>& draws) {
   Live& L = live.at(id);
   const Sequence& s = *sched->find(id);
   const Clock::time_point now = Clock::now();
@@ -217,6 +253,10 @@ void Engine::Impl::deliver_verified(RequestId id, const std::vector<int32_t>& to
   L.t_last = now;
   TokenEvent ev;
   ev.ids = tokens;
+  if (L.req.sampling.return_logprob)
+    for (const Draw& d : draws) ev.logprobs.push_back(d.logprob);
+  if (L.req.sampling.top_logprobs > 0)
+    for (Draw& d : draws) ev.top_logprobs.push_back(std::move(d.top));
   const int32_t last = tokens.back();
   if (ends_request(L, runner->config(), last)) {
     ev.matched_stop = last;

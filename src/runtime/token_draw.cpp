@@ -88,6 +88,13 @@ Draw draw_token(const float* logits, int64_t vocab, const SamplingParams& p, std
     token_distribution(logits, vocab, p, &dist);
     d.token = dist.draw(std::uniform_real_distribution<double>(0.0, 1.0)(rng));
   }
+  token_logprobs(logits, vocab, p, &d);
+  return d;
+}
+
+void token_logprobs(const float* logits, int64_t vocab, const SamplingParams& p, Draw* out) {
+  Draw& d = *out;
+  const size_t V = size_t(vocab);
   if (p.return_logprob || p.top_logprobs > 0) {
     const float mx = *std::max_element(logits, logits + V);
     double sum = 0.0;
@@ -104,7 +111,6 @@ Draw draw_token(const float* logits, int64_t vocab, const SamplingParams& p, std
       for (size_t i = 0; i < k; ++i) d.top.push_back({ids[i], float(double(logits[size_t(ids[i])]) - lse)});
     }
   }
-  return d;
 }
 
 }  // namespace kiln

@@ -31,5 +31,8 @@ Draw draw_token(const float* logits, int64_t vocab, const SamplingParams& params
 int32_t greedy_token(const float* logits, int64_t vocab);
 void token_distribution(const float* logits, int64_t vocab, const SamplingParams& params,
                         spec::Categorical* out);
+// draw_token's reporting for out->token: its logprob and, when asked, the top alternatives (nothing when the
+// params ask for neither).
+void token_logprobs(const float* logits, int64_t vocab, const SamplingParams& params, Draw* out);
 
 }  // namespace kiln

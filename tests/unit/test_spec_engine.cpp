@@ -101,6 +101,43 @@ TEST(SpecEngine, FakeRunnerGreedyEqualsReference) {
   }
 }
 
+// Logprobs and top alternatives of verified tokens are those plain decoding reports, position by position,
+// with the processing (a frequency penalty, a bias) counting the kept drafts as generated.
+TEST(SpecEngine, LogprobsEqualPlainDecoding) {
+  const auto prompts = repeating_prompts(3, 4, 13);
+  auto collect = [&](const EngineOptions& o) {
+    Engine engine(std::make_unique<FakeRunner>(3), o);
+    Sink sink;
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Request r = greedy(prompts[i], 16);
+      r.sampling.return_logprob = true;
+      r.sampling.top_logprobs = 2;
+      if (i % 2) r.sampling.frequency_penalty = 0.3f;
+      if (i == 2) r.sampling.logit_bias = {{1, 0.25f}};
+      ids.push_back(engine.submit(r, sink.cb()));
+    }
+    sink.wait_finished(int(ids.size()));
+    std::vector<std::vector<float>> lp;
+    std::vector<std::vector<int32_t>> top_ids;
+    std::lock_guard<std::mutex> lk(sink.mu);
+    for (RequestId id : ids) {
+      lp.emplace_back();
+      top_ids.emplace_back();
+      for (const TokenEvent& e : sink.events[id]) {
+        EXPECT_EQ(e.logprobs.size(), e.ids.size());
+        EXPECT_EQ(e.top_logprobs.size(), e.ids.size());
+        lp.back().insert(lp.back().end(), e.logprobs.begin(), e.logprobs.end());
+        for (const auto& t : e.top_logprobs)
+          for (const TokenLogprob& x : t) top_ids.back().push_back(x.id);
+      }
+    }
+    return std::make_pair(lp, top_ids);
+  };
+  const EngineOptions o = test::small_opts(4096, 4, 16);
+  EXPECT_EQ(collect(with_ngram(o, 4)), collect(o));
+}
+
 // A verify step whose forward fails ends exactly its requests with "error", gives their draft pages back, and
 // the engine goes on serving.
 TEST(SpecEngine, FailedVerifyStepEndsOnlyItsRequests) {
