@@ -14,6 +14,7 @@
 //              [--reasoning-parser auto|qwen3|none] [--tool-call-parser qwen25|none]
 //              [--generation-config auto|none]
 //              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
+//              [--speculative-algorithm ngram --speculative-num-draft-tokens N ...] (cli/spec_flags.h)
 //              [--max-images-per-request N] [--max-image-bytes N] [--max-image-pixels N]
 //              [--image-url-fetch on|off] [--image-fetch-timeout S] [--image-url-allow-private]
 //              [--image-decode-timeout S] [--image-max-resized-pixels N]
@@ -52,6 +53,7 @@
 #include "cli/client_flags.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "cli/spec_flags.h"
 #include "cli/tp_flags.h"
 #include "kiln/error.h"
 #include "kiln/tokenizer.h"
@@ -109,6 +111,7 @@ std::set<std::string> serve_flags() {
                              "image-decode-timeout",
                              "image-max-resized-pixels"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
+  s.insert(kiln::cli::kSpecFlags.begin(), kiln::cli::kSpecFlags.end());
   return s;
 }
 
@@ -160,6 +163,7 @@ int run_serve(const kiln::cli::Args& args) {
   eo.seed = uint64_t(f.i64("seed", 0));
   eo.sampling_backend = f.str("sampling-backend", eo.sampling_backend);  // auto | cpu
   kiln::cli::read_tp_flags(f, eo);
+  kiln::cli::read_spec_flags(f, eo);
   if (eo.node_rank > 0) {  // a follower node: no HTTP, its ranks take node 0's steps until node 0 stops
     kiln::run_tp_follower(eo, kiln::tp_runner_options(eo));
     std::fprintf(stderr, "kiln serve: node %d: node 0 stopped; exiting\n", eo.node_rank);
