@@ -31,7 +31,7 @@ struct Session {
   bool started = false;
   bool abort_sent = false;
   bool ended = false;
-  size_t text_offset = 0;  // completions logprobs: byte offset of the next token's text
+  size_t text_offset = 0;  // completions logprobs: character offset of the next token's text
   Delta pulled;            // what this pull's events released, sent as one frame
   bool pulled_any = false;
   sse::StringCache gen_text;  // /generate streams: the cumulative text and ids, serialized once
@@ -68,7 +68,7 @@ void stream_delta(Session& s, const Delta& d, const TextCodec& codec, Frame& fra
       std::string lp = "null";
       if (has_lp) {
         lp = dump_json(completion_logprobs(d.tokens, codec, s.text_offset));
-        for (const auto& t : d.tokens) s.text_offset += codec.token_bytes(t.id).size();
+        for (const auto& t : d.tokens) s.text_offset += text_offset_length(codec.token_bytes(t.id));
       }
       sse::append_string(body, d.text);
       sse::append_completion_chunk(out, s.ctx, {body, "null", lp, usage});
@@ -273,7 +273,10 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
   const int wake_every = spec.stream || !spec.stop.empty() ? opts.stream_interval : 0;
   auto src = std::make_shared<GroupSource>(*this, wake_every);
   ResponseCtx ctx;
-  ctx.id = make_id(ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "");
+  ctx.id = !spec.request_id.empty() ? spec.request_id
+                                    : make_id(ep == Endpoint::chat         ? "chatcmpl-"
+                                              : ep == Endpoint::completion ? "cmpl-"
+                                                                           : "");
   ctx.created = int64_t(std::time(nullptr));
   ctx.model = spec.model;
   for (int i = 0; i < spec.n; ++i) {

@@ -7,6 +7,7 @@
 
 #include "kiln/error.h"
 #include "server/api_error.h"
+#include "server/protocol_fields.h"
 #include "server/protocol_images.h"
 
 namespace kiln::server {
@@ -77,16 +78,6 @@ std::optional<std::string> opt_string(const json& obj, const char* name) {
   if (!v) return std::nullopt;
   if (!v->is_string()) throw bad_request(std::string("'") + name + "' must be a string", name);
   return v->get<std::string>();
-}
-
-void check_model(const json& body, const ApiLimits& lim, std::string& model) {
-  model = lim.served_model_name;
-  if (auto m = opt_string(body, "model")) {
-    if (*m != lim.served_model_name)
-      throw ApiError(
-          404, "The model '" + *m + "' does not exist; this server serves '" + lim.served_model_name + "'",
-          "model", "invalid_request_error", "model_not_found");
-  }
 }
 
 std::vector<int32_t> token_list(const json& arr, const char* param, const ApiLimits& lim) {
@@ -256,12 +247,12 @@ void parse_stream(const json& body, GenSpec& g) {
 
 // max_tokens: explicit values must fit the context; absent ones default and clamp.
 void set_max_tokens(GenSpec& g, std::optional<int64_t> given, int64_t def, const ApiLimits& lim,
-                    const char* param) {
+                    const char* param, const char* prompt_param) {
   const int64_t n = int64_t(g.prompt.size());
   if (n >= lim.max_context_len)
     throw bad_request("This model's maximum context length is " + std::to_string(lim.max_context_len) +
                           " tokens, but the prompt has " + std::to_string(n) + " tokens",
-                      "messages");
+                      prompt_param);
   const int64_t room = lim.max_context_len - n;
   if (given) {
     if (*given > room)
@@ -338,6 +329,17 @@ bool prompt_opens_think(const std::string& text) {
 
 }  // namespace
 
+void check_model(const json& body, const ApiLimits& lim, std::string& model) {
+  model = lim.served_model_name;
+  if (auto m = opt_string(body, "model")) {
+    const auto& a = lim.model_aliases;
+    if (*m != lim.served_model_name && std::find(a.begin(), a.end(), *m) == a.end())
+      throw ApiError(
+          404, "The model '" + *m + "' does not exist; this server serves '" + lim.served_model_name + "'",
+          "model", "invalid_request_error", "model_not_found");
+  }
+}
+
 json parse_body(const std::string& body) {
   json j;
   try {
@@ -355,6 +357,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.endpoint = Endpoint::chat;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
+  refuse_unimplemented_fields(body);
   g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop, g.n);
   add_default_eos(g.sampling, lim);
@@ -364,8 +367,9 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
     if (!g.logprobs && *v > 0) throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
     g.top_logprobs = int(*v);
   }
-  std::optional<int64_t> max_tokens = opt_int(body, "max_completion_tokens", 1, INT32_MAX);
-  if (auto v = opt_int(body, "max_tokens", 1, INT32_MAX)) max_tokens = v;
+  // vLLM: max_completion_tokens (OpenAI's current name) wins over the deprecated max_tokens.
+  std::optional<int64_t> max_tokens = opt_int(body, "max_tokens", 1, INT32_MAX);
+  if (auto v = opt_int(body, "max_completion_tokens", 1, INT32_MAX)) max_tokens = v;
 
   const json* msgs = field(body, "messages");
   if (!msgs) throw bad_request("'messages' is required", "messages");
@@ -400,10 +404,13 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   }
   const json* tools = field(body, "tools");
   if (tools && !tools->is_array()) throw bad_request("'tools' must be a list", "tools");
+  validate_tools(tools);
   const bool parse_tools = tools_requested(body, tools) && lim.tool_call_parser;
+  const bool continue_final = apply_chat_render_fields(body, normalized);
   std::string text;
   try {
     text = codec.render_chat(normalized);
+    if (continue_final) text = cut_after_final_message(text, normalized["messages"]);
   } catch (const kiln::Error& e) {
     throw bad_request(std::string("'messages' could not be rendered with the chat template: ") + e.what(),
                       "messages");
@@ -411,7 +418,8 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.prompt = encode_text(codec, text, "messages");
   check_prompt(g, "messages");
   attach_images(g, images, lim, "messages");
-  set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens");
+  truncate_prompt(body, g, lim);
+  set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens", "messages");
   check_min_tokens(g);
   g.parse.tools = parse_tools;
   g.parse.reasoning =
@@ -427,6 +435,7 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   g.endpoint = Endpoint::completion;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
+  refuse_unimplemented_fields(body);
   g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop, g.n);
   add_default_eos(g.sampling, lim);
@@ -458,7 +467,8 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
                       "prompt");
   }
   check_prompt(g, "prompt");
-  set_max_tokens(g, max_tokens, 16, lim, "max_tokens");
+  truncate_prompt(body, g, lim);
+  set_max_tokens(g, max_tokens, 16, lim, "max_tokens", "prompt");
   check_min_tokens(g);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
@@ -505,6 +515,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
       throw bad_request("'skip_special_tokens': false is not supported", "sampling_params");
   }
   add_default_eos(g.sampling, lim);
+  check_generate_fields(body, g);
   g.stream = opt_bool(body, "stream").value_or(false);
   g.logprobs = opt_bool(body, "return_logprob").value_or(false);
   if (auto v = opt_int(body, "top_logprobs_num", 0, kMaxTopLogprobs)) g.top_logprobs = int(*v);
@@ -512,7 +523,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     throw bad_request("'top_logprobs_num' needs 'return_logprob': true", "top_logprobs_num");
   g.return_text_in_logprobs = opt_bool(body, "return_text_in_logprobs").value_or(false);
   g.return_hidden = opt_bool(body, "return_hidden_states").value_or(false);
-  set_max_tokens(g, max_new, 128, lim, "max_new_tokens");
+  set_max_tokens(g, max_new, 128, lim, "max_new_tokens", text ? "text" : "input_ids");
   check_min_tokens(g);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;

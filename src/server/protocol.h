@@ -38,6 +38,7 @@ struct ApiLimits {
   int64_t max_context_len = 0;
   int64_t hidden_size = 0;
   std::string served_model_name;
+  std::vector<std::string> model_aliases;  // further names "model" may carry (server/model_names.h)
   size_t max_embedding_inputs = 256;
   // Output parsing the server is configured for (ServerOptions): chat replies split <think> blocks into
   // reasoning_content, and <tool_call> blocks into tool_calls when the request has tools.
@@ -71,6 +72,7 @@ struct GenSpec {
   ParserOptions parse;                   // chat: reasoning / tool-call parsing of the reply
   // Qwen3-VL: the request's images in prompt order; `prompt` already holds each one's expanded image pads.
   std::vector<vision::ImagePatches> images;
+  std::string request_id;  // /generate's rid: the reply's id instead of a generated one
 };
 
 struct EmbedSpec {
@@ -84,6 +86,10 @@ GenSpec parse_chat_request(const nlohmann::json& body, const TextCodec& codec, c
 GenSpec parse_completion_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
 GenSpec parse_generate_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
 EmbedSpec parse_embedding_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
+
+// "model", when given, must be a name the server accepts (404 model_not_found otherwise); `model` is set to
+// the served name responses echo.
+void check_model(const nlohmann::json& body, const ApiLimits& lim, std::string& model);
 
 // Parses an HTTP body: must be a JSON object (400 otherwise, with the parser's reason).
 nlohmann::json parse_body(const std::string& body);

@@ -1,5 +1,6 @@
 #include "server/responses.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -91,6 +92,11 @@ json chat_logprobs(const std::vector<TokenOut>& toks, const TextCodec& codec) {
   return {{"content", content}};
 }
 
+size_t text_offset_length(const std::string& token_bytes) {
+  const std::string s = valid_utf8(token_bytes);
+  return size_t(std::count_if(s.begin(), s.end(), [](char c) { return (uint8_t(c) & 0xc0) != 0x80; }));
+}
+
 json completion_logprobs(const std::vector<TokenOut>& toks, const TextCodec& codec, size_t text_offset) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (const auto& t : toks) {
@@ -101,7 +107,7 @@ json completion_logprobs(const std::vector<TokenOut>& toks, const TextCodec& cod
     for (const auto& alt : t.top) top[valid_utf8(codec.token_bytes(alt.id))] = alt.logprob;
     tops.push_back(top);
     offs.push_back(text_offset);
-    text_offset += s.size();
+    text_offset += text_offset_length(s);
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }

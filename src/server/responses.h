@@ -26,6 +26,9 @@ struct ResponseCtx {
 std::string dump_json(const nlohmann::json& j);
 // Invalid UTF-8 sequences replaced by U+FFFD, byte by byte (a token may be part of a character).
 std::string valid_utf8(const std::string& s);
+// Completions' text_offset counts characters (OpenAI, vLLM): the code points of a token's text, a partial
+// UTF-8 character counting as the U+FFFD it is shown as.
+size_t text_offset_length(const std::string& token_bytes);
 inline std::string sse_frame(const nlohmann::json& j) {
   return "data: " + dump_json(j) + "\n\n";
 }

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "server/http_transport.h"
+#include "server/model_names.h"
 #include "server/protocol.h"
 #include "server/server.h"
 
@@ -42,6 +43,8 @@ struct ApiServer::Impl {
   // Runs `fn`, turning ApiError and kiln::Error into OpenAI-shaped error responses (and counting them).
   template <typename Fn>
   void guarded(HttpResponse& res, Fn&& fn);
+  // guarded() for the route files other than server.cpp (where the template is defined).
+  void run_guarded(HttpResponse& res, const std::function<void()>& fn);
   void send_error(HttpResponse& res, int status, const nlohmann::json& body);
 
   // Accepted requests: registered once the engine gave an id, ended exactly once with an outcome.
@@ -51,12 +54,18 @@ struct ApiServer::Impl {
   // Both leave an HttpResponse with a ResponseSource that is fed by the engine's events.
   void handle_generation(Endpoint ep, const HttpRequest& req, HttpResponse& res);
   void handle_embeddings(const HttpRequest& req, HttpResponse& res);
+  // vLLM/SGLang extra routes (routes_vllm.cpp); false when `req` is not one of them.
+  bool route_vllm(const HttpRequest& req, HttpResponse& res);
+  ModelNames model_names() const;
   // Submits to the engine, mapping its refusals to ApiError (busy -> 503, bad input -> 400).
   RequestId submit(Request r, std::function<void(const TokenEvent&)> cb);
 
   // Last: destroyed first, while everything its connections' sources reach is still there.
   std::unique_ptr<HttpTransport> http;
 };
+
+// The methods a known path answers ("GET, HEAD"), "" for an unknown path (routes_vllm.cpp).
+std::string allowed_methods(const std::string& path);
 
 // Engine thread -> the transport's wake-up for one response: the engine's callback may outlive the
 // response, so it calls through this, which the response disarms when it finishes.

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# What a vLLM or SGLang user expects beside the OpenAI routes (issue 46), driven by curl: several served
+# model names and the --model path as a name, GET /v1/models/{id}, /tokenize and /detokenize in vLLM's
+# shapes, /version, /get_server_info, /health_generate, 405 with Allow, CORS (preflight and simple), the
+# fields of protocol_fields.h (implemented or a 400 naming them), and `kiln <command> --help`.
+# Usage: test_compat.sh KILN FIXTURES_DIR SRC_DIR
+KILN=$1
+FIXTURES=$2
+source "$(dirname "$0")/lib.sh"
+command -v curl >/dev/null || skip "curl is not installed"
+command -v python3 >/dev/null || skip "python3 is not installed"
+T="$E2E_LOG_DIR"
+JSON=(-H "Content-Type: application/json")
+
+# req NAME METHOD PATH [BODY] [CURL ARGS...]: body in $T/NAME.json, headers in $T/NAME.h, status echoed
+req() {
+  local name=$1 method=$2 path=$3 body=${4:-}
+  shift 4 || shift $#
+  if [[ -n "$body" ]]; then
+    curl -s -o "$T/$name.json" -D "$T/$name.h" -w '%{http_code}' -X "$method" "${JSON[@]}" "$@" "$BASE$path" --data-binary "$body"
+  else
+    curl -s -o "$T/$name.json" -D "$T/$name.h" -w '%{http_code}' -X "$method" "$@" "$BASE$path"
+  fi
+}
+# jq_ NAME EXPR: a Python expression over the JSON body j
+jq_() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$T/$1.json" "$2"; }
+expect() { [[ "$1" == "$2" ]] || fail "$3: got '$1', expected '$2' ($(head -c 300 "$T/${4:-x}.json" 2>/dev/null))"; }
+
+echo "== kiln <command> --help for every command"
+while read -r cmd; do
+  # shellcheck disable=SC2086
+  "$KILN" $cmd --help >"$T/help.out" 2>&1 || fail "kiln $cmd --help exited non-zero: $(head -3 "$T/help.out")"
+  grep -qi 'usage' "$T/help.out" || fail "kiln $cmd --help printed no usage"
+done < <("$KILN" --help 2>&1 | sed -n 's/^  \([a-z-]*\( [a-z]*\)\?\)  .*/\1/p' | sed 's/ *$//')
+"$KILN" serve --help | grep -q -- '--served-model-name' || fail "kiln serve --help does not list --served-model-name"
+
+DEMO="$FIXTURES/demo"
+start_server compat --model "$DEMO/" --served-model-name demo qwen/demo-alias --max-total-tokens 4096 \
+  --allowed-origins '["https://app.example"]'
+
+echo "== model names: every served name listed, the path and basename accepted, /v1/models/{id}"
+expect "$(req models GET /v1/models)" 200 "/v1/models"
+expect "$(jq_ models '",".join(m["id"] for m in j["data"])')" "demo,qwen/demo-alias" "/v1/models ids" models
+for name in demo qwen/demo-alias "$DEMO/" "$(basename "$DEMO")"; do
+  st=$(req m GET "/v1/completions" '{"model":"'"$name"'","prompt":"a","max_tokens":1}' -X POST)
+  expect "$st" 200 "completion with model '$name'" m
+  expect "$(jq_ m 'j["model"]')" demo "echoed model for '$name'" m
+done
+expect "$(req nf POST /v1/completions '{"model":"nope","prompt":"a","max_tokens":1}')" 404 "unknown model"
+expect "$(jq_ nf 'j["error"]["code"]')" model_not_found "unknown model code" nf
+expect "$(req m1 GET /v1/models/qwen/demo-alias)" 200 "GET /v1/models/{id}"
+expect "$(jq_ m1 'j["id"] + " " + j["object"]')" "qwen/demo-alias model" "model object" m1
+expect "$(req m2 GET /v1/models/nope)" 404 "GET /v1/models/nope"
+expect "$(jq_ m2 'j["error"]["code"] + " " + j["error"]["param"] + " " + j["error"]["type"]')" \
+  "model_not_found model invalid_request_error" "404 shape" m2
+
+echo "== /tokenize and /detokenize (vLLM shapes)"
+expect "$(req tk POST /tokenize '{"prompt":"Hello world"}')" 200 "/tokenize prompt"
+TOKS=$(jq_ tk 'json.dumps(j["tokens"])')
+expect "$(jq_ tk 'j["count"] == len(j["tokens"]) > 0 and j["max_model_len"] > 0 and j["token_strs"] is None')" True "tokenize shape" tk
+expect "$(req dt POST /detokenize '{"tokens":'"$TOKS"'}')" 200 "/detokenize"
+expect "$(jq_ dt 'j["prompt"]')" "Hello world" "detokenize round trip" dt
+MSGS='"messages":[{"role":"user","content":"hi"}]'
+req tc POST /tokenize '{'"$MSGS"'}' >/dev/null
+req tcn POST /tokenize '{'"$MSGS"',"add_generation_prompt":false}' >/dev/null
+expect "$(jq_ tc 'j["count"]')" "$(python3 -c 'import json; print(len(json.load(open("'"$T/tc.json"'"))["tokens"]))')" "chat count" tc
+NC=$(jq_ tc 'j["count"]')
+NN=$(jq_ tcn 'j["count"]')
+((NN < NC)) || fail "add_generation_prompt false should drop the generation prompt ($NN vs $NC tokens)"
+# The chat route gives the same prompt: its usage.prompt_tokens equals /tokenize's count.
+req chat POST /v1/chat/completions '{'"$MSGS"',"max_tokens":1}' >/dev/null
+expect "$(jq_ chat 'j["usage"]["prompt_tokens"]')" "$NC" "chat prompt_tokens vs /tokenize count" chat
+# continue_final_message: the prompt ends with the assistant's partial text.
+req cf POST /tokenize '{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure, the"}],"add_generation_prompt":false,"continue_final_message":true}' >/dev/null
+req cfd POST /detokenize '{"tokens":'"$(jq_ cf 'json.dumps(j["tokens"])')"'}' >/dev/null
+[[ "$(jq_ cfd 'j["prompt"].endswith("Sure, the")')" == True ]] || fail "continue_final_message: $(cat "$T/cfd.json")"
+expect "$(req bad POST /tokenize '{"prompt":"a","messages":[]}')" 400 "prompt and messages"
+expect "$(req bad2 POST /detokenize '{"tokens":[-1]}')" 400 "bad token id"
+
+echo "== /version, /get_server_info, /health_generate"
+expect "$(req v GET /version)" 200 "/version"
+[[ -n "$(jq_ v 'j["version"]')" ]] || fail "/version has no version"
+expect "$(req si GET /get_server_info)" 200 "/get_server_info"
+expect "$(jq_ si 'j["served_model_name"][1]')" qwen/demo-alias "server info names" si
+expect "$(req hg GET /health_generate)" 200 "/health_generate"
+expect "$(jq_ hg 'j["status"]')" ok "/health_generate body" hg
+
+echo "== 405 with Allow on a known route, 404 on an unknown one"
+expect "$(req w1 GET /v1/chat/completions)" 405 "GET chat"
+grep -qi '^allow: POST' "$T/w1.h" || fail "405 without Allow: $(cat "$T/w1.h")"
+expect "$(req w2 POST /v1/models '{}')" 405 "POST /v1/models"
+grep -qi '^allow: GET, HEAD' "$T/w2.h" || fail "405 /v1/models Allow"
+expect "$(req w3 GET /nowhere)" 404 "unknown path"
+
+echo "== CORS: preflight answered, allowed origin echoed, others refused"
+expect "$(req pf OPTIONS /v1/chat/completions '' -H 'Origin: https://app.example' \
+  -H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: authorization,content-type')" 200 "preflight"
+grep -qi '^access-control-allow-origin: https://app.example' "$T/pf.h" || fail "preflight origin: $(cat "$T/pf.h")"
+grep -qi '^access-control-allow-methods:.*POST' "$T/pf.h" || fail "preflight methods"
+grep -qi '^access-control-allow-headers: authorization,content-type' "$T/pf.h" || fail "preflight headers"
+expect "$(req pf2 OPTIONS /v1/chat/completions '' -H 'Origin: https://evil.example' -H 'Access-Control-Request-Method: POST')" 400 "preflight, other origin"
+req simple GET /v1/models '' -H 'Origin: https://app.example' >/dev/null
+grep -qi '^access-control-allow-origin: https://app.example' "$T/simple.h" || fail "simple request CORS header"
+req simple2 GET /v1/models '' -H 'Origin: https://evil.example' >/dev/null
+! grep -qi '^access-control-allow-origin' "$T/simple2.h" || fail "CORS header for a disallowed origin"
+
+echo "== fields: implemented as vLLM/SGLang do, or a 400 naming them"
+P='"prompt":"Once upon a time","temperature":0,"ignore_eos":true'
+req mt POST /v1/chat/completions '{'"$MSGS"',"max_tokens":5,"max_completion_tokens":2,"temperature":0,"ignore_eos":true}' >/dev/null
+expect "$(jq_ mt 'j["usage"]["completion_tokens"]')" 2 "max_completion_tokens wins over max_tokens" mt
+req tr POST /v1/completions '{'"$P"',"max_tokens":1,"truncate_prompt_tokens":2}' >/dev/null
+expect "$(jq_ tr 'j["usage"]["prompt_tokens"]')" 2 "truncate_prompt_tokens" tr
+req rid POST /generate '{"text":"a","rid":"my-request-7","sampling_params":{"max_new_tokens":1}}' >/dev/null
+expect "$(jq_ rid 'j["meta_info"]["id"]')" my-request-7 "/generate rid" rid
+for case in \
+  'parallel_tool_calls|/v1/chat/completions|{'"$MSGS"',"parallel_tool_calls":false}' \
+  'include_stop_str_in_output|/v1/completions|{"prompt":"a","include_stop_str_in_output":true}' \
+  'return_tokens_as_token_ids|/v1/completions|{"prompt":"a","return_tokens_as_token_ids":true}' \
+  'reasoning_effort|/v1/chat/completions|{'"$MSGS"',"reasoning_effort":"extreme"}' \
+  'sampling_params.no_stop_trim|/generate|{"text":"a","sampling_params":{"no_stop_trim":true}}' \
+  'tools[0].type|/v1/chat/completions|{'"$MSGS"',"tools":[{"type":"code_interpreter"}]}' \
+  'tools[0].function.name|/v1/chat/completions|{'"$MSGS"',"tools":[{"type":"function","function":{"parameters":{}}}]}' \
+  'continue_final_message|/v1/chat/completions|{'"$MSGS"',"continue_final_message":true,"add_generation_prompt":true}'; do
+  IFS='|' read -r param path body <<<"$case"
+  expect "$(req f POST "$path" "$body")" 400 "$param"
+  expect "$(jq_ f 'j["error"]["param"]')" "$param" "param named for $param" f
+done
+LONG=$(python3 -c 'print("word " * 5000)')
+expect "$(req long POST /v1/completions '{"prompt":"'"$LONG"'"}')" 400 "over-long prompt"
+expect "$(jq_ long 'j["error"]["param"]')" prompt "over-long completions prompt names prompt" long
+# text_offset counts characters: "é" is 2 bytes, 1 character.
+req lp POST /v1/completions '{"prompt":"a","max_tokens":8,"temperature":0,"ignore_eos":true,"logprobs":0}' >/dev/null
+python3 - "$T/lp.json" <<'PY' || fail "text_offset is not in characters"
+import json, sys
+c = json.load(open(sys.argv[1]))["choices"][0]["logprobs"]
+off = c["text_offset"]
+for i, t in enumerate(c["tokens"][:-1]):
+    assert off[i + 1] - off[i] == len(t), (i, t, off)
+PY
+stop_server
+echo "PASS test_compat"
