@@ -7,6 +7,7 @@
 //   GET  /version                   vLLM: {"version": ...}
 //   GET  /get_server_info           SGLang: the server's settings and engine counters
 //   GET  /health_generate           SGLang: generates one token; 200 when the engine did, else 503
+//   POST /v1/responses, GET /v1/responses/{id}   OpenAI's Responses API (responses_route.cpp)
 // and the 405 (with Allow) for a known path asked with another method.
 #include <ctime>
 
@@ -102,6 +103,10 @@ bool ApiServer::Impl::route_vllm(const HttpRequest& req, HttpResponse& res) {
       res.body = dump_json(model_card(id, int64_t(std::time(nullptr)), engine.max_context_len()));
       return true;
     }
+    if (path.rfind("/v1/responses/", 0) == 0) {
+      get_stored_response(path.substr(std::string("/v1/responses/").size()), res);
+      return true;
+    }
     if (path == "/version") {
       res.body = dump_json({{"version", kVersion}});
       return true;
@@ -146,6 +151,10 @@ bool ApiServer::Impl::route_vllm(const HttpRequest& req, HttpResponse& res) {
     return true;
   }
   if (req.method != "POST") return false;
+  if (path == "/v1/responses") {
+    run_guarded(res, [&] { handle_responses(req, res); });
+    return true;
+  }
   if (path == "/tokenize") {
     run_guarded(res, [&] { res.body = dump_json(tokenize_request(parse_body(req.body), codec, limits())); });
     return true;

@@ -14,6 +14,7 @@
 #include "server/http_transport.h"
 #include "server/model_names.h"
 #include "server/protocol.h"
+#include "server/responses_api.h"
 #include "server/server.h"
 
 namespace kiln::server {
@@ -27,6 +28,8 @@ struct ApiServer::Impl {
   const TextCodec& codec;
   ServerOptions opts;
   ServerCounters counters;
+  // /v1/responses kept for previous_response_id and GET /v1/responses/{id} (responses_route.cpp).
+  std::unique_ptr<ResponseStore> response_store = std::make_unique<ResponseStore>(opts.max_stored_responses);
   std::atomic<bool> draining{false};
   int bound_port = -1;
 
@@ -54,6 +57,8 @@ struct ApiServer::Impl {
   // Both leave an HttpResponse with a ResponseSource that is fed by the engine's events.
   void handle_generation(Endpoint ep, const HttpRequest& req, HttpResponse& res);
   void handle_embeddings(const HttpRequest& req, HttpResponse& res);
+  void handle_responses(const HttpRequest& req, HttpResponse& res);
+  void get_stored_response(const std::string& id, HttpResponse& res);
   // vLLM/SGLang extra routes (routes_vllm.cpp); false when `req` is not one of them.
   bool route_vllm(const HttpRequest& req, HttpResponse& res);
   ModelNames model_names() const;
