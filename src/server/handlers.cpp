@@ -303,14 +303,7 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
     });
     on_accepted(s.rid);
   }
-  const bool stream = spec.stream;
-  if (stream) {
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-  }
-  res.content_type = stream ? "text/event-stream" : "application/json";
-  res.stream = stream;
-  res.source = std::move(src);
+  set_source(res, std::move(src), spec.stream);
 }
 
 namespace {

@@ -422,6 +422,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens", "messages");
   check_min_tokens(g);
   g.parse.tools = parse_tools;
+  g.parse.max_calls = max_tool_calls(body);
   g.parse.reasoning =
       lim.reasoning_parser && opt_bool(body, "separate_reasoning").value_or(true) && thinking_enabled(body);
   g.parse.start_in_reasoning = g.parse.reasoning && prompt_opens_think(text);

@@ -14,10 +14,8 @@ using nlohmann::json;
 
 namespace {
 
-// The field's value, or null when absent or JSON null (clients send null for "not set").
 const json* given(const json& obj, const char* name) {
-  auto it = obj.find(name);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
+  return given_field(obj, name);
 }
 
 // A boolean field's value (400 naming it when it is not a boolean), `def` when absent.
@@ -59,6 +57,11 @@ constexpr std::array kGenerateSamplingKeys = {"max_new_tokens",
                                               "structured_outputs"};
 
 }  // namespace
+
+const json* given_field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
 
 bool apply_chat_render_fields(const json& body, json& normalized) {
   const bool add_prompt = flag(body, "add_generation_prompt", true);
@@ -134,16 +137,14 @@ void validate_tools(const json* tools) {
 }
 
 void refuse_unimplemented_fields(const json& body) {
-  if (!flag(body, "parallel_tool_calls", true))
-    throw bad_request(
-        "'parallel_tool_calls': false is not supported: kiln returns every tool call the model makes; omit "
-        "it "
-        "or send true",
-        "parallel_tool_calls");
   if (flag(body, "include_stop_str_in_output", false))
     throw bad_request("'include_stop_str_in_output': true is not supported", "include_stop_str_in_output");
   if (flag(body, "return_tokens_as_token_ids", false))
     throw bad_request("'return_tokens_as_token_ids': true is not supported", "return_tokens_as_token_ids");
+}
+
+int max_tool_calls(const json& body) {
+  return flag(body, "parallel_tool_calls", true) ? 0 : 1;
 }
 
 void truncate_prompt(const json& body, GenSpec& g, const ApiLimits& lim) {

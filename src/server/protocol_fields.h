@@ -11,8 +11,10 @@
 //   truncate_prompt_tokens: k >= 1 keeps the prompt's last k tokens; -1 the last max_model_len (vLLM)
 //   tools: each {"type": "function", "function": {"name": non-empty string, "description"?: string,
 //     "parameters"?: object}}; anything else is a 400 naming tools[i]
-//   refused when set to their non-default value: parallel_tool_calls false (kiln returns every call the
-//     model makes), include_stop_str_in_output true, return_tokens_as_token_ids true
+//   parallel_tool_calls false: only the first tool call is returned, later ones dropped (vLLM's
+//     maybe_filter_parallel_tool_calls)
+//   refused when set to their non-default value: include_stop_str_in_output true, return_tokens_as_token_ids
+//     true
 //   /generate sampling_params: a key SGLang does not define, or one kiln does not implement, is a 400
 //   /generate rid (SGLang): a string used as the reply's id (meta_info.id); a list is refused (batches)
 #pragma once
@@ -25,6 +27,9 @@
 
 namespace kiln::server {
 
+// The field's value, or null when absent or JSON null (clients send null for "not set").
+const nlohmann::json* given_field(const nlohmann::json& obj, const char* name);
+
 // Chat fields that change the rendering: checks them and writes them into `normalized` (the request the
 // chat template sees). Returns whether the rendered prompt must be cut after the final message
 // (continue_final_message).
@@ -35,6 +40,8 @@ std::string cut_after_final_message(const std::string& text, const nlohmann::jso
 void validate_tools(const nlohmann::json* tools);
 // 400 for the refused fields above (OpenAI routes).
 void refuse_unimplemented_fields(const nlohmann::json& body);
+// parallel_tool_calls false: at most one call is returned (ParserOptions::max_calls; 0 = no limit).
+int max_tool_calls(const nlohmann::json& body);
 // truncate_prompt_tokens applied to g.prompt (OpenAI routes).
 void truncate_prompt(const nlohmann::json& body, GenSpec& g, const ApiLimits& lim);
 // /generate: sampling_params keys checked against SGLang's set; rid read into g.request_id.

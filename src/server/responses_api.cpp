@@ -1,6 +1,7 @@
 #include "server/responses_api.h"
 
 #include "server/api_error.h"
+#include "server/protocol_fields.h"
 #include "server/responses.h"
 
 namespace kiln::server {
@@ -10,8 +11,7 @@ using nlohmann::json;
 namespace {
 
 const json* given(const json& obj, const char* name) {
-  auto it = obj.find(name);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
+  return given_field(obj, name);
 }
 
 std::string str_field(const json& obj, const char* name, const std::string& param) {

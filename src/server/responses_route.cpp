@@ -122,13 +122,7 @@ void ApiServer::Impl::handle_responses(const HttpRequest& req, HttpResponse& res
   });
   on_accepted(src->rid);
   const bool stream = src->spec.gen.stream;
-  if (stream) {
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-  }
-  res.content_type = stream ? "text/event-stream" : "application/json";
-  res.stream = stream;
-  res.source = std::move(src);
+  set_source(res, std::move(src), stream);
 }
 
 void ApiServer::Impl::get_stored_response(const std::string& id, HttpResponse& res) {

@@ -69,6 +69,17 @@ struct ApiServer::Impl {
   std::unique_ptr<HttpTransport> http;
 };
 
+// Hands `res` the source of a generation reply: SSE (no caching or proxy buffering) or one JSON body.
+inline void set_source(HttpResponse& res, std::shared_ptr<ResponseSource> src, bool stream) {
+  if (stream) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+  }
+  res.content_type = stream ? "text/event-stream" : "application/json";
+  res.stream = stream;
+  res.source = std::move(src);
+}
+
 // The methods a known path answers ("GET, HEAD"), "" for an unknown path (routes_vllm.cpp).
 std::string allowed_methods(const std::string& path);
 

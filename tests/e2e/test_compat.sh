@@ -113,7 +113,6 @@ expect "$(jq_ tr 'j["usage"]["prompt_tokens"]')" 2 "truncate_prompt_tokens" tr
 req rid POST /generate '{"text":"a","rid":"my-request-7","sampling_params":{"max_new_tokens":1}}' >/dev/null
 expect "$(jq_ rid 'j["meta_info"]["id"]')" my-request-7 "/generate rid" rid
 for case in \
-  'parallel_tool_calls|/v1/chat/completions|{'"$MSGS"',"parallel_tool_calls":false}' \
   'include_stop_str_in_output|/v1/completions|{"prompt":"a","include_stop_str_in_output":true}' \
   'return_tokens_as_token_ids|/v1/completions|{"prompt":"a","return_tokens_as_token_ids":true}' \
   'reasoning_effort|/v1/chat/completions|{'"$MSGS"',"reasoning_effort":"extreme"}' \

@@ -131,6 +131,11 @@ async function toolsMode() {
                    'response.function_call_arguments.done', 'response.completed'])
     assert.ok(s.types.includes(t), `missing ${t}`);
 
+  // parallel_tool_calls false: the first call only.
+  const one = await client.responses.create({ ...req, parallel_tool_calls: false, store: false });
+  assert.deepEqual(one.output.map((o) => o.type), ['reasoning', 'message', 'function_call']);
+  assert.equal(one.parallel_tool_calls, false);
+
   // The tool results as function_call_output items after previous_response_id: the answer.
   const calls = r.output.filter((o) => o.type === 'function_call');
   const answer = await client.responses.create({

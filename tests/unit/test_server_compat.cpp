@@ -188,6 +188,26 @@ TEST(ResponsesBuilder, ItemsAndEventsInOrder) {
   EXPECT_EQ(q.items().size(), 1u);
 }
 
+TEST(ProtocolFields, ParallelToolCallsFalseKeepsTheFirstCall) {
+  EXPECT_EQ(max_tool_calls(json{{"parallel_tool_calls", false}}), 1);
+  EXPECT_EQ(max_tool_calls(json::object()), 0);
+  const std::string text =
+      "a<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", "
+      "\"arguments\": {}}\n</tool_call>";
+  for (int max : {0, 1}) {
+    ParserOptions o;
+    o.tools = true;
+    o.max_calls = max;
+    OutputParser p(o);
+    ParsedDelta d = p.feed(text);
+    d.append(p.finish());
+    ASSERT_EQ(d.tool_calls.size(), max == 1 ? 1u : 2u);
+    EXPECT_EQ(d.tool_calls[0].name, "f");
+    EXPECT_EQ(d.content, "a");
+    EXPECT_EQ(p.tool_call_count(), max == 1 ? 1 : 2);
+  }
+}
+
 TEST(ResponsesStore, BoundedOldestFirst) {
   ResponseStore s(2);
   s.put("a", {json{{"id", "a"}}, json::array()});
