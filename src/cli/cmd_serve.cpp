@@ -1,6 +1,6 @@
 // kiln serve: the OpenAI/SGLang-compatible HTTP server (src/server) over one engine.
 //   kiln serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--served-model-name X [Y ...]]
-//              [--allowed-origins '["*"]'] [--max-stored-responses N]
+//              [--allowed-origins '["*"]'] [--max-stored-responses N] [--metrics-compat vllm]
 //              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--page-size 32]
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
 //              [--mem-fraction F] [--chunked-prefill-size N] [--max-running-requests N] [--max-queue N]
@@ -28,6 +28,7 @@
 // also repeat); the first is echoed by responses. The --model argument as given and its basename are always
 // accepted in a request's "model". --allowed-origins: CORS (server/cors.h), vLLM's default '["*"]'; '[]' off.
 // --max-stored-responses (1024): /v1/responses kept in memory for previous_response_id, oldest dropped first.
+// --metrics-compat vllm: /metrics also under vLLM's names (server/metrics_compat.h).
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -97,7 +98,8 @@ std::set<std::string> serve_flags() {
                              "image-url-fetch",
                              "image-fetch-timeout",
                              "allowed-origins",
-                             "max-stored-responses"};
+                             "max-stored-responses",
+                             "metrics-compat"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
   return s;
 }
@@ -187,6 +189,9 @@ int run_serve(const kiln::cli::Args& given_args) {
   KILN_CHECK(stored >= 0 && stored <= 1000000, "--max-stored-responses must be in [0, 1000000], got ",
              stored);
   so.max_stored_responses = size_t(stored);
+  so.metrics_compat = f.str("metrics-compat", "");
+  KILN_CHECK(so.metrics_compat.empty() || so.metrics_compat == "vllm", "--metrics-compat must be vllm, got '",
+             so.metrics_compat, "'");
   const int64_t body = f.i64("max-body-bytes", int64_t(so.max_body_bytes));
   KILN_CHECK(body >= 1024, "--max-body-bytes must be >= 1024, got ", body);
   so.max_body_bytes = size_t(body);

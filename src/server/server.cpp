@@ -5,6 +5,7 @@
 
 #include "kiln/error.h"
 #include "server/api_error.h"
+#include "server/metrics_compat.h"
 #include "server/responses.h"
 #include "server/server_impl.h"
 
@@ -163,6 +164,7 @@ HttpResponse ApiServer::Impl::route(const HttpRequest& req) {
     if (path == "/metrics") {
       res.content_type = "text/plain; version=0.0.4; charset=utf-8";
       res.body = render_metrics(engine.stats(), counters, opts.served_model_name);
+      if (opts.metrics_compat == "vllm") res.body += vllm_metrics(res.body);
       return res;
     }
     if (path == "/v1/models") {

@@ -55,6 +55,8 @@ struct ServerOptions {
   CorsPolicy cors;
   // /v1/responses kept in memory for previous_response_id; past it the oldest is dropped.
   size_t max_stored_responses = 1024;
+  // "vllm": /metrics also carries vLLM's names (server/metrics_compat.h); "": kiln's only.
+  std::string metrics_compat;
   // Streaming: a response's connection is woken, and a chunk written, once this many tokens have arrived
   // since the last (the first token at once; the end always): SGLang's --stream-interval.
   int stream_interval = 1;

@@ -2,7 +2,8 @@
 # What a vLLM or SGLang user expects beside the OpenAI routes (issue 46), driven by curl: several served
 # model names and the --model path as a name, GET /v1/models/{id}, /tokenize and /detokenize in vLLM's
 # shapes, /version, /get_server_info, /health_generate, 405 with Allow, CORS (preflight and simple), the
-# fields of protocol_fields.h (implemented or a 400 naming them), and `kiln <command> --help`.
+# fields of protocol_fields.h (implemented or a 400 naming them), `kiln <command> --help`, and
+# --metrics-compat vllm.
 # Usage: test_compat.sh KILN FIXTURES_DIR SRC_DIR
 KILN=$1
 FIXTURES=$2
@@ -36,7 +37,7 @@ done < <("$KILN" --help 2>&1 | sed -n 's/^  \([a-z-]*\( [a-z]*\)\?\)  .*/\1/p' |
 
 DEMO="$FIXTURES/demo"
 start_server compat --model "$DEMO/" --served-model-name demo qwen/demo-alias --max-total-tokens 4096 \
-  --allowed-origins '["https://app.example"]'
+  --allowed-origins '["https://app.example"]' --metrics-compat vllm
 
 echo "== model names: every served name listed, the path and basename accepted, /v1/models/{id}"
 expect "$(req models GET /v1/models)" 200 "/v1/models"
@@ -136,5 +137,13 @@ off = c["text_offset"]
 for i, t in enumerate(c["tokens"][:-1]):
     assert off[i + 1] - off[i] == len(t), (i, t, off)
 PY
+
+echo "== --metrics-compat vllm: vLLM's names beside kiln's, the same values"
+[[ "$(metric 'vllm:num_requests_running{model_name="demo"}')" == 0 ]] || fail "vllm:num_requests_running"
+[[ "$(metric 'vllm:generation_tokens_total{model_name="demo"}')" == "$(metric 'kiln_generation_tokens_total{model_name="demo"}')" ]] ||
+  fail "vllm:generation_tokens_total differs from kiln's"
+[[ "$(metric 'vllm:request_success_total{model_name="demo",finished_reason="length"}')" == \
+   "$(metric 'kiln_requests_finished_total{model_name="demo",reason="length"}')" ]] || fail "vllm:request_success_total"
+[[ "$(metric 'vllm:time_to_first_token_seconds_count{model_name="demo"}')" -ge 5 ]] || fail "vllm:time_to_first_token_seconds"
 stop_server
 echo "PASS test_compat"

@@ -2,9 +2,14 @@
 // fields of protocol_fields.h, and the Responses output builder's items and events.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <sstream>
+
 #include "kiln/error.h"
 #include "server/api_error.h"
 #include "server/cors.h"
+#include "server/metrics.h"
+#include "server/metrics_compat.h"
 #include "server/model_names.h"
 #include "server/protocol_fields.h"
 #include "server/responses_api.h"
@@ -206,6 +211,44 @@ TEST(ProtocolFields, ParallelToolCallsFalseKeepsTheFirstCall) {
     EXPECT_EQ(d.content, "a");
     EXPECT_EQ(p.tool_call_count(), max == 1 ? 1 : 2);
   }
+}
+
+TEST(MetricsCompat, VllmNamesFromKilnText) {
+  EngineStats s;
+  s.running = 3;
+  s.waiting = 2;
+  s.kv_pages_total = 10;
+  s.kv_pages_used = 5;
+  s.finished_stop = 7;
+  s.finished_length = 1;
+  s.ttft = Histogram::with_bounds({0.1, 1.0});
+  s.ttft.observe(0.05);
+  s.ttft.observe(0.5);
+  ServerCounters c;
+  const std::string kiln = render_metrics(s, c, "demo");
+  const std::string v = vllm_metrics(kiln);
+  EXPECT_NE(
+      v.find("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"demo\"} 3\n"),
+      std::string::npos)
+      << v;
+  EXPECT_NE(v.find("vllm:num_requests_waiting{model_name=\"demo\"} 2\n"), std::string::npos);
+  EXPECT_NE(v.find("vllm:request_success_total{model_name=\"demo\",finished_reason=\"stop\"} 7\n"),
+            std::string::npos);
+  EXPECT_NE(v.find("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"0.1\"} 1\n"),
+            std::string::npos)
+      << v;
+  EXPECT_NE(v.find("vllm:time_to_first_token_seconds_count{model_name=\"demo\"} 2\n"), std::string::npos);
+  EXPECT_EQ(v.find("kiln_"), std::string::npos);  // only renamed families
+  // Each family's lines are contiguous: a name never reappears after another family started.
+  std::vector<std::string> order;
+  std::istringstream is(v);
+  for (std::string line; std::getline(is, line);) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    const std::string name = line.substr(7, line.find(' ', 7) - 7);
+    EXPECT_EQ(std::count(order.begin(), order.end(), name), 0) << name;
+    order.push_back(name);
+  }
+  EXPECT_EQ(order.size(), 13u);
 }
 
 TEST(ResponsesStore, BoundedOldestFirst) {
