@@ -73,7 +73,20 @@ struct GenSpec {
   // Qwen3-VL: the request's images in prompt order; `prompt` already holds each one's expanded image pads.
   std::vector<vision::ImagePatches> images;
   std::string request_id;  // /generate's rid: the reply's id instead of a generated one
+  // Batched prompts (/v1/completions: a list of strings or of token lists; /generate: a list of texts or of
+  // id lists): the prompts after `prompt`, each with its own output limit (clamped to its own context room);
+  // n choices each, choice index = prompt index * n + choice. At most kMaxBatchPrompts prompts.
+  struct MorePrompt {
+    std::vector<int32_t> ids;
+    int max_new_tokens = 0;
+    std::string echo_text;
+  };
+  std::vector<MorePrompt> more_prompts;
+  bool batched = false;   // the request held a list of prompts: /generate's objects then carry their index
+  std::string echo_text;  // completions' echo: the prompt's text, put before the output
 };
+
+constexpr size_t kMaxBatchPrompts = 256;  // prompts in one batched request (each times n engine requests)
 
 struct EmbedSpec {
   std::string model;

@@ -138,6 +138,39 @@ for i, t in enumerate(c["tokens"][:-1]):
     assert off[i + 1] - off[i] == len(t), (i, t, off)
 PY
 
+echo "== batched prompts (completions, /generate), choice indexing, echo"
+G='"max_tokens":3,"temperature":0,"ignore_eos":true'
+req b1 POST /v1/completions '{"prompt":"Once upon",'"$G"'}' >/dev/null
+req b2 POST /v1/completions '{"prompt":[5,6,7],'"$G"'}' >/dev/null
+expect "$(req batch POST /v1/completions '{"prompt":[[1,2],[5,6,7]],"n":2,'"$G"'}')" 200 "token-list batch" batch
+expect "$(jq_ batch '[c["index"] for c in j["choices"]]')" "[0, 1, 2, 3]" "batch choice indexes" batch
+expect "$(jq_ batch 'j["choices"][2]["text"] == j["choices"][3]["text"]')" True "greedy choices of one prompt agree" batch
+expect "$(jq_ batch 'j["choices"][2]["text"]')" "$(jq_ b2 'j["choices"][0]["text"]')" "batched prompt 2 == alone" batch
+expect "$(jq_ batch 'j["usage"]["prompt_tokens"]')" 5 "batch usage counts each prompt once" batch
+expect "$(jq_ batch 'j["usage"]["completion_tokens"]')" 12 "batch completion tokens" batch
+expect "$(req sb POST /v1/completions '{"prompt":["Once upon","a"],'"$G"'}')" 200 "string batch"
+expect "$(jq_ sb 'j["choices"][0]["text"]')" "$(jq_ b1 'j["choices"][0]["text"]')" "batched prompt 1 == alone" sb
+curl -sN "${JSON[@]}" "$BASE/v1/completions" -d '{"prompt":["Once upon","a"],"stream":true,'"$G"'}' >"$T/bs.sse"
+python3 - "$T/bs.sse" "$(jq_ sb 'json.dumps([c["text"] for c in j["choices"]])')" <<'PY' || fail "batched stream"
+import json, sys
+texts, done = {}, {}
+for f in open(sys.argv[1]).read().split("\n\n"):
+    if not f.startswith("data: ") or f == "data: [DONE]":
+        continue
+    for c in json.loads(f[6:])["choices"]:
+        texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+        if c["finish_reason"]: done[c["index"]] = c["finish_reason"]
+assert [texts[0], texts[1]] == json.loads(sys.argv[2]), texts
+assert done == {0: "length", 1: "length"}, done
+PY
+req ec POST /v1/completions '{"prompt":"Once upon","echo":true,'"$G"'}' >/dev/null
+expect "$(jq_ ec 'j["choices"][0]["text"]')" "Once upon$(jq_ b1 'j["choices"][0]["text"]')" "echo" ec
+expect "$(req el POST /v1/completions '{"prompt":"a","echo":true,"logprobs":1}')" 400 "echo with logprobs"
+expect "$(req gb POST /generate '{"text":["Once upon","a"],"sampling_params":{"max_new_tokens":2,"temperature":0}}')" 200 "/generate batch"
+expect "$(jq_ gb '[o["index"] for o in j]')" "[0, 1]" "/generate batch indexes" gb
+expect "$(req gi POST /generate '{"input_ids":[[1,2],[3]],"sampling_params":{"max_new_tokens":1}}')" 200 "/generate id batch"
+expect "$(jq_ gi 'len(j)')" 2 "/generate id batch size" gi
+
 echo "== --metrics-compat vllm: vLLM's names beside kiln's, the same values"
 [[ "$(metric 'vllm:num_requests_running{model_name="demo"}')" == 0 ]] || fail "vllm:num_requests_running"
 [[ "$(metric 'vllm:generation_tokens_total{model_name="demo"}')" == "$(metric 'kiln_generation_tokens_total{model_name="demo"}')" ]] ||
