@@ -18,6 +18,7 @@ node "$(dirname "$0")/test_openai.cjs" "$BASE" "$EMB_BASE" sk-e2e || fail "opena
 stop_server
 start_server responses --model "$FIXTURES/demo" --served-model-name demo --max-total-tokens 4096
 node "$(dirname "$0")/test_responses.cjs" demo "$BASE" || fail "openai responses checks"
+run_ai_sdk demo "$BASE"
 stop_server
 SERVER_PID=$EMB_PID
 SERVER_LOG=$EMB_LOG
