@@ -1,9 +1,9 @@
 // Request schemas: OpenAI chat/completions/embeddings and SGLang /generate, parsed and validated into plain
 // structs before anything reaches the engine. Every problem is an ApiError (400, or 404 for an unknown
 // model) that names the offending field: wrong JSON types, missing/empty/over-long prompts, token ids out
-// of range, non-finite or out-of-range sampling parameters, unsupported options (best_of != 1, echo,
-// suffix, response_format other than text, a "required" or named tool_choice). JSON null is treated as
-// "not given", as OpenAI clients send it for unset fields.
+// of range, non-finite or out-of-range sampling parameters, unsupported options (best_of != 1, echo with
+// logprobs, suffix, response_format other than text, a "required" or named tool_choice). JSON null is treated
+// as "not given", as OpenAI clients send it for unset fields.
 //
 // Ranges: temperature [0, 2] finite; top_p (0, 1]; top_k -1, 0 (disabled) or >= 1; min_p [0, 1];
 // presence_penalty and frequency_penalty [-2, 2]; repetition_penalty (0, 2]; logit_bias {"<id>": [-100,
