@@ -384,7 +384,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
   if (auto v = opt_bool(body, "echo"); v && *v) throw bad_request("'echo' is not supported on chat", "echo");
-  refuse_unimplemented_fields(body);
+  refuse_unimplemented_fields(body, g);
   g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop, g.n);
   add_default_eos(g.sampling, lim);
@@ -463,7 +463,7 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   g.endpoint = Endpoint::completion;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
-  refuse_unimplemented_fields(body);
+  refuse_unimplemented_fields(body, g);
   g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop, g.n);
   add_default_eos(g.sampling, lim);

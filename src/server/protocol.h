@@ -61,6 +61,7 @@ struct GenSpec {
   std::vector<int32_t> prompt;  // token ids, non-empty
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings (the server matches them on detokenized text)
+  bool include_stop_str = false;  // vLLM's include_stop_str_in_output: a matched stop string is kept
   int n = 1;                      // choices: n samples of the one prompt (seeded: seed, seed+1, ...)
   bool stream = false;
   bool include_usage = false;            // stream_options.include_usage

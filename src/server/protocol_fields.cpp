@@ -136,9 +136,8 @@ void validate_tools(const json* tools) {
   }
 }
 
-void refuse_unimplemented_fields(const json& body) {
-  if (flag(body, "include_stop_str_in_output", false))
-    throw bad_request("'include_stop_str_in_output': true is not supported", "include_stop_str_in_output");
+void refuse_unimplemented_fields(const json& body, GenSpec& g) {
+  g.include_stop_str = flag(body, "include_stop_str_in_output", false);
   if (flag(body, "return_tokens_as_token_ids", false))
     throw bad_request("'return_tokens_as_token_ids': true is not supported", "return_tokens_as_token_ids");
 }

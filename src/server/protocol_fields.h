@@ -13,8 +13,8 @@
 //     "parameters"?: object}}; anything else is a 400 naming tools[i]
 //   parallel_tool_calls false: only the first tool call is returned, later ones dropped (vLLM's
 //     maybe_filter_parallel_tool_calls)
-//   refused when set to their non-default value: include_stop_str_in_output true, return_tokens_as_token_ids
-//     true
+//   include_stop_str_in_output (false): true keeps a matched stop string at the end of the text (vLLM)
+//   refused when set to its non-default value: return_tokens_as_token_ids true
 //   /generate sampling_params: a key SGLang does not define, or one kiln does not implement, is a 400
 //   /generate rid (SGLang): a string used as the reply's id (meta_info.id); a list is refused (batches)
 #pragma once
@@ -38,8 +38,8 @@ bool apply_chat_render_fields(const nlohmann::json& body, nlohmann::json& normal
 std::string cut_after_final_message(const std::string& text, const nlohmann::json& messages);
 // 400 for a malformed tool definition (param "tools[i]...").
 void validate_tools(const nlohmann::json* tools);
-// 400 for the refused fields above (OpenAI routes).
-void refuse_unimplemented_fields(const nlohmann::json& body);
+// 400 for the refused fields above (OpenAI routes); include_stop_str_in_output read into `g`.
+void refuse_unimplemented_fields(const nlohmann::json& body, GenSpec& g);
 // parallel_tool_calls false: at most one call is returned (ParserOptions::max_calls; 0 = no limit).
 int max_tool_calls(const nlohmann::json& body);
 // truncate_prompt_tokens applied to g.prompt (OpenAI routes).

@@ -114,7 +114,6 @@ expect "$(jq_ tr 'j["usage"]["prompt_tokens"]')" 2 "truncate_prompt_tokens" tr
 req rid POST /generate '{"text":"a","rid":"my-request-7","sampling_params":{"max_new_tokens":1}}' >/dev/null
 expect "$(jq_ rid 'j["meta_info"]["id"]')" my-request-7 "/generate rid" rid
 for case in \
-  'include_stop_str_in_output|/v1/completions|{"prompt":"a","include_stop_str_in_output":true}' \
   'return_tokens_as_token_ids|/v1/completions|{"prompt":"a","return_tokens_as_token_ids":true}' \
   'reasoning_effort|/v1/chat/completions|{'"$MSGS"',"reasoning_effort":"extreme"}' \
   'sampling_params.no_stop_trim|/generate|{"text":"a","sampling_params":{"no_stop_trim":true}}' \
@@ -163,6 +162,20 @@ for f in open(sys.argv[1]).read().split("\n\n"):
 assert [texts[0], texts[1]] == json.loads(sys.argv[2]), texts
 assert done == {0: "length", 1: "length"}, done
 PY
+# include_stop_str_in_output: the stop string (the greedy output's last two characters) kept, or not.
+for inc in true false; do
+  B=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["choices"][0]["text"]; print(json.dumps({"prompt":"Once upon","max_tokens":3,"temperature":0,"ignore_eos":True,"stop":[t[-2:]],"include_stop_str_in_output":sys.argv[2]=="true"}))' "$T/b1.json" $inc)
+  req is POST /v1/completions "$B" >/dev/null
+  python3 - "$T/b1.json" "$T/is.json" $inc <<'PY' || fail "include_stop_str_in_output $inc: $(cat "$T/is.json")"
+import json, sys
+full = json.load(open(sys.argv[1]))["choices"][0]["text"]
+got = json.load(open(sys.argv[2]))["choices"][0]
+stop = full[-2:]
+i = full.find(stop)
+want = full[: i + len(stop)] if sys.argv[3] == "true" else full[:i]
+assert got["text"] == want and got["finish_reason"] == "stop", (got, want)
+PY
+done
 req ec POST /v1/completions '{"prompt":"Once upon","echo":true,'"$G"'}' >/dev/null
 expect "$(jq_ ec 'j["choices"][0]["text"]')" "Once upon$(jq_ b1 'j["choices"][0]["text"]')" "echo" ec
 expect "$(req el POST /v1/completions '{"prompt":"a","echo":true,"logprobs":1}')" 400 "echo with logprobs"
