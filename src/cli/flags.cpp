@@ -10,6 +10,8 @@ namespace kiln::cli {
 Flags::Flags(const Args& args, std::set<std::string> value_flags, std::set<std::string> bool_flags) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if ((a == "--help" || a == "-h") && !bool_flags.count("help"))
+      throw HelpRequested{value_flags, bool_flags};
     if (a.rfind("--", 0) != 0) {
       positional_.push_back(a);
       continue;

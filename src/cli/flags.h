@@ -12,6 +12,12 @@
 
 namespace kiln::cli {
 
+// Thrown by Flags when the arguments hold --help or -h and the command does not take --help itself: main()
+// prints the command's summary and the flags named here, and exits 0.
+struct HelpRequested {
+  std::set<std::string> value_flags, bool_flags;
+};
+
 class Flags {
  public:
   // value_flags take a value; bool_flags do not. Anything else is rejected.

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "cli/command.h"
+#include "cli/flags.h"
 
 namespace kiln::cli {
 
@@ -21,6 +22,15 @@ const std::vector<Command>& commands() {
 static void usage() {
   std::fprintf(stderr, "usage: kiln <command> [flags]\n\ncommands:\n");
   for (const auto& c : commands()) std::fprintf(stderr, "  %-18s %s\n", c.name.c_str(), c.summary.c_str());
+}
+
+// `kiln CMD --help` for a command whose own parser does not take --help: its summary and its flags.
+static void command_help(const Command& c, const HelpRequested& h) {
+  std::printf("usage: kiln %s [flags]\n\n%s\n", c.name.c_str(), c.summary.c_str());
+  if (!h.value_flags.empty()) std::printf("\nflags taking a value:\n");
+  for (const auto& f : h.value_flags) std::printf("  --%s VALUE\n", f.c_str());
+  if (!h.bool_flags.empty()) std::printf("\nswitches:\n");
+  for (const auto& f : h.bool_flags) std::printf("  --%s\n", f.c_str());
 }
 
 }  // namespace kiln::cli
@@ -58,6 +68,9 @@ int main(int argc, char** argv) {
   }
   try {
     return best->run(Args(args.begin() + long(best_words), args.end()));
+  } catch (const HelpRequested& h) {
+    command_help(*best, h);
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln %s: error: %s\n", best->name.c_str(), e.what());
     return 1;

@@ -63,7 +63,9 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   KILN_CHECK(opts.sampling_backend == "auto" || opts.sampling_backend == "cpu", "bad sampling backend '",
              opts.sampling_backend, "': expected auto or cpu");
   I.device_sampling = opts.sampling_backend == "auto";
-  I.overlap = opts.overlap_schedule;
+  spec::validate_spec_options(opts.speculative);
+  // Steps launched ahead never verify: with speculative decoding on, every step is planned after the last.
+  I.overlap = opts.overlap_schedule && !opts.speculative.enabled();
   I.runner = std::move(runner);
   // A request counts as abandoned once aborted (queued for the next turn) or at an abortive shutdown.
   I.runner->set_abandoned_check([&I](uint64_t id) {

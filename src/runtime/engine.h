@@ -30,6 +30,8 @@
 
 #include "kiln/config.h"
 #include "kiln/error.h"
+#include "spec/spec_options.h"
+#include "spec/spec_stats.h"
 #include "vision/image_input.h"
 
 namespace kiln {
@@ -101,6 +103,7 @@ struct TokenEvent {
   std::vector<float> embedding;  // embedding requests: the pooled hidden state [hidden], L2-normalised
                                  // when the model says so (ModelConfig::pooling, normalize_embeddings)
   std::vector<float> hidden;     // return_hidden: last position's final hidden state (unnormalised)
+  spec::SpecRequestStats spec;   // speculative decoding's counts for this request so far
 };
 
 // Prometheus-style histogram: counts[i] = observations <= bounds[i] (cumulative), plus +Inf via count.
@@ -136,6 +139,7 @@ struct EngineStats {
   Histogram ttft;               // submit -> first token (seconds)
   Histogram tpot;               // per output token after the first, per request mean
   Histogram e2e;                // submit -> finish
+  spec::SpecStats spec;         // speculative decoding (EngineOptions::speculative): drafts and acceptance
 };
 
 struct EngineOptions {
@@ -183,6 +187,8 @@ struct EngineOptions {
   // SGLang): measured faster on the H200 at C = 1 and 32 (2026-12-03, `6d43051`; docs/PERF.md "Serving").
   bool overlap_schedule = true;
   uint64_t seed = 0;  // base for requests without a seed
+  // Speculative decoding (src/spec/README.md): decode steps whose rows have drafts run as verify steps.
+  spec::SpecOptions speculative;
   // Tensor parallelism (runtime/tp_runner.h): tp ranks over all nodes, tp / nnodes GPUs (or CPU ranks) on
   // this node; SGLang's --tp, --nnodes, --node-rank and --dist-init-addr host:port (node 0's rendezvous).
   int tp = 1;

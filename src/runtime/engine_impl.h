@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
@@ -16,6 +17,7 @@
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
+#include "spec/ngram_index.h"
 
 namespace kiln {
 
@@ -43,6 +45,7 @@ struct Live {
   // Mean / CLS pooling (embedding models): the sum of the pooled prompt rows' hidden states so far.
   std::vector<double> pool_sum;
   int64_t pooled = 0;
+  spec::SpecRequestStats spec;  // its verify rows (engine_spec.cpp)
 };
 
 inline double seconds(Clock::time_point a, Clock::time_point b) {
@@ -115,6 +118,16 @@ struct Engine::Impl {
   void finish(RequestId id, const std::string& reason, const std::string& error = {},
               TokenEvent* ev = nullptr);
   void publish(bool full);
+
+  // Speculative decoding (engine_spec.cpp): each request's n-gram index, and the verify step that replaces a
+  // decode-only step whose rows have drafts (true: the step ran, events and all; false: nothing changed).
+  std::unordered_map<RequestId, spec::NgramIndex> ngram;
+  bool spec_step(StepPlan& plan);
+  std::vector<int32_t> verify_row(Live& L, const float* logits, std::span<const int32_t> draft) const;
+  // The logprobs (and top alternatives) of a verify row's emitted tokens, when the request asks for them.
+  std::vector<Draw> emitted_logprobs(const Live& L, const float* logits,
+                                     const std::vector<int32_t>& tokens) const;
+  void deliver_verified(RequestId id, const std::vector<int32_t>& tokens, std::vector<Draw>& draws);
 };
 
 }  // namespace kiln

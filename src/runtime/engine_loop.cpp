@@ -176,6 +176,7 @@ void Engine::Impl::step() {
       counters.cached_tokens_total += L.cached_tokens;
     }
   }
+  if (spec_step(plan)) return;  // speculative decoding: a verify step instead (engine_spec.cpp)
   bool need_logits = false, need_hidden = false, device_ok = device_sampling;
   int top_n = 0;
   for (int32_t r : plan.sample_rows) {
@@ -475,6 +476,7 @@ void Engine::Impl::emit(RequestId id, Live& L, TokenEvent& ev) {
   ev.prompt_tokens = L.prompt_tokens;
   ev.completion_tokens = L.completion;
   ev.cached_tokens = std::max(0, L.cached_tokens);
+  ev.spec = L.spec;
   if (!L.on_event) return;
   try {
     L.on_event(ev);

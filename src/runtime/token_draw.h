@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "spec/categorical.h"
 
 namespace kiln {
 
@@ -22,5 +23,16 @@ struct Draw {
 };
 
 Draw draw_token(const float* logits, int64_t vocab, const SamplingParams& params, std::mt19937_64& rng);
+
+// The two halves of draw_token, for speculative verification (spec/verify.h), which must judge drafts against
+// exactly what draw_token would draw from. greedy_token: the temperature-0 choice (lowest id among the
+// maximal logits; NaN never wins). token_distribution (temperature > 0): softmax(logits / T) with top-k,
+// top-p and min-p applied; draw_token's draw is out->draw(u) for one uniform u.
+int32_t greedy_token(const float* logits, int64_t vocab);
+void token_distribution(const float* logits, int64_t vocab, const SamplingParams& params,
+                        spec::Categorical* out);
+// draw_token's reporting for out->token: its logprob and, when asked, the top alternatives (nothing when the
+// params ask for neither).
+void token_logprobs(const float* logits, int64_t vocab, const SamplingParams& params, Draw* out);
 
 }  // namespace kiln

@@ -25,6 +25,7 @@ OutputTracker::OutputTracker(const TextCodec& codec, const GenSpec& spec)
     : stream_(codec.stream()),
       stop_(spec.stop),
       want_logprobs_(spec.logprobs),
+      include_stop_(spec.include_stop_str),
       min_tokens_(spec.sampling.min_new_tokens),
       prompt_tokens_(int(spec.prompt.size())) {}
 
@@ -32,6 +33,7 @@ void OutputTracker::finish_text(Delta& d) {
   const StopMatcher::Result r = stop_.push(stream_->flush());
   d.text += r.text;
   if (r.matched) {
+    if (include_stop_) d.text += r.stop;
     stopped_by_string_ = true;
     finish_reason_ = "stop";
     matched_ = r.stop;
@@ -56,6 +58,7 @@ Delta OutputTracker::consume(const TokenEvent& e) {
       const StopMatcher::Result r = stop_.push(stream_->push(id));
       d.text += r.text;
       if (r.matched) {
+        if (include_stop_) d.text += r.stop;
         finished_ = stopped_by_string_ = true;
         finish_reason_ = "stop";
         matched_ = r.stop;

@@ -80,7 +80,8 @@ class OutputTracker {
   std::unique_ptr<TextStream> stream_;
   StopMatcher stop_;
   bool want_logprobs_;
-  int min_tokens_;  // stop strings are looked for from this token on (1-based)
+  bool include_stop_;  // a matched stop string stays in the text (include_stop_str_in_output)
+  int min_tokens_;     // stop strings are looked for from this token on (1-based)
   bool finished_ = false;
   bool stopped_by_string_ = false;
   std::string finish_reason_;

@@ -31,7 +31,7 @@ struct Session {
   bool started = false;
   bool abort_sent = false;
   bool ended = false;
-  size_t text_offset = 0;  // completions logprobs: byte offset of the next token's text
+  size_t text_offset = 0;  // completions logprobs: character offset of the next token's text
   Delta pulled;            // what this pull's events released, sent as one frame
   bool pulled_any = false;
   sse::StringCache gen_text;  // /generate streams: the cumulative text and ids, serialized once
@@ -68,7 +68,7 @@ void stream_delta(Session& s, const Delta& d, const TextCodec& codec, Frame& fra
       std::string lp = "null";
       if (has_lp) {
         lp = dump_json(completion_logprobs(d.tokens, codec, s.text_offset));
-        for (const auto& t : d.tokens) s.text_offset += codec.token_bytes(t.id).size();
+        for (const auto& t : d.tokens) s.text_offset += text_offset_length(codec.token_bytes(t.id));
       }
       sse::append_string(body, d.text);
       sse::append_completion_chunk(out, s.ctx, {body, "null", lp, usage});
@@ -81,7 +81,8 @@ void stream_delta(Session& s, const Delta& d, const TextCodec& codec, Frame& fra
       if (s.spec.logprobs)  // cumulative logprob lists: the general shape
         out += sse_frame(generate_response(s.ctx, s.tracker, s.spec, codec, e2e));
       else
-        sse::append_generate_running(frame, s.ctx, s.tracker, s.spec.n > 1, e2e, s.gen_text, s.gen_ids);
+        sse::append_generate_running(frame, s.ctx, s.tracker, s.spec.n > 1 || s.spec.batched, e2e, s.gen_text,
+                                     s.gen_ids);
       return;
     }
   }
@@ -136,7 +137,7 @@ std::string stream_tail(const Group& g) {
   if (!s.spec.include_usage || s.spec.endpoint == Endpoint::generate || any_error(g)) return sse_done();
   const char* object = s.spec.endpoint == Endpoint::chat ? "chat.completion.chunk" : "text_completion";
   json u = usage_chunk(s.ctx, object, s.tracker);
-  u["usage"] = usage_json(trackers(g));
+  u["usage"] = usage_json(trackers(g), s.spec.n);
   return sse_frame(u) + sse_done();
 }
 
@@ -161,7 +162,7 @@ std::string full_body(const Group& g, const TextCodec& codec) {
   }
   if (g.size() == 1) return dump_json(bodies[0]);
   if (g[0]->spec.endpoint == Endpoint::generate) return dump_json(json(bodies));  // SGLang: a list
-  return dump_json(merge_choices(bodies, usage_json(trackers(g))));
+  return dump_json(merge_choices(bodies, usage_json(trackers(g), g[0]->spec.n)));
 }
 
 Outcome outcome_of(const OutputTracker& t) {
@@ -200,6 +201,13 @@ bool GroupSource::pull(Frame& frame, HttpResponse&) {
     if (stream && group[0]->spec.endpoint == Endpoint::chat) {
       for (const auto& s : group) {
         json c = chat_chunk(s->ctx, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
+        if (s->spec.include_usage) c["usage"] = maybe_usage(*s);
+        out += sse_frame(c);
+      }
+    }
+    if (stream && group[0]->spec.endpoint == Endpoint::completion && !group[0]->spec.echo_text.empty()) {
+      for (const auto& s : group) {  // echo: the prompt's text first
+        json c = completion_chunk(s->ctx, s->spec.echo_text, nullptr, nullptr);
         if (s->spec.include_usage) c["usage"] = maybe_usage(*s);
         out += sse_frame(c);
       }
@@ -265,24 +273,38 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
                                                     : parse_generate_request(body, codec, lim);
   if (engine.is_embedding_model())
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
-  // n choices: n engine requests on one event queue; the later ones wait for the first's prefill and
-  // reuse its cached prompt pages (Request::after_prefill_of).
+  // n choices (of each prompt): n engine requests on one event queue; the later ones wait for the first's
+  // prefill and reuse its cached prompt pages (Request::after_prefill_of).
   // The connection is woken every opts.stream_interval tokens while streaming (SGLang's --stream-interval:
   // fewer, larger chunks); a response sent whole needs waking only at its end, unless the server must watch
   // its text for stop strings to abort it as soon as one matches.
   const int wake_every = spec.stream || !spec.stop.empty() ? opts.stream_interval : 0;
   auto src = std::make_shared<GroupSource>(*this, wake_every);
   ResponseCtx ctx;
-  ctx.id = make_id(ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "");
+  ctx.id = !spec.request_id.empty() ? spec.request_id
+                                    : make_id(ep == Endpoint::chat         ? "chatcmpl-"
+                                              : ep == Endpoint::completion ? "cmpl-"
+                                                                           : "");
   ctx.created = int64_t(std::time(nullptr));
   ctx.model = spec.model;
-  for (int i = 0; i < spec.n; ++i) {
-    GenSpec si = spec;
-    if (ep == Endpoint::chat) si.parse.id_prefix = make_id("call_") + "_";
-    auto s = std::make_shared<Session>(codec, std::move(si));
-    s->ctx = ctx;
-    s->ctx.index = i;
-    src->group.push_back(std::move(s));
+  // Batched prompts: prompt p's choice i is choice p * n + i (OpenAI's and vLLM's indexing).
+  GenSpec base = spec;
+  base.more_prompts.clear();
+  for (size_t p = 0; p <= spec.more_prompts.size(); ++p) {
+    if (p > 0) {
+      const GenSpec::MorePrompt& mp = spec.more_prompts[p - 1];
+      base.prompt = mp.ids;
+      base.sampling.max_new_tokens = mp.max_new_tokens;
+      base.echo_text = mp.echo_text;
+    }
+    for (int i = 0; i < spec.n; ++i) {
+      GenSpec si = base;
+      if (ep == Endpoint::chat) si.parse.id_prefix = make_id("call_") + "_";
+      auto s = std::make_shared<Session>(codec, std::move(si));
+      s->ctx = ctx;
+      s->ctx.index = int(p) * spec.n + i;
+      src->group.push_back(std::move(s));
+    }
   }
   // Busy part-way: src's destructor aborts and counts the choices already submitted.
   for (size_t i = 0; i < src->group.size(); ++i) {
@@ -291,23 +313,17 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
     r.prompt = s.spec.prompt;
     r.images = s.spec.images;
     r.sampling = s.spec.sampling;
+    const size_t choice = i % size_t(spec.n);  // of its prompt
     if (r.sampling.seed >= 0)
-      r.sampling.seed = int64_t((uint64_t(r.sampling.seed) + i) & uint64_t(INT64_MAX));
+      r.sampling.seed = int64_t((uint64_t(r.sampling.seed) + choice) & uint64_t(INT64_MAX));
     r.return_hidden = s.spec.return_hidden;
-    r.after_prefill_of = i > 0 ? src->group[0]->rid : 0;
+    r.after_prefill_of = choice > 0 ? src->group[i - choice]->rid : 0;
     s.rid = submit(std::move(r), [q = src->queue, w = src->wake](const TokenEvent& e) {
       if (q->push(e)) w->wake();
     });
     on_accepted(s.rid);
   }
-  const bool stream = spec.stream;
-  if (stream) {
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-  }
-  res.content_type = stream ? "text/event-stream" : "application/json";
-  res.stream = stream;
-  res.source = std::move(src);
+  set_source(res, std::move(src), spec.stream);
 }
 
 namespace {

@@ -161,6 +161,11 @@ bool OutputParser::step_tool_call(ParsedDelta& out, bool final) {
   ToolCall call;
   const std::string_view inner = std::string_view(buf_).substr(0, pos);
   if (parse_call(inner, call)) {
+    if (opt_.max_calls > 0 && calls_ >= opt_.max_calls) {  // dropped, block and all
+      buf_.erase(0, pos + kToolClose.size());
+      state_ = State::content;
+      return true;
+    }
     call.index = calls_++;
     call.id = opt_.id_prefix + std::to_string(call.index);
     out.tool_calls.push_back(std::move(call));

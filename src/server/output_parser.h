@@ -35,6 +35,7 @@ struct ParserOptions {
   bool start_in_reasoning = false;  // the prompt ends inside <think>: the output starts as reasoning
   bool tools = false;               // parse <tool_call> blocks
   std::string id_prefix = "call_";  // tool call i gets id id_prefix + i
+  int max_calls = 0;  // > 0: calls past this many are dropped (vLLM's parallel_tool_calls false)
 };
 
 struct ToolCall {

@@ -8,6 +8,7 @@
 #include "kiln/error.h"
 #include "kiln/json_depth.h"
 #include "server/api_error.h"
+#include "server/protocol_fields.h"
 #include "server/protocol_images.h"
 
 namespace kiln::server {
@@ -78,16 +79,6 @@ std::optional<std::string> opt_string(const json& obj, const char* name) {
   if (!v) return std::nullopt;
   if (!v->is_string()) throw bad_request(std::string("'") + name + "' must be a string", name);
   return v->get<std::string>();
-}
-
-void check_model(const json& body, const ApiLimits& lim, std::string& model) {
-  model = lim.served_model_name;
-  if (auto m = opt_string(body, "model")) {
-    if (*m != lim.served_model_name)
-      throw ApiError(
-          404, "The model '" + *m + "' does not exist; this server serves '" + lim.served_model_name + "'",
-          "model", "invalid_request_error", "model_not_found");
-  }
 }
 
 std::vector<int32_t> token_list(const json& arr, const char* param, const ApiLimits& lim) {
@@ -228,7 +219,6 @@ void add_default_eos(SamplingParams& sp, const ApiLimits& lim) {
 void reject_openai_unsupported(const json& body) {
   if (auto v = opt_int(body, "best_of", INT64_MIN, INT64_MAX); v && *v != 1)
     throw bad_request("'best_of' must be 1", "best_of");
-  if (auto v = opt_bool(body, "echo"); v && *v) throw bad_request("'echo' is not supported", "echo");
   if (const json* v = field(body, "suffix"))
     if (!v->is_string() || !v->get<std::string>().empty())
       throw bad_request("'suffix' is not supported", "suffix");
@@ -257,12 +247,12 @@ void parse_stream(const json& body, GenSpec& g) {
 
 // max_tokens: explicit values must fit the context; absent ones default and clamp.
 void set_max_tokens(GenSpec& g, std::optional<int64_t> given, int64_t def, const ApiLimits& lim,
-                    const char* param) {
+                    const char* param, const char* prompt_param) {
   const int64_t n = int64_t(g.prompt.size());
   if (n >= lim.max_context_len)
     throw bad_request("This model's maximum context length is " + std::to_string(lim.max_context_len) +
                           " tokens, but the prompt has " + std::to_string(n) + " tokens",
-                      "messages");
+                      prompt_param);
   const int64_t room = lim.max_context_len - n;
   if (given) {
     if (*given > room)
@@ -337,7 +327,45 @@ bool prompt_opens_think(const std::string& text) {
          text.rfind("<|im_start|>assistant") < open;
 }
 
+// The prompts of a request, one or a batch: each checked (not empty, truncated when truncate_body asks,
+// fitting the context with its output limit). g.prompt, already set to the first (its images expanded),
+// keeps it; g.more_prompts gets the others with their own limits.
+void set_prompts(GenSpec& g, std::vector<GenSpec::MorePrompt> prompts, std::optional<int64_t> max_tokens,
+                 int64_t def, const ApiLimits& lim, const json* truncate_body, const char* max_param,
+                 const char* prompt_param) {
+  std::vector<int32_t> first;
+  int first_max = 0;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    if (k > 0) g.prompt = std::move(prompts[k].ids);
+    check_prompt(g, prompt_param);
+    if (truncate_body) truncate_prompt(*truncate_body, g, lim);
+    set_max_tokens(g, max_tokens, def, lim, max_param, prompt_param);
+    check_min_tokens(g);
+    if (k == 0) {
+      first = std::move(g.prompt);
+      first_max = g.sampling.max_new_tokens;
+      g.echo_text = prompts[0].echo_text;
+    } else {
+      g.more_prompts.push_back({std::move(g.prompt), g.sampling.max_new_tokens, prompts[k].echo_text});
+    }
+  }
+  g.prompt = std::move(first);
+  g.sampling.max_new_tokens = first_max;
+  g.batched = prompts.size() > 1;
+}
+
 }  // namespace
+
+void check_model(const json& body, const ApiLimits& lim, std::string& model) {
+  model = lim.served_model_name;
+  if (auto m = opt_string(body, "model")) {
+    const auto& a = lim.model_aliases;
+    if (*m != lim.served_model_name && std::find(a.begin(), a.end(), *m) == a.end())
+      throw ApiError(
+          404, "The model '" + *m + "' does not exist; this server serves '" + lim.served_model_name + "'",
+          "model", "invalid_request_error", "model_not_found");
+  }
+}
 
 json parse_body(const std::string& body) {
   // Before parsing: the parsed value is copied, dumped and walked recursively (kiln/json_depth.h).
@@ -362,6 +390,8 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.endpoint = Endpoint::chat;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
+  if (auto v = opt_bool(body, "echo"); v && *v) throw bad_request("'echo' is not supported on chat", "echo");
+  refuse_unimplemented_fields(body, g);
   g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop, g.n);
   add_default_eos(g.sampling, lim);
@@ -371,8 +401,9 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
     if (!g.logprobs && *v > 0) throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
     g.top_logprobs = int(*v);
   }
-  std::optional<int64_t> max_tokens = opt_int(body, "max_completion_tokens", 1, INT32_MAX);
-  if (auto v = opt_int(body, "max_tokens", 1, INT32_MAX)) max_tokens = v;
+  // vLLM: max_completion_tokens (OpenAI's current name) wins over the deprecated max_tokens.
+  std::optional<int64_t> max_tokens = opt_int(body, "max_tokens", 1, INT32_MAX);
+  if (auto v = opt_int(body, "max_completion_tokens", 1, INT32_MAX)) max_tokens = v;
 
   const json* msgs = field(body, "messages");
   if (!msgs) throw bad_request("'messages' is required", "messages");
@@ -407,10 +438,13 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   }
   const json* tools = field(body, "tools");
   if (tools && !tools->is_array()) throw bad_request("'tools' must be a list", "tools");
+  validate_tools(tools);
   const bool parse_tools = tools_requested(body, tools) && lim.tool_call_parser;
+  const bool continue_final = apply_chat_render_fields(body, normalized);
   std::string text;
   try {
     text = codec.render_chat(normalized);
+    if (continue_final) text = cut_after_final_message(text, normalized["messages"]);
   } catch (const kiln::Error& e) {
     throw bad_request(std::string("'messages' could not be rendered with the chat template: ") + e.what(),
                       "messages");
@@ -418,9 +452,11 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.prompt = encode_text(codec, text, "messages");
   check_prompt(g, "messages");
   attach_images(g, images, lim, "messages");
-  set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens");
+  truncate_prompt(body, g, lim);
+  set_max_tokens(g, max_tokens, lim.max_context_len, lim, "max_tokens", "messages");
   check_min_tokens(g);
   g.parse.tools = parse_tools;
+  g.parse.max_calls = max_tool_calls(body);
   g.parse.reasoning =
       lim.reasoning_parser && opt_bool(body, "separate_reasoning").value_or(true) && thinking_enabled(body);
   g.parse.start_in_reasoning = g.parse.reasoning && prompt_opens_think(text);
@@ -434,6 +470,7 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   g.endpoint = Endpoint::completion;
   check_model(body, lim, g.model);
   reject_openai_unsupported(body);
+  refuse_unimplemented_fields(body, g);
   g.sampling = lim.sampling_defaults;
   parse_sampling(body, lim, g.sampling, g.stop, g.n);
   add_default_eos(g.sampling, lim);
@@ -446,27 +483,35 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
 
   const json* p = field(body, "prompt");
   if (!p) throw bad_request("'prompt' is required", "prompt");
-  const char* kBatch = "batched prompts are not supported: send one prompt per request";
-  if (p->is_string()) {
-    g.prompt = encode_text(codec, p->get<std::string>(), "prompt");
-  } else if (p->is_array()) {
-    if (p->empty()) throw bad_request("'prompt' must not be empty", "prompt");
-    if ((*p)[0].is_string() || (*p)[0].is_array()) {
-      if (p->size() != 1) throw bad_request(kBatch, "prompt");
-      if ((*p)[0].is_string())
-        g.prompt = encode_text(codec, (*p)[0].get<std::string>(), "prompt");
-      else
-        g.prompt = token_list((*p)[0], "prompt", lim);
-    } else {
-      g.prompt = token_list(*p, "prompt", lim);
-    }
+  const bool echo = opt_bool(body, "echo").value_or(false);
+  if (echo && g.logprobs)
+    throw bad_request("'echo' with 'logprobs' needs prompt logprobs, which kiln does not compute", "echo");
+  // One prompt, or a batch: a list of strings or of token lists.
+  std::vector<const json*> items;
+  if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    if (p->size() > kMaxBatchPrompts)
+      throw bad_request("'prompt' holds at most " + std::to_string(kMaxBatchPrompts) + " prompts", "prompt");
+    for (const json& item : *p) items.push_back(&item);
+  } else if (p->is_string() || p->is_array()) {
+    if (p->is_array() && p->empty()) throw bad_request("'prompt' must not be empty", "prompt");
+    items.push_back(p);
   } else {
-    throw bad_request("'prompt' must be a string, a list of token ids, or a list with one of those",
-                      "prompt");
+    throw bad_request("'prompt' must be a string, a list of token ids, or a list of either", "prompt");
   }
-  check_prompt(g, "prompt");
-  set_max_tokens(g, max_tokens, 16, lim, "max_tokens");
-  check_min_tokens(g);
+  std::vector<GenSpec::MorePrompt> prompts;
+  for (const json* item : items) {
+    GenSpec::MorePrompt mp;
+    if (item->is_string())
+      mp.ids = encode_text(codec, item->get<std::string>(), "prompt");
+    else if (item->is_array())
+      mp.ids = token_list(*item, "prompt", lim);
+    else
+      throw bad_request("'prompt' lists must hold only strings or only token lists", "prompt");
+    if (echo) mp.echo_text = item->is_string() ? item->get<std::string>() : codec.decode(mp.ids);
+    prompts.push_back(std::move(mp));
+  }
+  g.prompt = prompts[0].ids;
+  set_prompts(g, std::move(prompts), max_tokens, 16, lim, &body, "max_tokens", "prompt");
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;
@@ -480,28 +525,35 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
   const json* ids = field(body, "input_ids");
   if (!text == !ids)
     throw bad_request("exactly one of 'text' and 'input_ids' is required", text ? "input_ids" : "text");
-  if (text) {
-    const json* t = text;
-    if (t->is_array()) {
-      if (t->size() != 1)
-        throw bad_request("batched 'text' is not supported: send one prompt per request", "text");
-      t = &(*t)[0];
+  // One prompt, or SGLang's batch: a list of texts, or a list of id lists.
+  std::vector<GenSpec::MorePrompt> prompts;
+  const char* param = text ? "text" : "input_ids";
+  const json* t = text ? text : ids;
+  const bool batch = text ? t->is_array() : t->is_array() && !t->empty() && (*t)[0].is_array();
+  if (!text && !t->is_array()) throw bad_request("'input_ids' must be a list of token ids", "input_ids");
+  if (batch && (t->empty() || t->size() > kMaxBatchPrompts))
+    throw bad_request(
+        std::string("'") + param + "' holds 1.." + std::to_string(kMaxBatchPrompts) + " prompts", param);
+  for (size_t k = 0; k < (batch ? t->size() : 1); ++k) {
+    const json& item = batch ? (*t)[k] : *t;
+    GenSpec::MorePrompt mp;
+    if (text) {
+      if (!item.is_string()) throw bad_request("'text' must be a string or a list of strings", "text");
+      mp.ids = encode_text(codec, item.get<std::string>(), "text");
+    } else {
+      if (!item.is_array())
+        throw bad_request("'input_ids' must be a list of token ids or of lists", "input_ids");
+      mp.ids = token_list(item, "input_ids", lim);
     }
-    if (!t->is_string()) throw bad_request("'text' must be a string", "text");
-    g.prompt = encode_text(codec, t->get<std::string>(), "text");
-    check_prompt(g, "text");
-  } else {
-    const json* t = ids;
-    if (!t->is_array()) throw bad_request("'input_ids' must be a list of token ids", "input_ids");
-    if (!t->empty() && (*t)[0].is_array()) {
-      if (t->size() != 1)
-        throw bad_request("batched 'input_ids' are not supported: send one prompt per request", "input_ids");
-      t = &(*t)[0];
-    }
-    g.prompt = token_list(*t, "input_ids", lim);
-    check_prompt(g, "input_ids");
+    prompts.push_back(std::move(mp));
   }
-  attach_images(g, generate_image_refs(body, lim), lim, text ? "text" : "input_ids");
+  g.prompt = prompts[0].ids;
+  check_prompt(g, param);
+  const std::vector<ImageRef> image_refs = generate_image_refs(body, lim);
+  if (prompts.size() > 1 && !image_refs.empty())
+    throw bad_request("'image_data' with batched prompts is not supported: send one prompt per request",
+                      "image_data");
+  attach_images(g, image_refs, lim, param);
   std::optional<int64_t> max_new;
   g.sampling = lim.sampling_defaults;
   if (const json* sp = field(body, "sampling_params")) {
@@ -512,6 +564,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
       throw bad_request("'skip_special_tokens': false is not supported", "sampling_params");
   }
   add_default_eos(g.sampling, lim);
+  check_generate_fields(body, g);
   g.stream = opt_bool(body, "stream").value_or(false);
   g.logprobs = opt_bool(body, "return_logprob").value_or(false);
   if (auto v = opt_int(body, "top_logprobs_num", 0, kMaxTopLogprobs)) g.top_logprobs = int(*v);
@@ -519,8 +572,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     throw bad_request("'top_logprobs_num' needs 'return_logprob': true", "top_logprobs_num");
   g.return_text_in_logprobs = opt_bool(body, "return_text_in_logprobs").value_or(false);
   g.return_hidden = opt_bool(body, "return_hidden_states").value_or(false);
-  set_max_tokens(g, max_new, 128, lim, "max_new_tokens");
-  check_min_tokens(g);
+  set_prompts(g, std::move(prompts), max_new, 128, lim, nullptr, "max_new_tokens", param);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;

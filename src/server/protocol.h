@@ -1,9 +1,9 @@
 // Request schemas: OpenAI chat/completions/embeddings and SGLang /generate, parsed and validated into plain
 // structs before anything reaches the engine. Every problem is an ApiError (400, or 404 for an unknown
 // model) that names the offending field: wrong JSON types, missing/empty/over-long prompts, token ids out
-// of range, non-finite or out-of-range sampling parameters, unsupported options (best_of != 1, echo,
-// suffix, response_format other than text, a "required" or named tool_choice). JSON null is treated as
-// "not given", as OpenAI clients send it for unset fields.
+// of range, non-finite or out-of-range sampling parameters, unsupported options (best_of != 1, echo with
+// logprobs, suffix, response_format other than text, a "required" or named tool_choice). JSON null is treated
+// as "not given", as OpenAI clients send it for unset fields.
 //
 // Ranges: temperature [0, 2] finite; top_p (0, 1]; top_k -1, 0 (disabled) or >= 1; min_p [0, 1];
 // presence_penalty and frequency_penalty [-2, 2]; repetition_penalty (0, 2]; logit_bias {"<id>": [-100,
@@ -38,6 +38,7 @@ struct ApiLimits {
   int64_t max_context_len = 0;
   int64_t hidden_size = 0;
   std::string served_model_name;
+  std::vector<std::string> model_aliases;  // further names "model" may carry (server/model_names.h)
   size_t max_embedding_inputs = 256;
   // Output parsing the server is configured for (ServerOptions): chat replies split <think> blocks into
   // reasoning_content, and <tool_call> blocks into tool_calls when the request has tools.
@@ -60,6 +61,7 @@ struct GenSpec {
   std::vector<int32_t> prompt;  // token ids, non-empty
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings (the server matches them on detokenized text)
+  bool include_stop_str = false;  // vLLM's include_stop_str_in_output: a matched stop string is kept
   int n = 1;                      // choices: n samples of the one prompt (seeded: seed, seed+1, ...)
   bool stream = false;
   bool include_usage = false;            // stream_options.include_usage
@@ -71,7 +73,21 @@ struct GenSpec {
   ParserOptions parse;                   // chat: reasoning / tool-call parsing of the reply
   // Qwen3-VL: the request's images in prompt order; `prompt` already holds each one's expanded image pads.
   std::vector<vision::ImagePatches> images;
+  std::string request_id;  // /generate's rid: the reply's id instead of a generated one
+  // Batched prompts (/v1/completions: a list of strings or of token lists; /generate: a list of texts or of
+  // id lists): the prompts after `prompt`, each with its own output limit (clamped to its own context room);
+  // n choices each, choice index = prompt index * n + choice. At most kMaxBatchPrompts prompts.
+  struct MorePrompt {
+    std::vector<int32_t> ids;
+    int max_new_tokens = 0;
+    std::string echo_text;
+  };
+  std::vector<MorePrompt> more_prompts;
+  bool batched = false;   // the request held a list of prompts: /generate's objects then carry their index
+  std::string echo_text;  // completions' echo: the prompt's text, put before the output
 };
+
+constexpr size_t kMaxBatchPrompts = 256;  // prompts in one batched request (each times n engine requests)
 
 struct EmbedSpec {
   std::string model;
@@ -84,6 +100,10 @@ GenSpec parse_chat_request(const nlohmann::json& body, const TextCodec& codec, c
 GenSpec parse_completion_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
 GenSpec parse_generate_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
 EmbedSpec parse_embedding_request(const nlohmann::json& body, const TextCodec& codec, const ApiLimits& lim);
+
+// "model", when given, must be a name the server accepts (404 model_not_found otherwise); `model` is set to
+// the served name responses echo.
+void check_model(const nlohmann::json& body, const ApiLimits& lim, std::string& model);
 
 // Parses an HTTP body: must be a JSON object (400 otherwise, with the parser's reason).
 nlohmann::json parse_body(const std::string& body);

@@ -1,5 +1,6 @@
 #include "server/responses.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -46,12 +47,20 @@ json usage_json(const OutputTracker& t) {
           {"prompt_tokens_details", {{"cached_tokens", t.cached_tokens()}}}};
 }
 
-json usage_json(const std::vector<const OutputTracker*>& choices) {
+json usage_json(const std::vector<const OutputTracker*>& choices, int n) {
   json u = usage_json(*choices.at(0));
-  int completion = 0;
-  for (const OutputTracker* t : choices) completion += t->completion_tokens();
+  int prompt = 0, cached = 0, completion = 0;
+  for (size_t k = 0; k < choices.size(); ++k) {
+    completion += choices[k]->completion_tokens();
+    if (k % size_t(n) == 0) {  // the first choice of each prompt
+      prompt += choices[k]->prompt_tokens();
+      cached += choices[k]->cached_tokens();
+    }
+  }
+  u["prompt_tokens"] = prompt;
   u["completion_tokens"] = completion;
-  u["total_tokens"] = choices[0]->prompt_tokens() + completion;
+  u["total_tokens"] = prompt + completion;
+  u["prompt_tokens_details"]["cached_tokens"] = cached;
   return u;
 }
 
@@ -91,6 +100,11 @@ json chat_logprobs(const std::vector<TokenOut>& toks, const TextCodec& codec) {
   return {{"content", content}};
 }
 
+size_t text_offset_length(const std::string& token_bytes) {
+  const std::string s = valid_utf8(token_bytes);
+  return size_t(std::count_if(s.begin(), s.end(), [](char c) { return (uint8_t(c) & 0xc0) != 0x80; }));
+}
+
 json completion_logprobs(const std::vector<TokenOut>& toks, const TextCodec& codec, size_t text_offset) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (const auto& t : toks) {
@@ -101,7 +115,7 @@ json completion_logprobs(const std::vector<TokenOut>& toks, const TextCodec& cod
     for (const auto& alt : t.top) top[valid_utf8(codec.token_bytes(alt.id))] = alt.logprob;
     tops.push_back(top);
     offs.push_back(text_offset);
-    text_offset += s.size();
+    text_offset += text_offset_length(s);
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
@@ -187,7 +201,7 @@ json chat_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& 
 json completion_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
                          const TextCodec& codec) {
   json choice = {{"index", c.index},
-                 {"text", t.text()},
+                 {"text", spec.echo_text + t.text()},
                  {"logprobs", spec.logprobs ? completion_logprobs(t.tokens(), codec, 0) : json(nullptr)},
                  {"finish_reason", finish_reason_json(t)}};
   return {{"id", c.id},
@@ -235,7 +249,7 @@ json generate_response(const ResponseCtx& c, const OutputTracker& t, const GenSp
   }
   if (spec.return_hidden && t.finished()) meta["hidden_states"] = json::array({t.hidden()});
   json out = {{"text", t.text()}, {"output_ids", t.output_ids()}, {"meta_info", meta}};
-  if (spec.n > 1) out["index"] = c.index;  // SGLang's parallel samples say which one they are
+  if (spec.n > 1 || spec.batched) out["index"] = c.index;  // SGLang's parallel samples say which one they are
   return out;
 }
 

@@ -26,6 +26,9 @@ struct ResponseCtx {
 std::string dump_json(const nlohmann::json& j);
 // Invalid UTF-8 sequences replaced by U+FFFD, byte by byte (a token may be part of a character).
 std::string valid_utf8(const std::string& s);
+// Completions' text_offset counts characters (OpenAI, vLLM): the code points of a token's text, a partial
+// UTF-8 character counting as the U+FFFD it is shown as.
+size_t text_offset_length(const std::string& token_bytes);
 inline std::string sse_frame(const nlohmann::json& j) {
   return "data: " + dump_json(j) + "\n\n";
 }
@@ -34,9 +37,9 @@ inline const char* sse_done() {
 }
 
 nlohmann::json usage_json(const OutputTracker& t);
-// n choices of one prompt (OpenAI's and vLLM's accounting): the prompt counted once, completion tokens
-// summed over the choices; cached tokens those of the first choice's prompt.
-nlohmann::json usage_json(const std::vector<const OutputTracker*>& choices);
+// n choices of each of one or more prompts, in prompt order (OpenAI's and vLLM's accounting): each prompt
+// counted once (its first choice's count, cached tokens too), completion tokens summed over every choice.
+nlohmann::json usage_json(const std::vector<const OutputTracker*>& choices, int n);
 // One response body from the per-choice bodies of n choices: the first body, with every body's choices[]
 // and the summed usage.
 nlohmann::json merge_choices(const std::vector<nlohmann::json>& bodies, nlohmann::json usage);

@@ -5,6 +5,7 @@
 
 #include "kiln/error.h"
 #include "server/api_error.h"
+#include "server/metrics_compat.h"
 #include "server/responses.h"
 #include "server/server_impl.h"
 
@@ -62,6 +63,9 @@ ApiLimits ApiServer::Impl::limits() const {
   l.max_context_len = engine.max_context_len();
   l.hidden_size = engine.hidden_size();
   l.served_model_name = opts.served_model_name;
+  const ModelNames names = model_names();
+  l.model_aliases.assign(names.served.begin() + 1, names.served.end());
+  l.model_aliases.insert(l.model_aliases.end(), names.accepted.begin(), names.accepted.end());
   l.reasoning_parser =
       opts.reasoning_parser == "qwen3" || (opts.reasoning_parser == "auto" && codec.chat_template_thinks());
   l.tool_call_parser = opts.tool_call_parser != "none";
@@ -106,6 +110,10 @@ void ApiServer::Impl::guarded(HttpResponse& res, Fn&& fn) {
   }
 }
 
+void ApiServer::Impl::run_guarded(HttpResponse& res, const std::function<void()>& fn) {
+  guarded(res, fn);
+}
+
 RequestId ApiServer::Impl::submit(Request r, std::function<void(const TokenEvent&)> cb) {
   if (draining) throw ApiError(503, "the server is shutting down", "", "service_unavailable");
   try {
@@ -144,6 +152,7 @@ void ApiServer::Impl::on_ended(RequestId id, Outcome o) {
 HttpResponse ApiServer::Impl::route(const HttpRequest& req) {
   HttpResponse res;
   const std::string& path = req.path;
+  if (auto pre = opts.cors.preflight(req)) return *pre;  // before auth: browsers send no key on a preflight
   if (!opts.api_key.empty() && path != "/health" && path != "/metrics") {
     const std::string auth = req.header("Authorization");
     if (!is_bearer(auth) || !same_secret(auth.substr(7), opts.api_key)) {
@@ -167,15 +176,14 @@ HttpResponse ApiServer::Impl::route(const HttpRequest& req) {
     if (path == "/metrics") {
       res.content_type = "text/plain; version=0.0.4; charset=utf-8";
       res.body = render_metrics(engine.stats(), counters, opts.served_model_name);
+      if (opts.metrics_compat == "vllm") res.body += vllm_metrics(res.body);
       return res;
     }
     if (path == "/v1/models") {
-      const json model = {{"id", opts.served_model_name},
-                          {"object", "model"},
-                          {"created", int64_t(std::time(nullptr))},
-                          {"owned_by", "kiln"},
-                          {"max_model_len", engine.max_context_len()}};
-      res.body = dump_json({{"object", "list"}, {"data", json::array({model})}});
+      json data = json::array();
+      for (const auto& name : model_names().served)
+        data.push_back(model_card(name, int64_t(std::time(nullptr)), engine.max_context_len()));
+      res.body = dump_json({{"object", "list"}, {"data", std::move(data)}});
       return res;
     }
     if (path == "/get_model_info") {
@@ -203,6 +211,14 @@ HttpResponse ApiServer::Impl::route(const HttpRequest& req) {
       return res;
     }
   }
+  if (route_vllm(req, res)) return res;
+  if (const std::string allow = allowed_methods(path); !allow.empty()) {
+    res.set_header("Allow", allow);
+    send_error(
+        res, 405,
+        error_body(405, "method " + req.method + " is not allowed on " + path + "; allowed: " + allow));
+    return res;
+  }
   send_error(res, 404, error_body(404, "no route for " + req.method + " " + path));
   return res;
 }
@@ -223,8 +239,13 @@ ApiServer::ApiServer(EngineApi& engine, const TextCodec& codec, ServerOptions op
   t.write_timeout = im.opts.write_timeout;
   t.retry_after_s = im.opts.retry_after_s;
   Routes r;
-  r.is_fast = [](const HttpRequest& req) { return req.method != "POST"; };
-  r.handle = [&im](const HttpRequest& req) { return im.route(req); };
+  // /health_generate submits to the engine: a worker's job.
+  r.is_fast = [](const HttpRequest& req) { return req.method != "POST" && req.path != "/health_generate"; };
+  r.handle = [&im](const HttpRequest& req) {
+    HttpResponse res = im.route(req);
+    im.opts.cors.decorate(req, res);
+    return res;
+  };
   // Statuses the transport produces itself (a malformed request, deadlines, limits) get a JSON body.
   r.error = [&im](int status, const std::string& msg) {
     if (status == 400 || status == 413 || status == 431) im.counters.rejected_invalid++;

@@ -1,8 +1,11 @@
 // ApiServer: the OpenAI/SGLang-compatible HTTP front of kiln, over the event-driven transport of
 // server/http_transport.h (Boost.Beast on Boost.Asio).
 //
-//   POST /v1/chat/completions  /v1/completions  /v1/embeddings  /generate  /flush_cache
-//   GET  /v1/models  /health  /metrics  /get_model_info
+//   POST /v1/chat/completions  /v1/completions  /v1/responses  /v1/embeddings  /generate  /flush_cache
+//        /tokenize  /detokenize
+//   GET  /v1/models  /v1/models/{id}  /health  /metrics  /get_model_info  /version  /get_server_info
+//        /health_generate  /v1/responses/{id}
+// A known path asked with another method gets 405 with Allow; OPTIONS preflights get CORS (server/cors.h).
 //
 // Connections are multiplexed on `http_threads` I/O threads; the GET routes are answered there from
 // snapshots (never waiting on the engine), the POST routes are parsed, tokenized and submitted on
@@ -24,6 +27,7 @@
 
 #include "runtime/engine.h"
 #include "server/backend.h"
+#include "server/cors.h"
 #include "server/images.h"
 #include "server/metrics.h"
 
@@ -43,6 +47,17 @@ struct ServerOptions {
   std::chrono::milliseconds body_timeout{30000};    // end of headers to end of body, else 408
   std::chrono::milliseconds write_timeout{30000};   // a client not reading for this long is dropped
   int retry_after_s = 1;                            // Retry-After on 503
+  // Model names (server/model_names.h): served_model_name is echoed by responses and labels /metrics;
+  // more_served_model_names are listed by /v1/models too; model_aliases (--model as given, its basename)
+  // are accepted in "model" but not listed.
+  std::vector<std::string> more_served_model_names;
+  std::vector<std::string> model_aliases;
+  // --allowed-origins (server/cors.h): vLLM's default, every origin.
+  CorsPolicy cors;
+  // /v1/responses kept in memory for previous_response_id; past it the oldest is dropped.
+  size_t max_stored_responses = 1024;
+  // "vllm": /metrics also carries vLLM's names (server/metrics_compat.h); "": kiln's only.
+  std::string metrics_compat;
   // Streaming: a response's connection is woken, and a chunk written, once this many tokens have arrived
   // since the last (the first token at once; the end always): SGLang's --stream-interval.
   int stream_interval = 1;

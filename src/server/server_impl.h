@@ -13,7 +13,9 @@
 #include <unordered_set>
 
 #include "server/http_transport.h"
+#include "server/model_names.h"
 #include "server/protocol.h"
+#include "server/responses_api.h"
 #include "server/server.h"
 
 namespace kiln::server {
@@ -27,6 +29,8 @@ struct ApiServer::Impl {
   const TextCodec& codec;
   ServerOptions opts;
   ServerCounters counters;
+  // /v1/responses kept for previous_response_id and GET /v1/responses/{id} (responses_route.cpp).
+  std::unique_ptr<ResponseStore> response_store = std::make_unique<ResponseStore>(opts.max_stored_responses);
   std::atomic<bool> draining{false};
   int bound_port = -1;
 
@@ -46,6 +50,8 @@ struct ApiServer::Impl {
   // Runs `fn`, turning ApiError and kiln::Error into OpenAI-shaped error responses (and counting them).
   template <typename Fn>
   void guarded(HttpResponse& res, Fn&& fn);
+  // guarded() for the route files other than server.cpp (where the template is defined).
+  void run_guarded(HttpResponse& res, const std::function<void()>& fn);
   void send_error(HttpResponse& res, int status, const nlohmann::json& body);
 
   // Accepted requests: registered once the engine gave an id, ended exactly once with an outcome.
@@ -55,12 +61,31 @@ struct ApiServer::Impl {
   // Both leave an HttpResponse with a ResponseSource that is fed by the engine's events.
   void handle_generation(Endpoint ep, const HttpRequest& req, HttpResponse& res);
   void handle_embeddings(const HttpRequest& req, HttpResponse& res);
+  void handle_responses(const HttpRequest& req, HttpResponse& res);
+  void get_stored_response(const std::string& id, HttpResponse& res);
+  // vLLM/SGLang extra routes (routes_vllm.cpp); false when `req` is not one of them.
+  bool route_vllm(const HttpRequest& req, HttpResponse& res);
+  ModelNames model_names() const;
   // Submits to the engine, mapping its refusals to ApiError (busy -> 503, bad input -> 400).
   RequestId submit(Request r, std::function<void(const TokenEvent&)> cb);
 
   // Last: destroyed first, while everything its connections' sources reach is still there.
   std::unique_ptr<HttpTransport> http;
 };
+
+// Hands `res` the source of a generation reply: SSE (no caching or proxy buffering) or one JSON body.
+inline void set_source(HttpResponse& res, std::shared_ptr<ResponseSource> src, bool stream) {
+  if (stream) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+  }
+  res.content_type = stream ? "text/event-stream" : "application/json";
+  res.stream = stream;
+  res.source = std::move(src);
+}
+
+// The methods a known path answers ("GET, HEAD"), "" for an unknown path (routes_vllm.cpp).
+std::string allowed_methods(const std::string& path);
 
 // Engine thread -> the transport's wake-up for one response: the engine's callback may outlive the
 // response, so it calls through this, which the response disarms when it finishes.

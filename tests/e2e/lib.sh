@@ -22,6 +22,16 @@ require_openai_npm() {
   [[ -d "$NODE_PATH/openai" ]] || skip "the openai npm package is missing from .deps/npm (run scripts/bootstrap.sh)"
 }
 
+# run_ai_sdk MODE BASE: tests/e2e/test_ai_sdk.cjs when the AI SDK is in .deps/npm (bootstrap installs it),
+# else a note that its checks were left out.
+run_ai_sdk() {
+  if [[ -f "$NODE_PATH/ai/package.json" && -f "$NODE_PATH/@ai-sdk/openai/package.json" ]]; then
+    node "$SRC/tests/e2e/test_ai_sdk.cjs" "$1" "$2" || fail "AI SDK checks ($1)"
+  else
+    echo "note: the AI SDK (ai, @ai-sdk/openai) is missing from .deps/npm (run scripts/bootstrap.sh): its checks left out"
+  fi
+}
+
 # start_server NAME ARGS...: kiln serve on a free loopback port (--port 0, the server prints READY).
 start_server() {
   local name=$1

@@ -88,6 +88,15 @@ async function main() {
       assert.equal(e.param, 'tool_choice');
     }
   }
+  // parallel_tool_calls false: only the first call (vLLM), streaming and not.
+  for (const req of [{ model: 'demo', messages: question, tools, parallel_tool_calls: false }]) {
+    const one = await client.chat.completions.create(req);
+    assert.equal(one.choices[0].finish_reason, 'tool_calls');
+    assert.deepEqual(one.choices[0].message.tool_calls.map((c) => c.function.name), ['get_weather']);
+    const os = await stream(req);
+    assert.deepEqual(os.calls.map((c) => c.function.name), ['get_weather']);
+    assert.equal(os.content, 'Let me check.');
+  }
   // 5. Thinking off: the template closes <think> in the prompt; nothing is split out.
   const off = await client.chat.completions.create({ model: 'demo', messages: [{ role: 'user', content: 'hi' }],
     chat_template_kwargs: { enable_thinking: false } });

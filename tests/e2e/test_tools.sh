@@ -10,5 +10,7 @@ source "$(dirname "$0")/lib.sh"
 require_openai_npm
 start_server tools --model "$FIXTURES/demo"
 node "$(dirname "$0")/test_tools.cjs" "$BASE" || fail "openai tool-call checks"
+node "$(dirname "$0")/test_responses.cjs" tools "$BASE" || fail "openai responses tool-call checks"
+run_ai_sdk tools "$BASE"
 stop_server
 echo "PASS test_tools"

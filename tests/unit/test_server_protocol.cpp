@@ -362,12 +362,14 @@ TEST(ServerProtocol, BadInputsAreRejectedWithTheirParam) {
 
   auto comp = [&](json b) { return error_of([&] { parse_completion_request(b, codec, L); }); };
   EXPECT_EQ(comp({{"prompt", ""}}), P(400, "prompt"));
-  EXPECT_EQ(comp({{"prompt", {"a", "b"}}}), P(400, "prompt"));
+  EXPECT_EQ(comp({{"prompt", {"a", 5}}}), P(400, "prompt"));  // a batch holds strings or token lists
+  EXPECT_EQ(comp({{"prompt", {"a", ""}}}), P(400, "prompt"));
+  EXPECT_EQ(parse_completion_request({{"prompt", {"a", "b"}}}, codec, L).more_prompts.size(), 1u);
   EXPECT_EQ(comp({{"prompt", {1, -1}}}), P(400, "prompt"));
   EXPECT_EQ(comp({{"prompt", {1, 300}}}), P(400, "prompt"));
   EXPECT_EQ(comp({{"prompt", 5}}), P(400, "prompt"));
   EXPECT_EQ(comp(json::object()), P(400, "prompt"));
-  EXPECT_EQ(comp({{"prompt", "a"}, {"echo", true}}), P(400, "echo"));
+  EXPECT_EQ(comp({{"prompt", "a"}, {"echo", true}, {"logprobs", 1}}), P(400, "echo"));
   EXPECT_EQ(comp({{"prompt", "a"}, {"best_of", 3}}), P(400, "best_of"));
   EXPECT_EQ(comp({{"prompt", "a"}, {"logprobs", 21}}), P(400, "logprobs"));
 

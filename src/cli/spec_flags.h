@@ -1,0 +1,48 @@
+// Speculative decoding flags of `kiln serve` (src/spec/README.md), SGLang's names and vLLM's JSON:
+//   --speculative-algorithm ngram|none
+//   --speculative-num-draft-tokens N      SGLang's count: positions verified per sequence, the last accepted
+//                                         token included, so N - 1 tokens are drafted (N >= 2)
+//   --speculative-ngram-min-match-window-size A / --speculative-ngram-max-match-window-size B
+//   --speculative-config '{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": A,
+//                          "prompt_lookup_max": B}'   (vLLM; k tokens drafted; not with the flags above)
+#pragma once
+
+#include <set>
+#include <string>
+
+#include "cli/flags.h"
+#include "kiln/error.h"
+#include "runtime/engine.h"
+
+namespace kiln::cli {
+
+inline const std::set<std::string> kSpecFlags = {
+    "speculative-algorithm", "speculative-num-draft-tokens", "speculative-ngram-min-match-window-size",
+    "speculative-ngram-max-match-window-size", "speculative-config"};
+
+inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
+  spec::SpecOptions& so = eo.speculative;
+  if (f.has("speculative-config")) {
+    for (const std::string& name : kSpecFlags)
+      KILN_CHECK(name == "speculative-config" || !f.has(name), "--speculative-config and --", name,
+                 " both set the speculative decoding options: give one form");
+    spec::apply_vllm_speculative_config(f.str("speculative-config"), &so);
+  } else {
+    so.algorithm = spec::parse_spec_algorithm(f.str("speculative-algorithm", "none"));
+    if (f.has("speculative-num-draft-tokens")) {
+      const int64_t n = f.i64("speculative-num-draft-tokens", 0);
+      KILN_CHECK(n >= 2 && n <= spec::kMaxDraftTokens + 1, "--speculative-num-draft-tokens must be in [2, ",
+                 spec::kMaxDraftTokens + 1, "] (it counts the last accepted token too), got ", n);
+      so.num_draft_tokens = int32_t(n - 1);
+    }
+    const int64_t lo = f.i64("speculative-ngram-min-match-window-size", so.ngram_min);
+    const int64_t hi = f.i64("speculative-ngram-max-match-window-size", so.ngram_max);
+    KILN_CHECK(lo >= 1 && hi >= lo && hi <= 64, "the n-gram match window [", lo, ", ", hi,
+               "] must satisfy 1 <= min <= max <= 64");
+    so.ngram_min = int32_t(lo);
+    so.ngram_max = int32_t(hi);
+  }
+  spec::validate_spec_options(so);
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,271 @@
+// Speculative decoding in the engine (src/spec/README.md has the contract). A decode-only step whose rows
+// carry n-gram drafts runs as one verify step instead: each sequence computes its last token and its k drafts
+// (k + 1 rows, logits at every one), the request's own sampler judges the drafts (spec/verify.h), the kept
+// tokens are committed to the scheduler and the rejected positions' pages given back (spec/kv_extent.h).
+// The model sees an ordinary step of multi-row sequences over their cached prefix.
+#include <algorithm>
+#include <optional>
+
+#include "ops/cpu/parallel.h"
+#include "runtime/engine_impl.h"
+#include "runtime/token_draw.h"
+#include "spec/kv_extent.h"
+#include "spec/verify.h"
+
+namespace kiln {
+namespace {
+
+// Requests a verify step serves (the rest make the whole step a plain one): generation without hidden states.
+bool verifiable(const Live& L) {
+  return !L.req.embedding && !L.req.return_hidden;
+}
+
+// The processed logits of a verify row's positions in order: position j's processing counts tokens 0 .. j-1
+// of `drafted` as generated (penalties, the min-token mask), by a copy of the request's processor advanced
+// token by token. Inactive processing stays inactive as tokens are observed, so then the raw rows serve.
+class ProcessedRows {
+ public:
+  ProcessedRows(const LogitProcessor& proc, const float* logits, int64_t vocab,
+                std::span<const int32_t> drafted)
+      : logits_(logits), vocab_(vocab), drafted_(drafted) {
+    if (proc.active()) proc_.emplace(proc);
+  }
+  // Call with j = 0, 1, ... in order.
+  const float* at(size_t j) {
+    const float* x = logits_ + j * size_t(vocab_);
+    if (!proc_) return x;
+    if (j > 0) proc_->observe(drafted_[j - 1]);
+    row_.assign(x, x + vocab_);
+    proc_->apply(row_.data(), vocab_);
+    return row_.data();
+  }
+
+ private:
+  const float* logits_;
+  int64_t vocab_;
+  std::span<const int32_t> drafted_;
+  std::optional<LogitProcessor> proc_;
+  std::vector<float> row_;
+};
+
+bool ends_request(const Live& L, const ModelConfig& cfg, int32_t tok) {
+  const auto& stops = L.req.sampling.stop_token_ids;
+  return std::find(stops.begin(), stops.end(), tok) != stops.end() ||
+         (!L.req.sampling.ignore_eos &&
+          std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) != cfg.eos_token_ids.end());
+}
+
+// The verify step's batch: the plan's rows as planned, each decode row with drafts extended by them
+// (positions begin .. begin + k) and given logits at every row; other rows keep the plan's logit row (their
+// last, when they sample). logit_base[i]: the first logit row of plan row i.
+BatchDesc verify_batch(const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+                       const KvPool& pool, std::vector<int32_t>* logit_base) {
+  BatchDesc b;
+  const int32_t ps = pool.page_size();
+  b.page_size = ps;
+  b.cu_q.assign(1, 0);
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& r = plan.rows[i];
+    b.pages_stride = std::max(b.pages_stride, pool.pages_for(r.begin + r.q_len + int32_t(drafts[i].size())));
+  }
+  logit_base->assign(plan.rows.size(), -1);
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& r = plan.rows[i];
+    const Sequence& s = *r.seq;
+    const int32_t q = r.q_len + int32_t(drafts[i].size());
+    if (r.samples) (*logit_base)[i] = int32_t(b.logit_rows.size());
+    for (int32_t j = 0; j < q; ++j) {
+      const int32_t pos = r.begin + j;
+      b.tokens.push_back(j < r.q_len ? s.tokens[size_t(pos)] : drafts[i][size_t(j - r.q_len)]);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps);
+      if (r.samples && (j + 1 == q || !drafts[i].empty())) b.logit_rows.push_back(b.cu_q.back() + j);
+    }
+    b.cu_q.push_back(b.cu_q.back() + q);
+    b.kv_lens.push_back(r.begin + q);
+    b.seq_ids.push_back(s.id);
+    const int32_t used = pool.pages_for(r.begin + q);
+    for (int32_t p = 0; p < b.pages_stride; ++p)
+      b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
+  }
+  return b;
+}
+
+}  // namespace
+
+bool Engine::Impl::spec_step(StepPlan& plan) {
+  const spec::SpecOptions& so = opts.speculative;
+  if (!so.enabled() || plan.empty() || pool_all_rows || !runner->config().mrope_section.empty()) return false;
+  for (auto it = ngram.begin(); it != ngram.end();)
+    it = live.count(it->first) ? std::next(it) : ngram.erase(it);
+  const size_t B = plan.rows.size();
+  std::vector<std::vector<int32_t>> drafts(B);
+  std::vector<uint8_t> wants(B, 0);
+  bool any = false;
+  for (size_t i = 0; i < B; ++i) {
+    const StepRow& r = plan.rows[i];
+    const Sequence& s = *r.seq;
+    const Live& L = live.at(s.id);
+    if (!verifiable(L)) return false;
+    if (!r.samples) continue;
+    // Tokens this step may still emit: within max_new_tokens and max_len (k drafts emit up to k + 1).
+    const int64_t room = std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
+                                           int64_t(s.max_len) - int64_t(s.tokens.size()));
+    wants[i] = room > 0;
+    if (room <= 1 || r.q_len != 1) continue;  // drafts ride on decode rows only
+    spec::NgramIndex& idx = ngram.try_emplace(s.id, so.ngram_min, so.ngram_max).first->second;
+    if (idx.size() > s.tokens.size()) idx = spec::NgramIndex(so.ngram_min, so.ngram_max);
+    idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size()));
+    drafts[i] = idx.propose(int32_t(std::min<int64_t>(room - 1, so.num_draft_tokens)));
+    any = any || !drafts[i].empty();
+  }
+  if (!any) return false;
+  // Pages for the drafts' positions from the free list only; a sequence drafts what they cover.
+  for (size_t i = 0; i < B; ++i) {
+    if (drafts[i].empty()) continue;
+    const StepRow& r = plan.rows[i];
+    const int32_t covered =
+        spec::reserve_draft_pages(*pool, r.seq->pages, r.begin + 1 + int32_t(drafts[i].size()));
+    drafts[i].resize(size_t(std::max(0, covered - r.begin - 1)));
+  }
+  const int64_t V = runner->config().vocab_size;
+  std::vector<int32_t> logit_base;
+  BatchDesc batch = verify_batch(plan, drafts, *pool, &logit_base);
+  runner->place_positions(batch);
+  std::vector<float>& logits = logits_host;
+  try {
+    batch.validate(V, pool->num_pages());
+    runner->forward(batch, &logits, nullptr);
+  } catch (const RunnerFatalError&) {
+    throw;  // no step can run any more: loop() ends every request
+  } catch (const std::exception& e) {
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < B; ++i) {
+      Sequence& s = *plan.rows[i].seq;
+      if (!drafts[i].empty()) spec::rollback_pages(*pool, s.pages, int32_t(s.tokens.size()));
+      ids.push_back(s.id);
+    }
+    for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
+    return true;
+  }
+  // Each row judges its drafts with its own request's generator: rows go in parallel without changing
+  // results. A row without drafts draws its token as a plain step would (one uniform, the same distribution).
+  std::vector<std::vector<int32_t>> emitted(B);
+  std::vector<std::vector<Draw>> draws(B);
+  ops::cpu::parallel_for(int64_t(B), B >= 8 ? 4 : int64_t(B) + 1, [&](int64_t i0, int64_t i1) {
+    for (size_t i = size_t(i0); i < size_t(i1); ++i) {
+      if (!wants[i]) continue;
+      Live& L = live.at(plan.rows[i].seq->id);
+      const float* rows = logits.data() + size_t(logit_base[i]) * size_t(V);
+      emitted[i] = verify_row(L, rows, drafts[i]);
+      draws[i] = emitted_logprobs(L, rows, emitted[i]);
+    }
+  });
+  // Commit: the kept drafts join the sequence before finalize appends the last emitted token, so the row
+  // computed 1 + (emitted - 1) positions for real; the pages past the sequence go back.
+  const ModelConfig& cfg = runner->config();
+  std::vector<int32_t> by_row(B, -1);
+  ++counters.spec.verify_steps;
+  for (size_t i = 0; i < B; ++i) {
+    std::vector<int32_t>& e = emitted[i];
+    if (e.empty()) continue;
+    Sequence& s = *plan.rows[i].seq;
+    Live& L = live.at(s.id);
+    const int32_t drafted = int32_t(drafts[i].size()), accepted = int32_t(e.size()) - 1;
+    counters.spec.observe_row(drafted, accepted);
+    if (drafted > 0) {
+      ++L.spec.verify_rows;
+      L.spec.draft_tokens += drafted;
+      L.spec.accepted_tokens += accepted;
+    }
+    for (size_t j = 0; j < e.size(); ++j)
+      if (ends_request(L, cfg, e[j])) e.resize(j + 1);  // what follows a stop is never emitted
+    s.tokens.insert(s.tokens.end(), e.begin(), e.end() - 1);
+    if (!s.cache_key.empty()) s.cache_key.insert(s.cache_key.end(), e.begin(), e.end() - 1);
+    plan.rows[i].q_len += int32_t(e.size()) - 1;
+    by_row[i] = e.back();
+  }
+  std::vector<int32_t> sampled(plan.sample_rows.size());
+  for (size_t k = 0; k < sampled.size(); ++k) sampled[k] = by_row[size_t(plan.sample_rows[k])];
+  sched->finalize(plan, sampled);
+  for (size_t i = 0; i < B; ++i)
+    if (!drafts[i].empty())
+      spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
+  for (size_t i = 0; i < B; ++i) {
+    if (!plan.rows[i].samples) continue;
+    const RequestId id = plan.rows[i].seq->id;
+    if (by_row[i] < 0) {
+      finish(id, "length");
+    } else {
+      if (!draws[i].empty()) draws[i].resize(emitted[i].size());  // cut after a stop, as the tokens were
+      deliver_verified(id, emitted[i], draws[i]);
+    }
+  }
+  return true;
+}
+
+std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits,
+                                              std::span<const int32_t> draft) const {
+  const int64_t V = runner->config().vocab_size;
+  const SamplingParams& sp = L.sampler->params();
+  ProcessedRows rows(L.sampler->processor(), logits, V, draft);
+  spec::Categorical dist;
+  auto target = [&](size_t j) {
+    const float* x = rows.at(j);
+    if (sp.temperature <= 0.0f) return spec::TargetPosition{greedy_token(x, V), nullptr};
+    token_distribution(x, V, sp, &dist);
+    return spec::TargetPosition{-1, &dist};
+  };
+  return spec::verify_chain(draft, target, L.sampler->generator());
+}
+
+std::vector<Draw> Engine::Impl::emitted_logprobs(const Live& L, const float* logits,
+                                                 const std::vector<int32_t>& tokens) const {
+  const SamplingParams& sp = L.sampler->params();
+  if (!sp.return_logprob && sp.top_logprobs == 0) return {};
+  // The emitted tokens but the last are the kept drafts: each position's processing is the verifier's.
+  const int64_t V = runner->config().vocab_size;
+  ProcessedRows rows(L.sampler->processor(), logits, V, tokens);
+  std::vector<Draw> out(tokens.size());
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    out[j].token = tokens[j];
+    token_logprobs(rows.at(j), V, sp, &out[j]);
+  }
+  return out;
+}
+
+void Engine::Impl::deliver_verified(RequestId id, const std::vector<int32_t>& tokens,
+                                    std::vector<Draw>& draws) {
+  Live& L = live.at(id);
+  const Sequence& s = *sched->find(id);
+  const Clock::time_point now = Clock::now();
+  const bool first = L.completion == 0;  // a prompt whose last token alone was left to compute
+  for (int32_t tok : tokens) {
+    L.sampler->observe(tok);
+    ++L.completion;
+  }
+  counters.generation_tokens_total += int64_t(tokens.size());
+  if (first) {
+    release_followers(L);  // its prompt is computed: its full pages are in the cache now
+    L.t_first = now;
+    counters.ttft.observe(seconds(L.t_submit, now));
+  }
+  L.t_last = now;
+  TokenEvent ev;
+  ev.ids = tokens;
+  if (L.req.sampling.return_logprob)
+    for (const Draw& d : draws) ev.logprobs.push_back(d.logprob);
+  if (L.req.sampling.top_logprobs > 0)
+    for (Draw& d : draws) ev.top_logprobs.push_back(std::move(d.top));
+  const int32_t last = tokens.back();
+  if (ends_request(L, runner->config(), last)) {
+    ev.matched_stop = last;
+    finish(id, "stop", {}, &ev);
+  } else if (L.completion >= L.req.sampling.max_new_tokens || int32_t(s.tokens.size()) >= s.max_len) {
+    finish(id, "length", {}, &ev);
+  } else {
+    emit(id, L, ev);
+  }
+}
+
+}  // namespace kiln

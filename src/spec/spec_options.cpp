@@ -1,0 +1,64 @@
+#include "spec/spec_options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+
+#include "kiln/error.h"
+
+namespace kiln::spec {
+
+SpecAlgorithm parse_spec_algorithm(const std::string& name) {
+  std::string s = name;
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (s.empty() || s == "none") return SpecAlgorithm::none;
+  if (s == "ngram") return SpecAlgorithm::ngram;
+  KILN_FAIL("unknown speculative algorithm '", name, "': expected ngram or none (EAGLE3 is not built yet)");
+}
+
+const char* spec_algorithm_name(SpecAlgorithm a) {
+  return a == SpecAlgorithm::ngram ? "ngram" : "none";
+}
+
+void apply_vllm_speculative_config(const std::string& json, SpecOptions* o) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+  } catch (const std::exception& e) {
+    KILN_FAIL("--speculative-config is not valid JSON: ", e.what());
+  }
+  KILN_CHECK(j.is_object(), "--speculative-config must be a JSON object");
+  KILN_CHECK(j.contains("method") && j["method"].is_string(),
+             "--speculative-config needs a \"method\" string");
+  auto int_field = [&](const char* key, int32_t* out) {
+    if (!j.contains(key)) return;
+    KILN_CHECK(j[key].is_number_integer(), "--speculative-config \"", key, "\" must be an integer");
+    const int64_t v = j[key].get<int64_t>();
+    KILN_CHECK(v >= 0 && v <= 1 << 20, "--speculative-config \"", key, "\" is out of range: ", v);
+    *out = int32_t(v);
+  };
+  for (const auto& [key, value] : j.items())
+    KILN_CHECK(key == "method" || key == "num_speculative_tokens" || key == "prompt_lookup_min" ||
+                   key == "prompt_lookup_max",
+               "--speculative-config: unsupported key \"", key,
+               "\" (accepted: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)");
+  o->algorithm = parse_spec_algorithm(j["method"].get<std::string>());
+  int_field("num_speculative_tokens", &o->num_draft_tokens);
+  const bool has_min = j.contains("prompt_lookup_min"), has_max = j.contains("prompt_lookup_max");
+  int_field("prompt_lookup_min", &o->ngram_min);
+  int_field("prompt_lookup_max", &o->ngram_max);
+  // vLLM: one bound given sets the other to it.
+  if (has_min && !has_max) o->ngram_max = o->ngram_min;
+  if (has_max && !has_min) o->ngram_min = o->ngram_max;
+}
+
+void validate_spec_options(const SpecOptions& o) {
+  if (!o.enabled()) return;
+  KILN_CHECK(o.num_draft_tokens >= 1 && o.num_draft_tokens <= kMaxDraftTokens,
+             "the number of speculative draft tokens must be in [1, ", kMaxDraftTokens, "], got ",
+             o.num_draft_tokens);
+  KILN_CHECK(o.ngram_min >= 1 && o.ngram_min <= o.ngram_max && o.ngram_max <= 64, "the n-gram match window [",
+             o.ngram_min, ", ", o.ngram_max, "] must satisfy 1 <= min <= max <= 64");
+}
+
+}  // namespace kiln::spec

@@ -1,0 +1,39 @@
+// SpecOptions: which drafter speculates and how far. Filled from SGLang's flags (--speculative-algorithm,
+// --speculative-num-draft-tokens, --speculative-ngram-{min,max}-match-window-size) or vLLM's
+// --speculative-config JSON ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a,
+// "prompt_lookup_max": b}); cli/spec_flags.h reads both.
+//
+// Counting: num_draft_tokens here is k, the tokens DRAFTED per sequence per step (vLLM's
+// num_speculative_tokens); a verify step computes k + 1 positions per sequence (the last accepted token and
+// the k drafts). SGLang's --speculative-num-draft-tokens counts those k + 1 positions (its chain EAGLE sets
+// it to num_steps + 1), so the flag N gives k = N - 1.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kiln::spec {
+
+enum class SpecAlgorithm { none, ngram };
+
+struct SpecOptions {
+  SpecAlgorithm algorithm = SpecAlgorithm::none;
+  int32_t num_draft_tokens = 4;  // k, in [1, kMaxDraftTokens]
+  int32_t ngram_min = 1;         // match window [ngram_min, ngram_max] (SGLang's defaults)
+  int32_t ngram_max = 12;
+  bool enabled() const { return algorithm != SpecAlgorithm::none; }
+};
+
+inline constexpr int32_t kMaxDraftTokens = 64;
+
+// "ngram" (any case) or "none" / ""; anything else (EAGLE3: not yet) is an error naming what is accepted.
+SpecAlgorithm parse_spec_algorithm(const std::string& name);
+const char* spec_algorithm_name(SpecAlgorithm a);
+// vLLM's --speculative-config: a JSON object; "method" (required), "num_speculative_tokens",
+// "prompt_lookup_min", "prompt_lookup_max" update *o; other keys are errors (a silently ignored knob would
+// mislead). Throws kiln::Error naming the bad field.
+void apply_vllm_speculative_config(const std::string& json, SpecOptions* o);
+// Throws kiln::Error naming the first bad field.
+void validate_spec_options(const SpecOptions& o);
+
+}  // namespace kiln::spec

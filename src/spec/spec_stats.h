@@ -1,0 +1,48 @@
+// SpecStats: speculative decoding's counters, cumulative since the engine started (EngineStats::spec), named
+// after vLLM's Prometheus series so the server can export them as they are:
+//   vllm:spec_decode_num_drafts                 drafts        verify rows that carried at least one draft
+//   vllm:spec_decode_num_draft_tokens           draft_tokens  drafted tokens verified
+//   vllm:spec_decode_num_accepted_tokens        accepted_tokens
+//   vllm:spec_decode_num_accepted_tokens_per_pos accepted_per_pos[i]: drafts whose token i was accepted
+// Derived: acceptance rate = accepted_tokens / draft_tokens; mean acceptance length (tokens per verify row,
+// the target's own token included, SGLang's "accept length") = 1 + accepted_tokens / drafts.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln::spec {
+
+struct SpecStats {
+  int64_t verify_steps = 0;  // engine steps that ran a verify pass
+  int64_t drafts = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;  // [k]
+
+  // One verify row: `drafted` tokens proposed, the first `accepted` of them kept.
+  void observe_row(int32_t drafted, int32_t accepted) {
+    if (drafted <= 0) return;
+    ++drafts;
+    draft_tokens += drafted;
+    accepted_tokens += accepted;
+    if (accepted_per_pos.size() < size_t(drafted)) accepted_per_pos.resize(size_t(drafted), 0);
+    for (int32_t i = 0; i < accepted; ++i) ++accepted_per_pos[size_t(i)];
+  }
+  double acceptance_rate() const {
+    return draft_tokens > 0 ? double(accepted_tokens) / double(draft_tokens) : 0.0;
+  }
+  double mean_acceptance_length() const {
+    return drafts > 0 ? 1.0 + double(accepted_tokens) / double(drafts) : 0.0;
+  }
+};
+
+// Per request (TokenEvent::spec): the same counts over its own verify rows.
+struct SpecRequestStats {
+  int32_t verify_rows =
+      0;  // verify rows with a draft (vLLM's per-request num_drafts, SGLang's spec_verify_ct)
+  int32_t draft_tokens = 0;
+  int32_t accepted_tokens = 0;
+};
+
+}  // namespace kiln::spec

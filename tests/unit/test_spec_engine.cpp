@@ -1,0 +1,285 @@
+// Speculative decoding through the engine (runtime/engine_spec.cpp): n-gram verify steps give exactly the
+// tokens of plain decoding (greedy on FakeRunner, whose every step re-reads the paged context, and on a
+// small random Qwen3 checkpoint on the CPU backend), seeded sampling reproduces whatever the batch, and the
+// page-table reserve / rollback keeps the scheduler's reference accounting exact.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "common/test_support.h"
+#include "engine_test_util.h"
+#include "kiln/safetensors.h"
+#include "model/weights.h"
+#include "runtime/fake_runner.h"
+#include "runtime/scheduler.h"
+#include "spec/kv_extent.h"
+
+namespace kiln {
+namespace {
+
+using test::expect_pool_clean;
+using test::greedy;
+using test::Sink;
+
+EngineOptions with_ngram(EngineOptions o, int k) {
+  o.speculative.algorithm = spec::SpecAlgorithm::ngram;
+  o.speculative.num_draft_tokens = k;
+  o.speculative.ngram_min = 1;
+  o.speculative.ngram_max = 4;
+  return o;
+}
+
+// Prompts that quote themselves: a random block three times, then its first two tokens.
+std::vector<std::vector<int32_t>> repeating_prompts(int vocab, int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> block;
+    for (int j = 0; j < 5 + i % 7; ++j) block.push_back(int32_t(rng() % uint32_t(vocab)));
+    std::vector<int32_t> p;
+    for (int r = 0; r < 3; ++r) p.insert(p.end(), block.begin(), block.end());
+    p.insert(p.end(), block.begin(), block.begin() + 2);  // mid-quote: the drafter proposes the block's rest
+    out.push_back(p);
+  }
+  return out;
+}
+
+struct Outputs {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::string> reasons;
+  EngineStats stats;
+};
+
+Outputs run(std::unique_ptr<Engine> engine_ptr, const std::vector<std::vector<int32_t>>& prompts,
+            int new_tokens, bool one_at_a_time, const std::function<void(size_t, Request&)>& edit = {}) {
+  Engine& engine = *engine_ptr;
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) {
+    Request r = greedy(p, new_tokens);
+    if (edit) edit(ids.size(), r);
+    ids.push_back(engine.submit(r, sink.cb()));
+    if (one_at_a_time) sink.wait_finished(int(ids.size()));
+  }
+  sink.wait_finished(int(prompts.size()));
+  sink.expect_one_finish_each();
+  Outputs out;
+  for (RequestId id : ids) {
+    out.tokens.push_back(sink.tokens(id));
+    out.reasons.push_back(sink.last(id).finish_reason);
+  }
+  expect_pool_clean(engine);
+  out.stats = engine.stats();
+  return out;
+}
+
+// FakeRunner over 3 tokens: drafts are right about a third of the time, so verify rows keep some drafts and
+// reject others; a tight pool makes drafts compete for pages (and preempt).
+TEST(SpecEngine, FakeRunnerGreedyEqualsReference) {
+  for (const bool tight : {false, true}) {
+    for (const int32_t eos : {-1, 1}) {
+      const auto prompts = repeating_prompts(3, 6, 11);
+      const EngineOptions o = with_ngram(test::small_opts(tight ? 96 : 4096, 4, 16), 4);
+      const Outputs got =
+          run(std::make_unique<Engine>(std::make_unique<FakeRunner>(3, 8, eos), o), prompts, 24, false);
+      const FakeRunner ref(3, 8, eos);
+      for (size_t i = 0; i < prompts.size(); ++i)
+        EXPECT_EQ(got.tokens[i], ref.reference(prompts[i], 24, eos >= 0))
+            << "prompt " << i << " tight " << tight;
+      const spec::SpecStats& s = got.stats.spec;
+      EXPECT_GT(s.drafts, 0);
+      EXPECT_GT(s.accepted_tokens, 0);
+      EXPECT_LT(s.accepted_tokens, s.draft_tokens);
+      EXPECT_EQ(got.stats.generation_tokens_total, [&] {
+        int64_t n = 0;
+        for (const auto& t : got.tokens) n += int64_t(t.size());
+        return n;
+      }());
+    }
+  }
+}
+
+// Logprobs and top alternatives of verified tokens are those plain decoding reports, position by position,
+// with the processing (a frequency penalty, a bias) counting the kept drafts as generated.
+TEST(SpecEngine, LogprobsEqualPlainDecoding) {
+  const auto prompts = repeating_prompts(3, 4, 13);
+  auto collect = [&](const EngineOptions& o) {
+    Engine engine(std::make_unique<FakeRunner>(3), o);
+    Sink sink;
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Request r = greedy(prompts[i], 16);
+      r.sampling.return_logprob = true;
+      r.sampling.top_logprobs = 2;
+      if (i % 2) r.sampling.frequency_penalty = 0.3f;
+      if (i == 2) r.sampling.logit_bias = {{1, 0.25f}};
+      ids.push_back(engine.submit(r, sink.cb()));
+    }
+    sink.wait_finished(int(ids.size()));
+    std::vector<std::vector<float>> lp;
+    std::vector<std::vector<int32_t>> top_ids;
+    std::lock_guard<std::mutex> lk(sink.mu);
+    for (RequestId id : ids) {
+      lp.emplace_back();
+      top_ids.emplace_back();
+      for (const TokenEvent& e : sink.events[id]) {
+        EXPECT_EQ(e.logprobs.size(), e.ids.size());
+        EXPECT_EQ(e.top_logprobs.size(), e.ids.size());
+        lp.back().insert(lp.back().end(), e.logprobs.begin(), e.logprobs.end());
+        for (const auto& t : e.top_logprobs)
+          for (const TokenLogprob& x : t) top_ids.back().push_back(x.id);
+      }
+    }
+    return std::make_pair(lp, top_ids);
+  };
+  const EngineOptions o = test::small_opts(4096, 4, 16);
+  EXPECT_EQ(collect(with_ngram(o, 4)), collect(o));
+}
+
+// A verify step whose forward fails ends exactly its requests with "error", gives their draft pages back, and
+// the engine goes on serving.
+TEST(SpecEngine, FailedVerifyStepEndsOnlyItsRequests) {
+  struct FailingVerify : FakeRunner {
+    FailingVerify() : FakeRunner(3) {}
+    bool failed = false;
+    void forward(const BatchDesc& b, std::vector<float>* logits, std::vector<float>* hidden) override {
+      // Only a verify step asks for more logit rows than it has sequences.
+      if (!failed && b.logit_rows.size() > size_t(b.num_seqs())) {
+        failed = true;
+        KILN_FAIL("injected verify failure");
+      }
+      FakeRunner::forward(b, logits, hidden);
+    }
+  };
+  const EngineOptions o = with_ngram(test::small_opts(4096, 4, 16), 4);
+  Engine engine(std::make_unique<FailingVerify>(), o);
+  Sink sink;
+  const auto prompts = repeating_prompts(3, 3, 9);
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) ids.push_back(engine.submit(greedy(p, 16), sink.cb()));
+  sink.wait_finished(int(ids.size()));
+  int errors = 0;
+  for (RequestId id : ids) errors += sink.last(id).finish_reason == "error";
+  EXPECT_GE(errors, 1);
+  const RequestId after = engine.submit(greedy(prompts[0], 16), sink.cb());
+  sink.wait_finished(int(ids.size()) + 1);
+  EXPECT_EQ(sink.tokens(after), FakeRunner(3).reference(prompts[0], 16, false));
+  sink.expect_one_finish_each();
+  expect_pool_clean(engine);
+}
+
+// A seeded sampled request draws from its own generator: the same tokens alone or in a batch, with
+// penalties and a bias (the verifier's per-position processing).
+TEST(SpecEngine, SeededSamplingIsIndependentOfTheBatch) {
+  const auto prompts = repeating_prompts(3, 5, 5);
+  auto edit = [](size_t i, Request& r) {
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_k = i % 2 ? 2 : -1;
+    r.sampling.seed = int64_t(100 + i);
+    if (i == 2) r.sampling.frequency_penalty = 0.5f;
+    if (i == 3) r.sampling.logit_bias = {{0, 0.7f}};
+  };
+  const EngineOptions o = with_ngram(test::small_opts(4096, 4, 16), 3);
+  const Outputs batched =
+      run(std::make_unique<Engine>(std::make_unique<FakeRunner>(3), o), prompts, 20, false, edit);
+  const Outputs alone =
+      run(std::make_unique<Engine>(std::make_unique<FakeRunner>(3), o), prompts, 20, true, edit);
+  EXPECT_EQ(batched.tokens, alone.tokens);
+  EXPECT_GT(batched.stats.spec.accepted_tokens, 0);
+  for (const auto& t : batched.tokens) EXPECT_EQ(t.size(), 20u);
+}
+
+// The page-table half on its own: reserve pages for drafts, commit some, roll back; the scheduler's exact
+// reference accounting holds after each move, and a full pool shortens the draft instead of failing.
+TEST(SpecEngine, ReserveAndRollbackKeepThePoolExact) {
+  KvPool pool(12, 4);  // 11 usable pages of 4
+  SchedulerOptions so;
+  Scheduler sched(pool, so);
+  auto seq = std::make_unique<Sequence>();
+  seq->id = 1;
+  seq->tokens = {1, 2, 3, 4, 5, 6};
+  seq->prompt_len = 6;
+  seq->max_len = 40;
+  sched.admit(std::move(seq));
+  StepPlan prefill = sched.schedule();
+  sched.finalize(prefill, {7});  // 7 tokens, 6 computed, 2 pages
+  sched.check_integrity();
+  StepPlan step = sched.schedule();
+  ASSERT_EQ(step.rows.size(), 1u);
+  Sequence& s = *step.rows[0].seq;
+  EXPECT_EQ(step.rows[0].begin, 6);
+  EXPECT_EQ(spec::reserve_draft_pages(pool, s.pages, 6 + 1 + 9), 16);  // positions 6..15: 4 pages
+  EXPECT_EQ(s.pages.size(), 4u);
+  sched.check_integrity();
+  // Two of nine drafts kept and the target's token: 3 tokens, positions 6..8 computed for real.
+  s.tokens.insert(s.tokens.end(), {8, 9});
+  step.rows[0].q_len = 3;
+  sched.finalize(step, {10});
+  spec::rollback_pages(pool, s.pages, int32_t(s.tokens.size()));
+  EXPECT_EQ(s.num_computed, 9);
+  EXPECT_EQ(s.pages.size(), 3u);  // 10 tokens: pages for positions 0..11
+  sched.check_integrity();
+  EXPECT_EQ(pool.num_free(), 11 - 3);
+  // A pool with one free page covers what it can.
+  std::vector<int32_t> hog;
+  ASSERT_TRUE(pool.alloc(pool.num_free() - 1, hog));
+  EXPECT_EQ(spec::reserve_draft_pages(pool, s.pages, 10 + 20), 16);
+  EXPECT_EQ(pool.num_free(), 0);
+  spec::rollback_pages(pool, s.pages, int32_t(s.tokens.size()));
+  pool.unref_all(hog);
+  sched.check_integrity();
+  sched.release(1);
+  sched.flush_cache();
+  sched.check_integrity();
+  EXPECT_EQ(pool.num_free(), 11);
+}
+
+// A small Qwen3 (random bf16 weights, untied embeddings, a 512-token vocabulary) on the CPU backend.
+std::string write_small_checkpoint() {
+  static const std::string written = [] {
+    namespace fs = std::filesystem;
+    const char* config = R"({
+      "architectures": ["Qwen3ForCausalLM"], "dtype": "bfloat16", "eos_token_id": 511, "head_dim": 32,
+      "hidden_act": "silu", "hidden_size": 128, "intermediate_size": 256, "max_position_embeddings": 4096,
+      "model_type": "qwen3", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+      "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+      "tie_word_embeddings": false, "vocab_size": 512})";
+    const fs::path dir = test_support::process_scratch_dir("spec_engine") / "ckpt";
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << config;
+    const ModelConfig cfg = parse_model_config(config, "small config");
+    write_safetensors((dir / "model.safetensors").string(),
+                      random_weights(qwen3_weight_specs(cfg), 3).tensors, {{"format", "pt"}});
+    return dir.string();
+  }();
+  return written;
+}
+
+TEST(SpecEngine, Qwen3CpuGreedyIdenticalWithAndWithoutNgram) {
+  EngineOptions base = test::small_opts(8192, 8, 64);
+  base.model_dir = write_small_checkpoint();
+  base.device = "cpu";
+  const auto prompts = repeating_prompts(500, 5, 21);
+  for (const bool one_at_a_time : {true, false}) {
+    auto go = [&](const EngineOptions& o) { return run(Engine::create(o), prompts, 24, one_at_a_time); };
+    const Outputs want = go(base);
+    const Outputs got = go(with_ngram(base, 4));
+    EXPECT_EQ(got.tokens, want.tokens) << (one_at_a_time ? "batch 1" : "batched");
+    const spec::SpecStats& st = got.stats.spec;
+    // Both outcomes must occur, or a verify path (kept drafts, rejected drafts) went untested.
+    EXPECT_GT(st.accepted_tokens, 0) << st.draft_tokens << " drafted";
+    EXPECT_LT(st.accepted_tokens, st.draft_tokens) << st.drafts << " drafts";
+    EXPECT_LT(got.stats.steps, want.stats.steps);
+    std::printf(
+        "%s: %lld steps without speculation, %lld with; %lld drafts, %lld of %lld drafted tokens kept "
+        "(mean acceptance length %.2f)\n",
+        one_at_a_time ? "batch 1" : "batched", (long long)want.stats.steps, (long long)got.stats.steps,
+        (long long)st.drafts, (long long)st.accepted_tokens, (long long)st.draft_tokens,
+        st.mean_acceptance_length());
+  }
+}
+
+}  // namespace
+}  // namespace kiln
