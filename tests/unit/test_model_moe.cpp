@@ -82,7 +82,7 @@ TEST(Qwen3Moe, SparseLayersWhereTheConfigPutsThem) {
   for (int l = 0; l < 4; ++l) {
     const LayerWeights& lw = m->weights().layers[size_t(l)];
     EXPECT_EQ(lw.moe.present(), want[l]) << "layer " << l;
-    EXPECT_EQ(lw.gate_up.data == nullptr, want[l]) << "layer " << l;
+    EXPECT_EQ(lw.gate_up.weight.data == nullptr, want[l]) << "layer " << l;
     if (want[l]) {
       EXPECT_EQ(lw.moe.num_experts(), 4);
       EXPECT_EQ(lw.moe.intermediate(), 32);
