@@ -64,7 +64,8 @@ void linear_fp8(const Tensor& x, const LinearWeight& w, const Tensor& out, Fp8Li
 void quantize_act_fp8(const Tensor& x, const Tensor& q, const Tensor& scale);
 
 // Online quantization (--quantization fp8) of one bf16 weight into the checkpoint format, per 128 x 128
-// block (DeepGEMM's / vLLM's per_block_cast_to_fp8): a = max(amax, 1e-4f), m = f32(448 / a),
+// block (DeepGEMM's / vLLM's per_block_cast_to_fp8, as torch evaluates it): a = max(amax, 1e-4f),
+// m = f32(f32(1 / a) * 448) (torch's `448.0 / amax` is amax.reciprocal() * 448),
 // q = e4m3_rn_sat(f32(f32(w) * m)), scale = f32(a / 448). w: bf16 [N, K] contiguous; q: f8e4m3 [N, K]
 // contiguous; scale: f32 [ceil(N/128), ceil(K/128)] contiguous; all on the CPU. A non-finite weight is an
 // error that names `name`.
