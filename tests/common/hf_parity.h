@@ -26,6 +26,15 @@ namespace kiln::test_support {
 // >= 0.1 nats and HF's fp32 run agrees on all 20, so a correct engine should match all of them).
 constexpr size_t kHfMinGreedySteps = 16;
 
+// Whether kiln's greedy path may part from HF's at step `step`: the fixture records HF's top-1/top-2 margin
+// per step ("margins"), and one under 2 x the per-step log-prob bound is a near tie that two log-probs, each
+// within the bound, may swap (qwen3_moe_step2_gqa3_untied's 9-token case parts at step 14, margin 0.125 --
+// one bf16 ulp of its logits -- against a bound of 0.154). Only the step where the paths part is excused: a
+// real bug parts early at a wide margin.
+inline bool hf_parts_at_near_tie(const nlohmann::json& c, size_t step, double bound) {
+  return c.contains("margins") && step < c["margins"].size() && c["margins"][step].get<double>() < 2 * bound;
+}
+
 // Log-prob bound, per step, for HF's greedy token: 0.05 + 1.5 x (HF's own bf16-vs-fp32 drift on the case).
 // Why: the fixtures' logits have std ~6, so one bf16 ulp of a logit is 0.03-0.125 and HF's bf16 logits carry
 // up to half of that; kiln may round at other points (fp32 attention softmax, fp32 logits) and then sits
@@ -97,10 +106,11 @@ inline void check_hf_fixture_cli(const std::filesystem::path& fixture, size_t ex
 
     size_t same = 0;
     while (same < ids_got.size() && same < want.size() && ids_got[same] == want[same]) ++same;
-    EXPECT_GE(same, kHfMinGreedySteps) << "greedy paths part at step " << same << ": kiln "
-                                       << json(ids_got).dump() << " vs HF " << json(want).dump();
-
     const double bound = hf_step_bound(c);
+    EXPECT_TRUE(same >= kHfMinGreedySteps || hf_parts_at_near_tie(c, same, bound))
+        << "greedy paths part at step " << same << " (HF's margin there not a near tie): kiln "
+        << json(ids_got).dump() << " vs HF " << json(want).dump();
+
     double sum = 0, hf_drift = 0, worst = 0;
     for (size_t i = 0; i < same; ++i) {
       const double d = std::fabs(lp_got[i] - hf_lp[i]);
