@@ -402,27 +402,28 @@ int run_serve(const kiln::cli::Args& given_args) {
     while (!stopped && std::chrono::steady_clock::now() < hard)
       if (stop_cv.wait_for(lk, 20ms, [&] { return stopped; })) break;
   }
-  if (!stopped) {
+  // The accounting line, the same whichever way the process ends (tests and operators read it).
+  const auto print_accounting = [&] {
     const auto& c = server.counters();
-    std::fprintf(stderr,
-                 "kiln serve: the engine is still inside a step %.1f s after the signal; exiting without it. "
-                 "accepted %lld: completed %lld, error %lld, aborted %lld\n",
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                 (long long)c.accepted.load(), (long long)c.completed.load(), (long long)c.errored.load(),
-                 (long long)c.aborted.load());
+    std::fprintf(
+        stderr,
+        "kiln serve: stopped. accepted %lld: completed %lld, error %lld, aborted %lld; rejected: invalid "
+        "%lld, busy %lld, auth %lld\n",
+        (long long)c.accepted.load(), (long long)c.completed.load(), (long long)c.errored.load(),
+        (long long)c.aborted.load(), (long long)c.rejected_invalid.load(), (long long)c.rejected_busy.load(),
+        (long long)c.rejected_auth.load());
+  };
+  if (!stopped) {
+    std::fprintf(
+        stderr, "kiln serve: the engine is still inside a step %.1f s after the signal; exiting without it\n",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    print_accounting();
     std::fflush(stderr);
     std::fflush(stdout);
     std::_Exit(sig > 0 && fatal.empty() ? 0 : 1);  // no destructor may wait for the engine thread
   }
   closer.join();
-  const auto& c = server.counters();
-  std::fprintf(
-      stderr,
-      "kiln serve: stopped. accepted %lld: completed %lld, error %lld, aborted %lld; rejected: invalid "
-      "%lld, busy %lld, auth %lld\n",
-      (long long)c.accepted.load(), (long long)c.completed.load(), (long long)c.errored.load(),
-      (long long)c.aborted.load(), (long long)c.rejected_invalid.load(), (long long)c.rejected_busy.load(),
-      (long long)c.rejected_auth.load());
+  print_accounting();
   return sig > 0 && fatal.empty() ? 0 : 1;  // a listener that stopped on its own, or a failed rank: failure
 }
 
