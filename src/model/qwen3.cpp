@@ -141,9 +141,6 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg_in, const 
   KILN_CHECK(opts.quantization.empty() || opts.quantization == "none" || opts.quantization == "fp8",
              "--quantization must be none or fp8, got '", opts.quantization, "'");
   if (opts.quantization == "fp8" && cfg.quant.method.empty()) cfg.quant.online = true;
-  KILN_CHECK(!opts.tp || !cfg.quant.fp8(),
-             "tensor parallelism (--tp) with block-FP8 weights is not supported yet: serve the FP8 model at "
-             "--tp 1");
   KILN_CHECK(cfg.arch == ModelArch::qwen3 || cfg.arch == ModelArch::qwen3_vl_text ||
                  cfg.arch == ModelArch::qwen3_embedding || cfg.arch == ModelArch::qwen3_moe,
              "unsupported architecture '", cfg.architecture, "'");
@@ -340,8 +337,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   // O and down with the add + norm: under tensor parallelism the rank's partial products are all-reduced
   // before it.
   const auto project = [&](const Tensor& x, const ops::LinearWeight& weight, const Tensor& norm) {
-    if (tp_)
-      return tp_linear_add_rms_norm(*tp_, x, weight.weight, residual, norm, eps, tmp, w.tp_partial_v, normed);
+    if (tp_) return tp_linear_add_rms_norm(*tp_, x, weight, residual, norm, eps, tmp, w.tp_partial_v, normed);
     ops::linear_add_rms_norm(x, weight, residual, norm, eps, tmp, normed);
   };
   ops::embedding(weights_.embed, ids, residual);

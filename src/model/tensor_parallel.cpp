@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/error.h"
+#include "model/fp8_weights.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/stream.h"
@@ -45,12 +46,77 @@ struct Part {
   bool norm = false;
 };
 
+// A block-FP8 part's slice: rows p.r, columns p.k of the whole matrix, cut on the 128 x 128 block grid so
+// each block keeps its own scale (a boundary inside a block would need the block requantized: refused,
+// naming the tensor).
+Fp8HostPart slice_fp8_part(const Fp8HostPart& full, const Part& p) {
+  const auto on_grid = [](const Range& r, int64_t n) {
+    return r.begin % ops::kFp8Block == 0 && (r.end % ops::kFp8Block == 0 || r.end == n);
+  };
+  KILN_CHECK(on_grid(p.r, full.rows) && on_grid(p.k, full.cols), "tensor parallelism cuts '", p.name, "' [",
+             full.rows, ", ", full.cols, "] at rows [", p.r.begin, ", ", p.r.end, ") and columns [",
+             p.k.begin, ", ", p.k.end,
+             "), inside its 128 x 128 FP8 blocks: block-FP8 weights need every rank's slice ",
+             "of heads and of intermediate_size to be a multiple of 128 (use a smaller --tp)");
+  Fp8HostPart s;
+  s.rows = p.r.size();
+  s.cols = p.k.size();
+  s.owned.resize(size_t(s.rows * s.cols));
+  for (int64_t i = 0; i < s.rows; ++i)
+    std::memcpy(s.owned.data() + i * s.cols, full.q + (p.r.begin + i) * full.cols + p.k.begin,
+                size_t(s.cols));
+  s.q = s.owned.data();
+  const int64_t kb_full = ops::fp8_blocks(full.cols), rb0 = p.r.begin / ops::kFp8Block,
+                kb0 = p.k.begin / ops::kFp8Block, nrb = ops::fp8_blocks(s.rows),
+                nkb = ops::fp8_blocks(s.cols);
+  s.scale.resize(size_t(nrb * nkb));
+  for (int64_t i = 0; i < nrb; ++i)
+    for (int64_t j = 0; j < nkb; ++j)
+      s.scale[size_t(i * nkb + j)] = full.scale[size_t((rb0 + i) * kb_full + kb0 + j)];
+  return s;
+}
+
 // Builds the rank's tensors: each a stack of parts, each part written straight to its place in the device
 // buffer from the mapping (contiguous rows) or through a bounded staging buffer (a column slice to a GPU).
 class ShardLoader {
  public:
-  ShardLoader(const Checkpoint* ckpt, uint64_t seed, Device device, Qwen3Weights& w)
-      : ckpt_(ckpt), seed_(seed), device_(device), w_(w) {}
+  ShardLoader(const ModelConfig& cfg, const Checkpoint* ckpt, uint64_t seed, Device device, Qwen3Weights& w)
+      : cfg_(cfg), ckpt_(ckpt), seed_(seed), device_(device), w_(w) {}
+
+  // A projection: the parts stacked as `stacked` does, kept bf16, or block-FP8 by weights.cpp's rule (the
+  // checkpoint stores it so, or the config asks for online quantization). An FP8 part is read (or
+  // quantized) whole, as the TP = 1 model's, then sliced on the block grid, so a rank's blocks and scales are
+  // those of the TP = 1 model.
+  ops::LinearWeight linear(const std::vector<Part>& parts) {
+    const QuantConfig& q = cfg_.quant;
+    size_t stored_fp8 = 0;
+    if (ckpt_)
+      for (const Part& p : parts) stored_fp8 += checkpoint_linear_is_fp8(q, *ckpt_, p.name, p.rows, p.cols);
+    KILN_CHECK(stored_fp8 == 0 || stored_fp8 == parts.size(), "'", parts[0].name, "' and '",
+               parts.back().name,
+               "' are stacked into one matrix but the checkpoint stores some of them F8_E4M3 and some not");
+    const bool online =
+        stored_fp8 == 0 && q.fp8() && (q.online || !ckpt_) && !fp8_module_excluded(q, parts[0].name);
+    if (stored_fp8 == 0 && !online) return stacked(parts);
+    std::vector<Fp8HostPart> host;
+    std::vector<std::string> names;
+    for (const Part& p : parts) {
+      Fp8HostPart full;
+      if (stored_fp8) {
+        full = read_fp8_part(*ckpt_, p.name, p.rows, p.cols);
+      } else if (ckpt_) {
+        const Tensor t = ckpt_->get(p.name, DType::bf16, {p.rows, p.cols});
+        full = quantize_fp8_part(t.ptr<bf16_t>(), p.rows, p.cols, p.name);
+      } else {
+        std::vector<bf16_t> random(size_t(p.rows * p.cols));
+        fill_random_weight({p.name, {p.rows, p.cols}, false}, seed_, random.data());
+        full = quantize_fp8_part(random.data(), p.rows, p.cols, p.name);
+      }
+      host.push_back(slice_fp8_part(full, p));
+      names.push_back(p.name);
+    }
+    return place_fp8_linear(host, names, device_, w_.storage);
+  }
 
   Tensor stacked(const std::vector<Part>& parts) {
     int64_t rows = 0;
@@ -125,6 +191,7 @@ class ShardLoader {
     }
   }
 
+  const ModelConfig& cfg_;
   const Checkpoint* ckpt_;
   uint64_t seed_;
   Device device_;
@@ -139,21 +206,21 @@ Qwen3Weights load_qwen3_weights_shard(const ModelConfig& c, const dist::ShardPla
   const int64_t qd = c.num_heads * D, kvd = c.num_kv_heads * D;
   const Range all_h{0, H}, q = p.q_rows(D), kv = p.kv_rows(D);
   Qwen3Weights w;
-  ShardLoader ld(ckpt, seed, device, w);
+  ShardLoader ld(c, ckpt, seed, device, w);
   w.embed = ld.matrix(c.weight_prefix + "embed_tokens.weight", V, H, {0, V}, all_h);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerWeights lw;
     lw.input_norm = ld.vector(layer_name(c, l, "input_layernorm.weight"), H);
-    lw.qkv = ld.stacked({{layer_name(c, l, "self_attn.q_proj.weight"), qd, H, q, all_h},
-                         {layer_name(c, l, "self_attn.k_proj.weight"), kvd, H, kv, all_h},
-                         {layer_name(c, l, "self_attn.v_proj.weight"), kvd, H, kv, all_h}});
+    lw.qkv = ld.linear({{layer_name(c, l, "self_attn.q_proj.weight"), qd, H, q, all_h},
+                        {layer_name(c, l, "self_attn.k_proj.weight"), kvd, H, kv, all_h},
+                        {layer_name(c, l, "self_attn.v_proj.weight"), kvd, H, kv, all_h}});
     lw.q_norm = ld.vector(layer_name(c, l, "self_attn.q_norm.weight"), D);
     lw.k_norm = ld.vector(layer_name(c, l, "self_attn.k_norm.weight"), D);
-    lw.o_proj = ld.matrix(layer_name(c, l, "self_attn.o_proj.weight"), H, qd, all_h, q);
+    lw.o_proj = ld.linear({{layer_name(c, l, "self_attn.o_proj.weight"), H, qd, all_h, q}});
     lw.post_norm = ld.vector(layer_name(c, l, "post_attention_layernorm.weight"), H);
-    lw.gate_up = ld.stacked({{layer_name(c, l, "mlp.gate_proj.weight"), I, H, p.intermediate, all_h},
-                             {layer_name(c, l, "mlp.up_proj.weight"), I, H, p.intermediate, all_h}});
-    lw.down = ld.matrix(layer_name(c, l, "mlp.down_proj.weight"), H, I, all_h, p.intermediate);
+    lw.gate_up = ld.linear({{layer_name(c, l, "mlp.gate_proj.weight"), I, H, p.intermediate, all_h},
+                            {layer_name(c, l, "mlp.up_proj.weight"), I, H, p.intermediate, all_h}});
+    lw.down = ld.linear({{layer_name(c, l, "mlp.down_proj.weight"), H, I, all_h, p.intermediate}});
     w.layers.push_back(lw);
   }
   w.final_norm = ld.vector(c.weight_prefix + "norm.weight", H);
@@ -177,10 +244,10 @@ void* stream_arg() {
 
 }  // namespace
 
-void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const Tensor& weight, const Tensor& residual,
-                            const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& partial,
-                            const Tensor& normed) {
-  const int64_t M = x.shape[0], N = weight.shape[0];
+void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::LinearWeight& weight,
+                            const Tensor& residual, const Tensor& norm_weight, float eps, const Tensor& tmp,
+                            const Tensor& partial, const Tensor& normed) {
+  const int64_t M = x.shape[0], N = weight.rows();
   if (M == 0) return;
   KILN_CHECK(tmp.is_contiguous(), "tp_linear_add_rms_norm: tmp must be contiguous, got ", tmp.describe());
   if (tp.reduce == dist::ReduceType::bf16) {

@@ -1,4 +1,6 @@
-// Tensor parallelism on the CPU backend (issue 14): TP = 2 and 4 against TP = 1 on the HF fixtures, driven
+// Tensor parallelism on the CPU backend (issue 14): TP = 2 and 4 against TP = 1 on the HF fixtures (a
+// block-FP8 one included: each rank's W8A8 partials are sums of whole 128-column blocks, so the bound below
+// holds unchanged), driven
 // by the real scheduler (chunked prefill, mixed batches, prefix cache, preemption) with check_integrity after
 // every step; each rank's KV cache against TP = 1's; the broadcast command protocol; the engine; failures.
 //
@@ -250,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TpVsTp1,
                          ::testing::Values(Case{"qwen3_gqa2_d128_untied", 2},
                                            Case{"qwen3_gqa2_d128_untied", 4}, Case{"qwen3_gqa3_d32_tied", 2},
                                            Case{"qwen3_gqa4_d64_tied", 2}, Case{"qwen3_gqa4_d64_tied", 4},
-                                           Case{"qwen3_yarn_d64", 4}),
+                                           Case{"qwen3_yarn_d64", 4}, Case{"qwen3_fp8_tiny", 2}),
                          [](const auto& info) {
                            return std::string(info.param.fixture) + "_tp" + std::to_string(info.param.tp);
                          });
@@ -274,6 +276,23 @@ TEST(TpRunner, ShapesThatDoNotDivideAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("num_attention_heads (6) must be divisible by --tp 4"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Block-FP8 weights are sliced on their 128 x 128 grid: a rank's intermediate slice of 64 rows (online
+// quantization of a bf16 fixture with intermediate_size 128 at TP = 2) cuts blocks, and says so.
+TEST(TpRunner, Fp8SlicesOffTheBlockGridAreClearErrors) {
+  EngineOptions eo = cpu_opts("qwen3_gqa2_d128_untied");
+  eo.quantization = "fp8";
+  TpRunnerOptions to;
+  to.tp = 2;
+  try {
+    TpRunner r(eo, to);
+    FAIL() << "TP = 2 cut 128 x 128 FP8 blocks and loaded";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("inside its 128 x 128 FP8 blocks"), std::string::npos) << m;
+    EXPECT_NE(m.find("mlp.gate_proj.weight"), std::string::npos) << m;
   }
 }
 
