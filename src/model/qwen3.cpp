@@ -147,8 +147,8 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg_in, const 
   if (cfg.has_moe_layers()) {  // ops/moe.h: the sparse MLP has its CPU oracle only so far
     KILN_CHECK(!opts.device.is_cuda(), cfg.architecture,
                ": MoE layers run on the CPU backend only in this build (use --device cpu)");
-    KILN_CHECK(!opts.tp, cfg.architecture,
-               ": tensor parallelism (--tp) does not shard MoE experts in this build: run at --tp 1");
+    KILN_CHECK(!opts.tp || !opts.device.is_cuda(), cfg.architecture,
+               ": tensor and expert parallelism of MoE layers run on the CPU backend only in this build");
   }
   KILN_CHECK(cfg.dtype == DType::bf16, "kiln runs bf16 checkpoints; config.json says ",
              dtype_name(cfg.dtype));
@@ -363,8 +363,15 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     att.cache = prep.cache;
     ops::paged_attention(att);
     const Tensor o_in = attn.reshape({T, Hq * D});
-    if (lw.moe.present()) {  // the sparse MLP (ops/moe.h) into tmp; MoE models have no TP or images (create)
+    if (lw.moe.present()) {  // the sparse MLP (ops/moe.h) into tmp; MoE models have no images (create)
       const bool last = l + 1 == c.num_layers;
+      if (tp_) {  // the rank's partials all-reduced, then the next norm (dist/shard_plan.h)
+        project(o_in, lw.o_proj, lw.post_norm);
+        const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
+        tp_moe_add_rms_norm(*tp_, normed, lw.moe, residual, next_norm, eps, tmp, w.tp_partial_v, normed);
+        pending = false;
+        continue;
+      }
       ops::linear(o_in, lw.o_proj, tmp);
       ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
       ops::moe_mlp(normed, lw.moe, tmp);

@@ -9,6 +9,7 @@
 #include "kiln/error.h"
 #include "model/fp8_weights.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/rms_norm.h"
 #include "ops/stream.h"
 
@@ -25,6 +26,7 @@ ModelConfig shard_config(const ModelConfig& c, const dist::ShardPlan& p) {
   s.num_heads = p.q_heads.size();
   s.num_kv_heads = p.kv_heads.size();
   s.intermediate_size = p.intermediate.size();
+  s.moe.moe_intermediate_size = p.moe_intermediate.size();
   return s;
 }
 
@@ -145,6 +147,51 @@ class ShardLoader {
     return stacked({{name, n, 0, {0, n}, {0, 1}, true}});
   }
 
+  // Sparse layer l's share (dist/shard_plan.h): the router whole; experts p.experts, each with its gate/up
+  // rows and down columns p.moe_intermediate. From the hub layout, or the fused one (transformers 5's
+  // experts.gate_up_proj [E, 2I, H] / experts.down_proj [E, H, I]) sliced on the host.
+  ops::MoeWeights moe_layer(int64_t l, const dist::ShardPlan& p) {
+    const ModelConfig& c = cfg_;
+    const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
+    const int64_t L = p.experts.size(), Ir = p.moe_intermediate.size();
+    const std::string mlp = c.weight_prefix + "layers." + std::to_string(l) + ".mlp.";
+    ops::MoeWeights w;
+    w.top_k = c.moe.num_experts_per_tok;
+    w.norm_topk_prob = c.moe.norm_topk_prob;
+    w.expert_begin = p.experts.begin;
+    w.split_intermediate = Ir != I;
+    w.router = matrix(mlp + "gate.weight", E, H, {0, E}, {0, H});
+    if (ckpt_ && ckpt_->has(mlp + "experts.gate_up_proj")) {
+      const Tensor gu = ckpt_->get(mlp + "experts.gate_up_proj", DType::bf16, {E, 2 * I, H});
+      const Tensor dn = ckpt_->get(mlp + "experts.down_proj", DType::bf16, {E, H, I});
+      std::vector<bf16_t> a(size_t(L * 2 * Ir * H)), b(size_t(L * H * Ir));
+      for (int64_t e = 0; e < L; ++e) {
+        const bf16_t* src = gu.ptr<bf16_t>() + (p.experts.begin + e) * 2 * I * H;
+        for (int64_t half = 0; half < 2; ++half)  // gate rows, then up rows
+          std::copy(src + (half * I + p.moe_intermediate.begin) * H,
+                    src + (half * I + p.moe_intermediate.end) * H, a.begin() + (e * 2 + half) * Ir * H);
+        const bf16_t* d = dn.ptr<bf16_t>() + (p.experts.begin + e) * H * I;
+        for (int64_t h = 0; h < H; ++h)
+          std::copy(d + h * I + p.moe_intermediate.begin, d + h * I + p.moe_intermediate.end,
+                    b.begin() + (e * H + h) * Ir);
+      }
+      w.gate_up = upload(a, L, 2 * Ir, H);
+      w.down = upload(b, L, H, Ir);
+      return w;
+    }
+    std::vector<Part> gate_up, down;
+    const Range all_h{0, H};
+    for (int64_t e = p.experts.begin; e < p.experts.end; ++e) {
+      const std::string ex = mlp + "experts." + std::to_string(e) + ".";
+      gate_up.push_back({ex + "gate_proj.weight", I, H, p.moe_intermediate, all_h});
+      gate_up.push_back({ex + "up_proj.weight", I, H, p.moe_intermediate, all_h});
+      down.push_back({ex + "down_proj.weight", H, I, all_h, p.moe_intermediate});
+    }
+    w.gate_up = stacked(gate_up).reshape({L, 2 * Ir, H});  // [L * 2Ir, H] rows are the [L, 2Ir, H] layout
+    w.down = stacked(down).reshape({L, H, Ir});
+    return w;
+  }
+
  private:
   void write(const Part& p, bf16_t* dst) {
     const int64_t cols = p.cols ? p.cols : 1, width = p.cols ? p.k.size() : 1;
@@ -191,6 +238,15 @@ class ShardLoader {
     }
   }
 
+  // host bytes as a [a, b, c] device tensor.
+  Tensor upload(const std::vector<bf16_t>& host, int64_t a, int64_t b, int64_t c) {
+    Buffer buf(host.size() * sizeof(bf16_t), device_);
+    copy_bytes(buf.data(), device_, host.data(), Device::cpu(), host.size() * sizeof(bf16_t));
+    Tensor t = buf.view(DType::bf16, {a, b, c});
+    w_.storage.push_back(std::move(buf));
+    return t;
+  }
+
   const ModelConfig& cfg_;
   const Checkpoint* ckpt_;
   uint64_t seed_;
@@ -218,6 +274,11 @@ Qwen3Weights load_qwen3_weights_shard(const ModelConfig& c, const dist::ShardPla
     lw.k_norm = ld.vector(layer_name(c, l, "self_attn.k_norm.weight"), D);
     lw.o_proj = ld.linear({{layer_name(c, l, "self_attn.o_proj.weight"), H, qd, all_h, q}});
     lw.post_norm = ld.vector(layer_name(c, l, "post_attention_layernorm.weight"), H);
+    if (c.is_moe_layer(l)) {
+      lw.moe = ld.moe_layer(l, p);
+      w.layers.push_back(lw);
+      continue;
+    }
     lw.gate_up = ld.linear({{layer_name(c, l, "mlp.gate_proj.weight"), I, H, p.intermediate, all_h},
                             {layer_name(c, l, "mlp.up_proj.weight"), I, H, p.intermediate, all_h}});
     lw.down = ld.linear({{layer_name(c, l, "mlp.down_proj.weight"), H, I, all_h, p.intermediate}});
@@ -263,6 +324,30 @@ void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::Linea
     const float* src = partial.ptr<float>();
     bf16_t* dst = tmp.ptr<bf16_t>();
     for (int64_t i = 0; i < M * N; ++i) dst[i] = f32_to_bf16(src[i]);  // linear's one rounding point
+  }
+  ops::add_rms_norm(tmp, residual, norm_weight, eps, normed);
+}
+
+void tp_moe_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::MoeWeights& moe,
+                         const Tensor& residual, const Tensor& norm_weight, float eps, const Tensor& tmp,
+                         const Tensor& partial, const Tensor& normed) {
+  const int64_t M = x.shape[0], N = x.shape[1];
+  if (M == 0) return;
+  KILN_CHECK(tmp.is_contiguous(), "tp_moe_add_rms_norm: tmp must be contiguous, got ", tmp.describe());
+  if (tp.reduce == dist::ReduceType::bf16) {
+    ops::moe_mlp(x, moe, tmp);
+    tp.comm->all_reduce_sum(tmp.data, size_t(M * N), dist::ReduceType::bf16, stream_arg());
+  } else {
+    KILN_CHECK(x.device.is_cpu(), "the fp32 tensor-parallel all-reduce runs on the CPU only (CUDA: bf16)");
+    KILN_CHECK(partial.dtype == DType::f32 && partial.is_contiguous() && partial.numel() >= M * N,
+               "tp_moe_add_rms_norm: partial must be contiguous f32 of at least [", M, ", ", N, "], got ",
+               partial.describe());
+    const Tensor part(partial.data, DType::f32, {M, N}, partial.device);
+    ops::moe_mlp(x, moe, part);
+    tp.comm->all_reduce_sum(part.data, size_t(M * N), dist::ReduceType::f32, stream_arg());
+    const float* src = part.ptr<float>();
+    bf16_t* dst = tmp.ptr<bf16_t>();
+    for (int64_t i = 0; i < M * N; ++i) dst[i] = f32_to_bf16(src[i]);  // moe_mlp's one rounding point
   }
   ops::add_rms_norm(tmp, residual, norm_weight, eps, normed);
 }
