@@ -12,7 +12,7 @@
 #   build      kiln and every GPU test binary
 #   probe      the machine, its toolchain and its ceilings: copy bandwidth and bf16 matmul rate (torch)
 #   tests      every GPU test binary (tests/cuda and the engine, VL and TP tests that run on CUDA)
-#   kernels    kiln bench kernels: attention (+ cuDNN SDPA), attn_prep, gemm, gemv_attn_prep, launch_floor
+#   kernels    kiln bench kernels: attention (+ cuDNN SDPA), attn_prep, gemm, gemv_attn_prep, gemv_fp8, launch_floor
 #   attention  test_cuda_attention, then the attention rows under the defaults and each VARIANTS entry
 #   sanitize   compute-sanitizer memcheck, racecheck, synccheck on the attention and attn_prep small cases
 #   model      kiln tune, then kiln bench model: decode steps (4B, 0.6B; batch 1-128; bf16 and fp8 caches),

@@ -38,7 +38,7 @@ suite_kernels() {
   need_gpu || return
   build kiln || return
   local b
-  for b in ${KERNELS:-attention attention_cudnn attn_prep gemm gemv_attn_prep launch_floor}; do
+  for b in ${KERNELS:-attention attention_cudnn attn_prep gemm gemv_attn_prep gemv_fp8 launch_floor}; do
     timeout 400 "$K" bench kernels --filter "=$b" >"$W/kernels/$b.txt" 2>&1
     row "bench kernels --filter =$b" "rc=$? ($(grep -c '^| ' "$W/kernels/$b.txt") table lines)"
   done

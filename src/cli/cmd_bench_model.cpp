@@ -419,8 +419,9 @@ int run_bench_model(const cli::Args& args) {
   o.device = Device::cuda();
   o.load_format = LoadFormat::random;
   o.seed = uint64_t(f.i64("seed", 0));
-  // fp8: the random bf16 weights quantized into block-FP8 on the host, then (CUDA path (c), until the W8A8
-  // and weight-only kernels land) dequantized to bf16 on the device: FP8's values at BF16's speed.
+  // fp8: the random bf16 weights quantized into block-FP8 on the host and kept e4m3 + scales on the device
+  // (sm_89+; KILN_FP8_DEQUANT=1 dequantizes them at load instead, for A/B): the weight-only FP8 GEMV for
+  // M <= 8 where tuned, dequantize + the bf16 GEMM otherwise (model/fp8_weights.h).
   o.quantization = f.str("quantization", "none");
   o.max_position = std::max(ctx + steps, prefill) + 16;
   const auto t0 = std::chrono::steady_clock::now();

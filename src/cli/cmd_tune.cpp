@@ -1,8 +1,9 @@
-// `kiln tune --model DIR | --shape NAME [--show] [--max-tokens N] [--max-logit-rows R] [--cache PATH]`: times
-// cuBLASLt's candidate tactics (and split-K variants) for every GEMM shape the model uses, for each M bucket
-// up to
-// --max-tokens, and stores the fastest in the tactic cache (default: ops/cuda/gemm.h's path). --show
-// prints the cached tactic per shape without tuning.
+// `kiln tune --model DIR | --shape NAME [--show] [--max-tokens N] [--max-logit-rows R] [--cache PATH]
+// [--quantization none|fp8]`: times cuBLASLt's candidate tactics (and split-K variants) for every GEMM shape
+// the model uses, for each M bucket up to --max-tokens, and stores the fastest in the tactic cache (default:
+// ops/cuda/gemm.h's path); with block-FP8 weights (an FP8 checkpoint, or --quantization fp8) also the FP8
+// GEMV configs of the projections at M buckets <= 8. --show prints the cached tactic per shape without
+// tuning.
 #include <cstdio>
 
 #include "cli/command.h"
@@ -17,7 +18,7 @@
 namespace {
 
 int run_tune(const kiln::cli::Args& args) {
-  const kiln::cli::Flags f(args, {"model", "shape", "max-tokens", "max-logit-rows", "cache"}, {"show"});
+  const kiln::cli::Flags f(args, {"model", "shape", "max-tokens", "max-logit-rows", "cache", "quantization"}, {"show"});
 #ifdef KILN_HAVE_CUDA
   KILN_CHECK(f.has("model") != f.has("shape"),
              "kiln tune: give --model DIR or --shape qwen3-8b|qwen3-4b|qwen3-0.6b");
@@ -30,9 +31,13 @@ int run_tune(const kiln::cli::Args& args) {
   const std::string path = f.str("cache", kiln::cuda::default_tactic_cache_path());
   // An embedding model runs no LM head (model/weights.h): no vocabulary GEMM to tune.
   const bool lm_head = cfg.arch != kiln::ModelArch::qwen3_embedding;
+  // Block-FP8 weights (an FP8 checkpoint, or --quantization fp8): the FP8 GEMV's shapes as well.
+  const std::string quant = f.str("quantization", "none");
+  KILN_CHECK(quant == "none" || quant == "fp8", "--quantization must be none or fp8, got '", quant, "'");
+  const bool fp8 = quant == "fp8" || cfg.quant.fp8();
   const auto shapes =
       kiln::cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
-                                    cfg.vocab_size, max_tokens, lm_head ? max_rows : 0);
+                                    cfg.vocab_size, max_tokens, lm_head ? max_rows : 0, fp8);
   kiln::cuda::GemmEngine eng;
   const bool have = eng.load(path);
   std::printf("tactic cache %s (%s)\nkey %s\n", path.c_str(), have ? "loaded" : "none for this GPU/version",
@@ -41,8 +46,9 @@ int run_tune(const kiln::cli::Args& args) {
     int missing = 0;
     for (const auto& s : shapes) {
       const auto it = eng.tactics().find(s);
-      std::printf("M<=%-5lld N %-6lld K %-5lld %-4s ", (long long)s.m_bucket, (long long)s.n, (long long)s.k,
-                  s.out == kiln::cuda::GemmOut::f32 ? "f32" : "bf16");
+      std::printf("M<=%-5lld N %-6lld K %-5lld %-4s%s ", (long long)s.m_bucket, (long long)s.n, (long long)s.k,
+                  s.out == kiln::cuda::GemmOut::f32 ? "f32" : "bf16",
+                  s.weight == kiln::cuda::GemmWeight::fp8 ? " W e4m3" : "");
       if (it == eng.tactics().end()) {
         ++missing;
         std::printf("(not tuned: the heuristic's first choice)\n");
@@ -66,4 +72,6 @@ int run_tune(const kiln::cli::Args& args) {
 
 }  // namespace
 
-KILN_COMMAND("tune", "autotune cuBLASLt GEMM tactics for a model's shapes (--model DIR [--show])", run_tune);
+KILN_COMMAND("tune",
+             "autotune cuBLASLt GEMM tactics for a model's shapes (--model DIR [--quantization fp8] [--show])",
+             run_tune);

@@ -6,6 +6,10 @@
 #include <cstring>
 
 #ifdef KILN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kiln/cuda_check.h"
+#include "model/fp8_weights.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
 #endif
@@ -16,7 +20,12 @@ void cuda_autotune_if_needed(const ModelConfig& cfg) {
 #ifdef KILN_HAVE_CUDA
   if (const char* e = std::getenv("KILN_AUTOTUNE"); e && std::strcmp(e, "0") == 0) return;
   cuda::GemmEngine& eng = cuda::gemm_engine();
-  const cuda::GemmShape probe{1, cfg.q_size() + 2 * cfg.kv_size(), cfg.hidden_size, cuda::GemmOut::bf16};
+  // Block-FP8 weights kept FP8 on this GPU (model/fp8_weights.h) run the FP8 GEMV's shapes too.
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  const bool fp8 = cfg.quant.fp8() && fp8_weights_stay_fp8(Device::cuda(dev));
+  const cuda::GemmShape probe{1, cfg.q_size() + 2 * cfg.kv_size(), cfg.hidden_size, cuda::GemmOut::bf16,
+                              fp8 ? cuda::GemmWeight::fp8 : cuda::GemmWeight::bf16};
   if (eng.tactics().count(probe)) return;
   const std::string path = cuda::default_tactic_cache_path();
   std::fprintf(stderr, "kiln: tuning cuBLASLt GEMM tactics for this GPU and model shape (once; cache %s)\n",
@@ -24,7 +33,7 @@ void cuda_autotune_if_needed(const ModelConfig& cfg) {
   // An embedding model runs no LM head (model/weights.h): its vocabulary GEMM is not tuned.
   const int64_t logit_rows = cfg.arch == ModelArch::qwen3_embedding ? 0 : 1;
   eng.tune(cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
-                                   cfg.vocab_size, 512, logit_rows));
+                                   cfg.vocab_size, 512, logit_rows, fp8));
   try {
     eng.save(path);
   } catch (const std::exception& ex) {  // a read-only home still runs, just re-tunes next start

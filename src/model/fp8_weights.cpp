@@ -1,6 +1,7 @@
 #include "model/fp8_weights.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kiln/error.h"
@@ -10,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kiln/cuda_check.h"
+#include "ops/cuda/ops_cuda.h"
 #endif
 
 namespace kiln {
@@ -103,6 +105,55 @@ Fp8HostPart quantize_fp8_part(const bf16_t* w, int64_t rows, int64_t cols, const
   return p;
 }
 
+bool fp8_dequant_forced() {
+  const char* e = std::getenv("KILN_FP8_DEQUANT");
+  if (!e || !*e) return false;
+  KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_FP8_DEQUANT must be 0 or 1, got '", e,
+             "'");
+  return std::string(e) == "1";
+}
+
+bool fp8_weights_stay_fp8(Device device) {
+  if (device.is_cpu()) return true;
+#ifdef KILN_HAVE_CUDA
+  if (fp8_dequant_forced()) return false;
+  int major = 0, minor = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index));
+  return major > 8 || (major == 8 && minor >= 9);
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// Path (c) on CUDA: each part dequantized into its rows of one bf16 matrix.
+ops::LinearWeight place_dequantized(const std::vector<Fp8HostPart>& parts, int64_t rows, Device device,
+                                    std::vector<Buffer>& storage) {
+  const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
+  Buffer out(size_t(rows * cols) * sizeof(bf16_t), device);
+  int64_t row0 = 0;
+  for (const Fp8HostPart& p : parts) {
+    Buffer q(size_t(p.rows * p.cols), device), s(p.scale.size() * sizeof(float), device);
+    copy_bytes(q.data(), device, p.q, Device::cpu(), size_t(p.rows * p.cols));
+    copy_bytes(s.data(), device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
+    const ops::LinearWeight w(q.view(DType::f8e4m3, {p.rows, p.cols}),
+                              s.view(DType::f32, {ops::fp8_blocks(p.rows), kb}));
+    ops::dequantize_fp8(
+        w, Tensor(static_cast<bf16_t*>(out.data()) + row0 * cols, DType::bf16, {p.rows, cols}, device));
+#ifdef KILN_HAVE_CUDA
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());  // before q and s are freed
+#endif
+    row0 += p.rows;
+  }
+  ops::LinearWeight w(out.view(DType::bf16, {rows, cols}));
+  storage.push_back(std::move(out));
+  return w;
+}
+
+}  // namespace
+
 ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage) {
@@ -114,26 +165,11 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
     rows += p.rows;
     scale_rows += ops::fp8_blocks(p.rows);
   }
-  if (device.is_cuda()) {  // path (c): dequantize each part into its rows of one bf16 matrix
-    Buffer out(size_t(rows * cols) * sizeof(bf16_t), device);
-    int64_t row0 = 0;
-    for (const Fp8HostPart& p : parts) {
-      Buffer q(size_t(p.rows * p.cols), device), s(p.scale.size() * sizeof(float), device);
-      copy_bytes(q.data(), device, p.q, Device::cpu(), size_t(p.rows * p.cols));
-      copy_bytes(s.data(), device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
-      const ops::LinearWeight w(q.view(DType::f8e4m3, {p.rows, p.cols}),
-                                s.view(DType::f32, {ops::fp8_blocks(p.rows), kb}));
-      ops::dequantize_fp8(
-          w, Tensor(static_cast<bf16_t*>(out.data()) + row0 * cols, DType::bf16, {p.rows, cols}, device));
-#ifdef KILN_HAVE_CUDA
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());  // before q and s are freed
-#endif
-      row0 += p.rows;
-    }
-    ops::LinearWeight w(out.view(DType::bf16, {rows, cols}));
-    storage.push_back(std::move(out));
-    return w;
-  }
+  bool blocks_aligned = true;  // every part but the last fills whole 128-row blocks
+  for (size_t i = 0; i + 1 < parts.size(); ++i)
+    blocks_aligned = blocks_aligned && parts[i].rows % ops::kFp8Block == 0;
+  if (device.is_cuda() && (!blocks_aligned || !fp8_weights_stay_fp8(device)))
+    return place_dequantized(parts, rows, device, storage);
   for (size_t i = 0; i + 1 < parts.size(); ++i)
     KILN_CHECK(parts[i].rows % ops::kFp8Block == 0, "block-FP8 tensor '", names[i], "' has ", parts[i].rows,
                " rows, not a multiple of 128: kiln stacks it with '", names[i + 1],
@@ -142,11 +178,16 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
   auto* qd = static_cast<uint8_t*>(q.data());
   auto* sd = static_cast<float*>(s.data());
   for (const Fp8HostPart& p : parts) {
-    std::memcpy(qd, p.q, size_t(p.rows * p.cols));
-    std::memcpy(sd, p.scale.data(), p.scale.size() * sizeof(float));
+    copy_bytes(qd, device, p.q, Device::cpu(), size_t(p.rows * p.cols));
+    copy_bytes(sd, device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
     qd += p.rows * p.cols;
     sd += p.scale.size();
   }
+#ifdef KILN_HAVE_CUDA
+  // The scratch that calls the FP8 GEMV does not take dequantize into (gemm.h), grown now, before any graph
+  // capture: the largest FP8 weight placed.
+  if (device.is_cuda()) ops::cuda::reserve_fp8_dequant(rows * cols);
+#endif
   ops::LinearWeight w(q.view(DType::f8e4m3, {rows, cols}), s.view(DType::f32, {scale_rows, kb}));
   storage.push_back(std::move(q));
   storage.push_back(std::move(s));

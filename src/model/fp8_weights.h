@@ -48,7 +48,17 @@ Fp8HostPart quantize_fp8_part(const bf16_t* w, int64_t rows, int64_t cols, const
 // Stacks the parts along rows into one projection on `device` (its buffers appended to `storage`):
 //   CPU: the e4m3 matrix and its scales, run by the block-FP8 CPU path; every part but the last must have a
 //        multiple of 128 rows so the block grid stays aligned (else an error naming the part);
-//   CUDA: the dequantized bf16 matrix (path (c), the portable CUDA path), one dequantization kernel per part.
+//   CUDA, where fp8_weights_stay_fp8(device) and the parts' block grid is aligned as on the CPU: the e4m3
+//        matrix and its scales on the device (no bf16 copy), run by the weight-only FP8 GEMV for small M and
+//        dequantized into GemmEngine's scratch (reserved here for the largest weight) otherwise;
+//   CUDA otherwise: the dequantized bf16 matrix (path (c), the portable CUDA path), one dequantization kernel
+//        per part.
+// KILN_FP8_DEQUANT=1 (for A/B runs): CUDA dequantizes FP8 weights at load whatever the GPU; 0 or unset: not.
+bool fp8_dequant_forced();
+// Whether block-FP8 weights placed on `device` stay FP8: the CPU always; a CUDA device of compute capability
+// 8.9 or newer (the e4m3 -> f16 conversion the FP8 GEMV widens with) unless fp8_dequant_forced().
+bool fp8_weights_stay_fp8(Device device);
+
 ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage);

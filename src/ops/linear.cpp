@@ -9,11 +9,13 @@
 namespace kiln::ops {
 
 namespace {
-// linear's, linear_bias's and linear_f32's arguments: x, weight bf16; out of out_dtype, [M, N], not aliasing
-// x.
-void check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& out, DType out_dtype) {
+// linear's, linear_bias's and linear_f32's arguments: x bf16, weight bf16 (or, where the op takes one,
+// block-FP8 with its scales: check_linear_weight); out of out_dtype, [M, N], not aliasing x.
+void check_linear(const char* op, const Tensor& x, const LinearWeight& w, const Tensor& out,
+                  DType out_dtype) {
+  const Tensor& weight = w.weight;
   detail::check_matrix(op, "x", x, 2, DType::bf16);
-  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  check_linear_weight(op, "weight", w);
   detail::check_matrix(op, "out", out, 2, out_dtype);
   KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
   KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == weight.shape[0], op, ": out ", out.describe(),
@@ -23,21 +25,26 @@ void check_linear(const char* op, const Tensor& x, const Tensor& weight, const T
   detail::check_same_device(op, x, out);
 }
 
-// A block-FP8 weight's projection: path (a) of ops/fp8_linear.h on the CPU; the CUDA backend has none yet.
-void linear_fp8_cpu(const char* op, const Tensor& x, const LinearWeight& w, const Tensor& out) {
-  KILN_CHECK(x.device.is_cpu(), op, ": block-FP8 weights run on the CPU backend only (the CUDA backend ",
-             "dequantizes them at load), got ", w.weight.describe());
+// A block-FP8 weight's projection on the CPU: path (a) of ops/fp8_linear.h. (On CUDA each op's CUDA branch
+// takes the FP8 weight: ops/cuda/ops_cuda.h.)
+void linear_fp8_cpu(const Tensor& x, const LinearWeight& w, const Tensor& out) {
   linear_fp8(x, w, out, Fp8LinearPath::w8a8);
 }
+
+#ifdef KILN_HAVE_CUDA
+// A weight the fused CUDA branches take (already through check_linear_weight): last stride 1.
+bool cuda_weight(const LinearWeight& w) {
+  return w.weight.ndim == 2 && w.weight.stride[1] == 1;
+}
+#endif
 
 }  // namespace
 
 void linear(const Tensor& x, const LinearWeight& w, const Tensor& out) {
-  if (w.is_fp8()) return linear_fp8_cpu("linear", x, w, out);
-  const Tensor& weight = w.weight;
-  check_linear("linear", x, weight, out, DType::bf16);
-  if (out.device.is_cuda()) return KILN_CUDA_OP(linear(x, weight, out));
-  cpu::linear(x, weight, out);
+  if (w.is_fp8() && !x.device.is_cuda()) return linear_fp8_cpu(x, w, out);
+  check_linear("linear", x, w, out, DType::bf16);
+  if (out.device.is_cuda()) return KILN_CUDA_OP(linear(x, w, out));
+  cpu::linear(x, w.weight, out);
 }
 
 void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
@@ -64,14 +71,14 @@ void linear_f32(const Tensor& x, const LinearWeight& w, const Tensor& out) {
 
 void linear_silu_mul(const Tensor& x, const LinearWeight& w, const Tensor& gate_up, const Tensor& out) {
   constexpr const char* op = "linear_silu_mul";
-  if (w.is_fp8()) {  // the composition, with the FP8 projection's rounding points
+  if (w.is_fp8() && !x.device.is_cuda()) {  // the composition, with the FP8 projection's rounding points
     KILN_CHECK(gate_up.data != out.data || out.numel() == 0, op, ": gate_up and out must not alias");
-    linear_fp8_cpu(op, x, w, gate_up);
+    linear_fp8_cpu(x, w, gate_up);
     return silu_and_mul(gate_up, out);
   }
   const Tensor& weight = w.weight;
   detail::check_matrix(op, "x", x, 2, DType::bf16);
-  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  check_linear_weight(op, "weight", w);
   detail::check_matrix(op, "gate_up", gate_up, 2, DType::bf16);
   detail::check_matrix(op, "out", out, 2, DType::bf16);
   KILN_CHECK_EQ(x.shape[1], weight.shape[1], op, ": x ", x.describe(), " vs weight ", weight.describe());
@@ -85,7 +92,7 @@ void linear_silu_mul(const Tensor& x, const LinearWeight& w, const Tensor& gate_
   detail::check_same_device(op, x, weight);
   detail::check_same_device(op, x, gate_up);
   detail::check_same_device(op, x, out);
-  if (out.device.is_cuda()) return KILN_CUDA_OP(linear_silu_mul(x, weight, gate_up, out));
+  if (out.device.is_cuda()) return KILN_CUDA_OP(linear_silu_mul(x, w, gate_up, out));
   cpu::linear(x, weight, gate_up);
   cpu::silu_and_mul(gate_up, out);
 }
@@ -93,13 +100,13 @@ void linear_silu_mul(const Tensor& x, const LinearWeight& w, const Tensor& gate_
 void linear_add_rms_norm(const Tensor& x, const LinearWeight& w, const Tensor& residual,
                          const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed) {
   constexpr const char* op = "linear_add_rms_norm";
-  if (w.is_fp8()) {  // the composition, with the FP8 projection's rounding points
-    linear_fp8_cpu(op, x, w, tmp);
+  if (w.is_fp8() && !x.device.is_cuda()) {  // the composition, with the FP8 projection's rounding points
+    linear_fp8_cpu(x, w, tmp);
     return add_rms_norm(tmp, residual, norm_weight, eps, normed);
   }
   const Tensor& weight = w.weight;
   detail::check_matrix(op, "x", x, 2, DType::bf16);
-  detail::check_matrix(op, "weight", weight, 2, DType::bf16);
+  check_linear_weight(op, "weight", w);
   detail::check_matrix(op, "residual", residual, 2, DType::bf16);
   detail::check_matrix(op, "norm_weight", norm_weight, 1, DType::bf16);
   detail::check_matrix(op, "tmp", tmp, 2, DType::bf16);
@@ -118,7 +125,7 @@ void linear_add_rms_norm(const Tensor& x, const LinearWeight& w, const Tensor& r
   for (const Tensor* t : {&weight, &residual, &norm_weight, &tmp, &normed})
     detail::check_same_device(op, x, *t);
   if (x.device.is_cuda())
-    return KILN_CUDA_OP(linear_add_rms_norm(x, weight, residual, norm_weight, eps, tmp, normed));
+    return KILN_CUDA_OP(linear_add_rms_norm(x, w, residual, norm_weight, eps, tmp, normed));
   cpu::linear(x, weight, tmp);
   cpu::add_rms_norm(tmp, residual, norm_weight, eps, normed);
 }
@@ -142,17 +149,18 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
 
 AttnPrepPath linear_attn_prep(const Tensor& x, const LinearWeight& w, const AttnPrepArgs& a) {
   const Tensor& weight = w.weight;
+  check_linear_weight("linear_attn_prep", "weight", w);
   KILN_CHECK(x.ndim == 2 && weight.ndim == 2 && a.qkv.ndim == 2 && x.shape[0] == a.qkv.shape[0] &&
                  weight.shape[0] == a.qkv.shape[1] && x.shape[1] == weight.shape[1],
              "linear_attn_prep: x ", x.describe(), " and weight ", weight.describe(), " do not make qkv ",
              a.qkv.describe());
 #ifdef KILN_HAVE_CUDA
   // The args are validated once on either path: by attn_prep_params here, else by attn_prep below.
-  if (a.qkv.device.is_cuda() && x.dtype == DType::bf16 && weight.dtype == DType::bf16 &&
-      x.device == a.qkv.device && weight.device == a.qkv.device && x.stride[1] == 1 &&
-      weight.stride[1] == 1 && x.data != a.qkv.data && !attn_prep_unfused_forced() &&
-      KILN_CUDA_OP(linear_attn_prep_chosen(x.shape[0], weight.shape[0], x.shape[1])) &&
-      KILN_CUDA_OP(linear_attn_prep(x, weight, attn_prep_params(a), a.stream)))
+  if (a.qkv.device.is_cuda() && x.dtype == DType::bf16 && cuda_weight(w) && x.device == a.qkv.device &&
+      weight.device == a.qkv.device && x.stride[1] == 1 && x.data != a.qkv.data &&
+      !attn_prep_unfused_forced() &&
+      KILN_CUDA_OP(linear_attn_prep_chosen(x.shape[0], weight.shape[0], x.shape[1], w.is_fp8())) &&
+      KILN_CUDA_OP(linear_attn_prep(x, w, attn_prep_params(a), a.stream)))
     return AttnPrepPath::cuda_gemv_fused;
 #endif
   linear(x, w, a.qkv);
@@ -185,13 +193,14 @@ void check_residual_norm(const char* op, const ResidualNorm& in, int64_t K, cons
 void linear_silu_mul(const ResidualNorm& in, const LinearWeight& w, const Tensor& gate_up,
                      const Tensor& out) {
   const Tensor& weight = w.weight;
+  check_linear_weight("linear_silu_mul", "weight", w);
   check_residual_norm("linear_silu_mul", in, weight.ndim == 2 ? weight.shape[1] : -1, out);
   detail::check_same_device("linear_silu_mul", in.delta, out);
 #ifdef KILN_HAVE_CUDA
-  if (out.device.is_cuda() && weight.ndim == 2 && weight.dtype == DType::bf16 && weight.stride[1] == 1 &&
-      out.ndim == 2 && out.dtype == DType::bf16 && out.stride[1] == 1 && out.shape[0] == in.delta.shape[0] &&
-      2 * out.shape[1] == weight.shape[0] && weight.device == out.device &&
-      KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, weight, out, /*silu=*/true)))
+  if (out.device.is_cuda() && cuda_weight(w) && out.ndim == 2 && out.dtype == DType::bf16 &&
+      out.stride[1] == 1 && out.shape[0] == in.delta.shape[0] && 2 * out.shape[1] == weight.shape[0] &&
+      weight.device == out.device &&
+      KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, w, out, /*silu=*/true)))
     return;
 #endif
   add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
@@ -200,18 +209,18 @@ void linear_silu_mul(const ResidualNorm& in, const LinearWeight& w, const Tensor
 
 AttnPrepPath linear_attn_prep(const ResidualNorm& in, const LinearWeight& w, const AttnPrepArgs& a) {
   const Tensor& weight = w.weight;
+  check_linear_weight("linear_attn_prep", "weight", w);
   check_residual_norm("linear_attn_prep", in, weight.ndim == 2 ? weight.shape[1] : -1, a.qkv);
 #ifdef KILN_HAVE_CUDA
-  if (a.qkv.device.is_cuda() && weight.ndim == 2 && weight.dtype == DType::bf16 && weight.stride[1] == 1 &&
-      a.qkv.ndim == 2 && a.qkv.dtype == DType::bf16 && a.qkv.stride[1] == 1 &&
-      a.qkv.shape[0] == in.delta.shape[0] && a.qkv.shape[1] == weight.shape[0] &&
+  if (a.qkv.device.is_cuda() && cuda_weight(w) && a.qkv.ndim == 2 && a.qkv.dtype == DType::bf16 &&
+      a.qkv.stride[1] == 1 && a.qkv.shape[0] == in.delta.shape[0] && a.qkv.shape[1] == weight.shape[0] &&
       weight.device == a.qkv.device && in.delta.device == a.qkv.device) {
     // The QKV GEMV fused with the preparation reads x from memory: where it runs, the norm runs first.
     const bool prep_fused =
-        !attn_prep_unfused_forced() &&
-        KILN_CUDA_OP(linear_attn_prep_chosen(in.delta.shape[0], weight.shape[0], weight.shape[1]));
+        !attn_prep_unfused_forced() && KILN_CUDA_OP(linear_attn_prep_chosen(
+                                           in.delta.shape[0], weight.shape[0], weight.shape[1], w.is_fp8()));
     if (!prep_fused &&
-        KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, weight, a.qkv, /*silu=*/false)))
+        KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, w, a.qkv, /*silu=*/false)))
       return attn_prep(a);
   }
 #endif

@@ -15,8 +15,9 @@
 // The projection ops below (linear, linear_silu_mul, linear_add_rms_norm, linear_attn_prep) take a
 // LinearWeight (ops/fp8_linear.h): a bf16 matrix as above, or a block-FP8 matrix with its 128 x 128 scales,
 // which runs path (a), W8A8, of ops/fp8_linear.h on the CPU (each op then has that path's rounding points in
-// place of linear's). The CUDA backend holds no FP8 weights yet (the model dequantizes them at load) and
-// refuses one, naming the op.
+// place of linear's). On CUDA each op takes the FP8 weight too (ops/cuda/ops_cuda.h): the weight-only FP8
+// GEMV and its fused forms where the tuner chose them (M <= 8), bitwise path (c), i.e. the bf16 op on
+// dequantize_fp8's weight; else the weight dequantized into a scratch buffer and the bf16 GEMM (path (c)).
 #pragma once
 
 #include "kiln/tensor.h"

@@ -1,4 +1,5 @@
-// Block-FP8 weights to bf16 (ops/cuda/fp8_dequant.h). Runs once per weight at load: plain and bitwise.
+// Block-FP8 weights to bf16 (ops/cuda/fp8_dequant.h): once per weight at load (path (c)), or before a bf16
+// GEMM on GemmEngine's scratch (gemm.h). Plain and bitwise.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/context.h"
 #include "ops/cuda/fp8_dequant.h"
@@ -32,20 +33,27 @@ __global__ void dequantize_fp8_kernel(const __grid_constant__ DequantParams p) {
 }  // namespace
 
 void dequantize_fp8(const Tensor& weight, const Tensor& scale, const Tensor& out) {
-  const int64_t N = weight.shape[0], K = weight.shape[1];
-  if (N * K == 0) return;
-  const DequantParams p{.q = weight.ptr<uint8_t>(),
-                        .scale = scale.ptr<float>(),
-                        .out = out.ptr<uint16_t>(),
-                        .ldq = weight.stride[0],
-                        .N = N,
-                        .K = K,
-                        .kb = (K + kBlock - 1) / kBlock};
-  const int64_t blocks = (N * K + 255) / 256;
-  ::kiln::cuda::launch({.grid = dim3(unsigned(blocks < 8192 ? blocks : 8192)),
-                        .block = dim3(256),
-                        .stream = ::kiln::cuda::current_stream()},
-                       dequantize_fp8_kernel, p);
+  ::kiln::cuda::dequantize_fp8(weight.data, weight.stride[0], scale.ptr<float>(), out.data, weight.shape[0],
+                               weight.shape[1], ::kiln::cuda::current_stream());
 }
 
 }  // namespace kiln::ops::cuda
+
+namespace kiln::cuda {
+
+void dequantize_fp8(const void* q, int64_t ldq, const float* scale, void* out, int64_t n, int64_t k,
+                    cudaStream_t stream) {
+  if (n * k == 0) return;
+  const ops::cuda::DequantParams p{.q = static_cast<const uint8_t*>(q),
+                                   .scale = scale,
+                                   .out = static_cast<uint16_t*>(out),
+                                   .ldq = ldq,
+                                   .N = n,
+                                   .K = k,
+                                   .kb = (k + ops::cuda::kBlock - 1) / ops::cuda::kBlock};
+  const int64_t blocks = (n * k + 255) / 256;
+  launch({.grid = dim3(unsigned(blocks < 8192 ? blocks : 8192)), .block = dim3(256), .stream = stream},
+         ops::cuda::dequantize_fp8_kernel, p);
+}
+
+}  // namespace kiln::cuda

@@ -2,7 +2,22 @@
 // bf16 GEMM (the portable CUDA path: sm_80, and Hopper until the W8A8 kernels land).
 #pragma once
 
+#include <cstdint>
+
 #include "kiln/tensor.h"
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace kiln::cuda {
+
+// The raw form: out[n, k] (bf16, contiguous, row stride k) = bf16(f32(q[n, k]) * scale[n / 128, k / 128]) for
+// q e4m3 with row stride ldq and scale f32 [ceil(n/128), ceil(k/128)] contiguous, on `stream`. GemmEngine's
+// scratch path for block-FP8 weights (gemm.h) runs it before each bf16 GEMM.
+void dequantize_fp8(const void* q, int64_t ldq, const float* scale, void* out, int64_t n, int64_t k,
+                    cudaStream_t stream);
+
+}  // namespace kiln::cuda
 
 namespace kiln::ops::cuda {
 

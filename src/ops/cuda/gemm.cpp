@@ -20,6 +20,7 @@
 #include "kiln/atomic_file.h"
 #include "kiln/error.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/gemm_any.h"
 
 #define KILN_LT_CHECK(expr)                                                               \
@@ -93,7 +94,13 @@ std::string describe_gemv(GemvConfig c) {
          " rows " + std::to_string(gemv_rows(c));
 }
 
-constexpr const char* kCacheFormat = "kiln-gemm-tactics v2";
+constexpr const char* kCacheFormat = "kiln-gemm-tactics v3";
+constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";  // bf16 weights only: read as such
+
+// The cache line's out field: the output type, and ":e4m3" for a block-FP8 weight.
+std::string shape_out_field(const GemmShape& s) {
+  return std::string(out_name(s.out)) + (s.weight == GemmWeight::fp8 ? ":e4m3" : "");
+}
 
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
@@ -117,7 +124,7 @@ bool env_switch(const char* name, bool fallback) {
 
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
   std::ostringstream out;
-  out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << out_name(s.out) << ' ' << t.us << ' '
+  out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << shape_out_field(s) << ' ' << t.us << ' '
       << (t.kind == GemmKind::gemv ? "gemv" : "lt") << std::hex;
   for (int i = 0; i < 8; ++i) {
     const uint64_t gemv_word = i == 0   ? uint64_t(t.gemv.warps)
@@ -139,7 +146,13 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
   t = GemmTactic{};
   is >> s.m_bucket >> s.n >> s.k >> out >> t.us >> kind;
   for (auto& word : t.algo) is >> std::hex >> word;
+  if (out.ends_with(":e4m3")) {
+    s.weight = GemmWeight::fp8;
+    out.resize(out.size() - 5);
+  }
   if (!is || (out != "bf16" && out != "f32") || (kind != "lt" && kind != "gemv")) return false;
+  // An FP8 weight's tactic is always the GEMV (run() dequantizes for everything else).
+  if (s.weight == GemmWeight::fp8 && kind != "gemv") return false;
   if (s.m_bucket < 1 || s.n < 1 || s.k < 1) return false;
   s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
   if (kind == "gemv") {
@@ -194,6 +207,25 @@ struct GemmEngine::Impl {
     staging = grown;
     staging_bytes = want;
     return staging;
+  }
+
+  // The FP8 dequantization scratch (run() with an FP8 weight): grow-only, never inside a graph capture (a
+  // captured graph keeps the pointer, so an outgrown buffer is kept too).
+  void* fp8_scratch = nullptr;
+  size_t fp8_scratch_bytes = 0;
+  void* fp8_scratch_for(size_t bytes, cudaStream_t stream) {
+    if (bytes <= fp8_scratch_bytes) return fp8_scratch;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (stream) KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    KILN_CHECK(cs == cudaStreamCaptureStatusNone, "GemmEngine: the FP8 dequantization scratch (",
+               fp8_scratch_bytes, " bytes) is smaller than a weight of ", bytes,
+               " bytes inside a CUDA graph capture, where it cannot grow: reserve_fp8_dequant first");
+    void* grown = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&grown, bytes));
+    if (fp8_scratch) retired.push_back(fp8_scratch);
+    fp8_scratch = grown;
+    fp8_scratch_bytes = bytes;
+    return fp8_scratch;
   }
 
   // Heuristic candidates for a plan's descriptors (at most `count`).
@@ -251,6 +283,7 @@ GemmEngine::~GemmEngine() {
   for (auto& [key, plan] : impl_->plans) destroy(plan);
   for (void* b : impl_->retired) cudaFree(b);
   if (impl_->staging) cudaFree(impl_->staging);
+  if (impl_->fp8_scratch) cudaFree(impl_->fp8_scratch);
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
 }
@@ -263,19 +296,50 @@ std::string GemmEngine::key() const {
   return os.str();
 }
 
-std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type) const {
+std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type,
+                                                  GemmWeight weight) const {
   if (!gemv_enabled_ || m < 1 || m > kGemvMaxM) return std::nullopt;
-  const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type});
+  const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type, weight});
   if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
   return tuned->second.gemv;
 }
 
-std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, int64_t k) const {
+std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, int64_t k,
+                                                          GemmWeight weight) const {
   if (gemv_norm_in_ == 0) return std::nullopt;
-  const auto g = gemv_choice(m, n, k, GemmOut::bf16);
+  const auto g = gemv_choice(m, n, k, GemmOut::bf16, weight);
   if (!g || !gemv_fusable(*g)) return std::nullopt;
   if (gemv_norm_in_ == 2) return g;
-  return tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16}).gemv_norm_in ? g : std::nullopt;
+  return tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16, weight}).gemv_norm_in ? g
+                                                                                            : std::nullopt;
+}
+
+void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m,
+                     int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream, bool pdl) {
+  if (!w.is_fp8()) return run(x, ldx, w.data, w.ld, out, ldo, m, n, k, out_type, stream, pdl);
+  KILN_CHECK(m > 0 && n > 0 && k > 0, "GEMM shape must be positive: M ", m, " N ", n, " K ", k);
+  KILN_CHECK(w.ld >= k && ldo >= n, "GEMM row strides must be >= the row length: ldw ", w.ld, " ldo ", ldo,
+             " for N ", n, " K ", k);
+  const bool fp8_aligned = reinterpret_cast<uintptr_t>(w.data) % 8 == 0 &&
+                           reinterpret_cast<uintptr_t>(w.scale) % 4 == 0 && aligned16(x) && aligned16(out);
+  if (const auto g = gemv_choice(m, n, k, out_type, GemmWeight::fp8);
+      g && fp8_aligned && gemv_supported(m, n, k, ldx, w.ld, ldo, gemv_epilogue(out_type))) {
+    gemv(x, ldx, w, out, ldo, m, n, k, gemv_epilogue(out_type), *g, stream, pdl);
+    ++gemv_dispatches_;
+    return;
+  }
+  // Branch point of the W8A8 block-FP8 GEMM (kiln::cuda::fp8_gemm, ops/cuda/fp8_gemm.h): where it covers the
+  // call, it runs here instead of the dequantization below.
+  void* deq = impl_->fp8_scratch_for(size_t(n * k) * 2, stream);
+  dequantize_fp8(w.data, w.ld, w.scale, deq, n, k, stream);
+  ++fp8_dequant_dispatches_;
+  // No PDL: the bf16 GEMV's W loads before its PDL wait would race the dequantization (gemv.h).
+  run(x, ldx, deq, k, out, ldo, m, n, k, out_type, stream, /*pdl=*/false);
+}
+
+void GemmEngine::reserve_fp8_dequant(int64_t elements) {
+  KILN_CHECK(elements >= 0, "reserve_fp8_dequant: negative size ", elements);
+  impl_->fp8_scratch_for(size_t(elements) * 2, nullptr);
 }
 
 void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
@@ -353,10 +417,12 @@ bool GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t
 }
 
 void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
-  size_t x_bytes = 0, w_bytes = 0, o_bytes = 0;
+  size_t x_bytes = 0, w_bytes = 0, o_bytes = 0, scale_bytes = 4;
   for (const auto& s : shapes) {
     x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
     w_bytes = std::max(w_bytes, size_t(s.n * s.k * 2));
+    if (s.weight == GemmWeight::fp8)
+      scale_bytes = std::max(scale_bytes, size_t((s.n + 127) / 128 * ((s.k + 127) / 128) * 4));
     o_bytes = std::max(o_bytes, size_t(s.m_bucket * aligned_ld(s.n) * (s.out == GemmOut::f32 ? 4 : 2)));
   }
   // Room for weight copies that together exceed 3x the L2: calls rotate over them, so a weight that
@@ -364,7 +430,10 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   int l2 = 0;
   cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, impl_->device);
   w_bytes = std::max(w_bytes, size_t(std::max(l2, 0)) * 3);
-  void *x = nullptr, *w = nullptr, *o = nullptr;
+  void *x = nullptr, *w = nullptr, *o = nullptr, *scales = nullptr;
+  KILN_CUDA_CHECK(cudaMalloc(&scales, scale_bytes));
+  // 0x3c3c3c3c: f32 0.0115 as every block scale (e4m3 0x3c is 1.5): the FP8 weights' values are finite.
+  KILN_CUDA_CHECK(cudaMemset(scales, 0x3c, scale_bytes));
   KILN_CUDA_CHECK(cudaMalloc(&x, x_bytes));
   KILN_CUDA_CHECK(cudaMalloc(&w, w_bytes));
   KILN_CUDA_CHECK(cudaMalloc(&o, o_bytes));
@@ -385,13 +454,21 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     // K not a multiple of 8: neither cuBLASLt's bf16 kernels nor the GEMV take it; run() sends it to the
     // any-shape kernel, so there is nothing to choose.
     if (s.k % 8 != 0) continue;
+    // An FP8 weight's shape has only the GEMV to choose (run() dequantizes for everything else).
+    const bool fp8 = s.weight == GemmWeight::fp8;
+    if (fp8 && s.m_bucket > kGemvMaxM) continue;
     // At run()'s output stride for this N (the staging stride where N is not a multiple of 8).
     Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, aligned_ld(s.n));
-    const size_t w_one = size_t(s.n * s.k);  // elements of one weight copy
-    const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / (w_one * 2)));
+    const size_t w_one = size_t(s.n * s.k) * (fp8 ? 1 : 2);  // bytes of one weight copy
+    const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / w_one));
     const auto* w0 = static_cast<const uint16_t*>(w);
+    // Weight copy `it % copies` (rotated so that every call reads W from HBM).
+    const auto weight_at = [&](int64_t it) {
+      return GemvWeight{static_cast<const char*>(w) + size_t(it % copies) * w_one, s.k,
+                        fp8 ? static_cast<const float*>(scales) : nullptr};
+    };
     std::vector<cublasLtMatmulAlgo_t> cands;
-    for (const auto& r : impl_->heuristic(p, 24)) {
+    for (const auto& r : fp8 ? std::vector<cublasLtMatmulHeuristicResult_t>{} : impl_->heuristic(p, 24)) {
       cands.push_back(r.algo);
       // Split-K variants help when M is small and the N tiles do not fill the GPU.
       if (s.m_bucket > 256) continue;
@@ -419,17 +496,17 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     }
     // Enough repetitions for ~2 ms of work per candidate, at least 3.
     const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
-    const double bytes = 2.0 * double(s.n * s.k + s.m_bucket * s.k + s.m_bucket * s.n);
+    const double bytes = double(w_one) + 2.0 * double(s.m_bucket * s.k + s.m_bucket * s.n);
     const double est_us = std::max(flops / 600e12, bytes / 3.5e12) * 1e6 + 3.0;
     const int iters = std::clamp(int(2000.0 / est_us), 3, 200);
     // Candidate i < cands.size() is cuBLASLt's, the rest are GEMV configurations.
     auto call = [&](size_t i, int64_t it) {
-      const uint16_t* wi = w0 + size_t(it % copies) * w_one;
+      const GemvWeight wi = weight_at(it);
       if (i < cands.size())
-        impl_->matmul(p, cands[i], x, wi, o, stream);  // o rows at aligned_ld(N)
+        impl_->matmul(p, cands[i], x, wi.data, o, stream);  // o rows at aligned_ld(N)
       else
-        gemv(x, s.k, wi, s.k, o, s.n, s.m_bucket, s.n, s.k, gemv_epilogue(s.out),
-             gemv_cands[i - cands.size()], stream, /*pdl=*/true);
+        gemv(x, s.k, wi, o, s.n, s.m_bucket, s.n, s.k, gemv_epilogue(s.out), gemv_cands[i - cands.size()],
+             stream, /*pdl=*/true);
     };
     // µs per call of f(it) over `iters` calls rotating the weight copies, after a warm-up call.
     const auto time_us = [&](const std::function<void(int64_t)>& f) {
@@ -464,13 +541,12 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
         const float pair = time_us([&](int64_t it) {
           rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,
                    /*pdl=*/true);
-          gemv(norm_out, s.k, w0 + size_t(it % copies) * w_one, s.k, o, s.n, s.m_bucket, s.n, s.k,
-               GemvEpilogue::bf16, t.gemv, stream, /*pdl=*/true);
+          gemv(norm_out, s.k, weight_at(it), o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream,
+               /*pdl=*/true);
         });
         const float fused = time_us([&](int64_t it) {
-          ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, w0 + size_t(it % copies) * w_one, s.k,
-                                     o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream,
-                                     /*pdl=*/true);
+          ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, weight_at(it), o, s.n, s.m_bucket, s.n,
+                                     s.k, GemvEpilogue::bf16, t.gemv, stream, /*pdl=*/true);
         });
         t.gemv_norm_in = fused < pair;
         if (t.gemv_norm_in) t.describe += " +norm-in";
@@ -479,8 +555,8 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     t.us = best;
     if (verbose)
       std::printf("tune M<=%-5" PRId64 " N %-6" PRId64 " K %-5" PRId64
-                  " %-4s %9.2f us  %5.1f TFLOP/s  %6.0f GB/s  (%zu cands) %s\n",
-                  s.m_bucket, s.n, s.k, out_name(s.out), double(best), flops / best * 1e-6,
+                  " %-9s %9.2f us  %5.1f TFLOP/s  %6.0f GB/s  (%zu cands) %s\n",
+                  s.m_bucket, s.n, s.k, shape_out_field(s).c_str(), double(best), flops / best * 1e-6,
                   bytes / best * 1e-3, cands.size() + gemv_cands.size(), t.describe.c_str());
     tactics_[s] = t;
     destroy(p);
@@ -496,13 +572,15 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   cudaFree(o);
   cudaFree(norm_res);
   cudaFree(norm_out);
+  cudaFree(scales);
 }
 
 bool GemmEngine::load(const std::string& path) {
   std::ifstream in(path);
   if (!in) return false;
   std::string line;
-  if (!std::getline(in, line) || line != kCacheFormat) return false;  // absent, or an older format
+  if (!std::getline(in, line) || (line != kCacheFormat && line != kCacheFormatV2))
+    return false;  // absent, or an older format
   if (!std::getline(in, line) || line != "key " + key()) return false;
   std::map<GemmShape, GemmTactic> loaded;
   while (std::getline(in, line)) {
@@ -530,9 +608,16 @@ void GemmEngine::save(const std::string& path) const {
 }
 
 std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t kv_size, int64_t inter,
-                                         int64_t vocab, int64_t max_tokens, int64_t max_logit_rows) {
+                                         int64_t vocab, int64_t max_tokens, int64_t max_logit_rows,
+                                         bool fp8_weights) {
   std::vector<GemmShape> shapes;
   for (int64_t mb = 1; mb <= gemm_m_bucket(max_tokens); mb *= 2) {
+    if (fp8_weights && mb <= kGemvMaxM) {
+      shapes.push_back({mb, q_size + 2 * kv_size, hidden, GemmOut::bf16, GemmWeight::fp8});
+      shapes.push_back({mb, hidden, q_size, GemmOut::bf16, GemmWeight::fp8});
+      shapes.push_back({mb, 2 * inter, hidden, GemmOut::bf16, GemmWeight::fp8});
+      shapes.push_back({mb, hidden, inter, GemmOut::bf16, GemmWeight::fp8});
+    }
     shapes.push_back({mb, q_size + 2 * kv_size, hidden, GemmOut::bf16});
     shapes.push_back({mb, hidden, q_size, GemmOut::bf16});
     shapes.push_back({mb, 2 * inter, hidden, GemmOut::bf16});

@@ -24,12 +24,18 @@
 // prologue won. kiln's kernels are timed launched with PDL, as the decode graphs launch them (each call's
 // W stream then overlaps the previous call's tail, which cuBLASLt's kernels cannot do). M bucket = the next
 // power of two >= M (capped at 16384). Weights are rotated over copies that together exceed the L2 while
-// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v2")
+// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v3")
 // starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
-// whose key or format version differs is ignored (a v1 file is re-tuned). A cached cuBLASLt tactic is
-// re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the heuristic's first choice when
-// the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the GEMV is only used where the tuner
-// measured it faster on this GPU.
+// whose key or format version differs is ignored (a v1 file is re-tuned; v2 is read). A cached cuBLASLt
+// tactic is re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the heuristic's first
+// choice when the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the GEMV is only used where
+// the tuner measured it faster on this GPU.
+//
+// Block-FP8 weights (GemmWeight::fp8, run() with a GemvWeight): the shapes are keyed by the weight format
+// too; the tuner times the FP8 GEMV configs (and the residual-norm prologue) at M buckets <= 8; every other
+// FP8 call dequantizes the weight into a preallocated scratch and runs the bf16 dispatch (the portable
+// path; the W8A8 block-FP8 GEMM is to take those calls: see the branch point in run()). The cache file is
+// "kiln-gemm-tactics v3"; a v2 file (bf16 weights only) is read as well.
 #pragma once
 
 #include <cstdint>
@@ -49,9 +55,13 @@ namespace kiln::cuda {
 
 enum class GemmOut : uint8_t { bf16, f32 };
 
+// W's format: bf16, or block-FP8 (e4m3 with f32 128 x 128 block scales; gemv.h: GemvWeight).
+enum class GemmWeight : uint8_t { bf16, fp8 };
+
 struct GemmShape {
   int64_t m_bucket = 0, n = 0, k = 0;
   GemmOut out = GemmOut::bf16;
+  GemmWeight weight = GemmWeight::bf16;
   auto operator<=>(const GemmShape&) const = default;
 };
 
@@ -70,9 +80,10 @@ struct GemmTactic {
 
 int64_t gemm_m_bucket(int64_t m);
 
-// One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", kind "lt" or
-// "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel, w2 = 1 where the residual-norm prologue won,
-// w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile).
+// One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", out "bf16" or
+// "f32" for a bf16 weight, "bf16:e4m3" or "f32:e4m3" for a block-FP8 one (v2 files have only the former),
+// kind "lt" or "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel, w2 = 1 where the residual-norm
+// prologue won, w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile).
 // parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
 // not take, the prologue with a multi-tile config, a GEMV tactic for a shape or M bucket that
 // gemv_supported refuses).
@@ -97,10 +108,23 @@ class GemmEngine {
            cudaStream_t stream) {
     run(x, k, w, k, out, n, m, n, k, out_type, stream);
   }
+  // The same for a weight of either format (gemv.h: GemvWeight). bf16: the run above. Block-FP8: the tuned
+  // FP8 GEMV of (bucket(m), n, k, out, fp8) where there is one (M <= 8; bitwise the bf16 GEMV with that
+  // config on the dequantized weight); otherwise the weight is dequantized (path (c), bitwise) into a scratch
+  // bf16 [n, k] buffer and the bf16 run above takes it, without PDL (its W was just written). The scratch
+  // grows outside graph capture only: reserve_fp8_dequant before capturing, else a call that would grow it
+  // inside a capture throws naming the size.
+  void run(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n,
+           int64_t k, GemmOut out_type, cudaStream_t stream, bool pdl = false);
+  // Grows the FP8 dequantization scratch to hold `elements` bf16 (the largest FP8 weight a model runs).
+  void reserve_fp8_dequant(int64_t elements);
+  int64_t fp8_dequant_dispatches() const { return fp8_dequant_dispatches_; }  // FP8 runs via the scratch
 
   // The GEMV configuration run() uses for this call (the tuned tactic of its bucket is a GEMV and the
   // GEMV is enabled), else nothing (cuBLASLt). The fused gate_up + SiLU op asks this for [M, 2I, K].
-  std::optional<GemvConfig> gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type) const;
+  // weight: the tactic of the shape with that weight format.
+  std::optional<GemvConfig> gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type,
+                                        GemmWeight weight = GemmWeight::bf16) const;
   // Off: GEMV tactics are ignored (cuBLASLt heuristic instead), e.g. to time cuBLASLt alone. Default on;
   // the environment variable KILN_GEMV=0 starts it off.
   void set_gemv_enabled(bool on) { gemv_enabled_ = on; }
@@ -120,7 +144,8 @@ class GemmEngine {
   // ResidualNorm) when the tuned tactic is that GEMV with the residual-norm prologue (gemv.h: gemv_norm_in;
   // the tuner keeps it where it measured faster than the add_rms_norm kernel then the GEMV) and the switch is
   // on, else nothing (the add_rms_norm kernel, then the projection).
-  std::optional<GemvConfig> gemv_norm_in_choice(int64_t m, int64_t n, int64_t k) const;
+  std::optional<GemvConfig> gemv_norm_in_choice(int64_t m, int64_t n, int64_t k,
+                                                GemmWeight weight = GemmWeight::bf16) const;
   // Off: ignore the tuned residual-norm prologue. Default on; KILN_GEMV_NORM_IN=0 starts it off; =2 (for
   // A/B runs) takes it wherever the GEMV is the tactic, measured faster or not.
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
@@ -149,6 +174,7 @@ class GemmEngine {
   int64_t gemv_dispatches_ = 0;
   int64_t any_shape_dispatches_ = 0;
   int64_t staged_dispatches_ = 0;
+  int64_t fp8_dequant_dispatches_ = 0;
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
@@ -157,9 +183,11 @@ class GemmEngine {
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for
 // M buckets up to max_logit_rows, none when it is 0: an embedding model), each for every M bucket from 1 to
-// max_tokens.
+// max_tokens. fp8_weights: the four projections also with block-FP8 weights for the M buckets <= 8 (the FP8
+// GEMV's; larger M run the bf16 shapes on the dequantized weight).
 std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t kv_size, int64_t inter,
-                                         int64_t vocab, int64_t max_tokens, int64_t max_logit_rows);
+                                         int64_t vocab, int64_t max_tokens, int64_t max_logit_rows,
+                                         bool fp8_weights = false);
 
 // $KILN_TUNE_CACHE, else $XDG_CACHE_HOME/kiln/gemm_tactics.txt, else ~/.cache/kiln/gemm_tactics.txt.
 std::string default_tactic_cache_path();

@@ -2,6 +2,16 @@
 // bf16 or f32 out; and the fused gate_up GEMV with the SiLU-and-multiply epilogue. A candidate of the
 // GEMM tuner (gemm.h: a "kiln-gemv" pseudo-tactic), dispatched by GemmEngine::run when it won.
 //
+// Block-FP8 weights (GemvWeight with a scale; docs/NUMERICS.md "Block-FP8 linear layers"): every kernel and
+// fused form below also reads W as e4m3 [N, K] with f32 block scales [ceil(N/128), ceil(K/128)] (the
+// weight-only decode path: 8 bytes a chunk of 8 elements where bf16 takes 16). Each chunk is widened in
+// registers to exactly path (c)'s bf16 value, bf16(f32(q) * s) (e4m3 -> f16 -> f32 exact, one fp32
+// product, RNE; gemv_weights.cuh), then enters the same arithmetic in the same order. So the FP8 GEMV with
+// a config is bitwise the bf16 GEMV with that config on dequantize_fp8's output (ops/fp8_linear.h), in every
+// epilogue and fused form: the CUDA weight-only path is path (c) in registers. (e4m3 NaN codes, which no
+// quantizer here writes, decode to a NaN either way, not necessarily the same one.) The cvt is sm_89+;
+// other targets decode in integer arithmetic (ops/fp8.h), to the same values.
+//
 // Two kernels, both a candidate of the tuner (it times every GemvConfig and keeps the fastest):
 //
 // CUDA cores (tensor_cores false): a block of `warps` warps owns 4 rows of W (for the fused epilogue: 2
@@ -91,6 +101,16 @@ struct GemvConfig {
   bool operator==(const GemvConfig&) const = default;
 };
 
+// A GEMV's weight W [N, K]: bf16 (scale null; data 16-byte aligned) or block-FP8: e4m3 (data 8-byte
+// aligned) with f32 block scales [ceil(N/128), ceil(K/128)] contiguous (4-byte aligned). Row stride ld
+// (elements): a multiple of 8, >= K.
+struct GemvWeight {
+  const void* data = nullptr;
+  int64_t ld = 0;
+  const float* scale = nullptr;
+  constexpr bool is_fp8() const { return scale != nullptr; }
+};
+
 // Every configuration (the tuner times them all; the tests and the benchmark cover them all).
 inline constexpr GemvConfig kGemvConfigs[] = {{2, false},   {4, false},   {8, false},   {16, false},
                                               {2, true},    {4, true},    {8, true},    {16, true},
@@ -122,7 +142,8 @@ bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, i
 
 // bf16 / f32 epilogue: out[m, n] (row stride ldo, elements of the output type) = x[m, :] · W[n, :].
 // silu_mul: W is the concatenated gate_up weight [n = 2I, K]; out is act [M, I] bf16 (row stride ldo).
-// x, W: bf16 row-major with row strides ldx, ldw (elements). x, W, out 16-byte aligned; strides multiples
+// x, W: bf16 row-major with row strides ldx, ldw (elements); W may be block-FP8 (GemvWeight). x, W, out
+// 16-byte aligned (e4m3 W: 8, its scales 4); strides multiples
 // of 8; ldx >= k, ldw >= k, ldo >= n (silu_mul: >= n / 2). out must not alias x or W. m == 0 is a no-op;
 // m > 8 or any other violation throws kiln::Error before anything is launched. pdl: programmatic
 // dependent launch: every block issues its first round of W loads, waits for its predecessor's writes
@@ -132,8 +153,13 @@ bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, i
 // other's tails. So W must not be written by an earlier kernel on the stream (model weights are not). An L2
 // prefetch of the first W chunks before the wait measured slower (H200, 2026-12-02, `af20cce`;
 // bench/results/h200_pdl_decode_step_2026-12-02.txt).
-void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
-          int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
+void gemv(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n,
+          int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
+inline void gemv(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,
+                 int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream,
+                 bool pdl = false) {
+  gemv(x, ldx, GemvWeight{w, ldw, nullptr}, out, ldo, m, n, k, epi, cfg, stream, pdl);
+}
 
 // True when gemv_add_rms_norm can run this call: gemv_supported for the bf16 epilogue, n % 8 == 0 (the norm's
 // 16-byte chunks), and the tmp, residual and normed row strides multiples of 8, >= n.
@@ -147,10 +173,17 @@ bool gemv_add_rms_norm_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, i
 // bf16 [n]. All pointers 16-byte aligned; no two of x, W, tmp, residual, normed, norm_w overlap. eps >= 0. m
 // == 0 is a no-op; any violation throws kiln::Error before anything is launched. pdl: as gemv (see above for
 // the ordering of the epilogue). Not for concurrent use on two streams of one device (see above).
-void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, void* tmp, int64_t ldt,
+void gemv_add_rms_norm(const void* x, int64_t ldx, const GemvWeight& w, void* tmp, int64_t ldt,
                        void* residual, int64_t ldr, const void* norm_w, void* normed, int64_t ldn, int64_t m,
                        int64_t n, int64_t k, float eps, GemvConfig cfg, cudaStream_t stream,
                        bool pdl = false);
+inline void gemv_add_rms_norm(const void* x, int64_t ldx, const void* w, int64_t ldw, void* tmp, int64_t ldt,
+                              void* residual, int64_t ldr, const void* norm_w, void* normed, int64_t ldn,
+                              int64_t m, int64_t n, int64_t k, float eps, GemvConfig cfg, cudaStream_t stream,
+                              bool pdl = false) {
+  gemv_add_rms_norm(x, ldx, GemvWeight{w, ldw, nullptr}, tmp, ldt, residual, ldr, norm_w, normed, ldn, m, n,
+                    k, eps, cfg, stream, pdl);
+}
 
 // Shared memory the residual-norm prologue may use (M rows of K bf16, each padded by 64 bytes, and the norm
 // weight).
@@ -170,9 +203,16 @@ bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_
 // (of gemv_rows(cfg) W rows) each block takes after its prologue, 0: as many as one wave of resident blocks
 // needs. The same bits for any value.
 void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w, float eps,
-                  const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                  const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
                   GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false,
                   int groups_per_block = 0);
+inline void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w,
+                         float eps, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m, int64_t n,
+                         int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false,
+                         int groups_per_block = 0) {
+  gemv_norm_in(delta, ldd, residual, ldr, norm_w, eps, GemvWeight{w, ldw, nullptr}, out, ldo, m, n, k, epi,
+               cfg, stream, pdl, groups_per_block);
+}
 
 // Register cap of the tensor-core kernel when it carries a tail (the add + RMSNorm here, the attention
 // preparation in gemv_attn_prep.h). The plain tensor-core GEMV compiles to 38 registers; the tails' locals

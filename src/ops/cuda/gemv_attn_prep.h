@@ -5,7 +5,8 @@
 // attn_prep kernel: qkv, Q, the cache pages and the UE8M0 scales hold the same bytes, and bytes that path
 // leaves alone are left alone here too.
 //
-// Shapes and dtypes: x bf16 [m, k] (row stride ldx), W bf16 [(Hq + 2 Hkv) D, k] (row stride ldw), the
+// Shapes and dtypes: x bf16 [m, k] (row stride ldx), W bf16 or block-FP8 [(Hq + 2 Hkv) D, k] (gemv.h:
+// GemvWeight; FP8: bitwise this op on dequantize_fp8's bf16 W, as every GEMV form), the
 // AttnPrepParams p as ops/attn_prep.cpp builds them for the qkv rows (p.T == m, p.qkv_row the qkv row
 // stride). Covered: 1 <= m <= 8, bf16 activations, a bf16 or fp8 (E4M3 + UE8M0) cache in any layout (the
 // strides of p) and page size, head_dim 64 or 128, rotary_dim % 16 == 0, at most kGemvAttnPrepMaxHeads heads,
@@ -34,15 +35,24 @@ namespace kiln::cuda {
 constexpr int kGemvAttnPrepMaxHeads = 512;
 
 // True when gemv_attn_prep covers this call (see above); alignment of every pointer included.
-bool gemv_attn_prep_supported(int64_t m, int64_t k, const void* x, int64_t ldx, const void* w, int64_t ldw,
+bool gemv_attn_prep_supported(int64_t m, int64_t k, const void* x, int64_t ldx, const GemvWeight& w,
                               const AttnPrepParams& p);
+inline bool gemv_attn_prep_supported(int64_t m, int64_t k, const void* x, int64_t ldx, const void* w,
+                                     int64_t ldw, const AttnPrepParams& p) {
+  return gemv_attn_prep_supported(m, k, x, ldx, GemvWeight{w, ldw, nullptr}, p);
+}
 
 // Runs the fused kernel; throws kiln::Error before launching anything when gemv_attn_prep_supported fails
 // or the config is not a one-tile config of kGemvConfigs (gemv.h: gemv_fusable). m == 0 is a no-op.
 // tc_min_blocks: the tensor-core kernel's register cap (gemv.h: gemv_tail_min_blocks), 0 or 3; -1 takes the
 // process default.
-void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m, int64_t k,
+void gemv_attn_prep(const void* x, int64_t ldx, const GemvWeight& w, int64_t m, int64_t k,
                     const AttnPrepParams& p, GemvConfig cfg, cudaStream_t stream, bool pdl = false,
                     int tc_min_blocks = -1);
+inline void gemv_attn_prep(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t m, int64_t k,
+                           const AttnPrepParams& p, GemvConfig cfg, cudaStream_t stream, bool pdl = false,
+                           int tc_min_blocks = -1) {
+  gemv_attn_prep(x, ldx, GemvWeight{w, ldw, nullptr}, m, k, p, cfg, stream, pdl, tc_min_blocks);
+}
 
 }  // namespace kiln::cuda

@@ -4,6 +4,6 @@
 namespace kiln::cuda {
 void launch_gemv_attn_prep_d128(const gemv_detail::GemvParams& g, const AttnPrepParams& p, int64_t m,
                                 GemvConfig cfg, bool capped, cudaStream_t stream, bool pdl) {
-  gemv_attn_prep_detail::launch_d<128>(g, p, m, cfg, capped, stream, pdl);
+  gemv_attn_prep_detail::launch_d<128, gemv_detail::Bf16Weights>(g, p, m, cfg, capped, stream, pdl);
 }
 }  // namespace kiln::cuda

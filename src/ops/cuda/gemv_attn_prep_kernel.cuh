@@ -49,27 +49,30 @@ struct AttnPrepTail {
 
 using PrepKernel = void (*)(GemvParams, AttnPrepParams);
 
-template <int D, int kMinBlocks>
+template <int D, int kMinBlocks, class WF>
 PrepKernel kernel_for(int64_t m, bool tc) {
   using T = AttnPrepTail<D, kMinBlocks>;
   using F = AttnPrepTail<D, 0>;  // the FMA kernel takes no cap (kTcMinBlocks is the mma kernel's)
   constexpr GemvEpilogue E = GemvEpilogue::bf16;
   static constexpr PrepKernel fma[kGemvMaxM] = {
-      gemv_kernel<1, E, F>, gemv_kernel<2, E, F>, gemv_kernel<3, E, F>, gemv_kernel<4, E, F>,
-      gemv_kernel<5, E, F>, gemv_kernel<6, E, F>, gemv_kernel<7, E, F>, gemv_kernel<8, E, F>};
+      gemv_kernel<1, E, F, false, WF>, gemv_kernel<2, E, F, false, WF>, gemv_kernel<3, E, F, false, WF>,
+      gemv_kernel<4, E, F, false, WF>, gemv_kernel<5, E, F, false, WF>, gemv_kernel<6, E, F, false, WF>,
+      gemv_kernel<7, E, F, false, WF>, gemv_kernel<8, E, F, false, WF>};
   static constexpr PrepKernel mma[kGemvMaxM] = {
-      gemv_tc_kernel<1, E, T>, gemv_tc_kernel<2, E, T>, gemv_tc_kernel<3, E, T>, gemv_tc_kernel<4, E, T>,
-      gemv_tc_kernel<5, E, T>, gemv_tc_kernel<6, E, T>, gemv_tc_kernel<7, E, T>, gemv_tc_kernel<8, E, T>};
+      gemv_tc_kernel<1, E, T, false, 1, WF>, gemv_tc_kernel<2, E, T, false, 1, WF>,
+      gemv_tc_kernel<3, E, T, false, 1, WF>, gemv_tc_kernel<4, E, T, false, 1, WF>,
+      gemv_tc_kernel<5, E, T, false, 1, WF>, gemv_tc_kernel<6, E, T, false, 1, WF>,
+      gemv_tc_kernel<7, E, T, false, 1, WF>, gemv_tc_kernel<8, E, T, false, 1, WF>};
   return (tc ? mma : fma)[m - 1];
 }
 
-// Launches the D-instantiation (p validated by the caller).
-template <int D>
+// Launches the D-instantiation for weight format WF (p validated by the caller).
+template <int D, class WF>
 void launch_d(const GemvParams& g, const AttnPrepParams& p, int64_t m, GemvConfig cfg, bool capped,
               cudaStream_t stream, bool pdl) {
   const int64_t blocks = g.n / gemv_rows(cfg);  // D % rows == 0: whole heads
   const bool tc = cfg.tensor_cores;
-  const PrepKernel kern = capped ? kernel_for<D, 3>(m, tc) : kernel_for<D, 0>(m, tc);
+  const PrepKernel kern = capped ? kernel_for<D, 3, WF>(m, tc) : kernel_for<D, 0, WF>(m, tc);
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
       kern, g, p);

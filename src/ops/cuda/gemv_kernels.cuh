@@ -12,6 +12,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/gemv_weights.cuh"
 #include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/vec.cuh"
 
@@ -21,7 +22,7 @@ constexpr int kMaxWarps = 16;
 
 struct GemvParams {
   const uint4* x;  // [M, K/8], row stride ldx8 (uint4 units)
-  const uint4* w;  // [N, K/8], row stride ldw8
+  const void* w;   // [N, K/8] chunks of 8 elements (bf16: uint4; e4m3: uint2), row stride ldw8 (chunks)
   void* out;       // bf16 / f32 [M, N] or bf16 act [M, N/2], row stride ldo (elements)
   int64_t ldx8, ldw8, ldo;
   int64_t n;   // rows of W (silu_mul: 2I)
@@ -39,6 +40,9 @@ struct GemvParams {
   uint4* ni_residual = nullptr;
   const uint4* ni_w = nullptr;
   int64_t ni_ldd8 = 0, ni_ldr8 = 0;
+  // Block-FP8 W (Fp8Weights): the f32 scales [ceil(N/128), w_kb], w_kb = ceil(K/128); unset for bf16 W.
+  const float* w_scale = nullptr;
+  int64_t w_kb = 0;
 };
 
 // Blocks of the current residual-norm launch that have read the residual; the last one resets it to 0
@@ -154,30 +158,6 @@ __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs,
   __syncthreads();
 }
 
-// W is streamed once: 16-byte read-only loads that skip L1 (x keeps it) with a 256-byte L2 prefetch hint.
-// kPinned: kept in program order among the asm volatile (the PDL wait), so the round issued before the wait
-// cannot sink below it.
-template <bool kPinned = false>
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  if constexpr (kPinned) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-  } else {
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-  }
-  return v;
-}
-
-// An L2 prefetch is safe before the PDL wait even for data the previous kernel writes: the L2 is the point
-// of coherence, so a later write there is what the loads after the wait see.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // Chunk steps whose W loads are issued together per thread: more bytes in flight where registers allow.
 template <int M>
 constexpr int unroll_for() {
@@ -194,17 +174,23 @@ __device__ __forceinline__ int64_t row_groups(const GemvParams& p) {
 // Row r of group grp: the W row it reads (clamped into range) and, through `base`, the group's first
 // output column. silu_mul: rows 0..R/2-1 are gate rows base + r, rows R/2.. the matching up rows.
 template <int R, GemvEpilogue E>
-__device__ __forceinline__ const uint4* block_row(const GemvParams& p, int64_t grp, int r, int64_t& base) {
+__device__ __forceinline__ int64_t block_row(const GemvParams& p, int64_t grp, int r, int64_t& base) {
   if constexpr (E == GemvEpilogue::silu_mul) {
     const int64_t half = p.n / 2;
     base = grp * (R / 2);
     const int c = r < R / 2 ? r : r - R / 2;
     const int64_t j = base + c < half ? base + c : half - 1;
-    return p.w + (r < R / 2 ? j : half + j) * p.ldw8;
+    return r < R / 2 ? j : half + j;
   } else {
     base = grp * R;
-    return p.w + (base + r < p.n ? base + r : p.n - 1) * p.ldw8;
+    return base + r < p.n ? base + r : p.n - 1;
   }
+}
+
+// The handle (gemv_weights.cuh) of W row n in format WF.
+template <class WF>
+__device__ __forceinline__ typename WF::Row w_row(const GemvParams& p, int64_t n) {
+  return WF::row(p.w, p.ldw8, p.w_scale, p.w_kb, n);
 }
 
 // red[w][m * R + r]: warp w's sum for x row m and block row r. Adds the warps in ascending order and
@@ -275,7 +261,7 @@ struct PlainTail {
   static __device__ __forceinline__ void finish(const GemvParams&, const Args&, int64_t, int, int) {}
 };
 
-template <int M, GemvEpilogue E, class Tail, bool kNormIn = false>
+template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, class WF = Bf16Weights>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     gemv_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
   constexpr int R = gemv_rows(GemvConfig{.tensor_cores = false});
@@ -283,27 +269,28 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int64_t groups = row_groups<R, E>(p);
   // The group's W rows (clamped into range; the epilogue stores only real ones).
-  const uint4* wrow[R];
+  using Row = typename WF::Row;
+  Row wrow[R];
   int64_t base = 0;
-  const auto rows_of = [&](int64_t grp, const uint4*(&rows)[R], int64_t& b) {
+  const auto rows_of = [&](int64_t grp, Row(&rows)[R], int64_t& b) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) rows[r] = block_row<R, E>(p, grp, r, b);
+    for (int r = 0; r < R; ++r) rows[r] = w_row<WF>(p, block_row<R, E>(p, grp, r, b));
   };
-  const auto prefetch_group = [&](const uint4* const(&rows)[R]) {  // a group's whole W slice towards L2
+  const auto prefetch_group = [&](const Row(&rows)[R]) {  // a group's whole W slice towards L2
     for (int64_t c = tid; c < p.k8; c += T)
 #pragma unroll
-      for (int r = 0; r < R; ++r) prefetch_l2(rows[r] + c);
+      for (int r = 0; r < R; ++r) WF::prefetch(rows[r], c);
   };
   rows_of(blockIdx.x, wrow, base);
   // A round of W chunks: U steps of the thread's chunks from c0, R rows.
-  uint4 wv[U][R];
+  typename WF::Raw wv[U][R];
   const auto load_round = [&](int64_t c0, auto pinned) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + int64_t(u) * T;
       if (c < p.k8) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) wv[u][r] = load_stream<decltype(pinned)::value>(wrow[r] + c);
+        for (int r = 0; r < R; ++r) wv[u][r] = WF::template load<decltype(pinned)::value>(wrow[r], c);
       }
     }
   };
@@ -327,7 +314,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
   const auto run_group = [&](int64_t grp, bool more) {
     if (more) {
-      const uint4* next[R];
+      Row next[R];
       int64_t nb;
       rows_of(grp + gridDim.x, next, nb);
       prefetch_group(next);
@@ -347,7 +334,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
         if (c < p.k8) {
           float wf[R][8];
 #pragma unroll
-          for (int r = 0; r < R; ++r) unpack8(wv[u][r], wf[r]);
+          for (int r = 0; r < R; ++r) unpack8(WF::widen(wv[u][r]), wf[r]);
 #pragma unroll
           for (int m = 0; m < M; ++m) {
             float xf[8];
@@ -393,7 +380,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2
 // tile j's mma is out[m][base + 8 j + n], held by lane (m, n / 2). A round: U = 8 / NT K blocks of every
 // tile (the same registers whatever NT); one x chunk serves the NT tiles, so x is read 1 / NT times as often
 // per W byte (at M = 8 and NT = 1, x's L1 and L2 traffic equals W's).
-template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, int NT = 1>
+template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, int NT = 1, class WF = Bf16Weights>
 __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks : Tail::kTcMinBlocks)
     gemv_tc_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
   static_assert(NT == 1 || NT == 2 || NT == 4, "1, 2 or 4 tiles of 8 rows");
@@ -405,20 +392,20 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
   const int g = lane / 4, t = lane % 4;
   const int64_t groups = row_groups<R, E>(p), kblocks = (p.k8 + 3) / 4;
   int64_t base = 0;
-  const uint4* wrow[NT];
+  typename WF::Row wrow[NT];
   const auto rows_of = [&](int64_t grp) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j) wrow[j] = block_row<R, E>(p, grp, g + 8 * j, base);
+    for (int j = 0; j < NT; ++j) wrow[j] = w_row<WF>(p, block_row<R, E>(p, grp, g + 8 * j, base));
   };
   rows_of(blockIdx.x);
   const auto prefetch_group = [&](int64_t grp) {  // a group's whole W slice towards L2 (NT == 1)
     int64_t nb;
-    const uint4* row = block_row<R, E>(p, grp, g, nb);
+    const typename WF::Row row = w_row<WF>(p, block_row<R, E>(p, grp, g, nb));
     for (int64_t kb = warp; kb < kblocks; kb += warps)
-      if (kb * 4 + t < p.k8) prefetch_l2(row + kb * 4 + t);
+      if (kb * 4 + t < p.k8) WF::prefetch(row, kb * 4 + t);
   };
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 wv[U][NT];  // a round of W: chunk t of K blocks kb0, kb0 + warps, ... of the lane's rows
+  typename WF::Raw wv[U][NT];  // a round of W: chunk t of K blocks kb0, kb0 + warps, ... of the lane's rows
   const auto load_round = [&](int64_t kb0, auto pinned) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -426,9 +413,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         if (c < p.k8) {
-          wv[u][j] = load_stream<decltype(pinned)::value>(wrow[j] + c);
+          wv[u][j] = WF::template load<decltype(pinned)::value>(wrow[j], c);
         } else {
-          wv[u][j] = zero;
+          wv[u][j] = WF::zero();
         }
       }
     }
@@ -474,8 +461,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
           }
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
-            mma_bf16(d[j], xv[u].x, xv[u].y, wv[u][j].x, wv[u][j].y);
-            mma_bf16(d[j], xv[u].z, xv[u].w, wv[u][j].z, wv[u][j].w);
+            const uint4 wb = WF::widen(wv[u][j]);
+            mma_bf16(d[j], xv[u].x, xv[u].y, wb.x, wb.y);
+            mma_bf16(d[j], xv[u].z, xv[u].w, wb.z, wb.w);
           }
         }
       }

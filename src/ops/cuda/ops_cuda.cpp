@@ -13,6 +13,30 @@
 namespace kiln::ops::cuda {
 namespace kc = ::kiln::cuda;
 
+namespace {
+
+bool al16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// A LinearWeight as the GEMV's weight (gemv.h: GemvWeight): its matrix and, for block-FP8, its scales.
+kc::GemvWeight gemv_weight(const LinearWeight& w) {
+  return {w.weight.data, w.weight.stride[0], w.is_fp8() ? w.scale.ptr<float>() : nullptr};
+}
+
+kc::GemmWeight gemm_weight(const LinearWeight& w) {
+  return w.is_fp8() ? kc::GemmWeight::fp8 : kc::GemmWeight::bf16;
+}
+
+// The alignment the GEMV forms need of W (gemv.h: GemvWeight).
+bool weight_aligned(const kc::GemvWeight& w) {
+  return w.is_fp8()
+             ? reinterpret_cast<uintptr_t>(w.data) % 8 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 4 == 0
+             : al16(w.data);
+}
+
+}  // namespace
+
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   kc::embedding_gather(ids.ptr<int32_t>(), table.data, table.stride[0], out.data, out.stride[0],
                        out.dtype == DType::f32, ids.shape[0], table.shape[0], table.shape[1],
@@ -37,44 +61,46 @@ void silu_and_mul(const Tensor& gate_up, const Tensor& out) {
                kc::current_stream(), kc::pdl_for(kc::PdlSite::elementwise));
 }
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& out) {
+void linear(const Tensor& x, const LinearWeight& weight, const Tensor& out) {
   if (x.shape[0] == 0) return;
-  kc::gemm_engine().run(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0],
-                        x.shape[0], weight.shape[0], x.shape[1], kc::GemmOut::bf16, kc::current_stream(),
+  kc::gemm_engine().run(x.data, x.stride[0], gemv_weight(weight), out.data, out.stride[0], x.shape[0],
+                        weight.rows(), x.shape[1], kc::GemmOut::bf16, kc::current_stream(),
                         kc::pdl_for(kc::PdlSite::gemv));
 }
 
-void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out) {
-  const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
+void linear_silu_mul(const Tensor& x, const LinearWeight& weight, const Tensor& gate_up, const Tensor& out) {
+  const int64_t M = x.shape[0], N = weight.rows(), K = x.shape[1];
   if (M == 0) return;
   kc::GemmEngine& eng = kc::gemm_engine();
-  const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
-      g && al16(x.data) && al16(weight.data) && al16(out.data) &&
-      kc::gemv_supported(M, N, K, x.stride[0], weight.stride[0], out.stride[0], kc::GemvEpilogue::silu_mul)) {
-    kc::gemv(x.data, x.stride[0], weight.data, weight.stride[0], out.data, out.stride[0], M, N, K,
-             kc::GemvEpilogue::silu_mul, *g, kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
+  const kc::GemvWeight w = gemv_weight(weight);
+  if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16, gemm_weight(weight));
+      g && al16(x.data) && weight_aligned(w) && al16(out.data) &&
+      kc::gemv_supported(M, N, K, x.stride[0], w.ld, out.stride[0], kc::GemvEpilogue::silu_mul)) {
+    kc::gemv(x.data, x.stride[0], w, out.data, out.stride[0], M, N, K, kc::GemvEpilogue::silu_mul, *g,
+             kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
     return;
   }
   linear(x, weight, gate_up);
   silu_and_mul(gate_up, out);
 }
 
-void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+void linear_add_rms_norm(const Tensor& x, const LinearWeight& weight, const Tensor& residual,
                          const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed) {
-  const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
+  const int64_t M = x.shape[0], N = weight.rows(), K = x.shape[1];
   if (M == 0) return;
-  const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   // The fused epilogue only when switched on (GemmEngine::set_gemv_add_rms_norm): it measured slower.
   kc::GemmEngine& eng = kc::gemm_engine();
-  if (const auto g = eng.gemv_add_rms_norm() ? eng.gemv_choice(M, N, K, kc::GemmOut::bf16) : std::nullopt;
-      g && kc::gemv_fusable(*g) && al16(x.data) && al16(weight.data) && al16(tmp.data) &&
+  const kc::GemvWeight w = gemv_weight(weight);
+  if (const auto g = eng.gemv_add_rms_norm()
+                         ? eng.gemv_choice(M, N, K, kc::GemmOut::bf16, gemm_weight(weight))
+                         : std::nullopt;
+      g && kc::gemv_fusable(*g) && al16(x.data) && weight_aligned(w) && al16(tmp.data) &&
       al16(residual.data) && al16(norm_weight.data) && al16(normed.data) &&
-      kc::gemv_add_rms_norm_supported(M, N, K, x.stride[0], weight.stride[0], tmp.stride[0],
-                                      residual.stride[0], normed.stride[0])) {
-    kc::gemv_add_rms_norm(x.data, x.stride[0], weight.data, weight.stride[0], tmp.data, tmp.stride[0],
-                          residual.data, residual.stride[0], norm_weight.data, normed.data, normed.stride[0],
-                          M, N, K, eps, *g, kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
+      kc::gemv_add_rms_norm_supported(M, N, K, x.stride[0], w.ld, tmp.stride[0], residual.stride[0],
+                                      normed.stride[0])) {
+    kc::gemv_add_rms_norm(x.data, x.stride[0], w, tmp.data, tmp.stride[0], residual.data, residual.stride[0],
+                          norm_weight.data, normed.data, normed.stride[0], M, N, K, eps, *g,
+                          kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
     return;
   }
   linear(x, weight, tmp);
@@ -82,41 +108,46 @@ void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& re
 }
 
 bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& norm_weight, float eps,
-                    const Tensor& weight, const Tensor& out, bool silu) {
-  const int64_t M = delta.shape[0], N = weight.shape[0], K = weight.shape[1];
+                    const LinearWeight& weight, const Tensor& out, bool silu) {
+  const int64_t M = delta.shape[0], N = weight.rows(), K = weight.cols();
   if (M == 0) return false;
-  const auto g = kc::gemm_engine().gemv_norm_in_choice(M, N, K);
-  const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const auto g = kc::gemm_engine().gemv_norm_in_choice(M, N, K, gemm_weight(weight));
+  const kc::GemvWeight w = gemv_weight(weight);
   const kc::GemvEpilogue epi = silu ? kc::GemvEpilogue::silu_mul : kc::GemvEpilogue::bf16;
-  if (!g || !al16(delta.data) || !al16(residual.data) || !al16(norm_weight.data) || !al16(weight.data) ||
+  if (!g || !al16(delta.data) || !al16(residual.data) || !al16(norm_weight.data) || !weight_aligned(w) ||
       !al16(out.data) ||
-      !kc::gemv_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0], weight.stride[0],
-                                  out.stride[0], epi))
+      !kc::gemv_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0], w.ld, out.stride[0], epi))
     return false;
-  kc::gemv_norm_in(delta.data, delta.stride[0], residual.data, residual.stride[0], norm_weight.data, eps,
-                   weight.data, weight.stride[0], out.data, out.stride[0], M, N, K, epi, *g,
-                   kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
+  kc::gemv_norm_in(delta.data, delta.stride[0], residual.data, residual.stride[0], norm_weight.data, eps, w,
+                   out.data, out.stride[0], M, N, K, epi, *g, kc::current_stream(),
+                   kc::pdl_for(kc::PdlSite::gemv));
   return true;
 }
 
-bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k) {
+void reserve_fp8_dequant(int64_t elements) {
+  kc::gemm_engine().reserve_fp8_dequant(elements);
+}
+
+bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k, bool fp8_weight) {
   const kc::GemmEngine& eng = kc::gemm_engine();
   if (m < 1 || !eng.gemv_attn_prep()) return false;
-  const auto g = eng.gemv_choice(m, n, k, kc::GemmOut::bf16);
+  const auto g =
+      eng.gemv_choice(m, n, k, kc::GemmOut::bf16, fp8_weight ? kc::GemmWeight::fp8 : kc::GemmWeight::bf16);
   return g && kc::gemv_fusable(*g);
 }
 
-bool linear_attn_prep(const Tensor& x, const Tensor& weight, const kc::AttnPrepParams& p, void* stream) {
-  const int64_t M = x.shape[0], N = weight.shape[0], K = x.shape[1];
+bool linear_attn_prep(const Tensor& x, const LinearWeight& weight, const kc::AttnPrepParams& p,
+                      void* stream) {
+  const int64_t M = x.shape[0], N = weight.rows(), K = x.shape[1];
   kc::GemmEngine& eng = kc::gemm_engine();
   if (M == 0 || !eng.gemv_attn_prep()) return false;
   // The tuner's GEMV config for the QKV shape: the one linear() would run, so the rows are bitwise its rows.
-  const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16);
-  if (!g || !kc::gemv_fusable(*g) ||
-      !kc::gemv_attn_prep_supported(M, K, x.data, x.stride[0], weight.data, weight.stride[0], p))
+  const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16, gemm_weight(weight));
+  const kc::GemvWeight w = gemv_weight(weight);
+  if (!g || !kc::gemv_fusable(*g) || !kc::gemv_attn_prep_supported(M, K, x.data, x.stride[0], w, p))
     return false;
-  kc::gemv_attn_prep(x.data, x.stride[0], weight.data, weight.stride[0], M, K, p, *g,
-                     static_cast<cudaStream_t>(stream), kc::pdl_for(kc::PdlSite::gemv));
+  kc::gemv_attn_prep(x.data, x.stride[0], w, M, K, p, *g, static_cast<cudaStream_t>(stream),
+                     kc::pdl_for(kc::PdlSite::gemv));
   return true;
 }
 

@@ -6,6 +6,7 @@
 #include "kiln/tensor.h"
 #include "ops/attention.h"
 #include "ops/cuda/attn_prep_params.h"
+#include "ops/fp8_linear.h"
 #include "ops/stream.h"
 
 namespace kiln::ops::cuda {
@@ -15,31 +16,38 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& ou
 void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
                   const Tensor& out);
 void silu_and_mul(const Tensor& gate_up, const Tensor& out);
-void linear(const Tensor& x, const Tensor& weight, const Tensor& out);
+// The projections below take a bf16 or a block-FP8 weight (ops/fp8_linear.h: LinearWeight). FP8: the FP8
+// GEMV and its fused forms where the tuner chose it for the shape with an FP8 weight (gemm.h: GemmWeight),
+// bitwise the bf16 forms on the dequantized weight; else GemmEngine::run's FP8 path (dequantize into scratch,
+// then the bf16 dispatch).
+void linear(const Tensor& x, const LinearWeight& weight, const Tensor& out);
 // The gate_up GEMM with SiLU-and-multiply: the fused GEMV (gemv.h) when the tuner chose the GEMV for
 // [M, 2I, K] (M <= 8), else the GEMM into gate_up followed by the silu_mul kernel.
-void linear_silu_mul(const Tensor& x, const Tensor& weight, const Tensor& gate_up, const Tensor& out);
+void linear_silu_mul(const Tensor& x, const LinearWeight& weight, const Tensor& gate_up, const Tensor& out);
 // The O / down projection with the residual add and the next RMSNorm: the GEMV with the add + RMSNorm
 // epilogue (gemv.h) when the tuner chose the GEMV for [M, N, K] (M <= 8), else the GEMM into tmp followed by
 // the rms_norm kernel (add).
-void linear_add_rms_norm(const Tensor& x, const Tensor& weight, const Tensor& residual,
+void linear_add_rms_norm(const Tensor& x, const LinearWeight& weight, const Tensor& residual,
                          const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& normed);
 // The QKV projection fused with the attention preparation (gemv_attn_prep.h) for the prep params p of the
 // qkv rows: launches it and returns true when the engine's fusion switch is on, the tuner chose the GEMV for
 // [M, N, K] and the fused guards hold; else launches nothing and returns false (the caller runs linear, then
 // attn_prep). On `stream` (a cudaStream_t), as attn_prep's args.stream.
-bool linear_attn_prep(const Tensor& x, const Tensor& weight, const ::kiln::cuda::AttnPrepParams& p,
+bool linear_attn_prep(const Tensor& x, const LinearWeight& weight, const ::kiln::cuda::AttnPrepParams& p,
                       void* stream);
-// The cheap half of that decision (the switch and the tuner's choice for [m, n, k]), asked before the
-// params are built.
-bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k);
+// The cheap half of that decision (the switch and the tuner's choice for [m, n, k] with that weight
+// format), asked before the params are built.
+bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k, bool fp8_weight);
 // A projection whose input is rms_norm(residual + delta) (ops/linear.h: ResidualNorm), as one launch: the
 // GEMV with the residual-norm prologue (gemv.h: gemv_norm_in; residual rewritten, nothing else but out) into
 // out, with the silu_mul epilogue when silu (out is then act [M, N / 2]). Launches it and returns true when
 // the engine's switch is on, the tuner chose the GEMV for [M, N, K] and the kernel's guards hold; else
 // launches nothing and returns false (the caller runs add_rms_norm, then the projection).
 bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& norm_weight, float eps,
-                    const Tensor& weight, const Tensor& out, bool silu);
+                    const LinearWeight& weight, const Tensor& out, bool silu);
+// Grows GemmEngine's FP8 dequantization scratch (gemm.h: reserve_fp8_dequant) to `elements` bf16, before
+// any CUDA graph capture.
+void reserve_fp8_dequant(int64_t elements);
 // Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
 // bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);

@@ -1,0 +1,9 @@
+// Fused QKV GEMV + attention preparation, head_dim 64, block-FP8 weights (gemv_attn_prep_kernel.cuh).
+#include "ops/cuda/gemv_attn_prep_kernel.cuh"
+
+namespace kiln::cuda {
+void launch_gemv_attn_prep_fp8_d64(const gemv_detail::GemvParams& g, const AttnPrepParams& p, int64_t m,
+                                   GemvConfig cfg, bool capped, cudaStream_t stream, bool pdl) {
+  gemv_attn_prep_detail::launch_d<64, gemv_detail::Fp8Weights>(g, p, m, cfg, capped, stream, pdl);
+}
+}  // namespace kiln::cuda
