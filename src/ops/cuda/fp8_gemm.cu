@@ -1,0 +1,216 @@
+// fp8_gemm.h: the activation quantizer kernel, the shape guards and the launcher of the sm_90a GEMM
+// (fp8_gemm_sm90.cuh).
+#include "ops/cuda/fp8_gemm.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/device_flag.h"
+#include "ops/cuda/fp8_gemm_sm90.cuh"
+#include "ops/cuda/tensor_map.h"
+#include "ops/fp8.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int64_t kGroup = 128;        // activation group along K (ops::kFp8Block)
+constexpr int kQuantRowsPerBlock = 8;  // one warp a row
+
+int64_t round_up(int64_t v, int64_t to) {
+  return (v + to - 1) / to * to;
+}
+
+// Mapping: grid (m_pad / 8, ceil(K / 256)), block 256 threads = 8 warps; warp w owns row blockIdx.x * 8 + w
+// and columns blockIdx.y * 256 .. + 255, i.e. two groups of 128, one per half-warp; lane l loads the 8 bf16
+// at column 256 blockIdx.y + 8 l (one 16-byte load; K % 16 == 0, so a lane's 8 columns are all in or all past
+// K). A half-warp's amax by an xor butterfly 8, 4, 2, 1 (fmaxf: exact in any order, NaN ignored like
+// std::fmax), then a_s and the 8 codes with correctly rounded divisions (__fdiv_rn) and ops/fp8.h's
+// encoder, as quantize_act_group computes them. Writes 8 code bytes a lane and one scale a half-warp
+// (xs[kb * m_pad + row]); rows M .. m_pad - 1 only write scale 0.
+__global__ void __launch_bounds__(256)
+    quantize_act_kernel(const uint16_t* __restrict__ x, int64_t ldx, int m, int k, int m_pad,
+                        uint8_t* __restrict__ q, float* __restrict__ xs) {
+  pdl_launch_dependents();  // the GEMM may start its prologue; it waits for this grid before reading
+  const int lane = int(threadIdx.x % 32), row = int(blockIdx.x) * kQuantRowsPerBlock + int(threadIdx.x / 32);
+  const int col = int(blockIdx.y) * 256 + lane * 8, kb = col / int(kGroup);
+  const bool in = col < k;
+  if (row >= m_pad) return;
+  if (row >= m) {
+    if (in && lane % 16 == 0) xs[int64_t(kb) * m_pad + row] = 0.0f;
+    return;
+  }
+  uint4 raw = make_uint4(0, 0, 0, 0);
+  if (in) raw = __ldg(reinterpret_cast<const uint4*>(x + int64_t(row) * ldx + col));
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  float v[8];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(words[i] << 16);
+    v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+  for (int off = 8; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  if (!in) return;
+  const float s = __fdiv_rn(fmaxf(amax, 1e-10f), 448.0f);
+  uint32_t lo = 0, hi = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo |= uint32_t(f32_to_e4m3(__fdiv_rn(v[i], s))) << (8 * i);
+    hi |= uint32_t(f32_to_e4m3(__fdiv_rn(v[4 + i], s))) << (8 * i);
+  }
+  *reinterpret_cast<uint2*>(q + int64_t(row) * k + col) = make_uint2(lo, hi);
+  if (lane % 16 == 0) xs[int64_t(kb) * m_pad + row] = s;
+}
+
+// sm_90 with this build's sm_90a code for every config, and the tensor-map entry point (once per device).
+bool device_supported() {
+  static PerDeviceFlag flag;
+  return flag.get([] {
+    return current_device_is_sm90() && tensor_maps_available() && fp8_gemm_sm90::prepare<128, 6>() &&
+           fp8_gemm_sm90::prepare<64, 8>();
+  });
+}
+
+bool shape_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo) {
+  return m >= 1 && n >= 1 && k >= 16 && m < (int64_t(1) << 30) && n < (int64_t(1) << 30) &&
+         k < (int64_t(1) << 24) && k % 16 == 0 && ldx >= k && ldx % 8 == 0 && ldw >= k && ldw % 16 == 0 &&
+         ldo >= n && ldo % 8 == 0;
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
+
+bool fp8_gemm_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo) {
+  return shape_supported(m, n, k, ldx, ldw, ldo) && device_supported();
+}
+
+int64_t fp8_act_scale_rows(int64_t m) {
+  return round_up(m, fp8_gemm_sm90::kBM);
+}
+
+int64_t fp8_act_scale_offset(int64_t m, int64_t k) {
+  return round_up(m * k, 256);
+}
+
+int64_t fp8_gemm_workspace_bytes(int64_t m, int64_t k) {
+  return fp8_act_scale_offset(m, k) + (k + kGroup - 1) / kGroup * fp8_act_scale_rows(m) * 4;
+}
+
+void fp8_quantize_act(const void* x, int64_t ldx, int64_t m, int64_t k, void* workspace,
+                      int64_t workspace_bytes, cudaStream_t stream) {
+  KILN_CHECK(m >= 1 && k >= 16 && k % 16 == 0 && m < (int64_t(1) << 30) && k < (int64_t(1) << 24),
+             "fp8_quantize_act: M = ", m, ", K = ", k,
+             " (1 <= M < 2^30; K a multiple of 16, 16 <= K < 2^24)");
+  KILN_CHECK(ldx >= k && ldx % 8 == 0, "fp8_quantize_act: ldx = ", ldx, " (>= K = ", k, ", a multiple of 8)");
+  KILN_CHECK(aligned16(x) && workspace && reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
+             "fp8_quantize_act: x must be 16-byte and the workspace 256-byte aligned");
+  KILN_CHECK(workspace_bytes >= fp8_gemm_workspace_bytes(m, k), "fp8_quantize_act: workspace of ",
+             workspace_bytes, " bytes, ", fp8_gemm_workspace_bytes(m, k), " needed for M = ", m, ", K = ", k);
+  const int64_t m_pad = fp8_act_scale_rows(m);
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  const LaunchCfg cfg{.grid = dim3(unsigned(m_pad / kQuantRowsPerBlock), unsigned((k + 255) / 256)),
+                      .block = dim3(256),
+                      .stream = stream};
+  launch(cfg, quantize_act_kernel, static_cast<const uint16_t*>(x), ldx, int(m), int(k), int(m_pad), ws,
+         reinterpret_cast<float*>(ws + fp8_act_scale_offset(m, k)));
+}
+
+namespace {
+
+// fp8_gemm's checks of everything but x (its own are fp8_quantize_act's), before anything is enqueued.
+void check_gemm_args(const void* wq, int64_t ldw, const float* wscale, const void* out, int64_t ldo,
+                     int64_t m, int64_t n, int64_t k, int64_t ldx, const void* workspace,
+                     int64_t workspace_bytes, const Fp8GemmConfig& cfg) {
+  KILN_CHECK(shape_supported(m, n, k, ldx, ldw, ldo), "fp8_gemm: unsupported shape M = ", m, ", N = ", n,
+             ", K = ", k, ", ldx = ", ldx, ", ldw = ", ldw, ", ldo = ", ldo,
+             " (M, N < 2^30; K a multiple of 16 below 2^24; ldx, ldo multiples of 8, ldw of 16)");
+  KILN_CHECK(device_supported(), "fp8_gemm: needs an sm_90 GPU running this build's sm_90a code");
+  KILN_CHECK(aligned16(wq) && aligned16(out) && wscale && reinterpret_cast<uintptr_t>(wscale) % 4 == 0,
+             "fp8_gemm: wq and out must be 16-byte aligned, wscale 4-byte aligned");
+  bool known = false;
+  for (const Fp8GemmConfig& c : kFp8GemmConfigs) known = known || c == cfg;
+  KILN_CHECK(known, "fp8_gemm: config tile_n ", cfg.tile_n, " stages ", cfg.stages,
+             " is not in kFp8GemmConfigs");
+  KILN_CHECK(workspace && reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
+             "fp8_gemm: the workspace must be 256-byte aligned");
+  KILN_CHECK(workspace_bytes >= fp8_gemm_workspace_bytes(m, k), "fp8_gemm: workspace of ", workspace_bytes,
+             " bytes, ", fp8_gemm_workspace_bytes(m, k), " needed for M = ", m, ", K = ", k);
+}
+
+// The kernel's parameters: both tensor maps (host encoding, no device work), the tile grid.
+fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wscale, void* out, int64_t ldo,
+                                  int64_t m, int64_t n, int64_t k, const void* workspace, int bn) {
+  fp8_gemm_sm90::Params p{};
+  {
+    const uint64_t dims[2] = {uint64_t(k), uint64_t(m)}, strides[1] = {uint64_t(k)};
+    const uint32_t box[2] = {uint32_t(fp8_gemm_sm90::kBK), uint32_t(fp8_gemm_sm90::kBM)};
+    KILN_CHECK(
+        try_encode_tiled_map(&p.tmap_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, workspace, dims, strides, box),
+        "fp8_gemm: the driver refused the activations' tensor map (M = ", m, ", K = ", k, ")");
+  }
+  {
+    const uint64_t dims[2] = {uint64_t(k), uint64_t(n)}, strides[1] = {uint64_t(ldw)};
+    const uint32_t box[2] = {uint32_t(fp8_gemm_sm90::kBK), uint32_t(bn)};
+    KILN_CHECK(try_encode_tiled_map(&p.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, wq, dims, strides, box),
+               "fp8_gemm: the driver refused the weight's tensor map (N = ", n, ", K = ", k, ", ldw = ", ldw,
+               ")");
+  }
+  const int64_t m_pad = fp8_act_scale_rows(m);
+  p.a_scale =
+      reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) + fp8_act_scale_offset(m, k));
+  p.w_scale = wscale;
+  p.out = out;
+  p.ldo = ldo;
+  p.m = int(m);
+  p.n = int(n);
+  p.kblocks = int((k + kGroup - 1) / kGroup);
+  p.m_pad = int(m_pad);
+  p.tiles_m = int(m_pad / fp8_gemm_sm90::kBM);
+  const int64_t tiles = int64_t(p.tiles_m) * ((n + bn - 1) / bn);
+  KILN_CHECK(tiles < (int64_t(1) << 31), "fp8_gemm: ", tiles, " tiles");
+  p.tiles = int(tiles);
+  return p;
+}
+
+void launch_gemm(const fp8_gemm_sm90::Params& p, const Fp8GemmConfig& cfg, cudaStream_t stream) {
+  int grid = p.tiles;
+  if (cfg.persistent) {
+    int dev = 0, sms = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&dev));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    grid = std::min(grid, sms);
+  }
+  if (cfg.tile_n == 128)
+    fp8_gemm_sm90::launch<128, 6>(p, grid, stream);
+  else
+    fp8_gemm_sm90::launch<64, 8>(p, grid, stream);
+}
+
+}  // namespace
+
+void fp8_gemm_quantized(const void* wq, int64_t ldw, const float* wscale, void* out, int64_t ldo, int64_t m,
+                        int64_t n, int64_t k, const void* workspace, int64_t workspace_bytes,
+                        Fp8GemmConfig cfg, cudaStream_t stream) {
+  check_gemm_args(wq, ldw, wscale, out, ldo, m, n, k, k, workspace, workspace_bytes, cfg);
+  launch_gemm(gemm_params(wq, ldw, wscale, out, ldo, m, n, k, workspace, cfg.tile_n), cfg, stream);
+}
+
+void fp8_gemm(const void* x, int64_t ldx, const void* wq, int64_t ldw, const float* wscale, void* out,
+              int64_t ldo, int64_t m, int64_t n, int64_t k, void* workspace, int64_t workspace_bytes,
+              Fp8GemmConfig cfg, cudaStream_t stream) {
+  check_gemm_args(wq, ldw, wscale, out, ldo, m, n, k, ldx, workspace, workspace_bytes, cfg);
+  KILN_CHECK(aligned16(x), "fp8_gemm: x must be 16-byte aligned");
+  const fp8_gemm_sm90::Params p = gemm_params(wq, ldw, wscale, out, ldo, m, n, k, workspace, cfg.tile_n);
+  fp8_quantize_act(x, ldx, m, k, workspace, workspace_bytes, stream);
+  launch_gemm(p, cfg, stream);
+}
+
+}  // namespace kiln::cuda
