@@ -72,7 +72,7 @@ bool device_supported() {
   static PerDeviceFlag flag;
   return flag.get([] {
     return current_device_is_sm90() && tensor_maps_available() && fp8_gemm_sm90::prepare<128, 6>() &&
-           fp8_gemm_sm90::prepare<64, 8>();
+           fp8_gemm_sm90::prepare<64, 8>() && fp8_gemm_sm90::prepare<192, 5>();
   });
 }
 
@@ -174,6 +174,7 @@ fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wsca
   p.kblocks = int((k + kGroup - 1) / kGroup);
   p.m_pad = int(m_pad);
   p.tiles_m = int(m_pad / fp8_gemm_sm90::kBM);
+  p.n_scale_rows = int((n + kGroup - 1) / kGroup);
   const int64_t tiles = int64_t(p.tiles_m) * ((n + bn - 1) / bn);
   KILN_CHECK(tiles < (int64_t(1) << 31), "fp8_gemm: ", tiles, " tiles");
   p.tiles = int(tiles);
@@ -188,7 +189,9 @@ void launch_gemm(const fp8_gemm_sm90::Params& p, const Fp8GemmConfig& cfg, cudaS
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     grid = std::min(grid, sms);
   }
-  if (cfg.tile_n == 128)
+  if (cfg.tile_n == 192)
+    fp8_gemm_sm90::launch<192, 5>(p, grid, stream);
+  else if (cfg.tile_n == 128)
     fp8_gemm_sm90::launch<128, 6>(p, grid, stream);
   else
     fp8_gemm_sm90::launch<64, 8>(p, grid, stream);

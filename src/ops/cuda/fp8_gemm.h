@@ -35,9 +35,10 @@ using cudaStream_t = CUstream_st*;
 
 namespace kiln::cuda {
 
-// One kernel configuration: output tile 128 x tile_n (tile_n 64 or 128: a tile never straddles two
-// weight-scale rows), `stages` K blocks in flight in the TMA pipeline, and persistent (one block per SM
-// walking the tiles, the next tile's loads overlapping the current epilogue) or one block per tile.
+// One kernel configuration: output tile 128 x tile_n (tile_n 64, 128: one weight-scale row per tile; 192:
+// two, chosen per 8-column group), `stages` K blocks in flight in the TMA pipeline (as many as ~200 KB of
+// shared memory holds), and persistent (one block per SM walking the tiles, the next tile's loads overlapping
+// the current epilogue) or one block per tile.
 struct Fp8GemmConfig {
   int tile_n = 128;
   int stages = 6;
@@ -47,10 +48,7 @@ struct Fp8GemmConfig {
 
 // Every configuration the kernel takes; the tuner times them all.
 inline constexpr Fp8GemmConfig kFp8GemmConfigs[] = {
-    {128, 6, true},
-    {128, 6, false},
-    {64, 8, true},
-    {64, 8, false},
+    {128, 6, true}, {128, 6, false}, {64, 8, true}, {64, 8, false}, {192, 5, true},
 };
 
 // Whether fp8_gemm takes this shape on the current device (see the shape rules above).

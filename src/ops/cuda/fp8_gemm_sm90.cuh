@@ -47,6 +47,7 @@ struct Params {
   void* out;             // bf16 [M, N], row stride ldo
   int64_t ldo;
   int m, n, kblocks, m_pad, tiles_m, tiles;
+  int n_scale_rows;  // ceil(N / 128)
 };
 
 template <int BN, int S>
@@ -84,11 +85,13 @@ __device__ __forceinline__ void issue_block(float (&d)[BN / 2], uint32_t a_tile,
   const sm90::WgmmaDesc ad = sm90::sw128_desc(a_tile, 16, 1024), bd = sm90::sw128_desc(b_tile, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < kBK / 32; ++kk) {
-    if constexpr (BN == 128)
-      sm90::wgmma_m64n128k32_e4m3(d, ad.plus(uint32_t(kk) * 32), bd.plus(uint32_t(kk) * 32),
-                                  kk > 0 ? 1u : 0u);
+    const sm90::WgmmaDesc a = ad.plus(uint32_t(kk) * 32), b = bd.plus(uint32_t(kk) * 32);
+    if constexpr (BN == 192)
+      sm90::wgmma_m64n192k32_e4m3(d, a, b, kk > 0 ? 1u : 0u);
+    else if constexpr (BN == 128)
+      sm90::wgmma_m64n128k32_e4m3(d, a, b, kk > 0 ? 1u : 0u);
     else
-      sm90::wgmma_m64n64k32_e4m3(d, ad.plus(uint32_t(kk) * 32), bd.plus(uint32_t(kk) * 32), kk > 0 ? 1u : 0u);
+      sm90::wgmma_m64n64k32_e4m3(d, a, b, kk > 0 ? 1u : 0u);
   }
 }
 
@@ -123,13 +126,20 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t base, const ui
   uint32_t ph = 0;
   for (int tile = int(blockIdx.x); tile < p.tiles; tile += int(gridDim.x)) {
     const int m0 = (tile % p.tiles_m) * kBM, n0 = (tile / p.tiles_m) * BN;
-    const float* ws = p.w_scale + int64_t(n0 / kBK) * p.kblocks;
+    // The tile's weight-scale rows: one where BN <= 128 (n0 is a multiple of BN), else the columns from
+    // `split` on take the next row (n0 % 128 is a multiple of 64, so an 8-column group never straddles).
+    const int nb = n0 / kBK, split = kBK - n0 % kBK;
+    const float* ws0 = p.w_scale + int64_t(nb) * p.kblocks;
+    const float* ws1 = p.w_scale + int64_t(min(nb + 1, p.n_scale_rows - 1)) * p.kblocks;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-    float ws_next = __ldg(ws);
+    float wn0 = __ldg(ws0), wn1 = BN > kBK ? __ldg(ws1) : 0.0f;
     for (int kb = 0; kb < p.kblocks; ++kb) {
-      const float wsc = ws_next;
-      if (kb + 1 < p.kblocks) ws_next = __ldg(ws + kb + 1);
+      const float w0 = wn0, w1 = wn1;
+      if (kb + 1 < p.kblocks) {
+        wn0 = __ldg(ws0 + kb + 1);
+        if constexpr (BN > kBK) wn1 = __ldg(ws1 + kb + 1);
+      }
       sm90::mbar_wait(full + 8 * s, ph);
       __syncwarp();  // the spin may end on different iterations per lane; wgmma needs the warp converged
       sm90::fence_regs(part);
@@ -140,11 +150,21 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t base, const ui
       sm90::wgmma_wait<0>();
       sm90::fence_regs(part);
       const float* sa = reinterpret_cast<const float*>(gbase + L::sa_off + uint32_t(s) * L::sa_bytes);
-      const float s0 = sa[row] * wsc, s1 = sa[row + 8] * wsc;
+      const float a0 = sa[row], a1 = sa[row + 8];
       __syncwarp();
       if (lane == 0) sm90::mbar_arrive(empty + 8 * s);
+      const float s00 = a0 * w0, s10 = a1 * w0;
+      if constexpr (BN > kBK) {
+        const float s01 = a0 * w1, s11 = a1 * w1;
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], (i & 2) ? s1 : s0, acc[i]);
+        for (int i = 0; i < BN / 2; ++i) {
+          const bool second = 8 * (i / 4) >= split;
+          acc[i] = fmaf(part[i], (i & 2) ? (second ? s11 : s10) : (second ? s01 : s00), acc[i]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = fmaf(part[i], (i & 2) ? s10 : s00, acc[i]);
+      }
       if (++s == S) s = 0, ph ^= 1u;
     }
     const int r0 = m0 + row;
@@ -227,5 +247,7 @@ extern template void launch<128, 6>(const Params&, int, cudaStream_t);
 extern template bool prepare<128, 6>();
 extern template void launch<64, 8>(const Params&, int, cudaStream_t);
 extern template bool prepare<64, 8>();
+extern template void launch<192, 5>(const Params&, int, cudaStream_t);
+extern template bool prepare<192, 5>();
 
 }  // namespace kiln::cuda::fp8_gemm_sm90
