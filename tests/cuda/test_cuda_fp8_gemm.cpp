@@ -152,7 +152,16 @@ std::vector<int64_t> checked_rows(int64_t M) {
 
 std::string config_name(const cuda::Fp8GemmConfig& c) {
   return "tile_n " + std::to_string(c.tile_n) + " stages " + std::to_string(c.stages) +
-         (c.persistent ? " persistent" : " grid");
+         (c.persistent ? " persistent" : " grid") + " cluster " + std::to_string(c.cluster);
+}
+
+// The configs of one cluster size (the clusters of two have their own test: a hang there keeps the others'
+// results).
+std::vector<cuda::Fp8GemmConfig> configs(int cluster) {
+  std::vector<cuda::Fp8GemmConfig> v;
+  for (const cuda::Fp8GemmConfig& c : cuda::kFp8GemmConfigs)
+    if (c.cluster == cluster) v.push_back(c);
+  return v;
 }
 
 TEST(CudaFp8Gemm, QuantizerMatchesCpuBitwise) {
@@ -199,10 +208,9 @@ TEST(CudaFp8Gemm, QuantizerMatchesCpuBitwise) {
   }
 }
 
-// Every (M, N, K) of the grid, every config: poisoned output, all M x N written (no NaN left) and nothing
-// past N in the row stride, checked rows within 2^-8 of fp64.
-TEST(CudaFp8Gemm, MatchesFp64ReferenceAcrossShapesAndConfigs) {
-  KILN_REQUIRE_FP8_GEMM();
+// Every (M, N, K) of the grid, every config given: poisoned output, all M x N written (no NaN left) and
+// nothing past N in the row stride, checked rows within 2^-8 of fp64.
+void check_shapes(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
   struct Proj {
     const char* name;
     int64_t N, K;
@@ -240,7 +248,7 @@ TEST(CudaFp8Gemm, MatchesFp64ReferenceAcrossShapesAndConfigs) {
         ref.insert(ref.end(), ref_all.begin() + ptrdiff_t(i * size_t(N)),
                    ref_all.begin() + ptrdiff_t((i + 1) * size_t(N)));
       }
-      for (const cuda::Fp8GemmConfig& cfg : cuda::kFp8GemmConfigs) {
+      for (const cuda::Fp8GemmConfig& cfg : cfgs) {
         const std::string what = std::string(pj.name) + " M " + std::to_string(M) + " " + config_name(cfg);
         test::poison(out);
         cuda::fp8_gemm(dx.data(), ldx, dq.data(), ldw, static_cast<const float*>(ds.data()), out.data(), ldo,
@@ -267,8 +275,7 @@ TEST(CudaFp8Gemm, MatchesFp64ReferenceAcrossShapesAndConfigs) {
 
 // The GPU result against the CPU oracle ops::linear_fp8(w8a8) of the same bf16 x: both within 2^-8 of the
 // fp64 product, so within 2^-7 of each other (relative Frobenius error over the whole output).
-TEST(CudaFp8Gemm, AgreesWithCpuOracle) {
-  KILN_REQUIRE_FP8_GEMM();
+void check_against_oracle(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
   struct Shape {
     int64_t M, N, K;
   };
@@ -288,7 +295,7 @@ TEST(CudaFp8Gemm, AgreesWithCpuOracle) {
            out(size_t(M * N) * 2, Device::cuda());
     const int64_t ws_bytes = cuda::fp8_gemm_workspace_bytes(M, K);
     Buffer ws(size_t(ws_bytes), Device::cuda());
-    for (const cuda::Fp8GemmConfig& cfg : cuda::kFp8GemmConfigs) {
+    for (const cuda::Fp8GemmConfig& cfg : cfgs) {
       test::poison(out);
       cuda::fp8_gemm(dx.data(), K, dq.data(), K, static_cast<const float*>(ds.data()), out.data(), N, M, N, K,
                      ws.data(), ws_bytes, cfg, nullptr);
@@ -307,8 +314,7 @@ TEST(CudaFp8Gemm, AgreesWithCpuOracle) {
 
 // Captured once, replayed with new x and new weights written into the same buffers: each replay computes
 // from the current contents (the tensor maps hold addresses, not data).
-TEST(CudaFp8Gemm, GraphReplayFollowsChangedInputs) {
-  KILN_REQUIRE_FP8_GEMM();
+void check_graph_replay(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
   const int64_t M = 300, N = 384, K = 640;
   Buffer dx(size_t(M * K) * 2, Device::cuda()), dq(size_t(N * K), Device::cuda()),
       ds(size_t(ops::fp8_blocks(N) * ops::fp8_blocks(K)) * 4, Device::cuda()),
@@ -317,7 +323,7 @@ TEST(CudaFp8Gemm, GraphReplayFollowsChangedInputs) {
   Buffer ws(size_t(ws_bytes), Device::cuda());
   std::vector<int64_t> rows(static_cast<size_t>(M));
   for (int64_t i = 0; i < M; ++i) rows[size_t(i)] = i;
-  for (const cuda::Fp8GemmConfig& cfg : cuda::kFp8GemmConfigs) {
+  for (const cuda::Fp8GemmConfig& cfg : cfgs) {
     cudaStream_t stream;
     KILN_CUDA_CHECK(cudaStreamCreate(&stream));
     cudaGraph_t graph;
@@ -345,6 +351,31 @@ TEST(CudaFp8Gemm, GraphReplayFollowsChangedInputs) {
     KILN_CUDA_CHECK(cudaGraphDestroy(graph));
     KILN_CUDA_CHECK(cudaStreamDestroy(stream));
   }
+}
+
+TEST(CudaFp8Gemm, MatchesFp64ReferenceAcrossShapesAndConfigs) {
+  KILN_REQUIRE_FP8_GEMM();
+  check_shapes(configs(1));
+}
+
+TEST(CudaFp8Gemm, AgreesWithCpuOracle) {
+  KILN_REQUIRE_FP8_GEMM();
+  check_against_oracle(configs(1));
+}
+
+TEST(CudaFp8Gemm, GraphReplayFollowsChangedInputs) {
+  KILN_REQUIRE_FP8_GEMM();
+  check_graph_replay(configs(1));
+}
+
+// The clusters of two (weight tiles multicast): the same three checks.
+TEST(CudaFp8GemmCluster, MatchesFp64ReferenceOracleAndGraphReplay) {
+  KILN_REQUIRE_FP8_GEMM();
+  const auto cfgs = configs(2);
+  ASSERT_FALSE(cfgs.empty());
+  check_shapes(cfgs);
+  check_against_oracle(cfgs);
+  check_graph_replay(cfgs);
 }
 
 // Refused shapes and arguments: fp8_gemm_supported says no, fp8_gemm throws naming the limit, and the output

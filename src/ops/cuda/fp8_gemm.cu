@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/device_flag.h"
@@ -71,8 +72,10 @@ __global__ void __launch_bounds__(256)
 bool device_supported() {
   static PerDeviceFlag flag;
   return flag.get([] {
-    return current_device_is_sm90() && tensor_maps_available() && fp8_gemm_sm90::prepare<128, 6>() &&
-           fp8_gemm_sm90::prepare<64, 8>() && fp8_gemm_sm90::prepare<192, 5>();
+    namespace g = fp8_gemm_sm90;
+    return current_device_is_sm90() && tensor_maps_available() && g::prepare<64, 8, 1>() &&
+           g::prepare<128, 6, 1>() && g::prepare<128, 6, 2>() && g::prepare<192, 5, 1>() &&
+           g::prepare<192, 5, 2>();
   });
 }
 
@@ -93,7 +96,7 @@ bool fp8_gemm_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ld
 }
 
 int64_t fp8_act_scale_rows(int64_t m) {
-  return round_up(m, fp8_gemm_sm90::kBM);
+  return round_up(m, 2 * fp8_gemm_sm90::kBM);  // whole tile pairs for the clusters of two
 }
 
 int64_t fp8_act_scale_offset(int64_t m, int64_t k) {
@@ -147,7 +150,9 @@ void check_gemm_args(const void* wq, int64_t ldw, const float* wscale, const voi
 
 // The kernel's parameters: both tensor maps (host encoding, no device work), the tile grid.
 fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wscale, void* out, int64_t ldo,
-                                  int64_t m, int64_t n, int64_t k, const void* workspace, int bn) {
+                                  int64_t m, int64_t n, int64_t k, const void* workspace,
+                                  const Fp8GemmConfig& cfg) {
+  const int bn = cfg.tile_n, c = cfg.cluster;
   fp8_gemm_sm90::Params p{};
   {
     const uint64_t dims[2] = {uint64_t(k), uint64_t(m)}, strides[1] = {uint64_t(k)};
@@ -157,8 +162,9 @@ fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wsca
         "fp8_gemm: the driver refused the activations' tensor map (M = ", m, ", K = ", k, ")");
   }
   {
+    // A cluster of two loads half of the weight tile each (multicast to both).
     const uint64_t dims[2] = {uint64_t(k), uint64_t(n)}, strides[1] = {uint64_t(ldw)};
-    const uint32_t box[2] = {uint32_t(fp8_gemm_sm90::kBK), uint32_t(bn)};
+    const uint32_t box[2] = {uint32_t(fp8_gemm_sm90::kBK), uint32_t(bn / c)};
     KILN_CHECK(try_encode_tiled_map(&p.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, wq, dims, strides, box),
                "fp8_gemm: the driver refused the weight's tensor map (N = ", n, ", K = ", k, ", ldw = ", ldw,
                ")");
@@ -173,28 +179,52 @@ fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wsca
   p.n = int(n);
   p.kblocks = int((k + kGroup - 1) / kGroup);
   p.m_pad = int(m_pad);
-  p.tiles_m = int(m_pad / fp8_gemm_sm90::kBM);
+  // Clusters of two take tile pairs along M: an even count (xs has the rows: m_pad is a multiple of 256).
+  p.tiles_m = int(c == 1 ? (m + fp8_gemm_sm90::kBM - 1) / fp8_gemm_sm90::kBM : m_pad / fp8_gemm_sm90::kBM);
   p.n_scale_rows = int((n + kGroup - 1) / kGroup);
-  const int64_t tiles = int64_t(p.tiles_m) * ((n + bn - 1) / bn);
-  KILN_CHECK(tiles < (int64_t(1) << 31), "fp8_gemm: ", tiles, " tiles");
-  p.tiles = int(tiles);
+  const int64_t units = int64_t(p.tiles_m / c) * ((n + bn - 1) / bn);
+  KILN_CHECK(units * c < (int64_t(1) << 31), "fp8_gemm: ", units, " tiles");
+  p.units = int(units);
   return p;
 }
 
+// Clusters of two of config (tile_n, 2) resident at once on the current device (cached per device).
+int resident_pairs(int tile_n) {
+  static std::atomic<int> cache[64][2] = {};
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  const int slot = tile_n == 192 ? 1 : 0;
+  std::atomic<int>& c = cache[dev % 64][slot];
+  int v = c.load(std::memory_order_relaxed);
+  if (v <= 0) {
+    v = tile_n == 192 ? fp8_gemm_sm90::resident_clusters<192, 5, 2>()
+                      : fp8_gemm_sm90::resident_clusters<128, 6, 2>();
+    KILN_CHECK(v > 0, "fp8_gemm: no cluster of two CTAs fits on this GPU (tile_n ", tile_n, ")");
+    c.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 void launch_gemm(const fp8_gemm_sm90::Params& p, const Fp8GemmConfig& cfg, cudaStream_t stream) {
-  int grid = p.tiles;
+  namespace g = fp8_gemm_sm90;
+  int groups = p.units;  // blocks (cluster 1) or clusters of two
   if (cfg.persistent) {
     int dev = 0, sms = 0;
     KILN_CUDA_CHECK(cudaGetDevice(&dev));
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    grid = std::min(grid, sms);
+    groups = std::min(groups, cfg.cluster == 1 ? sms : resident_pairs(cfg.tile_n));
   }
-  if (cfg.tile_n == 192)
-    fp8_gemm_sm90::launch<192, 5>(p, grid, stream);
+  const int grid = groups * cfg.cluster;
+  if (cfg.tile_n == 64)
+    g::launch<64, 8, 1>(p, grid, stream);
+  else if (cfg.tile_n == 128 && cfg.cluster == 1)
+    g::launch<128, 6, 1>(p, grid, stream);
   else if (cfg.tile_n == 128)
-    fp8_gemm_sm90::launch<128, 6>(p, grid, stream);
+    g::launch<128, 6, 2>(p, grid, stream);
+  else if (cfg.cluster == 1)
+    g::launch<192, 5, 1>(p, grid, stream);
   else
-    fp8_gemm_sm90::launch<64, 8>(p, grid, stream);
+    g::launch<192, 5, 2>(p, grid, stream);
 }
 
 }  // namespace
@@ -203,7 +233,7 @@ void fp8_gemm_quantized(const void* wq, int64_t ldw, const float* wscale, void* 
                         int64_t n, int64_t k, const void* workspace, int64_t workspace_bytes,
                         Fp8GemmConfig cfg, cudaStream_t stream) {
   check_gemm_args(wq, ldw, wscale, out, ldo, m, n, k, k, workspace, workspace_bytes, cfg);
-  launch_gemm(gemm_params(wq, ldw, wscale, out, ldo, m, n, k, workspace, cfg.tile_n), cfg, stream);
+  launch_gemm(gemm_params(wq, ldw, wscale, out, ldo, m, n, k, workspace, cfg), cfg, stream);
 }
 
 void fp8_gemm(const void* x, int64_t ldx, const void* wq, int64_t ldw, const float* wscale, void* out,
@@ -211,7 +241,7 @@ void fp8_gemm(const void* x, int64_t ldx, const void* wq, int64_t ldw, const flo
               Fp8GemmConfig cfg, cudaStream_t stream) {
   check_gemm_args(wq, ldw, wscale, out, ldo, m, n, k, ldx, workspace, workspace_bytes, cfg);
   KILN_CHECK(aligned16(x), "fp8_gemm: x must be 16-byte aligned");
-  const fp8_gemm_sm90::Params p = gemm_params(wq, ldw, wscale, out, ldo, m, n, k, workspace, cfg.tile_n);
+  const fp8_gemm_sm90::Params p = gemm_params(wq, ldw, wscale, out, ldo, m, n, k, workspace, cfg);
   fp8_quantize_act(x, ldx, m, k, workspace, workspace_bytes, stream);
   launch_gemm(p, cfg, stream);
 }

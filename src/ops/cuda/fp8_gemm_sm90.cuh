@@ -1,30 +1,40 @@
 // The W8A8 block-scaled FP8 GEMM kernel (fp8_gemm.h's launch 2) on Hopper: wgmma e4m3 from shared memory
-// filled by TMA through an mbarrier pipeline, one producer warpgroup and two consumer warpgroups. Included
-// only by the instantiation units (fp8_gemm_sm90_n*.cu).
+// filled by TMA through an mbarrier pipeline, one producer warpgroup and two consumer warpgroups, optionally
+// in clusters of two CTAs sharing the weight tile. Included only by the instantiation units
+// (fp8_gemm_sm90_n*.cu).
 //
 // Work mapping.
-//   Tiles: 128 rows (M) x BN columns (N), numbered t = tm + tiles_m * tn (M fastest: the blocks resident at
-//   once share few weight tiles, each read from HBM once and from L2 by many blocks). Grid: persistent
-//   (min(tiles, SMs) blocks, block b takes tiles b, b + grid, ...) or one block per tile; one block an SM
-//   (the stages take ~200 KB of shared memory).
+//   Tiles: 128 rows (M) x BN columns (N). C = 1: tile t = tm + tiles_m * tn (M fastest: the blocks resident
+//   at once share few weight tiles, each read from HBM once and from L2 by many blocks). C = 2: clusters of
+//   two CTAs (ranks 0, 1) take units u = pm + (tiles_m / 2) * tn, CTA r the tile (2 pm + r, tn): both need
+//   the same weight tile, and each loads half of it (BN / 2 rows) and multicasts it to both (half the L2
+//   reads of the weight). tiles_m is even for C = 2 (xs is padded to 256 rows; a tile wholly past M computes
+//   zeros and stores nothing).
+//   Grid: persistent (as many blocks / clusters as are resident at once, each taking units b, b + count, ...)
+//   or one block / cluster per unit; one block an SM (the stages take ~200 KB of shared memory).
 //   Block: 384 threads = 3 warpgroups; the stage counter (stage it % S, phase (it / S) & 1) runs on across
 //   the block's tiles, so the producer loads the next tile while the consumers run the epilogue.
 //     warpgroup 0, producer (setmaxnreg 40; thread 0 alone works): per tile and K block kb, waits until the
-//       8 consumer warps released the stage (empty barrier), announces its bytes on the full barrier, then
-//       issues three copies completing on it: xq rows m0 .. m0 + 127 x K kb*128 .. +127 (TMA box, 128-byte
-//       swizzle: one 128-byte row of e4m3 per M row; rows past M and columns past K zero-filled), wq rows
-//       n0 .. n0 + BN - 1 likewise, and the 128 activation scales xs[kb, m0 .. m0 + 127] (one 512-byte bulk
-//       copy; xs is padded to 128 rows, fp8_gemm.h).
+//       consumer warps released the stage (empty barrier: this CTA's 8 warps, and for C = 2 the peer's 8 as
+//       well, since the multicast writes the peer's stage too), announces the stage's bytes on its full
+//       barrier, then issues the copies completing on it: xq rows m0 .. m0 + 127 x K kb*128 .. +127 (TMA box,
+//       128-byte swizzle: one 128-byte row of e4m3 per M row; rows past M and columns past K zero-filled),
+//       wq rows n0 .. n0 + BN - 1 likewise (C = 2: rows n0 + r BN / 2 .. + BN / 2 - 1 multicast, the other
+//       half arriving from the peer), and the 128 activation scales xs[kb, m0 .. m0 + 127] (one 512-byte
+//       bulk copy).
 //     warpgroups 1 and 2, consumers (setmaxnreg 232): consumer c owns rows 64 c .. 64 c + 63 of the tile;
 //       warp w rows 16 w .. +15, thread rows lane / 4 and lane / 4 + 8 (the wgmma accumulator layout,
 //       wgmma_fp8.cuh), columns 8 j + 2 (lane % 4) + {0, 1}. Per K block: wait full, P = four
 //       m64nBNk32 wgmma (A: the stage's xq rows of this consumer, B: its wq rows, both K-major; the first
 //       with scale_d 0), commit and wait, read the two rows' activation scales from the stage, release the
-//       stage (lane 0 of each warp), then acc = fma(P, xs * ws, acc) with ws = wscale[n0 / 128, kb] (read
-//       from global one K block ahead). Epilogue: bf16 pairs (4-byte stores; an odd N's last column alone)
-//       straight from registers to out[row, col] for row < M, col < N.
+//       stage (lane 0 of each warp; C = 2: on both CTAs' empty barriers), then acc = fma(P, xs * ws, acc)
+//       with ws = wscale[n / 128, kb] (read from global one K block ahead; a 192-wide tile spans two scale
+//       rows, a narrower one a single row). Epilogue: bf16 pairs (4-byte stores; an odd N's last column
+//       alone) straight from registers to out[row, col] for row < M, col < N.
+//     C = 2: every thread ends at a cluster barrier, so no CTA exits while its peer may still arrive on its
+//       barriers.
 //   Shared memory (1024-aligned): A [S][128 rows][128 B], B [S][BN rows][128 B], xs [S][128] f32,
-//   full[S] (count 1 + the stage's bytes), empty[S] (count 8: every consumer warp).
+//   full[S] (count 1 + the stage's bytes), empty[S] (count 8 C: every consumer warp of the cluster).
 #pragma once
 
 #include <cuda.h>
@@ -33,6 +43,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/device_flag.h"
 #include "ops/cuda/sm90.cuh"
+#include "ops/cuda/sm90_copy.cuh"
 #include "ops/cuda/wgmma_fp8.cuh"
 
 namespace kiln::cuda::fp8_gemm_sm90 {
@@ -41,12 +52,14 @@ inline constexpr int kBM = 128, kBK = 128, kThreads = 384;
 
 struct Params {
   CUtensorMap tmap_a;    // xq [M, K] e4m3, box {128 K, 128 rows}
-  CUtensorMap tmap_b;    // wq [N, K] e4m3, box {128 K, BN rows}
+  CUtensorMap tmap_b;    // wq [N, K] e4m3, box {128 K, BN / C rows}
   const float* a_scale;  // xs [kblocks][m_pad]
   const float* w_scale;  // [ceil(N / 128)][kblocks]
   void* out;             // bf16 [M, N], row stride ldo
   int64_t ldo;
-  int m, n, kblocks, m_pad, tiles_m, tiles;
+  int m, n, kblocks, m_pad;
+  int tiles_m;       // tiles along M (even for C = 2)
+  int units;         // tiles (C = 1) or tile pairs (C = 2)
   int n_scale_rows;  // ceil(N / 128)
 };
 
@@ -63,21 +76,21 @@ struct Layout {
 
 #ifdef KILN_SM90A
 
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-      "%3}], "
-      "[%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src into shared dst.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
+// The units of this block (C = 1) or cluster (C = 2) and this CTA's tile of unit u.
+template <int C>
+struct TileWalk {
+  int first, stride, rank;
+  __device__ __forceinline__ TileWalk() {
+    rank = C == 1 ? 0 : int(sm90::cluster_rank());
+    first = int(blockIdx.x) / C;
+    stride = int(gridDim.x) / C;
+  }
+  __device__ __forceinline__ void tile(const Params& p, int u, int bn, int& m0, int& n0) const {
+    const int per_n = p.tiles_m / C;
+    m0 = (C * (u % per_n) + rank) * kBM;
+    n0 = (u / per_n) * bn;
+  }
+};
 
 // The tile's P for one consumer: 4 k32 steps over the stage's 128-wide K block.
 template <int BN>
@@ -95,37 +108,50 @@ __device__ __forceinline__ void issue_block(float (&d)[BN / 2], uint32_t a_tile,
   }
 }
 
-template <int BN, int S>
+template <int BN, int S, int C>
 __device__ __forceinline__ void produce(const Params& p, uint32_t base) {
   using L = Layout<BN, S>;
   const uint32_t full = base + L::bar_off, empty = full + 8 * S;
+  const TileWalk<C> walk;
   int s = 0;
   uint32_t ph = 0;
-  for (int tile = int(blockIdx.x); tile < p.tiles; tile += int(gridDim.x)) {
-    const int m0 = (tile % p.tiles_m) * kBM, n0 = (tile / p.tiles_m) * BN;
+  for (int u = walk.first; u < p.units; u += walk.stride) {
+    int m0, n0;
+    walk.tile(p, u, BN, m0, n0);
     for (int kb = 0; kb < p.kblocks; ++kb) {
-      sm90::mbar_wait(empty + 8 * s, ph ^ 1u);
-      sm90::mbar_arrive_expect_tx(full + 8 * s, L::stage_tx);
-      tma_load_2d(base + L::a_off + uint32_t(s) * L::a_bytes, &p.tmap_a, kb * kBK, m0, full + 8 * s);
-      tma_load_2d(base + L::b_off + uint32_t(s) * L::b_bytes, &p.tmap_b, kb * kBK, n0, full + 8 * s);
-      bulk_load(base + L::sa_off + uint32_t(s) * L::sa_bytes, p.a_scale + int64_t(kb) * p.m_pad + m0,
-                L::sa_bytes, full + 8 * s);
+      const uint32_t fb = full + 8 * s, sb = base + L::b_off + uint32_t(s) * L::b_bytes;
+      if constexpr (C == 1) {
+        sm90::mbar_wait(empty + 8 * s, ph ^ 1u);
+        sm90::mbar_arrive_expect_tx(fb, L::stage_tx);
+        sm90::tma_load_2d(sb, &p.tmap_b, kb * kBK, n0, fb);
+      } else {
+        sm90::mbar_wait_cluster(empty + 8 * s, ph ^ 1u);
+        sm90::mbar_arrive_expect_tx(fb, L::stage_tx);  // both halves of B: the peer's arrives here too
+        constexpr int kHalf = BN / 2;
+        sm90::tma_load_2d_multicast(sb + uint32_t(walk.rank * kHalf * kBK), &p.tmap_b, kb * kBK,
+                                    n0 + walk.rank * kHalf, fb, uint16_t(0x3));
+      }
+      sm90::tma_load_2d(base + L::a_off + uint32_t(s) * L::a_bytes, &p.tmap_a, kb * kBK, m0, fb);
+      sm90::bulk_load(base + L::sa_off + uint32_t(s) * L::sa_bytes, p.a_scale + int64_t(kb) * p.m_pad + m0,
+                      L::sa_bytes, fb);
       if (++s == S) s = 0, ph ^= 1u;
     }
   }
 }
 
-template <int BN, int S>
+template <int BN, int S, int C>
 __device__ __forceinline__ void consume(const Params& p, uint32_t base, const uint8_t* gbase, int c) {
   using L = Layout<BN, S>;
   const uint32_t full = base + L::bar_off, empty = full + 8 * S;
   const int t = int(threadIdx.x % 128), warp = t / 32, lane = t % 32;
   const int row = 64 * c + 16 * warp + lane / 4;  // this thread's first row in the tile (the other: + 8)
   float acc[BN / 2], part[BN / 2];
+  const TileWalk<C> walk;
   int s = 0;
   uint32_t ph = 0;
-  for (int tile = int(blockIdx.x); tile < p.tiles; tile += int(gridDim.x)) {
-    const int m0 = (tile % p.tiles_m) * kBM, n0 = (tile / p.tiles_m) * BN;
+  for (int u = walk.first; u < p.units; u += walk.stride) {
+    int m0, n0;
+    walk.tile(p, u, BN, m0, n0);
     // The tile's weight-scale rows: one where BN <= 128 (n0 is a multiple of BN), else the columns from
     // `split` on take the next row (n0 % 128 is a multiple of 64, so an 8-column group never straddles).
     const int nb = n0 / kBK, split = kBK - n0 % kBK;
@@ -152,7 +178,14 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t base, const ui
       const float* sa = reinterpret_cast<const float*>(gbase + L::sa_off + uint32_t(s) * L::sa_bytes);
       const float a0 = sa[row], a1 = sa[row + 8];
       __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(empty + 8 * s);
+      if (lane == 0) {
+        if constexpr (C == 1) {
+          sm90::mbar_arrive(empty + 8 * s);
+        } else {
+          sm90::mbar_arrive_cluster(empty + 8 * s, 0);
+          sm90::mbar_arrive_cluster(empty + 8 * s, 1);
+        }
+      }
       const float s00 = a0 * w0, s10 = a1 * w0;
       if constexpr (BN > kBK) {
         const float s01 = a0 * w1, s11 = a1 * w1;
@@ -189,7 +222,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t base, const ui
 
 #endif  // KILN_SM90A
 
-template <int BN, int S>
+template <int BN, int S, int C>
 __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(const __grid_constant__ Params p) {
 #ifdef KILN_SM90A
   using L = Layout<BN, S>;
@@ -199,42 +232,58 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(const __grid_cons
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(full + 8 * s, 1);
-      sm90::mbar_init(empty + 8 * s, 8);
+      sm90::mbar_init(empty + 8 * s, 8 * C);
     }
     sm90::mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (C == 1)
+    __syncthreads();
+  else
+    sm90::cluster_sync();  // the peer's barriers are initialised before anything multicasts into them
   pdl_wait();  // xq and xs come from the quantizer launched just before (fp8_gemm launches this with PDL)
   const int wg = int(threadIdx.x / 128);
   if (wg == 0) {
     sm90::setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) produce<BN, S>(p, base);
-    return;
+    if (threadIdx.x == 0) produce<BN, S, C>(p, base);
+  } else {
+    sm90::setmaxnreg_inc<232>();
+    consume<BN, S, C>(p, base, smem_raw + (base - raw), wg - 1);
   }
-  sm90::setmaxnreg_inc<232>();
-  consume<BN, S>(p, base, smem_raw + (base - raw), wg - 1);
+  if constexpr (C == 2) {
+    __syncwarp();
+    sm90::cluster_sync();
+  }
 #endif
 }
 
-// Instantiated in fp8_gemm_sm90_n{BN}.cu. launch: `grid` blocks, PDL (the kernel waits before reading the
-// quantizer's output), the dynamic shared memory that prepare() allowed. prepare: once per device, whether
-// the device runs this build's sm_90a code, and the shared-memory limit raised (outside any graph capture).
-template <int BN, int S>
+// Instantiated in fp8_gemm_sm90_n{BN}.cu. launch: `grid` blocks (a multiple of C), clusters of C, PDL (the
+// kernel waits before reading the quantizer's output), the dynamic shared memory that prepare() allowed.
+// prepare: once per device (outside any graph capture), whether the device runs this build's sm_90a code, the
+// shared-memory limit raised, and how many clusters (C = 2) are resident at once (resident_clusters).
+template <int BN, int S, int C>
 void launch(const Params& p, int grid, cudaStream_t stream) {
-  const LaunchCfg cfg{.grid = dim3(unsigned(grid)),
-                      .block = dim3(kThreads),
-                      .smem = Layout<BN, S>::alloc,
-                      .stream = stream,
-                      .pdl = true,
-                      .smem_attr_set = true};
-  cuda::launch(cfg, fp8_gemm_kernel<BN, S>, p);
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(unsigned(grid));
+  lc.blockDim = dim3(kThreads);
+  lc.dynamicSmemBytes = Layout<BN, S>::alloc;
+  lc.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = unsigned(C);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = C == 1 ? 1 : 2;
+  KILN_CUDA_CHECK(cudaLaunchKernelEx(&lc, fp8_gemm_kernel<BN, S, C>, p));
 }
 
-template <int BN, int S>
+template <int BN, int S, int C>
 bool prepare() {
-  const void* k = reinterpret_cast<const void*>(fp8_gemm_kernel<BN, S>);
+  const void* k = reinterpret_cast<const void*>(fp8_gemm_kernel<BN, S, C>);
   if (kernel_binary_version(k) != 90) return false;
-  if (cudaFuncSetAttribute(fp8_gemm_kernel<BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(fp8_gemm_kernel<BN, S, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(Layout<BN, S>::alloc)) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
@@ -242,12 +291,37 @@ bool prepare() {
   return true;
 }
 
+// Clusters of C blocks of this kernel resident at once on the current device (0 on error).
+template <int BN, int S, int C>
+int resident_clusters() {
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(unsigned(C));
+  lc.blockDim = dim3(kThreads);
+  lc.dynamicSmemBytes = Layout<BN, S>::alloc;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(C);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, fp8_gemm_kernel<BN, S, C>, &lc) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 // The instantiations (fp8_gemm.h's kFp8GemmConfigs), each compiled in its own unit only.
-extern template void launch<128, 6>(const Params&, int, cudaStream_t);
-extern template bool prepare<128, 6>();
-extern template void launch<64, 8>(const Params&, int, cudaStream_t);
-extern template bool prepare<64, 8>();
-extern template void launch<192, 5>(const Params&, int, cudaStream_t);
-extern template bool prepare<192, 5>();
+#define KILN_FP8_GEMM_INSTANCE(EXTERN, BN, S, C)                           \
+  EXTERN template void launch<BN, S, C>(const Params&, int, cudaStream_t); \
+  EXTERN template bool prepare<BN, S, C>();                                \
+  EXTERN template int resident_clusters<BN, S, C>();
+KILN_FP8_GEMM_INSTANCE(extern, 64, 8, 1)
+KILN_FP8_GEMM_INSTANCE(extern, 128, 6, 1)
+KILN_FP8_GEMM_INSTANCE(extern, 128, 6, 2)
+KILN_FP8_GEMM_INSTANCE(extern, 192, 5, 1)
+KILN_FP8_GEMM_INSTANCE(extern, 192, 5, 2)
 
 }  // namespace kiln::cuda::fp8_gemm_sm90

@@ -1,10 +1,10 @@
-// The FP8 GEMM kernel (fp8_gemm_sm90.cuh) with 128-column tiles and 6 stages (one unit per instantiation:
-// the units compile in parallel).
+// The FP8 GEMM kernel (fp8_gemm_sm90.cuh) with 128-column tiles and 6 stages, for each cluster size (one
+// unit per tile width: the units compile in parallel).
 #include "ops/cuda/fp8_gemm_sm90.cuh"
 
 namespace kiln::cuda::fp8_gemm_sm90 {
 
-template void launch<128, 6>(const Params&, int, cudaStream_t);
-template bool prepare<128, 6>();
+KILN_FP8_GEMM_INSTANCE(, 128, 6, 1)
+KILN_FP8_GEMM_INSTANCE(, 128, 6, 2)
 
 }  // namespace kiln::cuda::fp8_gemm_sm90
