@@ -182,7 +182,8 @@ fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wsca
   // Clusters of two take tile pairs along M: an even count (xs has the rows: m_pad is a multiple of 256).
   p.tiles_m = int(c == 1 ? (m + fp8_gemm_sm90::kBM - 1) / fp8_gemm_sm90::kBM : m_pad / fp8_gemm_sm90::kBM);
   p.n_scale_rows = int((n + kGroup - 1) / kGroup);
-  const int64_t units = int64_t(p.tiles_m / c) * ((n + bn - 1) / bn);
+  p.tiles_n = int((n + bn - 1) / bn);
+  const int64_t units = int64_t(p.tiles_m / c) * p.tiles_n;
   KILN_CHECK(units * c < (int64_t(1) << 31), "fp8_gemm: ", units, " tiles");
   p.units = int(units);
   return p;

@@ -4,16 +4,15 @@
 // (fp8_gemm_sm90_n*.cu).
 //
 // Work mapping.
-//   Tiles: 128 rows (M) x BN columns (N). C = 1: tile t = tm + tiles_m * tn (M fastest: the blocks resident
-//   at once share few weight tiles, each read from HBM once and from L2 by many blocks). C = 2: clusters of
-//   two CTAs (ranks 0, 1) take units u = pm + (tiles_m / 2) * tn, CTA r the tile (2 pm + r, tn): both need
-//   the same weight tile, and each loads half of it (BN / 2 rows) and multicasts it to both (half the L2
-//   reads of the weight). tiles_m is even for C = 2 (xs is padded to 256 rows; a tile wholly past M computes
-//   zeros and stores nothing).
-//   Grid: persistent (as many blocks / clusters as are resident at once, each taking units b, b + count, ...)
-//   or one block / cluster per unit; one block an SM (the stages take ~200 KB of shared memory).
-//   Block: 384 threads = 3 warpgroups; the stage counter (stage it % S, phase (it / S) & 1) runs on across
-//   the block's tiles, so the producer loads the next tile while the consumers run the epilogue.
+//   Tiles: 128 rows (M) x BN columns (N). Units: C = 1, one tile (tm, tn); C = 2, clusters of two CTAs
+//   (ranks 0, 1) take tile pairs, CTA r the tile (2 pm + r, tn): both need the same weight tile, and each
+//   loads half of it (BN / 2 rows) and multicasts it to both (half the L2 reads of the weight). Units are
+//   numbered in groups of 8 tile rows, M fastest inside a group (TileWalk). tiles_m is even for C = 2 (xs is
+//   padded to 256 rows; a tile wholly past M computes zeros and stores nothing). Grid: persistent (as many
+//   blocks / clusters as are resident at once, each taking units b, b + count, ...) or one block / cluster
+//   per unit; one block an SM (the stages take ~200 KB of shared memory). Block: 384 threads = 3 warpgroups;
+//   the stage counter (stage it % S, phase (it / S) & 1) runs on across the block's tiles, so the producer
+//   loads the next tile while the consumers run the epilogue.
 //     warpgroup 0, producer (setmaxnreg 40; thread 0 alone works): per tile and K block kb, waits until the
 //       consumer warps released the stage (empty barrier: this CTA's 8 warps, and for C = 2 the peer's 8 as
 //       well, since the multicast writes the peer's stage too), announces the stage's bytes on its full
@@ -59,7 +58,8 @@ struct Params {
   int64_t ldo;
   int m, n, kblocks, m_pad;
   int tiles_m;       // tiles along M (even for C = 2)
-  int units;         // tiles (C = 1) or tile pairs (C = 2)
+  int tiles_n;       // tiles along N
+  int units;         // tiles (C = 1) or tile pairs (C = 2): tiles_m / C * tiles_n
   int n_scale_rows;  // ceil(N / 128)
 };
 
@@ -76,7 +76,11 @@ struct Layout {
 
 #ifdef KILN_SM90A
 
-// The units of this block (C = 1) or cluster (C = 2) and this CTA's tile of unit u.
+// The units of this block (C = 1) or cluster (C = 2) and this CTA's tile of unit u. Units go in groups of
+// kGroupRows tile rows along M, M fastest inside a group, so the ~132 tiles in flight span 8 tile rows x ~16
+// weight tiles: A and B are both reused from L2 while they stream (M-fastest over all of M would re-read A
+// from HBM once per weight column when A outgrows the L2: M = 8192, K = 9728 is 80 MB).
+inline constexpr int kGroupRows = 8;
 template <int C>
 struct TileWalk {
   int first, stride, rank;
@@ -86,9 +90,12 @@ struct TileWalk {
     stride = int(gridDim.x) / C;
   }
   __device__ __forceinline__ void tile(const Params& p, int u, int bn, int& m0, int& n0) const {
-    const int per_n = p.tiles_m / C;
-    m0 = (C * (u % per_n) + rank) * kBM;
-    n0 = (u / per_n) * bn;
+    constexpr int kG = kGroupRows / C;  // units along M in a group
+    const int per_n = p.tiles_m / C;    // units along M
+    const int group = u / (kG * p.tiles_n), first_m = group * kG, size = min(per_n - first_m, kG);
+    const int r = u - group * kG * p.tiles_n;
+    m0 = (C * (first_m + r % size) + rank) * kBM;
+    n0 = (r / size) * bn;
   }
 };
 
