@@ -2,6 +2,7 @@
 // (fp8_gemm_sm90.cuh).
 #include "ops/cuda/fp8_gemm.h"
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,7 +12,6 @@
 #include "ops/cuda/device_flag.h"
 #include "ops/cuda/fp8_gemm_sm90.cuh"
 #include "ops/cuda/tensor_map.h"
-#include "ops/fp8.h"
 
 namespace kiln::cuda {
 namespace {
@@ -27,9 +27,11 @@ int64_t round_up(int64_t v, int64_t to) {
 // and columns blockIdx.y * 256 .. + 255, i.e. two groups of 128, one per half-warp; lane l loads the 8 bf16
 // at column 256 blockIdx.y + 8 l (one 16-byte load; K % 16 == 0, so a lane's 8 columns are all in or all past
 // K). A half-warp's amax by an xor butterfly 8, 4, 2, 1 (fmaxf: exact in any order, NaN ignored like
-// std::fmax), then a_s and the 8 codes with correctly rounded divisions (__fdiv_rn) and ops/fp8.h's
-// encoder, as quantize_act_group computes them. Writes 8 code bytes a lane and one scale a half-warp
-// (xs[kb * m_pad + row]); rows M .. m_pad - 1 only write scale 0.
+// std::fmax), then a_s and the 8 codes with correctly rounded divisions (__fdiv_rn) and the hardware's
+// cvt.rn.satfinite.e4m3x2.f32 (one instruction a pair; exactly ops/fp8.h's encoder, NaN -> 0x7f included, as
+// tests/cuda/test_attn_prep_convert.cu checks on every bf16 and f16 value and 2^20 random f32), as
+// quantize_act_group computes them. Writes 8 code bytes a lane and one scale a half-warp (xs[kb * m_pad +
+// row]); rows M .. m_pad - 1 only write scale 0.
 __global__ void __launch_bounds__(256)
     quantize_act_kernel(const uint16_t* __restrict__ x, int64_t ldx, int m, int k, int m_pad,
                         uint8_t* __restrict__ q, float* __restrict__ xs) {
@@ -58,13 +60,13 @@ __global__ void __launch_bounds__(256)
   for (int off = 8; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   if (!in) return;
   const float s = __fdiv_rn(fmaxf(amax, 1e-10f), 448.0f);
-  uint32_t lo = 0, hi = 0;
+  uint32_t pairs[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    lo |= uint32_t(f32_to_e4m3(__fdiv_rn(v[i], s))) << (8 * i);
-    hi |= uint32_t(f32_to_e4m3(__fdiv_rn(v[4 + i], s))) << (8 * i);
-  }
-  *reinterpret_cast<uint2*>(q + int64_t(row) * k + col) = make_uint2(lo, hi);
+  for (int i = 0; i < 4; ++i)
+    pairs[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v[2 * i], s), __fdiv_rn(v[2 * i + 1], s)),
+                                        __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint2*>(q + int64_t(row) * k + col) =
+      make_uint2(pairs[0] | pairs[1] << 16, pairs[2] | pairs[3] << 16);
   if (lane % 16 == 0) xs[int64_t(kb) * m_pad + row] = s;
 }
 
