@@ -106,7 +106,7 @@ class LtFp8Gemm {
 std::string config_name(const kc::Fp8GemmConfig& c) {
   return "n" + std::to_string(c.tile_n) + " s" + std::to_string(c.stages) +
          (c.persistent ? " persistent" : " grid") +
-         (c.cluster > 1 ? " cluster" + std::to_string(c.cluster) : "");
+         (c.cluster > 1 ? " cluster" + std::to_string(c.cluster) : "") + (c.tma_store ? " tma-store" : "");
 }
 
 std::string tflops_text(double flops, double us) {

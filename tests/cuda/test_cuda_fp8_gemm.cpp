@@ -152,7 +152,8 @@ std::vector<int64_t> checked_rows(int64_t M) {
 
 std::string config_name(const cuda::Fp8GemmConfig& c) {
   return "tile_n " + std::to_string(c.tile_n) + " stages " + std::to_string(c.stages) +
-         (c.persistent ? " persistent" : " grid") + " cluster " + std::to_string(c.cluster);
+         (c.persistent ? " persistent" : " grid") + " cluster " + std::to_string(c.cluster) +
+         (c.tma_store ? " tma-store" : "");
 }
 
 // The configs of one cluster size (the clusters of two have their own test: a hang there keeps the others'

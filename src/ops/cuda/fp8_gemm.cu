@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/device_flag.h"
@@ -70,14 +71,45 @@ __global__ void __launch_bounds__(256)
   if (lane % 16 == 0) xs[int64_t(kb) * m_pad + row] = s;
 }
 
-// sm_90 with this build's sm_90a code for every config, and the tensor-map entry point (once per device).
+// One compiled kernel (a config less its persistence): its launch, preparation and cluster residency.
+struct Kernel {
+  int tile_n, stages, cluster;
+  bool tma_store;
+  void (*launch)(const fp8_gemm_sm90::Params&, int, cudaStream_t);
+  bool (*prepare)();
+  int (*resident_clusters)();
+};
+template <int BN, int S, int C, bool T>
+constexpr Kernel kernel_of() {
+  namespace g = fp8_gemm_sm90;
+  return {BN, S, C, T, &g::launch<BN, S, C, T>, &g::prepare<BN, S, C, T>, &g::resident_clusters<BN, S, C, T>};
+}
+constexpr Kernel kKernels[] = {
+    kernel_of<64, 8, 1, false>(),  kernel_of<128, 6, 1, false>(), kernel_of<128, 6, 2, false>(),
+    kernel_of<128, 5, 1, true>(),  kernel_of<128, 5, 2, true>(),  kernel_of<192, 5, 1, false>(),
+    kernel_of<192, 5, 2, false>(), kernel_of<192, 4, 2, true>(),
+};
+
+// The kernel of a config of kFp8GemmConfigs (null for any other).
+const Kernel* kernel_for(const Fp8GemmConfig& cfg) {
+  bool listed = false;
+  for (const Fp8GemmConfig& c : kFp8GemmConfigs) listed = listed || c == cfg;
+  if (!listed) return nullptr;
+  for (const Kernel& k : kKernels)
+    if (k.tile_n == cfg.tile_n && k.stages == cfg.stages && k.cluster == cfg.cluster &&
+        k.tma_store == cfg.tma_store)
+      return &k;
+  return nullptr;
+}
+
+// sm_90 with this build's sm_90a code for every kernel, and the tensor-map entry point (once per device).
 bool device_supported() {
   static PerDeviceFlag flag;
   return flag.get([] {
-    namespace g = fp8_gemm_sm90;
-    return current_device_is_sm90() && tensor_maps_available() && g::prepare<64, 8, 1>() &&
-           g::prepare<128, 6, 1>() && g::prepare<128, 6, 2>() && g::prepare<192, 5, 1>() &&
-           g::prepare<192, 5, 2>();
+    if (!current_device_is_sm90() || !tensor_maps_available()) return false;
+    for (const Kernel& k : kKernels)
+      if (!k.prepare()) return false;
+    return true;
   });
 }
 
@@ -171,6 +203,14 @@ fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wsca
                "fp8_gemm: the driver refused the weight's tensor map (N = ", n, ", K = ", k, ", ldw = ", ldw,
                ")");
   }
+  if (cfg.tma_store) {
+    // The output in boxes of 64 columns x 64 rows (one consumer's rows, one 128-byte swizzled column block).
+    const uint64_t dims[2] = {uint64_t(n), uint64_t(m)}, strides[1] = {uint64_t(ldo) * 2};
+    const uint32_t box[2] = {64, 64};
+    KILN_CHECK(
+        try_encode_tiled_map(&p.tmap_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, out, dims, strides, box),
+        "fp8_gemm: the driver refused the output's tensor map (M = ", m, ", N = ", n, ", ldo = ", ldo, ")");
+  }
   const int64_t m_pad = fp8_act_scale_rows(m);
   p.a_scale =
       reinterpret_cast<const float*>(static_cast<const uint8_t*>(workspace) + fp8_act_scale_offset(m, k));
@@ -191,43 +231,32 @@ fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wsca
   return p;
 }
 
-// Clusters of two of config (tile_n, 2) resident at once on the current device (cached per device).
-int resident_pairs(int tile_n) {
-  static std::atomic<int> cache[64][2] = {};
+// Clusters of two of kernel `k` resident at once on the current device (cached per device and kernel).
+int resident_pairs(const Kernel& k) {
+  constexpr int kMaxKernels = int(std::size(kKernels));
+  static std::atomic<int> cache[64][kMaxKernels] = {};
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  const int slot = tile_n == 192 ? 1 : 0;
-  std::atomic<int>& c = cache[dev % 64][slot];
+  std::atomic<int>& c = cache[dev % 64][&k - kKernels];
   int v = c.load(std::memory_order_relaxed);
   if (v <= 0) {
-    v = tile_n == 192 ? fp8_gemm_sm90::resident_clusters<192, 5, 2>()
-                      : fp8_gemm_sm90::resident_clusters<128, 6, 2>();
-    KILN_CHECK(v > 0, "fp8_gemm: no cluster of two CTAs fits on this GPU (tile_n ", tile_n, ")");
+    v = k.resident_clusters();
+    KILN_CHECK(v > 0, "fp8_gemm: no cluster of two CTAs fits on this GPU (tile_n ", k.tile_n, ")");
     c.store(v, std::memory_order_relaxed);
   }
   return v;
 }
 
 void launch_gemm(const fp8_gemm_sm90::Params& p, const Fp8GemmConfig& cfg, cudaStream_t stream) {
-  namespace g = fp8_gemm_sm90;
-  int groups = p.units;  // blocks (cluster 1) or clusters of two
+  const Kernel& k = *kernel_for(cfg);  // check_gemm_args found it
+  int groups = p.units;                // blocks (cluster 1) or clusters of two
   if (cfg.persistent) {
     int dev = 0, sms = 0;
     KILN_CUDA_CHECK(cudaGetDevice(&dev));
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    groups = std::min(groups, cfg.cluster == 1 ? sms : resident_pairs(cfg.tile_n));
+    groups = std::min(groups, cfg.cluster == 1 ? sms : resident_pairs(k));
   }
-  const int grid = groups * cfg.cluster;
-  if (cfg.tile_n == 64)
-    g::launch<64, 8, 1>(p, grid, stream);
-  else if (cfg.tile_n == 128 && cfg.cluster == 1)
-    g::launch<128, 6, 1>(p, grid, stream);
-  else if (cfg.tile_n == 128)
-    g::launch<128, 6, 2>(p, grid, stream);
-  else if (cfg.cluster == 1)
-    g::launch<192, 5, 1>(p, grid, stream);
-  else
-    g::launch<192, 5, 2>(p, grid, stream);
+  k.launch(p, groups * cfg.cluster, stream);
 }
 
 }  // namespace

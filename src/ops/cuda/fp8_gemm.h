@@ -38,20 +38,23 @@ namespace kiln::cuda {
 // One kernel configuration: output tile 128 x tile_n (tile_n 64, 128: one weight-scale row per tile; 192:
 // two, chosen per 8-column group), `stages` K blocks in flight in the TMA pipeline (as many as ~200 KB of
 // shared memory holds), persistent (one block per SM walking the tiles, the next tile's loads overlapping the
-// current epilogue) or one block per tile, and clusters of `cluster` CTAs (2: two M tiles of one weight tile,
-// each CTA loading half of the weight tile and multicasting it to both; tile_n 128 and 192).
+// current epilogue) or one block per tile, clusters of `cluster` CTAs (2: two M tiles of one weight tile,
+// each CTA loading half of the weight tile and multicasting it to both; tile_n 128 and 192), and the
+// epilogue: bf16 pairs stored from registers, or staged in shared memory and written by TMA (a stage fewer).
 struct Fp8GemmConfig {
   int tile_n = 128;
   int stages = 6;
   bool persistent = true;
   int cluster = 1;
+  bool tma_store = false;  // the epilogue through shared memory and TMA stores (else stores from registers)
   bool operator==(const Fp8GemmConfig&) const = default;
 };
 
 // Every configuration the kernel takes; the tuner times them all.
 inline constexpr Fp8GemmConfig kFp8GemmConfigs[] = {
-    {128, 6, true, 1}, {128, 6, false, 1}, {64, 8, true, 1},  {64, 8, false, 1},
-    {192, 5, true, 1}, {128, 6, true, 2},  {192, 5, true, 2},
+    {128, 6, true, 1, false}, {128, 6, false, 1, false}, {64, 8, true, 1, false},  {64, 8, false, 1, false},
+    {192, 5, true, 1, false}, {128, 5, true, 1, true},   {128, 6, true, 2, false}, {192, 5, true, 2, false},
+    {128, 5, true, 2, true},  {192, 4, true, 2, true},
 };
 
 // Whether fp8_gemm takes this shape on the current device (see the shape rules above).

@@ -52,6 +52,7 @@ inline constexpr int kBM = 128, kBK = 128, kThreads = 384;
 struct Params {
   CUtensorMap tmap_a;    // xq [M, K] e4m3, box {128 K, 128 rows}
   CUtensorMap tmap_b;    // wq [N, K] e4m3, box {128 K, BN / C rows}
+  CUtensorMap tmap_out;  // T: out [M, N] bf16, box {64 columns, 64 rows}
   const float* a_scale;  // xs [kblocks][m_pad]
   const float* w_scale;  // [ceil(N / 128)][kblocks]
   void* out;             // bf16 [M, N], row stride ldo
@@ -63,15 +64,19 @@ struct Params {
   int n_scale_rows;  // ceil(N / 128)
 };
 
-template <int BN, int S>
+template <int BN, int S, bool T>
 struct Layout {
   static constexpr uint32_t a_bytes = kBM * kBK, b_bytes = BN * kBK, sa_bytes = kBM * 4;
   static constexpr uint32_t a_off = 0, b_off = S * a_bytes, sa_off = b_off + S * b_bytes;
   static constexpr uint32_t bar_off = sa_off + S * sa_bytes;
-  static constexpr uint32_t bytes = bar_off + 2 * S * 8;
+  // T: each consumer's bf16 output tile, [BN / 64 column blocks][64 rows][128 B] 128-byte swizzled.
+  static constexpr uint32_t out_off = (bar_off + 2 * S * 8 + 1023) / 1024 * 1024;
+  static constexpr uint32_t out_wg_bytes = T ? BN / 64 * 64 * 128 : 0;
+  static constexpr uint32_t bytes = T ? out_off + 2 * out_wg_bytes : bar_off + 2 * S * 8;
   static constexpr uint32_t alloc = bytes + 1024;  // the dynamic window is aligned up to 1024 by hand
   static constexpr uint32_t stage_tx = a_bytes + b_bytes + sa_bytes;
   static_assert(b_bytes % 1024 == 0 && alloc <= 227 * 1024, "stages exceed shared memory");
+  static_assert(!T || BN % 64 == 0, "the TMA-store epilogue writes 64-column boxes");
 };
 
 #ifdef KILN_SM90A
@@ -115,9 +120,9 @@ __device__ __forceinline__ void issue_block(float (&d)[BN / 2], uint32_t a_tile,
   }
 }
 
-template <int BN, int S, int C>
+template <int BN, int S, int C, bool T>
 __device__ __forceinline__ void produce(const Params& p, uint32_t base) {
-  using L = Layout<BN, S>;
+  using L = Layout<BN, S, T>;
   const uint32_t full = base + L::bar_off, empty = full + 8 * S;
   const TileWalk<C> walk;
   int s = 0;
@@ -146,9 +151,41 @@ __device__ __forceinline__ void produce(const Params& p, uint32_t base) {
   }
 }
 
-template <int BN, int S, int C>
+// The TMA-store epilogue of one consumer (thread t of 128): its 64 x BN accumulator rounded to bf16 pairs
+// into its output buffer (128-byte swizzled column blocks of 64: conflict-free 4-byte stores), then thread 0
+// issues one TMA store a column block (rows past M and columns past N are clipped by the tensor map). The
+// buffer is reused once the previous tile's stores have read it (bulk wait_group.read, then named barrier
+// 1 + c over the consumer's 128 threads).
+template <int BN>
+__device__ __forceinline__ void store_tile_tma(const Params& p, const float (&acc)[BN / 2], uint32_t buf,
+                                               int m0, int n0, int c, int t) {
+  const int warp = t / 32, lane = t % 32;
+  if (t == 0) sm90::bulk_store_wait_read();
+  sm90::named_bar_sync(1 + uint32_t(c), 128);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + lane / 4 + 8 * h;
+      const __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      const uint32_t addr =
+          buf + uint32_t(j / 8) * (64 * 128) + sm90::sw128_offset(r, j % 8) + uint32_t(lane % 4) * 4;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v))
+                   : "memory");
+    }
+  sm90::fence_proxy_async();
+  sm90::named_bar_sync(1 + uint32_t(c), 128);
+  if (t == 0) {
+#pragma unroll
+    for (int cb = 0; cb < BN / 64; ++cb)
+      sm90::tma_store_2d(&p.tmap_out, buf + uint32_t(cb) * (64 * 128), n0 + 64 * cb, m0);
+    sm90::bulk_store_commit();
+  }
+}
+
+template <int BN, int S, int C, bool T>
 __device__ __forceinline__ void consume(const Params& p, uint32_t base, const uint8_t* gbase, int c) {
-  using L = Layout<BN, S>;
+  using L = Layout<BN, S, T>;
   const uint32_t full = base + L::bar_off, empty = full + 8 * S;
   const int t = int(threadIdx.x % 128), warp = t / 32, lane = t % 32;
   const int row = 64 * c + 16 * warp + lane / 4;  // this thread's first row in the tile (the other: + 8)
@@ -207,32 +244,39 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t base, const ui
       }
       if (++s == S) s = 0, ph ^= 1u;
     }
-    const int r0 = m0 + row;
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+    if constexpr (T) {
+      store_tile_tma<BN>(p, acc, base + L::out_off + uint32_t(c) * L::out_wg_bytes, m0 + 64 * c, n0, c, t);
+    } else {
+      const int r0 = m0 + row;
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = n0 + 8 * j + 2 * (lane % 4);
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + 8 * h;
-        if (r >= p.m || col >= p.n) continue;
-        __nv_bfloat16* dst = out + r * p.ldo + col;
-        if (col + 1 < p.n)
-          *reinterpret_cast<__nv_bfloat162*>(dst) =
-              __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        else
-          *dst = __float2bfloat16_rn(acc[4 * j + 2 * h]);  // an odd N's last column
+        for (int h = 0; h < 2; ++h) {
+          const int r = r0 + 8 * h;
+          if (r >= p.m || col >= p.n) continue;
+          __nv_bfloat16* dst = out + r * p.ldo + col;
+          if (col + 1 < p.n)
+            *reinterpret_cast<__nv_bfloat162*>(dst) =
+                __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          else
+            *dst = __float2bfloat16_rn(acc[4 * j + 2 * h]);  // an odd N's last column
+        }
       }
     }
+  }
+  if constexpr (T) {
+    if (t == 0) sm90::bulk_store_wait_all();  // the last tile's stores done before the CTA's memory goes
   }
 }
 
 #endif  // KILN_SM90A
 
-template <int BN, int S, int C>
+template <int BN, int S, int C, bool T>
 __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(const __grid_constant__ Params p) {
 #ifdef KILN_SM90A
-  using L = Layout<BN, S>;
+  using L = Layout<BN, S, T>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
   const uint32_t full = base + L::bar_off, empty = full + 8 * S;
@@ -251,10 +295,10 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(const __grid_cons
   const int wg = int(threadIdx.x / 128);
   if (wg == 0) {
     sm90::setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) produce<BN, S, C>(p, base);
+    if (threadIdx.x == 0) produce<BN, S, C, T>(p, base);
   } else {
     sm90::setmaxnreg_inc<232>();
-    consume<BN, S, C>(p, base, smem_raw + (base - raw), wg - 1);
+    consume<BN, S, C, T>(p, base, smem_raw + (base - raw), wg - 1);
   }
   if constexpr (C == 2) {
     __syncwarp();
@@ -267,12 +311,12 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(const __grid_cons
 // kernel waits before reading the quantizer's output), the dynamic shared memory that prepare() allowed.
 // prepare: once per device (outside any graph capture), whether the device runs this build's sm_90a code, the
 // shared-memory limit raised, and how many clusters (C = 2) are resident at once (resident_clusters).
-template <int BN, int S, int C>
+template <int BN, int S, int C, bool T>
 void launch(const Params& p, int grid, cudaStream_t stream) {
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(unsigned(grid));
   lc.blockDim = dim3(kThreads);
-  lc.dynamicSmemBytes = Layout<BN, S>::alloc;
+  lc.dynamicSmemBytes = Layout<BN, S, T>::alloc;
   lc.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -283,15 +327,15 @@ void launch(const Params& p, int grid, cudaStream_t stream) {
   attr[1].val.clusterDim.z = 1;
   lc.attrs = attr;
   lc.numAttrs = C == 1 ? 1 : 2;
-  KILN_CUDA_CHECK(cudaLaunchKernelEx(&lc, fp8_gemm_kernel<BN, S, C>, p));
+  KILN_CUDA_CHECK(cudaLaunchKernelEx(&lc, fp8_gemm_kernel<BN, S, C, T>, p));
 }
 
-template <int BN, int S, int C>
+template <int BN, int S, int C, bool T>
 bool prepare() {
-  const void* k = reinterpret_cast<const void*>(fp8_gemm_kernel<BN, S, C>);
+  const void* k = reinterpret_cast<const void*>(fp8_gemm_kernel<BN, S, C, T>);
   if (kernel_binary_version(k) != 90) return false;
-  if (cudaFuncSetAttribute(fp8_gemm_kernel<BN, S, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(Layout<BN, S>::alloc)) != cudaSuccess) {
+  if (cudaFuncSetAttribute(fp8_gemm_kernel<BN, S, C, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(Layout<BN, S, T>::alloc)) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -299,12 +343,12 @@ bool prepare() {
 }
 
 // Clusters of C blocks of this kernel resident at once on the current device (0 on error).
-template <int BN, int S, int C>
+template <int BN, int S, int C, bool T>
 int resident_clusters() {
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(unsigned(C));
   lc.blockDim = dim3(kThreads);
-  lc.dynamicSmemBytes = Layout<BN, S>::alloc;
+  lc.dynamicSmemBytes = Layout<BN, S, T>::alloc;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(C);
@@ -313,7 +357,7 @@ int resident_clusters() {
   lc.attrs = attr;
   lc.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, fp8_gemm_kernel<BN, S, C>, &lc) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, fp8_gemm_kernel<BN, S, C, T>, &lc) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -321,14 +365,17 @@ int resident_clusters() {
 }
 
 // The instantiations (fp8_gemm.h's kFp8GemmConfigs), each compiled in its own unit only.
-#define KILN_FP8_GEMM_INSTANCE(EXTERN, BN, S, C)                           \
-  EXTERN template void launch<BN, S, C>(const Params&, int, cudaStream_t); \
-  EXTERN template bool prepare<BN, S, C>();                                \
-  EXTERN template int resident_clusters<BN, S, C>();
-KILN_FP8_GEMM_INSTANCE(extern, 64, 8, 1)
-KILN_FP8_GEMM_INSTANCE(extern, 128, 6, 1)
-KILN_FP8_GEMM_INSTANCE(extern, 128, 6, 2)
-KILN_FP8_GEMM_INSTANCE(extern, 192, 5, 1)
-KILN_FP8_GEMM_INSTANCE(extern, 192, 5, 2)
+#define KILN_FP8_GEMM_INSTANCE(EXTERN, BN, S, C, T)                           \
+  EXTERN template void launch<BN, S, C, T>(const Params&, int, cudaStream_t); \
+  EXTERN template bool prepare<BN, S, C, T>();                                \
+  EXTERN template int resident_clusters<BN, S, C, T>();
+KILN_FP8_GEMM_INSTANCE(extern, 64, 8, 1, false)
+KILN_FP8_GEMM_INSTANCE(extern, 128, 6, 1, false)
+KILN_FP8_GEMM_INSTANCE(extern, 128, 6, 2, false)
+KILN_FP8_GEMM_INSTANCE(extern, 128, 5, 1, true)
+KILN_FP8_GEMM_INSTANCE(extern, 128, 5, 2, true)
+KILN_FP8_GEMM_INSTANCE(extern, 192, 5, 1, false)
+KILN_FP8_GEMM_INSTANCE(extern, 192, 5, 2, false)
+KILN_FP8_GEMM_INSTANCE(extern, 192, 4, 2, true)
 
 }  // namespace kiln::cuda::fp8_gemm_sm90
