@@ -2,9 +2,10 @@
 // moe_mlp on the GPU is, on one stream and with no host synchronisation (capturable in a CUDA graph):
 //   1. moe_route_launch:    logits -> experts, weights (bitwise ops/moe.h) and, per 32-token chunk, each
 //                           pair's rank among the chunk's pairs of the same expert and the chunk's counts
-//   2. moe_offsets_launch:  counts per expert, offsets padded to kMoeRowTile, the tile -> expert map, the
-//                           list of experts chosen by some token
-//   3. moe_scatter_launch:  the sorted pair list (pair = t * k + slot; -1 on padding rows) and its inverse
+//   2. moe_permute_launch:  counts per expert, offsets padded to kMoeRowTile, the tile -> expert map, the
+//                           list of experts chosen by some token; then the sorted pair list (pair =
+//                           t * k + slot; -1 on padding rows) and its inverse. With one chunk (T <= 32, the
+//                           decode sizes) the route kernel does this itself and moe_permute_launch nothing.
 //   4. the experts: moe_grouped_gemm_launch (tensor cores, large batches) or moe_gather_gemv_launch (small
 //      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order)
 //   5. moe_combine_launch:  out[t] = bf16(sum over t's slots in ascending expert index of y * weight)
@@ -18,8 +19,8 @@
 namespace kiln::cuda {
 
 constexpr int kMoeRowTile = 64;           // the grouped GEMM's row tile: each expert's rows padded to it
-constexpr int kMoeChunkTokens = 32;       // tokens of one routing block (one warp each)
-constexpr int kMoeMaxExperts = 1024;      // the offsets kernel's block (one thread an expert)
+constexpr int kMoeChunkTokens = 32;       // tokens of one routing block (one bit each of a 32-bit mask)
+constexpr int kMoeMaxExperts = 1024;      // the offsets kernel's block
 constexpr int kMoeRouteMaxExperts = 512;  // the route kernel keeps E / 32 logits per lane in registers
 
 // Device scratch of one moe_mlp call, carved by moe_scratch_layout from one buffer (moe_mlp.cpp).
@@ -28,7 +29,7 @@ struct MoeBuffers {
   int32_t* experts;       // i32 [T, k]
   uint16_t* weights;      // bf16 [T, k]
   int32_t* rank;          // i32 [T * k]: the pair's rank among its chunk's pairs of the same expert
-  int32_t* chunk_counts;  // i32 [chunks, E]; rewritten by moe_offsets_launch to each chunk's first row
+  int32_t* chunk_counts;  // i32 [chunks, E]; rewritten by moe_permute_launch to each chunk's first row
   int32_t* counts;        // i32 [E]
   int32_t* offsets;       // i32 [E + 1]: padded start rows, offsets[E] = rows used
   int32_t* tile_expert;   // i32 [max_tiles]
@@ -58,7 +59,7 @@ MoeBuffers moe_scratch_layout(const MoeShape& s, void* base);
 // 1. logits bf16 [T, E] (row stride ls) -> b.experts, b.weights, b.rank, b.chunk_counts.
 void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, bool norm_topk_prob,
                       const MoeBuffers& b, cudaStream_t stream);
-// 2 + 3.
+// 2.
 void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
 
 // Which expert kernel (4).

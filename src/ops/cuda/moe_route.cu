@@ -15,15 +15,28 @@ namespace {
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kPerLane = kMoeRouteMaxExperts / 32;
 
+// The expert layout of the sorted rows (moe.h MoeBuffers), written once the counts are known.
+struct Layout {
+  int32_t* counts;       // i32 [E]
+  int32_t* offsets;      // i32 [E + 1]
+  int32_t* tile_expert;  // i32 [max_tiles]
+  int32_t* num_tiles;    // i32 [1]
+  int32_t* active;       // i32 [E + 1]
+  int32_t* sorted_pair;  // i32 [max_rows]: only the padding rows (-1) are written here
+};
+
 struct RouteParams {
   const uint16_t* logits;  // bf16 [T, E], row stride ls
   int64_t ls;
   int32_t* experts;       // i32 [T, k]
   uint16_t* weights;      // bf16 [T, k]
-  int32_t* rank;          // i32 [T * k]
-  int32_t* chunk_counts;  // i32 [chunks, E]
+  int32_t* rank;          // i32 [T * k] (unused when fused)
+  int32_t* chunk_counts;  // i32 [chunks, E] (unused when fused)
+  Layout layout;          // fused only
+  int32_t* inverse;       // i32 [T * k], fused only
   int T, E, k;
   bool norm;
+  bool fused;  // T <= 32: one block also lays out the rows and scatters the pairs (no permute launches)
 };
 
 constexpr int kRouteWarps = 8;
@@ -113,12 +126,49 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int t, int lan
   }
 }
 
+// Warp 0 of a block: from the per-expert counts cnt[0, E) (shared memory), the layout (padded offsets,
+// tiles, padding rows, the active list) and the offsets into off_s[0, E) (shared memory). Lane l owns the
+// experts [l per, (l + 1) per); the offsets are an exclusive scan over the lanes.
+__device__ void write_layout(const int* cnt, int E, const Layout& o, int* off_s) {
+  const int lane = int(threadIdx.x) % 32, per = (E + 31) / 32;
+  const int lo = min(E, lane * per), hi = min(E, lo + per);
+  int rows = 0, act = 0;
+  for (int e = lo; e < hi; ++e) {
+    rows += (cnt[e] + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
+    act += cnt[e] > 0;
+  }
+  int rows_inc = rows, act_inc = act;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int r = __shfl_up_sync(kFull, rows_inc, d), a = __shfl_up_sync(kFull, act_inc, d);
+    if (lane >= d) rows_inc += r, act_inc += a;
+  }
+  int off = rows_inc - rows, slot = act_inc - act;
+  for (int e = lo; e < hi; ++e) {
+    const int n = cnt[e], padded = (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
+    o.counts[e] = n;
+    o.offsets[e] = off;
+    off_s[e] = off;
+    for (int i = 0; i < padded / kMoeRowTile; ++i) o.tile_expert[off / kMoeRowTile + i] = e;
+    for (int r = n; r < padded; ++r) o.sorted_pair[off + r] = -1;
+    if (n > 0) o.active[slot++] = e;
+    off += padded;
+  }
+  if (lane == 31) {
+    o.offsets[E] = rows_inc;
+    *o.num_tiles = rows_inc / kMoeRowTile;
+    o.active[E] = act_inc;
+  }
+}
+
 // Grid: one block per chunk of 32 tokens; block: 8 warps, warp w routes the chunk's tokens w, w + 8, ...
 // Then each thread takes pairs of the chunk: a pair's rank is the count of the chunk's lower tokens that
 // chose the same expert (the population of chosen_by[e] below the token's bit), the chunk's count per
-// expert the population of chosen_by[e].
+// expert the population of chosen_by[e]. Fused (one chunk): warp 0 lays the rows out from those counts and
+// the pairs are scattered to offset + rank here.
 __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(const __grid_constant__ RouteParams p) {
   __shared__ uint32_t chosen_by[kMoeRouteMaxExperts];
+  __shared__ int cnt_s[kMoeRouteMaxExperts], off_s[kMoeRouteMaxExperts];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int chunk = int(blockIdx.x), t0 = chunk * kMoeChunkTokens;
   for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x)) chosen_by[i] = 0;
@@ -126,74 +176,52 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(const __grid_co
   for (int w = warp; w < kMoeChunkTokens && t0 + w < p.T; w += kRouteWarps)
     route_token(p, t0 + w, lane, chosen_by);
   __syncthreads();  // also orders this block's expert writes before the reads below
+  if (p.fused) {
+    for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x)) cnt_s[i] = __popc(chosen_by[i]);
+    __syncthreads();
+    if (warp == 0) write_layout(cnt_s, p.E, p.layout, off_s);
+    __syncthreads();
+  }
   const int n = min(kMoeChunkTokens, p.T - t0) * p.k;
   for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) {
     const int64_t pair = int64_t(t0) * p.k + i;
-    const uint32_t lower = (1u << (i / p.k)) - 1u;
-    p.rank[pair] = __popc(chosen_by[p.experts[pair]] & lower);
+    const int e = p.experts[pair];
+    const int rank = __popc(chosen_by[e] & ((1u << (i / p.k)) - 1u));
+    if (p.fused) {
+      const int row = off_s[e] + rank;
+      p.layout.sorted_pair[row] = int32_t(pair);
+      p.inverse[pair] = row;
+    } else {
+      p.rank[pair] = rank;
+    }
   }
-  for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x))
-    p.chunk_counts[int64_t(chunk) * p.E + i] = __popc(chosen_by[i]);
+  if (!p.fused)
+    for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x))
+      p.chunk_counts[int64_t(chunk) * p.E + i] = __popc(chosen_by[i]);
 }
 
 struct OffsetsParams {
   int32_t* chunk_counts;  // i32 [chunks, E]: in counts, out each chunk's first row within its expert
-  int32_t* counts;        // i32 [E]
-  int32_t* offsets;       // i32 [E + 1]
-  int32_t* tile_expert;   // i32 [max_tiles]
-  int32_t* num_tiles;     // i32 [1]
-  int32_t* active;        // i32 [E + 1]
-  int32_t* sorted_pair;   // i32 [max_rows]: the padding rows set to -1 here
+  Layout layout;
   int chunks, E;
 };
 
-// Exclusive prefix sum over the block's threads (blockDim.x <= 1024, a power of two); returns the total.
-__device__ int block_exclusive_scan(int v, int* sh, int& total) {
-  const int tid = int(threadIdx.x), n = int(blockDim.x);
-  sh[tid] = v;
-  __syncthreads();
-  for (int o = 1; o < n; o *= 2) {
-    const int add = tid >= o ? sh[tid - o] : 0;
-    __syncthreads();
-    sh[tid] += add;
-    __syncthreads();
-  }
-  total = sh[n - 1];
-  const int ex = sh[tid] - v;
-  __syncthreads();
-  return ex;
-}
-
-// Grid: 1 block; block: E threads rounded up to a power of two, thread e owns expert e: its count over
-// the chunks (rewriting each chunk's count to its exclusive prefix), its padded offset, tiles and padding.
+// Grid: 1 block; block: 1024 threads, thread e < E sums expert e's counts over the chunks (rewriting each
+// chunk's count to its exclusive prefix); then warp 0 writes the layout.
 __global__ void __launch_bounds__(kMoeMaxExperts) offsets_kernel(const __grid_constant__ OffsetsParams p) {
-  __shared__ int sh[kMoeMaxExperts];
-  const int e = int(threadIdx.x);
-  int count = 0;
-  if (e < p.E) {
+  __shared__ int cnt_s[kMoeMaxExperts], off_s[kMoeMaxExperts];
+  for (int e = int(threadIdx.x); e < p.E; e += int(blockDim.x)) {
+    int count = 0;
     for (int c = 0; c < p.chunks; ++c) {
       int32_t& cc = p.chunk_counts[int64_t(c) * p.E + e];
       const int n = cc;
       cc = count;
       count += n;
     }
+    cnt_s[e] = count;
   }
-  const int padded = (count + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
-  int rows = 0, num_active = 0;
-  const int off = block_exclusive_scan(padded, sh, rows);
-  const int slot = block_exclusive_scan(count > 0 ? 1 : 0, sh, num_active);
-  if (e < p.E) {
-    p.counts[e] = count;
-    p.offsets[e] = off;
-    for (int i = 0; i < padded / kMoeRowTile; ++i) p.tile_expert[off / kMoeRowTile + i] = e;
-    for (int r = count; r < padded; ++r) p.sorted_pair[off + r] = -1;
-    if (count > 0) p.active[slot] = e;
-  }
-  if (e == 0) {
-    p.offsets[p.E] = rows;
-    *p.num_tiles = rows / kMoeRowTile;
-    p.active[p.E] = num_active;
-  }
+  __syncthreads();
+  if (threadIdx.x < 32) write_layout(cnt_s, p.E, p.layout, off_s);
 }
 
 struct ScatterParams {
@@ -219,6 +247,15 @@ __global__ void scatter_kernel(const __grid_constant__ ScatterParams p) {
   }
 }
 
+Layout layout_of(const MoeBuffers& b) {
+  return {.counts = b.counts,
+          .offsets = b.offsets,
+          .tile_expert = b.tile_expert,
+          .num_tiles = b.num_tiles,
+          .active = b.active,
+          .sorted_pair = b.sorted_pair};
+}
+
 }  // namespace
 
 void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, bool norm_topk_prob,
@@ -233,30 +270,24 @@ void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, boo
                       .weights = b.weights,
                       .rank = b.rank,
                       .chunk_counts = b.chunk_counts,
+                      .layout = layout_of(b),
+                      .inverse = b.inverse,
                       .T = int(s.T),
                       .E = int(s.E),
                       .k = int(s.k),
-                      .norm = norm_topk_prob};
+                      .norm = norm_topk_prob,
+                      .fused = s.chunks() == 1 && b.offsets != nullptr};
   launch({.grid = dim3(unsigned(s.chunks())), .block = dim3(32 * kRouteWarps), .stream = stream},
          route_kernel, p);
 }
 
 void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t stream) {
-  KILN_CHECK(s.E >= 1 && s.E <= kMoeMaxExperts, "moe_permute: ", s.E, " experts; the CUDA kernel takes 1 to ",
-             kMoeMaxExperts);
-  if (s.T == 0) return;
-  unsigned threads = 32;
-  while (threads < unsigned(s.E)) threads *= 2;
-  const OffsetsParams op{.chunk_counts = b.chunk_counts,
-                         .counts = b.counts,
-                         .offsets = b.offsets,
-                         .tile_expert = b.tile_expert,
-                         .num_tiles = b.num_tiles,
-                         .active = b.active,
-                         .sorted_pair = b.sorted_pair,
-                         .chunks = int(s.chunks()),
-                         .E = int(s.E)};
-  launch({.grid = dim3(1), .block = dim3(threads), .stream = stream}, offsets_kernel, op);
+  KILN_CHECK(s.E >= 1 && s.E <= kMoeRouteMaxExperts, "moe_permute: ", s.E,
+             " experts; the CUDA kernels take 1 to ", kMoeRouteMaxExperts);
+  if (s.T == 0 || s.chunks() == 1) return;  // one chunk: done by the route kernel
+  const OffsetsParams op{
+      .chunk_counts = b.chunk_counts, .layout = layout_of(b), .chunks = int(s.chunks()), .E = int(s.E)};
+  launch({.grid = dim3(1), .block = dim3(kMoeMaxExperts), .stream = stream}, offsets_kernel, op);
   const ScatterParams sp{.experts = b.experts,
                          .rank = b.rank,
                          .chunk_counts = b.chunk_counts,
