@@ -3,8 +3,8 @@
 //   experts gather_gemv T = 1, 4, 8, 16, 64: the two GEMV launches alone on a routing made beforehand;
 //     bytes = the distinct experts that routing chose (read from the device) x 3 H I x 2; the floor is those
 //     bytes at the copy rate
-//   experts grouped_gemm T = 64, 512, 4096: the two grouped GEMM launches alone; the path column gives
-//     TFLOP/s (2 x 3 H I per (token, expert) pair)
+//   experts grouped_gemm(_sm90) T = 64, 512, 4096: the two grouped GEMM launches alone (mma.sync; wgmma
+//     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
 //   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096
@@ -96,6 +96,10 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       Row r{"moe", "experts grouped_gemm", shape(T)};
       r.bytes = double(active) * expert_bytes + double(T * kK) * double(kH + kI) * 2 * 2;
       timed(r, experts(kc::MoeExpertKernel::grouped_gemm));
+      if (kc::moe_grouped_gemm_sm90_applies()) {
+        r.variant = "experts grouped_gemm_sm90";
+        timed(r, experts(kc::MoeExpertKernel::grouped_gemm_sm90));
+      }
     }
     if (T == 4096) {  // the same FLOPs as two dense GEMMs through the engine (its tuned or heuristic tactic)
       kc::GemmEngine& eng = kc::gemm_engine();

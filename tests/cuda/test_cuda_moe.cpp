@@ -1,7 +1,8 @@
 // The sparse MLP's CUDA kernels (src/ops/cuda/moe.h) against the CPU oracle (ops/moe.h): routing bitwise
 // (ties, an expert no token chooses, one every token chooses, E not a multiple of 32, k = E), the
 // permutation's invariants (every (token, expert) pair exactly once, rows of an expert in ascending token
-// order, offsets padded to the row tile, padding rows -1, the inverse), both expert kernels within linear's
+// order, offsets padded to the row tile, padding rows -1, the inverse), every expert kernel (gather GEMV,
+// mma.sync grouped GEMM, wgmma grouped GEMM where the device runs it) within linear's
 // tolerance over batch 1..512, the combine bitwise from the experts' bf16 outputs, and a CUDA graph replayed
 // while its inputs (and so its routing) change equal to eager launches.
 #include <algorithm>
@@ -254,17 +255,22 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
                  Tensor(want.data(), DType::bf16, {T, H}));
     const Buffer dx = to_device(x);
     const kc::MoeShape s{.T = T, .E = E, .k = k, .H = H, .I = I};
-    std::vector<bf16_t> by_kernel[2];
-    int i = 0;
-    for (const auto kernel : {ops::cuda::MoeExperts::gather_gemv, ops::cuda::MoeExperts::grouped_gemm}) {
+    using ops::cuda::MoeExperts;
+    std::vector<std::pair<MoeExperts, const char*>> kernels = {{MoeExperts::gather_gemv, "gather GEMV"},
+                                                               {MoeExperts::grouped_gemm, "grouped GEMM"}};
+    if (kc::moe_grouped_gemm_sm90_applies())
+      kernels.emplace_back(MoeExperts::grouped_gemm_sm90, "wgmma GEMM");
+    std::vector<std::vector<bf16_t>> by_kernel;
+    for (const auto& [kernel, name] : kernels) {
       const auto got = run_gpu(l, dx, T, kernel, scratch);
       const double err = rel_frobenius(got, want);
-      EXPECT_LE(err, 1.0 / 128) << (i ? "grouped GEMM" : "gather GEMV") << " vs the CPU oracle";
+      EXPECT_LE(err, 1.0 / 128) << name << " vs the CPU oracle";
       check_permutation(s, read_permutation(s, scratch.data()));
       expect_combine_bitwise(s, scratch.data(), got);
-      by_kernel[i++] = got;
+      by_kernel.push_back(got);
     }
-    EXPECT_LE(rel_frobenius(by_kernel[0], by_kernel[1]), 1.0 / 128) << "GEMV vs grouped GEMM";
+    for (size_t i = 1; i < by_kernel.size(); ++i)
+      EXPECT_LE(rel_frobenius(by_kernel[0], by_kernel[i]), 1.0 / 128) << "GEMV vs " << kernels[i].second;
   }
 }
 

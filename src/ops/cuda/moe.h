@@ -62,8 +62,9 @@ void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, boo
 // 2.
 void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
 
-// Which expert kernel (4).
-enum class MoeExpertKernel { grouped_gemm, gather_gemv };
+// Which expert kernel (4): the mma.sync grouped GEMM (any sm_80+), the wgmma one (sm_90a), the gather GEMV.
+enum class MoeExpertKernel { grouped_gemm, grouped_gemm_sm90, gather_gemv };
+bool moe_grouped_gemm_sm90_applies();
 
 // 4, gate_up: act[row] = silu_and_mul(x[token of row] . gate_up[e]^T) for every sorted row of expert e.
 //   x bf16 [T, H] row stride xs; gate_up bf16 [E, 2I, H] contiguous.

@@ -63,10 +63,14 @@ void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, c
   KILN_CHECK(s.H % 8 == 0 && s.I % 8 == 0, "moe_mlp: hidden ", s.H, " and moe_intermediate ", s.I,
              " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");
   if (s.T == 0) return;
-  if (kernel == MoeExpertKernel::gather_gemv)
-    moe_gather_gemv_launch(x, xs, gate_up, down, s, b, stream);
-  else
-    moe_grouped_gemm_launch(x, xs, gate_up, down, s, b, stream);
+  switch (kernel) {
+    case MoeExpertKernel::gather_gemv:
+      return moe_gather_gemv_launch(x, xs, gate_up, down, s, b, stream);
+    case MoeExpertKernel::grouped_gemm_sm90:
+      return moe_grouped_gemm_sm90_launch(x, xs, gate_up, down, s, b, stream);
+    case MoeExpertKernel::grouped_gemm:
+      return moe_grouped_gemm_launch(x, xs, gate_up, down, s, b, stream);
+  }
 }
 
 }  // namespace kiln::cuda
@@ -85,7 +89,8 @@ MoeExperts env_experts() {
     if (!v || !*v) return MoeExperts::by_rows;
     if (std::strcmp(v, "gemm") == 0) return MoeExperts::grouped_gemm;
     if (std::strcmp(v, "gemv") == 0) return MoeExperts::gather_gemv;
-    KILN_FAIL("KILN_MOE_EXPERTS must be gemm or gemv, got '", v, "'");
+    if (std::strcmp(v, "wgmma") == 0) return MoeExperts::grouped_gemm_sm90;
+    KILN_FAIL("KILN_MOE_EXPERTS must be gemm, wgmma or gemv, got '", v, "'");
   }();
   return e;
 }

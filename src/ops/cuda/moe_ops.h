@@ -10,9 +10,9 @@
 namespace kiln::ops::cuda {
 
 // Which expert kernels moe_mlp runs (moe.h step 4). by_rows: the gather GEMV for T <= kMoeGemvMaxTokens
-// (docs/NUMERICS.md and docs/PERF.md "Mixture of experts" say why that threshold), else the grouped GEMM;
-// KILN_MOE_EXPERTS=gemm or gemv overrides by_rows (read once).
-enum class MoeExperts { by_rows, grouped_gemm, gather_gemv };
+// (docs/PERF.md "Mixture of experts" says why that threshold), else the mma.sync grouped GEMM;
+// KILN_MOE_EXPERTS=gemm, wgmma (the sm_90a grouped GEMM) or gemv overrides by_rows (read once).
+enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv };
 constexpr int64_t kMoeGemvMaxTokens = 16;
 
 // Device bytes of moe_mlp's scratch for T tokens of w's shape.
