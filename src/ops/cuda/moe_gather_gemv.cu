@@ -13,19 +13,6 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // a block: 8 warps, each one output column pair
 constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
 
-struct GemvParams {
-  const uint16_t* a;  // SiLU: x bf16 [T, K] row stride as (row = token of the sorted pair);
-                      // else act bf16 [max_rows, K] row stride as
-  int64_t as;
-  const uint16_t* w;           // bf16 [E, N_w, K] contiguous (N_w = 2N for SiLU, else N)
-  uint16_t* out;               // bf16 [max_rows, N] contiguous
-  const int32_t* sorted_pair;  // i32 [max_rows]
-  const int32_t* offsets;      // i32 [E + 1]
-  const int32_t* counts;       // i32 [E]
-  const int32_t* active;       // i32 [E + 1]: chosen experts ascending, then their number
-  int E, N, K, k;
-};
-
 __device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8], float acc) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc = fmaf(a[i], b[i], acc);
@@ -37,7 +24,8 @@ __device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8], 
 // q; else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes stride k by 8 bf16 (16-byte loads); each pass
 // of up to 4 rows keeps 2 x 4 fp32 sums a lane, reduced by an xor butterfly; lane 0 writes.
 template <bool kSilu>
-__global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const __grid_constant__ GemvParams p) {
+__global__ void __launch_bounds__(kWarps * 32)
+    gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
   const int num_active = p.active[p.E];
   if (int(blockIdx.x) >= num_active) return;
   const int e = p.active[blockIdx.x];
@@ -54,9 +42,7 @@ __global__ void __launch_bounds__(kWarps * 32) gather_gemv_kernel(const __grid_c
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int row = row0 + rb + r;
-      src[r] = nullptr;
-      if (rb + r < cnt)
-        src[r] = kSilu ? p.a + int64_t(p.sorted_pair[row] / p.k) * p.as : p.a + int64_t(row) * p.as;
+      src[r] = rb + r < cnt ? moe_a_row<kSilu>(p, row) : nullptr;
     }
     float acc[kRows][2] = {};
 #pragma unroll 2
@@ -127,36 +113,15 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 
 }  // namespace
 
-void moe_gather_gemv_launch(const uint16_t* x, int64_t xs, const uint16_t* gate_up, const uint16_t* down,
-                            const MoeShape& s, const MoeBuffers& b, cudaStream_t stream) {
+void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
+                            cudaStream_t stream) {
   const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
-  const GemvParams g{.a = x,
-                     .as = xs,
-                     .w = gate_up,
-                     .out = b.act,
-                     .sorted_pair = b.sorted_pair,
-                     .offsets = b.offsets,
-                     .counts = b.counts,
-                     .active = b.active,
-                     .E = int(s.E),
-                     .N = int(s.I),
-                     .K = int(s.H),
-                     .k = int(s.k)};
-  launch({.grid = dim3(experts, unsigned((s.I + kWarps - 1) / kWarps)),
-          .block = dim3(kWarps * 32),
-          .stream = stream},
-         gather_gemv_kernel<true>, g);
-  GemvParams d = g;
-  d.a = b.act;
-  d.as = s.I;
-  d.w = down;
-  d.out = b.y;
-  d.N = int(s.H);
-  d.K = int(s.I);
-  launch({.grid = dim3(experts, unsigned((s.H / 2 + kWarps - 1) / kWarps)),
-          .block = dim3(kWarps * 32),
-          .stream = stream},
-         gather_gemv_kernel<false>, d);
+  LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + kWarps - 1) / kWarps)),
+                .block = dim3(kWarps * 32),
+                .stream = stream};
+  launch(cfg, gather_gemv_kernel<true>, gate_up);
+  cfg.grid.y = unsigned((s.H / 2 + kWarps - 1) / kWarps);
+  launch(cfg, gather_gemv_kernel<false>, down);
 }
 
 void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,

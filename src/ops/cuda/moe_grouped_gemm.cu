@@ -16,18 +16,6 @@ constexpr int kBK = 32;           // k of a stage
 constexpr int kLds = kBK + 8;  // smem row stride in bf16: 80 bytes, 16-byte aligned, ldmatrix conflict-free
 constexpr int kThreads = 128;  // 4 warps, 2 x 2: a warp owns 32 rows x 64 weight rows
 
-struct GemmParams {
-  const uint16_t* a;  // SiLU: x bf16 [T, K] row stride as, row = token of the sorted pair;
-                      // else act bf16 [max_rows, K] row stride as, row = sorted row
-  int64_t as;
-  const uint16_t* w;           // bf16 [E, N_w, K] contiguous (N_w = 2N for SiLU, else N)
-  uint16_t* out;               // bf16 [max_rows, N] contiguous
-  const int32_t* sorted_pair;  // i32 [max_rows]
-  const int32_t* tile_expert;  // i32 [max_tiles]
-  const int32_t* num_tiles;    // i32 [1]
-  int N, K, k;                 // N: output columns (I for SiLU, H for down); k: top_k
-};
-
 // The smem row of weight-tile row n (0..127) for warp column wn's 8-column group i (0..7).
 template <bool kSilu>
 __device__ __forceinline__ int b_row(int wn, int i) {
@@ -40,7 +28,7 @@ __device__ __forceinline__ int b_row(int wn, int i) {
 // y columns. Stages of 32 k by cp.async (double buffered), 16-byte chunks; rows or k past the ends are
 // zero-filled, padding rows (sorted_pair -1) read zeros. Writes every row of the tile (padding rows too).
 template <bool kSilu>
-__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
+__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_constant__ MoeProductParams p) {
   const int tile = int(blockIdx.x);
   if (tile >= *p.num_tiles) return;
   __shared__ __align__(16) uint16_t sa[2][kBM * kLds];
@@ -57,17 +45,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_con
   const uint16_t* a_src[2];
   const uint16_t* b_src[4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = (tid + i * kThreads) / 4;
-    const uint16_t* src = nullptr;
-    if constexpr (kSilu) {
-      const int pair = p.sorted_pair[row0 + r];
-      if (pair >= 0) src = p.a + int64_t(pair / p.k) * p.as;
-    } else {
-      src = p.a + int64_t(row0 + r) * p.as;
-    }
-    a_src[i] = src;
-  }
+  for (int i = 0; i < 2; ++i) a_src[i] = moe_a_row<kSilu>(p, row0 + (tid + i * kThreads) / 4);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = (tid + i * kThreads) / 4;
@@ -170,33 +148,13 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_con
 
 }  // namespace
 
-void moe_grouped_gemm_launch(const uint16_t* x, int64_t xs, const uint16_t* gate_up, const uint16_t* down,
-                             const MoeShape& s, const MoeBuffers& b, cudaStream_t stream) {
+void moe_grouped_gemm_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
+                             cudaStream_t stream) {
   const unsigned tiles = unsigned(s.max_tiles());
-  const GemmParams g{.a = x,
-                     .as = xs,
-                     .w = gate_up,
-                     .out = b.act,
-                     .sorted_pair = b.sorted_pair,
-                     .tile_expert = b.tile_expert,
-                     .num_tiles = b.num_tiles,
-                     .N = int(s.I),
-                     .K = int(s.H),
-                     .k = int(s.k)};
   launch({.grid = dim3(tiles, unsigned((s.I + 63) / 64)), .block = dim3(kThreads), .stream = stream},
-         grouped_gemm_kernel<true>, g);
-  const GemmParams d{.a = b.act,
-                     .as = s.I,
-                     .w = down,
-                     .out = b.y,
-                     .sorted_pair = b.sorted_pair,
-                     .tile_expert = b.tile_expert,
-                     .num_tiles = b.num_tiles,
-                     .N = int(s.H),
-                     .K = int(s.I),
-                     .k = int(s.k)};
+         grouped_gemm_kernel<true>, gate_up);
   launch({.grid = dim3(tiles, unsigned((s.H + kBN - 1) / kBN)), .block = dim3(kThreads), .stream = stream},
-         grouped_gemm_kernel<false>, d);
+         grouped_gemm_kernel<false>, down);
 }
 
 }  // namespace kiln::cuda

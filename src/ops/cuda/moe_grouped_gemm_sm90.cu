@@ -23,18 +23,6 @@ constexpr int kBTile = kBN * 128;             // bytes of a stage's B tile
 constexpr int kStageBytes = kATile + kBTile;  // 40 KB
 constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024;  // + alignment slack
 
-struct GemmParams {
-  const uint16_t* a;  // SiLU: x bf16 [T, K] row stride as, row = token of the sorted pair;
-                      // else act bf16 [max_rows, K] row stride as, row = sorted row
-  int64_t as;
-  const uint16_t* w;           // bf16 [E, N_w, K] contiguous (N_w = 2N for SiLU, else N)
-  uint16_t* out;               // bf16 [max_rows, N] contiguous
-  const int32_t* sorted_pair;  // i32 [max_rows]
-  const int32_t* tile_expert;  // i32 [max_tiles]
-  const int32_t* num_tiles;    // i32 [1]
-  int N, K, k;                 // N: output columns (I for SiLU, H for down); k: top_k
-};
-
 // Grid: (max_tiles, ceil(N / (kSilu ? 128 : 256))); block: 2 warpgroups. Block (tile, nb): the tile's 64
 // sorted rows against 256 weight rows. SiLU: warpgroup g's 128 B rows are gate rows n0 + 64 g + [0, 64)
 // then the matching up rows, so each thread holds gate and up of the same act column (accumulator blocks j
@@ -43,7 +31,8 @@ struct GemmParams {
 // B's 256 x 8, 16-byte cp.async into the swizzled layout (chunk c of row r at c ^ (r % 8)); rows or k past
 // the ends, and padding rows (sorted_pair -1), are zero-filled. Writes every row of the tile.
 template <bool kSilu>
-__global__ void __launch_bounds__(kThreads) grouped_gemm_sm90_kernel(const __grid_constant__ GemmParams p) {
+__global__ void __launch_bounds__(kThreads)
+    grouped_gemm_sm90_kernel(const __grid_constant__ MoeProductParams p) {
 #ifdef KILN_SM90A
   const int tile = int(blockIdx.x);
   if (tile >= *p.num_tiles) return;
@@ -61,17 +50,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_sm90_kernel(const __gri
   const int chunk = tid % 8;
   const uint16_t* a_src[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = tid / 8 + 32 * i;
-    const uint16_t* src = nullptr;
-    if constexpr (kSilu) {
-      const int pair = p.sorted_pair[row0 + r];
-      if (pair >= 0) src = p.a + int64_t(pair / p.k) * p.as;
-    } else {
-      src = p.a + int64_t(row0 + r) * p.as;
-    }
-    a_src[i] = src;
-  }
+  for (int i = 0; i < 2; ++i) a_src[i] = moe_a_row<kSilu>(p, row0 + tid / 8 + 32 * i);
   const uint16_t* b_src[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -181,47 +160,24 @@ bool moe_grouped_gemm_sm90_applies() {
   });
 }
 
-void moe_grouped_gemm_sm90_launch(const uint16_t* x, int64_t xs, const uint16_t* gate_up,
-                                  const uint16_t* down, const MoeShape& s, const MoeBuffers& b,
-                                  cudaStream_t stream) {
+void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gate_up,
+                                  const MoeProductParams& down, cudaStream_t stream) {
   KILN_CHECK(moe_grouped_gemm_sm90_applies(), "moe grouped GEMM sm90: needs an sm_90 device and sm_90a code");
   static const bool attr_set = [] {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_sm90_kernel<true>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_sm90_kernel<false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    for (const void* k : {reinterpret_cast<const void*>(grouped_gemm_sm90_kernel<true>),
+                          reinterpret_cast<const void*>(grouped_gemm_sm90_kernel<false>)})
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
   }();
   const unsigned tiles = unsigned(s.max_tiles());
-  const GemmParams g{.a = x,
-                     .as = xs,
-                     .w = gate_up,
-                     .out = b.act,
-                     .sorted_pair = b.sorted_pair,
-                     .tile_expert = b.tile_expert,
-                     .num_tiles = b.num_tiles,
-                     .N = int(s.I),
-                     .K = int(s.H),
-                     .k = int(s.k)};
-  launch({.grid = dim3(tiles, unsigned((s.I + 127) / 128)),
-          .block = dim3(kThreads),
-          .smem = kSmem,
-          .stream = stream,
-          .smem_attr_set = attr_set},
-         grouped_gemm_sm90_kernel<true>, g);
-  GemmParams d = g;
-  d.a = b.act;
-  d.as = s.I;
-  d.w = down;
-  d.out = b.y;
-  d.N = int(s.H);
-  d.K = int(s.I);
-  launch({.grid = dim3(tiles, unsigned((s.H + kBN - 1) / kBN)),
-          .block = dim3(kThreads),
-          .smem = kSmem,
-          .stream = stream,
-          .smem_attr_set = attr_set},
-         grouped_gemm_sm90_kernel<false>, d);
+  LaunchCfg cfg{.grid = dim3(tiles, unsigned((s.I + 127) / 128)),
+                .block = dim3(kThreads),
+                .smem = kSmem,
+                .stream = stream,
+                .smem_attr_set = attr_set};
+  launch(cfg, grouped_gemm_sm90_kernel<true>, gate_up);
+  cfg.grid.y = unsigned((s.H + kBN - 1) / kBN);
+  launch(cfg, grouped_gemm_sm90_kernel<false>, down);
 }
 
 }  // namespace kiln::cuda

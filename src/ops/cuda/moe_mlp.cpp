@@ -58,18 +58,45 @@ MoeBuffers moe_scratch_layout(const MoeShape& s, void* base) {
   return carve(s, c);
 }
 
+MoeProductParams moe_gate_up_params(const uint16_t* x, int64_t xs, const uint16_t* gate_up, const MoeShape& s,
+                                    const MoeBuffers& b) {
+  return {.a = x,
+          .as = xs,
+          .w = gate_up,
+          .out = b.act,
+          .sorted_pair = b.sorted_pair,
+          .tile_expert = b.tile_expert,
+          .num_tiles = b.num_tiles,
+          .offsets = b.offsets,
+          .counts = b.counts,
+          .active = b.active,
+          .E = int(s.E),
+          .N = int(s.I),
+          .K = int(s.H),
+          .k = int(s.k)};
+}
+
+MoeProductParams moe_down_params(const uint16_t* down, const MoeShape& s, const MoeBuffers& b) {
+  MoeProductParams d = moe_gate_up_params(b.act, s.I, down, s, b);
+  d.out = b.y;
+  d.N = int(s.H);
+  d.K = int(s.I);
+  return d;
+}
+
 void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const uint16_t* gate_up,
                         const uint16_t* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream) {
   KILN_CHECK(s.H % 8 == 0 && s.I % 8 == 0, "moe_mlp: hidden ", s.H, " and moe_intermediate ", s.I,
              " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");
   if (s.T == 0) return;
+  const MoeProductParams g = moe_gate_up_params(x, xs, gate_up, s, b), d = moe_down_params(down, s, b);
   switch (kernel) {
     case MoeExpertKernel::gather_gemv:
-      return moe_gather_gemv_launch(x, xs, gate_up, down, s, b, stream);
+      return moe_gather_gemv_launch(s, g, d, stream);
     case MoeExpertKernel::grouped_gemm_sm90:
-      return moe_grouped_gemm_sm90_launch(x, xs, gate_up, down, s, b, stream);
+      return moe_grouped_gemm_sm90_launch(s, g, d, stream);
     case MoeExpertKernel::grouped_gemm:
-      return moe_grouped_gemm_launch(x, xs, gate_up, down, s, b, stream);
+      return moe_grouped_gemm_launch(s, g, d, stream);
   }
 }
 
