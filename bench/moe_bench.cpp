@@ -1,9 +1,9 @@
 // moe benchmark: the sparse MLP of Qwen3-30B-A3B (128 experts, top-8, hidden 2048, moe_intermediate 768) on
 // random weights and inputs (the router's logits then spread the tokens over the experts about uniformly):
-//   experts gather_gemv T = 1, 4, 8, 16, 64: the two GEMV launches alone on a routing made beforehand;
+//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand;
 //     bytes = the distinct experts that routing chose (read from the device) x 3 H I x 2; the floor is those
 //     bytes at the copy rate
-//   experts grouped_gemm(_sm90) T = 64, 512, 4096: the two grouped GEMM launches alone (mma.sync; wgmma
+//   experts grouped_gemm(_sm90) T = 8 .. 4096: the two grouped GEMM launches alone (mma.sync; wgmma
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
@@ -87,12 +87,12 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       r.path = buf;
       rows.push_back(r);
     };
-    if (T <= 64) {
+    if (T <= 128) {
       Row r{"moe", "experts gather_gemv", shape(T)};
       r.bytes = double(active) * expert_bytes + double(T * kK) * double(kH + kI) * 2 * 2;
       timed(r, experts(kc::MoeExpertKernel::gather_gemv));
     }
-    if (T >= 64) {
+    if (T >= 8) {
       Row r{"moe", "experts grouped_gemm", shape(T)};
       r.bytes = double(active) * expert_bytes + double(T * kK) * double(kH + kI) * 2 * 2;
       timed(r, experts(kc::MoeExpertKernel::grouped_gemm));
