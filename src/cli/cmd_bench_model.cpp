@@ -1,5 +1,5 @@
-// `kiln bench model [--shape qwen3-8b|qwen3-4b|qwen3-0.6b | --model DIR] [--context N] [--steps N]
-//                   [--prefill N] [--kv-dtype bf16|fp8] [--quantization none|fp8] [--page-size N]
+// `kiln bench model [--shape qwen3-8b|qwen3-4b|qwen3-0.6b|qwen3-30b-a3b | --model DIR] [--context N]
+//                   [--steps N] [--prefill N] [--kv-dtype bf16|fp8] [--quantization none|fp8] [--page-size N]
 //                   [--batch 8,32,128] [--no-breakdown]`
 // Whole-model timing on the GPU with random weights (generated on the device side of the loader):
 //   prefill: one prompt of --prefill tokens into an empty cache (median of 3), beside its floor
@@ -186,11 +186,18 @@ void bench_batch_decode(Qwen3Model& m, int32_t B, int32_t ctx, int32_t steps, in
       100.0 * floor_ms / tbest);
 }
 
-int64_t weight_bytes(const Qwen3Weights& w, bool tied) {
+// Bytes of weights a decode step of `batch` sequences reads: every dense weight, and of a sparse layer its
+// router plus the experts the batch is expected to choose under uniform routing, E (1 - (1 - k / E)^batch).
+int64_t weight_bytes(const Qwen3Weights& w, bool tied, int64_t batch = 1) {
   int64_t n = w.lm_head.nbytes() + w.final_norm.nbytes() + (tied ? 0 : w.embed.nbytes());
-  for (const auto& l : w.layers)
+  for (const auto& l : w.layers) {
     n += l.input_norm.nbytes() + l.qkv.nbytes() + l.q_norm.nbytes() + l.k_norm.nbytes() + l.o_proj.nbytes() +
          l.post_norm.nbytes() + l.gate_up.nbytes() + l.down.nbytes();
+    if (!l.moe.present()) continue;
+    const double E = double(l.moe.num_experts()), k = double(l.moe.top_k);
+    const double chosen = E * (1.0 - std::pow(1.0 - k / E, double(batch)));
+    n += l.moe.router.nbytes() + int64_t(chosen / E * double(l.moe.gate_up.nbytes() + l.moe.down.nbytes()));
+  }
   return n;
 }
 
@@ -453,9 +460,13 @@ int run_bench_model(const cli::Args& args) {
     KILN_CUDA_CHECK(cudaProfilerStop());
     const double ms = time_ms(3, [&] { m->forward(b, cache, tl); });
     const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_layers;
-    const double per_tok =
-        2.0 * double(L) *
-        double(H * (c.num_heads + 2 * c.num_kv_heads) * D + c.num_heads * D * H + 3 * H * I);
+    // A sparse layer's MLP: the router and its top-k experts' SwiGLU.
+    double per_tok = 0;
+    for (int64_t l = 0; l < L; ++l)
+      per_tok += 2.0 * double(H * (c.num_heads + 2 * c.num_kv_heads) * D + c.num_heads * D * H +
+                              (c.is_moe_layer(l) ? c.moe.num_experts * H + c.moe.num_experts_per_tok * 3 * H *
+                                                                               c.moe.moe_intermediate_size
+                                                 : 3 * H * I));
     const double attn =
         2.0 * 2.0 * double(L) * double(c.num_heads) * double(D) * double(prefill) * double(prefill) / 2;
     const double flops = per_tok * prefill + attn + 2.0 * double(H) * double(c.vocab_size);
@@ -509,9 +520,11 @@ int run_bench_model(const cli::Args& args) {
   if (f.has("batch"))
     for (int64_t B : cli::parse_int_list(f.str("batch"), "batch")) {
       KILN_CHECK(B <= 1024, "--batch ", B, " is too large (at most 1024)");
-      bench_batch_decode(*m, int32_t(B), ctx, steps, ps, cache.dtype(), wbytes, gbps);
+      bench_batch_decode(*m, int32_t(B), ctx, steps, ps, cache.dtype(),
+                         weight_bytes(m->weights(), c.tie_word_embeddings, B), gbps);
     }
-  if (!f.flag("no-breakdown")) breakdown(*m, cache, ctx, pages, ps);
+  // The per-op breakdown times the dense MLP's ops: not a MoE model's.
+  if (!f.flag("no-breakdown") && !c.has_moe_layers()) breakdown(*m, cache, ctx, pages, ps);
   return 0;
 }
 #else

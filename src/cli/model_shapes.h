@@ -1,5 +1,6 @@
 // Built-in Qwen3 model shapes for benchmarks and tuning without a checkpoint directory
-// (`--shape qwen3-8b | qwen3-4b | qwen3-0.6b`): the config.json values of those models, random weights.
+// (`--shape qwen3-8b | qwen3-4b | qwen3-0.6b | qwen3-30b-a3b`): the config.json values of those models,
+// random weights.
 #pragma once
 
 #include <string>
@@ -25,8 +26,16 @@ inline ModelConfig builtin_qwen3_shape(const std::string& name) {
     c.hidden_size = 2560, c.intermediate_size = 9728, c.num_layers = 36, c.num_heads = 32;
   } else if (name == "qwen3-0.6b") {
     c.hidden_size = 1024, c.intermediate_size = 3072, c.num_layers = 28, c.num_heads = 16;
+  } else if (name == "qwen3-30b-a3b") {  // Qwen3-30B-A3B: every layer sparse, 128 experts, top-8
+    c.architecture = "Qwen3MoeForCausalLM";
+    c.arch = ModelArch::qwen3_moe;
+    c.hidden_size = 2048, c.intermediate_size = 6144, c.num_layers = 48, c.num_heads = 32;
+    c.num_kv_heads = 4;
+    c.tie_word_embeddings = false;
+    c.moe.num_experts = 128, c.moe.num_experts_per_tok = 8, c.moe.moe_intermediate_size = 768;
+    c.moe.norm_topk_prob = true;
   } else {
-    KILN_FAIL("--shape: expected qwen3-8b, qwen3-4b or qwen3-0.6b, got '", name, "'");
+    KILN_FAIL("--shape: expected qwen3-8b, qwen3-4b, qwen3-0.6b or qwen3-30b-a3b, got '", name, "'");
   }
   return c;
 }

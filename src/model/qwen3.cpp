@@ -19,6 +19,17 @@
 #include "ops/stream.h"
 
 namespace kiln {
+namespace {
+
+// The sparse MLP's device scratch for a step of `tokens` rows (every sparse layer has one shape); 0 without
+// sparse layers or on the CPU.
+int64_t moe_scratch_bytes(const Qwen3Weights& w, const ModelConfig& c, int64_t tokens, Device device) {
+  for (const LayerWeights& lw : w.layers)
+    if (lw.moe.present()) return ops::moe_scratch_bytes(lw.moe, c.hidden_size, tokens, device);
+  return 0;
+}
+
+}  // namespace
 
 // Per-step activations and uploaded batch metadata on the model's device; buffers grow (doubling) to
 // the largest step seen, so steady-state steps allocate nothing.
@@ -43,6 +54,7 @@ struct Qwen3Model::Workspace {
     vis_deep,
     tp_partial,  // tensor parallelism: f32 [T, hidden] row-parallel partials (f32 reduce)
     tp_logits,   // tensor parallelism: f32 [tp, R, ceil(vocab / tp)] the LM head's all-gather
+    moe,         // the sparse MLP's device scratch (ops::moe_scratch_bytes); empty on the CPU
     num_slots
   };
   explicit Workspace(Device d) : device(d), bufs(num_slots), staged(d) {}
@@ -106,6 +118,7 @@ struct Qwen3Model::Workspace {
   Tensor rows_t;            // i32 [R]: the last batch's logit rows
   // Views made by stage() for launch_layers().
   Tensor ids_v, residual_v, normed_v, qkv_v, attn_v, tmp_v, gate_up_v, act_v, tp_partial_v, tp_logits_v;
+  Tensor moe_v;  // u8 [bytes]: moe_mlp's scratch for T tokens
   ops::AttnPrepArgs prep;
   ops::PagedAttentionArgs att;
   // The step's image-token rows (stage_visual): rows i32 [n], embeds bf16 [n, H], deep bf16 [L, n, H].
@@ -144,9 +157,7 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg_in, const 
   KILN_CHECK(cfg.arch == ModelArch::qwen3 || cfg.arch == ModelArch::qwen3_vl_text ||
                  cfg.arch == ModelArch::qwen3_embedding || cfg.arch == ModelArch::qwen3_moe,
              "unsupported architecture '", cfg.architecture, "'");
-  if (cfg.has_moe_layers()) {  // ops/moe.h: the sparse MLP has its CPU oracle only so far
-    KILN_CHECK(!opts.device.is_cuda(), cfg.architecture,
-               ": MoE layers run on the CPU backend only in this build (use --device cpu)");
+  if (cfg.has_moe_layers()) {  // ops/moe.h: CPU and CUDA, BF16 experts (the loader refuses FP8 ones)
     KILN_CHECK(!opts.tp || !opts.device.is_cuda(), cfg.architecture,
                ": tensor and expert parallelism of MoE layers run on the CPU backend only in this build");
   }
@@ -279,6 +290,8 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   w.final_hidden = normed;
   w.ids_v = ids, w.residual_v = residual, w.normed_v = normed, w.qkv_v = qkv, w.attn_v = attn, w.tmp_v = tmp;
   w.gate_up_v = gate_up, w.act_v = act;
+  if (const int64_t moe_bytes = moe_scratch_bytes(weights_, c, T, dev); moe_bytes > 0)
+    w.moe_v = Tensor(w.get(Workspace::moe, size_t(moe_bytes)), DType::u8, {moe_bytes}, dev);
   if (tp_) {
     if (tp_->reduce == dist::ReduceType::f32)
       w.tp_partial_v = Tensor(w.get(Workspace::tp_partial, size_t(T * H) * 4), DType::f32, {T, H}, dev);
@@ -374,7 +387,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
       }
       ops::linear(o_in, lw.o_proj, tmp);
       ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
-      ops::moe_mlp(normed, lw.moe, tmp);
+      ops::moe_mlp(normed, lw.moe, tmp, w.moe_v);
       pending = !last;  // the next QKV adds tmp and norms; after the last layer, the final norm here
       if (last) ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
       continue;
@@ -441,6 +454,8 @@ void Qwen3Model::reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_s
     if (tp_->reduce == dist::ReduceType::f32) w.get(Workspace::tp_partial, T * size_t(c.hidden_size) * 4);
     w.get(Workspace::tp_logits, size_t(tp_gathered_elems(*tp_, logit_rows)) * 4);
   }
+  if (const int64_t moe_bytes = moe_scratch_bytes(weights_, c, tokens, device()); moe_bytes > 0)
+    w.get(Workspace::moe, size_t(moe_bytes));
 }
 
 uint64_t Qwen3Model::workspace_generation() const {

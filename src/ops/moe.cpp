@@ -3,10 +3,14 @@
 #include "ops/checks.h"
 #include "ops/cpu/moe.h"
 
+#ifdef KILN_HAVE_CUDA
+#include "ops/cuda/moe_ops.h"
+#endif
+
 namespace kiln::ops {
 namespace {
 
-constexpr const char* kCpuOnly = "MoE layers run on the CPU backend only in this build";
+constexpr const char* kNoCuda = "kiln was built without CUDA: MoE layers run on the CPU backend";
 
 void check_route(const char* op, const Tensor& logits, int64_t top_k, const Tensor& experts,
                  const Tensor& weights) {
@@ -28,12 +32,22 @@ void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const T
                const Tensor& weights) {
   constexpr const char* op = "moe_route";
   check_route(op, logits, top_k, experts, weights);
-  KILN_CHECK(!logits.device.is_cuda(), op, ": ", kCpuOnly);
+  if (logits.device.is_cuda()) {
+#ifdef KILN_HAVE_CUDA
+    KILN_CHECK(logits.shape[1] <= 512, op, ": ", logits.shape[1],
+               " experts; the CUDA routing kernel takes at most 512");
+    cuda::moe_route(logits, top_k, norm_topk_prob, experts, weights);
+    return;
+#else
+    KILN_FAIL(op, ": ", kNoCuda);
+#endif
+  }
   cpu::moe_route(logits, top_k, norm_topk_prob, experts, weights);
 }
 
-void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
-  constexpr const char* op = "moe_mlp";
+namespace {
+
+void check_mlp(const char* op, const Tensor& x, const MoeWeights& w, const Tensor& out) {
   detail::check_matrix(op, "x", x, 2, DType::bf16);
   detail::check_matrix(op, "out", out, 2, out.dtype == DType::f32 ? DType::f32 : DType::bf16);
   detail::check_matrix(op, "router", w.router, 2, DType::bf16);
@@ -52,10 +66,55 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
              op, ": down ", w.down.describe(), " must be contiguous [", L, ", ", H, ", ", I, "]");
   KILN_CHECK(w.top_k >= 1 && w.top_k <= E, op, ": top_k ", w.top_k, " outside [1, ", E, "]");
   for (const Tensor* t : {&out, &w.router, &w.gate_up, &w.down}) detail::check_same_device(op, x, *t);
-  KILN_CHECK(!x.device.is_cuda(), op, ": ", kCpuOnly);
   KILN_CHECK(out.dtype == DType::bf16 || out.is_contiguous(), op, ": an f32 out must be contiguous, got ",
              out.describe());
+}
+
+}  // namespace
+
+int64_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t tokens, Device device) {
+  KILN_CHECK(tokens >= 0 && hidden >= 0, "moe_scratch_bytes: negative size");
+  if (!device.is_cuda() || !w.present()) return 0;
+#ifdef KILN_HAVE_CUDA
+  return int64_t(cuda::moe_scratch_bytes(w, hidden, tokens));
+#else
+  KILN_FAIL("moe_scratch_bytes: ", kNoCuda);
+#endif
+}
+
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
+  constexpr const char* op = "moe_mlp";
+  check_mlp(op, x, w, out);
+  KILN_CHECK(!x.device.is_cuda(), op, ": on CUDA it needs its scratch (moe_mlp with a scratch tensor)");
   cpu::moe_mlp(x, w, out);
+}
+
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tensor& scratch) {
+  constexpr const char* op = "moe_mlp";
+  check_mlp(op, x, w, out);
+  if (!x.device.is_cuda()) return cpu::moe_mlp(x, w, out);
+#ifdef KILN_HAVE_CUDA
+  const int64_t need = moe_scratch_bytes(w, x.shape[1], x.shape[0], x.device);
+  KILN_CHECK(scratch.device == x.device && scratch.is_contiguous() && scratch.nbytes() >= need, op,
+             ": scratch ", scratch.describe(), " must be a contiguous device buffer of at least ", need,
+             " bytes (moe_scratch_bytes) for ", x.shape[0], " tokens");
+  KILN_CHECK(w.num_experts() <= 512, op, ": ", w.num_experts(),
+             " experts; the CUDA routing kernel takes at most 512");
+  KILN_CHECK(out.dtype == DType::bf16 && w.expert_begin == 0 && w.local_experts() == w.num_experts() &&
+                 !w.split_intermediate,
+             op, ": a tensor- or expert-parallel rank's share runs on the CPU backend only in this build");
+  KILN_CHECK(x.shape[1] % 8 == 0 && w.intermediate() % 8 == 0, op, ": hidden ", x.shape[1],
+             " and moe_intermediate_size ", w.intermediate(),
+             " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");
+  const auto al16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  KILN_CHECK(al16(x) && al16(out) && al16(w.gate_up) && al16(w.down) && x.stride[0] % 8 == 0 &&
+                 out.stride[0] % 8 == 0,
+             op, ": x, out and the expert weights must be 16-byte aligned with row strides a multiple of 8");
+  cuda::moe_mlp(x, w, out, scratch.data, size_t(scratch.nbytes()));
+#else
+  (void)scratch;
+  KILN_FAIL(op, ": ", kNoCuda);
+#endif
 }
 
 }  // namespace kiln::ops

@@ -18,7 +18,7 @@
 //            +0), the division correctly rounded; else w_j = p_j
 //   weights[t, slot of j] = bf16(w_j)  rounding point (HF: routing_weights.to(hidden dtype))
 //   logits: bf16 [T, E], last stride 1;  experts: i32 [T, k] contiguous;  weights: bf16 [T, k] contiguous
-//   1 <= k <= E. Host (CPU) tensors only in this build.
+//   1 <= k <= E. CPU or CUDA tensors (CUDA: E <= 512).
 //
 // moe_mlp(x, w, out): out = the sparse MLP of x.
 //   logits = linear(x, w.router)                       bf16 [T, E] (ops/linear.h: one bf16 rounding)
@@ -46,8 +46,12 @@
 //   all-reduce): as above, the partial rounded.
 // Summation orders inside the GEMMs are linear's (tolerance for other backends, ops/linear.h); the routing
 // (experts, weights) from given logits and the final sum from given expert outputs are bitwise contracts.
-// CUDA: not implemented in this build: moe_mlp on a CUDA tensor throws ("MoE layers run on the CPU backend
-// only in this build"); Qwen3Model refuses a MoE checkpoint on --device cuda at load.
+// CUDA (src/ops/cuda/moe.h, moe_ops.h): moe_route bitwise the CPU's (E <= 512); moe_mlp with a device
+// scratch of moe_scratch_bytes (no allocation, no host synchronisation: capturable in a CUDA graph): the
+// router through linear, routing and the (token, expert) permutation on the device, the experts by a gather
+// GEMV (T <= 16) or a grouped tensor-core GEMM, each with the rounding points above (their sums in their own
+// order: linear's tolerance), then the final sum bitwise as above from the experts' bf16 outputs. Needs H
+// and I multiples of 8 and 16-byte aligned rows. BF16 experts only.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +77,13 @@ struct MoeWeights {
 
 void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
                const Tensor& weights);
+// The CPU backend (a CUDA tensor is refused: it needs the scratch below).
 void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out);
+// Either backend. scratch: u8, contiguous, on x's device, at least moe_scratch_bytes(w, H, T, device)
+// bytes (ignored on the CPU).
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tensor& scratch);
+// Device scratch bytes of moe_mlp for `tokens` rows of hidden size `hidden`: 0 on the CPU or when w is
+// empty.
+int64_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t tokens, Device device);
 
 }  // namespace kiln::ops

@@ -54,18 +54,20 @@ inline nlohmann::json load_hf_reference(const std::filesystem::path& fixture) {
   return f ? nlohmann::json::parse(f) : nlohmann::json();
 }
 
-// Runs `kiln generate --json --device cpu` (plus `extra` flags, e.g. --tp 2) on every case of the fixture
-// (expected_cases of them) and checks the greedy path (>= kHfMinGreedySteps equal) and the log-prob of each
-// common step against hf_step_bound.
+// Runs `kiln generate --json --device DEVICE` (cpu unless given; plus `extra` flags, e.g. --tp 2) on every
+// case of the fixture (expected_cases of them) and checks the greedy path (>= kHfMinGreedySteps equal) and
+// the log-prob of each common step against hf_step_bound.
 inline void check_hf_fixture_cli(const std::filesystem::path& fixture, size_t expected_cases,
-                                 const std::vector<std::string>& extra = {}) {
+                                 const std::vector<std::string>& extra = {},
+                                 const std::string& device = "cpu") {
   namespace fs = std::filesystem;
   using nlohmann::json;
   ASSERT_TRUE(fs::exists(kiln_bin())) << kiln_bin() << " does not exist: build the `kiln` target first";
   const json ref = load_hf_reference(fixture);
   ASSERT_TRUE(ref.contains("cases"));
   ASSERT_EQ(ref["cases"].size(), expected_cases);
-  const fs::path scratch = fs::temp_directory_path() / ("kiln_hf_parity_" + std::to_string(::getpid()));
+  const fs::path scratch =
+      fs::temp_directory_path() / ("kiln_hf_parity_" + device + "_" + std::to_string(::getpid()));
   fs::create_directories(scratch);
   const std::string name = fixture.filename().string();
   for (const json& c : ref["cases"]) {
@@ -77,7 +79,7 @@ inline void check_hf_fixture_cli(const std::filesystem::path& fixture, size_t ex
     for (size_t i = 0; i < prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(prompt[i]);
     SCOPED_TRACE(name + ", prompt of " + std::to_string(prompt.size()) + " tokens");
 
-    // The CPU oracle; GPU parity: tests/cuda.
+    // The CPU oracle by default; GPU parity: tests/cuda.
     std::vector<std::string> args = {"generate",
                                      "--model",
                                      fixture.string(),
@@ -87,7 +89,7 @@ inline void check_hf_fixture_cli(const std::filesystem::path& fixture, size_t ex
                                      std::to_string(want.size()),
                                      "--json",
                                      "--device",
-                                     "cpu"};
+                                     device};
     args.insert(args.end(), extra.begin(), extra.end());
     const KilnResult r = run_kiln(args, scratch);
     ASSERT_EQ(r.code, 0) << "kiln generate failed (exit " << r.code << "): " << r.err;

@@ -1,0 +1,131 @@
+// moe benchmark: the sparse MLP of Qwen3-30B-A3B (128 experts, top-8, hidden 2048, moe_intermediate 768) on
+// random weights and inputs (the router's logits then spread the tokens over the experts about uniformly):
+//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand;
+//     bytes = the distinct experts that routing chose (read from the device) x 3 H I x 2; the floor is those
+//     bytes at the copy rate
+//   experts grouped_gemm(_sm90) T = 8 .. 4096: the two grouped GEMM launches alone (mma.sync; wgmma
+//     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
+//   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
+//     engine: the matmul rate of this run that the grouped GEMM is held against
+//   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096
+// Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench/kernel_bench.h"
+#include "kiln/cuda_check.h"
+#include "kiln/tensor.h"
+#include "ops/cuda/context.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/gemm.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_ops.h"
+
+namespace kiln::bench {
+namespace {
+
+namespace kc = ::kiln::cuda;
+
+constexpr int64_t kE = 128, kK = 8, kH = 2048, kI = 768;
+
+struct MoeSetup {
+  Buffer router, gate_up, down;
+  ops::MoeWeights w;
+  explicit MoeSetup(cudaStream_t s)
+      : router(size_t(kE * kH) * 2, Device::cuda()),
+        gate_up(size_t(kE * 2 * kI * kH) * 2, Device::cuda()),
+        down(size_t(kE * kH * kI) * 2, Device::cuda()) {
+    kc::fill_random_bf16(router.data(), kE * kH, 1, 0.05f, 0.0f, s);
+    kc::fill_random_bf16(gate_up.data(), kE * 2 * kI * kH, 2, 0.03f, 0.0f, s);
+    kc::fill_random_bf16(down.data(), kE * kH * kI, 3, 0.03f, 0.0f, s);
+    w.router = Tensor(router.data(), DType::bf16, {kE, kH}, Device::cuda());
+    w.gate_up = Tensor(gate_up.data(), DType::bf16, {kE, 2 * kI, kH}, Device::cuda());
+    w.down = Tensor(down.data(), DType::bf16, {kE, kH, kI}, Device::cuda());
+    w.top_k = kK;
+    w.norm_topk_prob = true;
+  }
+};
+
+void run_moe(const Env& env, std::vector<Row>& rows) {
+  const kc::StreamScope scope(env.stream);
+  MoeSetup m(env.stream);
+  const double expert_bytes = double(3 * kH * kI) * 2;
+  const auto shape = [](int64_t T) { return "30B-A3B T=" + std::to_string(T) + " E=128 k=8 H=2048 I=768"; };
+  for (const int64_t T :
+       {int64_t(1), int64_t(4), int64_t(8), int64_t(16), int64_t(64), int64_t(512), int64_t(4096)}) {
+    const kc::MoeShape s{.T = T, .E = kE, .k = kK, .H = kH, .I = kI};
+    Buffer x(size_t(T * kH) * 2, Device::cuda()), out(size_t(T * kH) * 2, Device::cuda());
+    Buffer scratch(kc::moe_scratch_bytes(s), Device::cuda());
+    kc::fill_random_bf16(x.data(), T * kH, 10 + uint64_t(T), 1.0f, 0.0f, env.stream);
+    const Tensor xt(x.data(), DType::bf16, {T, kH}, Device::cuda());
+    const Tensor ot(out.data(), DType::bf16, {T, kH}, Device::cuda());
+    // A routing in the scratch, for the expert-only rows; its distinct experts for the bytes.
+    ops::cuda::moe_mlp(xt, m.w, ot, scratch.data(), scratch.bytes());
+    KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+    int32_t active = 0;
+    KILN_CUDA_CHECK(cudaMemcpy(&active, b.active + kE, 4, cudaMemcpyDeviceToHost));
+    const double flops = 2.0 * double(T * kK) * double(3 * kH * kI);
+    const auto experts = [&](kc::MoeExpertKernel k) {
+      return [&, k](int) {
+        kc::moe_experts_launch(k, static_cast<const uint16_t*>(x.data()), kH,
+                               static_cast<const uint16_t*>(m.gate_up.data()),
+                               static_cast<const uint16_t*>(m.down.data()), s, b, env.stream);
+      };
+    };
+    const auto timed = [&](Row r, const std::function<void(int)>& launch) {
+      launch(0);
+      KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+      if (T < 64)
+        time_graph_row(env, launch, 1, r);
+      else
+        r.us = time_cold_us(env, launch);
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%.0f TFLOP/s, %d experts", flops / (r.us * 1e-6) / 1e12, active);
+      r.path = buf;
+      rows.push_back(r);
+    };
+    if (T <= 128) {
+      Row r{"moe", "experts gather_gemv", shape(T)};
+      r.bytes = double(active) * expert_bytes + double(T * kK) * double(kH + kI) * 2 * 2;
+      timed(r, experts(kc::MoeExpertKernel::gather_gemv));
+    }
+    if (T >= 8) {
+      Row r{"moe", "experts grouped_gemm", shape(T)};
+      r.bytes = double(active) * expert_bytes + double(T * kK) * double(kH + kI) * 2 * 2;
+      timed(r, experts(kc::MoeExpertKernel::grouped_gemm));
+      if (kc::moe_grouped_gemm_sm90_applies()) {
+        r.variant = "experts grouped_gemm_sm90";
+        timed(r, experts(kc::MoeExpertKernel::grouped_gemm_sm90));
+      }
+    }
+    if (T == 4096) {  // the same FLOPs as two dense GEMMs through the engine (its tuned or heuristic tactic)
+      kc::GemmEngine& eng = kc::gemm_engine();
+      const int64_t M = T * kK;
+      Buffer a(size_t(M * kH) * 2, Device::cuda()), gu(size_t(M * 2 * kI) * 2, Device::cuda()),
+          y(size_t(M * kH) * 2, Device::cuda());
+      kc::fill_random_bf16(a.data(), M * kH, 5, 1.0f, 0.0f, env.stream);
+      Row r{"moe", "dense cublaslt", "M=" + std::to_string(M) + " [2I, H] then [H, I] (same FLOPs)"};
+      r.bytes = double(M * kH) * 2 * 2 + double(M * 2 * kI) * 2 * 2;
+      timed(r, [&](int) {
+        eng.run(a.data(), kH, m.gate_up.data(), kH, gu.data(), 2 * kI, M, 2 * kI, kH, kc::GemmOut::bf16,
+                env.stream);
+        eng.run(gu.data(), 2 * kI, m.down.data(), kI, y.data(), kH, M, kH, kI, kc::GemmOut::bf16, env.stream);
+      });
+    }
+    if (T == 1 || T == 8 || T == 64 || T == 4096) {
+      Row r{"moe", "mlp (route + experts + combine)", shape(T)};
+      r.bytes = double(active) * expert_bytes + double(kE * kH) * 2;
+      timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w, ot, scratch.data(), scratch.bytes()); });
+    }
+  }
+}
+
+}  // namespace
+
+KILN_KERNEL_BENCH("moe", "Qwen3-30B-A3B sparse MLP: gather GEMV, grouped GEMM, dense GEMMs of the same FLOPs",
+                  run_moe);
+
+}  // namespace kiln::bench

@@ -1,0 +1,78 @@
+// The sparse MLP's kernels (ops/moe.h is the contract): raw pointers, no engine headers. One step of
+// moe_mlp on the GPU is, on one stream and with no host synchronisation (capturable in a CUDA graph):
+//   1. moe_route_launch:    logits -> experts, weights (bitwise ops/moe.h) and, per 32-token chunk, each
+//                           pair's rank among the chunk's pairs of the same expert and the chunk's counts
+//   2. moe_permute_launch:  counts per expert, offsets padded to kMoeRowTile, the tile -> expert map, the
+//                           list of experts chosen by some token; then the sorted pair list (pair =
+//                           t * k + slot; -1 on padding rows) and its inverse. With one chunk (T <= 32, the
+//                           decode sizes) the route kernel does this itself and moe_permute_launch nothing.
+//   4. the experts: moe_grouped_gemm_launch (tensor cores, large batches) or moe_gather_gemv_launch (small
+//      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order)
+//   5. moe_combine_launch:  out[t] = bf16(sum over t's slots in ascending expert index of y * weight)
+// Rows of an expert are its pairs in ascending token order, so the layout is deterministic.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+constexpr int kMoeRowTile = 64;           // the grouped GEMM's row tile: each expert's rows padded to it
+constexpr int kMoeChunkTokens = 32;       // tokens of one routing block (one bit each of a 32-bit mask)
+constexpr int kMoeMaxExperts = 1024;      // the offsets kernel's block
+constexpr int kMoeRouteMaxExperts = 512;  // the route kernel keeps E / 32 logits per lane in registers
+
+// Device scratch of one moe_mlp call, carved by moe_scratch_layout from one buffer (moe_mlp.cpp).
+struct MoeBuffers {
+  uint16_t* logits;       // bf16 [T, E]
+  int32_t* experts;       // i32 [T, k]
+  uint16_t* weights;      // bf16 [T, k]
+  int32_t* rank;          // i32 [T * k]: the pair's rank among its chunk's pairs of the same expert
+  int32_t* chunk_counts;  // i32 [chunks, E]; rewritten by moe_permute_launch to each chunk's first row
+  int32_t* counts;        // i32 [E]
+  int32_t* offsets;       // i32 [E + 1]: padded start rows, offsets[E] = rows used
+  int32_t* tile_expert;   // i32 [max_tiles]
+  int32_t* num_tiles;     // i32 [1]
+  int32_t* active;        // i32 [E]: experts with a pair, ascending; then num_active at active[E]
+  int32_t* sorted_pair;   // i32 [max_rows]
+  int32_t* inverse;       // i32 [T * k]: the pair's row in sorted order
+  uint16_t* act;          // bf16 [max_rows, I]
+  uint16_t* y;            // bf16 [max_rows, H]
+};
+
+struct MoeShape {
+  int64_t T = 0, E = 0, k = 0, H = 0, I = 0;
+  int64_t chunks() const { return (T + kMoeChunkTokens - 1) / kMoeChunkTokens; }
+  // Sum over experts of ceil(count / tile) <= ceil(T k / tile) + min(E, T k).
+  int64_t max_tiles() const {
+    const int64_t pairs = T * k;
+    return (pairs + kMoeRowTile - 1) / kMoeRowTile + (E < pairs ? E : pairs);
+  }
+  int64_t max_rows() const { return max_tiles() * kMoeRowTile; }
+};
+
+// Bytes of scratch for shape s (every part 256-byte aligned) and the carving of `base` into MoeBuffers.
+size_t moe_scratch_bytes(const MoeShape& s);
+MoeBuffers moe_scratch_layout(const MoeShape& s, void* base);
+
+// 1. logits bf16 [T, E] (row stride ls) -> b.experts, b.weights, b.rank, b.chunk_counts.
+void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, bool norm_topk_prob,
+                      const MoeBuffers& b, cudaStream_t stream);
+// 2.
+void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
+
+// Which expert kernel (4): the mma.sync grouped GEMM (any sm_80+), the wgmma one (sm_90a), the gather GEMV.
+enum class MoeExpertKernel { grouped_gemm, grouped_gemm_sm90, gather_gemv };
+bool moe_grouped_gemm_sm90_applies();
+
+// 4, gate_up: act[row] = silu_and_mul(x[token of row] . gate_up[e]^T) for every sorted row of expert e.
+//   x bf16 [T, H] row stride xs; gate_up bf16 [E, 2I, H] contiguous.
+// 4, down: y[row] = bf16(act[row] . down[e]^T); down bf16 [E, H, I] contiguous.
+void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const uint16_t* gate_up,
+                        const uint16_t* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
+// 5. out bf16 [T, H] row stride os.
+void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,
+                        cudaStream_t stream);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,51 @@
+// The expert kernels behind moe_experts_launch (moe.h step 4), one unit each, and the parameters they all
+// take: internal to src/ops/cuda.
+#pragma once
+
+#include "ops/cuda/moe.h"
+
+namespace kiln::cuda {
+
+// One of step 4's two products: gate_up with SiLU-and-multiply (out = act, N = I, K = H, 2N weight rows an
+// expert) or down (out = y, N = H, K = I).
+struct MoeProductParams {
+  const uint16_t* a;  // gate_up: x bf16 [T, K] row stride as, read at the token of a sorted row's pair;
+                      // down: act bf16 [max_rows, K] row stride as, read at the sorted row
+  int64_t as;
+  const uint16_t* w;           // bf16 [E, N_w, K] contiguous
+  uint16_t* out;               // bf16 [max_rows, N] contiguous
+  const int32_t* sorted_pair;  // i32 [max_rows]
+  const int32_t* tile_expert;  // i32 [max_tiles]  (the grouped GEMMs)
+  const int32_t* num_tiles;    // i32 [1]
+  const int32_t* offsets;      // i32 [E + 1]      (the gather GEMV)
+  const int32_t* counts;       // i32 [E]
+  const int32_t* active;       // i32 [E + 1]
+  int E, N, K, k;              // k: top_k
+};
+MoeProductParams moe_gate_up_params(const uint16_t* x, int64_t xs, const uint16_t* gate_up, const MoeShape& s,
+                                    const MoeBuffers& b);
+MoeProductParams moe_down_params(const uint16_t* down, const MoeShape& s, const MoeBuffers& b);
+
+#ifdef __CUDACC__
+// The A row of sorted row `row`: for gate_up (kSilu) its pair's token row of x, nullptr on a padding row
+// (pair -1); for down its act row.
+template <bool kSilu>
+__device__ __forceinline__ const uint16_t* moe_a_row(const MoeProductParams& p, int row) {
+  if constexpr (kSilu) {
+    const int pair = p.sorted_pair[row];
+    return pair >= 0 ? p.a + int64_t(pair / p.k) * p.as : nullptr;
+  } else {
+    return p.a + int64_t(row) * p.as;
+  }
+}
+#endif
+
+void moe_grouped_gemm_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
+                             cudaStream_t stream);
+// sm_90a wgmma; only where moe_grouped_gemm_sm90_applies() (an sm_90 device running the build's sm_90a code).
+void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gate_up,
+                                  const MoeProductParams& down, cudaStream_t stream);
+void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
+                            cudaStream_t stream);
+
+}  // namespace kiln::cuda

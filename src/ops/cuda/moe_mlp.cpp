@@ -1,0 +1,170 @@
+// ops/moe.h on the GPU: the scratch carving and the sequence of moe.h's launches.
+#include <cstdlib>
+#include <cstring>
+
+#include "kiln/error.h"
+#include "ops/cuda/context.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_kernels.h"
+#include "ops/cuda/moe_ops.h"
+#include "ops/cuda/ops_cuda.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+// Walks the parts in MoeBuffers order; with base == nullptr it only sums their sizes.
+struct Carver {
+  char* base;
+  size_t used = 0;
+  template <typename T>
+  T* take(int64_t n) {
+    T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
+    used += (size_t(n) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    return p;
+  }
+};
+
+MoeBuffers carve(const MoeShape& s, Carver& c) {
+  MoeBuffers b{};
+  b.logits = c.take<uint16_t>(s.T * s.E);
+  b.experts = c.take<int32_t>(s.T * s.k);
+  b.weights = c.take<uint16_t>(s.T * s.k);
+  b.rank = c.take<int32_t>(s.T * s.k);
+  b.chunk_counts = c.take<int32_t>(s.chunks() * s.E);
+  b.counts = c.take<int32_t>(s.E);
+  b.offsets = c.take<int32_t>(s.E + 1);
+  b.tile_expert = c.take<int32_t>(s.max_tiles());
+  b.num_tiles = c.take<int32_t>(1);
+  b.active = c.take<int32_t>(s.E + 1);
+  b.sorted_pair = c.take<int32_t>(s.max_rows());
+  b.inverse = c.take<int32_t>(s.T * s.k);
+  b.act = c.take<uint16_t>(s.max_rows() * s.I);
+  b.y = c.take<uint16_t>(s.max_rows() * s.H);
+  return b;
+}
+
+}  // namespace
+
+size_t moe_scratch_bytes(const MoeShape& s) {
+  Carver c{nullptr};
+  carve(s, c);
+  return c.used;
+}
+
+MoeBuffers moe_scratch_layout(const MoeShape& s, void* base) {
+  Carver c{static_cast<char*>(base)};
+  return carve(s, c);
+}
+
+MoeProductParams moe_gate_up_params(const uint16_t* x, int64_t xs, const uint16_t* gate_up, const MoeShape& s,
+                                    const MoeBuffers& b) {
+  return {.a = x,
+          .as = xs,
+          .w = gate_up,
+          .out = b.act,
+          .sorted_pair = b.sorted_pair,
+          .tile_expert = b.tile_expert,
+          .num_tiles = b.num_tiles,
+          .offsets = b.offsets,
+          .counts = b.counts,
+          .active = b.active,
+          .E = int(s.E),
+          .N = int(s.I),
+          .K = int(s.H),
+          .k = int(s.k)};
+}
+
+MoeProductParams moe_down_params(const uint16_t* down, const MoeShape& s, const MoeBuffers& b) {
+  MoeProductParams d = moe_gate_up_params(b.act, s.I, down, s, b);
+  d.out = b.y;
+  d.N = int(s.H);
+  d.K = int(s.I);
+  return d;
+}
+
+void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const uint16_t* gate_up,
+                        const uint16_t* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream) {
+  KILN_CHECK(s.H % 8 == 0 && s.I % 8 == 0, "moe_mlp: hidden ", s.H, " and moe_intermediate ", s.I,
+             " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");
+  if (s.T == 0) return;
+  const MoeProductParams g = moe_gate_up_params(x, xs, gate_up, s, b), d = moe_down_params(down, s, b);
+  switch (kernel) {
+    case MoeExpertKernel::gather_gemv:
+      return moe_gather_gemv_launch(s, g, d, stream);
+    case MoeExpertKernel::grouped_gemm_sm90:
+      return moe_grouped_gemm_sm90_launch(s, g, d, stream);
+    case MoeExpertKernel::grouped_gemm:
+      return moe_grouped_gemm_launch(s, g, d, stream);
+  }
+}
+
+}  // namespace kiln::cuda
+
+namespace kiln::ops::cuda {
+namespace kc = ::kiln::cuda;
+namespace {
+
+kc::MoeShape shape_of(const MoeWeights& w, int64_t H, int64_t T) {
+  return {.T = T, .E = w.num_experts(), .k = w.top_k, .H = H, .I = w.intermediate()};
+}
+
+MoeExperts env_experts() {
+  static const MoeExperts e = [] {
+    const char* v = std::getenv("KILN_MOE_EXPERTS");
+    if (!v || !*v) return MoeExperts::by_rows;
+    if (std::strcmp(v, "gemm") == 0) return MoeExperts::grouped_gemm;
+    if (std::strcmp(v, "gemv") == 0) return MoeExperts::gather_gemv;
+    if (std::strcmp(v, "wgmma") == 0) return MoeExperts::grouped_gemm_sm90;
+    KILN_FAIL("KILN_MOE_EXPERTS must be gemm, wgmma or gemv, got '", v, "'");
+  }();
+  return e;
+}
+
+}  // namespace
+
+size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T) {
+  return kc::moe_scratch_bytes(shape_of(w, hidden, T));
+}
+
+void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
+               const Tensor& weights) {
+  const kc::MoeShape s{.T = logits.shape[0], .E = logits.shape[1], .k = top_k, .H = 8, .I = 8};
+  if (s.T == 0) return;
+  // The route kernel's chunk ranks and counts go to the thread's scratch (not read here).
+  kc::MoeBuffers b{};
+  b.experts = experts.ptr<int32_t>();
+  b.weights = static_cast<uint16_t*>(weights.data);
+  b.rank = static_cast<int32_t*>(kc::scratch(size_t(s.T * s.k + s.chunks() * s.E) * 4));
+  b.chunk_counts = b.rank + s.T * s.k;
+  kc::moe_route_launch(static_cast<const uint16_t*>(logits.data), logits.stride[0], s, norm_topk_prob, b,
+                       kc::current_stream());
+}
+
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scratch, size_t scratch_bytes,
+             MoeExperts experts) {
+  const int64_t T = x.shape[0], H = x.shape[1];
+  if (T == 0) return;
+  const kc::MoeShape s = shape_of(w, H, T);
+  const size_t need = kc::moe_scratch_bytes(s);
+  KILN_CHECK(scratch && scratch_bytes >= need, "moe_mlp: scratch of ", scratch_bytes, " bytes for ", T,
+             " tokens; it needs ", need);
+  const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch);
+  const cudaStream_t stream = kc::current_stream();
+  const Tensor logits(b.logits, DType::bf16, {T, s.E}, x.device);
+  linear(x, w.router, logits);
+  kc::moe_route_launch(b.logits, s.E, s, w.norm_topk_prob, b, stream);
+  kc::moe_permute_launch(s, b, stream);
+  if (experts == MoeExperts::by_rows) experts = env_experts();
+  if (experts == MoeExperts::by_rows)
+    experts = T <= kMoeGemvMaxTokens ? MoeExperts::gather_gemv : MoeExperts::grouped_gemm;
+  kc::moe_experts_launch(experts == MoeExperts::gather_gemv ? kc::MoeExpertKernel::gather_gemv
+                                                            : kc::MoeExpertKernel::grouped_gemm,
+                         static_cast<const uint16_t*>(x.data), x.stride[0],
+                         static_cast<const uint16_t*>(w.gate_up.data),
+                         static_cast<const uint16_t*>(w.down.data), s, b, stream);
+  kc::moe_combine_launch(s, b, static_cast<uint16_t*>(out.data), out.stride[0], stream);
+}
+
+}  // namespace kiln::ops::cuda
