@@ -35,7 +35,7 @@ std::vector<float> widen(const Checkpoint& ck, const std::string& name,
   const Tensor t = ck.get(name);
   KILN_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32, "EAGLE-3 draft: '", name,
              "' must be bf16 or f32, got ", t.describe());
-  KILN_CHECK(t.ndim == int(shape.size()) && std::equal(shape.begin(), shape.end(), t.shape),
+  KILN_CHECK(t.ndim == int(shape.size()) && std::equal(shape.begin(), shape.end(), t.shape.begin()),
              "EAGLE-3 draft: '", name, "' has shape ", t.describe());
   std::vector<float> out(size_t(t.numel()));
   if (t.dtype == DType::f32) {
@@ -212,8 +212,8 @@ void Eagle3Draft::forward(Eagle3Kv& kv, std::span<const int32_t> tokens, std::sp
     KILN_CHECK(tok >= 0 && tok < cfg_.vocab, "EAGLE-3: token ", tok, " out of range");
   out->assign(size_t(T * H), 0.0f);
   if (logits) logits->assign(size_t(T * Dv), 0.0f);
-  std::vector<float> x(size_t(2 * H)), q(size_t(Hq * D)), attn(size_t(Hq * D)), h(size_t(H)), xn(size_t(H));
-  std::vector<float> gate(size_t(I)), up(size_t(I)), mlp(size_t(H)), scores;
+  const size_t nH = static_cast<size_t>(H), nI = static_cast<size_t>(I), nQ = static_cast<size_t>(Hq * D);
+  std::vector<float> x(2 * nH), q(nQ), attn(nQ), h(nH), xn(nH), gate(nI), up(nI), mlp(nH), scores;
   const float scale = 1.0f / std::sqrt(float(D));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = kv.len;  // this row's rotary position and KV entry
