@@ -17,6 +17,7 @@ Exit status 0 when every configuration ran; 1 otherwise (the table still prints 
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -51,7 +52,7 @@ def make_prompts(heldout, count, chars):
     for path in files:
         text = read_text(path, chars)
         lines = text[:chars].splitlines()
-        if len(lines) < 8 or len("\n".join(lines)) < chars // 3:
+        if len(lines) < 4 or len("\n".join(lines)) < chars // 3:
             continue
         body = "\n".join(lines[:-1])  # whole lines only
         if len(edit) < count:
@@ -180,7 +181,8 @@ def main():
     for name, (_, metrics) in results.items():
         lines = [ln for ln in metrics.splitlines() if ln.startswith("kiln_spec_decode_") and "{" in ln]
         if lines:
-            print(f"\n{name} /metrics: " + "; ".join(ln.split("{")[0] + " " + ln.split()[-1] for ln in lines))
+            short = [re.sub(r'\{model_name="[^"]*",?', "{", ln).replace("{}", "") for ln in lines]
+            print(f"\n{name} /metrics: " + "; ".join(short))
     return 0 if ok and len(results) == len(configs) else 1
 
 
