@@ -1,6 +1,6 @@
 // `kiln bench model [--shape qwen3-8b|qwen3-4b|qwen3-0.6b|qwen3-30b-a3b | --model DIR] [--context N]
 //                   [--steps N] [--prefill N] [--kv-dtype bf16|fp8] [--quantization none|fp8] [--page-size N]
-//                   [--batch 8,32,128] [--no-breakdown]`
+//                   [--batch 8,32,128] [--verify-rows 4,8] [--no-breakdown]`
 // Whole-model timing on the GPU with random weights (generated on the device side of the loader):
 //   prefill: one prompt of --prefill tokens into an empty cache (median of 3), beside its floor
 //            FLOPs / the bf16 matmul rate measured in the same run (an 8192^3 cuBLASLt GEMM);
@@ -9,6 +9,8 @@
 //            rate measured in the same run (bytes read + written, as docs/PERF.md defines it);
 //   decode (graph): the same steps replayed from the decode CUDA graph, without and with PDL;
 //   --batch: decode of B sequences at --context, eager and from a B-sequence graph (serving's buckets);
+//   --verify-rows: speculative decoding's verify step of q rows (the last token and q - 1 drafts) at batch 1
+//            from its CUDA graph, beside the decode graph's step at the same context;
 //   breakdown: each op of one decode step as L graph-replayed calls (one per layer's weights, so no L2
 //            reuse of weights), median of 20 replays / L: kernel time plus the in-graph launch gap, each
 //            op captured without and with PDL between its calls.
@@ -184,6 +186,48 @@ void bench_batch_decode(Qwen3Model& m, int32_t B, int32_t ctx, int32_t steps, in
       "%.0f tok/s; floor %.3f ms ((%.2f GB weights + %.3f GB KV) / %.0f GB/s); %.0f%% of the floor\n",
       B, ctx, te, tg_plain, tg, B / (tbest * 1e-3), floor_ms, double(wbytes) / 1e9, kv_bytes / 1e9, gbps,
       100.0 * floor_ms / tbest);
+}
+
+// A verify step of speculative decoding at batch 1 (model/cuda_graph.h, rows_per_seq = q): q rows with logits
+// at each, replayed from its graph, beside the one-row decode graph at the same context (issue 47's targets:
+// <= 1.10x the decode step at q = 4, <= 1.25x at q = 8). The same rows every step: the same K/V rewritten.
+void bench_verify(Qwen3Model& m, int32_t q, int32_t ctx, int32_t steps, int32_t ps, DType kv) {
+  const ModelConfig& c = m.config();
+  constexpr int32_t warmups = 3;
+  const int32_t pages = (ctx + q + ps - 1) / ps;
+  KvCache cache(c, pages + 1, ps, ops::KvLayout::hnd, kv, Device::cuda());
+  Buffer lb(size_t(c.vocab_size) * 4, Device::cuda());
+  const Tensor one(lb.data(), DType::f32, {1, c.vocab_size}, Device::cuda());
+  for (int32_t s = 0; s < ctx - 1; s += 4096) {
+    BatchDesc b;
+    b.page_size = ps;
+    b.pages_stride = pages;
+    add_seq(b, s, std::min(4096, ctx - 1 - s), pages, 1, c.vocab_size);
+    m.forward(b, cache, one);
+  }
+  auto time_rows = [&](int32_t rows) {
+    CudaDecodeGraph g(m, cache, pages, 1, {}, true, rows);
+    BatchDesc b;
+    b.page_size = ps;
+    b.pages_stride = pages;
+    add_seq(b, ctx - 1, rows, pages, 1, c.vocab_size);
+    b.logit_rows.clear();
+    for (int32_t r = 0; r < rows; ++r) b.logit_rows.push_back(r);
+    std::vector<double> t;
+    for (int32_t i = 0; i < steps + warmups; ++i) {
+      const auto a = std::chrono::steady_clock::now();
+      g.step(b);
+      KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream())));
+      if (i >= warmups)
+        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    }
+    return median(t);
+  };
+  const double plain = time_rows(1), verify = time_rows(q);
+  std::printf(
+      "verify step, batch 1, %d rows at context %d (CUDA graph + PDL): %.3f ms vs the decode step's %.3f ms: "
+      "%.2fx; it pays when the mean acceptance length exceeds %.2f\n",
+      q, ctx, verify, plain, verify / plain, verify / plain);
 }
 
 // Bytes of weights a decode step of `batch` sequences reads: every dense weight, and of a sparse layer its
@@ -405,7 +449,7 @@ int bench_model_tp(const cli::Flags& f) {
 int run_bench_model(const cli::Args& args) {
   const cli::Flags f(args,
                      {"shape", "model", "context", "steps", "prefill", "kv-dtype", "page-size", "seed",
-                      "batch", "tp", "quantization"},
+                      "batch", "tp", "quantization", "verify-rows"},
                      {"no-breakdown"});
   KILN_CHECK(cuda_available(), "kiln bench model needs a CUDA GPU; none is visible");
   if (f.has("tp")) return bench_model_tp(f);  // --tp 1 too: the TP path with a one-rank NCCL group
@@ -430,7 +474,7 @@ int run_bench_model(const cli::Args& args) {
   // (sm_89+; KILN_FP8_DEQUANT=1 dequantizes them at load instead, for A/B): the weight-only FP8 GEMV for
   // M <= 8 where tuned, dequantize + the bf16 GEMM otherwise (model/fp8_weights.h).
   o.quantization = f.str("quantization", "none");
-  o.max_position = std::max(ctx + steps, prefill) + 16;
+  o.max_position = std::max(ctx + steps, prefill) + 80;  // + 80: --verify-rows up to 65 past the context
   const auto t0 = std::chrono::steady_clock::now();
   auto m = Qwen3Model::create(cfg, nullptr, o);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -522,6 +566,12 @@ int run_bench_model(const cli::Args& args) {
       KILN_CHECK(B <= 1024, "--batch ", B, " is too large (at most 1024)");
       bench_batch_decode(*m, int32_t(B), ctx, steps, ps, cache.dtype(),
                          weight_bytes(m->weights(), c.tie_word_embeddings, B), gbps);
+    }
+  if (f.has("verify-rows"))
+    for (int64_t q : cli::parse_int_list(f.str("verify-rows"), "verify-rows")) {
+      KILN_CHECK(q >= 2 && q <= 65, "--verify-rows ", q,
+                 " must be in [2, 65] (the last token and the drafts)");
+      bench_verify(*m, int32_t(q), ctx, steps, ps, cache.dtype());
     }
   // The per-op breakdown times the dense MLP's ops: not a MoE model's.
   if (!f.flag("no-breakdown") && !c.has_moe_layers()) breakdown(*m, cache, ctx, pages, ps);

@@ -15,22 +15,27 @@ namespace kiln {
 
 #ifdef KILN_HAVE_CUDA
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
-                                 Tensor logits, std::optional<bool> pdl)
-    : model_(model), cache_(cache), pages_stride_(pages_stride), num_seqs_(num_seqs) {
+                                 Tensor logits, std::optional<bool> pdl, int32_t rows_per_seq)
+    : model_(model),
+      cache_(cache),
+      pages_stride_(pages_stride),
+      num_seqs_(num_seqs),
+      rows_per_seq_(rows_per_seq) {
   KILN_CHECK(model.device().is_cuda() && cache.device() == model.device(),
              "CudaDecodeGraph needs the model and its KV cache on one CUDA device");
   KILN_CHECK(pages_stride > 0, "CudaDecodeGraph: pages_stride must be positive");
   KILN_CHECK(num_seqs > 0, "CudaDecodeGraph: num_seqs must be positive");
-  const int64_t V = model.config().vocab_size;
+  KILN_CHECK(rows_per_seq > 0, "CudaDecodeGraph: rows_per_seq must be positive");
+  const int64_t V = model.config().vocab_size, rows = int64_t(num_seqs) * rows_per_seq;
   if (logits.data) {
-    KILN_CHECK(logits.dtype == DType::f32 && logits.ndim == 2 && logits.shape[0] >= num_seqs &&
+    KILN_CHECK(logits.dtype == DType::f32 && logits.ndim == 2 && logits.shape[0] >= rows &&
                    logits.shape[1] == V && logits.stride[0] == V && logits.device == model.device(),
-               "CudaDecodeGraph: logits must be contiguous f32 [>= ", num_seqs, ", ", V, "] on ",
+               "CudaDecodeGraph: logits must be contiguous f32 [>= ", rows, ", ", V, "] on ",
                device_name(model.device()), ", got ", logits.describe());
-    logits_ = Tensor(logits.data, DType::f32, {num_seqs, V}, model.device());
+    logits_ = Tensor(logits.data, DType::f32, {rows, V}, model.device());
   } else {
-    logits_buf_ = Buffer(size_t(num_seqs) * size_t(V) * sizeof(float), model.device());
-    logits_ = logits_buf_.view(DType::f32, {num_seqs, V});
+    logits_buf_ = Buffer(size_t(rows) * size_t(V) * sizeof(float), model.device());
+    logits_ = logits_buf_.view(DType::f32, {rows, V});
   }
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
@@ -80,14 +85,16 @@ void CudaDecodeGraph::capture() {
 }
 
 Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
-  const int32_t B = num_seqs_;
+  const int32_t B = num_seqs_, q = rows_per_seq_, T = B * q;
   const int64_t R = int64_t(in.logit_rows.size());
-  KILN_CHECK(in.num_seqs() == B && in.num_tokens() == B && !in.mrope, "CudaDecodeGraph::step takes ", B,
-             " sequences of one new token each without M-RoPE, got ", in.num_seqs(), " sequences and ",
+  KILN_CHECK(in.num_seqs() == B && in.num_tokens() == T && !in.mrope, "CudaDecodeGraph::step takes ", B,
+             " sequences of ", q, " new tokens each without M-RoPE, got ", in.num_seqs(), " sequences and ",
              in.num_tokens(), " tokens", in.mrope ? " (M-RoPE)" : "");
   for (int32_t i = 0; i <= B; ++i)
-    KILN_CHECK(in.cu_q[size_t(i)] == i, "CudaDecodeGraph::step: sequence ", i - 1, " has not one new token");
-  KILN_CHECK(R <= B, "CudaDecodeGraph::step: ", R, " logit rows for ", B, " sequences");
+    KILN_CHECK(in.cu_q[size_t(i)] == i * q, "CudaDecodeGraph::step: sequence ", i - 1, " has not ", q,
+               " new tokens");
+  KILN_CHECK(R <= T, "CudaDecodeGraph::step: ", R, " logit rows for ", T, " tokens");
+  KILN_CHECK(!token_ids || q == 1, "CudaDecodeGraph::step: chained input tokens on a verify graph");
   for (int64_t r = 0; r < R; ++r)
     KILN_CHECK(in.logit_rows[size_t(r)] == r, "CudaDecodeGraph::step: logit_rows must be 0, 1, ..., R-1");
   KILN_CHECK(in.pages_stride <= pages_stride_, "CudaDecodeGraph: page table of ", in.pages_stride,
@@ -107,8 +114,8 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
   for (int32_t i = 0; i < B; ++i)
     std::copy_n(in.page_table.begin() + ptrdiff_t(i) * in.pages_stride, in.pages_stride,
                 b.page_table.begin() + ptrdiff_t(i) * pages_stride_);
-  b.logit_rows.resize(size_t(B));
-  for (int32_t i = 0; i < B; ++i) b.logit_rows[size_t(i)] = i;  // a fixed LM-head shape
+  b.logit_rows.resize(size_t(T));
+  for (int32_t i = 0; i < T; ++i) b.logit_rows[size_t(i)] = i;  // a fixed LM-head shape
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
   // A plain step waits for the graph's earlier replays, as every step did before the overlap schedule
   // (measured that way on the H200). A chained step (token_ids) must not: it is queued while its
@@ -118,6 +125,7 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
   {
     cuda::StreamScope scope(s);
     model_.stage(b, cache_);
+    if (q > 1) model_.drop_per_step_attention_bounds();  // a replay keeps the capture's
   }
   if (token_ids)
     KILN_CUDA_CHECK(cudaMemcpyAsync(model_.staged_token_ids(), token_ids, size_t(R) * sizeof(int32_t),
@@ -129,8 +137,12 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
 
 #else
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
-                                 Tensor, std::optional<bool>)
-    : model_(model), cache_(cache), pages_stride_(pages_stride), num_seqs_(num_seqs) {
+                                 Tensor, std::optional<bool>, int32_t rows_per_seq)
+    : model_(model),
+      cache_(cache),
+      pages_stride_(pages_stride),
+      num_seqs_(num_seqs),
+      rows_per_seq_(rows_per_seq) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 CudaDecodeGraph::~CudaDecodeGraph() = default;

@@ -12,6 +12,12 @@
 // sequences (runtime/model_runner.h pad_batch) produce logits nobody reads. Programmatic dependent launch
 // is fixed when the graph is constructed (the pdl argument), whatever ops/cuda/context.h's set_pdl says
 // when a later step recaptures.
+//
+// Verify steps (speculative decoding): with rows_per_seq = q >= 2 every sequence computes q positions (its
+// last token and its drafts, short ones filled to q with slot -1 rows) and the LM head runs over all
+// num_seqs * q rows. Every row then goes through the prefill attention kernel (min_q_len = q skips the decode
+// launch), whose launch shape depends on the token and sequence counts only, both fixed per graph. The fp8
+// cache's prefill staging is sized from each step's context lengths, so a verify graph runs without it.
 #pragma once
 
 #include <cstdint>
@@ -30,20 +36,23 @@ class CudaDecodeGraph {
   // batch size of every step. logits: where the LM head writes, f32 [>= num_seqs, vocab] on the device
   // (several graphs of one runner may share it); empty: the graph allocates its own. pdl: whether the
   // graph's launches use programmatic dependent launch; unset: the process's setting now (set_pdl).
+  // rows_per_seq: the new tokens of every sequence (1: decode; q >= 2: verify, logits [>= num_seqs * q]).
   CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs = 1,
-                  Tensor logits = {}, std::optional<bool> pdl = std::nullopt);
+                  Tensor logits = {}, std::optional<bool> pdl = std::nullopt, int32_t rows_per_seq = 1);
   ~CudaDecodeGraph();
   CudaDecodeGraph(const CudaDecodeGraph&) = delete;
   CudaDecodeGraph& operator=(const CudaDecodeGraph&) = delete;
 
-  // One decode step: b has num_seqs sequences of one new token each, logit_rows == {0, 1, ..., R-1}
-  // (R <= num_seqs: rows past R are padding), no M-RoPE, b.pages_stride <= the graph's (each row is
-  // padded). Returns f32 [R, vocab] logits on the device, valid until the next step of any graph sharing
-  // the buffer. The inputs' copies and the replay are queued on stream() after the host waited for the
-  // graph's earlier steps; token_ids: device memory holding the R rows' input tokens, copied over b.tokens
-  // on the stream (the overlap schedule's chained step: the previous step's draws), and no wait.
+  // One decode step: b has num_seqs sequences of one new token each (rows_per_seq each for a verify graph),
+  // logit_rows == {0, 1, ..., R-1} (R <= num_seqs * rows_per_seq: rows past R are padding), no M-RoPE,
+  // b.pages_stride <= the graph's (each row is padded). Returns f32 [R, vocab] logits on the device, valid
+  // until the next step of any graph sharing the buffer. The inputs' copies and the replay are queued on
+  // stream() after the host waited for the graph's earlier steps; token_ids: device memory holding the R
+  // rows' input tokens, copied over b.tokens on the stream (the overlap schedule's chained step: the previous
+  // step's draws), and no wait (decode graphs only).
   Tensor step(const BatchDesc& b, const int32_t* token_ids = nullptr);
   int captures() const { return captures_; }
+  int32_t rows_per_seq() const { return rows_per_seq_; }
   void* stream() const { return stream_; }
 
  private:
@@ -53,6 +62,7 @@ class CudaDecodeGraph {
   KvCache& cache_;
   int32_t pages_stride_;
   int32_t num_seqs_;
+  int32_t rows_per_seq_;
   Buffer logits_buf_;
   Tensor logits_;           // f32 [num_seqs, vocab]
   BatchDesc staged_;        // reused across steps: no per-step allocation of the re-laid page table

@@ -233,6 +233,10 @@ void* Qwen3Model::staged_token_ids() const {
   return ws_->ids_v.data;
 }
 
+void Qwen3Model::drop_per_step_attention_bounds() {
+  ws_->att.prefill_pages = 0;  // 0: unknown, no staging (ops/attention.h)
+}
+
 void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   const ModelConfig& c = cfg_;
   b.validate(c.vocab_size, cache.num_pages());

@@ -98,6 +98,9 @@ class Qwen3Model {
   void stage(const BatchDesc& batch, KvCache& cache);
   // The device copy of the staged batch's token ids (i32 [T]), valid until the next stage().
   void* staged_token_ids() const;
+  // Forgets the staged step's host bounds that change with its context lengths (the fp8 cache's prefill
+  // staging size), so launch_layers' launches hold for any step of the same shape: a verify graph.
+  void drop_per_step_attention_bounds();
   void launch_layers(KvCache& cache);
   // The LM head over the staged logit rows of the last step.
   void launch_lm_head(const Tensor& logits);

@@ -189,6 +189,9 @@ struct EngineOptions {
   uint64_t seed = 0;  // base for requests without a seed
   // Speculative decoding (src/spec/README.md): decode steps whose rows have drafts run as verify steps.
   spec::SpecOptions speculative;
+  // The off switch's step costs (spec/off_switch.h): null, the engine measures decode steps by the clock;
+  // tests give fixed seconds per step (verify: a verify step; seqs: its sequences) so none depends on timing.
+  std::function<double(bool verify, int32_t seqs)> spec_step_cost;
   // Tensor parallelism (runtime/tp_runner.h): tp ranks over all nodes, tp / nnodes GPUs (or CPU ranks) on
   // this node; SGLang's --tp, --nnodes, --node-rank and --dist-init-addr host:port (node 0's rendezvous).
   int tp = 1;

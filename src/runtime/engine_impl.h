@@ -18,6 +18,7 @@
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "spec/ngram_index.h"
+#include "spec/off_switch.h"
 
 namespace kiln {
 
@@ -122,7 +123,15 @@ struct Engine::Impl {
   // Speculative decoding (engine_spec.cpp): each request's n-gram index, and the verify step that replaces a
   // decode-only step whose rows have drafts (true: the step ran, events and all; false: nothing changed).
   std::unordered_map<RequestId, spec::NgramIndex> ngram;
-  bool spec_step(StepPlan& plan);
+  // t0: when the step began (the off switch's measure of a verify step runs from there).
+  bool spec_step(StepPlan& plan, Clock::time_point t0);
+  spec::SpecOffSwitch off_switch;
+  // A decode-only step of `seqs` sequences ended (plain or verify): its cost goes to the off switch.
+  void observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0, double tokens_per_seq);
+  static bool decode_only(const StepPlan& plan);
+  // Whether every row that wants a token is greedy with no logit processing or logprobs, on a runner that may
+  // sample on the device: the verify step then asks the runner for each position's greedy token only.
+  bool greedy_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const;
   std::vector<int32_t> verify_row(Live& L, const float* logits, std::span<const int32_t> draft) const;
   // The logprobs (and top alternatives) of a verify row's emitted tokens, when the request asks for them.
   std::vector<Draw> emitted_logprobs(const Live& L, const float* logits,

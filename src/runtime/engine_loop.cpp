@@ -176,7 +176,9 @@ void Engine::Impl::step() {
       counters.cached_tokens_total += L.cached_tokens;
     }
   }
-  if (spec_step(plan)) return;  // speculative decoding: a verify step instead (engine_spec.cpp)
+  if (spec_step(plan, t0)) return;  // speculative decoding: a verify step instead (engine_spec.cpp)
+  const bool spec_plain = opts.speculative.enabled() && decode_only(plan);
+  const int32_t spec_seqs = int32_t(plan.rows.size());
   bool need_logits = false, need_hidden = false, device_ok = device_sampling;
   int top_n = 0;
   for (int32_t r : plan.sample_rows) {
@@ -285,6 +287,7 @@ void Engine::Impl::step() {
     }
   }
   complete_step(plan, sampled, draws, need_hidden);
+  if (spec_plain) observe_decode_step(false, spec_seqs, t0, 1.0);
 }
 
 std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan& plan, uint64_t ahead) const {

@@ -91,9 +91,89 @@ BatchDesc verify_batch(const StepPlan& plan, const std::vector<std::vector<int32
   return b;
 }
 
+// The verify step as a verify graph runs it (ModelRunner::verify_graph_bucket): every row computes q = k + 1
+// positions, a row with fewer drafts filled to q with rows of token 0 and slot -1 (no KV written; their
+// logits are never read, and the causal mask keeps them out of the real rows' attention), logits at every
+// row, then padding sequences up to `bucket`. Only for decode-only plans whose rows all sample.
+BatchDesc uniform_verify_batch(const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+                               const KvPool& pool, int32_t q, int32_t bucket,
+                               std::vector<int32_t>* logit_base) {
+  BatchDesc b;
+  const int32_t ps = pool.page_size();
+  b.page_size = ps;
+  b.cu_q.assign(1, 0);
+  for (const StepRow& r : plan.rows) b.pages_stride = std::max(b.pages_stride, pool.pages_for(r.begin + q));
+  logit_base->assign(plan.rows.size(), -1);
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& r = plan.rows[i];
+    const Sequence& s = *r.seq;
+    const int32_t real = 1 + int32_t(drafts[i].size());
+    (*logit_base)[i] = b.cu_q.back();
+    for (int32_t j = 0; j < q; ++j) {
+      const int32_t pos = r.begin + j;
+      b.tokens.push_back(j == 0 ? s.tokens[size_t(pos)] : j < real ? drafts[i][size_t(j - 1)] : 0);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(j < real ? int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps : -1);
+      b.logit_rows.push_back(b.cu_q.back() + j);
+    }
+    b.cu_q.push_back(b.cu_q.back() + q);
+    b.kv_lens.push_back(r.begin + q);
+    b.seq_ids.push_back(s.id);
+    const int32_t used = pool.pages_for(r.begin + real);
+    for (int32_t p = 0; p < b.pages_stride; ++p)
+      b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
+  }
+  pad_batch(b, bucket, q);
+  return b;
+}
+
+// The verify graph's batch size for this plan, or 0 (then verify_batch): every row a sampling decode row
+// whose q positions stay within its sequence's limit.
+int32_t uniform_verify_bucket(const StepPlan& plan, const ModelRunner& runner, const KvPool& pool,
+                              int32_t q) {
+  int32_t stride = 0;
+  for (const StepRow& r : plan.rows) {
+    if (r.q_len != 1 || !r.samples || int64_t(r.begin) + q > int64_t(r.seq->max_len)) return 0;
+    stride = std::max(stride, pool.pages_for(r.begin + q));
+  }
+  return runner.verify_graph_bucket(int32_t(plan.rows.size()), q, stride);
+}
+
 }  // namespace
 
-bool Engine::Impl::spec_step(StepPlan& plan) {
+bool Engine::Impl::greedy_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const {
+  if (!device_sampling) return false;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (!wants[i]) continue;
+    const Live& L = live.at(plan.rows[i].seq->id);
+    const SamplingParams& sp = L.sampler->params();
+    if (sp.temperature > 0.0f || sp.return_logprob || sp.top_logprobs > 0 || L.sampler->processor().active())
+      return false;
+  }
+  return true;
+}
+
+bool Engine::Impl::decode_only(const StepPlan& plan) {
+  if (plan.rows.empty()) return false;
+  for (const StepRow& r : plan.rows)
+    if (r.q_len != 1 || !r.samples) return false;
+  return true;
+}
+
+void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0,
+                                       double tokens_per_seq) {
+  if (!opts.speculative.off_switch) return;
+  const double cost = opts.spec_step_cost ? opts.spec_step_cost(verify, seqs) : seconds(t0, Clock::now());
+  const int64_t before = off_switch.times_switched_off();
+  if (verify) {
+    off_switch.observe_verify(seqs, cost, tokens_per_seq);
+  } else {
+    off_switch.observe_plain(seqs, cost);
+  }
+  counters.spec.switched_off += off_switch.times_switched_off() - before;
+}
+
+bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   const spec::SpecOptions& so = opts.speculative;
   if (!so.enabled() || plan.empty() || pool_all_rows || !runner->config().mrope_section.empty()) return false;
   for (auto it = ngram.begin(); it != ngram.end();)
@@ -120,6 +200,9 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
     any = any || !drafts[i].empty();
   }
   if (!any) return false;
+  // The off switch: a decode-only step verifies only where verification measured faster at its batch size.
+  const bool measured = so.off_switch && decode_only(plan);
+  if (measured && !off_switch.should_verify(int32_t(B))) return false;
   // Pages for the drafts' positions from the free list only; a sequence drafts what they cover.
   for (size_t i = 0; i < B; ++i) {
     if (drafts[i].empty()) continue;
@@ -130,12 +213,22 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
   }
   const int64_t V = runner->config().vocab_size;
   std::vector<int32_t> logit_base;
-  BatchDesc batch = verify_batch(plan, drafts, *pool, &logit_base);
+  const int32_t q = so.num_draft_tokens + 1;
+  const int32_t bucket = uniform_verify_bucket(plan, *runner, *pool, q);
+  BatchDesc batch = bucket > 0 ? uniform_verify_batch(plan, drafts, *pool, q, bucket, &logit_base)
+                               : verify_batch(plan, drafts, *pool, &logit_base);
   runner->place_positions(batch);
   std::vector<float>& logits = logits_host;
+  // Greedy rows without logit processing or logprobs need only each position's greedy token: drawn on the
+  // device (CUDA), so only tokens come back, not [rows, vocab] logits.
+  std::vector<ModelRunner::SampledRow> device_tokens;
+  bool on_device = false;
   try {
     batch.validate(V, pool->num_pages());
-    runner->forward(batch, &logits, nullptr);
+    if (greedy_on_device(plan, wants))
+      on_device = runner->forward_sampled(
+          batch, std::vector<ModelRunner::RowSampling>(batch.logit_rows.size()), 0, &device_tokens);
+    if (!on_device) runner->forward(batch, &logits, nullptr);
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const std::exception& e) {
@@ -156,6 +249,13 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
     for (size_t i = size_t(i0); i < size_t(i1); ++i) {
       if (!wants[i]) continue;
       Live& L = live.at(plan.rows[i].seq->id);
+      if (on_device) {
+        const auto target = [&](size_t j) {
+          return spec::TargetPosition{device_tokens[size_t(logit_base[i]) + j].token, nullptr};
+        };
+        emitted[i] = spec::verify_chain(drafts[i], target, L.sampler->generator());
+        continue;
+      }
       const float* rows = logits.data() + size_t(logit_base[i]) * size_t(V);
       emitted[i] = verify_row(L, rows, drafts[i]);
       draws[i] = emitted_logprobs(L, rows, emitted[i]);
@@ -200,6 +300,14 @@ bool Engine::Impl::spec_step(StepPlan& plan) {
       if (!draws[i].empty()) draws[i].resize(emitted[i].size());  // cut after a stop, as the tokens were
       deliver_verified(id, emitted[i], draws[i]);
     }
+  }
+  if (measured) {  // after the events, as a plain step's cost is measured
+    int64_t tokens = 0, rows = 0;
+    for (size_t i = 0; i < B; ++i) {
+      tokens += int64_t(emitted[i].size());
+      rows += emitted[i].empty() ? 0 : 1;
+    }
+    if (rows > 0) observe_decode_step(true, int32_t(B), t0, double(tokens) / double(rows));
   }
   return true;
 }

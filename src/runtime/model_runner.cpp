@@ -5,7 +5,8 @@
 
 namespace kiln {
 
-void pad_batch(BatchDesc& batch, int32_t num_seqs) {
+void pad_batch(BatchDesc& batch, int32_t num_seqs, int32_t rows_per_seq) {
+  KILN_CHECK(rows_per_seq >= 1, "pad_batch: rows_per_seq must be positive");
   KILN_CHECK(num_seqs >= batch.num_seqs(), "pad_batch cannot shrink a batch");
   KILN_CHECK(!batch.mrope, "pad_batch: M-RoPE batches are not padded");
   if (batch.cu_q.empty()) batch.cu_q.push_back(0);
@@ -14,11 +15,13 @@ void pad_batch(BatchDesc& batch, int32_t num_seqs) {
     batch.pages_stride = 1;
   }
   while (batch.num_seqs() < num_seqs) {
-    batch.tokens.push_back(0);
-    batch.positions.push_back(0);
-    batch.slot_mapping.push_back(-1);
-    batch.cu_q.push_back(batch.cu_q.back() + 1);
-    batch.kv_lens.push_back(1);
+    for (int32_t j = 0; j < rows_per_seq; ++j) {
+      batch.tokens.push_back(0);
+      batch.positions.push_back(j);
+      batch.slot_mapping.push_back(-1);
+    }
+    batch.cu_q.push_back(batch.cu_q.back() + rows_per_seq);
+    batch.kv_lens.push_back(rows_per_seq);
     if (!batch.seq_ids.empty()) batch.seq_ids.push_back(0);
     batch.page_table.insert(batch.page_table.end(), size_t(batch.pages_stride), KvPool::kNullPage);
   }
@@ -29,6 +32,18 @@ bool is_graphable_decode(const BatchDesc& batch) {
   if (B == 0 || batch.num_tokens() != B || batch.mrope || batch.logit_rows.size() > size_t(B)) return false;
   for (int32_t i = 0; i <= B; ++i)
     if (batch.cu_q[size_t(i)] != i) return false;
+  for (size_t r = 0; r < batch.logit_rows.size(); ++r)
+    if (batch.logit_rows[r] != int32_t(r)) return false;
+  return true;
+}
+
+bool is_uniform_verify(const BatchDesc& batch, int32_t rows_per_seq) {
+  const int32_t B = batch.num_seqs();
+  if (B == 0 || rows_per_seq < 2 || batch.mrope || batch.num_tokens() != B * rows_per_seq ||
+      batch.logit_rows.size() > size_t(batch.num_tokens()))
+    return false;
+  for (int32_t i = 0; i <= B; ++i)
+    if (batch.cu_q[size_t(i)] != i * rows_per_seq) return false;
   for (size_t r = 0; r < batch.logit_rows.size(); ++r)
     if (batch.logit_rows[r] != int32_t(r)) return false;
   return true;

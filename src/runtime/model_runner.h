@@ -58,11 +58,24 @@ class ModelRunner {
     // slowed them by 9 % while the GEMVs prefetched W into L2 before the wait and let dependents launch only
     // at their end).
     int32_t pdl_min_batch = 1;
+    // Speculative decoding: k + 1, the positions each sequence of a verify step computes (0: no verify
+    // steps). The runner sizes its workspace for verify graphs of that width (verify_graph_bucket).
+    int32_t verify_rows_per_seq = 0;
   };
   virtual void prepare_graphs(const GraphPlan& /*plan*/) {}
   // CUDA-graph seam: the number of sequences to pad `batch` to (rows with slot -1, no logits, pointing
   // at KvPool::kNullPage), or 0 to run it eagerly as is. The engine pads with pad_batch() before forward.
   virtual int32_t graph_bucket(const BatchDesc& /*batch*/) const { return 0; }
+  // Verify steps of speculative decoding (runtime/engine_spec.cpp) in CUDA graphs: a step of num_seqs decode
+  // sequences that each compute rows_per_seq positions (its last token and its drafts; a row with fewer
+  // drafts filled to the width with rows whose slot is -1) with logits at every row (is_uniform_verify).
+  // Returns the number of sequences to pad such a step to (pad_batch with rows_per_seq) for a graph per
+  // (bucket, rows_per_seq), or 0: the engine then builds the step with each row's own length and runs it
+  // eagerly.
+  virtual int32_t verify_graph_bucket(int32_t /*num_seqs*/, int32_t /*rows_per_seq*/,
+                                      int32_t /*pages_stride*/) const {
+    return 0;
+  }
   // The positions the step's rows rotate by, set once the batch is formed and padded. Default: a model
   // with M-RoPE (Qwen3-VL) gets three equal text rows (BatchDesc::set_text_mrope).
   virtual void place_positions(BatchDesc& batch) const {
@@ -131,9 +144,15 @@ class ModelRunner {
   }
 };
 
-// Appends padding sequences until the batch has num_seqs of them: one token each (id 0, position 0,
-// slot -1), kv_len 1, page table all KvPool::kNullPage, no logit row. The cache write skips slot -1.
-void pad_batch(BatchDesc& batch, int32_t num_seqs);
+// Appends padding sequences until the batch has num_seqs of them: rows_per_seq tokens each (id 0, positions
+// 0 .. rows_per_seq - 1, slot -1), kv_len rows_per_seq, page table all KvPool::kNullPage, no logit row (but
+// in a verify step, rows_per_seq > 1, whose logit rows are every row: see is_uniform_verify). The cache write
+// skips slot -1.
+void pad_batch(BatchDesc& batch, int32_t num_seqs, int32_t rows_per_seq = 1);
+
+// Whether every sequence of `batch` has exactly rows_per_seq (>= 2) new tokens and the logit rows are 0, 1,
+// ..., R-1 (R <= the token count): the verify steps a CUDA graph per (bucket, rows_per_seq) can run.
+bool is_uniform_verify(const BatchDesc& batch, int32_t rows_per_seq);
 
 // Whether every sequence of `batch` has exactly one new token and the logit rows are 0, 1, ..., R-1
 // (R <= num_seqs): the decode-only steps a CUDA graph bucket can run, padded or not.

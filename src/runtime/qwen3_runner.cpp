@@ -116,10 +116,21 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   graph_widths_.push_back(plan.max_pages_per_seq);
   const int32_t top = graph_buckets_.back();
   const int32_t seqs = std::max(plan.max_seqs, top);
-  // Size the workspace for every step the scheduler may form first, so no later step reallocates it and
-  // forces the graphs to be captured again.
-  model_->reserve_workspace(std::max<int64_t>(plan.max_step_tokens, top), seqs, graph_widths_.back(), seqs);
+  graph_pdl_ = plan.pdl;
+  graph_pdl_min_batch_ = plan.pdl_min_batch;
+  verify_graphs_.clear();
+  verify_buckets_.clear();
+  verify_rows_ = plan.verify_rows_per_seq >= 2 ? plan.verify_rows_per_seq : 0;
+  if (verify_rows_ > 0)
+    for (int32_t b : graph_buckets_)
+      if (b <= kMaxVerifySeqs) verify_buckets_.push_back(b);
+  const int64_t verify_max = verify_buckets_.empty() ? 0 : int64_t(verify_buckets_.back()) * verify_rows_;
+  // Size the workspace for every step the scheduler may form first (and the verify steps), so no later step
+  // reallocates it and forces the graphs to be captured again.
+  model_->reserve_workspace(std::max<int64_t>({plan.max_step_tokens, top, verify_max}), seqs,
+                            graph_widths_.back(), std::max<int64_t>(seqs, verify_max));
   const int64_t V = config().vocab_size;
+  if (verify_max > 0) verify_logits_buf_ = Buffer(size_t(verify_max) * size_t(V) * sizeof(float), device());
   graph_logits_buf_ = Buffer(size_t(top) * size_t(V) * sizeof(float), device());
   const Tensor shared(graph_logits_buf_.data(), DType::f32, {top, V}, device());
   // Capture now, on steps of padding rows only (no K/V is written), so no serving step waits for one. Each
@@ -154,8 +165,32 @@ int32_t Qwen3Runner::graph_bucket(const BatchDesc& batch) const {
   return *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), batch.num_seqs());
 }
 
+int32_t Qwen3Runner::verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride) const {
+  if (verify_buckets_.empty() || rows_per_seq != verify_rows_ || num_seqs > verify_buckets_.back() ||
+      pages_stride > graph_widths_.back())
+    return 0;
+  return *std::lower_bound(verify_buckets_.begin(), verify_buckets_.end(), num_seqs);
+}
+
+CudaDecodeGraph* Qwen3Runner::verify_graph_for(const BatchDesc& batch) {
+  const int32_t B = batch.num_seqs();
+  if (!std::binary_search(verify_buckets_.begin(), verify_buckets_.end(), B)) return nullptr;
+  const auto w = std::lower_bound(graph_widths_.begin(), graph_widths_.end(), batch.pages_stride);
+  if (w == graph_widths_.end()) return nullptr;
+  std::unique_ptr<CudaDecodeGraph>& g = verify_graphs_[{B, *w}];
+  if (!g) {  // captured by its first step (CudaDecodeGraph::step)
+    const int64_t rows = int64_t(verify_buckets_.back()) * verify_rows_;
+    const Tensor shared(verify_logits_buf_.data(), DType::f32, {rows, config().vocab_size}, device());
+    g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, *w, B, shared,
+                                          graph_pdl_ && B >= graph_pdl_min_batch_, verify_rows_);
+  }
+  return g.get();
+}
+
 CudaDecodeGraph* Qwen3Runner::graph_for(const BatchDesc& batch) {
-  if (graph_buckets_.empty() || !is_graphable_decode(batch)) return nullptr;
+  if (graph_buckets_.empty()) return nullptr;
+  if (verify_rows_ > 0 && is_uniform_verify(batch, verify_rows_)) return verify_graph_for(batch);
+  if (!is_graphable_decode(batch)) return nullptr;
   if (!std::binary_search(graph_buckets_.begin(), graph_buckets_.end(), batch.num_seqs())) return nullptr;
   const auto w = std::lower_bound(graph_widths_.begin(), graph_widths_.end(), batch.pages_stride);
   if (w == graph_widths_.end()) return nullptr;

@@ -35,6 +35,10 @@ class Qwen3Runner : public ModelRunner {
   // embedding model captures none (it runs no LM head).
   void prepare_graphs(const GraphPlan& plan) override;
   int32_t graph_bucket(const BatchDesc& batch) const override;
+  // CUDA, plan.verify_rows_per_seq = q >= 2: verify steps of the plan's batch sizes up to kMaxVerifySeqs
+  // replay a graph per (bucket, page-table width) with q rows per sequence, captured at its first step.
+  int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride) const override;
+  static constexpr int32_t kMaxVerifySeqs = 32;
   // Qwen3-VL: plain positions (with each image request's offset) unless a row is an image pad, then three
   // M-RoPE rows (VlImages::text_positions).
   void place_positions(BatchDesc& batch) const override;
@@ -70,6 +74,7 @@ class Qwen3Runner : public ModelRunner {
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }
   int num_graphs() const { return int(graphs_.size()); }
+  int num_verify_graphs() const { return int(verify_graphs_.size()); }
 
  private:
   Tensor device_rows(Buffer& buf, int64_t rows, int64_t cols);  // f32 [rows, cols], grown on demand
@@ -77,6 +82,7 @@ class Qwen3Runner : public ModelRunner {
   // placed (plain, or M-RoPE rows with `visual` then holding the image rows); either way idempotent.
   const BatchDesc& with_images(const BatchDesc& batch, BatchDesc& local, VisualInput& visual);
   CudaDecodeGraph* graph_for(const BatchDesc& batch);  // null: run eagerly
+  CudaDecodeGraph* verify_graph_for(const BatchDesc& batch);
 
   std::unique_ptr<Qwen3Model> model_;
   std::unique_ptr<KvCache> cache_;
@@ -107,8 +113,14 @@ class Qwen3Runner : public ModelRunner {
   std::function<bool(uint64_t request)> abandoned_;
   std::vector<int32_t> graph_buckets_, graph_widths_;  // ascending; empty: no graphs
   Buffer graph_logits_buf_;                            // f32 [largest bucket, vocab], shared by the graphs
+  bool graph_pdl_ = false;                             // GraphPlan::pdl and pdl_min_batch, for verify graphs
+  int32_t graph_pdl_min_batch_ = 1;
+  int32_t verify_rows_ = 0;              // GraphPlan::verify_rows_per_seq (0: no verify graphs)
+  std::vector<int32_t> verify_buckets_;  // ascending
+  Buffer verify_logits_buf_;             // f32 [largest verify bucket * verify_rows_, vocab]
   // Declared last: destroyed first, while the model, cache and logits buffer they use still exist.
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>> graphs_;  // (bucket, width)
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>> verify_graphs_;
 };
 
 // The string options (device, load format, KV layout and dtype) parsed; errors name the bad value.

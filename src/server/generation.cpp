@@ -47,6 +47,7 @@ Delta OutputTracker::consume(const TokenEvent& e) {
   if (finished_) return d;
   if (e.prompt_tokens > 0) prompt_tokens_ = e.prompt_tokens;
   cached_tokens_ = e.cached_tokens;
+  spec_ = e.spec;
   const size_t n = e.ids.size();
   for (size_t i = 0; i < n && !finished_; ++i) {
     const int32_t id = e.ids[i];

@@ -73,6 +73,7 @@ class OutputTracker {
   int prompt_tokens() const { return prompt_tokens_; }
   int completion_tokens() const { return completion_tokens_; }
   int cached_tokens() const { return cached_tokens_; }
+  const spec::SpecRequestStats& spec() const { return spec_; }  // the engine's last count (TokenEvent::spec)
 
  private:
   void finish_text(Delta& d);
@@ -94,6 +95,7 @@ class OutputTracker {
   int prompt_tokens_;
   int completion_tokens_ = 0;
   int cached_tokens_ = 0;
+  spec::SpecRequestStats spec_;
 };
 
 }  // namespace kiln::server

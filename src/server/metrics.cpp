@@ -92,6 +92,27 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   w.counter("kiln_preemptions_total", "Requests preempted (pages freed, recomputed later).",
             double(s.preemptions));
   w.counter("kiln_engine_steps_total", "Engine steps run.", double(s.steps));
+  // Speculative decoding (spec/spec_stats.h), vLLM's series beside kiln's names (metrics_compat.cpp).
+  const spec::SpecStats& sp = s.spec;
+  w.counter("kiln_spec_decode_verify_steps_total", "Engine steps that verified drafts.",
+            double(sp.verify_steps));
+  w.counter("kiln_spec_decode_drafts_total", "Verify rows that carried at least one draft token.",
+            double(sp.drafts));
+  w.counter("kiln_spec_decode_draft_tokens_total", "Draft tokens verified.", double(sp.draft_tokens));
+  w.counter("kiln_spec_decode_accepted_tokens_total", "Draft tokens accepted.", double(sp.accepted_tokens));
+  w.header("kiln_spec_decode_accepted_tokens_per_pos_total", "counter",
+           "Drafts whose token at this position was accepted.");
+  for (size_t i = 0; i < sp.accepted_per_pos.size(); ++i)
+    w.sample("kiln_spec_decode_accepted_tokens_per_pos_total", double(sp.accepted_per_pos[i]),
+             "position=\"" + std::to_string(i) + "\"");
+  w.gauge("kiln_spec_decode_acceptance_rate", "Accepted / drafted tokens since start (0: none drafted).",
+          sp.acceptance_rate());
+  w.gauge("kiln_spec_decode_mean_acceptance_length",
+          "Tokens per verify row with drafts, the target's own included (0: none yet).",
+          sp.mean_acceptance_length());
+  w.counter("kiln_spec_decode_off_switch_total",
+            "Times the automatic off switch turned speculation off for a batch size.",
+            double(sp.switched_off));
   w.histogram("kiln_time_to_first_token_seconds", "Time from submission to the first token.", s.ttft);
   w.histogram("kiln_time_per_output_token_seconds", "Mean time per output token after the first.", s.tpot);
   w.histogram("kiln_e2e_request_latency_seconds", "Time from submission to the end of the request.", s.e2e);

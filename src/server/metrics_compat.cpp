@@ -10,7 +10,7 @@ namespace kiln::server {
 
 namespace {
 
-constexpr std::array<std::pair<std::string_view, std::string_view>, 13> kVllmNames = {{
+constexpr std::array<std::pair<std::string_view, std::string_view>, 17> kVllmNames = {{
     {"kiln_num_running_requests", "vllm:num_requests_running"},
     {"kiln_num_waiting_requests", "vllm:num_requests_waiting"},
     {"kiln_kv_usage_ratio", "vllm:kv_cache_usage_perc"},
@@ -24,6 +24,11 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 13> kVllmNam
     {"kiln_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"},
     {"kiln_time_per_output_token_seconds", "vllm:time_per_output_token_seconds"},
     {"kiln_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds"},
+    // vLLM's counters vllm:spec_decode_num_* as prometheus_client exposes them (with _total).
+    {"kiln_spec_decode_drafts_total", "vllm:spec_decode_num_drafts_total"},
+    {"kiln_spec_decode_draft_tokens_total", "vllm:spec_decode_num_draft_tokens_total"},
+    {"kiln_spec_decode_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"},
+    {"kiln_spec_decode_accepted_tokens_per_pos_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total"},
 }};
 
 // The metric name a line is about: after "# HELP " / "# TYPE ", else up to '{' or ' '.

@@ -221,6 +221,20 @@ static json sglang_logprob_list(const std::vector<TokenLogprob>& v, const TextCo
   return out;
 }
 
+namespace {
+// Speculative decoding, for a request that verified drafts: SGLang's spec_verify_ct (its verify passes with a
+// draft), kiln's draft and accepted token counts, and the accept length (1 + accepted / verify passes: the
+// tokens each pass gave, the target's own included).
+void append_spec_meta(json& meta, const OutputTracker& t) {
+  const spec::SpecRequestStats& s = t.spec();
+  if (s.verify_rows <= 0) return;
+  meta["spec_verify_ct"] = s.verify_rows;
+  meta["spec_draft_tokens"] = s.draft_tokens;
+  meta["spec_accepted_tokens"] = s.accepted_tokens;
+  meta["spec_accept_length"] = s.accept_length();
+}
+}  // namespace
+
 json generate_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
                        const TextCodec& codec, double e2e_seconds) {
   json finish = nullptr;
@@ -248,6 +262,7 @@ json generate_response(const ResponseCtx& c, const OutputTracker& t, const GenSp
     if (spec.top_logprobs > 0) meta["output_top_logprobs"] = tops;
   }
   if (spec.return_hidden && t.finished()) meta["hidden_states"] = json::array({t.hidden()});
+  append_spec_meta(meta, t);
   json out = {{"text", t.text()}, {"output_ids", t.output_ids()}, {"meta_info", meta}};
   if (spec.n > 1 || spec.batched) out["index"] = c.index;  // SGLang's parallel samples say which one they are
   return out;

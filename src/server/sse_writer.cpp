@@ -252,6 +252,17 @@ void append_generate_running(Frame& frame, const ResponseCtx& c, const OutputTra
   append_string(out, c.id);
   out += ",\"prompt_tokens\":";
   append_int(out, t.prompt_tokens());
+  if (const spec::SpecRequestStats& sp = t.spec();
+      sp.verify_rows > 0) {  // as responses.cpp's append_spec_meta
+    out += ",\"spec_accept_length\":";
+    append_double(out, sp.accept_length());
+    out += ",\"spec_accepted_tokens\":";
+    append_int(out, sp.accepted_tokens);
+    out += ",\"spec_draft_tokens\":";
+    append_int(out, sp.draft_tokens);
+    out += ",\"spec_verify_ct\":";
+    append_int(out, sp.verify_rows);
+  }
   out += "},\"output_ids\":";
   ids.append_array(frame, t.output_ids());
   out += ",\"text\":";

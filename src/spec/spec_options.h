@@ -21,6 +21,8 @@ struct SpecOptions {
   int32_t num_draft_tokens = 4;  // k, in [1, kMaxDraftTokens]
   int32_t ngram_min = 1;         // match window [ngram_min, ngram_max] (SGLang's defaults)
   int32_t ngram_max = 12;
+  // The automatic off switch (spec/off_switch.h): per batch size, verify only where it measures faster.
+  bool off_switch = true;
   bool enabled() const { return algorithm != SpecAlgorithm::none; }
 };
 

@@ -19,6 +19,7 @@ struct SpecStats {
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;  // [k]
+  int64_t switched_off = 0;               // times the off switch turned speculation off for a batch size
 
   // One verify row: `drafted` tokens proposed, the first `accepted` of them kept.
   void observe_row(int32_t drafted, int32_t accepted) {
@@ -43,6 +44,10 @@ struct SpecRequestStats {
       0;  // verify rows with a draft (vLLM's per-request num_drafts, SGLang's spec_verify_ct)
   int32_t draft_tokens = 0;
   int32_t accepted_tokens = 0;
+  // Tokens per verify row, the target's own included (0 before the first verify row).
+  double accept_length() const {
+    return verify_rows > 0 ? 1.0 + double(accepted_tokens) / double(verify_rows) : 0.0;
+  }
 };
 
 }  // namespace kiln::spec

@@ -224,9 +224,27 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
   s.ttft = Histogram::with_bounds({0.1, 1.0});
   s.ttft.observe(0.05);
   s.ttft.observe(0.5);
+  s.spec.observe_row(3, 2);
+  s.spec.observe_row(2, 0);
   ServerCounters c;
   const std::string kiln = render_metrics(s, c, "demo");
   const std::string v = vllm_metrics(kiln);
+  // Speculative decoding: vLLM's counters, the per-position one labelled by position.
+  EXPECT_NE(v.find("# TYPE vllm:spec_decode_num_drafts_total counter\n"
+                   "vllm:spec_decode_num_drafts_total{model_name=\"demo\"} 2\n"),
+            std::string::npos)
+      << v;
+  EXPECT_NE(v.find("vllm:spec_decode_num_draft_tokens_total{model_name=\"demo\"} 5\n"), std::string::npos);
+  EXPECT_NE(v.find("vllm:spec_decode_num_accepted_tokens_total{model_name=\"demo\"} 2\n"), std::string::npos);
+  EXPECT_NE(
+      v.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"demo\",position=\"0\"} 1\n"
+             "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"demo\",position=\"1\"} 1\n"
+             "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"demo\",position=\"2\"} 0\n"),
+      std::string::npos)
+      << v;
+  EXPECT_NE(kiln.find("kiln_spec_decode_acceptance_rate{model_name=\"demo\"} 0.4\n"), std::string::npos)
+      << kiln;
+  EXPECT_NE(kiln.find("kiln_spec_decode_mean_acceptance_length{model_name=\"demo\"} 2\n"), std::string::npos);
   EXPECT_NE(
       v.find("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"demo\"} 3\n"),
       std::string::npos)
@@ -248,7 +266,7 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
     EXPECT_EQ(std::count(order.begin(), order.end(), name), 0) << name;
     order.push_back(name);
   }
-  EXPECT_EQ(order.size(), 13u);
+  EXPECT_EQ(order.size(), 17u);
 }
 
 TEST(ResponsesStore, BoundedOldestFirst) {

@@ -189,11 +189,20 @@ TEST(SseWriter, CumulativeGenerateFramesMatchGenerateResponse) {
     for (size_t i = 0; i < reply.size(); ++i) {
       e.ids = {int32_t(uint8_t(reply[i]))};
       e.completion_tokens = int(i + 1);
+      if (i >= 4) e.spec = {int32_t(i / 4), int32_t(i), int32_t(i / 2)};  // speculative decoding's counts
       t.consume(e);
       const double e2e = 0.001 * double(i) + 1e-6;
       Frame out;
       sse::append_generate_running(out, c, t, n > 1, e2e, text, ids);
       ASSERT_EQ(out.str(), sse_frame(generate_response(c, t, spec, codec, e2e))) << i;
+      const json meta = generate_response(c, t, spec, codec, e2e)["meta_info"];
+      EXPECT_EQ(meta.contains("spec_verify_ct"), i >= 4) << i;
+      if (i >= 4) {
+        EXPECT_EQ(meta["spec_verify_ct"], int(i / 4));
+        EXPECT_EQ(meta["spec_draft_tokens"], int(i));
+        EXPECT_EQ(meta["spec_accepted_tokens"], int(i / 2));
+        EXPECT_DOUBLE_EQ(meta["spec_accept_length"].get<double>(), 1.0 + double(i / 2) / double(i / 4));
+      }
     }
   }
 }

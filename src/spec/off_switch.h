@@ -1,0 +1,66 @@
+// SpecOffSwitch: the automatic off switch of speculative decoding. Per batch-size class it keeps moving
+// estimates of what a decode step costs with and without verification and turns speculation off where it
+// loses, so it never makes a workload slower for long:
+//   plain    seconds of a plain decode step (one row per sequence)
+//   verify   seconds of a verify step (k + 1 rows per sequence)
+//   tokens   tokens a verify step gives per sequence (1 + accepted drafts: the acceptance length)
+// Speculation pays at a class while verify / tokens < plain (seconds per token). Both estimates need
+// min_samples observations before the switch decides; until then speculation stays as it is (on at first).
+// While off, one step in every probe_interval at that class verifies anyway, so a workload whose acceptance
+// grew is seen again; while on with too few plain observations, one step in eight runs plain to measure it.
+//
+// The switch only decides from the numbers it is given (observe_*): the engine feeds it measured step
+// times, and tests feed fixed ones (EngineOptions::spec_step_cost), so no test depends on timing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kiln::spec {
+
+struct OffSwitchOptions {
+  double alpha = 0.25;          // weight of a new observation in the moving averages
+  int32_t min_samples = 4;      // observations of each kind before a class decides
+  int32_t probe_interval = 64;  // steps between probes of the other mode
+};
+
+class SpecOffSwitch {
+ public:
+  explicit SpecOffSwitch(OffSwitchOptions o = {}) : o_(o) {}
+
+  // Whether the next decode step of `seqs` sequences (>= 1) with drafts should verify them. Counts the step
+  // toward the class's next probe.
+  bool should_verify(int32_t seqs);
+  void observe_plain(int32_t seqs, double seconds);
+  // tokens_per_seq: the tokens the step gave per sequence, the target's own included (>= 1).
+  void observe_verify(int32_t seqs, double seconds, double tokens_per_seq);
+
+  bool is_off(int32_t seqs) const;
+  int64_t times_switched_off() const { return switched_off_; }
+  // The class of a batch size: 1, 2, 3-4, 5-8, ... (powers of two) share estimates.
+  static size_t batch_class(int32_t seqs);
+
+ private:
+  struct Estimate {
+    double value = 0.0;
+    int32_t samples = 0;
+    void observe(double x, double alpha) {
+      value = samples == 0 ? x : value + alpha * (x - value);
+      ++samples;
+    }
+  };
+  struct Class {
+    Estimate plain, verify, tokens;
+    bool off = false;
+    int32_t since_probe = 0;
+  };
+  Class& at(int32_t seqs);
+  void decide(Class& c);
+
+  OffSwitchOptions o_;
+  std::vector<Class> classes_;
+  int64_t switched_off_ = 0;
+};
+
+}  // namespace kiln::spec

@@ -1,0 +1,138 @@
+// The off switch of speculative decoding (spec/off_switch.h) decides from fixed step costs: it turns
+// verification off for the batch sizes where seconds per token lose to plain decode, keeps it where they win,
+// probes both ways, and comes back on when a probe sees acceptance grow. Through the engine (FakeRunner,
+// injected costs via EngineOptions::spec_step_cost): a costly verify step turns itself off, a cheap one
+// stays.
+#include <gtest/gtest.h>
+
+#include "engine_test_util.h"
+#include "runtime/fake_runner.h"
+#include "spec/off_switch.h"
+
+namespace kiln {
+namespace {
+
+using spec::OffSwitchOptions;
+using spec::SpecOffSwitch;
+
+TEST(SpecOffSwitch, BatchClassesArePowersOfTwo) {
+  EXPECT_EQ(SpecOffSwitch::batch_class(1), 0u);
+  EXPECT_EQ(SpecOffSwitch::batch_class(2), 1u);
+  EXPECT_EQ(SpecOffSwitch::batch_class(3), 2u);
+  EXPECT_EQ(SpecOffSwitch::batch_class(4), 2u);
+  EXPECT_EQ(SpecOffSwitch::batch_class(5), 3u);
+  EXPECT_EQ(SpecOffSwitch::batch_class(32), 5u);
+  EXPECT_THROW(SpecOffSwitch::batch_class(0), Error);
+}
+
+// Feeds n steps of one kind at `seqs`: each asks the switch first, as the engine does, and is observed as
+// the kind the switch chose. Returns how many verified.
+int drive(SpecOffSwitch& s, int32_t seqs, int n, double plain, double verify, double tokens) {
+  int verified = 0;
+  for (int i = 0; i < n; ++i) {
+    if (s.should_verify(seqs)) {
+      s.observe_verify(seqs, verify, tokens);
+      ++verified;
+    } else {
+      s.observe_plain(seqs, plain);
+    }
+  }
+  return verified;
+}
+
+TEST(SpecOffSwitch, TurnsOffWhereVerifyLosesAndStaysOnWhereItWins) {
+  OffSwitchOptions o;
+  o.min_samples = 4;
+  o.probe_interval = 16;
+  SpecOffSwitch s(o);
+  // Batch 32: a verify step costs 3 plain steps and gives 2 tokens: 1.5 > 1 seconds per token.
+  for (int i = 0; i < 4; ++i) s.observe_plain(32, 1.0);
+  EXPECT_TRUE(s.should_verify(32)) << "on until both estimates have min_samples";
+  for (int i = 0; i < 3; ++i) s.observe_verify(32, 3.0, 2.0);
+  EXPECT_FALSE(s.is_off(32));
+  s.observe_verify(32, 3.0, 2.0);
+  EXPECT_TRUE(s.is_off(32));
+  EXPECT_EQ(s.times_switched_off(), 1);
+  // Off: one step in probe_interval verifies.
+  EXPECT_EQ(drive(s, 32, 64, 1.0, 3.0, 2.0), 4);
+  EXPECT_TRUE(s.is_off(32));
+  EXPECT_EQ(s.times_switched_off(), 1);
+  // Batch 1 is another class: 1.2 seconds for 2.5 tokens beats 1.0 per token.
+  EXPECT_FALSE(s.is_off(1));
+  for (int i = 0; i < 4; ++i) s.observe_plain(1, 1.0);
+  EXPECT_EQ(drive(s, 1, 64, 1.0, 1.2, 2.5), 64);
+  EXPECT_FALSE(s.is_off(1));
+  // Exactly break-even stays on (verify / tokens must exceed plain to lose).
+  for (int i = 0; i < 4; ++i) s.observe_plain(2, 1.0);
+  EXPECT_EQ(drive(s, 2, 8, 1.0, 2.0, 2.0), 8);
+  EXPECT_FALSE(s.is_off(2));
+}
+
+TEST(SpecOffSwitch, ProbesBringItBackWhenAcceptanceGrows) {
+  OffSwitchOptions o;
+  o.min_samples = 2;
+  o.probe_interval = 8;
+  o.alpha = 0.5;
+  SpecOffSwitch s(o);
+  for (int i = 0; i < 2; ++i) s.observe_plain(8, 1.0);
+  drive(s, 8, 4, 1.0, 2.0, 1.5);  // 1.33 per token: off
+  ASSERT_TRUE(s.is_off(8));
+  // The workload changes: 4 tokens per verify (0.5 per token). Probes see it and the class comes back on.
+  int steps = 0;
+  while (s.is_off(8) && steps < 200) {
+    drive(s, 8, 1, 1.0, 2.0, 4.0);
+    ++steps;
+  }
+  EXPECT_FALSE(s.is_off(8));
+  EXPECT_LE(steps, 3 * o.probe_interval) << "a few probes suffice";
+}
+
+TEST(SpecOffSwitch, MeasuresPlainStepsWhenNoneWereSeen) {
+  OffSwitchOptions o;
+  o.min_samples = 4;
+  SpecOffSwitch s(o);
+  // Every step had drafts, so no plain step was ever measured: one in eight runs plain.
+  const int verified = drive(s, 4, 4 + 32, 1.0, 1.5, 1.2);
+  EXPECT_LT(verified, 4 + 32);
+  EXPECT_TRUE(s.is_off(4)) << "1.5 / 1.2 > 1 once plain steps were measured";
+}
+
+// The engine with fixed costs: FakeRunner's drafts are right about a third of the time, so verify rows give
+// ~1.1 tokens at batch 1. At 10 plain steps per verify the switch turns speculation off; at 0.9 (a verify
+// step always worth its cost) it stays on. Greedy
+// outputs equal the reference either way. Requests run one at a time so the steps do not depend on timing.
+TEST(SpecOffSwitch, EngineTurnsCostlyVerificationOff) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back({1, 2, 0, 1, 2, 0, 1, 2, 0, int32_t(i % 3)});
+  for (const double verify_cost : {10.0, 0.9}) {
+    EngineOptions o = test::small_opts(4096, 4, 16);
+    o.speculative.algorithm = spec::SpecAlgorithm::ngram;
+    o.speculative.num_draft_tokens = 3;
+    o.speculative.ngram_max = 4;
+    o.spec_step_cost = [verify_cost](bool verify, int32_t) { return verify ? verify_cost : 1.0; };
+    Engine engine(std::make_unique<FakeRunner>(3), o);
+    test::Sink sink;
+    std::vector<RequestId> ids;
+    for (const auto& p : prompts) {  // one at a time: every step has batch 1, whatever the timing
+      ids.push_back(engine.submit(test::greedy(p, 200), sink.cb()));
+      sink.wait_finished(int(ids.size()));
+    }
+    const FakeRunner ref(3);
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_EQ(sink.tokens(ids[i]), ref.reference(prompts[i], 200, false));
+    const spec::SpecStats st = engine.stats().spec;
+    if (verify_cost > 5) {
+      EXPECT_GE(st.switched_off, 1);
+      EXPECT_LT(st.verify_steps, engine.stats().steps / 10)
+          << "off after the first measures, then only probes";
+    } else {
+      EXPECT_EQ(st.switched_off, 0);
+      EXPECT_GT(st.verify_steps, engine.stats().steps / 2);
+    }
+    std::printf("verify cost %.1f: %lld verify steps of %lld steps, switched off %lld times\n", verify_cost,
+                (long long)st.verify_steps, (long long)engine.stats().steps, (long long)st.switched_off);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
