@@ -16,6 +16,7 @@
 
 #include "bench/kernel_bench.h"
 #include "kiln/cuda_check.h"
+#include "kiln/error.h"
 #include "kiln/tensor.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
@@ -48,22 +49,22 @@ constexpr Proj kProjs[] = {
 constexpr int64_t kMs[] = {1024, 4096, 8192};
 
 // cuBLASLt D[N, M] (column-major, = out [M, N] row-major) = alpha * (a_scale * W) (b_scale * X)^T with W, X
-// e4m3, per-tensor scales on the device, bf16 D: the "TN" layout FP8 requires. The heuristic's first algo.
+// e4m3, per-tensor scales on the device, bf16 D: the "TN" layout FP8 requires. Up to 8 of the heuristic's
+// algos, the first that cuBLASLt accepts at run time is kept (the first alone was refused with
+// CUBLAS_STATUS_NOT_SUPPORTED on the H100, 2026-12-06).
 class LtFp8Gemm {
  public:
-  LtFp8Gemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, const float* scales, bool fast_accum,
-            size_t workspace_bytes)
+  LtFp8Gemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, const float* a_scale, const float* b_scale,
+            bool fast_accum, size_t workspace_bytes)
       : lt_(lt) {
     KILN_LT_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
     KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
     KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
-    const float* sa = scales;
-    const float* sb = scales + 1;
-    KILN_LT_CHECK(
-        cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
-    KILN_LT_CHECK(
-        cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                 sizeof(a_scale)));
+    KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                 sizeof(b_scale)));
     const int8_t fast = fast_accum ? 1 : 0;
     KILN_LT_CHECK(
         cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
@@ -74,11 +75,10 @@ class LtFp8Gemm {
     KILN_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     KILN_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &workspace_bytes, sizeof(workspace_bytes)));
-    int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, desc_, a_, b_, d_, d_, pref, 1, &heur_, &found);
+    if (cublasLtMatmulAlgoGetHeuristic(lt_, desc_, a_, b_, d_, d_, pref, kAlgos, heur_, &found_) !=
+        CUBLAS_STATUS_SUCCESS)
+      found_ = 0;
     KILN_LT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    ok_ = st == CUBLAS_STATUS_SUCCESS && found > 0;
   }
   ~LtFp8Gemm() {
     cublasLtMatrixLayoutDestroy(a_);
@@ -88,19 +88,32 @@ class LtFp8Gemm {
   }
   LtFp8Gemm(const LtFp8Gemm&) = delete;
   LtFp8Gemm& operator=(const LtFp8Gemm&) = delete;
-  bool ok() const { return ok_; }
-  void run(const void* w, const void* x, void* out, void* ws, size_t ws_bytes, cudaStream_t s) const {
+  int algos() const { return found_; }
+  // One matmul with the kept algo; the first call tries the heuristic's algos in order and keeps the first
+  // accepted. Returns cuBLASLt's status (the last refusal when none was accepted).
+  cublasStatus_t run(const void* w, const void* x, void* out, void* ws, size_t ws_bytes, cudaStream_t s) {
     const float alpha = 1.0f, beta = 0.0f;
-    KILN_LT_CHECK(cublasLtMatmul(lt_, desc_, &alpha, w, a_, x, b_, &beta, out, d_, out, d_, &heur_.algo, ws,
-                                 ws_bytes, s));
+    const auto matmul = [&](int i) {
+      return cublasLtMatmul(lt_, desc_, &alpha, w, a_, x, b_, &beta, out, d_, out, d_, &heur_[i].algo, ws,
+                            ws_bytes, s);
+    };
+    if (chosen_ >= 0) return matmul(chosen_);
+    cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+    for (int i = 0; i < found_; ++i)
+      if ((st = matmul(i)) == CUBLAS_STATUS_SUCCESS) {
+        chosen_ = i;
+        break;
+      }
+    return st;
   }
 
  private:
+  static constexpr int kAlgos = 8;
   cublasLtHandle_t lt_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
-  cublasLtMatmulHeuristicResult_t heur_{};
-  bool ok_ = false;
+  cublasLtMatmulHeuristicResult_t heur_[kAlgos] = {};
+  int found_ = 0, chosen_ = -1;
 };
 
 std::string config_name(const kc::Fp8GemmConfig& c) {
@@ -126,9 +139,11 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
   KILN_LT_CHECK(cublasLtCreate(&lt));
   const size_t lt_ws_bytes = size_t(32) << 20;
   Buffer lt_ws(lt_ws_bytes, dev);
-  const std::vector<float> ones = {1.0f, 1.0f};
-  Buffer scales(8, dev);
-  copy_bytes(scales.data(), dev, ones.data(), Device::cpu(), 8);
+  // The two per-tensor scales (1.0), each on its own 16-byte boundary.
+  const std::vector<float> ones(8, 1.0f);
+  Buffer scales(32, dev);
+  copy_bytes(scales.data(), dev, ones.data(), Device::cpu(), 32);
+  const float* a_scale = static_cast<const float*>(scales.data());
   struct Summary {
     std::string shape;
     double ours = 0, ours_all = 0, lt_fp8 = 0, lt_fp8_fast = 0, lt_bf16 = 0, flops = 0;
@@ -165,11 +180,17 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
       sm.flops = 2.0 * double(M) * double(N) * double(K);
       const double fp8_bytes = double(M * K + N * K) + double(M * N) * 2;
       const int64_t wsb = kc::fp8_gemm_workspace_bytes(M, K);
+      // A row timed, or (a launch refused: kiln::Error) kept with its reason and no time.
       const auto time_row = [&](Row r, const std::function<void(int)>& launch) {
-        launch(0);  // eager first call: lazy module loading, plans
-        KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
-        r.us = time_cold_us(env, launch);
-        r.path = (r.path.empty() ? "" : r.path + ", ") + tflops_text(sm.flops, r.us);
+        try {
+          launch(0);  // eager first call: lazy module loading, plans
+          KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+          r.us = time_cold_us(env, launch);
+          r.path = (r.path.empty() ? "" : r.path + ", ") + tflops_text(sm.flops, r.us);
+        } catch (const Error& e) {
+          r.us = 0;
+          r.path = std::string("not run: ") + e.what();
+        }
         rows.push_back(r);
         return r.us;
       };
@@ -185,7 +206,7 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
               kc::fp8_gemm_quantized(wq.data(), K, static_cast<const float*>(ws8.data()), out.data(), N, M, N,
                                      K, ws.data(), wsb, cfg, env.stream);
             });
-        if (sm.ours == 0 || us < sm.ours) sm.ours = us, best = cfg;
+        if (us > 0 && (sm.ours == 0 || us < sm.ours)) sm.ours = us, best = cfg;
       }
       sm.best = config_name(best);
       sm.ours_all = time_row(Row{"fp8_gemm", "kiln quantize+gemm", shape, 0, -1,
@@ -196,15 +217,21 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
                              });
       // cuBLASLt FP8, per-tensor scales (the quantized activations of our workspace as its B operand).
       for (const bool fast : {false, true}) {
-        LtFp8Gemm g(lt, M, N, K, static_cast<const float*>(scales.data()), fast, lt_ws_bytes);
+        LtFp8Gemm g(lt, M, N, K, a_scale, a_scale + 4, fast, lt_ws_bytes);
         const std::string variant = fast ? "cublaslt fp8 fast-accum" : "cublaslt fp8";
-        if (!g.ok()) {
-          rows.push_back(Row{"fp8_gemm", variant, shape, 0, -1, fp8_bytes, "not run: no cuBLASLt algorithm"});
+        const auto run = [&] {
+          return g.run(wq.data(), ws.data(), out.data(), lt_ws.data(), lt_ws_bytes, env.stream);
+        };
+        const cublasStatus_t st = run();  // picks the algo
+        if (st != CUBLAS_STATUS_SUCCESS) {
+          rows.push_back(Row{"fp8_gemm", variant, shape, 0, -1, fp8_bytes,
+                             "not run: cublasLtMatmul status " + std::to_string(int(st)) + " with each of " +
+                                 std::to_string(g.algos()) + " heuristic algos"});
           continue;
         }
-        (fast ? sm.lt_fp8_fast : sm.lt_fp8) = time_row(
-            Row{"fp8_gemm", variant, shape, 0, -1, fp8_bytes, "per-tensor scales"},
-            [&](int) { g.run(wq.data(), ws.data(), out.data(), lt_ws.data(), lt_ws_bytes, env.stream); });
+        (fast ? sm.lt_fp8_fast : sm.lt_fp8) =
+            time_row(Row{"fp8_gemm", variant, shape, 0, -1, fp8_bytes, "per-tensor scales"},
+                     [&](int) { KILN_LT_CHECK(run()); });
       }
       sm.lt_bf16 = time_row(
           Row{"fp8_gemm", "cublaslt bf16", shape, 0, -1, double(M * K + N * K + M * N) * 2, ""}, [&](int) {
