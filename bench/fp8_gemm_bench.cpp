@@ -1,0 +1,238 @@
+// fp8_gemm benchmark: the W8A8 block-FP8 GEMM (ops/cuda/fp8_gemm.h) on the Qwen3-4B projections at M = 1024,
+// 4096, 8192, beside cuBLASLt's FP8 GEMM with per-tensor scales (e4m3 x e4m3, bf16 out: the tensor cores'
+// ceiling for FP8 with the scaling outside the K loop; with and without its fast accumulation) and the bf16
+// cuBLASLt GEMM (the engine's tactic or heuristic). Rows: our GEMM alone on quantized activations, in every
+// config; the quantizer alone; both as fp8_gemm runs them (best config). Cold L2 before every sample (the
+// inputs fit in the L2, so each sample reads them from HBM once). A TFLOP/s table (2 M N K / time) follows.
+// KILN_GEMM_BENCH_ONLY=TEXT keeps the shapes containing TEXT, as in gemm_bench.cpp.
+#include <cublasLt.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "bench/kernel_bench.h"
+#include "kiln/cuda_check.h"
+#include "kiln/tensor.h"
+#include "ops/cuda/context.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/fp8_gemm.h"
+#include "ops/cuda/gemm.h"
+
+namespace kiln::bench {
+namespace {
+
+namespace kc = ::kiln::cuda;
+
+#define KILN_LT_CHECK(expr)                                                              \
+  do {                                                                                   \
+    const cublasStatus_t st_ = (expr);                                                   \
+    KILN_CHECK(st_ == CUBLAS_STATUS_SUCCESS, #expr " failed: cublas status ", int(st_)); \
+  } while (0)
+
+bool selected(const std::string& shape) {
+  const char* v = std::getenv("KILN_GEMM_BENCH_ONLY");
+  return !v || !*v || shape.find(v) != std::string::npos;
+}
+
+struct Proj {
+  const char* name;
+  int64_t n, k;
+};
+// Qwen3-4B: hidden 2560, QKV 4096 + 2 x 1024, intermediate 9728 (gate_up 2 x 9728).
+constexpr Proj kProjs[] = {
+    {"qkv", 6144, 2560}, {"o", 2560, 4096}, {"gate_up", 19456, 2560}, {"down", 2560, 9728}};
+constexpr int64_t kMs[] = {1024, 4096, 8192};
+
+// cuBLASLt D[N, M] (column-major, = out [M, N] row-major) = alpha * (a_scale * W) (b_scale * X)^T with W, X
+// e4m3, per-tensor scales on the device, bf16 D: the "TN" layout FP8 requires. The heuristic's first algo.
+class LtFp8Gemm {
+ public:
+  LtFp8Gemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, const float* scales, bool fast_accum,
+            size_t workspace_bytes)
+      : lt_(lt) {
+    KILN_LT_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+    KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+    const float* sa = scales;
+    const float* sb = scales + 1;
+    KILN_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+    KILN_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    const int8_t fast = fast_accum ? 1 : 0;
+    KILN_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
+    KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), k));
+    KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16BF, uint64_t(n), uint64_t(m), n));
+    cublasLtMatmulPreference_t pref;
+    KILN_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    KILN_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_bytes, sizeof(workspace_bytes)));
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt_, desc_, a_, b_, d_, d_, pref, 1, &heur_, &found);
+    KILN_LT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    ok_ = st == CUBLAS_STATUS_SUCCESS && found > 0;
+  }
+  ~LtFp8Gemm() {
+    cublasLtMatrixLayoutDestroy(a_);
+    cublasLtMatrixLayoutDestroy(b_);
+    cublasLtMatrixLayoutDestroy(d_);
+    cublasLtMatmulDescDestroy(desc_);
+  }
+  LtFp8Gemm(const LtFp8Gemm&) = delete;
+  LtFp8Gemm& operator=(const LtFp8Gemm&) = delete;
+  bool ok() const { return ok_; }
+  void run(const void* w, const void* x, void* out, void* ws, size_t ws_bytes, cudaStream_t s) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    KILN_LT_CHECK(cublasLtMatmul(lt_, desc_, &alpha, w, a_, x, b_, &beta, out, d_, out, d_, &heur_.algo, ws,
+                                 ws_bytes, s));
+  }
+
+ private:
+  cublasLtHandle_t lt_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
+  cublasLtMatmulHeuristicResult_t heur_{};
+  bool ok_ = false;
+};
+
+std::string config_name(const kc::Fp8GemmConfig& c) {
+  return "n" + std::to_string(c.tile_n) + " s" + std::to_string(c.stages) +
+         (c.persistent ? " persistent" : " grid") +
+         (c.cluster > 1 ? " cluster" + std::to_string(c.cluster) : "") + (c.tma_store ? " tma-store" : "");
+}
+
+std::string tflops_text(double flops, double us) {
+  char b[48];
+  std::snprintf(b, sizeof(b), "%.0f TFLOP/s", flops / (us * 1e-6) / 1e12);
+  return b;
+}
+
+void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
+  const Device dev = Device::cuda();
+  if (!kc::fp8_gemm_supported(128, 128, 128, 128, 128, 128)) {
+    rows.push_back(Row{"fp8_gemm", "kiln", "-", 0, -1, 0, "not run: needs an sm_90 GPU with sm_90a code"});
+    return;
+  }
+  kc::GemmEngine& eng = kc::gemm_engine();
+  cublasLtHandle_t lt;
+  KILN_LT_CHECK(cublasLtCreate(&lt));
+  const size_t lt_ws_bytes = size_t(32) << 20;
+  Buffer lt_ws(lt_ws_bytes, dev);
+  const std::vector<float> ones = {1.0f, 1.0f};
+  Buffer scales(8, dev);
+  copy_bytes(scales.data(), dev, ones.data(), Device::cpu(), 8);
+  struct Summary {
+    std::string shape;
+    double ours = 0, ours_all = 0, lt_fp8 = 0, lt_fp8_fast = 0, lt_bf16 = 0, flops = 0;
+    std::string best;
+  };
+  std::vector<Summary> table;
+  for (const Proj& pj : kProjs) {
+    const int64_t N = pj.n, K = pj.k, Mmax = kMs[std::size(kMs) - 1];
+    bool any = false;
+    for (const int64_t M : kMs)
+      any = any || selected(std::string("4B ") + pj.name + " M=" + std::to_string(M));
+    if (!any) continue;
+    // bf16 x and W for the bf16 GEMM; e4m3 W (the values do not change the time).
+    Buffer x(size_t(Mmax * K) * 2, dev), w16(size_t(N * K) * 2, dev), wq(size_t(N * K), dev),
+        ws8(size_t((N + 127) / 128 * ((K + 127) / 128)) * 4, dev), out(size_t(Mmax * N) * 2, dev);
+    kc::fill_random_bf16(x.data(), Mmax * K, 1, 1.0f, 0.0f, env.stream);
+    kc::fill_random_bf16(w16.data(), N * K, 2, 0.05f, 0.0f, env.stream);
+    {
+      // e4m3 codes with the top exponent bit clear (|w| < 2: finite, never NaN), scales 2^-8.
+      std::vector<uint8_t> h(size_t(N * K));
+      uint32_t r = 12345;
+      for (auto& b : h) b = uint8_t(((r = r * 1664525u + 1013904223u) >> 24) & 0xbf);
+      copy_bytes(wq.data(), dev, h.data(), Device::cpu(), h.size());
+      std::vector<float> s(ws8.bytes() / 4, 1.0f / 256);
+      copy_bytes(ws8.data(), dev, s.data(), Device::cpu(), ws8.bytes());
+    }
+    const int64_t ws_bytes = kc::fp8_gemm_workspace_bytes(Mmax, K);
+    Buffer ws(size_t(ws_bytes), dev);
+    for (const int64_t M : kMs) {
+      const std::string shape = std::string("4B ") + pj.name + " M=" + std::to_string(M) +
+                                " N=" + std::to_string(N) + " K=" + std::to_string(K);
+      if (!selected(shape)) continue;
+      Summary sm{shape};
+      sm.flops = 2.0 * double(M) * double(N) * double(K);
+      const double fp8_bytes = double(M * K + N * K) + double(M * N) * 2;
+      const int64_t wsb = kc::fp8_gemm_workspace_bytes(M, K);
+      const auto time_row = [&](Row r, const std::function<void(int)>& launch) {
+        launch(0);  // eager first call: lazy module loading, plans
+        KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+        r.us = time_cold_us(env, launch);
+        r.path = (r.path.empty() ? "" : r.path + ", ") + tflops_text(sm.flops, r.us);
+        rows.push_back(r);
+        return r.us;
+      };
+      // The quantizer alone, then our GEMM on its output in every config.
+      const double q_us =
+          time_row(Row{"fp8_gemm", "quantize_act", shape, 0, -1, double(M * K) * 3, ""},
+                   [&](int) { kc::fp8_quantize_act(x.data(), K, M, K, ws.data(), wsb, env.stream); });
+      (void)q_us;
+      kc::Fp8GemmConfig best{};
+      for (const kc::Fp8GemmConfig& cfg : kc::kFp8GemmConfigs) {
+        const double us =
+            time_row(Row{"fp8_gemm", "kiln " + config_name(cfg), shape, 0, -1, fp8_bytes, ""}, [&](int) {
+              kc::fp8_gemm_quantized(wq.data(), K, static_cast<const float*>(ws8.data()), out.data(), N, M, N,
+                                     K, ws.data(), wsb, cfg, env.stream);
+            });
+        if (sm.ours == 0 || us < sm.ours) sm.ours = us, best = cfg;
+      }
+      sm.best = config_name(best);
+      sm.ours_all = time_row(Row{"fp8_gemm", "kiln quantize+gemm", shape, 0, -1,
+                                 fp8_bytes + double(M * K) * 2, config_name(best)},
+                             [&](int) {
+                               kc::fp8_gemm(x.data(), K, wq.data(), K, static_cast<const float*>(ws8.data()),
+                                            out.data(), N, M, N, K, ws.data(), wsb, best, env.stream);
+                             });
+      // cuBLASLt FP8, per-tensor scales (the quantized activations of our workspace as its B operand).
+      for (const bool fast : {false, true}) {
+        LtFp8Gemm g(lt, M, N, K, static_cast<const float*>(scales.data()), fast, lt_ws_bytes);
+        const std::string variant = fast ? "cublaslt fp8 fast-accum" : "cublaslt fp8";
+        if (!g.ok()) {
+          rows.push_back(Row{"fp8_gemm", variant, shape, 0, -1, fp8_bytes, "not run: no cuBLASLt algorithm"});
+          continue;
+        }
+        (fast ? sm.lt_fp8_fast : sm.lt_fp8) = time_row(
+            Row{"fp8_gemm", variant, shape, 0, -1, fp8_bytes, "per-tensor scales"},
+            [&](int) { g.run(wq.data(), ws.data(), out.data(), lt_ws.data(), lt_ws_bytes, env.stream); });
+      }
+      sm.lt_bf16 = time_row(
+          Row{"fp8_gemm", "cublaslt bf16", shape, 0, -1, double(M * K + N * K + M * N) * 2, ""}, [&](int) {
+            eng.run(x.data(), K, w16.data(), K, out.data(), N, M, N, K, kc::GemmOut::bf16, env.stream);
+          });
+      table.push_back(sm);
+    }
+  }
+  KILN_LT_CHECK(cublasLtDestroy(lt));
+  std::printf("\nfp8_gemm TFLOP/s (2 M N K / median time, cold L2; %s)\n", env.device_name.c_str());
+  std::printf(
+      "| shape | kiln gemm | best config | kiln quantize+gemm | cuBLASLt fp8 | cuBLASLt fp8 fast | cuBLASLt "
+      "bf16 |\n");
+  std::printf("| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  const auto tf = [](double flops, double us) { return us > 0 ? flops / (us * 1e-6) / 1e12 : 0.0; };
+  for (const Summary& s : table)
+    std::printf("| %s | %.0f | %s | %.0f | %.0f | %.0f | %.0f |\n", s.shape.c_str(), tf(s.flops, s.ours),
+                s.best.c_str(), tf(s.flops, s.ours_all), tf(s.flops, s.lt_fp8), tf(s.flops, s.lt_fp8_fast),
+                tf(s.flops, s.lt_bf16));
+  std::printf("\n");
+}
+
+}  // namespace
+
+KILN_KERNEL_BENCH(
+    "fp8_gemm",
+    "W8A8 block-FP8 GEMM (Qwen3-4B projections, M 1024 / 4096 / 8192) vs cuBLASLt FP8 per-tensor "
+    "and bf16",
+    run_fp8_gemm);
+
+}  // namespace kiln::bench

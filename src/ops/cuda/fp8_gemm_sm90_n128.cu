@@ -1,0 +1,12 @@
+// The FP8 GEMM kernel (fp8_gemm_sm90.cuh) with 128-column tiles, in each of its configs (stages, cluster
+// size, epilogue); one unit per tile width, so the units compile in parallel.
+#include "ops/cuda/fp8_gemm_sm90.cuh"
+
+namespace kiln::cuda::fp8_gemm_sm90 {
+
+KILN_FP8_GEMM_INSTANCE(, 128, 6, 1, false)
+KILN_FP8_GEMM_INSTANCE(, 128, 6, 2, false)
+KILN_FP8_GEMM_INSTANCE(, 128, 5, 1, true)
+KILN_FP8_GEMM_INSTANCE(, 128, 5, 2, true)
+
+}  // namespace kiln::cuda::fp8_gemm_sm90
