@@ -217,6 +217,14 @@ struct DeviceCase {
     for (size_t i = 0; i < b.size(); ++i)
       copy_bytes(buf[i].data(), Device::cuda(), b[i]->data(), Device::cpu(), b[i]->size());
   }
+  // Every buffer into a copy of `like` (the reference result of a run).
+  Case download(const Case& like) const {
+    Case out = like;
+    auto b = out.bufs();
+    for (size_t i = 0; i < b.size(); ++i)
+      copy_bytes(b[i]->data(), Device::cpu(), buf[i].data(), Device::cuda(), b[i]->size());
+    return out;
+  }
   // Returns the index of the first buffer that differs from `want` ("" when all equal), with the offset.
   std::string diff(Case& want) {
     static const char* names[] = {"qkv",   "q_out",   "q_norm",  "k_norm",  "positions", "rope",

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/test_support.h"
+#include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
 
@@ -51,5 +53,29 @@ inline void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& pat
                              cuda::GemvConfig cfg, bool norm_in = false) {
   write_gemv_cache(eng, path, {{s, cfg, norm_in}});
 }
+
+// Installs `entries` (none: an empty tactic set, cuBLASLt's heuristic everywhere) as the tactics of the
+// process's GEMM engine for the scope's life: the previous ones are saved into the test's scratch folder
+// (`tag`) and loaded back at the end.
+class EngineTacticsScope {
+ public:
+  EngineTacticsScope(const std::string& tag, const std::vector<GemvEntry>& entries) {
+    cuda::GemmEngine& eng = cuda::gemm_engine();
+    const auto dir = test_support::process_scratch_dir(tag);
+    saved_ = (dir / "saved_tactics.txt").string();
+    eng.save(saved_);
+    const std::string path = (dir / "gemv_tactics.txt").string();
+    write_gemv_cache(eng, path, entries);
+    loaded_ = eng.load(path);
+  }
+  ~EngineTacticsScope() { cuda::gemm_engine().load(saved_); }
+  EngineTacticsScope(const EngineTacticsScope&) = delete;
+  EngineTacticsScope& operator=(const EngineTacticsScope&) = delete;
+  bool loaded() const { return loaded_; }
+
+ private:
+  std::string saved_;
+  bool loaded_ = false;
+};
 
 }  // namespace kiln::test

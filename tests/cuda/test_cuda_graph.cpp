@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/test_support.h"
+#include "decode_step_util.h"
 #include "gemv_test_util.h"
 #include "model/cuda_graph.h"
 #include "ops/cuda/context.h"
@@ -36,56 +37,25 @@ ModelConfig tiny_config() {
   return c;
 }
 
-BatchDesc step_batch(int32_t pos, int32_t token, int32_t ps) {
-  BatchDesc b;
-  b.page_size = ps;
-  b.tokens = {token};
-  b.positions = {pos};
-  // Pages in reverse order so a page-table change shows: page of position p is 15 - p / ps.
-  b.slot_mapping = {int64_t(15 - pos / ps) * ps + pos % ps};
-  b.cu_q = {0, 1};
-  b.kv_lens = {pos + 1};
-  b.pages_stride = pos / ps + 1;
-  for (int32_t i = 0; i <= pos / ps; ++i) b.page_table.push_back(15 - i);
-  b.logit_rows = {0};
-  return b;
-}
-
-std::vector<float> host(const Tensor& t) {
-  std::vector<float> v(size_t(t.numel()));
-  copy_bytes(v.data(), Device::cpu(), t.data, t.device, v.size() * 4);
-  return v;
-}
-
 // kiln's GEMV as the tactic of every projection of tiny_config at M = 1 (QKV and gate_up, which share a
 // shape, with the residual-norm prologue; O and the LM head on the FMA kernel, down on the tensor-core
 // one), installed in the process's GEMM engine for the scope's life: decode steps then run the GEMVs that
 // serving's batch-1 graphs chain with PDL (the W loads issued before each kernel's wait, the next kernel
 // launched right after it), where the untuned engine would run cuBLASLt.
-class GemvTacticsScope {
+class GemvTacticsScope : public test::EngineTacticsScope {
  public:
-  GemvTacticsScope() {
-    cuda::GemmEngine& eng = cuda::gemm_engine();
-    const auto dir = test_support::process_scratch_dir("cuda_graph");
-    saved_ = (dir / "saved_tactics.txt").string();
-    eng.save(saved_);
-    const std::string path = (dir / "gemv_tactics.txt").string();
+  GemvTacticsScope() : EngineTacticsScope("cuda_graph", entries()) {}
+
+ private:
+  static std::vector<test::GemvEntry> entries() {
     const ModelConfig c = tiny_config();
     const int64_t H = c.hidden_size, qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
     const int64_t q = c.num_heads * c.head_dim, I = c.intermediate_size;
-    test::write_gemv_cache(eng, path,
-                           {{{1, qkv, H, cuda::GemmOut::bf16}, {4, false}, true},  // QKV and gate_up
-                            {{1, H, q, cuda::GemmOut::bf16}, {2, false}, false},   // O
-                            {{1, H, I, cuda::GemmOut::bf16}, {8, true}, false},    // down
-                            {{1, c.vocab_size, H, cuda::GemmOut::f32}, {4, false}, false}});
-    loaded_ = eng.load(path);
+    return {{{1, qkv, H, cuda::GemmOut::bf16}, {4, false}, true},  // QKV and gate_up
+            {{1, H, q, cuda::GemmOut::bf16}, {2, false}, false},   // O
+            {{1, H, I, cuda::GemmOut::bf16}, {8, true}, false},    // down
+            {{1, c.vocab_size, H, cuda::GemmOut::f32}, {4, false}, false}};
   }
-  ~GemvTacticsScope() { cuda::gemm_engine().load(saved_); }
-  bool loaded() const { return loaded_; }
-
- private:
-  std::string saved_;
-  bool loaded_ = false;
 };
 
 void run_case(bool pdl) {
@@ -101,10 +71,10 @@ void run_case(bool pdl) {
   cuda::set_pdl(pdl);
   CudaDecodeGraph g(*m, graph_cache, 16);
   for (int32_t pos = 0; pos < 40; ++pos) {  // crosses the page boundaries at 16 and 32
-    const BatchDesc b = step_batch(pos, (pos * 97 + 5) % 512, ps);
+    const BatchDesc b = test::step_batch(pos, (pos * 97 + 5) % 512, ps);
     m->forward(b, eager_cache, eager_logits);
-    const auto want = host(eager_logits);
-    const auto got = host(g.step(b));
+    const auto want = test::host_floats(eager_logits);
+    const auto got = test::host_floats(g.step(b));
     ASSERT_EQ(got, want) << "step " << pos << " pdl " << pdl;
   }
   EXPECT_EQ(g.captures(), 1) << "inputs changing must not force a recapture";
@@ -118,10 +88,10 @@ void run_case(bool pdl) {
   big.logit_rows = {63};
   KvCache scratch_cache(m->config(), 16, ps, ops::KvLayout::hnd, DType::bf16, Device::cuda());
   m->forward(big, scratch_cache, eager_logits);
-  const BatchDesc b = step_batch(40, 7, ps);
+  const BatchDesc b = test::step_batch(40, 7, ps);
   m->forward(b, eager_cache, eager_logits);
-  const auto want = host(eager_logits);
-  EXPECT_EQ(host(g.step(b)), want);
+  const auto want = test::host_floats(eager_logits);
+  EXPECT_EQ(test::host_floats(g.step(b)), want);
   EXPECT_EQ(g.captures(), 2);
   cuda::set_pdl(false);
 }
@@ -175,13 +145,13 @@ void run_bucket_case(int32_t bucket) {
     e.logit_rows.resize(size_t(bucket));
     std::iota(e.logit_rows.begin(), e.logit_rows.end(), 0);
     m->forward(e, eager_cache, eager_logits);
-    const std::vector<float> all = host(eager_logits);
+    const std::vector<float> all = test::host_floats(eager_logits);
     // Graph: the narrow table, logit rows of the real sequences only.
     const BatchDesc b = bucket_step(t, ps, 0, bucket);
     const Tensor got = g.step(b);
     ASSERT_EQ(got.shape[0], int64_t(b.logit_rows.size()));
     const std::vector<float> want(all.begin(), all.begin() + got.shape[0] * V);
-    ASSERT_EQ(host(got), want) << "bucket " << bucket << " step " << t;
+    ASSERT_EQ(test::host_floats(got), want) << "bucket " << bucket << " step " << t;
   }
   EXPECT_EQ(g.captures(), 1);
   // Wrong shapes are errors, not silent misreads.

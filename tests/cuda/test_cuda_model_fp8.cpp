@@ -14,6 +14,7 @@
 #include "common/hf_parity.h"
 #include "common/model_steps.h"
 #include "common/test_support.h"
+#include "decode_step_util.h"
 #include "gemv_test_util.h"
 #include "model/cuda_graph.h"
 #include "model/fp8_weights.h"
@@ -63,26 +64,18 @@ std::vector<test::GemvEntry> gemv_entries(const ModelConfig& c) {
   return v;
 }
 
-// Installs `entries` (none: an empty tactic set, the cuBLASLt heuristic everywhere) as the process engine's
-// tactics for the scope's life; turns tuning at model creation off.
-class TacticsScope {
+// The engine's tactics for the scope's life (none: cuBLASLt's heuristic everywhere), with tuning at model
+// creation off.
+class TacticsScope : public test::EngineTacticsScope {
  public:
-  explicit TacticsScope(const std::vector<test::GemvEntry>& entries) {
-    setenv("KILN_AUTOTUNE", "0", 1);
-    cuda::GemmEngine& eng = cuda::gemm_engine();
-    const fs::path dir = test_support::process_scratch_dir("cuda_model_fp8");
-    saved_ = (dir / "saved.txt").string();
-    eng.save(saved_);
-    const std::string path = (dir / "tactics.txt").string();
-    test::write_gemv_cache(eng, path, entries);
-    loaded_ = eng.load(path);
-  }
-  ~TacticsScope() { cuda::gemm_engine().load(saved_); }
-  bool loaded() const { return loaded_; }
+  explicit TacticsScope(const std::vector<test::GemvEntry>& entries)
+      : EngineTacticsScope("cuda_model_fp8", without_autotune(entries)) {}
 
  private:
-  std::string saved_;
-  bool loaded_ = false;
+  static const std::vector<test::GemvEntry>& without_autotune(const std::vector<test::GemvEntry>& e) {
+    setenv("KILN_AUTOTUNE", "0", 1);
+    return e;
+  }
 };
 
 // The tiny model with random weights quantized to block-FP8 at load; dequant: KILN_FP8_DEQUANT=1 (path (c)
@@ -143,26 +136,6 @@ TEST(CudaModelFp8, BitwiseTheDequantizedAtLoadModelWhereTheSameTacticsRun) {
   }
 }
 
-BatchDesc step_batch(int32_t pos, int32_t token, int32_t ps) {
-  BatchDesc b;
-  b.page_size = ps;
-  b.tokens = {token};
-  b.positions = {pos};
-  b.slot_mapping = {int64_t(15 - pos / ps) * ps + pos % ps};  // pages in reverse order
-  b.cu_q = {0, 1};
-  b.kv_lens = {pos + 1};
-  b.pages_stride = pos / ps + 1;
-  for (int32_t i = 0; i <= pos / ps; ++i) b.page_table.push_back(15 - i);
-  b.logit_rows = {0};
-  return b;
-}
-
-std::vector<float> host(const Tensor& t) {
-  std::vector<float> v(size_t(t.numel()));
-  copy_bytes(v.data(), Device::cpu(), t.data, t.device, v.size() * 4);
-  return v;
-}
-
 TEST(CudaModelFp8, GraphReplayEqualsEagerWhileInputsChange) {
   KILN_REQUIRE_GPU();
   for (const bool gemv : {false, true}) {
@@ -179,10 +152,10 @@ TEST(CudaModelFp8, GraphReplayEqualsEagerWhileInputsChange) {
       cuda::set_pdl(pdl);
       CudaDecodeGraph g(*m, graph_cache, 16);
       for (int32_t pos = 0; pos < 36; ++pos) {  // page boundaries at 16 and 32
-        const BatchDesc b = step_batch(pos, (pos * 97 + 5) % 512, ps);
+        const BatchDesc b = test::step_batch(pos, (pos * 97 + 5) % 512, ps);
         m->forward(b, eager_cache, eager_logits);
-        const auto want = host(eager_logits);
-        ASSERT_EQ(host(g.step(b)), want) << "step " << pos << " pdl " << pdl << " gemv " << gemv;
+        const auto want = test::host_floats(eager_logits);
+        ASSERT_EQ(test::host_floats(g.step(b)), want) << "step " << pos << " pdl " << pdl << " gemv " << gemv;
       }
       EXPECT_EQ(g.captures(), 1) << "inputs changing must not force a recapture";
       cuda::set_pdl(false);

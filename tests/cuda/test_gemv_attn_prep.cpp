@@ -58,15 +58,6 @@ struct FusedCase {
   }
 };
 
-// Every buffer of the device case into a host Case (the reference result).
-Case download(const DeviceCase& dev, const Case& like) {
-  Case out = like;
-  auto b = out.bufs();
-  for (size_t i = 0; i < b.size(); ++i)
-    copy_bytes(b[i]->data(), Device::cpu(), dev.buf[i].data(), Device::cuda(), b[i]->size());
-  return out;
-}
-
 // The unfused composition on the device: gemv (cfg) into the qkv rows, then attn_prep's dispatcher.
 void run_reference(FusedCase& f, DeviceCase& dev, GemvConfig cfg, cudaStream_t s = nullptr) {
   ops::AttnPrepArgs a = f.in.args(dev.base, Device::cuda());
@@ -124,7 +115,7 @@ TEST(GemvAttnPrep, BitwiseEqualToGemvThenAttnPrep) {
       dev.upload(f.in);
       run_reference(f, dev, g);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      Case want = download(dev, f.in);
+      Case want = dev.download(f.in);
       // Both register caps of the tensor-core kernel (gemv.h: gemv_tail_min_blocks): the same bits.
       for (const int cap : {0, 3}) {
         if (cap == 3 && !g.tensor_cores) continue;
@@ -157,7 +148,7 @@ TEST(GemvAttnPrep, ModelShapes) {
           for (const GemvConfig g : {GemvConfig{4, false}, GemvConfig{8, true}, GemvConfig{16, true}}) {
             dev.upload(f.in);
             run_reference(f, dev, g);
-            Case want = download(dev, f.in);
+            Case want = dev.download(f.in);
             dev.upload(f.in);
             run_fused(f, dev, g);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -193,7 +184,7 @@ void graph_replays(CaseCfg c, GemvConfig g, bool pdl) {
     dev.upload(f.in);
     run_reference(f, dev, g, s);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    Case want = download(dev, f.in);
+    Case want = dev.download(f.in);
     dev.upload(f.in);
     ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -245,7 +236,7 @@ TEST(GemvAttnPrep, OpDispatcher) {
   dev.upload(f.in);
   run_reference(f, dev, GemvConfig{8, true});
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  Case want = download(dev, f.in);
+  Case want = dev.download(f.in);
   for (const bool on : {true, false}) {
     eng.set_gemv_attn_prep(on);
     dev.upload(f.in);

@@ -22,14 +22,6 @@ using test::Case;
 using test::CaseCfg;
 using test::DeviceCase;
 
-Case download(const DeviceCase& dev, const Case& like) {
-  Case out = like;
-  auto b = out.bufs();
-  for (size_t i = 0; i < b.size(); ++i)
-    copy_bytes(b[i]->data(), Device::cpu(), dev.buf[i].data(), Device::cuda(), b[i]->size());
-  return out;
-}
-
 void run_fused(Case& in, DeviceCase& dev, const Buffer& x, int64_t k, const cuda::GemvWeight& w,
                GemvConfig cfg, cudaStream_t s = nullptr, bool pdl = false, int cap = -1) {
   const ops::AttnPrepArgs a = in.args(dev.base, Device::cuda());
@@ -67,7 +59,7 @@ TEST(GemvAttnPrepFp8, BitwiseTheFusedKernelOnDequantizedWeights) {
         dev.upload(in);
         run_fused(in, dev, x, K, w.bf16(), g, nullptr, false, cap);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        Case want = download(dev, in);
+        Case want = dev.download(in);
         dev.upload(in);
         run_fused(in, dev, x, K, w.fp8(), g, nullptr, false, cap);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -109,7 +101,7 @@ TEST(GemvAttnPrepFp8, GraphReplaysWithChangingInputs) {
     dev.upload(in);
     run_fused(in, dev, x, K, w.bf16(), GemvConfig{8, true}, s);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    Case want = download(dev, in);
+    Case want = dev.download(in);
     dev.upload(in);
     ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
