@@ -66,19 +66,19 @@ ModelConfig tiny_moe_config() {
   return c;
 }
 
-// Step t of B sequences decoding: sequence i at position t + i, owning pages 1 + 4 i .. (page size 16).
+// Step t of B sequences decoding: every sequence at position t (so every cached position was written by an
+// earlier step), its own token, on its own pages 1 + 4 i .. 4 + 4 i (page size 16).
 BatchDesc decode_step(int32_t t, int32_t B) {
   BatchDesc b;
   b.page_size = 16;
   b.cu_q = {0};
   b.pages_stride = 4;
   for (int32_t i = 0; i < B; ++i) {
-    const int32_t pos = t + i;
     b.tokens.push_back((t * 131 + i * 17 + 5) % 512);
-    b.positions.push_back(pos);
-    b.slot_mapping.push_back(int64_t(1 + 4 * i + pos / 16) * 16 + pos % 16);
+    b.positions.push_back(t);
+    b.slot_mapping.push_back(int64_t(1 + 4 * i + t / 16) * 16 + t % 16);
     b.cu_q.push_back(i + 1);
-    b.kv_lens.push_back(pos + 1);
+    b.kv_lens.push_back(t + 1);
     b.logit_rows.push_back(i);
     for (int32_t p = 0; p < 4; ++p) b.page_table.push_back(1 + 4 * i + p);
   }
