@@ -1,6 +1,7 @@
 // moe benchmark: the sparse MLP of Qwen3-30B-A3B (128 experts, top-8, hidden 2048, moe_intermediate 768) on
 // random weights and inputs (the router's logits then spread the tokens over the experts about uniformly):
-//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand;
+//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand (and with the
+//     other count of column pairs a warp);
 //     bytes = the distinct experts that routing chose (read from the device) x 3 H I x 2; the floor is those
 //     bytes at the copy rate
 //   experts grouped_gemm(_sm90) T = 8 .. 4096: the two grouped GEMM launches alone (mma.sync; wgmma
@@ -21,6 +22,7 @@
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_ops.h"
 
 namespace kiln::bench {
@@ -91,6 +93,12 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       Row r{"moe", "experts gather_gemv", shape(T)};
       r.bytes = double(active) * expert_bytes + double(T * kK) * double(kH + kI) * 2 * 2;
       timed(r, experts(kc::MoeExpertKernel::gather_gemv));
+      const kc::MoeProductParams g = kc::moe_gate_up_params(
+          static_cast<const uint16_t*>(x.data()), kH, static_cast<const uint16_t*>(m.gate_up.data()), s, b);
+      const kc::MoeProductParams d = kc::moe_down_params(static_cast<const uint16_t*>(m.down.data()), s, b);
+      const int other = kc::kMoeGemvPairs == 1 ? 2 : 1;
+      r.variant = "experts gather_gemv " + std::to_string(other) + " pairs a warp";
+      timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, other); });
     }
     if (T >= 8) {
       Row r{"moe", "experts grouped_gemm", shape(T)};
