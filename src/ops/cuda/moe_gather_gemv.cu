@@ -2,6 +2,7 @@
 // for all the sorted rows that chose it (CUDA cores, fp32 accumulation); and the combine (step 5), bitwise
 // ops/moe.h's final sum.
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/context.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/vec.cuh"
@@ -27,6 +28,7 @@ __device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8], 
 template <bool kSilu, int kPairs>
 __global__ void __launch_bounds__(kWarps * 32)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
+  pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   const int num_active = p.active[p.E];
   if (int(blockIdx.x) >= num_active) return;
   const int e = p.active[blockIdx.x];
@@ -64,11 +66,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
+    for (int r = 0; r < kRows; ++r) {
+      if (!src[r]) continue;  // the same for the whole warp: rows past the expert's count
 #pragma unroll
       for (int i = 0; i < 2 * kPairs; ++i)
 #pragma unroll
         for (int o = 16; o >= 1; o /= 2) acc[r][i] += __shfl_xor_sync(kFull, acc[r][i], o);
+    }
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -97,7 +101,8 @@ void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up
   const int per_block = kWarps * kPairs;
   LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
                 .block = dim3(kWarps * 32),
-                .stream = stream};
+                .stream = stream,
+                .pdl = pdl_for(PdlSite::gemv)};
   launch(cfg, gather_gemv_kernel<true, kPairs>, gate_up);
   cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
   launch(cfg, gather_gemv_kernel<false, kPairs>, down);
@@ -116,6 +121,7 @@ struct CombineParams {
 // fp32 sum from +0 over t's slots (ascending expert index) of y * weight: each product of two bf16 values
 // is exact, so the fma is the product then the add (ops/moe.h).
 __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   for (int v = int(threadIdx.x); v < p.H / 8; v += int(blockDim.x)) {
     float acc[8] = {};
@@ -152,7 +158,11 @@ void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, i
                         .H = int(s.H),
                         .k = int(s.k)};
   const unsigned threads = unsigned(std::min<int64_t>(256, (s.H / 8 + 31) / 32 * 32));
-  launch({.grid = dim3(unsigned(s.T)), .block = dim3(threads), .stream = stream}, combine_kernel, p);
+  launch({.grid = dim3(unsigned(s.T)),
+          .block = dim3(threads),
+          .stream = stream,
+          .pdl = pdl_for(PdlSite::elementwise)},
+         combine_kernel, p);
 }
 
 }  // namespace kiln::cuda
