@@ -8,7 +8,8 @@
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
-//   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096
+//   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
+//     T = 1 and 8 its other parts alone: the router linear, routing + permutation, the combine
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_ops.h"
+#include "ops/cuda/ops_cuda.h"
 
 namespace kiln::bench {
 namespace {
@@ -86,7 +88,7 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         r.us = time_cold_us(env, launch);
       char buf[64];
       std::snprintf(buf, sizeof(buf), "%.0f TFLOP/s, %d experts", flops / (r.us * 1e-6) / 1e12, active);
-      r.path = buf;
+      if (r.path.empty()) r.path = buf;  // the parts beside the experts name themselves
       rows.push_back(r);
     };
     if (T <= 128) {
@@ -127,6 +129,25 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       Row r{"moe", "mlp (route + experts + combine)", shape(T)};
       r.bytes = double(active) * expert_bytes + double(kE * kH) * 2;
       timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w, ot, scratch.data(), scratch.bytes()); });
+    }
+    if (T == 1 || T == 8) {  // the parts of the whole op beside the experts, each alone
+      const Tensor logits(b.logits, DType::bf16, {T, kE}, Device::cuda());
+      Row r{"moe", "router linear", shape(T)};
+      r.bytes = double(kE * kH) * 2;
+      r.path = "part of mlp";
+      timed(r, [&](int) { ops::cuda::linear(xt, m.w.router, logits); });
+      r = Row{"moe", "route + permutation", shape(T)};
+      r.bytes = double(T * kE) * 2;
+      r.path = "part of mlp";
+      timed(r, [&](int) {
+        kc::moe_route_launch(b.logits, kE, s, true, b, env.stream);
+        kc::moe_permute_launch(s, b, env.stream);
+      });
+      r = Row{"moe", "combine", shape(T)};
+      r.bytes = double(T * kK) * double(kH) * 2 + double(T * kH) * 2;
+      r.path = "part of mlp";
+      timed(r,
+            [&](int) { kc::moe_combine_launch(s, b, static_cast<uint16_t*>(out.data()), kH, env.stream); });
     }
   }
 }
