@@ -1,7 +1,6 @@
-// `kiln bench model [--shape qwen3-4b|qwen3-0.6b|qwen3-8b|qwen3-30b-a3b | --model DIR] [--context N] [--steps
-// N] [--prefill N]
-//                   [--kv-dtype bf16|fp8] [--quantization none|fp8] [--page-size N] [--batch 8,32,128]
-//                   [--no-breakdown]`
+// `kiln bench model [--shape qwen3-8b|qwen3-4b|qwen3-0.6b|qwen3-30b-a3b | --model DIR] [--context N]
+//                   [--steps N] [--prefill N] [--kv-dtype bf16|fp8] [--quantization none|fp8] [--page-size N]
+//                   [--batch 8,32,128] [--no-breakdown]`
 // Whole-model timing on the GPU with random weights (generated on the device side of the loader):
 //   prefill: one prompt of --prefill tokens into an empty cache (median of 3), beside its floor
 //            FLOPs / the bf16 matmul rate measured in the same run (an 8192^3 cuBLASLt GEMM);

@@ -91,7 +91,7 @@ int run_generate(const kiln::cli::Args& args) {
       args,
       {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-p", "top-k", "min-p", "seed",
        "device", "load-format", "quantization", "kv-layout", "kv-dtype", "page-size", "tp"},
-      {"json", "ignore-eos"});
+      {"json", "ignore-eos", "enable-expert-parallel"});
   require(flags.positional().empty(), "unexpected argument '", flags.positional()[0], "'");
   const std::string dir = flags.required("model");
   require(fs::is_directory(dir), "model directory '", dir, "' does not exist");

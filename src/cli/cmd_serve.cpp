@@ -150,10 +150,10 @@ std::vector<std::string> take_served_model_names(kiln::cli::Args& args) {
 int run_serve(const kiln::cli::Args& given_args) {
   kiln::cli::Args args = given_args;
   const std::vector<std::string> served_names = take_served_model_names(args);
-  const kiln::cli::Flags f(
-      args, serve_flags(),
-      {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl",
-       "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding", "image-url-allow-private"});
+  const kiln::cli::Flags f(args, serve_flags(),
+                           {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph",
+                            "disable-pdl", "enable-overlap-schedule", "disable-overlap-schedule",
+                            "is-embedding", "image-url-allow-private", "enable-expert-parallel"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
 

@@ -19,7 +19,8 @@ namespace {
 int run_tune(const kiln::cli::Args& args) {
   const kiln::cli::Flags f(args, {"model", "shape", "max-tokens", "max-logit-rows", "cache"}, {"show"});
 #ifdef KILN_HAVE_CUDA
-  KILN_CHECK(f.has("model") != f.has("shape"), "kiln tune: give --model DIR or --shape qwen3-4b|qwen3-0.6b");
+  KILN_CHECK(f.has("model") != f.has("shape"),
+             "kiln tune: give --model DIR or --shape qwen3-8b|qwen3-4b|qwen3-0.6b");
   const kiln::ModelConfig cfg = f.has("model") ? kiln::load_model_config(f.str("model"))
                                                : kiln::cli::builtin_qwen3_shape(f.str("shape"));
   const int64_t max_tokens = f.i64("max-tokens", 8192), max_rows = f.i64("max-logit-rows", 256);

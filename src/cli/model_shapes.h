@@ -19,7 +19,10 @@ inline ModelConfig builtin_qwen3_shape(const std::string& name) {
   c.rope_theta = 1e6;
   c.max_position_embeddings = 40960;
   c.tie_word_embeddings = true;
-  if (name == "qwen3-4b") {
+  if (name == "qwen3-8b") {  // Qwen3-8B: the only one of the three with an untied LM head
+    c.hidden_size = 4096, c.intermediate_size = 12288, c.num_layers = 36, c.num_heads = 32;
+    c.tie_word_embeddings = false;
+  } else if (name == "qwen3-4b") {
     c.hidden_size = 2560, c.intermediate_size = 9728, c.num_layers = 36, c.num_heads = 32;
   } else if (name == "qwen3-0.6b") {
     c.hidden_size = 1024, c.intermediate_size = 3072, c.num_layers = 28, c.num_heads = 16;

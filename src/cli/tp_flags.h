@@ -2,6 +2,8 @@
 //   --tp N                     ranks over all nodes (default 1: no tensor parallelism)
 //   --nnodes N --node-rank R   nodes of the group and this one's index (default 1 and 0)
 //   --dist-init-addr HOST:PORT node 0's TCP rendezvous for the NCCL unique id (needed with --nnodes > 1)
+//   --enable-expert-parallel   MoE models: whole experts per rank instead of each expert's intermediate split
+//                              (vLLM's flag; dist/shard_plan.h)
 #pragma once
 
 #include <set>
@@ -14,6 +16,7 @@
 namespace kiln::cli {
 
 inline const std::set<std::string> kTpFlags = {"tp", "nnodes", "node-rank", "dist-init-addr"};
+inline const std::set<std::string> kTpBoolFlags = {"enable-expert-parallel"};
 
 inline void read_tp_flags(const Flags& f, EngineOptions& eo) {
   const int64_t tp = f.i64("tp", 1), nnodes = f.i64("nnodes", 1), node_rank = f.i64("node-rank", 0);
@@ -27,6 +30,10 @@ inline void read_tp_flags(const Flags& f, EngineOptions& eo) {
   eo.dist_init_addr = f.str("dist-init-addr", "");
   KILN_CHECK(nnodes == 1 || !eo.dist_init_addr.empty(), "--nnodes ", nnodes,
              " needs --dist-init-addr HOST:PORT (node 0's address)");
+  eo.expert_parallel = f.flag("enable-expert-parallel");
+  KILN_CHECK(!eo.expert_parallel || tp > 1,
+             "--enable-expert-parallel places experts on the --tp ranks: needs "
+             "--tp 2 or more");
 }
 
 }  // namespace kiln::cli

@@ -7,7 +7,7 @@
 
 namespace kiln::dist {
 
-ShardPlan make_shard_plan(const ModelConfig& c, int tp, int rank) {
+ShardPlan make_shard_plan(const ModelConfig& c, int tp, int rank, bool expert_parallel) {
   KILN_CHECK(tp >= 1, "--tp must be >= 1, got ", tp);
   KILN_CHECK(rank >= 0 && rank < tp, "tensor-parallel rank ", rank, " out of range (tp ", tp, ")");
   KILN_CHECK(c.num_heads % tp == 0, "num_attention_heads (", c.num_heads, ") must be divisible by --tp ", tp);
@@ -34,6 +34,21 @@ ShardPlan make_shard_plan(const ModelConfig& c, int tp, int rank) {
   }
   const int64_t i_per = c.intermediate_size / tp;
   p.intermediate = {rank * i_per, (rank + 1) * i_per};
+  p.expert_parallel = expert_parallel;
+  const int64_t E = c.moe.num_experts, mi = c.moe.moe_intermediate_size;
+  p.experts = {0, E};
+  p.moe_intermediate = {0, mi};
+  if (c.has_moe_layers() && expert_parallel) {
+    KILN_CHECK(E % tp == 0, "num_experts (", E, ") must be divisible by --tp ", tp,
+               " for expert parallelism");
+    p.experts = {rank * (E / tp), (rank + 1) * (E / tp)};
+  } else if (c.has_moe_layers()) {
+    KILN_CHECK(mi % tp == 0, "moe_intermediate_size (", mi, ") must be divisible by --tp ", tp,
+               " (or use --enable-expert-parallel)");
+    p.moe_intermediate = {rank * (mi / tp), (rank + 1) * (mi / tp)};
+  }
+  KILN_CHECK(!expert_parallel || c.has_moe_layers(),
+             "--enable-expert-parallel needs a mixture-of-experts model (this one has no sparse MLP layers)");
   const int64_t v_per = (c.vocab_size + tp - 1) / tp;
   p.vocab_per_rank = v_per;
   p.vocab = {std::min(c.vocab_size, rank * v_per), std::min(c.vocab_size, (rank + 1) * v_per)};

@@ -154,16 +154,12 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg_in, const 
   KILN_CHECK(opts.quantization.empty() || opts.quantization == "none" || opts.quantization == "fp8",
              "--quantization must be none or fp8, got '", opts.quantization, "'");
   if (opts.quantization == "fp8" && cfg.quant.method.empty()) cfg.quant.online = true;
-  KILN_CHECK(!opts.tp || !cfg.quant.fp8(),
-             "tensor parallelism (--tp) with block-FP8 weights is not supported yet: serve the FP8 model at "
-             "--tp 1");
   KILN_CHECK(cfg.arch == ModelArch::qwen3 || cfg.arch == ModelArch::qwen3_vl_text ||
                  cfg.arch == ModelArch::qwen3_embedding || cfg.arch == ModelArch::qwen3_moe,
              "unsupported architecture '", cfg.architecture, "'");
-  if (cfg.has_moe_layers()) {  // ops/moe.h: CPU and CUDA, BF16 experts (the loader refuses FP8 ones), one
-                               // rank
-    KILN_CHECK(!opts.tp, cfg.architecture,
-               ": tensor parallelism (--tp) does not shard MoE experts in this build: run at --tp 1");
+  if (cfg.has_moe_layers()) {  // ops/moe.h: CPU and CUDA, BF16 experts (the loader refuses FP8 ones)
+    KILN_CHECK(!opts.tp || !opts.device.is_cuda(), cfg.architecture,
+               ": tensor and expert parallelism of MoE layers run on the CPU backend only in this build");
   }
   KILN_CHECK(cfg.dtype == DType::bf16, "kiln runs bf16 checkpoints; config.json says ",
              dtype_name(cfg.dtype));
@@ -354,8 +350,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   // O and down with the add + norm: under tensor parallelism the rank's partial products are all-reduced
   // before it.
   const auto project = [&](const Tensor& x, const ops::LinearWeight& weight, const Tensor& norm) {
-    if (tp_)
-      return tp_linear_add_rms_norm(*tp_, x, weight.weight, residual, norm, eps, tmp, w.tp_partial_v, normed);
+    if (tp_) return tp_linear_add_rms_norm(*tp_, x, weight, residual, norm, eps, tmp, w.tp_partial_v, normed);
     ops::linear_add_rms_norm(x, weight, residual, norm, eps, tmp, normed);
   };
   ops::embedding(weights_.embed, ids, residual);
@@ -381,8 +376,15 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     att.cache = prep.cache;
     ops::paged_attention(att);
     const Tensor o_in = attn.reshape({T, Hq * D});
-    if (lw.moe.present()) {  // the sparse MLP (ops/moe.h) into tmp; MoE models have no TP or images (create)
+    if (lw.moe.present()) {  // the sparse MLP (ops/moe.h) into tmp; MoE models have no images (create)
       const bool last = l + 1 == c.num_layers;
+      if (tp_) {  // the rank's partials all-reduced, then the next norm (dist/shard_plan.h)
+        project(o_in, lw.o_proj, lw.post_norm);
+        const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
+        tp_moe_add_rms_norm(*tp_, normed, lw.moe, residual, next_norm, eps, tmp, w.tp_partial_v, normed);
+        pending = false;
+        continue;
+      }
       ops::linear(o_in, lw.o_proj, tmp);
       ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
       ops::moe_mlp(normed, lw.moe, tmp, w.moe_v);

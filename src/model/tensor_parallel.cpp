@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "kiln/error.h"
+#include "model/fp8_weights.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/rms_norm.h"
 #include "ops/stream.h"
 
@@ -24,6 +26,7 @@ ModelConfig shard_config(const ModelConfig& c, const dist::ShardPlan& p) {
   s.num_heads = p.q_heads.size();
   s.num_kv_heads = p.kv_heads.size();
   s.intermediate_size = p.intermediate.size();
+  s.moe.moe_intermediate_size = p.moe_intermediate.size();
   return s;
 }
 
@@ -45,12 +48,77 @@ struct Part {
   bool norm = false;
 };
 
+// A block-FP8 part's slice: rows p.r, columns p.k of the whole matrix, cut on the 128 x 128 block grid so
+// each block keeps its own scale (a boundary inside a block would need the block requantized: refused,
+// naming the tensor).
+Fp8HostPart slice_fp8_part(const Fp8HostPart& full, const Part& p) {
+  const auto on_grid = [](const Range& r, int64_t n) {
+    return r.begin % ops::kFp8Block == 0 && (r.end % ops::kFp8Block == 0 || r.end == n);
+  };
+  KILN_CHECK(on_grid(p.r, full.rows) && on_grid(p.k, full.cols), "tensor parallelism cuts '", p.name, "' [",
+             full.rows, ", ", full.cols, "] at rows [", p.r.begin, ", ", p.r.end, ") and columns [",
+             p.k.begin, ", ", p.k.end,
+             "), inside its 128 x 128 FP8 blocks: block-FP8 weights need every rank's slice ",
+             "of heads and of intermediate_size to be a multiple of 128 (use a smaller --tp)");
+  Fp8HostPart s;
+  s.rows = p.r.size();
+  s.cols = p.k.size();
+  s.owned.resize(size_t(s.rows * s.cols));
+  for (int64_t i = 0; i < s.rows; ++i)
+    std::memcpy(s.owned.data() + i * s.cols, full.q + (p.r.begin + i) * full.cols + p.k.begin,
+                size_t(s.cols));
+  s.q = s.owned.data();
+  const int64_t kb_full = ops::fp8_blocks(full.cols), rb0 = p.r.begin / ops::kFp8Block,
+                kb0 = p.k.begin / ops::kFp8Block, nrb = ops::fp8_blocks(s.rows),
+                nkb = ops::fp8_blocks(s.cols);
+  s.scale.resize(size_t(nrb * nkb));
+  for (int64_t i = 0; i < nrb; ++i)
+    for (int64_t j = 0; j < nkb; ++j)
+      s.scale[size_t(i * nkb + j)] = full.scale[size_t((rb0 + i) * kb_full + kb0 + j)];
+  return s;
+}
+
 // Builds the rank's tensors: each a stack of parts, each part written straight to its place in the device
 // buffer from the mapping (contiguous rows) or through a bounded staging buffer (a column slice to a GPU).
 class ShardLoader {
  public:
-  ShardLoader(const Checkpoint* ckpt, uint64_t seed, Device device, Qwen3Weights& w)
-      : ckpt_(ckpt), seed_(seed), device_(device), w_(w) {}
+  ShardLoader(const ModelConfig& cfg, const Checkpoint* ckpt, uint64_t seed, Device device, Qwen3Weights& w)
+      : cfg_(cfg), ckpt_(ckpt), seed_(seed), device_(device), w_(w) {}
+
+  // A projection: the parts stacked as `stacked` does, kept bf16, or block-FP8 by weights.cpp's rule (the
+  // checkpoint stores it so, or the config asks for online quantization). An FP8 part is read (or
+  // quantized) whole, as the TP = 1 model's, then sliced on the block grid, so a rank's blocks and scales are
+  // those of the TP = 1 model.
+  ops::LinearWeight linear(const std::vector<Part>& parts) {
+    const QuantConfig& q = cfg_.quant;
+    size_t stored_fp8 = 0;
+    if (ckpt_)
+      for (const Part& p : parts) stored_fp8 += checkpoint_linear_is_fp8(q, *ckpt_, p.name, p.rows, p.cols);
+    KILN_CHECK(stored_fp8 == 0 || stored_fp8 == parts.size(), "'", parts[0].name, "' and '",
+               parts.back().name,
+               "' are stacked into one matrix but the checkpoint stores some of them F8_E4M3 and some not");
+    const bool online =
+        stored_fp8 == 0 && q.fp8() && (q.online || !ckpt_) && !fp8_module_excluded(q, parts[0].name);
+    if (stored_fp8 == 0 && !online) return stacked(parts);
+    std::vector<Fp8HostPart> host;
+    std::vector<std::string> names;
+    for (const Part& p : parts) {
+      Fp8HostPart full;
+      if (stored_fp8) {
+        full = read_fp8_part(*ckpt_, p.name, p.rows, p.cols);
+      } else if (ckpt_) {
+        const Tensor t = ckpt_->get(p.name, DType::bf16, {p.rows, p.cols});
+        full = quantize_fp8_part(t.ptr<bf16_t>(), p.rows, p.cols, p.name);
+      } else {
+        std::vector<bf16_t> random(size_t(p.rows * p.cols));
+        fill_random_weight({p.name, {p.rows, p.cols}, false}, seed_, random.data());
+        full = quantize_fp8_part(random.data(), p.rows, p.cols, p.name);
+      }
+      host.push_back(slice_fp8_part(full, p));
+      names.push_back(p.name);
+    }
+    return place_fp8_linear(host, names, device_, w_.storage);
+  }
 
   Tensor stacked(const std::vector<Part>& parts) {
     int64_t rows = 0;
@@ -77,6 +145,51 @@ class ShardLoader {
   }
   Tensor vector(const std::string& name, int64_t n) {
     return stacked({{name, n, 0, {0, n}, {0, 1}, true}});
+  }
+
+  // Sparse layer l's share (dist/shard_plan.h): the router whole; experts p.experts, each with its gate/up
+  // rows and down columns p.moe_intermediate. From the hub layout, or the fused one (transformers 5's
+  // experts.gate_up_proj [E, 2I, H] / experts.down_proj [E, H, I]) sliced on the host.
+  ops::MoeWeights moe_layer(int64_t l, const dist::ShardPlan& p) {
+    const ModelConfig& c = cfg_;
+    const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
+    const int64_t L = p.experts.size(), Ir = p.moe_intermediate.size();
+    const std::string mlp = c.weight_prefix + "layers." + std::to_string(l) + ".mlp.";
+    ops::MoeWeights w;
+    w.top_k = c.moe.num_experts_per_tok;
+    w.norm_topk_prob = c.moe.norm_topk_prob;
+    w.expert_begin = p.experts.begin;
+    w.split_intermediate = Ir != I;
+    w.router = matrix(mlp + "gate.weight", E, H, {0, E}, {0, H});
+    if (ckpt_ && ckpt_->has(mlp + "experts.gate_up_proj")) {
+      const Tensor gu = ckpt_->get(mlp + "experts.gate_up_proj", DType::bf16, {E, 2 * I, H});
+      const Tensor dn = ckpt_->get(mlp + "experts.down_proj", DType::bf16, {E, H, I});
+      std::vector<bf16_t> a(size_t(L * 2 * Ir * H)), b(size_t(L * H * Ir));
+      for (int64_t e = 0; e < L; ++e) {
+        const bf16_t* src = gu.ptr<bf16_t>() + (p.experts.begin + e) * 2 * I * H;
+        for (int64_t half = 0; half < 2; ++half)  // gate rows, then up rows
+          std::copy(src + (half * I + p.moe_intermediate.begin) * H,
+                    src + (half * I + p.moe_intermediate.end) * H, a.begin() + (e * 2 + half) * Ir * H);
+        const bf16_t* d = dn.ptr<bf16_t>() + (p.experts.begin + e) * H * I;
+        for (int64_t h = 0; h < H; ++h)
+          std::copy(d + h * I + p.moe_intermediate.begin, d + h * I + p.moe_intermediate.end,
+                    b.begin() + (e * H + h) * Ir);
+      }
+      w.gate_up = upload(a, L, 2 * Ir, H);
+      w.down = upload(b, L, H, Ir);
+      return w;
+    }
+    std::vector<Part> gate_up, down;
+    const Range all_h{0, H};
+    for (int64_t e = p.experts.begin; e < p.experts.end; ++e) {
+      const std::string ex = mlp + "experts." + std::to_string(e) + ".";
+      gate_up.push_back({ex + "gate_proj.weight", I, H, p.moe_intermediate, all_h});
+      gate_up.push_back({ex + "up_proj.weight", I, H, p.moe_intermediate, all_h});
+      down.push_back({ex + "down_proj.weight", H, I, all_h, p.moe_intermediate});
+    }
+    w.gate_up = stacked(gate_up).reshape({L, 2 * Ir, H});  // [L * 2Ir, H] rows are the [L, 2Ir, H] layout
+    w.down = stacked(down).reshape({L, H, Ir});
+    return w;
   }
 
  private:
@@ -125,6 +238,16 @@ class ShardLoader {
     }
   }
 
+  // host bytes as a [a, b, c] device tensor.
+  Tensor upload(const std::vector<bf16_t>& host, int64_t a, int64_t b, int64_t c) {
+    Buffer buf(host.size() * sizeof(bf16_t), device_);
+    copy_bytes(buf.data(), device_, host.data(), Device::cpu(), host.size() * sizeof(bf16_t));
+    Tensor t = buf.view(DType::bf16, {a, b, c});
+    w_.storage.push_back(std::move(buf));
+    return t;
+  }
+
+  const ModelConfig& cfg_;
   const Checkpoint* ckpt_;
   uint64_t seed_;
   Device device_;
@@ -139,21 +262,26 @@ Qwen3Weights load_qwen3_weights_shard(const ModelConfig& c, const dist::ShardPla
   const int64_t qd = c.num_heads * D, kvd = c.num_kv_heads * D;
   const Range all_h{0, H}, q = p.q_rows(D), kv = p.kv_rows(D);
   Qwen3Weights w;
-  ShardLoader ld(ckpt, seed, device, w);
+  ShardLoader ld(c, ckpt, seed, device, w);
   w.embed = ld.matrix(c.weight_prefix + "embed_tokens.weight", V, H, {0, V}, all_h);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerWeights lw;
     lw.input_norm = ld.vector(layer_name(c, l, "input_layernorm.weight"), H);
-    lw.qkv = ld.stacked({{layer_name(c, l, "self_attn.q_proj.weight"), qd, H, q, all_h},
-                         {layer_name(c, l, "self_attn.k_proj.weight"), kvd, H, kv, all_h},
-                         {layer_name(c, l, "self_attn.v_proj.weight"), kvd, H, kv, all_h}});
+    lw.qkv = ld.linear({{layer_name(c, l, "self_attn.q_proj.weight"), qd, H, q, all_h},
+                        {layer_name(c, l, "self_attn.k_proj.weight"), kvd, H, kv, all_h},
+                        {layer_name(c, l, "self_attn.v_proj.weight"), kvd, H, kv, all_h}});
     lw.q_norm = ld.vector(layer_name(c, l, "self_attn.q_norm.weight"), D);
     lw.k_norm = ld.vector(layer_name(c, l, "self_attn.k_norm.weight"), D);
-    lw.o_proj = ld.matrix(layer_name(c, l, "self_attn.o_proj.weight"), H, qd, all_h, q);
+    lw.o_proj = ld.linear({{layer_name(c, l, "self_attn.o_proj.weight"), H, qd, all_h, q}});
     lw.post_norm = ld.vector(layer_name(c, l, "post_attention_layernorm.weight"), H);
-    lw.gate_up = ld.stacked({{layer_name(c, l, "mlp.gate_proj.weight"), I, H, p.intermediate, all_h},
-                             {layer_name(c, l, "mlp.up_proj.weight"), I, H, p.intermediate, all_h}});
-    lw.down = ld.matrix(layer_name(c, l, "mlp.down_proj.weight"), H, I, all_h, p.intermediate);
+    if (c.is_moe_layer(l)) {
+      lw.moe = ld.moe_layer(l, p);
+      w.layers.push_back(lw);
+      continue;
+    }
+    lw.gate_up = ld.linear({{layer_name(c, l, "mlp.gate_proj.weight"), I, H, p.intermediate, all_h},
+                            {layer_name(c, l, "mlp.up_proj.weight"), I, H, p.intermediate, all_h}});
+    lw.down = ld.linear({{layer_name(c, l, "mlp.down_proj.weight"), H, I, all_h, p.intermediate}});
     w.layers.push_back(lw);
   }
   w.final_norm = ld.vector(c.weight_prefix + "norm.weight", H);
@@ -177,10 +305,10 @@ void* stream_arg() {
 
 }  // namespace
 
-void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const Tensor& weight, const Tensor& residual,
-                            const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& partial,
-                            const Tensor& normed) {
-  const int64_t M = x.shape[0], N = weight.shape[0];
+void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::LinearWeight& weight,
+                            const Tensor& residual, const Tensor& norm_weight, float eps, const Tensor& tmp,
+                            const Tensor& partial, const Tensor& normed) {
+  const int64_t M = x.shape[0], N = weight.rows();
   if (M == 0) return;
   KILN_CHECK(tmp.is_contiguous(), "tp_linear_add_rms_norm: tmp must be contiguous, got ", tmp.describe());
   if (tp.reduce == dist::ReduceType::bf16) {
@@ -196,6 +324,30 @@ void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const Tensor& we
     const float* src = partial.ptr<float>();
     bf16_t* dst = tmp.ptr<bf16_t>();
     for (int64_t i = 0; i < M * N; ++i) dst[i] = f32_to_bf16(src[i]);  // linear's one rounding point
+  }
+  ops::add_rms_norm(tmp, residual, norm_weight, eps, normed);
+}
+
+void tp_moe_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::MoeWeights& moe,
+                         const Tensor& residual, const Tensor& norm_weight, float eps, const Tensor& tmp,
+                         const Tensor& partial, const Tensor& normed) {
+  const int64_t M = x.shape[0], N = x.shape[1];
+  if (M == 0) return;
+  KILN_CHECK(tmp.is_contiguous(), "tp_moe_add_rms_norm: tmp must be contiguous, got ", tmp.describe());
+  if (tp.reduce == dist::ReduceType::bf16) {
+    ops::moe_mlp(x, moe, tmp);
+    tp.comm->all_reduce_sum(tmp.data, size_t(M * N), dist::ReduceType::bf16, stream_arg());
+  } else {
+    KILN_CHECK(x.device.is_cpu(), "the fp32 tensor-parallel all-reduce runs on the CPU only (CUDA: bf16)");
+    KILN_CHECK(partial.dtype == DType::f32 && partial.is_contiguous() && partial.numel() >= M * N,
+               "tp_moe_add_rms_norm: partial must be contiguous f32 of at least [", M, ", ", N, "], got ",
+               partial.describe());
+    const Tensor part(partial.data, DType::f32, {M, N}, partial.device);
+    ops::moe_mlp(x, moe, part);
+    tp.comm->all_reduce_sum(part.data, size_t(M * N), dist::ReduceType::f32, stream_arg());
+    const float* src = part.ptr<float>();
+    bf16_t* dst = tmp.ptr<bf16_t>();
+    for (int64_t i = 0; i < M * N; ++i) dst[i] = f32_to_bf16(src[i]);  // moe_mlp's one rounding point
   }
   ops::add_rms_norm(tmp, residual, norm_weight, eps, normed);
 }

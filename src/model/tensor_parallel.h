@@ -29,6 +29,8 @@
 #include "kiln/safetensors.h"
 #include "kiln/tensor.h"
 #include "model/weights.h"
+#include "ops/fp8_linear.h"
+#include "ops/moe.h"
 
 namespace kiln {
 
@@ -45,7 +47,9 @@ ModelConfig shard_config(const ModelConfig& c, const dist::ShardPlan& p);
 // The rank's weights, read straight from the mapped checkpoint (only its slices' bytes are touched; the
 // row-parallel column slices go through a staging buffer of at most 16 MiB on their way to a GPU), or the
 // same slices of fill_random_weight's values when ckpt is null, so a TP model equals the TP = 1 model.
-// lm_head holds the rank's plan.vocab rows (a view into embed when tied).
+// lm_head holds the rank's plan.vocab rows (a view into embed when tied). Block-FP8 projections (a -FP8
+// checkpoint or --quantization fp8) are sliced on their 128 x 128 block grid, so each rank's slice of heads
+// and of intermediate_size must be a multiple of 128 (else an error naming the tensor).
 Qwen3Weights load_qwen3_weights_shard(const ModelConfig& full, const dist::ShardPlan& p,
                                       const Checkpoint* ckpt, uint64_t seed, Device device);
 
@@ -54,9 +58,17 @@ Qwen3Weights load_qwen3_weights_shard(const ModelConfig& full, const dist::Shard
 // norm_weight, eps, normed) -- ops::linear_add_rms_norm's contract with the all-reduce inside.
 //   partial: f32 [M, N] contiguous (the fp32 partials; f32 reduce only, else unused); tmp: bf16 [M, N]
 //   contiguous. Enqueued on ops::current_stream() (capturable: NCCL's all-reduce is).
-void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const Tensor& weight, const Tensor& residual,
-                            const Tensor& norm_weight, float eps, const Tensor& tmp, const Tensor& partial,
-                            const Tensor& normed);
+void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::LinearWeight& weight,
+                            const Tensor& residual, const Tensor& norm_weight, float eps, const Tensor& tmp,
+                            const Tensor& partial, const Tensor& normed);
+
+// The sparse MLP under tensor or expert parallelism: the rank's ops::moe_mlp share (ops/moe.h) summed over
+// the ranks as tp_linear_add_rms_norm sums (f32: the rank's fp32 partial, one rounding after the all-reduce;
+// bf16: the rank's bf16 output), into tmp, then add_rms_norm(tmp, residual, norm_weight, eps, normed). x may
+// be normed itself (it is read in full first). partial: f32 with at least M x H elements (f32 reduce only).
+void tp_moe_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::MoeWeights& moe,
+                         const Tensor& residual, const Tensor& norm_weight, float eps, const Tensor& tmp,
+                         const Tensor& partial, const Tensor& normed);
 
 // The vocab-parallel LM head: ops::lm_head over the rank's vocab rows into its block of `gathered`, the
 // all-gather, then every rank's block copied to its columns of logits.

@@ -31,7 +31,7 @@ void linear_fp8(const Tensor& x, const LinearWeight& w, const Tensor& out, Fp8Li
   check_linear_weight(op, "weight", w);
   KILN_CHECK(w.is_fp8(), op, ": weight must be f8e4m3, got ", w.weight.describe());
   detail::check_matrix(op, "x", x, 2, DType::bf16);
-  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, out.dtype == DType::f32 ? DType::f32 : DType::bf16);
   KILN_CHECK_EQ(x.shape[1], w.cols(), op, ": x ", x.describe(), " vs weight ", w.weight.describe());
   KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == w.rows(), op, ": out ", out.describe(),
              " must be [", x.shape[0], ", ", w.rows(), "]");

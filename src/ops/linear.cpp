@@ -51,7 +51,12 @@ void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
   cpu::linear_bias(x, weight, bias, out);
 }
 
-void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out) {
+void linear_f32(const Tensor& x, const LinearWeight& w, const Tensor& out) {
+  if (w.is_fp8()) {
+    KILN_CHECK(out.dtype == DType::f32, "linear_f32: out must be f32, got ", out.describe());
+    return linear_fp8(x, w, out, Fp8LinearPath::w8a8);
+  }
+  const Tensor& weight = w.weight;
   check_linear("linear_f32", x, weight, out, DType::f32);
   KILN_CHECK(out.device.is_cpu(), "linear_f32 runs on the CPU only, got ", out.describe());
   cpu::linear_f32(x, weight, out);

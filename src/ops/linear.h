@@ -37,7 +37,8 @@ void linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
 // linear without its rounding point: out f32 [M, N] (last stride 1) holds the fp32 sums, in linear's CPU
 // summation order, unrounded. A tensor-parallel rank's share of a row-parallel projection, summed over the
 // ranks before the one bf16 rounding (model/tensor_parallel.h). CPU only (CUDA runs TP with bf16 partials).
-void linear_f32(const Tensor& x, const Tensor& weight, const Tensor& out);
+// A block-FP8 weight runs path (a) of ops/fp8_linear.h with acc stored unrounded.
+void linear_f32(const Tensor& x, const LinearWeight& weight, const Tensor& out);
 
 // The SwiGLU MLP's first half in one op: out = silu_and_mul(linear(x, weight)) (ops/activation.h).
 //   x:       bf16 [M, K], last stride 1

@@ -49,22 +49,25 @@ namespace {
 
 void check_mlp(const char* op, const Tensor& x, const MoeWeights& w, const Tensor& out) {
   detail::check_matrix(op, "x", x, 2, DType::bf16);
-  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  detail::check_matrix(op, "out", out, 2, out.dtype == DType::f32 ? DType::f32 : DType::bf16);
   detail::check_matrix(op, "router", w.router, 2, DType::bf16);
   detail::check_matrix(op, "gate_up", w.gate_up, 3, DType::bf16);
   detail::check_matrix(op, "down", w.down, 3, DType::bf16);
-  const int64_t H = x.shape[1], E = w.router.shape[0], I = w.gate_up.shape[1] / 2;
+  const int64_t H = x.shape[1], E = w.router.shape[0], I = w.gate_up.shape[1] / 2, L = w.gate_up.shape[0];
   KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == H, op, ": out ", out.describe(), " vs x ",
              x.describe());
   KILN_CHECK(out.data != x.data || x.numel() == 0, op, ": out must not alias x");
   KILN_CHECK(w.router.shape[1] == H, op, ": router ", w.router.describe(), " must be [E, ", H, "]");
-  KILN_CHECK(w.gate_up.shape[0] == E && w.gate_up.shape[1] == 2 * I && w.gate_up.shape[2] == H &&
-                 w.gate_up.is_contiguous(),
-             op, ": gate_up ", w.gate_up.describe(), " must be contiguous [", E, ", ", 2 * I, ", ", H, "]");
-  KILN_CHECK(w.down.shape[0] == E && w.down.shape[1] == H && w.down.shape[2] == I && w.down.is_contiguous(),
-             op, ": down ", w.down.describe(), " must be contiguous [", E, ", ", H, ", ", I, "]");
+  KILN_CHECK(w.expert_begin >= 0 && L >= 1 && w.expert_begin + L <= E, op, ": experts [", w.expert_begin,
+             ", ", w.expert_begin + L, ") outside the router's [0, ", E, ")");
+  KILN_CHECK(w.gate_up.shape[1] == 2 * I && w.gate_up.shape[2] == H && w.gate_up.is_contiguous(), op,
+             ": gate_up ", w.gate_up.describe(), " must be contiguous [", L, ", ", 2 * I, ", ", H, "]");
+  KILN_CHECK(w.down.shape[0] == L && w.down.shape[1] == H && w.down.shape[2] == I && w.down.is_contiguous(),
+             op, ": down ", w.down.describe(), " must be contiguous [", L, ", ", H, ", ", I, "]");
   KILN_CHECK(w.top_k >= 1 && w.top_k <= E, op, ": top_k ", w.top_k, " outside [1, ", E, "]");
   for (const Tensor* t : {&out, &w.router, &w.gate_up, &w.down}) detail::check_same_device(op, x, *t);
+  KILN_CHECK(out.dtype == DType::bf16 || out.is_contiguous(), op, ": an f32 out must be contiguous, got ",
+             out.describe());
 }
 
 }  // namespace
@@ -97,6 +100,9 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tens
              " bytes (moe_scratch_bytes) for ", x.shape[0], " tokens");
   KILN_CHECK(w.num_experts() <= 512, op, ": ", w.num_experts(),
              " experts; the CUDA routing kernel takes at most 512");
+  KILN_CHECK(out.dtype == DType::bf16 && w.expert_begin == 0 && w.local_experts() == w.num_experts() &&
+                 !w.split_intermediate,
+             op, ": a tensor- or expert-parallel rank's share runs on the CPU backend only in this build");
   KILN_CHECK(x.shape[1] % 8 == 0 && w.intermediate() % 8 == 0, op, ": hidden ", x.shape[1],
              " and moe_intermediate_size ", w.intermediate(),
              " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");

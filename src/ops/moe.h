@@ -31,8 +31,19 @@
 //             fp32 sum from +0, one rounding at the end. Each product is of two bf16 values, exact in fp32,
 //             so a kernel that contracts it into an fma gets the same bits.
 //   x: bf16 [T, H], last stride 1;  out: bf16 [T, H], last stride 1, not aliasing x
-//   w.router: bf16 [E, H];  w.gate_up: bf16 [E, 2I, H] contiguous (expert e's I gate rows, then its I up
-//   rows);  w.down: bf16 [E, H, I] contiguous
+//   w.router: bf16 [E, H];  w.gate_up: bf16 [L, 2I, H] contiguous (expert expert_begin + e's I gate rows,
+//   then its I up rows);  w.down: bf16 [L, H, I] contiguous; L = E and expert_begin = 0 but on an
+//   expert-parallel rank
+// A tensor-parallel rank's share (model/tensor_parallel.h; dist/shard_plan.h) is the same op on its slice:
+//   expert parallelism: gate_up / down hold experts [expert_begin, expert_begin + L) of the router's E; the
+//             routing is the whole model's, and the sum runs over the token's chosen experts that the rank
+//             holds (ascending index), each y rounded as above;
+//   split intermediate (split_intermediate): every expert, its gate/up rows and down columns a slice of I; y
+//             is a partial sum.
+//   out f32 (the CPU's fp32 all-reduce): the sum stored unrounded (one rounding after the all-reduce), and
+//   with split_intermediate y kept in fp32 (ops::linear_f32) instead of rounded, so the only difference from
+//   the whole layer is the order of fp32 additions and y's bf16 rounding skipped. out bf16 (CUDA's bf16
+//   all-reduce): as above, the partial rounded.
 // Summation orders inside the GEMMs are linear's (tolerance for other backends, ops/linear.h); the routing
 // (experts, weights) from given logits and the final sum from given expert outputs are bitwise contracts.
 // CUDA (src/ops/cuda/moe.h, moe_ops.h): moe_route bitwise the CPU's (E <= 512); moe_mlp with a device
@@ -56,8 +67,11 @@ struct MoeWeights {
   Tensor down;     // bf16 [E, H, I]   mlp.experts.e.down_proj.weight stacked
   int64_t top_k = 0;
   bool norm_topk_prob = false;
+  int64_t expert_begin = 0;         // expert parallelism: the router index of gate_up[0] / down[0]
+  bool split_intermediate = false;  // tensor parallelism: gate_up / down hold a slice of each expert's I
   bool present() const { return router.data != nullptr; }
-  int64_t num_experts() const { return router.shape[0]; }
+  int64_t num_experts() const { return router.shape[0]; }  // the router's (the whole model's) E
+  int64_t local_experts() const { return gate_up.shape[0]; }
   int64_t intermediate() const { return down.shape[2]; }
 };
 

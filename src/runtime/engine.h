@@ -195,6 +195,9 @@ struct EngineOptions {
   int nnodes = 1;
   int node_rank = 0;
   std::string dist_init_addr;
+  // MoE models under tensor parallelism: whole experts per rank (vLLM's --enable-expert-parallel) instead of
+  // each expert's intermediate split (dist/shard_plan.h).
+  bool expert_parallel = false;
 };
 
 class ModelRunner;  // runtime/model_runner.h: forward + KV storage behind one interface (real or fake)

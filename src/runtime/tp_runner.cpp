@@ -49,6 +49,7 @@ TpRunnerOptions tp_runner_options(const EngineOptions& e) {
   o.nnodes = e.nnodes;
   o.node_rank = e.node_rank;
   o.dist_init_addr = e.dist_init_addr;
+  o.expert_parallel = e.expert_parallel;
   if (const char* t = std::getenv("KILN_TP_TIMEOUT"); t && *t) {
     o.timeout_s = std::atof(t);
     KILN_CHECK(o.timeout_s > 0, "KILN_TP_TIMEOUT must be a positive number of seconds, got '", t, "'");
@@ -333,6 +334,7 @@ void TpRunner::Impl::follow(RankWorker& w) {
 
 void TpRunner::Impl::start(const EngineOptions& eo) {
   const int tp = opts.tp, nnodes = opts.nnodes;
+  const bool expert_parallel = opts.expert_parallel;
   KILN_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got ", tp);
   KILN_CHECK(nnodes >= 1 && tp % nnodes == 0, "--tp ", tp, " must be a multiple of --nnodes ", nnodes);
   KILN_CHECK(opts.node_rank >= 0 && opts.node_rank < nnodes, "--node-rank ", opts.node_rank,
@@ -360,7 +362,7 @@ void TpRunner::Impl::start(const EngineOptions& eo) {
     ckpt.emplace(Checkpoint::open(eo.model_dir));
     adapt_weight_prefix(cfg, ckpt->names());
   }
-  (void)dist::make_shard_plan(cfg, tp, 0);  // divisibility errors before any thread starts
+  (void)dist::make_shard_plan(cfg, tp, 0, expert_parallel);  // divisibility errors before any thread starts
 
   std::vector<Device> devices(size_t(local_n), base);
   if (base.is_cuda()) {
@@ -405,7 +407,7 @@ void TpRunner::Impl::start(const EngineOptions& eo) {
     w->device = devices[size_t(i)];
     if (group) w->comm = &group->comm(w->global);
     if (!nccl.empty()) w->comm = nccl[size_t(i)].get();
-    w->shard.plan = dist::make_shard_plan(cfg, tp, w->global);
+    w->shard.plan = dist::make_shard_plan(cfg, tp, w->global, expert_parallel);
     w->shard.reduce = reduce;
     workers.push_back(std::move(w));
   }

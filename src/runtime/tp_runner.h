@@ -42,9 +42,10 @@ class Qwen3Runner;
 struct TpRunnerOptions {
   int tp = 1;  // ranks over all nodes; 1 still runs the TP path (one-rank group: tests)
   int nnodes = 1, node_rank = 0;
-  std::string dist_init_addr;   // host:port of node 0's rendezvous; needed when nnodes > 1
-  std::string reduce = "auto";  // the all-reduce's rounding: auto (CPU f32, CUDA bf16) | f32 | bf16
-  double timeout_s = 600;       // the longest any rank may take for a load or a step (KILN_TP_TIMEOUT)
+  std::string dist_init_addr;    // host:port of node 0's rendezvous; needed when nnodes > 1
+  std::string reduce = "auto";   // the all-reduce's rounding: auto (CPU f32, CUDA bf16) | f32 | bf16
+  bool expert_parallel = false;  // MoE: whole experts per rank (dist/shard_plan.h)
+  double timeout_s = 600;        // the longest any rank may take for a load or a step (KILN_TP_TIMEOUT)
   double rendezvous_timeout_s = 300;
   bool broadcast_commands = false;  // every rank but 0 receives its calls by broadcast (always across nodes)
   // Failure injection (tests; also KILN_TP_FAULT=RANK:N or RANK:load): global rank fail_rank throws at its

@@ -241,6 +241,33 @@ TEST(ShardPlan, PartitionsHeadsMlpAndVocabAndReplicatesKvHeadsPastTheirCount) {
   EXPECT_EQ(last.vocab, (Range{9, 10}));
 }
 
+// Qwen3-30B-A3B's sparse MLP: each expert's 768 intermediate rows split (TP), or 128 / tp whole experts (EP).
+TEST(ShardPlan, MoeExpertsSplitByIntermediateOrPlacedWhole) {
+  ModelConfig c = shape(32, 4, 6144, 151936);
+  c.num_layers = 48;
+  c.moe.num_experts = 128, c.moe.num_experts_per_tok = 8, c.moe.moe_intermediate_size = 768;
+  c.moe.decoder_sparse_step = 1;
+  for (int tp : {2, 4, 8}) {
+    int64_t mi = 0, ex = 0;
+    for (int r = 0; r < tp; ++r) {
+      const ShardPlan t = make_shard_plan(c, tp, r), e = make_shard_plan(c, tp, r, /*expert_parallel=*/true);
+      EXPECT_EQ(t.experts, (Range{0, 128}));
+      EXPECT_EQ(t.moe_intermediate, (Range{mi, mi + 768 / tp}));
+      mi = t.moe_intermediate.end;
+      EXPECT_EQ(e.moe_intermediate, (Range{0, 768}));
+      EXPECT_EQ(e.experts, (Range{ex, ex + 128 / tp}));
+      ex = e.experts.end;
+    }
+    EXPECT_EQ(mi, 768);
+    EXPECT_EQ(ex, 128);
+  }
+  c.moe.num_experts = 6;
+  EXPECT_THROW(make_shard_plan(c, 4, 0, true), Error);  // 6 experts over 4 ranks
+  c.moe.moe_intermediate_size = 770;
+  EXPECT_THROW(make_shard_plan(c, 4, 0), Error);                              // 770 / 4
+  EXPECT_THROW(make_shard_plan(shape(32, 8, 9728, 100), 2, 0, true), Error);  // EP without experts
+}
+
 TEST(ShardPlan, RowAndColumnSlicesOfAStridedTensor) {
   std::vector<uint16_t> w(5 * 8);
   for (size_t i = 0; i < w.size(); ++i) w[i] = uint16_t(i);

@@ -66,6 +66,17 @@ TEST(OpsFp8, HandCheckedBlocksBothPaths) {
   }
 }
 
+// linear_f32 (a tensor-parallel rank's partial) keeps path (a)'s acc unrounded: the hand case's sums.
+TEST(OpsFp8, LinearF32KeepsTheW8A8SumUnrounded) {
+  const float want[2][3] = {{464.75f, 1121.5f, 50175.5f}, {208.25f, -31.5f, -7.f}};
+  HandCase h;
+  std::vector<float> out(6, 12345.f);
+  ops::linear_f32(Tensor(h.x.data(), DType::bf16, {2, 256}), h.weight(),
+                  Tensor(out.data(), DType::f32, {2, 3}));
+  for (int m = 0; m < 2; ++m)
+    for (int n = 0; n < 3; ++n) EXPECT_EQ(out[size_t(m * 3 + n)], want[m][n]) << "[" << m << ", " << n << "]";
+}
+
 TEST(OpsFp8, LinearOpRunsW8A8ForAnFp8Weight) {
   // ops::linear with an FP8 LinearWeight is path (a): an activation whose quantization rounds tells it apart
   // from the weight-only path. x = [448, 1.0625, 0...]: q(1.0625) = 1 (a tie, to the even mantissa).

@@ -60,6 +60,16 @@ int64_t rows_grain(int64_t N) {
   return std::max<int64_t>(1, N / (8 * num_threads()));
 }
 
+// The one rounding point of paths (a) and (b): bf16 out, or the fp32 sum kept (f32 out: a tensor-parallel
+// rank's partial, rounded after the all-reduce).
+void store(const Tensor& out, int64_t m, int64_t n, float acc) {
+  if (out.dtype == DType::f32) {
+    out.ptr<float>()[m * out.stride[0] + n] = acc;
+  } else {
+    out.ptr<bf16_t>()[m * out.stride[0] + n] = f32_to_bf16(acc);
+  }
+}
+
 }  // namespace
 
 float quantize_act_group(const bf16_t* x, int64_t n, uint8_t* q) {
@@ -112,7 +122,7 @@ void linear_fp8_w8a8(const Tensor& x, const Tensor& weight, const Tensor& scale,
           const float contrib = p * s;
           acc = acc + contrib;
         }
-        out.ptr<bf16_t>()[m * out.stride[0] + n] = f32_to_bf16(acc);
+        store(out, m, n, acc);
       }
     }
   });
@@ -131,8 +141,7 @@ void linear_fp8_weight_only(const Tensor& x, const Tensor& weight, const Tensor&
       const float* ws = S + (n / kFp8Block) * Kb;
       decode_row(q, K, wf.data());
       for (int64_t k = 0; k < K; ++k) wf[size_t(k)] *= ws[k / kFp8Block];
-      for (int64_t m = 0; m < M; ++m)
-        out.ptr<bf16_t>()[m * out.stride[0] + n] = f32_to_bf16(lane_dot(xf.data() + m * K, wf.data(), K));
+      for (int64_t m = 0; m < M; ++m) store(out, m, n, lane_dot(xf.data() + m * K, wf.data(), K));
     }
   });
 }

@@ -3,6 +3,7 @@
 // other rows chose the same expert), accumulating every token's fp32 sum in ascending expert order.
 #include "ops/cpu/moe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -75,6 +76,9 @@ void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const T
 
 void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
   const int64_t T = x.shape[0], H = x.shape[1], E = w.num_experts(), I = w.intermediate(), k = w.top_k;
+  const int64_t e0 = w.expert_begin, e1 = w.expert_begin + w.local_experts();
+  // ops/moe.h: a split-intermediate rank's fp32 partial keeps y unrounded.
+  const bool y_f32 = out.dtype == DType::f32 && w.split_intermediate;
   if (T == 0) return;
   std::vector<bf16_t> logits(size_t(T * E)), weights(size_t(T * k));
   std::vector<int32_t> experts(size_t(T * k));
@@ -88,9 +92,9 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) pairs[size_t(experts[size_t(t * k + j)])].push_back(t * k + j);
 
-  std::vector<float> acc(size_t(T * H), 0.0f);
+  std::vector<float> acc(size_t(T * H), 0.0f), yf;
   std::vector<bf16_t> xs, gu, act, y;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = e0; e < e1; ++e) {
     const std::vector<int64_t>& rows = pairs[size_t(e)];
     const int64_t n = int64_t(rows.size());
     if (n == 0) continue;
@@ -98,23 +102,38 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
     gu.resize(size_t(n * 2 * I));
     act.resize(size_t(n * I));
     y.resize(size_t(n * H));
+    if (y_f32) yf.resize(size_t(n * H));
     for (int64_t r = 0; r < n; ++r) {
       const bf16_t* src = x.ptr<bf16_t>() + (rows[size_t(r)] / k) * x.stride[0];
       std::copy(src, src + H, xs.begin() + r * H);
     }
-    const Tensor gate_up(w.gate_up.ptr<bf16_t>() + e * 2 * I * H, DType::bf16, {2 * I, H});
-    const Tensor down(w.down.ptr<bf16_t>() + e * H * I, DType::bf16, {H, I});
+    const Tensor gate_up(w.gate_up.ptr<bf16_t>() + (e - e0) * 2 * I * H, DType::bf16, {2 * I, H});
+    const Tensor down(w.down.ptr<bf16_t>() + (e - e0) * H * I, DType::bf16, {H, I});
     const Tensor gu_t(gu.data(), DType::bf16, {n, 2 * I}), act_t(act.data(), DType::bf16, {n, I});
     linear(Tensor(xs.data(), DType::bf16, {n, H}), gate_up, gu_t);
     silu_and_mul(gu_t, act_t);
-    linear(act_t, down, Tensor(y.data(), DType::bf16, {n, H}));
+    if (y_f32) {
+      linear_f32(act_t, down, Tensor(yf.data(), DType::f32, {n, H}));
+    } else {
+      linear(act_t, down, Tensor(y.data(), DType::bf16, {n, H}));
+    }
     for (int64_t r = 0; r < n; ++r) {
       const int64_t pair = rows[size_t(r)], t = pair / k;
       const float wt = bf16_to_f32(weights[size_t(pair)]);
       float* a = acc.data() + t * H;
-      const bf16_t* yr = y.data() + r * H;
-      for (int64_t h = 0; h < H; ++h) a[h] += bf16_to_f32(yr[h]) * wt;
+      if (y_f32) {
+        const float* yr = yf.data() + r * H;
+        for (int64_t h = 0; h < H; ++h) a[h] += yr[h] * wt;
+      } else {
+        const bf16_t* yr = y.data() + r * H;
+        for (int64_t h = 0; h < H; ++h) a[h] += bf16_to_f32(yr[h]) * wt;
+      }
     }
+  }
+  if (out.dtype == DType::f32) {  // a tensor-parallel rank's partial, rounded after the all-reduce
+    for (int64_t t = 0; t < T; ++t)
+      std::copy(acc.begin() + t * H, acc.begin() + (t + 1) * H, out.ptr<float>() + t * out.stride[0]);
+    return;
   }
   for (int64_t t = 0; t < T; ++t) {
     bf16_t* o = out.ptr<bf16_t>() + t * out.stride[0];
