@@ -1,13 +1,15 @@
 // moe benchmark: the sparse MLP of Qwen3-30B-A3B (128 experts, top-8, hidden 2048, moe_intermediate 768) on
 // random weights and inputs (the router's logits then spread the tokens over the experts about uniformly):
-//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand;
+//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand (and with the
+//     other count of column pairs a warp);
 //     bytes = the distinct experts that routing chose (read from the device) x 3 H I x 2; the floor is those
 //     bytes at the copy rate
 //   experts grouped_gemm(_sm90) T = 8 .. 4096: the two grouped GEMM launches alone (mma.sync; wgmma
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
-//   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096
+//   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
+//     T = 1 and 8 its other parts alone: the router linear, routing + permutation, the combine
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -21,7 +23,9 @@
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_ops.h"
+#include "ops/cuda/ops_cuda.h"
 
 namespace kiln::bench {
 namespace {
@@ -84,13 +88,19 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         r.us = time_cold_us(env, launch);
       char buf[64];
       std::snprintf(buf, sizeof(buf), "%.0f TFLOP/s, %d experts", flops / (r.us * 1e-6) / 1e12, active);
-      r.path = buf;
+      if (r.path.empty()) r.path = buf;  // the parts beside the experts name themselves
       rows.push_back(r);
     };
     if (T <= 128) {
       Row r{"moe", "experts gather_gemv", shape(T)};
       r.bytes = double(active) * expert_bytes + double(T * kK) * double(kH + kI) * 2 * 2;
       timed(r, experts(kc::MoeExpertKernel::gather_gemv));
+      const kc::MoeProductParams g = kc::moe_gate_up_params(
+          static_cast<const uint16_t*>(x.data()), kH, static_cast<const uint16_t*>(m.gate_up.data()), s, b);
+      const kc::MoeProductParams d = kc::moe_down_params(static_cast<const uint16_t*>(m.down.data()), s, b);
+      const int other = kc::kMoeGemvPairs == 1 ? 2 : 1;
+      r.variant = "experts gather_gemv " + std::to_string(other) + " pairs a warp";
+      timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, other); });
     }
     if (T >= 8) {
       Row r{"moe", "experts grouped_gemm", shape(T)};
@@ -119,6 +129,25 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       Row r{"moe", "mlp (route + experts + combine)", shape(T)};
       r.bytes = double(active) * expert_bytes + double(kE * kH) * 2;
       timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w, ot, scratch.data(), scratch.bytes()); });
+    }
+    if (T == 1 || T == 8) {  // the parts of the whole op beside the experts, each alone
+      const Tensor logits(b.logits, DType::bf16, {T, kE}, Device::cuda());
+      Row r{"moe", "router linear", shape(T)};
+      r.bytes = double(kE * kH) * 2;
+      r.path = "part of mlp";
+      timed(r, [&](int) { ops::cuda::linear(xt, m.w.router, logits); });
+      r = Row{"moe", "route + permutation", shape(T)};
+      r.bytes = double(T * kE) * 2;
+      r.path = "part of mlp";
+      timed(r, [&](int) {
+        kc::moe_route_launch(b.logits, kE, s, true, b, env.stream);
+        kc::moe_permute_launch(s, b, env.stream);
+      });
+      r = Row{"moe", "combine", shape(T)};
+      r.bytes = double(T * kK) * double(kH) * 2 + double(T * kH) * 2;
+      r.path = "part of mlp";
+      timed(r,
+            [&](int) { kc::moe_combine_launch(s, b, static_cast<uint16_t*>(out.data()), kH, env.stream); });
     }
   }
 }

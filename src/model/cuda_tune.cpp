@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #ifdef KILN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -32,8 +33,24 @@ void cuda_autotune_if_needed(const ModelConfig& cfg) {
                path.c_str());
   // An embedding model runs no LM head (model/weights.h): its vocabulary GEMM is not tuned.
   const int64_t logit_rows = cfg.arch == ModelArch::qwen3_embedding ? 0 : 1;
-  eng.tune(cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
-                                   cfg.vocab_size, 512, logit_rows, fp8));
+  std::vector<cuda::GemmShape> shapes =
+      cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
+                              cfg.vocab_size, 512, logit_rows, fp8);
+  if (cfg.has_moe_layers()) {  // the router GEMMs; the dense MLP's only where some layer keeps it
+    bool dense = false;
+    for (int64_t l = 0; l < cfg.num_layers; ++l) dense = dense || !cfg.is_moe_layer(l);
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+    std::vector<cuda::GemmShape> kept;
+    for (const cuda::GemmShape& g : shapes) {
+      const bool mlp = (g.n == 2 * I && g.k == H) || (g.n == H && g.k == I);
+      if (dense || !mlp) kept.push_back(g);
+      if (g.n == cfg.q_size() + 2 * cfg.kv_size() && g.k == H &&
+          g.weight == cuda::GemmWeight::bf16)  // once per M bucket
+        kept.push_back({g.m_bucket, cfg.moe.num_experts, H, cuda::GemmOut::bf16});
+    }
+    shapes = kept;
+  }
+  eng.tune(shapes);
   try {
     eng.save(path);
   } catch (const std::exception& ex) {  // a read-only home still runs, just re-tunes next start

@@ -49,7 +49,7 @@
 // CUDA (src/ops/cuda/moe.h, moe_ops.h): moe_route bitwise the CPU's (E <= 512); moe_mlp with a device
 // scratch of moe_scratch_bytes (no allocation, no host synchronisation: capturable in a CUDA graph): the
 // router through linear, routing and the (token, expert) permutation on the device, the experts by a gather
-// GEMV (T <= 16) or a grouped tensor-core GEMM, each with the rounding points above (their sums in their own
+// GEMV (T <= 64) or a grouped tensor-core GEMM, each with the rounding points above (their sums in their own
 // order: linear's tolerance), then the final sum bitwise as above from the experts' bf16 outputs. Needs H
 // and I multiples of 8 and 16-byte aligned rows. BF16 experts only.
 #pragma once

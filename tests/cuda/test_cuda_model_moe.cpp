@@ -2,7 +2,8 @@
 // (tests/fixtures/hf/qwen3_moe_*, hub and fused expert layouts) by `kiln generate --device cuda` within
 // HfParityMoe's bounds (common/hf_parity.h: greedy path and log-prob drift against transformers); and the
 // decode CUDA graph of a MoE model replayed while tokens, positions and so the routing change, bitwise the
-// eager steps, at batch 1 (the gather GEMV) and at a 32-row bucket (the grouped GEMM); and the engine
+// eager steps, with and without PDL, at batch 1 (the gather GEMV) and at an 80-row bucket (the grouped GEMM,
+// three routing chunks); and the engine
 // (chunked prefill, mixed batches, the prefix cache, graph buckets) on a MoE checkpoint giving the greedy
 // outputs of eager decode steps.
 #include <filesystem>
@@ -66,19 +67,19 @@ ModelConfig tiny_moe_config() {
   return c;
 }
 
-// Step t of B sequences decoding: sequence i at position t + i, owning pages 1 + 4 i .. (page size 16).
+// Step t of B sequences decoding: every sequence at position t (so every cached position was written by an
+// earlier step), its own token, on its own pages 1 + 4 i .. 4 + 4 i (page size 16).
 BatchDesc decode_step(int32_t t, int32_t B) {
   BatchDesc b;
   b.page_size = 16;
   b.cu_q = {0};
   b.pages_stride = 4;
   for (int32_t i = 0; i < B; ++i) {
-    const int32_t pos = t + i;
     b.tokens.push_back((t * 131 + i * 17 + 5) % 512);
-    b.positions.push_back(pos);
-    b.slot_mapping.push_back(int64_t(1 + 4 * i + pos / 16) * 16 + pos % 16);
+    b.positions.push_back(t);
+    b.slot_mapping.push_back(int64_t(1 + 4 * i + t / 16) * 16 + t % 16);
     b.cu_q.push_back(i + 1);
-    b.kv_lens.push_back(pos + 1);
+    b.kv_lens.push_back(t + 1);
     b.logit_rows.push_back(i);
     for (int32_t p = 0; p < 4; ++p) b.page_table.push_back(1 + 4 * i + p);
   }
@@ -91,7 +92,7 @@ std::vector<float> host(const Tensor& t) {
   return v;
 }
 
-void run_graph_case(int32_t B) {
+void run_graph_case(int32_t B, bool pdl) {
   LoadOptions o;
   o.device = Device::cuda();
   o.seed = 21;
@@ -101,24 +102,27 @@ void run_graph_case(int32_t B) {
   KvCache graph_cache(m->config(), pages, 16, ops::KvLayout::hnd, DType::bf16, Device::cuda());
   Buffer dl(size_t(B) * 512 * 4, Device::cuda());
   const Tensor eager_logits(dl.data(), DType::f32, {B, 512}, Device::cuda());
-  CudaDecodeGraph g(*m, graph_cache, 4, B);
+  CudaDecodeGraph g(*m, graph_cache, 4, B, {}, pdl);
   for (int32_t t = 0; t < 24; ++t) {  // crosses the page boundary at 16
     const BatchDesc b = decode_step(t, B);
     m->forward(b, eager_cache, eager_logits);
     const auto want = host(eager_logits);
-    ASSERT_EQ(host(g.step(b)), want) << "batch " << B << " step " << t;
+    ASSERT_EQ(host(g.step(b)), want) << "batch " << B << " step " << t << " pdl " << pdl;
   }
   EXPECT_EQ(g.captures(), 1) << "inputs changing must not force a recapture";
 }
 
 TEST(CudaModelMoe, GraphReplayEqualsEagerBatch1) {
   KILN_REQUIRE_GPU();
-  run_graph_case(1);
+  run_graph_case(1, false);
+  run_graph_case(1, true);
 }
 
-TEST(CudaModelMoe, GraphReplayEqualsEagerBatch32) {
+// 80 rows: past the gather GEMV's 64 (the grouped GEMM) and past one 32-token routing chunk.
+TEST(CudaModelMoe, GraphReplayEqualsEagerBatch80) {
   KILN_REQUIRE_GPU();
-  run_graph_case(32);
+  run_graph_case(80, false);
+  run_graph_case(80, true);
 }
 
 // A Qwen3-MoE checkpoint of random weights (16 experts, top-4, layer 1 dense) with the Qwen3 vocabulary.

@@ -13,6 +13,7 @@
 #include "kiln/error.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_ops.h"
 #include "ops/moe.h"
 #include "test_util_cuda.h"
@@ -243,6 +244,25 @@ void expect_combine_bitwise(const kc::MoeShape& s, void* scratch, const std::vec
     }
 }
 
+// The gather GEMV with 2 column pairs a warp computes every output in the 1-pair kernel's order: the
+// expert rows y of the two agree bitwise.
+void expect_gemv_pairs_bitwise(Layer& l, const Buffer& x, const kc::MoeShape& s, Buffer& scratch) {
+  run_gpu(l, x, s.T, ops::cuda::MoeExperts::gather_gemv, scratch);
+  const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+  const auto inverse = read<int32_t>(b.inverse, s.T * s.k);
+  const auto one = read<bf16_t>(b.y, s.max_rows() * s.H);
+  const kc::MoeProductParams g = kc::moe_gate_up_params(
+      static_cast<const uint16_t*>(x.data()), s.H, static_cast<const uint16_t*>(l.d_gate_up.data()), s, b);
+  const kc::MoeProductParams d = kc::moe_down_params(static_cast<const uint16_t*>(l.d_down.data()), s, b);
+  kc::moe_gather_gemv_launch(s, g, d, nullptr, 2);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto two = read<bf16_t>(b.y, s.max_rows() * s.H);
+  for (const int32_t row : inverse)
+    for (int64_t h = 0; h < s.H; ++h)
+      ASSERT_EQ(two[size_t(row * s.H + h)].bits, one[size_t(row * s.H + h)].bits)
+          << "row " << row << " col " << h;
+}
+
 void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<int64_t>& batches) {
   Layer l = make_layer(E, k, H, I, uint32_t(E * 7 + H));
   Buffer scratch(256, Device::cuda());
@@ -271,6 +291,7 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
     }
     for (size_t i = 1; i < by_kernel.size(); ++i)
       EXPECT_LE(rel_frobenius(by_kernel[0], by_kernel[i]), 1.0 / 128) << "GEMV vs " << kernels[i].second;
+    expect_gemv_pairs_bitwise(l, dx, s, scratch);
   }
 }
 

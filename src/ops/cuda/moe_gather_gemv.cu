@@ -2,6 +2,7 @@
 // for all the sorted rows that chose it (CUDA cores, fp32 accumulation); and the combine (step 5), bitwise
 // ops/moe.h's final sum.
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/context.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/vec.cuh"
@@ -10,7 +11,7 @@ namespace kiln::cuda {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kWarps = 8;  // a block: 8 warps, each one output column pair
+constexpr int kWarps = 8;  // a block: 8 warps, each 1 or 2 output column pairs
 constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
 
 __device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8], float acc) {
@@ -19,68 +20,92 @@ __device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8], 
   return acc;
 }
 
-// Grid: (min(E, T k), ceil(column pairs / 8)); block: 8 warps. Block x takes the x-th chosen expert (or
-// exits), warp w the column pair q = y * 8 + w: SiLU: weight rows q (gate) and N + q (up) -> act column
-// q; else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes stride k by 8 bf16 (16-byte loads); each pass
-// of up to 4 rows keeps 2 x 4 fp32 sums a lane, reduced by an xor butterfly; lane 0 writes.
-template <bool kSilu>
+// Grid: (min(E, T k), ceil(column pairs / (8 kPairs))); block: 8 warps. Block x takes the x-th chosen
+// expert (or exits), warp w the kPairs column pairs from q0 = (y * 8 + w) kPairs: pair q is, with SiLU,
+// weight rows q (gate) and N + q (up) -> act column q, else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes
+// stride k by 8 bf16 (16-byte loads); each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a lane,
+// reduced by an xor butterfly; lane 0 writes.
+template <bool kSilu, int kPairs>
 __global__ void __launch_bounds__(kWarps * 32)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
+  pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   const int num_active = p.active[p.E];
   if (int(blockIdx.x) >= num_active) return;
   const int e = p.active[blockIdx.x];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int q = int(blockIdx.y) * kWarps + warp;
-  if (q >= (kSilu ? p.N : p.N / 2)) return;
+  const int pairs = kSilu ? p.N : p.N / 2;
+  const int q0 = (int(blockIdx.y) * kWarps + warp) * kPairs;
+  if (q0 >= pairs) return;
   const int64_t wrows = kSilu ? 2 * int64_t(p.N) : p.N;
   const uint16_t* we = p.w + int64_t(e) * wrows * p.K;
-  const uint16_t* w0 = we + int64_t(kSilu ? q : 2 * q) * p.K;
-  const uint16_t* w1 = we + int64_t(kSilu ? p.N + q : 2 * q + 1) * p.K;
+  const uint16_t* w[2 * kPairs];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int q = min(q0 + j, pairs - 1);  // a pair past the end recomputes the last one, unwritten
+    w[2 * j] = we + int64_t(kSilu ? q : 2 * q) * p.K;
+    w[2 * j + 1] = we + int64_t(kSilu ? p.N + q : 2 * q + 1) * p.K;
+  }
   const int row0 = p.offsets[e], cnt = p.counts[e];
   for (int rb = 0; rb < cnt; rb += kRows) {
     const uint16_t* src[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int row = row0 + rb + r;
-      src[r] = rb + r < cnt ? moe_a_row<kSilu>(p, row) : nullptr;
-    }
-    float acc[kRows][2] = {};
+    for (int r = 0; r < kRows; ++r) src[r] = rb + r < cnt ? moe_a_row<kSilu>(p, row0 + rb + r) : nullptr;
+    float acc[kRows][2 * kPairs] = {};
 #pragma unroll 2
     for (int kk = lane * 8; kk < p.K; kk += 32 * 8) {
-      float f0[8], f1[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(w0 + kk)), f0);
-      unpack8(__ldg(reinterpret_cast<const uint4*>(w1 + kk)), f1);
+      float f[2 * kPairs][8];
+#pragma unroll
+      for (int i = 0; i < 2 * kPairs; ++i) unpack8(__ldg(reinterpret_cast<const uint4*>(w[i] + kk)), f[i]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (!src[r]) continue;
         float xf[8];
         unpack8(*reinterpret_cast<const uint4*>(src[r] + kk), xf);
-        acc[r][0] = dot8(xf, f0, acc[r][0]);
-        acc[r][1] = dot8(xf, f1, acc[r][1]);
+#pragma unroll
+        for (int i = 0; i < 2 * kPairs; ++i) acc[r][i] = dot8(xf, f[i], acc[r][i]);
       }
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
+      if (!src[r]) continue;  // the same for the whole warp: rows past the expert's count
 #pragma unroll
-      for (int o = 16; o >= 1; o /= 2) {
-        acc[r][0] += __shfl_xor_sync(kFull, acc[r][0], o);
-        acc[r][1] += __shfl_xor_sync(kFull, acc[r][1], o);
-      }
+      for (int i = 0; i < 2 * kPairs; ++i)
+#pragma unroll
+        for (int o = 16; o >= 1; o /= 2) acc[r][i] += __shfl_xor_sync(kFull, acc[r][i], o);
     }
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (!src[r]) continue;
         uint16_t* orow = p.out + int64_t(row0 + rb + r) * p.N;
-        if constexpr (kSilu) {
-          orow[q] = uint16_t(f32_to_bf16_bits(silu_mul_f32(round_bf16(acc[r][0]), round_bf16(acc[r][1]))));
-        } else {
-          *reinterpret_cast<uint32_t*>(orow + 2 * q) =
-              f32_to_bf16_bits(acc[r][0]) | (f32_to_bf16_bits(acc[r][1]) << 16);
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          const int q = q0 + j;
+          if (q >= pairs) break;
+          const float a = acc[r][2 * j], b = acc[r][2 * j + 1];
+          if constexpr (kSilu) {
+            orow[q] = uint16_t(f32_to_bf16_bits(silu_mul_f32(round_bf16(a), round_bf16(b))));
+          } else {
+            *reinterpret_cast<uint32_t*>(orow + 2 * q) = f32_to_bf16_bits(a) | (f32_to_bf16_bits(b) << 16);
+          }
         }
       }
     }
   }
+}
+
+template <int kPairs>
+void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up,
+                              const MoeProductParams& down, cudaStream_t stream) {
+  const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
+  const int per_block = kWarps * kPairs;
+  LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
+                .block = dim3(kWarps * 32),
+                .stream = stream,
+                .pdl = pdl_for(PdlSite::gemv)};
+  launch(cfg, gather_gemv_kernel<true, kPairs>, gate_up);
+  cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
+  launch(cfg, gather_gemv_kernel<false, kPairs>, down);
 }
 
 struct CombineParams {
@@ -96,6 +121,7 @@ struct CombineParams {
 // fp32 sum from +0 over t's slots (ascending expert index) of y * weight: each product of two bf16 values
 // is exact, so the fma is the product then the add (ops/moe.h).
 __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   for (int v = int(threadIdx.x); v < p.H / 8; v += int(blockDim.x)) {
     float acc[8] = {};
@@ -114,14 +140,11 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 }  // namespace
 
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
-                            cudaStream_t stream) {
-  const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
-  LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + kWarps - 1) / kWarps)),
-                .block = dim3(kWarps * 32),
-                .stream = stream};
-  launch(cfg, gather_gemv_kernel<true>, gate_up);
-  cfg.grid.y = unsigned((s.H / 2 + kWarps - 1) / kWarps);
-  launch(cfg, gather_gemv_kernel<false>, down);
+                            cudaStream_t stream, int pairs_per_warp) {
+  KILN_CHECK(pairs_per_warp == 1 || pairs_per_warp == 2, "moe gather GEMV: ", pairs_per_warp,
+             " column pairs a warp; 1 or 2");
+  if (pairs_per_warp == 2) return gather_gemv_launch_pairs<2>(s, gate_up, down, stream);
+  gather_gemv_launch_pairs<1>(s, gate_up, down, stream);
 }
 
 void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,
@@ -135,7 +158,11 @@ void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, i
                         .H = int(s.H),
                         .k = int(s.k)};
   const unsigned threads = unsigned(std::min<int64_t>(256, (s.H / 8 + 31) / 32 * 32));
-  launch({.grid = dim3(unsigned(s.T)), .block = dim3(threads), .stream = stream}, combine_kernel, p);
+  launch({.grid = dim3(unsigned(s.T)),
+          .block = dim3(threads),
+          .stream = stream,
+          .pdl = pdl_for(PdlSite::elementwise)},
+         combine_kernel, p);
 }
 
 }  // namespace kiln::cuda

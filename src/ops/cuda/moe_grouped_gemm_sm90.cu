@@ -101,12 +101,13 @@ __global__ void __launch_bounds__(kThreads)
     if (s < nk) load_stage(s);
     cp_async_commit();
   }
+  // Per stage: wait for its data and for the previous stage's products, one barrier, issue this stage's
+  // products, then (while they run) the loads of stage kt + 3 into the buffer the previous products read.
   for (int kt = 0; kt < nk; ++kt) {
     cp_async_wait<kStages - 2>();  // stage kt has landed (this thread's part)
     sm90::fence_proxy_async();     // ... visible to the wgmma (async proxy) reads
-    __syncthreads();               // ... and every thread's part; the stage read at kt - 1 is free
-    if (kt + kStages - 1 < nk) load_stage(kt + kStages - 1);
-    cp_async_commit();
+    sm90::wgmma_wait<0>();         // this warpgroup's products of stage kt - 1 are done
+    __syncthreads();               // every thread's part of stage kt; every product of kt - 1 done
     const uint32_t st = sm90::smem_u32(smem + (kt % kStages) * kStageBytes);
     const sm90::WgmmaDesc da = sm90::sw128_desc(st, 16, 1024);
     const sm90::WgmmaDesc db = sm90::sw128_desc(st + kATile + uint32_t(wg) * 128 * 128, 16, 1024);
@@ -114,8 +115,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int s = 0; s < kBK / 16; ++s) sm90::wgmma_m64n128k16_ss(d, da.plus(32 * s), db.plus(32 * s), 1);
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
+    if (kt + kStages - 1 < nk) load_stage(kt + kStages - 1);  // buffer (kt - 1) % kStages: free (above)
+    cp_async_commit();
   }
+  sm90::wgmma_wait<0>();
   cp_async_wait<0>();
 
   // d[4 j + h]: row 16 w + lane / 4 + 8 (h / 2), column 8 j + 2 (lane % 4) + h % 2 of the warpgroup's 128.

@@ -45,7 +45,9 @@ void moe_grouped_gemm_launch(const MoeShape& s, const MoeProductParams& gate_up,
 // sm_90a wgmma; only where moe_grouped_gemm_sm90_applies() (an sm_90 device running the build's sm_90a code).
 void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gate_up,
                                   const MoeProductParams& down, cudaStream_t stream);
+// pairs_per_warp: 1 or 2 output column pairs a warp (kMoeGemvPairs the default; bench moe times both).
+constexpr int kMoeGemvPairs = 1;
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
-                            cudaStream_t stream);
+                            cudaStream_t stream, int pairs_per_warp = kMoeGemvPairs);
 
 }  // namespace kiln::cuda

@@ -157,8 +157,10 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scra
   kc::moe_route_launch(b.logits, s.E, s, w.norm_topk_prob, b, stream);
   kc::moe_permute_launch(s, b, stream);
   if (experts == MoeExperts::by_rows) experts = env_experts();
-  if (experts == MoeExperts::by_rows)
-    experts = T <= kMoeGemvMaxTokens ? MoeExperts::gather_gemv : MoeExperts::grouped_gemm;
+  if (experts == MoeExperts::by_rows) {
+    experts = kc::moe_grouped_gemm_sm90_applies() ? MoeExperts::grouped_gemm_sm90 : MoeExperts::grouped_gemm;
+    if (T <= kMoeGemvMaxTokens) experts = MoeExperts::gather_gemv;
+  }
   kc::moe_experts_launch(experts == MoeExperts::gather_gemv ? kc::MoeExpertKernel::gather_gemv
                                                             : kc::MoeExpertKernel::grouped_gemm,
                          static_cast<const uint16_t*>(x.data), x.stride[0],

@@ -9,11 +9,13 @@
 
 namespace kiln::ops::cuda {
 
-// Which expert kernels moe_mlp runs (moe.h step 4). by_rows: the gather GEMV for T <= kMoeGemvMaxTokens
-// (docs/PERF.md "Mixture of experts" says why that threshold), else the mma.sync grouped GEMM;
-// KILN_MOE_EXPERTS=gemm, wgmma (the sm_90a grouped GEMM) or gemv overrides by_rows (read once).
+// Which expert kernels moe_mlp runs (moe.h step 4). by_rows: the gather GEMV for T <= kMoeGemvMaxTokens,
+// else the wgmma grouped GEMM where it applies (an sm_90 device running sm_90a code), else the mma.sync
+// one; KILN_MOE_EXPERTS=gemm, wgmma or gemv overrides by_rows (read once). The threshold: on the H100
+// (docs/PERF.md "Mixture of experts") the GEMV beats the wgmma GEMM up to T = 16 by 17-22 % and ties it at
+// T = 64 (509 vs 520 us for 30B-A3B's experts); the mma.sync GEMM is slower than both there.
 enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv };
-constexpr int64_t kMoeGemvMaxTokens = 16;
+constexpr int64_t kMoeGemvMaxTokens = 64;
 
 // Device bytes of moe_mlp's scratch for T tokens of w's shape.
 size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/context.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/vec.cuh"
 
@@ -167,6 +168,7 @@ __device__ void write_layout(const int* cnt, int E, const Layout& o, int* off_s)
 // expert the population of chosen_by[e]. Fused (one chunk): warp 0 lays the rows out from those counts and
 // the pairs are scattered to offset + rank here.
 __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(const __grid_constant__ RouteParams p) {
+  pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   __shared__ uint32_t chosen_by[kMoeRouteMaxExperts];
   __shared__ int cnt_s[kMoeRouteMaxExperts], off_s[kMoeRouteMaxExperts];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -209,6 +211,7 @@ struct OffsetsParams {
 // Grid: 1 block; block: 1024 threads, thread e < E sums expert e's counts over the chunks (rewriting each
 // chunk's count to its exclusive prefix); then warp 0 writes the layout.
 __global__ void __launch_bounds__(kMoeMaxExperts) offsets_kernel(const __grid_constant__ OffsetsParams p) {
+  pdl_wait();
   __shared__ int cnt_s[kMoeMaxExperts], off_s[kMoeMaxExperts];
   for (int e = int(threadIdx.x); e < p.E; e += int(blockDim.x)) {
     int count = 0;
@@ -237,6 +240,7 @@ struct ScatterParams {
 
 // Grid-stride, one thread a pair: its row = expert offset + chunk's first row + rank in the chunk.
 __global__ void scatter_kernel(const __grid_constant__ ScatterParams p) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < p.pairs;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int e = p.experts[i];
@@ -277,7 +281,10 @@ void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, boo
                       .k = int(s.k),
                       .norm = norm_topk_prob,
                       .fused = s.chunks() == 1 && b.offsets != nullptr};
-  launch({.grid = dim3(unsigned(s.chunks())), .block = dim3(32 * kRouteWarps), .stream = stream},
+  launch({.grid = dim3(unsigned(s.chunks())),
+          .block = dim3(32 * kRouteWarps),
+          .stream = stream,
+          .pdl = pdl_for(PdlSite::elementwise)},
          route_kernel, p);
 }
 
@@ -287,7 +294,11 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
   if (s.T == 0 || s.chunks() == 1) return;  // one chunk: done by the route kernel
   const OffsetsParams op{
       .chunk_counts = b.chunk_counts, .layout = layout_of(b), .chunks = int(s.chunks()), .E = int(s.E)};
-  launch({.grid = dim3(1), .block = dim3(kMoeMaxExperts), .stream = stream}, offsets_kernel, op);
+  launch({.grid = dim3(1),
+          .block = dim3(kMoeMaxExperts),
+          .stream = stream,
+          .pdl = pdl_for(PdlSite::elementwise)},
+         offsets_kernel, op);
   const ScatterParams sp{.experts = b.experts,
                          .rank = b.rank,
                          .chunk_counts = b.chunk_counts,
@@ -298,7 +309,11 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
                          .k = int(s.k),
                          .E = int(s.E)};
   const int64_t blocks = std::min<int64_t>((sp.pairs + 255) / 256, 1024);
-  launch({.grid = dim3(unsigned(blocks)), .block = dim3(256), .stream = stream}, scatter_kernel, sp);
+  launch({.grid = dim3(unsigned(blocks)),
+          .block = dim3(256),
+          .stream = stream,
+          .pdl = pdl_for(PdlSite::elementwise)},
+         scatter_kernel, sp);
 }
 
 }  // namespace kiln::cuda
