@@ -64,6 +64,10 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
              opts.sampling_backend, "': expected auto or cpu");
   I.device_sampling = opts.sampling_backend == "auto";
   spec::validate_spec_options(opts.speculative);
+  KILN_CHECK(opts.speculative.algorithm != spec::SpecAlgorithm::eagle3,
+             "--speculative-algorithm EAGLE3: the EAGLE-3 draft model loads and runs on the CPU "
+             "(src/model/eagle3.h) "
+             "but the engine does not draft with it yet (src/spec/README.md, \"Not built yet\"); use ngram");
   // Steps launched ahead never verify: with speculative decoding on, every step is planned after the last.
   I.overlap = opts.overlap_schedule && !opts.speculative.enabled();
   I.runner = std::move(runner);

@@ -14,23 +14,14 @@
 #include "runtime/model_runner.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
+#include "tiny_qwen3_config.h"
 
 namespace kiln {
 namespace {
 
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 384;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rope_theta = 1e6;
+  ModelConfig c = test::tiny_graph_config();
   c.max_position_embeddings = 512;
-  c.tie_word_embeddings = true;
   c.eos_token_ids = {511};
   return c;
 }
