@@ -187,8 +187,9 @@ TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
       ASSERT_LT(j, want.top[i].size());
       ASSERT_EQ(want.top[i][j].size(), 2u);
       const float margin = want.top[i][j][0].logprob - want.top[i][j][1].logprob;
-      EXPECT_LT(margin, 0.02f) << (batched ? "batched" : "batch 1") << ": request " << i << " parts at token "
-                               << j << " with a top-2 margin of " << margin;
+      // 0.1: docs/NUMERICS.md's exemption for greedy tokens that rounding decides (HF parity, 4B shape).
+      EXPECT_LT(margin, 0.1f) << (batched ? "batched" : "batch 1") << ": request " << i << " parts at token "
+                              << j << " with a top-2 margin of " << margin;
       ++parted;
     }
     std::printf("%s: %d of %zu requests part at a near tie; %lld drafts, %lld tokens accepted\n",
