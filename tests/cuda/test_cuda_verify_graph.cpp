@@ -5,6 +5,7 @@
 // greedy output, token for token, except where the plain path's top two log-probs are a near tie (the verify
 // rows run the prefill attention kernel and GEMMs, plain decode the decode kernel and GEMVs:
 // docs/NUMERICS.md).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -125,10 +126,13 @@ struct Generated {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<std::vector<TokenLogprob>>> top;  // per request, per token: the plain path's top 2
   EngineStats stats;
+  int verify_graphs = 0;  // the runner's verify graphs after the run: the engine took the graph path
 };
 
 Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts, bool with_top) {
-  Engine engine(tiny_runner(), o);
+  auto runner = tiny_runner();
+  const Qwen3Runner& r = *runner;
+  Engine engine(std::move(runner), o);
   test::Sink sink;
   std::vector<RequestId> ids;
   for (const auto& p : prompts) {
@@ -148,6 +152,7 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
       for (const auto& t : e.top_logprobs) out.top.back().push_back(t);
   }
   out.stats = engine.stats();
+  out.verify_graphs = r.num_verify_graphs();
   return out;
 }
 
@@ -174,6 +179,7 @@ TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
         got.tokens.push_back(one.tokens[0]);
         got.stats.spec.drafts += one.stats.spec.drafts;
         got.stats.spec.accepted_tokens += one.stats.spec.accepted_tokens;
+        got.verify_graphs = std::max(got.verify_graphs, one.verify_graphs);
       }
     }
     int parted = 0;
@@ -196,6 +202,8 @@ TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
                 batched ? "batched" : "batch 1", parted, prompts.size(), (long long)got.stats.spec.drafts,
                 (long long)got.stats.spec.accepted_tokens);
     EXPECT_GT(got.stats.spec.accepted_tokens, 0);
+    EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
+    EXPECT_EQ(want.verify_graphs, 0) << "verify graphs without speculation";
   }
 }
 
