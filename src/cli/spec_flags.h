@@ -1,5 +1,9 @@
 // Speculative decoding flags of `kiln serve` (src/spec/README.md), SGLang's names and vLLM's JSON:
-//   --speculative-algorithm ngram|none
+//   --speculative-algorithm ngram|EAGLE3|none
+//   --speculative-draft-model-path DIR    EAGLE3: the draft checkpoint (LlamaForCausalLMEagle3)
+//   --speculative-num-steps K             EAGLE3: chain length, K tokens drafted (SGLang's; with
+//                                         --speculative-num-draft-tokens it must be K + 1)
+//   --speculative-eagle-topk 1            EAGLE3: chain drafting only (tree drafting is not built)
 //   --speculative-num-draft-tokens N      SGLang's count: positions verified per sequence, the last accepted
 //                                         token included, so N - 1 tokens are drafted (N >= 2)
 //   --speculative-ngram-min-match-window-size A / --speculative-ngram-max-match-window-size B
@@ -16,9 +20,14 @@
 
 namespace kiln::cli {
 
-inline const std::set<std::string> kSpecFlags = {
-    "speculative-algorithm", "speculative-num-draft-tokens", "speculative-ngram-min-match-window-size",
-    "speculative-ngram-max-match-window-size", "speculative-config"};
+inline const std::set<std::string> kSpecFlags = {"speculative-algorithm",
+                                                 "speculative-num-draft-tokens",
+                                                 "speculative-ngram-min-match-window-size",
+                                                 "speculative-ngram-max-match-window-size",
+                                                 "speculative-config",
+                                                 "speculative-draft-model-path",
+                                                 "speculative-num-steps",
+                                                 "speculative-eagle-topk"};
 
 inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
   spec::SpecOptions& so = eo.speculative;
@@ -35,6 +44,19 @@ inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
                  spec::kMaxDraftTokens + 1, "] (it counts the last accepted token too), got ", n);
       so.num_draft_tokens = int32_t(n - 1);
     }
+    if (f.has("speculative-num-steps")) {
+      const int64_t k = f.i64("speculative-num-steps", 0);
+      KILN_CHECK(k >= 1 && k <= spec::kMaxDraftTokens, "--speculative-num-steps must be in [1, ",
+                 spec::kMaxDraftTokens, "], got ", k);
+      KILN_CHECK(!f.has("speculative-num-draft-tokens") || so.num_draft_tokens == k,
+                 "--speculative-num-draft-tokens must be --speculative-num-steps + 1 for chain drafting");
+      so.num_draft_tokens = int32_t(k);
+    }
+    KILN_CHECK(f.i64("speculative-eagle-topk", 1) == 1,
+               "--speculative-eagle-topk must be 1: kiln drafts chains (tree drafting is not built)");
+    so.draft_model_path = f.str("speculative-draft-model-path", "");
+    KILN_CHECK(so.draft_model_path.empty() || so.algorithm == spec::SpecAlgorithm::eagle3,
+               "--speculative-draft-model-path is for --speculative-algorithm EAGLE3");
     const int64_t lo = f.i64("speculative-ngram-min-match-window-size", so.ngram_min);
     const int64_t hi = f.i64("speculative-ngram-max-match-window-size", so.ngram_max);
     KILN_CHECK(lo >= 1 && hi >= lo && hi <= 64, "the n-gram match window [", lo, ", ", hi,

@@ -64,8 +64,13 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
              opts.sampling_backend, "': expected auto or cpu");
   I.device_sampling = opts.sampling_backend == "auto";
   spec::validate_spec_options(opts.speculative);
-  // Steps launched ahead never verify: with speculative decoding on, every step is planned after the last.
-  I.overlap = opts.overlap_schedule && !opts.speculative.enabled();
+  KILN_CHECK(opts.speculative.algorithm != spec::SpecAlgorithm::eagle3,
+             "--speculative-algorithm EAGLE3: the EAGLE-3 draft model loads and runs on the CPU "
+             "(src/model/eagle3.h) "
+             "but the engine does not draft with it yet (src/spec/README.md, \"Not built yet\"); use ngram");
+  // Steps launched ahead never verify: with speculative decoding on, decode steps launch ahead only at batch
+  // sizes where the off switch turned speculation off (Impl::spec_allows_overlap).
+  I.overlap = opts.overlap_schedule;
   I.runner = std::move(runner);
   // A request counts as abandoned once aborted (queued for the next turn) or at an abortive shutdown.
   I.runner->set_abandoned_check([&I](uint64_t id) {

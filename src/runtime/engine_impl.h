@@ -129,6 +129,12 @@ struct Engine::Impl {
   // A decode-only step of `seqs` sequences ended (plain or verify): its cost goes to the off switch.
   void observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0, double tokens_per_seq);
   static bool decode_only(const StepPlan& plan);
+  // Whether a decode step of `seqs` sequences may launch ahead (the overlap schedule): always without
+  // speculation; with it, only where the off switch has turned it off for that batch size, so a plan with
+  // drafts is never launched past. launch_continuation also stops a chain when a probe is due.
+  bool spec_allows_overlap(int32_t seqs) const {
+    return !opts.speculative.enabled() || (opts.speculative.off_switch && off_switch.is_off(seqs));
+  }
   // Whether every row that wants a token is greedy with no logit processing or logprobs, on a runner that may
   // sample on the device: the verify step then asks the runner for each position's greedy token only.
   bool greedy_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const;

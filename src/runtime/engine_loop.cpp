@@ -308,6 +308,7 @@ std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan&
 
 bool Engine::Impl::launchable(const StepPlan& plan, bool ahead) const {
   if (plan.rows.empty() || plan.prefill_tokens > 0 || !is_graphable_decode(plan.batch)) return false;
+  if (!spec_allows_overlap(int32_t(plan.rows.size()))) return false;
   // A step launched ahead draws each row's token after the one the step in flight draws: both must be
   // wanted (the length limits), and nothing that the next step could admit may be waiting for it.
   const int64_t more = ahead ? 2 : 1;
@@ -352,6 +353,9 @@ void Engine::Impl::release_deferred() {
 
 std::optional<Engine::Impl::InFlight> Engine::Impl::launch_continuation(const InFlight& cur) {
   if (!launchable(cur.plan, true)) return std::nullopt;
+  // Speculation off here: a due probe of the off switch ends the chain, so the next step may verify.
+  if (opts.speculative.enabled() && off_switch.should_verify(int32_t(cur.plan.rows.size())))
+    return std::nullopt;
   StepPlan next;
   if (!sched->plan_continuation(cur.plan, &next)) return std::nullopt;
   BatchDesc& batch = next.batch;

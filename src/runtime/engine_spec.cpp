@@ -55,6 +55,12 @@ bool ends_request(const Live& L, const ModelConfig& cfg, int32_t tok) {
           std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) != cfg.eos_token_ids.end());
 }
 
+// One sequence's page-table row: its first `used` pages, then the null page up to the stride.
+void append_page_row(BatchDesc& b, const Sequence& s, int32_t used) {
+  for (int32_t p = 0; p < b.pages_stride; ++p)
+    b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
+}
+
 // The verify step's batch: the plan's rows as planned, each decode row with drafts extended by them
 // (positions begin .. begin + k) and given logits at every row; other rows keep the plan's logit row (their
 // last, when they sample). logit_base[i]: the first logit row of plan row i.
@@ -84,9 +90,7 @@ BatchDesc verify_batch(const StepPlan& plan, const std::vector<std::vector<int32
     b.cu_q.push_back(b.cu_q.back() + q);
     b.kv_lens.push_back(r.begin + q);
     b.seq_ids.push_back(s.id);
-    const int32_t used = pool.pages_for(r.begin + q);
-    for (int32_t p = 0; p < b.pages_stride; ++p)
-      b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
+    append_page_row(b, s, pool.pages_for(r.begin + q));
   }
   return b;
 }
@@ -119,9 +123,7 @@ BatchDesc uniform_verify_batch(const StepPlan& plan, const std::vector<std::vect
     b.cu_q.push_back(b.cu_q.back() + q);
     b.kv_lens.push_back(r.begin + q);
     b.seq_ids.push_back(s.id);
-    const int32_t used = pool.pages_for(r.begin + real);
-    for (int32_t p = 0; p < b.pages_stride; ++p)
-      b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
+    append_page_row(b, s, pool.pages_for(r.begin + real));
   }
   pad_batch(b, bucket, q);
   return b;

@@ -13,11 +13,12 @@ SpecAlgorithm parse_spec_algorithm(const std::string& name) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   if (s.empty() || s == "none") return SpecAlgorithm::none;
   if (s == "ngram") return SpecAlgorithm::ngram;
-  KILN_FAIL("unknown speculative algorithm '", name, "': expected ngram or none (EAGLE3 is not built yet)");
+  if (s == "eagle3") return SpecAlgorithm::eagle3;
+  KILN_FAIL("unknown speculative algorithm '", name, "': expected ngram, EAGLE3 or none");
 }
 
 const char* spec_algorithm_name(SpecAlgorithm a) {
-  return a == SpecAlgorithm::ngram ? "ngram" : "none";
+  return a == SpecAlgorithm::ngram ? "ngram" : a == SpecAlgorithm::eagle3 ? "eagle3" : "none";
 }
 
 void apply_vllm_speculative_config(const std::string& json, SpecOptions* o) {
@@ -43,6 +44,10 @@ void apply_vllm_speculative_config(const std::string& json, SpecOptions* o) {
                "--speculative-config: unsupported key \"", key,
                "\" (accepted: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)");
   o->algorithm = parse_spec_algorithm(j["method"].get<std::string>());
+  KILN_CHECK(
+      o->algorithm != SpecAlgorithm::eagle3,
+      "--speculative-config: method eagle3 is given by SGLang's flags here (--speculative-algorithm EAGLE3 "
+      "--speculative-draft-model-path DIR --speculative-num-steps N)");
   int_field("num_speculative_tokens", &o->num_draft_tokens);
   const bool has_min = j.contains("prompt_lookup_min"), has_max = j.contains("prompt_lookup_max");
   int_field("prompt_lookup_min", &o->ngram_min);
@@ -57,6 +62,9 @@ void validate_spec_options(const SpecOptions& o) {
   KILN_CHECK(o.num_draft_tokens >= 1 && o.num_draft_tokens <= kMaxDraftTokens,
              "the number of speculative draft tokens must be in [1, ", kMaxDraftTokens, "], got ",
              o.num_draft_tokens);
+  KILN_CHECK(
+      o.algorithm != SpecAlgorithm::eagle3 || !o.draft_model_path.empty(),
+      "--speculative-algorithm EAGLE3 needs --speculative-draft-model-path (an EAGLE-3 draft checkpoint)");
   KILN_CHECK(o.ngram_min >= 1 && o.ngram_min <= o.ngram_max && o.ngram_max <= 64, "the n-gram match window [",
              o.ngram_min, ", ", o.ngram_max, "] must satisfy 1 <= min <= max <= 64");
 }

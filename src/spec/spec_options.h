@@ -14,7 +14,7 @@
 
 namespace kiln::spec {
 
-enum class SpecAlgorithm { none, ngram };
+enum class SpecAlgorithm { none, ngram, eagle3 };
 
 struct SpecOptions {
   SpecAlgorithm algorithm = SpecAlgorithm::none;
@@ -23,19 +23,22 @@ struct SpecOptions {
   int32_t ngram_max = 12;
   // The automatic off switch (spec/off_switch.h): per batch size, verify only where it measures faster.
   bool off_switch = true;
+  // EAGLE-3 (SGLang's --speculative-draft-model-path): the draft checkpoint (model/eagle3.h); k is its
+  // --speculative-num-steps. The engine does not draft with it yet and refuses it by name.
+  std::string draft_model_path;
   bool enabled() const { return algorithm != SpecAlgorithm::none; }
 };
 
 inline constexpr int32_t kMaxDraftTokens = 64;
 
-// "ngram" (any case) or "none" / ""; anything else (EAGLE3: not yet) is an error naming what is accepted.
+// "ngram", "eagle3" (any case) or "none" / ""; anything else is an error naming what is accepted.
 SpecAlgorithm parse_spec_algorithm(const std::string& name);
 const char* spec_algorithm_name(SpecAlgorithm a);
 // vLLM's --speculative-config: a JSON object; "method" (required), "num_speculative_tokens",
 // "prompt_lookup_min", "prompt_lookup_max" update *o; other keys are errors (a silently ignored knob would
 // mislead). Throws kiln::Error naming the bad field.
 void apply_vllm_speculative_config(const std::string& json, SpecOptions* o);
-// Throws kiln::Error naming the first bad field.
+// Throws kiln::Error naming the first bad field (EAGLE-3 without a draft path among them).
 void validate_spec_options(const SpecOptions& o);
 
 }  // namespace kiln::spec

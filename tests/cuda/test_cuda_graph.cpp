@@ -17,24 +17,13 @@
 #include "runtime/model_runner.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
+#include "tiny_qwen3_config.h"
 
 namespace kiln {
 namespace {
 
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 384;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = true;
-  return c;
+  return test::tiny_graph_config();
 }
 
 // kiln's GEMV as the tactic of every projection of tiny_config at M = 1 (QKV and gate_up, which share a

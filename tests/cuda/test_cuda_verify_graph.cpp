@@ -5,6 +5,7 @@
 // greedy output, token for token, except where the plain path's top two log-probs are a near tie (the verify
 // rows run the prefill attention kernel and GEMMs, plain decode the decode kernel and GEMVs:
 // docs/NUMERICS.md).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -14,23 +15,14 @@
 #include "runtime/model_runner.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
+#include "tiny_qwen3_config.h"
 
 namespace kiln {
 namespace {
 
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 384;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rope_theta = 1e6;
+  ModelConfig c = test::tiny_graph_config();
   c.max_position_embeddings = 512;
-  c.tie_word_embeddings = true;
   c.eos_token_ids = {511};
   return c;
 }
@@ -134,10 +126,13 @@ struct Generated {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<std::vector<TokenLogprob>>> top;  // per request, per token: the plain path's top 2
   EngineStats stats;
+  int verify_graphs = 0;  // the runner's verify graphs after the run: the engine took the graph path
 };
 
 Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts, bool with_top) {
-  Engine engine(tiny_runner(), o);
+  auto runner = tiny_runner();
+  const Qwen3Runner& r = *runner;
+  Engine engine(std::move(runner), o);
   test::Sink sink;
   std::vector<RequestId> ids;
   for (const auto& p : prompts) {
@@ -157,6 +152,7 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
       for (const auto& t : e.top_logprobs) out.top.back().push_back(t);
   }
   out.stats = engine.stats();
+  out.verify_graphs = r.num_verify_graphs();
   return out;
 }
 
@@ -183,6 +179,7 @@ TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
         got.tokens.push_back(one.tokens[0]);
         got.stats.spec.drafts += one.stats.spec.drafts;
         got.stats.spec.accepted_tokens += one.stats.spec.accepted_tokens;
+        got.verify_graphs = std::max(got.verify_graphs, one.verify_graphs);
       }
     }
     int parted = 0;
@@ -196,14 +193,17 @@ TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
       ASSERT_LT(j, want.top[i].size());
       ASSERT_EQ(want.top[i][j].size(), 2u);
       const float margin = want.top[i][j][0].logprob - want.top[i][j][1].logprob;
-      EXPECT_LT(margin, 0.02f) << (batched ? "batched" : "batch 1") << ": request " << i << " parts at token "
-                               << j << " with a top-2 margin of " << margin;
+      // 0.1: docs/NUMERICS.md's exemption for greedy tokens that rounding decides (HF parity, 4B shape).
+      EXPECT_LT(margin, 0.1f) << (batched ? "batched" : "batch 1") << ": request " << i << " parts at token "
+                              << j << " with a top-2 margin of " << margin;
       ++parted;
     }
     std::printf("%s: %d of %zu requests part at a near tie; %lld drafts, %lld tokens accepted\n",
                 batched ? "batched" : "batch 1", parted, prompts.size(), (long long)got.stats.spec.drafts,
                 (long long)got.stats.spec.accepted_tokens);
     EXPECT_GT(got.stats.spec.accepted_tokens, 0);
+    EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
+    EXPECT_EQ(want.verify_graphs, 0) << "verify graphs without speculation";
   }
 }
 

@@ -96,6 +96,12 @@ TEST(SpecOptions, ParsesVllmJsonAndRejectsBadFields) {
   EXPECT_THROW(apply_vllm_speculative_config(R"({"num_speculative_tokens": 3})", &o), Error);
   EXPECT_THROW(apply_vllm_speculative_config("{not json", &o), Error);
   EXPECT_EQ(parse_spec_algorithm("NGRAM"), SpecAlgorithm::ngram);
+  EXPECT_EQ(parse_spec_algorithm("EAGLE3"), SpecAlgorithm::eagle3);
+  SpecOptions e;
+  e.algorithm = SpecAlgorithm::eagle3;
+  EXPECT_THROW(validate_spec_options(e), Error) << "EAGLE3 without a draft path";
+  e.draft_model_path = "/some/draft";
+  EXPECT_NO_THROW(validate_spec_options(e));
   EXPECT_EQ(parse_spec_algorithm(""), SpecAlgorithm::none);
   SpecOptions bad;
   bad.algorithm = SpecAlgorithm::ngram;

@@ -134,5 +134,34 @@ TEST(SpecOffSwitch, EngineTurnsCostlyVerificationOff) {
   }
 }
 
+// The overlap schedule with speculation on: steps launch ahead only where the switch turned speculation off
+// (a costly verify step), never while it is on; outputs equal the reference either way.
+TEST(SpecOffSwitch, OverlapScheduleResumesWhereSpeculationIsOff) {
+  const std::vector<int32_t> prompt = {1, 2, 0, 1, 2, 0, 1, 2, 0, 2};
+  for (const bool switch_on : {true, false}) {
+    EngineOptions o = test::small_opts(4096, 4, 16);
+    o.speculative.algorithm = spec::SpecAlgorithm::ngram;
+    o.speculative.num_draft_tokens = 3;
+    o.speculative.ngram_max = 4;
+    o.speculative.off_switch = switch_on;
+    o.spec_step_cost = [](bool verify, int32_t) { return verify ? 10.0 : 1.0; };
+    auto runner = std::make_unique<FakeRunner>(3);
+    runner->device_sampling = true;
+    runner->launch_ahead = true;
+    const FakeRunner& r = *runner;
+    Engine engine(std::move(runner), o);
+    test::Sink sink;
+    const RequestId id = engine.submit(test::greedy(prompt, 300), sink.cb());
+    sink.wait_finished(1);
+    EXPECT_EQ(sink.tokens(id), FakeRunner(3).reference(prompt, 300, false));
+    if (switch_on) {
+      EXPECT_GT(r.chained_steps, 100) << "speculation off: the overlap schedule chains steps again";
+      EXPECT_GE(engine.stats().spec.verify_steps, 5) << "probes still verify";
+    } else {
+      EXPECT_EQ(r.launched_steps, 0) << "speculation always on: nothing may launch past a verify step";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln
