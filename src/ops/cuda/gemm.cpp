@@ -94,6 +94,12 @@ std::string describe_gemv(GemvConfig c) {
          " rows " + std::to_string(gemv_rows(c));
 }
 
+std::string describe_fp8gemm(const Fp8GemmConfig& c) {
+  return "kiln-fp8gemm tile_n " + std::to_string(c.tile_n) + " stages " + std::to_string(c.stages) +
+         (c.persistent ? " persistent" : "") + " cluster " + std::to_string(c.cluster) +
+         (c.tma_store ? " tma-store" : "");
+}
+
 constexpr const char* kCacheFormat = "kiln-gemm-tactics v3";
 constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";  // bf16 weights only: read as such
 
@@ -125,14 +131,26 @@ bool env_switch(const char* name, bool fallback) {
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
   std::ostringstream out;
   out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << shape_out_field(s) << ' ' << t.us << ' '
-      << (t.kind == GemmKind::gemv ? "gemv" : "lt") << std::hex;
+      << (t.kind == GemmKind::gemv      ? "gemv"
+          : t.kind == GemmKind::fp8gemm ? "fp8gemm"
+                                        : "lt")
+      << std::hex;
   for (int i = 0; i < 8; ++i) {
     const uint64_t gemv_word = i == 0   ? uint64_t(t.gemv.warps)
                                : i == 1 ? uint64_t(t.gemv.tensor_cores)
                                : i == 2 ? uint64_t(t.gemv_norm_in)
                                : i == 3 ? uint64_t(t.gemv.tiles == 1 ? 0 : t.gemv.tiles)
                                         : 0;
-    const uint64_t word = t.kind == GemmKind::gemv ? gemv_word : t.algo[i];
+    const Fp8GemmConfig& f = t.fp8gemm;
+    const uint64_t fp8_word = i == 0   ? uint64_t(f.tile_n)
+                              : i == 1 ? uint64_t(f.stages)
+                              : i == 2 ? uint64_t(f.persistent)
+                              : i == 3 ? uint64_t(f.cluster)
+                              : i == 4 ? uint64_t(f.tma_store)
+                                       : 0;
+    const uint64_t word = t.kind == GemmKind::gemv      ? gemv_word
+                          : t.kind == GemmKind::fp8gemm ? fp8_word
+                                                        : t.algo[i];
     out << ' ' << word;
   }
   out << std::dec << " # " << t.describe;
@@ -150,11 +168,26 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
     s.weight = GemmWeight::fp8;
     out.resize(out.size() - 5);
   }
-  if (!is || (out != "bf16" && out != "f32") || (kind != "lt" && kind != "gemv")) return false;
-  // An FP8 weight's tactic is always the GEMV (run() dequantizes for everything else).
-  if (s.weight == GemmWeight::fp8 && kind != "gemv") return false;
-  if (s.m_bucket < 1 || s.n < 1 || s.k < 1) return false;
+  if (!is || (out != "bf16" && out != "f32") || (kind != "lt" && kind != "gemv" && kind != "fp8gemm"))
+    return false;
+  // An FP8 weight's tactic is the FP8 GEMV or the W8A8 GEMM (run() dequantizes for everything else); the
+  // W8A8 GEMM is an FP8 weight's only.
+  if ((kind == "lt" && s.weight == GemmWeight::fp8) || (kind == "fp8gemm" && s.weight != GemmWeight::fp8))
+    return false;
   s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
+  if (kind == "fp8gemm") {
+    t.kind = GemmKind::fp8gemm;
+    t.fp8gemm = Fp8GemmConfig{int(t.algo[0] & 0xffff), int(t.algo[1] & 0xffff), t.algo[2] == 1,
+                              int(t.algo[3] & 0xffff), t.algo[4] == 1};
+    bool ok = t.algo[2] <= 1 && t.algo[4] <= 1 && s.out == GemmOut::bf16 && s.m_bucket >= 1;
+    for (int i = 5; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    for (int i = 0; i < 4; ++i) ok = ok && t.algo[i] <= 0xffff;
+    bool known = false;
+    for (const Fp8GemmConfig& c : kFp8GemmConfigs) known = known || c == t.fp8gemm;
+    if (!ok || !known) return false;
+    std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
+  }
+  if (s.m_bucket < 1 || s.n < 1 || s.k < 1) return false;
   if (kind == "gemv") {
     t.kind = GemmKind::gemv;
     // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported holds.
@@ -228,6 +261,23 @@ struct GemmEngine::Impl {
     return fp8_scratch;
   }
 
+  // The W8A8 GEMM's workspace (fp8_gemm.h): grow-only like the scratch; null where it would have to grow
+  // inside a graph capture (run() then takes the scratch path).
+  void* fp8_ws = nullptr;
+  size_t fp8_ws_bytes = 0;
+  void* fp8_ws_for(size_t bytes, cudaStream_t stream) {
+    if (bytes <= fp8_ws_bytes) return fp8_ws;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (stream) KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) return nullptr;
+    void* grown = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&grown, bytes));
+    if (fp8_ws) retired.push_back(fp8_ws);
+    fp8_ws = grown;
+    fp8_ws_bytes = bytes;
+    return fp8_ws;
+  }
+
   // Heuristic candidates for a plan's descriptors (at most `count`).
   std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Plan& p, int count) const {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -284,6 +334,7 @@ GemmEngine::~GemmEngine() {
   for (void* b : impl_->retired) cudaFree(b);
   if (impl_->staging) cudaFree(impl_->staging);
   if (impl_->fp8_scratch) cudaFree(impl_->fp8_scratch);
+  if (impl_->fp8_ws) cudaFree(impl_->fp8_ws);
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
 }
@@ -328,13 +379,28 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
     ++gemv_dispatches_;
     return;
   }
-  // Branch point of the W8A8 block-FP8 GEMM (kiln::cuda::fp8_gemm, ops/cuda/fp8_gemm.h): where it covers the
-  // call, it runs here instead of the dequantization below.
+  // The W8A8 GEMM where the tuner chose it for this bucket and it takes the call.
+  if (const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type, GemmWeight::fp8});
+      tuned != tactics_.end() && tuned->second.kind == GemmKind::fp8gemm && out_type == GemmOut::bf16 &&
+      fp8_gemm_supported(m, n, k, ldx, w.ld, ldo) && aligned16(w.data) && aligned16(x) && aligned16(out)) {
+    const int64_t ws_bytes = fp8_gemm_workspace_bytes(m, k);
+    if (void* ws = impl_->fp8_ws_for(size_t(ws_bytes), stream)) {
+      fp8_gemm(x, ldx, w.data, w.ld, w.scale, out, ldo, m, n, k, ws, int64_t(impl_->fp8_ws_bytes),
+               tuned->second.fp8gemm, stream);
+      ++fp8_gemm_dispatches_;
+      return;
+    }
+  }
   void* deq = impl_->fp8_scratch_for(size_t(n * k) * 2, stream);
   dequantize_fp8(w.data, w.ld, w.scale, deq, n, k, stream);
   ++fp8_dequant_dispatches_;
   // No PDL: the bf16 GEMV's W loads before its PDL wait would race the dequantization (gemv.h).
   run(x, ldx, deq, k, out, ldo, m, n, k, out_type, stream, /*pdl=*/false);
+}
+
+void GemmEngine::reserve_fp8_gemm(int64_t m, int64_t k) {
+  KILN_CHECK(m >= 0 && k >= 0, "reserve_fp8_gemm: negative size ", m, " x ", k);
+  if (m > 0 && k > 0) impl_->fp8_ws_for(size_t(fp8_gemm_workspace_bytes(m, k)), nullptr);
 }
 
 void GemmEngine::reserve_fp8_dequant(int64_t elements) {
@@ -450,13 +516,86 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   KILN_CUDA_CHECK(cudaEventCreate(&e0));
   KILN_CUDA_CHECK(cudaEventCreate(&e1));
+  // µs per call of f(it) over `iters` calls (it = 0, 1, ...), after a warm-up call f(warm).
+  const auto time_calls = [&](int iters, int64_t warm, const std::function<void(int64_t)>& f) {
+    f(warm);
+    KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
+    for (int it = 0; it < iters; ++it) f(it);
+    KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
+    KILN_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1000.0f / float(iters);
+  };
+  // The W8A8 GEMM's shapes (FP8 weights, M buckets past the GEMV's): its workspace and the scratch path's
+  // dequantized weight.
+  size_t fp8_ws_bytes = 0, fp8_deq_bytes = 0;
+  for (const auto& s : shapes)
+    if (s.weight == GemmWeight::fp8 && s.m_bucket > kGemvMaxM) {
+      fp8_ws_bytes = std::max(fp8_ws_bytes, size_t(fp8_gemm_workspace_bytes(s.m_bucket, s.k)));
+      fp8_deq_bytes = std::max(fp8_deq_bytes, size_t(s.n * s.k * 2));
+    }
+  void *fp8_ws = nullptr, *fp8_deq = nullptr;
+  if (fp8_ws_bytes) KILN_CUDA_CHECK(cudaMalloc(&fp8_ws, fp8_ws_bytes));
+  if (fp8_deq_bytes) KILN_CUDA_CHECK(cudaMalloc(&fp8_deq, fp8_deq_bytes));
+  // An FP8 weight's shape past the GEMV's buckets: the W8A8 GEMM's configs against the scratch path
+  // (dequantize, then cuBLASLt's heuristic choice); an "fp8gemm" tactic where one of them won, else none.
+  const auto tune_w8a8 = [&](const GemmShape& s) {
+    tactics_.erase(s);
+    const int64_t ldo = aligned_ld(s.n);
+    std::vector<Fp8GemmConfig> f8;
+    if (s.out == GemmOut::bf16 && fp8_gemm_supported(s.m_bucket, s.n, s.k, s.k, s.k, ldo))
+      for (const Fp8GemmConfig& c : kFp8GemmConfigs)
+        if (!c.tma_store) f8.push_back(c);  // the TMA-store epilogues wrote past N where ldo > N (2026-12-06)
+    if (f8.empty()) return;
+    const size_t w_one = size_t(s.n * s.k);
+    const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / w_one));
+    const auto wq = [&](int64_t it) { return static_cast<const char*>(w) + size_t(it % copies) * w_one; };
+    const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
+    const int iters = std::clamp(int(2000.0 / (flops / 600e12 * 1e6 + 3.0)), 3, 100);
+    Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, ldo);
+    const auto h = impl_->heuristic(p, 1);
+    float best = 1e30f;
+    int best_i = -1;  // the scratch path
+    if (!h.empty())
+      best = time_calls(iters, copies - 1, [&](int64_t it) {
+        dequantize_fp8(wq(it), s.k, static_cast<const float*>(scales), fp8_deq, s.n, s.k, stream);
+        impl_->matmul(p, h[0].algo, x, fp8_deq, o, stream);
+      });
+    const float scratch_us = best;
+    for (size_t i = 0; i < f8.size(); ++i) {
+      const float us = time_calls(iters, copies - 1, [&](int64_t it) {
+        fp8_gemm(x, s.k, wq(it), s.k, static_cast<const float*>(scales), o, ldo, s.m_bucket, s.n, s.k, fp8_ws,
+                 int64_t(fp8_ws_bytes), f8[i], stream);
+      });
+      if (us < best) best = us, best_i = int(i);
+    }
+    destroy(p);
+    if (best_i >= 0) {
+      GemmTactic t;
+      t.kind = GemmKind::fp8gemm;
+      t.fp8gemm = f8[size_t(best_i)];
+      t.us = best;
+      t.describe = describe_fp8gemm(t.fp8gemm);
+      tactics_[s] = t;
+    }
+    if (verbose)
+      std::printf("tune M<=%-5" PRId64 " N %-6" PRId64 " K %-5" PRId64
+                  " %-9s %9.2f us  %5.1f TFLOP/s  (%zu cands; dequantize + cuBLASLt %.2f us) %s\n",
+                  s.m_bucket, s.n, s.k, shape_out_field(s).c_str(), double(best), flops / best * 1e-6,
+                  f8.size() + 1, double(scratch_us),
+                  best_i >= 0 ? describe_fp8gemm(f8[size_t(best_i)]).c_str() : "dequantize + bf16 GEMM");
+  };
   for (const auto& s : shapes) {
     // K not a multiple of 8: neither cuBLASLt's bf16 kernels nor the GEMV take it; run() sends it to the
     // any-shape kernel, so there is nothing to choose.
     if (s.k % 8 != 0) continue;
-    // An FP8 weight's shape has only the GEMV to choose (run() dequantizes for everything else).
+    // An FP8 weight's shape: the GEMV's configs up to M bucket 8, the W8A8 GEMM's past it.
     const bool fp8 = s.weight == GemmWeight::fp8;
-    if (fp8 && s.m_bucket > kGemvMaxM) continue;
+    if (fp8 && s.m_bucket > kGemvMaxM) {
+      tune_w8a8(s);
+      continue;
+    }
     // At run()'s output stride for this N (the staging stride where N is not a multiple of 8).
     Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, aligned_ld(s.n));
     const size_t w_one = size_t(s.n * s.k) * (fp8 ? 1 : 2);  // bytes of one weight copy
@@ -510,14 +649,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     };
     // µs per call of f(it) over `iters` calls rotating the weight copies, after a warm-up call.
     const auto time_us = [&](const std::function<void(int64_t)>& f) {
-      f(copies - 1);
-      KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
-      for (int it = 0; it < iters; ++it) f(it);
-      KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
-      KILN_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      return ms * 1000.0f / float(iters);
+      return time_calls(iters, copies - 1, f);
     };
     float best = 1e30f;
     size_t best_i = 0;
@@ -573,6 +705,8 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   cudaFree(norm_res);
   cudaFree(norm_out);
   cudaFree(scales);
+  if (fp8_ws) cudaFree(fp8_ws);
+  if (fp8_deq) cudaFree(fp8_deq);
 }
 
 bool GemmEngine::load(const std::string& path) {
@@ -612,7 +746,7 @@ std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t
                                          bool fp8_weights) {
   std::vector<GemmShape> shapes;
   for (int64_t mb = 1; mb <= gemm_m_bucket(max_tokens); mb *= 2) {
-    if (fp8_weights && mb <= kGemvMaxM) {
+    if (fp8_weights) {
       shapes.push_back({mb, q_size + 2 * kv_size, hidden, GemmOut::bf16, GemmWeight::fp8});
       shapes.push_back({mb, hidden, q_size, GemmOut::bf16, GemmWeight::fp8});
       shapes.push_back({mb, 2 * inter, hidden, GemmOut::bf16, GemmWeight::fp8});
