@@ -220,63 +220,45 @@ struct GemmEngine::Impl {
   void* workspace = nullptr;
   std::string gpu_name;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, Plan> plans;
-  // Aligned output rows for a GEMM whose own output cuBLASLt cannot write (run()): grow-only; outgrown
-  // buffers are kept, since a captured CUDA graph may still copy from them.
-  void* staging = nullptr;
-  size_t staging_bytes = 0;
+  // Grow-only device buffers: outgrown ones are kept (in `retired`), since a captured CUDA graph may still
+  // use them, and none grows while its stream captures a graph (no allocation may happen there).
+  struct GrowOnly {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
   std::vector<void*> retired;
-
-  // `bytes` of staging, or null when it would have to grow while `stream` is capturing a graph (no
-  // allocation may happen there; CudaDecodeGraph runs each step eagerly first, which grows it).
+  // `want` bytes of b (grown to max(want, grow_to) when short), or null where it is short while `stream`
+  // (null: none) captures a graph.
+  void* grow(GrowOnly& b, size_t want, size_t grow_to, cudaStream_t stream) {
+    if (want <= b.bytes) return b.ptr;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (stream) KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) return nullptr;
+    void* grown = nullptr;
+    const size_t n = std::max(want, grow_to);
+    KILN_CUDA_CHECK(cudaMalloc(&grown, n));
+    if (b.ptr) retired.push_back(b.ptr);
+    b = {grown, n};
+    return grown;
+  }
+  // Aligned output rows for a GEMM whose own output cuBLASLt cannot write (run()); CudaDecodeGraph runs each
+  // step eagerly first, which grows it.
+  GrowOnly staging;
   void* staging_for(size_t bytes, cudaStream_t stream) {
-    if (bytes <= staging_bytes) return staging;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
-    if (cs != cudaStreamCaptureStatusNone) return nullptr;
-    void* grown = nullptr;
-    const size_t want = std::max(bytes, 2 * staging_bytes);
-    KILN_CUDA_CHECK(cudaMalloc(&grown, want));
-    if (staging) retired.push_back(staging);
-    staging = grown;
-    staging_bytes = want;
-    return staging;
+    return grow(staging, bytes, 2 * staging.bytes, stream);
   }
-
-  // The FP8 dequantization scratch (run() with an FP8 weight): grow-only, never inside a graph capture (a
-  // captured graph keeps the pointer, so an outgrown buffer is kept too).
-  void* fp8_scratch = nullptr;
-  size_t fp8_scratch_bytes = 0;
+  // The FP8 dequantization scratch (run() with an FP8 weight): short inside a capture is an error.
+  GrowOnly fp8_scratch;
   void* fp8_scratch_for(size_t bytes, cudaStream_t stream) {
-    if (bytes <= fp8_scratch_bytes) return fp8_scratch;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (stream) KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
-    KILN_CHECK(cs == cudaStreamCaptureStatusNone, "GemmEngine: the FP8 dequantization scratch (",
-               fp8_scratch_bytes, " bytes) is smaller than a weight of ", bytes,
+    void* p = grow(fp8_scratch, bytes, 0, stream);
+    KILN_CHECK(p, "GemmEngine: the FP8 dequantization scratch (", fp8_scratch.bytes,
+               " bytes) is smaller than a weight of ", bytes,
                " bytes inside a CUDA graph capture, where it cannot grow: reserve_fp8_dequant first");
-    void* grown = nullptr;
-    KILN_CUDA_CHECK(cudaMalloc(&grown, bytes));
-    if (fp8_scratch) retired.push_back(fp8_scratch);
-    fp8_scratch = grown;
-    fp8_scratch_bytes = bytes;
-    return fp8_scratch;
+    return p;
   }
-
-  // The W8A8 GEMM's workspace (fp8_gemm.h): grow-only like the scratch; null where it would have to grow
-  // inside a graph capture (run() then takes the scratch path).
-  void* fp8_ws = nullptr;
-  size_t fp8_ws_bytes = 0;
-  void* fp8_ws_for(size_t bytes, cudaStream_t stream) {
-    if (bytes <= fp8_ws_bytes) return fp8_ws;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (stream) KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
-    if (cs != cudaStreamCaptureStatusNone) return nullptr;
-    void* grown = nullptr;
-    KILN_CUDA_CHECK(cudaMalloc(&grown, bytes));
-    if (fp8_ws) retired.push_back(fp8_ws);
-    fp8_ws = grown;
-    fp8_ws_bytes = bytes;
-    return fp8_ws;
-  }
+  // The W8A8 GEMM's workspace (fp8_gemm.h): null where short inside a capture (run() then takes the scratch
+  // path).
+  GrowOnly fp8_ws;
 
   // Heuristic candidates for a plan's descriptors (at most `count`).
   std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Plan& p, int count) const {
@@ -332,9 +314,8 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
 GemmEngine::~GemmEngine() {
   for (auto& [key, plan] : impl_->plans) destroy(plan);
   for (void* b : impl_->retired) cudaFree(b);
-  if (impl_->staging) cudaFree(impl_->staging);
-  if (impl_->fp8_scratch) cudaFree(impl_->fp8_scratch);
-  if (impl_->fp8_ws) cudaFree(impl_->fp8_ws);
+  for (void* b : {impl_->staging.ptr, impl_->fp8_scratch.ptr, impl_->fp8_ws.ptr})
+    if (b) cudaFree(b);
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
 }
@@ -384,8 +365,8 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
       tuned != tactics_.end() && tuned->second.kind == GemmKind::fp8gemm && out_type == GemmOut::bf16 &&
       fp8_gemm_supported(m, n, k, ldx, w.ld, ldo) && aligned16(w.data) && aligned16(x) && aligned16(out)) {
     const int64_t ws_bytes = fp8_gemm_workspace_bytes(m, k);
-    if (void* ws = impl_->fp8_ws_for(size_t(ws_bytes), stream)) {
-      fp8_gemm(x, ldx, w.data, w.ld, w.scale, out, ldo, m, n, k, ws, int64_t(impl_->fp8_ws_bytes),
+    if (void* ws = impl_->grow(impl_->fp8_ws, size_t(ws_bytes), 0, stream)) {
+      fp8_gemm(x, ldx, w.data, w.ld, w.scale, out, ldo, m, n, k, ws, int64_t(impl_->fp8_ws.bytes),
                tuned->second.fp8gemm, stream);
       ++fp8_gemm_dispatches_;
       return;
@@ -400,7 +381,7 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
 
 void GemmEngine::reserve_fp8_gemm(int64_t m, int64_t k) {
   KILN_CHECK(m >= 0 && k >= 0, "reserve_fp8_gemm: negative size ", m, " x ", k);
-  if (m > 0 && k > 0) impl_->fp8_ws_for(size_t(fp8_gemm_workspace_bytes(m, k)), nullptr);
+  if (m > 0 && k > 0) impl_->grow(impl_->fp8_ws, size_t(fp8_gemm_workspace_bytes(m, k)), 0, nullptr);
 }
 
 void GemmEngine::reserve_fp8_dequant(int64_t elements) {
