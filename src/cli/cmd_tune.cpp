@@ -18,7 +18,8 @@
 namespace {
 
 int run_tune(const kiln::cli::Args& args) {
-  const kiln::cli::Flags f(args, {"model", "shape", "max-tokens", "max-logit-rows", "cache", "quantization"}, {"show"});
+  const kiln::cli::Flags f(args, {"model", "shape", "max-tokens", "max-logit-rows", "cache", "quantization"},
+                           {"show"});
 #ifdef KILN_HAVE_CUDA
   KILN_CHECK(f.has("model") != f.has("shape"),
              "kiln tune: give --model DIR or --shape qwen3-8b|qwen3-4b|qwen3-0.6b");
@@ -46,8 +47,8 @@ int run_tune(const kiln::cli::Args& args) {
     int missing = 0;
     for (const auto& s : shapes) {
       const auto it = eng.tactics().find(s);
-      std::printf("M<=%-5lld N %-6lld K %-5lld %-4s%s ", (long long)s.m_bucket, (long long)s.n, (long long)s.k,
-                  s.out == kiln::cuda::GemmOut::f32 ? "f32" : "bf16",
+      std::printf("M<=%-5lld N %-6lld K %-5lld %-4s%s ", (long long)s.m_bucket, (long long)s.n,
+                  (long long)s.k, s.out == kiln::cuda::GemmOut::f32 ? "f32" : "bf16",
                   s.weight == kiln::cuda::GemmWeight::fp8 ? " W e4m3" : "");
       if (it == eng.tactics().end()) {
         ++missing;
@@ -72,6 +73,6 @@ int run_tune(const kiln::cli::Args& args) {
 
 }  // namespace
 
-KILN_COMMAND("tune",
-             "autotune cuBLASLt GEMM tactics for a model's shapes (--model DIR [--quantization fp8] [--show])",
-             run_tune);
+KILN_COMMAND(
+    "tune", "autotune cuBLASLt GEMM tactics for a model's shapes (--model DIR [--quantization fp8] [--show])",
+    run_tune);

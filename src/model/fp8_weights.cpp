@@ -105,6 +105,14 @@ Fp8HostPart quantize_fp8_part(const bf16_t* w, int64_t rows, int64_t cols, const
   return p;
 }
 
+#ifdef KILN_HAVE_CUDA
+namespace {
+// Rows of the W8A8 GEMM's workspace reserved at load: more than any decode graph captures (serving's largest
+// batch bucket times the speculative tokens per row); prefill chunks grow it eagerly.
+constexpr int64_t kFp8GemmGraphRows = 2048;
+}  // namespace
+#endif
+
 bool fp8_dequant_forced() {
   const char* e = std::getenv("KILN_FP8_DEQUANT");
   if (!e || !*e) return false;
@@ -184,9 +192,13 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
     sd += p.scale.size();
   }
 #ifdef KILN_HAVE_CUDA
-  // The scratch that calls the FP8 GEMV does not take dequantize into (gemm.h), grown now, before any graph
-  // capture: the largest FP8 weight placed.
-  if (device.is_cuda()) ops::cuda::reserve_fp8_dequant(rows * cols);
+  // GemmEngine's buffers for the FP8 calls the GEMV does not take (gemm.h), grown now, before any graph
+  // capture: the dequantization scratch for the largest FP8 weight placed, and the W8A8 GEMM's workspace for
+  // kFp8GemmGraphRows rows (a captured step with more rows takes the scratch path).
+  if (device.is_cuda()) {
+    ops::cuda::reserve_fp8_dequant(rows * cols);
+    ops::cuda::reserve_fp8_gemm(kFp8GemmGraphRows, cols);
+  }
 #endif
   ops::LinearWeight w(q.view(DType::f8e4m3, {rows, cols}), s.view(DType::f32, {scale_rows, kb}));
   storage.push_back(std::move(q));

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <cmath>
+#include <fstream>
+
 #include "common/test_support.h"
 #include "fp8_weight_util.h"
 #include "gemv_test_util.h"
@@ -249,12 +252,24 @@ TEST(CudaGemvFp8, TacticLineCarriesTheWeightFormat) {
   // The FP8 shapes: the four projections at every M bucket <= 8, beside the bf16 ones.
   const auto plain = cuda::qwen3_gemm_shapes(1024, 2048, 1024, 3072, 151936, 64, 2);
   const auto fp8 = cuda::qwen3_gemm_shapes(1024, 2048, 1024, 3072, 151936, 64, 2, true);
-  EXPECT_EQ(fp8.size(), plain.size() + 4 * 4);
-  for (const auto& sh : fp8) {
-    if (sh.weight == cuda::GemmWeight::fp8) {
-      EXPECT_LE(sh.m_bucket, 8);
-    }
-  }
+  EXPECT_EQ(fp8.size(), plain.size() + 4 * 7);  // M buckets 1 .. 64
+  // The W8A8 GEMM's tactic: its config in words 0-4; only for an FP8 weight, only a known config.
+  cuda::GemmTactic f;
+  f.kind = cuda::GemmKind::fp8gemm;
+  f.fp8gemm = cuda::kFp8GemmConfigs[2];
+  f.us = 40.0f;
+  f.describe = "w8a8";
+  const cuda::GemmShape s16{16, 6144, 2560, cuda::GemmOut::bf16, cuda::GemmWeight::fp8};
+  const std::string fline = cuda::format_tactic_line(s16, f);
+  ASSERT_TRUE(cuda::parse_tactic_line(fline, s2, t2)) << fline;
+  EXPECT_EQ(s2, s16);
+  EXPECT_EQ(t2.kind, cuda::GemmKind::fp8gemm);
+  EXPECT_EQ(t2.fp8gemm, cuda::kFp8GemmConfigs[2]);
+  EXPECT_EQ(cuda::format_tactic_line(s2, t2), fline);
+  EXPECT_FALSE(
+      cuda::parse_tactic_line("16 6144 2560 bf16 40 fp8gemm 80 6 1 1 0 0 0 0 # bf16 weight", s2, t2));
+  EXPECT_FALSE(
+      cuda::parse_tactic_line("16 6144 2560 bf16:e4m3 40 fp8gemm 60 6 1 1 0 0 0 0 # tile 96", s2, t2));
 }
 
 TEST(CudaGemvFp8, EngineRunsTheFp8GemvOrTheScratchPathBitwise) {
@@ -324,6 +339,55 @@ TEST(CudaGemvFp8, EngineRunsTheFp8GemvOrTheScratchPathBitwise) {
   KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
   KILN_CUDA_CHECK(cudaGraphDestroy(graph));
   KILN_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// GemmEngine::run on an FP8 weight at M = 16, 64, 1000 with W8A8 tactics: the W8A8 GEMM runs (its
+// counter moves, the scratch path's does not) and matches the CPU oracle ops::linear_fp8(w8a8) within 2^-8
+// (relative Frobenius error; N ragged against 128, K a multiple of 16 but not of 128).
+TEST(CudaGemvFp8, EngineRunsTheW8a8GemmWhereTuned) {
+  KILN_REQUIRE_GPU();
+  const int64_t N = 776, K = 1040;
+  if (!cuda::fp8_gemm_supported(16, N, K, K, K, N)) GTEST_SKIP() << "fp8_gemm does not run on this GPU";
+  Fp8TestWeight w(N, K, 800);
+  cuda::GemmEngine eng;
+  const std::string path = (test_support::process_scratch_dir("cuda_gemv_fp8") / "w8a8.txt").string();
+  {
+    std::ofstream out(path);
+    out << "kiln-gemm-tactics v3\nkey " << eng.key() << "\n";
+    cuda::GemmTactic t;
+    t.kind = cuda::GemmKind::fp8gemm;
+    t.fp8gemm = cuda::kFp8GemmConfigs[0];
+    t.us = 1.0f;
+    t.describe = "w8a8";
+    for (const int64_t mb : {16, 64, 1024})
+      out << cuda::format_tactic_line({mb, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8}, t) << "\n";
+  }
+  ASSERT_TRUE(eng.load(path));
+  for (const int64_t M : {16, 64, 1000}) {
+    const auto x = random_bf16(size_t(M * K), uint32_t(801 + M));
+    std::vector<bf16_t> cpu(size_t(M * N));
+    ops::linear_fp8(
+        Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {M, K}),
+        ops::LinearWeight(Tensor(w.q.data(), DType::f8e4m3, {N, K}),
+                          Tensor(w.s.data(), DType::f32, {ops::fp8_blocks(N), ops::fp8_blocks(K)})),
+        Tensor(cpu.data(), DType::bf16, {M, N}), ops::Fp8LinearPath::w8a8);
+    const Buffer dx = to_device(x);
+    Buffer out(size_t(M * N) * 2, Device::cuda());
+    poison(out);
+    const int64_t gemm_before = eng.fp8_gemm_dispatches(), scratch_before = eng.fp8_dequant_dispatches();
+    eng.run(dx.data(), K, w.fp8(), out.data(), N, M, N, K, cuda::GemmOut::bf16, nullptr);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(eng.fp8_gemm_dispatches(), gemm_before + 1) << "M " << M;
+    EXPECT_EQ(eng.fp8_dequant_dispatches(), scratch_before) << "M " << M;
+    const auto got = to_host<bf16_t>(out, size_t(M * N));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double c = bf16_to_f32(cpu[i]), d = double(bf16_to_f32(got[i])) - c;
+      num += d * d;
+      den += c * c;
+    }
+    EXPECT_LE(std::sqrt(num / den), 1.0 / 256) << "M " << M;  // NaN (an unwritten element) fails too
+  }
 }
 
 }  // namespace

@@ -1,116 +1,33 @@
 // cuBLASLt GEMM with the tactic cache: plans (descriptors + chosen algo) per exact (M, N, K, out),
-// tactics per (M bucket, N, K, out). See gemm.h for the contract.
+// tactics per (M bucket, N, K, out, weight format), the tactic cache file. See gemm.h for the contract; the
+// tuner is gemm_tune.cpp.
 #include "ops/cuda/gemm.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include "kiln/cuda_check.h"
-
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <sstream>
 
 #include "kiln/atomic_file.h"
+#include "kiln/cuda_check.h"
 #include "kiln/error.h"
-#include "ops/cuda/elementwise.h"
 #include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/gemm_any.h"
-
-#define KILN_LT_CHECK(expr)                                                               \
-  do {                                                                                    \
-    cublasStatus_t kiln_s_ = (expr);                                                      \
-    KILN_CHECK(kiln_s_ == CUBLAS_STATUS_SUCCESS, #expr ": cublas status ", int(kiln_s_)); \
-  } while (0)
+#include "ops/cuda/gemm_impl.h"
 
 namespace kiln::cuda {
+
+using namespace gemm_detail;
+
 namespace {
-
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-constexpr int64_t kMaxBucket = 16384;
-
-struct Plan {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool have_algo = false;
-};
-
-void destroy(Plan& p) {
-  if (p.op) cublasLtMatmulDescDestroy(p.op);
-  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
-  p = Plan{};
-}
-
-// Row-major out[M,N] = x[M,K] W[N,K]^T is column-major out^T[N,M] = W^T' (op T on the K x N column-major
-// view of W) times x^T (the K x M column-major view of x).
-Plan make_descriptors(int64_t m, int64_t n, int64_t k, GemmOut out, int64_t ldx, int64_t ldw, int64_t ldo) {
-  Plan p;
-  KILN_LT_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  KILN_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(n), ldw));
-  KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(m), ldx));
-  KILN_LT_CHECK(cublasLtMatrixLayoutCreate(&p.d, out == GemmOut::f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(n),
-                                           uint64_t(m), ldo));
-  return p;
-}
-
-std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-    uint32_t v = 0;
-    size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
-      return -1L;
-    return long(v);
-  };
-  std::ostringstream os;
-  os << "algo " << get(CUBLASLT_ALGO_CONFIG_ID) << " tile " << get(CUBLASLT_ALGO_CONFIG_TILE_ID) << " stages "
-     << get(CUBLASLT_ALGO_CONFIG_STAGES_ID) << " splitK " << get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)
-     << " reduction " << get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) << " swizzle "
-     << get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) << " custom " << get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
-  return os.str();
-}
-
-const char* out_name(GemmOut o) {
-  return o == GemmOut::f32 ? "f32" : "bf16";
-}
-
-GemvEpilogue gemv_epilogue(GemmOut o) {
-  return o == GemmOut::f32 ? GemvEpilogue::f32 : GemvEpilogue::bf16;
-}
-
-std::string describe_gemv(GemvConfig c) {
-  return std::string(c.tensor_cores ? "kiln-gemv-tc" : "kiln-gemv") + " warps " + std::to_string(c.warps) +
-         " rows " + std::to_string(gemv_rows(c));
-}
 
 constexpr const char* kCacheFormat = "kiln-gemm-tactics v3";
 constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";  // bf16 weights only: read as such
-
-// The cache line's out field: the output type, and ":e4m3" for a block-FP8 weight.
-std::string shape_out_field(const GemmShape& s) {
-  return std::string(out_name(s.out)) + (s.weight == GemmWeight::fp8 ? ":e4m3" : "");
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-// cuBLASLt's output row stride for N columns: N rounded up to 16 bytes of bf16 (what its tensor-op kernels
-// need). The tuner times every shape at this stride, and run() stages an unaligned output through it.
-int64_t aligned_ld(int64_t n) {
-  return (n + 7) / 8 * 8;
-}
 
 // An on/off switch from the environment: "0" or "1", else `fallback` when unset or empty.
 bool env_switch(const char* name, bool fallback) {
@@ -125,14 +42,26 @@ bool env_switch(const char* name, bool fallback) {
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
   std::ostringstream out;
   out << s.m_bucket << ' ' << s.n << ' ' << s.k << ' ' << shape_out_field(s) << ' ' << t.us << ' '
-      << (t.kind == GemmKind::gemv ? "gemv" : "lt") << std::hex;
+      << (t.kind == GemmKind::gemv      ? "gemv"
+          : t.kind == GemmKind::fp8gemm ? "fp8gemm"
+                                        : "lt")
+      << std::hex;
   for (int i = 0; i < 8; ++i) {
     const uint64_t gemv_word = i == 0   ? uint64_t(t.gemv.warps)
                                : i == 1 ? uint64_t(t.gemv.tensor_cores)
                                : i == 2 ? uint64_t(t.gemv_norm_in)
                                : i == 3 ? uint64_t(t.gemv.tiles == 1 ? 0 : t.gemv.tiles)
                                         : 0;
-    const uint64_t word = t.kind == GemmKind::gemv ? gemv_word : t.algo[i];
+    const Fp8GemmConfig& f = t.fp8gemm;
+    const uint64_t fp8_word = i == 0   ? uint64_t(f.tile_n)
+                              : i == 1 ? uint64_t(f.stages)
+                              : i == 2 ? uint64_t(f.persistent)
+                              : i == 3 ? uint64_t(f.cluster)
+                              : i == 4 ? uint64_t(f.tma_store)
+                                       : 0;
+    const uint64_t word = t.kind == GemmKind::gemv      ? gemv_word
+                          : t.kind == GemmKind::fp8gemm ? fp8_word
+                                                        : t.algo[i];
     out << ' ' << word;
   }
   out << std::dec << " # " << t.describe;
@@ -150,11 +79,26 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
     s.weight = GemmWeight::fp8;
     out.resize(out.size() - 5);
   }
-  if (!is || (out != "bf16" && out != "f32") || (kind != "lt" && kind != "gemv")) return false;
-  // An FP8 weight's tactic is always the GEMV (run() dequantizes for everything else).
-  if (s.weight == GemmWeight::fp8 && kind != "gemv") return false;
-  if (s.m_bucket < 1 || s.n < 1 || s.k < 1) return false;
+  if (!is || (out != "bf16" && out != "f32") || (kind != "lt" && kind != "gemv" && kind != "fp8gemm"))
+    return false;
+  // An FP8 weight's tactic is the FP8 GEMV or the W8A8 GEMM (run() dequantizes for everything else); the
+  // W8A8 GEMM is an FP8 weight's only.
+  if ((kind == "lt" && s.weight == GemmWeight::fp8) || (kind == "fp8gemm" && s.weight != GemmWeight::fp8))
+    return false;
   s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
+  if (kind == "fp8gemm") {
+    t.kind = GemmKind::fp8gemm;
+    t.fp8gemm = Fp8GemmConfig{int(t.algo[0] & 0xffff), int(t.algo[1] & 0xffff), t.algo[2] == 1,
+                              int(t.algo[3] & 0xffff), t.algo[4] == 1};
+    bool ok = t.algo[2] <= 1 && t.algo[4] <= 1 && s.out == GemmOut::bf16 && s.m_bucket >= 1;
+    for (int i = 5; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    for (int i = 0; i < 4; ++i) ok = ok && t.algo[i] <= 0xffff;
+    bool known = false;
+    for (const Fp8GemmConfig& c : kFp8GemmConfigs) known = known || c == t.fp8gemm;
+    if (!ok || !known) return false;
+    std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
+  }
+  if (s.m_bucket < 1 || s.n < 1 || s.k < 1) return false;
   if (kind == "gemv") {
     t.kind = GemmKind::gemv;
     // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported holds.
@@ -181,85 +125,6 @@ int64_t gemm_m_bucket(int64_t m) {
   return b;
 }
 
-struct GemmEngine::Impl {
-  int device = 0;
-  cublasLtHandle_t lt = nullptr;
-  void* workspace = nullptr;
-  std::string gpu_name;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, Plan> plans;
-  // Aligned output rows for a GEMM whose own output cuBLASLt cannot write (run()): grow-only; outgrown
-  // buffers are kept, since a captured CUDA graph may still copy from them.
-  void* staging = nullptr;
-  size_t staging_bytes = 0;
-  std::vector<void*> retired;
-
-  // `bytes` of staging, or null when it would have to grow while `stream` is capturing a graph (no
-  // allocation may happen there; CudaDecodeGraph runs each step eagerly first, which grows it).
-  void* staging_for(size_t bytes, cudaStream_t stream) {
-    if (bytes <= staging_bytes) return staging;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
-    if (cs != cudaStreamCaptureStatusNone) return nullptr;
-    void* grown = nullptr;
-    const size_t want = std::max(bytes, 2 * staging_bytes);
-    KILN_CUDA_CHECK(cudaMalloc(&grown, want));
-    if (staging) retired.push_back(staging);
-    staging = grown;
-    staging_bytes = want;
-    return staging;
-  }
-
-  // The FP8 dequantization scratch (run() with an FP8 weight): grow-only, never inside a graph capture (a
-  // captured graph keeps the pointer, so an outgrown buffer is kept too).
-  void* fp8_scratch = nullptr;
-  size_t fp8_scratch_bytes = 0;
-  void* fp8_scratch_for(size_t bytes, cudaStream_t stream) {
-    if (bytes <= fp8_scratch_bytes) return fp8_scratch;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (stream) KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
-    KILN_CHECK(cs == cudaStreamCaptureStatusNone, "GemmEngine: the FP8 dequantization scratch (",
-               fp8_scratch_bytes, " bytes) is smaller than a weight of ", bytes,
-               " bytes inside a CUDA graph capture, where it cannot grow: reserve_fp8_dequant first");
-    void* grown = nullptr;
-    KILN_CUDA_CHECK(cudaMalloc(&grown, bytes));
-    if (fp8_scratch) retired.push_back(fp8_scratch);
-    fp8_scratch = grown;
-    fp8_scratch_bytes = bytes;
-    return fp8_scratch;
-  }
-
-  // Heuristic candidates for a plan's descriptors (at most `count`).
-  std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Plan& p, int count) const {
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = kWorkspaceBytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    std::vector<cublasLtMatmulHeuristicResult_t> res(static_cast<size_t>(count));
-    int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.d, p.d, pref, count, res.data(), &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS) found = 0;
-    res.resize(size_t(found));
-    std::erase_if(res, [](const auto& r) { return r.state != CUBLAS_STATUS_SUCCESS; });
-    return res;
-  }
-
-  bool check(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
-    cublasLtMatmulHeuristicResult_t r{};
-    if (cublasLtMatmulAlgoCheck(lt, p.op, p.a, p.b, p.d, p.d, &algo, &r) != CUBLAS_STATUS_SUCCESS)
-      return false;
-    return r.workspaceSize <= kWorkspaceBytes;
-  }
-
-  void matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* x, const void* w, void* out,
-              cudaStream_t stream) const {
-    const float alpha = 1.0f, beta = 0.0f;
-    KILN_LT_CHECK(cublasLtMatmul(lt, p.op, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d, &algo,
-                                 workspace, kWorkspaceBytes, stream));
-  }
-};
-
 GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   KILN_CUDA_CHECK(cudaSetDevice(device));
@@ -282,8 +147,8 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
 GemmEngine::~GemmEngine() {
   for (auto& [key, plan] : impl_->plans) destroy(plan);
   for (void* b : impl_->retired) cudaFree(b);
-  if (impl_->staging) cudaFree(impl_->staging);
-  if (impl_->fp8_scratch) cudaFree(impl_->fp8_scratch);
+  for (void* b : {impl_->staging.ptr, impl_->fp8_scratch.ptr, impl_->fp8_ws.ptr})
+    if (b) cudaFree(b);
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
 }
@@ -328,13 +193,28 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
     ++gemv_dispatches_;
     return;
   }
-  // Branch point of the W8A8 block-FP8 GEMM (kiln::cuda::fp8_gemm, ops/cuda/fp8_gemm.h): where it covers the
-  // call, it runs here instead of the dequantization below.
+  // The W8A8 GEMM where the tuner chose it for this bucket and it takes the call.
+  if (const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type, GemmWeight::fp8});
+      tuned != tactics_.end() && tuned->second.kind == GemmKind::fp8gemm && out_type == GemmOut::bf16 &&
+      fp8_gemm_supported(m, n, k, ldx, w.ld, ldo) && aligned16(w.data) && aligned16(x) && aligned16(out)) {
+    const int64_t ws_bytes = fp8_gemm_workspace_bytes(m, k);
+    if (void* ws = impl_->grow(impl_->fp8_ws, size_t(ws_bytes), 0, stream)) {
+      fp8_gemm(x, ldx, w.data, w.ld, w.scale, out, ldo, m, n, k, ws, int64_t(impl_->fp8_ws.bytes),
+               tuned->second.fp8gemm, stream);
+      ++fp8_gemm_dispatches_;
+      return;
+    }
+  }
   void* deq = impl_->fp8_scratch_for(size_t(n * k) * 2, stream);
   dequantize_fp8(w.data, w.ld, w.scale, deq, n, k, stream);
   ++fp8_dequant_dispatches_;
   // No PDL: the bf16 GEMV's W loads before its PDL wait would race the dequantization (gemv.h).
   run(x, ldx, deq, k, out, ldo, m, n, k, out_type, stream, /*pdl=*/false);
+}
+
+void GemmEngine::reserve_fp8_gemm(int64_t m, int64_t k) {
+  KILN_CHECK(m >= 0 && k >= 0, "reserve_fp8_gemm: negative size ", m, " x ", k);
+  if (m > 0 && k > 0) impl_->grow(impl_->fp8_ws, size_t(fp8_gemm_workspace_bytes(m, k)), 0, nullptr);
 }
 
 void GemmEngine::reserve_fp8_dequant(int64_t elements) {
@@ -416,165 +296,6 @@ bool GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t
   return true;
 }
 
-void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
-  size_t x_bytes = 0, w_bytes = 0, o_bytes = 0, scale_bytes = 4;
-  for (const auto& s : shapes) {
-    x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
-    w_bytes = std::max(w_bytes, size_t(s.n * s.k * 2));
-    if (s.weight == GemmWeight::fp8)
-      scale_bytes = std::max(scale_bytes, size_t((s.n + 127) / 128 * ((s.k + 127) / 128) * 4));
-    o_bytes = std::max(o_bytes, size_t(s.m_bucket * aligned_ld(s.n) * (s.out == GemmOut::f32 ? 4 : 2)));
-  }
-  // Room for weight copies that together exceed 3x the L2: calls rotate over them, so a weight that
-  // would fit in the L2 is still read from HBM, as in a decode step (each layer's weights once).
-  int l2 = 0;
-  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, impl_->device);
-  w_bytes = std::max(w_bytes, size_t(std::max(l2, 0)) * 3);
-  void *x = nullptr, *w = nullptr, *o = nullptr, *scales = nullptr;
-  KILN_CUDA_CHECK(cudaMalloc(&scales, scale_bytes));
-  // 0x3c3c3c3c: f32 0.0115 as every block scale (e4m3 0x3c is 1.5): the FP8 weights' values are finite.
-  KILN_CUDA_CHECK(cudaMemset(scales, 0x3c, scale_bytes));
-  KILN_CUDA_CHECK(cudaMalloc(&x, x_bytes));
-  KILN_CUDA_CHECK(cudaMalloc(&w, w_bytes));
-  KILN_CUDA_CHECK(cudaMalloc(&o, o_bytes));
-  // The residual-norm timing's residual (rewritten by every call) and normed rows, [M, K] like x.
-  void *norm_res = nullptr, *norm_out = nullptr;
-  KILN_CUDA_CHECK(cudaMalloc(&norm_res, x_bytes));
-  KILN_CUDA_CHECK(cudaMalloc(&norm_out, x_bytes));
-  KILN_CUDA_CHECK(cudaMemset(norm_res, 0x3c, x_bytes));
-  // 0x3c3c is bf16 0.0115: finite, non-zero operands so the timing is of real arithmetic.
-  KILN_CUDA_CHECK(cudaMemset(x, 0x3c, x_bytes));
-  KILN_CUDA_CHECK(cudaMemset(w, 0x3c, w_bytes));
-  cudaStream_t stream = nullptr;
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  KILN_CUDA_CHECK(cudaEventCreate(&e0));
-  KILN_CUDA_CHECK(cudaEventCreate(&e1));
-  for (const auto& s : shapes) {
-    // K not a multiple of 8: neither cuBLASLt's bf16 kernels nor the GEMV take it; run() sends it to the
-    // any-shape kernel, so there is nothing to choose.
-    if (s.k % 8 != 0) continue;
-    // An FP8 weight's shape has only the GEMV to choose (run() dequantizes for everything else).
-    const bool fp8 = s.weight == GemmWeight::fp8;
-    if (fp8 && s.m_bucket > kGemvMaxM) continue;
-    // At run()'s output stride for this N (the staging stride where N is not a multiple of 8).
-    Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, aligned_ld(s.n));
-    const size_t w_one = size_t(s.n * s.k) * (fp8 ? 1 : 2);  // bytes of one weight copy
-    const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / w_one));
-    const auto* w0 = static_cast<const uint16_t*>(w);
-    // Weight copy `it % copies` (rotated so that every call reads W from HBM).
-    const auto weight_at = [&](int64_t it) {
-      return GemvWeight{static_cast<const char*>(w) + size_t(it % copies) * w_one, s.k,
-                        fp8 ? static_cast<const float*>(scales) : nullptr};
-    };
-    std::vector<cublasLtMatmulAlgo_t> cands;
-    for (const auto& r : fp8 ? std::vector<cublasLtMatmulHeuristicResult_t>{} : impl_->heuristic(p, 24)) {
-      cands.push_back(r.algo);
-      // Split-K variants help when M is small and the N tiles do not fill the GPU.
-      if (s.m_bucket > 256) continue;
-      for (uint32_t split : {2u, 4u, 8u, 16u}) {
-        if (s.k / split < 256) break;
-        cublasLtMatmulAlgo_t a = r.algo;
-        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
-                                                 sizeof(split)) != CUBLAS_STATUS_SUCCESS)
-          break;
-        const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                             sizeof(scheme));
-        if (impl_->check(p, a)) cands.push_back(a);
-      }
-    }
-    // kiln's GEMV, one pseudo-tactic per block size, for the decode buckets.
-    std::vector<GemvConfig> gemv_cands;
-    // The multi-tile configs from M = 2: at M = 1 the one-tile ones keep the fused forms (gemv_fusable).
-    if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
-      for (const GemvConfig& c : kGemvConfigs)
-        if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
-    if (cands.empty() && gemv_cands.empty()) {  // nothing to time: run() takes the any-shape kernel
-      destroy(p);
-      continue;
-    }
-    // Enough repetitions for ~2 ms of work per candidate, at least 3.
-    const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
-    const double bytes = double(w_one) + 2.0 * double(s.m_bucket * s.k + s.m_bucket * s.n);
-    const double est_us = std::max(flops / 600e12, bytes / 3.5e12) * 1e6 + 3.0;
-    const int iters = std::clamp(int(2000.0 / est_us), 3, 200);
-    // Candidate i < cands.size() is cuBLASLt's, the rest are GEMV configurations.
-    auto call = [&](size_t i, int64_t it) {
-      const GemvWeight wi = weight_at(it);
-      if (i < cands.size())
-        impl_->matmul(p, cands[i], x, wi.data, o, stream);  // o rows at aligned_ld(N)
-      else
-        gemv(x, s.k, wi, o, s.n, s.m_bucket, s.n, s.k, gemv_epilogue(s.out), gemv_cands[i - cands.size()],
-             stream, /*pdl=*/true);
-    };
-    // µs per call of f(it) over `iters` calls rotating the weight copies, after a warm-up call.
-    const auto time_us = [&](const std::function<void(int64_t)>& f) {
-      f(copies - 1);
-      KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
-      for (int it = 0; it < iters; ++it) f(it);
-      KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
-      KILN_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      return ms * 1000.0f / float(iters);
-    };
-    float best = 1e30f;
-    size_t best_i = 0;
-    for (size_t i = 0; i < cands.size() + gemv_cands.size(); ++i) {
-      if (i < cands.size() && !impl_->check(p, cands[i])) continue;
-      const float us = time_us([&](int64_t it) { call(i, it); });
-      if (us < best) best = us, best_i = i;
-    }
-    GemmTactic t;
-    if (best_i < cands.size()) {
-      std::memcpy(t.algo, &cands[best_i], sizeof(t.algo));
-      t.describe = describe_algo(cands[best_i]);
-    } else {
-      t.kind = GemmKind::gemv;
-      t.gemv = gemv_cands[best_i - cands.size()];
-      t.describe = describe_gemv(t.gemv);
-      // The residual-norm prologue against the add_rms_norm kernel then this GEMV (x, o and the first rows
-      // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
-      if (s.out == GemmOut::bf16 && gemv_fusable(t.gemv) &&
-          gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
-        const float pair = time_us([&](int64_t it) {
-          rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,
-                   /*pdl=*/true);
-          gemv(norm_out, s.k, weight_at(it), o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream,
-               /*pdl=*/true);
-        });
-        const float fused = time_us([&](int64_t it) {
-          ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, weight_at(it), o, s.n, s.m_bucket, s.n,
-                                     s.k, GemvEpilogue::bf16, t.gemv, stream, /*pdl=*/true);
-        });
-        t.gemv_norm_in = fused < pair;
-        if (t.gemv_norm_in) t.describe += " +norm-in";
-      }
-    }
-    t.us = best;
-    if (verbose)
-      std::printf("tune M<=%-5" PRId64 " N %-6" PRId64 " K %-5" PRId64
-                  " %-9s %9.2f us  %5.1f TFLOP/s  %6.0f GB/s  (%zu cands) %s\n",
-                  s.m_bucket, s.n, s.k, shape_out_field(s).c_str(), double(best), flops / best * 1e-6,
-                  bytes / best * 1e-3, cands.size() + gemv_cands.size(), t.describe.c_str());
-    tactics_[s] = t;
-    destroy(p);
-  }
-  // Plans made before tuning keep their algorithm only if it is still the tuned one: rebuild them lazily.
-  for (auto& [key, plan] : impl_->plans) destroy(plan);
-  impl_->plans.clear();
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaStreamDestroy(stream);
-  cudaFree(x);
-  cudaFree(w);
-  cudaFree(o);
-  cudaFree(norm_res);
-  cudaFree(norm_out);
-  cudaFree(scales);
-}
-
 bool GemmEngine::load(const std::string& path) {
   std::ifstream in(path);
   if (!in) return false;
@@ -612,7 +333,7 @@ std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t
                                          bool fp8_weights) {
   std::vector<GemmShape> shapes;
   for (int64_t mb = 1; mb <= gemm_m_bucket(max_tokens); mb *= 2) {
-    if (fp8_weights && mb <= kGemvMaxM) {
+    if (fp8_weights) {
       shapes.push_back({mb, q_size + 2 * kv_size, hidden, GemmOut::bf16, GemmWeight::fp8});
       shapes.push_back({mb, hidden, q_size, GemmOut::bf16, GemmWeight::fp8});
       shapes.push_back({mb, 2 * inter, hidden, GemmOut::bf16, GemmWeight::fp8});

@@ -32,9 +32,10 @@
 // the tuner measured it faster on this GPU.
 //
 // Block-FP8 weights (GemmWeight::fp8, run() with a GemvWeight): the shapes are keyed by the weight format
-// too; the tuner times the FP8 GEMV configs (and the residual-norm prologue) at M buckets <= 8; every other
-// FP8 call dequantizes the weight into a preallocated scratch and runs the bf16 dispatch (the portable
-// path; the W8A8 block-FP8 GEMM is to take those calls: see the branch point in run()). The cache file is
+// too; the tuner times the FP8 GEMV configs (and the residual-norm prologue) at M buckets <= 8, and at larger
+// buckets the W8A8 GEMM's configs (fp8_gemm.h; the TMA-store epilogues left out for now) against
+// dequantizing the weight into a preallocated scratch then the bf16 dispatch (the portable path), storing
+// an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did. The cache file is
 // "kiln-gemm-tactics v3"; a v2 file (bf16 weights only) is read as well.
 #pragma once
 
@@ -46,6 +47,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ops/cuda/fp8_gemm.h"
 #include "ops/cuda/gemv.h"
 
 struct CUstream_st;
@@ -65,12 +67,13 @@ struct GemmShape {
   auto operator<=>(const GemmShape&) const = default;
 };
 
-enum class GemmKind : uint8_t { cublaslt, gemv };
+enum class GemmKind : uint8_t { cublaslt, gemv, fp8gemm };
 
 struct GemmTactic {
   GemmKind kind = GemmKind::cublaslt;
-  uint64_t algo[8] = {};  // cublaslt: cublasLtMatmulAlgo_t, opaque, valid for one cuBLASLt version
-  GemvConfig gemv{};      // gemv: the kernel and block size (algo unused, stored as zeros)
+  uint64_t algo[8] = {};    // cublaslt: cublasLtMatmulAlgo_t, opaque, valid for one cuBLASLt version
+  GemvConfig gemv{};        // gemv: the kernel and block size (algo unused, stored as zeros)
+  Fp8GemmConfig fp8gemm{};  // fp8gemm (block-FP8 weights): the W8A8 GEMM's config (fp8_gemm.h)
   // gemv: the GEMV with the residual-norm prologue (gemv.h: gemv_norm_in) measured faster than the
   // add_rms_norm kernel then this GEMV, when this shape's input is a residual add + RMSNorm.
   bool gemv_norm_in = false;
@@ -108,17 +111,21 @@ class GemmEngine {
            cudaStream_t stream) {
     run(x, k, w, k, out, n, m, n, k, out_type, stream);
   }
-  // The same for a weight of either format (gemv.h: GemvWeight). bf16: the run above. Block-FP8: the tuned
-  // FP8 GEMV of (bucket(m), n, k, out, fp8) where there is one (M <= 8; bitwise the bf16 GEMV with that
-  // config on the dequantized weight); otherwise the weight is dequantized (path (c), bitwise) into a scratch
-  // bf16 [n, k] buffer and the bf16 run above takes it, without PDL (its W was just written). The scratch
-  // grows outside graph capture only: reserve_fp8_dequant before capturing, else a call that would grow it
-  // inside a capture throws naming the size.
+  // The same for a weight of either format (gemv.h: GemvWeight). bf16: the run above. Block-FP8, by the
+  // tuned tactic of (bucket(m), n, k, out, fp8): the FP8 GEMV (M <= 8; bitwise the bf16 GEMV with that config
+  // on the dequantized weight), or the W8A8 GEMM (fp8_gemm.h; bf16 out) where fp8_gemm_supported holds and
+  // its workspace (grown outside graph capture only: reserve_fp8_gemm) is large enough; otherwise the weight
+  // is dequantized (path (c), bitwise) into a scratch bf16 [n, k] buffer and the bf16 run above takes it,
+  // without PDL (its W was just written). The scratch grows outside graph capture only: reserve_fp8_dequant
+  // before capturing, else a call that would grow it inside a capture throws naming the size.
   void run(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n,
            int64_t k, GemmOut out_type, cudaStream_t stream, bool pdl = false);
   // Grows the FP8 dequantization scratch to hold `elements` bf16 (the largest FP8 weight a model runs).
   void reserve_fp8_dequant(int64_t elements);
   int64_t fp8_dequant_dispatches() const { return fp8_dequant_dispatches_; }  // FP8 runs via the scratch
+  // Grows the W8A8 GEMM's workspace to hold `m` rows of `k` (fp8_gemm_workspace_bytes).
+  void reserve_fp8_gemm(int64_t m, int64_t k);
+  int64_t fp8_gemm_dispatches() const { return fp8_gemm_dispatches_; }  // FP8 runs by the W8A8 GEMM
 
   // The GEMV configuration run() uses for this call (the tuned tactic of its bucket is a GEMV and the
   // GEMV is enabled), else nothing (cuBLASLt). The fused gate_up + SiLU op asks this for [M, 2I, K].
@@ -175,6 +182,7 @@ class GemmEngine {
   int64_t any_shape_dispatches_ = 0;
   int64_t staged_dispatches_ = 0;
   int64_t fp8_dequant_dispatches_ = 0;
+  int64_t fp8_gemm_dispatches_ = 0;
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
@@ -183,8 +191,8 @@ class GemmEngine {
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for
 // M buckets up to max_logit_rows, none when it is 0: an embedding model), each for every M bucket from 1 to
-// max_tokens. fp8_weights: the four projections also with block-FP8 weights for the M buckets <= 8 (the FP8
-// GEMV's; larger M run the bf16 shapes on the dequantized weight).
+// max_tokens. fp8_weights: the four projections also with block-FP8 weights, every M bucket (the FP8 GEMV's
+// up to 8, the W8A8 GEMM's against the dequantize-then-bf16 path above).
 std::vector<GemmShape> qwen3_gemm_shapes(int64_t hidden, int64_t q_size, int64_t kv_size, int64_t inter,
                                          int64_t vocab, int64_t max_tokens, int64_t max_logit_rows,
                                          bool fp8_weights = false);

@@ -128,6 +128,10 @@ void reserve_fp8_dequant(int64_t elements) {
   kc::gemm_engine().reserve_fp8_dequant(elements);
 }
 
+void reserve_fp8_gemm(int64_t m, int64_t k) {
+  kc::gemm_engine().reserve_fp8_gemm(m, k);
+}
+
 bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k, bool fp8_weight) {
   const kc::GemmEngine& eng = kc::gemm_engine();
   if (m < 1 || !eng.gemv_attn_prep()) return false;

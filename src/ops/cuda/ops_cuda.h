@@ -48,6 +48,9 @@ bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& n
 // Grows GemmEngine's FP8 dequantization scratch (gemm.h: reserve_fp8_dequant) to `elements` bf16, before
 // any CUDA graph capture.
 void reserve_fp8_dequant(int64_t elements);
+// Grows GemmEngine's W8A8 GEMM workspace (gemm.h: reserve_fp8_gemm) to m rows of k, before any CUDA graph
+// capture.
+void reserve_fp8_gemm(int64_t m, int64_t k);
 // Gathers the rows into scratch, runs the GEMM with fp32 output into logits, then rounds each logit to
 // bf16 in place (the same value a bf16-output GEMM with the same tactic would give).
 void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& logits);

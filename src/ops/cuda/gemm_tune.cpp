@@ -1,0 +1,242 @@
+// GemmEngine::tune: times every candidate tactic per shape (gemm.h: the contract and what is timed).
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/fp8_dequant.h"
+#include "ops/cuda/gemm_impl.h"
+
+namespace kiln::cuda {
+
+using namespace gemm_detail;
+
+void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
+  size_t x_bytes = 0, w_bytes = 0, o_bytes = 0, scale_bytes = 4;
+  for (const auto& s : shapes) {
+    x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
+    w_bytes = std::max(w_bytes, size_t(s.n * s.k * 2));
+    if (s.weight == GemmWeight::fp8)
+      scale_bytes = std::max(scale_bytes, size_t((s.n + 127) / 128 * ((s.k + 127) / 128) * 4));
+    o_bytes = std::max(o_bytes, size_t(s.m_bucket * aligned_ld(s.n) * (s.out == GemmOut::f32 ? 4 : 2)));
+  }
+  // Room for weight copies that together exceed 3x the L2: calls rotate over them, so a weight that
+  // would fit in the L2 is still read from HBM, as in a decode step (each layer's weights once).
+  int l2 = 0;
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, impl_->device);
+  w_bytes = std::max(w_bytes, size_t(std::max(l2, 0)) * 3);
+  void *x = nullptr, *w = nullptr, *o = nullptr, *scales = nullptr;
+  KILN_CUDA_CHECK(cudaMalloc(&scales, scale_bytes));
+  // 0x3c3c3c3c: f32 0.0115 as every block scale (e4m3 0x3c is 1.5): the FP8 weights' values are finite.
+  KILN_CUDA_CHECK(cudaMemset(scales, 0x3c, scale_bytes));
+  KILN_CUDA_CHECK(cudaMalloc(&x, x_bytes));
+  KILN_CUDA_CHECK(cudaMalloc(&w, w_bytes));
+  KILN_CUDA_CHECK(cudaMalloc(&o, o_bytes));
+  // The residual-norm timing's residual (rewritten by every call) and normed rows, [M, K] like x.
+  void *norm_res = nullptr, *norm_out = nullptr;
+  KILN_CUDA_CHECK(cudaMalloc(&norm_res, x_bytes));
+  KILN_CUDA_CHECK(cudaMalloc(&norm_out, x_bytes));
+  KILN_CUDA_CHECK(cudaMemset(norm_res, 0x3c, x_bytes));
+  // 0x3c3c is bf16 0.0115: finite, non-zero operands so the timing is of real arithmetic.
+  KILN_CUDA_CHECK(cudaMemset(x, 0x3c, x_bytes));
+  KILN_CUDA_CHECK(cudaMemset(w, 0x3c, w_bytes));
+  cudaStream_t stream = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  KILN_CUDA_CHECK(cudaEventCreate(&e0));
+  KILN_CUDA_CHECK(cudaEventCreate(&e1));
+  // µs per call of f(it) over `iters` calls (it = 0, 1, ...), after a warm-up call f(warm).
+  const auto time_calls = [&](int iters, int64_t warm, const std::function<void(int64_t)>& f) {
+    f(warm);
+    KILN_CUDA_CHECK(cudaEventRecord(e0, stream));
+    for (int it = 0; it < iters; ++it) f(it);
+    KILN_CUDA_CHECK(cudaEventRecord(e1, stream));
+    KILN_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1000.0f / float(iters);
+  };
+  // The W8A8 GEMM's shapes (FP8 weights, M buckets past the GEMV's): its workspace and the scratch path's
+  // dequantized weight.
+  size_t fp8_ws_bytes = 0, fp8_deq_bytes = 0;
+  for (const auto& s : shapes)
+    if (s.weight == GemmWeight::fp8 && s.m_bucket > kGemvMaxM) {
+      fp8_ws_bytes = std::max(fp8_ws_bytes, size_t(fp8_gemm_workspace_bytes(s.m_bucket, s.k)));
+      fp8_deq_bytes = std::max(fp8_deq_bytes, size_t(s.n * s.k * 2));
+    }
+  void *fp8_ws = nullptr, *fp8_deq = nullptr;
+  if (fp8_ws_bytes) KILN_CUDA_CHECK(cudaMalloc(&fp8_ws, fp8_ws_bytes));
+  if (fp8_deq_bytes) KILN_CUDA_CHECK(cudaMalloc(&fp8_deq, fp8_deq_bytes));
+  // An FP8 weight's shape past the GEMV's buckets: the W8A8 GEMM's configs against the scratch path
+  // (dequantize, then cuBLASLt's heuristic choice); an "fp8gemm" tactic where one of them won, else none.
+  const auto tune_w8a8 = [&](const GemmShape& s) {
+    tactics_.erase(s);
+    const int64_t ldo = aligned_ld(s.n);
+    std::vector<Fp8GemmConfig> f8;
+    if (s.out == GemmOut::bf16 && fp8_gemm_supported(s.m_bucket, s.n, s.k, s.k, s.k, ldo))
+      for (const Fp8GemmConfig& c : kFp8GemmConfigs)
+        if (!c.tma_store) f8.push_back(c);  // the TMA-store epilogues wrote past N where ldo > N (2026-12-06)
+    if (f8.empty()) return;
+    const size_t w_one = size_t(s.n * s.k);
+    const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / w_one));
+    const auto wq = [&](int64_t it) { return static_cast<const char*>(w) + size_t(it % copies) * w_one; };
+    const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
+    const int iters = std::clamp(int(2000.0 / (flops / 600e12 * 1e6 + 3.0)), 3, 100);
+    Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, ldo);
+    const auto h = impl_->heuristic(p, 1);
+    float best = 1e30f;
+    int best_i = -1;  // the scratch path
+    if (!h.empty())
+      best = time_calls(iters, copies - 1, [&](int64_t it) {
+        dequantize_fp8(wq(it), s.k, static_cast<const float*>(scales), fp8_deq, s.n, s.k, stream);
+        impl_->matmul(p, h[0].algo, x, fp8_deq, o, stream);
+      });
+    const float scratch_us = best;
+    for (size_t i = 0; i < f8.size(); ++i) {
+      const float us = time_calls(iters, copies - 1, [&](int64_t it) {
+        fp8_gemm(x, s.k, wq(it), s.k, static_cast<const float*>(scales), o, ldo, s.m_bucket, s.n, s.k, fp8_ws,
+                 int64_t(fp8_ws_bytes), f8[i], stream);
+      });
+      if (us < best) best = us, best_i = int(i);
+    }
+    destroy(p);
+    if (best_i >= 0) {
+      GemmTactic t;
+      t.kind = GemmKind::fp8gemm;
+      t.fp8gemm = f8[size_t(best_i)];
+      t.us = best;
+      t.describe = describe_fp8gemm(t.fp8gemm);
+      tactics_[s] = t;
+    }
+    if (verbose)
+      std::printf("tune M<=%-5" PRId64 " N %-6" PRId64 " K %-5" PRId64
+                  " %-9s %9.2f us  %5.1f TFLOP/s  (%zu cands; dequantize + cuBLASLt %.2f us) %s\n",
+                  s.m_bucket, s.n, s.k, shape_out_field(s).c_str(), double(best), flops / best * 1e-6,
+                  f8.size() + 1, double(scratch_us),
+                  best_i >= 0 ? describe_fp8gemm(f8[size_t(best_i)]).c_str() : "dequantize + bf16 GEMM");
+  };
+  for (const auto& s : shapes) {
+    // K not a multiple of 8: neither cuBLASLt's bf16 kernels nor the GEMV take it; run() sends it to the
+    // any-shape kernel, so there is nothing to choose.
+    if (s.k % 8 != 0) continue;
+    // An FP8 weight's shape: the GEMV's configs up to M bucket 8, the W8A8 GEMM's past it.
+    const bool fp8 = s.weight == GemmWeight::fp8;
+    if (fp8 && s.m_bucket > kGemvMaxM) {
+      tune_w8a8(s);
+      continue;
+    }
+    // At run()'s output stride for this N (the staging stride where N is not a multiple of 8).
+    Plan p = make_descriptors(s.m_bucket, s.n, s.k, s.out, s.k, s.k, aligned_ld(s.n));
+    const size_t w_one = size_t(s.n * s.k) * (fp8 ? 1 : 2);  // bytes of one weight copy
+    const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / w_one));
+    const auto* w0 = static_cast<const uint16_t*>(w);
+    // Weight copy `it % copies` (rotated so that every call reads W from HBM).
+    const auto weight_at = [&](int64_t it) {
+      return GemvWeight{static_cast<const char*>(w) + size_t(it % copies) * w_one, s.k,
+                        fp8 ? static_cast<const float*>(scales) : nullptr};
+    };
+    std::vector<cublasLtMatmulAlgo_t> cands;
+    for (const auto& r : fp8 ? std::vector<cublasLtMatmulHeuristicResult_t>{} : impl_->heuristic(p, 24)) {
+      cands.push_back(r.algo);
+      // Split-K variants help when M is small and the N tiles do not fill the GPU.
+      if (s.m_bucket > 256) continue;
+      for (uint32_t split : {2u, 4u, 8u, 16u}) {
+        if (s.k / split < 256) break;
+        cublasLtMatmulAlgo_t a = r.algo;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                                 sizeof(split)) != CUBLAS_STATUS_SUCCESS)
+          break;
+        const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                             sizeof(scheme));
+        if (impl_->check(p, a)) cands.push_back(a);
+      }
+    }
+    // kiln's GEMV, one pseudo-tactic per block size, for the decode buckets.
+    std::vector<GemvConfig> gemv_cands;
+    // The multi-tile configs from M = 2: at M = 1 the one-tile ones keep the fused forms (gemv_fusable).
+    if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
+      for (const GemvConfig& c : kGemvConfigs)
+        if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
+    if (cands.empty() && gemv_cands.empty()) {  // nothing to time: run() takes the any-shape kernel
+      destroy(p);
+      continue;
+    }
+    // Enough repetitions for ~2 ms of work per candidate, at least 3.
+    const double flops = 2.0 * double(s.m_bucket) * double(s.n) * double(s.k);
+    const double bytes = double(w_one) + 2.0 * double(s.m_bucket * s.k + s.m_bucket * s.n);
+    const double est_us = std::max(flops / 600e12, bytes / 3.5e12) * 1e6 + 3.0;
+    const int iters = std::clamp(int(2000.0 / est_us), 3, 200);
+    // Candidate i < cands.size() is cuBLASLt's, the rest are GEMV configurations.
+    auto call = [&](size_t i, int64_t it) {
+      const GemvWeight wi = weight_at(it);
+      if (i < cands.size())
+        impl_->matmul(p, cands[i], x, wi.data, o, stream);  // o rows at aligned_ld(N)
+      else
+        gemv(x, s.k, wi, o, s.n, s.m_bucket, s.n, s.k, gemv_epilogue(s.out), gemv_cands[i - cands.size()],
+             stream, /*pdl=*/true);
+    };
+    // µs per call of f(it) over `iters` calls rotating the weight copies, after a warm-up call.
+    const auto time_us = [&](const std::function<void(int64_t)>& f) {
+      return time_calls(iters, copies - 1, f);
+    };
+    float best = 1e30f;
+    size_t best_i = 0;
+    for (size_t i = 0; i < cands.size() + gemv_cands.size(); ++i) {
+      if (i < cands.size() && !impl_->check(p, cands[i])) continue;
+      const float us = time_us([&](int64_t it) { call(i, it); });
+      if (us < best) best = us, best_i = i;
+    }
+    GemmTactic t;
+    if (best_i < cands.size()) {
+      std::memcpy(t.algo, &cands[best_i], sizeof(t.algo));
+      t.describe = describe_algo(cands[best_i]);
+    } else {
+      t.kind = GemmKind::gemv;
+      t.gemv = gemv_cands[best_i - cands.size()];
+      t.describe = describe_gemv(t.gemv);
+      // The residual-norm prologue against the add_rms_norm kernel then this GEMV (x, o and the first rows
+      // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
+      if (s.out == GemmOut::bf16 && gemv_fusable(t.gemv) &&
+          gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
+        const float pair = time_us([&](int64_t it) {
+          rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,
+                   /*pdl=*/true);
+          gemv(norm_out, s.k, weight_at(it), o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream,
+               /*pdl=*/true);
+        });
+        const float fused = time_us([&](int64_t it) {
+          ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, weight_at(it), o, s.n, s.m_bucket, s.n,
+                                     s.k, GemvEpilogue::bf16, t.gemv, stream, /*pdl=*/true);
+        });
+        t.gemv_norm_in = fused < pair;
+        if (t.gemv_norm_in) t.describe += " +norm-in";
+      }
+    }
+    t.us = best;
+    if (verbose)
+      std::printf("tune M<=%-5" PRId64 " N %-6" PRId64 " K %-5" PRId64
+                  " %-9s %9.2f us  %5.1f TFLOP/s  %6.0f GB/s  (%zu cands) %s\n",
+                  s.m_bucket, s.n, s.k, shape_out_field(s).c_str(), double(best), flops / best * 1e-6,
+                  bytes / best * 1e-3, cands.size() + gemv_cands.size(), t.describe.c_str());
+    tactics_[s] = t;
+    destroy(p);
+  }
+  // Plans made before tuning keep their algorithm only if it is still the tuned one: rebuild them lazily.
+  for (auto& [key, plan] : impl_->plans) destroy(plan);
+  impl_->plans.clear();
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(stream);
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(o);
+  cudaFree(norm_res);
+  cudaFree(norm_out);
+  cudaFree(scales);
+  if (fp8_ws) cudaFree(fp8_ws);
+  if (fp8_deq) cudaFree(fp8_deq);
+}
+
+}  // namespace kiln::cuda
