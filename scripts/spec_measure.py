@@ -25,6 +25,8 @@ import sys
 import time
 import urllib.request
 
+NEAR_TIE = 0.1  # log-prob margin under which rounding may decide a greedy token (docs/NUMERICS.md)
+
 DEFAULT_CONFIGS = [
     "plain=",
     "ngram=--speculative-algorithm ngram --speculative-num-draft-tokens 5 "
@@ -107,7 +109,7 @@ class Server:
         self.log.close()
 
 
-def run_config(args, name, flags, prompts, port):
+def run_config(args, name, flags, prompts, port, with_tops=False):
     srv = Server(args.kiln, args.model, args.device, port, flags, os.path.join(args.logs, f"serve_{name}.log"),
                  args.ready_timeout)
     try:
@@ -122,6 +124,12 @@ def run_config(args, name, flags, prompts, port):
             rows.append({"kind": kind, "seconds": dt, "tokens": m["completion_tokens"], "ids": r["output_ids"],
                          "verify": m.get("spec_verify_ct", 0), "accepted": m.get("spec_accepted_tokens", 0)})
         metrics = get(port, "/metrics")
+        if with_tops:  # untimed: each prompt again with the top two log-probs per token (near ties)
+            for row, (_, text) in zip(rows, prompts):
+                body = {"text": text, "sampling_params": sp, "return_logprob": True, "top_logprobs_num": 2}
+                m = post(port, "/generate", body, args.timeout)
+                row["tops"] = m["meta_info"].get("output_top_logprobs", [])
+                row["tops_ids"] = m["output_ids"]
         return rows, metrics
     finally:
         srv.stop()
@@ -135,6 +143,36 @@ def summarize(rows, kind):
     accepted = sum(r["accepted"] for r in sel)
     accept_len = 1.0 + accepted / verify if verify else None
     return tokens / secs if secs > 0 else 0.0, accept_len, [r["ids"] for r in sel]
+
+
+def partings(results, base):
+    """Where a configuration's greedy tokens part from the baseline's: the baseline's top-2 log-prob margin at the
+    first difference. The verify rows run the prefill attention path and a (k + 1)-row GEMM, the plain step the
+    decode path: their logits differ in the last bits, so greedy tokens may part at a near tie (below NEAR_TIE,
+    docs/NUMERICS.md's exemption); a wide margin would be a bug. Returns (lines, whether one was wide)."""
+    lines, wide = [], False
+    if base not in results:
+        return lines, wide
+    brows = results[base][0]
+    for name, (rows, _) in results.items():
+        if name == base:
+            continue
+        for i, (r, b) in enumerate(zip(rows, brows)):
+            a, w = r["ids"], b["ids"]
+            if a == w:
+                continue
+            j = next((t for t in range(min(len(a), len(w))) if a[t] != w[t]), min(len(a), len(w)))
+            tops = b.get("tops", [])
+            note = "no top-2 log-probs"
+            if b.get("tops_ids") != w:
+                note = "the baseline's log-prob pass gave other tokens"
+            elif j < len(tops) and len(tops[j]) >= 2:
+                margin = tops[j][0][0] - tops[j][1][0]
+                near = margin < NEAR_TIE
+                wide = wide or not near
+                note = f"baseline top-2 margin {margin:.4f} " + ("(near tie)" if near else "(WIDE: not rounding, a bug)")
+            lines.append(f"{name} {r['kind']} prompt {i}: parts from {base} at token {j}: {note}")
+    return lines, wide
 
 
 def main():
@@ -160,7 +198,7 @@ def main():
     for i, c in enumerate(configs):
         name, _, flags = c.partition("=")
         try:
-            results[name] = run_config(args, name, shlex.split(flags), prompts, args.port + i)
+            results[name] = run_config(args, name, shlex.split(flags), prompts, args.port + i, with_tops=i == 0)
         except Exception as e:  # noqa: BLE001 - one failed configuration must not hide the others
             log(f"{name}: FAILED: {e}")
             ok = False
@@ -178,6 +216,10 @@ def main():
                 same = "yes" if ids == bids else f"no ({sum(a != b for a, b in zip(ids, bids))} differ)"
             acc_s = f"{acc:.2f}" if acc is not None else "-"
             print(f"| {name} | {kind} | {tps:.1f} | {speed} | {acc_s} | {same} |")
+    lines, wide = partings(results, base)
+    for ln in lines:
+        print(ln)
+    ok = ok and not wide
     for name, (_, metrics) in results.items():
         lines = [ln for ln in metrics.splitlines() if ln.startswith("kiln_spec_decode_") and "{" in ln]
         if lines:

@@ -354,8 +354,8 @@ void Engine::Impl::release_deferred() {
 std::optional<Engine::Impl::InFlight> Engine::Impl::launch_continuation(const InFlight& cur) {
   if (!launchable(cur.plan, true)) return std::nullopt;
   // Speculation off here: a due probe of the off switch ends the chain, so the next step may verify.
-  if (opts.speculative.enabled() && off_switch.should_verify(int32_t(cur.plan.rows.size())))
-    return std::nullopt;
+  const int32_t seqs = int32_t(cur.plan.rows.size());
+  if (opts.speculative.enabled() && off_switch.probe_due(seqs)) return std::nullopt;
   StepPlan next;
   if (!sched->plan_continuation(cur.plan, &next)) return std::nullopt;
   BatchDesc& batch = next.batch;
@@ -364,6 +364,7 @@ std::optional<Engine::Impl::InFlight> Engine::Impl::launch_continuation(const In
   runner->place_positions(batch);
   batch.validate(runner->config().vocab_size, pool->num_pages());
   if (!runner->launch_sampled(batch, row_sampling(cur.plan, 1), cur.top_n, true)) return std::nullopt;
+  if (opts.speculative.enabled()) off_switch.count_step(seqs);  // toward the next probe
   ++counters.steps;
   return InFlight{std::move(next), cur.top_n};
 }

@@ -22,6 +22,11 @@ bool SpecOffSwitch::is_off(int32_t seqs) const {
   return k < classes_.size() && classes_[k].off;
 }
 
+bool SpecOffSwitch::probe_due(int32_t seqs) const {
+  const size_t k = batch_class(seqs);
+  return k < classes_.size() && classes_[k].off && classes_[k].since_probe + 1 >= o_.probe_interval;
+}
+
 bool SpecOffSwitch::should_verify(int32_t seqs) {
   Class& c = at(seqs);
   const bool probe = ++c.since_probe >= o_.probe_interval;

@@ -20,9 +20,13 @@
 namespace kiln::spec {
 
 struct OffSwitchOptions {
-  double alpha = 0.25;          // weight of a new observation in the moving averages
-  int32_t min_samples = 4;      // observations of each kind before a class decides
-  int32_t probe_interval = 64;  // steps between probes of the other mode
+  double alpha = 0.25;      // weight of a new observation in the moving averages
+  int32_t min_samples = 4;  // observations of each kind before a class decides
+  // Steps between probes of the other mode. A probe costs one verify step where verification loses (a few
+  // percent of a step, once per interval); with acceptance varying request by request (batch 1 on the trained
+  // model, 2026-12-06: the switch turned off 6 times in 12 requests of ~40 steps), a short interval lets a
+  // request that quotes its prompt get speculation back within a few probes.
+  int32_t probe_interval = 16;
 };
 
 class SpecOffSwitch {
@@ -35,6 +39,13 @@ class SpecOffSwitch {
   void observe_plain(int32_t seqs, double seconds);
   // tokens_per_seq: the tokens the step gave per sequence, the target's own included (>= 1).
   void observe_verify(int32_t seqs, double seconds, double tokens_per_seq);
+
+  // A step at `seqs` that ran without asking (launched ahead by the overlap schedule while speculation is off
+  // there): counts toward the class's next probe.
+  void count_step(int32_t seqs) { ++at(seqs).since_probe; }
+  // Whether the next step at `seqs` would be a probe (off, and the interval reached): the overlap schedule
+  // ends its chain there so that step is planned, drafted and verified.
+  bool probe_due(int32_t seqs) const;
 
   bool is_off(int32_t seqs) const;
   int64_t times_switched_off() const { return switched_off_; }

@@ -123,7 +123,7 @@ TEST(SpecOffSwitch, EngineTurnsCostlyVerificationOff) {
     const spec::SpecStats st = engine.stats().spec;
     if (verify_cost > 5) {
       EXPECT_GE(st.switched_off, 1);
-      EXPECT_LT(st.verify_steps, engine.stats().steps / 10)
+      EXPECT_LT(st.verify_steps, engine.stats().steps / 6)
           << "off after the first measures, then only probes";
     } else {
       EXPECT_EQ(st.switched_off, 0);
@@ -156,7 +156,12 @@ TEST(SpecOffSwitch, OverlapScheduleResumesWhereSpeculationIsOff) {
     EXPECT_EQ(sink.tokens(id), FakeRunner(3).reference(prompt, 300, false));
     if (switch_on) {
       EXPECT_GT(r.chained_steps, 100) << "speculation off: the overlap schedule chains steps again";
-      EXPECT_GE(engine.stats().spec.verify_steps, 5) << "probes still verify";
+      std::printf("overlap with the switch off: %lld chained steps, %lld verify steps of %lld\n",
+                  (long long)r.chained_steps, (long long)engine.stats().spec.verify_steps,
+                  (long long)engine.stats().steps);
+      // Probes still verify, one step in 16 once off, chains and all: with the first measures, over one step
+      // in 8 (28 of 283 when a chain consumed the probe it ended for: the next step then ran plain).
+      EXPECT_GE(engine.stats().spec.verify_steps, engine.stats().steps / 8) << "probes still verify";
     } else {
       EXPECT_EQ(r.launched_steps, 0) << "speculation always on: nothing may launch past a verify step";
     }
