@@ -7,6 +7,7 @@
 
 #include "server/api_error.h"
 #include "server/generation.h"
+#include "server/prompt_logprobs.h"
 #include "server/responses.h"
 #include "server/server_impl.h"
 #include "server/sse_writer.h"
@@ -317,6 +318,8 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
     if (r.sampling.seed >= 0)
       r.sampling.seed = int64_t((uint64_t(r.sampling.seed) + choice) & uint64_t(INT64_MAX));
     r.return_hidden = s.spec.return_hidden;
+    r.prompt_logprobs_from = engine_prompt_logprobs_from(s.spec);
+    r.prompt_top_logprobs = s.spec.prompt_top_logprobs;
     r.after_prefill_of = choice > 0 ? src->group[i - choice]->rid : 0;
     s.rid = submit(std::move(r), [q = src->queue, w = src->wake](const TokenEvent& e) {
       if (q->push(e)) w->wake();
