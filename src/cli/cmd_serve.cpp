@@ -1,7 +1,7 @@
 // kiln serve: the OpenAI/SGLang-compatible HTTP server (src/server) over one engine.
 //   kiln serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--served-model-name X [Y ...]]
 //              [--allowed-origins '["*"]'] [--max-stored-responses N] [--metrics-compat vllm]
-//              [--task generate|rerank] [--max-prompt-logprob-tokens N]
+//              [--task generate|rerank] [--max-prompt-logprob-tokens N] [--log-level info|debug]
 //              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--quantization none|fp8]
 //              [--page-size 32]
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
@@ -43,6 +43,8 @@
 // also answers /v1/rerank, /rerank, /score and /v1/score (server/rerank.h); the generation routes stay.
 // --max-prompt-logprob-tokens N (32768): prompt positions one request may ask log-probabilities for
 // (prompt_logprobs, echo + logprobs, logprob_start_len); past it a 400 names the limit.
+// --log-level debug: every POST's top-level fields that kiln does not read (accepted and ignored) are logged
+// to stderr (server/request_fields.h); info (the default) logs no per-request lines.
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -127,6 +129,7 @@ std::set<std::string> serve_flags() {
                              "max-stored-responses",
                              "metrics-compat",
                              "task",
+                             "log-level",
                              "max-prompt-logprob-tokens"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
   s.insert(kiln::cli::kSpecFlags.begin(), kiln::cli::kSpecFlags.end());
@@ -236,6 +239,10 @@ int run_serve(const kiln::cli::Args& given_args) {
              stored);
   so.max_stored_responses = size_t(stored);
   so.metrics_compat = f.str("metrics-compat", "");
+  const std::string log_level = f.str("log-level", "info");
+  KILN_CHECK(log_level == "info" || log_level == "debug", "--log-level must be info or debug, got '",
+             log_level, "'");
+  so.log_unknown_fields = log_level == "debug";
   KILN_CHECK(so.metrics_compat.empty() || so.metrics_compat == "vllm", "--metrics-compat must be vllm, got '",
              so.metrics_compat, "'");
   const int64_t body = f.i64("max-body-bytes", int64_t(so.max_body_bytes));

@@ -76,6 +76,9 @@ struct ServerOptions {
   // --task rerank (server/rerank.h): the Qwen3-Reranker's yes/no ids and prompt; null: the rerank and score
   // routes answer 400.
   std::shared_ptr<const RerankSetup> rerank;
+  // --log-level debug: each POST's top-level fields that kiln does not read are logged to stderr
+  // (server/request_fields.h); such fields are accepted and ignored, and this is where a user sees them.
+  bool log_unknown_fields = false;
 };
 
 class ApiServer {

@@ -124,9 +124,13 @@ assert b["sc"]["usage"]["prompt_tokens"] >= 3 * (len(b["py"]["choices"][0]["prom
 '
 stop_server
 
-echo "== without --task rerank the rerank routes answer 400"
-start_server plain --model "$FIXTURES/demo" --max-total-tokens 4096
+echo "== without --task rerank the rerank routes answer 400; --log-level debug lists the fields kiln ignored"
+start_server plain --model "$FIXTURES/demo" --max-total-tokens 4096 --log-level debug
 [[ $(post nr /v1/rerank '{"query":"q","documents":["d"]}') == 400 ]] || fail "rerank without --task rerank"
 check "named flag" 'assert "--task rerank" in b["nr"]["error"]["message"], b["nr"]'
+[[ $(post uk /v1/completions '{"prompt":"a","max_tokens":1,"made_up_field":1,"user":"u","temperature":0}') == 200 ]] || fail "unknown fields are accepted"
+grep -q 'POST /v1/completions: fields not read by kiln (ignored): made_up_field, user' "$SERVER_LOG" || fail "no debug line for the ignored fields"
+[[ $(post kn /generate '{"text":"a","sampling_params":{"max_new_tokens":1},"return_logprob":true,"logprob_start_len":0}') == 200 ]] || fail "generate"
+grep -q 'POST /generate: fields not read' "$SERVER_LOG" && fail "a known field was logged as ignored"
 stop_server
 echo "PASS"
