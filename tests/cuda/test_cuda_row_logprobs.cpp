@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "../unit/engine_test_util.h"
+#include "common/prompt_logits.h"
 #include "model/qwen3.h"
 #include "ops/cuda/row_logprobs.h"
 #include "runtime/prompt_logprobs.h"
@@ -70,26 +71,8 @@ TEST(CudaPromptLogprobs, EngineEqualsAFullForward) {
   for (int i = 0; i < 150; ++i) prompt.push_back(int32_t((i * 7919 + 13) % 5003));
   auto m = tiny_cuda_model();
   const int64_t V = 5003, n = int64_t(prompt.size());
-  const int ps = 16, pages = int(n + ps - 1) / ps + 1;
-  std::vector<float> all(size_t(n * V));
-  {
-    KvCache cache(m->config(), pages, ps, ops::KvLayout::nhd, DType::bf16, Device::cuda());
-    BatchDesc b;
-    b.page_size = ps;
-    for (int32_t p = 0; p < n; ++p) {
-      b.tokens.push_back(prompt[size_t(p)]);
-      b.positions.push_back(p);
-      b.slot_mapping.push_back(p);
-      b.logit_rows.push_back(p);
-    }
-    b.cu_q = {0, int32_t(n)};
-    b.kv_lens = {int32_t(n)};
-    b.pages_stride = pages;
-    for (int i = 0; i < pages; ++i) b.page_table.push_back(i);
-    Buffer out(all.size() * 4, Device::cuda());
-    m->forward(b, cache, Tensor(out.data(), DType::f32, {n, V}, Device::cuda()));
-    copy_bytes(all.data(), Device::cpu(), out.data(), Device::cuda(), all.size() * 4);
-  }
+  const int ps = 16;
+  const std::vector<float> all = test::every_row_logits(*m, prompt, ps);
   EngineOptions o = test::small_opts(4096, ps, 64);  // 150 rows in three steps, 64-row groups
   Engine engine(std::make_unique<Qwen3Runner>(tiny_cuda_model(), ops::KvLayout::nhd, DType::bf16), o);
   test::Sink sink;
@@ -105,11 +88,7 @@ TEST(CudaPromptLogprobs, EngineEqualsAFullForward) {
   const auto& got = sink.events[id].front().prompt_logprobs;
   ASSERT_EQ(int64_t(got.size()), n - 1);
   auto lsm = [&](int64_t row, int32_t tok) {
-    const float* x = all.data() + row * V;
-    double mx = x[0], sum = 0;
-    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(x[i]));
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(double(x[i]) - mx);
-    return double(x[tok]) - mx - std::log(sum);
+    return test_support::log_softmax(all.data() + row * V, V)[size_t(tok)];
   };
   // Chunked prefill and a different LM-head row count may move a bf16 logit by an ulp: 0.05 bounds that.
   for (int64_t p = 1; p < n; ++p) {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/prompt_logits.h"
+#include "common/test_support.h"
 #include "engine_test_util.h"
 #include "model/qwen3.h"
 #include "runtime/model_runner.h"
@@ -41,35 +43,12 @@ std::unique_ptr<Engine> tiny_engine(int chunk, bool prefix_cache = true) {
       std::make_unique<Qwen3Runner>(tiny_model(), ops::KvLayout::nhd, DType::bf16), o);
 }
 
-// Every row's logits of one prefill of `prompt`: [n, vocab].
 std::vector<float> oracle_logits(const std::vector<int32_t>& prompt) {
-  auto m = tiny_model();
-  const int64_t V = m->config().vocab_size, n = int64_t(prompt.size());
-  const int ps = 4, pages = int(n + ps - 1) / ps + 1;
-  KvCache cache(m->config(), pages, ps, ops::KvLayout::nhd, DType::bf16, Device::cpu());
-  BatchDesc b;
-  b.page_size = ps;
-  for (int32_t p = 0; p < n; ++p) {
-    b.tokens.push_back(prompt[size_t(p)]);
-    b.positions.push_back(p);
-    b.slot_mapping.push_back(p);
-    b.logit_rows.push_back(p);
-  }
-  b.cu_q = {0, int32_t(n)};
-  b.kv_lens = {int32_t(n)};
-  b.pages_stride = pages;
-  for (int i = 0; i < pages; ++i) b.page_table.push_back(i);
-  std::vector<float> out(size_t(n * V));
-  m->forward(b, cache, Tensor(out.data(), DType::f32, {n, V}, Device::cpu()));
-  return out;
+  return test::every_row_logits(*tiny_model(), prompt, 4);
 }
 
 double log_softmax_at(const float* x, int64_t V, int32_t id) {
-  double m = x[0];
-  for (int64_t i = 0; i < V; ++i) m = std::max(m, double(x[i]));
-  double s = 0;
-  for (int64_t i = 0; i < V; ++i) s += std::exp(double(x[i]) - m);
-  return double(x[id]) - m - std::log(s);
+  return test_support::log_softmax(x, V)[size_t(id)];
 }
 
 std::vector<int32_t> test_prompt(int n, int salt) {

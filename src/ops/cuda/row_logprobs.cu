@@ -1,4 +1,5 @@
 // Chosen ids' log-probabilities and ranks per row of logits; contract in row_logprobs.h.
+#include "ops/cuda/block_reduce.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/row_logprobs.h"
 
@@ -7,28 +8,6 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr float kNegInf = -__builtin_huge_valf();
-
-// Block-wide reductions over kThreads threads (every thread calls and gets the result); fixed order.
-__device__ float block_sum(float v, float* sm) {
-  for (int o = 16; o >= 1; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) sm[threadIdx.x / 32] = v;
-  __syncthreads();
-  float t = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) t += sm[w];
-  __syncthreads();  // sm is reused by the next reduction
-  return t;
-}
-__device__ float block_max(float v, float* sm) {
-  for (int o = 16; o >= 1; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) sm[threadIdx.x / 32] = v;
-  __syncthreads();
-  float t = sm[0];
-  for (int w = 1; w < kThreads / 32; ++w) t = fmaxf(t, sm[w]);
-  __syncthreads();
-  return t;
-}
 
 struct RowLogprobArgs {
   const float* logits;  // [R, V], row stride ld
@@ -48,15 +27,15 @@ __global__ void __launch_bounds__(kThreads) row_logprobs_kernel(const __grid_con
   const float* x = a.logits + r * a.ld;
   float m = kNegInf;
   for (int64_t i = threadIdx.x; i < a.V; i += kThreads) m = fmaxf(m, x[i]);
-  m = block_max(m, sm);
+  m = block_max<kThreads>(m, sm);
   float se = 0.0f;
   for (int64_t i = threadIdx.x; i < a.V; i += kThreads) se += expf(x[i] - m);
-  const float lse = m + logf(block_sum(se, sm));
+  const float lse = m + logf(block_sum<kThreads>(se, sm));
   for (int j = 0; j < a.n; ++j) {
     const float xi = x[a.ids[r * a.n + j]];
     float above = 0.0f;  // exact: counts stay far below 2^24
     for (int64_t i = threadIdx.x; i < a.V; i += kThreads) above += x[i] > xi ? 1.0f : 0.0f;
-    above = block_sum(above, sm);
+    above = block_sum<kThreads>(above, sm);
     if (threadIdx.x == 0) {
       a.logprobs[r * a.n + j] = xi - lse;
       a.ranks[r * a.n + j] = 1 + int32_t(above);
