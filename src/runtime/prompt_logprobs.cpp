@@ -104,7 +104,9 @@ Engine::Impl::StepQueries Engine::Impl::step_queries(const StepPlan& plan) const
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& r = plan.rows[i];
     const Live& L = live.at(r.seq->id);
-    const int32_t from = L.req.prompt_logprobs_from, n = r.seq->prompt_len;
+    // Once handed out (a request preempted after its first token recomputes its prompt) nothing is asked
+    // again.
+    const int32_t from = L.prompt_logprobs_sent ? -1 : L.req.prompt_logprobs_from, n = r.seq->prompt_len;
     if (from < 0 && L.req.score_ids.empty()) continue;
     for (int32_t t = batch.cu_q[i]; t < batch.cu_q[i + 1]; ++t) {
       const int32_t pos = r.begin + (t - batch.cu_q[i]);  // this row's logits predict position pos + 1
