@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string_view>
 
+#include "server/api_error.h"
+
 namespace kiln::server {
 
 namespace {
@@ -16,7 +18,8 @@ const Names kOpenAiCommon = {
     "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
     "min_new_tokens", "sampling_seed", "best_of", "suffix", "stream", "stream_options", "logprobs",
     "top_logprobs", "max_tokens", "include_stop_str_in_output", "return_tokens_as_token_ids",
-    "truncate_prompt_tokens", "prompt_logprobs",
+    "truncate_prompt_tokens", "prompt_logprobs", "use_beam_search", "allowed_token_ids", "bad_words",
+    "skip_special_tokens", "priority",
     // structured output: implemented or refused by name (protocol.cpp)
     "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
     "json_schema", "regex", "ebnf", "structural_tag"};
@@ -101,6 +104,23 @@ std::vector<std::string> unknown_request_fields(const std::string& path, const n
     if (std::none_of(lists.begin(), lists.end(), [&](const Names* n) { return in(*n, key); }))
       out.push_back(key);
   return out;
+}
+
+void refuse_vllm_output_fields(const nlohmann::json& body) {
+  auto given = [&](const char* name) -> const nlohmann::json* {
+    auto it = body.find(name);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  auto refuse = [](const char* name, const std::string& why) {
+    throw bad_request("'" + std::string(name) + "' " + why + " is not supported by kiln", name);
+  };
+  if (const auto* v = given("use_beam_search"); v && *v != false) refuse("use_beam_search", "(beam search)");
+  for (const char* name : {"allowed_token_ids", "bad_words"})
+    if (const auto* v = given(name); v && !(v->is_array() && v->empty())) refuse(name, "(a non-empty list)");
+  if (const auto* v = given("skip_special_tokens"); v && *v != true)
+    refuse("skip_special_tokens", "other than true");
+  if (const auto* v = given("priority"); v && *v != 0)
+    refuse("priority", "other than 0 (no priority scheduling)");
 }
 
 std::string unknown_fields_log_line(const std::string& path, const std::string& body) {

@@ -14,6 +14,12 @@ namespace kiln::server {
 // path without a list (GET routes, unknown paths) or a body that is not an object.
 std::vector<std::string> unknown_request_fields(const std::string& path, const nlohmann::json& body);
 
+// vLLM's extra sampling fields (OpenAI routes) that would change the output and that kiln does not implement:
+// a 400 naming the field when set to anything but vLLM's default: use_beam_search (false), allowed_token_ids
+// and bad_words (empty), skip_special_tokens (true), priority (0; vLLM too refuses it without priority
+// scheduling).
+void refuse_vllm_output_fields(const nlohmann::json& body);
+
 // The debug line for them: "kiln server: debug: POST /v1/completions: fields not read by kiln: a, b", or ""
 // when there are none or the body is not JSON.
 std::string unknown_fields_log_line(const std::string& path, const std::string& body);

@@ -195,6 +195,24 @@ TEST(PromptLogprobShapes, RequestFieldsAndRefusals) {
   EXPECT_EQ(param, "logprob_start_len");
 }
 
+TEST(RequestFields, VllmOutputFieldsRefusedUnlessDefault) {
+  std::string param;
+  for (const char* body :
+       {R"({"use_beam_search": true})", R"({"allowed_token_ids": [1]})", R"({"bad_words": ["x"]})",
+        R"({"skip_special_tokens": false})", R"({"priority": 2})"}) {
+    EXPECT_EQ(param_error([&] { refuse_vllm_output_fields(json::parse(body)); }, &param), 400) << body;
+    EXPECT_EQ(json::parse(body).begin().key(), param);
+  }
+  EXPECT_EQ(
+      param_error(
+          [&] {
+            refuse_vllm_output_fields(json::parse(
+                R"({"use_beam_search": false, "allowed_token_ids": [], "bad_words": null, "skip_special_tokens": true, "priority": 0})"));
+          },
+          &param),
+      200);
+}
+
 TEST(RequestFields, UnknownFieldsAreListed) {
   const json body =
       json::parse(R"({"prompt": "a", "max_tokens": 1, "user": "u", "foo": 1, "prompt_logprobs": 1})");
