@@ -94,7 +94,7 @@ std::vector<std::string> unknown_request_fields(const std::string& path, const n
   if (path == "/generate") lists = {&kGenerate};
   if (path == "/v1/embeddings") lists = {&kEmbeddings};
   if (path == "/v1/responses") lists = {&kResponses};
-  if (path == "/v1/rerank" || path == "/rerank") lists = {&kRerank};
+  if (path == "/v1/rerank" || path == "/v2/rerank" || path == "/rerank") lists = {&kRerank};
   if (path == "/score" || path == "/v1/score") lists = {&kScore};
   if (path == "/tokenize") lists = {&kTokenize};
   if (path == "/detokenize") lists = {&kDetokenize};

@@ -14,7 +14,7 @@
 // instruction "Given a web search query, retrieve relevant passages that answer the query".
 //
 // Routes (rerank_route.cpp), each pair one prefill-only engine request, all batched by the engine:
-//   POST /v1/rerank, /rerank (Jina / Cohere, as vLLM): {query, documents: [str | {text}], top_n?,
+//   POST /v1/rerank, /v2/rerank, /rerank (Jina / Cohere, as vLLM): {query, documents: [str | {text}], top_n?,
 //     return_documents? (true), instruction?} -> {id, model, usage: {total_tokens}, results: [{index,
 //     document?: {text}, relevance_score}]} sorted by score (descending, ties by index), top_n of them (0 or
 //     absent: all).

@@ -70,6 +70,7 @@ const std::vector<std::pair<std::string, std::string>>& route_methods() {
       {"/detokenize", "POST"},
       {"/v1/rerank", "POST"},
       {"/rerank", "POST"},
+      {"/v2/rerank", "POST"},
       {"/score", "POST"},
       {"/v1/score", "POST"},
   };
@@ -160,7 +161,8 @@ bool ApiServer::Impl::route_vllm(const HttpRequest& req, HttpResponse& res) {
     run_guarded(res, [&] { handle_responses(req, res); });
     return true;
   }
-  if (path == "/v1/rerank" || path == "/rerank" || path == "/score" || path == "/v1/score") {
+  if (path == "/v1/rerank" || path == "/v2/rerank" || path == "/rerank" || path == "/score" ||
+      path == "/v1/score") {
     run_guarded(res, [&] { handle_rerank(req, res, path == "/score" || path == "/v1/score"); });
     return true;
   }

@@ -2,7 +2,7 @@
 // server/http_transport.h (Boost.Beast on Boost.Asio).
 //
 //   POST /v1/chat/completions  /v1/completions  /v1/responses  /v1/embeddings  /generate  /flush_cache
-//        /tokenize  /detokenize  /v1/rerank  /rerank  /score  /v1/score (--task rerank)
+//        /tokenize  /detokenize  /v1/rerank  /v2/rerank  /rerank  /score  /v1/score (--task rerank)
 //   GET  /v1/models  /v1/models/{id}  /health  /metrics  /get_model_info  /version  /get_server_info
 //        /health_generate  /v1/responses/{id}
 // A known path asked with another method gets 405 with Allow; OPTIONS preflights get CORS (server/cors.h).

@@ -91,6 +91,7 @@ check "limit named" 'assert "max_prompt_logprob_tokens = 100" in b["r4"]["error"
 echo "== rerank and score equal sigmoid(logprob(yes) - logprob(no)) from prompt logprobs"
 Q='"What is the capital of China?"'
 [[ $(post rr /v1/rerank '{"query":'"$Q"',"documents":["The capital of China is Beijing.","Gravity is a force.",{"text":"Paris"}]}') == 200 ]] || fail "rerank: $(cat "$T/rr.json")"
+[[ $(post rr3 /v2/rerank '{"query":'"$Q"',"documents":["Paris"]}') == 200 ]] || fail "/v2/rerank"
 [[ $(post rr2 /rerank '{"query":'"$Q"',"documents":["The capital of China is Beijing.","Gravity is a force.",{"text":"Paris"}],"top_n":1,"return_documents":false}') == 200 ]] || fail "/rerank"
 [[ $(post sc /score '{"text_1":'"$Q"',"text_2":["The capital of China is Beijing.","Gravity is a force.","Paris"]}') == 200 ]] || fail "score: $(cat "$T/sc.json")"
 [[ $(post sc2 /v1/score '{"text_1":['"$Q"','"$Q"'],"text_2":["The capital of China is Beijing.","Paris"]}') == 200 ]] || fail "/v1/score N x N"
