@@ -333,8 +333,8 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
 namespace {
 
 // The inputs of one /v1/embeddings request, each its own engine request; one JSON reply once all are done.
-struct EmbedSession : BatchedSource {
-  EmbedSession(ApiServer::Impl& srv, EmbedSpec sp) : BatchedSource(srv, "embedding"), spec(std::move(sp)) {
+struct EmbeddingsReply : BatchedSource {
+  EmbeddingsReply(ApiServer::Impl& srv, EmbedSpec sp) : BatchedSource(srv, "embedding"), spec(std::move(sp)) {
     vecs.resize(spec.inputs.size());
   }
   bool take(size_t i, const TokenEvent& e) override {
@@ -359,7 +359,7 @@ void ApiServer::Impl::handle_embeddings(const HttpRequest& req, HttpResponse& re
   if (!engine.is_embedding_model())
     throw bad_request(
         "this model does not produce embeddings: serve an embedding checkpoint (Qwen3-Embedding)", "model");
-  auto s = std::make_shared<EmbedSession>(*this, std::move(spec));
+  auto s = std::make_shared<EmbeddingsReply>(*this, std::move(spec));
   // On a refusal mid-way, the destructor aborts and counts the inputs already submitted.
   for (const auto& input : s->spec.inputs) {
     Request r;

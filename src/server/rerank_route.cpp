@@ -14,8 +14,8 @@ using nlohmann::json;
 
 namespace {
 
-struct RerankSession : BatchedSource {
-  RerankSession(ApiServer::Impl& srv, RerankSpec sp) : BatchedSource(srv, "scoring"), spec(std::move(sp)) {
+struct RerankReply : BatchedSource {
+  RerankReply(ApiServer::Impl& srv, RerankSpec sp) : BatchedSource(srv, "scoring"), spec(std::move(sp)) {
     scores.resize(spec.documents.size());
   }
   // A scored request ends "length" (it generates nothing) with the log-probabilities of {no, yes}.
@@ -41,7 +41,7 @@ void ApiServer::Impl::handle_rerank(const HttpRequest& req, HttpResponse& res, b
                       "model");
   std::string model;
   check_model(body, limits(), model);
-  auto s = std::make_shared<RerankSession>(*this, parse_rerank_request(body, score_shape, model));
+  auto s = std::make_shared<RerankReply>(*this, parse_rerank_request(body, score_shape, model));
   std::vector<std::vector<int32_t>> prompts;  // all tokenized before the first submit
   for (size_t i = 0; i < s->spec.documents.size(); ++i)
     prompts.push_back(
