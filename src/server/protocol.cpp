@@ -481,11 +481,12 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
     g.logprobs = true;
     g.top_logprobs = int(*v);
   }
-  const auto max_tokens = opt_int(body, "max_tokens", 1, INT32_MAX);
+  const bool echo = opt_bool(body, "echo").value_or(false);
+  // With echo, max_tokens 0 scores the prompt without generating (OpenAI's legacy scoring call, vLLM).
+  const auto max_tokens = opt_int(body, "max_tokens", echo ? 0 : 1, INT32_MAX);
 
   const json* p = field(body, "prompt");
   if (!p) throw bad_request("'prompt' is required", "prompt");
-  const bool echo = opt_bool(body, "echo").value_or(false);
   if (echo && g.logprobs) ask_echo_logprobs(g, g.top_logprobs);
   parse_vllm_prompt_logprobs(body, g);
   // One prompt, or a batch: a list of strings or of token lists.

@@ -63,6 +63,14 @@ ctxlen = 3  # what lm-eval sums: token_logprobs[ctxlen:-1]
 assert all(isinstance(x, float) for x in lp["token_logprobs"][ctxlen:-1])
 '
 
+[[ $(post echo0 /v1/completions '{"prompt":'"$PROMPT"',"max_tokens":0,"echo":true,"logprobs":1}') == 200 ]] || fail "echo, max_tokens 0: $(cat "$T/echo0.json")"
+check "echo with max_tokens 0 scores the prompt only" '
+c = b["echo0"]["choices"][0]; n = b["echo"]["usage"]["prompt_tokens"]
+assert c["logprobs"]["token_logprobs"] == b["echo"]["choices"][0]["logprobs"]["token_logprobs"][:n], c
+assert c["text"] == "The capital of France is Paris, and the capital of Spain is" and b["echo0"]["usage"]["completion_tokens"] == 0
+'
+[[ $(post nomax /v1/completions '{"prompt":"a","max_tokens":0}') == 400 ]] || fail "max_tokens 0 without echo not refused"
+
 echo "== /generate input_token_logprobs (SGLang)"
 [[ $(post gen /generate '{"text":'"$PROMPT"',"sampling_params":{"max_new_tokens":1,"temperature":0},"return_logprob":true,"logprob_start_len":0,"top_logprobs_num":1}') == 200 ]] || fail "generate: $(cat "$T/gen.json")"
 [[ $(post gen2 /generate '{"text":'"$PROMPT"',"sampling_params":{"max_new_tokens":1,"temperature":0},"return_logprob":true,"logprob_start_len":4}') == 200 ]] || fail "generate start 4"
