@@ -1,6 +1,7 @@
 // kiln serve: the OpenAI/SGLang-compatible HTTP server (src/server) over one engine.
 //   kiln serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--served-model-name X [Y ...]]
 //              [--allowed-origins '["*"]'] [--max-stored-responses N] [--metrics-compat vllm]
+//              [--task generate|rerank] [--max-prompt-logprob-tokens N] [--log-level info|debug]
 //              [--device auto|cpu|cuda|cuda:N] [--load-format auto|random] [--quantization none|fp8]
 //              [--page-size 32]
 //              [--kv-layout nhd|hnd] [--kv-cache-dtype auto|bf16|fp8_e4m3] [--max-total-tokens N]
@@ -38,6 +39,12 @@
 // accepted in a request's "model". --allowed-origins: CORS (server/cors.h), vLLM's default '["*"]'; '[]' off.
 // --max-stored-responses (1024): /v1/responses kept in memory for previous_response_id, oldest dropped first.
 // --metrics-compat vllm: /metrics also under vLLM's names (server/metrics_compat.h).
+// --task rerank (vLLM's --task score is the same): a Qwen3ForCausalLM checkpoint used as a Qwen3-Reranker
+// also answers /v1/rerank, /rerank, /score and /v1/score (server/rerank.h); the generation routes stay.
+// --max-prompt-logprob-tokens N (32768): prompt positions one request may ask log-probabilities for
+// (prompt_logprobs, echo + logprobs, logprob_start_len); past it a 400 names the limit.
+// --log-level debug: every POST's top-level fields that kiln does not read (accepted and ignored) are logged
+// to stderr (server/request_fields.h); info (the default) logs no per-request lines.
 // --is-embedding (SGLang's flag): serve a checkpoint that does not say it is an embedding model (a
 // Qwen3ForCausalLM without modules.json) for /v1/embeddings: last-token pooling, L2-normalised.
 // SIGINT/SIGTERM: stop accepting (503, /health 503), let in-flight requests finish for up to
@@ -69,6 +76,7 @@
 #include "server/backend_engine.h"
 #include "server/generation_config.h"
 #include "server/model_names.h"
+#include "server/rerank.h"
 #include "server/server.h"
 
 namespace {
@@ -119,7 +127,10 @@ std::set<std::string> serve_flags() {
                              "image-max-resized-pixels",
                              "allowed-origins",
                              "max-stored-responses",
-                             "metrics-compat"};
+                             "metrics-compat",
+                             "task",
+                             "log-level",
+                             "max-prompt-logprob-tokens"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
   s.insert(kiln::cli::kSpecFlags.begin(), kiln::cli::kSpecFlags.end());
   return s;
@@ -179,6 +190,12 @@ int run_serve(const kiln::cli::Args& given_args) {
   eo.max_running_requests = int(f.i64("max-running-requests", eo.max_running_requests));
   eo.max_queued_requests = int(f.i64("max-queue", eo.max_queued_requests));
   eo.max_context_len = f.i64("max-context-len", 0);
+  eo.max_prompt_logprob_tokens = f.i64("max-prompt-logprob-tokens", eo.max_prompt_logprob_tokens);
+  KILN_CHECK(eo.max_prompt_logprob_tokens >= 0, "--max-prompt-logprob-tokens must be >= 0, got ",
+             eo.max_prompt_logprob_tokens);
+  const std::string task = f.str("task", "generate");
+  KILN_CHECK(task == "generate" || task == "rerank" || task == "score",
+             "--task must be generate, rerank or score (vLLM's name for rerank), got '", task, "'");
   if (eo.max_context_len > kiln::kMaxContextTokens)  // the rotary table is sized by it (kiln/config.h)
     KILN_FAIL("--max-context-len ", eo.max_context_len, " is past kiln's limit of ", kiln::kMaxContextTokens);
   eo.enable_prefix_cache = !f.flag("disable-prefix-cache");
@@ -222,6 +239,10 @@ int run_serve(const kiln::cli::Args& given_args) {
              stored);
   so.max_stored_responses = size_t(stored);
   so.metrics_compat = f.str("metrics-compat", "");
+  const std::string log_level = f.str("log-level", "info");
+  KILN_CHECK(log_level == "info" || log_level == "debug", "--log-level must be info or debug, got '",
+             log_level, "'");
+  so.log_unknown_fields = log_level == "debug";
   KILN_CHECK(so.metrics_compat.empty() || so.metrics_compat == "vllm", "--metrics-compat must be vllm, got '",
              so.metrics_compat, "'");
   const int64_t body = f.i64("max-body-bytes", int64_t(so.max_body_bytes));
@@ -319,6 +340,13 @@ int run_serve(const kiln::cli::Args& given_args) {
     }
     so.sampling_defaults = gd.sampling;
     so.extra_eos_ids = std::move(gd.eos_ids);
+  }
+  if (task != "generate") {
+    KILN_CHECK(!engine->is_embedding_model(), "--task ", task,
+               " needs a causal LM checkpoint (a Qwen3-Reranker), not an embedding model");
+    so.rerank = std::make_shared<const kiln::server::RerankSetup>(kiln::server::make_rerank_setup(codec));
+    std::fprintf(stderr, "kiln serve: reranker: score = sigmoid(logit(\"yes\" = %d) - logit(\"no\" = %d))\n",
+                 so.rerank->yes_id, so.rerank->no_id);
   }
   kiln::server::ApiServer server(api, codec, so);
   const int bound = server.bind();

@@ -440,6 +440,13 @@ void Qwen3Model::launch_lm_head(const Tensor& logits) {
   ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
 }
 
+void Qwen3Model::lm_head_rows(const Tensor& rows, const Tensor& logits) {
+  KILN_CHECK(!tp_, "lm_head_rows: not on a tensor-parallel shard");
+  KILN_CHECK(weights_.lm_head.data != nullptr && ws_->final_hidden.data != nullptr,
+             "lm_head_rows: needs an LM head and a forward before it");
+  ops::lm_head(ws_->final_hidden, rows, weights_.lm_head, logits);
+}
+
 void Qwen3Model::reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_stride, int64_t logit_rows) {
   KILN_CHECK(tokens >= 0 && seqs >= 0 && pages_stride >= 0 && logit_rows >= 0,
              "reserve_workspace: negative size");

@@ -78,6 +78,10 @@ class Qwen3Model {
   // embedding path): out bf16 or f32 [R, hidden] on the model's device.
   void forward_hidden(const BatchDesc& batch, KvCache& cache, const Tensor& out,
                       const VisualInput* visual = nullptr);
+  // The LM head over `rows` (i32 [n] on the model's device, each in [0, T) of the last forward's T token
+  // rows) of that forward's final-norm hidden states, into logits f32 [n, vocab]: more logit rows of a step
+  // after it ran (prompt log-probabilities, runtime/prompt_logprobs.h). Not for a tensor-parallel shard.
+  void lm_head_rows(const Tensor& rows, const Tensor& logits);
   // Qwen3-VL's vision tower (on the model's device); null for text-only models.
   const Qwen3VLVision* vision() const { return vision_.get(); }
   // Grows the per-step workspace to fit any step of up to `tokens` tokens, `seqs` sequences, a page table

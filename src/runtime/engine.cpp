@@ -46,6 +46,7 @@ void Engine::Impl::validate(const Request& r) const {
              ") is text-only: it takes no images");
   if (mc.has_vision) (void)layout_vl_prompt(mc, r.prompt, r.images);
   const int64_t n = int64_t(r.prompt.size());
+  validate_prompt_queries(r, V, opts.max_prompt_logprob_tokens);
   KILN_CHECK(n <= context_limit, "the prompt has ", n, " tokens; the limit is ", context_limit,
              n > max_context ? " (the model's context length)" : " (the KV pool's capacity)");
   KILN_CHECK(r.embedding || s.max_new_tokens == 0 || n < context_limit, "the prompt has ", n,

@@ -79,11 +79,33 @@ struct Request {
   // processor expands them); the engine encodes the images and puts their embeddings at those pads.
   // Must be empty for a text-only model.
   std::vector<vision::ImagePatches> images;
+  // Prompt log-probabilities (vLLM's prompt_logprobs, SGLang's input_token_logprobs), computed in the
+  // prefill that runs anyway (runtime/prompt_logprobs.h): for each prompt position p in
+  // [max(1, prompt_logprobs_from), prompt length) the log-probability of prompt[p] after prompt[0, p), its
+  // rank and the prompt_top_logprobs (0..20) most likely tokens there. -1: none. The prefix cache serves
+  // such a request at most prompt_logprobs_from - 1 tokens (the rows whose logits are asked are computed),
+  // and its prompt is prefilled at most kPromptLogprobChunk tokens per step. At most
+  // EngineOptions::max_prompt_logprob_tokens positions.
+  int32_t prompt_logprobs_from = -1;
+  int32_t prompt_top_logprobs = 0;
+  // Scoring (the Qwen3-Reranker's yes/no logits): the log-probabilities of these ids (at most 16, each in
+  // the vocabulary) at the prompt's last position, in the final event's score_logprobs. Only what is asked
+  // leaves the device. Use with max_new_tokens = 0.
+  std::vector<int32_t> score_ids;
 };
 
 struct TokenLogprob {
   int32_t id;
   float logprob;
+};
+
+// One prompt position's log-probability (Request::prompt_logprobs_from).
+struct PromptTokenLogprob {
+  int32_t position = 0;           // p >= 1
+  int32_t id = 0;                 // prompt[p]
+  float logprob = 0.0f;           // log-softmax (f32) of the logits after prompt[0, p), at id
+  int32_t rank = 0;               // 1 + the number of ids with a larger logit
+  std::vector<TokenLogprob> top;  // the most likely ids there, descending, ties by lowest id
 };
 
 // One callback per engine step in which the request produced something (usually one token), plus the
@@ -104,6 +126,10 @@ struct TokenEvent {
                                  // when the model says so (ModelConfig::pooling, normalize_embeddings)
   std::vector<float> hidden;     // return_hidden: last position's final hidden state (unnormalised)
   spec::SpecRequestStats spec;   // speculative decoding's counts for this request so far
+  // Request::prompt_logprobs_from: every asked position in order, once, on the first event after the
+  // prompt is computed (the first token's, or the final one).
+  std::vector<PromptTokenLogprob> prompt_logprobs;
+  std::vector<float> score_logprobs;  // Request::score_ids: per id, on the final event
 };
 
 // Prometheus-style histogram: counts[i] = observations <= bounds[i] (cumulative), plus +Inf via count.
@@ -165,6 +191,9 @@ struct EngineOptions {
   int max_running_requests = 256;
   int max_queued_requests = 4096;  // beyond this submit() throws EngineBusyError
   int64_t max_context_len = 0;     // prompt + output tokens; 0 = model's max_position_embeddings
+  // Prompt positions one request may ask log-probabilities for (Request::prompt_logprobs_from); submit()
+  // refuses more, naming this limit. Bounds what a request keeps (1 + top entries per position).
+  int64_t max_prompt_logprob_tokens = 32768;
   bool enable_prefix_cache = true;
   bool enable_mixed_batches = true;  // decode rows ride along with prefill chunks
   // Admission keeps this fraction of the running requests' possible remaining growth free (it adapts:

@@ -47,6 +47,10 @@ struct Live {
   std::vector<double> pool_sum;
   int64_t pooled = 0;
   spec::SpecRequestStats spec;  // its verify rows (engine_spec.cpp)
+  // Request::prompt_logprobs_from / score_ids (prompt_logprobs.cpp): answers gathered over the prefill steps.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
+  std::vector<float> score_logprobs;
 };
 
 inline double seconds(Clock::time_point a, Clock::time_point b) {
@@ -119,6 +123,20 @@ struct Engine::Impl {
   void finish(RequestId id, const std::string& reason, const std::string& error = {},
               TokenEvent* ev = nullptr);
   void publish(bool full);
+
+  // Prompt logprobs and scores (prompt_logprobs.cpp): the step's queries and, per query, whose answer it is
+  // (position -1: the request's score row); the answers kept in Live; handed out on the first event.
+  struct QueryTarget {
+    RequestId id = 0;
+    int32_t position = -1;
+  };
+  struct StepQueries {
+    std::vector<LogprobQuery> queries;
+    std::vector<QueryTarget> targets;
+  };
+  StepQueries step_queries(const StepPlan& plan) const;
+  void keep_answers(const StepQueries& sq, std::vector<RowLogprobs>& answers);
+  void attach_prompt_answers(Live& L, TokenEvent& ev);
 
   // Speculative decoding (engine_spec.cpp): each request's n-gram index, and the verify step that replaces a
   // decode-only step whose rows have drafts (true: the step ran, events and all; false: nothing changed).

@@ -101,6 +101,10 @@ void Engine::Impl::accept(Incoming x) {
   seq->id = x.id;
   seq->tokens = L.req.prompt;
   seq->prompt_len = int32_t(L.req.prompt.size());
+  if (L.req.prompt_logprobs_from >= 0) {  // the asked rows are computed, a bounded chunk per step
+    seq->cache_limit = std::max(1, L.req.prompt_logprobs_from) - 1;
+    seq->max_chunk = kPromptLogprobChunk;
+  }
   if (!L.req.images.empty()) {  // checked by submit(): the pads key the cache by the images' content
     VlPromptLayout layout = layout_vl_prompt(runner->config(), L.req.prompt, L.req.images);
     seq->cache_key = vl_cache_key(layout, L.req.prompt, L.req.images);
@@ -176,14 +180,20 @@ void Engine::Impl::step() {
       counters.cached_tokens_total += L.cached_tokens;
     }
   }
-  if (spec_step(plan, t0)) return;  // speculative decoding: a verify step instead (engine_spec.cpp)
+  // Prompt logprobs and scores (prompt_logprobs.cpp): rows reduced by the runner, the step sampled on the
+  // host.
+  StepQueries queries = step_queries(plan);
+  if (queries.queries.empty() && spec_step(plan, t0)) return;  // a verify step instead (engine_spec.cpp)
   const bool spec_plain = opts.speculative.enabled() && decode_only(plan);
   const int32_t spec_seqs = int32_t(plan.rows.size());
-  bool need_logits = false, need_hidden = false, device_ok = device_sampling;
+  bool need_logits = false, need_hidden = false, device_ok = device_sampling && queries.queries.empty();
   int top_n = 0;
   for (int32_t r : plan.sample_rows) {
-    const Live& L = live.at(plan.rows[size_t(r)].seq->id);
-    need_logits |= !L.req.embedding;
+    const Sequence& s = *plan.rows[size_t(r)].seq;
+    const Live& L = live.at(s.id);
+    // Only a row that draws a token needs its logits on the host (a scored prompt's do not).
+    need_logits |= !L.req.embedding && L.completion < L.req.sampling.max_new_tokens &&
+                   int32_t(s.tokens.size()) < s.max_len;
     need_hidden |= L.req.embedding || L.req.return_hidden;
     device_ok &= L.req.sampling.min_p <= 0.0f;
     top_n = std::max(top_n, L.req.sampling.top_logprobs);
@@ -240,8 +250,14 @@ void Engine::Impl::step() {
         }
       }
     }
-    if (!sampled_on_device)
+    if (!sampled_on_device && queries.queries.empty())
       runner->forward(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr);
+    if (!queries.queries.empty()) {
+      std::vector<RowLogprobs> answers;
+      runner->forward_logprobs(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr,
+                               queries.queries, &answers);
+      keep_answers(queries, answers);
+    }
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const StepCancelled&) {
@@ -423,6 +439,7 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
     if (live_it == live.end()) continue;  // ended while this step was in flight (overlap schedule)
     Live& L = live_it->second;
     TokenEvent ev;
+    attach_prompt_answers(L, ev);
     if (need_hidden && (L.req.embedding || L.req.return_hidden)) {
       std::vector<double> v(static_cast<size_t>(H));
       if (pool_all_rows) {  // mean of the prompt rows (CLS: the one first row)

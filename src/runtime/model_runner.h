@@ -14,6 +14,7 @@
 #include "model/qwen3_vl_prompt.h"
 #include "runtime/engine.h"
 #include "runtime/logit_processor.h"
+#include "runtime/prompt_logprobs.h"
 
 namespace kiln {
 
@@ -85,6 +86,13 @@ class ModelRunner {
   // [vocab] f32 into *logits (when non-null) and the final-norm hidden state [hidden] f32 into *hidden
   // (when non-null). Both are resized by the callee. Throws kiln::Error on failure.
   virtual void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) = 0;
+  // forward(), and per query the log-probabilities of its row (runtime/prompt_logprobs.h's contract) into
+  // *out, one RowLogprobs per query. The default runs forward() over the logit rows and the query rows
+  // together and reduces on the host (a host copy of [rows, vocab] f32: the engine bounds the rows);
+  // Qwen3Runner reduces on the device and copies back only the answers.
+  virtual void forward_logprobs(const BatchDesc& batch, std::vector<float>* logits,
+                                std::vector<float>* hidden, const std::vector<LogprobQuery>& queries,
+                                std::vector<RowLogprobs>* out);
 
   // Device-side sampling seam. Per logit row: the parameters of its draw (step = the request's output
   // token index, so a seeded request draws the same tokens whatever it is batched with).

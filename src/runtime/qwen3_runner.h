@@ -43,6 +43,11 @@ class Qwen3Runner : public ModelRunner {
   // M-RoPE rows (VlImages::text_positions).
   void place_positions(BatchDesc& batch) const override;
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
+  // CUDA: the query rows through the LM head in groups of kRowLogprobGroup, reduced on the device, only the
+  // answers copied back (prompt_logprobs_device.cpp). CPU, hidden states asked, or a tensor-parallel shard:
+  // ModelRunner's host default.
+  void forward_logprobs(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden,
+                        const std::vector<LogprobQuery>& queries, std::vector<RowLogprobs>* out) override;
   // CUDA: logits stay on the device; kiln::cuda::sample draws every row there. CPU: declines.
   // Rows with logit processing (bias, min-token mask, penalties) get it on the device first
   // (DevicePenalties), graph or not.
@@ -89,6 +94,7 @@ class Qwen3Runner : public ModelRunner {
   ops::KvLayout layout_;
   DType kv_dtype_;
   Buffer logits_buf_, hidden_buf_;
+  Buffer query_buf_, query_logits_buf_;        // forward_logprobs: a group's inputs and answers; its logits
   Buffer sample_params_buf_, sample_out_buf_;  // device: SampleParams [R]; tokens, logprobs, top ids/logprobs
   StagedUploads sample_uploads_;               // the SampleParams' copies
   // launch_sampled's steps in flight, oldest first: each has a slot (draw buffers on the device and in

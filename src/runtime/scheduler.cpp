@@ -93,6 +93,7 @@ void Scheduler::phase_running(StepPlan& plan, int64_t& budget, bool decode, bool
     } else {
       if (!prefill || budget <= 0) continue;
       q = int32_t(std::min<int64_t>(remaining, budget));
+      if (s.max_chunk > 0) q = std::min(q, s.max_chunk);
     }
     // Preemption removes the newest running sequences (index > i) or `s` itself, which is then last.
     if (!ensure_pages(s, s.num_computed + q, plan)) break;
@@ -121,14 +122,16 @@ void Scheduler::phase_admit(StepPlan& plan, int64_t& budget) {
     Sequence& s = *waiting_.front();
     if (cache_) {
       // Leave at least the last token to compute: its logits start the generation.
-      RadixCache::Match m = cache_->match(s.key(), int64_t(s.tokens.size()) - 1);
+      RadixCache::Match m =
+          cache_->match(s.key(), std::min<int64_t>(int64_t(s.tokens.size()) - 1, s.cache_limit));
       s.pages = std::move(m.pages);
       s.num_computed = int32_t(m.tokens);
       s.num_offered = s.num_computed;
     }
     s.cached_tokens = std::min(s.num_computed, s.prompt_len);
     const int32_t remaining = int32_t(s.tokens.size()) - s.num_computed;
-    const int32_t q = int32_t(std::min<int64_t>(remaining, budget));
+    int32_t q = int32_t(std::min<int64_t>(remaining, budget));
+    if (s.max_chunk > 0) q = std::min(q, s.max_chunk);
     const int32_t need = pool_.pages_for(s.num_computed + q) - int32_t(s.pages.size());
     // Keep free (or evictable) what the running sequences and this one are expected to claim later:
     // reserve_ratio_ of their worst case, and at least one page per running sequence. Without this,

@@ -25,6 +25,7 @@
 // cache is evicted. Preempted sequences keep their tokens (prompt + generated) and are re-prefilled.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -64,7 +65,9 @@ struct Sequence {
   int32_t num_offered = 0;    // tokens [0, num_offered) were offered to the prefix cache
   int32_t cached_tokens = 0;  // prompt tokens matched in the prefix cache at the last admission
   int32_t preemptions = 0;
-  std::vector<int32_t> pages;  // page i holds tokens [i * page_size, (i + 1) * page_size)
+  int32_t cache_limit = INT32_MAX;  // at most this many tokens may come from the prefix cache
+  int32_t max_chunk = 0;            // > 0: at most this many tokens computed per step
+  std::vector<int32_t> pages;       // page i holds tokens [i * page_size, (i + 1) * page_size)
   bool running = false;
 };
 

@@ -45,6 +45,8 @@ void OutputTracker::finish_text(Delta& d) {
 Delta OutputTracker::consume(const TokenEvent& e) {
   Delta d;
   if (finished_) return d;
+  if (!e.prompt_logprobs.empty()) prompt_logprobs_ = e.prompt_logprobs;
+  if (!e.score_logprobs.empty()) score_logprobs_ = e.score_logprobs;
   if (e.prompt_tokens > 0) prompt_tokens_ = e.prompt_tokens;
   cached_tokens_ = e.cached_tokens;
   spec_ = e.spec;

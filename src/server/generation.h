@@ -70,6 +70,9 @@ class OutputTracker {
   const std::vector<int32_t>& output_ids() const { return output_ids_; }
   const std::vector<TokenOut>& tokens() const { return tokens_; }
   const std::vector<float>& hidden() const { return hidden_; }
+  // The engine's prompt logprobs and scores (runtime/engine.h), once they came.
+  const std::vector<PromptTokenLogprob>& prompt_logprobs() const { return prompt_logprobs_; }
+  const std::vector<float>& score_logprobs() const { return score_logprobs_; }
   int prompt_tokens() const { return prompt_tokens_; }
   int completion_tokens() const { return completion_tokens_; }
   int cached_tokens() const { return cached_tokens_; }
@@ -92,6 +95,8 @@ class OutputTracker {
   std::vector<int32_t> output_ids_;
   std::vector<TokenOut> tokens_;
   std::vector<float> hidden_;
+  std::vector<PromptTokenLogprob> prompt_logprobs_;
+  std::vector<float> score_logprobs_;
   int prompt_tokens_;
   int completion_tokens_ = 0;
   int cached_tokens_ = 0;

@@ -6,7 +6,9 @@
 #include <ctime>
 
 #include "server/api_error.h"
+#include "server/batched_source.h"
 #include "server/generation.h"
+#include "server/prompt_logprobs.h"
 #include "server/responses.h"
 #include "server/server_impl.h"
 #include "server/sse_writer.h"
@@ -317,6 +319,8 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
     if (r.sampling.seed >= 0)
       r.sampling.seed = int64_t((uint64_t(r.sampling.seed) + choice) & uint64_t(INT64_MAX));
     r.return_hidden = s.spec.return_hidden;
+    r.prompt_logprobs_from = engine_prompt_logprobs_from(s.spec);
+    r.prompt_top_logprobs = s.spec.prompt_top_logprobs;
     r.after_prefill_of = choice > 0 ? src->group[i - choice]->rid : 0;
     s.rid = submit(std::move(r), [q = src->queue, w = src->wake](const TokenEvent& e) {
       if (q->push(e)) w->wake();
@@ -329,73 +333,23 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
 namespace {
 
 // The inputs of one /v1/embeddings request, each its own engine request; one JSON reply once all are done.
-struct EmbedSession : ResponseSource {
-  EmbedSession(ApiServer::Impl& srv, EmbedSpec sp) : server(srv), spec(std::move(sp)) {}
-  ~EmbedSession() override { finish(false); }
-
-  void attach(std::function<void()> fn) override { wake->arm(std::move(fn)); }
-  bool pull(Frame& out, HttpResponse& res) override;
-  void finish(bool complete) override;
-
-  ApiServer::Impl& server;
+struct EmbeddingsReply : BatchedSource {
+  EmbeddingsReply(ApiServer::Impl& srv, EmbedSpec sp) : BatchedSource(srv, "embedding"), spec(std::move(sp)) {
+    vecs.resize(spec.inputs.size());
+  }
+  bool take(size_t i, const TokenEvent& e) override {
+    vecs[i] = shape_embedding(e.embedding, spec.dimensions);
+    return true;
+  }
+  std::string reply() override {
+    int64_t tokens = 0;  // the engine's count, else the input's length
+    for (const auto& in : spec.inputs) tokens += int64_t(in.size());
+    return dump_json(
+        embeddings_response(spec.model, vecs, spec.base64, prompt_tokens() > 0 ? prompt_tokens() : tokens));
+  }
   EmbedSpec spec;
-  std::shared_ptr<EventQueue> queue = std::make_shared<EventQueue>();
-  std::shared_ptr<WakeRelay> wake = std::make_shared<WakeRelay>();
-  std::vector<RequestId> ids;
   std::vector<std::vector<float>> vecs;
-  std::vector<bool> done;
-  size_t remaining = 0;
-  int64_t prompt_tokens = 0;
-  std::string error;
-  bool aborted = false;
-  bool ended = false;
 };
-
-bool EmbedSession::pull(Frame& frame, HttpResponse& res) {
-  std::string& out = frame.bytes;
-  std::vector<TokenEvent> events;
-  queue->take(events);
-  for (const auto& e : events) {
-    if (!e.finished) continue;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] != e.id || done[i]) continue;
-      done[i] = true;
-      --remaining;
-      const Outcome o = e.finish_reason == "error"   ? Outcome::error
-                        : e.finish_reason == "abort" ? Outcome::aborted
-                                                     : Outcome::completed;
-      server.on_ended(ids[i], o);
-      if (o == Outcome::error) error = e.error;
-      if (o == Outcome::aborted) aborted = true;
-      prompt_tokens += e.prompt_tokens > 0 ? e.prompt_tokens : int64_t(spec.inputs[i].size());
-      vecs[i] = shape_embedding(e.embedding, spec.dimensions);
-    }
-  }
-  if (remaining > 0) return false;
-  if (!error.empty()) {
-    server.send_error(res, 500, error_body(500, "embedding failed: " + error));
-  } else if (aborted) {
-    server.send_error(res, 503, error_body(503, "the request was aborted (server shutting down)"));
-  } else {
-    res.body = dump_json(embeddings_response(spec.model, vecs, spec.base64, prompt_tokens));
-  }
-  out = std::move(res.body);
-  res.body.clear();
-  return true;
-}
-
-// Inputs still running when the client went away (or the server stopped) are aborted and counted so.
-void EmbedSession::finish(bool) {
-  if (ended) return;
-  ended = true;
-  wake->disarm();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (done[i]) continue;
-    done[i] = true;
-    server.engine.abort(ids[i]);
-    server.on_ended(ids[i], Outcome::aborted);
-  }
-}
 
 }  // namespace
 
@@ -405,21 +359,14 @@ void ApiServer::Impl::handle_embeddings(const HttpRequest& req, HttpResponse& re
   if (!engine.is_embedding_model())
     throw bad_request(
         "this model does not produce embeddings: serve an embedding checkpoint (Qwen3-Embedding)", "model");
-  auto s = std::make_shared<EmbedSession>(*this, std::move(spec));
+  auto s = std::make_shared<EmbeddingsReply>(*this, std::move(spec));
   // On a refusal mid-way, the destructor aborts and counts the inputs already submitted.
   for (const auto& input : s->spec.inputs) {
     Request r;
     r.prompt = input;
     r.embedding = true;
     r.sampling.max_new_tokens = 0;
-    const RequestId id = submit(std::move(r), [q = s->queue, w = s->wake](const TokenEvent& e) {
-      if (q->push(e)) w->wake();
-    });
-    s->ids.push_back(id);
-    s->done.push_back(false);
-    s->vecs.emplace_back();
-    s->remaining++;
-    on_accepted(id);
+    s->submit(std::move(r));
   }
   res.source = std::move(s);
 }

@@ -8,6 +8,7 @@
 #include "kiln/error.h"
 #include "kiln/json_depth.h"
 #include "server/api_error.h"
+#include "server/prompt_logprobs.h"
 #include "server/protocol_fields.h"
 #include "server/protocol_images.h"
 
@@ -460,6 +461,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.parse.reasoning =
       lim.reasoning_parser && opt_bool(body, "separate_reasoning").value_or(true) && thinking_enabled(body);
   g.parse.start_in_reasoning = g.parse.reasoning && prompt_opens_think(text);
+  parse_vllm_prompt_logprobs(body, g);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;
@@ -479,13 +481,14 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
     g.logprobs = true;
     g.top_logprobs = int(*v);
   }
-  const auto max_tokens = opt_int(body, "max_tokens", 1, INT32_MAX);
+  const bool echo = opt_bool(body, "echo").value_or(false);
+  // With echo, max_tokens 0 scores the prompt without generating (OpenAI's legacy scoring call, vLLM).
+  const auto max_tokens = opt_int(body, "max_tokens", echo ? 0 : 1, INT32_MAX);
 
   const json* p = field(body, "prompt");
   if (!p) throw bad_request("'prompt' is required", "prompt");
-  const bool echo = opt_bool(body, "echo").value_or(false);
-  if (echo && g.logprobs)
-    throw bad_request("'echo' with 'logprobs' needs prompt logprobs, which kiln does not compute", "echo");
+  if (echo && g.logprobs) ask_echo_logprobs(g, g.top_logprobs);
+  parse_vllm_prompt_logprobs(body, g);
   // One prompt, or a batch: a list of strings or of token lists.
   std::vector<const json*> items;
   if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
@@ -572,6 +575,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     throw bad_request("'top_logprobs_num' needs 'return_logprob': true", "top_logprobs_num");
   g.return_text_in_logprobs = opt_bool(body, "return_text_in_logprobs").value_or(false);
   g.return_hidden = opt_bool(body, "return_hidden_states").value_or(false);
+  parse_sglang_input_logprobs(body, g);
   set_prompts(g, std::move(prompts), max_new, 128, lim, nullptr, "max_new_tokens", param);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;

@@ -85,6 +85,13 @@ struct GenSpec {
   std::vector<MorePrompt> more_prompts;
   bool batched = false;   // the request held a list of prompts: /generate's objects then carry their index
   std::string echo_text;  // completions' echo: the prompt's text, put before the output
+  // Prompt logprobs (server/prompt_logprobs.h): which shapes the reply carries, and the alternatives asked.
+  bool prompt_logprobs_asked = false;
+  bool vllm_prompt_logprobs = false;   // prompt_logprobs (vLLM)
+  bool echo_logprobs = false;          // completions echo + logprobs (OpenAI)
+  bool sglang_input_logprobs = false;  // /generate return_logprob (SGLang input_token_logprobs)
+  int32_t sglang_logprob_start = -1;   // logprob_start_len; -1: the last prompt token
+  int prompt_top_logprobs = 0;
 };
 
 constexpr size_t kMaxBatchPrompts = 256;  // prompts in one batched request (each times n engine requests)

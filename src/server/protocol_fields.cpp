@@ -1,5 +1,7 @@
 #include "server/protocol_fields.h"
 
+#include "server/request_fields.h"
+
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -140,6 +142,7 @@ void refuse_unimplemented_fields(const json& body, GenSpec& g) {
   g.include_stop_str = flag(body, "include_stop_str_in_output", false);
   if (flag(body, "return_tokens_as_token_ids", false))
     throw bad_request("'return_tokens_as_token_ids': true is not supported", "return_tokens_as_token_ids");
+  refuse_vllm_output_fields(body);
 }
 
 int max_tool_calls(const json& body) {

@@ -14,7 +14,8 @@
 //   parallel_tool_calls false: only the first tool call is returned, later ones dropped (vLLM's
 //     maybe_filter_parallel_tool_calls)
 //   include_stop_str_in_output (false): true keeps a matched stop string at the end of the text (vLLM)
-//   refused when set to its non-default value: return_tokens_as_token_ids true
+//   refused when set to its non-default value: return_tokens_as_token_ids true, and vLLM's fields that would
+//   change the output (server/request_fields.h refuse_vllm_output_fields)
 //   /generate sampling_params: a key SGLang does not define, or one kiln does not implement, is a 400
 //   /generate rid (SGLang): a string used as the reply's id (meta_info.id); a list is refused (batches)
 #pragma once

@@ -1,5 +1,7 @@
 #include "server/responses.h"
 
+#include "server/prompt_logprobs.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -189,21 +191,32 @@ json chat_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& 
                  {"message", std::move(message)},
                  {"logprobs", spec.logprobs ? chat_logprobs(t.tokens(), codec) : json(nullptr)},
                  {"finish_reason", chat_finish_reason(t, parser.tool_call_count())}};
-  return {{"id", c.id},
-          {"object", "chat.completion"},
-          {"created", c.created},
-          {"model", c.model},
-          {"system_fingerprint", nullptr},
-          {"choices", json::array({choice})},
-          {"usage", usage_json(t)}};
+  json out = {{"id", c.id},
+              {"object", "chat.completion"},
+              {"created", c.created},
+              {"model", c.model},
+              {"system_fingerprint", nullptr},
+              {"choices", json::array({choice})},
+              {"usage", usage_json(t)}};
+  if (spec.vllm_prompt_logprobs)
+    out["prompt_logprobs"] = vllm_prompt_logprobs(spec.prompt, t.prompt_logprobs(), codec);
+  return out;
 }
 
 json completion_response(const ResponseCtx& c, const OutputTracker& t, const GenSpec& spec,
                          const TextCodec& codec) {
+  json lp = nullptr;
+  if (spec.logprobs) {
+    lp = completion_logprobs(t.tokens(), codec,
+                             spec.echo_logprobs ? prompt_text_offset(spec.prompt, codec) : 0);
+    if (spec.echo_logprobs) prepend_echo_logprobs(lp, spec.prompt, t.prompt_logprobs(), codec);
+  }
   json choice = {{"index", c.index},
                  {"text", spec.echo_text + t.text()},
-                 {"logprobs", spec.logprobs ? completion_logprobs(t.tokens(), codec, 0) : json(nullptr)},
+                 {"logprobs", std::move(lp)},
                  {"finish_reason", finish_reason_json(t)}};
+  if (spec.vllm_prompt_logprobs)
+    choice["prompt_logprobs"] = vllm_prompt_logprobs(spec.prompt, t.prompt_logprobs(), codec);
   return {{"id", c.id},
           {"object", "text_completion"},
           {"created", c.created},
@@ -261,6 +274,7 @@ json generate_response(const ResponseCtx& c, const OutputTracker& t, const GenSp
     meta["output_token_logprobs"] = lps;
     if (spec.top_logprobs > 0) meta["output_top_logprobs"] = tops;
   }
+  add_sglang_input_logprobs(meta, spec, t.prompt_logprobs(), codec);
   if (spec.return_hidden && t.finished()) meta["hidden_states"] = json::array({t.hidden()});
   append_spec_meta(meta, t);
   json out = {{"text", t.text()}, {"output_ids", t.output_ids()}, {"meta_info", meta}};

@@ -8,6 +8,7 @@
 //   GET  /get_server_info           SGLang: the server's settings and engine counters
 //   GET  /health_generate           SGLang: generates one token; 200 when the engine did, else 503
 //   POST /v1/responses, GET /v1/responses/{id}   OpenAI's Responses API (responses_route.cpp)
+//   POST /v1/rerank, /rerank, /score, /v1/score   Qwen3-Reranker (server/rerank.h, rerank_route.cpp)
 // and the 405 (with Allow) for a known path asked with another method.
 #include <ctime>
 
@@ -67,6 +68,11 @@ const std::vector<std::pair<std::string, std::string>>& route_methods() {
       {"/flush_cache", "POST"},
       {"/tokenize", "POST"},
       {"/detokenize", "POST"},
+      {"/v1/rerank", "POST"},
+      {"/rerank", "POST"},
+      {"/v2/rerank", "POST"},
+      {"/score", "POST"},
+      {"/v1/score", "POST"},
   };
   return r;
 }
@@ -153,6 +159,11 @@ bool ApiServer::Impl::route_vllm(const HttpRequest& req, HttpResponse& res) {
   if (req.method != "POST") return false;
   if (path == "/v1/responses") {
     run_guarded(res, [&] { handle_responses(req, res); });
+    return true;
+  }
+  if (path == "/v1/rerank" || path == "/v2/rerank" || path == "/rerank" || path == "/score" ||
+      path == "/v1/score") {
+    run_guarded(res, [&] { handle_rerank(req, res, path == "/score" || path == "/v1/score"); });
     return true;
   }
   if (path == "/tokenize") {

@@ -6,6 +6,7 @@
 #include "kiln/error.h"
 #include "server/api_error.h"
 #include "server/metrics_compat.h"
+#include "server/request_fields.h"
 #include "server/responses.h"
 #include "server/server_impl.h"
 
@@ -193,6 +194,9 @@ HttpResponse ApiServer::Impl::route(const HttpRequest& req) {
       return res;
     }
   } else if (req.method == "POST") {
+    if (opts.log_unknown_fields)
+      if (const std::string line = unknown_fields_log_line(path, req.body); !line.empty())
+        std::fprintf(stderr, "%s\n", line.c_str());
     const bool chat = path == "/v1/chat/completions", completion = path == "/v1/completions";
     if (chat || completion || path == "/generate") {
       const Endpoint ep = chat ? Endpoint::chat : completion ? Endpoint::completion : Endpoint::generate;

@@ -2,7 +2,7 @@
 // server/http_transport.h (Boost.Beast on Boost.Asio).
 //
 //   POST /v1/chat/completions  /v1/completions  /v1/responses  /v1/embeddings  /generate  /flush_cache
-//        /tokenize  /detokenize
+//        /tokenize  /detokenize  /v1/rerank  /v2/rerank  /rerank  /score  /v1/score (--task rerank)
 //   GET  /v1/models  /v1/models/{id}  /health  /metrics  /get_model_info  /version  /get_server_info
 //        /health_generate  /v1/responses/{id}
 // A known path asked with another method gets 405 with Allow; OPTIONS preflights get CORS (server/cors.h).
@@ -32,6 +32,8 @@
 #include "server/metrics.h"
 
 namespace kiln::server {
+
+struct RerankSetup;  // server/rerank.h
 
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback unless told otherwise
@@ -71,6 +73,12 @@ struct ServerOptions {
   // A vision-language checkpoint's image inputs (processor config, limits, token ids, URL fetching); null for
   // a text-only model, which answers 400 to any image.
   std::shared_ptr<const VisionSetup> vision;
+  // --task rerank (server/rerank.h): the Qwen3-Reranker's yes/no ids and prompt; null: the rerank and score
+  // routes answer 400.
+  std::shared_ptr<const RerankSetup> rerank;
+  // --log-level debug: each POST's top-level fields that kiln does not read are logged to stderr
+  // (server/request_fields.h); such fields are accepted and ignored, and this is where a user sees them.
+  bool log_unknown_fields = false;
 };
 
 class ApiServer {

@@ -15,6 +15,7 @@
 #include "server/http_transport.h"
 #include "server/model_names.h"
 #include "server/protocol.h"
+#include "server/rerank.h"
 #include "server/responses_api.h"
 #include "server/server.h"
 
@@ -61,6 +62,8 @@ struct ApiServer::Impl {
   // Both leave an HttpResponse with a ResponseSource that is fed by the engine's events.
   void handle_generation(Endpoint ep, const HttpRequest& req, HttpResponse& res);
   void handle_embeddings(const HttpRequest& req, HttpResponse& res);
+  // /v1/rerank, /rerank (score_shape false) and /score, /v1/score (true): server/rerank.h.
+  void handle_rerank(const HttpRequest& req, HttpResponse& res, bool score_shape);
   void handle_responses(const HttpRequest& req, HttpResponse& res);
   void get_stored_response(const std::string& id, HttpResponse& res);
   // vLLM/SGLang extra routes (routes_vllm.cpp); false when `req` is not one of them.

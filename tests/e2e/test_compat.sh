@@ -178,7 +178,7 @@ PY
 done
 req ec POST /v1/completions '{"prompt":"Once upon","echo":true,'"$G"'}' >/dev/null
 expect "$(jq_ ec 'j["choices"][0]["text"]')" "Once upon$(jq_ b1 'j["choices"][0]["text"]')" "echo" ec
-expect "$(req el POST /v1/completions '{"prompt":"a","echo":true,"logprobs":1}')" 400 "echo with logprobs"
+expect "$(req el POST /v1/completions '{"prompt":"a","echo":true,"logprobs":1,"stream":true}')" 400 "echo with logprobs, streamed (e2e_scoring checks it unstreamed)"
 expect "$(req gb POST /generate '{"text":["Once upon","a"],"sampling_params":{"max_new_tokens":2,"temperature":0}}')" 200 "/generate batch"
 expect "$(jq_ gb '[o["index"] for o in j]')" "[0, 1]" "/generate batch indexes" gb
 expect "$(req gi POST /generate '{"input_ids":[[1,2],[3]],"sampling_params":{"max_new_tokens":1}}')" 200 "/generate id batch"

@@ -369,7 +369,10 @@ TEST(ServerProtocol, BadInputsAreRejectedWithTheirParam) {
   EXPECT_EQ(comp({{"prompt", {1, 300}}}), P(400, "prompt"));
   EXPECT_EQ(comp({{"prompt", 5}}), P(400, "prompt"));
   EXPECT_EQ(comp(json::object()), P(400, "prompt"));
-  EXPECT_EQ(comp({{"prompt", "a"}, {"echo", true}, {"logprobs", 1}}), P(400, "echo"));
+  // echo + logprobs gives the prompt's logprobs (server/prompt_logprobs.h), but not streamed.
+  EXPECT_EQ(comp({{"prompt", "a"}, {"echo", true}, {"logprobs", 1}}), P(0, ""));
+  EXPECT_EQ(comp({{"prompt", "a"}, {"echo", true}, {"logprobs", 1}, {"stream", true}}), P(400, "echo"));
+  EXPECT_EQ(comp({{"prompt", "a"}, {"prompt_logprobs", 1}, {"stream", true}}), P(400, "prompt_logprobs"));
   EXPECT_EQ(comp({{"prompt", "a"}, {"best_of", 3}}), P(400, "best_of"));
   EXPECT_EQ(comp({{"prompt", "a"}, {"logprobs", 21}}), P(400, "logprobs"));
 

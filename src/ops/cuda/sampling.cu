@@ -1,4 +1,5 @@
 // GPU sampling: one block of 1024 threads per row; contract in sampling.h.
+#include "ops/cuda/block_reduce.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/sampling.h"
 
@@ -27,15 +28,9 @@ __device__ __forceinline__ float uniform(uint64_t seed, uint64_t step, int64_t i
   return (float(uint32_t(h >> 40)) + 0.5f) * (1.0f / 16777216.0f);
 }
 
-// Block-wide reductions over kThreads threads (all threads call; every thread gets the result).
-__device__ float block_sum(float v, float* sm) {
-  for (int o = 16; o >= 1; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) sm[threadIdx.x / 32] = v;
-  __syncthreads();
-  float t = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) t += sm[w];  // fixed order: deterministic
-  return t;
+// Block-wide reductions over kThreads threads: block_reduce.cuh's.
+__device__ __forceinline__ float block_sum(float v, float* sm) {
+  return cuda::block_sum<kThreads>(v, sm);
 }
 // (value, index) argmax; ties go to the lowest index.
 __device__ void block_argmax(float& v, int& idx, float* smv, int* smi) {
