@@ -21,6 +21,7 @@
 #include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
 #include "test_util_cuda.h"
+#include "tiny_qwen3_config.h"
 
 namespace kiln {
 namespace {
@@ -33,18 +34,9 @@ using cuda::GemvConfig;
 // K = hidden 200 (a multiple of 8, not of 128), O and down N = 200; q 512 and k/v 128 rows and gate/up 256
 // rows fill whole 128-row blocks, so the stacked projections stay FP8.
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 512;
+  ModelConfig c = test::tiny_graph_config();
   c.hidden_size = 200;
   c.intermediate_size = 256;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = true;
   return c;
 }
 
