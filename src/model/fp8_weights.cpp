@@ -134,6 +134,20 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
     storage.push_back(std::move(out));
     return w;
   }
+  return place_fp8_stack(parts, names, device, storage);
+}
+
+ops::LinearWeight place_fp8_stack(const std::vector<Fp8HostPart>& parts,
+                                  const std::vector<std::string>& names, Device device,
+                                  std::vector<Buffer>& storage) {
+  KILN_CHECK(!parts.empty() && parts.size() == names.size(), "place_fp8_stack: no parts");
+  const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
+  int64_t rows = 0, scale_rows = 0;
+  for (const Fp8HostPart& p : parts) {
+    KILN_CHECK(p.cols == cols, "internal: stacked parts of different widths");
+    rows += p.rows;
+    scale_rows += ops::fp8_blocks(p.rows);
+  }
   for (size_t i = 0; i + 1 < parts.size(); ++i)
     KILN_CHECK(parts[i].rows % ops::kFp8Block == 0, "block-FP8 tensor '", names[i], "' has ", parts[i].rows,
                " rows, not a multiple of 128: kiln stacks it with '", names[i + 1],
@@ -142,8 +156,8 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
   auto* qd = static_cast<uint8_t*>(q.data());
   auto* sd = static_cast<float*>(s.data());
   for (const Fp8HostPart& p : parts) {
-    std::memcpy(qd, p.q, size_t(p.rows * p.cols));
-    std::memcpy(sd, p.scale.data(), p.scale.size() * sizeof(float));
+    copy_bytes(qd, device, p.q, Device::cpu(), size_t(p.rows * p.cols));
+    copy_bytes(sd, device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
     qd += p.rows * p.cols;
     sd += p.scale.size();
   }

@@ -13,6 +13,9 @@ struct MoeProductParams {
                       // down: act bf16 [max_rows, K] row stride as, read at the sorted row
   int64_t as;
   const uint16_t* w;           // bf16 [E, N_w, K] contiguous
+  const uint8_t* w8;           // block-FP8: e4m3 [E, N_w, K] contiguous (w unused)
+  const float* ws;             // block-FP8: f32 [E, N_w / 128, skb] scales; nullptr: bf16 weights
+  int skb;                     // ceil(K / 128)
   uint16_t* out;               // bf16 [max_rows, N] contiguous
   const int32_t* sorted_pair;  // i32 [max_rows]
   const int32_t* tile_expert;  // i32 [max_tiles]  (the grouped GEMMs)
@@ -25,6 +28,8 @@ struct MoeProductParams {
 MoeProductParams moe_gate_up_params(const uint16_t* x, int64_t xs, const uint16_t* gate_up, const MoeShape& s,
                                     const MoeBuffers& b);
 MoeProductParams moe_down_params(const uint16_t* down, const MoeShape& s, const MoeBuffers& b);
+// Points p at block-FP8 weights w8 (e4m3) with their scales.
+void moe_set_fp8(MoeProductParams& p, const void* w8, const float* scales);
 
 #ifdef __CUDACC__
 // The A row of sorted row `row`: for gate_up (kSilu) its pair's token row of x, nullptr on a padding row
