@@ -196,7 +196,9 @@ int64_t weight_bytes(const Qwen3Weights& w, bool tied, int64_t batch = 1) {
     if (!l.moe.present()) continue;
     const double E = double(l.moe.num_experts()), k = double(l.moe.top_k);
     const double chosen = E * (1.0 - std::pow(1.0 - k / E, double(batch)));
-    n += l.moe.router.nbytes() + int64_t(chosen / E * double(l.moe.gate_up.nbytes() + l.moe.down.nbytes()));
+    const int64_t experts = l.moe.gate_up.nbytes() + l.moe.down.nbytes() +
+                            (l.moe.is_fp8() ? l.moe.gate_up_scale.nbytes() + l.moe.down_scale.nbytes() : 0);
+    n += l.moe.router.nbytes() + int64_t(chosen / E * double(experts));
   }
   return n;
 }
@@ -427,7 +429,8 @@ int run_bench_model(const cli::Args& args) {
   o.load_format = LoadFormat::random;
   o.seed = uint64_t(f.i64("seed", 0));
   // fp8: the random bf16 weights quantized into block-FP8 on the host, then (CUDA path (c), until the W8A8
-  // and weight-only kernels land) dequantized to bf16 on the device: FP8's values at BF16's speed.
+  // and weight-only kernels land) dequantized to bf16 on the device: FP8's values at BF16's speed. MoE
+  // experts stay e4m3 on the device (the gather GEMV widens them): FP8's bytes.
   o.quantization = f.str("quantization", "none");
   o.max_position = std::max(ctx + steps, prefill) + 16;
   const auto t0 = std::chrono::steady_clock::now();

@@ -9,6 +9,7 @@
 //   4. the experts: moe_grouped_gemm_launch (tensor cores, large batches) or moe_gather_gemv_launch (small
 //      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order)
 //   5. moe_combine_launch:  out[t] = bf16(sum over t's slots in ascending expert index of y * weight)
+//      (at batch 1, moe_experts_combine_launch: down and the combine in one kernel, the same bits)
 // Rows of an expert are its pairs in ascending token order, so the layout is deterministic.
 #pragma once
 
@@ -82,6 +83,12 @@ struct MoeFp8Scales {
 void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const void* gate_up,
                         const void* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream,
                         MoeFp8Scales scales = {});
+// 4 and 5 for decode batches: the gate_up gather GEMV, then down and the combine in one kernel (each block
+// sums a token's k experts for its columns): out bf16 [T, H] row stride os, bitwise the gather GEMV then
+// moe_combine_launch (y left in the scratch as they leave it).
+void moe_experts_combine_launch(const uint16_t* x, int64_t xs, const void* gate_up, const void* down,
+                                const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,
+                                cudaStream_t stream, MoeFp8Scales scales = {});
 // 5. out bf16 [T, H] row stride os.
 void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,
                         cudaStream_t stream);

@@ -1,14 +1,12 @@
 // The experts for small batches (moe.h step 4): a gather GEMV that reads each chosen expert's weights once
 // for all the sorted rows that chose it (CUDA cores, fp32 accumulation); and the combine (step 5), bitwise
 // ops/moe.h's final sum.
-#include <cuda_fp16.h>
-
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/context.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_gemv.cuh"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/vec.cuh"
-#include "ops/fp8.h"
 
 namespace kiln::cuda {
 namespace {
@@ -16,33 +14,6 @@ namespace {
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // a block: 8 warps, each 1 or 2 output column pairs
 constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
-
-__device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8], float acc) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) acc = fmaf(a[i], b[i], acc);
-  return acc;
-}
-
-// Eight e4m3 weights (8 bytes, k order from the low byte) of one 128-K block times its scale s, as the
-// bf16 GEMV's fp32 operands: bf16(f32(q) * s) each, path (c)'s value (ops/fp8_linear.h), so the FP8 GEMV
-// is the bf16 one on dequantize_fp8's weights bitwise. e4m3 -> f16 (cvt, sm_89+) and f16 -> f32 are exact;
-// older targets decode in integer arithmetic (ops/fp8.h): the same values.
-__device__ __forceinline__ void widen8_e4m3(uint2 v, float s, float (&f)[8]) {
-#pragma unroll
-  for (int h = 0; h < 4; ++h) {
-    const uint32_t word = h < 2 ? v.x : v.y, pair = (word >> (16 * (h % 2))) & 0xffffu;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    uint32_t h2;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(uint16_t(pair)));
-    const float lo = __half2float(__ushort_as_half(uint16_t(h2 & 0xffffu)));
-    const float hi = __half2float(__ushort_as_half(uint16_t(h2 >> 16)));
-#else
-    const float lo = ::kiln::e4m3_to_f32(uint8_t(pair & 0xffu)), hi = ::kiln::e4m3_to_f32(uint8_t(pair >> 8));
-#endif
-    f[2 * h] = round_bf16(__fmul_rn(lo, s));
-    f[2 * h + 1] = round_bf16(__fmul_rn(hi, s));
-  }
-}
 
 // Grid: (min(E, T k), ceil(column pairs / (8 kPairs))); block: 8 warps. Block x takes the x-th chosen
 // expert (or exits), warp w the kPairs column pairs from q0 = (y * 8 + w) kPairs: pair q is, with SiLU,
@@ -137,7 +108,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int kPairs>
 void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up,
-                              const MoeProductParams& down, cudaStream_t stream) {
+                              const MoeProductParams* down_p, cudaStream_t stream) {
   const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
   const int per_block = kWarps * kPairs;
   LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
@@ -145,12 +116,15 @@ void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up
                 .stream = stream,
                 .pdl = pdl_for(PdlSite::gemv)};
   const bool fp8 = gate_up.ws != nullptr;
-  KILN_CHECK(fp8 == (down.ws != nullptr), "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
+  KILN_CHECK(!down_p || fp8 == (down_p->ws != nullptr),
+             "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
   if (fp8) {
     launch(cfg, gather_gemv_kernel<true, kPairs, true>, gate_up);
   } else {
     launch(cfg, gather_gemv_kernel<true, kPairs, false>, gate_up);
   }
+  if (!down_p) return;
+  const MoeProductParams& down = *down_p;
   cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
   if (fp8) {
     launch(cfg, gather_gemv_kernel<false, kPairs, true>, down);
@@ -190,7 +164,7 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 
 }  // namespace
 
-void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
+void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
                             cudaStream_t stream, int pairs_per_warp) {
   KILN_CHECK(pairs_per_warp == 1 || pairs_per_warp == 2, "moe gather GEMV: ", pairs_per_warp,
              " column pairs a warp; 1 or 2");

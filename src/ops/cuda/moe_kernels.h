@@ -52,7 +52,17 @@ void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gat
                                   const MoeProductParams& down, cudaStream_t stream);
 // pairs_per_warp: 1 or 2 output column pairs a warp (kMoeGemvPairs the default; bench moe times both).
 constexpr int kMoeGemvPairs = 1;
-void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
+// down nullptr: the gate_up GEMV alone (moe_down_combine_launch then does down and the combine).
+void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
                             cudaStream_t stream, int pairs_per_warp = kMoeGemvPairs);
+inline void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up,
+                                   const MoeProductParams& down, cudaStream_t stream,
+                                   int pairs_per_warp = kMoeGemvPairs) {
+  moe_gather_gemv_launch(s, gate_up, &down, stream, pairs_per_warp);
+}
+// Steps 4 (down) and 5 in one kernel (moe_down_combine.cu): y as the gather GEMV leaves it and out bf16
+// [T, H] row stride os bitwise moe_combine_launch's, for any T (a block a token and 4 columns).
+void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, const MoeBuffers& b,
+                             uint16_t* out, int64_t os, cudaStream_t stream);
 
 }  // namespace kiln::cuda

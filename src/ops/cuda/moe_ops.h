@@ -16,6 +16,9 @@ namespace kiln::ops::cuda {
 // T = 64 (509 vs 520 us for 30B-A3B's experts); the mma.sync GEMM is slower than both there.
 enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv };
 constexpr int64_t kMoeGemvMaxTokens = 64;
+// Up to this many tokens the gather GEMV's down projection and the combine run as one kernel (the same
+// bits; one launch and the y round trip fewer a layer). Batch 1 until measured above it.
+constexpr int64_t kMoeFusedCombineMaxTokens = 1;
 
 // Device bytes of moe_mlp's scratch for T tokens of w's shape.
 size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T);
