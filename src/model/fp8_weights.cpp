@@ -103,17 +103,31 @@ Fp8HostPart quantize_fp8_part(const bf16_t* w, int64_t rows, int64_t cols, const
   return p;
 }
 
+namespace {
+
+// The stack of parts along rows: its rows, its scale rows (each part's own blocks), its columns.
+struct StackShape {
+  int64_t rows = 0, scale_rows = 0, cols = 0, kb = 0;
+};
+StackShape stack_shape(const std::vector<Fp8HostPart>& parts, const std::vector<std::string>& names,
+                       const char* op) {
+  KILN_CHECK(!parts.empty() && parts.size() == names.size(), op, ": no parts");
+  StackShape sh{.cols = parts[0].cols, .kb = ops::fp8_blocks(parts[0].cols)};
+  for (const Fp8HostPart& p : parts) {
+    KILN_CHECK(p.cols == sh.cols, "internal: stacked parts of different widths");
+    sh.rows += p.rows;
+    sh.scale_rows += ops::fp8_blocks(p.rows);
+  }
+  return sh;
+}
+
+}  // namespace
+
 ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage) {
-  KILN_CHECK(!parts.empty() && parts.size() == names.size(), "place_fp8_linear: no parts");
-  const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
-  int64_t rows = 0, scale_rows = 0;
-  for (const Fp8HostPart& p : parts) {
-    KILN_CHECK(p.cols == cols, "internal: stacked parts of different widths");
-    rows += p.rows;
-    scale_rows += ops::fp8_blocks(p.rows);
-  }
+  const StackShape sh = stack_shape(parts, names, "place_fp8_linear");
+  const int64_t cols = sh.cols, kb = sh.kb, rows = sh.rows;
   if (device.is_cuda()) {  // path (c): dequantize each part into its rows of one bf16 matrix
     Buffer out(size_t(rows * cols) * sizeof(bf16_t), device);
     int64_t row0 = 0;
@@ -140,14 +154,8 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
 ops::LinearWeight place_fp8_stack(const std::vector<Fp8HostPart>& parts,
                                   const std::vector<std::string>& names, Device device,
                                   std::vector<Buffer>& storage) {
-  KILN_CHECK(!parts.empty() && parts.size() == names.size(), "place_fp8_stack: no parts");
-  const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
-  int64_t rows = 0, scale_rows = 0;
-  for (const Fp8HostPart& p : parts) {
-    KILN_CHECK(p.cols == cols, "internal: stacked parts of different widths");
-    rows += p.rows;
-    scale_rows += ops::fp8_blocks(p.rows);
-  }
+  const StackShape sh = stack_shape(parts, names, "place_fp8_stack");
+  const int64_t cols = sh.cols, kb = sh.kb, rows = sh.rows, scale_rows = sh.scale_rows;
   for (size_t i = 0; i + 1 < parts.size(); ++i)
     KILN_CHECK(parts[i].rows % ops::kFp8Block == 0, "block-FP8 tensor '", names[i], "' has ", parts[i].rows,
                " rows, not a multiple of 128: kiln stacks it with '", names[i + 1],

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/fp8_checkpoints.h"
 #include "common/model_steps.h"
 #include "common/test_support.h"
 #include "kiln/safetensors.h"
@@ -53,11 +54,6 @@ json with_fp8(json j) {
   return j;
 }
 
-bool is_linear(const std::string& n) {
-  return n.rfind("model.layers.", 0) == 0 && n.size() > 12 &&
-         n.compare(n.size() - 12, 12, "_proj.weight") == 0;
-}
-
 fs::path write_checkpoint(const std::string& name, const json& cfg, const std::vector<NamedTensor>& tensors) {
   const fs::path dir = test_support::process_scratch_dir("model_moe_fp8") / name;
   fs::create_directories(dir);
@@ -73,7 +69,7 @@ struct Ckpt {
   std::vector<NamedTensor> tensors;
   Ckpt(const json& cfg, uint64_t seed, bool fp8)
       : w(random_weights(qwen3_weight_specs(parse_model_config(cfg.dump(), "test config")), seed)) {
-    tensors = fp8 ? quantize_checkpoint_linears(w.tensors, is_linear, false, q) : w.tensors;
+    tensors = fp8 ? quantize_checkpoint_linears(w.tensors, test::is_decoder_linear, false, q) : w.tensors;
   }
 };
 
