@@ -107,3 +107,27 @@ TEST_F(CliMoe, TensorParallelismIsRefusedWithAClearError) {
             std::string::npos)
       << r.err;
 }
+
+// --quantization fp8: Qwen3-30B-A3B-FP8's layout (each expert projection F8_E4M3 with its weight_scale_inv,
+// the router bf16), which `kiln generate` runs on the CPU exactly as the model in process does.
+TEST_F(CliMoe, Fp8DemoCheckpointHasFp8ExpertsAndGenerates) {
+  const fs::path dir = scratch() / "demo_moe_fp8";
+  const auto made =
+      run_kiln({"demo-model", dir.string(), "--arch", "moe", "--seed", "4", "--quantization", "fp8"});
+  ASSERT_EQ(made.code, 0) << made.err;
+  const json index = json::parse(slurp(dir / "model.safetensors.index.json"));
+  EXPECT_TRUE(index["weight_map"].contains("model.layers.3.mlp.experts.7.down_proj.weight_scale_inv"));
+  EXPECT_FALSE(index["weight_map"].contains("model.layers.3.mlp.gate.weight_scale_inv"));
+  auto m = kiln::Qwen3Model::load(dir.string(), kiln::LoadOptions{});
+  const kiln::ops::MoeWeights& w = m->weights().layers[1].moe;
+  ASSERT_TRUE(w.is_fp8());
+  EXPECT_EQ(w.router.dtype, kiln::DType::bf16);
+  const auto r = run_kiln({"generate", "--model", dir.string(), "--prompt-ids", "9707,11,1879",
+                           "--max-tokens", "3", "--json", "--device", "cpu", "--ignore-eos"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto ids = json::parse(r.out)["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 3u);
+  const auto logits =
+      kiln::test::model_steps(*m, {9707, 11, 1879}, 3, {}, kiln::DType::bf16, kiln::ops::KvLayout::hnd, 16);
+  for (size_t s = 0; s < ids.size(); ++s) EXPECT_EQ(ids[s], kiln::test::argmax(logits[s])) << "step " << s;
+}
