@@ -103,31 +103,17 @@ Fp8HostPart quantize_fp8_part(const bf16_t* w, int64_t rows, int64_t cols, const
   return p;
 }
 
-namespace {
-
-// The stack of parts along rows: its rows, its scale rows (each part's own blocks), its columns.
-struct StackShape {
-  int64_t rows = 0, scale_rows = 0, cols = 0, kb = 0;
-};
-StackShape stack_shape(const std::vector<Fp8HostPart>& parts, const std::vector<std::string>& names,
-                       const char* op) {
-  KILN_CHECK(!parts.empty() && parts.size() == names.size(), op, ": no parts");
-  StackShape sh{.cols = parts[0].cols, .kb = ops::fp8_blocks(parts[0].cols)};
-  for (const Fp8HostPart& p : parts) {
-    KILN_CHECK(p.cols == sh.cols, "internal: stacked parts of different widths");
-    sh.rows += p.rows;
-    sh.scale_rows += ops::fp8_blocks(p.rows);
-  }
-  return sh;
-}
-
-}  // namespace
-
 ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage) {
-  const StackShape sh = stack_shape(parts, names, "place_fp8_linear");
-  const int64_t cols = sh.cols, kb = sh.kb, rows = sh.rows;
+  KILN_CHECK(!parts.empty() && parts.size() == names.size(), "place_fp8_linear: no parts");
+  const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
+  int64_t rows = 0, scale_rows = 0;
+  for (const Fp8HostPart& p : parts) {
+    KILN_CHECK(p.cols == cols, "internal: stacked parts of different widths");
+    rows += p.rows;
+    scale_rows += ops::fp8_blocks(p.rows);
+  }
   if (device.is_cuda()) {  // path (c): dequantize each part into its rows of one bf16 matrix
     Buffer out(size_t(rows * cols) * sizeof(bf16_t), device);
     int64_t row0 = 0;
@@ -148,14 +134,6 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
     storage.push_back(std::move(out));
     return w;
   }
-  return place_fp8_stack(parts, names, device, storage);
-}
-
-ops::LinearWeight place_fp8_stack(const std::vector<Fp8HostPart>& parts,
-                                  const std::vector<std::string>& names, Device device,
-                                  std::vector<Buffer>& storage) {
-  const StackShape sh = stack_shape(parts, names, "place_fp8_stack");
-  const int64_t cols = sh.cols, kb = sh.kb, rows = sh.rows, scale_rows = sh.scale_rows;
   for (size_t i = 0; i + 1 < parts.size(); ++i)
     KILN_CHECK(parts[i].rows % ops::kFp8Block == 0, "block-FP8 tensor '", names[i], "' has ", parts[i].rows,
                " rows, not a multiple of 128: kiln stacks it with '", names[i + 1],
@@ -164,8 +142,8 @@ ops::LinearWeight place_fp8_stack(const std::vector<Fp8HostPart>& parts,
   auto* qd = static_cast<uint8_t*>(q.data());
   auto* sd = static_cast<float*>(s.data());
   for (const Fp8HostPart& p : parts) {
-    copy_bytes(qd, device, p.q, Device::cpu(), size_t(p.rows * p.cols));
-    copy_bytes(sd, device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
+    std::memcpy(qd, p.q, size_t(p.rows * p.cols));
+    std::memcpy(sd, p.scale.data(), p.scale.size() * sizeof(float));
     qd += p.rows * p.cols;
     sd += p.scale.size();
   }

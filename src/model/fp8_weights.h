@@ -53,12 +53,6 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage);
 
-// Stacks the parts along rows as place_fp8_linear does on the CPU, on any device: the e4m3 matrix and its
-// scales copied as they are (the MoE experts, whose CUDA kernels widen e4m3 themselves).
-ops::LinearWeight place_fp8_stack(const std::vector<Fp8HostPart>& parts,
-                                  const std::vector<std::string>& names, Device device,
-                                  std::vector<Buffer>& storage);
-
 // Writing FP8 checkpoints (demo-model --quantization fp8, tests): each tensor of `in` for which
 // `is_linear(name)` holds (a bf16 [out, in] "*.weight") is replaced by its online quantization, F8_E4M3, and
 // followed by NAME.weight_scale_inv (F32, or BF16 when bf16_scales: the scale rounded to bf16, and the e4m3

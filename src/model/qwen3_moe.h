@@ -21,6 +21,7 @@
 #include "kiln/config.h"
 #include "kiln/safetensors.h"
 #include "kiln/tensor.h"
+#include "model/fp8_weights.h"
 #include "model/weights.h"
 #include "ops/moe.h"
 
@@ -38,6 +39,13 @@ using StackedLoad =
 // e4m3 with its block scales kept on the device (never dequantized: the expert kernels widen it).
 using LinearLoad =
     std::function<ops::LinearWeight(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols)>;
+
+// Stacks block-FP8 expert parts along rows on `device` as they are, e4m3 and scales (never dequantized: the
+// expert kernels widen e4m3 themselves); every part but the last must fill whole 128-row blocks (an error
+// naming the part). Buffers appended to `storage`.
+ops::LinearWeight place_fp8_experts(const std::vector<Fp8HostPart>& parts,
+                                    const std::vector<std::string>& names, Device device,
+                                    std::vector<Buffer>& storage);
 
 // Sparse layer l's weights: from the fused layout when `ckpt` has it (bf16 only), else the hub layout: the
 // router through `stacked` (always bf16), the experts through `linear` (block-FP8 where the checkpoint or

@@ -89,7 +89,7 @@ class Loader {
     std::vector<Fp8HostPart> host;
     std::vector<std::string> names;
     if (!fp8_parts(parts, cols, host, names)) return stacked(parts, cols, false);
-    return place_fp8_stack(host, names, device_, w_.storage);
+    return place_fp8_experts(host, names, device_, w_.storage);
   }
 
  private:
