@@ -429,8 +429,7 @@ int run_bench_model(const cli::Args& args) {
   o.load_format = LoadFormat::random;
   o.seed = uint64_t(f.i64("seed", 0));
   // fp8: the random bf16 weights quantized into block-FP8 on the host, then (CUDA path (c), until the W8A8
-  // and weight-only kernels land) dequantized to bf16 on the device: FP8's values at BF16's speed. MoE
-  // experts stay e4m3 on the device (the gather GEMV widens them): FP8's bytes.
+  // and weight-only kernels land) dequantized to bf16 on the device: FP8's values at BF16's speed.
   o.quantization = f.str("quantization", "none");
   o.max_position = std::max(ctx + steps, prefill) + 16;
   const auto t0 = std::chrono::steady_clock::now();
