@@ -12,6 +12,7 @@
 
 #include "common/fp8_checkpoints.h"
 #include "common/model_steps.h"
+#include "common/moe_checkpoints.h"
 #include "common/test_support.h"
 #include "kiln/safetensors.h"
 #include "model/fp8_weights.h"
@@ -37,16 +38,7 @@ json dense_json(int64_t intermediate = 256) {
 }
 
 json moe_json(int64_t experts, int64_t top_k, int64_t width, const json& only) {
-  json j = dense_json();
-  j["architectures"] = {"Qwen3MoeForCausalLM"};
-  j["model_type"] = "qwen3_moe";
-  j["num_experts"] = experts;
-  j["num_experts_per_tok"] = top_k;
-  j["moe_intermediate_size"] = width;
-  j["norm_topk_prob"] = true;
-  j["mlp_only_layers"] = only;
-  j["decoder_sparse_step"] = 1;
-  return j;
+  return test::moe_config_json(dense_json(), experts, top_k, width, true, only);
 }
 
 json with_fp8(json j) {
@@ -55,11 +47,7 @@ json with_fp8(json j) {
 }
 
 fs::path write_checkpoint(const std::string& name, const json& cfg, const std::vector<NamedTensor>& tensors) {
-  const fs::path dir = test_support::process_scratch_dir("model_moe_fp8") / name;
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << cfg.dump(2);
-  write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  return dir;
+  return test::write_json_checkpoint("model_moe_fp8", name, cfg, tensors);
 }
 
 // Seeded random weights of `cfg` (hub layout), the decoder linears optionally block-FP8.
