@@ -4,11 +4,14 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/test_support.h"
 #include "kiln/safetensors.h"
 #include "model/fp8_weights.h"
+#include "model/qwen3.h"
 #include "model/weights.h"
 #include "ops/fp8_linear.h"
 
@@ -47,6 +50,26 @@ inline void write_fp8_and_dequantized(const ModelConfig& cfg, uint64_t seed,
   std::filesystem::create_directories(dir / "deq");
   write_safetensors((dir / "fp8" / "model.safetensors").string(), fp8);
   write_safetensors((dir / "deq" / "model.safetensors").string(), deq);
+}
+
+// The two checkpoints of write_fp8_and_dequantized(cfg, seed, dir) loaded: the dequantized one on the CPU
+// (bf16), the FP8 one on `fp8_device`.
+struct Fp8ModelPair {
+  Checkpoint fp8_ckpt, deq_ckpt;
+  std::unique_ptr<Qwen3Model> cpu_bf16, fp8;
+};
+inline Fp8ModelPair load_fp8_and_dequantized(const ModelConfig& cfg, uint64_t seed, const std::string& tag,
+                                             Device fp8_device) {
+  const std::filesystem::path dir = test_support::process_scratch_dir(tag);
+  write_fp8_and_dequantized(cfg, seed, dir);
+  Fp8ModelPair m{Checkpoint::open((dir / "fp8").string()), Checkpoint::open((dir / "deq").string()), {}, {}};
+  ModelConfig c8 = cfg;
+  c8.quant.method = "fp8";
+  LoadOptions o;
+  m.cpu_bf16 = Qwen3Model::create(cfg, &m.deq_ckpt, o);
+  o.device = fp8_device;
+  m.fp8 = Qwen3Model::create(c8, &m.fp8_ckpt, o);
+  return m;
 }
 
 }  // namespace kiln::test

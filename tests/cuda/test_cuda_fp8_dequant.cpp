@@ -91,19 +91,11 @@ TEST(CudaFp8Dequant, WholeModelMatchesCpuOnTheDequantizedWeights) {
   c.rope_theta = 1e6;
   c.max_position_embeddings = 512;
   c.tie_word_embeddings = true;
-  const std::filesystem::path dir = test_support::process_scratch_dir("cuda_fp8");
-  test::write_fp8_and_dequantized(c, 13, dir);
-  const Checkpoint ck8 = Checkpoint::open((dir / "fp8").string()),
-                   ckd = Checkpoint::open((dir / "deq").string());
-  ModelConfig c8 = c;
-  c8.quant.method = "fp8";
-  LoadOptions o;
-  auto cpu = Qwen3Model::create(c, &ckd, o);
-  o.device = Device::cuda();
-  auto gpu = Qwen3Model::create(c8, &ck8, o);
+  const test::Fp8ModelPair m = test::load_fp8_and_dequantized(c, 13, "cuda_fp8", Device::cuda());
+  Qwen3Model &cpu = *m.cpu_bf16, &gpu = *m.fp8;
   std::vector<int32_t> prompt(61);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 131 + 7) % 1024);
-  test::expect_gpu_matches_cpu(*cpu, *gpu, prompt, 12, "fp8 checkpoint, dequantized");
+  test::expect_gpu_matches_cpu(cpu, gpu, prompt, 12, "fp8 checkpoint, dequantized");
 }
 
 }  // namespace

@@ -259,21 +259,13 @@ TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
   c.moe.moe_intermediate_size = 128;
   c.moe.norm_topk_prob = true;
   c.moe.mlp_only_layers = {1};
-  const std::filesystem::path dir = test_support::process_scratch_dir("cuda_moe_fp8");
-  test::write_fp8_and_dequantized(c, 17, dir);
-  const Checkpoint ck8 = Checkpoint::open((dir / "fp8").string()),
-                   ckd = Checkpoint::open((dir / "deq").string());
-  ModelConfig c8 = c;
-  c8.quant.method = "fp8";
-  LoadOptions o;
-  auto cpu = Qwen3Model::create(c, &ckd, o);
-  o.device = Device::cuda();
-  auto gpu = Qwen3Model::create(c8, &ck8, o);
-  ASSERT_TRUE(gpu->weights().layers[0].moe.is_fp8());
+  const test::Fp8ModelPair m = test::load_fp8_and_dequantized(c, 17, "cuda_moe_fp8", Device::cuda());
+  Qwen3Model &cpu = *m.cpu_bf16, &gpu = *m.fp8;
+  ASSERT_TRUE(gpu.weights().layers[0].moe.is_fp8());
   for (const size_t len : {size_t(61), size_t(90)}) {  // a prefill below and above the GEMV threshold
     std::vector<int32_t> prompt(len);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 131 + 7) % 1024);
-    test::expect_gpu_matches_cpu(*cpu, *gpu, prompt, 10, "fp8 MoE checkpoint, dequantized");
+    test::expect_gpu_matches_cpu(cpu, gpu, prompt, 10, "fp8 MoE checkpoint, dequantized");
   }
 }
 
