@@ -195,14 +195,15 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scra
   linear(x, w.router, logits);
   kc::moe_route_launch(b.logits, s.E, s, w.norm_topk_prob, b, stream);
   kc::moe_permute_launch(s, b, stream);
-  if (experts == MoeExperts::by_rows) experts = env_experts();
+  const bool by_caller = experts != MoeExperts::by_rows;  // a caller's explicit kernel (tests, bench) is kept
+  if (!by_caller) experts = env_experts();
   if (experts == MoeExperts::by_rows) {
     experts = kc::moe_grouped_gemm_sm90_applies() ? MoeExperts::grouped_gemm_sm90 : MoeExperts::grouped_gemm;
     if (T <= kMoeGemvMaxTokens) experts = MoeExperts::gather_gemv;
   }
   kc::MoeFp8Scales scales;
   if (w.is_fp8()) {  // the grouped GEMMs take bf16 B tiles only: FP8 experts run the GEMV at every T
-    experts = MoeExperts::gather_gemv;
+    if (!by_caller) experts = MoeExperts::gather_gemv;  // also over KILN_MOE_EXPERTS
     scales = {.gate_up = w.gate_up_scale.ptr<float>(), .down = w.down_scale.ptr<float>()};
   }
   const kc::MoeExpertKernel kernel = experts == MoeExperts::gather_gemv ? kc::MoeExpertKernel::gather_gemv
