@@ -8,8 +8,10 @@
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
+//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes);
 //   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
-//     T = 1 and 8 its other parts alone: the router linear, routing + permutation, the combine
+//     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
+//     linear, routing + permutation, the combine
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -36,11 +38,16 @@ constexpr int64_t kE = 128, kK = 8, kH = 2048, kI = 768;
 
 struct MoeSetup {
   Buffer router, gate_up, down;
-  ops::MoeWeights w;
+  Buffer gate_up8, down8, gate_up_s, down_s;  // block-FP8 experts (bytes of no meaning: timing only)
+  ops::MoeWeights w, w8;
   explicit MoeSetup(cudaStream_t s)
       : router(size_t(kE * kH) * 2, Device::cuda()),
         gate_up(size_t(kE * 2 * kI * kH) * 2, Device::cuda()),
-        down(size_t(kE * kH * kI) * 2, Device::cuda()) {
+        down(size_t(kE * kH * kI) * 2, Device::cuda()),
+        gate_up8(size_t(kE * 2 * kI * kH), Device::cuda()),
+        down8(size_t(kE * kH * kI), Device::cuda()),
+        gate_up_s(size_t(kE * (2 * kI / 128) * (kH / 128)) * 4, Device::cuda()),
+        down_s(size_t(kE * (kH / 128) * (kI / 128)) * 4, Device::cuda()) {
     kc::fill_random_bf16(router.data(), kE * kH, 1, 0.05f, 0.0f, s);
     kc::fill_random_bf16(gate_up.data(), kE * 2 * kI * kH, 2, 0.03f, 0.0f, s);
     kc::fill_random_bf16(down.data(), kE * kH * kI, 3, 0.03f, 0.0f, s);
@@ -49,6 +56,17 @@ struct MoeSetup {
     w.down = Tensor(down.data(), DType::bf16, {kE, kH, kI}, Device::cuda());
     w.top_k = kK;
     w.norm_topk_prob = true;
+    // e4m3 bytes: the bf16 bits of small random values (finite e4m3 values but for rare NaN bytes, which
+    // change no timing); scales 0x3c3c3c3c (~0.0115).
+    kc::fill_random_bf16(gate_up8.data(), kE * kI * kH, 4, 0.03f, 0.0f, s);
+    kc::fill_random_bf16(down8.data(), kE * kH * kI / 2, 5, 0.03f, 0.0f, s);
+    KILN_CUDA_CHECK(cudaMemsetAsync(gate_up_s.data(), 0x3c, gate_up_s.bytes(), s));
+    KILN_CUDA_CHECK(cudaMemsetAsync(down_s.data(), 0x3c, down_s.bytes(), s));
+    w8 = w;
+    w8.gate_up = Tensor(gate_up8.data(), DType::f8e4m3, {kE, 2 * kI, kH}, Device::cuda());
+    w8.down = Tensor(down8.data(), DType::f8e4m3, {kE, kH, kI}, Device::cuda());
+    w8.gate_up_scale = Tensor(gate_up_s.data(), DType::f32, {kE, 2 * kI / 128, kH / 128}, Device::cuda());
+    w8.down_scale = Tensor(down_s.data(), DType::f32, {kE, kH / 128, kI / 128}, Device::cuda());
   }
 };
 
@@ -101,6 +119,14 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       const int other = kc::kMoeGemvPairs == 1 ? 2 : 1;
       r.variant = "experts gather_gemv " + std::to_string(other) + " pairs a warp";
       timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, other); });
+      r.variant = "experts gather_gemv fp8";
+      r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;
+      const kc::MoeFp8Scales scales{.gate_up = static_cast<const float*>(m.gate_up_s.data()),
+                                    .down = static_cast<const float*>(m.down_s.data())};
+      timed(r, [&](int) {
+        kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, static_cast<const uint16_t*>(x.data()), kH,
+                               m.gate_up8.data(), m.down8.data(), s, b, env.stream, scales);
+      });
     }
     if (T >= 8) {
       Row r{"moe", "experts grouped_gemm", shape(T)};
@@ -129,6 +155,12 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       Row r{"moe", "mlp (route + experts + combine)", shape(T)};
       r.bytes = double(active) * expert_bytes + double(kE * kH) * 2;
       timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w, ot, scratch.data(), scratch.bytes()); });
+      if (T <= 64) {
+        r.variant = "mlp fp8 (route + experts + combine)";
+        r.bytes = double(active) * expert_bytes / 2 + double(kE * kH) * 2;
+        r.path.clear();
+        timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, scratch.data(), scratch.bytes()); });
+      }
     }
     if (T == 1 || T == 8) {  // the parts of the whole op beside the experts, each alone
       const Tensor logits(b.logits, DType::bf16, {T, kE}, Device::cuda());

@@ -240,7 +240,9 @@ int64_t weight_bytes(const Qwen3Weights& w, bool tied, int64_t batch = 1) {
     if (!l.moe.present()) continue;
     const double E = double(l.moe.num_experts()), k = double(l.moe.top_k);
     const double chosen = E * (1.0 - std::pow(1.0 - k / E, double(batch)));
-    n += l.moe.router.nbytes() + int64_t(chosen / E * double(l.moe.gate_up.nbytes() + l.moe.down.nbytes()));
+    const int64_t experts = l.moe.gate_up.nbytes() + l.moe.down.nbytes() +
+                            (l.moe.is_fp8() ? l.moe.gate_up_scale.nbytes() + l.moe.down_scale.nbytes() : 0);
+    n += l.moe.router.nbytes() + int64_t(chosen / E * double(experts));
   }
   return n;
 }

@@ -1,6 +1,7 @@
 #include "model/qwen3_moe.h"
 
 #include "kiln/error.h"
+#include "ops/fp8_linear.h"
 
 namespace kiln {
 namespace {
@@ -25,6 +26,35 @@ Tensor load_fused(const Checkpoint& ckpt, const std::string& name, int64_t E, in
 
 }  // namespace
 
+ops::LinearWeight place_fp8_experts(const std::vector<Fp8HostPart>& parts,
+                                    const std::vector<std::string>& names, Device device,
+                                    std::vector<Buffer>& storage) {
+  KILN_CHECK(!parts.empty() && parts.size() == names.size(), "place_fp8_experts: no parts");
+  const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
+  int64_t rows = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    KILN_CHECK(parts[i].cols == cols, "internal: stacked parts of different widths");
+    KILN_CHECK(i + 1 == parts.size() || parts[i].rows % ops::kFp8Block == 0, "block-FP8 expert tensor '",
+               names[i], "' has ", parts[i].rows,
+               " rows, not a multiple of 128 (the experts' stack needs whole ", "128-row scale blocks)");
+    rows += parts[i].rows;
+  }
+  const int64_t scale_rows = rows / ops::kFp8Block + (rows % ops::kFp8Block != 0);
+  Buffer q(size_t(rows * cols), device), s(size_t(scale_rows * kb) * sizeof(float), device);
+  auto* qd = static_cast<uint8_t*>(q.data());
+  auto* sd = static_cast<float*>(s.data());
+  for (const Fp8HostPart& p : parts) {
+    copy_bytes(qd, device, p.q, Device::cpu(), size_t(p.rows * p.cols));
+    copy_bytes(sd, device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
+    qd += p.rows * p.cols;
+    sd += p.scale.size();
+  }
+  ops::LinearWeight w(q.view(DType::f8e4m3, {rows, cols}), s.view(DType::f32, {scale_rows, kb}));
+  storage.push_back(std::move(q));
+  storage.push_back(std::move(s));
+  return w;
+}
+
 void append_moe_layer_specs(const ModelConfig& c, int64_t l, std::vector<WeightSpec>& s) {
   const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
   s.push_back({mlp_name(c, l, "gate.weight"), {E, H}, false});
@@ -36,7 +66,8 @@ void append_moe_layer_specs(const ModelConfig& c, int64_t l, std::vector<WeightS
 }
 
 ops::MoeWeights load_moe_layer(const ModelConfig& c, int64_t l, const Checkpoint* ckpt, Device device,
-                               std::vector<Buffer>& storage, const StackedLoad& stacked) {
+                               std::vector<Buffer>& storage, const StackedLoad& stacked,
+                               const LinearLoad& linear) {
   const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
   KILN_CHECK(c.is_moe_layer(l), "layer ", l, " has no sparse MLP");
   ops::MoeWeights w;
@@ -45,6 +76,8 @@ ops::MoeWeights load_moe_layer(const ModelConfig& c, int64_t l, const Checkpoint
   w.router = stacked({{mlp_name(c, l, "gate.weight"), E}}, H);
   const std::string fused_gate_up = mlp_name(c, l, "experts.gate_up_proj");
   if (ckpt && ckpt->has(fused_gate_up)) {
+    KILN_CHECK(!c.quant.fp8(), "block-FP8 experts are read from the hub layout only; '", fused_gate_up,
+               "' is the fused one (save the checkpoint with save_original_format=True)");
     w.gate_up = load_fused(*ckpt, fused_gate_up, E, 2 * I, H, device, storage);
     w.down = load_fused(*ckpt, mlp_name(c, l, "experts.down_proj"), E, H, I, device, storage);
     return w;
@@ -55,9 +88,21 @@ ops::MoeWeights load_moe_layer(const ModelConfig& c, int64_t l, const Checkpoint
     gate_up.emplace_back(expert_name(c, l, e, "up_proj"), I);
     down.emplace_back(expert_name(c, l, e, "down_proj"), H);
   }
-  // [E * 2I, H] and [E * H, I] row stacks are the [E, 2I, H] and [E, H, I] layouts.
-  w.gate_up = stacked(gate_up, H).reshape({E, 2 * I, H});
-  w.down = stacked(down, I).reshape({E, H, I});
+  const bool fp8 = c.quant.fp8();
+  KILN_CHECK(!fp8 || (I % ops::kFp8Block == 0 && H % ops::kFp8Block == 0), "layer ", l,
+             ": block-FP8 experts need moe_intermediate_size (", I, ") and hidden_size (", H,
+             ") multiples of 128, so each expert's gate, up and down rows fill whole 128-row scale blocks");
+  // [E * 2I, H] and [E * H, I] row stacks are the [E, 2I, H] and [E, H, I] layouts (with FP8, the scales'
+  // [E * 2I / 128, ceil(H/128)] and [E * H / 128, ceil(I/128)] are [E, 2I/128, .] and [E, H/128, .]).
+  const ops::LinearWeight gu = linear(gate_up, H), dn = linear(down, I);
+  KILN_CHECK(gu.is_fp8() == dn.is_fp8(), "layer ", l, ": the experts' gate/up and down projections must be ",
+             "all block-FP8 or all bf16");
+  w.gate_up = gu.weight.reshape({E, 2 * I, H});
+  w.down = dn.weight.reshape({E, H, I});
+  if (gu.is_fp8()) {
+    w.gate_up_scale = gu.scale.reshape({E, 2 * I / ops::kFp8Block, gu.scale.shape[1]});
+    w.down_scale = dn.scale.reshape({E, H / ops::kFp8Block, dn.scale.shape[1]});
+  }
   return w;
 }
 

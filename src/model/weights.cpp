@@ -3,8 +3,8 @@
 #include <cstring>
 
 #include "kiln/error.h"
-#include "model/qwen3_moe.h"
 #include "model/fp8_weights.h"
+#include "model/qwen3_moe.h"
 #include "ops/cpu/parallel.h"
 
 namespace kiln {
@@ -79,6 +79,23 @@ class Loader {
   // A projection: the parts stacked as `stacked` does, kept bf16, or block-FP8 where the checkpoint stores
   // them so (all parts alike) or the config asks for online quantization.
   ops::LinearWeight linear(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
+    std::vector<Fp8HostPart> host;
+    std::vector<std::string> names;
+    if (!fp8_parts(parts, cols, host, names)) return stacked(parts, cols, false);
+    return place_fp8_linear(host, names, device_, w_.storage);
+  }
+  // The same for MoE experts, whose FP8 form stays e4m3 on every device (the expert kernels widen it).
+  ops::LinearWeight expert_linear(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
+    std::vector<Fp8HostPart> host;
+    std::vector<std::string> names;
+    if (!fp8_parts(parts, cols, host, names)) return stacked(parts, cols, false);
+    return place_fp8_experts(host, names, device_, w_.storage);
+  }
+
+ private:
+  // The parts' block-FP8 host data, read or quantized; false when the projection stays bf16.
+  bool fp8_parts(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
+                 std::vector<Fp8HostPart>& host, std::vector<std::string>& names) {
     const QuantConfig& q = cfg_.quant;
     size_t stored_fp8 = 0;
     if (ckpt_)
@@ -90,9 +107,7 @@ class Loader {
     // Online: --quantization fp8 on a bf16 checkpoint, or random weights for an FP8 config.
     const bool online =
         stored_fp8 == 0 && q.fp8() && (q.online || !ckpt_) && !fp8_module_excluded(q, parts[0].first);
-    if (stored_fp8 == 0 && !online) return stacked(parts, cols, false);
-    std::vector<Fp8HostPart> host;
-    std::vector<std::string> names;
+    if (stored_fp8 == 0 && !online) return false;
     std::vector<bf16_t> random;
     for (const auto& [name, rows] : parts) {
       names.push_back(name);
@@ -107,7 +122,7 @@ class Loader {
         host.push_back(quantize_fp8_part(random.data(), rows, cols, name));
       }
     }
-    return place_fp8_linear(host, names, device_, w_.storage);
+    return true;
   }
 
  private:
@@ -221,13 +236,10 @@ Qwen3Weights load_qwen3_weights(const ModelConfig& c, const Checkpoint* ckpt, ui
     lw.o_proj = ld.linear({{layer_name(c, l, "self_attn.o_proj.weight"), H}}, qd);
     lw.post_norm = ld.vector(layer_name(c, l, "post_attention_layernorm.weight"), H);
     if (c.is_moe_layer(l)) {
-      // Experts are bf16 (the MoE ops take Tensors; --quantization fp8 leaves them bf16): a block-FP8 MoE
-      // checkpoint is refused before any tensor is read.
-      KILN_CHECK(c.quant.method != "fp8", "block-FP8 Qwen3-MoE checkpoints are not supported in this build: the ",
-                 "experts run bf16 only (layer ", l, " is sparse); use the BF16 checkpoint");
-      lw.moe = load_moe_layer(c, l, ckpt, device, w.storage, [&](const auto& parts, int64_t cols) {
-        return ld.stacked(parts, cols, false);
-      });
+      lw.moe = load_moe_layer(
+          c, l, ckpt, device, w.storage,
+          [&](const auto& parts, int64_t cols) { return ld.stacked(parts, cols, false); },
+          [&](const auto& parts, int64_t cols) { return ld.expert_linear(parts, cols); });
       w.layers.push_back(lw);
       continue;
     }

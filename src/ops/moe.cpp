@@ -2,6 +2,7 @@
 
 #include "ops/checks.h"
 #include "ops/cpu/moe.h"
+#include "ops/fp8_linear.h"
 
 #ifdef KILN_HAVE_CUDA
 #include "ops/cuda/moe_ops.h"
@@ -47,12 +48,32 @@ void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const T
 
 namespace {
 
+// Block-FP8 experts (ops/moe.h): per-expert 128 x 128 block scales, each expert's gate, up and down rows
+// whole blocks so one expert's scales never share a block with another's or gate's with up's.
+void check_fp8_scales(const char* op, const MoeWeights& w, int64_t H, int64_t I, int64_t L) {
+  KILN_CHECK(I % kFp8Block == 0 && H % kFp8Block == 0, op, ": block-FP8 experts need moe_intermediate_size (",
+             I, ") and hidden_size (", H, ") multiples of 128 (gate and up rows in separate 128-row blocks)");
+  const int64_t gr = 2 * I / kFp8Block, gc = fp8_blocks(H), dr = H / kFp8Block, dc = fp8_blocks(I);
+  KILN_CHECK(w.gate_up_scale.dtype == DType::f32 && w.gate_up_scale.ndim == 3 &&
+                 w.gate_up_scale.shape[0] == L && w.gate_up_scale.shape[1] == gr &&
+                 w.gate_up_scale.shape[2] == gc && w.gate_up_scale.is_contiguous(),
+             op, ": gate_up_scale ", w.gate_up_scale.describe(), " must be contiguous f32 [", L, ", ", gr,
+             ", ", gc, "]");
+  KILN_CHECK(w.down_scale.dtype == DType::f32 && w.down_scale.ndim == 3 && w.down_scale.shape[0] == L &&
+                 w.down_scale.shape[1] == dr && w.down_scale.shape[2] == dc && w.down_scale.is_contiguous(),
+             op, ": down_scale ", w.down_scale.describe(), " must be contiguous f32 [", L, ", ", dr, ", ", dc,
+             "]");
+  detail::check_same_device(op, w.gate_up, w.gate_up_scale);
+  detail::check_same_device(op, w.gate_up, w.down_scale);
+}
+
 void check_mlp(const char* op, const Tensor& x, const MoeWeights& w, const Tensor& out) {
   detail::check_matrix(op, "x", x, 2, DType::bf16);
   detail::check_matrix(op, "out", out, 2, out.dtype == DType::f32 ? DType::f32 : DType::bf16);
   detail::check_matrix(op, "router", w.router, 2, DType::bf16);
-  detail::check_matrix(op, "gate_up", w.gate_up, 3, DType::bf16);
-  detail::check_matrix(op, "down", w.down, 3, DType::bf16);
+  const DType wt = w.is_fp8() ? DType::f8e4m3 : DType::bf16;
+  detail::check_matrix(op, "gate_up", w.gate_up, 3, wt);
+  detail::check_matrix(op, "down", w.down, 3, wt);
   const int64_t H = x.shape[1], E = w.router.shape[0], I = w.gate_up.shape[1] / 2, L = w.gate_up.shape[0];
   KILN_CHECK(out.shape[0] == x.shape[0] && out.shape[1] == H, op, ": out ", out.describe(), " vs x ",
              x.describe());
@@ -66,6 +87,7 @@ void check_mlp(const char* op, const Tensor& x, const MoeWeights& w, const Tenso
              op, ": down ", w.down.describe(), " must be contiguous [", L, ", ", H, ", ", I, "]");
   KILN_CHECK(w.top_k >= 1 && w.top_k <= E, op, ": top_k ", w.top_k, " outside [1, ", E, "]");
   for (const Tensor* t : {&out, &w.router, &w.gate_up, &w.down}) detail::check_same_device(op, x, *t);
+  if (w.is_fp8()) check_fp8_scales(op, w, H, I, L);
   KILN_CHECK(out.dtype == DType::bf16 || out.is_contiguous(), op, ": an f32 out must be contiguous, got ",
              out.describe());
 }

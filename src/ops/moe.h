@@ -44,6 +44,11 @@
 //   with split_intermediate y kept in fp32 (ops::linear_f32) instead of rounded, so the only difference from
 //   the whole layer is the order of fp32 additions and y's bf16 rounding skipped. out bf16 (CUDA's bf16
 //   all-reduce): as above, the partial rounded.
+// Block-FP8 experts (is_fp8): each expert's two projections are block-FP8 linears (ops/fp8_linear.h) with
+//   the BF16 experts' rounding points otherwise. CPU: path (a) (linear_fp8 w8a8, the dense CPU model's FP8
+//   path). CUDA: path (c), the e4m3 widened in registers to bf16(f32(q) * s) by the gather GEMV at every T
+//   (the grouped GEMMs take bf16 only), so it equals the BF16 CUDA op on dequantize_fp8's experts bitwise.
+//   Needs I and H multiples of 128 (each expert's gate, up and down rows fill whole 128-row blocks).
 // Summation orders inside the GEMMs are linear's (tolerance for other backends, ops/linear.h); the routing
 // (experts, weights) from given logits and the final sum from given expert outputs are bitwise contracts.
 // CUDA (src/ops/cuda/moe.h, moe_ops.h): moe_route bitwise the CPU's (E <= 512); moe_mlp with a device
@@ -51,7 +56,7 @@
 // router through linear, routing and the (token, expert) permutation on the device, the experts by a gather
 // GEMV (T <= 64) or a grouped tensor-core GEMM, each with the rounding points above (their sums in their own
 // order: linear's tolerance), then the final sum bitwise as above from the experts' bf16 outputs. Needs H
-// and I multiples of 8 and 16-byte aligned rows. BF16 experts only.
+// and I multiples of 8 and 16-byte aligned rows.
 #pragma once
 
 #include <cstdint>
@@ -65,11 +70,16 @@ struct MoeWeights {
   Tensor router;   // bf16 [E, H]      mlp.gate.weight
   Tensor gate_up;  // bf16 [E, 2I, H]  mlp.experts.e.{gate,up}_proj.weight stacked
   Tensor down;     // bf16 [E, H, I]   mlp.experts.e.down_proj.weight stacked
+  // Block-FP8 experts (ops/fp8_linear.h's format per expert): gate_up and down f8e4m3 with these f32 block
+  // scales; empty for bf16 experts. The router stays bf16.
+  Tensor gate_up_scale;  // f32 [E, 2I/128, ceil(H/128)] contiguous (I % 128 == 0: gate, up whole blocks)
+  Tensor down_scale;     // f32 [E, H/128, ceil(I/128)] contiguous (H % 128 == 0)
   int64_t top_k = 0;
   bool norm_topk_prob = false;
   int64_t expert_begin = 0;         // expert parallelism: the router index of gate_up[0] / down[0]
   bool split_intermediate = false;  // tensor parallelism: gate_up / down hold a slice of each expert's I
   bool present() const { return router.data != nullptr; }
+  bool is_fp8() const { return gate_up.dtype == DType::f8e4m3; }
   int64_t num_experts() const { return router.shape[0]; }  // the router's (the whole model's) E
   int64_t local_experts() const { return gate_up.shape[0]; }
   int64_t intermediate() const { return down.shape[2]; }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/fp8_checkpoints.h"
 #include "common/model_steps.h"
 #include "kiln/safetensors.h"
 #include "model/fp8_weights.h"
@@ -90,44 +91,11 @@ TEST(CudaFp8Dequant, WholeModelMatchesCpuOnTheDequantizedWeights) {
   c.rope_theta = 1e6;
   c.max_position_embeddings = 512;
   c.tie_word_embeddings = true;
-  const std::filesystem::path dir = test_support::process_scratch_dir("cuda_fp8");
-  RandomWeights w = random_weights(qwen3_weight_specs(c), 13);
-  const auto is_linear = [](const std::string& n) {
-    return n.rfind("model.layers.", 0) == 0 && n.size() > 12 &&
-           n.compare(n.size() - 12, 12, "_proj.weight") == 0;
-  };
-  Fp8CheckpointStorage storage;
-  const std::vector<NamedTensor> fp8 = quantize_checkpoint_linears(w.tensors, is_linear, false, storage);
-  std::vector<NamedTensor> deq;
-  std::vector<std::vector<bf16_t>> deq_data;
-  deq_data.reserve(fp8.size());
-  for (size_t i = 0; i < fp8.size(); ++i) {
-    const NamedTensor& t = fp8[i];
-    if (t.name.find("weight_scale_inv") != std::string::npos) continue;
-    if (t.tensor.dtype != DType::f8e4m3) {
-      deq.push_back(t);
-      continue;
-    }
-    const int64_t N = t.tensor.shape[0], K = t.tensor.shape[1];
-    std::vector<bf16_t>& d = deq_data.emplace_back(size_t(N * K));
-    ops::dequantize_fp8({t.tensor, fp8[i + 1].tensor}, Tensor(d.data(), DType::bf16, {N, K}));
-    deq.push_back({t.name, Tensor(d.data(), DType::bf16, {N, K})});
-  }
-  std::filesystem::create_directories(dir / "fp8");
-  std::filesystem::create_directories(dir / "deq");
-  write_safetensors((dir / "fp8" / "model.safetensors").string(), fp8);
-  write_safetensors((dir / "deq" / "model.safetensors").string(), deq);
-  const Checkpoint ck8 = Checkpoint::open((dir / "fp8").string()),
-                   ckd = Checkpoint::open((dir / "deq").string());
-  ModelConfig c8 = c;
-  c8.quant.method = "fp8";
-  LoadOptions o;
-  auto cpu = Qwen3Model::create(c, &ckd, o);
-  o.device = Device::cuda();
-  auto gpu = Qwen3Model::create(c8, &ck8, o);
+  const test::Fp8ModelPair m = test::load_fp8_and_dequantized(c, 13, "cuda_fp8", Device::cuda());
+  Qwen3Model &cpu = *m.cpu_bf16, &gpu = *m.fp8;
   std::vector<int32_t> prompt(61);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 131 + 7) % 1024);
-  test::expect_gpu_matches_cpu(*cpu, *gpu, prompt, 12, "fp8 checkpoint, dequantized");
+  test::expect_gpu_matches_cpu(cpu, gpu, prompt, 12, "fp8 checkpoint, dequantized");
 }
 
 }  // namespace

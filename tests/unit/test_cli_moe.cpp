@@ -99,20 +99,45 @@ TEST_F(CliMoe, GenerateOnTheCpuMatchesTheModelInProcess) {
   }
 }
 
-// Tensor and expert parallelism of the sparse layers run on the CPU backend (their equality with TP = 1 is
-// test_tp's, on the HF fixtures); an expert count --tp does not divide is a clear error naming the field.
-TEST_F(CliMoe, TensorAndExpertParallelismRunOnTheCpu) {
-  for (const bool ep : {false, true}) {
-    std::vector<std::string> args = {
-        "generate", "--model", dir_.string(),  "--prompt-ids", "1,2,3", "--max-tokens", "2", "--json",
-        "--device", "cpu",     "--ignore-eos", "--tp",         "2"};
-    if (ep) args.push_back("--enable-expert-parallel");
-    const auto r = run_kiln(args);
-    ASSERT_EQ(r.code, 0) << (ep ? "EP: " : "TP: ") << r.err;
-    EXPECT_EQ(json::parse(r.out)["ids"].size(), 2u) << r.out;
+// Tensor parallelism of MoE layers runs on the CPU (ops/moe.h: split intermediate): the same greedy ids as
+// --tp 1; with block-FP8 experts it is refused, naming why.
+TEST_F(CliMoe, TensorParallelismOnTheCpuGeneratesAsOneRank) {
+  std::vector<std::vector<int32_t>> ids;
+  for (const char* tp : {"1", "2"}) {
+    const auto r = run_kiln({"generate", "--model", dir_.string(), "--prompt-ids", "1,2,3", "--max-tokens",
+                             "4", "--device", "cpu", "--tp", tp, "--json", "--ignore-eos"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    ids.push_back(json::parse(r.out)["ids"].get<std::vector<int32_t>>());
   }
+  EXPECT_EQ(ids[0], ids[1]);
   const auto r = run_kiln({"generate", "--model", dir_.string(), "--prompt-ids", "1,2,3", "--max-tokens", "2",
-                           "--device", "cpu", "--tp", "3", "--enable-expert-parallel"});
+                           "--device", "cpu", "--tp", "2", "--quantization", "fp8"});
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("must be divisible by --tp 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tensor and expert parallelism of block-FP8 MoE experts are not supported"),
+            std::string::npos)
+      << r.err;
+}
+
+// --quantization fp8: Qwen3-30B-A3B-FP8's layout (each expert projection F8_E4M3 with its weight_scale_inv,
+// the router bf16), which `kiln generate` runs on the CPU exactly as the model in process does.
+TEST_F(CliMoe, Fp8DemoCheckpointHasFp8ExpertsAndGenerates) {
+  const fs::path dir = scratch() / "demo_moe_fp8";
+  const auto made =
+      run_kiln({"demo-model", dir.string(), "--arch", "moe", "--seed", "4", "--quantization", "fp8"});
+  ASSERT_EQ(made.code, 0) << made.err;
+  const json index = json::parse(slurp(dir / "model.safetensors.index.json"));
+  EXPECT_TRUE(index["weight_map"].contains("model.layers.3.mlp.experts.7.down_proj.weight_scale_inv"));
+  EXPECT_FALSE(index["weight_map"].contains("model.layers.3.mlp.gate.weight_scale_inv"));
+  auto m = kiln::Qwen3Model::load(dir.string(), kiln::LoadOptions{});
+  const kiln::ops::MoeWeights& w = m->weights().layers[1].moe;
+  ASSERT_TRUE(w.is_fp8());
+  EXPECT_EQ(w.router.dtype, kiln::DType::bf16);
+  const auto r = run_kiln({"generate", "--model", dir.string(), "--prompt-ids", "9707,11,1879",
+                           "--max-tokens", "3", "--json", "--device", "cpu", "--ignore-eos"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto ids = json::parse(r.out)["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 3u);
+  const auto logits =
+      kiln::test::model_steps(*m, {9707, 11, 1879}, 3, {}, kiln::DType::bf16, kiln::ops::KvLayout::hnd, 16);
+  for (size_t s = 0; s < ids.size(); ++s) EXPECT_EQ(ids[s], kiln::test::argmax(logits[s])) << "step " << s;
 }

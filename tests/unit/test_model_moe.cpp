@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model_steps.h"
+#include "common/moe_checkpoints.h"
 #include "common/test_support.h"
 #include "engine_test_util.h"
 #include "kiln/safetensors.h"
@@ -34,25 +35,11 @@ json dense_json() {
 
 json moe_json(int64_t experts, int64_t top_k, int64_t width, bool norm, const json& only = json::array(),
               int64_t step = 1) {
-  json j = dense_json();
-  j["architectures"] = {"Qwen3MoeForCausalLM"};
-  j["model_type"] = "qwen3_moe";
-  j["num_experts"] = experts;
-  j["num_experts_per_tok"] = top_k;
-  j["moe_intermediate_size"] = width;
-  j["norm_topk_prob"] = norm;
-  j["mlp_only_layers"] = only;
-  j["decoder_sparse_step"] = step;
-  return j;
+  return test::moe_config_json(dense_json(), experts, top_k, width, norm, only, step);
 }
 
-// Writes config.json and the tensors into a fresh folder of this process; returns it.
 fs::path write_checkpoint(const std::string& name, const json& cfg, const std::vector<NamedTensor>& tensors) {
-  const fs::path dir = test_support::process_scratch_dir("model_moe") / name;
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << cfg.dump(2);
-  write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  return dir;
+  return test::write_json_checkpoint("model_moe", name, cfg, tensors);
 }
 
 // Random weights for a config, as the checkpoint tensors (hub layout).

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/cpu/fp8_ref.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cpu/reference.h"
 
@@ -60,6 +61,35 @@ void route_row(const bf16_t* logit, int64_t E, int64_t k, bool norm, int32_t* ex
   for (int64_t j = 0; j < k; ++j) weights[j] = f32_to_bf16(norm ? e[size_t(j)] / s_k : e[size_t(j)]);
 }
 
+// Local expert e's two projections: [2I, H] and [H, I] views, with their block scales when FP8.
+struct ExpertWeights {
+  Tensor gate_up, gate_up_scale, down, down_scale;
+};
+ExpertWeights expert_weights(const MoeWeights& w, int64_t e) {
+  const int64_t H = w.gate_up.shape[2], I = w.intermediate();
+  const DType dt = w.gate_up.dtype;
+  const auto* gu = static_cast<const char*>(w.gate_up.data);
+  const auto* dn = static_cast<const char*>(w.down.data);
+  const int64_t es = dtype_size(dt);
+  ExpertWeights x;
+  x.gate_up = Tensor(const_cast<char*>(gu + e * 2 * I * H * es), dt, {2 * I, H});
+  x.down = Tensor(const_cast<char*>(dn + e * H * I * es), dt, {H, I});
+  if (!w.is_fp8()) return x;
+  const int64_t gr = w.gate_up_scale.shape[1], gc = w.gate_up_scale.shape[2];
+  const int64_t dr = w.down_scale.shape[1], dc = w.down_scale.shape[2];
+  x.gate_up_scale = Tensor(w.gate_up_scale.ptr<float>() + e * gr * gc, DType::f32, {gr, gc});
+  x.down_scale = Tensor(w.down_scale.ptr<float>() + e * dr * dc, DType::f32, {dr, dc});
+  return x;
+}
+
+// One expert projection with linear's rounding (bf16 out) or its fp32 sum (f32 out): bf16 weights by
+// linear / linear_f32, block-FP8 ones by path (a) (ops/fp8_linear.h).
+void expert_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor& out) {
+  if (weight.dtype == DType::f8e4m3) return linear_fp8_w8a8(x, weight, scale, out);
+  if (out.dtype == DType::f32) return linear_f32(x, weight, out);
+  linear(x, weight, out);
+}
+
 }  // namespace
 
 void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
@@ -107,15 +137,14 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
       const bf16_t* src = x.ptr<bf16_t>() + (rows[size_t(r)] / k) * x.stride[0];
       std::copy(src, src + H, xs.begin() + r * H);
     }
-    const Tensor gate_up(w.gate_up.ptr<bf16_t>() + (e - e0) * 2 * I * H, DType::bf16, {2 * I, H});
-    const Tensor down(w.down.ptr<bf16_t>() + (e - e0) * H * I, DType::bf16, {H, I});
+    const ExpertWeights ew = expert_weights(w, e - e0);
     const Tensor gu_t(gu.data(), DType::bf16, {n, 2 * I}), act_t(act.data(), DType::bf16, {n, I});
-    linear(Tensor(xs.data(), DType::bf16, {n, H}), gate_up, gu_t);
+    expert_linear(Tensor(xs.data(), DType::bf16, {n, H}), ew.gate_up, ew.gate_up_scale, gu_t);
     silu_and_mul(gu_t, act_t);
     if (y_f32) {
-      linear_f32(act_t, down, Tensor(yf.data(), DType::f32, {n, H}));
+      expert_linear(act_t, ew.down, ew.down_scale, Tensor(yf.data(), DType::f32, {n, H}));
     } else {
-      linear(act_t, down, Tensor(y.data(), DType::bf16, {n, H}));
+      expert_linear(act_t, ew.down, ew.down_scale, Tensor(y.data(), DType::bf16, {n, H}));
     }
     for (int64_t r = 0; r < n; ++r) {
       const int64_t pair = rows[size_t(r)], t = pair / k;

@@ -9,6 +9,7 @@
 //   4. the experts: moe_grouped_gemm_launch (tensor cores, large batches) or moe_gather_gemv_launch (small
 //      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order)
 //   5. moe_combine_launch:  out[t] = bf16(sum over t's slots in ascending expert index of y * weight)
+//      (at batch 1, moe_experts_combine_launch: down and the combine in one kernel, the same bits)
 // Rows of an expert are its pairs in ascending token order, so the layout is deterministic.
 #pragma once
 
@@ -66,11 +67,28 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
 enum class MoeExpertKernel { grouped_gemm, grouped_gemm_sm90, gather_gemv };
 bool moe_grouped_gemm_sm90_applies();
 
+// Block-FP8 experts' scales (ops/moe.h): gate_up f32 [E, 2I/128, ceil(H/128)], down f32 [E, H/128,
+// ceil(I/128)], contiguous; both nullptr for bf16 experts.
+struct MoeFp8Scales {
+  const float* gate_up = nullptr;
+  const float* down = nullptr;
+  bool fp8() const { return gate_up != nullptr; }
+};
+
 // 4, gate_up: act[row] = silu_and_mul(x[token of row] . gate_up[e]^T) for every sorted row of expert e.
-//   x bf16 [T, H] row stride xs; gate_up bf16 [E, 2I, H] contiguous.
-// 4, down: y[row] = bf16(act[row] . down[e]^T); down bf16 [E, H, I] contiguous.
-void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const uint16_t* gate_up,
-                        const uint16_t* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
+//   x bf16 [T, H] row stride xs; gate_up bf16 (or with scales e4m3) [E, 2I, H] contiguous.
+// 4, down: y[row] = bf16(act[row] . down[e]^T); down bf16 (or e4m3) [E, H, I] contiguous.
+// Block-FP8 experts (scales set): the gather GEMV only (another kernel is an error), each e4m3 weight
+// widened to bf16(f32(q) * s) before its product, so the result is the bf16 GEMV's on those values.
+void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const void* gate_up,
+                        const void* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream,
+                        MoeFp8Scales scales = {});
+// 4 and 5 for decode batches: the gate_up gather GEMV, then down and the combine in one kernel (each block
+// sums a token's k experts for its columns): out bf16 [T, H] row stride os, bitwise the gather GEMV then
+// moe_combine_launch (y left in the scratch as they leave it).
+void moe_experts_combine_launch(const uint16_t* x, int64_t xs, const void* gate_up, const void* down,
+                                const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,
+                                cudaStream_t stream, MoeFp8Scales scales = {});
 // 5. out bf16 [T, H] row stride os.
 void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,
                         cudaStream_t stream);

@@ -4,6 +4,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/context.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_gemv.cuh"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/vec.cuh"
 
@@ -14,18 +15,13 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // a block: 8 warps, each 1 or 2 output column pairs
 constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
 
-__device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8], float acc) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) acc = fmaf(a[i], b[i], acc);
-  return acc;
-}
-
 // Grid: (min(E, T k), ceil(column pairs / (8 kPairs))); block: 8 warps. Block x takes the x-th chosen
 // expert (or exits), warp w the kPairs column pairs from q0 = (y * 8 + w) kPairs: pair q is, with SiLU,
 // weight rows q (gate) and N + q (up) -> act column q, else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes
 // stride k by 8 bf16 (16-byte loads); each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a lane,
-// reduced by an xor butterfly; lane 0 writes.
-template <bool kSilu, int kPairs>
+// reduced by an xor butterfly; lane 0 writes. kFp8: the weight rows are e4m3 with block scales, each lane's
+// 8 bytes widened by widen8_e4m3 (8 | 128, so a lane's chunk lies in one scale block).
+template <bool kSilu, int kPairs, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
   pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
@@ -37,13 +33,23 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int q0 = (int(blockIdx.y) * kWarps + warp) * kPairs;
   if (q0 >= pairs) return;
   const int64_t wrows = kSilu ? 2 * int64_t(p.N) : p.N;
-  const uint16_t* we = p.w + int64_t(e) * wrows * p.K;
   const uint16_t* w[2 * kPairs];
+  const uint8_t* w8[2 * kPairs];
+  const float* ws[2 * kPairs];  // the row's 128-row block of scales
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
     const int q = min(q0 + j, pairs - 1);  // a pair past the end recomputes the last one, unwritten
-    w[2 * j] = we + int64_t(kSilu ? q : 2 * q) * p.K;
-    w[2 * j + 1] = we + int64_t(kSilu ? p.N + q : 2 * q + 1) * p.K;
+    const int64_t r0 = kSilu ? q : 2 * q, r1 = kSilu ? p.N + q : 2 * q + 1;
+    const int64_t e_row0 = int64_t(e) * wrows;
+    if constexpr (kFp8) {
+      w8[2 * j] = p.w8 + (e_row0 + r0) * p.K;
+      w8[2 * j + 1] = p.w8 + (e_row0 + r1) * p.K;
+      ws[2 * j] = p.ws + ((e_row0 + r0) / 128) * p.skb;  // wrows % 128 == 0: blocks never straddle experts
+      ws[2 * j + 1] = p.ws + ((e_row0 + r1) / 128) * p.skb;
+    } else {
+      w[2 * j] = p.w + (e_row0 + r0) * p.K;
+      w[2 * j + 1] = p.w + (e_row0 + r1) * p.K;
+    }
   }
   const int row0 = p.offsets[e], cnt = p.counts[e];
   for (int rb = 0; rb < cnt; rb += kRows) {
@@ -55,7 +61,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int kk = lane * 8; kk < p.K; kk += 32 * 8) {
       float f[2 * kPairs][8];
 #pragma unroll
-      for (int i = 0; i < 2 * kPairs; ++i) unpack8(__ldg(reinterpret_cast<const uint4*>(w[i] + kk)), f[i]);
+      for (int i = 0; i < 2 * kPairs; ++i) {
+        if constexpr (kFp8) {
+          widen8_e4m3(__ldg(reinterpret_cast<const uint2*>(w8[i] + kk)), __ldg(ws[i] + kk / 128), f[i]);
+        } else {
+          unpack8(__ldg(reinterpret_cast<const uint4*>(w[i] + kk)), f[i]);
+        }
+      }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (!src[r]) continue;
@@ -96,16 +108,29 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int kPairs>
 void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up,
-                              const MoeProductParams& down, cudaStream_t stream) {
+                              const MoeProductParams* down_p, cudaStream_t stream) {
   const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
   const int per_block = kWarps * kPairs;
   LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
                 .block = dim3(kWarps * 32),
                 .stream = stream,
                 .pdl = pdl_for(PdlSite::gemv)};
-  launch(cfg, gather_gemv_kernel<true, kPairs>, gate_up);
+  const bool fp8 = gate_up.ws != nullptr;
+  KILN_CHECK(!down_p || fp8 == (down_p->ws != nullptr),
+             "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
+  if (fp8) {
+    launch(cfg, gather_gemv_kernel<true, kPairs, true>, gate_up);
+  } else {
+    launch(cfg, gather_gemv_kernel<true, kPairs, false>, gate_up);
+  }
+  if (!down_p) return;
+  const MoeProductParams& down = *down_p;
   cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
-  launch(cfg, gather_gemv_kernel<false, kPairs>, down);
+  if (fp8) {
+    launch(cfg, gather_gemv_kernel<false, kPairs, true>, down);
+  } else {
+    launch(cfg, gather_gemv_kernel<false, kPairs, false>, down);
+  }
 }
 
 struct CombineParams {
@@ -139,7 +164,7 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 
 }  // namespace
 
-void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
+void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
                             cudaStream_t stream, int pairs_per_warp) {
   KILN_CHECK(pairs_per_warp == 1 || pairs_per_warp == 2, "moe gather GEMV: ", pairs_per_warp,
              " column pairs a warp; 1 or 2");

@@ -13,6 +13,9 @@ struct MoeProductParams {
                       // down: act bf16 [max_rows, K] row stride as, read at the sorted row
   int64_t as;
   const uint16_t* w;           // bf16 [E, N_w, K] contiguous
+  const uint8_t* w8;           // block-FP8: e4m3 [E, N_w, K] contiguous (w unused)
+  const float* ws;             // block-FP8: f32 [E, N_w / 128, skb] scales; nullptr: bf16 weights
+  int skb;                     // ceil(K / 128)
   uint16_t* out;               // bf16 [max_rows, N] contiguous
   const int32_t* sorted_pair;  // i32 [max_rows]
   const int32_t* tile_expert;  // i32 [max_tiles]  (the grouped GEMMs)
@@ -25,6 +28,8 @@ struct MoeProductParams {
 MoeProductParams moe_gate_up_params(const uint16_t* x, int64_t xs, const uint16_t* gate_up, const MoeShape& s,
                                     const MoeBuffers& b);
 MoeProductParams moe_down_params(const uint16_t* down, const MoeShape& s, const MoeBuffers& b);
+// Points p at block-FP8 weights w8 (e4m3) with their scales.
+void moe_set_fp8(MoeProductParams& p, const void* w8, const float* scales);
 
 #ifdef __CUDACC__
 // The A row of sorted row `row`: for gate_up (kSilu) its pair's token row of x, nullptr on a padding row
@@ -47,7 +52,17 @@ void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gat
                                   const MoeProductParams& down, cudaStream_t stream);
 // pairs_per_warp: 1 or 2 output column pairs a warp (kMoeGemvPairs the default; bench moe times both).
 constexpr int kMoeGemvPairs = 1;
-void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams& down,
+// down nullptr: the gate_up GEMV alone (moe_down_combine_launch then does down and the combine).
+void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
                             cudaStream_t stream, int pairs_per_warp = kMoeGemvPairs);
+inline void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up,
+                                   const MoeProductParams& down, cudaStream_t stream,
+                                   int pairs_per_warp = kMoeGemvPairs) {
+  moe_gather_gemv_launch(s, gate_up, &down, stream, pairs_per_warp);
+}
+// Steps 4 (down) and 5 in one kernel (moe_down_combine.cu): y as the gather GEMV leaves it and out bf16
+// [T, H] row stride os bitwise moe_combine_launch's, for any T (a block a token and 4 columns).
+void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, const MoeBuffers& b,
+                             uint16_t* out, int64_t os, cudaStream_t stream);
 
 }  // namespace kiln::cuda

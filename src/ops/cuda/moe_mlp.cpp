@@ -84,12 +84,51 @@ MoeProductParams moe_down_params(const uint16_t* down, const MoeShape& s, const 
   return d;
 }
 
-void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const uint16_t* gate_up,
-                        const uint16_t* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream) {
+void moe_set_fp8(MoeProductParams& p, const void* w8, const float* scales) {
+  p.w = nullptr;
+  p.w8 = static_cast<const uint8_t*>(w8);
+  p.ws = scales;
+  p.skb = (p.K + 127) / 128;
+}
+
+namespace {
+
+void product_params(const uint16_t* x, int64_t xs, const void* gate_up, const void* down, const MoeShape& s,
+                    const MoeBuffers& b, MoeFp8Scales scales, MoeProductParams& g, MoeProductParams& d) {
+  g = moe_gate_up_params(x, xs, static_cast<const uint16_t*>(gate_up), s, b);
+  d = moe_down_params(static_cast<const uint16_t*>(down), s, b);
+  if (scales.fp8()) {
+    moe_set_fp8(g, gate_up, scales.gate_up);
+    moe_set_fp8(d, down, scales.down);
+  }
+}
+
+}  // namespace
+
+void moe_experts_combine_launch(const uint16_t* x, int64_t xs, const void* gate_up, const void* down,
+                                const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,
+                                cudaStream_t stream, MoeFp8Scales scales) {
+  KILN_CHECK(s.H % 8 == 0 && s.I % 8 == 0 && (!scales.fp8() || (s.H % 128 == 0 && s.I % 128 == 0)),
+             "moe_mlp: hidden ", s.H, " and moe_intermediate ", s.I,
+             " must be multiples of 8 (of 128 with block-FP8 experts) for the CUDA expert kernels");
+  if (s.T == 0) return;
+  MoeProductParams g, d;
+  product_params(x, xs, gate_up, down, s, b, scales, g, d);
+  moe_gather_gemv_launch(s, g, nullptr, stream);
+  moe_down_combine_launch(s, d, b, out, os, stream);
+}
+
+void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const void* gate_up,
+                        const void* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream,
+                        MoeFp8Scales scales) {
   KILN_CHECK(s.H % 8 == 0 && s.I % 8 == 0, "moe_mlp: hidden ", s.H, " and moe_intermediate ", s.I,
              " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");
+  KILN_CHECK(!scales.fp8() || (kernel == MoeExpertKernel::gather_gemv && s.H % 128 == 0 && s.I % 128 == 0),
+             "moe_mlp: block-FP8 experts run on the gather GEMV only, with hidden and moe_intermediate "
+             "multiples of 128");
   if (s.T == 0) return;
-  const MoeProductParams g = moe_gate_up_params(x, xs, gate_up, s, b), d = moe_down_params(down, s, b);
+  MoeProductParams g, d;
+  product_params(x, xs, gate_up, down, s, b, scales, g, d);
   switch (kernel) {
     case MoeExpertKernel::gather_gemv:
       return moe_gather_gemv_launch(s, g, d, stream);
@@ -156,17 +195,29 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scra
   linear(x, w.router, logits);
   kc::moe_route_launch(b.logits, s.E, s, w.norm_topk_prob, b, stream);
   kc::moe_permute_launch(s, b, stream);
-  if (experts == MoeExperts::by_rows) experts = env_experts();
+  const bool by_caller = experts != MoeExperts::by_rows;  // a caller's explicit kernel (tests, bench) is kept
+  if (!by_caller) experts = env_experts();
   if (experts == MoeExperts::by_rows) {
     experts = kc::moe_grouped_gemm_sm90_applies() ? MoeExperts::grouped_gemm_sm90 : MoeExperts::grouped_gemm;
     if (T <= kMoeGemvMaxTokens) experts = MoeExperts::gather_gemv;
   }
-  kc::moe_experts_launch(experts == MoeExperts::gather_gemv ? kc::MoeExpertKernel::gather_gemv
-                                                            : kc::MoeExpertKernel::grouped_gemm,
-                         static_cast<const uint16_t*>(x.data), x.stride[0],
-                         static_cast<const uint16_t*>(w.gate_up.data),
-                         static_cast<const uint16_t*>(w.down.data), s, b, stream);
-  kc::moe_combine_launch(s, b, static_cast<uint16_t*>(out.data), out.stride[0], stream);
+  kc::MoeFp8Scales scales;
+  if (w.is_fp8()) {  // the grouped GEMMs take bf16 B tiles only: FP8 experts run the GEMV at every T
+    if (!by_caller) experts = MoeExperts::gather_gemv;  // also over KILN_MOE_EXPERTS
+    scales = {.gate_up = w.gate_up_scale.ptr<float>(), .down = w.down_scale.ptr<float>()};
+  }
+  const kc::MoeExpertKernel kernel = experts == MoeExperts::gather_gemv ? kc::MoeExpertKernel::gather_gemv
+                                     : experts == MoeExperts::grouped_gemm_sm90
+                                         ? kc::MoeExpertKernel::grouped_gemm_sm90
+                                         : kc::MoeExpertKernel::grouped_gemm;
+  const auto* xp = static_cast<const uint16_t*>(x.data);
+  auto* op = static_cast<uint16_t*>(out.data);
+  if (kernel == kc::MoeExpertKernel::gather_gemv && T <= kMoeFusedCombineMaxTokens) {
+    return kc::moe_experts_combine_launch(xp, x.stride[0], w.gate_up.data, w.down.data, s, b, op,
+                                          out.stride[0], stream, scales);
+  }
+  kc::moe_experts_launch(kernel, xp, x.stride[0], w.gate_up.data, w.down.data, s, b, stream, scales);
+  kc::moe_combine_launch(s, b, op, out.stride[0], stream);
 }
 
 }  // namespace kiln::ops::cuda

@@ -13,9 +13,14 @@ namespace kiln::ops::cuda {
 // else the wgmma grouped GEMM where it applies (an sm_90 device running sm_90a code), else the mma.sync
 // one; KILN_MOE_EXPERTS=gemm, wgmma or gemv overrides by_rows (read once). The threshold: on the H100
 // (docs/PERF.md "Mixture of experts") the GEMV beats the wgmma GEMM up to T = 16 by 17-22 % and ties it at
-// T = 64 (509 vs 520 us for 30B-A3B's experts); the mma.sync GEMM is slower than both there.
+// T = 64 (509 vs 520 us for 30B-A3B's experts); the mma.sync GEMM is slower than both there. Block-FP8
+// experts run the gather GEMV under by_rows whatever KILN_MOE_EXPERTS says; an explicit other kernel is
+// an error for them.
 enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv };
 constexpr int64_t kMoeGemvMaxTokens = 64;
+// Up to this many tokens the gather GEMV's down projection and the combine run as one kernel (the same
+// bits; one launch and the y round trip fewer a layer). Batch 1 until measured above it.
+constexpr int64_t kMoeFusedCombineMaxTokens = 1;
 
 // Device bytes of moe_mlp's scratch for T tokens of w's shape.
 size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T);

@@ -1,0 +1,109 @@
+// The down projection and the combine (moe.h steps 4 down and 5) in one kernel for decode-sized batches:
+// each block owns a few output columns of one token for all its k experts, so it can sum them in ascending
+// expert index itself. Bitwise the gather GEMV's y and the combine kernel's out: every y is the same lane
+// order, butterfly and bf16 rounding as gather_gemv_kernel's, every out the same fmaf chain from +0.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/context.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_gemv.cuh"
+#include "ops/cuda/moe_kernels.h"
+#include "ops/cuda/vec.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kWarps = 8;  // warp w computes slots w, w + 8, ... of the token
+constexpr int kPairs = 2;  // output column pairs a block
+constexpr int kMaxK = 32;  // top_k the shared y tile holds
+
+struct DownCombineParams {
+  const int32_t* experts;   // i32 [T, k]
+  const uint16_t* weights;  // bf16 [T, k]
+  const int32_t* inverse;   // i32 [T * k]: the pair's sorted row
+  uint16_t* out;            // bf16 [T, H] row stride os
+  int64_t os;
+  int k;
+};
+
+// Grid: (ceil(H / 2 / kPairs), T); block: 8 warps. Block (x, t) owns columns [2 kPairs x, 2 kPairs (x + 1))
+// of token t. Warp w, for each slot j = w, w + 8, ... of t: the 2 kPairs down rows of expert experts[t, j]
+// dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly), rounded to bf16 into
+// y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column sums
+// y * weight over j ascending (ascending expert index) from +0 and rounds once.
+template <bool kFp8>
+__global__ void __launch_bounds__(kWarps * 32)
+    down_combine_kernel(const __grid_constant__ MoeProductParams p,
+                        const __grid_constant__ DownCombineParams c) {
+  pdl_wait();
+  __shared__ float ys[kMaxK][2 * kPairs];
+  const int t = int(blockIdx.y), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int pairs = p.N / 2, q0 = int(blockIdx.x) * kPairs;
+  for (int j = warp; j < c.k; j += kWarps) {
+    const int64_t e = c.experts[t * c.k + j];
+    const int row = c.inverse[t * c.k + j];
+    const uint16_t* a = p.a + int64_t(row) * p.as;
+    int64_t wrow[2 * kPairs];
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const int q = min(q0 + i, pairs - 1);  // a pair past the end recomputes the last one, unwritten
+      wrow[2 * i] = e * p.N + 2 * q;
+      wrow[2 * i + 1] = e * p.N + 2 * q + 1;
+    }
+    float acc[2 * kPairs] = {};
+#pragma unroll 2
+    for (int kk = lane * 8; kk < p.K; kk += 32 * 8) {
+      float xf[8];
+      unpack8(*reinterpret_cast<const uint4*>(a + kk), xf);
+#pragma unroll
+      for (int i = 0; i < 2 * kPairs; ++i) {
+        float f[8];
+        moe_weight_chunk<kFp8>(p, wrow[i], kk, f);
+        acc[i] = dot8(xf, f, acc[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2 * kPairs; ++i)
+#pragma unroll
+      for (int o = 16; o >= 1; o /= 2) acc[i] += __shfl_xor_sync(kFull, acc[i], o);
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        const int q = q0 + i;
+        const uint32_t lo = f32_to_bf16_bits(acc[2 * i]), hi = f32_to_bf16_bits(acc[2 * i + 1]);
+        ys[j][2 * i] = bf16_bits_to_f32(lo);
+        ys[j][2 * i + 1] = bf16_bits_to_f32(hi);
+        if (q < pairs) *reinterpret_cast<uint32_t*>(p.out + int64_t(row) * p.N + 2 * q) = lo | (hi << 16);
+      }
+    }
+  }
+  __syncthreads();
+  const int col = 2 * q0 + int(threadIdx.x);
+  if (int(threadIdx.x) < 2 * kPairs && col < p.N) {
+    float acc = 0.0f;
+    for (int j = 0; j < c.k; ++j)
+      acc = fmaf(ys[j][threadIdx.x], bf16_bits_to_f32(c.weights[t * c.k + j]), acc);
+    c.out[int64_t(t) * c.os + col] = uint16_t(f32_to_bf16_bits(acc));
+  }
+}
+
+}  // namespace
+
+void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, const MoeBuffers& b,
+                             uint16_t* out, int64_t os, cudaStream_t stream) {
+  KILN_CHECK(s.k <= kMaxK, "moe fused down + combine: top_k ", s.k, " above ", kMaxK);
+  if (s.T == 0) return;
+  const DownCombineParams c{
+      .experts = b.experts, .weights = b.weights, .inverse = b.inverse, .out = out, .os = os, .k = int(s.k)};
+  const LaunchCfg cfg{.grid = dim3(unsigned((s.H / 2 + kPairs - 1) / kPairs), unsigned(s.T)),
+                      .block = dim3(kWarps * 32),
+                      .stream = stream,
+                      .pdl = pdl_for(PdlSite::gemv)};
+  if (down.ws) {
+    launch(cfg, down_combine_kernel<true>, down, c);
+  } else {
+    launch(cfg, down_combine_kernel<false>, down, c);
+  }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,273 @@
+// Block-FP8 MoE experts on CUDA (ops/moe.h "Block-FP8 experts"): the gather GEMV widening e4m3 in registers
+// equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the
+// GEMV threshold (FP8 runs the GEMV at every T), with 1 and 2 column pairs a warp; it stays near the CPU
+// oracle's path (a); and a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint
+// within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp).
+#include <cmath>
+#include <filesystem>
+
+#include "common/fp8_checkpoints.h"
+#include "common/model_steps.h"
+#include "kiln/safetensors.h"
+#include "model/fp8_weights.h"
+#include "model/qwen3.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_kernels.h"
+#include "ops/cuda/moe_ops.h"
+#include "ops/fp8_linear.h"
+#include "ops/moe.h"
+#include "test_util_cuda.h"
+
+namespace kiln {
+namespace {
+
+namespace kc = ::kiln::cuda;
+using test::random_bf16;
+using test::to_device;
+using test::to_host;
+
+// One layer's experts quantized per expert (ops::quantize_weight_fp8 on each [2I, H] and [H, I]), their
+// dequantization (path (c)), and the device copies of both.
+struct Fp8Layer {
+  int64_t E = 0, k = 0, H = 0, I = 0;
+  std::vector<bf16_t> router, gate_up_deq, down_deq;
+  std::vector<uint8_t> gate_up_q, down_q;
+  std::vector<float> gate_up_s, down_s;
+  Buffer d_router, d_gu_q, d_dn_q, d_gu_s, d_dn_s, d_gu_deq, d_dn_deq;
+
+  int64_t gr() const { return 2 * I / 128; }
+  int64_t gc() const { return ops::fp8_blocks(H); }
+  int64_t dr() const { return H / 128; }
+  int64_t dc() const { return ops::fp8_blocks(I); }
+  ops::MoeWeights common(Device d) const {
+    ops::MoeWeights w;
+    w.router =
+        Tensor(d.is_cuda() ? d_router.data() : const_cast<bf16_t*>(router.data()), DType::bf16, {E, H}, d);
+    w.top_k = k;
+    w.norm_topk_prob = true;
+    return w;
+  }
+  ops::MoeWeights fp8(Device d) const {
+    ops::MoeWeights w = common(d);
+    const bool g = d.is_cuda();
+    w.gate_up =
+        Tensor(g ? d_gu_q.data() : const_cast<uint8_t*>(gate_up_q.data()), DType::f8e4m3, {E, 2 * I, H}, d);
+    w.down = Tensor(g ? d_dn_q.data() : const_cast<uint8_t*>(down_q.data()), DType::f8e4m3, {E, H, I}, d);
+    w.gate_up_scale =
+        Tensor(g ? d_gu_s.data() : const_cast<float*>(gate_up_s.data()), DType::f32, {E, gr(), gc()}, d);
+    w.down_scale =
+        Tensor(g ? d_dn_s.data() : const_cast<float*>(down_s.data()), DType::f32, {E, dr(), dc()}, d);
+    return w;
+  }
+  ops::MoeWeights dequantized_device() const {
+    ops::MoeWeights w = common(Device::cuda());
+    w.gate_up = Tensor(d_gu_deq.data(), DType::bf16, {E, 2 * I, H}, Device::cuda());
+    w.down = Tensor(d_dn_deq.data(), DType::bf16, {E, H, I}, Device::cuda());
+    return w;
+  }
+};
+
+// Quantizes [E, rows, cols] expert by expert into q / s and dequantizes into deq.
+void quantize_experts(const std::vector<bf16_t>& w, int64_t E, int64_t rows, int64_t cols,
+                      std::vector<uint8_t>& q, std::vector<float>& s, std::vector<bf16_t>& deq) {
+  const int64_t sb = ops::fp8_blocks(rows) * ops::fp8_blocks(cols);
+  q.resize(size_t(E * rows * cols));
+  s.resize(size_t(E * sb));
+  deq.resize(q.size());
+  for (int64_t e = 0; e < E; ++e) {
+    const Tensor qt(q.data() + e * rows * cols, DType::f8e4m3, {rows, cols});
+    const Tensor st(s.data() + e * sb, DType::f32, {ops::fp8_blocks(rows), ops::fp8_blocks(cols)});
+    ops::quantize_weight_fp8(
+        Tensor(const_cast<bf16_t*>(w.data()) + e * rows * cols, DType::bf16, {rows, cols}), qt, st,
+        "expert " + std::to_string(e));
+    ops::dequantize_fp8({qt, st}, Tensor(deq.data() + e * rows * cols, DType::bf16, {rows, cols}));
+  }
+}
+
+Fp8Layer make_layer(int64_t E, int64_t k, int64_t H, int64_t I, uint32_t seed) {
+  Fp8Layer l;
+  l.E = E, l.k = k, l.H = H, l.I = I;
+  l.router.assign(size_t(E * H), f32_to_bf16(0.0f));
+  // One power-of-two router weight a row: logits exact in any order, CPU and GPU route alike.
+  for (int64_t e = 0; e < E; ++e)
+    l.router[size_t(e * H + (e * 37 + 11) % H)] = f32_to_bf16(e % 2 ? 2.0f : 4.0f);
+  quantize_experts(random_bf16(size_t(E * 2 * I * H), seed, -0.1f, 0.1f), E, 2 * I, H, l.gate_up_q,
+                   l.gate_up_s, l.gate_up_deq);
+  quantize_experts(random_bf16(size_t(E * H * I), seed + 1, -0.1f, 0.1f), E, H, I, l.down_q, l.down_s,
+                   l.down_deq);
+  l.d_router = to_device(l.router);
+  l.d_gu_q = to_device(l.gate_up_q);
+  l.d_dn_q = to_device(l.down_q);
+  l.d_gu_s = to_device(l.gate_up_s);
+  l.d_dn_s = to_device(l.down_s);
+  l.d_gu_deq = to_device(l.gate_up_deq);
+  l.d_dn_deq = to_device(l.down_deq);
+  return l;
+}
+
+template <typename T>
+std::vector<T> read(const void* p, int64_t n) {
+  std::vector<T> v(static_cast<size_t>(n));
+  copy_bytes(v.data(), Device::cpu(), p, Device::cuda(), size_t(n) * sizeof(T));
+  return v;
+}
+
+std::vector<bf16_t> run_gpu(const ops::MoeWeights& w, const Buffer& x, int64_t T, int64_t H,
+                            ops::cuda::MoeExperts kernel, Buffer& scratch) {
+  Buffer out(size_t(T * H) * 2, Device::cuda());
+  test::poison(out);
+  const size_t bytes = ops::cuda::moe_scratch_bytes(w, H, T);
+  if (scratch.bytes() < bytes) scratch = Buffer(bytes, Device::cuda());
+  test::poison(scratch);
+  ops::cuda::moe_mlp(Tensor(x.data(), DType::bf16, {T, H}, Device::cuda()), w,
+                     Tensor(out.data(), DType::bf16, {T, H}, Device::cuda()), scratch.data(), scratch.bytes(),
+                     kernel);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  return to_host<bf16_t>(out, size_t(T * H));
+}
+
+double rel_frobenius(const std::vector<bf16_t>& got, const std::vector<bf16_t>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = bf16_to_f32(got[i]), w = bf16_to_f32(want[i]);
+    num += (g - w) * (g - w);
+    den += w * w;
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<int64_t>& batches) {
+  const Fp8Layer l = make_layer(E, k, H, I, uint32_t(E * 5 + H));
+  Buffer scratch(256, Device::cuda());
+  using ops::cuda::MoeExperts;
+  for (const int64_t T : batches) {
+    SCOPED_TRACE("E " + std::to_string(E) + " H " + std::to_string(H) + " I " + std::to_string(I) + " T " +
+                 std::to_string(T));
+    const auto x = random_bf16(size_t(T * H), uint32_t(T * 7 + 3));
+    const Buffer dx = to_device(x);
+    // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it.
+    const auto fp8 = run_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
+    const auto bf16 = run_gpu(l.dequantized_device(), dx, T, H, MoeExperts::gather_gemv, scratch);
+    for (size_t i = 0; i < fp8.size(); ++i) ASSERT_EQ(fp8[i].bits, bf16[i].bits) << "element " << i;
+    // 2 column pairs a warp: the same expert rows y (in the scratch) for FP8 too.
+    run_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::gather_gemv, scratch);
+    const kc::MoeShape s{.T = T, .E = E, .k = k, .H = H, .I = I};
+    const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+    const auto rows = read<int32_t>(b.inverse, T * k);
+    const auto one = read<bf16_t>(b.y, s.max_rows() * H);
+    kc::MoeProductParams g =
+        kc::moe_gate_up_params(static_cast<const uint16_t*>(dx.data()), H, nullptr, s, b);
+    kc::MoeProductParams d = kc::moe_down_params(nullptr, s, b);
+    kc::moe_set_fp8(g, l.d_gu_q.data(), static_cast<const float*>(l.d_gu_s.data()));
+    kc::moe_set_fp8(d, l.d_dn_q.data(), static_cast<const float*>(l.d_dn_s.data()));
+    kc::moe_gather_gemv_launch(s, g, d, nullptr, 2);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto two = read<bf16_t>(b.y, s.max_rows() * H);
+    for (const int32_t r : rows)
+      for (int64_t h = 0; h < H; ++h)
+        ASSERT_EQ(two[size_t(r * H + h)].bits, one[size_t(r * H + h)].bits) << "row " << r << " col " << h;
+    // Against the CPU oracle (path (a): activations quantized to e4m3 too): about one e4m3 rounding apart.
+    std::vector<bf16_t> want(size_t(T * H));
+    ops::moe_mlp(Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {T, H}), l.fp8(Device::cpu()),
+                 Tensor(want.data(), DType::bf16, {T, H}));
+    const double err = rel_frobenius(fp8, want);
+    std::printf("fp8 MoE E %lld H %lld I %lld T %lld: GPU (path c) vs CPU (path a) rel %.4f\n", (long long)E,
+                (long long)H, (long long)I, (long long)T, err);
+    EXPECT_LE(err, 0.1);
+  }
+}
+
+TEST(CudaMoeFp8, GemvEqualsBf16GemvOnDequantizedExpertsBitwise) {
+  KILN_REQUIRE_GPU();
+  check_layer(16, 4, 256, 128, {1, 3, 8, 33, 80});
+  check_layer(128, 8, 2048, 768, {1, 4, 64, 100});  // Qwen3-30B-A3B's widths
+}
+
+// Down + combine in one kernel (moe_experts_combine_launch, moe_mlp's path at batch 1) against the gather
+// GEMV then the combine kernel: out and the y rows bitwise, bf16 and FP8 experts, 1 to 5 tokens.
+TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = make_layer(32, 8, 512, 256, 11);
+  Buffer scratch(256, Device::cuda());
+  for (const int64_t T : {int64_t(1), int64_t(2), int64_t(5)}) {
+    for (const bool fp8 : {false, true}) {
+      SCOPED_TRACE("T " + std::to_string(T) + (fp8 ? " fp8" : " bf16"));
+      const int64_t H = l.H;
+      const auto x = random_bf16(size_t(T * H), uint32_t(T + 40));
+      const Buffer dx = to_device(x);
+      const ops::MoeWeights w = fp8 ? l.fp8(Device::cuda()) : l.dequantized_device();
+      run_gpu(w, dx, T, H, ops::cuda::MoeExperts::gather_gemv, scratch);  // the routing, in the scratch
+      const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = H, .I = l.I};
+      const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+      const kc::MoeFp8Scales scales =
+          fp8 ? kc::MoeFp8Scales{.gate_up = w.gate_up_scale.ptr<float>(), .down = w.down_scale.ptr<float>()}
+              : kc::MoeFp8Scales{};
+      const auto* xp = static_cast<const uint16_t*>(dx.data());
+      Buffer o1(size_t(T * H) * 2, Device::cuda()), o2(size_t(T * H) * 2, Device::cuda());
+      test::poison(o1);
+      test::poison(o2);
+      kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, xp, H, w.gate_up.data, w.down.data, s, b,
+                             nullptr, scales);
+      kc::moe_combine_launch(s, b, static_cast<uint16_t*>(o1.data()), H, nullptr);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto y1 = read<bf16_t>(b.y, s.max_rows() * H);
+      KILN_CUDA_CHECK(cudaMemset(b.y, 0xff, size_t(s.max_rows() * H) * 2));
+      kc::moe_experts_combine_launch(xp, H, w.gate_up.data, w.down.data, s, b,
+                                     static_cast<uint16_t*>(o2.data()), H, nullptr, scales);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto y2 = read<bf16_t>(b.y, s.max_rows() * H);
+      const auto a = to_host<bf16_t>(o1, size_t(T * H)), c = to_host<bf16_t>(o2, size_t(T * H));
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(c[i].bits, a[i].bits) << "out element " << i;
+      for (const int32_t r : read<int32_t>(b.inverse, T * l.k))
+        for (int64_t h = 0; h < H; ++h)
+          ASSERT_EQ(y2[size_t(r * H + h)].bits, y1[size_t(r * H + h)].bits) << "y row " << r << " col " << h;
+    }
+  }
+}
+
+TEST(CudaMoeFp8, GroupedGemmIsRefusedForFp8Experts) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = make_layer(8, 2, 128, 128, 3);
+  const auto x = random_bf16(size_t(4 * 128), 5);
+  const Buffer dx = to_device(x);
+  Buffer scratch(256, Device::cuda());
+  test_support::expect_contains(
+      test_support::error_of(
+          [&] { run_gpu(l.fp8(Device::cuda()), dx, 4, 128, ops::cuda::MoeExperts::grouped_gemm, scratch); }),
+      {"block-FP8 experts run on the gather GEMV only"});
+}
+
+// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV) against the
+// CPU model on the dequantized checkpoint in bf16: CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
+TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
+  KILN_REQUIRE_GPU();
+  ModelConfig c;
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.arch = ModelArch::qwen3_moe;
+  c.vocab_size = 1024;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 512;
+  c.tie_word_embeddings = true;
+  c.moe.num_experts = 16;
+  c.moe.num_experts_per_tok = 4;
+  c.moe.moe_intermediate_size = 128;
+  c.moe.norm_topk_prob = true;
+  c.moe.mlp_only_layers = {1};
+  const test::Fp8ModelPair m = test::load_fp8_and_dequantized(c, 17, "cuda_moe_fp8", Device::cuda());
+  Qwen3Model &cpu = *m.cpu_bf16, &gpu = *m.fp8;
+  ASSERT_TRUE(gpu.weights().layers[0].moe.is_fp8());
+  for (const size_t len : {size_t(61), size_t(90)}) {  // a prefill below and above the GEMV threshold
+    std::vector<int32_t> prompt(len);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 131 + 7) % 1024);
+    test::expect_gpu_matches_cpu(cpu, gpu, prompt, 10, "fp8 MoE checkpoint, dequantized");
+  }
+}
+
+}  // namespace
+}  // namespace kiln
