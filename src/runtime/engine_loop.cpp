@@ -97,6 +97,10 @@ void Engine::Impl::accept(Incoming x) {
     masked.insert(masked.end(), runner->config().eos_token_ids.begin(), runner->config().eos_token_ids.end());
   L.sampler = std::make_unique<Sampler>(L.req.sampling, L.seed, /*always_logprob=*/false, L.req.prompt,
                                         std::move(masked));
+  if (L.req.grammar) {
+    L.grammar = std::make_shared<GrammarState>(L.req.grammar, L.req.grammar_after_token);
+    L.req.grammar.reset();  // the state holds it
+  }
   auto seq = std::make_unique<Sequence>();
   seq->id = x.id;
   seq->tokens = L.req.prompt;
@@ -213,8 +217,17 @@ void Engine::Impl::step() {
   std::vector<int32_t> sampled(K, -1);
   std::vector<Draw> draws(K);
   bool sampled_on_device = false;
+  // Structured output: the masks are computed on the mask workers during the forward pass (a device draw
+  // needs them before the step: it waits first).
+  const Clock::time_point t_masks = Clock::now();
+  const std::vector<size_t> mask_rows = start_masks(plan, wants_token);
+  bool masks_done = mask_rows.empty();
   try {
     batch.validate(V, pool->num_pages());
+    if (device_ok && !mask_rows.empty()) {
+      finish_masks(plan, mask_rows, t_masks);
+      masks_done = true;
+    }
     if (device_ok) {
       const std::vector<ModelRunner::RowSampling> rs = row_sampling(plan, 0);
       if (overlap && launchable(plan, false) && runner->launch_sampled(batch, rs, top_n, false)) {
@@ -240,9 +253,13 @@ void Engine::Impl::step() {
     }
     if (!sampled_on_device)
       runner->forward(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr);
+    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
   } catch (const RunnerFatalError&) {
+    if (!masks_done) mask_pool->wait(Clock::now());
     throw;  // no step can run any more: loop() ends every request
   } catch (const StepCancelled&) {
+    if (!masks_done) mask_pool->wait(Clock::now());
+    clear_masks(plan);
     // Every request the step's long work served was abandoned: nothing ran, nothing is finalized. The next
     // turn ends the abandoned requests (their pages freed, none offered to the cache) and plans the rest.
     runner->abandon_launched();
@@ -250,6 +267,8 @@ void Engine::Impl::step() {
     return;
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
+    if (!masks_done) mask_pool->wait(Clock::now());
+    clear_masks(plan);
     runner->abandon_launched();
     std::vector<RequestId> ids;
     for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
@@ -262,6 +281,8 @@ void Engine::Impl::step() {
       for (size_t k = size_t(k0); k < size_t(k1); ++k) {
         if (!wants_token(k)) continue;
         Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
+        if (!grammar_failed.empty() && grammar_failed.count(plan.rows[size_t(plan.sample_rows[k])].seq->id))
+          continue;  // ends in error when the step completes
         draws[k] = L.sampler->sample(std::span<const float>(logits.data() + k * size_t(V), size_t(V)));
         sampled[k] = draws[k].token;
       }
@@ -313,7 +334,7 @@ bool Engine::Impl::launchable(const StepPlan& plan, bool ahead) const {
     auto it = live.find(s.id);
     if (it == live.end()) return false;
     const Live& L = it->second;
-    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f ||
+    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f || L.grammar ||
         L.sampler->processor().active() || L.completion + more > L.req.sampling.max_new_tokens ||
         int64_t(s.tokens.size()) + more - 1 >= int64_t(s.max_len))
       return false;
@@ -415,6 +436,13 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
     if (live_it == live.end()) continue;  // ended while this step was in flight (overlap schedule)
     Live& L = live_it->second;
     TokenEvent ev;
+    if (auto f = grammar_failed.find(id); f != grammar_failed.end()) {
+      const std::string why = std::move(f->second);
+      grammar_failed.erase(f);
+      L.sampler->processor().token_mask().clear();
+      finish(id, "error", why, &ev);
+      continue;
+    }
     if (need_hidden && (L.req.embedding || L.req.return_hidden)) {
       std::vector<double> v(static_cast<size_t>(H));
       if (pool_all_rows) {  // mean of the prompt rows (CLS: the one first row)
@@ -444,6 +472,13 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
     }
     const int32_t tok = sampled[k];
     L.sampler->observe(tok);
+    if (L.grammar) {
+      L.sampler->processor().token_mask().clear();
+      if (std::string why = L.grammar->advance(tok); !why.empty()) {
+        finish(id, "error", "structured output: " + why, &ev);
+        continue;
+      }
+    }
     ++L.completion;
     ++counters.generation_tokens_total;
     if (L.completion == 1) {
@@ -457,7 +492,7 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
     if (L.req.sampling.top_logprobs > 0) ev.top_logprobs = {std::move(draws[k].top)};
     const auto& stops = L.req.sampling.stop_token_ids;
     const bool is_stop =
-        std::find(stops.begin(), stops.end(), tok) != stops.end() ||
+        (L.grammar && L.grammar->terminated()) || std::find(stops.begin(), stops.end(), tok) != stops.end() ||
         (!L.req.sampling.ignore_eos &&
          std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) != cfg.eos_token_ids.end());
     if (is_stop) {
@@ -468,6 +503,56 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
     } else {
       emit(id, L, ev);
     }
+  }
+}
+
+std::vector<size_t> Engine::Impl::start_masks(const StepPlan& plan,
+                                              const std::function<bool(size_t)>& wants_token) {
+  std::vector<size_t> rows;
+  std::vector<std::shared_ptr<GrammarState>> states;
+  for (size_t k = 0; k < plan.sample_rows.size(); ++k) {
+    const Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
+    if (!L.grammar || !L.grammar->active || !wants_token(k)) continue;
+    rows.push_back(k);
+    states.push_back(L.grammar);
+  }
+  if (!states.empty()) mask_pool->start(std::move(states));
+  return rows;
+}
+
+void Engine::Impl::finish_masks(const StepPlan& plan, const std::vector<size_t>& rows,
+                                Clock::time_point t_start) {
+  const int limit_ms = opts.grammar_mask_timeout_ms;
+  const std::vector<bool> done = mask_pool->wait(t_start + std::chrono::milliseconds(limit_ms));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RequestId id = plan.rows[size_t(plan.sample_rows[rows[i]])].seq->id;
+    Live& L = live.at(id);
+    GrammarState& g = *L.grammar;
+    if (!done[i]) {
+      // The worker still holds the state: the request lets go of it and ends when the step completes.
+      L.grammar.reset();
+      grammar_failed[id] = "structured output: the grammar's token mask took longer than the limit of " +
+                           std::to_string(limit_ms) +
+                           " ms (grammar_mask_timeout_ms, --grammar-mask-timeout-ms)";
+      continue;
+    }
+    ++counters.grammar_masks;
+    counters.grammar_mask.observe(g.mask_seconds);
+    counters.grammar_mask_max = std::max(counters.grammar_mask_max, g.mask_seconds);
+    if (!g.error.empty()) {
+      grammar_failed[id] = "structured output: " + g.error;
+      continue;
+    }
+    L.sampler->processor().token_mask().assign(g.mask.begin(), g.mask.end());
+  }
+}
+
+void Engine::Impl::clear_masks(const StepPlan& plan) {
+  for (const StepRow& r : plan.rows) {
+    auto it = live.find(r.seq->id);
+    if (it == live.end()) continue;
+    it->second.sampler->processor().token_mask().clear();
+    grammar_failed.erase(r.seq->id);
   }
 }
 

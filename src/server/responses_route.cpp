@@ -114,6 +114,8 @@ void ApiServer::Impl::handle_responses(const HttpRequest& req, HttpResponse& res
   auto src = std::make_shared<ResponsesSource>(*this, std::move(spec), id);
   src->queue = std::make_shared<EventQueue>(src->spec.gen.stream ? opts.stream_interval : 0);
   Request r;
+  r.grammar = compile_grammar(src->spec.gen);
+  r.grammar_after_token = src->spec.gen.grammar_after_token;
   r.prompt = src->spec.gen.prompt;
   r.images = src->spec.gen.images;
   r.sampling = src->spec.gen.sampling;

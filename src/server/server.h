@@ -71,6 +71,12 @@ struct ServerOptions {
   // A vision-language checkpoint's image inputs (processor config, limits, token ids, URL fetching); null for
   // a text-only model, which answers 400 to any image.
   std::shared_ptr<const VisionSetup> vision;
+  // Structured output (server/structured_output.h): --grammar-lenient drops JSON Schema keywords the engine
+  // cannot enforce (else a 400 names them); compiles run on their own threads, each request waiting at most
+  // --grammar-compile-timeout-ms.
+  bool grammar_lenient = false;
+  int grammar_compile_threads = 2;
+  int grammar_compile_timeout_ms = 10000;
 };
 
 class ApiServer {
