@@ -10,7 +10,9 @@
 namespace kiln::grammar {
 namespace {
 
-using nlohmann::json;
+// Ordered: the call object lists "name" before "arguments", as Qwen3 writes it, and each tool's
+// parameters keep the order they came in.
+using json = nlohmann::ordered_json;
 
 // Copies g's rules and lexemes into b; returns the id g's root has there.
 uint32_t import_grammar(GrammarBuilder& b, const Grammar& g) {
