@@ -288,9 +288,12 @@ std::shared_ptr<const grammar::CompiledGrammar> ApiServer::Impl::compile_grammar
 void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, HttpResponse& res) {
   const json body = parse_body(req.body);
   const ApiLimits lim = limits();
-  const GenSpec spec = ep == Endpoint::chat         ? parse_chat_request(body, codec, lim)
-                       : ep == Endpoint::completion ? parse_completion_request(body, codec, lim)
-                                                    : parse_generate_request(body, codec, lim);
+  GenSpec spec = ep == Endpoint::chat         ? parse_chat_request(body, codec, lim)
+                 : ep == Endpoint::completion ? parse_completion_request(body, codec, lim)
+                                              : parse_generate_request(body, codec, lim);
+  if (spec.grammar)
+    spec.grammar = with_body_order(std::move(*spec.grammar), req.body,
+                                   ep == Endpoint::generate ? BodyShape::generate : BodyShape::openai);
   if (engine.is_embedding_model())
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
   // n choices (of each prompt): n engine requests on one event queue; the later ones wait for the first's

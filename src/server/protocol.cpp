@@ -287,10 +287,13 @@ bool tools_requested(const json& body, const json* tools) {
 
 // A request's grammar: its structured-output field, or the one its forced tool calls make (not both).
 std::optional<GrammarRequest> chat_grammar(const json& body, const json* tools, const ApiLimits& lim) {
-  std::optional<GrammarRequest> format = parse_structured_output(body, /*openai_body=*/true);
+  std::optional<GrammarRequest> format =
+      parse_structured_output(structured_output_fields(body), /*openai_body=*/true);
   const json* tc = field(body, "tool_choice");
+  const nlohmann::ordered_json otools = tools ? nlohmann::ordered_json(*tools) : nullptr,
+                               otc = tc ? nlohmann::ordered_json(*tc) : nullptr;
   std::optional<GrammarRequest> calls =
-      tools ? tool_call_grammar(tools, tc, max_tool_calls(body) == 0) : std::nullopt;
+      tools ? tool_call_grammar(&otools, &otc, max_tool_calls(body) == 0) : std::nullopt;
   if (calls && !lim.tool_call_parser)
     throw bad_request(
         "'tool_choice' forcing a call needs the server's tool-call parser (--tool-call-parser qwen25)",
@@ -508,7 +511,7 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   }
   g.prompt = prompts[0].ids;
   set_prompts(g, std::move(prompts), max_tokens, 16, lim, &body, "max_tokens", "prompt");
-  g.grammar = parse_structured_output(body, /*openai_body=*/true);
+  g.grammar = parse_structured_output(structured_output_fields(body), /*openai_body=*/true);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;
@@ -559,7 +562,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     max_new = opt_int(*sp, "max_new_tokens", 0, INT32_MAX);
     if (auto v = opt_bool(*sp, "skip_special_tokens"); v && !*v)
       throw bad_request("'skip_special_tokens': false is not supported", "sampling_params");
-    g.grammar = parse_structured_output(*sp, /*openai_body=*/false);
+    g.grammar = parse_structured_output(structured_output_fields(*sp), /*openai_body=*/false);
   }
   add_default_eos(g.sampling, lim);
   check_generate_fields(body, g);

@@ -107,6 +107,8 @@ void ResponsesSource::finish(bool) {
 void ApiServer::Impl::handle_responses(const HttpRequest& req, HttpResponse& res) {
   const json body = parse_body(req.body);
   ResponsesSpec spec = parse_responses_request(body, *response_store, codec, limits());
+  if (spec.gen.grammar)
+    spec.gen.grammar = with_body_order(std::move(*spec.gen.grammar), req.body, BodyShape::responses);
   if (engine.is_embedding_model())
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
   const std::string id = make_id("resp_");

@@ -1,5 +1,6 @@
 #include "server/structured_output.h"
 
+#include <cctype>
 #include <cstdio>
 
 #include "kiln/error.h"
@@ -9,7 +10,9 @@ namespace kiln::server {
 namespace {
 
 using grammar::GrammarKind;
-using nlohmann::json;
+// Ordered: a schema keeps its properties in the order the client wrote them, and the grammar generates them
+// so.
+using json = nlohmann::ordered_json;
 
 constexpr size_t kMaxChoices = 1024;
 
@@ -43,25 +46,16 @@ std::string text_of(const json& v, const std::string& field) {
   return v.get<std::string>();
 }
 
-// An EBNF string literal: the bytes themselves, with quotes, backslashes and control bytes escaped.
+// An EBNF string literal: letters, digits, spaces and UTF-8 as they are, every other byte as \xHH.
 std::string ebnf_literal(const std::string& s) {
   std::string out = "\"";
   for (const unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
+    if (std::isalnum(c) || c == ' ' || c >= 0x80) {
       out += char(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20 || c == 0x7f) {
+    } else {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02X", unsigned(c));
       out += buf;
-    } else {
-      out += char(c);
     }
   }
   return out + "\"";
@@ -156,6 +150,15 @@ bool strict_tool(const json& t) {
 
 }  // namespace
 
+nlohmann::ordered_json structured_output_fields(const nlohmann::json& obj) {
+  json out = json::object();
+  for (const char* k : {"response_format", "json_schema", "regex", "ebnf", "structured_outputs",
+                        "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                        "guided_decoding_backend", "guided_whitespace_pattern", "structural_tag"})
+    if (auto it = obj.find(k); it != obj.end()) out[k] = json(*it);
+  return out;
+}
+
 std::optional<GrammarRequest> parse_structured_output(const json& obj, bool openai_body) {
   std::vector<GrammarRequest> found;
   if (openai_body)
@@ -226,6 +229,29 @@ std::optional<GrammarRequest> tool_call_grammar(const json* tools, const json* t
   spec["min_calls"] = required ? 1 : 0;
   spec["free_text"] = !required;
   return GrammarRequest{GrammarKind::tool_calls, spec.dump(), all_strict, "tool_choice"};
+}
+
+GrammarRequest with_body_order(GrammarRequest g, const std::string& raw_body, BodyShape shape) {
+  try {
+    const json body = json::parse(raw_body);
+    std::optional<GrammarRequest> again;
+    if (g.kind == GrammarKind::tool_calls) {
+      const json* p = given(body, "parallel_tool_calls");
+      again = tool_call_grammar(given(body, "tools"), given(body, "tool_choice"), !(p && *p == false));
+    } else if (shape == BodyShape::responses) {
+      const json* t = given(body, "text");
+      const json* f = t && t->is_object() ? given(*t, "format") : nullptr;
+      const json* schema = f && f->is_object() ? given(*f, "schema") : nullptr;
+      if (schema && g.kind == GrammarKind::json_schema) g.text = schema_text(*schema, g.field);
+      return g;
+    } else {
+      const json* obj = shape == BodyShape::generate ? given(body, "sampling_params") : &body;
+      if (obj) again = parse_structured_output(*obj, shape == BodyShape::openai);
+    }
+    if (again && again->kind == g.kind && again->field == g.field) g.text = std::move(again->text);
+  } catch (const std::exception&) {  // the body was checked already: keep what was parsed from it
+  }
+  return g;
 }
 
 int32_t think_end_token(const TextCodec& codec) {

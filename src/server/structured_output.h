@@ -39,14 +39,25 @@ struct GrammarRequest {
 
 // Every structured-output field of `obj` (a chat or completions body, or /generate's sampling_params;
 // response_format only where openai_body). nullopt: none asked for. Throws ApiError (400) naming the field.
-std::optional<GrammarRequest> parse_structured_output(const nlohmann::json& obj, bool openai_body);
+// The fields parse_structured_output reads, copied out of a body as the server holds it.
+nlohmann::ordered_json structured_output_fields(const nlohmann::json& obj);
+// Takes ordered JSON so that a schema keeps the client's property order (see with_body_order).
+std::optional<GrammarRequest> parse_structured_output(const nlohmann::ordered_json& obj, bool openai_body);
 
 // The grammar a chat request's tools force: tool_choice "required" (one or more calls; exactly one with
 // parallel_tool_calls false) or {"type": "function", "function": {"name"}} (exactly one call of it), or,
 // under "auto", tools that all say "strict": true (free text, or text followed by well-formed calls).
 // nullopt: the model chooses freely. `tools` is validated already (validate_tools).
-std::optional<GrammarRequest> tool_call_grammar(const nlohmann::json* tools,
-                                                const nlohmann::json* tool_choice, bool parallel_tool_calls);
+std::optional<GrammarRequest> tool_call_grammar(const nlohmann::ordered_json* tools,
+                                                const nlohmann::ordered_json* tool_choice,
+                                                bool parallel_tool_calls);
+
+// The request body as the server holds it (nlohmann::json) keeps object keys sorted, so a schema taken from
+// it lists its properties alphabetically, and the grammar generates them in that order. This re-reads the raw
+// body in its own order and returns g with the schema's text as the client wrote it (g itself when anything
+// differs).
+enum class BodyShape { openai, generate, responses };
+GrammarRequest with_body_order(GrammarRequest g, const std::string& raw_body, BodyShape shape);
 
 // The id of Qwen3's </think> when the tokenizer has it as one token, else -1: with reasoning on, the
 // grammar applies from the token after it (the reasoning itself is free, as in SGLang).

@@ -18,7 +18,8 @@
 
 using namespace kiln;
 using namespace kiln::server;
-using nlohmann::json;
+// Ordered, as a client writes JSON: the schemas' property order is part of what is tested.
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -58,7 +59,7 @@ TEST(ServerStructuredOutput, EverySpellingParsesIntoOneGrammar) {
   EXPECT_EQ(one({{"guided_grammar", "root ::= \"a\""}}).kind, GrammarKind::ebnf);
   g = one({{"guided_choice", {"yes", "no \"x\"\n"}}});
   EXPECT_EQ(g.kind, GrammarKind::ebnf);
-  EXPECT_EQ(g.text, R"(root ::= "yes" | "no \"x\"\n")");
+  EXPECT_EQ(g.text, R"(root ::= "yes" | "no \x22x\x22\x0A")");
   g = one({{"structured_outputs", {{"json", schema}, {"disable_additional_properties", true}}}});
   EXPECT_EQ(g.field, "structured_outputs.json");
   EXPECT_TRUE(g.strict);
@@ -123,6 +124,29 @@ const json kTools = json::array({{{"type", "function"},
                                       {"properties", {{"tz", {{"enum", {"CET", "UTC"}}}}}},
                                       {"required", {"tz"}},
                                       {"additionalProperties", false}}}}}}});
+
+TEST(ServerStructuredOutput, SchemasKeepTheClientsPropertyOrder) {
+  // As the server holds a body (sorted keys), then the raw body re-read.
+  const std::string raw =
+      R"({"messages": [], "response_format": {"type": "json_schema", "json_schema": {"schema": )"
+      R"({"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}}}}}})";
+  const GrammarRequest sorted =
+      *parse_structured_output(structured_output_fields(nlohmann::json::parse(raw)), true);
+  EXPECT_LT(sorted.text.find("alpha"), sorted.text.find("zeta"));
+  const GrammarRequest g = with_body_order(sorted, raw, BodyShape::openai);
+  EXPECT_LT(g.text.find("zeta"), g.text.find("alpha")) << g.text;
+  EXPECT_EQ(g.field, "response_format");
+  const std::string gen =
+      R"({"text": "x", "sampling_params": {"json_schema": "{\"properties\": {\"b\": {}, \"a\": {}}}"}})";
+  const GrammarRequest gs = *parse_structured_output(
+      structured_output_fields(nlohmann::json::parse(gen)["sampling_params"]), false);
+  EXPECT_LT(gs.text.find("\"b\""), gs.text.find("\"a\"")) << gs.text;  // JSON text keeps its order as it is
+  const std::string resp =
+      R"({"input": "x", "text": {"format": {"type": "json_schema", "schema": {"properties": {"b": {}, "a": {}}}}}})";
+  const GrammarRequest gr =
+      with_body_order({GrammarKind::json_schema, "{}", false, "response_format"}, resp, BodyShape::responses);
+  EXPECT_LT(gr.text.find("\"b\""), gr.text.find("\"a\"")) << gr.text;
+}
 
 TEST(ServerStructuredOutput, ToolChoiceGrammars) {
   EXPECT_FALSE(tool_call_grammar(&kTools, nullptr, true));  // auto, no strict tool: free
@@ -190,6 +214,11 @@ TEST(ServerStructuredOutput, CompileServiceCachesRefusesAndDropsWhenLenient) {
             }),
             P(400, "ebnf"));
   EXPECT_EQ(error_of([&] { svc.compile({GrammarKind::regex, "(a", false, "regex"}); }), P(400, "regex"));
+  // A choice with quotes, a backslash, a newline and UTF-8: each string exactly.
+  const auto choice = svc.compile(*parse_structured_output({{"guided_choice", {"a\"b\\\n", "é{x}"}}}, true));
+  EXPECT_TRUE(accepts(choice, "a\"b\\\n"));
+  EXPECT_TRUE(accepts(choice, "é{x}"));
+  EXPECT_FALSE(accepts(choice, "a\"b"));
   GrammarServiceOptions lenient;
   lenient.lenient = true;
   GrammarService svc2(codec, fake::kVocab, {fake::kEos}, lenient);
@@ -286,6 +315,7 @@ TEST(ServerStructuredOutput, HttpResponsesParseUnderEveryField) {
     ASSERT_NO_THROW(d = json::parse(text)) << text;
     ASSERT_TRUE(d.is_object()) << text;
     EXPECT_EQ(d.size(), 2u) << text;
+    EXPECT_EQ(d.begin().key(), "n") << "the schema's property order, not alphabetical: " << text;
     EXPECT_TRUE(d["n"].is_number_integer() && d["n"] >= 0 && d["n"] <= 99) << text;
     EXPECT_TRUE(d["c"] == "red" || d["c"] == "blue") << text;
   };
