@@ -107,7 +107,8 @@ struct Engine::Impl {
   // Waits for them (at most grammar_mask_timeout_ms) and hands each done mask to its request's processor;
   // a late or failed one goes to grammar_failed.
   void finish_masks(const StepPlan& plan, const std::vector<size_t>& rows, Clock::time_point t_start);
-  // After a step that did not complete: no mask or failure of it outlives it.
+  // After a step that did not complete: its masks leave the processors (failures stay in grammar_failed: the
+  // request ends with one when a step completes it, or ends otherwise first).
   void clear_masks(const StepPlan& plan);
   void validate(const Request& r) const;
   void loop();

@@ -225,8 +225,8 @@ void Engine::Impl::step() {
   try {
     batch.validate(V, pool->num_pages());
     if (device_ok && !mask_rows.empty()) {
-      finish_masks(plan, mask_rows, t_masks);
       masks_done = true;
+      finish_masks(plan, mask_rows, t_masks);
     }
     if (device_ok) {
       const std::vector<ModelRunner::RowSampling> rs = row_sampling(plan, 0);
@@ -253,12 +253,16 @@ void Engine::Impl::step() {
     }
     if (!sampled_on_device)
       runner->forward(batch, need_logits ? &logits : nullptr, need_hidden ? &hidden : nullptr);
-    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
+    if (!masks_done) {
+      masks_done = true;
+      finish_masks(plan, mask_rows, t_masks);
+    }
   } catch (const RunnerFatalError&) {
-    if (!masks_done) mask_pool->wait(Clock::now());
     throw;  // no step can run any more: loop() ends every request
   } catch (const StepCancelled&) {
-    if (!masks_done) mask_pool->wait(Clock::now());
+    // The masks are waited for as in a step that completes: a state a worker still fills is never handed to
+    // the next step's workers (a late one ends its request, as always).
+    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
     clear_masks(plan);
     // Every request the step's long work served was abandoned: nothing ran, nothing is finalized. The next
     // turn ends the abandoned requests (their pages freed, none offered to the cache) and plans the rest.
@@ -267,7 +271,7 @@ void Engine::Impl::step() {
     return;
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
-    if (!masks_done) mask_pool->wait(Clock::now());
+    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
     clear_masks(plan);
     runner->abandon_launched();
     std::vector<RequestId> ids;
@@ -528,7 +532,7 @@ void Engine::Impl::finish_masks(const StepPlan& plan, const std::vector<size_t>&
     const RequestId id = plan.rows[size_t(plan.sample_rows[rows[i]])].seq->id;
     Live& L = live.at(id);
     GrammarState& g = *L.grammar;
-    if (!done[i]) {
+    if (i >= done.size() || !done[i]) {
       // The worker still holds the state: the request lets go of it and ends when the step completes.
       L.grammar.reset();
       grammar_failed[id] = "structured output: the grammar's token mask took longer than the limit of " +
@@ -548,12 +552,9 @@ void Engine::Impl::finish_masks(const StepPlan& plan, const std::vector<size_t>&
 }
 
 void Engine::Impl::clear_masks(const StepPlan& plan) {
-  for (const StepRow& r : plan.rows) {
-    auto it = live.find(r.seq->id);
-    if (it == live.end()) continue;
-    it->second.sampler->processor().token_mask().clear();
-    grammar_failed.erase(r.seq->id);
-  }
+  for (const StepRow& r : plan.rows)
+    if (auto it = live.find(r.seq->id); it != live.end())
+      it->second.sampler->processor().token_mask().clear();
 }
 
 void Engine::Impl::emit(RequestId id, Live& L, TokenEvent& ev) {
@@ -577,6 +578,7 @@ void Engine::Impl::finish(RequestId id, const std::string& reason, const std::st
   auto it = live.find(id);
   if (it == live.end()) return;  // already ended (an abort racing the last token, or an unknown id)
   Live& L = it->second;
+  grammar_failed.erase(id);  // a late mask of a request that ends otherwise
   TokenEvent local;
   TokenEvent& e = ev ? *ev : local;
   e.finished = true;

@@ -200,5 +200,44 @@ TEST(EngineGrammar, SpeculativeDecodingLeavesGrammarRequestsValid) {
   }
 }
 
+TEST(EngineGrammar, AFailedStepEndsItsConstrainedRowsAndTheEngineGoesOn) {
+  const auto g = grammar::compile(grammar::GrammarKind::json_schema, kSchema, byte_vocab());
+  auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
+  FakeRunner& fake = *model;
+  fake.fail_at_step = 4;  // mid-decode: the masks of that step were started
+  Engine engine(std::move(model), small_opts(1 << 14));
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (int s = 0; s < 3; ++s) {
+    Request r;
+    r.prompt = prompt_of(6, s);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = s;
+    r.sampling.max_new_tokens = 400;
+    r.grammar = g;
+    ids.push_back(engine.submit(r, sink.cb()));
+  }
+  sink.wait_finished(3);
+  int errors = 0;
+  for (RequestId id : ids) errors += sink.last(id).finish_reason == "error" ? 1 : 0;
+  EXPECT_GE(errors, 1);
+  // The next request is served, constrained, as if nothing had happened.
+  Request r;
+  r.prompt = prompt_of(7, 9);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 9;
+  r.sampling.max_new_tokens = 400;
+  r.grammar = g;
+  const RequestId id = engine.submit(r, sink.cb());
+  sink.wait_finished(4);
+  EXPECT_EQ(sink.last(id).finish_reason, "stop");
+  std::string text;
+  for (int32_t t : sink.tokens(id))
+    if (t < 256) text += char(t);
+  EXPECT_TRUE(valid_doc(json::parse(text))) << text;
+  sink.expect_one_finish_each();
+  engine.shutdown(true);
+}
+
 }  // namespace
 }  // namespace kiln
