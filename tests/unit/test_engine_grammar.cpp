@@ -200,6 +200,16 @@ TEST(EngineGrammar, SpeculativeDecodingLeavesGrammarRequestsValid) {
   }
 }
 
+TEST(EngineGrammar, ABoundedGrammarCacheDropsItsOldestEntry) {
+  grammar::GrammarCache cache(byte_vocab(), 2);
+  const auto a = cache.get(grammar::GrammarKind::regex, "a");
+  EXPECT_EQ(cache.get(grammar::GrammarKind::regex, "a"), a);  // by content
+  (void)cache.get(grammar::GrammarKind::regex, "b");
+  (void)cache.get(grammar::GrammarKind::regex, "c");
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_NE(cache.get(grammar::GrammarKind::regex, "a"), a);  // "a" went first: compiled again
+}
+
 TEST(EngineGrammar, AFailedStepEndsItsConstrainedRowsAndTheEngineGoesOn) {
   const auto g = grammar::compile(grammar::GrammarKind::json_schema, kSchema, byte_vocab());
   auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
