@@ -285,29 +285,6 @@ bool tools_requested(const json& body, const json* tools) {
   return tools && !tools->empty();
 }
 
-// A request's grammar: its structured-output field, or the one its forced tool calls make (not both).
-std::optional<GrammarRequest> chat_grammar(const json& body, const json* tools, const ApiLimits& lim) {
-  std::optional<GrammarRequest> format =
-      parse_structured_output(structured_output_fields(body), /*openai_body=*/true);
-  const json* tc = field(body, "tool_choice");
-  const nlohmann::ordered_json otools = tools ? nlohmann::ordered_json(*tools) : nullptr,
-                               otc = tc ? nlohmann::ordered_json(*tc) : nullptr;
-  std::optional<GrammarRequest> calls =
-      tools ? tool_call_grammar(&otools, &otc, max_tool_calls(body) == 0) : std::nullopt;
-  if (calls && !lim.tool_call_parser)
-    throw bad_request(
-        "'tool_choice' forcing a call needs the server's tool-call parser (--tool-call-parser qwen25)",
-        "tool_choice");
-  if (format && calls) {
-    if (tc)
-      throw bad_request(
-          "'" + format->field + "' and 'tool_choice' both constrain the output: give one of them",
-          format->field);
-    return format;  // strict tools under "auto" give way to an explicit format
-  }
-  return format ? format : calls;
-}
-
 bool thinking_enabled(const json& body) {
   const json* kw = field(body, "chat_template_kwargs");
   if (!kw) return true;
@@ -456,7 +433,7 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
   g.parse.reasoning =
       lim.reasoning_parser && opt_bool(body, "separate_reasoning").value_or(true) && thinking_enabled(body);
   g.parse.start_in_reasoning = g.parse.reasoning && prompt_opens_think(text);
-  g.grammar = chat_grammar(body, tools, lim);
+  g.grammar = chat_grammar(body, tools, lim.tool_call_parser);
   // Reasoning on: the grammar constrains the answer after </think>, the reasoning is free (SGLang's rule).
   if (g.grammar && g.parse.reasoning) g.grammar_after_token = think_end_token(codec);
   g.sampling.return_logprob = g.logprobs;

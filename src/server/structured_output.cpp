@@ -5,6 +5,7 @@
 
 #include "kiln/error.h"
 #include "server/api_error.h"
+#include "server/protocol_fields.h"
 
 namespace kiln::server {
 namespace {
@@ -252,6 +253,27 @@ GrammarRequest with_body_order(GrammarRequest g, const std::string& raw_body, Bo
   } catch (const std::exception&) {  // the body was checked already: keep what was parsed from it
   }
   return g;
+}
+
+std::optional<GrammarRequest> chat_grammar(const nlohmann::json& body, const nlohmann::json* tools,
+                                           bool tool_call_parser) {
+  std::optional<GrammarRequest> format = parse_structured_output(structured_output_fields(body), true);
+  const nlohmann::json* tc = given_field(body, "tool_choice");
+  const json otools = tools ? json(*tools) : json(), otc = tc ? json(*tc) : json();
+  std::optional<GrammarRequest> calls =
+      tools ? tool_call_grammar(&otools, &otc, max_tool_calls(body) == 0) : std::nullopt;
+  if (calls && !tool_call_parser)
+    throw bad_request(
+        "'tool_choice' forcing a call needs the server's tool-call parser (--tool-call-parser qwen25)",
+        "tool_choice");
+  if (format && calls) {
+    if (tc)
+      throw bad_request(
+          "'" + format->field + "' and 'tool_choice' both constrain the output: give one of them",
+          format->field);
+    return format;  // strict tools under "auto" give way to an explicit format
+  }
+  return format ? format : calls;
 }
 
 int32_t think_end_token(const TextCodec& codec) {

@@ -59,6 +59,12 @@ std::optional<GrammarRequest> tool_call_grammar(const nlohmann::ordered_json* to
 enum class BodyShape { openai, generate, responses };
 GrammarRequest with_body_order(GrammarRequest g, const std::string& raw_body, BodyShape shape);
 
+// A chat request's grammar: its structured-output field, or the one its forced tool calls make (both: 400
+// naming both, unless the calls come from strict tools under "auto", which give way). Forced calls need the
+// tool-call parser (tool_call_parser false: 400).
+std::optional<GrammarRequest> chat_grammar(const nlohmann::json& body, const nlohmann::json* tools,
+                                           bool tool_call_parser);
+
 // The id of Qwen3's </think> when the tokenizer has it as one token, else -1: with reasoning on, the
 // grammar applies from the token after it (the reasoning itself is free, as in SGLang).
 int32_t think_end_token(const TextCodec& codec);
