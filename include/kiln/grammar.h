@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,25 +51,33 @@ class UnsupportedKeyword : public Error {
   std::string keyword_;
 };
 
-enum class GrammarKind { json_schema, regex, ebnf, any_json };
+// tool_calls: Qwen3's <tool_call> blocks, the text a JSON spec {"tools": [{"name", "parameters"}],
+// "min_calls": 0|1, "max_calls": 0 (no limit) | n >= 1, "free_text": text before the calls (needed for
+// min_calls 0)} (src/grammar/README.md, "Front ends").
+enum class GrammarKind { json_schema, regex, ebnf, any_json, tool_calls };
 
 // Throws UnsupportedKeyword or kiln::Error (malformed input, a grammar that can never finish, limits).
 std::shared_ptr<const CompiledGrammar> compile(GrammarKind kind, std::string_view text,
                                                std::shared_ptr<const TokenVocab> vocab,
                                                const CompileOptions& options = {});
 
-// Compiled grammars cached by content (kind, text, options); thread-safe. Entries live as long as the cache.
+// Compiled grammars cached by content (kind, text, options); thread-safe. With max_entries > 0 the oldest
+// entry goes when a new one would pass it (a server's cache stays bounded); 0: entries live as long as the
+// cache.
 class GrammarCache {
  public:
-  explicit GrammarCache(std::shared_ptr<const TokenVocab> vocab) : vocab_(std::move(vocab)) {}
+  explicit GrammarCache(std::shared_ptr<const TokenVocab> vocab, size_t max_entries = 0)
+      : vocab_(std::move(vocab)), max_entries_(max_entries) {}
   std::shared_ptr<const CompiledGrammar> get(GrammarKind kind, std::string_view text,
                                              const CompileOptions& options = {});
   size_t size() const;
 
  private:
   std::shared_ptr<const TokenVocab> vocab_;
+  size_t max_entries_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const CompiledGrammar>> entries_;
+  std::deque<std::string> order_;  // keys, oldest first
 };
 
 class Matcher {
@@ -87,6 +96,7 @@ class Matcher {
   bool is_complete() const;    // the output may end here (EOS is allowed)
   bool is_terminated() const;  // EOS was accepted
   size_t num_accepted() const;
+  size_t mask_words() const;  // words fill_next_token_bitmask writes: mask_words(the grammar's vocab)
 
  private:
   struct Impl;

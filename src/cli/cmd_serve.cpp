@@ -15,6 +15,7 @@
 //              [--sampling-backend auto|cpu] [--is-embedding]
 //              [--reasoning-parser auto|qwen3|none] [--tool-call-parser qwen25|none]
 //              [--generation-config auto|none]
+//              [--grammar-lenient] [--grammar-compile-timeout-ms MS] [--grammar-mask-timeout-ms MS]
 //              [--tp N] [--nnodes N --node-rank R --dist-init-addr HOST:PORT]
 //              [--speculative-algorithm ngram --speculative-num-draft-tokens N ...] (cli/spec_flags.h)
 //              [--max-images-per-request N] [--max-image-bytes N] [--max-image-pixels N]
@@ -130,7 +131,9 @@ std::set<std::string> serve_flags() {
                              "metrics-compat",
                              "task",
                              "log-level",
-                             "max-prompt-logprob-tokens"};
+                             "max-prompt-logprob-tokens",
+                             "grammar-compile-timeout-ms",
+                             "grammar-mask-timeout-ms"};
   s.insert(kiln::cli::kTpFlags.begin(), kiln::cli::kTpFlags.end());
   s.insert(kiln::cli::kSpecFlags.begin(), kiln::cli::kSpecFlags.end());
   return s;
@@ -161,10 +164,11 @@ std::vector<std::string> take_served_model_names(kiln::cli::Args& args) {
 int run_serve(const kiln::cli::Args& given_args) {
   kiln::cli::Args args = given_args;
   const std::vector<std::string> served_names = take_served_model_names(args);
-  const kiln::cli::Flags f(args, serve_flags(),
-                           {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph",
-                            "disable-pdl", "enable-overlap-schedule", "disable-overlap-schedule",
-                            "is-embedding", "image-url-allow-private", "enable-expert-parallel"});
+  const kiln::cli::Flags f(
+      args, serve_flags(),
+      {"disable-prefix-cache", "disable-mixed-batches", "disable-cuda-graph", "disable-pdl",
+       "enable-overlap-schedule", "disable-overlap-schedule", "is-embedding", "image-url-allow-private",
+       "enable-expert-parallel", "grammar-lenient"});
   KILN_CHECK(f.positional().empty(), "unexpected argument '", f.positional().empty() ? "" : f.positional()[0],
              "'");
 
@@ -196,6 +200,10 @@ int run_serve(const kiln::cli::Args& given_args) {
   const std::string task = f.str("task", "generate");
   KILN_CHECK(task == "generate" || task == "rerank" || task == "score",
              "--task must be generate, rerank or score (vLLM's name for rerank), got '", task, "'");
+  const int64_t mask_ms = f.i64("grammar-mask-timeout-ms", eo.grammar_mask_timeout_ms);
+  KILN_CHECK(mask_ms >= 1 && mask_ms <= 600000, "--grammar-mask-timeout-ms must be in [1, 600000], got ",
+             mask_ms);
+  eo.grammar_mask_timeout_ms = int(mask_ms);
   if (eo.max_context_len > kiln::kMaxContextTokens)  // the rotary table is sized by it (kiln/config.h)
     KILN_FAIL("--max-context-len ", eo.max_context_len, " is past kiln's limit of ", kiln::kMaxContextTokens);
   eo.enable_prefix_cache = !f.flag("disable-prefix-cache");
@@ -271,6 +279,11 @@ int run_serve(const kiln::cli::Args& given_args) {
   so.reasoning_parser = f.str("reasoning-parser", so.reasoning_parser);
   KILN_CHECK(so.reasoning_parser == "auto" || so.reasoning_parser == "qwen3" || so.reasoning_parser == "none",
              "--reasoning-parser must be auto, qwen3 or none, got '", so.reasoning_parser, "'");
+  so.grammar_lenient = f.flag("grammar-lenient");
+  const int64_t compile_ms = f.i64("grammar-compile-timeout-ms", so.grammar_compile_timeout_ms);
+  KILN_CHECK(compile_ms >= 1 && compile_ms <= 600000,
+             "--grammar-compile-timeout-ms must be in [1, 600000], got ", compile_ms);
+  so.grammar_compile_timeout_ms = int(compile_ms);
   so.tool_call_parser = f.str("tool-call-parser", so.tool_call_parser);
   KILN_CHECK(so.tool_call_parser == "qwen25" || so.tool_call_parser == "none",
              "--tool-call-parser must be qwen25 or none, got '", so.tool_call_parser, "'");

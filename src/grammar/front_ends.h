@@ -14,6 +14,8 @@ Grammar json_schema_grammar(std::string_view schema_json, const CompileOptions& 
 Grammar any_json_grammar(const CompileOptions& options);
 Grammar regex_grammar(std::string_view pattern);
 Grammar ebnf_grammar(std::string_view text);
+// GrammarKind::tool_calls (tool_calls.cpp): the spec is JSON, README.md "Front ends".
+Grammar tool_call_grammar(std::string_view spec_json, const CompileOptions& options);
 
 // JSON lexemes shared by the JSON front ends (json_lexemes.cpp).
 Re json_ws_re(int max_whitespace);

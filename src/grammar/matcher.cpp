@@ -39,6 +39,9 @@ std::shared_ptr<const CompiledGrammar> compile(GrammarKind kind, std::string_vie
     case GrammarKind::any_json:
       g = any_json_grammar(options);
       break;
+    case GrammarKind::tool_calls:
+      g = tool_call_grammar(text, options);
+      break;
   }
   auto cg = std::make_shared<const CompiledGrammar>(normalize(std::move(g)), std::move(vocab), options);
   if (options.precompute) cg->precompute_all();
@@ -58,7 +61,16 @@ std::shared_ptr<const CompiledGrammar> GrammarCache::get(GrammarKind kind, std::
   }
   auto cg = compile(kind, text, vocab_, o);  // outside the lock; a racing twin compiles the same thing
   std::lock_guard<std::mutex> lock(mu_);
-  return entries_.emplace(std::move(key), std::move(cg)).first->second;
+  auto [it, added] = entries_.emplace(key, std::move(cg));
+  std::shared_ptr<const CompiledGrammar> out = it->second;
+  if (added) {
+    order_.push_back(std::move(key));
+    while (max_entries_ > 0 && entries_.size() > max_entries_) {
+      entries_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  return out;
 }
 
 size_t GrammarCache::size() const {
@@ -172,6 +184,10 @@ bool Matcher::is_terminated() const {
 }
 size_t Matcher::num_accepted() const {
   return impl_->history.size() - 1;
+}
+
+size_t Matcher::mask_words() const {
+  return impl_->cg->vocab().mask_words();
 }
 
 }  // namespace kiln::grammar

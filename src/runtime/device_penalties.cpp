@@ -1,5 +1,6 @@
 #include "runtime/device_penalties.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kiln/error.h"
@@ -8,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kiln/cuda_check.h"
+#include "ops/cuda/logit_mask.h"
 #include "ops/cuda/sampling_penalties.h"
 #endif
 
@@ -53,6 +55,11 @@ bool DevicePenalties::apply(float* logits, int64_t ld, const std::vector<ModelRu
   std::vector<int32_t> count_rows(R, -1), add_ids;
   std::vector<float> add_vals;
   std::vector<int32_t> prompt_rows, prompt_ids, out_rows, out_ids;  // pending count updates
+  std::vector<int32_t> mask_rows;  // logit rows under a grammar mask, and their words
+  size_t mask_words = 0;
+  for (const ModelRunner::RowSampling& rs : rows)
+    if (rs.proc) mask_words = std::max(mask_words, rs.proc->token_mask().size());
+  std::vector<uint32_t> masks;
   bool any = false;
   for (size_t r = 0; r < R; ++r) {
     const LogitProcessor* p = rows[r].proc;
@@ -61,6 +68,11 @@ bool DevicePenalties::apply(float* logits, int64_t ld, const std::vector<ModelRu
     pr[r].adds_begin = int32_t(add_ids.size());
     for (const auto& [id, v] : p->sparse_adds()) add_ids.push_back(id), add_vals.push_back(v);
     pr[r].adds_end = int32_t(add_ids.size());
+    if (const std::vector<uint32_t>& m = p->token_mask(); !m.empty()) {
+      mask_rows.push_back(int32_t(r));
+      masks.insert(masks.end(), m.begin(), m.end());
+      masks.resize(mask_rows.size() * mask_words, 0u);
+    }
     if (!p->has_penalties()) continue;
     pr[r].presence = p->presence();
     pr[r].frequency = p->frequency();
@@ -88,7 +100,8 @@ bool DevicePenalties::apply(float* logits, int64_t ld, const std::vector<ModelRu
   const size_t o_pr = put(bytes, pr), o_cr = put(bytes, count_rows), o_ai = put(bytes, add_ids),
                o_av = put(bytes, add_vals), o_pr_rows = put(bytes, prompt_rows),
                o_pr_ids = put(bytes, prompt_ids), o_out_rows = put(bytes, out_rows),
-               o_out_ids = put(bytes, out_ids);
+               o_out_ids = put(bytes, out_ids), o_mask_rows = put(bytes, mask_rows),
+               o_masks = put(bytes, masks);
   if (staging_.bytes() < bytes.size()) staging_ = Buffer(bytes.size() * 2, device_);
   copy_bytes(staging_.data(), device_, bytes.data(), Device::cpu(), bytes.size());
   char* base = static_cast<char*>(staging_.data());
@@ -101,6 +114,10 @@ bool DevicePenalties::apply(float* logits, int64_t ld, const std::vector<ModelRu
   cuda::apply_penalties(logits, ld, int64_t(R), vocab_, reinterpret_cast<cuda::PenaltyRow*>(at(o_pr)),
                         add_ids.empty() ? nullptr : reinterpret_cast<int32_t*>(at(o_ai)),
                         add_vals.empty() ? nullptr : reinterpret_cast<float*>(at(o_av)), counts, stream);
+  // The grammar mask last (logit_processor.h step 6): -inf stays -inf through the steps before it.
+  cuda::apply_token_bitmask(logits, ld, vocab_, reinterpret_cast<int32_t*>(at(o_mask_rows)),
+                            reinterpret_cast<uint32_t*>(at(o_masks)), int64_t(mask_words),
+                            int64_t(mask_rows.size()), stream);
   step_rows_dev_ = reinterpret_cast<int32_t*>(at(o_cr));
   return true;
 }

@@ -9,7 +9,9 @@
 // the host sampled, or at the first step), and runs bias / min-token mask / penalties on the logits in
 // place. count_sampled() (after cuda::sample) adds the sampled tokens to the rows' counts. The engine
 // then observes exactly those tokens, so host and device histories agree; a request that ends without
-// observing its last draw is released. Rows without processing cost nothing; CUDA builds only.
+// observing its last draw is released. A row whose processor carries a grammar mask (structured output)
+// has it uploaded with the step's other staging bytes and applied by ops/cuda/logit_mask.h after the
+// penalties. Rows without processing cost nothing; CUDA builds only.
 #pragma once
 
 #include <cstdint>

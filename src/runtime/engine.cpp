@@ -45,6 +45,9 @@ void Engine::Impl::validate(const Request& r) const {
   KILN_CHECK(r.images.empty() || mc.has_vision, "this model (", mc.architecture,
              ") is text-only: it takes no images");
   if (mc.has_vision) (void)layout_vl_prompt(mc, r.prompt, r.images);
+  KILN_CHECK(r.grammar_after_token < V, "grammar_after_token ", r.grammar_after_token,
+             " is outside the vocabulary [0, ", V, ")");
+  KILN_CHECK(!r.grammar || !r.embedding, "an embedding request takes no grammar");
   const int64_t n = int64_t(r.prompt.size());
   validate_prompt_queries(r, V, opts.max_prompt_logprob_tokens);
   KILN_CHECK(n <= context_limit, "the prompt has ", n, " tokens; the limit is ", context_limit,
@@ -137,6 +140,11 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   I.counters.e2e = Histogram::with_bounds(lat);
   I.counters.tpot =
       Histogram::with_bounds({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5});
+  I.counters.grammar_mask = Histogram::with_bounds(
+      {2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2, 0.1, 1});
+  KILN_CHECK(opts.grammar_mask_timeout_ms >= 1 && opts.grammar_mask_timeout_ms <= 600'000,
+             "grammar_mask_timeout_ms must be in [1, 600000], got ", opts.grammar_mask_timeout_ms);
+  I.mask_pool = std::make_unique<GrammarMaskPool>(opts.grammar_mask_threads);
   I.publish(true);
   I.thread = std::thread([this] {
     // Named so that per-thread CPU accounting (/proc/PID/task/*/comm, top -H) tells the engine from the

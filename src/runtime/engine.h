@@ -34,6 +34,10 @@
 #include "spec/spec_stats.h"
 #include "vision/image_input.h"
 
+namespace kiln::grammar {
+class CompiledGrammar;  // kiln/grammar.h
+}
+
 namespace kiln {
 
 // Thrown by submit() when the request cannot be queued now (queue full, shutting down): HTTP 503.
@@ -92,6 +96,13 @@ struct Request {
   // the vocabulary) at the prompt's last position, in the final event's score_logprobs. Only what is asked
   // leaves the device. Use with max_new_tokens = 0.
   std::vector<int32_t> score_ids;
+
+  // Structured output (runtime/grammar_masks.h): every token is drawn from the ids this grammar allows
+  // (compiled against this model's vocabulary; EOS only where the grammar is complete), from the first
+  // token or from the one after `grammar_after_token` (Qwen3's </think>). The request ends with "stop"
+  // when the grammar has ended (its EOS accepted). Not with speculative drafts: its steps verify none.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  int32_t grammar_after_token = -1;
 };
 
 struct TokenLogprob {
@@ -166,6 +177,9 @@ struct EngineStats {
   Histogram tpot;               // per output token after the first, per request mean
   Histogram e2e;                // submit -> finish
   spec::SpecStats spec;         // speculative decoding (EngineOptions::speculative): drafts and acceptance
+  int64_t grammar_masks = 0;    // structured output: token masks computed (one per constrained draw)
+  Histogram grammar_mask;       // seconds per mask, on a mask worker (runtime/grammar_masks.h)
+  double grammar_mask_max = 0;  // the longest mask so far (seconds)
 };
 
 struct EngineOptions {
@@ -216,6 +230,10 @@ struct EngineOptions {
   // SGLang): measured faster on the H200 at C = 1 and 32 (2026-12-03, `6d43051`; docs/PERF.md "Serving").
   bool overlap_schedule = true;
   uint64_t seed = 0;  // base for requests without a seed
+  // Structured output: worker threads computing grammar masks during the forward pass, and how long a step
+  // waits for a request's mask before it ends that request with an error naming this limit.
+  int grammar_mask_threads = 2;
+  int grammar_mask_timeout_ms = 1000;
   // Speculative decoding (src/spec/README.md): decode steps whose rows have drafts run as verify steps.
   spec::SpecOptions speculative;
   // The off switch's step costs (spec/off_switch.h): null, the engine measures decode steps by the clock;

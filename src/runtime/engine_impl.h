@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "runtime/engine.h"
+#include "runtime/grammar_masks.h"
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
@@ -51,6 +52,9 @@ struct Live {
   std::vector<PromptTokenLogprob> prompt_logprobs;
   bool prompt_logprobs_sent = false;
   std::vector<float> score_logprobs;
+
+  spec::SpecRequestStats spec;            // its verify rows (engine_spec.cpp)
+  std::shared_ptr<GrammarState> grammar;  // structured output; shared with a mask worker during a step
 };
 
 inline double seconds(Clock::time_point a, Clock::time_point b) {
@@ -101,6 +105,18 @@ struct Engine::Impl {
   std::optional<InFlight> inflight;
   std::vector<RequestId> deferred_release;
 
+  // Structured output: the mask workers, and the rows of the step being planned whose mask failed or came
+  // too late (the request ends with this error when the step completes).
+  std::unique_ptr<GrammarMaskPool> mask_pool;
+  std::unordered_map<RequestId, std::string> grammar_failed;
+  // Starts the masks of the plan's sample rows that draw under an active grammar; returns their row indices.
+  std::vector<size_t> start_masks(const StepPlan& plan, const std::function<bool(size_t)>& wants_token);
+  // Waits for them (at most grammar_mask_timeout_ms) and hands each done mask to its request's processor;
+  // a late or failed one goes to grammar_failed.
+  void finish_masks(const StepPlan& plan, const std::vector<size_t>& rows, Clock::time_point t_start);
+  // After a step that did not complete: its masks leave the processors (failures stay in grammar_failed: the
+  // request ends with one when a step completes it, or ends otherwise first).
+  void clear_masks(const StepPlan& plan);
   void validate(const Request& r) const;
   void loop();
   void step();

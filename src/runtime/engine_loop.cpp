@@ -97,6 +97,10 @@ void Engine::Impl::accept(Incoming x) {
     masked.insert(masked.end(), runner->config().eos_token_ids.begin(), runner->config().eos_token_ids.end());
   L.sampler = std::make_unique<Sampler>(L.req.sampling, L.seed, /*always_logprob=*/false, L.req.prompt,
                                         std::move(masked));
+  if (L.req.grammar) {
+    L.grammar = std::make_shared<GrammarState>(L.req.grammar, L.req.grammar_after_token);
+    L.req.grammar.reset();  // the state holds it
+  }
   auto seq = std::make_unique<Sequence>();
   seq->id = x.id;
   seq->tokens = L.req.prompt;
@@ -225,8 +229,17 @@ void Engine::Impl::step() {
   std::vector<int32_t> sampled(K, -1);
   std::vector<Draw> draws(K);
   bool sampled_on_device = false;
+  // Structured output: the masks are computed on the mask workers during the forward pass (a device draw
+  // needs them before the step: it waits first).
+  const Clock::time_point t_masks = Clock::now();
+  const std::vector<size_t> mask_rows = start_masks(plan, wants_token);
+  bool masks_done = mask_rows.empty();
   try {
     batch.validate(V, pool->num_pages());
+    if (device_ok && !mask_rows.empty()) {
+      masks_done = true;
+      finish_masks(plan, mask_rows, t_masks);
+    }
     if (device_ok) {
       const std::vector<ModelRunner::RowSampling> rs = row_sampling(plan, 0);
       if (overlap && launchable(plan, false) && runner->launch_sampled(batch, rs, top_n, false)) {
@@ -258,9 +271,17 @@ void Engine::Impl::step() {
                                queries.queries, &answers);
       keep_answers(queries, answers);
     }
+    if (!masks_done) {
+      masks_done = true;
+      finish_masks(plan, mask_rows, t_masks);
+    }
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const StepCancelled&) {
+    // The masks are waited for as in a step that completes: a state a worker still fills is never handed to
+    // the next step's workers (a late one ends its request, as always).
+    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
+    clear_masks(plan);
     // Every request the step's long work served was abandoned: nothing ran, nothing is finalized. The next
     // turn ends the abandoned requests (their pages freed, none offered to the cache) and plans the rest.
     runner->abandon_launched();
@@ -268,6 +289,8 @@ void Engine::Impl::step() {
     return;
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
+    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
+    clear_masks(plan);
     runner->abandon_launched();
     std::vector<RequestId> ids;
     for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
@@ -280,6 +303,8 @@ void Engine::Impl::step() {
       for (size_t k = size_t(k0); k < size_t(k1); ++k) {
         if (!wants_token(k)) continue;
         Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
+        if (!grammar_failed.empty() && grammar_failed.count(plan.rows[size_t(plan.sample_rows[k])].seq->id))
+          continue;  // ends in error when the step completes
         draws[k] = L.sampler->sample(std::span<const float>(logits.data() + k * size_t(V), size_t(V)));
         sampled[k] = draws[k].token;
       }
@@ -333,7 +358,7 @@ bool Engine::Impl::launchable(const StepPlan& plan, bool ahead) const {
     auto it = live.find(s.id);
     if (it == live.end()) return false;
     const Live& L = it->second;
-    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f ||
+    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f || L.grammar ||
         L.sampler->processor().active() || L.completion + more > L.req.sampling.max_new_tokens ||
         int64_t(s.tokens.size()) + more - 1 >= int64_t(s.max_len))
       return false;
@@ -440,6 +465,13 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
     Live& L = live_it->second;
     TokenEvent ev;
     attach_prompt_answers(L, ev);
+    if (auto f = grammar_failed.find(id); f != grammar_failed.end()) {
+      const std::string why = std::move(f->second);
+      grammar_failed.erase(f);
+      L.sampler->processor().token_mask().clear();
+      finish(id, "error", why, &ev);
+      continue;
+    }
     if (need_hidden && (L.req.embedding || L.req.return_hidden)) {
       std::vector<double> v(static_cast<size_t>(H));
       if (pool_all_rows) {  // mean of the prompt rows (CLS: the one first row)
@@ -469,6 +501,13 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
     }
     const int32_t tok = sampled[k];
     L.sampler->observe(tok);
+    if (L.grammar) {
+      L.sampler->processor().token_mask().clear();
+      if (std::string why = L.grammar->advance(tok); !why.empty()) {
+        finish(id, "error", "structured output: " + why, &ev);
+        continue;
+      }
+    }
     ++L.completion;
     ++counters.generation_tokens_total;
     if (L.completion == 1) {
@@ -482,7 +521,7 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
     if (L.req.sampling.top_logprobs > 0) ev.top_logprobs = {std::move(draws[k].top)};
     const auto& stops = L.req.sampling.stop_token_ids;
     const bool is_stop =
-        std::find(stops.begin(), stops.end(), tok) != stops.end() ||
+        (L.grammar && L.grammar->terminated()) || std::find(stops.begin(), stops.end(), tok) != stops.end() ||
         (!L.req.sampling.ignore_eos &&
          std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) != cfg.eos_token_ids.end());
     if (is_stop) {
@@ -517,6 +556,7 @@ void Engine::Impl::finish(RequestId id, const std::string& reason, const std::st
   auto it = live.find(id);
   if (it == live.end()) return;  // already ended (an abort racing the last token, or an unknown id)
   Live& L = it->second;
+  grammar_failed.erase(id);  // a late mask of a request that ends otherwise
   TokenEvent local;
   TokenEvent& e = ev ? *ev : local;
   e.finished = true;

@@ -17,7 +17,7 @@ namespace {
 
 // Requests a verify step serves (the rest make the whole step a plain one): generation without hidden states.
 bool verifiable(const Live& L) {
-  return !L.req.embedding && !L.req.return_hidden;
+  return !L.req.embedding && !L.req.return_hidden && !L.grammar;  // grammars draw token by token
 }
 
 // The processed logits of a verify row's positions in order: position j's processing counts tokens 0 .. j-1

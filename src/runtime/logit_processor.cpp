@@ -32,7 +32,8 @@ LogitProcessor::LogitProcessor(const SamplingParams& p, std::span<const int32_t>
 }
 
 bool LogitProcessor::active() const {
-  return penalties_ || !bias_.empty() || (!masked_.empty() && int(generated_.size()) < min_new_tokens_);
+  return penalties_ || !bias_.empty() || (!masked_.empty() && int(generated_.size()) < min_new_tokens_) ||
+         !token_mask_.empty();
 }
 
 void LogitProcessor::observe(int32_t token) {
@@ -46,6 +47,9 @@ std::vector<std::pair<int32_t, float>> LogitProcessor::sparse_adds() const {
   if (int(generated_.size()) < min_new_tokens_) {
     const float ninf = -std::numeric_limits<float>::infinity();
     for (int32_t id : masked_) {
+      if (!token_mask_.empty() && size_t(id) / 32 < token_mask_.size() &&
+          ((token_mask_[size_t(id) / 32] >> (id % 32)) & 1u))
+        continue;  // the grammar allows the output to end here
       auto it = std::lower_bound(out.begin(), out.end(), std::pair<int32_t, float>(id, -1e30f),
                                  [](const auto& a, const auto& b) { return a.first < b.first; });
       if (it != out.end() && it->first == id)
@@ -60,10 +64,19 @@ std::vector<std::pair<int32_t, float>> LogitProcessor::sparse_adds() const {
 void LogitProcessor::apply(float* logits, int64_t vocab) const {
   for (const auto& [id, add] : sparse_adds())
     if (id >= 0 && id < vocab) logits[id] = logits[id] + add;
-  if (!penalties_) return;
-  for (const auto& [id, s] : seen_)
-    if (id >= 0 && id < vocab)
-      logits[id] = penalize_logit(logits[id], s.count, presence_, frequency_, repetition_);
+  if (penalties_)
+    for (const auto& [id, s] : seen_)
+      if (id >= 0 && id < vocab)
+        logits[id] = penalize_logit(logits[id], s.count, presence_, frequency_, repetition_);
+  if (!token_mask_.empty()) apply_token_bitmask(logits, vocab, token_mask_.data(), token_mask_.size());
+}
+
+void apply_token_bitmask(float* logits, int64_t vocab, const uint32_t* words, size_t n_words) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t id = 0; id < vocab; ++id) {
+    const size_t w = size_t(id) / 32;
+    if (w >= n_words || !((words[w] >> (id % 32)) & 1u)) logits[id] = ninf;
+  }
 }
 
 }  // namespace kiln

@@ -6,6 +6,9 @@
 //      one <= 0 multiplied by r                           (HF/vLLM/SGLang's CTRL-style penalty)
 //   4. frequency_penalty f over the generated tokens: logit -= f * count(id)
 //   5. presence_penalty p over the generated tokens: logit -= p (once, if the id occurs)
+//   6. structured output: every id the step's grammar mask does not allow is set to -inf (a bitmask, bit
+//      id%32 of word id/32; runtime/grammar_masks.h). Ids the mask allows are not held back by step 2: the
+//      grammar decides where a structured output may end.
 // Every step is fp32 with one rounding per operation, in this order; the GPU kernel
 // (ops/cuda/sampling_penalties.h) computes the same values bit for bit. Temperature, top-k/p and min-p
 // come after (token_draw.h), and the reported logprobs are those of the processed logits (module
@@ -29,12 +32,17 @@ class LogitProcessor {
 
   // Whether the penalties (3-5) need the token history: the GPU keeps a count table for such rows.
   bool has_penalties() const { return penalties_; }
-  // Whether apply() changes anything at all now (penalties, a bias, or an active min-token mask).
+  // Whether apply() changes anything at all now (penalties, a bias, an active min-token mask, or a grammar
+  // mask).
   bool active() const;
+  // Step 6's bitmask for the next draw; empty: no grammar constrains it. The engine fills it before the
+  // draw and clears it after.
+  std::vector<uint32_t>& token_mask() { return token_mask_; }
+  const std::vector<uint32_t>& token_mask() const { return token_mask_; }
   // A token the request generated (every accepted token, whichever sampler drew it).
   void observe(int32_t token);
 
-  // Applies 1-5 to a row of logits [vocab] in place.
+  // Applies 1-6 to a row of logits [vocab] in place.
   void apply(float* logits, int64_t vocab) const;
   // Steps 1-2 as sparse additions, ids ascending and unique (a masked id adds -inf): what the GPU applies
   // before its penalty sweep.
@@ -56,6 +64,7 @@ class LogitProcessor {
   int min_new_tokens_;
   std::vector<std::pair<int32_t, float>> bias_;  // ids ascending, unique
   std::vector<int32_t> masked_;                  // ascending, unique
+  std::vector<uint32_t> token_mask_;             // step 6 (empty: none)
   std::vector<int32_t> prompt_, generated_;
   std::unordered_map<int32_t, Seen> seen_;  // only when penalties_
 };
@@ -69,5 +78,9 @@ inline float penalize_logit(float x, int32_t count, float presence, float freque
   if (count > 0) x = x - presence;
   return x;
 }
+
+// Step 6 on one row: logits[id] = -inf for every id in [0, vocab) whose bit (id%32 of words[id/32]) is
+// clear; ids past n_words * 32 count as clear. The CPU reference of ops/cuda/logit_mask.h.
+void apply_token_bitmask(float* logits, int64_t vocab, const uint32_t* words, size_t n_words);
 
 }  // namespace kiln

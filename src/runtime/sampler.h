@@ -42,6 +42,7 @@ class Sampler {
   void observe(int32_t token) { proc_.observe(token); }
   const SamplingParams& params() const { return p_; }
   const LogitProcessor& processor() const { return proc_; }
+  LogitProcessor& processor() { return proc_; }  // the engine sets the grammar mask of the next draw
   // The request's generator: speculative verification (runtime/engine_spec.cpp) draws from it too.
   std::mt19937_64& generator() { return rng_; }
 

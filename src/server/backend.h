@@ -29,6 +29,8 @@ class EngineApi {
   virtual int64_t max_context_len() const = 0;
   virtual bool is_embedding_model() const = 0;
   virtual int64_t hidden_size() const = 0;
+  // The model's own EOS ids (config.json): where a structured output may end.
+  virtual std::vector<int32_t> eos_token_ids() const { return {}; }
 };
 
 // Incremental detokenizer for one request: push() returns the text that became complete (never a split
@@ -53,6 +55,8 @@ class TextCodec {
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // The raw bytes of one token (may be part of a UTF-8 character): used for logprobs' "bytes".
   virtual std::string token_bytes(int32_t id) const = 0;
+  // A special (control) token: never part of a structured output's text (the grammar engine's vocabulary).
+  virtual bool is_special(int32_t /*id*/) const { return false; }
   virtual std::unique_ptr<TextStream> stream() const = 0;
   // The chat template applied to an OpenAI chat request (messages, tools, chat_template_kwargs such as
   // enable_thinking), ending with the assistant generation prompt. Throws kiln::Error on bad messages.

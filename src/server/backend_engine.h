@@ -22,6 +22,10 @@ class EngineAdapter : public EngineApi {
   int64_t max_context_len() const override { return e_.max_context_len(); }
   bool is_embedding_model() const override { return e_.is_embedding_model(); }
   int64_t hidden_size() const override { return e_.model_config().hidden_size; }
+  std::vector<int32_t> eos_token_ids() const override {
+    const auto& ids = e_.model_config().eos_token_ids;
+    return std::vector<int32_t>(ids.begin(), ids.end());
+  }
 
  private:
   Engine& e_;
@@ -36,6 +40,9 @@ class TokenizerCodec : public TextCodec {
   std::vector<int32_t> encode_embedding_input(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   std::string token_bytes(int32_t id) const override;
+  bool is_special(int32_t id) const override {
+    return id >= 0 && id < tok_.vocab_size() && tok_.is_special(id);
+  }
   std::unique_ptr<TextStream> stream() const override;
   // Maps the OpenAI request onto the tokenizer's: messages, tools, add_generation_prompt = true, and
   // chat_template_kwargs (enable_thinking) lifted to the top level.

@@ -267,12 +267,35 @@ void GroupSource::finish(bool) {
 
 }  // namespace
 
+std::shared_ptr<const grammar::CompiledGrammar> ApiServer::Impl::compile_grammar(const GenSpec& spec) {
+  if (!spec.grammar) return nullptr;
+  GrammarService* svc = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(grammar_mu);
+    if (!grammars) {
+      std::vector<int32_t> eos = engine.eos_token_ids();
+      for (int32_t id : opts.extra_eos_ids)
+        if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+      GrammarServiceOptions go;
+      go.lenient = opts.grammar_lenient;
+      go.compile_threads = opts.grammar_compile_threads;
+      go.compile_timeout_ms = opts.grammar_compile_timeout_ms;
+      grammars = std::make_unique<GrammarService>(codec, engine.vocab_size(), std::move(eos), go);
+    }
+    svc = grammars.get();
+  }
+  return svc->compile(*spec.grammar);
+}
+
 void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, HttpResponse& res) {
   const json body = parse_body(req.body);
   const ApiLimits lim = limits();
-  const GenSpec spec = ep == Endpoint::chat         ? parse_chat_request(body, codec, lim)
-                       : ep == Endpoint::completion ? parse_completion_request(body, codec, lim)
-                                                    : parse_generate_request(body, codec, lim);
+  GenSpec spec = ep == Endpoint::chat         ? parse_chat_request(body, codec, lim)
+                 : ep == Endpoint::completion ? parse_completion_request(body, codec, lim)
+                                              : parse_generate_request(body, codec, lim);
+  if (spec.grammar)
+    spec.grammar = with_body_order(std::move(*spec.grammar), req.body,
+                                   ep == Endpoint::generate ? BodyShape::generate : BodyShape::openai);
   if (engine.is_embedding_model())
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
   // n choices (of each prompt): n engine requests on one event queue; the later ones wait for the first's
@@ -308,10 +331,13 @@ void ApiServer::Impl::handle_generation(Endpoint ep, const HttpRequest& req, Htt
       src->group.push_back(std::move(s));
     }
   }
+  const std::shared_ptr<const grammar::CompiledGrammar> grammar = compile_grammar(spec);
   // Busy part-way: src's destructor aborts and counts the choices already submitted.
   for (size_t i = 0; i < src->group.size(); ++i) {
     Session& s = *src->group[i];
     Request r;
+    r.grammar = grammar;
+    r.grammar_after_token = spec.grammar_after_token;
     r.prompt = s.spec.prompt;
     r.images = s.spec.images;
     r.sampling = s.spec.sampling;

@@ -116,6 +116,12 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   w.histogram("kiln_time_to_first_token_seconds", "Time from submission to the first token.", s.ttft);
   w.histogram("kiln_time_per_output_token_seconds", "Mean time per output token after the first.", s.tpot);
   w.histogram("kiln_e2e_request_latency_seconds", "Time from submission to the end of the request.", s.e2e);
+  w.counter("kiln_grammar_masks_total", "Structured output: token masks computed (one per constrained draw).",
+            double(s.grammar_masks));
+  w.histogram("kiln_grammar_mask_seconds", "Structured output: time to compute one request's token mask.",
+              s.grammar_mask);
+  w.gauge("kiln_grammar_mask_max_seconds", "Structured output: the longest token mask so far.",
+          s.grammar_mask_max);
 
   w.gauge("kiln_server_active_requests", "HTTP requests accepted and not yet ended.",
           double(c.active.load()));

@@ -22,9 +22,6 @@ constexpr size_t kMaxStopBytes = 256;
 constexpr int kMaxTopLogprobs = 20;
 constexpr int64_t kMaxN = 16;  // choices per request (vLLM has no cap; 16 bounds one request's share)
 constexpr size_t kMaxLogitBias = 1024;
-// Why structured output is refused (README, "Structured output"): no grammar engine is to be had.
-constexpr const char* kNoGrammar =
-    "structured output needs constrained decoding (a grammar engine), which kiln does not have";
 
 const json* field(const json& obj, const char* name) {
   auto it = obj.find(name);
@@ -202,11 +199,6 @@ void parse_sampling(const json& obj, const ApiLimits& lim, SamplingParams& sp, s
     if (auto v = opt_int(obj, name, 0, INT32_MAX)) sp.min_new_tokens = int(*v);
   sp.logit_bias = parse_logit_bias(obj, lim);
   if (auto v = opt_int(obj, "n", 1, kMaxN)) n = int(*v);
-  // Constrained decoding, as SGLang (sampling_params) and vLLM (extra body) name it: refused, not ignored.
-  for (const char* name : {"regex", "ebnf", "json_schema", "structural_tag", "guided_json", "guided_regex",
-                           "guided_choice", "guided_grammar", "structured_outputs"})
-    if (field(obj, name))
-      throw bad_request(std::string("'") + name + "' is not supported: " + kNoGrammar, name);
 }
 
 // generation_config.json's eos ids stop generation as the model's own eos does (not under ignore_eos).
@@ -223,16 +215,6 @@ void reject_openai_unsupported(const json& body) {
   if (const json* v = field(body, "suffix"))
     if (!v->is_string() || !v->get<std::string>().empty())
       throw bad_request("'suffix' is not supported", "suffix");
-  if (const json* v = field(body, "response_format")) {
-    if (!v->is_object()) throw bad_request("'response_format' must be an object", "response_format");
-    auto t = v->find("type");
-    const std::string type = t != v->end() && t->is_string() ? t->get<std::string>() : "";
-    if (type != "text")
-      throw bad_request("'response_format' " +
-                            (type.empty() ? std::string("without a type") : "'" + type + "'") +
-                            " is not supported: " + kNoGrammar + "; only {\"type\": \"text\"} is accepted",
-                        "response_format");
-  }
 }
 
 void parse_stream(const json& body, GenSpec& g) {
@@ -279,37 +261,28 @@ void check_prompt(const GenSpec& g, const char* param) {
   if (g.prompt.empty()) throw bad_request(std::string("'") + param + "' must not be empty", param);
 }
 
-// Whether the reply should be parsed for tool calls: tools given and tool_choice "auto" (or absent).
+// Whether the reply should be parsed for tool calls: tools given and tool_choice "auto" (or absent),
+// "required" or a named function (those two are forced by a grammar: server/structured_output.h).
 bool tools_requested(const json& body, const json* tools) {
   const json* tc = field(body, "tool_choice");
   if (tc) {
     if (tc->is_object()) {
-      const json* fn = field(*tc, "function");
-      const std::string name = fn && fn->is_object() && fn->contains("name") && (*fn)["name"].is_string()
-                                   ? (*fn)["name"].get<std::string>()
-                                   : std::string("?");
-      throw bad_request("'tool_choice' naming a function ('" + name +
-                            "') is not supported: forcing a call needs constrained decoding, which kiln "
-                            "does not have yet; use \"auto\" (the model chooses) or \"none\"",
-                        "tool_choice");
+      if (!tools || tools->empty())
+        throw bad_request("'tool_choice' naming a function needs a non-empty 'tools' list", "tool_choice");
+      return true;
     }
     if (!tc->is_string())
       throw bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or an object", "tool_choice");
     const std::string c = tc->get<std::string>();
-    if (c == "required")
-      throw bad_request(
-          "'tool_choice': \"required\" is not supported: forcing a call needs constrained decoding, which "
-          "kiln does not have yet; use \"auto\" (the model chooses) or \"none\"",
-          "tool_choice");
-    if (c != "none" && c != "auto")
+    if (c != "none" && c != "auto" && c != "required")
       throw bad_request(
           "'tool_choice' must be \"none\", \"auto\", \"required\" or an object; got '" + c + "'",
           "tool_choice");
-    if (c == "auto" && (!tools || tools->empty()))
-      throw bad_request("'tool_choice' \"auto\" needs a non-empty 'tools' list", "tool_choice");
+    if (c != "none" && (!tools || tools->empty()))
+      throw bad_request("'tool_choice' \"" + c + "\" needs a non-empty 'tools' list", "tool_choice");
     if (c == "none") return false;
   }
-  if (auto v = opt_bool(body, "parallel_tool_calls"); v) (void)*v;  // accepted; several calls are parsed
+  if (auto v = opt_bool(body, "parallel_tool_calls"); v) (void)*v;  // read by max_tool_calls
   return tools && !tools->empty();
 }
 
@@ -462,6 +435,9 @@ GenSpec parse_chat_request(const json& body, const TextCodec& codec, const ApiLi
       lim.reasoning_parser && opt_bool(body, "separate_reasoning").value_or(true) && thinking_enabled(body);
   g.parse.start_in_reasoning = g.parse.reasoning && prompt_opens_think(text);
   parse_vllm_prompt_logprobs(body, g);
+  g.grammar = chat_grammar(body, tools, lim.tool_call_parser);
+  // Reasoning on: the grammar constrains the answer after </think>, the reasoning is free (SGLang's rule).
+  if (g.grammar && g.parse.reasoning) g.grammar_after_token = think_end_token(codec);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;
@@ -515,6 +491,7 @@ GenSpec parse_completion_request(const json& body, const TextCodec& codec, const
   }
   g.prompt = prompts[0].ids;
   set_prompts(g, std::move(prompts), max_tokens, 16, lim, &body, "max_tokens", "prompt");
+  g.grammar = parse_structured_output(structured_output_fields(body), /*openai_body=*/true);
   g.sampling.return_logprob = g.logprobs;
   g.sampling.top_logprobs = g.top_logprobs;
   return g;
@@ -565,6 +542,7 @@ GenSpec parse_generate_request(const json& body, const TextCodec& codec, const A
     max_new = opt_int(*sp, "max_new_tokens", 0, INT32_MAX);
     if (auto v = opt_bool(*sp, "skip_special_tokens"); v && !*v)
       throw bad_request("'skip_special_tokens': false is not supported", "sampling_params");
+    g.grammar = parse_structured_output(structured_output_fields(*sp), /*openai_body=*/false);
   }
   add_default_eos(g.sampling, lim);
   check_generate_fields(body, g);

@@ -2,8 +2,9 @@
 // structs before anything reaches the engine. Every problem is an ApiError (400, or 404 for an unknown
 // model) that names the offending field: wrong JSON types, missing/empty/over-long prompts, token ids out
 // of range, non-finite or out-of-range sampling parameters, unsupported options (best_of != 1, echo with
-// logprobs, suffix, response_format other than text, a "required" or named tool_choice). JSON null is treated
-// as "not given", as OpenAI clients send it for unset fields.
+// logprobs, suffix). JSON null is treated as "not given", as OpenAI clients send it for unset fields.
+// Structured output (response_format, SGLang's and vLLM's grammar fields, forced tool calls) is parsed by
+// server/structured_output.h into GenSpec::grammar.
 //
 // Ranges: temperature [0, 2] finite; top_p (0, 1]; top_k -1, 0 (disabled) or >= 1; min_p [0, 1];
 // presence_penalty and frequency_penalty [-2, 2]; repetition_penalty (0, 2]; logit_bias {"<id>": [-100,
@@ -17,12 +18,13 @@
 // `separate_reasoning` (SGLang; default true) and `chat_template_kwargs.enable_thinking` (default true);
 // it starts inside reasoning when the rendered prompt ends with an open <think>. Tool calls are parsed
 // when the server's parser is on, `tools` is non-empty and `tool_choice` is "auto" (the default with
-// tools); "none" renders the tools but parses nothing (vLLM's default); "required" and a named function
-// need constrained decoding, which kiln does not have: 400.
+// tools), "required" or a named function (those two also force the calls with a grammar, and need the
+// parser: 400 without it); "none" renders the tools but parses nothing (vLLM's default).
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,7 @@
 #include "server/backend.h"
 #include "server/images.h"
 #include "server/output_parser.h"
+#include "server/structured_output.h"
 
 namespace kiln::server {
 
@@ -92,6 +95,11 @@ struct GenSpec {
   bool sglang_input_logprobs = false;  // /generate return_logprob (SGLang input_token_logprobs)
   int32_t sglang_logprob_start = -1;   // logprob_start_len; -1: the last prompt token
   int prompt_top_logprobs = 0;
+
+  // Structured output: the grammar every choice is drawn under (compiled by the server before submitting),
+  // from the token after grammar_after_token (Qwen3's </think> when reasoning is on; -1: from the start).
+  std::optional<GrammarRequest> grammar;
+  int32_t grammar_after_token = -1;
 };
 
 constexpr size_t kMaxBatchPrompts = 256;  // prompts in one batched request (each times n engine requests)

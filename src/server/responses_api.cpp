@@ -153,13 +153,26 @@ ResponsesSpec parse_responses_request(const json& body, const ResponseStore& sto
   if (const json* v = given(body, "truncation"); v && *v != json("disabled"))
     throw bad_request("'truncation' must be \"disabled\": kiln does not drop input items to fit",
                       "truncation");
+  json response_format;  // text.format as chat's response_format (structured_output.h)
   if (const json* t = given(body, "text")) {
-    const json* f = t->is_object() ? given(*t, "format") : nullptr;
-    if (!t->is_object() || (f && (!f->is_object() || f->value("type", "") != "text")))
-      throw bad_request(
-          "'text.format' other than {\"type\": \"text\"} needs constrained decoding, which kiln does not "
-          "have",
-          "text.format");
+    if (!t->is_object()) throw bad_request("'text' must be an object", "text");
+    if (const json* f = given(*t, "format")) {
+      if (!f->is_object() || !f->contains("type") || !(*f)["type"].is_string())
+        throw bad_request("'text.format' must be an object with a 'type'", "text.format");
+      const std::string type = (*f)["type"].get<std::string>();
+      if (type == "json_schema") {
+        json js = {{"schema", f->value("schema", json())}};
+        for (const char* k : {"name", "strict"})
+          if (const json* v = given(*f, k)) js[k] = *v;
+        response_format = {{"type", "json_schema"}, {"json_schema", js}};
+      } else if (type == "json_object") {
+        response_format = {{"type", "json_object"}};
+      } else if (type != "text") {
+        throw bad_request(
+            "'text.format' type must be \"text\", \"json_object\" or \"json_schema\", got '" + type + "'",
+            "text.format");
+      }
+    }
   }
   json msgs = json::array();
   if (const json* prev = given(body, "previous_response_id")) {
@@ -190,6 +203,7 @@ ResponsesSpec parse_responses_request(const json& body, const ResponseStore& sto
   if (const json* v = given(body, "max_output_tokens")) chat["max_tokens"] = *v;
   if (const json* v = given(body, "tools")) chat["tools"] = chat_tools(*v);
   if (const json* v = given(body, "tool_choice")) chat["tool_choice"] = chat_tool_choice(*v);
+  if (!response_format.is_null()) chat["response_format"] = response_format;
   if (const json* r = given(body, "reasoning")) {
     if (!r->is_object()) throw bad_request("'reasoning' must be an object", "reasoning");
     if (const json* e = given(*r, "effort")) chat["reasoning_effort"] = *e;
@@ -201,6 +215,7 @@ ResponsesSpec parse_responses_request(const json& body, const ResponseStore& sto
     if (param == "max_tokens") param = "max_output_tokens";
     if (param == "reasoning_effort") param = "reasoning.effort";
     if (param.rfind("messages", 0) == 0) param = "input";
+    if (param.rfind("response_format", 0) == 0) param = "text.format";
     if (const size_t f = param.find(".function"); param.rfind("tools[", 0) == 0 && f != std::string::npos)
       param.erase(f, 9);  // the flat tool shape has no "function" level
     throw ApiError(e.status(), e.what(), param, e.type(), e.code());

@@ -107,6 +107,8 @@ void ResponsesSource::finish(bool) {
 void ApiServer::Impl::handle_responses(const HttpRequest& req, HttpResponse& res) {
   const json body = parse_body(req.body);
   ResponsesSpec spec = parse_responses_request(body, *response_store, codec, limits());
+  if (spec.gen.grammar)
+    spec.gen.grammar = with_body_order(std::move(*spec.gen.grammar), req.body, BodyShape::responses);
   if (engine.is_embedding_model())
     throw bad_request("this model is an embedding model: use /v1/embeddings", "model");
   const std::string id = make_id("resp_");
@@ -114,6 +116,8 @@ void ApiServer::Impl::handle_responses(const HttpRequest& req, HttpResponse& res
   auto src = std::make_shared<ResponsesSource>(*this, std::move(spec), id);
   src->queue = std::make_shared<EventQueue>(src->spec.gen.stream ? opts.stream_interval : 0);
   Request r;
+  r.grammar = compile_grammar(src->spec.gen);
+  r.grammar_after_token = src->spec.gen.grammar_after_token;
   r.prompt = src->spec.gen.prompt;
   r.images = src->spec.gen.images;
   r.sampling = src->spec.gen.sampling;

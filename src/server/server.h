@@ -79,6 +79,13 @@ struct ServerOptions {
   // --log-level debug: each POST's top-level fields that kiln does not read are logged to stderr
   // (server/request_fields.h); such fields are accepted and ignored, and this is where a user sees them.
   bool log_unknown_fields = false;
+
+  // Structured output (server/structured_output.h): --grammar-lenient drops JSON Schema keywords the engine
+  // cannot enforce (else a 400 names them); compiles run on their own threads, each request waiting at most
+  // --grammar-compile-timeout-ms.
+  bool grammar_lenient = false;
+  int grammar_compile_threads = 2;
+  int grammar_compile_timeout_ms = 10000;
 };
 
 class ApiServer {

@@ -18,6 +18,7 @@
 #include "server/rerank.h"
 #include "server/responses_api.h"
 #include "server/server.h"
+#include "server/structured_output.h"
 
 namespace kiln::server {
 
@@ -42,6 +43,9 @@ struct ApiServer::Impl {
   // without the engine (which may be inside a long step and deliver its own final event much later).
   std::unordered_map<RequestId, std::function<void(const TokenEvent&)>> sinks;
   std::mt19937_64 rng{std::random_device{}()};
+  // Structured output: made on first use (its vocabulary is built then), under grammar_mu.
+  std::mutex grammar_mu;
+  std::unique_ptr<GrammarService> grammars;
 
   ApiLimits limits() const;
   std::string make_id(const char* prefix);
@@ -69,6 +73,8 @@ struct ApiServer::Impl {
   // vLLM/SGLang extra routes (routes_vllm.cpp); false when `req` is not one of them.
   bool route_vllm(const HttpRequest& req, HttpResponse& res);
   ModelNames model_names() const;
+  // The request's grammar compiled (nullptr when it has none); ApiError as GrammarService::compile says.
+  std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const GenSpec& spec);
   // Submits to the engine, mapping its refusals to ApiError (busy -> 503, bad input -> 400).
   RequestId submit(Request r, std::function<void(const TokenEvent&)> cb);
 

@@ -138,6 +138,7 @@ class FakeEngine : public EngineApi {
   int64_t max_context_len() const override { return max_context; }
   bool is_embedding_model() const override { return embedding_model; }
   int64_t hidden_size() const override { return 8; }
+  std::vector<int32_t> eos_token_ids() const override { return {eos}; }
 
   size_t live() const {
     std::lock_guard<std::mutex> lock(mu_);

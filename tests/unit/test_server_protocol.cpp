@@ -329,10 +329,11 @@ TEST(ServerProtocol, BadInputsAreRejectedWithTheirParam) {
   EXPECT_EQ(chat({{"max_tokens", 1.5}}), P(400, "max_tokens"));
   EXPECT_EQ(chat({{"max_tokens", 1000}}), P(400, "max_tokens"));  // prompt + 1000 > context 64
   EXPECT_EQ(chat({{"n", 17}}), P(400, "n"));
-  EXPECT_EQ(chat({{"response_format", {{"type", "json_object"}}}}), P(400, "response_format"));
+  // Structured output (its own tests: test_server_structured_output.cpp).
+  EXPECT_EQ(chat({{"response_format", {{"type", "json_object"}}}}), P(0, ""));
   EXPECT_EQ(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", json::object()}}}}),
-            P(400, "response_format"));
-  EXPECT_EQ(chat({{"guided_json", json::object()}}), P(400, "guided_json"));
+            P(400, "response_format.json_schema.schema"));
+  EXPECT_EQ(chat({{"guided_json", 3}}), P(400, "guided_json"));
   EXPECT_EQ(chat({{"response_format", {{"type", "text"}}}}), P(0, ""));
   EXPECT_EQ(chat({{"n", 0}}), P(400, "n"));
   EXPECT_EQ(chat({{"stream", "yes"}}), P(400, "stream"));
@@ -384,9 +385,10 @@ TEST(ServerProtocol, BadInputsAreRejectedWithTheirParam) {
             P(400, "max_new_tokens"));
   EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", 3}}), P(400, "sampling_params"));
   EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"n", 20}}}}), P(400, "n"));
-  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"regex", "[0-9]+"}}}}), P(400, "regex"));
-  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"ebnf", "root ::= \"a\""}}}}), P(400, "ebnf"));
-  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"json_schema", "{}"}}}}), P(400, "json_schema"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"regex", "[0-9]+"}}}}), P(0, ""));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"ebnf", ""}}}}), P(400, "ebnf"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"json_schema", "{not json"}}}}), P(400, "json_schema"));
+  EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"structural_tag", "{}"}}}}), P(400, "structural_tag"));
   EXPECT_EQ(gen({{"text", "a"}, {"sampling_params", {{"min_new_tokens", 5}, {"max_new_tokens", 2}}}}),
             P(400, "min_new_tokens"));
 
@@ -447,6 +449,8 @@ TEST(ServerMetrics, PrometheusTextHasEverySeries) {
   EXPECT_NE(m.find("kiln_server_requests_finished_total{model_name=\"de\\\"mo\",outcome=\"aborted\"} 1\n"),
             std::string::npos);
   EXPECT_NE(m.find("# TYPE kiln_e2e_request_latency_seconds histogram"), std::string::npos);
+  EXPECT_NE(m.find("# TYPE kiln_grammar_mask_seconds histogram"), std::string::npos);
+  EXPECT_NE(m.find("kiln_grammar_masks_total{model_name=\"de\\\"mo\"} 0\n"), std::string::npos) << m;
 }
 
 // max_tokens: null is "not given" (OpenAI clients send null for unset fields), as in vLLM: a chat reply may

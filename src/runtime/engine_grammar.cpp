@@ -1,0 +1,57 @@
+// Structured output in the engine's step (runtime/grammar_masks.h; README.md "Structured output"): the masks
+// of a step's constrained rows started on the mask workers, waited for under the time limit and handed to the
+// rows' logit processors.
+#include <algorithm>
+
+#include "runtime/engine_impl.h"
+
+namespace kiln {
+
+std::vector<size_t> Engine::Impl::start_masks(const StepPlan& plan,
+                                              const std::function<bool(size_t)>& wants_token) {
+  std::vector<size_t> rows;
+  std::vector<std::shared_ptr<GrammarState>> states;
+  for (size_t k = 0; k < plan.sample_rows.size(); ++k) {
+    const Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
+    if (!L.grammar || !L.grammar->active || !wants_token(k)) continue;
+    rows.push_back(k);
+    states.push_back(L.grammar);
+  }
+  if (!states.empty()) mask_pool->start(std::move(states));
+  return rows;
+}
+
+void Engine::Impl::finish_masks(const StepPlan& plan, const std::vector<size_t>& rows,
+                                Clock::time_point t_start) {
+  const int limit_ms = opts.grammar_mask_timeout_ms;
+  const std::vector<bool> done = mask_pool->wait(t_start + std::chrono::milliseconds(limit_ms));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RequestId id = plan.rows[size_t(plan.sample_rows[rows[i]])].seq->id;
+    Live& L = live.at(id);
+    GrammarState& g = *L.grammar;
+    if (i >= done.size() || !done[i]) {
+      // The worker still holds the state: the request lets go of it and ends when the step completes.
+      L.grammar.reset();
+      grammar_failed[id] = "structured output: the grammar's token mask took longer than the limit of " +
+                           std::to_string(limit_ms) +
+                           " ms (grammar_mask_timeout_ms, --grammar-mask-timeout-ms)";
+      continue;
+    }
+    ++counters.grammar_masks;
+    counters.grammar_mask.observe(g.mask_seconds);
+    counters.grammar_mask_max = std::max(counters.grammar_mask_max, g.mask_seconds);
+    if (!g.error.empty()) {
+      grammar_failed[id] = "structured output: " + g.error;
+      continue;
+    }
+    L.sampler->processor().token_mask().assign(g.mask.begin(), g.mask.end());
+  }
+}
+
+void Engine::Impl::clear_masks(const StepPlan& plan) {
+  for (const StepRow& r : plan.rows)
+    if (auto it = live.find(r.seq->id); it != live.end())
+      it->second.sampler->processor().token_mask().clear();
+}
+
+}  // namespace kiln

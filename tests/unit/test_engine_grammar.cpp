@@ -1,0 +1,253 @@
+// Structured output in the engine over the FakeRunner (a byte vocabulary: id = byte, 256 = EOS; logits
+// near-uniform in [0, 1) with one peak): with temperature 1 and many seeds the unconstrained outputs are
+// byte garbage, so every output that parses and validates does so because of the grammar. JSON Schema,
+// regex and choice, on the host sampler and the fake device sampler; a grammar that ends finishes the
+// request with "stop" (also under ignore_eos); the grammar starts after `grammar_after_token`; grammar
+// requests take no speculative drafts; the engine counts its masks.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "engine_test_util.h"
+#include "kiln/grammar.h"
+#include "runtime/engine.h"
+#include "runtime/fake_runner.h"
+#include "runtime/grammar_masks.h"
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+using test::prompt_of;
+using test::Sink;
+using test::small_opts;
+
+constexpr int64_t kVocab = 300;
+constexpr int32_t kEos = 256;
+
+std::shared_ptr<const grammar::TokenVocab> byte_vocab() {
+  std::vector<std::string> bytes(static_cast<size_t>(kVocab));
+  for (int i = 0; i < 256; ++i) bytes[size_t(i)] = std::string(1, char(i));
+  return grammar::make_vocab(std::move(bytes), {kEos});
+}
+
+const char* kSchema = R"({"type": "object", "properties": {
+  "name": {"type": "string", "maxLength": 6},
+  "n": {"type": "integer", "minimum": -5, "maximum": 500},
+  "ok": {"type": "boolean"},
+  "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+  "required": ["name", "n", "ok", "tags"], "additionalProperties": false})";
+
+// The schema above, checked by hand on a parsed document.
+bool valid_doc(const json& j) {
+  if (!j.is_object() || j.size() != 4) return false;
+  if (!j.contains("name") || !j["name"].is_string()) return false;
+  if (!j.contains("n") || !j["n"].is_number_integer() || j["n"].get<int64_t>() < -5 ||
+      j["n"].get<int64_t>() > 500)
+    return false;
+  if (!j.contains("ok") || !j["ok"].is_boolean()) return false;
+  if (!j.contains("tags") || !j["tags"].is_array() || j["tags"].size() > 3) return false;
+  for (const json& t : j["tags"])
+    if (t != "a" && t != "b") return false;
+  return true;
+}
+
+struct Output {
+  std::string text;  // the output bytes, EOS left out
+  std::string finish;
+  bool ended_with_eos = false;
+};
+
+std::vector<Output> run_requests(std::shared_ptr<const grammar::CompiledGrammar> g, int seeds, int max_tokens,
+                                 bool device_sampling, EngineStats* stats = nullptr,
+                                 const std::function<void(Request&)>& edit = {},
+                                 EngineOptions opts = small_opts(1 << 14)) {
+  auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
+  model->device_sampling = device_sampling;
+  Engine engine(std::move(model), opts);
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (int s = 0; s < seeds; ++s) {
+    Request r;
+    r.prompt = prompt_of(5 + s % 7, s);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 1000 + s;
+    r.sampling.max_new_tokens = max_tokens;
+    r.grammar = g;
+    if (edit) edit(r);
+    ids.push_back(engine.submit(r, sink.cb()));
+  }
+  sink.wait_finished(seeds);
+  sink.expect_one_finish_each();
+  std::vector<Output> out;
+  for (RequestId id : ids) {
+    Output x;
+    for (int32_t t : sink.tokens(id)) {
+      if (t == kEos)
+        x.ended_with_eos = true;
+      else if (t < 256)
+        x.text += char(t);
+    }
+    x.finish = sink.last(id).finish_reason;
+    out.push_back(x);
+  }
+  if (stats) *stats = engine.stats();
+  engine.shutdown(true);
+  return out;
+}
+
+TEST(EngineGrammar, JsonSchemaOutputsParseAndValidateForEverySeedOnBothSamplers) {
+  const auto vocab = byte_vocab();
+  const auto g = grammar::compile(grammar::GrammarKind::json_schema, kSchema, vocab);
+  for (bool device : {false, true}) {
+    EngineStats st;
+    const std::vector<Output> runs = run_requests(g, 24, 400, device, &st);
+    int64_t tokens = 0;
+    for (const Output& r : runs) {
+      EXPECT_EQ(r.finish, "stop") << r.text;
+      EXPECT_TRUE(r.ended_with_eos) << r.text;
+      json j;
+      ASSERT_NO_THROW(j = json::parse(r.text)) << r.text;
+      EXPECT_TRUE(valid_doc(j)) << r.text;
+      tokens += int64_t(r.text.size()) + 1;
+    }
+    // One mask per constrained draw, counted by the engine.
+    EXPECT_EQ(st.grammar_masks, tokens) << "device " << device;
+    EXPECT_EQ(st.grammar_mask.count, uint64_t(tokens));
+    EXPECT_GT(st.grammar_mask_max, 0.0);
+  }
+}
+
+TEST(EngineGrammar, WithoutTheGrammarTheSameSeedsAreNotJson) {
+  // The control: the model alone writes garbage, so the test above proves the grammar's work.
+  const std::vector<Output> runs = run_requests(nullptr, 24, 60, false);
+  int parsed = 0;
+  for (const Output& r : runs) {
+    try {
+      parsed += valid_doc(json::parse(r.text)) ? 1 : 0;
+    } catch (const json::exception&) {
+    }
+  }
+  EXPECT_EQ(parsed, 0);
+}
+
+TEST(EngineGrammar, RegexAndChoiceOutputsMatch) {
+  const auto vocab = byte_vocab();
+  const auto re = grammar::compile(grammar::GrammarKind::regex, "[a-c]{2,4}-[0-9]{1,3}", vocab);
+  for (const Output& r : run_requests(re, 20, 50, false)) {
+    EXPECT_EQ(r.finish, "stop");
+    EXPECT_TRUE(std::regex_match(r.text, std::regex("[a-c]{2,4}-[0-9]{1,3}"))) << r.text;
+  }
+  const auto choice =
+      grammar::compile(grammar::GrammarKind::ebnf, R"(root ::= "yes" | "no" | "maybe \"so\"")", vocab);
+  std::set<std::string> seen;
+  for (const Output& r : run_requests(choice, 20, 50, true)) {
+    EXPECT_EQ(r.finish, "stop");
+    EXPECT_TRUE(r.text == "yes" || r.text == "no" || r.text == "maybe \"so\"") << r.text;
+    seen.insert(r.text);
+  }
+  EXPECT_GE(seen.size(), 2u);  // sampled, not forced to one answer
+}
+
+TEST(EngineGrammar, AnEndedGrammarStopsTheRequestEvenUnderIgnoreEos) {
+  const auto vocab = byte_vocab();
+  const auto g = grammar::compile(grammar::GrammarKind::regex, "ok", vocab);
+  for (const Output& r :
+       run_requests(g, 4, 50, false, nullptr, [](Request& q) { q.sampling.ignore_eos = true; })) {
+    EXPECT_EQ(r.text, "ok");
+    EXPECT_EQ(r.finish, "stop");
+    EXPECT_TRUE(r.ended_with_eos);
+  }
+  // max_tokens cutting a value: "length", the prefix still inside the grammar.
+  const auto long_g = grammar::compile(grammar::GrammarKind::regex, "x{20}", vocab);
+  for (const Output& r : run_requests(long_g, 2, 5, false)) {
+    EXPECT_EQ(r.finish, "length");
+    EXPECT_EQ(r.text, "xxxxx");
+  }
+}
+
+TEST(EngineGrammar, GrammarStartsAfterItsTriggerToken) {
+  GrammarState s(grammar::compile(grammar::GrammarKind::regex, "ab", byte_vocab()), '#');
+  EXPECT_FALSE(s.active);
+  EXPECT_EQ(s.advance('z'), "");  // free before the trigger
+  EXPECT_FALSE(s.active);
+  EXPECT_EQ(s.advance('#'), "");
+  EXPECT_TRUE(s.active);
+  EXPECT_NE(s.advance('z'), "");  // refused: names the token
+  EXPECT_EQ(s.advance('a'), "");
+  EXPECT_EQ(s.advance('b'), "");
+  EXPECT_EQ(s.advance(kEos), "");
+  EXPECT_TRUE(s.terminated());
+  // In the engine: a request whose trigger never comes is not constrained.
+  const auto g = grammar::compile(grammar::GrammarKind::regex, "q+", byte_vocab());
+  for (const Output& r :
+       run_requests(g, 4, 12, false, nullptr, [](Request& q) { q.grammar_after_token = 299; }))
+    EXPECT_NE(r.text.find_first_not_of('q'), std::string::npos) << r.text;
+}
+
+TEST(EngineGrammar, SpeculativeDecodingLeavesGrammarRequestsValid) {
+  EngineOptions o = small_opts(1 << 14);
+  o.speculative.algorithm = spec::SpecAlgorithm::ngram;
+  o.speculative.num_draft_tokens = 4;
+  const auto g = grammar::compile(grammar::GrammarKind::json_schema, kSchema, byte_vocab());
+  for (const Output& r : run_requests(g, 8, 400, false, nullptr, {}, o)) {
+    EXPECT_EQ(r.finish, "stop");
+    json j;
+    ASSERT_NO_THROW(j = json::parse(r.text)) << r.text;
+    EXPECT_TRUE(valid_doc(j)) << r.text;
+  }
+}
+
+TEST(EngineGrammar, ABoundedGrammarCacheDropsItsOldestEntry) {
+  grammar::GrammarCache cache(byte_vocab(), 2);
+  const auto a = cache.get(grammar::GrammarKind::regex, "a");
+  EXPECT_EQ(cache.get(grammar::GrammarKind::regex, "a"), a);  // by content
+  (void)cache.get(grammar::GrammarKind::regex, "b");
+  (void)cache.get(grammar::GrammarKind::regex, "c");
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_NE(cache.get(grammar::GrammarKind::regex, "a"), a);  // "a" went first: compiled again
+}
+
+TEST(EngineGrammar, AFailedStepEndsItsConstrainedRowsAndTheEngineGoesOn) {
+  const auto g = grammar::compile(grammar::GrammarKind::json_schema, kSchema, byte_vocab());
+  auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
+  FakeRunner& fake = *model;
+  fake.fail_at_step = 4;  // mid-decode: the masks of that step were started
+  Engine engine(std::move(model), small_opts(1 << 14));
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (int s = 0; s < 3; ++s) {
+    Request r;
+    r.prompt = prompt_of(6, s);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = s;
+    r.sampling.max_new_tokens = 400;
+    r.grammar = g;
+    ids.push_back(engine.submit(r, sink.cb()));
+  }
+  sink.wait_finished(3);
+  int errors = 0;
+  for (RequestId id : ids) errors += sink.last(id).finish_reason == "error" ? 1 : 0;
+  EXPECT_GE(errors, 1);
+  // The next request is served, constrained, as if nothing had happened.
+  Request r;
+  r.prompt = prompt_of(7, 9);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 9;
+  r.sampling.max_new_tokens = 400;
+  r.grammar = g;
+  const RequestId id = engine.submit(r, sink.cb());
+  sink.wait_finished(4);
+  EXPECT_EQ(sink.last(id).finish_reason, "stop");
+  std::string text;
+  for (int32_t t : sink.tokens(id))
+    if (t < 256) text += char(t);
+  EXPECT_TRUE(valid_doc(json::parse(text))) << text;
+  sink.expect_one_finish_each();
+  engine.shutdown(true);
+}
+
+}  // namespace
+}  // namespace kiln
