@@ -52,8 +52,6 @@ struct Live {
   std::vector<PromptTokenLogprob> prompt_logprobs;
   bool prompt_logprobs_sent = false;
   std::vector<float> score_logprobs;
-
-  spec::SpecRequestStats spec;            // its verify rows (engine_spec.cpp)
   std::shared_ptr<GrammarState> grammar;  // structured output; shared with a mask worker during a step
 };
 
