@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The HTTP layer at scale on the CPU demo checkpoint: kiln_load_probe holds 1,000 idle connections, runs 300
 # concurrent streaming requests (the engine running all 300 at once, exactly 8 tokens each) and 200 slow
-# clients (1 s header/body deadlines -> 408) at once, polling /health and /metrics (each within 50 ms);
+# clients (1 s header/body deadlines -> 408) at once, polling /health and /metrics (at least 98 % of polls
+# within 50 ms, none past 500 ms: kiln_load_probe);
 # then /metrics must account for every request, count the 200 timeouts, and show every KV page free.
 # Usage: test_scale.sh KILN FIXTURES_DIR SRC_DIR PROBE
 KILN=$1
