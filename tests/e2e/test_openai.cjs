@@ -119,7 +119,7 @@ async function main() {
   await expectError(client.chat.completions.create({ ...chatReq, n: 17 }), OpenAI.BadRequestError, 400, 'n');
   await expectError(client.chat.completions.create({ ...chatReq, presence_penalty: 3 }), OpenAI.BadRequestError, 400,
                     'presence_penalty');
-  await expectError(client.chat.completions.create({ ...chatReq, response_format: { type: 'json_object' } }),
+  await expectError(client.chat.completions.create({ ...chatReq, response_format: { type: 'xml' } }),
                     OpenAI.BadRequestError, 400, 'response_format');
   await expectError(client.chat.completions.create({ ...chatReq, temperature: -1 }), OpenAI.BadRequestError, 400, 'temperature');
   await expectError(client.completions.create({ model: 'demo', prompt: '' }), OpenAI.BadRequestError, 400, 'prompt');
