@@ -166,12 +166,11 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage) {
   KILN_CHECK(!parts.empty() && parts.size() == names.size(), "place_fp8_linear: no parts");
-  const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
-  int64_t rows = 0, scale_rows = 0;
+  const int64_t cols = parts[0].cols;
+  int64_t rows = 0;
   for (const Fp8HostPart& p : parts) {
     KILN_CHECK(p.cols == cols, "internal: stacked parts of different widths");
     rows += p.rows;
-    scale_rows += ops::fp8_blocks(p.rows);
   }
   bool blocks_aligned = true;  // every part but the last fills whole 128-row blocks
   for (size_t i = 0; i + 1 < parts.size(); ++i)
@@ -182,15 +181,7 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
     KILN_CHECK(parts[i].rows % ops::kFp8Block == 0, "block-FP8 tensor '", names[i], "' has ", parts[i].rows,
                " rows, not a multiple of 128: kiln stacks it with '", names[i + 1],
                "' into one matrix, which needs every part but the last to fill whole 128-row blocks");
-  Buffer q(size_t(rows * cols), device), s(size_t(scale_rows * kb) * sizeof(float), device);
-  auto* qd = static_cast<uint8_t*>(q.data());
-  auto* sd = static_cast<float*>(s.data());
-  for (const Fp8HostPart& p : parts) {
-    copy_bytes(qd, device, p.q, Device::cpu(), size_t(p.rows * p.cols));
-    copy_bytes(sd, device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
-    qd += p.rows * p.cols;
-    sd += p.scale.size();
-  }
+  const ops::LinearWeight w = upload_fp8_stack(parts, device, storage);
 #ifdef KILN_HAVE_CUDA
   // GemmEngine's buffers for the FP8 calls the GEMV does not take (gemm.h), grown now, before any graph
   // capture: the dequantization scratch for the largest FP8 weight placed, and the W8A8 GEMM's workspace for
@@ -200,6 +191,27 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
     ops::cuda::reserve_fp8_gemm(kFp8GemmGraphRows, cols);
   }
 #endif
+  return w;
+}
+
+ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device device,
+                                   std::vector<Buffer>& storage) {
+  const int64_t cols = parts.at(0).cols, kb = ops::fp8_blocks(cols);
+  int64_t rows = 0, scale_rows = 0;
+  for (const Fp8HostPart& p : parts) {
+    KILN_CHECK(p.cols == cols, "internal: stacked parts of different widths");
+    rows += p.rows;
+    scale_rows += ops::fp8_blocks(p.rows);
+  }
+  Buffer q(size_t(rows * cols), device), s(size_t(scale_rows * kb) * sizeof(float), device);
+  auto* qd = static_cast<uint8_t*>(q.data());
+  auto* sd = static_cast<float*>(s.data());
+  for (const Fp8HostPart& p : parts) {
+    copy_bytes(qd, device, p.q, Device::cpu(), size_t(p.rows * p.cols));
+    copy_bytes(sd, device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
+    qd += p.rows * p.cols;
+    sd += p.scale.size();
+  }
   ops::LinearWeight w(q.view(DType::f8e4m3, {rows, cols}), s.view(DType::f32, {scale_rows, kb}));
   storage.push_back(std::move(q));
   storage.push_back(std::move(s));

@@ -63,6 +63,11 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage);
 
+// The parts stacked along rows as e4m3 + scales on `device` (buffers appended to `storage`), as they are: the
+// caller has checked that every part but the last fills whole 128-row blocks.
+ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device device,
+                                   std::vector<Buffer>& storage);
+
 // Writing FP8 checkpoints (demo-model --quantization fp8, tests): each tensor of `in` for which
 // `is_linear(name)` holds (a bf16 [out, in] "*.weight") is replaced by its online quantization, F8_E4M3, and
 // followed by NAME.weight_scale_inv (F32, or BF16 when bf16_scales: the scale rounded to bf16, and the e4m3

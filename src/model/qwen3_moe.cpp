@@ -30,29 +30,11 @@ ops::LinearWeight place_fp8_experts(const std::vector<Fp8HostPart>& parts,
                                     const std::vector<std::string>& names, Device device,
                                     std::vector<Buffer>& storage) {
   KILN_CHECK(!parts.empty() && parts.size() == names.size(), "place_fp8_experts: no parts");
-  const int64_t cols = parts[0].cols, kb = ops::fp8_blocks(cols);
-  int64_t rows = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    KILN_CHECK(parts[i].cols == cols, "internal: stacked parts of different widths");
-    KILN_CHECK(i + 1 == parts.size() || parts[i].rows % ops::kFp8Block == 0, "block-FP8 expert tensor '",
-               names[i], "' has ", parts[i].rows,
-               " rows, not a multiple of 128 (the experts' stack needs whole ", "128-row scale blocks)");
-    rows += parts[i].rows;
-  }
-  const int64_t scale_rows = rows / ops::kFp8Block + (rows % ops::kFp8Block != 0);
-  Buffer q(size_t(rows * cols), device), s(size_t(scale_rows * kb) * sizeof(float), device);
-  auto* qd = static_cast<uint8_t*>(q.data());
-  auto* sd = static_cast<float*>(s.data());
-  for (const Fp8HostPart& p : parts) {
-    copy_bytes(qd, device, p.q, Device::cpu(), size_t(p.rows * p.cols));
-    copy_bytes(sd, device, p.scale.data(), Device::cpu(), p.scale.size() * sizeof(float));
-    qd += p.rows * p.cols;
-    sd += p.scale.size();
-  }
-  ops::LinearWeight w(q.view(DType::f8e4m3, {rows, cols}), s.view(DType::f32, {scale_rows, kb}));
-  storage.push_back(std::move(q));
-  storage.push_back(std::move(s));
-  return w;
+  for (size_t i = 0; i + 1 < parts.size(); ++i)
+    KILN_CHECK(parts[i].rows % ops::kFp8Block == 0, "block-FP8 expert tensor '", names[i], "' has ",
+               parts[i].rows, " rows, not a multiple of 128 (the experts' stack needs whole ",
+               "128-row scale blocks)");
+  return upload_fp8_stack(parts, device, storage);
 }
 
 void append_moe_layer_specs(const ModelConfig& c, int64_t l, std::vector<WeightSpec>& s) {
