@@ -15,6 +15,7 @@
 #include "model/cuda_graph.h"
 #include "model/weights.h"
 #include "test_util_cuda.h"
+#include "tiny_qwen3_config.h"
 #include "unit/engine_test_util.h"
 
 namespace kiln {
@@ -46,19 +47,10 @@ TEST(CudaModelMoeHf, FusedExpertLayout) {
 }
 
 ModelConfig tiny_moe_config() {
-  ModelConfig c;
+  ModelConfig c = test::tiny_graph_config();
   c.architecture = "Qwen3MoeForCausalLM";
   c.arch = ModelArch::qwen3_moe;
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 384;
   c.num_layers = 3;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = true;
   c.moe.num_experts = 16;
   c.moe.num_experts_per_tok = 4;
   c.moe.moe_intermediate_size = 96;

@@ -202,16 +202,6 @@ Layer make_layer(int64_t E, int64_t k, int64_t H, int64_t I, uint32_t seed) {
   return l;
 }
 
-double rel_frobenius(const std::vector<bf16_t>& got, const std::vector<bf16_t>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = bf16_to_f32(got[i]), w = bf16_to_f32(want[i]);
-    num += (g - w) * (g - w);
-    den += w * w;
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 // One moe_mlp on the GPU with the given expert kernel; returns out and leaves the scratch for reading.
 std::vector<bf16_t> run_gpu(Layer& l, const Buffer& x, int64_t T, ops::cuda::MoeExperts kernel,
                             Buffer& scratch) {
@@ -283,14 +273,14 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
     std::vector<std::vector<bf16_t>> by_kernel;
     for (const auto& [kernel, name] : kernels) {
       const auto got = run_gpu(l, dx, T, kernel, scratch);
-      const double err = rel_frobenius(got, want);
+      const double err = test::rel_frob(got, want);
       EXPECT_LE(err, 1.0 / 128) << name << " vs the CPU oracle";
       check_permutation(s, read_permutation(s, scratch.data()));
       expect_combine_bitwise(s, scratch.data(), got);
       by_kernel.push_back(got);
     }
     for (size_t i = 1; i < by_kernel.size(); ++i)
-      EXPECT_LE(rel_frobenius(by_kernel[0], by_kernel[i]), 1.0 / 128) << "GEMV vs " << kernels[i].second;
+      EXPECT_LE(test::rel_frob(by_kernel[0], by_kernel[i]), 1.0 / 128) << "GEMV vs " << kernels[i].second;
     expect_gemv_pairs_bitwise(l, dx, s, scratch);
   }
 }

@@ -126,16 +126,6 @@ std::vector<bf16_t> run_gpu(const ops::MoeWeights& w, const Buffer& x, int64_t T
   return to_host<bf16_t>(out, size_t(T * H));
 }
 
-double rel_frobenius(const std::vector<bf16_t>& got, const std::vector<bf16_t>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = bf16_to_f32(got[i]), w = bf16_to_f32(want[i]);
-    num += (g - w) * (g - w);
-    den += w * w;
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<int64_t>& batches) {
   const Fp8Layer l = make_layer(E, k, H, I, uint32_t(E * 5 + H));
   Buffer scratch(256, Device::cuda());
@@ -170,7 +160,7 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
     std::vector<bf16_t> want(size_t(T * H));
     ops::moe_mlp(Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {T, H}), l.fp8(Device::cpu()),
                  Tensor(want.data(), DType::bf16, {T, H}));
-    const double err = rel_frobenius(fp8, want);
+    const double err = test::rel_frob(fp8, want);
     std::printf("fp8 MoE E %lld H %lld I %lld T %lld: GPU (path c) vs CPU (path a) rel %.4f\n", (long long)E,
                 (long long)H, (long long)I, (long long)T, err);
     EXPECT_LE(err, 0.1);

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -22,6 +23,17 @@
   } while (0)
 
 namespace kiln::test {
+
+// ||a - b|| / ||b|| over bf16 vectors of one size (Frobenius; b is the reference).
+inline double rel_frob(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = bf16_to_f32(a[i]), y = bf16_to_f32(b[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
 
 template <typename T>
 Buffer to_device(const std::vector<T>& v) {
