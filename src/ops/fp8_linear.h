@@ -54,8 +54,9 @@ struct LinearWeight {
 void check_linear_weight(const char* op, const char* name, const LinearWeight& w);
 
 // out bf16 [M, N] = x bf16 [M, K] · W^T for a block-FP8 W, by `path` ((a) or (b) above). out must not alias
-// x. An f32 out keeps acc unrounded (a tensor-parallel rank's partial: ops::linear_f32). CPU only for now
-// (the CUDA backend dequantizes FP8 weights at load: path (c)).
+// x. An f32 out keeps acc unrounded (a tensor-parallel rank's partial: ops::linear_f32). CPU only: the CUDA
+// backend runs FP8 weights through ops::linear (GemmEngine: the FP8 GEMV, the W8A8 GEMM of
+// ops/cuda/fp8_gemm.h, or path (c)).
 void linear_fp8(const Tensor& x, const LinearWeight& w, const Tensor& out, Fp8LinearPath path);
 
 // The activation quantizer of path (a), per row and group of 128 columns (the last group may be shorter):

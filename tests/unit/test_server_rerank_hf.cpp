@@ -27,7 +27,7 @@ TEST(HfReranker, PromptIdsAndScoresEqualTransformers) {
   const fs::path src = fs::path(KILN_SOURCE_DIR) / "tests/fixtures/hf/qwen3_reranker_tiny";
   if (!fs::exists(src / "reranker_reference.json"))
     GTEST_SKIP() << src
-                 << " is absent: run scripts/make_reranker_fixture.py on the device machine (GPU_TODO.md)";
+                 << " is absent: make it with scripts/make_reranker_fixture.py (torch and transformers)";
   const std::string tok_file = test::qwen3_tokenizer_dir() + "/tokenizer.json";
   if (!std::ifstream(tok_file).good())
     GTEST_SKIP() << tok_file << " is absent (scripts/bootstrap.sh installs it)";
