@@ -33,7 +33,7 @@
 //
 // Block-FP8 weights (GemmWeight::fp8, run() with a GemvWeight): the shapes are keyed by the weight format
 // too; the tuner times the FP8 GEMV configs (and the residual-norm prologue) at M buckets <= 8, and at larger
-// buckets the W8A8 GEMM's configs (fp8_gemm.h; the TMA-store epilogues left out for now) against
+// buckets every W8A8 GEMM config (fp8_gemm.h; the TMA-store epilogues clip at N: test_cuda_fp8_gemm) against
 // dequantizing the weight into a preallocated scratch then the bf16 dispatch (the portable path), storing
 // an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did. The cache file is
 // "kiln-gemm-tactics v3"; a v2 file (bf16 weights only) is read as well.
