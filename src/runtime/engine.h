@@ -180,6 +180,9 @@ struct EngineStats {
   int64_t grammar_masks = 0;    // structured output: token masks computed (one per constrained draw)
   Histogram grammar_mask;       // seconds per mask, on a mask worker (runtime/grammar_masks.h)
   double grammar_mask_max = 0;  // the longest mask so far (seconds)
+  // Overlap schedule on: decode steps run one at a time (sampling included) only because a row was
+  // constrained.
+  int64_t grammar_steps_not_overlapped = 0;
 };
 
 struct EngineOptions {
@@ -234,6 +237,8 @@ struct EngineOptions {
   // waits for a request's mask before it ends that request with an error naming this limit.
   int grammar_mask_threads = 2;
   int grammar_mask_timeout_ms = 1000;
+  // Tests: runs on a mask worker before each mask it computes (an injected slow worker); null in serving.
+  std::function<void()> grammar_mask_hook;
   // Speculative decoding (src/spec/README.md): decode steps whose rows have drafts run as verify steps.
   spec::SpecOptions speculative;
   // The off switch's step costs (spec/off_switch.h): null, the engine measures decode steps by the clock;

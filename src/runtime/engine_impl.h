@@ -120,7 +120,8 @@ struct Engine::Impl {
   void step();
   // Overlap: whether `plan` (padded, validated) can go by ModelRunner::launch_sampled, with these rows'
   // parameters; `ahead`: as the continuation of a step in flight (each row one token further).
-  bool launchable(const StepPlan& plan, bool ahead) const;
+  // only_grammar (may be null): set when a constrained row is all that keeps the plan from going ahead.
+  bool launchable(const StepPlan& plan, bool ahead, bool* only_grammar = nullptr) const;
   std::vector<ModelRunner::RowSampling> row_sampling(const StepPlan& plan, uint64_t ahead) const;
   void step_in_flight();  // launches the continuation of `inflight` when it can, then collects `inflight`
   std::optional<InFlight> launch_continuation(const InFlight& cur);

@@ -229,26 +229,30 @@ void Engine::Impl::step() {
   std::vector<int32_t> sampled(K, -1);
   std::vector<Draw> draws(K);
   bool sampled_on_device = false;
-  // Structured output: the masks are computed on the mask workers during the forward pass (a device draw
-  // needs them before the step: it waits first).
+  // Structured output: the masks are computed on the mask workers during the forward pass. A device draw
+  // takes them once its forward is queued (forward_sampled's before_sample), the host draw after forward().
   const Clock::time_point t_masks = Clock::now();
   const std::vector<size_t> mask_rows = start_masks(plan, wants_token);
   bool masks_done = mask_rows.empty();
+  const auto take_masks = [&] {
+    if (masks_done) return;
+    masks_done = true;
+    finish_masks(plan, mask_rows, t_masks);
+  };
   try {
     batch.validate(V, pool->num_pages());
-    if (device_ok && !mask_rows.empty()) {
-      masks_done = true;
-      finish_masks(plan, mask_rows, t_masks);
-    }
     if (device_ok) {
       const std::vector<ModelRunner::RowSampling> rs = row_sampling(plan, 0);
-      if (overlap && launchable(plan, false) && runner->launch_sampled(batch, rs, top_n, false)) {
+      bool only_grammar = false;
+      if (overlap && launchable(plan, false, &only_grammar) &&
+          runner->launch_sampled(batch, rs, top_n, false)) {
         inflight =
             InFlight{std::move(plan), top_n};  // collected by the next step, after its successor launched
         return;
       }
       std::vector<ModelRunner::SampledRow> out;
-      sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out);
+      sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out, take_masks);
+      counters.grammar_steps_not_overlapped += sampled_on_device && only_grammar ? 1 : 0;
       if (sampled_on_device) {
         KILN_CHECK_EQ(out.size(), K, "device sampling returned the wrong number of rows");
         for (size_t k = 0; k < K; ++k) {
@@ -271,16 +275,13 @@ void Engine::Impl::step() {
                                queries.queries, &answers);
       keep_answers(queries, answers);
     }
-    if (!masks_done) {
-      masks_done = true;
-      finish_masks(plan, mask_rows, t_masks);
-    }
+    take_masks();
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const StepCancelled&) {
     // The masks are waited for as in a step that completes: a state a worker still fills is never handed to
     // the next step's workers (a late one ends its request, as always).
-    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
+    take_masks();
     clear_masks(plan);
     // Every request the step's long work served was abandoned: nothing ran, nothing is finalized. The next
     // turn ends the abandoned requests (their pages freed, none offered to the cache) and plans the rest.
@@ -289,7 +290,7 @@ void Engine::Impl::step() {
     return;
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
-    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
+    take_masks();
     clear_masks(plan);
     runner->abandon_launched();
     std::vector<RequestId> ids;
@@ -347,21 +348,28 @@ std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan&
   return rs;
 }
 
-bool Engine::Impl::launchable(const StepPlan& plan, bool ahead) const {
+bool Engine::Impl::launchable(const StepPlan& plan, bool ahead, bool* only_grammar) const {
   if (plan.rows.empty() || plan.prefill_tokens > 0 || !is_graphable_decode(plan.batch)) return false;
   if (!spec_allows_overlap(int32_t(plan.rows.size()))) return false;
   // A step launched ahead draws each row's token after the one the step in flight draws: both must be
   // wanted (the length limits), and nothing that the next step could admit may be waiting for it.
   const int64_t more = ahead ? 2 : 1;
+  bool constrained = false;
   for (size_t k = 0; k < plan.sample_rows.size(); ++k) {
     const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
     auto it = live.find(s.id);
     if (it == live.end()) return false;
     const Live& L = it->second;
-    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f || L.grammar ||
+    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f ||
         L.sampler->processor().active() || L.completion + more > L.req.sampling.max_new_tokens ||
         int64_t(s.tokens.size()) + more - 1 >= int64_t(s.max_len))
       return false;
+    constrained |= L.grammar != nullptr;
+  }
+  // A constrained row's mask for the step launched ahead depends on the token the step before it draws.
+  if (constrained) {
+    if (only_grammar) *only_grammar = true;
+    return false;
   }
   if (!ahead) return true;
   // With every running place taken, a waiting request cannot be admitted before one of these ends; one that

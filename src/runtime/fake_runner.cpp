@@ -96,6 +96,7 @@ void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std
     gate_cv_.wait(lk, [&] { return !gate_held_; });
     --gate_waiting_;
   }
+  if (on_forward) on_forward();
   if (ms_per_prefill_token > 0.0) {
     int64_t prefill = 0;
     for (int b = 0; b < batch.num_seqs(); ++b)
@@ -168,12 +169,13 @@ void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std
 }
 
 bool FakeRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                                 std::vector<SampledRow>* out) {
+                                 std::vector<SampledRow>* out, const std::function<void()>& before_sample) {
   if (!device_sampling) return false;
   KILN_CHECK_EQ(rows.size(), batch.logit_rows.size(), "one RowSampling per logit row");
   std::vector<float> logits;
   forward(batch, &logits, nullptr);
   ++sampled_steps;
+  if (before_sample) before_sample();  // where a device sampler's forward would be running
   const size_t V = size_t(config_.vocab_size);
   out->assign(rows.size(), SampledRow{});
   for (size_t r = 0; r < rows.size(); ++r) {

@@ -33,8 +33,9 @@ class FakeRunner : public ModelRunner {
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
   // With device_sampling set, stands in for a device sampler: greedy argmax, or a draw from
   // softmax(logits / T) over the top-k with a generator seeded by (seed, step) only. Counts its calls.
+  using ModelRunner::forward_sampled;
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                       std::vector<SampledRow>* out) override;
+                       std::vector<SampledRow>* out, const std::function<void()>& before_sample) override;
   // With device_sampling and launch_ahead set: runs the step at once (a chained step takes its tokens from
   // the previous launch's draws) and keeps the rows until collect_sampled(), which returns them in order.
   bool launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
@@ -68,6 +69,7 @@ class FakeRunner : public ModelRunner {
   std::vector<int32_t> graph_buckets;             // pad all-decode batches up to these (empty: never pad)
   std::vector<GraphPlan> graph_plans;             // what prepare_graphs was given
   int64_t fail_at_step = -1;                      // forward() throws on this step number
+  std::function<void()> on_forward;               // runs at each forward()'s start, after the gate
   std::vector<int32_t> step_tokens;               // tokens per step
   bool device_sampling = false;                   // forward_sampled() works (else it declines)
   int64_t sampled_steps = 0;                      // steps served by forward_sampled()

@@ -285,7 +285,7 @@ void unpack_draws(void* host, int64_t R, int top_n, std::vector<ModelRunner::Sam
 #endif
 
 bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                                  std::vector<SampledRow>* out) {
+                                  std::vector<SampledRow>* out, const std::function<void()>& before_sample) {
 #ifdef KILN_HAVE_CUDA
   if (!device().is_cuda()) return false;
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
@@ -305,6 +305,8 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
     model_->forward(b, *cache_, logits, visual.empty() ? nullptr : &visual);
     images_.step_done(b);
   }
+  // The forward is queued: the GPU runs it while the engine finishes the step's grammar masks.
+  if (before_sample) before_sample();
   out->assign(size_t(R), SampledRow{});
   if (R == 0) return true;
   const size_t out_bytes = draw_bytes(R, top_n);
@@ -326,6 +328,7 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   (void)rows;
   (void)top_n;
   (void)out;
+  (void)before_sample;
   return false;
 #endif
 }

@@ -51,8 +51,9 @@ class Qwen3Runner : public ModelRunner {
   // CUDA: logits stay on the device; kiln::cuda::sample draws every row there. CPU: declines.
   // Rows with logit processing (bias, min-token mask, penalties) get it on the device first
   // (DevicePenalties), graph or not.
+  using ModelRunner::forward_sampled;
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                       std::vector<SampledRow>* out) override;
+                       std::vector<SampledRow>* out, const std::function<void()>& before_sample) override;
   // CUDA, graph steps only, rows without logit processing: the step's replay, its sampling and the copy of
   // the draws to pinned host memory are queued on the graph's stream and an event marks their end; a
   // chained step (same graph as the step launched before it) takes its input tokens from that step's draws

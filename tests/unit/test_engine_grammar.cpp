@@ -6,6 +6,9 @@
 // requests take no speculative drafts; the engine counts its masks.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -208,6 +211,61 @@ TEST(EngineGrammar, ABoundedGrammarCacheDropsItsOldestEntry) {
   (void)cache.get(grammar::GrammarKind::regex, "c");
   EXPECT_EQ(cache.size(), 2u);
   EXPECT_NE(cache.get(grammar::GrammarKind::regex, "a"), a);  // "a" went first: compiled again
+}
+
+// The k-th mask of a lone request belongs to its k-th forward pass (a prompt in one chunk): an injected slow
+// mask worker waits until that forward has started. Masks that the engine waits for before it queues the
+// forward never see it (the worker gives up after a bound, so that order fails instead of hanging); masks
+// computed while the forward runs always do, whatever the threads' timing.
+TEST(EngineGrammar, TheForwardIsQueuedBeforeTheStepsMasksFinishOnBothSamplers) {
+  const auto g = grammar::compile(grammar::GrammarKind::regex, "abc", byte_vocab());
+  for (bool device : {false, true}) {
+    struct Probe {
+      std::mutex mu;
+      std::condition_variable cv;
+      int64_t forwards = 0, masks = 0, overlapped = 0, alone = 0;
+    } probe;
+    EngineOptions o = small_opts(1 << 14);
+    o.grammar_mask_timeout_ms = 60'000;  // the engine never gives up first
+    o.overlap_schedule = true;           // a constrained row still runs one step at a time
+    o.grammar_mask_hook = [&probe] {
+      std::unique_lock<std::mutex> lk(probe.mu);
+      const int64_t k = ++probe.masks;
+      const bool seen = probe.cv.wait_for(lk, std::chrono::seconds(1), [&] { return probe.forwards >= k; });
+      ++(seen ? probe.overlapped : probe.alone);
+    };
+    auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
+    model->device_sampling = device;
+    model->launch_ahead = true;
+    model->on_forward = [&probe] {
+      std::lock_guard<std::mutex> lk(probe.mu);
+      ++probe.forwards;
+      probe.cv.notify_all();
+    };
+    FakeRunner& fake = *model;
+    Engine engine(std::move(model), o);
+    Sink sink;
+    Request r;
+    r.prompt = prompt_of(6, 1);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 5;
+    r.sampling.max_new_tokens = 20;
+    r.grammar = g;
+    const RequestId id = engine.submit(r, sink.cb());
+    sink.wait_finished(1);
+    EXPECT_EQ(sink.last(id).finish_reason, "stop") << "device " << device;
+    EXPECT_EQ(sink.tokens(id), (std::vector<int32_t>{'a', 'b', 'c', kEos})) << "device " << device;
+    const EngineStats st = engine.stats();
+    engine.shutdown(true);
+    EXPECT_EQ(st.grammar_masks, 4) << "device " << device;
+    EXPECT_EQ(probe.masks, 4);
+    EXPECT_EQ(probe.overlapped, 4) << "device " << device << ": masks done before their forward was queued";
+    EXPECT_EQ(probe.alone, 0) << "device " << device;
+    EXPECT_EQ(fake.sampled_steps, device ? 4 : 0);
+    // The overlap schedule ran each of the three decode steps alone for the constrained row, and said so.
+    EXPECT_EQ(fake.launched_steps, 0);
+    EXPECT_EQ(st.grammar_steps_not_overlapped, device ? 3 : 0) << "device " << device;
+  }
 }
 
 TEST(EngineGrammar, AFailedStepEndsItsConstrainedRowsAndTheEngineGoesOn) {
