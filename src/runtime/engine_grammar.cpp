@@ -12,7 +12,9 @@ std::vector<size_t> Engine::Impl::start_masks(const StepPlan& plan,
   std::vector<size_t> rows;
   std::vector<std::shared_ptr<GrammarState>> states;
   for (size_t k = 0; k < plan.sample_rows.size(); ++k) {
-    const Live& L = live.at(plan.rows[size_t(plan.sample_rows[k])].seq->id);
+    auto it = live.find(plan.rows[size_t(plan.sample_rows[k])].seq->id);
+    if (it == live.end()) continue;  // ended while a step launched ahead holds its row
+    const Live& L = it->second;
     if (!L.grammar || !L.grammar->active || !wants_token(k)) continue;
     rows.push_back(k);
     states.push_back(L.grammar);

@@ -98,6 +98,7 @@ struct Engine::Impl {
   struct InFlight {
     StepPlan plan;
     int top_n = 0;
+    bool sampled = true;  // false: only its forward is queued (launch_forward; constrained rows)
   };
   bool overlap = false;
   std::optional<InFlight> inflight;
@@ -120,9 +121,14 @@ struct Engine::Impl {
   void step();
   // Overlap: whether `plan` (padded, validated) can go by ModelRunner::launch_sampled, with these rows'
   // parameters; `ahead`: as the continuation of a step in flight (each row one token further).
-  // only_grammar (may be null): set when a constrained row is all that keeps the plan from going ahead.
-  bool launchable(const StepPlan& plan, bool ahead, bool* only_grammar = nullptr) const;
+  // constrained: set when a row is under a grammar; such a plan may go only by launch_forward, its sampling
+  // queued once its masks are known (sample_deferred).
+  bool launchable(const StepPlan& plan, bool ahead, bool* constrained) const;
+  // Rows of requests that have ended get default parameters (their draws are dropped).
   std::vector<ModelRunner::RowSampling> row_sampling(const StepPlan& plan, uint64_t ahead) const;
+  // A step whose forward was launched ahead (constrained rows; its predecessor's tokens now seen): its masks
+  // on the mask workers while its forward runs, then its sampling queued. On failure its rows end in error.
+  void sample_deferred();
   void step_in_flight();  // launches the continuation of `inflight` when it can, then collects `inflight`
   std::optional<InFlight> launch_continuation(const InFlight& cur);
   bool in_flight(RequestId id) const;

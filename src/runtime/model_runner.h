@@ -141,6 +141,16 @@ class ModelRunner {
                               int /*top_n*/, bool /*chained*/) {
     return false;
   }
+  // The same for steps with constrained rows, whose grammar masks need the tokens of the step before
+  // (runtime/grammar_masks.h): launch_forward queues only the forward pass of such a step (chained as above;
+  // top_n: the alternatives its draws will carry) and returns false, having run nothing, where launch_sampled
+  // would; sample_launched(rows) then queues the sampling of the step launched last, with each row's logit
+  // processing (its grammar mask) applied, while the forward may still run. A step launched so is sampled
+  // before any other step is launched or collected.
+  virtual bool launch_forward(const BatchDesc& /*batch*/, int /*top_n*/, bool /*chained*/) { return false; }
+  virtual void sample_launched(const std::vector<RowSampling>& /*rows*/) {
+    KILN_FAIL("this model runner launches no forward passes ahead (launch_forward)");
+  }
   virtual void collect_sampled(std::vector<SampledRow>* /*out*/) {
     KILN_FAIL("this model runner launches no steps ahead (launch_sampled)");
   }

@@ -66,9 +66,12 @@ struct Output {
 std::vector<Output> run_requests(std::shared_ptr<const grammar::CompiledGrammar> g, int seeds, int max_tokens,
                                  bool device_sampling, EngineStats* stats = nullptr,
                                  const std::function<void(Request&)>& edit = {},
-                                 EngineOptions opts = small_opts(1 << 14)) {
+                                 EngineOptions opts = small_opts(1 << 14), bool launch_ahead = false,
+                                 int64_t* deferred_steps = nullptr) {
   auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
   model->device_sampling = device_sampling;
+  model->launch_ahead = launch_ahead;
+  const FakeRunner& fake = *model;
   Engine engine(std::move(model), opts);
   Sink sink;
   std::vector<RequestId> ids;
@@ -98,6 +101,7 @@ std::vector<Output> run_requests(std::shared_ptr<const grammar::CompiledGrammar>
   }
   if (stats) *stats = engine.stats();
   engine.shutdown(true);
+  if (deferred_steps) *deferred_steps = fake.deferred_steps;
   return out;
 }
 
@@ -216,10 +220,13 @@ TEST(EngineGrammar, ABoundedGrammarCacheDropsItsOldestEntry) {
 // The k-th mask of a lone request belongs to its k-th forward pass (a prompt in one chunk): an injected slow
 // mask worker waits until that forward has started. Masks that the engine waits for before it queues the
 // forward never see it (the worker gives up after a bound, so that order fails instead of hanging); masks
-// computed while the forward runs always do, whatever the threads' timing.
-TEST(EngineGrammar, TheForwardIsQueuedBeforeTheStepsMasksFinishOnBothSamplers) {
-  const auto g = grammar::compile(grammar::GrammarKind::regex, "abc", byte_vocab());
-  for (bool device : {false, true}) {
+// computed while the forward runs always do, whatever the threads' timing. Three paths: the host draw, the
+// device draw one step at a time (forward_sampled), and the overlap schedule's steps launched ahead, whose
+// forward is queued before the token of the step before is known (launch_forward, then sample_launched).
+TEST(EngineGrammar, TheForwardIsQueuedBeforeTheStepsMasksFinishOnEverySamplingPath) {
+  const auto g = grammar::compile(grammar::GrammarKind::regex, "abcdef", byte_vocab());
+  enum Path { host, device, launched };
+  for (Path path : {host, device, launched}) {
     struct Probe {
       std::mutex mu;
       std::condition_variable cv;
@@ -227,7 +234,7 @@ TEST(EngineGrammar, TheForwardIsQueuedBeforeTheStepsMasksFinishOnBothSamplers) {
     } probe;
     EngineOptions o = small_opts(1 << 14);
     o.grammar_mask_timeout_ms = 60'000;  // the engine never gives up first
-    o.overlap_schedule = true;           // a constrained row still runs one step at a time
+    o.overlap_schedule = true;
     o.grammar_mask_hook = [&probe] {
       std::unique_lock<std::mutex> lk(probe.mu);
       const int64_t k = ++probe.masks;
@@ -235,8 +242,8 @@ TEST(EngineGrammar, TheForwardIsQueuedBeforeTheStepsMasksFinishOnBothSamplers) {
       ++(seen ? probe.overlapped : probe.alone);
     };
     auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
-    model->device_sampling = device;
-    model->launch_ahead = true;
+    model->device_sampling = path != host;
+    model->launch_ahead = path == launched;
     model->on_forward = [&probe] {
       std::lock_guard<std::mutex> lk(probe.mu);
       ++probe.forwards;
@@ -250,22 +257,114 @@ TEST(EngineGrammar, TheForwardIsQueuedBeforeTheStepsMasksFinishOnBothSamplers) {
     r.sampling.temperature = 1.0f;
     r.sampling.seed = 5;
     r.sampling.max_new_tokens = 20;
+    r.sampling.return_logprob = true;
     r.grammar = g;
     const RequestId id = engine.submit(r, sink.cb());
     sink.wait_finished(1);
-    EXPECT_EQ(sink.last(id).finish_reason, "stop") << "device " << device;
-    EXPECT_EQ(sink.tokens(id), (std::vector<int32_t>{'a', 'b', 'c', kEos})) << "device " << device;
+    const std::vector<int32_t> want = {'a', 'b', 'c', 'd', 'e', 'f', kEos};
+    EXPECT_EQ(sink.last(id).finish_reason, "stop") << "path " << path;
+    EXPECT_EQ(sink.tokens(id), want) << "path " << path;
+    // Logprobs of the masked distribution: each forced token takes all the mass.
+    int64_t logprobs = 0;
+    for (const TokenEvent& ev : sink.events[id]) {
+      for (float lp : ev.logprobs) EXPECT_NEAR(lp, 0.0f, 1e-6f) << "path " << path << " #" << logprobs;
+      logprobs += int64_t(ev.logprobs.size());
+    }
+    EXPECT_EQ(logprobs, 7);
     const EngineStats st = engine.stats();
     engine.shutdown(true);
-    EXPECT_EQ(st.grammar_masks, 4) << "device " << device;
-    EXPECT_EQ(probe.masks, 4);
-    EXPECT_EQ(probe.overlapped, 4) << "device " << device << ": masks done before their forward was queued";
-    EXPECT_EQ(probe.alone, 0) << "device " << device;
-    EXPECT_EQ(fake.sampled_steps, device ? 4 : 0);
-    // The overlap schedule ran each of the three decode steps alone for the constrained row, and said so.
-    EXPECT_EQ(fake.launched_steps, 0);
-    EXPECT_EQ(st.grammar_steps_not_overlapped, device ? 3 : 0) << "device " << device;
+    EXPECT_EQ(st.grammar_masks, 7) << "path " << path;
+    EXPECT_EQ(probe.masks, 7);
+    EXPECT_EQ(probe.overlapped, 7) << "path " << path << ": masks done before their forward was queued";
+    EXPECT_EQ(probe.alone, 0) << "path " << path;
+    // The six decode steps: launched ahead when the runner can (none run alone then; a seventh was launched
+    // before the EOS of the sixth was seen, its row dropped), else one at a time and counted.
+    EXPECT_EQ(fake.deferred_steps, path == launched ? 7 : 0);
+    EXPECT_EQ(fake.chained_steps, path == launched ? 6 : 0);
+    EXPECT_EQ(st.grammar_steps_not_overlapped, path == device ? 6 : 0) << "path " << path;
   }
+}
+
+// The overlap schedule with constrained rows in its batches (every third request free, some with top
+// logprobs): their steps are launched ahead, each sampled once its masks are known, and every request draws
+// what it draws one step at a time.
+TEST(EngineGrammar, TheOverlapScheduleLaunchesConstrainedStepsAheadWithTheSameDraws) {
+  const auto g = grammar::compile(grammar::GrammarKind::json_schema, kSchema, byte_vocab());
+  const auto edit = [&](Request& r) {
+    if (r.sampling.seed % 3 == 0) r.grammar = nullptr;
+    if (r.sampling.seed % 4 == 1) {
+      r.sampling.return_logprob = true;
+      r.sampling.top_logprobs = 2;
+    }
+  };
+  EngineOptions on = small_opts(1 << 14), off = on;
+  on.overlap_schedule = true;
+  off.overlap_schedule = false;
+  EngineStats st_on, st_off;
+  int64_t deferred_on = 0, deferred_off = 0;
+  const std::vector<Output> a = run_requests(g, 12, 400, true, &st_off, edit, off, true, &deferred_off);
+  const std::vector<Output> b = run_requests(g, 12, 400, true, &st_on, edit, on, true, &deferred_on);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].text, a[i].text) << "request " << i;
+    EXPECT_EQ(b[i].finish, a[i].finish) << "request " << i;
+    if ((1000 + i) % 3 == 0) continue;  // free
+    EXPECT_EQ(a[i].finish, "stop");
+    EXPECT_TRUE(valid_doc(json::parse(a[i].text))) << a[i].text;
+  }
+  EXPECT_EQ(deferred_off, 0);
+  EXPECT_GT(deferred_on, 20);
+  EXPECT_EQ(st_on.grammar_masks, st_off.grammar_masks);
+  EXPECT_EQ(st_on.grammar_steps_not_overlapped, 0);
+  EXPECT_EQ(st_on.finished_error, 0);
+}
+
+// A mask that misses grammar_mask_timeout_ms in a step launched ahead ends only its request, with the limit
+// named. The third mask (sample_deferred's first) blocks until the test has seen the request end, so the
+// limit must have fired; the next request is served constrained.
+TEST(EngineGrammar, ALateMaskInAStepLaunchedAheadEndsItsRequestNamingTheLimit) {
+  struct Block {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t masks = 0;
+    bool released = false;
+  } block;
+  EngineOptions o = small_opts(1 << 14);
+  o.overlap_schedule = true;
+  o.grammar_mask_timeout_ms = 20;
+  o.grammar_mask_hook = [&block] {
+    std::unique_lock<std::mutex> lk(block.mu);
+    if (++block.masks == 3) block.cv.wait(lk, [&] { return block.released; });
+  };
+  auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
+  model->device_sampling = true;
+  model->launch_ahead = true;
+  const FakeRunner& fake = *model;
+  Engine engine(std::move(model), o);
+  Sink sink;
+  Request r;
+  r.prompt = prompt_of(6, 2);
+  r.sampling.max_new_tokens = 30;
+  r.grammar = grammar::compile(grammar::GrammarKind::regex, "x{10}", byte_vocab());
+  const RequestId late = engine.submit(r, sink.cb());
+  sink.wait_finished(1);
+  {
+    std::lock_guard<std::mutex> lk(block.mu);
+    block.released = true;
+  }
+  block.cv.notify_all();
+  EXPECT_EQ(sink.last(late).finish_reason, "error");
+  EXPECT_NE(sink.last(late).error.find("grammar_mask_timeout_ms"), std::string::npos)
+      << sink.last(late).error;
+  EXPECT_EQ(sink.tokens(late), (std::vector<int32_t>{'x', 'x'}));  // the late row's draw is not delivered
+  const RequestId next = engine.submit(r, sink.cb());
+  sink.wait_finished(2);
+  EXPECT_EQ(sink.last(next).finish_reason, "stop");
+  EXPECT_EQ(sink.tokens(next),
+            (std::vector<int32_t>{'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', kEos}));
+  sink.expect_one_finish_each();
+  engine.shutdown(true);
+  EXPECT_GT(fake.deferred_steps, 0);
 }
 
 TEST(EngineGrammar, AFailedStepEndsItsConstrainedRowsAndTheEngineGoesOn) {
