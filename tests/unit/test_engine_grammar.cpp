@@ -2,8 +2,9 @@
 // near-uniform in [0, 1) with one peak): with temperature 1 and many seeds the unconstrained outputs are
 // byte garbage, so every output that parses and validates does so because of the grammar. JSON Schema,
 // regex and choice, on the host sampler and the fake device sampler; a grammar that ends finishes the
-// request with "stop" (also under ignore_eos); the grammar starts after `grammar_after_token`; grammar
-// requests take no speculative drafts; the engine counts its masks.
+// request with "stop" (also under ignore_eos); the grammar starts after `grammar_after_token`; constrained
+// rows verify n-gram drafts under per-position masks; the engine counts its masks; each step's masks are
+// computed while its forward runs, on every sampling path, the overlap schedule's included.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -205,6 +206,35 @@ TEST(EngineGrammar, SpeculativeDecodingLeavesGrammarRequestsValid) {
     ASSERT_NO_THROW(j = json::parse(r.text)) << r.text;
     EXPECT_TRUE(valid_doc(j)) << r.text;
   }
+}
+
+// Constrained rows verify n-gram drafts: each draft is cut before the first token the grammar refuses and
+// each verified position drawn under its own mask (the grammar after the drafts before it), so greedy outputs
+// equal those without speculation, token for token, and drafts were kept. Under a grammar of a's and b's the
+// fake model's greedy choice is a pseudo-random binary string: n-gram lookups find matches in it.
+TEST(EngineGrammar, ConstrainedRowsVerifyDraftsUnderTheirGrammarWithGreedyOutputsUnchanged) {
+  const auto g = grammar::compile(grammar::GrammarKind::regex, "[ab]{80}", byte_vocab());
+  EngineOptions plain = small_opts(1 << 14), speculative = plain;
+  speculative.speculative.algorithm = spec::SpecAlgorithm::ngram;
+  speculative.speculative.num_draft_tokens = 4;
+  speculative.speculative.off_switch = false;  // verify whenever there are drafts, whatever the clock says
+  const auto greedy_edit = [](Request& r) {
+    r.sampling.temperature = 0.0f;
+    r.sampling.return_logprob = true;
+  };
+  EngineStats st_plain, st_spec;
+  const std::vector<Output> a = run_requests(g, 6, 120, false, &st_plain, greedy_edit, plain);
+  const std::vector<Output> b = run_requests(g, 6, 120, false, &st_spec, greedy_edit, speculative);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].text, a[i].text) << "request " << i;
+    EXPECT_EQ(b[i].finish, "stop");
+    EXPECT_TRUE(b[i].ended_with_eos);
+    EXPECT_TRUE(std::regex_match(b[i].text, std::regex("[ab]{80}"))) << b[i].text;
+  }
+  EXPECT_GT(st_spec.spec.verify_steps, 0);
+  EXPECT_GT(st_spec.spec.accepted_tokens, 0);
+  EXPECT_LT(st_spec.steps, st_plain.steps);  // kept drafts save steps
 }
 
 TEST(EngineGrammar, ABoundedGrammarCacheDropsItsOldestEntry) {
