@@ -219,22 +219,24 @@ TEST(CudaGraph, RunnerRoutesPaddedDecodeStepsToItsGraphs) {
   }
 }
 
+// tiny_runner with decode graphs for steps of 4 sequences (launches ahead need a graph).
+std::unique_ptr<Qwen3Runner> graphed_runner(int32_t ps, int32_t pages) {
+  auto r = tiny_runner(ps, pages);
+  ModelRunner::GraphPlan plan;
+  plan.buckets = {4};
+  plan.max_pages_per_seq = 16;
+  plan.max_step_tokens = 64;
+  plan.max_seqs = 4;
+  r->prepare_graphs(plan);
+  return r;
+}
+
 // The overlap schedule's runner path: steps launched ahead (launch_sampled), each chained on the previous
 // step's draws by a device copy, give the draws of steps run one at a time with those draws as host tokens.
 TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
   KILN_REQUIRE_GPU();
   const int32_t ps = 16, pages = 32;
-  auto make = [&] {
-    auto r = tiny_runner(ps, pages);
-    ModelRunner::GraphPlan plan;
-    plan.buckets = {4};
-    plan.max_pages_per_seq = 16;
-    plan.max_step_tokens = 64;
-    plan.max_seqs = 4;
-    r->prepare_graphs(plan);
-    return r;
-  };
-  auto one = make(), ahead = make();
+  auto one = graphed_runner(ps, pages), ahead = graphed_runner(ps, pages);
   const std::vector<ModelRunner::RowSampling> rows(3);  // greedy
   std::vector<ModelRunner::SampledRow> a, b;
   for (int32_t t = 0; t < 12; ++t) {  // the same contexts in both caches (3 rows from step 8 on)
@@ -291,17 +293,7 @@ TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
 TEST(CudaGraph, ChainedForwardLaunchesSampledUnderMasksEqualStepByStepSampling) {
   KILN_REQUIRE_GPU();
   const int32_t ps = 16, pages = 32;
-  auto make = [&] {
-    auto r = tiny_runner(ps, pages);
-    ModelRunner::GraphPlan plan;
-    plan.buckets = {4};
-    plan.max_pages_per_seq = 16;
-    plan.max_step_tokens = 64;
-    plan.max_seqs = 4;
-    r->prepare_graphs(plan);
-    return r;
-  };
-  auto one = make(), ahead = make();
+  auto one = graphed_runner(ps, pages), ahead = graphed_runner(ps, pages);
   const int64_t V = one->config().vocab_size;
   const size_t W = size_t((V + 31) / 32);
   std::vector<std::unique_ptr<LogitProcessor>> procs;
