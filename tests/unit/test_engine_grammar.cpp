@@ -397,6 +397,48 @@ TEST(EngineGrammar, ALateMaskInAStepLaunchedAheadEndsItsRequestNamingTheLimit) {
   EXPECT_GT(fake.deferred_steps, 0);
 }
 
+// n = 4 choices of one constrained prompt (the followers wait for the first's prefill, each has its own
+// matcher) through the overlap schedule's steps launched ahead: each choice valid, the seeded ones distinct.
+TEST(EngineGrammar, ParallelChoicesEachFollowTheirOwnGrammarStateThroughStepsLaunchedAhead) {
+  const auto g = grammar::compile(grammar::GrammarKind::json_schema, kSchema, byte_vocab());
+  auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
+  model->device_sampling = true;
+  model->launch_ahead = true;
+  const FakeRunner& fake = *model;
+  EngineOptions o = small_opts(1 << 14);
+  o.overlap_schedule = true;
+  Engine engine(std::move(model), o);
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) {
+    Request r;
+    r.prompt = prompt_of(9, 3);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 40 + i;
+    r.sampling.max_new_tokens = 400;
+    r.sampling.return_logprob = true;
+    r.after_prefill_of = i == 0 ? 0 : ids[0];
+    r.grammar = g;
+    ids.push_back(engine.submit(r, sink.cb()));
+  }
+  sink.wait_finished(4);
+  sink.expect_one_finish_each();
+  std::set<std::string> texts;
+  for (RequestId id : ids) {
+    std::string text;
+    for (int32_t t : sink.tokens(id))
+      if (t < 256) text += char(t);
+    EXPECT_EQ(sink.last(id).finish_reason, "stop") << text;
+    EXPECT_TRUE(valid_doc(json::parse(text))) << text;
+    texts.insert(text);
+  }
+  EXPECT_EQ(texts.size(), 4u);
+  const EngineStats st = engine.stats();
+  engine.shutdown(true);
+  EXPECT_GT(fake.deferred_steps, 0);
+  EXPECT_EQ(st.grammar_steps_not_overlapped, 0);
+}
+
 TEST(EngineGrammar, AFailedStepEndsItsConstrainedRowsAndTheEngineGoesOn) {
   const auto g = grammar::compile(grammar::GrammarKind::json_schema, kSchema, byte_vocab());
   auto model = std::make_unique<FakeRunner>(kVocab, 8, kEos);
