@@ -86,16 +86,22 @@ std::vector<std::vector<int32_t>> demo_prompts() {
   return prompts;
 }
 
+// The demo checkpoint on the GPU, pages of 16, 4096 tokens of KV.
+EngineOptions cuda_demo_options() {
+  EngineOptions o;
+  o.model_dir = write_demo_checkpoint();
+  o.device = "cuda";
+  o.page_size = 16;
+  o.max_total_tokens = 4096;
+  return o;
+}
+
 // On a GPU (skipped elsewhere): the device sampler's greedy choice equals the host's on the same
 // logits, and mixed/chunked batches give the outputs of unmixed whole-prompt steps. The second is the
 // issue's H200 check; it holds only if the CUDA forward is batch-invariant.
 TEST(EngineQwen3, CudaDeviceSamplingAndMixedBatches) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU: the CUDA engine path is not exercised";
-  EngineOptions base;
-  base.model_dir = write_demo_checkpoint();
-  base.device = "cuda";
-  base.page_size = 16;
-  base.max_total_tokens = 4096;
+  const EngineOptions base = cuda_demo_options();
   const auto prompts = demo_prompts();
   EngineOptions host = base;
   host.sampling_backend = "cpu";
@@ -126,11 +132,7 @@ void penalize(size_t i, Request& r) {
 // and eagerly) draws what the host's does on the same logits.
 TEST(EngineQwen3, CudaDevicePenaltiesEqualTheHostsWithAndWithoutGraphs) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU: the CUDA engine path is not exercised";
-  EngineOptions base;
-  base.model_dir = write_demo_checkpoint();
-  base.device = "cuda";
-  base.page_size = 16;
-  base.max_total_tokens = 4096;
+  const EngineOptions base = cuda_demo_options();
   const auto prompts = demo_prompts();
   EngineOptions host = base;
   host.sampling_backend = "cpu";
@@ -157,11 +159,7 @@ TEST(EngineQwen3, CudaConstrainedOutputsEqualTheHostsThroughTheOverlapSchedule) 
   const auto constrain = [&](size_t i, Request& r) {
     if (i % 3 != 2) r.grammar = g;  // every third request free, in the same batches
   };
-  EngineOptions base;
-  base.model_dir = write_demo_checkpoint();
-  base.device = "cuda";
-  base.page_size = 16;
-  base.max_total_tokens = 4096;
+  const EngineOptions base = cuda_demo_options();
   const auto prompts = demo_prompts();
   EngineOptions host = base;
   host.sampling_backend = "cpu";
