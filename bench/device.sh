@@ -22,6 +22,9 @@
 #   serve      the serving sweep: 4B shape, random weights, 8192 in / 1024 out (CONC, NUM, KV, SWEEP_SECONDS)
 #   seed       the second SGLang seed's workloads: /generate 4096 in / 1 out at C = 4 (200 requests), and
 #              /v1/embeddings of 4096 and 8192 ids on a Qwen3-Embedding-shaped checkpoint
+#   structured structured output's serving cost: 4B shape, 1024 in / 256 out at C = 32, unconstrained vs every
+#              request under a JSON Schema (bench/grammar/long_output.json), out tok/s and their ratio
+#              (CONC, NUM, IN, OUTLEN, ROUNDS, SHAPE, DEVICE)
 #   ready      time from `kiln serve` to READY, cold (empty tactic cache) and tuned
 #   checks     greedy outputs of kiln serve's defaults against VARIANTS (default --disable-cuda-graph and
 #              --disable-mixed-batches) through kiln eval reference

@@ -157,3 +157,54 @@ suite_http() {
   done
   serve_stop
 }
+
+# Structured output's serving cost (issue 45): one kiln serve on the 4B shape (random weights, the real Qwen3
+# tokenizer from the demo checkpoint), `kiln bench serve` IN in / OUTLEN out at CONC, ROUNDS times each way in
+# turn: unconstrained, then every request constrained by bench/grammar/long_output.json (an object whose
+# "readings" need >= 300 digits: each digit is its own Qwen3 token, so no output completes before 256 tokens
+# and the exact accounting holds). Rows: out tok/s each way and the ratio (target >= 0.95), the grammar
+# counters from /metrics. Each run is cut at RUN_SECONDS (50; ~15 s each on an H100 expected), so the suite ends
+# within ~4 minutes. DEVICE=cpu SHAPE=demo IN=64 OUTLEN=16 CONC=2 NUM=4 KILN=build/cpu/bin/kiln: a dry run.
+suite_structured() {
+  [[ ${DEVICE:-cuda} == cpu ]] || need_gpu || return
+  build kiln || return
+  local m=$S/structured-model-${SHAPE:-4b} out=$W/structured port=8132 round what
+  shape_model "$m" "${SHAPE:-4b}" || return
+  serve_start structured $port --model "$m" --load-format random --device "${DEVICE:-cuda}" \
+    --served-model-name shape --max-running-requests "${MAX_RUNNING:-128}" || return
+  grep -h 'KV pool\|captured' "$SERVE_LOG" | head -2
+  local bench=("$K" bench serve --base-url "http://127.0.0.1:$port" --input-len "${IN:-1024}"
+    --output-len "${OUTLEN:-256}" --concurrency "${CONC:-32}" --num-prompts "${NUM:-128}"
+    --warmups "${WARMUPS:-32}" --no-progress)
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for what in free constrained; do
+      local extra=()
+      [[ $what == constrained ]] && extra=(--json-schema bench/grammar/long_output.json)
+      timeout "${RUN_SECONDS:-50}" "${bench[@]}" "${extra[@]}" --out "$out/${what}_$round" \
+        >"$out/${what}_$round.txt" 2>&1
+      row "$what, round $round" "rc=$? $(grep -E '^\| [0-9]' "$out/${what}_$round.txt" | head -1 | cut -c1-120)"
+    done
+  done
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^kiln_grammar_(masks_total|mask_max|steps_not)' \
+    >"$out/metrics.txt"
+  row "grammar counters" "$(tr '\n' ' ' <"$out/metrics.txt")"
+  serve_stop
+  row "constrained / unconstrained out tok/s" "$(python3 - "$out" <<'PY'
+import glob, json, sys
+def rate(kind):
+    runs = []
+    for f in sorted(glob.glob(f"{sys.argv[1]}/{kind}_*.json")):
+        lv = json.load(open(f))["levels"][0]
+        if not lv.get("valid"):
+            return None, f"{f}: invalid run"
+        runs.append(lv["output_throughput_tok_s"])
+    return (sum(runs) / len(runs), " ".join(f"{x:.1f}" for x in runs)) if runs else (None, "no runs")
+free, fr = rate("free")
+con, cr = rate("constrained")
+if free is None or con is None:
+    print(f"n/a ({fr if free is None else cr})")
+else:
+    print(f"{con / free:.3f} (free {free:.1f} tok/s: {fr}; constrained {con:.1f} tok/s: {cr}; target >= 0.95)")
+PY
+)"
+}

@@ -3,6 +3,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,9 +16,9 @@
 namespace kiln::cli {
 
 inline const std::set<std::string> kWorkloadFlags = {
-    "api",         "model",   "input-len",   "output-len",        "seed",
-    "vocab-range", "prompts", "warmups",     "warmup-output-len", "timeout",
-    "api-key",     "image",   "image-tokens"};
+    "api",         "model",   "input-len",    "output-len",        "seed",
+    "vocab-range", "prompts", "warmups",      "warmup-output-len", "timeout",
+    "api-key",     "image",   "image-tokens", "json-schema"};
 inline const std::set<std::string> kWorkloadBoolFlags = {"no-flush", "no-progress"};
 
 inline constexpr const char* kWorkloadHelp =
@@ -39,7 +40,14 @@ inline constexpr const char* kWorkloadHelp =
     "                               (random prompts only), its placeholder appended to each prompt\n"
     "  --image-tokens S,P,E         placeholder ids: vision start, image pad, vision end (default "
     "Qwen3-VL's\n"
-    "                               151652,151655,151653)\n";
+    "                               151652,151655,151653)\n"
+    "  --json-schema FILE           constrain every request by this JSON Schema (/generate "
+    "sampling_params.json_schema,\n"
+    "                               /v1/completions response_format); pick one whose outputs cannot end "
+    "before\n"
+    "                               --output-len tokens (a grammar that ends stops its request: "
+    "bench/grammar/"
+    "long_output.json)\n";
 
 inline std::vector<int64_t> parse_int_list(const std::string& s, const std::string& flag) {
   std::vector<int64_t> out;
@@ -93,6 +101,13 @@ inline client::SweepOptions workload_from_flags(const Flags& f) {
     const auto ids = parse_int_list(f.str("image-tokens"), "image-tokens");
     KILN_CHECK(ids.size() == 3, "--image-tokens needs 3 ids (vision start, image pad, vision end)");
     w.image_tokens.assign(ids.begin(), ids.end());
+  }
+  if (f.has("json-schema")) {
+    std::ifstream in(f.str("json-schema"), std::ios::binary);
+    KILN_CHECK(in.good(), "--json-schema: cannot read ", f.str("json-schema"));
+    std::string text(std::istreambuf_iterator<char>(in), {});
+    KILN_CHECK(nlohmann::json::accept(text), "--json-schema: ", f.str("json-schema"), " is not JSON");
+    o.run.stream.json_schema = std::move(text);
   }
   o.run.stream.model = f.str("model");
   o.run.api_key = f.str("api-key");

@@ -41,7 +41,9 @@ static json workload_json(const SweepOptions& opt, const std::string& model) {
             {"model", model},
             {"output_len", w.output_len},
             {"seed", w.seed},
-            {"flush_cache", opt.flush_cache}};
+            {"flush_cache", opt.flush_cache},
+            {"json_schema",
+             opt.run.stream.json_schema.empty() ? json(nullptr) : json::parse(opt.run.stream.json_schema)}};
   if (w.texts.empty()) {
     j["prompts"] = "random token ids";
     j["input_len"] = w.input_len;
@@ -79,7 +81,7 @@ std::string sweep_to_markdown(const SweepOptions& opt, const SweepResult& r, con
                    api_name(opt.run.stream.api) + (model.empty() ? "" : ", model `" + model + "`") + "), ";
   md += w.texts.empty() ? std::to_string(w.input_len) + " random input tokens" : "text prompts";
   md += " / " + std::to_string(w.output_len) + " output tokens (ignore_eos), seed " + std::to_string(w.seed) +
-        ".\n";
+        (opt.run.stream.json_schema.empty() ? "" : ", every request constrained by a JSON Schema") + ".\n";
   md += "Latencies in ms as mean / median / p95 / p99.\n\n";
   md += "| C | prompts | valid | out tok/s | req/s | TTFT ms | TPOT ms | ITL ms | E2E ms |\n";
   md += "|---:|---:|:---:|---:|---:|---:|---:|---:|---:|\n";

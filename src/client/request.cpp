@@ -28,6 +28,7 @@ std::string build_stream_body(const RequestSpec& spec, const StreamOptions& opt)
       body["text"] = spec.text;
     if (!spec.image_b64.empty()) body["image_data"] = spec.image_b64;
     body["sampling_params"] = {{"max_new_tokens", spec.output_len}, {"ignore_eos", true}, {"temperature", 0}};
+    if (!opt.json_schema.empty()) body["sampling_params"]["json_schema"] = opt.json_schema;
     body["stream"] = true;
   } else {
     if (!opt.model.empty()) body["model"] = opt.model;
@@ -38,6 +39,10 @@ std::string build_stream_body(const RequestSpec& spec, const StreamOptions& opt)
     body["max_tokens"] = spec.output_len;
     body["ignore_eos"] = true;
     body["temperature"] = 0;
+    if (!opt.json_schema.empty())
+      body["response_format"] = {
+          {"type", "json_schema"},
+          {"json_schema", {{"name", "bench"}, {"schema", json::parse(opt.json_schema)}}}};
     body["stream"] = true;
     body["stream_options"] = {{"include_usage", true}};
   }

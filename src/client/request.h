@@ -2,11 +2,11 @@
 //
 // Two request shapes:
 //   Api::generate     POST /generate  {"input_ids"|"text", "sampling_params": {max_new_tokens, ignore_eos,
-//                     temperature: 0}, "stream": true}; each SSE chunk carries cumulative
+//                     temperature: 0, json_schema?}, "stream": true}; each SSE chunk carries cumulative
 //                     meta_info.prompt_tokens / meta_info.completion_tokens (SGLang's convention).
 //   Api::completions  POST /v1/completions {"prompt": ids or text, max_tokens, ignore_eos, temperature: 0,
-//                     "stream": true, "stream_options": {"include_usage": true}}; the counts come from the
-//                     final chunk's "usage".
+//                     response_format?, "stream": true, "stream_options": {"include_usage": true}}; the
+//                     counts come from the final chunk's "usage".
 // Timing: TTFT is the arrival of the first chunk that carries output (a completion_tokens increase, or
 // non-empty choices[0].text); ITL are the gaps between such chunks; E2E ends at the stream's end.
 #pragma once
@@ -48,6 +48,9 @@ struct RequestResult {
 struct StreamOptions {
   Api api = Api::generate;
   std::string model;  // "model" field of /v1/completions; empty: omitted
+  // A JSON Schema (its text; empty: none) constraining every request: /generate's sampling_params.json_schema
+  // (SGLang), /v1/completions' response_format json_schema (OpenAI).
+  std::string json_schema;
 };
 
 std::string build_stream_body(const RequestSpec& spec, const StreamOptions& opt);

@@ -103,7 +103,11 @@ bool DevicePenalties::apply(float* logits, int64_t ld, const std::vector<ModelRu
                o_out_ids = put(bytes, out_ids), o_mask_rows = put(bytes, mask_rows),
                o_masks = put(bytes, masks);
   if (staging_.bytes() < bytes.size()) staging_ = Buffer(bytes.size() * 2, device_);
-  copy_bytes(staging_.data(), device_, bytes.data(), Device::cpu(), bytes.size());
+  // Asynchronous, from pinned memory, on the stream that reads it: the host does not wait for the forward
+  // pass queued before it (a pageable copy would).
+  uploads_.begin(StagedUploads::footprint(bytes.size()), stream);
+  uploads_.copy(staging_.data(), bytes.data(), bytes.size());
+  uploads_.end();
   char* base = static_cast<char*>(staging_.data());
   auto at = [&](size_t off) { return base + off; };
   auto* counts = static_cast<uint32_t*>(counts_.data());

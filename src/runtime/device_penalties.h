@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kiln/staged_upload.h"
 #include "kiln/tensor.h"
 #include "runtime/model_runner.h"
 
@@ -27,10 +28,11 @@ namespace kiln {
 
 class DevicePenalties {
  public:
-  DevicePenalties(Device device, int64_t vocab) : device_(device), vocab_(vocab) {}
+  DevicePenalties(Device device, int64_t vocab) : device_(device), vocab_(vocab), uploads_(device) {}
 
-  // logits: device f32 [rows.size(), ld]. Returns whether any kernel ran. The stream must be idle (the
-  // caller synchronised it): uploads are synchronous copies.
+  // logits: device f32 [rows.size(), ld]. Returns whether any kernel ran. Its inputs (count updates, biases,
+  // grammar masks) leave by one asynchronous copy on `stream` (StagedUploads), ordered after the work queued
+  // there before, so it may be called right after the step's forward pass is queued.
   bool apply(float* logits, int64_t ld, const std::vector<ModelRunner::RowSampling>& rows,
              CUstream_st* stream);
   // tokens: device i32 [R] from cuda::sample for the rows of the last apply().
@@ -51,8 +53,9 @@ class DevicePenalties {
   std::unordered_map<uint64_t, Slot> slots_;  // by request
   std::vector<int32_t> free_rows_;
   int32_t capacity_ = 0;
-  Buffer counts_;   // u32 [capacity_, vocab_]
-  Buffer staging_;  // this step's PenaltyRow [R], count rows [R], adds, pending (row, id) pairs
+  Buffer counts_;          // u32 [capacity_, vocab_]
+  Buffer staging_;         // this step's PenaltyRow [R], count rows [R], adds, pending (row, id) pairs, masks
+  StagedUploads uploads_;  // staging_'s copy
   std::vector<uint64_t> step_requests_;  // per logit row of the last apply(): request with a count row, or 0
   const int32_t* step_rows_dev_ = nullptr;  // device i32 [R] in staging_
   bool step_counts_ = false;

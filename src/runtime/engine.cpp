@@ -144,7 +144,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
       {2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2, 0.1, 1});
   KILN_CHECK(opts.grammar_mask_timeout_ms >= 1 && opts.grammar_mask_timeout_ms <= 600'000,
              "grammar_mask_timeout_ms must be in [1, 600000], got ", opts.grammar_mask_timeout_ms);
-  I.mask_pool = std::make_unique<GrammarMaskPool>(opts.grammar_mask_threads);
+  I.mask_pool = std::make_unique<GrammarMaskPool>(opts.grammar_mask_threads, opts.grammar_mask_hook);
   I.publish(true);
   I.thread = std::thread([this] {
     // Named so that per-thread CPU accounting (/proc/PID/task/*/comm, top -H) tells the engine from the

@@ -100,7 +100,8 @@ struct Request {
   // Structured output (runtime/grammar_masks.h): every token is drawn from the ids this grammar allows
   // (compiled against this model's vocabulary; EOS only where the grammar is complete), from the first
   // token or from the one after `grammar_after_token` (Qwen3's </think>). The request ends with "stop"
-  // when the grammar has ended (its EOS accepted). Not with speculative drafts: its steps verify none.
+  // when the grammar has ended (its EOS accepted). Speculative drafts are cut where the grammar refuses them
+  // and each verified position is drawn under its own mask (engine_spec.cpp).
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
   int32_t grammar_after_token = -1;
 };
@@ -180,6 +181,9 @@ struct EngineStats {
   int64_t grammar_masks = 0;    // structured output: token masks computed (one per constrained draw)
   Histogram grammar_mask;       // seconds per mask, on a mask worker (runtime/grammar_masks.h)
   double grammar_mask_max = 0;  // the longest mask so far (seconds)
+  // Overlap schedule on: decode steps run one at a time (sampling included) only because a row was
+  // constrained.
+  int64_t grammar_steps_not_overlapped = 0;
 };
 
 struct EngineOptions {
@@ -225,15 +229,19 @@ struct EngineOptions {
   // Overlap schedule: while a decode step runs on the device, the engine plans and launches the next one
   // for the same requests (its input tokens taken on the device from the running step's draws), then
   // emits the running step's tokens; a request that stops meanwhile wastes one row of the step launched
-  // ahead. Only for decode-only graph steps with device sampling and no logit processing, while nothing
-  // waits for admission; everything else runs one step at a time as without it. On by default (as in
-  // SGLang): measured faster on the H200 at C = 1 and 32 (2026-12-03, `6d43051`; docs/PERF.md "Serving").
+  // ahead. Only for decode-only graph steps with device sampling and no logit processing but grammar masks
+  // (a step with constrained rows launches its forward ahead and queues its sampling once its masks are
+  // known), while nothing waits for admission; everything else runs one step at a time as without it. On by
+  // default (as in SGLang): measured faster on the H200 at C = 1 and 32 (2026-12-03, `6d43051`; docs/PERF.md
+  // "Serving").
   bool overlap_schedule = true;
   uint64_t seed = 0;  // base for requests without a seed
   // Structured output: worker threads computing grammar masks during the forward pass, and how long a step
   // waits for a request's mask before it ends that request with an error naming this limit.
   int grammar_mask_threads = 2;
   int grammar_mask_timeout_ms = 1000;
+  // Tests: runs on a mask worker before each mask it computes (an injected slow worker); null in serving.
+  std::function<void()> grammar_mask_hook;
   // Speculative decoding (src/spec/README.md): decode steps whose rows have drafts run as verify steps.
   spec::SpecOptions speculative;
   // The off switch's step costs (spec/off_switch.h): null, the engine measures decode steps by the clock;

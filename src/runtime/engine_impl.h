@@ -98,6 +98,7 @@ struct Engine::Impl {
   struct InFlight {
     StepPlan plan;
     int top_n = 0;
+    bool sampled = true;  // false: only its forward is queued (launch_forward; constrained rows)
   };
   bool overlap = false;
   std::optional<InFlight> inflight;
@@ -115,13 +116,24 @@ struct Engine::Impl {
   // After a step that did not complete: its masks leave the processors (failures stay in grammar_failed: the
   // request ends with one when a step completes it, or ends otherwise first).
   void clear_masks(const StepPlan& plan);
+  // Speculative decoding: cuts `draft` before the first token the grammar refuses (and before an EOS), and
+  // gives the mask of each position a verify step computes for it (positions 0 .. draft.size(), each after
+  // the drafts before it), computed here on the engine thread; the matcher is left as it was. False (nothing
+  // cut, no masks) when the matcher failed: the row then takes no verify step.
+  bool draft_masks(GrammarState& g, std::vector<int32_t>& draft, std::vector<std::vector<uint32_t>>* masks);
   void validate(const Request& r) const;
   void loop();
   void step();
   // Overlap: whether `plan` (padded, validated) can go by ModelRunner::launch_sampled, with these rows'
   // parameters; `ahead`: as the continuation of a step in flight (each row one token further).
-  bool launchable(const StepPlan& plan, bool ahead) const;
+  // constrained: set when a row is under a grammar; such a plan may go only by launch_forward, its sampling
+  // queued once its masks are known (sample_deferred).
+  bool launchable(const StepPlan& plan, bool ahead, bool* constrained) const;
+  // Rows of requests that have ended get default parameters (their draws are dropped).
   std::vector<ModelRunner::RowSampling> row_sampling(const StepPlan& plan, uint64_t ahead) const;
+  // A step whose forward was launched ahead (constrained rows; its predecessor's tokens now seen): its masks
+  // on the mask workers while its forward runs, then its sampling queued. On failure its rows end in error.
+  void sample_deferred();
   void step_in_flight();  // launches the continuation of `inflight` when it can, then collects `inflight`
   std::optional<InFlight> launch_continuation(const InFlight& cur);
   bool in_flight(RequestId id) const;
@@ -170,10 +182,13 @@ struct Engine::Impl {
   // Whether every row that wants a token is greedy with no logit processing or logprobs, on a runner that may
   // sample on the device: the verify step then asks the runner for each position's greedy token only.
   bool greedy_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const;
-  std::vector<int32_t> verify_row(Live& L, const float* logits, std::span<const int32_t> draft) const;
+  // masks: per position, the grammar's mask (empty: the row is not constrained).
+  using PositionMasks = std::vector<std::vector<uint32_t>>;
+  std::vector<int32_t> verify_row(Live& L, const float* logits, std::span<const int32_t> draft,
+                                  const PositionMasks& masks) const;
   // The logprobs (and top alternatives) of a verify row's emitted tokens, when the request asks for them.
-  std::vector<Draw> emitted_logprobs(const Live& L, const float* logits,
-                                     const std::vector<int32_t>& tokens) const;
+  std::vector<Draw> emitted_logprobs(const Live& L, const float* logits, const std::vector<int32_t>& tokens,
+                                     const PositionMasks& masks) const;
   void deliver_verified(RequestId id, const std::vector<int32_t>& tokens, std::vector<Draw>& draws);
 };
 

@@ -229,26 +229,39 @@ void Engine::Impl::step() {
   std::vector<int32_t> sampled(K, -1);
   std::vector<Draw> draws(K);
   bool sampled_on_device = false;
-  // Structured output: the masks are computed on the mask workers during the forward pass (a device draw
-  // needs them before the step: it waits first).
+  // Structured output: the masks are computed on the mask workers during the forward pass. A device draw
+  // takes them once its forward is queued (forward_sampled's before_sample), the host draw after forward().
   const Clock::time_point t_masks = Clock::now();
   const std::vector<size_t> mask_rows = start_masks(plan, wants_token);
   bool masks_done = mask_rows.empty();
+  const auto take_masks = [&] {
+    if (masks_done) return;
+    masks_done = true;
+    finish_masks(plan, mask_rows, t_masks);
+  };
   try {
     batch.validate(V, pool->num_pages());
-    if (device_ok && !mask_rows.empty()) {
-      masks_done = true;
-      finish_masks(plan, mask_rows, t_masks);
-    }
     if (device_ok) {
       const std::vector<ModelRunner::RowSampling> rs = row_sampling(plan, 0);
-      if (overlap && launchable(plan, false) && runner->launch_sampled(batch, rs, top_n, false)) {
-        inflight =
-            InFlight{std::move(plan), top_n};  // collected by the next step, after its successor launched
-        return;
+      bool constrained = false;
+      if (overlap && launchable(plan, false, &constrained)) {
+        // Collected by the next step, after its successor launched. Constrained rows: the forward first, the
+        // masks while it runs, then the sampling.
+        if (constrained && runner->launch_forward(batch, top_n, false)) {
+          take_masks();
+          runner->sample_launched(rs);
+          clear_masks(plan);
+          inflight = InFlight{std::move(plan), top_n};
+          return;
+        }
+        if (!constrained && runner->launch_sampled(batch, rs, top_n, false)) {
+          inflight = InFlight{std::move(plan), top_n};
+          return;
+        }
       }
       std::vector<ModelRunner::SampledRow> out;
-      sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out);
+      sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out, take_masks);
+      counters.grammar_steps_not_overlapped += sampled_on_device && constrained ? 1 : 0;
       if (sampled_on_device) {
         KILN_CHECK_EQ(out.size(), K, "device sampling returned the wrong number of rows");
         for (size_t k = 0; k < K; ++k) {
@@ -271,16 +284,13 @@ void Engine::Impl::step() {
                                queries.queries, &answers);
       keep_answers(queries, answers);
     }
-    if (!masks_done) {
-      masks_done = true;
-      finish_masks(plan, mask_rows, t_masks);
-    }
+    take_masks();
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const StepCancelled&) {
     // The masks are waited for as in a step that completes: a state a worker still fills is never handed to
     // the next step's workers (a late one ends its request, as always).
-    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
+    take_masks();
     clear_masks(plan);
     // Every request the step's long work served was abandoned: nothing ran, nothing is finalized. The next
     // turn ends the abandoned requests (their pages freed, none offered to the cache) and plans the rest.
@@ -289,7 +299,7 @@ void Engine::Impl::step() {
     return;
   } catch (const std::exception& e) {
     // The rows of this step end in error; everyone else goes on.
-    if (!masks_done) finish_masks(plan, mask_rows, t_masks);
+    take_masks();
     clear_masks(plan);
     runner->abandon_launched();
     std::vector<RequestId> ids;
@@ -335,7 +345,9 @@ std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan&
   std::vector<ModelRunner::RowSampling> rs(plan.sample_rows.size());
   for (size_t k = 0; k < rs.size(); ++k) {
     const RequestId id = plan.rows[size_t(plan.sample_rows[k])].seq->id;
-    const Live& L = live.at(id);
+    auto it = live.find(id);
+    if (it == live.end()) continue;
+    const Live& L = it->second;
     rs[k] = {L.req.sampling.temperature,
              L.req.sampling.top_k,
              L.req.sampling.top_p,
@@ -347,22 +359,25 @@ std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan&
   return rs;
 }
 
-bool Engine::Impl::launchable(const StepPlan& plan, bool ahead) const {
+bool Engine::Impl::launchable(const StepPlan& plan, bool ahead, bool* constrained) const {
   if (plan.rows.empty() || plan.prefill_tokens > 0 || !is_graphable_decode(plan.batch)) return false;
   if (!spec_allows_overlap(int32_t(plan.rows.size()))) return false;
   // A step launched ahead draws each row's token after the one the step in flight draws: both must be
   // wanted (the length limits), and nothing that the next step could admit may be waiting for it.
   const int64_t more = ahead ? 2 : 1;
+  bool grammar = false;
   for (size_t k = 0; k < plan.sample_rows.size(); ++k) {
     const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
     auto it = live.find(s.id);
     if (it == live.end()) return false;
     const Live& L = it->second;
-    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f || L.grammar ||
+    if (L.req.embedding || L.req.return_hidden || L.req.sampling.min_p > 0.0f ||
         L.sampler->processor().active() || L.completion + more > L.req.sampling.max_new_tokens ||
         int64_t(s.tokens.size()) + more - 1 >= int64_t(s.max_len))
       return false;
+    grammar |= L.grammar != nullptr;
   }
+  *constrained = grammar;
   if (!ahead) return true;
   // With every running place taken, a waiting request cannot be admitted before one of these ends; one that
   // ends in the step in flight is seen when that step is collected, and its place goes to the oldest waiting
@@ -393,7 +408,8 @@ void Engine::Impl::release_deferred() {
 }
 
 std::optional<Engine::Impl::InFlight> Engine::Impl::launch_continuation(const InFlight& cur) {
-  if (!launchable(cur.plan, true)) return std::nullopt;
+  bool constrained = false;
+  if (!launchable(cur.plan, true, &constrained)) return std::nullopt;
   // Speculation off here: a due probe of the off switch ends the chain, so the next step may verify.
   const int32_t seqs = int32_t(cur.plan.rows.size());
   if (opts.speculative.enabled() && off_switch.probe_due(seqs)) return std::nullopt;
@@ -404,10 +420,43 @@ std::optional<Engine::Impl::InFlight> Engine::Impl::launch_continuation(const In
   if (bucket > batch.num_seqs()) pad_batch(batch, bucket);
   runner->place_positions(batch);
   batch.validate(runner->config().vocab_size, pool->num_pages());
-  if (!runner->launch_sampled(batch, row_sampling(cur.plan, 1), cur.top_n, true)) return std::nullopt;
+  // Constrained rows: only the forward now; its masks need cur's tokens (sample_deferred, once cur is done).
+  if (constrained ? !runner->launch_forward(batch, cur.top_n, true)
+                  : !runner->launch_sampled(batch, row_sampling(cur.plan, 1), cur.top_n, true)) {
+    counters.grammar_steps_not_overlapped += constrained ? 1 : 0;
+    return std::nullopt;
+  }
   if (opts.speculative.enabled()) off_switch.count_step(seqs);  // toward the next probe
   ++counters.steps;
-  return InFlight{std::move(next), cur.top_n};
+  return InFlight{std::move(next), cur.top_n, !constrained};
+}
+
+void Engine::Impl::sample_deferred() {
+  InFlight& f = *inflight;
+  const StepPlan& plan = f.plan;
+  const Clock::time_point t0 = Clock::now();
+  auto wants_token = [&](size_t k) {
+    const Sequence& s = *plan.rows[size_t(plan.sample_rows[k])].seq;
+    auto it = live.find(s.id);
+    return it != live.end() && it->second.completion < it->second.req.sampling.max_new_tokens &&
+           int32_t(s.tokens.size()) < s.max_len;
+  };
+  try {
+    const std::vector<size_t> rows = start_masks(plan, wants_token);
+    finish_masks(plan, rows, t0);
+    runner->sample_launched(row_sampling(plan, 0));  // each row's completion already counts cur's token
+    clear_masks(plan);
+    f.sampled = true;
+  } catch (const RunnerFatalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    clear_masks(plan);
+    runner->abandon_launched();
+    std::vector<RequestId> ids;
+    for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
+    inflight.reset();
+    for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
+  }
 }
 
 void Engine::Impl::step_in_flight() {
@@ -445,6 +494,7 @@ void Engine::Impl::step_in_flight() {
     return;
   }
   complete_step(cur.plan, sampled, draws, false);
+  if (inflight && !inflight->sampled) sample_deferred();
   release_deferred();
 }
 

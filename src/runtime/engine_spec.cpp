@@ -17,26 +17,30 @@ namespace {
 
 // Requests a verify step serves (the rest make the whole step a plain one): generation without hidden states.
 bool verifiable(const Live& L) {
-  return !L.req.embedding && !L.req.return_hidden && !L.grammar;  // grammars draw token by token
+  return !L.req.embedding && !L.req.return_hidden;
 }
 
 // The processed logits of a verify row's positions in order: position j's processing counts tokens 0 .. j-1
 // of `drafted` as generated (penalties, the min-token mask), by a copy of the request's processor advanced
-// token by token. Inactive processing stays inactive as tokens are observed, so then the raw rows serve.
+// token by token, then masks[j] (structured output: the grammar after drafts 0 .. j-1) as the processor's
+// step 6. Inactive processing stays inactive as tokens are observed, so then the raw rows serve.
 class ProcessedRows {
  public:
   ProcessedRows(const LogitProcessor& proc, const float* logits, int64_t vocab,
-                std::span<const int32_t> drafted)
-      : logits_(logits), vocab_(vocab), drafted_(drafted) {
+                std::span<const int32_t> drafted, const std::vector<std::vector<uint32_t>>& masks)
+      : logits_(logits), vocab_(vocab), drafted_(drafted), masks_(masks) {
     if (proc.active()) proc_.emplace(proc);
   }
   // Call with j = 0, 1, ... in order.
   const float* at(size_t j) {
     const float* x = logits_ + j * size_t(vocab_);
-    if (!proc_) return x;
-    if (j > 0) proc_->observe(drafted_[j - 1]);
+    if (!proc_ && masks_.empty()) return x;
     row_.assign(x, x + vocab_);
-    proc_->apply(row_.data(), vocab_);
+    if (proc_) {
+      if (j > 0) proc_->observe(drafted_[j - 1]);
+      proc_->apply(row_.data(), vocab_);
+    }
+    if (!masks_.empty()) apply_token_bitmask(row_.data(), vocab_, masks_[j].data(), masks_[j].size());
     return row_.data();
   }
 
@@ -44,6 +48,7 @@ class ProcessedRows {
   const float* logits_;
   int64_t vocab_;
   std::span<const int32_t> drafted_;
+  const std::vector<std::vector<uint32_t>>& masks_;
   std::optional<LogitProcessor> proc_;
   std::vector<float> row_;
 };
@@ -149,7 +154,8 @@ bool Engine::Impl::greedy_on_device(const StepPlan& plan, const std::vector<uint
     if (!wants[i]) continue;
     const Live& L = live.at(plan.rows[i].seq->id);
     const SamplingParams& sp = L.sampler->params();
-    if (sp.temperature > 0.0f || sp.return_logprob || sp.top_logprobs > 0 || L.sampler->processor().active())
+    if (sp.temperature > 0.0f || sp.return_logprob || sp.top_logprobs > 0 ||
+        L.sampler->processor().active() || L.grammar)
       return false;
   }
   return true;
@@ -205,6 +211,21 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   // The off switch: a decode-only step verifies only where verification measured faster at its batch size.
   const bool measured = so.off_switch && decode_only(plan);
   if (measured && !off_switch.should_verify(int32_t(B))) return false;
+  // Structured output: a constrained row's drafts are cut before the first token its grammar refuses, and
+  // every position it verifies gets the grammar's mask after the drafts before it. A grammar not active yet
+  // (waiting for its trigger token) takes no drafts: they could cross the trigger.
+  std::vector<PositionMasks> masks(B);
+  any = false;
+  for (size_t i = 0; i < B; ++i) {
+    const std::shared_ptr<GrammarState>& g = live.at(plan.rows[i].seq->id).grammar;
+    if (g && wants[i] && g->active) {
+      if (!draft_masks(*g, drafts[i], &masks[i])) return false;  // a plain step's mask worker says why
+    } else if (g) {
+      drafts[i].clear();
+    }
+    any = any || !drafts[i].empty();
+  }
+  if (!any) return false;
   // Pages for the drafts' positions from the free list only; a sequence drafts what they cover.
   for (size_t i = 0; i < B; ++i) {
     if (drafts[i].empty()) continue;
@@ -259,8 +280,8 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
         continue;
       }
       const float* rows = logits.data() + size_t(logit_base[i]) * size_t(V);
-      emitted[i] = verify_row(L, rows, drafts[i]);
-      draws[i] = emitted_logprobs(L, rows, emitted[i]);
+      emitted[i] = verify_row(L, rows, drafts[i], masks[i]);
+      draws[i] = emitted_logprobs(L, rows, emitted[i], masks[i]);
     }
   });
   // Commit: the kept drafts join the sequence before finalize appends the last emitted token, so the row
@@ -314,11 +335,11 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   return true;
 }
 
-std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits,
-                                              std::span<const int32_t> draft) const {
+std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits, std::span<const int32_t> draft,
+                                              const PositionMasks& masks) const {
   const int64_t V = runner->config().vocab_size;
   const SamplingParams& sp = L.sampler->params();
-  ProcessedRows rows(L.sampler->processor(), logits, V, draft);
+  ProcessedRows rows(L.sampler->processor(), logits, V, draft, masks);
   spec::Categorical dist;
   auto target = [&](size_t j) {
     const float* x = rows.at(j);
@@ -330,12 +351,13 @@ std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits,
 }
 
 std::vector<Draw> Engine::Impl::emitted_logprobs(const Live& L, const float* logits,
-                                                 const std::vector<int32_t>& tokens) const {
+                                                 const std::vector<int32_t>& tokens,
+                                                 const PositionMasks& masks) const {
   const SamplingParams& sp = L.sampler->params();
   if (!sp.return_logprob && sp.top_logprobs == 0) return {};
   // The emitted tokens but the last are the kept drafts: each position's processing is the verifier's.
   const int64_t V = runner->config().vocab_size;
-  ProcessedRows rows(L.sampler->processor(), logits, V, tokens);
+  ProcessedRows rows(L.sampler->processor(), logits, V, tokens, masks);
   std::vector<Draw> out(tokens.size());
   for (size_t j = 0; j < tokens.size(); ++j) {
     out[j].token = tokens[j];
@@ -353,6 +375,11 @@ void Engine::Impl::deliver_verified(RequestId id, const std::vector<int32_t>& to
   for (int32_t tok : tokens) {
     L.sampler->observe(tok);
     ++L.completion;
+    if (!L.grammar) continue;
+    if (std::string why = L.grammar->advance(tok); !why.empty()) {  // the masks make this unreachable
+      finish(id, "error", "structured output: " + why);
+      return;
+    }
   }
   counters.generation_tokens_total += int64_t(tokens.size());
   if (first) {
@@ -368,7 +395,7 @@ void Engine::Impl::deliver_verified(RequestId id, const std::vector<int32_t>& to
   if (L.req.sampling.top_logprobs > 0)
     for (Draw& d : draws) ev.top_logprobs.push_back(std::move(d.top));
   const int32_t last = tokens.back();
-  if (ends_request(L, runner->config(), last)) {
+  if (ends_request(L, runner->config(), last) || (L.grammar && L.grammar->terminated())) {
     ev.matched_stop = last;
     finish(id, "stop", {}, &ev);
   } else if (L.completion >= L.req.sampling.max_new_tokens || int32_t(s.tokens.size()) >= s.max_len) {

@@ -96,6 +96,7 @@ void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std
     gate_cv_.wait(lk, [&] { return !gate_held_; });
     --gate_waiting_;
   }
+  if (on_forward) on_forward();
   if (ms_per_prefill_token > 0.0) {
     int64_t prefill = 0;
     for (int b = 0; b < batch.num_seqs(); ++b)
@@ -168,12 +169,19 @@ void FakeRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std
 }
 
 bool FakeRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                                 std::vector<SampledRow>* out) {
+                                 std::vector<SampledRow>* out, const std::function<void()>& before_sample) {
   if (!device_sampling) return false;
   KILN_CHECK_EQ(rows.size(), batch.logit_rows.size(), "one RowSampling per logit row");
   std::vector<float> logits;
   forward(batch, &logits, nullptr);
   ++sampled_steps;
+  if (before_sample) before_sample();  // where a device sampler's forward would be running
+  draw_rows(logits, rows, top_n, out);
+  return true;
+}
+
+void FakeRunner::draw_rows(std::vector<float>& logits, const std::vector<RowSampling>& rows, int top_n,
+                           std::vector<SampledRow>* out) const {
   const size_t V = size_t(config_.vocab_size);
   out->assign(rows.size(), SampledRow{});
   for (size_t r = 0; r < rows.size(); ++r) {
@@ -201,37 +209,65 @@ bool FakeRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSa
     for (int i = 0; i < top_n && size_t(i) < V; ++i)
       o.top.push_back({order[size_t(i)], float(double(x[order[size_t(i)]]) - lse)});
   }
-  return true;
+}
+
+const BatchDesc& FakeRunner::chain_input(const BatchDesc& batch, bool chained, BatchDesc& local) {
+  KILN_CHECK(launched_.size() < 2, "FakeRunner: a third step launched before the first was collected");
+  KILN_CHECK(is_graphable_decode(batch), "FakeRunner: launches take decode steps only");
+  KILN_CHECK(launched_.empty() || launched_.back().sampled, "FakeRunner: a step launched before the one ",
+             "launched last was sampled");
+  if (!chained) return batch;
+  // The tokens drawn by the step launched last, row for row, as a device copy would take them.
+  KILN_CHECK(!launched_.empty(), "FakeRunner: a chained step with no step launched before it");
+  const std::vector<SampledRow>& prev = launched_.back().rows;
+  KILN_CHECK(prev.size() >= batch.logit_rows.size(), "FakeRunner: a chained step has more rows than ",
+             prev.size());
+  local = batch;
+  for (size_t r = 0; r < batch.logit_rows.size(); ++r) local.tokens[r] = prev[r].token;
+  ++chained_steps;
+  return local;
 }
 
 bool FakeRunner::launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                                 bool chained) {
   if (!device_sampling || !launch_ahead) return false;
-  KILN_CHECK(launched_.size() < 2, "FakeRunner: a third step launched before the first was collected");
-  KILN_CHECK(is_graphable_decode(batch), "FakeRunner: launch_sampled takes decode steps only");
-  const BatchDesc* run = &batch;
   BatchDesc local;
-  if (chained) {  // the tokens drawn by the step launched last, row for row, as a device copy would take them
-    KILN_CHECK(!launched_.empty(), "FakeRunner: a chained step with no step launched before it");
-    const std::vector<SampledRow>& prev = launched_.back();
-    KILN_CHECK(prev.size() >= batch.logit_rows.size(), "FakeRunner: a chained step has more rows than ",
-               prev.size());
-    local = batch;
-    for (size_t r = 0; r < batch.logit_rows.size(); ++r) local.tokens[r] = prev[r].token;
-    run = &local;
-    ++chained_steps;
-  }
-  std::vector<SampledRow> out;
-  KILN_CHECK(forward_sampled(*run, rows, top_n, &out), "FakeRunner: device sampling is off");
+  const BatchDesc& run = chain_input(batch, chained, local);
+  Launched l;
+  KILN_CHECK(forward_sampled(run, rows, top_n, &l.rows), "FakeRunner: device sampling is off");
   --sampled_steps;  // counted as launched, not as forward_sampled
   ++launched_steps;
-  launched_.push_back(std::move(out));
+  launched_.push_back(std::move(l));
   return true;
+}
+
+bool FakeRunner::launch_forward(const BatchDesc& batch, int top_n, bool chained) {
+  if (!device_sampling || !launch_ahead) return false;
+  BatchDesc local;
+  const BatchDesc& run = chain_input(batch, chained, local);
+  Launched l;
+  forward(run, &l.logits, nullptr);
+  l.top_n = top_n;
+  l.sampled = false;
+  ++launched_steps;
+  ++deferred_steps;
+  launched_.push_back(std::move(l));
+  return true;
+}
+
+void FakeRunner::sample_launched(const std::vector<RowSampling>& rows) {
+  KILN_CHECK(!launched_.empty() && !launched_.back().sampled, "FakeRunner: no launched forward to sample");
+  Launched& l = launched_.back();
+  KILN_CHECK_EQ(rows.size() * size_t(config_.vocab_size), l.logits.size(), "one RowSampling per logit row");
+  draw_rows(l.logits, rows, l.top_n, &l.rows);
+  l.logits.clear();
+  l.sampled = true;
 }
 
 void FakeRunner::collect_sampled(std::vector<SampledRow>* out) {
   KILN_CHECK(!launched_.empty(), "FakeRunner: collect_sampled with no step launched");
-  *out = std::move(launched_.front());
+  KILN_CHECK(launched_.front().sampled, "FakeRunner: collect_sampled before the step was sampled");
+  *out = std::move(launched_.front().rows);
   launched_.pop_front();
 }
 

@@ -33,12 +33,17 @@ class FakeRunner : public ModelRunner {
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
   // With device_sampling set, stands in for a device sampler: greedy argmax, or a draw from
   // softmax(logits / T) over the top-k with a generator seeded by (seed, step) only. Counts its calls.
+  using ModelRunner::forward_sampled;
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                       std::vector<SampledRow>* out) override;
+                       std::vector<SampledRow>* out, const std::function<void()>& before_sample) override;
   // With device_sampling and launch_ahead set: runs the step at once (a chained step takes its tokens from
   // the previous launch's draws) and keeps the rows until collect_sampled(), which returns them in order.
   bool launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                       bool chained) override;
+  // With device_sampling and launch_ahead set: runs the forward at once and keeps its logits; sample_launched
+  // draws from them as forward_sampled does (each row's processor applied first).
+  bool launch_forward(const BatchDesc& batch, int top_n, bool chained) override;
+  void sample_launched(const std::vector<RowSampling>& rows) override;
   void collect_sampled(std::vector<SampledRow>* out) override;
   void abandon_launched() override { launched_.clear(); }
 
@@ -68,18 +73,31 @@ class FakeRunner : public ModelRunner {
   std::vector<int32_t> graph_buckets;             // pad all-decode batches up to these (empty: never pad)
   std::vector<GraphPlan> graph_plans;             // what prepare_graphs was given
   int64_t fail_at_step = -1;                      // forward() throws on this step number
+  std::function<void()> on_forward;               // runs at each forward()'s start, after the gate
   std::vector<int32_t> step_tokens;               // tokens per step
   bool device_sampling = false;                   // forward_sampled() works (else it declines)
   int64_t sampled_steps = 0;                      // steps served by forward_sampled()
   bool launch_ahead = false;                      // launch_sampled() works (with device_sampling)
   int64_t launched_steps = 0, chained_steps = 0;  // served by launch_sampled(), chained ones among them
+  int64_t deferred_steps = 0;                     // launched by launch_forward() (counted in launched_steps)
 
  private:
   ModelConfig config_;
   int32_t page_size_ = 0;
   std::vector<int64_t> slot_token_;  // [num_pages * page_size]: -1 empty
   std::vector<int64_t> slot_pos_;
-  std::deque<std::vector<SampledRow>> launched_;  // launched, not collected (oldest first)
+  struct Launched {
+    std::vector<SampledRow> rows;  // the draws, once sampled
+    std::vector<float> logits;     // launch_forward: [rows, vocab] until sampled
+    int top_n = 0;
+    bool sampled = true;
+  };
+  std::deque<Launched> launched_;  // launched, not collected (oldest first)
+  // The step's input with a chained step's tokens taken from the draws of the step launched last.
+  const BatchDesc& chain_input(const BatchDesc& batch, bool chained, BatchDesc& local);
+  // forward_sampled's draw of each row from its logits [rows, vocab] (processors applied in place).
+  void draw_rows(std::vector<float>& logits, const std::vector<RowSampling>& rows, int top_n,
+                 std::vector<SampledRow>* out) const;
   std::mutex gate_mu_;
   std::condition_variable gate_cv_;
   bool gate_held_ = false;

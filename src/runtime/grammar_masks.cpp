@@ -25,7 +25,8 @@ std::string GrammarState::advance(int32_t token) {
   return {};
 }
 
-GrammarMaskPool::GrammarMaskPool(int threads) {
+GrammarMaskPool::GrammarMaskPool(int threads, std::function<void()> before_mask)
+    : before_mask_(std::move(before_mask)) {
   KILN_CHECK(threads >= 1 && threads <= 64, "grammar mask threads must be in [1, 64], got ", threads);
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
 }
@@ -73,6 +74,7 @@ void GrammarMaskPool::work() {
     std::shared_ptr<GrammarState> s = b->states[i];
     lk.unlock();
     const auto t0 = std::chrono::steady_clock::now();
+    if (before_mask_) before_mask_();
     try {
       s->error.clear();
       s->matcher.fill_next_token_bitmask(s->mask.data(), s->mask.size());

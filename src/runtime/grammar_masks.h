@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,7 +44,8 @@ struct GrammarState {
 
 class GrammarMaskPool {
  public:
-  explicit GrammarMaskPool(int threads);
+  // before_mask (may be null): runs on the worker before each mask (a test's slow worker).
+  explicit GrammarMaskPool(int threads, std::function<void()> before_mask = {});
   ~GrammarMaskPool();
   GrammarMaskPool(const GrammarMaskPool&) = delete;
   GrammarMaskPool& operator=(const GrammarMaskPool&) = delete;
@@ -66,6 +68,7 @@ class GrammarMaskPool {
   std::condition_variable work_cv_, done_cv_;
   std::shared_ptr<Batch> batch_;
   bool stop_ = false;
+  std::function<void()> before_mask_;
   std::vector<std::thread> threads_;
 };
 

@@ -116,9 +116,18 @@ class ModelRunner {
   };
   // Runs the step and samples every logit row on the device, leaving only the tokens to copy back.
   // Returns false, having run nothing, when this runner cannot (the engine then calls forward() and
-  // samples on the host).
+  // samples on the host). `before_sample` (may be empty) runs before the call returns, its caller waiting,
+  // once the step's forward pass is enqueued and before any row's logit processor is read: on CUDA the GPU
+  // runs the forward while it does, so the engine waits for the step's grammar masks there and hands them to
+  // the processors (runtime/grammar_masks.h). It is not called when the runner declines or the forward
+  // throws.
+  bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                       std::vector<SampledRow>* out) {
+    return forward_sampled(batch, rows, top_n, out, {});
+  }
   virtual bool forward_sampled(const BatchDesc& /*batch*/, const std::vector<RowSampling>& /*rows*/,
-                               int /*top_n*/, std::vector<SampledRow>* /*out*/) {
+                               int /*top_n*/, std::vector<SampledRow>* /*out*/,
+                               const std::function<void()>& /*before_sample*/) {
     return false;
   }
   // The overlap schedule's seam (EngineOptions::overlap_schedule): launch a graphable decode step with device
@@ -131,6 +140,16 @@ class ModelRunner {
   virtual bool launch_sampled(const BatchDesc& /*batch*/, const std::vector<RowSampling>& /*rows*/,
                               int /*top_n*/, bool /*chained*/) {
     return false;
+  }
+  // The same for steps with constrained rows, whose grammar masks need the tokens of the step before
+  // (runtime/grammar_masks.h): launch_forward queues only the forward pass of such a step (chained as above;
+  // top_n: the alternatives its draws will carry) and returns false, having run nothing, where launch_sampled
+  // would; sample_launched(rows) then queues the sampling of the step launched last, with each row's logit
+  // processing (its grammar mask) applied, while the forward may still run. A step launched so is sampled
+  // before any other step is launched or collected.
+  virtual bool launch_forward(const BatchDesc& /*batch*/, int /*top_n*/, bool /*chained*/) { return false; }
+  virtual void sample_launched(const std::vector<RowSampling>& /*rows*/) {
+    KILN_FAIL("this model runner launches no forward passes ahead (launch_forward)");
   }
   virtual void collect_sampled(std::vector<SampledRow>* /*out*/) {
     KILN_FAIL("this model runner launches no steps ahead (launch_sampled)");

@@ -285,7 +285,7 @@ void unpack_draws(void* host, int64_t R, int top_n, std::vector<ModelRunner::Sam
 #endif
 
 bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                                  std::vector<SampledRow>* out) {
+                                  std::vector<SampledRow>* out, const std::function<void()>& before_sample) {
 #ifdef KILN_HAVE_CUDA
   if (!device().is_cuda()) return false;
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
@@ -305,6 +305,8 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
     model_->forward(b, *cache_, logits, visual.empty() ? nullptr : &visual);
     images_.step_done(b);
   }
+  // The forward is queued: the GPU runs it while the engine finishes the step's grammar masks.
+  if (before_sample) before_sample();
   out->assign(size_t(R), SampledRow{});
   if (R == 0) return true;
   const size_t out_bytes = draw_bytes(R, top_n);
@@ -326,20 +328,29 @@ bool Qwen3Runner::forward_sampled(const BatchDesc& batch, const std::vector<RowS
   (void)rows;
   (void)top_n;
   (void)out;
+  (void)before_sample;
   return false;
 #endif
 }
 
 bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                                  bool chained) {
+  KILN_CHECK_EQ(rows.size(), batch.logit_rows.size(), "one RowSampling per logit row");
+  for (const RowSampling& r : rows)
+    if (r.proc && r.proc->active()) return false;  // the device penalties' history needs each step's draws
+  if (!launch_forward(batch, top_n, chained)) return false;
+  sample_launched(rows);
+  return true;
+}
+
+bool Qwen3Runner::launch_forward(const BatchDesc& batch, int top_n, bool chained) {
 #ifdef KILN_HAVE_CUDA
   if (!device().is_cuda() || launched_.size() >= 2) return false;
   KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
+  KILN_CHECK(launched_.empty() || launched_.back().sampled, "Qwen3Runner: a step launched before the one ",
+             "launched last was sampled");
   const int64_t R = int64_t(batch.logit_rows.size());
-  KILN_CHECK_EQ(int64_t(rows.size()), R, "one RowSampling per logit row");
   KILN_CHECK(top_n >= 0 && top_n <= cuda::kMaxTopN, "top_n ", top_n, " out of range");
-  for (const RowSampling& r : rows)
-    if (r.proc && r.proc->active()) return false;  // the device penalties' history needs each step's draws
   BatchDesc local;
   VisualInput visual;
   const BatchDesc& b = with_images(batch, local, visual);
@@ -351,7 +362,7 @@ bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSa
   const int slot = next_slot_;
   const size_t out_bytes = draw_bytes(R, top_n);
   if (launch_out_buf_[slot].bytes() < out_bytes) launch_out_buf_[slot] = Buffer(out_bytes * 2, device());
-  void* host = launch_host_[slot].reserve(out_bytes);  // no copy into it in flight: its step was collected
+  launch_host_[slot].reserve(out_bytes);  // no copy into it in flight: its step was collected
   if (!launch_done_[slot]) {
     cudaEvent_t e = nullptr;
     KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -360,22 +371,36 @@ bool Qwen3Runner::launch_sampled(const BatchDesc& batch, const std::vector<RowSa
   const int32_t* chain_tokens =
       chained ? static_cast<const int32_t*>(launch_out_buf_[launched_.back().slot].data()) : nullptr;
   const Tensor logits = graph->step(b, chain_tokens);
-  auto* stream = static_cast<cudaStream_t>(graph->stream());
-  // The parameters' buffer is shared with the step launched before: its sampling, earlier on the same
-  // stream, has read it by the time this step's copy runs.
-  sample_into(logits, rows, top_n, launch_out_buf_[slot].data(), graph->stream());
-  KILN_CUDA_CHECK(
-      cudaMemcpyAsync(host, launch_out_buf_[slot].data(), out_bytes, cudaMemcpyDeviceToHost, stream));
-  KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(launch_done_[slot]), stream));
-  launched_.push_back({R, top_n, slot, graph});
+  launched_.push_back({R, top_n, slot, graph, logits, false});
   next_slot_ = 1 - slot;
   return true;
 #else
   (void)batch;
-  (void)rows;
   (void)top_n;
   (void)chained;
   return false;
+#endif
+}
+
+void Qwen3Runner::sample_launched(const std::vector<RowSampling>& rows) {
+  KILN_CHECK(!launched_.empty() && !launched_.back().sampled, "Qwen3Runner: no launched forward to sample");
+#ifdef KILN_HAVE_CUDA
+  Launched& l = launched_.back();
+  KILN_CHECK_EQ(int64_t(rows.size()), l.rows, "one RowSampling per logit row");
+  auto* stream = static_cast<cudaStream_t>(l.graph->stream());
+  void* const out = launch_out_buf_[l.slot].data();
+  // Queued behind the forward on the graph's stream; the rows' masks leave by an asynchronous copy, so the
+  // host does not wait for the forward here. The parameters' buffer is shared with the step launched before:
+  // its sampling, earlier on the same stream, has read it by the time this step's copy runs.
+  const bool processed = penalties_.apply(l.logits.ptr<float>(), config().vocab_size, rows, stream);
+  sample_into(l.logits, rows, l.top_n, out, l.graph->stream());
+  if (processed) penalties_.count_sampled(draw_layout(out, l.rows, l.top_n).tokens, l.rows, stream);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(launch_host_[l.slot].data(), out, draw_bytes(l.rows, l.top_n),
+                                  cudaMemcpyDeviceToHost, stream));
+  KILN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(launch_done_[l.slot]), stream));
+  l.sampled = true;
+#else
+  (void)rows;
 #endif
 }
 
@@ -406,6 +431,7 @@ void Qwen3Runner::sample_into(const Tensor& logits, const std::vector<RowSamplin
 
 void Qwen3Runner::collect_sampled(std::vector<SampledRow>* out) {
   KILN_CHECK(!launched_.empty(), "Qwen3Runner::collect_sampled: no step in flight");
+  KILN_CHECK(launched_.front().sampled, "Qwen3Runner::collect_sampled: the step's sampling was not queued");
 #ifdef KILN_HAVE_CUDA
   const Launched l = launched_.front();
   launched_.erase(launched_.begin());
@@ -419,7 +445,13 @@ void Qwen3Runner::collect_sampled(std::vector<SampledRow>* out) {
 
 void Qwen3Runner::abandon_launched() {
 #ifdef KILN_HAVE_CUDA
-  for (const Launched& l : launched_) cudaEventSynchronize(static_cast<cudaEvent_t>(launch_done_[l.slot]));
+  for (const Launched& l : launched_) {
+    if (l.sampled) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(launch_done_[l.slot]));
+    } else {  // only its forward was queued: no event of its own yet
+      cudaStreamSynchronize(static_cast<cudaStream_t>(l.graph->stream()));
+    }
+  }
 #endif
   launched_.clear();
 }

@@ -51,14 +51,19 @@ class Qwen3Runner : public ModelRunner {
   // CUDA: logits stay on the device; kiln::cuda::sample draws every row there. CPU: declines.
   // Rows with logit processing (bias, min-token mask, penalties) get it on the device first
   // (DevicePenalties), graph or not.
+  using ModelRunner::forward_sampled;
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                       std::vector<SampledRow>* out) override;
+                       std::vector<SampledRow>* out, const std::function<void()>& before_sample) override;
   // CUDA, graph steps only, rows without logit processing: the step's replay, its sampling and the copy of
   // the draws to pinned host memory are queued on the graph's stream and an event marks their end; a
   // chained step (same graph as the step launched before it) takes its input tokens from that step's draws
   // by a device copy. Two steps at most in flight, each with its own draw buffers.
   bool launch_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                       bool chained) override;
+  // launch_sampled in two halves (launch_sampled is both): the replay alone, then the rows' processing (their
+  // grammar masks, DevicePenalties), the sampling, the draws' copy and the end event on the graph's stream.
+  bool launch_forward(const BatchDesc& batch, int top_n, bool chained) override;
+  void sample_launched(const std::vector<RowSampling>& rows) override;
   void collect_sampled(std::vector<SampledRow>* out) override;
   void abandon_launched() override;
   void release_request(uint64_t request) override;
@@ -103,7 +108,9 @@ class Qwen3Runner : public ModelRunner {
     int64_t rows = 0;
     int top_n = 0;
     int slot = 0;
-    const CudaDecodeGraph* graph = nullptr;
+    CudaDecodeGraph* graph = nullptr;
+    Tensor logits;         // f32 [rows, vocab] in the graphs' logits buffer
+    bool sampled = false;  // its sampling is queued (sample_launched)
   };
   std::vector<Launched> launched_;
   // CUDA: uploads the rows' SampleParams (StagedUploads on `stream`) and queues cuda::sample of `logits` into

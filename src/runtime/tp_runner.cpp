@@ -539,13 +539,14 @@ void TpRunner::forward(const BatchDesc& batch, std::vector<float>* logits, std::
 }
 
 bool TpRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                               std::vector<SampledRow>* out) {
+                               std::vector<SampledRow>* out, const std::function<void()>& before_sample) {
   if (!device().is_cuda()) return false;  // the CPU ranks' logits are sampled on the host
   const TpCommand c = impl_->forward_command(batch, true, false);
   impl_->call(
       c, batch,
       [&](Qwen3Runner& r) {
-        KILN_CHECK(r.forward_sampled(batch, rows, top_n, out), "rank 0 declined device sampling on a GPU");
+        KILN_CHECK(r.forward_sampled(batch, rows, top_n, out, before_sample),
+                   "rank 0 declined device sampling on a GPU");
       },
       "a step");
   return true;

@@ -74,8 +74,9 @@ class TpRunner : public ModelRunner {
   void prepare_graphs(const GraphPlan& plan) override;
   int32_t graph_bucket(const BatchDesc& batch) const override;
   void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override;
+  using ModelRunner::forward_sampled;
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
-                       std::vector<SampledRow>* out) override;
+                       std::vector<SampledRow>* out, const std::function<void()>& before_sample) override;
   void release_request(uint64_t request) override;
 
   int tp() const { return opts_.tp; }

@@ -122,6 +122,10 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
               s.grammar_mask);
   w.gauge("kiln_grammar_mask_max_seconds", "Structured output: the longest token mask so far.",
           s.grammar_mask_max);
+  w.counter("kiln_grammar_steps_not_overlapped_total",
+            "Structured output: decode steps the overlap schedule ran one at a time because a row was "
+            "constrained.",
+            double(s.grammar_steps_not_overlapped));
 
   w.gauge("kiln_server_active_requests", "HTTP requests accepted and not yet ended.",
           double(c.active.load()));

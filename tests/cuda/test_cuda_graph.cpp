@@ -4,7 +4,8 @@
 // a graph of B sequences fed fewer real ones plus padding rows (runtime pad_batch), page tables narrower
 // than the graph's, equals the eager step of the same rows; the runner routes decode steps to its graphs.
 // With kiln's GEMVs as the tactics (serving's batch-1 path) the replays equal the eager steps too.
-// The overlap schedule's chained launches (launch_sampled) draw what steps run one at a time draw.
+// The overlap schedule's chained launches (launch_sampled; launch_forward + sample_launched under grammar
+// masks) draw what steps run one at a time draw.
 #include <numeric>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "model/cuda_graph.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
+#include "runtime/logit_processor.h"
 #include "runtime/model_runner.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
@@ -217,22 +219,24 @@ TEST(CudaGraph, RunnerRoutesPaddedDecodeStepsToItsGraphs) {
   }
 }
 
+// tiny_runner with decode graphs for steps of 4 sequences (launches ahead need a graph).
+std::unique_ptr<Qwen3Runner> graphed_runner(int32_t ps, int32_t pages) {
+  auto r = tiny_runner(ps, pages);
+  ModelRunner::GraphPlan plan;
+  plan.buckets = {4};
+  plan.max_pages_per_seq = 16;
+  plan.max_step_tokens = 64;
+  plan.max_seqs = 4;
+  r->prepare_graphs(plan);
+  return r;
+}
+
 // The overlap schedule's runner path: steps launched ahead (launch_sampled), each chained on the previous
 // step's draws by a device copy, give the draws of steps run one at a time with those draws as host tokens.
 TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
   KILN_REQUIRE_GPU();
   const int32_t ps = 16, pages = 32;
-  auto make = [&] {
-    auto r = tiny_runner(ps, pages);
-    ModelRunner::GraphPlan plan;
-    plan.buckets = {4};
-    plan.max_pages_per_seq = 16;
-    plan.max_step_tokens = 64;
-    plan.max_seqs = 4;
-    r->prepare_graphs(plan);
-    return r;
-  };
-  auto one = make(), ahead = make();
+  auto one = graphed_runner(ps, pages), ahead = graphed_runner(ps, pages);
   const std::vector<ModelRunner::RowSampling> rows(3);  // greedy
   std::vector<ModelRunner::SampledRow> a, b;
   for (int32_t t = 0; t < 12; ++t) {  // the same contexts in both caches (3 rows from step 8 on)
@@ -280,6 +284,82 @@ TEST(CudaGraph, ChainedLaunchesEqualStepByStepSampling) {
     }
   // A chained launch needs a step launched before it.
   EXPECT_FALSE(ahead->launch_sampled(bucket_step(25, ps, 0, 4), rows, 0, true)) << "nothing launched before";
+}
+
+// The overlap schedule with constrained rows: the forward launched alone (launch_forward, chained on the
+// previous step's draws), the previous step collected, the rows' grammar masks for this step set, then its
+// sampling queued (sample_launched): the draws equal those of steps run one at a time with the same masks,
+// each inside its mask.
+TEST(CudaGraph, ChainedForwardLaunchesSampledUnderMasksEqualStepByStepSampling) {
+  KILN_REQUIRE_GPU();
+  const int32_t ps = 16, pages = 32;
+  auto one = graphed_runner(ps, pages), ahead = graphed_runner(ps, pages);
+  const int64_t V = one->config().vocab_size;
+  const size_t W = size_t((V + 31) / 32);
+  std::vector<std::unique_ptr<LogitProcessor>> procs;
+  std::vector<ModelRunner::RowSampling> rows(3);
+  for (size_t r = 0; r < 3; ++r) {
+    procs.push_back(
+        std::make_unique<LogitProcessor>(SamplingParams{}, std::vector<int32_t>{}, std::vector<int32_t>{}));
+    rows[r].proc = procs.back().get();
+    rows[r].request = r + 1;
+    if (r == 1) rows[r].temperature = 0.8f, rows[r].seed = 9;  // one sampled row
+  }
+  auto set_masks = [&](int32_t t) {  // about a fifth of the ids allowed, a different set each step and row
+    for (size_t r = 0; r < 3; ++r) {
+      std::vector<uint32_t>& m = procs[r]->token_mask();
+      m.assign(W, 0u);
+      for (int64_t id = 0; id < V; ++id)
+        if ((id * 7 + t * 3 + int64_t(r)) % 5 == 0) m[size_t(id / 32)] |= 1u << (id % 32);
+    }
+  };
+  auto step = [&](int32_t t, const std::vector<ModelRunner::SampledRow>* prev) {
+    BatchDesc s = bucket_step(t, ps, 0, 4);
+    for (size_t r = 0; r < 3; ++r) s.tokens[r] = prev ? (*prev)[r].token : 0;
+    return s;
+  };
+  const std::vector<ModelRunner::RowSampling> plain(3);
+  std::vector<ModelRunner::SampledRow> a, b;
+  for (int32_t t = 0; t < 12; ++t) {  // the same contexts in both caches
+    const BatchDesc s = bucket_step(t, ps, 0, 4);
+    const size_t R = s.logit_rows.size();
+    ASSERT_TRUE(one->forward_sampled(s, {plain.begin(), plain.begin() + ptrdiff_t(R)}, 0, &a));
+    ASSERT_TRUE(ahead->forward_sampled(s, {plain.begin(), plain.begin() + ptrdiff_t(R)}, 0, &b));
+  }
+  std::vector<std::vector<ModelRunner::SampledRow>> want;
+  for (int32_t t = 12; t <= 24; ++t) {
+    rows[1].step = uint64_t(t);
+    set_masks(t);
+    std::vector<ModelRunner::SampledRow> w;
+    ASSERT_TRUE(one->forward_sampled(step(t, t == 12 ? &a : &want.back()), rows, 2, &w));
+    want.push_back(w);
+  }
+  std::vector<std::vector<ModelRunner::SampledRow>> got;
+  ASSERT_TRUE(ahead->launch_forward(step(12, &a), 2, false));
+  rows[1].step = 12;
+  set_masks(12);
+  ahead->sample_launched(rows);
+  for (int32_t t = 13; t <= 24; ++t) {
+    ASSERT_TRUE(ahead->launch_forward(step(t, nullptr), 2, true)) << "step " << t;
+    got.emplace_back();
+    ahead->collect_sampled(&got.back());
+    rows[1].step = uint64_t(t);
+    set_masks(t);
+    ahead->sample_launched(rows);
+  }
+  got.emplace_back();
+  ahead->collect_sampled(&got.back());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    for (size_t r = 0; r < 3; ++r) {
+      const int32_t t = int32_t(12 + i), tok = got[i][r].token;
+      EXPECT_EQ(tok, want[i][r].token) << "step " << t << " row " << r;
+      EXPECT_EQ(got[i][r].logprob, want[i][r].logprob) << "step " << t << " row " << r;
+      EXPECT_EQ((int64_t(tok) * 7 + t * 3 + int64_t(r)) % 5, 0)
+          << "step " << t << " row " << r << " drew " << tok;
+      ASSERT_EQ(got[i][r].top.size(), 2u);
+      EXPECT_EQ(got[i][r].top[1].id, want[i][r].top[1].id);
+    }
 }
 
 TEST(CudaGraph, ReplayEqualsEagerWhileInputsChange) {

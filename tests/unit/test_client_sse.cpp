@@ -194,5 +194,14 @@ TEST(ClientStream, RequestBodies) {
   EXPECT_EQ(c["max_tokens"], 7);
   EXPECT_EQ(c["ignore_eos"], true);
   EXPECT_EQ(c["stream_options"]["include_usage"], true);
+  EXPECT_FALSE(g["sampling_params"].contains("json_schema"));
+  EXPECT_FALSE(c.contains("response_format"));
+  // --json-schema: SGLang's sampling_params.json_schema (text) and OpenAI's response_format (the schema).
+  const std::string schema = R"({"type": "array", "items": {"type": "integer"}})";
+  const auto gs = nlohmann::json::parse(build_stream_body(spec, {Api::generate, "", schema}));
+  EXPECT_EQ(gs["sampling_params"]["json_schema"], schema);
+  const auto cs = nlohmann::json::parse(build_stream_body(spec, {Api::completions, "m", schema}));
+  EXPECT_EQ(cs["response_format"]["type"], "json_schema");
+  EXPECT_EQ(cs["response_format"]["json_schema"]["schema"], nlohmann::json::parse(schema));
   EXPECT_THROW(parse_api("chat"), kiln::Error);
 }

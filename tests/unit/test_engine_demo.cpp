@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
 
 #include "common/test_support.h"
 #include "engine_test_util.h"
+#include "kiln/grammar.h"
 #include "kiln/safetensors.h"
 #include "model/weights.h"
 #include "runtime/model_runner.h"
@@ -84,16 +86,22 @@ std::vector<std::vector<int32_t>> demo_prompts() {
   return prompts;
 }
 
+// The demo checkpoint on the GPU, pages of 16, 4096 tokens of KV.
+EngineOptions cuda_demo_options() {
+  EngineOptions o;
+  o.model_dir = write_demo_checkpoint();
+  o.device = "cuda";
+  o.page_size = 16;
+  o.max_total_tokens = 4096;
+  return o;
+}
+
 // On a GPU (skipped elsewhere): the device sampler's greedy choice equals the host's on the same
 // logits, and mixed/chunked batches give the outputs of unmixed whole-prompt steps. The second is the
 // issue's H200 check; it holds only if the CUDA forward is batch-invariant.
 TEST(EngineQwen3, CudaDeviceSamplingAndMixedBatches) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU: the CUDA engine path is not exercised";
-  EngineOptions base;
-  base.model_dir = write_demo_checkpoint();
-  base.device = "cuda";
-  base.page_size = 16;
-  base.max_total_tokens = 4096;
+  const EngineOptions base = cuda_demo_options();
   const auto prompts = demo_prompts();
   EngineOptions host = base;
   host.sampling_backend = "cpu";
@@ -124,11 +132,7 @@ void penalize(size_t i, Request& r) {
 // and eagerly) draws what the host's does on the same logits.
 TEST(EngineQwen3, CudaDevicePenaltiesEqualTheHostsWithAndWithoutGraphs) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU: the CUDA engine path is not exercised";
-  EngineOptions base;
-  base.model_dir = write_demo_checkpoint();
-  base.device = "cuda";
-  base.page_size = 16;
-  base.max_total_tokens = 4096;
+  const EngineOptions base = cuda_demo_options();
   const auto prompts = demo_prompts();
   EngineOptions host = base;
   host.sampling_backend = "cpu";
@@ -139,6 +143,44 @@ TEST(EngineQwen3, CudaDevicePenaltiesEqualTheHostsWithAndWithoutGraphs) {
   EngineOptions eager = base;
   eager.disable_cuda_graph = true;
   EXPECT_EQ(run_all(eager, prompts, 24, false, nullptr, penalize), want) << "graphs change processed outputs";
+}
+
+// On a GPU: structured output through the device sampler (the mask uploaded and applied before the sampling
+// kernel), one step at a time and through the overlap schedule's steps launched ahead (forward queued, masks
+// on the workers, then the sampling), eagerly and in graphs: the greedy outputs equal the host's, and match
+// the grammar. The vocabulary's bytes are made up (id i < 256: byte i; EOS as the config says): the engine
+// needs nothing else of a tokenizer.
+TEST(EngineQwen3, CudaConstrainedOutputsEqualTheHostsThroughTheOverlapSchedule) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU: the CUDA engine path is not exercised";
+  std::vector<std::string> bytes(151936);
+  for (int i = 0; i < 256; ++i) bytes[size_t(i)] = std::string(1, char(i));
+  const auto g = grammar::compile(grammar::GrammarKind::regex, "[a-z]{3,12}( [a-z]{2,9}){2,5}",
+                                  grammar::make_vocab(std::move(bytes), {151645, 151643}));
+  const auto constrain = [&](size_t i, Request& r) {
+    if (i % 3 != 2) r.grammar = g;  // every third request free, in the same batches
+  };
+  const EngineOptions base = cuda_demo_options();
+  const auto prompts = demo_prompts();
+  EngineOptions host = base;
+  host.sampling_backend = "cpu";
+  const auto want = run_all(host, prompts, 80, false, nullptr, constrain);
+  const std::regex pattern("[a-z]{3,12}( [a-z]{2,9}){2,5}");
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (i % 3 == 2) continue;
+    std::string text;
+    for (int32_t t : want[i])
+      if (t < 256) text += char(t);
+    EXPECT_TRUE(std::regex_match(text, pattern)) << "request " << i << ": " << text;
+  }
+  EngineStats st;
+  EXPECT_EQ(run_all(base, prompts, 80, false, &st, constrain), want) << "device != host, overlap schedule";
+  EXPECT_EQ(st.grammar_steps_not_overlapped, 0);
+  EngineOptions one_at_a_time = base;
+  one_at_a_time.overlap_schedule = false;
+  EXPECT_EQ(run_all(one_at_a_time, prompts, 80, false, nullptr, constrain), want) << "device != host";
+  EngineOptions eager = base;
+  eager.disable_cuda_graph = true;
+  EXPECT_EQ(run_all(eager, prompts, 80, false, nullptr, constrain), want) << "device != host, eager";
 }
 
 // The demo checkpoint on the CPU: penalties stop repeats, a bias forces a token, n samples of a prompt

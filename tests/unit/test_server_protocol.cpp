@@ -451,6 +451,8 @@ TEST(ServerMetrics, PrometheusTextHasEverySeries) {
   EXPECT_NE(m.find("# TYPE kiln_e2e_request_latency_seconds histogram"), std::string::npos);
   EXPECT_NE(m.find("# TYPE kiln_grammar_mask_seconds histogram"), std::string::npos);
   EXPECT_NE(m.find("kiln_grammar_masks_total{model_name=\"de\\\"mo\"} 0\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("kiln_grammar_steps_not_overlapped_total{model_name=\"de\\\"mo\"} 0\n"), std::string::npos)
+      << m;
 }
 
 // max_tokens: null is "not given" (OpenAI clients send null for unset fields), as in vLLM: a chat reply may
