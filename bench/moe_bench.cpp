@@ -9,9 +9,10 @@
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
 //   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes);
-//   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
+//   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
 //     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
-//     linear, routing + permutation, the combine
+//     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
+//     router GEMV fused with the routing and permutation (the path to 64 tokens)
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -161,6 +162,16 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         r.path.clear();
         timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, scratch.data(), scratch.bytes()); });
       }
+    }
+    if (T == 1 || T == 8 || T == 64) {  // the router GEMV fused with the routing (the op's path to 64 tokens)
+      Row r{"moe", "router + route fused", shape(T)};
+      r.bytes = double(kE * kH) * 2 + double(T * kH) * 2;
+      r.path = "part of mlp";
+      timed(r, [&](int) {
+        kc::moe_router_route_launch(static_cast<const uint16_t*>(x.data()), kH,
+                                    static_cast<const uint16_t*>(m.router.data()), s, true, b, env.stream);
+        kc::moe_permute_launch(s, b, env.stream);
+      });
     }
     if (T == 1 || T == 8) {  // the parts of the whole op beside the experts, each alone
       const Tensor logits(b.logits, DType::bf16, {T, kE}, Device::cuda());

@@ -129,9 +129,12 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tens
              " and moe_intermediate_size ", w.intermediate(),
              " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");
   const auto al16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-  KILN_CHECK(al16(x) && al16(out) && al16(w.gate_up) && al16(w.down) && x.stride[0] % 8 == 0 &&
-                 out.stride[0] % 8 == 0,
-             op, ": x, out and the expert weights must be 16-byte aligned with row strides a multiple of 8");
+  KILN_CHECK(
+      al16(x) && al16(out) && al16(w.gate_up) && al16(w.down) && al16(w.router) && x.stride[0] % 8 == 0 &&
+          out.stride[0] % 8 == 0 && w.router.is_contiguous(),
+      op,
+      ": x, out, the router and the expert weights must be 16-byte aligned, x and out with row strides "
+      "a multiple of 8, the router contiguous");
   cuda::moe_mlp(x, w, out, scratch.data, size_t(scratch.nbytes()));
 #else
   (void)scratch;

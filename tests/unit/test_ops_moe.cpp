@@ -106,6 +106,25 @@ TEST(MoeRoute, SoftmaxDenominatorUsesTheCanonicalLaneOrder) {
   EXPECT_EQ(seq, 1.0f);
 }
 
+// The router logits' canonical order (ops/moe.h): an fmaf chain over a lane's 8-element chunks, then the
+// xor butterfly. Row 0: one chunk holds 2^24, 1, -2^24: the chain loses the 1 (2^24 + 1 is a tie to even),
+// linear's 8 partials (k mod 8) keep it. Row 1: 2^24 in lane 0, 1 in lane 1, -2^24 in lane 16: the
+// butterfly cancels lanes 0 and 16 first and keeps the 1, a sequential sum of the chunks loses it.
+TEST(MoeRouter, LogitsFollowTheCanonicalLaneOrder) {
+  const int64_t H = 256, E = 2;
+  const float big = std::ldexp(1.0f, 24);
+  std::vector<float> w(size_t(E * H), 0.0f);
+  w[0] = big, w[1] = 1.0f, w[2] = -big;
+  w[size_t(H + 0)] = big, w[size_t(H + 8)] = 1.0f, w[size_t(H + 128)] = -big;
+  std::vector<bf16_t> x = bf16s(std::vector<float>(size_t(H), 1.0f)), router = bf16s(w), logits(2), lin(2);
+  const Tensor xt(x.data(), DType::bf16, {1, H}), rt(router.data(), DType::bf16, {E, H});
+  ops::cpu::moe_router_logits(xt, rt, Tensor(logits.data(), DType::bf16, {1, E}));
+  EXPECT_EQ(bf16_to_f32(logits[0]), 0.0f);
+  EXPECT_EQ(bf16_to_f32(logits[1]), 1.0f);
+  ops::linear(xt, rt, Tensor(lin.data(), DType::bf16, {1, E}));
+  EXPECT_EQ(bf16_to_f32(lin[0]), 1.0f) << "linear's order differs here, so the case pins the router's";
+}
+
 TEST(MoeRoute, BadArgumentsNameTheProblem) {
   std::vector<bf16_t> l(8);
   std::vector<int32_t> ex(8);
@@ -271,7 +290,7 @@ TEST(MoeMlp, BadShapesNameTheTensor) {
       {"moe_mlp", "down"});
 }
 
-// moe_mlp equals its contract composed from the other ops token by token (router linear, moe_route, each
+// moe_mlp equals its contract composed from the other ops token by token (router logits, moe_route, each
 // chosen expert's linear / silu_and_mul / linear, the fp32 sum in ascending expert index, one rounding): with
 // top-3 the order of the sum matters, so a different order or an unrounded routing weight shows here.
 TEST(MoeMlp, EqualsTheContractComposedTokenByToken) {
@@ -286,7 +305,7 @@ TEST(MoeMlp, EqualsTheContractComposedTokenByToken) {
           wts(static_cast<size_t>(k));
       std::vector<int32_t> ex(static_cast<size_t>(k));
       const Tensor xr(row.data(), DType::bf16, {1, H});
-      ops::linear(xr, w.router, Tensor(logits.data(), DType::bf16, {1, E}));
+      ops::cpu::moe_router_logits(xr, w.router, Tensor(logits.data(), DType::bf16, {1, E}));
       ops::moe_route(Tensor(logits.data(), DType::bf16, {1, E}), k, norm,
                      Tensor(ex.data(), DType::i32, {1, k}), Tensor(wts.data(), DType::bf16, {1, k}));
       std::vector<float> acc(static_cast<size_t>(H), 0.0f);

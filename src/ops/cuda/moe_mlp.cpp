@@ -191,9 +191,13 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scra
              " tokens; it needs ", need);
   const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch);
   const cudaStream_t stream = kc::current_stream();
-  const Tensor logits(b.logits, DType::bf16, {T, s.E}, x.device);
-  linear(x, w.router, logits);
-  kc::moe_route_launch(b.logits, s.E, s, w.norm_topk_prob, b, stream);
+  if (T <= kc::kMoeRouterMaxTokens) {  // the router GEMV and the routing in one launch
+    kc::moe_router_route_launch(static_cast<const uint16_t*>(x.data), x.stride[0],
+                                static_cast<const uint16_t*>(w.router.data), s, w.norm_topk_prob, b, stream);
+  } else {
+    linear(x, w.router, Tensor(b.logits, DType::bf16, {T, s.E}, x.device));
+    kc::moe_route_launch(b.logits, s.E, s, w.norm_topk_prob, b, stream);
+  }
   kc::moe_permute_launch(s, b, stream);
   const bool by_caller = experts != MoeExperts::by_rows;  // a caller's explicit kernel (tests, bench) is kept
   if (!by_caller) experts = env_experts();
