@@ -122,9 +122,9 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tens
              " bytes (moe_scratch_bytes) for ", x.shape[0], " tokens");
   KILN_CHECK(w.num_experts() <= 512, op, ": ", w.num_experts(),
              " experts; the CUDA routing kernel takes at most 512");
-  KILN_CHECK(out.dtype == DType::bf16 && w.expert_begin == 0 && w.local_experts() == w.num_experts() &&
-                 !w.split_intermediate,
-             op, ": a tensor- or expert-parallel rank's share runs on the CPU backend only in this build");
+  KILN_CHECK(
+      out.dtype == DType::bf16 && w.expert_begin == 0 && w.local_experts() == w.num_experts(), op,
+      ": an expert-parallel rank's share, or an f32 partial, runs on the CPU backend only in this build");
   KILN_CHECK(x.shape[1] % 8 == 0 && w.intermediate() % 8 == 0, op, ": hidden ", x.shape[1],
              " and moe_intermediate_size ", w.intermediate(),
              " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");

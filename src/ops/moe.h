@@ -63,7 +63,8 @@
 // permutation on the device, the experts by a gather
 // GEMV (T <= 64) or a grouped tensor-core GEMM, each with the rounding points above (their sums in their own
 // order: linear's tolerance), then the final sum bitwise as above from the experts' bf16 outputs. Needs H
-// and I multiples of 8 and 16-byte aligned rows.
+// and I multiples of 8 and 16-byte aligned rows. Of the parallel shares CUDA runs split_intermediate with
+// out bf16 (the kernels see a smaller I); expert parallelism and f32 out are the CPU's.
 #pragma once
 
 #include <cstdint>
