@@ -78,19 +78,7 @@ void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, boo
              " experts; the CUDA kernel takes 1 to ", kMoeRouteMaxExperts);
   KILN_CHECK(s.k >= 1 && s.k <= s.E, "moe_route: top_k ", s.k, " outside [1, ", s.E, "]");
   if (s.T == 0) return;
-  const RouteParams p{.logits = logits,
-                      .ls = ls,
-                      .experts = b.experts,
-                      .weights = b.weights,
-                      .rank = b.rank,
-                      .chunk_counts = b.chunk_counts,
-                      .layout = layout_of(b),
-                      .inverse = b.inverse,
-                      .T = int(s.T),
-                      .E = int(s.E),
-                      .k = int(s.k),
-                      .norm = norm_topk_prob,
-                      .fused = s.chunks() == 1 && b.offsets != nullptr};
+  const RouteParams p = route_params(logits, ls, s, norm_topk_prob, b);
   launch({.grid = dim3(unsigned(s.chunks())),
           .block = dim3(32 * kRouteWarps),
           .stream = stream,

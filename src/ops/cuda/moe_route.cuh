@@ -244,4 +244,23 @@ inline Layout layout_of(const MoeBuffers& b) {
           .sorted_pair = b.sorted_pair};
 }
 
+// The routing of logits bf16 [T, E] (row stride ls) into the scratch's buffers; fused when the batch is one
+// chunk and the scratch has the layout's buffers.
+inline RouteParams route_params(const uint16_t* logits, int64_t ls, const MoeShape& s, bool norm_topk_prob,
+                                const MoeBuffers& b) {
+  return {.logits = logits,
+          .ls = ls,
+          .experts = b.experts,
+          .weights = b.weights,
+          .rank = b.rank,
+          .chunk_counts = b.chunk_counts,
+          .layout = layout_of(b),
+          .inverse = b.inverse,
+          .T = int(s.T),
+          .E = int(s.E),
+          .k = int(s.k),
+          .norm = norm_topk_prob,
+          .fused = s.chunks() == 1 && b.offsets != nullptr};
+}
+
 }  // namespace kiln::cuda::moe_detail
