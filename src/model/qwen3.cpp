@@ -387,15 +387,16 @@ void Qwen3Model::launch_layers(KvCache& cache) {
     const Tensor o_in = attn.reshape({T, Hq * D});
     if (lw.moe.present()) {  // the sparse MLP (ops/moe.h) into tmp; MoE models have no images (create)
       const bool last = l + 1 == c.num_layers;
-      project(o_in, lw.o_proj, lw.post_norm);  // O, the residual add and the norm: one GEMV at decode sizes
       if (tp_) {  // the rank's partials all-reduced, then the next norm (dist/shard_plan.h)
+        project(o_in, lw.o_proj, lw.post_norm);
         const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
         tp_moe_add_rms_norm(*tp_, normed, lw.moe, residual, next_norm, eps, tmp, w.tp_partial_v, normed,
                             w.moe_v);
         pending = false;
         continue;
       }
-      ops::moe_mlp(normed, lw.moe, tmp, w.moe_v);
+      ops::linear(o_in, lw.o_proj, tmp);  // then the add and the norm in the router's launch (ops/moe.h)
+      ops::moe_mlp(ops::ResidualNorm{tmp, residual, lw.post_norm, eps, normed}, lw.moe, tmp, w.moe_v);
       pending = !last;  // the next QKV adds tmp and norms; after the last layer, the final norm here
       if (last) ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
       continue;

@@ -70,6 +70,7 @@
 #include <cstdint>
 
 #include "kiln/tensor.h"
+#include "ops/linear.h"
 
 namespace kiln::ops {
 
@@ -100,6 +101,11 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out);
 // Either backend. scratch: u8, contiguous, on x's device, at least moe_scratch_bytes(w, H, T, device)
 // bytes (ignored on the CPU).
 void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tensor& scratch);
+// moe_mlp after the residual add and RMSNorm (the post-attention norm): add_rms_norm(in.delta, in.residual,
+// in.weight, in.eps, in.normed) (ops/rms_norm.h) then moe_mlp(in.normed, w, out, scratch), bitwise. out may
+// alias in.delta (read in full first), not residual or normed. CUDA, T <= 8 (and aligned, strides multiples
+// of 8): the add and the norm run in the router's launch (src/ops/cuda/moe.h MoeNormIn), normed written.
+void moe_mlp(const ResidualNorm& in, const MoeWeights& w, const Tensor& out, const Tensor& scratch);
 // Device scratch bytes of moe_mlp for `tokens` rows of hidden size `hidden`: 0 on the CPU or when w is
 // empty.
 int64_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t tokens, Device device);

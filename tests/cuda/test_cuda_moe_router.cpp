@@ -2,7 +2,8 @@
 // oracle: the router logits bitwise ops::cpu::moe_router_logits (ops/moe.h's canonical order) over batch
 // 1..64 and the model's widths, the experts and weights bitwise ops::moe_route on them, the layout's
 // invariants; rows with NaN logits (the route's exact fallback); repeated launches and a graph replay (the
-// per-chunk counters reset); and moe_mlp's routing from x bitwise the CPU's at T <= 64.
+// per-chunk counters reset); moe_mlp's routing from x bitwise the CPU's at T <= 64; and the residual-norm
+// prologue bitwise add_rms_norm then the router.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_ops.h"
 #include "ops/moe.h"
+#include "ops/rms_norm.h"
 #include "test_util_cuda.h"
 
 namespace kiln {
@@ -27,6 +29,13 @@ template <typename T>
 std::vector<T> read(const void* p, int64_t n) {
   std::vector<T> v(static_cast<size_t>(n));
   copy_bytes(v.data(), Device::cpu(), p, Device::cuda(), size_t(n) * sizeof(T));
+  return v;
+}
+
+// The bits of n bf16 values on the device, for whole-vector comparisons.
+std::vector<uint16_t> device_bits(const Buffer& b, int64_t n) {
+  std::vector<uint16_t> v;
+  for (const bf16_t x : to_host<bf16_t>(b, size_t(n))) v.push_back(x.bits);
   return v;
 }
 
@@ -203,21 +212,33 @@ TEST(CudaMoeRouter, RepeatedLaunchesAndGraphReplaysStayExact) {
   }
 }
 
+// A layer's weights on the device, random (a dense router: its logits depend on the summation order), with
+// the router's host copy for the CPU routing.
+struct DeviceMoe {
+  std::vector<bf16_t> router;
+  Buffer d_router, d_gate_up, d_down;
+  ops::MoeWeights w;
+  DeviceMoe(int64_t E, int64_t k, int64_t H, int64_t I, uint32_t seed)
+      : router(random_bf16(size_t(E * H), seed, -0.05f, 0.05f)),
+        d_router(to_device(router)),
+        d_gate_up(to_device(random_bf16(size_t(E * 2 * I * H), seed + 1, -0.1f, 0.1f))),
+        d_down(to_device(random_bf16(size_t(E * H * I), seed + 2, -0.1f, 0.1f))) {
+    w.router = Tensor(d_router.data(), DType::bf16, {E, H}, Device::cuda());
+    w.gate_up = Tensor(d_gate_up.data(), DType::bf16, {E, 2 * I, H}, Device::cuda());
+    w.down = Tensor(d_down.data(), DType::bf16, {E, H, I}, Device::cuda());
+    w.top_k = k;
+    w.norm_topk_prob = true;
+  }
+};
+
 // moe_mlp (the op) routes from x bitwise as the CPU oracle does at T <= 64 (the fused router), with a
 // dense router whose logits depend on the summation order.
 TEST(CudaMoeRouter, MoeMlpRoutesFromXBitwise) {
   KILN_REQUIRE_GPU();
   const int64_t E = 64, k = 4, H = 512, I = 128;
-  const auto router = random_bf16(size_t(E * H), 21, -0.05f, 0.05f);
-  const auto gate_up = random_bf16(size_t(E * 2 * I * H), 22, -0.1f, 0.1f);
-  const auto down = random_bf16(size_t(E * H * I), 23, -0.1f, 0.1f);
-  const Buffer d_router = to_device(router), d_gate_up = to_device(gate_up), d_down = to_device(down);
-  ops::MoeWeights w;
-  w.router = Tensor(d_router.data(), DType::bf16, {E, H}, Device::cuda());
-  w.gate_up = Tensor(d_gate_up.data(), DType::bf16, {E, 2 * I, H}, Device::cuda());
-  w.down = Tensor(d_down.data(), DType::bf16, {E, H, I}, Device::cuda());
-  w.top_k = k;
-  w.norm_topk_prob = true;
+  const DeviceMoe m(E, k, H, I, 21);
+  const ops::MoeWeights& w = m.w;
+  const std::vector<bf16_t>& router = m.router;
   for (const int64_t T : {int64_t(1), int64_t(5), int64_t(40), int64_t(64)}) {
     const kc::MoeShape s{.T = T, .E = E, .k = k, .H = H, .I = I};
     const auto x = random_bf16(size_t(T * H), uint32_t(T + 300), -2.0f, 2.0f);
@@ -234,6 +255,87 @@ TEST(CudaMoeRouter, MoeMlpRoutesFromXBitwise) {
     expect_routing_equal(
         {read<bf16_t>(b.logits, T * E), read<bf16_t>(b.weights, T * k), read<int32_t>(b.experts, T * k)},
         want, "moe_mlp T " + std::to_string(T));
+  }
+}
+
+// The router launch with the residual-norm prologue (MoeNormIn) equals add_rms_norm (the CUDA op) then the
+// plain launch on its output, bitwise: the new residual, the normed rows, the logits, the routing, the
+// layout.
+TEST(CudaMoeRouter, NormPrologueEqualsAddRmsNormThenRouter) {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    int64_t E, k, H;
+  };
+  for (const Case c : {Case{128, 8, 2048}, Case{128, 8, 4096}, Case{60, 4, 64}}) {
+    const auto router = random_bf16(size_t(c.E * c.H), uint32_t(c.H + 5), -0.05f, 0.05f);
+    const auto norm_w = random_bf16(size_t(c.H), uint32_t(c.H + 6), 0.5f, 1.5f);
+    const Buffer d_router = to_device(router), d_norm_w = to_device(norm_w);
+    for (const int64_t T : {1, 3, 8}) {
+      SCOPED_TRACE("E " + std::to_string(c.E) + " H " + std::to_string(c.H) + " T " + std::to_string(T));
+      const kc::MoeShape s{.T = T, .E = c.E, .k = c.k, .H = c.H, .I = 8};
+      const auto delta = random_bf16(size_t(T * c.H), uint32_t(T + 7), -1.0f, 1.0f);
+      const auto residual = random_bf16(size_t(T * c.H), uint32_t(T + 8), -3.0f, 3.0f);
+      const Buffer d_delta = to_device(delta);
+      Buffer res_a = to_device(residual), res_b = to_device(residual);
+      Buffer normed_a(size_t(T * c.H) * 2, Device::cuda()), normed_b(size_t(T * c.H) * 2, Device::cuda());
+      test::poison(normed_b);
+      const auto mat = [&](const Buffer& b) {
+        return Tensor(b.data(), DType::bf16, {T, c.H}, Device::cuda());
+      };
+      ops::add_rms_norm(mat(d_delta), mat(res_a), Tensor(d_norm_w.data(), DType::bf16, {c.H}, Device::cuda()),
+                        1e-6f, mat(normed_a));
+      Buffer scratch_a(256, Device::cuda()), scratch_b(kc::moe_scratch_bytes(s), Device::cuda());
+      const Routing want = gpu_routing(normed_a, d_router, s, true, scratch_a);
+      test::poison(scratch_b);
+      const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch_b.data());
+      const kc::MoeNormIn norm{.delta = static_cast<const uint16_t*>(d_delta.data()),
+                               .ds = c.H,
+                               .residual = static_cast<uint16_t*>(res_b.data()),
+                               .rs = c.H,
+                               .weight = static_cast<const uint16_t*>(d_norm_w.data()),
+                               .normed = static_cast<uint16_t*>(normed_b.data()),
+                               .ns = c.H,
+                               .eps = 1e-6f};
+      kc::moe_router_route_launch(nullptr, 0, static_cast<const uint16_t*>(d_router.data()), s, true, b,
+                                  nullptr, &norm);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      ASSERT_EQ(device_bits(res_b, T * c.H), device_bits(res_a, T * c.H)) << "residual";
+      ASSERT_EQ(device_bits(normed_b, T * c.H), device_bits(normed_a, T * c.H)) << "normed";
+      const Routing got{read<bf16_t>(b.logits, T * c.E), read<bf16_t>(b.weights, T * c.k),
+                        read<int32_t>(b.experts, T * c.k)};
+      expect_routing_equal(got, want, "norm prologue");
+      expect_layout(s, scratch_b.data(), got.experts);
+    }
+  }
+}
+
+// moe_mlp with a ResidualNorm (out aliasing delta, as the model calls it) equals add_rms_norm then moe_mlp,
+// bitwise, through the prologue (T <= 8) and past it (T = 12).
+TEST(CudaMoeRouter, MoeMlpWithResidualNormEqualsTheTwoOps) {
+  KILN_REQUIRE_GPU();
+  const int64_t E = 32, k = 4, H = 256, I = 128;
+  const DeviceMoe m(E, k, H, I, 31);
+  const ops::MoeWeights& w = m.w;
+  const Buffer d_norm_w = to_device(random_bf16(size_t(H), 34, 0.5f, 1.5f));
+  const Tensor nw(d_norm_w.data(), DType::bf16, {H}, Device::cuda());
+  for (const int64_t T : {int64_t(1), int64_t(5), int64_t(8), int64_t(12)}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const auto delta = random_bf16(size_t(T * H), uint32_t(T + 40), -1.0f, 1.0f);
+    const auto residual = random_bf16(size_t(T * H), uint32_t(T + 41), -3.0f, 3.0f);
+    Buffer tmp_a = to_device(delta), tmp_b = to_device(delta), res_a = to_device(residual),
+           res_b = to_device(residual);
+    Buffer normed_a(size_t(T * H) * 2, Device::cuda()), normed_b(size_t(T * H) * 2, Device::cuda()),
+        out_a(size_t(T * H) * 2, Device::cuda());
+    const auto mat = [&](const Buffer& b) { return Tensor(b.data(), DType::bf16, {T, H}, Device::cuda()); };
+    const int64_t bytes = ops::moe_scratch_bytes(w, H, T, Device::cuda());
+    Buffer sa(size_t(bytes), Device::cuda()), sb(size_t(bytes), Device::cuda());
+    const auto scr = [&](const Buffer& b) { return Tensor(b.data(), DType::u8, {bytes}, Device::cuda()); };
+    ops::add_rms_norm(mat(tmp_a), mat(res_a), nw, 1e-6f, mat(normed_a));
+    ops::moe_mlp(mat(normed_a), w, mat(out_a), scr(sa));
+    ops::moe_mlp(ops::ResidualNorm{mat(tmp_b), mat(res_b), nw, 1e-6f, mat(normed_b)}, w, mat(tmp_b), scr(sb));
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    ASSERT_EQ(device_bits(tmp_b, T * H), device_bits(out_a, T * H)) << "out";
+    ASSERT_EQ(device_bits(res_b, T * H), device_bits(res_a, T * H)) << "residual";
   }
 }
 

@@ -13,6 +13,7 @@
 #include "ops/cpu/moe.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
+#include "ops/rms_norm.h"
 
 using namespace kiln;
 
@@ -276,6 +277,31 @@ TEST(MoeMlp, RenormalizationChangesTheScaleAsSpecified) {
     n_on += std::fabs(bf16_to_f32(on[i]));
   }
   EXPECT_GT(n_on, n_off * 1.2);  // top-2 of 6 near-uniform experts: p ~ 1/6 each unnormalized, 1/2 normalized
+}
+
+// moe_mlp with a ResidualNorm is add_rms_norm then moe_mlp, with out aliasing delta (the model's call).
+TEST(MoeMlp, ResidualNormFormEqualsAddRmsNormThenMoeMlp) {
+  const int64_t E = 8, H = 48, I = 24, k = 3, T = 4;
+  Layer L = random_layer(E, H, I, 51);
+  const ops::MoeWeights w = L.view(k, true);
+  std::vector<bf16_t> delta = test_support::random_bf16(size_t(T * H), 52),
+                      res = test_support::random_bf16(size_t(T * H), 53),
+                      nw = test_support::random_bf16(size_t(H), 54), normed(size_t(T * H)),
+                      out(size_t(T * H));
+  std::vector<bf16_t> delta2 = delta, res2 = res, normed2(size_t(T * H));
+  const auto mat = [&](std::vector<bf16_t>& v) { return Tensor(v.data(), DType::bf16, {T, H}); };
+  const Tensor nwt(nw.data(), DType::bf16, {H});
+  ops::add_rms_norm(mat(delta), mat(res), nwt, 1e-6f, mat(normed));
+  ops::moe_mlp(mat(normed), w, mat(out));
+  ops::moe_mlp(ops::ResidualNorm{mat(delta2), mat(res2), nwt, 1e-6f, mat(normed2)}, w, mat(delta2), Tensor());
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(delta2[i].bits, out[i].bits) << "out " << i;
+    ASSERT_EQ(res2[i].bits, res[i].bits) << "residual " << i;
+  }
+  EXPECT_THROW(ops::moe_mlp(ops::ResidualNorm{mat(delta2), mat(res2), nwt, 1e-6f, mat(normed2)}, w, mat(res2),
+                            Tensor()),
+               Error)
+      << "out aliasing residual";
 }
 
 TEST(MoeMlp, BadShapesNameTheTensor) {

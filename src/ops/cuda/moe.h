@@ -63,12 +63,31 @@ MoeBuffers moe_scratch_layout(const MoeShape& s, void* base);
 // 1. logits bf16 [T, E] (row stride ls) -> b.experts, b.weights, b.rank, b.chunk_counts.
 void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, bool norm_topk_prob,
                       const MoeBuffers& b, cudaStream_t stream);
+// The residual add and RMSNorm before the sparse MLP (elementwise.h's add_rms_norm): residual <- h =
+// bf16(residual + delta), normed = rms_norm(h) * weight. bf16 [T, H] with row strides ds, rs, ns
+// (multiples of 8), weight bf16 [H]; 16-byte aligned; none overlapping another.
+struct MoeNormIn {
+  const uint16_t* delta = nullptr;
+  int64_t ds = 0;
+  uint16_t* residual = nullptr;
+  int64_t rs = 0;
+  const uint16_t* weight = nullptr;
+  uint16_t* normed = nullptr;
+  int64_t ns = 0;
+  float eps = 0.0f;
+};
+constexpr int64_t kMoeRouterNormInMaxTokens = 8;     // the norm prologue: one block row of tokens
+constexpr int64_t kMoeRouterNormInMaxHidden = 8192;  // its rows in shared memory: T H 2 bytes <= 128 KB
+
 // 1 with the router: x bf16 [T, H] (row stride xs, a multiple of 8; H % 8 == 0), router bf16 [E, H]
 // contiguous -> b.logits (bf16 [T, E], ops/moe.h's canonical order: bitwise ops::cpu::moe_router_logits),
 // then what moe_route_launch writes, bitwise. T <= kMoeRouterMaxTokens. Not for two launches in flight at
 // once on two streams of one device (a per-device counter a chunk, as gemv.h's fused tails).
+// norm (T <= kMoeRouterNormInMaxTokens, H <= kMoeRouterNormInMaxHidden): x is norm->normed, computed by the
+// same launch (MoeNormIn), bitwise add_rms_norm then this launch on its output.
 void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* router, const MoeShape& s,
-                             bool norm_topk_prob, const MoeBuffers& b, cudaStream_t stream);
+                             bool norm_topk_prob, const MoeBuffers& b, cudaStream_t stream,
+                             const MoeNormIn* norm = nullptr);
 // 2.
 void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemv.cuh"
 #include "ops/cuda/moe_route.cuh"
+#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/vec.cuh"
 
 namespace kiln::cuda {
@@ -25,12 +26,13 @@ static_assert(kMoeChunkTokens % kRouterTokens == 0, "a block's tokens lie in one
 __device__ unsigned g_router_blocks_done[kRouterChunks];
 
 struct RouterParams {
-  const uint16_t* x;  // bf16 [T, H], row stride xs
+  const uint16_t* x;  // bf16 [T, H], row stride xs (the norm prologue: unused)
   int64_t xs;
   const uint16_t* router;  // bf16 [E, H] contiguous
   uint16_t* logits;        // bf16 [T, E] contiguous (route.logits)
   int H;
   RouteParams route;
+  MoeNormIn norm;  // the residual-norm prologue's tensors (kNormIn)
 };
 
 // Grid: (ceil(E / 8), ceil(T / 8)); block: 8 warps. Warp w of block (x, y) owns expert e = 8 x + w and
@@ -40,10 +42,16 @@ struct RouterParams {
 // butterfly 16, 8, 4, 2, 1; lane 0 stores bf16(acc) (ops/moe.h's canonical router order). Then every thread
 // fences, the block counts itself on its chunk's counter, and the chunk's last block routes the chunk
 // (route_chunk: experts, weights and, for a single chunk, the sorted layout).
+// kNormIn (T <= 8, one block row): x is not read; first warp g < T computes token g's row into shared memory
+// with the rms_norm kernel's arithmetic (norm_row.cuh: h = bf16(residual + delta), lane chunk squares,
+// butterfly, bf16(bf16(h inv) w)), and the last block, once every block has read residual, writes h back
+// to residual and the normed rows to normed: bitwise add_rms_norm then the plain kernel.
+template <bool kNormIn>
 __global__ void __launch_bounds__(kRouterWarps * 32)
     router_route_kernel(const __grid_constant__ RouterParams p) {
   __shared__ RouteSmem sm;
   __shared__ bool last;
+  extern __shared__ uint4 xs_norm[];  // kNormIn: [T, H / 8] the normed rows
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int E = p.route.E, T = p.route.T;
   const int e = int(blockIdx.x) * kRouterWarps + warp, t0 = int(blockIdx.y) * kRouterTokens;
@@ -57,9 +65,30 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
       wv[i] = c < nc ? __ldg(reinterpret_cast<const uint4*>(wr) + c) : make_uint4(0, 0, 0, 0);
     }
   };
+  // Token t's residual-add chunk c: h = bf16(residual + delta).
+  const auto h_chunk = [&](int t, int c) {
+    return norm_add_chunk(
+        __ldg(reinterpret_cast<const uint4*>(p.norm.delta + int64_t(t) * p.norm.ds) + c),
+        __ldg(reinterpret_cast<const uint4*>(p.norm.residual + int64_t(t) * p.norm.rs) + c));
+  };
   load_round(0);
-  pdl_wait();               // x is the previous kernel's output
+  pdl_wait();               // x (or delta and residual) is the previous kernels' output
   pdl_launch_dependents();  // every block of this grid is resident once the dependents may launch
+  if constexpr (kNormIn) {
+    if (warp < T) {
+      uint4* row = xs_norm + int64_t(warp) * nc;
+      float acc = 0.0f;
+      for (int c = lane; c < nc; c += 32) {
+        const uint4 h = h_chunk(warp, c);
+        norm_square_chunk(h, acc);
+        row[c] = h;
+      }
+      const float inv = norm_inv_rms(acc, nc, p.norm.eps);
+      for (int c = lane; c < nc; c += 32)
+        row[c] = norm_scale_chunk(row[c], __ldg(reinterpret_cast<const uint4*>(p.norm.weight) + c), inv);
+    }
+    __syncthreads();
+  }
   if (e < E) {
     float acc[kRouterTokens] = {};
     for (int c0 = 0; c0 < nc; c0 += 32 * kRouterRound) {
@@ -74,7 +103,11 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         for (int g = 0; g < kRouterTokens; ++g) {
           if (g >= tn) break;
           float xf[8];
-          unpack8(__ldg(reinterpret_cast<const uint4*>(p.x + int64_t(t0 + g) * p.xs) + c), xf);
+          if constexpr (kNormIn) {
+            unpack8(xs_norm[int64_t(g) * nc + c], xf);
+          } else {
+            unpack8(__ldg(reinterpret_cast<const uint4*>(p.x + int64_t(t0 + g) * p.xs) + c), xf);
+          }
           acc[g] = dot8(xf, wf, acc[g]);
         }
       }
@@ -98,13 +131,26 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     __threadfence();
   }
   __syncthreads();
-  if (last) route_chunk(p.route, chunk, sm);
+  if (!last) return;
+  if constexpr (kNormIn) {  // every block has read residual: the new residual and the normed rows
+    if (warp < T) {
+      auto* res = reinterpret_cast<uint4*>(p.norm.residual + int64_t(warp) * p.norm.rs);
+      auto* out = reinterpret_cast<uint4*>(p.norm.normed + int64_t(warp) * p.norm.ns);
+      for (int c = lane; c < nc; c += 32) {
+        const uint4 h = h_chunk(warp, c);
+        res[c] = h;
+        out[c] = xs_norm[int64_t(warp) * nc + c];
+      }
+    }
+  }
+  route_chunk(p.route, chunk, sm);
 }
 
 }  // namespace
 
 void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* router, const MoeShape& s,
-                             bool norm_topk_prob, const MoeBuffers& b, cudaStream_t stream) {
+                             bool norm_topk_prob, const MoeBuffers& b, cudaStream_t stream,
+                             const MoeNormIn* norm) {
   KILN_CHECK(s.E >= 1 && s.E <= kMoeRouteMaxExperts, "moe_router_route: ", s.E,
              " experts; the CUDA kernel takes 1 to ", kMoeRouteMaxExperts);
   KILN_CHECK(s.k >= 1 && s.k <= s.E, "moe_router_route: top_k ", s.k, " outside [1, ", s.E, "]");
@@ -112,19 +158,26 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
              " tokens; the fused router takes at most ", kMoeRouterMaxTokens);
   KILN_CHECK(s.H % 8 == 0 && xs % 8 == 0, "moe_router_route: hidden ", s.H, " and x's row stride ", xs,
              " must be multiples of 8 (16-byte chunks)");
+  KILN_CHECK(!norm || (s.T <= kMoeRouterNormInMaxTokens && s.H <= kMoeRouterNormInMaxHidden &&
+                       norm->ds % 8 == 0 && norm->rs % 8 == 0 && norm->ns % 8 == 0),
+             "moe_router_route: the norm prologue takes up to ", kMoeRouterNormInMaxTokens,
+             " tokens of hidden ", kMoeRouterNormInMaxHidden, " with row strides multiples of 8; got ", s.T,
+             " tokens, hidden ", s.H);
   if (s.T == 0) return;
   const RouterParams p{.x = x,
                        .xs = xs,
                        .router = router,
                        .logits = b.logits,
                        .H = int(s.H),
-                       .route = route_params(b.logits, s.E, s, norm_topk_prob, b)};
+                       .route = route_params(b.logits, s.E, s, norm_topk_prob, b),
+                       .norm = norm ? *norm : MoeNormIn{}};
   launch({.grid = dim3(unsigned((s.E + kRouterWarps - 1) / kRouterWarps),
                        unsigned((s.T + kRouterTokens - 1) / kRouterTokens)),
           .block = dim3(kRouterWarps * 32),
+          .smem = norm ? size_t(s.T * s.H) * 2 : 0,
           .stream = stream,
           .pdl = pdl_for(PdlSite::gemv)},
-         router_route_kernel, p);
+         norm ? router_route_kernel<true> : router_route_kernel<false>, p);
 }
 
 }  // namespace kiln::cuda
