@@ -3,7 +3,8 @@
 //   1. moe_route_launch:    logits -> experts, weights (bitwise ops/moe.h) and, per 32-token chunk, each
 //                           pair's rank among the chunk's pairs of the same expert and the chunk's counts;
 //                           for T <= kMoeRouterMaxTokens moe_router_route_launch computes the logits too
-//                           (ops/moe.h's canonical router order) and routes in the same launch
+//                           (ops/moe.h's canonical router order) and routes in the same launch, for
+//                           T <= 8 also the residual add and RMSNorm before it (MoeNormIn)
 //   2. moe_permute_launch:  counts per expert, offsets padded to kMoeRowTile, the tile -> expert map, the
 //                           list of experts chosen by some token; then the sorted pair list (pair =
 //                           t * k + slot; -1 on padding rows) and its inverse. With one chunk (T <= 32, the
