@@ -78,7 +78,7 @@ struct MoeNormIn {
   float eps = 0.0f;
 };
 constexpr int64_t kMoeRouterNormInMaxTokens = 8;     // the norm prologue: one block row of tokens
-constexpr int64_t kMoeRouterNormInMaxHidden = 8192;  // its rows in shared memory: T H 2 bytes <= 128 KB
+constexpr int64_t kMoeRouterNormInMaxHidden = 8192;  // rows in shared memory: (8 + 1) H 2 bytes <= 144 KB
 
 // 1 with the router: x bf16 [T, H] (row stride xs, a multiple of 8; H % 8 == 0), router bf16 [E, H]
 // contiguous -> b.logits (bf16 [T, E], ops/moe.h's canonical order: bitwise ops::cpu::moe_router_logits),

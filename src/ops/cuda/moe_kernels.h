@@ -54,8 +54,9 @@ void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gat
 constexpr int kMoeGemvPairs = 1;
 // depth: 16-byte (e4m3: 8-byte) chunks a lane loads per row before its first product, 2, 4 or 8 (the same
 // bits for each; bench moe times them all). kMoeGemvDepth the default of the gather GEMV and the fused down
-// + combine.
-constexpr int kMoeGemvDepth = 4;
+// + combine: 2, the fastest at every T on the H100 (docs/PERF.md "Mixture of experts", E4: T = 1 decode path
+// 32.8 / 46.9 / 98.0 us at depth 2 / 4 / 8).
+constexpr int kMoeGemvDepth = 2;
 // down nullptr: the gate_up GEMV alone (moe_down_combine_launch then does down and the combine).
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
                             cudaStream_t stream, int pairs_per_warp = kMoeGemvPairs,

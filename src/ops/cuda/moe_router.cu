@@ -1,6 +1,8 @@
 // The router GEMV and the routing in one launch for decode-sized batches (moe.h step 1 with its logits):
 // blocks compute the router logits in ops/moe.h's canonical order, and the block that finishes a chunk of
 // tokens last routes it (moe_route.cuh), so the logits never wait for a second launch.
+#include <algorithm>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/context.h"
 #include "ops/cuda/moe.h"
@@ -42,16 +44,18 @@ struct RouterParams {
 // butterfly 16, 8, 4, 2, 1; lane 0 stores bf16(acc) (ops/moe.h's canonical router order). Then every thread
 // fences, the block counts itself on its chunk's counter, and the chunk's last block routes the chunk
 // (route_chunk: experts, weights and, for a single chunk, the sorted layout).
-// kNormIn (T <= 8, one block row): x is not read; first warp g < T computes token g's row into shared memory
-// with the rms_norm kernel's arithmetic (norm_row.cuh: h = bf16(residual + delta), lane chunk squares,
-// butterfly, bf16(bf16(h inv) w)), and the last block, once every block has read residual, writes h back
-// to residual and the normed rows to normed: bitwise add_rms_norm then the plain kernel.
+// x is staged in shared memory first (the block's rows, every 16-byte load in flight at once).
+// kNormIn (T <= 8, one block row): x is not read; the block computes h = bf16(residual + delta) of every row
+// into shared memory, then warp g < T normalizes row g with the rms_norm kernel's arithmetic (norm_row.cuh:
+// lane chunk squares, butterfly, bf16(bf16(h inv) w); the norm weight staged before the PDL wait), and the
+// last block, once every block has read residual, writes h back to residual and the normed rows to normed:
+// bitwise add_rms_norm then the plain kernel.
 template <bool kNormIn>
 __global__ void __launch_bounds__(kRouterWarps * 32)
     router_route_kernel(const __grid_constant__ RouterParams p) {
   __shared__ RouteSmem sm;
   __shared__ bool last;
-  extern __shared__ uint4 xs_norm[];  // kNormIn: [T, H / 8] the normed rows
+  extern __shared__ uint4 xs[];  // [min(T, 8), H / 8]: the block's x rows (kNormIn: the normed rows)
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int E = p.route.E, T = p.route.T;
   const int e = int(blockIdx.x) * kRouterWarps + warp, t0 = int(blockIdx.y) * kRouterTokens;
@@ -71,24 +75,28 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         __ldg(reinterpret_cast<const uint4*>(p.norm.delta + int64_t(t) * p.norm.ds) + c),
         __ldg(reinterpret_cast<const uint4*>(p.norm.residual + int64_t(t) * p.norm.rs) + c));
   };
+  uint4* const wsm = xs + int64_t(kNormIn ? T : 0) * nc;  // kNormIn: the norm weight [H / 8]
+  if constexpr (kNormIn)  // never written on the stream: staged before the PDL wait
+    for (int c = int(threadIdx.x); c < nc; c += int(blockDim.x))
+      wsm[c] = __ldg(reinterpret_cast<const uint4*>(p.norm.weight) + c);
   load_round(0);
   pdl_wait();               // x (or delta and residual) is the previous kernels' output
   pdl_launch_dependents();  // every block of this grid is resident once the dependents may launch
-  if constexpr (kNormIn) {
-    if (warp < T) {
-      uint4* row = xs_norm + int64_t(warp) * nc;
-      float acc = 0.0f;
-      for (int c = lane; c < nc; c += 32) {
-        const uint4 h = h_chunk(warp, c);
-        norm_square_chunk(h, acc);
-        row[c] = h;
-      }
-      const float inv = norm_inv_rms(acc, nc, p.norm.eps);
-      for (int c = lane; c < nc; c += 32)
-        row[c] = norm_scale_chunk(row[c], __ldg(reinterpret_cast<const uint4*>(p.norm.weight) + c), inv);
-    }
+  if constexpr (kNormIn) {  // h of every row by the whole block (every load in flight), then warp g's norm
+    for (int i = int(threadIdx.x); i < T * nc; i += int(blockDim.x)) xs[i] = h_chunk(i / nc, i % nc);
     __syncthreads();
+    if (warp < T) {
+      uint4* row = xs + int64_t(warp) * nc;
+      float acc = 0.0f;
+      for (int c = lane; c < nc; c += 32) norm_square_chunk(row[c], acc);
+      const float inv = norm_inv_rms(acc, nc, p.norm.eps);
+      for (int c = lane; c < nc; c += 32) row[c] = norm_scale_chunk(row[c], wsm[c], inv);
+    }
+  } else {  // the block's x rows into shared memory, every load in flight at once
+    for (int i = int(threadIdx.x); i < tn * nc; i += int(blockDim.x))
+      xs[i] = __ldg(reinterpret_cast<const uint4*>(p.x + int64_t(t0 + i / nc) * p.xs) + i % nc);
   }
+  __syncthreads();
   if (e < E) {
     float acc[kRouterTokens] = {};
     for (int c0 = 0; c0 < nc; c0 += 32 * kRouterRound) {
@@ -103,11 +111,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         for (int g = 0; g < kRouterTokens; ++g) {
           if (g >= tn) break;
           float xf[8];
-          if constexpr (kNormIn) {
-            unpack8(xs_norm[int64_t(g) * nc + c], xf);
-          } else {
-            unpack8(__ldg(reinterpret_cast<const uint4*>(p.x + int64_t(t0 + g) * p.xs) + c), xf);
-          }
+          unpack8(xs[int64_t(g) * nc + c], xf);
           acc[g] = dot8(xf, wf, acc[g]);
         }
       }
@@ -133,14 +137,11 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   __syncthreads();
   if (!last) return;
   if constexpr (kNormIn) {  // every block has read residual: the new residual and the normed rows
-    if (warp < T) {
-      auto* res = reinterpret_cast<uint4*>(p.norm.residual + int64_t(warp) * p.norm.rs);
-      auto* out = reinterpret_cast<uint4*>(p.norm.normed + int64_t(warp) * p.norm.ns);
-      for (int c = lane; c < nc; c += 32) {
-        const uint4 h = h_chunk(warp, c);
-        res[c] = h;
-        out[c] = xs_norm[int64_t(warp) * nc + c];
-      }
+    for (int i = int(threadIdx.x); i < T * nc; i += int(blockDim.x)) {
+      const int t = i / nc, c = i % nc;
+      const uint4 h = h_chunk(t, c);
+      reinterpret_cast<uint4*>(p.norm.residual + int64_t(t) * p.norm.rs)[c] = h;
+      reinterpret_cast<uint4*>(p.norm.normed + int64_t(t) * p.norm.ns)[c] = xs[i];
     }
   }
   route_chunk(p.route, chunk, sm);
@@ -156,8 +157,9 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
   KILN_CHECK(s.k >= 1 && s.k <= s.E, "moe_router_route: top_k ", s.k, " outside [1, ", s.E, "]");
   KILN_CHECK(s.T <= kMoeRouterMaxTokens, "moe_router_route: ", s.T,
              " tokens; the fused router takes at most ", kMoeRouterMaxTokens);
-  KILN_CHECK(s.H % 8 == 0 && xs % 8 == 0, "moe_router_route: hidden ", s.H, " and x's row stride ", xs,
-             " must be multiples of 8 (16-byte chunks)");
+  KILN_CHECK(s.H % 8 == 0 && xs % 8 == 0 && s.H <= kMoeRouterNormInMaxHidden, "moe_router_route: hidden ",
+             s.H, " and x's row stride ", xs, " must be multiples of 8 (16-byte chunks), hidden at most ",
+             kMoeRouterNormInMaxHidden, " (8 rows in shared memory)");
   KILN_CHECK(!norm || (s.T <= kMoeRouterNormInMaxTokens && s.H <= kMoeRouterNormInMaxHidden &&
                        norm->ds % 8 == 0 && norm->rs % 8 == 0 && norm->ns % 8 == 0),
              "moe_router_route: the norm prologue takes up to ", kMoeRouterNormInMaxTokens,
@@ -174,7 +176,7 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
   launch({.grid = dim3(unsigned((s.E + kRouterWarps - 1) / kRouterWarps),
                        unsigned((s.T + kRouterTokens - 1) / kRouterTokens)),
           .block = dim3(kRouterWarps * 32),
-          .smem = norm ? size_t(s.T * s.H) * 2 : 0,
+          .smem = size_t((std::min<int64_t>(s.T, kRouterTokens) + (norm ? 1 : 0)) * s.H) * 2,
           .stream = stream,
           .pdl = pdl_for(PdlSite::gemv)},
          norm ? router_route_kernel<true> : router_route_kernel<false>, p);
