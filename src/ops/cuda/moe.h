@@ -77,14 +77,16 @@ struct MoeNormIn {
   int64_t ns = 0;
   float eps = 0.0f;
 };
-constexpr int64_t kMoeRouterNormInMaxTokens = 8;     // the norm prologue: one block row of tokens
-constexpr int64_t kMoeRouterNormInMaxHidden = 8192;  // rows in shared memory: (8 + 1) H 2 bytes <= 144 KB
+constexpr int64_t kMoeRouterNormInMaxTokens = 8;  // the norm prologue: one block row of tokens
+// The fused router's H: up to 8 + 1 rows of H in shared memory.
+constexpr int64_t kMoeRouterMaxHidden = 8192;
 
 // 1 with the router: x bf16 [T, H] (row stride xs, a multiple of 8; H % 8 == 0), router bf16 [E, H]
 // contiguous -> b.logits (bf16 [T, E], ops/moe.h's canonical order: bitwise ops::cpu::moe_router_logits),
-// then what moe_route_launch writes, bitwise. T <= kMoeRouterMaxTokens. Not for two launches in flight at
-// once on two streams of one device (a per-device counter a chunk, as gemv.h's fused tails).
-// norm (T <= kMoeRouterNormInMaxTokens, H <= kMoeRouterNormInMaxHidden): x is norm->normed, computed by the
+// then what moe_route_launch writes, bitwise. T <= kMoeRouterMaxTokens, H <= kMoeRouterMaxHidden.
+// Not for two launches in flight at once on two streams of one device (a per-device counter a chunk, as
+// gemv.h's fused tails).
+// norm (T <= kMoeRouterNormInMaxTokens, H <= kMoeRouterMaxHidden): x is norm->normed, computed by the
 // same launch (MoeNormIn), bitwise add_rms_norm then this launch on its output.
 void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* router, const MoeShape& s,
                              bool norm_topk_prob, const MoeBuffers& b, cudaStream_t stream,

@@ -187,7 +187,7 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scra
 }
 
 bool moe_norm_in_applies(int64_t T, int64_t H) {
-  return T <= kc::kMoeRouterNormInMaxTokens && H <= kc::kMoeRouterNormInMaxHidden;
+  return T <= kc::kMoeRouterNormInMaxTokens && H <= kc::kMoeRouterMaxHidden;
 }
 
 void moe_mlp_norm_in(const ResidualNorm* in, const Tensor& x, const MoeWeights& w, const Tensor& out,
@@ -214,7 +214,7 @@ void moe_mlp_norm_in(const ResidualNorm* in, const Tensor& x, const MoeWeights& 
                              .eps = in->eps};
     kc::moe_router_route_launch(nullptr, 0, static_cast<const uint16_t*>(w.router.data), s, w.norm_topk_prob,
                                 b, stream, &norm);
-  } else if (T <= kc::kMoeRouterMaxTokens) {  // the router GEMV and the routing in one launch
+  } else if (T <= kc::kMoeRouterMaxTokens && H <= kc::kMoeRouterMaxHidden) {  // router + routing fused
     kc::moe_router_route_launch(static_cast<const uint16_t*>(x.data), x.stride[0],
                                 static_cast<const uint16_t*>(w.router.data), s, w.norm_topk_prob, b, stream);
   } else {

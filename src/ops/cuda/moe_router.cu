@@ -157,13 +157,13 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
   KILN_CHECK(s.k >= 1 && s.k <= s.E, "moe_router_route: top_k ", s.k, " outside [1, ", s.E, "]");
   KILN_CHECK(s.T <= kMoeRouterMaxTokens, "moe_router_route: ", s.T,
              " tokens; the fused router takes at most ", kMoeRouterMaxTokens);
-  KILN_CHECK(s.H % 8 == 0 && xs % 8 == 0 && s.H <= kMoeRouterNormInMaxHidden, "moe_router_route: hidden ",
-             s.H, " and x's row stride ", xs, " must be multiples of 8 (16-byte chunks), hidden at most ",
-             kMoeRouterNormInMaxHidden, " (8 rows in shared memory)");
-  KILN_CHECK(!norm || (s.T <= kMoeRouterNormInMaxTokens && s.H <= kMoeRouterNormInMaxHidden &&
-                       norm->ds % 8 == 0 && norm->rs % 8 == 0 && norm->ns % 8 == 0),
+  KILN_CHECK(s.H % 8 == 0 && xs % 8 == 0 && s.H <= kMoeRouterMaxHidden, "moe_router_route: hidden ", s.H,
+             " and x's row stride ", xs, " must be multiples of 8 (16-byte chunks), hidden at most ",
+             kMoeRouterMaxHidden, " (8 rows in shared memory)");
+  KILN_CHECK(!norm || (s.T <= kMoeRouterNormInMaxTokens && s.H <= kMoeRouterMaxHidden && norm->ds % 8 == 0 &&
+                       norm->rs % 8 == 0 && norm->ns % 8 == 0),
              "moe_router_route: the norm prologue takes up to ", kMoeRouterNormInMaxTokens,
-             " tokens of hidden ", kMoeRouterNormInMaxHidden, " with row strides multiples of 8; got ", s.T,
+             " tokens of hidden ", kMoeRouterMaxHidden, " with row strides multiples of 8; got ", s.T,
              " tokens, hidden ", s.H);
   if (s.T == 0) return;
   const RouterParams p{.x = x,
