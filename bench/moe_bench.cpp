@@ -8,10 +8,13 @@
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
-//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes);
-//   mlp (the whole op: router GEMM, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
+//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); the GEMV at
+//     the other load depths; at T = 1 the decode path (gate_up GEMV, then down fused with the combine) at
+//     each depth, bf16 and fp8;
+//   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
 //     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
-//     linear, routing + permutation, the combine
+//     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
+//     router GEMV fused with the routing and permutation (the path to 64 tokens)
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -116,13 +119,36 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       const kc::MoeProductParams g = kc::moe_gate_up_params(
           static_cast<const uint16_t*>(x.data()), kH, static_cast<const uint16_t*>(m.gate_up.data()), s, b);
       const kc::MoeProductParams d = kc::moe_down_params(static_cast<const uint16_t*>(m.down.data()), s, b);
+      const kc::MoeFp8Scales scales{.gate_up = static_cast<const float*>(m.gate_up_s.data()),
+                                    .down = static_cast<const float*>(m.down_s.data())};
       const int other = kc::kMoeGemvPairs == 1 ? 2 : 1;
       r.variant = "experts gather_gemv " + std::to_string(other) + " pairs a warp";
       timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, other); });
+      for (const int depth : {2, 4, 8}) {  // the load depth (the same bits at each)
+        if (depth == kc::kMoeGemvDepth) continue;
+        r.variant = "experts gather_gemv depth " + std::to_string(depth);
+        timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, kc::kMoeGemvPairs, depth); });
+      }
+      if (T == 1) {  // the decode path: gate_up GEMV, then down fused with the combine, at each depth
+        kc::MoeProductParams g8 = g, d8 = d;
+        kc::moe_set_fp8(g8, m.gate_up8.data(), scales.gate_up);
+        kc::moe_set_fp8(d8, m.down8.data(), scales.down);
+        for (const bool fp8 : {false, true})
+          for (const int depth : {2, 4, 8}) {
+            Row f{"moe",
+                  std::string("experts + combine fused") + (fp8 ? " fp8" : "") + " depth " +
+                      std::to_string(depth),
+                  shape(T)};
+            f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
+            timed(f, [&](int) {
+              kc::moe_gather_gemv_launch(s, fp8 ? g8 : g, nullptr, env.stream, kc::kMoeGemvPairs, depth);
+              kc::moe_down_combine_launch(s, fp8 ? d8 : d, b, static_cast<uint16_t*>(out.data()), kH,
+                                          env.stream, depth);
+            });
+          }
+      }
       r.variant = "experts gather_gemv fp8";
       r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;
-      const kc::MoeFp8Scales scales{.gate_up = static_cast<const float*>(m.gate_up_s.data()),
-                                    .down = static_cast<const float*>(m.down_s.data())};
       timed(r, [&](int) {
         kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, static_cast<const uint16_t*>(x.data()), kH,
                                m.gate_up8.data(), m.down8.data(), s, b, env.stream, scales);
@@ -161,6 +187,16 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         r.path.clear();
         timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, scratch.data(), scratch.bytes()); });
       }
+    }
+    if (T == 1 || T == 8 || T == 64) {  // the router GEMV fused with the routing (the op's path to 64 tokens)
+      Row r{"moe", "router + route fused", shape(T)};
+      r.bytes = double(kE * kH) * 2 + double(T * kH) * 2;
+      r.path = "part of mlp";
+      timed(r, [&](int) {
+        kc::moe_router_route_launch(static_cast<const uint16_t*>(x.data()), kH,
+                                    static_cast<const uint16_t*>(m.router.data()), s, true, b, env.stream);
+        kc::moe_permute_launch(s, b, env.stream);
+      });
     }
     if (T == 1 || T == 8) {  // the parts of the whole op beside the experts, each alone
       const Tensor logits(b.logits, DType::bf16, {T, kE}, Device::cuda());

@@ -158,8 +158,9 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg_in, const 
                  cfg.arch == ModelArch::qwen3_embedding || cfg.arch == ModelArch::qwen3_moe,
              "unsupported architecture '", cfg.architecture, "'");
   if (cfg.has_moe_layers()) {  // ops/moe.h: CPU and CUDA, BF16 or block-FP8 experts
-    KILN_CHECK(!opts.tp || !opts.device.is_cuda(), cfg.architecture,
-               ": tensor and expert parallelism of MoE layers run on the CPU backend only in this build");
+    KILN_CHECK(!opts.tp || !opts.device.is_cuda() || !opts.tp->plan.expert_parallel, cfg.architecture,
+               ": expert parallelism of MoE layers runs on the CPU backend only in this build (CUDA: tensor "
+               "parallelism, each expert's intermediate split)");
     KILN_CHECK(
         !opts.tp || !cfg.quant.fp8(), cfg.architecture,
         ": tensor and expert parallelism of block-FP8 MoE experts are not supported in this build: run ",
@@ -389,13 +390,13 @@ void Qwen3Model::launch_layers(KvCache& cache) {
       if (tp_) {  // the rank's partials all-reduced, then the next norm (dist/shard_plan.h)
         project(o_in, lw.o_proj, lw.post_norm);
         const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
-        tp_moe_add_rms_norm(*tp_, normed, lw.moe, residual, next_norm, eps, tmp, w.tp_partial_v, normed);
+        tp_moe_add_rms_norm(*tp_, normed, lw.moe, residual, next_norm, eps, tmp, w.tp_partial_v, normed,
+                            w.moe_v);
         pending = false;
         continue;
       }
-      ops::linear(o_in, lw.o_proj, tmp);
-      ops::add_rms_norm(tmp, residual, lw.post_norm, eps, normed);
-      ops::moe_mlp(normed, lw.moe, tmp, w.moe_v);
+      ops::linear(o_in, lw.o_proj, tmp);  // then the add and the norm in the router's launch (ops/moe.h)
+      ops::moe_mlp(ops::ResidualNorm{tmp, residual, lw.post_norm, eps, normed}, lw.moe, tmp, w.moe_v);
       pending = !last;  // the next QKV adds tmp and norms; after the last layer, the final norm here
       if (last) ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
       continue;

@@ -330,12 +330,12 @@ void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::Linea
 
 void tp_moe_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::MoeWeights& moe,
                          const Tensor& residual, const Tensor& norm_weight, float eps, const Tensor& tmp,
-                         const Tensor& partial, const Tensor& normed) {
+                         const Tensor& partial, const Tensor& normed, const Tensor& scratch) {
   const int64_t M = x.shape[0], N = x.shape[1];
   if (M == 0) return;
   KILN_CHECK(tmp.is_contiguous(), "tp_moe_add_rms_norm: tmp must be contiguous, got ", tmp.describe());
   if (tp.reduce == dist::ReduceType::bf16) {
-    ops::moe_mlp(x, moe, tmp);
+    ops::moe_mlp(x, moe, tmp, scratch);
     tp.comm->all_reduce_sum(tmp.data, size_t(M * N), dist::ReduceType::bf16, stream_arg());
   } else {
     KILN_CHECK(x.device.is_cpu(), "the fp32 tensor-parallel all-reduce runs on the CPU only (CUDA: bf16)");

@@ -66,9 +66,10 @@ void tp_linear_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::Linea
 // the ranks as tp_linear_add_rms_norm sums (f32: the rank's fp32 partial, one rounding after the all-reduce;
 // bf16: the rank's bf16 output), into tmp, then add_rms_norm(tmp, residual, norm_weight, eps, normed). x may
 // be normed itself (it is read in full first). partial: f32 with at least M x H elements (f32 reduce only).
+// scratch: moe_mlp's device scratch (ops/moe.h moe_scratch_bytes; unused on the CPU).
 void tp_moe_add_rms_norm(const TpShard& tp, const Tensor& x, const ops::MoeWeights& moe,
                          const Tensor& residual, const Tensor& norm_weight, float eps, const Tensor& tmp,
-                         const Tensor& partial, const Tensor& normed);
+                         const Tensor& partial, const Tensor& normed, const Tensor& scratch);
 
 // The vocab-parallel LM head: ops::lm_head over the rank's vocab rows into its block of `gathered`, the
 // all-gather, then every rank's block copied to its columns of logits.

@@ -1,8 +1,11 @@
 #include "ops/moe.h"
 
+#include <cstdint>
+
 #include "ops/checks.h"
 #include "ops/cpu/moe.h"
 #include "ops/fp8_linear.h"
+#include "ops/rms_norm.h"
 
 #ifdef KILN_HAVE_CUDA
 #include "ops/cuda/moe_ops.h"
@@ -10,6 +13,12 @@
 
 namespace kiln::ops {
 namespace {
+
+#ifdef KILN_HAVE_CUDA
+bool al16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+}
+#endif
 
 constexpr const char* kNoCuda = "kiln was built without CUDA: MoE layers run on the CPU backend";
 
@@ -111,32 +120,73 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
   cpu::moe_mlp(x, w, out);
 }
 
-void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tensor& scratch) {
-  constexpr const char* op = "moe_mlp";
-  check_mlp(op, x, w, out);
-  if (!x.device.is_cuda()) return cpu::moe_mlp(x, w, out);
+namespace {
+
 #ifdef KILN_HAVE_CUDA
+// The CUDA path's own limits, after check_mlp.
+void check_cuda_mlp(const char* op, const Tensor& x, const MoeWeights& w, const Tensor& out,
+                    const Tensor& scratch) {
   const int64_t need = moe_scratch_bytes(w, x.shape[1], x.shape[0], x.device);
   KILN_CHECK(scratch.device == x.device && scratch.is_contiguous() && scratch.nbytes() >= need, op,
              ": scratch ", scratch.describe(), " must be a contiguous device buffer of at least ", need,
              " bytes (moe_scratch_bytes) for ", x.shape[0], " tokens");
   KILN_CHECK(w.num_experts() <= 512, op, ": ", w.num_experts(),
              " experts; the CUDA routing kernel takes at most 512");
-  KILN_CHECK(out.dtype == DType::bf16 && w.expert_begin == 0 && w.local_experts() == w.num_experts() &&
-                 !w.split_intermediate,
-             op, ": a tensor- or expert-parallel rank's share runs on the CPU backend only in this build");
+  KILN_CHECK(
+      out.dtype == DType::bf16 && w.expert_begin == 0 && w.local_experts() == w.num_experts(), op,
+      ": an expert-parallel rank's share, or an f32 partial, runs on the CPU backend only in this build");
   KILN_CHECK(x.shape[1] % 8 == 0 && w.intermediate() % 8 == 0, op, ": hidden ", x.shape[1],
              " and moe_intermediate_size ", w.intermediate(),
              " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");
-  const auto al16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-  KILN_CHECK(al16(x) && al16(out) && al16(w.gate_up) && al16(w.down) && x.stride[0] % 8 == 0 &&
-                 out.stride[0] % 8 == 0,
-             op, ": x, out and the expert weights must be 16-byte aligned with row strides a multiple of 8");
+  KILN_CHECK(
+      al16(x) && al16(out) && al16(w.gate_up) && al16(w.down) && al16(w.router) && x.stride[0] % 8 == 0 &&
+          out.stride[0] % 8 == 0 && w.router.is_contiguous(),
+      op,
+      ": x, out, the router and the expert weights must be 16-byte aligned, x and out with row strides "
+      "a multiple of 8, the router contiguous");
+}
+#endif
+
+}  // namespace
+
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tensor& scratch) {
+  constexpr const char* op = "moe_mlp";
+  check_mlp(op, x, w, out);
+  if (!x.device.is_cuda()) return cpu::moe_mlp(x, w, out);
+#ifdef KILN_HAVE_CUDA
+  check_cuda_mlp(op, x, w, out, scratch);
   cuda::moe_mlp(x, w, out, scratch.data, size_t(scratch.nbytes()));
 #else
   (void)scratch;
   KILN_FAIL(op, ": ", kNoCuda);
 #endif
+}
+
+void moe_mlp(const ResidualNorm& in, const MoeWeights& w, const Tensor& out, const Tensor& scratch) {
+  constexpr const char* op = "moe_mlp";
+  check_mlp(op, in.normed, w, out);
+  const int64_t T = in.normed.shape[0], H = in.normed.shape[1];
+  detail::check_matrix(op, "delta", in.delta, 2, DType::bf16);
+  detail::check_matrix(op, "residual", in.residual, 2, DType::bf16);
+  detail::check_matrix(op, "norm weight", in.weight, 1, DType::bf16);
+  for (const Tensor* t : {&in.delta, &in.residual})
+    KILN_CHECK(t->shape[0] == T && t->shape[1] == H, op, ": ", t->describe(), " must be [", T, ", ", H, "]");
+  KILN_CHECK(in.weight.shape[0] == H, op, ": norm weight ", in.weight.describe(), " must be [", H, "]");
+  KILN_CHECK(in.eps > 0.0f, op, ": eps must be positive, got ", in.eps);
+  KILN_CHECK(T == 0 || (in.delta.data != in.residual.data && in.delta.data != in.normed.data &&
+                        in.residual.data != in.normed.data && out.data != in.residual.data),
+             op, ": delta, residual and normed must not alias one another, nor out residual");
+  for (const Tensor* t : {&in.delta, &in.residual, &in.weight}) detail::check_same_device(op, in.normed, *t);
+#ifdef KILN_HAVE_CUDA
+  if (in.normed.device.is_cuda() && cuda::moe_norm_in_applies(T, H) && al16(in.delta) && al16(in.residual) &&
+      al16(in.weight) && in.delta.stride[0] % 8 == 0 && in.residual.stride[0] % 8 == 0) {
+    check_cuda_mlp(op, in.normed, w, out, scratch);
+    cuda::moe_mlp_norm_in(&in, in.normed, w, out, scratch.data, size_t(scratch.nbytes()));
+    return;
+  }
+#endif
+  add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);  // reads delta before out is written
+  moe_mlp(in.normed, w, out, scratch);
 }
 
 }  // namespace kiln::ops

@@ -21,7 +21,11 @@
 //   1 <= k <= E. CPU or CUDA tensors (CUDA: E <= 512).
 //
 // moe_mlp(x, w, out): out = the sparse MLP of x.
-//   logits = linear(x, w.router)                       bf16 [T, E] (ops/linear.h: one bf16 rounding)
+//   logits[t, e] = bf16(x[t] . w.router[e])            bf16 [T, E], one rounding, the fp32 sum in the
+//             canonical router order (ops::cpu::moe_router_logits): lane l of 32 takes the 8-element
+//             chunks l, l + 32, l + 64, ... of the row (a ragged last chunk shorter), acc = fmaf(x_h, w_h,
+//             acc) from +0 over its chunks and their elements in ascending h, then an xor butterfly over
+//             offsets 16, 8, 4, 2, 1 (p_l = p_l + p_(l ^ o)); the logit is bf16(p_0)
 //   experts, weights = moe_route(logits, w.top_k, w.norm_topk_prob)
 //   y_(t,e) = linear(silu_and_mul(linear(x_t, w.gate_up[e])), w.down[e])
 //             each chosen expert's SwiGLU with the dense MLP's rounding points (ops/linear.h
@@ -49,19 +53,24 @@
 //   path). CUDA: path (c), the e4m3 widened in registers to bf16(f32(q) * s) by the gather GEMV at every T
 //   (the grouped GEMMs take bf16 only), so it equals the BF16 CUDA op on dequantize_fp8's experts bitwise.
 //   Needs I and H multiples of 128 (each expert's gate, up and down rows fill whole 128-row blocks).
-// Summation orders inside the GEMMs are linear's (tolerance for other backends, ops/linear.h); the routing
-// (experts, weights) from given logits and the final sum from given expert outputs are bitwise contracts.
+// Summation orders inside the expert GEMMs are linear's (tolerance for other backends, ops/linear.h); the
+// router logits from x, the routing (experts, weights) from given logits and the final sum from given expert
+// outputs are bitwise contracts.
 // CUDA (src/ops/cuda/moe.h, moe_ops.h): moe_route bitwise the CPU's (E <= 512); moe_mlp with a device
-// scratch of moe_scratch_bytes (no allocation, no host synchronisation: capturable in a CUDA graph): the
-// router through linear, routing and the (token, expert) permutation on the device, the experts by a gather
+// scratch of moe_scratch_bytes (no allocation, no host synchronisation: capturable in a CUDA graph): for
+// T <= 64 the router logits and the routing in one kernel, bitwise the CPU's from x (above: linear's
+// tensor-core sum, its tolerance, then the routing bitwise from those logits), the (token, expert)
+// permutation on the device, the experts by a gather
 // GEMV (T <= 64) or a grouped tensor-core GEMM, each with the rounding points above (their sums in their own
 // order: linear's tolerance), then the final sum bitwise as above from the experts' bf16 outputs. Needs H
-// and I multiples of 8 and 16-byte aligned rows.
+// and I multiples of 8 and 16-byte aligned rows. Of the parallel shares CUDA runs split_intermediate with
+// out bf16 (the kernels see a smaller I); expert parallelism and f32 out are the CPU's.
 #pragma once
 
 #include <cstdint>
 
 #include "kiln/tensor.h"
+#include "ops/linear.h"
 
 namespace kiln::ops {
 
@@ -92,6 +101,11 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out);
 // Either backend. scratch: u8, contiguous, on x's device, at least moe_scratch_bytes(w, H, T, device)
 // bytes (ignored on the CPU).
 void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tensor& scratch);
+// moe_mlp after the residual add and RMSNorm (the post-attention norm): add_rms_norm(in.delta, in.residual,
+// in.weight, in.eps, in.normed) (ops/rms_norm.h) then moe_mlp(in.normed, w, out, scratch), bitwise. out may
+// alias in.delta (read in full first), not residual or normed. CUDA, T <= 8 (and aligned, strides multiples
+// of 8): the add and the norm run in the router's launch (src/ops/cuda/moe.h MoeNormIn), normed written.
+void moe_mlp(const ResidualNorm& in, const MoeWeights& w, const Tensor& out, const Tensor& scratch);
 // Device scratch bytes of moe_mlp for `tokens` rows of hidden size `hidden`: 0 on the CPU or when w is
 // empty.
 int64_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t tokens, Device device);

@@ -234,8 +234,8 @@ void expect_combine_bitwise(const kc::MoeShape& s, void* scratch, const std::vec
     }
 }
 
-// The gather GEMV with 2 column pairs a warp computes every output in the 1-pair kernel's order: the
-// expert rows y of the two agree bitwise.
+// The gather GEMV with 2 column pairs a warp, and at every load depth, computes every output in the default
+// kernel's order: the expert rows y agree bitwise.
 void expect_gemv_pairs_bitwise(Layer& l, const Buffer& x, const kc::MoeShape& s, Buffer& scratch) {
   run_gpu(l, x, s.T, ops::cuda::MoeExperts::gather_gemv, scratch);
   const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
@@ -244,13 +244,17 @@ void expect_gemv_pairs_bitwise(Layer& l, const Buffer& x, const kc::MoeShape& s,
   const kc::MoeProductParams g = kc::moe_gate_up_params(
       static_cast<const uint16_t*>(x.data()), s.H, static_cast<const uint16_t*>(l.d_gate_up.data()), s, b);
   const kc::MoeProductParams d = kc::moe_down_params(static_cast<const uint16_t*>(l.d_down.data()), s, b);
-  kc::moe_gather_gemv_launch(s, g, d, nullptr, 2);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto two = read<bf16_t>(b.y, s.max_rows() * s.H);
-  for (const int32_t row : inverse)
-    for (int64_t h = 0; h < s.H; ++h)
-      ASSERT_EQ(two[size_t(row * s.H + h)].bits, one[size_t(row * s.H + h)].bits)
-          << "row " << row << " col " << h;
+  for (const int pairs : {1, 2})
+    for (const int depth : {2, 4, 8}) {
+      KILN_CUDA_CHECK(cudaMemset(b.y, 0xff, size_t(s.max_rows() * s.H) * 2));
+      kc::moe_gather_gemv_launch(s, g, d, nullptr, pairs, depth);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto two = read<bf16_t>(b.y, s.max_rows() * s.H);
+      for (const int32_t row : inverse)
+        for (int64_t h = 0; h < s.H; ++h)
+          ASSERT_EQ(two[size_t(row * s.H + h)].bits, one[size_t(row * s.H + h)].bits)
+              << "pairs " << pairs << " depth " << depth << " row " << row << " col " << h;
+    }
 }
 
 void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<int64_t>& batches) {
@@ -295,6 +299,58 @@ TEST(CudaMoe, ExpertsMatchCpuOracleQwen3MoeWidths) {
   KILN_REQUIRE_GPU();
   check_layer(128, 8, 2048, 768, {1, 4, 8, 64});
   check_layer(32, 4, 512, 256, {1, 16, 100, 256, 512});
+}
+
+// A tensor-parallel rank's share (split_intermediate: each expert's gate/up rows and down columns a slice of
+// I, out bf16) runs on CUDA: each of two ranks' outputs matches the CPU oracle on the same slice, and their
+// sum the whole layer's, within the experts' tolerance.
+TEST(CudaMoe, SplitIntermediateShareMatchesCpu) {
+  KILN_REQUIRE_GPU();
+  const int64_t E = 8, k = 2, H = 64, I = 48, T = 5, ranks = 2, Ir = I / ranks;
+  Layer l = make_layer(E, k, H, I, 77);
+  const auto x = random_bf16(size_t(T * H), 78);
+  const Buffer dx = to_device(x);
+  Buffer scratch(256, Device::cuda());
+  std::vector<float> sum(size_t(T * H), 0.0f);
+  for (int64_t r = 0; r < ranks; ++r) {
+    std::vector<bf16_t> gu(size_t(E * 2 * Ir * H)), dn(size_t(E * H * Ir));
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t half = 0; half < 2; ++half)
+        for (int64_t i = 0; i < Ir; ++i)
+          for (int64_t h = 0; h < H; ++h)
+            gu[size_t(((e * 2 + half) * Ir + i) * H + h)] =
+                l.gate_up[size_t((e * 2 * I + half * I + r * Ir + i) * H + h)];
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Ir; ++i)
+          dn[size_t((e * H + h) * Ir + i)] = l.down[size_t((e * H + h) * I + r * Ir + i)];
+    }
+    const Buffer dgu = to_device(gu), ddn = to_device(dn);
+    ops::MoeWeights w = l.host_w();
+    w.gate_up = Tensor(gu.data(), DType::bf16, {E, 2 * Ir, H});
+    w.down = Tensor(dn.data(), DType::bf16, {E, H, Ir});
+    w.split_intermediate = true;
+    std::vector<bf16_t> want(size_t(T * H));
+    ops::moe_mlp(Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {T, H}), w,
+                 Tensor(want.data(), DType::bf16, {T, H}));
+    ops::MoeWeights dw = w;
+    dw.router = Tensor(l.d_router.data(), DType::bf16, {E, H}, Device::cuda());
+    dw.gate_up = Tensor(dgu.data(), DType::bf16, {E, 2 * Ir, H}, Device::cuda());
+    dw.down = Tensor(ddn.data(), DType::bf16, {E, H, Ir}, Device::cuda());
+    Buffer out(size_t(T * H) * 2, Device::cuda());
+    scratch = Buffer(size_t(ops::moe_scratch_bytes(dw, H, T, Device::cuda())), Device::cuda());
+    ops::moe_mlp(Tensor(dx.data(), DType::bf16, {T, H}, Device::cuda()), dw,
+                 Tensor(out.data(), DType::bf16, {T, H}, Device::cuda()),
+                 Tensor(scratch.data(), DType::u8, {int64_t(scratch.bytes())}, Device::cuda()));
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = to_host<bf16_t>(out, size_t(T * H));
+    EXPECT_LE(test::rel_frob(got, want), 1.0 / 128) << "rank " << r;
+    for (size_t i = 0; i < got.size(); ++i) sum[i] += bf16_to_f32(got[i]);
+  }
+  std::vector<bf16_t> whole(size_t(T * H)), summed(size_t(T * H));
+  ops::moe_mlp(Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {T, H}), l.host_w(),
+               Tensor(whole.data(), DType::bf16, {T, H}));
+  for (size_t i = 0; i < sum.size(); ++i) summed[i] = f32_to_bf16(sum[i]);
+  EXPECT_LE(test::rel_frob(summed, whole), 1.0 / 64) << "the ranks' sum vs the whole layer";
 }
 
 // Bad scratch is a clear error that launches nothing.

@@ -2,7 +2,8 @@
 // (sharded loading with the full slices, the NCCL all-reduce after O and down, the vocab-parallel LM head's
 // all-gather, all captured in the decode CUDA graphs) and must give the non-TP runner's logits bit for bit
 // (a one-rank bf16 sum is the identity), eagerly (prefill) and from the graphs (decode), and the same tokens
-// from the device sampler. Several ranks need several GPUs (the multi-GPU issue).
+// from the device sampler; the Qwen3-MoE fixtures too (the MoE output all-reduced like the dense down
+// projection's). Several ranks need several GPUs (the multi-GPU issue).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -45,7 +46,8 @@ BatchDesc step(const std::vector<int32_t>& seq, int32_t start, int32_t n, int32_
 TEST(TpCuda, OneRankNcclGroupEqualsTheNonTpRunnerEagerAndInGraphs) {
   KILN_REQUIRE_GPU();
   if (!dist::nccl_available()) GTEST_SKIP() << "this build has no NCCL";
-  for (const char* fx : {"qwen3_gqa2_d128_untied", "qwen3_gqa4_d64_tied"}) {
+  for (const char* fx : {"qwen3_gqa2_d128_untied", "qwen3_gqa4_d64_tied", "qwen3_moe_norm_gqa4_tied",
+                         "qwen3_moe_step2_gqa3_untied"}) {
     SCOPED_TRACE(fx);
     const EngineOptions eo = gpu_opts(fx);
     auto plain = load_qwen3_runner(eo);

@@ -13,6 +13,7 @@
 #include "ops/cpu/moe.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
+#include "ops/rms_norm.h"
 
 using namespace kiln;
 
@@ -104,6 +105,25 @@ TEST(MoeRoute, SoftmaxDenominatorUsesTheCanonicalLaneOrder) {
   float seq = 0;
   for (float x : v) seq += x;
   EXPECT_EQ(seq, 1.0f);
+}
+
+// The router logits' canonical order (ops/moe.h): an fmaf chain over a lane's 8-element chunks, then the
+// xor butterfly. Row 0: one chunk holds 2^24, 1, -2^24: the chain loses the 1 (2^24 + 1 is a tie to even),
+// linear's 8 partials (k mod 8) keep it. Row 1: 2^24 in lane 0, 1 in lane 1, -2^24 in lane 16: the
+// butterfly cancels lanes 0 and 16 first and keeps the 1, a sequential sum of the chunks loses it.
+TEST(MoeRouter, LogitsFollowTheCanonicalLaneOrder) {
+  const int64_t H = 256, E = 2;
+  const float big = std::ldexp(1.0f, 24);
+  std::vector<float> w(size_t(E * H), 0.0f);
+  w[0] = big, w[1] = 1.0f, w[2] = -big;
+  w[size_t(H + 0)] = big, w[size_t(H + 8)] = 1.0f, w[size_t(H + 128)] = -big;
+  std::vector<bf16_t> x = bf16s(std::vector<float>(size_t(H), 1.0f)), router = bf16s(w), logits(2), lin(2);
+  const Tensor xt(x.data(), DType::bf16, {1, H}), rt(router.data(), DType::bf16, {E, H});
+  ops::cpu::moe_router_logits(xt, rt, Tensor(logits.data(), DType::bf16, {1, E}));
+  EXPECT_EQ(bf16_to_f32(logits[0]), 0.0f);
+  EXPECT_EQ(bf16_to_f32(logits[1]), 1.0f);
+  ops::linear(xt, rt, Tensor(lin.data(), DType::bf16, {1, E}));
+  EXPECT_EQ(bf16_to_f32(lin[0]), 1.0f) << "linear's order differs here, so the case pins the router's";
 }
 
 TEST(MoeRoute, BadArgumentsNameTheProblem) {
@@ -259,6 +279,31 @@ TEST(MoeMlp, RenormalizationChangesTheScaleAsSpecified) {
   EXPECT_GT(n_on, n_off * 1.2);  // top-2 of 6 near-uniform experts: p ~ 1/6 each unnormalized, 1/2 normalized
 }
 
+// moe_mlp with a ResidualNorm is add_rms_norm then moe_mlp, with out aliasing delta (the model's call).
+TEST(MoeMlp, ResidualNormFormEqualsAddRmsNormThenMoeMlp) {
+  const int64_t E = 8, H = 48, I = 24, k = 3, T = 4;
+  Layer L = random_layer(E, H, I, 51);
+  const ops::MoeWeights w = L.view(k, true);
+  std::vector<bf16_t> delta = test_support::random_bf16(size_t(T * H), 52),
+                      res = test_support::random_bf16(size_t(T * H), 53),
+                      nw = test_support::random_bf16(size_t(H), 54), normed(size_t(T * H)),
+                      out(size_t(T * H));
+  std::vector<bf16_t> delta2 = delta, res2 = res, normed2(size_t(T * H));
+  const auto mat = [&](std::vector<bf16_t>& v) { return Tensor(v.data(), DType::bf16, {T, H}); };
+  const Tensor nwt(nw.data(), DType::bf16, {H});
+  ops::add_rms_norm(mat(delta), mat(res), nwt, 1e-6f, mat(normed));
+  ops::moe_mlp(mat(normed), w, mat(out));
+  ops::moe_mlp(ops::ResidualNorm{mat(delta2), mat(res2), nwt, 1e-6f, mat(normed2)}, w, mat(delta2), Tensor());
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(delta2[i].bits, out[i].bits) << "out " << i;
+    ASSERT_EQ(res2[i].bits, res[i].bits) << "residual " << i;
+  }
+  EXPECT_THROW(ops::moe_mlp(ops::ResidualNorm{mat(delta2), mat(res2), nwt, 1e-6f, mat(normed2)}, w, mat(res2),
+                            Tensor()),
+               Error)
+      << "out aliasing residual";
+}
+
 TEST(MoeMlp, BadShapesNameTheTensor) {
   Layer L = random_layer(4, 16, 8, 1);
   std::vector<bf16_t> x(2 * 16), out(2 * 16);
@@ -271,7 +316,7 @@ TEST(MoeMlp, BadShapesNameTheTensor) {
       {"moe_mlp", "down"});
 }
 
-// moe_mlp equals its contract composed from the other ops token by token (router linear, moe_route, each
+// moe_mlp equals its contract composed from the other ops token by token (router logits, moe_route, each
 // chosen expert's linear / silu_and_mul / linear, the fp32 sum in ascending expert index, one rounding): with
 // top-3 the order of the sum matters, so a different order or an unrounded routing weight shows here.
 TEST(MoeMlp, EqualsTheContractComposedTokenByToken) {
@@ -286,7 +331,7 @@ TEST(MoeMlp, EqualsTheContractComposedTokenByToken) {
           wts(static_cast<size_t>(k));
       std::vector<int32_t> ex(static_cast<size_t>(k));
       const Tensor xr(row.data(), DType::bf16, {1, H});
-      ops::linear(xr, w.router, Tensor(logits.data(), DType::bf16, {1, E}));
+      ops::cpu::moe_router_logits(xr, w.router, Tensor(logits.data(), DType::bf16, {1, E}));
       ops::moe_route(Tensor(logits.data(), DType::bf16, {1, E}), k, norm,
                      Tensor(ex.data(), DType::i32, {1, k}), Tensor(wts.data(), DType::bf16, {1, k}));
       std::vector<float> acc(static_cast<size_t>(H), 0.0f);

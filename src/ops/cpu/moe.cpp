@@ -24,6 +24,27 @@ float moe_lane_sum(const float* v, int64_t n) {
   return p[0];
 }
 
+void moe_router_logits(const Tensor& x, const Tensor& router, const Tensor& logits) {
+  const int64_t T = x.shape[0], H = x.shape[1], E = router.shape[0];
+  parallel_for(T * E, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / E, e = i % E;
+      const bf16_t* xr = x.ptr<bf16_t>() + t * x.stride[0];
+      const bf16_t* wr = router.ptr<bf16_t>() + e * router.stride[0];
+      float p[32] = {};
+      for (int64_t c = 0; c < (H + 7) / 8; ++c)
+        for (int64_t j = c * 8; j < std::min(c * 8 + 8, H); ++j)
+          p[c % 32] = std::fma(bf16_to_f32(xr[j]), bf16_to_f32(wr[j]), p[c % 32]);
+      for (int o = 16; o >= 1; o /= 2) {
+        float q[32];
+        for (int l = 0; l < 32; ++l) q[l] = p[l] + p[l ^ o];
+        std::copy(q, q + 32, p);
+      }
+      logits.ptr<bf16_t>()[t * logits.stride[0] + e] = f32_to_bf16(p[0]);
+    }
+  });
+}
+
 namespace {
 
 // Row t of the routing: experts and weights of the top-k, in ascending expert index.
@@ -113,7 +134,7 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
   std::vector<bf16_t> logits(size_t(T * E)), weights(size_t(T * k));
   std::vector<int32_t> experts(size_t(T * k));
   const Tensor logits_t(logits.data(), DType::bf16, {T, E});
-  linear(x, w.router, logits_t);
+  moe_router_logits(x, w.router, logits_t);
   moe_route(logits_t, k, w.norm_topk_prob, Tensor(experts.data(), DType::i32, {T, k}),
             Tensor(weights.data(), DType::bf16, {T, k}));
 

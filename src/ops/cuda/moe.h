@@ -1,7 +1,10 @@
 // The sparse MLP's kernels (ops/moe.h is the contract): raw pointers, no engine headers. One step of
 // moe_mlp on the GPU is, on one stream and with no host synchronisation (capturable in a CUDA graph):
 //   1. moe_route_launch:    logits -> experts, weights (bitwise ops/moe.h) and, per 32-token chunk, each
-//                           pair's rank among the chunk's pairs of the same expert and the chunk's counts
+//                           pair's rank among the chunk's pairs of the same expert and the chunk's counts;
+//                           for T <= kMoeRouterMaxTokens moe_router_route_launch computes the logits too
+//                           (ops/moe.h's canonical router order) and routes in the same launch, for
+//                           T <= 8 also the residual add and RMSNorm before it (MoeNormIn)
 //   2. moe_permute_launch:  counts per expert, offsets padded to kMoeRowTile, the tile -> expert map, the
 //                           list of experts chosen by some token; then the sorted pair list (pair =
 //                           t * k + slot; -1 on padding rows) and its inverse. With one chunk (T <= 32, the
@@ -23,6 +26,7 @@ constexpr int kMoeRowTile = 64;           // the grouped GEMM's row tile: each e
 constexpr int kMoeChunkTokens = 32;       // tokens of one routing block (one bit each of a 32-bit mask)
 constexpr int kMoeMaxExperts = 1024;      // the offsets kernel's block
 constexpr int kMoeRouteMaxExperts = 512;  // the route kernel keeps E / 32 logits per lane in registers
+constexpr int kMoeRouterMaxTokens = 64;   // the fused router + route kernel's batch (one counter a chunk)
 
 // Device scratch of one moe_mlp call, carved by moe_scratch_layout from one buffer (moe_mlp.cpp).
 struct MoeBuffers {
@@ -60,6 +64,33 @@ MoeBuffers moe_scratch_layout(const MoeShape& s, void* base);
 // 1. logits bf16 [T, E] (row stride ls) -> b.experts, b.weights, b.rank, b.chunk_counts.
 void moe_route_launch(const uint16_t* logits, int64_t ls, const MoeShape& s, bool norm_topk_prob,
                       const MoeBuffers& b, cudaStream_t stream);
+// The residual add and RMSNorm before the sparse MLP (elementwise.h's add_rms_norm): residual <- h =
+// bf16(residual + delta), normed = rms_norm(h) * weight. bf16 [T, H] with row strides ds, rs, ns
+// (multiples of 8), weight bf16 [H]; 16-byte aligned; none overlapping another.
+struct MoeNormIn {
+  const uint16_t* delta = nullptr;
+  int64_t ds = 0;
+  uint16_t* residual = nullptr;
+  int64_t rs = 0;
+  const uint16_t* weight = nullptr;
+  uint16_t* normed = nullptr;
+  int64_t ns = 0;
+  float eps = 0.0f;
+};
+constexpr int64_t kMoeRouterNormInMaxTokens = 8;  // the norm prologue: one block row of tokens
+// The fused router's H: up to 8 + 1 rows of H in shared memory.
+constexpr int64_t kMoeRouterMaxHidden = 8192;
+
+// 1 with the router: x bf16 [T, H] (row stride xs, a multiple of 8; H % 8 == 0), router bf16 [E, H]
+// contiguous -> b.logits (bf16 [T, E], ops/moe.h's canonical order: bitwise ops::cpu::moe_router_logits),
+// then what moe_route_launch writes, bitwise. T <= kMoeRouterMaxTokens, H <= kMoeRouterMaxHidden.
+// Not for two launches in flight at once on two streams of one device (a per-device counter a chunk, as
+// gemv.h's fused tails).
+// norm (T <= kMoeRouterNormInMaxTokens, H <= kMoeRouterMaxHidden): x is norm->normed, computed by the
+// same launch (MoeNormIn), bitwise add_rms_norm then this launch on its output.
+void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* router, const MoeShape& s,
+                             bool norm_topk_prob, const MoeBuffers& b, cudaStream_t stream,
+                             const MoeNormIn* norm = nullptr);
 // 2.
 void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
 

@@ -14,6 +14,9 @@ namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // warp w computes slots w, w + 8, ... of the token
+// Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
+// and 3 blocks keep 24 warps' loads in flight an SM.
+constexpr int kMinBlocks = 3;
 constexpr int kPairs = 2;  // output column pairs a block
 constexpr int kMaxK = 32;  // top_k the shared y tile holds
 
@@ -28,11 +31,12 @@ struct DownCombineParams {
 
 // Grid: (ceil(H / 2 / kPairs), T); block: 8 warps. Block (x, t) owns columns [2 kPairs x, 2 kPairs (x + 1))
 // of token t. Warp w, for each slot j = w, w + 8, ... of t: the 2 kPairs down rows of expert experts[t, j]
-// dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly), rounded to bf16 into
-// y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column sums
-// y * weight over j ascending (ascending expert index) from +0 and rounds once.
-template <bool kFp8>
-__global__ void __launch_bounds__(kWarps * 32)
+// dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly; a lane issues the
+// act and weight loads of kDepth of its chunks before the first product, which changes no sum), rounded to
+// bf16 into y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column
+// sums y * weight over j ascending (ascending expert index) from +0 and rounds once.
+template <bool kFp8, int kDepth>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     down_combine_kernel(const __grid_constant__ MoeProductParams p,
                         const __grid_constant__ DownCombineParams c) {
   pdl_wait();
@@ -51,15 +55,28 @@ __global__ void __launch_bounds__(kWarps * 32)
       wrow[2 * i + 1] = e * p.N + 2 * q + 1;
     }
     float acc[2 * kPairs] = {};
-#pragma unroll 2
-    for (int kk = lane * 8; kk < p.K; kk += 32 * 8) {
-      float xf[8];
-      unpack8(*reinterpret_cast<const uint4*>(a + kk), xf);
+    for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
+      uint4 av[kDepth] = {};
+      MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
 #pragma unroll
-      for (int i = 0; i < 2 * kPairs; ++i) {
-        float f[8];
-        moe_weight_chunk<kFp8>(p, wrow[i], kk, f);
-        acc[i] = dot8(xf, f, acc[i]);
+      for (int d = 0; d < kDepth; ++d) {
+        const int kk = kk0 + 256 * d;
+        if (kk >= p.K) break;
+        av[d] = *reinterpret_cast<const uint4*>(a + kk);
+#pragma unroll
+        for (int i = 0; i < 2 * kPairs; ++i) wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk);
+      }
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        if (kk0 + 256 * d >= p.K) break;
+        float xf[8];
+        unpack8(av[d], xf);
+#pragma unroll
+        for (int i = 0; i < 2 * kPairs; ++i) {
+          float f[8];
+          moe_widen_weight_chunk<kFp8>(wc[d][i], f);
+          acc[i] = dot8(xf, f, acc[i]);
+        }
       }
     }
 #pragma unroll
@@ -90,8 +107,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 }  // namespace
 
 void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, const MoeBuffers& b,
-                             uint16_t* out, int64_t os, cudaStream_t stream) {
+                             uint16_t* out, int64_t os, cudaStream_t stream, int depth) {
   KILN_CHECK(s.k <= kMaxK, "moe fused down + combine: top_k ", s.k, " above ", kMaxK);
+  KILN_CHECK(depth == 2 || depth == 4 || depth == 8, "moe fused down + combine: load depth ", depth,
+             "; 2, 4 or 8");
   if (s.T == 0) return;
   const DownCombineParams c{
       .experts = b.experts, .weights = b.weights, .inverse = b.inverse, .out = out, .os = os, .k = int(s.k)};
@@ -99,11 +118,13 @@ void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, co
                       .block = dim3(kWarps * 32),
                       .stream = stream,
                       .pdl = pdl_for(PdlSite::gemv)};
-  if (down.ws) {
-    launch(cfg, down_combine_kernel<true>, down, c);
-  } else {
-    launch(cfg, down_combine_kernel<false>, down, c);
-  }
+  using Kernel = void (*)(MoeProductParams, DownCombineParams);
+  static constexpr Kernel bf16[] = {down_combine_kernel<false, 2>, down_combine_kernel<false, 4>,
+                                    down_combine_kernel<false, 8>};
+  static constexpr Kernel e4m3[] = {down_combine_kernel<true, 2>, down_combine_kernel<true, 4>,
+                                    down_combine_kernel<true, 8>};
+  const int at = depth == 2 ? 0 : depth == 4 ? 1 : 2;
+  launch(cfg, down.ws ? e4m3[at] : bf16[at], down, c);
 }
 
 }  // namespace kiln::cuda

@@ -13,16 +13,21 @@ namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // a block: 8 warps, each 1 or 2 output column pairs
-constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
+// Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
+// and 3 blocks keep 24 warps' loads in flight an SM.
+constexpr int kMinBlocks = 3;
+constexpr int kRows = 4;  // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
 
 // Grid: (min(E, T k), ceil(column pairs / (8 kPairs))); block: 8 warps. Block x takes the x-th chosen
 // expert (or exits), warp w the kPairs column pairs from q0 = (y * 8 + w) kPairs: pair q is, with SiLU,
 // weight rows q (gate) and N + q (up) -> act column q, else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes
-// stride k by 8 bf16 (16-byte loads); each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a lane,
-// reduced by an xor butterfly; lane 0 writes. kFp8: the weight rows are e4m3 with block scales, each lane's
-// 8 bytes widened by widen8_e4m3 (8 | 128, so a lane's chunk lies in one scale block).
-template <bool kSilu, int kPairs, bool kFp8>
-__global__ void __launch_bounds__(kWarps * 32)
+// stride k by 8 bf16 (16-byte loads; e4m3: 8 bytes); each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums
+// a lane, reduced by an xor butterfly; lane 0 writes. A lane issues the weight loads of kDepth of its chunks
+// (2 kPairs kDepth loads in flight) before it widens the first; the sums run over the chunks in ascending
+// order whatever kDepth is, so every depth gives the same bits. kFp8: the weight rows are e4m3 with block
+// scales, each lane's 8 bytes widened by widen8_e4m3 (8 | 128, so a lane's chunk lies in one scale block).
+template <bool kSilu, int kPairs, bool kFp8, int kDepth>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
   pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   const int num_active = p.active[p.E];
@@ -33,23 +38,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int q0 = (int(blockIdx.y) * kWarps + warp) * kPairs;
   if (q0 >= pairs) return;
   const int64_t wrows = kSilu ? 2 * int64_t(p.N) : p.N;
-  const uint16_t* w[2 * kPairs];
-  const uint8_t* w8[2 * kPairs];
-  const float* ws[2 * kPairs];  // the row's 128-row block of scales
+  int64_t wrow[2 * kPairs];  // rows of the whole [E * wrows, K] stack (block-FP8: wrows % 128 == 0, so a
+                             // row's scale block never straddles experts)
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
     const int q = min(q0 + j, pairs - 1);  // a pair past the end recomputes the last one, unwritten
-    const int64_t r0 = kSilu ? q : 2 * q, r1 = kSilu ? p.N + q : 2 * q + 1;
-    const int64_t e_row0 = int64_t(e) * wrows;
-    if constexpr (kFp8) {
-      w8[2 * j] = p.w8 + (e_row0 + r0) * p.K;
-      w8[2 * j + 1] = p.w8 + (e_row0 + r1) * p.K;
-      ws[2 * j] = p.ws + ((e_row0 + r0) / 128) * p.skb;  // wrows % 128 == 0: blocks never straddle experts
-      ws[2 * j + 1] = p.ws + ((e_row0 + r1) / 128) * p.skb;
-    } else {
-      w[2 * j] = p.w + (e_row0 + r0) * p.K;
-      w[2 * j + 1] = p.w + (e_row0 + r1) * p.K;
-    }
+    wrow[2 * j] = int64_t(e) * wrows + (kSilu ? q : 2 * q);
+    wrow[2 * j + 1] = int64_t(e) * wrows + (kSilu ? p.N + q : 2 * q + 1);
   }
   const int row0 = p.offsets[e], cnt = p.counts[e];
   for (int rb = 0; rb < cnt; rb += kRows) {
@@ -57,24 +52,30 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) src[r] = rb + r < cnt ? moe_a_row<kSilu>(p, row0 + rb + r) : nullptr;
     float acc[kRows][2 * kPairs] = {};
-#pragma unroll 2
-    for (int kk = lane * 8; kk < p.K; kk += 32 * 8) {
-      float f[2 * kPairs][8];
+    for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
+      MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
 #pragma unroll
-      for (int i = 0; i < 2 * kPairs; ++i) {
-        if constexpr (kFp8) {
-          widen8_e4m3(__ldg(reinterpret_cast<const uint2*>(w8[i] + kk)), __ldg(ws[i] + kk / 128), f[i]);
-        } else {
-          unpack8(__ldg(reinterpret_cast<const uint4*>(w[i] + kk)), f[i]);
-        }
+      for (int d = 0; d < kDepth; ++d) {
+        if (kk0 + 256 * d >= p.K) break;
+#pragma unroll
+        for (int i = 0; i < 2 * kPairs; ++i)
+          wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk0 + 256 * d);
       }
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (!src[r]) continue;
-        float xf[8];
-        unpack8(*reinterpret_cast<const uint4*>(src[r] + kk), xf);
+      for (int d = 0; d < kDepth; ++d) {
+        const int kk = kk0 + 256 * d;
+        if (kk >= p.K) break;
+        float f[2 * kPairs][8];
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i) acc[r][i] = dot8(xf, f[i], acc[r][i]);
+        for (int i = 0; i < 2 * kPairs; ++i) moe_widen_weight_chunk<kFp8>(wc[d][i], f[i]);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (!src[r]) continue;
+          float xf[8];
+          unpack8(*reinterpret_cast<const uint4*>(src[r] + kk), xf);
+#pragma unroll
+          for (int i = 0; i < 2 * kPairs; ++i) acc[r][i] = dot8(xf, f[i], acc[r][i]);
+        }
       }
     }
 #pragma unroll
@@ -106,9 +107,23 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// The kernel for (kSilu, kPairs, depth, fp8).
+template <bool kSilu, int kPairs>
+auto gather_gemv_kernel_for(int depth, bool fp8) {
+  using Kernel = void (*)(MoeProductParams);
+  static constexpr Kernel bf16[] = {gather_gemv_kernel<kSilu, kPairs, false, 2>,
+                                    gather_gemv_kernel<kSilu, kPairs, false, 4>,
+                                    gather_gemv_kernel<kSilu, kPairs, false, 8>};
+  static constexpr Kernel e4m3[] = {gather_gemv_kernel<kSilu, kPairs, true, 2>,
+                                    gather_gemv_kernel<kSilu, kPairs, true, 4>,
+                                    gather_gemv_kernel<kSilu, kPairs, true, 8>};
+  const int at = depth == 2 ? 0 : depth == 4 ? 1 : 2;
+  return fp8 ? e4m3[at] : bf16[at];
+}
+
 template <int kPairs>
 void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up,
-                              const MoeProductParams* down_p, cudaStream_t stream) {
+                              const MoeProductParams* down_p, cudaStream_t stream, int depth) {
   const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
   const int per_block = kWarps * kPairs;
   LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
@@ -118,19 +133,10 @@ void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up
   const bool fp8 = gate_up.ws != nullptr;
   KILN_CHECK(!down_p || fp8 == (down_p->ws != nullptr),
              "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
-  if (fp8) {
-    launch(cfg, gather_gemv_kernel<true, kPairs, true>, gate_up);
-  } else {
-    launch(cfg, gather_gemv_kernel<true, kPairs, false>, gate_up);
-  }
+  launch(cfg, gather_gemv_kernel_for<true, kPairs>(depth, fp8), gate_up);
   if (!down_p) return;
-  const MoeProductParams& down = *down_p;
   cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
-  if (fp8) {
-    launch(cfg, gather_gemv_kernel<false, kPairs, true>, down);
-  } else {
-    launch(cfg, gather_gemv_kernel<false, kPairs, false>, down);
-  }
+  launch(cfg, gather_gemv_kernel_for<false, kPairs>(depth, fp8), *down_p);
 }
 
 struct CombineParams {
@@ -165,11 +171,12 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 }  // namespace
 
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
-                            cudaStream_t stream, int pairs_per_warp) {
+                            cudaStream_t stream, int pairs_per_warp, int depth) {
   KILN_CHECK(pairs_per_warp == 1 || pairs_per_warp == 2, "moe gather GEMV: ", pairs_per_warp,
              " column pairs a warp; 1 or 2");
-  if (pairs_per_warp == 2) return gather_gemv_launch_pairs<2>(s, gate_up, down, stream);
-  gather_gemv_launch_pairs<1>(s, gate_up, down, stream);
+  KILN_CHECK(depth == 2 || depth == 4 || depth == 8, "moe gather GEMV: load depth ", depth, "; 2, 4 or 8");
+  if (pairs_per_warp == 2) return gather_gemv_launch_pairs<2>(s, gate_up, down, stream, depth);
+  gather_gemv_launch_pairs<1>(s, gate_up, down, stream, depth);
 }
 
 void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,

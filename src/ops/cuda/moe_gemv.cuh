@@ -37,16 +37,37 @@ __device__ __forceinline__ void widen8_e4m3(uint2 v, float s, float (&f)[8]) {
   }
 }
 
-// Weight row `row` (of the whole [E * N_w, K] stack), elements kk .. kk + 7, as fp32 GEMV operands: the bf16
-// values, or the e4m3 bytes widened with their block's scale (kFp8).
+// One lane's 8 weights of a row as loaded (16 bytes of bf16, or 8 bytes of e4m3 and the block's scale),
+// so a kernel can issue the loads of several chunks before it widens the first.
 template <bool kFp8>
-__device__ __forceinline__ void moe_weight_chunk(const MoeProductParams& p, int64_t row, int kk,
-                                                 float (&f)[8]) {
+struct MoeWeightChunk {
+  uint4 v;
+};
+template <>
+struct MoeWeightChunk<true> {
+  uint2 v;
+  float s;
+};
+
+// Weight row `row` (of the whole [E * N_w, K] stack), elements kk .. kk + 7, loaded.
+template <bool kFp8>
+__device__ __forceinline__ MoeWeightChunk<kFp8> moe_load_weight_chunk(const MoeProductParams& p, int64_t row,
+                                                                      int kk) {
   if constexpr (kFp8) {
-    widen8_e4m3(__ldg(reinterpret_cast<const uint2*>(p.w8 + row * p.K + kk)),
-                __ldg(p.ws + (row / 128) * p.skb + kk / 128), f);
+    return {__ldg(reinterpret_cast<const uint2*>(p.w8 + row * p.K + kk)),
+            __ldg(p.ws + (row / 128) * p.skb + kk / 128)};
   } else {
-    unpack8(__ldg(reinterpret_cast<const uint4*>(p.w + row * p.K + kk)), f);
+    return {__ldg(reinterpret_cast<const uint4*>(p.w + row * p.K + kk))};
+  }
+}
+
+// A loaded chunk as fp32 GEMV operands: the bf16 values, or the e4m3 bytes widened with their block's scale.
+template <bool kFp8>
+__device__ __forceinline__ void moe_widen_weight_chunk(const MoeWeightChunk<kFp8>& c, float (&f)[8]) {
+  if constexpr (kFp8) {
+    widen8_e4m3(c.v, c.s, f);
+  } else {
+    unpack8(c.v, f);
   }
 }
 

@@ -183,6 +183,15 @@ void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const T
 
 void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scratch, size_t scratch_bytes,
              MoeExperts experts) {
+  moe_mlp_norm_in(nullptr, x, w, out, scratch, scratch_bytes, experts);
+}
+
+bool moe_norm_in_applies(int64_t T, int64_t H) {
+  return T <= kc::kMoeRouterNormInMaxTokens && H <= kc::kMoeRouterMaxHidden;
+}
+
+void moe_mlp_norm_in(const ResidualNorm* in, const Tensor& x, const MoeWeights& w, const Tensor& out,
+                     void* scratch, size_t scratch_bytes, MoeExperts experts) {
   const int64_t T = x.shape[0], H = x.shape[1];
   if (T == 0) return;
   const kc::MoeShape s = shape_of(w, H, T);
@@ -191,9 +200,27 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scra
              " tokens; it needs ", need);
   const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch);
   const cudaStream_t stream = kc::current_stream();
-  const Tensor logits(b.logits, DType::bf16, {T, s.E}, x.device);
-  linear(x, w.router, logits);
-  kc::moe_route_launch(b.logits, s.E, s, w.norm_topk_prob, b, stream);
+  if (in) {  // the add + RMSNorm in the router's launch; x is in->normed
+    KILN_CHECK(moe_norm_in_applies(T, H) && x.data == in->normed.data,
+               "moe_mlp: the norm prologue takes up to ", kc::kMoeRouterNormInMaxTokens,
+               " tokens, x its normed rows");
+    const kc::MoeNormIn norm{.delta = static_cast<const uint16_t*>(in->delta.data),
+                             .ds = in->delta.stride[0],
+                             .residual = static_cast<uint16_t*>(in->residual.data),
+                             .rs = in->residual.stride[0],
+                             .weight = static_cast<const uint16_t*>(in->weight.data),
+                             .normed = static_cast<uint16_t*>(in->normed.data),
+                             .ns = in->normed.stride[0],
+                             .eps = in->eps};
+    kc::moe_router_route_launch(nullptr, 0, static_cast<const uint16_t*>(w.router.data), s, w.norm_topk_prob,
+                                b, stream, &norm);
+  } else if (T <= kc::kMoeRouterMaxTokens && H <= kc::kMoeRouterMaxHidden) {  // router + routing fused
+    kc::moe_router_route_launch(static_cast<const uint16_t*>(x.data), x.stride[0],
+                                static_cast<const uint16_t*>(w.router.data), s, w.norm_topk_prob, b, stream);
+  } else {
+    linear(x, w.router, Tensor(b.logits, DType::bf16, {T, s.E}, x.device));
+    kc::moe_route_launch(b.logits, s.E, s, w.norm_topk_prob, b, stream);
+  }
   kc::moe_permute_launch(s, b, stream);
   const bool by_caller = experts != MoeExperts::by_rows;  // a caller's explicit kernel (tests, bench) is kept
   if (!by_caller) experts = env_experts();

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "kiln/tensor.h"
+#include "ops/linear.h"
 #include "ops/moe.h"
 
 namespace kiln::ops::cuda {
@@ -30,5 +31,13 @@ void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const T
 // scratch: a device buffer of at least moe_scratch_bytes(w, H, T) bytes.
 void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, void* scratch, size_t scratch_bytes,
              MoeExperts experts = MoeExperts::by_rows);
+// True when moe_mlp_norm_in takes a ResidualNorm for T tokens of hidden size H (the router's prologue).
+bool moe_norm_in_applies(int64_t T, int64_t H);
+// moe_mlp after add_rms_norm(in->delta, in->residual, in->weight, in->eps, in->normed), the add and the norm
+// in the router's launch (moe.h MoeNormIn), bitwise the two ops; x must be in->normed (written here, then
+// read by the experts). in nullptr: moe_mlp. The tensors validated by ops/moe.cpp: 16-byte aligned, row
+// strides multiples of 8, moe_norm_in_applies.
+void moe_mlp_norm_in(const ResidualNorm* in, const Tensor& x, const MoeWeights& w, const Tensor& out,
+                     void* scratch, size_t scratch_bytes, MoeExperts experts = MoeExperts::by_rows);
 
 }  // namespace kiln::ops::cuda
