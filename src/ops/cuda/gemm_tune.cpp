@@ -7,6 +7,7 @@
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/gemm_impl.h"
+#include "ops/cuda/gemv_w8a8.h"
 
 namespace kiln::cuda {
 
@@ -159,6 +160,9 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvConfigs)
         if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
+    // An FP8 weight: the W8A8 GEMV's configs beside the W8A16 ones (gemv_w8a8.h), every bucket <= 8.
+    if (fp8 && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
+      for (const GemvConfig& c : kGemvW8a8Configs) gemv_cands.push_back(c);
     if (cands.empty() && gemv_cands.empty()) {  // nothing to time: run() takes the any-shape kernel
       destroy(p);
       continue;
@@ -181,12 +185,14 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     const auto time_us = [&](const std::function<void(int64_t)>& f) {
       return time_calls(iters, copies - 1, f);
     };
-    float best = 1e30f;
-    size_t best_i = 0;
+    float best = 1e30f, best_fusable = 1e30f;
+    size_t best_i = 0, best_fusable_i = 0;  // best_fusable_i: the fastest one-tile W8A16 GEMV, if any
     for (size_t i = 0; i < cands.size() + gemv_cands.size(); ++i) {
       if (i < cands.size() && !impl_->check(p, cands[i])) continue;
       const float us = time_us([&](int64_t it) { call(i, it); });
       if (us < best) best = us, best_i = i;
+      if (i >= cands.size() && gemv_fusable(gemv_cands[i - cands.size()]) && us < best_fusable)
+        best_fusable = us, best_fusable_i = i;
     }
     GemmTactic t;
     if (best_i < cands.size()) {
@@ -198,7 +204,13 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       t.describe = describe_gemv(t.gemv);
       // The residual-norm prologue against the add_rms_norm kernel then this GEMV (x, o and the first rows
       // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
-      if (s.out == GemmOut::bf16 && gemv_fusable(t.gemv) &&
+      // A W8A8 winner has no prologue: the prologue is timed with the fastest one-tile W8A16 config, which
+      // the tactic keeps for the calls whose input is a residual add + RMSNorm (gemv_norm_in_choice) where it
+      // beats the add_rms_norm kernel then the W8A8 GEMV; the other calls run the W8A8 GEMV.
+      const bool w8a8 = t.gemv.w8a8 != 0;
+      const GemvConfig fused_cfg =
+          !w8a8 || best_fusable_i < cands.size() ? t.gemv : gemv_cands[best_fusable_i - cands.size()];
+      if (s.out == GemmOut::bf16 && gemv_fusable(fused_cfg) &&
           gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
         const float pair = time_us([&](int64_t it) {
           rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,
@@ -208,10 +220,15 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
         });
         const float fused = time_us([&](int64_t it) {
           ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, weight_at(it), o, s.n, s.m_bucket, s.n,
-                                     s.k, GemvEpilogue::bf16, t.gemv, stream, /*pdl=*/true);
+                                     s.k, GemvEpilogue::bf16, fused_cfg, stream, /*pdl=*/true);
         });
         t.gemv_norm_in = fused < pair;
-        if (t.gemv_norm_in) t.describe += " +norm-in";
+        if (t.gemv_norm_in && w8a8) {
+          t.norm_in_gemv = fused_cfg;
+          t.describe += " +norm-in " + describe_gemv(fused_cfg);
+        } else if (t.gemv_norm_in) {
+          t.describe += " +norm-in";
+        }
       }
     }
     t.us = best;

@@ -73,9 +73,10 @@ void linear_silu_mul(const Tensor& x, const LinearWeight& weight, const Tensor& 
   if (M == 0) return;
   kc::GemmEngine& eng = kc::gemm_engine();
   const kc::GemvWeight w = gemv_weight(weight);
+  // The tuned GEMV (W8A16 or W8A8) where it takes the call (gemv.h: gemv_takes).
   if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16, gemm_weight(weight));
-      g && al16(x.data) && weight_aligned(w) && al16(out.data) &&
-      kc::gemv_supported(M, N, K, x.stride[0], w.ld, out.stride[0], kc::GemvEpilogue::silu_mul)) {
+      g && kc::gemv_takes(*g, x.data, x.stride[0], w, out.data, out.stride[0], M, N, K,
+                          kc::GemvEpilogue::silu_mul)) {
     kc::gemv(x.data, x.stride[0], w, out.data, out.stride[0], M, N, K, kc::GemvEpilogue::silu_mul, *g,
              kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
     return;

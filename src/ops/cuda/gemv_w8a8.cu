@@ -1,0 +1,125 @@
+// gemv_w8a8.h: the guards, the kernel table and the launcher of the W8A8 GEMV (gemv_w8a8_kernel.cuh).
+#include "ops/cuda/gemv_w8a8.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/device_flag.h"
+#include "ops/cuda/gemv_w8a8_kernel.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+using gemv_detail::GemvParams;
+using namespace gemv_w8a8_detail;
+using Kernel = void (*)(GemvParams);
+
+template <GemvEpilogue E, int NT, int U>
+Kernel kernel_of_m(int64_t m) {
+  static constexpr Kernel table[kGemvMaxM] = {gemv_w8a8_kernel<1, E, NT, U>, gemv_w8a8_kernel<2, E, NT, U>,
+                                              gemv_w8a8_kernel<3, E, NT, U>, gemv_w8a8_kernel<4, E, NT, U>,
+                                              gemv_w8a8_kernel<5, E, NT, U>, gemv_w8a8_kernel<6, E, NT, U>,
+                                              gemv_w8a8_kernel<7, E, NT, U>, gemv_w8a8_kernel<8, E, NT, U>};
+  return table[m - 1];
+}
+
+// The kernel of (epilogue, tiles, K blocks in flight, M); null for a pair kGemvW8a8Configs does not list.
+template <GemvEpilogue E>
+Kernel kernel_of_cfg(int64_t m, GemvConfig cfg) {
+  if (cfg.tiles == 1 && cfg.w8a8 == 2) return kernel_of_m<E, 1, 2>(m);
+  if (cfg.tiles == 1 && cfg.w8a8 == 4) return kernel_of_m<E, 1, 4>(m);
+  if (cfg.tiles == 2 && cfg.w8a8 == 1) return kernel_of_m<E, 2, 1>(m);
+  if (cfg.tiles == 2 && cfg.w8a8 == 2) return kernel_of_m<E, 2, 2>(m);
+  if (cfg.tiles == 4 && cfg.w8a8 == 1) return kernel_of_m<E, 4, 1>(m);
+  return nullptr;
+}
+
+Kernel kernel_for(int64_t m, GemvEpilogue epi, GemvConfig cfg) {
+  return epi == GemvEpilogue::bf16  ? kernel_of_cfg<GemvEpilogue::bf16>(m, cfg)
+         : epi == GemvEpilogue::f32 ? kernel_of_cfg<GemvEpilogue::f32>(m, cfg)
+                                    : kernel_of_cfg<GemvEpilogue::silu_mul>(m, cfg);
+}
+
+bool is_w8a8_config(GemvConfig c) {
+  for (const GemvConfig& k : kGemvW8a8Configs)
+    if (k == c) return true;
+  return false;
+}
+
+// The kernels run where the driver picked code of sm_89 or later for them (once per device).
+bool device_runs_kernel() {
+  static PerDeviceFlag flag;
+  return flag.get([] {
+    return kernel_binary_version(reinterpret_cast<const void*>(kernel_of_m<GemvEpilogue::bf16, 1, 2>(1))) >=
+           89;
+  });
+}
+
+// The largest shared memory any W8A8 config takes for (m, k).
+int64_t worst_smem_bytes(int64_t m, int64_t k) {
+  int64_t worst = 0;
+  for (const GemvConfig& c : kGemvW8a8Configs)
+    worst = std::max(worst, smem_bytes(m, k, gemv_rows(c), c.warps));
+  return worst;
+}
+
+bool aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+}  // namespace
+
+int64_t gemv_w8a8_smem_bytes(int64_t m, int64_t k, GemvConfig cfg) {
+  return smem_bytes(m, k, gemv_rows(cfg), cfg.warps);
+}
+
+bool gemv_w8a8_shape_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo,
+                               GemvEpilogue epi) {
+  const bool silu = epi == GemvEpilogue::silu_mul;
+  return m >= 1 && m <= kGemvMaxM && n >= 1 && n < (int64_t(1) << 31) && k >= 16 && k % 16 == 0 && ldx >= k &&
+         ldx % 8 == 0 && ldw >= k && ldw % 16 == 0 && (!silu || n % 2 == 0) && ldo >= (silu ? n / 2 : n) &&
+         worst_smem_bytes(m, k) <= kGemvW8a8MaxSmem;
+}
+
+bool gemv_w8a8_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo,
+                         GemvEpilogue epi) {
+  return gemv_w8a8_shape_supported(m, n, k, ldx, ldw, ldo, epi) && device_runs_kernel();
+}
+
+void gemv_w8a8(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n,
+               int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl) {
+  KILN_CHECK(m >= 0 && m <= kGemvMaxM, "gemv_w8a8: M must be in [0, ", kGemvMaxM, "], got ", m);
+  KILN_CHECK(is_w8a8_config(cfg), "gemv_w8a8: not a W8A8 config: warps ", cfg.warps, " tiles ", cfg.tiles,
+             " K blocks in flight ", cfg.w8a8);
+  KILN_CHECK(w.is_fp8(), "gemv_w8a8: the weight must be block-FP8 (e4m3 with scales)");
+  KILN_CHECK(aligned(x, 16) && aligned(w.data, 16) && aligned(w.scale, 4) && aligned(out, 16),
+             "gemv_w8a8: x, W and out must be 16-byte aligned, the scales 4");
+  KILN_CHECK(gemv_w8a8_supported(m == 0 ? 1 : m, n, k, ldx, w.ld, ldo, epi),
+             "gemv_w8a8: unsupported call: N ", n, " K ", k, " (a multiple of 16) ldx ", ldx,
+             " (a multiple of 8) ldw ", w.ld, " (a multiple of 16) ldo ", ldo, ", shared memory ",
+             worst_smem_bytes(m == 0 ? 1 : m, k), " bytes (at most ", kGemvW8a8MaxSmem,
+             "), or a device without sm_89+ code for the kernel");
+  if (m == 0) return;
+  const GemvParams p{.x = static_cast<const uint4*>(x),
+                     .w = w.data,
+                     .out = out,
+                     .ldx8 = ldx / 8,
+                     .ldw8 = w.ld / 8,
+                     .ldo = ldo,
+                     .n = n,
+                     .k8 = k / 8,
+                     .w_scale = w.scale,
+                     .w_kb = (k + 127) / 128};
+  const int64_t out_cols = epi == GemvEpilogue::silu_mul ? n / 2 : n;
+  const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
+  launch({.grid = dim3(unsigned((out_cols + per_block - 1) / per_block)),
+          .block = dim3(unsigned(cfg.warps * 32)),
+          .smem = size_t(gemv_w8a8_smem_bytes(m, k, cfg)),
+          .stream = stream,
+          .pdl = pdl},
+         kernel_for(m, epi, cfg), p);
+}
+
+}  // namespace kiln::cuda
