@@ -1,8 +1,10 @@
 // GemmEngine::tune: times every candidate tactic per shape (gemm.h: the contract and what is timed).
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/fp8_dequant.h"
@@ -14,6 +16,10 @@ namespace kiln::cuda {
 using namespace gemm_detail;
 
 void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
+  const char* w8a8_env = std::getenv("KILN_GEMV_W8A8");
+  KILN_CHECK(!w8a8_env || !*w8a8_env || std::string(w8a8_env) == "0" || std::string(w8a8_env) == "1",
+             "KILN_GEMV_W8A8 must be 0 or 1, got '", w8a8_env, "'");
+  const bool w8a8_offered = !w8a8_env || std::string(w8a8_env) != "0";
   size_t x_bytes = 0, w_bytes = 0, o_bytes = 0, scale_bytes = 4;
   for (const auto& s : shapes) {
     x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
@@ -160,8 +166,9 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvConfigs)
         if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
-    // An FP8 weight: the W8A8 GEMV's configs beside the W8A16 ones (gemv_w8a8.h), every bucket <= 8.
-    if (fp8 && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
+    // An FP8 weight: the W8A8 GEMV's configs beside the W8A16 ones (gemv_w8a8.h), every bucket <= 8
+    // (KILN_GEMV_W8A8=0: not offered, for A/B tactic caches).
+    if (fp8 && w8a8_offered && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvW8a8Configs) gemv_cands.push_back(c);
     if (cands.empty() && gemv_cands.empty()) {  // nothing to time: run() takes the any-shape kernel
       destroy(p);
