@@ -57,20 +57,35 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 }
 
 // Every block quantizes the M x rows into shared memory (gemv_w8a8.h): warp steps of 256 columns of one row
-// (two 128-groups, one a half-warp), steps w, w + warps, ... over M * ceil(K / 256); lane l takes columns
-// 256 c + 8 l (8 bf16, one 16-byte load through the read-only path). Lanes past K store zero codes (the
-// mma reads them against zeroed W chunks), each half-warp inside K stores its group's scale.
+// (two 128-groups, one a half-warp), steps w, w + warps, ... over M * ceil(K / 256), kQuantBatch of them with
+// their loads issued together; lane l takes columns 256 c + 8 l (8 bf16, one 16-byte load through the
+// read-only path). Lanes past K store zero codes (the mma reads them against zeroed W chunks), each half-warp
+// inside K stores its group's scale.
+constexpr int kQuantBatch = 2;
 template <int M>
 __device__ __forceinline__ void quantize_x(const GemvParams& p, int64_t k, uint8_t* xq, float* xs, int warp,
                                            int warps, int lane) {
   const int64_t steps_per_row = (k + 255) / 256, kblocks = (k + kBlockK - 1) / kBlockK, lds = xq_stride(k);
-  for (int64_t step = warp; step < M * steps_per_row; step += warps) {  // warp-uniform
-    const int64_t m = step / steps_per_row, col = (step - m * steps_per_row) * 256 + lane * 8;
-    const bool in = col < k;
-    const uint4 raw = in ? __ldg(p.x + m * p.ldx8 + col / 8) : make_uint4(0, 0, 0, 0);
-    const ActQuant8 a = quantize_act8(raw);
-    *reinterpret_cast<uint2*>(xq + m * lds + col) = in ? a.codes : make_uint2(0, 0);
-    if (in && lane % 16 == 0) xs[m * kblocks + col / kBlockK] = a.scale;
+  const int64_t steps = M * steps_per_row;
+  for (int64_t step0 = warp; step0 < steps; step0 += int64_t(kQuantBatch) * warps) {  // warp-uniform
+    uint4 raw[kQuantBatch];
+#pragma unroll
+    for (int b = 0; b < kQuantBatch; ++b) {
+      const int64_t step = step0 + int64_t(b) * warps, m = step / steps_per_row;
+      const int64_t col = (step - m * steps_per_row) * 256 + lane * 8;
+      raw[b] = step < steps && col < k ? __ldg(p.x + m * p.ldx8 + col / 8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int b = 0; b < kQuantBatch; ++b) {
+      const int64_t step = step0 + int64_t(b) * warps, m = step / steps_per_row;
+      const int64_t col = (step - m * steps_per_row) * 256 + lane * 8;
+      if (step < steps) {  // warp-uniform: the whole warp takes part in the butterfly
+        const ActQuant8 a = quantize_act8(raw[b]);
+        const bool in = col < k;
+        *reinterpret_cast<uint2*>(xq + m * lds + col) = in ? a.codes : make_uint2(0, 0);
+        if (in && lane % 16 == 0) xs[m * kblocks + col / kBlockK] = a.scale;
+      }
+    }
   }
 }
 
