@@ -5,7 +5,8 @@
 // before each launch and checked in full (padding untouched); a row's bits independent of M; two runs
 // bitwise equal; silu_mul bitwise the bf16 epilogue then the silu_mul kernel. The in-kernel quantizer bitwise
 // ops::quantize_act_fp8 through an identity weight (one product per output: out = f32(xq * a_s) exactly).
-// A CUDA graph replayed with changed inputs; bad calls refused before any launch; the engine's dispatch
+// The residual-norm prologue bitwise the rms_norm kernel then the GEMV. A CUDA graph replayed with changed
+// inputs; bad calls refused before any launch; the engine's dispatch
 // (the tuned W8A8 GEMV, the scratch path where it does not take the call) and the tactic line's W8A8 words.
 #include <cuda_runtime_api.h>
 
@@ -236,6 +237,55 @@ TEST(CudaGemvW8a8, SiluMulBitwiseTheBf16EpilogueThenSiluMul) {
   }
 }
 
+// The residual-norm prologue (gemv_w8a8_norm_in through gemv_norm_in): out and residual bitwise the rms_norm
+// kernel with add, then the W8A8 GEMV with the same config on the normed rows; every config, M 1..8, the
+// three epilogues, K ragged (prologue rows past 48 KB of shared memory at M = 8 for K 4112), strided delta
+// and residual.
+TEST(CudaGemvW8a8, NormInBitwiseTheRmsNormKernelThenTheGemv) {
+  KILN_REQUIRE_W8A8_GEMV();
+  struct Case {
+    Shape s;
+    GemvEpilogue epi;
+  };
+  const Case cases[] = {{{"1001x1040", 1001, 1040, 0}, GemvEpilogue::bf16},
+                        {{"gate_up 304x2576", 304, 2576, 0}, GemvEpilogue::silu_mul},
+                        {{"300x4112", 300, 4112, 0}, GemvEpilogue::f32}};
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    const Shape& s = c.s;
+    const Fp8TestWeight w(s.n, s.k, ++seed);
+    const int64_t ld = s.k + 8;  // delta's and residual's row strides
+    const Buffer delta = to_device(random_bf16(size_t(8 * ld), ++seed, -2.0f, 2.0f));
+    const Buffer res0 = to_device(random_bf16(size_t(8 * ld), ++seed, -4.0f, 4.0f));
+    const Buffer nw = to_device(random_bf16(size_t(s.k), ++seed, 0.5f, 1.5f));
+    const int64_t cols = c.epi == GemvEpilogue::silu_mul ? s.n / 2 : s.n;
+    Buffer out(size_t(8 * cols) * 4, Device::cuda()), res(res0.bytes(), Device::cuda()),
+        normed(size_t(8 * s.k) * 2, Device::cuda());
+    const auto reset = [&] {
+      poison(out);
+      KILN_CUDA_CHECK(cudaMemcpy(res.data(), res0.data(), res.bytes(), cudaMemcpyDeviceToDevice));
+    };
+    const auto results = [&] {
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      return std::vector<std::vector<uint8_t>>{to_host<uint8_t>(out, out.bytes()),
+                                               to_host<uint8_t>(res, res.bytes())};
+    };
+    for (const GemvConfig cfg : cuda::kGemvW8a8Configs)
+      for (int64_t m = 1; m <= 8; ++m) {
+        reset();
+        cuda::gemv_norm_in(delta.data(), ld, res.data(), ld, nw.data(), 1e-6f, w.fp8(), out.data(), cols, m,
+                           s.n, s.k, c.epi, cfg, nullptr);
+        const auto got = results();
+        reset();
+        poison(normed);
+        cuda::rms_norm(delta.data(), ld, res.data(), ld, nw.data(), normed.data(), s.k, m, s.k, 1e-6f,
+                       /*add=*/true, nullptr);
+        cuda::gemv(normed.data(), s.k, w.fp8(), out.data(), cols, m, s.n, s.k, c.epi, cfg, nullptr);
+        ASSERT_EQ(got, results()) << s.name << " M " << m << " " << name(cfg);
+      }
+  }
+}
+
 // An identity weight (e4m3 1.0 on the diagonal, scales 1): out[m, n] = fma(xq[m, n], a_s[m, n / 128] * 1, 0)
 // exactly, so the f32 output is f32(e4m3(xq) * a_s) of the CPU quantizer's codes and scales, bit for bit:
 // zero groups (the 1e-10 floor), tiny and huge magnitudes included.
@@ -287,9 +337,13 @@ TEST(CudaGemvW8a8, GraphReplaysWithChangingInputs) {
   Buffer x(size_t(M * K) * 2, Device::cuda()), out(size_t(M * N) * 2, Device::cuda()),
       act(size_t(M * I) * 2, Device::cuda());
   const GemvConfig c1 = cuda::kGemvW8a8Configs[1], c2 = cuda::kGemvW8a8Configs[9];
+  const Buffer nw = to_device(random_bf16(size_t(K), 403, 0.5f, 1.5f));
+  Buffer res(size_t(M * K) * 2, Device::cuda());
+  // A plain GEMV, then a residual-norm prologue into the gate_up + SiLU form (the residual rewritten).
   const auto chain = [&](cudaStream_t st) {
     cuda::gemv(x.data(), K, w.fp8(), out.data(), N, M, N, K, GemvEpilogue::bf16, c1, st, true);
-    cuda::gemv(x.data(), K, wg.fp8(), act.data(), I, M, 2 * I, K, GemvEpilogue::silu_mul, c2, st, true);
+    cuda::gemv_norm_in(x.data(), K, res.data(), K, nw.data(), 1e-6f, wg.fp8(), act.data(), I, M, 2 * I, K,
+                       GemvEpilogue::silu_mul, c2, st, true);
   };
   cudaStream_t st;
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -300,9 +354,10 @@ TEST(CudaGemvW8a8, GraphReplaysWithChangingInputs) {
   cudaGraphExec_t exec;
   KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (uint32_t r = 0; r < 4; ++r) {
-    const auto xs = make_x(M, K, 500 + r);
+    const auto xs = make_x(M, K, 500 + r), rs = random_bf16(size_t(M * K), 600 + r);
     const auto load = [&] {
       copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
+      copy_bytes(res.data(), Device::cuda(), rs.data(), Device::cpu(), rs.size() * 2);
       poison(out);
       poison(act);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -310,12 +365,14 @@ TEST(CudaGemvW8a8, GraphReplaysWithChangingInputs) {
     load();
     chain(st);
     KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-    const auto want_out = to_host<uint8_t>(out, out.bytes()), want_act = to_host<uint8_t>(act, act.bytes());
+    const auto want_out = to_host<uint8_t>(out, out.bytes()), want_act = to_host<uint8_t>(act, act.bytes()),
+               want_res = to_host<uint8_t>(res, res.bytes());
     load();
     KILN_CUDA_CHECK(cudaGraphLaunch(exec, st));
     KILN_CUDA_CHECK(cudaStreamSynchronize(st));
     ASSERT_EQ(to_host<uint8_t>(out, out.bytes()), want_out) << "replay " << r;
     ASSERT_EQ(to_host<uint8_t>(act, act.bytes()), want_act) << "replay " << r;
+    ASSERT_EQ(to_host<uint8_t>(res, res.bytes()), want_res) << "replay " << r;
   }
   KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
   KILN_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -350,15 +407,23 @@ TEST(CudaGemvW8a8, BadCallsThrowBeforeLaunch) {
       cuda::gemv_takes(cfg, x, 64, GemvWeight{buf + 8, 64, scale}, out, 8, 1, 8, 64, GemvEpilogue::bf16));
   EXPECT_FALSE(
       cuda::gemv_takes(cfg, x, 56, GemvWeight{buf, 56, scale}, out, 8, 1, 8, 56, GemvEpilogue::bf16));
-  // The fused forms take no W8A8 config (gemv_fusable).
+  // The add + RMSNorm epilogue and the attention preparation take no W8A8 config (gemv_fusable); the
+  // residual-norm prologue does, with the W8A8 guards (K a multiple of 16, a block-FP8 W).
   for (const GemvConfig& c : cuda::kGemvW8a8Configs) EXPECT_FALSE(cuda::gemv_fusable(c)) << name(c);
-  EXPECT_THROW(cuda::gemv_norm_in(x, 64, out, 64, x, 1e-6f, GemvWeight{buf, 64, scale}, out, 8, 1, 8, 64,
+  EXPECT_THROW(cuda::gemv_add_rms_norm(x, 64, GemvWeight{buf, 64, scale}, out, 8, out, 8, x, out, 8, 1, 8, 64,
+                                       1e-6f, cfg, nullptr),
+               Error);
+  EXPECT_THROW(cuda::gemv_norm_in(x, 56, out, 56, x, 1e-6f, GemvWeight{buf, 64, scale}, out, 8, 1, 8, 56,
+                                  GemvEpilogue::bf16, cfg, nullptr),
+               Error);
+  EXPECT_THROW(cuda::gemv_norm_in(x, 64, out, 64, x, 1e-6f, GemvWeight{buf, 64, nullptr}, out, 8, 1, 8, 64,
                                   GemvEpilogue::bf16, cfg, nullptr),
                Error);
 }
 
 // The tactic line's W8A8 words: word 4 the K blocks in flight, words 5 / 6 the W8A16 config of the
-// residual-norm prologue; rejected for a bf16 weight, a K the kernel does not take, stray words. Host only.
+// residual-norm prologue (zero: the W8A8 config's own); rejected for a bf16 weight, a K the kernel does not
+// take, stray words. Host only.
 TEST(CudaGemvW8a8, TacticLineCarriesTheW8a8Config) {
   const cuda::GemmShape s{1, 6144, 2560, cuda::GemmOut::bf16, cuda::GemmWeight::fp8};
   cuda::GemmTactic t;
@@ -383,6 +448,11 @@ TEST(CudaGemvW8a8, TacticLineCarriesTheW8a8Config) {
   ASSERT_TRUE(cuda::parse_tactic_line("1 6144 2560 bf16:e4m3 6.5 gemv 8 1 0 2 1 0 0 0 # w8a8", s2, t2));
   EXPECT_EQ(t2.gemv, (GemvConfig{8, true, 2, 1}));
   EXPECT_FALSE(t2.norm_in_gemv.has_value());
+  // The W8A8 config's own prologue: words 5 / 6 zero.
+  ASSERT_TRUE(
+      cuda::parse_tactic_line("1 6144 2560 bf16:e4m3 6.5 gemv 8 1 1 0 2 0 0 0 # w8a8 +norm-in", s2, t2));
+  EXPECT_TRUE(t2.gemv_norm_in);
+  EXPECT_FALSE(t2.norm_in_gemv.has_value());
   // A v3 line (word 4 zero) is the W8A16 GEMV.
   ASSERT_TRUE(cuda::parse_tactic_line("1 6144 2560 bf16:e4m3 6.5 gemv 8 1 1 0 0 0 0 0 # v3", s2, t2));
   EXPECT_EQ(t2.gemv.w8a8, 0);
@@ -392,7 +462,7 @@ TEST(CudaGemvW8a8, TacticLineCarriesTheW8a8Config) {
            "1 6144 2560 bf16:e4m3 6.5 gemv 8 1 0 0 3 0 0 0 # 3 K blocks: no such config",
            "1 6144 2560 bf16:e4m3 6.5 gemv 10 1 0 4 1 0 0 0 # 16 warps x 4 tiles: no such config",
            "1 6144 2560 bf16:e4m3 6.5 gemv 8 1 0 0 2 10 1 0 # prologue words without the prologue",
-           "1 6144 2560 bf16:e4m3 6.5 gemv 8 1 1 0 2 0 0 0 # the prologue without its config",
+           "1 6144 2560 bf16:e4m3 6.5 gemv 8 1 1 0 2 0 1 0 # a prologue flag without its warps",
            "1 6144 2560 bf16:e4m3 6.5 gemv 8 1 1 0 0 10 1 0 # prologue words on a W8A16 config",
        })
     EXPECT_FALSE(cuda::parse_tactic_line(bad, s2, t2)) << bad;
@@ -411,7 +481,7 @@ TEST(CudaGemvW8a8, EngineRunsTheTunedW8a8GemvOrFallsBack) {
   test::write_gemv_cache(eng, path, {{{4, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8}, cfg, false}});
   ASSERT_TRUE(eng.load(path));
   ASSERT_EQ(eng.gemv_choice(3, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8), cfg);
-  EXPECT_FALSE(eng.gemv_norm_in_choice(3, N, K, cuda::GemmWeight::fp8).has_value()) << "W8A8 has no prologue";
+  EXPECT_FALSE(eng.gemv_norm_in_choice(3, N, K, cuda::GemmWeight::fp8).has_value()) << "not tuned with one";
   const auto engine_run = [&](const GemvWeight& wt) {
     poison(a);
     eng.run(x.data(), K, wt, a.data(), N, 3, N, K, cuda::GemmOut::bf16, nullptr);

@@ -120,12 +120,13 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
     ok = ok && t.algo[7] == 0 && t.algo[5] <= 16 && t.algo[6] <= 1;
     t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4])};
     t.gemv_norm_in = t.algo[2] == 1;
-    // A W8A8 config's prologue runs the W8A16 config of words 5 and 6 (present exactly then).
-    if (w8a8 && t.gemv_norm_in) t.norm_in_gemv = GemvConfig{int(t.algo[5]), t.algo[6] == 1};
+    // A W8A8 config's prologue: its own (words 5 and 6 zero) or the W8A16 config of words 5 and 6.
+    if (w8a8 && t.gemv_norm_in && t.algo[5] != 0) t.norm_in_gemv = GemvConfig{int(t.algo[5]), t.algo[6] == 1};
     if (!(w8a8 && t.gemv_norm_in)) ok = ok && t.algo[5] == 0 && t.algo[6] == 0;
+    ok = ok && (t.algo[5] != 0 || t.algo[6] == 0);
     const GemvConfig prologue = t.norm_in_gemv.value_or(t.gemv);
     if (!ok || !gemv_known_config(t.gemv) || !gemv_known_config(prologue) ||
-        (t.gemv_norm_in && !gemv_fusable(prologue)))
+        (t.gemv_norm_in && !gemv_fusable(prologue) && prologue.w8a8 == 0))
       return false;
     std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
   }
@@ -192,9 +193,10 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   const auto g = gemv_choice(m, n, k, GemmOut::bf16, weight);
   if (!g) return std::nullopt;
   const GemmTactic& t = tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16, weight});
-  // A W8A8 tactic's prologue config (GemmTactic::norm_in_gemv), where it was measured faster.
+  // A W8A8 tactic's W8A16 prologue config (GemmTactic::norm_in_gemv), where it was measured faster; else the
+  // tactic's own config (W8A8 configs have their prologue: gemv_w8a8_norm_in).
   const GemvConfig c = t.norm_in_gemv.value_or(*g);
-  if (!gemv_fusable(c)) return std::nullopt;
+  if (!gemv_fusable(c) && c.w8a8 == 0) return std::nullopt;
   if (gemv_norm_in_ == 2) return c;
   return t.gemv_norm_in ? std::optional<GemvConfig>(c) : std::nullopt;
 }

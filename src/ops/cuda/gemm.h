@@ -34,8 +34,9 @@
 //
 // Block-FP8 weights (GemmWeight::fp8, run() with a GemvWeight): the shapes are keyed by the weight format
 // too; the tuner times the FP8 GEMV configs, W8A16 (gemv.h) and W8A8 (gemv_w8a8.h), and the residual-norm
-// prologue (W8A16 only: where a W8A8 config won, with the fastest one-tile W8A16 config against the
-// add_rms_norm kernel then the W8A8 GEMV, GemmTactic::norm_in_gemv) at M buckets <= 8, and at larger
+// prologue (where a W8A8 config won: its own prologue and the fastest one-tile W8A16 config's, against the
+// add_rms_norm kernel then the W8A8 GEMV; GemmTactic::norm_in_gemv names a W8A16 winner) at M buckets <= 8,
+// and at larger
 // buckets the W8A8 GEMM's configs (fp8_gemm.h; the TMA-store epilogues left out for now) against
 // dequantizing the weight into a preallocated scratch then the bf16 dispatch (the portable path), storing
 // an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did. The cache file is
@@ -80,9 +81,9 @@ struct GemmTactic {
   // gemv: the GEMV with the residual-norm prologue (gemv.h: gemv_norm_in) measured faster than the
   // add_rms_norm kernel then this GEMV, when this shape's input is a residual add + RMSNorm.
   bool gemv_norm_in = false;
-  // gemv_norm_in with a W8A8 gemv config (gemv_w8a8.h, which has no prologue): the one-tile W8A16 config the
-  // prologue runs with (its time beat the add_rms_norm kernel then the W8A8 GEMV); unset otherwise (the
-  // prologue runs with gemv).
+  // gemv_norm_in with a W8A8 gemv config (gemv_w8a8.h): the one-tile W8A16 config the prologue runs with,
+  // where its time beat both the W8A8 GEMV's own prologue and the add_rms_norm kernel then the W8A8 GEMV;
+  // unset otherwise (the prologue runs with gemv).
   std::optional<GemvConfig> norm_in_gemv;
   float us = 0;          // measured time at the bucket's M when tuned
   std::string describe;  // "algo 21 tile 17 stages 8 splitK 1 ..." / "kiln-gemv warps 4" for --show
@@ -96,7 +97,7 @@ int64_t gemm_m_bucket(int64_t m);
 // prologue won, w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile; w4 =
 // the W8A8 kernel's K blocks in flight, 0 for the W8A16 / bf16 kernels (v3 files: always 0); with a W8A8
 // config and the prologue, w5 / w6 = the warps and tensor-core flag of the W8A16 config the prologue runs,
-// else 0).
+// 0 where it runs the W8A8 config's own; else 0).
 // parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
 // not take, the prologue with a multi-tile config, a W8A8 config for a bf16 weight, a GEMV tactic for a
 // shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported) refuses).
@@ -160,8 +161,8 @@ class GemmEngine {
   // The GEMV configuration for a projection whose input is a residual add + RMSNorm (ops/linear.h:
   // ResidualNorm) when the tuned tactic is that GEMV with the residual-norm prologue (gemv.h: gemv_norm_in;
   // the tuner keeps it where it measured faster than the add_rms_norm kernel then the GEMV) and the switch is
-  // on, else nothing (the add_rms_norm kernel, then the projection). Where the tactic is a W8A8 GEMV, the
-  // W8A16 config it keeps for the prologue (GemmTactic::norm_in_gemv).
+  // on, else nothing (the add_rms_norm kernel, then the projection). Where the tactic is a W8A8 GEMV, that
+  // config (gemv_norm_in runs gemv_w8a8_norm_in) or the W8A16 one it keeps (GemmTactic::norm_in_gemv).
   std::optional<GemvConfig> gemv_norm_in_choice(int64_t m, int64_t n, int64_t k,
                                                 GemmWeight weight = GemmWeight::bf16) const;
   // Off: ignore the tuned residual-norm prologue. Default on; KILN_GEMV_NORM_IN=0 starts it off; =2 (for

@@ -211,26 +211,39 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       t.describe = describe_gemv(t.gemv);
       // The residual-norm prologue against the add_rms_norm kernel then this GEMV (x, o and the first rows
       // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
-      // A W8A8 winner has no prologue: the prologue is timed with the fastest one-tile W8A16 config, which
-      // the tactic keeps for the calls whose input is a residual add + RMSNorm (gemv_norm_in_choice) where it
-      // beats the add_rms_norm kernel then the W8A8 GEMV; the other calls run the W8A8 GEMV.
+      // A W8A8 winner: its own prologue (gemv_w8a8_norm_in) and the fastest one-tile W8A16 config's, each
+      // against the add_rms_norm kernel then the W8A8 GEMV; the tactic keeps the faster prologue
+      // (norm_in_gemv names a W8A16 one) for the calls whose input is a residual add + RMSNorm
+      // (gemv_norm_in_choice); the other calls run the W8A8 GEMV.
       const bool w8a8 = t.gemv.w8a8 != 0;
-      const GemvConfig fused_cfg =
-          !w8a8 || best_fusable_i < cands.size() ? t.gemv : gemv_cands[best_fusable_i - cands.size()];
-      if (s.out == GemmOut::bf16 && gemv_fusable(fused_cfg) &&
-          gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
+      const bool w8a8_alt = w8a8 && best_fusable_i >= cands.size();
+      const GemvConfig alt_cfg = w8a8_alt ? gemv_cands[best_fusable_i - cands.size()] : t.gemv;
+      const bool prologue_ok =
+          w8a8 ? gemv_w8a8_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)
+               : gemv_fusable(t.gemv) &&
+                     gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16);
+      if (s.out == GemmOut::bf16 && prologue_ok) {
         const float pair = time_us([&](int64_t it) {
           rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,
                    /*pdl=*/true);
           gemv(norm_out, s.k, weight_at(it), o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream,
                /*pdl=*/true);
         });
-        const float fused = time_us([&](int64_t it) {
-          ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, weight_at(it), o, s.n, s.m_bucket, s.n,
-                                     s.k, GemvEpilogue::bf16, fused_cfg, stream, /*pdl=*/true);
-        });
+        const auto fused_us = [&](GemvConfig c) {
+          return time_us([&](int64_t it) {
+            ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, weight_at(it), o, s.n, s.m_bucket,
+                                       s.n, s.k, GemvEpilogue::bf16, c, stream, /*pdl=*/true);
+          });
+        };
+        float fused = fused_us(t.gemv);
+        GemvConfig fused_cfg = t.gemv;
+        if (w8a8_alt &&
+            gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
+          const float alt = fused_us(alt_cfg);
+          if (alt < fused) fused = alt, fused_cfg = alt_cfg;
+        }
         t.gemv_norm_in = fused < pair;
-        if (t.gemv_norm_in && w8a8) {
+        if (t.gemv_norm_in && !(fused_cfg == t.gemv)) {
           t.norm_in_gemv = fused_cfg;
           t.describe += " +norm-in " + describe_gemv(fused_cfg);
         } else if (t.gemv_norm_in) {

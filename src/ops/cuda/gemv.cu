@@ -161,6 +161,9 @@ bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_
 void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w, float eps,
                   const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
                   GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl, int groups_per_block) {
+  if (cfg.w8a8 != 0)  // its own guards; one wave of blocks whatever groups_per_block says
+    return gemv_w8a8_norm_in(delta, ldd, residual, ldr, norm_w, eps, w, out, ldo, m, n, k, epi, cfg, stream,
+                             pdl);
   const int64_t ldw = w.ld;
   KILN_CHECK(m >= 0 && m <= kGemvMaxM, "gemv_norm_in: M must be in [0, ", kGemvMaxM, "], got ", m);
   KILN_CHECK(groups_per_block >= 0, "gemv_norm_in: groups_per_block must be >= 0, got ", groups_per_block);

@@ -223,7 +223,8 @@ bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_
 // others, out overlaps none. eps >= 0. m == 0 is a no-op; any violation throws kiln::Error before anything is
 // launched. Not for concurrent use on two streams of one device (see above). groups_per_block: the row groups
 // (of gemv_rows(cfg) W rows) each block takes after its prologue, 0: as many as one wave of resident blocks
-// needs. The same bits for any value.
+// needs. The same bits for any value. A W8A8 config runs gemv_w8a8_norm_in (gemv_w8a8.h: its guards; one
+// wave of blocks, groups_per_block ignored).
 void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w, float eps,
                   const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
                   GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false,

@@ -35,9 +35,10 @@
 // output columns; the block's shared memory (the M quantized rows, their scales and the warps' sums) within
 // kGemvW8a8MaxSmem; and a device that runs the kernel (sm_89+ code in this build). gemv_w8a8_supported says
 // whether a call is taken; where it is not, the caller runs the W8A16 GEMV or GemmEngine's other paths.
-// Fused forms (the residual-norm prologue, the add + RMSNorm epilogue, the attention preparation) are not
-// offered: gemv_fusable is false for W8A8 configs, so ops_cuda.cpp runs them unfused (the rms_norm kernel,
-// then this GEMV; this GEMV, then add_rms_norm; this GEMV, then the attention preparation).
+// Fused forms: the residual-norm prologue (gemv_w8a8_norm_in below, through gemv_norm_in with a W8A8
+// config). The add + RMSNorm epilogue and the attention preparation are not offered: gemv_fusable is false
+// for W8A8 configs, so ops_cuda.cpp runs them unfused (this GEMV, then add_rms_norm; this GEMV, then the
+// attention preparation).
 #pragma once
 
 #include <cstdint>
@@ -65,5 +66,23 @@ bool gemv_w8a8_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t l
 // is launched where the call is not supported; m == 0 is a no-op. pdl: as gemv (gemv.h).
 void gemv_w8a8(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n,
                int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
+
+// True when gemv_w8a8_norm_in takes this call with every W8A8 config on the current device:
+// gemv_w8a8_supported (x's stride taken as K), delta and residual row strides multiples of 8 and >= K, and
+// the prologue's rows within kGemvW8a8MaxSmem.
+bool gemv_w8a8_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_t ldr, int64_t ldw,
+                                 int64_t ldo, GemvEpilogue epi);
+
+// The residual-norm prologue (gemv.h: gemv_norm_in) on the W8A8 GEMV: residual[m, :] <- h = bf16(residual +
+// delta); x = rms_norm(h) * norm_w computed into shared memory by gemv_kernels.cuh's norm_in_prologue
+// (bitwise the rms_norm kernel with add), quantized from there as gemv_w8a8 quantizes x, then the same dot
+// products and epilogue: out (and residual) bitwise rms_norm(delta, residual, ..., add = true) then gemv_w8a8
+// with the same config on the normed rows, which are never stored. One wave of resident blocks, each taking
+// row groups blockIdx.x, + gridDim.x, ... after its one prologue (x quantized once per block). Arguments and
+// the per-device counter's rules as gemv_norm_in (not for two launches in flight at once on two streams of
+// one device); W, cfg, ldo, epi, pdl as gemv_w8a8.
+void gemv_w8a8_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w,
+                       float eps, const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n,
+                       int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false);
 
 }  // namespace kiln::cuda

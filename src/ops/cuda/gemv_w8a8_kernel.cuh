@@ -29,6 +29,11 @@ __host__ __device__ constexpr int64_t scale_bytes(int64_t m, int64_t k) {
 __host__ __device__ constexpr int64_t smem_bytes(int64_t m, int64_t k, int rows, int warps) {
   return red_bytes(m, rows, warps) + scale_bytes(m, k) + m * xq_stride(k);
 }
+// With the residual-norm prologue (gemv_w8a8_norm_in), then its bf16 rows and norm weight
+// (gemv_kernels.cuh: norm_in_smem_bytes).
+__host__ __device__ constexpr int64_t norm_in_smem_bytes(int64_t m, int64_t k, int rows, int warps) {
+  return smem_bytes(m, k, rows, warps) + gemv_detail::norm_in_smem_bytes(m, k / 8);
+}
 
 // The most warps a block of (tiles, K blocks in flight) runs: 8 where the round holds 2 tiles or more and 64
 // registers of W (128 registers a thread at 16 warps spilled 150-270 bytes; 8 warps allow 255).
@@ -62,9 +67,11 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 // read-only path). Lanes past K store zero codes (the mma reads them against zeroed W chunks), each half-warp
 // inside K stores its group's scale.
 constexpr int kQuantBatch = 2;
-template <int M>
-__device__ __forceinline__ void quantize_x(const GemvParams& p, int64_t k, uint8_t* xq, float* xs, int warp,
-                                           int warps, int lane) {
+// kShared: x is the residual-norm prologue's rows in shared memory (x8, row stride ldx8 in uint4 units),
+// else p.x through the read-only path.
+template <int M, bool kShared>
+__device__ __forceinline__ void quantize_x(const uint4* x8, int64_t ldx8, int64_t k, uint8_t* xq, float* xs,
+                                           int warp, int warps, int lane) {
   const int64_t steps_per_row = (k + 255) / 256, kblocks = (k + kBlockK - 1) / kBlockK, lds = xq_stride(k);
   const int64_t steps = M * steps_per_row;
   for (int64_t step0 = warp; step0 < steps; step0 += int64_t(kQuantBatch) * warps) {  // warp-uniform
@@ -73,7 +80,8 @@ __device__ __forceinline__ void quantize_x(const GemvParams& p, int64_t k, uint8
     for (int b = 0; b < kQuantBatch; ++b) {
       const int64_t step = step0 + int64_t(b) * warps, m = step / steps_per_row;
       const int64_t col = (step - m * steps_per_row) * 256 + lane * 8;
-      raw[b] = step < steps && col < k ? __ldg(p.x + m * p.ldx8 + col / 8) : make_uint4(0, 0, 0, 0);
+      raw[b] = step < steps && col < k ? gemv_detail::load_x<kShared>(x8 + m * ldx8 + col / 8)
+                                       : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int b = 0; b < kQuantBatch; ++b) {
@@ -89,14 +97,16 @@ __device__ __forceinline__ void quantize_x(const GemvParams& p, int64_t k, uint8
   }
 }
 
-// Mapping (gemv_w8a8.h): grid = ceil(output columns / (R or R / 2 for silu_mul)) blocks of `warps` warps,
-// block b owns W rows block_row(b, r) for r < R = 16 NT; lane (g, t) holds tile j's rows r = 16 j + g and 16
-// j + g + 8 ("A" and "B"), streams their bytes [32 t, 32 t + 32) of each 128-K block kb = w, w + warps, ...
-// (warp w), and accumulates D[j] = {(A, x row 2t), (A, 2t + 1), (B, 2t), (B, 2t + 1)}. Writes the outputs
-// through gemv_kernels.cuh's store_outputs (bf16, f32 or silu_mul), red[warp][m * R + r] its input.
-template <int M, GemvEpilogue E, int NT, int U>
+// Mapping (gemv_w8a8.h): grid = ceil(output columns / (R or R / 2 for silu_mul)) blocks of `warps` warps
+// (kNormIn: one wave of resident blocks, block b taking row groups b, b + gridDim.x, ... after its one
+// prologue and quantization), row group b owns W rows block_row(b, r) for r < R = 16 NT; lane (g, t) holds
+// tile j's rows r = 16 j + g and 16 j + g + 8 ("A" and "B"), streams their bytes [32 t, 32 t + 32) of each
+// 128-K block kb = w, w + warps, ... (warp w), and accumulates D[j] = {(A, x row 2t), (A, 2t + 1), (B, 2t),
+// (B, 2t + 1)}. Writes the outputs through gemv_kernels.cuh's store_outputs (bf16, f32 or silu_mul),
+// red[warp][m * R + r] its input.
+template <int M, GemvEpilogue E, int NT, int U, bool kNormIn>
 __global__ void __launch_bounds__(w8a8_max_warps(NT, U) * 32)
-    gemv_w8a8_kernel(const __grid_constant__ GemvParams p) {
+    gemv_w8a8_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ gemv_detail::NoArgs) {
   static_assert(NT * U <= 4, "a round holds at most 64 registers of W");
   constexpr int R = 16 * NT;
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = int(blockDim.x) / 32;
@@ -106,11 +116,14 @@ __global__ void __launch_bounds__(w8a8_max_warps(NT, U) * 32)
   // Tile j's rows A (g) and B (g + 8) as row indices (N < 2^31): 64-bit pointers for 4 tiles would hold 32
   // registers (measured: 130-270 bytes of spills a thread).
   int row[NT][2];
+  const auto rows_of = [&](int64_t grp) {
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      row[j][h] = int(gemv_detail::block_row<R, E>(p, int64_t(blockIdx.x), 16 * j + g + 8 * h, base));
+      for (int h = 0; h < 2; ++h)
+        row[j][h] = int(gemv_detail::block_row<R, E>(p, grp, 16 * j + g + 8 * h, base));
+  };
+  rows_of(int64_t(blockIdx.x));
   const uint8_t* const w = static_cast<const uint8_t*>(p.w) + 32 * t;
   const int64_t ldw = p.ldw8 * 8;
   // A round: U K blocks of the warp, per tile the 2 rows x 2 chunks and the 2 rows' block scales.
@@ -143,59 +156,86 @@ __global__ void __launch_bounds__(w8a8_max_warps(NT, U) * 32)
   float(*red)[M * R] = reinterpret_cast<float(*)[M * R]>(smem);
   float* xs = reinterpret_cast<float*>(smem + red_bytes(M, R, warps));
   uint8_t* xq = smem + red_bytes(M, R, warps) + scale_bytes(M, k);
+  // kNormIn: the prologue's bf16 rows, then the norm weight (gemv_kernels.cuh's layout).
+  uint4* const norm_x = reinterpret_cast<uint4*>(xq + M * xq_stride(k));
+  uint4* const norm_w = norm_x + M * gemv_detail::norm_in_lds8(p.k8);
+  if constexpr (kNormIn) gemv_detail::norm_in_stage_weight(p, norm_w, tid, int(blockDim.x));
   pdl_wait();
   pdl_launch_dependents();  // gemv.h: PDL
-  quantize_x<M>(p, k, xq, xs, warp, warps, lane);
+  if constexpr (kNormIn) {
+    // x = rms_norm(residual + delta) * norm_w into shared memory, bitwise the rms_norm kernel (gemv.h:
+    // gemv_norm_in), then quantized from there.
+    gemv_detail::norm_in_prologue<M>(p, norm_x, norm_w, tid, int(blockDim.x));
+    quantize_x<M, true>(norm_x, gemv_detail::norm_in_lds8(p.k8), k, xq, xs, warp, warps, lane);
+  } else {
+    quantize_x<M, false>(p.x, p.ldx8, k, xq, xs, warp, warps, lane);
+  }
   __syncthreads();
 
   const uint8_t* xrow = xq + (g < M ? g : 0) * xq_stride(k) + 32 * t;
-  float acc[NT][4];
+  // One row group (row, base): the dot products, the warps' sums, the outputs.
+  const auto run_group = [&] {
+    float acc[NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
-    if (kb0 != warp) load_round(kb0, std::false_type{});  // the first round came before the wait
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
+      if (kb0 != warp) load_round(kb0, std::false_type{});  // each group's first round came before
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kb = kb0 + int64_t(u) * warps;
-      if (kb < kblocks) {  // warp-uniform: every lane takes part in the mma
-        uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (g < M) {
-          xv[0] = *reinterpret_cast<const uint4*>(xrow + kb * kBlockK);
-          xv[1] = *reinterpret_cast<const uint4*>(xrow + kb * kBlockK + 16);
-        }
-        const float a0 = 2 * t < M ? xs[(2 * t) * kblocks + kb] : 0.0f;
-        const float a1 = 2 * t + 1 < M ? xs[(2 * t + 1) * kblocks + kb] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {  // step s: words 2s (a0/a1, b0) and 2s + 1 (a2/a3, b1)
-            const int c = s / 2, i = 2 * (s % 2);
-            mma_e4m3(d, word(wv[u][j][0][c], i), word(wv[u][j][1][c], i), word(wv[u][j][0][c], i + 1),
-                     word(wv[u][j][1][c], i + 1), word(xv[c], i), word(xv[c], i + 1));
+      for (int u = 0; u < U; ++u) {
+        const int64_t kb = kb0 + int64_t(u) * warps;
+        if (kb < kblocks) {  // warp-uniform: every lane takes part in the mma
+          uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+          if (g < M) {
+            xv[0] = *reinterpret_cast<const uint4*>(xrow + kb * kBlockK);
+            xv[1] = *reinterpret_cast<const uint4*>(xrow + kb * kBlockK + 16);
           }
-          // The promotion (gemv_w8a8.h): D's rows are W rows A, A, B, B and its columns x rows 2t, 2t + 1.
-          acc[j][0] = fmaf(d[0], a0 * ws[u][j][0], acc[j][0]);
-          acc[j][1] = fmaf(d[1], a1 * ws[u][j][0], acc[j][1]);
-          acc[j][2] = fmaf(d[2], a0 * ws[u][j][1], acc[j][2]);
-          acc[j][3] = fmaf(d[3], a1 * ws[u][j][1], acc[j][3]);
+          const float a0 = 2 * t < M ? xs[(2 * t) * kblocks + kb] : 0.0f;
+          const float a1 = 2 * t + 1 < M ? xs[(2 * t + 1) * kblocks + kb] : 0.0f;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {  // step s: words 2s (a0/a1, b0) and 2s + 1 (a2/a3, b1)
+              const int c = s / 2, i = 2 * (s % 2);
+              mma_e4m3(d, word(wv[u][j][0][c], i), word(wv[u][j][1][c], i), word(wv[u][j][0][c], i + 1),
+                       word(wv[u][j][1][c], i + 1), word(xv[c], i), word(xv[c], i + 1));
+            }
+            // The promotion (gemv_w8a8.h): D's rows are W rows A, A, B, B and its columns x rows 2t, 2t + 1.
+            acc[j][0] = fmaf(d[0], a0 * ws[u][j][0], acc[j][0]);
+            acc[j][1] = fmaf(d[1], a1 * ws[u][j][0], acc[j][1]);
+            acc[j][2] = fmaf(d[2], a0 * ws[u][j][1], acc[j][2]);
+            acc[j][3] = fmaf(d[3], a1 * ws[u][j][1], acc[j][3]);
+          }
         }
       }
     }
-  }
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    if (2 * t < M) {
-      red[warp][(2 * t) * R + 16 * j + g] = acc[j][0];
-      red[warp][(2 * t) * R + 16 * j + g + 8] = acc[j][2];
+    for (int j = 0; j < NT; ++j) {
+      if (2 * t < M) {
+        red[warp][(2 * t) * R + 16 * j + g] = acc[j][0];
+        red[warp][(2 * t) * R + 16 * j + g + 8] = acc[j][2];
+      }
+      if (2 * t + 1 < M) {
+        red[warp][(2 * t + 1) * R + 16 * j + g] = acc[j][1];
+        red[warp][(2 * t + 1) * R + 16 * j + g + 8] = acc[j][3];
+      }
     }
-    if (2 * t + 1 < M) {
-      red[warp][(2 * t + 1) * R + 16 * j + g] = acc[j][1];
-      red[warp][(2 * t + 1) * R + 16 * j + g + 8] = acc[j][3];
+    __syncthreads();
+    gemv_detail::store_outputs<M, R, E>(p, base, red, warps, tid);
+  };
+  if constexpr (kNormIn) {  // row groups blockIdx.x, + gridDim.x, ... after the one prologue
+    const int64_t groups = gemv_detail::row_groups<R, E>(p);
+    for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
+      if (grp != blockIdx.x) {
+        __syncthreads();  // the previous group's outputs are stored: red is free
+        rows_of(grp);
+        load_round(warp, std::false_type{});
+      }
+      run_group();
     }
+  } else {
+    run_group();  // the plain kernel: one group (a loop here cost registers and spills)
   }
-  __syncthreads();
-  gemv_detail::store_outputs<M, R, E>(p, base, red, warps, tid);
 }
 
 }  // namespace kiln::cuda::gemv_w8a8_detail
