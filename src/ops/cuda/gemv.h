@@ -121,12 +121,13 @@ inline constexpr GemvConfig kGemvConfigs[] = {{2, false},   {4, false},   {8, fa
                                               {2, true, 4}, {4, true, 4}, {8, true, 4}, {16, true, 4}};
 
 // The W8A8 kernel's configurations (gemv_w8a8.h), offered for block-FP8 weights only: warps x (16-row
-// tiles, 128-K blocks in flight per warp) with tiles x blocks <= 4 (the registers of a round); 4 or 8 warps
-// where two tiles or more hold 64 registers of W (16 warps would cap them at 128 registers and spill).
+// tiles, 128-K blocks in flight per warp) with tiles x blocks <= 4 (the registers of a round; one tile and
+// one block: the fewest registers, the most resident warps); 4 or 8 warps where two tiles or more hold 64
+// registers of W (16 warps would cap them at 128 registers and spill).
 inline constexpr GemvConfig kGemvW8a8Configs[] = {
-    {4, true, 1, 2},  {8, true, 1, 2}, {16, true, 1, 2}, {4, true, 1, 4},  {8, true, 1, 4},
-    {16, true, 1, 4}, {4, true, 2, 1}, {8, true, 2, 1},  {16, true, 2, 1}, {4, true, 2, 2},
-    {8, true, 2, 2},  {4, true, 4, 1}, {8, true, 4, 1}};
+    {4, true, 1, 2}, {8, true, 1, 2}, {16, true, 1, 2}, {4, true, 1, 4}, {8, true, 1, 4}, {16, true, 1, 4},
+    {4, true, 2, 1}, {8, true, 2, 1}, {16, true, 2, 1}, {4, true, 2, 2}, {8, true, 2, 2}, {4, true, 4, 1},
+    {8, true, 4, 1}, {4, true, 1, 1}, {8, true, 1, 1},  {16, true, 1, 1}};
 
 // W rows a block owns.
 constexpr int gemv_rows(GemvConfig c) {

@@ -31,6 +31,7 @@ Kernel kernel_of_m(int64_t m) {
 // list.
 template <GemvEpilogue E, bool N>
 Kernel kernel_of_cfg(int64_t m, GemvConfig cfg) {
+  if (cfg.tiles == 1 && cfg.w8a8 == 1) return kernel_of_m<E, 1, 1, N>(m);
   if (cfg.tiles == 1 && cfg.w8a8 == 2) return kernel_of_m<E, 1, 2, N>(m);
   if (cfg.tiles == 1 && cfg.w8a8 == 4) return kernel_of_m<E, 1, 4, N>(m);
   if (cfg.tiles == 2 && cfg.w8a8 == 1) return kernel_of_m<E, 2, 1, N>(m);
