@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/device_flag.h"
@@ -18,13 +20,32 @@ using gemv_detail::NoArgs;
 using namespace gemv_w8a8_detail;
 using Kernel = gemv_detail::GemvKernel;
 
+// KILN_GEMV_W8A8_PREFETCH=0: the kernels without the L2 prefetch of the W slice (gemv_w8a8_kernel.cuh), for
+// A/B runs; unset or 1: with it. Read once.
+bool prefetch_on() {
+  static const bool v = [] {
+    const char* e = std::getenv("KILN_GEMV_W8A8_PREFETCH");
+    if (!e || !*e) return true;
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1",
+               "KILN_GEMV_W8A8_PREFETCH must be 0 or 1, got '", e, "'");
+    return std::string(e) == "1";
+  }();
+  return v;
+}
+
+template <GemvEpilogue E, int NT, int U, bool N, bool P>
+Kernel kernel_of_m_p(int64_t m) {
+  static constexpr Kernel table[kGemvMaxM] = {
+      gemv_w8a8_kernel<1, E, NT, U, N, P>, gemv_w8a8_kernel<2, E, NT, U, N, P>,
+      gemv_w8a8_kernel<3, E, NT, U, N, P>, gemv_w8a8_kernel<4, E, NT, U, N, P>,
+      gemv_w8a8_kernel<5, E, NT, U, N, P>, gemv_w8a8_kernel<6, E, NT, U, N, P>,
+      gemv_w8a8_kernel<7, E, NT, U, N, P>, gemv_w8a8_kernel<8, E, NT, U, N, P>};
+  return table[m - 1];
+}
+
 template <GemvEpilogue E, int NT, int U, bool N>
 Kernel kernel_of_m(int64_t m) {
-  static constexpr Kernel table[kGemvMaxM] = {
-      gemv_w8a8_kernel<1, E, NT, U, N>, gemv_w8a8_kernel<2, E, NT, U, N>, gemv_w8a8_kernel<3, E, NT, U, N>,
-      gemv_w8a8_kernel<4, E, NT, U, N>, gemv_w8a8_kernel<5, E, NT, U, N>, gemv_w8a8_kernel<6, E, NT, U, N>,
-      gemv_w8a8_kernel<7, E, NT, U, N>, gemv_w8a8_kernel<8, E, NT, U, N>};
-  return table[m - 1];
+  return prefetch_on() ? kernel_of_m_p<E, NT, U, N, true>(m) : kernel_of_m_p<E, NT, U, N, false>(m);
 }
 
 // The kernel of (epilogue, tiles, K blocks in flight, prologue, M); null for a pair kGemvW8a8Configs does not

@@ -27,7 +27,9 @@
 // x alike in b0 / b1 -- a permutation of k inside the block, the same for x and W, so each step's products
 // are products of the dot product. A warp issues the W loads (and the two rows' block scales) of `w8a8` K
 // blocks per tile before their first mma; the first round goes out before the PDL wait and before x is
-// quantized (W is never written by an earlier kernel: gemv.h).
+// quantized (W is never written by an earlier kernel: gemv.h), and with it an L2 prefetch of the rest of the
+// warp's W slice (KILN_GEMV_W8A8_PREFETCH=0 leaves it out), since the later rounds are issued only once x is
+// quantized and the first round consumed.
 //
 // Shapes: 1 <= M <= 8; N >= 1 (silu_mul: even); K >= 16 and a multiple of 16 (16-byte chunks all in or all
 // past K; a partial last 128-K block reads zeros past K); x bf16 16-byte aligned, ldx >= K a multiple of 8;

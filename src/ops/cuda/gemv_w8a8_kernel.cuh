@@ -61,15 +61,19 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Steps whose loads a warp issues together: 4 where the W round holds at most 32 registers, else 2 (the first
+// round stays in registers while x is quantized; M = 8 measured latency-bound on these L2 round trips).
+constexpr int quant_batch(int tiles, int blocks) {
+  return tiles * blocks <= 2 ? 4 : 2;
+}
+
 // Every block quantizes the M x rows into shared memory (gemv_w8a8.h): warp steps of 256 columns of one row
 // (two 128-groups, one a half-warp), steps w, w + warps, ... over M * ceil(K / 256), kQuantBatch of them with
-// their loads issued together; lane l takes columns 256 c + 8 l (8 bf16, one 16-byte load through the
-// read-only path). Lanes past K store zero codes (the mma reads them against zeroed W chunks), each half-warp
-// inside K stores its group's scale.
-constexpr int kQuantBatch = 2;
-// kShared: x is the residual-norm prologue's rows in shared memory (x8, row stride ldx8 in uint4 units),
-// else p.x through the read-only path.
-template <int M, bool kShared>
+// their loads issued together (quant_batch); lane l takes columns 256 c + 8 l (8 bf16, one 16-byte load
+// through the read-only path). Lanes past K store zero codes (the mma reads them against zeroed W chunks),
+// each half-warp inside K stores its group's scale. kShared: x is the residual-norm prologue's rows in shared
+// memory (x8, row stride ldx8 in uint4 units), else p.x through the read-only path. kQuantBatch: quant_batch.
+template <int M, bool kShared, int kQuantBatch>
 __device__ __forceinline__ void quantize_x(const uint4* x8, int64_t ldx8, int64_t k, uint8_t* xq, float* xs,
                                            int warp, int warps, int lane) {
   const int64_t steps_per_row = (k + 255) / 256, kblocks = (k + kBlockK - 1) / kBlockK, lds = xq_stride(k);
@@ -104,7 +108,10 @@ __device__ __forceinline__ void quantize_x(const uint4* x8, int64_t ldx8, int64_
 // 128-K block kb = w, w + warps, ... (warp w), and accumulates D[j] = {(A, x row 2t), (A, 2t + 1), (B, 2t),
 // (B, 2t + 1)}. Writes the outputs through gemv_kernels.cuh's store_outputs (bf16, f32 or silu_mul),
 // red[warp][m * R + r] its input.
-template <int M, GemvEpilogue E, int NT, int U, bool kNormIn>
+// kPrefetch: before the PDL wait, after its first round, each warp also prefetches the rest of its W slice
+// towards L2 (one prefetch a row and 128-K block), so the later rounds, issued only once x is quantized and
+// the first round consumed, find W in L2 (KILN_GEMV_W8A8_PREFETCH, gemv_w8a8.cu).
+template <int M, GemvEpilogue E, int NT, int U, bool kNormIn, bool kPrefetch>
 __global__ void __launch_bounds__(w8a8_max_warps(NT, U) * 32)
     gemv_w8a8_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ gemv_detail::NoArgs) {
   static_assert(NT * U <= 4, "a round holds at most 64 registers of W");
@@ -151,6 +158,14 @@ __global__ void __launch_bounds__(w8a8_max_warps(NT, U) * 32)
     }
   };
   load_round(warp, std::true_type{});  // before the PDL wait: W is never written by an earlier kernel
+  if constexpr (kPrefetch) {
+    if (t == 0)
+      for (int64_t kb = warp + int64_t(U) * warps; kb < kblocks; kb += warps)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) gemv_detail::prefetch_l2(w + row[j][h] * ldw + kb * kBlockK);
+  }
 
   extern __shared__ __align__(16) uint8_t smem[];
   float(*red)[M * R] = reinterpret_cast<float(*)[M * R]>(smem);
@@ -166,9 +181,10 @@ __global__ void __launch_bounds__(w8a8_max_warps(NT, U) * 32)
     // x = rms_norm(residual + delta) * norm_w into shared memory, bitwise the rms_norm kernel (gemv.h:
     // gemv_norm_in), then quantized from there.
     gemv_detail::norm_in_prologue<M>(p, norm_x, norm_w, tid, int(blockDim.x));
-    quantize_x<M, true>(norm_x, gemv_detail::norm_in_lds8(p.k8), k, xq, xs, warp, warps, lane);
+    quantize_x<M, true, quant_batch(NT, U)>(norm_x, gemv_detail::norm_in_lds8(p.k8), k, xq, xs, warp, warps,
+                                            lane);
   } else {
-    quantize_x<M, false>(p.x, p.ldx8, k, xq, xs, warp, warps, lane);
+    quantize_x<M, false, quant_batch(NT, U)>(p.x, p.ldx8, k, xq, xs, warp, warps, lane);
   }
   __syncthreads();
 
