@@ -1,8 +1,10 @@
 // gemv_fp8 benchmark: the small-M GEMV on block-FP8 weights (ops/cuda/gemv.h: e4m3 [N, K] + f32 128 x 128
 // block scales, widened in registers) beside the same GEMV on bf16 weights, for the decode projections of
-// Qwen3-4B (and with KILN_GEMM_BENCH_ONLY=8B Qwen3-8B: QKV, O, gate_up, down) at M = 1 and 8: every config of
-// both formats, the engine's choice for the FP8 weight with and without PDL (the tuned FP8 GEMV, else
+// Qwen3-4B (and with KILN_GEMM_BENCH_ONLY=8B Qwen3-8B: QKV, O, gate_up, down) at M = 1, 4 and 8: every config
+// of both formats, the engine's choice for the FP8 weight with and without PDL (the tuned FP8 GEMV, else
 // dequantize into scratch + the bf16 dispatch), and the fused gate_up + SiLU in the engine's FP8 config.
+// The FP8 rows: the W8A16 GEMV ("e4m3 W tc/fma ...", gemv.h) and the W8A8 one ("e4m3 W w8a8 ...",
+// gemv_w8a8.h), at M = 1, 4 and 8.
 // Weights rotate over >= 4 copies that together exceed 2.2x the L2 (flushed before every sample), so every
 // call reads W from HBM. Bytes = W (e4m3: N K + the scales; bf16: 2 N K) + x + out: the FP8 rows move about
 // half the bf16 rows'.
@@ -18,6 +20,7 @@
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/gemv_w8a8.h"
 
 namespace kiln::bench {
 namespace {
@@ -45,6 +48,9 @@ bool selected(const std::string& shape) {
 }
 
 std::string cfg_name(const char* what, kc::GemvConfig c) {
+  if (c.w8a8)  // the W8A8 kernel (gemv_w8a8.h): 16-row tiles, K blocks in flight
+    return std::string(what) + " w8a8 w" + std::to_string(c.warps) + " x" + std::to_string(c.tiles) + " kb" +
+           std::to_string(c.w8a8);
   return std::string(what) + (c.tensor_cores ? " tc" : " fma") + " w" + std::to_string(c.warps) +
          (c.tiles > 1 ? " x" + std::to_string(c.tiles) : "");
 }
@@ -52,7 +58,7 @@ std::string cfg_name(const char* what, kc::GemvConfig c) {
 void run_gemv_fp8(const Env& env, std::vector<Row>& rows) {
   kc::GemmEngine& eng = kc::gemm_engine();
   const Device dev = Device::cuda();
-  constexpr int64_t kMs[] = {1, 8};
+  constexpr int64_t kMs[] = {1, 4, 8};
   for (const Fp8Case& c : kFp8Cases) {
     const auto shape_of = [&](int64_t M) {
       return std::string(c.model) + " " + c.name + " M=" + std::to_string(M) + " N=" + std::to_string(c.n) +
@@ -104,6 +110,13 @@ void run_gemv_fp8(const Env& env, std::vector<Row>& rows) {
                    env.stream);
         });
       }
+      // The W8A8 GEMV (x quantized in each block: the same bytes moved, fewer instructions a byte).
+      if (kc::gemv_w8a8_supported(M, c.n, c.k, c.k, c.k, c.n, kc::GemvEpilogue::bf16))
+        for (const kc::GemvConfig cfg : kc::kGemvW8a8Configs)
+          time_row(Row{"gemv_fp8", cfg_name("e4m3 W", cfg), shape, 0, -1, fp8_bytes, "forced"}, [&](int i) {
+            kc::gemv(x.data(), c.k, fp8_w(i), out.data(), c.n, M, c.n, c.k, kc::GemvEpilogue::bf16, cfg,
+                     env.stream);
+          });
       const auto choice = eng.gemv_choice(M, c.n, c.k, kc::GemmOut::bf16, kc::GemmWeight::fp8);
       const std::string chosen = choice ? cfg_name("gemv", *choice) : "no FP8 GEMV tactic: dequantize + bf16";
       for (const bool pdl : {false, true}) {

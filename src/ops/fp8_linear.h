@@ -14,7 +14,9 @@
 //       order with wf for the bf16 weight (products x * wf rounded, then added), out = bf16.
 //   (c) dequantize_fp8 then the bf16 linear: w_bf16 = bf16(f32(q) * s) (bitwise on every backend).
 // Tolerance of a GPU kernel for (a) and (b): relative Frobenius error <= 2^-8 against an fp64 reference of
-// the same quantized operands; the activation quantizer and (c)'s dequantization are bitwise.
+// the same quantized operands; the activation quantizer and (c)'s dequantization are bitwise. CUDA runs (a)
+// as the W8A8 GEMM (ops/cuda/fp8_gemm.h, M > 8) and the W8A8 GEMV (ops/cuda/gemv_w8a8.h, M <= 8), both with
+// acc = fmaf(p, a_s * w_s, acc) for the promotion and the tensor cores' order inside a 128-K block.
 #pragma once
 
 #include <cstdint>

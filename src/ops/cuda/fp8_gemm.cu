@@ -11,6 +11,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/device_flag.h"
+#include "ops/cuda/fp8_act_quant.cuh"
 #include "ops/cuda/fp8_gemm_sm90.cuh"
 #include "ops/cuda/tensor_map.h"
 
@@ -27,12 +28,10 @@ int64_t round_up(int64_t v, int64_t to) {
 // Mapping: grid (m_pad / 8, ceil(K / 256)), block 256 threads = 8 warps; warp w owns row blockIdx.x * 8 + w
 // and columns blockIdx.y * 256 .. + 255, i.e. two groups of 128, one per half-warp; lane l loads the 8 bf16
 // at column 256 blockIdx.y + 8 l (one 16-byte load; K % 16 == 0, so a lane's 8 columns are all in or all past
-// K). A half-warp's amax by an xor butterfly 8, 4, 2, 1 (fmaxf: exact in any order, NaN ignored like
-// std::fmax), then a_s and the 8 codes with correctly rounded divisions (__fdiv_rn) and the hardware's
-// cvt.rn.satfinite.e4m3x2.f32 (one instruction a pair; exactly ops/fp8.h's encoder, NaN -> 0x7f included, as
-// tests/cuda/test_attn_prep_convert.cu checks on every bf16 and f16 value and 2^20 random f32), as
-// quantize_act_group computes them. Writes 8 code bytes a lane and one scale a half-warp (xs[kb * m_pad +
-// row]); rows M .. m_pad - 1 only write scale 0.
+// K). A half-warp's amax, a_s and the 8 codes by fp8_act_quant.cuh's quantize_act8 (the hardware's
+// cvt.rn.satfinite.e4m3x2.f32 is exactly ops/fp8.h's encoder, as tests/cuda/test_attn_prep_convert.cu checks
+// on every bf16 and f16 value and 2^20 random f32), as quantize_act_group computes them. Writes 8 code bytes
+// a lane and one scale a half-warp (xs[kb * m_pad + row]); rows M .. m_pad - 1 only write scale 0.
 __global__ void __launch_bounds__(256)
     quantize_act_kernel(const uint16_t* __restrict__ x, int64_t ldx, int m, int k, int m_pad,
                         uint8_t* __restrict__ q, float* __restrict__ xs) {
@@ -47,28 +46,10 @@ __global__ void __launch_bounds__(256)
   }
   uint4 raw = make_uint4(0, 0, 0, 0);
   if (in) raw = __ldg(reinterpret_cast<const uint4*>(x + int64_t(row) * ldx + col));
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-  float v[8];
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = __uint_as_float(words[i] << 16);
-    v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-#pragma unroll
-  for (int off = 8; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const ActQuant8 a = quantize_act8(raw);  // the whole warp: the half-warp butterfly
   if (!in) return;
-  const float s = __fdiv_rn(fmaxf(amax, 1e-10f), 448.0f);
-  uint32_t pairs[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    pairs[i] = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v[2 * i], s), __fdiv_rn(v[2 * i + 1], s)),
-                                        __NV_SATFINITE, __NV_E4M3);
-  *reinterpret_cast<uint2*>(q + int64_t(row) * k + col) =
-      make_uint2(pairs[0] | pairs[1] << 16, pairs[2] | pairs[3] << 16);
-  if (lane % 16 == 0) xs[int64_t(kb) * m_pad + row] = s;
+  *reinterpret_cast<uint2*>(q + int64_t(row) * k + col) = a.codes;
+  if (lane % 16 == 0) xs[int64_t(kb) * m_pad + row] = a.scale;
 }
 
 // One compiled kernel (a config less its persistence): its launch, preparation and cluster residency.

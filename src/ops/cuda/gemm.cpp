@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/gemm_any.h"
 #include "ops/cuda/gemm_impl.h"
+#include "ops/cuda/gemv_w8a8.h"
 
 namespace kiln::cuda {
 
@@ -26,8 +28,10 @@ using namespace gemm_detail;
 
 namespace {
 
-constexpr const char* kCacheFormat = "kiln-gemm-tactics v3";
-constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";  // bf16 weights only: read as such
+constexpr const char* kCacheFormat = "kiln-gemm-tactics v4";
+// Older formats still read: v3 (no W8A8 GEMV: word 4 of a GEMV tactic is 0), v2 (bf16 weights only).
+constexpr const char* kCacheFormatV3 = "kiln-gemm-tactics v3";
+constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";
 
 // An on/off switch from the environment: "0" or "1", else `fallback` when unset or empty.
 bool env_switch(const char* name, bool fallback) {
@@ -51,6 +55,9 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
                                : i == 1 ? uint64_t(t.gemv.tensor_cores)
                                : i == 2 ? uint64_t(t.gemv_norm_in)
                                : i == 3 ? uint64_t(t.gemv.tiles == 1 ? 0 : t.gemv.tiles)
+                               : i == 4 ? uint64_t(t.gemv.w8a8)
+                               : i == 5 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->warps : 0)
+                               : i == 6 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->tensor_cores : 0)
                                         : 0;
     const Fp8GemmConfig& f = t.fp8gemm;
     const uint64_t fp8_word = i == 0   ? uint64_t(f.tile_n)
@@ -101,15 +108,26 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
   if (s.m_bucket < 1 || s.n < 1 || s.k < 1) return false;
   if (kind == "gemv") {
     t.kind = GemmKind::gemv;
-    // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported holds.
-    // Word 3 is the tiles, one written as 0; the words are small, so the int casts keep them (a bad value
-    // makes no known config).
+    // Only a tactic gemv can run: the tuner offers the GEMV only where gemv_supported (W8A8:
+    // gemv_w8a8_shape_supported, for an FP8 weight) holds. Word 3 is the tiles, one written as 0; word 4 the
+    // W8A8 kernel's K blocks in flight (0: not W8A8). The words are small, so the int casts keep them (a bad
+    // value makes no known config).
+    const bool w8a8 = t.algo[4] != 0;
     bool ok = t.algo[0] <= 16 && t.algo[1] <= 1 && t.algo[2] <= 1 && t.algo[3] != 1 && t.algo[3] <= 4 &&
-              gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out));
-    for (int i = 4; i < 8; ++i) ok = ok && t.algo[i] == 0;
-    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3])};
+              t.algo[4] <= 4 && (!w8a8 || s.weight == GemmWeight::fp8) &&
+              (w8a8 ? gemv_w8a8_shape_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out))
+                    : gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)));
+    ok = ok && t.algo[7] == 0 && t.algo[5] <= 16 && t.algo[6] <= 1;
+    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4])};
     t.gemv_norm_in = t.algo[2] == 1;
-    if (!ok || !gemv_known_config(t.gemv) || (t.gemv_norm_in && !gemv_fusable(t.gemv))) return false;
+    // A W8A8 config's prologue: its own (words 5 and 6 zero) or the W8A16 config of words 5 and 6.
+    if (w8a8 && t.gemv_norm_in && t.algo[5] != 0) t.norm_in_gemv = GemvConfig{int(t.algo[5]), t.algo[6] == 1};
+    if (!(w8a8 && t.gemv_norm_in)) ok = ok && t.algo[5] == 0 && t.algo[6] == 0;
+    ok = ok && (t.algo[5] != 0 || t.algo[6] == 0);
+    const GemvConfig prologue = t.norm_in_gemv.value_or(t.gemv);
+    if (!ok || !gemv_known_config(t.gemv) || !gemv_known_config(prologue) ||
+        (t.gemv_norm_in && !gemv_fusable(prologue) && prologue.w8a8 == 0))
+      return false;
     std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
   }
   std::string rest;
@@ -173,10 +191,14 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
                                                           GemmWeight weight) const {
   if (gemv_norm_in_ == 0) return std::nullopt;
   const auto g = gemv_choice(m, n, k, GemmOut::bf16, weight);
-  if (!g || !gemv_fusable(*g)) return std::nullopt;
-  if (gemv_norm_in_ == 2) return g;
-  return tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16, weight}).gemv_norm_in ? g
-                                                                                            : std::nullopt;
+  if (!g) return std::nullopt;
+  const GemmTactic& t = tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16, weight});
+  // A W8A8 tactic's W8A16 prologue config (GemmTactic::norm_in_gemv), where it was measured faster; else the
+  // tactic's own config (W8A8 configs have their prologue: gemv_w8a8_norm_in).
+  const GemvConfig c = t.norm_in_gemv.value_or(*g);
+  if (!gemv_fusable(c) && c.w8a8 == 0) return std::nullopt;
+  if (gemv_norm_in_ == 2) return c;
+  return t.gemv_norm_in ? std::optional<GemvConfig>(c) : std::nullopt;
 }
 
 void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m,
@@ -185,10 +207,8 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
   KILN_CHECK(m > 0 && n > 0 && k > 0, "GEMM shape must be positive: M ", m, " N ", n, " K ", k);
   KILN_CHECK(w.ld >= k && ldo >= n, "GEMM row strides must be >= the row length: ldw ", w.ld, " ldo ", ldo,
              " for N ", n, " K ", k);
-  const bool fp8_aligned = reinterpret_cast<uintptr_t>(w.data) % 8 == 0 &&
-                           reinterpret_cast<uintptr_t>(w.scale) % 4 == 0 && aligned16(x) && aligned16(out);
   if (const auto g = gemv_choice(m, n, k, out_type, GemmWeight::fp8);
-      g && fp8_aligned && gemv_supported(m, n, k, ldx, w.ld, ldo, gemv_epilogue(out_type))) {
+      g && gemv_takes(*g, x, ldx, w, out, ldo, m, n, k, gemv_epilogue(out_type))) {
     gemv(x, ldx, w, out, ldo, m, n, k, gemv_epilogue(out_type), *g, stream, pdl);
     ++gemv_dispatches_;
     return;
@@ -300,8 +320,12 @@ bool GemmEngine::load(const std::string& path) {
   std::ifstream in(path);
   if (!in) return false;
   std::string line;
-  if (!std::getline(in, line) || (line != kCacheFormat && line != kCacheFormatV2))
-    return false;  // absent, or an older format
+  if (!std::getline(in, line)) return false;
+  if (line != kCacheFormat && line != kCacheFormatV3 && line != kCacheFormatV2) {
+    std::fprintf(stderr, "kiln: tactic cache %s has format '%s', not '%s': ignored (tuning replaces it)\n",
+                 path.c_str(), line.c_str(), kCacheFormat);
+    return false;
+  }
   if (!std::getline(in, line) || line != "key " + key()) return false;
   std::map<GemmShape, GemmTactic> loaded;
   while (std::getline(in, line)) {

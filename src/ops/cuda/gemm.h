@@ -24,19 +24,23 @@
 // prologue won. kiln's kernels are timed launched with PDL, as the decode graphs launch them (each call's
 // W stream then overlaps the previous call's tail, which cuBLASLt's kernels cannot do). M bucket = the next
 // power of two >= M (capped at 16384). Weights are rotated over copies that together exceed the L2 while
-// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v3")
+// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v4")
 // starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
-// whose key or format version differs is ignored (a v1 file is re-tuned; v2 is read). A cached cuBLASLt
+// whose key differs is ignored, one of another format version too, with a message (v1 is re-tuned; v2 and
+// v3 are read). A cached cuBLASLt
 // tactic is re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the heuristic's first
 // choice when the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the GEMV is only used where
 // the tuner measured it faster on this GPU.
 //
 // Block-FP8 weights (GemmWeight::fp8, run() with a GemvWeight): the shapes are keyed by the weight format
-// too; the tuner times the FP8 GEMV configs (and the residual-norm prologue) at M buckets <= 8, and at larger
+// too; the tuner times the FP8 GEMV configs, W8A16 (gemv.h) and W8A8 (gemv_w8a8.h), and the residual-norm
+// prologue (where a W8A8 config won: its own prologue and the fastest one-tile W8A16 config's, against the
+// add_rms_norm kernel then the W8A8 GEMV; GemmTactic::norm_in_gemv names a W8A16 winner) at M buckets <= 8,
+// and at larger
 // buckets every W8A8 GEMM config (fp8_gemm.h; the TMA-store epilogues clip at N: test_cuda_fp8_gemm) against
 // dequantizing the weight into a preallocated scratch then the bf16 dispatch (the portable path), storing
 // an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did. The cache file is
-// "kiln-gemm-tactics v3"; a v2 file (bf16 weights only) is read as well.
+// "kiln-gemm-tactics v4"; v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read as well.
 #pragma once
 
 #include <cstdint>
@@ -77,6 +81,10 @@ struct GemmTactic {
   // gemv: the GEMV with the residual-norm prologue (gemv.h: gemv_norm_in) measured faster than the
   // add_rms_norm kernel then this GEMV, when this shape's input is a residual add + RMSNorm.
   bool gemv_norm_in = false;
+  // gemv_norm_in with a W8A8 gemv config (gemv_w8a8.h): the one-tile W8A16 config the prologue runs with,
+  // where its time beat both the W8A8 GEMV's own prologue and the add_rms_norm kernel then the W8A8 GEMV;
+  // unset otherwise (the prologue runs with gemv).
+  std::optional<GemvConfig> norm_in_gemv;
   float us = 0;          // measured time at the bucket's M when tuned
   std::string describe;  // "algo 21 tile 17 stages 8 splitK 1 ..." / "kiln-gemv warps 4" for --show
 };
@@ -86,10 +94,13 @@ int64_t gemm_m_bucket(int64_t m);
 // One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", out "bf16" or
 // "f32" for a bf16 weight, "bf16:e4m3" or "f32:e4m3" for a block-FP8 one (v2 files have only the former),
 // kind "lt" or "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel, w2 = 1 where the residual-norm
-// prologue won, w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile).
+// prologue won, w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile; w4 =
+// the W8A8 kernel's K blocks in flight, 0 for the W8A16 / bf16 kernels (v3 files: always 0); with a W8A8
+// config and the prologue, w5 / w6 = the warps and tensor-core flag of the W8A16 config the prologue runs,
+// 0 where it runs the W8A8 config's own; else 0).
 // parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
-// not take, the prologue with a multi-tile config, a GEMV tactic for a shape or M bucket that
-// gemv_supported refuses).
+// not take, the prologue with a multi-tile config, a W8A8 config for a bf16 weight, a GEMV tactic for a
+// shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported) refuses).
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
 bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 
@@ -150,7 +161,8 @@ class GemmEngine {
   // The GEMV configuration for a projection whose input is a residual add + RMSNorm (ops/linear.h:
   // ResidualNorm) when the tuned tactic is that GEMV with the residual-norm prologue (gemv.h: gemv_norm_in;
   // the tuner keeps it where it measured faster than the add_rms_norm kernel then the GEMV) and the switch is
-  // on, else nothing (the add_rms_norm kernel, then the projection).
+  // on, else nothing (the add_rms_norm kernel, then the projection). Where the tactic is a W8A8 GEMV, that
+  // config (gemv_norm_in runs gemv_w8a8_norm_in) or the W8A16 one it keeps (GemmTactic::norm_in_gemv).
   std::optional<GemvConfig> gemv_norm_in_choice(int64_t m, int64_t n, int64_t k,
                                                 GemmWeight weight = GemmWeight::bf16) const;
   // Off: ignore the tuned residual-norm prologue. Default on; KILN_GEMV_NORM_IN=0 starts it off; =2 (for

@@ -84,8 +84,11 @@ inline GemvEpilogue gemv_epilogue(GemmOut o) {
 }
 
 inline std::string describe_gemv(GemvConfig c) {
-  return std::string(c.tensor_cores ? "kiln-gemv-tc" : "kiln-gemv") + " warps " + std::to_string(c.warps) +
-         " rows " + std::to_string(gemv_rows(c));
+  return std::string(c.w8a8           ? "kiln-gemv-w8a8"
+                     : c.tensor_cores ? "kiln-gemv-tc"
+                                      : "kiln-gemv") +
+         " warps " + std::to_string(c.warps) + " rows " + std::to_string(gemv_rows(c)) +
+         (c.w8a8 ? " kblocks " + std::to_string(c.w8a8) : "");
 }
 
 inline std::string describe_fp8gemm(const Fp8GemmConfig& c) {

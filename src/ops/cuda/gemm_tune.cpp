@@ -1,18 +1,25 @@
 // GemmEngine::tune: times every candidate tactic per shape (gemm.h: the contract and what is timed).
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/gemm_impl.h"
+#include "ops/cuda/gemv_w8a8.h"
 
 namespace kiln::cuda {
 
 using namespace gemm_detail;
 
 void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
+  const char* w8a8_env = std::getenv("KILN_GEMV_W8A8");
+  KILN_CHECK(!w8a8_env || !*w8a8_env || std::string(w8a8_env) == "0" || std::string(w8a8_env) == "1",
+             "KILN_GEMV_W8A8 must be 0 or 1, got '", w8a8_env, "'");
+  const bool w8a8_offered = !w8a8_env || std::string(w8a8_env) != "0";
   size_t x_bytes = 0, w_bytes = 0, o_bytes = 0, scale_bytes = 4;
   for (const auto& s : shapes) {
     x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
@@ -158,6 +165,10 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvConfigs)
         if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
+    // An FP8 weight: the W8A8 GEMV's configs beside the W8A16 ones (gemv_w8a8.h), every bucket <= 8
+    // (KILN_GEMV_W8A8=0: not offered, for A/B tactic caches).
+    if (fp8 && w8a8_offered && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
+      for (const GemvConfig& c : kGemvW8a8Configs) gemv_cands.push_back(c);
     if (cands.empty() && gemv_cands.empty()) {  // nothing to time: run() takes the any-shape kernel
       destroy(p);
       continue;
@@ -180,12 +191,14 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     const auto time_us = [&](const std::function<void(int64_t)>& f) {
       return time_calls(iters, copies - 1, f);
     };
-    float best = 1e30f;
-    size_t best_i = 0;
+    float best = 1e30f, best_fusable = 1e30f;
+    size_t best_i = 0, best_fusable_i = 0;  // best_fusable_i: the fastest one-tile W8A16 GEMV, if any
     for (size_t i = 0; i < cands.size() + gemv_cands.size(); ++i) {
       if (i < cands.size() && !impl_->check(p, cands[i])) continue;
       const float us = time_us([&](int64_t it) { call(i, it); });
       if (us < best) best = us, best_i = i;
+      if (i >= cands.size() && gemv_fusable(gemv_cands[i - cands.size()]) && us < best_fusable)
+        best_fusable = us, best_fusable_i = i;
     }
     GemmTactic t;
     if (best_i < cands.size()) {
@@ -197,20 +210,44 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       t.describe = describe_gemv(t.gemv);
       // The residual-norm prologue against the add_rms_norm kernel then this GEMV (x, o and the first rows
       // of w standing in for delta, residual and the norm weight: the timing does not depend on the values).
-      if (s.out == GemmOut::bf16 && gemv_fusable(t.gemv) &&
-          gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
+      // A W8A8 winner: its own prologue (gemv_w8a8_norm_in) and the fastest one-tile W8A16 config's, each
+      // against the add_rms_norm kernel then the W8A8 GEMV; the tactic keeps the faster prologue
+      // (norm_in_gemv names a W8A16 one) for the calls whose input is a residual add + RMSNorm
+      // (gemv_norm_in_choice); the other calls run the W8A8 GEMV.
+      const bool w8a8 = t.gemv.w8a8 != 0;
+      const bool w8a8_alt = w8a8 && best_fusable_i >= cands.size();
+      const GemvConfig alt_cfg = w8a8_alt ? gemv_cands[best_fusable_i - cands.size()] : t.gemv;
+      const bool prologue_ok =
+          w8a8 ? gemv_w8a8_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)
+               : gemv_fusable(t.gemv) &&
+                     gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16);
+      if (s.out == GemmOut::bf16 && prologue_ok) {
         const float pair = time_us([&](int64_t it) {
           rms_norm(x, s.k, norm_res, s.k, w0, norm_out, s.k, s.m_bucket, s.k, 1e-6f, /*add=*/true, stream,
                    /*pdl=*/true);
           gemv(norm_out, s.k, weight_at(it), o, s.n, s.m_bucket, s.n, s.k, GemvEpilogue::bf16, t.gemv, stream,
                /*pdl=*/true);
         });
-        const float fused = time_us([&](int64_t it) {
-          ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, weight_at(it), o, s.n, s.m_bucket, s.n,
-                                     s.k, GemvEpilogue::bf16, t.gemv, stream, /*pdl=*/true);
-        });
+        const auto fused_us = [&](GemvConfig c) {
+          return time_us([&](int64_t it) {
+            ::kiln::cuda::gemv_norm_in(x, s.k, norm_res, s.k, w0, 1e-6f, weight_at(it), o, s.n, s.m_bucket,
+                                       s.n, s.k, GemvEpilogue::bf16, c, stream, /*pdl=*/true);
+          });
+        };
+        float fused = fused_us(t.gemv);
+        GemvConfig fused_cfg = t.gemv;
+        if (w8a8_alt &&
+            gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)) {
+          const float alt = fused_us(alt_cfg);
+          if (alt < fused) fused = alt, fused_cfg = alt_cfg;
+        }
         t.gemv_norm_in = fused < pair;
-        if (t.gemv_norm_in) t.describe += " +norm-in";
+        if (t.gemv_norm_in && !(fused_cfg == t.gemv)) {
+          t.norm_in_gemv = fused_cfg;
+          t.describe += " +norm-in " + describe_gemv(fused_cfg);
+        } else if (t.gemv_norm_in) {
+          t.describe += " +norm-in";
+        }
       }
     }
     t.us = best;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ops/cuda/gemv_launch.cuh"
+#include "ops/cuda/gemv_w8a8.h"
 
 namespace kiln::cuda {
 namespace {
@@ -39,6 +40,7 @@ bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, i
 
 void gemv(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n,
           int64_t k, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl) {
+  if (cfg.w8a8 != 0) return gemv_w8a8(x, ldx, w, out, ldo, m, n, k, epi, cfg, stream, pdl);  // its own guards
   const int64_t ldw = w.ld;
   KILN_CHECK(m >= 0 && m <= kGemvMaxM, "gemv: M must be in [0, ", kGemvMaxM, "], got ", m);
   KILN_CHECK(n >= 1 && k >= 8 && k % 8 == 0, "gemv: N must be >= 1 and K a positive multiple of 8: N ", n,
@@ -68,6 +70,15 @@ void gemv(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ld
   } else {
     launch_gemv<Bf16Weights>(p, m, epi, cfg, stream, pdl);
   }
+}
+
+bool gemv_takes(GemvConfig cfg, const void* x, int64_t ldx, const GemvWeight& w, const void* out, int64_t ldo,
+                int64_t m, int64_t n, int64_t k, GemvEpilogue epi) {
+  if (!aligned16(x) || !aligned16(out) || !gemv_known_config(cfg)) return false;
+  if (cfg.w8a8 != 0)
+    return w.is_fp8() && aligned16(w.data) && aligned(w.scale, 4) &&
+           gemv_w8a8_supported(m, n, k, ldx, w.ld, ldo, epi);
+  return weight_aligned(w) && gemv_supported(m, n, k, ldx, w.ld, ldo, epi);
 }
 
 int gemv_tail_min_blocks() {
@@ -150,6 +161,9 @@ bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_
 void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w, float eps,
                   const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
                   GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl, int groups_per_block) {
+  if (cfg.w8a8 != 0)  // its own guards; one wave of blocks whatever groups_per_block says
+    return gemv_w8a8_norm_in(delta, ldd, residual, ldr, norm_w, eps, w, out, ldo, m, n, k, epi, cfg, stream,
+                             pdl);
   const int64_t ldw = w.ld;
   KILN_CHECK(m >= 0 && m <= kGemvMaxM, "gemv_norm_in: M must be in [0, ", kGemvMaxM, "], got ", m);
   KILN_CHECK(groups_per_block >= 0, "gemv_norm_in: groups_per_block must be >= 0, got ", groups_per_block);

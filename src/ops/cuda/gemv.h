@@ -97,7 +97,10 @@ enum class GemvEpilogue : uint8_t { bf16, f32, silu_mul };
 struct GemvConfig {
   int warps = 4;              // warps per block, one of 2, 4, 8, 16 (they split K)
   bool tensor_cores = false;  // the mma kernel (8 rows a tile) instead of the FMA one (4 rows a block)
-  int tiles = 1;              // tensor cores: 8-row tiles a block owns, 1, 2 or 4 (FMA: 1)
+  int tiles = 1;              // tensor cores: 8-row tiles a block owns, 1, 2 or 4 (FMA: 1); W8A8: 16-row
+  // The W8A8 kernel (gemv_w8a8.h; block-FP8 W only, tensor_cores set): 128-K blocks whose W loads a warp
+  // issues together, 1, 2 or 4. 0: the W8A16 / bf16 kernels above.
+  int w8a8 = 0;
   bool operator==(const GemvConfig&) const = default;
 };
 
@@ -117,21 +120,32 @@ inline constexpr GemvConfig kGemvConfigs[] = {{2, false},   {4, false},   {8, fa
                                               {2, true, 2}, {4, true, 2}, {8, true, 2}, {16, true, 2},
                                               {2, true, 4}, {4, true, 4}, {8, true, 4}, {16, true, 4}};
 
+// The W8A8 kernel's configurations (gemv_w8a8.h), offered for block-FP8 weights only: warps x (16-row
+// tiles, 128-K blocks in flight per warp) with tiles x blocks <= 4 (the registers of a round; one tile and
+// one block: the fewest registers, the most resident warps); 4 or 8 warps where two tiles or more hold 64
+// registers of W (16 warps would cap them at 128 registers and spill).
+inline constexpr GemvConfig kGemvW8a8Configs[] = {
+    {4, true, 1, 2}, {8, true, 1, 2}, {16, true, 1, 2}, {4, true, 1, 4}, {8, true, 1, 4}, {16, true, 1, 4},
+    {4, true, 2, 1}, {8, true, 2, 1}, {16, true, 2, 1}, {4, true, 2, 2}, {8, true, 2, 2}, {4, true, 4, 1},
+    {8, true, 4, 1}, {4, true, 1, 1}, {8, true, 1, 1},  {16, true, 1, 1}};
+
 // W rows a block owns.
 constexpr int gemv_rows(GemvConfig c) {
-  return c.tensor_cores ? 8 * c.tiles : 4;
+  return c.w8a8 ? 16 * c.tiles : c.tensor_cores ? 8 * c.tiles : 4;
 }
 
 // True for the configurations the fused forms run (gemv_add_rms_norm, gemv_norm_in, gemv_attn_prep.h): one
-// tile. The tuner times the fused forms only for those; a fused op given another falls back to its unfused
-// form (ops_cuda.cpp).
+// tile of the W8A16 / bf16 kernels. The tuner times the fused forms only for those; a fused op given another
+// (a multi-tile or a W8A8 config) falls back to its unfused form (ops_cuda.cpp).
 constexpr bool gemv_fusable(GemvConfig c) {
-  return c.tiles == 1;
+  return c.tiles == 1 && c.w8a8 == 0;
 }
 
-// True when cfg is one of kGemvConfigs.
+// True when cfg is one of kGemvConfigs or kGemvW8a8Configs.
 constexpr bool gemv_known_config(GemvConfig c) {
   for (const GemvConfig& k : kGemvConfigs)
+    if (k == c) return true;
+  for (const GemvConfig& k : kGemvW8a8Configs)
     if (k == c) return true;
   return false;
 }
@@ -140,8 +154,17 @@ constexpr bool gemv_known_config(GemvConfig c) {
 // (for silu_mul) n even. Alignment of the pointers is checked by gemv itself.
 bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo, GemvEpilogue epi);
 
+// True when gemv takes this call with config cfg, pointer alignment included: gemv_supported and W's
+// alignment (GemvWeight) for the W8A16 / bf16 configs; for a W8A8 config (w8a8 > 0), a block-FP8 W,
+// gemv_w8a8_supported (gemv_w8a8.h: K a multiple of 16, W 16-byte aligned with ldw a multiple of 16, the
+// shared memory, an sm_89+ device). x and out 16-byte aligned either way. Where it says no, the caller takes
+// another path (GemmEngine::run, ops_cuda.cpp).
+bool gemv_takes(GemvConfig cfg, const void* x, int64_t ldx, const GemvWeight& w, const void* out, int64_t ldo,
+                int64_t m, int64_t n, int64_t k, GemvEpilogue epi);
+
 // bf16 / f32 epilogue: out[m, n] (row stride ldo, elements of the output type) = x[m, :] · W[n, :].
 // silu_mul: W is the concatenated gate_up weight [n = 2I, K]; out is act [M, I] bf16 (row stride ldo).
+// A W8A8 config (w8a8 > 0) runs gemv_w8a8 (gemv_w8a8.h: its contract, rounding points and guards).
 // x, W: bf16 row-major with row strides ldx, ldw (elements); W may be block-FP8 (GemvWeight). x, W, out
 // 16-byte aligned (e4m3 W: 8, its scales 4); strides multiples
 // of 8; ldx >= k, ldw >= k, ldo >= n (silu_mul: >= n / 2). out must not alias x or W. m == 0 is a no-op;
@@ -201,7 +224,8 @@ bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_
 // others, out overlaps none. eps >= 0. m == 0 is a no-op; any violation throws kiln::Error before anything is
 // launched. Not for concurrent use on two streams of one device (see above). groups_per_block: the row groups
 // (of gemv_rows(cfg) W rows) each block takes after its prologue, 0: as many as one wave of resident blocks
-// needs. The same bits for any value.
+// needs. The same bits for any value. A W8A8 config runs gemv_w8a8_norm_in (gemv_w8a8.h: its guards; one
+// wave of blocks, groups_per_block ignored).
 void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, const void* norm_w, float eps,
                   const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
                   GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream, bool pdl = false,

@@ -9,6 +9,7 @@
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/gemv_attn_prep.h"
+#include "ops/cuda/gemv_w8a8.h"
 
 namespace kiln::ops::cuda {
 namespace kc = ::kiln::cuda;
@@ -73,9 +74,10 @@ void linear_silu_mul(const Tensor& x, const LinearWeight& weight, const Tensor& 
   if (M == 0) return;
   kc::GemmEngine& eng = kc::gemm_engine();
   const kc::GemvWeight w = gemv_weight(weight);
+  // The tuned GEMV (W8A16 or W8A8) where it takes the call (gemv.h: gemv_takes).
   if (const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16, gemm_weight(weight));
-      g && al16(x.data) && weight_aligned(w) && al16(out.data) &&
-      kc::gemv_supported(M, N, K, x.stride[0], w.ld, out.stride[0], kc::GemvEpilogue::silu_mul)) {
+      g && kc::gemv_takes(*g, x.data, x.stride[0], w, out.data, out.stride[0], M, N, K,
+                          kc::GemvEpilogue::silu_mul)) {
     kc::gemv(x.data, x.stride[0], w, out.data, out.stride[0], M, N, K, kc::GemvEpilogue::silu_mul, *g,
              kc::current_stream(), kc::pdl_for(kc::PdlSite::gemv));
     return;
@@ -114,9 +116,14 @@ bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& n
   const auto g = kc::gemm_engine().gemv_norm_in_choice(M, N, K, gemm_weight(weight));
   const kc::GemvWeight w = gemv_weight(weight);
   const kc::GemvEpilogue epi = silu ? kc::GemvEpilogue::silu_mul : kc::GemvEpilogue::bf16;
-  if (!g || !al16(delta.data) || !al16(residual.data) || !al16(norm_weight.data) || !weight_aligned(w) ||
-      !al16(out.data) ||
-      !kc::gemv_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0], w.ld, out.stride[0], epi))
+  if (!g || !al16(delta.data) || !al16(residual.data) || !al16(norm_weight.data) || !al16(out.data))
+    return false;
+  // The W8A8 GEMV's prologue (gemv_w8a8.h) or the W8A16 / bf16 one (gemv.h), each with its own guards.
+  if (g->w8a8 != 0
+          ? !al16(w.data) || !kc::gemv_w8a8_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0],
+                                                              w.ld, out.stride[0], epi)
+          : !weight_aligned(w) || !kc::gemv_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0],
+                                                              w.ld, out.stride[0], epi))
     return false;
   kc::gemv_norm_in(delta.data, delta.stride[0], residual.data, residual.stride[0], norm_weight.data, eps, w,
                    out.data, out.stride[0], M, N, K, epi, *g, kc::current_stream(),
