@@ -21,6 +21,11 @@
 namespace kiln {
 namespace {
 
+// The most rows a sequence of a step may have for its attention to run as decode rows (k + 1 of a verify
+// step, k <= 7; a larger k, or a prefill chunk longer than 8, runs the prefill kernel). Past 8 rows the
+// decode kernel's per-row re-reads of the context cost more than the prefill kernel's one pass.
+constexpr int32_t kVerifyRowsPerSeq = 8;
+
 // The sparse MLP's device scratch for a step of `tokens` rows (every sparse layer has one shape); 0 without
 // sparse layers or on the CPU.
 int64_t moe_scratch_bytes(const Qwen3Weights& w, const ModelConfig& c, int64_t tokens, Device device) {
@@ -332,10 +337,16 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   att.out = attn;
   att.scale = float(1.0 / std::sqrt(double(D)));
   att.min_q_len = B > 0 ? std::numeric_limits<int32_t>::max() : 0;
+  int32_t max_q_len = 0;
   for (int64_t s = 0; s < B; ++s) {
     if (b.q_len(int(s)) >= 2) att.prefill_pages += (b.kv_lens[size_t(s)] + b.page_size - 1) / b.page_size;
     att.min_q_len = std::min(att.min_q_len, b.q_len(int(s)));
+    max_q_len = std::max(max_q_len, b.q_len(int(s)));
   }
+  // A step of at most kVerifyRowsPerSeq rows a sequence (a verify step: the last token and its drafts) runs
+  // every row through the decode kernel as a plain decode step of its length would: its logits are then the
+  // plain step's, bit for bit (ops/attention.h), so speculative greedy output is plain greedy output.
+  if (max_q_len >= 2 && max_q_len <= kVerifyRowsPerSeq) att.decode_rows_per_seq = max_q_len;
   w.prep = prep;
   w.att = att;
 }

@@ -2,7 +2,8 @@
 // prefill kernel for rows of sequences with several new tokens. The math is ops/attention.h's contract;
 // this header adds the CUDA specifics.
 //
-// Row routing: sequences with q_len == 1 go to the decode kernel, q_len > 1 to the prefill kernel. The
+// Row routing: sequences with q_len == 1 go to the decode kernel, q_len > 1 to the prefill kernel; with
+// decode_rows_per_seq >= 2 (a verify step) every row goes to the decode kernel, one row per block group. The
 // host does not read cu_q: when T == B (or the host bound max_q_len == 1) only the decode kernel is
 // launched and it also walks the rows of any multi-row sequence (T == B then implies some have none);
 // otherwise both kernels run, each skipping the other's sequences (the decode kernel is not launched when
@@ -94,7 +95,15 @@ struct PagedAttnParams {
   // ceil(kv_len / page_size); 0 = unknown. With an fp8 cache and prefill v4 it sizes the bf16 staging copy
   // of those pages (prefill_fp8_staging_bytes); unknown: v4 widens the fp8 rows in its producer warpgroup.
   int32_t prefill_pages = 0;
+  // Verify steps (speculative decoding): >= 2 bounds every sequence's q_len (the host guarantees it; rows
+  // past it are not written) and sends every row through the decode kernel alone, as a one-row sequence of
+  // its own causal length with the split count of a B-sequence decode step (row groups: B x this; no
+  // prefill launch), so row i is bitwise the plain decode step's row at position kv_len - q_len + i with the
+  // same B and page-table width. 0 or 1: the routing above. Up to kMaxDecodeRowsPerSeq.
+  int32_t decode_rows_per_seq = 0;
 };
+
+constexpr int32_t kMaxDecodeRowsPerSeq = 16;
 
 enum class DecodeKernel : uint8_t { v1, v2, v3 };
 

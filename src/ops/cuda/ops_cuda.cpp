@@ -215,7 +215,8 @@ void paged_attention(const PagedAttentionArgs& a) {
                         .scale = a.scale,
                         .max_q_len = 0,
                         .min_q_len = a.min_q_len,
-                        .prefill_pages = a.prefill_pages};
+                        .prefill_pages = a.prefill_pages,
+                        .decode_rows_per_seq = a.decode_rows_per_seq};
   const size_t ws = kc::paged_attention_workspace_bytes(p);
   kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0,
                       kc::pdl_for(kc::PdlSite::attention));
