@@ -358,6 +358,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   Workspace& w = *ws_;
   const int64_t T = w.T;
   if (T == 0) return;
+  const ops::LinearTacticRows tactics(device(), verify_tactic_rows());
   const int64_t Hq = c.num_heads, D = c.head_dim;
   const float eps = float(c.rms_norm_eps);
   Tensor &ids = w.ids_v, &residual = w.residual_v, &normed = w.normed_v, &attn = w.attn_v;
@@ -449,7 +450,13 @@ void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& l
   if (R > 0) launch_lm_head(logits);
 }
 
+int64_t Qwen3Model::verify_tactic_rows() const {
+  const ops::PagedAttentionArgs& att = ws_->att;
+  return att.decode_rows_per_seq >= 2 ? att.cu_q.shape[0] - 1 : 0;
+}
+
 void Qwen3Model::launch_lm_head(const Tensor& logits) {
+  const ops::LinearTacticRows tactics(device(), verify_tactic_rows());
   if (tp_)
     return tp_lm_head(*tp_, ws_->final_hidden, ws_->rows_t, weights_.lm_head, ws_->tp_logits_v, logits);
   ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
@@ -459,6 +466,7 @@ void Qwen3Model::lm_head_rows(const Tensor& rows, const Tensor& logits) {
   KILN_CHECK(!tp_, "lm_head_rows: not on a tensor-parallel shard");
   KILN_CHECK(weights_.lm_head.data != nullptr && ws_->final_hidden.data != nullptr,
              "lm_head_rows: needs an LM head and a forward before it");
+  const ops::LinearTacticRows tactics(device(), verify_tactic_rows());
   ops::lm_head(ws_->final_hidden, rows, weights_.lm_head, logits);
 }
 

@@ -137,6 +137,7 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   gemv_enabled_ = env_switch("KILN_GEMV", gemv_enabled_);
   gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
   gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
+  verify_tactics_ = env_switch("KILN_VERIFY_TACTICS", verify_tactics_);
   if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
                "KILN_GEMV_NORM_IN must be 0, 1 or 2, got '", e, "'");
@@ -161,10 +162,20 @@ std::string GemmEngine::key() const {
   return os.str();
 }
 
+int64_t GemmEngine::gemv_bucket(int64_t m, int64_t n, int64_t k, GemmOut out_type, GemmWeight weight) const {
+  if (tactic_rows_ > 0 && verify_tactics_) {
+    const auto plain = tactics_.find(GemmShape{gemm_m_bucket(tactic_rows_), n, k, out_type, weight});
+    if (plain != tactics_.end() && plain->second.kind == GemmKind::gemv &&
+        gemv_supported(m, n, k, k, k, n, gemv_epilogue(out_type)))
+      return plain->first.m_bucket;
+  }
+  return gemm_m_bucket(m);
+}
+
 std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type,
                                                   GemmWeight weight) const {
   if (!gemv_enabled_ || m < 1 || m > kGemvMaxM) return std::nullopt;
-  const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type, weight});
+  const auto tuned = tactics_.find(GemmShape{gemv_bucket(m, n, k, out_type, weight), n, k, out_type, weight});
   if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
   return tuned->second.gemv;
 }
@@ -175,8 +186,10 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   const auto g = gemv_choice(m, n, k, GemmOut::bf16, weight);
   if (!g || !gemv_fusable(*g)) return std::nullopt;
   if (gemv_norm_in_ == 2) return g;
-  return tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16, weight}).gemv_norm_in ? g
-                                                                                            : std::nullopt;
+  return tactics_.at(GemmShape{gemv_bucket(m, n, k, GemmOut::bf16, weight), n, k, GemmOut::bf16, weight})
+                 .gemv_norm_in
+             ? g
+             : std::nullopt;
 }
 
 void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m,

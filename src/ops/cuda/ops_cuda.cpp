@@ -169,6 +169,13 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
                         kc::pdl_for(kc::PdlSite::lm_head));
 }
 
+int64_t set_linear_tactic_rows(int64_t rows) {
+  kc::GemmEngine& eng = kc::gemm_engine();
+  const int64_t prev = eng.tactic_rows();
+  eng.set_tactic_rows(rows);
+  return prev;
+}
+
 void paged_attention(const PagedAttentionArgs& a) {
   const KvCacheView& c = a.cache;
   KILN_CHECK(c.k.dtype == DType::bf16 || c.k.dtype == DType::f8e4m3,
