@@ -2,10 +2,12 @@
 // per (bucket, k + 1) replays uniform verify steps (every sequence k + 1 positions, short rows filled with
 // slot -1 rows, padding sequences) bit for bit as the eager runner computes the same batch, while every input
 // changes between replays; and the engine's greedy output with n-gram speculation on CUDA equals its plain
-// greedy output, token for token, except where the plain path's top two log-probs are a near tie (the verify
-// rows run the prefill attention kernel and GEMMs, plain decode the decode kernel and GEMVs:
-// docs/NUMERICS.md).
+// greedy output: token for token and log-prob for log-prob (bitwise) where a verify step has at most 8 rows
+// (its attention runs the decode kernel row by row, its projections the plain step's GEMV tactics:
+// ops/attention.h decode_rows_per_seq, ops/linear.h LinearTacticRows), and token for token except at near
+// ties of the plain path's top two where it has more (the GEMM tactics of M > 8: docs/NUMERICS.md).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -129,7 +131,8 @@ struct Generated {
   int verify_graphs = 0;  // the runner's verify graphs after the run: the engine took the graph path
 };
 
-Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts, bool with_top) {
+Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts, bool with_top,
+                   std::vector<std::vector<float>>* logprobs = nullptr) {
   auto runner = tiny_runner();
   const Qwen3Runner& r = *runner;
   Engine engine(std::move(runner), o);
@@ -148,8 +151,11 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   for (RequestId id : ids) {
     out.tokens.push_back(sink.tokens(id));
     out.top.emplace_back();
-    for (const TokenEvent& e : sink.events[id])
+    if (logprobs) logprobs->emplace_back();
+    for (const TokenEvent& e : sink.events[id]) {
       for (const auto& t : e.top_logprobs) out.top.back().push_back(t);
+      if (logprobs) logprobs->back().insert(logprobs->back().end(), e.logprobs.begin(), e.logprobs.end());
+    }
   }
   out.stats = engine.stats();
   out.verify_graphs = r.num_verify_graphs();
@@ -204,6 +210,69 @@ TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
     EXPECT_GT(got.stats.spec.accepted_tokens, 0);
     EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
     EXPECT_EQ(want.verify_graphs, 0) << "verify graphs without speculation";
+  }
+}
+
+// Bitwise: a verify step of B sequences x (k + 1) <= 8 rows computes each row as the plain decode step of B
+// sequences does (the same decode attention splits and GEMV configs), so greedy speculation emits the plain
+// tokens with the plain log-probs (each emitted token's and the top 2), bit for bit. Batch 1 with k = 3 (4
+// rows), batch 4 with k = 1 (8 rows; graph buckets {4, 8}, so a batch that shrinks as requests finish still
+// pads to the plain run's 4 sequences). Fails where the verify rows take the prefill kernel
+// (KILN_ATTN_VERIFY_DECODE=0) or their own M bucket's tactics (KILN_VERIFY_TACTICS=0) and those differ.
+TEST(CudaVerifyGraph, GreedyNgramLogprobsBitwisePlain) {
+  KILN_REQUIRE_GPU();
+  const auto prompts = quoting_prompts(4);
+  for (const int batch : {1, 4}) {
+    EngineOptions base = test::small_opts(4096, 16, 256);
+    base.device = "cuda";
+    base.cuda_graph_buckets = batch == 1 ? std::vector<int32_t>{1, 2, 4, 8} : std::vector<int32_t>{4, 8};
+    EngineOptions spec = base;
+    spec.speculative.algorithm = spec::SpecAlgorithm::ngram;
+    spec.speculative.num_draft_tokens = batch == 1 ? 3 : 1;
+    spec.speculative.ngram_min = 1;
+    spec.speculative.ngram_max = 4;
+    spec.speculative.off_switch = false;
+    const auto run = [&](const EngineOptions& o, Generated* g, std::vector<std::vector<float>>* lp) {
+      if (batch > 1) {
+        *g = generate(o, prompts, true, lp);
+        return;
+      }
+      for (const auto& p : prompts) {
+        std::vector<std::vector<float>> one_lp;
+        const Generated one = generate(o, {p}, true, &one_lp);
+        g->tokens.push_back(one.tokens[0]);
+        g->top.push_back(one.top[0]);
+        lp->push_back(one_lp[0]);
+        g->stats.spec.accepted_tokens += one.stats.spec.accepted_tokens;
+        g->verify_graphs = std::max(g->verify_graphs, one.verify_graphs);
+      }
+    };
+    Generated want, got;
+    std::vector<std::vector<float>> want_lp, got_lp;
+    run(base, &want, &want_lp);
+    run(spec, &got, &got_lp);
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    EXPECT_GT(got.stats.spec.accepted_tokens, 0);
+    EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(got.tokens[i], want.tokens[i]) << "request " << i;
+      ASSERT_EQ(got_lp[i].size(), want_lp[i].size()) << "request " << i;
+      for (size_t j = 0; j < want_lp[i].size(); ++j)
+        EXPECT_EQ(std::bit_cast<uint32_t>(got_lp[i][j]), std::bit_cast<uint32_t>(want_lp[i][j]))
+            << "request " << i << " token " << j << ": log-prob " << got_lp[i][j] << " vs plain "
+            << want_lp[i][j];
+      ASSERT_EQ(got.top[i].size(), want.top[i].size()) << "request " << i;
+      for (size_t j = 0; j < want.top[i].size(); ++j) {
+        ASSERT_EQ(got.top[i][j].size(), want.top[i][j].size());
+        for (size_t t = 0; t < want.top[i][j].size(); ++t) {
+          EXPECT_EQ(got.top[i][j][t].id, want.top[i][j][t].id)
+              << "request " << i << " token " << j << " top " << t;
+          EXPECT_EQ(std::bit_cast<uint32_t>(got.top[i][j][t].logprob),
+                    std::bit_cast<uint32_t>(want.top[i][j][t].logprob))
+              << "request " << i << " token " << j << " top " << t;
+        }
+      }
+    }
   }
 }
 
