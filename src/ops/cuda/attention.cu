@@ -65,6 +65,7 @@ void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* 
 }
 
 std::atomic<int> g_decode_kernel{-1}, g_prefill_kernel{-1};  // -1: not chosen yet
+std::atomic<int> g_verify_decode{-1};  // 0: verify rows through the prefill kernel, 1: the decode kernel
 
 // The kernel variant held by `choice`, or (first use) the environment variable `env`: "v1" -> 0, "v2" -> 1,
 // ..., up to "v<count>"; unset -> `dflt`; anything else an error. A concurrent setter wins over the
@@ -170,17 +171,29 @@ DecodeKernel effective_decode_kernel(const PagedAttnParams& p) {
   return k == DecodeKernel::v3 && !decode_sm90_applies(p) ? DecodeKernel::v2 : k;
 }
 
-// Whether a verify launch's rows go through the decode kernel (attention.h: decode_rows_per_seq), which
-// KILN_ATTN_VERIFY_DECODE=0 turns off (A/B: the prefill kernel then takes them), read once.
+// Whether a verify launch's rows go through the decode kernel (attention.h: decode_rows_per_seq).
 bool verify_rows_decoded(const PagedAttnParams& p) {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_ATTN_VERIFY_DECODE");
-    return !(e && std::string(e) == "0");
-  }();
-  return on && p.decode_rows_per_seq >= 2;
+  return verify_decode_enabled() && p.decode_rows_per_seq >= 2;
 }
 
 }  // namespace
+
+bool verify_decode_enabled() {
+  int k = g_verify_decode.load(std::memory_order_relaxed);
+  if (k >= 0) return k == 1;
+  const char* e = std::getenv("KILN_ATTN_VERIFY_DECODE");
+  k = 1;
+  if (e && *e) {
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1",
+               "KILN_ATTN_VERIFY_DECODE must be 0 or 1, got '", e, "'");
+    k = e[0] == '1';
+  }
+  int expected = -1;
+  return (g_verify_decode.compare_exchange_strong(expected, k) ? k : expected) == 1;
+}
+void set_verify_decode_enabled(bool on) {
+  g_verify_decode.store(on ? 1 : 0);
+}
 
 int paged_attention_decode_splits(const PagedAttnParams& p) {
   int chunk = 0;

@@ -115,6 +115,12 @@ DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);
 
+// Whether launches with decode_rows_per_seq >= 2 run their rows through the decode kernel (default), or
+// through the routing above as if it were 0 (the prefill kernel: A/B). set_verify_decode_enabled's choice,
+// else KILN_ATTN_VERIFY_DECODE ("1" or "0", read once; unset: on). Graphs keep what they captured.
+bool verify_decode_enabled();
+void set_verify_decode_enabled(bool on);  // tests and benchmarks
+
 enum class PrefillKernel : uint8_t { v1, v2, v3, v4 };
 
 // Likewise for the prefill kernel: set_prefill_kernel's choice, else KILN_ATTN_PREFILL ("v1" .. "v4", read
