@@ -162,12 +162,11 @@ std::string GemmEngine::key() const {
   return os.str();
 }
 
-int64_t GemmEngine::gemv_bucket(int64_t m, int64_t n, int64_t k, GemmOut out_type, GemmWeight weight) const {
-  if (tactic_rows_ > 0 && verify_tactics_) {
+int64_t GemmEngine::tactic_bucket(int64_t m, int64_t n, int64_t k, GemmOut out_type,
+                                  GemmWeight weight) const {
+  if (tactic_rows_ > 0 && verify_tactics_ && m <= kGemvMaxM) {
     const auto plain = tactics_.find(GemmShape{gemm_m_bucket(tactic_rows_), n, k, out_type, weight});
-    if (plain != tactics_.end() && plain->second.kind == GemmKind::gemv &&
-        gemv_supported(m, n, k, k, k, n, gemv_epilogue(out_type)))
-      return plain->first.m_bucket;
+    if (plain != tactics_.end() && plain->second.kind != GemmKind::fp8gemm) return plain->first.m_bucket;
   }
   return gemm_m_bucket(m);
 }
@@ -175,7 +174,8 @@ int64_t GemmEngine::gemv_bucket(int64_t m, int64_t n, int64_t k, GemmOut out_typ
 std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type,
                                                   GemmWeight weight) const {
   if (!gemv_enabled_ || m < 1 || m > kGemvMaxM) return std::nullopt;
-  const auto tuned = tactics_.find(GemmShape{gemv_bucket(m, n, k, out_type, weight), n, k, out_type, weight});
+  const auto tuned =
+      tactics_.find(GemmShape{tactic_bucket(m, n, k, out_type, weight), n, k, out_type, weight});
   if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
   return tuned->second.gemv;
 }
@@ -186,7 +186,7 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   const auto g = gemv_choice(m, n, k, GemmOut::bf16, weight);
   if (!g || !gemv_fusable(*g)) return std::nullopt;
   if (gemv_norm_in_ == 2) return g;
-  return tactics_.at(GemmShape{gemv_bucket(m, n, k, GemmOut::bf16, weight), n, k, GemmOut::bf16, weight})
+  return tactics_.at(GemmShape{tactic_bucket(m, n, k, GemmOut::bf16, weight), n, k, GemmOut::bf16, weight})
                  .gemv_norm_in
              ? g
              : std::nullopt;
@@ -278,12 +278,14 @@ void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, voi
 
 bool GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
                               int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream) {
-  auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo});
+  // A verify step's call may take the plain step's tactic (set_tactic_rows): plans are kept per bucket too.
+  const int64_t bucket = tactic_bucket(m, n, k, out_type, GemmWeight::bf16);
+  auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo, bucket});
   Plan& p = it->second;
   if (fresh) {
     try {
       p = make_descriptors(m, n, k, out_type, ldx, ldw, ldo);
-      const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type});
+      const auto tuned = tactics_.find(GemmShape{bucket, n, k, out_type});
       if (tuned != tactics_.end() && tuned->second.kind == GemmKind::cublaslt) {
         std::memcpy(&p.algo, tuned->second.algo, sizeof(p.algo));
         p.have_algo = impl_->check(p, p.algo);

@@ -157,11 +157,12 @@ class GemmEngine {
   // A/B runs) takes it wherever the GEMV is the tactic, measured faster or not.
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
   int gemv_norm_in() const { return gemv_norm_in_; }
-  // Verify steps (speculative decoding): rows > 0 makes the GEMV lookups above (gemv_choice,
-  // gemv_norm_in_choice, and so run()) of calls with M <= 8 take the tactic of bucket(rows), the plain
-  // decode step's (rows = its sequences), where that tactic is a GEMV that takes the call's M. A GEMV row's
-  // result does not depend on M for a config (gemv.h), so the verify step's rows are then the plain step's
-  // bit for bit. 0 (default): each call's own bucket. Set by ops::LinearTacticRows around a verify step;
+  // Verify steps (speculative decoding): rows > 0 makes calls with M <= 8 (run(), gemv_choice,
+  // gemv_norm_in_choice) take the tuned tactic of bucket(rows), the plain decode step's (rows = its
+  // sequences), where there is one (not a W8A8 one): a GEMV config, whose rows do not depend on M (gemv.h),
+  // so the verify step's rows are then the plain step's bit for bit; or a cuBLASLt algorithm (re-checked for
+  // the call's shape; its rows are M-independent where its tiles are, not promised). 0 (default): each call's
+  // own bucket. Set by ops::LinearTacticRows around a verify step;
   // ignored while verify tactics are off (set_verify_tactics, KILN_VERIFY_TACTICS=0).
   void set_tactic_rows(int64_t rows) { tactic_rows_ = rows; }
   int64_t tactic_rows() const { return tactic_rows_; }
@@ -199,8 +200,8 @@ class GemmEngine {
   int gemv_norm_in_ = 1;
   int64_t tactic_rows_ = 0;
   bool verify_tactics_ = true;
-  // The M bucket whose GEMV tactic a call of m rows looks up (set_tactic_rows).
-  int64_t gemv_bucket(int64_t m, int64_t n, int64_t k, GemmOut out_type, GemmWeight weight) const;
+  // The M bucket whose tactic a call of m rows takes (set_tactic_rows).
+  int64_t tactic_bucket(int64_t m, int64_t n, int64_t k, GemmOut out_type, GemmWeight weight) const;
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for

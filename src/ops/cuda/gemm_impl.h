@@ -116,7 +116,9 @@ struct GemmEngine::Impl {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::string gpu_name;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, gemm_detail::Plan> plans;
+  // (M, N, K, out, ldx, ldw, ldo, the M bucket whose tactic the plan runs)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t>, gemm_detail::Plan>
+      plans;
   // Grow-only device buffers: outgrown ones are kept (in `retired`), since a captured CUDA graph may still
   // use them, and none grows while its stream captures a graph (no allocation may happen there).
   struct GrowOnly {
