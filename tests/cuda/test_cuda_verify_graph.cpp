@@ -162,18 +162,27 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   return out;
 }
 
+// The engine on CUDA with graphs of 1, 2, 4, 8 sequences; and with n-gram speculation on it (k = 3, every
+// step it can verify).
+EngineOptions cuda_opts() {
+  EngineOptions o = test::small_opts(4096, 16, 256);
+  o.device = "cuda";
+  o.cuda_graph_buckets = {1, 2, 4, 8};
+  return o;
+}
+EngineOptions ngram_opts(EngineOptions o) {
+  o.speculative.algorithm = spec::SpecAlgorithm::ngram;
+  o.speculative.num_draft_tokens = 3;
+  o.speculative.ngram_min = 1;
+  o.speculative.ngram_max = 4;
+  o.speculative.off_switch = false;
+  return o;
+}
+
 TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
   KILN_REQUIRE_GPU();
   const auto prompts = quoting_prompts(8);
-  EngineOptions base = test::small_opts(4096, 16, 256);
-  base.device = "cuda";
-  base.cuda_graph_buckets = {1, 2, 4, 8};
-  EngineOptions spec = base;
-  spec.speculative.algorithm = spec::SpecAlgorithm::ngram;
-  spec.speculative.num_draft_tokens = 3;
-  spec.speculative.ngram_min = 1;
-  spec.speculative.ngram_max = 4;
-  spec.speculative.off_switch = false;
+  const EngineOptions base = cuda_opts(), spec = ngram_opts(base);
   const Generated want = generate(base, prompts, true);
   for (const bool batched : {false, true}) {
     Generated got;
@@ -344,15 +353,7 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
 TEST(CudaVerifyGraph, GreedyNgramLogprobsBitwisePlainBatch1) {
   KILN_REQUIRE_GPU();
   const auto prompts = quoting_prompts(4);
-  EngineOptions base = test::small_opts(4096, 16, 256);
-  base.device = "cuda";
-  base.cuda_graph_buckets = {1, 2, 4, 8};
-  EngineOptions spec = base;
-  spec.speculative.algorithm = spec::SpecAlgorithm::ngram;
-  spec.speculative.num_draft_tokens = 3;
-  spec.speculative.ngram_min = 1;
-  spec.speculative.ngram_max = 4;
-  spec.speculative.off_switch = false;
+  const EngineOptions base = cuda_opts(), spec = ngram_opts(base);
   int64_t accepted = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::vector<std::vector<float>> want_lp, got_lp;
