@@ -162,20 +162,17 @@ std::string GemmEngine::key() const {
   return os.str();
 }
 
-int64_t GemmEngine::tactic_bucket(int64_t m, int64_t n, int64_t k, GemmOut out_type,
-                                  GemmWeight weight) const {
-  if (tactic_rows_ > 0 && verify_tactics_ && m <= kGemvMaxM) {
-    const auto plain = tactics_.find(GemmShape{gemm_m_bucket(tactic_rows_), n, k, out_type, weight});
-    if (plain != tactics_.end() && plain->second.kind != GemmKind::fp8gemm) return plain->first.m_bucket;
-  }
-  return gemm_m_bucket(m);
+int64_t GemmEngine::tactic_bucket(int64_t m) const {
+  // The plain step's bucket whether it has a tactic or not: without one the plain step ran cuBLASLt's
+  // heuristic, which run_cublaslt then asks for the plain step's M.
+  return tactic_rows_ > 0 && verify_tactics_ && m <= kGemvMaxM ? gemm_m_bucket(tactic_rows_)
+                                                               : gemm_m_bucket(m);
 }
 
 std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type,
                                                   GemmWeight weight) const {
   if (!gemv_enabled_ || m < 1 || m > kGemvMaxM) return std::nullopt;
-  const auto tuned =
-      tactics_.find(GemmShape{tactic_bucket(m, n, k, out_type, weight), n, k, out_type, weight});
+  const auto tuned = tactics_.find(GemmShape{tactic_bucket(m), n, k, out_type, weight});
   if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
   return tuned->second.gemv;
 }
@@ -186,10 +183,8 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   const auto g = gemv_choice(m, n, k, GemmOut::bf16, weight);
   if (!g || !gemv_fusable(*g)) return std::nullopt;
   if (gemv_norm_in_ == 2) return g;
-  return tactics_.at(GemmShape{tactic_bucket(m, n, k, GemmOut::bf16, weight), n, k, GemmOut::bf16, weight})
-                 .gemv_norm_in
-             ? g
-             : std::nullopt;
+  return tactics_.at(GemmShape{tactic_bucket(m), n, k, GemmOut::bf16, weight}).gemv_norm_in ? g
+                                                                                            : std::nullopt;
 }
 
 void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m,
@@ -278,9 +273,11 @@ void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, voi
 
 bool GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
                               int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream) {
-  // A verify step's call may take the plain step's tactic (set_tactic_rows): plans are kept per bucket too.
-  const int64_t bucket = tactic_bucket(m, n, k, out_type, GemmWeight::bf16);
-  auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo, bucket});
+  // A verify step's call takes the plain step's tactic (set_tactic_rows), and where that shape has none the
+  // algorithm the heuristic gives the plain step's M: plans are kept per (bucket, plain M) too.
+  const int64_t bucket = tactic_bucket(m);
+  const int64_t plain_m = tactic_rows_ > 0 && verify_tactics_ && m <= kGemvMaxM ? tactic_rows_ : 0;
+  auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo, bucket, plain_m});
   Plan& p = it->second;
   if (fresh) {
     try {
@@ -289,6 +286,12 @@ bool GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t
       if (tuned != tactics_.end() && tuned->second.kind == GemmKind::cublaslt) {
         std::memcpy(&p.algo, tuned->second.algo, sizeof(p.algo));
         p.have_algo = impl_->check(p, p.algo);
+      }
+      if (!p.have_algo && plain_m > 0 && plain_m != m) {
+        Plan plain = make_descriptors(plain_m, n, k, out_type, ldx, ldw, ldo);
+        const auto h = impl_->heuristic(plain, 1);
+        destroy(plain);
+        if (!h.empty() && impl_->check(p, h[0].algo)) p.algo = h[0].algo, p.have_algo = true;
       }
       if (!p.have_algo) {
         ++fallbacks_;

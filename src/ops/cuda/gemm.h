@@ -158,12 +158,13 @@ class GemmEngine {
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
   int gemv_norm_in() const { return gemv_norm_in_; }
   // Verify steps (speculative decoding): rows > 0 makes calls with M <= 8 (run(), gemv_choice,
-  // gemv_norm_in_choice) take the tuned tactic of bucket(rows), the plain decode step's (rows = its
-  // sequences), where there is one (not a W8A8 one): a GEMV config, whose rows do not depend on M (gemv.h),
-  // so the verify step's rows are then the plain step's bit for bit; or a cuBLASLt algorithm (re-checked for
-  // the call's shape; its rows are M-independent where its tiles are, not promised). 0 (default): each call's
-  // own bucket. Set by ops::LinearTacticRows around a verify step;
-  // ignored while verify tactics are off (set_verify_tactics, KILN_VERIFY_TACTICS=0).
+  // gemv_norm_in_choice) take what the plain decode step of M = rows (its sequences) takes: the tuned tactic
+  // of bucket(rows): a GEMV config, whose rows do not depend on M (gemv.h), so the verify step's rows are
+  // then the plain step's bit for bit, or a cuBLASLt algorithm (re-checked for the call's shape; its rows are
+  // M-independent where its tiles are, not promised); where that bucket has no tactic (the LM head above
+  // M = 1), the algorithm cuBLASLt's heuristic gives M = rows. 0 (default): each call's own bucket. Set by
+  // ops::LinearTacticRows around a verify step; ignored while verify tactics are off (set_verify_tactics,
+  // KILN_VERIFY_TACTICS=0).
   void set_tactic_rows(int64_t rows) { tactic_rows_ = rows; }
   int64_t tactic_rows() const { return tactic_rows_; }
   void set_verify_tactics(bool on) { verify_tactics_ = on; }
@@ -201,7 +202,7 @@ class GemmEngine {
   int64_t tactic_rows_ = 0;
   bool verify_tactics_ = true;
   // The M bucket whose tactic a call of m rows takes (set_tactic_rows).
-  int64_t tactic_bucket(int64_t m, int64_t n, int64_t k, GemmOut out_type, GemmWeight weight) const;
+  int64_t tactic_bucket(int64_t m) const;
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for
