@@ -236,24 +236,26 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
   };
   for (const Shape sh : {Shape{1, 4}, Shape{2, 4}, Shape{4, 2}}) {
     SCOPED_TRACE("batch " + std::to_string(sh.B) + ", " + std::to_string(sh.q) + " rows");
-    const int32_t B = sh.B, q = sh.q, ps = 16, N = 14;  // N tokens decoded after each prompt
+    // N tokens decoded after each prompt; W pages a sequence (a 256-token table: 4 decode splits of 64 keys,
+    // so contexts past 64 keys go through the combine).
+    const int32_t B = sh.B, q = sh.q, ps = 16, N = 14, W = 16;
     auto plain = tiny_runner(), spec = tiny_runner();
     for (auto* r : {plain.get(), spec.get()}) {
-      r->allocate_kv(40, ps);
+      r->allocate_kv(1 + 4 * W, ps);
       ModelRunner::GraphPlan plan;
       plan.buckets = {1, 2, 4, 8};
-      plan.max_pages_per_seq = 8;
-      plan.max_step_tokens = 128;
+      plan.max_pages_per_seq = W;
+      plan.max_step_tokens = 512;
       plan.max_seqs = 8;
       plan.verify_rows_per_seq = r == spec.get() ? q : 0;
       r->prepare_graphs(plan);
     }
-    // Sequence i owns pages 1 + 8 i ..; its prompt of 9 + 5 i tokens, then N tokens fed one (plain) or up to
-    // q (verify) at a time.
+    // Sequence i owns pages 1 + W i ..; its prompt of 70 + 23 i tokens, then N tokens fed one (plain) or up
+    // to q (verify) at a time.
     std::vector<int32_t> len(static_cast<size_t>(B));
     std::vector<std::vector<int32_t>> toks(static_cast<size_t>(B));
     for (int32_t i = 0; i < B; ++i) {
-      len[size_t(i)] = 9 + 5 * i;
+      len[size_t(i)] = 70 + 23 * i;
       for (int32_t j = 0; j < len[size_t(i)] + N; ++j)
         toks[size_t(i)].push_back((i * 131 + j * 37 + 3) % 500);
     }
@@ -262,7 +264,7 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
                           const std::vector<int32_t>& real, std::vector<float>* logits) {
       BatchDesc b;
       b.page_size = ps;
-      b.pages_stride = 8;
+      b.pages_stride = W;
       b.cu_q = {0};
       for (int32_t i = 0; i < B; ++i) {
         for (int32_t j = 0; j < q_len; ++j) {
@@ -270,12 +272,12 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
           const bool is_real = j < real[size_t(i)];
           b.tokens.push_back(is_real ? toks[size_t(i)][size_t(pos)] : 0);
           b.positions.push_back(pos);
-          b.slot_mapping.push_back(is_real ? int64_t(1 + 8 * i + pos / ps) * ps + pos % ps : -1);
+          b.slot_mapping.push_back(is_real ? int64_t(1 + W * i + pos / ps) * ps + pos % ps : -1);
           if (q_len > 1 || j + 1 == q_len) b.logit_rows.push_back(b.cu_q.back() + j);
         }
         b.cu_q.push_back(b.cu_q.back() + q_len);
         b.kv_lens.push_back(begin[size_t(i)] + q_len);
-        for (int32_t p = 0; p < 8; ++p) b.page_table.push_back(1 + 8 * i + p);
+        for (int32_t p = 0; p < W; ++p) b.page_table.push_back(1 + W * i + p);
       }
       r.forward(b, logits, nullptr);
     };
@@ -283,18 +285,18 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
     for (auto* r : {plain.get(), spec.get()}) {
       BatchDesc b;
       b.page_size = ps;
-      b.pages_stride = 8;
+      b.pages_stride = W;
       b.cu_q = {0};
       for (int32_t i = 0; i < B; ++i) {
         for (int32_t pos = 0; pos < len[size_t(i)]; ++pos) {
           b.tokens.push_back(toks[size_t(i)][size_t(pos)]);
           b.positions.push_back(pos);
-          b.slot_mapping.push_back(int64_t(1 + 8 * i + pos / ps) * ps + pos % ps);
+          b.slot_mapping.push_back(int64_t(1 + W * i + pos / ps) * ps + pos % ps);
         }
         b.cu_q.push_back(b.cu_q.back() + len[size_t(i)]);
         b.logit_rows.push_back(b.cu_q.back() - 1);
         b.kv_lens.push_back(len[size_t(i)]);
-        for (int32_t p = 0; p < 8; ++p) b.page_table.push_back(1 + 8 * i + p);
+        for (int32_t p = 0; p < W; ++p) b.page_table.push_back(1 + W * i + p);
       }
       std::vector<float> unused;
       r->forward(b, &unused, nullptr);
@@ -321,7 +323,7 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
         if (real[size_t(i)] <= 0) real[size_t(i)] = 1;  // a finished sequence feeds its last token again
         if (fed[size_t(i)] >= N) begin[size_t(i)] = len[size_t(i)] + N - 1;
       }
-      ASSERT_EQ(spec->verify_graph_bucket(B, q, 8), B);
+      ASSERT_EQ(spec->verify_graph_bucket(B, q, W), B);
       std::vector<float> lg;
       step(*spec, begin, q, real, &lg);
       ASSERT_EQ(lg.size(), size_t(B) * size_t(q) * size_t(V));
@@ -349,7 +351,9 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
 
 // The engine: greedy with n-gram speculation at batch 1 (k = 3: 4 rows a verify step) emits plain decoding's
 // tokens with its log-probs (each emitted token's and the top 2), bit for bit. (Batched requests are checked
-// through the runner above: the engine's step composition depends on when requests arrive.)
+// through the runner above: the engine's step composition depends on when requests arrive.) Contexts stay
+// within 64 keys (one decode split whatever the table width), so the last steps, whose drafts run as an eager
+// verify batch with the batch's own page-table width (engine_spec.cpp verify_batch), round as the graphs do.
 TEST(CudaVerifyGraph, GreedyNgramLogprobsBitwisePlainBatch1) {
   KILN_REQUIRE_GPU();
   const auto prompts = quoting_prompts(4);
