@@ -226,18 +226,19 @@ void bench_verify(Qwen3Model& m, int32_t q, int32_t ctx, int32_t steps, int32_t 
   };
   const double plain = time_rows(1);
   // The verify path's two choices for bitwise plain-decode logits (ops/attention.h decode_rows_per_seq,
-  // ops/linear.h LinearTacticRows), each against the path without it; the default last.
+  // ops/linear.h LinearTacticRows), each against the path without it (defaults: decode attention up to 4
+  // rows, own tactics).
   cuda::GemmEngine& eng = cuda::gemm_engine();
-  const bool decode_before = cuda::verify_decode_enabled(), tactics_before = eng.verify_tactics();
+  const int decode_before = cuda::verify_decode_max_rows();
+  const bool tactics_before = eng.verify_tactics();
   struct Variant {
     const char* name;
     bool decode_attention, plain_tactics;
   };
-  for (const Variant& v :
-       {Variant{"prefill attention, own M tactics", false, false},
-        Variant{"decode attention, own M tactics", true, false},
-        Variant{"decode attention, plain step's tactics (default: bitwise)", true, true}}) {
-    cuda::set_verify_decode_enabled(v.decode_attention);
+  for (const Variant& v : {Variant{"prefill attention, own M tactics", false, false},
+                           Variant{"decode attention, own M tactics", true, false},
+                           Variant{"decode attention, plain step's tactics (bitwise)", true, true}}) {
+    cuda::set_verify_decode_max_rows(v.decode_attention ? cuda::kMaxDecodeRowsPerSeq : 0);
     eng.set_verify_tactics(v.plain_tactics);
     const double verify = time_rows(q);
     std::printf(
@@ -245,7 +246,7 @@ void bench_verify(Qwen3Model& m, int32_t q, int32_t ctx, int32_t steps, int32_t 
         "%.3f ms: %.2fx; it pays when the mean acceptance length exceeds %.2f\n",
         q, ctx, v.name, verify, plain, verify / plain, verify / plain);
   }
-  cuda::set_verify_decode_enabled(decode_before);
+  cuda::set_verify_decode_max_rows(decode_before);
   eng.set_verify_tactics(tactics_before);
 }
 

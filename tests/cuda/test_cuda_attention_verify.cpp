@@ -54,6 +54,12 @@ std::vector<bf16_t> plain_decode(const AttnSetup& s, int i, int* splits) {
 }
 
 void check_verify_rows(const Case& c, int R, uint32_t seed) {
+  // Every R through the decode kernel (by default only up to kVerifyDecodeMaxRowsDefault).
+  struct AllRows {
+    const int before = cuda::verify_decode_max_rows();
+    AllRows() { cuda::set_verify_decode_max_rows(cuda::kMaxDecodeRowsPerSeq); }
+    ~AllRows() { cuda::set_verify_decode_max_rows(before); }
+  } all_rows;
   const AttnSetup s(c, seed);
   cuda::PagedAttnParams p = s.params(nullptr);
   p.decode_rows_per_seq = R;

@@ -14,6 +14,8 @@
 
 #include "../unit/engine_test_util.h"
 #include "common/test_support.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/context.h"
 #include "runtime/model_runner.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
@@ -222,14 +224,32 @@ TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
   }
 }
 
+// The bitwise verify path for a scope: every verify row through the decode attention kernel and the plain
+// step's GEMM tactics (off by default: they cost, docs/PERF.md "Speculative decoding").
+struct BitwiseVerify {
+  const int rows_before = cuda::verify_decode_max_rows();
+  const bool tactics_before = cuda::gemm_engine().verify_tactics();
+  BitwiseVerify() {
+    cuda::set_verify_decode_max_rows(cuda::kMaxDecodeRowsPerSeq);
+    cuda::gemm_engine().set_verify_tactics(true);
+  }
+  ~BitwiseVerify() {
+    cuda::set_verify_decode_max_rows(rows_before);
+    cuda::gemm_engine().set_verify_tactics(tactics_before);
+  }
+  BitwiseVerify(const BitwiseVerify&) = delete;
+  BitwiseVerify& operator=(const BitwiseVerify&) = delete;
+};
+
 // Bitwise, through the runner: verify steps of B sequences x q rows (B x q <= 8) replayed from their graph
 // give, row for row, the logits the plain decode step of B sequences gives at that position (decode graphs),
 // bit for bit: the decode attention kernel row by row with the B-sequence split count, and the B bucket's
 // GEMV / GEMM tactics. Sequences advance by 1 .. q kept rows a step (fill rows after), as the engine commits
-// kept drafts; the same tokens feed both. Fails where the verify rows take the prefill kernel
-// (KILN_ATTN_VERIFY_DECODE=0) or their own M bucket's tactics (KILN_VERIFY_TACTICS=0) and those differ.
+// kept drafts; the same tokens feed both (BitwiseVerify on). Fails where the verify rows take the prefill
+// kernel or their own M bucket's tactics and those differ.
 TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
   KILN_REQUIRE_GPU();
+  const BitwiseVerify bitwise;
   const int64_t V = 512;
   struct Shape {
     int32_t B, q;
@@ -356,8 +376,13 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
 // verify batch with the batch's own page-table width (engine_spec.cpp verify_batch), round as the graphs do.
 TEST(CudaVerifyGraph, GreedyNgramLogprobsBitwisePlainBatch1) {
   KILN_REQUIRE_GPU();
+  const BitwiseVerify bitwise;
   const auto prompts = quoting_prompts(4);
-  const EngineOptions base = cuda_opts(), spec = ngram_opts(base);
+  // Log-probs from the logits on the host for both paths: device sampling computes a plain step's on the GPU
+  // and a verify step's on the host (runtime/engine_spec.cpp emitted_logprobs), 1 float ulp apart.
+  EngineOptions base = cuda_opts();
+  base.sampling_backend = "cpu";
+  const EngineOptions spec = ngram_opts(base);
   int64_t accepted = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::vector<std::vector<float>> want_lp, got_lp;

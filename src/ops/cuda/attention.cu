@@ -65,7 +65,7 @@ void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* 
 }
 
 std::atomic<int> g_decode_kernel{-1}, g_prefill_kernel{-1};  // -1: not chosen yet
-std::atomic<int> g_verify_decode{-1};  // 0: verify rows through the prefill kernel, 1: the decode kernel
+std::atomic<int> g_verify_decode_rows{-1};                   // verify_decode_max_rows(); -1: not chosen yet
 
 // The kernel variant held by `choice`, or (first use) the environment variable `env`: "v1" -> 0, "v2" -> 1,
 // ..., up to "v<count>"; unset -> `dflt`; anything else an error. A concurrent setter wins over the
@@ -173,26 +173,30 @@ DecodeKernel effective_decode_kernel(const PagedAttnParams& p) {
 
 // Whether a verify launch's rows go through the decode kernel (attention.h: decode_rows_per_seq).
 bool verify_rows_decoded(const PagedAttnParams& p) {
-  return verify_decode_enabled() && p.decode_rows_per_seq >= 2;
+  return p.decode_rows_per_seq >= 2 && p.decode_rows_per_seq <= verify_decode_max_rows();
 }
 
 }  // namespace
 
-bool verify_decode_enabled() {
-  int k = g_verify_decode.load(std::memory_order_relaxed);
-  if (k >= 0) return k == 1;
+int verify_decode_max_rows() {
+  int k = g_verify_decode_rows.load(std::memory_order_relaxed);
+  if (k >= 0) return k;
   const char* e = std::getenv("KILN_ATTN_VERIFY_DECODE");
-  k = 1;
+  k = kVerifyDecodeMaxRowsDefault;
   if (e && *e) {
-    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1",
-               "KILN_ATTN_VERIFY_DECODE must be 0 or 1, got '", e, "'");
-    k = e[0] == '1';
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    KILN_CHECK(*end == '\0' && v >= 0 && v <= kMaxDecodeRowsPerSeq, "KILN_ATTN_VERIFY_DECODE must be 0 .. ",
+               kMaxDecodeRowsPerSeq, ", got '", e, "'");
+    k = int(v);
   }
   int expected = -1;
-  return (g_verify_decode.compare_exchange_strong(expected, k) ? k : expected) == 1;
+  return g_verify_decode_rows.compare_exchange_strong(expected, k) ? k : expected;
 }
-void set_verify_decode_enabled(bool on) {
-  g_verify_decode.store(on ? 1 : 0);
+void set_verify_decode_max_rows(int rows) {
+  KILN_CHECK(rows >= 0 && rows <= kMaxDecodeRowsPerSeq, "verify decode rows must be 0 .. ",
+             kMaxDecodeRowsPerSeq, ", got ", rows);
+  g_verify_decode_rows.store(rows);
 }
 
 int paged_attention_decode_splits(const PagedAttnParams& p) {

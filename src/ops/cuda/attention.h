@@ -115,11 +115,15 @@ DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);
 
-// Whether launches with decode_rows_per_seq >= 2 run their rows through the decode kernel (default), or
-// through the routing above as if it were 0 (the prefill kernel: A/B). set_verify_decode_enabled's choice,
-// else KILN_ATTN_VERIFY_DECODE ("1" or "0", read once; unset: on). Graphs keep what they captured.
-bool verify_decode_enabled();
-void set_verify_decode_enabled(bool on);  // tests and benchmarks
+// The most rows a sequence of a launch with decode_rows_per_seq >= 2 may have for its rows to go through the
+// decode kernel; above it (or at 0) the routing above runs as if decode_rows_per_seq were 0 (the prefill
+// kernel). set_verify_decode_max_rows's choice, else KILN_ATTN_VERIFY_DECODE (0 .. 16, read once; unset:
+// kVerifyDecodeMaxRowsDefault). 4B shape, batch 1, ctx 1024 (H100, 2026-12-06, docs/PERF.md "Speculative
+// decoding"): the verify step of 4 rows 4.223 ms with decode attention against 4.455 with prefill's, of 8
+// rows 4.607 against 4.541. Graphs keep what they captured.
+constexpr int kVerifyDecodeMaxRowsDefault = 4;
+int verify_decode_max_rows();
+void set_verify_decode_max_rows(int rows);  // tests and benchmarks
 
 enum class PrefillKernel : uint8_t { v1, v2, v3, v4 };
 

@@ -163,8 +163,10 @@ class GemmEngine {
   // then the plain step's bit for bit, or a cuBLASLt algorithm (re-checked for the call's shape; its rows are
   // M-independent where its tiles are, not promised); where that bucket has no tactic (the LM head above
   // M = 1), the algorithm cuBLASLt's heuristic gives M = rows. 0 (default): each call's own bucket. Set by
-  // ops::LinearTacticRows around a verify step; ignored while verify tactics are off (set_verify_tactics,
-  // KILN_VERIFY_TACTICS=0).
+  // ops::LinearTacticRows around a verify step; ignored while verify tactics are off: the default, since the
+  // plain step's configs at the verify step's M cost (4B shape, batch 1, ctx 1024, H100, 2026-12-06: 4 rows
+  // 4.223 -> 4.803 ms, 8 rows 4.607 -> 6.545; docs/PERF.md "Speculative decoding"); set_verify_tactics or
+  // KILN_VERIFY_TACTICS=1 turn them on (bitwise verify logits).
   void set_tactic_rows(int64_t rows) { tactic_rows_ = rows; }
   int64_t tactic_rows() const { return tactic_rows_; }
   void set_verify_tactics(bool on) { verify_tactics_ = on; }
@@ -200,7 +202,7 @@ class GemmEngine {
   bool gemv_attn_prep_ = false;
   int gemv_norm_in_ = 1;
   int64_t tactic_rows_ = 0;
-  bool verify_tactics_ = true;
+  bool verify_tactics_ = false;
   // The M bucket whose tactic a call of m rows takes (set_tactic_rows).
   int64_t tactic_bucket(int64_t m) const;
 };
