@@ -343,9 +343,10 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
     att.min_q_len = std::min(att.min_q_len, b.q_len(int(s)));
     max_q_len = std::max(max_q_len, b.q_len(int(s)));
   }
-  // A step of at most kVerifyRowsPerSeq rows a sequence (a verify step: the last token and its drafts) runs
-  // every row through the decode kernel as a plain decode step of its length would: its logits are then the
-  // plain step's, bit for bit (ops/attention.h), so speculative greedy output is plain greedy output.
+  // A step of at most kVerifyRowsPerSeq rows a sequence (a verify step: the last token and its drafts) may
+  // run every row through the decode kernel as a plain decode step of its length would (ops/attention.h; the
+  // CUDA launcher does up to 4 rows by default), and its projections with the plain step's tactics
+  // (LinearTacticRows, where switched on): its logits are then the plain step's, bit for bit.
   if (max_q_len >= 2 && max_q_len <= kVerifyRowsPerSeq) att.decode_rows_per_seq = max_q_len;
   w.prep = prep;
   w.att = att;
