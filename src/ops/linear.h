@@ -29,9 +29,9 @@ namespace kiln::ops {
 void linear(const Tensor& x, const LinearWeight& weight, const Tensor& out);
 
 // Verify steps (speculative decoding): while one lives, the projections on `device` (linear, its fused forms
-// below, lm_head) of at most 8 rows run the GEMV configuration tuned for `rows` rows (the plain decode
-// step's: its sequence count) where that tactic is a GEMV. A GEMV row's result does not depend on M for a
-// config (ops/cuda/gemv.h), so a verify step's rows get the plain step's bits (CUDA:
+// below, lm_head) of at most 8 rows run the tactic tuned for `rows` rows (the plain decode step's: its
+// sequence count). A GEMV row's result does not depend on M for a config (ops/cuda/gemv.h), so a verify
+// step's rows get the plain step's bits (CUDA:
 // GemmEngine::set_tactic_rows, which takes them only with KILN_VERIFY_TACTICS=1: they cost, docs/PERF.md).
 // The CPU's rows never depend on M: nothing to do there. Scopes nest.
 class LinearTacticRows {
