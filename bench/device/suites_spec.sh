@@ -55,3 +55,30 @@ suite_spec() {
     serve_stop
   done
 }
+
+# Batch 32, 1024 in / 256 out on the Qwen3-4B shape with random weights, with and without n-gram speculation
+# (k = 3): output tok/s of each and the off switch's decisions from /metrics. Random weights keep few drafts,
+# the case where the off switch must turn verification off so the workload is never slower (issue 47).
+# `bash bench/device.sh spec-c32-random`; about 3 minutes on an H100.
+suite_spec_c32_random() {
+  need_gpu || return
+  build kiln || return
+  local m=$S/spec-c32-model name flags
+  shape_model "$m" 4b || return
+  for name in plain ngram; do
+    flags=()
+    [[ $name == ngram ]] && flags=(--speculative-algorithm ngram --speculative-num-draft-tokens 4)
+    serve_start "c32_random_$name" 8132 --model "$m" --load-format random --device cuda \
+      --max-running-requests 32 "${flags[@]}" || continue
+    timeout 200 "$K" bench serve --base-url http://127.0.0.1:8132 --input-len 1024 --output-len 256 \
+      --concurrency 32 --num-prompts 64 --warmups 2 --out "$W/$suite/c32_random_$name" --no-progress \
+      >"$W/$suite/c32_random_$name.txt" 2>&1
+    row "4B shape random, bench serve C=32 1024/256, $name" \
+      "rc=$? $(grep -E '^\| 32 ' "$W/$suite/c32_random_$name.txt" | head -1 | cut -c1-160)"
+    curl -s http://127.0.0.1:8132/metrics |
+      grep -E '^kiln_spec_decode_(verify_steps|drafts|draft_tokens|accepted_tokens|mean_acc|off_switch)' |
+      sed 's/{[^}]*}//' | tr '\n' ' '
+    echo
+    serve_stop
+  done
+}

@@ -42,6 +42,7 @@
 
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
 #include "ops/embedding.h"
@@ -223,11 +224,30 @@ void bench_verify(Qwen3Model& m, int32_t q, int32_t ctx, int32_t steps, int32_t 
     for (int32_t r = 0; r < rows; ++r) b.logit_rows.push_back(r);
     return median_replay_ms(g, steps, warmups, [&](int32_t) { return b; });
   };
-  const double plain = time_rows(1), verify = time_rows(q);
-  std::printf(
-      "verify step, batch 1, %d rows at context %d (CUDA graph + PDL): %.3f ms vs the decode step's %.3f ms: "
-      "%.2fx; it pays when the mean acceptance length exceeds %.2f\n",
-      q, ctx, verify, plain, verify / plain, verify / plain);
+  const double plain = time_rows(1);
+  // The verify path's two choices for bitwise plain-decode logits (ops/attention.h decode_rows_per_seq,
+  // ops/linear.h LinearTacticRows), each against the path without it (defaults: decode attention up to 4
+  // rows, own tactics).
+  cuda::GemmEngine& eng = cuda::gemm_engine();
+  const int decode_before = cuda::verify_decode_max_rows();
+  const bool tactics_before = eng.verify_tactics();
+  struct Variant {
+    const char* name;
+    bool decode_attention, plain_tactics;
+  };
+  for (const Variant& v : {Variant{"prefill attention, own M tactics", false, false},
+                           Variant{"decode attention, own M tactics", true, false},
+                           Variant{"decode attention, plain step's tactics (bitwise)", true, true}}) {
+    cuda::set_verify_decode_max_rows(v.decode_attention ? cuda::kMaxDecodeRowsPerSeq : 0);
+    eng.set_verify_tactics(v.plain_tactics);
+    const double verify = time_rows(q);
+    std::printf(
+        "verify step, batch 1, %d rows at context %d (CUDA graph + PDL), %s: %.3f ms vs the decode step's "
+        "%.3f ms: %.2fx; it pays when the mean acceptance length exceeds %.2f\n",
+        q, ctx, v.name, verify, plain, verify / plain, verify / plain);
+  }
+  cuda::set_verify_decode_max_rows(decode_before);
+  eng.set_verify_tactics(tactics_before);
 }
 
 // Bytes of weights a decode step of `batch` sequences reads: every dense weight, and of a sparse layer its

@@ -15,9 +15,11 @@
 //
 // Verify steps (speculative decoding): with rows_per_seq = q >= 2 every sequence computes q positions (its
 // last token and its drafts, short ones filled to q with slot -1 rows) and the LM head runs over all
-// num_seqs * q rows. Every row then goes through the prefill attention kernel (min_q_len = q skips the decode
-// launch), whose launch shape depends on the token and sequence counts only, both fixed per graph. The fp8
-// cache's prefill staging is sized from each step's context lengths, so a verify graph runs without it.
+// num_seqs * q rows. For q <= 4 (ops/cuda/attention.h verify_decode_max_rows) every row goes through the
+// decode attention kernel as its own row group (ops/attention.h decode_rows_per_seq: bitwise the plain decode
+// step's rows), else through the prefill kernel (min_q_len = q skips the decode launch); either launch shape
+// is fixed per graph. The fp8 cache's prefill staging is sized from each step's context lengths, so a verify
+// graph runs without it.
 #pragma once
 
 #include <cstdint>

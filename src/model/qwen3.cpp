@@ -21,6 +21,11 @@
 namespace kiln {
 namespace {
 
+// The most rows a sequence of a step may have for its attention to run as decode rows (k + 1 of a verify
+// step, k <= 7; a larger k, or a prefill chunk longer than 8, runs the prefill kernel). Past 8 rows the
+// decode kernel's per-row re-reads of the context cost more than the prefill kernel's one pass.
+constexpr int32_t kVerifyRowsPerSeq = 8;
+
 // The sparse MLP's device scratch for a step of `tokens` rows (every sparse layer has one shape); 0 without
 // sparse layers or on the CPU.
 int64_t moe_scratch_bytes(const Qwen3Weights& w, const ModelConfig& c, int64_t tokens, Device device) {
@@ -333,10 +338,17 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   att.out = attn;
   att.scale = float(1.0 / std::sqrt(double(D)));
   att.min_q_len = B > 0 ? std::numeric_limits<int32_t>::max() : 0;
+  int32_t max_q_len = 0;
   for (int64_t s = 0; s < B; ++s) {
     if (b.q_len(int(s)) >= 2) att.prefill_pages += (b.kv_lens[size_t(s)] + b.page_size - 1) / b.page_size;
     att.min_q_len = std::min(att.min_q_len, b.q_len(int(s)));
+    max_q_len = std::max(max_q_len, b.q_len(int(s)));
   }
+  // A step of at most kVerifyRowsPerSeq rows a sequence (a verify step: the last token and its drafts) may
+  // run every row through the decode kernel as a plain decode step of its length would (ops/attention.h; the
+  // CUDA launcher does up to 4 rows by default), and its projections with the plain step's tactics
+  // (LinearTacticRows, where switched on): its logits are then the plain step's, bit for bit.
+  if (max_q_len >= 2 && max_q_len <= kVerifyRowsPerSeq) att.decode_rows_per_seq = max_q_len;
   w.prep = prep;
   w.att = att;
 }
@@ -348,6 +360,7 @@ void Qwen3Model::launch_layers(KvCache& cache) {
   Workspace& w = *ws_;
   const int64_t T = w.T;
   if (T == 0) return;
+  const ops::LinearTacticRows tactics(device(), verify_tactic_rows());
   const int64_t Hq = c.num_heads, D = c.head_dim;
   const float eps = float(c.rms_norm_eps);
   Tensor &ids = w.ids_v, &residual = w.residual_v, &normed = w.normed_v, &attn = w.attn_v;
@@ -439,7 +452,13 @@ void Qwen3Model::forward(const BatchDesc& batch, KvCache& cache, const Tensor& l
   if (R > 0) launch_lm_head(logits);
 }
 
+int64_t Qwen3Model::verify_tactic_rows() const {
+  const ops::PagedAttentionArgs& att = ws_->att;
+  return att.decode_rows_per_seq >= 2 ? att.cu_q.shape[0] - 1 : 0;
+}
+
 void Qwen3Model::launch_lm_head(const Tensor& logits) {
+  const ops::LinearTacticRows tactics(device(), verify_tactic_rows());
   if (tp_)
     return tp_lm_head(*tp_, ws_->final_hidden, ws_->rows_t, weights_.lm_head, ws_->tp_logits_v, logits);
   ops::lm_head(ws_->final_hidden, ws_->rows_t, weights_.lm_head, logits);
@@ -449,6 +468,7 @@ void Qwen3Model::lm_head_rows(const Tensor& rows, const Tensor& logits) {
   KILN_CHECK(!tp_, "lm_head_rows: not on a tensor-parallel shard");
   KILN_CHECK(weights_.lm_head.data != nullptr && ws_->final_hidden.data != nullptr,
              "lm_head_rows: needs an LM head and a forward before it");
+  const ops::LinearTacticRows tactics(device(), verify_tactic_rows());
   ops::lm_head(ws_->final_hidden, rows, weights_.lm_head, logits);
 }
 

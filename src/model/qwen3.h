@@ -108,6 +108,10 @@ class Qwen3Model {
   void launch_layers(KvCache& cache);
   // The LM head over the staged logit rows of the last step.
   void launch_lm_head(const Tensor& logits);
+  // A verify step's (attention's decode_rows_per_seq >= 2) sequence count, whose plain decode step's GEMV
+  // tactics its projections and LM head run (ops::LinearTacticRows: the plain step's logits, bitwise); else
+  // 0.
+  int64_t verify_tactic_rows() const;
   uint64_t workspace_generation() const;  // changes whenever a workspace buffer is reallocated
   friend class CudaDecodeGraph;           // model/cuda_graph.h: captures launch_layers + the LM head
 

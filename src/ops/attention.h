@@ -43,6 +43,12 @@ struct PagedAttentionArgs {
   // Host bound: every sequence has at least min_q_len new tokens (0 = unknown); >= 2 lets the CUDA backend
   // skip its decode launch in a prefill-only step. Ignored on the CPU.
   int32_t min_q_len = 0;
+  // Verify steps (speculative decoding): >= 2 is a host bound on every sequence's q_len that lets the CUDA
+  // backend run each row through its decode kernel alone, as a plain decode step of that row's causal length
+  // would (bitwise that step's output for the same sequence count and page-table width;
+  // ops/cuda/attention.h). At most 16. Ignored on the CPU, whose rows are bitwise independent of the batch
+  // anyway.
+  int32_t decode_rows_per_seq = 0;
 };
 
 void paged_attention(const PagedAttentionArgs& args);

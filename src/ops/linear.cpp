@@ -40,6 +40,29 @@ bool cuda_weight(const LinearWeight& w) {
 
 }  // namespace
 
+namespace {
+
+// The CUDA engine's tactic rows (returns the previous); a CPU-only build has no CUDA device to ask for.
+int64_t set_cuda_tactic_rows(int64_t rows) {
+#ifdef KILN_HAVE_CUDA
+  return cuda::set_linear_tactic_rows(rows);
+#else
+  (void)rows;
+  return 0;
+#endif
+}
+
+}  // namespace
+
+LinearTacticRows::LinearTacticRows(Device device, int64_t rows) : device_(device) {
+  KILN_CHECK(rows >= 0, "LinearTacticRows: negative rows ", rows);
+  if (device_.is_cuda()) prev_ = set_cuda_tactic_rows(rows);
+}
+
+LinearTacticRows::~LinearTacticRows() {
+  if (device_.is_cuda()) set_cuda_tactic_rows(prev_);
+}
+
 void linear(const Tensor& x, const LinearWeight& w, const Tensor& out) {
   if (w.is_fp8() && !x.device.is_cuda()) return linear_fp8_cpu(x, w, out);
   check_linear("linear", x, w, out, DType::bf16);

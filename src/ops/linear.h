@@ -28,6 +28,24 @@ namespace kiln::ops {
 
 void linear(const Tensor& x, const LinearWeight& weight, const Tensor& out);
 
+// Verify steps (speculative decoding): while one lives, the projections on `device` (linear, its fused forms
+// below, lm_head) of at most 8 rows run the tactic tuned for `rows` rows (the plain decode step's: its
+// sequence count). A GEMV row's result does not depend on M for a config (ops/cuda/gemv.h), so a verify
+// step's rows get the plain step's bits (CUDA:
+// GemmEngine::set_tactic_rows, which takes them only with KILN_VERIFY_TACTICS=1: they cost, docs/PERF.md).
+// The CPU's rows never depend on M: nothing to do there. Scopes nest.
+class LinearTacticRows {
+ public:
+  LinearTacticRows(Device device, int64_t rows);
+  ~LinearTacticRows();
+  LinearTacticRows(const LinearTacticRows&) = delete;
+  LinearTacticRows& operator=(const LinearTacticRows&) = delete;
+
+ private:
+  Device device_;
+  int64_t prev_ = 0;
+};
+
 // Linear with bias (the vision tower's layers: nn.Linear(bias=True), the patch embedding's Conv3d):
 //   out[m, n] = bf16(sum_k x[m, k] w[n, k] + bias[n]): the sum as linear's, the bias added in fp32, one
 //   rounding (torch's bf16 addmm and cuBLASLt's bias epilogue both round once).

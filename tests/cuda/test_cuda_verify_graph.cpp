@@ -2,16 +2,22 @@
 // per (bucket, k + 1) replays uniform verify steps (every sequence k + 1 positions, short rows filled with
 // slot -1 rows, padding sequences) bit for bit as the eager runner computes the same batch, while every input
 // changes between replays; and the engine's greedy output with n-gram speculation on CUDA equals its plain
-// greedy output, token for token, except where the plain path's top two log-probs are a near tie (the verify
-// rows run the prefill attention kernel and GEMMs, plain decode the decode kernel and GEMVs:
-// docs/NUMERICS.md).
+// greedy output, token for token except at near ties of the plain path's top two (batched, k = 3: the GEMM
+// tactics of M > 8), and where a verify step has at most 8 rows its logits are the plain decode step's bit
+// for bit (its attention runs the decode kernel row by row, its projections the plain step's tactics:
+// ops/attention.h decode_rows_per_seq, ops/linear.h LinearTacticRows), through the runner and the engine.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <string>
 
 #include "../unit/engine_test_util.h"
 #include "common/test_support.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/context.h"
 #include "runtime/model_runner.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
@@ -129,7 +135,8 @@ struct Generated {
   int verify_graphs = 0;  // the runner's verify graphs after the run: the engine took the graph path
 };
 
-Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts, bool with_top) {
+Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts, bool with_top,
+                   std::vector<std::vector<float>>* logprobs = nullptr) {
   auto runner = tiny_runner();
   const Qwen3Runner& r = *runner;
   Engine engine(std::move(runner), o);
@@ -148,26 +155,38 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   for (RequestId id : ids) {
     out.tokens.push_back(sink.tokens(id));
     out.top.emplace_back();
-    for (const TokenEvent& e : sink.events[id])
+    if (logprobs) logprobs->emplace_back();
+    for (const TokenEvent& e : sink.events[id]) {
       for (const auto& t : e.top_logprobs) out.top.back().push_back(t);
+      if (logprobs) logprobs->back().insert(logprobs->back().end(), e.logprobs.begin(), e.logprobs.end());
+    }
   }
   out.stats = engine.stats();
   out.verify_graphs = r.num_verify_graphs();
   return out;
 }
 
+// The engine on CUDA with graphs of 1, 2, 4, 8 sequences; and with n-gram speculation on it (k = 3, every
+// step it can verify).
+EngineOptions cuda_opts() {
+  EngineOptions o = test::small_opts(4096, 16, 256);
+  o.device = "cuda";
+  o.cuda_graph_buckets = {1, 2, 4, 8};
+  return o;
+}
+EngineOptions ngram_opts(EngineOptions o) {
+  o.speculative.algorithm = spec::SpecAlgorithm::ngram;
+  o.speculative.num_draft_tokens = 3;
+  o.speculative.ngram_min = 1;
+  o.speculative.ngram_max = 4;
+  o.speculative.off_switch = false;
+  return o;
+}
+
 TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
   KILN_REQUIRE_GPU();
   const auto prompts = quoting_prompts(8);
-  EngineOptions base = test::small_opts(4096, 16, 256);
-  base.device = "cuda";
-  base.cuda_graph_buckets = {1, 2, 4, 8};
-  EngineOptions spec = base;
-  spec.speculative.algorithm = spec::SpecAlgorithm::ngram;
-  spec.speculative.num_draft_tokens = 3;
-  spec.speculative.ngram_min = 1;
-  spec.speculative.ngram_max = 4;
-  spec.speculative.off_switch = false;
+  const EngineOptions base = cuda_opts(), spec = ngram_opts(base);
   const Generated want = generate(base, prompts, true);
   for (const bool batched : {false, true}) {
     Generated got;
@@ -205,6 +224,196 @@ TEST(CudaVerifyGraph, GreedyNgramEqualsPlainGreedy) {
     EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
     EXPECT_EQ(want.verify_graphs, 0) << "verify graphs without speculation";
   }
+}
+
+// The bitwise verify path for a scope: every verify row through the decode attention kernel and the plain
+// step's GEMM tactics (off by default: they cost, docs/PERF.md "Speculative decoding").
+// KILN_VERIFY_TEST_OLD_PATH=1 gives the scope the verify path before them instead (the prefill kernel, each
+// call's own M bucket): the tests using it must then fail (the fail-before check).
+struct BitwiseVerify {
+  const int rows_before = cuda::verify_decode_max_rows();
+  const bool tactics_before = cuda::gemm_engine().verify_tactics();
+  BitwiseVerify() {
+    const char* old = std::getenv("KILN_VERIFY_TEST_OLD_PATH");
+    const bool on = !(old && std::string(old) == "1");
+    cuda::set_verify_decode_max_rows(on ? cuda::kMaxDecodeRowsPerSeq : 0);
+    cuda::gemm_engine().set_verify_tactics(on);
+  }
+  ~BitwiseVerify() {
+    cuda::set_verify_decode_max_rows(rows_before);
+    cuda::gemm_engine().set_verify_tactics(tactics_before);
+  }
+  BitwiseVerify(const BitwiseVerify&) = delete;
+  BitwiseVerify& operator=(const BitwiseVerify&) = delete;
+};
+
+// Bitwise, through the runner: verify steps of B sequences x q rows (B x q <= 8) replayed from their graph
+// give, row for row, the logits the plain decode step of B sequences gives at that position (decode graphs),
+// bit for bit: the decode attention kernel row by row with the B-sequence split count, and the B bucket's
+// GEMV / GEMM tactics. Sequences advance by 1 .. q kept rows a step (fill rows after), as the engine commits
+// kept drafts; the same tokens feed both (BitwiseVerify on). Fails where the verify rows take the prefill
+// kernel or their own M bucket's tactics and those differ.
+TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
+  KILN_REQUIRE_GPU();
+  const BitwiseVerify bitwise;
+  const int64_t V = 512;
+  struct Shape {
+    int32_t B, q;
+  };
+  for (const Shape sh : {Shape{1, 4}, Shape{2, 4}, Shape{4, 2}}) {
+    SCOPED_TRACE("batch " + std::to_string(sh.B) + ", " + std::to_string(sh.q) + " rows");
+    // N tokens decoded after each prompt; W pages a sequence (a 256-token table: 4 decode splits of 64 keys,
+    // so contexts past 64 keys go through the combine).
+    const int32_t B = sh.B, q = sh.q, ps = 16, N = 14, W = 16;
+    auto plain = tiny_runner(), spec = tiny_runner();
+    for (auto* r : {plain.get(), spec.get()}) {
+      r->allocate_kv(1 + 4 * W, ps);
+      ModelRunner::GraphPlan plan;
+      plan.buckets = {1, 2, 4, 8};
+      plan.max_pages_per_seq = W;
+      plan.max_step_tokens = 512;
+      plan.max_seqs = 8;
+      plan.verify_rows_per_seq = r == spec.get() ? q : 0;
+      r->prepare_graphs(plan);
+    }
+    // Sequence i owns pages 1 + W i ..; its prompt of 70 + 23 i tokens, then N tokens fed one (plain) or up
+    // to q (verify) at a time.
+    std::vector<int32_t> len(static_cast<size_t>(B));
+    std::vector<std::vector<int32_t>> toks(static_cast<size_t>(B));
+    for (int32_t i = 0; i < B; ++i) {
+      len[size_t(i)] = 70 + 23 * i;
+      for (int32_t j = 0; j < len[size_t(i)] + N; ++j)
+        toks[size_t(i)].push_back((i * 131 + j * 37 + 3) % 500);
+    }
+    // A step: sequence i computes rows at positions begin[i] .. begin[i] + q_len - 1, the first real[i] real.
+    const auto step = [&](ModelRunner& r, const std::vector<int32_t>& begin, int32_t q_len,
+                          const std::vector<int32_t>& real, std::vector<float>* logits) {
+      BatchDesc b;
+      b.page_size = ps;
+      b.pages_stride = W;
+      b.cu_q = {0};
+      for (int32_t i = 0; i < B; ++i) {
+        for (int32_t j = 0; j < q_len; ++j) {
+          const int32_t pos = begin[size_t(i)] + j;
+          const bool is_real = j < real[size_t(i)];
+          b.tokens.push_back(is_real ? toks[size_t(i)][size_t(pos)] : 0);
+          b.positions.push_back(pos);
+          b.slot_mapping.push_back(is_real ? int64_t(1 + W * i + pos / ps) * ps + pos % ps : -1);
+          if (q_len > 1 || j + 1 == q_len) b.logit_rows.push_back(b.cu_q.back() + j);
+        }
+        b.cu_q.push_back(b.cu_q.back() + q_len);
+        b.kv_lens.push_back(begin[size_t(i)] + q_len);
+        for (int32_t p = 0; p < W; ++p) b.page_table.push_back(1 + W * i + p);
+      }
+      r.forward(b, logits, nullptr);
+    };
+    // The prompts, one prefill step each runner (same batch, same bits), logits of their last rows.
+    for (auto* r : {plain.get(), spec.get()}) {
+      BatchDesc b;
+      b.page_size = ps;
+      b.pages_stride = W;
+      b.cu_q = {0};
+      for (int32_t i = 0; i < B; ++i) {
+        for (int32_t pos = 0; pos < len[size_t(i)]; ++pos) {
+          b.tokens.push_back(toks[size_t(i)][size_t(pos)]);
+          b.positions.push_back(pos);
+          b.slot_mapping.push_back(int64_t(1 + W * i + pos / ps) * ps + pos % ps);
+        }
+        b.cu_q.push_back(b.cu_q.back() + len[size_t(i)]);
+        b.logit_rows.push_back(b.cu_q.back() - 1);
+        b.kv_lens.push_back(len[size_t(i)]);
+        for (int32_t p = 0; p < W; ++p) b.page_table.push_back(1 + W * i + p);
+      }
+      std::vector<float> unused;
+      r->forward(b, &unused, nullptr);
+    }
+    // Plain: want[i][pos] = the logits of the decode step feeding token pos of sequence i.
+    std::vector<std::vector<std::vector<float>>> want(static_cast<size_t>(B));
+    for (int32_t s = 0; s < N; ++s) {
+      std::vector<int32_t> begin(static_cast<size_t>(B)), one(size_t(B), 1);
+      for (int32_t i = 0; i < B; ++i) begin[size_t(i)] = len[size_t(i)] + s;
+      std::vector<float> lg;
+      step(*plain, begin, 1, one, &lg);
+      ASSERT_EQ(lg.size(), size_t(B) * size_t(V));
+      for (int32_t i = 0; i < B; ++i)
+        want[size_t(i)].emplace_back(lg.begin() + ptrdiff_t(i) * V, lg.begin() + ptrdiff_t(i + 1) * V);
+    }
+    // Verify steps, sequence i keeping 1 + (t + i) % q rows at step t, until every one has fed N tokens.
+    std::vector<int32_t> fed(size_t(B), 0);
+    int32_t compared = 0;
+    for (int32_t t = 0; *std::min_element(fed.begin(), fed.end()) < N; ++t) {
+      std::vector<int32_t> begin(static_cast<size_t>(B)), real(static_cast<size_t>(B));
+      for (int32_t i = 0; i < B; ++i) {
+        begin[size_t(i)] = len[size_t(i)] + fed[size_t(i)];
+        real[size_t(i)] = std::min(1 + (t + i) % q, N - fed[size_t(i)]);
+        if (real[size_t(i)] <= 0) real[size_t(i)] = 1;  // a finished sequence feeds its last token again
+        if (fed[size_t(i)] >= N) begin[size_t(i)] = len[size_t(i)] + N - 1;
+      }
+      ASSERT_EQ(spec->verify_graph_bucket(B, q, W), B);
+      std::vector<float> lg;
+      step(*spec, begin, q, real, &lg);
+      ASSERT_EQ(lg.size(), size_t(B) * size_t(q) * size_t(V));
+      for (int32_t i = 0; i < B; ++i) {
+        for (int32_t j = 0; j < real[size_t(i)]; ++j) {
+          const int32_t s = begin[size_t(i)] - len[size_t(i)] + j;
+          const float* got = lg.data() + (ptrdiff_t(i) * q + j) * V;
+          const std::vector<float>& w = want[size_t(i)][size_t(s)];
+          int64_t diff = 0, first = -1;
+          for (int64_t v = 0; v < V; ++v)
+            if (std::bit_cast<uint32_t>(got[v]) != std::bit_cast<uint32_t>(w[size_t(v)]) && diff++ == 0)
+              first = v;
+          ASSERT_EQ(diff, 0) << "verify step " << t << " sequence " << i << " row " << j << " (token " << s
+                             << "): " << diff << " logits differ; first " << first << ": " << got[first]
+                             << " vs plain " << w[size_t(first)];
+          ++compared;
+        }
+        fed[size_t(i)] = std::min(N, fed[size_t(i)] + real[size_t(i)]);
+      }
+    }
+    EXPECT_GE(compared, B * N);
+    EXPECT_EQ(spec->num_verify_graphs(), 1);
+  }
+}
+
+// The engine: greedy with n-gram speculation at batch 1 (k = 3: 4 rows a verify step) emits plain decoding's
+// tokens with its log-probs (each emitted token's and the top 2), bit for bit. (Batched requests are checked
+// through the runner above: the engine's step composition depends on when requests arrive.) Contexts stay
+// within 64 keys (one decode split whatever the table width), so the last steps, whose drafts run as an eager
+// verify batch with the batch's own page-table width (engine_spec.cpp verify_batch), round as the graphs do.
+TEST(CudaVerifyGraph, GreedyNgramLogprobsBitwisePlainBatch1) {
+  KILN_REQUIRE_GPU();
+  const BitwiseVerify bitwise;
+  const auto prompts = quoting_prompts(4);
+  // Log-probs from the logits on the host for both paths: device sampling computes a plain step's on the GPU
+  // and a verify step's on the host (runtime/engine_spec.cpp emitted_logprobs), 1 float ulp apart.
+  EngineOptions base = cuda_opts();
+  base.sampling_backend = "cpu";
+  const EngineOptions spec = ngram_opts(base);
+  int64_t accepted = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<std::vector<float>> want_lp, got_lp;
+    const Generated want = generate(base, {prompts[i]}, true, &want_lp);
+    const Generated got = generate(spec, {prompts[i]}, true, &got_lp);
+    accepted += got.stats.spec.accepted_tokens;
+    EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
+    ASSERT_EQ(got.tokens[0], want.tokens[0]) << "request " << i;
+    ASSERT_EQ(got_lp[0].size(), want_lp[0].size()) << "request " << i;
+    for (size_t j = 0; j < want_lp[0].size(); ++j)
+      EXPECT_EQ(std::bit_cast<uint32_t>(got_lp[0][j]), std::bit_cast<uint32_t>(want_lp[0][j]))
+          << "request " << i << " token " << j << ": log-prob " << got_lp[0][j] << " vs plain "
+          << want_lp[0][j];
+    ASSERT_EQ(got.top[0].size(), want.top[0].size()) << "request " << i;
+    for (size_t j = 0; j < want.top[0].size(); ++j) {
+      ASSERT_EQ(got.top[0][j].size(), want.top[0][j].size());
+      for (size_t t = 0; t < want.top[0][j].size(); ++t) {
+        EXPECT_EQ(got.top[0][j][t].id, want.top[0][j][t].id) << "request " << i << " token " << j;
+        EXPECT_EQ(std::bit_cast<uint32_t>(got.top[0][j][t].logprob),
+                  std::bit_cast<uint32_t>(want.top[0][j][t].logprob))
+            << "request " << i << " token " << j << " top " << t;
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0) << "no draft kept: the verify rows went untested";
 }
 
 }  // namespace

@@ -104,38 +104,59 @@ TEST(SpecEngine, FakeRunnerGreedyEqualsReference) {
   }
 }
 
+// Each request's tokens, log-probs (as float bits) and top alternatives (id, log-prob bits), in order.
+struct TokenLogprobs {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<uint32_t>> logprobs;
+  std::vector<std::vector<std::pair<int32_t, uint32_t>>> top;
+  bool operator==(const TokenLogprobs&) const = default;
+};
+
+// The engine's output for greedy requests asking for log-probs and the top 2 (edit: per request changes),
+// submitted together or one at a time.
+TokenLogprobs collect_logprobs(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                               int new_tokens, bool one_at_a_time,
+                               const std::function<void(size_t, Request&)>& edit = {}) {
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r = greedy(prompts[i], new_tokens);
+    r.sampling.return_logprob = true;
+    r.sampling.top_logprobs = 2;
+    if (edit) edit(i, r);
+    ids.push_back(engine.submit(r, sink.cb()));
+    if (one_at_a_time) sink.wait_finished(int(ids.size()));
+  }
+  sink.wait_finished(int(ids.size()));
+  TokenLogprobs out;
+  std::lock_guard<std::mutex> lk(sink.mu);
+  for (RequestId id : ids) {
+    out.tokens.emplace_back();
+    out.logprobs.emplace_back();
+    out.top.emplace_back();
+    for (const TokenEvent& e : sink.events[id]) {
+      EXPECT_EQ(e.logprobs.size(), e.ids.size());
+      EXPECT_EQ(e.top_logprobs.size(), e.ids.size());
+      out.tokens.back().insert(out.tokens.back().end(), e.ids.begin(), e.ids.end());
+      for (float x : e.logprobs) out.logprobs.back().push_back(std::bit_cast<uint32_t>(x));
+      for (const auto& t : e.top_logprobs)
+        for (const TokenLogprob& x : t) out.top.back().emplace_back(x.id, std::bit_cast<uint32_t>(x.logprob));
+    }
+  }
+  return out;
+}
+
 // Logprobs and top alternatives of verified tokens are those plain decoding reports, position by position,
 // with the processing (a frequency penalty, a bias) counting the kept drafts as generated.
 TEST(SpecEngine, LogprobsEqualPlainDecoding) {
   const auto prompts = repeating_prompts(3, 4, 13);
+  const auto edit = [](size_t i, Request& r) {
+    if (i % 2) r.sampling.frequency_penalty = 0.3f;
+    if (i == 2) r.sampling.logit_bias = {{1, 0.25f}};
+  };
   auto collect = [&](const EngineOptions& o) {
     Engine engine(std::make_unique<FakeRunner>(3), o);
-    Sink sink;
-    std::vector<RequestId> ids;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      Request r = greedy(prompts[i], 16);
-      r.sampling.return_logprob = true;
-      r.sampling.top_logprobs = 2;
-      if (i % 2) r.sampling.frequency_penalty = 0.3f;
-      if (i == 2) r.sampling.logit_bias = {{1, 0.25f}};
-      ids.push_back(engine.submit(r, sink.cb()));
-    }
-    sink.wait_finished(int(ids.size()));
-    std::vector<std::vector<float>> lp;
-    std::vector<std::vector<int32_t>> top_ids;
-    std::lock_guard<std::mutex> lk(sink.mu);
-    for (RequestId id : ids) {
-      lp.emplace_back();
-      top_ids.emplace_back();
-      for (const TokenEvent& e : sink.events[id]) {
-        EXPECT_EQ(e.logprobs.size(), e.ids.size());
-        EXPECT_EQ(e.top_logprobs.size(), e.ids.size());
-        lp.back().insert(lp.back().end(), e.logprobs.begin(), e.logprobs.end());
-        for (const auto& t : e.top_logprobs)
-          for (const TokenLogprob& x : t) top_ids.back().push_back(x.id);
-      }
-    }
-    return std::make_pair(lp, top_ids);
+    return collect_logprobs(engine, prompts, 16, false, edit);
   };
   const EngineOptions o = test::small_opts(4096, 4, 16);
   EXPECT_EQ(collect(with_ngram(o, 4)), collect(o));
@@ -294,6 +315,30 @@ TEST(SpecEngine, Qwen3CpuGreedyIdenticalWithAndWithoutNgram) {
         one_at_a_time ? "batch 1" : "batched", (long long)want.stats.steps, (long long)got.stats.steps,
         (long long)st.drafts, (long long)st.accepted_tokens, (long long)st.draft_tokens,
         st.mean_acceptance_length());
+  }
+}
+
+// The property tests/cuda/test_cuda_verify_graph.cpp checks on CUDA (GreedyNgramLogprobsBitwisePlain), on the
+// CPU backend, where every op's row is independent of the batch: greedy with n-gram speculation gives plain
+// decoding's tokens, log-probs and top 2, bit for bit, at batch 1 and 4 on a random-weight Qwen3.
+TEST(SpecEngine, Qwen3CpuGreedyLogprobsBitwisePlain) {
+  EngineOptions base = test::small_opts(8192, 8, 64);
+  base.model_dir = write_small_checkpoint();
+  base.device = "cpu";
+  const auto prompts = repeating_prompts(500, 4, 23);
+  for (const bool one_at_a_time : {true, false}) {
+    const auto go = [&](const EngineOptions& o, EngineStats* stats) {
+      const auto engine = Engine::create(o);
+      TokenLogprobs out = collect_logprobs(*engine, prompts, 16, one_at_a_time);
+      *stats = engine->stats();
+      return out;
+    };
+    EngineStats plain_stats, spec_stats;
+    const TokenLogprobs want = go(base, &plain_stats), got = go(with_ngram(base, 3), &spec_stats);
+    EXPECT_GT(spec_stats.spec.accepted_tokens, 0) << "no draft kept: the verify rows went untested";
+    EXPECT_EQ(got.tokens, want.tokens) << (one_at_a_time ? "batch 1" : "batch 4");
+    EXPECT_EQ(got.logprobs, want.logprobs) << (one_at_a_time ? "batch 1" : "batch 4");
+    EXPECT_EQ(got.top, want.top) << (one_at_a_time ? "batch 1" : "batch 4");
   }
 }
 

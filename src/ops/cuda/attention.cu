@@ -40,6 +40,11 @@ void validate(const PagedAttnParams& p) {
   if (p.kv_dtype == KvDtype::f8e4m3)
     KILN_CHECK(p.k_scale && p.v_scale, "paged attention: an fp8 cache needs k_scale and v_scale");
   KILN_CHECK(p.scale > 0.0f, "paged attention: scale must be positive");
+  KILN_CHECK(p.decode_rows_per_seq >= 0 && p.decode_rows_per_seq <= kMaxDecodeRowsPerSeq,
+             "paged attention: decode_rows_per_seq must be in [0, ", kMaxDecodeRowsPerSeq, "], got ",
+             p.decode_rows_per_seq);
+  KILN_CHECK(p.decode_rows_per_seq < 2 || p.max_q_len <= p.decode_rows_per_seq, "paged attention: max_q_len ",
+             p.max_q_len, " exceeds decode_rows_per_seq ", p.decode_rows_per_seq);
 }
 
 // Splits depend only on shapes (never on kv_lens, which live on the device), so a graph stays valid.
@@ -60,6 +65,7 @@ void decode_split(const PagedAttnParams& p, int force_splits, int* splits, int* 
 }
 
 std::atomic<int> g_decode_kernel{-1}, g_prefill_kernel{-1};  // -1: not chosen yet
+std::atomic<int> g_verify_decode_rows{-1};                   // verify_decode_max_rows(); -1: not chosen yet
 
 // The kernel variant held by `choice`, or (first use) the environment variable `env`: "v1" -> 0, "v2" -> 1,
 // ..., up to "v<count>"; unset -> `dflt`; anything else an error. A concurrent setter wins over the
@@ -149,7 +155,7 @@ bool decode_launches_early(const PagedAttnParams& p, DecodeKernel k, int splits)
   }();
   if (!on || k != DecodeKernel::v3) return false;
   const int64_t slots = int64_t(sm_count()) * std::min(2, decode_sm90_blocks_per_sm(p));
-  return int64_t(std::max(p.B, 1)) * p.Hkv * splits <= slots;
+  return std::max<int64_t>(decode_row_groups(p), 1) * p.Hkv * splits <= slots;
 }
 
 // The splits (and v1's chunk) decode() launches: force_splits when > 0, else the shape rule.
@@ -165,7 +171,33 @@ DecodeKernel effective_decode_kernel(const PagedAttnParams& p) {
   return k == DecodeKernel::v3 && !decode_sm90_applies(p) ? DecodeKernel::v2 : k;
 }
 
+// Whether a verify launch's rows go through the decode kernel (attention.h: decode_rows_per_seq).
+bool verify_rows_decoded(const PagedAttnParams& p) {
+  return p.decode_rows_per_seq >= 2 && p.decode_rows_per_seq <= verify_decode_max_rows();
+}
+
 }  // namespace
+
+int verify_decode_max_rows() {
+  int k = g_verify_decode_rows.load(std::memory_order_relaxed);
+  if (k >= 0) return k;
+  const char* e = std::getenv("KILN_ATTN_VERIFY_DECODE");
+  k = kVerifyDecodeMaxRowsDefault;
+  if (e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    KILN_CHECK(*end == '\0' && v >= 0 && v <= kMaxDecodeRowsPerSeq, "KILN_ATTN_VERIFY_DECODE must be 0 .. ",
+               kMaxDecodeRowsPerSeq, ", got '", e, "'");
+    k = int(v);
+  }
+  int expected = -1;
+  return g_verify_decode_rows.compare_exchange_strong(expected, k) ? k : expected;
+}
+void set_verify_decode_max_rows(int rows) {
+  KILN_CHECK(rows >= 0 && rows <= kMaxDecodeRowsPerSeq, "verify decode rows must be 0 .. ",
+             kMaxDecodeRowsPerSeq, ", got ", rows);
+  g_verify_decode_rows.store(rows);
+}
 
 int paged_attention_decode_splits(const PagedAttnParams& p) {
   int chunk = 0;
@@ -179,14 +211,15 @@ namespace {
 size_t decode_workspace_bytes(const PagedAttnParams& p, int force_splits) {
   int splits = force_splits, chunk = 0;
   if (splits <= 0) decode_split(p, 0, &splits, &chunk);
-  // One entry per sequence (attention_common.cuh decode_ws_slot), however many prefill rows the step has.
-  const size_t bytes = splits <= 1 ? 0 : size_t(p.B) * p.Hq * splits * (p.D + 2) * sizeof(float);
+  // One entry per row group (attention_common.cuh decode_ws_slot), however many prefill rows the step has.
+  const size_t bytes =
+      splits <= 1 ? 0 : size_t(decode_row_groups(p)) * p.Hq * splits * (p.D + 2) * sizeof(float);
   return (bytes + 255) / 256 * 256;
 }
 
 // Whether paged_attention launches the prefill kernel for p (see its routing).
 bool has_prefill_rows(const PagedAttnParams& p) {
-  return !(p.T == p.B || p.max_q_len == 1);
+  return !(p.T == p.B || p.max_q_len == 1 || verify_rows_decoded(p));
 }
 
 }  // namespace
@@ -245,14 +278,22 @@ void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t str
   if (p.B == 0 || p.T == 0) return;
   // T == B: every sequence has one row, or some have none and others several (rare): the decode kernel
   // then walks those rows too, so one launch suffices and graphs of decode steps hold no prefill node.
-  if (p.T == p.B || p.max_q_len == 1) {
-    decode(p, workspace, stream, force_splits, /*all_rows=*/true, pdl);
+  // A verify step: every row through the decode kernel, each on its own (bitwise the plain decode step's).
+  if (verify_rows_decoded(p)) {
+    decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
     return;
   }
-  if (p.min_q_len < 2) decode(p, workspace, stream, force_splits, /*all_rows=*/false, pdl);
+  // Else the routing above, with the rows per sequence no longer bounded (verify rows turned off).
+  PagedAttnParams q = p;
+  q.decode_rows_per_seq = 0;
+  if (q.T == q.B || q.max_q_len == 1) {
+    decode(q, workspace, stream, force_splits, /*all_rows=*/true, pdl);
+    return;
+  }
+  if (q.min_q_len < 2) decode(q, workspace, stream, force_splits, /*all_rows=*/false, pdl);
   void* staging =
-      workspace ? static_cast<uint8_t*>(workspace) + decode_workspace_bytes(p, force_splits) : nullptr;
-  prefill(p, /*skip_single_rows=*/true, staging, stream, pdl);
+      workspace ? static_cast<uint8_t*>(workspace) + decode_workspace_bytes(q, force_splits) : nullptr;
+  prefill(q, /*skip_single_rows=*/true, staging, stream, pdl);
 }
 
 }  // namespace kiln::cuda

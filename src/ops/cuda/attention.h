@@ -2,7 +2,8 @@
 // prefill kernel for rows of sequences with several new tokens. The math is ops/attention.h's contract;
 // this header adds the CUDA specifics.
 //
-// Row routing: sequences with q_len == 1 go to the decode kernel, q_len > 1 to the prefill kernel. The
+// Row routing: sequences with q_len == 1 go to the decode kernel, q_len > 1 to the prefill kernel; with
+// decode_rows_per_seq >= 2 (a verify step) every row goes to the decode kernel, one row per block group. The
 // host does not read cu_q: when T == B (or the host bound max_q_len == 1) only the decode kernel is
 // launched and it also walks the rows of any multi-row sequence (T == B then implies some have none);
 // otherwise both kernels run, each skipping the other's sequences (the decode kernel is not launched when
@@ -94,7 +95,15 @@ struct PagedAttnParams {
   // ceil(kv_len / page_size); 0 = unknown. With an fp8 cache and prefill v4 it sizes the bf16 staging copy
   // of those pages (prefill_fp8_staging_bytes); unknown: v4 widens the fp8 rows in its producer warpgroup.
   int32_t prefill_pages = 0;
+  // Verify steps (speculative decoding): >= 2 bounds every sequence's q_len (the host guarantees it; rows
+  // past it are not written) and sends every row through the decode kernel alone, as a one-row sequence of
+  // its own causal length with the split count of a B-sequence decode step (row groups: B x this; no
+  // prefill launch), so row i is bitwise the plain decode step's row at position kv_len - q_len + i with the
+  // same B and page-table width. 0 or 1: the routing above. Up to kMaxDecodeRowsPerSeq.
+  int32_t decode_rows_per_seq = 0;
 };
+
+constexpr int32_t kMaxDecodeRowsPerSeq = 16;
 
 enum class DecodeKernel : uint8_t { v1, v2, v3 };
 
@@ -105,6 +114,16 @@ enum class DecodeKernel : uint8_t { v1, v2, v3 };
 DecodeKernel decode_kernel();
 void set_decode_kernel(DecodeKernel k);  // tests and benchmarks
 const char* decode_kernel_name(DecodeKernel k);
+
+// The most rows a sequence of a launch with decode_rows_per_seq >= 2 may have for its rows to go through the
+// decode kernel; above it (or at 0) the routing above runs as if decode_rows_per_seq were 0 (the prefill
+// kernel). set_verify_decode_max_rows's choice, else KILN_ATTN_VERIFY_DECODE (0 .. 16, read once; unset:
+// kVerifyDecodeMaxRowsDefault). 4B shape, batch 1, ctx 1024 (H100, 2026-12-06, docs/PERF.md "Speculative
+// decoding"): the verify step of 4 rows 4.223 ms with decode attention against 4.455 with prefill's, of 8
+// rows 4.607 against 4.541. Graphs keep what they captured.
+constexpr int kVerifyDecodeMaxRowsDefault = 4;
+int verify_decode_max_rows();
+void set_verify_decode_max_rows(int rows);  // tests and benchmarks
 
 enum class PrefillKernel : uint8_t { v1, v2, v3, v4 };
 

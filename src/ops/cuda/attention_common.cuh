@@ -86,24 +86,48 @@ __device__ __forceinline__ int decode_chunk(int ctx, int splits, int tile) {
   return max(kDecodeV2MinChunk, (per + tile - 1) / tile * tile);
 }
 
-// The workspace entry of query row `row` of sequence b: the row itself when T <= B (then every row is a
-// decode row, T of them), else the sequence (only single-row sequences are decoded then, one row each). So
-// the workspace holds B entries (paged_attention_workspace_bytes), not T: a prefill step's thousands of
-// rows take none.
-__device__ __forceinline__ int decode_ws_slot(const PagedAttnParams& p, int b, int row) {
-  return p.T <= p.B ? row : b;
+// The decode launch's row groups (grid z of the decode kernel, y of the combine, workspace entries): a
+// verify launch (decode_rows_per_seq >= 2) has one per (sequence, row index < decode_rows_per_seq), any
+// other one per sequence.
+__host__ __device__ __forceinline__ int64_t decode_row_groups(const PagedAttnParams& p) {
+  return p.decode_rows_per_seq >= 2 ? int64_t(p.B) * p.decode_rows_per_seq : int64_t(p.B);
 }
 
-// The rows a decode block handles for sequence b: its one row when q_len == 1; with all_rows (a launch
-// where T == B, so no prefill kernel runs) every row of the sequence, each with its causal context.
-__device__ __forceinline__ bool decode_rows(const PagedAttnParams& p, int b, bool all_rows, int* row0, int* n,
-                                            int* kv_len) {
-  *row0 = p.cu_q[b];
-  *n = p.cu_q[b + 1] - *row0;
-  *kv_len = p.kv_lens[b];
+// The workspace entry of query row `row` of row group z: z itself in a verify launch (one row each); else
+// the row when T <= B (then every row is a decode row, T of them), else the sequence z (only single-row
+// sequences are decoded then, one row each). So the workspace holds decode_row_groups(p) entries
+// (paged_attention_workspace_bytes), not T: a prefill step's thousands of rows take none.
+__device__ __forceinline__ int decode_ws_slot(const PagedAttnParams& p, int z, int row) {
+  return p.decode_rows_per_seq >= 2 || p.T > p.B ? z : row;
+}
+
+// What one decode block (row group z) computes: rows row0 .. row0 + n - 1 of sequence b, row i with the
+// causal context ctx0 + i; `written`: the first context position this step wrote (attn_prep), every key
+// before it was written by earlier steps.
+struct DecodeRows {
+  int b = 0, row0 = 0, n = 0, ctx0 = 0, written = 0;
+};
+
+// The rows of row group z: sequence z's one row when q_len == 1; with all_rows (a launch where T == B, so
+// no prefill kernel runs) every row of sequence z, each with its causal context. A verify launch
+// (decode_rows_per_seq = R >= 2): row z % R of sequence z / R alone, as a one-row sequence of context
+// kv_len - q_len + 1 + z % R, so its arithmetic is the plain decode step's at that length (none past
+// q_len). False: nothing to do.
+__device__ __forceinline__ bool decode_rows(const PagedAttnParams& p, int z, bool all_rows, DecodeRows* r) {
+  const int R = p.decode_rows_per_seq;
+  const int b = R >= 2 ? z / R : z;
+  const int row0 = p.cu_q[b], q_len = p.cu_q[b + 1] - row0, kv_len = p.kv_lens[b];
   // kv_lens beyond the page table's reach violate the contract: such a sequence is skipped, never read.
-  return *n >= 1 && (*n == 1 || all_rows) && *kv_len >= *n &&
-         *kv_len <= int64_t(p.pages_stride) * p.page_size;
+  if (q_len < 1 || kv_len < q_len || kv_len > int64_t(p.pages_stride) * p.page_size) return false;
+  r->b = b;
+  r->written = kv_len - q_len;
+  if (R >= 2) {
+    const int i = z % R;
+    r->row0 = row0 + i, r->n = 1, r->ctx0 = kv_len - q_len + 1 + i;
+    return i < q_len;
+  }
+  r->row0 = row0, r->n = q_len, r->ctx0 = kv_len - q_len + 1;
+  return q_len == 1 || all_rows;
 }
 void launch_decode(const PagedAttnParams& p, float* workspace, int splits, int chunk, bool all_rows,
                    DecodeKernel kernel, cudaStream_t stream, bool pdl);

@@ -7,12 +7,13 @@ namespace {
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// Grid (Hq, B); block D threads, per row: the split maxima and weights w_s = l_s exp(m_s - M) computed
-// split-parallel into shared memory, then thread d sums w_s o_s[d] over the splits in order: the first 16
-// o_s[d] (48 when the row has more than 16 splits: B = 1 runs 33) loaded before the maxima, one DRAM / L2
-// round trip for both, the rest 16 loads in flight at a time (empty splits hold o = 0 and weight 0).
-// kChunkTile > 0 (v2: 32, v3: 64): only the ceil(ctx / decode_chunk(ctx, splits, kChunkTile)) splits that ran
-// are read, and a row with one such split (written out by its decode block) is skipped; 0 (v1): every split.
+// Grid (Hq, row groups: decode_row_groups); block D threads, per row: the split maxima and weights w_s = l_s
+// exp(m_s - M) computed split-parallel into shared memory, then thread d sums w_s o_s[d] over the splits in
+// order: the first 16 o_s[d] (48 when the row has more than 16 splits: B = 1 runs 33) loaded before the
+// maxima, one DRAM / L2 round trip for both, the rest 16 loads in flight at a time (empty splits hold o = 0
+// and weight 0). kChunkTile > 0 (v2: 32, v3: 64): only the ceil(ctx / decode_chunk(ctx, splits, kChunkTile))
+// splits that ran are read, and a row with one such split (written out by its decode block) is skipped; 0
+// (v1): every split.
 template <int D, int kChunkTile>
 __global__ void __launch_bounds__(D)
     combine_kernel(const __grid_constant__ PagedAttnParams p, const float* ws, int splits, bool all_rows) {
@@ -23,15 +24,15 @@ __global__ void __launch_bounds__(D)
   const int h = blockIdx.x, d = threadIdx.x;
   // The row metadata before the wait: the decode kernel before this one launches without PDL (everything
   // before it is done once it runs) and never writes cu_q or kv_lens, so they are final when this starts.
-  int row0, n, kv_len;
-  const bool rows = decode_rows(p, blockIdx.y, all_rows, &row0, &n, &kv_len);
+  DecodeRows r;
+  const bool rows = decode_rows(p, blockIdx.y, all_rows, &r);
   pdl_wait();
   if (rows) {
-    const float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
-    for (int row = row0; row < row0 + n; ++row) {
+    const float* ml = ws + decode_row_groups(p) * p.Hq * splits * D;
+    for (int row = r.row0; row < r.row0 + r.n; ++row) {
       int used = splits;
       if constexpr (kChunkTile > 0) {
-        const int ctx = kv_len - (row0 + n - 1 - row);
+        const int ctx = r.ctx0 + (row - r.row0);
         const int chunk = decode_chunk(ctx, splits, kChunkTile);
         used = (ctx + chunk - 1) / chunk;
         if (used <= 1) continue;  // uniform over the block
@@ -97,8 +98,10 @@ __global__ void __launch_bounds__(D)
 void launch_decode_combine(const PagedAttnParams& p, const float* ws, int splits, bool all_rows,
                            DecodeKernel kernel, cudaStream_t stream, bool pdl) {
   KILN_DISPATCH_HEAD_DIM(p.D, {
-    const LaunchCfg cfg{
-        .grid = dim3(unsigned(p.Hq), unsigned(p.B)), .block = dim3(kD), .stream = stream, .pdl = pdl};
+    const LaunchCfg cfg{.grid = dim3(unsigned(p.Hq), unsigned(decode_row_groups(p))),
+                        .block = dim3(kD),
+                        .stream = stream,
+                        .pdl = pdl};
     if (kernel == DecodeKernel::v1)
       launch(cfg, combine_kernel<kD, 0>, p, ws, splits, all_rows);
     else if (kernel == DecodeKernel::v2)

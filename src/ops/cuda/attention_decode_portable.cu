@@ -145,7 +145,7 @@ __device__ __forceinline__ void finish_row(const PagedAttnParams& p, SoftmaxStat
       const int64_t part = (int64_t(ws_row) * p.Hq + h) * splits + split;
       ws[part * D + d] = L > 0.0f ? __fdiv_rn(O, L) : 0.0f;
       if (d == 0) {
-        float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
+        float* ml = ws + decode_row_groups(p) * p.Hq * splits * D;
         ml[2 * part] = M;
         ml[2 * part + 1] = L;
       }
@@ -186,7 +186,8 @@ __device__ __forceinline__ void decode_row(const PagedAttnParams& p, float* ws, 
     update_key<D, G>(st, q, k, v, valid, p.scale);
   }
   __shared__ float scratch[finish_scratch_floats<D, G>()];
-  finish_row<D, G>(p, st, scratch, ws, splits == 1, split, splits, row, decode_ws_slot(p, b, row), hk);
+  finish_row<D, G>(p, st, scratch, ws, splits == 1, split, splits, row,
+                   decode_ws_slot(p, int(blockIdx.z), row), hk);
 }
 
 // ---- v2 -------------------------------------------------------------------------------------------------
@@ -407,25 +408,24 @@ __device__ __forceinline__ void decode_row_v2(const PagedAttnParams& p, float* w
   }
   const int n_active = (ctx + chunk - 1) / chunk;
   finish_row<D, G>(p, st, reinterpret_cast<float*>(smem), ws, n_active == 1, split, splits, row,
-                   decode_ws_slot(p, b, row), hk);
+                   decode_ws_slot(p, int(blockIdx.z), row), hk);
 }
 
-// Grid (splits, Hkv, B); block 4 warps (see decode_row).
+// Grid (splits, Hkv, row groups: decode_row_groups); block 4 warps (see decode_row).
 template <int D, int G, KvDtype KT>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_kernel(const __grid_constant__ PagedAttnParams p, float* ws, int splits, int chunk,
                   bool all_rows) {
   pdl_wait();
-  int row0, n, kv_len;
-  if (decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len)) {
-    for (int i = 0; i < n; ++i)
-      decode_row<D, G, KT>(p, ws, splits, chunk, blockIdx.z, row0 + i, kv_len - n + 1 + i);
+  DecodeRows r;
+  if (decode_rows(p, blockIdx.z, all_rows, &r)) {
+    for (int i = 0; i < r.n; ++i) decode_row<D, G, KT>(p, ws, splits, chunk, r.b, r.row0 + i, r.ctx0 + i);
   }
   pdl_launch_dependents();
 }
 
-// Grid (splits, Hkv, B); block 4 warps (see decode_row_v2). Shared memory: two K/V stages, reused as the
-// merge scratch once a row's keys are done.
+// Grid (splits, Hkv, row groups); block 4 warps (see decode_row_v2). Shared memory: two K/V stages, reused as
+// the merge scratch once a row's keys are done.
 template <int D, int G, KvDtype KT>
 __global__ void __launch_bounds__(kWarps * 32, G <= kTileSoftmaxMaxG ? 4 : 1)
     decode_kernel_v2(const __grid_constant__ PagedAttnParams p, float* ws, int splits, bool all_rows) {
@@ -436,10 +436,10 @@ __global__ void __launch_bounds__(kWarps * 32, G <= kTileSoftmaxMaxG ? 4 : 1)
   __shared__ alignas(16) unsigned char smem[kBytes];
   __shared__ uint8_t smem_sc[C::kScales > 0 ? 2 * 2 * kTile * C::kScales : 1];  // [stage][K/V][kTile][scales]
   pdl_wait();
-  int row0, n, kv_len;
-  if (decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len)) {
-    for (int i = 0; i < n; ++i)
-      decode_row_v2<D, G, KT>(p, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i, smem, smem_sc);
+  DecodeRows r;
+  if (decode_rows(p, blockIdx.z, all_rows, &r)) {
+    for (int i = 0; i < r.n; ++i)
+      decode_row_v2<D, G, KT>(p, ws, splits, r.b, r.row0 + i, r.ctx0 + i, smem, smem_sc);
   }
   pdl_launch_dependents();
 }
@@ -459,7 +459,7 @@ void launch_decode_g(const LaunchCfg& cfg, const PagedAttnParams& p, float* ws, 
 template <int D, KvDtype KT>
 void launch_decode_typed(const PagedAttnParams& p, float* ws, int splits, int chunk, bool all_rows,
                          DecodeKernel kernel, cudaStream_t stream, bool pdl) {
-  const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(p.B)),
+  const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(decode_row_groups(p))),
                       .block = dim3(kWarps * 32),
                       .stream = stream,
                       .pdl = pdl};

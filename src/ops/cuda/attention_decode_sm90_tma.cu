@@ -1,7 +1,8 @@
 // Hopper decode attention (sm_90a; DecodeKernel::v3, the default: ops/cuda/attention.h, README.md here):
 // split-KV paged decode on tensor cores, K/V tiles copied by TMA (cp.async for other page sizes).
 //
-// Mapping. Grid (splits, Hkv, B), 4 warps. Block (s, hk, b) owns keys [s c, s c + c) of sequence b's context
+// Mapping. Grid (splits, Hkv, row groups: B, or B x decode_rows_per_seq for a verify step), 4 warps. Block
+// (s, hk, z) owns keys [s c, s c + c) of the context of row group z's row(s) (decode_rows)
 // (c = decode_chunk(ctx, splits, kTile)) for the G = Hq / Hkv query heads of KV head hk. Keys stream through
 // shared memory in kTile = 64-key tiles, kStages deep (cp.async, zero-filled past the chunk, 16-byte pieces
 // XOR-swizzled by row so every ldmatrix and 8-byte load is bank-conflict free). Warp w takes keys
@@ -357,10 +358,10 @@ __device__ __forceinline__ void decode_sm90_row(const PagedAttnParams& p, const 
           uint16_t(f32_to_bf16_bits(__fdiv_rn(O, L)));
     } else {
       // The combine's format (attention_decode_combine.cu): o / l, then the max in natural-log units and l.
-      const int64_t part = (int64_t(decode_ws_slot(p, b, row)) * p.Hq + h) * splits + split;
+      const int64_t part = (int64_t(decode_ws_slot(p, int(blockIdx.z), row)) * p.Hq + h) * splits + split;
       ws[part * D + d] = __fdiv_rn(O, L);
       if (d == 0) {
-        float* ml = ws + int64_t(p.B) * p.Hq * splits * D;
+        float* ml = ws + decode_row_groups(p) * p.Hq * splits * D;
         ml[2 * part] = M * 0.6931471805599453f;
         ml[2 * part + 1] = L;
       }
@@ -392,11 +393,11 @@ __global__ void __launch_bounds__(kThreads, TileCfg<D, KT>::kBlocksPerSm)
     }
     __syncthreads();
   }
-  int row0, n, kv_len, seq = 0, issued = 0;
-  const bool rows = decode_rows(p, blockIdx.z, all_rows, &row0, &n, &kv_len);
+  int seq = 0, issued = 0;
+  DecodeRows r;
+  const bool rows = decode_rows(p, blockIdx.z, all_rows, &r);
   if (rows)
-    issued = issue_before_wait<D, KT, kTma>(p, tk, tv, bars, splits, blockIdx.z, kv_len - n + 1, kv_len - n,
-                                            smem, smem_sc);
+    issued = issue_before_wait<D, KT, kTma>(p, tk, tv, bars, splits, r.b, r.ctx0, r.written, smem, smem_sc);
   pdl_wait();
   // With splits the dependent is the combine: let its blocks launch and read the row metadata as soon as
   // every block of this grid has started (its wait still holds it until this grid is done), rather than
@@ -405,9 +406,9 @@ __global__ void __launch_bounds__(kThreads, TileCfg<D, KT>::kBlocksPerSm)
   // One split: the next projection's GEMV, kept at the end.
   if (splits > 1) pdl_launch_dependents();
   if (rows) {
-    for (int i = 0; i < n; ++i)
-      decode_sm90_row<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, blockIdx.z, row0 + i, kv_len - n + 1 + i,
-                                      smem, smem_sc, seq, i == 0 ? issued : 0);
+    for (int i = 0; i < r.n; ++i)
+      decode_sm90_row<D, G, KT, kTma>(p, tk, tv, bars, ws, splits, r.b, r.row0 + i, r.ctx0 + i, smem, smem_sc,
+                                      seq, i == 0 ? issued : 0);
   }
   // With splits the trigger came right after the wait (above).
   if (splits <= 1) pdl_launch_dependents();
@@ -455,7 +456,7 @@ void launch_gt(const PagedAttnParams& p, float* ws, int splits, bool all_rows, c
   }();
   CUtensorMap tk{}, tv{};
   if constexpr (kTma) tk = cache_map(p, p.k), tv = cache_map(p, p.v);
-  const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(p.B)),
+  const LaunchCfg cfg{.grid = dim3(unsigned(splits), unsigned(p.Hkv), unsigned(decode_row_groups(p))),
                       .block = dim3(kThreads),
                       .smem = pdl ? kSmemEarly : kSmem,
                       .stream = stream,

@@ -155,6 +155,7 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   gemv_enabled_ = env_switch("KILN_GEMV", gemv_enabled_);
   gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
   gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
+  verify_tactics_ = env_switch("KILN_VERIFY_TACTICS", verify_tactics_);
   if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
                "KILN_GEMV_NORM_IN must be 0, 1 or 2, got '", e, "'");
@@ -179,10 +180,17 @@ std::string GemmEngine::key() const {
   return os.str();
 }
 
+int64_t GemmEngine::tactic_bucket(int64_t m) const {
+  // The plain step's bucket whether it has a tactic or not: without one the plain step ran cuBLASLt's
+  // heuristic, which run_cublaslt then asks for the plain step's M.
+  return tactic_rows_ > 0 && verify_tactics_ && m <= kGemvMaxM ? gemm_m_bucket(tactic_rows_)
+                                                               : gemm_m_bucket(m);
+}
+
 std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t k, GemmOut out_type,
                                                   GemmWeight weight) const {
   if (!gemv_enabled_ || m < 1 || m > kGemvMaxM) return std::nullopt;
-  const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type, weight});
+  const auto tuned = tactics_.find(GemmShape{tactic_bucket(m), n, k, out_type, weight});
   if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
   return tuned->second.gemv;
 }
@@ -192,7 +200,7 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   if (gemv_norm_in_ == 0) return std::nullopt;
   const auto g = gemv_choice(m, n, k, GemmOut::bf16, weight);
   if (!g) return std::nullopt;
-  const GemmTactic& t = tactics_.at(GemmShape{gemm_m_bucket(m), n, k, GemmOut::bf16, weight});
+  const GemmTactic& t = tactics_.at(GemmShape{tactic_bucket(m), n, k, GemmOut::bf16, weight});
   // A W8A8 tactic's W8A16 prologue config (GemmTactic::norm_in_gemv), where it was measured faster; else the
   // tactic's own config (W8A8 configs have their prologue: gemv_w8a8_norm_in).
   const GemvConfig c = t.norm_in_gemv.value_or(*g);
@@ -285,15 +293,25 @@ void GemmEngine::run(const void* x, int64_t ldx, const void* w, int64_t ldw, voi
 
 bool GemmEngine::run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo,
                               int64_t m, int64_t n, int64_t k, GemmOut out_type, cudaStream_t stream) {
-  auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo});
+  // A verify step's call takes the plain step's tactic (set_tactic_rows), and where that shape has none the
+  // algorithm the heuristic gives the plain step's M: plans are kept per (bucket, plain M) too.
+  const int64_t bucket = tactic_bucket(m);
+  const int64_t plain_m = tactic_rows_ > 0 && verify_tactics_ && m <= kGemvMaxM ? tactic_rows_ : 0;
+  auto [it, fresh] = impl_->plans.try_emplace({m, n, k, int(out_type), ldx, ldw, ldo, bucket, plain_m});
   Plan& p = it->second;
   if (fresh) {
     try {
       p = make_descriptors(m, n, k, out_type, ldx, ldw, ldo);
-      const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type});
+      const auto tuned = tactics_.find(GemmShape{bucket, n, k, out_type});
       if (tuned != tactics_.end() && tuned->second.kind == GemmKind::cublaslt) {
         std::memcpy(&p.algo, tuned->second.algo, sizeof(p.algo));
         p.have_algo = impl_->check(p, p.algo);
+      }
+      if (!p.have_algo && plain_m > 0 && plain_m != m) {
+        Plan plain = make_descriptors(plain_m, n, k, out_type, ldx, ldw, ldo);
+        const auto h = impl_->heuristic(plain, 1);
+        destroy(plain);
+        if (!h.empty() && impl_->check(p, h[0].algo)) p.algo = h[0].algo, p.have_algo = true;
       }
       if (!p.have_algo) {
         ++fallbacks_;

@@ -168,6 +168,20 @@ class GemmEngine {
   // A/B runs) takes it wherever the GEMV is the tactic, measured faster or not.
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
   int gemv_norm_in() const { return gemv_norm_in_; }
+  // Verify steps (speculative decoding): rows > 0 makes calls with M <= 8 (run(), gemv_choice,
+  // gemv_norm_in_choice) take what the plain decode step of M = rows (its sequences) takes: the tuned tactic
+  // of bucket(rows): a GEMV config, whose rows do not depend on M (gemv.h), so the verify step's rows are
+  // then the plain step's bit for bit, or a cuBLASLt algorithm (re-checked for the call's shape; its rows are
+  // M-independent where its tiles are, not promised); where that bucket has no tactic (the LM head above
+  // M = 1), the algorithm cuBLASLt's heuristic gives M = rows. 0 (default): each call's own bucket. Set by
+  // ops::LinearTacticRows around a verify step; ignored while verify tactics are off: the default, since the
+  // plain step's configs at the verify step's M cost (4B shape, batch 1, ctx 1024, H100, 2026-12-06: 4 rows
+  // 4.223 -> 4.803 ms, 8 rows 4.607 -> 6.545; docs/PERF.md "Speculative decoding"); set_verify_tactics or
+  // KILN_VERIFY_TACTICS=1 turn them on (bitwise verify logits).
+  void set_tactic_rows(int64_t rows) { tactic_rows_ = rows; }
+  int64_t tactic_rows() const { return tactic_rows_; }
+  void set_verify_tactics(bool on) { verify_tactics_ = on; }
+  bool verify_tactics() const { return verify_tactics_; }
 
   // Times candidates for each shape (synchronous; allocates scratch) and stores the winners.
   void tune(const std::vector<GemmShape>& shapes, bool verbose = false);
@@ -198,6 +212,10 @@ class GemmEngine {
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
   int gemv_norm_in_ = 1;
+  int64_t tactic_rows_ = 0;
+  bool verify_tactics_ = false;
+  // The M bucket whose tactic a call of m rows takes (set_tactic_rows).
+  int64_t tactic_bucket(int64_t m) const;
 };
 
 // The GEMM shapes a Qwen3-shaped model uses (QKV, O, gate_up, down; LM head with f32 output for

@@ -119,7 +119,11 @@ struct GemmEngine::Impl {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::string gpu_name;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, gemm_detail::Plan> plans;
+  // (M, N, K, out, ldx, ldw, ldo, the M bucket whose tactic the plan runs, the plain step's M of a verify
+  // call whose untuned shape takes that M's heuristic algorithm, else 0)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t, int64_t>,
+           gemm_detail::Plan>
+      plans;
   // Grow-only device buffers: outgrown ones are kept (in `retired`), since a captured CUDA graph may still
   // use them, and none grows while its stream captures a graph (no allocation may happen there).
   struct GrowOnly {

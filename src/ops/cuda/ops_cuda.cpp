@@ -176,6 +176,13 @@ void lm_head(const Tensor& x, const Tensor& rows, const Tensor& weight, const Te
                         kc::pdl_for(kc::PdlSite::lm_head));
 }
 
+int64_t set_linear_tactic_rows(int64_t rows) {
+  kc::GemmEngine& eng = kc::gemm_engine();
+  const int64_t prev = eng.tactic_rows();
+  eng.set_tactic_rows(rows);
+  return prev;
+}
+
 void paged_attention(const PagedAttentionArgs& a) {
   const KvCacheView& c = a.cache;
   KILN_CHECK(c.k.dtype == DType::bf16 || c.k.dtype == DType::f8e4m3,
@@ -222,7 +229,8 @@ void paged_attention(const PagedAttentionArgs& a) {
                         .scale = a.scale,
                         .max_q_len = 0,
                         .min_q_len = a.min_q_len,
-                        .prefill_pages = a.prefill_pages};
+                        .prefill_pages = a.prefill_pages,
+                        .decode_rows_per_seq = a.decode_rows_per_seq};
   const size_t ws = kc::paged_attention_workspace_bytes(p);
   kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0,
                       kc::pdl_for(kc::PdlSite::attention));

@@ -21,6 +21,8 @@ void silu_and_mul(const Tensor& gate_up, const Tensor& out);
 // bitwise the bf16 forms on the dequantized weight; else GemmEngine::run's FP8 path (dequantize into scratch,
 // then the bf16 dispatch).
 void linear(const Tensor& x, const LinearWeight& weight, const Tensor& out);
+// GemmEngine::set_tactic_rows of the current device (ops/linear.h: LinearTacticRows); returns the previous.
+int64_t set_linear_tactic_rows(int64_t rows);
 // The gate_up GEMM with SiLU-and-multiply: the fused GEMV (gemv.h) when the tuner chose the GEMV for
 // [M, 2I, K] (M <= 8), else the GEMM into gate_up followed by the silu_mul kernel.
 void linear_silu_mul(const Tensor& x, const LinearWeight& weight, const Tensor& gate_up, const Tensor& out);
