@@ -451,6 +451,7 @@ void Engine::Impl::step_in_flight() {
 void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t>& sampled,
                                  std::vector<Draw>& draws, bool need_hidden) {
   sched->finalize(plan, sampled);
+  eagle_extend(plan, plan.batch);  // EAGLE-3: the draft's KV of the computed positions, the next chains
   const ModelConfig& cfg = runner->config();
   const int64_t H = cfg.hidden_size;
   const size_t K = plan.sample_rows.size();

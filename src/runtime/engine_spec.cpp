@@ -183,6 +183,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   const size_t B = plan.rows.size();
   std::vector<std::vector<int32_t>> drafts(B);
   std::vector<uint8_t> wants(B, 0);
+  std::vector<int32_t> asked(B, 0);  // drafts each row would verify, before the pages are reserved
   bool any = false;
   for (size_t i = 0; i < B; ++i) {
     const StepRow& r = plan.rows[i];
@@ -195,10 +196,17 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
                                            int64_t(s.max_len) - int64_t(s.tokens.size()));
     wants[i] = room > 0;
     if (room <= 1 || r.q_len != 1) continue;  // drafts ride on decode rows only
+    const int32_t k = int32_t(std::min<int64_t>(room - 1, so.num_draft_tokens));
+    if (eagle) {  // a chain from the draft pass over its last position (engine_eagle3.cpp), run below
+      asked[i] = L.eagle.pos == r.begin - 1 ? k : 0;
+      any = any || asked[i] > 0;
+      continue;
+    }
     spec::NgramIndex& idx = ngram.try_emplace(s.id, so.ngram_min, so.ngram_max).first->second;
     if (idx.size() > s.tokens.size()) idx = spec::NgramIndex(so.ngram_min, so.ngram_max);
     idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size()));
-    drafts[i] = idx.propose(int32_t(std::min<int64_t>(room - 1, so.num_draft_tokens)));
+    drafts[i] = idx.propose(k);
+    asked[i] = int32_t(drafts[i].size());
     any = any || !drafts[i].empty();
   }
   if (!any) return false;
@@ -206,12 +214,33 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   const bool measured = so.off_switch && decode_only(plan);
   if (measured && !off_switch.should_verify(int32_t(B))) return false;
   // Pages for the drafts' positions from the free list only; a sequence drafts what they cover.
+  std::vector<uint8_t> reserved(B, 0);
   for (size_t i = 0; i < B; ++i) {
-    if (drafts[i].empty()) continue;
+    if (asked[i] == 0) continue;
+    reserved[i] = 1;
     const StepRow& r = plan.rows[i];
-    const int32_t covered =
-        spec::reserve_draft_pages(*pool, r.seq->pages, r.begin + 1 + int32_t(drafts[i].size()));
-    drafts[i].resize(size_t(std::max(0, covered - r.begin - 1)));
+    const int32_t covered = spec::reserve_draft_pages(*pool, r.seq->pages, r.begin + 1 + asked[i]);
+    asked[i] = std::min(asked[i], std::max(0, covered - r.begin - 1));
+    if (!eagle) drafts[i].resize(size_t(asked[i]));
+  }
+  // The reserved pages go back (KV bytes untouched) when no verify step follows.
+  const auto give_back_pages = [&] {
+    for (size_t i = 0; i < B; ++i)
+      if (reserved[i])
+        spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
+  };
+  if (eagle) {
+    try {
+      drafts = eagle_chain(plan, asked);
+    } catch (const RunnerFatalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      give_back_pages();
+      std::vector<RequestId> ids;
+      for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
+      for (RequestId id : ids) finish(id, "error", std::string("EAGLE-3 draft pass failed: ") + e.what());
+      return true;
+    }
   }
   const int64_t V = runner->config().vocab_size;
   std::vector<int32_t> logit_base;
@@ -234,12 +263,9 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const std::exception& e) {
+    give_back_pages();
     std::vector<RequestId> ids;
-    for (size_t i = 0; i < B; ++i) {
-      Sequence& s = *plan.rows[i].seq;
-      if (!drafts[i].empty()) spec::rollback_pages(*pool, s.pages, int32_t(s.tokens.size()));
-      ids.push_back(s.id);
-    }
+    for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
     for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
     return true;
   }
@@ -290,9 +316,8 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   std::vector<int32_t> sampled(plan.sample_rows.size());
   for (size_t k = 0; k < sampled.size(); ++k) sampled[k] = by_row[size_t(plan.sample_rows[k])];
   sched->finalize(plan, sampled);
-  for (size_t i = 0; i < B; ++i)
-    if (!drafts[i].empty())
-      spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
+  give_back_pages();
+  eagle_extend(plan, batch);  // the draft's KV of the kept positions, and the next chains
   for (size_t i = 0; i < B; ++i) {
     if (!plan.rows[i].samples) continue;
     const RequestId id = plan.rows[i].seq->id;
