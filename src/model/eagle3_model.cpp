@@ -12,6 +12,7 @@
 #include "kiln/dtype.h"
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
+#include "kiln/staged_upload.h"
 #include "model/qwen3.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
@@ -19,6 +20,7 @@
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope_table.h"
+#include "ops/stream.h"
 
 namespace kiln {
 namespace {
@@ -87,20 +89,20 @@ struct Eagle3Model::Workspace {
     normed,
     gate_up,
     act,
-    logits,
     out,
     num_slots
   };
-  explicit Workspace(Device d) : device(d), bufs(num_slots) {}
+  explicit Workspace(Device d) : device(d), bufs(num_slots), staged(d) {}
   void* get(Slot s, size_t bytes) {
     Buffer& b = bufs[size_t(s)];
     if (b.bytes() < bytes || !b.data()) b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
     return b.data();
   }
+  // A pass's input into its slot by an asynchronous copy (between staged.begin and end).
   template <typename T>
   void* upload(Slot s, const std::vector<T>& v) {
     void* p = get(s, v.size() * sizeof(T));
-    copy_bytes(p, device, v.data(), Device::cpu(), v.size() * sizeof(T));
+    staged.copy(p, v.data(), v.size() * sizeof(T));
     return p;
   }
   Tensor act_rows(Slot s, int64_t T, int64_t cols) {
@@ -109,7 +111,9 @@ struct Eagle3Model::Workspace {
   }
   Device device;
   std::vector<Buffer> bufs;
-  Tensor ids_t, pos_t, slots_t, cu_t, kv_lens_t, pt_t, rows_t;
+  StagedUploads staged;  // the inputs leave by one pinned batch, not a synchronous copy each
+  std::vector<float> host_out;
+  Tensor ids_t, pos_t, slots_t, cu_t, kv_lens_t, pt_t, rows_t, src_t;
 };
 
 Eagle3Model::~Eagle3Model() = default;
@@ -181,7 +185,8 @@ int64_t Eagle3Model::kv_bytes_per_token() const {
   return KvCache::bytes_per_token(kv_cfg_, DType::bf16);
 }
 
-void Eagle3Model::stage(const BatchDesc& b) {
+void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows,
+                        const std::vector<bf16_t>* hidden) {
   KILN_CHECK(cache_ != nullptr, "Eagle3Model: allocate_kv was not called");
   b.validate(cfg_.vocab, cache_->num_pages());
   KILN_CHECK_EQ(b.page_size, cache_->page_size(), "draft batch page size vs the draft's KV cache");
@@ -190,6 +195,13 @@ void Eagle3Model::stage(const BatchDesc& b) {
   Workspace& w = *ws_;
   const Device dev = device_;
   const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
+  const auto fp = [](const auto& v) { return StagedUploads::footprint(v.size() * sizeof(v[0])); };
+  w.staged.begin(fp(b.tokens) + fp(b.positions) + fp(b.slot_mapping) + fp(b.cu_q) + fp(b.kv_lens) +
+                     fp(b.page_table) + fp(b.logit_rows) + (src_rows ? fp(*src_rows) : 0) +
+                     (hidden ? fp(*hidden) : 0),
+                 ops::current_stream());
+  if (src_rows) w.src_t = Tensor(w.upload(Workspace::src_rows, *src_rows), DType::i32, {T}, dev);
+  if (hidden) w.upload(Workspace::residual, *hidden);
   w.ids_t = Tensor(w.upload(Workspace::ids, b.tokens), DType::i32, {T}, dev);
   w.pos_t = Tensor(w.upload(Workspace::positions, b.positions), DType::i32, {T}, dev);
   w.slots_t = Tensor(w.upload(Workspace::slots, b.slot_mapping), DType::i64, {T}, dev);
@@ -197,6 +209,7 @@ void Eagle3Model::stage(const BatchDesc& b) {
   w.kv_lens_t = Tensor(w.upload(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
   w.pt_t = Tensor(w.upload(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
   w.rows_t = Tensor(w.upload(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
+  w.staged.end();
 }
 
 void Eagle3Model::forward_features(const BatchDesc& b, const Tensor& features,
@@ -210,13 +223,12 @@ void Eagle3Model::forward_features(const BatchDesc& b, const Tensor& features,
   for (int32_t r : rows)
     KILN_CHECK(r >= 0 && r < features.shape[0], "EAGLE-3: feature row ", r, " outside [0, ",
                features.shape[0], ")");
-  stage(b);
+  stage(b, &rows, nullptr);
   Workspace& w = *ws_;
-  const Tensor src(w.upload(Workspace::src_rows, rows), DType::i32, {T}, device_);
   const Tensor in = w.act_rows(Workspace::input, T, 3 * cfg_.target_hidden);
   const Tensor residual = w.act_rows(Workspace::residual, T, cfg_.hidden);
   if (T > 0) {
-    ops::embedding(features, src, in);
+    ops::embedding(features, w.src_t, in);
     ops::linear(in, fc_, residual);
   }
   run_midlayer(b, out);
@@ -225,10 +237,9 @@ void Eagle3Model::forward_features(const BatchDesc& b, const Tensor& features,
 void Eagle3Model::forward_hidden(const BatchDesc& b, const std::vector<float>& hidden, Out* out) {
   const int64_t T = b.num_tokens(), H = cfg_.hidden;
   KILN_CHECK_EQ(int64_t(hidden.size()), T * H, "EAGLE-3: hidden states must be [T, H]");
-  stage(b);
   std::vector<bf16_t> h(hidden.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(hidden[i]);
-  ws_->upload(Workspace::residual, h);
+  stage(b, nullptr, &h);
   run_midlayer(b, out);
 }
 
@@ -282,15 +293,16 @@ void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
   ops::linear_silu_mul(normed, gate_up_, gate_up, act);
   ops::linear_add_rms_norm(act, down_, residual, w_norm_, eps, tmp, normed);
   if (R == 0) return;
-  const Tensor logits(w.get(Workspace::logits, size_t(R * Dv) * 4), DType::f32, {R, Dv}, device_);
-  const Tensor hid(w.get(Workspace::out, size_t(R * H) * 4), DType::f32, {R, H}, device_);
-  ops::lm_head(normed, w.rows_t, lm_head_, logits);
-  ops::embedding(residual, w.rows_t, hid);  // the midlayer outputs, widened exactly
-  std::vector<float> lg(size_t(R * Dv));
-  copy_bytes(lg.data(), Device::cpu(), logits.data, device_, lg.size() * 4);
-  copy_bytes(out->hidden.data(), Device::cpu(), hid.data, device_, out->hidden.size() * 4);
+  // The logits [R, Dv] and the midlayer outputs [R, H] (widened exactly) in one buffer: one copy back.
+  auto* both = static_cast<float*>(w.get(Workspace::out, size_t(R * (Dv + H)) * 4));
+  ops::lm_head(normed, w.rows_t, lm_head_, Tensor(both, DType::f32, {R, Dv}, device_));
+  ops::embedding(residual, w.rows_t, Tensor(both + R * Dv, DType::f32, {R, H}, device_));
+  std::vector<float>& host = w.host_out;
+  host.resize(size_t(R * (Dv + H)));
+  copy_bytes(host.data(), Device::cpu(), both, device_, host.size() * 4);
+  std::copy(host.begin() + R * Dv, host.end(), out->hidden.begin());
   for (int64_t r = 0; r < R; ++r) {
-    const float* row = lg.data() + r * Dv;
+    const float* row = host.data() + r * Dv;
     const int64_t best = std::max_element(row, row + Dv) - row;  // the first maximum: the lowest draft id
     out->tokens[size_t(r)] = int32_t(best + d2t_[size_t(best)]);
   }

@@ -26,6 +26,7 @@
 
 #include "kiln/batch.h"
 #include "kiln/config.h"
+#include "kiln/dtype.h"
 #include "kiln/tensor.h"
 #include "model/eagle3.h"
 #include "model/kv_cache.h"
@@ -65,7 +66,8 @@ class Eagle3Model {
  private:
   struct Workspace;
   Eagle3Model() = default;
-  void stage(const BatchDesc& batch);
+  // Validates the pass and uploads its inputs (and the feature rows or the hidden states) in one batch.
+  void stage(const BatchDesc& batch, const std::vector<int32_t>* src_rows, const std::vector<bf16_t>* hidden);
   void run_midlayer(const BatchDesc& batch, Out* out);
 
   Eagle3Config cfg_;

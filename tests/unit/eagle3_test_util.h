@@ -2,9 +2,11 @@
 // (test_eagle3_draft), the engine's (test_eagle3_engine) and the CUDA draft's (tests/cuda).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -78,6 +80,21 @@ inline void write_eagle3_draft(const std::filesystem::path& dir, const Eagle3Sha
   for (int64_t i = 0; i < s.draft_vocab; ++i) d2t[size_t(i)] = target_ids[size_t(i)] - i;
   if (skip != "d2t") ts.push_back({"d2t", Tensor(d2t.data(), DType::i64, {s.draft_vocab}, Device::cpu())});
   write_safetensors((dir / "model.safetensors").string(), ts, {{"format", "pt"}});
+}
+
+// The n most frequent tokens of some outputs, ascending: a draft vocabulary over them agrees with the target
+// often, not always (the engine tests need drafts both kept and rejected).
+inline std::vector<int64_t> frequent_tokens(const std::vector<std::vector<int32_t>>& outputs, int n) {
+  std::map<int32_t, int> count;
+  for (const auto& t : outputs)
+    for (int32_t x : t) ++count[x];
+  std::vector<std::pair<int, int32_t>> by_count;
+  for (auto [tok, c] : count) by_count.push_back({-c, tok});
+  std::sort(by_count.begin(), by_count.end());
+  std::vector<int64_t> ids;
+  for (int i = 0; i < n && i < int(by_count.size()); ++i) ids.push_back(by_count[size_t(i)].second);
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
 
 }  // namespace kiln::test

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <random>
 
 #include "common/test_support.h"
@@ -275,15 +274,7 @@ EngineOptions with_eagle(EngineOptions o, const fs::path& draft, int k, bool off
 
 // A draft over the target's `n` most frequent greedy tokens: it agrees with the target often, not always.
 fs::path draft_over_frequent_tokens(const std::vector<std::vector<int32_t>>& outputs, int n) {
-  std::map<int32_t, int> count;
-  for (const auto& t : outputs)
-    for (int32_t x : t) ++count[x];
-  std::vector<std::pair<int, int32_t>> by_count;
-  for (auto [tok, c] : count) by_count.push_back({-c, tok});
-  std::sort(by_count.begin(), by_count.end());
-  std::vector<int64_t> ids;
-  for (int i = 0; i < n && i < int(by_count.size()); ++i) ids.push_back(by_count[size_t(i)].second);
-  std::sort(ids.begin(), ids.end());
+  const std::vector<int64_t> ids = test::frequent_tokens(outputs, n);
   const fs::path dir = scratch() / ("draft_top" + std::to_string(n));
   test::write_eagle3_draft(dir, draft_shape(int64_t(ids.size()), false), "", ids, 11);
   return dir;
