@@ -22,6 +22,15 @@
 #include "ops/rope_table.h"
 #include "ops/stream.h"
 
+#ifdef KILN_HAVE_CUDA
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/cuda/context.h"
+#include "ops/cuda/gemm.h"
+#endif
+
 namespace kiln {
 namespace {
 
@@ -57,6 +66,38 @@ Tensor stacked(const Checkpoint& ck, const std::vector<Part>& parts, Device dev,
   if (parts.size() == 1 && parts[0].shape.size() == 1)
     return Tensor(owned.back().data(), DType::bf16, {rows}, dev);
   return Tensor(owned.back().data(), DType::bf16, {rows, parts[0].shape[1]}, dev);
+}
+
+// CUDA: the draft's GEMM shapes (M up to 64; the LM head's up to 32 rows, a verify step's chains) tuned like
+// the target's (model/cuda_tune.h) when the tactic cache lacks its M = 1 QKV shape, so one-row passes get the
+// tuner's GEMV rather than the cuBLASLt heuristic. KILN_AUTOTUNE=0 turns it off.
+void autotune_draft_if_needed(const Eagle3Config& c) {
+#ifdef KILN_HAVE_CUDA
+  if (const char* e = std::getenv("KILN_AUTOTUNE"); e && std::strcmp(e, "0") == 0) return;
+  cuda::GemmEngine& eng = cuda::gemm_engine();
+  const int64_t H = c.hidden, qkv = (c.heads + 2 * c.kv_heads) * c.head_dim;
+  if (eng.tactics().count(cuda::GemmShape{1, qkv, 2 * H, cuda::GemmOut::bf16})) return;
+  std::vector<cuda::GemmShape> shapes;
+  for (int64_t mb = 1; mb <= 64; mb *= 2) {
+    shapes.push_back({mb, H, 3 * c.target_hidden, cuda::GemmOut::bf16});
+    shapes.push_back({mb, qkv, 2 * H, cuda::GemmOut::bf16});
+    shapes.push_back({mb, H, c.heads * c.head_dim, cuda::GemmOut::bf16});
+    shapes.push_back({mb, 2 * c.intermediate, H, cuda::GemmOut::bf16});
+    shapes.push_back({mb, H, c.intermediate, cuda::GemmOut::bf16});
+    if (mb <= 32) shapes.push_back({mb, c.draft_vocab, H, cuda::GemmOut::f32});
+  }
+  const std::string path = cuda::default_tactic_cache_path();
+  std::fprintf(stderr, "kiln: tuning cuBLASLt GEMM tactics for the EAGLE-3 draft's shapes (once; cache %s)\n",
+               path.c_str());
+  eng.tune(shapes);
+  try {
+    eng.save(path);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "kiln: could not save the tactic cache: %s\n", ex.what());
+  }
+#else
+  (void)c;
+#endif
 }
 
 std::string read_text(const std::filesystem::path& p) {
@@ -168,6 +209,7 @@ std::unique_ptr<Eagle3Model> Eagle3Model::load(const std::string& dir, const Qwe
   for (int64_t i = 0; i < c.draft_vocab; ++i)
     KILN_CHECK(i + m->d2t_[size_t(i)] >= 0 && i + m->d2t_[size_t(i)] < c.vocab, "EAGLE-3 draft: d2t[", i,
                "] maps outside the target vocabulary of ", c.vocab);
+  if (dev.is_cuda()) autotune_draft_if_needed(c);
   m->rope_ = ops::build_rope_table(int(c.head_dim), c.rope_theta, m->max_position_, dev);
   m->kv_cfg_.num_layers = 1;
   m->kv_cfg_.num_kv_heads = c.kv_heads;
