@@ -12,6 +12,7 @@
 #include "../unit/eagle3_test_util.h"
 #include "../unit/engine_test_util.h"
 #include "common/test_support.h"
+#include "greedy_parity_util.h"
 #include "model/eagle3_model.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
@@ -57,23 +58,8 @@ fs::path scratch() {
   return test_support::process_scratch_dir("cuda_eagle3");
 }
 
-// One sequence at positions begin .. begin + n - 1 in pages 1, 2, ... of 16, logits at `logit_rows`.
 BatchDesc seq_batch(const std::vector<int32_t>& tokens, int32_t begin, std::vector<int32_t> logit_rows) {
-  BatchDesc b;
-  b.page_size = 16;
-  b.cu_q = {0, int32_t(tokens.size())};
-  const int32_t end = begin + int32_t(tokens.size());
-  for (int32_t j = 0; j < int32_t(tokens.size()); ++j) {
-    b.tokens.push_back(tokens[size_t(j)]);
-    b.positions.push_back(begin + j);
-    b.slot_mapping.push_back(int64_t(1 + (begin + j) / 16) * 16 + (begin + j) % 16);
-  }
-  b.kv_lens = {end};
-  b.seq_ids = {1};
-  b.pages_stride = (end + 15) / 16;
-  for (int32_t p = 0; p < b.pages_stride; ++p) b.page_table.push_back(1 + p);
-  b.logit_rows = std::move(logit_rows);
-  return b;
+  return test::one_sequence_batch(tokens, begin, std::move(logit_rows), 16);
 }
 
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
@@ -140,12 +126,7 @@ std::vector<std::vector<int32_t>> prompts(int count) {
   return out;
 }
 
-struct Generated {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<std::vector<TokenLogprob>>> top;  // per request, per token: the plain path's top 2
-  EngineStats stats;
-  int verify_graphs = 0;
-};
+using test::Generated;
 
 Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& ps, const fs::path& draft,
                    bool with_top) {
@@ -153,26 +134,7 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   if (!draft.empty()) runner->set_draft(Eagle3Model::load(draft.string(), runner->model()));
   const Qwen3Runner& r = *runner;
   Engine engine(std::move(runner), o);
-  test::Sink sink;
-  std::vector<RequestId> ids;
-  for (const auto& p : ps) {
-    Request q = test::greedy(p, 32);
-    q.sampling.ignore_eos = true;
-    if (with_top) {
-      q.sampling.return_logprob = true;
-      q.sampling.top_logprobs = 2;
-    }
-    ids.push_back(engine.submit(q, sink.cb()));
-  }
-  sink.wait_finished(int(ps.size()));
-  Generated out;
-  for (RequestId id : ids) {
-    out.tokens.push_back(sink.tokens(id));
-    out.top.emplace_back();
-    for (const TokenEvent& e : sink.events[id])
-      for (const auto& t : e.top_logprobs) out.top.back().push_back(t);
-  }
-  out.stats = engine.stats();
+  Generated out = test::generate_greedy(engine, ps, 32, with_top, /*ignore_eos=*/true);
   out.verify_graphs = r.num_verify_graphs();
   return out;
 }
@@ -205,20 +167,7 @@ TEST(CudaEagle3, GreedyEagle3EqualsPlainGreedy) {
         got.verify_graphs = std::max(got.verify_graphs, one.verify_graphs);
       }
     }
-    int parted = 0;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const auto& a = got.tokens[i];
-      const auto& b = want.tokens[i];
-      size_t j = 0;
-      while (j < a.size() && j < b.size() && a[j] == b[j]) ++j;
-      if (j == a.size() && j == b.size()) continue;
-      ASSERT_LT(j, want.top[i].size());
-      ASSERT_EQ(want.top[i][j].size(), 2u);
-      const float margin = want.top[i][j][0].logprob - want.top[i][j][1].logprob;
-      EXPECT_LT(margin, 0.1f) << (batched ? "batched" : "batch 1") << ": request " << i << " parts at token "
-                              << j << " with a top-2 margin of " << margin;
-      ++parted;
-    }
+    const int parted = test::count_near_tie_partings(got, want, batched ? "batched" : "batch 1");
     const spec::SpecStats& st = got.stats.spec;
     std::printf("%s: %d of %zu requests part at a near tie; %lld drafts, %lld of %lld drafted tokens kept\n",
                 batched ? "batched" : "batch 1", parted, ps.size(), (long long)st.drafts,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/batch.h"
 #include "kiln/dtype.h"
 #include "kiln/safetensors.h"
 
@@ -80,6 +81,28 @@ inline void write_eagle3_draft(const std::filesystem::path& dir, const Eagle3Sha
   for (int64_t i = 0; i < s.draft_vocab; ++i) d2t[size_t(i)] = target_ids[size_t(i)] - i;
   if (skip != "d2t") ts.push_back({"d2t", Tensor(d2t.data(), DType::i64, {s.draft_vocab}, Device::cpu())});
   write_safetensors((dir / "model.safetensors").string(), ts, {{"format", "pt"}});
+}
+
+// One sequence's rows at positions begin .. begin + n - 1 with these tokens, in pages 1, 2, ... of page_size
+// (page 0 is the pool's null page), logits at `logit_rows`.
+inline BatchDesc one_sequence_batch(const std::vector<int32_t>& tokens, int32_t begin,
+                                    std::vector<int32_t> logit_rows, int32_t page_size) {
+  BatchDesc b;
+  b.page_size = page_size;
+  b.cu_q = {0, int32_t(tokens.size())};
+  const int32_t end = begin + int32_t(tokens.size());
+  for (int32_t j = 0; j < int32_t(tokens.size()); ++j) {
+    const int32_t pos = begin + j;
+    b.tokens.push_back(tokens[size_t(j)]);
+    b.positions.push_back(pos);
+    b.slot_mapping.push_back(int64_t(1 + pos / page_size) * page_size + pos % page_size);
+  }
+  b.kv_lens = {end};
+  b.seq_ids = {1};
+  b.pages_stride = (end + page_size - 1) / page_size;
+  for (int32_t p = 0; p < b.pages_stride; ++p) b.page_table.push_back(1 + p);
+  b.logit_rows = std::move(logit_rows);
+  return b;
 }
 
 // The n most frequent tokens of some outputs, ascending: a draft vocabulary over them agrees with the target

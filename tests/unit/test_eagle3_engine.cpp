@@ -77,25 +77,8 @@ std::unique_ptr<Qwen3Model> load_target() {
   return Qwen3Model::load(target_dir(), lo);
 }
 
-// One sequence's rows [begin, begin + n) with their tokens, pages 1, 2, ... of size 4, logits at
-// `logit_rows`.
 BatchDesc seq_batch(const std::vector<int32_t>& tokens, int32_t begin, std::vector<int32_t> logit_rows) {
-  BatchDesc b;
-  b.page_size = 4;
-  b.cu_q = {0, int32_t(tokens.size())};
-  const int32_t end = begin + int32_t(tokens.size());
-  for (int32_t j = 0; j < int32_t(tokens.size()); ++j) {
-    const int32_t pos = begin + j;
-    b.tokens.push_back(tokens[size_t(j)]);
-    b.positions.push_back(pos);
-    b.slot_mapping.push_back(int64_t(1 + pos / 4) * 4 + pos % 4);
-  }
-  b.kv_lens = {end};
-  b.seq_ids = {1};
-  b.pages_stride = (end + 3) / 4;
-  for (int32_t p = 0; p < b.pages_stride; ++p) b.page_table.push_back(1 + p);
-  b.logit_rows = std::move(logit_rows);
-  return b;
+  return test::one_sequence_batch(tokens, begin, std::move(logit_rows), 4);
 }
 
 std::vector<float> widen(const Tensor& t) {
