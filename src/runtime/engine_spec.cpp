@@ -229,17 +229,21 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
       if (reserved[i])
         spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
   };
+  // A failed draft pass or forward: the step's requests end in error, their reserved pages given back.
+  const auto fail_step = [&](const std::string& why) {
+    give_back_pages();
+    std::vector<RequestId> ids;
+    for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
+    for (RequestId id : ids) finish(id, "error", why);
+    return true;
+  };
   if (eagle) {
     try {
       drafts = eagle_chain(plan, asked);
     } catch (const RunnerFatalError&) {
       throw;
     } catch (const std::exception& e) {
-      give_back_pages();
-      std::vector<RequestId> ids;
-      for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
-      for (RequestId id : ids) finish(id, "error", std::string("EAGLE-3 draft pass failed: ") + e.what());
-      return true;
+      return fail_step(std::string("EAGLE-3 draft pass failed: ") + e.what());
     }
   }
   const int64_t V = runner->config().vocab_size;
@@ -263,11 +267,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const std::exception& e) {
-    give_back_pages();
-    std::vector<RequestId> ids;
-    for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
-    for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
-    return true;
+    return fail_step(std::string("model forward failed: ") + e.what());
   }
   // Each row judges its drafts with its own request's generator: rows go in parallel without changing
   // results. A row without drafts draws its token as a plain step would (one uniform, the same distribution).
