@@ -195,7 +195,9 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     const int64_t room = std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
                                            int64_t(s.max_len) - int64_t(s.tokens.size()));
     wants[i] = room > 0;
-    if (room <= 1 || r.q_len != 1) continue;  // drafts ride on decode rows only
+    // Drafts ride on decode rows only: not on a prompt's last token computed alone, which happens or not with
+    // how the prompt was chunked (the batch), so a seeded request's draws would depend on its batch.
+    if (room <= 1 || r.q_len != 1 || r.begin < s.prompt_len) continue;
     const int32_t k = int32_t(std::min<int64_t>(room - 1, so.num_draft_tokens));
     if (eagle) {  // a chain from the draft pass over its last position (engine_eagle3.cpp), run below
       asked[i] = L.eagle.pos == r.begin - 1 ? k : 0;

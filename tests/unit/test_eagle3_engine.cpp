@@ -217,13 +217,18 @@ struct Outputs {
   EngineStats stats;
 };
 
+// temperature > 0: request i samples with seed 100 + i.
 Outputs run(std::unique_ptr<Engine> e, const std::vector<std::vector<int32_t>>& prompts, int n,
-            bool one_at_a_time) {
+            bool one_at_a_time, float temperature = 0.0f) {
   Sink sink;
   std::vector<RequestId> ids;
   for (const auto& p : prompts) {
     Request r = test::greedy(p, n);
     r.sampling.ignore_eos = true;  // every request decodes n tokens (DraftsAreTheReferenceChains counts them)
+    if (temperature > 0.0f) {
+      r.sampling.temperature = temperature;
+      r.sampling.seed = int64_t(100 + ids.size());
+    }
     ids.push_back(e->submit(r, sink.cb()));
     if (one_at_a_time) sink.wait_finished(int(ids.size()));
   }
@@ -320,10 +325,7 @@ Replayed replay_chains(Qwen3Model& target, Eagle3Model& draft, const std::vector
   copy_bytes(aux.data(), Device::cpu(), target.aux_hidden().data, Device::cpu(), aux.size() * 2);
   const Tensor features(aux.data(), DType::bf16, {L - 1, 3 * kHidden}, Device::cpu());
   Replayed r;
-  // After the prefill's first sampled token; or, when the prompt's last chunk (of 16) is its last token
-  // alone, that row verifies a chain already (a one-row step like a decode step).
-  const bool last_alone = P > 1 && (P - 1) % 16 == 0;
-  int32_t N = last_alone ? P : P + 1, completion = last_alone ? 0 : 1;
+  int32_t N = P + 1, completion = 1;  // after the prefill's first drawn token
   while (completion < max_new) {
     const int32_t room = max_new - completion;
     if (room <= 1) {
@@ -373,6 +375,20 @@ TEST(Eagle3Engine, DraftsAreTheReferenceChains) {
     ++checked;
   }
   EXPECT_GE(checked, 5);
+}
+
+// Sampled, seeded: a request's drafts depend on its own tokens only and its verify draws on its own
+// generator, so its tokens are the same alone or batched; and a sharp distribution (temperature 0.3) keeps
+// some point drafts.
+TEST(Eagle3Engine, SeededSamplingIsIndependentOfTheBatch) {
+  const auto prompts = mixed_prompts();
+  const Outputs plain = run(Engine::create(base_opts()), prompts, 20, true);
+  const EngineOptions o = with_eagle(base_opts(), draft_over_frequent_tokens(plain.tokens, 3), 3, false);
+  const Outputs alone = run(Engine::create(o), prompts, 20, true, 0.3f);
+  const Outputs batched = run(Engine::create(o), prompts, 20, false, 0.3f);
+  EXPECT_EQ(alone.tokens, batched.tokens);
+  EXPECT_GT(alone.stats.spec.drafts, 0);
+  EXPECT_GT(alone.stats.spec.accepted_tokens, 0);
 }
 
 TEST(Eagle3Engine, OffSwitchTurnsCostlyVerificationOff) {
