@@ -7,6 +7,7 @@
 // verifies the chain like any other draft (engine_spec.cpp).
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "runtime/engine_impl.h"
 
@@ -53,6 +54,11 @@ BatchDesc empty_draft_batch(int32_t page_size) {
 
 void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batch) {
   if (!eagle) return;
+  if (std::exchange(eagle_skip_pass, false)) {
+    for (const StepRow& r : plan.rows)
+      if (auto it = live.find(r.seq->id); it != live.end()) it->second.eagle.pos = -1;
+    return;
+  }
   BatchDesc b = empty_draft_batch(pool->page_size());
   std::vector<int32_t> step_rows;
   std::vector<const Sequence*> seqs;
@@ -77,6 +83,7 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
   fill_page_table(b, seqs);
   ModelRunner::DraftOut out;
   try {
+    ++counters.spec.draft_passes;
     runner->draft_from_step(b, step_rows, &out);
   } catch (const RunnerFatalError&) {
     throw;
@@ -124,6 +131,7 @@ std::vector<std::vector<int32_t>> Engine::Impl::eagle_chain(const StepPlan& plan
     if (who.empty()) break;
     fill_page_table(b, seqs);
     ModelRunner::DraftOut out;
+    ++counters.spec.draft_passes;
     runner->draft_from_hidden(b, in, &out);
     const size_t H = out.hidden.size() / who.size();
     for (size_t k = 0; k < who.size(); ++k) {

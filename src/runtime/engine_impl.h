@@ -187,6 +187,11 @@ struct Engine::Impl {
   // clears the chains of the plan's requests (they draft nothing until their next pass); outputs are
   // unchanged.
   void eagle_extend(const StepPlan& plan, const BatchDesc& step_batch);
+  // Set by step() for a plain decode-only step at a batch size where the off switch has turned speculation
+  // off and no probe is due: eagle_extend then only clears the plan's chains (their requests draft nothing
+  // until a pass runs again, and the skipped positions' draft KV stays unwritten: drafts read it as it is,
+  // outputs stay exact). The probe after the off interval verifies chains over that KV.
+  bool eagle_skip_pass = false;
   // The chains of the plan's decode rows: row i drafts count[i] tokens (its chain's `next`, then count[i] - 1
   // draft passes over one row each, at positions begin, begin + 1, ...; their pages are reserved). Throws
   // what a pass throws.

@@ -393,13 +393,21 @@ TEST(Eagle3Engine, SeededSamplingIsIndependentOfTheBatch) {
 
 TEST(Eagle3Engine, OffSwitchTurnsCostlyVerificationOff) {
   const auto prompts = mixed_prompts();
-  const Outputs plain = run(Engine::create(base_opts()), prompts, 20, true);
+  const Outputs plain = run(Engine::create(base_opts()), prompts, 64, true);
   EngineOptions o = with_eagle(base_opts(), draft_over_frequent_tokens(plain.tokens, 3), 3, true);
   o.spec_step_cost = [](bool verify, int32_t) { return verify ? 10.0 : 1.0; };  // verify never pays
-  const Outputs got = run(Engine::create(o), prompts, 20, true);
+  const Outputs got = run(Engine::create(o), prompts, 64, true);
   EXPECT_EQ(got.tokens, plain.tokens);
   EXPECT_GT(got.stats.spec.switched_off, 0);
-  EXPECT_LT(got.stats.spec.verify_steps, got.stats.steps / 2);
+  EXPECT_LT(got.stats.spec.verify_steps, got.stats.steps / 4);
+  // Where it is off the draft does not run either (but for the probes): far fewer passes than steps, where
+  // always on there is one after every step and more in the chains.
+  EXPECT_LT(got.stats.spec.draft_passes, got.stats.steps / 2)
+      << got.stats.spec.draft_passes << " draft passes in " << got.stats.steps << " steps";
+  o.speculative.off_switch = false;
+  const Outputs on = run(Engine::create(o), prompts, 64, true);
+  EXPECT_EQ(on.tokens, plain.tokens);
+  EXPECT_GT(on.stats.spec.draft_passes, on.stats.steps);
 }
 
 TEST(Eagle3Engine, RefusedWithoutADraft) {
