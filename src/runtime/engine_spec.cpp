@@ -211,20 +211,14 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     asked[i] = int32_t(drafts[i].size());
     any = any || !drafts[i].empty();
   }
-  if (!any) return false;
-  // The off switch: a decode-only step verifies only where verification measured faster at its batch size.
-  const bool measured = so.off_switch && decode_only(plan);
-  if (measured && !off_switch.should_verify(int32_t(B))) return false;
-  // Pages for the drafts' positions from the free list only; a sequence drafts what they cover.
   std::vector<uint8_t> reserved(B, 0);
-  for (size_t i = 0; i < B; ++i) {
-    if (asked[i] == 0) continue;
-    reserved[i] = 1;
+  // Pages for row i's positions up to begin + asked[i] from the free list only; it drafts what they cover.
+  const auto reserve = [&](size_t i) {
     const StepRow& r = plan.rows[i];
+    reserved[i] = 1;
     const int32_t covered = spec::reserve_draft_pages(*pool, r.seq->pages, r.begin + 1 + asked[i]);
     asked[i] = std::min(asked[i], std::max(0, covered - r.begin - 1));
-    if (!eagle) drafts[i].resize(size_t(asked[i]));
-  }
+  };
   // The reserved pages go back (KV bytes untouched) when no verify step follows.
   const auto give_back_pages = [&] {
     for (size_t i = 0; i < B; ++i)
@@ -239,7 +233,12 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     for (RequestId id : ids) finish(id, "error", why);
     return true;
   };
-  if (eagle) {
+  // EAGLE-3: the chains now (engine_eagle3.cpp), so that from here on a row's drafts are in drafts[i] as an
+  // n-gram row's are. A step the off switch then declines gave its chain passes for nothing; where it is off
+  // no chains are kept (eagle_skip_pass), so that happens at the turn and at probes only.
+  if (eagle && any) {
+    for (size_t i = 0; i < B; ++i)
+      if (asked[i] > 0) reserve(i);
     try {
       drafts = eagle_chain(plan, asked);
     } catch (const RunnerFatalError&) {
@@ -247,6 +246,23 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     } catch (const std::exception& e) {
       return fail_step(std::string("EAGLE-3 draft pass failed: ") + e.what());
     }
+    any = false;
+    for (const auto& d : drafts) any = any || !d.empty();
+  }
+  if (!any) {
+    give_back_pages();
+    return false;
+  }
+  // The off switch: a decode-only step verifies only where verification measured faster at its batch size.
+  const bool measured = so.off_switch && decode_only(plan);
+  if (measured && !off_switch.should_verify(int32_t(B))) {
+    give_back_pages();
+    return false;
+  }
+  for (size_t i = 0; i < B; ++i) {  // n-gram rows: their pages
+    if (drafts[i].empty() || reserved[i]) continue;
+    reserve(i);
+    drafts[i].resize(size_t(asked[i]));
   }
   const int64_t V = runner->config().vocab_size;
   std::vector<int32_t> logit_base;

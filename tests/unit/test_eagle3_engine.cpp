@@ -400,9 +400,9 @@ TEST(Eagle3Engine, OffSwitchTurnsCostlyVerificationOff) {
   EXPECT_EQ(got.tokens, plain.tokens);
   EXPECT_GT(got.stats.spec.switched_off, 0);
   EXPECT_LT(got.stats.spec.verify_steps, got.stats.steps / 4);
-  // Where it is off the draft does not run either (but for the probes): far fewer passes than steps, where
-  // always on there is one after every step and more in the chains.
-  EXPECT_LT(got.stats.spec.draft_passes, got.stats.steps / 2)
+  // Where it is off the draft does not run either (but around the probes): fewer passes than steps, where
+  // always on (or a pass after every step) there are more passes than steps.
+  EXPECT_LT(got.stats.spec.draft_passes, got.stats.steps * 3 / 4)
       << got.stats.spec.draft_passes << " draft passes in " << got.stats.steps << " steps";
   o.speculative.off_switch = false;
   const Outputs on = run(Engine::create(o), prompts, 64, true);
