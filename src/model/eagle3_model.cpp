@@ -78,13 +78,18 @@ void autotune_draft_if_needed(const Eagle3Config& c) {
   const int64_t H = c.hidden, qkv = (c.heads + 2 * c.kv_heads) * c.head_dim;
   if (eng.tactics().count(cuda::GemmShape{1, qkv, 2 * H, cuda::GemmOut::bf16})) return;
   std::vector<cuda::GemmShape> shapes;
+  // Only shapes without a tactic: one the target shares (its MLP's, often) keeps the target's tactic, so
+  // loading a draft never changes the target's GEMMs (nor its greedy tokens).
+  const auto want = [&](cuda::GemmShape g) {
+    if (!eng.tactics().count(g)) shapes.push_back(g);
+  };
   for (int64_t mb = 1; mb <= 64; mb *= 2) {
-    shapes.push_back({mb, H, 3 * c.target_hidden, cuda::GemmOut::bf16});
-    shapes.push_back({mb, qkv, 2 * H, cuda::GemmOut::bf16});
-    shapes.push_back({mb, H, c.heads * c.head_dim, cuda::GemmOut::bf16});
-    shapes.push_back({mb, 2 * c.intermediate, H, cuda::GemmOut::bf16});
-    shapes.push_back({mb, H, c.intermediate, cuda::GemmOut::bf16});
-    if (mb <= 32) shapes.push_back({mb, c.draft_vocab, H, cuda::GemmOut::f32});
+    want({mb, H, 3 * c.target_hidden, cuda::GemmOut::bf16});
+    want({mb, qkv, 2 * H, cuda::GemmOut::bf16});
+    want({mb, H, c.heads * c.head_dim, cuda::GemmOut::bf16});
+    want({mb, 2 * c.intermediate, H, cuda::GemmOut::bf16});
+    want({mb, H, c.intermediate, cuda::GemmOut::bf16});
+    if (mb <= 32) want({mb, c.draft_vocab, H, cuda::GemmOut::f32});
   }
   const std::string path = cuda::default_tactic_cache_path();
   std::fprintf(stderr, "kiln: tuning cuBLASLt GEMM tactics for the EAGLE-3 draft's shapes (once; cache %s)\n",
