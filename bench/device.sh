@@ -41,8 +41,8 @@
 #   yarn       one 131,000-token YaRN prompt served (~1 min)
 #   ncu        Nsight Compute on the attention kernels (prefill, decode bf16 / fp8, cuDNN's decode)
 #   sass       the prefill kernel's SASS: instruction counts and the order of its waits and exponentials
-#   spec       speculative decoding: a small Qwen3 and its EAGLE-3 draft trained here, kiln serve batch 1 with
-#              and without n-gram speculation (SPEC_TRAIN_MIN, SPEC_DRAFT_MIN, SPEC_PROMPTS, SPEC_TOKENS; ~5.5 min)
+#   spec       speculative decoding: a small Qwen3 and its EAGLE-3 draft trained here, kiln serve batch 1 plain,
+#              n-gram and EAGLE-3 (SPEC_TRAIN_MIN, SPEC_DRAFT_MIN, SPEC_PROMPTS, SPEC_TOKENS; ~6 min)
 #   ab         this tree against the trees in .ab/*.tar.gz and FLAGS / FLAGS2 builds (CMD, ENV, ROUNDS)
 # Environment: OUT, KILN_TUNE_CACHE, KILN_COMMIT (the commit the summary names: the device copy's git may not be the tree's), and each suite's knobs above (docs/BENCH.md lists them with defaults).
 set -uo pipefail

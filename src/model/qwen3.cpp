@@ -60,6 +60,8 @@ struct Qwen3Model::Workspace {
     tp_partial,  // tensor parallelism: f32 [T, hidden] row-parallel partials (f32 reduce)
     tp_logits,   // tensor parallelism: f32 [tp, R, ceil(vocab / tp)] the LM head's all-gather
     moe,         // the sparse MLP's device scratch (ops::moe_scratch_bytes); empty on the CPU
+    aux,         // EAGLE-3 features: bf16 [T, 3 hidden] (set_aux_capture)
+    iota,        // i32 0, 1, 2, ...: the rows the feature copies gather
     num_slots
   };
   explicit Workspace(Device d) : device(d), bufs(num_slots), staged(d) {}
@@ -123,7 +125,20 @@ struct Qwen3Model::Workspace {
   Tensor rows_t;            // i32 [R]: the last batch's logit rows
   // Views made by stage() for launch_layers().
   Tensor ids_v, residual_v, normed_v, qkv_v, attn_v, tmp_v, gate_up_v, act_v, tp_partial_v, tp_logits_v;
-  Tensor moe_v;  // u8 [bytes]: moe_mlp's scratch for T tokens
+  Tensor moe_v;          // u8 [bytes]: moe_mlp's scratch for T tokens
+  Tensor aux_v, iota_v;  // bf16 [T, 3 hidden], i32 [T] (aux capture on)
+  int64_t iota_len = 0;  // the iota values uploaded
+  // The aux and iota buffers for T rows; uploads 0, 1, ... once the iota buffer outgrows what was uploaded.
+  void reserve_aux(int64_t T, int64_t H) {
+    get(aux, size_t(T) * size_t(3 * H) * sizeof(bf16_t));
+    void* p = get(iota, size_t(T) * 4);
+    const int64_t cap = int64_t(bufs[size_t(iota)].bytes() / 4);
+    if (iota_len == cap) return;
+    std::vector<int32_t> v(static_cast<size_t>(cap));
+    for (int64_t i = 0; i < cap; ++i) v[size_t(i)] = int32_t(i);
+    copy_bytes(p, device, v.data(), Device::cpu(), v.size() * 4);
+    iota_len = cap;
+  }
   ops::AttnPrepArgs prep;
   ops::PagedAttentionArgs att;
   // The step's image-token rows (stage_visual): rows i32 [n], embeds bf16 [n, H], deep bf16 [L, n, H].
@@ -306,6 +321,11 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   w.gate_up_v = gate_up, w.act_v = act;
   if (const int64_t moe_bytes = moe_scratch_bytes(weights_, c, T, dev); moe_bytes > 0)
     w.moe_v = Tensor(w.get(Workspace::moe, size_t(moe_bytes)), DType::u8, {moe_bytes}, dev);
+  if (!aux_layers_.empty()) {
+    w.reserve_aux(T, H);
+    w.aux_v = Tensor(w.bufs[Workspace::aux].data(), DType::bf16, {T, 3 * H}, dev);
+    w.iota_v = Tensor(w.bufs[Workspace::iota].data(), DType::i32, {T}, dev);
+  }
   if (tp_) {
     if (tp_->reduce == dist::ReduceType::f32)
       w.tp_partial_v = Tensor(w.get(Workspace::tp_partial, size_t(T * H) * 4), DType::f32, {T, H}, dev);
@@ -394,6 +414,14 @@ void Qwen3Model::launch_layers(KvCache& cache) {
       ops::linear_attn_prep(ops::ResidualNorm{tmp, residual, lw.input_norm, eps, normed}, lw.qkv, prep);
     } else {
       ops::linear_attn_prep(normed, lw.qkv, prep);
+    }
+    // EAGLE-3's features: the residual holds the stream entering layer l now (the pending add is done).
+    for (size_t i = 0; i < aux_layers_.size(); ++i) {
+      if (aux_layers_[i] != l) continue;
+      const int64_t H = c.hidden_size;
+      ops::embedding(residual, w.iota_v,
+                     Tensor::strided(static_cast<bf16_t*>(w.aux_v.data) + int64_t(i) * H, DType::bf16, {T, H},
+                                     {3 * H, 1}, w.aux_v.device));
     }
     att.cache = prep.cache;
     ops::paged_attention(att);
@@ -492,6 +520,21 @@ void Qwen3Model::reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_s
   }
   if (const int64_t moe_bytes = moe_scratch_bytes(weights_, c, tokens, device()); moe_bytes > 0)
     w.get(Workspace::moe, size_t(moe_bytes));
+  if (!aux_layers_.empty()) w.reserve_aux(tokens, c.hidden_size);
+}
+
+void Qwen3Model::set_aux_capture(const std::vector<int32_t>& layers) {
+  KILN_CHECK(layers.empty() || layers.size() == 3, "aux capture takes 3 layers, got ", layers.size());
+  KILN_CHECK(layers.empty() || !tp_, "EAGLE-3 features are not captured on a tensor-parallel shard");
+  for (int32_t l : layers)
+    KILN_CHECK(l >= 0 && l < cfg_.num_layers, "aux capture layer ", l, " outside the model's ",
+               cfg_.num_layers, " layers");
+  aux_layers_ = layers;
+}
+
+Tensor Qwen3Model::aux_hidden() const {
+  KILN_CHECK(!aux_layers_.empty() && ws_->aux_v.data != nullptr, "aux_hidden: no step captured features");
+  return ws_->aux_v;
 }
 
 uint64_t Qwen3Model::workspace_generation() const {

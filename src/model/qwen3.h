@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kiln/batch.h"
 #include "kiln/config.h"
@@ -88,6 +89,14 @@ class Qwen3Model {
   // `pages_stride` wide and `logit_rows` logit rows, so such steps reallocate nothing and CUDA graphs
   // captured after this call are not recaptured (model/cuda_graph.h).
   void reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_stride, int64_t logit_rows);
+  // EAGLE-3's features (model/eagle3_model.h): from now on every step also copies the residual stream
+  // entering layers[0], layers[1] and layers[2] (HF's hidden_states[l]; the embeddings for l = 0) of all its
+  // T token rows into aux_hidden() bf16 [T, 3 hidden], column block i for layers[i], inside launch_layers (so
+  // a CUDA graph captured afterwards copies them too). Call before reserve_workspace and any graph capture.
+  // Empty: off. Not on a tensor-parallel shard.
+  void set_aux_capture(const std::vector<int32_t>& layers);
+  bool aux_capture() const { return !aux_layers_.empty(); }
+  Tensor aux_hidden() const;  // of the last step; valid until the next one
 
  private:
   struct Workspace;
@@ -123,6 +132,7 @@ class Qwen3Model {
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<Qwen3VLVision> vision_;
   std::optional<TpShard> tp_;
+  std::vector<int32_t> aux_layers_;  // set_aux_capture
 };
 
 }  // namespace kiln

@@ -78,7 +78,10 @@ void attn_prep_validate(const AttnPrepArgs& a) {
     KILN_CHECK_EQ(q.stride[2], int64_t(1), "q_out last dim must be contiguous");
     check_same_device(q, dev, "q_out");
   }
+  KILN_CHECK((a.q_norm.data == nullptr) == (a.k_norm.data == nullptr),
+             "q_norm and k_norm must both be given or both be empty (no per-head norm)");
   for (const Tensor* w : {&a.q_norm, &a.k_norm}) {
+    if (w->data == nullptr) continue;
     KILN_CHECK(w->ndim == 1 && w->shape[0] == D && w->stride[0] == 1 && w->data,
                "q_norm / k_norm must be contiguous [D] = [", D, "], got ", w->describe());
     KILN_CHECK(w->dtype == x.dtype, "norm weight dtype ", dtype_name(w->dtype), " must equal qkv's");
@@ -224,7 +227,8 @@ bool attn_prep_unfused_forced() {
 AttnPrepPath attn_prep_select(const AttnPrepArgs& a) {
   if (a.qkv.device.is_cpu()) return AttnPrepPath::cpu_reference;
 #ifdef KILN_HAVE_CUDA
-  if (attn_prep_unfused_forced()) return AttnPrepPath::cuda_unfused;
+  // Without per-head norms only the unfused kernels apply (their norm step copies).
+  if (attn_prep_unfused_forced() || a.q_norm.data == nullptr) return AttnPrepPath::cuda_unfused;
   const cuda::AttnPrepParams p = make_params(a);
   if (cuda::attn_prep_fused_supported(p)) {
     if (a.qkv.shape[0] <= kDecodeMaxTokens) return AttnPrepPath::cuda_fused_decode;
@@ -274,6 +278,7 @@ void attn_prep_unfused(const AttnPrepArgs& a) {
 void attn_prep_fused(const AttnPrepArgs& a, AttnPrepKernel kernel) {
   attn_prep_validate(a);
   KILN_CHECK(a.qkv.device.is_cuda(), "attn_prep_fused runs on CUDA tensors only");
+  KILN_CHECK(a.q_norm.data != nullptr, "attn_prep_fused: the fused kernels need the per-head norm weights");
 #ifdef KILN_HAVE_CUDA
   const cuda::AttnPrepParams p = make_params(a);
   KILN_CHECK(cuda::attn_prep_fused_supported(p), "the fused attn_prep kernel does not cover head_dim ", p.D,

@@ -9,7 +9,9 @@
 //                Q written back in place
 //                into qkv's Q columns. The K and V columns of qkv are never written; with q_out given, qkv
 //                is not written at all.
-//   q_norm       act [D], k_norm act [D]: the RMSNorm weights.
+//   q_norm       act [D], k_norm act [D]: the RMSNorm weights; both empty (data == nullptr): no per-head norm
+//                (step 1 is y_i = x_i: a Llama-style attention, the EAGLE-3 draft's midlayer). CUDA runs that
+//                on the unfused path.
 //   positions    i32 | i64 [T] (plain RoPE), or [3, T] rows (t, h, w) for M-RoPE; any strides (a view of a
 //                larger graph buffer). Every position must be in [0, rope.cos_sin.shape[0]).
 //   rope         RopeTable (rope_table.h), rotary_dim even, <= D.

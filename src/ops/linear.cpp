@@ -181,7 +181,7 @@ AttnPrepPath linear_attn_prep(const Tensor& x, const LinearWeight& w, const Attn
   // The args are validated once on either path: by attn_prep_params here, else by attn_prep below.
   if (a.qkv.device.is_cuda() && x.dtype == DType::bf16 && cuda_weight(w) && x.device == a.qkv.device &&
       weight.device == a.qkv.device && x.stride[1] == 1 && x.data != a.qkv.data &&
-      !attn_prep_unfused_forced() &&
+      !attn_prep_unfused_forced() && a.q_norm.data != nullptr &&
       KILN_CUDA_OP(linear_attn_prep_chosen(x.shape[0], weight.shape[0], x.shape[1], w.is_fp8())) &&
       KILN_CUDA_OP(linear_attn_prep(x, w, attn_prep_params(a), a.stream)))
     return AttnPrepPath::cuda_gemv_fused;

@@ -68,10 +68,10 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
              opts.sampling_backend, "': expected auto or cpu");
   I.device_sampling = opts.sampling_backend == "auto";
   spec::validate_spec_options(opts.speculative);
-  KILN_CHECK(opts.speculative.algorithm != spec::SpecAlgorithm::eagle3,
-             "--speculative-algorithm EAGLE3: the EAGLE-3 draft model loads and runs on the CPU "
-             "(src/model/eagle3.h) "
-             "but the engine does not draft with it yet (src/spec/README.md, \"Not built yet\"); use ngram");
+  I.eagle = opts.speculative.algorithm == spec::SpecAlgorithm::eagle3;
+  KILN_CHECK(!I.eagle || (runner && runner->has_draft()),
+             "--speculative-algorithm EAGLE3 needs the draft loaded beside the model "
+             "(--speculative-draft-model-path; at --tp 1: tensor-parallel ranks run no draft)");
   // Steps launched ahead never verify: with speculative decoding on, decode steps launch ahead only at batch
   // sizes where the off switch turned speculation off (Impl::spec_allows_overlap).
   I.overlap = opts.overlap_schedule;

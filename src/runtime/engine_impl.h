@@ -32,6 +32,15 @@ struct Incoming {
   Clock::time_point t_submit;
 };
 
+// EAGLE-3 (engine_eagle3.cpp): where a request's draft chain starts. After the draft pass over its last
+// computed position `pos`, `next` is the draft's token for position pos + 2 and `hidden` [H] that pass's
+// midlayer output (the chain's next input). pos == -1: no chain (the next verify step drafts nothing).
+struct Eagle3Chain {
+  int32_t pos = -1;
+  int32_t next = -1;
+  std::vector<float> hidden;
+};
+
 // Engine-thread state of one accepted request.
 struct Live {
   Request req;
@@ -48,6 +57,7 @@ struct Live {
   std::vector<double> pool_sum;
   int64_t pooled = 0;
   spec::SpecRequestStats spec;  // its verify rows (engine_spec.cpp)
+  Eagle3Chain eagle;
   // Request::prompt_logprobs_from / score_ids (prompt_logprobs.cpp): answers gathered over the prefill steps.
   std::vector<PromptTokenLogprob> prompt_logprobs;
   bool prompt_logprobs_sent = false;
@@ -177,8 +187,27 @@ struct Engine::Impl {
   // speculation; with it, only where the off switch has turned it off for that batch size, so a plan with
   // drafts is never launched past. launch_continuation also stops a chain when a probe is due.
   bool spec_allows_overlap(int32_t seqs) const {
+    if (eagle) return false;  // every step's features feed the draft pass after it
     return !opts.speculative.enabled() || (opts.speculative.off_switch && off_switch.is_off(seqs));
   }
+  // EAGLE-3 (engine_eagle3.cpp). eagle: --speculative-algorithm EAGLE3 on a runner with a draft.
+  bool eagle = false;
+  // After a step's finalize (the kept drafts and the drawn tokens appended): the draft pass over every
+  // position the step computed whose next token is known now, from the step's features (rows of
+  // `step_batch`, the batch the runner ran; plan row i's positions start at its row cu_q[i]); it writes those
+  // positions' draft KV and, for each sequence that decodes next, leaves its Eagle3Chain. A failed pass
+  // clears the chains of the plan's requests (they draft nothing until their next pass); outputs are
+  // unchanged.
+  void eagle_extend(const StepPlan& plan, const BatchDesc& step_batch);
+  // Set by step() for a plain decode-only step at a batch size where the off switch has turned speculation
+  // off and no probe is due: eagle_extend then only clears the plan's chains (their requests draft nothing
+  // until a pass runs again, and the skipped positions' draft KV stays unwritten: drafts read it as it is,
+  // outputs stay exact). The probe after the off interval verifies chains over that KV.
+  bool eagle_skip_pass = false;
+  // The chains of the plan's decode rows: row i drafts count[i] tokens (its chain's `next`, then count[i] - 1
+  // draft passes over one row each, at positions begin, begin + 1, ...; their pages are reserved). Throws
+  // what a pass throws.
+  std::vector<std::vector<int32_t>> eagle_chain(const StepPlan& plan, const std::vector<int32_t>& count);
   // Whether every row that wants a token is greedy with no logit processing or logprobs, on a runner that may
   // sample on the device: the verify step then asks the runner for each position's greedy token only.
   bool greedy_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const;

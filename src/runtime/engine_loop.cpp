@@ -190,6 +190,11 @@ void Engine::Impl::step() {
   if (queries.queries.empty() && spec_step(plan, t0)) return;  // a verify step instead (engine_spec.cpp)
   const bool spec_plain = opts.speculative.enabled() && decode_only(plan);
   const int32_t spec_seqs = int32_t(plan.rows.size());
+  // EAGLE-3 where the off switch has turned speculation off at this batch size: no draft pass after the step
+  // until a probe is due (the steps count toward it), so the off state costs what a plain step costs.
+  const bool skip_pass = eagle && spec_plain && opts.speculative.off_switch && off_switch.is_off(spec_seqs) &&
+                         !off_switch.probe_due(spec_seqs);
+  if (skip_pass) off_switch.count_step(spec_seqs);
   bool need_logits = false, need_hidden = false, device_ok = device_sampling && queries.queries.empty();
   int top_n = 0;
   for (int32_t r : plan.sample_rows) {
@@ -337,6 +342,7 @@ void Engine::Impl::step() {
       }
     }
   }
+  eagle_skip_pass = skip_pass;  // read (and cleared) by complete_step's eagle_extend
   complete_step(plan, sampled, draws, need_hidden);
   if (spec_plain) observe_decode_step(false, spec_seqs, t0, 1.0);
 }
@@ -501,6 +507,7 @@ void Engine::Impl::step_in_flight() {
 void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t>& sampled,
                                  std::vector<Draw>& draws, bool need_hidden) {
   sched->finalize(plan, sampled);
+  eagle_extend(plan, plan.batch);  // EAGLE-3: the draft's KV of the computed positions, the next chains
   const ModelConfig& cfg = runner->config();
   const int64_t H = cfg.hidden_size;
   const size_t K = plan.sample_rows.size();

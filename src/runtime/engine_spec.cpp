@@ -189,6 +189,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   const size_t B = plan.rows.size();
   std::vector<std::vector<int32_t>> drafts(B);
   std::vector<uint8_t> wants(B, 0);
+  std::vector<int32_t> asked(B, 0);  // drafts each row would verify, before the pages are reserved
   bool any = false;
   for (size_t i = 0; i < B; ++i) {
     const StepRow& r = plan.rows[i];
@@ -200,17 +201,70 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     const int64_t room = std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
                                            int64_t(s.max_len) - int64_t(s.tokens.size()));
     wants[i] = room > 0;
-    if (room <= 1 || r.q_len != 1) continue;  // drafts ride on decode rows only
+    // Drafts ride on decode rows only: not on a prompt's last token computed alone, which happens or not with
+    // how the prompt was chunked (the batch), so a seeded request's draws would depend on its batch.
+    if (room <= 1 || r.q_len != 1 || r.begin < s.prompt_len) continue;
+    const int32_t k = int32_t(std::min<int64_t>(room - 1, so.num_draft_tokens));
+    if (eagle) {  // a chain from the draft pass over its last position (engine_eagle3.cpp), run below
+      asked[i] = L.eagle.pos == r.begin - 1 ? k : 0;
+      any = any || asked[i] > 0;
+      continue;
+    }
     spec::NgramIndex& idx = ngram.try_emplace(s.id, so.ngram_min, so.ngram_max).first->second;
     if (idx.size() > s.tokens.size()) idx = spec::NgramIndex(so.ngram_min, so.ngram_max);
     idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size()));
-    drafts[i] = idx.propose(int32_t(std::min<int64_t>(room - 1, so.num_draft_tokens)));
+    drafts[i] = idx.propose(k);
+    asked[i] = int32_t(drafts[i].size());
     any = any || !drafts[i].empty();
   }
-  if (!any) return false;
+  std::vector<uint8_t> reserved(B, 0);
+  // Pages for row i's positions up to begin + asked[i] from the free list only; it drafts what they cover.
+  const auto reserve = [&](size_t i) {
+    const StepRow& r = plan.rows[i];
+    reserved[i] = 1;
+    const int32_t covered = spec::reserve_draft_pages(*pool, r.seq->pages, r.begin + 1 + asked[i]);
+    asked[i] = std::min(asked[i], std::max(0, covered - r.begin - 1));
+  };
+  // The reserved pages go back (KV bytes untouched) when no verify step follows.
+  const auto give_back_pages = [&] {
+    for (size_t i = 0; i < B; ++i)
+      if (reserved[i])
+        spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
+  };
+  // A failed draft pass or forward: the step's requests end in error, their reserved pages given back.
+  const auto fail_step = [&](const std::string& why) {
+    give_back_pages();
+    std::vector<RequestId> ids;
+    for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
+    for (RequestId id : ids) finish(id, "error", why);
+    return true;
+  };
+  // EAGLE-3: the chains now (engine_eagle3.cpp), so that from here on a row's drafts are in drafts[i] as an
+  // n-gram row's are. A step the off switch then declines gave its chain passes for nothing; where it is off
+  // no chains are kept (eagle_skip_pass), so that happens at the turn and at probes only.
+  if (eagle && any) {
+    for (size_t i = 0; i < B; ++i)
+      if (asked[i] > 0) reserve(i);
+    try {
+      drafts = eagle_chain(plan, asked);
+    } catch (const RunnerFatalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      return fail_step(std::string("EAGLE-3 draft pass failed: ") + e.what());
+    }
+    any = false;
+    for (const auto& d : drafts) any = any || !d.empty();
+  }
+  if (!any) {
+    give_back_pages();
+    return false;
+  }
   // The off switch: a decode-only step verifies only where verification measured faster at its batch size.
   const bool measured = so.off_switch && decode_only(plan);
-  if (measured && !off_switch.should_verify(int32_t(B))) return false;
+  if (measured && !off_switch.should_verify(int32_t(B))) {
+    give_back_pages();
+    return false;
+  }
   // Structured output: a constrained row's drafts are cut before the first token its grammar refuses, and
   // every position it verifies gets the grammar's mask after the drafts before it. A grammar not active yet
   // (waiting for its trigger token) takes no drafts: they could cross the trigger.
@@ -219,20 +273,24 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   for (size_t i = 0; i < B; ++i) {
     const std::shared_ptr<GrammarState>& g = live.at(plan.rows[i].seq->id).grammar;
     if (g && wants[i] && g->active) {
-      if (!draft_masks(*g, drafts[i], &masks[i])) return false;  // a plain step's mask worker says why
+      if (!draft_masks(*g, drafts[i], &masks[i])) {  // a plain step's mask worker says why
+        give_back_pages();
+        return false;
+      }
     } else if (g) {
       drafts[i].clear();
     }
     any = any || !drafts[i].empty();
   }
-  if (!any) return false;
-  // Pages for the drafts' positions from the free list only; a sequence drafts what they cover.
-  for (size_t i = 0; i < B; ++i) {
+  if (!any) {
+    give_back_pages();
+    return false;
+  }
+  for (size_t i = 0; i < B; ++i) {  // n-gram rows: their pages (EAGLE-3 rows reserved theirs before the chain)
     if (drafts[i].empty()) continue;
-    const StepRow& r = plan.rows[i];
-    const int32_t covered =
-        spec::reserve_draft_pages(*pool, r.seq->pages, r.begin + 1 + int32_t(drafts[i].size()));
-    drafts[i].resize(size_t(std::max(0, covered - r.begin - 1)));
+    asked[i] = std::min(asked[i], int32_t(drafts[i].size()));
+    if (!reserved[i]) reserve(i);
+    drafts[i].resize(size_t(asked[i]));
   }
   const int64_t V = runner->config().vocab_size;
   std::vector<int32_t> logit_base;
@@ -255,14 +313,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const std::exception& e) {
-    std::vector<RequestId> ids;
-    for (size_t i = 0; i < B; ++i) {
-      Sequence& s = *plan.rows[i].seq;
-      if (!drafts[i].empty()) spec::rollback_pages(*pool, s.pages, int32_t(s.tokens.size()));
-      ids.push_back(s.id);
-    }
-    for (RequestId id : ids) finish(id, "error", std::string("model forward failed: ") + e.what());
-    return true;
+    return fail_step(std::string("model forward failed: ") + e.what());
   }
   // Each row judges its drafts with its own request's generator: rows go in parallel without changing
   // results. A row without drafts draws its token as a plain step would (one uniform, the same distribution).
@@ -311,9 +362,8 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   std::vector<int32_t> sampled(plan.sample_rows.size());
   for (size_t k = 0; k < sampled.size(); ++k) sampled[k] = by_row[size_t(plan.sample_rows[k])];
   sched->finalize(plan, sampled);
-  for (size_t i = 0; i < B; ++i)
-    if (!drafts[i].empty())
-      spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
+  give_back_pages();
+  eagle_extend(plan, batch);  // the draft's KV of the kept positions, and the next chains
   for (size_t i = 0; i < B; ++i) {
     if (!plan.rows[i].samples) continue;
     const RequestId id = plan.rows[i].seq->id;

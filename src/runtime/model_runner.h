@@ -11,6 +11,7 @@
 #include "kiln/config.h"
 #include "kiln/error.h"
 #include "kiln/tensor.h"
+#include "model/eagle3_model.h"
 #include "model/qwen3_vl_prompt.h"
 #include "runtime/engine.h"
 #include "runtime/logit_processor.h"
@@ -165,6 +166,23 @@ class ModelRunner {
   // Qwen3-VL: the images of `request`, already checked against its prompt (layout_vl_prompt); the runner
   // encodes them when a step computes their pad tokens and keeps them until release_request. The engine
   // calls it only for a model with a vision tower (submit rejects images otherwise).
+  // EAGLE-3 speculative decoding (runtime/engine_eagle3.cpp): a runner with a draft model (Eagle3Model)
+  // beside the target. Its draft KV is one layer in the target's pages (allocate_kv sizes both;
+  // kv_bytes_per_token counts both). A pass returns, per logit row of `batch`, the draft's top-1 token (a
+  // target id) and its midlayer output [H] f32 (the next chain row's hidden state).
+  virtual bool has_draft() const { return false; }
+  using DraftOut = Eagle3Model::Out;
+  // Row t of `batch` starts from the target features of row step_rows[t] of the last forward /
+  // forward_sampled / forward_logprobs step (the target captured them).
+  virtual void draft_from_step(const BatchDesc& /*batch*/, const std::vector<int32_t>& /*step_rows*/,
+                               DraftOut* /*out*/) {
+    KILN_FAIL("this model runner has no EAGLE-3 draft");
+  }
+  // Row t starts from hidden[t] ([T, H] f32: an earlier pass's DraftOut::hidden rows).
+  virtual void draft_from_hidden(const BatchDesc& /*batch*/, const std::vector<float>& /*hidden*/,
+                                 DraftOut* /*out*/) {
+    KILN_FAIL("this model runner has no EAGLE-3 draft");
+  }
   virtual void attach_images(uint64_t /*request*/, VlPromptLayout /*layout*/,
                              std::vector<vision::ImagePatches> /*images*/) {
     KILN_FAIL("this model runner takes no images");

@@ -90,6 +90,27 @@ int64_t Qwen3Runner::kv_memory_budget(double mem_fraction) const {
 
 void Qwen3Runner::allocate_kv(int32_t num_pages, int32_t page_size) {
   cache_ = std::make_unique<KvCache>(config(), num_pages, page_size, layout_, kv_dtype_, device());
+  if (draft_) draft_->allocate_kv(num_pages, page_size, layout_);
+}
+
+void Qwen3Runner::set_draft(std::unique_ptr<Eagle3Model> draft) {
+  KILN_CHECK(cache_ == nullptr && graphs_.empty(), "set_draft: before allocate_kv and prepare_graphs");
+  KILN_CHECK(config().mrope_section.empty() && config().arch != ModelArch::qwen3_embedding,
+             "EAGLE-3 drafts for text generation models only, not ", config().architecture);
+  const auto& l = draft->aux_layers();
+  model_->set_aux_capture({l[0], l[1], l[2]});
+  draft_ = std::move(draft);
+}
+
+void Qwen3Runner::draft_from_step(const BatchDesc& batch, const std::vector<int32_t>& step_rows,
+                                  DraftOut* out) {
+  KILN_CHECK(draft_ != nullptr, "this model runner has no EAGLE-3 draft");
+  draft_->forward_features(batch, model_->aux_hidden(), step_rows, out);
+}
+
+void Qwen3Runner::draft_from_hidden(const BatchDesc& batch, const std::vector<float>& hidden, DraftOut* out) {
+  KILN_CHECK(draft_ != nullptr, "this model runner has no EAGLE-3 draft");
+  draft_->forward_hidden(batch, hidden, out);
 }
 
 Tensor Qwen3Runner::device_rows(Buffer& buf, int64_t rows, int64_t cols) {
@@ -504,7 +525,12 @@ std::unique_ptr<Qwen3Runner> load_qwen3_runner(const EngineOptions& opts) {
   const Qwen3RunnerSettings st = parse_qwen3_runner_settings(opts);
   auto model = Qwen3Model::load(opts.model_dir, st.load);
   const DType kv = st.kv_dtype(model->config());
-  return std::make_unique<Qwen3Runner>(std::move(model), st.layout, kv);
+  std::unique_ptr<Eagle3Model> draft;
+  if (opts.speculative.algorithm == spec::SpecAlgorithm::eagle3)
+    draft = Eagle3Model::load(opts.speculative.draft_model_path, *model);
+  auto runner = std::make_unique<Qwen3Runner>(std::move(model), st.layout, kv);
+  if (draft) runner->set_draft(std::move(draft));
+  return runner;
 }
 
 std::unique_ptr<Engine> Engine::create(const EngineOptions& opts) {

@@ -10,6 +10,7 @@
 
 #include "kiln/staged_upload.h"
 #include "model/cuda_graph.h"
+#include "model/eagle3_model.h"
 #include "model/kv_cache.h"
 #include "model/qwen3.h"
 #include "runtime/device_penalties.h"
@@ -26,7 +27,9 @@ class Qwen3Runner : public ModelRunner {
 
   const ModelConfig& config() const override { return model_->config(); }
   Device device() const override { return model_->device(); }
-  int64_t kv_bytes_per_token() const override { return KvCache::bytes_per_token(config(), kv_dtype_); }
+  int64_t kv_bytes_per_token() const override {
+    return KvCache::bytes_per_token(config(), kv_dtype_) + (draft_ ? draft_->kv_bytes_per_token() : 0);
+  }
   int64_t kv_memory_budget(double mem_fraction) const override;
   void allocate_kv(int32_t num_pages, int32_t page_size) override;
   // CUDA: captures one decode graph per (bucket, page-table width) at once; widths are powers of two
@@ -81,6 +84,13 @@ class Qwen3Runner : public ModelRunner {
   // tensor-parallel ranks other than 0 run (runtime/tp_runner.h), replaying the same graph rank 0 does.
   Tensor forward_device(const BatchDesc& batch);
 
+  // EAGLE-3: the draft beside the model (before allocate_kv and prepare_graphs: the target's steps capture
+  // the draft's features from then on, graphs included).
+  void set_draft(std::unique_ptr<Eagle3Model> draft);
+  bool has_draft() const override { return draft_ != nullptr; }
+  void draft_from_step(const BatchDesc& batch, const std::vector<int32_t>& step_rows, DraftOut* out) override;
+  void draft_from_hidden(const BatchDesc& batch, const std::vector<float>& hidden, DraftOut* out) override;
+
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }
   int num_graphs() const { return int(graphs_.size()); }
@@ -96,6 +106,7 @@ class Qwen3Runner : public ModelRunner {
 
   std::unique_ptr<Qwen3Model> model_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Eagle3Model> draft_;
   ops::KvLayout layout_;
   DType kv_dtype_;
   Buffer logits_buf_, hidden_buf_;

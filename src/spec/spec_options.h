@@ -23,8 +23,8 @@ struct SpecOptions {
   int32_t ngram_max = 12;
   // The automatic off switch (spec/off_switch.h): per batch size, verify only where it measures faster.
   bool off_switch = true;
-  // EAGLE-3 (SGLang's --speculative-draft-model-path): the draft checkpoint (model/eagle3.h); k is its
-  // --speculative-num-steps. The engine does not draft with it yet and refuses it by name.
+  // EAGLE-3 (SGLang's --speculative-draft-model-path): the draft checkpoint (model/eagle3_model.h), loaded
+  // beside the target by load_qwen3_runner; k is its --speculative-num-steps (chains, top-1).
   std::string draft_model_path;
   bool enabled() const { return algorithm != SpecAlgorithm::none; }
 };

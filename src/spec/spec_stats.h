@@ -20,6 +20,7 @@ struct SpecStats {
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;  // [k]
   int64_t switched_off = 0;               // times the off switch turned speculation off for a batch size
+  int64_t draft_passes = 0;               // EAGLE-3: draft model passes run (after steps and in chains)
 
   // One verify row: `drafted` tokens proposed, the first `accepted` of them kept.
   void observe_row(int32_t drafted, int32_t accepted) {

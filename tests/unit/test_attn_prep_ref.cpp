@@ -122,6 +122,33 @@ TEST(AttnPrepRef, NormAndRopeHandChecked) {
   }
 }
 
+// Without norm weights (a Llama attention: the EAGLE-3 draft's midlayer) step 1 passes the values through:
+// the hand-checked case above with x in place of the normed y; one weight alone is an error.
+TEST(AttnPrepRef, NoPerHeadNorm) {
+  Tiny k;
+  k.init();
+  k.table.assign(2 * 8, 0.f);
+  const float row1[8] = {1, 0, 0.5f, 0.75f, 0, 1, 0.5f, 0.25f};
+  for (int i = 0; i < 8; ++i) k.table[8 + i] = row1[i];
+  k.pos[0] = 1;
+  k.slots[0] = 3;
+  const float xq[8] = {1, 2, 3, 4, 0.5f, 0.25f, -1, -2};
+  for (int i = 0; i < 8; ++i) {
+    k.qkv[i] = bf(xq[i]);
+    k.qkv[8 + i] = bf(-1.f);
+  }
+  AttnPrepArgs a = k.args();
+  a.q_norm = Tensor();
+  a.k_norm = Tensor();
+  attn_prep_reference(a);
+  const float want_q[8] = {1, -0.25f, 2, 3.5f, 0.5f, 2, 1, -0.5f};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(fb(k.q_out[i]), want_q[i]) << i;
+  const float want_k[8] = {-1, 1, 0, -0.5f, -1, -1, -1, -1};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(fb(k.cache16(k.kc, 3, 0, i)), want_k[i]) << i;
+  a.k_norm = Tensor(k.kn.data(), DType::bf16, {8});
+  EXPECT_THROW(attn_prep_reference(a), Error);
+}
+
 TEST(AttnPrepRef, EpsAndDoubleRounding) {
   Tiny k;
   k.init();

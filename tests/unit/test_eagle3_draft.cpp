@@ -13,6 +13,7 @@
 #include <random>
 
 #include "common/test_support.h"
+#include "eagle3_test_util.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
@@ -26,52 +27,17 @@ namespace fs = std::filesystem;
 constexpr int64_t H = 32, HT = 24, I = 40, HEADS = 4, KV = 2, D = 8, V = 50, DV = 20;
 
 std::string config_json(const std::string& arch = "LlamaForCausalLMEagle3") {
-  return R"({"architectures": [")" + arch + R"("], "hidden_size": 32, "intermediate_size": 40,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 50,
-    "draft_vocab_size": 20, "target_hidden_size": 24, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 6]}})";
+  return test::eagle3_config_json(test::Eagle3Shape{}, arch);
 }
 
 // A random draft in `dir` (bf16 weights, its own embeddings); `skip` leaves one tensor out; d2t_shift moves
 // the last d2t entry (out of range when large).
 void write_draft(const fs::path& dir, const std::string& skip = "", int64_t d2t_shift = 0,
                  const std::string& arch = "LlamaForCausalLMEagle3") {
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << config_json(arch);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0.0f, 0.15f);
-  std::vector<std::vector<bf16_t>> keep;
-  std::vector<NamedTensor> ts;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float base = 0.0f) {
-    if (name == skip) return;
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    keep.emplace_back(size_t(n));
-    for (auto& x : keep.back()) x = f32_to_bf16(base + nd(rng));
-    void* p = keep.back().data();
-    ts.push_back({name, shape.size() == 1 ? Tensor(p, DType::bf16, {shape[0]}, Device::cpu())
-                                          : Tensor(p, DType::bf16, {shape[0], shape[1]}, Device::cpu())});
-  };
-  add("fc.weight", {H, 3 * HT});
-  add("midlayer.input_layernorm.weight", {H}, 1.0f);
-  add("midlayer.hidden_norm.weight", {H}, 1.0f);
-  add("midlayer.self_attn.q_proj.weight", {HEADS * D, 2 * H});
-  add("midlayer.self_attn.k_proj.weight", {KV * D, 2 * H});
-  add("midlayer.self_attn.v_proj.weight", {KV * D, 2 * H});
-  add("midlayer.self_attn.o_proj.weight", {H, HEADS * D});
-  add("midlayer.post_attention_layernorm.weight", {H}, 1.0f);
-  add("midlayer.mlp.gate_proj.weight", {I, H});
-  add("midlayer.mlp.up_proj.weight", {I, H});
-  add("midlayer.mlp.down_proj.weight", {H, I});
-  add("norm.weight", {H}, 1.0f);
-  add("lm_head.weight", {DV, H});
-  add("embed_tokens.weight", {V, H});
-  static std::vector<int64_t> d2t;
-  d2t.assign(size_t(DV), 0);
-  for (int64_t i = 0; i < DV; ++i) d2t[size_t(i)] = 2 * i + 1 - i;  // draft id i -> target id 2 i + 1
-  d2t.back() += d2t_shift;
-  ts.push_back({"d2t", Tensor(d2t.data(), DType::i64, {DV}, Device::cpu())});
-  write_safetensors((dir / "model.safetensors").string(), ts, {{"format", "pt"}});
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < DV; ++i) ids.push_back(2 * i + 1);  // draft id i -> target id 2 i + 1
+  ids.back() += d2t_shift;
+  test::write_eagle3_draft(dir, test::Eagle3Shape{}, skip, ids, 5, arch);
 }
 
 fs::path scratch(const std::string& name) {

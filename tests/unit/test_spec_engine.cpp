@@ -260,19 +260,6 @@ TEST(SpecEngine, ReserveAndRollbackKeepThePoolExact) {
   EXPECT_EQ(pool.num_free(), 11);
 }
 
-// EAGLE-3 is parsed and validated but not drafted with yet: the engine refuses it by name, before any step.
-TEST(SpecEngine, Eagle3IsRefusedByName) {
-  EngineOptions o = test::small_opts(4096, 4, 16);
-  o.speculative.algorithm = spec::SpecAlgorithm::eagle3;
-  o.speculative.draft_model_path = "/nonexistent/draft";
-  try {
-    Engine e(std::make_unique<FakeRunner>(3), o);
-    FAIL() << "the engine started with EAGLE-3";
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("EAGLE3"), std::string::npos) << err.what();
-  }
-}
-
 // A small Qwen3 (random bf16 weights, untied embeddings, a 512-token vocabulary) on the CPU backend.
 std::string write_small_checkpoint() {
   static const std::string written = [] {

@@ -1,6 +1,7 @@
 // CPU reference of ops/attn_prep.h: a direct, scalar transcription of the contract (the oracle).
 // Every f32 operation is written out: std::fma for the named fmas, separate statements elsewhere
 // (C++20 without GNU extensions compiles with -ffp-contract=off, so nothing else is fused).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -156,7 +157,11 @@ void attn_prep_reference(const AttnPrepArgs& a) {
     for (int h = 0; h < Hq + Hkv; ++h) {
       const bool is_q = h < Hq;
       for (int i = 0; i < D; ++i) x[i] = act.load(row, int64_t(h) * D + i);
-      rms_norm_head(act, x.data(), is_q ? a.q_norm.data : a.k_norm.data, D, a.eps, y.data());
+      if (a.q_norm.data) {
+        rms_norm_head(act, x.data(), is_q ? a.q_norm.data : a.k_norm.data, D, a.eps, y.data());
+      } else {
+        std::copy_n(x.data(), D, y.data());  // no per-head norm: the act values as they are
+      }
       rope_head(act, y.data(), D, R, rows.data(), out.data());
       if (is_q) {
         void* dst = a.q_out.data ? a.q_out.data : a.qkv.data;

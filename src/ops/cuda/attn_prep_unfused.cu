@@ -1,7 +1,7 @@
 // Unfused attention preparation: one kernel per step of ops/attn_prep.h, element loads/stores (any
 // alignment, any head_dim the contract allows). The runtime fallback and the tests' second implementation.
-//   1. rms_norm_kernel   Q heads: qkv -> Q destination (q_out or in place)
-//   2. rms_norm_kernel   K heads: qkv -> K scratch [T, Hkv, D] (cudaMallocAsync, stream-ordered)
+//   1. rms_norm_kernel   Q heads: qkv -> Q destination (q_out or in place); without norm weights a copy
+//   2. rms_norm_kernel   K heads: qkv -> K scratch [T, Hkv, D] (cudaMallocAsync, stream-ordered), likewise
 //   3. rope_kernel       Q destination and K scratch in place
 //   4. append_kernel     K scratch and V (from qkv) -> cache
 // Mapping: norm and append: one warp per (token, head), lane l owns elements [8l, 8l + 8) (the contract's
@@ -39,6 +39,10 @@ __global__ void __launch_bounds__(128) rms_norm_kernel(const __grid_constant__ A
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(p.D)), p.eps)));
   if (!mine) return;
   uint16_t* out = dst.base + int64_t(t) * dst.row + int64_t(h) * dst.head;
+  if (w == nullptr) {  // no per-head norm (ops/attn_prep.h): the head's values as they are
+    for (int j = 0; j < 8; ++j) out[8 * l + j] = src[8 * l + j];
+    return;
+  }
   for (int j = 0; j < 8; ++j) {
     const float n = act_widen<A>(act_round<A>(__fmul_rn(x[j], r)));
     out[8 * l + j] = act_round<A>(__fmul_rn(n, act_widen<A>(static_cast<const uint16_t*>(w)[8 * l + j])));

@@ -1,0 +1,358 @@
+// EAGLE-3 draft on the ops API (see eagle3_model.h).
+#include "model/eagle3_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "kiln/dtype.h"
+#include "kiln/error.h"
+#include "kiln/safetensors.h"
+#include "kiln/staged_upload.h"
+#include "model/qwen3.h"
+#include "ops/attention.h"
+#include "ops/attn_prep.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+#include "ops/rope_table.h"
+#include "ops/stream.h"
+
+#ifdef KILN_HAVE_CUDA
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/cuda/context.h"
+#include "ops/cuda/gemm.h"
+#endif
+
+namespace kiln {
+namespace {
+
+struct Part {
+  std::string name;
+  std::vector<int64_t> shape;  // [n] or [rows, cols]
+};
+
+// The named tensors (bf16 or f32 in the file), checked against their shapes and stacked by rows into one
+// bf16 matrix on `dev` (a single part: that tensor, 1-D or 2-D as given).
+Tensor stacked(const Checkpoint& ck, const std::vector<Part>& parts, Device dev, std::vector<Buffer>& owned) {
+  std::vector<bf16_t> host;
+  int64_t rows = 0;
+  for (const Part& p : parts) {
+    KILN_CHECK(ck.has(p.name), "EAGLE-3 draft: tensor '", p.name, "' is missing");
+    const Tensor t = ck.get(p.name);
+    KILN_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32, "EAGLE-3 draft: '", p.name,
+               "' must be bf16 or f32, got ", t.describe());
+    KILN_CHECK(t.ndim == int(p.shape.size()) && std::equal(p.shape.begin(), p.shape.end(), t.shape.begin()),
+               "EAGLE-3 draft: '", p.name, "' has shape ", t.describe());
+    const size_t n = size_t(t.numel());
+    if (t.dtype == DType::bf16) {
+      const auto* s = static_cast<const bf16_t*>(t.data);
+      host.insert(host.end(), s, s + n);
+    } else {
+      const auto* s = static_cast<const float*>(t.data);
+      for (size_t i = 0; i < n; ++i) host.push_back(f32_to_bf16(s[i]));
+    }
+    rows += p.shape[0];
+  }
+  owned.emplace_back(host.size() * sizeof(bf16_t), dev);
+  copy_bytes(owned.back().data(), dev, host.data(), Device::cpu(), host.size() * sizeof(bf16_t));
+  if (parts.size() == 1 && parts[0].shape.size() == 1)
+    return Tensor(owned.back().data(), DType::bf16, {rows}, dev);
+  return Tensor(owned.back().data(), DType::bf16, {rows, parts[0].shape[1]}, dev);
+}
+
+// CUDA: the draft's GEMM shapes (M up to 64; the LM head's up to 32 rows, a verify step's chains) tuned like
+// the target's (model/cuda_tune.h) when the tactic cache lacks its M = 1 QKV shape, so one-row passes get the
+// tuner's GEMV rather than the cuBLASLt heuristic. KILN_AUTOTUNE=0 turns it off.
+void autotune_draft_if_needed(const Eagle3Config& c) {
+#ifdef KILN_HAVE_CUDA
+  if (const char* e = std::getenv("KILN_AUTOTUNE"); e && std::strcmp(e, "0") == 0) return;
+  cuda::GemmEngine& eng = cuda::gemm_engine();
+  const int64_t H = c.hidden, qkv = (c.heads + 2 * c.kv_heads) * c.head_dim;
+  if (eng.tactics().count(cuda::GemmShape{1, qkv, 2 * H, cuda::GemmOut::bf16})) return;
+  std::vector<cuda::GemmShape> shapes;
+  // Only shapes without a tactic: one the target shares (its MLP's, often) keeps the target's tactic, so
+  // loading a draft never changes the target's GEMMs (nor its greedy tokens).
+  const auto want = [&](cuda::GemmShape g) {
+    if (!eng.tactics().count(g)) shapes.push_back(g);
+  };
+  for (int64_t mb = 1; mb <= 64; mb *= 2) {
+    want({mb, H, 3 * c.target_hidden, cuda::GemmOut::bf16});
+    want({mb, qkv, 2 * H, cuda::GemmOut::bf16});
+    want({mb, H, c.heads * c.head_dim, cuda::GemmOut::bf16});
+    want({mb, 2 * c.intermediate, H, cuda::GemmOut::bf16});
+    want({mb, H, c.intermediate, cuda::GemmOut::bf16});
+    if (mb <= 32) want({mb, c.draft_vocab, H, cuda::GemmOut::f32});
+  }
+  const std::string path = cuda::default_tactic_cache_path();
+  std::fprintf(stderr, "kiln: tuning cuBLASLt GEMM tactics for the EAGLE-3 draft's shapes (once; cache %s)\n",
+               path.c_str());
+  eng.tune(shapes);
+  try {
+    eng.save(path);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "kiln: could not save the tactic cache: %s\n", ex.what());
+  }
+#else
+  (void)c;
+#endif
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  KILN_CHECK(f.good(), "EAGLE-3 draft: cannot read ", p.string());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+// Per-pass buffers on the model's device, grown (doubling) to the largest pass seen.
+struct Eagle3Model::Workspace {
+  enum Slot {
+    ids,
+    positions,
+    slots,
+    cu_q,
+    kv_lens,
+    page_table,
+    rows,
+    src_rows,
+    input,
+    residual,
+    x,
+    qkv,
+    attn,
+    tmp,
+    normed,
+    gate_up,
+    act,
+    out,
+    num_slots
+  };
+  explicit Workspace(Device d) : device(d), bufs(num_slots), staged(d) {}
+  void* get(Slot s, size_t bytes) {
+    Buffer& b = bufs[size_t(s)];
+    if (b.bytes() < bytes || !b.data()) b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
+    return b.data();
+  }
+  // A pass's input into its slot by an asynchronous copy (between staged.begin and end).
+  template <typename T>
+  void* upload(Slot s, const std::vector<T>& v) {
+    void* p = get(s, v.size() * sizeof(T));
+    staged.copy(p, v.data(), v.size() * sizeof(T));
+    return p;
+  }
+  Tensor act_rows(Slot s, int64_t T, int64_t cols) {
+    return Tensor(get(s, size_t(std::max<int64_t>(T, 1) * cols) * sizeof(bf16_t)), DType::bf16, {T, cols},
+                  device);
+  }
+  Device device;
+  std::vector<Buffer> bufs;
+  StagedUploads staged;  // the inputs leave by one pinned batch, not a synchronous copy each
+  std::vector<float> host_out;
+  Tensor ids_t, pos_t, slots_t, cu_t, kv_lens_t, pt_t, rows_t, src_t;
+};
+
+Eagle3Model::~Eagle3Model() = default;
+
+std::unique_ptr<Eagle3Model> Eagle3Model::load(const std::string& dir, const Qwen3Model& target) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<Eagle3Model> m(new Eagle3Model());
+  const fs::path cfg_path = fs::path(dir) / "config.json";
+  m->cfg_ = parse_eagle3_config(read_text(cfg_path), cfg_path.string());
+  const Eagle3Config& c = m->cfg_;
+  const ModelConfig& tc = target.config();
+  KILN_CHECK(c.vocab == tc.vocab_size, cfg_path.string(), ": vocab_size ", c.vocab, " is not the target's ",
+             tc.vocab_size);
+  KILN_CHECK(c.target_hidden == tc.hidden_size, cfg_path.string(), ": target_hidden_size ", c.target_hidden,
+             " is not the target's hidden size ", tc.hidden_size);
+  KILN_CHECK(c.head_dim % 8 == 0 && c.head_dim <= 256, cfg_path.string(), ": head_dim ", c.head_dim,
+             " (kiln's attention takes a multiple of 8 up to 256)");
+  m->aux_layers_ = eagle3_aux_layers(c, tc.num_layers);
+  m->device_ = target.device();
+  m->max_position_ = target.max_position();
+  m->ws_ = std::make_unique<Workspace>(m->device_);
+  const Checkpoint ck = Checkpoint::open(dir);
+  const int64_t H = c.hidden, I = c.intermediate, qd = c.heads * c.head_dim, kd = c.kv_heads * c.head_dim;
+  const Device dev = m->device_;
+  auto& own = m->owned_;
+  m->fc_ = stacked(ck, {{"fc.weight", {H, 3 * c.target_hidden}}}, dev, own);
+  m->w_in_ = stacked(ck, {{"midlayer.input_layernorm.weight", {H}}}, dev, own);
+  m->w_hidden_ = stacked(ck, {{"midlayer.hidden_norm.weight", {H}}}, dev, own);
+  m->qkv_ = stacked(ck,
+                    {{"midlayer.self_attn.q_proj.weight", {qd, 2 * H}},
+                     {"midlayer.self_attn.k_proj.weight", {kd, 2 * H}},
+                     {"midlayer.self_attn.v_proj.weight", {kd, 2 * H}}},
+                    dev, own);
+  m->o_ = stacked(ck, {{"midlayer.self_attn.o_proj.weight", {H, qd}}}, dev, own);
+  m->w_post_ = stacked(ck, {{"midlayer.post_attention_layernorm.weight", {H}}}, dev, own);
+  m->gate_up_ = stacked(
+      ck, {{"midlayer.mlp.gate_proj.weight", {I, H}}, {"midlayer.mlp.up_proj.weight", {I, H}}}, dev, own);
+  m->down_ = stacked(ck, {{"midlayer.mlp.down_proj.weight", {H, I}}}, dev, own);
+  m->w_norm_ = stacked(ck, {{"norm.weight", {H}}}, dev, own);
+  m->lm_head_ = stacked(ck, {{"lm_head.weight", {c.draft_vocab, H}}}, dev, own);
+  if (ck.has("embed_tokens.weight")) {
+    m->embed_ = stacked(ck, {{"embed_tokens.weight", {c.vocab, H}}}, dev, own);
+  } else {
+    KILN_CHECK(H == tc.hidden_size && target.weights().embed.data != nullptr,
+               "EAGLE-3 draft without embed_tokens.weight: its hidden size ", H,
+               " must be the target's (the embeddings are shared), got ", tc.hidden_size);
+    m->embed_ = target.weights().embed;
+  }
+  KILN_CHECK(ck.has("d2t"), "EAGLE-3 draft: tensor 'd2t' is missing");
+  const Tensor t = ck.get("d2t", DType::i64, {c.draft_vocab});
+  m->d2t_.assign(static_cast<const int64_t*>(t.data), static_cast<const int64_t*>(t.data) + c.draft_vocab);
+  for (int64_t i = 0; i < c.draft_vocab; ++i)
+    KILN_CHECK(i + m->d2t_[size_t(i)] >= 0 && i + m->d2t_[size_t(i)] < c.vocab, "EAGLE-3 draft: d2t[", i,
+               "] maps outside the target vocabulary of ", c.vocab);
+  if (dev.is_cuda()) autotune_draft_if_needed(c);
+  m->rope_ = ops::build_rope_table(int(c.head_dim), c.rope_theta, m->max_position_, dev);
+  m->kv_cfg_.num_layers = 1;
+  m->kv_cfg_.num_kv_heads = c.kv_heads;
+  m->kv_cfg_.num_heads = c.heads;
+  m->kv_cfg_.head_dim = c.head_dim;
+  m->kv_cfg_.hidden_size = H;
+  return m;
+}
+
+void Eagle3Model::allocate_kv(int32_t num_pages, int32_t page_size, ops::KvLayout layout) {
+  cache_ = std::make_unique<KvCache>(kv_cfg_, num_pages, page_size, layout, DType::bf16, device_);
+}
+
+int64_t Eagle3Model::kv_bytes_per_token() const {
+  return KvCache::bytes_per_token(kv_cfg_, DType::bf16);
+}
+
+void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows,
+                        const std::vector<bf16_t>* hidden) {
+  KILN_CHECK(cache_ != nullptr, "Eagle3Model: allocate_kv was not called");
+  b.validate(cfg_.vocab, cache_->num_pages());
+  KILN_CHECK_EQ(b.page_size, cache_->page_size(), "draft batch page size vs the draft's KV cache");
+  for (int32_t p : b.positions)
+    KILN_CHECK(p >= 0 && p < max_position_, "draft position ", p, " outside [0, ", max_position_, ")");
+  Workspace& w = *ws_;
+  const Device dev = device_;
+  const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
+  const auto fp = [](const auto& v) { return StagedUploads::footprint(v.size() * sizeof(v[0])); };
+  w.staged.begin(fp(b.tokens) + fp(b.positions) + fp(b.slot_mapping) + fp(b.cu_q) + fp(b.kv_lens) +
+                     fp(b.page_table) + fp(b.logit_rows) + (src_rows ? fp(*src_rows) : 0) +
+                     (hidden ? fp(*hidden) : 0),
+                 ops::current_stream());
+  if (src_rows) w.src_t = Tensor(w.upload(Workspace::src_rows, *src_rows), DType::i32, {T}, dev);
+  if (hidden) w.upload(Workspace::residual, *hidden);
+  w.ids_t = Tensor(w.upload(Workspace::ids, b.tokens), DType::i32, {T}, dev);
+  w.pos_t = Tensor(w.upload(Workspace::positions, b.positions), DType::i32, {T}, dev);
+  w.slots_t = Tensor(w.upload(Workspace::slots, b.slot_mapping), DType::i64, {T}, dev);
+  w.cu_t = Tensor(w.upload(Workspace::cu_q, b.cu_q), DType::i32, {B + 1}, dev);
+  w.kv_lens_t = Tensor(w.upload(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
+  w.pt_t = Tensor(w.upload(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
+  w.rows_t = Tensor(w.upload(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
+  w.staged.end();
+}
+
+void Eagle3Model::forward_features(const BatchDesc& b, const Tensor& features,
+                                   const std::vector<int32_t>& rows, Out* out) {
+  const int64_t T = b.num_tokens();
+  KILN_CHECK_EQ(int64_t(rows.size()), T, "EAGLE-3: one feature row per draft row");
+  KILN_CHECK(features.ndim == 2 && features.dtype == DType::bf16 &&
+                 features.shape[1] == 3 * cfg_.target_hidden && features.device == device_,
+             "EAGLE-3 features must be bf16 [N, ", 3 * cfg_.target_hidden, "] on ", device_name(device_),
+             ", got ", features.describe());
+  for (int32_t r : rows)
+    KILN_CHECK(r >= 0 && r < features.shape[0], "EAGLE-3: feature row ", r, " outside [0, ",
+               features.shape[0], ")");
+  stage(b, &rows, nullptr);
+  Workspace& w = *ws_;
+  const Tensor in = w.act_rows(Workspace::input, T, 3 * cfg_.target_hidden);
+  const Tensor residual = w.act_rows(Workspace::residual, T, cfg_.hidden);
+  if (T > 0) {
+    ops::embedding(features, w.src_t, in);
+    ops::linear(in, fc_, residual);
+  }
+  run_midlayer(b, out);
+}
+
+void Eagle3Model::forward_hidden(const BatchDesc& b, const std::vector<float>& hidden, Out* out) {
+  const int64_t T = b.num_tokens(), H = cfg_.hidden;
+  KILN_CHECK_EQ(int64_t(hidden.size()), T * H, "EAGLE-3: hidden states must be [T, H]");
+  std::vector<bf16_t> h(hidden.size());
+  for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(hidden[i]);
+  stage(b, nullptr, &h);
+  run_midlayer(b, out);
+}
+
+void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
+  Workspace& w = *ws_;
+  const Eagle3Config& c = cfg_;
+  const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
+  const int64_t H = c.hidden, I = c.intermediate, D = c.head_dim, Hq = c.heads, Hkv = c.kv_heads;
+  const int64_t Dv = c.draft_vocab, qkv_dim = (Hq + 2 * Hkv) * D;
+  const float eps = float(c.eps);
+  out->tokens.assign(size_t(R), -1);
+  out->hidden.assign(size_t(R * H), 0.0f);
+  if (T == 0) return;
+  const Tensor residual = w.act_rows(Workspace::residual, T, H);
+  const Tensor x = w.act_rows(Workspace::x, T, 2 * H);
+  const Tensor qkv = w.act_rows(Workspace::qkv, T, qkv_dim);
+  const Tensor attn(w.get(Workspace::attn, size_t(T * Hq * D) * 2), DType::bf16, {T, Hq, D}, device_);
+  const Tensor tmp = w.act_rows(Workspace::tmp, T, H);
+  const Tensor normed = w.act_rows(Workspace::normed, T, H);
+  const Tensor gate_up = w.act_rows(Workspace::gate_up, T, 2 * I);
+  const Tensor act = w.act_rows(Workspace::act, T, I);
+  // x = cat(rms(embed(token)) * w_in, rms(hidden) * w_hidden): the two norms write the halves of each row.
+  ops::embedding(embed_, w.ids_t, tmp);
+  ops::rms_norm(tmp, w_in_, eps, Tensor::strided(x.data, DType::bf16, {T, H}, {2 * H, 1}, device_));
+  ops::rms_norm(residual, w_hidden_, eps,
+                Tensor::strided(static_cast<bf16_t*>(x.data) + H, DType::bf16, {T, H}, {2 * H, 1}, device_));
+  ops::linear(x, qkv_, qkv);
+  ops::AttnPrepArgs prep;  // Llama attention: no per-head norm (q_norm / k_norm empty)
+  prep.qkv = qkv;
+  prep.eps = eps;
+  prep.positions = w.pos_t;
+  prep.rope = ops::rope_table_view(rope_, int(D), max_position_);
+  prep.slot_mapping = w.slots_t;
+  prep.cache = cache_->layer(0);
+  prep.num_q_heads = int(Hq);
+  prep.num_kv_heads = int(Hkv);
+  prep.head_dim = int(D);
+  ops::attn_prep(prep);
+  ops::PagedAttentionArgs att;
+  att.q = Tensor::strided(qkv.data, DType::bf16, {T, Hq, D}, {qkv_dim, D, 1}, device_);
+  att.cache = prep.cache;
+  att.cu_q = w.cu_t;
+  att.kv_lens = w.kv_lens_t;
+  att.page_table = w.pt_t;
+  att.out = attn;
+  att.scale = float(1.0 / std::sqrt(double(D)));
+  att.min_q_len = std::numeric_limits<int32_t>::max();
+  for (int64_t s = 0; s < B; ++s) att.min_q_len = std::min(att.min_q_len, b.q_len(int(s)));
+  ops::paged_attention(att);
+  ops::linear_add_rms_norm(attn.reshape({T, Hq * D}), o_, residual, w_post_, eps, tmp, normed);
+  ops::linear_silu_mul(normed, gate_up_, gate_up, act);
+  ops::linear_add_rms_norm(act, down_, residual, w_norm_, eps, tmp, normed);
+  if (R == 0) return;
+  // The logits [R, Dv] and the midlayer outputs [R, H] (widened exactly) in one buffer: one copy back.
+  auto* both = static_cast<float*>(w.get(Workspace::out, size_t(R * (Dv + H)) * 4));
+  ops::lm_head(normed, w.rows_t, lm_head_, Tensor(both, DType::f32, {R, Dv}, device_));
+  ops::embedding(residual, w.rows_t, Tensor(both + R * Dv, DType::f32, {R, H}, device_));
+  std::vector<float>& host = w.host_out;
+  host.resize(size_t(R * (Dv + H)));
+  copy_bytes(host.data(), Device::cpu(), both, device_, host.size() * 4);
+  std::copy(host.begin() + R * Dv, host.end(), out->hidden.begin());
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = host.data() + r * Dv;
+    const int64_t best = std::max_element(row, row + Dv) - row;  // the first maximum: the lowest draft id
+    out->tokens[size_t(r)] = int32_t(best + d2t_[size_t(best)]);
+  }
+}
+
+}  // namespace kiln

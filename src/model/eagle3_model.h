@@ -1,0 +1,87 @@
+// Eagle3Model: the EAGLE-3 draft (model/eagle3.h's layout and math) written against the ops API, so the CPU
+// and CUDA backends run the same code, beside a Qwen3Model target whose step features it reads
+// (Qwen3Model::set_aux_capture). model/eagle3.h's Eagle3Draft (f32) is the reference it is checked against.
+//
+// Its KV cache is one layer of paged K/V indexed by the target's page table: draft entry i of a sequence
+// lives in the slot of the target's position i, so its pages come with the request, are rolled back with the
+// target's (rejected drafts) and freed with it, and a page the prefix cache shares carries the draft entries
+// of the positions it holds.
+//
+// One pass over T rows (a BatchDesc: tokens, positions, slots, cu_q, kv_lens, page table, logit rows; row t
+// of a sequence at position p takes the token at p + 1, writes draft entry p and attends to entries [0, p]):
+//   residual = fc(features) (first rows: target features [T, 3 Ht]) or the given hidden [T, H] (chain rows)
+//   x = cat(rms_norm(embed(token)) * w_in, rms_norm(residual) * w_hidden)                 bf16 [T, 2 H]
+//   q, k, v = x W_qkv^T; NeoX RoPE on q, k (the draft's rope_theta); K, V into the cache  (no Q/K norm)
+//   residual += o_proj(paged_attention(q));  normed = rms_norm(residual) * w_post
+//   residual += down(silu(gate(normed)) * up(normed));  normed = rms_norm(residual) * w_norm
+// and per logit row: the draft's top-1 token through d2t (target ids; lowest draft id among equal maxima) and
+// the midlayer output (residual) widened to f32, the next chain row's hidden state. Rounding points: the ops'
+// (bf16 activations, f32 accumulation), so it matches the f32 reference within bf16 tolerance, not bitwise.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/batch.h"
+#include "kiln/config.h"
+#include "kiln/dtype.h"
+#include "kiln/tensor.h"
+#include "model/eagle3.h"
+#include "model/kv_cache.h"
+#include "ops/fp8_linear.h"
+
+namespace kiln {
+
+class Qwen3Model;
+
+class Eagle3Model {
+ public:
+  // dir: config.json + *.safetensors of a LlamaForCausalLMEagle3 draft for `target` (the same vocabulary;
+  // target_hidden_size = the target's hidden size). Without embed_tokens.weight the target's embeddings
+  // serve (shared, as SpecForge ships). Errors name the file, field or tensor.
+  static std::unique_ptr<Eagle3Model> load(const std::string& dir, const Qwen3Model& target);
+  ~Eagle3Model();
+
+  const Eagle3Config& config() const { return cfg_; }
+  // The target layers whose entering residual streams are the features (eagle3_aux_layers).
+  const std::array<int32_t, 3>& aux_layers() const { return aux_layers_; }
+  // The draft's paged KV: one layer, the target's page count and size (bf16, `layout`).
+  void allocate_kv(int32_t num_pages, int32_t page_size, ops::KvLayout layout);
+  // K and V bytes of one token (the pool's sizing adds them to the target's).
+  int64_t kv_bytes_per_token() const;
+
+  struct Out {
+    std::vector<int32_t> tokens;  // [R] the top-1 draft token of each logit row, as a target id
+    std::vector<float> hidden;    // [R, H] the midlayer output of each logit row
+  };
+  // A pass whose rows start from target features: row t takes features[rows[t]] (bf16 [N, 3 Ht] on the
+  // model's device, e.g. Qwen3Model::aux_hidden()).
+  void forward_features(const BatchDesc& batch, const Tensor& features, const std::vector<int32_t>& rows,
+                        Out* out);
+  // A pass whose rows start from hidden states [T, H] (host f32, bf16 values: an earlier pass's Out::hidden).
+  void forward_hidden(const BatchDesc& batch, const std::vector<float>& hidden, Out* out);
+
+ private:
+  struct Workspace;
+  Eagle3Model() = default;
+  // Validates the pass and uploads its inputs (and the feature rows or the hidden states) in one batch.
+  void stage(const BatchDesc& batch, const std::vector<int32_t>* src_rows, const std::vector<bf16_t>* hidden);
+  void run_midlayer(const BatchDesc& batch, Out* out);
+
+  Eagle3Config cfg_;
+  ModelConfig kv_cfg_;  // one layer of the draft's KV heads and head dim (KvCache's shape)
+  std::array<int32_t, 3> aux_layers_{};
+  Device device_ = Device::cpu();
+  int64_t max_position_ = 0;
+  std::vector<Buffer> owned_;  // the weights' device storage
+  Tensor fc_, w_in_, w_hidden_, w_post_, w_norm_, lm_head_, embed_;
+  ops::LinearWeight qkv_, o_, gate_up_, down_;
+  std::vector<int64_t> d2t_;
+  Buffer rope_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Workspace> ws_;
+};
+
+}  // namespace kiln

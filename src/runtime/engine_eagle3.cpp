@@ -1,0 +1,145 @@
+// EAGLE-3 drafting in the engine (src/spec/README.md, "EAGLE-3"). After every step, the draft pass over the
+// positions the step computed: position p takes the target's features at p and the token at p + 1 (the next
+// prompt token, a kept draft, or the token just drawn) and writes the draft's KV entry p, in the slot of the
+// target's position p (the draft's one-layer cache shares the target's pages). The last such row of a
+// sequence that decodes next gives its first draft token and the hidden state its chain continues from; the
+// verify step that follows runs the chain's remaining passes (one row per sequence each) before the target
+// verifies the chain like any other draft (engine_spec.cpp).
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "runtime/engine_impl.h"
+
+namespace kiln {
+namespace {
+
+// Appends one sequence of `n` rows at positions begin .. begin + n - 1 to a draft batch: tokens, slots of the
+// target's pages, its page-table row (pages covering begin + n), and, when `logit`, its last row's logits.
+void add_draft_seq(BatchDesc& b, const Sequence& s, int32_t begin, const std::vector<int32_t>& tokens,
+                   bool logit) {
+  const int32_t ps = b.page_size, n = int32_t(tokens.size());
+  for (int32_t j = 0; j < n; ++j) {
+    const int32_t pos = begin + j;
+    b.tokens.push_back(tokens[size_t(j)]);
+    b.positions.push_back(pos);
+    b.slot_mapping.push_back(int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps);
+  }
+  if (logit) b.logit_rows.push_back(b.cu_q.back() + n - 1);
+  b.cu_q.push_back(b.cu_q.back() + n);
+  b.kv_lens.push_back(begin + n);
+  b.seq_ids.push_back(s.id);
+}
+
+// The page table of a draft batch whose sequences' rows end at kv_lens: each row its pages, then null pages.
+void fill_page_table(BatchDesc& b, const std::vector<const Sequence*>& seqs) {
+  const int32_t ps = b.page_size;
+  b.pages_stride = 1;
+  for (int32_t len : b.kv_lens) b.pages_stride = std::max(b.pages_stride, (len + ps - 1) / ps);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int32_t used = (b.kv_lens[i] + ps - 1) / ps;
+    for (int32_t p = 0; p < b.pages_stride; ++p)
+      b.page_table.push_back(p < used ? seqs[i]->pages[size_t(p)] : KvPool::kNullPage);
+  }
+}
+
+BatchDesc empty_draft_batch(int32_t page_size) {
+  BatchDesc b;
+  b.page_size = page_size;
+  b.cu_q.assign(1, 0);
+  return b;
+}
+
+}  // namespace
+
+void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batch) {
+  if (!eagle) return;
+  if (std::exchange(eagle_skip_pass, false)) {
+    for (const StepRow& r : plan.rows)
+      if (auto it = live.find(r.seq->id); it != live.end()) it->second.eagle.pos = -1;
+    return;
+  }
+  BatchDesc b = empty_draft_batch(pool->page_size());
+  std::vector<int32_t> step_rows;
+  std::vector<const Sequence*> seqs;
+  std::vector<RequestId> chained;  // the sequences given a logit row, in order
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& r = plan.rows[i];
+    const Sequence& s = *r.seq;
+    auto it = live.find(s.id);
+    if (it != live.end()) it->second.eagle.pos = -1;  // until this pass gives it a chain
+    // Positions begin .. begin + q_len - 1 were computed; those whose next token is known get their entry.
+    const int32_t n = std::min(r.q_len, int32_t(s.tokens.size()) - 1 - r.begin);
+    if (n <= 0) continue;
+    std::vector<int32_t> next(s.tokens.begin() + r.begin + 1, s.tokens.begin() + r.begin + 1 + n);
+    // Decodes next: its last computed position is the one before its last token.
+    const bool chain = it != live.end() && r.begin + n + 1 == int32_t(s.tokens.size());
+    add_draft_seq(b, s, r.begin, next, chain);
+    for (int32_t j = 0; j < n; ++j) step_rows.push_back(step_batch.cu_q[i] + j);
+    seqs.push_back(&s);
+    if (chain) chained.push_back(s.id);
+  }
+  if (seqs.empty()) return;
+  fill_page_table(b, seqs);
+  ModelRunner::DraftOut out;
+  try {
+    ++counters.spec.draft_passes;
+    runner->draft_from_step(b, step_rows, &out);
+  } catch (const RunnerFatalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln engine: the EAGLE-3 draft pass failed (its requests draft nothing): %s\n",
+                 e.what());
+    return;
+  }
+  const int64_t H = int64_t(out.hidden.size()) / std::max<int64_t>(1, int64_t(chained.size()));
+  for (size_t k = 0; k < chained.size(); ++k) {
+    Live& L = live.at(chained[k]);
+    const Sequence& s = *sched->find(chained[k]);
+    L.eagle.pos = int32_t(s.tokens.size()) - 2;
+    L.eagle.next = out.tokens[k];
+    L.eagle.hidden.assign(out.hidden.begin() + int64_t(k) * H, out.hidden.begin() + int64_t(k + 1) * H);
+  }
+}
+
+std::vector<std::vector<int32_t>> Engine::Impl::eagle_chain(const StepPlan& plan,
+                                                            const std::vector<int32_t>& count) {
+  const size_t B = plan.rows.size();
+  std::vector<std::vector<int32_t>> drafts(B);
+  std::vector<std::vector<float>> hidden(B);
+  for (size_t i = 0; i < B; ++i) {
+    if (count[i] <= 0) continue;
+    const Live& L = live.at(plan.rows[i].seq->id);
+    drafts[i].push_back(L.eagle.next);
+    hidden[i] = L.eagle.hidden;
+  }
+  // Pass j drafts token j + 1 of every chain that long: the row at position begin + j - 1 takes draft j and
+  // the hidden state of the pass before.
+  for (int32_t j = 1;; ++j) {
+    BatchDesc b = empty_draft_batch(pool->page_size());
+    std::vector<const Sequence*> seqs;
+    std::vector<size_t> who;
+    std::vector<float> in;
+    for (size_t i = 0; i < B; ++i) {
+      if (count[i] <= j) continue;
+      const StepRow& r = plan.rows[i];
+      add_draft_seq(b, *r.seq, r.begin + j - 1, {drafts[i].back()}, true);
+      seqs.push_back(r.seq);
+      who.push_back(i);
+      in.insert(in.end(), hidden[i].begin(), hidden[i].end());
+    }
+    if (who.empty()) break;
+    fill_page_table(b, seqs);
+    ModelRunner::DraftOut out;
+    ++counters.spec.draft_passes;
+    runner->draft_from_hidden(b, in, &out);
+    const size_t H = out.hidden.size() / who.size();
+    for (size_t k = 0; k < who.size(); ++k) {
+      drafts[who[k]].push_back(out.tokens[k]);
+      hidden[who[k]].assign(out.hidden.begin() + int64_t(k * H), out.hidden.begin() + int64_t((k + 1) * H));
+    }
+  }
+  return drafts;
+}
+
+}  // namespace kiln

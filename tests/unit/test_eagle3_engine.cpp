@@ -1,0 +1,437 @@
+// EAGLE-3 in the engine on the CPU backend: a small random Qwen3 (6 layers) and a random draft written here.
+//   - the target's captured features (Qwen3Model::set_aux_capture): layer 0's are the embeddings, and every
+//     block is bitwise the same whether the prompt ran in one step or in chunks;
+//   - the ops draft (Eagle3Model) against the f32 reference (Eagle3Draft): outputs within bf16 tolerance, the
+//     same top-1 tokens where the reference's top two are apart; a draft KV entry rewritten after a rejected
+//     chain reads as if the chain had never run (bitwise);
+//   - the engine: greedy tokens with EAGLE-3 equal plain decoding at batch 1 and batched (mixed lengths,
+//     chunked prefill, prefix-cache hits), drafts both kept and rejected, the metrics add up per request and
+//     engine-wide, the pool is exact afterwards; the off switch turns costly verification off; a runner
+//     without a draft is refused by name.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "common/test_support.h"
+#include "eagle3_test_util.h"
+#include "engine_test_util.h"
+#include "kiln/safetensors.h"
+#include "model/eagle3.h"
+#include "model/eagle3_model.h"
+#include "model/qwen3.h"
+#include "model/weights.h"
+#include "runtime/fake_runner.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using test::Sink;
+
+constexpr int64_t kHidden = 64, kVocab = 256;
+
+fs::path scratch() {
+  return test_support::process_scratch_dir("eagle3_engine");
+}
+
+// A random Qwen3 with 6 layers, hidden 64, a 256-token vocabulary.
+std::string target_dir() {
+  static const std::string dir = [] {
+    const char* config = R"({
+      "architectures": ["Qwen3ForCausalLM"], "dtype": "bfloat16", "eos_token_id": 255, "head_dim": 16,
+      "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 2048,
+      "model_type": "qwen3", "num_attention_heads": 4, "num_hidden_layers": 6, "num_key_value_heads": 2,
+      "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+      "tie_word_embeddings": false, "vocab_size": 256})";
+    const fs::path d = scratch() / "target";
+    fs::create_directories(d);
+    std::ofstream(d / "config.json") << config;
+    const ModelConfig cfg = parse_model_config(config, "target config");
+    write_safetensors((d / "model.safetensors").string(), random_weights(qwen3_weight_specs(cfg), 7).tensors,
+                      {{"format", "pt"}});
+    return d.string();
+  }();
+  return dir;
+}
+
+test::Eagle3Shape draft_shape(int64_t draft_vocab, bool own_embeddings) {
+  test::Eagle3Shape s;
+  s.hidden = kHidden;
+  s.target_hidden = kHidden;
+  s.intermediate = 96;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 16;
+  s.vocab = kVocab;
+  s.draft_vocab = draft_vocab;
+  s.aux_layers = "[1, 3, 4]";
+  s.own_embeddings = own_embeddings;
+  s.scale = 0.3f;
+  return s;
+}
+
+std::unique_ptr<Qwen3Model> load_target() {
+  LoadOptions lo;
+  return Qwen3Model::load(target_dir(), lo);
+}
+
+BatchDesc seq_batch(const std::vector<int32_t>& tokens, int32_t begin, std::vector<int32_t> logit_rows) {
+  return test::one_sequence_batch(tokens, begin, std::move(logit_rows), 4);
+}
+
+std::vector<float> widen(const Tensor& t) {
+  std::vector<bf16_t> raw(size_t(t.numel()));
+  copy_bytes(raw.data(), Device::cpu(), t.data, t.device, raw.size() * 2);
+  std::vector<float> out;
+  for (bf16_t x : raw) out.push_back(bf16_to_f32(x));
+  return out;
+}
+
+TEST(Eagle3Engine, CapturedFeaturesAreTheLayersInputsWhateverTheChunking) {
+  auto m = load_target();
+  m->set_aux_capture({0, 2, 5});
+  KvCache cache(m->config(), 16, 4, ops::KvLayout::nhd, DType::bf16, Device::cpu());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 11; ++i) prompt.push_back((i * 37 + 5) % int32_t(kVocab));
+  const Tensor logits(nullptr, DType::f32, {0, kVocab}, Device::cpu());
+  m->forward(seq_batch(prompt, 0, {}), cache, logits);
+  const std::vector<float> whole = widen(m->aux_hidden());
+  ASSERT_EQ(whole.size(), prompt.size() * 3 * kHidden);
+  // Layer 0's block: the embedding rows.
+  const std::vector<float> embed = widen(m->weights().embed);
+  for (size_t t = 0; t < prompt.size(); ++t)
+    for (int64_t e = 0; e < kHidden; ++e)
+      ASSERT_EQ(whole[t * 3 * kHidden + size_t(e)], embed[size_t(prompt[t] * kHidden + e)]) << t << " " << e;
+  // In two chunks (6 + 5 rows): the same bits in every block.
+  std::vector<float> chunked;
+  for (auto [a, n] : {std::pair<int32_t, int32_t>{0, 6}, {6, 5}}) {
+    m->forward(seq_batch({prompt.begin() + a, prompt.begin() + a + n}, a, {}), cache, logits);
+    const std::vector<float> part = widen(m->aux_hidden());
+    chunked.insert(chunked.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(chunked, whole);
+  // Layer 2's block is not a second copy of the embeddings.
+  EXPECT_FALSE(std::equal(whole.begin(), whole.begin() + kHidden, whole.begin() + kHidden));
+}
+
+TEST(Eagle3Engine, OpsDraftMatchesTheReferenceAndRewritesRejectedEntries) {
+  const fs::path dir = scratch() / "draft_ref";
+  test::write_eagle3_draft(dir, draft_shape(40, true));
+  auto target = load_target();
+  auto model = Eagle3Model::load(dir.string(), *target);
+  model->allocate_kv(16, 4, ops::KvLayout::nhd);
+  const auto ref = Eagle3Draft::load(dir.string());
+  // Features: bf16 values, the same for both.
+  const int64_t T = 7, F = 3 * kHidden;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<bf16_t> feat(size_t(T * F));
+  std::vector<float> feat_f;
+  for (bf16_t& x : feat) {
+    x = f32_to_bf16(nd(rng));
+    feat_f.push_back(bf16_to_f32(x));
+  }
+  std::vector<int32_t> tokens, rows, all_rows;
+  for (int64_t t = 0; t < T; ++t) {
+    tokens.push_back(int32_t((t * 29 + 3) % kVocab));
+    rows.push_back(int32_t(T - 1 - t));  // row t takes feature row T - 1 - t
+    all_rows.push_back(int32_t(t));
+  }
+  const Tensor features(feat.data(), DType::bf16, {T, F}, Device::cpu());
+  Eagle3Model::Out got;
+  model->forward_features(seq_batch(tokens, 0, all_rows), features, rows, &got);
+  std::vector<float> feat_rows;
+  for (int32_t r : rows)
+    feat_rows.insert(feat_rows.end(), feat_f.begin() + r * F, feat_f.begin() + (r + 1) * F);
+  Eagle3Kv kv;
+  std::vector<float> want, want_logits;
+  ref->forward(kv, tokens, ref->project_features(feat_rows), &want, &want_logits);
+  auto rel_err = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+      den += double(b[i]) * b[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+  };
+  ASSERT_EQ(got.hidden.size(), want.size());
+  EXPECT_LE(rel_err(got.hidden, want), 3e-2);
+  const int64_t Dv = 40;
+  int agree = 0, clear = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> row(want_logits.begin() + t * Dv, want_logits.begin() + (t + 1) * Dv);
+    std::vector<float> sorted = row;
+    std::sort(sorted.rbegin(), sorted.rend());
+    const int32_t best = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    if (sorted[0] - sorted[1] < 0.05f * (std::fabs(sorted[0]) + 1.0f)) continue;  // a near tie
+    ++clear;
+    agree += got.tokens[size_t(t)] == ref->target_token(best) ? 1 : 0;
+  }
+  EXPECT_EQ(agree, clear) << clear << " rows with a clear top-1";
+  EXPECT_GT(clear, 0);
+
+  // A chain of two rows at positions 7, 8 (speculative entries), then position 7 computed for real with other
+  // inputs: the next row reads what a draft that never chained reads.
+  Eagle3Model::Out chain1, chain2;
+  const std::vector<float> last(got.hidden.end() - kHidden, got.hidden.end());
+  model->forward_hidden(seq_batch({got.tokens.back()}, 7, {0}), last, &chain1);
+  model->forward_hidden(seq_batch({chain1.tokens[0]}, 8, {0}), chain1.hidden, &chain2);
+  const std::vector<int32_t> real_tok = {int32_t((got.tokens.back() + 1) % kVocab)};
+  Eagle3Model::Out after, fresh_after, next, fresh_next;
+  model->forward_hidden(seq_batch(real_tok, 7, {0}), last, &after);
+  model->forward_hidden(seq_batch({5}, 8, {0}), after.hidden, &next);
+  auto fresh = Eagle3Model::load(dir.string(), *target);
+  fresh->allocate_kv(16, 4, ops::KvLayout::nhd);
+  fresh->forward_features(seq_batch(tokens, 0, all_rows), features, rows, &got);
+  fresh->forward_hidden(seq_batch(real_tok, 7, {0}), last, &fresh_after);
+  fresh->forward_hidden(seq_batch({5}, 8, {0}), fresh_after.hidden, &fresh_next);
+  EXPECT_EQ(next.hidden, fresh_next.hidden);
+  EXPECT_EQ(next.tokens, fresh_next.tokens);
+}
+
+// Prompts of mixed lengths; prompts 4 and 5 share their first 12 tokens with prompt 0 (prefix-cache hits when
+// prompt 0 ran first).
+std::vector<std::vector<int32_t>> mixed_prompts() {
+  std::mt19937 rng(17);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 3 + (i * 7) % 29; ++j) p.push_back(int32_t(rng() % 250));
+    out.push_back(p);
+  }
+  out[0].resize(20, 7);
+  for (int i : {4, 5}) {
+    std::vector<int32_t> p(out[0].begin(), out[0].begin() + 12);
+    p.insert(p.end(), out[size_t(i)].begin(), out[size_t(i)].end());
+    out[size_t(i)] = p;
+  }
+  return out;
+}
+
+struct Outputs {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<spec::SpecRequestStats> spec;
+  std::vector<int> cached;
+  EngineStats stats;
+};
+
+// temperature > 0: request i samples with seed 100 + i.
+Outputs run(std::unique_ptr<Engine> e, const std::vector<std::vector<int32_t>>& prompts, int n,
+            bool one_at_a_time, float temperature = 0.0f) {
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) {
+    Request r = test::greedy(p, n);
+    r.sampling.ignore_eos = true;  // every request decodes n tokens (DraftsAreTheReferenceChains counts them)
+    if (temperature > 0.0f) {
+      r.sampling.temperature = temperature;
+      r.sampling.seed = int64_t(100 + ids.size());
+    }
+    ids.push_back(e->submit(r, sink.cb()));
+    if (one_at_a_time) sink.wait_finished(int(ids.size()));
+  }
+  sink.wait_finished(int(prompts.size()));
+  sink.expect_one_finish_each();
+  Outputs out;
+  for (RequestId id : ids) {
+    out.tokens.push_back(sink.tokens(id));
+    out.spec.push_back(sink.last(id).spec);
+    out.cached.push_back(sink.last(id).cached_tokens);
+  }
+  test::expect_pool_clean(*e);
+  out.stats = e->stats();
+  return out;
+}
+
+EngineOptions base_opts() {
+  EngineOptions o = test::small_opts(4096, 4, 16);
+  o.model_dir = target_dir();
+  o.device = "cpu";
+  return o;
+}
+
+EngineOptions with_eagle(EngineOptions o, const fs::path& draft, int k, bool off_switch) {
+  o.speculative.algorithm = spec::SpecAlgorithm::eagle3;
+  o.speculative.draft_model_path = draft.string();
+  o.speculative.num_draft_tokens = k;
+  o.speculative.off_switch = off_switch;
+  return o;
+}
+
+// A draft over the target's `n` most frequent greedy tokens: it agrees with the target often, not always.
+fs::path draft_over_frequent_tokens(const std::vector<std::vector<int32_t>>& outputs, int n) {
+  const std::vector<int64_t> ids = test::frequent_tokens(outputs, n);
+  const fs::path dir = scratch() / ("draft_top" + std::to_string(n));
+  test::write_eagle3_draft(dir, draft_shape(int64_t(ids.size()), false), "", ids, 11);
+  return dir;
+}
+
+TEST(Eagle3Engine, GreedyTokensEqualPlainDecoding) {
+  const auto prompts = mixed_prompts();
+  for (const bool one_at_a_time : {true, false}) {
+    const Outputs plain = run(Engine::create(base_opts()), prompts, 20, one_at_a_time);
+    const fs::path draft = draft_over_frequent_tokens(plain.tokens, 3);
+    const Outputs got =
+        run(Engine::create(with_eagle(base_opts(), draft, 3, false)), prompts, 20, one_at_a_time);
+    const char* mode = one_at_a_time ? "batch 1" : "batched";
+    EXPECT_EQ(got.tokens, plain.tokens) << mode;
+    const spec::SpecStats& st = got.stats.spec;
+    EXPECT_GT(st.verify_steps, 0) << mode;
+    EXPECT_GT(st.accepted_tokens, 0) << mode << ": " << st.draft_tokens << " drafted";
+    EXPECT_LT(st.accepted_tokens, st.draft_tokens) << mode;
+    EXPECT_LE(st.draft_tokens, 3 * st.drafts) << mode;
+    if (one_at_a_time) {  // batched, the steps depend on when the requests arrive
+      EXPECT_LT(got.stats.steps, plain.stats.steps);
+    }
+    // Per request: the engine-wide counters are the sums of the requests' own.
+    int64_t drafted = 0, accepted = 0, rows = 0;
+    for (const spec::SpecRequestStats& r : got.spec) {
+      drafted += r.draft_tokens;
+      accepted += r.accepted_tokens;
+      rows += r.verify_rows;
+    }
+    EXPECT_EQ(drafted, st.draft_tokens) << mode;
+    EXPECT_EQ(accepted, st.accepted_tokens) << mode;
+    EXPECT_EQ(rows, st.drafts) << mode;
+    EXPECT_NEAR(st.mean_acceptance_length(), 1.0 + double(accepted) / double(rows), 1e-12);
+    if (one_at_a_time) {
+      EXPECT_GT(got.cached[4], 0) << "prompt 4 shares 12 tokens with prompt 0";
+    }
+    std::printf(
+        "%s: %lld steps plain, %lld with EAGLE-3; %lld of %lld drafted tokens kept (acceptance length "
+        "%.2f)\n",
+        mode, (long long)plain.stats.steps, (long long)got.stats.steps, (long long)st.accepted_tokens,
+        (long long)st.draft_tokens, st.mean_acceptance_length());
+  }
+}
+
+// The drafts the engine verified, replayed offline for batch-1 requests without prefix-cache hits: features
+// of the request's final tokens in one target pass, the draft's extend over positions 0 .. N - 2 and its
+// chain before each verify step of a sequence of N tokens, the step keeping the drafts that match the tokens
+// the engine emitted. The CPU ops give the same bits however rows are grouped, so the engine's drafts are
+// these exactly and its drafted and kept counts per request must be these.
+struct Replayed {
+  int64_t drafted = 0, accepted = 0, rows = 0;
+};
+Replayed replay_chains(Qwen3Model& target, Eagle3Model& draft, const std::vector<int32_t>& full, int32_t P,
+                       int max_new, int k) {
+  const int32_t L = int32_t(full.size());
+  KvCache cache(target.config(), 64, 4, ops::KvLayout::nhd, DType::bf16, Device::cpu());
+  const Tensor no_logits(nullptr, DType::f32, {0, kVocab}, Device::cpu());
+  target.forward(seq_batch({full.begin(), full.end() - 1}, 0, {}), cache, no_logits);
+  std::vector<bf16_t> aux(size_t(target.aux_hidden().numel()));
+  copy_bytes(aux.data(), Device::cpu(), target.aux_hidden().data, Device::cpu(), aux.size() * 2);
+  const Tensor features(aux.data(), DType::bf16, {L - 1, 3 * kHidden}, Device::cpu());
+  Replayed r;
+  int32_t N = P + 1, completion = 1;  // after the prefill's first drawn token
+  while (completion < max_new) {
+    const int32_t room = max_new - completion;
+    if (room <= 1) {
+      ++N, ++completion;
+      continue;
+    }
+    const int32_t n = std::min(room - 1, k);
+    std::vector<int32_t> rows;
+    for (int32_t i = 0; i + 1 < N; ++i) rows.push_back(i);
+    Eagle3Model::Out out;
+    draft.forward_features(seq_batch({full.begin() + 1, full.begin() + N}, 0, {N - 2}), features, rows, &out);
+    std::vector<int32_t> drafts = {out.tokens[0]};
+    for (int32_t j = 1; j < n; ++j) {
+      draft.forward_hidden(seq_batch({drafts.back()}, N - 2 + j, {0}), out.hidden, &out);
+      drafts.push_back(out.tokens[0]);
+    }
+    int32_t kept = 0;
+    while (kept < n && N + kept < L && drafts[size_t(kept)] == full[size_t(N + kept)]) ++kept;
+    r.drafted += n;
+    r.accepted += kept;
+    ++r.rows;
+    N += kept + 1;
+    completion += kept + 1;
+  }
+  return r;
+}
+
+TEST(Eagle3Engine, DraftsAreTheReferenceChains) {
+  const auto prompts = mixed_prompts();
+  const Outputs plain = run(Engine::create(base_opts()), prompts, 20, true);
+  const fs::path dir = draft_over_frequent_tokens(plain.tokens, 3);
+  const Outputs got = run(Engine::create(with_eagle(base_opts(), dir, 3, false)), prompts, 20, true);
+  ASSERT_EQ(got.tokens, plain.tokens);
+  auto target = load_target();
+  auto draft = Eagle3Model::load(dir.string(), *target);
+  target->set_aux_capture({1, 3, 4});
+  draft->allocate_kv(64, 4, ops::KvLayout::nhd);
+  int checked = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (got.cached[i] > 0) continue;  // a cached page's last draft entry saw the caching request's next token
+    std::vector<int32_t> full = prompts[i];
+    full.insert(full.end(), got.tokens[i].begin(), got.tokens[i].end());
+    const Replayed want = replay_chains(*target, *draft, full, int32_t(prompts[i].size()), 20, 3);
+    EXPECT_EQ(got.spec[i].draft_tokens, want.drafted) << "prompt " << i;
+    EXPECT_EQ(got.spec[i].accepted_tokens, want.accepted) << "prompt " << i;
+    EXPECT_EQ(got.spec[i].verify_rows, want.rows) << "prompt " << i;
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
+}
+
+// Sampled, seeded: a request's drafts depend on its own tokens only and its verify draws on its own
+// generator, so its tokens are the same alone or batched; and a sharp distribution (temperature 0.3) keeps
+// some point drafts.
+TEST(Eagle3Engine, SeededSamplingIsIndependentOfTheBatch) {
+  const auto prompts = mixed_prompts();
+  const Outputs plain = run(Engine::create(base_opts()), prompts, 20, true);
+  const EngineOptions o = with_eagle(base_opts(), draft_over_frequent_tokens(plain.tokens, 3), 3, false);
+  const Outputs alone = run(Engine::create(o), prompts, 20, true, 0.3f);
+  const Outputs batched = run(Engine::create(o), prompts, 20, false, 0.3f);
+  EXPECT_EQ(alone.tokens, batched.tokens);
+  EXPECT_GT(alone.stats.spec.drafts, 0);
+  EXPECT_GT(alone.stats.spec.accepted_tokens, 0);
+}
+
+TEST(Eagle3Engine, OffSwitchTurnsCostlyVerificationOff) {
+  const auto prompts = mixed_prompts();
+  const Outputs plain = run(Engine::create(base_opts()), prompts, 64, true);
+  EngineOptions o = with_eagle(base_opts(), draft_over_frequent_tokens(plain.tokens, 3), 3, true);
+  o.spec_step_cost = [](bool verify, int32_t) { return verify ? 10.0 : 1.0; };  // verify never pays
+  const Outputs got = run(Engine::create(o), prompts, 64, true);
+  EXPECT_EQ(got.tokens, plain.tokens);
+  EXPECT_GT(got.stats.spec.switched_off, 0);
+  EXPECT_LT(got.stats.spec.verify_steps, got.stats.steps / 4);
+  // Where it is off the draft does not run either (but around the probes): fewer passes than steps, where
+  // always on (or a pass after every step) there are more passes than steps.
+  EXPECT_LT(got.stats.spec.draft_passes, got.stats.steps * 3 / 4)
+      << got.stats.spec.draft_passes << " draft passes in " << got.stats.steps << " steps";
+  o.speculative.off_switch = false;
+  const Outputs on = run(Engine::create(o), prompts, 64, true);
+  EXPECT_EQ(on.tokens, plain.tokens);
+  EXPECT_GT(on.stats.spec.draft_passes, on.stats.steps);
+}
+
+TEST(Eagle3Engine, RefusedWithoutADraft) {
+  EngineOptions o = test::small_opts(4096, 4, 16);
+  o.speculative.algorithm = spec::SpecAlgorithm::eagle3;
+  o.speculative.draft_model_path = "/nonexistent/draft";
+  try {
+    Engine e(std::make_unique<FakeRunner>(3), o);
+    FAIL() << "the engine started with EAGLE-3 and no draft";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("--speculative-draft-model-path"), std::string::npos)
+        << err.what();
+  }
+  // A draft whose vocabulary is not the target's: the loader names the field.
+  test::Eagle3Shape bad = draft_shape(8, false);
+  bad.vocab = 300;
+  test::write_eagle3_draft(scratch() / "bad_vocab", bad);
+  try {
+    Engine::create(with_eagle(base_opts(), scratch() / "bad_vocab", 3, false));
+    FAIL() << "a draft of another vocabulary loaded";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("vocab_size"), std::string::npos) << err.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln
