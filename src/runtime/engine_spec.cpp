@@ -286,7 +286,8 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     give_back_pages();
     return false;
   }
-  for (size_t i = 0; i < B; ++i) {  // n-gram rows: their pages (EAGLE-3 rows reserved theirs before the chain)
+  // Pages for the n-gram rows' drafts (EAGLE-3 rows reserved theirs before the chain).
+  for (size_t i = 0; i < B; ++i) {
     if (drafts[i].empty()) continue;
     asked[i] = std::min(asked[i], int32_t(drafts[i].size()));
     if (!reserved[i]) reserve(i);

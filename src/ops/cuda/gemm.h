@@ -37,9 +37,10 @@
 // prologue (where a W8A8 config won: its own prologue and the fastest one-tile W8A16 config's, against the
 // add_rms_norm kernel then the W8A8 GEMV; GemmTactic::norm_in_gemv names a W8A16 winner) at M buckets <= 8,
 // and at larger buckets every W8A8 GEMM config (fp8_gemm.h; the TMA-store epilogues clip at N:
-// test_cuda_fp8_gemm) against dequantizing the weight into a preallocated scratch then the bf16 dispatch (the portable path), storing
-// an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did. The cache file is
-// "kiln-gemm-tactics v4"; v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read as well.
+// test_cuda_fp8_gemm) against dequantizing the weight into a preallocated scratch then the bf16 dispatch (the
+// portable path), storing an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did.
+// The cache file is "kiln-gemm-tactics v4"; v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read as
+// well.
 #pragma once
 
 #include <cstdint>
