@@ -1,9 +1,6 @@
 // EAGLE-3 on CUDA: the draft's ops forward (model/eagle3_model.h) on the GPU against the same code on the CPU
 // backend (outputs within bf16 tolerance, top-1 tokens equal but for a few near ties), and the engine's
-// greedy output with EAGLE-3 (features captured inside the decode and verify graphs) equal to its plain
-// greedy output except where the plain path's top two log-probs are a near tie (test_cuda_verify_graph's
-// rule).
-#include <gtest/gtest.h>
+// refusal of an EAGLE-3 draft on CUDA until its greedy parity holds there.
 
 #include <cmath>
 #include <cstdio>
@@ -12,7 +9,6 @@
 #include "../unit/eagle3_test_util.h"
 #include "../unit/engine_test_util.h"
 #include "common/test_support.h"
-#include "greedy_parity_util.h"
 #include "model/eagle3_model.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
@@ -116,66 +112,21 @@ TEST(CudaEagle3, DraftForwardMatchesTheCpuBackend) {
   }
 }
 
-std::vector<std::vector<int32_t>> prompts(int count) {
-  std::mt19937 rng(7);
-  std::vector<std::vector<int32_t>> out;
-  for (int i = 0; i < count; ++i) {
-    std::vector<int32_t> p;
-    for (int j = 0; j < 5 + (i * 13) % 40; ++j) p.push_back(int32_t(rng() % 500));
-    out.push_back(p);
-  }
-  return out;
-}
-
-using test::Generated;
-
-Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& ps, const fs::path& draft,
-                   bool with_top) {
-  auto runner = std::make_unique<Qwen3Runner>(tiny_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
-  if (!draft.empty()) runner->set_draft(Eagle3Model::load(draft.string(), runner->model()));
-  const Qwen3Runner& r = *runner;
-  Engine engine(std::move(runner), o);
-  Generated out = test::generate_greedy(engine, ps, 32, with_top, /*ignore_eos=*/true);
-  out.verify_graphs = r.num_verify_graphs();
-  return out;
-}
-
-TEST(CudaEagle3, GreedyEagle3EqualsPlainGreedy) {
+// The engine path of EAGLE-3 on CUDA is refused (qwen3_runner.cpp set_draft): on the H100 (2026-12-06,
+// `2f94697`) it drafted nothing at batch 1 and its batched greedy outputs parted from plain decoding at
+// top-2 margins up to 0.49. The parity check it must pass before the refusal goes is git history's
+// GreedyEagle3EqualsPlainGreedy (this file at `2f94697`).
+TEST(CudaEagle3, EngineRefusesEagle3OnCudaNamingTheAlternative) {
   KILN_REQUIRE_GPU();
-  const auto ps = prompts(8);
-  EngineOptions base = test::small_opts(8192, 16, 256);
-  base.device = "cuda";
-  base.cuda_graph_buckets = {1, 2, 4, 8};
-  const Generated want = generate(base, ps, {}, true);
-  const fs::path draft = scratch() / "draft_top";
-  test::write_eagle3_draft(draft, draft_shape(2, false), "", test::frequent_tokens(want.tokens, 2), 3);
-  EngineOptions eo = base;
-  eo.speculative.algorithm = spec::SpecAlgorithm::eagle3;
-  eo.speculative.draft_model_path = draft.string();
-  eo.speculative.num_draft_tokens = 3;
-  eo.speculative.off_switch = false;
-  for (const bool batched : {false, true}) {
-    Generated got;
-    if (batched) {
-      got = generate(eo, ps, draft, false);
-    } else {
-      for (const auto& p : ps) {
-        const Generated one = generate(eo, {p}, draft, false);
-        got.tokens.push_back(one.tokens[0]);
-        got.stats.spec.drafts += one.stats.spec.drafts;
-        got.stats.spec.draft_tokens += one.stats.spec.draft_tokens;
-        got.stats.spec.accepted_tokens += one.stats.spec.accepted_tokens;
-        got.verify_graphs = std::max(got.verify_graphs, one.verify_graphs);
-      }
-    }
-    const int parted = test::count_near_tie_partings(got, want, batched ? "batched" : "batch 1");
-    const spec::SpecStats& st = got.stats.spec;
-    std::printf("%s: %d of %zu requests part at a near tie; %lld drafts, %lld of %lld drafted tokens kept\n",
-                batched ? "batched" : "batch 1", parted, ps.size(), (long long)st.drafts,
-                (long long)st.accepted_tokens, (long long)st.draft_tokens);
-    EXPECT_GT(st.accepted_tokens, 0);
-    EXPECT_LT(st.accepted_tokens, st.draft_tokens);
-    EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
+  const fs::path draft = scratch() / "draft_refused";
+  test::write_eagle3_draft(draft, draft_shape(2, false), "", {1, 2}, 3);
+  auto runner = std::make_unique<Qwen3Runner>(tiny_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
+  try {
+    runner->set_draft(Eagle3Model::load(draft.string(), runner->model()));
+    FAIL() << "set_draft accepted an EAGLE-3 draft on CUDA";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("EAGLE3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("NGRAM"), std::string::npos) << e.what();
   }
 }
 
