@@ -45,6 +45,7 @@
 #include "ops/cuda/device_flag.h"
 #include "ops/cuda/sm90.cuh"
 #include "ops/cuda/sm90_copy.cuh"
+#include "ops/cuda/wgmma_asm.cuh"  // fence_regs
 #include "ops/cuda/wgmma_fp8.cuh"
 
 namespace kiln::cuda::fp8_gemm_sm90 {
