@@ -116,11 +116,16 @@ run_test() {
   return $rc
 }
 
-# tune SHAPE MAX_TOKENS MAX_LOGIT_ROWS: fill the tactic cache for a shape (once per machine and shape).
+# tune SHAPE MAX_TOKENS MAX_LOGIT_ROWS [FLAGS...]: fill the tactic cache for a shape (once per machine and shape;
+# FLAGS: more `kiln tune` flags, e.g. --quantization fp8 for the FP8 GEMV and GEMM shapes).
 tune() {
-  "$K" tune --shape "$1" --max-tokens "$2" --max-logit-rows "$3" >>"$W/$suite/tune.log" 2>&1 ||
-    row "tune $1" "FAILED: see $suite/tune.log"
+  "$K" tune --shape "$1" --max-tokens "$2" --max-logit-rows "$3" "${@:4}" >>"$W/$suite/tune.log" 2>&1 ||
+    row "tune $1 ${*:4}" "FAILED: see $suite/tune.log"
 }
+
+# verdict VALUE <=|>= TARGET: met, missed, or n/a where VALUE is not a number (bench/device/figures.py).
+# shellcheck disable=SC2154  # here: set by device.sh
+verdict() { python3 "$here/figures.py" verdict "$@"; }
 
 # dev_finish: the summary table last, then summary.txt and logs.tgz in $OUT.
 dev_finish() {

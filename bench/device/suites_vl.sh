@@ -46,10 +46,9 @@ suite_vl_serve() {
   row "one-image chat TTFT" "$(tail -1 "$out/ttft_chat.txt" | cut -c1-150)"
   local C
   for C in ${LEVELS:-1 8 32}; do
-    "$K" bench serve --base-url http://127.0.0.1:$port --image "$out/img448.png" --input-len 128 --output-len 128 \
-      --concurrency "$C" --num-prompts $((C < 4 ? 16 : 4 * C)) --warmups 2 --no-progress --out "$out/image_c$C" \
-      >"$out/image_c$C.txt" 2>&1
-    row "bench serve --image C=$C" "rc=$? $(grep -E '^\| [0-9]' "$out/image_c$C.txt" | head -1 | cut -c1-120)"
+    bench_serve "image_c$C" $port 600 --image "$out/img448.png" --input-len 128 --output-len 128 --concurrency "$C" \
+      --num-prompts $((C < 4 ? 16 : 4 * C)) --warmups 2
+    serve_row "bench serve --image C=$C" "image_c$C" $?
   done
   serve_stop
   KILN_ATTN_PREP=unfused serve_start unfused $port "${common[@]}" || return
