@@ -16,31 +16,32 @@ fp8_model_pair() {
   row "$label" "FP8 $fp8 ms, BF16 $bf16 ms (same run); FP8 target $op $target: $(verdict "$fp8" "$op" "$target")$note"
 }
 
-# fp8_serve_short fp8|bf16 MODEL PORT: kiln serve with those weights (BF16 KV, the seed suite's server flags
+# fp8_serve_short fp8|bf16 MODEL: kiln serve with those weights (BF16 KV, the seed suite's server flags
 # but 32 running places), the second SGLang seed's workload (/generate SEED_IN in / 1 out, C = 4, SEED_NUM
 # requests), then SHORT_IN / SHORT_OUT at C = 1 and 32 (SHORT_NUM prompts a level).
 fp8_serve_short() {
-  local w=$1 m=$2 port=$3 q=()
+  local w=$1 m=$2 q=()
   [[ $w == fp8 ]] && q=(--quantization fp8)
-  serve_start "$w" "$port" --model "$m" --load-format random --device "${DEVICE:-cuda}" --served-model-name shape \
+  serve_start "$w" 0 --model "$m" --load-format random --device "${DEVICE:-cuda}" --served-model-name shape \
     --max-running-requests 32 --chunked-prefill-size 8192 "${q[@]}" || return
-  bench_serve "seed_$w" "$port" "${SEED_SECONDS:-80}" --input-len "${SEED_IN:-4096}" --output-len 1 \
+  bench_serve "seed_$w" "$SERVE_PORT" "${SEED_SECONDS:-80}" --input-len "${SEED_IN:-4096}" --output-len 1 \
     --concurrency 4 --num-prompts "${SEED_NUM:-200}" --warmups 8
   serve_row "seed /generate ${SEED_IN:-4096}/1 C=4, $w weights" "seed_$w" $?
-  bench_serve "short_$w" "$port" "${SHORT_SECONDS:-80}" --input-len "${SHORT_IN:-1024}" \
+  bench_serve "short_$w" "$SERVE_PORT" "${SHORT_SECONDS:-80}" --input-len "${SHORT_IN:-1024}" \
     --output-len "${SHORT_OUT:-256}" --concurrency 1,32 --num-prompts "${SHORT_NUM:-6,64}" --warmups 8
   serve_row "${SHORT_IN:-1024}/${SHORT_OUT:-256} C=1,32, $w weights" "short_$w" $?
   serve_stop
 }
 
-# BIG_IN / BIG_OUT at C = BIG_CONC, BIG_NUM prompts, FP8 KV and the given weights (kiln serve with 128 places).
+# fp8_serve_big fp8|bf16 MODEL: BIG_IN / BIG_OUT at C = BIG_CONC, BIG_NUM prompts, FP8 KV and those weights
+# (kiln serve with 128 running places). Both kinds of server listen on a free port (serve_start's port 0).
 fp8_serve_big() {
-  local w=$1 m=$2 port=$3 q=()
+  local w=$1 m=$2 q=()
   [[ $w == fp8 ]] && q=(--quantization fp8)
-  serve_start "big_$w" "$port" --model "$m" --load-format random --device "${DEVICE:-cuda}" \
+  serve_start "big_$w" 0 --model "$m" --load-format random --device "${DEVICE:-cuda}" \
     --served-model-name shape --max-running-requests 128 --kv-cache-dtype fp8_e4m3 "${q[@]}" || return
   grep -h 'KV pool' "$SERVE_LOG" | head -1
-  bench_serve "big_$w" "$port" "${BIG_SECONDS:-150}" --input-len "${BIG_IN:-8192}" --output-len "${BIG_OUT:-1024}" \
+  bench_serve "big_$w" "$SERVE_PORT" "${BIG_SECONDS:-150}" --input-len "${BIG_IN:-8192}" --output-len "${BIG_OUT:-1024}" \
     --concurrency "${BIG_CONC:-128}" --num-prompts "${BIG_NUM:-128}" --warmups 8
   serve_row "${BIG_IN:-8192}/${BIG_OUT:-1024} C=${BIG_CONC:-128} FP8 KV, $w weights" "big_$w" $?
   serve_stop
@@ -71,8 +72,8 @@ suite_fp8_serve() {
   fi
   local m=$S/fp8-serve-model-${SHAPE:-4b}
   shape_model "$m" "${SHAPE:-4b}" || return
-  fp8_serve_short fp8 "$m" 8133
-  fp8_serve_short bf16 "$m" 8134
+  fp8_serve_short fp8 "$m"
+  fp8_serve_short bf16 "$m"
   local f b
   f=$(serve_value seed_fp8 e2e_p50) b=$(serve_value seed_bf16 e2e_p50)
   row "seed workload E2E p50" \
@@ -85,8 +86,8 @@ suite_fp8_serve() {
     done
     row "${SHORT_IN:-1024}/${SHORT_OUT:-256} C=$c, FP8 vs BF16 weights" "${fig[0]}; ${fig[1]}"
   done
-  fp8_serve_big fp8 "$m" 8135
-  [[ ${BIG_BF16:-0} == 1 ]] && fp8_serve_big bf16 "$m" 8135
+  fp8_serve_big fp8 "$m"
+  [[ ${BIG_BF16:-0} == 1 ]] && fp8_serve_big bf16 "$m"
   f=$(serve_value big_fp8 out_tok_s)
   b=$([[ ${BIG_BF16:-0} == 1 ]] && echo "; BF16 weights $(serve_value big_bf16 out_tok_s)")
   row "${BIG_IN:-8192}/${BIG_OUT:-1024} C=${BIG_CONC:-128} FP8 KV out tok/s" \

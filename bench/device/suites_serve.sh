@@ -14,7 +14,7 @@ shape_model() {
 }
 
 # serve_start NAME PORT ARGS...: kiln serve in the background (SERVE_PID, SERVE_LOG); waits for READY
-# (READY_TIMEOUT seconds, default 120).
+# (READY_TIMEOUT seconds, default 120). SERVE_PORT: the port it listens on (PORT 0: a free one, from READY).
 serve_start() {
   local name=$1 port=$2
   shift 2
@@ -24,7 +24,11 @@ serve_start() {
   SERVE_PID=$!
   local _
   for _ in $(seq 1 $((${READY_TIMEOUT:-120} * 10))); do
-    grep -q '^READY ' "$SERVE_OUT" 2>/dev/null && return 0
+    if grep -q '^READY ' "$SERVE_OUT" 2>/dev/null; then
+      # shellcheck disable=SC2034  # read by the suites that serve on a free port (fp8-serve)
+      SERVE_PORT=$(sed -n 's/^READY http:\/\/[^:]*:\([0-9]*\)$/\1/p' "$SERVE_OUT")
+      return 0
+    fi
     kill -0 "$SERVE_PID" 2>/dev/null || break
     sleep 0.1
   done
