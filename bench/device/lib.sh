@@ -127,6 +127,21 @@ tune() {
 # shellcheck disable=SC2154  # here: set by device.sh
 verdict() { python3 "$here/figures.py" verdict "$@"; }
 
+# make_fixture SCRIPT OUT_DIR TARBALL GLOB: python3 tests/fixtures/SCRIPT.py --out OUT_DIR (log
+# $W/$suite/SCRIPT.log; a row: its exit status and last line); where it succeeded, the folders of OUT_DIR that
+# GLOB matches are packed into $S/TARBALL (the fixture to unpack into tests/fixtures/hf and commit) and kept in
+# $OUT. Returns the script's exit status.
+make_fixture() {
+  local script=$1 dir=$2 tarball=$3 glob=$4 log="$W/$suite/$1.log" rc fx=()
+  python3 "tests/fixtures/$script.py" --out "$dir" >"$log" 2>&1
+  rc=$?
+  row "$script" "rc=$rc $(tail -1 "$log" | cut -c1-120)"
+  ((rc == 0)) || return $rc
+  mapfile -t fx < <(cd "$dir" && compgen -G "$glob")
+  ((${#fx[@]})) && tar czf "$S/$tarball" -C "$dir" "${fx[@]}" && keep "$S/$tarball"
+  return 0
+}
+
 # dev_finish: the summary table last, then summary.txt and logs.tgz in $OUT.
 dev_finish() {
   local total=$(($(date +%s) - t_start)) r

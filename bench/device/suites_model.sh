@@ -110,22 +110,13 @@ suite_yarn() {
 
 # The Qwen3-MoE parity fixtures made by transformers (CPU torch; tests/unit/test_hf_parity_moe.cpp reads them).
 suite_moe_fixtures() {
-  local d="$W/moe-fixtures" fx=()
-  mkdir -p "$d"
-  python3 tests/fixtures/make_hf_moe_fixture.py --out tests/fixtures/hf >"$d/make.log" 2>&1
-  row "make_hf_moe_fixture" "rc=$? $(tail -1 "$d/make.log" | cut -c1-120)"
-  mapfile -t fx < <(cd tests/fixtures/hf && ls -d qwen3_moe_* 2>/dev/null)
-  ((${#fx[@]})) && tar czf "$d/hf_moe_fixtures.tgz" -C tests/fixtures/hf "${fx[@]}" && keep "$d/hf_moe_fixtures.tgz"
+  make_fixture make_hf_moe_fixture tests/fixtures/hf hf_moe_fixtures.tgz 'qwen3_moe_*'
 }
 
 # Block-FP8 weights: the transformers-made fixture (CPU torch; tests/unit/test_hf_parity_fp8.cpp reads it), kept as
 # a tarball, then the CUDA dequantization and the FP8 model on CUDA against the CPU (test_cuda_fp8_dequant).
 suite_fp8() {
-  local d="$W/fp8"
-  mkdir -p "$d"
-  python3 tests/fixtures/make_hf_fp8_fixture.py --out "$d/hf" >"$d/make.log" 2>&1
-  row "make_hf_fp8_fixture" "rc=$? $(tail -1 "$d/make.log" | cut -c1-120)"
-  [[ -d $d/hf/qwen3_fp8_tiny ]] && tar czf "$d/hf_fp8_fixture.tgz" -C "$d/hf" qwen3_fp8_tiny && keep "$d/hf_fp8_fixture.tgz"
+  make_fixture make_hf_fp8_fixture "$S/fp8-hf" hf_fp8_fixture.tgz qwen3_fp8_tiny
   need_gpu || return
   build test_cuda_fp8_dequant || return
   run_test test_cuda_fp8_dequant

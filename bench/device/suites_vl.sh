@@ -5,12 +5,7 @@
 # tests/fixtures/hf and commit), the VL tests on it, and the Qwen3-VL-4B-shaped vision tower timed.
 suite_vl() {
   need_gpu || return
-  python3 tests/fixtures/make_hf_vl_image_fixture.py --out tests/fixtures/hf >"$W/vl/make_fixture.log" 2>&1
-  local fx=$?
-  row "make_hf_vl_image_fixture" "rc=$fx $(tail -1 "$W/vl/make_fixture.log" | cut -c1-120)"
-  if ((fx == 0)); then
-    tar czf "$S/qwen3_vl_image_tiny.tgz" -C tests/fixtures/hf qwen3_vl_image_tiny && keep "$S/qwen3_vl_image_tiny.tgz"
-  fi
+  make_fixture make_hf_vl_image_fixture tests/fixtures/hf qwen3_vl_image_tiny.tgz qwen3_vl_image_tiny
   local tests=(test_hf_parity_vl_image test_engine_vl test_ops_vision test_cuda_vision test_cuda_vision_varlen
     test_cuda_model_vl)
   build kiln "${tests[@]}" || return
@@ -70,12 +65,8 @@ suite_parity() {
   local hf4b=${HF4B_DIR:-/tmp/hf4b}
   python3 tests/fixtures/make_hf_4b_reference.py --out "$hf4b" >"$W/parity/make_hf_4b.log" 2>&1 &
   local pid4b=$!
-  python3 tests/fixtures/make_hf_vl_fixture.py --out tests/fixtures/hf >"$W/parity/make_hf_vl.log" 2>&1
+  make_fixture make_hf_vl_fixture tests/fixtures/hf qwen3_vl_tiny.tgz qwen3_vl_tiny
   local vl=$?
-  row "make_hf_vl_fixture" "rc=$vl $(tail -1 "$W/parity/make_hf_vl.log" | cut -c1-120)"
-  if ((vl == 0)); then
-    tar czf "$S/qwen3_vl_tiny.tgz" -C tests/fixtures/hf qwen3_vl_tiny && keep "$S/qwen3_vl_tiny.tgz"
-  fi
   build kiln test_cuda_model_vl test_cuda_model_hf4b test_hf_parity_vl || { wait $pid4b; return; }
   ((vl == 0)) && run_test test_hf_parity_vl
   run_test test_cuda_model_vl
@@ -94,11 +85,7 @@ suite_parity() {
 suite_embed() {
   need_gpu || return
   if [[ ${REGEN:-0} == 1 ]]; then
-    python3 tests/fixtures/make_hf_embedding_fixture.py --out tests/fixtures/hf >"$W/embed/make_fixture.log" 2>&1
-    row "make_hf_embedding_fixture" "rc=$? $(tail -1 "$W/embed/make_fixture.log" | cut -c1-120)"
-    local fx=()
-    mapfile -t fx < <(cd tests/fixtures/hf && ls -d qwen3_embedding_*)
-    tar czf "$S/embedding_fixtures.tgz" -C tests/fixtures/hf "${fx[@]}" && keep "$S/embedding_fixtures.tgz"
+    make_fixture make_hf_embedding_fixture tests/fixtures/hf embedding_fixtures.tgz 'qwen3_embedding_*'
   fi
   build test_cuda_embedding_hf || return
   run_test test_cuda_embedding_hf
