@@ -16,14 +16,22 @@ fp8_model_pair() {
   row "$label" "FP8 $fp8 ms, BF16 $bf16 ms (same run); FP8 target $op $target: $(verdict "$fp8" "$op" "$target")$note"
 }
 
+# fp8_serve_start NAME fp8|bf16 MODEL FLAGS...: kiln serve on MODEL's shape with random weights, quantized at load
+# to block FP8 or left BF16, on a free port (SERVE_PORT), DEVICE (cuda).
+fp8_serve_start() {
+  local name=$1 w=$2 m=$3 q=()
+  shift 3
+  [[ $w == fp8 ]] && q=(--quantization fp8)
+  serve_start "$name" 0 --model "$m" --load-format random --device "${DEVICE:-cuda}" --served-model-name shape \
+    "${q[@]}" "$@"
+}
+
 # fp8_serve_short fp8|bf16 MODEL: kiln serve with those weights (BF16 KV, the seed suite's server flags
 # but 32 running places), the second SGLang seed's workload (/generate SEED_IN in / 1 out, C = 4, SEED_NUM
 # requests), then SHORT_IN / SHORT_OUT at C = 1 and 32 (SHORT_NUM prompts a level).
 fp8_serve_short() {
-  local w=$1 m=$2 q=()
-  [[ $w == fp8 ]] && q=(--quantization fp8)
-  serve_start "$w" 0 --model "$m" --load-format random --device "${DEVICE:-cuda}" --served-model-name shape \
-    --max-running-requests 32 --chunked-prefill-size 8192 "${q[@]}" || return
+  local w=$1 m=$2
+  fp8_serve_start "$w" "$w" "$m" --max-running-requests 32 --chunked-prefill-size 8192 || return
   bench_serve "seed_$w" "$SERVE_PORT" "${SEED_SECONDS:-80}" --input-len "${SEED_IN:-4096}" --output-len 1 \
     --concurrency 4 --num-prompts "${SEED_NUM:-200}" --warmups 8
   serve_row "seed /generate ${SEED_IN:-4096}/1 C=4, $w weights" "seed_$w" $?
@@ -36,10 +44,8 @@ fp8_serve_short() {
 # fp8_serve_big fp8|bf16 MODEL: BIG_IN / BIG_OUT at C = BIG_CONC, BIG_NUM prompts, FP8 KV and those weights
 # (kiln serve with 128 running places). Both kinds of server listen on a free port (serve_start's port 0).
 fp8_serve_big() {
-  local w=$1 m=$2 q=()
-  [[ $w == fp8 ]] && q=(--quantization fp8)
-  serve_start "big_$w" 0 --model "$m" --load-format random --device "${DEVICE:-cuda}" \
-    --served-model-name shape --max-running-requests 128 --kv-cache-dtype fp8_e4m3 "${q[@]}" || return
+  local w=$1 m=$2
+  fp8_serve_start "big_$w" "$w" "$m" --max-running-requests 128 --kv-cache-dtype fp8_e4m3 || return
   grep -h 'KV pool' "$SERVE_LOG" | head -1
   bench_serve "big_$w" "$SERVE_PORT" "${BIG_SECONDS:-150}" --input-len "${BIG_IN:-8192}" --output-len "${BIG_OUT:-1024}" \
     --concurrency "${BIG_CONC:-128}" --num-prompts "${BIG_NUM:-128}" --warmups 8
