@@ -47,7 +47,8 @@ fp8_serve_big() {
   local w=$1 m=$2
   fp8_serve_start "big_$w" "$w" "$m" --max-running-requests 128 --kv-cache-dtype fp8_e4m3 || return
   grep -h 'KV pool' "$SERVE_LOG" | head -1
-  bench_serve "big_$w" "$SERVE_PORT" "${BIG_SECONDS:-150}" --input-len "${BIG_IN:-8192}" --output-len "${BIG_OUT:-1024}" \
+  bench_serve "big_$w" "$SERVE_PORT" "${BIG_SECONDS:-150}" --input-len "${BIG_IN:-8192}" \
+    --output-len "${BIG_OUT:-1024}" \
     --concurrency "${BIG_CONC:-128}" --num-prompts "${BIG_NUM:-128}" --warmups 8
   serve_row "${BIG_IN:-8192}/${BIG_OUT:-1024} C=${BIG_CONC:-128} FP8 KV, $w weights" "big_$w" $?
   serve_stop

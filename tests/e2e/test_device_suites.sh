@@ -5,8 +5,7 @@
 # suite would otherwise show only on the GPU machine, after its time was spent.
 # Usage: test_device_suites.sh KILN FIXTURES_DIR SRC_DIR
 KILN=$1
-FIXTURES=$2
-SRC=$3
+SRC=$3  # $2, the e2e fixtures: unused (the suite writes its own demo checkpoint)
 source "$(dirname "$0")/lib.sh"
 command -v python3 >/dev/null || skip "python3 is not installed"
 fig() { python3 "$SRC/bench/device/figures.py" "$@"; }
@@ -41,7 +40,8 @@ device() {
 }
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   device seed >"$E2E_LOG_DIR/seed.txt" 2>&1 || fail "device.sh seed without a GPU: $(tail -3 "$E2E_LOG_DIR/seed.txt")"
-  grep -q '^| seed .*SKIPPED: no GPU visible' "$E2E_LOG_DIR/seed.txt" || fail "no SKIPPED row: $(cat "$E2E_LOG_DIR/seed.txt")"
+  grep -q '^| seed .*SKIPPED: no GPU visible' "$E2E_LOG_DIR/seed.txt" ||
+    fail "no SKIPPED row: $(cat "$E2E_LOG_DIR/seed.txt")"
 fi
 
 # The serving part of fp8-serve on the CPU: FP8 and BF16 weights, FP8 KV, every row's figures numbers.
@@ -50,9 +50,11 @@ DEVICE=cpu SHAPE=demo SEED_IN=48 SEED_NUM=4 SHORT_IN=24 SHORT_OUT=4 SHORT_NUM=2,
 summary=$E2E_LOG_DIR/out/summary.txt
 [[ -f $summary ]] || fail "no summary.txt: $(tail -5 "$E2E_LOG_DIR/fp8-serve.txt")"
 for w in fp8 bf16; do
-  grep -qE "^\| fp8-serve +\| seed /generate 48/1 C=4, $w weights .*rc=0 C=4, 4 prompts: [0-9.]+ out tok/s" "$summary" ||
+  grep -qE "^\| fp8-serve +\| seed /generate 48/1 C=4, $w weights .*rc=0 C=4, 4 prompts: [0-9.]+ out tok/s" \
+    "$summary" ||
     fail "seed row ($w): $(cat "$summary")"
-  grep -qE "^\| fp8-serve +\| 24/4 C=1,32, $w weights .*rc=0 C=1, 2 prompts: .*; C=32, 4 prompts: [0-9.]+ out" "$summary" ||
+  grep -qE "^\| fp8-serve +\| 24/4 C=1,32, $w weights .*rc=0 C=1, 2 prompts: .*; C=32, 4 prompts: [0-9.]+ out" \
+    "$summary" ||
     fail "1024/256 row ($w): $(cat "$summary")"
 done
 grep -qE '^\| fp8-serve +\| 48/4 C=2 FP8 KV, fp8 weights .*rc=0 C=2, 2 prompts: [0-9.]+ out tok/s' "$summary" ||
