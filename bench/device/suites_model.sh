@@ -11,7 +11,8 @@ bench_model() {
   timeout "${MODEL_SECONDS:-200}" "$K" bench model "$@" >"$W/$suite/last.txt" 2>&1
   local rc=$?
   cat "$W/$suite/last.txt" >>"$W/$suite/bench_model.txt"
-  row "$label" "rc=$rc $(grep -hE 'CUDA graph\)|prefill' "$W/$suite/last.txt" | head -2 | cut -c1-110 | tr '\n' ' ')"
+  row "$label" "rc=$rc $(grep -hE '^prefill|CUDA graph \+ PDL\)|^decode batch' "$W/$suite/last.txt" | head -3 |
+    cut -c1-110 | tr '\n' ' ')"
 }
 
 # The rows docs/PERF.md's "Decode step" and "Prefill" tables cite (graph + PDL, random bf16 weights).
@@ -52,7 +53,8 @@ suite_decode() {
       env "${a[@]}" timeout 60 "$K" bench model --shape qwen3-0.6b --context 1024 --steps 64 --no-breakdown \
         >>"$W/decode/4b_$r.txt" 2>&1
       { echo "==== round $r [$s]"; cat "$W/decode/4b_$r.txt"; } >>"$W/decode/bench_model.txt"
-      row "round $r [$s]" "$(grep -hE 'CUDA graph\)' "$W/decode/4b_$r.txt" | grep -oE '[0-9.]+ ms' | head -4 | tr '\n' ' ')"
+      row "round $r [$s]" "$(grep -hE 'CUDA graph \+ PDL\)' "$W/decode/4b_$r.txt" | grep -oE '[0-9.]+ ms' | head -4 |
+        tr '\n' ' ')"
     done
   done
 }
