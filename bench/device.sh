@@ -24,7 +24,8 @@
 #              /v1/embeddings of 4096 and 8192 ids on a Qwen3-Embedding-shaped checkpoint
 #   fp8-serve  issue 43's FP8-weight targets, each beside BF16 in the same run (~6 min, an estimate: not yet run
 #              on a GPU): 4B one 8192-token prompt, 8B batch-1 TPOT, the seed workload's p50, 8192 in / 1024 out
-#              with FP8 KV at C = 128 (128 prompts), 1024 in / 256 out at C = 1 and 32 (SEED_NUM, SHORT_NUM, BIG_NUM, BIG_BF16, *_SECONDS; docs/BENCH.md)
+#              with FP8 KV at C = 128 (128 prompts), 1024 in / 256 out at C = 1 and 32 (SEED_NUM, SHORT_NUM,
+#              BIG_NUM, BIG_BF16, *_SECONDS; docs/BENCH.md)
 #   structured structured output's serving cost: 4B shape, 1024 in / 256 out at C = 32, unconstrained vs every
 #              request under a JSON Schema (bench/grammar/long_output.json), out tok/s and their ratio
 #              (CONC, NUM, IN, OUTLEN, ROUNDS, SHAPE, DEVICE)
