@@ -8,9 +8,8 @@
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
-//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); the GEMV at
-//     the other load depths; at T = 1 the decode path (gate_up GEMV, then down fused with the combine) at
-//     each depth, bf16 and fp8;
+//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); at T = 1 the
+//     decode path (gate_up GEMV, then down fused with the combine), bf16 and fp8;
 //   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
 //     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
 //     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
@@ -124,28 +123,19 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       const int other = kc::kMoeGemvPairs == 1 ? 2 : 1;
       r.variant = "experts gather_gemv " + std::to_string(other) + " pairs a warp";
       timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, other); });
-      for (const int depth : {2, 4, 8}) {  // the load depth (the same bits at each)
-        if (depth == kc::kMoeGemvDepth) continue;
-        r.variant = "experts gather_gemv depth " + std::to_string(depth);
-        timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, kc::kMoeGemvPairs, depth); });
-      }
-      if (T == 1) {  // the decode path: gate_up GEMV, then down fused with the combine, at each depth
+      if (T == 1) {  // the decode path: gate_up GEMV, then down fused with the combine
         kc::MoeProductParams g8 = g, d8 = d;
         kc::moe_set_fp8(g8, m.gate_up8.data(), scales.gate_up);
         kc::moe_set_fp8(d8, m.down8.data(), scales.down);
-        for (const bool fp8 : {false, true})
-          for (const int depth : {2, 4, 8}) {
-            Row f{"moe",
-                  std::string("experts + combine fused") + (fp8 ? " fp8" : "") + " depth " +
-                      std::to_string(depth),
-                  shape(T)};
-            f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
-            timed(f, [&](int) {
-              kc::moe_gather_gemv_launch(s, fp8 ? g8 : g, nullptr, env.stream, kc::kMoeGemvPairs, depth);
-              kc::moe_down_combine_launch(s, fp8 ? d8 : d, b, static_cast<uint16_t*>(out.data()), kH,
-                                          env.stream, depth);
-            });
-          }
+        for (const bool fp8 : {false, true}) {
+          Row f{"moe", std::string("experts + combine fused") + (fp8 ? " fp8" : ""), shape(T)};
+          f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
+          timed(f, [&](int) {
+            kc::moe_gather_gemv_launch(s, fp8 ? g8 : g, nullptr, env.stream);
+            kc::moe_down_combine_launch(s, fp8 ? d8 : d, b, static_cast<uint16_t*>(out.data()), kH,
+                                        env.stream);
+          });
+        }
       }
       r.variant = "experts gather_gemv fp8";
       r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;

@@ -19,6 +19,7 @@ constexpr int kWarps = 8;  // warp w computes slots w, w + 8, ... of the token
 constexpr int kMinBlocks = 3;
 constexpr int kPairs = 2;  // output column pairs a block
 constexpr int kMaxK = 32;  // top_k the shared y tile holds
+constexpr int kDepth = 2;  // chunks a lane loads before its first product (moe_kernels.h)
 
 struct DownCombineParams {
   const int32_t* experts;   // i32 [T, k]
@@ -35,7 +36,7 @@ struct DownCombineParams {
 // act and weight loads of kDepth of its chunks before the first product, which changes no sum), rounded to
 // bf16 into y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column
 // sums y * weight over j ascending (ascending expert index) from +0 and rounds once.
-template <bool kFp8, int kDepth>
+template <bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     down_combine_kernel(const __grid_constant__ MoeProductParams p,
                         const __grid_constant__ DownCombineParams c) {
@@ -107,10 +108,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 }  // namespace
 
 void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, const MoeBuffers& b,
-                             uint16_t* out, int64_t os, cudaStream_t stream, int depth) {
+                             uint16_t* out, int64_t os, cudaStream_t stream) {
   KILN_CHECK(s.k <= kMaxK, "moe fused down + combine: top_k ", s.k, " above ", kMaxK);
-  KILN_CHECK(depth == 2 || depth == 4 || depth == 8, "moe fused down + combine: load depth ", depth,
-             "; 2, 4 or 8");
   if (s.T == 0) return;
   const DownCombineParams c{
       .experts = b.experts, .weights = b.weights, .inverse = b.inverse, .out = out, .os = os, .k = int(s.k)};
@@ -118,13 +117,7 @@ void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, co
                       .block = dim3(kWarps * 32),
                       .stream = stream,
                       .pdl = pdl_for(PdlSite::gemv)};
-  using Kernel = void (*)(MoeProductParams, DownCombineParams);
-  static constexpr Kernel bf16[] = {down_combine_kernel<false, 2>, down_combine_kernel<false, 4>,
-                                    down_combine_kernel<false, 8>};
-  static constexpr Kernel e4m3[] = {down_combine_kernel<true, 2>, down_combine_kernel<true, 4>,
-                                    down_combine_kernel<true, 8>};
-  const int at = depth == 2 ? 0 : depth == 4 ? 1 : 2;
-  launch(cfg, down.ws ? e4m3[at] : bf16[at], down, c);
+  launch(cfg, down.ws ? down_combine_kernel<true> : down_combine_kernel<false>, down, c);
 }
 
 }  // namespace kiln::cuda

@@ -16,7 +16,8 @@ constexpr int kWarps = 8;  // a block: 8 warps, each 1 or 2 output column pairs
 // Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
 // and 3 blocks keep 24 warps' loads in flight an SM.
 constexpr int kMinBlocks = 3;
-constexpr int kRows = 4;  // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
+constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
+constexpr int kDepth = 2;  // chunks a lane loads a row before its first product (moe_kernels.h)
 
 // Grid: (min(E, T k), ceil(column pairs / (8 kPairs))); block: 8 warps. Block x takes the x-th chosen
 // expert (or exits), warp w the kPairs column pairs from q0 = (y * 8 + w) kPairs: pair q is, with SiLU,
@@ -24,9 +25,9 @@ constexpr int kRows = 4;  // sorted rows a pass (the expert's weights re-read fr
 // stride k by 8 bf16 (16-byte loads; e4m3: 8 bytes); each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums
 // a lane, reduced by an xor butterfly; lane 0 writes. A lane issues the weight loads of kDepth of its chunks
 // (2 kPairs kDepth loads in flight) before it widens the first; the sums run over the chunks in ascending
-// order whatever kDepth is, so every depth gives the same bits. kFp8: the weight rows are e4m3 with block
+// order. kFp8: the weight rows are e4m3 with block
 // scales, each lane's 8 bytes widened by widen8_e4m3 (8 | 128, so a lane's chunk lies in one scale block).
-template <bool kSilu, int kPairs, bool kFp8, int kDepth>
+template <bool kSilu, int kPairs, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
   pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
@@ -107,23 +108,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-// The kernel for (kSilu, kPairs, depth, fp8).
+// The kernel for (kSilu, kPairs, fp8).
 template <bool kSilu, int kPairs>
-auto gather_gemv_kernel_for(int depth, bool fp8) {
-  using Kernel = void (*)(MoeProductParams);
-  static constexpr Kernel bf16[] = {gather_gemv_kernel<kSilu, kPairs, false, 2>,
-                                    gather_gemv_kernel<kSilu, kPairs, false, 4>,
-                                    gather_gemv_kernel<kSilu, kPairs, false, 8>};
-  static constexpr Kernel e4m3[] = {gather_gemv_kernel<kSilu, kPairs, true, 2>,
-                                    gather_gemv_kernel<kSilu, kPairs, true, 4>,
-                                    gather_gemv_kernel<kSilu, kPairs, true, 8>};
-  const int at = depth == 2 ? 0 : depth == 4 ? 1 : 2;
-  return fp8 ? e4m3[at] : bf16[at];
+auto gather_gemv_kernel_for(bool fp8) {
+  return fp8 ? gather_gemv_kernel<kSilu, kPairs, true> : gather_gemv_kernel<kSilu, kPairs, false>;
 }
 
 template <int kPairs>
 void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up,
-                              const MoeProductParams* down_p, cudaStream_t stream, int depth) {
+                              const MoeProductParams* down_p, cudaStream_t stream) {
   const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
   const int per_block = kWarps * kPairs;
   LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
@@ -133,10 +126,10 @@ void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up
   const bool fp8 = gate_up.ws != nullptr;
   KILN_CHECK(!down_p || fp8 == (down_p->ws != nullptr),
              "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
-  launch(cfg, gather_gemv_kernel_for<true, kPairs>(depth, fp8), gate_up);
+  launch(cfg, gather_gemv_kernel_for<true, kPairs>(fp8), gate_up);
   if (!down_p) return;
   cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
-  launch(cfg, gather_gemv_kernel_for<false, kPairs>(depth, fp8), *down_p);
+  launch(cfg, gather_gemv_kernel_for<false, kPairs>(fp8), *down_p);
 }
 
 struct CombineParams {
@@ -171,12 +164,11 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 }  // namespace
 
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
-                            cudaStream_t stream, int pairs_per_warp, int depth) {
+                            cudaStream_t stream, int pairs_per_warp) {
   KILN_CHECK(pairs_per_warp == 1 || pairs_per_warp == 2, "moe gather GEMV: ", pairs_per_warp,
              " column pairs a warp; 1 or 2");
-  KILN_CHECK(depth == 2 || depth == 4 || depth == 8, "moe gather GEMV: load depth ", depth, "; 2, 4 or 8");
-  if (pairs_per_warp == 2) return gather_gemv_launch_pairs<2>(s, gate_up, down, stream, depth);
-  gather_gemv_launch_pairs<1>(s, gate_up, down, stream, depth);
+  if (pairs_per_warp == 2) return gather_gemv_launch_pairs<2>(s, gate_up, down, stream);
+  gather_gemv_launch_pairs<1>(s, gate_up, down, stream);
 }
 
 void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,
