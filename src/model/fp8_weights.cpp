@@ -1,5 +1,6 @@
 #include "model/fp8_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -10,7 +11,10 @@
 #ifdef KILN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include <climits>
+
 #include "kiln/cuda_check.h"
+#include "ops/cuda/fp8_weight_quant.h"
 #include "ops/cuda/ops_cuda.h"
 #endif
 
@@ -216,6 +220,51 @@ ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device
   storage.push_back(std::move(q));
   storage.push_back(std::move(s));
   return w;
+}
+
+ops::LinearWeight quantize_fp8_stack_on_device(const std::vector<std::string>& names,
+                                               const std::vector<int64_t>& rows, int64_t cols,
+                                               const DeviceBf16Fill& fill, Device device,
+                                               std::vector<Buffer>& storage) {
+  KILN_CHECK(!names.empty() && names.size() == rows.size() && device.is_cuda(),
+             "quantize_fp8_stack_on_device: no parts, or not a CUDA device");
+#ifdef KILN_HAVE_CUDA
+  const int64_t kb = ops::fp8_blocks(cols);
+  int64_t total = 0, scale_rows = 0, largest = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    KILN_CHECK(i + 1 == rows.size() || rows[i] % ops::kFp8Block == 0, "block-FP8 tensor '", names[i],
+               "' has ", rows[i], " rows, not a multiple of 128: kiln stacks it with '",
+               names[std::min(i + 1, names.size() - 1)],
+               "' into one matrix, which needs every part but the last to fill whole 128-row blocks");
+    total += rows[i];
+    scale_rows += ops::fp8_blocks(rows[i]);
+    largest = std::max(largest, rows[i]);
+  }
+  Buffer q(size_t(total * cols), device), s(size_t(scale_rows * kb) * sizeof(float), device);
+  Buffer staging(size_t(largest * cols) * sizeof(bf16_t), device), flag(sizeof(int32_t), device);
+  const int32_t none = INT32_MAX;
+  KILN_CUDA_CHECK(cudaMemcpy(flag.data(), &none, sizeof(none), cudaMemcpyHostToDevice));
+  auto* qd = static_cast<uint8_t*>(q.data());
+  auto* sd = static_cast<float*>(s.data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    fill(i, staging.data());
+    // The legacy stream, as the fill's: the next part's fill of `staging` waits for this quantization.
+    cuda::quantize_weight_fp8(static_cast<const uint16_t*>(staging.data()), rows[i], cols, qd, sd,
+                              static_cast<int32_t*>(flag.data()), int32_t(i), nullptr);
+    qd += rows[i] * cols;
+    sd += ops::fp8_blocks(rows[i]) * kb;
+  }
+  int32_t bad = none;
+  KILN_CUDA_CHECK(cudaMemcpy(&bad, flag.data(), sizeof(bad), cudaMemcpyDeviceToHost));  // after every part
+  KILN_CHECK(bad == none, "--quantization fp8: ", names[size_t(bad)], " holds a non-finite value");
+  ops::LinearWeight w(q.view(DType::f8e4m3, {total, cols}), s.view(DType::f32, {scale_rows, kb}));
+  storage.push_back(std::move(q));
+  storage.push_back(std::move(s));
+  return w;
+#else
+  (void)cols, (void)fill, (void)storage;
+  KILN_FAIL("kiln was built without CUDA: cannot quantize weights on a GPU");
+#endif
 }
 
 }  // namespace kiln

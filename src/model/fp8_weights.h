@@ -68,6 +68,19 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
 ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device device,
                                    std::vector<Buffer>& storage);
 
+// Online quantization on a CUDA device (the loader's path for MoE experts, tens of GB that the host
+// quantizer took minutes over): part i's bf16 [rows[i], cols] values are written by fill(i, dst) into a
+// device staging buffer (dst, contiguous; the fill is done when it returns or is enqueued on the legacy
+// stream), then quantized there (ops/cuda/fp8_weight_quant.h) into its rows of one e4m3 stack and its scale
+// rows. The result is bitwise quantize_fp8_part of each part then upload_fp8_stack. Every part but the last
+// must fill whole 128-row blocks, and a non-finite weight is an error naming its part, both as on the host.
+// Buffers appended to `storage`. CUDA builds only.
+using DeviceBf16Fill = std::function<void(size_t part, void* device_dst)>;
+ops::LinearWeight quantize_fp8_stack_on_device(const std::vector<std::string>& names,
+                                               const std::vector<int64_t>& rows, int64_t cols,
+                                               const DeviceBf16Fill& fill, Device device,
+                                               std::vector<Buffer>& storage);
+
 // Writing FP8 checkpoints (demo-model --quantization fp8, tests): each tensor of `in` for which
 // `is_linear(name)` holds (a bf16 [out, in] "*.weight") is replaced by its online quantization, F8_E4M3, and
 // followed by NAME.weight_scale_inv (F32, or BF16 when bf16_scales: the scale rounded to bf16, and the e4m3

@@ -5,12 +5,15 @@
 // within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp).
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include "common/fp8_checkpoints.h"
 #include "common/model_steps.h"
 #include "kiln/safetensors.h"
 #include "model/fp8_weights.h"
 #include "model/qwen3.h"
+#include "model/weights.h"
+#include "ops/cuda/fp8_weight_quant.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_ops.h"
@@ -257,6 +260,100 @@ TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 131 + 7) % 1024);
     test::expect_gpu_matches_cpu(cpu, gpu, prompt, 10, "fp8 MoE checkpoint, dequantized");
   }
+}
+
+// The GPU's online weight quantizer (ops/cuda/fp8_weight_quant.h) against the host's
+// ops::quantize_weight_fp8: q and the scales bitwise on ragged shapes, with blocks of zeros (the 1e-4 clamp),
+// tiny and subnormal values, signed zeros, and a block whose amax is an exact power of two.
+TEST(CudaMoeFp8, DeviceQuantizerEqualsHostBitwise) {
+  KILN_REQUIRE_GPU();
+  for (const auto& [n, k] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {300, 200}, {256, 2048}, {129, 385}}) {
+    SCOPED_TRACE(std::to_string(n) + " x " + std::to_string(k));
+    std::vector<bf16_t> w = random_bf16(size_t(n * k), uint32_t(n + k), -0.2f, 0.2f);
+    for (int64_t i = 0; i < n * k; ++i) {
+      const int64_t r = i / k, c = i % k;
+      if (r < 128 && c < 128 && n > 128) w[size_t(i)] = f32_to_bf16(0.0f);     // block (0, 0): all zero
+      if (c % 97 == 5) w[size_t(i)] = f32_to_bf16(float(r % 3 - 1) * 1e-38f);  // subnormal, +-0
+      if (c % 89 == 7) w[size_t(i)] = f32_to_bf16(float(i % 5) * 3e-6f);       // below the clamp's grid
+    }
+    if (n * k > 1) w[1] = f32_to_bf16(-0.25f);  // an exact power of two as its block's amax
+    const int64_t nb = ops::fp8_blocks(n), kb = ops::fp8_blocks(k);
+    std::vector<uint8_t> q(size_t(n * k));
+    std::vector<float> sc(size_t(nb * kb));
+    ops::quantize_weight_fp8(Tensor(w.data(), DType::bf16, {n, k}), Tensor(q.data(), DType::f8e4m3, {n, k}),
+                             Tensor(sc.data(), DType::f32, {nb, kb}), "w");
+    const Buffer dw = to_device(w);
+    Buffer dq(size_t(n * k), Device::cuda()), ds(sc.size() * 4, Device::cuda()), flag(4, Device::cuda());
+    test::poison(dq);
+    test::poison(ds);
+    const int32_t none = INT32_MAX;
+    KILN_CUDA_CHECK(cudaMemcpy(flag.data(), &none, 4, cudaMemcpyHostToDevice));
+    kc::quantize_weight_fp8(static_cast<const uint16_t*>(dw.data()), n, k, static_cast<uint8_t*>(dq.data()),
+                            static_cast<float*>(ds.data()), static_cast<int32_t*>(flag.data()), 3, nullptr);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto gq = to_host<uint8_t>(dq, q.size());
+    const auto gs = to_host<float>(ds, sc.size());
+    EXPECT_EQ(to_host<int32_t>(flag, 1)[0], none);
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(int(gq[i]), int(q[i])) << "q element " << i;
+    for (size_t i = 0; i < sc.size(); ++i)
+      ASSERT_EQ(f32_bits(gs[i]), f32_bits(sc[i])) << "scale " << i << ": " << gs[i] << " vs " << sc[i];
+  }
+}
+
+// The loader's online quantization on the GPU (model/fp8_weights.h quantize_fp8_stack_on_device, the MoE
+// experts' path): a random-weight FP8 MoE model loaded onto CUDA holds, bitwise, the e4m3 bytes and scales of
+// the same model quantized on the host; a non-finite weight is refused naming its tensor.
+TEST(CudaMoeFp8, ExpertsQuantizedOnTheGpuAtLoadEqualTheHostQuantization) {
+  KILN_REQUIRE_GPU();
+  ModelConfig c;
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.arch = ModelArch::qwen3_moe;
+  c.vocab_size = 512;
+  c.hidden_size = 384;
+  c.intermediate_size = 512;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.max_position_embeddings = 256;
+  c.moe.num_experts = 8;
+  c.moe.num_experts_per_tok = 2;
+  c.moe.moe_intermediate_size = 256;
+  c.moe.norm_topk_prob = true;
+  c.quant.online = true;
+  const Qwen3Weights host = load_qwen3_weights(c, nullptr, 5, Device::cpu());
+  const Qwen3Weights gpu = load_qwen3_weights(c, nullptr, 5, Device::cuda());
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const ops::MoeWeights &h = host.layers[size_t(l)].moe, &g = gpu.layers[size_t(l)].moe;
+    ASSERT_TRUE(h.is_fp8() && g.is_fp8()) << "layer " << l;
+    for (const auto& [ht, gt, what] : std::vector<std::tuple<Tensor, Tensor, const char*>>{
+             {h.gate_up, g.gate_up, "gate_up"},
+             {h.down, g.down, "down"},
+             {h.gate_up_scale, g.gate_up_scale, "gate_up scale"},
+             {h.down_scale, g.down_scale, "down scale"}}) {
+      ASSERT_EQ(ht.shape, gt.shape) << what;
+      std::vector<uint8_t> back(size_t(gt.nbytes()));
+      KILN_CUDA_CHECK(cudaMemcpy(back.data(), gt.data, back.size(), cudaMemcpyDeviceToHost));
+      const auto* want = static_cast<const uint8_t*>(ht.data);
+      for (size_t i = 0; i < back.size(); ++i)
+        ASSERT_EQ(int(back[i]), int(want[i])) << "layer " << l << " " << what << " byte " << i;
+    }
+  }
+  std::vector<Buffer> storage;
+  const std::vector<bf16_t> bad = {f32_to_bf16(1.0f), f32_to_bf16(INFINITY)};
+  test_support::expect_contains(test_support::error_of([&] {
+                                  quantize_fp8_stack_on_device(
+                                      {"good.weight", "bad.weight"}, {128, 1}, 2,
+                                      [&](size_t i, void* dst) {
+                                        std::vector<bf16_t> part(size_t(i == 0 ? 256 : 2), f32_to_bf16(0.5f));
+                                        if (i == 1) part = bad;
+                                        copy_bytes(dst, Device::cuda(), part.data(), Device::cpu(),
+                                                   part.size() * 2);
+                                      },
+                                      Device::cuda(), storage);
+                                }),
+                                {"bad.weight", "non-finite"});
 }
 
 }  // namespace
