@@ -13,7 +13,8 @@
 //   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
 //     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
 //     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
-//     router GEMV fused with the routing and permutation (the path to 64 tokens)
+//     router GEMV fused with the routing and permutation (the path to 64 tokens; at T = 1 and 8 also its
+//     counter form beside the cluster form that runs there)
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -187,6 +188,14 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
                                     static_cast<const uint16_t*>(m.router.data()), s, true, b, env.stream);
         kc::moe_permute_launch(s, b, env.stream);
       });
+      if (T <= 8) {  // the counter form where the cluster form runs (moe.h): the same bits
+        r.variant = "router + route fused, counter form";
+        timed(r, [&](int) {
+          kc::moe_router_route_launch(static_cast<const uint16_t*>(x.data()), kH,
+                                      static_cast<const uint16_t*>(m.router.data()), s, true, b, env.stream,
+                                      nullptr, true);
+        });
+      }
     }
     if (T == 1 || T == 8) {  // the parts of the whole op beside the experts, each alone
       const Tensor logits(b.logits, DType::bf16, {T, kE}, Device::cuda());

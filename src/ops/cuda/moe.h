@@ -88,9 +88,12 @@ constexpr int64_t kMoeRouterMaxHidden = 8192;
 // gemv.h's fused tails).
 // norm (T <= kMoeRouterNormInMaxTokens, H <= kMoeRouterMaxHidden): x is norm->normed, computed by the
 // same launch (MoeNormIn), bitwise add_rms_norm then this launch on its output.
+// Two forms of the same bits (moe_router.cu): the cluster form (T <= 8, E <= 128, an sm_90 device; the
+// logits gathered in one block's shared memory) and the counter form (otherwise; the last block on a
+// per-chunk global counter routes). counter_only: the counter form wherever (tests and bench compare them).
 void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* router, const MoeShape& s,
                              bool norm_topk_prob, const MoeBuffers& b, cudaStream_t stream,
-                             const MoeNormIn* norm = nullptr);
+                             const MoeNormIn* norm = nullptr, bool counter_only = false);
 // 2.
 void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
 

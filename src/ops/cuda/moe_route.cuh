@@ -56,8 +56,10 @@ __device__ __forceinline__ uint32_t route_key(uint32_t bits, int i) {
 
 // Token t's routing by one warp (lane l holds experts l, l + 32, ...: the canonical lane partials of
 // ops/moe.h; kPer >= ceil(E / 32) registers a lane); ORs the token's bit (t mod 32) into chosen_by[e] for
-// each chosen e. Logits are read through L2 (__ldcg): the fused kernel's other blocks wrote them.
-template <int kPer>
+// each chosen e. Logits are read through L2 (__ldcg: the fused kernel's other blocks wrote them), or, with
+// kSmemLogits, from this block's shared memory (p.logits then points there; the cluster form of the fused
+// kernel gathers them so).
+template <int kPer, bool kSmemLogits>
 __device__ __forceinline__ void route_token(const RouteParams& p, int t, int lane, uint32_t* chosen_by) {
   uint32_t taken = 0;  // bit r: expert r * 32 + lane chosen
   const uint16_t* row = p.logits + int64_t(t) * p.ls;
@@ -68,7 +70,7 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int t, int lan
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
     const int i = r * 32 + lane;
-    const uint32_t bits = i < p.E ? uint32_t(__ldcg(row + i)) : 0u;
+    const uint32_t bits = i >= p.E ? 0u : kSmemLogits ? uint32_t(row[i]) : uint32_t(__ldcg(row + i));
     l[r] = bf16_bits_to_f32(bits);
     key[r] = i < p.E ? route_key(bits, i) : 0u;
     if (i < p.E) m = fmaxf(m, l[r]), nan |= isnan(l[r]);
@@ -157,9 +159,10 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int t, int lan
   }
 }
 
-// Warp 0 of a block: from the per-expert counts cnt[0, E) (shared memory), the layout (padded offsets,
-// tiles, padding rows, the active list) and the offsets into off_s[0, E) (shared memory). Lane l owns the
-// experts [l per, (l + 1) per); the offsets are an exclusive scan over the lanes.
+// Warp 0 of a block: from the per-expert counts cnt[0, E) (shared memory), the padded offsets, the counts,
+// the tile count and the active list, and the offsets into off_s[0, E) (shared memory; write_padding then
+// writes the rest of the layout). Lane l owns the experts [l per, (l + 1) per); the offsets are an exclusive
+// scan over the lanes.
 __device__ inline void write_layout(const int* cnt, int E, const Layout& o, int* off_s) {
   const int lane = int(threadIdx.x) % 32, per = (E + 31) / 32;
   const int lo = min(E, lane * per), hi = min(E, lo + per);
@@ -176,14 +179,12 @@ __device__ inline void write_layout(const int* cnt, int E, const Layout& o, int*
   }
   int off = rows_inc - rows, slot = act_inc - act;
   for (int e = lo; e < hi; ++e) {
-    const int n = cnt[e], padded = (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
+    const int n = cnt[e];
     o.counts[e] = n;
     o.offsets[e] = off;
     off_s[e] = off;
-    for (int i = 0; i < padded / kMoeRowTile; ++i) o.tile_expert[off / kMoeRowTile + i] = e;
-    for (int r = n; r < padded; ++r) o.sorted_pair[off + r] = -1;
     if (n > 0) o.active[slot++] = e;
-    off += padded;
+    off += (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
   }
   if (lane == 31) {
     o.offsets[E] = rows_inc;
@@ -192,21 +193,34 @@ __device__ inline void write_layout(const int* cnt, int E, const Layout& o, int*
   }
 }
 
-// One block (kRouteWarps warps) routes chunk `chunk`: warp w the chunk's tokens w, w + 8, ... Then each
+// The whole block, after write_layout's off_s is visible (a __syncthreads): each expert's tiles in the
+// tile -> expert map and its padding rows (-1) of sorted_pair. A warp an expert at a time, its lanes striding
+// the rows, so no thread runs a 63-store loop of its own (an expert chosen once pads 63 rows).
+__device__ inline void write_padding(const int* cnt, const int* off_s, int E, const Layout& o) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
+  for (int e = warp; e < E; e += warps) {
+    const int n = cnt[e], off = off_s[e], padded = (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
+    for (int i = lane; i < padded / kMoeRowTile; i += 32) o.tile_expert[off / kMoeRowTile + i] = e;
+    for (int r = n + lane; r < padded; r += 32) o.sorted_pair[off + r] = -1;
+  }
+}
+
+// One block (any number of warps W) routes chunk `chunk`: warp w the chunk's tokens w, w + W, ... Then each
 // thread takes pairs of the chunk: a pair's rank is the count of the chunk's lower tokens that chose the
 // same expert (the population of chosen_by[e] below the token's bit), the chunk's count per expert the
 // population of chosen_by[e]. Fused (one chunk): warp 0 lays the rows out from those counts and the pairs
-// are scattered to offset + rank here.
+// are scattered to offset + rank here. kSmemLogits: route_token's.
+template <bool kSmemLogits = false>
 __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& sm) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int t0 = chunk * kMoeChunkTokens;
   for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x)) sm.chosen_by[i] = 0;
   __syncthreads();
-  for (int w = warp; w < kMoeChunkTokens && t0 + w < p.T; w += kRouteWarps) {
+  for (int w = warp; w < kMoeChunkTokens && t0 + w < p.T; w += int(blockDim.x) / 32) {
     if (p.E <= 128) {
-      route_token<4>(p, t0 + w, lane, sm.chosen_by);
+      route_token<4, kSmemLogits>(p, t0 + w, lane, sm.chosen_by);
     } else {
-      route_token<kMoeRouteMaxExperts / 32>(p, t0 + w, lane, sm.chosen_by);
+      route_token<kMoeRouteMaxExperts / 32, kSmemLogits>(p, t0 + w, lane, sm.chosen_by);
     }
   }
   __syncthreads();  // also orders this block's expert writes before the reads below
@@ -215,6 +229,7 @@ __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& s
     __syncthreads();
     if (warp == 0) write_layout(sm.cnt, p.E, p.layout, sm.off);
     __syncthreads();
+    write_padding(sm.cnt, sm.off, p.E, p.layout);
   }
   const int n = min(kMoeChunkTokens, p.T - t0) * p.k;
   for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) {
