@@ -1,6 +1,7 @@
 // Block-FP8 MoE experts on CUDA (ops/moe.h "Block-FP8 experts"): the gather GEMV widening e4m3 in registers
 // equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the
-// GEMV threshold (FP8 runs the GEMV at every T), with 1 and 2 column pairs a warp; it stays near the CPU
+// GEMV threshold (FP8 runs the GEMV at every T), with 1 and 2 column pairs a warp, though it loads e4m3 16
+// bytes a lane and regroups them into the bf16 kernel's 8-element lane chunks; it stays near the CPU
 // oracle's path (a); and a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint
 // within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp).
 #include <cmath>
@@ -174,6 +175,10 @@ TEST(CudaMoeFp8, GemvEqualsBf16GemvOnDequantizedExpertsBitwise) {
   KILN_REQUIRE_GPU();
   check_layer(16, 4, 256, 128, {1, 3, 8, 33, 80});
   check_layer(128, 8, 2048, 768, {1, 4, 64, 100});  // Qwen3-30B-A3B's widths
+  // The 16-byte e4m3 loads' batches and windows: K = 4096 (gate_up: two batches), 384 (down: a window
+  // half used, lanes 16 .. 31 idle in its second half), 1536 (down: two batches of the fused kernel).
+  check_layer(8, 2, 4096, 384, {1, 5, 40});
+  check_layer(8, 2, 256, 1536, {1, 3});
 }
 
 // Down + combine in one kernel (moe_experts_combine_launch, moe_mlp's path at batch 1) against the gather

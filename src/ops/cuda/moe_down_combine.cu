@@ -15,8 +15,9 @@ namespace {
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // warp w computes slots w, w + 8, ... of the token
 // Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
-// and 3 blocks keep 24 warps' loads in flight an SM.
-constexpr int kMinBlocks = 3;
+// and 3 blocks keep 24 warps' loads in flight an SM. FP8: 2 (128 registers: its 2 windows of 4 rows, 32
+// registers of loads, spilled at 80), 16 warps of 4 KB in flight an SM.
+constexpr int kMinBlocks = 3, kMinBlocksFp8 = 2;
 constexpr int kPairs = 2;  // output column pairs a block
 constexpr int kMaxK = 32;  // top_k the shared y tile holds
 constexpr int kDepth = 2;  // chunks a lane loads before its first product (moe_kernels.h)
@@ -32,16 +33,20 @@ struct DownCombineParams {
 
 // Grid: (ceil(H / 2 / kPairs), T); block: 8 warps. Block (x, t) owns columns [2 kPairs x, 2 kPairs (x + 1))
 // of token t. Warp w, for each slot j = w, w + 8, ... of t: the 2 kPairs down rows of expert experts[t, j]
-// dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly; a lane issues the
-// act and weight loads of kDepth of its chunks before the first product, which changes no sum), rounded to
+// dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly; bf16: a lane issues
+// the act and weight loads of kDepth of its chunks before the first product; kFp8: 16-byte e4m3 loads, two
+// 512-element windows of the 4 rows in flight, regrouped into the same chunks through shared memory; neither
+// changes a sum), rounded to
 // bf16 into y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column
 // sums y * weight over j ascending (ascending expert index) from +0 and rounds once.
 template <bool kFp8>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+__global__ void __launch_bounds__(kWarps * 32, kFp8 ? kMinBlocksFp8 : kMinBlocks)
     down_combine_kernel(const __grid_constant__ MoeProductParams p,
                         const __grid_constant__ DownCombineParams c) {
-  pdl_wait();
   __shared__ float ys[kMaxK][2 * kPairs];
+  __shared__ __align__(16)
+      uint2 stage[kFp8 ? kWarps : 1][2 * kPairs][64];  // kFp8: moe_fp8_rows_for_each_chunk's
+  pdl_wait();
   const int t = int(blockIdx.y), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int pairs = p.N / 2, q0 = int(blockIdx.x) * kPairs;
   for (int j = warp; j < c.k; j += kWarps) {
@@ -56,27 +61,37 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       wrow[2 * i + 1] = e * p.N + 2 * q + 1;
     }
     float acc[2 * kPairs] = {};
-    for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
-      uint4 av[kDepth] = {};
-      MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
+    if constexpr (kFp8) {
+      moe_fp8_rows_for_each_chunk<2 * kPairs, 2>(p, wrow, stage[warp], lane,
+                                                 [&](int kk, const float(&f)[2 * kPairs][8]) {
+                                                   float xf[8];
+                                                   unpack8(*reinterpret_cast<const uint4*>(a + kk), xf);
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int kk = kk0 + 256 * d;
-        if (kk >= p.K) break;
-        av[d] = *reinterpret_cast<const uint4*>(a + kk);
+                                                   for (int i = 0; i < 2 * kPairs; ++i)
+                                                     acc[i] = dot8(xf, f[i], acc[i]);
+                                                 });
+    } else {
+      for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
+        uint4 av[kDepth] = {}, wc[kDepth][2 * kPairs] = {};
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i) wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk);
-      }
+        for (int d = 0; d < kDepth; ++d) {
+          const int kk = kk0 + 256 * d;
+          if (kk >= p.K) break;
+          av[d] = *reinterpret_cast<const uint4*>(a + kk);
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        if (kk0 + 256 * d >= p.K) break;
-        float xf[8];
-        unpack8(av[d], xf);
+          for (int i = 0; i < 2 * kPairs; ++i) wc[d][i] = moe_load_bf16_chunk(p, wrow[i], kk);
+        }
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i) {
-          float f[8];
-          moe_widen_weight_chunk<kFp8>(wc[d][i], f);
-          acc[i] = dot8(xf, f, acc[i]);
+        for (int d = 0; d < kDepth; ++d) {
+          if (kk0 + 256 * d >= p.K) break;
+          float xf[8];
+          unpack8(av[d], xf);
+#pragma unroll
+          for (int i = 0; i < 2 * kPairs; ++i) {
+            float f[8];
+            unpack8(wc[d][i], f);
+            acc[i] = dot8(xf, f, acc[i]);
+          }
         }
       }
     }

@@ -14,22 +14,30 @@ namespace {
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // a block: 8 warps, each 1 or 2 output column pairs
 // Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
-// and 3 blocks keep 24 warps' loads in flight an SM.
+// and 3 blocks keep 24 warps' loads in flight an SM. FP8 with 2 column pairs a warp: 2 (its 4 rows' loads
+// spilled at 80 registers).
 constexpr int kMinBlocks = 3;
+constexpr int min_blocks(bool fp8, int pairs) {
+  return fp8 && pairs == 2 ? 2 : kMinBlocks;
+}
 constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
 constexpr int kDepth = 2;  // chunks a lane loads a row before its first product (moe_kernels.h)
 
 // Grid: (min(E, T k), ceil(column pairs / (8 kPairs))); block: 8 warps. Block x takes the x-th chosen
 // expert (or exits), warp w the kPairs column pairs from q0 = (y * 8 + w) kPairs: pair q is, with SiLU,
 // weight rows q (gate) and N + q (up) -> act column q, else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes
-// stride k by 8 bf16 (16-byte loads; e4m3: 8 bytes); each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums
-// a lane, reduced by an xor butterfly; lane 0 writes. A lane issues the weight loads of kDepth of its chunks
-// (2 kPairs kDepth loads in flight) before it widens the first; the sums run over the chunks in ascending
-// order. kFp8: the weight rows are e4m3 with block
-// scales, each lane's 8 bytes widened by widen8_e4m3 (8 | 128, so a lane's chunk lies in one scale block).
+// take the 8-element chunks l, l + 32, ... of k; each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a
+// lane, reduced by an xor butterfly; lane 0 writes. bf16: a lane issues the 16-byte weight loads of kDepth
+// of its chunks (2 kPairs kDepth loads in flight) before the first product. kFp8: the rows are e4m3 with
+// block scales, loaded 16 bytes (16 elements) a lane, 4 (kPairs 2: 2) 512-element windows of each row in
+// flight, and regrouped through shared memory into the same chunks (moe_fp8_rows_for_each_chunk), widened to
+// bf16(f32(q) * s). Either way the sums run over the chunks in ascending order: the FP8 kernel is the bf16
+// kernel on dequantize_fp8's weights, bit for bit.
 template <bool kSilu, int kPairs, bool kFp8>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+__global__ void __launch_bounds__(kWarps * 32, min_blocks(kFp8, kPairs))
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
+  // kFp8: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
+  __shared__ __align__(16) uint2 stage[kFp8 ? kWarps : 1][2 * kPairs][64];
   pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   const int num_active = p.active[p.E];
   if (int(blockIdx.x) >= num_active) return;
@@ -53,29 +61,36 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) src[r] = rb + r < cnt ? moe_a_row<kSilu>(p, row0 + rb + r) : nullptr;
     float acc[kRows][2 * kPairs] = {};
-    for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
-      MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
+    // The products of the lane's chunk at kk (its weights widened into f) with the pass's rows.
+    const auto consume = [&](int kk, const float(&f)[2 * kPairs][8]) {
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        if (kk0 + 256 * d >= p.K) break;
+      for (int r = 0; r < kRows; ++r) {
+        if (!src[r]) continue;
+        float xf[8];
+        unpack8(*reinterpret_cast<const uint4*>(src[r] + kk), xf);
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i)
-          wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk0 + 256 * d);
+        for (int i = 0; i < 2 * kPairs; ++i) acc[r][i] = dot8(xf, f[i], acc[r][i]);
       }
+    };
+    if constexpr (kFp8) {
+      moe_fp8_rows_for_each_chunk<2 * kPairs, kPairs == 1 ? 4 : 2>(p, wrow, stage[warp], lane, consume);
+    } else {
+      for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
+        uint4 wc[kDepth][2 * kPairs] = {};
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int kk = kk0 + 256 * d;
-        if (kk >= p.K) break;
-        float f[2 * kPairs][8];
+        for (int d = 0; d < kDepth; ++d) {
+          if (kk0 + 256 * d >= p.K) break;
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i) moe_widen_weight_chunk<kFp8>(wc[d][i], f[i]);
+          for (int i = 0; i < 2 * kPairs; ++i) wc[d][i] = moe_load_bf16_chunk(p, wrow[i], kk0 + 256 * d);
+        }
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          if (!src[r]) continue;
-          float xf[8];
-          unpack8(*reinterpret_cast<const uint4*>(src[r] + kk), xf);
+        for (int d = 0; d < kDepth; ++d) {
+          const int kk = kk0 + 256 * d;
+          if (kk >= p.K) break;
+          float f[2 * kPairs][8];
 #pragma unroll
-          for (int i = 0; i < 2 * kPairs; ++i) acc[r][i] = dot8(xf, f[i], acc[r][i]);
+          for (int i = 0; i < 2 * kPairs; ++i) unpack8(wc[d][i], f[i]);
+          consume(kk, f);
         }
       }
     }
