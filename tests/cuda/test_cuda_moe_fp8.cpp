@@ -2,8 +2,9 @@
 // equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the
 // GEMV threshold (FP8 runs the GEMV at every T), with 1 and 2 column pairs a warp, though it loads e4m3 16
 // bytes a lane and regroups them into the bf16 kernel's 8-element lane chunks; it stays near the CPU
-// oracle's path (a); and a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint
-// within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp).
+// oracle's path (a); a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint
+// within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's online quantizer (the
+// loader's path for experts) is bitwise the host's.
 #include <cmath>
 #include <filesystem>
 #include <tuple>

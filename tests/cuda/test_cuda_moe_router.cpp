@@ -1,9 +1,11 @@
 // The fused router GEMV + routing (moe_router_route_launch, src/ops/cuda/moe_router.cu) against the CPU
-// oracle: the router logits bitwise ops::cpu::moe_router_logits (ops/moe.h's canonical order) over batch
-// 1..64 and the model's widths, the experts and weights bitwise ops::moe_route on them, the layout's
-// invariants; rows with NaN logits (the route's exact fallback); repeated launches and a graph replay (the
-// per-chunk counters reset); moe_mlp's routing from x bitwise the CPU's at T <= 64; and the residual-norm
-// prologue bitwise add_rms_norm then the router.
+// oracle, in both its forms (the cluster form where it applies, T <= 8, and the counter form everywhere):
+// the router logits bitwise ops::cpu::moe_router_logits (ops/moe.h's canonical order) over batch 1..64 and
+// the model's widths, the experts and weights bitwise ops::moe_route on them, the layout's invariants (its
+// padding rows and tiles too, on a scratch poisoned with values no layout holds); rows with NaN logits (the
+// route's exact fallback); repeated launches and a graph replay (the per-chunk counters reset); moe_mlp's
+// routing from x bitwise the CPU's at T <= 64; and the residual-norm prologue bitwise add_rms_norm then the
+// router.
 #include <algorithm>
 #include <cmath>
 #include <limits>
