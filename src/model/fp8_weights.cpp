@@ -186,6 +186,17 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                " rows, not a multiple of 128: kiln stacks it with '", names[i + 1],
                "' into one matrix, which needs every part but the last to fill whole 128-row blocks");
   const ops::LinearWeight w = upload_fp8_stack(parts, device, storage);
+  reserve_fp8_gemm_buffers(device, rows, cols);
+  return w;
+}
+
+bool fp8_stack_stays_fp8(const std::vector<int64_t>& rows, Device device) {
+  for (size_t i = 0; i + 1 < rows.size(); ++i)
+    if (rows[i] % ops::kFp8Block != 0) return false;
+  return fp8_weights_stay_fp8(device);
+}
+
+void reserve_fp8_gemm_buffers(Device device, int64_t rows, int64_t cols) {
 #ifdef KILN_HAVE_CUDA
   // GemmEngine's buffers for the FP8 calls the GEMV does not take (gemm.h), grown now, before any graph
   // capture: the dequantization scratch for the largest FP8 weight placed, and the W8A8 GEMM's workspace for
@@ -194,8 +205,9 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
     ops::cuda::reserve_fp8_dequant(rows * cols);
     ops::cuda::reserve_fp8_gemm(kFp8GemmGraphRows, cols);
   }
+#else
+  (void)device, (void)rows, (void)cols;
 #endif
-  return w;
 }
 
 ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device device,

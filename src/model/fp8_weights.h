@@ -62,6 +62,13 @@ bool fp8_weights_stay_fp8(Device device);
 ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage);
+// Whether place_fp8_linear keeps a stack of parts with these row counts e4m3 on `device` (every part but the
+// last whole 128-row blocks, and fp8_weights_stay_fp8): then quantize_fp8_stack_on_device followed by
+// reserve_fp8_gemm_buffers places it as place_fp8_linear would, bitwise.
+bool fp8_stack_stays_fp8(const std::vector<int64_t>& rows, Device device);
+// GemmEngine's FP8 buffers grown for a stacked FP8 weight of rows x cols placed on `device` (CUDA; nothing on
+// the CPU), before any graph capture.
+void reserve_fp8_gemm_buffers(Device device, int64_t rows, int64_t cols);
 
 // The parts stacked along rows as e4m3 + scales on `device` (buffers appended to `storage`), as they are: the
 // caller has checked that every part but the last fills whole 128-row blocks.

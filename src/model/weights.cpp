@@ -81,6 +81,16 @@ class Loader {
   ops::LinearWeight linear(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
     const Fp8Source source = fp8_source(parts, cols);
     if (source == Fp8Source::none) return stacked(parts, cols, false);
+    if (source == Fp8Source::online && device_.is_cuda()) {
+      std::vector<int64_t> rows;
+      int64_t total = 0;
+      for (const auto& part : parts) rows.push_back(part.second), total += part.second;
+      if (fp8_stack_stays_fp8(rows, device_)) {
+        const ops::LinearWeight w = quantize_on_device(parts, cols);
+        reserve_fp8_gemm_buffers(device_, total, cols);
+        return w;
+      }
+    }
     std::vector<Fp8HostPart> host;
     std::vector<std::string> names;
     fp8_parts(parts, cols, source, host, names);
@@ -93,22 +103,7 @@ class Loader {
   ops::LinearWeight expert_linear(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
     const Fp8Source source = fp8_source(parts, cols);
     if (source == Fp8Source::none) return stacked(parts, cols, false);
-    if (source == Fp8Source::online && device_.is_cuda()) {
-      std::vector<std::string> names;
-      std::vector<int64_t> rows;
-      for (const auto& [name, r] : parts) names.push_back(name), rows.push_back(r);
-      return quantize_fp8_stack_on_device(
-          names, rows, cols,
-          [&](size_t i, void* dst) {
-            if (ckpt_) {
-              const Tensor t = ckpt_->get(names[i], DType::bf16, {rows[i], cols});
-              copy_bytes(dst, device_, t.data, Device::cpu(), size_t(t.nbytes()));
-            } else {
-              fill_random_weight_cuda({names[i], {rows[i], cols}, false}, seed_, dst);
-            }
-          },
-          device_, w_.storage);
-    }
+    if (source == Fp8Source::online && device_.is_cuda()) return quantize_on_device(parts, cols);
     std::vector<Fp8HostPart> host;
     std::vector<std::string> names;
     fp8_parts(parts, cols, source, host, names);
@@ -116,6 +111,26 @@ class Loader {
   }
 
  private:
+  // Online quantization of the parts on the GPU (quantize_fp8_stack_on_device): random values generated
+  // there, checkpoint bf16 copied up.
+  ops::LinearWeight quantize_on_device(const std::vector<std::pair<std::string, int64_t>>& parts,
+                                       int64_t cols) {
+    std::vector<std::string> names;
+    std::vector<int64_t> rows;
+    for (const auto& [name, r] : parts) names.push_back(name), rows.push_back(r);
+    return quantize_fp8_stack_on_device(
+        names, rows, cols,
+        [&](size_t i, void* dst) {
+          if (ckpt_) {
+            const Tensor t = ckpt_->get(names[i], DType::bf16, {rows[i], cols});
+            copy_bytes(dst, device_, t.data, Device::cpu(), size_t(t.nbytes()));
+          } else {
+            fill_random_weight_cuda({names[i], {rows[i], cols}, false}, seed_, dst);
+          }
+        },
+        device_, w_.storage);
+  }
+
   // Where a projection's block-FP8 data comes from: none (it stays bf16), the checkpoint's F8_E4M3 tensors,
   // or online quantization (--quantization fp8 on a bf16 checkpoint, or random weights for an FP8 config).
   enum class Fp8Source { none, stored, online };

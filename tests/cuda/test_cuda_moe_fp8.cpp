@@ -307,17 +307,18 @@ TEST(CudaMoeFp8, DeviceQuantizerEqualsHostBitwise) {
   }
 }
 
-// The loader's online quantization on the GPU (model/fp8_weights.h quantize_fp8_stack_on_device, the MoE
-// experts' path): a random-weight FP8 MoE model loaded onto CUDA holds, bitwise, the e4m3 bytes and scales of
-// the same model quantized on the host; a non-finite weight is refused naming its tensor.
-TEST(CudaMoeFp8, ExpertsQuantizedOnTheGpuAtLoadEqualTheHostQuantization) {
+// The loader's online quantization on the GPU (model/fp8_weights.h quantize_fp8_stack_on_device: the MoE
+// experts, and the dense projections that stay e4m3): a random-weight FP8 MoE model loaded onto CUDA holds,
+// bitwise, the e4m3 bytes and scales of the same model quantized on the host (a sparse and a dense-MLP
+// layer); a non-finite weight is refused naming its tensor.
+TEST(CudaMoeFp8, OnlineQuantizationOnTheGpuAtLoadEqualsTheHostQuantization) {
   KILN_REQUIRE_GPU();
   ModelConfig c;
   c.architecture = "Qwen3MoeForCausalLM";
   c.arch = ModelArch::qwen3_moe;
   c.vocab_size = 512;
   c.hidden_size = 384;
-  c.intermediate_size = 512;
+  c.intermediate_size = 640;
   c.num_layers = 2;
   c.num_heads = 4;
   c.num_kv_heads = 2;
@@ -327,23 +328,41 @@ TEST(CudaMoeFp8, ExpertsQuantizedOnTheGpuAtLoadEqualTheHostQuantization) {
   c.moe.num_experts_per_tok = 2;
   c.moe.moe_intermediate_size = 256;
   c.moe.norm_topk_prob = true;
+  c.moe.mlp_only_layers = {1};
   c.quant.online = true;
   const Qwen3Weights host = load_qwen3_weights(c, nullptr, 5, Device::cpu());
   const Qwen3Weights gpu = load_qwen3_weights(c, nullptr, 5, Device::cuda());
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const ops::MoeWeights &h = host.layers[size_t(l)].moe, &g = gpu.layers[size_t(l)].moe;
-    ASSERT_TRUE(h.is_fp8() && g.is_fp8()) << "layer " << l;
-    for (const auto& [ht, gt, what] : std::vector<std::tuple<Tensor, Tensor, const char*>>{
-             {h.gate_up, g.gate_up, "gate_up"},
-             {h.down, g.down, "down"},
-             {h.gate_up_scale, g.gate_up_scale, "gate_up scale"},
-             {h.down_scale, g.down_scale, "down scale"}}) {
-      ASSERT_EQ(ht.shape, gt.shape) << what;
-      std::vector<uint8_t> back(size_t(gt.nbytes()));
-      KILN_CUDA_CHECK(cudaMemcpy(back.data(), gt.data, back.size(), cudaMemcpyDeviceToHost));
-      const auto* want = static_cast<const uint8_t*>(ht.data);
-      for (size_t i = 0; i < back.size(); ++i)
-        ASSERT_EQ(int(back[i]), int(want[i])) << "layer " << l << " " << what << " byte " << i;
+  const auto expect_bytes_equal = [](const Tensor& want, const Tensor& got, const std::string& what) {
+    ASSERT_EQ(want.shape, got.shape) << what;
+    ASSERT_TRUE(got.device.is_cuda()) << what;
+    std::vector<uint8_t> back(size_t(got.nbytes()));
+    KILN_CUDA_CHECK(cudaMemcpy(back.data(), got.data, back.size(), cudaMemcpyDeviceToHost));
+    const auto* w = static_cast<const uint8_t*>(want.data);
+    for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(int(back[i]), int(w[i])) << what << " byte " << i;
+  };
+  for (size_t l = 0; l < 2; ++l) {
+    const LayerWeights &h = host.layers[l], &g = gpu.layers[l];
+    const std::string at = "layer " + std::to_string(l) + " ";
+    std::vector<std::tuple<Tensor, Tensor, std::string>> parts = {
+        {h.qkv.weight, g.qkv.weight, "qkv"},
+        {h.qkv.scale, g.qkv.scale, "qkv scale"},
+        {h.o_proj.weight, g.o_proj.weight, "o_proj"},
+        {h.o_proj.scale, g.o_proj.scale, "o_proj scale"}};
+    if (l == 0) {
+      ASSERT_TRUE(h.moe.is_fp8() && g.moe.is_fp8());
+      parts.insert(parts.end(), {{h.moe.gate_up, g.moe.gate_up, "experts gate_up"},
+                                 {h.moe.down, g.moe.down, "experts down"},
+                                 {h.moe.gate_up_scale, g.moe.gate_up_scale, "experts gate_up scale"},
+                                 {h.moe.down_scale, g.moe.down_scale, "experts down scale"}});
+    } else {
+      parts.insert(parts.end(), {{h.gate_up.weight, g.gate_up.weight, "gate_up"},
+                                 {h.gate_up.scale, g.gate_up.scale, "gate_up scale"},
+                                 {h.down.weight, g.down.weight, "down"},
+                                 {h.down.scale, g.down.scale, "down scale"}});
+    }
+    for (const auto& [want, got, what] : parts) {
+      ASSERT_TRUE(want.dtype == DType::f8e4m3 || want.dtype == DType::f32) << at + what;
+      expect_bytes_equal(want, got, at + what);
     }
   }
   std::vector<Buffer> storage;
