@@ -236,10 +236,9 @@ TEST(CudaMoeFp8, GroupedGemmIsRefusedForFp8Experts) {
       {"block-FP8 experts run on the gather GEMV only"});
 }
 
-// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV) against the
-// CPU model on the dequantized checkpoint in bf16: CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
-TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
-  KILN_REQUIRE_GPU();
+// A 3-layer Qwen3-MoE shape whose every projection fills whole 128 x 128 blocks: layers 0 and 2 sparse (16
+// experts, top-4), layer 1 a dense MLP.
+ModelConfig small_moe_config() {
   ModelConfig c;
   c.architecture = "Qwen3MoeForCausalLM";
   c.arch = ModelArch::qwen3_moe;
@@ -258,6 +257,14 @@ TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
   c.moe.moe_intermediate_size = 128;
   c.moe.norm_topk_prob = true;
   c.moe.mlp_only_layers = {1};
+  return c;
+}
+
+// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV) against the
+// CPU model on the dequantized checkpoint in bf16: CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
+TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
+  KILN_REQUIRE_GPU();
+  const ModelConfig c = small_moe_config();
   const test::Fp8ModelPair m = test::load_fp8_and_dequantized(c, 17, "cuda_moe_fp8", Device::cuda());
   Qwen3Model &cpu = *m.cpu_bf16, &gpu = *m.fp8;
   ASSERT_TRUE(gpu.weights().layers[0].moe.is_fp8());
@@ -313,22 +320,7 @@ TEST(CudaMoeFp8, DeviceQuantizerEqualsHostBitwise) {
 // layer); a non-finite weight is refused naming its tensor.
 TEST(CudaMoeFp8, OnlineQuantizationOnTheGpuAtLoadEqualsTheHostQuantization) {
   KILN_REQUIRE_GPU();
-  ModelConfig c;
-  c.architecture = "Qwen3MoeForCausalLM";
-  c.arch = ModelArch::qwen3_moe;
-  c.vocab_size = 512;
-  c.hidden_size = 384;
-  c.intermediate_size = 640;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.max_position_embeddings = 256;
-  c.moe.num_experts = 8;
-  c.moe.num_experts_per_tok = 2;
-  c.moe.moe_intermediate_size = 256;
-  c.moe.norm_topk_prob = true;
-  c.moe.mlp_only_layers = {1};
+  ModelConfig c = small_moe_config();
   c.quant.online = true;
   const Qwen3Weights host = load_qwen3_weights(c, nullptr, 5, Device::cpu());
   const Qwen3Weights gpu = load_qwen3_weights(c, nullptr, 5, Device::cuda());
@@ -340,7 +332,7 @@ TEST(CudaMoeFp8, OnlineQuantizationOnTheGpuAtLoadEqualsTheHostQuantization) {
     const auto* w = static_cast<const uint8_t*>(want.data);
     for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(int(back[i]), int(w[i])) << what << " byte " << i;
   };
-  for (size_t l = 0; l < 2; ++l) {
+  for (size_t l = 0; l < size_t(c.num_layers); ++l) {
     const LayerWeights &h = host.layers[l], &g = gpu.layers[l];
     const std::string at = "layer " + std::to_string(l) + " ";
     std::vector<std::tuple<Tensor, Tensor, std::string>> parts = {
@@ -348,7 +340,7 @@ TEST(CudaMoeFp8, OnlineQuantizationOnTheGpuAtLoadEqualsTheHostQuantization) {
         {h.qkv.scale, g.qkv.scale, "qkv scale"},
         {h.o_proj.weight, g.o_proj.weight, "o_proj"},
         {h.o_proj.scale, g.o_proj.scale, "o_proj scale"}};
-    if (l == 0) {
+    if (c.is_moe_layer(int64_t(l))) {
       ASSERT_TRUE(h.moe.is_fp8() && g.moe.is_fp8());
       parts.insert(parts.end(), {{h.moe.gate_up, g.moe.gate_up, "experts gate_up"},
                                  {h.moe.down, g.moe.down, "experts down"},
