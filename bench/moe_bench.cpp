@@ -1,7 +1,6 @@
 // moe benchmark: the sparse MLP of Qwen3-30B-A3B (128 experts, top-8, hidden 2048, moe_intermediate 768) on
 // random weights and inputs (the router's logits then spread the tokens over the experts about uniformly):
-//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand (and with the
-//     other count of column pairs a warp);
+//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand;
 //     bytes = the distinct experts that routing chose (read from the device) x 3 H I x 2; the floor is those
 //     bytes at the copy rate
 //   experts grouped_gemm(_sm90) T = 8 .. 4096: the two grouped GEMM launches alone (mma.sync; wgmma
@@ -121,9 +120,6 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       const kc::MoeProductParams d = kc::moe_down_params(static_cast<const uint16_t*>(m.down.data()), s, b);
       const kc::MoeFp8Scales scales{.gate_up = static_cast<const float*>(m.gate_up_s.data()),
                                     .down = static_cast<const float*>(m.down_s.data())};
-      const int other = kc::kMoeGemvPairs == 1 ? 2 : 1;
-      r.variant = "experts gather_gemv " + std::to_string(other) + " pairs a warp";
-      timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, other); });
       if (T == 1) {  // the decode path: gate_up GEMV, then down fused with the combine
         kc::MoeProductParams g8 = g, d8 = d;
         kc::moe_set_fp8(g8, m.gate_up8.data(), scales.gate_up);

@@ -12,29 +12,28 @@ namespace kiln::cuda {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kWarps = 8;  // a block: 8 warps, each 1 or 2 output column pairs
+constexpr int kWarps = 8;  // a block: 8 warps, each one output column pair
+// Output column pairs a warp (2 a warp, no faster up to T = 4 and slower from T = 8, was removed after
+// `776f1f6`: docs/PERF.md "Mixture of experts", tried and not kept).
+constexpr int kPairs = 1;
 // Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
-// and 3 blocks keep 24 warps' loads in flight an SM. FP8 with 2 column pairs a warp: 2 (its 4 rows' loads
-// spilled at 80 registers).
+// and 3 blocks keep 24 warps' loads in flight an SM.
 constexpr int kMinBlocks = 3;
-constexpr int min_blocks(bool fp8, int pairs) {
-  return fp8 && pairs == 2 ? 2 : kMinBlocks;
-}
 constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
 constexpr int kDepth = 2;  // chunks a lane loads a row before its first product (moe_kernels.h)
 
-// Grid: (min(E, T k), ceil(column pairs / (8 kPairs))); block: 8 warps. Block x takes the x-th chosen
-// expert (or exits), warp w the kPairs column pairs from q0 = (y * 8 + w) kPairs: pair q is, with SiLU,
+// Grid: (min(E, T k), ceil(column pairs / 8)); block: 8 warps. Block x takes the x-th chosen expert (or
+// exits), warp w the column pair q0 = y * 8 + w (kPairs = 1 of them): pair q is, with SiLU,
 // weight rows q (gate) and N + q (up) -> act column q, else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes
 // take the 8-element chunks l, l + 32, ... of k; each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a
 // lane, reduced by an xor butterfly; lane 0 writes. bf16: a lane issues the 16-byte weight loads of kDepth
 // of its chunks (2 kPairs kDepth loads in flight) before the first product. kFp8: the rows are e4m3 with
-// block scales, loaded 16 bytes (16 elements) a lane, 4 (kPairs 2: 2) 512-element windows of each row in
+// block scales, loaded 16 bytes (16 elements) a lane, 4 512-element windows of each row in
 // flight, and regrouped through shared memory into the same chunks (moe_fp8_rows_for_each_chunk), widened to
 // bf16(f32(q) * s). Either way the sums run over the chunks in ascending order: the FP8 kernel is the bf16
 // kernel on dequantize_fp8's weights, bit for bit.
-template <bool kSilu, int kPairs, bool kFp8>
-__global__ void __launch_bounds__(kWarps * 32, min_blocks(kFp8, kPairs))
+template <bool kSilu, bool kFp8>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
   // kFp8: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
   __shared__ __align__(16) uint2 stage[kFp8 ? kWarps : 1][2 * kPairs][64];
@@ -73,7 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kFp8, kPairs))
       }
     };
     if constexpr (kFp8) {
-      moe_fp8_rows_for_each_chunk<2 * kPairs, kPairs == 1 ? 4 : 2>(p, wrow, stage[warp], lane, consume);
+      moe_fp8_rows_for_each_chunk<2 * kPairs, 4>(p, wrow, stage[warp], lane, consume);
     } else {
       for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
         uint4 wc[kDepth][2 * kPairs] = {};
@@ -123,28 +122,10 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kFp8, kPairs))
   }
 }
 
-// The kernel for (kSilu, kPairs, fp8).
-template <bool kSilu, int kPairs>
+// The kernel for (kSilu, fp8).
+template <bool kSilu>
 auto gather_gemv_kernel_for(bool fp8) {
-  return fp8 ? gather_gemv_kernel<kSilu, kPairs, true> : gather_gemv_kernel<kSilu, kPairs, false>;
-}
-
-template <int kPairs>
-void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up,
-                              const MoeProductParams* down_p, cudaStream_t stream) {
-  const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
-  const int per_block = kWarps * kPairs;
-  LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
-                .block = dim3(kWarps * 32),
-                .stream = stream,
-                .pdl = pdl_for(PdlSite::gemv)};
-  const bool fp8 = gate_up.ws != nullptr;
-  KILN_CHECK(!down_p || fp8 == (down_p->ws != nullptr),
-             "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
-  launch(cfg, gather_gemv_kernel_for<true, kPairs>(fp8), gate_up);
-  if (!down_p) return;
-  cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
-  launch(cfg, gather_gemv_kernel_for<false, kPairs>(fp8), *down_p);
+  return fp8 ? gather_gemv_kernel<kSilu, true> : gather_gemv_kernel<kSilu, false>;
 }
 
 struct CombineParams {
@@ -179,11 +160,20 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 }  // namespace
 
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
-                            cudaStream_t stream, int pairs_per_warp) {
-  KILN_CHECK(pairs_per_warp == 1 || pairs_per_warp == 2, "moe gather GEMV: ", pairs_per_warp,
-             " column pairs a warp; 1 or 2");
-  if (pairs_per_warp == 2) return gather_gemv_launch_pairs<2>(s, gate_up, down, stream);
-  gather_gemv_launch_pairs<1>(s, gate_up, down, stream);
+                            cudaStream_t stream) {
+  const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
+  const int per_block = kWarps * kPairs;
+  LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
+                .block = dim3(kWarps * 32),
+                .stream = stream,
+                .pdl = pdl_for(PdlSite::gemv)};
+  const bool fp8 = gate_up.ws != nullptr;
+  KILN_CHECK(!down || fp8 == (down->ws != nullptr),
+             "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
+  launch(cfg, gather_gemv_kernel_for<true>(fp8), gate_up);
+  if (!down) return;
+  cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
+  launch(cfg, gather_gemv_kernel_for<false>(fp8), *down);
 }
 
 void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,

@@ -50,18 +50,15 @@ void moe_grouped_gemm_launch(const MoeShape& s, const MoeProductParams& gate_up,
 // sm_90a wgmma; only where moe_grouped_gemm_sm90_applies() (an sm_90 device running the build's sm_90a code).
 void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gate_up,
                                   const MoeProductParams& down, cudaStream_t stream);
-// pairs_per_warp: 1 or 2 output column pairs a warp (kMoeGemvPairs the default; bench moe times both).
-constexpr int kMoeGemvPairs = 1;
 // The gather GEMV and the fused down + combine issue the weight loads of 2 chunks a row before their first
 // product (depths 4 and 8 gave the same bits and were slower at every T on the H100: docs/PERF.md "Mixture
-// of experts", E4; removed after `776f1f6`).
+// of experts", E4; removed after `776f1f6`, as was the GEMV's 2 column pairs a warp, slower from T = 8).
 // down nullptr: the gate_up GEMV alone (moe_down_combine_launch then does down and the combine).
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
-                            cudaStream_t stream, int pairs_per_warp = kMoeGemvPairs);
+                            cudaStream_t stream);
 inline void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up,
-                                   const MoeProductParams& down, cudaStream_t stream,
-                                   int pairs_per_warp = kMoeGemvPairs) {
-  moe_gather_gemv_launch(s, gate_up, &down, stream, pairs_per_warp);
+                                   const MoeProductParams& down, cudaStream_t stream) {
+  moe_gather_gemv_launch(s, gate_up, &down, stream);
 }
 // Steps 4 (down) and 5 in one kernel (moe_down_combine.cu): y as the gather GEMV leaves it and out bf16
 // [T, H] row stride os bitwise moe_combine_launch's, for any T (a block a token and 4 columns).
