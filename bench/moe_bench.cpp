@@ -8,7 +8,8 @@
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
 //   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); at T = 1 the
-//     decode path (gate_up GEMV, then down fused with the combine), bf16 and fp8;
+//     decode path (gate_up GEMV, then down fused with the combine), bf16 and fp8 (e4m3 16 bytes a lane, and
+//     8 bytes a lane: KILN_MOE_FP8_WIDE_LOADS=0's form);
 //   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
 //     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
 //     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
@@ -124,8 +125,12 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         kc::MoeProductParams g8 = g, d8 = d;
         kc::moe_set_fp8(g8, m.gate_up8.data(), scales.gate_up);
         kc::moe_set_fp8(d8, m.down8.data(), scales.down);
-        for (const bool fp8 : {false, true}) {
-          Row f{"moe", std::string("experts + combine fused") + (fp8 ? " fp8" : ""), shape(T)};
+        const bool wide_before = kc::moe_fp8_wide_loads();
+        for (const int form : {0, 1, 2}) {  // bf16; e4m3 16 and 8 bytes a lane (KILN_MOE_FP8_WIDE_LOADS)
+          const bool fp8 = form > 0;
+          if (fp8) kc::moe_set_fp8_wide_loads(form == 1);
+          const char* name = form == 1 ? " fp8" : form == 2 ? " fp8 8-byte loads" : "";
+          Row f{"moe", std::string("experts + combine fused") + name, shape(T)};
           f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
           timed(f, [&](int) {
             kc::moe_gather_gemv_launch(s, fp8 ? g8 : g, nullptr, env.stream);
@@ -133,6 +138,7 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
                                         env.stream);
           });
         }
+        kc::moe_set_fp8_wide_loads(wide_before);
       }
       r.variant = "experts gather_gemv fp8";
       r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;

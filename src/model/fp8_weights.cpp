@@ -125,6 +125,17 @@ bool fp8_dequant_forced() {
   return std::string(e) == "1";
 }
 
+bool fp8_quantize_on_gpu() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_FP8_QUANTIZE_ON_GPU");
+    if (!e || !*e) return kFp8QuantizeOnGpuDefault;
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1",
+               "KILN_FP8_QUANTIZE_ON_GPU must be 0 or 1, got '", e, "'");
+    return std::string(e) == "1";
+  }();
+  return on;
+}
+
 bool fp8_weights_stay_fp8(Device device) {
   if (device.is_cpu()) return true;
 #ifdef KILN_HAVE_CUDA

@@ -82,6 +82,11 @@ ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device
 // rows. The result is bitwise quantize_fp8_part of each part then upload_fp8_stack. Every part but the last
 // must fill whole 128-row blocks, and a non-finite weight is an error naming its part, both as on the host.
 // Buffers appended to `storage`. CUDA builds only.
+// The loader takes this path where fp8_quantize_on_gpu(): KILN_FP8_QUANTIZE_ON_GPU "0" or "1" (read once),
+// unset kFp8QuantizeOnGpuDefault; 0 quantizes on the host as at `2f94697` (the same bytes, minutes slower
+// for 30B-A3B).
+constexpr bool kFp8QuantizeOnGpuDefault = true;
+bool fp8_quantize_on_gpu();
 using DeviceBf16Fill = std::function<void(size_t part, void* device_dst)>;
 ops::LinearWeight quantize_fp8_stack_on_device(const std::vector<std::string>& names,
                                                const std::vector<int64_t>& rows, int64_t cols,

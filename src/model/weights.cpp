@@ -81,7 +81,7 @@ class Loader {
   ops::LinearWeight linear(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
     const Fp8Source source = fp8_source(parts, cols);
     if (source == Fp8Source::none) return stacked(parts, cols, false);
-    if (source == Fp8Source::online && device_.is_cuda()) {
+    if (source == Fp8Source::online && device_.is_cuda() && fp8_quantize_on_gpu()) {
       std::vector<int64_t> rows;
       int64_t total = 0;
       for (const auto& part : parts) rows.push_back(part.second), total += part.second;
@@ -103,7 +103,8 @@ class Loader {
   ops::LinearWeight expert_linear(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
     const Fp8Source source = fp8_source(parts, cols);
     if (source == Fp8Source::none) return stacked(parts, cols, false);
-    if (source == Fp8Source::online && device_.is_cuda()) return quantize_on_device(parts, cols);
+    if (source == Fp8Source::online && device_.is_cuda() && fp8_quantize_on_gpu())
+      return quantize_on_device(parts, cols);
     std::vector<Fp8HostPart> host;
     std::vector<std::string> names;
     fp8_parts(parts, cols, source, host, names);

@@ -140,10 +140,18 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
                  std::to_string(T));
     const auto x = random_bf16(size_t(T * H), uint32_t(T * 7 + 3));
     const Buffer dx = to_device(x);
-    // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it.
-    const auto fp8 = run_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
+    // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it. Both e4m3 load forms
+    // (16 and 8 bytes a lane, KILN_MOE_FP8_WIDE_LOADS).
     const auto bf16 = run_gpu(l.dequantized_device(), dx, T, H, MoeExperts::gather_gemv, scratch);
-    for (size_t i = 0; i < fp8.size(); ++i) ASSERT_EQ(fp8[i].bits, bf16[i].bits) << "element " << i;
+    std::vector<bf16_t> fp8;
+    const bool wide_before = kc::moe_fp8_wide_loads();
+    for (const bool wide : {false, true}) {
+      kc::moe_set_fp8_wide_loads(wide);
+      fp8 = run_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
+      for (size_t i = 0; i < fp8.size(); ++i)
+        ASSERT_EQ(fp8[i].bits, bf16[i].bits) << (wide ? "16" : "8") << "-byte loads, element " << i;
+    }
+    kc::moe_set_fp8_wide_loads(wide_before);
     // Against the CPU oracle (path (a): activations quantized to e4m3 too): about one e4m3 rounding apart.
     std::vector<bf16_t> want(size_t(T * H));
     ops::moe_mlp(Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {T, H}), l.fp8(Device::cpu()),
@@ -193,16 +201,24 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
       kc::moe_combine_launch(s, b, static_cast<uint16_t*>(o1.data()), H, nullptr);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       const auto y1 = read<bf16_t>(b.y, s.max_rows() * H);
-      KILN_CUDA_CHECK(cudaMemset(b.y, 0xff, size_t(s.max_rows() * H) * 2));
-      kc::moe_experts_combine_launch(xp, H, w.gate_up.data, w.down.data, s, b,
-                                     static_cast<uint16_t*>(o2.data()), H, nullptr, scales);
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto y2 = read<bf16_t>(b.y, s.max_rows() * H);
-      const auto a = to_host<bf16_t>(o1, size_t(T * H)), c = to_host<bf16_t>(o2, size_t(T * H));
-      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(c[i].bits, a[i].bits) << "out element " << i;
-      for (const int32_t r : read<int32_t>(b.inverse, T * l.k))
-        for (int64_t h = 0; h < H; ++h)
-          ASSERT_EQ(y2[size_t(r * H + h)].bits, y1[size_t(r * H + h)].bits) << "y row " << r << " col " << h;
+      const auto a = to_host<bf16_t>(o1, size_t(T * H));
+      const bool wide_before = kc::moe_fp8_wide_loads();
+      for (const bool wide : {false, true}) {  // both e4m3 load forms (bf16 experts: the same kernel twice)
+        kc::moe_set_fp8_wide_loads(wide);
+        test::poison(o2);
+        KILN_CUDA_CHECK(cudaMemset(b.y, 0xff, size_t(s.max_rows() * H) * 2));
+        kc::moe_experts_combine_launch(xp, H, w.gate_up.data, w.down.data, s, b,
+                                       static_cast<uint16_t*>(o2.data()), H, nullptr, scales);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto y2 = read<bf16_t>(b.y, s.max_rows() * H);
+        const auto c = to_host<bf16_t>(o2, size_t(T * H));
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(c[i].bits, a[i].bits) << "out element " << i;
+        for (const int32_t r : read<int32_t>(b.inverse, T * l.k))
+          for (int64_t h = 0; h < H; ++h)
+            ASSERT_EQ(y2[size_t(r * H + h)].bits, y1[size_t(r * H + h)].bits)
+                << "y row " << r << " col " << h;
+      }
+      kc::moe_set_fp8_wide_loads(wide_before);
     }
   }
 }

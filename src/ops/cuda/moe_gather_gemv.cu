@@ -27,16 +27,16 @@ constexpr int kDepth = 2;  // chunks a lane loads a row before its first product
 // weight rows q (gate) and N + q (up) -> act column q, else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes
 // take the 8-element chunks l, l + 32, ... of k; each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a
 // lane, reduced by an xor butterfly; lane 0 writes. bf16: a lane issues the 16-byte weight loads of kDepth
-// of its chunks (2 kPairs kDepth loads in flight) before the first product. kFp8: the rows are e4m3 with
-// block scales, loaded 16 bytes (16 elements) a lane, 4 512-element windows of each row in
-// flight, and regrouped through shared memory into the same chunks (moe_fp8_rows_for_each_chunk), widened to
-// bf16(f32(q) * s). Either way the sums run over the chunks in ascending order: the FP8 kernel is the bf16
-// kernel on dequantize_fp8's weights, bit for bit.
-template <bool kSilu, bool kFp8>
+// of its chunks (2 kPairs kDepth loads in flight) before the first product. e4m3 (block-FP8 rows with their
+// scales): kMoeE4m3x16 loads 16 bytes (16 elements) a lane, 4 512-element windows of each row in flight, and
+// regroups them through shared memory into the same chunks (moe_fp8_rows_for_each_chunk); kMoeE4m3x8 loads
+// each chunk's 8 bytes and its scale like the bf16 form; both widen to bf16(f32(q) * s). Every form sums
+// the chunks in ascending order: the FP8 kernel is the bf16 kernel on dequantize_fp8's weights, bit for bit.
+template <bool kSilu, int kLoads>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
-  // kFp8: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
-  __shared__ __align__(16) uint2 stage[kFp8 ? kWarps : 1][2 * kPairs][64];
+  // kMoeE4m3x16: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
+  __shared__ __align__(16) uint2 stage[kLoads == kMoeE4m3x16 ? kWarps : 1][2 * kPairs][64];
   pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   const int num_active = p.active[p.E];
   if (int(blockIdx.x) >= num_active) return;
@@ -71,16 +71,18 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
         for (int i = 0; i < 2 * kPairs; ++i) acc[r][i] = dot8(xf, f[i], acc[r][i]);
       }
     };
-    if constexpr (kFp8) {
+    if constexpr (kLoads == kMoeE4m3x16) {
       moe_fp8_rows_for_each_chunk<2 * kPairs, 4>(p, wrow, stage[warp], lane, consume);
     } else {
+      constexpr bool kFp8 = kLoads == kMoeE4m3x8;
       for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
-        uint4 wc[kDepth][2 * kPairs] = {};
+        MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
 #pragma unroll
         for (int d = 0; d < kDepth; ++d) {
           if (kk0 + 256 * d >= p.K) break;
 #pragma unroll
-          for (int i = 0; i < 2 * kPairs; ++i) wc[d][i] = moe_load_bf16_chunk(p, wrow[i], kk0 + 256 * d);
+          for (int i = 0; i < 2 * kPairs; ++i)
+            wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk0 + 256 * d);
         }
 #pragma unroll
         for (int d = 0; d < kDepth; ++d) {
@@ -88,7 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
           if (kk >= p.K) break;
           float f[2 * kPairs][8];
 #pragma unroll
-          for (int i = 0; i < 2 * kPairs; ++i) unpack8(wc[d][i], f[i]);
+          for (int i = 0; i < 2 * kPairs; ++i) moe_widen_weight_chunk<kFp8>(wc[d][i], f[i]);
           consume(kk, f);
         }
       }
@@ -122,10 +124,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-// The kernel for (kSilu, fp8).
+// The kernel for (kSilu, fp8): e4m3 16 or 8 bytes a lane as moe_fp8_wide_loads() says.
 template <bool kSilu>
 auto gather_gemv_kernel_for(bool fp8) {
-  return fp8 ? gather_gemv_kernel<kSilu, true> : gather_gemv_kernel<kSilu, false>;
+  if (!fp8) return gather_gemv_kernel<kSilu, kMoeBf16>;
+  return moe_fp8_wide_loads() ? gather_gemv_kernel<kSilu, kMoeE4m3x16>
+                              : gather_gemv_kernel<kSilu, kMoeE4m3x8>;
 }
 
 struct CombineParams {

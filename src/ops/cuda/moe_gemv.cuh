@@ -37,9 +37,44 @@ __device__ __forceinline__ void widen8_e4m3(uint2 v, float s, float (&f)[8]) {
   }
 }
 
-// Weight row `row` (of the whole bf16 [E * N_w, K] stack), elements kk .. kk + 7, loaded.
-__device__ __forceinline__ uint4 moe_load_bf16_chunk(const MoeProductParams& p, int64_t row, int kk) {
-  return __ldg(reinterpret_cast<const uint4*>(p.w + row * p.K + kk));
+// How a gather GEMV kernel reads its weights: bf16, or block-FP8 e4m3 8 bytes a lane (each 8-element chunk
+// with its own scale load: the path of `2f94697`) or 16 bytes a lane (moe_fp8_rows_for_each_chunk). Every
+// form gives the same bits (the e4m3 forms: the bf16 kernel on dequantize_fp8's weights). The e4m3 form a
+// launch takes: moe_fp8_wide_loads() (moe.h).
+enum MoeWeightLoads : int { kMoeBf16 = 0, kMoeE4m3x8 = 1, kMoeE4m3x16 = 2 };
+
+// One lane's 8 weights of a row as loaded (16 bytes of bf16, or 8 bytes of e4m3 and the block's scale),
+// so a kernel can issue the loads of several chunks before it widens the first.
+template <bool kFp8>
+struct MoeWeightChunk {
+  uint4 v;
+};
+template <>
+struct MoeWeightChunk<true> {
+  uint2 v;
+  float s;
+};
+
+// Weight row `row` (of the whole [E * N_w, K] stack), elements kk .. kk + 7, loaded.
+template <bool kFp8>
+__device__ __forceinline__ MoeWeightChunk<kFp8> moe_load_weight_chunk(const MoeProductParams& p, int64_t row,
+                                                                      int kk) {
+  if constexpr (kFp8) {
+    return {__ldg(reinterpret_cast<const uint2*>(p.w8 + row * p.K + kk)),
+            __ldg(p.ws + (row / 128) * p.skb + kk / 128)};
+  } else {
+    return {__ldg(reinterpret_cast<const uint4*>(p.w + row * p.K + kk))};
+  }
+}
+
+// A loaded chunk as fp32 GEMV operands: the bf16 values, or the e4m3 bytes widened with their block's scale.
+template <bool kFp8>
+__device__ __forceinline__ void moe_widen_weight_chunk(const MoeWeightChunk<kFp8>& c, float (&f)[8]) {
+  if constexpr (kFp8) {
+    widen8_e4m3(c.v, c.s, f);
+  } else {
+    unpack8(c.v, f);
+  }
 }
 
 // Block-FP8 weights: a warp's kW e4m3 rows read with 16-byte loads (16 elements a lane, kWin 512-element

@@ -28,7 +28,7 @@ struct OffsetsParams {
 };
 
 // Grid: 1 block; block: 1024 threads, thread e < E sums expert e's counts over the chunks (rewriting each
-// chunk's count to its exclusive prefix); then warp 0 writes the layout, the block its tiles and padding.
+// chunk's count to its exclusive prefix); then warp 0 writes the layout.
 __global__ void __launch_bounds__(kMoeMaxExperts) offsets_kernel(const __grid_constant__ OffsetsParams p) {
   pdl_wait();
   __shared__ int cnt_s[kMoeMaxExperts], off_s[kMoeMaxExperts];
@@ -44,8 +44,6 @@ __global__ void __launch_bounds__(kMoeMaxExperts) offsets_kernel(const __grid_co
   }
   __syncthreads();
   if (threadIdx.x < 32) write_layout(cnt_s, p.E, p.layout, off_s);
-  __syncthreads();
-  write_padding(cnt_s, off_s, p.E, p.layout);
 }
 
 struct ScatterParams {

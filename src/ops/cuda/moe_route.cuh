@@ -159,10 +159,9 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int t, int lan
   }
 }
 
-// Warp 0 of a block: from the per-expert counts cnt[0, E) (shared memory), the padded offsets, the counts,
-// the tile count and the active list, and the offsets into off_s[0, E) (shared memory; write_padding then
-// writes the rest of the layout). Lane l owns the experts [l per, (l + 1) per); the offsets are an exclusive
-// scan over the lanes.
+// Warp 0 of a block: from the per-expert counts cnt[0, E) (shared memory), the layout (padded offsets,
+// tiles, padding rows, the active list) and the offsets into off_s[0, E) (shared memory). Lane l owns the
+// experts [l per, (l + 1) per); the offsets are an exclusive scan over the lanes.
 __device__ inline void write_layout(const int* cnt, int E, const Layout& o, int* off_s) {
   const int lane = int(threadIdx.x) % 32, per = (E + 31) / 32;
   const int lo = min(E, lane * per), hi = min(E, lo + per);
@@ -179,29 +178,19 @@ __device__ inline void write_layout(const int* cnt, int E, const Layout& o, int*
   }
   int off = rows_inc - rows, slot = act_inc - act;
   for (int e = lo; e < hi; ++e) {
-    const int n = cnt[e];
+    const int n = cnt[e], padded = (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
     o.counts[e] = n;
     o.offsets[e] = off;
     off_s[e] = off;
+    for (int i = 0; i < padded / kMoeRowTile; ++i) o.tile_expert[off / kMoeRowTile + i] = e;
+    for (int r = n; r < padded; ++r) o.sorted_pair[off + r] = -1;
     if (n > 0) o.active[slot++] = e;
-    off += (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
+    off += padded;
   }
   if (lane == 31) {
     o.offsets[E] = rows_inc;
     *o.num_tiles = rows_inc / kMoeRowTile;
     o.active[E] = act_inc;
-  }
-}
-
-// The whole block, after write_layout's off_s is visible (a __syncthreads): each expert's tiles in the
-// tile -> expert map and its padding rows (-1) of sorted_pair. A warp an expert at a time, its lanes striding
-// the rows, so no thread runs a 63-store loop of its own (an expert chosen once pads 63 rows).
-__device__ inline void write_padding(const int* cnt, const int* off_s, int E, const Layout& o) {
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
-  for (int e = warp; e < E; e += warps) {
-    const int n = cnt[e], off = off_s[e], padded = (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
-    for (int i = lane; i < padded / kMoeRowTile; i += 32) o.tile_expert[off / kMoeRowTile + i] = e;
-    for (int r = n + lane; r < padded; r += 32) o.sorted_pair[off + r] = -1;
   }
 }
 
@@ -229,7 +218,6 @@ __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& s
     __syncthreads();
     if (warp == 0) write_layout(sm.cnt, p.E, p.layout, sm.off);
     __syncthreads();
-    write_padding(sm.cnt, sm.off, p.E, p.layout);
   }
   const int n = min(kMoeChunkTokens, p.T - t0) * p.k;
   for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) {

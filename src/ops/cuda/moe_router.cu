@@ -253,7 +253,7 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
                        .route = route_params(b.logits, s.E, s, norm_topk_prob, b),
                        .norm = norm ? *norm : MoeNormIn{}};
   const size_t smem = size_t((std::min<int64_t>(s.T, kRouterTokens) + (norm ? 1 : 0)) * s.H) * 2;
-  const bool cluster = !counter_only && s.T <= kRouterTokens &&
+  const bool cluster = !counter_only && moe_router_cluster_enabled() && s.T <= kRouterTokens &&
                        s.E <= int64_t(kClusterWarps) * kClusterBlocks && cluster_form_applies();
   if (!cluster) {
     launch({.grid = dim3(unsigned((s.E + kRouterWarps - 1) / kRouterWarps),
