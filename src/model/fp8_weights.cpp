@@ -117,22 +117,22 @@ constexpr int64_t kFp8GemmGraphRows = 2048;
 }  // namespace
 #endif
 
-bool fp8_dequant_forced() {
-  const char* e = std::getenv("KILN_FP8_DEQUANT");
-  if (!e || !*e) return false;
-  KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_FP8_DEQUANT must be 0 or 1, got '", e,
-             "'");
+namespace {
+// A "0" / "1" switch from the environment, `fallback` when unset; anything else is an error naming it.
+bool env_switch(const char* name, bool fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", name, " must be 0 or 1, got '", e, "'");
   return std::string(e) == "1";
+}
+}  // namespace
+
+bool fp8_dequant_forced() {
+  return env_switch("KILN_FP8_DEQUANT", false);
 }
 
 bool fp8_quantize_on_gpu() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_FP8_QUANTIZE_ON_GPU");
-    if (!e || !*e) return kFp8QuantizeOnGpuDefault;
-    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1",
-               "KILN_FP8_QUANTIZE_ON_GPU must be 0 or 1, got '", e, "'");
-    return std::string(e) == "1";
-  }();
+  static const bool on = env_switch("KILN_FP8_QUANTIZE_ON_GPU", kFp8QuantizeOnGpuDefault);
   return on;
 }
 
