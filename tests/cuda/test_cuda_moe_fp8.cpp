@@ -1,10 +1,10 @@
 // Block-FP8 MoE experts on CUDA (ops/moe.h "Block-FP8 experts"): the gather GEMV widening e4m3 in registers
 // equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the GEMV
-// threshold (FP8 runs the GEMV at every T), though it loads e4m3 16 bytes a lane and regroups them into the
-// bf16 kernel's 8-element lane chunks; it stays near the CPU oracle's path (a); a whole FP8 MoE model on CUDA
-// matches the CPU model on the dequantized checkpoint within the dense FP8 model's bounds
-// (test_cuda_fp8_dequant.cpp); and the GPU's online quantizer (the loader's path for experts) is bitwise the
-// host's.
+// threshold (FP8 runs the GEMV at every T), in both its e4m3 load forms (8 bytes a chunk, and 16 bytes a lane
+// regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays near the CPU
+// oracle's path (a); a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint within
+// the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's online quantizer (the loader's path
+// for experts) is bitwise the host's.
 #include <cmath>
 #include <filesystem>
 #include <tuple>
