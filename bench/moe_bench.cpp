@@ -1,20 +1,20 @@
 // moe benchmark: the sparse MLP of Qwen3-30B-A3B (128 experts, top-8, hidden 2048, moe_intermediate 768) on
 // random weights and inputs (the router's logits then spread the tokens over the experts about uniformly):
-//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand (and with the
-//     other count of column pairs a warp);
+//   experts gather_gemv T = 1 .. 128: the two GEMV launches alone on a routing made beforehand;
 //     bytes = the distinct experts that routing chose (read from the device) x 3 H I x 2; the floor is those
 //     bytes at the copy rate
 //   experts grouped_gemm(_sm90) T = 8 .. 4096: the two grouped GEMM launches alone (mma.sync; wgmma
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
-//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); the GEMV at
-//     the other load depths; at T = 1 the decode path (gate_up GEMV, then down fused with the combine) at
-//     each depth, bf16 and fp8;
+//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); at T = 1 the
+//     decode path (gate_up GEMV, then down fused with the combine), bf16 and fp8 (e4m3 16 bytes a lane, and
+//     8 bytes a lane: KILN_MOE_FP8_WIDE_LOADS=0's form);
 //   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
 //     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
 //     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
-//     router GEMV fused with the routing and permutation (the path to 64 tokens)
+//     router GEMV fused with the routing and permutation (the path to 64 tokens; at T = 1 and 8 also its
+//     counter form beside the cluster form that runs there)
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -121,31 +121,24 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       const kc::MoeProductParams d = kc::moe_down_params(static_cast<const uint16_t*>(m.down.data()), s, b);
       const kc::MoeFp8Scales scales{.gate_up = static_cast<const float*>(m.gate_up_s.data()),
                                     .down = static_cast<const float*>(m.down_s.data())};
-      const int other = kc::kMoeGemvPairs == 1 ? 2 : 1;
-      r.variant = "experts gather_gemv " + std::to_string(other) + " pairs a warp";
-      timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, other); });
-      for (const int depth : {2, 4, 8}) {  // the load depth (the same bits at each)
-        if (depth == kc::kMoeGemvDepth) continue;
-        r.variant = "experts gather_gemv depth " + std::to_string(depth);
-        timed(r, [&](int) { kc::moe_gather_gemv_launch(s, g, d, env.stream, kc::kMoeGemvPairs, depth); });
-      }
-      if (T == 1) {  // the decode path: gate_up GEMV, then down fused with the combine, at each depth
+      if (T == 1) {  // the decode path: gate_up GEMV, then down fused with the combine
         kc::MoeProductParams g8 = g, d8 = d;
         kc::moe_set_fp8(g8, m.gate_up8.data(), scales.gate_up);
         kc::moe_set_fp8(d8, m.down8.data(), scales.down);
-        for (const bool fp8 : {false, true})
-          for (const int depth : {2, 4, 8}) {
-            Row f{"moe",
-                  std::string("experts + combine fused") + (fp8 ? " fp8" : "") + " depth " +
-                      std::to_string(depth),
-                  shape(T)};
-            f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
-            timed(f, [&](int) {
-              kc::moe_gather_gemv_launch(s, fp8 ? g8 : g, nullptr, env.stream, kc::kMoeGemvPairs, depth);
-              kc::moe_down_combine_launch(s, fp8 ? d8 : d, b, static_cast<uint16_t*>(out.data()), kH,
-                                          env.stream, depth);
-            });
-          }
+        const bool wide_before = kc::moe_fp8_wide_loads();
+        for (const int form : {0, 1, 2}) {  // bf16; e4m3 16 and 8 bytes a lane (KILN_MOE_FP8_WIDE_LOADS)
+          const bool fp8 = form > 0;
+          if (fp8) kc::moe_set_fp8_wide_loads(form == 1);
+          const char* name = form == 1 ? " fp8" : form == 2 ? " fp8 8-byte loads" : "";
+          Row f{"moe", std::string("experts + combine fused") + name, shape(T)};
+          f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
+          timed(f, [&](int) {
+            kc::moe_gather_gemv_launch(s, fp8 ? g8 : g, nullptr, env.stream);
+            kc::moe_down_combine_launch(s, fp8 ? d8 : d, b, static_cast<uint16_t*>(out.data()), kH,
+                                        env.stream);
+          });
+        }
+        kc::moe_set_fp8_wide_loads(wide_before);
       }
       r.variant = "experts gather_gemv fp8";
       r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;
@@ -197,6 +190,14 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
                                     static_cast<const uint16_t*>(m.router.data()), s, true, b, env.stream);
         kc::moe_permute_launch(s, b, env.stream);
       });
+      if (T <= 8) {  // the counter form where the cluster form runs (moe.h): the same bits
+        r.variant = "router + route fused, counter form";
+        timed(r, [&](int) {
+          kc::moe_router_route_launch(static_cast<const uint16_t*>(x.data()), kH,
+                                      static_cast<const uint16_t*>(m.router.data()), s, true, b, env.stream,
+                                      nullptr, true);
+        });
+      }
     }
     if (T == 1 || T == 8) {  // the parts of the whole op beside the experts, each alone
       const Tensor logits(b.logits, DType::bf16, {T, kE}, Device::cuda());

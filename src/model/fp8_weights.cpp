@@ -1,5 +1,6 @@
 #include "model/fp8_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -10,7 +11,10 @@
 #ifdef KILN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include <climits>
+
 #include "kiln/cuda_check.h"
+#include "ops/cuda/fp8_weight_quant.h"
 #include "ops/cuda/ops_cuda.h"
 #endif
 
@@ -113,12 +117,23 @@ constexpr int64_t kFp8GemmGraphRows = 2048;
 }  // namespace
 #endif
 
-bool fp8_dequant_forced() {
-  const char* e = std::getenv("KILN_FP8_DEQUANT");
-  if (!e || !*e) return false;
-  KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", "KILN_FP8_DEQUANT must be 0 or 1, got '", e,
-             "'");
+namespace {
+// A "0" / "1" switch from the environment, `fallback` when unset; anything else is an error naming it.
+bool env_switch(const char* name, bool fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", name, " must be 0 or 1, got '", e, "'");
   return std::string(e) == "1";
+}
+}  // namespace
+
+bool fp8_dequant_forced() {
+  return env_switch("KILN_FP8_DEQUANT", false);
+}
+
+bool fp8_quantize_on_gpu() {
+  static const bool on = env_switch("KILN_FP8_QUANTIZE_ON_GPU", kFp8QuantizeOnGpuDefault);
+  return on;
 }
 
 bool fp8_weights_stay_fp8(Device device) {
@@ -182,6 +197,17 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                " rows, not a multiple of 128: kiln stacks it with '", names[i + 1],
                "' into one matrix, which needs every part but the last to fill whole 128-row blocks");
   const ops::LinearWeight w = upload_fp8_stack(parts, device, storage);
+  reserve_fp8_gemm_buffers(device, rows, cols);
+  return w;
+}
+
+bool fp8_stack_stays_fp8(const std::vector<int64_t>& rows, Device device) {
+  for (size_t i = 0; i + 1 < rows.size(); ++i)
+    if (rows[i] % ops::kFp8Block != 0) return false;
+  return fp8_weights_stay_fp8(device);
+}
+
+void reserve_fp8_gemm_buffers(Device device, int64_t rows, int64_t cols) {
 #ifdef KILN_HAVE_CUDA
   // GemmEngine's buffers for the FP8 calls the GEMV does not take (gemm.h), grown now, before any graph
   // capture: the dequantization scratch for the largest FP8 weight placed, and the W8A8 GEMM's workspace for
@@ -190,8 +216,9 @@ ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
     ops::cuda::reserve_fp8_dequant(rows * cols);
     ops::cuda::reserve_fp8_gemm(kFp8GemmGraphRows, cols);
   }
+#else
+  (void)device, (void)rows, (void)cols;
 #endif
-  return w;
 }
 
 ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device device,
@@ -216,6 +243,51 @@ ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device
   storage.push_back(std::move(q));
   storage.push_back(std::move(s));
   return w;
+}
+
+ops::LinearWeight quantize_fp8_stack_on_device(const std::vector<std::string>& names,
+                                               const std::vector<int64_t>& rows, int64_t cols,
+                                               const DeviceBf16Fill& fill, Device device,
+                                               std::vector<Buffer>& storage) {
+  KILN_CHECK(!names.empty() && names.size() == rows.size() && device.is_cuda(),
+             "quantize_fp8_stack_on_device: no parts, or not a CUDA device");
+#ifdef KILN_HAVE_CUDA
+  const int64_t kb = ops::fp8_blocks(cols);
+  int64_t total = 0, scale_rows = 0, largest = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    KILN_CHECK(i + 1 == rows.size() || rows[i] % ops::kFp8Block == 0, "block-FP8 tensor '", names[i],
+               "' has ", rows[i], " rows, not a multiple of 128: kiln stacks it with '",
+               names[std::min(i + 1, names.size() - 1)],
+               "' into one matrix, which needs every part but the last to fill whole 128-row blocks");
+    total += rows[i];
+    scale_rows += ops::fp8_blocks(rows[i]);
+    largest = std::max(largest, rows[i]);
+  }
+  Buffer q(size_t(total * cols), device), s(size_t(scale_rows * kb) * sizeof(float), device);
+  Buffer staging(size_t(largest * cols) * sizeof(bf16_t), device), flag(sizeof(int32_t), device);
+  const int32_t none = INT32_MAX;
+  KILN_CUDA_CHECK(cudaMemcpy(flag.data(), &none, sizeof(none), cudaMemcpyHostToDevice));
+  auto* qd = static_cast<uint8_t*>(q.data());
+  auto* sd = static_cast<float*>(s.data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    fill(i, staging.data());
+    // The legacy stream, as the fill's: the next part's fill of `staging` waits for this quantization.
+    cuda::quantize_weight_fp8(static_cast<const uint16_t*>(staging.data()), rows[i], cols, qd, sd,
+                              static_cast<int32_t*>(flag.data()), int32_t(i), nullptr);
+    qd += rows[i] * cols;
+    sd += ops::fp8_blocks(rows[i]) * kb;
+  }
+  int32_t bad = none;
+  KILN_CUDA_CHECK(cudaMemcpy(&bad, flag.data(), sizeof(bad), cudaMemcpyDeviceToHost));  // after every part
+  KILN_CHECK(bad == none, "--quantization fp8: ", names[size_t(bad)], " holds a non-finite value");
+  ops::LinearWeight w(q.view(DType::f8e4m3, {total, cols}), s.view(DType::f32, {scale_rows, kb}));
+  storage.push_back(std::move(q));
+  storage.push_back(std::move(s));
+  return w;
+#else
+  (void)cols, (void)fill, (void)storage;
+  KILN_FAIL("kiln was built without CUDA: cannot quantize weights on a GPU");
+#endif
 }
 
 }  // namespace kiln

@@ -62,11 +62,36 @@ bool fp8_weights_stay_fp8(Device device);
 ops::LinearWeight place_fp8_linear(const std::vector<Fp8HostPart>& parts,
                                    const std::vector<std::string>& names, Device device,
                                    std::vector<Buffer>& storage);
+// Whether place_fp8_linear keeps a stack of parts with these row counts e4m3 on `device` (every part but the
+// last whole 128-row blocks, and fp8_weights_stay_fp8): then quantize_fp8_stack_on_device followed by
+// reserve_fp8_gemm_buffers places it as place_fp8_linear would, bitwise.
+bool fp8_stack_stays_fp8(const std::vector<int64_t>& rows, Device device);
+// GemmEngine's FP8 buffers grown for a stacked FP8 weight of rows x cols placed on `device` (CUDA; nothing on
+// the CPU), before any graph capture.
+void reserve_fp8_gemm_buffers(Device device, int64_t rows, int64_t cols);
 
 // The parts stacked along rows as e4m3 + scales on `device` (buffers appended to `storage`), as they are: the
 // caller has checked that every part but the last fills whole 128-row blocks.
 ops::LinearWeight upload_fp8_stack(const std::vector<Fp8HostPart>& parts, Device device,
                                    std::vector<Buffer>& storage);
+
+// Online quantization on a CUDA device (the loader's path for MoE experts, tens of GB that the host
+// quantizer took minutes over): part i's bf16 [rows[i], cols] values are written by fill(i, dst) into a
+// device staging buffer (dst, contiguous; the fill is done when it returns or is enqueued on the legacy
+// stream), then quantized there (ops/cuda/fp8_weight_quant.h) into its rows of one e4m3 stack and its scale
+// rows. The result is bitwise quantize_fp8_part of each part then upload_fp8_stack. Every part but the last
+// must fill whole 128-row blocks, and a non-finite weight is an error naming its part, both as on the host.
+// Buffers appended to `storage`. CUDA builds only.
+// The loader takes this path where fp8_quantize_on_gpu(): KILN_FP8_QUANTIZE_ON_GPU "0" or "1" (read once),
+// unset kFp8QuantizeOnGpuDefault; 0 quantizes on the host as at `2f94697` (the same bytes, minutes slower
+// for 30B-A3B).
+constexpr bool kFp8QuantizeOnGpuDefault = true;
+bool fp8_quantize_on_gpu();
+using DeviceBf16Fill = std::function<void(size_t part, void* device_dst)>;
+ops::LinearWeight quantize_fp8_stack_on_device(const std::vector<std::string>& names,
+                                               const std::vector<int64_t>& rows, int64_t cols,
+                                               const DeviceBf16Fill& fill, Device device,
+                                               std::vector<Buffer>& storage);
 
 // Writing FP8 checkpoints (demo-model --quantization fp8, tests): each tensor of `in` for which
 // `is_linear(name)` holds (a bf16 [out, in] "*.weight") is replaced by its online quantization, F8_E4M3, and

@@ -79,23 +79,63 @@ class Loader {
   // A projection: the parts stacked as `stacked` does, kept bf16, or block-FP8 where the checkpoint stores
   // them so (all parts alike) or the config asks for online quantization.
   ops::LinearWeight linear(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
+    const Fp8Source source = fp8_source(parts, cols);
+    if (source == Fp8Source::none) return stacked(parts, cols, false);
+    if (source == Fp8Source::online && device_.is_cuda() && fp8_quantize_on_gpu()) {
+      std::vector<int64_t> rows;
+      int64_t total = 0;
+      for (const auto& part : parts) rows.push_back(part.second), total += part.second;
+      if (fp8_stack_stays_fp8(rows, device_)) {
+        const ops::LinearWeight w = quantize_on_device(parts, cols);
+        reserve_fp8_gemm_buffers(device_, total, cols);
+        return w;
+      }
+    }
     std::vector<Fp8HostPart> host;
     std::vector<std::string> names;
-    if (!fp8_parts(parts, cols, host, names)) return stacked(parts, cols, false);
+    fp8_parts(parts, cols, source, host, names);
     return place_fp8_linear(host, names, device_, w_.storage);
   }
-  // The same for MoE experts, whose FP8 form stays e4m3 on every device (the expert kernels widen it).
+  // The same for MoE experts, whose FP8 form stays e4m3 on every device (the expert kernels widen it). Online
+  // quantization onto a GPU runs there: random values generated in place, checkpoint bf16 copied up, each
+  // part quantized by a kernel (bitwise the host quantizer), where the host took minutes over 30B-A3B's
+  // 29 G expert weights.
   ops::LinearWeight expert_linear(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
+    const Fp8Source source = fp8_source(parts, cols);
+    if (source == Fp8Source::none) return stacked(parts, cols, false);
+    if (source == Fp8Source::online && device_.is_cuda() && fp8_quantize_on_gpu())
+      return quantize_on_device(parts, cols);
     std::vector<Fp8HostPart> host;
     std::vector<std::string> names;
-    if (!fp8_parts(parts, cols, host, names)) return stacked(parts, cols, false);
+    fp8_parts(parts, cols, source, host, names);
     return place_fp8_experts(host, names, device_, w_.storage);
   }
 
  private:
-  // The parts' block-FP8 host data, read or quantized; false when the projection stays bf16.
-  bool fp8_parts(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
-                 std::vector<Fp8HostPart>& host, std::vector<std::string>& names) {
+  // Online quantization of the parts on the GPU (quantize_fp8_stack_on_device): random values generated
+  // there, checkpoint bf16 copied up.
+  ops::LinearWeight quantize_on_device(const std::vector<std::pair<std::string, int64_t>>& parts,
+                                       int64_t cols) {
+    std::vector<std::string> names;
+    std::vector<int64_t> rows;
+    for (const auto& [name, r] : parts) names.push_back(name), rows.push_back(r);
+    return quantize_fp8_stack_on_device(
+        names, rows, cols,
+        [&](size_t i, void* dst) {
+          if (ckpt_) {
+            const Tensor t = ckpt_->get(names[i], DType::bf16, {rows[i], cols});
+            copy_bytes(dst, device_, t.data, Device::cpu(), size_t(t.nbytes()));
+          } else {
+            fill_random_weight_cuda({names[i], {rows[i], cols}, false}, seed_, dst);
+          }
+        },
+        device_, w_.storage);
+  }
+
+  // Where a projection's block-FP8 data comes from: none (it stays bf16), the checkpoint's F8_E4M3 tensors,
+  // or online quantization (--quantization fp8 on a bf16 checkpoint, or random weights for an FP8 config).
+  enum class Fp8Source { none, stored, online };
+  Fp8Source fp8_source(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) const {
     const QuantConfig& q = cfg_.quant;
     size_t stored_fp8 = 0;
     if (ckpt_)
@@ -104,14 +144,17 @@ class Loader {
     KILN_CHECK(stored_fp8 == 0 || stored_fp8 == parts.size(), "'", parts[0].first, "' and '",
                parts.back().first,
                "' are stacked into one matrix but the checkpoint stores some of them F8_E4M3 and some not");
-    // Online: --quantization fp8 on a bf16 checkpoint, or random weights for an FP8 config.
-    const bool online =
-        stored_fp8 == 0 && q.fp8() && (q.online || !ckpt_) && !fp8_module_excluded(q, parts[0].first);
-    if (stored_fp8 == 0 && !online) return false;
+    if (stored_fp8) return Fp8Source::stored;
+    const bool online = q.fp8() && (q.online || !ckpt_) && !fp8_module_excluded(q, parts[0].first);
+    return online ? Fp8Source::online : Fp8Source::none;
+  }
+  // The parts' block-FP8 host data, read (stored) or quantized on the host (online).
+  void fp8_parts(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols, Fp8Source source,
+                 std::vector<Fp8HostPart>& host, std::vector<std::string>& names) {
     std::vector<bf16_t> random;
     for (const auto& [name, rows] : parts) {
       names.push_back(name);
-      if (stored_fp8) {
+      if (source == Fp8Source::stored) {
         host.push_back(read_fp8_part(*ckpt_, name, rows, cols));
       } else if (ckpt_) {
         const Tensor t = ckpt_->get(name, DType::bf16, {rows, cols});
@@ -122,7 +165,6 @@ class Loader {
         host.push_back(quantize_fp8_part(random.data(), rows, cols, name));
       }
     }
-    return true;
   }
 
  private:

@@ -1,16 +1,21 @@
 // Block-FP8 MoE experts on CUDA (ops/moe.h "Block-FP8 experts"): the gather GEMV widening e4m3 in registers
-// equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the
-// GEMV threshold (FP8 runs the GEMV at every T), with 1 and 2 column pairs a warp; it stays near the CPU
-// oracle's path (a); and a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint
-// within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp).
+// equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the GEMV
+// threshold (FP8 runs the GEMV at every T), in both its e4m3 load forms (8 bytes a chunk, and 16 bytes a lane
+// regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays near the CPU
+// oracle's path (a); a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint within
+// the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's online quantizer (the loader's path
+// for experts) is bitwise the host's.
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include "common/fp8_checkpoints.h"
 #include "common/model_steps.h"
 #include "kiln/safetensors.h"
 #include "model/fp8_weights.h"
 #include "model/qwen3.h"
+#include "model/weights.h"
+#include "ops/cuda/fp8_weight_quant.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_ops.h"
@@ -135,27 +140,18 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
                  std::to_string(T));
     const auto x = random_bf16(size_t(T * H), uint32_t(T * 7 + 3));
     const Buffer dx = to_device(x);
-    // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it.
-    const auto fp8 = run_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
+    // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it. Both e4m3 load forms
+    // (16 and 8 bytes a lane, KILN_MOE_FP8_WIDE_LOADS).
     const auto bf16 = run_gpu(l.dequantized_device(), dx, T, H, MoeExperts::gather_gemv, scratch);
-    for (size_t i = 0; i < fp8.size(); ++i) ASSERT_EQ(fp8[i].bits, bf16[i].bits) << "element " << i;
-    // 2 column pairs a warp: the same expert rows y (in the scratch) for FP8 too.
-    run_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::gather_gemv, scratch);
-    const kc::MoeShape s{.T = T, .E = E, .k = k, .H = H, .I = I};
-    const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
-    const auto rows = read<int32_t>(b.inverse, T * k);
-    const auto one = read<bf16_t>(b.y, s.max_rows() * H);
-    kc::MoeProductParams g =
-        kc::moe_gate_up_params(static_cast<const uint16_t*>(dx.data()), H, nullptr, s, b);
-    kc::MoeProductParams d = kc::moe_down_params(nullptr, s, b);
-    kc::moe_set_fp8(g, l.d_gu_q.data(), static_cast<const float*>(l.d_gu_s.data()));
-    kc::moe_set_fp8(d, l.d_dn_q.data(), static_cast<const float*>(l.d_dn_s.data()));
-    kc::moe_gather_gemv_launch(s, g, d, nullptr, 2);
-    KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto two = read<bf16_t>(b.y, s.max_rows() * H);
-    for (const int32_t r : rows)
-      for (int64_t h = 0; h < H; ++h)
-        ASSERT_EQ(two[size_t(r * H + h)].bits, one[size_t(r * H + h)].bits) << "row " << r << " col " << h;
+    std::vector<bf16_t> fp8;
+    const bool wide_before = kc::moe_fp8_wide_loads();
+    for (const bool wide : {false, true}) {
+      kc::moe_set_fp8_wide_loads(wide);
+      fp8 = run_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
+      for (size_t i = 0; i < fp8.size(); ++i)
+        ASSERT_EQ(fp8[i].bits, bf16[i].bits) << (wide ? "16" : "8") << "-byte loads, element " << i;
+    }
+    kc::moe_set_fp8_wide_loads(wide_before);
     // Against the CPU oracle (path (a): activations quantized to e4m3 too): about one e4m3 rounding apart.
     std::vector<bf16_t> want(size_t(T * H));
     ops::moe_mlp(Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {T, H}), l.fp8(Device::cpu()),
@@ -171,11 +167,14 @@ TEST(CudaMoeFp8, GemvEqualsBf16GemvOnDequantizedExpertsBitwise) {
   KILN_REQUIRE_GPU();
   check_layer(16, 4, 256, 128, {1, 3, 8, 33, 80});
   check_layer(128, 8, 2048, 768, {1, 4, 64, 100});  // Qwen3-30B-A3B's widths
+  // The 16-byte e4m3 loads' batches and windows: K = 4096 (gate_up: two batches), 384 (down: a window
+  // half used, lanes 16 .. 31 idle in its second half), 1536 (down: two batches of the fused kernel).
+  check_layer(8, 2, 4096, 384, {1, 5, 40});
+  check_layer(8, 2, 256, 1536, {1, 3});
 }
 
 // Down + combine in one kernel (moe_experts_combine_launch, moe_mlp's path at batch 1) against the gather
-// GEMV then the combine kernel: out and the y rows bitwise, bf16 and FP8 experts, 1 to 5 tokens, every load
-// depth.
+// GEMV then the combine kernel: out and the y rows bitwise, bf16 and FP8 experts, 1 to 5 tokens.
 TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = make_layer(32, 8, 512, 256, 11);
@@ -202,33 +201,24 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
       kc::moe_combine_launch(s, b, static_cast<uint16_t*>(o1.data()), H, nullptr);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       const auto y1 = read<bf16_t>(b.y, s.max_rows() * H);
-      KILN_CUDA_CHECK(cudaMemset(b.y, 0xff, size_t(s.max_rows() * H) * 2));
-      kc::moe_experts_combine_launch(xp, H, w.gate_up.data, w.down.data, s, b,
-                                     static_cast<uint16_t*>(o2.data()), H, nullptr, scales);
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto y2 = read<bf16_t>(b.y, s.max_rows() * H);
-      const auto a = to_host<bf16_t>(o1, size_t(T * H)), c = to_host<bf16_t>(o2, size_t(T * H));
-      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(c[i].bits, a[i].bits) << "out element " << i;
-      for (const int32_t r : read<int32_t>(b.inverse, T * l.k))
-        for (int64_t h = 0; h < H; ++h)
-          ASSERT_EQ(y2[size_t(r * H + h)].bits, y1[size_t(r * H + h)].bits) << "y row " << r << " col " << h;
-      // Every load depth: the same out.
-      kc::MoeProductParams g =
-          kc::moe_gate_up_params(xp, H, static_cast<const uint16_t*>(w.gate_up.data), s, b);
-      kc::MoeProductParams d = kc::moe_down_params(static_cast<const uint16_t*>(w.down.data), s, b);
-      if (fp8) {
-        kc::moe_set_fp8(g, w.gate_up.data, scales.gate_up);
-        kc::moe_set_fp8(d, w.down.data, scales.down);
-      }
-      for (const int depth : {2, 4, 8}) {
+      const auto a = to_host<bf16_t>(o1, size_t(T * H));
+      const bool wide_before = kc::moe_fp8_wide_loads();
+      for (const bool wide : {false, true}) {  // both e4m3 load forms (bf16 experts: the same kernel twice)
+        kc::moe_set_fp8_wide_loads(wide);
         test::poison(o2);
-        kc::moe_gather_gemv_launch(s, g, nullptr, nullptr, kc::kMoeGemvPairs, depth);
-        kc::moe_down_combine_launch(s, d, b, static_cast<uint16_t*>(o2.data()), H, nullptr, depth);
+        KILN_CUDA_CHECK(cudaMemset(b.y, 0xff, size_t(s.max_rows() * H) * 2));
+        kc::moe_experts_combine_launch(xp, H, w.gate_up.data, w.down.data, s, b,
+                                       static_cast<uint16_t*>(o2.data()), H, nullptr, scales);
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto o = to_host<bf16_t>(o2, size_t(T * H));
-        for (size_t i = 0; i < a.size(); ++i)
-          ASSERT_EQ(o[i].bits, a[i].bits) << "depth " << depth << " out " << i;
+        const auto y2 = read<bf16_t>(b.y, s.max_rows() * H);
+        const auto c = to_host<bf16_t>(o2, size_t(T * H));
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(c[i].bits, a[i].bits) << "out element " << i;
+        for (const int32_t r : read<int32_t>(b.inverse, T * l.k))
+          for (int64_t h = 0; h < H; ++h)
+            ASSERT_EQ(y2[size_t(r * H + h)].bits, y1[size_t(r * H + h)].bits)
+                << "y row " << r << " col " << h;
       }
+      kc::moe_set_fp8_wide_loads(wide_before);
     }
   }
 }
@@ -245,10 +235,9 @@ TEST(CudaMoeFp8, GroupedGemmIsRefusedForFp8Experts) {
       {"block-FP8 experts run on the gather GEMV only"});
 }
 
-// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV) against the
-// CPU model on the dequantized checkpoint in bf16: CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
-TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
-  KILN_REQUIRE_GPU();
+// A 3-layer Qwen3-MoE shape whose every projection fills whole 128 x 128 blocks: layers 0 and 2 sparse (16
+// experts, top-4), layer 1 a dense MLP.
+ModelConfig small_moe_config() {
   ModelConfig c;
   c.architecture = "Qwen3MoeForCausalLM";
   c.arch = ModelArch::qwen3_moe;
@@ -267,6 +256,14 @@ TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
   c.moe.moe_intermediate_size = 128;
   c.moe.norm_topk_prob = true;
   c.moe.mlp_only_layers = {1};
+  return c;
+}
+
+// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV) against the
+// CPU model on the dequantized checkpoint in bf16: CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
+TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
+  KILN_REQUIRE_GPU();
+  const ModelConfig c = small_moe_config();
   const test::Fp8ModelPair m = test::load_fp8_and_dequantized(c, 17, "cuda_moe_fp8", Device::cuda());
   Qwen3Model &cpu = *m.cpu_bf16, &gpu = *m.fp8;
   ASSERT_TRUE(gpu.weights().layers[0].moe.is_fp8());
@@ -275,6 +272,104 @@ TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 131 + 7) % 1024);
     test::expect_gpu_matches_cpu(cpu, gpu, prompt, 10, "fp8 MoE checkpoint, dequantized");
   }
+}
+
+// The GPU's online weight quantizer (ops/cuda/fp8_weight_quant.h) against the host's
+// ops::quantize_weight_fp8: q and the scales bitwise on ragged shapes, with blocks of zeros (the 1e-4 clamp),
+// tiny and subnormal values, signed zeros, and a block whose amax is an exact power of two.
+TEST(CudaMoeFp8, DeviceQuantizerEqualsHostBitwise) {
+  KILN_REQUIRE_GPU();
+  for (const auto& [n, k] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {300, 200}, {256, 2048}, {129, 385}}) {
+    SCOPED_TRACE(std::to_string(n) + " x " + std::to_string(k));
+    std::vector<bf16_t> w = random_bf16(size_t(n * k), uint32_t(n + k), -0.2f, 0.2f);
+    for (int64_t i = 0; i < n * k; ++i) {
+      const int64_t r = i / k, c = i % k;
+      if (r < 128 && c < 128 && n > 128) w[size_t(i)] = f32_to_bf16(0.0f);     // block (0, 0): all zero
+      if (c % 97 == 5) w[size_t(i)] = f32_to_bf16(float(r % 3 - 1) * 1e-38f);  // subnormal, +-0
+      if (c % 89 == 7) w[size_t(i)] = f32_to_bf16(float(i % 5) * 3e-6f);       // below the clamp's grid
+    }
+    if (n * k > 1) w[1] = f32_to_bf16(-0.25f);  // an exact power of two as its block's amax
+    const int64_t nb = ops::fp8_blocks(n), kb = ops::fp8_blocks(k);
+    std::vector<uint8_t> q(size_t(n * k));
+    std::vector<float> sc(size_t(nb * kb));
+    ops::quantize_weight_fp8(Tensor(w.data(), DType::bf16, {n, k}), Tensor(q.data(), DType::f8e4m3, {n, k}),
+                             Tensor(sc.data(), DType::f32, {nb, kb}), "w");
+    const Buffer dw = to_device(w);
+    Buffer dq(size_t(n * k), Device::cuda()), ds(sc.size() * 4, Device::cuda()), flag(4, Device::cuda());
+    test::poison(dq);
+    test::poison(ds);
+    const int32_t none = INT32_MAX;
+    KILN_CUDA_CHECK(cudaMemcpy(flag.data(), &none, 4, cudaMemcpyHostToDevice));
+    kc::quantize_weight_fp8(static_cast<const uint16_t*>(dw.data()), n, k, static_cast<uint8_t*>(dq.data()),
+                            static_cast<float*>(ds.data()), static_cast<int32_t*>(flag.data()), 3, nullptr);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto gq = to_host<uint8_t>(dq, q.size());
+    const auto gs = to_host<float>(ds, sc.size());
+    EXPECT_EQ(to_host<int32_t>(flag, 1)[0], none);
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(int(gq[i]), int(q[i])) << "q element " << i;
+    for (size_t i = 0; i < sc.size(); ++i)
+      ASSERT_EQ(f32_bits(gs[i]), f32_bits(sc[i])) << "scale " << i << ": " << gs[i] << " vs " << sc[i];
+  }
+}
+
+// The loader's online quantization on the GPU (model/fp8_weights.h quantize_fp8_stack_on_device: the MoE
+// experts, and the dense projections that stay e4m3): a random-weight FP8 MoE model loaded onto CUDA holds,
+// bitwise, the e4m3 bytes and scales of the same model quantized on the host (a sparse and a dense-MLP
+// layer); a non-finite weight is refused naming its tensor.
+TEST(CudaMoeFp8, OnlineQuantizationOnTheGpuAtLoadEqualsTheHostQuantization) {
+  KILN_REQUIRE_GPU();
+  ModelConfig c = small_moe_config();
+  c.quant.online = true;
+  const Qwen3Weights host = load_qwen3_weights(c, nullptr, 5, Device::cpu());
+  const Qwen3Weights gpu = load_qwen3_weights(c, nullptr, 5, Device::cuda());
+  const auto expect_bytes_equal = [](const Tensor& want, const Tensor& got, const std::string& what) {
+    ASSERT_EQ(want.shape, got.shape) << what;
+    ASSERT_TRUE(got.device.is_cuda()) << what;
+    std::vector<uint8_t> back(size_t(got.nbytes()));
+    KILN_CUDA_CHECK(cudaMemcpy(back.data(), got.data, back.size(), cudaMemcpyDeviceToHost));
+    const auto* w = static_cast<const uint8_t*>(want.data);
+    for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(int(back[i]), int(w[i])) << what << " byte " << i;
+  };
+  for (size_t l = 0; l < size_t(c.num_layers); ++l) {
+    const LayerWeights &h = host.layers[l], &g = gpu.layers[l];
+    const std::string at = "layer " + std::to_string(l) + " ";
+    std::vector<std::tuple<Tensor, Tensor, std::string>> parts = {
+        {h.qkv.weight, g.qkv.weight, "qkv"},
+        {h.qkv.scale, g.qkv.scale, "qkv scale"},
+        {h.o_proj.weight, g.o_proj.weight, "o_proj"},
+        {h.o_proj.scale, g.o_proj.scale, "o_proj scale"}};
+    if (c.is_moe_layer(int64_t(l))) {
+      ASSERT_TRUE(h.moe.is_fp8() && g.moe.is_fp8());
+      parts.insert(parts.end(), {{h.moe.gate_up, g.moe.gate_up, "experts gate_up"},
+                                 {h.moe.down, g.moe.down, "experts down"},
+                                 {h.moe.gate_up_scale, g.moe.gate_up_scale, "experts gate_up scale"},
+                                 {h.moe.down_scale, g.moe.down_scale, "experts down scale"}});
+    } else {
+      parts.insert(parts.end(), {{h.gate_up.weight, g.gate_up.weight, "gate_up"},
+                                 {h.gate_up.scale, g.gate_up.scale, "gate_up scale"},
+                                 {h.down.weight, g.down.weight, "down"},
+                                 {h.down.scale, g.down.scale, "down scale"}});
+    }
+    for (const auto& [want, got, what] : parts) {
+      ASSERT_TRUE(want.dtype == DType::f8e4m3 || want.dtype == DType::f32) << at + what;
+      expect_bytes_equal(want, got, at + what);
+    }
+  }
+  std::vector<Buffer> storage;
+  const std::vector<bf16_t> bad = {f32_to_bf16(1.0f), f32_to_bf16(INFINITY)};
+  test_support::expect_contains(test_support::error_of([&] {
+                                  quantize_fp8_stack_on_device(
+                                      {"good.weight", "bad.weight"}, {128, 1}, 2,
+                                      [&](size_t i, void* dst) {
+                                        std::vector<bf16_t> part(size_t(i == 0 ? 256 : 2), f32_to_bf16(0.5f));
+                                        if (i == 1) part = bad;
+                                        copy_bytes(dst, Device::cuda(), part.data(), Device::cpu(),
+                                                   part.size() * 2);
+                                      },
+                                      Device::cuda(), storage);
+                                }),
+                                {"bad.weight", "non-finite"});
 }
 
 }  // namespace

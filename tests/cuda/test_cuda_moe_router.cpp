@@ -1,9 +1,11 @@
 // The fused router GEMV + routing (moe_router_route_launch, src/ops/cuda/moe_router.cu) against the CPU
-// oracle: the router logits bitwise ops::cpu::moe_router_logits (ops/moe.h's canonical order) over batch
-// 1..64 and the model's widths, the experts and weights bitwise ops::moe_route on them, the layout's
-// invariants; rows with NaN logits (the route's exact fallback); repeated launches and a graph replay (the
-// per-chunk counters reset); moe_mlp's routing from x bitwise the CPU's at T <= 64; and the residual-norm
-// prologue bitwise add_rms_norm then the router.
+// oracle, in both its forms (the cluster form where it applies, T <= 8, and the counter form everywhere):
+// the router logits bitwise ops::cpu::moe_router_logits (ops/moe.h's canonical order) over batch 1..64 and
+// the model's widths, the experts and weights bitwise ops::moe_route on them, the layout's invariants (its
+// padding rows and tiles too, on a scratch poisoned with values no layout holds); rows with NaN logits (the
+// route's exact fallback); repeated launches and a graph replay (the per-chunk counters reset); moe_mlp's
+// routing from x bitwise the CPU's at T <= 64; and the residual-norm prologue bitwise add_rms_norm then the
+// router.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -57,15 +59,27 @@ Routing cpu_routing(const std::vector<bf16_t>& x, const std::vector<bf16_t>& rou
   return r;
 }
 
-// One fused launch on a poisoned scratch; the routing read back (and the scratch left for the layout).
-Routing gpu_routing(const Buffer& x, const Buffer& router, const kc::MoeShape& s, bool norm, Buffer& scratch,
-                    cudaStream_t stream = nullptr) {
-  const size_t bytes = kc::moe_scratch_bytes(s);
-  if (scratch.bytes() < bytes) scratch = Buffer(bytes, Device::cuda());
+// Poisons the scratch: NaN logits and weights, -1 elsewhere, but the tile -> expert map and the sorted pairs
+// 0x5a5a5a5a (neither an expert, a pair nor the padding's -1), so expect_layout sees any entry left
+// unwritten.
+void poison_scratch(const kc::MoeShape& s, const Buffer& scratch) {
   test::poison(scratch);
   const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+  KILN_CUDA_CHECK(cudaMemset(b.tile_expert, 0x5a, size_t(s.max_tiles()) * 4));
+  KILN_CUDA_CHECK(cudaMemset(b.sorted_pair, 0x5a, size_t(s.max_rows()) * 4));
+}
+
+// One fused launch on a poisoned scratch; the routing read back (and the scratch left for the layout).
+// counter_only: the counter form of the fused kernel even where the cluster form applies (moe.h).
+Routing gpu_routing(const Buffer& x, const Buffer& router, const kc::MoeShape& s, bool norm, Buffer& scratch,
+                    cudaStream_t stream = nullptr, bool counter_only = false) {
+  const size_t bytes = kc::moe_scratch_bytes(s);
+  if (scratch.bytes() < bytes) scratch = Buffer(bytes, Device::cuda());
+  poison_scratch(s, scratch);
+  const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
   kc::moe_router_route_launch(static_cast<const uint16_t*>(x.data()), s.H,
-                              static_cast<const uint16_t*>(router.data()), s, norm, b, stream);
+                              static_cast<const uint16_t*>(router.data()), s, norm, b, stream, nullptr,
+                              counter_only);
   kc::moe_permute_launch(s, b, stream);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   return {read<bf16_t>(b.logits, s.T * s.E), read<bf16_t>(b.weights, s.T * s.k),
@@ -82,7 +96,8 @@ void expect_routing_equal(const Routing& got, const Routing& want, const std::st
 }
 
 // The layout the fused launch (and moe_permute_launch past one chunk) leaves: every pair once, rows of an
-// expert in ascending token order at its padded offset, the active list.
+// expert in ascending token order at its padded offset, its padding rows -1, its tiles in the tile -> expert
+// map, the tile count, the active list.
 void expect_layout(const kc::MoeShape& s, void* scratch, const std::vector<int32_t>& experts) {
   const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch);
   const auto counts = read<int32_t>(b.counts, s.E), offsets = read<int32_t>(b.offsets, s.E + 1);
@@ -103,6 +118,17 @@ void expect_layout(const kc::MoeShape& s, void* scratch, const std::vector<int32
   for (int64_t e = 0; e < s.E; ++e)
     for (int32_t r = offsets[size_t(e)] + 1; r < offsets[size_t(e)] + count[size_t(e)]; ++r)
       ASSERT_LT(sorted[size_t(r - 1)] / s.k, sorted[size_t(r)] / s.k) << "expert " << e;
+  const int32_t rows = offsets[size_t(s.E)];
+  ASSERT_EQ(read<int32_t>(b.num_tiles, 1)[0], rows / kc::kMoeRowTile);
+  const auto tiles = read<int32_t>(b.tile_expert, rows / kc::kMoeRowTile);
+  for (int64_t e = 0; e < s.E; ++e) {
+    const int32_t off = offsets[size_t(e)], n = count[size_t(e)];
+    const int32_t padded = (n + kc::kMoeRowTile - 1) / kc::kMoeRowTile * kc::kMoeRowTile;
+    ASSERT_EQ(offsets[size_t(e) + 1] - off, padded) << "expert " << e;
+    for (int32_t r = off + n; r < off + padded; ++r) ASSERT_EQ(sorted[size_t(r)], -1) << "padding row " << r;
+    for (int32_t i = 0; i < padded / kc::kMoeRowTile; ++i)
+      ASSERT_EQ(tiles[size_t(off / kc::kMoeRowTile + i)], e) << "tile of expert " << e;
+  }
 }
 
 // A dense random router, so the logits' summation order matters (unlike test_cuda_moe.cpp's one-weight
@@ -122,13 +148,17 @@ TEST(CudaMoeRouter, LogitsAndRoutingEqualCpuBitwise) {
       const auto x = random_bf16(size_t(T * c.H), uint32_t(T * 7 + c.H), -2.0f, 2.0f);
       const Buffer dx = to_device(x);
       for (const bool norm : {false, true}) {
-        const std::string label = "E " + std::to_string(c.E) + " k " + std::to_string(c.k) + " H " +
-                                  std::to_string(c.H) + " T " + std::to_string(T) + (norm ? " norm" : "");
         const Routing want = cpu_routing(x, router, s, norm);
-        const Routing got = gpu_routing(dx, d_router, s, norm, scratch);
-        expect_routing_equal(got, want, label);
-        SCOPED_TRACE(label);
-        expect_layout(s, scratch.data(), got.experts);
+        for (const bool counter : {false, true}) {  // up to 8 tokens the cluster form runs unless told
+          if (counter && T > 8) continue;
+          const std::string label = "E " + std::to_string(c.E) + " k " + std::to_string(c.k) + " H " +
+                                    std::to_string(c.H) + " T " + std::to_string(T) + (norm ? " norm" : "") +
+                                    (counter ? " counter form" : "");
+          const Routing got = gpu_routing(dx, d_router, s, norm, scratch, nullptr, counter);
+          expect_routing_equal(got, want, label);
+          SCOPED_TRACE(label);
+          expect_layout(s, scratch.data(), got.experts);
+        }
       }
     }
   }
@@ -172,7 +202,7 @@ TEST(CudaMoeRouter, RepeatedLaunchesAndGraphReplaysStayExact) {
   const int64_t E = 128, k = 8, H = 2048;
   const auto router = random_bf16(size_t(E * H), 11, -0.05f, 0.05f);
   const Buffer d_router = to_device(router);
-  for (const int64_t T : {int64_t(1), int64_t(20), int64_t(64)}) {
+  for (const int64_t T : {int64_t(1), int64_t(8), int64_t(20), int64_t(64)}) {
     const kc::MoeShape s{.T = T, .E = E, .k = k, .H = H, .I = 8};
     Buffer x(size_t(T * H) * 2, Device::cuda()), scratch(kc::moe_scratch_bytes(s), Device::cuda());
     for (uint32_t step = 0; step < 4; ++step) {
@@ -266,46 +296,48 @@ TEST(CudaMoeRouter, NormPrologueEqualsAddRmsNormThenRouter) {
   struct Case {
     int64_t E, k, H;
   };
-  for (const Case c : {Case{128, 8, 2048}, Case{128, 8, 4096}, Case{60, 4, 64}}) {
+  for (const Case c : {Case{128, 8, 2048}, Case{128, 8, 4096}, Case{60, 4, 64}, Case{12, 2, 256}}) {
     const auto router = random_bf16(size_t(c.E * c.H), uint32_t(c.H + 5), -0.05f, 0.05f);
     const auto norm_w = random_bf16(size_t(c.H), uint32_t(c.H + 6), 0.5f, 1.5f);
     const Buffer d_router = to_device(router), d_norm_w = to_device(norm_w);
-    for (const int64_t T : {1, 3, 8}) {
-      SCOPED_TRACE("E " + std::to_string(c.E) + " H " + std::to_string(c.H) + " T " + std::to_string(T));
-      const kc::MoeShape s{.T = T, .E = c.E, .k = c.k, .H = c.H, .I = 8};
-      const auto delta = random_bf16(size_t(T * c.H), uint32_t(T + 7), -1.0f, 1.0f);
-      const auto residual = random_bf16(size_t(T * c.H), uint32_t(T + 8), -3.0f, 3.0f);
-      const Buffer d_delta = to_device(delta);
-      Buffer res_a = to_device(residual), res_b = to_device(residual);
-      Buffer normed_a(size_t(T * c.H) * 2, Device::cuda()), normed_b(size_t(T * c.H) * 2, Device::cuda());
-      test::poison(normed_b);
-      const auto mat = [&](const Buffer& b) {
-        return Tensor(b.data(), DType::bf16, {T, c.H}, Device::cuda());
-      };
-      ops::add_rms_norm(mat(d_delta), mat(res_a), Tensor(d_norm_w.data(), DType::bf16, {c.H}, Device::cuda()),
-                        1e-6f, mat(normed_a));
-      Buffer scratch_a(256, Device::cuda()), scratch_b(kc::moe_scratch_bytes(s), Device::cuda());
-      const Routing want = gpu_routing(normed_a, d_router, s, true, scratch_a);
-      test::poison(scratch_b);
-      const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch_b.data());
-      const kc::MoeNormIn norm{.delta = static_cast<const uint16_t*>(d_delta.data()),
-                               .ds = c.H,
-                               .residual = static_cast<uint16_t*>(res_b.data()),
-                               .rs = c.H,
-                               .weight = static_cast<const uint16_t*>(d_norm_w.data()),
-                               .normed = static_cast<uint16_t*>(normed_b.data()),
-                               .ns = c.H,
-                               .eps = 1e-6f};
-      kc::moe_router_route_launch(nullptr, 0, static_cast<const uint16_t*>(d_router.data()), s, true, b,
-                                  nullptr, &norm);
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      ASSERT_EQ(device_bits(res_b, T * c.H), device_bits(res_a, T * c.H)) << "residual";
-      ASSERT_EQ(device_bits(normed_b, T * c.H), device_bits(normed_a, T * c.H)) << "normed";
-      const Routing got{read<bf16_t>(b.logits, T * c.E), read<bf16_t>(b.weights, T * c.k),
-                        read<int32_t>(b.experts, T * c.k)};
-      expect_routing_equal(got, want, "norm prologue");
-      expect_layout(s, scratch_b.data(), got.experts);
-    }
+    for (const int64_t T : {1, 3, 8})
+      for (const bool counter : {false, true}) {  // the cluster form (where it applies) and the counter form
+        SCOPED_TRACE("E " + std::to_string(c.E) + " H " + std::to_string(c.H) + " T " + std::to_string(T) +
+                     (counter ? " counter form" : ""));
+        const kc::MoeShape s{.T = T, .E = c.E, .k = c.k, .H = c.H, .I = 8};
+        const auto delta = random_bf16(size_t(T * c.H), uint32_t(T + 7), -1.0f, 1.0f);
+        const auto residual = random_bf16(size_t(T * c.H), uint32_t(T + 8), -3.0f, 3.0f);
+        const Buffer d_delta = to_device(delta);
+        Buffer res_a = to_device(residual), res_b = to_device(residual);
+        Buffer normed_a(size_t(T * c.H) * 2, Device::cuda()), normed_b(size_t(T * c.H) * 2, Device::cuda());
+        test::poison(normed_b);
+        const auto mat = [&](const Buffer& b) {
+          return Tensor(b.data(), DType::bf16, {T, c.H}, Device::cuda());
+        };
+        ops::add_rms_norm(mat(d_delta), mat(res_a),
+                          Tensor(d_norm_w.data(), DType::bf16, {c.H}, Device::cuda()), 1e-6f, mat(normed_a));
+        Buffer scratch_a(256, Device::cuda()), scratch_b(kc::moe_scratch_bytes(s), Device::cuda());
+        const Routing want = gpu_routing(normed_a, d_router, s, true, scratch_a);
+        poison_scratch(s, scratch_b);
+        const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch_b.data());
+        const kc::MoeNormIn norm{.delta = static_cast<const uint16_t*>(d_delta.data()),
+                                 .ds = c.H,
+                                 .residual = static_cast<uint16_t*>(res_b.data()),
+                                 .rs = c.H,
+                                 .weight = static_cast<const uint16_t*>(d_norm_w.data()),
+                                 .normed = static_cast<uint16_t*>(normed_b.data()),
+                                 .ns = c.H,
+                                 .eps = 1e-6f};
+        kc::moe_router_route_launch(nullptr, 0, static_cast<const uint16_t*>(d_router.data()), s, true, b,
+                                    nullptr, &norm, counter);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+        ASSERT_EQ(device_bits(res_b, T * c.H), device_bits(res_a, T * c.H)) << "residual";
+        ASSERT_EQ(device_bits(normed_b, T * c.H), device_bits(normed_a, T * c.H)) << "normed";
+        const Routing got{read<bf16_t>(b.logits, T * c.E), read<bf16_t>(b.weights, T * c.k),
+                          read<int32_t>(b.experts, T * c.k)};
+        expect_routing_equal(got, want, "norm prologue");
+        expect_layout(s, scratch_b.data(), got.experts);
+      }
   }
 }
 

@@ -88,11 +88,31 @@ constexpr int64_t kMoeRouterMaxHidden = 8192;
 // gemv.h's fused tails).
 // norm (T <= kMoeRouterNormInMaxTokens, H <= kMoeRouterMaxHidden): x is norm->normed, computed by the
 // same launch (MoeNormIn), bitwise add_rms_norm then this launch on its output.
+// Two forms of the same bits (moe_router.cu): the cluster form (T <= 8, E <= 128, an sm_90 device,
+// KILN_MOE_ROUTER_CLUSTER not 0; the logits gathered in one block's shared memory) and the counter form
+// (otherwise; the last block on a per-chunk global counter routes). counter_only: the counter form wherever
+// (tests and bench compare them).
 void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* router, const MoeShape& s,
                              bool norm_topk_prob, const MoeBuffers& b, cudaStream_t stream,
-                             const MoeNormIn* norm = nullptr);
+                             const MoeNormIn* norm = nullptr, bool counter_only = false);
 // 2.
 void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t stream);
+
+// Switches of the paths new since `2f94697` (the path that passed on the H100 there stays one switch away),
+// read once from the environment, "0" or "1"; unset: the default below.
+//   KILN_MOE_ROUTER_CLUSTER (default kMoeRouterClusterDefault, on): the fused router's cluster form at
+//     T <= 8; 0: the counter form at every T (moe_router_route_launch). On the H100 (2026-12-06, integration
+//     `c32d2e9`) 8.29 / 14.37 us at T = 1 / 8 against the counter form's 9.30 / 15.50 in the same run.
+//   KILN_MOE_FP8_WIDE_LOADS (default kMoeFp8WideLoadsDefault, off): block-FP8 experts read 16 bytes a lane
+//     in the gather GEMV and the fused down + combine; 0: 8 bytes and a scale load a chunk, the kernels of
+//     `2f94697`. The same bits either way (tested on the H100); off until timed faster: its T = 1 decode
+//     path measured 27.79 us at `c32d2e9` against the 8-byte form's 25.55 in an earlier run (E4).
+constexpr bool kMoeRouterClusterDefault = true;
+constexpr bool kMoeFp8WideLoadsDefault = false;
+bool moe_router_cluster_enabled();
+bool moe_fp8_wide_loads();
+// Overrides KILN_MOE_FP8_WIDE_LOADS for this process (tests and benchmarks compare both forms).
+void moe_set_fp8_wide_loads(bool on);
 
 // Which expert kernel (4): the mma.sync grouped GEMM (any sm_80+), the wgmma one (sm_90a), the gather GEMV.
 enum class MoeExpertKernel { grouped_gemm, grouped_gemm_sm90, gather_gemv };

@@ -15,10 +15,12 @@ namespace {
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // warp w computes slots w, w + 8, ... of the token
 // Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
-// and 3 blocks keep 24 warps' loads in flight an SM.
-constexpr int kMinBlocks = 3;
+// and 3 blocks keep 24 warps' loads in flight an SM. FP8: 2 (128 registers: its 2 windows of 4 rows, 32
+// registers of loads, spilled at 80) for the 16-byte e4m3 loads, 16 warps of 4 KB in flight an SM.
+constexpr int kMinBlocks = 3, kMinBlocksFp8 = 2;
 constexpr int kPairs = 2;  // output column pairs a block
 constexpr int kMaxK = 32;  // top_k the shared y tile holds
+constexpr int kDepth = 2;  // chunks a lane loads before its first product (moe_kernels.h)
 
 struct DownCombineParams {
   const int32_t* experts;   // i32 [T, k]
@@ -31,16 +33,20 @@ struct DownCombineParams {
 
 // Grid: (ceil(H / 2 / kPairs), T); block: 8 warps. Block (x, t) owns columns [2 kPairs x, 2 kPairs (x + 1))
 // of token t. Warp w, for each slot j = w, w + 8, ... of t: the 2 kPairs down rows of expert experts[t, j]
-// dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly; a lane issues the
-// act and weight loads of kDepth of its chunks before the first product, which changes no sum), rounded to
+// dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly; bf16: a lane issues
+// the act and weight loads of kDepth of its chunks before the first product (e4m3 8 bytes a chunk alike);
+// e4m3 16 bytes a lane: two 512-element windows of the 4 rows in flight, regrouped into the same chunks
+// through shared memory; no form changes a sum), rounded to
 // bf16 into y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column
 // sums y * weight over j ascending (ascending expert index) from +0 and rounds once.
-template <bool kFp8, int kDepth>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+template <int kLoads>
+__global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlocksFp8 : kMinBlocks)
     down_combine_kernel(const __grid_constant__ MoeProductParams p,
                         const __grid_constant__ DownCombineParams c) {
-  pdl_wait();
   __shared__ float ys[kMaxK][2 * kPairs];
+  // kMoeE4m3x16: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
+  __shared__ __align__(16) uint2 stage[kLoads == kMoeE4m3x16 ? kWarps : 1][2 * kPairs][64];
+  pdl_wait();
   const int t = int(blockIdx.y), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int pairs = p.N / 2, q0 = int(blockIdx.x) * kPairs;
   for (int j = warp; j < c.k; j += kWarps) {
@@ -55,27 +61,39 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       wrow[2 * i + 1] = e * p.N + 2 * q + 1;
     }
     float acc[2 * kPairs] = {};
-    for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
-      uint4 av[kDepth] = {};
-      MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
+    if constexpr (kLoads == kMoeE4m3x16) {
+      moe_fp8_rows_for_each_chunk<2 * kPairs, 2>(p, wrow, stage[warp], lane,
+                                                 [&](int kk, const float(&f)[2 * kPairs][8]) {
+                                                   float xf[8];
+                                                   unpack8(*reinterpret_cast<const uint4*>(a + kk), xf);
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int kk = kk0 + 256 * d;
-        if (kk >= p.K) break;
-        av[d] = *reinterpret_cast<const uint4*>(a + kk);
+                                                   for (int i = 0; i < 2 * kPairs; ++i)
+                                                     acc[i] = dot8(xf, f[i], acc[i]);
+                                                 });
+    } else {
+      constexpr bool kFp8 = kLoads == kMoeE4m3x8;
+      for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
+        uint4 av[kDepth] = {};
+        MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i) wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk);
-      }
+        for (int d = 0; d < kDepth; ++d) {
+          const int kk = kk0 + 256 * d;
+          if (kk >= p.K) break;
+          av[d] = *reinterpret_cast<const uint4*>(a + kk);
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        if (kk0 + 256 * d >= p.K) break;
-        float xf[8];
-        unpack8(av[d], xf);
+          for (int i = 0; i < 2 * kPairs; ++i) wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk);
+        }
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i) {
-          float f[8];
-          moe_widen_weight_chunk<kFp8>(wc[d][i], f);
-          acc[i] = dot8(xf, f, acc[i]);
+        for (int d = 0; d < kDepth; ++d) {
+          if (kk0 + 256 * d >= p.K) break;
+          float xf[8];
+          unpack8(av[d], xf);
+#pragma unroll
+          for (int i = 0; i < 2 * kPairs; ++i) {
+            float f[8];
+            moe_widen_weight_chunk<kFp8>(wc[d][i], f);
+            acc[i] = dot8(xf, f, acc[i]);
+          }
         }
       }
     }
@@ -107,10 +125,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 }  // namespace
 
 void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, const MoeBuffers& b,
-                             uint16_t* out, int64_t os, cudaStream_t stream, int depth) {
+                             uint16_t* out, int64_t os, cudaStream_t stream) {
   KILN_CHECK(s.k <= kMaxK, "moe fused down + combine: top_k ", s.k, " above ", kMaxK);
-  KILN_CHECK(depth == 2 || depth == 4 || depth == 8, "moe fused down + combine: load depth ", depth,
-             "; 2, 4 or 8");
   if (s.T == 0) return;
   const DownCombineParams c{
       .experts = b.experts, .weights = b.weights, .inverse = b.inverse, .out = out, .os = os, .k = int(s.k)};
@@ -118,13 +134,10 @@ void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, co
                       .block = dim3(kWarps * 32),
                       .stream = stream,
                       .pdl = pdl_for(PdlSite::gemv)};
-  using Kernel = void (*)(MoeProductParams, DownCombineParams);
-  static constexpr Kernel bf16[] = {down_combine_kernel<false, 2>, down_combine_kernel<false, 4>,
-                                    down_combine_kernel<false, 8>};
-  static constexpr Kernel e4m3[] = {down_combine_kernel<true, 2>, down_combine_kernel<true, 4>,
-                                    down_combine_kernel<true, 8>};
-  const int at = depth == 2 ? 0 : depth == 4 ? 1 : 2;
-  launch(cfg, down.ws ? e4m3[at] : bf16[at], down, c);
+  const auto kernel = !down.ws               ? down_combine_kernel<kMoeBf16>
+                      : moe_fp8_wide_loads() ? down_combine_kernel<kMoeE4m3x16>
+                                             : down_combine_kernel<kMoeE4m3x8>;
+  launch(cfg, kernel, down, c);
 }
 
 }  // namespace kiln::cuda

@@ -12,23 +12,31 @@ namespace kiln::cuda {
 namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kWarps = 8;  // a block: 8 warps, each 1 or 2 output column pairs
+constexpr int kWarps = 8;  // a block: 8 warps, each one output column pair
+// Output column pairs a warp (2 a warp, no faster up to T = 4 and slower from T = 8, was removed after
+// `776f1f6`: docs/PERF.md "Mixture of experts", tried and not kept).
+constexpr int kPairs = 1;
 // Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
 // and 3 blocks keep 24 warps' loads in flight an SM.
 constexpr int kMinBlocks = 3;
-constexpr int kRows = 4;  // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
+constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
+constexpr int kDepth = 2;  // chunks a lane loads a row before its first product (moe_kernels.h)
 
-// Grid: (min(E, T k), ceil(column pairs / (8 kPairs))); block: 8 warps. Block x takes the x-th chosen
-// expert (or exits), warp w the kPairs column pairs from q0 = (y * 8 + w) kPairs: pair q is, with SiLU,
+// Grid: (min(E, T k), ceil(column pairs / 8)); block: 8 warps. Block x takes the x-th chosen expert (or
+// exits), warp w the column pair q0 = y * 8 + w (kPairs = 1 of them): pair q is, with SiLU,
 // weight rows q (gate) and N + q (up) -> act column q, else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes
-// stride k by 8 bf16 (16-byte loads; e4m3: 8 bytes); each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums
-// a lane, reduced by an xor butterfly; lane 0 writes. A lane issues the weight loads of kDepth of its chunks
-// (2 kPairs kDepth loads in flight) before it widens the first; the sums run over the chunks in ascending
-// order whatever kDepth is, so every depth gives the same bits. kFp8: the weight rows are e4m3 with block
-// scales, each lane's 8 bytes widened by widen8_e4m3 (8 | 128, so a lane's chunk lies in one scale block).
-template <bool kSilu, int kPairs, bool kFp8, int kDepth>
+// take the 8-element chunks l, l + 32, ... of k; each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a
+// lane, reduced by an xor butterfly; lane 0 writes. bf16: a lane issues the 16-byte weight loads of kDepth
+// of its chunks (2 kPairs kDepth loads in flight) before the first product. e4m3 (block-FP8 rows with their
+// scales): kMoeE4m3x16 loads 16 bytes (16 elements) a lane, 4 512-element windows of each row in flight, and
+// regroups them through shared memory into the same chunks (moe_fp8_rows_for_each_chunk); kMoeE4m3x8 loads
+// each chunk's 8 bytes and its scale like the bf16 form; both widen to bf16(f32(q) * s). Every form sums
+// the chunks in ascending order: the FP8 kernel is the bf16 kernel on dequantize_fp8's weights, bit for bit.
+template <bool kSilu, int kLoads>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
+  // kMoeE4m3x16: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
+  __shared__ __align__(16) uint2 stage[kLoads == kMoeE4m3x16 ? kWarps : 1][2 * kPairs][64];
   pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   const int num_active = p.active[p.E];
   if (int(blockIdx.x) >= num_active) return;
@@ -52,29 +60,38 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) src[r] = rb + r < cnt ? moe_a_row<kSilu>(p, row0 + rb + r) : nullptr;
     float acc[kRows][2 * kPairs] = {};
-    for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
-      MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
+    // The products of the lane's chunk at kk (its weights widened into f) with the pass's rows.
+    const auto consume = [&](int kk, const float(&f)[2 * kPairs][8]) {
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        if (kk0 + 256 * d >= p.K) break;
+      for (int r = 0; r < kRows; ++r) {
+        if (!src[r]) continue;
+        float xf[8];
+        unpack8(*reinterpret_cast<const uint4*>(src[r] + kk), xf);
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i)
-          wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk0 + 256 * d);
+        for (int i = 0; i < 2 * kPairs; ++i) acc[r][i] = dot8(xf, f[i], acc[r][i]);
       }
+    };
+    if constexpr (kLoads == kMoeE4m3x16) {
+      moe_fp8_rows_for_each_chunk<2 * kPairs, 4>(p, wrow, stage[warp], lane, consume);
+    } else {
+      constexpr bool kFp8 = kLoads == kMoeE4m3x8;
+      for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
+        MoeWeightChunk<kFp8> wc[kDepth][2 * kPairs] = {};
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int kk = kk0 + 256 * d;
-        if (kk >= p.K) break;
-        float f[2 * kPairs][8];
+        for (int d = 0; d < kDepth; ++d) {
+          if (kk0 + 256 * d >= p.K) break;
 #pragma unroll
-        for (int i = 0; i < 2 * kPairs; ++i) moe_widen_weight_chunk<kFp8>(wc[d][i], f[i]);
+          for (int i = 0; i < 2 * kPairs; ++i)
+            wc[d][i] = moe_load_weight_chunk<kFp8>(p, wrow[i], kk0 + 256 * d);
+        }
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          if (!src[r]) continue;
-          float xf[8];
-          unpack8(*reinterpret_cast<const uint4*>(src[r] + kk), xf);
+        for (int d = 0; d < kDepth; ++d) {
+          const int kk = kk0 + 256 * d;
+          if (kk >= p.K) break;
+          float f[2 * kPairs][8];
 #pragma unroll
-          for (int i = 0; i < 2 * kPairs; ++i) acc[r][i] = dot8(xf, f[i], acc[r][i]);
+          for (int i = 0; i < 2 * kPairs; ++i) moe_widen_weight_chunk<kFp8>(wc[d][i], f[i]);
+          consume(kk, f);
         }
       }
     }
@@ -107,36 +124,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-// The kernel for (kSilu, kPairs, depth, fp8).
-template <bool kSilu, int kPairs>
-auto gather_gemv_kernel_for(int depth, bool fp8) {
-  using Kernel = void (*)(MoeProductParams);
-  static constexpr Kernel bf16[] = {gather_gemv_kernel<kSilu, kPairs, false, 2>,
-                                    gather_gemv_kernel<kSilu, kPairs, false, 4>,
-                                    gather_gemv_kernel<kSilu, kPairs, false, 8>};
-  static constexpr Kernel e4m3[] = {gather_gemv_kernel<kSilu, kPairs, true, 2>,
-                                    gather_gemv_kernel<kSilu, kPairs, true, 4>,
-                                    gather_gemv_kernel<kSilu, kPairs, true, 8>};
-  const int at = depth == 2 ? 0 : depth == 4 ? 1 : 2;
-  return fp8 ? e4m3[at] : bf16[at];
-}
-
-template <int kPairs>
-void gather_gemv_launch_pairs(const MoeShape& s, const MoeProductParams& gate_up,
-                              const MoeProductParams* down_p, cudaStream_t stream, int depth) {
-  const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
-  const int per_block = kWarps * kPairs;
-  LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
-                .block = dim3(kWarps * 32),
-                .stream = stream,
-                .pdl = pdl_for(PdlSite::gemv)};
-  const bool fp8 = gate_up.ws != nullptr;
-  KILN_CHECK(!down_p || fp8 == (down_p->ws != nullptr),
-             "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
-  launch(cfg, gather_gemv_kernel_for<true, kPairs>(depth, fp8), gate_up);
-  if (!down_p) return;
-  cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
-  launch(cfg, gather_gemv_kernel_for<false, kPairs>(depth, fp8), *down_p);
+// The kernel for (kSilu, fp8): e4m3 16 or 8 bytes a lane as moe_fp8_wide_loads() says.
+template <bool kSilu>
+auto gather_gemv_kernel_for(bool fp8) {
+  if (!fp8) return gather_gemv_kernel<kSilu, kMoeBf16>;
+  return moe_fp8_wide_loads() ? gather_gemv_kernel<kSilu, kMoeE4m3x16>
+                              : gather_gemv_kernel<kSilu, kMoeE4m3x8>;
 }
 
 struct CombineParams {
@@ -171,12 +164,20 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 }  // namespace
 
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
-                            cudaStream_t stream, int pairs_per_warp, int depth) {
-  KILN_CHECK(pairs_per_warp == 1 || pairs_per_warp == 2, "moe gather GEMV: ", pairs_per_warp,
-             " column pairs a warp; 1 or 2");
-  KILN_CHECK(depth == 2 || depth == 4 || depth == 8, "moe gather GEMV: load depth ", depth, "; 2, 4 or 8");
-  if (pairs_per_warp == 2) return gather_gemv_launch_pairs<2>(s, gate_up, down, stream, depth);
-  gather_gemv_launch_pairs<1>(s, gate_up, down, stream, depth);
+                            cudaStream_t stream) {
+  const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
+  const int per_block = kWarps * kPairs;
+  LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
+                .block = dim3(kWarps * 32),
+                .stream = stream,
+                .pdl = pdl_for(PdlSite::gemv)};
+  const bool fp8 = gate_up.ws != nullptr;
+  KILN_CHECK(!down || fp8 == (down->ws != nullptr),
+             "moe gather GEMV: gate_up and down must both be block-FP8 or bf16");
+  launch(cfg, gather_gemv_kernel_for<true>(fp8), gate_up);
+  if (!down) return;
+  cfg.grid.y = unsigned((s.H / 2 + per_block - 1) / per_block);
+  launch(cfg, gather_gemv_kernel_for<false>(fp8), *down);
 }
 
 void moe_combine_launch(const MoeShape& s, const MoeBuffers& b, uint16_t* out, int64_t os,

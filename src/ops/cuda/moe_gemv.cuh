@@ -37,6 +37,12 @@ __device__ __forceinline__ void widen8_e4m3(uint2 v, float s, float (&f)[8]) {
   }
 }
 
+// How a gather GEMV kernel reads its weights: bf16, or block-FP8 e4m3 8 bytes a lane (each 8-element chunk
+// with its own scale load: the path of `2f94697`) or 16 bytes a lane (moe_fp8_rows_for_each_chunk). Every
+// form gives the same bits (the e4m3 forms: the bf16 kernel on dequantize_fp8's weights). The e4m3 form a
+// launch takes: moe_fp8_wide_loads() (moe.h).
+enum MoeWeightLoads : int { kMoeBf16 = 0, kMoeE4m3x8 = 1, kMoeE4m3x16 = 2 };
+
 // One lane's 8 weights of a row as loaded (16 bytes of bf16, or 8 bytes of e4m3 and the block's scale),
 // so a kernel can issue the loads of several chunks before it widens the first.
 template <bool kFp8>
@@ -68,6 +74,61 @@ __device__ __forceinline__ void moe_widen_weight_chunk(const MoeWeightChunk<kFp8
     widen8_e4m3(c.v, c.s, f);
   } else {
     unpack8(c.v, f);
+  }
+}
+
+// Block-FP8 weights: a warp's kW e4m3 rows read with 16-byte loads (16 elements a lane, kWin 512-element
+// windows of every row in flight before the first product: 16 kW kWin bytes a lane), yet consumed in the
+// bf16 GEMV's order so the result stays bitwise the bf16 GEMV on dequantize_fp8's weights: lane l takes the
+// 8-element chunks l, l + 32, l + 64, ... of each row in ascending order. A 16-byte load brings a lane the
+// chunks 2 l and 2 l + 1 of its window, which belong to lanes 2 l and 2 l + 1 (mod 32), so each window
+// passes through the warp's shared stage (kW x 512 bytes): a 16-byte store a lane, two 8-byte reads. Each
+// row's block scales arrive with one coalesced load a batch (lane j < 16: block j of the batch's 16) and
+// go to the chunk's lane by a shuffle; widen8_e4m3 gives bf16(f32(q) * s).
+// consume(kk, f): f[i][0 .. 8) are row i's widened weights kk .. kk + 7 (the lane's chunk), called in the
+// lane's ascending chunk order for every chunk below K. Needs K % 128 == 0 (block-FP8 experts) and the rows'
+// 16-byte alignment (K % 16 == 0).
+template <int kW, int kWin, typename Consume>
+__device__ __forceinline__ void moe_fp8_rows_for_each_chunk(const MoeProductParams& p,
+                                                            const int64_t (&wrow)[kW], uint2 (*stage)[64],
+                                                            int lane, Consume&& consume) {
+  constexpr int kBatch = 512 * kWin;  // elements of a row a batch
+  static_assert(kBatch <= 16 * 128, "a batch's scale blocks fit the lanes 0 .. 15");
+  for (int b0 = 0; b0 < p.K; b0 += kBatch) {
+    uint4 v[kWin][kW];
+    float sc[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int blk = b0 / 128 + lane;
+      sc[i] = lane < kBatch / 128 && blk < p.skb ? __ldg(p.ws + (wrow[i] / 128) * p.skb + blk) : 0.0f;
+    }
+#pragma unroll
+    for (int w = 0; w < kWin; ++w) {
+      const int e = b0 + 512 * w + 16 * lane;
+#pragma unroll
+      for (int i = 0; i < kW; ++i)
+        v[w][i] = e < p.K ? __ldg(reinterpret_cast<const uint4*>(p.w8 + wrow[i] * p.K + e))
+                          : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int w = 0; w < kWin; ++w) {
+      if (b0 + 512 * w >= p.K) break;  // the same for the whole warp
+      __syncwarp();                    // the previous window's reads are done
+#pragma unroll
+      for (int i = 0; i < kW; ++i) reinterpret_cast<uint4*>(stage[i])[lane] = v[w][i];
+      __syncwarp();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int kk = b0 + 512 * w + 256 * h + 8 * lane;
+        float f[kW][8];
+#pragma unroll
+        for (int i = 0; i < kW; ++i) {
+          const float s = __shfl_sync(0xffffffffu, sc[i], 4 * w + 2 * h + lane / 16);
+          widen8_e4m3(stage[i][32 * h + lane], s, f[i]);
+        }
+        if (kk < p.K) consume(kk, f);
+      }
+    }
   }
 }
 

@@ -50,25 +50,19 @@ void moe_grouped_gemm_launch(const MoeShape& s, const MoeProductParams& gate_up,
 // sm_90a wgmma; only where moe_grouped_gemm_sm90_applies() (an sm_90 device running the build's sm_90a code).
 void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gate_up,
                                   const MoeProductParams& down, cudaStream_t stream);
-// pairs_per_warp: 1 or 2 output column pairs a warp (kMoeGemvPairs the default; bench moe times both).
-constexpr int kMoeGemvPairs = 1;
-// depth: 16-byte (e4m3: 8-byte) chunks a lane loads per row before its first product, 2, 4 or 8 (the same
-// bits for each; bench moe times them all). kMoeGemvDepth the default of the gather GEMV and the fused down
-// + combine: 2, the fastest at every T on the H100 (docs/PERF.md "Mixture of experts", E4: T = 1 decode path
-// 32.8 / 46.9 / 98.0 us at depth 2 / 4 / 8).
-constexpr int kMoeGemvDepth = 2;
+// The gather GEMV and the fused down + combine issue the weight loads of 2 chunks a row before their first
+// product (depths 4 and 8 gave the same bits and were slower at every T on the H100: docs/PERF.md "Mixture
+// of experts", E4; removed after `776f1f6`, as was the GEMV's 2 column pairs a warp, slower from T = 8).
 // down nullptr: the gate_up GEMV alone (moe_down_combine_launch then does down and the combine).
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
-                            cudaStream_t stream, int pairs_per_warp = kMoeGemvPairs,
-                            int depth = kMoeGemvDepth);
+                            cudaStream_t stream);
 inline void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up,
-                                   const MoeProductParams& down, cudaStream_t stream,
-                                   int pairs_per_warp = kMoeGemvPairs, int depth = kMoeGemvDepth) {
-  moe_gather_gemv_launch(s, gate_up, &down, stream, pairs_per_warp, depth);
+                                   const MoeProductParams& down, cudaStream_t stream) {
+  moe_gather_gemv_launch(s, gate_up, &down, stream);
 }
 // Steps 4 (down) and 5 in one kernel (moe_down_combine.cu): y as the gather GEMV leaves it and out bf16
 // [T, H] row stride os bitwise moe_combine_launch's, for any T (a block a token and 4 columns).
 void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, const MoeBuffers& b,
-                             uint16_t* out, int64_t os, cudaStream_t stream, int depth = kMoeGemvDepth);
+                             uint16_t* out, int64_t os, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -1,4 +1,5 @@
 // ops/moe.h on the GPU: the scratch carving and the sequence of moe.h's launches.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -13,6 +14,16 @@ namespace kiln::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
+
+// A "0" / "1" switch from the environment, `fallback` when unset; anything else is an error naming it.
+bool env_switch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  KILN_CHECK(std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0, name, " must be 0 or 1, got '", v, "'");
+  return v[0] == '1';
+}
+
+std::atomic<int> g_fp8_wide_loads{-1};  // -1: not read yet
 
 // Walks the parts in MoeBuffers order; with base == nullptr it only sums their sizes.
 struct Carver {
@@ -46,6 +57,26 @@ MoeBuffers carve(const MoeShape& s, Carver& c) {
 }
 
 }  // namespace
+
+bool moe_router_cluster_enabled() {
+  static const bool on = env_switch("KILN_MOE_ROUTER_CLUSTER", kMoeRouterClusterDefault);
+  return on;
+}
+
+bool moe_fp8_wide_loads() {
+  int v = g_fp8_wide_loads.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = env_switch("KILN_MOE_FP8_WIDE_LOADS", kMoeFp8WideLoadsDefault) ? 1 : 0;
+    int unset = -1;
+    g_fp8_wide_loads.compare_exchange_strong(unset, v);  // an override set meanwhile wins
+    v = g_fp8_wide_loads.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void moe_set_fp8_wide_loads(bool on) {
+  g_fp8_wide_loads.store(on ? 1 : 0, std::memory_order_relaxed);
+}
 
 size_t moe_scratch_bytes(const MoeShape& s) {
   Carver c{nullptr};

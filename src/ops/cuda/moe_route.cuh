@@ -56,8 +56,10 @@ __device__ __forceinline__ uint32_t route_key(uint32_t bits, int i) {
 
 // Token t's routing by one warp (lane l holds experts l, l + 32, ...: the canonical lane partials of
 // ops/moe.h; kPer >= ceil(E / 32) registers a lane); ORs the token's bit (t mod 32) into chosen_by[e] for
-// each chosen e. Logits are read through L2 (__ldcg): the fused kernel's other blocks wrote them.
-template <int kPer>
+// each chosen e. Logits are read through L2 (__ldcg: the fused kernel's other blocks wrote them), or, with
+// kSmemLogits, from this block's shared memory (p.logits then points there; the cluster form of the fused
+// kernel gathers them so).
+template <int kPer, bool kSmemLogits>
 __device__ __forceinline__ void route_token(const RouteParams& p, int t, int lane, uint32_t* chosen_by) {
   uint32_t taken = 0;  // bit r: expert r * 32 + lane chosen
   const uint16_t* row = p.logits + int64_t(t) * p.ls;
@@ -68,7 +70,7 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int t, int lan
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
     const int i = r * 32 + lane;
-    const uint32_t bits = i < p.E ? uint32_t(__ldcg(row + i)) : 0u;
+    const uint32_t bits = i >= p.E ? 0u : kSmemLogits ? uint32_t(row[i]) : uint32_t(__ldcg(row + i));
     l[r] = bf16_bits_to_f32(bits);
     key[r] = i < p.E ? route_key(bits, i) : 0u;
     if (i < p.E) m = fmaxf(m, l[r]), nan |= isnan(l[r]);
@@ -192,21 +194,22 @@ __device__ inline void write_layout(const int* cnt, int E, const Layout& o, int*
   }
 }
 
-// One block (kRouteWarps warps) routes chunk `chunk`: warp w the chunk's tokens w, w + 8, ... Then each
+// One block (any number of warps W) routes chunk `chunk`: warp w the chunk's tokens w, w + W, ... Then each
 // thread takes pairs of the chunk: a pair's rank is the count of the chunk's lower tokens that chose the
 // same expert (the population of chosen_by[e] below the token's bit), the chunk's count per expert the
 // population of chosen_by[e]. Fused (one chunk): warp 0 lays the rows out from those counts and the pairs
-// are scattered to offset + rank here.
+// are scattered to offset + rank here. kSmemLogits: route_token's.
+template <bool kSmemLogits = false>
 __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& sm) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int t0 = chunk * kMoeChunkTokens;
   for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x)) sm.chosen_by[i] = 0;
   __syncthreads();
-  for (int w = warp; w < kMoeChunkTokens && t0 + w < p.T; w += kRouteWarps) {
+  for (int w = warp; w < kMoeChunkTokens && t0 + w < p.T; w += int(blockDim.x) / 32) {
     if (p.E <= 128) {
-      route_token<4>(p, t0 + w, lane, sm.chosen_by);
+      route_token<4, kSmemLogits>(p, t0 + w, lane, sm.chosen_by);
     } else {
-      route_token<kMoeRouteMaxExperts / 32>(p, t0 + w, lane, sm.chosen_by);
+      route_token<kMoeRouteMaxExperts / 32, kSmemLogits>(p, t0 + w, lane, sm.chosen_by);
     }
   }
   __syncthreads();  // also orders this block's expert writes before the reads below
