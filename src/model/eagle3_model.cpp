@@ -105,6 +105,12 @@ void autotune_draft_if_needed(const Eagle3Config& c) {
 #endif
 }
 
+// Where a pass's midlayer outputs start in its output buffer (f32 elements, after the logits [R, Dv]):
+// R x Dv rounded up to a multiple of 4.
+int64_t eagle3_hidden_offset(int64_t rows, int64_t draft_vocab) {
+  return (rows * draft_vocab + 3) / 4 * 4;
+}
+
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream f(p);
   KILN_CHECK(f.good(), "EAGLE-3 draft: cannot read ", p.string());
@@ -340,14 +346,17 @@ void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
   ops::linear_silu_mul(normed, gate_up_, gate_up, act);
   ops::linear_add_rms_norm(act, down_, residual, w_norm_, eps, tmp, normed);
   if (R == 0) return;
-  // The logits [R, Dv] and the midlayer outputs [R, H] (widened exactly) in one buffer: one copy back.
-  auto* both = static_cast<float*>(w.get(Workspace::out, size_t(R * (Dv + H)) * 4));
+  // The logits [R, Dv] and the midlayer outputs [R, H] (widened exactly) in one buffer: one copy back. The
+  // outputs start at a multiple of 4 floats: the CUDA gather stores 16 bytes at a time, and R x Dv need not
+  // be a multiple of 4 (one chain row of a small draft vocabulary).
+  const int64_t hidden_at = eagle3_hidden_offset(R, Dv);
+  auto* both = static_cast<float*>(w.get(Workspace::out, size_t(hidden_at + R * H) * 4));
   ops::lm_head(normed, w.rows_t, lm_head_, Tensor(both, DType::f32, {R, Dv}, device_));
-  ops::embedding(residual, w.rows_t, Tensor(both + R * Dv, DType::f32, {R, H}, device_));
+  ops::embedding(residual, w.rows_t, Tensor(both + hidden_at, DType::f32, {R, H}, device_));
   std::vector<float>& host = w.host_out;
-  host.resize(size_t(R * (Dv + H)));
+  host.resize(size_t(hidden_at + R * H));
   copy_bytes(host.data(), Device::cpu(), both, device_, host.size() * 4);
-  std::copy(host.begin() + R * Dv, host.end(), out->hidden.begin());
+  std::copy(host.begin() + hidden_at, host.end(), out->hidden.begin());
   for (int64_t r = 0; r < R; ++r) {
     const float* row = host.data() + r * Dv;
     const int64_t best = std::max_element(row, row + Dv) - row;  // the first maximum: the lowest draft id
