@@ -151,10 +151,12 @@ int32_t slot_of(int32_t seq, int32_t pos) {
   return (1 + kPagesPerSeq * seq + pos / kPageSize) * kPageSize + pos % kPageSize;
 }
 
-// A step where sequence i computes q[i] rows at begin[i] .., the first real[i] real (the rest fill rows:
-// token 0, slot -1), with logits at every row (all_logits) or at each sequence's last real row.
-BatchDesc step_batch(const std::vector<std::vector<int32_t>>& toks, const std::vector<int32_t>& begin,
-                     const std::vector<int32_t>& q, const std::vector<int32_t>& real, bool all_logits) {
+// A batch where sequence i computes q[i] rows at begin[i] .., the first real[i] real (the rest fill rows:
+// token 0, slot -1), with logits at every row (all_logits) or at each sequence's last real row. A row at
+// position p takes token p + shift: 0 for the target's steps, 1 for the draft's passes (engine_eagle3.cpp).
+BatchDesc rows_batch(const std::vector<std::vector<int32_t>>& toks, const std::vector<int32_t>& begin,
+                     const std::vector<int32_t>& q, const std::vector<int32_t>& real, bool all_logits,
+                     int32_t shift = 0) {
   BatchDesc b;
   b.page_size = kPageSize;
   b.pages_stride = kPagesPerSeq;
@@ -163,7 +165,7 @@ BatchDesc step_batch(const std::vector<std::vector<int32_t>>& toks, const std::v
     for (int32_t j = 0; j < q[i]; ++j) {
       const int32_t pos = begin[i] + j;
       const bool is_real = j < real[i];
-      b.tokens.push_back(is_real ? toks[i][size_t(pos)] : 0);
+      b.tokens.push_back(is_real ? toks[i][size_t(pos + shift)] : 0);
       b.positions.push_back(pos);
       b.slot_mapping.push_back(is_real ? slot_of(int32_t(i), pos) : -1);
       if (all_logits || j + 1 == real[i]) b.logit_rows.push_back(b.cu_q.back() + j);
@@ -176,28 +178,10 @@ BatchDesc step_batch(const std::vector<std::vector<int32_t>>& toks, const std::v
   return b;
 }
 
-// A draft pass as the engine forms it (engine_eagle3.cpp): sequence i's rows at positions begin[i] ..
-// begin[i] + n[i] - 1 take the tokens one position on, each its last row's logits.
+// A draft pass: sequence i's rows at begin[i] .. begin[i] + n[i] - 1, its last row's logits.
 BatchDesc draft_batch(const std::vector<std::vector<int32_t>>& toks, const std::vector<int32_t>& begin,
                       const std::vector<int32_t>& n) {
-  BatchDesc b;
-  b.page_size = kPageSize;
-  b.pages_stride = kPagesPerSeq;
-  b.cu_q = {0};
-  for (size_t i = 0; i < toks.size(); ++i) {
-    for (int32_t j = 0; j < n[i]; ++j) {
-      const int32_t pos = begin[i] + j;
-      b.tokens.push_back(toks[i][size_t(pos + 1)]);
-      b.positions.push_back(pos);
-      b.slot_mapping.push_back(slot_of(int32_t(i), pos));
-    }
-    b.logit_rows.push_back(b.cu_q.back() + n[i] - 1);
-    b.cu_q.push_back(b.cu_q.back() + n[i]);
-    b.kv_lens.push_back(begin[i] + n[i]);
-    b.seq_ids.push_back(uint64_t(i + 1));
-    for (int32_t p = 0; p < kPagesPerSeq; ++p) b.page_table.push_back(1 + kPagesPerSeq * int32_t(i) + p);
-  }
-  return b;
+  return rows_batch(toks, begin, n, n, false, 1);
 }
 
 // The target's K and V of sequence i's positions [0, len[i]) in every layer (HND bf16 cache), as bits.
@@ -327,7 +311,7 @@ TEST(CudaEagle3, DraftPassesLeaveTheTargetBitwiseAndGraphFeaturesEqualEager) {
   };
   stage = "prefill";
   {
-    const BatchDesc b = step_batch(toks, pos, prompt_len, prompt_len, false);
+    const BatchDesc b = rows_batch(toks, pos, prompt_len, prompt_len, false);
     std::vector<int32_t> rows;
     for (int32_t t = 0; t < b.num_tokens(); ++t) rows.push_back(t);
     run_step(b, rows);
@@ -338,7 +322,7 @@ TEST(CudaEagle3, DraftPassesLeaveTheTargetBitwiseAndGraphFeaturesEqualEager) {
   ASSERT_FALSE(HasFailure()) << "first failing stage: " << stage;
   stage = "decode step (graph)";
   {
-    const BatchDesc b = step_batch(toks, pos, {1, 1}, {1, 1}, true);
+    const BatchDesc b = rows_batch(toks, pos, {1, 1}, {1, 1}, true);
     ASSERT_GT(spec->graph_bucket(b), 0);
     run_step(b, {0, 1});
     const std::vector<int32_t> begin = pos;
@@ -350,7 +334,7 @@ TEST(CudaEagle3, DraftPassesLeaveTheTargetBitwiseAndGraphFeaturesEqualEager) {
   for (int32_t t = 0; t < 6; ++t) {
     stage = "verify step " + std::to_string(t) + " (graph)";
     const std::vector<int32_t> real = {1 + t % 4, 1 + (t + 2) % 4};
-    const BatchDesc b = step_batch(toks, pos, {4, 4}, real, true);
+    const BatchDesc b = rows_batch(toks, pos, {4, 4}, real, true);
     ASSERT_TRUE(is_uniform_verify(b, 4));
     std::vector<int32_t> rows;
     for (int32_t i = 0; i < 2; ++i)
