@@ -14,6 +14,27 @@
 namespace kiln {
 
 #ifdef KILN_HAVE_CUDA
+void capture_cuda_graph(void* stream, const std::function<void()>& launch, void** graph, void** exec) {
+  auto* s = static_cast<cudaStream_t>(stream);
+  if (*exec) KILN_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(*exec)));
+  if (*graph) KILN_CUDA_CHECK(cudaGraphDestroy(static_cast<cudaGraph_t>(*graph)));
+  *exec = *graph = nullptr;
+  cudaGraph_t g = nullptr;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    launch();
+  } catch (...) {
+    cudaStreamEndCapture(s, &g);  // leave the stream usable
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  *graph = g;
+  cudaGraphExec_t e = nullptr;
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  *exec = e;
+}
+
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
                                  Tensor logits, std::optional<bool> pdl, int32_t rows_per_seq)
     : model_(model),
@@ -62,24 +83,13 @@ void CudaDecodeGraph::capture() {
   model_.launch_layers(cache_);
   model_.launch_lm_head(logits_);
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (exec_) KILN_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
-  if (graph_) KILN_CUDA_CHECK(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
-  exec_ = graph_ = nullptr;
-  cudaGraph_t g = nullptr;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  try {
-    model_.launch_layers(cache_);
-    model_.launch_lm_head(logits_);
-  } catch (...) {
-    cudaStreamEndCapture(s, &g);  // leave the stream usable
-    if (g) cudaGraphDestroy(g);
-    throw;
-  }
-  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  graph_ = g;
-  cudaGraphExec_t e = nullptr;
-  KILN_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  exec_ = e;
+  capture_cuda_graph(
+      s,
+      [&] {
+        model_.launch_layers(cache_);
+        model_.launch_lm_head(logits_);
+      },
+      &graph_, &exec_);
   generation_ = model_.workspace_generation();
   ++captures_;
 }
@@ -136,6 +146,9 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
 }
 
 #else
+void capture_cuda_graph(void*, const std::function<void()>&, void**, void**) {
+  KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
+}
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
                                  Tensor, std::optional<bool>, int32_t rows_per_seq)
     : model_(model),

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "kiln/batch.h"
@@ -31,6 +32,11 @@
 #include "model/qwen3.h"
 
 namespace kiln {
+
+// Captures the launches `launch` makes on `stream` (a cudaStream_t of its own, not the legacy stream) into a
+// CUDA graph and instantiates it into *graph and *exec (cudaGraph_t, cudaGraphExec_t), destroying the ones
+// they held. A throw from `launch` ends the capture (the stream stays usable) and propagates.
+void capture_cuda_graph(void* stream, const std::function<void()>& launch, void** graph, void** exec);
 
 class CudaDecodeGraph {
  public:

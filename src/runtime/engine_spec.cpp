@@ -231,7 +231,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
       if (reserved[i])
         spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
   };
-  // A failed draft pass or forward: the step's requests end in error, their reserved pages given back.
+  // A failed forward: the step's requests end in error, their reserved pages given back.
   const auto fail_step = [&](const std::string& why) {
     give_back_pages();
     std::vector<RequestId> ids;

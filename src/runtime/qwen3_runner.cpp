@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kiln/error.h"
@@ -150,6 +151,15 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   // reallocates it and forces the graphs to be captured again.
   model_->reserve_workspace(std::max<int64_t>({plan.max_step_tokens, top, verify_max}), seqs,
                             graph_widths_.back(), std::max<int64_t>(seqs, verify_max));
+  // EAGLE-3's chain passes (one row per sequence) from a graph per batch size up to kMaxVerifySeqs where
+  // KILN_EAGLE3_CHAIN_GRAPHS=1 (off by default: not measured against the eager passes yet).
+  if (draft_) {
+    std::vector<int32_t> chain_buckets;
+    if (const char* e = std::getenv("KILN_EAGLE3_CHAIN_GRAPHS"); e && std::string(e) == "1")
+      for (int32_t b : graph_buckets_)
+        if (b <= kMaxVerifySeqs) chain_buckets.push_back(b);
+    draft_->prepare_chain_graphs(chain_buckets, graph_widths_.back());
+  }
   const int64_t V = config().vocab_size;
   if (verify_max > 0) verify_logits_buf_ = Buffer(size_t(verify_max) * size_t(V) * sizeof(float), device());
   graph_logits_buf_ = Buffer(size_t(top) * size_t(V) * sizeof(float), device());

@@ -11,6 +11,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -349,6 +351,88 @@ TEST(CudaEagle3, DraftPassesLeaveTheTargetBitwiseAndGraphFeaturesEqualEager) {
   EXPECT_GT(spec->num_verify_graphs(), 0);
 }
 
+// ---- The draft's chain passes from CUDA graphs (Eagle3Model::prepare_chain_graphs).
+
+// The chain pass `b` (one row per sequence) padded to `bucket` sequences as the chain graphs pad it: token 0
+// at slot -1, one key of page 0, page-table rows of page 0.
+BatchDesc padded_chain_pass(BatchDesc b, int32_t bucket) {
+  for (int32_t i = b.num_seqs(); i < bucket; ++i) {
+    b.tokens.push_back(0);
+    b.positions.push_back(0);
+    b.slot_mapping.push_back(-1);
+    b.cu_q.push_back(i + 1);
+    b.kv_lens.push_back(1);
+    b.logit_rows.push_back(i);
+    b.page_table.insert(b.page_table.end(), size_t(b.pages_stride), 0);
+  }
+  return b;
+}
+
+// Chain passes replayed from the draft's graphs (buckets 1, 2, 4) against the same passes run eagerly,
+// padded to the same bucket, on a second draft of the same weights: the real rows' tokens and outputs bit for
+// bit, while every input changes between replays (1 to 4 sequences, 3 of them padded to 4; positions,
+// tokens, hidden states), the K/V each pass writes read by the next, and an extend pass between replays
+// growing the workspace (the graphs captured again).
+TEST(CudaEagle3, ChainGraphPassesEqualEagerPasses) {
+  KILN_REQUIRE_GPU();
+  const fs::path dir = scratch() / "draft_chain_graphs";
+  test::write_eagle3_draft(dir, draft_shape(64, true));
+  auto target = tiny_target(Device::cuda());
+  auto graphed = Eagle3Model::load(dir.string(), *target);
+  auto eager = Eagle3Model::load(dir.string(), *target);
+  for (auto* m : {graphed.get(), eager.get()})
+    m->allocate_kv(1 + 4 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
+  graphed->prepare_chain_graphs({1, 2, 4}, kPagesPerSeq);
+  const int64_t H = 256, F = 3 * 256;
+  std::vector<std::vector<int32_t>> toks(4);
+  for (int32_t i = 0; i < 4; ++i)
+    for (int32_t j = 0; j < 64; ++j) toks[size_t(i)].push_back((i * 97 + j * 29 + 5) % 500);
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<int32_t> pos = {0, 0, 0, 0};
+  // An extend pass over n positions of every sequence (eager on both drafts): the chains attend to them.
+  const auto extend = [&](int32_t n) {
+    const std::vector<int32_t> ns(4, n);
+    const BatchDesc b = draft_batch(toks, pos, ns);
+    std::vector<bf16_t> feat(size_t(b.num_tokens() * F));
+    for (bf16_t& x : feat) x = f32_to_bf16(nd(rng));
+    Buffer dev(feat.size() * 2, Device::cuda());
+    copy_bytes(dev.data(), Device::cuda(), feat.data(), Device::cpu(), feat.size() * 2);
+    std::vector<int32_t> rows;
+    for (int32_t t = 0; t < b.num_tokens(); ++t) rows.push_back(t);
+    const Tensor f(dev.data(), DType::bf16, {b.num_tokens(), F}, Device::cuda());
+    Eagle3Model::Out a, e;
+    graphed->forward_features(b, f, rows, &a);
+    eager->forward_features(b, f, rows, &e);
+    EXPECT_TRUE(same_bits(a.hidden, e.hidden)) << "extend pass";
+    for (int32_t& p : pos) p += n;
+  };
+  extend(9);
+  for (int32_t t = 0; t < 12; ++t) {
+    SCOPED_TRACE("chain pass " + std::to_string(t));
+    if (t == 6) extend(40);  // more rows than any chain pass: the workspace grows, the graphs recapture
+    const int32_t B = 1 + (t * 3) % 4, bucket = B == 3 ? 4 : B;
+    const std::vector<std::vector<int32_t>> seqs(toks.begin(), toks.begin() + B);
+    const std::vector<int32_t> begin(pos.begin(), pos.begin() + B), ones(size_t(B), 1);
+    const BatchDesc b = draft_batch(seqs, begin, ones);
+    std::vector<float> hidden(size_t(B * H));
+    for (float& x : hidden) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+    std::vector<float> padded_hidden = hidden;
+    padded_hidden.resize(size_t(bucket * H), 0.0f);
+    Eagle3Model::Out g, e;
+    graphed->forward_hidden(b, hidden, &g);
+    eager->forward_hidden(padded_chain_pass(b, bucket), padded_hidden, &e);
+    ASSERT_EQ(g.tokens.size(), size_t(B));
+    e.tokens.resize(size_t(B));
+    e.hidden.resize(size_t(B * H));
+    EXPECT_EQ(g.tokens, e.tokens);
+    EXPECT_TRUE(same_bits(g.hidden, e.hidden)) << B << " sequences in a bucket of " << bucket;
+    for (int32_t i = 0; i < B; ++i) ++pos[size_t(i)];
+  }
+  EXPECT_EQ(graphed->num_chain_graphs(), 3);
+  EXPECT_EQ(eager->num_chain_graphs(), 0);
+}
+
 // ---- Through the engine.
 
 std::vector<std::vector<int32_t>> prompts(int count, int min_len, int spread) {
@@ -364,16 +448,27 @@ std::vector<std::vector<int32_t>> prompts(int count, int min_len, int spread) {
 
 using test::Generated;
 
+// chain_graphs: the draft's chain graphs the runner captured, out.
 Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& ps, const fs::path& draft,
-                   bool with_top, std::vector<std::vector<float>>* logprobs = nullptr) {
+                   bool with_top, std::vector<std::vector<float>>* logprobs = nullptr,
+                   int* chain_graphs = nullptr) {
   auto runner = std::make_unique<Qwen3Runner>(tiny_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
   if (!draft.empty()) runner->set_draft(Eagle3Model::load(draft.string(), runner->model()));
   const Qwen3Runner& r = *runner;
   Engine engine(std::move(runner), o);
   Generated out = test::generate_greedy(engine, ps, 32, with_top, /*ignore_eos=*/true, logprobs);
   out.verify_graphs = r.num_verify_graphs();
+  if (chain_graphs) *chain_graphs = r.num_draft_chain_graphs();
   return out;
 }
+
+// KILN_EAGLE3_CHAIN_GRAPHS=1 for a scope: runners prepared in it replay the draft's chain passes from graphs.
+struct ChainGraphsOn {
+  ChainGraphsOn() { setenv("KILN_EAGLE3_CHAIN_GRAPHS", "1", 1); }
+  ~ChainGraphsOn() { unsetenv("KILN_EAGLE3_CHAIN_GRAPHS"); }
+  ChainGraphsOn(const ChainGraphsOn&) = delete;
+  ChainGraphsOn& operator=(const ChainGraphsOn&) = delete;
+};
 
 EngineOptions plain_opts() {
   EngineOptions o = test::small_opts(8192, 16, 256);
@@ -470,27 +565,37 @@ TEST(CudaEagle3, GreedyEagle3LogprobsBitwisePlainBatch1) {
 // The engine's greedy output with EAGLE-3 (features captured inside the decode and verify graphs) against its
 // plain greedy output, batch 1 and batched (mixed prompt lengths, k = 3), on the default verify path (its own
 // GEMM tactics: partings only where the plain path's top two are a near tie); with a draft of the outputs'
-// frequent tokens (drafts kept and rejected), and with one of tokens no output holds (every draft rejected:
-// the verify path and the draft passes alone, no kept draft).
+// frequent tokens (drafts kept and rejected), with one of tokens no output holds (every draft rejected: the
+// verify path and the draft passes alone, no kept draft), and with the first draft's chain passes replayed
+// from graphs (KILN_EAGLE3_CHAIN_GRAPHS=1).
 TEST(CudaEagle3, GreedyEagle3EqualsPlainGreedy) {
   KILN_REQUIRE_GPU();
   const auto ps = prompts(8, 5, 40);
   const Generated want = generate(plain_opts(), ps, {}, true);
-  for (const bool rejected : {false, true}) {
+  enum class Mode { kept, rejected, chain_graphs };
+  for (const Mode mode : {Mode::kept, Mode::rejected, Mode::chain_graphs}) {
+    const bool rejected = mode == Mode::rejected;
     const fs::path draft = scratch() / (rejected ? "draft_rejected" : "draft_top");
     test::write_eagle3_draft(draft, draft_shape(2, false), "",
                              rejected ? absent_tokens(want) : test::frequent_tokens(want.tokens, 2), 3);
     const EngineOptions eo = eagle_opts(draft);
+    std::optional<ChainGraphsOn> graphs_on;
+    if (mode == Mode::chain_graphs) graphs_on.emplace();
     for (const bool batched : {false, true}) {
-      const std::string label =
-          std::string(batched ? "batched" : "batch 1") + (rejected ? ", drafts rejected" : ", drafts kept");
+      const std::string label = std::string(batched ? "batched" : "batch 1") +
+                                (rejected             ? ", drafts rejected"
+                                 : mode == Mode::kept ? ", drafts kept"
+                                                      : ", drafts kept, chain graphs");
       SCOPED_TRACE(label);
       Generated got;
+      int chain_graphs = 0;
       if (batched) {
-        got = generate(eo, ps, draft, false);
+        got = generate(eo, ps, draft, false, nullptr, &chain_graphs);
       } else {
         for (const auto& p : ps) {
-          const Generated one = generate(eo, {p}, draft, false);
+          int n = 0;
+          const Generated one = generate(eo, {p}, draft, false, nullptr, &n);
+          chain_graphs = std::max(chain_graphs, n);
           got.tokens.push_back(one.tokens[0]);
           got.finish.push_back(one.finish[0]);
           got.stats.spec.drafts += one.stats.spec.drafts;
@@ -503,7 +608,8 @@ TEST(CudaEagle3, GreedyEagle3EqualsPlainGreedy) {
       }
       expect_clean_run(got, label);
       const int parted = test::count_near_tie_partings(got, want, label);
-      std::printf("%s: %d of %zu requests part at a near tie\n", label.c_str(), parted, ps.size());
+      std::printf("%s: %d of %zu requests part at a near tie; %d chain graphs\n", label.c_str(), parted,
+                  ps.size(), chain_graphs);
       const spec::SpecStats& st = got.stats.spec;
       EXPECT_GT(st.drafts, 0) << "nothing drafted";
       if (rejected) {
@@ -513,6 +619,11 @@ TEST(CudaEagle3, GreedyEagle3EqualsPlainGreedy) {
         EXPECT_LT(st.accepted_tokens, st.draft_tokens);
       }
       EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
+      if (mode == Mode::chain_graphs) {
+        EXPECT_GT(chain_graphs, 0) << "no chain pass replayed a graph";
+      } else {
+        EXPECT_EQ(chain_graphs, 0) << "chain graphs without KILN_EAGLE3_CHAIN_GRAPHS";
+      }
     }
   }
 }
