@@ -349,6 +349,8 @@ void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len) {
   prep.num_q_heads = int(Hq);
   prep.num_kv_heads = int(Hkv);
   prep.head_dim = int(D);
+  prep.stream =
+      ops::current_stream();  // the chain graphs' stream while they capture (eagle3_chain_graph.cpp)
   ops::attn_prep(prep);
   ops::PagedAttentionArgs att;
   att.q = Tensor::strided(qkv.data, DType::bf16, {T, Hq, D}, {qkv_dim, D, 1}, device_);
