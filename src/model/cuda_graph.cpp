@@ -13,6 +13,23 @@
 
 namespace kiln {
 
+void copy_with_table_width(const BatchDesc& in, int32_t table_rows, int32_t width, BatchDesc& out) {
+  KILN_CHECK(table_rows >= in.num_seqs() && width >= in.pages_stride, "copy_with_table_width: a table of ",
+             table_rows, " x ", width, " for ", in.num_seqs(), " x ", in.pages_stride);
+  out.tokens = in.tokens;
+  out.positions = in.positions;
+  out.slot_mapping = in.slot_mapping;
+  out.cu_q = in.cu_q;
+  out.kv_lens = in.kv_lens;
+  out.page_size = in.page_size;
+  out.pages_stride = width;
+  // Padding entries are never read (kv_lens bounds the reads); 0 is a valid page index.
+  out.page_table.assign(size_t(table_rows) * size_t(width), 0);
+  for (int32_t i = 0; i < in.num_seqs(); ++i)
+    std::copy_n(in.page_table.begin() + ptrdiff_t(i) * in.pages_stride, in.pages_stride,
+                out.page_table.begin() + ptrdiff_t(i) * width);
+}
+
 #ifdef KILN_HAVE_CUDA
 void capture_cuda_graph(void* stream, const std::function<void()>& launch, void** graph, void** exec) {
   auto* s = static_cast<cudaStream_t>(stream);
@@ -112,18 +129,7 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
   KILN_CHECK_EQ(in.page_table.size(), size_t(B) * size_t(in.pages_stride),
                 "CudaDecodeGraph: page table size");
   BatchDesc& b = staged_;
-  b.tokens = in.tokens;
-  b.positions = in.positions;
-  b.slot_mapping = in.slot_mapping;
-  b.cu_q = in.cu_q;
-  b.kv_lens = in.kv_lens;
-  b.page_size = in.page_size;
-  b.pages_stride = pages_stride_;
-  // Padding entries are never read (kv_lens bounds the reads); 0 is a valid page index.
-  b.page_table.assign(size_t(B) * size_t(pages_stride_), 0);
-  for (int32_t i = 0; i < B; ++i)
-    std::copy_n(in.page_table.begin() + ptrdiff_t(i) * in.pages_stride, in.pages_stride,
-                b.page_table.begin() + ptrdiff_t(i) * pages_stride_);
+  copy_with_table_width(in, B, pages_stride_, b);
   b.logit_rows.resize(size_t(T));
   for (int32_t i = 0; i < T; ++i) b.logit_rows[size_t(i)] = i;  // a fixed LM-head shape
   cudaStream_t s = static_cast<cudaStream_t>(stream_);

@@ -62,20 +62,10 @@ void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket)
 
 void Eagle3Model::ChainGraphs::run(Eagle3Model& m, const BatchDesc& in, int32_t bucket,
                                    std::vector<bf16_t> hidden, Out* out) {
-  const int32_t B = in.num_seqs(), W = pages_stride_;
+  const int32_t B = in.num_seqs();
   const int64_t H = m.config().hidden;
   BatchDesc& b = staged_;
-  b.tokens = in.tokens;
-  b.positions = in.positions;
-  b.slot_mapping = in.slot_mapping;
-  b.cu_q = in.cu_q;
-  b.kv_lens = in.kv_lens;
-  b.page_size = in.page_size;
-  b.pages_stride = W;
-  b.page_table.assign(size_t(bucket) * size_t(W), 0);  // 0 is a valid page; kv_lens bound the reads
-  for (int32_t i = 0; i < B; ++i)
-    std::copy_n(in.page_table.begin() + ptrdiff_t(i) * in.pages_stride, in.pages_stride,
-                b.page_table.begin() + ptrdiff_t(i) * W);
+  copy_with_table_width(in, bucket, pages_stride_, b);
   for (int32_t i = B; i < bucket; ++i) {  // padding: one key (page 0's first slot), no K/V written
     b.tokens.push_back(0);
     b.positions.push_back(0);
