@@ -54,6 +54,18 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   return out;
 }
 
+// Loads a draft of the tests' shape once: its GEMM shapes are tuned then (Eagle3Model::load), before any
+// plain reference runs, so every run of the process takes the same tactics.
+void tune_draft_shapes() {
+  static const bool done = [] {
+    const fs::path dir = test::eagle3_scratch() / "draft_tune";
+    test::write_eagle3_draft(dir, test::eagle3_draft_shape(2, false), "", {1, 2}, 3);
+    auto target = test::eagle3_target(Device::cuda());
+    return Eagle3Model::load(dir.string(), *target) != nullptr;
+  }();
+  EXPECT_TRUE(done);
+}
+
 // KILN_EAGLE3_CHAIN_GRAPHS=1 for a scope: runners prepared in it replay the draft's chain passes from graphs.
 struct ChainGraphsOn {
   ChainGraphsOn() { setenv("KILN_EAGLE3_CHAIN_GRAPHS", "1", 1); }
@@ -106,6 +118,7 @@ void expect_clean_run(const Generated& got, const std::string& label) {
 // are plain decoding's bit for bit, with drafts kept and rejected.
 TEST(CudaEagle3Engine, GreedyEagle3LogprobsBitwisePlainBatch1) {
   KILN_REQUIRE_GPU();
+  tune_draft_shapes();
   const test::BitwiseVerify bitwise;
   const auto ps = prompts(4, 5, 20);
   EngineOptions base = plain_opts();
@@ -162,6 +175,7 @@ TEST(CudaEagle3Engine, GreedyEagle3LogprobsBitwisePlainBatch1) {
 // from graphs (KILN_EAGLE3_CHAIN_GRAPHS=1).
 TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
   KILN_REQUIRE_GPU();
+  tune_draft_shapes();
   const auto ps = prompts(8, 5, 40);
   const Generated want = generate(plain_opts(), ps, {}, true);
   enum class Mode { kept, rejected, chain_graphs };
