@@ -35,10 +35,10 @@ suite_spec() {
   fi
   local configs=(--config "plain=" --config "ngram=--speculative-algorithm ngram --speculative-num-draft-tokens 5 \
 --speculative-ngram-max-match-window-size 8")
-  # SPEC_EAGLE3_SERVE=0 leaves the EAGLE-3 row out.
+  # SPEC_EAGLE3_SERVE=0 leaves the EAGLE-3 row out; KILN_EAGLE3_CUDA=1 serves it whatever kiln's default.
   [[ ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]] && configs+=(--config "eagle3=--speculative-algorithm EAGLE3 \
 --speculative-draft-model-path $d --speculative-num-steps 3 --speculative-eagle-topk 1")
-  timeout 300 python3 scripts/spec_measure.py --kiln "$K" --model "$m" --heldout "$m/heldout_files.txt" \
+  KILN_EAGLE3_CUDA=1 timeout 300 python3 scripts/spec_measure.py --kiln "$K" --model "$m" --heldout "$m/heldout_files.txt" \
     --device cuda --prompts "${SPEC_PROMPTS:-6}" --max-tokens "${SPEC_TOKENS:-128}" --logs "$W/spec" \
     "${configs[@]}" >"$W/spec/measure.txt" 2>&1
   rc=$?

@@ -4,8 +4,11 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "../unit/eagle3_test_util.h"
@@ -50,6 +53,29 @@ inline Eagle3Shape eagle3_draft_shape(int64_t draft_vocab, bool own_embeddings) 
 inline std::filesystem::path eagle3_scratch() {
   return test_support::process_scratch_dir("cuda_eagle3");
 }
+
+// An environment variable set for a scope, its earlier value (or absence) restored after: the runner's
+// switches (KILN_EAGLE3_CUDA, KILN_EAGLE3_CHAIN_GRAPHS) are read when a draft is set and graphs prepared.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* e = std::getenv(name)) before_ = e;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (before_) {
+      setenv(name_.c_str(), before_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> before_;
+};
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return false;

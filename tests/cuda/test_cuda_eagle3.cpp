@@ -103,6 +103,24 @@ TEST(CudaEagle3, DraftForwardOfOddRowsAndASmallDraftVocabulary) {
   check_draft_forward(2);
 }
 
+// KILN_EAGLE3_CUDA=0 switches EAGLE-3 off on CUDA: set_draft refuses it naming the switch and the
+// alternative.
+TEST(CudaEagle3, SwitchedOffOnCudaSetDraftRefusesByName) {
+  KILN_REQUIRE_GPU();
+  const test::ScopedEnv off("KILN_EAGLE3_CUDA", "0");
+  const fs::path draft = test::eagle3_scratch() / "draft_refused";
+  test::write_eagle3_draft(draft, test::eagle3_draft_shape(2, false), "", {1, 2}, 3);
+  auto runner =
+      std::make_unique<Qwen3Runner>(test::eagle3_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
+  try {
+    runner->set_draft(Eagle3Model::load(draft.string(), runner->model()));
+    FAIL() << "set_draft accepted an EAGLE-3 draft on CUDA with KILN_EAGLE3_CUDA=0";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_EAGLE3_CUDA"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("NGRAM"), std::string::npos) << e.what();
+  }
+}
+
 // ---- Through the runner: a target with a draft against the same target without one.
 
 // Sequence i of a runner test owns pages 1 + kPagesPerSeq i, ...; its tokens are toks[i] (prompt, then the
@@ -207,6 +225,7 @@ std::unique_ptr<Qwen3Runner> stage_runner(const fs::path& draft, bool graphs) {
 // stage that breaks is named.
 TEST(CudaEagle3, DraftPassesLeaveTheTargetBitwiseAndGraphFeaturesEqualEager) {
   KILN_REQUIRE_GPU();
+  const test::ScopedEnv eagle3_on("KILN_EAGLE3_CUDA", "1");
   const fs::path draft = test::eagle3_scratch() / "draft_stages";
   test::write_eagle3_draft(draft, test::eagle3_draft_shape(2, false), "", {7, 300}, 3);
   // The draft first: its load tunes its GEMM shapes, so all three runners capture with the same tactics.

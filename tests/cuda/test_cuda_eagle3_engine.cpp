@@ -66,14 +66,6 @@ void tune_draft_shapes() {
   EXPECT_TRUE(done);
 }
 
-// KILN_EAGLE3_CHAIN_GRAPHS=1 for a scope: runners prepared in it replay the draft's chain passes from graphs.
-struct ChainGraphsOn {
-  ChainGraphsOn() { setenv("KILN_EAGLE3_CHAIN_GRAPHS", "1", 1); }
-  ~ChainGraphsOn() { unsetenv("KILN_EAGLE3_CHAIN_GRAPHS"); }
-  ChainGraphsOn(const ChainGraphsOn&) = delete;
-  ChainGraphsOn& operator=(const ChainGraphsOn&) = delete;
-};
-
 EngineOptions plain_opts() {
   EngineOptions o = test::small_opts(8192, 16, 256);
   o.device = "cuda";
@@ -118,6 +110,7 @@ void expect_clean_run(const Generated& got, const std::string& label) {
 // are plain decoding's bit for bit, with drafts kept and rejected.
 TEST(CudaEagle3Engine, GreedyEagle3LogprobsBitwisePlainBatch1) {
   KILN_REQUIRE_GPU();
+  const test::ScopedEnv eagle3_on("KILN_EAGLE3_CUDA", "1");
   tune_draft_shapes();
   const test::BitwiseVerify bitwise;
   const auto ps = prompts(4, 5, 20);
@@ -175,6 +168,7 @@ TEST(CudaEagle3Engine, GreedyEagle3LogprobsBitwisePlainBatch1) {
 // from graphs (KILN_EAGLE3_CHAIN_GRAPHS=1).
 TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
   KILN_REQUIRE_GPU();
+  const test::ScopedEnv eagle3_on("KILN_EAGLE3_CUDA", "1");
   tune_draft_shapes();
   const auto ps = prompts(8, 5, 40);
   const Generated want = generate(plain_opts(), ps, {}, true);
@@ -185,8 +179,8 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
     test::write_eagle3_draft(draft, test::eagle3_draft_shape(2, false), "",
                              rejected ? absent_tokens(want) : test::frequent_tokens(want.tokens, 2), 3);
     const EngineOptions eo = eagle_opts(draft);
-    std::optional<ChainGraphsOn> graphs_on;
-    if (mode == Mode::chain_graphs) graphs_on.emplace();
+    std::optional<test::ScopedEnv> graphs_on;
+    if (mode == Mode::chain_graphs) graphs_on.emplace("KILN_EAGLE3_CHAIN_GRAPHS", "1");
     for (const bool batched : {false, true}) {
       const std::string label = std::string(batched ? "batched" : "batch 1") +
                                 (rejected             ? ", drafts rejected"
