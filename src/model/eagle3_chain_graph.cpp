@@ -52,7 +52,7 @@ Eagle3Model::ChainGraphs::~ChainGraphs() {
 void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket) {
   auto* s = static_cast<cudaStream_t>(stream_);
   // Eager once on the stream: GEMM plans made and scratch sized, so the captured launches allocate nothing.
-  // The pass's K/V write is idempotent: the replay that follows repeats it.
+  // The pass's K/V write is idempotent; its residual update is not (run() stages the inputs again).
   m.launch_midlayer(bucket, bucket, 1);
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   capture_cuda_graph(
@@ -81,7 +81,12 @@ void Eagle3Model::ChainGraphs::run(Eagle3Model& m, const BatchDesc& in, int32_t 
     cuda::StreamScope scope(s);
     m.stage(b, nullptr, &hidden);
     Graph& g = graphs_[bucket];
-    if (!g.exec || g.generation != m.ws_generation()) capture(m, g, bucket);
+    if (!g.exec || g.generation != m.ws_generation()) {
+      capture(m, g, bucket);
+      // The capture's eager pass updated the residual, which holds the input hidden states, in place: the
+      // replay needs them staged again (same sizes, so the same buffers the graph holds).
+      m.stage(b, nullptr, &hidden);
+    }
     KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s));
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -337,6 +337,7 @@ BatchDesc padded_chain_pass(BatchDesc b, int32_t bucket) {
     b.cu_q.push_back(i + 1);
     b.kv_lens.push_back(1);
     b.logit_rows.push_back(i);
+    b.seq_ids.push_back(0);
     b.page_table.insert(b.page_table.end(), size_t(b.pages_stride), 0);
   }
   return b;
@@ -346,7 +347,9 @@ BatchDesc padded_chain_pass(BatchDesc b, int32_t bucket) {
 // padded to the same bucket, on a second draft of the same weights: the real rows' tokens and outputs bit for
 // bit, while every input changes between replays (1 to 4 sequences, 3 of them padded to 4; positions,
 // tokens, hidden states), the K/V each pass writes read by the next, and an extend pass between replays
-// growing the workspace (the graphs captured again).
+// growing the workspace (the graphs captured again). On the H100 (2026-12-06, integration `c32d2e9`) the
+// first pass of each bucket differed: the capture's eager warm-up had updated the staged hidden states in
+// place before the replay (fixed by staging them again; not yet rerun on a GPU).
 TEST(CudaEagle3, ChainGraphPassesEqualEagerPasses) {
   KILN_REQUIRE_GPU();
   const fs::path dir = test::eagle3_scratch() / "draft_chain_graphs";
