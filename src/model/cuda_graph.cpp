@@ -13,7 +13,45 @@
 
 namespace kiln {
 
+void copy_with_table_width(const BatchDesc& in, int32_t table_rows, int32_t width, BatchDesc& out) {
+  KILN_CHECK(table_rows >= in.num_seqs() && width >= in.pages_stride, "copy_with_table_width: a table of ",
+             table_rows, " x ", width, " for ", in.num_seqs(), " x ", in.pages_stride);
+  out.tokens = in.tokens;
+  out.positions = in.positions;
+  out.slot_mapping = in.slot_mapping;
+  out.cu_q = in.cu_q;
+  out.kv_lens = in.kv_lens;
+  out.page_size = in.page_size;
+  out.pages_stride = width;
+  // Padding entries are never read (kv_lens bounds the reads); 0 is a valid page index.
+  out.page_table.assign(size_t(table_rows) * size_t(width), 0);
+  for (int32_t i = 0; i < in.num_seqs(); ++i)
+    std::copy_n(in.page_table.begin() + ptrdiff_t(i) * in.pages_stride, in.pages_stride,
+                out.page_table.begin() + ptrdiff_t(i) * width);
+}
+
 #ifdef KILN_HAVE_CUDA
+void capture_cuda_graph(void* stream, const std::function<void()>& launch, void** graph, void** exec) {
+  auto* s = static_cast<cudaStream_t>(stream);
+  if (*exec) KILN_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(*exec)));
+  if (*graph) KILN_CUDA_CHECK(cudaGraphDestroy(static_cast<cudaGraph_t>(*graph)));
+  *exec = *graph = nullptr;
+  cudaGraph_t g = nullptr;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    launch();
+  } catch (...) {
+    cudaStreamEndCapture(s, &g);  // leave the stream usable
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  *graph = g;
+  cudaGraphExec_t e = nullptr;
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  *exec = e;
+}
+
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
                                  Tensor logits, std::optional<bool> pdl, int32_t rows_per_seq)
     : model_(model),
@@ -62,24 +100,13 @@ void CudaDecodeGraph::capture() {
   model_.launch_layers(cache_);
   model_.launch_lm_head(logits_);
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (exec_) KILN_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
-  if (graph_) KILN_CUDA_CHECK(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
-  exec_ = graph_ = nullptr;
-  cudaGraph_t g = nullptr;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  try {
-    model_.launch_layers(cache_);
-    model_.launch_lm_head(logits_);
-  } catch (...) {
-    cudaStreamEndCapture(s, &g);  // leave the stream usable
-    if (g) cudaGraphDestroy(g);
-    throw;
-  }
-  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  graph_ = g;
-  cudaGraphExec_t e = nullptr;
-  KILN_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  exec_ = e;
+  capture_cuda_graph(
+      s,
+      [&] {
+        model_.launch_layers(cache_);
+        model_.launch_lm_head(logits_);
+      },
+      &graph_, &exec_);
   generation_ = model_.workspace_generation();
   ++captures_;
 }
@@ -102,18 +129,7 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
   KILN_CHECK_EQ(in.page_table.size(), size_t(B) * size_t(in.pages_stride),
                 "CudaDecodeGraph: page table size");
   BatchDesc& b = staged_;
-  b.tokens = in.tokens;
-  b.positions = in.positions;
-  b.slot_mapping = in.slot_mapping;
-  b.cu_q = in.cu_q;
-  b.kv_lens = in.kv_lens;
-  b.page_size = in.page_size;
-  b.pages_stride = pages_stride_;
-  // Padding entries are never read (kv_lens bounds the reads); 0 is a valid page index.
-  b.page_table.assign(size_t(B) * size_t(pages_stride_), 0);
-  for (int32_t i = 0; i < B; ++i)
-    std::copy_n(in.page_table.begin() + ptrdiff_t(i) * in.pages_stride, in.pages_stride,
-                b.page_table.begin() + ptrdiff_t(i) * pages_stride_);
+  copy_with_table_width(in, B, pages_stride_, b);
   b.logit_rows.resize(size_t(T));
   for (int32_t i = 0; i < T; ++i) b.logit_rows[size_t(i)] = i;  // a fixed LM-head shape
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
@@ -136,6 +152,9 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
 }
 
 #else
+void capture_cuda_graph(void*, const std::function<void()>&, void**, void**) {
+  KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
+}
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
                                  Tensor, std::optional<bool>, int32_t rows_per_seq)
     : model_(model),

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "kiln/batch.h"
@@ -31,6 +32,15 @@
 #include "model/qwen3.h"
 
 namespace kiln {
+
+// `in` into `out` (a graph's staged batch, reused) with its page table re-laid to `table_rows` rows (>= its
+// sequences) of `width` pages (>= its own): the other entries 0, a valid page that kv_lens keeps unread.
+void copy_with_table_width(const BatchDesc& in, int32_t table_rows, int32_t width, BatchDesc& out);
+
+// Captures the launches `launch` makes on `stream` (a cudaStream_t of its own, not the legacy stream) into a
+// CUDA graph and instantiates it into *graph and *exec (cudaGraph_t, cudaGraphExec_t), destroying the ones
+// they held. A throw from `launch` ends the capture (the stream stays usable) and propagates.
+void capture_cuda_graph(void* stream, const std::function<void()>& launch, void** graph, void** exec);
 
 class CudaDecodeGraph {
  public:

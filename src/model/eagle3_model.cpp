@@ -13,6 +13,7 @@
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
 #include "kiln/staged_upload.h"
+#include "model/eagle3_chain_graph.h"
 #include "model/qwen3.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
@@ -105,6 +106,12 @@ void autotune_draft_if_needed(const Eagle3Config& c) {
 #endif
 }
 
+// Where a pass's midlayer outputs start in its output buffer (f32 elements, after the logits [R, Dv]):
+// R x Dv rounded up to a multiple of 4.
+int64_t eagle3_hidden_offset(int64_t rows, int64_t draft_vocab) {
+  return (rows * draft_vocab + 3) / 4 * 4;
+}
+
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream f(p);
   KILN_CHECK(f.good(), "EAGLE-3 draft: cannot read ", p.string());
@@ -141,7 +148,10 @@ struct Eagle3Model::Workspace {
   explicit Workspace(Device d) : device(d), bufs(num_slots), staged(d) {}
   void* get(Slot s, size_t bytes) {
     Buffer& b = bufs[size_t(s)];
-    if (b.bytes() < bytes || !b.data()) b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
+    if (b.bytes() < bytes || !b.data()) {
+      b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
+      ++generation;
+    }
     return b.data();
   }
   // A pass's input into its slot by an asynchronous copy (between staged.begin and end).
@@ -159,10 +169,15 @@ struct Eagle3Model::Workspace {
   std::vector<Buffer> bufs;
   StagedUploads staged;  // the inputs leave by one pinned batch, not a synchronous copy each
   std::vector<float> host_out;
+  uint64_t generation = 0;  // bumped on every reallocation: a captured chain graph is then stale
   Tensor ids_t, pos_t, slots_t, cu_t, kv_lens_t, pt_t, rows_t, src_t;
 };
 
-Eagle3Model::~Eagle3Model() = default;
+Eagle3Model::~Eagle3Model() = default;  // chain_graphs_ first: its graphs use the workspace
+
+uint64_t Eagle3Model::ws_generation() const {
+  return ws_->generation;
+}
 
 std::unique_ptr<Eagle3Model> Eagle3Model::load(const std::string& dir, const Qwen3Model& target) {
   namespace fs = std::filesystem;
@@ -286,20 +301,30 @@ void Eagle3Model::forward_hidden(const BatchDesc& b, const std::vector<float>& h
   KILN_CHECK_EQ(int64_t(hidden.size()), T * H, "EAGLE-3: hidden states must be [T, H]");
   std::vector<bf16_t> h(hidden.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(hidden[i]);
+  if (run_chain_graph(b, h, out)) return;
   stage(b, nullptr, &h);
   run_midlayer(b, out);
 }
 
 void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
+  const int64_t T = b.num_tokens(), R = int64_t(b.logit_rows.size());
+  if (T == 0) {
+    out->tokens.assign(size_t(R), -1);
+    out->hidden.assign(size_t(R * cfg_.hidden), 0.0f);
+    return;
+  }
+  int32_t min_q_len = std::numeric_limits<int32_t>::max();
+  for (int32_t s = 0; s < b.num_seqs(); ++s) min_q_len = std::min(min_q_len, b.q_len(s));
+  launch_midlayer(T, R, min_q_len);
+  read_out(R, out);
+}
+
+void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len) {
   Workspace& w = *ws_;
   const Eagle3Config& c = cfg_;
-  const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
   const int64_t H = c.hidden, I = c.intermediate, D = c.head_dim, Hq = c.heads, Hkv = c.kv_heads;
   const int64_t Dv = c.draft_vocab, qkv_dim = (Hq + 2 * Hkv) * D;
   const float eps = float(c.eps);
-  out->tokens.assign(size_t(R), -1);
-  out->hidden.assign(size_t(R * H), 0.0f);
-  if (T == 0) return;
   const Tensor residual = w.act_rows(Workspace::residual, T, H);
   const Tensor x = w.act_rows(Workspace::x, T, 2 * H);
   const Tensor qkv = w.act_rows(Workspace::qkv, T, qkv_dim);
@@ -324,6 +349,8 @@ void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
   prep.num_q_heads = int(Hq);
   prep.num_kv_heads = int(Hkv);
   prep.head_dim = int(D);
+  prep.stream =
+      ops::current_stream();  // the chain graphs' stream while they capture (eagle3_chain_graph.cpp)
   ops::attn_prep(prep);
   ops::PagedAttentionArgs att;
   att.q = Tensor::strided(qkv.data, DType::bf16, {T, Hq, D}, {qkv_dim, D, 1}, device_);
@@ -333,21 +360,33 @@ void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
   att.page_table = w.pt_t;
   att.out = attn;
   att.scale = float(1.0 / std::sqrt(double(D)));
-  att.min_q_len = std::numeric_limits<int32_t>::max();
-  for (int64_t s = 0; s < B; ++s) att.min_q_len = std::min(att.min_q_len, b.q_len(int(s)));
+  att.min_q_len = min_q_len;
   ops::paged_attention(att);
   ops::linear_add_rms_norm(attn.reshape({T, Hq * D}), o_, residual, w_post_, eps, tmp, normed);
   ops::linear_silu_mul(normed, gate_up_, gate_up, act);
   ops::linear_add_rms_norm(act, down_, residual, w_norm_, eps, tmp, normed);
   if (R == 0) return;
-  // The logits [R, Dv] and the midlayer outputs [R, H] (widened exactly) in one buffer: one copy back.
-  auto* both = static_cast<float*>(w.get(Workspace::out, size_t(R * (Dv + H)) * 4));
+  // The logits [R, Dv] and the midlayer outputs [R, H] (widened exactly) in one buffer: one copy back. The
+  // outputs start at a multiple of 4 floats: the CUDA gather stores 16 bytes at a time, and R x Dv need not
+  // be a multiple of 4 (one chain row of a small draft vocabulary).
+  const int64_t hidden_at = eagle3_hidden_offset(R, Dv);
+  auto* both = static_cast<float*>(w.get(Workspace::out, size_t(hidden_at + R * H) * 4));
   ops::lm_head(normed, w.rows_t, lm_head_, Tensor(both, DType::f32, {R, Dv}, device_));
-  ops::embedding(residual, w.rows_t, Tensor(both + R * Dv, DType::f32, {R, H}, device_));
+  ops::embedding(residual, w.rows_t, Tensor(both + hidden_at, DType::f32, {R, H}, device_));
+}
+
+void Eagle3Model::read_out(int64_t R, Out* out) {
+  Workspace& w = *ws_;
+  const int64_t H = cfg_.hidden, Dv = cfg_.draft_vocab;
+  out->tokens.assign(size_t(R), -1);
+  out->hidden.assign(size_t(R * H), 0.0f);
+  if (R == 0) return;
+  const int64_t hidden_at = eagle3_hidden_offset(R, Dv);
+  const float* both = static_cast<const float*>(w.get(Workspace::out, size_t(hidden_at + R * H) * 4));
   std::vector<float>& host = w.host_out;
-  host.resize(size_t(R * (Dv + H)));
+  host.resize(size_t(hidden_at + R * H));
   copy_bytes(host.data(), Device::cpu(), both, device_, host.size() * 4);
-  std::copy(host.begin() + R * Dv, host.end(), out->hidden.begin());
+  std::copy(host.begin() + hidden_at, host.end(), out->hidden.begin());
   for (int64_t r = 0; r < R; ++r) {
     const float* row = host.data() + r * Dv;
     const int64_t best = std::max_element(row, row + Dv) - row;  // the first maximum: the lowest draft id

@@ -63,12 +63,29 @@ class Eagle3Model {
   // A pass whose rows start from hidden states [T, H] (host f32, bf16 values: an earlier pass's Out::hidden).
   void forward_hidden(const BatchDesc& batch, const std::vector<float>& hidden, Out* out);
 
+  // CUDA: chain passes (forward_hidden over one row per sequence, logit rows 0 .. B - 1) of at most the
+  // largest of `buckets` sequences whose page tables are at most `pages_stride` wide run padded to the next
+  // bucket (padding sequences: token 0 at slot -1, one key of page 0, their outputs dropped) from a CUDA
+  // graph per bucket, captured at its first pass and again after the workspace grew (eagle3_chain_graph.cpp);
+  // other passes run eagerly. A pass's outputs are the eager pass's of the padded batch, bit for bit.
+  void prepare_chain_graphs(const std::vector<int32_t>& buckets, int32_t pages_stride);
+  int num_chain_graphs() const;
+
  private:
   struct Workspace;
+  class ChainGraphs;
   Eagle3Model() = default;
   // Validates the pass and uploads its inputs (and the feature rows or the hidden states) in one batch.
   void stage(const BatchDesc& batch, const std::vector<int32_t>* src_rows, const std::vector<bf16_t>* hidden);
   void run_midlayer(const BatchDesc& batch, Out* out);
+  // run_midlayer's launches over T > 0 rows (the shortest sequence min_q_len rows) and R logit rows, on the
+  // views stage() made: no allocation once the workspace holds T rows, no host synchronisation (capturable).
+  void launch_midlayer(int64_t T, int64_t R, int32_t min_q_len);
+  // forward_hidden through a chain graph where one serves the pass (eagle3_chain_graph.cpp); false: eager.
+  bool run_chain_graph(const BatchDesc& batch, const std::vector<bf16_t>& hidden, Out* out);
+  // The R logit rows' top-1 draft tokens and midlayer outputs, copied back after launch_midlayer.
+  void read_out(int64_t R, Out* out);
+  uint64_t ws_generation() const;  // bumped by every workspace reallocation (a captured graph is then stale)
 
   Eagle3Config cfg_;
   ModelConfig kv_cfg_;  // one layer of the draft's KV heads and head dim (KvCache's shape)
@@ -82,6 +99,7 @@ class Eagle3Model {
   Buffer rope_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<ChainGraphs> chain_graphs_;  // prepare_chain_graphs (CUDA)
 };
 
 }  // namespace kiln

@@ -88,8 +88,7 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
   } catch (const RunnerFatalError&) {
     throw;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kiln engine: the EAGLE-3 draft pass failed (its requests draft nothing): %s\n",
-                 e.what());
+    eagle_pass_failed(e.what());
     return;
   }
   const int64_t H = int64_t(out.hidden.size()) / std::max<int64_t>(1, int64_t(chained.size()));
@@ -100,6 +99,11 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
     L.eagle.next = out.tokens[k];
     L.eagle.hidden.assign(out.hidden.begin() + int64_t(k) * H, out.hidden.begin() + int64_t(k + 1) * H);
   }
+}
+
+void Engine::Impl::eagle_pass_failed(const char* why) {
+  ++counters.spec.draft_failures;
+  std::fprintf(stderr, "kiln engine: an EAGLE-3 draft pass failed (its requests draft nothing): %s\n", why);
 }
 
 std::vector<std::vector<int32_t>> Engine::Impl::eagle_chain(const StepPlan& plan,

@@ -208,6 +208,8 @@ struct Engine::Impl {
   // draft passes over one row each, at positions begin, begin + 1, ...; their pages are reserved). Throws
   // what a pass throws.
   std::vector<std::vector<int32_t>> eagle_chain(const StepPlan& plan, const std::vector<int32_t>& count);
+  // A draft pass threw: counted (SpecStats::draft_failures) and said on stderr; its rows draft nothing.
+  void eagle_pass_failed(const char* why);
   // Whether every row that wants a token is greedy with no logit processing or logprobs, on a runner that may
   // sample on the device: the verify step then asks the runner for each position's greedy token only.
   bool greedy_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const;

@@ -231,7 +231,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
       if (reserved[i])
         spec::rollback_pages(*pool, plan.rows[i].seq->pages, int32_t(plan.rows[i].seq->tokens.size()));
   };
-  // A failed draft pass or forward: the step's requests end in error, their reserved pages given back.
+  // A failed forward: the step's requests end in error, their reserved pages given back.
   const auto fail_step = [&](const std::string& why) {
     give_back_pages();
     std::vector<RequestId> ids;
@@ -241,7 +241,9 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   };
   // EAGLE-3: the chains now (engine_eagle3.cpp), so that from here on a row's drafts are in drafts[i] as an
   // n-gram row's are. A step the off switch then declines gave its chain passes for nothing; where it is off
-  // no chains are kept (eagle_skip_pass), so that happens at the turn and at probes only.
+  // no chains are kept (eagle_skip_pass), so that happens at the turn and at probes only. A chain pass that
+  // fails leaves the step a plain one (as a failed pass after a step leaves its rows without chains): the
+  // draft only proposes, so its failure costs speed, never a request.
   if (eagle && any) {
     for (size_t i = 0; i < B; ++i)
       if (asked[i] > 0) reserve(i);
@@ -250,7 +252,9 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     } catch (const RunnerFatalError&) {
       throw;
     } catch (const std::exception& e) {
-      return fail_step(std::string("EAGLE-3 draft pass failed: ") + e.what());
+      eagle_pass_failed(e.what());
+      give_back_pages();
+      return false;
     }
     any = false;
     for (const auto& d : drafts) any = any || !d.empty();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kiln/error.h"
@@ -21,6 +22,18 @@ namespace kiln {
 
 namespace {
 constexpr int64_t kGiB = int64_t(1) << 30;
+
+// A switch read from the environment: "0" off, any other value on, unset or empty `by_default`.
+bool env_switch(const char* name, bool by_default) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::string(e) != "0" : by_default;
+}
+// EAGLE-3 on CUDA: served by default; KILN_EAGLE3_CUDA=0 refuses it by name, as kiln did at `2f94697` (before
+// the cause of that commit's H100 test failures was found: the draft's outputs off a 16-byte boundary).
+constexpr bool kEagle3OnCudaByDefault = true;
+// The draft's chain passes from CUDA graphs (KILN_EAGLE3_CHAIN_GRAPHS): off by default until measured against
+// the eager passes.
+constexpr bool kEagle3ChainGraphsByDefault = false;
 
 const Qwen3Model& nonnull(const std::unique_ptr<Qwen3Model>& m) {
   KILN_CHECK(m != nullptr);
@@ -95,12 +108,9 @@ void Qwen3Runner::allocate_kv(int32_t num_pages, int32_t page_size) {
 
 void Qwen3Runner::set_draft(std::unique_ptr<Eagle3Model> draft) {
   KILN_CHECK(cache_ == nullptr && graphs_.empty(), "set_draft: before allocate_kv and prepare_graphs");
-  // The CUDA engine path drafts nothing at batch 1 and its batched greedy outputs part from plain decoding
-  // (test_cuda_eagle3 on the H100, 2026-12-06, `2f94697`): refused there until that test passes.
-  KILN_CHECK(
-      device().is_cpu(),
-      "--speculative-algorithm EAGLE3 runs on the CPU backend only for now (its CUDA path does not yet "
-      "reproduce plain greedy decoding); use --speculative-algorithm NGRAM on CUDA");
+  KILN_CHECK(device().is_cpu() || env_switch("KILN_EAGLE3_CUDA", kEagle3OnCudaByDefault),
+             "--speculative-algorithm EAGLE3 is switched off on CUDA (KILN_EAGLE3_CUDA=0); set "
+             "KILN_EAGLE3_CUDA=1, or use --speculative-algorithm NGRAM");
   KILN_CHECK(config().mrope_section.empty() && config().arch != ModelArch::qwen3_embedding,
              "EAGLE-3 drafts for text generation models only, not ", config().architecture);
   const auto& l = draft->aux_layers();
@@ -156,6 +166,14 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   // reallocates it and forces the graphs to be captured again.
   model_->reserve_workspace(std::max<int64_t>({plan.max_step_tokens, top, verify_max}), seqs,
                             graph_widths_.back(), std::max<int64_t>(seqs, verify_max));
+  // EAGLE-3's chain passes (one row per sequence) from a graph per batch size up to kMaxVerifySeqs.
+  if (draft_) {
+    std::vector<int32_t> chain_buckets;
+    if (env_switch("KILN_EAGLE3_CHAIN_GRAPHS", kEagle3ChainGraphsByDefault))
+      for (int32_t b : graph_buckets_)
+        if (b <= kMaxVerifySeqs) chain_buckets.push_back(b);
+    draft_->prepare_chain_graphs(chain_buckets, graph_widths_.back());
+  }
   const int64_t V = config().vocab_size;
   if (verify_max > 0) verify_logits_buf_ = Buffer(size_t(verify_max) * size_t(V) * sizeof(float), device());
   graph_logits_buf_ = Buffer(size_t(top) * size_t(V) * sizeof(float), device());

@@ -21,6 +21,7 @@ struct SpecStats {
   std::vector<int64_t> accepted_per_pos;  // [k]
   int64_t switched_off = 0;               // times the off switch turned speculation off for a batch size
   int64_t draft_passes = 0;               // EAGLE-3: draft model passes run (after steps and in chains)
+  int64_t draft_failures = 0;  // EAGLE-3: passes that threw (their rows drafted nothing; outputs unchanged)
 
   // One verify row: `drafted` tokens proposed, the first `accepted` of them kept.
   void observe_row(int32_t drafted, int32_t accepted) {

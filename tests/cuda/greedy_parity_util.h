@@ -18,6 +18,7 @@ namespace kiln::test {
 struct Generated {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<std::vector<TokenLogprob>>> top;  // per request, per token: the plain path's top 2
+  std::vector<std::string> finish;  // per request: its finish reason, and the error after it if any
   EngineStats stats;
   int verify_graphs = 0;  // the runner's verify graphs after the run: the engine took the graph path
 };
@@ -42,6 +43,8 @@ inline Generated generate_greedy(Engine& engine, const std::vector<std::vector<i
   Generated out;
   for (RequestId id : ids) {
     out.tokens.push_back(sink.tokens(id));
+    const TokenEvent last = sink.last(id);
+    out.finish.push_back(last.finish_reason + (last.error.empty() ? "" : ": " + last.error));
     out.top.emplace_back();
     if (logprobs) logprobs->emplace_back();
     for (const TokenEvent& e : sink.events[id]) {

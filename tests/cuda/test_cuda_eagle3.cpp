@@ -1,58 +1,31 @@
-// EAGLE-3 on CUDA: the draft's ops forward (model/eagle3_model.h) on the GPU against the same code on the CPU
-// backend (outputs within bf16 tolerance, top-1 tokens equal but for a few near ties), and the engine's
-// refusal of an EAGLE-3 draft on CUDA until its greedy parity holds there.
+// EAGLE-3 on CUDA below the engine, stage by stage: the draft's ops forward (model/eagle3_model.h) on the GPU
+// against the same code on the CPU backend (outputs within bf16 tolerance, top-1 tokens equal but for a few
+// near ties; a draft vocabulary whose logits end off a 16-byte boundary); through the runner, a target with a
+// draft against the same target without one on the same batches (prefill, decode and verify graphs, draft
+// passes between steps): the target's logits and KV bit for bit, and its captured features and the draft's
+// outputs equal to an eager runner's; the draft's chain passes from CUDA graphs equal to eager passes, bit
+// for bit. test_cuda_eagle3_engine: the engine's greedy outputs with EAGLE-3.
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 
 #include "../unit/eagle3_test_util.h"
-#include "../unit/engine_test_util.h"
-#include "common/test_support.h"
+#include "eagle3_cuda_util.h"
 #include "model/eagle3_model.h"
 #include "runtime/qwen3_runner.h"
 #include "test_util_cuda.h"
-#include "tiny_qwen3_config.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
 
-ModelConfig tiny_config() {
-  ModelConfig c = test::tiny_graph_config();
-  c.num_layers = 6;  // the draft reads layers 1, 3 and 4
-  c.max_position_embeddings = 512;
-  c.eos_token_ids = {511};
-  return c;
-}
-
-std::unique_ptr<Qwen3Model> tiny_target(Device d) {
-  LoadOptions o;
-  o.device = d;
-  o.seed = 9;
-  return Qwen3Model::create(tiny_config(), nullptr, o);
-}
-
-test::Eagle3Shape draft_shape(int64_t draft_vocab, bool own_embeddings) {
-  test::Eagle3Shape s;
-  s.hidden = 256;
-  s.target_hidden = 256;
-  s.intermediate = 384;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 64;
-  s.vocab = 512;
-  s.draft_vocab = draft_vocab;
-  s.aux_layers = "[1, 3, 4]";
-  s.own_embeddings = own_embeddings;
-  s.scale = 0.1f;
-  return s;
-}
-
-fs::path scratch() {
-  return test_support::process_scratch_dir("cuda_eagle3");
-}
+using test::same_bits;
 
 BatchDesc seq_batch(const std::vector<int32_t>& tokens, int32_t begin, std::vector<int32_t> logit_rows) {
   return test::one_sequence_batch(tokens, begin, std::move(logit_rows), 16);
@@ -67,12 +40,16 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-TEST(CudaEagle3, DraftForwardMatchesTheCpuBackend) {
-  KILN_REQUIRE_GPU();
-  const fs::path dir = scratch() / "draft";
-  test::write_eagle3_draft(dir, draft_shape(64, true));
-  auto cpu_target = tiny_target(Device::cpu());
-  auto gpu_target = tiny_target(Device::cuda());
+// The draft's passes on CUDA against the CPU backend: an extend over T feature rows, then three chain rows
+// from its last output. draft_vocab 2: the logits of an odd row count end off a 16-byte boundary, where the
+// midlayer outputs' buffer must still start on one (the CUDA gather's stores); the engine's test drafts
+// use it.
+void check_draft_forward(int64_t draft_vocab) {
+  SCOPED_TRACE("draft vocabulary " + std::to_string(draft_vocab));
+  const fs::path dir = test::eagle3_scratch() / ("draft_v" + std::to_string(draft_vocab));
+  test::write_eagle3_draft(dir, test::eagle3_draft_shape(draft_vocab, true));
+  auto cpu_target = test::eagle3_target(Device::cpu());
+  auto gpu_target = test::eagle3_target(Device::cuda());
   auto cpu = Eagle3Model::load(dir.string(), *cpu_target);
   auto gpu = Eagle3Model::load(dir.string(), *gpu_target);
   cpu->allocate_kv(8, 16, ops::KvLayout::nhd);
@@ -97,8 +74,9 @@ TEST(CudaEagle3, DraftForwardMatchesTheCpuBackend) {
   EXPECT_LE(rel_err(got.hidden, want.hidden), 2e-2);
   int differ = 0;
   for (int64_t t = 0; t < T; ++t) differ += got.tokens[size_t(t)] != want.tokens[size_t(t)] ? 1 : 0;
-  // Rounding may flip a near tie of the top two (a broken pass would agree on about 1 row in 64).
-  EXPECT_LE(differ, T / 5) << "top-1 tokens of " << T << " rows";
+  // Rounding may flip a near tie of the top two (a broken pass of 64 draft ids would agree on about 1 row in
+  // 64; of 2, on about half).
+  EXPECT_LE(differ, draft_vocab > 2 ? T / 5 : T / 4) << "top-1 tokens of " << T << " rows";
   // Three chain rows from the last output, each device from its own previous output.
   std::vector<float> hc(want.hidden.end() - 256, want.hidden.end()),
       hg(got.hidden.end() - 256, got.hidden.end());
@@ -112,22 +90,324 @@ TEST(CudaEagle3, DraftForwardMatchesTheCpuBackend) {
   }
 }
 
-// The engine path of EAGLE-3 on CUDA is refused (qwen3_runner.cpp set_draft): on the H100 (2026-12-06,
-// `2f94697`) it drafted nothing at batch 1 and its batched greedy outputs parted from plain decoding at
-// top-2 margins up to 0.49. The parity check it must pass before the refusal goes is git history's
-// GreedyEagle3EqualsPlainGreedy (this file at `2f94697`).
-TEST(CudaEagle3, EngineRefusesEagle3OnCudaNamingTheAlternative) {
+TEST(CudaEagle3, DraftForwardMatchesTheCpuBackend) {
   KILN_REQUIRE_GPU();
-  const fs::path draft = scratch() / "draft_refused";
-  test::write_eagle3_draft(draft, draft_shape(2, false), "", {1, 2}, 3);
-  auto runner = std::make_unique<Qwen3Runner>(tiny_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
+  check_draft_forward(64);
+}
+
+// Fails before the midlayer outputs were placed on a 16-byte boundary: every pass of an odd row count threw
+// (embedding_gather's alignment check), so the engine drafted nothing at batch 1 (H100, 2026-12-06,
+// `2f94697`) and a batched step whose chain pass had an odd row count ended its requests.
+TEST(CudaEagle3, DraftForwardOfOddRowsAndASmallDraftVocabulary) {
+  KILN_REQUIRE_GPU();
+  check_draft_forward(2);
+}
+
+// KILN_EAGLE3_CUDA=0 switches EAGLE-3 off on CUDA: set_draft refuses it naming the switch and the
+// alternative.
+TEST(CudaEagle3, SwitchedOffOnCudaSetDraftRefusesByName) {
+  KILN_REQUIRE_GPU();
+  const test::ScopedEnv off("KILN_EAGLE3_CUDA", "0");
+  const fs::path draft = test::eagle3_scratch() / "draft_refused";
+  test::write_eagle3_draft(draft, test::eagle3_draft_shape(2, false), "", {1, 2}, 3);
+  auto runner =
+      std::make_unique<Qwen3Runner>(test::eagle3_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
   try {
     runner->set_draft(Eagle3Model::load(draft.string(), runner->model()));
-    FAIL() << "set_draft accepted an EAGLE-3 draft on CUDA";
+    FAIL() << "set_draft accepted an EAGLE-3 draft on CUDA with KILN_EAGLE3_CUDA=0";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("EAGLE3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("KILN_EAGLE3_CUDA"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("NGRAM"), std::string::npos) << e.what();
   }
+}
+
+// ---- Through the runner: a target with a draft against the same target without one.
+
+// Sequence i of a runner test owns pages 1 + kPagesPerSeq i, ...; its tokens are toks[i] (prompt, then the
+// tokens the test feeds as if drawn).
+constexpr int32_t kPageSize = 16, kPagesPerSeq = 8;
+
+int32_t slot_of(int32_t seq, int32_t pos) {
+  return (1 + kPagesPerSeq * seq + pos / kPageSize) * kPageSize + pos % kPageSize;
+}
+
+// A batch where sequence i computes q[i] rows at begin[i] .., the first real[i] real (the rest fill rows:
+// token 0, slot -1), with logits at every row (all_logits) or at each sequence's last real row. A row at
+// position p takes token p + shift: 0 for the target's steps, 1 for the draft's passes (engine_eagle3.cpp).
+BatchDesc rows_batch(const std::vector<std::vector<int32_t>>& toks, const std::vector<int32_t>& begin,
+                     const std::vector<int32_t>& q, const std::vector<int32_t>& real, bool all_logits,
+                     int32_t shift = 0) {
+  BatchDesc b;
+  b.page_size = kPageSize;
+  b.pages_stride = kPagesPerSeq;
+  b.cu_q = {0};
+  for (size_t i = 0; i < toks.size(); ++i) {
+    for (int32_t j = 0; j < q[i]; ++j) {
+      const int32_t pos = begin[i] + j;
+      const bool is_real = j < real[i];
+      b.tokens.push_back(is_real ? toks[i][size_t(pos + shift)] : 0);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(is_real ? slot_of(int32_t(i), pos) : -1);
+      if (all_logits || j + 1 == real[i]) b.logit_rows.push_back(b.cu_q.back() + j);
+    }
+    b.cu_q.push_back(b.cu_q.back() + q[i]);
+    b.kv_lens.push_back(begin[i] + q[i]);
+    b.seq_ids.push_back(uint64_t(i + 1));
+    for (int32_t p = 0; p < kPagesPerSeq; ++p) b.page_table.push_back(1 + kPagesPerSeq * int32_t(i) + p);
+  }
+  return b;
+}
+
+// A draft pass: sequence i's rows at begin[i] .. begin[i] + n[i] - 1, its last row's logits.
+BatchDesc draft_batch(const std::vector<std::vector<int32_t>>& toks, const std::vector<int32_t>& begin,
+                      const std::vector<int32_t>& n) {
+  return rows_batch(toks, begin, n, n, false, 1);
+}
+
+// The target's K and V of sequence i's positions [0, len[i]) in every layer (HND bf16 cache), as bits.
+std::vector<uint16_t> target_kv(Qwen3Runner& r, const std::vector<int32_t>& len) {
+  std::vector<uint16_t> out;
+  KvCache& c = r.cache();
+  for (int l = 0; l < c.num_layers(); ++l) {
+    const ops::KvCacheView v = c.layer(l);
+    for (const Tensor* t : {&v.k, &v.v}) {
+      std::vector<uint16_t> all(size_t(t->numel()));
+      copy_bytes(all.data(), Device::cpu(), t->data, t->device, all.size() * 2);
+      const int64_t hkv = t->shape[1], D = t->shape[3];  // [pages, Hkv, page_size, D]
+      for (size_t i = 0; i < len.size(); ++i)
+        for (int32_t pos = 0; pos < len[i]; ++pos) {
+          const int32_t slot = slot_of(int32_t(i), pos), page = slot / kPageSize, off = slot % kPageSize;
+          for (int64_t h = 0; h < hkv; ++h) {
+            const size_t at = size_t(((page * hkv + h) * kPageSize + off) * D);
+            out.insert(out.end(), all.begin() + ptrdiff_t(at), all.begin() + ptrdiff_t(at + size_t(D)));
+          }
+        }
+    }
+  }
+  return out;
+}
+
+// The captured features of the given rows of the runner's last step, as bits.
+std::vector<uint16_t> features(Qwen3Runner& r, const std::vector<int32_t>& rows) {
+  const Tensor f = r.model().aux_hidden();
+  std::vector<uint16_t> all(size_t(f.numel()));
+  copy_bytes(all.data(), Device::cpu(), f.data, f.device, all.size() * 2);
+  std::vector<uint16_t> out;
+  for (int32_t row : rows)
+    out.insert(out.end(), all.begin() + ptrdiff_t(row * f.shape[1]),
+               all.begin() + ptrdiff_t((row + 1) * f.shape[1]));
+  return out;
+}
+
+std::unique_ptr<Qwen3Runner> stage_runner(const fs::path& draft, bool graphs) {
+  auto r =
+      std::make_unique<Qwen3Runner>(test::eagle3_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
+  if (!draft.empty()) r->set_draft(Eagle3Model::load(draft.string(), r->model()));
+  r->allocate_kv(1 + 2 * kPagesPerSeq, kPageSize);
+  if (graphs) {
+    ModelRunner::GraphPlan plan;
+    plan.buckets = {1, 2, 4};
+    plan.max_pages_per_seq = kPagesPerSeq;
+    plan.max_step_tokens = 64;
+    plan.max_seqs = 4;
+    plan.verify_rows_per_seq = 4;
+    r->prepare_graphs(plan);
+  }
+  return r;
+}
+
+// Stage by stage, two sequences: `plain` (no draft) and `spec` (a draft, its features captured inside the
+// decode and verify graphs, draft passes after every step and chains before every verify step) run the same
+// target steps: prefill (eager), a decode step and six verify steps of 4 rows (1 to 4 real, the rest fill
+// rows) replayed from graphs. After every step and every draft pass: spec's logits and target KV are plain's
+// bit for bit (the draft touches nothing of the target's); spec's features and draft outputs are those of
+// `eager` (the same draft, no graphs: the features captured inside a graph are the eager step's). The first
+// stage that breaks is named.
+TEST(CudaEagle3, DraftPassesLeaveTheTargetBitwiseAndGraphFeaturesEqualEager) {
+  KILN_REQUIRE_GPU();
+  const test::ScopedEnv eagle3_on("KILN_EAGLE3_CUDA", "1");
+  const fs::path draft = test::eagle3_scratch() / "draft_stages";
+  test::write_eagle3_draft(draft, test::eagle3_draft_shape(2, false), "", {7, 300}, 3);
+  // The draft first: its load tunes its GEMM shapes, so all three runners capture with the same tactics.
+  auto spec = stage_runner(draft, true), eager = stage_runner(draft, false), plain = stage_runner({}, true);
+  const int64_t V = 512;
+  const std::vector<int32_t> prompt_len = {21, 13};
+  std::vector<std::vector<int32_t>> toks(2);
+  for (int32_t i = 0; i < 2; ++i)
+    for (int32_t j = 0; j < 64; ++j) toks[size_t(i)].push_back((i * 131 + j * 37 + 3) % 500);
+  std::vector<int32_t> pos = {0, 0};
+  std::string stage;
+  // One target step on all three runners: logits and KV against plain's, features against eager's.
+  const auto run_step = [&](const BatchDesc& b, const std::vector<int32_t>& real_rows) {
+    std::vector<float> lp, ls, le;
+    plain->forward(b, &lp, nullptr);
+    spec->forward(b, &ls, nullptr);
+    eager->forward(b, &le, nullptr);
+    std::vector<int32_t> after = pos;
+    for (size_t i = 0; i < 2; ++i)
+      for (int32_t j = b.cu_q[i]; j < b.cu_q[i + 1]; ++j)
+        if (b.slot_mapping[size_t(j)] >= 0) after[i] = std::max(after[i], b.positions[size_t(j)] + 1);
+    // Logits of real rows only (fill rows' logits are nobody's).
+    std::vector<float> rp, rs, re;
+    for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+      if (b.slot_mapping[size_t(b.logit_rows[r])] < 0) continue;
+      rp.insert(rp.end(), lp.begin() + ptrdiff_t(r * V), lp.begin() + ptrdiff_t((r + 1) * V));
+      rs.insert(rs.end(), ls.begin() + ptrdiff_t(r * V), ls.begin() + ptrdiff_t((r + 1) * V));
+      re.insert(re.end(), le.begin() + ptrdiff_t(r * V), le.begin() + ptrdiff_t((r + 1) * V));
+    }
+    EXPECT_TRUE(same_bits(rs, rp)) << stage << ": the target's logits with a draft differ from without";
+    EXPECT_TRUE(same_bits(re, rs)) << stage << ": the eager runner's logits differ from the graph's";
+    EXPECT_TRUE(target_kv(*spec, after) == target_kv(*plain, after))
+        << stage << ": the target's KV with a draft differs from without";
+    EXPECT_TRUE(features(*spec, real_rows) == features(*eager, real_rows))
+        << stage << ": the features captured in the step differ from the eager runner's";
+  };
+  // The draft pass after a step over `n` positions a sequence from `begin`, then a chain of two passes from
+  // its outputs, on spec and eager: their outputs equal, the target's KV untouched.
+  const auto run_draft = [&](const std::vector<int32_t>& begin, const std::vector<int32_t>& n,
+                             const std::vector<int32_t>& step_rows) {
+    const BatchDesc db = draft_batch(toks, begin, n);
+    Eagle3Model::Out os, oe;
+    spec->draft_from_step(db, step_rows, &os);
+    eager->draft_from_step(db, step_rows, &oe);
+    EXPECT_EQ(os.tokens, oe.tokens) << stage << ": draft tokens from the step's features";
+    EXPECT_TRUE(same_bits(os.hidden, oe.hidden)) << stage << ": draft outputs from the step's features";
+    for (int32_t j = 1; j <= 2; ++j) {
+      std::vector<int32_t> cb = {pos[0] + j - 1, pos[1] + j - 1}, one = {1, 1};
+      const BatchDesc chain = draft_batch(toks, cb, one);
+      Eagle3Model::Out cs, ce;
+      spec->draft_from_hidden(chain, os.hidden, &cs);
+      eager->draft_from_hidden(chain, oe.hidden, &ce);
+      EXPECT_EQ(cs.tokens, ce.tokens) << stage << ": chain pass " << j << " tokens";
+      EXPECT_TRUE(same_bits(cs.hidden, ce.hidden)) << stage << ": chain pass " << j << " outputs";
+      os = cs, oe = ce;
+    }
+    EXPECT_TRUE(target_kv(*spec, pos) == target_kv(*plain, pos))
+        << stage << ": the draft passes changed the target's KV";
+  };
+  stage = "prefill";
+  {
+    const BatchDesc b = rows_batch(toks, pos, prompt_len, prompt_len, false);
+    std::vector<int32_t> rows;
+    for (int32_t t = 0; t < b.num_tokens(); ++t) rows.push_back(t);
+    run_step(b, rows);
+    pos = prompt_len;
+    stage = "draft pass after the prefill";
+    run_draft({0, 0}, prompt_len, rows);
+  }
+  ASSERT_FALSE(HasFailure()) << "first failing stage: " << stage;
+  stage = "decode step (graph)";
+  {
+    const BatchDesc b = rows_batch(toks, pos, {1, 1}, {1, 1}, true);
+    ASSERT_GT(spec->graph_bucket(b), 0);
+    run_step(b, {0, 1});
+    const std::vector<int32_t> begin = pos;
+    pos = {pos[0] + 1, pos[1] + 1};
+    stage = "draft pass after the decode step";
+    run_draft(begin, {1, 1}, {0, 1});
+  }
+  ASSERT_FALSE(HasFailure()) << "first failing stage: " << stage;
+  for (int32_t t = 0; t < 6; ++t) {
+    stage = "verify step " + std::to_string(t) + " (graph)";
+    const std::vector<int32_t> real = {1 + t % 4, 1 + (t + 2) % 4};
+    const BatchDesc b = rows_batch(toks, pos, {4, 4}, real, true);
+    ASSERT_TRUE(is_uniform_verify(b, 4));
+    std::vector<int32_t> rows;
+    for (int32_t i = 0; i < 2; ++i)
+      for (int32_t j = 0; j < real[size_t(i)]; ++j) rows.push_back(4 * i + j);
+    run_step(b, rows);
+    const std::vector<int32_t> begin = pos;
+    pos = {pos[0] + real[0], pos[1] + real[1]};
+    stage = "draft pass after verify step " + std::to_string(t);
+    run_draft(begin, real, rows);
+    ASSERT_FALSE(HasFailure()) << "first failing stage: " << stage;
+  }
+  EXPECT_GT(spec->num_verify_graphs(), 0);
+}
+
+// ---- The draft's chain passes from CUDA graphs (Eagle3Model::prepare_chain_graphs).
+
+// The chain pass `b` (one row per sequence) padded to `bucket` sequences as the chain graphs pad it: token 0
+// at slot -1, one key of page 0, page-table rows of page 0.
+BatchDesc padded_chain_pass(BatchDesc b, int32_t bucket) {
+  for (int32_t i = b.num_seqs(); i < bucket; ++i) {
+    b.tokens.push_back(0);
+    b.positions.push_back(0);
+    b.slot_mapping.push_back(-1);
+    b.cu_q.push_back(i + 1);
+    b.kv_lens.push_back(1);
+    b.logit_rows.push_back(i);
+    b.seq_ids.push_back(0);
+    b.page_table.insert(b.page_table.end(), size_t(b.pages_stride), 0);
+  }
+  return b;
+}
+
+// Chain passes replayed from the draft's graphs (buckets 1, 2, 4) against the same passes run eagerly,
+// padded to the same bucket, on a second draft of the same weights: the real rows' tokens and outputs bit for
+// bit, while every input changes between replays (1 to 4 sequences, 3 of them padded to 4; positions,
+// tokens, hidden states), the K/V each pass writes read by the next, and an extend pass between replays
+// growing the workspace (the graphs captured again). On the H100 (2026-12-06, integration `c32d2e9`) the
+// first pass of each bucket differed: the capture's eager warm-up had updated the staged hidden states in
+// place before the replay (fixed by staging them again; not yet rerun on a GPU).
+TEST(CudaEagle3, ChainGraphPassesEqualEagerPasses) {
+  KILN_REQUIRE_GPU();
+  const fs::path dir = test::eagle3_scratch() / "draft_chain_graphs";
+  test::write_eagle3_draft(dir, test::eagle3_draft_shape(64, true));
+  auto target = test::eagle3_target(Device::cuda());
+  auto graphed = Eagle3Model::load(dir.string(), *target);
+  auto eager = Eagle3Model::load(dir.string(), *target);
+  for (auto* m : {graphed.get(), eager.get()})
+    m->allocate_kv(1 + 4 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
+  graphed->prepare_chain_graphs({1, 2, 4}, kPagesPerSeq);
+  const int64_t H = 256, F = 3 * 256;
+  std::vector<std::vector<int32_t>> toks(4);
+  for (int32_t i = 0; i < 4; ++i)
+    for (int32_t j = 0; j < 64; ++j) toks[size_t(i)].push_back((i * 97 + j * 29 + 5) % 500);
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<int32_t> pos = {0, 0, 0, 0};
+  // An extend pass over n positions of every sequence (eager on both drafts): the chains attend to them.
+  const auto extend = [&](int32_t n) {
+    const std::vector<int32_t> ns(4, n);
+    const BatchDesc b = draft_batch(toks, pos, ns);
+    std::vector<bf16_t> feat(size_t(b.num_tokens() * F));
+    for (bf16_t& x : feat) x = f32_to_bf16(nd(rng));
+    Buffer dev(feat.size() * 2, Device::cuda());
+    copy_bytes(dev.data(), Device::cuda(), feat.data(), Device::cpu(), feat.size() * 2);
+    std::vector<int32_t> rows;
+    for (int32_t t = 0; t < b.num_tokens(); ++t) rows.push_back(t);
+    const Tensor f(dev.data(), DType::bf16, {b.num_tokens(), F}, Device::cuda());
+    Eagle3Model::Out a, e;
+    graphed->forward_features(b, f, rows, &a);
+    eager->forward_features(b, f, rows, &e);
+    EXPECT_TRUE(same_bits(a.hidden, e.hidden)) << "extend pass";
+    for (int32_t& p : pos) p += n;
+  };
+  extend(9);
+  for (int32_t t = 0; t < 12; ++t) {
+    SCOPED_TRACE("chain pass " + std::to_string(t));
+    if (t == 6) extend(40);  // more rows than any chain pass: the workspace grows, the graphs recapture
+    const int32_t B = 1 + (t * 3) % 4, bucket = B == 3 ? 4 : B;
+    const std::vector<std::vector<int32_t>> seqs(toks.begin(), toks.begin() + B);
+    const std::vector<int32_t> begin(pos.begin(), pos.begin() + B), ones(size_t(B), 1);
+    const BatchDesc b = draft_batch(seqs, begin, ones);
+    std::vector<float> hidden(size_t(B * H));
+    for (float& x : hidden) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+    std::vector<float> padded_hidden = hidden;
+    padded_hidden.resize(size_t(bucket * H), 0.0f);
+    Eagle3Model::Out g, e;
+    graphed->forward_hidden(b, hidden, &g);
+    eager->forward_hidden(padded_chain_pass(b, bucket), padded_hidden, &e);
+    ASSERT_EQ(g.tokens.size(), size_t(B));
+    e.tokens.resize(size_t(B));
+    e.hidden.resize(size_t(B * H));
+    EXPECT_EQ(g.tokens, e.tokens);
+    EXPECT_TRUE(same_bits(g.hidden, e.hidden)) << B << " sequences in a bucket of " << bucket;
+    for (int32_t i = 0; i < B; ++i) ++pos[size_t(i)];
+  }
+  EXPECT_EQ(graphed->num_chain_graphs(), 3);
+  EXPECT_EQ(eager->num_chain_graphs(), 0);
 }
 
 }  // namespace
