@@ -101,6 +101,9 @@ struct GemvConfig {
   // The W8A8 kernel (gemv_w8a8.h; block-FP8 W only, tensor_cores set): 128-K blocks whose W loads a warp
   // issues together, 1, 2 or 4. 0: the W8A16 / bf16 kernels above.
   int w8a8 = 0;
+  // The e4m3 x 16 format ("e4m3 x 16" above; block-FP8 W only, the FMA kernel, 8 rows a block): 16-byte
+  // chunks of 16 e4m3, the block scale applied to each chunk's sum. false: the kernels above.
+  bool e4m3x16 = false;
   bool operator==(const GemvConfig&) const = default;
 };
 
@@ -129,9 +132,19 @@ inline constexpr GemvConfig kGemvW8a8Configs[] = {
     {4, true, 2, 1}, {8, true, 2, 1}, {16, true, 2, 1}, {4, true, 2, 2}, {8, true, 2, 2}, {4, true, 4, 1},
     {8, true, 4, 1}, {4, true, 1, 1}, {8, true, 1, 1},  {16, true, 1, 1}};
 
-// W rows a block owns.
+// The e4m3 x 16 configurations, offered for block-FP8 weights only: the FMA kernel with 2 to 16 warps.
+inline constexpr GemvConfig kGemvE4m3x16Configs[] = {{.warps = 2, .e4m3x16 = true},
+                                                     {.warps = 4, .e4m3x16 = true},
+                                                     {.warps = 8, .e4m3x16 = true},
+                                                     {.warps = 16, .e4m3x16 = true}};
+
+// W rows a block owns (an e4m3 x 16 config: at M <= 2; gemv_block_rows for any M).
 constexpr int gemv_rows(GemvConfig c) {
-  return c.w8a8 ? 16 * c.tiles : c.tensor_cores ? 8 * c.tiles : 4;
+  return c.w8a8 ? 16 * c.tiles : c.tensor_cores ? 8 * c.tiles : c.e4m3x16 ? 8 : 4;
+}
+// W rows a block owns at M = m: gemv_rows, except 4 for an e4m3 x 16 config at M > 2.
+constexpr int gemv_block_rows(GemvConfig c, int64_t m) {
+  return c.e4m3x16 && m > 2 ? 4 : gemv_rows(c);
 }
 
 // True for the configurations the fused forms run (gemv_add_rms_norm, gemv_norm_in, gemv_attn_prep.h): one
@@ -141,14 +154,20 @@ constexpr bool gemv_fusable(GemvConfig c) {
   return c.tiles == 1 && c.w8a8 == 0;
 }
 
-// True when cfg is one of kGemvConfigs or kGemvW8a8Configs.
+// True when cfg is one of kGemvConfigs, kGemvW8a8Configs or kGemvE4m3x16Configs.
 constexpr bool gemv_known_config(GemvConfig c) {
   for (const GemvConfig& k : kGemvConfigs)
     if (k == c) return true;
   for (const GemvConfig& k : kGemvW8a8Configs)
     if (k == c) return true;
+  for (const GemvConfig& k : kGemvE4m3x16Configs)
+    if (k == c) return true;
   return false;
 }
+
+// True when an e4m3 x 16 config can read this W: block-FP8, K and the row stride multiples of 16, the data
+// 16-byte aligned (16-byte chunks), the scales 4. The other configs: true.
+bool gemv_weight_fits(GemvConfig c, const GemvWeight& w, int64_t k);
 
 // True when gemv can run this call: 1 <= m <= 8, k % 8 == 0, n >= 1, row strides multiples of 8, and
 // (for silu_mul) n even. Alignment of the pointers is checked by gemv itself.
