@@ -12,6 +12,22 @@
 // quantizer here writes, decode to a NaN either way, not necessarily the same one.) The cvt is sm_89+;
 // other targets decode in integer arithmetic (ops/fp8.h), to the same values.
 //
+// e4m3 x 16 (GemvConfig::e4m3x16, kGemvE4m3x16Configs; block-FP8 W with K and ldw multiples of 16, the
+// data 16-byte aligned: gemv_weight_fits): a format of its own with its own contract, path (d) of
+// ops/fp8_linear.h (the CPU oracle ops::linear_fp8_chunk16 is bitwise for every config). The FMA kernel
+// below, with chunks of 16 elements: one 16-byte load of e4m3 and the chunk's block scale, each byte decoded
+// to exactly f32(q) in integer arithmetic and one exact fp32 multiply (gemv_weights.cuh: no conversion
+// instruction; the NaN codes read as +-480), per x row and W row sum = fmaf(x_k, f32(q_k), sum) over the
+// chunk's 16 elements in k order from +0, then acc = fmaf(sum, s, acc) (no rounding of the weight, one
+// scaled add a chunk); thread t of T takes chunks t, t + T, ...; the butterfly and the warps' order as
+// below. A block owns 8 W rows at M <= 2 (fused: 4 gate + 4 up), 4 at M > 2 (gemv_block_rows). Every
+// epilogue and fused form (silu_mul, f32, add + RMSNorm, the residual-norm prologue, the attention
+// preparation) runs it: each is bitwise this GEMV then the unfused op, as for the other formats. Tolerance
+// against an fp64 reference as below; it is not bitwise the bf16 GEMV on dequantize_fp8's weight (path (c)
+// rounds every weight to bf16; this path keeps f32(q) * s unrounded). Why a format: the 8-element e4m3 chunk
+// moves 8 bytes a load with two conversion-pipe instructions an element (cvt e4m3x2 -> f16x2, f16 -> f32,
+// f32 -> bf16x2); this one moves 16 bytes a load, a bf16 chunk's width, with integer and FMA-pipe work only.
+//
 // Two kernels, both a candidate of the tuner (it times every GemvConfig and keeps the fastest):
 //
 // CUDA cores (tensor_cores false): a block of `warps` warps owns 4 rows of W (for the fused epilogue: 2
@@ -148,8 +164,9 @@ constexpr int gemv_block_rows(GemvConfig c, int64_t m) {
 }
 
 // True for the configurations the fused forms run (gemv_add_rms_norm, gemv_norm_in, gemv_attn_prep.h): one
-// tile of the W8A16 / bf16 kernels. The tuner times the fused forms only for those; a fused op given another
-// (a multi-tile or a W8A8 config) falls back to its unfused form (ops_cuda.cpp).
+// tile of the W8A16 / bf16 kernels (the e4m3 x 16 configs included). The tuner times the fused forms only for
+// those; a fused op given another (a multi-tile or a W8A8 config) falls back to its unfused form
+// (ops_cuda.cpp).
 constexpr bool gemv_fusable(GemvConfig c) {
   return c.tiles == 1 && c.w8a8 == 0;
 }
