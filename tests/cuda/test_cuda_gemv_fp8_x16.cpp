@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,15 +57,6 @@ std::vector<uint8_t> oracle(const std::vector<bf16_t>& x, int64_t ldx, const Fp8
   return out;
 }
 
-std::vector<uint8_t> run_gemv(const Buffer& x, int64_t ldx, const GemvWeight& w, const Buffer& out,
-                              int64_t ldo, int64_t m, int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg,
-                              size_t bytes) {
-  poison(out);
-  cuda::gemv(x.data(), ldx, w, out.data(), ldo, m, n, k, epi, cfg, nullptr);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  return to_host<uint8_t>(out, bytes);
-}
-
 struct Shape {
   const char* name;
   int64_t n, k, ld;  // ld: W's row stride (0: K)
@@ -91,8 +83,12 @@ TEST(CudaGemvFp8x16, PlainGemvBitwiseTheOracle) {
       for (const GemvConfig cfg : cuda::kGemvE4m3x16Configs)
         for (int64_t m = 1; m <= cuda::kGemvMaxM; ++m) {
           const size_t bytes = size_t(m * s.n) * (epi == GemvEpilogue::f32 ? 4 : 2);
-          ASSERT_EQ(run_gemv(x, ldx, w.fp8(), out, s.n, m, s.n, s.k, epi, cfg, bytes),
-                    oracle(xh, ldx, w, m, epi, cfg))
+          auto got = test::run_gemv(x, ldx, w.fp8(), out, s.n, m, s.n, s.k, epi, cfg);
+          ASSERT_TRUE(
+              std::all_of(got.begin() + ptrdiff_t(bytes), got.end(), [](uint8_t b) { return b == 0xff; }))
+              << s.name << " M " << m << " " << name(cfg) << ": wrote past the output";
+          got.resize(bytes);
+          ASSERT_EQ(got, oracle(xh, ldx, w, m, epi, cfg))
               << s.name << " epilogue " << int(epi) << " M " << m << " " << name(cfg);
           ++runs;
         }
@@ -233,35 +229,18 @@ TEST(CudaGemvFp8x16, GraphReplaysWithChangingInputs) {
       for (const Buffer* b : {&res, &h1, &act, &tmp, &normed}) v.push_back(to_host<uint8_t>(*b, b->bytes()));
       return v;
     };
-    cudaStream_t st;
-    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    KILN_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    chain(st, true);
-    KILN_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-    cudaGraphExec_t exec;
-    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (uint32_t r = 0; r < 4; ++r) {
+    const auto load = [&](uint32_t r) {
       const auto d = random_bf16(size_t(M * H), 1500 + r, -2.0f, 2.0f),
                  r0 = random_bf16(size_t(M * H), 1600 + r);
-      const auto load = [&] {
-        copy_bytes(delta.data(), Device::cuda(), d.data(), Device::cpu(), d.size() * 2);
-        copy_bytes(res.data(), Device::cuda(), r0.data(), Device::cpu(), r0.size() * 2);
-        for (const Buffer* b : {&h1, &act, &tmp, &normed}) poison(*b);
-        KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      };
-      load();
-      chain(st, false);
-      KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-      const auto want = outputs();
-      load();
-      KILN_CUDA_CHECK(cudaGraphLaunch(exec, st));
-      KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-      ASSERT_EQ(outputs(), want) << "M " << M << " replay " << r;
-    }
-    KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    KILN_CUDA_CHECK(cudaGraphDestroy(graph));
-    KILN_CUDA_CHECK(cudaStreamDestroy(st));
+      copy_bytes(delta.data(), Device::cuda(), d.data(), Device::cpu(), d.size() * 2);
+      copy_bytes(res.data(), Device::cuda(), r0.data(), Device::cpu(), r0.size() * 2);
+      for (const Buffer* b : {&h1, &act, &tmp, &normed}) poison(*b);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    };
+    EXPECT_EQ(test::graph_replay_mismatch([&](cudaStream_t st) { chain(st, true); },
+                                          [&](cudaStream_t st) { chain(st, false); }, load, outputs),
+              "")
+        << "M " << M;
   }
 }
 

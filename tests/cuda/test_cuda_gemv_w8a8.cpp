@@ -105,13 +105,7 @@ bool padding_poisoned(const std::vector<uint8_t>& out, int64_t es, int64_t ldo, 
   return true;
 }
 
-std::vector<uint8_t> run(const Buffer& x, int64_t ldx, const GemvWeight& w, const Buffer& out, int64_t ldo,
-                         int64_t m, int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg) {
-  poison(out);
-  cuda::gemv(x.data(), ldx, w, out.data(), ldo, m, n, k, epi, cfg, nullptr);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  return to_host<uint8_t>(out, out.bytes());
-}
+constexpr auto run = test::run_gemv;
 
 struct Shape {
   const char* name;
@@ -294,38 +288,20 @@ TEST(CudaGemvW8a8, GraphReplaysWithChangingInputs) {
     cuda::gemv_norm_in(x.data(), K, res.data(), K, nw.data(), 1e-6f, wg.fp8(), act.data(), I, M, 2 * I, K,
                        GemvEpilogue::silu_mul, c2, st, true);
   };
-  cudaStream_t st;
-  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  chain(st);
-  KILN_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-  cudaGraphExec_t exec;
-  KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (uint32_t r = 0; r < 4; ++r) {
+  const auto load = [&](uint32_t r) {
     const auto xs = make_x(M, K, 500 + r), rs = random_bf16(size_t(M * K), 600 + r);
-    const auto load = [&] {
-      copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
-      copy_bytes(res.data(), Device::cuda(), rs.data(), Device::cpu(), rs.size() * 2);
-      poison(out);
-      poison(act);
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    };
-    load();
-    chain(st);
-    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-    const auto want_out = to_host<uint8_t>(out, out.bytes()), want_act = to_host<uint8_t>(act, act.bytes()),
-               want_res = to_host<uint8_t>(res, res.bytes());
-    load();
-    KILN_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-    ASSERT_EQ(to_host<uint8_t>(out, out.bytes()), want_out) << "replay " << r;
-    ASSERT_EQ(to_host<uint8_t>(act, act.bytes()), want_act) << "replay " << r;
-    ASSERT_EQ(to_host<uint8_t>(res, res.bytes()), want_res) << "replay " << r;
-  }
-  KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  KILN_CUDA_CHECK(cudaGraphDestroy(graph));
-  KILN_CUDA_CHECK(cudaStreamDestroy(st));
+    copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
+    copy_bytes(res.data(), Device::cuda(), rs.data(), Device::cpu(), rs.size() * 2);
+    poison(out);
+    poison(act);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  const auto outputs = [&] {
+    return std::vector<std::vector<uint8_t>>{to_host<uint8_t>(out, out.bytes()),
+                                             to_host<uint8_t>(act, act.bytes()),
+                                             to_host<uint8_t>(res, res.bytes())};
+  };
+  EXPECT_EQ(test::graph_replay_mismatch(chain, chain, load, outputs), "");
 }
 
 // Bad calls throw before anything is launched (host only: every one fails a check ahead of the launch).

@@ -1,6 +1,7 @@
 // Helpers for the GPU tests: device buffers from host vectors, deterministic random bf16 data, ulp
 // distance, the fp64 reference of the W8A8 (path (a)) products and the per-row error against it, the
-// residual-norm prologue's check (the whole-model tests add common/model_steps.h). Every test skips (and says
+// residual-norm prologue's check, a graph's replays against eager runs (the whole-model tests add
+// common/model_steps.h). Every test skips (and says
 // so) when no GPU is visible.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -71,6 +73,16 @@ inline std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float lo = -1.0f
 inline int bf16_ulps(bf16_t a, bf16_t b) {
   auto key = [](uint16_t u) { return (u & 0x8000u) ? -int(u & 0x7fffu) : int(u); };
   return std::abs(key(a.bits) - key(b.bits));
+}
+
+// out poisoned, then cuda::gemv with config cfg (default stream, no PDL); out's bytes (all of them).
+inline std::vector<uint8_t> run_gemv(const Buffer& x, int64_t ldx, const cuda::GemvWeight& w,
+                                     const Buffer& out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                                     cuda::GemvEpilogue epi, cuda::GemvConfig cfg) {
+  poison(out);
+  cuda::gemv(x.data(), ldx, w, out.data(), ldo, m, n, k, epi, cfg, nullptr);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  return to_host<uint8_t>(out, out.bytes());
 }
 
 // The CPU activation quantizer (ops::quantize_act_fp8, the oracle) on rows `rows` of x [*, ldx] (the first K
@@ -178,6 +190,40 @@ inline NormInRuns norm_in_runs(const Buffer& delta, const Buffer& res0, const Bu
   cuda::gemv(normed.data(), k, w, out.data(), cols, m, n, k, epi, cfg, nullptr);
   r.unfused = results();
   return r;
+}
+
+// Captures capture(stream) once into a CUDA graph (on a stream of its own), then for each round r < rounds:
+// load(r) (fresh inputs copied into the captured buffers, outputs poisoned, synchronized), eager(stream),
+// outputs(); load(r) again, the graph replayed, outputs(). Returns "" where every replay equals its eager
+// run, else the first round that differs.
+inline std::string graph_replay_mismatch(const std::function<void(cudaStream_t)>& capture,
+                                         const std::function<void(cudaStream_t)>& eager,
+                                         const std::function<void(uint32_t)>& load,
+                                         const std::function<std::vector<std::vector<uint8_t>>()>& outputs,
+                                         uint32_t rounds = 4) {
+  cudaStream_t st;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  capture(st);
+  KILN_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  cudaGraphExec_t exec;
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::string mismatch;
+  for (uint32_t r = 0; r < rounds && mismatch.empty(); ++r) {
+    load(r);
+    eager(st);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
+    const auto want = outputs();
+    load(r);
+    KILN_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (outputs() != want) mismatch = "replay " + std::to_string(r) + " differs from its eager run";
+  }
+  KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  KILN_CUDA_CHECK(cudaGraphDestroy(graph));
+  KILN_CUDA_CHECK(cudaStreamDestroy(st));
+  return mismatch;
 }
 
 }  // namespace kiln::test

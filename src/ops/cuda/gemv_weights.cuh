@@ -97,8 +97,9 @@ __device__ __forceinline__ void dot_widened(const typename WF::Raw (&w)[R], X&& 
   }
 }
 
-// bf16 W: a chunk is 16 bytes, used as loaded.
-struct Bf16Weights {
+// The shape of the formats whose 8-element chunk widens to 8 bf16 (WF::widen): both kernels, 4 rows an FMA
+// block, unroll_for's chunk steps.
+struct WidenedChunks {
   static constexpr int kChunkX = 1;
   static constexpr bool kTensorCores = true;
   template <int M>
@@ -109,6 +110,10 @@ struct Bf16Weights {
   static constexpr int unroll() {
     return unroll_for<M>();
   }
+};
+
+// bf16 W: a chunk is 16 bytes, used as loaded.
+struct Bf16Weights : WidenedChunks {
   using Raw = uint4;
   struct Row {
     const uint4* p;
@@ -148,38 +153,36 @@ __device__ __forceinline__ uint32_t widen_e4m3x2(uint32_t v, float s) {
   return uint32_t(__bfloat16_as_ushort(b.x)) | (uint32_t(__bfloat16_as_ushort(b.y)) << 16);
 }
 
-// Block-FP8 W: e4m3 [N, K] with f32 scales [ceil(N/128), ceil(K/128)] (ops/fp8_linear.h). A chunk is 8
-// bytes of e4m3 and its block's scale, loaded together so the scale's latency hides under the chunk's.
-struct Fp8Weights {
-  static constexpr int kChunkX = 1;
-  static constexpr bool kTensorCores = true;
-  template <int M>
-  static constexpr int rows() {
-    return 4;
-  }
-  template <int M>
-  static constexpr int unroll() {
-    return unroll_for<M>();
-  }
+// A block-FP8 W's chunks: e4m3 [N, K] with f32 scales [ceil(N/128), ceil(K/128)] (ops/fp8_linear.h), a chunk
+// being Q (uint2: 8 e4m3, uint4: 16) and its block's scale, loaded together so the scale's latency hides
+// under the chunk's.
+template <class Q>
+struct Fp8Chunks {
+  static constexpr int kPerBlock = int(128 / sizeof(Q));  // chunks a 128-K block
   struct Raw {
-    uint2 q;
+    Q q;
     float s;
   };
   struct Row {
-    const uint2* q;
+    const Q* q;
     const float* s;  // the row's 128-row block of scales, kb of them
   };
-  // Row n of W (w: [N, K/8] chunks of 8 bytes, row stride ldw8; scale: [ceil(N/128), kb]).
+  // Row n of W (w: [N, K / sizeof(Q)] chunks, row stride ldw8 * 8 / sizeof(Q) chunks; scale: [ceil(N/128),
+  // kb]).
   static __device__ __forceinline__ Row row(const void* w, int64_t ldw8, const float* scale, int64_t kb,
                                             int64_t n) {
-    return {static_cast<const uint2*>(w) + n * ldw8, scale + (n / 128) * kb};
+    return {static_cast<const Q*>(w) + n * (ldw8 * 8 / int64_t(sizeof(Q))), scale + (n / 128) * kb};
   }
   template <bool kPinned>
   static __device__ __forceinline__ Raw load(const Row& r, int64_t c) {
-    return {load_stream<kPinned>(r.q + c), load_scale<kPinned>(r.s + c / 16)};  // 16 chunks a 128-K block
+    return {load_stream<kPinned>(r.q + c), load_scale<kPinned>(r.s + c / kPerBlock)};
   }
-  static __device__ __forceinline__ Raw zero() { return {make_uint2(0, 0), 0.0f}; }
+  static __device__ __forceinline__ Raw zero() { return {Q{}, 0.0f}; }
   static __device__ __forceinline__ void prefetch(const Row& r, int64_t c) { prefetch_l2(r.q + c); }
+};
+
+// Block-FP8 W, 8 elements a chunk (8 bytes of e4m3), widened to path (c)'s bf16.
+struct Fp8Weights : Fp8Chunks<uint2>, WidenedChunks {
   static __device__ __forceinline__ uint4 widen(const Raw& v) {
     return make_uint4(widen_e4m3x2(v.q.x, v.s), widen_e4m3x2(v.q.x >> 16, v.s), widen_e4m3x2(v.q.y, v.s),
                       widen_e4m3x2(v.q.y >> 16, v.s));
@@ -216,7 +219,7 @@ __device__ __forceinline__ float e4m3_to_f32_exact(uint32_t v) {
 // applied to that sum: acc = fmaf(sum, s, acc). At M <= 2 an FMA block owns 8 rows so that it streams as
 // many bytes as the bf16 kernel's 4, with half the chunk steps in flight (the same bytes a thread); at M > 2
 // 4 rows and one chunk step.
-struct Fp8x16Weights {
+struct Fp8x16Weights : Fp8Chunks<uint4> {
   static constexpr int kChunkX = 2;
   static constexpr bool kTensorCores = false;
   template <int M>
@@ -227,25 +230,6 @@ struct Fp8x16Weights {
   static constexpr int unroll() {
     return M <= 2 ? 2 : 1;
   }
-  struct Raw {
-    uint4 q;
-    float s;
-  };
-  struct Row {
-    const uint4* q;
-    const float* s;  // the row's 128-row block of scales, kb of them
-  };
-  // Row n of W (w: [N, K/16] chunks of 16 bytes, row stride ldw8 / 2 chunks; scale: [ceil(N/128), kb]).
-  static __device__ __forceinline__ Row row(const void* w, int64_t ldw8, const float* scale, int64_t kb,
-                                            int64_t n) {
-    return {static_cast<const uint4*>(w) + n * (ldw8 / 2), scale + (n / 128) * kb};
-  }
-  template <bool kPinned>
-  static __device__ __forceinline__ Raw load(const Row& r, int64_t c) {
-    return {load_stream<kPinned>(r.q + c), load_scale<kPinned>(r.s + c / 8)};  // 8 chunks a 128-K block
-  }
-  static __device__ __forceinline__ Raw zero() { return {make_uint4(0, 0, 0, 0), 0.0f}; }
-  static __device__ __forceinline__ void prefetch(const Row& r, int64_t c) { prefetch_l2(r.q + c); }
   // 4 bytes of a chunk (word j: elements 4j .. 4j + 3) as 4 fp32.
   template <bool kRedo>
   static __device__ __forceinline__ void decode4(uint32_t v, float* f) {
