@@ -40,10 +40,7 @@ constexpr float kEps = 1e-6f;
 
 constexpr auto run_plain = test::run_gemv;
 
-struct Shape {
-  const char* name;
-  int64_t n, k, ld;  // ld: W's row stride (0: K)
-};
+using Shape = test::WeightShape;
 // Ragged N (37, 1001, 301: neither multiples of 8 nor of 128; 6144: the 4B QKV rows), K multiples of 8 but
 // not of 128 (200, 1000, 2056, 2568), one strided W, one K of a single chunk.
 const Shape kPlainShapes[] = {{"37x200", 37, 200, 0},

@@ -57,10 +57,7 @@ std::vector<uint8_t> oracle(const std::vector<bf16_t>& x, int64_t ldx, const Fp8
   return out;
 }
 
-struct Shape {
-  const char* name;
-  int64_t n, k, ld;  // ld: W's row stride (0: K)
-};
+using Shape = test::WeightShape;
 
 TEST(CudaGemvFp8x16, PlainGemvBitwiseTheOracle) {
   KILN_REQUIRE_GPU();

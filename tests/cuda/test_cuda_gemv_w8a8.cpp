@@ -107,10 +107,7 @@ bool padding_poisoned(const std::vector<uint8_t>& out, int64_t es, int64_t ldo, 
 
 constexpr auto run = test::run_gemv;
 
-struct Shape {
-  const char* name;
-  int64_t n, k, ld;  // ld: W's row stride (0: K)
-};
+using Shape = test::WeightShape;
 
 TEST(CudaGemvW8a8, EveryConfigWithinTolerancePaddingUntouchedRowsIndependentOfM) {
   KILN_REQUIRE_W8A8_GEMV();
