@@ -3,14 +3,15 @@
 // Qwen3-4B (and with KILN_GEMM_BENCH_ONLY=8B Qwen3-8B: QKV, O, gate_up, down) at M = 1, 4 and 8: every config
 // of both formats, the engine's choice for the FP8 weight with and without PDL (the tuned FP8 GEMV, else
 // dequantize into scratch + the bf16 dispatch), and the fused gate_up + SiLU in the engine's FP8 config.
-// The FP8 rows: the W8A16 GEMV ("e4m3 W tc/fma ...", gemv.h) and the W8A8 one ("e4m3 W w8a8 ...",
-// gemv_w8a8.h), at M = 1, 4 and 8.
+// The FP8 rows: the W8A16 GEMV ("e4m3 W tc/fma ...", gemv.h), its e4m3 x 16 format ("e4m3 W x16 fma ...",
+// gemv.h) and the W8A8 one ("e4m3 W w8a8 ...", gemv_w8a8.h), at M = 1, 4 and 8.
 // Weights rotate over >= 4 copies that together exceed 2.2x the L2 (flushed before every sample), so every
 // call reads W from HBM. Bytes = W (e4m3: N K + the scales; bf16: 2 N K) + x + out: the FP8 rows move about
 // half the bf16 rows'.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/kernel_bench.h"
@@ -48,6 +49,8 @@ bool selected(const std::string& shape) {
 }
 
 std::string cfg_name(const char* what, kc::GemvConfig c) {
+  if (c.e4m3x16)  // the e4m3 x 16 format (gemv.h): 16-byte e4m3 chunks, FMA kernel, 8 rows a block at M <= 2
+    return std::string(what) + " x16 fma w" + std::to_string(c.warps);
   if (c.w8a8)  // the W8A8 kernel (gemv_w8a8.h): 16-row tiles, K blocks in flight
     return std::string(what) + " w8a8 w" + std::to_string(c.warps) + " x" + std::to_string(c.tiles) + " kb" +
            std::to_string(c.w8a8);
@@ -110,6 +113,13 @@ void run_gemv_fp8(const Env& env, std::vector<Row>& rows) {
                    env.stream);
         });
       }
+      // The e4m3 x 16 format (16-byte chunks, exact integer decode, the block scale on each chunk's sum).
+      if (c.k % 16 == 0)
+        for (const kc::GemvConfig cfg : kc::kGemvE4m3x16Configs)
+          time_row(Row{"gemv_fp8", cfg_name("e4m3 W", cfg), shape, 0, -1, fp8_bytes, "forced"}, [&](int i) {
+            kc::gemv(x.data(), c.k, fp8_w(i), out.data(), c.n, M, c.n, c.k, kc::GemvEpilogue::bf16, cfg,
+                     env.stream);
+          });
       // The W8A8 GEMV (x quantized in each block: the same bytes moved, fewer instructions a byte).
       if (kc::gemv_w8a8_supported(M, c.n, c.k, c.k, c.k, c.n, kc::GemvEpilogue::bf16))
         for (const kc::GemvConfig cfg : kc::kGemvW8a8Configs)
@@ -128,14 +138,19 @@ void run_gemv_fp8(const Env& env, std::vector<Row>& rows) {
                  });
       }
       if (gate_up) {
+        // The fused gate_up + SiLU in the engine's FP8 config, and with e4m3 x 16, 4 warps.
         const kc::GemvConfig pc = choice ? *choice : kc::GemvConfig{8, true};
         const double fused_bytes = double(q_bytes + s_bytes) + double(M * c.k) * 2 + double(M * c.n / 2) * 2;
-        time_row(Row{"gemv_fp8", cfg_name("e4m3 W fused gemv+silu+pdl", pc), shape, 0, -1, fused_bytes,
-                     choice ? "engine choice" : "no FP8 GEMV tactic: default"},
-                 [&](int i) {
-                   kc::gemv(x.data(), c.k, fp8_w(i), out.data(), c.n / 2, M, c.n, c.k,
-                            kc::GemvEpilogue::silu_mul, pc, env.stream, true);
-                 });
+        const std::pair<kc::GemvConfig, const char*> fused[] = {
+            {pc, choice ? "engine choice" : "no FP8 GEMV tactic: default"},
+            {kc::kGemvE4m3x16Configs[1], "forced"}};
+        for (const auto& [fc, why] : fused)
+          time_row(
+              Row{"gemv_fp8", cfg_name("e4m3 W fused gemv+silu+pdl", fc), shape, 0, -1, fused_bytes, why},
+              [&](int i) {
+                kc::gemv(x.data(), c.k, fp8_w(i), out.data(), c.n / 2, M, c.n, c.k,
+                         kc::GemvEpilogue::silu_mul, fc, env.stream, true);
+              });
       }
     }
   }

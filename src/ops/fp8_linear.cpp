@@ -26,8 +26,10 @@ void check_linear_weight(const char* op, const char* name, const LinearWeight& w
   detail::check_same_device(op, w.weight, w.scale);
 }
 
-void linear_fp8(const Tensor& x, const LinearWeight& w, const Tensor& out, Fp8LinearPath path) {
-  constexpr const char* op = "linear_fp8";
+namespace {
+
+// linear_fp8's argument checks (and linear_fp8_chunk16's), naming `op`.
+void check_fp8_call(const char* op, const Tensor& x, const LinearWeight& w, const Tensor& out) {
   check_linear_weight(op, "weight", w);
   KILN_CHECK(w.is_fp8(), op, ": weight must be f8e4m3, got ", w.weight.describe());
   detail::check_matrix(op, "x", x, 2, DType::bf16);
@@ -41,8 +43,23 @@ void linear_fp8(const Tensor& x, const LinearWeight& w, const Tensor& out, Fp8Li
   KILN_CHECK(x.device.is_cpu(), op,
              ": runs on the CPU only (the CUDA backend dequantizes block-FP8 weights at load), got ",
              x.describe());
+}
+
+}  // namespace
+
+void linear_fp8(const Tensor& x, const LinearWeight& w, const Tensor& out, Fp8LinearPath path) {
+  check_fp8_call("linear_fp8", x, w, out);
   if (path == Fp8LinearPath::w8a8) return cpu::linear_fp8_w8a8(x, w.weight, w.scale, out);
   cpu::linear_fp8_weight_only(x, w.weight, w.scale, out);
+}
+
+void linear_fp8_chunk16(const Tensor& x, const LinearWeight& w, const Tensor& out, int threads) {
+  constexpr const char* op = "linear_fp8_chunk16";
+  KILN_CHECK(threads >= 32 && threads % 32 == 0, op, ": threads must be a positive multiple of 32, got ",
+             threads);
+  check_fp8_call(op, x, w, out);
+  KILN_CHECK(w.cols() % 16 == 0, op, ": K must be a multiple of 16, got ", w.weight.describe());
+  cpu::linear_fp8_chunk16(x, w.weight, w.scale, out, threads);
 }
 
 void quantize_act_fp8(const Tensor& x, const Tensor& q, const Tensor& scale) {

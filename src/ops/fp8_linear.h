@@ -13,6 +13,10 @@
 //   (b) weight-only (Fp8LinearPath::weight_only): wf = f32(f32(q) * s) per element, then ops::linear's CPU
 //       order with wf for the bf16 weight (products x * wf rounded, then added), out = bf16.
 //   (c) dequantize_fp8 then the bf16 linear: w_bf16 = bf16(f32(q) * s) (bitwise on every backend).
+//   (d) weight-only in 16-element chunks (linear_fp8_chunk16; the CUDA GEMV's "e4m3 x 16" configs,
+//       ops/cuda/gemv.h): per 16-element chunk of K, sum = fmaf chain of f32(x) * f32(q) from +0 in k order,
+//       then acc = fmaf(sum, s, acc); the chunks split over the kernel's threads, then its reductions; out =
+//       bf16(acc). No rounding of the weight: f32(q) exact, the scale applied once a chunk.
 // Tolerance of a GPU kernel for (a) and (b): relative Frobenius error <= 2^-8 against an fp64 reference of
 // the same quantized operands; the activation quantizer and (c)'s dequantization are bitwise. CUDA runs (a)
 // as the W8A8 GEMM (ops/cuda/fp8_gemm.h, M > 8) and the W8A8 GEMV (ops/cuda/gemv_w8a8.h, M <= 8), both with
@@ -60,6 +64,14 @@ void check_linear_weight(const char* op, const char* name, const LinearWeight& w
 // backend runs FP8 weights through ops::linear (GemmEngine: the FP8 GEMV, the W8A8 GEMM of
 // ops/cuda/fp8_gemm.h, or path (c)).
 void linear_fp8(const Tensor& x, const LinearWeight& w, const Tensor& out, Fp8LinearPath path);
+
+// Path (d) above for a kernel of `threads` threads a block (the e4m3 x 16 config's warps * 32; a multiple
+// of 32): the CPU oracle of that CUDA GEMV, bitwise. Thread t of T sums chunks t, t + T, ... (ascending)
+// into its acc from +0, as above; each warp's 32 partials go through the xor butterfly 16, 8, 4, 2, 1 (v =
+// v + v[lane ^ off]), lane 0's value is the warp's; the warps' values are added in ascending order. The NaN
+// codes (0x7f, 0xff; no quantizer here writes them) read as +-480. K must be a multiple of 16; out bf16 or
+// f32 [M, N] as linear_fp8. CPU only.
+void linear_fp8_chunk16(const Tensor& x, const LinearWeight& w, const Tensor& out, int threads);
 
 // The activation quantizer of path (a), per row and group of 128 columns (the last group may be shorter):
 //   amax = max |f32(x)| over the group;  a_s = f32(max(amax, 1e-10f) / 448);  q = e4m3_rn_sat(f32(x / a_s)).

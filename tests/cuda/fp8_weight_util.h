@@ -15,6 +15,12 @@
 
 namespace kiln::test {
 
+// A test weight's shape: its name in failure messages, N x K and the row stride (0: K).
+struct WeightShape {
+  const char* name;
+  int64_t n, k, ld;
+};
+
 struct Fp8TestWeight {
   int64_t n, k, ld;
   std::vector<uint8_t> q;   // [n, ld], padding zero

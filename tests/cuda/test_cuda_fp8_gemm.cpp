@@ -66,73 +66,21 @@ Fp8Weight make_weight(int64_t N, int64_t K, int64_t ld, uint32_t seed) {
   return w;
 }
 
-// The CPU quantizer on rows `rows` of x: codes [rows.size(), K] and scales [rows.size(), Kb].
-struct QuantRows {
-  std::vector<uint8_t> q;
-  std::vector<float> s;
-};
-QuantRows quantize_rows(const std::vector<bf16_t>& x, int64_t ldx, int64_t K,
-                        const std::vector<int64_t>& rows) {
-  const int64_t R = int64_t(rows.size()), Kb = ops::fp8_blocks(K);
-  std::vector<bf16_t> xr(size_t(R * K));
-  for (int64_t i = 0; i < R; ++i)
-    std::memcpy(&xr[size_t(i * K)], &x[size_t(rows[size_t(i)] * ldx)], size_t(K) * 2);
-  QuantRows out{std::vector<uint8_t>(size_t(R * K)), std::vector<float>(size_t(R * Kb))};
-  ops::quantize_act_fp8(Tensor(xr.data(), DType::bf16, {R, K}), Tensor(out.q.data(), DType::f8e4m3, {R, K}),
-                        Tensor(out.s.data(), DType::f32, {R, Kb}));
-  return out;
-}
-
-// ref[i * N + n] = sum over K blocks of (sum_k xq[k] wq[n, k]) * xs * ws, in fp64, for the given rows.
+// The fp64 reference of the given rows of x (test_util_cuda.h: path (a)'s operands quantized by the oracle).
 std::vector<double> reference_rows(const std::vector<bf16_t>& x, int64_t ldx, const Fp8Weight& w,
                                    const std::vector<int64_t>& rows) {
-  const int64_t N = w.N, K = w.K, Kb = ops::fp8_blocks(K), R = int64_t(rows.size());
-  const QuantRows a = quantize_rows(x, ldx, K, rows);
-  std::vector<double> af(size_t(R * K));
-  for (size_t i = 0; i < af.size(); ++i) af[i] = double(e4m3_to_f32(a.q[i]));
-  std::vector<double> ref(size_t(R * N));
-  const unsigned nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < nt; ++t)
-    pool.emplace_back([&, t] {
-      std::vector<double> wf(static_cast<size_t>(K));
-      for (int64_t n = t; n < N; n += nt) {
-        for (int64_t k = 0; k < K; ++k) wf[size_t(k)] = double(e4m3_to_f32(w.q[size_t(n * w.ld + k)]));
-        for (int64_t i = 0; i < R; ++i) {
-          double acc = 0;
-          for (int64_t kb = 0; kb < Kb; ++kb) {
-            double p = 0;
-            for (int64_t k = kb * 128; k < std::min(K, kb * 128 + 128); ++k)
-              p += af[size_t(i * K + k)] * wf[size_t(k)];
-            acc += p * double(a.s[size_t(i * Kb + kb)]) * double(w.s[size_t((n / 128) * Kb + kb)]);
-          }
-          ref[size_t(i * N + n)] = acc;
-        }
-      }
-    });
-  for (auto& th : pool) th.join();
-  return ref;
+  return test::w8a8_reference(test::quantize_rows(x, ldx, w.K, rows), w.q.data(), w.ld, w.s.data(), w.N, w.K);
 }
 
 // Largest relative Frobenius error of a row of got (bf16 [M, ldo]) against ref over the given rows.
 double worst_row_error(const std::vector<double>& ref, const std::vector<bf16_t>& got, int64_t ldo, int64_t N,
                        const std::vector<int64_t>& rows, int64_t* worst_row = nullptr) {
-  double worst = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    double num = 0, den = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      const double r = ref[i * size_t(N) + size_t(n)];
-      const double d = double(bf16_to_f32(got[size_t(rows[i] * ldo + n)])) - r;
-      num += d * d;
-      den += r * r;
-    }
-    const double e = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    if (!(e <= worst)) {
-      worst = e;
-      if (worst_row) *worst_row = rows[i];
-    }
-  }
-  return worst;
+  int64_t worst_i = -1;
+  const double e = test::worst_row_error(
+      ref, [&](int64_t i, int64_t n) { return double(bf16_to_f32(got[size_t(rows[size_t(i)] * ldo + n)])); },
+      int64_t(rows.size()), N, &worst_i);
+  if (worst_row && worst_i >= 0) *worst_row = rows[size_t(worst_i)];
+  return e;
 }
 
 // The rows checked against fp64 for an M: all of them up to 64, else the first 8, the last 8 and 8 between.
@@ -188,7 +136,7 @@ TEST(CudaFp8Gemm, QuantizerMatchesCpuBitwise) {
     }
     std::vector<int64_t> all(static_cast<size_t>(M));
     for (int64_t i = 0; i < M; ++i) all[size_t(i)] = i;
-    const QuantRows ref = quantize_rows(x, sh.ldx, K, all);
+    const test::QuantRows ref = test::quantize_rows(x, sh.ldx, K, all);
 
     const int64_t bytes = cuda::fp8_gemm_workspace_bytes(M, K), m_pad = cuda::fp8_act_scale_rows(M);
     Buffer dx = to_device(x), ws(size_t(bytes), Device::cuda());

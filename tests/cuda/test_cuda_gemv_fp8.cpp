@@ -38,19 +38,9 @@ using test::to_host;
 
 constexpr float kEps = 1e-6f;
 
-std::vector<uint8_t> run_plain(const Buffer& x, int64_t ldx, const GemvWeight& w, const Buffer& out,
-                               int64_t ldo, int64_t m, int64_t n, int64_t k, GemvEpilogue epi,
-                               GemvConfig cfg) {
-  poison(out);
-  cuda::gemv(x.data(), ldx, w, out.data(), ldo, m, n, k, epi, cfg, nullptr);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  return to_host<uint8_t>(out, out.bytes());
-}
+constexpr auto run_plain = test::run_gemv;
 
-struct Shape {
-  const char* name;
-  int64_t n, k, ld;  // ld: W's row stride (0: K)
-};
+using Shape = test::WeightShape;
 // Ragged N (37, 1001, 301: neither multiples of 8 nor of 128; 6144: the 4B QKV rows), K multiples of 8 but
 // not of 128 (200, 1000, 2056, 2568), one strided W, one K of a single chunk.
 const Shape kPlainShapes[] = {{"37x200", 37, 200, 0},
@@ -176,34 +166,16 @@ TEST(CudaGemvFp8, GraphReplaysWithChangingInputs) {
     for (const Buffer* b : {&res, &h1, &act, &tmp, &normed}) v.push_back(to_host<uint8_t>(*b, b->bytes()));
     return v;
   };
-  cudaStream_t st;
-  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  chain(true, st);
-  KILN_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-  cudaGraphExec_t exec;
-  KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (uint32_t r = 0; r < 4; ++r) {
+  const auto load = [&](uint32_t r) {
     const auto d = random_bf16(size_t(M * H), 500 + r, -2.0f, 2.0f), r0 = random_bf16(size_t(M * H), 600 + r);
-    const auto load = [&] {
-      copy_bytes(delta.data(), Device::cuda(), d.data(), Device::cpu(), d.size() * 2);
-      copy_bytes(res.data(), Device::cuda(), r0.data(), Device::cpu(), r0.size() * 2);
-      for (const Buffer* b : {&h1, &act, &tmp, &normed}) poison(*b);
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    };
-    load();
-    chain(false, st);
-    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-    const auto want = outputs();
-    load();
-    KILN_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-    ASSERT_EQ(outputs(), want) << "replay " << r;
-  }
-  KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  KILN_CUDA_CHECK(cudaGraphDestroy(graph));
-  KILN_CUDA_CHECK(cudaStreamDestroy(st));
+    copy_bytes(delta.data(), Device::cuda(), d.data(), Device::cpu(), d.size() * 2);
+    copy_bytes(res.data(), Device::cuda(), r0.data(), Device::cpu(), r0.size() * 2);
+    for (const Buffer* b : {&h1, &act, &tmp, &normed}) poison(*b);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  EXPECT_EQ(test::graph_replay_mismatch([&](cudaStream_t st) { chain(true, st); },
+                                        [&](cudaStream_t st) { chain(false, st); }, load, outputs),
+            "");
 }
 
 // The FP8 weight's own checks: e4m3 data 8-byte aligned, scales 4-byte aligned (host only: nothing is

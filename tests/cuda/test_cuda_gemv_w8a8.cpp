@@ -65,41 +65,16 @@ std::vector<bf16_t> make_x(int64_t rows, int64_t ld, uint32_t seed) {
   return x;
 }
 
-// The CPU quantizer (the oracle) on the 8 rows of x: codes [8, K], scales [8, ceil(K/128)].
-struct QuantX {
-  std::vector<uint8_t> q;
-  std::vector<float> s;
-};
-QuantX quantize(const std::vector<bf16_t>& x, int64_t ldx, int64_t rows, int64_t k) {
-  std::vector<bf16_t> dense(size_t(rows * k));
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(&dense[size_t(r * k)], &x[size_t(r * ldx)], size_t(k) * 2);
-  QuantX out{std::vector<uint8_t>(size_t(rows * k)), std::vector<float>(size_t(rows * ops::fp8_blocks(k)))};
-  ops::quantize_act_fp8(Tensor(dense.data(), DType::bf16, {rows, k}),
-                        Tensor(out.q.data(), DType::f8e4m3, {rows, k}),
-                        Tensor(out.s.data(), DType::f32, {rows, ops::fp8_blocks(k)}));
-  return out;
+// The CPU quantizer (the oracle) on the first `rows` rows of x (test_util_cuda.h).
+test::QuantRows quantize(const std::vector<bf16_t>& x, int64_t ldx, int64_t rows, int64_t k) {
+  std::vector<int64_t> r(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) r[size_t(i)] = i;
+  return test::quantize_rows(x, ldx, k, r);
 }
 
-// ref[m * N + n] = sum over K blocks of (sum_k xq[m, k] wq[n, k]) * a_s * w_s, in fp64.
-std::vector<double> reference(const QuantX& a, const Fp8TestWeight& w, int64_t rows) {
-  const int64_t N = w.n, K = w.k, Kb = ops::fp8_blocks(K);
-  std::vector<double> ref(static_cast<size_t>(rows * N)), wf(static_cast<size_t>(K));
-  std::vector<double> af(a.q.size());
-  for (size_t i = 0; i < af.size(); ++i) af[i] = double(e4m3_to_f32(a.q[i]));
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t k = 0; k < K; ++k) wf[size_t(k)] = double(e4m3_to_f32(w.q[size_t(n * w.ld + k)]));
-    for (int64_t m = 0; m < rows; ++m) {
-      double acc = 0;
-      for (int64_t kb = 0; kb < Kb; ++kb) {
-        double p = 0;
-        for (int64_t k = kb * 128; k < std::min(K, kb * 128 + 128); ++k)
-          p += af[size_t(m * K + k)] * wf[size_t(k)];
-        acc += p * double(a.s[size_t(m * Kb + kb)]) * double(w.s[size_t((n / 128) * Kb + kb)]);
-      }
-      ref[size_t(m * N + n)] = acc;
-    }
-  }
-  return ref;
+// ref[m * N + n]: the fp64 product of the quantized operands (test_util_cuda.h: w8a8_reference).
+std::vector<double> reference(const test::QuantRows& a, const Fp8TestWeight& w) {
+  return test::w8a8_reference(a, w.q.data(), w.ld, w.s.data(), w.n, w.k);
 }
 
 // The output element (m, n) of a raw output buffer as f64 (bf16 or f32 elements).
@@ -117,18 +92,8 @@ double element(const std::vector<uint8_t>& out, bool f32, int64_t ldo, int64_t m
 // Largest relative Frobenius error of a row m < M of out against ref.
 double worst_row_error(const std::vector<uint8_t>& out, bool f32, int64_t ldo, const std::vector<double>& ref,
                        int64_t M, int64_t N) {
-  double worst = 0;
-  for (int64_t m = 0; m < M; ++m) {
-    double num = 0, den = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      const double r = ref[size_t(m * N + n)], d = element(out, f32, ldo, m, n) - r;
-      num += d * d;
-      den += r * r;
-    }
-    const double e = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    if (!(e <= worst)) worst = e;  // NaN wins
-  }
-  return worst;
+  return test::worst_row_error(
+      ref, [&](int64_t m, int64_t n) { return element(out, f32, ldo, m, n); }, M, N);
 }
 
 // Every byte of out outside rows < M and columns < cols (elements of es bytes) is still the poison.
@@ -140,18 +105,9 @@ bool padding_poisoned(const std::vector<uint8_t>& out, int64_t es, int64_t ldo, 
   return true;
 }
 
-std::vector<uint8_t> run(const Buffer& x, int64_t ldx, const GemvWeight& w, const Buffer& out, int64_t ldo,
-                         int64_t m, int64_t n, int64_t k, GemvEpilogue epi, GemvConfig cfg) {
-  poison(out);
-  cuda::gemv(x.data(), ldx, w, out.data(), ldo, m, n, k, epi, cfg, nullptr);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  return to_host<uint8_t>(out, out.bytes());
-}
+constexpr auto run = test::run_gemv;
 
-struct Shape {
-  const char* name;
-  int64_t n, k, ld;  // ld: W's row stride (0: K)
-};
+using Shape = test::WeightShape;
 
 TEST(CudaGemvW8a8, EveryConfigWithinTolerancePaddingUntouchedRowsIndependentOfM) {
   KILN_REQUIRE_W8A8_GEMV();
@@ -167,8 +123,8 @@ TEST(CudaGemvW8a8, EveryConfigWithinTolerancePaddingUntouchedRowsIndependentOfM)
     const int64_t ldx = s.k + 24;
     const std::vector<bf16_t> xh = make_x(8, ldx, ++seed);
     const Buffer x = to_device(xh);
-    const QuantX a = quantize(xh, ldx, 8, s.k);
-    const std::vector<double> ref = reference(a, w, 8);
+    const test::QuantRows a = quantize(xh, ldx, 8, s.k);
+    const std::vector<double> ref = reference(a, w);
     // The CPU oracle, path (a), on the 8 rows (bf16 out).
     std::vector<bf16_t> dense(size_t(8 * s.k)), oracle(size_t(8 * s.n));
     for (int64_t r = 0; r < 8; ++r)
@@ -261,27 +217,11 @@ TEST(CudaGemvW8a8, NormInBitwiseTheRmsNormKernelThenTheGemv) {
     const int64_t cols = c.epi == GemvEpilogue::silu_mul ? s.n / 2 : s.n;
     Buffer out(size_t(8 * cols) * 4, Device::cuda()), res(res0.bytes(), Device::cuda()),
         normed(size_t(8 * s.k) * 2, Device::cuda());
-    const auto reset = [&] {
-      poison(out);
-      KILN_CUDA_CHECK(cudaMemcpy(res.data(), res0.data(), res.bytes(), cudaMemcpyDeviceToDevice));
-    };
-    const auto results = [&] {
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      return std::vector<std::vector<uint8_t>>{to_host<uint8_t>(out, out.bytes()),
-                                               to_host<uint8_t>(res, res.bytes())};
-    };
     for (const GemvConfig cfg : cuda::kGemvW8a8Configs)
       for (int64_t m = 1; m <= 8; ++m) {
-        reset();
-        cuda::gemv_norm_in(delta.data(), ld, res.data(), ld, nw.data(), 1e-6f, w.fp8(), out.data(), cols, m,
-                           s.n, s.k, c.epi, cfg, nullptr);
-        const auto got = results();
-        reset();
-        poison(normed);
-        cuda::rms_norm(delta.data(), ld, res.data(), ld, nw.data(), normed.data(), s.k, m, s.k, 1e-6f,
-                       /*add=*/true, nullptr);
-        cuda::gemv(normed.data(), s.k, w.fp8(), out.data(), cols, m, s.n, s.k, c.epi, cfg, nullptr);
-        ASSERT_EQ(got, results()) << s.name << " M " << m << " " << name(cfg);
+        const test::NormInRuns r = test::norm_in_runs(delta, res0, res, ld, nw, 1e-6f, w.fp8(), out, cols,
+                                                      normed, m, s.n, s.k, c.epi, cfg);
+        ASSERT_EQ(r.fused, r.unfused) << s.name << " M " << m << " " << name(cfg);
       }
   }
 }
@@ -306,7 +246,7 @@ TEST(CudaGemvW8a8, QuantizerBitwiseTheCpuOracleThroughAnIdentityWeight) {
     if (c < 128) xh[size_t(3 * K + c)] = f32_to_bf16(bf16_to_f32(xh[size_t(3 * K + c)]) * 1e-8f);  // near it
   }
   const Buffer x = to_device(xh);
-  const QuantX a = quantize(xh, K, 8, K);
+  const test::QuantRows a = quantize(xh, K, 8, K);
   const int64_t Kb = ops::fp8_blocks(K);
   Buffer out(size_t(8 * N) * 4, Device::cuda());
   for (const GemvConfig cfg : cuda::kGemvW8a8Configs) {
@@ -345,38 +285,20 @@ TEST(CudaGemvW8a8, GraphReplaysWithChangingInputs) {
     cuda::gemv_norm_in(x.data(), K, res.data(), K, nw.data(), 1e-6f, wg.fp8(), act.data(), I, M, 2 * I, K,
                        GemvEpilogue::silu_mul, c2, st, true);
   };
-  cudaStream_t st;
-  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  chain(st);
-  KILN_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-  cudaGraphExec_t exec;
-  KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (uint32_t r = 0; r < 4; ++r) {
+  const auto load = [&](uint32_t r) {
     const auto xs = make_x(M, K, 500 + r), rs = random_bf16(size_t(M * K), 600 + r);
-    const auto load = [&] {
-      copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
-      copy_bytes(res.data(), Device::cuda(), rs.data(), Device::cpu(), rs.size() * 2);
-      poison(out);
-      poison(act);
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    };
-    load();
-    chain(st);
-    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-    const auto want_out = to_host<uint8_t>(out, out.bytes()), want_act = to_host<uint8_t>(act, act.bytes()),
-               want_res = to_host<uint8_t>(res, res.bytes());
-    load();
-    KILN_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-    ASSERT_EQ(to_host<uint8_t>(out, out.bytes()), want_out) << "replay " << r;
-    ASSERT_EQ(to_host<uint8_t>(act, act.bytes()), want_act) << "replay " << r;
-    ASSERT_EQ(to_host<uint8_t>(res, res.bytes()), want_res) << "replay " << r;
-  }
-  KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  KILN_CUDA_CHECK(cudaGraphDestroy(graph));
-  KILN_CUDA_CHECK(cudaStreamDestroy(st));
+    copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
+    copy_bytes(res.data(), Device::cuda(), rs.data(), Device::cpu(), rs.size() * 2);
+    poison(out);
+    poison(act);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  const auto outputs = [&] {
+    return std::vector<std::vector<uint8_t>>{to_host<uint8_t>(out, out.bytes()),
+                                             to_host<uint8_t>(act, act.bytes()),
+                                             to_host<uint8_t>(res, res.bytes())};
+  };
+  EXPECT_EQ(test::graph_replay_mismatch(chain, chain, load, outputs), "");
 }
 
 // Bad calls throw before anything is launched (host only: every one fails a check ahead of the launch).

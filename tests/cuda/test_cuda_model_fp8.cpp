@@ -5,7 +5,8 @@
 // into the engine's scratch, then the same cuBLASLt GEMM); its decode CUDA graph replays equal its eager
 // steps while the inputs change, with and without PDL; and tests/fixtures/hf/qwen3_fp8_tiny on the GPU
 // keeps the greedy path and the log-prob bound of HfParityFp8.NearTheDequantizedWeightsInFp32. The last two
-// also with the W8A8 GEMV (ops/cuda/gemv_w8a8.h) chosen for the FP8 projections it takes. Tuning at
+// also with the W8A8 GEMV (ops/cuda/gemv_w8a8.h), and with the e4m3 x 16 GEMV (gemv.h), chosen for the FP8
+// projections they take. Tuning at
 // model creation is off (KILN_AUTOTUNE=0): each test installs its own tactics in the process's engine.
 #include <cstdlib>
 #include <filesystem>
@@ -44,7 +45,8 @@ ModelConfig tiny_config() {
 // GEMV tactics for every projection of a model of config c, M buckets 1 and 8, for both weight formats in
 // the same configs (QKV and gate_up with the residual-norm prologue). w8a8: the FP8 weights' projections
 // whose K the W8A8 GEMV takes (a multiple of 16) run it instead (ops/cuda/gemv_w8a8.h; no prologue).
-std::vector<test::GemvEntry> gemv_entries(const ModelConfig& c, bool w8a8 = false) {
+// x16: those projections run the e4m3 x 16 GEMV (gemv.h; the prologue kept where the config had it).
+std::vector<test::GemvEntry> gemv_entries(const ModelConfig& c, bool w8a8 = false, bool x16 = false) {
   const int64_t H = c.hidden_size, q = c.num_heads * c.head_dim, qkv = q + 2 * c.num_kv_heads * c.head_dim,
                 I = c.intermediate_size;
   std::vector<test::GemvEntry> v;
@@ -53,6 +55,8 @@ std::vector<test::GemvEntry> gemv_entries(const ModelConfig& c, bool w8a8 = fals
       const auto add = [&](int64_t n, int64_t k, GemvConfig cfg, bool norm_in) {
         if (w8a8 && wt == GemmWeight::fp8 && k % 16 == 0)
           v.push_back({{mb, n, k, GemmOut::bf16, wt}, cuda::kGemvW8a8Configs[1], false});
+        else if (x16 && wt == GemmWeight::fp8 && k % 16 == 0)
+          v.push_back({{mb, n, k, GemmOut::bf16, wt}, cuda::kGemvE4m3x16Configs[1], norm_in});
         else
           v.push_back({{mb, n, k, GemmOut::bf16, wt}, cfg, norm_in});
       };
@@ -65,9 +69,9 @@ std::vector<test::GemvEntry> gemv_entries(const ModelConfig& c, bool w8a8 = fals
 }
 
 // The tactics of a test mode: 0 none (cuBLASLt's heuristic, FP8 through the scratch), 1 the W8A16 / bf16
-// GEMVs, 2 the W8A8 GEMV for the FP8 projections it takes.
+// GEMVs, 2 the W8A8 GEMV for the FP8 projections it takes, 3 the e4m3 x 16 GEMV for those.
 std::vector<test::GemvEntry> mode_entries(int mode, const ModelConfig& c) {
-  return mode == 0 ? std::vector<test::GemvEntry>{} : gemv_entries(c, mode == 2);
+  return mode == 0 ? std::vector<test::GemvEntry>{} : gemv_entries(c, mode == 2, mode == 3);
 }
 
 // The engine's tactics for the scope's life (none: cuBLASLt's heuristic everywhere), with tuning at model
@@ -144,7 +148,7 @@ TEST(CudaModelFp8, BitwiseTheDequantizedAtLoadModelWhereTheSameTacticsRun) {
 
 TEST(CudaModelFp8, GraphReplayEqualsEagerWhileInputsChange) {
   KILN_REQUIRE_GPU();
-  for (const int gemv : {0, 1, 2}) {
+  for (const int gemv : {0, 1, 2, 3}) {
     const TacticsScope scope(mode_entries(gemv, tiny_config()));
     ASSERT_TRUE(scope.loaded());
     auto m = fp8_model(false, 9);
@@ -170,17 +174,17 @@ TEST(CudaModelFp8, GraphReplayEqualsEagerWhileInputsChange) {
 }
 
 // The fixture on the GPU, its FP8 weights on the device, with the engine untuned (FP8 via the scratch),
-// with kiln's W8A16 GEMVs for every projection, and with the W8A8 GEMV for O and down (K 256; QKV and
-// gate_up, K 200, keep the W8A16 one): greedy path and per-step log-probs against the dequantized
-// weights in fp32, the bound of HfParityFp8.NearTheDequantizedWeightsInFp32 (0.05 + 1.5 x the W8A8
-// emulation's own distance to that reference; the GPU's path (c) sits nearer to it than W8A8 does).
+// with kiln's W8A16 GEMVs for every projection, and with the W8A8 GEMV, then the e4m3 x 16 one, for O and
+// down (K 256; QKV and gate_up, K 200, keep the W8A16 one): greedy path and per-step log-probs against the
+// dequantized weights in fp32, the bound of HfParityFp8.NearTheDequantizedWeightsInFp32 (0.05 + 1.5 x the
+// W8A8 emulation's own distance to that reference; the GPU's path (c) sits nearer to it than W8A8 does).
 TEST(CudaModelFp8, HfFixtureOnTheGpu) {
   KILN_REQUIRE_GPU();
   const fs::path fixture = fs::path(KILN_SOURCE_DIR) / "tests/fixtures/hf/qwen3_fp8_tiny";
   if (!fs::exists(fixture / "hf_reference.json")) GTEST_SKIP() << fixture.string() << " is not generated";
   const nlohmann::json ref = test_support::load_hf_reference(fixture);
   const ModelConfig cfg = load_model_config(fixture.string());
-  for (const int gemv : {0, 1, 2}) {
+  for (const int gemv : {0, 1, 2, 3}) {
     const TacticsScope scope(mode_entries(gemv, cfg));
     ASSERT_TRUE(scope.loaded());
     LoadOptions o;

@@ -344,4 +344,103 @@ TEST(OpsFp8, ArgumentChecksNameTheProblem) {
                   {"out", "[2, 3]"});
 }
 
+// Path (d), the CUDA e4m3 x 16 GEMV's oracle: the hand case (every chunk sum and scaled add exact, so every
+// thread count gives the hand-checked values), fp64 within 2^-8 on ragged N, the NaN codes' +-480, the
+// order (a case where the butterfly's association shows in the result) and the argument checks.
+TEST(OpsFp8, Chunk16HandCheckedBlocks) {
+  const float want[2][3] = {{464.f, 1120.f, 50176.f}, {208.f, -31.5f, -7.f}};
+  for (const int threads : {32, 64, 128, 512}) {
+    HandCase h;
+    std::vector<bf16_t> out(6, f32_to_bf16(12345.f));
+    ops::linear_fp8_chunk16(Tensor(h.x.data(), DType::bf16, {2, 256}), h.weight(),
+                            Tensor(out.data(), DType::bf16, {2, 3}), threads);
+    for (int m = 0; m < 2; ++m)
+      for (int n = 0; n < 3; ++n)
+        EXPECT_EQ(bf(out[size_t(m * 3 + n)]), want[m][n]) << threads << " threads [" << m << ", " << n << "]";
+  }
+}
+
+TEST(OpsFp8, Chunk16MatchesFp64WithinTwoToMinusEight) {
+  const int64_t shapes[][3] = {{3, 200, 304}, {1, 129, 128}, {5, 64, 48}, {8, 37, 1008}};
+  for (const auto& sh : shapes) {
+    const int64_t M = sh[0], N = sh[1], K = sh[2], Nb = ops::fp8_blocks(N), Kb = ops::fp8_blocks(K);
+    std::vector<bf16_t> x = test_support::random_bf16(size_t(M * K), uint32_t(N + K));
+    std::vector<bf16_t> w = test_support::random_bf16(size_t(N * K), uint32_t(N + K + 1), -0.1f, 0.1f);
+    std::vector<uint8_t> q(size_t(N * K));
+    std::vector<float> s(size_t(Nb * Kb));
+    ops::quantize_weight_fp8(Tensor(w.data(), DType::bf16, {N, K}), Tensor(q.data(), DType::f8e4m3, {N, K}),
+                             Tensor(s.data(), DType::f32, {Nb, Kb}), "w");
+    const ops::LinearWeight lw(Tensor(q.data(), DType::f8e4m3, {N, K}),
+                               Tensor(s.data(), DType::f32, {Nb, Kb}));
+    for (const int threads : {64, 256}) {
+      std::vector<bf16_t> out(size_t(M * N));
+      ops::linear_fp8_chunk16(Tensor(x.data(), DType::bf16, {M, K}), lw,
+                              Tensor(out.data(), DType::bf16, {M, N}), threads);
+      double num = 0, den = 0;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double ref = 0;
+          for (int64_t k = 0; k < K; ++k)
+            ref += double(bf(x[size_t(m * K + k)])) * e4m3_to_f32(q[size_t(n * K + k)]) *
+                   s[size_t((n / 128) * Kb + k / 128)];
+          const double d = double(bf(out[size_t(m * N + n)])) - ref;
+          num += d * d, den += ref * ref;
+        }
+      const double e = std::sqrt(num / den);
+      EXPECT_LE(e, std::ldexp(1.0, -8)) << M << "x" << N << "x" << K << " threads " << threads;
+      EXPECT_GT(e, 0.0);  // the bf16 output rounding is there: the comparison can fail
+    }
+  }
+}
+
+TEST(OpsFp8, Chunk16NanCodesReadAs480AndTheOrderIsTheKernels) {
+  // K = 32 * 16 * 2 = 1024 at 32 threads: thread t owns chunks t and t + 32. x = 1 everywhere.
+  const int64_t K = 1024;
+  std::vector<bf16_t> x(size_t(K), f32_to_bf16(1.f));
+  std::vector<uint8_t> q(size_t(2 * K), 0);
+  std::vector<float> s(8, 1.f);
+  q[0] = 0x7f;               // row 0: +480 (NaN code) at k = 0
+  q[size_t(K + 16)] = 0xff;  // row 1: -480 at chunk 1
+  const ops::LinearWeight lw(Tensor(q.data(), DType::f8e4m3, {2, K}), Tensor(s.data(), DType::f32, {1, 8}));
+  std::vector<float> out(2);
+  ops::linear_fp8_chunk16(Tensor(x.data(), DType::bf16, {1, K}), lw, Tensor(out.data(), DType::f32, {1, 2}),
+                          32);
+  EXPECT_EQ(out[0], 480.f);
+  EXPECT_EQ(out[1], -480.f);
+  // The butterfly's association: lane 0 holds 2^24, lanes 1 and 17 hold 1. Added in lane order, each 1 is
+  // lost to 2^24 (2^24 + 1 ties to even); the butterfly meets lanes 1 and 17 first (off 16: 1 + 1 = 2), then
+  // lanes 0 and 1 (off 1): 2^24 + 2, exact.
+  std::vector<uint8_t> q2(size_t(K), 0);
+  std::vector<bf16_t> x2(size_t(K), f32_to_bf16(0.f));
+  x2[0] = f32_to_bf16(131072.f);  // chunk 0 (thread 0): 2^17 * 128 = 2^24
+  q2[0] = f32_to_e4m3(128.f);
+  for (const int c : {1, 17}) {  // chunks 1 and 17 (threads 1 and 17): 1 each
+    x2[size_t(16 * c)] = f32_to_bf16(1.f);
+    q2[size_t(16 * c)] = f32_to_e4m3(1.f);
+  }
+  const ops::LinearWeight lw2(Tensor(q2.data(), DType::f8e4m3, {1, K}), Tensor(s.data(), DType::f32, {1, 8}));
+  ops::linear_fp8_chunk16(Tensor(x2.data(), DType::bf16, {1, K}), lw2, Tensor(out.data(), DType::f32, {1, 1}),
+                          32);
+  EXPECT_EQ(out[0], 16777218.f);
+}
+
+TEST(OpsFp8, Chunk16ArgumentChecks) {
+  HandCase h;
+  std::vector<bf16_t> out(6);
+  const Tensor x(h.x.data(), DType::bf16, {2, 256});
+  expect_contains(error_of([&] {
+                    ops::linear_fp8_chunk16(x, h.weight(), Tensor(out.data(), DType::bf16, {2, 3}), 48);
+                  }),
+                  {"linear_fp8_chunk16", "multiple of 32"});
+  std::vector<uint8_t> q(3 * 200);
+  std::vector<float> s(2, 1.f);
+  const ops::LinearWeight w200(Tensor(q.data(), DType::f8e4m3, {3, 200}),
+                               Tensor(s.data(), DType::f32, {1, 2}));
+  expect_contains(error_of([&] {
+                    ops::linear_fp8_chunk16(Tensor(h.x.data(), DType::bf16, {2, 200}), w200,
+                                            Tensor(out.data(), DType::bf16, {2, 3}), 32);
+                  }),
+                  {"multiple of 16"});
+}
+
 }  // namespace

@@ -190,4 +190,47 @@ void dequantize_fp8(const Tensor& weight, const Tensor& scale, const Tensor& out
   });
 }
 
+// Path (d) (ops/fp8_linear.h): the CUDA e4m3 x 16 GEMV's order for `threads` threads a block, emulated per
+// output: the threads' partials over their 16-element chunks, each warp's xor butterfly, the warps in order.
+void linear_fp8_chunk16(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor& out,
+                        int threads) {
+  const int64_t M = x.shape[0], K = x.shape[1], N = weight.shape[0], Kb = fp8_blocks(K), chunks = K / 16;
+  const float* S = scale.ptr<float>();
+  const float* table = e4m3_table().v;
+  parallel_for(N, rows_grain(N), [&](int64_t n0, int64_t n1) {
+    std::vector<float> wf(static_cast<size_t>(K)), part(static_cast<size_t>(threads));
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* q = weight.ptr<uint8_t>() + n * weight.stride[0];
+      for (int64_t k = 0; k < K; ++k)  // the NaN codes read as +-480 (the kernel's integer decode)
+        wf[size_t(k)] = (q[k] & 0x7fu) == 0x7fu ? (q[k] & 0x80u ? -480.0f : 480.0f) : table[q[k]];
+      const float* ws = S + (n / kFp8Block) * Kb;
+      for (int64_t m = 0; m < M; ++m) {
+        const bf16_t* xr = x.ptr<bf16_t>() + m * x.stride[0];
+        for (int t = 0; t < threads; ++t) {
+          float acc = 0.0f;
+          for (int64_t c = t; c < chunks; c += threads) {
+            float sum = 0.0f;
+            for (int64_t e = 16 * c; e < 16 * c + 16; ++e)
+              sum = std::fma(bf16_to_f32(xr[e]), wf[size_t(e)], sum);
+            acc = std::fma(sum, ws[c / 8], acc);
+          }
+          part[size_t(t)] = acc;
+        }
+        float total = 0.0f;
+        for (int w = 0; w < threads / 32; ++w) {
+          float v[32];
+          for (int l = 0; l < 32; ++l) v[l] = part[size_t(32 * w + l)];
+          for (int off = 16; off >= 1; off /= 2) {
+            float nv[32];
+            for (int l = 0; l < 32; ++l) nv[l] = v[l] + v[l ^ off];
+            std::copy(nv, nv + 32, v);
+          }
+          total = w == 0 ? v[0] : total + v[0];
+        }
+        store(out, m, n, total);
+      }
+    }
+  });
+}
+
 }  // namespace kiln::ops::cpu

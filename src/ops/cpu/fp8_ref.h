@@ -16,6 +16,8 @@ float quantize_act_group(const bf16_t* x, int64_t n, uint8_t* q);
 void quantize_act_fp8(const Tensor& x, const Tensor& q, const Tensor& scale);
 void linear_fp8_w8a8(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor& out);
 void linear_fp8_weight_only(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor& out);
+void linear_fp8_chunk16(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor& out,
+                        int threads);
 void quantize_weight_fp8(const Tensor& w, const Tensor& q, const Tensor& scale, const std::string& name);
 void dequantize_fp8(const Tensor& weight, const Tensor& scale, const Tensor& out);
 

@@ -28,8 +28,10 @@ using namespace gemm_detail;
 
 namespace {
 
-constexpr const char* kCacheFormat = "kiln-gemm-tactics v4";
-// Older formats still read: v3 (no W8A8 GEMV: word 4 of a GEMV tactic is 0), v2 (bf16 weights only).
+constexpr const char* kCacheFormat = "kiln-gemm-tactics v5";
+// Older formats still read: v4 (no e4m3 x 16 GEMV: word 7 of a GEMV tactic is 0), v3 (no W8A8 GEMV: word 4
+// is 0 too), v2 (bf16 weights only).
+constexpr const char* kCacheFormatV4 = "kiln-gemm-tactics v4";
 constexpr const char* kCacheFormatV3 = "kiln-gemm-tactics v3";
 constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";
 
@@ -57,8 +59,10 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
                                : i == 3 ? uint64_t(t.gemv.tiles == 1 ? 0 : t.gemv.tiles)
                                : i == 4 ? uint64_t(t.gemv.w8a8)
                                : i == 5 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->warps : 0)
-                               : i == 6 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->tensor_cores : 0)
-                                        : 0;
+                               : i == 6 ? uint64_t(!t.norm_in_gemv           ? 0
+                                                   : t.norm_in_gemv->e4m3x16 ? 2
+                                                                             : t.norm_in_gemv->tensor_cores)
+                                        : uint64_t(t.gemv.e4m3x16);
     const Fp8GemmConfig& f = t.fp8gemm;
     const uint64_t fp8_word = i == 0   ? uint64_t(f.tile_n)
                               : i == 1 ? uint64_t(f.stages)
@@ -117,11 +121,16 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
               t.algo[4] <= 4 && (!w8a8 || s.weight == GemmWeight::fp8) &&
               (w8a8 ? gemv_w8a8_shape_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out))
                     : gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)));
-    ok = ok && t.algo[7] == 0 && t.algo[5] <= 16 && t.algo[6] <= 1;
-    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4])};
+    // Word 7: the e4m3 x 16 format (an FP8 weight's, K a multiple of 16).
+    ok = ok && t.algo[7] <= 1 && (t.algo[7] == 0 || (s.weight == GemmWeight::fp8 && s.k % 16 == 0)) &&
+         t.algo[5] <= 16 && t.algo[6] <= 2;
+    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4]),
+                        t.algo[7] == 1};
     t.gemv_norm_in = t.algo[2] == 1;
     // A W8A8 config's prologue: its own (words 5 and 6 zero) or the W8A16 config of words 5 and 6.
-    if (w8a8 && t.gemv_norm_in && t.algo[5] != 0) t.norm_in_gemv = GemvConfig{int(t.algo[5]), t.algo[6] == 1};
+    if (w8a8 && t.gemv_norm_in && t.algo[5] != 0)
+      t.norm_in_gemv =
+          GemvConfig{.warps = int(t.algo[5]), .tensor_cores = t.algo[6] == 1, .e4m3x16 = t.algo[6] == 2};
     if (!(w8a8 && t.gemv_norm_in)) ok = ok && t.algo[5] == 0 && t.algo[6] == 0;
     ok = ok && (t.algo[5] != 0 || t.algo[6] == 0);
     const GemvConfig prologue = t.norm_in_gemv.value_or(t.gemv);
@@ -339,7 +348,7 @@ bool GemmEngine::load(const std::string& path) {
   if (!in) return false;
   std::string line;
   if (!std::getline(in, line)) return false;
-  if (line != kCacheFormat && line != kCacheFormatV3 && line != kCacheFormatV2) {
+  if (line != kCacheFormat && line != kCacheFormatV4 && line != kCacheFormatV3 && line != kCacheFormatV2) {
     std::fprintf(stderr, "kiln: tactic cache %s has format '%s', not '%s': ignored (tuning replaces it)\n",
                  path.c_str(), line.c_str(), kCacheFormat);
     return false;

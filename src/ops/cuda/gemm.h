@@ -24,7 +24,7 @@
 // prologue won. kiln's kernels are timed launched with PDL, as the decode graphs launch them (each call's
 // W stream then overlaps the previous call's tail, which cuBLASLt's kernels cannot do). M bucket = the next
 // power of two >= M (capped at 16384). Weights are rotated over copies that together exceed the L2 while
-// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v4")
+// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v5")
 // starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
 // whose key differs is ignored, one of another format version too, with a message (v1 is re-tuned; v2 and
 // v3 are read). A cached cuBLASLt
@@ -39,8 +39,11 @@
 // and at larger buckets every W8A8 GEMM config (fp8_gemm.h; the TMA-store epilogues clip at N:
 // test_cuda_fp8_gemm) against dequantizing the weight into a preallocated scratch then the bf16 dispatch (the
 // portable path), storing an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did.
-// The cache file is "kiln-gemm-tactics v4"; v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read as
-// well.
+// The e4m3 x 16 GEMV configs (gemv.h) are offered for FP8 weights with K a multiple of 16 only with
+// KILN_GEMV_E4M3X16=1 (default 0: the tuner's offer as before them); KILN_GEMV_W8A8=0 leaves the W8A8 ones
+// out. A cache holding an e4m3 x 16 tactic (word 7 = 1) runs it whatever the switch says. The cache file is
+// "kiln-gemm-tactics v5"; v4 (no e4m3 x 16 GEMV), v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read
+// as well.
 #pragma once
 
 #include <cstdint>
@@ -97,7 +100,8 @@ int64_t gemm_m_bucket(int64_t m);
 // prologue won, w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile; w4 =
 // the W8A8 kernel's K blocks in flight, 0 for the W8A16 / bf16 kernels (v3 files: always 0); with a W8A8
 // config and the prologue, w5 / w6 = the warps and tensor-core flag of the W8A16 config the prologue runs,
-// 0 where it runs the W8A8 config's own; else 0).
+// 0 where it runs the W8A8 config's own (w6 = 2: an e4m3 x 16 config); else 0; w7 = 1 for an e4m3 x 16
+// config (gemv.h), v4 files: 0).
 // parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
 // not take, the prologue with a multi-tile config, a W8A8 config for a bf16 weight, a GEMV tactic for a
 // shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported) refuses).

@@ -86,6 +86,7 @@ inline GemvEpilogue gemv_epilogue(GemmOut o) {
 inline std::string describe_gemv(GemvConfig c) {
   return std::string(c.w8a8           ? "kiln-gemv-w8a8"
                      : c.tensor_cores ? "kiln-gemv-tc"
+                     : c.e4m3x16      ? "kiln-gemv-e4m3x16"
                                       : "kiln-gemv") +
          " warps " + std::to_string(c.warps) + " rows " + std::to_string(gemv_rows(c)) +
          (c.w8a8 ? " kblocks " + std::to_string(c.w8a8) : "");

@@ -31,6 +31,11 @@ void set_scales(GemvParams& p, const GemvWeight& w, int64_t k) {
 
 }  // namespace
 
+bool gemv_weight_fits(GemvConfig c, const GemvWeight& w, int64_t k) {
+  return !c.e4m3x16 ||
+         (w.is_fp8() && k % 16 == 0 && w.ld % 16 == 0 && aligned16(w.data) && aligned(w.scale, 4));
+}
+
 bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo,
                     GemvEpilogue epi) {
   const bool silu = epi == GemvEpilogue::silu_mul;
@@ -55,6 +60,8 @@ void gemv(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ld
              "gemv: x and out must be 16-byte aligned, W 16 (bf16) or 8 (e4m3) and its scales 4");
   KILN_CHECK(gemv_known_config(cfg), "gemv: unknown config: warps ", cfg.warps, " (2, 4, 8 or 16), tiles ",
              cfg.tiles, " (tensor cores: 1, 2 or 4; FMA: 1)");
+  KILN_CHECK(gemv_weight_fits(cfg, w, k), "gemv: an e4m3 x 16 config needs a block-FP8 W with K (", k,
+             ") and ldw (", w.ld, ") multiples of 16 and 16-byte aligned data");
   if (m == 0) return;
   GemvParams p{.x = static_cast<const uint4*>(x),
                .w = w.data,
@@ -78,7 +85,7 @@ bool gemv_takes(GemvConfig cfg, const void* x, int64_t ldx, const GemvWeight& w,
   if (cfg.w8a8 != 0)
     return w.is_fp8() && aligned16(w.data) && aligned(w.scale, 4) &&
            gemv_w8a8_supported(m, n, k, ldx, w.ld, ldo, epi);
-  return weight_aligned(w) && gemv_supported(m, n, k, ldx, w.ld, ldo, epi);
+  return weight_aligned(w) && gemv_weight_fits(cfg, w, k) && gemv_supported(m, n, k, ldx, w.ld, ldo, epi);
 }
 
 int gemv_tail_min_blocks() {
@@ -115,6 +122,9 @@ void gemv_add_rms_norm(const void* x, int64_t ldx, const GemvWeight& w, void* tm
   KILN_CHECK(gemv_known_config(cfg) && gemv_fusable(cfg),
              "gemv_add_rms_norm: warps must be 2, 4, 8 or 16 and tiles 1, got warps ", cfg.warps, " tiles ",
              cfg.tiles);
+  KILN_CHECK(gemv_weight_fits(cfg, w, k),
+             "gemv_add_rms_norm: an e4m3 x 16 config needs a block-FP8 W with K (", k, ") and ldw (", w.ld,
+             ") multiples of 16 and 16-byte aligned data");
   KILN_CHECK(eps >= 0.0f, "gemv_add_rms_norm: eps must be >= 0");
   if (m == 0) return;
   GemvParams p{.x = static_cast<const uint4*>(x),
@@ -178,6 +188,8 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
   KILN_CHECK(gemv_known_config(cfg) && gemv_fusable(cfg),
              "gemv_norm_in: warps must be 2, 4, 8 or 16 and tiles 1, got warps ", cfg.warps, " tiles ",
              cfg.tiles);
+  KILN_CHECK(gemv_weight_fits(cfg, w, k), "gemv_norm_in: an e4m3 x 16 config needs a block-FP8 W with K (", k,
+             ") and ldw (", w.ld, ") multiples of 16 and 16-byte aligned data");
   KILN_CHECK(eps >= 0.0f, "gemv_norm_in: eps must be >= 0");
   if (m == 0) return;
   GemvParams p{.x = nullptr,

@@ -12,6 +12,22 @@
 // quantizer here writes, decode to a NaN either way, not necessarily the same one.) The cvt is sm_89+;
 // other targets decode in integer arithmetic (ops/fp8.h), to the same values.
 //
+// e4m3 x 16 (GemvConfig::e4m3x16, kGemvE4m3x16Configs; block-FP8 W with K and ldw multiples of 16, the
+// data 16-byte aligned: gemv_weight_fits): a format of its own with its own contract, path (d) of
+// ops/fp8_linear.h (the CPU oracle ops::linear_fp8_chunk16 is bitwise for every config). The FMA kernel
+// below, with chunks of 16 elements: one 16-byte load of e4m3 and the chunk's block scale, each byte decoded
+// to exactly f32(q) in integer arithmetic and one exact fp32 multiply (gemv_weights.cuh: no conversion
+// instruction; the NaN codes read as +-480), per x row and W row sum = fmaf(x_k, f32(q_k), sum) over the
+// chunk's 16 elements in k order from +0, then acc = fmaf(sum, s, acc) (no rounding of the weight, one
+// scaled add a chunk); thread t of T takes chunks t, t + T, ...; the butterfly and the warps' order as
+// below. A block owns 8 W rows at M <= 2 (fused: 4 gate + 4 up), 4 at M > 2 (gemv_block_rows). Every
+// epilogue and fused form (silu_mul, f32, add + RMSNorm, the residual-norm prologue, the attention
+// preparation) runs it: each is bitwise this GEMV then the unfused op, as for the other formats. Tolerance
+// against an fp64 reference as below; it is not bitwise the bf16 GEMV on dequantize_fp8's weight (path (c)
+// rounds every weight to bf16; this path keeps f32(q) * s unrounded). Why a format: the 8-element e4m3 chunk
+// moves 8 bytes a load with two conversion-pipe instructions an element (cvt e4m3x2 -> f16x2, f16 -> f32,
+// f32 -> bf16x2); this one moves 16 bytes a load, a bf16 chunk's width, with integer and FMA-pipe work only.
+//
 // Two kernels, both a candidate of the tuner (it times every GemvConfig and keeps the fastest):
 //
 // CUDA cores (tensor_cores false): a block of `warps` warps owns 4 rows of W (for the fused epilogue: 2
@@ -101,6 +117,9 @@ struct GemvConfig {
   // The W8A8 kernel (gemv_w8a8.h; block-FP8 W only, tensor_cores set): 128-K blocks whose W loads a warp
   // issues together, 1, 2 or 4. 0: the W8A16 / bf16 kernels above.
   int w8a8 = 0;
+  // The e4m3 x 16 format ("e4m3 x 16" above; block-FP8 W only, the FMA kernel, 8 rows a block): 16-byte
+  // chunks of 16 e4m3, the block scale applied to each chunk's sum. false: the kernels above.
+  bool e4m3x16 = false;
   bool operator==(const GemvConfig&) const = default;
 };
 
@@ -129,26 +148,44 @@ inline constexpr GemvConfig kGemvW8a8Configs[] = {
     {4, true, 2, 1}, {8, true, 2, 1}, {16, true, 2, 1}, {4, true, 2, 2}, {8, true, 2, 2}, {4, true, 4, 1},
     {8, true, 4, 1}, {4, true, 1, 1}, {8, true, 1, 1},  {16, true, 1, 1}};
 
-// W rows a block owns.
+// The e4m3 x 16 configurations, for block-FP8 weights only: the FMA kernel with 2 to 16 warps. The tuner
+// offers them only with KILN_GEMV_E4M3X16=1 (gemm.h; default off until they have run on a GPU).
+inline constexpr GemvConfig kGemvE4m3x16Configs[] = {{.warps = 2, .e4m3x16 = true},
+                                                     {.warps = 4, .e4m3x16 = true},
+                                                     {.warps = 8, .e4m3x16 = true},
+                                                     {.warps = 16, .e4m3x16 = true}};
+
+// W rows a block owns (an e4m3 x 16 config: at M <= 2; gemv_block_rows for any M).
 constexpr int gemv_rows(GemvConfig c) {
-  return c.w8a8 ? 16 * c.tiles : c.tensor_cores ? 8 * c.tiles : 4;
+  return c.w8a8 ? 16 * c.tiles : c.tensor_cores ? 8 * c.tiles : c.e4m3x16 ? 8 : 4;
+}
+// W rows a block owns at M = m: gemv_rows, except 4 for an e4m3 x 16 config at M > 2.
+constexpr int gemv_block_rows(GemvConfig c, int64_t m) {
+  return c.e4m3x16 && m > 2 ? 4 : gemv_rows(c);
 }
 
 // True for the configurations the fused forms run (gemv_add_rms_norm, gemv_norm_in, gemv_attn_prep.h): one
-// tile of the W8A16 / bf16 kernels. The tuner times the fused forms only for those; a fused op given another
-// (a multi-tile or a W8A8 config) falls back to its unfused form (ops_cuda.cpp).
+// tile of the W8A16 / bf16 kernels (the e4m3 x 16 configs included). The tuner times the fused forms only for
+// those; a fused op given another (a multi-tile or a W8A8 config) falls back to its unfused form
+// (ops_cuda.cpp).
 constexpr bool gemv_fusable(GemvConfig c) {
   return c.tiles == 1 && c.w8a8 == 0;
 }
 
-// True when cfg is one of kGemvConfigs or kGemvW8a8Configs.
+// True when cfg is one of kGemvConfigs, kGemvW8a8Configs or kGemvE4m3x16Configs.
 constexpr bool gemv_known_config(GemvConfig c) {
   for (const GemvConfig& k : kGemvConfigs)
     if (k == c) return true;
   for (const GemvConfig& k : kGemvW8a8Configs)
     if (k == c) return true;
+  for (const GemvConfig& k : kGemvE4m3x16Configs)
+    if (k == c) return true;
   return false;
 }
+
+// True when an e4m3 x 16 config can read this W: block-FP8, K and the row stride multiples of 16, the data
+// 16-byte aligned (16-byte chunks), the scales 4. The other configs: true.
+bool gemv_weight_fits(GemvConfig c, const GemvWeight& w, int64_t k);
 
 // True when gemv can run this call: 1 <= m <= 8, k % 8 == 0, n >= 1, row strides multiples of 8, and
 // (for silu_mul) n even. Alignment of the pointers is checked by gemv itself.

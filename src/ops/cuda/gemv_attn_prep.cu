@@ -51,6 +51,8 @@ void gemv_attn_prep(const void* x, int64_t ldx, const GemvWeight& w, int64_t m, 
              k, " T ", p.T, " D ", p.D, " heads ", p.Hq, "/", p.Hkv, " (gemv_attn_prep.h lists the guards)");
   KILN_CHECK(gemv_known_config(cfg) && gemv_fusable(cfg),
              "gemv_attn_prep: not a one-tile GEMV config: warps ", cfg.warps, " tiles ", cfg.tiles);
+  KILN_CHECK(gemv_weight_fits(cfg, w, k), "gemv_attn_prep: an e4m3 x 16 config needs a block-FP8 W with K (",
+             k, ") and ldw (", w.ld, ") multiples of 16 and 16-byte aligned data");
   const int64_t n = (int64_t(p.Hq) + 2 * int64_t(p.Hkv)) * p.D;
   GemvParams g{.x = static_cast<const uint4*>(x),
                .w = w.data,

@@ -58,19 +58,23 @@ PrepKernel kernel_for(int64_t m, bool tc) {
       gemv_kernel<1, E, F, false, WF>, gemv_kernel<2, E, F, false, WF>, gemv_kernel<3, E, F, false, WF>,
       gemv_kernel<4, E, F, false, WF>, gemv_kernel<5, E, F, false, WF>, gemv_kernel<6, E, F, false, WF>,
       gemv_kernel<7, E, F, false, WF>, gemv_kernel<8, E, F, false, WF>};
-  static constexpr PrepKernel mma[kGemvMaxM] = {
-      gemv_tc_kernel<1, E, T, false, 1, WF>, gemv_tc_kernel<2, E, T, false, 1, WF>,
-      gemv_tc_kernel<3, E, T, false, 1, WF>, gemv_tc_kernel<4, E, T, false, 1, WF>,
-      gemv_tc_kernel<5, E, T, false, 1, WF>, gemv_tc_kernel<6, E, T, false, 1, WF>,
-      gemv_tc_kernel<7, E, T, false, 1, WF>, gemv_tc_kernel<8, E, T, false, 1, WF>};
-  return (tc ? mma : fma)[m - 1];
+  if constexpr (!WF::kTensorCores) {  // an FMA-only format (Fp8x16Weights): gemv_attn_prep refused tc
+    return fma[m - 1];
+  } else {
+    static constexpr PrepKernel mma[kGemvMaxM] = {
+        gemv_tc_kernel<1, E, T, false, 1, WF>, gemv_tc_kernel<2, E, T, false, 1, WF>,
+        gemv_tc_kernel<3, E, T, false, 1, WF>, gemv_tc_kernel<4, E, T, false, 1, WF>,
+        gemv_tc_kernel<5, E, T, false, 1, WF>, gemv_tc_kernel<6, E, T, false, 1, WF>,
+        gemv_tc_kernel<7, E, T, false, 1, WF>, gemv_tc_kernel<8, E, T, false, 1, WF>};
+    return (tc ? mma : fma)[m - 1];
+  }
 }
 
 // Launches the D-instantiation for weight format WF (p validated by the caller).
 template <int D, class WF>
 void launch_d(const GemvParams& g, const AttnPrepParams& p, int64_t m, GemvConfig cfg, bool capped,
               cudaStream_t stream, bool pdl) {
-  const int64_t blocks = g.n / gemv_rows(cfg);  // D % rows == 0: whole heads
+  const int64_t blocks = g.n / gemv_block_rows(cfg, m);  // D % rows == 0: whole heads
   const bool tc = cfg.tensor_cores;
   const PrepKernel kern = capped ? kernel_for<D, 3, WF>(m, tc) : kernel_for<D, 0, WF>(m, tc);
   launch(

@@ -158,12 +158,6 @@ __device__ __forceinline__ void norm_in_prologue(const GemvParams& p, uint4* xs,
   __syncthreads();
 }
 
-// Chunk steps whose W loads are issued together per thread: more bytes in flight where registers allow.
-template <int M>
-constexpr int unroll_for() {
-  return M <= 2 ? 4 : 2;
-}
-
 // Row groups of R W rows (R / 2 output columns for silu_mul): one per block, except with the residual-norm
 // prologue, where a block takes groups blockIdx.x, + gridDim.x, ... after one prologue.
 template <int R, GemvEpilogue E>
@@ -264,9 +258,10 @@ struct PlainTail {
 template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, class WF = Bf16Weights>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     gemv_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
-  constexpr int R = gemv_rows(GemvConfig{.tensor_cores = false});
-  constexpr int U = unroll_for<M>();
+  constexpr int R = WF::template rows<M>(), X = WF::kChunkX;  // gemv_block_rows; x chunks a W chunk spans
+  constexpr int U = WF::template unroll<M>();
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int64_t chunks = p.k8 / X;  // W chunks a row (the e4m3 x 16 format: K % 16 == 0)
   const int64_t groups = row_groups<R, E>(p);
   // The group's W rows (clamped into range; the epilogue stores only real ones).
   using Row = typename WF::Row;
@@ -277,7 +272,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     for (int r = 0; r < R; ++r) rows[r] = w_row<WF>(p, block_row<R, E>(p, grp, r, b));
   };
   const auto prefetch_group = [&](const Row(&rows)[R]) {  // a group's whole W slice towards L2
-    for (int64_t c = tid; c < p.k8; c += T)
+    for (int64_t c = tid; c < chunks; c += T)
 #pragma unroll
       for (int r = 0; r < R; ++r) WF::prefetch(rows[r], c);
   };
@@ -288,7 +283,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + int64_t(u) * T;
-      if (c < p.k8) {
+      if (c < chunks) {
 #pragma unroll
         for (int r = 0; r < R; ++r) wv[u][r] = WF::template load<decltype(pinned)::value>(wrow[r], c);
       }
@@ -325,26 +320,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
 
-    for (int64_t c0 = tid; c0 < p.k8; c0 += int64_t(U) * T) {
+    for (int64_t c0 = tid; c0 < chunks; c0 += int64_t(U) * T) {
       if (c0 != tid || (kNormIn && grp != blockIdx.x))
         load_round(c0, std::false_type{});  // the first round of the first group came before the wait
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + int64_t(u) * T;
-        if (c < p.k8) {
-          float wf[R][8];
-#pragma unroll
-          for (int r = 0; r < R; ++r) unpack8(WF::widen(wv[u][r]), wf[r]);
-#pragma unroll
-          for (int m = 0; m < M; ++m) {
-            float xf[8];
-            unpack8(load_x<kNormIn>(xs + m * ldx8 + c), xf);
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
-          }
-        }
+        if (c < chunks)  // x row m's i-th 16-byte chunk of W chunk c
+          WF::template dot<M, R>(
+              wv[u], [&](int m, int i) { return load_x<kNormIn>(xs + m * ldx8 + c * X + i); }, acc);
       }
     }
 

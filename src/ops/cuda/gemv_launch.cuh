@@ -59,27 +59,33 @@ GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
       gemv_kernel<1, E, Tail, N, WF>, gemv_kernel<2, E, Tail, N, WF>, gemv_kernel<3, E, Tail, N, WF>,
       gemv_kernel<4, E, Tail, N, WF>, gemv_kernel<5, E, Tail, N, WF>, gemv_kernel<6, E, Tail, N, WF>,
       gemv_kernel<7, E, Tail, N, WF>, gemv_kernel<8, E, Tail, N, WF>};
-  static constexpr GemvKernel mma[kGemvMaxM] = {
-      gemv_tc_kernel<1, E, Tail, N, 1, WF>, gemv_tc_kernel<2, E, Tail, N, 1, WF>,
-      gemv_tc_kernel<3, E, Tail, N, 1, WF>, gemv_tc_kernel<4, E, Tail, N, 1, WF>,
-      gemv_tc_kernel<5, E, Tail, N, 1, WF>, gemv_tc_kernel<6, E, Tail, N, 1, WF>,
-      gemv_tc_kernel<7, E, Tail, N, 1, WF>, gemv_tc_kernel<8, E, Tail, N, 1, WF>};
-  if constexpr (std::is_same_v<Tail, PlainTail> && !N) {
-    static constexpr GemvKernel mma2[kGemvMaxM] = {
-        gemv_tc_kernel<1, E, Tail, N, 2, WF>, gemv_tc_kernel<2, E, Tail, N, 2, WF>,
-        gemv_tc_kernel<3, E, Tail, N, 2, WF>, gemv_tc_kernel<4, E, Tail, N, 2, WF>,
-        gemv_tc_kernel<5, E, Tail, N, 2, WF>, gemv_tc_kernel<6, E, Tail, N, 2, WF>,
-        gemv_tc_kernel<7, E, Tail, N, 2, WF>, gemv_tc_kernel<8, E, Tail, N, 2, WF>};
-    static constexpr GemvKernel mma4[kGemvMaxM] = {
-        gemv_tc_kernel<1, E, Tail, N, 4, WF>, gemv_tc_kernel<2, E, Tail, N, 4, WF>,
-        gemv_tc_kernel<3, E, Tail, N, 4, WF>, gemv_tc_kernel<4, E, Tail, N, 4, WF>,
-        gemv_tc_kernel<5, E, Tail, N, 4, WF>, gemv_tc_kernel<6, E, Tail, N, 4, WF>,
-        gemv_tc_kernel<7, E, Tail, N, 4, WF>, gemv_tc_kernel<8, E, Tail, N, 4, WF>};
-    if (cfg.tensor_cores && cfg.tiles == 2) return mma2[m - 1];
-    if (cfg.tensor_cores && cfg.tiles == 4) return mma4[m - 1];
+  if constexpr (!WF::kTensorCores) {  // the FMA kernel only (Fp8x16Weights)
+    KILN_CHECK(!cfg.tensor_cores && gemv_fusable(cfg), "gemv: this weight format runs the FMA kernel only");
+    return fma[m - 1];
+  } else {
+    static constexpr GemvKernel mma[kGemvMaxM] = {
+        gemv_tc_kernel<1, E, Tail, N, 1, WF>, gemv_tc_kernel<2, E, Tail, N, 1, WF>,
+        gemv_tc_kernel<3, E, Tail, N, 1, WF>, gemv_tc_kernel<4, E, Tail, N, 1, WF>,
+        gemv_tc_kernel<5, E, Tail, N, 1, WF>, gemv_tc_kernel<6, E, Tail, N, 1, WF>,
+        gemv_tc_kernel<7, E, Tail, N, 1, WF>, gemv_tc_kernel<8, E, Tail, N, 1, WF>};
+    if constexpr (std::is_same_v<Tail, PlainTail> && !N) {
+      static constexpr GemvKernel mma2[kGemvMaxM] = {
+          gemv_tc_kernel<1, E, Tail, N, 2, WF>, gemv_tc_kernel<2, E, Tail, N, 2, WF>,
+          gemv_tc_kernel<3, E, Tail, N, 2, WF>, gemv_tc_kernel<4, E, Tail, N, 2, WF>,
+          gemv_tc_kernel<5, E, Tail, N, 2, WF>, gemv_tc_kernel<6, E, Tail, N, 2, WF>,
+          gemv_tc_kernel<7, E, Tail, N, 2, WF>, gemv_tc_kernel<8, E, Tail, N, 2, WF>};
+      static constexpr GemvKernel mma4[kGemvMaxM] = {
+          gemv_tc_kernel<1, E, Tail, N, 4, WF>, gemv_tc_kernel<2, E, Tail, N, 4, WF>,
+          gemv_tc_kernel<3, E, Tail, N, 4, WF>, gemv_tc_kernel<4, E, Tail, N, 4, WF>,
+          gemv_tc_kernel<5, E, Tail, N, 4, WF>, gemv_tc_kernel<6, E, Tail, N, 4, WF>,
+          gemv_tc_kernel<7, E, Tail, N, 4, WF>, gemv_tc_kernel<8, E, Tail, N, 4, WF>};
+      if (cfg.tensor_cores && cfg.tiles == 2) return mma2[m - 1];
+      if (cfg.tensor_cores && cfg.tiles == 4) return mma4[m - 1];
+    }
+    KILN_CHECK(gemv_fusable(cfg), "gemv: the fused forms run one-tile configs only, got ", cfg.tiles,
+               " tiles");
+    return (cfg.tensor_cores ? mma : fma)[m - 1];
   }
-  KILN_CHECK(gemv_fusable(cfg), "gemv: the fused forms run one-tile configs only, got ", cfg.tiles, " tiles");
-  return (cfg.tensor_cores ? mma : fma)[m - 1];
 }
 
 template <class WF>
@@ -94,7 +100,7 @@ template <class WF>
 void launch_gemv(const GemvParams& p, int64_t m, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream,
                  bool pdl) {
   const int64_t out_cols = epi == GemvEpilogue::silu_mul ? p.n / 2 : p.n;
-  const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
+  const int64_t rows = gemv_block_rows(cfg, m), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t blocks = (out_cols + per_block - 1) / per_block;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
   launch(
@@ -106,7 +112,7 @@ void launch_gemv(const GemvParams& p, int64_t m, GemvEpilogue epi, GemvConfig cf
 template <class WF>
 void launch_gemv_add_rms_norm(const GemvParams& p, int64_t m, GemvConfig cfg, int min_blocks,
                               cudaStream_t stream, bool pdl) {
-  const int64_t rows = gemv_rows(cfg), blocks = (p.n + rows - 1) / rows;
+  const int64_t rows = gemv_block_rows(cfg, m), blocks = (p.n + rows - 1) / rows;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv_add_rms_norm: N too large");
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
@@ -137,7 +143,7 @@ template <class WF>
 void launch_gemv_norm_in(const GemvParams& p, int64_t m, GemvEpilogue epi, GemvConfig cfg,
                          int groups_per_block, cudaStream_t stream, bool pdl) {
   const int64_t out_cols = epi == GemvEpilogue::silu_mul ? p.n / 2 : p.n;
-  const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
+  const int64_t rows = gemv_block_rows(cfg, m), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t groups = (out_cols + per_block - 1) / per_block;
   GemvKernel kern = epi == GemvEpilogue::bf16 ? kernel_for<WF, GemvEpilogue::bf16, PlainTail, true>(m, cfg)
                     : epi == GemvEpilogue::f32

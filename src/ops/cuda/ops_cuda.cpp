@@ -96,8 +96,8 @@ void linear_add_rms_norm(const Tensor& x, const LinearWeight& weight, const Tens
   if (const auto g = eng.gemv_add_rms_norm()
                          ? eng.gemv_choice(M, N, K, kc::GemmOut::bf16, gemm_weight(weight))
                          : std::nullopt;
-      g && kc::gemv_fusable(*g) && al16(x.data) && weight_aligned(w) && al16(tmp.data) &&
-      al16(residual.data) && al16(norm_weight.data) && al16(normed.data) &&
+      g && kc::gemv_fusable(*g) && al16(x.data) && weight_aligned(w) && kc::gemv_weight_fits(*g, w, K) &&
+      al16(tmp.data) && al16(residual.data) && al16(norm_weight.data) && al16(normed.data) &&
       kc::gemv_add_rms_norm_supported(M, N, K, x.stride[0], w.ld, tmp.stride[0], residual.stride[0],
                                       normed.stride[0])) {
     kc::gemv_add_rms_norm(x.data, x.stride[0], w, tmp.data, tmp.stride[0], residual.data, residual.stride[0],
@@ -122,8 +122,9 @@ bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& n
   if (g->w8a8 != 0
           ? !al16(w.data) || !kc::gemv_w8a8_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0],
                                                               w.ld, out.stride[0], epi)
-          : !weight_aligned(w) || !kc::gemv_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0],
-                                                              w.ld, out.stride[0], epi))
+          : !weight_aligned(w) || !kc::gemv_weight_fits(*g, w, K) ||
+                !kc::gemv_norm_in_supported(M, N, K, delta.stride[0], residual.stride[0], w.ld, out.stride[0],
+                                            epi))
     return false;
   kc::gemv_norm_in(delta.data, delta.stride[0], residual.data, residual.stride[0], norm_weight.data, eps, w,
                    out.data, out.stride[0], M, N, K, epi, *g, kc::current_stream(),
@@ -155,7 +156,8 @@ bool linear_attn_prep(const Tensor& x, const LinearWeight& weight, const kc::Att
   // The tuner's GEMV config for the QKV shape: the one linear() would run, so the rows are bitwise its rows.
   const auto g = eng.gemv_choice(M, N, K, kc::GemmOut::bf16, gemm_weight(weight));
   const kc::GemvWeight w = gemv_weight(weight);
-  if (!g || !kc::gemv_fusable(*g) || !kc::gemv_attn_prep_supported(M, K, x.data, x.stride[0], w, p))
+  if (!g || !kc::gemv_fusable(*g) || !kc::gemv_weight_fits(*g, w, K) ||
+      !kc::gemv_attn_prep_supported(M, K, x.data, x.stride[0], w, p))
     return false;
   kc::gemv_attn_prep(x.data, x.stride[0], w, M, K, p, *g, static_cast<cudaStream_t>(stream),
                      kc::pdl_for(kc::PdlSite::gemv));
