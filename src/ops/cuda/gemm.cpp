@@ -58,7 +58,7 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
                                : i == 4 ? uint64_t(t.gemv.w8a8)
                                : i == 5 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->warps : 0)
                                : i == 6 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->tensor_cores : 0)
-                                        : 0;
+                                        : uint64_t(t.gemv.ksplit == 1 ? 0 : t.gemv.ksplit);
     const Fp8GemmConfig& f = t.fp8gemm;
     const uint64_t fp8_word = i == 0   ? uint64_t(f.tile_n)
                               : i == 1 ? uint64_t(f.stages)
@@ -117,8 +117,11 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
               t.algo[4] <= 4 && (!w8a8 || s.weight == GemmWeight::fp8) &&
               (w8a8 ? gemv_w8a8_shape_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out))
                     : gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)));
-    ok = ok && t.algo[7] == 0 && t.algo[5] <= 16 && t.algo[6] <= 1;
-    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4])};
+    // Word 7: split-K's blocks a row group (gemv.h: ksplit), 0 for none (older caches); bf16 W and output.
+    ok = ok && t.algo[7] != 1 && t.algo[7] <= 8 && t.algo[5] <= 16 && t.algo[6] <= 1 &&
+         (t.algo[7] == 0 || (s.weight == GemmWeight::bf16 && s.out == GemmOut::bf16));
+    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4]),
+                        t.algo[7] == 0 ? 1 : int(t.algo[7])};
     t.gemv_norm_in = t.algo[2] == 1;
     // A W8A8 config's prologue: its own (words 5 and 6 zero) or the W8A16 config of words 5 and 6.
     if (w8a8 && t.gemv_norm_in && t.algo[5] != 0) t.norm_in_gemv = GemvConfig{int(t.algo[5]), t.algo[6] == 1};
@@ -126,7 +129,7 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
     ok = ok && (t.algo[5] != 0 || t.algo[6] == 0);
     const GemvConfig prologue = t.norm_in_gemv.value_or(t.gemv);
     if (!ok || !gemv_known_config(t.gemv) || !gemv_known_config(prologue) ||
-        (t.gemv_norm_in && !gemv_fusable(prologue) && prologue.w8a8 == 0))
+        (t.gemv_norm_in && !gemv_norm_in_fusable(prologue) && prologue.w8a8 == 0))
       return false;
     std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
   }
@@ -204,7 +207,7 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   // A W8A8 tactic's W8A16 prologue config (GemmTactic::norm_in_gemv), where it was measured faster; else the
   // tactic's own config (W8A8 configs have their prologue: gemv_w8a8_norm_in).
   const GemvConfig c = t.norm_in_gemv.value_or(*g);
-  if (!gemv_fusable(c) && c.w8a8 == 0) return std::nullopt;
+  if (!gemv_norm_in_fusable(c) && c.w8a8 == 0) return std::nullopt;
   if (gemv_norm_in_ == 2) return c;
   return t.gemv_norm_in ? std::optional<GemvConfig>(c) : std::nullopt;
 }

@@ -97,10 +97,12 @@ int64_t gemm_m_bucket(int64_t m);
 // prologue won, w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile; w4 =
 // the W8A8 kernel's K blocks in flight, 0 for the W8A16 / bf16 kernels (v3 files: always 0); with a W8A8
 // config and the prologue, w5 / w6 = the warps and tensor-core flag of the W8A16 config the prologue runs,
-// 0 where it runs the W8A8 config's own; else 0).
+// 0 where it runs the W8A8 config's own; else 0; w7 = split-K's blocks a row group, 0 for none: older
+// caches read as none).
 // parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
-// not take, the prologue with a multi-tile config, a W8A8 config for a bf16 weight, a GEMV tactic for a
-// shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported) refuses).
+// not take, the prologue with a config it does not run (gemv.h: gemv_norm_in_fusable), a W8A8 config for a
+// bf16 weight, a GEMV tactic for a shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported)
+// refuses).
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
 bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 

@@ -162,9 +162,15 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     // kiln's GEMV, one pseudo-tactic per block size, for the decode buckets.
     std::vector<GemvConfig> gemv_cands;
     // The multi-tile configs from M = 2: at M = 1 the one-tile ones keep the fused forms (gemv_fusable).
-    if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
+    // Split-K from M = 2 too, for a bf16 W and output with N up to kGemvSplitKMaxN, on sm_90 (gemv.h).
+    const bool split_k = s.m_bucket >= 2 && s.n <= kGemvSplitKMaxN && !fp8 && s.out == GemmOut::bf16 &&
+                         gemv_split_k_available();
+    if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out))) {
       for (const GemvConfig& c : kGemvConfigs)
         if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
+      if (split_k)
+        gemv_cands.insert(gemv_cands.end(), std::begin(kGemvSplitKConfigs), std::end(kGemvSplitKConfigs));
+    }
     // An FP8 weight: the W8A8 GEMV's configs beside the W8A16 ones (gemv_w8a8.h), every bucket <= 8
     // (KILN_GEMV_W8A8=0: not offered, for A/B tactic caches).
     if (fp8 && w8a8_offered && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
@@ -219,7 +225,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       const GemvConfig alt_cfg = w8a8_alt ? gemv_cands[best_fusable_i - cands.size()] : t.gemv;
       const bool prologue_ok =
           w8a8 ? gemv_w8a8_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)
-               : gemv_fusable(t.gemv) &&
+               : gemv_norm_in_fusable(t.gemv) &&
                      gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16);
       if (s.out == GemmOut::bf16 && prologue_ok) {
         const float pair = time_us([&](int64_t it) {

@@ -8,6 +8,8 @@
 // (gemv.h: gemv_tail_min_blocks).
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -62,8 +64,14 @@ __host__ __device__ constexpr int64_t norm_in_smem_bytes(int64_t m, int64_t k8) 
 
 // The tensor-core kernel's __launch_bounds__ minimum of resident 512-thread blocks with the prologue: 2 (64
 // registers, 4-20 bytes of spills; uncapped it takes 94-104, one block per SM; capped at the plain kernel's
-// 3, 40 registers, it spills 200-260 bytes a thread).
+// 3, 40 registers, it spills 200-260 bytes a thread). The multi-tile kernels with the prologue: 1 (capped at
+// 64 registers they spilled 90-160 bytes a thread; nvcc 13.0, 2026-12-06).
 constexpr int kNormInTcMinBlocks = 2;
+
+// The split-K kernels' minimum of resident 512-thread blocks: none (74-78 registers; capped at the plain
+// one-tile kernel's 64 they spilled 16-28 bytes a thread; nvcc 13.0, 2026-12-06). At 4 or 8 warps a block,
+// their configs, 6 or 3 blocks an SM stay resident: 24 warps, 96 KB of W loads in flight.
+constexpr int kSplitKTcMinBlocks = 0;
 
 // A 16-byte shared-memory load the compiler keeps in program order among the other asm volatile (the
 // tensor-core GEMV's mma): hoisting all of a round's x loads ahead of the mma would hold 32 more registers.
@@ -193,17 +201,11 @@ __device__ __forceinline__ typename WF::Row w_row(const GemvParams& p, int64_t n
   return WF::row(p.w, p.ldw8, p.w_scale, p.w_kb, n);
 }
 
-// red[w][m * R + r]: warp w's sum for x row m and block row r. Adds the warps in ascending order and
-// stores the block's outputs (gemv.h: the epilogues). Called by every thread after a __syncthreads.
-template <int M, int R, GemvEpilogue E>
-__device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base, const float (*red)[M * R],
-                                              int warps, int tid) {
-  auto total = [&](int i) {
-    float s = red[0][i];
-    for (int w = 1; w < warps; ++w) s += red[w][i];
-    return s;
-  };
-  const int T = warps * 32;
+// Stores a block's outputs (gemv.h: the epilogues) from total(m * R + r), the dot product of x row m and
+// block row r; T threads, this one tid.
+template <int M, int R, GemvEpilogue E, class Total>
+__device__ __forceinline__ void store_totals(const GemvParams& p, int64_t base, Total&& total, int T,
+                                             int tid) {
   if constexpr (E == GemvEpilogue::silu_mul) {
     for (int i = tid; i < M * (R / 2); i += T) {
       const int m = i / (R / 2), c = i % (R / 2);
@@ -231,11 +233,67 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
   }
 }
 
-// Runs a kernel's row groups: run(grp, more) for group blockIdx.x alone, or with the prologue (kNormIn) for
-// groups blockIdx.x, + gridDim.x, ..., calling next(grp') to move the block's rows on between two of them
-// (after a barrier: the groups share the block's reduction buffer). more: another group follows.
+// red[w][m * R + r]: warp w's sum for x row m and block row r. Adds the warps in ascending order and
+// stores the block's outputs. Called by every thread after a __syncthreads.
+template <int M, int R, GemvEpilogue E>
+__device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base, const float (*red)[M * R],
+                                              int warps, int tid) {
+  store_totals<M, R, E>(
+      p, base,
+      [&](int i) {
+        float s = red[0][i];
+        for (int w = 1; w < warps; ++w) s += red[w][i];
+        return s;
+      },
+      warps * 32, tid);
+}
+
+// Split-K (gemv.h: GemvConfig::ksplit): the KS blocks of a cluster hold the same row group's sums over KS
+// consecutive K ranges. Each adds its warps in ascending order into shared memory; after a cluster barrier
+// the cluster's first block adds the KS partial sums in ascending split order (reading the others' shared
+// memory, DSMEM) and stores the outputs; a second barrier keeps the others resident until it has read.
+// Called by every thread of every block of the cluster after a __syncthreads. sm_90 only (the launcher
+// refuses the config elsewhere).
+template <int M, int R, GemvEpilogue E, int KS>
+__device__ __forceinline__ void store_split_outputs(const GemvParams& p, int64_t base,
+                                                    const float (*red)[M * R], int warps, int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float part[M * R];
+  const int T = warps * 32;
+  for (int i = tid; i < M * R; i += T) {
+    float s = red[0][i];
+    for (int w = 1; w < warps; ++w) s += red[w][i];
+    part[i] = s;
+  }
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();  // release / acquire: every split's part is visible to the cluster
+  if (cluster.block_rank() == 0) {
+    const float* parts[KS];
+#pragma unroll
+    for (int r = 0; r < KS; ++r) parts[r] = cluster.map_shared_rank(part, r);
+    store_totals<M, R, E>(
+        p, base,
+        [&](int i) {
+          float s = parts[0][i];
+#pragma unroll
+          for (int r = 1; r < KS; ++r) s += parts[r][i];
+          return s;
+        },
+        T, tid);
+  }
+  cluster.sync();
+#else
+  (void)p, (void)base, (void)red, (void)warps, (void)tid;
+  __trap();
+#endif
+}
+
+// Runs a kernel's row groups: run(grp, more) for group `first` alone (blockIdx.x, or its cluster's with
+// split-K), or with the prologue (kNormIn) for groups blockIdx.x, + gridDim.x, ..., calling next(grp') to
+// move the block's rows on between two of them (after a barrier: the groups share the block's reduction
+// buffer). more: another group follows.
 template <bool kNormIn, class Run, class Next>
-__device__ __forceinline__ void for_each_group(int64_t groups, Run&& run, Next&& next) {
+__device__ __forceinline__ void for_each_group(int64_t groups, int64_t first, Run&& run, Next&& next) {
   if constexpr (kNormIn) {
     for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
       const bool more = grp + gridDim.x < groups;
@@ -246,7 +304,7 @@ __device__ __forceinline__ void for_each_group(int64_t groups, Run&& run, Next&&
       }
     }
   } else {
-    run(int64_t(blockIdx.x), false);
+    run(first, false);
   }
 }
 
@@ -276,8 +334,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = w_row<WF>(p, block_row<R, E>(p, grp, r, b));
   };
-  const auto prefetch_group = [&](const Row(&rows)[R]) {  // a group's whole W slice towards L2
-    for (int64_t c = tid; c < p.k8; c += T)
+  // A group's W slice towards L2 from chunk `from` (the first group's first round is loaded already).
+  const auto prefetch_group = [&](const Row(&rows)[R], int64_t from) {
+    for (int64_t c = from + tid; c < p.k8; c += T)
 #pragma unroll
       for (int r = 0; r < R; ++r) WF::prefetch(rows[r], c);
   };
@@ -301,7 +360,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows, then the norm weight
   uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
-    prefetch_group(wrow);
+    prefetch_group(wrow, int64_t(U) * T);
     norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
@@ -311,13 +370,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const int64_t ldx8 = kNormIn ? norm_in_lds8(p.k8) : p.ldx8;
 
   __shared__ float red[kMaxWarps][M * R];
-  // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
+  int64_t next_base = 0;  // the next group's first output column (with the prologue)
+  // One group (wrow, base); more: another follows (only with the prologue), whose W slice it prefetches at
+  // once and whose first round it loads before its own reduction, so that round's latency hides under it.
   const auto run_group = [&](int64_t grp, bool more) {
     if (more) {
       Row next[R];
       int64_t nb;
       rows_of(grp + gridDim.x, next, nb);
-      prefetch_group(next);
+      prefetch_group(next, 0);
     }
     float acc[M][R];
 #pragma unroll
@@ -326,8 +387,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
 
     for (int64_t c0 = tid; c0 < p.k8; c0 += int64_t(U) * T) {
-      if (c0 != tid || (kNormIn && grp != blockIdx.x))
-        load_round(c0, std::false_type{});  // the first round of the first group came before the wait
+      if (c0 != tid) load_round(c0, std::false_type{});  // a group's first round came before (see above)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + int64_t(u) * T;
@@ -348,6 +408,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       }
     }
 
+    if (more) {
+      rows_of(grp + gridDim.x, wrow, next_base);
+      load_round(tid, std::false_type{});
+    }
+
     // Warp butterfly, then the warps' sums in ascending warp order (gemv.h: the summation order).
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -361,7 +426,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     __syncthreads();
     store_outputs<M, R, E>(p, base, red, T / 32, tid);
   };
-  for_each_group<kNormIn>(groups, run_group, [&](int64_t next) { rows_of(next, wrow, base); });
+  for_each_group<kNormIn>(groups, blockIdx.x, run_group, [&](int64_t) { base = next_base; });
   Tail::template finish<M, R>(p, ta, base, T / 32, tid);
 }
 
@@ -379,40 +444,56 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2
 // 32-element K block of W rows g, g + 8, ... (one per tile) and of x row g (zeros for g >= M); D[m][n] of
 // tile j's mma is out[m][base + 8 j + n], held by lane (m, n / 2). A round: U = 8 / NT K blocks of every
 // tile (the same registers whatever NT); one x chunk serves the NT tiles, so x is read 1 / NT times as often
-// per W byte (at M = 8 and NT = 1, x's L1 and L2 traffic equals W's).
-template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, int NT = 1, class WF = Bf16Weights>
-__global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks : Tail::kTcMinBlocks)
+// per W byte (at M = 8 and NT = 1, x's L1 and L2 traffic equals W's). Split-K (KS > 1; gemv.h: ksplit): grid
+// = groups x KS in clusters of KS, block b takes group b / KS and the K blocks [s kb_per, (s + 1) kb_per) of
+// split s = b % KS (kb_per = ceil(K blocks / KS)), its warps over them as above; store_split_outputs adds the
+// splits.
+template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, int NT = 1, class WF = Bf16Weights,
+          int KS = 1>
+__global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInTcMinBlocks : 1)
+                                                  : KS > 1 ? kSplitKTcMinBlocks
+                                                           : Tail::kTcMinBlocks)
     gemv_tc_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
   static_assert(NT == 1 || NT == 2 || NT == 4, "1, 2 or 4 tiles of 8 rows");
-  static_assert(NT == 1 || (!kNormIn && std::is_same_v<Tail, PlainTail>),
-                "the prologue and the tails run the one-tile kernel (gemv.h: gemv_fusable)");
+  static_assert(NT == 1 || std::is_same_v<Tail, PlainTail>,
+                "the tails run the one-tile kernel (gemv.h: gemv_fusable); the prologue runs any");
+  static_assert(KS == 1 || (NT == 1 && !kNormIn && std::is_same_v<Tail, PlainTail>),
+                "split-K: the plain one-tile kernel (gemv.h: gemv_norm_in_fusable)");
   constexpr int R = 8 * NT;
   constexpr int U = 8 / NT;  // K blocks whose loads a warp issues together, per tile
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = T / 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t groups = row_groups<R, E>(p), kblocks = (p.k8 + 3) / 4;
-  int64_t base = 0;
+  // The block's group and K blocks [kb_begin, kb_end): all of them without split-K.
+  const int64_t first = KS > 1 ? int64_t(blockIdx.x / KS) : int64_t(blockIdx.x);
+  const int64_t kb_per = (kblocks + KS - 1) / KS, kb_begin = int64_t(blockIdx.x % KS) * kb_per;
+  const int64_t kb_end = KS > 1 ? (kb_begin + kb_per < kblocks ? kb_begin + kb_per : kblocks) : kblocks;
+  int64_t base = 0, next_base = 0;  // next_base: the next group's (with the prologue)
   typename WF::Row wrow[NT];
-  const auto rows_of = [&](int64_t grp) {
+  const auto rows_of = [&](int64_t grp, int64_t& b) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j) wrow[j] = w_row<WF>(p, block_row<R, E>(p, grp, g + 8 * j, base));
+    for (int j = 0; j < NT; ++j) wrow[j] = w_row<WF>(p, block_row<R, E>(p, grp, g + 8 * j, b));
   };
-  rows_of(blockIdx.x);
-  const auto prefetch_group = [&](int64_t grp) {  // a group's whole W slice towards L2 (NT == 1)
+  rows_of(first, base);
+  // A group's W slice towards L2, every tile, from K block `from` (the prologue's groups: no split-K).
+  const auto prefetch_group = [&](int64_t grp, int64_t from) {
     int64_t nb;
-    const typename WF::Row row = w_row<WF>(p, block_row<R, E>(p, grp, g, nb));
-    for (int64_t kb = warp; kb < kblocks; kb += warps)
-      if (kb * 4 + t < p.k8) WF::prefetch(row, kb * 4 + t);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const typename WF::Row row = w_row<WF>(p, block_row<R, E>(p, grp, g + 8 * j, nb));
+      for (int64_t kb = from + warp; kb < kblocks; kb += warps)
+        if (kb * 4 + t < p.k8) WF::prefetch(row, kb * 4 + t);
+    }
   };
   const uint4 zero = make_uint4(0, 0, 0, 0);
   typename WF::Raw wv[U][NT];  // a round of W: chunk t of K blocks kb0, kb0 + warps, ... of the lane's rows
   const auto load_round = [&](int64_t kb0, auto pinned) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
+      const int64_t kb = kb0 + int64_t(u) * warps, c = kb * 4 + t;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        if (c < p.k8) {
+        if (c < p.k8 && (KS == 1 || kb < kb_end)) {
           wv[u][j] = WF::template load<decltype(pinned)::value>(wrow[j], c);
         } else {
           wv[u][j] = WF::zero();
@@ -421,11 +502,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     }
   };
   // As the FMA kernel: the first round of W before the PDL wait, the slice towards L2 with the prologue.
-  load_round(warp, std::true_type{});
+  load_round(kb_begin + warp, std::true_type{});
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows, then the norm weight
   uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
-    prefetch_group(blockIdx.x);
+    prefetch_group(blockIdx.x, int64_t(U) * warps);
     norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
@@ -435,15 +516,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
       kNormIn ? norm_in_x + (g < M ? g : 0) * norm_in_lds8(p.k8) : p.x + (g < M ? g : 0) * p.ldx8;
 
   __shared__ float red[kMaxWarps][M * R];
-  // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
+  // One group (wrow, base); more: another follows (only with the prologue), whose W slice it prefetches at
+  // once and whose first round it loads before its own reduction.
   const auto run_group = [&](int64_t grp, bool more) {
-    if (more) prefetch_group(grp + gridDim.x);
+    if (more) prefetch_group(grp + gridDim.x, 0);
     float d[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
-    for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
-      if (kb0 != warp || (kNormIn && grp != blockIdx.x))
-        load_round(kb0, std::false_type{});  // the first round of the first group came before the wait
+    for (int64_t kb0 = kb_begin + warp; kb0 < kb_end; kb0 += int64_t(U) * warps) {
+      if (kb0 != kb_begin + warp) load_round(kb0, std::false_type{});  // a group's first round came before
       uint4 xv[U];
       if constexpr (!kNormIn) {
 #pragma unroll
@@ -454,7 +535,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (kb0 + int64_t(u) * warps < kblocks) {  // warp-uniform: every lane takes part in the mma
+        if (kb0 + int64_t(u) * warps < kb_end) {  // warp-uniform: every lane takes part in the mma
           if constexpr (kNormIn) {  // x from shared memory right before its mma (ordered: both asm volatile)
             const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
             xv[u] = c < p.k8 && g < M ? load_shared16(xrow + c) : zero;
@@ -469,6 +550,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
       }
     }
 
+    if (more) {
+      rows_of(grp + gridDim.x, next_base);
+      load_round(kb_begin + warp, std::false_type{});
+    }
     if (g < M) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
@@ -477,9 +562,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
       }
     }
     __syncthreads();
-    store_outputs<M, R, E>(p, base, red, warps, tid);
+    if constexpr (KS > 1) {
+      store_split_outputs<M, R, E, KS>(p, base, red, warps, tid);
+    } else {
+      store_outputs<M, R, E>(p, base, red, warps, tid);
+    }
   };
-  for_each_group<kNormIn>(groups, run_group, [&](int64_t next) { rows_of(next); });
+  for_each_group<kNormIn>(groups, first, run_group, [&](int64_t) { base = next_base; });
   Tail::template finish<M, R>(p, ta, base, warps, tid);
 }
 

@@ -52,7 +52,7 @@ struct NormTail {
 using GemvKernel = void (*)(GemvParams, NoArgs);
 
 // The kernel of config cfg for M = m (1..8): FMA, or tensor cores with cfg.tiles tiles (more than one only
-// for the plain kernel: gemv_fusable).
+// without a tail: gemv_fusable; the prologue, N, runs any: gemv_norm_in_fusable).
 template <class WF, GemvEpilogue E, class Tail = PlainTail, bool N = false>
 GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
   static constexpr GemvKernel fma[kGemvMaxM] = {
@@ -64,7 +64,7 @@ GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
       gemv_tc_kernel<3, E, Tail, N, 1, WF>, gemv_tc_kernel<4, E, Tail, N, 1, WF>,
       gemv_tc_kernel<5, E, Tail, N, 1, WF>, gemv_tc_kernel<6, E, Tail, N, 1, WF>,
       gemv_tc_kernel<7, E, Tail, N, 1, WF>, gemv_tc_kernel<8, E, Tail, N, 1, WF>};
-  if constexpr (std::is_same_v<Tail, PlainTail> && !N) {
+  if constexpr (std::is_same_v<Tail, PlainTail>) {
     static constexpr GemvKernel mma2[kGemvMaxM] = {
         gemv_tc_kernel<1, E, Tail, N, 2, WF>, gemv_tc_kernel<2, E, Tail, N, 2, WF>,
         gemv_tc_kernel<3, E, Tail, N, 2, WF>, gemv_tc_kernel<4, E, Tail, N, 2, WF>,
@@ -77,7 +77,29 @@ GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
         gemv_tc_kernel<7, E, Tail, N, 4, WF>, gemv_tc_kernel<8, E, Tail, N, 4, WF>};
     if (cfg.tensor_cores && cfg.tiles == 2) return mma2[m - 1];
     if (cfg.tensor_cores && cfg.tiles == 4) return mma4[m - 1];
+    // Split-K: bf16 W and the bf16 epilogue only (gemv.h: ksplit).
+    if constexpr (!N && E == GemvEpilogue::bf16 && std::is_same_v<WF, Bf16Weights>) {
+      static constexpr GemvKernel split2[kGemvMaxM] = {
+          gemv_tc_kernel<1, E, Tail, N, 1, WF, 2>, gemv_tc_kernel<2, E, Tail, N, 1, WF, 2>,
+          gemv_tc_kernel<3, E, Tail, N, 1, WF, 2>, gemv_tc_kernel<4, E, Tail, N, 1, WF, 2>,
+          gemv_tc_kernel<5, E, Tail, N, 1, WF, 2>, gemv_tc_kernel<6, E, Tail, N, 1, WF, 2>,
+          gemv_tc_kernel<7, E, Tail, N, 1, WF, 2>, gemv_tc_kernel<8, E, Tail, N, 1, WF, 2>};
+      static constexpr GemvKernel split4[kGemvMaxM] = {
+          gemv_tc_kernel<1, E, Tail, N, 1, WF, 4>, gemv_tc_kernel<2, E, Tail, N, 1, WF, 4>,
+          gemv_tc_kernel<3, E, Tail, N, 1, WF, 4>, gemv_tc_kernel<4, E, Tail, N, 1, WF, 4>,
+          gemv_tc_kernel<5, E, Tail, N, 1, WF, 4>, gemv_tc_kernel<6, E, Tail, N, 1, WF, 4>,
+          gemv_tc_kernel<7, E, Tail, N, 1, WF, 4>, gemv_tc_kernel<8, E, Tail, N, 1, WF, 4>};
+      static constexpr GemvKernel split8[kGemvMaxM] = {
+          gemv_tc_kernel<1, E, Tail, N, 1, WF, 8>, gemv_tc_kernel<2, E, Tail, N, 1, WF, 8>,
+          gemv_tc_kernel<3, E, Tail, N, 1, WF, 8>, gemv_tc_kernel<4, E, Tail, N, 1, WF, 8>,
+          gemv_tc_kernel<5, E, Tail, N, 1, WF, 8>, gemv_tc_kernel<6, E, Tail, N, 1, WF, 8>,
+          gemv_tc_kernel<7, E, Tail, N, 1, WF, 8>, gemv_tc_kernel<8, E, Tail, N, 1, WF, 8>};
+      if (cfg.ksplit == 2) return split2[m - 1];
+      if (cfg.ksplit == 4) return split4[m - 1];
+      if (cfg.ksplit == 8) return split8[m - 1];
+    }
   }
+  KILN_CHECK(cfg.ksplit == 1, "gemv: split-K runs the plain bf16-weight GEMV with the bf16 epilogue only");
   KILN_CHECK(gemv_fusable(cfg), "gemv: the fused forms run one-tile configs only, got ", cfg.tiles, " tiles");
   return (cfg.tensor_cores ? mma : fma)[m - 1];
 }
@@ -95,11 +117,14 @@ void launch_gemv(const GemvParams& p, int64_t m, GemvEpilogue epi, GemvConfig cf
                  bool pdl) {
   const int64_t out_cols = epi == GemvEpilogue::silu_mul ? p.n / 2 : p.n;
   const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
-  const int64_t blocks = (out_cols + per_block - 1) / per_block;
+  const int64_t blocks = (out_cols + per_block - 1) / per_block * cfg.ksplit;  // split-K: clusters of ksplit
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
-  launch(
-      {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
-      plain_kernel<WF>(m, epi, cfg), p, NoArgs{});
+  launch({.grid = dim3(unsigned(blocks)),
+          .block = dim3(unsigned(cfg.warps * 32)),
+          .stream = stream,
+          .pdl = pdl,
+          .cluster_x = unsigned(cfg.ksplit)},
+         plain_kernel<WF>(m, epi, cfg), p, NoArgs{});
 }
 
 // gemv_add_rms_norm (gemv.h), p validated; min_blocks: gemv_tail_min_blocks().
