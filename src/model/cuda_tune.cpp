@@ -31,8 +31,10 @@ void cuda_autotune_if_needed(const ModelConfig& cfg) {
   const std::string path = cuda::default_tactic_cache_path();
   std::fprintf(stderr, "kiln: tuning cuBLASLt GEMM tactics for this GPU and model shape (once; cache %s)\n",
                path.c_str());
-  // An embedding model runs no LM head (model/weights.h): its vocabulary GEMM is not tuned.
-  const int64_t logit_rows = cfg.arch == ModelArch::qwen3_embedding ? 0 : 1;
+  // An embedding model runs no LM head (model/weights.h): its vocabulary GEMM is not tuned. Otherwise up to
+  // the GEMV's M: a speculative verify step's logits rows (k + 1 a sequence) ran cuBLASLt's untuned
+  // heuristic where only M = 1 was tuned.
+  const int64_t logit_rows = cfg.arch == ModelArch::qwen3_embedding ? 0 : cuda::kGemvMaxM;
   std::vector<cuda::GemmShape> shapes =
       cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
                               cfg.vocab_size, 512, logit_rows, fp8);

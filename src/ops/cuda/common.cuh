@@ -20,7 +20,6 @@ struct LaunchCfg {
   // The kernel's dynamic-smem limit was already raised (cudaFuncSetAttribute once, outside graph capture):
   // launch() then leaves it alone, so the launch is capture-safe and costs no extra driver call.
   bool smem_attr_set = false;
-  unsigned cluster_x = 1;  // > 1: thread-block clusters of that many blocks along x (sm_90)
 };
 
 // Launches kernel<<<cfg>>>(args...) through cudaLaunchKernelEx; raises the dynamic shared memory
@@ -35,18 +34,11 @@ void launch(const LaunchCfg& cfg, void (*kernel)(KArgs...), Args&&... args) {
   lc.blockDim = cfg.block;
   lc.dynamicSmemBytes = cfg.smem;
   lc.stream = cfg.stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (cfg.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cfg.cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n++].val.clusterDim = {cfg.cluster_x, 1, 1};
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
-  lc.numAttrs = n;
+  lc.numAttrs = cfg.pdl ? 1 : 0;
   KILN_CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, std::forward<Args>(args)...));
 }
 

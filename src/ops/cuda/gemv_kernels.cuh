@@ -70,7 +70,7 @@ constexpr int kNormInTcMinBlocks = 2;
 
 // The split-K kernels' minimum of resident 512-thread blocks: none (74-78 registers; capped at the plain
 // one-tile kernel's 64 they spilled 16-28 bytes a thread; nvcc 13.0, 2026-12-06). At 4 or 8 warps a block,
-// their configs, 6 or 3 blocks an SM stay resident: 24 warps, 96 KB of W loads in flight.
+// 6 or 3 blocks an SM stay resident (24 warps, 96 KB of W loads in flight); at 16, one.
 constexpr int kSplitKTcMinBlocks = 0;
 
 // A 16-byte shared-memory load the compiler keeps in program order among the other asm volatile (the

@@ -51,6 +51,22 @@ struct NormTail {
 
 using GemvKernel = void (*)(GemvParams, NoArgs);
 
+// launch() (common.cuh) in thread-block clusters of `cluster` blocks along x (split-K; sm_90).
+inline void launch_clusters(const LaunchCfg& cfg, unsigned cluster, GemvKernel kernel, const GemvParams& p) {
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = cfg.grid;
+  lc.blockDim = cfg.block;
+  lc.stream = cfg.stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim = {cluster, 1, 1};
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = attr;
+  lc.numAttrs = cfg.pdl ? 2 : 1;
+  KILN_CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, p, NoArgs{}));
+}
+
 // The kernel of config cfg for M = m (1..8): FMA, or tensor cores with cfg.tiles tiles (more than one only
 // without a tail: gemv_fusable; the prologue, N, runs any: gemv_norm_in_fusable).
 template <class WF, GemvEpilogue E, class Tail = PlainTail, bool N = false>
@@ -119,12 +135,13 @@ void launch_gemv(const GemvParams& p, int64_t m, GemvEpilogue epi, GemvConfig cf
   const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
   const int64_t blocks = (out_cols + per_block - 1) / per_block * cfg.ksplit;  // split-K: clusters of ksplit
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
-  launch({.grid = dim3(unsigned(blocks)),
-          .block = dim3(unsigned(cfg.warps * 32)),
-          .stream = stream,
-          .pdl = pdl,
-          .cluster_x = unsigned(cfg.ksplit)},
-         plain_kernel<WF>(m, epi, cfg), p, NoArgs{});
+  const LaunchCfg lc{
+      .grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl};
+  if (cfg.ksplit > 1) {
+    launch_clusters(lc, unsigned(cfg.ksplit), plain_kernel<WF>(m, epi, cfg), p);
+  } else {
+    launch(lc, plain_kernel<WF>(m, epi, cfg), p, NoArgs{});
+  }
 }
 
 // gemv_add_rms_norm (gemv.h), p validated; min_blocks: gemv_tail_min_blocks().
