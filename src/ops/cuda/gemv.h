@@ -88,12 +88,12 @@
 // graph or not (the count is touched after pdl_wait, as the add + RMSNorm epilogue's), not for two launches
 // in flight at once on two streams of one device. Before the prologue (and before the PDL wait) its blocks
 // issue their first round of W loads into registers, as the plain GEMV does, prefetch the rest of their
-// W slice towards L2 (the first round's chunks not again) and stage the norm weight into shared memory; a
-// block with another row group to run prefetches that group's slice when it starts the current one and
-// issues its first round before the current one's reduction and stores. So the W stream overlaps the norm (the
-// first round: 0.6B 1.047 -> 1.030 ms a token, 4B unchanged; H200, 2026-12-02, `db1b288`; the weight
-// and the count off the squares' path: 4B QKV 13.4 -> 12.5 µs, 2026-12-02, `8fe5dd7`:
-// bench/results/h200_norm_in_prologue_2026-12-02.txt). PDL: as gemv.
+// W slice towards L2 (the first round's chunks not again) and its second row group's slice too, and stage
+// the norm weight into shared memory; a block with another row group to run issues that group's first round
+// before the current one's reduction and stores, and prefetches the slice two groups ahead as it starts one.
+// So the W stream overlaps the norm (the first round: 0.6B 1.047 -> 1.030 ms a token, 4B unchanged; H200,
+// 2026-12-02, `db1b288`; the weight and the count off the squares' path: 4B QKV 13.4 -> 12.5 µs, 2026-12-02,
+// `8fe5dd7`: bench/results/h200_norm_in_prologue_2026-12-02.txt). PDL: as gemv.
 #pragma once
 
 #include <cstdint>

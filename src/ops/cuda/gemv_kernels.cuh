@@ -361,6 +361,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
     prefetch_group(wrow, int64_t(U) * T);
+    if (blockIdx.x + gridDim.x < groups) {  // and the block's second group, while the prologue runs
+      Row second[R];
+      int64_t nb;
+      rows_of(blockIdx.x + gridDim.x, second, nb);
+      prefetch_group(second, 0);
+    }
     norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
@@ -371,14 +377,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 
   __shared__ float red[kMaxWarps][M * R];
   int64_t next_base = 0;  // the next group's first output column (with the prologue)
-  // One group (wrow, base); more: another follows (only with the prologue), whose W slice it prefetches at
-  // once and whose first round it loads before its own reduction, so that round's latency hides under it.
+  // One group (wrow, base); more: another follows (only with the prologue), whose first round it loads
+  // before its own reduction, so that round's latency hides under it; the W slice of the group after that
+  // goes towards L2 at once (the next one's went a group earlier: two groups ahead).
   const auto run_group = [&](int64_t grp, bool more) {
-    if (more) {
-      Row next[R];
+    if (grp + 2 * int64_t(gridDim.x) < groups) {
+      Row ahead[R];
       int64_t nb;
-      rows_of(grp + gridDim.x, next, nb);
-      prefetch_group(next, 0);
+      rows_of(grp + 2 * int64_t(gridDim.x), ahead, nb);
+      prefetch_group(ahead, 0);
     }
     float acc[M][R];
 #pragma unroll
@@ -507,6 +514,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
   uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
     prefetch_group(blockIdx.x, int64_t(U) * warps);
+    if (blockIdx.x + gridDim.x < groups) prefetch_group(blockIdx.x + gridDim.x, 0);  // the second group
     norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
@@ -516,10 +524,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
       kNormIn ? norm_in_x + (g < M ? g : 0) * norm_in_lds8(p.k8) : p.x + (g < M ? g : 0) * p.ldx8;
 
   __shared__ float red[kMaxWarps][M * R];
-  // One group (wrow, base); more: another follows (only with the prologue), whose W slice it prefetches at
-  // once and whose first round it loads before its own reduction.
+  // One group (wrow, base); more: another follows (only with the prologue), whose first round it loads
+  // before its own reduction; the group after that goes towards L2 at once (as the FMA kernel).
   const auto run_group = [&](int64_t grp, bool more) {
-    if (more) prefetch_group(grp + gridDim.x, 0);
+    if (grp + 2 * int64_t(gridDim.x) < groups) prefetch_group(grp + 2 * int64_t(gridDim.x), 0);
     float d[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
