@@ -188,13 +188,16 @@ TEST(CudaGemvSplitK, TacticLineRoundTrip) {
   EXPECT_EQ(cuda::format_tactic_line(s2, t2), line);
   ASSERT_TRUE(cuda::parse_tactic_line("4 2560 9728 bf16 12.5 gemv 8 1 0 0 0 0 0 0 # none", s2, t2));
   EXPECT_EQ(t2.gemv.ksplit, 1);
-  EXPECT_FALSE(cuda::parse_tactic_line("4 2560 9728 bf16 12.5 gemv 8 1 0 0 0 0 0 1 # one", s2, t2));
-  EXPECT_FALSE(cuda::parse_tactic_line("4 2560 9728 bf16 12.5 gemv 8 1 0 0 0 0 0 3 # three", s2, t2));
-  EXPECT_FALSE(cuda::parse_tactic_line("4 2560 9728 bf16 12.5 gemv 8 0 0 0 0 0 0 4 # fma", s2, t2));
-  EXPECT_FALSE(cuda::parse_tactic_line("4 2560 9728 bf16 12.5 gemv 8 1 0 2 0 0 0 4 # tiles", s2, t2));
-  EXPECT_FALSE(cuda::parse_tactic_line("4 2560 9728 f32 12.5 gemv 8 1 0 0 0 0 0 4 # f32", s2, t2));
-  EXPECT_FALSE(cuda::parse_tactic_line("4 2560 9728 bf16:e4m3 12.5 gemv 8 1 0 0 0 0 0 4 # fp8", s2, t2));
-  EXPECT_FALSE(cuda::parse_tactic_line("4 2560 9728 bf16 12.5 gemv 8 1 1 0 0 0 0 4 # norm-in", s2, t2));
+  for (const char* bad : {
+           "4 2560 9728 bf16 12.5 gemv 8 1 0 0 0 0 0 1 # one split written as 1",
+           "4 2560 9728 bf16 12.5 gemv 8 1 0 0 0 0 0 3 # 3 splits: no such config",
+           "4 2560 9728 bf16 12.5 gemv 8 0 0 0 0 0 0 4 # the FMA kernel",
+           "4 2560 9728 bf16 12.5 gemv 8 1 0 2 0 0 0 4 # two tiles",
+           "4 2560 9728 f32 12.5 gemv 8 1 0 0 0 0 0 4 # an f32 output",
+           "4 2560 9728 bf16:e4m3 12.5 gemv 8 1 0 0 0 0 0 4 # an FP8 weight",
+           "4 2560 9728 bf16 12.5 gemv 8 1 1 0 0 0 0 4 # the residual-norm prologue",
+       })
+    EXPECT_FALSE(cuda::parse_tactic_line(bad, s2, t2)) << bad;
 }
 
 // The engine runs a cached split-K tactic: bitwise the direct call, counted as a GEMV dispatch.
