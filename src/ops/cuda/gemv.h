@@ -143,10 +143,12 @@ inline constexpr GemvConfig kGemvSplitKConfigs[] = {
     {4, true, 1, 0, 2}, {8, true, 1, 0, 2},  {16, true, 1, 0, 2}, {4, true, 1, 0, 4},
     {8, true, 1, 0, 4}, {16, true, 1, 0, 4}, {4, true, 1, 0, 8},  {8, true, 1, 0, 8}};
 
-// Split-K configs are offered by the tuner for M buckets >= 2 and N up to this (the down and O projections
-// of the 0.6B-8B and 30B-A3B shapes: their one-tile row groups, N / 8, leave SMs short of blocks); above it
-// the row groups fill the GPU and the QKV and gate_up shapes keep the configs with a residual-norm prologue.
-constexpr int64_t kGemvSplitKMaxN = 4096;
+// True for the shapes the tuner offers the split-K configs (bf16 W and output, on sm_90 as well): K >= N, the
+// down and O projections (few row groups of long rows: 4B down, 320 one-tile groups of 9728); the QKV,
+// gate_up and LM head shapes have N > K, fill the GPU with row groups and keep their residual-norm prologue.
+constexpr bool gemv_split_k_shape(int64_t n, int64_t k) {
+  return k >= n;
+}
 
 // The W8A8 kernel's configurations (gemv_w8a8.h), offered for block-FP8 weights only: warps x (16-row
 // tiles, 128-K blocks in flight per warp) with tiles x blocks <= 4 (the registers of a round; one tile and
