@@ -283,6 +283,12 @@ TEST(CudaGemvNormIn, ResidualNormOpsOnAndOff) {
       << "ResidualNorm op with a four-tile prologue != add_rms_norm then the op";
   EXPECT_TRUE(run(0, false) == want4)
       << "ResidualNorm op, four tiles, switch off != add_rms_norm then the op";
+  // The multi-tile prologue switched off (KILN_GEMV_NORM_IN_TILES=0): no prologue choice, the same bits.
+  eng.set_gemv_norm_in_tiles(false);
+  EXPECT_FALSE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());
+  EXPECT_TRUE(run(1, false) == want4)
+      << "ResidualNorm op, multi-tile prologue off != add_rms_norm then the op";
+  eng.set_gemv_norm_in_tiles(true);
   EXPECT_NO_THROW(cuda::gemv_norm_in(delta.data(), H, res.data(), H, nw.data(), kEps, w.data(), H, act.data(),
                                      I, M, 2 * I, H, GemvEpilogue::silu_mul, GemvConfig{8, true, 4},
                                      nullptr));

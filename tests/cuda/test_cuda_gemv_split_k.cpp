@@ -222,6 +222,15 @@ TEST(CudaGemvSplitK, EngineDispatchesSplitKTactic) {
   EXPECT_EQ(eng.gemv_dispatches(), 1);
   EXPECT_EQ(to_host<uint8_t>(o1, o1.bytes()), run(dx, K, dw, o2, N, M, N, K, cfg));
   EXPECT_LE(test::rel_error(x, K, w, test::widen(to_host<bf16_t>(o1, size_t(M * N))), N, M, N, K), 1.0 / 256);
+  // Switched off (KILN_GEMV_SPLIT_K=0): the cached split-K tactic is ignored, cuBLASLt's heuristic runs.
+  eng.set_gemv_split_k(false);
+  EXPECT_FALSE(eng.gemv_choice(M, N, K, cuda::GemmOut::bf16).has_value());
+  poison(o1);
+  eng.run(dx.data(), dw.data(), o1.data(), M, N, K, cuda::GemmOut::bf16, nullptr);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(eng.gemv_dispatches(), 1);
+  EXPECT_EQ(eng.fallbacks(), 1);
+  EXPECT_LE(test::rel_error(x, K, w, test::widen(to_host<bf16_t>(o1, size_t(M * N))), N, M, N, K), 1.0 / 256);
 }
 
 }  // namespace

@@ -159,6 +159,8 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
   gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
   verify_tactics_ = env_switch("KILN_VERIFY_TACTICS", verify_tactics_);
+  gemv_split_k_ = env_switch("KILN_GEMV_SPLIT_K", gemv_split_k_);
+  gemv_norm_in_tiles_ = env_switch("KILN_GEMV_NORM_IN_TILES", gemv_norm_in_tiles_);
   if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
                "KILN_GEMV_NORM_IN must be 0, 1 or 2, got '", e, "'");
@@ -195,6 +197,7 @@ std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t 
   if (!gemv_enabled_ || m < 1 || m > kGemvMaxM) return std::nullopt;
   const auto tuned = tactics_.find(GemmShape{tactic_bucket(m), n, k, out_type, weight});
   if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
+  if (tuned->second.gemv.ksplit > 1 && !gemv_split_k_) return std::nullopt;  // switched off: cuBLASLt
   return tuned->second.gemv;
 }
 
@@ -208,6 +211,7 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   // tactic's own config (W8A8 configs have their prologue: gemv_w8a8_norm_in).
   const GemvConfig c = t.norm_in_gemv.value_or(*g);
   if (!gemv_norm_in_fusable(c) && c.w8a8 == 0) return std::nullopt;
+  if (c.tiles > 1 && c.w8a8 == 0 && !gemv_norm_in_tiles_) return std::nullopt;  // switched off
   if (gemv_norm_in_ == 2) return c;
   return t.gemv_norm_in ? std::optional<GemvConfig>(c) : std::nullopt;
 }

@@ -171,6 +171,15 @@ class GemmEngine {
   // A/B runs) takes it wherever the GEMV is the tactic, measured faster or not.
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
   int gemv_norm_in() const { return gemv_norm_in_; }
+  // Off: the tuner offers no split-K GEMV config (gemv.h: ksplit) and a cached split-K tactic is ignored
+  // (cuBLASLt's heuristic runs the call). Default on; KILN_GEMV_SPLIT_K=0 starts it off.
+  void set_gemv_split_k(bool on) { gemv_split_k_ = on; }
+  bool gemv_split_k() const { return gemv_split_k_; }
+  // Off: the residual-norm prologue runs one-tile configs only (as before multi-tile ones had it): the tuner
+  // times no prologue for a multi-tile winner and gemv_norm_in_choice ignores a cached one. Default on;
+  // KILN_GEMV_NORM_IN_TILES=0 starts it off.
+  void set_gemv_norm_in_tiles(bool on) { gemv_norm_in_tiles_ = on; }
+  bool gemv_norm_in_tiles() const { return gemv_norm_in_tiles_; }
   // Verify steps (speculative decoding): rows > 0 makes calls with M <= 8 (run(), gemv_choice,
   // gemv_norm_in_choice) take what the plain decode step of M = rows (its sequences) takes: the tuned tactic
   // of bucket(rows): a GEMV config, whose rows do not depend on M (gemv.h), so the verify step's rows are
@@ -215,6 +224,8 @@ class GemmEngine {
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
   int gemv_norm_in_ = 1;
+  bool gemv_split_k_ = true;
+  bool gemv_norm_in_tiles_ = true;
   int64_t tactic_rows_ = 0;
   bool verify_tactics_ = false;
   // The M bucket whose tactic a call of m rows takes (set_tactic_rows).

@@ -163,8 +163,8 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     std::vector<GemvConfig> gemv_cands;
     // The multi-tile configs from M = 2: at M = 1 the one-tile ones keep the fused forms (gemv_fusable).
     // Split-K for a bf16 W and output where K >= N, on sm_90 (gemv.h: gemv_split_k_shape).
-    const bool split_k =
-        gemv_split_k_shape(s.n, s.k) && !fp8 && s.out == GemmOut::bf16 && gemv_split_k_available();
+    const bool split_k = gemv_split_k_ && gemv_split_k_shape(s.n, s.k) && !fp8 && s.out == GemmOut::bf16 &&
+                         gemv_split_k_available();
     if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out))) {
       for (const GemvConfig& c : kGemvConfigs)
         if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
@@ -225,7 +225,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       const GemvConfig alt_cfg = w8a8_alt ? gemv_cands[best_fusable_i - cands.size()] : t.gemv;
       const bool prologue_ok =
           w8a8 ? gemv_w8a8_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)
-               : gemv_norm_in_fusable(t.gemv) &&
+               : gemv_norm_in_fusable(t.gemv) && (gemv_norm_in_tiles_ || t.gemv.tiles == 1) &&
                      gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16);
       if (s.out == GemmOut::bf16 && prologue_ok) {
         const float pair = time_us([&](int64_t it) {

@@ -168,6 +168,19 @@ static int norm_in_groups_env() {
   return v;
 }
 
+// KILN_GEMV_NORM_IN_AHEAD=0: the prologue GEMV's look-ahead of `2f94697` (GemvParams::ni_ahead; for A/B runs
+// and as the way back); unset or 1: the deeper one.
+static bool norm_in_ahead_env() {
+  static const bool v = [] {
+    const char* e = std::getenv("KILN_GEMV_NORM_IN_AHEAD");
+    if (!e || !*e) return true;
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1",
+               "KILN_GEMV_NORM_IN_AHEAD must be 0 or 1, got '", e, "'");
+    return std::string(e) == "1";
+  }();
+  return v;
+}
+
 bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_t ldr, int64_t ldw,
                             int64_t ldo, GemvEpilogue epi) {
   return gemv_supported(m, n, k, k, ldw, ldo, epi) && ldd >= k && ldr >= k && ldd % 8 == 0 && ldr % 8 == 0 &&
@@ -210,6 +223,7 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
   p.ni_w = static_cast<const uint4*>(norm_w);
   p.ni_ldd8 = ldd / 8;
   p.ni_ldr8 = ldr / 8;
+  p.ni_ahead = norm_in_ahead_env();
   if (groups_per_block == 0) groups_per_block = norm_in_groups_env();
   if (w.is_fp8()) {
     launch_gemv_norm_in_fp8(p, m, epi, cfg, groups_per_block, stream, pdl);

@@ -42,6 +42,11 @@ struct GemvParams {
   uint4* ni_residual = nullptr;
   const uint4* ni_w = nullptr;
   int64_t ni_ldd8 = 0, ni_ldr8 = 0;
+  // The prologue's look-ahead (gemv.h: gemv_norm_in; KILN_GEMV_NORM_IN_AHEAD): true, the second group's W
+  // towards L2 before the PDL wait, the slice two groups ahead as a group starts, the next group's first
+  // round before the current one's reduction; false, one group ahead and its first round in its own loop (as
+  // at `2f94697`). The same bits either way.
+  bool ni_ahead = true;
   // Block-FP8 W (Fp8Weights): the f32 scales [ceil(N/128), w_kb], w_kb = ceil(K/128); unset for bf16 W.
   const float* w_scale = nullptr;
   int64_t w_kb = 0;
@@ -360,8 +365,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows, then the norm weight
   uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
-    prefetch_group(wrow, int64_t(U) * T);
-    if (blockIdx.x + gridDim.x < groups) {  // and the block's second group, while the prologue runs
+    prefetch_group(wrow, p.ni_ahead ? int64_t(U) * T : 0);
+    if (p.ni_ahead &&
+        blockIdx.x + gridDim.x < groups) {  // and the block's second group, while the prologue runs
       Row second[R];
       int64_t nb;
       rows_of(blockIdx.x + gridDim.x, second, nb);
@@ -381,10 +387,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   // before its own reduction, so that round's latency hides under it; the W slice of the group after that
   // goes towards L2 at once (the next one's went a group earlier: two groups ahead).
   const auto run_group = [&](int64_t grp, bool more) {
-    if (grp + 2 * int64_t(gridDim.x) < groups) {
+    if (const int64_t ahead_grp = grp + (p.ni_ahead ? 2 : 1) * int64_t(gridDim.x);
+        more && ahead_grp < groups) {
       Row ahead[R];
       int64_t nb;
-      rows_of(grp + 2 * int64_t(gridDim.x), ahead, nb);
+      rows_of(ahead_grp, ahead, nb);
       prefetch_group(ahead, 0);
     }
     float acc[M][R];
@@ -394,7 +401,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
 
     for (int64_t c0 = tid; c0 < p.k8; c0 += int64_t(U) * T) {
-      if (c0 != tid) load_round(c0, std::false_type{});  // a group's first round came before (see above)
+      if (c0 != tid || (kNormIn && !p.ni_ahead && grp != blockIdx.x))
+        load_round(c0, std::false_type{});  // a group's first round came before (see above)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + int64_t(u) * T;
@@ -415,7 +423,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       }
     }
 
-    if (more) {
+    if (more && p.ni_ahead) {
       rows_of(grp + gridDim.x, wrow, next_base);
       load_round(tid, std::false_type{});
     }
@@ -433,7 +441,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     __syncthreads();
     store_outputs<M, R, E>(p, base, red, T / 32, tid);
   };
-  for_each_group<kNormIn>(groups, blockIdx.x, run_group, [&](int64_t) { base = next_base; });
+  for_each_group<kNormIn>(groups, blockIdx.x, run_group, [&](int64_t next) {
+    if (p.ni_ahead) {
+      base = next_base;
+    } else {
+      rows_of(next, wrow, base);
+    }
+  });
   Tail::template finish<M, R>(p, ta, base, T / 32, tid);
 }
 
@@ -513,8 +527,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows, then the norm weight
   uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
-    prefetch_group(blockIdx.x, int64_t(U) * warps);
-    if (blockIdx.x + gridDim.x < groups) prefetch_group(blockIdx.x + gridDim.x, 0);  // the second group
+    prefetch_group(blockIdx.x, p.ni_ahead ? int64_t(U) * warps : 0);
+    if (p.ni_ahead && blockIdx.x + gridDim.x < groups)
+      prefetch_group(blockIdx.x + gridDim.x, 0);  // 2nd group
     norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
@@ -527,12 +542,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
   // One group (wrow, base); more: another follows (only with the prologue), whose first round it loads
   // before its own reduction; the group after that goes towards L2 at once (as the FMA kernel).
   const auto run_group = [&](int64_t grp, bool more) {
-    if (grp + 2 * int64_t(gridDim.x) < groups) prefetch_group(grp + 2 * int64_t(gridDim.x), 0);
+    if (const int64_t ahead_grp = grp + (p.ni_ahead ? 2 : 1) * int64_t(gridDim.x); more && ahead_grp < groups)
+      prefetch_group(ahead_grp, 0);
     float d[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
     for (int64_t kb0 = kb_begin + warp; kb0 < kb_end; kb0 += int64_t(U) * warps) {
-      if (kb0 != kb_begin + warp) load_round(kb0, std::false_type{});  // a group's first round came before
+      if (kb0 != kb_begin + warp || (kNormIn && !p.ni_ahead && grp != blockIdx.x))
+        load_round(kb0, std::false_type{});  // a group's first round came before
       uint4 xv[U];
       if constexpr (!kNormIn) {
 #pragma unroll
@@ -558,7 +575,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
       }
     }
 
-    if (more) {
+    if (more && p.ni_ahead) {
       rows_of(grp + gridDim.x, next_base);
       load_round(kb_begin + warp, std::false_type{});
     }
@@ -576,7 +593,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
       store_outputs<M, R, E>(p, base, red, warps, tid);
     }
   };
-  for_each_group<kNormIn>(groups, first, run_group, [&](int64_t) { base = next_base; });
+  for_each_group<kNormIn>(groups, first, run_group, [&](int64_t next) {
+    if (p.ni_ahead) {
+      base = next_base;
+    } else {
+      rows_of(next, base);
+    }
+  });
   Tail::template finish<M, R>(p, ta, base, warps, tid);
 }
 
