@@ -1,7 +1,7 @@
 // gemm benchmark: the decode GEMMs of Qwen3-4B and Qwen3-0.6B (QKV, O, gate_up, down, LM head), the 8B down
 // and the 30B-A3B QKV and O, at M = 1, 4, 8: cuBLASLt (the tuned tactic when the cache has a cuBLASLt one for
 // the shape, else the heuristic's first), kiln's GEMV in every configuration (FMA or tensor-core kernel,
-// block size; split-K for the bf16 outputs on sm_90), the engine's own choice (what the model runs; also with
+// block size), the engine's own choice (what the model runs; also with
 // PDL, where the amortized column shows back-to-back GEMVs prefetching W while the previous one drains), for
 // gate_up the fused GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel, and for O and down the GEMV
 // with the add + RMSNorm epilogue against the GEMV (or cuBLASLt) + the rms_norm kernel (add), in every
@@ -55,8 +55,7 @@ const GemmCase kCases[] = {
 
 std::string config_name(const char* what, kc::GemvConfig c) {
   return std::string(what) + (c.tensor_cores ? " tc" : " fma") + " w" + std::to_string(c.warps) +
-         (c.tiles > 1 ? " x" + std::to_string(c.tiles) : "") +
-         (c.ksplit > 1 ? " k" + std::to_string(c.ksplit) : "");
+         (c.tiles > 1 ? " x" + std::to_string(c.tiles) : "");
 }
 
 void run_gemm(const Env& env, std::vector<Row>& rows) {
@@ -128,11 +127,7 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
         eng.run(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k, c.out, env.stream);
       });
       eng.set_gemv_enabled(gemv_on);
-      // Split-K (gemv.h: ksplit): bf16 outputs, sm_90.
-      std::vector<kc::GemvConfig> cfgs(std::begin(kc::kGemvConfigs), std::end(kc::kGemvConfigs));
-      if (c.out == kc::GemmOut::bf16 && kc::gemv_split_k_available())
-        cfgs.insert(cfgs.end(), std::begin(kc::kGemvSplitKConfigs), std::end(kc::kGemvSplitKConfigs));
-      for (const kc::GemvConfig cfg : cfgs) {
+      for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
         time_row(Row{"gemm", config_name("gemv", cfg), shape, 0, -1, plain_bytes, "forced"}, [&](int i) {
           kc::gemv(x.data(), c.k, wi(i), c.k, out.data(), c.n, M, c.n, c.k,
                    c.out == kc::GemmOut::f32 ? kc::GemvEpilogue::f32 : kc::GemvEpilogue::bf16, cfg,

@@ -58,7 +58,7 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
                                : i == 4 ? uint64_t(t.gemv.w8a8)
                                : i == 5 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->warps : 0)
                                : i == 6 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->tensor_cores : 0)
-                                        : uint64_t(t.gemv.ksplit == 1 ? 0 : t.gemv.ksplit);
+                                        : 0;
     const Fp8GemmConfig& f = t.fp8gemm;
     const uint64_t fp8_word = i == 0   ? uint64_t(f.tile_n)
                               : i == 1 ? uint64_t(f.stages)
@@ -117,11 +117,8 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
               t.algo[4] <= 4 && (!w8a8 || s.weight == GemmWeight::fp8) &&
               (w8a8 ? gemv_w8a8_shape_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out))
                     : gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)));
-    // Word 7: split-K's blocks a row group (gemv.h: ksplit), 0 for none (older caches); bf16 W and output.
-    ok = ok && t.algo[7] != 1 && t.algo[7] <= 8 && t.algo[5] <= 16 && t.algo[6] <= 1 &&
-         (t.algo[7] == 0 || (s.weight == GemmWeight::bf16 && s.out == GemmOut::bf16));
-    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4]),
-                        t.algo[7] == 0 ? 1 : int(t.algo[7])};
+    ok = ok && t.algo[7] == 0 && t.algo[5] <= 16 && t.algo[6] <= 1;
+    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4])};
     t.gemv_norm_in = t.algo[2] == 1;
     // A W8A8 config's prologue: its own (words 5 and 6 zero) or the W8A16 config of words 5 and 6.
     if (w8a8 && t.gemv_norm_in && t.algo[5] != 0) t.norm_in_gemv = GemvConfig{int(t.algo[5]), t.algo[6] == 1};
@@ -159,7 +156,6 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
   gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
   verify_tactics_ = env_switch("KILN_VERIFY_TACTICS", verify_tactics_);
-  gemv_split_k_ = env_switch("KILN_GEMV_SPLIT_K", gemv_split_k_);
   gemv_norm_in_tiles_ = env_switch("KILN_GEMV_NORM_IN_TILES", gemv_norm_in_tiles_);
   if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
@@ -197,7 +193,6 @@ std::optional<GemvConfig> GemmEngine::gemv_choice(int64_t m, int64_t n, int64_t 
   if (!gemv_enabled_ || m < 1 || m > kGemvMaxM) return std::nullopt;
   const auto tuned = tactics_.find(GemmShape{tactic_bucket(m), n, k, out_type, weight});
   if (tuned == tactics_.end() || tuned->second.kind != GemmKind::gemv) return std::nullopt;
-  if (tuned->second.gemv.ksplit > 1 && !gemv_split_k_) return std::nullopt;  // switched off: cuBLASLt
   return tuned->second.gemv;
 }
 

@@ -97,8 +97,7 @@ int64_t gemm_m_bucket(int64_t m);
 // prologue won, w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile; w4 =
 // the W8A8 kernel's K blocks in flight, 0 for the W8A16 / bf16 kernels (v3 files: always 0); with a W8A8
 // config and the prologue, w5 / w6 = the warps and tensor-core flag of the W8A16 config the prologue runs,
-// 0 where it runs the W8A8 config's own; else 0; w7 = split-K's blocks a row group, 0 for none: older
-// caches read as none).
+// 0 where it runs the W8A8 config's own; else 0).
 // parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
 // not take, the prologue with a config it does not run (gemv.h: gemv_norm_in_fusable), a W8A8 config for a
 // bf16 weight, a GEMV tactic for a shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported)
@@ -171,10 +170,6 @@ class GemmEngine {
   // A/B runs) takes it wherever the GEMV is the tactic, measured faster or not.
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
   int gemv_norm_in() const { return gemv_norm_in_; }
-  // Off: the tuner offers no split-K GEMV config (gemv.h: ksplit) and a cached split-K tactic is ignored
-  // (cuBLASLt's heuristic runs the call). Default on; KILN_GEMV_SPLIT_K=0 starts it off.
-  void set_gemv_split_k(bool on) { gemv_split_k_ = on; }
-  bool gemv_split_k() const { return gemv_split_k_; }
   // Off: the residual-norm prologue runs one-tile configs only (as before multi-tile ones had it): the tuner
   // times no prologue for a multi-tile winner and gemv_norm_in_choice ignores a cached one. Default on;
   // KILN_GEMV_NORM_IN_TILES=0 starts it off.
@@ -224,7 +219,6 @@ class GemmEngine {
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
   int gemv_norm_in_ = 1;
-  bool gemv_split_k_ = true;
   bool gemv_norm_in_tiles_ = true;
   int64_t tactic_rows_ = 0;
   bool verify_tactics_ = false;

@@ -88,8 +88,7 @@ inline std::string describe_gemv(GemvConfig c) {
                      : c.tensor_cores ? "kiln-gemv-tc"
                                       : "kiln-gemv") +
          " warps " + std::to_string(c.warps) + " rows " + std::to_string(gemv_rows(c)) +
-         (c.w8a8 ? " kblocks " + std::to_string(c.w8a8) : "") +
-         (c.ksplit > 1 ? " splitk " + std::to_string(c.ksplit) : "");
+         (c.w8a8 ? " kblocks " + std::to_string(c.w8a8) : "");
 }
 
 inline std::string describe_fp8gemm(const Fp8GemmConfig& c) {

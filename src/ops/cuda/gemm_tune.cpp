@@ -162,15 +162,9 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     // kiln's GEMV, one pseudo-tactic per block size, for the decode buckets.
     std::vector<GemvConfig> gemv_cands;
     // The multi-tile configs from M = 2: at M = 1 the one-tile ones keep the fused forms (gemv_fusable).
-    // Split-K for a bf16 W and output where K >= N, on sm_90 (gemv.h: gemv_split_k_shape).
-    const bool split_k = gemv_split_k_ && gemv_split_k_shape(s.n, s.k) && !fp8 && s.out == GemmOut::bf16 &&
-                         gemv_split_k_available();
-    if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out))) {
+    if (gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvConfigs)
         if (s.m_bucket >= 2 || gemv_fusable(c)) gemv_cands.push_back(c);
-      if (split_k)
-        gemv_cands.insert(gemv_cands.end(), std::begin(kGemvSplitKConfigs), std::end(kGemvSplitKConfigs));
-    }
     // An FP8 weight: the W8A8 GEMV's configs beside the W8A16 ones (gemv_w8a8.h), every bucket <= 8
     // (KILN_GEMV_W8A8=0: not offered, for A/B tactic caches).
     if (fp8 && w8a8_offered && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))

@@ -36,15 +36,6 @@
 // bytes (measured at 43-62 % of the copy rate: H200, 2026-12-02, `2937c4b`), four tiles a quarter. The tuner
 // offers them from the M = 2 bucket: at M = 1 the one-tile configs keep the fused forms (gemv_fusable).
 //
-// Split-K (ksplit = S > 1; the one-tile tensor-core kernel, bf16 W, bf16 epilogue, sm_90): where N / 8 row
-// groups leave SMs short of blocks (the 4B down projection at M = 4: 320 groups of 9728-long rows; cuBLASLt
-// ran it split-K at 21 + 3 µs against ~19 µs for the M = 1 GEMV, H100, 2026-12-06, `bfeca73`), S blocks of a
-// thread-block cluster share a row group: block s takes the K blocks [s kb, (s + 1) kb), kb = ceil(K / 32 /
-// S), with its warps over them as above; each block adds its warps' sums in ascending order, then the
-// cluster's first block adds the S block sums in ascending s order (read from the others' shared memory) and
-// stores. Deterministic, no workspace, no counter; a config of its own, so its bits may differ from the
-// others'.
-//
 // Rows beyond N are clamped onto row N - 1 and never stored. For a given config the order is fixed, so
 // two runs are bitwise equal, and a row's result does not depend on M, on its place in the block or on
 // the epilogue. Different configs may differ in the last bits (like two split-K tactics). Tolerance
@@ -114,9 +105,6 @@ struct GemvConfig {
   // The W8A8 kernel (gemv_w8a8.h; block-FP8 W only, tensor_cores set): 128-K blocks whose W loads a warp
   // issues together, 1, 2 or 4. 0: the W8A16 / bf16 kernels above.
   int w8a8 = 0;
-  // Split-K (tensor-core one-tile kernel, bf16 W, bf16 epilogue, sm_90): 2, 4 or 8 blocks of a thread-block
-  // cluster share a row group, each over its own K range; 1: none. See "Split-K" above.
-  int ksplit = 1;
   bool operator==(const GemvConfig&) const = default;
 };
 
@@ -130,25 +118,11 @@ struct GemvWeight {
   constexpr bool is_fp8() const { return scale != nullptr; }
 };
 
-// Every configuration for every weight format and epilogue (the tuner times them all; the tests and the
-// benchmark cover them all).
+// Every configuration (the tuner times them all; the tests and the benchmark cover them all).
 inline constexpr GemvConfig kGemvConfigs[] = {{2, false},   {4, false},   {8, false},   {16, false},
                                               {2, true},    {4, true},    {8, true},    {16, true},
                                               {2, true, 2}, {4, true, 2}, {8, true, 2}, {16, true, 2},
                                               {2, true, 4}, {4, true, 4}, {8, true, 4}, {16, true, 4}};
-
-// The split-K configurations (bf16 W, bf16 epilogue, sm_90 only: gemv_split_k_available): warps x blocks a
-// row group.
-inline constexpr GemvConfig kGemvSplitKConfigs[] = {
-    {4, true, 1, 0, 2}, {8, true, 1, 0, 2},  {16, true, 1, 0, 2}, {4, true, 1, 0, 4},
-    {8, true, 1, 0, 4}, {16, true, 1, 0, 4}, {4, true, 1, 0, 8},  {8, true, 1, 0, 8}};
-
-// True for the shapes the tuner offers the split-K configs (bf16 W and output, on sm_90 as well): K >= N, the
-// down and O projections (few row groups of long rows: 4B down, 320 one-tile groups of 9728); the QKV,
-// gate_up and LM head shapes have N > K, fill the GPU with row groups and keep their residual-norm prologue.
-constexpr bool gemv_split_k_shape(int64_t n, int64_t k) {
-  return k >= n;
-}
 
 // The W8A8 kernel's configurations (gemv_w8a8.h), offered for block-FP8 weights only: warps x (16-row
 // tiles, 128-K blocks in flight per warp) with tiles x blocks <= 4 (the registers of a round; one tile and
@@ -165,41 +139,34 @@ constexpr int gemv_rows(GemvConfig c) {
 }
 
 // True for the configurations the fused tails run (gemv_add_rms_norm, gemv_attn_prep.h): one tile of the
-// W8A16 / bf16 kernels, no split-K. The tuner times the fused forms only for those; a fused op given another
+// W8A16 / bf16 kernels. The tuner times the fused forms only for those; a fused op given another
 // (a multi-tile or a W8A8 config) falls back to its unfused form (ops_cuda.cpp).
 constexpr bool gemv_fusable(GemvConfig c) {
-  return c.tiles == 1 && c.w8a8 == 0 && c.ksplit == 1;
+  return c.tiles == 1 && c.w8a8 == 0;
 }
 
 // True for the configurations the residual-norm prologue runs (gemv_norm_in): every W8A16 / bf16 config, the
 // multi-tile tensor-core ones included (a verify step's M = 4 and 8 tactics; the W8A8 configs have their own
 // prologue, gemv_w8a8_norm_in).
 constexpr bool gemv_norm_in_fusable(GemvConfig c) {
-  return c.w8a8 == 0 && c.ksplit == 1;
+  return c.w8a8 == 0;
 }
 
-// True when cfg is one of kGemvConfigs, kGemvSplitKConfigs or kGemvW8a8Configs.
+// True when cfg is one of kGemvConfigs or kGemvW8a8Configs.
 constexpr bool gemv_known_config(GemvConfig c) {
   for (const GemvConfig& k : kGemvConfigs)
-    if (k == c) return true;
-  for (const GemvConfig& k : kGemvSplitKConfigs)
     if (k == c) return true;
   for (const GemvConfig& k : kGemvW8a8Configs)
     if (k == c) return true;
   return false;
 }
 
-// True when the split-K configs (ksplit > 1) run on the current device: its code is this build's sm_90 code
-// (thread-block clusters and distributed shared memory).
-bool gemv_split_k_available();
-
 // True when gemv can run this call: 1 <= m <= 8, k % 8 == 0, n >= 1, row strides multiples of 8, and
 // (for silu_mul) n even. Alignment of the pointers is checked by gemv itself.
 bool gemv_supported(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t ldo, GemvEpilogue epi);
 
 // True when gemv takes this call with config cfg, pointer alignment included: gemv_supported and W's
-// alignment (GemvWeight) for the W8A16 / bf16 configs (split-K: a bf16 W, the bf16 epilogue and
-// gemv_split_k_available as well); for a W8A8 config (w8a8 > 0), a block-FP8 W,
+// alignment (GemvWeight) for the W8A16 / bf16 configs; for a W8A8 config (w8a8 > 0), a block-FP8 W,
 // gemv_w8a8_supported (gemv_w8a8.h: K a multiple of 16, W 16-byte aligned with ldw a multiple of 16, the
 // shared memory, an sm_89+ device). x and out 16-byte aligned either way. Where it says no, the caller takes
 // another path (GemmEngine::run, ops_cuda.cpp).

@@ -8,8 +8,6 @@
 // (gemv.h: gemv_tail_min_blocks).
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -46,7 +44,7 @@ struct GemvParams {
   // towards L2 before the PDL wait, the slice two groups ahead as a group starts, the next group's first
   // round before the current one's reduction; false, one group ahead and its first round in its own loop (as
   // at `2f94697`). The same bits either way.
-  bool ni_ahead = true;
+  bool ni_ahead = false;
   // Block-FP8 W (Fp8Weights): the f32 scales [ceil(N/128), w_kb], w_kb = ceil(K/128); unset for bf16 W.
   const float* w_scale = nullptr;
   int64_t w_kb = 0;
@@ -72,11 +70,6 @@ __host__ __device__ constexpr int64_t norm_in_smem_bytes(int64_t m, int64_t k8) 
 // 3, 40 registers, it spills 200-260 bytes a thread). The multi-tile kernels with the prologue: 1 (capped at
 // 64 registers they spilled 90-160 bytes a thread; nvcc 13.0, 2026-12-06).
 constexpr int kNormInTcMinBlocks = 2;
-
-// The split-K kernels' minimum of resident 512-thread blocks: none (74-78 registers; capped at the plain
-// one-tile kernel's 64 they spilled 16-28 bytes a thread; nvcc 13.0, 2026-12-06). At 4 or 8 warps a block,
-// 6 or 3 blocks an SM stay resident (24 warps, 96 KB of W loads in flight); at 16, one.
-constexpr int kSplitKTcMinBlocks = 0;
 
 // A 16-byte shared-memory load the compiler keeps in program order among the other asm volatile (the
 // tensor-core GEMV's mma): hoisting all of a round's x loads ahead of the mma would hold 32 more registers.
@@ -253,50 +246,9 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
       warps * 32, tid);
 }
 
-// Split-K (gemv.h: GemvConfig::ksplit): the KS blocks of a cluster hold the same row group's sums over KS
-// consecutive K ranges. Each adds its warps in ascending order into shared memory; after a cluster barrier
-// the cluster's first block adds the KS partial sums in ascending split order (reading the others' shared
-// memory, DSMEM) and stores the outputs; a second barrier keeps the others resident until it has read.
-// Called by every thread of every block of the cluster after a __syncthreads. sm_90 only (the launcher
-// refuses the config elsewhere).
-template <int M, int R, GemvEpilogue E, int KS>
-__device__ __forceinline__ void store_split_outputs(const GemvParams& p, int64_t base,
-                                                    const float (*red)[M * R], int warps, int tid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ float part[M * R];
-  const int T = warps * 32;
-  for (int i = tid; i < M * R; i += T) {
-    float s = red[0][i];
-    for (int w = 1; w < warps; ++w) s += red[w][i];
-    part[i] = s;
-  }
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  cluster.sync();  // release / acquire: every split's part is visible to the cluster
-  if (cluster.block_rank() == 0) {
-    const float* parts[KS];
-#pragma unroll
-    for (int r = 0; r < KS; ++r) parts[r] = cluster.map_shared_rank(part, r);
-    store_totals<M, R, E>(
-        p, base,
-        [&](int i) {
-          float s = parts[0][i];
-#pragma unroll
-          for (int r = 1; r < KS; ++r) s += parts[r][i];
-          return s;
-        },
-        T, tid);
-  }
-  cluster.sync();
-#else
-  (void)p, (void)base, (void)red, (void)warps, (void)tid;
-  __trap();
-#endif
-}
-
-// Runs a kernel's row groups: run(grp, more) for group `first` alone (blockIdx.x, or its cluster's with
-// split-K), or with the prologue (kNormIn) for groups blockIdx.x, + gridDim.x, ..., calling next(grp') to
-// move the block's rows on between two of them (after a barrier: the groups share the block's reduction
-// buffer). more: another group follows.
+// Runs a kernel's row groups: run(grp, more) for group `first` alone (blockIdx.x), or with the prologue
+// (kNormIn) for groups blockIdx.x, + gridDim.x, ..., calling next(grp') to move the block's rows on between
+// two of them (after a barrier: the groups share the block's reduction buffer). more: another group follows.
 template <bool kNormIn, class Run, class Next>
 __device__ __forceinline__ void for_each_group(int64_t groups, int64_t first, Run&& run, Next&& next) {
   if constexpr (kNormIn) {
@@ -465,30 +417,20 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2
 // 32-element K block of W rows g, g + 8, ... (one per tile) and of x row g (zeros for g >= M); D[m][n] of
 // tile j's mma is out[m][base + 8 j + n], held by lane (m, n / 2). A round: U = 8 / NT K blocks of every
 // tile (the same registers whatever NT); one x chunk serves the NT tiles, so x is read 1 / NT times as often
-// per W byte (at M = 8 and NT = 1, x's L1 and L2 traffic equals W's). Split-K (KS > 1; gemv.h: ksplit): grid
-// = groups x KS in clusters of KS, block b takes group b / KS and the K blocks [s kb_per, (s + 1) kb_per) of
-// split s = b % KS (kb_per = ceil(K blocks / KS)), its warps over them as above; store_split_outputs adds the
-// splits.
-template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, int NT = 1, class WF = Bf16Weights,
-          int KS = 1>
-__global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInTcMinBlocks : 1)
-                                                  : KS > 1 ? kSplitKTcMinBlocks
-                                                           : Tail::kTcMinBlocks)
+// per W byte (at M = 8 and NT = 1, x's L1 and L2 traffic equals W's).
+template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, int NT = 1, class WF = Bf16Weights>
+__global__ void __launch_bounds__(kMaxWarps * 32,
+                                  kNormIn ? (NT == 1 ? kNormInTcMinBlocks : 1) : Tail::kTcMinBlocks)
     gemv_tc_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
   static_assert(NT == 1 || NT == 2 || NT == 4, "1, 2 or 4 tiles of 8 rows");
   static_assert(NT == 1 || std::is_same_v<Tail, PlainTail>,
                 "the tails run the one-tile kernel (gemv.h: gemv_fusable); the prologue runs any");
-  static_assert(KS == 1 || (NT == 1 && !kNormIn && std::is_same_v<Tail, PlainTail>),
-                "split-K: the plain one-tile kernel (gemv.h: gemv_norm_in_fusable)");
   constexpr int R = 8 * NT;
   constexpr int U = 8 / NT;  // K blocks whose loads a warp issues together, per tile
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = T / 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t groups = row_groups<R, E>(p), kblocks = (p.k8 + 3) / 4;
-  // The block's group and K blocks [kb_begin, kb_end): all of them without split-K.
-  const int64_t first = KS > 1 ? int64_t(blockIdx.x / KS) : int64_t(blockIdx.x);
-  const int64_t kb_per = (kblocks + KS - 1) / KS, kb_begin = int64_t(blockIdx.x % KS) * kb_per;
-  const int64_t kb_end = KS > 1 ? (kb_begin + kb_per < kblocks ? kb_begin + kb_per : kblocks) : kblocks;
+  const int64_t first = blockIdx.x, kb_begin = 0, kb_end = kblocks;  // the block's group and K blocks
   int64_t base = 0, next_base = 0;  // next_base: the next group's (with the prologue)
   typename WF::Row wrow[NT];
   const auto rows_of = [&](int64_t grp, int64_t& b) {
@@ -496,7 +438,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
     for (int j = 0; j < NT; ++j) wrow[j] = w_row<WF>(p, block_row<R, E>(p, grp, g + 8 * j, b));
   };
   rows_of(first, base);
-  // A group's W slice towards L2, every tile, from K block `from` (the prologue's groups: no split-K).
+  // A group's W slice towards L2, every tile, from K block `from`.
   const auto prefetch_group = [&](int64_t grp, int64_t from) {
     int64_t nb;
 #pragma unroll
@@ -514,7 +456,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
       const int64_t kb = kb0 + int64_t(u) * warps, c = kb * 4 + t;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        if (c < p.k8 && (KS == 1 || kb < kb_end)) {
+        if (c < p.k8) {
           wv[u][j] = WF::template load<decltype(pinned)::value>(wrow[j], c);
         } else {
           wv[u][j] = WF::zero();
@@ -587,11 +529,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn  ? (NT == 1 ? kNormInT
       }
     }
     __syncthreads();
-    if constexpr (KS > 1) {
-      store_split_outputs<M, R, E, KS>(p, base, red, warps, tid);
-    } else {
-      store_outputs<M, R, E>(p, base, red, warps, tid);
-    }
+    store_outputs<M, R, E>(p, base, red, warps, tid);
   };
   for_each_group<kNormIn>(groups, first, run_group, [&](int64_t next) {
     if (p.ni_ahead) {

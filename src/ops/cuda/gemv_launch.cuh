@@ -51,22 +51,6 @@ struct NormTail {
 
 using GemvKernel = void (*)(GemvParams, NoArgs);
 
-// launch() (common.cuh) in thread-block clusters of `cluster` blocks along x (split-K; sm_90).
-inline void launch_clusters(const LaunchCfg& cfg, unsigned cluster, GemvKernel kernel, const GemvParams& p) {
-  cudaLaunchConfig_t lc{};
-  lc.gridDim = cfg.grid;
-  lc.blockDim = cfg.block;
-  lc.stream = cfg.stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim = {cluster, 1, 1};
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  lc.attrs = attr;
-  lc.numAttrs = cfg.pdl ? 2 : 1;
-  KILN_CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, p, NoArgs{}));
-}
-
 // The kernel of config cfg for M = m (1..8): FMA, or tensor cores with cfg.tiles tiles (more than one only
 // without a tail: gemv_fusable; the prologue, N, runs any: gemv_norm_in_fusable).
 template <class WF, GemvEpilogue E, class Tail = PlainTail, bool N = false>
@@ -93,29 +77,7 @@ GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
         gemv_tc_kernel<7, E, Tail, N, 4, WF>, gemv_tc_kernel<8, E, Tail, N, 4, WF>};
     if (cfg.tensor_cores && cfg.tiles == 2) return mma2[m - 1];
     if (cfg.tensor_cores && cfg.tiles == 4) return mma4[m - 1];
-    // Split-K: bf16 W and the bf16 epilogue only (gemv.h: ksplit).
-    if constexpr (!N && E == GemvEpilogue::bf16 && std::is_same_v<WF, Bf16Weights>) {
-      static constexpr GemvKernel split2[kGemvMaxM] = {
-          gemv_tc_kernel<1, E, Tail, N, 1, WF, 2>, gemv_tc_kernel<2, E, Tail, N, 1, WF, 2>,
-          gemv_tc_kernel<3, E, Tail, N, 1, WF, 2>, gemv_tc_kernel<4, E, Tail, N, 1, WF, 2>,
-          gemv_tc_kernel<5, E, Tail, N, 1, WF, 2>, gemv_tc_kernel<6, E, Tail, N, 1, WF, 2>,
-          gemv_tc_kernel<7, E, Tail, N, 1, WF, 2>, gemv_tc_kernel<8, E, Tail, N, 1, WF, 2>};
-      static constexpr GemvKernel split4[kGemvMaxM] = {
-          gemv_tc_kernel<1, E, Tail, N, 1, WF, 4>, gemv_tc_kernel<2, E, Tail, N, 1, WF, 4>,
-          gemv_tc_kernel<3, E, Tail, N, 1, WF, 4>, gemv_tc_kernel<4, E, Tail, N, 1, WF, 4>,
-          gemv_tc_kernel<5, E, Tail, N, 1, WF, 4>, gemv_tc_kernel<6, E, Tail, N, 1, WF, 4>,
-          gemv_tc_kernel<7, E, Tail, N, 1, WF, 4>, gemv_tc_kernel<8, E, Tail, N, 1, WF, 4>};
-      static constexpr GemvKernel split8[kGemvMaxM] = {
-          gemv_tc_kernel<1, E, Tail, N, 1, WF, 8>, gemv_tc_kernel<2, E, Tail, N, 1, WF, 8>,
-          gemv_tc_kernel<3, E, Tail, N, 1, WF, 8>, gemv_tc_kernel<4, E, Tail, N, 1, WF, 8>,
-          gemv_tc_kernel<5, E, Tail, N, 1, WF, 8>, gemv_tc_kernel<6, E, Tail, N, 1, WF, 8>,
-          gemv_tc_kernel<7, E, Tail, N, 1, WF, 8>, gemv_tc_kernel<8, E, Tail, N, 1, WF, 8>};
-      if (cfg.ksplit == 2) return split2[m - 1];
-      if (cfg.ksplit == 4) return split4[m - 1];
-      if (cfg.ksplit == 8) return split8[m - 1];
-    }
   }
-  KILN_CHECK(cfg.ksplit == 1, "gemv: split-K runs the plain bf16-weight GEMV with the bf16 epilogue only");
   KILN_CHECK(gemv_fusable(cfg), "gemv: the fused forms run one-tile configs only, got ", cfg.tiles, " tiles");
   return (cfg.tensor_cores ? mma : fma)[m - 1];
 }
@@ -133,15 +95,11 @@ void launch_gemv(const GemvParams& p, int64_t m, GemvEpilogue epi, GemvConfig cf
                  bool pdl) {
   const int64_t out_cols = epi == GemvEpilogue::silu_mul ? p.n / 2 : p.n;
   const int64_t rows = gemv_rows(cfg), per_block = epi == GemvEpilogue::silu_mul ? rows / 2 : rows;
-  const int64_t blocks = (out_cols + per_block - 1) / per_block * cfg.ksplit;  // split-K: clusters of ksplit
+  const int64_t blocks = (out_cols + per_block - 1) / per_block;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv: N too large");
-  const LaunchCfg lc{
-      .grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl};
-  if (cfg.ksplit > 1) {
-    launch_clusters(lc, unsigned(cfg.ksplit), plain_kernel<WF>(m, epi, cfg), p);
-  } else {
-    launch(lc, plain_kernel<WF>(m, epi, cfg), p, NoArgs{});
-  }
+  launch(
+      {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
+      plain_kernel<WF>(m, epi, cfg), p, NoArgs{});
 }
 
 // gemv_add_rms_norm (gemv.h), p validated; min_blocks: gemv_tail_min_blocks().
