@@ -1,10 +1,11 @@
-// gemm benchmark: the decode GEMMs of Qwen3-4B and Qwen3-0.6B (QKV, O, gate_up, down, LM head) at M = 1, 4,
-// 8: cuBLASLt (the tuned tactic when the cache has a cuBLASLt one for the shape, else the heuristic's first),
-// kiln's GEMV in every configuration (FMA or tensor-core kernel, block size), the engine's own choice (what
-// the model runs; also with PDL, where the amortized column shows back-to-back GEMVs prefetching W while the
-// previous one drains), for gate_up the fused GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel, and
-// for O and down the GEMV with the add + RMSNorm epilogue against the GEMV (or cuBLASLt) + the rms_norm
-// kernel (add), in every configuration, and with PDL in the engine's configuration. Weights are rotated over
+// gemm benchmark: the decode GEMMs of Qwen3-4B and Qwen3-0.6B (QKV, O, gate_up, down, LM head), the 8B down
+// and the 30B-A3B QKV and O, at M = 1, 4, 8: cuBLASLt (the tuned tactic when the cache has a cuBLASLt one for
+// the shape, else the heuristic's first), kiln's GEMV in every configuration (FMA or tensor-core kernel,
+// block size), the engine's own choice (what the model runs; also with
+// PDL, where the amortized column shows back-to-back GEMVs prefetching W while the previous one drains), for
+// gate_up the fused GEMV + SiLU-and-mul against cuBLASLt + the silu_mul kernel, and for O and down the GEMV
+// with the add + RMSNorm epilogue against the GEMV (or cuBLASLt) + the rms_norm kernel (add), in every
+// configuration, and with PDL in the engine's configuration. Weights are rotated over
 // >= 4 copies that together exceed 2.2x the L2 (and the L2 is flushed before every sample), so every call
 // reads W from HBM. Timed as graph replays, plus "amortized": 16 launches over rotating copies in one graph /
 // 16 (back to back, as in a decode step). Bytes = W + x + out (W dominates).
@@ -41,13 +42,16 @@ struct GemmCase {
 };
 
 // Qwen3-4B: hidden 2560, 32 x 128 Q, 8 x 128 KV, intermediate 9728. Qwen3-0.6B: hidden 1024, 16 x 128 Q,
-// 8 x 128 KV, intermediate 3072. Vocabulary 151936 (tied LM head, f32 logits).
+// 8 x 128 KV, intermediate 3072. Vocabulary 151936 (tied LM head, f32 logits). Qwen3-8B: hidden 4096,
+// intermediate 12288. Qwen3-30B-A3B: hidden 2048, 32 x 128 Q, 4 x 128 KV.
 const GemmCase kCases[] = {
     {"4B", "qkv", 6144, 2560, kc::GemmOut::bf16},      {"4B", "o", 2560, 4096, kc::GemmOut::bf16},
     {"4B", "gate_up", 19456, 2560, kc::GemmOut::bf16}, {"4B", "down", 2560, 9728, kc::GemmOut::bf16},
     {"4B", "lm_head", 151936, 2560, kc::GemmOut::f32}, {"0.6B", "qkv", 4096, 1024, kc::GemmOut::bf16},
     {"0.6B", "o", 1024, 2048, kc::GemmOut::bf16},      {"0.6B", "gate_up", 6144, 1024, kc::GemmOut::bf16},
-    {"0.6B", "down", 1024, 3072, kc::GemmOut::bf16},   {"0.6B", "lm_head", 151936, 1024, kc::GemmOut::f32}};
+    {"0.6B", "down", 1024, 3072, kc::GemmOut::bf16},   {"0.6B", "lm_head", 151936, 1024, kc::GemmOut::f32},
+    {"8B", "down", 4096, 12288, kc::GemmOut::bf16},    {"30B", "qkv", 5120, 2048, kc::GemmOut::bf16},
+    {"30B", "o", 2048, 4096, kc::GemmOut::bf16}};
 
 std::string config_name(const char* what, kc::GemvConfig c) {
   return std::string(what) + (c.tensor_cores ? " tc" : " fma") + " w" + std::to_string(c.warps) +
@@ -187,7 +191,8 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
         const double ni_bytes = double(w_bytes) + double(M * c.k) * 2 * 3 + double(M * cols) * 2;
         const kc::GemvEpilogue epi = gate_up ? kc::GemvEpilogue::silu_mul : kc::GemvEpilogue::bf16;
         void* dst = gate_up ? act.data() : out.data();
-        const kc::GemvConfig pc = choice && kc::gemv_fusable(*choice) ? *choice : kc::GemvConfig{8, true};
+        const kc::GemvConfig pc =
+            choice && kc::gemv_norm_in_fusable(*choice) ? *choice : kc::GemvConfig{8, true};
         const std::string note = choice ? "engine choice" : "no GEMV tactic: default";
         time_row(Row{"gemm", config_name(gate_up ? "add_rms_norm+gemv+silu" : "add_rms_norm+gemv", pc), shape,
                      0, -1, ni_bytes, note},
@@ -196,10 +201,11 @@ void run_gemm(const Env& env, std::vector<Row>& rows) {
                                 M, c.k, 1e-6f, true, env.stream, false);
                    kc::gemv(ni_normed.data(), c.k, wi(i), c.k, dst, cols, M, c.n, c.k, epi, pc, env.stream);
                  });
-        // The fused kernel for every config (M = 1 only) and block sizing (0: one wave; g: g groups a block).
+        // The fused kernel for every one-tile config (M = 1; at M > 1 the engine's) and block sizing (0: one
+        // wave; g: g groups a block).
         for (const kc::GemvConfig cfg : kc::kGemvConfigs) {
-          if ((M > 1 && !(cfg == pc)) || !kc::gemv_fusable(cfg)) continue;
-          for (const int g : {0, 2}) {
+          if (M > 1 ? !(cfg == pc) : !kc::gemv_fusable(cfg)) continue;
+          for (const int g : {0, 2, 3}) {
             const std::string what =
                 std::string("gemv_norm_in") + (gate_up ? "+silu" : "") + " g" + std::to_string(g);
             time_row(Row{"gemm", config_name(what.c_str(), cfg), shape, 0, -1, ni_bytes,

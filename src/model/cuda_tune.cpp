@@ -31,8 +31,17 @@ void cuda_autotune_if_needed(const ModelConfig& cfg) {
   const std::string path = cuda::default_tactic_cache_path();
   std::fprintf(stderr, "kiln: tuning cuBLASLt GEMM tactics for this GPU and model shape (once; cache %s)\n",
                path.c_str());
-  // An embedding model runs no LM head (model/weights.h): its vocabulary GEMM is not tuned.
-  const int64_t logit_rows = cfg.arch == ModelArch::qwen3_embedding ? 0 : 1;
+  // An embedding model runs no LM head (model/weights.h): its vocabulary GEMM is not tuned. Otherwise up to
+  // the GEMV's M: a speculative verify step's logits rows (k + 1 a sequence) ran cuBLASLt's untuned
+  // heuristic where only M = 1 was tuned. KILN_TUNE_LOGIT_ROWS=8 turns that on (not yet measured on a GPU);
+  // unset or 1: M = 1 only (as at `2f94697`).
+  int64_t max_logit_rows = 1;
+  if (const char* e = std::getenv("KILN_TUNE_LOGIT_ROWS"); e && *e) {
+    KILN_CHECK(std::strcmp(e, "1") == 0 || std::strcmp(e, "8") == 0,
+               "KILN_TUNE_LOGIT_ROWS must be 1 or 8, got '", e, "'");
+    max_logit_rows = std::atoi(e);
+  }
+  const int64_t logit_rows = cfg.arch == ModelArch::qwen3_embedding ? 0 : max_logit_rows;
   std::vector<cuda::GemmShape> shapes =
       cuda::qwen3_gemm_shapes(cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size,
                               cfg.vocab_size, 512, logit_rows, fp8);

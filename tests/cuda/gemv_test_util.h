@@ -26,6 +26,14 @@ inline std::vector<cuda::GemvConfig> fusable_gemv_configs() {
   return v;
 }
 
+// The configurations the residual-norm prologue runs (gemv.h: gemv_norm_in_fusable): multi-tile ones too.
+inline std::vector<cuda::GemvConfig> norm_in_gemv_configs() {
+  std::vector<cuda::GemvConfig> v;
+  for (const cuda::GemvConfig& c : cuda::kGemvConfigs)
+    if (cuda::gemv_norm_in_fusable(c)) v.push_back(c);
+  return v;
+}
+
 // One GEMV tactic of a tactic cache: configuration cfg for shape s; norm_in: the tactic takes the residual
 // add + RMSNorm in its prologue (cache word 2, "+norm-in").
 struct GemvEntry {

@@ -354,8 +354,10 @@ TEST(CudaGemv, TacticLineRoundTrip) {
       cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 1 0 0 0 0 # one tile as 1", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 1 0 3 0 0 0 0 # 3 tiles", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 2 0 0 0 0 # fma tiles", s2, t2));
-  EXPECT_FALSE(
-      cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 1 1 4 0 0 0 0 # norm-in tiles", s2, t2));
+  // The prologue runs multi-tile configs (gemv.h: gemv_norm_in_fusable).
+  ASSERT_TRUE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 1 1 4 0 0 0 0 # norm-in tiles", s2, t2));
+  EXPECT_EQ(t2.gemv, (GemvConfig{4, true, 4}));
+  EXPECT_TRUE(t2.gemv_norm_in);
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 0 0 0 1 0 0 # junk", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 2 0 0 0 0 0 0 # kernel 2", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("4 19456 2560 bf16 12.5 gemv 4 0 2 0 0 0 0 0 # norm-in 2", s2, t2));

@@ -1,11 +1,12 @@
 // The GEMV with the residual-norm prologue (ops/cuda/gemv.h: gemv_norm_in) against its unfused form, the
 // rms_norm kernel with add (residual rewritten, normed stored) then the plain GEMV on normed: out (bf16 and
-// the silu_mul epilogue) and the rewritten residual byte for byte, for M = 1..8, every configuration, the
-// Qwen3-4B and 0.6B QKV / gate_up shapes, odd ones, and one whose prologue rows need more than 48 KB of
-// shared memory; each fused case launched twice (the second needs the count the first one's last reader
-// reset) and with 1 and 3 row groups a block beside the default one wave. Then a decode layer's two norm-in
-// projections in a CUDA graph replayed with changing inputs, with and without PDL, and the ops::ResidualNorm
-// entry points on CUDA with the switch on and off. Every output is poisoned (all bits set) before each run.
+// the silu_mul epilogue) and the rewritten residual byte for byte, for M = 1..8, every configuration the
+// prologue runs (the multi-tile ones included), the Qwen3-4B and 0.6B QKV / gate_up shapes, odd ones, and one
+// whose prologue rows need more than 48 KB of shared memory; each fused case launched twice (the second needs
+// the count the first one's last reader reset) and with 1 and 3 row groups a block beside the default one
+// wave. Then a decode layer's two norm-in projections in a CUDA graph replayed with changing inputs, with and
+// without PDL, and the ops::ResidualNorm entry points on CUDA with the switch on and off. Every output is
+// poisoned (all bits set) before each run.
 #include <cuda_runtime_api.h>
 
 #include <filesystem>
@@ -111,7 +112,7 @@ TEST(CudaGemvNormIn, EqualsAddRmsNormThenGemvBitwise) {
   for (const Shape& s : kShapes) {
     const Bufs b(s, seed += 10);
     const auto res0 = to_host<uint16_t>(b.res0, b.res0.bytes() / 2);
-    for (const GemvConfig cfg : test::fusable_gemv_configs())
+    for (const GemvConfig cfg : test::norm_in_gemv_configs())
       for (int64_t m = 1; m <= cuda::kGemvMaxM; ++m) {
         const std::string what =
             std::string(s.name) + " M " + std::to_string(m) + " " + test::gemv_config_name(cfg);
@@ -175,7 +176,8 @@ TEST(CudaGemvNormIn, GraphReplayWithChangingInputsAndPdl) {
     for (const Buffer* b : outs) v.push_back(to_host<uint16_t>(*b, b->bytes() / 2));
     return v;
   };
-  for (const GemvConfig cfg : {GemvConfig{16, true}, GemvConfig{8, true}, GemvConfig{4, false}}) {
+  for (const GemvConfig cfg :
+       {GemvConfig{16, true}, GemvConfig{8, true}, GemvConfig{4, false}, GemvConfig{4, true, 4}}) {
     for (const bool pdl : {false, true}) {
       const std::string what = test::gemv_config_name(cfg) + (pdl ? " with PDL" : "");
       // The captured chain copies res0 into the residual first: rewriting res0 before each replay changes
@@ -268,22 +270,29 @@ TEST(CudaGemvNormIn, ResidualNormOpsOnAndOff) {
                                   9, 2 * I, H, GemvEpilogue::silu_mul, GemvConfig{8, true}, nullptr),
                Error);
 
-  // A multi-tile tactic (gemv.h: gemv_fusable) has no prologue form, even with the prologue forced on: the
-  // op runs add_rms_norm then the fused gate_up GEMV of that config, bitwise the composition.
+  // A multi-tile tactic (a verify step's M = 4 tactic for the QKV and gate_up shapes) has its prologue form
+  // too (gemv.h: gemv_norm_in_fusable): the op runs it where the tuner kept it, bitwise the composition.
   test::write_gemv_cache(eng, path, {cuda::gemm_m_bucket(M), 2 * I, H, cuda::GemmOut::bf16},
-                         GemvConfig{8, true, 4});
+                         GemvConfig{8, true, 4}, /*norm_in=*/true);
   ASSERT_TRUE(eng.load(path));
   std::filesystem::remove(path);
-  eng.set_gemv_norm_in(2);
-  EXPECT_FALSE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());
-  eng.set_gemv_norm_in(1);
+  ASSERT_EQ(eng.gemv_norm_in_choice(M, 2 * I, H), (GemvConfig{8, true, 4}));
   const auto want4 = run(1, true);
   for (uint16_t e : want4.first) ASSERT_NE(e, 0xffff);
-  EXPECT_TRUE(run(2, false) == want4)
-      << "ResidualNorm op with a four-tile tactic != add_rms_norm then the op";
-  EXPECT_THROW(cuda::gemv_norm_in(delta.data(), H, res.data(), H, nw.data(), kEps, w.data(), H, act.data(), I,
-                                  M, 2 * I, H, GemvEpilogue::silu_mul, GemvConfig{8, true, 4}, nullptr),
-               Error);
+  EXPECT_TRUE(run(1, false) == want4)
+      << "ResidualNorm op with a four-tile prologue != add_rms_norm then the op";
+  EXPECT_TRUE(run(0, false) == want4)
+      << "ResidualNorm op, four tiles, switch off != add_rms_norm then the op";
+  // The multi-tile prologue switched off (KILN_GEMV_NORM_IN_TILES=0): no prologue choice, the same bits.
+  eng.set_gemv_norm_in_tiles(false);
+  EXPECT_FALSE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());
+  EXPECT_TRUE(run(1, false) == want4)
+      << "ResidualNorm op, multi-tile prologue off != add_rms_norm then the op";
+  eng.set_gemv_norm_in_tiles(true);
+  EXPECT_NO_THROW(cuda::gemv_norm_in(delta.data(), H, res.data(), H, nw.data(), kEps, w.data(), H, act.data(),
+                                     I, M, 2 * I, H, GemvEpilogue::silu_mul, GemvConfig{8, true, 4},
+                                     nullptr));
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace

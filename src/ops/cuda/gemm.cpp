@@ -135,7 +135,7 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
     ok = ok && (t.algo[5] != 0 || t.algo[6] == 0);
     const GemvConfig prologue = t.norm_in_gemv.value_or(t.gemv);
     if (!ok || !gemv_known_config(t.gemv) || !gemv_known_config(prologue) ||
-        (t.gemv_norm_in && !gemv_fusable(prologue) && prologue.w8a8 == 0))
+        (t.gemv_norm_in && !gemv_norm_in_fusable(prologue) && prologue.w8a8 == 0))
       return false;
     std::fill(std::begin(t.algo), std::end(t.algo), uint64_t(0));
   }
@@ -165,6 +165,7 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
   gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
   verify_tactics_ = env_switch("KILN_VERIFY_TACTICS", verify_tactics_);
+  gemv_norm_in_tiles_ = env_switch("KILN_GEMV_NORM_IN_TILES", gemv_norm_in_tiles_);
   if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
                "KILN_GEMV_NORM_IN must be 0, 1 or 2, got '", e, "'");
@@ -213,7 +214,8 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   // A W8A8 tactic's W8A16 prologue config (GemmTactic::norm_in_gemv), where it was measured faster; else the
   // tactic's own config (W8A8 configs have their prologue: gemv_w8a8_norm_in).
   const GemvConfig c = t.norm_in_gemv.value_or(*g);
-  if (!gemv_fusable(c) && c.w8a8 == 0) return std::nullopt;
+  if (!gemv_norm_in_fusable(c) && c.w8a8 == 0) return std::nullopt;
+  if (c.tiles > 1 && c.w8a8 == 0 && !gemv_norm_in_tiles_) return std::nullopt;  // switched off
   if (gemv_norm_in_ == 2) return c;
   return t.gemv_norm_in ? std::optional<GemvConfig>(c) : std::nullopt;
 }

@@ -103,8 +103,9 @@ int64_t gemm_m_bucket(int64_t m);
 // 0 where it runs the W8A8 config's own (w6 = 2: an e4m3 x 16 config); else 0; w7 = 1 for an e4m3 x 16
 // config (gemv.h), v4 files: 0).
 // parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
-// not take, the prologue with a multi-tile config, a W8A8 config for a bf16 weight, a GEMV tactic for a
-// shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported) refuses).
+// not take, the prologue with a config it does not run (gemv.h: gemv_norm_in_fusable), a W8A8 config for a
+// bf16 weight, a GEMV tactic for a shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported)
+// refuses).
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
 bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 
@@ -173,6 +174,11 @@ class GemmEngine {
   // A/B runs) takes it wherever the GEMV is the tactic, measured faster or not.
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
   int gemv_norm_in() const { return gemv_norm_in_; }
+  // Off: the residual-norm prologue runs one-tile configs only (as before multi-tile ones had it): the tuner
+  // times no prologue for a multi-tile winner and gemv_norm_in_choice ignores a cached one. Default on;
+  // KILN_GEMV_NORM_IN_TILES=0 starts it off.
+  void set_gemv_norm_in_tiles(bool on) { gemv_norm_in_tiles_ = on; }
+  bool gemv_norm_in_tiles() const { return gemv_norm_in_tiles_; }
   // Verify steps (speculative decoding): rows > 0 makes calls with M <= 8 (run(), gemv_choice,
   // gemv_norm_in_choice) take what the plain decode step of M = rows (its sequences) takes: the tuned tactic
   // of bucket(rows): a GEMV config, whose rows do not depend on M (gemv.h), so the verify step's rows are
@@ -217,6 +223,7 @@ class GemmEngine {
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
   int gemv_norm_in_ = 1;
+  bool gemv_norm_in_tiles_ = true;
   int64_t tactic_rows_ = 0;
   bool verify_tactics_ = false;
   // The M bucket whose tactic a call of m rows takes (set_tactic_rows).

@@ -228,7 +228,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       const GemvConfig alt_cfg = w8a8_alt ? gemv_cands[best_fusable_i - cands.size()] : t.gemv;
       const bool prologue_ok =
           w8a8 ? gemv_w8a8_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16)
-               : gemv_fusable(t.gemv) &&
+               : gemv_norm_in_fusable(t.gemv) && (gemv_norm_in_tiles_ || t.gemv.tiles == 1) &&
                      gemv_norm_in_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.k, s.n, GemvEpilogue::bf16);
       if (s.out == GemmOut::bf16 && prologue_ok) {
         const float pair = time_us([&](int64_t it) {

@@ -162,6 +162,19 @@ static int norm_in_groups_env() {
   return v;
 }
 
+// KILN_GEMV_NORM_IN_AHEAD=1: the prologue GEMV's deeper look-ahead (GemvParams::ni_ahead; not yet timed on a
+// GPU); unset or 0: that of `2f94697`.
+static bool norm_in_ahead_env() {
+  static const bool v = [] {
+    const char* e = std::getenv("KILN_GEMV_NORM_IN_AHEAD");
+    if (!e || !*e) return false;
+    KILN_CHECK(std::string(e) == "0" || std::string(e) == "1",
+               "KILN_GEMV_NORM_IN_AHEAD must be 0 or 1, got '", e, "'");
+    return std::string(e) == "1";
+  }();
+  return v;
+}
+
 bool gemv_norm_in_supported(int64_t m, int64_t n, int64_t k, int64_t ldd, int64_t ldr, int64_t ldw,
                             int64_t ldo, GemvEpilogue epi) {
   return gemv_supported(m, n, k, k, ldw, ldo, epi) && ldd >= k && ldr >= k && ldd % 8 == 0 && ldr % 8 == 0 &&
@@ -185,9 +198,8 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
       aligned16(delta) && aligned16(residual) && aligned16(norm_w) && weight_aligned(w) && aligned16(out),
       "gemv_norm_in: delta, residual, norm weight and out must be 16-byte aligned, W 16 (bf16) or 8 "
       "(e4m3) and its scales 4");
-  KILN_CHECK(gemv_known_config(cfg) && gemv_fusable(cfg),
-             "gemv_norm_in: warps must be 2, 4, 8 or 16 and tiles 1, got warps ", cfg.warps, " tiles ",
-             cfg.tiles);
+  KILN_CHECK(gemv_known_config(cfg) && gemv_norm_in_fusable(cfg), "gemv_norm_in: unknown config: warps ",
+             cfg.warps, " (2, 4, 8 or 16), tiles ", cfg.tiles, " (tensor cores: 1, 2 or 4; FMA: 1)");
   KILN_CHECK(gemv_weight_fits(cfg, w, k), "gemv_norm_in: an e4m3 x 16 config needs a block-FP8 W with K (", k,
              ") and ldw (", w.ld, ") multiples of 16 and 16-byte aligned data");
   KILN_CHECK(eps >= 0.0f, "gemv_norm_in: eps must be >= 0");
@@ -207,6 +219,7 @@ void gemv_norm_in(const void* delta, int64_t ldd, void* residual, int64_t ldr, c
   p.ni_w = static_cast<const uint4*>(norm_w);
   p.ni_ldd8 = ldd / 8;
   p.ni_ldr8 = ldr / 8;
+  p.ni_ahead = norm_in_ahead_env();
   if (groups_per_block == 0) groups_per_block = norm_in_groups_env();
   if (w.is_fp8()) {
     launch_gemv_norm_in_fp8(p, m, epi, cfg, groups_per_block, stream, pdl);

@@ -85,18 +85,22 @@
 // RMSNorm): x is not read; every block computes it into shared memory first, h = bf16(residual + delta) and
 // x = rms_norm(h) * norm_w for the M rows, with norm_row.cuh's chunk arithmetic in rms_norm_row's summation
 // order (each row's squares by one warp, lane l over chunks l, l + 32, ...), then runs the dot products of
-// the plain kernel (same config, same order) on it. So out (and act for silu_mul) is bitwise rms_norm with
-// add (elementwise.h) then gemv, and residual is rewritten with the same h. Every block reads all of the
+// the plain kernel (same config, same order) on it: any W8A16 / bf16 config, the multi-tile tensor-core ones
+// included (gemv_norm_in_fusable: at M = 4 and 8 they win the QKV and gate_up shapes, and without a prologue
+// form a verify step ran the rms_norm kernel before each). So out (and act for silu_mul) is bitwise rms_norm
+// with add (elementwise.h) then gemv, and residual is rewritten with the same h. Every block reads all of the
 // residual; each block counts itself on a per-device counter once its reads have returned (after a
 // __syncthreads), and the block that counts last, when every other block has read, writes h back and resets
 // the counter to 0. The normed rows are never stored. Safe for any number of launches on one stream, in a
 // graph or not (the count is touched after pdl_wait, as the add + RMSNorm epilogue's), not for two launches
 // in flight at once on two streams of one device. Before the prologue (and before the PDL wait) its blocks
 // issue their first round of W loads into registers, as the plain GEMV does, prefetch the rest of their
-// W slice towards L2 and stage the norm weight into shared memory, so the W stream overlaps the norm (the
-// first round: 0.6B 1.047 -> 1.030 ms a token, 4B unchanged; H200, 2026-12-02, `db1b288`; the weight
-// and the count off the squares' path: 4B QKV 13.4 -> 12.5 µs, 2026-12-02, `8fe5dd7`:
-// bench/results/h200_norm_in_prologue_2026-12-02.txt). PDL: as gemv.
+// W slice towards L2 (the first round's chunks not again) and its second row group's slice too, and stage
+// the norm weight into shared memory; a block with another row group to run issues that group's first round
+// before the current one's reduction and stores, and prefetches the slice two groups ahead as it starts one.
+// So the W stream overlaps the norm (the first round: 0.6B 1.047 -> 1.030 ms a token, 4B unchanged; H200,
+// 2026-12-02, `db1b288`; the weight and the count off the squares' path: 4B QKV 13.4 -> 12.5 µs, 2026-12-02,
+// `8fe5dd7`: bench/results/h200_norm_in_prologue_2026-12-02.txt). PDL: as gemv.
 #pragma once
 
 #include <cstdint>
@@ -164,12 +168,18 @@ constexpr int gemv_block_rows(GemvConfig c, int64_t m) {
   return c.e4m3x16 && m > 2 ? 4 : gemv_rows(c);
 }
 
-// True for the configurations the fused forms run (gemv_add_rms_norm, gemv_norm_in, gemv_attn_prep.h): one
-// tile of the W8A16 / bf16 kernels (the e4m3 x 16 configs included). The tuner times the fused forms only for
-// those; a fused op given another (a multi-tile or a W8A8 config) falls back to its unfused form
-// (ops_cuda.cpp).
+// True for the configurations the fused tails run (gemv_add_rms_norm, gemv_attn_prep.h): one tile of the
+// W8A16 / bf16 kernels (the e4m3 x 16 configs included). The tuner times the fused forms only for those; a
+// fused op given another (a multi-tile or a W8A8 config) falls back to its unfused form (ops_cuda.cpp).
 constexpr bool gemv_fusable(GemvConfig c) {
   return c.tiles == 1 && c.w8a8 == 0;
+}
+
+// True for the configurations the residual-norm prologue runs (gemv_norm_in): every W8A16 / bf16 config, the
+// multi-tile tensor-core ones included (a verify step's M = 4 and 8 tactics; the W8A8 configs have their own
+// prologue, gemv_w8a8_norm_in).
+constexpr bool gemv_norm_in_fusable(GemvConfig c) {
+  return c.w8a8 == 0;
 }
 
 // True when cfg is one of kGemvConfigs, kGemvW8a8Configs or kGemvE4m3x16Configs.

@@ -40,6 +40,11 @@ struct GemvParams {
   uint4* ni_residual = nullptr;
   const uint4* ni_w = nullptr;
   int64_t ni_ldd8 = 0, ni_ldr8 = 0;
+  // The prologue's look-ahead (gemv.h: gemv_norm_in; KILN_GEMV_NORM_IN_AHEAD): true, the second group's W
+  // towards L2 before the PDL wait, the slice two groups ahead as a group starts, the next group's first
+  // round before the current one's reduction; false, one group ahead and its first round in its own loop (as
+  // at `2f94697`). The same bits either way.
+  bool ni_ahead = false;
   // Block-FP8 W (Fp8Weights): the f32 scales [ceil(N/128), w_kb], w_kb = ceil(K/128); unset for bf16 W.
   const float* w_scale = nullptr;
   int64_t w_kb = 0;
@@ -62,7 +67,8 @@ __host__ __device__ constexpr int64_t norm_in_smem_bytes(int64_t m, int64_t k8) 
 
 // The tensor-core kernel's __launch_bounds__ minimum of resident 512-thread blocks with the prologue: 2 (64
 // registers, 4-20 bytes of spills; uncapped it takes 94-104, one block per SM; capped at the plain kernel's
-// 3, 40 registers, it spills 200-260 bytes a thread).
+// 3, 40 registers, it spills 200-260 bytes a thread). The multi-tile kernels with the prologue: 1 (capped at
+// 64 registers they spilled 90-160 bytes a thread; nvcc 13.0, 2026-12-06).
 constexpr int kNormInTcMinBlocks = 2;
 
 // A 16-byte shared-memory load the compiler keeps in program order among the other asm volatile (the
@@ -187,17 +193,11 @@ __device__ __forceinline__ typename WF::Row w_row(const GemvParams& p, int64_t n
   return WF::row(p.w, p.ldw8, p.w_scale, p.w_kb, n);
 }
 
-// red[w][m * R + r]: warp w's sum for x row m and block row r. Adds the warps in ascending order and
-// stores the block's outputs (gemv.h: the epilogues). Called by every thread after a __syncthreads.
-template <int M, int R, GemvEpilogue E>
-__device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base, const float (*red)[M * R],
-                                              int warps, int tid) {
-  auto total = [&](int i) {
-    float s = red[0][i];
-    for (int w = 1; w < warps; ++w) s += red[w][i];
-    return s;
-  };
-  const int T = warps * 32;
+// Stores a block's outputs (gemv.h: the epilogues) from total(m * R + r), the dot product of x row m and
+// block row r; T threads, this one tid.
+template <int M, int R, GemvEpilogue E, class Total>
+__device__ __forceinline__ void store_totals(const GemvParams& p, int64_t base, Total&& total, int T,
+                                             int tid) {
   if constexpr (E == GemvEpilogue::silu_mul) {
     for (int i = tid; i < M * (R / 2); i += T) {
       const int m = i / (R / 2), c = i % (R / 2);
@@ -225,11 +225,26 @@ __device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base,
   }
 }
 
-// Runs a kernel's row groups: run(grp, more) for group blockIdx.x alone, or with the prologue (kNormIn) for
-// groups blockIdx.x, + gridDim.x, ..., calling next(grp') to move the block's rows on between two of them
-// (after a barrier: the groups share the block's reduction buffer). more: another group follows.
+// red[w][m * R + r]: warp w's sum for x row m and block row r. Adds the warps in ascending order and
+// stores the block's outputs. Called by every thread after a __syncthreads.
+template <int M, int R, GemvEpilogue E>
+__device__ __forceinline__ void store_outputs(const GemvParams& p, int64_t base, const float (*red)[M * R],
+                                              int warps, int tid) {
+  store_totals<M, R, E>(
+      p, base,
+      [&](int i) {
+        float s = red[0][i];
+        for (int w = 1; w < warps; ++w) s += red[w][i];
+        return s;
+      },
+      warps * 32, tid);
+}
+
+// Runs a kernel's row groups: run(grp, more) for group `first` alone (blockIdx.x), or with the prologue
+// (kNormIn) for groups blockIdx.x, + gridDim.x, ..., calling next(grp') to move the block's rows on between
+// two of them (after a barrier: the groups share the block's reduction buffer). more: another group follows.
 template <bool kNormIn, class Run, class Next>
-__device__ __forceinline__ void for_each_group(int64_t groups, Run&& run, Next&& next) {
+__device__ __forceinline__ void for_each_group(int64_t groups, int64_t first, Run&& run, Next&& next) {
   if constexpr (kNormIn) {
     for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
       const bool more = grp + gridDim.x < groups;
@@ -240,7 +255,7 @@ __device__ __forceinline__ void for_each_group(int64_t groups, Run&& run, Next&&
       }
     }
   } else {
-    run(int64_t(blockIdx.x), false);
+    run(first, false);
   }
 }
 
@@ -271,8 +286,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = w_row<WF>(p, block_row<R, E>(p, grp, r, b));
   };
-  const auto prefetch_group = [&](const Row(&rows)[R]) {  // a group's whole W slice towards L2
-    for (int64_t c = tid; c < chunks; c += T)
+  // A group's W slice towards L2 from chunk `from` (the first group's first round is loaded already).
+  const auto prefetch_group = [&](const Row(&rows)[R], int64_t from) {
+    for (int64_t c = from + tid; c < chunks; c += T)
 #pragma unroll
       for (int r = 0; r < R; ++r) WF::prefetch(rows[r], c);
   };
@@ -296,7 +312,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows, then the norm weight
   uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
-    prefetch_group(wrow);
+    prefetch_group(wrow, p.ni_ahead ? int64_t(U) * T : 0);
+    if (p.ni_ahead &&
+        blockIdx.x + gridDim.x < groups) {  // and the block's second group, while the prologue runs
+      Row second[R];
+      int64_t nb;
+      rows_of(blockIdx.x + gridDim.x, second, nb);
+      prefetch_group(second, 0);
+    }
     norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
@@ -306,13 +329,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const int64_t ldx8 = kNormIn ? norm_in_lds8(p.k8) : p.ldx8;
 
   __shared__ float red[kMaxWarps][M * R];
-  // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
+  int64_t next_base = 0;  // the next group's first output column (with the prologue)
+  // One group (wrow, base); more: another follows (only with the prologue), whose first round it loads
+  // before its own reduction, so that round's latency hides under it; the W slice of the group after that
+  // goes towards L2 at once (the next one's went a group earlier: two groups ahead).
   const auto run_group = [&](int64_t grp, bool more) {
-    if (more) {
-      Row next[R];
+    if (const int64_t ahead_grp = grp + (p.ni_ahead ? 2 : 1) * int64_t(gridDim.x);
+        more && ahead_grp < groups) {
+      Row ahead[R];
       int64_t nb;
-      rows_of(grp + gridDim.x, next, nb);
-      prefetch_group(next);
+      rows_of(ahead_grp, ahead, nb);
+      prefetch_group(ahead, 0);
     }
     float acc[M][R];
 #pragma unroll
@@ -321,8 +348,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
 
     for (int64_t c0 = tid; c0 < chunks; c0 += int64_t(U) * T) {
-      if (c0 != tid || (kNormIn && grp != blockIdx.x))
-        load_round(c0, std::false_type{});  // the first round of the first group came before the wait
+      if (c0 != tid || (kNormIn && !p.ni_ahead && grp != blockIdx.x))
+        load_round(c0, std::false_type{});  // a group's first round came before (see above)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + int64_t(u) * T;
@@ -330,6 +357,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
           WF::template dot<M, R>(
               wv[u], [&](int m, int i) { return load_x<kNormIn>(xs + m * ldx8 + c * X + i); }, acc);
       }
+    }
+
+    if (more && p.ni_ahead) {
+      rows_of(grp + gridDim.x, wrow, next_base);
+      load_round(tid, std::false_type{});
     }
 
     // Warp butterfly, then the warps' sums in ascending warp order (gemv.h: the summation order).
@@ -345,7 +377,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     __syncthreads();
     store_outputs<M, R, E>(p, base, red, T / 32, tid);
   };
-  for_each_group<kNormIn>(groups, run_group, [&](int64_t next) { rows_of(next, wrow, base); });
+  for_each_group<kNormIn>(groups, blockIdx.x, run_group, [&](int64_t next) {
+    if (p.ni_ahead) {
+      base = next_base;
+    } else {
+      rows_of(next, wrow, base);
+    }
+  });
   Tail::template finish<M, R>(p, ta, base, T / 32, tid);
 }
 
@@ -365,35 +403,41 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2
 // tile (the same registers whatever NT); one x chunk serves the NT tiles, so x is read 1 / NT times as often
 // per W byte (at M = 8 and NT = 1, x's L1 and L2 traffic equals W's).
 template <int M, GemvEpilogue E, class Tail, bool kNormIn = false, int NT = 1, class WF = Bf16Weights>
-__global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks : Tail::kTcMinBlocks)
+__global__ void __launch_bounds__(kMaxWarps * 32,
+                                  kNormIn ? (NT == 1 ? kNormInTcMinBlocks : 1) : Tail::kTcMinBlocks)
     gemv_tc_kernel(const __grid_constant__ GemvParams p, const __grid_constant__ typename Tail::Args ta) {
   static_assert(NT == 1 || NT == 2 || NT == 4, "1, 2 or 4 tiles of 8 rows");
-  static_assert(NT == 1 || (!kNormIn && std::is_same_v<Tail, PlainTail>),
-                "the prologue and the tails run the one-tile kernel (gemv.h: gemv_fusable)");
+  static_assert(NT == 1 || std::is_same_v<Tail, PlainTail>,
+                "the tails run the one-tile kernel (gemv.h: gemv_fusable); the prologue runs any");
   constexpr int R = 8 * NT;
   constexpr int U = 8 / NT;  // K blocks whose loads a warp issues together, per tile
   const int T = int(blockDim.x), tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = T / 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t groups = row_groups<R, E>(p), kblocks = (p.k8 + 3) / 4;
-  int64_t base = 0;
+  const int64_t first = blockIdx.x, kb_begin = 0, kb_end = kblocks;  // the block's group and K blocks
+  int64_t base = 0, next_base = 0;  // next_base: the next group's (with the prologue)
   typename WF::Row wrow[NT];
-  const auto rows_of = [&](int64_t grp) {
+  const auto rows_of = [&](int64_t grp, int64_t& b) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j) wrow[j] = w_row<WF>(p, block_row<R, E>(p, grp, g + 8 * j, base));
+    for (int j = 0; j < NT; ++j) wrow[j] = w_row<WF>(p, block_row<R, E>(p, grp, g + 8 * j, b));
   };
-  rows_of(blockIdx.x);
-  const auto prefetch_group = [&](int64_t grp) {  // a group's whole W slice towards L2 (NT == 1)
+  rows_of(first, base);
+  // A group's W slice towards L2, every tile, from K block `from`.
+  const auto prefetch_group = [&](int64_t grp, int64_t from) {
     int64_t nb;
-    const typename WF::Row row = w_row<WF>(p, block_row<R, E>(p, grp, g, nb));
-    for (int64_t kb = warp; kb < kblocks; kb += warps)
-      if (kb * 4 + t < p.k8) WF::prefetch(row, kb * 4 + t);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const typename WF::Row row = w_row<WF>(p, block_row<R, E>(p, grp, g + 8 * j, nb));
+      for (int64_t kb = from + warp; kb < kblocks; kb += warps)
+        if (kb * 4 + t < p.k8) WF::prefetch(row, kb * 4 + t);
+    }
   };
   const uint4 zero = make_uint4(0, 0, 0, 0);
   typename WF::Raw wv[U][NT];  // a round of W: chunk t of K blocks kb0, kb0 + warps, ... of the lane's rows
   const auto load_round = [&](int64_t kb0, auto pinned) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
+      const int64_t kb = kb0 + int64_t(u) * warps, c = kb * 4 + t;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         if (c < p.k8) {
@@ -405,11 +449,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     }
   };
   // As the FMA kernel: the first round of W before the PDL wait, the slice towards L2 with the prologue.
-  load_round(warp, std::true_type{});
+  load_round(kb_begin + warp, std::true_type{});
   extern __shared__ uint4 norm_in_x[];  // kNormIn: the normalized x rows, then the norm weight
   uint4* const norm_in_w = norm_in_x + M * norm_in_lds8(p.k8);
   if constexpr (kNormIn) {
-    prefetch_group(blockIdx.x);
+    prefetch_group(blockIdx.x, p.ni_ahead ? int64_t(U) * warps : 0);
+    if (p.ni_ahead && blockIdx.x + gridDim.x < groups)
+      prefetch_group(blockIdx.x + gridDim.x, 0);  // 2nd group
     norm_in_stage_weight(p, norm_in_w, tid, T);
   }
   pdl_wait();
@@ -419,15 +465,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
       kNormIn ? norm_in_x + (g < M ? g : 0) * norm_in_lds8(p.k8) : p.x + (g < M ? g : 0) * p.ldx8;
 
   __shared__ float red[kMaxWarps][M * R];
-  // One group (wrow, base); more: another follows (only with the prologue), whose W it prefetches.
+  // One group (wrow, base); more: another follows (only with the prologue), whose first round it loads
+  // before its own reduction; the group after that goes towards L2 at once (as the FMA kernel).
   const auto run_group = [&](int64_t grp, bool more) {
-    if (more) prefetch_group(grp + gridDim.x);
+    if (const int64_t ahead_grp = grp + (p.ni_ahead ? 2 : 1) * int64_t(gridDim.x); more && ahead_grp < groups)
+      prefetch_group(ahead_grp, 0);
     float d[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
-    for (int64_t kb0 = warp; kb0 < kblocks; kb0 += int64_t(U) * warps) {
-      if (kb0 != warp || (kNormIn && grp != blockIdx.x))
-        load_round(kb0, std::false_type{});  // the first round of the first group came before the wait
+    for (int64_t kb0 = kb_begin + warp; kb0 < kb_end; kb0 += int64_t(U) * warps) {
+      if (kb0 != kb_begin + warp || (kNormIn && !p.ni_ahead && grp != blockIdx.x))
+        load_round(kb0, std::false_type{});  // a group's first round came before
       uint4 xv[U];
       if constexpr (!kNormIn) {
 #pragma unroll
@@ -438,7 +486,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (kb0 + int64_t(u) * warps < kblocks) {  // warp-uniform: every lane takes part in the mma
+        if (kb0 + int64_t(u) * warps < kb_end) {  // warp-uniform: every lane takes part in the mma
           if constexpr (kNormIn) {  // x from shared memory right before its mma (ordered: both asm volatile)
             const int64_t c = (kb0 + int64_t(u) * warps) * 4 + t;
             xv[u] = c < p.k8 && g < M ? load_shared16(xrow + c) : zero;
@@ -453,6 +501,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
       }
     }
 
+    if (more && p.ni_ahead) {
+      rows_of(grp + gridDim.x, next_base);
+      load_round(kb_begin + warp, std::false_type{});
+    }
     if (g < M) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
@@ -463,7 +515,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, kNormIn ? kNormInTcMinBlocks :
     __syncthreads();
     store_outputs<M, R, E>(p, base, red, warps, tid);
   };
-  for_each_group<kNormIn>(groups, run_group, [&](int64_t next) { rows_of(next); });
+  for_each_group<kNormIn>(groups, first, run_group, [&](int64_t next) {
+    if (p.ni_ahead) {
+      base = next_base;
+    } else {
+      rows_of(next, base);
+    }
+  });
   Tail::template finish<M, R>(p, ta, base, warps, tid);
 }
 

@@ -52,7 +52,7 @@ struct NormTail {
 using GemvKernel = void (*)(GemvParams, NoArgs);
 
 // The kernel of config cfg for M = m (1..8): FMA, or tensor cores with cfg.tiles tiles (more than one only
-// for the plain kernel: gemv_fusable).
+// without a tail: gemv_fusable; the prologue, N, runs any: gemv_norm_in_fusable).
 template <class WF, GemvEpilogue E, class Tail = PlainTail, bool N = false>
 GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
   static constexpr GemvKernel fma[kGemvMaxM] = {
@@ -68,7 +68,7 @@ GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
         gemv_tc_kernel<3, E, Tail, N, 1, WF>, gemv_tc_kernel<4, E, Tail, N, 1, WF>,
         gemv_tc_kernel<5, E, Tail, N, 1, WF>, gemv_tc_kernel<6, E, Tail, N, 1, WF>,
         gemv_tc_kernel<7, E, Tail, N, 1, WF>, gemv_tc_kernel<8, E, Tail, N, 1, WF>};
-    if constexpr (std::is_same_v<Tail, PlainTail> && !N) {
+    if constexpr (std::is_same_v<Tail, PlainTail>) {
       static constexpr GemvKernel mma2[kGemvMaxM] = {
           gemv_tc_kernel<1, E, Tail, N, 2, WF>, gemv_tc_kernel<2, E, Tail, N, 2, WF>,
           gemv_tc_kernel<3, E, Tail, N, 2, WF>, gemv_tc_kernel<4, E, Tail, N, 2, WF>,
