@@ -40,10 +40,10 @@
 // test_cuda_fp8_gemm) against dequantizing the weight into a preallocated scratch then the bf16 dispatch (the
 // portable path), storing an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did.
 // The e4m3 x 16 GEMV configs (gemv.h) are offered for FP8 weights with K a multiple of 16 only with
-// KILN_GEMV_E4M3X16=1 (default 0: the tuner's offer as before them); KILN_GEMV_W8A8=0 leaves the W8A8 ones
-// out. A cache holding an e4m3 x 16 tactic (word 7 = 1) runs it whatever the switch says. The cache file is
-// "kiln-gemm-tactics v5"; v4 (no e4m3 x 16 GEMV), v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read
-// as well.
+// default (KILN_GEMV_E4M3X16=0 leaves them out: the tuner's offer as before them); KILN_GEMV_W8A8=0 leaves
+// the W8A8 ones out. A cache holding an e4m3 x 16 tactic (word 7 = 1) runs it whatever the switch says. The
+// cache file is "kiln-gemm-tactics v5"; v4 (no e4m3 x 16 GEMV), v3 (no W8A8 GEMV) and v2 files (bf16 weights
+// only) are read as well.
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   const char* x16_env = std::getenv("KILN_GEMV_E4M3X16");
   KILN_CHECK(!x16_env || !*x16_env || std::string(x16_env) == "0" || std::string(x16_env) == "1",
              "KILN_GEMV_E4M3X16 must be 0 or 1, got '", x16_env, "'");
-  const bool x16_offered = x16_env && std::string(x16_env) == "1";  // off by default: not yet run on a GPU
+  const bool x16_offered = !x16_env || std::string(x16_env) != "0";
   size_t x_bytes = 0, w_bytes = 0, o_bytes = 0, scale_bytes = 4;
   for (const auto& s : shapes) {
     x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
@@ -174,7 +174,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     if (fp8 && w8a8_offered && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvW8a8Configs) gemv_cands.push_back(c);
     // An FP8 weight: the e4m3 x 16 configs (gemv.h; one-tile FMA, so fusable), where K is a multiple of 16,
-    // offered with KILN_GEMV_E4M3X16=1 (default 0: not offered).
+    // unless KILN_GEMV_E4M3X16=0.
     if (fp8 && x16_offered && gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)) &&
         s.k % 16 == 0)
       for (const GemvConfig& c : kGemvE4m3x16Configs) gemv_cands.push_back(c);

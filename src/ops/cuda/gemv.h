@@ -153,7 +153,7 @@ inline constexpr GemvConfig kGemvW8a8Configs[] = {
     {8, true, 4, 1}, {4, true, 1, 1}, {8, true, 1, 1},  {16, true, 1, 1}};
 
 // The e4m3 x 16 configurations, for block-FP8 weights only: the FMA kernel with 2 to 16 warps. The tuner
-// offers them only with KILN_GEMV_E4M3X16=1 (gemm.h; default off until they have run on a GPU).
+// offers them unless KILN_GEMV_E4M3X16=0 (gemm.h).
 inline constexpr GemvConfig kGemvE4m3x16Configs[] = {{.warps = 2, .e4m3x16 = true},
                                                      {.warps = 4, .e4m3x16 = true},
                                                      {.warps = 8, .e4m3x16 = true},
