@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mid call: build everything, every helper branch's GPU tests, then short benches while time is left.
+# One call: build everything, the GPU test binaries of TESTS_FILE, then BENCH_FILE's benches while time is left.
 set -u
 t0=$(date +%s); export CALL_T0=$t0; el() { echo $(( $(date +%s) - t0 )); }
 left() { echo $(( ${BUDGET:-585} - $(el) )); }
