@@ -36,7 +36,7 @@ expect "$(fig verdict n/a "<=" 95)" n/a "verdict of no figure"
 
 # device.sh in a folder of its own (WORK, SCRATCH, OUT), so that parallel tests share nothing.
 device() {
-  KILN=$KILN WORK=$E2E_LOG_DIR/work SCRATCH=$E2E_LOG_DIR/scratch OUT=$E2E_LOG_DIR/out bash "$SRC/bench/device.sh" "$@"
+  KILN=$KILN KILN_TUNE_CACHE=$E2E_LOG_DIR/tactics.txt WORK=$E2E_LOG_DIR/work SCRATCH=$E2E_LOG_DIR/scratch OUT=$E2E_LOG_DIR/out bash "$SRC/bench/device.sh" "$@"
 }
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   device seed >"$E2E_LOG_DIR/seed.txt" 2>&1 || fail "device.sh seed without a GPU: $(tail -3 "$E2E_LOG_DIR/seed.txt")"
