@@ -84,10 +84,15 @@ def get(port, path, timeout=10):
 class Server:
     def __init__(self, kiln, model, device, port, flags, log_path, ready_timeout):
         self.port = port
+        # Leading NAME=VALUE words (KILN_EAGLE3_CHAIN_GRAPHS=1 ...) are this server's environment, the rest its flags.
+        env = dict(os.environ)
+        while flags and "=" in flags[0] and not flags[0].startswith("-"):
+            key, _, value = flags.pop(0).partition("=")
+            env[key] = value
         cmd = [kiln, "serve", "--model", model, "--device", device, "--port", str(port)] + flags
         log(" ".join(shlex.quote(c) for c in cmd))
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         deadline = time.time() + ready_timeout
         while time.time() < deadline:
             line = self.proc.stdout.readline()
@@ -188,7 +193,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--ready-timeout", type=float, default=300)
     ap.add_argument("--logs", default=".")
-    ap.add_argument("--config", action="append", help="NAME=kiln serve flags (first: the baseline)")
+    ap.add_argument("--config", action="append", help="NAME=[ENV=VALUE ...] kiln serve flags (first: the baseline)")
     args = ap.parse_args()
     configs = args.config or DEFAULT_CONFIGS
     prompts = make_prompts(args.heldout, args.prompts, args.chars)
