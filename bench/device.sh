@@ -26,6 +26,9 @@
 #              on a GPU): 4B one 8192-token prompt, 8B batch-1 TPOT, the seed workload's p50, 8192 in / 1024 out
 #              with FP8 KV at C = 128 (128 prompts), 1024 in / 256 out at C = 1 and 32 (SEED_NUM, SHORT_NUM,
 #              BIG_NUM, BIG_BF16, *_SECONDS; docs/BENCH.md)
+#   moe-serve  issue 44's serving targets on the Qwen3-30B-A3B shape, BF16 and FP8 experts: 2048 in / 1024 out
+#              at C = 10 (TPOT), 1024 in / 256 out at C = 64 (out tok/s), one 8192-token prompt beside the 4B shape
+#              (MOE_NUM_10, MOE_NUM_64, MOE_FP8, MOE_SECONDS; ~6 min, an estimate)
 #   structured structured output's serving cost: 4B shape, 1024 in / 256 out at C = 32, unconstrained vs every
 #              request under a JSON Schema (bench/grammar/long_output.json), out tok/s and their ratio
 #              (CONC, NUM, IN, OUTLEN, ROUNDS, SHAPE, DEVICE)
@@ -68,6 +71,8 @@ source "$here/suites_ab.sh"
 source "$here/suites_spec.sh"
 # shellcheck source=bench/device/suites_fp8_serve.sh
 source "$here/suites_fp8_serve.sh"
+# shellcheck source=bench/device/suites_moe_serve.sh
+source "$here/suites_moe_serve.sh"
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 (($#)) || { usage; exit 2; }

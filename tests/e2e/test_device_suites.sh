@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/device.sh off the GPU machine: bench/device/figures.py on saved outputs (bench/results) and on a made-up
 # invalid level; a GPU suite's "SKIPPED" row where no GPU is visible; the fp8-serve suite's serving part as a CPU
-# dry run on the demo checkpoint (servers on free ports), every summary row holding figures. A broken parser or
+# dry run on the demo checkpoint (servers on free ports), the same of moe-serve on the demo MoE checkpoint, every
+# summary row holding figures. A broken parser or
 # suite would otherwise show only on the GPU machine, after its time was spent.
 # Usage: test_device_suites.sh KILN FIXTURES_DIR SRC_DIR
 KILN=$1
@@ -63,5 +64,20 @@ grep -qE '^\| fp8-serve +\| seed workload E2E p50 .*FP8 [0-9.]+ ms \(target <= 1
   "$summary" || fail "seed target row: $(cat "$summary")"
 grep -qE '^\| fp8-serve +\| 48/4 C=2 FP8 KV out tok/s .*FP8 weights [0-9.]+ \(target >= 3800: missed; 2 prompts\)' \
   "$summary" || fail "8192/1024 target row: $(cat "$summary")"
+if grep -q 'n/a' "$summary"; then fail "a figure is missing: $(grep 'n/a' "$summary")"; fi
+
+# The serving part of moe-serve on the CPU: the demo MoE checkpoint, BF16 and FP8 experts.
+rm -rf "$E2E_LOG_DIR/out"
+DEVICE=cpu SHAPE=demo MOE_IN_10=32 MOE_OUT_10=4 MOE_NUM_10=2 MOE_IN_64=32 MOE_OUT_64=4 MOE_NUM_64=4 \
+  device moe-serve >"$E2E_LOG_DIR/moe-serve.txt" 2>&1 || fail "device.sh moe-serve (CPU dry run)"
+[[ -f $summary ]] || fail "no moe-serve summary.txt: $(tail -5 "$E2E_LOG_DIR/moe-serve.txt")"
+for w in bf16 fp8; do
+  grep -qE "^\| moe-serve +\| 32/4 C=10, $w experts .*rc=0 C=10, 2 prompts: [0-9.]+ out tok/s" "$summary" ||
+    fail "C=10 row ($w): $(cat "$summary")"
+  grep -qE "^\| moe-serve +\| C=10 TPOT p50, $w experts .*[0-9.]+ ms \(target <= 6: (met|missed)\)" "$summary" ||
+    fail "C=10 target row ($w): $(cat "$summary")"
+  grep -qE "^\| moe-serve +\| C=64 out tok/s, $w experts .*[0-9.]+ \(BF16 target >= 3500: missed\)" "$summary" ||
+    fail "C=64 target row ($w): $(cat "$summary")"
+done
 if grep -q 'n/a' "$summary"; then fail "a figure is missing: $(grep 'n/a' "$summary")"; fi
 echo "PASS test_device_suites"
