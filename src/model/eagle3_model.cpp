@@ -15,6 +15,7 @@
 #include "kiln/staged_upload.h"
 #include "model/eagle3_chain_graph.h"
 #include "model/qwen3.h"
+#include "model/slot_buffers.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
 #include "ops/embedding.h"
@@ -122,8 +123,8 @@ std::string read_text(const std::filesystem::path& p) {
 
 }  // namespace
 
-// Per-pass buffers on the model's device, grown (doubling) to the largest pass seen.
-struct Eagle3Model::Workspace {
+// Per-pass buffers on the model's device (model/slot_buffers.h), grown to the largest pass seen.
+struct Eagle3Model::Workspace : SlotBuffers {
   enum Slot {
     ids,
     positions,
@@ -145,31 +146,12 @@ struct Eagle3Model::Workspace {
     out,
     num_slots
   };
-  explicit Workspace(Device d) : device(d), bufs(num_slots), staged(d) {}
-  void* get(Slot s, size_t bytes) {
-    Buffer& b = bufs[size_t(s)];
-    if (b.bytes() < bytes || !b.data()) {
-      b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
-      ++generation;
-    }
-    return b.data();
-  }
-  // A pass's input into its slot by an asynchronous copy (between staged.begin and end).
-  template <typename T>
-  void* upload(Slot s, const std::vector<T>& v) {
-    void* p = get(s, v.size() * sizeof(T));
-    staged.copy(p, v.data(), v.size() * sizeof(T));
-    return p;
-  }
+  explicit Workspace(Device d) : SlotBuffers(d, num_slots) {}
   Tensor act_rows(Slot s, int64_t T, int64_t cols) {
     return Tensor(get(s, size_t(std::max<int64_t>(T, 1) * cols) * sizeof(bf16_t)), DType::bf16, {T, cols},
                   device);
   }
-  Device device;
-  std::vector<Buffer> bufs;
-  StagedUploads staged;  // the inputs leave by one pinned batch, not a synchronous copy each
   std::vector<float> host_out;
-  uint64_t generation = 0;  // bumped on every reallocation: a captured chain graph is then stale
   Tensor ids_t, pos_t, slots_t, cu_t, kv_lens_t, pt_t, rows_t, src_t;
 };
 
@@ -262,15 +244,15 @@ void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows
                      fp(b.page_table) + fp(b.logit_rows) + (src_rows ? fp(*src_rows) : 0) +
                      (hidden ? fp(*hidden) : 0),
                  ops::current_stream());
-  if (src_rows) w.src_t = Tensor(w.upload(Workspace::src_rows, *src_rows), DType::i32, {T}, dev);
-  if (hidden) w.upload(Workspace::residual, *hidden);
-  w.ids_t = Tensor(w.upload(Workspace::ids, b.tokens), DType::i32, {T}, dev);
-  w.pos_t = Tensor(w.upload(Workspace::positions, b.positions), DType::i32, {T}, dev);
-  w.slots_t = Tensor(w.upload(Workspace::slots, b.slot_mapping), DType::i64, {T}, dev);
-  w.cu_t = Tensor(w.upload(Workspace::cu_q, b.cu_q), DType::i32, {B + 1}, dev);
-  w.kv_lens_t = Tensor(w.upload(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
-  w.pt_t = Tensor(w.upload(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
-  w.rows_t = Tensor(w.upload(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
+  if (src_rows) w.src_t = Tensor(w.stage_input(Workspace::src_rows, *src_rows), DType::i32, {T}, dev);
+  if (hidden) w.stage_input(Workspace::residual, *hidden);
+  w.ids_t = Tensor(w.stage_input(Workspace::ids, b.tokens), DType::i32, {T}, dev);
+  w.pos_t = Tensor(w.stage_input(Workspace::positions, b.positions), DType::i32, {T}, dev);
+  w.slots_t = Tensor(w.stage_input(Workspace::slots, b.slot_mapping), DType::i64, {T}, dev);
+  w.cu_t = Tensor(w.stage_input(Workspace::cu_q, b.cu_q), DType::i32, {B + 1}, dev);
+  w.kv_lens_t = Tensor(w.stage_input(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
+  w.pt_t = Tensor(w.stage_input(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
+  w.rows_t = Tensor(w.stage_input(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
   w.staged.end();
 }
 

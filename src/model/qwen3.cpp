@@ -8,6 +8,7 @@
 #include "kiln/safetensors.h"
 #include "kiln/staged_upload.h"
 #include "model/cuda_tune.h"
+#include "model/slot_buffers.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
 #include "ops/embedding.h"
@@ -38,7 +39,7 @@ int64_t moe_scratch_bytes(const Qwen3Weights& w, const ModelConfig& c, int64_t t
 
 // Per-step activations and uploaded batch metadata on the model's device; buffers grow (doubling) to
 // the largest step seen, so steady-state steps allocate nothing.
-struct Qwen3Model::Workspace {
+struct Qwen3Model::Workspace : SlotBuffers {
   enum Slot {
     ids,
     positions,
@@ -64,16 +65,8 @@ struct Qwen3Model::Workspace {
     iota,        // i32 0, 1, 2, ...: the rows the feature copies gather
     num_slots
   };
-  explicit Workspace(Device d) : device(d), bufs(num_slots), staged(d) {}
+  explicit Workspace(Device d) : SlotBuffers(d, num_slots) {}
 
-  void* get(Slot s, size_t bytes) {
-    Buffer& b = bufs[size_t(s)];
-    if (b.bytes() < bytes || !b.data()) {
-      b = Buffer(std::max<size_t>({bytes, 2 * b.bytes(), 256}), device);
-      ++generation;
-    }
-    return b.data();
-  }
   // An activation buffer (residual .. act) for T token rows: its one size formula, for stage and
   // reserve_workspace alike.
   void* activation(Slot s, const ModelConfig& c, int64_t T) {
@@ -108,21 +101,10 @@ struct Qwen3Model::Workspace {
     copy_bytes(p, device, v.data(), Device::cpu(), v.size() * sizeof(T));
     return p;
   }
-  // A step's input into its slot by an asynchronous copy (between staged.begin and end).
-  template <typename T>
-  void* stage_input(Slot s, const std::vector<T>& v) {
-    void* p = get(s, v.size() * sizeof(T));
-    staged.copy(p, v.data(), v.size() * sizeof(T));
-    return p;
-  }
 
-  Device device;
-  std::vector<Buffer> bufs;
-  StagedUploads staged;     // stage()'s inputs: pinned, copied on the launches' stream
-  uint64_t generation = 0;  // bumped on every reallocation: a captured CUDA graph is then stale
-  int64_t T = 0;            // tokens of the last run_layers
-  Tensor final_hidden;      // bf16 [T, hidden]: final-norm output of the last run_layers
-  Tensor rows_t;            // i32 [R]: the last batch's logit rows
+  int64_t T = 0;        // tokens of the last run_layers
+  Tensor final_hidden;  // bf16 [T, hidden]: final-norm output of the last run_layers
+  Tensor rows_t;        // i32 [R]: the last batch's logit rows
   // Views made by stage() for launch_layers().
   Tensor ids_v, residual_v, normed_v, qkv_v, attn_v, tmp_v, gate_up_v, act_v, tp_partial_v, tp_logits_v;
   Tensor moe_v;          // u8 [bytes]: moe_mlp's scratch for T tokens
