@@ -28,7 +28,7 @@
 #              BIG_NUM, BIG_BF16, *_SECONDS; docs/BENCH.md)
 #   moe-serve  issue 44's serving targets on the Qwen3-30B-A3B shape, BF16 and FP8 experts: 2048 in / 1024 out
 #              at C = 10 (TPOT), 1024 in / 256 out at C = 64 (out tok/s), one 8192-token prompt beside the 4B shape
-#              (MOE_NUM_10, MOE_NUM_64, MOE_FP8, MOE_SECONDS; ~6 min, an estimate)
+#              (MOE_NUM_10, MOE_NUM_64, MOE_FP8, MOE_SECONDS, MODEL_ROWS; ~6 min, an estimate)
 #   structured structured output's serving cost: 4B shape, 1024 in / 256 out at C = 32, unconstrained vs every
 #              request under a JSON Schema (bench/grammar/long_output.json), out tok/s and their ratio
 #              (CONC, NUM, IN, OUTLEN, ROUNDS, SHAPE, DEVICE)

@@ -62,12 +62,12 @@ fp8_serve_big() {
 # default 640, say so beside the figure; BIG_BF16=1 adds the BF16-weights run, ~1.5 min more); 1024 / 256 at
 # C = 1 and 32 with FP8 and BF16 weights (reported). A CPU dry run of the serving part (no model rows):
 # KILN=build/cpu/bin/kiln DEVICE=cpu SHAPE=demo SEED_IN=64 SEED_NUM=4 SHORT_IN=32 SHORT_OUT=8 SHORT_NUM=2,4
-# BIG_IN=64 BIG_OUT=8 BIG_CONC=2 BIG_NUM=2.
+# BIG_IN=64 BIG_OUT=8 BIG_CONC=2 BIG_NUM=2. MODEL_ROWS=0: the serving part only.
 suite_fp8_serve() {
   [[ ${DEVICE:-cuda} == cpu ]] || need_gpu || return
   build kiln || return
-  if [[ ${DEVICE:-cuda} == cpu ]]; then
-    row "kiln bench model rows" "skipped: DEVICE=cpu (a dry run of the serving part)"
+  if [[ ${DEVICE:-cuda} == cpu || ${MODEL_ROWS:-1} == 0 ]]; then
+    row "kiln bench model rows" "skipped: DEVICE=cpu or MODEL_ROWS=0 (the serving part only)"
   else
     tune qwen3-4b 8192 128
     tune qwen3-4b 8192 128 --quantization fp8

@@ -28,12 +28,12 @@ moe_serve_run() {
 # One 8192-token prompt of the 30B-A3B shape beside the dense 4B shape (about the same active weights: 3.3 B
 # against 4.0 B), then the serving rows with BF16 experts and (MOE_FP8=1, the default) FP8 experts. SHAPE=demo
 # DEVICE=cpu KILN=build/cpu/bin/kiln MOE_IN_10=32 MOE_OUT_10=8 MOE_NUM_10=2 MOE_IN_64=32 MOE_OUT_64=8 MOE_NUM_64=4:
-# a CPU dry run of the serving part.
+# a CPU dry run of the serving part. MODEL_ROWS=0: the serving part only.
 suite_moe_serve() {
   [[ ${DEVICE:-cuda} == cpu ]] || need_gpu || return
   build kiln || return
-  if [[ ${DEVICE:-cuda} == cpu ]]; then
-    row "kiln bench model rows" "skipped: DEVICE=cpu (a dry run of the serving part)"
+  if [[ ${DEVICE:-cuda} == cpu || ${MODEL_ROWS:-1} == 0 ]]; then
+    row "kiln bench model rows" "skipped: DEVICE=cpu or MODEL_ROWS=0 (the serving part only)"
   else
     tune qwen3-30b-a3b 8192 64
     tune qwen3-4b 8192 64
