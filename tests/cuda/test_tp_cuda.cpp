@@ -3,12 +3,14 @@
 // all-gather, all captured in the decode CUDA graphs) and must give the non-TP runner's logits bit for bit
 // (a one-rank bf16 sum is the identity), eagerly (prefill) and from the graphs (decode), and the same tokens
 // from the device sampler; the Qwen3-MoE fixtures too (the MoE output all-reduced like the dense down
-// projection's). Several ranks need several GPUs (the multi-GPU issue).
+// projection's), also with expert parallelism loaded (one rank holds experts [0, E); test_cuda_moe_ep.cpp
+// runs the shares of several ranks on one GPU). Several ranks need several GPUs (the multi-GPU issue).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/nccl_comm.h"
@@ -46,13 +48,17 @@ BatchDesc step(const std::vector<int32_t>& seq, int32_t start, int32_t n, int32_
 TEST(TpCuda, OneRankNcclGroupEqualsTheNonTpRunnerEagerAndInGraphs) {
   KILN_REQUIRE_GPU();
   if (!dist::nccl_available()) GTEST_SKIP() << "this build has no NCCL";
-  for (const char* fx : {"qwen3_gqa2_d128_untied", "qwen3_gqa4_d64_tied", "qwen3_moe_norm_gqa4_tied",
-                         "qwen3_moe_step2_gqa3_untied"}) {
-    SCOPED_TRACE(fx);
+  const std::vector<std::pair<const char*, bool>> cases = {
+      {"qwen3_gqa2_d128_untied", false},   {"qwen3_gqa4_d64_tied", false},
+      {"qwen3_moe_norm_gqa4_tied", false}, {"qwen3_moe_step2_gqa3_untied", false},
+      {"qwen3_moe_norm_gqa4_tied", true},  {"qwen3_moe_step2_gqa3_untied", true}};
+  for (const auto& [fx, ep] : cases) {
+    SCOPED_TRACE(std::string(fx) + (ep ? " expert parallel" : ""));
     const EngineOptions eo = gpu_opts(fx);
     auto plain = load_qwen3_runner(eo);
     TpRunnerOptions to;
     to.tp = 1;  // the TP path with one rank
+    to.expert_parallel = ep;
     TpRunner tp(eo, to);
     ASSERT_NE(tp.rank_runner(0).model().tp(), nullptr) << "the rank's model must run the TP code path";
     constexpr int32_t kPage = 16, kPages = 8;
