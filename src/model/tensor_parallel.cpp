@@ -213,7 +213,7 @@ class ShardLoader {
     // rows likewise, load_moe_layer's).
     const ops::LinearWeight gu = linear(gate_up, true), dn = linear(down, true);
     KILN_CHECK(gu.is_fp8() == dn.is_fp8(), "layer ", l,
-               : the experts' gate/up and down projections must be all block-FP8 or all bf16");
+               ": the experts' gate/up and down projections must be all block-FP8 or all bf16");
     w.gate_up = gu.weight.reshape({L, 2 * Ir, H});
     w.down = dn.weight.reshape({L, H, Ir});
     if (gu.is_fp8()) {

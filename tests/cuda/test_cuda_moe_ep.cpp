@@ -181,7 +181,9 @@ void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
         EXPECT_LE(test::rel_frob(summed, whole_out), 1.0 / 64)
             << "the ranks' sum vs the unsharded CUDA layer";
         EXPECT_LE(test::rel_frob(summed, cpu_whole), tol + 1.0 / 64) << "the ranks' sum vs the CPU layer";
-        if (expect_an_idle_rank && T == 1) EXPECT_TRUE(idle_rank) << "a rank meant to receive no token";
+        if (expect_an_idle_rank && T == 1) {
+          EXPECT_TRUE(idle_rank) << "a rank meant to receive no token";
+        }
       }
     }
   }
@@ -238,7 +240,9 @@ TEST(CudaMoeEp, GraphOfAShareReplaysAsEagerWhileRoutingChanges) {
       run(nullptr);  // eager first: the router GEMM's tactic above 64 tokens
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(test::graph_replay_mismatch(run, run, load, outputs, 8), "");
-      if (T == 1) EXPECT_GT(idle_rounds, 0) << "no round left the rank without a token";
+      if (T == 1) {
+        EXPECT_GT(idle_rounds, 0) << "no round left the rank without a token";
+      }
     }
 }
 

@@ -131,12 +131,15 @@ TEST_P(TpMoeFp8, EqualsTp1WithinTheBound) {
     const double d = std::fabs((y[best] - my - std::log(sy)) - (x[best] - mx - std::log(sx)));
     EXPECT_LE(d, bound) << "row " << row;
     worst = std::max(worst, d);
-    if (double(x[best]) - second >= 2 * bound)
+    if (double(x[best]) - second >= 2 * bound) {
       EXPECT_EQ(size_t(std::max_element(y, y + V) - y), best) << "row " << row;
+    }
   }
   std::printf("  FP8 MoE TP=%d%s: |logprob - TP=1| max %.2e over %zu rows\n", c.tp, c.ep ? " EP" : "", worst,
               prompt.size());
-  if (!c.ep) EXPECT_TRUE(differs) << "the split sums in another order: some logit should move";
+  if (!c.ep) {
+    EXPECT_TRUE(differs) << "the split sums in another order: some logit should move";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shards, TpMoeFp8, ::testing::Values(Case{2, false}, Case{2, true}, Case{4, true}),
