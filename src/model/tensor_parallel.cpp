@@ -209,17 +209,8 @@ class ShardLoader {
                ops::kFp8Block, " x ", ops::kFp8Block,
                " FP8 block: use a --tp that divides moe_intermediate_size / 128, or --enable-expert-parallel "
                "(whole experts a rank)");
-    // [L * 2Ir, H] and [L * H, Ir] row stacks are the [L, 2Ir, H] and [L, H, Ir] layouts (FP8: the scales'
-    // rows likewise, load_moe_layer's).
-    const ops::LinearWeight gu = linear(gate_up, true), dn = linear(down, true);
-    KILN_CHECK(gu.is_fp8() == dn.is_fp8(), "layer ", l,
-               ": the experts' gate/up and down projections must be all block-FP8 or all bf16");
-    w.gate_up = gu.weight.reshape({L, 2 * Ir, H});
-    w.down = dn.weight.reshape({L, H, Ir});
-    if (gu.is_fp8()) {
-      w.gate_up_scale = gu.scale.reshape({L, 2 * Ir / ops::kFp8Block, gu.scale.shape[1]});
-      w.down_scale = dn.scale.reshape({L, H / ops::kFp8Block, dn.scale.shape[1]});
-    }
+    if (fp8) check_fp8_expert_widths(l, Ir, H);
+    set_stacked_experts(w, linear(gate_up, true), linear(down, true), l);
     return w;
   }
 

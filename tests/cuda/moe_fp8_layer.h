@@ -28,33 +28,31 @@ struct Fp8Layer {
   int64_t gc() const { return ops::fp8_blocks(H); }
   int64_t dr() const { return H / 128; }
   int64_t dc() const { return ops::fp8_blocks(I); }
+  // The device buffer or the host vector holding the same values, as d says.
+  template <typename T>
+  static void* on(Device d, const Buffer& dev, const std::vector<T>& host) {
+    return d.is_cuda() ? dev.data() : const_cast<T*>(host.data());
+  }
   ops::MoeWeights common(Device d) const {
     ops::MoeWeights w;
-    w.router =
-        Tensor(d.is_cuda() ? d_router.data() : const_cast<bf16_t*>(router.data()), DType::bf16, {E, H}, d);
+    w.router = Tensor(on(d, d_router, router), DType::bf16, {E, H}, d);
     w.top_k = k;
     w.norm_topk_prob = true;
     return w;
   }
   ops::MoeWeights fp8(Device d) const {
     ops::MoeWeights w = common(d);
-    const bool g = d.is_cuda();
-    w.gate_up =
-        Tensor(g ? d_gu_q.data() : const_cast<uint8_t*>(gate_up_q.data()), DType::f8e4m3, {E, 2 * I, H}, d);
-    w.down = Tensor(g ? d_dn_q.data() : const_cast<uint8_t*>(down_q.data()), DType::f8e4m3, {E, H, I}, d);
-    w.gate_up_scale =
-        Tensor(g ? d_gu_s.data() : const_cast<float*>(gate_up_s.data()), DType::f32, {E, gr(), gc()}, d);
-    w.down_scale =
-        Tensor(g ? d_dn_s.data() : const_cast<float*>(down_s.data()), DType::f32, {E, dr(), dc()}, d);
+    w.gate_up = Tensor(on(d, d_gu_q, gate_up_q), DType::f8e4m3, {E, 2 * I, H}, d);
+    w.down = Tensor(on(d, d_dn_q, down_q), DType::f8e4m3, {E, H, I}, d);
+    w.gate_up_scale = Tensor(on(d, d_gu_s, gate_up_s), DType::f32, {E, gr(), gc()}, d);
+    w.down_scale = Tensor(on(d, d_dn_s, down_s), DType::f32, {E, dr(), dc()}, d);
     return w;
   }
   // The dequantized experts as a BF16 layer, on the host or the device.
   ops::MoeWeights dequantized(Device d) const {
     ops::MoeWeights w = common(d);
-    const bool g = d.is_cuda();
-    w.gate_up =
-        Tensor(g ? d_gu_deq.data() : const_cast<bf16_t*>(gate_up_deq.data()), DType::bf16, {E, 2 * I, H}, d);
-    w.down = Tensor(g ? d_dn_deq.data() : const_cast<bf16_t*>(down_deq.data()), DType::bf16, {E, H, I}, d);
+    w.gate_up = Tensor(on(d, d_gu_deq, gate_up_deq), DType::bf16, {E, 2 * I, H}, d);
+    w.down = Tensor(on(d, d_dn_deq, down_deq), DType::bf16, {E, H, I}, d);
     return w;
   }
   ops::MoeWeights dequantized_device() const { return dequantized(Device::cuda()); }
