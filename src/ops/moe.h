@@ -65,10 +65,10 @@
 // order: linear's tolerance), then the final sum bitwise as above from the experts' bf16 outputs. Needs H
 // and I multiples of 8 and 16-byte aligned rows. Both parallel shares run on CUDA with out bf16 (f32 out is
 // the CPU's): split_intermediate (the kernels see a smaller I) and expert parallelism (the routing over all
-// E, then only the pairs of the rank's experts laid out, computed and summed, dropped on the device: every
-// (token, expert) row the rank computes is bitwise the whole layer's, and its out the combine of those rows
-// over the rank's slots, src/ops/cuda/README.md). Block-FP8 experts either way (a split needs the rank's I a
-// multiple of 128: whole blocks, model/tensor_parallel.h).
+// E; the other ranks' pairs dropped on the device, so only the rank's are laid out, computed and summed:
+// every (token, expert) row the rank computes is bitwise the whole layer's, and its out the combine of those
+// rows over the rank's slots, src/ops/cuda/README.md). Block-FP8 experts either way (a split needs the rank's
+// I a multiple of 128: whole blocks, model/tensor_parallel.h).
 #pragma once
 
 #include <cstdint>
