@@ -8,12 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common/fp8_checkpoints.h"
-#include "common/moe_checkpoints.h"
 #include "common/test_support.h"
 #include "model/fp8_weights.h"
 #include "model/weights.h"
@@ -23,29 +21,10 @@
 namespace kiln {
 namespace {
 
-using json = nlohmann::json;
-
-// hidden 128, moe_intermediate 256 (two 128-row blocks: TP 2 splits on the grid, TP 4 would not), 4 experts
-// top-2, layer 0 dense; only the experts stored block-FP8 (attention and the dense MLP bf16, so their
-// head_dim-64 slices are no concern here).
+// The checkpoint (common/fp8_checkpoints.h): hidden 128, moe_intermediate 256 (two 128-row blocks: TP 2
+// splits on the grid, TP 4 would not), 4 experts top-2, layer 0 dense, only the experts block-FP8.
 std::string fp8_moe_checkpoint() {
-  json dense = json::parse(R"({
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 301, "hidden_size": 128,
-    "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "head_dim": 64, "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-    "max_position_embeddings": 256, "tie_word_embeddings": false, "dtype": "bfloat16",
-    "eos_token_id": 300})");
-  json cfg = test::moe_config_json(dense, 4, 2, 256, true, json{0});
-  cfg["quantization_config"] = json::parse(fp8_quantization_config_json());
-  const RandomWeights w =
-      random_weights(qwen3_weight_specs(parse_model_config(cfg.dump(), "test config")), 31);
-  Fp8CheckpointStorage q;
-  const auto is_expert = [](const std::string& n) {
-    return n.find(".mlp.experts.") != std::string::npos && test::is_decoder_linear(n);
-  };
-  return test::write_json_checkpoint("tp_moe_fp8", "ckpt", cfg,
-                                     quantize_checkpoint_linears(w.tensors, is_expert, false, q))
-      .string();
+  return test::write_fp8_expert_moe_checkpoint("tp_moe_fp8").string();
 }
 
 EngineOptions cpu_opts(const std::string& dir) {
