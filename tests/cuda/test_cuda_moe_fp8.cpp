@@ -2,12 +2,15 @@
 // equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the GEMV
 // threshold (FP8 runs the GEMV at every T), in both its e4m3 load forms (8 bytes a chunk, and 16 bytes a lane
 // regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays near the CPU
-// oracle's path (a); a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint within
-// the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's online quantizer (the loader's path
-// for experts) is bitwise the host's.
+// oracle's path (a); a tensor-parallel rank's share (each expert's intermediate cut on the block grid) is the
+// BF16 share on its dequantized slice, bitwise; a whole FP8 MoE model on CUDA matches the CPU model on the
+// dequantized checkpoint within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's
+// online quantizer (the loader's path for experts) is bitwise the host's.
 #include <cmath>
 #include <filesystem>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/fp8_checkpoints.h"
 #include "common/model_steps.h"
@@ -28,6 +31,7 @@ namespace kiln {
 namespace {
 
 namespace kc = ::kiln::cuda;
+using ops::cuda::MoeExperts;
 using test::Fp8Layer;
 using test::random_bf16;
 using test::to_device;
@@ -137,6 +141,88 @@ TEST(CudaMoeFp8, GroupedGemmIsRefusedForFp8Experts) {
                                                     ops::cuda::MoeExperts::grouped_gemm, scratch);
                                 }),
                                 {"block-FP8 experts run on the gather GEMV only"});
+}
+
+// Of every expert's [rows, cols] matrix in v ([E, rows, cols]): the rows of `row_ranges` in order, columns
+// [c0, c0 + width).
+template <typename T>
+std::vector<T> expert_cut(const std::vector<T>& v, int64_t E, int64_t rows, int64_t cols,
+                          const std::vector<std::pair<int64_t, int64_t>>& row_ranges, int64_t c0,
+                          int64_t width) {
+  std::vector<T> out;
+  for (int64_t e = 0; e < E; ++e)
+    for (const auto& [r0, n] : row_ranges)
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        const T* row = v.data() + (e * rows + r) * cols;
+        out.insert(out.end(), row + c0, row + c0 + width);
+      }
+  return out;
+}
+
+// Tensor-parallel rank r of R: each expert's gate and up rows [r I / R, (r + 1) I / R) and those down
+// columns, with their block scales (the cut on the 128 x 128 grid: I / R a multiple of 128), as the sharded
+// loader slices them (model/tensor_parallel.cpp), e4m3 and dequantized.
+Fp8Layer split_share(const Fp8Layer& l, int64_t r, int64_t R) {
+  const int64_t E = l.E, H = l.H, I = l.I, Ir = I / R, b = 128;
+  Fp8Layer p;
+  p.E = E, p.k = l.k, p.H = H, p.I = Ir;
+  p.router = l.router;
+  const std::vector<std::pair<int64_t, int64_t>> gu_rows = {{r * Ir, Ir}, {I + r * Ir, Ir}},
+                                                 gu_blocks = {{r * Ir / b, Ir / b},
+                                                              {(I + r * Ir) / b, Ir / b}};
+  p.gate_up_q = expert_cut(l.gate_up_q, E, 2 * I, H, gu_rows, 0, H);
+  p.gate_up_deq = expert_cut(l.gate_up_deq, E, 2 * I, H, gu_rows, 0, H);
+  p.gate_up_s = expert_cut(l.gate_up_s, E, 2 * I / b, l.gc(), gu_blocks, 0, l.gc());
+  p.down_q = expert_cut(l.down_q, E, H, I, {{0, H}}, r * Ir, Ir);
+  p.down_deq = expert_cut(l.down_deq, E, H, I, {{0, H}}, r * Ir, Ir);
+  p.down_s = expert_cut(l.down_s, E, H / b, l.dc(), {{0, H / b}}, r * Ir / b, Ir / b);
+  p.d_router = to_device(p.router);
+  p.d_gu_q = to_device(p.gate_up_q);
+  p.d_dn_q = to_device(p.down_q);
+  p.d_gu_s = to_device(p.gate_up_s);
+  p.d_dn_s = to_device(p.down_s);
+  p.d_gu_deq = to_device(p.gate_up_deq);
+  p.d_dn_deq = to_device(p.down_deq);
+  return p;
+}
+
+// A tensor-parallel rank's share of block-FP8 experts (each expert's intermediate cut on the 128 x 128 grid,
+// 3 ranks of one block each): bitwise the BF16 share on the dequantized slice (path (c)), near the CPU
+// oracle's share (path (a)), and the ranks' bf16 outputs summed (rank order, fp32, one rounding) near the
+// whole layer; the gather GEMV at decode sizes (fused down + combine at T = 1) and past 64 tokens.
+TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = test::make_fp8_layer(8, 2, 256, 384, 17);
+  constexpr int64_t R = 3;
+  std::vector<Fp8Layer> shares;
+  for (int64_t r = 0; r < R; ++r) shares.push_back(split_share(l, r, R));
+  Buffer scratch(256, Device::cuda());
+  for (const int64_t T : {int64_t(1), int64_t(5), int64_t(40), int64_t(100)}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const auto x = random_bf16(size_t(T * l.H), uint32_t(T + 11));
+    const Buffer dx = to_device(x);
+    const Tensor hx(const_cast<bf16_t*>(x.data()), DType::bf16, {T, l.H});
+    const auto whole = test::run_moe_gpu(l.fp8(Device::cuda()), dx, T, l.H, MoeExperts::by_rows, scratch);
+    std::vector<float> sum(whole.size(), 0.0f);
+    for (int64_t r = 0; r < R; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      ops::MoeWeights w = shares[size_t(r)].fp8(Device::cuda());
+      w.split_intermediate = true;
+      const auto got = test::run_moe_gpu(w, dx, T, l.H, MoeExperts::by_rows, scratch);
+      const auto bf16 = test::run_moe_gpu(shares[size_t(r)].dequantized(Device::cuda()), dx, T, l.H,
+                                          MoeExperts::gather_gemv, scratch);
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, bf16[i].bits) << "element " << i;
+      ops::MoeWeights hw = shares[size_t(r)].fp8(Device::cpu());
+      hw.split_intermediate = true;
+      std::vector<bf16_t> want(got.size());
+      ops::moe_mlp(hx, hw, Tensor(want.data(), DType::bf16, {T, l.H}));
+      EXPECT_LE(test::rel_frob(got, want), 0.1) << "vs the CPU oracle's share (path (a))";
+      for (size_t i = 0; i < got.size(); ++i) sum[i] += bf16_to_f32(got[i]);
+    }
+    std::vector<bf16_t> summed(sum.size());
+    for (size_t i = 0; i < sum.size(); ++i) summed[i] = f32_to_bf16(sum[i]);
+    EXPECT_LE(test::rel_frob(summed, whole), 1.0 / 64) << "the ranks' sum vs the whole FP8 layer";
+  }
 }
 
 // A 3-layer Qwen3-MoE shape whose every projection fills whole 128 x 128 blocks: layers 0 and 2 sparse (16
