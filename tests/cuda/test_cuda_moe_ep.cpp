@@ -25,12 +25,7 @@ namespace kiln {
 namespace {
 
 namespace kc = ::kiln::cuda;
-using ops::cuda::MoeExperts;
-using test::Fp8Layer;
-using test::random_bf16;
-using test::read_device;
-using test::run_moe_gpu;
-using test::to_device;
+using ops::cuda::MoeExperts, test::Fp8Layer, test::read_device, test::run_moe_gpu;
 
 // Experts [e0, e1) of w (host or device, bf16 or block-FP8): views into w's storage, expert_begin e0.
 ops::MoeWeights expert_share(const ops::MoeWeights& w, int64_t e0, int64_t e1) {
@@ -137,8 +132,8 @@ void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
                   const std::vector<int64_t>& batches, bool expect_an_idle_rank = false) {
   Buffer scratch(256, Device::cuda()), whole_scratch(256, Device::cuda());
   for (const int64_t T : batches) {
-    const auto x = random_bf16(size_t(T * l.H), uint32_t(T * 13 + 5));
-    const Buffer dx = to_device(x);
+    const auto x = test::random_bf16(size_t(T * l.H), uint32_t(T * 13 + 5));
+    const Buffer dx = test::to_device(x);
     const Tensor hx(const_cast<bf16_t*>(x.data()), DType::bf16, {T, l.H});
     for (const Form& f : forms()) {
       const ops::MoeWeights dw = f.fp8 ? l.fp8(Device::cuda()) : l.dequantized(Device::cuda());
@@ -225,7 +220,7 @@ TEST(CudaMoeEp, GraphOfAShareReplaysAsEagerWhileRoutingChanges) {
       int idle_rounds = 0;
       std::set<std::vector<int32_t>> layouts;  // the rank's expert counts of each run
       const auto load = [&](uint32_t r) {
-        const auto xs = random_bf16(size_t(T * l.H), 200 + r);
+        const auto xs = test::random_bf16(size_t(T * l.H), 200 + r);
         copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
         test::poison(out);
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -255,8 +250,8 @@ TEST(CudaMoeEp, GraphOfAShareReplaysAsEagerWhileRoutingChanges) {
 TEST(CudaMoeEp, F32PartialIsRefusedOnCuda) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = test::make_fp8_layer(8, 2, 128, 128, 5);
-  const auto x = random_bf16(size_t(2 * 128), 3);
-  const Buffer dx = to_device(x);
+  const auto x = test::random_bf16(size_t(2 * 128), 3);
+  const Buffer dx = test::to_device(x);
   Buffer out(2 * 128 * 4, Device::cuda());
   const ops::MoeWeights share = expert_share(l.dequantized(Device::cuda()), 4, 8);
   Buffer scratch(size_t(ops::moe_scratch_bytes(share, 128, 2, Device::cuda())), Device::cuda());
