@@ -143,8 +143,8 @@ struct CombineParams {
 
 // Grid: T blocks; block: up to 256 threads striding the row's H / 8 16-byte vectors. out[t] = bf16 of the
 // fp32 sum from +0 over t's slots (ascending expert index; a slot of another rank's expert, inverse -1,
-// skipped) of y * weight: each product of two bf16 values
-// is exact, so the fma is the product then the add (ops/moe.h).
+// skipped) of y * weight: each product of two bf16 values is exact, so the fma is the product then the add
+// (ops/moe.h).
 __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
   pdl_wait();
   const int64_t t = blockIdx.x;
