@@ -10,7 +10,8 @@
 //   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); at T = 1 the
 //     decode path (gate_up GEMV, then down fused with the combine), bf16 and fp8 (e4m3 16 bytes a lane, and
 //     8 bytes a lane: KILN_MOE_FP8_WIDE_LOADS=0's form);
-//   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096, and at
+//   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096 (and one
+//     expert-parallel rank's share of it, 16 of the 128 experts), and at
 //     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
 //     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
 //     router GEMV fused with the routing and permutation (the path to 64 tokens; at T = 1 and 8 also its
@@ -174,6 +175,16 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       Row r{"moe", "mlp (route + experts + combine)", shape(T)};
       r.bytes = double(active) * expert_bytes + double(kE * kH) * 2;
       timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w, ot, scratch.data(), scratch.bytes()); });
+      // One rank's share under expert parallelism over 8 ranks (experts [0, 16)): the routing over all 128,
+      // then about an eighth of the pairs (bytes: an eighth of the chosen experts'). The all-reduce and the
+      // other ranks wait for machines with several GPUs.
+      ops::MoeWeights share = m.w;
+      share.gate_up = Tensor(m.gate_up.data(), DType::bf16, {kE / 8, 2 * kI, kH}, Device::cuda());
+      share.down = Tensor(m.down.data(), DType::bf16, {kE / 8, kH, kI}, Device::cuda());
+      r.variant = "mlp EP share (16 of 128 experts)";
+      r.bytes = double(active) / 8 * expert_bytes + double(kE * kH) * 2;
+      r.path.clear();
+      timed(r, [&](int) { ops::cuda::moe_mlp(xt, share, ot, scratch.data(), scratch.bytes()); });
       if (T <= 64) {
         r.variant = "mlp fp8 (route + experts + combine)";
         r.bytes = double(active) * expert_bytes / 2 + double(kE * kH) * 2;

@@ -159,15 +159,6 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg_in, const 
   KILN_CHECK(cfg.arch == ModelArch::qwen3 || cfg.arch == ModelArch::qwen3_vl_text ||
                  cfg.arch == ModelArch::qwen3_embedding || cfg.arch == ModelArch::qwen3_moe,
              "unsupported architecture '", cfg.architecture, "'");
-  if (cfg.has_moe_layers()) {  // ops/moe.h: CPU and CUDA, BF16 or block-FP8 experts
-    KILN_CHECK(!opts.tp || !opts.device.is_cuda() || !opts.tp->plan.expert_parallel, cfg.architecture,
-               ": expert parallelism of MoE layers runs on the CPU backend only in this build (CUDA: tensor "
-               "parallelism, each expert's intermediate split)");
-    KILN_CHECK(
-        !opts.tp || !cfg.quant.fp8(), cfg.architecture,
-        ": tensor and expert parallelism of block-FP8 MoE experts are not supported in this build: run ",
-        "at --tp 1 or serve the BF16 checkpoint");
-  }
   KILN_CHECK(cfg.dtype == DType::bf16, "kiln runs bf16 checkpoints; config.json says ",
              dtype_name(cfg.dtype));
   if (opts.tp) {  // this rank's slice, with the rank's shapes (model/tensor_parallel.h)

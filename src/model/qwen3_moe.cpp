@@ -71,21 +71,30 @@ ops::MoeWeights load_moe_layer(const ModelConfig& c, int64_t l, const Checkpoint
     down.emplace_back(expert_name(c, l, e, "down_proj"), H);
   }
   const bool fp8 = c.quant.fp8();
-  KILN_CHECK(!fp8 || (I % ops::kFp8Block == 0 && H % ops::kFp8Block == 0), "layer ", l,
+  if (fp8) check_fp8_expert_widths(l, I, H);
+  set_stacked_experts(w, linear(gate_up, H), linear(down, I), l);
+  return w;
+}
+
+void check_fp8_expert_widths(int64_t l, int64_t I, int64_t H) {
+  KILN_CHECK(I % ops::kFp8Block == 0 && H % ops::kFp8Block == 0, "layer ", l,
              ": block-FP8 experts need moe_intermediate_size (", I, ") and hidden_size (", H,
              ") multiples of 128, so each expert's gate, up and down rows fill whole 128-row scale blocks");
-  // [E * 2I, H] and [E * H, I] row stacks are the [E, 2I, H] and [E, H, I] layouts (with FP8, the scales'
-  // [E * 2I / 128, ceil(H/128)] and [E * H / 128, ceil(I/128)] are [E, 2I/128, .] and [E, H/128, .]).
-  const ops::LinearWeight gu = linear(gate_up, H), dn = linear(down, I);
+}
+
+void set_stacked_experts(ops::MoeWeights& w, const ops::LinearWeight& gu, const ops::LinearWeight& dn,
+                         int64_t l) {
   KILN_CHECK(gu.is_fp8() == dn.is_fp8(), "layer ", l, ": the experts' gate/up and down projections must be ",
              "all block-FP8 or all bf16");
-  w.gate_up = gu.weight.reshape({E, 2 * I, H});
-  w.down = dn.weight.reshape({E, H, I});
+  const int64_t H = gu.weight.shape[1], I = dn.weight.shape[1], L = dn.weight.shape[0] / H;
+  // [L * 2I, H] and [L * H, I] row stacks are the [L, 2I, H] and [L, H, I] layouts (with FP8, the scales'
+  // [L * 2I / 128, ceil(H/128)] and [L * H / 128, ceil(I/128)] are [L, 2I/128, .] and [L, H/128, .]).
+  w.gate_up = gu.weight.reshape({L, 2 * I, H});
+  w.down = dn.weight.reshape({L, H, I});
   if (gu.is_fp8()) {
-    w.gate_up_scale = gu.scale.reshape({E, 2 * I / ops::kFp8Block, gu.scale.shape[1]});
-    w.down_scale = dn.scale.reshape({E, H / ops::kFp8Block, dn.scale.shape[1]});
+    w.gate_up_scale = gu.scale.reshape({L, 2 * I / ops::kFp8Block, gu.scale.shape[1]});
+    w.down_scale = dn.scale.reshape({L, H / ops::kFp8Block, dn.scale.shape[1]});
   }
-  return w;
 }
 
 }  // namespace kiln

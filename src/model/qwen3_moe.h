@@ -55,4 +55,12 @@ ops::MoeWeights load_moe_layer(const ModelConfig& cfg, int64_t l, const Checkpoi
                                std::vector<Buffer>& storage, const StackedLoad& stacked,
                                const LinearLoad& linear);
 
+// Block-FP8 experts of layer l need I (moe_intermediate_size, or a rank's slice of it) and H multiples of
+// 128: an error naming both otherwise.
+void check_fp8_expert_widths(int64_t l, int64_t I, int64_t H);
+// w's experts from the row stacks gu [L * 2I, H] and dn [L * H, I] (both bf16, or both block-FP8 with their
+// scales: else an error naming layer l) as MoeWeights' [L, 2I, H] and [L, H, I].
+void set_stacked_experts(ops::MoeWeights& w, const ops::LinearWeight& gu, const ops::LinearWeight& dn,
+                         int64_t l);
+
 }  // namespace kiln

@@ -8,6 +8,7 @@
 
 #include "kiln/error.h"
 #include "model/fp8_weights.h"
+#include "model/qwen3_moe.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
 #include "ops/rms_norm.h"
@@ -88,17 +89,16 @@ class ShardLoader {
   // A projection: the parts stacked as `stacked` does, kept bf16, or block-FP8 by weights.cpp's rule (the
   // checkpoint stores it so, or the config asks for online quantization). An FP8 part is read (or
   // quantized) whole, as the TP = 1 model's, then sliced on the block grid, so a rank's blocks and scales are
-  // those of the TP = 1 model.
-  ops::LinearWeight linear(const std::vector<Part>& parts) {
-    const QuantConfig& q = cfg_.quant;
+  // those of the TP = 1 model. experts: placed as the TP = 1 model's MoE experts (place_fp8_experts: e4m3
+  // on every device), else as a dense projection (place_fp8_linear).
+  ops::LinearWeight linear(const std::vector<Part>& parts, bool experts = false) {
     size_t stored_fp8 = 0;
     if (ckpt_)
-      for (const Part& p : parts) stored_fp8 += checkpoint_linear_is_fp8(q, *ckpt_, p.name, p.rows, p.cols);
+      for (const Part& p : parts) stored_fp8 += stored_as_fp8(p);
     KILN_CHECK(stored_fp8 == 0 || stored_fp8 == parts.size(), "'", parts[0].name, "' and '",
                parts.back().name,
                "' are stacked into one matrix but the checkpoint stores some of them F8_E4M3 and some not");
-    const bool online =
-        stored_fp8 == 0 && q.fp8() && (q.online || !ckpt_) && !fp8_module_excluded(q, parts[0].name);
+    const bool online = stored_fp8 == 0 && quantized_online(parts[0]);
     if (stored_fp8 == 0 && !online) return stacked(parts);
     std::vector<Fp8HostPart> host;
     std::vector<std::string> names;
@@ -117,7 +117,18 @@ class ShardLoader {
       host.push_back(slice_fp8_part(full, p));
       names.push_back(p.name);
     }
+    if (experts) return place_fp8_experts(host, names, device_, w_.storage);
     return place_fp8_linear(host, names, device_, w_.storage);
+  }
+
+  // Whether the checkpoint stores part p's tensor block-FP8 (weights.cpp's rule).
+  bool stored_as_fp8(const Part& p) const {
+    return checkpoint_linear_is_fp8(cfg_.quant, *ckpt_, p.name, p.rows, p.cols);
+  }
+  // Whether a bf16 part is quantized at load (--quantization fp8, or random weights of an FP8 config).
+  bool quantized_online(const Part& p) const {
+    const QuantConfig& q = cfg_.quant;
+    return q.fp8() && (q.online || !ckpt_) && !fp8_module_excluded(q, p.name);
   }
 
   Tensor stacked(const std::vector<Part>& parts) {
@@ -162,6 +173,9 @@ class ShardLoader {
     w.split_intermediate = Ir != I;
     w.router = matrix(mlp + "gate.weight", E, H, {0, E}, {0, H});
     if (ckpt_ && ckpt_->has(mlp + "experts.gate_up_proj")) {
+      KILN_CHECK(
+          !c.quant.fp8(), "block-FP8 experts are read from the hub layout only; '", mlp,
+          "experts.gate_up_proj' is the fused one (save the checkpoint with save_original_format=True)");
       const Tensor gu = ckpt_->get(mlp + "experts.gate_up_proj", DType::bf16, {E, 2 * I, H});
       const Tensor dn = ckpt_->get(mlp + "experts.down_proj", DType::bf16, {E, H, I});
       std::vector<bf16_t> a(size_t(L * 2 * Ir * H)), b(size_t(L * H * Ir));
@@ -187,8 +201,16 @@ class ShardLoader {
       gate_up.push_back({ex + "up_proj.weight", I, H, p.moe_intermediate, all_h});
       down.push_back({ex + "down_proj.weight", H, I, all_h, p.moe_intermediate});
     }
-    w.gate_up = stacked(gate_up).reshape({L, 2 * Ir, H});  // [L * 2Ir, H] rows are the [L, 2Ir, H] layout
-    w.down = stacked(down).reshape({L, H, Ir});
+    // Block-FP8 experts are cut on their 128 x 128 grid (slice_fp8_part): each rank's slice of every expert's
+    // intermediate must be whole blocks, said here in the config's terms before any expert is read.
+    const bool fp8 = (ckpt_ && stored_as_fp8(gate_up[0])) || quantized_online(gate_up[0]);
+    KILN_CHECK(!fp8 || Ir == I || Ir % ops::kFp8Block == 0, "block-FP8 experts: moe_intermediate_size (", I,
+               ") split over --tp ", p.tp, " leaves ", Ir, " rows a rank, not a multiple of the ",
+               ops::kFp8Block, " x ", ops::kFp8Block,
+               " FP8 block: use a --tp that divides moe_intermediate_size / 128, or --enable-expert-parallel "
+               "(whole experts a rank)");
+    if (fp8) check_fp8_expert_widths(l, Ir, H);
+    set_stacked_experts(w, linear(gate_up, true), linear(down, true), l);
     return w;
   }
 

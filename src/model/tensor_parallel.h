@@ -49,7 +49,9 @@ ModelConfig shard_config(const ModelConfig& c, const dist::ShardPlan& p);
 // same slices of fill_random_weight's values when ckpt is null, so a TP model equals the TP = 1 model.
 // lm_head holds the rank's plan.vocab rows (a view into embed when tied). Block-FP8 projections (a -FP8
 // checkpoint or --quantization fp8) are sliced on their 128 x 128 block grid, so each rank's slice of heads
-// and of intermediate_size must be a multiple of 128 (else an error naming the tensor).
+// and of intermediate_size must be a multiple of 128 (else an error naming the tensor); block-FP8 MoE experts
+// stay e4m3 as at TP = 1, whole experts under expert parallelism, else each expert's moe_intermediate_size
+// slice a multiple of 128 (else an error naming moe_intermediate_size, the block and --tp).
 Qwen3Weights load_qwen3_weights_shard(const ModelConfig& full, const dist::ShardPlan& p,
                                       const Checkpoint* ckpt, uint64_t seed, Device device);
 

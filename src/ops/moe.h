@@ -63,8 +63,12 @@
 // permutation on the device, the experts by a gather
 // GEMV (T <= 64) or a grouped tensor-core GEMM, each with the rounding points above (their sums in their own
 // order: linear's tolerance), then the final sum bitwise as above from the experts' bf16 outputs. Needs H
-// and I multiples of 8 and 16-byte aligned rows. Of the parallel shares CUDA runs split_intermediate with
-// out bf16 (the kernels see a smaller I); expert parallelism and f32 out are the CPU's.
+// and I multiples of 8 and 16-byte aligned rows. Both parallel shares run on CUDA with out bf16 (f32 out is
+// the CPU's): split_intermediate (the kernels see a smaller I) and expert parallelism (the routing over all
+// E; the other ranks' pairs dropped on the device, so only the rank's are laid out, computed and summed:
+// every (token, expert) row the rank computes is bitwise the whole layer's, and its out the combine of those
+// rows over the rank's slots, src/ops/cuda/README.md). Block-FP8 experts either way (a split needs the rank's
+// I a multiple of 128: whole blocks, model/tensor_parallel.h).
 #pragma once
 
 #include <cstdint>

@@ -5,9 +5,11 @@
 
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/moe_checkpoints.h"
 #include "common/test_support.h"
 #include "kiln/safetensors.h"
 #include "model/fp8_weights.h"
@@ -70,6 +72,28 @@ inline Fp8ModelPair load_fp8_and_dequantized(const ModelConfig& cfg, uint64_t se
   o.device = fp8_device;
   m.fp8 = Qwen3Model::create(c8, &m.fp8_ckpt, o);
   return m;
+}
+
+// A Qwen3-MoE checkpoint whose experts alone are block-FP8 (Qwen's -FP8 layout; attention and the dense MLP
+// bf16, so their head_dim-64 slices never cut an FP8 block): hidden 128, moe_intermediate_size 256 (two
+// 128-row blocks: a split over 2 ranks falls on the grid, over 4 it would not), 4 experts top-2, layer 0
+// dense, vocab 301. Written as folder "ckpt" under this process's scratch dir `tag`.
+inline std::filesystem::path write_fp8_expert_moe_checkpoint(const std::string& tag) {
+  const nlohmann::json dense = nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 301, "hidden_size": 128,
+    "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 64, "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "max_position_embeddings": 256, "tie_word_embeddings": false, "dtype": "bfloat16",
+    "eos_token_id": 300})");
+  nlohmann::json cfg = moe_config_json(dense, 4, 2, 256, true, nlohmann::json{0});
+  cfg["quantization_config"] = nlohmann::json::parse(fp8_quantization_config_json());
+  const RandomWeights w =
+      random_weights(qwen3_weight_specs(parse_model_config(cfg.dump(), "test config")), 31);
+  Fp8CheckpointStorage q;
+  const auto is_expert = [](const std::string& n) {
+    return n.find(".mlp.experts.") != std::string::npos && is_decoder_linear(n);
+  };
+  return write_json_checkpoint(tag, "ckpt", cfg, quantize_checkpoint_linears(w.tensors, is_expert, false, q));
 }
 
 }  // namespace kiln::test

@@ -2,12 +2,15 @@
 // equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the GEMV
 // threshold (FP8 runs the GEMV at every T), in both its e4m3 load forms (8 bytes a chunk, and 16 bytes a lane
 // regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays near the CPU
-// oracle's path (a); a whole FP8 MoE model on CUDA matches the CPU model on the dequantized checkpoint within
-// the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's online quantizer (the loader's path
-// for experts) is bitwise the host's.
+// oracle's path (a); a tensor-parallel rank's share (each expert's intermediate cut on the block grid) is the
+// BF16 share on its dequantized slice, bitwise; a whole FP8 MoE model on CUDA matches the CPU model on the
+// dequantized checkpoint within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's
+// online quantizer (the loader's path for experts) is bitwise the host's.
 #include <cmath>
 #include <filesystem>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/fp8_checkpoints.h"
 #include "common/model_steps.h"
@@ -15,6 +18,7 @@
 #include "model/fp8_weights.h"
 #include "model/qwen3.h"
 #include "model/weights.h"
+#include "moe_fp8_layer.h"
 #include "ops/cuda/fp8_weight_quant.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
@@ -27,112 +31,14 @@ namespace kiln {
 namespace {
 
 namespace kc = ::kiln::cuda;
+using ops::cuda::MoeExperts;
+using test::Fp8Layer;
 using test::random_bf16;
 using test::to_device;
 using test::to_host;
 
-// One layer's experts quantized per expert (ops::quantize_weight_fp8 on each [2I, H] and [H, I]), their
-// dequantization (path (c)), and the device copies of both.
-struct Fp8Layer {
-  int64_t E = 0, k = 0, H = 0, I = 0;
-  std::vector<bf16_t> router, gate_up_deq, down_deq;
-  std::vector<uint8_t> gate_up_q, down_q;
-  std::vector<float> gate_up_s, down_s;
-  Buffer d_router, d_gu_q, d_dn_q, d_gu_s, d_dn_s, d_gu_deq, d_dn_deq;
-
-  int64_t gr() const { return 2 * I / 128; }
-  int64_t gc() const { return ops::fp8_blocks(H); }
-  int64_t dr() const { return H / 128; }
-  int64_t dc() const { return ops::fp8_blocks(I); }
-  ops::MoeWeights common(Device d) const {
-    ops::MoeWeights w;
-    w.router =
-        Tensor(d.is_cuda() ? d_router.data() : const_cast<bf16_t*>(router.data()), DType::bf16, {E, H}, d);
-    w.top_k = k;
-    w.norm_topk_prob = true;
-    return w;
-  }
-  ops::MoeWeights fp8(Device d) const {
-    ops::MoeWeights w = common(d);
-    const bool g = d.is_cuda();
-    w.gate_up =
-        Tensor(g ? d_gu_q.data() : const_cast<uint8_t*>(gate_up_q.data()), DType::f8e4m3, {E, 2 * I, H}, d);
-    w.down = Tensor(g ? d_dn_q.data() : const_cast<uint8_t*>(down_q.data()), DType::f8e4m3, {E, H, I}, d);
-    w.gate_up_scale =
-        Tensor(g ? d_gu_s.data() : const_cast<float*>(gate_up_s.data()), DType::f32, {E, gr(), gc()}, d);
-    w.down_scale =
-        Tensor(g ? d_dn_s.data() : const_cast<float*>(down_s.data()), DType::f32, {E, dr(), dc()}, d);
-    return w;
-  }
-  ops::MoeWeights dequantized_device() const {
-    ops::MoeWeights w = common(Device::cuda());
-    w.gate_up = Tensor(d_gu_deq.data(), DType::bf16, {E, 2 * I, H}, Device::cuda());
-    w.down = Tensor(d_dn_deq.data(), DType::bf16, {E, H, I}, Device::cuda());
-    return w;
-  }
-};
-
-// Quantizes [E, rows, cols] expert by expert into q / s and dequantizes into deq.
-void quantize_experts(const std::vector<bf16_t>& w, int64_t E, int64_t rows, int64_t cols,
-                      std::vector<uint8_t>& q, std::vector<float>& s, std::vector<bf16_t>& deq) {
-  const int64_t sb = ops::fp8_blocks(rows) * ops::fp8_blocks(cols);
-  q.resize(size_t(E * rows * cols));
-  s.resize(size_t(E * sb));
-  deq.resize(q.size());
-  for (int64_t e = 0; e < E; ++e) {
-    const Tensor qt(q.data() + e * rows * cols, DType::f8e4m3, {rows, cols});
-    const Tensor st(s.data() + e * sb, DType::f32, {ops::fp8_blocks(rows), ops::fp8_blocks(cols)});
-    ops::quantize_weight_fp8(
-        Tensor(const_cast<bf16_t*>(w.data()) + e * rows * cols, DType::bf16, {rows, cols}), qt, st,
-        "expert " + std::to_string(e));
-    ops::dequantize_fp8({qt, st}, Tensor(deq.data() + e * rows * cols, DType::bf16, {rows, cols}));
-  }
-}
-
-Fp8Layer make_layer(int64_t E, int64_t k, int64_t H, int64_t I, uint32_t seed) {
-  Fp8Layer l;
-  l.E = E, l.k = k, l.H = H, l.I = I;
-  l.router.assign(size_t(E * H), f32_to_bf16(0.0f));
-  // One power-of-two router weight a row: logits exact in any order, CPU and GPU route alike.
-  for (int64_t e = 0; e < E; ++e)
-    l.router[size_t(e * H + (e * 37 + 11) % H)] = f32_to_bf16(e % 2 ? 2.0f : 4.0f);
-  quantize_experts(random_bf16(size_t(E * 2 * I * H), seed, -0.1f, 0.1f), E, 2 * I, H, l.gate_up_q,
-                   l.gate_up_s, l.gate_up_deq);
-  quantize_experts(random_bf16(size_t(E * H * I), seed + 1, -0.1f, 0.1f), E, H, I, l.down_q, l.down_s,
-                   l.down_deq);
-  l.d_router = to_device(l.router);
-  l.d_gu_q = to_device(l.gate_up_q);
-  l.d_dn_q = to_device(l.down_q);
-  l.d_gu_s = to_device(l.gate_up_s);
-  l.d_dn_s = to_device(l.down_s);
-  l.d_gu_deq = to_device(l.gate_up_deq);
-  l.d_dn_deq = to_device(l.down_deq);
-  return l;
-}
-
-template <typename T>
-std::vector<T> read(const void* p, int64_t n) {
-  std::vector<T> v(static_cast<size_t>(n));
-  copy_bytes(v.data(), Device::cpu(), p, Device::cuda(), size_t(n) * sizeof(T));
-  return v;
-}
-
-std::vector<bf16_t> run_gpu(const ops::MoeWeights& w, const Buffer& x, int64_t T, int64_t H,
-                            ops::cuda::MoeExperts kernel, Buffer& scratch) {
-  Buffer out(size_t(T * H) * 2, Device::cuda());
-  test::poison(out);
-  const size_t bytes = ops::cuda::moe_scratch_bytes(w, H, T);
-  if (scratch.bytes() < bytes) scratch = Buffer(bytes, Device::cuda());
-  test::poison(scratch);
-  ops::cuda::moe_mlp(Tensor(x.data(), DType::bf16, {T, H}, Device::cuda()), w,
-                     Tensor(out.data(), DType::bf16, {T, H}, Device::cuda()), scratch.data(), scratch.bytes(),
-                     kernel);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  return to_host<bf16_t>(out, size_t(T * H));
-}
-
 void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<int64_t>& batches) {
-  const Fp8Layer l = make_layer(E, k, H, I, uint32_t(E * 5 + H));
+  const Fp8Layer l = test::make_fp8_layer(E, k, H, I, uint32_t(E * 5 + H));
   Buffer scratch(256, Device::cuda());
   using ops::cuda::MoeExperts;
   for (const int64_t T : batches) {
@@ -142,12 +48,12 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
     const Buffer dx = to_device(x);
     // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it. Both e4m3 load forms
     // (16 and 8 bytes a lane, KILN_MOE_FP8_WIDE_LOADS).
-    const auto bf16 = run_gpu(l.dequantized_device(), dx, T, H, MoeExperts::gather_gemv, scratch);
+    const auto bf16 = test::run_moe_gpu(l.dequantized_device(), dx, T, H, MoeExperts::gather_gemv, scratch);
     std::vector<bf16_t> fp8;
     const bool wide_before = kc::moe_fp8_wide_loads();
     for (const bool wide : {false, true}) {
       kc::moe_set_fp8_wide_loads(wide);
-      fp8 = run_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
+      fp8 = test::run_moe_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
       for (size_t i = 0; i < fp8.size(); ++i)
         ASSERT_EQ(fp8[i].bits, bf16[i].bits) << (wide ? "16" : "8") << "-byte loads, element " << i;
     }
@@ -177,7 +83,7 @@ TEST(CudaMoeFp8, GemvEqualsBf16GemvOnDequantizedExpertsBitwise) {
 // GEMV then the combine kernel: out and the y rows bitwise, bf16 and FP8 experts, 1 to 5 tokens.
 TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
   KILN_REQUIRE_GPU();
-  const Fp8Layer l = make_layer(32, 8, 512, 256, 11);
+  const Fp8Layer l = test::make_fp8_layer(32, 8, 512, 256, 11);
   Buffer scratch(256, Device::cuda());
   for (const int64_t T : {int64_t(1), int64_t(2), int64_t(5)}) {
     for (const bool fp8 : {false, true}) {
@@ -186,7 +92,8 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
       const auto x = random_bf16(size_t(T * H), uint32_t(T + 40));
       const Buffer dx = to_device(x);
       const ops::MoeWeights w = fp8 ? l.fp8(Device::cuda()) : l.dequantized_device();
-      run_gpu(w, dx, T, H, ops::cuda::MoeExperts::gather_gemv, scratch);  // the routing, in the scratch
+      test::run_moe_gpu(w, dx, T, H, ops::cuda::MoeExperts::gather_gemv,
+                        scratch);  // the routing, in the scratch
       const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = H, .I = l.I};
       const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
       const kc::MoeFp8Scales scales =
@@ -200,7 +107,7 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
                              nullptr, scales);
       kc::moe_combine_launch(s, b, static_cast<uint16_t*>(o1.data()), H, nullptr);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto y1 = read<bf16_t>(b.y, s.max_rows() * H);
+      const auto y1 = test::read_device<bf16_t>(b.y, s.max_rows() * H);
       const auto a = to_host<bf16_t>(o1, size_t(T * H));
       const bool wide_before = kc::moe_fp8_wide_loads();
       for (const bool wide : {false, true}) {  // both e4m3 load forms (bf16 experts: the same kernel twice)
@@ -210,10 +117,10 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
         kc::moe_experts_combine_launch(xp, H, w.gate_up.data, w.down.data, s, b,
                                        static_cast<uint16_t*>(o2.data()), H, nullptr, scales);
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto y2 = read<bf16_t>(b.y, s.max_rows() * H);
+        const auto y2 = test::read_device<bf16_t>(b.y, s.max_rows() * H);
         const auto c = to_host<bf16_t>(o2, size_t(T * H));
         for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(c[i].bits, a[i].bits) << "out element " << i;
-        for (const int32_t r : read<int32_t>(b.inverse, T * l.k))
+        for (const int32_t r : test::read_device<int32_t>(b.inverse, T * l.k))
           for (int64_t h = 0; h < H; ++h)
             ASSERT_EQ(y2[size_t(r * H + h)].bits, y1[size_t(r * H + h)].bits)
                 << "y row " << r << " col " << h;
@@ -225,14 +132,97 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
 
 TEST(CudaMoeFp8, GroupedGemmIsRefusedForFp8Experts) {
   KILN_REQUIRE_GPU();
-  const Fp8Layer l = make_layer(8, 2, 128, 128, 3);
+  const Fp8Layer l = test::make_fp8_layer(8, 2, 128, 128, 3);
   const auto x = random_bf16(size_t(4 * 128), 5);
   const Buffer dx = to_device(x);
   Buffer scratch(256, Device::cuda());
-  test_support::expect_contains(
-      test_support::error_of(
-          [&] { run_gpu(l.fp8(Device::cuda()), dx, 4, 128, ops::cuda::MoeExperts::grouped_gemm, scratch); }),
-      {"block-FP8 experts run on the gather GEMV only"});
+  test_support::expect_contains(test_support::error_of([&] {
+                                  test::run_moe_gpu(l.fp8(Device::cuda()), dx, 4, 128,
+                                                    ops::cuda::MoeExperts::grouped_gemm, scratch);
+                                }),
+                                {"block-FP8 experts run on the gather GEMV only"});
+}
+
+// Of every expert's [rows, cols] matrix in v ([E, rows, cols]): the rows of `row_ranges` in order, columns
+// [c0, c0 + width).
+template <typename T>
+std::vector<T> expert_cut(const std::vector<T>& v, int64_t E, int64_t rows, int64_t cols,
+                          const std::vector<std::pair<int64_t, int64_t>>& row_ranges, int64_t c0,
+                          int64_t width) {
+  std::vector<T> out;
+  for (int64_t e = 0; e < E; ++e)
+    for (const auto& [r0, n] : row_ranges)
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        const T* row = v.data() + (e * rows + r) * cols;
+        out.insert(out.end(), row + c0, row + c0 + width);
+      }
+  return out;
+}
+
+// Tensor-parallel rank r of R: each expert's gate and up rows [r I / R, (r + 1) I / R) and those down
+// columns, with their block scales (the cut on the 128 x 128 grid: I / R a multiple of 128), as the sharded
+// loader slices them (model/tensor_parallel.cpp), e4m3 and dequantized.
+Fp8Layer split_share(const Fp8Layer& l, int64_t r, int64_t R) {
+  const int64_t E = l.E, H = l.H, I = l.I, Ir = I / R, b = 128;
+  Fp8Layer p;
+  p.E = E, p.k = l.k, p.H = H, p.I = Ir;
+  p.router = l.router;
+  const std::vector<std::pair<int64_t, int64_t>> gu_rows = {{r * Ir, Ir}, {I + r * Ir, Ir}},
+                                                 gu_blocks = {{r * Ir / b, Ir / b},
+                                                              {(I + r * Ir) / b, Ir / b}};
+  p.gate_up_q = expert_cut(l.gate_up_q, E, 2 * I, H, gu_rows, 0, H);
+  p.gate_up_deq = expert_cut(l.gate_up_deq, E, 2 * I, H, gu_rows, 0, H);
+  p.gate_up_s = expert_cut(l.gate_up_s, E, 2 * I / b, l.gc(), gu_blocks, 0, l.gc());
+  p.down_q = expert_cut(l.down_q, E, H, I, {{0, H}}, r * Ir, Ir);
+  p.down_deq = expert_cut(l.down_deq, E, H, I, {{0, H}}, r * Ir, Ir);
+  p.down_s = expert_cut(l.down_s, E, H / b, l.dc(), {{0, H / b}}, r * Ir / b, Ir / b);
+  p.d_router = to_device(p.router);
+  p.d_gu_q = to_device(p.gate_up_q);
+  p.d_dn_q = to_device(p.down_q);
+  p.d_gu_s = to_device(p.gate_up_s);
+  p.d_dn_s = to_device(p.down_s);
+  p.d_gu_deq = to_device(p.gate_up_deq);
+  p.d_dn_deq = to_device(p.down_deq);
+  return p;
+}
+
+// A tensor-parallel rank's share of block-FP8 experts (each expert's intermediate cut on the 128 x 128 grid,
+// 3 ranks of one block each): bitwise the BF16 share on the dequantized slice (path (c)), near the CPU
+// oracle's share (path (a)), and the ranks' bf16 outputs summed (rank order, fp32, one rounding) near the
+// whole layer; the gather GEMV at decode sizes (fused down + combine at T = 1) and past 64 tokens.
+TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = test::make_fp8_layer(8, 2, 256, 384, 17);
+  constexpr int64_t R = 3;
+  std::vector<Fp8Layer> shares;
+  for (int64_t r = 0; r < R; ++r) shares.push_back(split_share(l, r, R));
+  Buffer scratch(256, Device::cuda());
+  for (const int64_t T : {int64_t(1), int64_t(5), int64_t(40), int64_t(100)}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const auto x = random_bf16(size_t(T * l.H), uint32_t(T + 11));
+    const Buffer dx = to_device(x);
+    const Tensor hx(const_cast<bf16_t*>(x.data()), DType::bf16, {T, l.H});
+    const auto whole = test::run_moe_gpu(l.fp8(Device::cuda()), dx, T, l.H, MoeExperts::by_rows, scratch);
+    std::vector<float> sum(whole.size(), 0.0f);
+    for (int64_t r = 0; r < R; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      ops::MoeWeights w = shares[size_t(r)].fp8(Device::cuda());
+      w.split_intermediate = true;
+      const auto got = test::run_moe_gpu(w, dx, T, l.H, MoeExperts::by_rows, scratch);
+      const auto bf16 = test::run_moe_gpu(shares[size_t(r)].dequantized(Device::cuda()), dx, T, l.H,
+                                          MoeExperts::gather_gemv, scratch);
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, bf16[i].bits) << "element " << i;
+      ops::MoeWeights hw = shares[size_t(r)].fp8(Device::cpu());
+      hw.split_intermediate = true;
+      std::vector<bf16_t> want(got.size());
+      ops::moe_mlp(hx, hw, Tensor(want.data(), DType::bf16, {T, l.H}));
+      EXPECT_LE(test::rel_frob(got, want), 0.1) << "vs the CPU oracle's share (path (a))";
+      for (size_t i = 0; i < got.size(); ++i) sum[i] += bf16_to_f32(got[i]);
+    }
+    std::vector<bf16_t> summed(sum.size());
+    for (size_t i = 0; i < sum.size(); ++i) summed[i] = f32_to_bf16(sum[i]);
+    EXPECT_LE(test::rel_frob(summed, whole), 1.0 / 64) << "the ranks' sum vs the whole FP8 layer";
+  }
 }
 
 // A 3-layer Qwen3-MoE shape whose every projection fills whole 128 x 128 blocks: layers 0 and 2 sparse (16

@@ -35,19 +35,25 @@ struct MoeBuffers {
   uint16_t* weights;      // bf16 [T, k]
   int32_t* rank;          // i32 [T * k]: the pair's rank among its chunk's pairs of the same expert
   int32_t* chunk_counts;  // i32 [chunks, E]; rewritten by moe_permute_launch to each chunk's first row
-  int32_t* counts;        // i32 [E]
+  int32_t* counts;        // i32 [E]: 0 for an expert outside the rank's [expert_begin, expert_end)
   int32_t* offsets;       // i32 [E + 1]: padded start rows, offsets[E] = rows used
   int32_t* tile_expert;   // i32 [max_tiles]
   int32_t* num_tiles;     // i32 [1]
   int32_t* active;        // i32 [E]: experts with a pair, ascending; then num_active at active[E]
   int32_t* sorted_pair;   // i32 [max_rows]
-  int32_t* inverse;       // i32 [T * k]: the pair's row in sorted order
+  int32_t* inverse;       // i32 [T * k]: the pair's row in sorted order; -1: another rank's expert
   uint16_t* act;          // bf16 [max_rows, I]
   uint16_t* y;            // bf16 [max_rows, H]
 };
 
 struct MoeShape {
   int64_t T = 0, E = 0, k = 0, H = 0, I = 0;
+  // Expert parallelism (ops/moe.h): the experts' weights hold router experts [expert_begin, expert_begin +
+  // local) (their index 0 is expert_begin); local 0: all E. The routing is over all E; pairs of other
+  // experts get no sorted row (inverse -1), no count, no tile, and the combine skips them.
+  int64_t expert_begin = 0, local = 0;
+  int64_t expert_end() const { return local > 0 ? expert_begin + local : E; }
+  int64_t local_experts() const { return expert_end() - expert_begin; }
   int64_t chunks() const { return (T + kMoeChunkTokens - 1) / kMoeChunkTokens; }
   // Sum over experts of ceil(count / tile) <= ceil(T k / tile) + min(E, T k).
   int64_t max_tiles() const {

@@ -25,7 +25,7 @@ constexpr int kDepth = 2;  // chunks a lane loads before its first product (moe_
 struct DownCombineParams {
   const int32_t* experts;   // i32 [T, k]
   const uint16_t* weights;  // bf16 [T, k]
-  const int32_t* inverse;   // i32 [T * k]: the pair's sorted row
+  const int32_t* inverse;   // i32 [T * k]: the pair's sorted row; -1: another rank's expert (skipped)
   uint16_t* out;            // bf16 [T, H] row stride os
   int64_t os;
   int k;
@@ -38,7 +38,7 @@ struct DownCombineParams {
 // e4m3 16 bytes a lane: two 512-element windows of the 4 rows in flight, regrouped into the same chunks
 // through shared memory; no form changes a sum), rounded to
 // bf16 into y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column
-// sums y * weight over j ascending (ascending expert index) from +0 and rounds once.
+// sums y * weight over j ascending (ascending expert index; the rank's experts only) from +0 and rounds once.
 template <int kLoads>
 __global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlocksFp8 : kMinBlocks)
     down_combine_kernel(const __grid_constant__ MoeProductParams p,
@@ -50,8 +50,9 @@ __global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlock
   const int t = int(blockIdx.y), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int pairs = p.N / 2, q0 = int(blockIdx.x) * kPairs;
   for (int j = warp; j < c.k; j += kWarps) {
-    const int64_t e = c.experts[t * c.k + j];
     const int row = c.inverse[t * c.k + j];
+    if (row < 0) continue;  // the same for the whole warp: another rank's expert
+    const int64_t e = c.experts[t * c.k + j] - p.expert_begin;
     const uint16_t* a = p.a + int64_t(row) * p.as;
     int64_t wrow[2 * kPairs];
 #pragma unroll
@@ -117,7 +118,8 @@ __global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlock
   if (int(threadIdx.x) < 2 * kPairs && col < p.N) {
     float acc = 0.0f;
     for (int j = 0; j < c.k; ++j)
-      acc = fmaf(ys[j][threadIdx.x], bf16_bits_to_f32(c.weights[t * c.k + j]), acc);
+      if (c.inverse[t * c.k + j] >= 0)
+        acc = fmaf(ys[j][threadIdx.x], bf16_bits_to_f32(c.weights[t * c.k + j]), acc);
     c.out[int64_t(t) * c.os + col] = uint16_t(f32_to_bf16_bits(acc));
   }
 }

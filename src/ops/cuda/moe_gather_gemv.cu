@@ -22,8 +22,8 @@ constexpr int kMinBlocks = 3;
 constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
 constexpr int kDepth = 2;  // chunks a lane loads a row before its first product (moe_kernels.h)
 
-// Grid: (min(E, T k), ceil(column pairs / 8)); block: 8 warps. Block x takes the x-th chosen expert (or
-// exits), warp w the column pair q0 = y * 8 + w (kPairs = 1 of them): pair q is, with SiLU,
+// Grid: (min(L, T k), ceil(column pairs / 8)); block: 8 warps. Block x takes the x-th chosen expert of the
+// rank's L (or exits), warp w the column pair q0 = y * 8 + w (kPairs = 1 of them): pair q is, with SiLU,
 // weight rows q (gate) and N + q (up) -> act column q, else rows 2q, 2q + 1 -> y columns 2q, 2q + 1. Lanes
 // take the 8-element chunks l, l + 32, ... of k; each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a
 // lane, reduced by an xor butterfly; lane 0 writes. bf16: a lane issues the 16-byte weight loads of kDepth
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   const int num_active = p.active[p.E];
   if (int(blockIdx.x) >= num_active) return;
-  const int e = p.active[blockIdx.x];
+  const int e = p.active[blockIdx.x];  // a router index; its weights are w[e - expert_begin]
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int pairs = kSilu ? p.N : p.N / 2;
   const int q0 = (int(blockIdx.y) * kWarps + warp) * kPairs;
@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
     const int q = min(q0 + j, pairs - 1);  // a pair past the end recomputes the last one, unwritten
-    wrow[2 * j] = int64_t(e) * wrows + (kSilu ? q : 2 * q);
-    wrow[2 * j + 1] = int64_t(e) * wrows + (kSilu ? p.N + q : 2 * q + 1);
+    wrow[2 * j] = int64_t(e - p.expert_begin) * wrows + (kSilu ? q : 2 * q);
+    wrow[2 * j + 1] = int64_t(e - p.expert_begin) * wrows + (kSilu ? p.N + q : 2 * q + 1);
   }
   const int row0 = p.offsets[e], cnt = p.counts[e];
   for (int rb = 0; rb < cnt; rb += kRows) {
@@ -142,8 +142,9 @@ struct CombineParams {
 };
 
 // Grid: T blocks; block: up to 256 threads striding the row's H / 8 16-byte vectors. out[t] = bf16 of the
-// fp32 sum from +0 over t's slots (ascending expert index) of y * weight: each product of two bf16 values
-// is exact, so the fma is the product then the add (ops/moe.h).
+// fp32 sum from +0 over t's slots (ascending expert index; a slot of another rank's expert, inverse -1,
+// skipped) of y * weight: each product of two bf16 values is exact, so the fma is the product then the add
+// (ops/moe.h).
 __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
   pdl_wait();
   const int64_t t = blockIdx.x;
@@ -151,6 +152,7 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
     float acc[8] = {};
     for (int j = 0; j < p.k; ++j) {
       const int64_t row = p.inverse[t * p.k + j];
+      if (row < 0) continue;  // another rank's expert (expert parallelism)
       const float w = bf16_bits_to_f32(p.weights[t * p.k + j]);
       float yf[8];
       unpack8(*reinterpret_cast<const uint4*>(p.y + row * p.H + v * 8), yf);
@@ -165,7 +167,7 @@ __global__ void combine_kernel(const __grid_constant__ CombineParams p) {
 
 void moe_gather_gemv_launch(const MoeShape& s, const MoeProductParams& gate_up, const MoeProductParams* down,
                             cudaStream_t stream) {
-  const unsigned experts = unsigned(std::min(s.E, s.T * s.k));
+  const unsigned experts = unsigned(std::min(s.local_experts(), s.T * s.k));
   const int per_block = kWarps * kPairs;
   LaunchCfg cfg{.grid = dim3(experts, unsigned((s.I + per_block - 1) / per_block)),
                 .block = dim3(kWarps * 32),

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const __grid_con
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / 2, wn = warp % 2;
   const int64_t wrows = kSilu ? 2 * int64_t(p.N) : p.N;
-  const uint16_t* we = p.w + int64_t(e) * wrows * p.K;
+  const uint16_t* we = p.w + int64_t(e - p.expert_begin) * wrows * p.K;  // EP: w from expert_begin
 
   // This thread's sources: 2 A chunks and 4 B chunks a stage (row r, 16-byte chunk c of the 4 in 32 k).
   const uint16_t* a_src[2];

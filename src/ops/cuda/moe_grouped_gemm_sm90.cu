@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads)
   const int n0 = int(blockIdx.y) * (kSilu ? 128 : kBN);
   const int tid = int(threadIdx.x), wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32;
   const int64_t wrows = kSilu ? 2 * int64_t(p.N) : p.N;
-  const uint16_t* we = p.w + int64_t(e) * wrows * p.K;
+  const uint16_t* we = p.w + int64_t(e - p.expert_begin) * wrows * p.K;  // EP: w from expert_begin
 
   // This thread's rows: A row tid / 8 + 32 i (i < 2), B row tid / 8 + 32 i (i < 8), chunk tid % 8.
   const int chunk = tid % 8;

@@ -12,9 +12,9 @@ struct MoeProductParams {
   const uint16_t* a;  // gate_up: x bf16 [T, K] row stride as, read at the token of a sorted row's pair;
                       // down: act bf16 [max_rows, K] row stride as, read at the sorted row
   int64_t as;
-  const uint16_t* w;           // bf16 [E, N_w, K] contiguous
-  const uint8_t* w8;           // block-FP8: e4m3 [E, N_w, K] contiguous (w unused)
-  const float* ws;             // block-FP8: f32 [E, N_w / 128, skb] scales; nullptr: bf16 weights
+  const uint16_t* w;           // bf16 [L, N_w, K] contiguous (L = MoeShape::local_experts())
+  const uint8_t* w8;           // block-FP8: e4m3 [L, N_w, K] contiguous (w unused)
+  const float* ws;             // block-FP8: f32 [L, N_w / 128, skb] scales; nullptr: bf16 weights
   int skb;                     // ceil(K / 128)
   uint16_t* out;               // bf16 [max_rows, N] contiguous
   const int32_t* sorted_pair;  // i32 [max_rows]
@@ -24,6 +24,7 @@ struct MoeProductParams {
   const int32_t* counts;       // i32 [E]
   const int32_t* active;       // i32 [E + 1]
   int E, N, K, k;              // k: top_k
+  int expert_begin;            // router expert e's weights are w[e - expert_begin] (MoeShape; 0 but on EP)
 };
 MoeProductParams moe_gate_up_params(const uint16_t* x, int64_t xs, const uint16_t* gate_up, const MoeShape& s,
                                     const MoeBuffers& b);

@@ -104,7 +104,8 @@ MoeProductParams moe_gate_up_params(const uint16_t* x, int64_t xs, const uint16_
           .E = int(s.E),
           .N = int(s.I),
           .K = int(s.H),
-          .k = int(s.k)};
+          .k = int(s.k),
+          .expert_begin = int(s.expert_begin)};
 }
 
 MoeProductParams moe_down_params(const uint16_t* down, const MoeShape& s, const MoeBuffers& b) {
@@ -177,7 +178,13 @@ namespace kc = ::kiln::cuda;
 namespace {
 
 kc::MoeShape shape_of(const MoeWeights& w, int64_t H, int64_t T) {
-  return {.T = T, .E = w.num_experts(), .k = w.top_k, .H = H, .I = w.intermediate()};
+  return {.T = T,
+          .E = w.num_experts(),
+          .k = w.top_k,
+          .H = H,
+          .I = w.intermediate(),
+          .expert_begin = w.expert_begin,
+          .local = w.local_experts()};
 }
 
 MoeExperts env_experts() {

@@ -25,10 +25,11 @@ struct OffsetsParams {
   int32_t* chunk_counts;  // i32 [chunks, E]: in counts, out each chunk's first row within its expert
   Layout layout;
   int chunks, E;
+  int e0, e1;  // the rank's experts (MoeShape::expert_begin, expert_end): the others count 0
 };
 
 // Grid: 1 block; block: 1024 threads, thread e < E sums expert e's counts over the chunks (rewriting each
-// chunk's count to its exclusive prefix); then warp 0 writes the layout.
+// chunk's count to its exclusive prefix); then warp 0 writes the layout (experts outside [e0, e1) count 0).
 __global__ void __launch_bounds__(kMoeMaxExperts) offsets_kernel(const __grid_constant__ OffsetsParams p) {
   pdl_wait();
   __shared__ int cnt_s[kMoeMaxExperts], off_s[kMoeMaxExperts];
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kMoeMaxExperts) offsets_kernel(const __grid_co
       cc = count;
       count += n;
     }
-    cnt_s[e] = count;
+    cnt_s[e] = e >= p.e0 && e < p.e1 ? count : 0;
   }
   __syncthreads();
   if (threadIdx.x < 32) write_layout(cnt_s, p.E, p.layout, off_s);
@@ -55,14 +56,20 @@ struct ScatterParams {
   int32_t* inverse;             // i32 [T * k]
   int64_t pairs;
   int k, E;
+  int e0, e1;  // the rank's experts: another's pair gets no row, inverse -1
 };
 
-// Grid-stride, one thread a pair: its row = expert offset + chunk's first row + rank in the chunk.
+// Grid-stride, one thread a pair: its row = expert offset + chunk's first row + rank in the chunk (a pair of
+// another rank's expert: inverse -1, no row).
 __global__ void scatter_kernel(const __grid_constant__ ScatterParams p) {
   pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < p.pairs;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int e = p.experts[i];
+    if (e < p.e0 || e >= p.e1) {
+      p.inverse[i] = -1;
+      continue;
+    }
     const int64_t chunk = i / p.k / kMoeChunkTokens;
     const int row = p.offsets[e] + p.chunk_counts[chunk * p.E + e] + p.rank[i];
     p.sorted_pair[row] = int32_t(i);
@@ -90,8 +97,12 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
   KILN_CHECK(s.E >= 1 && s.E <= kMoeRouteMaxExperts, "moe_permute: ", s.E,
              " experts; the CUDA kernels take 1 to ", kMoeRouteMaxExperts);
   if (s.T == 0 || s.chunks() == 1) return;  // one chunk: done by the route kernel
-  const OffsetsParams op{
-      .chunk_counts = b.chunk_counts, .layout = layout_of(b), .chunks = int(s.chunks()), .E = int(s.E)};
+  const OffsetsParams op{.chunk_counts = b.chunk_counts,
+                         .layout = layout_of(b),
+                         .chunks = int(s.chunks()),
+                         .E = int(s.E),
+                         .e0 = int(s.expert_begin),
+                         .e1 = int(s.expert_end())};
   launch({.grid = dim3(1),
           .block = dim3(kMoeMaxExperts),
           .stream = stream,
@@ -105,7 +116,9 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
                          .inverse = b.inverse,
                          .pairs = s.T * s.k,
                          .k = int(s.k),
-                         .E = int(s.E)};
+                         .E = int(s.E),
+                         .e0 = int(s.expert_begin),
+                         .e1 = int(s.expert_end())};
   const int64_t blocks = std::min<int64_t>((sp.pairs + 255) / 256, 1024);
   launch({.grid = dim3(unsigned(blocks)),
           .block = dim3(256),

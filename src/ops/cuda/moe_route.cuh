@@ -35,6 +35,7 @@ struct RouteParams {
   Layout layout;          // fused only
   int32_t* inverse;       // i32 [T * k], fused only
   int T, E, k;
+  int e0, e1;  // the rank's experts [e0, e1) (MoeShape::expert_begin, expert_end): the others get no row
   bool norm;
   bool fused;  // T <= 32: one block also lays out the rows and scatters the pairs (no permute launches)
 };
@@ -198,7 +199,8 @@ __device__ inline void write_layout(const int* cnt, int E, const Layout& o, int*
 // thread takes pairs of the chunk: a pair's rank is the count of the chunk's lower tokens that chose the
 // same expert (the population of chosen_by[e] below the token's bit), the chunk's count per expert the
 // population of chosen_by[e]. Fused (one chunk): warp 0 lays the rows out from those counts and the pairs
-// are scattered to offset + rank here. kSmemLogits: route_token's.
+// are scattered to offset + rank here (the rank's experts [e0, e1) only: the others count 0, inverse -1).
+// kSmemLogits: route_token's.
 template <bool kSmemLogits = false>
 __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& sm) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -214,7 +216,8 @@ __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& s
   }
   __syncthreads();  // also orders this block's expert writes before the reads below
   if (p.fused) {
-    for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x)) sm.cnt[i] = __popc(sm.chosen_by[i]);
+    for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x))
+      sm.cnt[i] = i >= p.e0 && i < p.e1 ? __popc(sm.chosen_by[i]) : 0;
     __syncthreads();
     if (warp == 0) write_layout(sm.cnt, p.E, p.layout, sm.off);
     __syncthreads();
@@ -225,9 +228,10 @@ __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& s
     const int e = p.experts[pair];
     const int rank = __popc(sm.chosen_by[e] & ((1u << (i / p.k)) - 1u));
     if (p.fused) {
+      const bool local = e >= p.e0 && e < p.e1;
       const int row = sm.off[e] + rank;
-      p.layout.sorted_pair[row] = int32_t(pair);
-      p.inverse[pair] = row;
+      if (local) p.layout.sorted_pair[row] = int32_t(pair);
+      p.inverse[pair] = local ? row : -1;
     } else {
       p.rank[pair] = rank;
     }
@@ -262,6 +266,8 @@ inline RouteParams route_params(const uint16_t* logits, int64_t ls, const MoeSha
           .T = int(s.T),
           .E = int(s.E),
           .k = int(s.k),
+          .e0 = int(s.expert_begin),
+          .e1 = int(s.expert_end()),
           .norm = norm_topk_prob,
           .fused = s.chunks() == 1 && b.offsets != nullptr};
 }

@@ -1,0 +1,123 @@
+// A random MoE layer for the CUDA tests with block-FP8 experts: each expert quantized alone
+// (ops::quantize_weight_fp8 on its [2I, H] and [H, I]), its dequantization (path (c), also usable as a BF16
+// layer), host and device copies, and the MoeWeights views of either form. Router rows have one power-of-two
+// weight, so the logits are exact in any summation order and CPU and GPU route alike.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kiln/tensor.h"
+#include "ops/cuda/moe_ops.h"
+#include "ops/fp8_linear.h"
+#include "ops/moe.h"
+#include "test_util_cuda.h"
+
+namespace kiln::test {
+
+// One layer's experts quantized per expert (ops::quantize_weight_fp8 on each [2I, H] and [H, I]), their
+// dequantization (path (c)), and the device copies of both.
+struct Fp8Layer {
+  int64_t E = 0, k = 0, H = 0, I = 0;
+  std::vector<bf16_t> router, gate_up_deq, down_deq;
+  std::vector<uint8_t> gate_up_q, down_q;
+  std::vector<float> gate_up_s, down_s;
+  Buffer d_router, d_gu_q, d_dn_q, d_gu_s, d_dn_s, d_gu_deq, d_dn_deq;
+
+  int64_t gr() const { return 2 * I / 128; }
+  int64_t gc() const { return ops::fp8_blocks(H); }
+  int64_t dr() const { return H / 128; }
+  int64_t dc() const { return ops::fp8_blocks(I); }
+  // The device buffer or the host vector holding the same values, as d says.
+  template <typename T>
+  static void* on(Device d, const Buffer& dev, const std::vector<T>& host) {
+    return d.is_cuda() ? dev.data() : const_cast<T*>(host.data());
+  }
+  ops::MoeWeights common(Device d) const {
+    ops::MoeWeights w;
+    w.router = Tensor(on(d, d_router, router), DType::bf16, {E, H}, d);
+    w.top_k = k;
+    w.norm_topk_prob = true;
+    return w;
+  }
+  ops::MoeWeights fp8(Device d) const {
+    ops::MoeWeights w = common(d);
+    w.gate_up = Tensor(on(d, d_gu_q, gate_up_q), DType::f8e4m3, {E, 2 * I, H}, d);
+    w.down = Tensor(on(d, d_dn_q, down_q), DType::f8e4m3, {E, H, I}, d);
+    w.gate_up_scale = Tensor(on(d, d_gu_s, gate_up_s), DType::f32, {E, gr(), gc()}, d);
+    w.down_scale = Tensor(on(d, d_dn_s, down_s), DType::f32, {E, dr(), dc()}, d);
+    return w;
+  }
+  // The dequantized experts as a BF16 layer, on the host or the device.
+  ops::MoeWeights dequantized(Device d) const {
+    ops::MoeWeights w = common(d);
+    w.gate_up = Tensor(on(d, d_gu_deq, gate_up_deq), DType::bf16, {E, 2 * I, H}, d);
+    w.down = Tensor(on(d, d_dn_deq, down_deq), DType::bf16, {E, H, I}, d);
+    return w;
+  }
+  ops::MoeWeights dequantized_device() const { return dequantized(Device::cuda()); }
+};
+
+// Quantizes [E, rows, cols] expert by expert into q / s and dequantizes into deq.
+inline void quantize_experts(const std::vector<bf16_t>& w, int64_t E, int64_t rows, int64_t cols,
+                             std::vector<uint8_t>& q, std::vector<float>& s, std::vector<bf16_t>& deq) {
+  const int64_t sb = ops::fp8_blocks(rows) * ops::fp8_blocks(cols);
+  q.resize(size_t(E * rows * cols));
+  s.resize(size_t(E * sb));
+  deq.resize(q.size());
+  for (int64_t e = 0; e < E; ++e) {
+    const Tensor qt(q.data() + e * rows * cols, DType::f8e4m3, {rows, cols});
+    const Tensor st(s.data() + e * sb, DType::f32, {ops::fp8_blocks(rows), ops::fp8_blocks(cols)});
+    ops::quantize_weight_fp8(
+        Tensor(const_cast<bf16_t*>(w.data()) + e * rows * cols, DType::bf16, {rows, cols}), qt, st,
+        "expert " + std::to_string(e));
+    ops::dequantize_fp8({qt, st}, Tensor(deq.data() + e * rows * cols, DType::bf16, {rows, cols}));
+  }
+}
+
+inline Fp8Layer make_fp8_layer(int64_t E, int64_t k, int64_t H, int64_t I, uint32_t seed) {
+  Fp8Layer l;
+  l.E = E, l.k = k, l.H = H, l.I = I;
+  l.router.assign(size_t(E * H), f32_to_bf16(0.0f));
+  // One power-of-two router weight a row: logits exact in any order, CPU and GPU route alike.
+  for (int64_t e = 0; e < E; ++e)
+    l.router[size_t(e * H + (e * 37 + 11) % H)] = f32_to_bf16(e % 2 ? 2.0f : 4.0f);
+  quantize_experts(test::random_bf16(size_t(E * 2 * I * H), seed, -0.1f, 0.1f), E, 2 * I, H, l.gate_up_q,
+                   l.gate_up_s, l.gate_up_deq);
+  quantize_experts(test::random_bf16(size_t(E * H * I), seed + 1, -0.1f, 0.1f), E, H, I, l.down_q, l.down_s,
+                   l.down_deq);
+  l.d_router = test::to_device(l.router);
+  l.d_gu_q = test::to_device(l.gate_up_q);
+  l.d_dn_q = test::to_device(l.down_q);
+  l.d_gu_s = test::to_device(l.gate_up_s);
+  l.d_dn_s = test::to_device(l.down_s);
+  l.d_gu_deq = test::to_device(l.gate_up_deq);
+  l.d_dn_deq = test::to_device(l.down_deq);
+  return l;
+}
+
+// n elements of type T at device address p.
+template <typename T>
+std::vector<T> read_device(const void* p, int64_t n) {
+  std::vector<T> v(static_cast<size_t>(n));
+  copy_bytes(v.data(), Device::cpu(), p, Device::cuda(), size_t(n) * sizeof(T));
+  return v;
+}
+
+// One ops::cuda::moe_mlp of w on x bf16 [T, H] with the given expert kernel, out and scratch poisoned first
+// (scratch grown when short); returns out and leaves the scratch for reading.
+inline std::vector<bf16_t> run_moe_gpu(const ops::MoeWeights& w, const Buffer& x, int64_t T, int64_t H,
+                                       ops::cuda::MoeExperts kernel, Buffer& scratch) {
+  Buffer out(size_t(T * H) * 2, Device::cuda());
+  test::poison(out);
+  const size_t bytes = ops::cuda::moe_scratch_bytes(w, H, T);
+  if (scratch.bytes() < bytes) scratch = Buffer(bytes, Device::cuda());
+  test::poison(scratch);
+  ops::cuda::moe_mlp(Tensor(x.data(), DType::bf16, {T, H}, Device::cuda()), w,
+                     Tensor(out.data(), DType::bf16, {T, H}, Device::cuda()), scratch.data(), scratch.bytes(),
+                     kernel);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  return test::to_host<bf16_t>(out, size_t(T * H));
+}
+
+}  // namespace kiln::test
