@@ -16,6 +16,7 @@
 #include "model/eagle3_chain_graph.h"
 #include "model/qwen3.h"
 #include "model/slot_buffers.h"
+#include "ops/argmax.h"
 #include "ops/attention.h"
 #include "ops/attn_prep.h"
 #include "ops/embedding.h"
@@ -144,6 +145,7 @@ struct Eagle3Model::Workspace : SlotBuffers {
     gate_up,
     act,
     out,
+    chain_tokens,  // i32 [passes, R]: forward_chain's tokens, each pass's the next pass's ids
     num_slots
   };
   explicit Workspace(Device d) : SlotBuffers(d, num_slots) {}
@@ -207,10 +209,14 @@ std::unique_ptr<Eagle3Model> Eagle3Model::load(const std::string& dir, const Qwe
   }
   KILN_CHECK(ck.has("d2t"), "EAGLE-3 draft: tensor 'd2t' is missing");
   const Tensor t = ck.get("d2t", DType::i64, {c.draft_vocab});
-  m->d2t_.assign(static_cast<const int64_t*>(t.data), static_cast<const int64_t*>(t.data) + c.draft_vocab);
+  const std::vector<int64_t> d2t(static_cast<const int64_t*>(t.data),
+                                 static_cast<const int64_t*>(t.data) + c.draft_vocab);
   for (int64_t i = 0; i < c.draft_vocab; ++i)
-    KILN_CHECK(i + m->d2t_[size_t(i)] >= 0 && i + m->d2t_[size_t(i)] < c.vocab, "EAGLE-3 draft: d2t[", i,
+    KILN_CHECK(i + d2t[size_t(i)] >= 0 && i + d2t[size_t(i)] < c.vocab, "EAGLE-3 draft: d2t[", i,
                "] maps outside the target vocabulary of ", c.vocab);
+  m->owned_.emplace_back(d2t.size() * sizeof(int64_t), dev);
+  copy_bytes(m->owned_.back().data(), dev, d2t.data(), Device::cpu(), d2t.size() * sizeof(int64_t));
+  m->d2t_dev_ = Tensor(m->owned_.back().data(), DType::i64, {c.draft_vocab}, dev);
   if (dev.is_cuda()) autotune_draft_if_needed(c);
   m->rope_ = ops::build_rope_table(int(c.head_dim), c.rope_theta, m->max_position_, dev);
   m->kv_cfg_.num_layers = 1;
@@ -288,6 +294,40 @@ void Eagle3Model::forward_hidden(const BatchDesc& b, const std::vector<float>& h
   run_midlayer(b, out);
 }
 
+void Eagle3Model::forward_chain(const std::vector<BatchDesc>& passes, const std::vector<float>& hidden,
+                                std::vector<std::vector<int32_t>>* tokens) {
+  tokens->assign(passes.size(), {});
+  if (passes.empty()) return;
+  const int64_t R = passes[0].num_seqs(), H = cfg_.hidden;
+  KILN_CHECK_EQ(int64_t(hidden.size()), R * H, "EAGLE-3 chain: hidden states must be [R, H]");
+  for (const BatchDesc& b : passes) {
+    KILN_CHECK(b.num_seqs() == R && b.num_tokens() == R && int64_t(b.logit_rows.size()) == R,
+               "EAGLE-3 chain: every pass has the first pass's ", R,
+               " sequences, one row and logit row each");
+    for (int64_t r = 0; r < R; ++r)
+      KILN_CHECK_EQ(b.logit_rows[size_t(r)], int32_t(r), "EAGLE-3 chain: logit rows must be 0 .. R - 1");
+  }
+  if (R == 0) {
+    for (auto& t : *tokens) t.clear();
+    return;
+  }
+  std::vector<bf16_t> h(hidden.size());
+  for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(hidden[i]);
+  Workspace& w = *ws_;
+  const size_t n = passes.size();
+  // Sized before the first pass: the slot must not move while a later pass reads an earlier pass's tokens.
+  auto* toks = static_cast<int32_t*>(w.get(Workspace::chain_tokens, n * size_t(R) * sizeof(int32_t)));
+  for (size_t j = 0; j < n; ++j) {
+    stage(passes[j], nullptr, j == 0 ? &h : nullptr);  // pass j > 0: the residual holds pass j - 1's outputs
+    if (j > 0) w.ids_t = Tensor(toks + (j - 1) * size_t(R), DType::i32, {R}, device_);
+    launch_midlayer(R, R, 1, toks + j * size_t(R), /*hidden_rows=*/false);
+  }
+  std::vector<int32_t> host(n * size_t(R));
+  copy_bytes(host.data(), Device::cpu(), toks, device_, host.size() * sizeof(int32_t));
+  for (size_t j = 0; j < n; ++j)
+    (*tokens)[j].assign(host.begin() + int64_t(j * size_t(R)), host.begin() + int64_t((j + 1) * size_t(R)));
+}
+
 void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
   const int64_t T = b.num_tokens(), R = int64_t(b.logit_rows.size());
   if (T == 0) {
@@ -301,7 +341,8 @@ void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
   read_out(R, out);
 }
 
-void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len) {
+void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len, int32_t* tokens,
+                                  bool hidden_rows) {
   Workspace& w = *ws_;
   const Eagle3Config& c = cfg_;
   const int64_t H = c.hidden, I = c.intermediate, D = c.head_dim, Hq = c.heads, Hkv = c.kv_heads;
@@ -348,13 +389,17 @@ void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len) {
   ops::linear_silu_mul(normed, gate_up_, gate_up, act);
   ops::linear_add_rms_norm(act, down_, residual, w_norm_, eps, tmp, normed);
   if (R == 0) return;
-  // The logits [R, Dv] and the midlayer outputs [R, H] (widened exactly) in one buffer: one copy back. The
-  // outputs start at a multiple of 4 floats: the CUDA gather stores 16 bytes at a time, and R x Dv need not
-  // be a multiple of 4 (one chain row of a small draft vocabulary).
+  // One buffer: the logits [R, Dv], the midlayer outputs [R, H] (widened exactly), the top-1 tokens [R]
+  // (i32), so read_out copies back the last two in one copy. The outputs start at a multiple of 4 floats: the
+  // CUDA gather stores 16 bytes at a time, and R x Dv need not be a multiple of 4 (one chain row of a small
+  // draft vocabulary).
   const int64_t hidden_at = eagle3_hidden_offset(R, Dv);
-  auto* both = static_cast<float*>(w.get(Workspace::out, size_t(hidden_at + R * H) * 4));
-  ops::lm_head(normed, w.rows_t, lm_head_, Tensor(both, DType::f32, {R, Dv}, device_));
-  ops::embedding(residual, w.rows_t, Tensor(both + hidden_at, DType::f32, {R, H}, device_));
+  auto* buf = static_cast<float*>(w.get(Workspace::out, size_t(hidden_at + R * H + R) * 4));
+  ops::lm_head(normed, w.rows_t, lm_head_, Tensor(buf, DType::f32, {R, Dv}, device_));
+  if (!tokens) tokens = reinterpret_cast<int32_t*>(buf + hidden_at + R * H);
+  ops::argmax_rows(Tensor(buf, DType::f32, {R, Dv}, device_), d2t_dev_,
+                   Tensor(tokens, DType::i32, {R}, device_));
+  if (hidden_rows) ops::embedding(residual, w.rows_t, Tensor(buf + hidden_at, DType::f32, {R, H}, device_));
 }
 
 void Eagle3Model::read_out(int64_t R, Out* out) {
@@ -364,16 +409,12 @@ void Eagle3Model::read_out(int64_t R, Out* out) {
   out->hidden.assign(size_t(R * H), 0.0f);
   if (R == 0) return;
   const int64_t hidden_at = eagle3_hidden_offset(R, Dv);
-  const float* both = static_cast<const float*>(w.get(Workspace::out, size_t(hidden_at + R * H) * 4));
-  std::vector<float>& host = w.host_out;
-  host.resize(size_t(hidden_at + R * H));
-  copy_bytes(host.data(), Device::cpu(), both, device_, host.size() * 4);
-  std::copy(host.begin() + hidden_at, host.end(), out->hidden.begin());
-  for (int64_t r = 0; r < R; ++r) {
-    const float* row = host.data() + r * Dv;
-    const int64_t best = std::max_element(row, row + Dv) - row;  // the first maximum: the lowest draft id
-    out->tokens[size_t(r)] = int32_t(best + d2t_[size_t(best)]);
-  }
+  const float* buf = static_cast<const float*>(w.get(Workspace::out, size_t(hidden_at + R * H + R) * 4));
+  std::vector<float>& host = w.host_out;  // the hidden rows, then the tokens' bits
+  host.resize(size_t(R * H + R));
+  copy_bytes(host.data(), Device::cpu(), buf + hidden_at, device_, host.size() * 4);
+  std::copy(host.begin(), host.begin() + R * H, out->hidden.begin());
+  std::memcpy(out->tokens.data(), host.data() + R * H, size_t(R) * sizeof(int32_t));
 }
 
 }  // namespace kiln

@@ -62,6 +62,15 @@ class Eagle3Model {
                         Out* out);
   // A pass whose rows start from hidden states [T, H] (host f32, bf16 values: an earlier pass's Out::hidden).
   void forward_hidden(const BatchDesc& batch, const std::vector<float>& hidden, Out* out);
+  // A chain of passes on the device: pass 0 as forward_hidden(passes[0], hidden), and pass j > 0 takes pass
+  // j - 1's top-1 tokens (its own batch's tokens are ignored) and midlayer outputs without leaving the
+  // device. Every pass has R rows, one per sequence, the same sequences in the same order, logit rows 0 .. R
+  // - 1 (a row whose chain ended earlier stays as padding: slot -1, its outputs ignored by the caller). One
+  // copy back at the end: tokens[j][r], pass j's token of row r (target ids), bitwise those of forward_hidden
+  // pass by pass (the same launches on the same bf16 values: Out::hidden is the exact widening of the
+  // residual).
+  void forward_chain(const std::vector<BatchDesc>& passes, const std::vector<float>& hidden,
+                     std::vector<std::vector<int32_t>>* tokens);
 
   // CUDA: chain passes (forward_hidden over one row per sequence, logit rows 0 .. B - 1) of at most the
   // largest of `buckets` sequences whose page tables are at most `pages_stride` wide run padded to the next
@@ -80,10 +89,13 @@ class Eagle3Model {
   void run_midlayer(const BatchDesc& batch, Out* out);
   // run_midlayer's launches over T > 0 rows (the shortest sequence min_q_len rows) and R logit rows, on the
   // views stage() made: no allocation once the workspace holds T rows, no host synchronisation (capturable).
-  void launch_midlayer(int64_t T, int64_t R, int32_t min_q_len);
+  // The logit rows' top-1 tokens go to `tokens` (device i32 [R]; null: the out buffer read_out copies back),
+  // their midlayer outputs to the out buffer unless !hidden_rows (a chain pass keeps them in the residual).
+  void launch_midlayer(int64_t T, int64_t R, int32_t min_q_len, int32_t* tokens = nullptr,
+                       bool hidden_rows = true);
   // forward_hidden through a chain graph where one serves the pass (eagle3_chain_graph.cpp); false: eager.
   bool run_chain_graph(const BatchDesc& batch, const std::vector<bf16_t>& hidden, Out* out);
-  // The R logit rows' top-1 draft tokens and midlayer outputs, copied back after launch_midlayer.
+  // The R logit rows' top-1 draft tokens and midlayer outputs, copied back (one copy) after launch_midlayer.
   void read_out(int64_t R, Out* out);
   uint64_t ws_generation() const;  // bumped by every workspace reallocation (a captured graph is then stale)
 
@@ -95,7 +107,7 @@ class Eagle3Model {
   std::vector<Buffer> owned_;  // the weights' device storage
   Tensor fc_, w_in_, w_hidden_, w_post_, w_norm_, lm_head_, embed_;
   ops::LinearWeight qkv_, o_, gate_up_, down_;
-  std::vector<int64_t> d2t_;
+  Tensor d2t_dev_;  // i64 [draft vocab] on the model's device: d2t, argmax_rows' offsets
   Buffer rope_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Workspace> ws_;

@@ -7,6 +7,8 @@
 // verifies the chain like any other draft (engine_spec.cpp).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "runtime/engine_impl.h"
@@ -111,14 +113,21 @@ std::vector<std::vector<int32_t>> Engine::Impl::eagle_chain(const StepPlan& plan
   const size_t B = plan.rows.size();
   std::vector<std::vector<int32_t>> drafts(B);
   std::vector<std::vector<float>> hidden(B);
+  int32_t longest = 0;
   for (size_t i = 0; i < B; ++i) {
     if (count[i] <= 0) continue;
     const Live& L = live.at(plan.rows[i].seq->id);
     drafts[i].push_back(L.eagle.next);
     hidden[i] = L.eagle.hidden;
+    longest = std::max(longest, count[i]);
+  }
+  if (longest <= 1) return drafts;
+  if (eagle_device_chain()) {
+    eagle_chain_on_device(plan, count, longest, hidden, drafts);
+    return drafts;
   }
   // Pass j drafts token j + 1 of every chain that long: the row at position begin + j - 1 takes draft j and
-  // the hidden state of the pass before.
+  // the hidden state of the pass before. Each pass's tokens and hidden states come back to the host.
   for (int32_t j = 1;; ++j) {
     BatchDesc b = empty_draft_batch(pool->page_size());
     std::vector<const Sequence*> seqs;
@@ -144,6 +153,52 @@ std::vector<std::vector<int32_t>> Engine::Impl::eagle_chain(const StepPlan& plan
     }
   }
   return drafts;
+}
+
+// The same passes with their tokens and hidden states kept on the device (ModelRunner::draft_chain): every
+// pass holds a row for each sequence of the first pass, in its order; a chain that ended sits in the later
+// passes as padding (its last row again: token 0, slot -1, so no K/V is written) whose tokens are dropped.
+// One copy back for the whole chain instead of one synchronisation a pass.
+void Engine::Impl::eagle_chain_on_device(const StepPlan& plan, const std::vector<int32_t>& count,
+                                         int32_t longest, const std::vector<std::vector<float>>& hidden,
+                                         std::vector<std::vector<int32_t>>& drafts) {
+  std::vector<size_t> who;
+  std::vector<const Sequence*> seqs;
+  std::vector<float> in;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (count[i] <= 1) continue;
+    who.push_back(i);
+    seqs.push_back(plan.rows[i].seq);
+    in.insert(in.end(), hidden[i].begin(), hidden[i].end());
+  }
+  std::vector<BatchDesc> passes;
+  for (int32_t j = 1; j < longest; ++j) {
+    BatchDesc b = empty_draft_batch(pool->page_size());
+    for (size_t k = 0; k < who.size(); ++k) {
+      const StepRow& r = plan.rows[who[k]];
+      const int32_t last = std::min(j, count[who[k]] - 1);  // the chain's last pass
+      add_draft_seq(b, *r.seq, r.begin + last - 1, {j == 1 ? drafts[who[k]].back() : 0}, true);
+      if (last < j) b.slot_mapping.back() = -1;
+    }
+    fill_page_table(b, seqs);
+    passes.push_back(std::move(b));
+  }
+  std::vector<std::vector<int32_t>> tokens;
+  counters.spec.draft_passes += passes.size();
+  runner->draft_chain(passes, in, &tokens);
+  for (size_t j = 0; j < passes.size(); ++j)
+    for (size_t k = 0; k < who.size(); ++k)
+      if (int32_t(j) + 1 < count[who[k]]) drafts[who[k]].push_back(tokens[j][k]);
+}
+
+bool Engine::Impl::eagle_device_chain() {
+  // KILN_EAGLE3_DEVICE_CHAIN=0, or the chain graphs on (KILN_EAGLE3_CHAIN_GRAPHS=1, which replay single
+  // passes): each chain pass reads its tokens back. Read at every chain (a getenv each), so tests switch it.
+  const auto set = [](const char* name, const char* value) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::string(v) == value;
+  };
+  return !set("KILN_EAGLE3_DEVICE_CHAIN", "0") && !set("KILN_EAGLE3_CHAIN_GRAPHS", "1");
 }
 
 }  // namespace kiln

@@ -208,6 +208,10 @@ struct Engine::Impl {
   // draft passes over one row each, at positions begin, begin + 1, ...; their pages are reserved). Throws
   // what a pass throws.
   std::vector<std::vector<int32_t>> eagle_chain(const StepPlan& plan, const std::vector<int32_t>& count);
+  void eagle_chain_on_device(const StepPlan& plan, const std::vector<int32_t>& count, int32_t longest,
+                             const std::vector<std::vector<float>>& hidden,
+                             std::vector<std::vector<int32_t>>& drafts);
+  static bool eagle_device_chain();
   // A draft pass threw: counted (SpecStats::draft_failures) and said on stderr; its rows draft nothing.
   void eagle_pass_failed(const char* why);
   // Whether every row that wants a token is greedy with no logit processing or logprobs, on a runner that may

@@ -183,6 +183,12 @@ class ModelRunner {
                                  DraftOut* /*out*/) {
     KILN_FAIL("this model runner has no EAGLE-3 draft");
   }
+  // Chain passes on the device (Eagle3Model::forward_chain): pass 0 starts from hidden ([R, H] f32), pass
+  // j > 0 from pass j - 1's tokens and outputs; tokens[j][r] is pass j's token of row r.
+  virtual void draft_chain(const std::vector<BatchDesc>& /*passes*/, const std::vector<float>& /*hidden*/,
+                           std::vector<std::vector<int32_t>>* /*tokens*/) {
+    KILN_FAIL("this model runner has no EAGLE-3 draft");
+  }
   virtual void attach_images(uint64_t /*request*/, VlPromptLayout /*layout*/,
                              std::vector<vision::ImagePatches> /*images*/) {
     KILN_FAIL("this model runner takes no images");

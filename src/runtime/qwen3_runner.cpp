@@ -129,6 +129,12 @@ void Qwen3Runner::draft_from_hidden(const BatchDesc& batch, const std::vector<fl
   draft_->forward_hidden(batch, hidden, out);
 }
 
+void Qwen3Runner::draft_chain(const std::vector<BatchDesc>& passes, const std::vector<float>& hidden,
+                              std::vector<std::vector<int32_t>>* tokens) {
+  KILN_CHECK(draft_ != nullptr, "this model runner has no EAGLE-3 draft");
+  draft_->forward_chain(passes, hidden, tokens);
+}
+
 Tensor Qwen3Runner::device_rows(Buffer& buf, int64_t rows, int64_t cols) {
   const size_t need = size_t(std::max<int64_t>(rows, 1) * cols) * sizeof(float);
   if (buf.bytes() < need) buf = Buffer(std::max(need, buf.bytes() * 2), device());

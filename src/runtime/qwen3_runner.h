@@ -92,6 +92,8 @@ class Qwen3Runner : public ModelRunner {
   bool has_draft() const override { return draft_ != nullptr; }
   void draft_from_step(const BatchDesc& batch, const std::vector<int32_t>& step_rows, DraftOut* out) override;
   void draft_from_hidden(const BatchDesc& batch, const std::vector<float>& hidden, DraftOut* out) override;
+  void draft_chain(const std::vector<BatchDesc>& passes, const std::vector<float>& hidden,
+                   std::vector<std::vector<int32_t>>* tokens) override;
 
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }

@@ -412,3 +412,66 @@ TEST(CudaEagle3, ChainGraphPassesEqualEagerPasses) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// forward_chain on CUDA (tokens and hidden states kept on the device between passes) equals forward_hidden
+// pass by pass, bit for bit: the same launches over the same rows, with the same bf16 values in (the host
+// round trip widens and rounds back exactly). Three sequences after a 9-position extend, chains of 3 passes.
+TEST(CudaEagle3, ChainOnTheDeviceEqualsPassByPass) {
+  KILN_REQUIRE_GPU();
+  const fs::path dir = test::eagle3_scratch() / "draft_device_chain";
+  test::write_eagle3_draft(dir, test::eagle3_draft_shape(64, true));
+  auto target = test::eagle3_target(Device::cuda());
+  auto stepped = Eagle3Model::load(dir.string(), *target);
+  auto chained = Eagle3Model::load(dir.string(), *target);
+  for (auto* m : {stepped.get(), chained.get()})
+    m->allocate_kv(1 + 3 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
+  const int64_t H = 256, F = 3 * 256;
+  std::vector<std::vector<int32_t>> toks(3);
+  for (int32_t i = 0; i < 3; ++i)
+    for (int32_t j = 0; j < 64; ++j) toks[size_t(i)].push_back((i * 89 + j * 31 + 7) % 500);
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  {
+    const BatchDesc b = draft_batch(toks, {0, 0, 0}, {9, 9, 9});
+    std::vector<bf16_t> feat(size_t(b.num_tokens() * F));
+    for (bf16_t& x : feat) x = f32_to_bf16(nd(rng));
+    const Buffer dev = test::to_device(feat);
+    std::vector<int32_t> rows;
+    for (int32_t t = 0; t < b.num_tokens(); ++t) rows.push_back(t);
+    const Tensor f(dev.data(), DType::bf16, {b.num_tokens(), F}, Device::cuda());
+    Eagle3Model::Out a, e;
+    stepped->forward_features(b, f, rows, &a);
+    chained->forward_features(b, f, rows, &e);
+    ASSERT_TRUE(same_bits(a.hidden, e.hidden));
+  }
+  for (int32_t round = 0; round < 2; ++round) {
+    SCOPED_TRACE("chain " + std::to_string(round));
+    const int32_t at = 9 + 3 * round;
+    std::vector<float> hidden(size_t(3 * H));
+    for (float& x : hidden) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+    std::vector<std::vector<int32_t>> want;
+    std::vector<BatchDesc> passes;
+    std::vector<float> h = hidden;
+    for (int32_t j = 0; j < 3; ++j) {
+      BatchDesc b = draft_batch(toks, {at + j, at + j, at + j}, {1, 1, 1});
+      if (j > 0)
+        for (size_t r = 0; r < 3; ++r) b.tokens[r] = want.back()[r];
+      Eagle3Model::Out o;
+      stepped->forward_hidden(b, h, &o);
+      want.push_back(o.tokens);
+      h = o.hidden;
+      if (j > 0)
+        for (int32_t& t : b.tokens) t = 0;  // the chain ignores them: pass j takes pass j - 1's tokens
+      passes.push_back(b);
+    }
+    std::vector<std::vector<int32_t>> got;
+    chained->forward_chain(passes, hidden, &got);
+    EXPECT_EQ(got, want);
+  }
+}
+
+}  // namespace
+}  // namespace kiln

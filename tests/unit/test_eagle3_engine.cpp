@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <numeric>
 #include <random>
 
 #include "common/test_support.h"
@@ -192,6 +194,121 @@ TEST(Eagle3Engine, OpsDraftMatchesTheReferenceAndRewritesRejectedEntries) {
   EXPECT_EQ(next.tokens, fresh_next.tokens);
 }
 
+// Draft passes over sequences seqs[k] (sequence i owns pages 16 i .. 16 i + 15 of page size 4): n rows each
+// from position begin[k], tokens tok[k] .. (one per row), the last row's logits; a frozen sequence's rows
+// write no K/V (slot -1), as the engine pads a chain that ended.
+BatchDesc pages_pass(const std::vector<int32_t>& seqs, const std::vector<int32_t>& begin, int32_t n,
+                     const std::vector<int32_t>& tok, const std::vector<bool>& frozen = {}) {
+  BatchDesc b;
+  b.page_size = 4;
+  b.pages_stride = 16;
+  b.cu_q = {0};
+  for (size_t k = 0; k < seqs.size(); ++k) {
+    const int32_t i = seqs[k];
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t pos = begin[k] + j;
+      b.tokens.push_back((tok[k] + 31 * j) % int32_t(kVocab));
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(!frozen.empty() && frozen[k] ? -1 : int64_t(16 * i + pos / 4) * 4 + pos % 4);
+    }
+    b.logit_rows.push_back(b.cu_q.back() + n - 1);
+    b.cu_q.push_back(b.cu_q.back() + n);
+    b.kv_lens.push_back(begin[k] + n);
+    b.seq_ids.push_back(uint64_t(i + 1));
+    for (int32_t p = 0; p < 16; ++p) b.page_table.push_back(16 * i + p);
+  }
+  return b;
+}
+
+// forward_chain (tokens and hidden states kept on the device between passes) drafts what forward_hidden pass
+// by pass drafts: three sequences over ten positions of history, a chain of three passes, then a chain where
+// sequence 1 ended after one pass (padding rows in the later passes, no K/V written: the pass after reads
+// the same cache on both models).
+TEST(Eagle3Engine, ChainOnTheDeviceEqualsPassByPass) {
+  const fs::path dir = scratch() / "draft_chain";
+  test::write_eagle3_draft(dir, draft_shape(40, true));
+  auto target = load_target();
+  auto stepped = Eagle3Model::load(dir.string(), *target);
+  auto chained = Eagle3Model::load(dir.string(), *target);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const auto bf16_values = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+    return v;
+  };
+  const BatchDesc history = pages_pass({0, 1, 2}, {0, 0, 0}, 10, {3, 7, 11});
+  std::vector<bf16_t> feat;
+  for (float x : bf16_values(30 * 3 * kHidden)) feat.push_back(f32_to_bf16(x));
+  const Tensor features(feat.data(), DType::bf16, {30, 3 * kHidden}, Device::cpu());
+  std::vector<int32_t> rows(30);
+  std::iota(rows.begin(), rows.end(), 0);
+  Eagle3Model::Out h0, h1;
+  for (auto* m : {stepped.get(), chained.get()}) m->allocate_kv(48, 4, ops::KvLayout::nhd);
+  stepped->forward_features(history, features, rows, &h0);
+  chained->forward_features(history, features, rows, &h1);
+  ASSERT_EQ(h0.tokens, h1.tokens);
+
+  // Sequences `alive` (by index into {0, 1, 2}) take passes 1 and 2; all three take pass 0.
+  const auto chain = [&](int32_t at, const std::vector<bool>& ended) {
+    const std::vector<float> hidden = bf16_values(3 * kHidden);
+    const std::vector<int32_t> first = {int32_t(rng() % kVocab), int32_t(rng() % kVocab),
+                                        int32_t(rng() % kVocab)};
+    // Pass by pass: a sequence whose chain ended leaves the batch.
+    std::vector<std::vector<int32_t>> want(3);
+    std::vector<int32_t> tok = first;
+    std::vector<float> h = hidden;
+    for (int32_t j = 0; j < 3; ++j) {
+      std::vector<int32_t> seqs, begin, in_tok;
+      std::vector<float> in_h;
+      for (int32_t i = 0; i < 3; ++i) {
+        if (j > 0 && ended[size_t(i)]) continue;
+        seqs.push_back(i);
+        begin.push_back(at + j);
+        in_tok.push_back(tok[size_t(i)]);
+        in_h.insert(in_h.end(), h.begin() + i * kHidden, h.begin() + (i + 1) * kHidden);
+      }
+      Eagle3Model::Out out;
+      stepped->forward_hidden(pages_pass(seqs, begin, 1, in_tok), in_h, &out);
+      for (size_t k = 0; k < seqs.size(); ++k) {
+        const int32_t i = seqs[k];
+        want[size_t(i)].push_back(out.tokens[k]);
+        tok[size_t(i)] = out.tokens[k];
+        std::copy(out.hidden.begin() + int64_t(k) * kHidden, out.hidden.begin() + int64_t(k + 1) * kHidden,
+                  h.begin() + i * kHidden);
+      }
+    }
+    // On the device: every pass keeps all three rows; an ended chain's row repeats its last position, frozen.
+    std::vector<BatchDesc> passes;
+    for (int32_t j = 0; j < 3; ++j) {
+      std::vector<int32_t> begin;
+      std::vector<bool> frozen;
+      for (int32_t i = 0; i < 3; ++i) {
+        const bool pad = j > 0 && ended[size_t(i)];
+        begin.push_back(pad ? at : at + j);
+        frozen.push_back(pad);
+      }
+      passes.push_back(
+          pages_pass({0, 1, 2}, begin, 1, j == 0 ? first : std::vector<int32_t>{0, 0, 0}, frozen));
+    }
+    std::vector<std::vector<int32_t>> got;
+    chained->forward_chain(passes, hidden, &got);
+    ASSERT_EQ(got.size(), 3u);
+    for (int32_t i = 0; i < 3; ++i)
+      for (size_t j = 0; j < want[size_t(i)].size(); ++j)
+        EXPECT_EQ(got[j][size_t(i)], want[size_t(i)][j]) << "sequence " << i << ", pass " << j;
+  };
+  chain(10, {false, false, false});
+  chain(13, {false, true, false});
+  // The next pass over every sequence reads the K/V both models wrote: bitwise the same outputs.
+  const std::vector<float> hidden = bf16_values(3 * kHidden);
+  Eagle3Model::Out a, b;
+  stepped->forward_hidden(pages_pass({0, 1, 2}, {16, 16, 16}, 1, {1, 2, 3}), hidden, &a);
+  chained->forward_hidden(pages_pass({0, 1, 2}, {16, 16, 16}, 1, {1, 2, 3}), hidden, &b);
+  EXPECT_EQ(a.hidden, b.hidden);
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
 // Prompts of mixed lengths; prompts 4 and 5 share their first 12 tokens with prompt 0 (prefix-cache hits when
 // prompt 0 ran first).
 std::vector<std::vector<int32_t>> mixed_prompts() {
@@ -308,6 +425,31 @@ TEST(Eagle3Engine, GreedyTokensEqualPlainDecoding) {
   }
 }
 
+// The engine's chains on the device (the default) and pass by pass (KILN_EAGLE3_DEVICE_CHAIN=0) draft the
+// same tokens: the CPU ops give the same bits however rows are grouped, so the counts match exactly, batched
+// too (where chains of different lengths leave padding rows in the later passes).
+TEST(Eagle3Engine, DeviceChainDraftsWhatPassByPassDrafts) {
+  const auto prompts = mixed_prompts();
+  for (const bool one_at_a_time : {true, false}) {
+    const Outputs plain = run(Engine::create(base_opts()), prompts, 20, one_at_a_time);
+    const fs::path draft = draft_over_frequent_tokens(plain.tokens, 4);
+    const EngineOptions o = with_eagle(base_opts(), draft, 4, false);
+    const Outputs device = run(Engine::create(o), prompts, 20, one_at_a_time);
+    ::setenv("KILN_EAGLE3_DEVICE_CHAIN", "0", 1);
+    const Outputs stepped = run(Engine::create(o), prompts, 20, one_at_a_time);
+    ::unsetenv("KILN_EAGLE3_DEVICE_CHAIN");
+    const char* mode = one_at_a_time ? "batch 1" : "batched";
+    EXPECT_EQ(device.tokens, plain.tokens) << mode;
+    EXPECT_EQ(stepped.tokens, plain.tokens) << mode;
+    EXPECT_GT(device.stats.spec.accepted_tokens, 0) << mode;
+    EXPECT_EQ(device.stats.spec.draft_tokens, stepped.stats.spec.draft_tokens) << mode;
+    EXPECT_EQ(device.stats.spec.accepted_tokens, stepped.stats.spec.accepted_tokens) << mode;
+    if (one_at_a_time) {
+      EXPECT_EQ(device.stats.spec.draft_passes, stepped.stats.spec.draft_passes);
+    }
+  }
+}
+
 // A CPU runner whose every third chain pass throws (as a draft pass that fails on a device would).
 class ChainFailingRunner : public Qwen3Runner {
  public:
@@ -315,6 +457,11 @@ class ChainFailingRunner : public Qwen3Runner {
   void draft_from_hidden(const BatchDesc& batch, const std::vector<float>& hidden, DraftOut* out) override {
     if (++calls_ % 3 == 0) KILN_FAIL("a chain pass failed on purpose");
     Qwen3Runner::draft_from_hidden(batch, hidden, out);
+  }
+  void draft_chain(const std::vector<BatchDesc>& passes, const std::vector<float>& hidden,
+                   std::vector<std::vector<int32_t>>* tokens) override {
+    if (++calls_ % 3 == 0) KILN_FAIL("a chain failed on purpose");
+    Qwen3Runner::draft_chain(passes, hidden, tokens);
   }
 
  private:

@@ -4,11 +4,13 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "common/test_support.h"
 #include "ops/activation.h"
+#include "ops/argmax.h"
 #include "ops/cpu/parallel.h"
 #include "ops/embedding.h"
 #include "ops/rms_norm.h"
@@ -197,4 +199,35 @@ TEST(OpsParallelFor, CoversEachIndexOnceAndPropagatesErrors) {
     for (int64_t i = b; i < e; ++i) sum += i;
   });
   EXPECT_EQ(sum.load(), 4950);
+}
+
+TEST(OpsArgmaxRows, HandCheckedTiesNanAndOffsets) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // Rows of 5 in a row stride of 6 (the sixth column, 100, must never be read).
+  std::vector<float> x = {1,    3,   2,    3,   0,    100,  // tie: the lower index, 1
+                          nan,  -1,  -2,   -1,  -5,   100,  // NaN ranks below every number: 1
+                          -inf, nan, -inf, nan, -inf, 100,  // nothing above -inf: 0
+                          0,    0,   0,    0,   7,    100};
+  const Tensor logits = Tensor::strided(x.data(), DType::f32, {4, 5}, {6, 1}, Device::cpu());
+  std::vector<int32_t> out(4, -7);
+  ops::argmax_rows(logits, Tensor(), Tensor(out.data(), DType::i32, {4}, Device::cpu()));
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 1, 0, 4}));
+  std::vector<int64_t> d2t = {10, 20, 30, 40, -4};  // id + d2t[id]
+  ops::argmax_rows(logits, Tensor(d2t.data(), DType::i64, {5}, Device::cpu()),
+                   Tensor(out.data(), DType::i32, {4}, Device::cpu()));
+  EXPECT_EQ(out, (std::vector<int32_t>{21, 21, 10, 0}));
+}
+
+TEST(OpsArgmaxRows, RejectsBadShapes) {
+  std::vector<float> x(12, 0.0f);
+  std::vector<int32_t> out(3);
+  std::vector<int64_t> d2t(3);
+  const Tensor logits(x.data(), DType::f32, {3, 4}, Device::cpu());
+  EXPECT_THROW(ops::argmax_rows(logits, Tensor(), Tensor(out.data(), DType::i32, {2}, Device::cpu())), Error);
+  EXPECT_THROW(ops::argmax_rows(logits, Tensor(d2t.data(), DType::i64, {3}, Device::cpu()),
+                                Tensor(out.data(), DType::i32, {3}, Device::cpu())),
+               Error);
+  EXPECT_THROW(ops::argmax_rows(Tensor(x.data(), DType::bf16, {3, 4}, Device::cpu()), Tensor(),
+                                Tensor(out.data(), DType::i32, {3}, Device::cpu())),
+               Error);
 }

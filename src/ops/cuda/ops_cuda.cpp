@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/argmax.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
@@ -42,6 +43,12 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
   kc::embedding_gather(ids.ptr<int32_t>(), table.data, table.stride[0], out.data, out.stride[0],
                        out.dtype == DType::f32, ids.shape[0], table.shape[0], table.shape[1],
                        kc::current_stream(), kc::pdl_for(kc::PdlSite::elementwise));
+}
+
+void argmax_rows(const Tensor& logits, const Tensor& offsets, const Tensor& out) {
+  kc::argmax_rows(logits.ptr<float>(), logits.stride[0], logits.shape[0], logits.shape[1],
+                  offsets.data ? offsets.ptr<int64_t>() : nullptr, out.ptr<int32_t>(), kc::current_stream(),
+                  kc::pdl_for(kc::PdlSite::elementwise));
 }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {

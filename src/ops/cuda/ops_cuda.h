@@ -12,6 +12,7 @@
 namespace kiln::ops::cuda {
 
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
+void argmax_rows(const Tensor& logits, const Tensor& offsets, const Tensor& out);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out);
 void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
                   const Tensor& out);
