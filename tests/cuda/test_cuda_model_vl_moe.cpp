@@ -1,0 +1,122 @@
+// Qwen3-VL-MoE on CUDA: the checkpoint `kiln demo-model --arch vl-moe` writes (the MoE demo decoder in a
+// Qwen3VLMoeForConditionalGeneration checkpoint, its experts fused and transposed as the hub ships them,
+// converted at load) against the same checkpoint on the CPU oracle, with the bounds of the other MoE and VL
+// whole-model GPU tests (common/model_steps.h expect_gpu_matches_cpu: every log-prob within
+// kModelMaxRowDrift, the greedy token equal off near ties) on text tokens (three equal M-RoPE rows); and the
+// engine serving image requests on the GPU with and without CUDA graphs: every request finishes, graphs give
+// the eager steps' tokens, log-probs equal to rounding (test_cuda_vision.cpp's rule).
+#include <filesystem>
+#include <random>
+
+#include "../unit/engine_test_util.h"
+#include "common/kiln_process.h"
+#include "common/model_steps.h"
+#include "common/test_support.h"
+#include "model/qwen3.h"
+#include "runtime/qwen3_runner.h"
+#include "test_util_cuda.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The demo checkpoint, written once per process by the kiln binary.
+const std::string& demo_dir() {
+  static const std::string dir = [] {
+    const fs::path scratch = test_support::process_scratch_dir("cuda_model_vl_moe");
+    const fs::path d = scratch / "demo_vl_moe";
+    const auto r =
+        test_support::run_kiln({"demo-model", d.string(), "--arch", "vl-moe", "--seed", "4"}, scratch);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return d.string();
+  }();
+  return dir;
+}
+
+std::unique_ptr<Qwen3Model> load(Device device) {
+  LoadOptions o;
+  o.device = device;
+  return Qwen3Model::load(demo_dir(), o);
+}
+
+TEST(CudaModelVlMoe, DemoCheckpointTextMatchesCpu) {
+  KILN_REQUIRE_GPU();
+  if (!fs::exists(test_support::kiln_bin())) GTEST_SKIP() << "kiln binary not built";
+  auto cpu = load(Device::cpu()), gpu = load(Device::cuda());
+  ASSERT_TRUE(gpu->config().has_moe_layers());
+  ASSERT_TRUE(gpu->weights().layers[1].moe.present());
+  std::vector<int32_t> prompt;
+  uint32_t rng = 17;
+  for (int i = 0; i < 41; ++i) prompt.push_back(int32_t((rng = rng * 1664525u + 1013904223u) >> 8) % 151000);
+  test::expect_gpu_matches_cpu(*cpu, *gpu, prompt, 8, "VL-MoE demo, text M-RoPE",
+                               [](BatchDesc& b) { b.set_text_mrope(); });
+}
+
+// An image of the demo tower's patches (3 channels x 2 frames x 16 x 16 = 1536 values each) from `seed`.
+vision::ImagePatches demo_image(int gh, int gw, uint32_t seed) {
+  vision::ImagePatches img;
+  img.grid_t = 1;
+  img.grid_h = gh;
+  img.grid_w = gw;
+  img.patch_dim = 1536;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  img.values.resize(size_t(gh) * size_t(gw) * 1536);
+  for (float& v : img.values) v = d(rng);
+  img.content_hash = {0x5eed000000000000ull ^ seed, 0xfeed000000000000ull + seed};
+  return img;
+}
+
+TEST(CudaModelVlMoe, EngineServesImagesWithAndWithoutGraphs) {
+  KILN_REQUIRE_GPU();
+  if (!fs::exists(test_support::kiln_bin())) GTEST_SKIP() << "kiln binary not built";
+  constexpr int32_t kStart = 151652, kPad = 151655, kEnd = 151653;
+  const std::vector<std::vector<vision::ImagePatches>> images = {
+      {demo_image(8, 12, 1)}, {demo_image(4, 6, 2), demo_image(6, 4, 3)}, {}};
+  struct Run {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<float>> logprobs;
+  };
+  const auto run = [&](bool graphs) {
+    EngineOptions opts = test::small_opts(8192, 16, 4096);
+    opts.disable_cuda_graph = !graphs;
+    Engine e(std::make_unique<Qwen3Runner>(load(Device::cuda()), ops::KvLayout::nhd, DType::bf16), opts);
+    test::Sink sink;
+    std::vector<RequestId> ids;
+    for (size_t k = 0; k < images.size(); ++k) {
+      std::vector<int32_t> p = test::prompt_of(9, int(k) + 1);
+      for (const vision::ImagePatches& img : images[k]) {
+        p.push_back(kStart);
+        p.insert(p.end(), size_t(img.merged_tokens(2)), kPad);
+        p.push_back(kEnd);
+        p.push_back(int32_t(1000 + k));
+      }
+      Request q = test::greedy(p, 10);
+      q.images = images[k];
+      q.sampling.ignore_eos = true;
+      q.sampling.return_logprob = true;
+      ids.push_back(e.submit(q, sink.cb()));
+    }
+    sink.wait_finished(int(ids.size()));
+    Run out;
+    for (RequestId id : ids) {
+      EXPECT_EQ(sink.last(id).finish_reason, "length") << sink.last(id).error;
+      out.tokens.push_back(sink.tokens(id));
+      out.logprobs.push_back(sink.last(id).logprobs);
+    }
+    test::expect_pool_clean(e);
+    return out;
+  };
+  const Run graphs = run(true), eager = run(false);
+  for (size_t i = 0; i < images.size(); ++i) {
+    EXPECT_EQ(graphs.tokens[i].size(), 10u);
+    EXPECT_EQ(graphs.tokens[i], eager.tokens[i]) << "request " << i;
+    ASSERT_EQ(graphs.logprobs[i].size(), eager.logprobs[i].size());
+    for (size_t k = 0; k < graphs.logprobs[i].size(); ++k)
+      EXPECT_NEAR(graphs.logprobs[i][k], eager.logprobs[i][k], 2e-2) << "request " << i << ", token " << k;
+  }
+}
+
+}  // namespace
+}  // namespace kiln
