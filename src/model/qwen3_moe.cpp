@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 
 #include "kiln/error.h"
 #include "ops/cpu/parallel.h"
@@ -27,35 +28,57 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return t + "]";
 }
 
-// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols, in 32 x 32 tiles so that both
-// sides stay in cache (a fused_transposed expert is megabytes).
+// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols, through a 64 x 64 tile in L1:
+// its rows read and its columns written contiguously, so neither side walks the other's stride element by
+// element (a 4 KB stride, 2048 bf16, would put every line of a direct tile walk into one cache set).
 void transpose(const bf16_t* src, int64_t src_stride, bf16_t* dst, int64_t dst_stride, int64_t rows,
                int64_t cols) {
-  constexpr int64_t kTile = 32;
-  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
-    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
-      for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
-        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
-          dst[c * dst_stride + r] = src[r * src_stride + c];
+  constexpr int64_t kTile = 64;
+  bf16_t tile[kTile][kTile];
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const int64_t nr = std::min(kTile, rows - r0);
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t nc = std::min(kTile, cols - c0);
+      for (int64_t r = 0; r < nr; ++r) std::copy_n(src + (r0 + r) * src_stride + c0, nc, tile[r]);
+      for (int64_t c = 0; c < nc; ++c) {
+        bf16_t* d = dst + (c0 + c) * dst_stride + r0;
+        for (int64_t r = 0; r < nr; ++r) d[r] = tile[r][c];
+      }
+    }
+  }
 }
 
-// The layer's experts (kiln's layout, all of them) on `device`: bf16, or block-FP8 quantized on the host
-// where --quantization fp8 asks (each expert's [2I, H] and [H, I] one part: with I and H multiples of 128
-// the same blocks, so the same bytes, as its gate, up and down quantized one by one).
-void place_fused_experts(const ModelConfig& c, int64_t l, const HostExperts& h, Device device,
-                         std::vector<Buffer>& storage, ops::MoeWeights& w) {
+// Sparse layer l's experts from a fused layout onto `device`: bf16 (on the CPU read straight into the
+// weights' buffers), or block-FP8 quantized on the host where --quantization fp8 asks (each expert's [2I, H]
+// and [H, I] one part: with I and H multiples of 128 the same blocks, so the same bytes, as its gate, up and
+// down quantized one by one).
+void load_fused_experts(const ModelConfig& c, int64_t l, const Checkpoint& ckpt, ExpertLayout layout,
+                        Device device, std::vector<Buffer>& storage, ops::MoeWeights& w) {
   const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
-  const std::string gate_up_name = mlp_name(c, l, "experts.gate_up_proj");
-  if (!c.quant.online || fp8_module_excluded(c.quant, expert_name(c, l, 0, "gate_proj"))) {
-    const auto upload = [&](const std::vector<bf16_t>& v, std::initializer_list<int64_t> shape) {
-      Buffer buf(v.size() * sizeof(bf16_t), device);
-      copy_bytes(buf.data(), device, v.data(), Device::cpu(), v.size() * sizeof(bf16_t));
-      const Tensor t = buf.view(DType::bf16, shape);
-      storage.push_back(std::move(buf));
-      return t;
-    };
-    w.gate_up = upload(h.gate_up, {E, 2 * I, H});
-    w.down = upload(h.down, {E, H, I});
+  const size_t n_gate_up = size_t(E * 2 * I * H), n_down = size_t(E * H * I);
+  const auto place = [&](Buffer buf, std::initializer_list<int64_t> shape) {
+    const Tensor t = buf.view(DType::bf16, shape);
+    storage.push_back(std::move(buf));
+    return t;
+  };
+  const bool fp8 = c.quant.online && !fp8_module_excluded(c.quant, expert_name(c, l, 0, "gate_proj"));
+  if (!fp8 && !device.is_cuda()) {
+    Buffer gu(n_gate_up * sizeof(bf16_t), device), dn(n_down * sizeof(bf16_t), device);
+    read_fused_experts(c, l, ckpt, layout, 0, E, 0, I, static_cast<bf16_t*>(gu.data()),
+                       static_cast<bf16_t*>(dn.data()));
+    w.gate_up = place(std::move(gu), {E, 2 * I, H});
+    w.down = place(std::move(dn), {E, H, I});
+    return;
+  }
+  const auto gu_host = std::make_unique_for_overwrite<bf16_t[]>(n_gate_up);
+  const auto dn_host = std::make_unique_for_overwrite<bf16_t[]>(n_down);
+  read_fused_experts(c, l, ckpt, layout, 0, E, 0, I, gu_host.get(), dn_host.get());
+  if (!fp8) {
+    Buffer gu(n_gate_up * sizeof(bf16_t), device), dn(n_down * sizeof(bf16_t), device);
+    copy_bytes(gu.data(), device, gu_host.get(), Device::cpu(), n_gate_up * sizeof(bf16_t));
+    copy_bytes(dn.data(), device, dn_host.get(), Device::cpu(), n_down * sizeof(bf16_t));
+    w.gate_up = place(std::move(gu), {E, 2 * I, H});
+    w.down = place(std::move(dn), {E, H, I});
     return;
   }
   KILN_CHECK(I % ops::kFp8Block == 0 && H % ops::kFp8Block == 0, "layer ", l,
@@ -64,10 +87,10 @@ void place_fused_experts(const ModelConfig& c, int64_t l, const HostExperts& h, 
   std::vector<Fp8HostPart> gate_up, down;
   std::vector<std::string> gate_up_names, down_names;
   for (int64_t e = 0; e < E; ++e) {
-    gate_up_names.push_back(gate_up_name + "[" + std::to_string(e) + "]");
-    gate_up.push_back(quantize_fp8_part(h.gate_up.data() + e * 2 * I * H, 2 * I, H, gate_up_names.back()));
+    gate_up_names.push_back(mlp_name(c, l, "experts.gate_up_proj[" + std::to_string(e) + "]"));
+    gate_up.push_back(quantize_fp8_part(gu_host.get() + e * 2 * I * H, 2 * I, H, gate_up_names.back()));
     down_names.push_back(mlp_name(c, l, "experts.down_proj[" + std::to_string(e) + "]"));
-    down.push_back(quantize_fp8_part(h.down.data() + e * H * I, H, I, down_names.back()));
+    down.push_back(quantize_fp8_part(dn_host.get() + e * H * I, H, I, down_names.back()));
   }
   const ops::LinearWeight gu = place_fp8_experts(gate_up, gate_up_names, device, storage);
   const ops::LinearWeight dn = place_fp8_experts(down, down_names, device, storage);
@@ -118,8 +141,8 @@ ExpertLayout checkpoint_expert_layout(const ModelConfig& c, int64_t l, const Che
             shape_text({E, I, H}), " (Qwen3-VL-MoE as the hub ships it)");
 }
 
-HostExperts read_fused_experts(const ModelConfig& c, int64_t l, const Checkpoint& ckpt, ExpertLayout layout,
-                               int64_t e0, int64_t e1, int64_t i0, int64_t i1) {
+void read_fused_experts(const ModelConfig& c, int64_t l, const Checkpoint& ckpt, ExpertLayout layout,
+                        int64_t e0, int64_t e1, int64_t i0, int64_t i1, bf16_t* gate_up, bf16_t* down) {
   const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
   KILN_CHECK(
       layout != ExpertLayout::per_expert && 0 <= e0 && e0 < e1 && e1 <= E && 0 <= i0 && i0 < i1 && i1 <= I,
@@ -132,15 +155,12 @@ HostExperts read_fused_experts(const ModelConfig& c, int64_t l, const Checkpoint
   const Tensor dn =
       transposed ? ckpt.get(dn_name, DType::bf16, {E, I, H}) : ckpt.get(dn_name, DType::bf16, {E, H, I});
   const int64_t L = e1 - e0, Ir = i1 - i0;
-  HostExperts h;
-  h.gate_up.resize(size_t(L * 2 * Ir * H));
-  h.down.resize(size_t(L * H * Ir));
   ops::cpu::parallel_for(L, 1, [&](int64_t a, int64_t b) {
     for (int64_t e = a; e < b; ++e) {
       const bf16_t* g = gu.ptr<bf16_t>() + (e0 + e) * 2 * I * H;
       const bf16_t* d = dn.ptr<bf16_t>() + (e0 + e) * H * I;
-      bf16_t* og = h.gate_up.data() + e * 2 * Ir * H;
-      bf16_t* od = h.down.data() + e * H * Ir;
+      bf16_t* og = gate_up + e * 2 * Ir * H;
+      bf16_t* od = down + e * H * Ir;
       for (int64_t half = 0; half < 2; ++half) {  // gate, then up
         bf16_t* out = og + half * Ir * H;
         if (transposed)  // [H, 2I]: column half * I + i is row i of this half
@@ -154,7 +174,6 @@ HostExperts read_fused_experts(const ModelConfig& c, int64_t l, const Checkpoint
         for (int64_t r = 0; r < H; ++r) std::copy(d + r * I + i0, d + r * I + i1, od + r * Ir);
     }
   });
-  return h;
 }
 
 std::vector<NamedTensor> fuse_checkpoint_experts(const ModelConfig& c, const std::vector<NamedTensor>& in,
@@ -232,7 +251,7 @@ ops::MoeWeights load_moe_layer(const ModelConfig& c, int64_t l, const Checkpoint
   w.router = stacked({{mlp_name(c, l, "gate.weight"), E}}, H);
   if (const ExpertLayout layout = ckpt ? checkpoint_expert_layout(c, l, *ckpt) : ExpertLayout::per_expert;
       layout != ExpertLayout::per_expert) {
-    place_fused_experts(c, l, read_fused_experts(c, l, *ckpt, layout, 0, E, 0, I), device, storage, w);
+    load_fused_experts(c, l, *ckpt, layout, device, storage, w);
     return w;
   }
   std::vector<std::pair<std::string, int64_t>> gate_up, down;

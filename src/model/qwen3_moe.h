@@ -42,13 +42,11 @@ enum class ExpertLayout : uint8_t { per_expert, fused, fused_transposed };
 ExpertLayout checkpoint_expert_layout(const ModelConfig& cfg, int64_t l, const Checkpoint& ckpt);
 
 // Experts [e0, e1) of sparse layer l with intermediate rows [i0, i1) (gate and up rows, down columns; a
-// tensor-parallel rank's share, or all of them) read from a fused layout into kiln's, in host memory:
-// gate_up [e1 - e0, 2 (i1 - i0), H] (each expert's gate rows, then its up rows), down [e1 - e0, H, i1 - i0].
-struct HostExperts {
-  std::vector<bf16_t> gate_up, down;
-};
-HostExperts read_fused_experts(const ModelConfig& cfg, int64_t l, const Checkpoint& ckpt, ExpertLayout layout,
-                               int64_t e0, int64_t e1, int64_t i0, int64_t i1);
+// tensor-parallel rank's share, or all of them) read from a fused layout into kiln's, written to host memory
+// the caller owns: gate_up [e1 - e0, 2 (i1 - i0), H] (each expert's gate rows, then its up rows) and
+// down [e1 - e0, H, i1 - i0].
+void read_fused_experts(const ModelConfig& cfg, int64_t l, const Checkpoint& ckpt, ExpertLayout layout,
+                        int64_t e0, int64_t e1, int64_t i0, int64_t i1, bf16_t* gate_up, bf16_t* down);
 
 // Writing fused checkpoints (demo-model --arch vl-moe, tests): `in` with each sparse layer's per-expert
 // tensors (cfg's names) replaced by that layer's L.mlp.experts.gate_up_proj and L.mlp.experts.down_proj in

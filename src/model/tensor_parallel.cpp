@@ -164,10 +164,11 @@ class ShardLoader {
     w.router = matrix(mlp + "gate.weight", E, H, {0, E}, {0, H});
     if (const ExpertLayout layout = ckpt_ ? checkpoint_expert_layout(c, l, *ckpt_) : ExpertLayout::per_expert;
         layout != ExpertLayout::per_expert) {
-      const HostExperts h = read_fused_experts(c, l, *ckpt_, layout, p.experts.begin, p.experts.end,
-                                               p.moe_intermediate.begin, p.moe_intermediate.end);
-      w.gate_up = upload(h.gate_up, L, 2 * Ir, H);
-      w.down = upload(h.down, L, H, Ir);
+      std::vector<bf16_t> gate_up(size_t(L * 2 * Ir * H)), down(size_t(L * H * Ir));
+      read_fused_experts(c, l, *ckpt_, layout, p.experts.begin, p.experts.end, p.moe_intermediate.begin,
+                         p.moe_intermediate.end, gate_up.data(), down.data());
+      w.gate_up = upload(gate_up, L, 2 * Ir, H);
+      w.down = upload(down, L, H, Ir);
       return w;
     }
     std::vector<Part> gate_up, down;
