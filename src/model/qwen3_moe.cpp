@@ -84,16 +84,28 @@ void load_fused_experts(const ModelConfig& c, int64_t l, const Checkpoint& ckpt,
   KILN_CHECK(I % ops::kFp8Block == 0 && H % ops::kFp8Block == 0, "layer ", l,
              ": block-FP8 experts need moe_intermediate_size (", I, ") and hidden_size (", H,
              ") multiples of 128, so each expert's gate, up and down rows fill whole 128-row scale blocks");
-  std::vector<Fp8HostPart> gate_up, down;
-  std::vector<std::string> gate_up_names, down_names;
-  for (int64_t e = 0; e < E; ++e) {
-    gate_up_names.push_back(mlp_name(c, l, "experts.gate_up_proj[" + std::to_string(e) + "]"));
-    gate_up.push_back(quantize_fp8_part(gu_host.get() + e * 2 * I * H, 2 * I, H, gate_up_names.back()));
-    down_names.push_back(mlp_name(c, l, "experts.down_proj[" + std::to_string(e) + "]"));
-    down.push_back(quantize_fp8_part(dn_host.get() + e * H * I, H, I, down_names.back()));
-  }
-  const ops::LinearWeight gu = place_fp8_experts(gate_up, gate_up_names, device, storage);
-  const ops::LinearWeight dn = place_fp8_experts(down, down_names, device, storage);
+  // E parts of rows x cols each, expert e's named "<tensor>[e]", quantized on the GPU as the per-expert path
+  // does (bitwise the host quantizer) or on the host.
+  const auto quantize = [&](const bf16_t* host, const char* tensor, int64_t rows, int64_t cols) {
+    std::vector<std::string> names;
+    for (int64_t e = 0; e < E; ++e)
+      names.push_back(mlp_name(c, l, std::string("experts.") + tensor + "[" + std::to_string(e) + "]"));
+    if (device.is_cuda() && fp8_quantize_on_gpu()) {
+      const size_t part_bytes = size_t(rows * cols) * sizeof(bf16_t);
+      return quantize_fp8_stack_on_device(
+          names, std::vector<int64_t>(size_t(E), rows), cols,
+          [&](size_t e, void* dst) {
+            copy_bytes(dst, device, host + int64_t(e) * rows * cols, Device::cpu(), part_bytes);
+          },
+          device, storage);
+    }
+    std::vector<Fp8HostPart> parts;
+    for (int64_t e = 0; e < E; ++e)
+      parts.push_back(quantize_fp8_part(host + e * rows * cols, rows, cols, names[size_t(e)]));
+    return place_fp8_experts(parts, names, device, storage);
+  };
+  const ops::LinearWeight gu = quantize(gu_host.get(), "gate_up_proj", 2 * I, H);
+  const ops::LinearWeight dn = quantize(dn_host.get(), "down_proj", H, I);
   w.gate_up = gu.weight.reshape({E, 2 * I, H});
   w.down = dn.weight.reshape({E, H, I});
   w.gate_up_scale = gu.scale.reshape({E, 2 * I / ops::kFp8Block, gu.scale.shape[1]});

