@@ -89,8 +89,7 @@ TEST(CudaModelVlMoe, EngineServesImagesWithAndWithoutGraphs) {
     EngineOptions opts = test::small_opts(8192, 16, 4096);
     opts.disable_cuda_graph = !graphs;
     Engine e(std::make_unique<Qwen3Runner>(load(Device::cuda()), ops::KvLayout::nhd, DType::bf16), opts);
-    test::Sink sink;
-    std::vector<RequestId> ids;
+    std::vector<Request> requests;
     for (size_t k = 0; k < images.size(); ++k) {
       std::vector<int32_t> p = test::prompt_of(9, int(k) + 1);
       for (const vision::ImagePatches& img : images[k]) {
@@ -103,14 +102,13 @@ TEST(CudaModelVlMoe, EngineServesImagesWithAndWithoutGraphs) {
       q.images = images[k];
       q.sampling.ignore_eos = true;
       q.sampling.return_logprob = true;
-      ids.push_back(e.submit(q, sink.cb()));
+      requests.push_back(q);
     }
-    sink.wait_finished(int(ids.size()));
     Run out;
-    for (RequestId id : ids) {
-      EXPECT_EQ(sink.last(id).finish_reason, "length") << sink.last(id).error;
-      out.tokens.push_back(sink.tokens(id));
-      out.logprobs.push_back(sink.last(id).logprobs);
+    for (const test::Finished& f : test::run_requests(e, requests)) {
+      EXPECT_EQ(f.last.finish_reason, "length") << f.last.error;
+      out.tokens.push_back(f.tokens);
+      out.logprobs.push_back(f.last.logprobs);
     }
     test::expect_pool_clean(e);
     return out;

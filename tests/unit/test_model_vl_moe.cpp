@@ -215,19 +215,14 @@ TEST(EngineVlMoe, ImagePromptRunsEndToEnd) {
     r.sampling.return_logprob = true;
     return r;
   };
-  test::Sink sink;
-  const RequestId ia = engine.submit(request(a), sink.cb());
-  const RequestId ia2 = engine.submit(request(a), sink.cb());
-  const RequestId ib = engine.submit(request(b), sink.cb());
-  sink.wait_finished(3);
-  sink.expect_one_finish_each();
-  for (const RequestId id : {ia, ia2, ib}) {
-    EXPECT_EQ(sink.last(id).finish_reason, "length") << sink.last(id).error;
-    EXPECT_EQ(sink.tokens(id).size(), 6u);
+  const auto out = test::run_requests(engine, {request(a), request(a), request(b)});
+  for (const test::Finished& f : out) {
+    EXPECT_EQ(f.last.finish_reason, "length") << f.last.error;
+    EXPECT_EQ(f.tokens.size(), 6u);
   }
-  EXPECT_EQ(sink.tokens(ia), sink.tokens(ia2));
-  EXPECT_EQ(sink.last(ia).logprobs, sink.last(ia2).logprobs);
-  EXPECT_NE(sink.last(ia).logprobs, sink.last(ib).logprobs);
+  EXPECT_EQ(out[0].tokens, out[1].tokens);
+  EXPECT_EQ(out[0].last.logprobs, out[1].last.logprobs);
+  EXPECT_NE(out[0].last.logprobs, out[2].last.logprobs);
   test::expect_pool_clean(engine);
 }
 
