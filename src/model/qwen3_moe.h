@@ -1,5 +1,6 @@
-// Qwen3-MoE's sparse MLP layers (config.is_moe_layer): their checkpoint tensors and their loading. The block
-// itself is ops::moe_mlp (ops/moe.h); Qwen3Model calls it in place of the dense MLP on those layers.
+// Qwen3-MoE's and Qwen3-VL-MoE's sparse MLP layers (config.is_moe_layer): their checkpoint tensors and their
+// loading. The block itself is ops::moe_mlp (ops/moe.h); Qwen3Model calls it in place of the dense MLP on
+// those layers.
 //
 // Checkpoint layouts read (all hold the same values; ExpertLayout below), the router always
 // L.mlp.gate.weight [E, H]:
@@ -77,7 +78,8 @@ ops::LinearWeight place_fp8_experts(const std::vector<Fp8HostPart>& parts,
                                     std::vector<Buffer>& storage);
 
 // Sparse layer l's weights: the router through `stacked` (always bf16); the experts from a fused layout
-// where `ckpt` has one (bf16, converted on the host; --quantization fp8 quantizes them there), else from the
+// where `ckpt` has one (bf16, converted on the host; --quantization fp8 quantizes them where the per-expert
+// path would, on the GPU under fp8_quantize_on_gpu() else on the host, into the same bytes), else from the
 // per-expert layout through `linear` (block-FP8 where the checkpoint or --quantization fp8 says). Block-FP8
 // experts need moe_intermediate_size and hidden_size multiples of 128 (else an error). Fused experts are
 // copied to `device` into buffers appended to `storage`.
