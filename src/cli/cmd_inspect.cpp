@@ -12,12 +12,12 @@
 
 namespace {
 
-const char* arch_name(kiln::ModelArch a) {
-  switch (a) {
+const char* arch_name(const kiln::ModelConfig& c) {
+  switch (c.arch) {
     case kiln::ModelArch::qwen3:
       return "qwen3";
-    case kiln::ModelArch::qwen3_vl_text:
-      return "qwen3_vl_text";
+    case kiln::ModelArch::qwen3_vl_text:  // Qwen3-VL-MoE: the VL layout with sparse layers ("moe" below)
+      return c.moe.num_experts > 0 ? "qwen3_vl_moe_text" : "qwen3_vl_text";
     case kiln::ModelArch::qwen3_embedding:
       return "qwen3_embedding";
     case kiln::ModelArch::qwen3_moe:
@@ -62,7 +62,7 @@ nlohmann::json moe_json(const kiln::ModelConfig& c) {
 }
 
 nlohmann::json config_json(const kiln::ModelConfig& c) {
-  return {{"arch", arch_name(c.arch)},
+  return {{"arch", arch_name(c)},
           {"vision", vision_json(c)},
           {"moe", moe_json(c)},
           {"architecture", c.architecture},

@@ -240,6 +240,8 @@ void check_layer_layout(const Fields& f, const ModelConfig& c) {
     f.fail("hidden_act", "is \"" + *act + "\" (kiln's MLP is SiLU-gated: \"silu\")");
 }
 
+constexpr const char* kQwen3VlMoe = "Qwen3VLMoeForConditionalGeneration";
+
 ModelArch arch_from_name(const Fields& top, const std::string& name, std::string* weight_prefix) {
   if (name == "Qwen3ForCausalLM") {
     *weight_prefix = "model.";
@@ -257,9 +259,14 @@ ModelArch arch_from_name(const Fields& top, const std::string& name, std::string
     *weight_prefix = "model.";
     return ModelArch::qwen3_moe;
   }
+  if (name == kQwen3VlMoe) {  // Qwen3-VL's layout, with Qwen3-MoE's sparse MLP in the text decoder
+    *weight_prefix = "model.language_model.";
+    return ModelArch::qwen3_vl_text;
+  }
   top.fail("architectures", "names \"" + name +
                                 "\", which kiln does not support (Qwen3ForCausalLM, Qwen3Model, "
-                                "Qwen3VLForConditionalGeneration, Qwen3MoeForCausalLM)");
+                                "Qwen3VLForConditionalGeneration, Qwen3MoeForCausalLM, "
+                                "Qwen3VLMoeForConditionalGeneration)");
 }
 
 // Qwen3-VL's vision_config (defaults: transformers' Qwen3VLVisionConfig) and the top-level token ids.
@@ -446,6 +453,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       c.architecture = "Qwen3VLForConditionalGeneration";
     else if (*mt == "qwen3_moe")
       c.architecture = "Qwen3MoeForCausalLM";
+    else if (*mt == "qwen3_vl_moe")
+      c.architecture = kQwen3VlMoe;
     else
       top.fail("model_type", "is \"" + *mt + "\" and 'architectures' is missing: not a supported model");
   } else {
@@ -532,6 +541,12 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       f.fail("eos_token_id", "holds " + std::to_string(id) + ", outside [0, vocab_size)");
   if (c.arch == ModelArch::qwen3_vl_text) parse_vision(top, c);
   if (c.arch == ModelArch::qwen3_moe) parse_moe(f, c);
+  if (c.architecture == kQwen3VlMoe) {
+    parse_moe(f, c);
+    // transformers' Qwen3VLMoeTextTopKRouter renormalizes the chosen experts' probabilities whatever the
+    // config says (its text config has no norm_topk_prob field).
+    c.moe.norm_topk_prob = true;
+  }
   parse_quantization(top, f, c.quant);
   return c;
 }

@@ -159,8 +159,8 @@ class ShardLoader {
   }
 
   // Sparse layer l's share (dist/shard_plan.h): the router whole; experts p.experts, each with its gate/up
-  // rows and down columns p.moe_intermediate. From the hub layout, or the fused one (transformers 5's
-  // experts.gate_up_proj [E, 2I, H] / experts.down_proj [E, H, I]) sliced on the host.
+  // rows and down columns p.moe_intermediate. From the per-expert layout, or a fused one (model/qwen3_moe.h)
+  // sliced on the host.
   ops::MoeWeights moe_layer(int64_t l, const dist::ShardPlan& p) {
     const ModelConfig& c = cfg_;
     const int64_t H = c.hidden_size, I = c.moe.moe_intermediate_size, E = c.moe.num_experts;
@@ -172,25 +172,15 @@ class ShardLoader {
     w.expert_begin = p.experts.begin;
     w.split_intermediate = Ir != I;
     w.router = matrix(mlp + "gate.weight", E, H, {0, E}, {0, H});
-    if (ckpt_ && ckpt_->has(mlp + "experts.gate_up_proj")) {
-      KILN_CHECK(
-          !c.quant.fp8(), "block-FP8 experts are read from the hub layout only; '", mlp,
-          "experts.gate_up_proj' is the fused one (save the checkpoint with save_original_format=True)");
-      const Tensor gu = ckpt_->get(mlp + "experts.gate_up_proj", DType::bf16, {E, 2 * I, H});
-      const Tensor dn = ckpt_->get(mlp + "experts.down_proj", DType::bf16, {E, H, I});
-      std::vector<bf16_t> a(size_t(L * 2 * Ir * H)), b(size_t(L * H * Ir));
-      for (int64_t e = 0; e < L; ++e) {
-        const bf16_t* src = gu.ptr<bf16_t>() + (p.experts.begin + e) * 2 * I * H;
-        for (int64_t half = 0; half < 2; ++half)  // gate rows, then up rows
-          std::copy(src + (half * I + p.moe_intermediate.begin) * H,
-                    src + (half * I + p.moe_intermediate.end) * H, a.begin() + (e * 2 + half) * Ir * H);
-        const bf16_t* d = dn.ptr<bf16_t>() + (p.experts.begin + e) * H * I;
-        for (int64_t h = 0; h < H; ++h)
-          std::copy(d + h * I + p.moe_intermediate.begin, d + h * I + p.moe_intermediate.end,
-                    b.begin() + (e * H + h) * Ir);
-      }
-      w.gate_up = upload(a, L, 2 * Ir, H);
-      w.down = upload(b, L, H, Ir);
+    if (const ExpertLayout layout = ckpt_ ? checkpoint_expert_layout(c, l, *ckpt_) : ExpertLayout::per_expert;
+        layout != ExpertLayout::per_expert) {
+      KILN_CHECK(!c.quant.fp8(), "block-FP8 experts under --tp are read from the per-expert layout only; '",
+                 mlp, "experts.gate_up_proj' is the fused one (serve the BF16 experts, or at --tp 1)");
+      std::vector<bf16_t> gate_up(size_t(L * 2 * Ir * H)), down(size_t(L * H * Ir));
+      read_fused_experts(c, l, *ckpt_, layout, p.experts.begin, p.experts.end, p.moe_intermediate.begin,
+                         p.moe_intermediate.end, gate_up.data(), down.data());
+      w.gate_up = upload(gate_up, L, 2 * Ir, H);
+      w.down = upload(down, L, H, Ir);
       return w;
     }
     std::vector<Part> gate_up, down;

@@ -76,6 +76,22 @@ inline Request greedy(std::vector<int32_t> prompt, int n) {
   return r;
 }
 
+// Submits every request, waits until all have finished, and returns each one's tokens and final event.
+struct Finished {
+  std::vector<int32_t> tokens;
+  TokenEvent last;
+};
+inline std::vector<Finished> run_requests(Engine& e, const std::vector<Request>& requests) {
+  Sink sink;
+  std::vector<RequestId> ids;
+  for (const Request& r : requests) ids.push_back(e.submit(r, sink.cb()));
+  sink.wait_finished(int(ids.size()));
+  sink.expect_one_finish_each();
+  std::vector<Finished> out;
+  for (RequestId id : ids) out.push_back({sink.tokens(id), sink.last(id)});
+  return out;
+}
+
 inline void expect_pool_clean(Engine& e) {
   e.flush_cache();
   EngineStats s = e.stats();

@@ -140,3 +140,53 @@ TEST_F(CliMoe, Fp8DemoCheckpointHasFp8ExpertsAndGenerates) {
       kiln::test::model_steps(*m, {9707, 11, 1879}, 3, {}, kiln::DType::bf16, kiln::ops::KvLayout::hnd, 16);
   for (size_t s = 0; s < ids.size(); ++s) EXPECT_EQ(ids[s], kiln::test::argmax(logits[s])) << "step " << s;
 }
+
+// `kiln demo-model --arch vl-moe`: the same decoder as --arch moe's (same seed) inside a
+// Qwen3VLMoeForConditionalGeneration checkpoint, its experts fused and transposed as the hub ships
+// Qwen3-VL-30B-A3B-Instruct; `kiln inspect` shows it as VL + MoE and `kiln generate` gives --arch moe's ids
+// and log-probs exactly (text tokens: M-RoPE rows equal plain RoPE), also with --quantization fp8 (the fused
+// experts quantized at load into the blocks the per-expert ones get).
+TEST_F(CliMoe, VlMoeDemoHoldsTheMoeDecoderAndGeneratesAsIt) {
+  const fs::path dir = scratch() / "demo_vl_moe";
+  const auto made = run_kiln({"demo-model", dir.string(), "--arch", "vl-moe", "--seed", "4"});
+  ASSERT_EQ(made.code, 0) << made.err;
+  const json cfg = json::parse(slurp(dir / "config.json"));
+  EXPECT_EQ(cfg["architectures"], json{"Qwen3VLMoeForConditionalGeneration"});
+  EXPECT_EQ(cfg["model_type"], "qwen3_vl_moe");
+  EXPECT_EQ(cfg["text_config"]["model_type"], "qwen3_vl_moe_text");
+  EXPECT_EQ(cfg["text_config"]["num_experts"], 8);
+  EXPECT_TRUE(fs::exists(dir / "preprocessor_config.json"));
+  const json index = json::parse(slurp(dir / "model.safetensors.index.json"));
+  EXPECT_TRUE(index["weight_map"].contains("model.language_model.layers.1.mlp.experts.gate_up_proj"));
+  EXPECT_FALSE(index["weight_map"].contains("model.language_model.layers.1.mlp.experts.0.up_proj.weight"));
+  EXPECT_TRUE(index["weight_map"].contains("model.visual.patch_embed.proj.weight"));
+
+  const auto ins = run_kiln({"inspect", "--model", dir.string(), "--json"});
+  ASSERT_EQ(ins.code, 0) << ins.err;
+  const json j = json::parse(ins.out);
+  EXPECT_EQ(j["config"]["arch"], "qwen3_vl_moe_text");
+  EXPECT_EQ(j["config"]["moe"]["sparse_layers"], (json{1, 2, 3}));
+  EXPECT_EQ(j["config"]["vision"]["depth"], 3);
+  bool gate_up = false, down = false;  // [E, H, 2I] and [E, I, H]: H = 256, I = 128
+  for (const json& t : j["tensors"]) {
+    gate_up |= t["name"] == "model.language_model.layers.2.mlp.experts.gate_up_proj" &&
+               t["shape"] == json{8, 256, 256};
+    down |=
+        t["name"] == "model.language_model.layers.2.mlp.experts.down_proj" && t["shape"] == json{8, 128, 256};
+  }
+  EXPECT_TRUE(gate_up && down) << "layer 2's fused experts not listed as [8, 256, 256] and [8, 128, 256]";
+
+  for (const std::string quant : {"none", "fp8"}) {
+    SCOPED_TRACE("--quantization " + quant);
+    std::vector<json> out;
+    for (const fs::path& d : {dir_, dir}) {
+      const auto r =
+          run_kiln({"generate", "--model", d.string(), "--prompt-ids", "9707,11,1879,374", "--max-tokens",
+                    "5", "--json", "--device", "cpu", "--ignore-eos", "--quantization", quant});
+      ASSERT_EQ(r.code, 0) << r.err;
+      out.push_back(json::parse(r.out));
+    }
+    EXPECT_EQ(out[1]["ids"], out[0]["ids"]);
+    EXPECT_EQ(out[1]["logprobs"], out[0]["logprobs"]);
+  }
+}

@@ -44,16 +44,17 @@ class MropeEveryStepRunner : public Qwen3Runner {
   void place_positions(BatchDesc& batch) const override { batch.set_text_mrope(); }
 };
 
-// An image of grid 1 x gh x gw patches (patch_dim 3 * 2 * 4 * 4 = 96) with values in [-1, 1] from `seed`.
-inline vision::ImagePatches test_image(int gh, int gw, uint32_t seed) {
+// An image of grid 1 x gh x gw patches (patch_dim 3 * 2 * 4 * 4 = 96 for the tiny tower; 1536 for the demo's
+// 16-pixel patches) with values in [-1, 1] from `seed`.
+inline vision::ImagePatches test_image(int gh, int gw, uint32_t seed, int patch_dim = 96) {
   vision::ImagePatches img;
   img.grid_t = 1;
   img.grid_h = gh;
   img.grid_w = gw;
-  img.patch_dim = 96;
+  img.patch_dim = patch_dim;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  img.values.resize(size_t(gh) * size_t(gw) * 96);
+  img.values.resize(size_t(gh) * size_t(gw) * size_t(patch_dim));
   for (float& v : img.values) v = d(rng);
   img.content_hash = {0x1234567800000000ull ^ seed, 0x9abcdef000000000ull + seed};
   return img;
