@@ -37,9 +37,9 @@ void check(int64_t R, int64_t V, int64_t ld, bool offsets, uint32_t seed) {
         break;
     }
   }
-  std::vector<int64_t> d2t(size_t(V));
+  std::vector<int64_t> d2t(static_cast<size_t>(V));
   for (int64_t i = 0; i < V; ++i) d2t[size_t(i)] = (i * 7) % 13;
-  std::vector<int32_t> want(size_t(R));
+  std::vector<int32_t> want(static_cast<size_t>(R));
   const Tensor no_offsets;
   ops::argmax_rows(Tensor::strided(x.data(), DType::f32, {R, V}, {ld, 1}, Device::cpu()),
                    offsets ? Tensor(d2t.data(), DType::i64, {V}, Device::cpu()) : no_offsets,
