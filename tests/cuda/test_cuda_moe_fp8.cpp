@@ -1,13 +1,17 @@
 // Block-FP8 MoE experts on CUDA (ops/moe.h "Block-FP8 experts"): the gather GEMV widening e4m3 in registers
 // equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the GEMV
-// threshold (FP8 runs the GEMV at every T), in both its e4m3 load forms (8 bytes a chunk, and 16 bytes a lane
-// regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays near the CPU
-// oracle's path (a); a tensor-parallel rank's share (each expert's intermediate cut on the block grid) is the
-// BF16 share on its dequantized slice, bitwise; a whole FP8 MoE model on CUDA matches the CPU model on the
-// dequantized checkpoint within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's
-// online quantizer (the loader's path for experts) is bitwise the host's.
+// threshold (below kMoeFp8DequantMinTokens), in both its e4m3 load forms (8 bytes a chunk, and 16 bytes a
+// lane regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays near the
+// CPU oracle's path (a); at and above the dequant threshold the chosen experts dequantized in the scratch and
+// the grouped GEMM on them, bitwise the BF16 layer on the dequantized experts (by rows, each grouped kernel,
+// under expert parallelism, in a graph replayed with changing routings), and the threshold 0 the GEMV's bits;
+// a tensor-parallel rank's share (each expert's intermediate cut on the block grid) is the BF16 share on its
+// dequantized slice, bitwise; a whole FP8 MoE model on CUDA matches the CPU model on the dequantized
+// checkpoint within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's online quantizer
+// (the loader's path for experts) is bitwise the host's.
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -19,6 +23,7 @@
 #include "model/qwen3.h"
 #include "model/weights.h"
 #include "moe_fp8_layer.h"
+#include "ops/cuda/context.h"
 #include "ops/cuda/fp8_weight_quant.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
@@ -130,17 +135,212 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
   }
 }
 
-TEST(CudaMoeFp8, GroupedGemmIsRefusedForFp8Experts) {
+// Sets the FP8 dequant threshold (ops/cuda/moe_ops.h) for a scope, then puts the previous one back.
+struct DequantMinTokens {
+  int64_t before = ops::cuda::moe_fp8_dequant_min_tokens();
+  explicit DequantMinTokens(int64_t tokens) { ops::cuda::moe_set_fp8_dequant_min_tokens(tokens); }
+  ~DequantMinTokens() { ops::cuda::moe_set_fp8_dequant_min_tokens(before); }
+};
+
+// The grouped GEMM the FP8 path picks above the threshold (no KILN_MOE_EXPERTS in the test's environment).
+MoeExperts grouped_kernel() {
+  return kc::moe_grouped_gemm_sm90_applies() ? MoeExperts::grouped_gemm_sm90 : MoeExperts::grouped_gemm;
+}
+
+// A grouped GEMM on FP8 experts without the scratch's bf16 copy (MoeShape::fp8_dequant) is refused.
+TEST(CudaMoeFp8, GroupedGemmWithoutTheDequantCopyIsRefused) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = test::make_fp8_layer(8, 2, 128, 128, 3);
-  const auto x = random_bf16(size_t(4 * 128), 5);
-  const Buffer dx = to_device(x);
-  Buffer scratch(256, Device::cuda());
-  test_support::expect_contains(test_support::error_of([&] {
-                                  test::run_moe_gpu(l.fp8(Device::cuda()), dx, 4, 128,
-                                                    ops::cuda::MoeExperts::grouped_gemm, scratch);
-                                }),
-                                {"block-FP8 experts run on the gather GEMV only"});
+  const kc::MoeShape s{.T = 4, .E = 8, .k = 2, .H = 128, .I = 128};
+  Buffer scratch(kc::moe_scratch_bytes(s), Device::cuda());
+  const ops::MoeWeights w = l.fp8(Device::cuda());
+  const Buffer dx = to_device(random_bf16(size_t(4 * 128), 5));
+  test_support::expect_contains(
+      test_support::error_of([&] {
+        kc::moe_experts_launch(kc::MoeExpertKernel::grouped_gemm, static_cast<const uint16_t*>(dx.data()),
+                               128, w.gate_up.data, w.down.data, s, kc::moe_scratch_layout(s, scratch.data()),
+                               nullptr,
+                               {.gate_up = w.gate_up_scale.ptr<float>(), .down = w.down_scale.ptr<float>()});
+      }),
+      {"need the scratch's bf16 expert copy"});
+}
+
+// At and above the dequant threshold (set low here) the FP8 layer is, bitwise, the BF16 layer on the
+// dequantized experts with the same grouped GEMM (by rows and with each grouped kernel named), the scratch
+// holds exactly the chosen experts' dequantization (dequantize_fp8's bits; the others left poisoned), and
+// below it the GEMV runs (the BF16 GEMV's bits).
+void check_dequant_path(const Fp8Layer& l, const std::vector<int64_t>& batches, int64_t min_tokens) {
+  const DequantMinTokens guard(min_tokens);
+  Buffer scratch(256, Device::cuda()), ref_scratch(256, Device::cuda());
+  const ops::MoeWeights w8 = l.fp8(Device::cuda()), wd = l.dequantized_device();
+  for (const int64_t T : batches) {
+    SCOPED_TRACE("E " + std::to_string(l.E) + " H " + std::to_string(l.H) + " I " + std::to_string(l.I) +
+                 " T " + std::to_string(T) + " threshold " + std::to_string(min_tokens));
+    const Buffer dx = to_device(random_bf16(size_t(T * l.H), uint32_t(T * 13 + 1)));
+    const bool dequant = T >= min_tokens;
+    ASSERT_EQ(ops::cuda::moe_fp8_dequant_runs(w8, T), dequant);
+    const auto got = test::run_moe_gpu(w8, dx, T, l.H, MoeExperts::by_rows, scratch);
+    const auto want =
+        test::run_moe_gpu(wd, dx, T, l.H, dequant ? grouped_kernel() : MoeExperts::gather_gemv, ref_scratch);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "by rows, element " << i;
+    if (!dequant) continue;
+    // The copy: the chosen experts dequantized bitwise, the others never written (still 0xffff).
+    const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = l.H, .I = l.I, .fp8_dequant = true};
+    const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+    const auto counts = test::read_device<int32_t>(b.counts, l.E);
+    const auto gu = test::read_device<bf16_t>(b.gate_up_bf16, l.E * 2 * l.I * l.H);
+    const auto dn = test::read_device<bf16_t>(b.down_bf16, l.E * l.H * l.I);
+    int64_t skipped = 0;
+    for (int64_t e = 0; e < l.E; ++e) {
+      skipped += counts[size_t(e)] == 0;
+      const int64_t n = 2 * l.I * l.H;
+      for (int64_t i = e * n; i < (e + 1) * n; ++i)
+        ASSERT_EQ(gu[size_t(i)].bits, counts[size_t(e)] ? l.gate_up_deq[size_t(i)].bits : 0xffff)
+            << "gate_up copy, expert " << e << " (" << counts[size_t(e)] << " rows) element " << i;
+      for (int64_t i = e * n / 2; i < (e + 1) * n / 2; ++i)
+        ASSERT_EQ(dn[size_t(i)].bits, counts[size_t(e)] ? l.down_deq[size_t(i)].bits : 0xffff)
+            << "down copy, expert " << e << " element " << i;
+    }
+    std::printf("fp8 dequant path E %lld T %lld: %lld experts without rows skipped\n", (long long)l.E,
+                (long long)T, (long long)skipped);
+    // Each grouped kernel named explicitly: the BF16 one's bits.
+    for (const MoeExperts k : {MoeExperts::grouped_gemm, MoeExperts::grouped_gemm_sm90}) {
+      if (k == MoeExperts::grouped_gemm_sm90 && !kc::moe_grouped_gemm_sm90_applies()) continue;
+      const auto a = test::run_moe_gpu(w8, dx, T, l.H, k, scratch);
+      const auto c = test::run_moe_gpu(wd, dx, T, l.H, k, ref_scratch);
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_EQ(a[i].bits, c[i].bits)
+            << (k == MoeExperts::grouped_gemm ? "mma.sync" : "wgmma") << ", element " << i;
+    }
+  }
+}
+
+TEST(CudaMoeFp8, DequantPathEqualsBf16GroupedGemmOnDequantizedExpertsBitwise) {
+  KILN_REQUIRE_GPU();
+  // 64 experts, top-2: at T = 8 most experts have no rows (skipped); T = 5 stays below the threshold.
+  check_dequant_path(test::make_fp8_layer(64, 2, 256, 128, 21), {5, 8, 200, 1000, 4096}, 8);
+  check_dequant_path(test::make_fp8_layer(128, 8, 2048, 768, 23), {200, 1000}, 100);  // 30B-A3B's widths
+  check_dequant_path(test::make_fp8_layer(16, 4, 256, 384, 25), {256, 300},
+                     ops::cuda::kMoeFp8DequantMinTokens);
+}
+
+// The override at 0 (KILN_MOE_FP8_DEQUANT_MIN_TOKENS=0's value): the GEMV at every T, the BF16 GEMV's bits,
+// and no bf16 copy in the scratch.
+TEST(CudaMoeFp8, ThresholdZeroKeepsTheGemvAtEveryT) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = test::make_fp8_layer(32, 4, 256, 128, 27);
+  const DequantMinTokens guard(0);
+  Buffer scratch(256, Device::cuda()), ref_scratch(256, Device::cuda());
+  for (const int64_t T : {int64_t(300), int64_t(2000)}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const ops::MoeWeights w8 = l.fp8(Device::cuda());
+    EXPECT_FALSE(ops::cuda::moe_fp8_dequant_runs(w8, T));
+    EXPECT_EQ(ops::cuda::moe_scratch_bytes(w8, l.H, T),
+              ops::cuda::moe_scratch_bytes(l.dequantized_device(), l.H, T));
+    const Buffer dx = to_device(random_bf16(size_t(T * l.H), uint32_t(T + 3)));
+    const auto got = test::run_moe_gpu(w8, dx, T, l.H, MoeExperts::by_rows, scratch);
+    const auto want =
+        test::run_moe_gpu(l.dequantized_device(), dx, T, l.H, MoeExperts::gather_gemv, ref_scratch);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "element " << i;
+  }
+}
+
+// Expert parallelism on the dequant path: a rank holding experts [expert_begin, expert_begin + L) of the
+// router's E dequantizes only its chosen local experts; its out is, bitwise, the BF16 rank's on the same
+// dequantized slice.
+TEST(CudaMoeFp8, DequantPathUnderExpertParallelism) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = test::make_fp8_layer(32, 4, 256, 256, 29);
+  const DequantMinTokens guard(16);
+  Buffer scratch(256, Device::cuda()), ref_scratch(256, Device::cuda());
+  const int64_t L = 8;
+  for (const int64_t begin : {int64_t(0), int64_t(8), int64_t(24)}) {
+    ops::MoeWeights w8 = l.fp8(Device::cuda()), wd = l.dequantized_device();
+    const auto slice = [&](Tensor& t, int64_t elem_bytes) {
+      const int64_t per = t.shape[1] * t.shape[2];
+      t = Tensor(static_cast<char*>(t.data) + begin * per * elem_bytes, t.dtype, {L, t.shape[1], t.shape[2]},
+                 Device::cuda());
+    };
+    slice(w8.gate_up, 1), slice(w8.down, 1), slice(w8.gate_up_scale, 4), slice(w8.down_scale, 4);
+    slice(wd.gate_up, 2), slice(wd.down, 2);
+    w8.expert_begin = wd.expert_begin = begin;
+    for (const int64_t T : {int64_t(16), int64_t(300)}) {
+      SCOPED_TRACE("experts [" + std::to_string(begin) + ", " + std::to_string(begin + L) + ") T " +
+                   std::to_string(T));
+      ASSERT_TRUE(ops::cuda::moe_fp8_dequant_runs(w8, T));
+      const Buffer dx = to_device(random_bf16(size_t(T * l.H), uint32_t(T + begin)));
+      const auto got = test::run_moe_gpu(w8, dx, T, l.H, MoeExperts::by_rows, scratch);
+      const auto want = test::run_moe_gpu(wd, dx, T, l.H, grouped_kernel(), ref_scratch);
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "element " << i;
+      const kc::MoeShape s{.T = T,
+                           .E = l.E,
+                           .k = l.k,
+                           .H = l.H,
+                           .I = l.I,
+                           .expert_begin = begin,
+                           .local = L,
+                           .fp8_dequant = true};
+      const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+      const auto counts = test::read_device<int32_t>(b.counts, l.E);
+      const auto gu = test::read_device<bf16_t>(b.gate_up_bf16, L * 2 * l.I * l.H);
+      const int64_t n = 2 * l.I * l.H;
+      for (int64_t e = 0; e < L; ++e) {  // local expert e is router expert begin + e
+        const int32_t c = counts[size_t(begin + e)];
+        ASSERT_EQ(gu[size_t(e * n)].bits, c ? l.gate_up_deq[size_t((begin + e) * n)].bits : 0xffff)
+            << "local expert " << e << " (" << c << " rows)";
+        ASSERT_EQ(gu[size_t((e + 1) * n - 1)].bits,
+                  c ? l.gate_up_deq[size_t((begin + e + 1) * n - 1)].bits : 0xffff)
+            << "local expert " << e << " (" << c << " rows), last element";
+      }
+    }
+  }
+}
+
+// The dequant path captured in a CUDA graph once, replayed while x (and so the routing, and the experts
+// dequantized) changes: each replay bitwise the eager BF16 grouped GEMM on the dequantized experts.
+TEST(CudaMoeFp8, DequantPathGraphReplayWhileRoutingChanges) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = test::make_fp8_layer(64, 2, 256, 128, 31);
+  const DequantMinTokens guard(32);
+  const int64_t T = 40;  // 80 pairs over 64 experts: the set of experts with rows changes between replays
+  const ops::MoeWeights w8 = l.fp8(Device::cuda());
+  Buffer x(size_t(T * l.H) * 2, Device::cuda()), out(size_t(T * l.H) * 2, Device::cuda());
+  Buffer scratch(ops::cuda::moe_scratch_bytes(w8, l.H, T), Device::cuda()), ref_scratch(256, Device::cuda());
+  test::poison(scratch);
+  const Tensor xt(x.data(), DType::bf16, {T, l.H}, Device::cuda());
+  const Tensor ot(out.data(), DType::bf16, {T, l.H}, Device::cuda());
+  cudaStream_t stream;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraphExec_t exec = nullptr;
+  {
+    kc::StreamScope scope(stream);
+    ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());  // eager first
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());
+    KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    KILN_CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = l.H, .I = l.I, .fp8_dequant = true};
+  std::set<std::vector<int32_t>> chosen;
+  for (uint32_t step = 0; step < 5; ++step) {
+    SCOPED_TRACE("replay " + std::to_string(step));
+    const auto xs = random_bf16(size_t(T * l.H), 200 + step);
+    copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
+    test::poison(out);
+    KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto got = to_host<bf16_t>(out, size_t(T * l.H));
+    chosen.insert(test::read_device<int32_t>(kc::moe_scratch_layout(s, scratch.data()).counts, l.E));
+    const auto want = test::run_moe_gpu(l.dequantized_device(), x, T, l.H, grouped_kernel(), ref_scratch);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "element " << i;
+  }
+  EXPECT_EQ(chosen.size(), 5u)
+      << "the experts' counts must change between replays for the test to mean anything";
+  KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  KILN_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 // Of every expert's [rows, cols] matrix in v ([E, rows, cols]): the rows of `row_ranges` in order, columns

@@ -112,6 +112,9 @@ void dequantize_fp8_experts(const void* q, const float* scale, void* out, int64_
              "] must fill whole 128 x 128 blocks, and at most 65535 "
              "experts, got ",
              experts);
+  KILN_CHECK(
+      reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+      "dequantize_fp8_experts: e4m3 and bf16 experts must be 16-byte aligned (16-byte loads and stores)");
   if (experts * n * k == 0) return;
   const ops::cuda::ExpertsDequantParams p{.q = static_cast<const uint8_t*>(q),
                                           .scale = scale,

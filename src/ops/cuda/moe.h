@@ -10,7 +10,8 @@
 //                           t * k + slot; -1 on padding rows) and its inverse. With one chunk (T <= 32, the
 //                           decode sizes) the route kernel does this itself and moe_permute_launch nothing.
 //   4. the experts: moe_grouped_gemm_launch (tensor cores, large batches) or moe_gather_gemv_launch (small
-//      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order)
+//      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order);
+//      block-FP8 experts on a grouped GEMM first dequantized, those with rows, into the scratch
 //   5. moe_combine_launch:  out[t] = bf16(sum over t's slots in ascending expert index of y * weight)
 //      (at batch 1, moe_experts_combine_launch: down and the combine in one kernel, the same bits)
 // Rows of an expert are its pairs in ascending token order, so the layout is deterministic.
