@@ -209,7 +209,9 @@ void check_dequant_path(const Fp8Layer& l, const std::vector<int64_t>& batches, 
       expect_expert_copy(gu, l.gate_up_deq, e, 2 * l.I * l.H, counts[size_t(e)], "gate_up");
       expect_expert_copy(dn, l.down_deq, e, l.H * l.I, counts[size_t(e)], "down");
     }
-    if (T * l.k < l.E) EXPECT_GT(skipped, 0) << "too few pairs to leave an expert without rows";
+    if (T * l.k < l.E) {
+      EXPECT_GT(skipped, 0) << "too few pairs to leave an expert without rows";
+    }
     std::printf("fp8 dequant path E %lld T %lld: %lld experts without rows skipped\n", (long long)l.E,
                 (long long)T, (long long)skipped);
     // Each grouped kernel named explicitly: the BF16 one's bits.
