@@ -461,15 +461,18 @@ ModelConfig small_moe_config() {
   return c;
 }
 
-// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV) against the
-// CPU model on the dequantized checkpoint in bf16: CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
+// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV or
+// dequantized for the grouped GEMM) against the CPU model on the dequantized checkpoint in bf16:
+// CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
 TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
   KILN_REQUIRE_GPU();
   const ModelConfig c = small_moe_config();
   const test::Fp8ModelPair m = test::load_fp8_and_dequantized(c, 17, "cuda_moe_fp8", Device::cuda());
   Qwen3Model &cpu = *m.cpu_bf16, &gpu = *m.fp8;
   ASSERT_TRUE(gpu.weights().layers[0].moe.is_fp8());
-  for (const size_t len : {size_t(61), size_t(90)}) {  // a prefill below and above the GEMV threshold
+  // Prefills below and above the GEMV threshold (64), and above the FP8 dequant threshold (256 by default:
+  // the model's MoE scratch then holds the dequantized experts).
+  for (const size_t len : {size_t(61), size_t(90), size_t(300)}) {
     std::vector<int32_t> prompt(len);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 131 + 7) % 1024);
     test::expect_gpu_matches_cpu(cpu, gpu, prompt, 10, "fp8 MoE checkpoint, dequantized");
