@@ -315,44 +315,45 @@ TEST(CudaMoeFp8, DequantPathGraphReplayWhileRoutingChanges) {
   const Fp8Layer l = test::make_fp8_layer(64, 2, 256, 128, 31);
   const DequantMinTokens guard(32);
   const int64_t T = 40;  // 80 pairs over 64 experts: the set of experts with rows changes between replays
-  const ops::MoeWeights w8 = l.fp8(Device::cuda());
+  const ops::MoeWeights w8 = l.fp8(Device::cuda()), wd = l.dequantized_device();
   Buffer x(size_t(T * l.H) * 2, Device::cuda()), out(size_t(T * l.H) * 2, Device::cuda());
-  Buffer scratch(ops::cuda::moe_scratch_bytes(w8, l.H, T), Device::cuda()), ref_scratch(256, Device::cuda());
+  Buffer scratch(ops::cuda::moe_scratch_bytes(w8, l.H, T), Device::cuda()),
+      ref_scratch(ops::cuda::moe_scratch_bytes(wd, l.H, T, grouped_kernel()), Device::cuda());
   test::poison(scratch);
   const Tensor xt(x.data(), DType::bf16, {T, l.H}, Device::cuda());
   const Tensor ot(out.data(), DType::bf16, {T, l.H}, Device::cuda());
-  cudaStream_t stream;
-  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraphExec_t exec = nullptr;
-  {
-    kc::StreamScope scope(stream);
-    ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());  // eager first
-    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
-    cudaGraph_t graph;
-    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());
-    KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    KILN_CUDA_CHECK(cudaGraphDestroy(graph));
-  }
   const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = l.H, .I = l.I, .fp8_dequant = true};
-  std::set<std::vector<int32_t>> chosen;
-  for (uint32_t step = 0; step < 5; ++step) {
-    SCOPED_TRACE("replay " + std::to_string(step));
-    const auto xs = random_bf16(size_t(T * l.H), 200 + step);
+  const int32_t* counts = kc::moe_scratch_layout(s, scratch.data()).counts;
+  const auto load = [&](uint32_t r) {
+    const auto xs = random_bf16(size_t(T * l.H), 200 + r);
     copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
     test::poison(out);
-    KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto got = to_host<bf16_t>(out, size_t(T * l.H));
-    chosen.insert(test::read_device<int32_t>(kc::moe_scratch_layout(s, scratch.data()).counts, l.E));
-    const auto want = test::run_moe_gpu(l.dequantized_device(), x, T, l.H, grouped_kernel(), ref_scratch);
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "element " << i;
-  }
-  EXPECT_EQ(chosen.size(), 5u)
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  load(0);
+  ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());  // eager once before the capture
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::set<std::vector<int32_t>> chosen;  // the FP8 scratch's counts after each run
+  const std::string mismatch = test::graph_replay_mismatch(
+      [&](cudaStream_t st) {
+        const kc::StreamScope scope(st);
+        ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());
+      },
+      [&](cudaStream_t st) {  // the reference: BF16 experts, the same grouped GEMM
+        const kc::StreamScope scope(st);
+        ops::cuda::moe_mlp(xt, wd, ot, ref_scratch.data(), ref_scratch.bytes(), grouped_kernel());
+      },
+      load,
+      [&] {
+        chosen.insert(test::read_device<int32_t>(counts, l.E));
+        return std::vector<std::vector<uint8_t>>{to_host<uint8_t>(out, out.bytes())};
+      },
+      5);
+  EXPECT_EQ(mismatch, "");
+  // Read after each eager run (the FP8 scratch then holds the previous FP8 run's) and each replay: 5 distinct
+  // sets where the routing changes every round.
+  EXPECT_GE(chosen.size(), 5u)
       << "the experts' counts must change between replays for the test to mean anything";
-  KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  KILN_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 // Of every expert's [rows, cols] matrix in v ([E, rows, cols]): the rows of `row_ranges` in order, columns
