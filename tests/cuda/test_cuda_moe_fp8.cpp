@@ -402,7 +402,8 @@ Fp8Layer split_share(const Fp8Layer& l, int64_t r, int64_t R) {
 // A tensor-parallel rank's share of block-FP8 experts (each expert's intermediate cut on the 128 x 128 grid,
 // 3 ranks of one block each): bitwise the BF16 share on the dequantized slice (path (c)), near the CPU
 // oracle's share (path (a)), and the ranks' bf16 outputs summed (rank order, fp32, one rounding) near the
-// whole layer; the gather GEMV at decode sizes (fused down + combine at T = 1) and past 64 tokens.
+// whole layer; the gather GEMV at decode sizes (fused down + combine at T = 1) and past 64 tokens, the
+// dequant + grouped GEMM path at 300 (above the default threshold).
 TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = test::make_fp8_layer(8, 2, 256, 384, 17);
@@ -410,7 +411,7 @@ TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
   std::vector<Fp8Layer> shares;
   for (int64_t r = 0; r < R; ++r) shares.push_back(split_share(l, r, R));
   Buffer scratch(256, Device::cuda());
-  for (const int64_t T : {int64_t(1), int64_t(5), int64_t(40), int64_t(100)}) {
+  for (const int64_t T : {int64_t(1), int64_t(5), int64_t(40), int64_t(100), int64_t(300)}) {
     SCOPED_TRACE("T " + std::to_string(T));
     const auto x = random_bf16(size_t(T * l.H), uint32_t(T + 11));
     const Buffer dx = to_device(x);
@@ -422,8 +423,10 @@ TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
       ops::MoeWeights w = shares[size_t(r)].fp8(Device::cuda());
       w.split_intermediate = true;
       const auto got = test::run_moe_gpu(w, dx, T, l.H, MoeExperts::by_rows, scratch);
-      const auto bf16 = test::run_moe_gpu(shares[size_t(r)].dequantized(Device::cuda()), dx, T, l.H,
-                                          MoeExperts::gather_gemv, scratch);
+      const MoeExperts same =
+          ops::cuda::moe_fp8_dequant_runs(w, T) ? grouped_kernel() : MoeExperts::gather_gemv;
+      const auto bf16 =
+          test::run_moe_gpu(shares[size_t(r)].dequantized(Device::cuda()), dx, T, l.H, same, scratch);
       for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, bf16[i].bits) << "element " << i;
       ops::MoeWeights hw = shares[size_t(r)].fp8(Device::cpu());
       hw.split_intermediate = true;
