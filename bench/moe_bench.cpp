@@ -16,6 +16,10 @@
 //     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
 //     router GEMV fused with the routing and permutation (the path to 64 tokens; at T = 1 and 8 also its
 //     counter form beside the cluster form that runs there)
+//   FP8 experts at T = 256, 1024, 4096 (the prefill sizes; ops/cuda/moe_ops.h kMoeFp8DequantMinTokens): the
+//     gather GEMV widening e4m3 in registers, the dequantization of the chosen experts alone, the dequant +
+//     wgmma grouped GEMM (FP8's path at and above the threshold), the BF16 wgmma GEMM beside them, and the
+//     whole op with FP8 experts under the default threshold (its path column says which ran)
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -27,6 +31,7 @@
 #include "kiln/tensor.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
@@ -74,16 +79,89 @@ struct MoeSetup {
   }
 };
 
+// The FP8 rows at prefill sizes (the header's last bullet): which of the GEMV and dequant + grouped GEMM is
+// faster at each T picks kMoeFp8DequantMinTokens.
+void run_moe_fp8_prefill(const Env& env, const MoeSetup& m, std::vector<Row>& rows) {
+  const double flops_pair = 2.0 * double(3 * kH * kI);
+  for (const int64_t T : {int64_t(256), int64_t(1024), int64_t(4096)}) {
+    const std::string shape = "30B-A3B T=" + std::to_string(T) + " E=128 k=8 H=2048 I=768";
+    const kc::MoeShape s{.T = T, .E = kE, .k = kK, .H = kH, .I = kI, .fp8_dequant = true};
+    Buffer x(size_t(T * kH) * 2, Device::cuda()), out(size_t(T * kH) * 2, Device::cuda());
+    Buffer scratch(kc::moe_scratch_bytes(s), Device::cuda());  // the bf16 expert copy included
+    kc::fill_random_bf16(x.data(), T * kH, 30 + uint64_t(T), 1.0f, 0.0f, env.stream);
+    const Tensor xt(x.data(), DType::bf16, {T, kH}, Device::cuda());
+    const Tensor ot(out.data(), DType::bf16, {T, kH}, Device::cuda());
+    ops::cuda::moe_mlp(xt, m.w, ot, scratch.data(), scratch.bytes());  // a routing for the expert-only rows
+    KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+    const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+    int32_t active = 0;
+    KILN_CUDA_CHECK(cudaMemcpy(&active, b.active + kE, 4, cudaMemcpyDeviceToHost));
+    const double fp8_bytes = double(active) * double(3 * kH * kI);  // the chosen experts in e4m3
+    const auto* xp = static_cast<const uint16_t*>(x.data());
+    const kc::MoeFp8Scales scales{.gate_up = static_cast<const float*>(m.gate_up_s.data()),
+                                  .down = static_cast<const float*>(m.down_s.data())};
+    const auto timed = [&](Row r, const std::function<void(int)>& launch) {
+      launch(0);
+      KILN_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+      r.us = time_cold_us(env, launch);
+      if (r.path.empty()) {
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), "%.0f TFLOP/s, %d experts",
+                      flops_pair * double(T * kK) / (r.us * 1e6), active);
+        r.path = buf;
+      }
+      rows.push_back(r);
+    };
+    const auto experts = [&](kc::MoeExpertKernel k, bool fp8) {
+      return [&, k, fp8](int) {
+        kc::moe_experts_launch(k, xp, kH, fp8 ? m.gate_up8.data() : m.gate_up.data(),
+                               fp8 ? m.down8.data() : m.down.data(), s, b, env.stream,
+                               fp8 ? scales : kc::MoeFp8Scales{});
+      };
+    };
+    Row r{"moe", "experts fp8 gather_gemv", shape};
+    r.bytes = fp8_bytes;
+    timed(r, experts(kc::MoeExpertKernel::gather_gemv, true));
+    r = Row{"moe", "experts fp8 dequant alone", shape};
+    r.bytes = fp8_bytes * 3;  // e4m3 read, bf16 written
+    r.path = "part of dequant + grouped GEMM";
+    timed(r, [&](int) {
+      kc::dequantize_fp8_experts(m.gate_up8.data(), scales.gate_up, b.gate_up_bf16, kE, 2 * kI, kH, b.counts,
+                                 0, env.stream);
+      kc::dequantize_fp8_experts(m.down8.data(), scales.down, b.down_bf16, kE, kH, kI, b.counts, 0,
+                                 env.stream);
+    });
+    const bool sm90 = kc::moe_grouped_gemm_sm90_applies();
+    const kc::MoeExpertKernel gemm =
+        sm90 ? kc::MoeExpertKernel::grouped_gemm_sm90 : kc::MoeExpertKernel::grouped_gemm;
+    r = Row{"moe", sm90 ? "experts fp8 dequant + wgmma" : "experts fp8 dequant + grouped_gemm", shape};
+    r.bytes = fp8_bytes * 3 + fp8_bytes * 2;  // the dequant, then the GEMM's read of the bf16 copy
+    timed(r, experts(gemm, true));
+    r = Row{"moe", sm90 ? "experts grouped_gemm_sm90" : "experts grouped_gemm", shape};
+    r.bytes = fp8_bytes * 2;
+    timed(r, experts(gemm, false));
+    r = Row{"moe", "mlp fp8 (route + experts + combine)", shape};
+    r.bytes = fp8_bytes + double(kE * kH) * 2;
+    r.path = ops::cuda::moe_fp8_dequant_runs(m.w8, T) ? "dequant + grouped GEMM (by rows)"
+                                                      : "gather GEMV (by rows)";
+    Buffer op_scratch(ops::cuda::moe_scratch_bytes(m.w8, kH, T), Device::cuda());
+    timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, op_scratch.data(), op_scratch.bytes()); });
+  }
+}
+
 void run_moe(const Env& env, std::vector<Row>& rows) {
   const kc::StreamScope scope(env.stream);
   MoeSetup m(env.stream);
+  run_moe_fp8_prefill(env, m, rows);
   const double expert_bytes = double(3 * kH * kI) * 2;
   const auto shape = [](int64_t T) { return "30B-A3B T=" + std::to_string(T) + " E=128 k=8 H=2048 I=768"; };
   for (const int64_t T :
        {int64_t(1), int64_t(4), int64_t(8), int64_t(16), int64_t(64), int64_t(512), int64_t(4096)}) {
     const kc::MoeShape s{.T = T, .E = kE, .k = kK, .H = kH, .I = kI};
     Buffer x(size_t(T * kH) * 2, Device::cuda()), out(size_t(T * kH) * 2, Device::cuda());
-    Buffer scratch(kc::moe_scratch_bytes(s), Device::cuda());
+    // Room for the FP8 op too (its bf16 expert copy where KILN_MOE_FP8_DEQUANT_MIN_TOKENS reaches T).
+    Buffer scratch(std::max(kc::moe_scratch_bytes(s), ops::cuda::moe_scratch_bytes(m.w8, kH, T)),
+                   Device::cuda());
     kc::fill_random_bf16(x.data(), T * kH, 10 + uint64_t(T), 1.0f, 0.0f, env.stream);
     const Tensor xt(x.data(), DType::bf16, {T, kH}, Device::cuda());
     const Tensor ot(out.data(), DType::bf16, {T, kH}, Device::cuda());

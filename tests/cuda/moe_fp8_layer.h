@@ -110,7 +110,7 @@ inline std::vector<bf16_t> run_moe_gpu(const ops::MoeWeights& w, const Buffer& x
                                        ops::cuda::MoeExperts kernel, Buffer& scratch) {
   Buffer out(size_t(T * H) * 2, Device::cuda());
   test::poison(out);
-  const size_t bytes = ops::cuda::moe_scratch_bytes(w, H, T);
+  const size_t bytes = ops::cuda::moe_scratch_bytes(w, H, T, kernel);
   if (scratch.bytes() < bytes) scratch = Buffer(bytes, Device::cuda());
   test::poison(scratch);
   ops::cuda::moe_mlp(Tensor(x.data(), DType::bf16, {T, H}, Device::cuda()), w,

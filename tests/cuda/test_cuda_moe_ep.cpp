@@ -122,7 +122,7 @@ std::vector<Form> forms() {
   std::vector<Form> f = {{false, MoeExperts::by_rows, "bf16 by rows"},
                          {false, MoeExperts::gather_gemv, "bf16 gather GEMV"},
                          {false, MoeExperts::grouped_gemm, "bf16 grouped GEMM"},
-                         {true, MoeExperts::by_rows, "fp8 (gather GEMV)"}};
+                         {true, MoeExperts::by_rows, "fp8 by rows"}};
   if (kc::moe_grouped_gemm_sm90_applies()) f.push_back({false, MoeExperts::grouped_gemm_sm90, "bf16 wgmma"});
   return f;
 }
@@ -159,9 +159,12 @@ void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
           const int64_t pairs = check_share_layout(s, whole, read_routed(s, scratch.data()));
           idle_rank |= pairs == 0;
           expect_share_sums_whole_rows(s, whole, got);
-          if (f.fp8) {  // FP8: bitwise the BF16 share on the dequantized experts
+          if (f.fp8) {  // FP8: bitwise the BF16 share on the dequantized experts, with the same kernel
+            const MoeExperts same = !ops::cuda::moe_fp8_dequant_runs(share, T) ? MoeExperts::gather_gemv
+                                    : kc::moe_grouped_gemm_sm90_applies()      ? MoeExperts::grouped_gemm_sm90
+                                                                               : MoeExperts::grouped_gemm;
             const auto bf16 = run_moe_gpu(expert_share(l.dequantized(Device::cuda()), r * L, (r + 1) * L), dx,
-                                          T, l.H, MoeExperts::gather_gemv, scratch);
+                                          T, l.H, same, scratch);
             for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, bf16[i].bits) << "element " << i;
           }
           std::vector<bf16_t> want(size_t(T * l.H));

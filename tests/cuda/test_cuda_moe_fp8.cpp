@@ -1,13 +1,17 @@
 // Block-FP8 MoE experts on CUDA (ops/moe.h "Block-FP8 experts"): the gather GEMV widening e4m3 in registers
 // equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the GEMV
-// threshold (FP8 runs the GEMV at every T), in both its e4m3 load forms (8 bytes a chunk, and 16 bytes a lane
-// regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays near the CPU
-// oracle's path (a); a tensor-parallel rank's share (each expert's intermediate cut on the block grid) is the
-// BF16 share on its dequantized slice, bitwise; a whole FP8 MoE model on CUDA matches the CPU model on the
-// dequantized checkpoint within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's
-// online quantizer (the loader's path for experts) is bitwise the host's.
+// threshold (below kMoeFp8DequantMinTokens), in both its e4m3 load forms (8 bytes a chunk, and 16 bytes a
+// lane regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays near the
+// CPU oracle's path (a); at and above the dequant threshold the chosen experts dequantized in the scratch and
+// the grouped GEMM on them, bitwise the BF16 layer on the dequantized experts (by rows, each grouped kernel,
+// under expert parallelism, in a graph replayed with changing routings), and the threshold 0 the GEMV's bits;
+// a tensor-parallel rank's share (each expert's intermediate cut on the block grid) is the BF16 share on its
+// dequantized slice, bitwise; a whole FP8 MoE model on CUDA matches the CPU model on the dequantized
+// checkpoint within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's online quantizer
+// (the loader's path for experts) is bitwise the host's.
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -19,6 +23,7 @@
 #include "model/qwen3.h"
 #include "model/weights.h"
 #include "moe_fp8_layer.h"
+#include "ops/cuda/context.h"
 #include "ops/cuda/fp8_weight_quant.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
@@ -130,17 +135,225 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
   }
 }
 
-TEST(CudaMoeFp8, GroupedGemmIsRefusedForFp8Experts) {
+// Sets the FP8 dequant threshold (ops/cuda/moe_ops.h) for a scope, then puts the previous one back.
+struct DequantMinTokens {
+  int64_t before = ops::cuda::moe_fp8_dequant_min_tokens();
+  explicit DequantMinTokens(int64_t tokens) { ops::cuda::moe_set_fp8_dequant_min_tokens(tokens); }
+  ~DequantMinTokens() { ops::cuda::moe_set_fp8_dequant_min_tokens(before); }
+};
+
+// The grouped GEMM the FP8 path picks above the threshold (no KILN_MOE_EXPERTS in the test's environment).
+MoeExperts grouped_kernel() {
+  return kc::moe_grouped_gemm_sm90_applies() ? MoeExperts::grouped_gemm_sm90 : MoeExperts::grouped_gemm;
+}
+
+// A grouped GEMM on FP8 experts without the scratch's bf16 copy (MoeShape::fp8_dequant) is refused.
+TEST(CudaMoeFp8, GroupedGemmWithoutTheDequantCopyIsRefused) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = test::make_fp8_layer(8, 2, 128, 128, 3);
-  const auto x = random_bf16(size_t(4 * 128), 5);
-  const Buffer dx = to_device(x);
-  Buffer scratch(256, Device::cuda());
-  test_support::expect_contains(test_support::error_of([&] {
-                                  test::run_moe_gpu(l.fp8(Device::cuda()), dx, 4, 128,
-                                                    ops::cuda::MoeExperts::grouped_gemm, scratch);
-                                }),
-                                {"block-FP8 experts run on the gather GEMV only"});
+  const kc::MoeShape s{.T = 4, .E = 8, .k = 2, .H = 128, .I = 128};
+  Buffer scratch(kc::moe_scratch_bytes(s), Device::cuda());
+  const ops::MoeWeights w = l.fp8(Device::cuda());
+  const Buffer dx = to_device(random_bf16(size_t(4 * 128), 5));
+  test_support::expect_contains(
+      test_support::error_of([&] {
+        kc::moe_experts_launch(kc::MoeExpertKernel::grouped_gemm, static_cast<const uint16_t*>(dx.data()),
+                               128, w.gate_up.data, w.down.data, s, kc::moe_scratch_layout(s, scratch.data()),
+                               nullptr,
+                               {.gate_up = w.gate_up_scale.ptr<float>(), .down = w.down_scale.ptr<float>()});
+      }),
+      {"need the scratch's bf16 expert copy"});
+}
+
+// Expert e's n elements of a dequantized copy: dequantize_fp8's bits (want) where the expert has rows, else
+// never written (the poison's 0xffff).
+void expect_expert_copy(const std::vector<bf16_t>& copy, const std::vector<bf16_t>& want, int64_t e,
+                        int64_t n, int32_t rows, const char* what) {
+  for (int64_t i = e * n; i < (e + 1) * n; ++i) {
+    const uint16_t expect = rows ? want[size_t(i)].bits : uint16_t(0xffff);
+    if (copy[size_t(i)].bits != expect) {  // one assertion, not n: 30B-A3B's widths have 1.5 M an expert
+      FAIL() << what << " copy, expert " << e << " (" << rows << " rows), element " << i - e * n << ": "
+             << copy[size_t(i)].bits << " vs " << expect;
+    }
+  }
+}
+
+// At and above the dequant threshold (set low here) the FP8 layer is, bitwise, the BF16 layer on the
+// dequantized experts with the same grouped GEMM (by rows and with each grouped kernel named), the scratch
+// holds exactly the chosen experts' dequantization (dequantize_fp8's bits; the others left poisoned), and
+// below it the GEMV runs (the BF16 GEMV's bits).
+void check_dequant_path(const Fp8Layer& l, const std::vector<int64_t>& batches, int64_t min_tokens) {
+  const DequantMinTokens guard(min_tokens);
+  Buffer scratch(256, Device::cuda()), ref_scratch(256, Device::cuda());
+  const ops::MoeWeights w8 = l.fp8(Device::cuda()), wd = l.dequantized_device();
+  for (const int64_t T : batches) {
+    SCOPED_TRACE("E " + std::to_string(l.E) + " H " + std::to_string(l.H) + " I " + std::to_string(l.I) +
+                 " T " + std::to_string(T) + " threshold " + std::to_string(min_tokens));
+    const Buffer dx = to_device(random_bf16(size_t(T * l.H), uint32_t(T * 13 + 1)));
+    const bool dequant = T >= min_tokens;
+    ASSERT_EQ(ops::cuda::moe_fp8_dequant_runs(w8, T), dequant);
+    const auto got = test::run_moe_gpu(w8, dx, T, l.H, MoeExperts::by_rows, scratch);
+    const auto want =
+        test::run_moe_gpu(wd, dx, T, l.H, dequant ? grouped_kernel() : MoeExperts::gather_gemv, ref_scratch);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "by rows, element " << i;
+    if (!dequant) continue;
+    // The copy: the chosen experts dequantized bitwise, the others never written (still 0xffff).
+    const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = l.H, .I = l.I, .fp8_dequant = true};
+    const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+    const auto counts = test::read_device<int32_t>(b.counts, l.E);
+    const auto gu = test::read_device<bf16_t>(b.gate_up_bf16, l.E * 2 * l.I * l.H);
+    const auto dn = test::read_device<bf16_t>(b.down_bf16, l.E * l.H * l.I);
+    int64_t skipped = 0;
+    for (int64_t e = 0; e < l.E; ++e) {
+      skipped += counts[size_t(e)] == 0;
+      expect_expert_copy(gu, l.gate_up_deq, e, 2 * l.I * l.H, counts[size_t(e)], "gate_up");
+      expect_expert_copy(dn, l.down_deq, e, l.H * l.I, counts[size_t(e)], "down");
+    }
+    if (T * l.k < l.E) {
+      EXPECT_GT(skipped, 0) << "too few pairs to leave an expert without rows";
+    }
+    std::printf("fp8 dequant path E %lld T %lld: %lld experts without rows skipped\n", (long long)l.E,
+                (long long)T, (long long)skipped);
+    // Each grouped kernel named explicitly: the BF16 one's bits.
+    for (const MoeExperts k : {MoeExperts::grouped_gemm, MoeExperts::grouped_gemm_sm90}) {
+      if (k == MoeExperts::grouped_gemm_sm90 && !kc::moe_grouped_gemm_sm90_applies()) continue;
+      const auto a = test::run_moe_gpu(w8, dx, T, l.H, k, scratch);
+      const auto c = test::run_moe_gpu(wd, dx, T, l.H, k, ref_scratch);
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_EQ(a[i].bits, c[i].bits)
+            << (k == MoeExperts::grouped_gemm ? "mma.sync" : "wgmma") << ", element " << i;
+    }
+  }
+}
+
+TEST(CudaMoeFp8, DequantPathEqualsBf16GroupedGemmOnDequantizedExpertsBitwise) {
+  KILN_REQUIRE_GPU();
+  // 64 experts, top-2: at T = 8 most experts have no rows (skipped); T = 5 stays below the threshold.
+  check_dequant_path(test::make_fp8_layer(64, 2, 256, 128, 21), {5, 8, 200, 1000, 4096}, 8);
+  check_dequant_path(test::make_fp8_layer(128, 8, 2048, 768, 23), {200, 1000}, 100);  // 30B-A3B's widths
+  check_dequant_path(test::make_fp8_layer(16, 4, 256, 384, 25), {256, 300},
+                     ops::cuda::kMoeFp8DequantMinTokens);
+}
+
+// The override at 0 (KILN_MOE_FP8_DEQUANT_MIN_TOKENS=0's value): the GEMV at every T, the BF16 GEMV's bits,
+// and no bf16 copy in the scratch.
+TEST(CudaMoeFp8, ThresholdZeroKeepsTheGemvAtEveryT) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = test::make_fp8_layer(32, 4, 256, 128, 27);
+  const DequantMinTokens guard(0);
+  Buffer scratch(256, Device::cuda()), ref_scratch(256, Device::cuda());
+  for (const int64_t T : {int64_t(300), int64_t(2000)}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const ops::MoeWeights w8 = l.fp8(Device::cuda());
+    EXPECT_FALSE(ops::cuda::moe_fp8_dequant_runs(w8, T));
+    EXPECT_EQ(ops::cuda::moe_scratch_bytes(w8, l.H, T),
+              ops::cuda::moe_scratch_bytes(l.dequantized_device(), l.H, T));
+    const Buffer dx = to_device(random_bf16(size_t(T * l.H), uint32_t(T + 3)));
+    const auto got = test::run_moe_gpu(w8, dx, T, l.H, MoeExperts::by_rows, scratch);
+    const auto want =
+        test::run_moe_gpu(l.dequantized_device(), dx, T, l.H, MoeExperts::gather_gemv, ref_scratch);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "element " << i;
+  }
+}
+
+// Expert parallelism on the dequant path: a rank holding experts [expert_begin, expert_begin + L) of the
+// router's E dequantizes only its chosen local experts; its out is, bitwise, the BF16 rank's on the same
+// dequantized slice.
+TEST(CudaMoeFp8, DequantPathUnderExpertParallelism) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = test::make_fp8_layer(32, 4, 256, 256, 29);
+  const DequantMinTokens guard(16);
+  Buffer scratch(256, Device::cuda()), ref_scratch(256, Device::cuda());
+  const int64_t L = 8;
+  for (const int64_t begin : {int64_t(0), int64_t(8), int64_t(24)}) {
+    ops::MoeWeights w8 = l.fp8(Device::cuda()), wd = l.dequantized_device();
+    const auto slice = [&](Tensor& t, int64_t elem_bytes) {
+      const int64_t per = t.shape[1] * t.shape[2];
+      t = Tensor(static_cast<char*>(t.data) + begin * per * elem_bytes, t.dtype, {L, t.shape[1], t.shape[2]},
+                 Device::cuda());
+    };
+    slice(w8.gate_up, 1), slice(w8.down, 1), slice(w8.gate_up_scale, 4), slice(w8.down_scale, 4);
+    slice(wd.gate_up, 2), slice(wd.down, 2);
+    w8.expert_begin = wd.expert_begin = begin;
+    for (const int64_t T : {int64_t(16), int64_t(300)}) {
+      SCOPED_TRACE("experts [" + std::to_string(begin) + ", " + std::to_string(begin + L) + ") T " +
+                   std::to_string(T));
+      ASSERT_TRUE(ops::cuda::moe_fp8_dequant_runs(w8, T));
+      const Buffer dx = to_device(random_bf16(size_t(T * l.H), uint32_t(T + begin)));
+      const auto got = test::run_moe_gpu(w8, dx, T, l.H, MoeExperts::by_rows, scratch);
+      const auto want = test::run_moe_gpu(wd, dx, T, l.H, grouped_kernel(), ref_scratch);
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "element " << i;
+      const kc::MoeShape s{.T = T,
+                           .E = l.E,
+                           .k = l.k,
+                           .H = l.H,
+                           .I = l.I,
+                           .expert_begin = begin,
+                           .local = L,
+                           .fp8_dequant = true};
+      const kc::MoeBuffers b = kc::moe_scratch_layout(s, scratch.data());
+      const auto counts = test::read_device<int32_t>(b.counts, l.E);
+      const auto gu = test::read_device<bf16_t>(b.gate_up_bf16, L * 2 * l.I * l.H);
+      const auto dn = test::read_device<bf16_t>(b.down_bf16, L * l.H * l.I);
+      // Local expert e is router expert begin + e: the rank's slice of the dequantized experts.
+      const int64_t ngu = 2 * l.I * l.H, ndn = l.H * l.I;
+      const std::vector<bf16_t> gu_want(l.gate_up_deq.begin() + begin * ngu,
+                                        l.gate_up_deq.begin() + (begin + L) * ngu),
+          dn_want(l.down_deq.begin() + begin * ndn, l.down_deq.begin() + (begin + L) * ndn);
+      for (int64_t e = 0; e < L; ++e) {
+        expect_expert_copy(gu, gu_want, e, ngu, counts[size_t(begin + e)], "gate_up");
+        expect_expert_copy(dn, dn_want, e, ndn, counts[size_t(begin + e)], "down");
+      }
+    }
+  }
+}
+
+// The dequant path captured in a CUDA graph once, replayed while x (and so the routing, and the experts
+// dequantized) changes: each replay bitwise the eager BF16 grouped GEMM on the dequantized experts.
+TEST(CudaMoeFp8, DequantPathGraphReplayWhileRoutingChanges) {
+  KILN_REQUIRE_GPU();
+  const Fp8Layer l = test::make_fp8_layer(64, 2, 256, 128, 31);
+  const DequantMinTokens guard(32);
+  const int64_t T = 40;  // 80 pairs over 64 experts: the set of experts with rows changes between replays
+  const ops::MoeWeights w8 = l.fp8(Device::cuda()), wd = l.dequantized_device();
+  Buffer x(size_t(T * l.H) * 2, Device::cuda()), out(size_t(T * l.H) * 2, Device::cuda());
+  Buffer scratch(ops::cuda::moe_scratch_bytes(w8, l.H, T), Device::cuda()),
+      ref_scratch(ops::cuda::moe_scratch_bytes(wd, l.H, T, grouped_kernel()), Device::cuda());
+  test::poison(scratch);
+  const Tensor xt(x.data(), DType::bf16, {T, l.H}, Device::cuda());
+  const Tensor ot(out.data(), DType::bf16, {T, l.H}, Device::cuda());
+  const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = l.H, .I = l.I, .fp8_dequant = true};
+  const int32_t* counts = kc::moe_scratch_layout(s, scratch.data()).counts;
+  const auto load = [&](uint32_t r) {
+    const auto xs = random_bf16(size_t(T * l.H), 200 + r);
+    copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
+    test::poison(out);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  load(0);
+  ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());  // eager once before the capture
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::set<std::vector<int32_t>> chosen;  // the FP8 scratch's counts after each run
+  const std::string mismatch = test::graph_replay_mismatch(
+      [&](cudaStream_t st) {
+        const kc::StreamScope scope(st);
+        ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());
+      },
+      [&](cudaStream_t st) {  // the reference: BF16 experts, the same grouped GEMM
+        const kc::StreamScope scope(st);
+        ops::cuda::moe_mlp(xt, wd, ot, ref_scratch.data(), ref_scratch.bytes(), grouped_kernel());
+      },
+      load,
+      [&] {
+        chosen.insert(test::read_device<int32_t>(counts, l.E));
+        return std::vector<std::vector<uint8_t>>{to_host<uint8_t>(out, out.bytes())};
+      },
+      5);
+  EXPECT_EQ(mismatch, "");
+  // Read after each eager run (the FP8 scratch then holds the previous FP8 run's) and each replay: 5 distinct
+  // sets where the routing changes every round.
+  EXPECT_GE(chosen.size(), 5u)
+      << "the experts' counts must change between replays for the test to mean anything";
 }
 
 // Of every expert's [rows, cols] matrix in v ([E, rows, cols]): the rows of `row_ranges` in order, columns
@@ -189,7 +402,8 @@ Fp8Layer split_share(const Fp8Layer& l, int64_t r, int64_t R) {
 // A tensor-parallel rank's share of block-FP8 experts (each expert's intermediate cut on the 128 x 128 grid,
 // 3 ranks of one block each): bitwise the BF16 share on the dequantized slice (path (c)), near the CPU
 // oracle's share (path (a)), and the ranks' bf16 outputs summed (rank order, fp32, one rounding) near the
-// whole layer; the gather GEMV at decode sizes (fused down + combine at T = 1) and past 64 tokens.
+// whole layer; the gather GEMV at decode sizes (fused down + combine at T = 1) and past 64 tokens, the
+// dequant + grouped GEMM path at 300 (above the default threshold).
 TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = test::make_fp8_layer(8, 2, 256, 384, 17);
@@ -197,7 +411,7 @@ TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
   std::vector<Fp8Layer> shares;
   for (int64_t r = 0; r < R; ++r) shares.push_back(split_share(l, r, R));
   Buffer scratch(256, Device::cuda());
-  for (const int64_t T : {int64_t(1), int64_t(5), int64_t(40), int64_t(100)}) {
+  for (const int64_t T : {int64_t(1), int64_t(5), int64_t(40), int64_t(100), int64_t(300)}) {
     SCOPED_TRACE("T " + std::to_string(T));
     const auto x = random_bf16(size_t(T * l.H), uint32_t(T + 11));
     const Buffer dx = to_device(x);
@@ -209,8 +423,10 @@ TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
       ops::MoeWeights w = shares[size_t(r)].fp8(Device::cuda());
       w.split_intermediate = true;
       const auto got = test::run_moe_gpu(w, dx, T, l.H, MoeExperts::by_rows, scratch);
-      const auto bf16 = test::run_moe_gpu(shares[size_t(r)].dequantized(Device::cuda()), dx, T, l.H,
-                                          MoeExperts::gather_gemv, scratch);
+      const MoeExperts same =
+          ops::cuda::moe_fp8_dequant_runs(w, T) ? grouped_kernel() : MoeExperts::gather_gemv;
+      const auto bf16 =
+          test::run_moe_gpu(shares[size_t(r)].dequantized(Device::cuda()), dx, T, l.H, same, scratch);
       for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, bf16[i].bits) << "element " << i;
       ops::MoeWeights hw = shares[size_t(r)].fp8(Device::cpu());
       hw.split_intermediate = true;
@@ -249,15 +465,18 @@ ModelConfig small_moe_config() {
   return c;
 }
 
-// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV) against the
-// CPU model on the dequantized checkpoint in bf16: CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
+// A whole FP8 MoE model on CUDA (dense linears dequantized at load, experts widened by the GEMV or
+// dequantized for the grouped GEMM) against the CPU model on the dequantized checkpoint in bf16:
+// CudaFp8Dequant's bounds (expect_gpu_matches_cpu).
 TEST(CudaMoeFp8, WholeModelMatchesCpuOnTheDequantizedWeights) {
   KILN_REQUIRE_GPU();
   const ModelConfig c = small_moe_config();
   const test::Fp8ModelPair m = test::load_fp8_and_dequantized(c, 17, "cuda_moe_fp8", Device::cuda());
   Qwen3Model &cpu = *m.cpu_bf16, &gpu = *m.fp8;
   ASSERT_TRUE(gpu.weights().layers[0].moe.is_fp8());
-  for (const size_t len : {size_t(61), size_t(90)}) {  // a prefill below and above the GEMV threshold
+  // Prefills below and above the GEMV threshold (64), and above the FP8 dequant threshold (256 by default:
+  // the model's MoE scratch then holds the dequantized experts).
+  for (const size_t len : {size_t(61), size_t(90), size_t(300)}) {
     std::vector<int32_t> prompt(len);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 131 + 7) % 1024);
     test::expect_gpu_matches_cpu(cpu, gpu, prompt, 10, "fp8 MoE checkpoint, dequantized");

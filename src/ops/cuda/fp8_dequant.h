@@ -17,6 +17,14 @@ namespace kiln::cuda {
 void dequantize_fp8(const void* q, int64_t ldq, const float* scale, void* out, int64_t n, int64_t k,
                     cudaStream_t stream);
 
+// A MoE layer's block-FP8 experts for the grouped GEMMs (moe.h, moe_experts_launch): for each local expert l
+// of `experts`, out[l] = dequantize_fp8(q[l], scale[l]) bitwise, q e4m3 [experts, n, k] contiguous, scale f32
+// [experts, n / 128, k / 128] contiguous, out bf16 [experts, n, k] contiguous (16-byte aligned); n and k
+// multiples of 128. counts (i32, device, router-indexed): an expert l with counts[expert_begin + l] == 0 is
+// skipped, its out left as it was (no host synchronisation: capturable); nullptr: all written.
+void dequantize_fp8_experts(const void* q, const float* scale, void* out, int64_t experts, int64_t n,
+                            int64_t k, const int32_t* counts, int64_t expert_begin, cudaStream_t stream);
+
 }  // namespace kiln::cuda
 
 namespace kiln::ops::cuda {

@@ -10,7 +10,8 @@
 //                           t * k + slot; -1 on padding rows) and its inverse. With one chunk (T <= 32, the
 //                           decode sizes) the route kernel does this itself and moe_permute_launch nothing.
 //   4. the experts: moe_grouped_gemm_launch (tensor cores, large batches) or moe_gather_gemv_launch (small
-//      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order)
+//      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order);
+//      block-FP8 experts on a grouped GEMM first dequantized, those with rows, into the scratch
 //   5. moe_combine_launch:  out[t] = bf16(sum over t's slots in ascending expert index of y * weight)
 //      (at batch 1, moe_experts_combine_launch: down and the combine in one kernel, the same bits)
 // Rows of an expert are its pairs in ascending token order, so the layout is deterministic.
@@ -44,6 +45,12 @@ struct MoeBuffers {
   int32_t* inverse;       // i32 [T * k]: the pair's row in sorted order; -1: another rank's expert
   uint16_t* act;          // bf16 [max_rows, I]
   uint16_t* y;            // bf16 [max_rows, H]
+  // Block-FP8 experts on a grouped GEMM (MoeShape::fp8_dequant; else nullptr): the local experts dequantized
+  // (fp8_dequant.h dequantize_fp8_experts; only those with rows written), L = MoeShape::local_experts().
+  // 30B-A3B: 128 x 3 x 768 x 2048 x 2 B = 1.21 GB. Carved last, so the parts above sit where they would
+  // without.
+  uint16_t* gate_up_bf16;  // bf16 [L, 2I, H]
+  uint16_t* down_bf16;     // bf16 [L, H, I]
 };
 
 struct MoeShape {
@@ -52,6 +59,8 @@ struct MoeShape {
   // local) (their index 0 is expert_begin); local 0: all E. The routing is over all E; pairs of other
   // experts get no sorted row (inverse -1), no count, no tile, and the combine skips them.
   int64_t expert_begin = 0, local = 0;
+  // Block-FP8 experts run on a grouped GEMM: the scratch holds their bf16 copy (MoeBuffers::gate_up_bf16).
+  bool fp8_dequant = false;
   int64_t expert_end() const { return local > 0 ? expert_begin + local : E; }
   int64_t local_experts() const { return expert_end() - expert_begin; }
   int64_t chunks() const { return (T + kMoeChunkTokens - 1) / kMoeChunkTokens; }
@@ -135,8 +144,11 @@ struct MoeFp8Scales {
 // 4, gate_up: act[row] = silu_and_mul(x[token of row] . gate_up[e]^T) for every sorted row of expert e.
 //   x bf16 [T, H] row stride xs; gate_up bf16 (or with scales e4m3) [E, 2I, H] contiguous.
 // 4, down: y[row] = bf16(act[row] . down[e]^T); down bf16 (or e4m3) [E, H, I] contiguous.
-// Block-FP8 experts (scales set): the gather GEMV only (another kernel is an error), each e4m3 weight
-// widened to bf16(f32(q) * s) before its product, so the result is the bf16 GEMV's on those values.
+// Block-FP8 experts (scales set): on the gather GEMV each e4m3 weight widened to bf16(f32(q) * s) in
+// registers before its product; on a grouped GEMM (s.fp8_dequant needed, else an error) the experts with rows
+// dequantized first into b.gate_up_bf16 / b.down_bf16 (dequantize_fp8_experts, reading b.counts on the
+// device), then the bf16 GEMM on them. Either way the result is the same kernel's on the bf16 values
+// dequantize_fp8 gives, bitwise.
 void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const void* gate_up,
                         const void* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream,
                         MoeFp8Scales scales = {});

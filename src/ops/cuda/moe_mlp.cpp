@@ -5,6 +5,7 @@
 
 #include "kiln/error.h"
 #include "ops/cuda/context.h"
+#include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/moe_ops.h"
@@ -53,6 +54,8 @@ MoeBuffers carve(const MoeShape& s, Carver& c) {
   b.inverse = c.take<int32_t>(s.T * s.k);
   b.act = c.take<uint16_t>(s.max_rows() * s.I);
   b.y = c.take<uint16_t>(s.max_rows() * s.H);
+  b.gate_up_bf16 = s.fp8_dequant ? c.take<uint16_t>(s.local_experts() * 2 * s.I * s.H) : nullptr;
+  b.down_bf16 = s.fp8_dequant ? c.take<uint16_t>(s.local_experts() * s.H * s.I) : nullptr;
   return b;
 }
 
@@ -155,10 +158,22 @@ void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, c
                         MoeFp8Scales scales) {
   KILN_CHECK(s.H % 8 == 0 && s.I % 8 == 0, "moe_mlp: hidden ", s.H, " and moe_intermediate ", s.I,
              " must be multiples of 8 for the CUDA expert kernels (16-byte rows)");
-  KILN_CHECK(!scales.fp8() || (kernel == MoeExpertKernel::gather_gemv && s.H % 128 == 0 && s.I % 128 == 0),
-             "moe_mlp: block-FP8 experts run on the gather GEMV only, with hidden and moe_intermediate "
-             "multiples of 128");
+  KILN_CHECK(!scales.fp8() || (s.H % 128 == 0 && s.I % 128 == 0),
+             "moe_mlp: block-FP8 experts need hidden and moe_intermediate multiples of 128, got ", s.H,
+             " and ", s.I);
+  KILN_CHECK(!scales.fp8() || kernel == MoeExpertKernel::gather_gemv || s.fp8_dequant,
+             "moe_mlp: block-FP8 experts on a grouped GEMM need the scratch's bf16 expert copy "
+             "(MoeShape::fp8_dequant)");
   if (s.T == 0) return;
+  if (scales.fp8() && kernel != MoeExpertKernel::gather_gemv) {  // dequantize the chosen experts, then bf16
+    const int64_t L = s.local_experts();
+    dequantize_fp8_experts(gate_up, scales.gate_up, b.gate_up_bf16, L, 2 * s.I, s.H, b.counts, s.expert_begin,
+                           stream);
+    dequantize_fp8_experts(down, scales.down, b.down_bf16, L, s.H, s.I, b.counts, s.expert_begin, stream);
+    gate_up = b.gate_up_bf16;
+    down = b.down_bf16;
+    scales = {};
+  }
   MoeProductParams g, d;
   product_params(x, xs, gate_up, down, s, b, scales, g, d);
   switch (kernel) {
@@ -177,14 +192,28 @@ namespace kiln::ops::cuda {
 namespace kc = ::kiln::cuda;
 namespace {
 
-kc::MoeShape shape_of(const MoeWeights& w, int64_t H, int64_t T) {
+kc::MoeShape shape_of(const MoeWeights& w, int64_t H, int64_t T, MoeExperts experts) {
   return {.T = T,
           .E = w.num_experts(),
           .k = w.top_k,
           .H = H,
           .I = w.intermediate(),
           .expert_begin = w.expert_begin,
-          .local = w.local_experts()};
+          .local = w.local_experts(),
+          .fp8_dequant = moe_fp8_dequant_runs(w, T, experts)};
+}
+
+std::atomic<int64_t> g_fp8_dequant_min_tokens{-1};  // -1: not read yet
+
+int64_t env_fp8_dequant_min_tokens() {
+  constexpr const char* name = "KILN_MOE_FP8_DEQUANT_MIN_TOKENS";
+  const char* v = std::getenv(name);
+  if (!v || !*v) return kMoeFp8DequantMinTokens;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  KILN_CHECK(*end == '\0' && n >= 0 && n <= (1ll << 40), name,
+             " must be a token count >= 0 (0: never dequantize), got '", v, "'");
+  return int64_t(n);
 }
 
 MoeExperts env_experts() {
@@ -201,8 +230,30 @@ MoeExperts env_experts() {
 
 }  // namespace
 
-size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T) {
-  return kc::moe_scratch_bytes(shape_of(w, hidden, T));
+int64_t moe_fp8_dequant_min_tokens() {
+  int64_t v = g_fp8_dequant_min_tokens.load(std::memory_order_relaxed);
+  if (v < 0) {
+    int64_t unset = -1;
+    g_fp8_dequant_min_tokens.compare_exchange_strong(unset, env_fp8_dequant_min_tokens());  // a setter wins
+    v = g_fp8_dequant_min_tokens.load(std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void moe_set_fp8_dequant_min_tokens(int64_t tokens) {
+  KILN_CHECK(tokens >= 0, "moe_set_fp8_dequant_min_tokens: ", tokens, " < 0");
+  g_fp8_dequant_min_tokens.store(tokens, std::memory_order_relaxed);
+}
+
+bool moe_fp8_dequant_runs(const MoeWeights& w, int64_t T, MoeExperts experts) {
+  if (!w.is_fp8() || experts == MoeExperts::gather_gemv) return false;
+  if (experts != MoeExperts::by_rows) return true;
+  const int64_t min_tokens = moe_fp8_dequant_min_tokens();
+  return min_tokens > 0 && T >= min_tokens;
+}
+
+size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T, MoeExperts experts) {
+  return kc::moe_scratch_bytes(shape_of(w, hidden, T, experts));
 }
 
 void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
@@ -232,7 +283,7 @@ void moe_mlp_norm_in(const ResidualNorm* in, const Tensor& x, const MoeWeights& 
                      void* scratch, size_t scratch_bytes, MoeExperts experts) {
   const int64_t T = x.shape[0], H = x.shape[1];
   if (T == 0) return;
-  const kc::MoeShape s = shape_of(w, H, T);
+  const kc::MoeShape s = shape_of(w, H, T, experts);
   const size_t need = kc::moe_scratch_bytes(s);
   KILN_CHECK(scratch && scratch_bytes >= need, "moe_mlp: scratch of ", scratch_bytes, " bytes for ", T,
              " tokens; it needs ", need);
@@ -267,8 +318,12 @@ void moe_mlp_norm_in(const ResidualNorm* in, const Tensor& x, const MoeWeights& 
     if (T <= kMoeGemvMaxTokens) experts = MoeExperts::gather_gemv;
   }
   kc::MoeFp8Scales scales;
-  if (w.is_fp8()) {  // the grouped GEMMs take bf16 B tiles only: FP8 experts run the GEMV at every T
-    if (!by_caller) experts = MoeExperts::gather_gemv;  // also over KILN_MOE_EXPERTS
+  if (w.is_fp8()) {  // by rows: the GEMV below the threshold, else a grouped GEMM on the dequantized copy
+    if (!by_caller)
+      experts = !s.fp8_dequant                              ? MoeExperts::gather_gemv
+                : env_experts() == MoeExperts::grouped_gemm ? MoeExperts::grouped_gemm
+                : kc::moe_grouped_gemm_sm90_applies()       ? MoeExperts::grouped_gemm_sm90
+                                                            : MoeExperts::grouped_gemm;
     scales = {.gate_up = w.gate_up_scale.ptr<float>(), .down = w.down_scale.ptr<float>()};
   }
   const kc::MoeExpertKernel kernel = experts == MoeExperts::gather_gemv ? kc::MoeExpertKernel::gather_gemv

@@ -15,16 +15,40 @@ namespace kiln::ops::cuda {
 // one; KILN_MOE_EXPERTS=gemm, wgmma or gemv overrides by_rows (read once). The threshold: on the H100
 // (docs/PERF.md "Mixture of experts") the GEMV beats the wgmma GEMM up to T = 16 by 17-22 % and ties it at
 // T = 64 (509 vs 520 us for 30B-A3B's experts); the mma.sync GEMM is slower than both there. Block-FP8
-// experts run the gather GEMV under by_rows whatever KILN_MOE_EXPERTS says; an explicit other kernel is
-// an error for them.
+// experts under by_rows: the gather GEMV below moe_fp8_dequant_min_tokens(), at and above it the grouped GEMM
+// on their dequantized copy (the wgmma one where it applies, the mma.sync one where KILN_MOE_EXPERTS=gemm);
+// an explicit grouped kernel takes the dequantized copy at any T.
 enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv };
 constexpr int64_t kMoeGemvMaxTokens = 64;
 // Up to this many tokens the gather GEMV's down projection and the combine run as one kernel (the same
 // bits; one launch and the y round trip fewer a layer). Batch 1 until measured above it.
 constexpr int64_t kMoeFusedCombineMaxTokens = 1;
 
-// Device bytes of moe_mlp's scratch for T tokens of w's shape.
-size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T);
+// Block-FP8 experts at T >= this many tokens (under by_rows) run as BF16 experts: the experts some token
+// chose (the device-side counts; the rank's local ones) dequantized into the scratch (dequantize_fp8_experts,
+// dequantize_fp8's bits), then the grouped GEMM on them, so the layer is bitwise the BF16 layer on the
+// dequantized experts with the same GEMM. Below it the gather GEMV widens e4m3 in registers, re-reading each
+// expert's weights for every 8 rows. KILN_MOE_FP8_DEQUANT_MIN_TOKENS overrides it (read once; 0: never,
+// the GEMV at every T). The default is an estimate to be measured (bench/moe_bench.cpp rows `experts fp8
+// dequant + wgmma` against `experts fp8 gather_gemv`): the dequant reads L x 3 x I x H e4m3 bytes and writes
+// twice that in bf16 (30B-A3B, all 128 experts: 1.81 GB, ~0.6 ms at the H100's 3 TB/s) before the wgmma
+// GEMM (520 us at T = 64, 1,234 us at 4096: docs/PERF.md E2); the GEMV took 506 us at T = 64 (E4) and grows
+// ~5 us a token past it (every expert already read: more rows, the same bytes re-read), ~1.5 ms at 256.
+constexpr int64_t kMoeFp8DequantMinTokens = 256;
+int64_t moe_fp8_dequant_min_tokens();
+// Overrides KILN_MOE_FP8_DEQUANT_MIN_TOKENS for this process (tests and benchmarks; 0: never). Size the
+// scratch after setting it.
+void moe_set_fp8_dequant_min_tokens(int64_t tokens);
+// True when moe_mlp with this `experts` choice dequantizes w's experts for T tokens (and so its scratch
+// holds their bf16 copy): block-FP8 experts and an explicit grouped kernel, or by_rows at T >=
+// moe_fp8_dequant_min_tokens() > 0.
+bool moe_fp8_dequant_runs(const MoeWeights& w, int64_t T, MoeExperts experts = MoeExperts::by_rows);
+
+// Device bytes of moe_mlp's scratch for T tokens of w's shape with this `experts` choice; with block-FP8
+// experts where moe_fp8_dequant_runs, it includes their bf16 copy: L x 3 x I x H x 2 bytes (30B-A3B: 128 x
+// 3 x 768 x 2048 x 2 B = 1.21 GB).
+size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T,
+                         MoeExperts experts = MoeExperts::by_rows);
 
 void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
                const Tensor& weights);
