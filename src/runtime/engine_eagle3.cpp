@@ -86,7 +86,9 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
   ModelRunner::DraftOut out;
   try {
     ++counters.spec.draft_passes;
+    const Clock::time_point d0 = Clock::now();
     runner->draft_from_step(b, step_rows, &out);
+    counters.spec.draft_seconds += seconds(d0, Clock::now());
   } catch (const RunnerFatalError&) {
     throw;
   } catch (const std::exception& e) {

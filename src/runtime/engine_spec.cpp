@@ -170,8 +170,16 @@ bool Engine::Impl::decode_only(const StepPlan& plan) {
 
 void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0,
                                        double tokens_per_seq) {
+  const double wall = seconds(t0, Clock::now());
+  if (verify) {
+    counters.spec.verify_step_seconds += wall;
+    ++counters.spec.timed_verify_steps;
+  } else {
+    counters.spec.plain_step_seconds += wall;
+    ++counters.spec.timed_plain_steps;
+  }
   if (!opts.speculative.off_switch) return;
-  const double cost = opts.spec_step_cost ? opts.spec_step_cost(verify, seqs) : seconds(t0, Clock::now());
+  const double cost = opts.spec_step_cost ? opts.spec_step_cost(verify, seqs) : wall;
   const int64_t before = off_switch.times_switched_off();
   if (verify) {
     off_switch.observe_verify(seqs, cost, tokens_per_seq);
@@ -210,10 +218,12 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
       any = any || asked[i] > 0;
       continue;
     }
+    const Clock::time_point d0 = Clock::now();
     spec::NgramIndex& idx = ngram.try_emplace(s.id, so.ngram_min, so.ngram_max).first->second;
     if (idx.size() > s.tokens.size()) idx = spec::NgramIndex(so.ngram_min, so.ngram_max);
     idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size()));
     drafts[i] = idx.propose(k);
+    counters.spec.draft_seconds += seconds(d0, Clock::now());
     asked[i] = int32_t(drafts[i].size());
     any = any || !drafts[i].empty();
   }
@@ -248,7 +258,9 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     for (size_t i = 0; i < B; ++i)
       if (asked[i] > 0) reserve(i);
     try {
+      const Clock::time_point d0 = Clock::now();
       drafts = eagle_chain(plan, asked);
+      counters.spec.draft_seconds += seconds(d0, Clock::now());
     } catch (const RunnerFatalError&) {
       throw;
     } catch (const std::exception& e) {
@@ -264,7 +276,8 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     return false;
   }
   // The off switch: a decode-only step verifies only where verification measured faster at its batch size.
-  const bool measured = so.off_switch && decode_only(plan);
+  const bool timed = decode_only(plan);  // its time goes to SpecStats, and to the off switch where it is on
+  const bool measured = so.off_switch && timed;
   if (measured && !off_switch.should_verify(int32_t(B))) {
     give_back_pages();
     return false;
@@ -379,7 +392,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
       deliver_verified(id, emitted[i], draws[i]);
     }
   }
-  if (measured) {  // after the events, as a plain step's cost is measured
+  if (timed) {  // after the events, as a plain step's cost is measured
     int64_t tokens = 0, rows = 0;
     for (size_t i = 0; i < B; ++i) {
       tokens += int64_t(emitted[i].size());

@@ -113,6 +113,19 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   w.counter("kiln_spec_decode_off_switch_total",
             "Times the automatic off switch turned speculation off for a batch size.",
             double(sp.switched_off));
+  w.counter("kiln_spec_decode_draft_seconds_total",
+            "Host seconds making drafts (n-gram lookups, EAGLE-3 passes with their device waits).",
+            sp.draft_seconds);
+  w.counter("kiln_spec_decode_verify_step_seconds_total",
+            "Seconds of decode-only steps that verified drafts, start to end (EAGLE-3: its passes included).",
+            sp.verify_step_seconds);
+  w.counter("kiln_spec_decode_timed_verify_steps_total", "Decode-only verify steps timed.",
+            double(sp.timed_verify_steps));
+  w.counter("kiln_spec_decode_plain_step_seconds_total",
+            "Seconds of decode-only plain steps while speculation was configured, start to end.",
+            sp.plain_step_seconds);
+  w.counter("kiln_spec_decode_timed_plain_steps_total", "Decode-only plain steps timed.",
+            double(sp.timed_plain_steps));
   w.histogram("kiln_time_to_first_token_seconds", "Time from submission to the first token.", s.ttft);
   w.histogram("kiln_time_per_output_token_seconds", "Mean time per output token after the first.", s.tpot);
   w.histogram("kiln_e2e_request_latency_seconds", "Time from submission to the end of the request.", s.e2e);

@@ -22,6 +22,14 @@ struct SpecStats {
   int64_t switched_off = 0;               // times the off switch turned speculation off for a batch size
   int64_t draft_passes = 0;               // EAGLE-3: draft model passes run (after steps and in chains)
   int64_t draft_failures = 0;  // EAGLE-3: passes that threw (their rows drafted nothing; outputs unchanged)
+  // Where a speculative workload's time goes (host wall seconds; docs/PERF.md "Speculative decoding"):
+  double draft_seconds = 0.0;  // making drafts: n-gram lookups, EAGLE-3 passes (their device waits included)
+  // Decode-only steps from their start to their end (the off switch's measure): those that verified drafts
+  // (an EAGLE-3 step's draft passes included) and those that ran plain while speculation was configured.
+  double verify_step_seconds = 0.0;
+  int64_t timed_verify_steps = 0;
+  double plain_step_seconds = 0.0;
+  int64_t timed_plain_steps = 0;
 
   // One verify row: `drafted` tokens proposed, the first `accepted` of them kept.
   void observe_row(int32_t drafted, int32_t accepted) {

@@ -400,6 +400,11 @@ TEST(Eagle3Engine, GreedyTokensEqualPlainDecoding) {
     EXPECT_GT(st.accepted_tokens, 0) << mode << ": " << st.draft_tokens << " drafted";
     EXPECT_LT(st.accepted_tokens, st.draft_tokens) << mode;
     EXPECT_LE(st.draft_tokens, 3 * st.drafts) << mode;
+    // Where the time went: the draft passes, the decode-only verify steps (their passes inside them).
+    EXPECT_GT(st.draft_seconds, 0.0) << mode;
+    EXPECT_GT(st.timed_verify_steps, 0) << mode;
+    EXPECT_LE(st.timed_verify_steps, st.verify_steps) << mode;
+    EXPECT_GT(st.verify_step_seconds, 0.0) << mode;
     if (one_at_a_time) {  // batched, the steps depend on when the requests arrive
       EXPECT_LT(got.stats.steps, plain.stats.steps);
     }

@@ -226,6 +226,11 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
   s.ttft.observe(0.5);
   s.spec.observe_row(3, 2);
   s.spec.observe_row(2, 0);
+  s.spec.draft_seconds = 0.25;
+  s.spec.verify_step_seconds = 1.5;
+  s.spec.timed_verify_steps = 3;
+  s.spec.plain_step_seconds = 0.75;
+  s.spec.timed_plain_steps = 6;
   ServerCounters c;
   const std::string kiln = render_metrics(s, c, "demo");
   const std::string v = vllm_metrics(kiln);
@@ -245,6 +250,12 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
   EXPECT_NE(kiln.find("kiln_spec_decode_acceptance_rate{model_name=\"demo\"} 0.4\n"), std::string::npos)
       << kiln;
   EXPECT_NE(kiln.find("kiln_spec_decode_mean_acceptance_length{model_name=\"demo\"} 2\n"), std::string::npos);
+  for (const char* series : {"kiln_spec_decode_draft_seconds_total{model_name=\"demo\"} 0.25\n",
+                             "kiln_spec_decode_verify_step_seconds_total{model_name=\"demo\"} 1.5\n",
+                             "kiln_spec_decode_timed_verify_steps_total{model_name=\"demo\"} 3\n",
+                             "kiln_spec_decode_plain_step_seconds_total{model_name=\"demo\"} 0.75\n",
+                             "kiln_spec_decode_timed_plain_steps_total{model_name=\"demo\"} 6\n"})
+    EXPECT_NE(kiln.find(series), std::string::npos) << series << kiln;
   EXPECT_NE(
       v.find("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"demo\"} 3\n"),
       std::string::npos)
