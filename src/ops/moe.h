@@ -51,7 +51,7 @@
 // Block-FP8 experts (is_fp8): each expert's two projections are block-FP8 linears (ops/fp8_linear.h) with
 //   the BF16 experts' rounding points otherwise. CPU: path (a) (linear_fp8 w8a8, the dense CPU model's FP8
 //   path). CUDA: path (c), the e4m3 widened in registers to bf16(f32(q) * s) by the gather GEMV, or at and
-//   above KILN_MOE_FP8_DEQUANT_MIN_TOKENS (ops/cuda/moe_ops.h; default off) the chosen experts dequantized
+//   above KILN_MOE_FP8_DEQUANT_MIN_TOKENS (ops/cuda/moe_ops.h; default 256) the chosen experts dequantized
 //   (dequantize_fp8's bits) into the scratch for the grouped GEMM, so it equals the BF16 CUDA op on
 //   dequantize_fp8's experts with the same expert kernel bitwise. The scratch then holds that copy: L x 3 x I
 //   x H x 2 bytes (30B-A3B: 1.21 GB). Needs I and H multiples of 128 (each expert's gate, up and down rows

@@ -180,7 +180,7 @@ void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
         EXPECT_LE(test::rel_frob(summed, whole_out), 1.0 / 64)
             << "the ranks' sum vs the unsharded CUDA layer";
         EXPECT_LE(test::rel_frob(summed, cpu_whole), tol + 1.0 / 64) << "the ranks' sum vs the CPU layer";
-        if (expect_an_idle_rank && T == 1) {
+        if (expect_an_idle_rank && T * l.k < R) {  // fewer pairs than ranks: some rank gets none
           EXPECT_TRUE(idle_rank) << "a rank meant to receive no token";
         }
       }
@@ -190,7 +190,8 @@ void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
 
 TEST(CudaMoeEp, SharesEqualTheWholeLayersRowsAndSumToIt) {
   KILN_REQUIRE_GPU();
-  // 8 experts, top-2: at T = 1 six of eight one-expert ranks receive no token.
+  // 8 experts, top-2: at T = 1 six of eight one-expert ranks receive no token (with 1 or 2 ranks, none need
+  // be idle: H100, 2026-12-06, the first run expected one there and failed on it).
   check_shares(test::make_fp8_layer(8, 2, 128, 128, 41), {1, 2, 8}, {1, 5, 33, 64, 100}, true);
 }
 
@@ -241,7 +242,9 @@ TEST(CudaMoeEp, GraphOfAShareReplaysAsEagerWhileRoutingChanges) {
       run(nullptr);  // eager first: the router GEMM's tactic above 64 tokens
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(test::graph_replay_mismatch(run, run, load, outputs, 12), "");
-      EXPECT_GT(layouts.size(), 4u)
+      // The counts are the rank's own (others' experts count 0): at T = 1 a 4-expert rank of 16 sees a few
+      // layouts only (none, one expert, two), so there it needs three.
+      EXPECT_GT(layouts.size(), T == 1 ? 2u : 4u)
           << "the rank's pairs must change between replays for the test to mean anything";
       if (T == 1) {
         EXPECT_GT(idle_rounds, 0) << "no round left the rank without a token";

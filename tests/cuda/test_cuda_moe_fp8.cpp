@@ -232,7 +232,7 @@ TEST(CudaMoeFp8, DequantPathEqualsBf16GroupedGemmOnDequantizedExpertsBitwise) {
   check_dequant_path(test::make_fp8_layer(64, 2, 256, 128, 21), {5, 8, 200, 1000, 4096}, 8);
   check_dequant_path(test::make_fp8_layer(128, 8, 2048, 768, 23), {200, 1000}, 100);  // 30B-A3B's widths
   check_dequant_path(test::make_fp8_layer(16, 4, 256, 384, 25), {256, 300},
-                     256);  // the estimate kMoeFp8DequantMinTokens will take once measured
+                     ops::cuda::kMoeFp8DequantMinTokens);
 }
 
 // The override at 0 (KILN_MOE_FP8_DEQUANT_MIN_TOKENS=0's value): the GEMV at every T, the BF16 GEMV's bits,

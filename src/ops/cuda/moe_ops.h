@@ -34,9 +34,10 @@ constexpr int64_t kMoeFusedCombineMaxTokens = 1;
 // twice that in bf16 (30B-A3B, all 128 experts: 1.81 GB, ~0.6 ms at the H100's 3 TB/s) before the wgmma
 // GEMM (520 us at T = 64, 1,234 us at 4096: docs/PERF.md E2); the GEMV took 506 us at T = 64 (E4) and grows
 // ~5 us a token past it (every expert already read: more rows, the same bytes re-read), ~1.5 ms at 256.
-// The default is 0 (off) until the path's GPU tests have run (test_cuda_moe_fp8: written and compiled on
-// 2026-12-06, not yet run on a GPU); the estimate above says 256 (KILN_MOE_FP8_DEQUANT_MIN_TOKENS=256).
-constexpr int64_t kMoeFp8DequantMinTokens = 0;
+// Measured (H100, 2026-12-06, `cfaddf7`'s binaries, docs/PERF.md E8): 30B-A3B experts at T = 256 take 1,154
+// us dequant + wgmma against the GEMV's 2,270 (at 1,024: 1,215 against 8,462); the dequant alone is 653 us,
+// so at T = 64 (GEMV 648 us) the GEMV wins. The crossover lies between; 256 is the smallest measured win.
+constexpr int64_t kMoeFp8DequantMinTokens = 256;
 int64_t moe_fp8_dequant_min_tokens();
 // Overrides KILN_MOE_FP8_DEQUANT_MIN_TOKENS for this process (tests and benchmarks; 0: never). Size the
 // scratch after setting it.
