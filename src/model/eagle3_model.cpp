@@ -307,10 +307,7 @@ void Eagle3Model::forward_chain(const std::vector<BatchDesc>& passes, const std:
     for (int64_t r = 0; r < R; ++r)
       KILN_CHECK_EQ(b.logit_rows[size_t(r)], int32_t(r), "EAGLE-3 chain: logit rows must be 0 .. R - 1");
   }
-  if (R == 0) {
-    for (auto& t : *tokens) t.clear();
-    return;
-  }
+  if (R == 0) return;
   std::vector<bf16_t> h(hidden.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(hidden[i]);
   Workspace& w = *ws_;

@@ -190,8 +190,8 @@ void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
 
 TEST(CudaMoeEp, SharesEqualTheWholeLayersRowsAndSumToIt) {
   KILN_REQUIRE_GPU();
-  // 8 experts, top-2: at T = 1 six of eight one-expert ranks receive no token (with 1 or 2 ranks, none need
-  // be idle: H100, 2026-12-06, the first run expected one there and failed on it).
+  // 8 experts, top-2: at T = 1 six of eight one-expert ranks receive no token (with 1 or 2 ranks none need be
+  // idle).
   check_shares(test::make_fp8_layer(8, 2, 128, 128, 41), {1, 2, 8}, {1, 5, 33, 64, 100}, true);
 }
 
