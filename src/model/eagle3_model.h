@@ -72,12 +72,13 @@ class Eagle3Model {
   void forward_chain(const std::vector<BatchDesc>& passes, const std::vector<float>& hidden,
                      std::vector<std::vector<int32_t>>* tokens);
 
-  // CUDA: chain passes (forward_hidden over one row per sequence, logit rows 0 .. B - 1) of at most the
-  // largest of `buckets` sequences whose page tables are at most `pages_stride` wide run padded to the next
-  // bucket (padding sequences: token 0 at slot -1, one key of page 0, their outputs dropped) from a CUDA
-  // graph per bucket, captured at its first pass and again after the workspace grew (eagle3_chain_graph.cpp);
-  // other passes run eagerly. A pass's outputs are the eager pass's of the padded batch, bit for bit.
-  void prepare_chain_graphs(const std::vector<int32_t>& buckets, int32_t pages_stride);
+  // CUDA: forward_chain's chains of at most the largest of `buckets` sequences whose page tables are at most
+  // the widest of `widths` run padded to the next bucket (padding sequences: token 0 at slot -1, one key of
+  // page 0, their tokens dropped) with every page table re-laid to the next width, from one CUDA graph per
+  // (bucket, width, pass count), captured at its first chain and again after the workspace grew
+  // (eagle3_chain_graph.cpp); other chains run eagerly. A chain's tokens are the eager chain's of the padded
+  // passes, bit for bit.
+  void prepare_chain_graphs(const std::vector<int32_t>& buckets, const std::vector<int32_t>& widths);
   int num_chain_graphs() const;
 
  private:
@@ -93,8 +94,18 @@ class Eagle3Model {
   // their midlayer outputs to the out buffer unless !hidden_rows (a chain pass keeps them in the residual).
   void launch_midlayer(int64_t T, int64_t R, int32_t min_q_len, int32_t* tokens = nullptr,
                        bool hidden_rows = true);
-  // forward_hidden through a chain graph where one serves the pass (eagle3_chain_graph.cpp); false: eager.
-  bool run_chain_graph(const BatchDesc& batch, const std::vector<bf16_t>& hidden, Out* out);
+  // forward_chain through a chain graph where one serves it (eagle3_chain_graph.cpp); false: eager.
+  bool run_chain_graph(const std::vector<BatchDesc>& passes, const std::vector<bf16_t>& hidden,
+                       std::vector<std::vector<int32_t>>* tokens);
+  // forward_chain's inputs, all passes in one upload: pass 0's tokens, every pass's positions, slots, lengths
+  // and page table (each at its own width), the common cu_q and logit rows, the hidden states into the
+  // residual; sizes the chain's token rows [passes, R].
+  void stage_chain(const std::vector<BatchDesc>& passes, const std::vector<bf16_t>& hidden);
+  // The staged chain's passes over R rows each, pass j's tokens into chain token row j (pass j + 1's ids): no
+  // allocation once staged, no host synchronisation (capturable).
+  void launch_chain(int64_t R, size_t passes);
+  // The first R of each pass's `rows` tokens, copied back in one copy.
+  void read_chain(int64_t rows, int64_t R, size_t passes, std::vector<std::vector<int32_t>>* tokens);
   // The R logit rows' top-1 draft tokens and midlayer outputs, copied back (one copy) after launch_midlayer.
   void read_out(int64_t R, Out* out);
   uint64_t ws_generation() const;  // bumped by every workspace reallocation (a captured graph is then stale)

@@ -194,13 +194,10 @@ void Engine::Impl::eagle_chain_on_device(const StepPlan& plan, const std::vector
 }
 
 bool Engine::Impl::eagle_device_chain() {
-  // KILN_EAGLE3_DEVICE_CHAIN=0, or the chain graphs on (KILN_EAGLE3_CHAIN_GRAPHS=1, which replay single
-  // passes): each chain pass reads its tokens back. Read at every chain (a getenv each), so tests switch it.
-  const auto set = [](const char* name, const char* value) {
-    const char* v = std::getenv(name);
-    return v != nullptr && std::string(v) == value;
-  };
-  return !set("KILN_EAGLE3_DEVICE_CHAIN", "0") && !set("KILN_EAGLE3_CHAIN_GRAPHS", "1");
+  // KILN_EAGLE3_DEVICE_CHAIN=0: each chain pass reads its tokens back. Read at every chain (a getenv), so
+  // tests switch it.
+  const char* v = std::getenv("KILN_EAGLE3_DEVICE_CHAIN");
+  return v == nullptr || std::string(v) != "0";
 }
 
 }  // namespace kiln

@@ -31,8 +31,8 @@ bool env_switch(const char* name, bool by_default) {
 // EAGLE-3 on CUDA: served by default; KILN_EAGLE3_CUDA=0 refuses it by name, as kiln did at `2f94697` (before
 // the cause of that commit's H100 test failures was found: the draft's outputs off a 16-byte boundary).
 constexpr bool kEagle3OnCudaByDefault = true;
-// The draft's chain passes from CUDA graphs (KILN_EAGLE3_CHAIN_GRAPHS): off by default until measured against
-// the eager passes.
+// The draft's chains from CUDA graphs (KILN_EAGLE3_CHAIN_GRAPHS): off by default until measured against the
+// eager chain.
 constexpr bool kEagle3ChainGraphsByDefault = false;
 
 const Qwen3Model& nonnull(const std::unique_ptr<Qwen3Model>& m) {
@@ -172,13 +172,14 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   // reallocates it and forces the graphs to be captured again.
   model_->reserve_workspace(std::max<int64_t>({plan.max_step_tokens, top, verify_max}), seqs,
                             graph_widths_.back(), std::max<int64_t>(seqs, verify_max));
-  // EAGLE-3's chain passes (one row per sequence) from a graph per batch size up to kMaxVerifySeqs.
+  // EAGLE-3's chains (one row per sequence a pass) from a graph per batch size up to kMaxVerifySeqs, width
+  // and pass count.
   if (draft_) {
     std::vector<int32_t> chain_buckets;
     if (env_switch("KILN_EAGLE3_CHAIN_GRAPHS", kEagle3ChainGraphsByDefault))
       for (int32_t b : graph_buckets_)
         if (b <= kMaxVerifySeqs) chain_buckets.push_back(b);
-    draft_->prepare_chain_graphs(chain_buckets, graph_widths_.back());
+    draft_->prepare_chain_graphs(chain_buckets, graph_widths_);
   }
   const int64_t V = config().vocab_size;
   if (verify_max > 0) verify_logits_buf_ = Buffer(size_t(verify_max) * size_t(V) * sizeof(float), device());
@@ -197,15 +198,18 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
       graphs_[{b, w}] = std::move(g);
     }
   }
+  for (int32_t b : verify_buckets_)
+    for (int32_t w : graph_widths_) capture_verify_graph(b, w);
 #ifdef KILN_HAVE_CUDA
   KILN_CHECK(cudaDeviceSynchronize() == cudaSuccess,
              "capturing the decode CUDA graphs failed: ", cudaGetErrorString(cudaGetLastError()));
 #endif
   std::fprintf(stderr,
                "kiln: captured %zu decode CUDA graphs (%zu batch sizes up to %d x %zu page-table widths "
-               "up to %d pages%s) in %.2f s\n",
+               "up to %d pages%s) and %zu verify graphs in %.2f s\n",
                graphs_.size(), graph_buckets_.size(), top, graph_widths_.size(), graph_widths_.back(),
                plan.pdl ? (", PDL from batch " + std::to_string(plan.pdl_min_batch)).c_str() : "",
+               verify_graphs_.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
@@ -223,19 +227,25 @@ int32_t Qwen3Runner::verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq,
   return *std::lower_bound(verify_buckets_.begin(), verify_buckets_.end(), num_seqs);
 }
 
+void Qwen3Runner::capture_verify_graph(int32_t bucket, int32_t width) {
+  const int64_t rows = int64_t(verify_buckets_.back()) * verify_rows_;
+  const Tensor shared(verify_logits_buf_.data(), DType::f32, {rows, config().vocab_size}, device());
+  auto g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, width, bucket, shared,
+                                             graph_pdl_ && bucket >= graph_pdl_min_batch_, verify_rows_);
+  BatchDesc pad;
+  pad.page_size = cache_->page_size();
+  pad_batch(pad, bucket, verify_rows_);  // slot -1 everywhere: no K/V is written
+  g->step(pad);                          // captures it
+  verify_graphs_[{bucket, width}] = std::move(g);
+}
+
 CudaDecodeGraph* Qwen3Runner::verify_graph_for(const BatchDesc& batch) {
-  const int32_t B = batch.num_seqs();
-  if (!std::binary_search(verify_buckets_.begin(), verify_buckets_.end(), B)) return nullptr;
   const auto w = std::lower_bound(graph_widths_.begin(), graph_widths_.end(), batch.pages_stride);
   if (w == graph_widths_.end()) return nullptr;
-  std::unique_ptr<CudaDecodeGraph>& g = verify_graphs_[{B, *w}];
-  if (!g) {  // captured by its first step (CudaDecodeGraph::step)
-    const int64_t rows = int64_t(verify_buckets_.back()) * verify_rows_;
-    const Tensor shared(verify_logits_buf_.data(), DType::f32, {rows, config().vocab_size}, device());
-    g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, *w, B, shared,
-                                          graph_pdl_ && B >= graph_pdl_min_batch_, verify_rows_);
-  }
-  return g.get();
+  const auto g = verify_graphs_.find({batch.num_seqs(), *w});
+  if (g == verify_graphs_.end()) return nullptr;
+  ++verify_replays_;
+  return g->second.get();
 }
 
 CudaDecodeGraph* Qwen3Runner::graph_for(const BatchDesc& batch) {

@@ -39,7 +39,8 @@ class Qwen3Runner : public ModelRunner {
   void prepare_graphs(const GraphPlan& plan) override;
   int32_t graph_bucket(const BatchDesc& batch) const override;
   // CUDA, plan.verify_rows_per_seq = q >= 2: verify steps of the plan's batch sizes up to kMaxVerifySeqs
-  // replay a graph per (bucket, page-table width) with q rows per sequence, captured at its first step.
+  // replay a graph per (bucket, page-table width) with q rows per sequence, all captured here with the decode
+  // graphs (a capture inside serving stalls every running request: ~3 ms each for the small spec model).
   int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride) const override;
   static constexpr int32_t kMaxVerifySeqs = 32;
   // Qwen3-VL: plain positions (with each image request's offset) unless a row is an image pad, then three
@@ -86,8 +87,8 @@ class Qwen3Runner : public ModelRunner {
 
   // EAGLE-3: the draft beside the model (before allocate_kv and prepare_graphs: the target's steps capture
   // the draft's features from then on, graphs included). On CUDA, KILN_EAGLE3_CUDA=0 refuses it by name. With
-  // KILN_EAGLE3_CHAIN_GRAPHS=1, prepare_graphs also gives the draft's chain passes a graph per batch size
-  // (Eagle3Model::prepare_chain_graphs).
+  // KILN_EAGLE3_CHAIN_GRAPHS=1, prepare_graphs also gives the draft's chains a graph per batch size and pass
+  // count (Eagle3Model::prepare_chain_graphs).
   void set_draft(std::unique_ptr<Eagle3Model> draft);
   bool has_draft() const override { return draft_ != nullptr; }
   void draft_from_step(const BatchDesc& batch, const std::vector<int32_t>& step_rows, DraftOut* out) override;
@@ -99,6 +100,7 @@ class Qwen3Runner : public ModelRunner {
   KvCache& cache() { return *cache_; }
   int num_graphs() const { return int(graphs_.size()); }
   int num_verify_graphs() const { return int(verify_graphs_.size()); }
+  int64_t verify_graph_replays() const { return verify_replays_; }  // verify steps that replayed a graph
   int num_draft_chain_graphs() const { return draft_ ? draft_->num_chain_graphs() : 0; }
 
  private:
@@ -108,6 +110,7 @@ class Qwen3Runner : public ModelRunner {
   const BatchDesc& with_images(const BatchDesc& batch, BatchDesc& local, VisualInput& visual);
   CudaDecodeGraph* graph_for(const BatchDesc& batch);  // null: run eagerly
   CudaDecodeGraph* verify_graph_for(const BatchDesc& batch);
+  void capture_verify_graph(int32_t bucket, int32_t width);  // prepare_graphs, on a step of padding rows
 
   std::unique_ptr<Qwen3Model> model_;
   std::unique_ptr<KvCache> cache_;
@@ -147,6 +150,7 @@ class Qwen3Runner : public ModelRunner {
   int32_t verify_rows_ = 0;              // GraphPlan::verify_rows_per_seq (0: no verify graphs)
   std::vector<int32_t> verify_buckets_;  // ascending
   Buffer verify_logits_buf_;             // f32 [largest verify bucket * verify_rows_, vocab]
+  int64_t verify_replays_ = 0;
   // Declared last: destroyed first, while the model, cache and logits buffer they use still exist.
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>> graphs_;  // (bucket, width)
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>> verify_graphs_;

@@ -116,6 +116,9 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   w.counter("kiln_spec_decode_draft_seconds_total",
             "Host seconds making drafts (n-gram lookups, EAGLE-3 passes with their device waits).",
             sp.draft_seconds);
+  w.counter("kiln_spec_decode_draft_chain_seconds_total",
+            "EAGLE-3: the part of the draft seconds spent in chains (the rest: the passes after steps).",
+            sp.draft_chain_seconds);
   w.counter("kiln_spec_decode_verify_step_seconds_total",
             "Seconds of decode-only steps that verified drafts, start to end (EAGLE-3: its passes included).",
             sp.verify_step_seconds);

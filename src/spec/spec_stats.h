@@ -24,6 +24,7 @@ struct SpecStats {
   int64_t draft_failures = 0;  // EAGLE-3: passes that threw (their rows drafted nothing; outputs unchanged)
   // Where a speculative workload's time goes (host wall seconds; docs/PERF.md "Speculative decoding"):
   double draft_seconds = 0.0;  // making drafts: n-gram lookups, EAGLE-3 passes (their device waits included)
+  double draft_chain_seconds = 0.0;  // EAGLE-3: the part of draft_seconds in chains (the rest: after steps)
   // Decode-only steps from their start to their end (the off switch's measure): those that verified drafts
   // (an EAGLE-3 step's draft passes included) and those that ran plain while speculation was configured.
   double verify_step_seconds = 0.0;

@@ -20,7 +20,7 @@ struct Generated {
   std::vector<std::vector<std::vector<TokenLogprob>>> top;  // per request, per token: the plain path's top 2
   std::vector<std::string> finish;  // per request: its finish reason, and the error after it if any
   EngineStats stats;
-  int verify_graphs = 0;  // the runner's verify graphs after the run: the engine took the graph path
+  int verify_graphs = 0;  // verify steps that replayed a graph in the run: the engine took the graph path
 };
 
 // Submits every prompt (greedy, n new tokens; with_top: the top two log-probs per token; logprobs: each

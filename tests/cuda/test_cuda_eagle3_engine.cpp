@@ -49,7 +49,7 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   const Qwen3Runner& r = *runner;
   Engine engine(std::move(runner), o);
   Generated out = test::generate_greedy(engine, ps, 32, with_top, /*ignore_eos=*/true, logprobs);
-  out.verify_graphs = r.num_verify_graphs();
+  out.verify_graphs = int(r.verify_graph_replays());
   if (chain_graphs) *chain_graphs = r.num_draft_chain_graphs();
   return out;
 }

@@ -112,7 +112,8 @@ TEST(CudaVerifyGraph, ReplayEqualsEagerWhileInputsChange) {
               << "step " << t << " sequence " << i << " position " << j << " logit " << v;
       }
   }
-  EXPECT_EQ(graphed->num_verify_graphs(), 1);
+  EXPECT_EQ(graphed->num_verify_graphs(), 4) << "one per verify bucket (1, 2, 4, 8) at the one width";
+  EXPECT_EQ(graphed->verify_graph_replays(), 20) << "every step replayed a graph captured at prepare_graphs";
 }
 
 // Prompts that quote themselves (the drafter finds matches), tokens below the EOS id.
@@ -138,7 +139,7 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   const Qwen3Runner& r = *runner;
   Engine engine(std::move(runner), o);
   Generated out = test::generate_greedy(engine, prompts, 32, with_top, false, logprobs);
-  out.verify_graphs = r.num_verify_graphs();
+  out.verify_graphs = int(r.verify_graph_replays());
   return out;
 }
 
@@ -313,7 +314,8 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
       }
     }
     EXPECT_GE(compared, B * N);
-    EXPECT_EQ(spec->num_verify_graphs(), 1);
+    EXPECT_EQ(spec->num_verify_graphs(), 4) << "one per verify bucket (1, 2, 4, 8) at the one width";
+    EXPECT_GE(spec->verify_graph_replays(), N / q) << "the verify steps replayed the graphs";
   }
 }
 

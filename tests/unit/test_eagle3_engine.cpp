@@ -402,6 +402,9 @@ TEST(Eagle3Engine, GreedyTokensEqualPlainDecoding) {
     EXPECT_LE(st.draft_tokens, 3 * st.drafts) << mode;
     // Where the time went: the draft passes, the decode-only verify steps (their passes inside them).
     EXPECT_GT(st.draft_seconds, 0.0) << mode;
+    EXPECT_GT(st.draft_chain_seconds, 0.0) << mode << ": k = 3 chains";
+    EXPECT_LT(st.draft_chain_seconds, st.draft_seconds)
+        << mode << ": the passes after steps are not in chains";
     EXPECT_GT(st.timed_verify_steps, 0) << mode;
     EXPECT_LE(st.timed_verify_steps, st.verify_steps) << mode;
     EXPECT_GT(st.verify_step_seconds, 0.0) << mode;

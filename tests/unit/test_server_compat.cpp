@@ -227,6 +227,7 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
   s.spec.observe_row(3, 2);
   s.spec.observe_row(2, 0);
   s.spec.draft_seconds = 0.25;
+  s.spec.draft_chain_seconds = 0.125;
   s.spec.verify_step_seconds = 1.5;
   s.spec.timed_verify_steps = 3;
   s.spec.plain_step_seconds = 0.75;
@@ -251,6 +252,7 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
       << kiln;
   EXPECT_NE(kiln.find("kiln_spec_decode_mean_acceptance_length{model_name=\"demo\"} 2\n"), std::string::npos);
   for (const char* series : {"kiln_spec_decode_draft_seconds_total{model_name=\"demo\"} 0.25\n",
+                             "kiln_spec_decode_draft_chain_seconds_total{model_name=\"demo\"} 0.125\n",
                              "kiln_spec_decode_verify_step_seconds_total{model_name=\"demo\"} 1.5\n",
                              "kiln_spec_decode_timed_verify_steps_total{model_name=\"demo\"} 3\n",
                              "kiln_spec_decode_plain_step_seconds_total{model_name=\"demo\"} 0.75\n",
