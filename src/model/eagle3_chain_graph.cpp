@@ -51,15 +51,71 @@ Eagle3Model::ChainGraphs::~ChainGraphs() {
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket, size_t passes) {
+void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, const std::function<void()>& launch) {
   auto* s = static_cast<cudaStream_t>(stream_);
-  // Eager once on the stream: GEMM plans made and scratch sized, so the captured launches allocate nothing.
-  // The passes' K/V writes are idempotent; their residual updates are not (run() stages the inputs again).
-  m.launch_chain(bucket, passes);
+  launch();
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-  capture_cuda_graph(
-      s, [&] { m.launch_chain(bucket, passes); }, &g.graph, &g.exec);
+  capture_cuda_graph(s, launch, &g.graph, &g.exec);
   g.generation = m.ws_generation();
+}
+
+void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket, size_t passes) {
+  // The passes' K/V writes are idempotent; their residual updates are not (run() stages the inputs again).
+  capture(m, g, [&] { m.launch_chain(bucket, passes); });
+}
+
+std::pair<int32_t, int32_t> Eagle3Model::ChainGraphs::extend_shape_for(const BatchDesc& b) const {
+  const int32_t B = b.num_seqs();
+  if (B == 0 || B > buckets_.back() || b.mrope || b.pages_stride > widths_.back() ||
+      b.logit_rows.size() != size_t(B))
+    return {0, 0};
+  const int32_t q = b.q_len(0);
+  if (q < 2) return {0, 0};
+  for (int32_t i = 0; i < B; ++i)
+    if (b.q_len(i) != q) return {0, 0};
+  return {*std::lower_bound(buckets_.begin(), buckets_.end(), B),
+          *std::lower_bound(widths_.begin(), widths_.end(), b.pages_stride)};
+}
+
+void Eagle3Model::ChainGraphs::run_extend(Eagle3Model& m, const BatchDesc& in, const Tensor& features,
+                                          const std::vector<int32_t>& rows, std::pair<int32_t, int32_t> shape,
+                                          Out* out) {
+  const auto [bucket, width] = shape;
+  const int32_t B = in.num_seqs(), q = in.q_len(0);
+  const int64_t H = m.config().hidden;
+  staged_.resize(1);
+  BatchDesc& b = staged_[0];
+  copy_with_table_width(in, bucket, width, b);
+  b.logit_rows = in.logit_rows;
+  staged_rows_ = rows;
+  for (int32_t i = B; i < bucket; ++i) {  // padding: q rows at slot -1 (no K/V written) on page 0
+    for (int32_t j = 0; j < q; ++j) {
+      b.tokens.push_back(0);
+      b.positions.push_back(j);
+      b.slot_mapping.push_back(-1);
+      staged_rows_.push_back(0);
+    }
+    b.logit_rows.push_back(b.cu_q.back() + q - 1);
+    b.cu_q.push_back(b.cu_q.back() + q);
+    b.kv_lens.push_back(q);
+  }
+  const int64_t T = b.num_tokens();
+  auto* s = static_cast<cudaStream_t>(stream_);
+  {
+    cuda::StreamScope scope(s);
+    m.stage(b, &staged_rows_, nullptr);
+    Graph& g = extend_graphs_[{bucket, width, q}];
+    if (!g.exec || g.generation != m.ws_generation() || g.features != features.data) {
+      // The eager pass writes the same K/V the replay does, and its residual is recomputed from the features.
+      capture(m, g, [&] { m.launch_features(features, T, bucket, q); });
+      g.features = features.data;
+    }
+    KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s));
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  m.read_out(bucket, out);
+  out->tokens.resize(size_t(B));
+  out->hidden.resize(size_t(B * H));
 }
 
 void Eagle3Model::ChainGraphs::run(Eagle3Model& m, const std::vector<BatchDesc>& passes,
@@ -107,6 +163,14 @@ Eagle3Model::ChainGraphs::ChainGraphs(std::vector<int32_t> buckets, std::vector<
 }
 Eagle3Model::ChainGraphs::~ChainGraphs() = default;
 void Eagle3Model::ChainGraphs::capture(Eagle3Model&, Graph&, int32_t, size_t) {}
+void Eagle3Model::ChainGraphs::capture(Eagle3Model&, Graph&, const std::function<void()>&) {}
+std::pair<int32_t, int32_t> Eagle3Model::ChainGraphs::extend_shape_for(const BatchDesc&) const {
+  return {0, 0};
+}
+void Eagle3Model::ChainGraphs::run_extend(Eagle3Model&, const BatchDesc&, const Tensor&,
+                                          const std::vector<int32_t>&, std::pair<int32_t, int32_t>, Out*) {
+  KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
+}
 void Eagle3Model::ChainGraphs::run(Eagle3Model&, const std::vector<BatchDesc>&, std::pair<int32_t, int32_t>,
                                    std::vector<bf16_t>, std::vector<std::vector<int32_t>>*) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
@@ -130,6 +194,15 @@ bool Eagle3Model::run_chain_graph(const std::vector<BatchDesc>& passes, const st
   const std::pair<int32_t, int32_t> shape = chain_graphs_->shape_for(passes);
   if (shape.first == 0) return false;
   chain_graphs_->run(*this, passes, shape, hidden, tokens);
+  return true;
+}
+
+bool Eagle3Model::run_extend_graph(const BatchDesc& b, const Tensor& features,
+                                   const std::vector<int32_t>& rows, Out* out) {
+  if (!chain_graphs_) return false;
+  const std::pair<int32_t, int32_t> shape = chain_graphs_->extend_shape_for(b);
+  if (shape.first == 0) return false;
+  chain_graphs_->run_extend(*this, b, features, rows, shape, out);
   return true;
 }
 

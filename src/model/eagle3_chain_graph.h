@@ -1,11 +1,13 @@
 // Eagle3Model::ChainGraphs: the CUDA graphs of EAGLE-3 chains (model/eagle3_model.h prepare_chain_graphs),
 // one per (bucket of sequences, page-table width, pass count): every pass of one row per sequence padded to
 // the bucket and its page table re-laid to the width, so a graph's launch shapes (the GEMMs' M, the decode
-// attention's split count) are fixed. One replay runs the whole chain. Internal to src/model
-// (eagle3_model.cpp destroys it).
+// attention's split count) are fixed. One replay runs the whole chain. Beside them, the extend graphs: the
+// uniform pass after a verify step (q rows a sequence, one logit row each), one per (bucket, width, q).
+// Internal to src/model (eagle3_model.cpp destroys it).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -32,20 +34,33 @@ class Eagle3Model::ChainGraphs {
   // copied back. hidden: bf16 [R, H].
   void run(Eagle3Model& m, const std::vector<BatchDesc>& passes, std::pair<int32_t, int32_t> shape,
            std::vector<bf16_t> hidden, std::vector<std::vector<int32_t>>* tokens);
-  int size() const { return int(graphs_.size()); }
+  // The (bucket, width) a uniform extend pass runs padded to, or {0, 0} (eager): every sequence q >= 2 rows
+  // and one logit row, within the largest bucket and width.
+  std::pair<int32_t, int32_t> extend_shape_for(const BatchDesc& b) const;
+  // The extend pass through the (bucket, width, q) graph: staged padded (padding sequences read feature row
+  // 0), replayed, the real logit rows' outputs copied back.
+  void run_extend(Eagle3Model& m, const BatchDesc& b, const Tensor& features,
+                  const std::vector<int32_t>& rows, std::pair<int32_t, int32_t> shape, Out* out);
+  int size() const { return int(graphs_.size() + extend_graphs_.size()); }
 
  private:
   struct Graph {
     void* graph = nullptr;  // cudaGraph_t
     void* exec = nullptr;   // cudaGraphExec_t
     uint64_t generation = 0;
+    const void* features = nullptr;  // an extend graph's feature buffer (the target's; it may move)
   };
   void capture(Eagle3Model& m, Graph& g, int32_t bucket, size_t passes);
+  // Captures `launch` on the stream after running it once eagerly (GEMM plans made, scratch sized, so the
+  // captured launches allocate nothing).
+  void capture(Eagle3Model& m, Graph& g, const std::function<void()>& launch);
 
   std::vector<int32_t> buckets_, widths_;
   void* stream_ = nullptr;  // cudaStream_t (blocking: ordered with the legacy stream's synchronous copies)
-  std::map<std::tuple<int32_t, int32_t, size_t>, Graph> graphs_;  // (bucket, width, passes)
-  std::vector<BatchDesc> staged_;                                 // the padded passes, reused across chains
+  std::map<std::tuple<int32_t, int32_t, size_t>, Graph> graphs_;          // (bucket, width, passes)
+  std::map<std::tuple<int32_t, int32_t, int32_t>, Graph> extend_graphs_;  // (bucket, width, q)
+  std::vector<BatchDesc> staged_;  // the padded passes, reused across chains (an extend pass: staged_[0])
+  std::vector<int32_t> staged_rows_;
 };
 
 }  // namespace kiln

@@ -286,15 +286,25 @@ void Eagle3Model::forward_features(const BatchDesc& b, const Tensor& features,
   for (int32_t r : rows)
     KILN_CHECK(r >= 0 && r < features.shape[0], "EAGLE-3: feature row ", r, " outside [0, ",
                features.shape[0], ")");
+  if (run_extend_graph(b, features, rows, out)) return;
   stage(b, &rows, nullptr);
+  if (T == 0) {
+    run_midlayer(b, out);
+    return;
+  }
+  int32_t min_q_len = std::numeric_limits<int32_t>::max();
+  for (int32_t s = 0; s < b.num_seqs(); ++s) min_q_len = std::min(min_q_len, b.q_len(s));
+  launch_features(features, T, int64_t(b.logit_rows.size()), min_q_len);
+  read_out(int64_t(b.logit_rows.size()), out);
+}
+
+void Eagle3Model::launch_features(const Tensor& features, int64_t T, int64_t R, int32_t min_q_len) {
   Workspace& w = *ws_;
   const Tensor in = w.act_rows(Workspace::input, T, 3 * cfg_.target_hidden);
   const Tensor residual = w.act_rows(Workspace::residual, T, cfg_.hidden);
-  if (T > 0) {
-    ops::embedding(features, w.src_t, in);
-    ops::linear(in, fc_, residual);
-  }
-  run_midlayer(b, out);
+  ops::embedding(features, w.src_t, in);
+  ops::linear(in, fc_, residual);
+  launch_midlayer(T, R, min_q_len);
 }
 
 void Eagle3Model::forward_hidden(const BatchDesc& b, const std::vector<float>& hidden, Out* out) {

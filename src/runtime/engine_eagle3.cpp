@@ -33,16 +33,28 @@ void add_draft_seq(BatchDesc& b, const Sequence& s, int32_t begin, const std::ve
   b.seq_ids.push_back(s.id);
 }
 
-// The page table of a draft batch whose sequences' rows end at kv_lens: each row its pages, then null pages.
+// The page table of a draft batch whose sequences' rows end at kv_lens: each row its pages, then null pages
+// (also past the pages a sequence holds: a uniform pass's fill rows, which write nothing, may reach there).
 void fill_page_table(BatchDesc& b, const std::vector<const Sequence*>& seqs) {
   const int32_t ps = b.page_size;
   b.pages_stride = 1;
   for (int32_t len : b.kv_lens) b.pages_stride = std::max(b.pages_stride, (len + ps - 1) / ps);
   for (size_t i = 0; i < seqs.size(); ++i) {
-    const int32_t used = (b.kv_lens[i] + ps - 1) / ps;
+    const int32_t used = std::min((b.kv_lens[i] + ps - 1) / ps, int32_t(seqs[i]->pages.size()));
     for (int32_t p = 0; p < b.pages_stride; ++p)
       b.page_table.push_back(p < used ? seqs[i]->pages[size_t(p)] : KvPool::kNullPage);
   }
+}
+
+// q >= 2 where `step` was a uniform verify step (every one of the plan's sequences q rows, in order) and the
+// runner wants the pass after it uniform (ModelRunner::uniform_draft_extend); else 0.
+int32_t uniform_extend_rows(const ModelRunner& runner, const StepPlan& plan, const BatchDesc& step) {
+  if (!runner.uniform_draft_extend() || plan.rows.empty() || step.num_seqs() < int32_t(plan.rows.size()))
+    return 0;
+  const int32_t q = step.q_len(0);
+  for (size_t i = 0; i < plan.rows.size(); ++i)
+    if (step.q_len(int32_t(i)) != q || step.positions[size_t(step.cu_q[i])] != plan.rows[i].begin) return 0;
+  return q >= 2 ? q : 0;
 }
 
 BatchDesc empty_draft_batch(int32_t page_size) {
@@ -65,7 +77,36 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
   std::vector<int32_t> step_rows;
   std::vector<const Sequence*> seqs;
   std::vector<RequestId> chained;  // the sequences given a logit row, in order
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
+  std::vector<size_t> out_row;     // chained[k]'s logit row among the pass's
+  const int32_t q = uniform_extend_rows(*runner, plan, step_batch);
+  for (size_t i = 0; q > 0 && i < plan.rows.size(); ++i) {
+    // After a uniform verify step: every sequence the step's q rows, those past its kept positions filled
+    // (token 0, slot -1: no K/V written), the logit row at its last kept position, so the pass's shape is the
+    // same at every step (a graph replays it: Eagle3Model::prepare_chain_graphs).
+    const StepRow& r = plan.rows[i];
+    const Sequence& s = *r.seq;
+    auto it = live.find(s.id);
+    if (it != live.end()) it->second.eagle.pos = -1;
+    const int32_t n = std::min(r.q_len, int32_t(s.tokens.size()) - 1 - r.begin);
+    const int32_t ps = b.page_size;
+    for (int32_t j = 0; j < q; ++j) {
+      const int32_t pos = r.begin + j;
+      b.tokens.push_back(j < n ? s.tokens[size_t(pos + 1)] : 0);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(j < n ? int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps : -1);
+      step_rows.push_back(step_batch.cu_q[i] + j);
+    }
+    b.logit_rows.push_back(b.cu_q.back() + std::max(n, 1) - 1);
+    b.cu_q.push_back(b.cu_q.back() + q);
+    b.kv_lens.push_back(r.begin + q);
+    b.seq_ids.push_back(s.id);
+    seqs.push_back(&s);
+    if (n > 0 && it != live.end() && r.begin + n + 1 == int32_t(s.tokens.size())) {
+      chained.push_back(s.id);
+      out_row.push_back(i);
+    }
+  }
+  for (size_t i = 0; q == 0 && i < plan.rows.size(); ++i) {
     const StepRow& r = plan.rows[i];
     const Sequence& s = *r.seq;
     auto it = live.find(s.id);
@@ -79,13 +120,17 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
     add_draft_seq(b, s, r.begin, next, chain);
     for (int32_t j = 0; j < n; ++j) step_rows.push_back(step_batch.cu_q[i] + j);
     seqs.push_back(&s);
-    if (chain) chained.push_back(s.id);
+    if (chain) {
+      out_row.push_back(chained.size());
+      chained.push_back(s.id);
+    }
   }
   if (seqs.empty()) return;
   fill_page_table(b, seqs);
   ModelRunner::DraftOut out;
   try {
     ++counters.spec.draft_passes;
+    if (q > 0) ++counters.spec.uniform_draft_passes;
     const Clock::time_point d0 = Clock::now();
     runner->draft_from_step(b, step_rows, &out);
     counters.spec.draft_seconds += seconds(d0, Clock::now());
@@ -95,13 +140,14 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
     eagle_pass_failed(e.what());
     return;
   }
-  const int64_t H = int64_t(out.hidden.size()) / std::max<int64_t>(1, int64_t(chained.size()));
+  const int64_t H = out.tokens.empty() ? 0 : int64_t(out.hidden.size() / out.tokens.size());
   for (size_t k = 0; k < chained.size(); ++k) {
     Live& L = live.at(chained[k]);
     const Sequence& s = *sched->find(chained[k]);
+    const int64_t o = int64_t(out_row[k]);
     L.eagle.pos = int32_t(s.tokens.size()) - 2;
-    L.eagle.next = out.tokens[k];
-    L.eagle.hidden.assign(out.hidden.begin() + int64_t(k) * H, out.hidden.begin() + int64_t(k + 1) * H);
+    L.eagle.next = out.tokens[size_t(o)];
+    L.eagle.hidden.assign(out.hidden.begin() + o * H, out.hidden.begin() + (o + 1) * H);
   }
 }
 

@@ -183,6 +183,10 @@ class ModelRunner {
                                  DraftOut* /*out*/) {
     KILN_FAIL("this model runner has no EAGLE-3 draft");
   }
+  // Whether the draft pass after a verify step of q rows a sequence should be uniform too (every sequence q
+  // rows, those past its kept positions at slot -1, one logit row each): yes where the runner replays such
+  // passes from CUDA graphs.
+  virtual bool uniform_draft_extend() const { return false; }
   // Chain passes on the device (Eagle3Model::forward_chain): pass 0 starts from hidden ([R, H] f32), pass
   // j > 0 from pass j - 1's tokens and outputs; tokens[j][r] is pass j's token of row r.
   virtual void draft_chain(const std::vector<BatchDesc>& /*passes*/, const std::vector<float>& /*hidden*/,

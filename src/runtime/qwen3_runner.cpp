@@ -135,6 +135,10 @@ void Qwen3Runner::draft_chain(const std::vector<BatchDesc>& passes, const std::v
   draft_->forward_chain(passes, hidden, tokens);
 }
 
+bool Qwen3Runner::uniform_draft_extend() const {
+  return draft_ && (draft_->has_graphs() || env_switch("KILN_EAGLE3_UNIFORM_EXTEND", false));
+}
+
 Tensor Qwen3Runner::device_rows(Buffer& buf, int64_t rows, int64_t cols) {
   const size_t need = size_t(std::max<int64_t>(rows, 1) * cols) * sizeof(float);
   if (buf.bytes() < need) buf = Buffer(std::max(need, buf.bytes() * 2), device());

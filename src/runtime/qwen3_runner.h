@@ -95,6 +95,8 @@ class Qwen3Runner : public ModelRunner {
   void draft_from_hidden(const BatchDesc& batch, const std::vector<float>& hidden, DraftOut* out) override;
   void draft_chain(const std::vector<BatchDesc>& passes, const std::vector<float>& hidden,
                    std::vector<std::vector<int32_t>>* tokens) override;
+  // With the draft's graphs, or KILN_EAGLE3_UNIFORM_EXTEND=1 (tests on the CPU backend).
+  bool uniform_draft_extend() const override;
 
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }

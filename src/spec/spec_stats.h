@@ -21,6 +21,7 @@ struct SpecStats {
   std::vector<int64_t> accepted_per_pos;  // [k]
   int64_t switched_off = 0;               // times the off switch turned speculation off for a batch size
   int64_t draft_passes = 0;               // EAGLE-3: draft model passes run (after steps and in chains)
+  int64_t uniform_draft_passes = 0;  // EAGLE-3: of those after steps, the uniform ones (q rows a sequence)
   int64_t draft_failures = 0;  // EAGLE-3: passes that threw (their rows drafted nothing; outputs unchanged)
   // Where a speculative workload's time goes (host wall seconds; docs/PERF.md "Speculative decoding"):
   double draft_seconds = 0.0;  // making drafts: n-gram lookups, EAGLE-3 passes (their device waits included)

@@ -435,7 +435,9 @@ TEST(Eagle3Engine, GreedyTokensEqualPlainDecoding) {
 
 // The engine's chains on the device (the default) and pass by pass (KILN_EAGLE3_DEVICE_CHAIN=0) draft the
 // same tokens: the CPU ops give the same bits however rows are grouped, so the counts match exactly, batched
-// too (where chains of different lengths leave padding rows in the later passes).
+// too (where chains of different lengths leave padding rows in the later passes). So do the uniform passes
+// after verify steps that the draft's CUDA graphs replay (KILN_EAGLE3_UNIFORM_EXTEND=1: every sequence k + 1
+// rows, those past its kept positions filled at slot -1).
 TEST(Eagle3Engine, DeviceChainDraftsWhatPassByPassDrafts) {
   const auto prompts = mixed_prompts();
   for (const bool one_at_a_time : {true, false}) {
@@ -446,7 +448,15 @@ TEST(Eagle3Engine, DeviceChainDraftsWhatPassByPassDrafts) {
     ::setenv("KILN_EAGLE3_DEVICE_CHAIN", "0", 1);
     const Outputs stepped = run(Engine::create(o), prompts, 20, one_at_a_time);
     ::unsetenv("KILN_EAGLE3_DEVICE_CHAIN");
+    ::setenv("KILN_EAGLE3_UNIFORM_EXTEND", "1", 1);
+    const Outputs uniform = run(Engine::create(o), prompts, 20, one_at_a_time);
+    ::unsetenv("KILN_EAGLE3_UNIFORM_EXTEND");
     const char* mode = one_at_a_time ? "batch 1" : "batched";
+    EXPECT_EQ(uniform.tokens, plain.tokens) << mode;
+    EXPECT_GT(uniform.stats.spec.uniform_draft_passes, 0) << mode;
+    EXPECT_EQ(device.stats.spec.uniform_draft_passes, 0) << mode;
+    EXPECT_EQ(uniform.stats.spec.draft_tokens, device.stats.spec.draft_tokens) << mode;
+    EXPECT_EQ(uniform.stats.spec.accepted_tokens, device.stats.spec.accepted_tokens) << mode;
     EXPECT_EQ(device.tokens, plain.tokens) << mode;
     EXPECT_EQ(stepped.tokens, plain.tokens) << mode;
     EXPECT_GT(device.stats.spec.accepted_tokens, 0) << mode;
