@@ -417,6 +417,76 @@ TEST(CudaEagle3, ChainGraphEqualsEagerChain) {
   EXPECT_EQ(eager->num_chain_graphs(), 0);
 }
 
+// The uniform pass after a verify step (q = 4 rows a sequence, its first n real, the rest fill rows at slot
+// -1; one logit row at its last real row) replayed from the draft's extend graphs (buckets 1, 2, 4) against
+// the same pass run eagerly, padded as the graphs pad it (q fill rows a padding sequence reading feature row
+// 0, its logit row the last): the real rows' tokens and outputs bit for bit, while the inputs change between
+// replays (1 to 4 sequences, 1 to 4 real rows each, positions, features, the features' buffer).
+TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
+  KILN_REQUIRE_GPU();
+  const fs::path dir = test::eagle3_scratch() / "draft_extend_graphs";
+  test::write_eagle3_draft(dir, test::eagle3_draft_shape(64, true));
+  auto target = test::eagle3_target(Device::cuda());
+  auto graphed = Eagle3Model::load(dir.string(), *target);
+  auto eager = Eagle3Model::load(dir.string(), *target);
+  for (auto* m : {graphed.get(), eager.get()})
+    m->allocate_kv(1 + 4 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
+  graphed->prepare_chain_graphs({1, 2, 4}, {kPagesPerSeq});
+  const int64_t H = 256, F = 3 * 256;
+  constexpr int32_t q = 4;
+  std::vector<std::vector<int32_t>> toks(4);
+  for (int32_t i = 0; i < 4; ++i)
+    for (int32_t j = 0; j < 120; ++j) toks[size_t(i)].push_back((i * 83 + j * 41 + 11) % 500);
+  std::mt19937 rng(33);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<int32_t> pos = {0, 0, 0, 0};
+  for (int32_t t = 0; t < 12; ++t) {
+    SCOPED_TRACE("extend pass " + std::to_string(t));
+    const int32_t B = 1 + (t * 3) % 4, bucket = B == 3 ? 4 : B;
+    const std::vector<std::vector<int32_t>> seqs(toks.begin(), toks.begin() + B);
+    const std::vector<int32_t> begin(pos.begin(), pos.begin() + B);
+    std::vector<int32_t> real(static_cast<size_t>(B));
+    for (int32_t i = 0; i < B; ++i) real[size_t(i)] = 1 + (t + i) % q;
+    const BatchDesc b = rows_batch(seqs, begin, std::vector<int32_t>(size_t(B), q), real, false, 1);
+    ASSERT_EQ(b.logit_rows.size(), size_t(B));
+    BatchDesc padded = b;
+    for (int32_t i = B; i < bucket; ++i) {
+      for (int32_t j = 0; j < q; ++j) {
+        padded.tokens.push_back(0);
+        padded.positions.push_back(j);
+        padded.slot_mapping.push_back(-1);
+      }
+      padded.logit_rows.push_back(padded.cu_q.back() + q - 1);
+      padded.cu_q.push_back(padded.cu_q.back() + q);
+      padded.kv_lens.push_back(q);
+      padded.seq_ids.push_back(0);
+      padded.page_table.insert(padded.page_table.end(), size_t(padded.pages_stride), 0);
+    }
+    // Features [bucket * q, F]: the graphed pass reads rows 0 .. B q - 1, padding rows row 0 (the eager one
+    // the copies of row 0 past B q). A new buffer every pass: a graph whose features moved is captured again.
+    std::vector<bf16_t> feat(size_t(bucket * q * F));
+    for (bf16_t& x : feat) x = f32_to_bf16(nd(rng));
+    for (int64_t r = int64_t(B) * q; r < int64_t(bucket) * q; ++r)
+      std::copy_n(feat.begin(), F, feat.begin() + r * F);
+    const Buffer dev = test::to_device(feat);
+    const Tensor f(dev.data(), DType::bf16, {int64_t(bucket) * q, F}, Device::cuda());
+    std::vector<int32_t> rows(size_t(B * q)), padded_rows(size_t(bucket * q));
+    for (size_t r = 0; r < rows.size(); ++r) rows[r] = int32_t(r);
+    for (size_t r = 0; r < padded_rows.size(); ++r) padded_rows[r] = r < rows.size() ? int32_t(r) : 0;
+    Eagle3Model::Out g, e;
+    graphed->forward_features(b, f, rows, &g);
+    eager->forward_features(padded, f, padded_rows, &e);
+    ASSERT_EQ(g.tokens.size(), size_t(B));
+    e.tokens.resize(size_t(B));
+    e.hidden.resize(size_t(B * H));
+    EXPECT_EQ(g.tokens, e.tokens) << B << " sequences in a bucket of " << bucket;
+    EXPECT_TRUE(same_bits(g.hidden, e.hidden)) << B << " sequences in a bucket of " << bucket;
+    for (int32_t i = 0; i < B; ++i) pos[size_t(i)] += real[size_t(i)];
+  }
+  EXPECT_EQ(graphed->num_chain_graphs(), 3) << "an extend graph per bucket (one width, one q)";
+  EXPECT_EQ(eager->num_chain_graphs(), 0);
+}
+
 }  // namespace
 }  // namespace kiln
 
