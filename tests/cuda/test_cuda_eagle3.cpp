@@ -343,6 +343,30 @@ BatchDesc padded_chain_pass(BatchDesc b, int32_t bucket) {
   return b;
 }
 
+// Two drafts of the same weights (written to `name` in the scratch folder) beside one target, each with the
+// KV of 4 sequences: `graphed` with the draft's graphs (buckets 1, 2, 4; one width), `eager` without.
+struct GraphedAndEager {
+  explicit GraphedAndEager(const char* name) {
+    const fs::path dir = test::eagle3_scratch() / name;
+    test::write_eagle3_draft(dir, test::eagle3_draft_shape(64, true));
+    graphed = Eagle3Model::load(dir.string(), *target);
+    eager = Eagle3Model::load(dir.string(), *target);
+    for (auto* m : {graphed.get(), eager.get()})
+      m->allocate_kv(1 + 4 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
+    graphed->prepare_chain_graphs({1, 2, 4}, {kPagesPerSeq});
+  }
+  std::unique_ptr<Qwen3Model> target = test::eagle3_target(Device::cuda());
+  std::unique_ptr<Eagle3Model> graphed, eager;
+};
+
+// Four sequences' tokens (i a + j b + c) % 500 for positions up to 120 (the graph tests feed up to ~72).
+std::vector<std::vector<int32_t>> graph_test_tokens(int32_t a, int32_t b, int32_t c) {
+  std::vector<std::vector<int32_t>> toks(4);
+  for (int32_t i = 0; i < 4; ++i)
+    for (int32_t j = 0; j < 120; ++j) toks[size_t(i)].push_back((i * a + j * b + c) % 500);
+  return toks;
+}
+
 // Chains of three passes replayed from the draft's graphs (buckets 1, 2, 4; one width) against the same
 // chains run eagerly (forward_chain without graphs), padded to the same bucket, on a second draft of the same
 // weights: the real rows' tokens bit for bit, while every input changes between replays (1 to 4 sequences, 3
@@ -351,19 +375,11 @@ BatchDesc padded_chain_pass(BatchDesc b, int32_t bucket) {
 // (ChainOnTheDeviceEqualsPassByPass ties the eager chain to forward_hidden pass by pass.)
 TEST(CudaEagle3, ChainGraphEqualsEagerChain) {
   KILN_REQUIRE_GPU();
-  const fs::path dir = test::eagle3_scratch() / "draft_chain_graphs";
-  test::write_eagle3_draft(dir, test::eagle3_draft_shape(64, true));
-  auto target = test::eagle3_target(Device::cuda());
-  auto graphed = Eagle3Model::load(dir.string(), *target);
-  auto eager = Eagle3Model::load(dir.string(), *target);
-  for (auto* m : {graphed.get(), eager.get()})
-    m->allocate_kv(1 + 4 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
-  graphed->prepare_chain_graphs({1, 2, 4}, {kPagesPerSeq});
+  GraphedAndEager d("draft_chain_graphs");
+  Eagle3Model *graphed = d.graphed.get(), *eager = d.eager.get();
   const int64_t H = 256, F = 3 * 256;
   constexpr int32_t kPasses = 3;
-  std::vector<std::vector<int32_t>> toks(4);  // positions up to 71 are fed (8 pages of 16 a sequence)
-  for (int32_t i = 0; i < 4; ++i)
-    for (int32_t j = 0; j < 120; ++j) toks[size_t(i)].push_back((i * 97 + j * 29 + 5) % 500);
+  const std::vector<std::vector<int32_t>> toks = graph_test_tokens(97, 29, 5);
   std::mt19937 rng(12);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<int32_t> pos = {0, 0, 0, 0};
@@ -424,19 +440,11 @@ TEST(CudaEagle3, ChainGraphEqualsEagerChain) {
 // replays (1 to 4 sequences, 1 to 4 real rows each, positions, features, the features' buffer).
 TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
   KILN_REQUIRE_GPU();
-  const fs::path dir = test::eagle3_scratch() / "draft_extend_graphs";
-  test::write_eagle3_draft(dir, test::eagle3_draft_shape(64, true));
-  auto target = test::eagle3_target(Device::cuda());
-  auto graphed = Eagle3Model::load(dir.string(), *target);
-  auto eager = Eagle3Model::load(dir.string(), *target);
-  for (auto* m : {graphed.get(), eager.get()})
-    m->allocate_kv(1 + 4 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
-  graphed->prepare_chain_graphs({1, 2, 4}, {kPagesPerSeq});
+  GraphedAndEager d("draft_extend_graphs");
+  Eagle3Model *graphed = d.graphed.get(), *eager = d.eager.get();
   const int64_t H = 256, F = 3 * 256;
   constexpr int32_t q = 4;
-  std::vector<std::vector<int32_t>> toks(4);
-  for (int32_t i = 0; i < 4; ++i)
-    for (int32_t j = 0; j < 120; ++j) toks[size_t(i)].push_back((i * 83 + j * 41 + 11) % 500);
+  const std::vector<std::vector<int32_t>> toks = graph_test_tokens(83, 41, 11);
   std::mt19937 rng(33);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<int32_t> pos = {0, 0, 0, 0};
