@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -164,8 +163,9 @@ TEST(CudaEagle3Engine, GreedyEagle3LogprobsBitwisePlainBatch1) {
 // plain greedy output, batch 1 and batched (mixed prompt lengths, k = 3), on the default verify path (its own
 // GEMM tactics: partings only where the plain path's top two are a near tie); with a draft of the outputs'
 // frequent tokens (drafts kept and rejected), with one of tokens no output holds (every draft rejected: the
-// verify path and the draft passes alone, no kept draft), and with the first draft's chain passes replayed
-// from graphs (KILN_EAGLE3_CHAIN_GRAPHS=1).
+// verify path and the draft passes alone, no kept draft), and with the first draft's chains and passes after
+// verify steps replayed from graphs (KILN_EAGLE3_CHAIN_GRAPHS=1; the other modes set it to 0, whatever the
+// default).
 TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
   KILN_REQUIRE_GPU();
   const test::ScopedEnv eagle3_on("KILN_EAGLE3_CUDA", "1");
@@ -179,8 +179,7 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
     test::write_eagle3_draft(draft, test::eagle3_draft_shape(2, false), "",
                              rejected ? absent_tokens(want) : test::frequent_tokens(want.tokens, 2), 3);
     const EngineOptions eo = eagle_opts(draft);
-    std::optional<test::ScopedEnv> graphs_on;
-    if (mode == Mode::chain_graphs) graphs_on.emplace("KILN_EAGLE3_CHAIN_GRAPHS", "1");
+    const test::ScopedEnv graphs("KILN_EAGLE3_CHAIN_GRAPHS", mode == Mode::chain_graphs ? "1" : "0");
     for (const bool batched : {false, true}) {
       const std::string label = std::string(batched ? "batched" : "batch 1") +
                                 (rejected             ? ", drafts rejected"
@@ -202,6 +201,7 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
           got.stats.spec.draft_tokens += one.stats.spec.draft_tokens;
           got.stats.spec.accepted_tokens += one.stats.spec.accepted_tokens;
           got.stats.spec.draft_passes += one.stats.spec.draft_passes;
+          got.stats.spec.uniform_draft_passes += one.stats.spec.uniform_draft_passes;
           got.stats.spec.draft_failures += one.stats.spec.draft_failures;
           got.verify_graphs = std::max(got.verify_graphs, one.verify_graphs);
         }
@@ -221,8 +221,10 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
       EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
       if (mode == Mode::chain_graphs) {
         EXPECT_GT(chain_graphs, 0) << "no chain pass replayed a graph";
+        EXPECT_GT(st.uniform_draft_passes, 0) << "no uniform pass after a verify step (the extend graphs)";
       } else {
-        EXPECT_EQ(chain_graphs, 0) << "chain graphs without KILN_EAGLE3_CHAIN_GRAPHS";
+        EXPECT_EQ(chain_graphs, 0) << "chain graphs with KILN_EAGLE3_CHAIN_GRAPHS=0";
+        EXPECT_EQ(st.uniform_draft_passes, 0) << "uniform passes with KILN_EAGLE3_CHAIN_GRAPHS=0";
       }
     }
   }
