@@ -230,7 +230,33 @@ def main():
         if lines:
             short = [re.sub(r'\{model_name="[^"]*",?', "{", ln).replace("{}", "") for ln in lines]
             print(f"\n{name} /metrics: " + "; ".join(short))
+            cycle = cycle_split(lines)
+            if cycle:
+                print(f"{name} per verify step: {cycle}")
     return 0 if ok and len(results) == len(configs) else 1
+
+
+def cycle_split(lines):
+    """Where a verify step's time goes, in ms, from the kiln_spec_decode_* counters: the whole step (start to
+    end), its draft passes (EAGLE-3: the chain and the pass after the step; the passes after prefill and plain
+    steps are counted in too, few at batch 1), and the rest (the verify forward and the host's work around
+    it). Empty without timed verify steps."""
+    v = {}
+    for ln in lines:
+        m = re.match(r'(kiln_spec_decode_\w+)\{[^}]*\} (\S+)', ln)
+        if m:
+            v[m.group(1)] = float(m.group(2))
+    steps = v.get("kiln_spec_decode_timed_verify_steps_total", 0.0)
+    if steps <= 0:
+        return ""
+    def ms(key):
+        return 1e3 * v.get(key, 0.0) / steps
+
+    step = ms("kiln_spec_decode_verify_step_seconds_total")
+    draft = ms("kiln_spec_decode_draft_seconds_total")
+    chain = ms("kiln_spec_decode_draft_chain_seconds_total")
+    return (f"{step:.3f} ms = drafts {draft:.3f} (chain {chain:.3f}, after the step {draft - chain:.3f}) + "
+            f"verify forward and host {step - draft:.3f}")
 
 
 if __name__ == "__main__":

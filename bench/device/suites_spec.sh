@@ -66,7 +66,7 @@ suite_spec() {
     "${configs[@]}" >"$W/spec/measure.txt" 2>&1
   rc=$?
   row "kiln serve batch 1, plain vs n-gram vs EAGLE-3" "rc=$rc (table below; $suite/measure.txt)"
-  grep -h '^|\|/metrics\|parts from' "$W/spec/measure.txt"
+  grep -h '^|\|/metrics\|parts from\|per verify step' "$W/spec/measure.txt"
   ((rc == 0)) || tail -20 "$W/spec/measure.txt"
   [[ ${SPEC_C32:-1} == 1 ]] || return 0
   local name flags
