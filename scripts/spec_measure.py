@@ -84,7 +84,7 @@ def get(port, path, timeout=10):
 class Server:
     def __init__(self, kiln, model, device, port, flags, log_path, ready_timeout):
         self.port = port
-        # Leading NAME=VALUE words (KILN_EAGLE3_CHAIN_GRAPHS=1 ...) are this server's environment, the rest its flags.
+        # Leading NAME=VALUE words (KILN_EAGLE3_DRAFT_GRAPHS=1 ...) are this server's environment, the rest its flags.
         env = dict(os.environ)
         while flags and "=" in flags[0] and not flags[0].startswith("-"):
             key, _, value = flags.pop(0).partition("=")

@@ -13,7 +13,7 @@
 #include "kiln/error.h"
 #include "kiln/safetensors.h"
 #include "kiln/staged_upload.h"
-#include "model/eagle3_chain_graph.h"
+#include "model/eagle3_draft_graphs.h"
 #include "model/qwen3.h"
 #include "model/slot_buffers.h"
 #include "ops/argmax.h"
@@ -170,7 +170,7 @@ struct Eagle3Model::Workspace : SlotBuffers {
   } chain;
 };
 
-Eagle3Model::~Eagle3Model() = default;  // chain_graphs_ first: its graphs use the workspace
+Eagle3Model::~Eagle3Model() = default;  // draft_graphs_ first: its graphs use the workspace
 
 uint64_t Eagle3Model::ws_generation() const {
   return ws_->generation;
@@ -450,7 +450,7 @@ void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len, int32
   prep.num_kv_heads = int(Hkv);
   prep.head_dim = int(D);
   prep.stream =
-      ops::current_stream();  // the chain graphs' stream while they capture (eagle3_chain_graph.cpp)
+      ops::current_stream();  // the draft graphs' stream while they capture (eagle3_draft_graphs.cpp)
   ops::attn_prep(prep);
   ops::PagedAttentionArgs att;
   att.q = Tensor::strided(qkv.data, DType::bf16, {T, Hq, D}, {qkv_dim, D, 1}, device_);

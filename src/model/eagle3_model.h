@@ -76,17 +76,17 @@ class Eagle3Model {
   // the widest of `widths` run padded to the next bucket (padding sequences: token 0 at slot -1, one key of
   // page 0, their tokens dropped) with every page table re-laid to the next width, from one CUDA graph per
   // (bucket, width, pass count), captured at its first chain and again after the workspace grew
-  // (eagle3_chain_graph.cpp); other chains run eagerly. A chain's tokens are the eager chain's of the padded
+  // (eagle3_draft_graphs.cpp); other chains run eagerly. A chain's tokens are the eager chain's of the padded
   // passes, bit for bit. So do forward_features' uniform passes (the engine's after a verify step: every
   // sequence q >= 2 rows, one logit row each): one graph per (bucket, width, q), padding sequences of q rows
   // at slot -1 (feature row 0), outputs bit for bit the eager pass's of the padded batch.
-  void prepare_chain_graphs(const std::vector<int32_t>& buckets, const std::vector<int32_t>& widths);
-  int num_chain_graphs() const;  // chain and extend graphs captured
-  bool has_graphs() const { return chain_graphs_ != nullptr; }
+  void prepare_draft_graphs(const std::vector<int32_t>& buckets, const std::vector<int32_t>& widths);
+  int num_draft_graphs() const;  // chain and extend graphs captured
+  bool has_graphs() const { return draft_graphs_ != nullptr; }
 
  private:
   struct Workspace;
-  class ChainGraphs;
+  class DraftGraphs;
   Eagle3Model() = default;
   // Validates the pass and uploads its inputs (and the feature rows or the hidden states) in one batch.
   void stage(const BatchDesc& batch, const std::vector<int32_t>* src_rows, const std::vector<bf16_t>* hidden);
@@ -100,10 +100,10 @@ class Eagle3Model {
   // forward_features' launches over T > 0 staged rows (R logit rows, the shortest sequence min_q_len rows):
   // the feature rows through fc, then launch_midlayer. Capturable as launch_midlayer is.
   void launch_features(const Tensor& features, int64_t T, int64_t R, int32_t min_q_len);
-  // forward_features through an extend graph where one serves it (eagle3_chain_graph.cpp); false: eager.
+  // forward_features through an extend graph where one serves it (eagle3_draft_graphs.cpp); false: eager.
   bool run_extend_graph(const BatchDesc& batch, const Tensor& features, const std::vector<int32_t>& rows,
                         Out* out);
-  // forward_chain through a chain graph where one serves it (eagle3_chain_graph.cpp); false: eager.
+  // forward_chain through a chain graph where one serves it (eagle3_draft_graphs.cpp); false: eager.
   bool run_chain_graph(const std::vector<BatchDesc>& passes, const std::vector<bf16_t>& hidden,
                        std::vector<std::vector<int32_t>>* tokens);
   // forward_chain's inputs, all passes in one upload: pass 0's tokens, every pass's positions, slots, lengths
@@ -131,7 +131,7 @@ class Eagle3Model {
   Buffer rope_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Workspace> ws_;
-  std::unique_ptr<ChainGraphs> chain_graphs_;  // prepare_chain_graphs (CUDA)
+  std::unique_ptr<DraftGraphs> draft_graphs_;  // prepare_draft_graphs (CUDA)
 };
 
 }  // namespace kiln

@@ -82,7 +82,7 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
   for (size_t i = 0; q > 0 && i < plan.rows.size(); ++i) {
     // After a uniform verify step: every sequence the step's q rows, those past its kept positions filled
     // (token 0, slot -1: no K/V written), the logit row at its last kept position, so the pass's shape is the
-    // same at every step (a graph replays it: Eagle3Model::prepare_chain_graphs).
+    // same at every step (a graph replays it: Eagle3Model::prepare_draft_graphs).
     const StepRow& r = plan.rows[i];
     const Sequence& s = *r.seq;
     auto it = live.find(s.id);

@@ -55,7 +55,7 @@ inline std::filesystem::path eagle3_scratch() {
 }
 
 // An environment variable set for a scope, its earlier value (or absence) restored after: the runner's
-// switches (KILN_EAGLE3_CUDA, KILN_EAGLE3_CHAIN_GRAPHS) are read when a draft is set and graphs prepared.
+// switches (KILN_EAGLE3_CUDA, KILN_EAGLE3_DRAFT_GRAPHS) are read when a draft is set and graphs prepared.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {

@@ -325,7 +325,7 @@ TEST(CudaEagle3, DraftPassesLeaveTheTargetBitwiseAndGraphFeaturesEqualEager) {
   EXPECT_GT(spec->verify_graph_replays(), 0);
 }
 
-// ---- The draft's chain passes from CUDA graphs (Eagle3Model::prepare_chain_graphs).
+// ---- The draft's chain passes from CUDA graphs (Eagle3Model::prepare_draft_graphs).
 
 // The chain pass `b` (one row per sequence) padded to `bucket` sequences as the chain graphs pad it: token 0
 // at slot -1, one key of page 0, page-table rows of page 0.
@@ -353,7 +353,7 @@ struct GraphedAndEager {
     eager = Eagle3Model::load(dir.string(), *target);
     for (auto* m : {graphed.get(), eager.get()})
       m->allocate_kv(1 + 4 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
-    graphed->prepare_chain_graphs({1, 2, 4}, {kPagesPerSeq});
+    graphed->prepare_draft_graphs({1, 2, 4}, {kPagesPerSeq});
   }
   std::unique_ptr<Qwen3Model> target = test::eagle3_target(Device::cuda());
   std::unique_ptr<Eagle3Model> graphed, eager;
@@ -429,8 +429,8 @@ TEST(CudaEagle3, ChainGraphEqualsEagerChain) {
     }
     for (int32_t i = 0; i < B; ++i) pos[size_t(i)] += kPasses;
   }
-  EXPECT_EQ(graphed->num_chain_graphs(), 3) << "a graph per bucket (one width, one pass count)";
-  EXPECT_EQ(eager->num_chain_graphs(), 0);
+  EXPECT_EQ(graphed->num_draft_graphs(), 3) << "a graph per bucket (one width, one pass count)";
+  EXPECT_EQ(eager->num_draft_graphs(), 0);
 }
 
 // The uniform pass after a verify step (q = 4 rows a sequence, its first n real, the rest fill rows at slot
@@ -491,8 +491,8 @@ TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
     EXPECT_TRUE(same_bits(g.hidden, e.hidden)) << B << " sequences in a bucket of " << bucket;
     for (int32_t i = 0; i < B; ++i) pos[size_t(i)] += real[size_t(i)];
   }
-  EXPECT_EQ(graphed->num_chain_graphs(), 3) << "an extend graph per bucket (one width, one q)";
-  EXPECT_EQ(eager->num_chain_graphs(), 0);
+  EXPECT_EQ(graphed->num_draft_graphs(), 3) << "an extend graph per bucket (one width, one q)";
+  EXPECT_EQ(eager->num_draft_graphs(), 0);
 }
 
 }  // namespace

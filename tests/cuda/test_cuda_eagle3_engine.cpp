@@ -38,10 +38,10 @@ std::vector<std::vector<int32_t>> prompts(int count, int min_len, int spread) {
 
 using test::Generated;
 
-// chain_graphs: the draft's chain graphs the runner captured, out.
+// draft_graphs: the draft graphs the runner captured, out.
 Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& ps, const fs::path& draft,
                    bool with_top, std::vector<std::vector<float>>* logprobs = nullptr,
-                   int* chain_graphs = nullptr) {
+                   int* draft_graphs = nullptr) {
   auto runner =
       std::make_unique<Qwen3Runner>(test::eagle3_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
   if (!draft.empty()) runner->set_draft(Eagle3Model::load(draft.string(), runner->model()));
@@ -49,7 +49,7 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   Engine engine(std::move(runner), o);
   Generated out = test::generate_greedy(engine, ps, 32, with_top, /*ignore_eos=*/true, logprobs);
   out.verify_graphs = int(r.verify_graph_replays());
-  if (chain_graphs) *chain_graphs = r.num_draft_chain_graphs();
+  if (draft_graphs) *draft_graphs = r.num_draft_graphs();
   return out;
 }
 
@@ -164,7 +164,7 @@ TEST(CudaEagle3Engine, GreedyEagle3LogprobsBitwisePlainBatch1) {
 // GEMM tactics: partings only where the plain path's top two are a near tie); with a draft of the outputs'
 // frequent tokens (drafts kept and rejected), with one of tokens no output holds (every draft rejected: the
 // verify path and the draft passes alone, no kept draft), and with the first draft's chains and passes after
-// verify steps replayed from graphs (KILN_EAGLE3_CHAIN_GRAPHS=1; the other modes set it to 0, whatever the
+// verify steps replayed from graphs (KILN_EAGLE3_DRAFT_GRAPHS=1; the other modes set it to 0, whatever the
 // default).
 TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
   KILN_REQUIRE_GPU();
@@ -172,29 +172,29 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
   tune_draft_shapes();
   const auto ps = prompts(8, 5, 40);
   const Generated want = generate(plain_opts(), ps, {}, true);
-  enum class Mode { kept, rejected, chain_graphs };
-  for (const Mode mode : {Mode::kept, Mode::rejected, Mode::chain_graphs}) {
+  enum class Mode { kept, rejected, draft_graphs };
+  for (const Mode mode : {Mode::kept, Mode::rejected, Mode::draft_graphs}) {
     const bool rejected = mode == Mode::rejected;
     const fs::path draft = test::eagle3_scratch() / (rejected ? "draft_rejected" : "draft_top");
     test::write_eagle3_draft(draft, test::eagle3_draft_shape(2, false), "",
                              rejected ? absent_tokens(want) : test::frequent_tokens(want.tokens, 2), 3);
     const EngineOptions eo = eagle_opts(draft);
-    const test::ScopedEnv graphs("KILN_EAGLE3_CHAIN_GRAPHS", mode == Mode::chain_graphs ? "1" : "0");
+    const test::ScopedEnv graphs("KILN_EAGLE3_DRAFT_GRAPHS", mode == Mode::draft_graphs ? "1" : "0");
     for (const bool batched : {false, true}) {
       const std::string label = std::string(batched ? "batched" : "batch 1") +
                                 (rejected             ? ", drafts rejected"
                                  : mode == Mode::kept ? ", drafts kept"
-                                                      : ", drafts kept, chain graphs");
+                                                      : ", drafts kept, draft graphs");
       SCOPED_TRACE(label);
       Generated got;
-      int chain_graphs = 0;
+      int draft_graphs = 0;
       if (batched) {
-        got = generate(eo, ps, draft, false, nullptr, &chain_graphs);
+        got = generate(eo, ps, draft, false, nullptr, &draft_graphs);
       } else {
         for (const auto& p : ps) {
           int n = 0;
           const Generated one = generate(eo, {p}, draft, false, nullptr, &n);
-          chain_graphs = std::max(chain_graphs, n);
+          draft_graphs = std::max(draft_graphs, n);
           got.tokens.push_back(one.tokens[0]);
           got.finish.push_back(one.finish[0]);
           got.stats.spec.drafts += one.stats.spec.drafts;
@@ -208,8 +208,8 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
       }
       expect_clean_run(got, label);
       const int parted = test::count_near_tie_partings(got, want, label);
-      std::printf("%s: %d of %zu requests part at a near tie; %d chain graphs\n", label.c_str(), parted,
-                  ps.size(), chain_graphs);
+      std::printf("%s: %d of %zu requests part at a near tie; %d draft graphs\n", label.c_str(), parted,
+                  ps.size(), draft_graphs);
       const spec::SpecStats& st = got.stats.spec;
       EXPECT_GT(st.drafts, 0) << "nothing drafted";
       if (rejected) {
@@ -219,12 +219,12 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
         EXPECT_LT(st.accepted_tokens, st.draft_tokens);
       }
       EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
-      if (mode == Mode::chain_graphs) {
-        EXPECT_GT(chain_graphs, 0) << "no chain pass replayed a graph";
+      if (mode == Mode::draft_graphs) {
+        EXPECT_GT(draft_graphs, 0) << "no chain pass replayed a graph";
         EXPECT_GT(st.uniform_draft_passes, 0) << "no uniform pass after a verify step (the extend graphs)";
       } else {
-        EXPECT_EQ(chain_graphs, 0) << "chain graphs with KILN_EAGLE3_CHAIN_GRAPHS=0";
-        EXPECT_EQ(st.uniform_draft_passes, 0) << "uniform passes with KILN_EAGLE3_CHAIN_GRAPHS=0";
+        EXPECT_EQ(draft_graphs, 0) << "draft graphs with KILN_EAGLE3_DRAFT_GRAPHS=0";
+        EXPECT_EQ(st.uniform_draft_passes, 0) << "uniform passes with KILN_EAGLE3_DRAFT_GRAPHS=0";
       }
     }
   }

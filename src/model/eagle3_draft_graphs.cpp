@@ -1,5 +1,5 @@
-// EAGLE-3 chains in CUDA graphs (see eagle3_chain_graph.h).
-#include "model/eagle3_chain_graph.h"
+// EAGLE-3 chains in CUDA graphs (see eagle3_draft_graphs.h).
+#include "model/eagle3_draft_graphs.h"
 
 #include <algorithm>
 #include <utility>
@@ -17,7 +17,7 @@
 
 namespace kiln {
 
-std::pair<int32_t, int32_t> Eagle3Model::ChainGraphs::shape_for(const std::vector<BatchDesc>& passes) const {
+std::pair<int32_t, int32_t> Eagle3Model::DraftGraphs::shape_for(const std::vector<BatchDesc>& passes) const {
   const int32_t R = passes.empty() ? 0 : passes[0].num_seqs();
   if (R == 0 || R > buckets_.back()) return {0, 0};
   int32_t stride = 0;
@@ -31,19 +31,19 @@ std::pair<int32_t, int32_t> Eagle3Model::ChainGraphs::shape_for(const std::vecto
 }
 
 #ifdef KILN_HAVE_CUDA
-Eagle3Model::ChainGraphs::ChainGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths)
+Eagle3Model::DraftGraphs::DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths)
     : buckets_(std::move(buckets)), widths_(std::move(widths)) {
-  KILN_CHECK(!buckets_.empty() && !widths_.empty(), "EAGLE-3 chain graphs: buckets and page-table widths");
+  KILN_CHECK(!buckets_.empty() && !widths_.empty(), "EAGLE-3 draft graphs: buckets and page-table widths");
   for (const std::vector<int32_t>* v : {&buckets_, &widths_})
     for (size_t i = 0; i < v->size(); ++i)
       KILN_CHECK((*v)[i] >= 1 && (i == 0 || (*v)[i] > (*v)[i - 1]),
-                 "EAGLE-3 chain graph buckets and widths must be ascending and >= 1");
+                 "EAGLE-3 draft graph buckets and widths must be ascending and >= 1");
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   stream_ = s;
 }
 
-Eagle3Model::ChainGraphs::~ChainGraphs() {
+Eagle3Model::DraftGraphs::~DraftGraphs() {
   for (auto& [bucket, g] : graphs_) {
     if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
     if (g.graph) cudaGraphDestroy(static_cast<cudaGraph_t>(g.graph));
@@ -51,7 +51,7 @@ Eagle3Model::ChainGraphs::~ChainGraphs() {
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, const std::function<void()>& launch) {
+void Eagle3Model::DraftGraphs::capture(Eagle3Model& m, Graph& g, const std::function<void()>& launch) {
   auto* s = static_cast<cudaStream_t>(stream_);
   launch();
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -59,12 +59,12 @@ void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, const std::func
   g.generation = m.ws_generation();
 }
 
-void Eagle3Model::ChainGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket, size_t passes) {
+void Eagle3Model::DraftGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket, size_t passes) {
   // The passes' K/V writes are idempotent; their residual updates are not (run() stages the inputs again).
   capture(m, g, [&] { m.launch_chain(bucket, passes); });
 }
 
-std::pair<int32_t, int32_t> Eagle3Model::ChainGraphs::extend_shape_for(const BatchDesc& b) const {
+std::pair<int32_t, int32_t> Eagle3Model::DraftGraphs::extend_shape_for(const BatchDesc& b) const {
   const int32_t B = b.num_seqs();
   if (B == 0 || B > buckets_.back() || b.mrope || b.pages_stride > widths_.back() ||
       b.logit_rows.size() != size_t(B))
@@ -77,7 +77,7 @@ std::pair<int32_t, int32_t> Eagle3Model::ChainGraphs::extend_shape_for(const Bat
           *std::lower_bound(widths_.begin(), widths_.end(), b.pages_stride)};
 }
 
-void Eagle3Model::ChainGraphs::run_extend(Eagle3Model& m, const BatchDesc& in, const Tensor& features,
+void Eagle3Model::DraftGraphs::run_extend(Eagle3Model& m, const BatchDesc& in, const Tensor& features,
                                           const std::vector<int32_t>& rows, std::pair<int32_t, int32_t> shape,
                                           Out* out) {
   const auto [bucket, width] = shape;
@@ -118,7 +118,7 @@ void Eagle3Model::ChainGraphs::run_extend(Eagle3Model& m, const BatchDesc& in, c
   out->hidden.resize(size_t(B * H));
 }
 
-void Eagle3Model::ChainGraphs::run(Eagle3Model& m, const std::vector<BatchDesc>& passes,
+void Eagle3Model::DraftGraphs::run(Eagle3Model& m, const std::vector<BatchDesc>& passes,
                                    std::pair<int32_t, int32_t> shape, std::vector<bf16_t> hidden,
                                    std::vector<std::vector<int32_t>>* tokens) {
   const auto [bucket, width] = shape;
@@ -157,52 +157,52 @@ void Eagle3Model::ChainGraphs::run(Eagle3Model& m, const std::vector<BatchDesc>&
   m.read_chain(bucket, R, n, tokens);
 }
 #else
-Eagle3Model::ChainGraphs::ChainGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths)
+Eagle3Model::DraftGraphs::DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths)
     : buckets_(std::move(buckets)), widths_(std::move(widths)) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
-Eagle3Model::ChainGraphs::~ChainGraphs() = default;
-void Eagle3Model::ChainGraphs::capture(Eagle3Model&, Graph&, int32_t, size_t) {}
-void Eagle3Model::ChainGraphs::capture(Eagle3Model&, Graph&, const std::function<void()>&) {}
-std::pair<int32_t, int32_t> Eagle3Model::ChainGraphs::extend_shape_for(const BatchDesc&) const {
+Eagle3Model::DraftGraphs::~DraftGraphs() = default;
+void Eagle3Model::DraftGraphs::capture(Eagle3Model&, Graph&, int32_t, size_t) {}
+void Eagle3Model::DraftGraphs::capture(Eagle3Model&, Graph&, const std::function<void()>&) {}
+std::pair<int32_t, int32_t> Eagle3Model::DraftGraphs::extend_shape_for(const BatchDesc&) const {
   return {0, 0};
 }
-void Eagle3Model::ChainGraphs::run_extend(Eagle3Model&, const BatchDesc&, const Tensor&,
+void Eagle3Model::DraftGraphs::run_extend(Eagle3Model&, const BatchDesc&, const Tensor&,
                                           const std::vector<int32_t>&, std::pair<int32_t, int32_t>, Out*) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
-void Eagle3Model::ChainGraphs::run(Eagle3Model&, const std::vector<BatchDesc>&, std::pair<int32_t, int32_t>,
+void Eagle3Model::DraftGraphs::run(Eagle3Model&, const std::vector<BatchDesc>&, std::pair<int32_t, int32_t>,
                                    std::vector<bf16_t>, std::vector<std::vector<int32_t>>*) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 #endif
 
-void Eagle3Model::prepare_chain_graphs(const std::vector<int32_t>& buckets,
+void Eagle3Model::prepare_draft_graphs(const std::vector<int32_t>& buckets,
                                        const std::vector<int32_t>& widths) {
-  chain_graphs_.reset();
+  draft_graphs_.reset();
   if (!device_.is_cuda() || buckets.empty()) return;
-  chain_graphs_ = std::make_unique<ChainGraphs>(buckets, widths);
+  draft_graphs_ = std::make_unique<DraftGraphs>(buckets, widths);
 }
 
-int Eagle3Model::num_chain_graphs() const {
-  return chain_graphs_ ? chain_graphs_->size() : 0;
+int Eagle3Model::num_draft_graphs() const {
+  return draft_graphs_ ? draft_graphs_->size() : 0;
 }
 
 bool Eagle3Model::run_chain_graph(const std::vector<BatchDesc>& passes, const std::vector<bf16_t>& hidden,
                                   std::vector<std::vector<int32_t>>* tokens) {
-  if (!chain_graphs_) return false;
-  const std::pair<int32_t, int32_t> shape = chain_graphs_->shape_for(passes);
+  if (!draft_graphs_) return false;
+  const std::pair<int32_t, int32_t> shape = draft_graphs_->shape_for(passes);
   if (shape.first == 0) return false;
-  chain_graphs_->run(*this, passes, shape, hidden, tokens);
+  draft_graphs_->run(*this, passes, shape, hidden, tokens);
   return true;
 }
 
 bool Eagle3Model::run_extend_graph(const BatchDesc& b, const Tensor& features,
                                    const std::vector<int32_t>& rows, Out* out) {
-  if (!chain_graphs_) return false;
-  const std::pair<int32_t, int32_t> shape = chain_graphs_->extend_shape_for(b);
+  if (!draft_graphs_) return false;
+  const std::pair<int32_t, int32_t> shape = draft_graphs_->extend_shape_for(b);
   if (shape.first == 0) return false;
-  chain_graphs_->run_extend(*this, b, features, rows, shape, out);
+  draft_graphs_->run_extend(*this, b, features, rows, shape, out);
   return true;
 }
 

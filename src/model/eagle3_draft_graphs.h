@@ -1,9 +1,9 @@
-// Eagle3Model::ChainGraphs: the CUDA graphs of EAGLE-3 chains (model/eagle3_model.h prepare_chain_graphs),
-// one per (bucket of sequences, page-table width, pass count): every pass of one row per sequence padded to
-// the bucket and its page table re-laid to the width, so a graph's launch shapes (the GEMMs' M, the decode
-// attention's split count) are fixed. One replay runs the whole chain. Beside them, the extend graphs: the
-// uniform pass after a verify step (q rows a sequence, one logit row each), one per (bucket, width, q).
-// Internal to src/model (eagle3_model.cpp destroys it).
+// Eagle3Model::DraftGraphs: the CUDA graphs of the EAGLE-3 draft (model/eagle3_model.h prepare_draft_graphs).
+// The chain graphs, one per (bucket of sequences, page-table width, pass count): every pass of one row per
+// sequence padded to the bucket and its page table re-laid to the width, so a graph's launch shapes (the
+// GEMMs' M, the decode attention's split count) are fixed; one replay runs the whole chain. The extend
+// graphs: the uniform pass after a verify step (q rows a sequence, one logit row each), one per (bucket,
+// width, q). Internal to src/model (eagle3_model.cpp destroys it).
 #pragma once
 
 #include <cstdint>
@@ -18,13 +18,13 @@
 
 namespace kiln {
 
-class Eagle3Model::ChainGraphs {
+class Eagle3Model::DraftGraphs {
  public:
   // buckets, widths: ascending sequence counts and page-table widths, >= 1.
-  ChainGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths);
-  ~ChainGraphs();
-  ChainGraphs(const ChainGraphs&) = delete;
-  ChainGraphs& operator=(const ChainGraphs&) = delete;
+  DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths);
+  ~DraftGraphs();
+  DraftGraphs(const DraftGraphs&) = delete;
+  DraftGraphs& operator=(const DraftGraphs&) = delete;
 
   // The (bucket, width) a chain runs padded to, or {0, 0} (eager): its R sequences within the largest
   // bucket, every pass's page table within the widest width (forward_chain checked the rest: one row and
