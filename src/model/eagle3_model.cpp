@@ -114,6 +114,13 @@ int64_t eagle3_hidden_offset(int64_t rows, int64_t draft_vocab) {
   return (rows * draft_vocab + 3) / 4 * 4;
 }
 
+// The fewest rows any sequence of the pass computes (launch_midlayer's host bound).
+int32_t shortest_q_len(const BatchDesc& b) {
+  int32_t n = std::numeric_limits<int32_t>::max();
+  for (int32_t s = 0; s < b.num_seqs(); ++s) n = std::min(n, b.q_len(s));
+  return n;
+}
+
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream f(p);
   KILN_CHECK(f.good(), "EAGLE-3 draft: cannot read ", p.string());
@@ -292,8 +299,7 @@ void Eagle3Model::forward_features(const BatchDesc& b, const Tensor& features,
     run_midlayer(b, out);
     return;
   }
-  int32_t min_q_len = std::numeric_limits<int32_t>::max();
-  for (int32_t s = 0; s < b.num_seqs(); ++s) min_q_len = std::min(min_q_len, b.q_len(s));
+  const int32_t min_q_len = shortest_q_len(b);
   launch_features(features, T, int64_t(b.logit_rows.size()), min_q_len);
   read_out(int64_t(b.logit_rows.size()), out);
 }
@@ -412,8 +418,7 @@ void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
     out->hidden.assign(size_t(R * cfg_.hidden), 0.0f);
     return;
   }
-  int32_t min_q_len = std::numeric_limits<int32_t>::max();
-  for (int32_t s = 0; s < b.num_seqs(); ++s) min_q_len = std::min(min_q_len, b.q_len(s));
+  const int32_t min_q_len = shortest_q_len(b);
   launch_midlayer(T, R, min_q_len);
   read_out(R, out);
 }

@@ -16,20 +16,21 @@
 namespace kiln {
 namespace {
 
-// Appends one sequence of `n` rows at positions begin .. begin + n - 1 to a draft batch: tokens, slots of the
-// target's pages, its page-table row (pages covering begin + n), and, when `logit`, its last row's logits.
+// Appends one sequence of `rows` rows (at least its tokens) at positions begin .. begin + rows - 1 to a draft
+// batch: its tokens at slots of the target's pages, then fill rows (token 0, slot -1: no K/V written); its
+// length begin + rows; and, when `logit`, a logit row at its last token's row (its first row if it has none).
 void add_draft_seq(BatchDesc& b, const Sequence& s, int32_t begin, const std::vector<int32_t>& tokens,
-                   bool logit) {
+                   bool logit, int32_t rows) {
   const int32_t ps = b.page_size, n = int32_t(tokens.size());
-  for (int32_t j = 0; j < n; ++j) {
+  for (int32_t j = 0; j < rows; ++j) {
     const int32_t pos = begin + j;
-    b.tokens.push_back(tokens[size_t(j)]);
+    b.tokens.push_back(j < n ? tokens[size_t(j)] : 0);
     b.positions.push_back(pos);
-    b.slot_mapping.push_back(int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps);
+    b.slot_mapping.push_back(j < n ? int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps : -1);
   }
-  if (logit) b.logit_rows.push_back(b.cu_q.back() + n - 1);
-  b.cu_q.push_back(b.cu_q.back() + n);
-  b.kv_lens.push_back(begin + n);
+  if (logit) b.logit_rows.push_back(b.cu_q.back() + std::max(n, 1) - 1);
+  b.cu_q.push_back(b.cu_q.back() + rows);
+  b.kv_lens.push_back(begin + rows);
   b.seq_ids.push_back(s.id);
 }
 
@@ -78,50 +79,27 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
   std::vector<const Sequence*> seqs;
   std::vector<RequestId> chained;  // the sequences given a logit row, in order
   std::vector<size_t> out_row;     // chained[k]'s logit row among the pass's
+  // After a uniform verify step (q > 0) every sequence takes the step's q rows, those past its kept positions
+  // filled, and a logit row, so the pass has the same shape at every step (a graph replays it:
+  // Eagle3Model::prepare_draft_graphs).
   const int32_t q = uniform_extend_rows(*runner, plan, step_batch);
-  for (size_t i = 0; q > 0 && i < plan.rows.size(); ++i) {
-    // After a uniform verify step: every sequence the step's q rows, those past its kept positions filled
-    // (token 0, slot -1: no K/V written), the logit row at its last kept position, so the pass's shape is the
-    // same at every step (a graph replays it: Eagle3Model::prepare_draft_graphs).
-    const StepRow& r = plan.rows[i];
-    const Sequence& s = *r.seq;
-    auto it = live.find(s.id);
-    if (it != live.end()) it->second.eagle.pos = -1;
-    const int32_t n = std::min(r.q_len, int32_t(s.tokens.size()) - 1 - r.begin);
-    const int32_t ps = b.page_size;
-    for (int32_t j = 0; j < q; ++j) {
-      const int32_t pos = r.begin + j;
-      b.tokens.push_back(j < n ? s.tokens[size_t(pos + 1)] : 0);
-      b.positions.push_back(pos);
-      b.slot_mapping.push_back(j < n ? int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps : -1);
-      step_rows.push_back(step_batch.cu_q[i] + j);
-    }
-    b.logit_rows.push_back(b.cu_q.back() + std::max(n, 1) - 1);
-    b.cu_q.push_back(b.cu_q.back() + q);
-    b.kv_lens.push_back(r.begin + q);
-    b.seq_ids.push_back(s.id);
-    seqs.push_back(&s);
-    if (n > 0 && it != live.end() && r.begin + n + 1 == int32_t(s.tokens.size())) {
-      chained.push_back(s.id);
-      out_row.push_back(i);
-    }
-  }
-  for (size_t i = 0; q == 0 && i < plan.rows.size(); ++i) {
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& r = plan.rows[i];
     const Sequence& s = *r.seq;
     auto it = live.find(s.id);
     if (it != live.end()) it->second.eagle.pos = -1;  // until this pass gives it a chain
     // Positions begin .. begin + q_len - 1 were computed; those whose next token is known get their entry.
-    const int32_t n = std::min(r.q_len, int32_t(s.tokens.size()) - 1 - r.begin);
-    if (n <= 0) continue;
-    std::vector<int32_t> next(s.tokens.begin() + r.begin + 1, s.tokens.begin() + r.begin + 1 + n);
+    const int32_t n = std::max(0, std::min(r.q_len, int32_t(s.tokens.size()) - 1 - r.begin));
+    if (n == 0 && q == 0) continue;
+    const std::vector<int32_t> next(s.tokens.begin() + r.begin + 1, s.tokens.begin() + r.begin + 1 + n);
     // Decodes next: its last computed position is the one before its last token.
-    const bool chain = it != live.end() && r.begin + n + 1 == int32_t(s.tokens.size());
-    add_draft_seq(b, s, r.begin, next, chain);
-    for (int32_t j = 0; j < n; ++j) step_rows.push_back(step_batch.cu_q[i] + j);
+    const bool chain = n > 0 && it != live.end() && r.begin + n + 1 == int32_t(s.tokens.size());
+    const int32_t rows = std::max(n, q);
+    add_draft_seq(b, s, r.begin, next, chain || q > 0, rows);
+    for (int32_t j = 0; j < rows; ++j) step_rows.push_back(step_batch.cu_q[i] + j);
     seqs.push_back(&s);
     if (chain) {
-      out_row.push_back(chained.size());
+      out_row.push_back(b.logit_rows.size() - 1);
       chained.push_back(s.id);
     }
   }
@@ -184,7 +162,7 @@ std::vector<std::vector<int32_t>> Engine::Impl::eagle_chain(const StepPlan& plan
     for (size_t i = 0; i < B; ++i) {
       if (count[i] <= j) continue;
       const StepRow& r = plan.rows[i];
-      add_draft_seq(b, *r.seq, r.begin + j - 1, {drafts[i].back()}, true);
+      add_draft_seq(b, *r.seq, r.begin + j - 1, {drafts[i].back()}, true, 1);
       seqs.push_back(r.seq);
       who.push_back(i);
       in.insert(in.end(), hidden[i].begin(), hidden[i].end());
@@ -225,7 +203,7 @@ void Engine::Impl::eagle_chain_on_device(const StepPlan& plan, const std::vector
     for (size_t k = 0; k < who.size(); ++k) {
       const StepRow& r = plan.rows[who[k]];
       const int32_t last = std::min(j, count[who[k]] - 1);  // the chain's last pass
-      add_draft_seq(b, *r.seq, r.begin + last - 1, {j == 1 ? drafts[who[k]].back() : 0}, true);
+      add_draft_seq(b, *r.seq, r.begin + last - 1, {j == 1 ? drafts[who[k]].back() : 0}, true, 1);
       if (last < j) b.slot_mapping.back() = -1;
     }
     fill_page_table(b, seqs);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call A (cold): spec models train beside the build; build + this pass's GPU tests; then the spec suite (batch 1).
+# Call A (cold): spec models train beside the build; build + the GPU tests of the changes since `18e8ba6`; then the spec suite (batch 1).
 set -u
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 B=build/device; M=/tmp/spec-models; mkdir -p $M
