@@ -75,10 +75,14 @@ build() {
   fi
 }
 
-# gpu_tests: the GPU test binaries (tests/cuda, with the 4B parity test left to `parity`), then the CPU-folder
+# gpu_tests: the GPU test binaries ($ONLY_TESTS where set; else tests/cuda, with the 4B parity test left to `parity`), then the CPU-folder
 # tests that drive the engine or the towers on CUDA.
 gpu_tests() {
   local f t
+  if [[ -n ${ONLY_TESTS:-} ]]; then  # ONLY_TESTS="a b": only those binaries (a short call that checks a few)
+    tr ' ' '\n' <<<"$ONLY_TESTS" | sed '/^$/d'
+    return
+  fi
   for f in tests/cuda/test_*.cpp tests/cuda/test_*.cu; do
     t=$(basename "${f%.*}")
     [[ $t == test_cuda_model_hf4b ]] || echo "$t"
