@@ -406,9 +406,11 @@ void Eagle3Model::read_chain(int64_t rows, int64_t R, size_t passes,
                              std::vector<std::vector<int32_t>>* tokens) {
   std::vector<int32_t> host(passes * size_t(rows));
   copy_bytes(host.data(), Device::cpu(), ws_->chain.tokens, device_, host.size() * sizeof(int32_t));
-  tokens->assign(passes, {});
+  KILN_CHECK(R >= 0 && R <= rows, "Eagle3Model::read_chain: ", R, " rows of ", rows);
+  tokens->assign(passes, std::vector<int32_t>(size_t(R)));
+  // An element loop: GCC 13 cannot bound R through vector::assign's memmove (-Wstringop-overread).
   for (size_t j = 0; j < passes; ++j)
-    (*tokens)[j].assign(host.begin() + int64_t(j) * rows, host.begin() + int64_t(j) * rows + R);
+    for (size_t i = 0; i < size_t(R); ++i) (*tokens)[j][i] = host[j * size_t(rows) + i];
 }
 
 void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
