@@ -44,10 +44,12 @@ Eagle3Model::DraftGraphs::DraftGraphs(std::vector<int32_t> buckets, std::vector<
 }
 
 Eagle3Model::DraftGraphs::~DraftGraphs() {
-  for (auto& [bucket, g] : graphs_) {
+  const auto destroy = [](Graph& g) {
     if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
     if (g.graph) cudaGraphDestroy(static_cast<cudaGraph_t>(g.graph));
-  }
+  };
+  for (auto& [key, g] : graphs_) destroy(g);
+  for (auto& [key, g] : extend_graphs_) destroy(g);
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
