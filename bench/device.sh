@@ -51,7 +51,7 @@
 #   spec       speculative decoding: a small Qwen3 and its EAGLE-3 draft trained here, kiln serve batch 1 plain,
 #              n-gram and EAGLE-3 (SPEC_TRAIN_MIN, SPEC_DRAFT_MIN, SPEC_PROMPTS, SPEC_TOKENS; ~6 min)
 #   ab         this tree against the trees in .ab/*.tar.gz and FLAGS / FLAGS2 builds (CMD, ENV, ROUNDS)
-# Environment: OUT, KILN_TUNE_CACHE, DEADLINE (skip the suites that would start past it, in seconds), KILN_COMMIT (the commit the summary names: the device copy's git may not be the tree's), and each suite's knobs above (docs/BENCH.md lists them with defaults).
+# Environment: OUT, KILN_TUNE_CACHE, DEADLINE (seconds from the start: the suites, and the optional parts of a suite, that would start past it are skipped), KILN_COMMIT (the commit the summary names: the device copy's git may not be the tree's), and each suite's knobs above (docs/BENCH.md lists them with defaults).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 here=bench/device
@@ -92,9 +92,9 @@ dev_start
 spec_train_early "${suites[@]}"
 for s in "${suites[@]}"; do
   dev_section "$s"
-  # DEADLINE (seconds from the start): a suite that would start after it is skipped, so a call near its time
-  # limit still ends with the summary and logs.tgz.
-  if [[ -n ${DEADLINE:-} ]] && (($(date +%s) - t_start > DEADLINE)); then
+  # A suite that would start past DEADLINE is skipped, so a call near its time limit still ends with the
+  # summary and logs.tgz.
+  if past_deadline; then
     row "$s" "SKIPPED: past DEADLINE=$DEADLINE s"
     continue
   fi

@@ -53,6 +53,9 @@ keep() {
   cp "$1" "$OUT/" && kept+=("$(basename "$1")")
 }
 
+# past_deadline: true once DEADLINE seconds (where set) have passed since the start.
+past_deadline() { [[ -n ${DEADLINE:-} ]] && (($(date +%s) - t_start > DEADLINE)); }
+
 have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 
 # need_gpu: false (and a "skipped" row) where no GPU is visible.

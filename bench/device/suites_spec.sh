@@ -118,6 +118,10 @@ suite_spec() {
     ((rc == 0)) || tail -20 "$W/spec/measure.txt"
   fi
   [[ ${SPEC_C32:-1} == 1 ]] || return 0
+  if past_deadline; then
+    row "bench serve C=32, plain vs n-gram" "SKIPPED: past DEADLINE=$DEADLINE s"
+    return 0
+  fi
   local name flags
   for name in plain ngram; do
     flags=()
