@@ -16,5 +16,7 @@ cmake -S . -B "$bdir" -G Ninja "${extra[@]}" -DCMAKE_BUILD_TYPE=Release -DKILN_C
   -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
   -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >"$bdir-configure.log" 2>&1 ||
   { tail -40 "$bdir-configure.log"; exit 1; }
+targets=()
+(($#)) && targets=(--target "$@")
 # -k 0: one failing object does not hide the others (the GPU machine has GCC 13, this one GCC 12).
-if (($#)); then cmake --build "$bdir" -j "$(nproc)" --target "$@" -- -k 0; else cmake --build "$bdir" -j "$(nproc)" -- -k 0; fi
+cmake --build "$bdir" -j "$(nproc)" "${targets[@]}" -- -k 0

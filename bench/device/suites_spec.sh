@@ -18,10 +18,15 @@ spec_train_pid=  # set where the trainings run in the background (spec_train_ear
 spec_models() { echo "${SPEC_MODELS:-$S/spec}"; }
 spec_trained() { [[ ${SPEC_REUSE:-0} == 1 && -f $1/config.json ]]; }
 
-# spec_prereqs: torch and friends import, and the tokenizer is carried; else a FAILED row and false.
-spec_prereqs() {
+# spec_python: torch and friends import (the error in $W/spec/imports.log).
+spec_python() {
   mkdir -p "$W/spec"
-  if ! python3 -c "import torch, transformers, tokenizers, safetensors" 2>"$W/spec/imports.log"; then
+  python3 -c "import torch, transformers, tokenizers, safetensors" 2>"$W/spec/imports.log"
+}
+
+# spec_prereqs: spec_python, and the tokenizer is carried; else a FAILED row and false.
+spec_prereqs() {
+  if ! spec_python; then
     row "python packages" "FAILED: $(tail -1 "$W/spec/imports.log")"
     return 1
   fi
@@ -77,8 +82,7 @@ spec_train_early() {
     [[ $s == spec ]] && break
     [[ $s == build || $s == tests ]] || return 0
   done
-  [[ $s == spec ]] && have_gpu && [[ -f $SPEC_TOKENIZER ]] || return 0
-  python3 -c "import torch, transformers, tokenizers, safetensors" 2>/dev/null || return 0  # suite_spec says why
+  [[ $s == spec ]] && have_gpu && [[ -f $SPEC_TOKENIZER ]] && spec_python || return 0  # else suite_spec says why
   spec_train_run &
   spec_train_pid=$!
   echo "spec: trainings started beside the build (pid $spec_train_pid)"
@@ -108,11 +112,11 @@ suite_spec() {
 "eagle3_graphs=KILN_EAGLE3_DRAFT_GRAPHS=1 --speculative-algorithm EAGLE3 --speculative-draft-model-path $d \
 --speculative-num-steps 3 --speculative-eagle-topk 1")
   # SPEC_BATCH1=0: the batch-1 table is left out (a later call that measures only C = 32 on the same models).
-  [[ ${SPEC_BATCH1:-1} == 1 ]] && KILN_EAGLE3_CUDA=1 timeout 300 python3 scripts/spec_measure.py --kiln "$K" --model "$m" --heldout "$m/heldout_files.txt" \
-    --device cuda --prompts "${SPEC_PROMPTS:-6}" --max-tokens "${SPEC_TOKENS:-128}" --logs "$W/spec" \
-    "${configs[@]}" >"$W/spec/measure.txt" 2>&1
-  rc=$?
   if [[ ${SPEC_BATCH1:-1} == 1 ]]; then
+    KILN_EAGLE3_CUDA=1 timeout 300 python3 scripts/spec_measure.py --kiln "$K" --model "$m" \
+      --heldout "$m/heldout_files.txt" --device cuda --prompts "${SPEC_PROMPTS:-6}" \
+      --max-tokens "${SPEC_TOKENS:-128}" --logs "$W/spec" "${configs[@]}" >"$W/spec/measure.txt" 2>&1
+    rc=$?
     row "kiln serve batch 1, plain vs n-gram vs EAGLE-3" "rc=$rc (table below; $suite/measure.txt)"
     grep -h '^|\|/metrics\|parts from\|per verify step' "$W/spec/measure.txt"
     ((rc == 0)) || tail -20 "$W/spec/measure.txt"
