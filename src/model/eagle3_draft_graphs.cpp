@@ -31,8 +31,9 @@ std::pair<int32_t, int32_t> Eagle3Model::DraftGraphs::shape_for(const std::vecto
 }
 
 #ifdef KILN_HAVE_CUDA
-Eagle3Model::DraftGraphs::DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths)
-    : buckets_(std::move(buckets)), widths_(std::move(widths)) {
+Eagle3Model::DraftGraphs::DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths,
+                                      int32_t max_extend_q)
+    : buckets_(std::move(buckets)), widths_(std::move(widths)), max_extend_q_(max_extend_q) {
   KILN_CHECK(!buckets_.empty() && !widths_.empty(), "EAGLE-3 draft graphs: buckets and page-table widths");
   for (const std::vector<int32_t>* v : {&buckets_, &widths_})
     for (size_t i = 0; i < v->size(); ++i)
@@ -72,7 +73,7 @@ std::pair<int32_t, int32_t> Eagle3Model::DraftGraphs::extend_shape_for(const Bat
       b.logit_rows.size() != size_t(B))
     return {0, 0};
   const int32_t q = b.q_len(0);
-  if (q < 2) return {0, 0};
+  if (q < 2 || q > max_extend_q_) return {0, 0};
   for (int32_t i = 0; i < B; ++i)
     if (b.q_len(i) != q) return {0, 0};
   return {*std::lower_bound(buckets_.begin(), buckets_.end(), B),
@@ -159,8 +160,9 @@ void Eagle3Model::DraftGraphs::run(Eagle3Model& m, const std::vector<BatchDesc>&
   m.read_chain(bucket, R, n, tokens);
 }
 #else
-Eagle3Model::DraftGraphs::DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths)
-    : buckets_(std::move(buckets)), widths_(std::move(widths)) {
+Eagle3Model::DraftGraphs::DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths,
+                                      int32_t max_extend_q)
+    : buckets_(std::move(buckets)), widths_(std::move(widths)), max_extend_q_(max_extend_q) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 Eagle3Model::DraftGraphs::~DraftGraphs() = default;
@@ -180,14 +182,18 @@ void Eagle3Model::DraftGraphs::run(Eagle3Model&, const std::vector<BatchDesc>&, 
 #endif
 
 void Eagle3Model::prepare_draft_graphs(const std::vector<int32_t>& buckets,
-                                       const std::vector<int32_t>& widths) {
+                                       const std::vector<int32_t>& widths, int32_t max_extend_q) {
   draft_graphs_.reset();
   if (!device_.is_cuda() || buckets.empty()) return;
-  draft_graphs_ = std::make_unique<DraftGraphs>(buckets, widths);
+  draft_graphs_ = std::make_unique<DraftGraphs>(buckets, widths, max_extend_q);
 }
 
-int Eagle3Model::num_draft_graphs() const {
-  return draft_graphs_ ? draft_graphs_->size() : 0;
+int Eagle3Model::num_chain_graphs() const {
+  return draft_graphs_ ? draft_graphs_->num_chain() : 0;
+}
+
+int Eagle3Model::num_extend_graphs() const {
+  return draft_graphs_ ? draft_graphs_->num_extend() : 0;
 }
 
 bool Eagle3Model::run_chain_graph(const std::vector<BatchDesc>& passes, const std::vector<bf16_t>& hidden,

@@ -20,8 +20,9 @@ namespace kiln {
 
 class Eagle3Model::DraftGraphs {
  public:
-  // buckets, widths: ascending sequence counts and page-table widths, >= 1.
-  DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths);
+  // buckets, widths: ascending sequence counts and page-table widths, >= 1; max_extend_q: the longest
+  // uniform extend pass (rows a sequence) given a graph (below 2: none).
+  DraftGraphs(std::vector<int32_t> buckets, std::vector<int32_t> widths, int32_t max_extend_q);
   ~DraftGraphs();
   DraftGraphs(const DraftGraphs&) = delete;
   DraftGraphs& operator=(const DraftGraphs&) = delete;
@@ -34,14 +35,15 @@ class Eagle3Model::DraftGraphs {
   // copied back. hidden: bf16 [R, H].
   void run(Eagle3Model& m, const std::vector<BatchDesc>& passes, std::pair<int32_t, int32_t> shape,
            std::vector<bf16_t> hidden, std::vector<std::vector<int32_t>>* tokens);
-  // The (bucket, width) a uniform extend pass runs padded to, or {0, 0} (eager): every sequence q >= 2 rows
-  // and one logit row, within the largest bucket and width.
+  // The (bucket, width) a uniform extend pass runs padded to, or {0, 0} (eager): every sequence q rows,
+  // 2 <= q <= max_extend_q, and one logit row, within the largest bucket and width.
   std::pair<int32_t, int32_t> extend_shape_for(const BatchDesc& b) const;
   // The extend pass through the (bucket, width, q) graph: staged padded (padding sequences read feature row
   // 0), replayed, the real logit rows' outputs copied back.
   void run_extend(Eagle3Model& m, const BatchDesc& b, const Tensor& features,
                   const std::vector<int32_t>& rows, std::pair<int32_t, int32_t> shape, Out* out);
-  int size() const { return int(graphs_.size() + extend_graphs_.size()); }
+  int num_chain() const { return int(graphs_.size()); }
+  int num_extend() const { return int(extend_graphs_.size()); }
 
  private:
   struct Graph {
@@ -56,6 +58,7 @@ class Eagle3Model::DraftGraphs {
   void capture(Eagle3Model& m, Graph& g, const std::function<void()>& launch);
 
   std::vector<int32_t> buckets_, widths_;
+  int32_t max_extend_q_ = 0;
   void* stream_ = nullptr;  // cudaStream_t (blocking: ordered with the legacy stream's synchronous copies)
   std::map<std::tuple<int32_t, int32_t, size_t>, Graph> graphs_;          // (bucket, width, passes)
   std::map<std::tuple<int32_t, int32_t, int32_t>, Graph> extend_graphs_;  // (bucket, width, q)

@@ -78,10 +78,14 @@ class Eagle3Model {
   // (bucket, width, pass count), captured at its first chain and again after the workspace grew
   // (eagle3_draft_graphs.cpp); other chains run eagerly. A chain's tokens are the eager chain's of the padded
   // passes, bit for bit. So do forward_features' uniform passes (the engine's after a verify step: every
-  // sequence q >= 2 rows, one logit row each): one graph per (bucket, width, q), padding sequences of q rows
-  // at slot -1 (feature row 0), outputs bit for bit the eager pass's of the padded batch.
-  void prepare_draft_graphs(const std::vector<int32_t>& buckets, const std::vector<int32_t>& widths);
-  int num_draft_graphs() const;  // chain and extend graphs captured
+  // sequence q rows, 2 <= q <= max_extend_q, one logit row each): one graph per (bucket, width, q), padding
+  // sequences of q rows at slot -1 (feature row 0), outputs bit for bit the eager pass's of the padded batch.
+  // Longer uniform passes (a prompt's last chunk) run eagerly: a graph per prompt length would never be
+  // replayed.
+  void prepare_draft_graphs(const std::vector<int32_t>& buckets, const std::vector<int32_t>& widths,
+                            int32_t max_extend_q);
+  int num_chain_graphs() const;   // chain graphs captured
+  int num_extend_graphs() const;  // extend graphs captured
   bool has_graphs() const { return draft_graphs_ != nullptr; }
 
  private:

@@ -191,10 +191,10 @@ void Engine::Impl::step() {
   const bool spec_plain = opts.speculative.enabled() && decode_only(plan);
   const int32_t spec_seqs = int32_t(plan.rows.size());
   // EAGLE-3 where the off switch has turned speculation off at this batch size: no draft pass after the step
-  // until a probe is due (the steps count toward it), so the off state costs what a plain step costs.
+  // until a probe is due (spec_step counted this step toward it), so the off state costs what a plain step
+  // costs.
   const bool skip_pass = eagle && spec_plain && opts.speculative.off_switch && off_switch.is_off(spec_seqs) &&
                          !off_switch.probe_due(spec_seqs);
-  if (skip_pass) off_switch.count_step(spec_seqs);
   bool need_logits = false, need_hidden = false, device_ok = device_sampling && queries.queries.empty();
   int top_n = 0;
   for (int32_t r : plan.sample_rows) {

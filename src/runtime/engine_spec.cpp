@@ -195,6 +195,16 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   for (auto it = ngram.begin(); it != ngram.end();)
     it = live.count(it->first) ? std::next(it) : ngram.erase(it);
   const size_t B = plan.rows.size();
+  for (const StepRow& r : plan.rows)
+    if (!verifiable(live.at(r.seq->id))) return false;
+  // The off switch, before any draft is made: a decode-only step verifies only where verification measured
+  // faster at its batch size (or a probe is due); a step with prefill rows never probes, and where the switch
+  // is off it drafts nothing either. Declined steps make no drafts (the n-gram indexes catch up at the next
+  // draft, EAGLE-3 runs no chain): at C = 32 the drafting alone was a fifth of a run's time (H100,
+  // 2026-12-07, docs/PERF.md SP4).
+  const bool timed = decode_only(plan);  // its time goes to SpecStats, and to the off switch where it is on
+  if (so.off_switch && (timed ? !off_switch.should_verify(int32_t(B)) : off_switch.is_off(int32_t(B))))
+    return false;
   std::vector<std::vector<int32_t>> drafts(B);
   std::vector<uint8_t> wants(B, 0);
   std::vector<int32_t> asked(B, 0);  // drafts each row would verify, before the pages are reserved
@@ -203,7 +213,6 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     const StepRow& r = plan.rows[i];
     const Sequence& s = *r.seq;
     const Live& L = live.at(s.id);
-    if (!verifiable(L)) return false;
     if (!r.samples) continue;
     // Tokens this step may still emit: within max_new_tokens and max_len (k drafts emit up to k + 1).
     const int64_t room = std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
@@ -250,8 +259,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     return true;
   };
   // EAGLE-3: the chains now (engine_eagle3.cpp), so that from here on a row's drafts are in drafts[i] as an
-  // n-gram row's are. A step the off switch then declines gave its chain passes for nothing; where it is off
-  // no chains are kept (eagle_skip_pass), so that happens at the turn and at probes only. A chain pass that
+  // n-gram row's are (the off switch decided above, so a declined step ran no chain). A chain pass that
   // fails leaves the step a plain one (as a failed pass after a step leaves its rows without chains): the
   // draft only proposes, so its failure costs speed, never a request.
   if (eagle && any) {
@@ -274,13 +282,6 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     for (const auto& d : drafts) any = any || !d.empty();
   }
   if (!any) {
-    give_back_pages();
-    return false;
-  }
-  // The off switch: a decode-only step verifies only where verification measured faster at its batch size.
-  const bool timed = decode_only(plan);  // its time goes to SpecStats, and to the off switch where it is on
-  const bool measured = so.off_switch && timed;
-  if (measured && !off_switch.should_verify(int32_t(B))) {
     give_back_pages();
     return false;
   }

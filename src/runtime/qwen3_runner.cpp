@@ -31,9 +31,10 @@ bool env_switch(const char* name, bool by_default) {
 // EAGLE-3 on CUDA: served by default; KILN_EAGLE3_CUDA=0 refuses it by name, as kiln did at `2f94697` (before
 // the cause of that commit's H100 test failures was found: the draft's outputs off a 16-byte boundary).
 constexpr bool kEagle3OnCudaByDefault = true;
-// The draft's chains and passes after verify steps from CUDA graphs (KILN_EAGLE3_DRAFT_GRAPHS): off by
-// default until measured against the eager passes.
-constexpr bool kEagle3DraftGraphsByDefault = false;
+// The draft's chains and passes after verify steps from CUDA graphs (KILN_EAGLE3_DRAFT_GRAPHS=0: eager): on
+// by default since they measured faster, 0.838 against 1.053 ms per verify step at batch 1 on the trained
+// small model (H100, 2026-12-07, `550e8bc`, docs/PERF.md SP4).
+constexpr bool kEagle3DraftGraphsByDefault = true;
 
 const Qwen3Model& nonnull(const std::unique_ptr<Qwen3Model>& m) {
   KILN_CHECK(m != nullptr);
@@ -183,7 +184,7 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
     if (env_switch("KILN_EAGLE3_DRAFT_GRAPHS", kEagle3DraftGraphsByDefault))
       for (int32_t b : graph_buckets_)
         if (b <= kMaxVerifySeqs) chain_buckets.push_back(b);
-    draft_->prepare_draft_graphs(chain_buckets, graph_widths_);
+    draft_->prepare_draft_graphs(chain_buckets, graph_widths_, verify_rows_);
   }
   const int64_t V = config().vocab_size;
   if (verify_max > 0) verify_logits_buf_ = Buffer(size_t(verify_max) * size_t(V) * sizeof(float), device());

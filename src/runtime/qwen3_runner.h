@@ -86,9 +86,9 @@ class Qwen3Runner : public ModelRunner {
   Tensor forward_device(const BatchDesc& batch);
 
   // EAGLE-3: the draft beside the model (before allocate_kv and prepare_graphs: the target's steps capture
-  // the draft's features from then on, graphs included). On CUDA, KILN_EAGLE3_CUDA=0 refuses it by name. With
-  // KILN_EAGLE3_DRAFT_GRAPHS=1, prepare_graphs also gives the draft's chains and its passes after verify
-  // steps graphs per batch size (Eagle3Model::prepare_draft_graphs).
+  // the draft's features from then on, graphs included). On CUDA, KILN_EAGLE3_CUDA=0 refuses it by name.
+  // prepare_graphs also gives the draft's chains and its passes after verify steps graphs per batch size
+  // (Eagle3Model::prepare_draft_graphs; KILN_EAGLE3_DRAFT_GRAPHS=0: eager).
   void set_draft(std::unique_ptr<Eagle3Model> draft);
   bool has_draft() const override { return draft_ != nullptr; }
   void draft_from_step(const BatchDesc& batch, const std::vector<int32_t>& step_rows, DraftOut* out) override;
@@ -103,7 +103,8 @@ class Qwen3Runner : public ModelRunner {
   int num_graphs() const { return int(graphs_.size()); }
   int num_verify_graphs() const { return int(verify_graphs_.size()); }
   int64_t verify_graph_replays() const { return verify_replays_; }  // verify steps that replayed a graph
-  int num_draft_graphs() const { return draft_ ? draft_->num_draft_graphs() : 0; }
+  int num_draft_chain_graphs() const { return draft_ ? draft_->num_chain_graphs() : 0; }
+  int num_draft_extend_graphs() const { return draft_ ? draft_->num_extend_graphs() : 0; }
 
  private:
   Tensor device_rows(Buffer& buf, int64_t rows, int64_t cols);  // f32 [rows, cols], grown on demand

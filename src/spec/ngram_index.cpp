@@ -7,8 +7,7 @@
 namespace kiln::spec {
 namespace {
 uint64_t mix(uint64_t h, int32_t token) {
-  // splitmix64 of the running hash and the token: n-grams of different lengths land in different maps,
-  // so only same-length collisions matter.
+  // splitmix64 of the running hash and the token.
   uint64_t z = h ^ (uint64_t(uint32_t(token)) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2));
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -19,14 +18,15 @@ uint64_t mix(uint64_t h, int32_t token) {
 NgramIndex::NgramIndex(int32_t min_n, int32_t max_n) : min_n_(min_n), max_n_(max_n) {
   KILN_CHECK(min_n >= 1 && min_n <= max_n && max_n <= 64, "n-gram match window [", min_n, ", ", max_n,
              "] must satisfy 1 <= min <= max <= 64");
-  last_end_.resize(size_t(max_n - min_n + 1));
 }
 
-void NgramIndex::suffix_hashes(size_t end, uint64_t* h) const {
+void NgramIndex::suffix_keys(size_t end, uint64_t* k) const {
   uint64_t x = 0;
   for (int32_t n = 1; n <= max_n_ && size_t(n) <= end; ++n) {
     x = mix(x, seq_[end - size_t(n)]);
-    if (n >= min_n_) h[n - min_n_] = x;
+    // n mixed in: the lengths share one table, so equal hashes of different lengths should not be systematic.
+    const uint64_t key = x + uint64_t(n) * 0xD6E8FEB86659FD93ull;
+    if (n >= min_n_) k[n - min_n_] = key == 0 ? 1 : key;  // 0 marks an empty slot
   }
 }
 
@@ -35,30 +35,55 @@ bool NgramIndex::same(size_t end_a, size_t end_b, int32_t n) const {
                     seq_.begin() + long(end_b) - n);
 }
 
+size_t NgramIndex::probe(uint64_t key) const {
+  const size_t mask = slots_.size() - 1;
+  size_t i = size_t(key) & mask;
+  while (slots_[i].key != key && slots_[i].key != 0) i = (i + 1) & mask;
+  return i;
+}
+
+void NgramIndex::reserve(size_t entries) {
+  if (2 * entries <= slots_.size()) return;
+  size_t cap = std::max<size_t>(slots_.size(), 64);
+  while (cap < 2 * entries) cap *= 2;
+  std::vector<Slot> old(cap, Slot{0, 0});
+  old.swap(slots_);
+  for (const Slot& s : old)
+    if (s.key != 0) slots_[probe(s.key)] = s;  // keys are unique: probe() ends on an empty slot
+}
+
 void NgramIndex::append(int32_t token) {
   // The n-grams ending at the old end become "earlier" occurrences once the sequence grows past it.
   const size_t end = seq_.size();
-  uint64_t h[64];
-  suffix_hashes(end, h);
-  for (int32_t n = min_n_; n <= max_n_ && size_t(n) <= end; ++n)
-    last_end_[size_t(n - min_n_)][h[n - min_n_]] = int32_t(end);
+  reserve(used_ + size_t(max_n_ - min_n_ + 1));
+  uint64_t k[64];
+  suffix_keys(end, k);
+  for (int32_t n = min_n_; n <= max_n_ && size_t(n) <= end; ++n) {
+    Slot& s = slots_[probe(k[n - min_n_])];
+    used_ += s.key == 0;
+    s = {k[n - min_n_], int32_t(end)};
+  }
   seq_.push_back(token);
 }
 
 void NgramIndex::append(std::span<const int32_t> tokens) {
+  // Once for all the tokens (a whole prompt: one allocation), so the appends below never rehash.
+  reserve(used_ + tokens.size() * size_t(max_n_ - min_n_ + 1));
   for (int32_t t : tokens) append(t);
 }
 
 NgramMatch NgramIndex::longest_match() const {
   const size_t end = seq_.size();
-  uint64_t h[64];
-  suffix_hashes(end, h);
+  if (slots_.empty()) return {};
+  uint64_t k[64];
+  suffix_keys(end, k);
   // An earlier occurrence of an n-gram ends at some e with n <= e < end.
   const int32_t top = int32_t(std::min<int64_t>(max_n_, int64_t(end) - 1));
   for (int32_t n = top; n >= min_n_; --n) {
-    const auto& m = last_end_[size_t(n - min_n_)];
-    auto it = m.find(h[n - min_n_]);
-    if (it != m.end() && same(size_t(it->second), end, n)) return {n, it->second};
+    // The slot holds the latest end of any n-gram with this key: when the tokens there are this n-gram, no
+    // later occurrence of it exists (it would have overwritten the slot), whatever collided with it.
+    const Slot& s = slots_[probe(k[n - min_n_])];
+    if (s.key == k[n - min_n_] && s.end >= n && same(size_t(s.end), end, n)) return {n, s.end};
   }
   return {};
 }

@@ -1,5 +1,6 @@
 #include "spec/off_switch.h"
 
+#include <algorithm>
 #include <bit>
 
 #include "kiln/error.h"
@@ -24,12 +25,12 @@ bool SpecOffSwitch::is_off(int32_t seqs) const {
 
 bool SpecOffSwitch::probe_due(int32_t seqs) const {
   const size_t k = batch_class(seqs);
-  return k < classes_.size() && classes_[k].off && classes_[k].since_probe + 1 >= o_.probe_interval;
+  return k < classes_.size() && classes_[k].off && classes_[k].since_probe + 1 >= interval(classes_[k]);
 }
 
 bool SpecOffSwitch::should_verify(int32_t seqs) {
   Class& c = at(seqs);
-  const bool probe = ++c.since_probe >= o_.probe_interval;
+  const bool probe = ++c.since_probe >= interval(c);
   if (probe) c.since_probe = 0;
   if (c.off) return probe;  // a verify probe: has acceptance grown?
   // On, with too few plain steps to compare against: one step in eight runs plain to measure them.
@@ -47,7 +48,10 @@ void SpecOffSwitch::observe_verify(int32_t seqs, double seconds, double tokens_p
   Class& c = at(seqs);
   c.verify.observe(seconds, o_.alpha);
   c.tokens.observe(tokens_per_seq, o_.alpha);
+  const bool was_off = c.off;
   decide(c);
+  if (was_off && c.off)
+    c.interval = std::min(2 * interval(c), std::max(o_.probe_interval, o_.max_probe_interval));
 }
 
 void SpecOffSwitch::decide(Class& c) {
@@ -55,6 +59,7 @@ void SpecOffSwitch::decide(Class& c) {
   const bool loses = c.verify.value / c.tokens.value > c.plain.value;
   if (loses && !c.off) ++switched_off_;
   if (loses != c.off) c.since_probe = 0;
+  if (!loses) c.interval = 0;
   c.off = loses;
 }
 

@@ -6,8 +6,10 @@
 //   tokens   tokens a verify step gives per sequence (1 + accepted drafts: the acceptance length)
 // Speculation pays at a class while verify / tokens < plain (seconds per token). Both estimates need
 // min_samples observations before the switch decides; until then speculation stays as it is (on at first).
-// While off, one step in every probe_interval at that class verifies anyway, so a workload whose acceptance
-// grew is seen again; while on with too few plain observations, one step in eight runs plain to measure it.
+// While off, one step in every probe interval at that class verifies anyway, so a workload whose acceptance
+// grew is seen again; each probe that finds verification still losing doubles the class's interval (up to
+// max_probe_interval), a turn back on resets it, so a workload that never accepts pays few probes. While on
+// with too few plain observations, one step in eight runs plain to measure it.
 //
 // The switch only decides from the numbers it is given (observe_*): the engine feeds it measured step
 // times, and tests feed fixed ones (EngineOptions::spec_step_cost), so no test depends on timing.
@@ -27,6 +29,10 @@ struct OffSwitchOptions {
   // model, 2026-12-06: the switch turned off 6 times in 12 requests of ~40 steps), a short interval lets a
   // request that quotes its prompt get speculation back within a few probes.
   int32_t probe_interval = 16;
+  // The longest interval the doubling reaches. A probe at batch 32 where nothing is accepted cost a verify
+  // step of 32 x (k + 1) rows for 1-2 drafting rows (4B shape, H100, 2026-12-07: 11.2 ms against a 6.8 ms
+  // TPOT, one probe every 16 steps made the run 3 % slower; docs/PERF.md SP4).
+  int32_t max_probe_interval = 128;
 };
 
 class SpecOffSwitch {
@@ -65,8 +71,10 @@ class SpecOffSwitch {
     Estimate plain, verify, tokens;
     bool off = false;
     int32_t since_probe = 0;
+    int32_t interval = 0;  // steps between probes while off (0: probe_interval)
   };
   Class& at(int32_t seqs);
+  int32_t interval(const Class& c) const { return c.interval > 0 ? c.interval : o_.probe_interval; }
   void decide(Class& c);
 
   OffSwitchOptions o_;

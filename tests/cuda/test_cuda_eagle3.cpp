@@ -126,6 +126,7 @@ TEST(CudaEagle3, SwitchedOffOnCudaSetDraftRefusesByName) {
 // Sequence i of a runner test owns pages 1 + kPagesPerSeq i, ...; its tokens are toks[i] (prompt, then the
 // tokens the test feeds as if drawn).
 constexpr int32_t kPageSize = 16, kPagesPerSeq = 8;
+constexpr int32_t kMaxExtendQ = 4;  // the graphed draft's longest uniform extend pass (the engine's k + 1)
 
 int32_t slot_of(int32_t seq, int32_t pos) {
   return (1 + kPagesPerSeq * seq + pos / kPageSize) * kPageSize + pos % kPageSize;
@@ -353,7 +354,7 @@ struct GraphedAndEager {
     eager = Eagle3Model::load(dir.string(), *target);
     for (auto* m : {graphed.get(), eager.get()})
       m->allocate_kv(1 + 4 * kPagesPerSeq, kPageSize, ops::KvLayout::hnd);
-    graphed->prepare_draft_graphs({1, 2, 4}, {kPagesPerSeq});
+    graphed->prepare_draft_graphs({1, 2, 4}, {kPagesPerSeq}, kMaxExtendQ);
   }
   std::unique_ptr<Qwen3Model> target = test::eagle3_target(Device::cuda());
   std::unique_ptr<Eagle3Model> graphed, eager;
@@ -429,8 +430,10 @@ TEST(CudaEagle3, ChainGraphEqualsEagerChain) {
     }
     for (int32_t i = 0; i < B; ++i) pos[size_t(i)] += kPasses;
   }
-  EXPECT_EQ(graphed->num_draft_graphs(), 3) << "a graph per bucket (one width, one pass count)";
-  EXPECT_EQ(eager->num_draft_graphs(), 0);
+  EXPECT_EQ(graphed->num_chain_graphs(), 3) << "a graph per bucket (one width, one pass count)";
+  EXPECT_EQ(graphed->num_extend_graphs(), 0)
+      << "extend passes of 9 and 24 rows (above kMaxExtendQ) are eager";
+  EXPECT_EQ(eager->num_chain_graphs() + eager->num_extend_graphs(), 0);
 }
 
 // The uniform pass after a verify step (q = 4 rows a sequence, its first n real, the rest fill rows at slot
@@ -443,7 +446,7 @@ TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
   GraphedAndEager d("draft_extend_graphs");
   Eagle3Model *graphed = d.graphed.get(), *eager = d.eager.get();
   const int64_t H = 256, F = 3 * 256;
-  constexpr int32_t q = 4;
+  constexpr int32_t q = kMaxExtendQ;
   const std::vector<std::vector<int32_t>> toks = graph_test_tokens(83, 41, 11);
   std::mt19937 rng(33);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -491,8 +494,9 @@ TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
     EXPECT_TRUE(same_bits(g.hidden, e.hidden)) << B << " sequences in a bucket of " << bucket;
     for (int32_t i = 0; i < B; ++i) pos[size_t(i)] += real[size_t(i)];
   }
-  EXPECT_EQ(graphed->num_draft_graphs(), 3) << "an extend graph per bucket (one width, one q)";
-  EXPECT_EQ(eager->num_draft_graphs(), 0);
+  EXPECT_EQ(graphed->num_extend_graphs(), 3) << "an extend graph per bucket (one width, one q)";
+  EXPECT_EQ(graphed->num_chain_graphs(), 0);
+  EXPECT_EQ(eager->num_chain_graphs() + eager->num_extend_graphs(), 0);
 }
 
 }  // namespace

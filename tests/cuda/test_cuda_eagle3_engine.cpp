@@ -38,10 +38,10 @@ std::vector<std::vector<int32_t>> prompts(int count, int min_len, int spread) {
 
 using test::Generated;
 
-// draft_graphs: the draft graphs the runner captured, out.
+// draft_graphs: the draft's chain and extend graphs the runner captured, out ([2]).
 Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t>>& ps, const fs::path& draft,
                    bool with_top, std::vector<std::vector<float>>* logprobs = nullptr,
-                   int* draft_graphs = nullptr) {
+                   int* draft_graphs = nullptr, int* decode_graphs = nullptr) {
   auto runner =
       std::make_unique<Qwen3Runner>(test::eagle3_target(Device::cuda()), ops::KvLayout::hnd, DType::bf16);
   if (!draft.empty()) runner->set_draft(Eagle3Model::load(draft.string(), runner->model()));
@@ -49,7 +49,11 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   Engine engine(std::move(runner), o);
   Generated out = test::generate_greedy(engine, ps, 32, with_top, /*ignore_eos=*/true, logprobs);
   out.verify_graphs = int(r.verify_graph_replays());
-  if (draft_graphs) *draft_graphs = r.num_draft_graphs();
+  if (draft_graphs) {
+    draft_graphs[0] = r.num_draft_chain_graphs();
+    draft_graphs[1] = r.num_draft_extend_graphs();
+  }
+  if (decode_graphs) *decode_graphs = r.num_graphs();
   return out;
 }
 
@@ -187,14 +191,14 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
                                                       : ", drafts kept, draft graphs");
       SCOPED_TRACE(label);
       Generated got;
-      int draft_graphs = 0;
+      int draft_graphs[2] = {0, 0}, decode_graphs = 0;  // chain, extend
       if (batched) {
-        got = generate(eo, ps, draft, false, nullptr, &draft_graphs);
+        got = generate(eo, ps, draft, false, nullptr, draft_graphs, &decode_graphs);
       } else {
         for (const auto& p : ps) {
-          int n = 0;
-          const Generated one = generate(eo, {p}, draft, false, nullptr, &n);
-          draft_graphs = std::max(draft_graphs, n);
+          int n[2] = {0, 0};
+          const Generated one = generate(eo, {p}, draft, false, nullptr, n, &decode_graphs);
+          for (int g = 0; g < 2; ++g) draft_graphs[g] = std::max(draft_graphs[g], n[g]);
           got.tokens.push_back(one.tokens[0]);
           got.finish.push_back(one.finish[0]);
           got.stats.spec.drafts += one.stats.spec.drafts;
@@ -208,8 +212,8 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
       }
       expect_clean_run(got, label);
       const int parted = test::count_near_tie_partings(got, want, label);
-      std::printf("%s: %d of %zu requests part at a near tie; %d draft graphs\n", label.c_str(), parted,
-                  ps.size(), draft_graphs);
+      std::printf("%s: %d of %zu requests part at a near tie; %d chain and %d extend graphs\n", label.c_str(),
+                  parted, ps.size(), draft_graphs[0], draft_graphs[1]);
       const spec::SpecStats& st = got.stats.spec;
       EXPECT_GT(st.drafts, 0) << "nothing drafted";
       if (rejected) {
@@ -220,10 +224,13 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
       }
       EXPECT_GT(got.verify_graphs, 0) << "no verify step replayed a graph";
       if (mode == Mode::draft_graphs) {
-        EXPECT_GT(draft_graphs, 0) << "no chain pass replayed a graph";
+        EXPECT_GT(draft_graphs[0], 0) << "no chain pass replayed a graph";
+        EXPECT_GT(draft_graphs[1], 0) << "no pass after a verify step replayed a graph";
+        // One q (k + 1) per (bucket, width): a prompt's last chunk, of its own length, takes no graph.
+        EXPECT_LE(draft_graphs[1], decode_graphs) << "extend graphs beyond one per bucket and width";
         EXPECT_GT(st.uniform_draft_passes, 0) << "no uniform pass after a verify step (the extend graphs)";
       } else {
-        EXPECT_EQ(draft_graphs, 0) << "draft graphs with KILN_EAGLE3_DRAFT_GRAPHS=0";
+        EXPECT_EQ(draft_graphs[0] + draft_graphs[1], 0) << "draft graphs with KILN_EAGLE3_DRAFT_GRAPHS=0";
         EXPECT_EQ(st.uniform_draft_passes, 0) << "uniform passes with KILN_EAGLE3_DRAFT_GRAPHS=0";
       }
     }

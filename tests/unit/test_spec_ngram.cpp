@@ -2,7 +2,10 @@
 // that matches of every length occur), and the option parsing of spec/spec_options.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <span>
+#include <string>
 
 #include "kiln/error.h"
 #include "spec/ngram_index.h"
@@ -60,6 +63,88 @@ TEST(SpecNgram, MatchesBruteForceAtEveryLength) {
     }
   }
   EXPECT_GT(matched, checked / 2);  // the comparison covered matches, not only misses
+}
+
+// Random text over `vocab` tokens, with stretches copied from earlier in it (so long matches occur too).
+std::vector<int32_t> quoting_text(std::mt19937_64& rng, int32_t vocab, size_t len) {
+  std::vector<int32_t> s;
+  size_t src = 0, copy = 0;
+  while (s.size() < len) {
+    if (copy == 0 && s.size() > 8 && rng() % 8 == 0) src = rng() % s.size(), copy = 1 + rng() % 24;
+    s.push_back(copy > 0 ? s[src++] : int32_t(rng() % uint64_t(vocab)));
+    copy -= copy > 0;
+  }
+  return s;
+}
+
+// The one flat table holds every length and grows by rehashing: from empty, through appends one token at a
+// time and in spans (append(span) reserves up front), the answers match the definition after every append.
+TEST(SpecNgram, MatchesBruteForceThroughTableGrowth) {
+  std::mt19937_64 rng(20261207);
+  struct Window {
+    int32_t min_n, max_n;
+  };
+  int64_t matched = 0, checked = 0;
+  for (const int32_t vocab : {2, 3, 50}) {
+    for (const Window w : {Window{1, 12}, Window{2, 6}, Window{3, 3}, Window{1, 1}, Window{4, 64}}) {
+      const std::vector<int32_t> text = quoting_text(rng, vocab, 1500);
+      NgramIndex idx(w.min_n, w.max_n);
+      std::vector<int32_t> s;
+      while (s.size() < text.size()) {
+        // Mostly one token, else a span of up to 40 (an empty one too).
+        const size_t len = std::min(text.size() - s.size(), rng() % 4 ? size_t(1) : size_t(rng() % 41));
+        const std::span<const int32_t> part(text.data() + s.size(), len);
+        if (len == 1 && rng() % 2) {
+          idx.append(part[0]);
+        } else {
+          idx.append(part);
+        }
+        s.insert(s.end(), part.begin(), part.end());
+        ASSERT_EQ(idx.tokens(), s);
+        const int32_t k = 1 + int32_t(rng() % 10);
+        NgramMatch want;
+        const std::vector<int32_t> draft = brute_force(s, w.min_n, w.max_n, k, &want);
+        const NgramMatch got = idx.longest_match();
+        const std::string where = "vocab " + std::to_string(vocab) + " window [" + std::to_string(w.min_n) +
+                                  ", " + std::to_string(w.max_n) + "] length " + std::to_string(s.size());
+        ASSERT_EQ(got.n, want.n) << where;
+        ASSERT_EQ(got.end, want.end) << where;
+        ASSERT_EQ(idx.propose(k), draft) << where;
+        matched += want.n > 0;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(matched, checked / 2);
+}
+
+// 100k tokens over 4 tokens: the table grows many times (token by token) or is reserved once (one span); both
+// keep the definition's answers, compared at checkpoints.
+TEST(SpecNgram, GrowthKeepsResults) {
+  std::mt19937_64 rng(7);
+  const std::vector<int32_t> text = quoting_text(rng, 4, 100000);
+  NgramIndex idx(1, 12);
+  std::vector<int32_t> s;
+  int32_t long_matches = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    idx.append(text[i]);
+    s.push_back(text[i]);
+    if (i % 997 != 0 && i + 1 != text.size()) continue;
+    NgramMatch want;
+    const std::vector<int32_t> draft = brute_force(s, 1, 12, 6, &want);
+    const NgramMatch got = idx.longest_match();
+    ASSERT_EQ(got.n, want.n) << "length " << s.size();
+    ASSERT_EQ(got.end, want.end) << "length " << s.size();
+    ASSERT_EQ(idx.propose(6), draft) << "length " << s.size();
+    long_matches += want.n == 12;
+  }
+  EXPECT_GT(long_matches, 10);  // the copied stretches made full-window matches at some checkpoints
+  NgramIndex whole(1, 12);
+  whole.append(text);
+  EXPECT_EQ(whole.tokens(), idx.tokens());
+  EXPECT_EQ(whole.longest_match().n, idx.longest_match().n);
+  EXPECT_EQ(whole.longest_match().end, idx.longest_match().end);
+  EXPECT_EQ(whole.propose(9), idx.propose(9));
 }
 
 TEST(SpecNgram, DraftsTheContinuationOfTheLatestLongestMatch) {

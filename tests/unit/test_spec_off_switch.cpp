@@ -53,8 +53,8 @@ TEST(SpecOffSwitch, TurnsOffWhereVerifyLosesAndStaysOnWhereItWins) {
   s.observe_verify(32, 3.0, 2.0);
   EXPECT_TRUE(s.is_off(32));
   EXPECT_EQ(s.times_switched_off(), 1);
-  // Off: one step in probe_interval verifies.
-  EXPECT_EQ(drive(s, 32, 64, 1.0, 3.0, 2.0), 4);
+  // Off: a probe after 16 steps, which finds verification still losing, then one after 32 more.
+  EXPECT_EQ(drive(s, 32, 64, 1.0, 3.0, 2.0), 2);
   EXPECT_TRUE(s.is_off(32));
   EXPECT_EQ(s.times_switched_off(), 1);
   // Batch 1 is another class: 1.2 seconds for 2.5 tokens beats 1.0 per token.
@@ -85,6 +85,39 @@ TEST(SpecOffSwitch, ProbesBringItBackWhenAcceptanceGrows) {
   }
   EXPECT_FALSE(s.is_off(8));
   EXPECT_LE(steps, 3 * o.probe_interval) << "a few probes suffice";
+}
+
+// Each probe that finds verification still losing doubles the class's interval up to max_probe_interval;
+// a turn back on resets it, so the next turn off probes at probe_interval again.
+TEST(SpecOffSwitch, ProbeIntervalDoublesToItsCapAndResets) {
+  OffSwitchOptions o;
+  o.min_samples = 2;
+  o.probe_interval = 4;
+  o.max_probe_interval = 16;
+  o.alpha = 1.0;  // the last observation decides
+  SpecOffSwitch s(o);
+  for (int i = 0; i < 2; ++i) s.observe_plain(8, 1.0);
+  for (int i = 0; i < 2; ++i) s.observe_verify(8, 3.0, 1.0);
+  ASSERT_TRUE(s.is_off(8));
+  const auto probes = [&](int n, double tokens) {
+    std::vector<int> at;
+    for (int i = 1; i <= n; ++i)
+      if (s.should_verify(8)) {
+        s.observe_verify(8, 3.0, tokens);
+        at.push_back(i);
+      } else {
+        s.observe_plain(8, 1.0);
+      }
+    return at;
+  };
+  EXPECT_EQ(probes(80, 1.0), (std::vector<int>{4, 12, 28, 44, 60, 76})) << "4, then 8, 16, 16, ...";
+  // Acceptance grows: the next probe (step 12 here, 16 after the last) turns it on; the 8 steps after verify.
+  EXPECT_EQ(probes(20, 4.0), (std::vector<int>{12, 13, 14, 15, 16, 17, 18, 19, 20}));
+  EXPECT_FALSE(s.is_off(8));
+  // It loses again: off at once, the first probe 4 steps later.
+  EXPECT_EQ(probes(1, 1.0), (std::vector<int>{1}));
+  ASSERT_TRUE(s.is_off(8));
+  EXPECT_EQ(probes(6, 1.0), (std::vector<int>{4}));
 }
 
 TEST(SpecOffSwitch, MeasuresPlainStepsWhenNoneWereSeen) {
@@ -159,9 +192,11 @@ TEST(SpecOffSwitch, OverlapScheduleResumesWhereSpeculationIsOff) {
       std::printf("overlap with the switch off: %lld chained steps, %lld verify steps of %lld\n",
                   (long long)r.chained_steps, (long long)engine.stats().spec.verify_steps,
                   (long long)engine.stats().steps);
-      // Probes still verify, one step in 16 once off, chains and all: with the first measures, over one step
-      // in 8 (28 of 283 when a chain consumed the probe it ended for: the next step then ran plain).
-      EXPECT_GE(engine.stats().spec.verify_steps, engine.stats().steps / 8) << "probes still verify";
+      // Probes still verify once off, chains and all (after 16 steps, then 32, 64, 128, ...): beside the
+      // first measures, at least two.
+      EXPECT_GE(engine.stats().spec.verify_steps, spec::OffSwitchOptions{}.min_samples + 2)
+          << "probes still verify";
+      EXPECT_LE(engine.stats().spec.verify_steps, engine.stats().steps / 4) << "off: probes only";
     } else {
       EXPECT_EQ(r.launched_steps, 0) << "speculation always on: nothing may launch past a verify step";
     }
