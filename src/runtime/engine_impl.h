@@ -181,7 +181,9 @@ struct Engine::Impl {
   bool spec_step(StepPlan& plan, Clock::time_point t0);
   spec::SpecOffSwitch off_switch;
   // A decode-only step of `seqs` sequences ended (plain or verify): its cost goes to the off switch.
-  void observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0, double tokens_per_seq);
+  // forward_seconds (a plain step's, >= 0): the part of it the runner's forward took.
+  void observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0, double tokens_per_seq,
+                           double forward_seconds = -1.0);
   static bool decode_only(const StepPlan& plan);
   // Whether a decode step of `seqs` sequences may launch ahead (the overlap schedule): always without
   // speculation; with it, only where the off switch has turned it off for that batch size, so a plan with

@@ -244,6 +244,8 @@ void Engine::Impl::step() {
     masks_done = true;
     finish_masks(plan, mask_rows, t_masks);
   };
+  const Clock::time_point t_forward = Clock::now();
+  double forward_seconds = -1.0;  // the forward's part of a step that ran here (the off switch's plain cost)
   try {
     batch.validate(V, pool->num_pages());
     if (device_ok) {
@@ -290,6 +292,7 @@ void Engine::Impl::step() {
       keep_answers(queries, answers);
     }
     take_masks();
+    forward_seconds = seconds(t_forward, Clock::now());
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request
   } catch (const StepCancelled&) {
@@ -344,7 +347,7 @@ void Engine::Impl::step() {
   }
   eagle_skip_pass = skip_pass;  // read (and cleared) by complete_step's eagle_extend
   complete_step(plan, sampled, draws, need_hidden);
-  if (spec_plain) observe_decode_step(false, spec_seqs, t0, 1.0);
+  if (spec_plain) observe_decode_step(false, spec_seqs, t0, 1.0, forward_seconds);
 }
 
 std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan& plan, uint64_t ahead) const {

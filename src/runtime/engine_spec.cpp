@@ -168,9 +168,18 @@ bool Engine::Impl::decode_only(const StepPlan& plan) {
   return true;
 }
 
-void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0,
-                                       double tokens_per_seq) {
+void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0, double tokens_per_seq,
+                                       double forward_seconds) {
   const double wall = seconds(t0, Clock::now());
+  // What the switch weighs a verify step against: a plain step as it would run where the switch is off. Under
+  // the overlap schedule the host's part of a step (planning, sampling, events) runs while the next forward
+  // does, so such a step costs about the larger of the two parts, not their sum as here (one step at a time).
+  // The sum biased the switch toward speculation by the host's part: about 70 µs of a 3.0 ms 4B step at
+  // C = 1 (docs/PERF.md "Serving", 2026-12-03 `64a8e53`), a larger share of a small model's step, where
+  // n-gram speculation at C = 32 ran 8-13 % slower (H100, 2026-12-07, `550e8bc`, SP4). EAGLE-3 never
+  // overlaps: there the sum is the cost.
+  const double plain_cost =
+      forward_seconds >= 0.0 && overlap && !eagle ? std::max(forward_seconds, wall - forward_seconds) : wall;
   if (verify) {
     counters.spec.verify_step_seconds += wall;
     ++counters.spec.timed_verify_steps;
@@ -179,7 +188,7 @@ void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_po
     ++counters.spec.timed_plain_steps;
   }
   if (!opts.speculative.off_switch) return;
-  const double cost = opts.spec_step_cost ? opts.spec_step_cost(verify, seqs) : wall;
+  const double cost = opts.spec_step_cost ? opts.spec_step_cost(verify, seqs) : verify ? wall : plain_cost;
   const int64_t before = off_switch.times_switched_off();
   if (verify) {
     off_switch.observe_verify(seqs, cost, tokens_per_seq);
