@@ -178,8 +178,9 @@ void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_po
   // C = 1 (docs/PERF.md "Serving", 2026-12-03 `64a8e53`), a larger share of a small model's step, where
   // n-gram speculation at C = 32 ran 8-13 % slower (H100, 2026-12-07, `550e8bc`, SP4). EAGLE-3 never
   // overlaps: there the sum is the cost.
-  const double plain_cost =
-      forward_seconds >= 0.0 && overlap && !eagle ? std::max(forward_seconds, wall - forward_seconds) : wall;
+  const double plain_cost = forward_seconds >= 0.0 && overlap && !eagle
+                                ? spec::SpecOffSwitch::overlapped_step_cost(wall, forward_seconds)
+                                : wall;
   if (verify) {
     counters.spec.verify_step_seconds += wall;
     ++counters.spec.timed_verify_steps;

@@ -12,6 +12,11 @@ size_t SpecOffSwitch::batch_class(int32_t seqs) {
   return size_t(std::bit_width(uint32_t(seqs - 1)));
 }
 
+double SpecOffSwitch::overlapped_step_cost(double wall, double forward) {
+  const double f = std::clamp(forward, 0.0, wall);
+  return std::max(f, wall - f);
+}
+
 SpecOffSwitch::Class& SpecOffSwitch::at(int32_t seqs) {
   const size_t k = batch_class(seqs);
   if (classes_.size() <= k) classes_.resize(k + 1);

@@ -57,6 +57,10 @@ class SpecOffSwitch {
   int64_t times_switched_off() const { return switched_off_; }
   // The class of a batch size: 1, 2, 3-4, 5-8, ... (powers of two) share estimates.
   static size_t batch_class(int32_t seqs);
+  // A plain step's cost launched ahead under the overlap schedule, from one measured one step at a time
+  // (`wall` seconds, `forward` of them the runner's forward): the host's part runs beside the next forward,
+  // so the step costs the larger part, not their sum. forward is clamped to [0, wall].
+  static double overlapped_step_cost(double wall, double forward);
 
  private:
   struct Estimate {

@@ -25,6 +25,16 @@ TEST(SpecOffSwitch, BatchClassesArePowersOfTwo) {
   EXPECT_THROW(SpecOffSwitch::batch_class(0), Error);
 }
 
+// A plain step measured one at a time costs, launched ahead, its larger part: the forward where the GPU
+// bounds it, the host's part where the host does.
+TEST(SpecOffSwitch, OverlappedStepCostIsTheLargerPart) {
+  EXPECT_DOUBLE_EQ(SpecOffSwitch::overlapped_step_cost(1.0, 0.7), 0.7);
+  EXPECT_DOUBLE_EQ(SpecOffSwitch::overlapped_step_cost(1.0, 0.25), 0.75);
+  EXPECT_DOUBLE_EQ(SpecOffSwitch::overlapped_step_cost(1.0, 0.5), 0.5);
+  EXPECT_DOUBLE_EQ(SpecOffSwitch::overlapped_step_cost(1.0, 1.5), 1.0) << "forward clamped to the wall";
+  EXPECT_DOUBLE_EQ(SpecOffSwitch::overlapped_step_cost(1.0, -1.0), 1.0);
+}
+
 // Feeds n steps of one kind at `seqs`: each asks the switch first, as the engine does, and is observed as
 // the kind the switch chose. Returns how many verified.
 int drive(SpecOffSwitch& s, int32_t seqs, int n, double plain, double verify, double tokens) {
