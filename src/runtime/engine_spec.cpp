@@ -171,13 +171,9 @@ bool Engine::Impl::decode_only(const StepPlan& plan) {
 void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0, double tokens_per_seq,
                                        double forward_seconds) {
   const double wall = seconds(t0, Clock::now());
-  // What the switch weighs a verify step against: a plain step as it would run where the switch is off. Under
-  // the overlap schedule the host's part of a step (planning, sampling, events) runs while the next forward
-  // does, so such a step costs about the larger of the two parts, not their sum as here (one step at a time).
-  // The sum biased the switch toward speculation by the host's part: about 70 µs of a 3.0 ms 4B step at
-  // C = 1 (docs/PERF.md "Serving", 2026-12-03 `64a8e53`), a larger share of a small model's step, where
-  // n-gram speculation at C = 32 ran 8-13 % slower (H100, 2026-12-07, `550e8bc`, SP4). EAGLE-3 never
-  // overlaps: there the sum is the cost.
+  // A verify step is weighed against a plain step as it runs where the switch is off: under the overlap
+  // schedule, its larger part (SpecOffSwitch::overlapped_step_cost), not the sum measured here, which favours
+  // speculation by the host's part. EAGLE-3 never overlaps: there the sum is the cost.
   const double plain_cost = forward_seconds >= 0.0 && overlap && !eagle
                                 ? spec::SpecOffSwitch::overlapped_step_cost(wall, forward_seconds)
                                 : wall;
