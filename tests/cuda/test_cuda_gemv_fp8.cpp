@@ -313,9 +313,11 @@ TEST(CudaGemvFp8, EngineRunsTheFp8GemvOrTheScratchPathBitwise) {
   KILN_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
-// GemmEngine::run on an FP8 weight at M = 16, 64, 1000 with W8A8 tactics: the W8A8 GEMM runs (its
-// counter moves, the scratch path's does not) and matches the CPU oracle ops::linear_fp8(w8a8) within 2^-8
-// (relative Frobenius error; N ragged against 128, K a multiple of 16 but not of 128).
+// GemmEngine::run on an FP8 weight at M = 16, 64, 1000 with W8A8 tactics, and at M = 1500 and 100, whose
+// buckets (2048, 128) have none: the nearest tuned bucket below lends its W8A8 tactic (serving chunks above
+// the startup tuner's M = 512). The W8A8 GEMM runs (its counter moves, the scratch path's does not) and
+// matches the CPU oracle ops::linear_fp8(w8a8) within 2^-8 (relative Frobenius error; N ragged against 128,
+// K a multiple of 16 but not of 128). M = 5 (a GEMV bucket, untuned) borrows nothing: the scratch path.
 TEST(CudaGemvFp8, EngineRunsTheW8a8GemmWhereTuned) {
   KILN_REQUIRE_GPU();
   const int64_t N = 776, K = 1040;
@@ -335,7 +337,16 @@ TEST(CudaGemvFp8, EngineRunsTheW8a8GemmWhereTuned) {
       out << cuda::format_tactic_line({mb, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8}, t) << "\n";
   }
   ASSERT_TRUE(eng.load(path));
-  for (const int64_t M : {16, 64, 1000}) {
+  {
+    const Buffer dx = to_device(random_bf16(size_t(5 * K), 799));
+    Buffer out(size_t(5 * N) * 2, Device::cuda());
+    const int64_t gemm_before = eng.fp8_gemm_dispatches(), scratch_before = eng.fp8_dequant_dispatches();
+    eng.run(dx.data(), K, w.fp8(), out.data(), N, 5, N, K, cuda::GemmOut::bf16, nullptr);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(eng.fp8_gemm_dispatches(), gemm_before);
+    EXPECT_EQ(eng.fp8_dequant_dispatches(), scratch_before + 1);
+  }
+  for (const int64_t M : {16, 64, 1000, 1500, 100}) {
     const auto x = random_bf16(size_t(M * K), uint32_t(801 + M));
     std::vector<bf16_t> cpu(size_t(M * N));
     ops::linear_fp8(

@@ -232,14 +232,15 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
     ++gemv_dispatches_;
     return;
   }
-  // The W8A8 GEMM where the tuner chose it for this bucket and it takes the call.
-  if (const auto tuned = tactics_.find(GemmShape{gemm_m_bucket(m), n, k, out_type, GemmWeight::fp8});
-      tuned != tactics_.end() && tuned->second.kind == GemmKind::fp8gemm && out_type == GemmOut::bf16 &&
+  // The W8A8 GEMM where the tuner chose it for this bucket (or the nearest tuned bucket below) and it takes
+  // the call.
+  if (const GemmTactic* tuned = fp8_tactic_at_or_below(m, n, k, out_type);
+      tuned && tuned->kind == GemmKind::fp8gemm && out_type == GemmOut::bf16 &&
       fp8_gemm_supported(m, n, k, ldx, w.ld, ldo) && aligned16(w.data) && aligned16(x) && aligned16(out)) {
     const int64_t ws_bytes = fp8_gemm_workspace_bytes(m, k);
     if (void* ws = impl_->grow(impl_->fp8_ws, size_t(ws_bytes), 0, stream)) {
       fp8_gemm(x, ldx, w.data, w.ld, w.scale, out, ldo, m, n, k, ws, int64_t(impl_->fp8_ws.bytes),
-               tuned->second.fp8gemm, stream);
+               tuned->fp8gemm, stream);
       ++fp8_gemm_dispatches_;
       return;
     }
@@ -249,6 +250,17 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
   ++fp8_dequant_dispatches_;
   // No PDL: the bf16 GEMV's W loads before its PDL wait would race the dequantization (gemv.h).
   run(x, ldx, deq, k, out, ldo, m, n, k, out_type, stream, /*pdl=*/false);
+}
+
+const GemmTactic* GemmEngine::fp8_tactic_at_or_below(int64_t m, int64_t n, int64_t k,
+                                                     GemmOut out_type) const {
+  // Buckets up to kGemvMaxM belong to the GEMV's configs: none of them lends its tactic to a larger M, and
+  // an untuned one of them borrows none.
+  const int64_t top = gemm_m_bucket(m);
+  for (int64_t b = top; b == top || b > kGemvMaxM; b /= 2)
+    if (const auto t = tactics_.find(GemmShape{b, n, k, out_type, GemmWeight::fp8}); t != tactics_.end())
+      return &t->second;
+  return nullptr;
 }
 
 void GemmEngine::reserve_fp8_gemm(int64_t m, int64_t k) {

@@ -128,7 +128,8 @@ class GemmEngine {
     run(x, k, w, k, out, n, m, n, k, out_type, stream);
   }
   // The same for a weight of either format (gemv.h: GemvWeight). bf16: the run above. Block-FP8, by the
-  // tuned tactic of (bucket(m), n, k, out, fp8): the FP8 GEMV (M <= 8; bitwise the bf16 GEMV with that config
+  // tuned tactic of (bucket(m), n, k, out, fp8) (above M = 8 the nearest tuned bucket's below where bucket(m)
+  // has none: fp8_tactic_at_or_below): the FP8 GEMV (M <= 8; bitwise the bf16 GEMV with that config
   // on the dequantized weight), or the W8A8 GEMM (fp8_gemm.h; bf16 out) where fp8_gemm_supported holds and
   // its workspace (grown outside graph capture only: reserve_fp8_gemm) is large enough; otherwise the weight
   // is dequantized (path (c), bitwise) into a scratch bf16 [n, k] buffer and the bf16 run above takes it,
@@ -139,6 +140,12 @@ class GemmEngine {
   // Grows the FP8 dequantization scratch to hold `elements` bf16 (the largest FP8 weight a model runs).
   void reserve_fp8_dequant(int64_t elements);
   int64_t fp8_dequant_dispatches() const { return fp8_dequant_dispatches_; }  // FP8 runs via the scratch
+  // The tactic an FP8 weight's run() takes at M: that of bucket(m), else (bucket(m) > kGemvMaxM) of the
+  // nearest tuned bucket below it down to 2 kGemvMaxM, else none. Startup tuning stops at M = 512
+  // (model/cuda_tune.cpp) while prefill chunks run up to the chunked-prefill size: without the bucket below,
+  // every such chunk took path (c), dequantizing each weight it multiplied, whatever the tuner had chosen at
+  // 512.
+  const GemmTactic* fp8_tactic_at_or_below(int64_t m, int64_t n, int64_t k, GemmOut out_type) const;
   // Grows the W8A8 GEMM's workspace to hold `m` rows of `k` (fp8_gemm_workspace_bytes).
   void reserve_fp8_gemm(int64_t m, int64_t k);
   int64_t fp8_gemm_dispatches() const { return fp8_gemm_dispatches_; }  // FP8 runs by the W8A8 GEMM
