@@ -4,7 +4,8 @@
 # kiln serve runs plain, with n-gram speculation and with the EAGLE-3 draft (k = 3 chains) at batch 1
 # (scripts/spec_measure.py: tokens/s, accept length, greedy equality) on held-out code-editing and
 # free-continuation prompts.
-# SPEC_TRAIN_MIN (2.5), SPEC_DRAFT_MIN (2.5; 0 skips the draft and its EAGLE-3 rows), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 rows), SPEC_EAGLE3_PASSES (0; 1: also EAGLE-3 with its chain read back pass by pass), SPEC_MODELS (the models' folder, default under SCRATCH) and SPEC_REUSE (1: serve the models found there, untrained again), SPEC_EAGLE3_EAGER (0; 1: also the draft's passes run eagerly, not from CUDA graphs), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
+# SPEC_TRAIN_MIN (2.5), SPEC_TARGET_ARGS (the target's shape flags for scripts/train_small_qwen3.py, default
+# none: 12 layers, hidden 768), SPEC_DRAFT_MIN (2.5; 0 skips the draft and its EAGLE-3 rows), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 rows), SPEC_EAGLE3_PASSES (0; 1: also EAGLE-3 with its chain read back pass by pass), SPEC_MODELS (the models' folder, default under SCRATCH) and SPEC_REUSE (1: serve the models found there, untrained again), SPEC_EAGLE3_EAGER (0; 1: also the draft's passes run eagerly, not from CUDA graphs), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
 # `bash bench/device.sh build tests spec` trains beside the build and the tests (spec_train_early).
 # SPEC_TOKENS (128), SPEC_BATCH1 (1; 0: no batch-1 table), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, plain, n-gram and EAGLE-3:
 # the off switch's "never slower"; SPEC_C32_NUM prompts, 256). Needs torch, transformers, tokenizers, safetensors, and the Qwen3 tokenizer carried in
@@ -43,8 +44,11 @@ spec_train_run() {
   m=$models/small_qwen3 d=$models/small_qwen3_eagle3
   mkdir -p "$W/spec" "$models"
   if ! spec_trained "$m"; then
+    local shape=()
+    read -r -a shape <<<"${SPEC_TARGET_ARGS:-}"
     timeout 480 python3 scripts/train_small_qwen3.py --out "$m" --tokenizer "$SPEC_TOKENIZER" \
-      --minutes "${SPEC_TRAIN_MIN:-2.5}" --data-bytes "${SPEC_DATA_BYTES:-30000000}" >"$W/spec/train_target.log" 2>&1
+      --minutes "${SPEC_TRAIN_MIN:-2.5}" --data-bytes "${SPEC_DATA_BYTES:-30000000}" "${shape[@]}" \
+      >"$W/spec/train_target.log" 2>&1
     echo "target $?" >>"$W/spec/train.rc"
   fi
   [[ -f $m/config.json && ${SPEC_DRAFT_MIN:-2.5} != 0 ]] && ! spec_trained "$d" || return 0
