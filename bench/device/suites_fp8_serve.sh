@@ -59,7 +59,8 @@ fp8_serve_big() {
 # ms) and the 8B shape's batch-1 TPOT at ctx 1024 (FP8 <= 2.6 ms, an H200 target), each beside BF16; the second
 # SGLang seed's workload (E2E p50, FP8 <= 165 ms, BF16 <= 200 ms: DESIGN.md section 5); 8192 in / 1024 out with
 # FP8 weights and FP8 KV at C = 128 (>= 3,800 out tok/s; BIG_NUM prompts, 128: fewer than `kiln bench serve`'s
-# default 640, say so beside the figure; BIG_BF16=1 adds the BF16-weights run, ~1.5 min more); 1024 / 256 at
+# default 640, say so beside the figure; BIG_BF16=1 adds the BF16-weights run, ~1.5 min more; BIG=0 skips
+# both); 1024 / 256 at
 # C = 1 and 32 with FP8 and BF16 weights (reported). A CPU dry run of the serving part (no model rows):
 # KILN=build/cpu/bin/kiln DEVICE=cpu SHAPE=demo SEED_IN=64 SEED_NUM=4 SHORT_IN=32 SHORT_OUT=8 SHORT_NUM=2,4
 # BIG_IN=64 BIG_OUT=8 BIG_CONC=2 BIG_NUM=2. MODEL_ROWS=0: the serving part only.
@@ -94,6 +95,10 @@ suite_fp8_serve() {
     done
     row "${SHORT_IN:-1024}/${SHORT_OUT:-256} C=$c, FP8 vs BF16 weights" "${fig[0]}; ${fig[1]}"
   done
+  if [[ ${BIG:-1} == 0 ]]; then
+    row "${BIG_IN:-8192}/${BIG_OUT:-1024} C=${BIG_CONC:-128} FP8 KV" "skipped: BIG=0"
+    return 0
+  fi
   fp8_serve_big fp8 "$m"
   [[ ${BIG_BF16:-0} == 1 ]] && fp8_serve_big bf16 "$m"
   f=$(serve_value big_fp8 out_tok_s)
