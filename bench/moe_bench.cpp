@@ -19,7 +19,9 @@
 //   FP8 experts at T = 256, 1024, 4096 (the prefill sizes; ops/cuda/moe_ops.h kMoeFp8DequantMinTokens): the
 //     gather GEMV widening e4m3 in registers, the dequantization of the chosen experts alone, the dequant +
 //     wgmma grouped GEMM (FP8's path at and above the threshold), the BF16 wgmma GEMM beside them, and the
-//     whole op with FP8 experts under the default threshold (its path column says which ran)
+//     whole op with FP8 experts under the default threshold (its path column says which ran), and (sm_90a)
+//     `experts fp8 w8a8 grouped`: the W8A8 grouped GEMM (inputs quantized to e4m3, e4m3 x e4m3 wgmma), the
+//     path by rows takes there unless KILN_MOE_FP8_W8A8=0
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -140,10 +142,29 @@ void run_moe_fp8_prefill(const Env& env, const MoeSetup& m, std::vector<Row>& ro
     r = Row{"moe", sm90 ? "experts grouped_gemm_sm90" : "experts grouped_gemm", shape};
     r.bytes = fp8_bytes * 2;
     timed(r, experts(gemm, false));
+    if (kc::moe_grouped_gemm_fp8_sm90_applies()) {
+      // W8A8: the four launches (gate_up inputs quantized, its GEMM, act quantized, the down GEMM) on the
+      // same routing; the W8A8 workspace carved where the bf16 copy was (the parts before it coincide).
+      const kc::MoeShape s8{.T = T, .E = kE, .k = kK, .H = kH, .I = kI, .fp8_w8a8 = true};
+      Buffer w8a8_scratch(kc::moe_scratch_bytes(s8), Device::cuda());
+      KILN_CUDA_CHECK(
+          cudaMemcpyAsync(w8a8_scratch.data(), scratch.data(),
+                          kc::moe_scratch_bytes(kc::MoeShape{.T = T, .E = kE, .k = kK, .H = kH, .I = kI}),
+                          cudaMemcpyDeviceToDevice, env.stream));
+      const kc::MoeBuffers b8 = kc::moe_scratch_layout(s8, w8a8_scratch.data());
+      r = Row{"moe", "experts fp8 w8a8 grouped", shape};
+      r.bytes =
+          fp8_bytes + double(T * kK) * double(kH + kI) * (2 + 1);  // e4m3 weights; inputs read, e4m3 written
+      timed(r, [&](int) {
+        kc::moe_experts_launch(kc::MoeExpertKernel::grouped_gemm_fp8_sm90, xp, kH, m.gate_up8.data(),
+                               m.down8.data(), s8, b8, env.stream, scales);
+      });
+    }
     r = Row{"moe", "mlp fp8 (route + experts + combine)", shape};
     r.bytes = fp8_bytes + double(kE * kH) * 2;
-    r.path = ops::cuda::moe_fp8_dequant_runs(m.w8, T) ? "dequant + grouped GEMM (by rows)"
-                                                      : "gather GEMV (by rows)";
+    r.path = ops::cuda::moe_fp8_w8a8_runs(m.w8, T)      ? "W8A8 grouped GEMM (by rows)"
+             : ops::cuda::moe_fp8_dequant_runs(m.w8, T) ? "dequant + grouped GEMM (by rows)"
+                                                        : "gather GEMV (by rows)";
     Buffer op_scratch(ops::cuda::moe_scratch_bytes(m.w8, kH, T), Device::cuda());
     timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, op_scratch.data(), op_scratch.bytes()); });
   }

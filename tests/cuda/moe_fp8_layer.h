@@ -96,6 +96,16 @@ inline Fp8Layer make_fp8_layer(int64_t E, int64_t k, int64_t H, int64_t I, uint3
   return l;
 }
 
+// Sets the W8A8 grouped GEMM switch (ops/cuda/moe_ops.h, KILN_MOE_FP8_W8A8) for a scope, then puts the
+// previous value back: the dequant path's tests turn it off, the W8A8 tests on.
+struct Fp8W8a8Scope {
+  bool before = ops::cuda::moe_fp8_w8a8_enabled();
+  explicit Fp8W8a8Scope(bool on) { ops::cuda::moe_set_fp8_w8a8(on); }
+  ~Fp8W8a8Scope() { ops::cuda::moe_set_fp8_w8a8(before); }
+  Fp8W8a8Scope(const Fp8W8a8Scope&) = delete;
+  Fp8W8a8Scope& operator=(const Fp8W8a8Scope&) = delete;
+};
+
 // n elements of type T at device address p.
 template <typename T>
 std::vector<T> read_device(const void* p, int64_t n) {

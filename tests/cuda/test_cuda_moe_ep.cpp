@@ -5,9 +5,9 @@
 // rank's slots (the same y rows, the sum restricted: an EP share computes nothing the whole layer does not),
 // and it matches the CPU oracle of the same share; the shares summed in rank order (fp32, one rounding: the
 // two-rank bf16 all-reduce) match the unsharded layer. BF16 and block-FP8 experts (FP8 bitwise the BF16 share
-// on the dequantized experts), the gather GEMV (T <= 64, with the fused down + combine at T = 1), the grouped
-// GEMMs, one routing chunk and several; ranks that receive no token; a CUDA graph of a share replayed while
-// its routing changes.
+// on the dequantized experts, but on the W8A8 grouped GEMM: path (a), held to the CPU), the gather GEMV (T <=
+// 64, with the fused down + combine at T = 1), the grouped GEMMs, one routing chunk and several; ranks that
+// receive no token; a CUDA graph of a share replayed while its routing changes.
 #include <algorithm>
 #include <set>
 #include <string>
@@ -124,6 +124,8 @@ std::vector<Form> forms() {
                          {false, MoeExperts::grouped_gemm, "bf16 grouped GEMM"},
                          {true, MoeExperts::by_rows, "fp8 by rows"}};
   if (kc::moe_grouped_gemm_sm90_applies()) f.push_back({false, MoeExperts::grouped_gemm_sm90, "bf16 wgmma"});
+  if (kc::moe_grouped_gemm_fp8_sm90_applies())
+    f.push_back({true, MoeExperts::grouped_gemm_fp8_w8a8, "fp8 w8a8 grouped GEMM"});
   return f;
 }
 
@@ -159,7 +161,9 @@ void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
           const int64_t pairs = check_share_layout(s, whole, read_routed(s, scratch.data()));
           idle_rank |= pairs == 0;
           expect_share_sums_whole_rows(s, whole, got);
-          if (f.fp8) {  // FP8: bitwise the BF16 share on the dequantized experts, with the same kernel
+          // FP8: bitwise the BF16 share on the dequantized experts, with the same kernel (but W8A8, path (a)
+          // itself, which the CPU comparison below holds)
+          if (f.fp8 && !ops::cuda::moe_fp8_w8a8_runs(share, T)) {
             const MoeExperts same = !ops::cuda::moe_fp8_dequant_runs(share, T) ? MoeExperts::gather_gemv
                                     : kc::moe_grouped_gemm_sm90_applies()      ? MoeExperts::grouped_gemm_sm90
                                                                                : MoeExperts::grouped_gemm;

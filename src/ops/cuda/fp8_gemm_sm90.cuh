@@ -1,7 +1,7 @@
 // The W8A8 block-scaled FP8 GEMM kernel (fp8_gemm.h's launch 2) on Hopper: wgmma e4m3 from shared memory
 // filled by TMA through an mbarrier pipeline, one producer warpgroup and two consumer warpgroups, optionally
 // in clusters of two CTAs sharing the weight tile. Included only by the instantiation units
-// (fp8_gemm_sm90_n*.cu).
+// (fp8_gemm_sm90_n*.cu) and by the MoE's W8A8 grouped GEMM (moe_grouped_gemm_fp8_sm90.cu: issue_block).
 //
 // Work mapping.
 //   Tiles: 128 rows (M) x BN columns (N). Units: C = 1, one tile (tm, tn); C = 2, clusters of two CTAs

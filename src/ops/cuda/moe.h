@@ -11,7 +11,9 @@
 //                           decode sizes) the route kernel does this itself and moe_permute_launch nothing.
 //   4. the experts: moe_grouped_gemm_launch (tensor cores, large batches) or moe_gather_gemv_launch (small
 //      batches) for gate_up with SiLU-and-multiply into act, then for down into y (bf16 rows, sorted order);
-//      block-FP8 experts on a grouped GEMM first dequantized, those with rows, into the scratch
+//      block-FP8 experts on a grouped GEMM either first dequantized, those with rows, into the scratch (then
+//      the bf16 GEMM), or (W8A8, MoeShape::fp8_w8a8) their inputs quantized per row and 128-group to e4m3
+//      in sorted order and the e4m3 x e4m3 grouped GEMM run on them (moe_grouped_gemm_fp8_sm90.cu)
 //   5. moe_combine_launch:  out[t] = bf16(sum over t's slots in ascending expert index of y * weight)
 //      (at batch 1, moe_experts_combine_launch: down and the combine in one kernel, the same bits)
 // Rows of an expert are its pairs in ascending token order, so the layout is deterministic.
@@ -51,6 +53,13 @@ struct MoeBuffers {
   // without.
   uint16_t* gate_up_bf16;  // bf16 [L, 2I, H]
   uint16_t* down_bf16;     // bf16 [L, H, I]
+  // Block-FP8 experts on the W8A8 grouped GEMM (MoeShape::fp8_w8a8; else nullptr): one projection's inputs
+  // quantized in sorted row order (gate_up: x at each row's token, K = H; then down: act, K = I), reused by
+  // the two projections in turn. Rows K bytes apart; the scales MN-major (kb * max_rows + row, as
+  // fp8_gemm.h's xs), so a 64-row tile's scales of one K block are one 256-byte bulk copy. 30B-A3B at T =
+  // 1024: 16,384 x 2048 B + 16 x 16,384 x 4 B = 34.6 MB. Carved last, as the bf16 copy (never both).
+  uint8_t* act_q;  // e4m3 [max_rows, max(H, I)]
+  float* act_qs;   // f32 [ceil(max(H, I) / 128), max_rows]
 };
 
 struct MoeShape {
@@ -61,6 +70,9 @@ struct MoeShape {
   int64_t expert_begin = 0, local = 0;
   // Block-FP8 experts run on a grouped GEMM: the scratch holds their bf16 copy (MoeBuffers::gate_up_bf16).
   bool fp8_dequant = false;
+  // Block-FP8 experts run on the W8A8 grouped GEMM: the scratch holds the quantized inputs
+  // (MoeBuffers::act_q). Exclusive with fp8_dequant.
+  bool fp8_w8a8 = false;
   int64_t expert_end() const { return local > 0 ? expert_begin + local : E; }
   int64_t local_experts() const { return expert_end() - expert_begin; }
   int64_t chunks() const { return (T + kMoeChunkTokens - 1) / kMoeChunkTokens; }
@@ -137,9 +149,12 @@ bool moe_fp8_int_decode();
 // Overrides KILN_MOE_FP8_INT_DECODE for this process (tests and benchmarks compare both forms).
 void moe_set_fp8_int_decode(bool on);
 
-// Which expert kernel (4): the mma.sync grouped GEMM (any sm_80+), the wgmma one (sm_90a), the gather GEMV.
-enum class MoeExpertKernel { grouped_gemm, grouped_gemm_sm90, gather_gemv };
+// Which expert kernel (4): the mma.sync grouped GEMM (any sm_80+), the wgmma one (sm_90a), the gather GEMV,
+// the W8A8 e4m3 wgmma one (sm_90a; block-FP8 experts only, MoeShape::fp8_w8a8).
+enum class MoeExpertKernel { grouped_gemm, grouped_gemm_sm90, gather_gemv, grouped_gemm_fp8_sm90 };
 bool moe_grouped_gemm_sm90_applies();
+// The W8A8 grouped GEMM: an sm_90 device running the build's sm_90a code, with the driver's tensor maps.
+bool moe_grouped_gemm_fp8_sm90_applies();
 
 // Block-FP8 experts' scales (ops/moe.h): gate_up f32 [E, 2I/128, ceil(H/128)], down f32 [E, H/128,
 // ceil(I/128)], contiguous; both nullptr for bf16 experts.
@@ -156,7 +171,10 @@ struct MoeFp8Scales {
 // registers before its product; on a grouped GEMM (s.fp8_dequant needed, else an error) the experts with rows
 // dequantized first into b.gate_up_bf16 / b.down_bf16 (dequantize_fp8_experts, reading b.counts on the
 // device), then the bf16 GEMM on them. Either way the result is the same kernel's on the bf16 values
-// dequantize_fp8 gives, bitwise.
+// dequantize_fp8 gives, bitwise. grouped_gemm_fp8_sm90 (block-FP8 experts and s.fp8_w8a8 only): path (a)
+// of ops/fp8_linear.h instead, W8A8 (moe_grouped_gemm_fp8_sm90.cu): each projection's inputs quantized per
+// row and 128-group to e4m3 (bitwise ops::quantize_act_fp8), e4m3 x e4m3 products promoted every 128 K with
+// a_s * w_s, the dense rounding points after (gate and up bf16, SiLU-and-multiply, act bf16; y bf16).
 void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const void* gate_up,
                         const void* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream,
                         MoeFp8Scales scales = {});

@@ -51,6 +51,12 @@ void moe_grouped_gemm_launch(const MoeShape& s, const MoeProductParams& gate_up,
 // sm_90a wgmma; only where moe_grouped_gemm_sm90_applies() (an sm_90 device running the build's sm_90a code).
 void moe_grouped_gemm_sm90_launch(const MoeShape& s, const MoeProductParams& gate_up,
                                   const MoeProductParams& down, cudaStream_t stream);
+// Block-FP8 experts, W8A8 (moe_grouped_gemm_fp8_sm90.cu): only where moe_grouped_gemm_fp8_sm90_applies(),
+// with s.fp8_w8a8 (b.act_q, b.act_qs carved); gate_up and down with moe_set_fp8 applied, H and I multiples
+// of 128. Four launches: the gate_up inputs quantized, its GEMM into act, act quantized, the down GEMM into
+// y.
+void moe_grouped_gemm_fp8_sm90_launch(const MoeShape& s, const MoeProductParams& gate_up,
+                                      const MoeProductParams& down, const MoeBuffers& b, cudaStream_t stream);
 // The gather GEMV and the fused down + combine issue the weight loads of 2 chunks a row before their first
 // product (depths 4 and 8 gave the same bits and were slower at every T on the H100: docs/PERF.md "Mixture
 // of experts", E4; removed after `776f1f6`, as was the GEMV's 2 column pairs a warp, slower from T = 8).

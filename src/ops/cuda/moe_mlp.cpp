@@ -69,6 +69,9 @@ MoeBuffers carve(const MoeShape& s, Carver& c) {
   b.y = c.take<uint16_t>(s.max_rows() * s.H);
   b.gate_up_bf16 = s.fp8_dequant ? c.take<uint16_t>(s.local_experts() * 2 * s.I * s.H) : nullptr;
   b.down_bf16 = s.fp8_dequant ? c.take<uint16_t>(s.local_experts() * s.H * s.I) : nullptr;
+  const int64_t kmax = s.H > s.I ? s.H : s.I;
+  b.act_q = s.fp8_w8a8 ? c.take<uint8_t>(s.max_rows() * kmax) : nullptr;
+  b.act_qs = s.fp8_w8a8 ? c.take<float>((kmax + 127) / 128 * s.max_rows()) : nullptr;
   return b;
 }
 
@@ -175,10 +178,19 @@ void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, c
   KILN_CHECK(!scales.fp8() || (s.H % 128 == 0 && s.I % 128 == 0),
              "moe_mlp: block-FP8 experts need hidden and moe_intermediate multiples of 128, got ", s.H,
              " and ", s.I);
-  KILN_CHECK(!scales.fp8() || kernel == MoeExpertKernel::gather_gemv || s.fp8_dequant,
+  KILN_CHECK(kernel != MoeExpertKernel::grouped_gemm_fp8_sm90 || (scales.fp8() && s.fp8_w8a8),
+             "moe_mlp: the W8A8 grouped GEMM takes block-FP8 experts and the scratch's W8A8 workspace "
+             "(MoeShape::fp8_w8a8)");
+  KILN_CHECK(!scales.fp8() || kernel == MoeExpertKernel::gather_gemv ||
+                 kernel == MoeExpertKernel::grouped_gemm_fp8_sm90 || s.fp8_dequant,
              "moe_mlp: block-FP8 experts on a grouped GEMM need the scratch's bf16 expert copy "
              "(MoeShape::fp8_dequant)");
   if (s.T == 0) return;
+  if (kernel == MoeExpertKernel::grouped_gemm_fp8_sm90) {  // W8A8: e4m3 x e4m3, no bf16 copy
+    MoeProductParams g, d;
+    product_params(x, xs, gate_up, down, s, b, scales, g, d);
+    return moe_grouped_gemm_fp8_sm90_launch(s, g, d, b, stream);
+  }
   if (scales.fp8() && kernel != MoeExpertKernel::gather_gemv) {  // dequantize the chosen experts, then bf16
     const int64_t L = s.local_experts();
     dequantize_fp8_experts(gate_up, scales.gate_up, b.gate_up_bf16, L, 2 * s.I, s.H, b.counts, s.expert_begin,
@@ -197,6 +209,8 @@ void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, c
       return moe_grouped_gemm_sm90_launch(s, g, d, stream);
     case MoeExpertKernel::grouped_gemm:
       return moe_grouped_gemm_launch(s, g, d, stream);
+    case MoeExpertKernel::grouped_gemm_fp8_sm90:
+      break;  // launched above
   }
 }
 
@@ -214,10 +228,12 @@ kc::MoeShape shape_of(const MoeWeights& w, int64_t H, int64_t T, MoeExperts expe
           .I = w.intermediate(),
           .expert_begin = w.expert_begin,
           .local = w.local_experts(),
-          .fp8_dequant = moe_fp8_dequant_runs(w, T, experts)};
+          .fp8_dequant = moe_fp8_dequant_runs(w, T, experts),
+          .fp8_w8a8 = moe_fp8_w8a8_runs(w, T, experts)};
 }
 
 std::atomic<int64_t> g_fp8_dequant_min_tokens{-1};  // -1: not read yet
+std::atomic<int> g_fp8_w8a8{-1};                    // -1: not read yet
 
 int64_t env_fp8_dequant_min_tokens() {
   constexpr const char* name = "KILN_MOE_FP8_DEQUANT_MIN_TOKENS";
@@ -259,11 +275,36 @@ void moe_set_fp8_dequant_min_tokens(int64_t tokens) {
   g_fp8_dequant_min_tokens.store(tokens, std::memory_order_relaxed);
 }
 
+bool moe_fp8_w8a8_enabled() {
+  int v = g_fp8_w8a8.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = kc::env_switch("KILN_MOE_FP8_W8A8", kMoeFp8W8a8Default) ? 1 : 0;
+    int unset = -1;
+    g_fp8_w8a8.compare_exchange_strong(unset, v);  // a setter wins
+    v = g_fp8_w8a8.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void moe_set_fp8_w8a8(bool on) {
+  g_fp8_w8a8.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+bool moe_fp8_w8a8_runs(const MoeWeights& w, int64_t T, MoeExperts experts) {
+  if (!w.is_fp8()) return false;
+  if (experts == MoeExperts::grouped_gemm_fp8_w8a8) return true;
+  if (experts != MoeExperts::by_rows) return false;
+  const int64_t min_tokens = moe_fp8_dequant_min_tokens();
+  return min_tokens > 0 && T >= min_tokens && moe_fp8_w8a8_enabled() &&
+         env_experts() != MoeExperts::grouped_gemm && kc::moe_grouped_gemm_fp8_sm90_applies();
+}
+
 bool moe_fp8_dequant_runs(const MoeWeights& w, int64_t T, MoeExperts experts) {
-  if (!w.is_fp8() || experts == MoeExperts::gather_gemv) return false;
+  if (!w.is_fp8() || experts == MoeExperts::gather_gemv || experts == MoeExperts::grouped_gemm_fp8_w8a8)
+    return false;
   if (experts != MoeExperts::by_rows) return true;
   const int64_t min_tokens = moe_fp8_dequant_min_tokens();
-  return min_tokens > 0 && T >= min_tokens;
+  return min_tokens > 0 && T >= min_tokens && !moe_fp8_w8a8_runs(w, T, experts);
 }
 
 size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T, MoeExperts experts) {
@@ -332,18 +373,23 @@ void moe_mlp_norm_in(const ResidualNorm* in, const Tensor& x, const MoeWeights& 
     if (T <= kMoeGemvMaxTokens) experts = MoeExperts::gather_gemv;
   }
   kc::MoeFp8Scales scales;
-  if (w.is_fp8()) {  // by rows: the GEMV below the threshold, else a grouped GEMM on the dequantized copy
+  if (w.is_fp8()) {  // by rows: the GEMV below the threshold, else W8A8 or a grouped GEMM on the bf16 copy
     if (!by_caller)
-      experts = !s.fp8_dequant                              ? MoeExperts::gather_gemv
+      experts = s.fp8_w8a8                                  ? MoeExperts::grouped_gemm_fp8_w8a8
+                : !s.fp8_dequant                            ? MoeExperts::gather_gemv
                 : env_experts() == MoeExperts::grouped_gemm ? MoeExperts::grouped_gemm
                 : kc::moe_grouped_gemm_sm90_applies()       ? MoeExperts::grouped_gemm_sm90
                                                             : MoeExperts::grouped_gemm;
     scales = {.gate_up = w.gate_up_scale.ptr<float>(), .down = w.down_scale.ptr<float>()};
+  } else {
+    KILN_CHECK(experts != MoeExperts::grouped_gemm_fp8_w8a8,
+               "moe_mlp: the W8A8 grouped GEMM takes block-FP8 experts only");
   }
-  const kc::MoeExpertKernel kernel = experts == MoeExperts::gather_gemv ? kc::MoeExpertKernel::gather_gemv
-                                     : experts == MoeExperts::grouped_gemm_sm90
-                                         ? kc::MoeExpertKernel::grouped_gemm_sm90
-                                         : kc::MoeExpertKernel::grouped_gemm;
+  const kc::MoeExpertKernel kernel =
+      experts == MoeExperts::gather_gemv             ? kc::MoeExpertKernel::gather_gemv
+      : experts == MoeExperts::grouped_gemm_fp8_w8a8 ? kc::MoeExpertKernel::grouped_gemm_fp8_sm90
+      : experts == MoeExperts::grouped_gemm_sm90     ? kc::MoeExpertKernel::grouped_gemm_sm90
+                                                     : kc::MoeExpertKernel::grouped_gemm;
   const auto* xp = static_cast<const uint16_t*>(x.data);
   auto* op = static_cast<uint16_t*>(out.data);
   if (kernel == kc::MoeExpertKernel::gather_gemv && T <= kMoeFusedCombineMaxTokens) {

@@ -17,8 +17,10 @@ namespace kiln::ops::cuda {
 // T = 64 (509 vs 520 us for 30B-A3B's experts); the mma.sync GEMM is slower than both there. Block-FP8
 // experts under by_rows: the gather GEMV below moe_fp8_dequant_min_tokens(), at and above it the grouped GEMM
 // on their dequantized copy (the wgmma one where it applies, the mma.sync one where KILN_MOE_EXPERTS=gemm);
-// an explicit grouped kernel takes the dequantized copy at any T.
-enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv };
+// an explicit grouped kernel takes the dequantized copy at any T. Where the W8A8 grouped GEMM applies
+// (moe_fp8_w8a8_runs) it takes the place of dequantize + grouped GEMM at and above that threshold.
+// grouped_gemm_fp8_w8a8: the W8A8 grouped GEMM named (block-FP8 experts only, an sm_90a device; any T).
+enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv, grouped_gemm_fp8_w8a8 };
 constexpr int64_t kMoeGemvMaxTokens = 64;
 // Up to this many tokens the gather GEMV's down projection and the combine run as one kernel (the same
 // bits; one launch and the y round trip fewer a layer). Batch 1 until measured above it.
@@ -37,19 +39,39 @@ constexpr int64_t kMoeFusedCombineMaxTokens = 1;
 // Measured (H100, 2026-12-06, `cfaddf7`'s binaries, docs/PERF.md E8): 30B-A3B experts at T = 256 take 1,154
 // us dequant + wgmma against the GEMV's 2,270 (at 1,024: 1,215 against 8,462); the dequant alone is 653 us,
 // so at T = 64 (GEMV 648 us) the GEMV wins. The crossover lies between; 256 is the smallest measured win.
+// On sm_90a the W8A8 grouped GEMM (moe_fp8_w8a8_runs, below) takes the dequant path's place at and above
+// this threshold; its own crossover with the GEMV is not yet measured (it reads no bf16 copy, so it may lie
+// lower: bench rows `experts fp8 w8a8 grouped`).
 constexpr int64_t kMoeFp8DequantMinTokens = 256;
 int64_t moe_fp8_dequant_min_tokens();
 // Overrides KILN_MOE_FP8_DEQUANT_MIN_TOKENS for this process (tests and benchmarks; 0: never). Size the
 // scratch after setting it.
 void moe_set_fp8_dequant_min_tokens(int64_t tokens);
 // True when moe_mlp with this `experts` choice dequantizes w's experts for T tokens (and so its scratch
-// holds their bf16 copy): block-FP8 experts and an explicit grouped kernel, or by_rows at T >=
-// moe_fp8_dequant_min_tokens() > 0.
+// holds their bf16 copy): block-FP8 experts and an explicit grouped_gemm / grouped_gemm_sm90, or by_rows at
+// T >= moe_fp8_dequant_min_tokens() > 0 where moe_fp8_w8a8_runs does not.
 bool moe_fp8_dequant_runs(const MoeWeights& w, int64_t T, MoeExperts experts = MoeExperts::by_rows);
+
+// Block-FP8 experts at and above moe_fp8_dequant_min_tokens() (by_rows) run the W8A8 grouped GEMM (path (a)
+// of ops/fp8_linear.h, the CPU oracle's and the checkpoint's semantics: kiln::cuda::
+// moe_grouped_gemm_fp8_sm90_launch) instead of dequantize + BF16 grouped GEMM (path (c)), where it applies:
+// an sm_90 device running the build's sm_90a code, KILN_MOE_EXPERTS not `gemm`, and KILN_MOE_FP8_W8A8 not 0
+// (read once; default kMoeFp8W8a8Default). Its scratch holds the quantized inputs of one projection
+// (max_rows x max(H, I) e4m3 + scales: 34.6 MB for 30B-A3B at T = 1024) instead of the bf16 expert copy
+// (1.21 GB). Not yet run on a GPU: the switch keeps the dequant path one variable away for A/B.
+constexpr bool kMoeFp8W8a8Default = true;
+bool moe_fp8_w8a8_enabled();
+// Overrides KILN_MOE_FP8_W8A8 for this process (tests and benchmarks). Size the scratch after setting it.
+void moe_set_fp8_w8a8(bool on);
+// True when moe_mlp with this `experts` choice runs w's experts on the W8A8 grouped GEMM for T tokens (and
+// so its scratch holds the quantized-input workspace): block-FP8 experts and grouped_gemm_fp8_w8a8 named, or
+// by_rows where the paragraph above says so.
+bool moe_fp8_w8a8_runs(const MoeWeights& w, int64_t T, MoeExperts experts = MoeExperts::by_rows);
 
 // Device bytes of moe_mlp's scratch for T tokens of w's shape with this `experts` choice; with block-FP8
 // experts where moe_fp8_dequant_runs, it includes their bf16 copy: L x 3 x I x H x 2 bytes (30B-A3B: 128 x
-// 3 x 768 x 2048 x 2 B = 1.21 GB).
+// 3 x 768 x 2048 x 2 B = 1.21 GB); where moe_fp8_w8a8_runs, the W8A8 workspace instead (max_rows x max(H,
+// I) bytes + ceil(max(H, I) / 128) x max_rows x 4).
 size_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t T,
                          MoeExperts experts = MoeExperts::by_rows);
 
