@@ -415,23 +415,22 @@ void Qwen3Model::launch_layers(KvCache& cache) {
       if (last) ops::add_rms_norm(tmp, residual, weights_.final_norm, eps, normed);
       continue;
     }
+    // After down, the next layer's input norm, or the final norm after the last layer.
+    const bool last = l + 1 == c.num_layers;
+    const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
+    pending = !tp_ && !last && l >= w.vis_layers;
     if (tp_) {
       project(o_in, lw.o_proj, lw.post_norm);
       ops::linear_silu_mul(normed, lw.gate_up, gate_up, act);
     } else {
       ops::linear(o_in, lw.o_proj, tmp);
-      ops::linear_silu_mul(ops::ResidualNorm{tmp, residual, lw.post_norm, eps, normed}, lw.gate_up, gate_up,
-                           act);
+      const ops::ResidualNorm mlp_in{tmp, residual, lw.post_norm, eps, normed};
+      // With the next norm pending, down writes tmp alone: one op, so that on CUDA SiLU-and-multiply may
+      // quantize act for a W8A8 down projection (ops/linear.h: swiglu_mlp).
+      if (pending) ops::swiglu_mlp(mlp_in, lw.gate_up, lw.down, gate_up, act, tmp);
+      if (!pending) ops::linear_silu_mul(mlp_in, lw.gate_up, gate_up, act);
     }
-    // After down, the next layer's input norm, or the final norm after the last layer.
-    const bool last = l + 1 == c.num_layers;
-    const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[size_t(l + 1)].input_norm;
-    pending = !tp_ && !last && l >= w.vis_layers;
-    if (pending) {
-      ops::linear(act, lw.down, tmp);
-    } else {
-      project(act, lw.down, next_norm);
-    }
+    if (!pending) project(act, lw.down, next_norm);
     if (l < w.vis_layers) {  // deepstack: onto the layer's output, then the next norm again
       ops::scatter_rows(residual, w.vis_rows_v, w.vis_deep_v[size_t(l)], /*accumulate=*/true);
       ops::rms_norm(residual, next_norm, eps, normed);

@@ -225,6 +225,12 @@ void linear_silu_mul(const ResidualNorm& in, const LinearWeight& w, const Tensor
       weight.device == out.device &&
       KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, w, out, /*silu=*/true)))
     return;
+  // Past the GEMV's sizes: the W8A8 GEMM fed by the fused add + norm + quantizer, where it takes gate_up.
+  if (out.device.is_cuda() && cuda_weight(w) && gate_up.device == out.device && gate_up.ndim == 2 &&
+      gate_up.dtype == DType::bf16 && gate_up.stride[1] == 1 && gate_up.shape[0] == in.delta.shape[0] &&
+      gate_up.shape[1] == weight.shape[0] && gate_up.data != out.data &&
+      KILN_CUDA_OP(linear_norm_in_fp8(in.delta, in.residual, in.weight, in.eps, w, gate_up)))
+    return silu_and_mul(gate_up, out);
 #endif
   add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
   linear_silu_mul(in.normed, w, gate_up, out);
@@ -243,12 +249,50 @@ AttnPrepPath linear_attn_prep(const ResidualNorm& in, const LinearWeight& w, con
         !attn_prep_unfused_forced() && KILN_CUDA_OP(linear_attn_prep_chosen(
                                            in.delta.shape[0], weight.shape[0], weight.shape[1], w.is_fp8()));
     if (!prep_fused &&
-        KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, w, a.qkv, /*silu=*/false)))
+        (KILN_CUDA_OP(linear_norm_in(in.delta, in.residual, in.weight, in.eps, w, a.qkv, /*silu=*/false)) ||
+         KILN_CUDA_OP(linear_norm_in_fp8(in.delta, in.residual, in.weight, in.eps, w, a.qkv))))
       return attn_prep(a);
   }
 #endif
   add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
   return linear_attn_prep(in.normed, w, a);
+}
+
+void swiglu_mlp(const ResidualNorm& in, const LinearWeight& gate_up_w, const LinearWeight& down_w,
+                const Tensor& gate_up, const Tensor& act, const Tensor& out) {
+  constexpr const char* op = "swiglu_mlp";
+  check_linear_weight(op, "down weight", down_w);
+  detail::check_matrix(op, "out", out, 2, DType::bf16);
+  detail::check_matrix(op, "act", act, 2, DType::bf16);
+  const int64_t M = in.delta.shape[0];
+  KILN_CHECK(out.shape[0] == M && out.shape[1] == down_w.weight.shape[0] && act.shape[0] == M &&
+                 act.shape[1] == down_w.weight.shape[1],
+             op, ": act ", act.describe(), " and out ", out.describe(), " do not fit down ",
+             down_w.weight.describe(), " at M = ", M);
+  const void* ptrs[] = {out.data, gate_up.data, act.data, in.residual.data, in.normed.data};
+  for (int i = 1; i < 5; ++i) KILN_CHECK(ptrs[0] != ptrs[i] || M == 0, op, ": out aliases another tensor");
+  detail::check_same_device(op, out, act);
+  detail::check_same_device(op, out, down_w.weight);
+#ifdef KILN_HAVE_CUDA
+  // The down projection on SiLU-and-multiply's quantized rows: gate_up is then made as linear_silu_mul makes
+  // it past the GEMV's sizes (the fused add + norm + quantizer where the W8A8 GEMM takes gate_up too).
+  if (out.device.is_cuda() && cuda_weight(down_w) && out.stride[1] == 1 && gate_up.ndim == 2 &&
+      gate_up.dtype == DType::bf16 && gate_up.device == out.device && gate_up.stride[1] == 1 &&
+      gate_up.shape[0] == M && M > 0 && KILN_CUDA_OP(fp8_prequantized_takes(M, down_w, out))) {
+    check_linear_weight(op, "gate_up weight", gate_up_w);
+    check_residual_norm(op, in, gate_up_w.weight.shape[1], gate_up);
+    if (!(cuda_weight(gate_up_w) &&
+          KILN_CUDA_OP(linear_norm_in_fp8(in.delta, in.residual, in.weight, in.eps, gate_up_w, gate_up)))) {
+      add_rms_norm(in.delta, in.residual, in.weight, in.eps, in.normed);
+      linear(in.normed, gate_up_w, gate_up);
+    }
+    if (KILN_CUDA_OP(silu_mul_linear_fp8(gate_up, down_w, out))) return;
+    silu_and_mul(gate_up, act);  // the workspace would grow inside a graph capture: the unfused ops
+    return linear(act, down_w, out);
+  }
+#endif
+  linear_silu_mul(in, gate_up_w, gate_up, act);
+  linear(act, down_w, out);
 }
 
 }  // namespace kiln::ops

@@ -109,9 +109,22 @@ struct ResidualNorm {
   float eps = 0.0f;
   Tensor normed;
 };
+// On CUDA, where the projection takes the W8A8 GEMM (a block-FP8 weight, M > 8, that tactic tuned,
+// KILN_FP8_FUSED_ACT_QUANT on), the add and the norm run in one kernel that also quantizes the normed rows
+// for the GEMM (ops/cuda/fp8_act_producers.h); normed is then not written either. Bitwise the same.
 void linear_silu_mul(const ResidualNorm& in, const LinearWeight& weight, const Tensor& gate_up,
                      const Tensor& out);
 AttnPrepPath linear_attn_prep(const ResidualNorm& in, const LinearWeight& weight, const AttnPrepArgs& args);
+
+// The SwiGLU MLP of a decoder layer whose input is a residual add + RMSNorm, down projection included:
+//   linear_silu_mul(in, gate_up_weight, gate_up, act);  linear(act, down_weight, out)
+//   gate_up bf16 [M, 2I], act bf16 [M, I]: workspaces, contents afterwards unspecified; out bf16 [M, N]
+//   (N = down's rows), last stride 1; out may alias in.delta (read before out is written), nothing else.
+// Bitwise that composition. On CUDA, where the down projection takes the W8A8 GEMM (as above), SiLU-and-
+// multiply quantizes its rows for the GEMM in the same kernel (act is then not written); elsewhere, and on
+// the CPU, the two ops.
+void swiglu_mlp(const ResidualNorm& in, const LinearWeight& gate_up_weight, const LinearWeight& down_weight,
+                const Tensor& gate_up, const Tensor& act, const Tensor& out);
 
 // LM head: logits[r, :] = x[rows[r], :] · W^T, rows gathered from a hidden-state matrix.
 //   x:      bf16 [T, H], last stride 1;  rows: i32 [R] contiguous, each in [0, T)

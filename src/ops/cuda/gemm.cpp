@@ -165,6 +165,7 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
   gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
   verify_tactics_ = env_switch("KILN_VERIFY_TACTICS", verify_tactics_);
+  fp8_fused_act_quant_ = env_switch("KILN_FP8_FUSED_ACT_QUANT", fp8_fused_act_quant_);
   gemv_norm_in_tiles_ = env_switch("KILN_GEMV_NORM_IN_TILES", gemv_norm_in_tiles_);
   if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
@@ -261,6 +262,36 @@ const GemmTactic* GemmEngine::fp8_tactic_at_or_below(int64_t m, int64_t n, int64
     if (const auto t = tactics_.find(GemmShape{b, n, k, out_type, GemmWeight::fp8}); t != tactics_.end())
       return &t->second;
   return nullptr;
+}
+
+bool GemmEngine::fp8_gemm_takes(const GemvWeight& w, const void* out, int64_t ldo, int64_t m, int64_t n,
+                                int64_t k) const {
+  // run()'s W8A8 condition for an input of row stride K (the workspace's), at sizes past the GEMV's.
+  if (!fp8_fused_act_quant_ || !w.is_fp8() || m <= kGemvMaxM || n < 1 || k < 1) return false;
+  const GemmTactic* tuned = fp8_tactic_at_or_below(m, n, k, GemmOut::bf16);
+  return tuned && tuned->kind == GemmKind::fp8gemm && fp8_gemm_supported(m, n, k, k, w.ld, ldo) &&
+         aligned16(w.data) && aligned16(out);
+}
+
+GemmEngine::Fp8Input GemmEngine::fp8_gemm_input(const GemvWeight& w, const void* out, int64_t ldo, int64_t m,
+                                                int64_t n, int64_t k, cudaStream_t stream) {
+  if (!fp8_gemm_takes(w, out, ldo, m, n, k)) return {};
+  const int64_t bytes = fp8_gemm_workspace_bytes(m, k);
+  void* ws = impl_->grow(impl_->fp8_ws, size_t(bytes), 0, stream);
+  return ws ? Fp8Input{ws, int64_t(impl_->fp8_ws.bytes)} : Fp8Input{};
+}
+
+void GemmEngine::run_prequantized(const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n,
+                                  int64_t k, cudaStream_t stream) {
+  KILN_CHECK(fp8_gemm_takes(w, out, ldo, m, n, k), "run_prequantized: the W8A8 GEMM does not take M ", m,
+             " N ", n, " K ", k, " (fp8_gemm_takes)");
+  KILN_CHECK(impl_->fp8_ws.ptr && int64_t(impl_->fp8_ws.bytes) >= fp8_gemm_workspace_bytes(m, k),
+             "run_prequantized: no workspace filled for M ", m, " K ", k, " (fp8_gemm_input first)");
+  fp8_gemm_quantized(w.data, w.ld, w.scale, out, ldo, m, n, k, impl_->fp8_ws.ptr,
+                     int64_t(impl_->fp8_ws.bytes), fp8_tactic_at_or_below(m, n, k, GemmOut::bf16)->fp8gemm,
+                     stream);
+  ++fp8_gemm_dispatches_;
+  ++fp8_prequantized_dispatches_;
 }
 
 void GemmEngine::reserve_fp8_gemm(int64_t m, int64_t k) {

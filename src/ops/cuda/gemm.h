@@ -150,6 +150,35 @@ class GemmEngine {
   void reserve_fp8_gemm(int64_t m, int64_t k);
   int64_t fp8_gemm_dispatches() const { return fp8_gemm_dispatches_; }  // FP8 runs by the W8A8 GEMM
 
+  // Pre-quantized inputs (issue 43): a producer of the projection's input (fp8_act_producers.h) writes the
+  // W8A8 GEMM's workspace itself, then run_prequantized runs the GEMM alone (fp8_gemm_quantized). For an FP8
+  // weight at M > kGemvMaxM only (decode sizes take the GEMV). fp8_gemm_takes: whether run() would take the
+  // W8A8 GEMM for this call (the tactic of fp8_tactic_at_or_below is fp8gemm, fp8_gemm_supported holds for
+  // the workspace's row stride K, W and out 16-byte aligned) and the fused producers are on; it allocates
+  // nothing. fp8_gemm_input: where it takes, the workspace to fill for M rows of K (fp8_gemm.h's layout),
+  // grown outside graph capture only; empty (data null) where fp8_gemm_takes says no or the workspace is
+  // short inside a capture: the caller then runs the unfused producer and run(). The workspace is the one
+  // run()'s own W8A8 GEMM uses, so nothing may run a projection between the fill and run_prequantized.
+  struct Fp8Input {
+    void* data = nullptr;
+    int64_t bytes = 0;
+  };
+  bool fp8_gemm_takes(const GemvWeight& w, const void* out, int64_t ldo, int64_t m, int64_t n,
+                      int64_t k) const;
+  Fp8Input fp8_gemm_input(const GemvWeight& w, const void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                          cudaStream_t stream);
+  // out bf16 [m, n] (row stride ldo) = the W8A8 GEMM, with run()'s config for the call, on the workspace
+  // fp8_gemm_input returned and a producer filled for the same m and k: bitwise run() on the producer's bf16
+  // rows (the same quantized operands, the same kernel). Throws where fp8_gemm_takes says no or the
+  // workspace is smaller than the call needs.
+  void run_prequantized(const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                        cudaStream_t stream);
+  int64_t fp8_prequantized_dispatches() const { return fp8_prequantized_dispatches_; }  // run_prequantized
+  // Off: fp8_gemm_takes says no everywhere (every producer then runs unfused, as before the fused producers).
+  // Default on; KILN_FP8_FUSED_ACT_QUANT=0 starts it off.
+  void set_fp8_fused_act_quant(bool on) { fp8_fused_act_quant_ = on; }
+  bool fp8_fused_act_quant() const { return fp8_fused_act_quant_; }
+
   // The GEMV configuration run() uses for this call (the tuned tactic of its bucket is a GEMV and the
   // GEMV is enabled), else nothing (cuBLASLt). The fused gate_up + SiLU op asks this for [M, 2I, K].
   // weight: the tactic of the shape with that weight format.
@@ -226,6 +255,8 @@ class GemmEngine {
   int64_t staged_dispatches_ = 0;
   int64_t fp8_dequant_dispatches_ = 0;
   int64_t fp8_gemm_dispatches_ = 0;
+  int64_t fp8_prequantized_dispatches_ = 0;
+  bool fp8_fused_act_quant_ = true;
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;

@@ -7,6 +7,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/fp8_act_producers.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/gemv_attn_prep.h"
@@ -136,6 +137,42 @@ bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& n
   kc::gemv_norm_in(delta.data, delta.stride[0], residual.data, residual.stride[0], norm_weight.data, eps, w,
                    out.data, out.stride[0], M, N, K, epi, *g, kc::current_stream(),
                    kc::pdl_for(kc::PdlSite::gemv));
+  return true;
+}
+
+bool fp8_prequantized_takes(int64_t m, const LinearWeight& weight, const Tensor& out) {
+  return weight.is_fp8() && kc::gemm_engine().fp8_gemm_takes(gemv_weight(weight), out.data, out.stride[0], m,
+                                                             weight.rows(), weight.cols());
+}
+
+bool linear_norm_in_fp8(const Tensor& delta, const Tensor& residual, const Tensor& norm_weight, float eps,
+                        const LinearWeight& weight, const Tensor& out) {
+  const int64_t M = delta.shape[0], N = weight.rows(), K = weight.cols();
+  if (!fp8_prequantized_takes(M, weight, out) || !al16(delta.data) || !al16(residual.data) ||
+      !al16(norm_weight.data) || delta.stride[0] % 8 != 0 || residual.stride[0] % 8 != 0)
+    return false;
+  kc::GemmEngine& eng = kc::gemm_engine();
+  const kc::GemvWeight w = gemv_weight(weight);
+  const auto ws = eng.fp8_gemm_input(w, out.data, out.stride[0], M, N, K, kc::current_stream());
+  if (!ws.data) return false;
+  kc::rms_norm_quantize_act(delta.data, delta.stride[0], residual.data, residual.stride[0], norm_weight.data,
+                            /*out=*/nullptr, 0, M, K, eps, /*add=*/true, ws.data, ws.bytes,
+                            kc::current_stream());
+  eng.run_prequantized(w, out.data, out.stride[0], M, N, K, kc::current_stream());
+  return true;
+}
+
+bool silu_mul_linear_fp8(const Tensor& gate_up, const LinearWeight& weight, const Tensor& out) {
+  const int64_t M = gate_up.shape[0], N = weight.rows(), I = weight.cols();
+  if (!fp8_prequantized_takes(M, weight, out) || gate_up.shape[1] != 2 * I || !al16(gate_up.data) ||
+      gate_up.stride[0] % 8 != 0)
+    return false;
+  kc::GemmEngine& eng = kc::gemm_engine();
+  const kc::GemvWeight w = gemv_weight(weight);
+  const auto ws = eng.fp8_gemm_input(w, out.data, out.stride[0], M, N, I, kc::current_stream());
+  if (!ws.data) return false;
+  kc::silu_mul_quantize_act(gate_up.data, gate_up.stride[0], M, I, ws.data, ws.bytes, kc::current_stream());
+  eng.run_prequantized(w, out.data, out.stride[0], M, N, I, kc::current_stream());
   return true;
 }
 

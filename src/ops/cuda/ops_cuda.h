@@ -48,6 +48,17 @@ bool linear_attn_prep_chosen(int64_t m, int64_t n, int64_t k, bool fp8_weight);
 // launches nothing and returns false (the caller runs add_rms_norm, then the projection).
 bool linear_norm_in(const Tensor& delta, const Tensor& residual, const Tensor& norm_weight, float eps,
                     const LinearWeight& weight, const Tensor& out, bool silu);
+// Fused W8A8 activation quantization (fp8_act_producers.h; GemmEngine::fp8_gemm_takes: a block-FP8 weight,
+// M > 8, the W8A8 GEMM's tactic, KILN_FP8_FUSED_ACT_QUANT on). Each returns false having launched nothing
+// where it does not apply (the caller runs the unfused ops), else runs the producer into the GEMM's
+// workspace and the GEMM on it: bitwise the unfused producer then linear.
+// Whether the W8A8 GEMM takes a projection of m rows by `weight` into out.
+bool fp8_prequantized_takes(int64_t m, const LinearWeight& weight, const Tensor& out);
+// out = linear(rms_norm(residual + delta), weight): residual rewritten, the normed rows never stored.
+bool linear_norm_in_fp8(const Tensor& delta, const Tensor& residual, const Tensor& norm_weight, float eps,
+                        const LinearWeight& weight, const Tensor& out);
+// out = linear(silu_and_mul(gate_up), weight): the bf16 act never stored.
+bool silu_mul_linear_fp8(const Tensor& gate_up, const LinearWeight& weight, const Tensor& out);
 // Grows GemmEngine's FP8 dequantization scratch (gemm.h: reserve_fp8_dequant) to `elements` bf16, before
 // any CUDA graph capture.
 void reserve_fp8_dequant(int64_t elements);
