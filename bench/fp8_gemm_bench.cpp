@@ -4,6 +4,9 @@
 // cuBLASLt GEMM (the engine's tactic or heuristic). Rows: our GEMM alone on quantized activations, in every
 // config; the quantizer alone; both as fp8_gemm runs them (best config). Cold L2 before every sample (the
 // inputs fit in the L2, so each sample reads them from HBM once). A TFLOP/s table (2 M N K / time) follows.
+// At M >= 4096 on down and gate_up, the producer of the input with it: the unfused producer (silu_mul; the
+// add + rms_norm) then fp8_gemm, against the fused producer writing the workspace (fp8_act_producers.h) then
+// fp8_gemm_quantized (issue 43), in the best config; a second table gives both in TFLOP/s.
 // KILN_GEMM_BENCH_ONLY=TEXT keeps the shapes containing TEXT, as in gemm_bench.cpp.
 #include <cublasLt.h>
 
@@ -20,6 +23,7 @@
 #include "kiln/tensor.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/fp8_act_producers.h"
 #include "ops/cuda/fp8_gemm.h"
 #include "ops/cuda/gemm.h"
 
@@ -147,6 +151,7 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
   struct Summary {
     std::string shape;
     double ours = 0, ours_all = 0, lt_fp8 = 0, lt_fp8_fast = 0, lt_bf16 = 0, flops = 0;
+    double producer_unfused = 0, producer_fused = 0;  // the producer + GEMM (down, gate_up at M >= 4096)
     std::string best;
   };
   std::vector<Summary> table;
@@ -215,6 +220,43 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
                                kc::fp8_gemm(x.data(), K, wq.data(), K, static_cast<const float*>(ws8.data()),
                                             out.data(), N, M, N, K, ws.data(), wsb, best, env.stream);
                              });
+      // The input's producer with the GEMM: down's input is SiLU-and-multiply of gate_up [M, 2K], gate_up's
+      // the residual add + RMSNorm of [M, K] (the residual rewritten each sample, as in the model).
+      const bool down = std::string(pj.name) == "down", gate_up = std::string(pj.name) == "gate_up";
+      if ((down || gate_up) && M >= 4096) {
+        const float* wsc = static_cast<const float*>(ws8.data());
+        Buffer in(size_t(M * K) * (down ? 4 : 2), dev), act(size_t(M * K) * 2, dev), nw(size_t(K) * 2, dev);
+        kc::fill_random_bf16(in.data(), M * K * (down ? 2 : 1), 3, 1.0f, 0.0f, env.stream);
+        kc::fill_random_bf16(nw.data(), K, 4, 0.5f, 1.0f, env.stream);
+        // producer bytes: read the input (2 K or K, + the residual read and written), write act / normed.
+        const double in_bytes = double(M * K) * (down ? 4 : 6) + double(M * K) * 2;
+        sm.producer_unfused = time_row(
+            Row{"fp8_gemm", down ? "kiln silu_mul, quantize+gemm" : "kiln add_rms_norm, quantize+gemm", shape,
+                0, -1, fp8_bytes + in_bytes + double(M * K) * 2, config_name(best)},
+            [&](int) {
+              if (down) {
+                kc::silu_mul(in.data(), 2 * K, act.data(), K, M, K, env.stream);
+              } else {
+                kc::rms_norm(x.data(), K, in.data(), K, nw.data(), act.data(), K, M, K, 1e-6f, true,
+                             env.stream);
+              }
+              kc::fp8_gemm(act.data(), K, wq.data(), K, wsc, out.data(), N, M, N, K, ws.data(), wsb, best,
+                           env.stream);
+            });
+        sm.producer_fused = time_row(
+            Row{"fp8_gemm", down ? "kiln silu_mul+quantize, gemm" : "kiln add_rms_norm+quantize, gemm", shape,
+                0, -1, fp8_bytes + in_bytes - double(M * K), config_name(best)},
+            [&](int) {
+              if (down) {
+                kc::silu_mul_quantize_act(in.data(), 2 * K, M, K, ws.data(), wsb, env.stream);
+              } else {
+                kc::rms_norm_quantize_act(x.data(), K, in.data(), K, nw.data(), nullptr, 0, M, K, 1e-6f, true,
+                                          ws.data(), wsb, env.stream);
+              }
+              kc::fp8_gemm_quantized(wq.data(), K, wsc, out.data(), N, M, N, K, ws.data(), wsb, best,
+                                     env.stream);
+            });
+      }
       // cuBLASLt FP8, per-tensor scales (the quantized activations of our workspace as its B operand).
       for (const bool fast : {false, true}) {
         LtFp8Gemm g(lt, M, N, K, a_scale, a_scale + 4, fast, lt_ws_bytes);
@@ -251,6 +293,14 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
     std::printf("| %s | %.0f | %s | %.0f | %.0f | %.0f | %.0f |\n", s.shape.c_str(), tf(s.flops, s.ours),
                 s.best.c_str(), tf(s.flops, s.ours_all), tf(s.flops, s.lt_fp8), tf(s.flops, s.lt_fp8_fast),
                 tf(s.flops, s.lt_bf16));
+  std::printf("\nfp8_gemm with the input's producer, TFLOP/s of the GEMM's 2 M N K (cold L2; %s)\n",
+              env.device_name.c_str());
+  std::printf("| shape | unfused producer + fp8_gemm | fused producer + fp8_gemm_quantized |\n");
+  std::printf("| --- | ---: | ---: |\n");
+  for (const Summary& s : table)
+    if (s.producer_fused > 0 || s.producer_unfused > 0)
+      std::printf("| %s | %.0f | %.0f |\n", s.shape.c_str(), tf(s.flops, s.producer_unfused),
+                  tf(s.flops, s.producer_fused));
   std::printf("\n");
 }
 
