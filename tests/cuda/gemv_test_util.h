@@ -8,6 +8,7 @@
 
 #include "common/test_support.h"
 #include "ops/cuda/context.h"
+#include "ops/cuda/fp8_gemm.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/gemv.h"
 
@@ -60,6 +61,19 @@ inline void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& pat
 inline void write_gemv_cache(const cuda::GemmEngine& eng, const std::string& path, const cuda::GemmShape& s,
                              cuda::GemvConfig cfg, bool norm_in = false) {
   write_gemv_cache(eng, path, {{s, cfg, norm_in}});
+}
+
+// Writes a tactic cache for `eng` holding the W8A8 GEMM's first config for these (M bucket, N, K) FP8 shapes.
+inline void write_w8a8_cache(const cuda::GemmEngine& eng, const std::string& path,
+                             const std::vector<cuda::GemmShape>& shapes) {
+  std::ofstream out(path);
+  out << "kiln-gemm-tactics v5\nkey " << eng.key() << "\n";
+  cuda::GemmTactic t;
+  t.kind = cuda::GemmKind::fp8gemm;
+  t.fp8gemm = cuda::kFp8GemmConfigs[0];
+  t.us = 1.0f;
+  t.describe = "w8a8";
+  for (const cuda::GemmShape& s : shapes) out << cuda::format_tactic_line(s, t) << "\n";
 }
 
 // Installs `entries` (none: an empty tactic set, cuBLASLt's heuristic everywhere) as the tactics of the

@@ -19,6 +19,7 @@
 
 #include "common/model_steps.h"
 #include "common/test_support.h"
+#include "gemv_test_util.h"
 #include "model/qwen3.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
@@ -153,19 +154,6 @@ DeviceFp8Weight make_weight(int64_t n, int64_t k, uint32_t seed) {
   return {to_device(q), to_device(s)};
 }
 
-// A tactic cache with the W8A8 GEMM's first config for these (M bucket, N, K) FP8 shapes.
-void write_w8a8_cache(const cuda::GemmEngine& eng, const std::string& path,
-                      const std::vector<cuda::GemmShape>& shapes) {
-  std::ofstream out(path);
-  out << "kiln-gemm-tactics v5\nkey " << eng.key() << "\n";
-  cuda::GemmTactic t;
-  t.kind = cuda::GemmKind::fp8gemm;
-  t.fp8gemm = cuda::kFp8GemmConfigs[0];
-  t.us = 1.0f;
-  t.describe = "w8a8";
-  for (const cuda::GemmShape& s : shapes) out << cuda::format_tactic_line(s, t) << "\n";
-}
-
 TEST(CudaFp8ActProducers, EngineEntryOnlyWhereRunTakesTheW8a8GemmAndBitwiseRun) {
   KILN_REQUIRE_FP8_GEMM();
   const int64_t N = 776, I = 1040;
@@ -179,7 +167,7 @@ TEST(CudaFp8ActProducers, EngineEntryOnlyWhereRunTakesTheW8a8GemmAndBitwiseRun) 
   EXPECT_EQ(eng.fp8_gemm_input(w, out.data(), N, 100, N, I, nullptr).data, nullptr);
   EXPECT_THROW(eng.run_prequantized(w, out.data(), N, 100, N, I, nullptr), Error);
   const std::string path = (test_support::process_scratch_dir("cuda_fp8_act") / "w8a8.txt").string();
-  write_w8a8_cache(eng, path, {{16, N, I, cuda::GemmOut::bf16, cuda::GemmWeight::fp8}});
+  test::write_w8a8_cache(eng, path, {{16, N, I, cuda::GemmOut::bf16, cuda::GemmWeight::fp8}});
   ASSERT_TRUE(eng.load(path));
   EXPECT_FALSE(eng.fp8_gemm_takes(w, out.data(), N, 8, N, I)) << "decode sizes take the GEMV";
   EXPECT_FALSE(eng.fp8_gemm_takes({w.data, I, nullptr}, out.data(), N, 100, N, I)) << "a bf16 weight";
@@ -228,7 +216,7 @@ TEST(CudaFp8ActProducers, ModelPrefillLogitsBitwiseWithTheSwitchOnAndOff) {
   std::vector<cuda::GemmShape> shapes;
   for (const auto& [n, k] : {std::pair{qkv, H}, std::pair{H, q}, std::pair{2 * I, H}, std::pair{H, I}})
     shapes.push_back({16, n, k, cuda::GemmOut::bf16, cuda::GemmWeight::fp8});
-  write_w8a8_cache(eng, path, shapes);
+  test::write_w8a8_cache(eng, path, shapes);
   ASSERT_TRUE(eng.load(path));
   setenv("KILN_AUTOTUNE", "0", 1);
   setenv("KILN_FP8_DEQUANT", "0", 1);

@@ -325,17 +325,10 @@ TEST(CudaGemvFp8, EngineRunsTheW8a8GemmWhereTuned) {
   Fp8TestWeight w(N, K, 800);
   cuda::GemmEngine eng;
   const std::string path = (test_support::process_scratch_dir("cuda_gemv_fp8") / "w8a8.txt").string();
-  {
-    std::ofstream out(path);
-    out << "kiln-gemm-tactics v3\nkey " << eng.key() << "\n";
-    cuda::GemmTactic t;
-    t.kind = cuda::GemmKind::fp8gemm;
-    t.fp8gemm = cuda::kFp8GemmConfigs[0];
-    t.us = 1.0f;
-    t.describe = "w8a8";
-    for (const int64_t mb : {16, 64, 1024})
-      out << cuda::format_tactic_line({mb, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8}, t) << "\n";
-  }
+  test::write_w8a8_cache(eng, path,
+                         {{16, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8},
+                          {64, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8},
+                          {1024, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8}});
   ASSERT_TRUE(eng.load(path));
   {
     const Buffer dx = to_device(random_bf16(size_t(5 * K), 799));
