@@ -175,7 +175,8 @@ class GemmEngine {
                         cudaStream_t stream);
   int64_t fp8_prequantized_dispatches() const { return fp8_prequantized_dispatches_; }  // run_prequantized
   // Off: fp8_gemm_takes says no everywhere (every producer then runs unfused, as before the fused producers).
-  // Default on; KILN_FP8_FUSED_ACT_QUANT=0 starts it off.
+  // Default off until a GPU run has passed test_cuda_fp8_act_producers and timed it (not yet, 2026-12-07);
+  // KILN_FP8_FUSED_ACT_QUANT=1 starts it on.
   void set_fp8_fused_act_quant(bool on) { fp8_fused_act_quant_ = on; }
   bool fp8_fused_act_quant() const { return fp8_fused_act_quant_; }
 
@@ -256,7 +257,7 @@ class GemmEngine {
   int64_t fp8_dequant_dispatches_ = 0;
   int64_t fp8_gemm_dispatches_ = 0;
   int64_t fp8_prequantized_dispatches_ = 0;
-  bool fp8_fused_act_quant_ = true;
+  bool fp8_fused_act_quant_ = false;
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
