@@ -163,7 +163,7 @@ void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
           expect_share_sums_whole_rows(s, whole, got);
           // FP8: bitwise the BF16 share on the dequantized experts, with the same kernel (but W8A8, path (a)
           // itself, which the CPU comparison below holds)
-          if (f.fp8 && !ops::cuda::moe_fp8_w8a8_runs(share, T)) {
+          if (f.fp8 && !ops::cuda::moe_fp8_w8a8_runs(share, T, f.kernel)) {
             const MoeExperts same = !ops::cuda::moe_fp8_dequant_runs(share, T) ? MoeExperts::gather_gemv
                                     : kc::moe_grouped_gemm_sm90_applies()      ? MoeExperts::grouped_gemm_sm90
                                                                                : MoeExperts::grouped_gemm;

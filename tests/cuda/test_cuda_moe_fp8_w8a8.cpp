@@ -1,10 +1,11 @@
 // Block-FP8 MoE experts on the W8A8 grouped GEMM (src/ops/cuda/moe_grouped_gemm_fp8_sm90.cu; path (a) of
-// ops/fp8_linear.h, ops/cuda/moe_ops.h moe_fp8_w8a8_runs): the layer within relative Frobenius 2^-8 of the
-// CPU oracle (ops::moe_mlp with block-FP8 experts, path (a) too), at 30B-A3B's widths and ragged ones (H or I
-// not a multiple of 256, tiles partly padding), with an expert that every token chooses and one that none
-// does; finite (out and scratch poisoned first); deterministic; the named kernel equal to by_rows; farther
-// from path (c) (the dequant path, KILN_MOE_FP8_W8A8=0) than from the oracle; under expert parallelism; in a
-// CUDA graph replayed while the routing changes, bitwise its eager runs. Skipped without an sm_90a device.
+// ops/fp8_linear.h, ops/cuda/moe_ops.h moe_fp8_w8a8_runs): the layer within relative Frobenius 2^-6 of the
+// CPU oracle (and a quarter of path (c)'s distance from it; kTol below) (ops::moe_mlp with block-FP8 experts,
+// path (a) too), at 30B-A3B's widths and ragged ones (H or I not a multiple of 256, tiles partly padding),
+// with an expert that every token chooses and one that none does; finite (out and scratch poisoned first);
+// deterministic; the named kernel equal to by_rows; farther from path (c) (the dequant path,
+// KILN_MOE_FP8_W8A8=0) than from the oracle; under expert parallelism; in a CUDA graph replayed while the
+// routing changes, bitwise its eager runs. Skipped without an sm_90a device.
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -35,7 +36,15 @@ using test::to_host;
       GTEST_SKIP() << "the W8A8 grouped GEMM needs an sm_90 device running sm_90a code: skipped"; \
   } while (0)
 
-constexpr double kTol = 1.0 / 256;      // relative Frobenius, fp8_gemm.h's bound for a W8A8 kernel
+// Relative Frobenius against the CPU oracle's whole layer. The layer is two W8A8 products with the act
+// quantized between them, and where the GPU's fp32 sums round gate, up or act to the other bf16 neighbour of
+// the CPU's (2^-8 relative), that act may quantize to the next e4m3 code (2^-3 relative) or move its group's
+// scale: so the layer sits further from the oracle than one product's 2^-8 (fp8_gemm.h) does from the fp64
+// product of its own quantized operands. Measured on an H200 (2026-12-07, `6f1ce2f`): 2.8e-3 to 8.6e-3 over
+// these tests, path (c) (no act quantization) 3.6e-2 to 4.2e-2. Held to 2^-6 and, where path (c) runs beside
+// it, to a quarter of path (c)'s distance (kNearerThanC): a scale or layout error lands at or past path (c).
+constexpr double kTol = 1.0 / 64;
+constexpr double kNearerThanC = 0.25;
 constexpr int64_t kHot = 3, kCold = 5;  // chosen by every token / by none (force_routing)
 constexpr int64_t kCol = 1;             // the x column that decides them
 
@@ -119,7 +128,7 @@ void check_against_oracle(Fp8Layer l, const std::vector<int64_t>& batches) {
         (long long)l.E, (long long)l.H, (long long)l.I, (long long)T, err, err_c, differ, got.size());
     EXPECT_LE(err, kTol) << "vs the CPU oracle (path (a))";
     EXPECT_GT(differ, 0u) << "bitwise the dequant path: the W8A8 GEMM did not run";
-    EXPECT_LT(err, err_c) << "W8A8 farther from path (a) than the dequant path";
+    EXPECT_LE(err, kNearerThanC * err_c) << "W8A8 not much nearer path (a) than the dequant path";
   }
 }
 
@@ -178,7 +187,7 @@ TEST(CudaMoeFp8W8a8, RefusedForBf16Experts) {
 }
 
 // Expert parallelism: a rank holding experts [begin, begin + 8) of 32 (weights sliced, expert_begin set):
-// within 2^-8 of the CPU oracle's share.
+// within kTol of the CPU oracle's share.
 TEST(CudaMoeFp8W8a8, ExpertParallelShareMatchesCpuOracle) {
   KILN_REQUIRE_W8A8();
   const test::Fp8W8a8Scope on(true);
