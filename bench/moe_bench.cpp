@@ -225,18 +225,11 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         kc::MoeProductParams g8 = g, d8 = d;
         kc::moe_set_fp8(g8, m.gate_up8.data(), scales.gate_up);
         kc::moe_set_fp8(d8, m.down8.data(), scales.down);
-        const bool wide_before = kc::moe_fp8_wide_loads(), dec_before = kc::moe_fp8_int_decode();
-        // bf16; e4m3 16 and 8 bytes a lane (KILN_MOE_FP8_WIDE_LOADS), each with the integer decode and
-        // with the cvt one (KILN_MOE_FP8_INT_DECODE).
-        for (const int form : {0, 1, 2, 3, 4}) {
+        const bool wide_before = kc::moe_fp8_wide_loads();
+        for (const int form : {0, 1, 2}) {  // bf16; e4m3 16 and 8 bytes a lane (KILN_MOE_FP8_WIDE_LOADS)
           const bool fp8 = form > 0;
-          if (fp8) kc::moe_set_fp8_wide_loads(form == 1 || form == 3);
-          if (fp8) kc::moe_set_fp8_int_decode(form <= 2);
-          const char* name = form == 1   ? " fp8"
-                             : form == 2 ? " fp8 8-byte loads"
-                             : form == 3 ? " fp8 cvt decode"
-                             : form == 4 ? " fp8 8-byte loads cvt decode"
-                                         : "";
+          if (fp8) kc::moe_set_fp8_wide_loads(form == 1);
+          const char* name = form == 1 ? " fp8" : form == 2 ? " fp8 8-byte loads" : "";
           Row f{"moe", std::string("experts + combine fused") + name, shape(T)};
           f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
           timed(f, [&](int) {
@@ -246,20 +239,13 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
           });
         }
         kc::moe_set_fp8_wide_loads(wide_before);
-        kc::moe_set_fp8_int_decode(dec_before);
       }
-      // The FP8 gather GEMV as configured (the switches' defaults), then with the other decode.
-      const bool dec_before = kc::moe_fp8_int_decode();
-      for (const bool dec : {dec_before, !dec_before}) {
-        kc::moe_set_fp8_int_decode(dec);
-        r.variant = std::string("experts gather_gemv fp8") + (dec ? "" : " cvt decode");
-        r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;
-        timed(r, [&](int) {
-          kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, static_cast<const uint16_t*>(x.data()), kH,
-                                 m.gate_up8.data(), m.down8.data(), s, b, env.stream, scales);
-        });
-      }
-      kc::moe_set_fp8_int_decode(dec_before);
+      r.variant = "experts gather_gemv fp8";
+      r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;
+      timed(r, [&](int) {
+        kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, static_cast<const uint16_t*>(x.data()), kH,
+                               m.gate_up8.data(), m.down8.data(), s, b, env.stream, scales);
+      });
     }
     if (T >= 8) {
       Row r{"moe", "experts grouped_gemm", shape(T)};

@@ -53,21 +53,17 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
     const auto x = random_bf16(size_t(T * H), uint32_t(T * 7 + 3));
     const Buffer dx = to_device(x);
     // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it. Both e4m3 load forms
-    // (16 and 8 bytes a lane, KILN_MOE_FP8_WIDE_LOADS) and both decodes (KILN_MOE_FP8_INT_DECODE).
+    // (16 and 8 bytes a lane, KILN_MOE_FP8_WIDE_LOADS).
     const auto bf16 = test::run_moe_gpu(l.dequantized_device(), dx, T, H, MoeExperts::gather_gemv, scratch);
     std::vector<bf16_t> fp8;
-    const bool wide_before = kc::moe_fp8_wide_loads(), dec_before = kc::moe_fp8_int_decode();
-    for (const bool wide : {false, true})
-      for (const bool dec : {false, true}) {
-        kc::moe_set_fp8_wide_loads(wide);
-        kc::moe_set_fp8_int_decode(dec);
-        fp8 = test::run_moe_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
-        for (size_t i = 0; i < fp8.size(); ++i)
-          ASSERT_EQ(fp8[i].bits, bf16[i].bits) << (wide ? "16" : "8") << "-byte loads, "
-                                               << (dec ? "integer" : "cvt") << " decode, element " << i;
-      }
+    const bool wide_before = kc::moe_fp8_wide_loads();
+    for (const bool wide : {false, true}) {
+      kc::moe_set_fp8_wide_loads(wide);
+      fp8 = test::run_moe_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
+      for (size_t i = 0; i < fp8.size(); ++i)
+        ASSERT_EQ(fp8[i].bits, bf16[i].bits) << (wide ? "16" : "8") << "-byte loads, element " << i;
+    }
     kc::moe_set_fp8_wide_loads(wide_before);
-    kc::moe_set_fp8_int_decode(dec_before);
     // Against the CPU oracle (path (a): activations quantized to e4m3 too): about one e4m3 rounding apart.
     std::vector<bf16_t> want(size_t(T * H));
     ops::moe_mlp(Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {T, H}), l.fp8(Device::cpu()),
@@ -119,12 +115,9 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       const auto y1 = test::read_device<bf16_t>(b.y, s.max_rows() * H);
       const auto a = to_host<bf16_t>(o1, size_t(T * H));
-      const bool wide_before = kc::moe_fp8_wide_loads(), dec_before = kc::moe_fp8_int_decode();
-      // Both e4m3 load forms and both decodes (bf16 experts: the same kernel four times).
-      for (const int form : {0, 1, 2, 3}) {
-        const bool wide = form & 1;
+      const bool wide_before = kc::moe_fp8_wide_loads();
+      for (const bool wide : {false, true}) {  // both e4m3 load forms (bf16 experts: the same kernel twice)
         kc::moe_set_fp8_wide_loads(wide);
-        kc::moe_set_fp8_int_decode(form & 2);
         test::poison(o2);
         KILN_CUDA_CHECK(cudaMemset(b.y, 0xff, size_t(s.max_rows() * H) * 2));
         kc::moe_experts_combine_launch(xp, H, w.gate_up.data, w.down.data, s, b,
@@ -132,15 +125,13 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
         const auto y2 = test::read_device<bf16_t>(b.y, s.max_rows() * H);
         const auto c = to_host<bf16_t>(o2, size_t(T * H));
-        for (size_t i = 0; i < a.size(); ++i)
-          ASSERT_EQ(c[i].bits, a[i].bits) << "form " << form << ", out " << i;
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(c[i].bits, a[i].bits) << "out element " << i;
         for (const int32_t r : test::read_device<int32_t>(b.inverse, T * l.k))
           for (int64_t h = 0; h < H; ++h)
             ASSERT_EQ(y2[size_t(r * H + h)].bits, y1[size_t(r * H + h)].bits)
-                << "form " << form << ", y row " << r << " col " << h;
+                << "y row " << r << " col " << h;
       }
       kc::moe_set_fp8_wide_loads(wide_before);
-      kc::moe_set_fp8_int_decode(dec_before);
     }
   }
 }

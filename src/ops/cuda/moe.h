@@ -134,20 +134,12 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
 //     in the gather GEMV and the fused down + combine; 0: 8 bytes and a scale load a chunk, the kernels of
 //     `2f94697`. The same bits either way (tested on the H100); off until timed faster: its T = 1 decode
 //     path measured 27.79 us at `c32d2e9` against the 8-byte form's 25.55 in an earlier run (E4).
-//   KILN_MOE_FP8_INT_DECODE (default kMoeFp8IntDecodeDefault, on): block-FP8 experts' e4m3 bytes widened to
-//     bf16(f32(q) * s) by integer decode and integer RNE (moe_gemv.cuh widen8_e4m3) in the gather GEMV and
-//     the fused down + combine; 0: by the cvt instructions. The same bits either way (every code but NaN);
-//     not yet timed on a GPU against the cvt form.
 constexpr bool kMoeRouterClusterDefault = true;
 constexpr bool kMoeFp8WideLoadsDefault = false;
-constexpr bool kMoeFp8IntDecodeDefault = true;
 bool moe_router_cluster_enabled();
 bool moe_fp8_wide_loads();
 // Overrides KILN_MOE_FP8_WIDE_LOADS for this process (tests and benchmarks compare both forms).
 void moe_set_fp8_wide_loads(bool on);
-bool moe_fp8_int_decode();
-// Overrides KILN_MOE_FP8_INT_DECODE for this process (tests and benchmarks compare both forms).
-void moe_set_fp8_int_decode(bool on);
 
 // Which expert kernel (4): the mma.sync grouped GEMM (any sm_80+), the wgmma one (sm_90a), the gather GEMV,
 // the W8A8 e4m3 wgmma one (sm_90a; block-FP8 experts only, MoeShape::fp8_w8a8).

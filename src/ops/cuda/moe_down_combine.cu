@@ -39,7 +39,7 @@ struct DownCombineParams {
 // through shared memory; no form changes a sum), rounded to
 // bf16 into y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column
 // sums y * weight over j ascending (ascending expert index; the rank's experts only) from +0 and rounds once.
-template <int kLoads, bool kInt>
+template <int kLoads>
 __global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlocksFp8 : kMinBlocks)
     down_combine_kernel(const __grid_constant__ MoeProductParams p,
                         const __grid_constant__ DownCombineParams c) {
@@ -63,14 +63,14 @@ __global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlock
     }
     float acc[2 * kPairs] = {};
     if constexpr (kLoads == kMoeE4m3x16) {
-      moe_fp8_rows_for_each_chunk<2 * kPairs, 2, kInt>(p, wrow, stage[warp], lane,
-                                                       [&](int kk, const float(&f)[2 * kPairs][8]) {
-                                                         float xf[8];
-                                                         unpack8(*reinterpret_cast<const uint4*>(a + kk), xf);
+      moe_fp8_rows_for_each_chunk<2 * kPairs, 2>(p, wrow, stage[warp], lane,
+                                                 [&](int kk, const float(&f)[2 * kPairs][8]) {
+                                                   float xf[8];
+                                                   unpack8(*reinterpret_cast<const uint4*>(a + kk), xf);
 #pragma unroll
-                                                         for (int i = 0; i < 2 * kPairs; ++i)
-                                                           acc[i] = dot8(xf, f[i], acc[i]);
-                                                       });
+                                                   for (int i = 0; i < 2 * kPairs; ++i)
+                                                     acc[i] = dot8(xf, f[i], acc[i]);
+                                                 });
     } else {
       constexpr bool kFp8 = kLoads == kMoeE4m3x8;
       for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlock
 #pragma unroll
           for (int i = 0; i < 2 * kPairs; ++i) {
             float f[8];
-            moe_widen_weight_chunk<kFp8, kInt>(wc[d][i], f);
+            moe_widen_weight_chunk<kFp8>(wc[d][i], f);
             acc[i] = dot8(xf, f, acc[i]);
           }
         }
@@ -136,11 +136,9 @@ void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, co
                       .block = dim3(kWarps * 32),
                       .stream = stream,
                       .pdl = pdl_for(PdlSite::gemv)};
-  const bool wide = moe_fp8_wide_loads(), dec = moe_fp8_int_decode();
-  const auto kernel =
-      !down.ws ? down_combine_kernel<kMoeBf16, false>
-      : wide   ? (dec ? down_combine_kernel<kMoeE4m3x16, true> : down_combine_kernel<kMoeE4m3x16, false>)
-               : (dec ? down_combine_kernel<kMoeE4m3x8, true> : down_combine_kernel<kMoeE4m3x8, false>);
+  const auto kernel = !down.ws               ? down_combine_kernel<kMoeBf16>
+                      : moe_fp8_wide_loads() ? down_combine_kernel<kMoeE4m3x16>
+                                             : down_combine_kernel<kMoeE4m3x8>;
   launch(cfg, kernel, down, c);
 }
 

@@ -32,7 +32,7 @@ constexpr int kDepth = 2;  // chunks a lane loads a row before its first product
 // regroups them through shared memory into the same chunks (moe_fp8_rows_for_each_chunk); kMoeE4m3x8 loads
 // each chunk's 8 bytes and its scale like the bf16 form; both widen to bf16(f32(q) * s). Every form sums
 // the chunks in ascending order: the FP8 kernel is the bf16 kernel on dequantize_fp8's weights, bit for bit.
-template <bool kSilu, int kLoads, bool kInt>
+template <bool kSilu, int kLoads>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
   // kMoeE4m3x16: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       }
     };
     if constexpr (kLoads == kMoeE4m3x16) {
-      moe_fp8_rows_for_each_chunk<2 * kPairs, 4, kInt>(p, wrow, stage[warp], lane, consume);
+      moe_fp8_rows_for_each_chunk<2 * kPairs, 4>(p, wrow, stage[warp], lane, consume);
     } else {
       constexpr bool kFp8 = kLoads == kMoeE4m3x8;
       for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
           if (kk >= p.K) break;
           float f[2 * kPairs][8];
 #pragma unroll
-          for (int i = 0; i < 2 * kPairs; ++i) moe_widen_weight_chunk<kFp8, kInt>(wc[d][i], f[i]);
+          for (int i = 0; i < 2 * kPairs; ++i) moe_widen_weight_chunk<kFp8>(wc[d][i], f[i]);
           consume(kk, f);
         }
       }
@@ -124,16 +124,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-// The kernel for (kSilu, fp8): e4m3 16 or 8 bytes a lane as moe_fp8_wide_loads() says, decoded as
-// moe_fp8_int_decode() says.
+// The kernel for (kSilu, fp8): e4m3 16 or 8 bytes a lane as moe_fp8_wide_loads() says.
 template <bool kSilu>
 auto gather_gemv_kernel_for(bool fp8) {
-  if (!fp8) return gather_gemv_kernel<kSilu, kMoeBf16, false>;
-  const bool wide = moe_fp8_wide_loads(), dec = moe_fp8_int_decode();
-  return wide ? (dec ? gather_gemv_kernel<kSilu, kMoeE4m3x16, true>
-                     : gather_gemv_kernel<kSilu, kMoeE4m3x16, false>)
-              : (dec ? gather_gemv_kernel<kSilu, kMoeE4m3x8, true>
-                     : gather_gemv_kernel<kSilu, kMoeE4m3x8, false>);
+  if (!fp8) return gather_gemv_kernel<kSilu, kMoeBf16>;
+  return moe_fp8_wide_loads() ? gather_gemv_kernel<kSilu, kMoeE4m3x16>
+                              : gather_gemv_kernel<kSilu, kMoeE4m3x8>;
 }
 
 struct CombineParams {

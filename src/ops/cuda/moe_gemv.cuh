@@ -4,7 +4,6 @@
 
 #include <cuda_fp16.h>
 
-#include "ops/cuda/gemv_weights.cuh"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/vec.cuh"
 #include "ops/fp8.h"
@@ -19,48 +18,22 @@ __device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8], 
 
 // Eight e4m3 weights (8 bytes, k order from the low byte) of one 128-K block times its scale s, as the
 // bf16 GEMV's fp32 operands: bf16(f32(q) * s) each, path (c)'s value (ops/fp8_linear.h), so the FP8 GEMV
-// is the bf16 one on dequantize_fp8's weights bitwise. Two decodes, the same bits for every code but NaN:
-//   kInt (moe_fp8_int_decode()): no conversion instruction. f32(q) from the code's bits placed into an
-//     fp32's and one exact multiply (gemv_detail::e4m3_to_f32_exact, the e4m3 x 16 GEMV's), the product
-//     rounded to bf16 by integer RNE on its bits (exact for finite values: the loader refuses non-finite
-//     scales). The NaN codes 0x7f and 0xff, which no quantizer writes, read as +-480.
-//   else: e4m3 -> f16 (cvt, sm_89+) and f16 -> f32, exact, then the multiply and cvt's RNE to bf16; older
-//     targets decode in integer arithmetic (ops/fp8.h): the same values.
-// Why two: the conversions run on the SMs' conversion pipe, a quarter of the FMA rate on sm_90 (the CUDA
-// programming guide's throughput table), and the dense FP8 GEMV streamed 52 % of the H100's copy rate with
-// them against 74 % with the integer decode (docs/PERF.md K7/K8; that change also dropped the rounding).
-__device__ __forceinline__ float round_bf16_rne_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return __uint_as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-}
-
-template <bool kInt>
+// is the bf16 one on dequantize_fp8's weights bitwise. e4m3 -> f16 (cvt, sm_89+) and f16 -> f32 are exact;
+// older targets decode in integer arithmetic (ops/fp8.h): the same values.
 __device__ __forceinline__ void widen8_e4m3(uint2 v, float s, float (&f)[8]) {
-  if constexpr (kInt) {
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      const uint32_t word = w == 0 ? v.x : v.y;
-      f[4 * w + 0] = round_bf16_rne_bits(__fmul_rn(gemv_detail::e4m3_to_f32_exact<0>(word), s));
-      f[4 * w + 1] = round_bf16_rne_bits(__fmul_rn(gemv_detail::e4m3_to_f32_exact<1>(word), s));
-      f[4 * w + 2] = round_bf16_rne_bits(__fmul_rn(gemv_detail::e4m3_to_f32_exact<2>(word), s));
-      f[4 * w + 3] = round_bf16_rne_bits(__fmul_rn(gemv_detail::e4m3_to_f32_exact<3>(word), s));
-    }
-  } else {
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      const uint32_t word = h < 2 ? v.x : v.y, pair = (word >> (16 * (h % 2))) & 0xffffu;
+  for (int h = 0; h < 4; ++h) {
+    const uint32_t word = h < 2 ? v.x : v.y, pair = (word >> (16 * (h % 2))) & 0xffffu;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-      uint32_t h2;
-      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(uint16_t(pair)));
-      const float lo = __half2float(__ushort_as_half(uint16_t(h2 & 0xffffu)));
-      const float hi = __half2float(__ushort_as_half(uint16_t(h2 >> 16)));
+    uint32_t h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(uint16_t(pair)));
+    const float lo = __half2float(__ushort_as_half(uint16_t(h2 & 0xffffu)));
+    const float hi = __half2float(__ushort_as_half(uint16_t(h2 >> 16)));
 #else
-      const float lo = ::kiln::e4m3_to_f32(uint8_t(pair & 0xffu)),
-                  hi = ::kiln::e4m3_to_f32(uint8_t(pair >> 8));
+    const float lo = ::kiln::e4m3_to_f32(uint8_t(pair & 0xffu)), hi = ::kiln::e4m3_to_f32(uint8_t(pair >> 8));
 #endif
-      f[2 * h] = round_bf16(__fmul_rn(lo, s));
-      f[2 * h + 1] = round_bf16(__fmul_rn(hi, s));
-    }
+    f[2 * h] = round_bf16(__fmul_rn(lo, s));
+    f[2 * h + 1] = round_bf16(__fmul_rn(hi, s));
   }
 }
 
@@ -95,10 +68,10 @@ __device__ __forceinline__ MoeWeightChunk<kFp8> moe_load_weight_chunk(const MoeP
 }
 
 // A loaded chunk as fp32 GEMV operands: the bf16 values, or the e4m3 bytes widened with their block's scale.
-template <bool kFp8, bool kInt>
+template <bool kFp8>
 __device__ __forceinline__ void moe_widen_weight_chunk(const MoeWeightChunk<kFp8>& c, float (&f)[8]) {
   if constexpr (kFp8) {
-    widen8_e4m3<kInt>(c.v, c.s, f);
+    widen8_e4m3(c.v, c.s, f);
   } else {
     unpack8(c.v, f);
   }
@@ -115,7 +88,7 @@ __device__ __forceinline__ void moe_widen_weight_chunk(const MoeWeightChunk<kFp8
 // consume(kk, f): f[i][0 .. 8) are row i's widened weights kk .. kk + 7 (the lane's chunk), called in the
 // lane's ascending chunk order for every chunk below K. Needs K % 128 == 0 (block-FP8 experts) and the rows'
 // 16-byte alignment (K % 16 == 0).
-template <int kW, int kWin, bool kInt, typename Consume>
+template <int kW, int kWin, typename Consume>
 __device__ __forceinline__ void moe_fp8_rows_for_each_chunk(const MoeProductParams& p,
                                                             const int64_t (&wrow)[kW], uint2 (*stage)[64],
                                                             int lane, Consume&& consume) {
@@ -151,7 +124,7 @@ __device__ __forceinline__ void moe_fp8_rows_for_each_chunk(const MoeProductPara
 #pragma unroll
         for (int i = 0; i < kW; ++i) {
           const float s = __shfl_sync(0xffffffffu, sc[i], 4 * w + 2 * h + lane / 16);
-          widen8_e4m3<kInt>(stage[i][32 * h + lane], s, f[i]);
+          widen8_e4m3(stage[i][32 * h + lane], s, f[i]);
         }
         if (kk < p.K) consume(kk, f);
       }

@@ -25,19 +25,6 @@ bool env_switch(const char* name, bool fallback) {
 }
 
 std::atomic<int> g_fp8_wide_loads{-1};  // -1: not read yet
-std::atomic<int> g_fp8_int_decode{-1};  // -1: not read yet
-
-// A switch read once from the environment into `cell`, unless a setter got there first.
-bool cached_switch(std::atomic<int>& cell, const char* name, bool fallback) {
-  int v = cell.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = env_switch(name, fallback) ? 1 : 0;
-    int unset = -1;
-    cell.compare_exchange_strong(unset, v);  // an override set meanwhile wins
-    v = cell.load(std::memory_order_relaxed);
-  }
-  return v == 1;
-}
 
 // Walks the parts in MoeBuffers order; with base == nullptr it only sums their sizes.
 struct Carver {
@@ -83,19 +70,18 @@ bool moe_router_cluster_enabled() {
 }
 
 bool moe_fp8_wide_loads() {
-  return cached_switch(g_fp8_wide_loads, "KILN_MOE_FP8_WIDE_LOADS", kMoeFp8WideLoadsDefault);
+  int v = g_fp8_wide_loads.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = env_switch("KILN_MOE_FP8_WIDE_LOADS", kMoeFp8WideLoadsDefault) ? 1 : 0;
+    int unset = -1;
+    g_fp8_wide_loads.compare_exchange_strong(unset, v);  // an override set meanwhile wins
+    v = g_fp8_wide_loads.load(std::memory_order_relaxed);
+  }
+  return v == 1;
 }
 
 void moe_set_fp8_wide_loads(bool on) {
   g_fp8_wide_loads.store(on ? 1 : 0, std::memory_order_relaxed);
-}
-
-bool moe_fp8_int_decode() {
-  return cached_switch(g_fp8_int_decode, "KILN_MOE_FP8_INT_DECODE", kMoeFp8IntDecodeDefault);
-}
-
-void moe_set_fp8_int_decode(bool on) {
-  g_fp8_int_decode.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
 size_t moe_scratch_bytes(const MoeShape& s) {
