@@ -16,7 +16,8 @@
 //     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
 //     router GEMV fused with the routing and permutation (the path to 64 tokens; at T = 1 and 8 also its
 //     counter form beside the cluster form that runs there)
-//   FP8 experts at T = 256, 1024, 4096 (the prefill sizes; ops/cuda/moe_ops.h kMoeFp8DequantMinTokens): the
+//   FP8 experts at T = 16, 64 and 256, 1024, 4096 (the prefill sizes; ops/cuda/moe_ops.h
+//   kMoeFp8DequantMinTokens): the
 //     gather GEMV widening e4m3 in registers, the dequantization of the chosen experts alone, the dequant +
 //     wgmma grouped GEMM (FP8's path at and above the threshold), the BF16 wgmma GEMM beside them, and the
 //     whole op with FP8 experts under the default threshold (its path column says which ran), and (sm_90a)
@@ -81,11 +82,13 @@ struct MoeSetup {
   }
 };
 
-// The FP8 rows at prefill sizes (the header's last bullet): which of the GEMV and dequant + grouped GEMM is
-// faster at each T picks kMoeFp8DequantMinTokens.
+// The FP8 rows at T = 16, 64 and prefill sizes (the header's last bullet): which of the GEMV, dequant +
+// grouped GEMM and the W8A8 grouped GEMM is faster at each T picks kMoeFp8DequantMinTokens (16 and 64: where
+// the W8A8 kernel might overtake the GEMV, which reads FP8 experts at under 40 % of the copy rate there:
+// E10).
 void run_moe_fp8_prefill(const Env& env, const MoeSetup& m, std::vector<Row>& rows) {
   const double flops_pair = 2.0 * double(3 * kH * kI);
-  for (const int64_t T : {int64_t(256), int64_t(1024), int64_t(4096)}) {
+  for (const int64_t T : {int64_t(16), int64_t(64), int64_t(256), int64_t(1024), int64_t(4096)}) {
     const std::string shape = "30B-A3B T=" + std::to_string(T) + " E=128 k=8 H=2048 I=768";
     const kc::MoeShape s{.T = T, .E = kE, .k = kK, .H = kH, .I = kI, .fp8_dequant = true};
     Buffer x(size_t(T * kH) * 2, Device::cuda()), out(size_t(T * kH) * 2, Device::cuda());
