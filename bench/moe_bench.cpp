@@ -22,7 +22,7 @@
 //     wgmma grouped GEMM (FP8's path at and above the threshold), the BF16 wgmma GEMM beside them, and the
 //     whole op with FP8 experts under the default threshold (its path column says which ran), and (sm_90a)
 //     `experts fp8 w8a8 grouped`: the W8A8 grouped GEMM (inputs quantized to e4m3, e4m3 x e4m3 wgmma), the
-//     path by rows takes there unless KILN_MOE_FP8_W8A8=0
+//     path by rows takes there with KILN_MOE_FP8_W8A8=1
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
