@@ -4,7 +4,7 @@
 # kiln serve runs plain, with n-gram speculation and with the EAGLE-3 draft (k = 3 chains) at batch 1
 # (scripts/spec_measure.py: tokens/s, accept length, greedy equality) on held-out code-editing and
 # free-continuation prompts.
-# SPEC_TRAIN_MIN (2.5), SPEC_TARGET_ARGS (the target's shape flags for scripts/train_small_qwen3.py, default
+# SPEC_EAGLE3_STEPS (3; the chain lengths served at batch 1, e.g. "3 5"), SPEC_TRAIN_MIN (2.5), SPEC_TARGET_ARGS (the target's shape flags for scripts/train_small_qwen3.py, default
 # none: 12 layers, hidden 768), SPEC_DRAFT_MIN (2.5; 0 skips the draft and its EAGLE-3 rows), SPEC_EAGLE3_SERVE (1; 0: no EAGLE-3 rows), SPEC_EAGLE3_PASSES (0; 1: also EAGLE-3 with its chain read back pass by pass), SPEC_MODELS (the models' folder, default under SCRATCH) and SPEC_REUSE (1: serve the models found there, untrained again), SPEC_EAGLE3_EAGER (0; 1: also the draft's passes run eagerly, not from CUDA graphs), SPEC_DATA_BYTES (30000000), SPEC_PROMPTS (6 of each kind),
 # `bash bench/device.sh build tests spec` trains beside the build and the tests (spec_train_early).
 # SPEC_TOKENS (128), SPEC_BATCH1 (1; 0: no batch-1 table), SPEC_C32 (1: also `kiln bench serve` C = 32, 1024 in / 256 out, plain, n-gram and EAGLE-3:
@@ -106,9 +106,15 @@ suite_spec() {
   m=$models/small_qwen3 d=$models/small_qwen3_eagle3
   local configs=(--config "plain=" --config "ngram=--speculative-algorithm ngram --speculative-num-draft-tokens 5 \
 --speculative-ngram-max-match-window-size 8")
-  # SPEC_EAGLE3_SERVE=0 leaves the EAGLE-3 row out; KILN_EAGLE3_CUDA=1 serves it whatever kiln's default.
-  [[ ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]] && configs+=(--config "eagle3=--speculative-algorithm EAGLE3 \
---speculative-draft-model-path $d --speculative-num-steps 3 --speculative-eagle-topk 1")
+  # SPEC_EAGLE3_SERVE=0 leaves the EAGLE-3 rows out; KILN_EAGLE3_CUDA=1 serves it whatever kiln's default.
+  # SPEC_EAGLE3_STEPS: the chain lengths k to serve at batch 1 (default 3; "3 5" adds an eagle3_k5 row).
+  local k
+  if [[ ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]]; then
+    for k in ${SPEC_EAGLE3_STEPS:-3}; do
+      configs+=(--config "eagle3$([[ $k == 3 ]] || echo "_k$k")=--speculative-algorithm EAGLE3 \
+--speculative-draft-model-path $d --speculative-num-steps $k --speculative-eagle-topk 1")
+    done
+  fi
   # SPEC_EAGLE3_PASSES=1 adds the same EAGLE-3 server with each chain pass's tokens read back (the chain off
   # the device, KILN_EAGLE3_DEVICE_CHAIN=0); SPEC_EAGLE3_EAGER=1 one with the draft's chains and passes after
   # verify steps run eagerly, not from CUDA graphs (KILN_EAGLE3_DRAFT_GRAPHS=0).
