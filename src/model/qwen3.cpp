@@ -427,8 +427,11 @@ void Qwen3Model::launch_layers(KvCache& cache) {
       const ops::ResidualNorm mlp_in{tmp, residual, lw.post_norm, eps, normed};
       // With the next norm pending, down writes tmp alone: one op, so that on CUDA SiLU-and-multiply may
       // quantize act for a W8A8 down projection (ops/linear.h: swiglu_mlp).
-      if (pending) ops::swiglu_mlp(mlp_in, lw.gate_up, lw.down, gate_up, act, tmp);
-      if (!pending) ops::linear_silu_mul(mlp_in, lw.gate_up, gate_up, act);
+      if (pending) {
+        ops::swiglu_mlp(mlp_in, lw.gate_up, lw.down, gate_up, act, tmp);
+      } else {
+        ops::linear_silu_mul(mlp_in, lw.gate_up, gate_up, act);
+      }
     }
     if (!pending) project(act, lw.down, next_norm);
     if (l < w.vis_layers) {  // deepstack: onto the layer's output, then the next norm again
