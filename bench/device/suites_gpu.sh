@@ -92,6 +92,29 @@ suite_sanitize() {
 
 # The attention kernels that miss their targets, one launch each under ncu, and the L2 sector table: a kernel
 # that reads each byte once asks the L2 for dram_bytes / 32 sectors (docs/PERF.md, "Kernels").
+# ncu-cmd: Nsight Compute on the launches of one kiln command whose kernel names match NCU_KERNEL (a regex),
+# skipping NCU_SKIP of them (default 0) and profiling NCU_COUNT (default 4), with the ncu suite's sections (the
+# pipe utilization in ComputeWorkloadAnalysis says whether a kernel is bound by an issue pipe, e.g. the
+# conversions); NCU_CMD is the kiln command line without the binary, e.g. "bench model --shape qwen3-30b-a3b
+# --quantization fp8 --context 1024 --steps 1 --batch 8 --no-breakdown". The report in ncu-cmd/report.txt.
+suite_ncu_cmd() {
+  need_gpu || return
+  [[ -n ${NCU_KERNEL:-} && -n ${NCU_CMD:-} ]] || {
+    row "ncu-cmd" "FAILED: set NCU_KERNEL and NCU_CMD"
+    return 1
+  }
+  build kiln || return
+  local cmd=()
+  read -r -a cmd <<<"$NCU_CMD"
+  timeout "${NCU_SECONDS:-300}" ncu --clock-control none -k "regex:$NCU_KERNEL" --launch-skip "${NCU_SKIP:-0}" \
+    -c "${NCU_COUNT:-4}" --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section Occupancy --section WarpStateStats --section InstructionStats --section LaunchStats \
+    "$K" "${cmd[@]}" >"$W/ncu-cmd/report.txt" 2>&1
+  row "ncu-cmd $NCU_KERNEL" "rc=$? ($(grep -c '^  [a-z_].*(' "$W/ncu-cmd/report.txt") kernels profiled)"
+  grep -E "^  [a-z_].*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A" \
+    "$W/ncu-cmd/report.txt" | head -40
+}
+
 suite_ncu() {
   need_gpu || return
   build kiln || return
