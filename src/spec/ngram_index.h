@@ -14,10 +14,9 @@
 // factor at most 1/2, key the n-gram's hash with n mixed in. Per-length std::unordered_maps (a node allocated
 // per insert) cost too much: serving 256 1024-token prompts at concurrency 32 with n-gram drafting spent
 // 0.45 s of a 2.0 s run drafting, almost all of it in append() (H100, 2026-12-07, `550e8bc`, docs/PERF.md
-// SP4). append(span) reserves
-// for the tokens it brings, so a prompt rehashes at most once. Memory: one entry per distinct n-gram, at most
-// max_n - min_n + 1 per token, in 16-byte slots, under 4 slots per (token, length): 512 KiB for a 1024-token
-// prompt with the window [1, 12].
+// SP4). append(span) reserves for the tokens it brings, so a prompt rehashes at most once. Memory: one entry
+// per distinct n-gram, at most max_n - min_n + 1 per token, in 16-byte slots, under 4 slots per (token,
+// length): 512 KiB for a 1024-token prompt with the window [1, 12].
 #pragma once
 
 #include <cstdint>

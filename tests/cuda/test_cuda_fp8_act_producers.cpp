@@ -210,6 +210,7 @@ TEST(CudaFp8ActProducers, ModelPrefillLogitsBitwiseWithTheSwitchOnAndOff) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_heads * c.head_dim,
                 qkv = q + 2 * c.num_kv_heads * c.head_dim;
   cuda::GemmEngine& eng = cuda::gemm_engine();
+  const bool fused_before = eng.fp8_fused_act_quant();
   const auto dir = test_support::process_scratch_dir("cuda_fp8_act_model");
   const std::string saved = (dir / "saved.txt").string(), path = (dir / "w8a8.txt").string();
   eng.save(saved);
@@ -238,7 +239,7 @@ TEST(CudaFp8ActProducers, ModelPrefillLogitsBitwiseWithTheSwitchOnAndOff) {
   const int64_t gemm1 = eng.fp8_gemm_dispatches(), pre1 = eng.fp8_prequantized_dispatches();
   const auto on = steps(true);
   const int64_t gemm2 = eng.fp8_gemm_dispatches(), pre2 = eng.fp8_prequantized_dispatches();
-  eng.set_fp8_fused_act_quant(true);
+  eng.set_fp8_fused_act_quant(fused_before);
   eng.load(saved);
   EXPECT_EQ(pre1, pre0) << "the switch off still fused";
   EXPECT_GT(gemm1, gemm0) << "the W8A8 GEMM never ran";

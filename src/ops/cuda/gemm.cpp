@@ -235,9 +235,7 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
   }
   // The W8A8 GEMM where the tuner chose it for this bucket (or the nearest tuned bucket below) and it takes
   // the call.
-  if (const GemmTactic* tuned = fp8_tactic_at_or_below(m, n, k, out_type);
-      tuned && tuned->kind == GemmKind::fp8gemm && out_type == GemmOut::bf16 &&
-      fp8_gemm_supported(m, n, k, ldx, w.ld, ldo) && aligned16(w.data) && aligned16(x) && aligned16(out)) {
+  if (const GemmTactic* tuned = w8a8_tactic(w, ldx, out, ldo, m, n, k, out_type); tuned && aligned16(x)) {
     const int64_t ws_bytes = fp8_gemm_workspace_bytes(m, k);
     if (void* ws = impl_->grow(impl_->fp8_ws, size_t(ws_bytes), 0, stream)) {
       fp8_gemm(x, ldx, w.data, w.ld, w.scale, out, ldo, m, n, k, ws, int64_t(impl_->fp8_ws.bytes),
@@ -264,13 +262,20 @@ const GemmTactic* GemmEngine::fp8_tactic_at_or_below(int64_t m, int64_t n, int64
   return nullptr;
 }
 
+const GemmTactic* GemmEngine::w8a8_tactic(const GemvWeight& w, int64_t ldx, const void* out, int64_t ldo,
+                                          int64_t m, int64_t n, int64_t k, GemmOut out_type) const {
+  const GemmTactic* t = fp8_tactic_at_or_below(m, n, k, out_type);
+  return t && t->kind == GemmKind::fp8gemm && out_type == GemmOut::bf16 &&
+                 fp8_gemm_supported(m, n, k, ldx, w.ld, ldo) && aligned16(w.data) && aligned16(out)
+             ? t
+             : nullptr;
+}
+
 bool GemmEngine::fp8_gemm_takes(const GemvWeight& w, const void* out, int64_t ldo, int64_t m, int64_t n,
                                 int64_t k) const {
-  // run()'s W8A8 condition for an input of row stride K (the workspace's), at sizes past the GEMV's.
-  if (!fp8_fused_act_quant_ || !w.is_fp8() || m <= kGemvMaxM || n < 1 || k < 1) return false;
-  const GemmTactic* tuned = fp8_tactic_at_or_below(m, n, k, GemmOut::bf16);
-  return tuned && tuned->kind == GemmKind::fp8gemm && fp8_gemm_supported(m, n, k, k, w.ld, ldo) &&
-         aligned16(w.data) && aligned16(out);
+  // run()'s W8A8 choice for an input of row stride K (the workspace's), at sizes past the GEMV's.
+  return fp8_fused_act_quant_ && w.is_fp8() && m > kGemvMaxM && n >= 1 && k >= 1 &&
+         w8a8_tactic(w, k, out, ldo, m, n, k, GemmOut::bf16) != nullptr;
 }
 
 GemmEngine::Fp8Input GemmEngine::fp8_gemm_input(const GemvWeight& w, const void* out, int64_t ldo, int64_t m,
@@ -288,8 +293,8 @@ void GemmEngine::run_prequantized(const GemvWeight& w, void* out, int64_t ldo, i
   KILN_CHECK(impl_->fp8_ws.ptr && int64_t(impl_->fp8_ws.bytes) >= fp8_gemm_workspace_bytes(m, k),
              "run_prequantized: no workspace filled for M ", m, " K ", k, " (fp8_gemm_input first)");
   fp8_gemm_quantized(w.data, w.ld, w.scale, out, ldo, m, n, k, impl_->fp8_ws.ptr,
-                     int64_t(impl_->fp8_ws.bytes), fp8_tactic_at_or_below(m, n, k, GemmOut::bf16)->fp8gemm,
-                     stream);
+                     int64_t(impl_->fp8_ws.bytes),
+                     w8a8_tactic(w, k, out, ldo, m, n, k, GemmOut::bf16)->fp8gemm, stream);
   ++fp8_gemm_dispatches_;
   ++fp8_prequantized_dispatches_;
 }

@@ -175,8 +175,8 @@ class GemmEngine {
                         cudaStream_t stream);
   int64_t fp8_prequantized_dispatches() const { return fp8_prequantized_dispatches_; }  // run_prequantized
   // Off: fp8_gemm_takes says no everywhere (every producer then runs unfused, as before the fused producers).
-  // Default off until a GPU run has passed test_cuda_fp8_act_producers and timed it (not yet, 2026-12-07);
-  // KILN_FP8_FUSED_ACT_QUANT=1 starts it on.
+  // Default off until timed against the unfused producers (test_cuda_fp8_act_producers passed on an H200,
+  // 2026-12-07, `6f1ce2f`); KILN_FP8_FUSED_ACT_QUANT=1 starts it on.
   void set_fp8_fused_act_quant(bool on) { fp8_fused_act_quant_ = on; }
   bool fp8_fused_act_quant() const { return fp8_fused_act_quant_; }
 
@@ -242,6 +242,11 @@ class GemmEngine {
   int64_t staged_dispatches() const { return staged_dispatches_; }        // cuBLASLt via the staging rows
 
  private:
+  // run()'s W8A8 GEMM choice for an FP8 weight: the tactic fp8_tactic_at_or_below gives where it is the W8A8
+  // GEMM's and the call fits it (bf16 out, fp8_gemm_supported, W and out 16-byte aligned), else null. run()
+  // also needs x aligned; the pre-quantized path's input is the workspace.
+  const GemmTactic* w8a8_tactic(const GemvWeight& w, int64_t ldx, const void* out, int64_t ldo, int64_t m,
+                                int64_t n, int64_t k, GemmOut out_type) const;
   // cuBLASLt on 16-byte-aligned operands and strides (the tuned tactic, else the heuristic's); false, having
   // enqueued nothing, where cuBLASLt has no algorithm for the shape.
   bool run_cublaslt(const void* x, int64_t ldx, const void* w, int64_t ldw, void* out, int64_t ldo, int64_t m,

@@ -26,6 +26,19 @@ bool env_switch(const char* name, bool fallback) {
 
 std::atomic<int> g_fp8_wide_loads{-1};  // -1: not read yet
 
+// A 0 / 1 switch read once from the environment into `cell` (-1: not read yet), unless a setter got there
+// first.
+bool cached_switch(std::atomic<int>& cell, const char* name, bool fallback) {
+  int v = cell.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = env_switch(name, fallback) ? 1 : 0;
+    int unset = -1;
+    cell.compare_exchange_strong(unset, v);  // an override set meanwhile wins
+    v = cell.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
 // Walks the parts in MoeBuffers order; with base == nullptr it only sums their sizes.
 struct Carver {
   char* base;
@@ -70,14 +83,7 @@ bool moe_router_cluster_enabled() {
 }
 
 bool moe_fp8_wide_loads() {
-  int v = g_fp8_wide_loads.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = env_switch("KILN_MOE_FP8_WIDE_LOADS", kMoeFp8WideLoadsDefault) ? 1 : 0;
-    int unset = -1;
-    g_fp8_wide_loads.compare_exchange_strong(unset, v);  // an override set meanwhile wins
-    v = g_fp8_wide_loads.load(std::memory_order_relaxed);
-  }
-  return v == 1;
+  return cached_switch(g_fp8_wide_loads, "KILN_MOE_FP8_WIDE_LOADS", kMoeFp8WideLoadsDefault);
 }
 
 void moe_set_fp8_wide_loads(bool on) {
@@ -262,14 +268,7 @@ void moe_set_fp8_dequant_min_tokens(int64_t tokens) {
 }
 
 bool moe_fp8_w8a8_enabled() {
-  int v = g_fp8_w8a8.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = kc::env_switch("KILN_MOE_FP8_W8A8", kMoeFp8W8a8Default) ? 1 : 0;
-    int unset = -1;
-    g_fp8_w8a8.compare_exchange_strong(unset, v);  // a setter wins
-    v = g_fp8_w8a8.load(std::memory_order_relaxed);
-  }
-  return v == 1;
+  return kc::cached_switch(g_fp8_w8a8, "KILN_MOE_FP8_W8A8", kMoeFp8W8a8Default);
 }
 
 void moe_set_fp8_w8a8(bool on) {
