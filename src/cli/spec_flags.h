@@ -11,6 +11,7 @@
 //                          "prompt_lookup_max": B}'   (vLLM; k tokens drafted; not with the flags above)
 #pragma once
 
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -63,6 +64,13 @@ inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
                "] must satisfy 1 <= min <= max <= 64");
     so.ngram_min = int32_t(lo);
     so.ngram_max = int32_t(hi);
+  }
+  // KILN_SPEC_RAGGED_VERIFY=F: the ragged verify rule's factor (SpecOptions::ragged_verify_factor; 0: off),
+  // for the A/B of docs/PERF.md.
+  if (const char* v = std::getenv("KILN_SPEC_RAGGED_VERIFY"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    so.ragged_verify_factor = std::strtod(v, &end);
+    KILN_CHECK(end != v && *end == '\0', "KILN_SPEC_RAGGED_VERIFY must be a number (0: off), got '", v, "'");
   }
   spec::validate_spec_options(so);
 }

@@ -322,7 +322,13 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   const int64_t V = runner->config().vocab_size;
   std::vector<int32_t> logit_base;
   const int32_t q = so.num_draft_tokens + 1;
-  const int32_t bucket = uniform_verify_bucket(plan, *runner, *pool, q);
+  int32_t bucket = uniform_verify_bucket(plan, *runner, *pool, q);
+  int64_t drafted = 0;
+  for (const auto& d : drafts) drafted += int64_t(d.size());
+  if (bucket > 0 && spec::ragged_verify_rows(so, int32_t(B), drafted, bucket, q)) {
+    bucket = 0;  // few sequences drafted: the graph's rows would mostly be fill
+    ++counters.spec.ragged_verify_steps;
+  }
   BatchDesc batch = bucket > 0 ? uniform_verify_batch(plan, drafts, *pool, q, bucket, &logit_base)
                                : verify_batch(plan, drafts, *pool, &logit_base);
   runner->place_positions(batch);

@@ -96,6 +96,9 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   const spec::SpecStats& sp = s.spec;
   w.counter("kiln_spec_decode_verify_steps_total", "Engine steps that verified drafts.",
             double(sp.verify_steps));
+  w.counter("kiln_spec_decode_ragged_verify_steps_total",
+            "Verify steps run ragged (few sequences drafted) where a verify graph existed.",
+            double(sp.ragged_verify_steps));
   w.counter("kiln_spec_decode_drafts_total", "Verify rows that carried at least one draft token.",
             double(sp.drafts));
   w.counter("kiln_spec_decode_draft_tokens_total", "Draft tokens verified.", double(sp.draft_tokens));

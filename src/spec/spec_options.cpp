@@ -67,6 +67,15 @@ void validate_spec_options(const SpecOptions& o) {
       "--speculative-algorithm EAGLE3 needs --speculative-draft-model-path (an EAGLE-3 draft checkpoint)");
   KILN_CHECK(o.ngram_min >= 1 && o.ngram_min <= o.ngram_max && o.ngram_max <= 64, "the n-gram match window [",
              o.ngram_min, ", ", o.ngram_max, "] must satisfy 1 <= min <= max <= 64");
+  KILN_CHECK(o.ragged_verify_factor >= 0.0 && o.ragged_verify_min_seqs >= 1,
+             "the ragged verify rule needs a factor >= 0 and at least one sequence, got ",
+             o.ragged_verify_factor, " and ", o.ragged_verify_min_seqs);
+}
+
+bool ragged_verify_rows(const SpecOptions& o, int32_t seqs, int64_t drafted, int32_t bucket,
+                        int32_t rows_per_seq) {
+  return o.ragged_verify_factor > 0.0 && seqs >= o.ragged_verify_min_seqs &&
+         double(bucket) * double(rows_per_seq) >= o.ragged_verify_factor * double(int64_t(seqs) + drafted);
 }
 
 }  // namespace kiln::spec

@@ -23,6 +23,14 @@ struct SpecOptions {
   int32_t ngram_max = 12;
   // The automatic off switch (spec/off_switch.h): per batch size, verify only where it measures faster.
   bool off_switch = true;
+  // A verify step whose uniform graph would compute at least ragged_verify_factor times the rows the drafts
+  // need (bucket x (k + 1) against sequences + drafts) runs ragged instead, from ragged_verify_min_seqs
+  // sequences: only the drafted sequences take their k + 1 rows, eagerly (ragged_verify_rows). n-gram at
+  // C = 32 drafts for one or two sequences a step, and the uniform graph's 32 x 5 rows took 8.8 ms against
+  // a 3.9 ms plain step (H200, 2026-12-07, `6f1ce2f`, docs/PERF.md SP5). 0: always the graph where it
+  // exists. KILN_SPEC_RAGGED_VERIFY=F sets the factor in kiln serve.
+  double ragged_verify_factor = 2.0;
+  int32_t ragged_verify_min_seqs = 8;
   // EAGLE-3 (SGLang's --speculative-draft-model-path): the draft checkpoint (model/eagle3_model.h), loaded
   // beside the target by load_qwen3_runner; k is its --speculative-num-steps (chains, top-1).
   std::string draft_model_path;
@@ -30,6 +38,11 @@ struct SpecOptions {
 };
 
 inline constexpr int32_t kMaxDraftTokens = 64;
+
+// Whether a verify step of `seqs` sequences carrying `drafted` draft tokens in all runs ragged rather than as
+// the uniform verify graph of `bucket` sequences x `rows_per_seq` rows (SpecOptions::ragged_verify_factor).
+bool ragged_verify_rows(const SpecOptions& o, int32_t seqs, int64_t drafted, int32_t bucket,
+                        int32_t rows_per_seq);
 
 // "ngram", "eagle3" (any case) or "none" / ""; anything else is an error naming what is accepted.
 SpecAlgorithm parse_spec_algorithm(const std::string& name);

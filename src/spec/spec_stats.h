@@ -15,6 +15,9 @@ namespace kiln::spec {
 
 struct SpecStats {
   int64_t verify_steps = 0;  // engine steps that ran a verify pass
+  // Of those, steps a verify graph could have run but that ran ragged: few sequences had drafts
+  // (SpecOptions::ragged_verify_factor).
+  int64_t ragged_verify_steps = 0;
   int64_t drafts = 0;
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;

@@ -344,7 +344,18 @@ class UniformVerifyRunner : public Qwen3Runner {
     ++buckets_given;
     return int32_t(std::bit_ceil(uint32_t(num_seqs)));
   }
+  void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override {
+    if (is_uniform_verify(batch, rows_per_seq_)) ++uniform_steps;
+    Qwen3Runner::forward(batch, logits, hidden);
+  }
+  using Qwen3Runner::forward_sampled;
+  bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                       std::vector<SampledRow>* out, const std::function<void()>& before_sample) override {
+    if (is_uniform_verify(batch, rows_per_seq_)) ++uniform_steps;
+    return Qwen3Runner::forward_sampled(batch, rows, top_n, out, before_sample);
+  }
   mutable int buckets_given = 0;
+  int uniform_steps = 0;  // forward passes given a uniform verify batch
 
  private:
   int32_t rows_per_seq_;
@@ -375,6 +386,38 @@ TEST(SpecEngine, UniformVerifyBatchEqualsPlainDecoding) {
       continue;  // a random model's flat distribution rarely keeps a point draft at temperature 0.8
     EXPECT_GT(got.stats.spec.accepted_tokens, 0);
     EXPECT_LT(got.stats.spec.accepted_tokens, got.stats.spec.draft_tokens);
+  }
+}
+
+// The ragged verify rule (SpecOptions::ragged_verify_factor): with the rule off every verify step the graph
+// can run takes its uniform batch; with it always true (any batch size, any drafts) those steps run ragged
+// and are counted (a ragged batch whose rows all drafted k can still look uniform, so fewer uniform batches,
+// not none); both give plain decoding's greedy tokens.
+TEST(SpecEngine, RaggedVerifyRuleChoosesTheBatchAndKeepsOutputs) {
+  EngineOptions base = test::small_opts(8192, 8, 64);
+  base.model_dir = write_small_checkpoint();
+  base.device = "cpu";
+  const auto prompts = repeating_prompts(500, 12, 23);
+  const Outputs want = run(Engine::create(base), prompts, 24, false);
+  int uniform_when_off = 0;
+  for (const double factor : {0.0, 1e-6}) {
+    EngineOptions spec = with_ngram(base, 4);
+    spec.speculative.ragged_verify_factor = factor;
+    spec.speculative.ragged_verify_min_seqs = 1;
+    auto runner = std::make_unique<UniformVerifyRunner>(spec, 5);
+    const UniformVerifyRunner& r = *runner;
+    const Outputs got = run(std::make_unique<Engine>(std::move(runner), spec), prompts, 24, false);
+    const spec::SpecStats& st = got.stats.spec;
+    EXPECT_EQ(got.tokens, want.tokens) << "factor " << factor;
+    EXPECT_GT(st.accepted_tokens, 0);
+    if (factor == 0.0) {
+      EXPECT_EQ(st.ragged_verify_steps, 0);
+      EXPECT_GT(r.uniform_steps, 0);
+      uniform_when_off = r.uniform_steps;
+    } else {
+      EXPECT_GT(st.ragged_verify_steps, 0);
+      EXPECT_LT(r.uniform_steps, uniform_when_off);
+    }
   }
 }
 

@@ -196,6 +196,23 @@ TEST(SpecOptions, ParsesVllmJsonAndRejectsBadFields) {
   bad.ngram_min = 5;
   bad.ngram_max = 2;
   EXPECT_THROW(validate_spec_options(bad), Error);
+  SpecOptions neg;
+  neg.algorithm = SpecAlgorithm::ngram;
+  neg.ragged_verify_factor = -1.0;
+  EXPECT_THROW(validate_spec_options(neg), Error);
+}
+
+TEST(SpecOptions, RaggedVerifyWhereTheGraphWouldMostlyComputeFill) {
+  SpecOptions o;  // factor 2, from 8 sequences
+  // 32 sequences, k = 4: the graph computes 32 x 5 = 160 rows.
+  EXPECT_TRUE(ragged_verify_rows(o, 32, 8, 32, 5)) << "two sequences drafted: 40 rows of 160";
+  EXPECT_TRUE(ragged_verify_rows(o, 32, 48, 32, 5)) << "80 rows: exactly half";
+  EXPECT_FALSE(ragged_verify_rows(o, 32, 49, 32, 5));
+  EXPECT_FALSE(ragged_verify_rows(o, 32, 128, 32, 5)) << "every sequence drafted";
+  EXPECT_FALSE(ragged_verify_rows(o, 4, 1, 4, 5)) << "below the sequence floor the graph always runs";
+  EXPECT_TRUE(ragged_verify_rows(o, 24, 4, 32, 5)) << "the bucket's padding counts as fill";
+  o.ragged_verify_factor = 0.0;
+  EXPECT_FALSE(ragged_verify_rows(o, 32, 0, 32, 5)) << "factor 0: off";
 }
 
 }  // namespace
