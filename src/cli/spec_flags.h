@@ -11,11 +11,11 @@
 //                          "prompt_lookup_max": B}'   (vLLM; k tokens drafted; not with the flags above)
 #pragma once
 
-#include <cstdlib>
 #include <set>
 #include <string>
 
 #include "cli/flags.h"
+#include "kiln/env.h"
 #include "kiln/error.h"
 #include "runtime/engine.h"
 
@@ -67,11 +67,7 @@ inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
   }
   // KILN_SPEC_RAGGED_VERIFY=F: the ragged verify rule's factor (SpecOptions::ragged_verify_factor; 0: off),
   // for the A/B of docs/PERF.md.
-  if (const char* v = std::getenv("KILN_SPEC_RAGGED_VERIFY"); v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    so.ragged_verify_factor = std::strtod(v, &end);
-    KILN_CHECK(end != v && *end == '\0', "KILN_SPEC_RAGGED_VERIFY must be a number (0: off), got '", v, "'");
-  }
+  so.ragged_verify_factor = env_number("KILN_SPEC_RAGGED_VERIFY", so.ragged_verify_factor);
   spec::validate_spec_options(so);
 }
 

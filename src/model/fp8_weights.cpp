@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kiln/env.h"
 #include "kiln/error.h"
 #include "ops/fp8.h"
 
@@ -116,16 +117,6 @@ namespace {
 constexpr int64_t kFp8GemmGraphRows = 2048;
 }  // namespace
 #endif
-
-namespace {
-// A "0" / "1" switch from the environment, `fallback` when unset; anything else is an error naming it.
-bool env_switch(const char* name, bool fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", name, " must be 0 or 1, got '", e, "'");
-  return std::string(e) == "1";
-}
-}  // namespace
 
 bool fp8_dequant_forced() {
   return env_switch("KILN_FP8_DEQUANT", false);

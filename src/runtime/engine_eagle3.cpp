@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "kiln/env.h"
 #include "runtime/engine_impl.h"
 
 namespace kiln {
@@ -220,8 +221,7 @@ void Engine::Impl::eagle_chain_on_device(const StepPlan& plan, const std::vector
 bool Engine::Impl::eagle_device_chain() {
   // KILN_EAGLE3_DEVICE_CHAIN=0: each chain pass reads its tokens back. Read at every chain (a getenv), so
   // tests switch it.
-  const char* v = std::getenv("KILN_EAGLE3_DEVICE_CHAIN");
-  return v == nullptr || std::string(v) != "0";
+  return env_switch("KILN_EAGLE3_DEVICE_CHAIN", true);
 }
 
 }  // namespace kiln

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kiln/env.h"
 #include "kiln/error.h"
 #include "runtime/tp_runner.h"
 
@@ -23,11 +24,6 @@ namespace kiln {
 namespace {
 constexpr int64_t kGiB = int64_t(1) << 30;
 
-// A switch read from the environment: "0" off, any other value on, unset or empty `by_default`.
-bool env_switch(const char* name, bool by_default) {
-  const char* e = std::getenv(name);
-  return e && *e ? std::string(e) != "0" : by_default;
-}
 // EAGLE-3 on CUDA: served by default; KILN_EAGLE3_CUDA=0 refuses it by name, as kiln did at `2f94697` (before
 // the cause of that commit's H100 test failures was found: the draft's outputs off a 16-byte boundary).
 constexpr bool kEagle3OnCudaByDefault = true;

@@ -16,6 +16,7 @@
 
 #include "kiln/atomic_file.h"
 #include "kiln/cuda_check.h"
+#include "kiln/env.h"
 #include "kiln/error.h"
 #include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/gemm_any.h"
@@ -34,14 +35,6 @@ constexpr const char* kCacheFormat = "kiln-gemm-tactics v5";
 constexpr const char* kCacheFormatV4 = "kiln-gemm-tactics v4";
 constexpr const char* kCacheFormatV3 = "kiln-gemm-tactics v3";
 constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";
-
-// An on/off switch from the environment: "0" or "1", else `fallback` when unset or empty.
-bool env_switch(const char* name, bool fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  KILN_CHECK(std::string(e) == "0" || std::string(e) == "1", name, " must be 0 or 1, got '", e, "'");
-  return std::string(e) == "1";
-}
 
 }  // namespace
 
