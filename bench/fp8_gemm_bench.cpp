@@ -7,7 +7,12 @@
 // At M >= 4096 on down and gate_up, the producer of the input with it: the unfused producer (silu_mul; the
 // add + rms_norm) then fp8_gemm, against the fused producer writing the workspace (fp8_act_producers.h) then
 // fp8_gemm_quantized (issue 43), in the best config; a second table gives both in TFLOP/s.
-// KILN_GEMM_BENCH_ONLY=TEXT keeps the shapes containing TEXT, as in gemm_bench.cpp.
+// Decode sizes M = 16, 32, 64 (issue 43: the unsplit tiles leave most SMs idle): every config (the split-K
+// ones included; at M >= 1024 they clamp to the unsplit kernel and are not timed), the dequantize + cuBLASLt
+// bf16 path the tuner weighs them against, and cuBLASLt bf16 on a bf16 weight; these rows count only the
+// weight's bytes (e4m3: N K, bf16: 2 N K), so their GB/s is the weight stream's. A third table: the fastest
+// unsplit and split config beside both, in µs.
+// KILN_GEMM_BENCH_ONLY=TEXT keeps the shapes containing TEXT, as in gemm_bench.cpp ("M=32 ": one M).
 #include <cublasLt.h>
 
 #include <cstdio>
@@ -24,6 +29,7 @@
 #include "ops/cuda/context.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/fp8_act_producers.h"
+#include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/fp8_gemm.h"
 #include "ops/cuda/gemm.h"
 
@@ -50,7 +56,8 @@ struct Proj {
 // Qwen3-4B: hidden 2560, QKV 4096 + 2 x 1024, intermediate 9728 (gate_up 2 x 9728).
 constexpr Proj kProjs[] = {
     {"qkv", 6144, 2560}, {"o", 2560, 4096}, {"gate_up", 19456, 2560}, {"down", 2560, 9728}};
-constexpr int64_t kMs[] = {1024, 4096, 8192};
+constexpr int64_t kMs[] = {16, 32, 64, 1024, 4096, 8192};
+constexpr int64_t kDecodeMaxM = 64;  // rows of M up to this: weight-byte GB/s, the split-K table
 
 // cuBLASLt D[N, M] (column-major, = out [M, N] row-major) = alpha * (a_scale * W) (b_scale * X)^T with W, X
 // e4m3, per-tensor scales on the device, bf16 D: the "TN" layout FP8 requires. Up to 8 of the heuristic's
@@ -123,7 +130,8 @@ class LtFp8Gemm {
 std::string config_name(const kc::Fp8GemmConfig& c) {
   return "n" + std::to_string(c.tile_n) + " s" + std::to_string(c.stages) +
          (c.persistent ? " persistent" : " grid") +
-         (c.cluster > 1 ? " cluster" + std::to_string(c.cluster) : "") + (c.tma_store ? " tma-store" : "");
+         (c.cluster > 1 ? " cluster" + std::to_string(c.cluster) : "") + (c.tma_store ? " tma-store" : "") +
+         (c.split_k > 1 ? " split" + std::to_string(c.split_k) : "");
 }
 
 std::string tflops_text(double flops, double us) {
@@ -153,6 +161,8 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
     double ours = 0, ours_all = 0, lt_fp8 = 0, lt_fp8_fast = 0, lt_bf16 = 0, flops = 0;
     double producer_unfused = 0, producer_fused = 0;  // the producer + GEMM (down, gate_up at M >= 4096)
     std::string best;
+    double unsplit = 0, split = 0, dequant_bf16 = 0, weight_bytes = 0;  // M <= kDecodeMaxM: µs
+    std::string best_unsplit, best_split;
   };
   std::vector<Summary> table;
   for (const Proj& pj : kProjs) {
@@ -175,16 +185,25 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
       std::vector<float> s(ws8.bytes() / 4, 1.0f / 256);
       copy_bytes(ws8.data(), dev, s.data(), Device::cpu(), ws8.bytes());
     }
-    const int64_t ws_bytes = kc::fp8_gemm_workspace_bytes(Mmax, K);
-    Buffer ws(size_t(ws_bytes), dev);
+    // The workspace of every config at every M (a split's partials at the decode sizes), and the dequantize
+    // path's bf16 weight.
+    int64_t ws_bytes = kc::fp8_gemm_workspace_bytes(Mmax, K);
+    for (const int64_t M : kMs)
+      for (const kc::Fp8GemmConfig& cfg : kc::kFp8GemmConfigs)
+        ws_bytes = std::max(ws_bytes, kc::fp8_gemm_workspace_bytes(M, N, K, cfg));
+    Buffer ws(size_t(ws_bytes), dev), deq(size_t(N * K) * 2, dev);
     for (const int64_t M : kMs) {
       const std::string shape = std::string("4B ") + pj.name + " M=" + std::to_string(M) +
                                 " N=" + std::to_string(N) + " K=" + std::to_string(K);
       if (!selected(shape)) continue;
       Summary sm{shape};
       sm.flops = 2.0 * double(M) * double(N) * double(K);
-      const double fp8_bytes = double(M * K + N * K) + double(M * N) * 2;
-      const int64_t wsb = kc::fp8_gemm_workspace_bytes(M, K);
+      const bool decode = M <= kDecodeMaxM;
+      // The rows' bytes: at decode sizes the weight's alone (the GB/s of its stream), else all operands.
+      const double fp8_bytes = decode ? double(N * K) : double(M * K + N * K) + double(M * N) * 2;
+      const double bf16_bytes = decode ? double(N * K) * 2 : double(M * K + N * K + M * N) * 2;
+      sm.weight_bytes = double(N * K);
+      const int64_t wsb = ws_bytes;
       // A row timed, or (a launch refused: kiln::Error) kept with its reason and no time.
       const auto time_row = [&](Row r, const std::function<void(int)>& launch) {
         try {
@@ -206,12 +225,18 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
       (void)q_us;
       kc::Fp8GemmConfig best{};
       for (const kc::Fp8GemmConfig& cfg : kc::kFp8GemmConfigs) {
+        if (kc::fp8_gemm_split(cfg, M, K) != cfg.split_k) continue;  // clamped: another config's kernel
         const double us =
-            time_row(Row{"fp8_gemm", "kiln " + config_name(cfg), shape, 0, -1, fp8_bytes, ""}, [&](int) {
-              kc::fp8_gemm_quantized(wq.data(), K, static_cast<const float*>(ws8.data()), out.data(), N, M, N,
-                                     K, ws.data(), wsb, cfg, env.stream);
-            });
+            time_row(Row{"fp8_gemm", "kiln " + config_name(cfg), shape, 0, -1, fp8_bytes,
+                         decode ? "bytes: weight" : ""},
+                     [&](int) {
+                       kc::fp8_gemm_quantized(wq.data(), K, static_cast<const float*>(ws8.data()), out.data(),
+                                              N, M, N, K, ws.data(), wsb, cfg, env.stream);
+                     });
         if (us > 0 && (sm.ours == 0 || us < sm.ours)) sm.ours = us, best = cfg;
+        double& b = cfg.split_k > 1 ? sm.split : sm.unsplit;
+        if (us > 0 && (b == 0 || us < b))
+          b = us, (cfg.split_k > 1 ? sm.best_split : sm.best_unsplit) = config_name(cfg);
       }
       sm.best = config_name(best);
       sm.ours_all = time_row(Row{"fp8_gemm", "kiln quantize+gemm", shape, 0, -1,
@@ -275,10 +300,22 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
             time_row(Row{"fp8_gemm", variant, shape, 0, -1, fp8_bytes, "per-tensor scales"},
                      [&](int) { KILN_LT_CHECK(run()); });
       }
-      sm.lt_bf16 = time_row(
-          Row{"fp8_gemm", "cublaslt bf16", shape, 0, -1, double(M * K + N * K + M * N) * 2, ""}, [&](int) {
-            eng.run(x.data(), K, w16.data(), K, out.data(), N, M, N, K, kc::GemmOut::bf16, env.stream);
-          });
+      sm.lt_bf16 = time_row(Row{"fp8_gemm", "cublaslt bf16", shape, 0, -1, bf16_bytes,
+                                decode ? "bf16 weight, bytes: weight" : ""},
+                            [&](int) {
+                              eng.run(x.data(), K, w16.data(), K, out.data(), N, M, N, K, kc::GemmOut::bf16,
+                                      env.stream);
+                            });
+      // The tuner's other candidate for an FP8 weight (gemm_tune.cpp): dequantize into a scratch, then the
+      // bf16 dispatch.
+      if (decode)
+        sm.dequant_bf16 = time_row(
+            Row{"fp8_gemm", "dequantize + cublaslt bf16", shape, 0, -1, fp8_bytes, "bytes: e4m3 weight"},
+            [&](int) {
+              kc::dequantize_fp8(wq.data(), K, static_cast<const float*>(ws8.data()), deq.data(), N, K,
+                                 env.stream);
+              eng.run(x.data(), K, deq.data(), K, out.data(), N, M, N, K, kc::GemmOut::bf16, env.stream);
+            });
       table.push_back(sm);
     }
   }
@@ -301,6 +338,17 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
     if (s.producer_fused > 0 || s.producer_unfused > 0)
       std::printf("| %s | %.0f | %.0f |\n", s.shape.c_str(), tf(s.flops, s.producer_unfused),
                   tf(s.flops, s.producer_fused));
+  std::printf("\nfp8_gemm at decode sizes, µs (median, cold L2; GB/s = e4m3 weight bytes / time; %s)\n",
+              env.device_name.c_str());
+  std::printf(
+      "| shape | best unsplit | config | best split-K | config | split GB/s | dequantize + cuBLASLt bf16 | "
+      "cuBLASLt bf16 (bf16 weight) |\n");
+  std::printf("| --- | ---: | --- | ---: | --- | ---: | ---: | ---: |\n");
+  for (const Summary& s : table)
+    if (s.split > 0 || s.dequant_bf16 > 0)
+      std::printf("| %s | %.2f | %s | %.2f | %s | %.0f | %.2f | %.2f |\n", s.shape.c_str(), s.unsplit,
+                  s.best_unsplit.c_str(), s.split, s.best_split.c_str(),
+                  s.split > 0 ? s.weight_bytes / (s.split * 1e-6) / 1e9 : 0.0, s.dequant_bf16, s.lt_bf16);
   std::printf("\n");
 }
 
@@ -308,8 +356,8 @@ void run_fp8_gemm(const Env& env, std::vector<Row>& rows) {
 
 KILN_KERNEL_BENCH(
     "fp8_gemm",
-    "W8A8 block-FP8 GEMM (Qwen3-4B projections, M 1024 / 4096 / 8192) vs cuBLASLt FP8 per-tensor "
-    "and bf16",
+    "W8A8 block-FP8 GEMM (Qwen3-4B projections, M 16 / 32 / 64 with split-K, 1024 / 4096 / 8192) vs "
+    "cuBLASLt FP8 per-tensor and bf16",
     run_fp8_gemm);
 
 }  // namespace kiln::bench

@@ -2,13 +2,16 @@
 // oracle's (ops::quantize_act_fp8), special values included; the GEMM against the fp64 product of the same
 // quantized operands (relative Frobenius error <= 2^-8 per row) across M 1 .. 8192, the Qwen3-4B projections
 // and ragged N / K, every config, outputs poisoned before the launch; against the CPU oracle
-// ops::linear_fp8(w8a8) on small shapes; replayed in a CUDA graph with changed inputs; bad arguments refused
-// before anything is enqueued.
+// ops::linear_fp8(w8a8) on small shapes; replayed in a CUDA graph with changed inputs (bitwise the eager
+// run); bad arguments refused before anything is enqueued. The split-K configs (CudaFp8GemmSplitK) at M 1 ..
+// 200 with poisoned partials, deterministic, the clamped splits bitwise the unsplit kernel, the prequantized
+// entry, the tactic cache's split word and GemmEngine running a split tactic.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "ops/cuda/fp8_gemm.h"
+#include "ops/cuda/gemm.h"
 #include "ops/fp8.h"
 #include "ops/fp8_linear.h"
 #include "test_util_cuda.h"
@@ -101,16 +105,38 @@ std::vector<int64_t> checked_rows(int64_t M) {
 std::string config_name(const cuda::Fp8GemmConfig& c) {
   return "tile_n " + std::to_string(c.tile_n) + " stages " + std::to_string(c.stages) +
          (c.persistent ? " persistent" : " grid") + " cluster " + std::to_string(c.cluster) +
-         (c.tma_store ? " tma-store" : "");
+         (c.tma_store ? " tma-store" : "") + (c.split_k > 1 ? " split_k " + std::to_string(c.split_k) : "");
 }
 
-// The configs of one cluster size (the clusters of two have their own test: a hang there keeps the others'
-// results).
+// The unsplit configs of one cluster size (the clusters of two have their own test: a hang there keeps the
+// others' results; the split-K configs theirs, at the M they are for).
 std::vector<cuda::Fp8GemmConfig> configs(int cluster) {
   std::vector<cuda::Fp8GemmConfig> v;
   for (const cuda::Fp8GemmConfig& c : cuda::kFp8GemmConfigs)
-    if (c.cluster == cluster) v.push_back(c);
+    if (c.cluster == cluster && c.split_k == 1) v.push_back(c);
   return v;
+}
+
+// The split-K configs.
+std::vector<cuda::Fp8GemmConfig> split_configs() {
+  std::vector<cuda::Fp8GemmConfig> v;
+  for (const cuda::Fp8GemmConfig& c : cuda::kFp8GemmConfigs)
+    if (c.split_k > 1) v.push_back(c);
+  return v;
+}
+
+// The config with the same kernel and no split.
+cuda::Fp8GemmConfig unsplit(cuda::Fp8GemmConfig c) {
+  c.split_k = 1;
+  return c;
+}
+
+// Workspace bytes every config of cfgs needs for M x N x K (the quantized input, the largest split's
+// partials).
+int64_t workspace_for(const std::vector<cuda::Fp8GemmConfig>& cfgs, int64_t M, int64_t N, int64_t K) {
+  int64_t b = cuda::fp8_gemm_workspace_bytes(M, K);
+  for (const cuda::Fp8GemmConfig& c : cfgs) b = std::max(b, cuda::fp8_gemm_workspace_bytes(M, N, K, c));
+  return b;
 }
 
 TEST(CudaFp8Gemm, QuantizerMatchesCpuBitwise) {
@@ -157,17 +183,19 @@ TEST(CudaFp8Gemm, QuantizerMatchesCpuBitwise) {
   }
 }
 
-// Every (M, N, K) of the grid, every config given: poisoned output, all M x N written (no NaN left) and
-// nothing past N in the row stride, checked rows within 2^-8 of fp64.
-void check_shapes(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
-  struct Proj {
-    const char* name;
-    int64_t N, K;
-  };
-  const Proj projs[] = {{"ragged", 200, 272}, {"odd N", 77, 144},       {"qkv", 6144, 2560},
-                        {"o", 2560, 4096},    {"gate_up", 19456, 2560}, {"down", 2560, 9728}};
-  const int64_t Ms[] = {1, 7, 64, 129, 1000, 4096, 8192};
-  const int64_t max_m = 8192;
+struct Proj {
+  const char* name;
+  int64_t N, K;
+};
+const std::vector<Proj> kProjs = {{"ragged", 200, 272}, {"odd N", 77, 144},       {"qkv", 6144, 2560},
+                                  {"o", 2560, 4096},    {"gate_up", 19456, 2560}, {"down", 2560, 9728}};
+
+// Every (M, N, K) of the grid, every config given: poisoned output and workspace (a split's partial tiles
+// NaN until written), all M x N written (no NaN left) and nothing past N in the row stride, checked rows
+// within 2^-8 of fp64.
+void check_grid(const std::vector<cuda::Fp8GemmConfig>& cfgs, const std::vector<Proj>& projs,
+                const std::vector<int64_t>& Ms) {
+  const int64_t max_m = *std::max_element(Ms.begin(), Ms.end());
   cudaStream_t stream;
   KILN_CUDA_CHECK(cudaStreamCreate(&stream));
   for (const Proj& pj : projs) {
@@ -186,7 +214,8 @@ void check_shapes(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
 
     Buffer dx = to_device(x), dq = to_device(w.q), ds = to_device(w.s);
     Buffer out(size_t(max_m * ldo) * 2, Device::cuda());
-    const int64_t ws_bytes = cuda::fp8_gemm_workspace_bytes(max_m, K);
+    int64_t ws_bytes = 0;
+    for (const int64_t M : Ms) ws_bytes = std::max(ws_bytes, workspace_for(cfgs, M, N, K));
     Buffer ws(size_t(ws_bytes), Device::cuda());
     for (const int64_t M : Ms) {
       ASSERT_TRUE(cuda::fp8_gemm_supported(M, N, K, ldx, ldw, ldo));
@@ -200,6 +229,7 @@ void check_shapes(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
       for (const cuda::Fp8GemmConfig& cfg : cfgs) {
         const std::string what = std::string(pj.name) + " M " + std::to_string(M) + " " + config_name(cfg);
         test::poison(out);
+        test::poison(ws);
         cuda::fp8_gemm(dx.data(), ldx, dq.data(), ldw, static_cast<const float*>(ds.data()), out.data(), ldo,
                        M, N, K, ws.data(), ws_bytes, cfg, stream);
         KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -228,6 +258,10 @@ void check_shapes(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
   KILN_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+void check_shapes(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
+  check_grid(cfgs, kProjs, {1, 7, 64, 129, 1000, 4096, 8192});
+}
+
 // The GPU result against the CPU oracle ops::linear_fp8(w8a8) of the same bf16 x: both within 2^-8 of the
 // fp64 product, so within 2^-7 of each other (relative Frobenius error over the whole output).
 void check_against_oracle(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
@@ -248,7 +282,7 @@ void check_against_oracle(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
                     Tensor(cpu.data(), DType::bf16, {M, N}), ops::Fp8LinearPath::w8a8);
     Buffer dx = to_device(x), dq = to_device(w.q), ds = to_device(w.s),
            out(size_t(M * N) * 2, Device::cuda());
-    const int64_t ws_bytes = cuda::fp8_gemm_workspace_bytes(M, K);
+    const int64_t ws_bytes = workspace_for(cfgs, M, N, K);
     Buffer ws(size_t(ws_bytes), Device::cuda());
     for (const cuda::Fp8GemmConfig& cfg : cfgs) {
       test::poison(out);
@@ -268,13 +302,13 @@ void check_against_oracle(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
 }
 
 // Captured once, replayed with new x and new weights written into the same buffers: each replay computes
-// from the current contents (the tensor maps hold addresses, not data).
+// from the current contents (the tensor maps hold addresses, not data), bitwise the eager call on them.
 void check_graph_replay(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
   const int64_t M = 300, N = 384, K = 640;
   Buffer dx(size_t(M * K) * 2, Device::cuda()), dq(size_t(N * K), Device::cuda()),
       ds(size_t(ops::fp8_blocks(N) * ops::fp8_blocks(K)) * 4, Device::cuda()),
-      out(size_t(M * N) * 2, Device::cuda());
-  const int64_t ws_bytes = cuda::fp8_gemm_workspace_bytes(M, K);
+      out(size_t(M * N) * 2, Device::cuda()), eager(size_t(M * N) * 2, Device::cuda());
+  const int64_t ws_bytes = workspace_for(cfgs, M, N, K);
   Buffer ws(size_t(ws_bytes), Device::cuda());
   std::vector<int64_t> rows(static_cast<size_t>(M));
   for (int64_t i = 0; i < M; ++i) rows[size_t(i)] = i;
@@ -301,6 +335,13 @@ void check_graph_replay(const std::vector<cuda::Fp8GemmConfig>& cfgs) {
       const auto got = to_host<bf16_t>(out, size_t(M * N));
       const double e = worst_row_error(reference_rows(x, K, w, rows), got, N, N, rows);
       EXPECT_LE(e, kTol) << "replay " << round << " " << config_name(cfg);
+      test::poison(eager);
+      test::poison(ws);
+      cuda::fp8_gemm(dx.data(), K, dq.data(), K, static_cast<const float*>(ds.data()), eager.data(), N, M, N,
+                     K, ws.data(), ws_bytes, cfg, stream);
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      EXPECT_EQ(to_host<uint8_t>(eager, eager.bytes()), to_host<uint8_t>(out, out.bytes()))
+          << "replay " << round << " against the eager call, " << config_name(cfg);
     }
     KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
     KILN_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -383,6 +424,198 @@ TEST(CudaFp8Gemm, BadArgumentsAreErrorsThatWriteNothing) {
       "aligned");
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   for (const bf16_t v : to_host<bf16_t>(out, size_t(M * N))) ASSERT_EQ(v.bits, 0xffff);
+}
+
+// Split-K (fp8_gemm.h): every split config at the M it is for (1 .. 128, and 200: two M tiles) on the
+// Qwen3-4B projections and ragged shapes (K 272 and 1040: a last K block of 16, fewer K blocks than some
+// splits; odd N), partials poisoned: within 2^-8 of fp64 per checked row, every element written, nothing past
+// N.
+TEST(CudaFp8GemmSplitK, MatchesFp64ReferenceAtSmallM) {
+  KILN_REQUIRE_FP8_GEMM();
+  const auto cfgs = split_configs();
+  ASSERT_FALSE(cfgs.empty());
+  std::vector<Proj> projs = kProjs;
+  projs.push_back({"ragged K", 320, 1040});
+  check_grid(cfgs, projs, {1, 16, 32, 64, 128, 200});
+}
+
+TEST(CudaFp8GemmSplitK, AgreesWithCpuOracleAndGraphReplay) {
+  KILN_REQUIRE_FP8_GEMM();
+  const auto cfgs = split_configs();
+  check_against_oracle(cfgs);
+  check_graph_replay(cfgs);
+}
+
+// Runs cfg on (x, w) at M rows (stride K, output stride N) with the output and the workspace poisoned; out's
+// bytes.
+std::vector<uint8_t> run_config(const Buffer& dx, const Fp8Weight& w, const Buffer& dq, const Buffer& ds,
+                                int64_t M, cuda::Fp8GemmConfig cfg) {
+  const int64_t N = w.N, K = w.K, ws_bytes = cuda::fp8_gemm_workspace_bytes(M, N, K, cfg);
+  Buffer out(size_t(M * N) * 2, Device::cuda()), ws(size_t(ws_bytes), Device::cuda());
+  test::poison(out);
+  test::poison(ws);
+  cuda::fp8_gemm(dx.data(), K, dq.data(), w.ld, static_cast<const float*>(ds.data()), out.data(), N, M, N, K,
+                 ws.data(), ws_bytes, cfg, nullptr);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  return to_host<uint8_t>(out, out.bytes());
+}
+
+// The split each config runs (fp8_gemm_split), deterministic results (two runs bitwise equal), and a split
+// that clamps to 1 (M > kFp8GemmSplitKMaxM, or one K block) is bitwise the unsplit config's kernel, needing
+// no more workspace than it.
+TEST(CudaFp8GemmSplitK, DeterministicAndAClampedSplitIsTheUnsplitKernelBitwise) {
+  KILN_REQUIRE_FP8_GEMM();
+  const cuda::Fp8GemmConfig c8{128, 6, true, 1, false, 8};
+  EXPECT_EQ(cuda::fp8_gemm_split(c8, 32, 4096), 8);
+  EXPECT_EQ(cuda::fp8_gemm_split(c8, 32, 272), 3);  // 3 K blocks
+  EXPECT_EQ(cuda::fp8_gemm_split(c8, 32, 128), 1);
+  EXPECT_EQ(cuda::fp8_gemm_split(c8, cuda::kFp8GemmSplitKMaxM, 4096), 8);
+  EXPECT_EQ(cuda::fp8_gemm_split(c8, cuda::kFp8GemmSplitKMaxM + 1, 4096), 1);
+  EXPECT_EQ(cuda::fp8_gemm_split(unsplit(c8), 32, 4096), 1);
+  EXPECT_EQ(cuda::fp8_gemm_workspace_bytes(32, 2560, 4096, unsplit(c8)),
+            cuda::fp8_gemm_workspace_bytes(32, 4096));
+  EXPECT_EQ(cuda::fp8_gemm_workspace_bytes(600, 2560, 4096, c8), cuda::fp8_gemm_workspace_bytes(600, 4096));
+  EXPECT_GE(cuda::fp8_gemm_workspace_bytes(32, 2560, 4096, c8),
+            cuda::fp8_gemm_workspace_bytes(32, 4096) + 8 * 32 * 2560 * 4);
+
+  const int64_t N = 2560, K = 4096, Mbig = cuda::kFp8GemmSplitKMaxM + 88;
+  const std::vector<bf16_t> x = make_x(Mbig, K, 31);
+  const Fp8Weight w = make_weight(N, K, K, 32), w1 = make_weight(N, 128, 128, 33);
+  Buffer dx = to_device(x), dq = to_device(w.q), ds = to_device(w.s), dq1 = to_device(w1.q),
+         ds1 = to_device(w1.s);
+  for (const cuda::Fp8GemmConfig& cfg : split_configs()) {
+    const std::string what = config_name(cfg);
+    const auto a = run_config(dx, w, dq, ds, 32, cfg);
+    EXPECT_EQ(a, run_config(dx, w, dq, ds, 32, cfg)) << what << ": two runs differ";
+    EXPECT_EQ(run_config(dx, w, dq, ds, Mbig, cfg), run_config(dx, w, dq, ds, Mbig, unsplit(cfg)))
+        << what << " at M " << Mbig << " (split clamped to 1)";
+    EXPECT_EQ(run_config(dx, w1, dq1, ds1, 32, cfg), run_config(dx, w1, dq1, ds1, 32, unsplit(cfg)))
+        << what << " at K 128 (one K block)";
+  }
+}
+
+// fp8_gemm_quantized takes the split configs: on the quantizer's workspace, bitwise fp8_gemm with the config.
+TEST(CudaFp8GemmSplitK, PrequantizedEntryTakesSplitConfigsBitwise) {
+  KILN_REQUIRE_FP8_GEMM();
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (const Shape sh : {Shape{32, 2560, 9728}, Shape{16, 77, 144}, Shape{64, 6144, 2560}}) {
+    const int64_t M = sh.M, N = sh.N, K = sh.K;
+    const std::vector<bf16_t> x = make_x(M, K, 41);
+    const Fp8Weight w = make_weight(N, K, K, 42);
+    Buffer dx = to_device(x), dq = to_device(w.q), ds = to_device(w.s),
+           out(size_t(M * N) * 2, Device::cuda());
+    for (const cuda::Fp8GemmConfig& cfg : split_configs()) {
+      const int64_t ws_bytes = cuda::fp8_gemm_workspace_bytes(M, N, K, cfg);
+      Buffer ws(size_t(ws_bytes), Device::cuda());
+      test::poison(ws);
+      test::poison(out);
+      cuda::fp8_quantize_act(dx.data(), K, M, K, ws.data(), ws_bytes, nullptr);
+      cuda::fp8_gemm_quantized(dq.data(), K, static_cast<const float*>(ds.data()), out.data(), N, M, N, K,
+                               ws.data(), ws_bytes, cfg, nullptr);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(to_host<uint8_t>(out, out.bytes()), run_config(dx, w, dq, ds, M, cfg))
+          << M << "x" << N << "x" << K << " " << config_name(cfg);
+    }
+  }
+}
+
+// A workspace holding the quantized input but not a split's partials is refused before anything is enqueued.
+TEST(CudaFp8GemmSplitK, WorkspaceWithoutRoomForThePartialsIsAnError) {
+  KILN_REQUIRE_FP8_GEMM();
+  const int64_t M = 4, N = 64, K = 512;
+  const cuda::Fp8GemmConfig cfg{128, 6, true, 1, false, 4};
+  const int64_t short_bytes = cuda::fp8_gemm_workspace_bytes(M, K);
+  ASSERT_LT(short_bytes, cuda::fp8_gemm_workspace_bytes(M, N, K, cfg));
+  Buffer dx(size_t(M * K) * 2, Device::cuda()), dq(size_t(N * K), Device::cuda()), ds(64, Device::cuda()),
+      out(size_t(M * N) * 2, Device::cuda()), ws(size_t(short_bytes), Device::cuda());
+  test::poison(out);
+  const float* s = static_cast<const float*>(ds.data());
+  for (const bool prequantized : {false, true}) {
+    try {
+      if (prequantized)
+        cuda::fp8_gemm_quantized(dq.data(), K, s, out.data(), N, M, N, K, ws.data(), short_bytes, cfg,
+                                 nullptr);
+      else
+        cuda::fp8_gemm(dx.data(), K, dq.data(), K, s, out.data(), N, M, N, K, ws.data(), short_bytes, cfg,
+                       nullptr);
+      ADD_FAILURE() << "no error (prequantized " << prequantized << ")";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
+    }
+  }
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  for (const bf16_t v : to_host<bf16_t>(out, size_t(M * N))) ASSERT_EQ(v.bits, 0xffff);
+}
+
+// The tactic cache (gemm.h): an fp8gemm line's word 5 is split_k (1 written as 0, so a v5 line reads as
+// split_k 1); a split no config has, or 1 written as 1, is a damaged line.
+TEST(CudaFp8GemmSplitK, TacticLinesCarryTheSplit) {
+  const cuda::GemmShape s32{32, 2560, 9728, cuda::GemmOut::bf16, cuda::GemmWeight::fp8};
+  for (const cuda::Fp8GemmConfig& c : cuda::kFp8GemmConfigs) {
+    cuda::GemmTactic t;
+    t.kind = cuda::GemmKind::fp8gemm;
+    t.fp8gemm = c;
+    t.us = 12.5f;
+    t.describe = "w8a8";
+    const std::string line = cuda::format_tactic_line(s32, t);
+    cuda::GemmShape s2;
+    cuda::GemmTactic t2;
+    ASSERT_TRUE(cuda::parse_tactic_line(line, s2, t2)) << line;
+    EXPECT_EQ(s2, s32);
+    EXPECT_EQ(t2.fp8gemm, c) << line;
+    EXPECT_EQ(cuda::format_tactic_line(s2, t2), line);
+  }
+  cuda::GemmShape s2;
+  cuda::GemmTactic t2;
+  ASSERT_TRUE(cuda::parse_tactic_line("32 2560 9728 bf16:e4m3 9 fp8gemm 80 6 1 1 0 0 0 0 # v5", s2, t2));
+  EXPECT_EQ(t2.fp8gemm, cuda::kFp8GemmConfigs[0]);
+  EXPECT_EQ(t2.fp8gemm.split_k, 1);
+  ASSERT_TRUE(cuda::parse_tactic_line("32 2560 9728 bf16:e4m3 9 fp8gemm 40 8 1 1 0 3 0 0 # split", s2, t2));
+  EXPECT_EQ(t2.fp8gemm, (cuda::Fp8GemmConfig{64, 8, true, 1, false, 3}));
+  EXPECT_FALSE(
+      cuda::parse_tactic_line("32 2560 9728 bf16:e4m3 9 fp8gemm 80 6 1 1 0 5 0 0 # split 5", s2, t2));
+  EXPECT_FALSE(
+      cuda::parse_tactic_line("32 2560 9728 bf16:e4m3 9 fp8gemm 80 6 1 1 0 1 0 0 # split 1", s2, t2));
+  EXPECT_FALSE(
+      cuda::parse_tactic_line("32 2560 9728 bf16:e4m3 9 fp8gemm 80 6 1 2 0 2 0 0 # cluster", s2, t2));
+}
+
+// GemmEngine with a split tactic (a v6 cache) runs it, growing its workspace for the partials: bitwise
+// fp8_gemm with that config. The same shape's unsplit tactic in a v5 cache still loads and runs.
+TEST(CudaFp8GemmSplitK, EngineRunsASplitTacticFromTheCache) {
+  KILN_REQUIRE_FP8_GEMM();
+  const int64_t M = 32, N = 2560, K = 4096;
+  const std::vector<bf16_t> x = make_x(M, K, 51);
+  const Fp8Weight w = make_weight(N, K, K, 52);
+  Buffer dx = to_device(x), dq = to_device(w.q), ds = to_device(w.s), out(size_t(M * N) * 2, Device::cuda());
+  const cuda::GemvWeight gw{dq.data(), K, static_cast<const float*>(ds.data())};
+  const cuda::GemmShape shape{M, N, K, cuda::GemmOut::bf16, cuda::GemmWeight::fp8};
+  const auto dir = test_support::process_scratch_dir("cuda_fp8_gemm_split");
+  for (const auto& [header, cfg] :
+       {std::pair<std::string, cuda::Fp8GemmConfig>{"kiln-gemm-tactics v6", {128, 6, true, 1, false, 6}},
+        {"kiln-gemm-tactics v5", cuda::kFp8GemmConfigs[0]}}) {
+    cuda::GemmEngine eng;
+    const std::string path = (dir / "tactics.txt").string();
+    {
+      std::ofstream f(path);
+      cuda::GemmTactic t;
+      t.kind = cuda::GemmKind::fp8gemm;
+      t.fp8gemm = cfg;
+      t.us = 1.0f;
+      t.describe = "w8a8";
+      f << header << "\nkey " << eng.key() << "\n" << cuda::format_tactic_line(shape, t) << "\n";
+    }
+    ASSERT_TRUE(eng.load(path)) << header;
+    ASSERT_EQ(eng.tactics().at(shape).fp8gemm, cfg) << header;
+    test::poison(out);
+    eng.run(dx.data(), K, gw, out.data(), N, M, N, K, cuda::GemmOut::bf16, nullptr);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(eng.fp8_gemm_dispatches(), 1) << header;
+    EXPECT_EQ(eng.fp8_dequant_dispatches(), 0) << header;
+    EXPECT_EQ(to_host<uint8_t>(out, out.bytes()), run_config(dx, w, dq, ds, M, cfg)) << config_name(cfg);
+  }
 }
 
 }  // namespace

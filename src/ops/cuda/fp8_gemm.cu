@@ -2,6 +2,7 @@
 // (fp8_gemm_sm90.cuh).
 #include "ops/cuda/fp8_gemm.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -50,6 +51,44 @@ __global__ void __launch_bounds__(256)
   if (!in) return;
   *reinterpret_cast<uint2*>(q + int64_t(row) * k + col) = a.codes;
   if (lane % 16 == 0) xs[int64_t(kb) * m_pad + row] = a.scale;
+}
+
+// The split-K reduce (fp8_gemm.h, "Split-K"). Mapping: grid ceil(M * ldp / 4 / 256), block 256; thread i owns
+// row i / (ldp / 4) and columns 4 (i % (ldp / 4)) .. + 3 (ldp = N rounded up to 4, so its first column is <
+// N): one 16-byte load a split (the partial tiles are [split][M][ldp] f32), summed from split 0 up, fp32 adds
+// in ascending split order (no other order, so the result is deterministic), one bf16 rounding, 8 bytes
+// stored (4 bf16; ldo % 8 == 0 and 4 | column, so aligned) or the columns < N one by one at a ragged N.
+// Launched with PDL after the GEMM: waits for it before reading, then lets the next kernel launch.
+constexpr int kReduceThreads = 256;
+__global__ void __launch_bounds__(kReduceThreads)
+    split_k_reduce_kernel(const float* __restrict__ part, int64_t ldp, int m, int n, int split,
+                          __nv_bfloat16* __restrict__ out, int64_t ldo) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t per_row = ldp / 4, i = int64_t(blockIdx.x) * kReduceThreads + threadIdx.x;
+  if (i >= int64_t(m) * per_row) return;
+  const int64_t r = i / per_row, c = (i - r * per_row) * 4;
+  const int64_t plane = int64_t(m) * ldp;  // floats per split
+  const float* src = part + r * ldp + c;
+  float4 acc = __ldcg(reinterpret_cast<const float4*>(src));
+  for (int s = 1; s < split; ++s) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * plane));
+    acc.x = __fadd_rn(acc.x, v.x);
+    acc.y = __fadd_rn(acc.y, v.y);
+    acc.z = __fadd_rn(acc.z, v.z);
+    acc.w = __fadd_rn(acc.w, v.w);
+  }
+  __nv_bfloat16* dst = out + r * ldo + c;
+  if (c + 4 <= n) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
+    uint2 v;
+    v.x = *reinterpret_cast<const uint32_t*>(&lo);
+    v.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(dst) = v;
+  } else {
+    const float a[4] = {acc.x, acc.y, acc.z, acc.w};
+    for (int j = 0; j < 4 && c + j < n; ++j) dst[j] = __float2bfloat16_rn(a[j]);
+  }
 }
 
 // One compiled kernel (a config less its persistence): its launch, preparation and cluster residency.
@@ -122,6 +161,27 @@ int64_t fp8_gemm_workspace_bytes(int64_t m, int64_t k) {
   return fp8_act_scale_offset(m, k) + (k + kGroup - 1) / kGroup * fp8_act_scale_rows(m) * 4;
 }
 
+int fp8_gemm_split(const Fp8GemmConfig& cfg, int64_t m, int64_t k) {
+  if (cfg.split_k <= 1 || m > kFp8GemmSplitKMaxM) return 1;
+  return int(std::min<int64_t>(cfg.split_k, (k + kGroup - 1) / kGroup));
+}
+
+namespace {
+// Where the split-K partials start in the workspace, and their row stride (16-byte rows).
+int64_t partial_offset(int64_t m, int64_t k) {
+  return round_up(fp8_gemm_workspace_bytes(m, k), 256);
+}
+int64_t partial_ld(int64_t n) {
+  return round_up(n, 4);
+}
+}  // namespace
+
+int64_t fp8_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, const Fp8GemmConfig& cfg) {
+  const int split = fp8_gemm_split(cfg, m, k);
+  if (split == 1) return fp8_gemm_workspace_bytes(m, k);
+  return partial_offset(m, k) + int64_t(split) * m * partial_ld(n) * 4;
+}
+
 void fp8_quantize_act(const void* x, int64_t ldx, int64_t m, int64_t k, void* workspace,
                       int64_t workspace_bytes, cudaStream_t stream) {
   KILN_CHECK(m >= 1 && k >= 16 && k % 16 == 0 && m < (int64_t(1) << 30) && k < (int64_t(1) << 24),
@@ -155,17 +215,18 @@ void check_gemm_args(const void* wq, int64_t ldw, const float* wscale, const voi
              "fp8_gemm: wq and out must be 16-byte aligned, wscale 4-byte aligned");
   bool known = false;
   for (const Fp8GemmConfig& c : kFp8GemmConfigs) known = known || c == cfg;
-  KILN_CHECK(known, "fp8_gemm: config tile_n ", cfg.tile_n, " stages ", cfg.stages,
+  KILN_CHECK(known, "fp8_gemm: config tile_n ", cfg.tile_n, " stages ", cfg.stages, " split_k ", cfg.split_k,
              " is not in kFp8GemmConfigs");
   KILN_CHECK(workspace && reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
              "fp8_gemm: the workspace must be 256-byte aligned");
-  KILN_CHECK(workspace_bytes >= fp8_gemm_workspace_bytes(m, k), "fp8_gemm: workspace of ", workspace_bytes,
-             " bytes, ", fp8_gemm_workspace_bytes(m, k), " needed for M = ", m, ", K = ", k);
+  const int64_t need = fp8_gemm_workspace_bytes(m, n, k, cfg);
+  KILN_CHECK(workspace_bytes >= need, "fp8_gemm: workspace of ", workspace_bytes, " bytes, ", need,
+             " needed for M = ", m, ", N = ", n, ", K = ", k, ", split ", fp8_gemm_split(cfg, m, k));
 }
 
 // The kernel's parameters: both tensor maps (host encoding, no device work), the tile grid.
 fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wscale, void* out, int64_t ldo,
-                                  int64_t m, int64_t n, int64_t k, const void* workspace,
+                                  int64_t m, int64_t n, int64_t k, void* workspace,
                                   const Fp8GemmConfig& cfg) {
   const int bn = cfg.tile_n, c = cfg.cluster;
   fp8_gemm_sm90::Params p{};
@@ -206,9 +267,16 @@ fp8_gemm_sm90::Params gemm_params(const void* wq, int64_t ldw, const float* wsca
   p.tiles_m = int(c == 1 ? (m + fp8_gemm_sm90::kBM - 1) / fp8_gemm_sm90::kBM : m_pad / fp8_gemm_sm90::kBM);
   p.n_scale_rows = int((n + kGroup - 1) / kGroup);
   p.tiles_n = int((n + bn - 1) / bn);
-  const int64_t units = int64_t(p.tiles_m / c) * p.tiles_n;
+  const int64_t tile_units = int64_t(p.tiles_m / c) * p.tiles_n;
+  p.split = fp8_gemm_split(cfg, m, k);
+  const int64_t units = tile_units * p.split;
   KILN_CHECK(units * c < (int64_t(1) << 31), "fp8_gemm: ", units, " tiles");
+  p.tile_units = int(tile_units);
   p.units = int(units);
+  if (p.split > 1) {
+    p.ldp = partial_ld(n);
+    p.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + partial_offset(m, k));
+  }
   return p;
 }
 
@@ -238,13 +306,22 @@ void launch_gemm(const fp8_gemm_sm90::Params& p, const Fp8GemmConfig& cfg, cudaS
     groups = std::min(groups, cfg.cluster == 1 ? sms : resident_pairs(k));
   }
   k.launch(p, groups * cfg.cluster, stream);
+  if (p.split > 1) {
+    const int64_t threads = int64_t(p.m) * (p.ldp / 4);
+    const LaunchCfg rc{.grid = dim3(unsigned((threads + kReduceThreads - 1) / kReduceThreads)),
+                       .block = dim3(kReduceThreads),
+                       .stream = stream,
+                       .pdl = true};
+    launch(rc, split_k_reduce_kernel, static_cast<const float*>(p.partial), p.ldp, p.m, p.n, p.split,
+           static_cast<__nv_bfloat16*>(p.out), p.ldo);
+  }
 }
 
 }  // namespace
 
 void fp8_gemm_quantized(const void* wq, int64_t ldw, const float* wscale, void* out, int64_t ldo, int64_t m,
-                        int64_t n, int64_t k, const void* workspace, int64_t workspace_bytes,
-                        Fp8GemmConfig cfg, cudaStream_t stream) {
+                        int64_t n, int64_t k, void* workspace, int64_t workspace_bytes, Fp8GemmConfig cfg,
+                        cudaStream_t stream) {
   check_gemm_args(wq, ldw, wscale, out, ldo, m, n, k, k, workspace, workspace_bytes, cfg);
   launch_gemm(gemm_params(wq, ldw, wscale, out, ldo, m, n, k, workspace, cfg), cfg, stream);
 }

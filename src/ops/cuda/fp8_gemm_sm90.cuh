@@ -8,7 +8,9 @@
 //   (ranks 0, 1) take tile pairs, CTA r the tile (2 pm + r, tn): both need the same weight tile, and each
 //   loads half of it (BN / 2 rows) and multicasts it to both (half the L2 reads of the weight). Units are
 //   numbered in groups of 8 tile rows, M fastest inside a group (TileWalk). tiles_m is even for C = 2 (xs is
-//   padded to 256 rows; a tile wholly past M computes zeros and stores nothing). Grid: persistent (as many
+//   padded to 256 rows; a tile wholly past M computes zeros and stores nothing). Split-K (split S > 1): unit
+//   u is tile unit u % tile_units over split u / tile_units, i.e. K blocks [s kblocks / S, (s + 1) kblocks /
+//   S) (SplitRange), so the units of one split run side by side. Grid: persistent (as many
 //   blocks / clusters as are resident at once, each taking units b, b + count, ...) or one block / cluster
 //   per unit; one block an SM (the stages take ~200 KB of shared memory). Block: 384 threads = 3 warpgroups;
 //   the stage counter (stage it % S, phase (it / S) & 1) runs on across the block's tiles, so the producer
@@ -30,7 +32,9 @@
 //       with ws = wscale[n / 128, kb] (read from global one K block ahead; a 192-wide tile spans two scale
 //       rows, a narrower one a single row). Epilogue: bf16 pairs (4-byte stores; an odd N's last column
 //       alone) straight from registers to out[row, col] for row < M, col < N; or (T) the consumer's 64 x BN
-//       bf16 tile into its swizzled shared buffer, then TMA stores of 64 x 64 boxes by its thread 0.
+//       bf16 tile into its swizzled shared buffer, then TMA stores of 64 x 64 boxes by its thread 0; or
+//       (S > 1, either epilogue form) the fp32 acc unrounded, float2 pairs from registers to partial[s, row,
+//       col] (row < M, col < N; an odd N's pair also writes the padding column N < ldp).
 //     C = 2: every thread ends at a cluster barrier, so no CTA exits while its peer may still arrive on its
 //       barriers.
 //   Shared memory (1024-aligned): A [S][128 rows][128 B], B [S][BN rows][128 B], xs [S][128] f32,
@@ -63,8 +67,12 @@ struct Params {
   int m, n, kblocks, m_pad;
   int tiles_m;       // tiles along M (even for C = 2)
   int tiles_n;       // tiles along N
-  int units;         // tiles (C = 1) or tile pairs (C = 2): tiles_m / C * tiles_n
+  int units;         // tile_units * split
   int n_scale_rows;  // ceil(N / 128)
+  int tile_units;    // tiles (C = 1) or tile pairs (C = 2): tiles_m / C * tiles_n
+  int split;         // K ranges (fp8_gemm_split; 1: the bf16 epilogue, partial unused)
+  float* partial;    // split > 1: fp32 [split][M][ldp], the workspace's partial tiles
+  int64_t ldp;       // partial row stride (N rounded up to 4: 16-byte rows)
 };
 
 template <int BN, int S, bool T>
@@ -107,6 +115,18 @@ struct TileWalk {
   }
 };
 
+// Unit u's split s and K blocks [kb0, kb1), and its tile unit (TileWalk::tile's u). With split 1: s 0, the
+// whole of K, tile unit u.
+struct SplitRange {
+  int s, kb0, kb1, tile_unit;
+  __device__ __forceinline__ SplitRange(const Params& p, int u) {
+    s = u / p.tile_units;
+    tile_unit = u - s * p.tile_units;
+    kb0 = int(int64_t(s) * p.kblocks / p.split);
+    kb1 = int(int64_t(s + 1) * p.kblocks / p.split);
+  }
+};
+
 // The tile's P for one consumer: 4 k32 steps over the stage's 128-wide K block.
 template <int BN>
 __device__ __forceinline__ void issue_block(float (&d)[BN / 2], uint32_t a_tile, uint32_t b_tile) {
@@ -131,9 +151,10 @@ __device__ __forceinline__ void produce(const Params& p, uint32_t base) {
   int s = 0;
   uint32_t ph = 0;
   for (int u = walk.first; u < p.units; u += walk.stride) {
+    const SplitRange r(p, u);
     int m0, n0;
-    walk.tile(p, u, BN, m0, n0);
-    for (int kb = 0; kb < p.kblocks; ++kb) {
+    walk.tile(p, r.tile_unit, BN, m0, n0);
+    for (int kb = r.kb0; kb < r.kb1; ++kb) {
       const uint32_t fb = full + 8 * s, sb = base + L::b_off + uint32_t(s) * L::b_bytes;
       if constexpr (C == 1) {
         sm90::mbar_wait(empty + 8 * s, ph ^ 1u);
@@ -173,6 +194,26 @@ __device__ __forceinline__ void store_tile_regs(const Params& p, const float (&a
             __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
       else
         *dst = __float2bfloat16_rn(acc[4 * j + 2 * h]);  // an odd N's last column
+    }
+  }
+}
+
+// The split-K epilogue: split s's fp32 acc, unrounded, float2 pairs to partial[s, row, col] for row < M,
+// col < N (col is even and ldp a multiple of 4, so the pair is 8-byte aligned and inside the row; an odd N's
+// last pair also writes padding column N, which the reduce never reads).
+template <int BN>
+__device__ __forceinline__ void store_tile_partial(const Params& p, const float (&acc)[BN / 2], int s, int r0,
+                                                   int n0, int lane) {
+  float* part = p.partial + int64_t(s) * p.m * p.ldp;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      if (r >= p.m || col >= p.n) continue;
+      *reinterpret_cast<float2*>(part + r * p.ldp + col) =
+          make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
   }
 }
@@ -220,8 +261,9 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t base, const ui
   int s = 0;
   uint32_t ph = 0;
   for (int u = walk.first; u < p.units; u += walk.stride) {
+    const SplitRange sr(p, u);
     int m0, n0;
-    walk.tile(p, u, BN, m0, n0);
+    walk.tile(p, sr.tile_unit, BN, m0, n0);
     // The tile's weight-scale rows: one where BN <= 128 (n0 is a multiple of BN), else the columns from
     // `split` on take the next row (n0 % 128 is a multiple of 64, so an 8-column group never straddles).
     const int nb = n0 / kBK, split = kBK - n0 % kBK;
@@ -229,10 +271,11 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t base, const ui
     const float* ws1 = p.w_scale + int64_t(min(nb + 1, p.n_scale_rows - 1)) * p.kblocks;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-    float wn0 = __ldg(ws0), wn1 = BN > kBK ? __ldg(ws1) : 0.0f;
-    for (int kb = 0; kb < p.kblocks; ++kb) {
+    // Every split has at least one K block (fp8_gemm_split <= kblocks), so ws0 + kb0 is inside the row.
+    float wn0 = __ldg(ws0 + sr.kb0), wn1 = BN > kBK ? __ldg(ws1 + sr.kb0) : 0.0f;
+    for (int kb = sr.kb0; kb < sr.kb1; ++kb) {
       const float w0 = wn0, w1 = wn1;
-      if (kb + 1 < p.kblocks) {
+      if (kb + 1 < sr.kb1) {
         wn0 = __ldg(ws0 + kb + 1);
         if constexpr (BN > kBK) wn1 = __ldg(ws1 + kb + 1);
       }
@@ -272,8 +315,11 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t base, const ui
     }
     // A TMA store does not clip a row at an N that is not a multiple of 8 (16 bytes): the odd-N case of
     // test_cuda_fp8_gemm saw column N written (H100, 2026-12-06). Such a ragged last tile takes the register
-    // stores (the choice is uniform over the consumer, so its named barriers stay matched).
-    if (T && (p.n % 8 == 0 || n0 + BN <= p.n))
+    // stores (the choice is uniform over the consumer, so its named barriers stay matched). Split-K: the fp32
+    // partial, whatever the epilogue form (p.split is uniform too).
+    if (p.split > 1)
+      store_tile_partial<BN>(p, acc, sr.s, m0 + row, n0, lane);
+    else if (T && (p.n % 8 == 0 || n0 + BN <= p.n))
       store_tile_tma<BN>(p, acc, base + L::out_off + uint32_t(c) * L::out_wg_bytes, m0 + 64 * c, n0, c, t);
     else
       store_tile_regs<BN>(p, acc, m0 + row, n0, lane);
@@ -303,6 +349,9 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(const __grid_cons
     __syncthreads();
   else
     sm90::cluster_sync();  // the peer's barriers are initialised before anything multicasts into them
+  // Split-K: the reduce (launched next, with PDL) may take the SMs this grid leaves free and wait there for
+  // this grid's completion (griddepcontrol.wait) before reading a partial.
+  if (p.split > 1) pdl_launch_dependents();
   pdl_wait();  // xq and xs come from the quantizer launched just before (fp8_gemm launches this with PDL)
   const int wg = int(threadIdx.x / 128);
   if (wg == 0) {

@@ -29,9 +29,10 @@ using namespace gemm_detail;
 
 namespace {
 
-constexpr const char* kCacheFormat = "kiln-gemm-tactics v5";
-// Older formats still read: v4 (no e4m3 x 16 GEMV: word 7 of a GEMV tactic is 0), v3 (no W8A8 GEMV: word 4
-// is 0 too), v2 (bf16 weights only).
+constexpr const char* kCacheFormat = "kiln-gemm-tactics v6";
+// Older formats still read: v5 (no split-K W8A8 GEMM: word 5 of an fp8gemm tactic is 0, split_k 1), v4 (no
+// e4m3 x 16 GEMV: word 7 of a GEMV tactic is 0), v3 (no W8A8 GEMV: word 4 is 0 too), v2 (bf16 weights only).
+constexpr const char* kCacheFormatV5 = "kiln-gemm-tactics v5";
 constexpr const char* kCacheFormatV4 = "kiln-gemm-tactics v4";
 constexpr const char* kCacheFormatV3 = "kiln-gemm-tactics v3";
 constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";
@@ -62,6 +63,7 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
                               : i == 2 ? uint64_t(f.persistent)
                               : i == 3 ? uint64_t(f.cluster)
                               : i == 4 ? uint64_t(f.tma_store)
+                              : i == 5 ? uint64_t(f.split_k == 1 ? 0 : f.split_k)
                                        : 0;
     const uint64_t word = t.kind == GemmKind::gemv      ? gemv_word
                           : t.kind == GemmKind::fp8gemm ? fp8_word
@@ -92,11 +94,13 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
   s.out = out == "f32" ? GemmOut::f32 : GemmOut::bf16;
   if (kind == "fp8gemm") {
     t.kind = GemmKind::fp8gemm;
-    t.fp8gemm = Fp8GemmConfig{int(t.algo[0] & 0xffff), int(t.algo[1] & 0xffff), t.algo[2] == 1,
-                              int(t.algo[3] & 0xffff), t.algo[4] == 1};
-    bool ok = t.algo[2] <= 1 && t.algo[4] <= 1 && s.out == GemmOut::bf16 && s.m_bucket >= 1;
-    for (int i = 5; i < 8; ++i) ok = ok && t.algo[i] == 0;
-    for (int i = 0; i < 4; ++i) ok = ok && t.algo[i] <= 0xffff;
+    // Word 5: split_k, 1 written as 0 (v5 lines, which have no split, read as split_k 1).
+    t.fp8gemm = Fp8GemmConfig{int(t.algo[0] & 0xffff), int(t.algo[1] & 0xffff),
+                              t.algo[2] == 1,          int(t.algo[3] & 0xffff),
+                              t.algo[4] == 1,          t.algo[5] == 0 ? 1 : int(t.algo[5] & 0xffff)};
+    bool ok = t.algo[2] <= 1 && t.algo[4] <= 1 && t.algo[5] != 1 && s.out == GemmOut::bf16 && s.m_bucket >= 1;
+    for (int i = 6; i < 8; ++i) ok = ok && t.algo[i] == 0;
+    for (int i = 0; i < 6; ++i) ok = ok && t.algo[i] <= 0xffff;
     bool known = false;
     for (const Fp8GemmConfig& c : kFp8GemmConfigs) known = known || c == t.fp8gemm;
     if (!ok || !known) return false;
@@ -229,7 +233,7 @@ void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out,
   // The W8A8 GEMM where the tuner chose it for this bucket (or the nearest tuned bucket below) and it takes
   // the call.
   if (const GemmTactic* tuned = w8a8_tactic(w, ldx, out, ldo, m, n, k, out_type); tuned && aligned16(x)) {
-    const int64_t ws_bytes = fp8_gemm_workspace_bytes(m, k);
+    const int64_t ws_bytes = fp8_gemm_workspace_bytes(m, n, k, tuned->fp8gemm);  // a split's partials too
     if (void* ws = impl_->grow(impl_->fp8_ws, size_t(ws_bytes), 0, stream)) {
       fp8_gemm(x, ldx, w.data, w.ld, w.scale, out, ldo, m, n, k, ws, int64_t(impl_->fp8_ws.bytes),
                tuned->fp8gemm, stream);
@@ -274,7 +278,8 @@ bool GemmEngine::fp8_gemm_takes(const GemvWeight& w, const void* out, int64_t ld
 GemmEngine::Fp8Input GemmEngine::fp8_gemm_input(const GemvWeight& w, const void* out, int64_t ldo, int64_t m,
                                                 int64_t n, int64_t k, cudaStream_t stream) {
   if (!fp8_gemm_takes(w, out, ldo, m, n, k)) return {};
-  const int64_t bytes = fp8_gemm_workspace_bytes(m, k);
+  const int64_t bytes =
+      fp8_gemm_workspace_bytes(m, n, k, w8a8_tactic(w, k, out, ldo, m, n, k, GemmOut::bf16)->fp8gemm);
   void* ws = impl_->grow(impl_->fp8_ws, size_t(bytes), 0, stream);
   return ws ? Fp8Input{ws, int64_t(impl_->fp8_ws.bytes)} : Fp8Input{};
 }
@@ -283,11 +288,11 @@ void GemmEngine::run_prequantized(const GemvWeight& w, void* out, int64_t ldo, i
                                   int64_t k, cudaStream_t stream) {
   KILN_CHECK(fp8_gemm_takes(w, out, ldo, m, n, k), "run_prequantized: the W8A8 GEMM does not take M ", m,
              " N ", n, " K ", k, " (fp8_gemm_takes)");
-  KILN_CHECK(impl_->fp8_ws.ptr && int64_t(impl_->fp8_ws.bytes) >= fp8_gemm_workspace_bytes(m, k),
+  const Fp8GemmConfig cfg = w8a8_tactic(w, k, out, ldo, m, n, k, GemmOut::bf16)->fp8gemm;
+  KILN_CHECK(impl_->fp8_ws.ptr && int64_t(impl_->fp8_ws.bytes) >= fp8_gemm_workspace_bytes(m, n, k, cfg),
              "run_prequantized: no workspace filled for M ", m, " K ", k, " (fp8_gemm_input first)");
   fp8_gemm_quantized(w.data, w.ld, w.scale, out, ldo, m, n, k, impl_->fp8_ws.ptr,
-                     int64_t(impl_->fp8_ws.bytes),
-                     w8a8_tactic(w, k, out, ldo, m, n, k, GemmOut::bf16)->fp8gemm, stream);
+                     int64_t(impl_->fp8_ws.bytes), cfg, stream);
   ++fp8_gemm_dispatches_;
   ++fp8_prequantized_dispatches_;
 }
@@ -391,7 +396,8 @@ bool GemmEngine::load(const std::string& path) {
   if (!in) return false;
   std::string line;
   if (!std::getline(in, line)) return false;
-  if (line != kCacheFormat && line != kCacheFormatV4 && line != kCacheFormatV3 && line != kCacheFormatV2) {
+  if (line != kCacheFormat && line != kCacheFormatV5 && line != kCacheFormatV4 && line != kCacheFormatV3 &&
+      line != kCacheFormatV2) {
     std::fprintf(stderr, "kiln: tactic cache %s has format '%s', not '%s': ignored (tuning replaces it)\n",
                  path.c_str(), line.c_str(), kCacheFormat);
     return false;

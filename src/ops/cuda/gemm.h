@@ -24,10 +24,10 @@
 // prologue won. kiln's kernels are timed launched with PDL, as the decode graphs launch them (each call's
 // W stream then overlaps the previous call's tail, which cuBLASLt's kernels cannot do). M bucket = the next
 // power of two >= M (capped at 16384). Weights are rotated over copies that together exceed the L2 while
-// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v5")
+// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v6")
 // starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
-// whose key differs is ignored, one of another format version too, with a message (v1 is re-tuned; v2 and
-// v3 are read). A cached cuBLASLt
+// whose key differs is ignored, one of another format version too, with a message (v1 is re-tuned; v2 to
+// v5 are read). A cached cuBLASLt
 // tactic is re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the heuristic's first
 // choice when the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the GEMV is only used where
 // the tuner measured it faster on this GPU.
@@ -37,13 +37,16 @@
 // prologue (where a W8A8 config won: its own prologue and the fastest one-tile W8A16 config's, against the
 // add_rms_norm kernel then the W8A8 GEMV; GemmTactic::norm_in_gemv names a W8A16 winner) at M buckets <= 8,
 // and at larger buckets every W8A8 GEMM config (fp8_gemm.h; the TMA-store epilogues clip at N:
-// test_cuda_fp8_gemm) against dequantizing the weight into a preallocated scratch then the bf16 dispatch (the
-// portable path), storing an "fp8gemm" tactic where the W8A8 GEMM won and none where the scratch path did.
-// The e4m3 x 16 GEMV configs (gemv.h) are offered for FP8 weights with K a multiple of 16 only with
-// default (KILN_GEMV_E4M3X16=0 leaves them out: the tuner's offer as before them); KILN_GEMV_W8A8=0 leaves
-// the W8A8 ones out. A cache holding an e4m3 x 16 tactic (word 7 = 1) runs it whatever the switch says. The
-// cache file is "kiln-gemm-tactics v5"; v4 (no e4m3 x 16 GEMV), v3 (no W8A8 GEMV) and v2 files (bf16 weights
-// only) are read as well.
+// test_cuda_fp8_gemm; the split-K ones only where the unsplit config's tiles are fewer than the SMs, M <=
+// kFp8GemmSplitKMaxM and the split is not clamped by K) against dequantizing the weight into a preallocated
+// scratch then the bf16 dispatch (the portable path), storing an "fp8gemm" tactic where the W8A8 GEMM won and
+// none where the scratch path did. The e4m3 x 16 GEMV configs (gemv.h) are offered for FP8 weights with K a
+// multiple of 16 only with default (KILN_GEMV_E4M3X16=0 leaves them out: the tuner's offer as before them);
+// KILN_GEMV_W8A8=0 leaves the W8A8 ones out. A cache holding an e4m3 x 16 tactic (word 7 = 1) runs it
+// whatever the switch says. The cache file is "kiln-gemm-tactics v6"; v5 (no split-K W8A8 GEMM), v4 (no e4m3
+// x 16 GEMV), v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read as well. run() grows the W8A8
+// workspace to the tactic's fp8_gemm_workspace_bytes(m, n, k, cfg) (a split config's partials; outside graph
+// capture: the decode graphs' eager first step grows it).
 #pragma once
 
 #include <cstdint>
@@ -96,16 +99,16 @@ int64_t gemm_m_bucket(int64_t m);
 
 // One tactic-cache line (without the newline): "M N K out us kind w0 .. w7 # describe", out "bf16" or
 // "f32" for a bf16 weight, "bf16:e4m3" or "f32:e4m3" for a block-FP8 one (v2 files have only the former),
-// kind "lt" or "gemv" (gemv: w0 = warps, w1 = 1 for the tensor-core kernel, w2 = 1 where the residual-norm
-// prologue won, w3 = the tensor-core tiles when more than one, else 0: older caches read as one tile; w4 =
-// the W8A8 kernel's K blocks in flight, 0 for the W8A16 / bf16 kernels (v3 files: always 0); with a W8A8
-// config and the prologue, w5 / w6 = the warps and tensor-core flag of the W8A16 config the prologue runs,
-// 0 where it runs the W8A8 config's own (w6 = 2: an e4m3 x 16 config); else 0; w7 = 1 for an e4m3 x 16
-// config (gemv.h), v4 files: 0).
-// parse_tactic_line returns false for a damaged line (bad field, unknown kind, a GEMV config that gemv does
-// not take, the prologue with a config it does not run (gemv.h: gemv_norm_in_fusable), a W8A8 config for a
-// bf16 weight, a GEMV tactic for a shape or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported)
-// refuses).
+// kind "lt", "fp8gemm" (w0 .. w5 = tile_n, stages, persistent, cluster, tma_store, split_k with 1 written
+// as 0: v5 files, before split-K, read as split_k 1; w6, w7 = 0) or "gemv" (gemv: w0 = warps, w1 = 1 for the
+// tensor-core kernel, w2 = 1 where the residual-norm prologue won, w3 = the tensor-core tiles when more than
+// one, else 0: older caches read as one tile; w4 = the W8A8 kernel's K blocks in flight, 0 for the W8A16 /
+// bf16 kernels (v3 files: always 0); with a W8A8 config and the prologue, w5 / w6 = the warps and tensor-core
+// flag of the W8A16 config the prologue runs, 0 where it runs the W8A8 config's own (w6 = 2: an e4m3 x 16
+// config); else 0; w7 = 1 for an e4m3 x 16 config (gemv.h), v4 files: 0). parse_tactic_line returns false for
+// a damaged line (bad field, unknown kind, a GEMV config that gemv does not take, the prologue with a config
+// it does not run (gemv.h: gemv_norm_in_fusable), a W8A8 config for a bf16 weight, a GEMV tactic for a shape
+// or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported) refuses).
 std::string format_tactic_line(const GemmShape& s, const GemmTactic& t);
 bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t);
 

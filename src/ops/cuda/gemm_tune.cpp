@@ -15,6 +15,15 @@ namespace kiln::cuda {
 
 using namespace gemm_detail;
 
+namespace {
+
+// describe_fp8gemm with the split (the cache line's "# describe" and the tuner's report).
+std::string describe_w8a8_gemm(const Fp8GemmConfig& c) {
+  return describe_fp8gemm(c) + (c.split_k > 1 ? " split_k " + std::to_string(c.split_k) : "");
+}
+
+}  // namespace
+
 void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   const char* w8a8_env = std::getenv("KILN_GEMV_W8A8");
   KILN_CHECK(!w8a8_env || !*w8a8_env || std::string(w8a8_env) == "0" || std::string(w8a8_env) == "1",
@@ -68,12 +77,30 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     return ms * 1000.0f / float(iters);
   };
-  // The W8A8 GEMM's shapes (FP8 weights, M buckets past the GEMV's): its workspace and the scratch path's
-  // dequantized weight.
+  // The W8A8 GEMM's configs timed for a shape: every unsplit one, and a split-K one where it splits as
+  // named (M <= kFp8GemmSplitKMaxM, K blocks >= split_k) and its unsplit tiles at the bucket's M are fewer
+  // than the SMs (elsewhere a split only adds the partials' traffic and the reduce launch; and its partials,
+  // M x N x split f32, would be the largest workspace: gate_up at M = 512).
+  int sms = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, impl_->device));
+  const auto w8a8_configs = [&](const GemmShape& s) {
+    std::vector<Fp8GemmConfig> v;
+    if (s.out != GemmOut::bf16 || !fp8_gemm_supported(s.m_bucket, s.n, s.k, s.k, s.k, aligned_ld(s.n)))
+      return v;
+    for (const Fp8GemmConfig& c : kFp8GemmConfigs) {
+      const int64_t tiles = (s.m_bucket + 127) / 128 * ((s.n + c.tile_n - 1) / c.tile_n);
+      if (c.split_k == 1 || (fp8_gemm_split(c, s.m_bucket, s.k) == c.split_k && tiles < sms)) v.push_back(c);
+    }
+    return v;
+  };
+  // The W8A8 GEMM's shapes (FP8 weights, M buckets past the GEMV's): its workspace (the quantized input and
+  // the largest split's partials) and the scratch path's dequantized weight.
   size_t fp8_ws_bytes = 0, fp8_deq_bytes = 0;
   for (const auto& s : shapes)
     if (s.weight == GemmWeight::fp8 && s.m_bucket > kGemvMaxM) {
       fp8_ws_bytes = std::max(fp8_ws_bytes, size_t(fp8_gemm_workspace_bytes(s.m_bucket, s.k)));
+      for (const Fp8GemmConfig& c : w8a8_configs(s))
+        fp8_ws_bytes = std::max(fp8_ws_bytes, size_t(fp8_gemm_workspace_bytes(s.m_bucket, s.n, s.k, c)));
       fp8_deq_bytes = std::max(fp8_deq_bytes, size_t(s.n * s.k * 2));
     }
   void *fp8_ws = nullptr, *fp8_deq = nullptr;
@@ -84,9 +111,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   const auto tune_w8a8 = [&](const GemmShape& s) {
     tactics_.erase(s);
     const int64_t ldo = aligned_ld(s.n);
-    std::vector<Fp8GemmConfig> f8;
-    if (s.out == GemmOut::bf16 && fp8_gemm_supported(s.m_bucket, s.n, s.k, s.k, s.k, ldo))
-      f8.assign(std::begin(kFp8GemmConfigs), std::end(kFp8GemmConfigs));
+    const std::vector<Fp8GemmConfig> f8 = w8a8_configs(s);
     if (f8.empty()) return;
     const size_t w_one = size_t(s.n * s.k);
     const int64_t copies = std::max<int64_t>(1, int64_t(w_bytes / w_one));
@@ -116,7 +141,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       t.kind = GemmKind::fp8gemm;
       t.fp8gemm = f8[size_t(best_i)];
       t.us = best;
-      t.describe = describe_fp8gemm(t.fp8gemm);
+      t.describe = describe_w8a8_gemm(t.fp8gemm);
       tactics_[s] = t;
     }
     if (verbose)
@@ -124,7 +149,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
                   " %-9s %9.2f us  %5.1f TFLOP/s  (%zu cands; dequantize + cuBLASLt %.2f us) %s\n",
                   s.m_bucket, s.n, s.k, shape_out_field(s).c_str(), double(best), flops / best * 1e-6,
                   f8.size() + 1, double(scratch_us),
-                  best_i >= 0 ? describe_fp8gemm(f8[size_t(best_i)]).c_str() : "dequantize + bf16 GEMM");
+                  best_i >= 0 ? describe_w8a8_gemm(f8[size_t(best_i)]).c_str() : "dequantize + bf16 GEMM");
   };
   for (const auto& s : shapes) {
     // K not a multiple of 8: neither cuBLASLt's bf16 kernels nor the GEMV take it; run() sends it to the
