@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "kiln/env.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/fp8_dequant.h"
 #include "ops/cuda/gemm_impl.h"
@@ -83,13 +84,18 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   // M x N x split f32, would be the largest workspace: gate_up at M = 512).
   int sms = 0;
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, impl_->device));
+  // KILN_FP8_GEMM_SPLIT_K=1 offers the split configs to the tuner: off until a GPU run has checked and timed
+  // them (test_cuda_fp8_gemm's CudaFp8GemmSplitK.*, the bench's "fp8_gemm at decode sizes").
+  const bool split_k_offered = env_switch("KILN_FP8_GEMM_SPLIT_K", kFp8GemmSplitKTunedByDefault);
   const auto w8a8_configs = [&](const GemmShape& s) {
     std::vector<Fp8GemmConfig> v;
     if (s.out != GemmOut::bf16 || !fp8_gemm_supported(s.m_bucket, s.n, s.k, s.k, s.k, aligned_ld(s.n)))
       return v;
     for (const Fp8GemmConfig& c : kFp8GemmConfigs) {
       const int64_t tiles = (s.m_bucket + 127) / 128 * ((s.n + c.tile_n - 1) / c.tile_n);
-      if (c.split_k == 1 || (fp8_gemm_split(c, s.m_bucket, s.k) == c.split_k && tiles < sms)) v.push_back(c);
+      if (c.split_k == 1 ||
+          (split_k_offered && fp8_gemm_split(c, s.m_bucket, s.k) == c.split_k && tiles < sms))
+        v.push_back(c);
     }
     return v;
   };
