@@ -175,47 +175,46 @@ __device__ __forceinline__ void produce(const Params& p, uint32_t base) {
   }
 }
 
-// The register epilogue: thread rows r0 and r0 + 8, bf16 pairs (4-byte stores; an odd N's last column alone)
-// straight to out[row, col] for row < M, col < N.
-template <int BN>
-__device__ __forceinline__ void store_tile_regs(const Params& p, const float (&acc)[BN / 2], int r0, int n0,
-                                                int lane) {
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+// A thread's accumulator pairs in the wgmma fragment's layout: rows r0 and r0 + 8, columns n0 + 8 j + 2 (lane
+// % 4) and the next; store(r, col, a, b) for each pair inside the output (row < M, col < N).
+template <int BN, typename Store>
+__device__ __forceinline__ void for_each_acc_pair(const Params& p, const float (&acc)[BN / 2], int r0, int n0,
+                                                  int lane, Store&& store) {
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
     const int col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r0 + 8 * h;
-      if (r >= p.m || col >= p.n) continue;
-      __nv_bfloat16* dst = out + r * p.ldo + col;
-      if (col + 1 < p.n)
-        *reinterpret_cast<__nv_bfloat162*>(dst) =
-            __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      else
-        *dst = __float2bfloat16_rn(acc[4 * j + 2 * h]);  // an odd N's last column
+      if (r < p.m && col < p.n) store(r, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
   }
 }
 
-// The split-K epilogue: split s's fp32 acc, unrounded, float2 pairs to partial[s, row, col] for row < M,
-// col < N (col is even and ldp a multiple of 4, so the pair is 8-byte aligned and inside the row; an odd N's
-// last pair also writes padding column N, which the reduce never reads).
+// The register epilogue: bf16 pairs (4-byte stores; an odd N's last column alone) straight to out[row, col].
+template <int BN>
+__device__ __forceinline__ void store_tile_regs(const Params& p, const float (&acc)[BN / 2], int r0, int n0,
+                                                int lane) {
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+  for_each_acc_pair<BN>(p, acc, r0, n0, lane, [&](int r, int col, float a, float b) {
+    __nv_bfloat16* dst = out + r * p.ldo + col;
+    if (col + 1 < p.n)
+      *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+    else
+      *dst = __float2bfloat16_rn(a);  // an odd N's last column
+  });
+}
+
+// The split-K epilogue: split s's fp32 acc, unrounded, float2 pairs to partial[s, row, col] (col is even and
+// ldp a multiple of 4, so the pair is 8-byte aligned and inside the row; an odd N's last pair also writes
+// padding column N, which the reduce never reads).
 template <int BN>
 __device__ __forceinline__ void store_tile_partial(const Params& p, const float (&acc)[BN / 2], int s, int r0,
                                                    int n0, int lane) {
   float* part = p.partial + int64_t(s) * p.m * p.ldp;
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int col = n0 + 8 * j + 2 * (lane % 4);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = r0 + 8 * h;
-      if (r >= p.m || col >= p.n) continue;
-      *reinterpret_cast<float2*>(part + r * p.ldp + col) =
-          make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
-  }
+  for_each_acc_pair<BN>(p, acc, r0, n0, lane, [&](int r, int col, float a, float b) {
+    *reinterpret_cast<float2*>(part + r * p.ldp + col) = make_float2(a, b);
+  });
 }
 
 // The TMA-store epilogue of one consumer (thread t of 128): its 64 x BN accumulator rounded to bf16 pairs
