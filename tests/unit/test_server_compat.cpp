@@ -232,6 +232,7 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
   s.spec.timed_verify_steps = 3;
   s.spec.plain_step_seconds = 0.75;
   s.spec.timed_plain_steps = 6;
+  s.spec.ragged_verify_steps = 2;
   ServerCounters c;
   const std::string kiln = render_metrics(s, c, "demo");
   const std::string v = vllm_metrics(kiln);
@@ -256,7 +257,8 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
                              "kiln_spec_decode_verify_step_seconds_total{model_name=\"demo\"} 1.5\n",
                              "kiln_spec_decode_timed_verify_steps_total{model_name=\"demo\"} 3\n",
                              "kiln_spec_decode_plain_step_seconds_total{model_name=\"demo\"} 0.75\n",
-                             "kiln_spec_decode_timed_plain_steps_total{model_name=\"demo\"} 6\n"})
+                             "kiln_spec_decode_timed_plain_steps_total{model_name=\"demo\"} 6\n",
+                             "kiln_spec_decode_ragged_verify_steps_total{model_name=\"demo\"} 2\n"})
     EXPECT_NE(kiln.find(series), std::string::npos) << series << kiln;
   EXPECT_NE(
       v.find("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"demo\"} 3\n"),
