@@ -7,11 +7,9 @@
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
-//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes; e4m3 8 bytes
-//     a chunk, the default form), and beside it `experts gather_gemv fp8 deep loads`
-//     (KILN_MOE_FP8_DEEP_LOADS: a batch of 8-byte chunks a row in flight, the same bits); at T = 1 the decode
-//     path (gate_up GEMV, then down fused with the combine), bf16 and fp8 (e4m3 16 bytes a lane, 8 bytes a
-//     lane: KILN_MOE_FP8_WIDE_LOADS=0's form, and deep loads);
+//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); at T = 1 the
+//     decode path (gate_up GEMV, then down fused with the combine), bf16 and fp8 (e4m3 16 bytes a lane, and
+//     8 bytes a lane: KILN_MOE_FP8_WIDE_LOADS=0's form);
 //   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096 (and one
 //     expert-parallel rank's share of it, 16 of the 128 experts), and at
 //     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
@@ -230,17 +228,11 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         kc::MoeProductParams g8 = g, d8 = d;
         kc::moe_set_fp8(g8, m.gate_up8.data(), scales.gate_up);
         kc::moe_set_fp8(d8, m.down8.data(), scales.down);
-        const bool wide_before = kc::moe_fp8_wide_loads(), deep_before = kc::moe_fp8_deep_loads();
-        for (const int form : {0, 1, 2, 3}) {  // bf16; e4m3 16 and 8 bytes a lane, deep loads (moe.h)
+        const bool wide_before = kc::moe_fp8_wide_loads();
+        for (const int form : {0, 1, 2}) {  // bf16; e4m3 16 and 8 bytes a lane (KILN_MOE_FP8_WIDE_LOADS)
           const bool fp8 = form > 0;
-          if (fp8) {
-            kc::moe_set_fp8_wide_loads(form == 1);
-            kc::moe_set_fp8_deep_loads(form == 3);
-          }
-          const char* name = form == 1   ? " fp8"
-                             : form == 2 ? " fp8 8-byte loads"
-                             : form == 3 ? " fp8 deep loads"
-                                         : "";
+          if (fp8) kc::moe_set_fp8_wide_loads(form == 1);
+          const char* name = form == 1 ? " fp8" : form == 2 ? " fp8 8-byte loads" : "";
           Row f{"moe", std::string("experts + combine fused") + name, shape(T)};
           f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
           timed(f, [&](int) {
@@ -250,22 +242,13 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
           });
         }
         kc::moe_set_fp8_wide_loads(wide_before);
-        kc::moe_set_fp8_deep_loads(deep_before);
       }
-      // The FP8 GEMV's default form (8 bytes and a scale load a chunk) and its deep loads, side by side.
+      r.variant = "experts gather_gemv fp8";
       r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;
-      const bool wide_before = kc::moe_fp8_wide_loads(), deep_before = kc::moe_fp8_deep_loads();
-      kc::moe_set_fp8_wide_loads(false);
-      for (const bool deep : {false, true}) {
-        kc::moe_set_fp8_deep_loads(deep);
-        r.variant = deep ? "experts gather_gemv fp8 deep loads" : "experts gather_gemv fp8";
-        timed(r, [&](int) {
-          kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, static_cast<const uint16_t*>(x.data()), kH,
-                                 m.gate_up8.data(), m.down8.data(), s, b, env.stream, scales);
-        });
-      }
-      kc::moe_set_fp8_wide_loads(wide_before);
-      kc::moe_set_fp8_deep_loads(deep_before);
+      timed(r, [&](int) {
+        kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, static_cast<const uint16_t*>(x.data()), kH,
+                               m.gate_up8.data(), m.down8.data(), s, b, env.stream, scales);
+      });
     }
     if (T >= 8) {
       Row r{"moe", "experts grouped_gemm", shape(T)};

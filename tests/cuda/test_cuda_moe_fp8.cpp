@@ -1,9 +1,7 @@
 // Block-FP8 MoE experts on CUDA (ops/moe.h "Block-FP8 experts"): the gather GEMV widening e4m3 in registers
 // equals, bitwise, the BF16 CUDA op on dequantize_fp8's experts (path (c)), at decode sizes and past the GEMV
-// threshold (below KILN_MOE_FP8_DEQUANT_MIN_TOKENS), in each of its e4m3 load forms (8 bytes a chunk; 16
-// bytes a lane regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS; 8 bytes a
-// lane with a whole batch of chunks in flight: KILN_MOE_FP8_DEEP_LOADS, also in a graph replayed with
-// changing routings); it stays
+// threshold (below KILN_MOE_FP8_DEQUANT_MIN_TOKENS), in both its e4m3 load forms (8 bytes a chunk, and 16
+// bytes a lane regrouped into the bf16 kernel's 8-element lane chunks: KILN_MOE_FP8_WIDE_LOADS); it stays
 // near the CPU oracle's path (a); at and above the dequant threshold the chosen experts dequantized in the
 // scratch and the grouped GEMM on them, bitwise the BF16 layer on the dequantized experts (by rows, each
 // grouped kernel, under expert parallelism, in a graph replayed with changing routings), and the threshold 0
@@ -45,28 +43,6 @@ using test::random_bf16;
 using test::to_device;
 using test::to_host;
 
-// The e4m3 load forms of the gather GEMV and the fused down + combine (ops/cuda/moe.h, moe_gemv.cuh): 8 bytes
-// a chunk (the default), 16 bytes a lane (KILN_MOE_FP8_WIDE_LOADS), deep loads (KILN_MOE_FP8_DEEP_LOADS).
-enum class Fp8Loads { x8, x16, deep };
-constexpr Fp8Loads kFp8LoadForms[] = {Fp8Loads::x8, Fp8Loads::x16, Fp8Loads::deep};
-
-const char* fp8_loads_name(Fp8Loads f) {
-  return f == Fp8Loads::x8 ? "8-byte loads" : f == Fp8Loads::x16 ? "16-byte loads" : "deep loads";
-}
-
-// Sets one e4m3 load form for a scope (through the switches' setters), then puts both switches back.
-struct Fp8LoadsScope {
-  bool wide = kc::moe_fp8_wide_loads(), deep = kc::moe_fp8_deep_loads();
-  explicit Fp8LoadsScope(Fp8Loads f) {
-    kc::moe_set_fp8_wide_loads(f == Fp8Loads::x16);
-    kc::moe_set_fp8_deep_loads(f == Fp8Loads::deep);
-  }
-  ~Fp8LoadsScope() {
-    kc::moe_set_fp8_wide_loads(wide);
-    kc::moe_set_fp8_deep_loads(deep);
-  }
-};
-
 void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<int64_t>& batches) {
   const Fp8Layer l = test::make_fp8_layer(E, k, H, I, uint32_t(E * 5 + H));
   Buffer scratch(256, Device::cuda());
@@ -76,15 +52,18 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
                  std::to_string(T));
     const auto x = random_bf16(size_t(T * H), uint32_t(T * 7 + 3));
     const Buffer dx = to_device(x);
-    // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it. Every e4m3 load form.
+    // by_rows: FP8 takes the GEMV at every T; the bf16 reference is forced onto it. Both e4m3 load forms
+    // (16 and 8 bytes a lane, KILN_MOE_FP8_WIDE_LOADS).
     const auto bf16 = test::run_moe_gpu(l.dequantized_device(), dx, T, H, MoeExperts::gather_gemv, scratch);
     std::vector<bf16_t> fp8;
-    for (const Fp8Loads form : kFp8LoadForms) {
-      const Fp8LoadsScope scope(form);
+    const bool wide_before = kc::moe_fp8_wide_loads();
+    for (const bool wide : {false, true}) {
+      kc::moe_set_fp8_wide_loads(wide);
       fp8 = test::run_moe_gpu(l.fp8(Device::cuda()), dx, T, H, MoeExperts::by_rows, scratch);
       for (size_t i = 0; i < fp8.size(); ++i)
-        ASSERT_EQ(fp8[i].bits, bf16[i].bits) << fp8_loads_name(form) << ", element " << i;
+        ASSERT_EQ(fp8[i].bits, bf16[i].bits) << (wide ? "16" : "8") << "-byte loads, element " << i;
     }
+    kc::moe_set_fp8_wide_loads(wide_before);
     // Against the CPU oracle (path (a): activations quantized to e4m3 too): about one e4m3 rounding apart.
     std::vector<bf16_t> want(size_t(T * H));
     ops::moe_mlp(Tensor(const_cast<bf16_t*>(x.data()), DType::bf16, {T, H}), l.fp8(Device::cpu()),
@@ -101,9 +80,7 @@ TEST(CudaMoeFp8, GemvEqualsBf16GemvOnDequantizedExpertsBitwise) {
   check_layer(16, 4, 256, 128, {1, 3, 8, 33, 80});
   check_layer(128, 8, 2048, 768, {1, 4, 64, 100});  // Qwen3-30B-A3B's widths
   // The 16-byte e4m3 loads' batches and windows: K = 4096 (gate_up: two batches), 384 (down: a window
-  // half used, lanes 16 .. 31 idle in its second half), 1536 (down: two batches of the fused kernel). The
-  // deep loads' batches (2048 elements gate_up, 1024 down): K = 4096 two full, 384 one with its second chunk
-  // on lanes 0 .. 15 only, 1536 a full one and a half one, 128 (I of the first layer) one chunk on 16 lanes.
+  // half used, lanes 16 .. 31 idle in its second half), 1536 (down: two batches of the fused kernel).
   check_layer(8, 2, 4096, 384, {1, 5, 40});
   check_layer(8, 2, 256, 1536, {1, 3});
 }
@@ -138,9 +115,9 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       const auto y1 = test::read_device<bf16_t>(b.y, s.max_rows() * H);
       const auto a = to_host<bf16_t>(o1, size_t(T * H));
-      for (const Fp8Loads form : kFp8LoadForms) {  // every e4m3 load form (bf16 experts: one kernel)
-        SCOPED_TRACE(fp8_loads_name(form));
-        const Fp8LoadsScope scope(form);
+      const bool wide_before = kc::moe_fp8_wide_loads();
+      for (const bool wide : {false, true}) {  // both e4m3 load forms (bf16 experts: the same kernel twice)
+        kc::moe_set_fp8_wide_loads(wide);
         test::poison(o2);
         KILN_CUDA_CHECK(cudaMemset(b.y, 0xff, size_t(s.max_rows() * H) * 2));
         kc::moe_experts_combine_launch(xp, H, w.gate_up.data, w.down.data, s, b,
@@ -154,6 +131,7 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
             ASSERT_EQ(y2[size_t(r * H + h)].bits, y1[size_t(r * H + h)].bits)
                 << "y row " << r << " col " << h;
       }
+      kc::moe_set_fp8_wide_loads(wide_before);
     }
   }
 }
@@ -277,60 +255,6 @@ TEST(CudaMoeFp8, ThresholdZeroKeepsTheGemvAtEveryT) {
     const auto want =
         test::run_moe_gpu(l.dequantized_device(), dx, T, l.H, MoeExperts::gather_gemv, ref_scratch);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "element " << i;
-  }
-}
-
-// The deep-loads GEMV (KILN_MOE_FP8_DEEP_LOADS) captured in a CUDA graph with the whole op by rows (router,
-// routing, gate_up GEMV, then at T = 1 down fused with the combine, else the down GEMV and the combine),
-// replayed while x (and so the routing and the experts read) changes: each replay bitwise the eager BF16
-// GEMV on the dequantized experts. K = 2048 (gate_up: one full batch of 8 chunks a row) and 384 (down: a
-// batch's second chunk on lanes 0 .. 15 only).
-TEST(CudaMoeFp8, DeepLoadsGemvGraphReplayWhileRoutingChanges) {
-  KILN_REQUIRE_GPU();
-  const Fp8Layer l = test::make_fp8_layer(32, 4, 2048, 384, 33);
-  const DequantMinTokens guard(ops::cuda::kMoeFp8DequantMinTokens);  // above these T: the GEMV
-  const Fp8LoadsScope deep(Fp8Loads::deep);
-  const ops::MoeWeights w8 = l.fp8(Device::cuda()), wd = l.dequantized_device();
-  for (const int64_t T :
-       {int64_t(1), int64_t(12)}) {  // 1: the fused down + combine; 12: 48 pairs, 32 experts
-    SCOPED_TRACE("T " + std::to_string(T));
-    Buffer x(size_t(T * l.H) * 2, Device::cuda()), out(size_t(T * l.H) * 2, Device::cuda());
-    Buffer scratch(ops::cuda::moe_scratch_bytes(w8, l.H, T), Device::cuda()),
-        ref_scratch(ops::cuda::moe_scratch_bytes(wd, l.H, T, MoeExperts::gather_gemv), Device::cuda());
-    test::poison(scratch);
-    const Tensor xt(x.data(), DType::bf16, {T, l.H}, Device::cuda());
-    const Tensor ot(out.data(), DType::bf16, {T, l.H}, Device::cuda());
-    const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = l.H, .I = l.I};
-    ASSERT_FALSE(ops::cuda::moe_fp8_dequant_runs(w8, T));
-    const int32_t* counts = kc::moe_scratch_layout(s, scratch.data()).counts;
-    const auto load = [&](uint32_t r) {
-      const auto xs = random_bf16(size_t(T * l.H), 300 + r + uint32_t(T));
-      copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
-      test::poison(out);
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    };
-    load(0);
-    ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());  // eager once before the capture
-    KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    std::set<std::vector<int32_t>> chosen;  // the FP8 scratch's counts after each run
-    const std::string mismatch = test::graph_replay_mismatch(
-        [&](cudaStream_t st) {
-          const kc::StreamScope scope(st);
-          ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());
-        },
-        [&](cudaStream_t st) {  // the reference: BF16 experts on the dequantized weights, the bf16 GEMV
-          const kc::StreamScope scope(st);
-          ops::cuda::moe_mlp(xt, wd, ot, ref_scratch.data(), ref_scratch.bytes(), MoeExperts::gather_gemv);
-        },
-        load,
-        [&] {
-          chosen.insert(test::read_device<int32_t>(counts, l.E));
-          return std::vector<std::vector<uint8_t>>{to_host<uint8_t>(out, out.bytes())};
-        },
-        5);
-    EXPECT_EQ(mismatch, "");
-    EXPECT_GE(chosen.size(), 5u)
-        << "the experts' counts must change between replays for the test to mean anything";
   }
 }
 

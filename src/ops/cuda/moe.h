@@ -134,23 +134,12 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
 //     in the gather GEMV and the fused down + combine; 0: 8 bytes and a scale load a chunk, the kernels of
 //     `2f94697`. The same bits either way (tested on the H100); off until timed faster: its T = 1 decode
 //     path measured 27.79 us at `c32d2e9` against the 8-byte form's 25.55 in an earlier run (E4).
-//   KILN_MOE_FP8_DEEP_LOADS (default kMoeFp8DeepLoadsDefault, off): block-FP8 experts in the gather GEMV and
-//     the fused down + combine read 8 bytes a lane in the bf16 kernel's lane order with a whole batch of each
-//     row's chunks in flight before the first product (gate_up: 2 rows x 8 chunks, 128 bytes a lane; down: 2
-//     rows x 4, the fused down + combine 4 rows x 4), one scale load a row a batch (shuffled to the chunks),
-//     two bf16 roundings a cvt (moe_gemv.cuh moe_fp8_rows_deep_for_each_chunk). The same bits as the other
-//     forms; takes precedence over KILN_MOE_FP8_WIDE_LOADS. Off until timed faster on a GPU (bench rows
-//     `experts gather_gemv fp8 deep loads`, `experts + combine fused fp8 deep loads`).
 constexpr bool kMoeRouterClusterDefault = true;
 constexpr bool kMoeFp8WideLoadsDefault = false;
-constexpr bool kMoeFp8DeepLoadsDefault = false;
 bool moe_router_cluster_enabled();
 bool moe_fp8_wide_loads();
 // Overrides KILN_MOE_FP8_WIDE_LOADS for this process (tests and benchmarks compare both forms).
 void moe_set_fp8_wide_loads(bool on);
-bool moe_fp8_deep_loads();
-// Overrides KILN_MOE_FP8_DEEP_LOADS for this process (tests and benchmarks compare the forms).
-void moe_set_fp8_deep_loads(bool on);
 
 // Which expert kernel (4): the mma.sync grouped GEMM (any sm_80+), the wgmma one (sm_90a), the gather GEMV,
 // the W8A8 e4m3 wgmma one (sm_90a; block-FP8 experts only, MoeShape::fp8_w8a8).

@@ -21,9 +21,6 @@ constexpr int kMinBlocks = 3, kMinBlocksFp8 = 2;
 constexpr int kPairs = 2;  // output column pairs a block
 constexpr int kMaxK = 32;  // top_k the shared y tile holds
 constexpr int kDepth = 2;  // chunks a lane loads before its first product (moe_kernels.h)
-// kMoeE4m3Deep: chunks a row a batch, all loaded before the first product (4 rows x 4 x 8 bytes a lane);
-// resident blocks kMinBlocksFp8, as the 16-byte form (103 registers, no spills; ptxas, sm_90a, nvcc 13.0).
-constexpr int kDeepChunks = 4;
 
 struct DownCombineParams {
   const int32_t* experts;   // i32 [T, k]
@@ -39,13 +36,11 @@ struct DownCombineParams {
 // dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly; bf16: a lane issues
 // the act and weight loads of kDepth of its chunks before the first product (e4m3 8 bytes a chunk alike);
 // e4m3 16 bytes a lane: two 512-element windows of the 4 rows in flight, regrouped into the same chunks
-// through shared memory; e4m3 deep loads: 4 chunks of each of the 4 rows in flight, 8 bytes each, in the
-// lane's own chunk order; no form changes a sum), rounded to
+// through shared memory; no form changes a sum), rounded to
 // bf16 into y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column
 // sums y * weight over j ascending (ascending expert index; the rank's experts only) from +0 and rounds once.
 template <int kLoads>
-__global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 || kLoads == kMoeE4m3Deep ? kMinBlocksFp8
-                                                                                               : kMinBlocks)
+__global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlocksFp8 : kMinBlocks)
     down_combine_kernel(const __grid_constant__ MoeProductParams p,
                         const __grid_constant__ DownCombineParams c) {
   __shared__ float ys[kMaxK][2 * kPairs];
@@ -76,14 +71,6 @@ __global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 || kLoads =
                                                    for (int i = 0; i < 2 * kPairs; ++i)
                                                      acc[i] = dot8(xf, f[i], acc[i]);
                                                  });
-    } else if constexpr (kLoads == kMoeE4m3Deep) {
-      moe_fp8_rows_deep_for_each_chunk<2 * kPairs, kDeepChunks>(
-          p, wrow, lane, [&](int kk, const float(&f)[2 * kPairs][8]) {
-            float xf[8];
-            unpack8(*reinterpret_cast<const uint4*>(a + kk), xf);
-#pragma unroll
-            for (int i = 0; i < 2 * kPairs; ++i) acc[i] = dot8(xf, f[i], acc[i]);
-          });
     } else {
       constexpr bool kFp8 = kLoads == kMoeE4m3x8;
       for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
@@ -149,11 +136,9 @@ void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, co
                       .block = dim3(kWarps * 32),
                       .stream = stream,
                       .pdl = pdl_for(PdlSite::gemv)};
-  const MoeWeightLoads loads = down.ws ? moe_fp8_weight_loads() : kMoeBf16;
-  const auto kernel = loads == kMoeE4m3Deep  ? down_combine_kernel<kMoeE4m3Deep>
-                      : loads == kMoeE4m3x16 ? down_combine_kernel<kMoeE4m3x16>
-                      : loads == kMoeE4m3x8  ? down_combine_kernel<kMoeE4m3x8>
-                                             : down_combine_kernel<kMoeBf16>;
+  const auto kernel = !down.ws               ? down_combine_kernel<kMoeBf16>
+                      : moe_fp8_wide_loads() ? down_combine_kernel<kMoeE4m3x16>
+                                             : down_combine_kernel<kMoeE4m3x8>;
   launch(cfg, kernel, down, c);
 }
 

@@ -21,17 +21,6 @@ constexpr int kPairs = 1;
 constexpr int kMinBlocks = 3;
 constexpr int kRows = 4;   // sorted rows a pass (the expert's weights re-read from L1/L2 past 4 rows)
 constexpr int kDepth = 2;  // chunks a lane loads a row before its first product (moe_kernels.h)
-// kMoeE4m3Deep: chunks a row a batch, all loaded before the batch's first product (gate_up: 8, a 2048-wide
-// row pair in flight, 128 bytes a lane; down: 4, 1024 elements, 30B-A3B's 768-wide rows in one batch).
-constexpr int deep_chunks(bool silu) {
-  return silu ? 8 : 4;
-}
-// Resident blocks an SM: kMinBlocks but for the deep gate_up, whose 16 loads a lane take it to 104 registers
-// (ptxas, sm_90a, nvcc 13.0; no spills): 2 blocks, 16 warps x 4 KB in flight an SM (the 8-byte form: 72
-// registers, 3 blocks, 24 warps x 1 KB). The deep down form fits kMinBlocks (68 registers).
-constexpr int min_blocks_for(bool silu, int loads) {
-  return loads == kMoeE4m3Deep && silu ? 2 : kMinBlocks;
-}
 
 // Grid: (min(L, T k), ceil(column pairs / 8)); block: 8 warps. Block x takes the x-th chosen expert of the
 // rank's L (or exits), warp w the column pair q0 = y * 8 + w (kPairs = 1 of them): pair q is, with SiLU,
@@ -41,12 +30,10 @@ constexpr int min_blocks_for(bool silu, int loads) {
 // of its chunks (2 kPairs kDepth loads in flight) before the first product. e4m3 (block-FP8 rows with their
 // scales): kMoeE4m3x16 loads 16 bytes (16 elements) a lane, 4 512-element windows of each row in flight, and
 // regroups them through shared memory into the same chunks (moe_fp8_rows_for_each_chunk); kMoeE4m3x8 loads
-// each chunk's 8 bytes and its scale like the bf16 form; kMoeE4m3Deep loads 8 bytes a lane in the lane's own
-// chunk order, deep_chunks() of them a row before the first product, one scale load a row a batch
-// (moe_fp8_rows_deep_for_each_chunk); all widen to bf16(f32(q) * s). Every form sums the chunks in ascending
-// order: the FP8 kernel is the bf16 kernel on dequantize_fp8's weights, bit for bit.
+// each chunk's 8 bytes and its scale like the bf16 form; both widen to bf16(f32(q) * s). Every form sums
+// the chunks in ascending order: the FP8 kernel is the bf16 kernel on dequantize_fp8's weights, bit for bit.
 template <bool kSilu, int kLoads>
-__global__ void __launch_bounds__(kWarps * 32, min_blocks_for(kSilu, kLoads))
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
   // kMoeE4m3x16: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
   __shared__ __align__(16) uint2 stage[kLoads == kMoeE4m3x16 ? kWarps : 1][2 * kPairs][64];
@@ -86,8 +73,6 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks_for(kSilu, kLoads))
     };
     if constexpr (kLoads == kMoeE4m3x16) {
       moe_fp8_rows_for_each_chunk<2 * kPairs, 4>(p, wrow, stage[warp], lane, consume);
-    } else if constexpr (kLoads == kMoeE4m3Deep) {
-      moe_fp8_rows_deep_for_each_chunk<2 * kPairs, deep_chunks(kSilu)>(p, wrow, lane, consume);
     } else {
       constexpr bool kFp8 = kLoads == kMoeE4m3x8;
       for (int kk0 = lane * 8; kk0 < p.K; kk0 += 32 * 8 * kDepth) {
@@ -139,18 +124,12 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks_for(kSilu, kLoads))
   }
 }
 
-// The kernel for (kSilu, fp8): the e4m3 form moe_fp8_weight_loads() names.
+// The kernel for (kSilu, fp8): e4m3 16 or 8 bytes a lane as moe_fp8_wide_loads() says.
 template <bool kSilu>
 auto gather_gemv_kernel_for(bool fp8) {
   if (!fp8) return gather_gemv_kernel<kSilu, kMoeBf16>;
-  switch (moe_fp8_weight_loads()) {
-    case kMoeE4m3Deep:
-      return gather_gemv_kernel<kSilu, kMoeE4m3Deep>;
-    case kMoeE4m3x16:
-      return gather_gemv_kernel<kSilu, kMoeE4m3x16>;
-    default:
-      return gather_gemv_kernel<kSilu, kMoeE4m3x8>;
-  }
+  return moe_fp8_wide_loads() ? gather_gemv_kernel<kSilu, kMoeE4m3x16>
+                              : gather_gemv_kernel<kSilu, kMoeE4m3x8>;
 }
 
 struct CombineParams {

@@ -1,8 +1,7 @@
 // Device helpers of the MoE gather GEMVs (moe_gather_gemv.cu, moe_down_combine.cu): the fp32 dot of 8
-// lanes' elements, the widening of 8 block-FP8 weights to the bf16 GEMV's operands and the e4m3 load forms.
+// lanes' elements and the widening of 8 block-FP8 weights to the bf16 GEMV's operands.
 #pragma once
 
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "ops/cuda/moe_kernels.h"
@@ -38,40 +37,11 @@ __device__ __forceinline__ void widen8_e4m3(uint2 v, float s, float (&f)[8]) {
   }
 }
 
-// widen8_e4m3's values with half its bf16 roundings: each pair of products rounded by one cvt.rn.bf16x2.f32
-// (RNE per element, as cvt.rn.bf16.f32), then put back into fp32 by a shift (element 0) and a mask
-// (element 1), the bits __bfloat162float gives. The deep-loads form's widening
-// (moe_fp8_rows_deep_for_each_chunk).
-__device__ __forceinline__ void widen8_e4m3_paired(uint2 v, float s, float (&f)[8]) {
-#pragma unroll
-  for (int h = 0; h < 4; ++h) {
-    const uint32_t word = h < 2 ? v.x : v.y, pair = (word >> (16 * (h % 2))) & 0xffffu;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    uint32_t h2;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(uint16_t(pair)));
-    const float lo = __half2float(__ushort_as_half(uint16_t(h2 & 0xffffu)));
-    const float hi = __half2float(__ushort_as_half(uint16_t(h2 >> 16)));
-#else
-    const float lo = ::kiln::e4m3_to_f32(uint8_t(pair & 0xffu)), hi = ::kiln::e4m3_to_f32(uint8_t(pair >> 8));
-#endif
-    const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(lo, s), __fmul_rn(hi, s));
-    const uint32_t bits = uint32_t(__bfloat16_as_ushort(b.x)) | (uint32_t(__bfloat16_as_ushort(b.y)) << 16);
-    f[2 * h] = __uint_as_float(bits << 16);
-    f[2 * h + 1] = __uint_as_float(bits & 0xffff0000u);
-  }
-}
-
 // How a gather GEMV kernel reads its weights: bf16, or block-FP8 e4m3 8 bytes a lane (each 8-element chunk
-// with its own scale load: the path of `2f94697`), 16 bytes a lane (moe_fp8_rows_for_each_chunk), or 8
-// bytes a lane with a whole batch of chunks in flight (moe_fp8_rows_deep_for_each_chunk). Every form gives
-// the same bits (the e4m3 forms: the bf16 kernel on dequantize_fp8's weights). The e4m3 form a launch takes:
-// moe_fp8_weight_loads() below.
-enum MoeWeightLoads : int { kMoeBf16 = 0, kMoeE4m3x8 = 1, kMoeE4m3x16 = 2, kMoeE4m3Deep = 3 };
-
-// The e4m3 form of this process's launches: KILN_MOE_FP8_DEEP_LOADS, then KILN_MOE_FP8_WIDE_LOADS (moe.h).
-inline MoeWeightLoads moe_fp8_weight_loads() {
-  return moe_fp8_deep_loads() ? kMoeE4m3Deep : moe_fp8_wide_loads() ? kMoeE4m3x16 : kMoeE4m3x8;
-}
+// with its own scale load: the path of `2f94697`) or 16 bytes a lane (moe_fp8_rows_for_each_chunk). Every
+// form gives the same bits (the e4m3 forms: the bf16 kernel on dequantize_fp8's weights). The e4m3 form a
+// launch takes: moe_fp8_wide_loads() (moe.h).
+enum MoeWeightLoads : int { kMoeBf16 = 0, kMoeE4m3x8 = 1, kMoeE4m3x16 = 2 };
 
 // One lane's 8 weights of a row as loaded (16 bytes of bf16, or 8 bytes of e4m3 and the block's scale),
 // so a kernel can issue the loads of several chunks before it widens the first.
@@ -158,62 +128,6 @@ __device__ __forceinline__ void moe_fp8_rows_for_each_chunk(const MoeProductPara
         }
         if (kk < p.K) consume(kk, f);
       }
-    }
-  }
-}
-
-// A streamed 8-byte weight load: read-only, not kept in L1 (the x rows are), 256-byte L2 prefetch hint (the
-// dense GEMV's load_stream, gemv_weights.cuh).
-__device__ __forceinline__ uint2 moe_load_stream8(const uint8_t* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
-// Block-FP8 weights, deep loads (KILN_MOE_FP8_DEEP_LOADS): a warp's kW e4m3 rows read 8 bytes a lane in the
-// bf16 GEMV's own lane order (lane l: the 8-element chunks l, l + 32, l + 64, ... of each row; no
-// regrouping), a batch of kC chunks a row (256 kC elements) loaded before the batch's first product: 8 kW kC
-// bytes a lane in flight (the gather GEMV's gate_up: 2 rows x 8 chunks = 128 bytes, a whole 2048-wide row
-// pair; the 8-byte form has 2 rows x 2 chunks = 32, bf16's depth 2 64). Each row's block scales come with one
-// load a batch (lane m < 2 kC: block m of the batch's 2 kC) and reach a chunk's lanes by a shuffle (chunk j
-// of lane l lies in block 2 j + l / 16 of its batch) instead of a load a chunk; widen8_e4m3_paired gives
-// bf16(f32(q) * s). consume(kk, f) as moe_fp8_rows_for_each_chunk's: f[i][0 .. 8) row i's widened weights kk
-// .. kk + 7, in the lane's ascending chunk order for every chunk below K, so every sum is the bf16 GEMV's on
-// dequantize_fp8's weights, bit for bit. Needs K % 128 == 0 (block-FP8 experts; rows 8-byte aligned).
-template <int kW, int kC, typename Consume>
-__device__ __forceinline__ void moe_fp8_rows_deep_for_each_chunk(const MoeProductParams& p,
-                                                                 const int64_t (&wrow)[kW], int lane,
-                                                                 Consume&& consume) {
-  static_assert(kC >= 1 && 2 * kC <= 32, "a batch's scale blocks fit the lanes");
-  constexpr int kBatch = 256 * kC;  // elements of a row a batch
-  const uint8_t* row[kW];
-  const float* srow[kW];  // the row's 128-row block of scales, skb of them
-#pragma unroll
-  for (int i = 0; i < kW; ++i) {
-    row[i] = p.w8 + wrow[i] * p.K;
-    srow[i] = p.ws + (wrow[i] / 128) * p.skb;
-  }
-  for (int b0 = 0; b0 < p.K; b0 += kBatch) {
-    float sc[kW];
-    const int blk = b0 / 128 + lane;
-#pragma unroll
-    for (int i = 0; i < kW; ++i) sc[i] = lane < 2 * kC && blk < p.skb ? __ldg(srow[i] + blk) : 0.0f;
-    uint2 v[kC][kW];
-#pragma unroll
-    for (int j = 0; j < kC; ++j) {
-      const int e = b0 + 256 * j + 8 * lane;
-#pragma unroll
-      for (int i = 0; i < kW; ++i) v[j][i] = e < p.K ? moe_load_stream8(row[i] + e) : make_uint2(0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kC; ++j) {
-      if (b0 + 256 * j >= p.K) break;  // the same for the whole warp
-      const int kk = b0 + 256 * j + 8 * lane;
-      float f[kW][8];
-#pragma unroll
-      for (int i = 0; i < kW; ++i)
-        widen8_e4m3_paired(v[j][i], __shfl_sync(0xffffffffu, sc[i], 2 * j + lane / 16), f[i]);
-      if (kk < p.K) consume(kk, f);
     }
   }
 }

@@ -25,7 +25,6 @@ bool env_switch(const char* name, bool fallback) {
 }
 
 std::atomic<int> g_fp8_wide_loads{-1};  // -1: not read yet
-std::atomic<int> g_fp8_deep_loads{-1};  // -1: not read yet
 
 // A 0 / 1 switch read once from the environment into `cell` (-1: not read yet), unless a setter got there
 // first.
@@ -89,14 +88,6 @@ bool moe_fp8_wide_loads() {
 
 void moe_set_fp8_wide_loads(bool on) {
   g_fp8_wide_loads.store(on ? 1 : 0, std::memory_order_relaxed);
-}
-
-bool moe_fp8_deep_loads() {
-  return cached_switch(g_fp8_deep_loads, "KILN_MOE_FP8_DEEP_LOADS", kMoeFp8DeepLoadsDefault);
-}
-
-void moe_set_fp8_deep_loads(bool on) {
-  g_fp8_deep_loads.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
 size_t moe_scratch_bytes(const MoeShape& s) {
