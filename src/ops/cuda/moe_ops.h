@@ -58,11 +58,13 @@ bool moe_fp8_dequant_runs(const MoeWeights& w, int64_t T, MoeExperts experts = M
 // an sm_90 device running the build's sm_90a code, KILN_MOE_EXPERTS not `gemm`, and KILN_MOE_FP8_W8A8 not 0
 // (read once; default kMoeFp8W8a8Default). Its scratch holds the quantized inputs of one projection
 // (max_rows x max(H, I) e4m3 + scales: 34.6 MB for 30B-A3B at T = 1024) instead of the bf16 expert copy
-// (1.21 GB). Timed on an H200 (2026-12-07, `6f1ce2f`, docs/PERF.md E10): 243 / 296 / 715 us at T = 256 /
-// 1,024 / 4,096 against the dequant path's 961 / 1,031 / 1,612. Off by default until test_cuda_moe_fp8_w8a8
-// passes on a GPU (that run's layer read 2.8e-3 to 8.6e-3 from the CPU oracle, over the test's first bound of
-// 2^-8; the bound since set has not run): KILN_MOE_FP8_W8A8=1 turns it on.
-constexpr bool kMoeFp8W8a8Default = false;
+// (1.21 GB). On by default since test_cuda_moe_fp8_w8a8 passed on an H100 (2026-12-07, `06d3ef4`: the layer
+// 2.8e-3 to 8.6e-3 from the CPU oracle, path (c) 3.6e-2 to 4.1e-2; docs/NUMERICS.md's bound 2^-6 and a
+// quarter of path (c)'s distance) and timed there at 305 / 356 / 758 us for T = 256 / 1,024 / 4,096 against
+// the dequant path's 1,179 / 1,241 / 1,784 (docs/PERF.md E11). It also beat the FP8 gather GEMV at T = 16 and
+// 64 (211 / 308 against 262 / 657 us): a lower threshold for it is the next step, once the GEMV tests there
+// name their kernel. KILN_MOE_FP8_W8A8=0 turns it off (the dequant path).
+constexpr bool kMoeFp8W8a8Default = true;
 bool moe_fp8_w8a8_enabled();
 // Overrides KILN_MOE_FP8_W8A8 for this process (tests and benchmarks). Size the scratch after setting it.
 void moe_set_fp8_w8a8(bool on);
