@@ -190,7 +190,7 @@ void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_po
   if (verify) {
     off_switch.observe_verify(seqs, cost, tokens_per_seq);
   } else {
-    off_switch.observe_plain(seqs, cost);
+    off_switch.observe_plain(seqs, cost, opts.spec_step_cost ? -1.0 : wall);
   }
   counters.spec.switched_off += off_switch.times_switched_off() - before;
 }

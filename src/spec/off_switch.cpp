@@ -43,9 +43,13 @@ bool SpecOffSwitch::should_verify(int32_t seqs) {
   return true;
 }
 
-void SpecOffSwitch::observe_plain(int32_t seqs, double seconds) {
+void SpecOffSwitch::observe_plain(int32_t seqs, double seconds, double wall) {
   Class& c = at(seqs);
   c.plain.observe(seconds, o_.alpha);
+  if (!c.off) {
+    c.plain_wall.observe(wall < 0.0 ? seconds : wall, o_.alpha);
+    c.drafted.observe(0.0, drafted_weight(c));
+  }
   decide(c);
 }
 
@@ -53,6 +57,7 @@ void SpecOffSwitch::observe_verify(int32_t seqs, double seconds, double tokens_p
   Class& c = at(seqs);
   c.verify.observe(seconds, o_.alpha);
   c.tokens.observe(tokens_per_seq, o_.alpha);
+  if (!c.off) c.drafted.observe(1.0, drafted_weight(c));
   const bool was_off = c.off;
   decide(c);
   if (was_off && c.off)
@@ -60,8 +65,14 @@ void SpecOffSwitch::observe_verify(int32_t seqs, double seconds, double tokens_p
 }
 
 void SpecOffSwitch::decide(Class& c) {
-  if (c.plain.samples < o_.min_samples || c.verify.samples < o_.min_samples || c.tokens.value <= 0.0) return;
-  const bool loses = c.verify.value / c.tokens.value > c.plain.value;
+  if (c.plain.samples < o_.min_samples || c.verify.samples < 1 || c.tokens.value <= 0.0) return;
+  // The share of on-steps that verified (1 until a step ran plain while on).
+  const double f = c.drafted.samples > 0 ? c.drafted.value : 1.0;
+  const bool rare = c.drafted.samples >= o_.min_samples && f <= 1.0 / 8;
+  if (c.verify.samples < o_.min_samples && !rare) return;
+  const double wall = c.plain_wall.samples > 0 ? std::max(c.plain_wall.value, c.plain.value) : c.plain.value;
+  const double on_cost = (f * c.verify.value + (1.0 - f) * wall) / (f * c.tokens.value + (1.0 - f));
+  const bool loses = on_cost > c.plain.value;
   if (loses && !c.off) ++switched_off_;
   if (loses != c.off) c.since_probe = 0;
   if (!loses) c.interval = 0;

@@ -6,6 +6,14 @@
 //   tokens   tokens a verify step gives per sequence (1 + accepted drafts: the acceptance length)
 // Speculation pays at a class while verify / tokens < plain (seconds per token). Both estimates need
 // min_samples observations before the switch decides; until then speculation stays as it is (on at first).
+// Being on also costs the steps that have no drafts: under the overlap schedule a plain step launched ahead
+// costs `plain` (the larger of its host and device parts), but while speculation is on every step waits for
+// the last one's tokens to look for drafts, so a step without drafts costs its whole `wall` time. With f the
+// share of on-steps that verified, the on state costs (f verify + (1 - f) wall) / (f tokens + 1 - f) a token
+// against `plain` when off; where drafts are rare (f <= 1/8) one verify sample decides, since waiting for
+// min_samples of them would cost more on-steps than it saves (n-gram at C = 32 on random weights: 10 drafted
+// steps in a run's ~550, H100, 2026-12-07, docs/PERF.md SP6). Where wall equals plain (no overlap) this is
+// verify / tokens against plain, as before.
 // While off, one step in every probe interval at that class verifies anyway, so a workload whose acceptance
 // grew is seen again; each probe that finds verification still losing doubles the class's interval (up to
 // max_probe_interval), a turn back on resets it, so a workload that never accepts pays few probes. While on
@@ -15,6 +23,7 @@
 // times, and tests feed fixed ones (EngineOptions::spec_step_cost), so no test depends on timing.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -42,7 +51,9 @@ class SpecOffSwitch {
   // Whether the next decode step of `seqs` sequences (>= 1) with drafts should verify them. Counts the step
   // toward the class's next probe.
   bool should_verify(int32_t seqs);
-  void observe_plain(int32_t seqs, double seconds);
+  // A plain decode step: `seconds` as it would cost with speculation off (under the overlap schedule its
+  // larger part), `wall` as it ran (< 0: the same as seconds).
+  void observe_plain(int32_t seqs, double seconds, double wall = -1.0);
   // tokens_per_seq: the tokens the step gave per sequence, the target's own included (>= 1).
   void observe_verify(int32_t seqs, double seconds, double tokens_per_seq);
 
@@ -73,12 +84,17 @@ class SpecOffSwitch {
   };
   struct Class {
     Estimate plain, verify, tokens;
+    Estimate plain_wall;  // plain steps as they ran while on (no overlap)
+    Estimate drafted;     // 1 for an on-step that verified, 0 for one that ran plain
     bool off = false;
     int32_t since_probe = 0;
     int32_t interval = 0;  // steps between probes while off (0: probe_interval)
   };
   Class& at(int32_t seqs);
   int32_t interval(const Class& c) const { return c.interval > 0 ? c.interval : o_.probe_interval; }
+  // The drafted share's weight: the plain mean of its first 1 / alpha samples (a moving average started at
+  // the first step's 0 or 1 would read a share of 1 in 2 as rare for its first dozen steps), then alpha.
+  double drafted_weight(const Class& c) const { return std::max(o_.alpha, 1.0 / (c.drafted.samples + 1)); }
   void decide(Class& c);
 
   OffSwitchOptions o_;

@@ -130,6 +130,44 @@ TEST(SpecOffSwitch, ProbeIntervalDoublesToItsCapAndResets) {
   EXPECT_EQ(probes(6, 1.0), (std::vector<int>{4}));
 }
 
+// Being on costs the plain steps their overlap: a plain step 1.0 s as it would run off (overlapped) but 1.3 s
+// as it ran while on. A verify step of 1.5 s giving 2 tokens wins per step (0.75 s a token), but where one
+// step in 16 has drafts the on state costs (1.5 / 16 + 1.3 x 15 / 16) / (2 / 16 + 15 / 16) = 1.24 s a token:
+// off, and after one verify sample (drafts that rare would take ~64 steps to give four). One step in two
+// with drafts: 0.93 s a token, on.
+TEST(SpecOffSwitch, RareDraftsPayForTheOverlapTheyCost) {
+  OffSwitchOptions o;
+  o.min_samples = 4;
+  o.alpha = 1.0 / 16;
+  for (const int every : {16, 2}) {
+    SpecOffSwitch s(o);
+    int verified = 0;
+    for (int i = 1; i <= 64 && !s.is_off(32); ++i) {
+      if (i % every == 0 && s.should_verify(32)) {
+        s.observe_verify(32, 1.5, 2.0);
+        ++verified;
+      } else {
+        s.observe_plain(32, 1.0, 1.3);
+      }
+    }
+    if (every == 16) {
+      EXPECT_TRUE(s.is_off(32)) << "rare drafts: the on state's plain steps lose their overlap";
+      EXPECT_EQ(verified, 1) << "one verify sample decides where drafts are rare";
+    } else {
+      EXPECT_FALSE(s.is_off(32)) << "frequent drafts pay for it";
+    }
+  }
+  // Without the overlap (wall = plain) the rule is verify / tokens against plain, whatever the share.
+  SpecOffSwitch s(o);
+  for (int i = 1; i <= 64; ++i) {
+    if (i % 16 == 0 && s.should_verify(32))
+      s.observe_verify(32, 1.5, 2.0);
+    else
+      s.observe_plain(32, 1.0);
+  }
+  EXPECT_FALSE(s.is_off(32));
+}
+
 TEST(SpecOffSwitch, MeasuresPlainStepsWhenNoneWereSeen) {
   OffSwitchOptions o;
   o.min_samples = 4;
