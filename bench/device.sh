@@ -51,6 +51,8 @@
 #   sass       the prefill kernel's SASS: instruction counts and the order of its waits and exponentials
 #   spec       speculative decoding: a small Qwen3 and its EAGLE-3 draft trained here, kiln serve batch 1 plain,
 #              n-gram and EAGLE-3 (SPEC_TRAIN_MIN, SPEC_DRAFT_MIN, SPEC_PROMPTS, SPEC_TOKENS; ~6 min)
+#   spec-c32-random  the 4B shape, random weights, C = 32: plain vs n-gram, the off switch's "never slower"
+#              (SPEC_C32_ROUNDS pairs, then the medians' ratio)
 #   ab         this tree against the trees in .ab/*.tar.gz and FLAGS / FLAGS2 builds (CMD, ENV, ROUNDS)
 # Environment: OUT, KILN_TUNE_CACHE, DEADLINE (seconds from the start: the suites, and the optional parts of a suite, that would start past it are skipped), KILN_COMMIT (the commit the summary names: the device copy's git may not be the tree's), and each suite's knobs above (docs/BENCH.md lists them with defaults).
 set -uo pipefail

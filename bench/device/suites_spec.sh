@@ -159,28 +159,44 @@ suite_spec() {
 }
 
 # Batch 32, 1024 in / 256 out on the Qwen3-4B shape with random weights, with and without n-gram speculation
-# (k = 3): output tok/s of each and the off switch's decisions from /metrics. Random weights keep few drafts,
+# (k = 4): output tok/s of each and the off switch's decisions from /metrics. Random weights keep few drafts,
 # the case where the off switch must turn verification off so the workload is never slower (issue 47).
-# `bash bench/device.sh spec-c32-random`; about 3 minutes on an H100.
+# SPEC_C32_ROUNDS (1): plain and n-gram alternate that many times, then a row with the median of each and their
+# ratio (the pairs of SP6 spread by ~0.3 %, as much as the effect measured). `bash bench/device.sh
+# spec-c32-random`; about 20 s a pair on an H100 once kiln is built.
 suite_spec_c32_random() {
   need_gpu || return
   build kiln || return
-  local m=$S/spec-c32-model name flags
+  local m=$S/spec-c32-model name flags r rounds=${SPEC_C32_ROUNDS:-1} plain=() ngram=()
   shape_model "$m" 4b || return
-  for name in plain ngram; do
-    flags=()
-    [[ $name == ngram ]] && flags=(--speculative-algorithm ngram --speculative-num-draft-tokens 4)
-    serve_start "c32_random_$name" 8132 --model "$m" --load-format random --device cuda \
-      --max-running-requests 32 "${flags[@]}" || continue
-    timeout 200 "$K" bench serve --base-url http://127.0.0.1:8132 --input-len 1024 --output-len 256 \
-      --concurrency 32 --num-prompts 64 --warmups 2 --out "$W/$suite/c32_random_$name" --no-progress \
-      >"$W/$suite/c32_random_$name.txt" 2>&1
-    row "4B shape random, bench serve C=32 1024/256, $name" \
-      "rc=$? $(grep -E '^\| 32 ' "$W/$suite/c32_random_$name.txt" | head -1 | cut -c1-160)"
-    curl -s http://127.0.0.1:8132/metrics |
-      grep -E '^kiln_spec_decode_(verify_steps|ragged_verify_steps|drafts|draft_tokens|accepted_tokens|mean_acc|off_switch|draft_seconds|draft_chain_seconds|verify_step_seconds|timed_|plain_step_seconds)' |
-      sed 's/{[^}]*}//' | tr '\n' ' '
-    echo
-    serve_stop
+  for ((r = 1; r <= rounds; ++r)); do
+    for name in plain ngram; do
+      flags=()
+      [[ $name == ngram ]] && flags=(--speculative-algorithm ngram --speculative-num-draft-tokens 4)
+      serve_start "c32_random_${name}_$r" 8132 --model "$m" --load-format random --device cuda \
+        --max-running-requests 32 "${flags[@]}" || continue
+      timeout 200 "$K" bench serve --base-url http://127.0.0.1:8132 --input-len 1024 --output-len 256 \
+        --concurrency 32 --num-prompts 64 --warmups 2 --out "$W/$suite/c32_random_${name}_$r" --no-progress \
+        >"$W/$suite/c32_random_${name}_$r.txt" 2>&1
+      row "4B shape random, bench serve C=32 1024/256, $name" \
+        "rc=$? $(grep -E '^\| 32 ' "$W/$suite/c32_random_${name}_$r.txt" | head -1 | cut -c1-160)"
+      if [[ $name == plain ]]; then
+        plain+=("$(serve_value "c32_random_${name}_$r" out_tok_s 32)")
+      else
+        ngram+=("$(serve_value "c32_random_${name}_$r" out_tok_s 32)")
+      fi
+      curl -s http://127.0.0.1:8132/metrics |
+        grep -E '^kiln_spec_decode_(verify_steps|ragged_verify_steps|drafts|draft_tokens|accepted_tokens|mean_acc|off_switch|draft_seconds|draft_chain_seconds|verify_step_seconds|timed_|plain_step_seconds)' |
+        sed 's/{[^}]*}//' | tr '\n' ' '
+      echo
+      serve_stop
+    done
   done
+  ((rounds > 1)) || return 0
+  row "C=32 random, n-gram vs plain, median of $rounds" "$(python3 -c '
+import statistics, sys
+p, n = (sorted(float(v) for v in a.split() if v != "n/a") for a in sys.argv[1:3])
+print(f"plain {statistics.median(p):.1f}, n-gram {statistics.median(n):.1f} out tok/s: "
+      f"{statistics.median(n) / statistics.median(p):.3f}x" if p and n else "missing figures")
+' "${plain[*]}" "${ngram[*]}")"
 }
