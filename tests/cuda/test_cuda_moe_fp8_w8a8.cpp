@@ -77,11 +77,18 @@ void expect_finite(const std::vector<bf16_t>& v) {
     ASSERT_TRUE(std::isfinite(bf16_to_f32(v[i]))) << "element " << i << " bits " << v[i].bits;
 }
 
-// by_rows where it takes the W8A8 GEMM (T at or above the dequant threshold), else the kernel named.
+// by_rows where it takes the W8A8 GEMM (T at or above its threshold), else the kernel named.
 MoeExperts w8a8_kernel_for(int64_t T) {
-  const int64_t min_tokens = ops::cuda::moe_fp8_dequant_min_tokens();
-  return min_tokens > 0 && T >= min_tokens ? MoeExperts::by_rows : MoeExperts::grouped_gemm_fp8_w8a8;
+  return ops::cuda::moe_fp8_dequant_min_tokens() > 0 && T >= ops::cuda::moe_fp8_w8a8_min_tokens()
+             ? MoeExperts::by_rows
+             : MoeExperts::grouped_gemm_fp8_w8a8;
 }
+
+// KILN_MOE_FP8_W8A8_MIN_TOKENS's value for a scope (-1: the dequant threshold's, as when unset).
+struct W8a8MinTokens {
+  explicit W8a8MinTokens(int64_t tokens) { ops::cuda::moe_set_fp8_w8a8_min_tokens(tokens); }
+  ~W8a8MinTokens() { ops::cuda::moe_set_fp8_w8a8_min_tokens(-1); }
+};
 
 void check_against_oracle(Fp8Layer l, const std::vector<int64_t>& batches) {
   const test::Fp8W8a8Scope on(true);
@@ -144,6 +151,24 @@ TEST(CudaMoeFp8W8a8, MatchesCpuOracleAtRaggedWidths) {
   KILN_REQUIRE_W8A8();
   check_against_oracle(test::make_fp8_layer(16, 4, 384, 256, 53), {1, 37, 300});
   check_against_oracle(test::make_fp8_layer(16, 4, 256, 384, 55), {37, 300});
+}
+
+// Its own threshold below the dequant one (KILN_MOE_FP8_W8A8_MIN_TOKENS=16): by rows, T = 16 and 64 take the
+// W8A8 GEMM in the gather GEMV's place (its bits those of the kernel named), T = 8 stays on the GEMV; with
+// the dequant threshold at 0 (the GEMV at every T) it stays off.
+TEST(CudaMoeFp8W8a8, ItsOwnThresholdTakesTheGemvsPlace) {
+  KILN_REQUIRE_W8A8();
+  const W8a8MinTokens at16(16);
+  check_against_oracle(test::make_fp8_layer(128, 8, 2048, 768, 59), {16, 64});
+  const test::Fp8W8a8Scope on(true);
+  const ops::MoeWeights w8 = test::make_fp8_layer(16, 4, 256, 128, 61).fp8(Device::cuda());
+  EXPECT_FALSE(ops::cuda::moe_fp8_w8a8_runs(w8, 8));
+  EXPECT_TRUE(ops::cuda::moe_fp8_w8a8_runs(w8, 16));
+  EXPECT_FALSE(ops::cuda::moe_fp8_dequant_runs(w8, 16));
+  const int64_t dequant_before = ops::cuda::moe_fp8_dequant_min_tokens();
+  ops::cuda::moe_set_fp8_dequant_min_tokens(0);
+  EXPECT_FALSE(ops::cuda::moe_fp8_w8a8_runs(w8, 64)) << "dequant threshold 0: the GEMV at every T";
+  ops::cuda::moe_set_fp8_dequant_min_tokens(dequant_before);
 }
 
 // Its scratch holds the quantized-input workspace, not the 1.21 GB bf16 expert copy.

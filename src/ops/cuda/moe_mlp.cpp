@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kiln/env.h"
 #include "kiln/error.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/fp8_dequant.h"
@@ -15,14 +16,6 @@ namespace kiln::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
-
-// A "0" / "1" switch from the environment, `fallback` when unset; anything else is an error naming it.
-bool env_switch(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  KILN_CHECK(std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0, name, " must be 0 or 1, got '", v, "'");
-  return v[0] == '1';
-}
 
 std::atomic<int> g_fp8_wide_loads{-1};  // -1: not read yet
 
@@ -226,6 +219,18 @@ kc::MoeShape shape_of(const MoeWeights& w, int64_t H, int64_t T, MoeExperts expe
 
 std::atomic<int64_t> g_fp8_dequant_min_tokens{-1};  // -1: not read yet
 std::atomic<int> g_fp8_w8a8{-1};                    // -1: not read yet
+// -2: not read yet; -1: the dequant threshold's; else a token count >= 1.
+std::atomic<int64_t> g_fp8_w8a8_min_tokens{-2};
+
+int64_t env_fp8_w8a8_min_tokens() {
+  constexpr const char* name = "KILN_MOE_FP8_W8A8_MIN_TOKENS";
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  KILN_CHECK(*end == '\0' && n >= 1 && n <= (1ll << 40), name, " must be a token count >= 1, got '", v, "'");
+  return int64_t(n);
+}
 
 int64_t env_fp8_dequant_min_tokens() {
   constexpr const char* name = "KILN_MOE_FP8_DEQUANT_MIN_TOKENS";
@@ -275,12 +280,26 @@ void moe_set_fp8_w8a8(bool on) {
   g_fp8_w8a8.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
+int64_t moe_fp8_w8a8_min_tokens() {
+  int64_t v = g_fp8_w8a8_min_tokens.load(std::memory_order_relaxed);
+  if (v == -2) {
+    int64_t unread = -2;
+    g_fp8_w8a8_min_tokens.compare_exchange_strong(unread, env_fp8_w8a8_min_tokens());  // a setter wins
+    v = g_fp8_w8a8_min_tokens.load(std::memory_order_relaxed);
+  }
+  return v < 0 ? moe_fp8_dequant_min_tokens() : v;
+}
+
+void moe_set_fp8_w8a8_min_tokens(int64_t tokens) {
+  KILN_CHECK(tokens >= 1 || tokens == -1, "moe_set_fp8_w8a8_min_tokens: ", tokens, " (>= 1, or -1)");
+  g_fp8_w8a8_min_tokens.store(tokens, std::memory_order_relaxed);
+}
+
 bool moe_fp8_w8a8_runs(const MoeWeights& w, int64_t T, MoeExperts experts) {
   if (!w.is_fp8()) return false;
   if (experts == MoeExperts::grouped_gemm_fp8_w8a8) return true;
   if (experts != MoeExperts::by_rows) return false;
-  const int64_t min_tokens = moe_fp8_dequant_min_tokens();
-  return min_tokens > 0 && T >= min_tokens && moe_fp8_w8a8_enabled() &&
+  return moe_fp8_dequant_min_tokens() > 0 && T >= moe_fp8_w8a8_min_tokens() && moe_fp8_w8a8_enabled() &&
          env_experts() != MoeExperts::grouped_gemm && kc::moe_grouped_gemm_fp8_sm90_applies();
 }
 

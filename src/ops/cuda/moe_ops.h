@@ -68,6 +68,15 @@ constexpr bool kMoeFp8W8a8Default = true;
 bool moe_fp8_w8a8_enabled();
 // Overrides KILN_MOE_FP8_W8A8 for this process (tests and benchmarks). Size the scratch after setting it.
 void moe_set_fp8_w8a8(bool on);
+// The smallest T at which block-FP8 experts under by_rows take the W8A8 grouped GEMM (where it runs, and
+// while moe_fp8_dequant_min_tokens() > 0): moe_fp8_dequant_min_tokens() unless KILN_MOE_FP8_W8A8_MIN_TOKENS
+// (read once) or the setter gives another, for the A/B below 256 tokens, where it replaces the gather GEMV:
+// on an H100 it beat the FP8 GEMV at T = 16 and 64 (211 / 308 against 262 / 657 us, docs/PERF.md E11), not
+// yet timed in a model.
+int64_t moe_fp8_w8a8_min_tokens();
+// Overrides KILN_MOE_FP8_W8A8_MIN_TOKENS for this process (>= 1; -1: follow the dequant threshold again).
+// Size the scratch after setting it.
+void moe_set_fp8_w8a8_min_tokens(int64_t tokens);
 // True when moe_mlp with this `experts` choice runs w's experts on the W8A8 grouped GEMM for T tokens (and
 // so its scratch holds the quantized-input workspace): block-FP8 experts and grouped_gemm_fp8_w8a8 named, or
 // by_rows where the paragraph above says so.
