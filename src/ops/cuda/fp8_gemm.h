@@ -79,8 +79,9 @@ inline constexpr Fp8GemmConfig kFp8GemmConfigs[] = {
 // Split-K applies up to this many rows (the startup tuner's largest M bucket); a split config runs unsplit
 // above it (its partials would grow as M x N: a prefill chunk borrowing a small bucket's tactic).
 inline constexpr int64_t kFp8GemmSplitKMaxM = 512;
-// Whether the startup tuner offers the split configs (KILN_FP8_GEMM_SPLIT_K overrides): off until a GPU run
-// has passed CudaFp8GemmSplitK.* and timed them (they are not yet run, 2026-12-07).
+// Whether the startup tuner offers the split configs (KILN_FP8_GEMM_SPLIT_K overrides): off until the whole
+// of test_cuda_fp8_gemm and a model run pass with them (on an H100, 2026-12-07, `06d3ef4`: CudaFp8GemmSplitK
+// 6 of 7, the seventh a test bug since fixed; split 3 / 6 the fastest O / down at M = 32, docs/PERF.md K9).
 inline constexpr bool kFp8GemmSplitKTunedByDefault = false;
 
 // The K ranges cfg runs for M rows of K: min(cfg.split_k, ceil(K / 128)), 1 where M > kFp8GemmSplitKMaxM.

@@ -40,8 +40,8 @@ constexpr int64_t kMoeFusedCombineMaxTokens = 1;
 // us dequant + wgmma against the GEMV's 2,270 (at 1,024: 1,215 against 8,462); the dequant alone is 653 us,
 // so at T = 64 (GEMV 648 us) the GEMV wins. The crossover lies between; 256 is the smallest measured win.
 // On sm_90a the W8A8 grouped GEMM (moe_fp8_w8a8_runs, below) takes the dequant path's place at and above
-// this threshold; its own crossover with the GEMV is not yet measured (it reads no bf16 copy, so it may lie
-// lower: bench rows `experts fp8 w8a8 grouped`).
+// this threshold; it also beats the GEMV at T = 16 and 64 (H100, docs/PERF.md E11), where
+// moe_fp8_w8a8_min_tokens() below can give it its own threshold.
 constexpr int64_t kMoeFp8DequantMinTokens = 256;
 int64_t moe_fp8_dequant_min_tokens();
 // Overrides KILN_MOE_FP8_DEQUANT_MIN_TOKENS for this process (tests and benchmarks; 0: never). Size the
