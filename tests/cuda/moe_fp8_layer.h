@@ -114,6 +114,15 @@ std::vector<T> read_device(const void* p, int64_t n) {
   return v;
 }
 
+// A graph-replay test's input r: x (bf16, n elements) refilled from seed + r, out poisoned, then
+// synchronised.
+inline void load_moe_input(Buffer& x, Buffer& out, size_t n, uint32_t seed) {
+  const auto xs = test::random_bf16(n, seed);
+  copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
+  test::poison(out);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // One ops::cuda::moe_mlp of w on x bf16 [T, H] with the given expert kernel, out and scratch poisoned first
 // (scratch grown when short); returns out and leaves the scratch for reading.
 inline std::vector<bf16_t> run_moe_gpu(const ops::MoeWeights& w, const Buffer& x, int64_t T, int64_t H,

@@ -227,12 +227,7 @@ TEST(CudaMoeEp, GraphOfAShareReplaysAsEagerWhileRoutingChanges) {
       const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = l.H, .I = l.I, .expert_begin = 12, .local = 4};
       int idle_rounds = 0;
       std::set<std::vector<int32_t>> layouts;  // the rank's expert counts of each run
-      const auto load = [&](uint32_t r) {
-        const auto xs = test::random_bf16(size_t(T * l.H), 200 + r);
-        copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
-        test::poison(out);
-        KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      };
+      const auto load = [&](uint32_t r) { test::load_moe_input(x, out, size_t(T * l.H), 200 + r); };
       const auto outputs = [&] {
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
         const auto counts = read_device<int32_t>(kc::moe_scratch_layout(s, scratch.data()).counts, l.E);

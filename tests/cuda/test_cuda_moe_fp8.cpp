@@ -328,12 +328,7 @@ TEST(CudaMoeFp8, DequantPathGraphReplayWhileRoutingChanges) {
   const Tensor ot(out.data(), DType::bf16, {T, l.H}, Device::cuda());
   const kc::MoeShape s{.T = T, .E = l.E, .k = l.k, .H = l.H, .I = l.I, .fp8_dequant = true};
   const int32_t* counts = kc::moe_scratch_layout(s, scratch.data()).counts;
-  const auto load = [&](uint32_t r) {
-    const auto xs = random_bf16(size_t(T * l.H), 200 + r);
-    copy_bytes(x.data(), Device::cuda(), xs.data(), Device::cpu(), xs.size() * 2);
-    test::poison(out);
-    KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  };
+  const auto load = [&](uint32_t r) { test::load_moe_input(x, out, size_t(T * l.H), 200 + r); };
   load(0);
   ops::cuda::moe_mlp(xt, w8, ot, scratch.data(), scratch.bytes());  // eager once before the capture
   KILN_CUDA_CHECK(cudaDeviceSynchronize());

@@ -127,6 +127,18 @@ struct SplitRange {
   }
 };
 
+// The TMA pipeline's barriers at `bars` (shared memory): `stages` full ones (one arrival each: the producer's
+// expect_tx), then `stages` empty ones (`consumers` arrivals each), initialised by thread 0 and fenced; the
+// caller synchronises the block (or cluster) after.
+__device__ __forceinline__ void init_pipeline(uint32_t bars, int stages, uint32_t consumers) {
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < stages; ++s) {
+    sm90::mbar_init(bars + 8 * s, 1);
+    sm90::mbar_init(bars + 8 * (stages + s), consumers);
+  }
+  sm90::mbar_init_fence();
+}
+
 // The tile's P for one consumer: 4 k32 steps over the stage's 128-wide K block.
 template <int BN>
 __device__ __forceinline__ void issue_block(float (&d)[BN / 2], uint32_t a_tile, uint32_t b_tile) {
@@ -336,14 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(const __grid_cons
   using L = Layout<BN, S, T>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
-  const uint32_t full = base + L::bar_off, empty = full + 8 * S;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      sm90::mbar_init(full + 8 * s, 1);
-      sm90::mbar_init(empty + 8 * s, 8 * C);
-    }
-    sm90::mbar_init_fence();
-  }
+  init_pipeline(base + L::bar_off, S, 8 * C);
   if constexpr (C == 1)
     __syncthreads();
   else

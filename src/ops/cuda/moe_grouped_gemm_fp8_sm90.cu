@@ -242,14 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) w8a8_kernel(const __grid_constant
 #ifdef KILN_SM90A
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = sm90::smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
-  const uint32_t full = base + Layout::bar_off, empty = full + 8 * kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(full + 8 * s, 1);
-      sm90::mbar_init(empty + 8 * s, 8);
-    }
-    sm90::mbar_init_fence();
-  }
+  fp8_gemm_sm90::init_pipeline(base + Layout::bar_off, kStages, 8);
   __syncthreads();
   const int units = *p.num_tiles * p.n_blocks;  // the same value in every thread (written before launch)
   const int wg = int(threadIdx.x / 128);
