@@ -11,13 +11,13 @@
 // the last one's tokens to look for drafts, so a step without drafts costs its whole `wall` time. With f the
 // share of on-steps that verified, the on state costs (f verify + (1 - f) wall) / (f tokens + 1 - f) a token
 // against `plain` when off; where drafts are rare (f <= 1/8) one verify sample decides, since waiting for
-// min_samples of them would cost more on-steps than it saves (n-gram at C = 32 on random weights: 10 drafted
-// steps in a run's ~550, H100, 2026-12-07, docs/PERF.md SP6). Where wall equals plain (no overlap) this is
-// verify / tokens against plain, as before.
-// While off, one step in every probe interval at that class verifies anyway, so a workload whose acceptance
-// grew is seen again; each probe that finds verification still losing doubles the class's interval (up to
-// max_probe_interval), a turn back on resets it, so a workload that never accepts pays few probes. While on
-// with too few plain observations, one step in eight runs plain to measure it.
+// min_samples of them would cost more on-steps than it saves (n-gram at C = 32 on random weights: 10 rows
+// drafted in a run of 64 prompts x 256 tokens, H100, 2026-12-07, docs/PERF.md SP6). Where wall equals plain
+// (no overlap) this reduces to verify / tokens against plain. While off, one step in every probe interval
+// at that class verifies anyway, so a workload whose acceptance grew is seen again; each probe that finds
+// verification still losing doubles the class's interval (up to max_probe_interval), a turn back on resets
+// it, so a workload that never accepts pays few probes. While on with too few plain observations, one step in
+// eight runs plain to measure it.
 //
 // The switch only decides from the numbers it is given (observe_*): the engine feeds it measured step
 // times, and tests feed fixed ones (EngineOptions::spec_step_cost), so no test depends on timing.
