@@ -36,14 +36,9 @@ using test::to_host;
       GTEST_SKIP() << "the W8A8 grouped GEMM needs an sm_90 device running sm_90a code: skipped"; \
   } while (0)
 
-// Relative Frobenius against the CPU oracle's whole layer. The layer is two W8A8 products with the act
-// quantized between them, and where the GPU's fp32 sums round gate, up or act to the other bf16 neighbour of
-// the CPU's (2^-8 relative), that act may quantize to the next e4m3 code (2^-3 relative) or move its group's
-// scale: so the layer sits further from the oracle than one product's 2^-8 (fp8_gemm.h) does from the fp64
-// product of its own quantized operands. Measured on an H200 (2026-12-07, `6f1ce2f`): 2.8e-3 to 8.6e-3 over
-// these tests, path (c) (no act quantization) 3.6e-2 to 4.2e-2. Held to 2^-6 and, where path (c) runs beside
-// it, to a quarter of path (c)'s distance (kNearerThanC): a scale or layout error lands at or past path (c).
-constexpr double kTol = 1.0 / 64;
+// test::kW8a8LayerTol (moe_fp8_layer.h) from the CPU oracle, and where path (c) runs beside it a quarter of
+// path (c)'s distance (kNearerThanC): a scale or layout error lands at or past path (c).
+constexpr double kTol = test::kW8a8LayerTol;
 constexpr double kNearerThanC = 0.25;
 constexpr int64_t kHot = 3, kCold = 5;  // chosen by every token / by none (force_routing)
 constexpr int64_t kCol = 1;             // the x column that decides them
@@ -84,7 +79,7 @@ MoeExperts w8a8_kernel_for(int64_t T) {
              : MoeExperts::grouped_gemm_fp8_w8a8;
 }
 
-// KILN_MOE_FP8_W8A8_MIN_TOKENS's value for a scope (-1: the dequant threshold's, as when unset).
+// KILN_MOE_FP8_W8A8_MIN_TOKENS's value for a scope (then -1: kMoeFp8W8a8MinTokens, as when unset).
 struct W8a8MinTokens {
   explicit W8a8MinTokens(int64_t tokens) { ops::cuda::moe_set_fp8_w8a8_min_tokens(tokens); }
   ~W8a8MinTokens() { ops::cuda::moe_set_fp8_w8a8_min_tokens(-1); }

@@ -79,10 +79,11 @@ inline constexpr Fp8GemmConfig kFp8GemmConfigs[] = {
 // Split-K applies up to this many rows (the startup tuner's largest M bucket); a split config runs unsplit
 // above it (its partials would grow as M x N: a prefill chunk borrowing a small bucket's tactic).
 inline constexpr int64_t kFp8GemmSplitKMaxM = 512;
-// Whether the startup tuner offers the split configs (KILN_FP8_GEMM_SPLIT_K overrides): off until the whole
-// of test_cuda_fp8_gemm and a model run pass with them (on an H100, 2026-12-07, `06d3ef4`: CudaFp8GemmSplitK
-// 6 of 7, the seventh a test bug since fixed; split 3 / 6 the fastest O / down at M = 32, docs/PERF.md K9).
-inline constexpr bool kFp8GemmSplitKTunedByDefault = false;
+// Whether the startup tuner offers the split configs (KILN_FP8_GEMM_SPLIT_K=0 turns them off). On since
+// test_cuda_fp8_gemm passed whole on an H100 (2026-12-07, `b2888dd`) and the 4B FP8 decode step at batch 32
+// took 5.28 ms with them against 5.73 without (graph + PDL; batch 1 unchanged: 3.064 / 3.062 ms; docs/PERF.md
+// S10). At M = 32, split 3 / 6 were the fastest O / down (K9).
+inline constexpr bool kFp8GemmSplitKTunedByDefault = true;
 
 // The K ranges cfg runs for M rows of K: min(cfg.split_k, ceil(K / 128)), 1 where M > kFp8GemmSplitKMaxM.
 int fp8_gemm_split(const Fp8GemmConfig& cfg, int64_t m, int64_t k);

@@ -84,8 +84,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   // M x N x split f32, would be the largest workspace: gate_up at M = 512).
   int sms = 0;
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, impl_->device));
-  // KILN_FP8_GEMM_SPLIT_K=1 offers the split configs to the tuner: off until a GPU run has checked and timed
-  // them (test_cuda_fp8_gemm's CudaFp8GemmSplitK.*, the bench's "fp8_gemm at decode sizes").
+  // KILN_FP8_GEMM_SPLIT_K=0 keeps the split configs from the tuner (fp8_gemm.h: on by default).
   const bool split_k_offered = env_switch("KILN_FP8_GEMM_SPLIT_K", kFp8GemmSplitKTunedByDefault);
   const auto w8a8_configs = [&](const GemmShape& s) {
     std::vector<Fp8GemmConfig> v;

@@ -219,7 +219,7 @@ kc::MoeShape shape_of(const MoeWeights& w, int64_t H, int64_t T, MoeExperts expe
 
 std::atomic<int64_t> g_fp8_dequant_min_tokens{-1};  // -1: not read yet
 std::atomic<int> g_fp8_w8a8{-1};                    // -1: not read yet
-// -2: not read yet; -1: the dequant threshold's; else a token count >= 1.
+// -2: not read yet; -1: kMoeFp8W8a8MinTokens; else a token count >= 1.
 std::atomic<int64_t> g_fp8_w8a8_min_tokens{-2};
 
 int64_t env_fp8_w8a8_min_tokens() {
@@ -287,7 +287,7 @@ int64_t moe_fp8_w8a8_min_tokens() {
     g_fp8_w8a8_min_tokens.compare_exchange_strong(unread, env_fp8_w8a8_min_tokens());  // a setter wins
     v = g_fp8_w8a8_min_tokens.load(std::memory_order_relaxed);
   }
-  return v < 0 ? moe_fp8_dequant_min_tokens() : v;
+  return v < 0 ? kMoeFp8W8a8MinTokens : v;
 }
 
 void moe_set_fp8_w8a8_min_tokens(int64_t tokens) {

@@ -18,7 +18,7 @@ namespace kiln::ops::cuda {
 // experts under by_rows: the gather GEMV below moe_fp8_dequant_min_tokens(), at and above it the grouped GEMM
 // on their dequantized copy (the wgmma one where it applies, the mma.sync one where KILN_MOE_EXPERTS=gemm);
 // an explicit grouped kernel takes the dequantized copy at any T. Where the W8A8 grouped GEMM applies
-// (moe_fp8_w8a8_runs) it takes the place of dequantize + grouped GEMM at and above that threshold.
+// (moe_fp8_w8a8_runs) it takes the place of both from its own threshold (kMoeFp8W8a8MinTokens).
 // grouped_gemm_fp8_w8a8: the W8A8 grouped GEMM named (block-FP8 experts only, an sm_90a device; any T).
 enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv, grouped_gemm_fp8_w8a8 };
 constexpr int64_t kMoeGemvMaxTokens = 64;
@@ -39,9 +39,8 @@ constexpr int64_t kMoeFusedCombineMaxTokens = 1;
 // Measured (H100, 2026-12-06, `cfaddf7`'s binaries, docs/PERF.md E8): 30B-A3B experts at T = 256 take 1,154
 // us dequant + wgmma against the GEMV's 2,270 (at 1,024: 1,215 against 8,462); the dequant alone is 653 us,
 // so at T = 64 (GEMV 648 us) the GEMV wins. The crossover lies between; 256 is the smallest measured win.
-// On sm_90a the W8A8 grouped GEMM (moe_fp8_w8a8_runs, below) takes the dequant path's place at and above
-// this threshold; it also beats the GEMV at T = 16 and 64 (H100, docs/PERF.md E11), where
-// moe_fp8_w8a8_min_tokens() below can give it its own threshold.
+// On sm_90a the W8A8 grouped GEMM (moe_fp8_w8a8_runs, below) takes the dequant path's place, from its own
+// lower threshold (kMoeFp8W8a8MinTokens).
 constexpr int64_t kMoeFp8DequantMinTokens = 256;
 int64_t moe_fp8_dequant_min_tokens();
 // Overrides KILN_MOE_FP8_DEQUANT_MIN_TOKENS for this process (tests and benchmarks; 0: never). Size the
@@ -52,34 +51,33 @@ void moe_set_fp8_dequant_min_tokens(int64_t tokens);
 // T >= moe_fp8_dequant_min_tokens() > 0 where moe_fp8_w8a8_runs does not.
 bool moe_fp8_dequant_runs(const MoeWeights& w, int64_t T, MoeExperts experts = MoeExperts::by_rows);
 
-// Block-FP8 experts at and above moe_fp8_dequant_min_tokens() (by_rows) run the W8A8 grouped GEMM (path (a)
-// of ops/fp8_linear.h, the CPU oracle's and the checkpoint's semantics: kiln::cuda::
-// moe_grouped_gemm_fp8_sm90_launch) instead of dequantize + BF16 grouped GEMM (path (c)), where it applies:
-// an sm_90 device running the build's sm_90a code, KILN_MOE_EXPERTS not `gemm`, and KILN_MOE_FP8_W8A8 not 0
-// (read once; default kMoeFp8W8a8Default). Its scratch holds the quantized inputs of one projection
-// (max_rows x max(H, I) e4m3 + scales: 34.6 MB for 30B-A3B at T = 1024) instead of the bf16 expert copy
-// (1.21 GB). On by default since test_cuda_moe_fp8_w8a8 passed on an H100 (2026-12-07, `06d3ef4`: the layer
-// 2.8e-3 to 8.6e-3 from the CPU oracle, path (c) 3.6e-2 to 4.1e-2; docs/NUMERICS.md's bound 2^-6 and a
-// quarter of path (c)'s distance) and timed there at 305 / 356 / 758 us for T = 256 / 1,024 / 4,096 against
-// the dequant path's 1,179 / 1,241 / 1,784 (docs/PERF.md E11). It also beat the FP8 gather GEMV at T = 16 and
-// 64 (211 / 308 against 262 / 657 us): a lower threshold for it is the next step, once the GEMV tests there
-// name their kernel. KILN_MOE_FP8_W8A8=0 turns it off (the dequant path).
+// Block-FP8 experts at and above moe_fp8_w8a8_min_tokens() (by_rows) run the W8A8 grouped GEMM (path (a) of
+// ops/fp8_linear.h, the CPU oracle's and the checkpoint's semantics: kiln::cuda::
+// moe_grouped_gemm_fp8_sm90_launch) instead of the gather GEMV below the dequant threshold and of dequantize
+// + BF16 grouped GEMM (path (c)) above it, where it applies: an sm_90 device running the build's sm_90a code,
+// KILN_MOE_EXPERTS not `gemm`, KILN_MOE_FP8_W8A8 not 0 (read once; default kMoeFp8W8a8Default) and the
+// dequant threshold not 0 (0: the GEMV at every T). Its scratch holds the quantized inputs of one projection
+// (max_rows x max(H, I) e4m3 + scales: 34.6 MB for 30B-A3B at T = 1024) instead of the bf16 expert copy (1.21
+// GB). test_cuda_moe_fp8_w8a8 passed on an H100 (2026-12-07, `06d3ef4`: the layer 2.8e-3 to 8.6e-3 from the
+// CPU oracle, path (c) 3.6e-2 to 4.1e-2; docs/NUMERICS.md's bound 2^-6 and a quarter of path (c)'s
+// distance); kernel rows 305 / 356 / 758 us for T = 256 / 1,024 / 4,096 against the dequant path's 1,179 /
+// 1,241 / 1,784, and 211 / 308 against the FP8 GEMV's 262 / 657 at T = 16 / 64 (docs/PERF.md E11).
 constexpr bool kMoeFp8W8a8Default = true;
 bool moe_fp8_w8a8_enabled();
 // Overrides KILN_MOE_FP8_W8A8 for this process (tests and benchmarks). Size the scratch after setting it.
 void moe_set_fp8_w8a8(bool on);
-// The smallest T at which block-FP8 experts under by_rows take the W8A8 grouped GEMM (where it runs, and
-// while moe_fp8_dequant_min_tokens() > 0): moe_fp8_dequant_min_tokens() unless KILN_MOE_FP8_W8A8_MIN_TOKENS
-// (read once) or the setter gives another, for the A/B below 256 tokens, where it replaces the gather GEMV:
-// on an H100 it beat the FP8 GEMV at T = 16 and 64 (211 / 308 against 262 / 657 us, docs/PERF.md E11), not
-// yet timed in a model.
+// The W8A8 grouped GEMM's threshold: 8 tokens. The 30B-A3B FP8 decode step (H100, 2026-12-07, `b2888dd`,
+// graph + PDL, docs/PERF.md E12) at batch 8 / 16 / 32 / 64 took 9.41 / 13.54 / 17.61 / 21.01 ms with it
+// against the gather GEMV's 9.86 / 16.00 / 24.87 / 38.87, and at batch 4 6.80 ms with the GEMV against 7.11.
+constexpr int64_t kMoeFp8W8a8MinTokens = 8;
+// kMoeFp8W8a8MinTokens unless KILN_MOE_FP8_W8A8_MIN_TOKENS (read once) or the setter gives another.
 int64_t moe_fp8_w8a8_min_tokens();
-// Overrides KILN_MOE_FP8_W8A8_MIN_TOKENS for this process (>= 1; -1: follow the dequant threshold again).
-// Size the scratch after setting it.
+// Overrides KILN_MOE_FP8_W8A8_MIN_TOKENS for this process (>= 1; -1: the default again). Size the scratch
+// after setting it.
 void moe_set_fp8_w8a8_min_tokens(int64_t tokens);
 // True when moe_mlp with this `experts` choice runs w's experts on the W8A8 grouped GEMM for T tokens (and
 // so its scratch holds the quantized-input workspace): block-FP8 experts and grouped_gemm_fp8_w8a8 named, or
-// by_rows where the paragraph above says so.
+// by_rows where the paragraphs above say so.
 bool moe_fp8_w8a8_runs(const MoeWeights& w, int64_t T, MoeExperts experts = MoeExperts::by_rows);
 
 // Device bytes of moe_mlp's scratch for T tokens of w's shape with this `experts` choice; with block-FP8
