@@ -170,7 +170,7 @@ std::unique_ptr<Qwen3Model> Qwen3Model::create(const ModelConfig& cfg_in, const 
     if (opts.device.is_cuda()) {
       ModelConfig tuned = local;  // the LM head GEMM is [R, the rank's vocab rows]
       tuned.vocab_size = opts.tp->plan.vocab.size();
-      cuda_autotune_if_needed(tuned);
+      cuda_autotune_if_needed(tuned, opts.tp->plan.experts.size());  // MoE: the experts this rank holds
     }
     auto m = std::unique_ptr<Qwen3Model>(new Qwen3Model(local, std::move(w), nullptr, opts));
     m->tp_ = *opts.tp;

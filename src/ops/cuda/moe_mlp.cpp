@@ -232,6 +232,20 @@ int64_t env_fp8_w8a8_min_tokens() {
   return int64_t(n);
 }
 
+// -2: not read yet; -1: kMoeGemvMaxTokens; else a token count >= 0.
+std::atomic<int64_t> g_gemv_max_tokens{-2};
+
+int64_t env_gemv_max_tokens() {
+  constexpr const char* name = "KILN_MOE_GEMV_MAX_TOKENS";
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  KILN_CHECK(*end == '\0' && n >= 0 && n <= (1ll << 40), name,
+             " must be a token count >= 0 (0: the grouped GEMM at every T), got '", v, "'");
+  return int64_t(n);
+}
+
 int64_t env_fp8_dequant_min_tokens() {
   constexpr const char* name = "KILN_MOE_FP8_DEQUANT_MIN_TOKENS";
   const char* v = std::getenv(name);
@@ -293,6 +307,25 @@ int64_t moe_fp8_w8a8_min_tokens() {
 void moe_set_fp8_w8a8_min_tokens(int64_t tokens) {
   KILN_CHECK(tokens >= 1 || tokens == -1, "moe_set_fp8_w8a8_min_tokens: ", tokens, " (>= 1, or -1)");
   g_fp8_w8a8_min_tokens.store(tokens, std::memory_order_relaxed);
+}
+
+int64_t moe_gemv_max_tokens() {
+  int64_t v = g_gemv_max_tokens.load(std::memory_order_relaxed);
+  if (v == -2) {
+    int64_t unread = -2;
+    g_gemv_max_tokens.compare_exchange_strong(unread, env_gemv_max_tokens());  // a setter wins
+    v = g_gemv_max_tokens.load(std::memory_order_relaxed);
+  }
+  return v < 0 ? kMoeGemvMaxTokens : v;
+}
+
+void moe_set_gemv_max_tokens(int64_t tokens) {
+  KILN_CHECK(tokens >= -1, "moe_set_gemv_max_tokens: ", tokens, " (>= 0, or -1)");
+  g_gemv_max_tokens.store(tokens, std::memory_order_relaxed);
+}
+
+MoeExperts moe_env_experts() {
+  return env_experts();
 }
 
 bool moe_fp8_w8a8_runs(const MoeWeights& w, int64_t T, MoeExperts experts) {
@@ -374,7 +407,7 @@ void moe_mlp_norm_in(const ResidualNorm* in, const Tensor& x, const MoeWeights& 
   if (!by_caller) experts = env_experts();
   if (experts == MoeExperts::by_rows) {
     experts = kc::moe_grouped_gemm_sm90_applies() ? MoeExperts::grouped_gemm_sm90 : MoeExperts::grouped_gemm;
-    if (T <= kMoeGemvMaxTokens) experts = MoeExperts::gather_gemv;
+    if (T <= moe_gemv_max_tokens()) experts = MoeExperts::gather_gemv;
   }
   kc::MoeFp8Scales scales;
   if (w.is_fp8()) {  // by rows: the GEMV below the threshold, else W8A8 or a grouped GEMM on the bf16 copy

@@ -10,7 +10,7 @@
 
 namespace kiln::ops::cuda {
 
-// Which expert kernels moe_mlp runs (moe.h step 4). by_rows: the gather GEMV for T <= kMoeGemvMaxTokens,
+// Which expert kernels moe_mlp runs (moe.h step 4). by_rows: the gather GEMV for T <= moe_gemv_max_tokens(),
 // else the wgmma grouped GEMM where it applies (an sm_90 device running sm_90a code), else the mma.sync
 // one; KILN_MOE_EXPERTS=gemm, wgmma or gemv overrides by_rows (read once). The threshold: on the H100
 // (docs/PERF.md "Mixture of experts") the GEMV beats the wgmma GEMM up to T = 16 by 17-22 % and ties it at
@@ -22,6 +22,15 @@ namespace kiln::ops::cuda {
 // grouped_gemm_fp8_w8a8: the W8A8 grouped GEMM named (block-FP8 experts only, an sm_90a device; any T).
 enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv, grouped_gemm_fp8_w8a8 };
 constexpr int64_t kMoeGemvMaxTokens = 64;
+// BF16 experts' GEMV limit under by_rows: kMoeGemvMaxTokens unless KILN_MOE_GEMV_MAX_TOKENS (read once; >= 0,
+// 0: the grouped GEMM at every T) or the setter (the startup tuner, ops/cuda/moe_tune.h) gives another.
+// Block-FP8 experts do not read it (moe_fp8_w8a8_min_tokens and moe_fp8_dequant_min_tokens decide theirs).
+// The scratch does not depend on it.
+int64_t moe_gemv_max_tokens();
+// Overrides KILN_MOE_GEMV_MAX_TOKENS for this process (>= 0; -1: kMoeGemvMaxTokens again).
+void moe_set_gemv_max_tokens(int64_t tokens);
+// KILN_MOE_EXPERTS as read (once): by_rows where unset.
+MoeExperts moe_env_experts();
 // Up to this many tokens the gather GEMV's down projection and the combine run as one kernel (the same
 // bits; one launch and the y round trip fewer a layer). Batch 1 until measured above it.
 constexpr int64_t kMoeFusedCombineMaxTokens = 1;
@@ -70,7 +79,8 @@ void moe_set_fp8_w8a8(bool on);
 // graph + PDL, docs/PERF.md E12) at batch 8 / 16 / 32 / 64 took 9.41 / 13.54 / 17.61 / 21.01 ms with it
 // against the gather GEMV's 9.86 / 16.00 / 24.87 / 38.87, and at batch 4 6.80 ms with the GEMV against 7.11.
 constexpr int64_t kMoeFp8W8a8MinTokens = 8;
-// kMoeFp8W8a8MinTokens unless KILN_MOE_FP8_W8A8_MIN_TOKENS (read once) or the setter gives another.
+// kMoeFp8W8a8MinTokens unless KILN_MOE_FP8_W8A8_MIN_TOKENS (read once) or the setter (the startup tuner,
+// ops/cuda/moe_tune.h) gives another.
 int64_t moe_fp8_w8a8_min_tokens();
 // Overrides KILN_MOE_FP8_W8A8_MIN_TOKENS for this process (>= 1; -1: the default again). Size the scratch
 // after setting it.
