@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <vector>
 
@@ -139,7 +140,14 @@ MoeAutotuneResult cuda_moe_autotune(const ops::MoeTuneShape& s, const std::strin
     r.source = MoeTuneSource::cache;
     r.entry = it->second;
   } else {
-    const ops::cuda::MoeThresholds t = ops::cuda::tune_moe_thresholds(s);
+    ops::cuda::MoeThresholds t;
+    try {
+      t = ops::cuda::tune_moe_thresholds(s);
+    } catch (const std::exception& ex) {  // e.g. an allocation that failed: the model still loads
+      (void)cudaGetLastError();
+      std::fprintf(stderr, "kiln: the MoE expert-kernel tuner failed (%s): the default thresholds stay\n",
+                   ex.what());
+    }
     if (!t.tuned) {
       r.source = MoeTuneSource::untunable;
       return r;

@@ -27,7 +27,8 @@ ops::MoeTuneShape cuda_moe_tune_shape(const ModelConfig& cfg, int64_t moe_local_
 enum class MoeTuneSource {
   off,        // KILN_MOE_TUNE=0, or a CPU-only build: nothing read, timed or set
   env,        // the variable the shape's threshold comes from is set: it wins; nothing timed or set
-  untunable,  // the kernels compared do not both run here (ops/cuda/moe_tune.h), or memory was short
+  untunable,  // the kernels compared do not both run here (ops/cuda/moe_tune.h), memory was short, or it
+              // failed
   cache,      // read from the cache file
   tuned,      // timed now (and saved where the cache is writable)
 };

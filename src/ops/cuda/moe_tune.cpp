@@ -65,6 +65,10 @@ struct OwnedStream {
 
 struct GraphExec {
   cudaGraphExec_t exec = nullptr;
+  GraphExec() = default;
+  GraphExec(GraphExec&& o) noexcept : exec(o.exec) { o.exec = nullptr; }
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
   ~GraphExec() {
     if (exec) cudaGraphExecDestroy(exec);
   }
