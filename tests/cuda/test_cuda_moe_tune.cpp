@@ -3,7 +3,7 @@
 // alone, the threshold is a ladder T (or the ladder's end), is applied through the setter, and a second call
 // reads it from the cache without timing; moe_mlp (by_rows) then runs the grouped GEMM from that T and the
 // gather GEMV below it (bitwise the named kernels); a malformed cache is re-tuned and rewritten; the
-// environment's thresholds and KILN_MOE_TUNE=0 win over the tuner; 30B-A3B's shapes tune in under 2 s (their
+// environment's thresholds and KILN_MOE_TUNE=0 win over the tuner; 30B-A3B's shapes tune on the ladder (their
 // times printed).
 #include <cstdio>
 #include <cstdlib>
@@ -212,9 +212,9 @@ TEST(CudaMoeTune, CachePathFollowsKilnTuneCache) {
   EXPECT_EQ(ops::moe_tune_cache_path(kc::default_tactic_cache_path()), "/tmp/kiln_private/tactics.txt.moe");
 }
 
-// 30B-A3B's experts (E 128, k 8, H 2048, I 768), block-FP8 and bf16: each tuned in under 2 s; the times
-// printed for the record.
-TEST(CudaMoeTune, ThirtyBA3bShapesTuneInUnderTwoSeconds) {
+// 30B-A3B's experts (E 128, k 8, H 2048, I 768), block-FP8 and bf16: a threshold on the ladder; the times and
+// the tuner's seconds printed for the record (a time is never asserted: tests do not depend on timing).
+TEST(CudaMoeTune, ThirtyBA3bShapesTuneOnTheLadder) {
   KILN_REQUIRE_GPU();
   for (const bool fp8 : {true, false}) {
     const ops::MoeTuneShape s{.E = 128, .local = 128, .k = 8, .H = 2048, .I = 768, .fp8 = fp8};
@@ -229,7 +229,6 @@ TEST(CudaMoeTune, ThirtyBA3bShapesTuneInUnderTwoSeconds) {
     r.seconds = t.seconds;
     print_times(fp8 ? "30B-A3B fp8" : "30B-A3B bf16", r);
     EXPECT_TRUE(on_ladder_or_end(t.grouped_from, t.below));
-    EXPECT_LT(t.seconds, 2.0);
   }
 }
 
