@@ -27,14 +27,20 @@ struct MoeTuneTimes {
   std::vector<double> gemv_us, grouped_us;
 };
 
-// The smallest tokens[i] from which the grouped GEMM is at least as fast as the GEMV at that T and at every
-// larger T timed: a kernel that wins only at an isolated T in the middle of the ladder (noise, or a
-// tile-count step) does not take the rows between. `never` when the GEMV wins at the ladder's largest T (or
-// nothing was timed). tokens ascending.
+// A grouped-GEMM time within this factor of the GEMV's counts as a win. Timed alone the two kernels misjudge
+// the decode step near the crossover: 30B-A3B's FP8 experts on an H100 (2026-12-07, `69cacb3`, docs/PERF.md
+// E14) timed 171.0 against the GEMV's 169.7 us at T = 8 alone, yet the W8A8 GEMM made the batch-8 step 0.45
+// ms (5 % of its experts' time) faster; at T = 4 it timed 9 % slower alone and made the step 5 % slower.
+inline constexpr double kMoeTuneGroupedMargin = 1.05;
+
+// The smallest tokens[i] from which the grouped GEMM is as fast as the GEMV, within kMoeTuneGroupedMargin,
+// at that T and at every larger T timed: a kernel that wins only at an isolated T in the middle of the ladder
+// (noise, or a tile-count step) does not take the rows between. `never` when the GEMV wins at the ladder's
+// largest T (or nothing was timed). tokens ascending.
 inline int64_t moe_grouped_from(const MoeTuneTimes& t, int64_t never) {
   int64_t from = never;
   for (size_t i = t.tokens.size(); i-- > 0;) {
-    if (!(t.grouped_us[i] <= t.gemv_us[i])) break;
+    if (!(t.grouped_us[i] <= kMoeTuneGroupedMargin * t.gemv_us[i])) break;
     from = t.tokens[i];
   }
   return from;

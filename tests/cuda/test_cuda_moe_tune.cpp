@@ -151,7 +151,8 @@ TEST(CudaMoeTune, Bf16ThresholdIsTunedCachedAndFollowed) {
   const MoeAutotuneResult r = tune_then_read_back(small_shape(false), cache_path("bf16"));
   const int64_t from = r.entry.grouped_from;
   EXPECT_EQ(ops::cuda::moe_gemv_max_tokens(), from - 1);
-  const ops::MoeWeights w = test::make_fp8_layer(kE, kK, kH, kI, 73).dequantized_device();
+  const test::Fp8Layer l = test::make_fp8_layer(kE, kK, kH, kI, 73);  // owns the buffers w points into
+  const ops::MoeWeights w = l.dequantized_device();
   expect_by_rows_is(w, from, MoeExperts::grouped_gemm_sm90);
   if (from > 1) expect_by_rows_is(w, from - 1, MoeExperts::gather_gemv);
 }

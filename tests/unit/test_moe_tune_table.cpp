@@ -30,11 +30,26 @@ TEST(MoeTuneTable, GroupedFromIsTheFirstTOfTheWinningTail) {
   EXPECT_EQ(moe_grouped_from(times({10, 12}, {5, 6}), 129), 1);
 }
 
+// Within kMoeTuneGroupedMargin the grouped GEMM wins: 30B-A3B's experts timed on an H100 (2026-12-07,
+// `69cacb3`; us at T = 1 .. 128) give the thresholds its decode steps measured best (FP8 8, bf16 64).
+TEST(MoeTuneTable, ANearTieGoesToTheGroupedGemm) {
+  EXPECT_EQ(moe_grouped_from(times({39.8, 67.3, 105.9, 169.7, 274.2, 439.1, 709.3, 1237.9},
+                                   {57.2, 75.9, 115.5, 171.0, 240.5, 315.3, 348.9, 347.3}),
+                             256),
+            8);
+  EXPECT_EQ(moe_grouped_from(times({44.8, 71.6, 112.9, 184.1, 286.6, 400.0, 552.8, 934.2},
+                                   {66.5, 89.2, 150.3, 236.6, 354.3, 472.0, 529.8, 534.8}),
+                             129),
+            64);
+  EXPECT_EQ(moe_grouped_from(times({100, 100}, {105, 105.1}), 256), 256);  // past the margin: the GEMV
+  EXPECT_EQ(moe_grouped_from(times({100, 100}, {105.1, 105}), 256), 2);
+}
+
 TEST(MoeTuneTable, AnIsolatedWinDoesNotMoveTheThreshold) {
   // The grouped GEMM wins at 2 alone, then loses at 4: it takes nothing before 8.
   EXPECT_EQ(moe_grouped_from(times({10, 12, 15, 30, 50}, {20, 11, 22, 25, 30}), 256), 8);
   // It loses at the top of the ladder: never, whatever it won below.
-  EXPECT_EQ(moe_grouped_from(times({10, 12, 15, 30}, {5, 6, 7, 31}), 129), 129);
+  EXPECT_EQ(moe_grouped_from(times({10, 12, 15, 30}, {5, 6, 7, 33}), 129), 129);
   EXPECT_EQ(moe_grouped_from(times({}, {}), 256), 256);
 }
 

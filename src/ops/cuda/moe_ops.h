@@ -21,7 +21,9 @@ namespace kiln::ops::cuda {
 // (moe_fp8_w8a8_runs) it takes the place of both from its own threshold (kMoeFp8W8a8MinTokens).
 // grouped_gemm_fp8_w8a8: the W8A8 grouped GEMM named (block-FP8 experts only, an sm_90a device; any T).
 enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv, grouped_gemm_fp8_w8a8 };
-constexpr int64_t kMoeGemvMaxTokens = 64;
+// 63: the wgmma GEMM from 64 tokens, where the 30B-A3B bf16 decode step at batch 64 took 29.05 ms with it
+// against 31.12 with the GEMV (H100, 2026-12-07, `69cacb3`, docs/PERF.md E14), as the tuner chooses there.
+constexpr int64_t kMoeGemvMaxTokens = 63;
 // BF16 experts' GEMV limit under by_rows: kMoeGemvMaxTokens unless KILN_MOE_GEMV_MAX_TOKENS (read once; >= 0,
 // 0: the grouped GEMM at every T) or the setter (the startup tuner, ops/cuda/moe_tune.h) gives another.
 // Block-FP8 experts do not read it (moe_fp8_w8a8_min_tokens and moe_fp8_dequant_min_tokens decide theirs).
