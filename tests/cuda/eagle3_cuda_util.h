@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../unit/eagle3_test_util.h"
+#include "common/scoped_env.h"
 #include "common/test_support.h"
 #include "kiln/config.h"
 #include "model/qwen3.h"
@@ -54,28 +55,9 @@ inline std::filesystem::path eagle3_scratch() {
   return test_support::process_scratch_dir("cuda_eagle3");
 }
 
-// An environment variable set for a scope, its earlier value (or absence) restored after: the runner's
-// switches (KILN_EAGLE3_CUDA, KILN_EAGLE3_DRAFT_GRAPHS) are read when a draft is set and graphs prepared.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* e = std::getenv(name)) before_ = e;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (before_) {
-      setenv(name_.c_str(), before_->c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> before_;
-};
+// The runner's switches (KILN_EAGLE3_CUDA, KILN_EAGLE3_DRAFT_GRAPHS) are read when a draft is set and graphs
+// prepared: set them for a scope.
+using test_support::ScopedEnv;
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return false;

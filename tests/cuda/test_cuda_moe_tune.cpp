@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/scoped_env.h"
 #include "common/test_support.h"
 #include "model/cuda_tune.h"
 #include "moe_fp8_layer.h"
@@ -28,29 +29,7 @@ namespace {
 namespace kc = ::kiln::cuda;
 using ops::cuda::MoeExperts;
 
-// A variable set (value) or unset (nullptr) for a scope, its earlier state restored after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* e = std::getenv(name)) before_ = e;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (before_)
-      setenv(name_.c_str(), before_->c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> before_;
-};
+using test_support::ScopedEnv;
 
 // A cache path of this process alone (ctest runs the TESTs in parallel), absent at first.
 std::string cache_path(const std::string& name) {

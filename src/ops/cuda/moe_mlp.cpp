@@ -217,44 +217,24 @@ kc::MoeShape shape_of(const MoeWeights& w, int64_t H, int64_t T, MoeExperts expe
           .fp8_w8a8 = moe_fp8_w8a8_runs(w, T, experts)};
 }
 
-std::atomic<int64_t> g_fp8_dequant_min_tokens{-1};  // -1: not read yet
-std::atomic<int> g_fp8_w8a8{-1};                    // -1: not read yet
+// -2: not read yet; -1: kMoeFp8DequantMinTokens; else a token count >= 0.
+std::atomic<int64_t> g_fp8_dequant_min_tokens{-2};
+std::atomic<int> g_fp8_w8a8{-1};  // -1: not read yet
 // -2: not read yet; -1: kMoeFp8W8a8MinTokens; else a token count >= 1.
 std::atomic<int64_t> g_fp8_w8a8_min_tokens{-2};
-
-int64_t env_fp8_w8a8_min_tokens() {
-  constexpr const char* name = "KILN_MOE_FP8_W8A8_MIN_TOKENS";
-  const char* v = std::getenv(name);
-  if (!v || !*v) return -1;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  KILN_CHECK(*end == '\0' && n >= 1 && n <= (1ll << 40), name, " must be a token count >= 1, got '", v, "'");
-  return int64_t(n);
-}
 
 // -2: not read yet; -1: kMoeGemvMaxTokens; else a token count >= 0.
 std::atomic<int64_t> g_gemv_max_tokens{-2};
 
-int64_t env_gemv_max_tokens() {
-  constexpr const char* name = "KILN_MOE_GEMV_MAX_TOKENS";
-  const char* v = std::getenv(name);
-  if (!v || !*v) return -1;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  KILN_CHECK(*end == '\0' && n >= 0 && n <= (1ll << 40), name,
-             " must be a token count >= 0 (0: the grouped GEMM at every T), got '", v, "'");
-  return int64_t(n);
-}
-
-int64_t env_fp8_dequant_min_tokens() {
-  constexpr const char* name = "KILN_MOE_FP8_DEQUANT_MIN_TOKENS";
-  const char* v = std::getenv(name);
-  if (!v || !*v) return kMoeFp8DequantMinTokens;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  KILN_CHECK(*end == '\0' && n >= 0 && n <= (1ll << 40), name,
-             " must be a token count >= 0 (0: never dequantize), got '", v, "'");
-  return int64_t(n);
+// A threshold read from its variable once (-1 where unset), unless a setter stored one first.
+int64_t read_once(std::atomic<int64_t>& slot, const char* name, int64_t min, const char* meaning) {
+  int64_t v = slot.load(std::memory_order_relaxed);
+  if (v == -2) {
+    int64_t unread = -2;
+    slot.compare_exchange_strong(unread, env_count(name, min, -1, meaning));  // a setter wins
+    v = slot.load(std::memory_order_relaxed);
+  }
+  return v;
 }
 
 MoeExperts env_experts() {
@@ -272,13 +252,9 @@ MoeExperts env_experts() {
 }  // namespace
 
 int64_t moe_fp8_dequant_min_tokens() {
-  int64_t v = g_fp8_dequant_min_tokens.load(std::memory_order_relaxed);
-  if (v < 0) {
-    int64_t unset = -1;
-    g_fp8_dequant_min_tokens.compare_exchange_strong(unset, env_fp8_dequant_min_tokens());  // a setter wins
-    v = g_fp8_dequant_min_tokens.load(std::memory_order_relaxed);
-  }
-  return v;
+  const int64_t v =
+      read_once(g_fp8_dequant_min_tokens, "KILN_MOE_FP8_DEQUANT_MIN_TOKENS", 0, " (0: never dequantize)");
+  return v < 0 ? kMoeFp8DequantMinTokens : v;
 }
 
 void moe_set_fp8_dequant_min_tokens(int64_t tokens) {
@@ -295,12 +271,7 @@ void moe_set_fp8_w8a8(bool on) {
 }
 
 int64_t moe_fp8_w8a8_min_tokens() {
-  int64_t v = g_fp8_w8a8_min_tokens.load(std::memory_order_relaxed);
-  if (v == -2) {
-    int64_t unread = -2;
-    g_fp8_w8a8_min_tokens.compare_exchange_strong(unread, env_fp8_w8a8_min_tokens());  // a setter wins
-    v = g_fp8_w8a8_min_tokens.load(std::memory_order_relaxed);
-  }
+  const int64_t v = read_once(g_fp8_w8a8_min_tokens, "KILN_MOE_FP8_W8A8_MIN_TOKENS", 1, "");
   return v < 0 ? kMoeFp8W8a8MinTokens : v;
 }
 
@@ -310,12 +281,8 @@ void moe_set_fp8_w8a8_min_tokens(int64_t tokens) {
 }
 
 int64_t moe_gemv_max_tokens() {
-  int64_t v = g_gemv_max_tokens.load(std::memory_order_relaxed);
-  if (v == -2) {
-    int64_t unread = -2;
-    g_gemv_max_tokens.compare_exchange_strong(unread, env_gemv_max_tokens());  // a setter wins
-    v = g_gemv_max_tokens.load(std::memory_order_relaxed);
-  }
+  const int64_t v =
+      read_once(g_gemv_max_tokens, "KILN_MOE_GEMV_MAX_TOKENS", 0, " (0: the grouped GEMM at every T)");
   return v < 0 ? kMoeGemvMaxTokens : v;
 }
 
