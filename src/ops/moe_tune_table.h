@@ -70,8 +70,9 @@ struct MoeTuneEntry {
 // The cache file: a format line (kMoeTuneCacheFormat), then one line per key, e.g.
 //   gpu=NVIDIA_H100_80GB_HBM3 sms=132 E=128 L=128 k=8 H=2048 I=768 experts=fp8 below=256 grouped_from=8
 // followed on the same line by "  # T 1 2 4 ...; gemv us ...; grouped us ..." (what the choice was made
-// from).
-inline constexpr const char* kMoeTuneCacheFormat = "kiln moe thresholds v1";
+// from). The version changes with the rule that chooses (v2: kMoeTuneGroupedMargin), so a cache chosen by
+// another rule is re-tuned.
+inline constexpr const char* kMoeTuneCacheFormat = "kiln moe thresholds v2";
 
 std::string format_moe_tune_line(const MoeTuneKey& key, const MoeTuneEntry& e);
 // False (key and e unspecified) for anything but a line format_moe_tune_line writes: a missing or extra
