@@ -11,6 +11,8 @@
 //                          "prompt_lookup_max": B}'   (vLLM; k tokens drafted; not with the flags above)
 #pragma once
 
+#include <algorithm>
+#include <climits>
 #include <set>
 #include <string>
 
@@ -68,6 +70,11 @@ inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
   // KILN_SPEC_RAGGED_VERIFY=F: the ragged verify rule's factor (SpecOptions::ragged_verify_factor; 0: off),
   // for the A/B of docs/PERF.md.
   so.ragged_verify_factor = env_number("KILN_SPEC_RAGGED_VERIFY", so.ragged_verify_factor);
+  // KILN_SPEC_START_OFF_FROM=N: batch classes of N sequences and more start with speculation off
+  // (SpecOptions::start_off_from_seqs; 0: none), for the A/B of docs/PERF.md SP8.
+  so.start_off_from_seqs = int32_t(std::min<int64_t>(
+      env_count("KILN_SPEC_START_OFF_FROM", 0, so.start_off_from_seqs, " (0: every batch starts on)"),
+      INT32_MAX));
   spec::validate_spec_options(so);
 }
 

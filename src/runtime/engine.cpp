@@ -69,6 +69,9 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   I.device_sampling = opts.sampling_backend == "auto";
   spec::validate_spec_options(opts.speculative);
   I.eagle = opts.speculative.algorithm == spec::SpecAlgorithm::eagle3;
+  spec::OffSwitchOptions switch_options;
+  switch_options.start_off_from_seqs = opts.speculative.start_off_from_seqs;
+  I.off_switch = spec::SpecOffSwitch(switch_options);
   KILN_CHECK(!I.eagle || (runner && runner->has_draft()),
              "--speculative-algorithm EAGLE3 needs the draft loaded beside the model "
              "(--speculative-draft-model-path; at --tp 1: tensor-parallel ranks run no draft)");

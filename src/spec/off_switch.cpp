@@ -17,15 +17,23 @@ double SpecOffSwitch::overlapped_step_cost(double wall, double forward) {
   return std::max(f, wall - f);
 }
 
+bool SpecOffSwitch::starts_off(size_t k) const {
+  const int64_t smallest = k == 0 ? 1 : (int64_t(1) << (k - 1)) + 1;
+  return o_.start_off_from_seqs > 0 && smallest >= o_.start_off_from_seqs;
+}
+
 SpecOffSwitch::Class& SpecOffSwitch::at(int32_t seqs) {
   const size_t k = batch_class(seqs);
-  if (classes_.size() <= k) classes_.resize(k + 1);
+  for (size_t i = classes_.size(); i <= k; ++i) {
+    classes_.emplace_back();
+    classes_.back().off = starts_off(i);
+  }
   return classes_[k];
 }
 
 bool SpecOffSwitch::is_off(int32_t seqs) const {
   const size_t k = batch_class(seqs);
-  return k < classes_.size() && classes_[k].off;
+  return k < classes_.size() ? classes_[k].off : starts_off(k);
 }
 
 bool SpecOffSwitch::probe_due(int32_t seqs) const {
@@ -59,17 +67,19 @@ void SpecOffSwitch::observe_verify(int32_t seqs, double seconds, double tokens_p
   c.tokens.observe(tokens_per_seq, o_.alpha);
   if (!c.off) c.drafted.observe(1.0, drafted_weight(c));
   const bool was_off = c.off;
-  decide(c);
-  if (was_off && c.off)
+  const bool decided = decide(c);
+  if (was_off && c.off && decided)
     c.interval = std::min(2 * interval(c), std::max(o_.probe_interval, o_.max_probe_interval));
 }
 
-void SpecOffSwitch::decide(Class& c) {
-  if (c.plain.samples < o_.min_samples || c.verify.samples < 1 || c.tokens.value <= 0.0) return;
+bool SpecOffSwitch::decide(Class& c) {
+  if (c.plain.samples < o_.min_samples || c.verify.samples < 1 || c.tokens.value <= 0.0) return false;
   // The share of on-steps that verified (1 until a step ran plain while on).
   const double f = c.drafted.samples > 0 ? c.drafted.value : 1.0;
   const bool rare = c.drafted.samples >= o_.min_samples && f <= 1.0 / 8;
-  if (c.verify.samples < o_.min_samples && !rare) return;
+  // Off, a verify sample comes only from a probe (where the class started off, before any min_samples of
+  // them): one decides.
+  if (c.verify.samples < o_.min_samples && !rare && !c.off) return false;
   const double wall = c.plain_wall.samples > 0 ? std::max(c.plain_wall.value, c.plain.value) : c.plain.value;
   const double on_cost = (f * c.verify.value + (1.0 - f) * wall) / (f * c.tokens.value + (1.0 - f));
   const bool loses = on_cost > c.plain.value;
@@ -77,6 +87,7 @@ void SpecOffSwitch::decide(Class& c) {
   if (loses != c.off) c.since_probe = 0;
   if (!loses) c.interval = 0;
   c.off = loses;
+  return true;
 }
 
 }  // namespace kiln::spec

@@ -15,9 +15,9 @@
 // drafted in a run of 64 prompts x 256 tokens, H100, 2026-12-07, docs/PERF.md SP6). Where wall equals plain
 // (no overlap) this reduces to verify / tokens against plain. While off, one step in every probe interval
 // at that class verifies anyway, so a workload whose acceptance grew is seen again; each probe that finds
-// verification still losing doubles the class's interval (up to max_probe_interval), a turn back on resets
-// it, so a workload that never accepts pays few probes. While on with too few plain observations, one step in
-// eight runs plain to measure it.
+// verification still losing doubles the class's interval (up to max_probe_interval; a probe with too few
+// plain observations to decide leaves it), a turn back on resets it, so a workload that never accepts pays
+// few probes. While on with too few plain observations, one step in eight runs plain to measure it.
 //
 // The switch only decides from the numbers it is given (observe_*): the engine feeds it measured step
 // times, and tests feed fixed ones (EngineOptions::spec_step_cost), so no test depends on timing.
@@ -42,6 +42,12 @@ struct OffSwitchOptions {
   // step of 32 x (k + 1) rows for 1-2 drafting rows (4B shape, H100, 2026-12-07: 11.2 ms against a 6.8 ms
   // TPOT, one probe every 16 steps made the run 3 % slower; docs/PERF.md SP4).
   int32_t max_probe_interval = 128;
+  // Batch-size classes whose sizes are all at least this many sequences start with verification off and turn
+  // it on only when a probe measures it faster (0: every class starts on). While off a class learns from its
+  // probes alone, so one probe's verify sample decides there. For the A/B of the learning phase at C = 32,
+  // where a run that verifies nothing spends about 1 % of its time learning so (docs/PERF.md SP8): not yet
+  // timed, so 0; KILN_SPEC_START_OFF_FROM=N sets it in kiln serve.
+  int32_t start_off_from_seqs = 0;
 };
 
 class SpecOffSwitch {
@@ -91,11 +97,14 @@ class SpecOffSwitch {
     int32_t interval = 0;  // steps between probes while off (0: probe_interval)
   };
   Class& at(int32_t seqs);
+  // Whether class k starts off (OffSwitchOptions::start_off_from_seqs): its smallest batch size reaches it.
+  bool starts_off(size_t k) const;
   int32_t interval(const Class& c) const { return c.interval > 0 ? c.interval : o_.probe_interval; }
   // The drafted share's weight: the plain mean of its first 1 / alpha samples (a moving average started at
   // the first step's 0 or 1 would read a share of 1 in 2 as rare for its first dozen steps), then alpha.
   double drafted_weight(const Class& c) const { return std::max(o_.alpha, 1.0 / (c.drafted.samples + 1)); }
-  void decide(Class& c);
+  // Whether the estimates sufficed to decide (a probe that could not decide leaves the interval as it is).
+  bool decide(Class& c);
 
   OffSwitchOptions o_;
   std::vector<Class> classes_;

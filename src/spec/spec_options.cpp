@@ -70,6 +70,8 @@ void validate_spec_options(const SpecOptions& o) {
   KILN_CHECK(o.ragged_verify_factor >= 0.0 && o.ragged_verify_min_seqs >= 1,
              "the ragged verify rule needs a factor >= 0 and at least one sequence, got ",
              o.ragged_verify_factor, " and ", o.ragged_verify_min_seqs);
+  KILN_CHECK(o.start_off_from_seqs >= 0, "the off switch's start_off_from_seqs must be >= 0 (0: none), got ",
+             o.start_off_from_seqs);
 }
 
 bool ragged_verify_rows(const SpecOptions& o, int32_t seqs, int64_t drafted, int32_t bucket,

@@ -31,6 +31,9 @@ struct SpecOptions {
   // exists. KILN_SPEC_RAGGED_VERIFY=F sets the factor in kiln serve.
   double ragged_verify_factor = 2.0;
   int32_t ragged_verify_min_seqs = 8;
+  // The off switch's batch-size classes of at least this many sequences start off (OffSwitchOptions::
+  // start_off_from_seqs; 0: all start on). KILN_SPEC_START_OFF_FROM=N sets it in kiln serve.
+  int32_t start_off_from_seqs = 0;
   // EAGLE-3 (SGLang's --speculative-draft-model-path): the draft checkpoint (model/eagle3_model.h), loaded
   // beside the target by load_qwen3_runner; k is its --speculative-num-steps (chains, top-1).
   std::string draft_model_path;

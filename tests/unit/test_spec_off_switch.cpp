@@ -130,6 +130,53 @@ TEST(SpecOffSwitch, ProbeIntervalDoublesToItsCapAndResets) {
   EXPECT_EQ(probes(6, 1.0), (std::vector<int>{4}));
 }
 
+// start_off_from_seqs = 17: the class of 17-32 sequences starts off (probe_interval 16) while the classes
+// below start on; the class learns from its probes alone, one probe's verify sample deciding. A costly
+// verify (3 plain steps' time for 1 token) keeps it off and the interval doubles; acceptance that makes it
+// win (1.2 s for 3 tokens) turns it on at the next probe. A probe seeing too few plain steps to compare
+// against decides nothing and leaves the interval (its sample decides once they are there).
+TEST(SpecOffSwitch, LargeBatchesStartOffAndLearnFromProbes) {
+  OffSwitchOptions o;
+  o.min_samples = 4;
+  o.probe_interval = 16;
+  o.max_probe_interval = 64;
+  o.alpha = 1.0;
+  o.start_off_from_seqs = 17;
+  SpecOffSwitch s(o);
+  EXPECT_TRUE(s.is_off(32));
+  EXPECT_TRUE(s.is_off(17));
+  EXPECT_FALSE(s.is_off(16));
+  EXPECT_FALSE(s.is_off(1));
+  EXPECT_TRUE(s.should_verify(16)) << "below the threshold: on";
+  EXPECT_FALSE(s.probe_due(32)) << "a fresh class probes after probe_interval steps";
+  // A probe with no plain step seen: undecided, still off, the interval unchanged.
+  for (int i = 1; i < 16; ++i) ASSERT_FALSE(s.should_verify(32)) << "step " << i;
+  ASSERT_TRUE(s.should_verify(32)) << "the 16th step probes";
+  s.observe_verify(32, 3.0, 1.0);
+  EXPECT_TRUE(s.is_off(32)) << "nothing to compare the probe with";
+  const auto probes = [&](int n, double verify, double tokens) {
+    std::vector<int> at;
+    for (int i = 1; i <= n; ++i)
+      if (s.should_verify(32)) {
+        s.observe_verify(32, verify, tokens);
+        at.push_back(i);
+      } else {
+        s.observe_plain(32, 1.0);
+      }
+    return at;
+  };
+  // Losing probes: every 16 steps, then 32, 64, 64 (the interval doubles once a probe can decide).
+  EXPECT_EQ(probes(200, 3.0, 1.0), (std::vector<int>{16, 48, 112, 176})) << "16, 32, 64, 64";
+  EXPECT_TRUE(s.is_off(32));
+  EXPECT_EQ(s.times_switched_off(), 0) << "it never was on";
+  // Acceptance grows: the next probe (64 steps after the last) turns it on with one sample.
+  const std::vector<int> at = probes(70, 1.2, 3.0);
+  ASSERT_FALSE(at.empty());
+  EXPECT_EQ(at.front(), 40);
+  EXPECT_FALSE(s.is_off(32));
+  EXPECT_EQ(at.size(), size_t(70 - 40 + 1)) << "on from the probe: every step verifies";
+}
+
 // Being on costs the plain steps their overlap: a plain step 1.0 s as it would run off (overlapped) but 1.3 s
 // as it ran while on. A verify step of 1.5 s giving 2 tokens wins per step (0.75 s a token), but where one
 // step in 16 has drafts the on state costs (1.5 / 16 + 1.3 x 15 / 16) / (2 / 16 + 15 / 16) = 1.24 s a token:
@@ -212,6 +259,35 @@ TEST(SpecOffSwitch, EngineTurnsCostlyVerificationOff) {
     }
     std::printf("verify cost %.1f: %lld verify steps of %lld steps, switched off %lld times\n", verify_cost,
                 (long long)st.verify_steps, (long long)engine.stats().steps, (long long)st.switched_off);
+  }
+}
+
+// SpecOptions::start_off_from_seqs reaches the engine's switch: from batch 1 (every class off at first) a
+// costly verify step never turns speculation on, so it never switches off and verifies only on probes, its
+// greedy output the reference's; with it unset the same run verifies its first steps, then switches off.
+TEST(SpecOffSwitch, EngineStartsOffWhereAsked) {
+  const std::vector<int32_t> prompt = {1, 2, 0, 1, 2, 0, 1, 2, 0, 2};
+  for (const int32_t start_off : {1, 0}) {
+    EngineOptions o = test::small_opts(4096, 4, 16);
+    o.speculative.algorithm = spec::SpecAlgorithm::ngram;
+    o.speculative.num_draft_tokens = 3;
+    o.speculative.ngram_max = 4;
+    o.speculative.start_off_from_seqs = start_off;
+    o.spec_step_cost = [](bool verify, int32_t) { return verify ? 10.0 : 1.0; };
+    Engine engine(std::make_unique<FakeRunner>(3), o);
+    test::Sink sink;
+    const RequestId id = engine.submit(test::greedy(prompt, 200), sink.cb());
+    sink.wait_finished(1);
+    EXPECT_EQ(sink.tokens(id), FakeRunner(3).reference(prompt, 200, false));
+    const spec::SpecStats st = engine.stats().spec;
+    if (start_off) {
+      EXPECT_EQ(st.switched_off, 0) << "never on";
+      EXPECT_GE(st.verify_steps, 1) << "probes verify";
+      EXPECT_LE(st.verify_steps, 6) << "probes only (after 16 steps, then 32, 64, ...)";
+    } else {
+      EXPECT_GE(st.switched_off, 1);
+      EXPECT_GE(st.verify_steps, spec::OffSwitchOptions{}.min_samples);
+    }
   }
 }
 
