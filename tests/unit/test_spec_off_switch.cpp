@@ -225,6 +225,17 @@ TEST(SpecOffSwitch, MeasuresPlainStepsWhenNoneWereSeen) {
   EXPECT_TRUE(s.is_off(4)) << "1.5 / 1.2 > 1 once plain steps were measured";
 }
 
+// The engine's options for these tests: n-gram drafting of 3 tokens (window [1, 4]), a verify step costing
+// verify_cost plain steps (EngineOptions::spec_step_cost: no clock).
+EngineOptions ngram_opts(double verify_cost) {
+  EngineOptions o = test::small_opts(4096, 4, 16);
+  o.speculative.algorithm = spec::SpecAlgorithm::ngram;
+  o.speculative.num_draft_tokens = 3;
+  o.speculative.ngram_max = 4;
+  o.spec_step_cost = [verify_cost](bool verify, int32_t) { return verify ? verify_cost : 1.0; };
+  return o;
+}
+
 // The engine with fixed costs: FakeRunner's drafts are right about a third of the time, so verify rows give
 // ~1.1 tokens at batch 1. At 10 plain steps per verify the switch turns speculation off; at 0.9 (a verify
 // step always worth its cost) it stays on. Greedy
@@ -233,11 +244,7 @@ TEST(SpecOffSwitch, EngineTurnsCostlyVerificationOff) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 4; ++i) prompts.push_back({1, 2, 0, 1, 2, 0, 1, 2, 0, int32_t(i % 3)});
   for (const double verify_cost : {10.0, 0.9}) {
-    EngineOptions o = test::small_opts(4096, 4, 16);
-    o.speculative.algorithm = spec::SpecAlgorithm::ngram;
-    o.speculative.num_draft_tokens = 3;
-    o.speculative.ngram_max = 4;
-    o.spec_step_cost = [verify_cost](bool verify, int32_t) { return verify ? verify_cost : 1.0; };
+    EngineOptions o = ngram_opts(verify_cost);
     Engine engine(std::make_unique<FakeRunner>(3), o);
     test::Sink sink;
     std::vector<RequestId> ids;
@@ -268,12 +275,8 @@ TEST(SpecOffSwitch, EngineTurnsCostlyVerificationOff) {
 TEST(SpecOffSwitch, EngineStartsOffWhereAsked) {
   const std::vector<int32_t> prompt = {1, 2, 0, 1, 2, 0, 1, 2, 0, 2};
   for (const int32_t start_off : {1, 0}) {
-    EngineOptions o = test::small_opts(4096, 4, 16);
-    o.speculative.algorithm = spec::SpecAlgorithm::ngram;
-    o.speculative.num_draft_tokens = 3;
-    o.speculative.ngram_max = 4;
+    EngineOptions o = ngram_opts(10.0);
     o.speculative.start_off_from_seqs = start_off;
-    o.spec_step_cost = [](bool verify, int32_t) { return verify ? 10.0 : 1.0; };
     Engine engine(std::make_unique<FakeRunner>(3), o);
     test::Sink sink;
     const RequestId id = engine.submit(test::greedy(prompt, 200), sink.cb());
@@ -296,12 +299,8 @@ TEST(SpecOffSwitch, EngineStartsOffWhereAsked) {
 TEST(SpecOffSwitch, OverlapScheduleResumesWhereSpeculationIsOff) {
   const std::vector<int32_t> prompt = {1, 2, 0, 1, 2, 0, 1, 2, 0, 2};
   for (const bool switch_on : {true, false}) {
-    EngineOptions o = test::small_opts(4096, 4, 16);
-    o.speculative.algorithm = spec::SpecAlgorithm::ngram;
-    o.speculative.num_draft_tokens = 3;
-    o.speculative.ngram_max = 4;
+    EngineOptions o = ngram_opts(10.0);
     o.speculative.off_switch = switch_on;
-    o.spec_step_cost = [](bool verify, int32_t) { return verify ? 10.0 : 1.0; };
     auto runner = std::make_unique<FakeRunner>(3);
     runner->device_sampling = true;
     runner->launch_ahead = true;
