@@ -12,9 +12,9 @@ namespace kiln::ops::cuda {
 
 // Which expert kernels moe_mlp runs (moe.h step 4). by_rows: the gather GEMV for T <= moe_gemv_max_tokens(),
 // else the wgmma grouped GEMM where it applies (an sm_90 device running sm_90a code), else the mma.sync
-// one; KILN_MOE_EXPERTS=gemm, wgmma or gemv overrides by_rows (read once). The threshold: on the H100
-// (docs/PERF.md "Mixture of experts") the GEMV beats the wgmma GEMM up to T = 16 by 17-22 % and ties it at
-// T = 64 (509 vs 520 us for 30B-A3B's experts); the mma.sync GEMM is slower than both there. Block-FP8
+// one; KILN_MOE_EXPERTS=gemm, wgmma or gemv overrides by_rows (read once). The threshold: on the H100 the
+// GEMV beats the wgmma GEMM up to T = 32 and loses from 64 in the decode step (kMoeGemvMaxTokens below;
+// docs/PERF.md E14); the mma.sync GEMM is slower than both there (E2). Block-FP8
 // experts under by_rows: the gather GEMV below moe_fp8_dequant_min_tokens(), at and above it the grouped GEMM
 // on their dequantized copy (the wgmma one where it applies, the mma.sync one where KILN_MOE_EXPERTS=gemm);
 // an explicit grouped kernel takes the dequantized copy at any T. Where the W8A8 grouped GEMM applies
