@@ -18,7 +18,8 @@
 #   model      kiln tune, then kiln bench model: decode steps (4B, 0.6B; batch 1-128; bf16 and fp8 caches),
 #              the per-op breakdown, one 8192-token prompt
 #   decode     the decode step under the switches kept for A/B (SWITCHES; default: PDL sites, fused QKV)
-#   prefill    one prompt's prefill kernel by kernel under ncu (LENS, default "4096 8192")
+#   prefill    one prompt's forward kernel by kernel under ncu (LENS, default "4096 8192"; 1: a decode-like step;
+#              PREFILL_SHAPES, PREFILL_QUANT=fp8)
 #   serve      the serving sweep: 4B shape, random weights, 8192 in / 1024 out (CONC, NUM, KV, SWEEP_SECONDS)
 #   seed       the second SGLang seed's workloads: /generate 4096 in / 1 out at C = 4 (200 requests), and
 #              /v1/embeddings of 4096 and 8192 ids on a Qwen3-Embedding-shaped checkpoint

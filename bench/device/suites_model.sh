@@ -59,21 +59,32 @@ suite_decode() {
   done
 }
 
-# LENS: prompt lengths. ncu times each of one forward's kernels alone (--profile-from-start off: the profiler
-# range holds one forward; clocks not locked, caches not flushed); bench/prefill_breakdown.py sums them.
+# LENS: prompt lengths (1: a one-token step, the decode step's kernels; docs/PERF.md E15). ncu times each of
+# one forward's kernels alone (--profile-from-start off: the profiler range holds one forward; clocks not
+# locked, caches not flushed); bench/prefill_breakdown.py sums them. PREFILL_SHAPES (default qwen3-4b; any
+# `kiln bench model --shape`) and PREFILL_QUANT (fp8: `--quantization fp8`) pick the models.
 suite_prefill() {
   need_gpu || return
   build kiln || return
-  tune qwen3-4b 8192 128
-  local n
-  for n in ${LENS:-4096 8192}; do
-    timeout 200 ncu --profile-from-start off --clock-control none --cache-control none \
-      --metrics gpu__time_duration.sum --csv "$K" bench model --shape qwen3-4b --context 2 --steps 1 --prefill "$n" \
-      --no-breakdown >"$W/prefill/ncu_prefill_$n.csv" 2>"$W/prefill/ncu_prefill_$n.err"
-    local rc=$?
-    python3 bench/prefill_breakdown.py "$W/prefill/ncu_prefill_$n.csv" 36 >"$W/prefill/breakdown_$n.txt" 2>&1
-    row "prefill $n tokens by kernel" "rc=$rc $(grep -m1 -E '^prefill' "$W/prefill/ncu_prefill_$n.csv" | cut -c1-80)"
-    head -20 "$W/prefill/breakdown_$n.txt"
+  local shape n layers q=()
+  [[ ${PREFILL_QUANT:-} == fp8 ]] && q=(--quantization fp8)
+  for shape in ${PREFILL_SHAPES:-qwen3-4b}; do
+    case $shape in
+      qwen3-30b-a3b) layers=48 ;;
+      qwen3-0.6b) layers=28 ;;
+      *) layers=36 ;;
+    esac
+    tune "$shape" 8192 128 "${q[@]}"
+    for n in ${LENS:-4096 8192}; do
+      local tag="${shape}_${PREFILL_QUANT:-bf16}_$n"
+      timeout 200 ncu --profile-from-start off --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum --csv "$K" bench model --shape "$shape" "${q[@]}" --context 2 --steps 1 \
+        --prefill "$n" --no-breakdown >"$W/prefill/ncu_$tag.csv" 2>"$W/prefill/ncu_$tag.err"
+      local rc=$?
+      python3 bench/prefill_breakdown.py "$W/prefill/ncu_$tag.csv" "$layers" >"$W/prefill/breakdown_$tag.txt" 2>&1
+      row "$shape ${PREFILL_QUANT:-bf16}: $n tokens by kernel" "rc=$rc $(grep -m1 -E 'kernels, ' "$W/prefill/breakdown_$tag.txt" | cut -c1-80)"
+      head -20 "$W/prefill/breakdown_$tag.txt"
+    done
   done
 }
 
