@@ -104,8 +104,15 @@ suite_ncu_cmd() {
     return 1
   }
   build kiln || return
-  local cmd=()
+  local cmd=() tune_args=()
   read -r -a cmd <<<"$NCU_CMD"
+  # NCU_TUNE (e.g. "qwen3-30b-a3b --quantization fp8"): `kiln tune --shape` first, outside ncu: `kiln bench
+  # model` tuning its GEMMs under ncu stopped on a launch error (cudaLaunchKernelEx: invalid argument; H100,
+  # 2026-12-07), and with a tuned cache the same command ran (docs/PERF.md E15).
+  if [[ -n ${NCU_TUNE:-} ]]; then
+    read -r -a tune_args <<<"$NCU_TUNE"
+    tune "${tune_args[0]}" 512 8 "${tune_args[@]:1}"
+  fi
   timeout "${NCU_SECONDS:-300}" ncu --clock-control none -k "regex:$NCU_KERNEL" --launch-skip "${NCU_SKIP:-0}" \
     -c "${NCU_COUNT:-4}" --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section Occupancy --section WarpStateStats --section InstructionStats --section LaunchStats \
