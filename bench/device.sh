@@ -23,13 +23,13 @@
 #   serve      the serving sweep: 4B shape, random weights, 8192 in / 1024 out (CONC, NUM, KV, SWEEP_SECONDS)
 #   seed       the second SGLang seed's workloads: /generate 4096 in / 1 out at C = 4 (200 requests), and
 #              /v1/embeddings of 4096 and 8192 ids on a Qwen3-Embedding-shaped checkpoint
-#   fp8-serve  issue 43's FP8-weight targets, each beside BF16 in the same run (~6 min, an estimate: not yet run
-#              on a GPU): 4B one 8192-token prompt, 8B batch-1 TPOT, the seed workload's p50, 8192 in / 1024 out
+#   fp8-serve  issue 43's FP8-weight targets, each beside BF16 in the same run (the serving part: ~1-2.5 min on
+#              an H100, 2026-12-07): 4B one 8192-token prompt, 8B batch-1 TPOT, the seed workload's p50, 8192 in / 1024 out
 #              with FP8 KV at C = 128 (128 prompts), 1024 in / 256 out at C = 1 and 32 (SEED_NUM, SHORT_NUM,
 #              BIG_NUM, BIG_BF16, *_SECONDS; docs/BENCH.md)
 #   moe-serve  issue 44's serving targets on the Qwen3-30B-A3B shape, BF16 and FP8 experts: 2048 in / 1024 out
 #              at C = 10 (TPOT), 1024 in / 256 out at C = 64 (out tok/s), one 8192-token prompt beside the 4B shape
-#              (MOE_NUM_10, MOE_NUM_64, MOE_FP8, MOE_SECONDS, MODEL_ROWS; ~6 min, an estimate)
+#              (MOE_NUM_10, MOE_NUM_64, MOE_FP8, MOE_SECONDS, MODEL_ROWS; with MODEL_ROWS=0 ~2-2.5 min on an H100)
 #   structured structured output's serving cost: 4B shape, 1024 in / 256 out at C = 32, unconstrained vs every
 #              request under a JSON Schema (bench/grammar/long_output.json), out tok/s and their ratio
 #              (CONC, NUM, IN, OUTLEN, ROUNDS, SHAPE, DEVICE)

@@ -1,7 +1,7 @@
 # bench/device.sh's fp8-serve suite (sourced): issue 43's whole-model and serving targets for FP8 weights
 # (--quantization fp8: the shape's random BF16 weights quantized at load to 128 x 128 block FP8), each beside the
-# same run's BF16 figure where the target compares. Sized to end within ~6 minutes on an H100 (an estimate from
-# earlier runs of its parts: the suite has not yet run on a GPU as of 2026-12-06); every step is cut at its knob's
+# same run's BF16 figure where the target compares. Its serving part took 153 s with the build on an H100
+# (2026-12-07, `550e8bc`, docs/BENCH.md); every step is cut at its knob's
 # seconds, and every figure is a summary row, so a run cut short still shows what it measured.
 # shellcheck shell=bash disable=SC2154  # here, suite, W, K, S: set by device.sh and lib.sh
 

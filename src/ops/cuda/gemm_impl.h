@@ -95,7 +95,7 @@ inline std::string describe_gemv(GemvConfig c) {
 inline std::string describe_fp8gemm(const Fp8GemmConfig& c) {
   return "kiln-fp8gemm tile_n " + std::to_string(c.tile_n) + " stages " + std::to_string(c.stages) +
          (c.persistent ? " persistent" : "") + " cluster " + std::to_string(c.cluster) +
-         (c.tma_store ? " tma-store" : "");
+         (c.tma_store ? " tma-store" : "") + (c.split_k > 1 ? " split_k " + std::to_string(c.split_k) : "");
 }
 
 // The cache line's out field: the output type, and ":e4m3" for a block-FP8 weight.

@@ -16,15 +16,6 @@ namespace kiln::cuda {
 
 using namespace gemm_detail;
 
-namespace {
-
-// describe_fp8gemm with the split (the cache line's "# describe" and the tuner's report).
-std::string describe_w8a8_gemm(const Fp8GemmConfig& c) {
-  return describe_fp8gemm(c) + (c.split_k > 1 ? " split_k " + std::to_string(c.split_k) : "");
-}
-
-}  // namespace
-
 void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
   const char* w8a8_env = std::getenv("KILN_GEMV_W8A8");
   KILN_CHECK(!w8a8_env || !*w8a8_env || std::string(w8a8_env) == "0" || std::string(w8a8_env) == "1",
@@ -146,7 +137,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
       t.kind = GemmKind::fp8gemm;
       t.fp8gemm = f8[size_t(best_i)];
       t.us = best;
-      t.describe = describe_w8a8_gemm(t.fp8gemm);
+      t.describe = describe_fp8gemm(t.fp8gemm);
       tactics_[s] = t;
     }
     if (verbose)
@@ -154,7 +145,7 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
                   " %-9s %9.2f us  %5.1f TFLOP/s  (%zu cands; dequantize + cuBLASLt %.2f us) %s\n",
                   s.m_bucket, s.n, s.k, shape_out_field(s).c_str(), double(best), flops / best * 1e-6,
                   f8.size() + 1, double(scratch_us),
-                  best_i >= 0 ? describe_w8a8_gemm(f8[size_t(best_i)]).c_str() : "dequantize + bf16 GEMM");
+                  best_i >= 0 ? describe_fp8gemm(f8[size_t(best_i)]).c_str() : "dequantize + bf16 GEMM");
   };
   for (const auto& s : shapes) {
     // K not a multiple of 8: neither cuBLASLt's bf16 kernels nor the GEMV take it; run() sends it to the

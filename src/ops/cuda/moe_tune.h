@@ -15,10 +15,10 @@
 //     graph, as the decode step runs its layers (eager where the capture fails: MoeThresholds::graphs),
 //     replayed once untimed and 7 times between CUDA events on a stream of its own; the median replay's time
 //     per call.
-//   - The choice: ops::moe_grouped_from (the smallest T from which the grouped GEMM is at least as fast at
-//     that and every larger T timed); where the GEMV wins at the ladder's top, `below`: block-FP8, the
-//     dequant threshold (the GEMV up to it, as before the W8A8 GEMM had its own threshold); bf16, 129 (the
-//     GEMV up to 128, the largest T timed).
+//   - The choice: ops::moe_grouped_from (the smallest T from which the grouped GEMM is within
+//     kMoeTuneGroupedMargin of the GEMV at that and every larger T timed); where the GEMV wins at the
+//     ladder's top, `below`: block-FP8, the dequant threshold (the GEMV up to it, as before the W8A8 GEMM had
+//     its own threshold); bf16, 129 (the GEMV up to 128, the largest T timed).
 //   - Nothing is timed where the result could not change what runs (moe_tune_below() == 0): block-FP8
 //     experts where the W8A8 grouped GEMM does not run (not sm_90a, KILN_MOE_FP8_W8A8=0,
 //     KILN_MOE_EXPERTS=gemm, dequant threshold 0 or 1); bf16 experts where the wgmma grouped GEMM does not
