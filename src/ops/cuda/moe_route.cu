@@ -29,10 +29,11 @@ struct OffsetsParams {
 };
 
 // Grid: 1 block; block: 1024 threads, thread e < E sums expert e's counts over the chunks (rewriting each
-// chunk's count to its exclusive prefix); then warp 0 writes the layout (experts outside [e0, e1) count 0).
+// chunk's count to its exclusive prefix); then the layout (write_layout by warp 0, write_layout_rows by the
+// block; experts outside [e0, e1) count 0).
 __global__ void __launch_bounds__(kMoeMaxExperts) offsets_kernel(const __grid_constant__ OffsetsParams p) {
   pdl_wait();
-  __shared__ int cnt_s[kMoeMaxExperts], off_s[kMoeMaxExperts];
+  __shared__ int cnt_s[kMoeMaxExperts], off_s[kMoeMaxExperts], act_s[kMoeMaxExperts + 1];
   for (int e = int(threadIdx.x); e < p.E; e += int(blockDim.x)) {
     int count = 0;
     for (int c = 0; c < p.chunks; ++c) {
@@ -44,7 +45,9 @@ __global__ void __launch_bounds__(kMoeMaxExperts) offsets_kernel(const __grid_co
     cnt_s[e] = e >= p.e0 && e < p.e1 ? count : 0;
   }
   __syncthreads();
-  if (threadIdx.x < 32) write_layout(cnt_s, p.E, p.layout, off_s);
+  if (threadIdx.x < 32) write_layout(cnt_s, p.E, p.layout, off_s, act_s);
+  __syncthreads();
+  write_layout_rows(cnt_s, off_s, act_s, p.layout, p.E);
 }
 
 struct ScatterParams {

@@ -44,6 +44,7 @@ struct RouteParams {
 struct RouteSmem {
   uint32_t chosen_by[kMoeRouteMaxExperts];  // bit t mod 32: the chunk's token t chose the expert
   int cnt[kMoeRouteMaxExperts], off[kMoeRouteMaxExperts];
+  int act[kMoeRouteMaxExperts + 1];  // write_layout's active experts, their number last
 };
 
 // A non-NaN bf16 logit of expert i as a u32 whose unsigned order is the routing's choice order: the logit's
@@ -160,10 +161,11 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int t, int lan
   }
 }
 
-// Warp 0 of a block: from the per-expert counts cnt[0, E) (shared memory), the layout (padded offsets,
-// tiles, padding rows, the active list) and the offsets into off_s[0, E) (shared memory). Lane l owns the
+// Warp 0 of a block: from the per-expert counts cnt[0, E) (shared memory), the layout's counts, padded
+// offsets, active list and totals, the offsets into off_s[0, E) and the active experts into act_s[0, n) with
+// n = act_s[E] (shared memory); the tiles and padding rows follow in write_layout_rows. Lane l owns the
 // experts [l per, (l + 1) per); the offsets are an exclusive scan over the lanes.
-__device__ inline void write_layout(const int* cnt, int E, const Layout& o, int* off_s) {
+__device__ inline void write_layout(const int* cnt, int E, const Layout& o, int* off_s, int* act_s) {
   const int lane = int(threadIdx.x) % 32, per = (E + 31) / 32;
   const int lo = min(E, lane * per), hi = min(E, lo + per);
   int rows = 0, act = 0;
@@ -179,28 +181,48 @@ __device__ inline void write_layout(const int* cnt, int E, const Layout& o, int*
   }
   int off = rows_inc - rows, slot = act_inc - act;
   for (int e = lo; e < hi; ++e) {
-    const int n = cnt[e], padded = (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
+    const int n = cnt[e];
     o.counts[e] = n;
     o.offsets[e] = off;
     off_s[e] = off;
-    for (int i = 0; i < padded / kMoeRowTile; ++i) o.tile_expert[off / kMoeRowTile + i] = e;
-    for (int r = n; r < padded; ++r) o.sorted_pair[off + r] = -1;
-    if (n > 0) o.active[slot++] = e;
-    off += padded;
+    if (n > 0) {
+      o.active[slot] = e;
+      act_s[slot++] = e;
+    }
+    off += (n + kMoeRowTile - 1) / kMoeRowTile * kMoeRowTile;
   }
   if (lane == 31) {
     o.offsets[E] = rows_inc;
     *o.num_tiles = rows_inc / kMoeRowTile;
     o.active[E] = act_inc;
+    act_s[E] = act_inc;
+  }
+}
+
+// The whole block, after write_layout and a barrier: each active expert's tiles in the tile -> expert map
+// and its padding rows (-1), thread i of the block taking slot i, i + blockDim, ... of (active expert, row of
+// a 64-row window): the window's rows past the count are padding (only the last tile has any), row r of the
+// window names the expert's tiles r, r + 64, ... (spread over the block: one lane an expert would store up
+// to 63 padding rows in a row, on the routing's critical path). No row here is a pair's row, so
+// route_chunk's scatter needs no barrier after this.
+__device__ inline void write_layout_rows(const int* cnt, const int* off_s, const int* act_s, const Layout& o,
+                                         int E) {
+  const int n_act = act_s[E];
+  for (int i = int(threadIdx.x); i < n_act * kMoeRowTile; i += int(blockDim.x)) {
+    const int e = act_s[i / kMoeRowTile], r = i % kMoeRowTile;
+    const int n = cnt[e], tiles = (n + kMoeRowTile - 1) / kMoeRowTile, off = off_s[e];
+    for (int t = r; t < tiles; t += kMoeRowTile) o.tile_expert[off / kMoeRowTile + t] = e;
+    const int row = (tiles - 1) * kMoeRowTile + r;
+    if (row >= n) o.sorted_pair[off + row] = -1;
   }
 }
 
 // One block (any number of warps W) routes chunk `chunk`: warp w the chunk's tokens w, w + W, ... Then each
 // thread takes pairs of the chunk: a pair's rank is the count of the chunk's lower tokens that chose the
 // same expert (the population of chosen_by[e] below the token's bit), the chunk's count per expert the
-// population of chosen_by[e]. Fused (one chunk): warp 0 lays the rows out from those counts and the pairs
-// are scattered to offset + rank here (the rank's experts [e0, e1) only: the others count 0, inverse -1).
-// kSmemLogits: route_token's.
+// population of chosen_by[e]. Fused (one chunk): the block lays the rows out from those counts
+// (write_layout, write_layout_rows) and the pairs are scattered to offset + rank here (the rank's experts
+// [e0, e1) only: the others count 0, inverse -1). kSmemLogits: route_token's.
 template <bool kSmemLogits = false>
 __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& sm) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -219,8 +241,9 @@ __device__ inline void route_chunk(const RouteParams& p, int chunk, RouteSmem& s
     for (int i = int(threadIdx.x); i < p.E; i += int(blockDim.x))
       sm.cnt[i] = i >= p.e0 && i < p.e1 ? __popc(sm.chosen_by[i]) : 0;
     __syncthreads();
-    if (warp == 0) write_layout(sm.cnt, p.E, p.layout, sm.off);
+    if (warp == 0) write_layout(sm.cnt, p.E, p.layout, sm.off, sm.act);
     __syncthreads();
+    write_layout_rows(sm.cnt, sm.off, sm.act, p.layout, p.E);
   }
   const int n = min(kMoeChunkTokens, p.T - t0) * p.k;
   for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) {
