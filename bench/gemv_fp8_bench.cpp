@@ -4,10 +4,10 @@
 // of both formats, the engine's choice for the FP8 weight with and without PDL (the tuned FP8 GEMV, else
 // dequantize into scratch + the bf16 dispatch), and the fused gate_up + SiLU in the engine's FP8 config.
 // The FP8 rows: the W8A16 GEMV ("e4m3 W tc/fma ...", gemv.h), its e4m3 x 16 format ("e4m3 W x16 fma ...",
-// gemv.h) and the W8A8 one ("e4m3 W w8a8 ...", gemv_w8a8.h), at M = 1, 4 and 8.
-// Weights rotate over >= 4 copies that together exceed 2.2x the L2 (flushed before every sample), so every
-// call reads W from HBM. Bytes = W (e4m3: N K + the scales; bf16: 2 N K) + x + out: the FP8 rows move about
-// half the bf16 rows'.
+// and its lighter form "e4m3 W x16 rows4 fma ...", gemv.h) and the W8A8 one ("e4m3 W w8a8 ...", gemv_w8a8.h),
+// at M = 1, 4 and 8. Weights rotate over >= 4 copies that together exceed 2.2x the L2 (flushed before every
+// sample), so every call reads W from HBM. Bytes = W (e4m3: N K + the scales; bf16: 2 N K) + x + out: the FP8
+// rows move about half the bf16 rows'.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -50,7 +50,9 @@ bool selected(const std::string& shape) {
 
 std::string cfg_name(const char* what, kc::GemvConfig c) {
   if (c.e4m3x16)  // the e4m3 x 16 format (gemv.h): 16-byte e4m3 chunks, FMA kernel, 8 rows a block at M <= 2
-    return std::string(what) + " x16 fma w" + std::to_string(c.warps);
+    // ("x16 fma"), or the lighter form's 4 ("x16 rows4 fma")
+    return std::string(what) + (c.x16_rows == 4 ? " x16 rows4 fma w" : " x16 fma w") +
+           std::to_string(c.warps);
   if (c.w8a8)  // the W8A8 kernel (gemv_w8a8.h): 16-row tiles, K blocks in flight
     return std::string(what) + " w8a8 w" + std::to_string(c.warps) + " x" + std::to_string(c.tiles) + " kb" +
            std::to_string(c.w8a8);
@@ -138,12 +140,13 @@ void run_gemv_fp8(const Env& env, std::vector<Row>& rows) {
                  });
       }
       if (gate_up) {
-        // The fused gate_up + SiLU in the engine's FP8 config, and with e4m3 x 16, 4 warps.
+        // The fused gate_up + SiLU in the engine's FP8 config, and with e4m3 x 16, 4 warps (both forms).
         const kc::GemvConfig pc = choice ? *choice : kc::GemvConfig{8, true};
         const double fused_bytes = double(q_bytes + s_bytes) + double(M * c.k) * 2 + double(M * c.n / 2) * 2;
         const std::pair<kc::GemvConfig, const char*> fused[] = {
             {pc, choice ? "engine choice" : "no FP8 GEMV tactic: default"},
-            {kc::kGemvE4m3x16Configs[1], "forced"}};
+            {kc::kGemvE4m3x16Configs[1], "forced"},
+            {kc::kGemvE4m3x16Configs[5], "forced"}};
         for (const auto& [fc, why] : fused)
           time_row(
               Row{"gemv_fp8", cfg_name("e4m3 W fused gemv+silu+pdl", fc), shape, 0, -1, fused_bytes, why},

@@ -1,11 +1,12 @@
 // The GEMV's e4m3 x 16 configs on block-FP8 weights (ops/cuda/gemv.h: "e4m3 x 16"; the CPU oracle is path
-// (d), ops::linear_fp8_chunk16): the plain GEMV bitwise the oracle for every config, M = 1..8 (both the
-// 8-row and the 4-row blocks), ragged N, K a multiple of 16 but not of 128, a strided W and strided x, bf16
-// and f32 outputs; the silu_mul epilogue, the add + RMSNorm epilogue, the residual-norm prologue and the
-// fused QKV + attention preparation each bitwise the plain GEMV (same config) then the unfused op; a CUDA
-// graph (PDL) replayed with changing inputs; two runs bitwise equal; the argument checks (bf16 W, K or ldw
-// not a multiple of 16, misaligned e4m3 data) before any launch; the tactic line's word 7. Every output is
-// poisoned (all bits set) before each run and compared in full.
+// (d), ops::linear_fp8_chunk16): the plain GEMV bitwise the oracle for every config of both forms (x16_rows
+// 8 and 4), M = 1..8 (the 8-row and the 4-row blocks), ragged N, K a multiple of 16 but not of 128, a strided
+// W and strided x, bf16 and f32 outputs; the silu_mul epilogue, the add + RMSNorm epilogue, the residual-norm
+// prologue and the fused QKV + attention preparation each bitwise the plain GEMV (same config) then the
+// unfused op; a CUDA graph (PDL) replayed with changing inputs; two runs bitwise equal; the argument checks
+// (bf16 W, K or ldw not a multiple of 16, misaligned e4m3 data) before any launch; the block rows of both
+// forms; the tactic line's words 6 and 7 (both forms, and the older lines). Every output is poisoned (all
+// bits set) before each run and compared in full.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -40,7 +41,12 @@ using test::to_host;
 constexpr float kEps = 1e-6f;
 
 std::string name(GemvConfig c) {
-  return "e4m3x16 warps " + std::to_string(c.warps);
+  return "e4m3x16 warps " + std::to_string(c.warps) + " rows " + std::to_string(c.x16_rows);
+}
+
+// The lighter form's config of `warps` warps (x16_rows 4).
+GemvConfig light(int warps) {
+  return GemvConfig{.warps = warps, .e4m3x16 = true, .x16_rows = 4};
 }
 
 // The oracle's rows: path (d) for cfg's thread count, x [m, ldx] (the first k columns), out [m, n] bf16 or
@@ -203,42 +209,45 @@ TEST(CudaGemvFp8x16, AttnPrepBitwiseTheGemvThenAttnPrep) {
 }
 
 // A decode-like chain captured once with PDL (norm-in QKV-like GEMV, gate_up silu_mul on its output, down
-// with the add + RMSNorm epilogue), replayed with fresh inputs against the same chain run eagerly.
+// with the add + RMSNorm epilogue), replayed with fresh inputs against the same chain run eagerly; 4 warps,
+// both forms.
 TEST(CudaGemvFp8x16, GraphReplaysWithChangingInputs) {
   KILN_REQUIRE_GPU();
-  const GemvConfig cfg = cuda::kGemvE4m3x16Configs[1];
-  for (const int64_t M : {1, 5}) {
-    const int64_t H = 1040, I = 1504;
-    const Fp8TestWeight w_in(H, H, 1401), w_gu(2 * I, H, 1402), w_down(H, I, 1403);
-    const Buffer nw = to_device(random_bf16(size_t(H), 1404, 0.5f, 1.5f));
-    Buffer delta(size_t(M * H) * 2, Device::cuda()), res(size_t(M * H) * 2, Device::cuda()),
-        h1(size_t(M * H) * 2, Device::cuda()), act(size_t(M * I) * 2, Device::cuda()),
-        tmp(size_t(M * H) * 2, Device::cuda()), normed(size_t(M * H) * 2, Device::cuda());
-    const auto chain = [&](cudaStream_t st, bool pdl) {
-      cuda::gemv_norm_in(delta.data(), H, res.data(), H, nw.data(), kEps, w_in.fp8(), h1.data(), H, M, H, H,
-                         GemvEpilogue::bf16, cfg, st, pdl);
-      cuda::gemv(h1.data(), H, w_gu.fp8(), act.data(), I, M, 2 * I, H, GemvEpilogue::silu_mul, cfg, st, pdl);
-      cuda::gemv_add_rms_norm(act.data(), I, w_down.fp8(), tmp.data(), H, res.data(), H, nw.data(),
-                              normed.data(), H, M, H, I, kEps, cfg, st, pdl);
-    };
-    const auto outputs = [&] {
-      std::vector<std::vector<uint8_t>> v;
-      for (const Buffer* b : {&res, &h1, &act, &tmp, &normed}) v.push_back(to_host<uint8_t>(*b, b->bytes()));
-      return v;
-    };
-    const auto load = [&](uint32_t r) {
-      const auto d = random_bf16(size_t(M * H), 1500 + r, -2.0f, 2.0f),
-                 r0 = random_bf16(size_t(M * H), 1600 + r);
-      copy_bytes(delta.data(), Device::cuda(), d.data(), Device::cpu(), d.size() * 2);
-      copy_bytes(res.data(), Device::cuda(), r0.data(), Device::cpu(), r0.size() * 2);
-      for (const Buffer* b : {&h1, &act, &tmp, &normed}) poison(*b);
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    };
-    EXPECT_EQ(test::graph_replay_mismatch([&](cudaStream_t st) { chain(st, true); },
-                                          [&](cudaStream_t st) { chain(st, false); }, load, outputs),
-              "")
-        << "M " << M;
-  }
+  for (const GemvConfig cfg : {cuda::kGemvE4m3x16Configs[1], light(4)})
+    for (const int64_t M : {1, 5}) {
+      const int64_t H = 1040, I = 1504;
+      const Fp8TestWeight w_in(H, H, 1401), w_gu(2 * I, H, 1402), w_down(H, I, 1403);
+      const Buffer nw = to_device(random_bf16(size_t(H), 1404, 0.5f, 1.5f));
+      Buffer delta(size_t(M * H) * 2, Device::cuda()), res(size_t(M * H) * 2, Device::cuda()),
+          h1(size_t(M * H) * 2, Device::cuda()), act(size_t(M * I) * 2, Device::cuda()),
+          tmp(size_t(M * H) * 2, Device::cuda()), normed(size_t(M * H) * 2, Device::cuda());
+      const auto chain = [&](cudaStream_t st, bool pdl) {
+        cuda::gemv_norm_in(delta.data(), H, res.data(), H, nw.data(), kEps, w_in.fp8(), h1.data(), H, M, H, H,
+                           GemvEpilogue::bf16, cfg, st, pdl);
+        cuda::gemv(h1.data(), H, w_gu.fp8(), act.data(), I, M, 2 * I, H, GemvEpilogue::silu_mul, cfg, st,
+                   pdl);
+        cuda::gemv_add_rms_norm(act.data(), I, w_down.fp8(), tmp.data(), H, res.data(), H, nw.data(),
+                                normed.data(), H, M, H, I, kEps, cfg, st, pdl);
+      };
+      const auto outputs = [&] {
+        std::vector<std::vector<uint8_t>> v;
+        for (const Buffer* b : {&res, &h1, &act, &tmp, &normed})
+          v.push_back(to_host<uint8_t>(*b, b->bytes()));
+        return v;
+      };
+      const auto load = [&](uint32_t r) {
+        const auto d = random_bf16(size_t(M * H), 1500 + r, -2.0f, 2.0f),
+                   r0 = random_bf16(size_t(M * H), 1600 + r);
+        copy_bytes(delta.data(), Device::cuda(), d.data(), Device::cpu(), d.size() * 2);
+        copy_bytes(res.data(), Device::cuda(), r0.data(), Device::cpu(), r0.size() * 2);
+        for (const Buffer* b : {&h1, &act, &tmp, &normed}) poison(*b);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      };
+      EXPECT_EQ(test::graph_replay_mismatch([&](cudaStream_t st) { chain(st, true); },
+                                            [&](cudaStream_t st) { chain(st, false); }, load, outputs),
+                "")
+          << "M " << M << " " << name(cfg);
+    }
 }
 
 // The format's own checks, before any launch (host only: runs without a GPU).
@@ -266,13 +275,29 @@ TEST(CudaGemvFp8x16, RefusesWhatTheFormatCannotRead) {
                Error);
   EXPECT_FALSE(cuda::gemv_takes(cfg, x, 64, bf16, out, 8, 1, 8, 64, GemvEpilogue::bf16));
   EXPECT_TRUE(cuda::gemv_takes(cfg, x, 64, ok, out, 8, 1, 8, 64, GemvEpilogue::bf16));
-  // The block rows: 8 at M <= 2, 4 above.
+  // The block rows: 8 at M <= 2, 4 above; the lighter form 4 at every M.
+  EXPECT_EQ(cuda::gemv_rows(cfg), 8);
   EXPECT_EQ(cuda::gemv_block_rows(cfg, 2), 8);
   EXPECT_EQ(cuda::gemv_block_rows(cfg, 3), 4);
+  for (const int warps : {2, 4, 8, 16}) {
+    EXPECT_TRUE(cuda::gemv_known_config(light(warps)));
+    EXPECT_TRUE(cuda::gemv_fusable(light(warps)) && cuda::gemv_norm_in_fusable(light(warps)));
+    EXPECT_EQ(cuda::gemv_rows(light(warps)), 4);
+    for (const int64_t m : {1, 2, 3, 8}) EXPECT_EQ(cuda::gemv_block_rows(light(warps), m), 4);
+  }
+  EXPECT_TRUE(cuda::gemv_weight_fits(light(4), ok, 64));
+  EXPECT_FALSE(cuda::gemv_weight_fits(light(4), data8, 64));
+  // x16_rows is the e4m3 x 16 configs' field: 4 rows elsewhere, or another count, is no config.
+  GemvConfig odd = light(4);
+  odd.x16_rows = 6;
+  EXPECT_FALSE(cuda::gemv_known_config(odd));
+  EXPECT_FALSE(cuda::gemv_known_config(GemvConfig{.warps = 4, .x16_rows = 4}));
+  EXPECT_THROW(cuda::gemv(x, 64, ok, out, 8, 1, 8, 64, GemvEpilogue::bf16, odd, nullptr), Error);
+  EXPECT_FALSE(cuda::gemv_takes(odd, x, 64, ok, out, 8, 1, 8, 64, GemvEpilogue::bf16));
 }
 
-// Tactic word 7 marks an e4m3 x 16 config (an FP8 weight's, K a multiple of 16); v4 lines (word 7 zero) read
-// as before. Host only.
+// Tactic word 7 marks an e4m3 x 16 config (an FP8 weight's, K a multiple of 16): 1 the 8-row form, 2 the
+// lighter 4-row one; v4 lines (word 7 zero) and v6 lines (word 7 one) read as before. Host only.
 TEST(CudaGemvFp8x16, TacticLineWord7) {
   const cuda::GemmShape s{1, 6144, 2560, cuda::GemmOut::bf16, cuda::GemmWeight::fp8};
   cuda::GemmTactic t;
@@ -290,7 +315,7 @@ TEST(CudaGemvFp8x16, TacticLineWord7) {
   EXPECT_EQ(t2.gemv, t.gemv);
   EXPECT_FALSE(cuda::parse_tactic_line("1 6144 2560 bf16 5.5 gemv 4 0 1 0 0 0 0 1 # bf16 W", s2, t2));
   EXPECT_FALSE(cuda::parse_tactic_line("1 6144 2568 bf16:e4m3 5.5 gemv 4 0 1 0 0 0 0 1 # K % 16", s2, t2));
-  EXPECT_FALSE(cuda::parse_tactic_line("1 6144 2560 bf16:e4m3 5.5 gemv 4 0 1 0 0 0 0 2 # word 7", s2, t2));
+  EXPECT_FALSE(cuda::parse_tactic_line("1 6144 2560 bf16:e4m3 5.5 gemv 4 0 1 0 0 0 0 3 # word 7", s2, t2));
   ASSERT_TRUE(cuda::parse_tactic_line("1 6144 2560 bf16:e4m3 5.5 gemv 4 0 1 0 0 0 0 0 # v4", s2, t2));
   EXPECT_FALSE(t2.gemv.e4m3x16);
   // A W8A8 tactic whose prologue runs an e4m3 x 16 config: word 6 = 2.
@@ -300,6 +325,44 @@ TEST(CudaGemvFp8x16, TacticLineWord7) {
       << cuda::format_tactic_line(s, t);
   ASSERT_TRUE(t2.norm_in_gemv.has_value());
   EXPECT_EQ(*t2.norm_in_gemv, cuda::kGemvE4m3x16Configs[2]);
+  EXPECT_EQ(t2.norm_in_gemv->x16_rows, 8);
+}
+
+// The lighter form round-trips through words 7 (= 2) and 6 (= 3, a W8A8 tactic's prologue); every config of
+// kGemvE4m3x16Configs comes back as itself. Host only.
+TEST(CudaGemvFp8x16, TacticLineLighterForm) {
+  const cuda::GemmShape s{1, 19456, 2560, cuda::GemmOut::bf16, cuda::GemmWeight::fp8};
+  cuda::GemmTactic t;
+  t.kind = cuda::GemmKind::gemv;
+  t.gemv = light(4);
+  t.us = 21.5f;
+  t.describe = "kiln-gemv-e4m3x16 warps 4 rows 4";  // the tuner's describe_gemv: gemv_rows
+  const std::string line = cuda::format_tactic_line(s, t);
+  EXPECT_EQ(line, "1 19456 2560 bf16:e4m3 21.5 gemv 4 0 0 0 0 0 0 2 # kiln-gemv-e4m3x16 warps 4 rows 4");
+  cuda::GemmShape s2;
+  cuda::GemmTactic t2;
+  ASSERT_TRUE(cuda::parse_tactic_line(line, s2, t2));
+  EXPECT_EQ(t2.gemv, light(4));
+  EXPECT_EQ(cuda::gemv_rows(t2.gemv), 4);
+  EXPECT_FALSE(cuda::parse_tactic_line("1 19456 2560 bf16 21.5 gemv 4 0 0 0 0 0 0 2 # bf16 W", s2, t2));
+  // A v6 line of the 8-row form reads as that form.
+  ASSERT_TRUE(cuda::parse_tactic_line("1 19456 2560 bf16:e4m3 21.5 gemv 4 0 0 0 0 0 0 1 # v6", s2, t2));
+  EXPECT_EQ(t2.gemv, cuda::kGemvE4m3x16Configs[1]);
+  for (const GemvConfig c : cuda::kGemvE4m3x16Configs) {
+    t.gemv = c;
+    ASSERT_TRUE(cuda::parse_tactic_line(cuda::format_tactic_line(s, t), s2, t2)) << name(c);
+    EXPECT_EQ(t2.gemv, c) << name(c);
+  }
+  // A W8A8 tactic whose prologue runs the lighter form: word 6 = 3.
+  t.gemv = cuda::kGemvW8a8Configs[0];
+  t.gemv_norm_in = true;
+  t.norm_in_gemv = light(8);
+  const std::string w8 = cuda::format_tactic_line(s, t);
+  EXPECT_NE(w8.find(" 8 3 0 #"), std::string::npos) << w8;
+  ASSERT_TRUE(cuda::parse_tactic_line(w8, s2, t2)) << w8;
+  ASSERT_TRUE(t2.norm_in_gemv.has_value());
+  EXPECT_EQ(*t2.norm_in_gemv, light(8));
+  EXPECT_FALSE(cuda::parse_tactic_line(w8.substr(0, w8.find(" 8 3 0 #")) + " 8 4 0 # word 6", s2, t2));
 }
 
 }  // namespace

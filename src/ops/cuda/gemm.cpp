@@ -29,13 +29,28 @@ using namespace gemm_detail;
 
 namespace {
 
-constexpr const char* kCacheFormat = "kiln-gemm-tactics v6";
-// Older formats still read: v5 (no split-K W8A8 GEMM: word 5 of an fp8gemm tactic is 0, split_k 1), v4 (no
-// e4m3 x 16 GEMV: word 7 of a GEMV tactic is 0), v3 (no W8A8 GEMV: word 4 is 0 too), v2 (bf16 weights only).
+constexpr const char* kCacheFormat = "kiln-gemm-tactics v7";
+// Older formats still read: v6 (no lighter e4m3 x 16 form: word 7 of a GEMV tactic and word 6 of a W8A8
+// tactic's prologue at most 1 and 2), v5 (no split-K W8A8 GEMM: word 5 of an fp8gemm tactic is 0, split_k 1),
+// v4 (no e4m3 x 16 GEMV: word 7 of a GEMV tactic is 0), v3 (no W8A8 GEMV: word 4 is 0 too), v2 (bf16 weights
+// only).
+constexpr const char* kCacheFormatV6 = "kiln-gemm-tactics v6";
 constexpr const char* kCacheFormatV5 = "kiln-gemm-tactics v5";
 constexpr const char* kCacheFormatV4 = "kiln-gemm-tactics v4";
 constexpr const char* kCacheFormatV3 = "kiln-gemm-tactics v3";
 constexpr const char* kCacheFormatV2 = "kiln-gemm-tactics v2";
+
+// A GEMV tactic's e4m3 x 16 word (word 7; word 6 of a W8A8 tactic's prologue is this plus 1): 0 not e4m3 x
+// 16, 1 the 8-row form, 2 the lighter 4-row form (GemvConfig::x16_rows).
+uint64_t x16_word(const GemvConfig& c) {
+  return !c.e4m3x16 ? 0 : c.x16_rows == 4 ? 2 : 1;
+}
+
+// The e4m3 x 16 fields of x16_word's value w (any other value makes no known config).
+void set_x16(GemvConfig& c, uint64_t w) {
+  c.e4m3x16 = w != 0;
+  c.x16_rows = w == 2 ? 4 : 8;
+}
 
 }  // namespace
 
@@ -54,9 +69,9 @@ std::string format_tactic_line(const GemmShape& s, const GemmTactic& t) {
                                : i == 4 ? uint64_t(t.gemv.w8a8)
                                : i == 5 ? uint64_t(t.norm_in_gemv ? t.norm_in_gemv->warps : 0)
                                : i == 6 ? uint64_t(!t.norm_in_gemv           ? 0
-                                                   : t.norm_in_gemv->e4m3x16 ? 2
+                                                   : t.norm_in_gemv->e4m3x16 ? 1 + x16_word(*t.norm_in_gemv)
                                                                              : t.norm_in_gemv->tensor_cores)
-                                        : uint64_t(t.gemv.e4m3x16);
+                                        : x16_word(t.gemv);
     const Fp8GemmConfig& f = t.fp8gemm;
     const uint64_t fp8_word = i == 0   ? uint64_t(f.tile_n)
                               : i == 1 ? uint64_t(f.stages)
@@ -118,16 +133,19 @@ bool parse_tactic_line(const std::string& line, GemmShape& s, GemmTactic& t) {
               t.algo[4] <= 4 && (!w8a8 || s.weight == GemmWeight::fp8) &&
               (w8a8 ? gemv_w8a8_shape_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out))
                     : gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)));
-    // Word 7: the e4m3 x 16 format (an FP8 weight's, K a multiple of 16).
-    ok = ok && t.algo[7] <= 1 && (t.algo[7] == 0 || (s.weight == GemmWeight::fp8 && s.k % 16 == 0)) &&
-         t.algo[5] <= 16 && t.algo[6] <= 2;
-    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4]),
-                        t.algo[7] == 1};
+    // Word 7: the e4m3 x 16 format (an FP8 weight's, K a multiple of 16), 1 or 2 (x16_word; v6 files: 1).
+    ok = ok && t.algo[7] <= 2 && (t.algo[7] == 0 || (s.weight == GemmWeight::fp8 && s.k % 16 == 0)) &&
+         t.algo[5] <= 16 && t.algo[6] <= 3;
+    t.gemv = GemvConfig{int(t.algo[0]), t.algo[1] == 1, t.algo[3] == 0 ? 1 : int(t.algo[3]), int(t.algo[4])};
+    set_x16(t.gemv, t.algo[7]);
     t.gemv_norm_in = t.algo[2] == 1;
-    // A W8A8 config's prologue: its own (words 5 and 6 zero) or the W8A16 config of words 5 and 6.
-    if (w8a8 && t.gemv_norm_in && t.algo[5] != 0)
-      t.norm_in_gemv =
-          GemvConfig{.warps = int(t.algo[5]), .tensor_cores = t.algo[6] == 1, .e4m3x16 = t.algo[6] == 2};
+    // A W8A8 config's prologue: its own (words 5 and 6 zero) or the W8A16 config of words 5 and 6 (word 6: 1
+    // the tensor-core kernel, 2 or 3 an e4m3 x 16 config, x16_word + 1).
+    if (w8a8 && t.gemv_norm_in && t.algo[5] != 0) {
+      GemvConfig c{.warps = int(t.algo[5]), .tensor_cores = t.algo[6] == 1};
+      set_x16(c, t.algo[6] >= 2 ? t.algo[6] - 1 : 0);
+      t.norm_in_gemv = c;
+    }
     if (!(w8a8 && t.gemv_norm_in)) ok = ok && t.algo[5] == 0 && t.algo[6] == 0;
     ok = ok && (t.algo[5] != 0 || t.algo[6] == 0);
     const GemvConfig prologue = t.norm_in_gemv.value_or(t.gemv);
@@ -396,8 +414,8 @@ bool GemmEngine::load(const std::string& path) {
   if (!in) return false;
   std::string line;
   if (!std::getline(in, line)) return false;
-  if (line != kCacheFormat && line != kCacheFormatV5 && line != kCacheFormatV4 && line != kCacheFormatV3 &&
-      line != kCacheFormatV2) {
+  if (line != kCacheFormat && line != kCacheFormatV6 && line != kCacheFormatV5 && line != kCacheFormatV4 &&
+      line != kCacheFormatV3 && line != kCacheFormatV2) {
     std::fprintf(stderr, "kiln: tactic cache %s has format '%s', not '%s': ignored (tuning replaces it)\n",
                  path.c_str(), line.c_str(), kCacheFormat);
     return false;

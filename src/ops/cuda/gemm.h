@@ -24,10 +24,10 @@
 // prologue won. kiln's kernels are timed launched with PDL, as the decode graphs launch them (each call's
 // W stream then overlaps the previous call's tail, which cuBLASLt's kernels cannot do). M bucket = the next
 // power of two >= M (capped at 16384). Weights are rotated over copies that together exceed the L2 while
-// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v6")
+// timing, so every candidate reads W from HBM as a decode step does. The cache file ("kiln-gemm-tactics v7")
 // starts with a key line (GPU name, CUDA runtime and cuBLASLt versions); a file
 // whose key differs is ignored, one of another format version too, with a message (v1 is re-tuned; v2 to
-// v5 are read). A cached cuBLASLt
+// v6 are read). A cached cuBLASLt
 // tactic is re-checked with cublasLtMatmulAlgoCheck before first use and replaced by the heuristic's first
 // choice when the check fails. With no tuned entry the heuristic (cuBLASLt) runs: the GEMV is only used where
 // the tuner measured it faster on this GPU.
@@ -42,11 +42,11 @@
 // scratch then the bf16 dispatch (the portable path), storing an "fp8gemm" tactic where the W8A8 GEMM won and
 // none where the scratch path did. The e4m3 x 16 GEMV configs (gemv.h) are offered for FP8 weights with K a
 // multiple of 16 only with default (KILN_GEMV_E4M3X16=0 leaves them out: the tuner's offer as before them);
-// KILN_GEMV_W8A8=0 leaves the W8A8 ones out. A cache holding an e4m3 x 16 tactic (word 7 = 1) runs it
-// whatever the switch says. The cache file is "kiln-gemm-tactics v6"; v5 (no split-K W8A8 GEMM), v4 (no e4m3
-// x 16 GEMV), v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read as well. run() grows the W8A8
-// workspace to the tactic's fp8_gemm_workspace_bytes(m, n, k, cfg) (a split config's partials; outside graph
-// capture: the decode graphs' eager first step grows it).
+// KILN_GEMV_W8A8=0 leaves the W8A8 ones out. A cache holding an e4m3 x 16 tactic (word 7 = 1 or 2) runs it
+// whatever the switch says. The cache file is "kiln-gemm-tactics v7"; v6 (no lighter e4m3 x 16 form), v5 (no
+// split-K W8A8 GEMM), v4 (no e4m3 x 16 GEMV), v3 (no W8A8 GEMV) and v2 files (bf16 weights only) are read as
+// well. run() grows the W8A8 workspace to the tactic's fp8_gemm_workspace_bytes(m, n, k, cfg) (a split
+// config's partials; outside graph capture: the decode graphs' eager first step grows it).
 #pragma once
 
 #include <cstdint>
@@ -104,8 +104,9 @@ int64_t gemm_m_bucket(int64_t m);
 // tensor-core kernel, w2 = 1 where the residual-norm prologue won, w3 = the tensor-core tiles when more than
 // one, else 0: older caches read as one tile; w4 = the W8A8 kernel's K blocks in flight, 0 for the W8A16 /
 // bf16 kernels (v3 files: always 0); with a W8A8 config and the prologue, w5 / w6 = the warps and tensor-core
-// flag of the W8A16 config the prologue runs, 0 where it runs the W8A8 config's own (w6 = 2: an e4m3 x 16
-// config); else 0; w7 = 1 for an e4m3 x 16 config (gemv.h), v4 files: 0). parse_tactic_line returns false for
+// flag of the W8A16 config the prologue runs, 0 where it runs the W8A8 config's own (w6 = 2 or 3: an e4m3 x
+// 16 config, w7's value + 1); else 0; w7 = 1 for an e4m3 x 16 config (gemv.h) of 8 rows, 2 for one of the
+// lighter 4-row form (GemvConfig::x16_rows; v6 files: 1), v4 files: 0). parse_tactic_line returns false for
 // a damaged line (bad field, unknown kind, a GEMV config that gemv does not take, the prologue with a config
 // it does not run (gemv.h: gemv_norm_in_fusable), a W8A8 config for a bf16 weight, a GEMV tactic for a shape
 // or M bucket that gemv_supported (W8A8: gemv_w8a8_shape_supported) refuses).

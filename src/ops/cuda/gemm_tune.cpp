@@ -194,8 +194,8 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     // (KILN_GEMV_W8A8=0: not offered, for A/B tactic caches).
     if (fp8 && w8a8_offered && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvW8a8Configs) gemv_cands.push_back(c);
-    // An FP8 weight: the e4m3 x 16 configs (gemv.h; one-tile FMA, so fusable), where K is a multiple of 16,
-    // unless KILN_GEMV_E4M3X16=0.
+    // An FP8 weight: the e4m3 x 16 configs, both forms (gemv.h; one-tile FMA, so fusable: every fused form
+    // runs them), where K is a multiple of 16, unless KILN_GEMV_E4M3X16=0.
     if (fp8 && x16_offered && gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)) &&
         s.k % 16 == 0)
       for (const GemvConfig& c : kGemvE4m3x16Configs) gemv_cands.push_back(c);

@@ -20,7 +20,10 @@
 // instruction; the NaN codes read as +-480), per x row and W row sum = fmaf(x_k, f32(q_k), sum) over the
 // chunk's 16 elements in k order from +0, then acc = fmaf(sum, s, acc) (no rounding of the weight, one
 // scaled add a chunk); thread t of T takes chunks t, t + T, ...; the butterfly and the warps' order as
-// below. A block owns 8 W rows at M <= 2 (fused: 4 gate + 4 up), 4 at M > 2 (gemv_block_rows). Every
+// below. A block owns 8 W rows at M <= 2 (fused: 4 gate + 4 up), 4 at M > 2 (gemv_block_rows). The lighter
+// form (x16_rows = 4, the tuner's pick per shape) owns 4 at every M, and at M <= 2 decodes each row's chunk
+// just before its products, 2 chunk steps a round (fewer registers, more resident warps); at M > 2 it is the
+// first form. The order above depends only on T, so both forms give the same bits for the same warps. Every
 // epilogue and fused form (silu_mul, f32, add + RMSNorm, the residual-norm prologue, the attention
 // preparation) runs it: each is bitwise this GEMV then the unfused op, as for the other formats. Tolerance
 // against an fp64 reference as below; it is not bitwise the bf16 GEMV on dequantize_fp8's weight (path (c)
@@ -124,6 +127,10 @@ struct GemvConfig {
   // The e4m3 x 16 format ("e4m3 x 16" above; block-FP8 W only, the FMA kernel, 8 rows a block): 16-byte
   // chunks of 16 e4m3, the block scale applied to each chunk's sum. false: the kernels above.
   bool e4m3x16 = false;
+  // e4m3 x 16: the W rows a block owns at M <= 2, 8 (the first form) or 4 (the lighter form: each row's
+  // chunk decoded just before its products, 2 chunk steps a round; gemv_weights.cuh: Fp8x16LightWeights).
+  // The same bits for the same warps. 8 for every other config.
+  int x16_rows = 8;
   bool operator==(const GemvConfig&) const = default;
 };
 
@@ -152,16 +159,24 @@ inline constexpr GemvConfig kGemvW8a8Configs[] = {
     {4, true, 2, 1}, {8, true, 2, 1}, {16, true, 2, 1}, {4, true, 2, 2}, {8, true, 2, 2}, {4, true, 4, 1},
     {8, true, 4, 1}, {4, true, 1, 1}, {8, true, 1, 1},  {16, true, 1, 1}};
 
-// The e4m3 x 16 configurations, for block-FP8 weights only: the FMA kernel with 2 to 16 warps. The tuner
-// offers them unless KILN_GEMV_E4M3X16=0 (gemm.h).
+// The e4m3 x 16 configurations, for block-FP8 weights only: the FMA kernel with 2 to 16 warps, 8 rows a block
+// at M <= 2, then the lighter form's (4 rows). The tuner offers them unless KILN_GEMV_E4M3X16=0 (gemm.h).
+// Registers a thread at M = 1, 8 rows / 4 rows (ptxas -v, nvcc 13.0, sm_90a): plain GEMV 126 / 73 (f32 126 /
+// 73, silu_mul 122 / 73), add + RMSNorm tail 122 / 100, residual-norm prologue 128 / 78-85, attention
+// preparation 122 / 112. At M = 2 the 8-row form compiles to 64 registers and a 928-byte stack (1.7-2.1 KB of
+// spill stores a thread), the 4-row one to 96 (plain) to 119 without spills.
 inline constexpr GemvConfig kGemvE4m3x16Configs[] = {{.warps = 2, .e4m3x16 = true},
                                                      {.warps = 4, .e4m3x16 = true},
                                                      {.warps = 8, .e4m3x16 = true},
-                                                     {.warps = 16, .e4m3x16 = true}};
+                                                     {.warps = 16, .e4m3x16 = true},
+                                                     {.warps = 2, .e4m3x16 = true, .x16_rows = 4},
+                                                     {.warps = 4, .e4m3x16 = true, .x16_rows = 4},
+                                                     {.warps = 8, .e4m3x16 = true, .x16_rows = 4},
+                                                     {.warps = 16, .e4m3x16 = true, .x16_rows = 4}};
 
 // W rows a block owns (an e4m3 x 16 config: at M <= 2; gemv_block_rows for any M).
 constexpr int gemv_rows(GemvConfig c) {
-  return c.w8a8 ? 16 * c.tiles : c.tensor_cores ? 8 * c.tiles : c.e4m3x16 ? 8 : 4;
+  return c.w8a8 ? 16 * c.tiles : c.tensor_cores ? 8 * c.tiles : c.e4m3x16 ? c.x16_rows : 4;
 }
 // W rows a block owns at M = m: gemv_rows, except 4 for an e4m3 x 16 config at M > 2.
 constexpr int gemv_block_rows(GemvConfig c, int64_t m) {

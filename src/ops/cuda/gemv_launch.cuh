@@ -55,11 +55,16 @@ using GemvKernel = void (*)(GemvParams, NoArgs);
 // without a tail: gemv_fusable; the prologue, N, runs any: gemv_norm_in_fusable).
 template <class WF, GemvEpilogue E, class Tail = PlainTail, bool N = false>
 GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
-  static constexpr GemvKernel fma[kGemvMaxM] = {
-      gemv_kernel<1, E, Tail, N, WF>, gemv_kernel<2, E, Tail, N, WF>, gemv_kernel<3, E, Tail, N, WF>,
-      gemv_kernel<4, E, Tail, N, WF>, gemv_kernel<5, E, Tail, N, WF>, gemv_kernel<6, E, Tail, N, WF>,
-      gemv_kernel<7, E, Tail, N, WF>, gemv_kernel<8, E, Tail, N, WF>};
-  if constexpr (!WF::kTensorCores) {  // the FMA kernel only (Fp8x16Weights)
+  // fma_kernel_format: the lighter e4m3 x 16 form runs the first form's kernels at M > 2.
+  static constexpr GemvKernel fma[kGemvMaxM] = {gemv_kernel<1, E, Tail, N, fma_kernel_format<WF, 1>>,
+                                                gemv_kernel<2, E, Tail, N, fma_kernel_format<WF, 2>>,
+                                                gemv_kernel<3, E, Tail, N, fma_kernel_format<WF, 3>>,
+                                                gemv_kernel<4, E, Tail, N, fma_kernel_format<WF, 4>>,
+                                                gemv_kernel<5, E, Tail, N, fma_kernel_format<WF, 5>>,
+                                                gemv_kernel<6, E, Tail, N, fma_kernel_format<WF, 6>>,
+                                                gemv_kernel<7, E, Tail, N, fma_kernel_format<WF, 7>>,
+                                                gemv_kernel<8, E, Tail, N, fma_kernel_format<WF, 8>>};
+  if constexpr (!WF::kTensorCores) {  // the FMA kernel only (the e4m3 x 16 formats)
     KILN_CHECK(!cfg.tensor_cores && gemv_fusable(cfg), "gemv: this weight format runs the FMA kernel only");
     return fma[m - 1];
   } else {
@@ -114,11 +119,16 @@ void launch_gemv_add_rms_norm(const GemvParams& p, int64_t m, GemvConfig cfg, in
                               cudaStream_t stream, bool pdl) {
   const int64_t rows = gemv_block_rows(cfg, m), blocks = (p.n + rows - 1) / rows;
   KILN_CHECK(blocks <= 0x7fffffff, "gemv_add_rms_norm: N too large");
+  GemvKernel kern = nullptr;
+  if constexpr (WF::kTensorCores) {
+    kern = cfg.tensor_cores && min_blocks == 3 ? kernel_for<WF, GemvEpilogue::bf16, NormTail<3>>(m, cfg)
+                                               : kernel_for<WF, GemvEpilogue::bf16, NormTail<0>>(m, cfg);
+  } else {  // an FMA-only format: the cap is the tensor-core kernel's, so one set of kernels
+    kern = kernel_for<WF, GemvEpilogue::bf16, NormTail<0>>(m, cfg);
+  }
   launch(
       {.grid = dim3(unsigned(blocks)), .block = dim3(unsigned(cfg.warps * 32)), .stream = stream, .pdl = pdl},
-      cfg.tensor_cores && min_blocks == 3 ? kernel_for<WF, GemvEpilogue::bf16, NormTail<3>>(m, cfg)
-                                          : kernel_for<WF, GemvEpilogue::bf16, NormTail<0>>(m, cfg),
-      p, NoArgs{});
+      kern, p, NoArgs{});
 }
 
 // Resident blocks of `kern` on the whole current device (SMs x blocks per SM) for this block size and
@@ -175,7 +185,7 @@ void launch_gemv_norm_in(const GemvParams& p, int64_t m, GemvEpilogue epi, GemvC
 }  // namespace
 
 // The block-FP8 launchers (gemv_fp8.cu): launch_gemv / launch_gemv_add_rms_norm / launch_gemv_norm_in for
-// Fp8Weights.
+// Fp8Weights, or for the e4m3 x 16 configs Fp8x16Weights / Fp8x16LightWeights (GemvConfig::x16_rows).
 void launch_gemv_fp8(const GemvParams& p, int64_t m, GemvEpilogue epi, GemvConfig cfg, cudaStream_t stream,
                      bool pdl);
 void launch_gemv_add_rms_norm_fp8(const GemvParams& p, int64_t m, GemvConfig cfg, int min_blocks,

@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/vec.cuh"
 #include "ops/fp8.h"
@@ -286,5 +287,48 @@ struct Fp8x16Weights : Fp8Chunks<uint4> {
     }
   }
 };
+
+// The lighter e4m3 x 16 form (GemvConfig::x16_rows = 4; gemv.h "e4m3 x 16"): the same chunks and the same
+// arithmetic, 4 W rows a block at every M. At M <= 2 each row's chunk is decoded just before its products (at
+// M = 1 a decoded row serves no other x row, so decoding row by row loses nothing), and a round is 2 chunk
+// steps: 8 loads of 16 bytes a thread. Why 2: a round's loads hold 5 registers each (the chunk and its
+// scale), and they, not the decoded weights, set the count: M = 1 (bf16 out; nvcc 13.0, sm_90a) compiled to
+// 117 registers at 4 steps (16 loads, as the first form's 2 steps x 8 rows, 126), 90 at 3, 73 at 2; and at
+// Qwen3-4B's K (2560, 4096: 160 or 256 chunks a row) a thread of 4 warps has at most 2 chunks a row, so 2
+// steps already put the block's whole W slice in flight in one round. At M > 2 it is Fp8x16Weights' form (4
+// rows, 1 step), whose kernels run it (fma_kernel_format). A row's sums are the first form's bit for bit: per
+// chunk the 16 products from +0 in k order, then acc = fmaf(sum, s, acc), over the thread's chunks t, t + T,
+// ... in order; neither the rows a block owns nor the steps a round loads enter that order (only T = 32 x
+// warps does).
+struct Fp8x16LightWeights : Fp8x16Weights {
+  template <int M>
+  static constexpr int rows() {
+    return 4;
+  }
+  template <int M>
+  static constexpr int unroll() {
+    return M <= 2 ? 2 : 1;
+  }
+  template <int M, int R, class X>
+  static __device__ __forceinline__ void dot(const Raw (&w)[R], X&& x, float (&acc)[M][R]) {
+    static_assert(M <= 2, "M > 2 runs Fp8x16Weights' kernels (fma_kernel_format)");
+    uint4 x0[M], x1[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) x0[m] = x(m, 0), x1[m] = x(m, 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float wf[16];
+      decode16(w[r].q, wf);
+#pragma unroll
+      for (int m = 0; m < M; ++m) chunk_sum(wf, x0[m], x1[m], w[r].s, acc[m][r]);
+    }
+  }
+};
+
+// The format whose FMA kernel runs M rows of x for format WF: WF itself, except the lighter e4m3 x 16 form
+// at M > 2, which is Fp8x16Weights' form there (so its kernels are not built twice).
+template <class WF, int M>
+using fma_kernel_format =
+    std::conditional_t<std::is_same_v<WF, Fp8x16LightWeights> && (M > 2), Fp8x16Weights, WF>;
 
 }  // namespace kiln::cuda::gemv_detail
