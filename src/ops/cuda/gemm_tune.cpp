@@ -22,9 +22,11 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
              "KILN_GEMV_W8A8 must be 0 or 1, got '", w8a8_env, "'");
   const bool w8a8_offered = !w8a8_env || std::string(w8a8_env) != "0";
   const char* x16_env = std::getenv("KILN_GEMV_E4M3X16");
-  KILN_CHECK(!x16_env || !*x16_env || std::string(x16_env) == "0" || std::string(x16_env) == "1",
-             "KILN_GEMV_E4M3X16 must be 0 or 1, got '", x16_env, "'");
-  const bool x16_offered = !x16_env || std::string(x16_env) != "0";
+  const std::string x16 = x16_env ? x16_env : "";
+  KILN_CHECK(x16.empty() || x16 == "0" || x16 == "1" || x16 == "8",
+             "KILN_GEMV_E4M3X16 must be 0, 1 or 8 (the 8-row form alone), got '", x16, "'");
+  const bool x16_offered = x16 != "0";
+  const int x16_only_rows = x16 == "8" ? 8 : 0;  // 8: the lighter form left out (its A/B)
   size_t x_bytes = 0, w_bytes = 0, o_bytes = 0, scale_bytes = 4;
   for (const auto& s : shapes) {
     x_bytes = std::max(x_bytes, size_t(s.m_bucket * s.k * 2));
@@ -195,10 +197,11 @@ void GemmEngine::tune(const std::vector<GemmShape>& shapes, bool verbose) {
     if (fp8 && w8a8_offered && gemv_w8a8_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)))
       for (const GemvConfig& c : kGemvW8a8Configs) gemv_cands.push_back(c);
     // An FP8 weight: the e4m3 x 16 configs, both forms (gemv.h; one-tile FMA, so fusable: every fused form
-    // runs them), where K is a multiple of 16, unless KILN_GEMV_E4M3X16=0.
+    // runs them), where K is a multiple of 16, unless KILN_GEMV_E4M3X16=0 (8: the 8-row form alone).
     if (fp8 && x16_offered && gemv_supported(s.m_bucket, s.n, s.k, s.k, s.k, s.n, gemv_epilogue(s.out)) &&
         s.k % 16 == 0)
-      for (const GemvConfig& c : kGemvE4m3x16Configs) gemv_cands.push_back(c);
+      for (const GemvConfig& c : kGemvE4m3x16Configs)
+        if (!x16_only_rows || c.x16_rows == x16_only_rows) gemv_cands.push_back(c);
     if (cands.empty() && gemv_cands.empty()) {  // nothing to time: run() takes the any-shape kernel
       destroy(p);
       continue;
