@@ -25,15 +25,10 @@ namespace {
 using namespace moe_detail;
 
 constexpr int kRouterWarps = kRouteWarps;  // experts a block of the counter form, one a warp
-// The cluster form's block: 8 warps of 2 experts each (its 8 blocks: 128 experts). Two a warp read each x
-// chunk from shared memory once for both rows: at T = 8 the x reads (a 16-byte load and 8 unpacks a chunk,
-// token and row) were as many instructions as the FMAs and most of the block's shared-memory traffic.
-constexpr int kClusterWarps = 8;
-constexpr int kClusterRows = 2;
-constexpr int kClusterExperts = kClusterWarps * kClusterRows;
-constexpr int kClusterBlocks = 8;  // the portable cluster size: no attribute to raise
-constexpr int kRouterTokens = 8;   // tokens a block (grid y)
-constexpr int kRouterRound = 8;    // 16-byte router chunks a lane holds at once
+constexpr int kClusterWarps = 16;          // experts a block of the cluster form (its 8 blocks: 128 experts)
+constexpr int kClusterBlocks = 8;          // the portable cluster size: no attribute to raise
+constexpr int kRouterTokens = 8;           // tokens a block (grid y)
+constexpr int kRouterRound = 8;            // 16-byte router chunks a lane holds at once
 constexpr int kRouterChunks = kMoeRouterMaxTokens / kMoeChunkTokens;
 static_assert(kMoeChunkTokens % kRouterTokens == 0, "a block's tokens lie in one routing chunk");
 
@@ -65,51 +60,46 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// Counter form. Grid: (ceil(E / 8), ceil(T / 8)); block: 8 warps, one expert each (R = 1). Cluster form
-// (kCluster). Grid: (ceil(E / 16), 1), one cluster of all its blocks (<= 8); block: 8 warps, two experts
-// each (R = 2). Warp w of block (x, y) owns experts e_j = x 8 R + w + 8 j (j < R) and tokens [8 y, 8 y + 8):
-// lane l takes the 16-byte chunks l, l + 32, ... of router row e_j (8 held in registers at a time, the first
-// 8 loaded before the PDL wait: the router is never written on the stream) and of each token's x row, acc =
-// fmaf(x, w, acc) in ascending chunk and element order, then an xor butterfly 16, 8, 4, 2, 1; lane 0 stores
-// bf16(acc) (ops/moe.h's canonical router order: a row's order does not depend on R). x is staged in shared
-// memory first (the block's rows, every 16-byte load in flight at once). Counter form: then every thread
-// fences, the block counts itself on its chunk's counter, and the chunk's last block routes the chunk
-// (route_chunk: experts, weights and, for a single chunk, the sorted layout). Cluster form: lane 0 also
-// stores the logit into cluster rank 0's shared copy [T, E] (after the split barrier that says every block
-// has started); one cluster barrier (release / acquire: those stores are visible after it); rank 0 routes
-// from that copy. kNormIn (T <= 8, one block row): x is not read; the block computes h = bf16(residual +
-// delta) of every row into shared memory, then warp g < T normalizes row g with the rms_norm kernel's
-// arithmetic (norm_row.cuh: lane chunk squares, butterfly, bf16(bf16(h inv) w); the norm weight staged before
-// the PDL wait); once every block has read residual, h goes back to residual and the normed rows to normed:
-// bitwise add_rms_norm then the plain kernel. Counter form: the last block writes them; cluster form: after
-// the barrier the blocks other than rank 0 (which routes meanwhile) each write a slice of the chunks, rank 0
-// all of them when alone.
+// Counter form. Grid: (ceil(E / 8), ceil(T / 8)); block: 8 warps. Cluster form (kCluster). Grid:
+// (ceil(E / 16), 1), one cluster of all its blocks (<= 8); block: 16 warps. Warp w of block (x, y) owns
+// expert e = x kWarps + w and tokens [8 y, 8 y + 8): lane l takes the 16-byte chunks l, l + 32, ... of
+// router row e (8 held in registers at a time, the first 8 loaded before the PDL wait: the router is never
+// written on the stream) and of each token's x row, acc = fmaf(x, w, acc) in ascending chunk and element
+// order, then an xor butterfly 16, 8, 4, 2, 1; lane 0 stores bf16(acc) (ops/moe.h's canonical router
+// order). x is staged in shared memory first (the block's rows, every 16-byte load in flight at once).
+// Counter form: then every thread fences, the block counts itself on its chunk's counter, and the chunk's
+// last block routes the chunk (route_chunk: experts, weights and, for a single chunk, the sorted layout).
+// Cluster form: lane 0 also stores the logit into cluster rank 0's shared copy [T, E] (after the split
+// barrier that says every block has started); one cluster barrier (release / acquire: those stores are
+// visible after it); rank 0 routes from that copy.
+// kNormIn (T <= 8, one block row): x is not read; the block computes h = bf16(residual + delta) of every row
+// into shared memory, then warp g < T normalizes row g with the rms_norm kernel's arithmetic (norm_row.cuh:
+// lane chunk squares, butterfly, bf16(bf16(h inv) w); the norm weight staged before the PDL wait); once every
+// block has read residual, h goes back to residual and the normed rows to normed: bitwise add_rms_norm then
+// the plain kernel. Counter form: the last block writes them; cluster form: after the barrier the blocks
+// other than rank 0 (which routes meanwhile) each write a slice of the chunks, rank 0 all of them when
+// alone.
 template <bool kNormIn, bool kCluster>
 __global__ void __launch_bounds__((kCluster ? kClusterWarps : kRouterWarps) * 32)
     router_route_kernel(const __grid_constant__ RouterParams p) {
   constexpr int kWarps = kCluster ? kClusterWarps : kRouterWarps;
-  constexpr int R = kCluster ? kClusterRows : 1;  // experts a warp
   __shared__ RouteSmem sm;
   __shared__ bool last;
   __shared__ uint16_t
-      gathered[kCluster ? kRouterTokens * kClusterExperts * kClusterBlocks : 1];  // rank 0: [T, E]
+      gathered[kCluster ? kRouterTokens * kClusterWarps * kClusterBlocks : 1];  // rank 0: [T, E]
   extern __shared__ uint4 xs[];  // [min(T, 8), H / 8]: the block's x rows (kNormIn: the normed rows)
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int E = p.route.E, T = p.route.T;
-  const int e0 = int(blockIdx.x) * kWarps * R + warp, t0 = int(blockIdx.y) * kRouterTokens;  // e_j = e0 + 8 j
+  const int e = int(blockIdx.x) * kWarps + warp, t0 = int(blockIdx.y) * kRouterTokens;
   const int tn = min(kRouterTokens, T - t0), nc = p.H / 8;
-  const uint16_t* wr[R];
-#pragma unroll
-  for (int j = 0; j < R; ++j) wr[j] = p.router + int64_t(min(e0 + kWarps * j, E - 1)) * p.H;
-  uint4 wv[R][kRouterRound];
+  const uint16_t* wr = p.router + int64_t(min(e, E - 1)) * p.H;
+  uint4 wv[kRouterRound];
   const auto load_round = [&](int c0) {
 #pragma unroll
-    for (int j = 0; j < R; ++j)
-#pragma unroll
-      for (int i = 0; i < kRouterRound; ++i) {
-        const int c = c0 + lane + 32 * i;
-        wv[j][i] = c < nc ? __ldg(reinterpret_cast<const uint4*>(wr[j]) + c) : make_uint4(0, 0, 0, 0);
-      }
+    for (int i = 0; i < kRouterRound; ++i) {
+      const int c = c0 + lane + 32 * i;
+      wv[i] = c < nc ? __ldg(reinterpret_cast<const uint4*>(wr) + c) : make_uint4(0, 0, 0, 0);
+    }
   };
   // Token t's residual-add chunk c: h = bf16(residual + delta).
   const auto h_chunk = [&](int t, int c) {
@@ -150,37 +140,31 @@ __global__ void __launch_bounds__((kCluster ? kClusterWarps : kRouterWarps) * 32
       xs[i] = __ldg(reinterpret_cast<const uint4*>(p.x + int64_t(t0 + i / nc) * p.xs) + i % nc);
   }
   __syncthreads();
-  float acc[R][kRouterTokens] = {};
-  if (e0 < E) {  // e_0 < E: rows past E read row E - 1 and are never stored
+  float acc[kRouterTokens] = {};
+  if (e < E) {
     for (int c0 = 0; c0 < nc; c0 += 32 * kRouterRound) {
       if (c0 > 0) load_round(c0);
 #pragma unroll
       for (int i = 0; i < kRouterRound; ++i) {
         const int c = c0 + lane + 32 * i;
         if (c >= nc) break;
-        float wf[R][8];
-#pragma unroll
-        for (int j = 0; j < R; ++j) unpack8(wv[j][i], wf[j]);
+        float wf[8];
+        unpack8(wv[i], wf);
 #pragma unroll
         for (int g = 0; g < kRouterTokens; ++g) {
           if (g >= tn) break;
           float xf[8];
           unpack8(xs[int64_t(g) * nc + c], xf);
-#pragma unroll
-          for (int j = 0; j < R; ++j) acc[j][g] = dot8(xf, wf[j], acc[j][g]);
+          acc[g] = dot8(xf, wf, acc[g]);
         }
       }
     }
 #pragma unroll
-    for (int j = 0; j < R; ++j) {
-      const int e = e0 + kWarps * j;
+    for (int g = 0; g < kRouterTokens; ++g) {
+      if (g >= tn) break;
 #pragma unroll
-      for (int g = 0; g < kRouterTokens; ++g) {
-        if (g >= tn) break;
-#pragma unroll
-        for (int o = 16; o >= 1; o /= 2) acc[j][g] += __shfl_xor_sync(kFull, acc[j][g], o);
-        if (lane == 0 && e < E) p.logits[int64_t(t0 + g) * E + e] = uint16_t(f32_to_bf16_bits(acc[j][g]));
-      }
+      for (int o = 16; o >= 1; o /= 2) acc[g] += __shfl_xor_sync(kFull, acc[g], o);
+      if (lane == 0) p.logits[int64_t(t0 + g) * E + e] = uint16_t(f32_to_bf16_bits(acc[g]));
     }
   }
   if constexpr (kCluster) {
@@ -188,12 +172,9 @@ __global__ void __launch_bounds__((kCluster ? kClusterWarps : kRouterWarps) * 32
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
     cluster_wait();  // every block of the cluster has started: rank 0's shared memory may be written
-    if (lane == 0) {
+    if (e < E && lane == 0) {
       uint16_t* const copy = cluster.map_shared_rank(gathered, 0);
-#pragma unroll
-      for (int j = 0; j < R; ++j)
-        if (const int e = e0 + kWarps * j; e < E)
-          for (int g = 0; g < tn; ++g) copy[g * E + e] = uint16_t(f32_to_bf16_bits(acc[j][g]));
+      for (int g = 0; g < tn; ++g) copy[g * E + e] = uint16_t(f32_to_bf16_bits(acc[g]));
     }
     cluster.sync();  // every logit in rank 0's copy; every block has read residual (kNormIn)
     const int rank = int(cluster.block_rank()), blocks = int(cluster.num_blocks());
@@ -273,7 +254,7 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
                        .norm = norm ? *norm : MoeNormIn{}};
   const size_t smem = size_t((std::min<int64_t>(s.T, kRouterTokens) + (norm ? 1 : 0)) * s.H) * 2;
   const bool cluster = !counter_only && moe_router_cluster_enabled() && s.T <= kRouterTokens &&
-                       s.E <= int64_t(kClusterExperts) * kClusterBlocks && cluster_form_applies();
+                       s.E <= int64_t(kClusterWarps) * kClusterBlocks && cluster_form_applies();
   if (!cluster) {
     launch({.grid = dim3(unsigned((s.E + kRouterWarps - 1) / kRouterWarps),
                          unsigned((s.T + kRouterTokens - 1) / kRouterTokens)),
@@ -287,7 +268,7 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
   const auto kernel = norm ? router_route_kernel<true, true> : router_route_kernel<false, true>;
   if (smem > 48 * 1024)
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const unsigned blocks = unsigned((s.E + kClusterExperts - 1) / kClusterExperts);
+  const unsigned blocks = unsigned((s.E + kClusterWarps - 1) / kClusterWarps);
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(blocks);
   lc.blockDim = dim3(kClusterWarps * 32);
