@@ -71,7 +71,7 @@ inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
   // for the A/B of docs/PERF.md.
   so.ragged_verify_factor = env_number("KILN_SPEC_RAGGED_VERIFY", so.ragged_verify_factor);
   // KILN_SPEC_START_OFF_FROM=N: batch classes of N sequences and more start with speculation off
-  // (SpecOptions::start_off_from_seqs; 0: none), for the A/B of docs/PERF.md SP8.
+  // (SpecOptions::start_off_from_seqs; 0: none), for the A/B of docs/PERF.md SP9 (17 measured slower there).
   so.start_off_from_seqs = int32_t(std::min<int64_t>(
       env_count("KILN_SPEC_START_OFF_FROM", 0, so.start_off_from_seqs, " (0: every batch starts on)"),
       INT32_MAX));
