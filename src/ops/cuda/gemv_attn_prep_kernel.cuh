@@ -54,24 +54,15 @@ PrepKernel kernel_for(int64_t m, bool tc) {
   using T = AttnPrepTail<D, kMinBlocks>;
   using F = AttnPrepTail<D, 0>;  // the FMA kernel takes no cap (kTcMinBlocks is the mma kernel's)
   constexpr GemvEpilogue E = GemvEpilogue::bf16;
-  // fma_kernel_format: the lighter e4m3 x 16 form runs the first form's kernels at M > 2.
-  static constexpr PrepKernel fma[kGemvMaxM] = {gemv_kernel<1, E, F, false, fma_kernel_format<WF, 1>>,
-                                                gemv_kernel<2, E, F, false, fma_kernel_format<WF, 2>>,
-                                                gemv_kernel<3, E, F, false, fma_kernel_format<WF, 3>>,
-                                                gemv_kernel<4, E, F, false, fma_kernel_format<WF, 4>>,
-                                                gemv_kernel<5, E, F, false, fma_kernel_format<WF, 5>>,
-                                                gemv_kernel<6, E, F, false, fma_kernel_format<WF, 6>>,
-                                                gemv_kernel<7, E, F, false, fma_kernel_format<WF, 7>>,
-                                                gemv_kernel<8, E, F, false, fma_kernel_format<WF, 8>>};
   if constexpr (!WF::kTensorCores) {  // an FMA-only format (e4m3 x 16): gemv_attn_prep refused tc
-    return fma[m - 1];
+    return kFmaKernels<E, F, false, WF>[m - 1];
   } else {
     static constexpr PrepKernel mma[kGemvMaxM] = {
         gemv_tc_kernel<1, E, T, false, 1, WF>, gemv_tc_kernel<2, E, T, false, 1, WF>,
         gemv_tc_kernel<3, E, T, false, 1, WF>, gemv_tc_kernel<4, E, T, false, 1, WF>,
         gemv_tc_kernel<5, E, T, false, 1, WF>, gemv_tc_kernel<6, E, T, false, 1, WF>,
         gemv_tc_kernel<7, E, T, false, 1, WF>, gemv_tc_kernel<8, E, T, false, 1, WF>};
-    return (tc ? mma : fma)[m - 1];
+    return tc ? mma[m - 1] : kFmaKernels<E, F, false, WF>[m - 1];
   }
 }
 

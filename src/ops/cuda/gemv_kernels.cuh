@@ -387,6 +387,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   Tail::template finish<M, R>(p, ta, base, T / 32, tid);
 }
 
+// The FMA kernel of each M = 1..8 for format WF (fma_kernel_format: the lighter e4m3 x 16 form runs the first
+// form's kernels at M > 2), indexed by M - 1.
+template <GemvEpilogue E, class Tail, bool kNormIn, class WF>
+inline constexpr void (*kFmaKernels[kGemvMaxM])(GemvParams, typename Tail::Args) = {
+    gemv_kernel<1, E, Tail, kNormIn, fma_kernel_format<WF, 1>>,
+    gemv_kernel<2, E, Tail, kNormIn, fma_kernel_format<WF, 2>>,
+    gemv_kernel<3, E, Tail, kNormIn, fma_kernel_format<WF, 3>>,
+    gemv_kernel<4, E, Tail, kNormIn, fma_kernel_format<WF, 4>>,
+    gemv_kernel<5, E, Tail, kNormIn, fma_kernel_format<WF, 5>>,
+    gemv_kernel<6, E, Tail, kNormIn, fma_kernel_format<WF, 6>>,
+    gemv_kernel<7, E, Tail, kNormIn, fma_kernel_format<WF, 7>>,
+    gemv_kernel<8, E, Tail, kNormIn, fma_kernel_format<WF, 8>>};
+
 // D += A · B for one mma.m16n8k16 (bf16 in, fp32 accumulate); A: x rows g and g + 8 (the latter zero),
 // B: W rows of the block.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {

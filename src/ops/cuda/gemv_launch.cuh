@@ -55,18 +55,9 @@ using GemvKernel = void (*)(GemvParams, NoArgs);
 // without a tail: gemv_fusable; the prologue, N, runs any: gemv_norm_in_fusable).
 template <class WF, GemvEpilogue E, class Tail = PlainTail, bool N = false>
 GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
-  // fma_kernel_format: the lighter e4m3 x 16 form runs the first form's kernels at M > 2.
-  static constexpr GemvKernel fma[kGemvMaxM] = {gemv_kernel<1, E, Tail, N, fma_kernel_format<WF, 1>>,
-                                                gemv_kernel<2, E, Tail, N, fma_kernel_format<WF, 2>>,
-                                                gemv_kernel<3, E, Tail, N, fma_kernel_format<WF, 3>>,
-                                                gemv_kernel<4, E, Tail, N, fma_kernel_format<WF, 4>>,
-                                                gemv_kernel<5, E, Tail, N, fma_kernel_format<WF, 5>>,
-                                                gemv_kernel<6, E, Tail, N, fma_kernel_format<WF, 6>>,
-                                                gemv_kernel<7, E, Tail, N, fma_kernel_format<WF, 7>>,
-                                                gemv_kernel<8, E, Tail, N, fma_kernel_format<WF, 8>>};
   if constexpr (!WF::kTensorCores) {  // the FMA kernel only (the e4m3 x 16 formats)
     KILN_CHECK(!cfg.tensor_cores && gemv_fusable(cfg), "gemv: this weight format runs the FMA kernel only");
-    return fma[m - 1];
+    return kFmaKernels<E, Tail, N, WF>[m - 1];
   } else {
     static constexpr GemvKernel mma[kGemvMaxM] = {
         gemv_tc_kernel<1, E, Tail, N, 1, WF>, gemv_tc_kernel<2, E, Tail, N, 1, WF>,
@@ -89,7 +80,7 @@ GemvKernel kernel_for(int64_t m, GemvConfig cfg) {
     }
     KILN_CHECK(gemv_fusable(cfg), "gemv: the fused forms run one-tile configs only, got ", cfg.tiles,
                " tiles");
-    return (cfg.tensor_cores ? mma : fma)[m - 1];
+    return cfg.tensor_cores ? mma[m - 1] : kFmaKernels<E, Tail, N, WF>[m - 1];
   }
 }
 
