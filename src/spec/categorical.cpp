@@ -1,6 +1,13 @@
 #include "spec/categorical.h"
 
+#include <algorithm>
+
 namespace kiln::spec {
+namespace {
+bool contains(std::span<const int32_t> ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+}  // namespace
 
 double Categorical::prob(int32_t id) const {
   if (ids.empty()) return id >= 0 && size_t(id) < weights.size() ? weights[size_t(id)] / mass : 0.0;
@@ -27,6 +34,40 @@ int32_t Categorical::draw_excluding(int32_t excluded, double u) const {
   for (size_t i = 0; i < size(); ++i) {
     const int32_t id = id_at(i);
     if (id == excluded) continue;
+    acc += weights[i];
+    if (target < acc) return id;
+    last = id;
+  }
+  return last;
+}
+
+double Categorical::prob_without(int32_t id, std::span<const int32_t> removed) const {
+  if (removed.empty()) return prob(id);
+  if (contains(removed, id)) return 0.0;
+  double total = 0.0, w = 0.0;
+  bool found = false;
+  for (size_t i = 0; i < size(); ++i) {
+    const int32_t c = id_at(i);
+    if (contains(removed, c)) continue;
+    total += weights[i];
+    if (c == id && !found) w = weights[i], found = true;  // prob's first match
+  }
+  return total > 0.0 ? w / total : 0.0;
+}
+
+// draw_excluding's loop with a set: the same sums in the same order, so one removed id gives its bits.
+int32_t Categorical::draw_without(std::span<const int32_t> removed, double u) const {
+  if (removed.empty()) return draw(u);
+  double total = 0.0;
+  for (size_t i = 0; i < size(); ++i)
+    if (!contains(removed, id_at(i))) total += weights[i];
+  if (!(total > 0.0)) return removed.back();
+  const double target = u * total;
+  double acc = 0.0;
+  int32_t last = removed.back();
+  for (size_t i = 0; i < size(); ++i) {
+    const int32_t id = id_at(i);
+    if (contains(removed, id)) continue;
     acc += weights[i];
     if (target < acc) return id;
     last = id;

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace kiln::spec {
@@ -30,6 +31,12 @@ struct Categorical {
   // The residual of a point-mass draft: this distribution with `excluded` removed and renormalised, drawn
   // at u. When no other candidate has weight, returns `excluded` (the distribution is that point).
   int32_t draw_excluding(int32_t excluded, double u) const;
+  // The residual of several rejected point-mass drafts (spec/verify_tree.h): this distribution with every id
+  // in `removed` dropped and renormalised over the rest's weight sum. With `removed` empty they are prob(id)
+  // and draw(u) exactly; with one id, draw_without is draw_excluding(removed[0], u) exactly. Where the
+  // removed ids held all the weight, prob_without is 0 and draw_without returns removed.back().
+  double prob_without(int32_t id, std::span<const int32_t> removed) const;
+  int32_t draw_without(std::span<const int32_t> removed, double u) const;
 };
 
 }  // namespace kiln::spec

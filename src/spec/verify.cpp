@@ -27,7 +27,14 @@ Verdict verify_sampled_draft(const Categorical& p, std::span<const double> q, in
   const double px = p.prob(draft), qx = q[size_t(draft)];
   KILN_CHECK(qx > 0.0, "verify_sampled_draft: the draft token ", draft, " has probability 0 under q");
   if (uniform(rng) * qx < px) return {true, draft};  // u < p / q without the division
-  // The residual max(0, p - q) over p's candidates (q's other ids have p = 0 and so no residual).
+  const Categorical r = sampled_residual(p, q);
+  const double u = uniform(rng);
+  // p <= q everywhere but at rounding level: p and q agree, and the draft would have been kept.
+  if (!(r.mass > 0.0)) return {true, draft};
+  return {false, r.draw(u)};
+}
+
+Categorical sampled_residual(const Categorical& p, std::span<const double> q) {
   Categorical r;
   r.ids.reserve(p.size());
   r.weights.reserve(p.size());
@@ -39,10 +46,7 @@ Verdict verify_sampled_draft(const Categorical& p, std::span<const double> q, in
     r.weights.push_back(w);
     r.mass += w;
   }
-  const double u = uniform(rng);
-  // p <= q everywhere but at rounding level: p and q agree, and the draft would have been kept.
-  if (!(r.mass > 0.0)) return {true, draft};
-  return {false, r.draw(u)};
+  return r;
 }
 
 int32_t target_token(const TargetPosition& t, std::mt19937_64& rng) {

@@ -44,6 +44,10 @@ Verdict verify_point_draft(const Categorical& p, int32_t draft, std::mt19937_64&
 // a draw from norm(max(0, p - q)). One uniform, two on rejection.
 Verdict verify_sampled_draft(const Categorical& p, std::span<const double> q, int32_t draft,
                              std::mt19937_64& rng);
+// The rejection residual of a sampled draft: norm(max(0, p - q)) over p's candidates (q's other ids have
+// p = 0 and so no residual), ids explicit, mass its weight sum (0 where p <= q everywhere, i.e. p = q up to
+// rounding). q is dense over the draft's ids; ids past its end count as q = 0.
+Categorical sampled_residual(const Categorical& p, std::span<const double> q);
 // The target's own token where no draft is left to check: the greedy token, or one draw from p.
 int32_t target_token(const TargetPosition& t, std::mt19937_64& rng);
 
