@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "common/chi_square.h"
 #include "kiln/error.h"
 #include "runtime/token_draw.h"
 #include "spec/verify_tree.h"
@@ -19,7 +20,10 @@
 namespace kiln::spec {
 namespace {
 
-constexpr double kChi2Df3 = 49.54, kChi2Df7 = 60.90, kChi2Df15 = 79.15;
+using test_support::kChi2Df15;
+using test_support::kChi2Df3;
+using test_support::kChi2Df7;
+using test_support::probs_of;
 constexpr int kDraws = 400000;
 
 double uniform(std::mt19937_64& rng) {
@@ -35,34 +39,10 @@ Categorical dist_of(const std::vector<float>& logits, float temperature, int top
   return c;
 }
 
-// Pearson's statistic over the cells with positive expectation; a count in a cell of probability 0 is
-// infinity (a token the target can never produce). The same statistic as test_spec_verify.cpp's.
-double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& probs) {
-  double x = 0.0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (probs[i] <= 0.0) {
-      if (counts[i] > 0) return INFINITY;
-      continue;
-    }
-    const double e = probs[i] * double(kDraws);
-    x += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
-  }
-  return x;
-}
-
-std::vector<double> probs_of(const Categorical& c, size_t vocab) {
-  std::vector<double> p(vocab);
-  for (size_t v = 0; v < vocab; ++v) p[v] = c.prob(int32_t(v));
-  return p;
-}
-
 // The statistic of the cell `one` returns, over kDraws draws from one seeded generator.
 double chi_square_of(const std::vector<double>& want, uint64_t seed,
                      const std::function<int32_t(std::mt19937_64&)>& one) {
-  std::vector<int64_t> counts(want.size(), 0);
-  std::mt19937_64 rng(seed);
-  for (int i = 0; i < kDraws; ++i) ++counts[size_t(one(rng))];
-  return chi_square(counts, want);
+  return test_support::chi_square(test_support::emitted_counts(want.size(), kDraws, seed, one), want, kDraws);
 }
 
 // A depth-1 tree: the root's children, deterministic, or drawn from q where q is given.

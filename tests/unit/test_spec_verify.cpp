@@ -11,13 +11,13 @@
 #include <functional>
 #include <random>
 
+#include "common/chi_square.h"
 #include "runtime/token_draw.h"
 #include "spec/verify.h"
 
 namespace kiln::spec {
 namespace {
 
-constexpr double kChi2Df3 = 49.54, kChi2Df7 = 60.90, kChi2Df15 = 79.15;
 constexpr int kDraws = 400000;
 
 Categorical dist_of(const std::vector<float>& logits, const SamplingParams& p) {
@@ -26,34 +26,16 @@ Categorical dist_of(const std::vector<float>& logits, const SamplingParams& p) {
   return c;
 }
 
-// Pearson's statistic over the cells with positive expectation; a count in a cell of probability 0 is
-// returned as infinity (the verifier emitted a token the target can never produce).
-double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& probs, int64_t n) {
-  double x = 0.0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (probs[i] <= 0.0) {
-      if (counts[i] > 0) return INFINITY;
-      continue;
-    }
-    const double e = probs[i] * double(n);
-    x += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
-  }
-  return x;
-}
-
-std::vector<double> probs_of(const Categorical& c, size_t vocab) {
-  std::vector<double> p(vocab);
-  for (size_t v = 0; v < vocab; ++v) p[v] = c.prob(int32_t(v));
-  return p;
-}
+using test_support::chi_square;
+using test_support::kChi2Df15;
+using test_support::kChi2Df3;
+using test_support::kChi2Df7;
+using test_support::probs_of;
 
 // The counts of the token one verify position emits, over kDraws seeded draws.
 std::vector<int64_t> emitted_counts(size_t vocab, uint64_t seed,
                                     const std::function<int32_t(std::mt19937_64&)>& one) {
-  std::vector<int64_t> counts(vocab, 0);
-  std::mt19937_64 rng(seed);
-  for (int i = 0; i < kDraws; ++i) ++counts[size_t(one(rng))];
-  return counts;
+  return test_support::emitted_counts(vocab, kDraws, seed, one);
 }
 
 const std::vector<float> kLogits{2.0f, 1.5f, 1.1f, 0.4f, 0.0f, -0.3f, -1.0f, -1.6f};
