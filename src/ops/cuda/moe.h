@@ -129,7 +129,8 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
 // read once from the environment, "0" or "1"; unset: the default below.
 //   KILN_MOE_ROUTER_CLUSTER (default kMoeRouterClusterDefault, on): the fused router's cluster form at
 //     T <= 8; 0: the counter form at every T (moe_router_route_launch). On the H100 (2026-12-07, `87cd461`)
-//     7.70 / 14.12 us at T = 1 / 8 against the counter form's 8.14 / 15.28 in the same run (docs/PERF.md E16).
+//     7.70 / 14.12 us at T = 1 / 8 against the counter form's 8.14 / 15.28 in the same run (docs/PERF.md
+//     E16).
 //   KILN_MOE_FP8_WIDE_LOADS (default kMoeFp8WideLoadsDefault, off): block-FP8 experts read 16 bytes a lane
 //     in the gather GEMV and the fused down + combine; 0: 8 bytes and a scale load a chunk, the kernels of
 //     `2f94697`. The same bits either way (tested on the H100); off until timed faster: its T = 1 decode
