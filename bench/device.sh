@@ -49,7 +49,7 @@
 #   yarn       one 131,000-token YaRN prompt served (~1 min)
 #   ncu        Nsight Compute on the attention kernels (prefill, decode bf16 / fp8, cuDNN's decode)
 #   ncu-cmd    Nsight Compute on the kernels matching NCU_KERNEL of one kiln command (NCU_CMD, NCU_SKIP, NCU_COUNT,
-#              NCU_TUNE: the shape to tune first)
+#              NCU_TUNE: the shape to tune first; NCU_SOURCE=1: the stall samples by CUDA line and SASS instruction)
 #   sass       the prefill kernel's SASS: instruction counts and the order of its waits and exponentials
 #   spec       speculative decoding: a small Qwen3 and its EAGLE-3 draft trained here, kiln serve batch 1 plain,
 #              n-gram and EAGLE-3 (SPEC_TRAIN_MIN, SPEC_DRAFT_MIN, SPEC_PROMPTS, SPEC_TOKENS; ~6 min)

@@ -97,6 +97,9 @@ suite_sanitize() {
 # pipe utilization in ComputeWorkloadAnalysis says whether a kernel is bound by an issue pipe, e.g. the
 # conversions); NCU_CMD is the kiln command line without the binary, e.g. "bench model --shape qwen3-30b-a3b
 # --quantization fp8 --context 1024 --steps 1 --batch 8 --no-breakdown". The report in ncu-cmd/report.txt.
+# NCU_SOURCE=1 adds the warp-state samples by source line (SourceCounters, a sample every 32 cycles) and keeps
+# them summed per CUDA line and per SASS instruction (bench/ncu_source_top.py) as ncu-cmd-source-{cuda,sass}.txt:
+# where a latency-bound kernel's warps wait (the fused router's stalls at T = 1, docs/PERF.md E15).
 suite_ncu_cmd() {
   need_gpu || return
   [[ -n ${NCU_KERNEL:-} && -n ${NCU_CMD:-} ]] || {
@@ -113,11 +116,25 @@ suite_ncu_cmd() {
     read -r -a tune_args <<<"$NCU_TUNE"
     tune "${tune_args[0]}" 512 8 "${tune_args[@]:1}"
   fi
+  local src_args=()
+  [[ ${NCU_SOURCE:-0} == 1 ]] && src_args=(--section SourceCounters --warp-sampling-interval 0 -f
+    -o "$W/ncu-cmd/source")
   timeout "${NCU_SECONDS:-300}" ncu --clock-control none -k "regex:$NCU_KERNEL" --launch-skip "${NCU_SKIP:-0}" \
     -c "${NCU_COUNT:-4}" --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --section Occupancy --section WarpStateStats --section InstructionStats --section LaunchStats \
+    --section Occupancy --section WarpStateStats --section InstructionStats --section LaunchStats "${src_args[@]}" \
     "$K" "${cmd[@]}" >"$W/ncu-cmd/report.txt" 2>&1
-  row "ncu-cmd $NCU_KERNEL" "rc=$? ($(grep -c '^  [a-z_].*(' "$W/ncu-cmd/report.txt") kernels profiled)"
+  local rc=$?
+  if ((${#src_args[@]})); then  # -o wrote the report file instead of printing it
+    ncu -i "$W/ncu-cmd/source.ncu-rep" >"$W/ncu-cmd/report.txt" 2>&1
+    local what
+    for what in cuda sass; do
+      ncu -i "$W/ncu-cmd/source.ncu-rep" --page source --csv --print-source "$what" \
+        >"$W/ncu-cmd/source-$what.csv" 2>&1
+      python3 bench/ncu_source_top.py "$W/ncu-cmd/source-$what.csv" 40 >"$W/ncu-cmd-source-$what.txt" 2>&1
+      keep "$W/ncu-cmd-source-$what.txt"
+    done
+  fi
+  row "ncu-cmd $NCU_KERNEL" "rc=$rc ($(grep -c '^  [a-z_].*(' "$W/ncu-cmd/report.txt") kernels profiled)"
   grep -E "^  [a-z_].*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A" \
     "$W/ncu-cmd/report.txt" | head -40
 }
