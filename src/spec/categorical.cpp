@@ -17,28 +17,11 @@ double Categorical::prob(int32_t id) const {
 }
 
 int32_t Categorical::draw(double u) const {
-  return draw_excluding(-1, u);
+  return draw_without({}, u);
 }
 
 int32_t Categorical::draw_excluding(int32_t excluded, double u) const {
-  double total = mass;
-  int32_t last = excluded;
-  if (excluded >= 0) {
-    total = 0.0;
-    for (size_t i = 0; i < size(); ++i)
-      if (id_at(i) != excluded) total += weights[i];
-    if (!(total > 0.0)) return excluded;
-  }
-  const double target = u * total;
-  double acc = 0.0;
-  for (size_t i = 0; i < size(); ++i) {
-    const int32_t id = id_at(i);
-    if (id == excluded) continue;
-    acc += weights[i];
-    if (target < acc) return id;
-    last = id;
-  }
-  return last;
+  return draw_without(std::span<const int32_t>(&excluded, excluded >= 0 ? 1 : 0), u);
 }
 
 double Categorical::prob_without(int32_t id, std::span<const int32_t> removed) const {
@@ -55,16 +38,18 @@ double Categorical::prob_without(int32_t id, std::span<const int32_t> removed) c
   return total > 0.0 ? w / total : 0.0;
 }
 
-// draw_excluding's loop with a set: the same sums in the same order, so one removed id gives its bits.
+// The cumulative scan over the candidates left, in their order; with nothing removed the total is mass.
 int32_t Categorical::draw_without(std::span<const int32_t> removed, double u) const {
-  if (removed.empty()) return draw(u);
-  double total = 0.0;
-  for (size_t i = 0; i < size(); ++i)
-    if (!contains(removed, id_at(i))) total += weights[i];
-  if (!(total > 0.0)) return removed.back();
+  double total = mass;
+  int32_t last = removed.empty() ? -1 : removed.back();
+  if (!removed.empty()) {
+    total = 0.0;
+    for (size_t i = 0; i < size(); ++i)
+      if (!contains(removed, id_at(i))) total += weights[i];
+    if (!(total > 0.0)) return removed.back();
+  }
   const double target = u * total;
   double acc = 0.0;
-  int32_t last = removed.back();
   for (size_t i = 0; i < size(); ++i) {
     const int32_t id = id_at(i);
     if (contains(removed, id)) continue;
