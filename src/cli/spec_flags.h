@@ -75,6 +75,9 @@ inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
   so.start_off_from_seqs = int32_t(std::min<int64_t>(
       env_count("KILN_SPEC_START_OFF_FROM", 0, so.start_off_from_seqs, " (0: every batch starts on)"),
       INT32_MAX));
+  // KILN_SPEC_INDEX_DURING_FORWARD=0: the n-gram indexes catch up only when a draft is asked for
+  // (SpecOptions::index_during_forward), for the A/B of docs/PERF.md.
+  so.index_during_forward = env_switch("KILN_SPEC_INDEX_DURING_FORWARD", so.index_during_forward);
   spec::validate_spec_options(so);
 }
 

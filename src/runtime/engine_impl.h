@@ -179,6 +179,12 @@ struct Engine::Impl {
   std::unordered_map<RequestId, spec::NgramIndex> ngram;
   // t0: when the step began (the off switch's measure of a verify step runs from there).
   bool spec_step(StepPlan& plan, Clock::time_point t0);
+  // n-gram (SpecOptions::index_during_forward): each verifiable row's index takes the tokens up to the end of
+  // what the step computes (a prompt chunk, the decoded token). Called while the step's forward runs on the
+  // device (forward_sampled's before_sample), so the first draft of a request finds its prompt indexed.
+  void index_during_forward(const StepPlan& plan);
+  // A row's index (made where missing, remade where it has more tokens than the sequence: a recompute).
+  spec::NgramIndex& ngram_index(const Sequence& s);
   spec::SpecOffSwitch off_switch;
   // A decode-only step of `seqs` sequences ended (plain or verify): its cost goes to the off switch.
   // forward_seconds (a plain step's, >= 0): the part of it the runner's forward took.

@@ -267,7 +267,11 @@ void Engine::Impl::step() {
         }
       }
       std::vector<ModelRunner::SampledRow> out;
-      sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out, take_masks);
+      // While the forward runs: the masks, and the n-gram indexes of the tokens this step computes.
+      sampled_on_device = runner->forward_sampled(batch, rs, top_n, &out, [&] {
+        take_masks();
+        index_during_forward(plan);
+      });
       counters.grammar_steps_not_overlapped += sampled_on_device && constrained ? 1 : 0;
       if (sampled_on_device) {
         KILN_CHECK_EQ(out.size(), K, "device sampling returned the wrong number of rows");

@@ -195,6 +195,34 @@ void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_po
   counters.spec.switched_off += off_switch.times_switched_off() - before;
 }
 
+spec::NgramIndex& Engine::Impl::ngram_index(const Sequence& s) {
+  const spec::SpecOptions& so = opts.speculative;
+  spec::NgramIndex& idx = ngram.try_emplace(s.id, so.ngram_min, so.ngram_max).first->second;
+  if (idx.size() > s.tokens.size()) idx = spec::NgramIndex(so.ngram_min, so.ngram_max);
+  return idx;
+}
+
+void Engine::Impl::index_during_forward(const StepPlan& plan) {
+  const spec::SpecOptions& so = opts.speculative;
+  if (so.algorithm != spec::SpecAlgorithm::ngram || !so.index_during_forward) return;
+  const Clock::time_point t0 = Clock::now();
+  int64_t tokens = 0;
+  for (const StepRow& r : plan.rows) {
+    const Sequence& s = *r.seq;
+    const auto L = live.find(s.id);
+    if (L == live.end() || !verifiable(L->second)) continue;
+    // The tokens up to the end of this step's positions: a long prompt is indexed chunk by chunk, each part
+    // beside the forward of its own chunk.
+    const size_t end = std::min(s.tokens.size(), size_t(r.begin) + size_t(r.q_len));
+    spec::NgramIndex& idx = ngram_index(s);
+    if (idx.size() >= end) continue;
+    tokens += int64_t(end - idx.size());
+    idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size(), end - idx.size()));
+  }
+  counters.spec.indexed_during_forward += tokens;
+  counters.spec.index_during_forward_seconds += seconds(t0, Clock::now());
+}
+
 bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   const spec::SpecOptions& so = opts.speculative;
   if (!so.enabled() || plan.empty() || pool_all_rows || !runner->config().mrope_section.empty()) return false;
@@ -234,8 +262,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
       continue;
     }
     const Clock::time_point d0 = Clock::now();
-    spec::NgramIndex& idx = ngram.try_emplace(s.id, so.ngram_min, so.ngram_max).first->second;
-    if (idx.size() > s.tokens.size()) idx = spec::NgramIndex(so.ngram_min, so.ngram_max);
+    spec::NgramIndex& idx = ngram_index(s);
     idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size()));
     drafts[i] = idx.propose(k);
     counters.spec.draft_seconds += seconds(d0, Clock::now());
@@ -341,7 +368,8 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     batch.validate(V, pool->num_pages());
     if (greedy_on_device(plan, wants))
       on_device = runner->forward_sampled(
-          batch, std::vector<ModelRunner::RowSampling>(batch.logit_rows.size()), 0, &device_tokens);
+          batch, std::vector<ModelRunner::RowSampling>(batch.logit_rows.size()), 0, &device_tokens,
+          [&] { index_during_forward(plan); });  // the prompt chunks' tokens, while the forward runs
     if (!on_device) runner->forward(batch, &logits, nullptr);
   } catch (const RunnerFatalError&) {
     throw;  // no step can run any more: loop() ends every request

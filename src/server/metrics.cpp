@@ -122,6 +122,12 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   w.counter("kiln_spec_decode_draft_chain_seconds_total",
             "EAGLE-3: the part of the draft seconds spent in chains (the rest: the passes after steps).",
             sp.draft_chain_seconds);
+  w.counter("kiln_spec_decode_indexed_during_forward_tokens_total",
+            "n-gram: tokens indexed while a step's forward ran on the device.",
+            double(sp.indexed_during_forward));
+  w.counter("kiln_spec_decode_index_during_forward_seconds_total",
+            "n-gram: host seconds indexing while a step's forward ran (off the step's critical path).",
+            sp.index_during_forward_seconds);
   w.counter("kiln_spec_decode_verify_step_seconds_total",
             "Seconds of decode-only steps that verified drafts, start to end (EAGLE-3: its passes included).",
             sp.verify_step_seconds);

@@ -34,6 +34,12 @@ struct SpecOptions {
   // The off switch's batch-size classes of at least this many sequences start off (OffSwitchOptions::
   // start_off_from_seqs; 0: all start on). KILN_SPEC_START_OFF_FROM=N sets it in kiln serve.
   int32_t start_off_from_seqs = 0;
+  // n-gram: each step's rows index the tokens that step computes (a prompt chunk's, the decoded token) while
+  // its forward runs on the device (Engine's index_during_forward), so a request's first draft finds its
+  // prompt indexed instead of indexing it on the step's critical path (32 prompts of 1,024 tokens: ~11 ms of
+  // host time at 336 ns a token, docs/PERF.md "Speculative decoding"). false: the index catches up only when
+  // a draft is asked for. KILN_SPEC_INDEX_DURING_FORWARD=0 sets false in kiln serve (the A/B).
+  bool index_during_forward = true;
   // EAGLE-3 (SGLang's --speculative-draft-model-path): the draft checkpoint (model/eagle3_model.h), loaded
   // beside the target by load_qwen3_runner; k is its --speculative-num-steps (chains, top-1).
   std::string draft_model_path;

@@ -29,6 +29,11 @@ struct SpecStats {
   // Where a speculative workload's time goes (host wall seconds; docs/PERF.md "Speculative decoding"):
   double draft_seconds = 0.0;  // making drafts: n-gram lookups, EAGLE-3 passes (their device waits included)
   double draft_chain_seconds = 0.0;  // EAGLE-3: the part of draft_seconds in chains (the rest: after steps)
+  // n-gram: tokens indexed while a step's forward ran on the device (SpecOptions::index_during_forward), and
+  // the host seconds it took (not in draft_seconds: off the step's critical path while the forward is
+  // longer).
+  int64_t indexed_during_forward = 0;
+  double index_during_forward_seconds = 0.0;
   // Decode-only steps from their start to their end (the off switch's measure): those that verified drafts
   // (an EAGLE-3 step's draft passes included) and those that ran plain while speculation was configured.
   double verify_step_seconds = 0.0;

@@ -233,6 +233,8 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
   s.spec.plain_step_seconds = 0.75;
   s.spec.timed_plain_steps = 6;
   s.spec.ragged_verify_steps = 2;
+  s.spec.indexed_during_forward = 4096;
+  s.spec.index_during_forward_seconds = 0.0625;
   ServerCounters c;
   const std::string kiln = render_metrics(s, c, "demo");
   const std::string v = vllm_metrics(kiln);
@@ -252,13 +254,16 @@ TEST(MetricsCompat, VllmNamesFromKilnText) {
   EXPECT_NE(kiln.find("kiln_spec_decode_acceptance_rate{model_name=\"demo\"} 0.4\n"), std::string::npos)
       << kiln;
   EXPECT_NE(kiln.find("kiln_spec_decode_mean_acceptance_length{model_name=\"demo\"} 2\n"), std::string::npos);
-  for (const char* series : {"kiln_spec_decode_draft_seconds_total{model_name=\"demo\"} 0.25\n",
-                             "kiln_spec_decode_draft_chain_seconds_total{model_name=\"demo\"} 0.125\n",
-                             "kiln_spec_decode_verify_step_seconds_total{model_name=\"demo\"} 1.5\n",
-                             "kiln_spec_decode_timed_verify_steps_total{model_name=\"demo\"} 3\n",
-                             "kiln_spec_decode_plain_step_seconds_total{model_name=\"demo\"} 0.75\n",
-                             "kiln_spec_decode_timed_plain_steps_total{model_name=\"demo\"} 6\n",
-                             "kiln_spec_decode_ragged_verify_steps_total{model_name=\"demo\"} 2\n"})
+  for (const char* series :
+       {"kiln_spec_decode_draft_seconds_total{model_name=\"demo\"} 0.25\n",
+        "kiln_spec_decode_draft_chain_seconds_total{model_name=\"demo\"} 0.125\n",
+        "kiln_spec_decode_verify_step_seconds_total{model_name=\"demo\"} 1.5\n",
+        "kiln_spec_decode_timed_verify_steps_total{model_name=\"demo\"} 3\n",
+        "kiln_spec_decode_plain_step_seconds_total{model_name=\"demo\"} 0.75\n",
+        "kiln_spec_decode_timed_plain_steps_total{model_name=\"demo\"} 6\n",
+        "kiln_spec_decode_ragged_verify_steps_total{model_name=\"demo\"} 2\n",
+        "kiln_spec_decode_indexed_during_forward_tokens_total{model_name=\"demo\"} 4096\n",
+        "kiln_spec_decode_index_during_forward_seconds_total{model_name=\"demo\"} 0.0625\n"})
     EXPECT_NE(kiln.find(series), std::string::npos) << series << kiln;
   EXPECT_NE(
       v.find("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"demo\"} 3\n"),

@@ -104,6 +104,34 @@ TEST(SpecEngine, FakeRunnerGreedyEqualsReference) {
   }
 }
 
+// The n-gram indexes filled while each step's forward runs (SpecOptions::index_during_forward; FakeRunner
+// with device sampling calls before_sample where a device's forward would be running): the same drafts, the
+// same tokens as indexing only when drafting, and every prompt token indexed during a forward, chunk by chunk
+// (prompts of 23 to 41 tokens in chunks of 16).
+TEST(SpecEngine, IndexDuringForwardDraftsWhatLateIndexingDrafts) {
+  const auto prompts = repeating_prompts(3, 6, 7);
+  int64_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += int64_t(p.size());
+  const auto go = [&](bool during) {
+    EngineOptions o = with_ngram(test::small_opts(4096, 4, 16), 4);
+    o.speculative.index_during_forward = during;
+    auto model = std::make_unique<FakeRunner>(3, 8, -1);
+    model->device_sampling = true;
+    return run(std::make_unique<Engine>(std::move(model), o), prompts, 24, false);
+  };
+  const Outputs late = go(false), early = go(true);
+  EXPECT_EQ(early.tokens, late.tokens);
+  const FakeRunner ref(3, 8, -1);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(early.tokens[i], ref.reference(prompts[i], 24, false));
+  EXPECT_GT(late.stats.spec.drafts, 0);
+  EXPECT_EQ(early.stats.spec.drafts, late.stats.spec.drafts);
+  EXPECT_EQ(early.stats.spec.draft_tokens, late.stats.spec.draft_tokens);
+  EXPECT_EQ(early.stats.spec.accepted_tokens, late.stats.spec.accepted_tokens);
+  EXPECT_EQ(late.stats.spec.indexed_during_forward, 0);
+  EXPECT_GE(early.stats.spec.indexed_during_forward, prompt_tokens);
+}
+
 // Each request's tokens, log-probs (as float bits) and top alternatives (id, log-prob bits), in order.
 struct TokenLogprobs {
   std::vector<std::vector<int32_t>> tokens;
