@@ -113,11 +113,11 @@ int64_t moe_scratch_bytes(const MoeWeights& w, int64_t hidden, int64_t tokens, D
 #endif
 }
 
-void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, MoeFp8Path fp8) {
   constexpr const char* op = "moe_mlp";
   check_mlp(op, x, w, out);
   KILN_CHECK(!x.device.is_cuda(), op, ": on CUDA it needs its scratch (moe_mlp with a scratch tensor)");
-  cpu::moe_mlp(x, w, out);
+  cpu::moe_mlp(x, w, out, fp8);
 }
 
 namespace {

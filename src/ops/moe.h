@@ -56,6 +56,16 @@
 //   dequantize_fp8's experts with the same expert kernel bitwise. The scratch then holds that copy: L x 3 x I
 //   x H x 2 bytes (30B-A3B: 1.21 GB). Needs I and H multiples of 128 (each expert's gate, up and down rows
 //   fill whole 128-row blocks).
+// Path (d) for the gather GEMV (e4m3 x 16): CPU with MoeFp8Path::chunk16; CUDA's gather GEMV (and fused down
+//   + combine) with KILN_MOE_FP8_E4M3X16=1 (ops/cuda/moe.h). Each expert projection is
+//   linear_fp8_chunk16(.., 32): per 16-element chunk of K, sum = the products f32(x) * f32(q) by fmaf from +0
+//   in k order, acc = fmaf(sum, s, acc) with the chunk's block scale (the e4m3 never rounded to bf16),
+//   thread t of 32 taking chunks t, t + 32, ... in ascending order, then the xor butterfly 16, 8, 4, 2, 1
+//   (one warp a gate, up or down row on CUDA). Then the rounding points above: gate and up rounded to bf16,
+//   silu_and_mul's (silu rounded, the product rounded), down rounded to bf16 (an f32 split-intermediate out:
+//   kept in fp32, the CPU's), the final sum unchanged. CUDA equals the CPU bitwise but for silu's exp (libm's
+//   expf against CUDA's: where they differ a silu value may move by one bf16 ulp, docs/NUMERICS.md); given
+//   the same act rows, y and out bitwise.
 // Summation orders inside the expert GEMMs are linear's (tolerance for other backends, ops/linear.h); the
 // router logits from x, the routing (experts, weights) from given logits and the final sum from given expert
 // outputs are bitwise contracts.
@@ -101,10 +111,15 @@ struct MoeWeights {
   int64_t intermediate() const { return down.shape[2]; }
 };
 
+// How the CPU backend runs block-FP8 experts' projections (ops/fp8_linear.h's paths; above): w8a8, path (a),
+// the CPU model's; chunk16, path (d) with 32 threads, the CUDA gather GEMV's e4m3 x 16 form.
+enum class MoeFp8Path : uint8_t { w8a8, chunk16 };
+
 void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
                const Tensor& weights);
-// The CPU backend (a CUDA tensor is refused: it needs the scratch below).
-void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out);
+// The CPU backend (a CUDA tensor is refused: it needs the scratch below). fp8: the block-FP8 experts' path
+// (ignored for bf16 experts).
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, MoeFp8Path fp8 = MoeFp8Path::w8a8);
 // Either backend. scratch: u8, contiguous, on x's device, at least moe_scratch_bytes(w, H, T, device)
 // bytes (ignored on the CPU).
 void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, const Tensor& scratch);

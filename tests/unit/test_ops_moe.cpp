@@ -7,9 +7,9 @@
 #include <limits>
 #include <vector>
 
+#include "common/moe_contract.h"
 #include "common/test_support.h"
 #include "kiln/dtype.h"
-#include "ops/activation.h"
 #include "ops/cpu/moe.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
@@ -327,31 +327,16 @@ TEST(MoeMlp, EqualsTheContractComposedTokenByToken) {
     const std::vector<bf16_t> got = run_mlp(x, L, k, norm);
     const ops::MoeWeights w = L.view(k, norm);
     for (int64_t t = 0; t < T; ++t) {
-      std::vector<bf16_t> row(x.begin() + t * H, x.begin() + (t + 1) * H), logits(static_cast<size_t>(E)),
-          wts(static_cast<size_t>(k));
-      std::vector<int32_t> ex(static_cast<size_t>(k));
-      const Tensor xr(row.data(), DType::bf16, {1, H});
-      ops::cpu::moe_router_logits(xr, w.router, Tensor(logits.data(), DType::bf16, {1, E}));
-      ops::moe_route(Tensor(logits.data(), DType::bf16, {1, E}), k, norm,
-                     Tensor(ex.data(), DType::i32, {1, k}), Tensor(wts.data(), DType::bf16, {1, k}));
-      std::vector<float> acc(static_cast<size_t>(H), 0.0f);
-      for (int64_t j = 0; j < k; ++j) {
-        ASSERT_TRUE(j == 0 || ex[size_t(j)] > ex[size_t(j - 1)]) << "experts not in ascending order";
-        const int64_t e = ex[size_t(j)];
-        std::vector<bf16_t> gu(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I)),
-            y(static_cast<size_t>(H));
-        ops::linear(xr, Tensor(L.gate_up.data() + e * 2 * I * H, DType::bf16, {2 * I, H}),
-                    Tensor(gu.data(), DType::bf16, {1, 2 * I}));
-        ops::silu_and_mul(Tensor(gu.data(), DType::bf16, {1, 2 * I}),
-                          Tensor(act.data(), DType::bf16, {1, I}));
-        ops::linear(Tensor(act.data(), DType::bf16, {1, I}),
-                    Tensor(L.down.data() + e * H * I, DType::bf16, {H, I}),
-                    Tensor(y.data(), DType::bf16, {1, H}));
-        for (int64_t h = 0; h < H; ++h)
-          acc[size_t(h)] += bf16_to_f32(y[size_t(h)]) * bf16_to_f32(wts[size_t(j)]);
-      }
+      const std::vector<bf16_t> want = test_support::moe_compose_token(
+          std::vector<bf16_t>(x.begin() + t * H, x.begin() + (t + 1) * H), w,
+          [&](int64_t e, bool down, const Tensor& in, const Tensor& out) {
+            ops::linear(in,
+                        down ? Tensor(L.down.data() + e * H * I, DType::bf16, {H, I})
+                             : Tensor(L.gate_up.data() + e * 2 * I * H, DType::bf16, {2 * I, H}),
+                        out);
+          });
       for (int64_t h = 0; h < H; ++h)
-        ASSERT_EQ(bf16_to_f32(got[size_t(t * H + h)]), bf16_to_f32(f32_to_bf16(acc[size_t(h)])))
+        ASSERT_EQ(bf16_to_f32(got[size_t(t * H + h)]), bf16_to_f32(want[size_t(h)]))
             << "token " << t << " column " << h << (norm ? " (renormalized)" : "");
     }
   }

@@ -104,8 +104,11 @@ ExpertWeights expert_weights(const MoeWeights& w, int64_t e) {
 }
 
 // One expert projection with linear's rounding (bf16 out) or its fp32 sum (f32 out): bf16 weights by
-// linear / linear_f32, block-FP8 ones by path (a) (ops/fp8_linear.h).
-void expert_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor& out) {
+// linear / linear_f32, block-FP8 ones by path (a) or (d) with one warp a row (ops/fp8_linear.h; ops/moe.h).
+void expert_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor& out,
+                   MoeFp8Path fp8) {
+  if (weight.dtype == DType::f8e4m3 && fp8 == MoeFp8Path::chunk16)
+    return linear_fp8_chunk16(x, weight, scale, out, 32);
   if (weight.dtype == DType::f8e4m3) return linear_fp8_w8a8(x, weight, scale, out);
   if (out.dtype == DType::f32) return linear_f32(x, weight, out);
   linear(x, weight, out);
@@ -125,7 +128,7 @@ void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const T
   });
 }
 
-void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, MoeFp8Path fp8) {
   const int64_t T = x.shape[0], H = x.shape[1], E = w.num_experts(), I = w.intermediate(), k = w.top_k;
   const int64_t e0 = w.expert_begin, e1 = w.expert_begin + w.local_experts();
   // ops/moe.h: a split-intermediate rank's fp32 partial keeps y unrounded.
@@ -160,12 +163,12 @@ void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out) {
     }
     const ExpertWeights ew = expert_weights(w, e - e0);
     const Tensor gu_t(gu.data(), DType::bf16, {n, 2 * I}), act_t(act.data(), DType::bf16, {n, I});
-    expert_linear(Tensor(xs.data(), DType::bf16, {n, H}), ew.gate_up, ew.gate_up_scale, gu_t);
+    expert_linear(Tensor(xs.data(), DType::bf16, {n, H}), ew.gate_up, ew.gate_up_scale, gu_t, fp8);
     silu_and_mul(gu_t, act_t);
     if (y_f32) {
-      expert_linear(act_t, ew.down, ew.down_scale, Tensor(yf.data(), DType::f32, {n, H}));
+      expert_linear(act_t, ew.down, ew.down_scale, Tensor(yf.data(), DType::f32, {n, H}), fp8);
     } else {
-      expert_linear(act_t, ew.down, ew.down_scale, Tensor(y.data(), DType::bf16, {n, H}));
+      expert_linear(act_t, ew.down, ew.down_scale, Tensor(y.data(), DType::bf16, {n, H}), fp8);
     }
     for (int64_t r = 0; r < n; ++r) {
       const int64_t pair = rows[size_t(r)], t = pair / k;

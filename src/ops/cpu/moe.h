@@ -7,7 +7,7 @@ namespace kiln::ops::cpu {
 
 void moe_route(const Tensor& logits, int64_t top_k, bool norm_topk_prob, const Tensor& experts,
                const Tensor& weights);
-void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out);
+void moe_mlp(const Tensor& x, const MoeWeights& w, const Tensor& out, MoeFp8Path fp8 = MoeFp8Path::w8a8);
 
 // The router logits of ops/moe.h in their canonical order: logits[t, e] = bf16 of x[t] . router[e], lane l
 // of 32 taking the 8-element chunks l, l + 32, ... (fmaf chain from +0, chunks and their elements
