@@ -135,12 +135,25 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
 //     in the gather GEMV and the fused down + combine; 0: 8 bytes and a scale load a chunk, the kernels of
 //     `2f94697`. The same bits either way (tested on the H100); off until timed faster: its T = 1 decode
 //     path measured 27.79 us at `c32d2e9` against the 8-byte form's 25.55 in an earlier run (E4).
+//   KILN_MOE_FP8_E4M3X16 (default kMoeFp8E4m3x16Default, off): block-FP8 experts in the gather GEMV and the
+//     fused down + combine run path (d) of ops/fp8_linear.h ("e4m3 x 16", the dense GEMV's format) instead
+//     of path (c): per lane the 16-element chunks l, l + 32, ... of a row, a 16-byte e4m3 load and the
+//     block's scale each, the e4m3 decoded exactly in integer arithmetic (no conversion instructions), the
+//     chunk's 16 products summed by fmaf from +0, then acc = fmaf(sum, s, acc); the xor butterfly 16 .. 1;
+//     one warp a row: ops::linear_fp8_chunk16 with 32 threads, bitwise, for gate, up and down, then the
+//     rounding points of moe_experts_launch (below). Other bits than path (c)'s (the weight is never rounded
+//     to bf16), so KILN_MOE_FP8_WIDE_LOADS does not apply where it runs. Off until timed on a GPU against
+//     the path (c) forms (bench/moe_bench.cpp rows `... fp8 e4m3x16`).
 constexpr bool kMoeRouterClusterDefault = true;
 constexpr bool kMoeFp8WideLoadsDefault = false;
+constexpr bool kMoeFp8E4m3x16Default = false;
 bool moe_router_cluster_enabled();
 bool moe_fp8_wide_loads();
 // Overrides KILN_MOE_FP8_WIDE_LOADS for this process (tests and benchmarks compare both forms).
 void moe_set_fp8_wide_loads(bool on);
+bool moe_fp8_e4m3x16();
+// Overrides KILN_MOE_FP8_E4M3X16 for this process (tests and benchmarks compare the forms).
+void moe_set_fp8_e4m3x16(bool on);
 
 // Which expert kernel (4): the mma.sync grouped GEMM (any sm_80+), the wgmma one (sm_90a), the gather GEMV,
 // the W8A8 e4m3 wgmma one (sm_90a; block-FP8 experts only, MoeShape::fp8_w8a8).
@@ -164,10 +177,13 @@ struct MoeFp8Scales {
 // registers before its product; on a grouped GEMM (s.fp8_dequant needed, else an error) the experts with rows
 // dequantized first into b.gate_up_bf16 / b.down_bf16 (dequantize_fp8_experts, reading b.counts on the
 // device), then the bf16 GEMM on them. Either way the result is the same kernel's on the bf16 values
-// dequantize_fp8 gives, bitwise. grouped_gemm_fp8_sm90 (block-FP8 experts and s.fp8_w8a8 only): path (a)
-// of ops/fp8_linear.h instead, W8A8 (moe_grouped_gemm_fp8_sm90.cu): each projection's inputs quantized per
-// row and 128-group to e4m3 (bitwise ops::quantize_act_fp8), e4m3 x e4m3 products promoted every 128 K with
-// a_s * w_s, the dense rounding points after (gate and up bf16, SiLU-and-multiply, act bf16; y bf16).
+// dequantize_fp8 gives, bitwise (path (c)). With moe_fp8_e4m3x16() the gather GEMV runs path (d) instead:
+// gate, up and each down row ops::linear_fp8_chunk16 with 32 threads, bitwise, then gate and up rounded to
+// bf16, SiLU-and-multiply (silu_mul_f32), act bf16, y bf16. grouped_gemm_fp8_sm90 (block-FP8 experts and
+// s.fp8_w8a8 only): path (a) of ops/fp8_linear.h instead, W8A8 (moe_grouped_gemm_fp8_sm90.cu): each
+// projection's inputs quantized per row and 128-group to e4m3 (bitwise ops::quantize_act_fp8), e4m3 x e4m3
+// products promoted every 128 K with a_s * w_s, the dense rounding points after (gate and up bf16,
+// SiLU-and-multiply, act bf16; y bf16).
 void moe_experts_launch(MoeExpertKernel kernel, const uint16_t* x, int64_t xs, const void* gate_up,
                         const void* down, const MoeShape& s, const MoeBuffers& b, cudaStream_t stream,
                         MoeFp8Scales scales = {});

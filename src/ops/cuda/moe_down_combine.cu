@@ -16,8 +16,12 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarps = 8;  // warp w computes slots w, w + 8, ... of the token
 // Resident blocks an SM is held to (80 registers a thread): the loads of kDepth chunks raise the registers,
 // and 3 blocks keep 24 warps' loads in flight an SM. FP8: 2 (128 registers: its 2 windows of 4 rows, 32
-// registers of loads, spilled at 80) for the 16-byte e4m3 loads, 16 warps of 4 KB in flight an SM.
+// registers of loads, spilled at 80) for the 16-byte e4m3 loads, 16 warps of 4 KB in flight an SM; path (d)
+// (kMoeE4m3x16) the same 2: kDepth chunks of 4 rows, 16 bytes and a scale each, are 40 registers of loads.
 constexpr int kMinBlocks = 3, kMinBlocksFp8 = 2;
+constexpr int min_blocks(int loads) {
+  return loads == kMoeE4m3Wide || loads == kMoeE4m3x16 ? kMinBlocksFp8 : kMinBlocks;
+}
 constexpr int kPairs = 2;  // output column pairs a block
 constexpr int kMaxK = 32;  // top_k the shared y tile holds
 constexpr int kDepth = 2;  // chunks a lane loads before its first product (moe_kernels.h)
@@ -36,16 +40,17 @@ struct DownCombineParams {
 // dotted with act row inverse[t k + j] (gather_gemv_kernel's lane order and butterfly; bf16: a lane issues
 // the act and weight loads of kDepth of its chunks before the first product (e4m3 8 bytes a chunk alike);
 // e4m3 16 bytes a lane: two 512-element windows of the 4 rows in flight, regrouped into the same chunks
-// through shared memory; no form changes a sum), rounded to
+// through shared memory; no form changes a sum; kMoeE4m3x16, path (d): gather_gemv_kernel's 16-element
+// chunks, products and order), rounded to
 // bf16 into y (the scratch, as the unfused path leaves it) and into shared memory; then one thread a column
 // sums y * weight over j ascending (ascending expert index; the rank's experts only) from +0 and rounds once.
 template <int kLoads>
-__global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlocksFp8 : kMinBlocks)
+__global__ void __launch_bounds__(kWarps * 32, min_blocks(kLoads))
     down_combine_kernel(const __grid_constant__ MoeProductParams p,
                         const __grid_constant__ DownCombineParams c) {
   __shared__ float ys[kMaxK][2 * kPairs];
-  // kMoeE4m3x16: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
-  __shared__ __align__(16) uint2 stage[kLoads == kMoeE4m3x16 ? kWarps : 1][2 * kPairs][64];
+  // kMoeE4m3Wide: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
+  __shared__ __align__(16) uint2 stage[kLoads == kMoeE4m3Wide ? kWarps : 1][2 * kPairs][64];
   pdl_wait();
   const int t = int(blockIdx.y), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int pairs = p.N / 2, q0 = int(blockIdx.x) * kPairs;
@@ -61,8 +66,15 @@ __global__ void __launch_bounds__(kWarps * 32, kLoads == kMoeE4m3x16 ? kMinBlock
       wrow[2 * i] = e * p.N + 2 * q;
       wrow[2 * i + 1] = e * p.N + 2 * q + 1;
     }
-    float acc[2 * kPairs] = {};
+    float sums[1][2 * kPairs] = {};  // one x row: the act row a
+    float(&acc)[2 * kPairs] = sums[0];
     if constexpr (kLoads == kMoeE4m3x16) {
+      const uint16_t* const rows[1] = {a};
+      moe_x16_rows_for_each_chunk<2 * kPairs, kDepth>(
+          p, wrow, lane, [&](int kk, const gemv_detail::Fp8Chunks<uint4>::Raw(&w)[2 * kPairs]) {
+            moe_x16_chunk_products(w, rows, kk, sums);
+          });
+    } else if constexpr (kLoads == kMoeE4m3Wide) {
       moe_fp8_rows_for_each_chunk<2 * kPairs, 2>(p, wrow, stage[warp], lane,
                                                  [&](int kk, const float(&f)[2 * kPairs][8]) {
                                                    float xf[8];
@@ -137,7 +149,8 @@ void moe_down_combine_launch(const MoeShape& s, const MoeProductParams& down, co
                       .stream = stream,
                       .pdl = pdl_for(PdlSite::gemv)};
   const auto kernel = !down.ws               ? down_combine_kernel<kMoeBf16>
-                      : moe_fp8_wide_loads() ? down_combine_kernel<kMoeE4m3x16>
+                      : moe_fp8_e4m3x16()    ? down_combine_kernel<kMoeE4m3x16>
+                      : moe_fp8_wide_loads() ? down_combine_kernel<kMoeE4m3Wide>
                                              : down_combine_kernel<kMoeE4m3x8>;
   launch(cfg, kernel, down, c);
 }

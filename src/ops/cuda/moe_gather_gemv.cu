@@ -28,15 +28,19 @@ constexpr int kDepth = 2;  // chunks a lane loads a row before its first product
 // take the 8-element chunks l, l + 32, ... of k; each pass of up to 4 rows keeps 4 x 2 kPairs fp32 sums a
 // lane, reduced by an xor butterfly; lane 0 writes. bf16: a lane issues the 16-byte weight loads of kDepth
 // of its chunks (2 kPairs kDepth loads in flight) before the first product. e4m3 (block-FP8 rows with their
-// scales): kMoeE4m3x16 loads 16 bytes (16 elements) a lane, 4 512-element windows of each row in flight, and
-// regroups them through shared memory into the same chunks (moe_fp8_rows_for_each_chunk); kMoeE4m3x8 loads
-// each chunk's 8 bytes and its scale like the bf16 form; both widen to bf16(f32(q) * s). Every form sums
-// the chunks in ascending order: the FP8 kernel is the bf16 kernel on dequantize_fp8's weights, bit for bit.
+// scales): kMoeE4m3Wide loads 16 bytes (16 elements) a lane, 4 512-element windows of each row in flight,
+// and regroups them through shared memory into the same chunks (moe_fp8_rows_for_each_chunk); kMoeE4m3x8
+// loads each chunk's 8 bytes and its scale like the bf16 form; both widen to bf16(f32(q) * s). These forms
+// sum the chunks in ascending order: the FP8 kernel is the bf16 kernel on dequantize_fp8's weights, bit for
+// bit. kMoeE4m3x16 (path (d)): lane l takes the 16-element chunks l, l + 32, ... instead, a 16-byte e4m3 load
+// and its block's scale each, kDepth of them a row in flight before the first product
+// (moe_x16_rows_for_each_chunk); per chunk and x row the 16 products from +0, then acc = fmaf(sum, s, acc)
+// (moe_x16_chunk_products); the same butterfly: ops::linear_fp8_chunk16 with 32 threads, bit for bit.
 template <bool kSilu, int kLoads>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     gather_gemv_kernel(const __grid_constant__ MoeProductParams p) {
-  // kMoeE4m3x16: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
-  __shared__ __align__(16) uint2 stage[kLoads == kMoeE4m3x16 ? kWarps : 1][2 * kPairs][64];
+  // kMoeE4m3Wide: each warp's staging of its rows' 512-byte windows (moe_fp8_rows_for_each_chunk).
+  __shared__ __align__(16) uint2 stage[kLoads == kMoeE4m3Wide ? kWarps : 1][2 * kPairs][64];
   pdl_wait();  // launched with PDL where enabled: nothing global is touched before the predecessor is done
   const int num_active = p.active[p.E];
   if (int(blockIdx.x) >= num_active) return;
@@ -72,6 +76,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
       }
     };
     if constexpr (kLoads == kMoeE4m3x16) {
+      moe_x16_rows_for_each_chunk<2 * kPairs, kDepth>(
+          p, wrow, lane, [&](int kk, const gemv_detail::Fp8Chunks<uint4>::Raw(&w)[2 * kPairs]) {
+            moe_x16_chunk_products(w, src, kk, acc);
+          });
+    } else if constexpr (kLoads == kMoeE4m3Wide) {
       moe_fp8_rows_for_each_chunk<2 * kPairs, 4>(p, wrow, stage[warp], lane, consume);
     } else {
       constexpr bool kFp8 = kLoads == kMoeE4m3x8;
@@ -124,11 +133,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
-// The kernel for (kSilu, fp8): e4m3 16 or 8 bytes a lane as moe_fp8_wide_loads() says.
+// The kernel for (kSilu, fp8): path (d) where moe_fp8_e4m3x16() says, else e4m3 16 or 8 bytes a lane as
+// moe_fp8_wide_loads() says.
 template <bool kSilu>
 auto gather_gemv_kernel_for(bool fp8) {
   if (!fp8) return gather_gemv_kernel<kSilu, kMoeBf16>;
-  return moe_fp8_wide_loads() ? gather_gemv_kernel<kSilu, kMoeE4m3x16>
+  if (moe_fp8_e4m3x16()) return gather_gemv_kernel<kSilu, kMoeE4m3x16>;
+  return moe_fp8_wide_loads() ? gather_gemv_kernel<kSilu, kMoeE4m3Wide>
                               : gather_gemv_kernel<kSilu, kMoeE4m3x8>;
 }
 

@@ -1,9 +1,11 @@
 // Device helpers of the MoE gather GEMVs (moe_gather_gemv.cu, moe_down_combine.cu): the fp32 dot of 8
-// lanes' elements and the widening of 8 block-FP8 weights to the bf16 GEMV's operands.
+// lanes' elements, the widening of 8 block-FP8 weights to the bf16 GEMV's operands, and the block-FP8 rows
+// read in 16-element chunks for path (d) (the dense GEMV's "e4m3 x 16" helpers, gemv_weights.cuh).
 #pragma once
 
 #include <cuda_fp16.h>
 
+#include "ops/cuda/gemv_weights.cuh"
 #include "ops/cuda/moe_kernels.h"
 #include "ops/cuda/vec.cuh"
 #include "ops/fp8.h"
@@ -38,10 +40,12 @@ __device__ __forceinline__ void widen8_e4m3(uint2 v, float s, float (&f)[8]) {
 }
 
 // How a gather GEMV kernel reads its weights: bf16, or block-FP8 e4m3 8 bytes a lane (each 8-element chunk
-// with its own scale load: the path of `2f94697`) or 16 bytes a lane (moe_fp8_rows_for_each_chunk). Every
-// form gives the same bits (the e4m3 forms: the bf16 kernel on dequantize_fp8's weights). The e4m3 form a
-// launch takes: moe_fp8_wide_loads() (moe.h).
-enum MoeWeightLoads : int { kMoeBf16 = 0, kMoeE4m3x8 = 1, kMoeE4m3x16 = 2 };
+// with its own scale load: the path of `2f94697`) or 16 bytes a lane (moe_fp8_rows_for_each_chunk). These
+// forms give the same bits (the e4m3 forms: the bf16 kernel on dequantize_fp8's weights, path (c) of
+// ops/fp8_linear.h). kMoeE4m3x16 is path (d) instead, its own bits: 16-element chunks of e4m3 decoded
+// exactly, their sums scaled once a chunk (moe_x16_rows_for_each_chunk). The e4m3 form a launch takes:
+// moe_fp8_e4m3x16(), else moe_fp8_wide_loads() (moe.h).
+enum MoeWeightLoads : int { kMoeBf16 = 0, kMoeE4m3x8 = 1, kMoeE4m3Wide = 2, kMoeE4m3x16 = 3 };
 
 // One lane's 8 weights of a row as loaded (16 bytes of bf16, or 8 bytes of e4m3 and the block's scale),
 // so a kernel can issue the loads of several chunks before it widens the first.
@@ -128,6 +132,59 @@ __device__ __forceinline__ void moe_fp8_rows_for_each_chunk(const MoeProductPara
         }
         if (kk < p.K) consume(kk, f);
       }
+    }
+  }
+}
+
+// Path (d) of ops/fp8_linear.h ("e4m3 x 16", the dense GEMV's format: gemv.h, gemv_weights.cuh): a warp's kW
+// block-FP8 rows in 16-element chunks, lane l taking the chunks l, l + 32, l + 64, ... of each row in
+// ascending order, with one 16-byte load of e4m3 and its block's scale a chunk (Fp8Chunks<uint4>: streamed
+// past L1, the scale through it). The loads of kDepth chunks a row are issued before the first of them is
+// consumed. consume(kk, w): w[i] is row i's chunk of elements kk .. kk + 15 as loaded, called for every
+// chunk of the lane below K in ascending order (lanes past the last chunk idle; nothing warp-collective
+// happens in between). Needs K % 16 == 0 and 16-byte aligned rows.
+template <int kW, int kDepth, typename Consume>
+__device__ __forceinline__ void moe_x16_rows_for_each_chunk(const MoeProductParams& p,
+                                                            const int64_t (&wrow)[kW], int lane,
+                                                            Consume&& consume) {
+  using Chunks = gemv_detail::Fp8Chunks<uint4>;
+  const int chunks = p.K / 16;
+  typename Chunks::Row rows[kW];
+#pragma unroll
+  for (int i = 0; i < kW; ++i) rows[i] = Chunks::row(p.w8, p.K / 8, p.ws, p.skb, wrow[i]);
+  for (int c0 = lane; c0 < chunks; c0 += 32 * kDepth) {
+    typename Chunks::Raw w[kDepth][kW];
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d)
+#pragma unroll
+      for (int i = 0; i < kW; ++i)
+        w[d][i] = c0 + 32 * d < chunks ? Chunks::load<false>(rows[i], c0 + 32 * d) : Chunks::zero();
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (c0 + 32 * d >= chunks) break;
+      consume(16 * (c0 + 32 * d), w[d]);
+    }
+  }
+}
+
+// One 16-element chunk's products in path (d): for each of the kW rows' loaded chunks w[i] (e4m3 and block
+// scale) and each x row r (x[r] nullptr: skipped, warp-uniform), acc[r][i] = fmaf(sum, s, acc[r][i]) with sum
+// the chunk's 16 products f32(x) * f32(q) by fmaf from +0 in k order (Fp8x16Weights::chunk_sum; the e4m3
+// decoded exactly in integer arithmetic, the NaN codes as +-480). Each W row is decoded once for all x rows.
+template <int kR, int kW>
+__device__ __forceinline__ void moe_x16_chunk_products(const gemv_detail::Fp8Chunks<uint4>::Raw (&w)[kW],
+                                                       const uint16_t* const (&x)[kR], int kk,
+                                                       float (&acc)[kR][kW]) {
+  using Fp8x16 = gemv_detail::Fp8x16Weights;
+#pragma unroll
+  for (int i = 0; i < kW; ++i) {
+    float wf[16];
+    Fp8x16::decode16(w[i].q, wf);
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      if (!x[r]) continue;
+      const uint4* xv = reinterpret_cast<const uint4*>(x[r] + kk);
+      Fp8x16::chunk_sum(wf, xv[0], xv[1], w[i].s, acc[r][i]);
     }
   }
 }

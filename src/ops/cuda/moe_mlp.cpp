@@ -18,6 +18,7 @@ namespace {
 constexpr size_t kAlign = 256;
 
 std::atomic<int> g_fp8_wide_loads{-1};  // -1: not read yet
+std::atomic<int> g_fp8_e4m3x16{-1};     // -1: not read yet
 
 // A 0 / 1 switch read once from the environment into `cell` (-1: not read yet), unless a setter got there
 // first.
@@ -81,6 +82,14 @@ bool moe_fp8_wide_loads() {
 
 void moe_set_fp8_wide_loads(bool on) {
   g_fp8_wide_loads.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+bool moe_fp8_e4m3x16() {
+  return cached_switch(g_fp8_e4m3x16, "KILN_MOE_FP8_E4M3X16", kMoeFp8E4m3x16Default);
+}
+
+void moe_set_fp8_e4m3x16(bool on) {
+  g_fp8_e4m3x16.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
 size_t moe_scratch_bytes(const MoeShape& s) {

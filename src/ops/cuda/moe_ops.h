@@ -18,7 +18,10 @@ namespace kiln::ops::cuda {
 // experts under by_rows: the gather GEMV below moe_fp8_dequant_min_tokens(), at and above it the grouped GEMM
 // on their dequantized copy (the wgmma one where it applies, the mma.sync one where KILN_MOE_EXPERTS=gemm);
 // an explicit grouped kernel takes the dequantized copy at any T. Where the W8A8 grouped GEMM applies
-// (moe_fp8_w8a8_runs) it takes the place of both from its own threshold (kMoeFp8W8a8MinTokens).
+// (moe_fp8_w8a8_runs) it takes the place of both from its own threshold (kMoeFp8W8a8MinTokens). The GEMV on
+// block-FP8 experts runs path (c) of ops/fp8_linear.h (bitwise the BF16 GEMV on dequantize_fp8's experts),
+// or path (d) with 32 threads a row where kiln::cuda::moe_fp8_e4m3x16() (KILN_MOE_FP8_E4M3X16,
+// ops/cuda/moe.h; the CPU oracle: ops::moe_mlp with MoeFp8Path::chunk16).
 // grouped_gemm_fp8_w8a8: the W8A8 grouped GEMM named (block-FP8 experts only, an sm_90a device; any T).
 enum class MoeExperts { by_rows, grouped_gemm, grouped_gemm_sm90, gather_gemv, grouped_gemm_fp8_w8a8 };
 // 63: the wgmma GEMM from 64 tokens, where the 30B-A3B bf16 decode step at batch 64 took 29.05 ms with it

@@ -26,6 +26,9 @@
 //     experts (a warning on stderr).
 //   - It frees everything it allocated and leaves the thresholds as they were: applying the result (and the
 //     cache, and the environment's precedence) is the caller's (model/cuda_tune.h).
+//   - The block-FP8 GEMV timed is the form the switches select (kiln::cuda::moe_fp8_e4m3x16(): path (d),
+//     else path (c), ops/cuda/moe.h); the tuner does not time the forms against each other, and the cache key
+//     does not name the form, so a threshold cached under one form is reused under the other.
 #pragma once
 
 #include <cstdint>
