@@ -7,15 +7,18 @@
 //     where the device runs sm_90a code); the path column gives TFLOP/s (2 x 3 H I per (token, expert) pair)
 //   dense cublaslt T = 4096: the same FLOPs as dense GEMMs ([T k, 2I, H] then [T k, H, I]) through the
 //     engine: the matmul rate of this run that the grouped GEMM is held against
-//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes); at T = 1 the
-//     decode path (gate_up GEMV, then down fused with the combine), bf16 and fp8 (e4m3 16 bytes a lane, and
-//     8 bytes a lane: KILN_MOE_FP8_WIDE_LOADS=0's form);
+//   experts gather_gemv fp8 T = 1 .. 128: the same GEMV on block-FP8 experts (half the bytes), path (c)
+//     (KILN_MOE_FP8_E4M3X16 off), and `... fp8 e4m3x16`: path (d), the e4m3 x 16 form
+//     (KILN_MOE_FP8_E4M3X16=1); at T = 1 the decode path (gate_up GEMV, then down fused with the combine),
+//     bf16 and fp8 (e4m3 16 bytes a lane, 8 bytes a lane: KILN_MOE_FP8_WIDE_LOADS=0's form, and the e4m3 x 16
+//     form);
 //   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096 (and one
 //     expert-parallel rank's share of it, 16 of the 128 experts), and at
-//     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64: the router
-//     linear, routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the
-//     router GEMV fused with the routing and permutation (the path to 64 tokens; at T = 1 and 8 also its
-//     counter form beside the cluster form that runs there)
+//     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64 (and `mlp
+//     fp8 e4m3x16` where the gather GEMV runs: the op with KILN_MOE_FP8_E4M3X16=1): the router linear,
+//     routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the router
+//     GEMV fused with the routing and permutation (the path to 64 tokens; at T = 1 and 8 also its counter
+//     form beside the cluster form that runs there)
 //   FP8 experts at T = 16, 64 and 256, 1024, 4096 (the prefill sizes; ops/cuda/moe_ops.h
 //   kMoeFp8DequantMinTokens): the
 //     gather GEMV widening e4m3 in registers, the dequantization of the chosen experts alone, the dequant +
@@ -216,6 +219,7 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       rows.push_back(r);
     };
     if (T <= 128) {
+      const bool x16_before = kc::moe_fp8_e4m3x16();
       Row r{"moe", "experts gather_gemv", shape(T)};
       r.bytes = double(active) * expert_bytes + double(T * kK) * double(kH + kI) * 2 * 2;
       timed(r, experts(kc::MoeExpertKernel::gather_gemv));
@@ -229,10 +233,16 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         kc::moe_set_fp8(g8, m.gate_up8.data(), scales.gate_up);
         kc::moe_set_fp8(d8, m.down8.data(), scales.down);
         const bool wide_before = kc::moe_fp8_wide_loads();
-        for (const int form : {0, 1, 2}) {  // bf16; e4m3 16 and 8 bytes a lane (KILN_MOE_FP8_WIDE_LOADS)
+        // bf16; path (c), e4m3 16 and 8 bytes a lane (KILN_MOE_FP8_WIDE_LOADS); path (d)
+        // (KILN_MOE_FP8_E4M3X16)
+        for (const int form : {0, 1, 2, 3}) {
           const bool fp8 = form > 0;
-          if (fp8) kc::moe_set_fp8_wide_loads(form == 1);
-          const char* name = form == 1 ? " fp8" : form == 2 ? " fp8 8-byte loads" : "";
+          kc::moe_set_fp8_wide_loads(form == 1);
+          kc::moe_set_fp8_e4m3x16(form == 3);
+          const char* name = form == 1   ? " fp8"
+                             : form == 2 ? " fp8 8-byte loads"
+                             : form == 3 ? " fp8 e4m3x16"
+                                         : "";
           Row f{"moe", std::string("experts + combine fused") + name, shape(T)};
           f.bytes = double(active) * expert_bytes / (fp8 ? 2 : 1) + double(kK) * double(kH + kI) * 2 * 2;
           timed(f, [&](int) {
@@ -243,12 +253,16 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         }
         kc::moe_set_fp8_wide_loads(wide_before);
       }
-      r.variant = "experts gather_gemv fp8";
       r.bytes = double(active) * expert_bytes / 2 + double(T * kK) * double(kH + kI) * 2 * 2;
-      timed(r, [&](int) {
-        kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, static_cast<const uint16_t*>(x.data()), kH,
-                               m.gate_up8.data(), m.down8.data(), s, b, env.stream, scales);
-      });
+      for (const bool x16 : {false, true}) {  // path (c), then path (d)
+        kc::moe_set_fp8_e4m3x16(x16);
+        r.variant = x16 ? "experts gather_gemv fp8 e4m3x16" : "experts gather_gemv fp8";
+        timed(r, [&](int) {
+          kc::moe_experts_launch(kc::MoeExpertKernel::gather_gemv, static_cast<const uint16_t*>(x.data()), kH,
+                                 m.gate_up8.data(), m.down8.data(), s, b, env.stream, scales);
+        });
+      }
+      kc::moe_set_fp8_e4m3x16(x16_before);
     }
     if (T >= 8) {
       Row r{"moe", "experts grouped_gemm", shape(T)};
@@ -292,6 +306,14 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
         r.bytes = double(active) * expert_bytes / 2 + double(kE * kH) * 2;
         r.path.clear();
         timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, scratch.data(), scratch.bytes()); });
+        if (!ops::cuda::moe_fp8_w8a8_runs(m.w8, T) && !ops::cuda::moe_fp8_dequant_runs(m.w8, T)) {
+          const bool x16_before = kc::moe_fp8_e4m3x16();  // the GEMV runs here: its path (d) form too
+          kc::moe_set_fp8_e4m3x16(true);
+          r.variant = "mlp fp8 e4m3x16 (route + experts + combine)";
+          r.path.clear();
+          timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, scratch.data(), scratch.bytes()); });
+          kc::moe_set_fp8_e4m3x16(x16_before);
+        }
       }
     }
     if (T == 1 || T == 8 || T == 64) {  // the router GEMV fused with the routing (the op's path to 64 tokens)

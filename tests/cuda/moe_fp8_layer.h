@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/tensor.h"
+#include "ops/cuda/moe.h"
 #include "ops/cuda/moe_ops.h"
 #include "ops/fp8_linear.h"
 #include "ops/moe.h"
@@ -114,6 +115,34 @@ struct Fp8W8a8Scope {
   Fp8W8a8Scope(const Fp8W8a8Scope&) = delete;
   Fp8W8a8Scope& operator=(const Fp8W8a8Scope&) = delete;
 };
+
+// Sets the gather GEMV's path-(d) switch (kiln::cuda::moe_set_fp8_e4m3x16, KILN_MOE_FP8_E4M3X16) for a scope,
+// then puts the previous value back: the tests of path (c)'s bits pin it off, the e4m3 x 16 tests on.
+struct Fp8E4m3x16Scope {
+  bool before = ::kiln::cuda::moe_fp8_e4m3x16();
+  explicit Fp8E4m3x16Scope(bool on) { ::kiln::cuda::moe_set_fp8_e4m3x16(on); }
+  ~Fp8E4m3x16Scope() { ::kiln::cuda::moe_set_fp8_e4m3x16(before); }
+  Fp8E4m3x16Scope(const Fp8E4m3x16Scope&) = delete;
+  Fp8E4m3x16Scope& operator=(const Fp8E4m3x16Scope&) = delete;
+};
+
+// Experts [e0, e1) of w (host or device, bf16 or block-FP8): views into w's storage, expert_begin e0.
+inline ops::MoeWeights expert_share(const ops::MoeWeights& w, int64_t e0, int64_t e1) {
+  const auto experts = [&](const Tensor& t) {
+    const int64_t bytes = t.shape[1] * t.shape[2] * dtype_size(t.dtype);
+    return Tensor(static_cast<char*>(t.data) + e0 * bytes, t.dtype, {e1 - e0, t.shape[1], t.shape[2]},
+                  t.device);
+  };
+  ops::MoeWeights s = w;
+  s.gate_up = experts(w.gate_up);
+  s.down = experts(w.down);
+  if (w.is_fp8()) {
+    s.gate_up_scale = experts(w.gate_up_scale);
+    s.down_scale = experts(w.down_scale);
+  }
+  s.expert_begin = e0;
+  return s;
+}
 
 // n elements of type T at device address p.
 template <typename T>

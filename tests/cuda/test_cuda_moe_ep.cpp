@@ -25,25 +25,7 @@ namespace kiln {
 namespace {
 
 namespace kc = ::kiln::cuda;
-using ops::cuda::MoeExperts, test::Fp8Layer, test::read_device, test::run_moe_gpu;
-
-// Experts [e0, e1) of w (host or device, bf16 or block-FP8): views into w's storage, expert_begin e0.
-ops::MoeWeights expert_share(const ops::MoeWeights& w, int64_t e0, int64_t e1) {
-  const auto experts = [&](const Tensor& t) {
-    const int64_t bytes = t.shape[1] * t.shape[2] * dtype_size(t.dtype);
-    return Tensor(static_cast<char*>(t.data) + e0 * bytes, t.dtype, {e1 - e0, t.shape[1], t.shape[2]},
-                  t.device);
-  };
-  ops::MoeWeights s = w;
-  s.gate_up = experts(w.gate_up);
-  s.down = experts(w.down);
-  if (w.is_fp8()) {
-    s.gate_up_scale = experts(w.gate_up_scale);
-    s.down_scale = experts(w.down_scale);
-  }
-  s.expert_begin = e0;
-  return s;
-}
+using ops::cuda::MoeExperts, test::Fp8Layer, test::expert_share, test::read_device, test::run_moe_gpu;
 
 // What a run left in the scratch: the routing, its layout and the expert rows y.
 struct Routed {
@@ -133,6 +115,7 @@ std::vector<Form> forms() {
 void check_shares(const Fp8Layer& l, const std::vector<int64_t>& rank_counts,
                   const std::vector<int64_t>& batches, bool expect_an_idle_rank = false) {
   Buffer scratch(256, Device::cuda()), whole_scratch(256, Device::cuda());
+  const test::Fp8E4m3x16Scope path_c(false);  // FP8 on the GEMV bitwise the BF16 share: path (c)
   for (const int64_t T : batches) {
     const auto x = test::random_bf16(size_t(T * l.H), uint32_t(T * 13 + 5));
     const Buffer dx = test::to_device(x);

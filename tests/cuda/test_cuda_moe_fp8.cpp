@@ -9,7 +9,9 @@
 // BF16 share on its dequantized slice, bitwise; a whole FP8 MoE model on CUDA matches the CPU model on the
 // dequantized checkpoint within the dense FP8 model's bounds (test_cuda_fp8_dequant.cpp); and the GPU's
 // online quantizer (the loader's path for experts) is bitwise the host's. The dequant path's tests turn the
-// W8A8 grouped GEMM off (KILN_MOE_FP8_W8A8's setter); it has its own, test_cuda_moe_fp8_w8a8.cpp.
+// W8A8 grouped GEMM off (KILN_MOE_FP8_W8A8's setter); it has its own, test_cuda_moe_fp8_w8a8.cpp. The GEMV's
+// path (d) form (KILN_MOE_FP8_E4M3X16) is pinned off where path (c)'s bits are asserted; its tests are
+// test_cuda_moe_fp8_x16.cpp.
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -48,6 +50,7 @@ void check_layer(int64_t E, int64_t k, int64_t H, int64_t I, const std::vector<i
   Buffer scratch(256, Device::cuda());
   using ops::cuda::MoeExperts;
   const test::Fp8W8a8Scope gemv_path(false);  // below the dequant threshold, the GEMV (else W8A8 from T = 8)
+  const test::Fp8E4m3x16Scope path_c(false);  // path (d): test_cuda_moe_fp8_x16.cpp
   for (const int64_t T : batches) {
     SCOPED_TRACE("E " + std::to_string(E) + " H " + std::to_string(H) + " I " + std::to_string(I) + " T " +
                  std::to_string(T));
@@ -92,6 +95,7 @@ TEST(CudaMoeFp8, FusedDownCombineEqualsGemvThenCombineBitwise) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = test::make_fp8_layer(32, 8, 512, 256, 11);
   Buffer scratch(256, Device::cuda());
+  const test::Fp8E4m3x16Scope path_c(false);  // the two path (c) load forms (path (d): test_cuda_moe_fp8_x16)
   for (const int64_t T : {int64_t(1), int64_t(2), int64_t(5)}) {
     for (const bool fp8 : {false, true}) {
       SCOPED_TRACE("T " + std::to_string(T) + (fp8 ? " fp8" : " bf16"));
@@ -187,6 +191,7 @@ void expect_expert_copy(const std::vector<bf16_t>& copy, const std::vector<bf16_
 void check_dequant_path(const Fp8Layer& l, const std::vector<int64_t>& batches, int64_t min_tokens) {
   const DequantMinTokens guard(min_tokens);
   const test::Fp8W8a8Scope dequant_path(false);  // the W8A8 GEMM: test_cuda_moe_fp8_w8a8.cpp
+  const test::Fp8E4m3x16Scope path_c(false);     // the GEMV below the threshold: path (c)'s bits
   Buffer scratch(256, Device::cuda()), ref_scratch(256, Device::cuda());
   const ops::MoeWeights w8 = l.fp8(Device::cuda()), wd = l.dequantized_device();
   for (const int64_t T : batches) {
@@ -244,6 +249,7 @@ TEST(CudaMoeFp8, ThresholdZeroKeepsTheGemvAtEveryT) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = test::make_fp8_layer(32, 4, 256, 128, 27);
   const DequantMinTokens guard(0);
+  const test::Fp8E4m3x16Scope path_c(false);
   Buffer scratch(256, Device::cuda()), ref_scratch(256, Device::cuda());
   for (const int64_t T : {int64_t(300), int64_t(2000)}) {
     SCOPED_TRACE("T " + std::to_string(T));
@@ -407,6 +413,7 @@ Fp8Layer split_share(const Fp8Layer& l, int64_t r, int64_t R) {
 TEST(CudaMoeFp8, SplitIntermediateShareOnTheBlockGrid) {
   KILN_REQUIRE_GPU();
   const Fp8Layer l = test::make_fp8_layer(8, 2, 256, 384, 17);
+  const test::Fp8E4m3x16Scope path_c(false);  // the GEMV's share bitwise the BF16 share: path (c)
   constexpr int64_t R = 3;
   std::vector<Fp8Layer> shares;
   for (int64_t r = 0; r < R; ++r) shares.push_back(split_share(l, r, R));
