@@ -181,7 +181,8 @@ struct Engine::Impl {
   bool spec_step(StepPlan& plan, Clock::time_point t0);
   // n-gram (SpecOptions::index_during_forward): each verifiable row's index takes the tokens up to the end of
   // what the step computes (a prompt chunk, the decoded token). Called while the step's forward runs on the
-  // device (forward_sampled's before_sample), so the first draft of a request finds its prompt indexed.
+  // device (forward_sampled's before_sample; a step launched ahead, while its predecessor is collected), so
+  // a request's first draft finds its prompt indexed and a probe of the off switch finds its index current.
   void index_during_forward(const StepPlan& plan);
   // A row's index (made where missing, remade where it has more tokens than the sequence: a recompute).
   spec::NgramIndex& ngram_index(const Sequence& s);

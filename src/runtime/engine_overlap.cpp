@@ -115,6 +115,7 @@ void Engine::Impl::step_in_flight() {
   std::vector<Draw> draws(K);
   try {
     inflight = launch_continuation(cur);  // before cur's tokens are known: its rows' next step
+    index_during_forward(cur.plan);       // while cur runs: a probe then finds the indexes current
     std::vector<ModelRunner::SampledRow> out;
     runner->collect_sampled(&out);
     KILN_CHECK_EQ(out.size(), K, "the runner returned the wrong number of sampled rows");
