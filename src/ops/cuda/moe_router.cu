@@ -226,6 +226,24 @@ bool cluster_form_applies() {
   });
 }
 
+// Dynamic shared memory past 48 KB, the static shared memory counted in, needs each kernel's opt-in: once per
+// device, for the most any launch asks, kRouterTokens + 1 rows of kMoeRouterMaxHidden (147 KB). Opting in
+// only where the dynamic part alone passed 48 KB left the launches between (hidden 4096 at 5 to 8 tokens:
+// 40-72 KB dynamic beside ~10 KB static) refused with "invalid argument" (test_cuda_moe_fp8, H100,
+// 2026-12-07).
+PerDeviceFlag g_router_smem_opt_in;
+void opt_in_router_smem() {
+  g_router_smem_opt_in.get([] {
+    constexpr int kMaxSmem = int((kRouterTokens + 1) * kMoeRouterMaxHidden * 2);
+    for (const void* k : {reinterpret_cast<const void*>(router_route_kernel<false, false>),
+                          reinterpret_cast<const void*>(router_route_kernel<true, false>),
+                          reinterpret_cast<const void*>(router_route_kernel<false, true>),
+                          reinterpret_cast<const void*>(router_route_kernel<true, true>)})
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    return true;
+  });
+}
+
 }  // namespace
 
 void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* router, const MoeShape& s,
@@ -253,6 +271,7 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
                        .route = route_params(b.logits, s.E, s, norm_topk_prob, b),
                        .norm = norm ? *norm : MoeNormIn{}};
   const size_t smem = size_t((std::min<int64_t>(s.T, kRouterTokens) + (norm ? 1 : 0)) * s.H) * 2;
+  opt_in_router_smem();
   const bool cluster = !counter_only && moe_router_cluster_enabled() && s.T <= kRouterTokens &&
                        s.E <= int64_t(kClusterWarps) * kClusterBlocks && cluster_form_applies();
   if (!cluster) {
@@ -266,8 +285,6 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
     return;
   }
   const auto kernel = norm ? router_route_kernel<true, true> : router_route_kernel<false, true>;
-  if (smem > 48 * 1024)
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const unsigned blocks = unsigned((s.E + kClusterWarps - 1) / kClusterWarps);
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(blocks);
