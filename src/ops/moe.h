@@ -57,7 +57,7 @@
 //   x H x 2 bytes (30B-A3B: 1.21 GB). Needs I and H multiples of 128 (each expert's gate, up and down rows
 //   fill whole 128-row blocks).
 // Path (d) for the gather GEMV (e4m3 x 16): CPU with MoeFp8Path::chunk16; CUDA's gather GEMV (and fused down
-//   + combine) with KILN_MOE_FP8_E4M3X16=1 (ops/cuda/moe.h). Each expert projection is
+//   + combine) by default, KILN_MOE_FP8_E4M3X16=0 for path (c) (ops/cuda/moe.h). Each expert projection is
 //   linear_fp8_chunk16(.., 32): per 16-element chunk of K, sum = the products f32(x) * f32(q) by fmaf from +0
 //   in k order, acc = fmaf(sum, s, acc) with the chunk's block scale (the e4m3 never rounded to bf16),
 //   thread t of 32 taking chunks t, t + 32, ... in ascending order, then the xor butterfly 16, 8, 4, 2, 1

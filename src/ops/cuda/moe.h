@@ -135,18 +135,20 @@ void moe_permute_launch(const MoeShape& s, const MoeBuffers& b, cudaStream_t str
 //     in the gather GEMV and the fused down + combine; 0: 8 bytes and a scale load a chunk, the kernels of
 //     `2f94697`. The same bits either way (tested on the H100); off until timed faster: its T = 1 decode
 //     path measured 27.79 us at `c32d2e9` against the 8-byte form's 25.55 in an earlier run (E4).
-//   KILN_MOE_FP8_E4M3X16 (default kMoeFp8E4m3x16Default, off): block-FP8 experts in the gather GEMV and the
+//   KILN_MOE_FP8_E4M3X16 (default kMoeFp8E4m3x16Default, on): block-FP8 experts in the gather GEMV and the
 //     fused down + combine run path (d) of ops/fp8_linear.h ("e4m3 x 16", the dense GEMV's format) instead
 //     of path (c): per lane the 16-element chunks l, l + 32, ... of a row, a 16-byte e4m3 load and the
 //     block's scale each, the e4m3 decoded exactly in integer arithmetic (no conversion instructions), the
 //     chunk's 16 products summed by fmaf from +0, then acc = fmaf(sum, s, acc); the xor butterfly 16 .. 1;
 //     one warp a row: ops::linear_fp8_chunk16 with 32 threads, bitwise, for gate, up and down, then the
 //     rounding points of moe_experts_launch (below). Other bits than path (c)'s (the weight is never rounded
-//     to bf16), so KILN_MOE_FP8_WIDE_LOADS does not apply where it runs. Off until timed on a GPU against
-//     the path (c) forms (bench/moe_bench.cpp rows `... fp8 e4m3x16`).
+//     to bf16), so KILN_MOE_FP8_WIDE_LOADS does not apply where it runs; 0: path (c). On the H100
+//     (2026-12-07, kiln of `36e733e`, docs/PERF.md E17) the gather GEMV at T = 4 / 8 took 78.85 / 141.64 us
+//     against path (c)'s 86.76 / 153.54, and the 30B-A3B FP8 decode step at batch 1 3.307-3.325 ms against
+//     3.732-3.744 (alternating in one run; batch 8, where the W8A8 grouped GEMM runs, unchanged).
 constexpr bool kMoeRouterClusterDefault = true;
 constexpr bool kMoeFp8WideLoadsDefault = false;
-constexpr bool kMoeFp8E4m3x16Default = false;
+constexpr bool kMoeFp8E4m3x16Default = true;
 bool moe_router_cluster_enabled();
 bool moe_fp8_wide_loads();
 // Overrides KILN_MOE_FP8_WIDE_LOADS for this process (tests and benchmarks compare both forms).
