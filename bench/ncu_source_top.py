@@ -14,11 +14,20 @@ def num(x):
         return 0.0
 
 
-lines = [l for l in open(sys.argv[1]) if l.startswith('"') and not l.startswith('"Kernel Name"')]
-rows = list(csv.DictReader(lines))
+# The CUDA view prints, per source file, a '"File Name","PATH"' line and then its own header and rows; the SASS
+# view one header. Each row keeps the file it came from (key "file"); repeated headers are dropped.
+rows, header, file = [], None, ""
+for rec in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"') and not l.startswith('"Kernel Name"')):
+    if rec and rec[0] == "File Name":
+        file = rec[1] if len(rec) > 1 else ""
+    elif header is None or rec == header:
+        header = rec
+    else:
+        rows.append(dict(zip(header, rec), file=file))
 if not rows:
     sys.exit("no CSV rows")
-cols = list(rows[0].keys())
+cols = list(header)
+line_col = next((c for c in cols if c and c.strip() in ("#", "Line", "Line Number")), None)
 src = next((c for c in cols if c and c.strip() == "Source"), None)
 samples = next((c for c in cols if c and "Warp Stall Sampling (All" in c), None)
 executed = next((c for c in cols if c and c.strip() == "Instructions Executed"), None)
@@ -26,7 +35,7 @@ reasons = [c for c in cols if c.startswith("stall_") and "Not Issued" not in c]
 if not (src and samples):
     sys.exit("columns not found; the header is: " + " | ".join(cols))
 total = sum(num(r[samples]) for r in rows)
-print(f"# {len(rows)} SASS instructions, {total:.0f} stall samples")
+print(f"# {len(rows)} rows (SASS instructions or CUDA lines), {total:.0f} stall samples")
 if reasons:
     by = sorted(((sum(num(r[c]) for r in rows), c) for c in reasons), reverse=True)
     for v, c in by[:12]:
@@ -37,7 +46,8 @@ for i, r in sorted(enumerate(rows), key=lambda ir: -num(ir[1][samples]))[:top]:
     rs = sorted(((num(r[c]), c) for c in reasons), reverse=True)[:2]
     why = ", ".join(f"{c.split(':')[-1].strip()} {v:.0f}" for v, c in rs if v > 0)
     ex = num(r[executed]) if executed else 0
-    print(f"{i} | {num(r[samples]):.0f} | {ex:.0f} | {why} | {r[src].strip()}")
+    where = f"{r['file'].split('/')[-1]}:{r[line_col]} " if r["file"] and line_col else ""
+    print(f"{i} | {num(r[samples]):.0f} | {ex:.0f} | {why} | {where}{r[src].strip()}")
 if len(sys.argv) > 4:
     first, last = int(sys.argv[3]), int(sys.argv[4])
     mix = {}
