@@ -227,19 +227,27 @@ bool cluster_form_applies() {
 }
 
 // Dynamic shared memory past 48 KB, the static shared memory counted in, needs each kernel's opt-in: once per
-// device, for the most any launch asks, kRouterTokens + 1 rows of kMoeRouterMaxHidden (147 KB). Opting in
-// only where the dynamic part alone passed 48 KB left the launches between (hidden 4096 at 5 to 8 tokens:
-// 40-72 KB dynamic beside ~10 KB static) refused with "invalid argument" (test_cuda_moe_fp8, H100,
-// 2026-12-07).
+// device, for the most any launch asks, kRouterTokens + 1 rows of kMoeRouterMaxHidden (147 KB), or what the
+// device allows beside the kernel's static shared memory where that is less (99 KB opt-in on sm_86 / sm_89: a
+// launch past it fails as a CUDA error of its step). Opting in only where the dynamic part alone passed 48 KB
+// left the launches between refused with "invalid argument" (hidden 4096 at 5 to 8 tokens: 40-72 KB dynamic
+// beside ~10 KB static; test_cuda_moe_fp8 on an H100, 2026-12-07).
 PerDeviceFlag g_router_smem_opt_in;
 void opt_in_router_smem() {
   g_router_smem_opt_in.get([] {
     constexpr int kMaxSmem = int((kRouterTokens + 1) * kMoeRouterMaxHidden * 2);
+    int dev = 0, optin = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&dev));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     for (const void* k : {reinterpret_cast<const void*>(router_route_kernel<false, false>),
                           reinterpret_cast<const void*>(router_route_kernel<true, false>),
                           reinterpret_cast<const void*>(router_route_kernel<false, true>),
-                          reinterpret_cast<const void*>(router_route_kernel<true, true>)})
-      KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+                          reinterpret_cast<const void*>(router_route_kernel<true, true>)}) {
+      cudaFuncAttributes a{};
+      KILN_CUDA_CHECK(cudaFuncGetAttributes(&a, k));
+      const int allowed = std::min(kMaxSmem, optin - int(a.sharedSizeBytes));
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, allowed));
+    }
     return true;
   });
 }
