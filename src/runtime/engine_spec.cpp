@@ -211,8 +211,8 @@ void Engine::Impl::index_during_forward(const StepPlan& plan) {
     const Sequence& s = *r.seq;
     const auto L = live.find(s.id);
     if (L == live.end() || !verifiable(L->second)) continue;
-    // The tokens up to the end of this step's positions: a long prompt is indexed chunk by chunk, each part
-    // beside the forward of its own chunk.
+    // The tokens up to the end of this step's positions (known before they are computed). A prompt's chunks
+    // that draw no token run without this hook (ModelRunner::forward), so its last chunk brings the rest.
     const size_t end = std::min(s.tokens.size(), size_t(r.begin) + size_t(r.q_len));
     spec::NgramIndex& idx = ngram_index(s);
     if (idx.size() >= end) continue;
