@@ -5,19 +5,14 @@
 #include "kiln/error.h"
 
 namespace kiln::spec {
-namespace {
-double uniform(std::mt19937_64& rng) {
-  return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-}
-}  // namespace
 
 Verdict verify_greedy(int32_t target_greedy, int32_t draft) {
   return {draft == target_greedy, target_greedy};
 }
 
 Verdict verify_point_draft(const Categorical& p, int32_t draft, std::mt19937_64& rng) {
-  if (uniform(rng) < p.prob(draft)) return {true, draft};
-  return {false, p.draw_excluding(draft, uniform(rng))};
+  if (uniform01(rng) < p.prob(draft)) return {true, draft};
+  return {false, p.draw_excluding(draft, uniform01(rng))};
 }
 
 Verdict verify_sampled_draft(const Categorical& p, std::span<const double> q, int32_t draft,
@@ -26,9 +21,9 @@ Verdict verify_sampled_draft(const Categorical& p, std::span<const double> q, in
              " outside the draft distribution's ", q.size(), " ids");
   const double px = p.prob(draft), qx = q[size_t(draft)];
   KILN_CHECK(qx > 0.0, "verify_sampled_draft: the draft token ", draft, " has probability 0 under q");
-  if (uniform(rng) * qx < px) return {true, draft};  // u < p / q without the division
+  if (uniform01(rng) * qx < px) return {true, draft};  // u < p / q without the division
   const Categorical r = sampled_residual(p, q);
-  const double u = uniform(rng);
+  const double u = uniform01(rng);
   // p <= q everywhere but at rounding level: p and q agree, and the draft would have been kept.
   if (!(r.mass > 0.0)) return {true, draft};
   return {false, r.draw(u)};
@@ -50,7 +45,7 @@ Categorical sampled_residual(const Categorical& p, std::span<const double> q) {
 }
 
 int32_t target_token(const TargetPosition& t, std::mt19937_64& rng) {
-  return t.dist ? t.dist->draw(uniform(rng)) : t.greedy;
+  return t.dist ? t.dist->draw(uniform01(rng)) : t.greedy;
 }
 
 }  // namespace kiln::spec

@@ -50,6 +50,10 @@ Verdict verify_sampled_draft(const Categorical& p, std::span<const double> q, in
 Categorical sampled_residual(const Categorical& p, std::span<const double> q);
 // The target's own token where no draft is left to check: the greedy token, or one draw from p.
 int32_t target_token(const TargetPosition& t, std::mt19937_64& rng);
+// One uniform in [0, 1) from the request's generator: the draw every verification rule here consumes.
+inline double uniform01(std::mt19937_64& rng) {
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+}
 
 // A chain draft d[0..k) verified left to right. target(j) returns the target's side at position j (after the
 // context and d[0..j), all of them kept), called for j = 0, 1, ... in order and only while drafts are kept,

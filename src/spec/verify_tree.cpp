@@ -5,11 +5,6 @@
 #include "kiln/error.h"
 
 namespace kiln::spec {
-namespace {
-double uniform(std::mt19937_64& rng) {
-  return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-}
-}  // namespace
 
 ChildVerdict verify_greedy_children(int32_t target_greedy, std::span<const int32_t> children) {
   for (size_t i = 0; i < children.size(); ++i)
@@ -24,10 +19,10 @@ ChildVerdict verify_point_children(const Categorical& p, std::span<const int32_t
   std::vector<int32_t> removed;
   removed.reserve(children.size());
   for (size_t i = 0; i < children.size(); ++i) {
-    if (uniform(rng) < p.prob_without(children[i], removed)) return {int32_t(i), children[i]};
+    if (uniform01(rng) < p.prob_without(children[i], removed)) return {int32_t(i), children[i]};
     removed.push_back(children[i]);
   }
-  return {-1, p.draw_without(removed, uniform(rng))};
+  return {-1, p.draw_without(removed, uniform01(rng))};
 }
 
 ChildVerdict verify_sampled_children(const Categorical& p, std::span<const double> q,
@@ -38,14 +33,14 @@ ChildVerdict verify_sampled_children(const Categorical& p, std::span<const doubl
     const int32_t x = children[i];
     KILN_CHECK(x >= 0 && size_t(x) < q.size() && q[size_t(x)] > 0.0, "verify_sampled_children: child ", i,
                "'s token ", x, " cannot be drawn from the draft distribution (", q.size(), " ids)");
-    if (uniform(rng) * q[size_t(x)] < r->prob(x)) return {int32_t(i), x};  // u < r / q without the division
+    if (uniform01(rng) * q[size_t(x)] < r->prob(x)) return {int32_t(i), x};  // u < r / q without the division
     Categorical next = sampled_residual(*r, q);
     // r_i <= q everywhere but at rounding level: r_i and q agree, and x would have been kept.
     if (!(next.mass > 0.0)) return {int32_t(i), x};
     residual = std::move(next);
     r = &residual;
   }
-  return {-1, r->draw(uniform(rng))};
+  return {-1, r->draw(uniform01(rng))};
 }
 
 TreeStep verify_tree_step(const DraftTree& tree, int32_t node, const TargetPosition& t,
