@@ -14,18 +14,18 @@
 //     form);
 //   mlp (the whole op: router, routing, permutation, experts, combine) at T = 1, 8, 64, 4096 (and one
 //     expert-parallel rank's share of it, 16 of the 128 experts), and at
-//     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64 (and `mlp
-//     fp8 e4m3x16` where the gather GEMV runs: the op with KILN_MOE_FP8_E4M3X16=1): the router linear,
+//     T = 1 and 8 its other parts alone; mlp fp8 the same with block-FP8 experts at T = 1, 8, 64 (where the
+//     gather GEMV runs, path (c) and, as `mlp fp8 e4m3x16`, path (d)): the router linear,
 //     routing + permutation, the combine (the unfused router path, T > 64), and at T = 1, 8, 64 the router
 //     GEMV fused with the routing and permutation (the path to 64 tokens; at T = 1 and 8 also its counter
 //     form beside the cluster form that runs there)
 //   FP8 experts at T = 16, 64 and 256, 1024, 4096 (the prefill sizes; ops/cuda/moe_ops.h
 //   kMoeFp8DequantMinTokens): the
-//     gather GEMV widening e4m3 in registers, the dequantization of the chosen experts alone, the dequant +
-//     wgmma grouped GEMM (FP8's path at and above the threshold), the BF16 wgmma GEMM beside them, and the
-//     whole op with FP8 experts under the default threshold (its path column says which ran), and (sm_90a)
-//     `experts fp8 w8a8 grouped`: the W8A8 grouped GEMM (inputs quantized to e4m3, e4m3 x e4m3 wgmma), the
-//     path by rows takes there with KILN_MOE_FP8_W8A8=1
+//     gather GEMV in its default form (KILN_MOE_FP8_E4M3X16: path (d)), the dequantization of the chosen
+//     experts alone, the dequant + wgmma grouped GEMM (FP8's path at and above the threshold), the BF16 wgmma
+//     GEMM beside them, and the whole op with FP8 experts under the default threshold (its path column says
+//     which ran), and (sm_90a) `experts fp8 w8a8 grouped`: the W8A8 grouped GEMM (inputs quantized to e4m3,
+//     e4m3 x e4m3 wgmma), the path by rows takes there with KILN_MOE_FP8_W8A8=1
 // Timed as graph replays below 64 tokens, else cold-L2 launches (time_cold_us).
 #include <algorithm>
 #include <cstdio>
@@ -302,18 +302,19 @@ void run_moe(const Env& env, std::vector<Row>& rows) {
       r.path.clear();
       timed(r, [&](int) { ops::cuda::moe_mlp(xt, share, ot, scratch.data(), scratch.bytes()); });
       if (T <= 64) {
-        r.variant = "mlp fp8 (route + experts + combine)";
+        // Where the gather GEMV runs, the row without a suffix is path (c) and `e4m3x16` path (d) (the
+        // default); elsewhere the switch does not apply and one row is timed.
+        const bool gemv = !ops::cuda::moe_fp8_w8a8_runs(m.w8, T) && !ops::cuda::moe_fp8_dequant_runs(m.w8, T);
+        const bool x16_before = kc::moe_fp8_e4m3x16();
         r.bytes = double(active) * expert_bytes / 2 + double(kE * kH) * 2;
-        r.path.clear();
-        timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, scratch.data(), scratch.bytes()); });
-        if (!ops::cuda::moe_fp8_w8a8_runs(m.w8, T) && !ops::cuda::moe_fp8_dequant_runs(m.w8, T)) {
-          const bool x16_before = kc::moe_fp8_e4m3x16();  // the GEMV runs here: its path (d) form too
-          kc::moe_set_fp8_e4m3x16(true);
-          r.variant = "mlp fp8 e4m3x16 (route + experts + combine)";
+        for (const bool x16 : gemv ? std::vector<bool>{false, true} : std::vector<bool>{x16_before}) {
+          kc::moe_set_fp8_e4m3x16(x16);
+          r.variant = gemv && x16 ? "mlp fp8 e4m3x16 (route + experts + combine)"
+                                  : "mlp fp8 (route + experts + combine)";
           r.path.clear();
           timed(r, [&](int) { ops::cuda::moe_mlp(xt, m.w8, ot, scratch.data(), scratch.bytes()); });
-          kc::moe_set_fp8_e4m3x16(x16_before);
         }
+        kc::moe_set_fp8_e4m3x16(x16_before);
       }
     }
     if (T == 1 || T == 8 || T == 64) {  // the router GEMV fused with the routing (the op's path to 64 tokens)
