@@ -22,11 +22,19 @@ struct LaunchCfg {
   bool smem_attr_set = false;
 };
 
-// Launches kernel<<<cfg>>>(args...) through cudaLaunchKernelEx; raises the dynamic shared memory
-// limit when asked for more than 48 KB; checks the launch.
+// The kernel's static shared memory (cudaFuncGetAttributes, cached per kernel: it is fixed at compile time).
+size_t kernel_static_smem(const void* kernel);
+
+// Launches kernel<<<cfg>>>(args...) through cudaLaunchKernelEx; raises the dynamic shared memory limit where
+// static + dynamic pass the 48 KB a block gets without opting in (a kernel's default dynamic limit is 48 KB
+// less its static part, so 40 KB static + 16 KB dynamic is refused with "invalid argument"); checks the
+// launch.
 template <typename... KArgs, typename... Args>
 void launch(const LaunchCfg& cfg, void (*kernel)(KArgs...), Args&&... args) {
-  if (cfg.smem > 48 * 1024 && !cfg.smem_attr_set) {
+  constexpr size_t kDefaultSmem = 48 * 1024;
+  if (cfg.smem > 0 && !cfg.smem_attr_set &&
+      (cfg.smem > kDefaultSmem ||
+       cfg.smem + kernel_static_smem(reinterpret_cast<const void*>(kernel)) > kDefaultSmem)) {
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.smem)));
   }
   cudaLaunchConfig_t lc{};
