@@ -14,20 +14,24 @@ def num(x):
         return 0.0
 
 
-# The CUDA view prints, per source file, a '"File Name","PATH"' line and then its own header and rows; the SASS
-# view one header. Each row keeps the file it came from (key "file"); repeated headers are dropped.
-rows, header, file = [], None, ""
+# The CUDA view prints, per source file, a '"File Name","PATH"' line and then that file's own header (only "Line
+# No" and "Source" for a file without metrics) and rows; the SASS view one header. Each row keeps the file it came
+# from (key "file"); the header with the metric columns is the one summarised, files without them are skipped.
+rows, header, file, section = [], None, "", None
 for rec in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"') and not l.startswith('"Kernel Name"')):
     if rec and rec[0] == "File Name":
-        file = rec[1] if len(rec) > 1 else ""
-    elif header is None or rec == header:
-        header = rec
+        file, section = (rec[1] if len(rec) > 1 else ""), None
+    elif section is None or rec == section:
+        section = rec
+        if header is None or len(rec) > len(header):
+            header = rec
     else:
-        rows.append(dict(zip(header, rec), file=file))
+        rows.append(dict(zip(section, rec), file=file))
+rows = [r for r in rows if len(r) == len(header) + 1]  # the rows of sections with the metric columns
 if not rows:
-    sys.exit("no CSV rows")
+    sys.exit("no CSV rows with metric columns")
 cols = list(header)
-line_col = next((c for c in cols if c and c.strip() in ("#", "Line", "Line Number")), None)
+line_col = next((c for c in cols if c and c.strip() in ("#", "Line", "Line No", "Line Number")), None)
 src = next((c for c in cols if c and c.strip() == "Source"), None)
 samples = next((c for c in cols if c and "Warp Stall Sampling (All" in c), None)
 executed = next((c for c in cols if c and c.strip() == "Instructions Executed"), None)
