@@ -266,6 +266,10 @@ TEST(CudaMoeFp8x16, GatherGemvStagesBitwiseTheOracle) {
   };
   const Fp8Layer a3b = test::make_fp8_layer(128, 8, 2048, 768, 81);  // Qwen3-30B-A3B's widths
   for (const int64_t T : batches) check(a3b, T, uint32_t(T + 100));
+  // Qwen3-235B-A22B's widths (hidden 4096: two 16-byte batches a gate_up row; down rows of 1536), 16 experts
+  // of them; 5-8 tokens is where the router's launch at this hidden size was once refused.
+  const Fp8Layer a22b = test::make_fp8_layer(16, 8, 4096, 1536, 87);
+  for (const int64_t T : {1, 5, 8}) check(a22b, T, uint32_t(T + 600));
   // gate_up rows of 384 (24 chunks of 16: lanes 24 .. 31 idle), down rows of 256 (16 chunks).
   const Fp8Layer ragged = test::make_fp8_layer(16, 4, 384, 256, 83);
   for (const int64_t T : batches) check(ragged, T, uint32_t(T + 200));
