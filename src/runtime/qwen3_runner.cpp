@@ -8,6 +8,7 @@
 
 #include "kiln/env.h"
 #include "kiln/error.h"
+#include "model/cuda_step_choice.h"
 #include "runtime/tp_runner.h"
 
 #ifdef KILN_HAVE_CUDA
@@ -186,6 +187,9 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   if (verify_max > 0) verify_logits_buf_ = Buffer(size_t(verify_max) * size_t(V) * sizeof(float), device());
   graph_logits_buf_ = Buffer(size_t(top) * size_t(V) * sizeof(float), device());
   const Tensor shared(graph_logits_buf_.data(), DType::f32, {top, V}, device());
+  // The batch-1 residual-norm prologue from the whole step timed both ways, before the graphs that read it.
+  if (graph_buckets_.front() == 1)
+    cuda_choose_norm_in_by_step(*model_, *cache_, plan.pdl && plan.pdl_min_batch <= 1);
   // Capture now, on steps of padding rows only (no K/V is written), so no serving step waits for one. Each
   // graph has its own PDL setting; eager steps keep the process's (off by default).
   for (int32_t b : graph_buckets_) {

@@ -258,6 +258,18 @@ TEST(CudaGemvNormIn, ResidualNormOpsOnAndOff) {
   eng.set_gemv_norm_in(0);
   EXPECT_FALSE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());
   eng.set_gemv_norm_in(1);
+  // The whole-step choice (model/cuda_step_choice.h) leaves the prologue out at one M bucket, the others keep
+  // the tuner's; the op then runs the composition, the same bits.
+  EXPECT_TRUE(eng.gemv_norm_in_tuned_at(M));
+  EXPECT_FALSE(eng.gemv_norm_in_tuned_at(1));  // the cache holds no tactic at M = 1
+  eng.set_gemv_norm_in_off_at(1, true);
+  EXPECT_TRUE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());
+  eng.set_gemv_norm_in_off_at(cuda::gemm_m_bucket(M), true);
+  EXPECT_FALSE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());
+  EXPECT_TRUE(run(1, false) == want) << "ResidualNorm op, prologue left out at its bucket != the composition";
+  eng.set_gemv_norm_in_off_at(cuda::gemm_m_bucket(M), false);
+  eng.set_gemv_norm_in_off_at(1, false);
+  EXPECT_TRUE(eng.gemv_norm_in_choice(M, 2 * I, H).has_value());
   // An aliasing input is refused before anything runs.
   KILN_CUDA_CHECK(cudaMemcpy(res.data(), res0.data(), res.bytes(), cudaMemcpyDeviceToDevice));
   const auto before = to_host<uint16_t>(res, size_t(M * H));

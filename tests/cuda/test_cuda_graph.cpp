@@ -13,6 +13,7 @@
 #include "decode_step_util.h"
 #include "gemv_test_util.h"
 #include "model/cuda_graph.h"
+#include "model/cuda_step_choice.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
 #include "runtime/logit_processor.h"
@@ -386,6 +387,44 @@ TEST(CudaGraph, ReplayEqualsEagerWithGemvTactics) {
   run_case(false);
   EXPECT_GT(eng.gemv_dispatches(), before) << "the O, down and LM-head projections ran no GEMV";
   run_case(true);
+}
+
+// The batch-1 residual-norm prologue chosen from the whole step (model/cuda_step_choice.h): timed both ways,
+// the engine left in the state it reports, and decode graphs captured either way give the same logits bit for
+// bit (the choice changes no output).
+TEST(CudaGraph, NormPrologueChosenFromTheStepKeepsTheBits) {
+  KILN_REQUIRE_GPU();
+  const GemvTacticsScope scope;
+  ASSERT_TRUE(scope.loaded());
+  cuda::GemmEngine& eng = cuda::gemm_engine();
+  ASSERT_TRUE(eng.gemv_norm_in_tuned_at(1));
+  LoadOptions o;
+  o.device = Device::cuda();
+  o.seed = 5;
+  auto m = Qwen3Model::create(tiny_config(), nullptr, o);
+  const int ps = 16;
+  KvCache probe_cache(m->config(), 4, ps, ops::KvLayout::hnd, DType::bf16, Device::cuda());
+  const StepChoice c = cuda_choose_norm_in_by_step(*m, probe_cache, /*pdl=*/true);
+  ASSERT_TRUE(c.timed);
+  EXPECT_GT(c.with_ms, 0.0);
+  EXPECT_GT(c.without_ms, 0.0);
+  EXPECT_EQ(eng.gemv_norm_in_off_at(1), !c.norm_in);
+  const ModelConfig cfg = tiny_config();
+  const int64_t qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+  EXPECT_EQ(eng.gemv_norm_in_choice(1, qkv, cfg.hidden_size).has_value(), c.norm_in);
+  const auto steps = [&](bool off) {
+    eng.set_gemv_norm_in_off_at(1, off);
+    KvCache cache(m->config(), 16, ps, ops::KvLayout::hnd, DType::bf16, Device::cuda());
+    CudaDecodeGraph g(*m, cache, 16, 1, {}, /*pdl=*/true);
+    std::vector<std::vector<float>> out;
+    for (int32_t pos = 0; pos < 20; ++pos)
+      out.push_back(test::host_floats(g.step(test::step_batch(pos, (pos * 31 + 7) % 512, ps))));
+    return out;
+  };
+  const auto with = steps(false), without = steps(true);
+  eng.set_gemv_norm_in_off_at(1, false);
+  EXPECT_TRUE(with == without)
+      << "the decode step's logits differ with and without the residual-norm prologue";
 }
 
 }  // namespace

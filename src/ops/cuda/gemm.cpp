@@ -233,7 +233,28 @@ std::optional<GemvConfig> GemmEngine::gemv_norm_in_choice(int64_t m, int64_t n, 
   if (!gemv_norm_in_fusable(c) && c.w8a8 == 0) return std::nullopt;
   if (c.tiles > 1 && c.w8a8 == 0 && !gemv_norm_in_tiles_) return std::nullopt;  // switched off
   if (gemv_norm_in_ == 2) return c;
+  if (gemv_norm_in_off_at(tactic_bucket(m))) return std::nullopt;
   return t.gemv_norm_in ? std::optional<GemvConfig>(c) : std::nullopt;
+}
+
+void GemmEngine::set_gemv_norm_in_off_at(int64_t m_bucket, bool off) {
+  auto& v = norm_in_off_buckets_;
+  v.erase(std::remove(v.begin(), v.end(), m_bucket), v.end());
+  if (off) v.push_back(m_bucket);
+}
+
+bool GemmEngine::gemv_norm_in_off_at(int64_t m_bucket) const {
+  return std::find(norm_in_off_buckets_.begin(), norm_in_off_buckets_.end(), m_bucket) !=
+         norm_in_off_buckets_.end();
+}
+
+bool GemmEngine::gemv_norm_in_tuned_at(int64_t m) const {
+  if (!gemv_enabled_ || gemv_norm_in_ != 1 || m < 1 || m > kGemvMaxM) return false;
+  const int64_t b = tactic_bucket(m);
+  for (const auto& [shape, t] : tactics_)
+    if (shape.m_bucket == b && shape.out == GemmOut::bf16 && t.kind == GemmKind::gemv && t.gemv_norm_in)
+      return true;
+  return false;
 }
 
 void GemmEngine::run(const void* x, int64_t ldx, const GemvWeight& w, void* out, int64_t ldo, int64_t m,

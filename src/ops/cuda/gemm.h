@@ -215,6 +215,15 @@ class GemmEngine {
   // A/B runs) takes it wherever the GEMV is the tactic, measured faster or not.
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
   int gemv_norm_in() const { return gemv_norm_in_; }
+  // The residual-norm prologue left out at M bucket m_bucket where the tuner kept it (mode 1): set from a
+  // whole decode step timed both ways (model/cuda_tune.h cuda_choose_norm_in_by_step), since the tuner times
+  // the pair in isolation and the step can disagree (30B-A3B FP8 at batch 1, H100, 2026-12-07: 1.8 % faster
+  // without it, the 4B 0.7 % slower; docs/PERF.md E18). off = false: the tuner's choice again.
+  void set_gemv_norm_in_off_at(int64_t m_bucket, bool off);
+  bool gemv_norm_in_off_at(int64_t m_bucket) const;
+  // Whether some tuned GEMV tactic of M = m's bucket carries the prologue (what the whole-step choice
+  // decides).
+  bool gemv_norm_in_tuned_at(int64_t m) const;
   // Off: the residual-norm prologue runs one-tile configs only (as before multi-tile ones had it): the tuner
   // times no prologue for a multi-tile winner and gemv_norm_in_choice ignores a cached one. Default on;
   // KILN_GEMV_NORM_IN_TILES=0 starts it off.
@@ -271,6 +280,7 @@ class GemmEngine {
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
   int gemv_norm_in_ = 1;
+  std::vector<int64_t> norm_in_off_buckets_;  // set_gemv_norm_in_off_at
   bool gemv_norm_in_tiles_ = true;
   int64_t tactic_rows_ = 0;
   bool verify_tactics_ = false;
