@@ -566,7 +566,7 @@ int run_bench_model(const cli::Args& args) {
       ctx, kvd.c_str(), t, *std::min_element(tpot.begin(), tpot.end()), steps, floor_ms, double(wbytes) / 1e9,
       kv_bytes / 1e9, gbps, 100.0 * floor_ms / t);
   // The batch-1 residual-norm prologue chosen from the whole step, as kiln serve chooses it before capturing.
-  cuda_choose_norm_in_by_step(*m, cache, /*pdl=*/true, pages * ps);
+  cuda_choose_norm_in_by_step(*m, cache, /*pdl=*/true);
   // The same steps replayed from the decode CUDA graph (staging copies included in each step's time),
   // without and with programmatic dependent launch between kiln's own kernels.
   for (bool pdl : {false, true}) {

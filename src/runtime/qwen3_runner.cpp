@@ -189,8 +189,7 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   const Tensor shared(graph_logits_buf_.data(), DType::f32, {top, V}, device());
   // The batch-1 residual-norm prologue from the whole step timed both ways, before the graphs that read it.
   if (graph_buckets_.front() == 1)
-    cuda_choose_norm_in_by_step(*model_, *cache_, plan.pdl && plan.pdl_min_batch <= 1,
-                                plan.max_pages_per_seq * cache_->page_size());
+    cuda_choose_norm_in_by_step(*model_, *cache_, plan.pdl && plan.pdl_min_batch <= 1);
   // Capture now, on steps of padding rows only (no K/V is written), so no serving step waits for one. Each
   // graph has its own PDL setting; eager steps keep the process's (off by default).
   for (int32_t b : graph_buckets_) {

@@ -404,7 +404,7 @@ TEST(CudaGraph, NormPrologueChosenFromTheStepKeepsTheBits) {
   auto m = Qwen3Model::create(tiny_config(), nullptr, o);
   const int ps = 16;
   KvCache probe_cache(m->config(), 4, ps, ops::KvLayout::hnd, DType::bf16, Device::cuda());
-  const StepChoice c = cuda_choose_norm_in_by_step(*m, probe_cache, /*pdl=*/true, 4 * ps);
+  const StepChoice c = cuda_choose_norm_in_by_step(*m, probe_cache, /*pdl=*/true);
   ASSERT_TRUE(c.timed);
   EXPECT_GT(c.with_ms, 0.0);
   EXPECT_GT(c.without_ms, 0.0);
