@@ -14,8 +14,9 @@ def num(x):
         return 0.0
 
 
-# The CUDA view prints, per source file, a '"File Name","PATH"' line and then that file's own header (only "Line
-# No" and "Source" for a file without metrics) and rows; the SASS view one header. Each row keeps the file it came
+# The CUDA view prints, per source file, a '"File Name","PATH"' line and then that file's own header and rows
+# (only "Line No" and "Source" where ncu gives no metrics: every file of ncu 2025's CSV, E18 in docs/PERF.md);
+# the SASS view one header. Each row keeps the file it came
 # from (key "file"); the header with the metric columns is the one summarised, files without them are skipped.
 rows, header, file, section = [], None, "", None
 for rec in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"') and not l.startswith('"Kernel Name"')):
