@@ -15,7 +15,7 @@ def num(x):
 
 
 # The CUDA view prints, per source file, a '"File Name","PATH"' line and then that file's own header and rows
-# (only "Line No" and "Source" where ncu gives no metrics: every file of ncu 2025's CSV, E18 in docs/PERF.md);
+# (only "Line No" and "Source" where ncu gives no metrics: every file in the runs of docs/PERF.md E17, E18);
 # the SASS view one header. Each row keeps the file it came
 # from (key "file"); the header with the metric columns is the one summarised, files without them are skipped.
 rows, header, file, section = [], None, "", None
