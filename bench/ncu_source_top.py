@@ -16,9 +16,9 @@ def num(x):
 
 # The CUDA view prints, per source file, a '"File Name","PATH"' line and then that file's own header and rows
 # (only "Line No" and "Source" where ncu gives no metrics: every file in the runs of docs/PERF.md E17, E18);
-# the SASS view one header. Each row keeps the file it came
-# from (key "file"); the header with the metric columns is the one summarised, files without them are skipped.
-rows, header, file, section = [], None, "", None
+# the SASS view one header. The widest header is the one with the metric columns: only its sections' rows are
+# summarised, each keeping the file it came from (key "file").
+raw, header, file, section = [], None, "", None
 for rec in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"') and not l.startswith('"Kernel Name"')):
     if rec and rec[0] == "File Name":
         file, section = (rec[1] if len(rec) > 1 else ""), None
@@ -27,8 +27,8 @@ for rec in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"') and not 
         if header is None or len(rec) > len(header):
             header = rec
     else:
-        rows.append(dict(zip(section, rec), file=file))
-rows = [r for r in rows if len(r) == len(header) + 1]  # the rows of sections with the metric columns
+        raw.append((section, rec, file))
+rows = [dict(zip(sec, rec), file=f) for sec, rec, f in raw if sec == header]
 if not rows:
     sys.exit("no CSV rows with metric columns")
 cols = list(header)

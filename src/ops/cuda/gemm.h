@@ -216,9 +216,9 @@ class GemmEngine {
   void set_gemv_norm_in(int mode) { gemv_norm_in_ = mode; }
   int gemv_norm_in() const { return gemv_norm_in_; }
   // The residual-norm prologue left out at M bucket m_bucket where the tuner kept it (mode 1): set from a
-  // whole decode step timed both ways (model/cuda_tune.h cuda_choose_norm_in_by_step), since the tuner times
-  // the pair in isolation and the step can disagree (30B-A3B FP8 at batch 1, H100, 2026-12-07: 1.8 % faster
-  // without it, the 4B 0.7 % slower; docs/PERF.md E18). off = false: the tuner's choice again.
+  // whole decode step timed both ways (model/cuda_step_choice.h), since the tuner times the pair in isolation
+  // and the step can disagree (30B-A3B BF16 at batch 1: 4.5 % faster without it, H100, 2026-12-07, `b918d91`,
+  // docs/PERF.md E18). off = false: the tuner's choice again.
   void set_gemv_norm_in_off_at(int64_t m_bucket, bool off);
   bool gemv_norm_in_off_at(int64_t m_bucket) const;
   // Whether some tuned GEMV tactic of M = m's bucket carries the prologue (what the whole-step choice

@@ -288,7 +288,8 @@ void moe_router_route_launch(const uint16_t* x, int64_t xs, const uint16_t* rout
             .block = dim3(kRouterWarps * 32),
             .smem = smem,
             .stream = stream,
-            .pdl = pdl_for(PdlSite::gemv)},
+            .pdl = pdl_for(PdlSite::gemv),
+            .smem_attr_set = true},  // opt_in_router_smem above
            norm ? router_route_kernel<true, false> : router_route_kernel<false, false>, p);
     return;
   }
