@@ -151,7 +151,7 @@ suite_spec() {
       --concurrency 32 --num-prompts "${SPEC_C32_NUM:-256}" --warmups 2 --out "$W/spec/c32_$name" --no-progress \
       >"$W/spec/c32_$name.txt" 2>&1
     row "bench serve C=32 1024/256, $name" "rc=$? $(grep -E '^\| 32 ' "$W/spec/c32_$name.txt" | head -1 | cut -c1-160)"
-    curl -s http://127.0.0.1:8131/metrics | grep -E '^kiln_spec_decode_(verify_steps|ragged_verify_steps|mean_acc|off_switch|draft_seconds|draft_chain_seconds|verify_step_seconds|timed_|plain_step_seconds|index)' |
+    curl -s http://127.0.0.1:8131/metrics | grep -E '^kiln_spec_decode_(verify_steps|ragged_verify_steps|mean_acc|off_switch|draft_seconds|draft_chain_seconds|verify_step_seconds|timed_|plain_step_seconds|index|shadow)' |
       sed 's/{[^}]*}//' | tr '\n' ' '
     echo
     serve_stop
@@ -186,7 +186,7 @@ suite_spec_c32_random() {
         ngram+=("$(serve_value "c32_random_${name}_$r" out_tok_s 32)")
       fi
       curl -s http://127.0.0.1:8132/metrics |
-        grep -E '^kiln_spec_decode_(verify_steps|ragged_verify_steps|drafts|draft_tokens|accepted_tokens|mean_acc|off_switch|draft_seconds|draft_chain_seconds|verify_step_seconds|timed_|plain_step_seconds|index)' |
+        grep -E '^kiln_spec_decode_(verify_steps|ragged_verify_steps|drafts|draft_tokens|accepted_tokens|mean_acc|off_switch|draft_seconds|draft_chain_seconds|verify_step_seconds|timed_|plain_step_seconds|index|shadow)' |
         sed 's/{[^}]*}//' | tr '\n' ' '
       echo
       serve_stop

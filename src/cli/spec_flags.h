@@ -78,6 +78,9 @@ inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
   // KILN_SPEC_INDEX_DURING_FORWARD=0: the n-gram indexes catch up only when a draft is asked for
   // (SpecOptions::index_during_forward), for the A/B of docs/PERF.md.
   so.index_during_forward = env_switch("KILN_SPEC_INDEX_DURING_FORWARD", so.index_during_forward);
+  // KILN_SPEC_SHADOW=0: n-gram learns from verify steps (every batch size starts on) instead of shadow drafts
+  // (SpecOptions::shadow_drafts), for the A/B of docs/PERF.md.
+  so.shadow_drafts = env_switch("KILN_SPEC_SHADOW", so.shadow_drafts);
   spec::validate_spec_options(so);
 }
 

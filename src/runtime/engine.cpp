@@ -71,6 +71,10 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   I.eagle = opts.speculative.algorithm == spec::SpecAlgorithm::eagle3;
   spec::OffSwitchOptions switch_options;
   switch_options.start_off_from_seqs = opts.speculative.start_off_from_seqs;
+  // Shadow drafts cost no target step only where drafting does not (n-gram); EAGLE-3 learns from probes.
+  I.shadow = opts.speculative.algorithm == spec::SpecAlgorithm::ngram && opts.speculative.off_switch &&
+             opts.speculative.shadow_drafts;
+  switch_options.shadow = I.shadow;
   I.off_switch = spec::SpecOffSwitch(switch_options);
   KILN_CHECK(!I.eagle || (runner && runner->has_draft()),
              "--speculative-algorithm EAGLE3 needs the draft loaded beside the model "

@@ -41,6 +41,15 @@ struct Eagle3Chain {
   std::vector<float> hidden;
 };
 
+// n-gram shadow draft (engine_spec.cpp, spec/off_switch.h): `tokens` proposed when the sequence held `at`
+// tokens, in a step of `seqs` sequences; judged as the plain steps decode positions at, at + 1, ...
+// (at == -1: none pending).
+struct ShadowDraft {
+  int64_t at = -1;
+  int32_t seqs = 0;
+  std::vector<int32_t> tokens;
+};
+
 // Engine-thread state of one accepted request.
 struct Live {
   Request req;
@@ -58,6 +67,7 @@ struct Live {
   int64_t pooled = 0;
   spec::SpecRequestStats spec;  // its verify rows (engine_spec.cpp)
   Eagle3Chain eagle;
+  ShadowDraft shadow;
   // Request::prompt_logprobs_from / score_ids (prompt_logprobs.cpp): answers gathered over the prefill steps.
   std::vector<PromptTokenLogprob> prompt_logprobs;
   bool prompt_logprobs_sent = false;
@@ -108,8 +118,12 @@ struct Engine::Impl {
   struct InFlight {
     StepPlan plan;
     int top_n = 0;
-    bool sampled = true;  // false: only its forward is queued (launch_forward; constrained rows)
+    bool sampled = true;   // false: only its forward is queued (launch_forward; constrained rows)
+    bool chained = false;  // launched by launch_continuation while its predecessor ran
   };
+  // When step_in_flight last collected a step: a chained step's cost under the overlap schedule is the time
+  // from its predecessor's collection to its own (the off switch's plain cost where speculation is off).
+  Clock::time_point last_collect{};
   bool overlap = false;
   std::optional<InFlight> inflight;
   std::vector<RequestId> deferred_release;
@@ -187,6 +201,14 @@ struct Engine::Impl {
   // A row's index (made where missing, remade where it has more tokens than the sequence: a recompute).
   spec::NgramIndex& ngram_index(const Sequence& s);
   spec::SpecOffSwitch off_switch;
+  // n-gram shadow drafts (SpecOptions::shadow_drafts): after a plain step's tokens are appended, each row's
+  // pending shadow draft is judged against them, and at a batch size where speculation is off up to
+  // kShadowRowsPerStep rows without one propose a new one (rotating over the rows), for the off switch's
+  // observe_shadow.
+  bool shadow = false;
+  static constexpr int32_t kShadowRowsPerStep = 8;
+  size_t shadow_row = 0;  // where the next step's proposals start
+  void shadow_drafts(const StepPlan& plan);
   // A decode-only step of `seqs` sequences ended (plain or verify): its cost goes to the off switch.
   // forward_seconds (a plain step's, >= 0): the part of it the runner's forward took.
   void observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0, double tokens_per_seq,

@@ -458,6 +458,7 @@ void Engine::Impl::complete_step(const StepPlan& plan, const std::vector<int32_t
       emit(id, L, ev);
     }
   }
+  shadow_drafts(plan);
 }
 
 void Engine::Impl::emit(RequestId id, Live& L, TokenEvent& ev) {

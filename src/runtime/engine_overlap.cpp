@@ -75,7 +75,7 @@ std::optional<Engine::Impl::InFlight> Engine::Impl::launch_continuation(const In
   }
   if (opts.speculative.enabled()) off_switch.count_step(seqs);  // toward the next probe
   ++counters.steps;
-  return InFlight{std::move(next), cur.top_n, !constrained};
+  return InFlight{std::move(next), cur.top_n, !constrained, true};
 }
 
 void Engine::Impl::sample_deferred() {
@@ -118,6 +118,19 @@ void Engine::Impl::step_in_flight() {
     index_during_forward(cur.plan);       // while cur runs: a probe then finds the indexes current
     std::vector<ModelRunner::SampledRow> out;
     runner->collect_sampled(&out);
+    // A chained step costs, launched ahead, the time from its predecessor's collection to its own: the
+    // off switch's plain cost where speculation is off, as that state runs (the steps it times one at a
+    // time are rare there).
+    const Clock::time_point collected = Clock::now();
+    if (cur.chained && opts.speculative.enabled() && opts.speculative.off_switch && decode_only(cur.plan)) {
+      const int32_t seqs = int32_t(cur.plan.rows.size());
+      const double cost =
+          opts.spec_step_cost ? opts.spec_step_cost(false, seqs) : seconds(last_collect, collected);
+      const int64_t before = off_switch.times_switched_off();
+      off_switch.observe_plain(seqs, cost);
+      counters.spec.switched_off += off_switch.times_switched_off() - before;
+    }
+    last_collect = collected;
     KILN_CHECK_EQ(out.size(), K, "the runner returned the wrong number of sampled rows");
     for (size_t k = 0; k < K; ++k) {
       auto it = live.find(cur.plan.rows[size_t(cur.plan.sample_rows[k])].seq->id);

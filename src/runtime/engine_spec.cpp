@@ -195,6 +195,58 @@ void Engine::Impl::observe_decode_step(bool verify, int32_t seqs, Clock::time_po
   counters.spec.switched_off += off_switch.times_switched_off() - before;
 }
 
+void Engine::Impl::shadow_drafts(const StepPlan& plan) {
+  if (!shadow || plan.rows.empty()) return;
+  const spec::SpecOptions& so = opts.speculative;
+  const size_t n = plan.rows.size();
+  const int32_t B = int32_t(n);
+  const bool off = off_switch.is_off(B);
+  const Clock::time_point t0 = Clock::now();
+  int32_t proposed = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const StepRow& r = plan.rows[(shadow_row + j) % n];
+    if (!r.samples) continue;
+    const Sequence& s = *r.seq;
+    const auto it = live.find(s.id);
+    if (it == live.end()) continue;  // ended in this step
+    Live& L = it->second;
+    ShadowDraft& d = L.shadow;
+    if (d.at >= 0) {
+      // A verify step's walk: drafts kept while each equals the decoded token; the first mismatch ends it.
+      size_t kept = 0;
+      while (kept < d.tokens.size() && size_t(d.at) + kept < s.tokens.size() &&
+             s.tokens[size_t(d.at) + kept] == d.tokens[kept])
+        ++kept;
+      const bool judged = kept == d.tokens.size() || size_t(d.at) + kept < s.tokens.size();
+      if (!judged) continue;
+      off_switch.observe_shadow(d.seqs, int32_t(kept), true);
+      ++counters.spec.shadow_drafts;
+      counters.spec.shadow_accepted_tokens += int64_t(kept);
+      d.at = -1;
+      d.tokens.clear();
+      continue;  // its next one at a later step, as a verify step's next draft follows its tokens
+    }
+    if (!off || proposed >= kShadowRowsPerStep || !verifiable(L)) continue;
+    // The draft the next step would verify (spec_step's rule): a decode row past the prompt, k within room.
+    const int64_t room = std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
+                                           int64_t(s.max_len) - int64_t(s.tokens.size()));
+    if (room <= 1 || int64_t(s.tokens.size()) - 1 < int64_t(s.prompt_len)) continue;
+    spec::NgramIndex& idx = ngram_index(s);
+    idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size()));
+    std::vector<int32_t> t = idx.propose(int32_t(std::min<int64_t>(room - 1, so.num_draft_tokens)));
+    ++proposed;
+    if (t.empty()) {
+      off_switch.observe_shadow(B, 0, false);
+      continue;
+    }
+    d.at = int64_t(s.tokens.size());
+    d.seqs = B;
+    d.tokens = std::move(t);
+  }
+  shadow_row = (shadow_row + size_t(proposed)) % n;
+  counters.spec.draft_seconds += seconds(t0, Clock::now());
+}
+
 spec::NgramIndex& Engine::Impl::ngram_index(const Sequence& s) {
   const spec::SpecOptions& so = opts.speculative;
   spec::NgramIndex& idx = ngram.try_emplace(s.id, so.ngram_min, so.ngram_max).first->second;

@@ -99,6 +99,11 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   w.counter("kiln_spec_decode_ragged_verify_steps_total",
             "Verify steps run ragged (few sequences drafted) where a verify graph existed.",
             double(sp.ragged_verify_steps));
+  w.counter("kiln_spec_decode_shadow_drafts_total",
+            "n-gram drafts made where speculation was off, judged against the decoded tokens.",
+            double(sp.shadow_drafts));
+  w.counter("kiln_spec_decode_shadow_accepted_tokens_total",
+            "Tokens a verify step would have kept of the shadow drafts.", double(sp.shadow_accepted_tokens));
   w.counter("kiln_spec_decode_drafts_total", "Verify rows that carried at least one draft token.",
             double(sp.drafts));
   w.counter("kiln_spec_decode_draft_tokens_total", "Draft tokens verified.", double(sp.draft_tokens));

@@ -19,6 +19,17 @@
 // plain observations to decide leaves it), a turn back on resets it, so a workload that never accepts pays
 // few probes. While on with too few plain observations, one step in eight runs plain to measure it.
 //
+// Shadow drafts (OffSwitchOptions::shadow, n-gram): a draft costs no target step to make, so while a class is
+// off the engine still proposes drafts for some of its rows and, as the plain steps then decode the tokens
+// the drafts guessed, reports each one's acceptance (observe_shadow: the tokens a verify step would have
+// kept, the walk a verify step takes: a point draft's first mismatch ends it, and a sampled row's token
+// equals the draft with the probability the point-draft rule keeps it). With it every class starts off, and a
+// probe verifies only where the shadow promises a gain: accepted tokens a row-step a > F (verify / plain -
+// 1), with F the chance that a step of this size has a draft at all and verify / plain the class's measured
+// ratio (1 before any probe: then any acceptance at all). A workload that accepts nothing (random weights at
+// C = 32) never runs a verify step, so it loses no learning phase; one that accepts turns on at its first
+// probe.
+//
 // The switch only decides from the numbers it is given (observe_*): the engine feeds it measured step
 // times, and tests feed fixed ones (EngineOptions::spec_step_cost), so no test depends on timing.
 #pragma once
@@ -48,6 +59,11 @@ struct OffSwitchOptions {
   // where a run that verifies nothing spends about 1 % of its time learning so (docs/PERF.md SP8): not yet
   // timed, so 0; KILN_SPEC_START_OFF_FROM=N sets it in kiln serve.
   int32_t start_off_from_seqs = 0;
+  // Shadow drafts decide the probes (above): every class starts off, and while off a probe is due only where
+  // observe_shadow's estimates promise a gain, the first one as soon as they do, later ones at the interval.
+  bool shadow = false;
+  double shadow_alpha = 1.0 / 16;  // weight of a new shadow draft (the plain mean of the first 16)
+  int32_t shadow_min_samples = 8;  // shadow drafts judged before they can promise anything
 };
 
 class SpecOffSwitch {
@@ -62,6 +78,12 @@ class SpecOffSwitch {
   void observe_plain(int32_t seqs, double seconds, double wall = -1.0);
   // tokens_per_seq: the tokens the step gave per sequence, the target's own included (>= 1).
   void observe_verify(int32_t seqs, double seconds, double tokens_per_seq);
+  // A shadow draft judged (OffSwitchOptions::shadow): made for a row of a step of `seqs` sequences, `drafted`
+  // whether the drafter proposed anything there, `accepted` the tokens a verify step would have kept (0 when
+  // nothing was proposed).
+  void observe_shadow(int32_t seqs, int32_t accepted, bool drafted);
+  // Whether the shadow drafts at `seqs` promise that verification could win (always true without shadow).
+  bool shadow_promises(int32_t seqs) const;
 
   // A step at `seqs` that ran without asking (launched ahead by the overlap schedule while speculation is off
   // there): counts toward the class's next probe.
@@ -90,8 +112,9 @@ class SpecOffSwitch {
   };
   struct Class {
     Estimate plain, verify, tokens;
-    Estimate plain_wall;  // plain steps as they ran while on (no overlap)
-    Estimate drafted;     // 1 for an on-step that verified, 0 for one that ran plain
+    Estimate plain_wall;                       // plain steps as they ran while on (no overlap)
+    Estimate drafted;                          // 1 for an on-step that verified, 0 for one that ran plain
+    Estimate shadow_accepted, shadow_drafted;  // a shadow draft's kept tokens; 1 where one was proposed
     bool off = false;
     int32_t since_probe = 0;
     int32_t interval = 0;  // steps between probes while off (0: probe_interval)
@@ -105,6 +128,10 @@ class SpecOffSwitch {
   double drafted_weight(const Class& c) const { return std::max(o_.alpha, 1.0 / (c.drafted.samples + 1)); }
   // Whether the estimates sufficed to decide (a probe that could not decide leaves the interval as it is).
   bool decide(Class& c);
+  bool promises(const Class& c, int32_t seqs) const;
+  // Whether a probe is due at an off class: the interval reached (where the class never verified and shadow
+  // drafts decide, at once), and the shadow drafts promising.
+  bool probe_ready(const Class& c, int32_t seqs, int32_t since_probe) const;
 
   OffSwitchOptions o_;
   std::vector<Class> classes_;

@@ -40,6 +40,12 @@ struct SpecOptions {
   // host time at 336 ns a token, docs/PERF.md "Speculative decoding"). false: the index catches up only when
   // a draft is asked for. KILN_SPEC_INDEX_DURING_FORWARD=0 sets false in kiln serve (the A/B).
   bool index_during_forward = true;
+  // n-gram with the off switch: shadow drafts decide its probes (OffSwitchOptions::shadow): every batch size
+  // starts off and verifies only once drafts made beside plain steps, judged against the tokens those steps
+  // decode, promise a gain. At C = 32 on random weights the learning phase's verify steps were what kept
+  // n-gram 0.6 % below plain (H100, 2026-12-07, `36e733e`, docs/PERF.md SP10). KILN_SPEC_SHADOW=0 sets
+  // false in kiln serve (the A/B).
+  bool shadow_drafts = true;
   // EAGLE-3 (SGLang's --speculative-draft-model-path): the draft checkpoint (model/eagle3_model.h), loaded
   // beside the target by load_qwen3_runner; k is its --speculative-num-steps (chains, top-1).
   std::string draft_model_path;

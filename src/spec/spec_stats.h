@@ -23,7 +23,11 @@ struct SpecStats {
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;  // [k]
   int64_t switched_off = 0;               // times the off switch turned speculation off for a batch size
-  int64_t draft_passes = 0;               // EAGLE-3: draft model passes run (after steps and in chains)
+  // n-gram shadow drafts (OffSwitchOptions::shadow): drafts made where speculation was off, judged against
+  // the tokens the plain steps then decoded, and the tokens a verify step would have kept of them.
+  int64_t shadow_drafts = 0;
+  int64_t shadow_accepted_tokens = 0;
+  int64_t draft_passes = 0;          // EAGLE-3: draft model passes run (after steps and in chains)
   int64_t uniform_draft_passes = 0;  // EAGLE-3: of those after steps, the uniform ones (q rows a sequence)
   int64_t draft_failures = 0;  // EAGLE-3: passes that threw (their rows drafted nothing; outputs unchanged)
   // Where a speculative workload's time goes (host wall seconds; docs/PERF.md "Speculative decoding"):

@@ -225,10 +225,76 @@ TEST(SpecOffSwitch, MeasuresPlainStepsWhenNoneWereSeen) {
   EXPECT_TRUE(s.is_off(4)) << "1.5 / 1.2 > 1 once plain steps were measured";
 }
 
+// Shadow drafts decide the probes: every class starts off; with no shadow draft judged, or only drafts that
+// kept nothing, no step ever verifies; the first promising estimate probes at once (no interval before a
+// class's first probe), and once a probe has measured verify / plain = 3, a shadow acceptance of a tokens a
+// row-step promises only where a > F x 2 (F the share of steps with a draft: 1 - (1 - f)^seqs for a share f
+// of rows).
+TEST(SpecOffSwitch, ShadowDraftsDecideTheProbes) {
+  OffSwitchOptions o;
+  o.min_samples = 2;
+  o.probe_interval = 8;
+  o.alpha = 1.0;
+  o.shadow = true;
+  o.shadow_min_samples = 4;
+  o.shadow_alpha = 1.0 / 8;
+  SpecOffSwitch s(o);
+  EXPECT_TRUE(s.is_off(1));
+  EXPECT_TRUE(s.is_off(32));
+  EXPECT_FALSE(s.shadow_promises(32));
+  const auto probes = [&](int32_t seqs, int n, double verify, double tokens) {
+    std::vector<int> at;
+    for (int i = 1; i <= n; ++i) {
+      const bool due = s.probe_due(seqs) || !s.is_off(seqs);
+      if (s.should_verify(seqs)) {
+        EXPECT_TRUE(due) << "step " << i << ": probe_due said no";
+        s.observe_verify(seqs, verify, tokens);
+        at.push_back(i);
+      } else {
+        EXPECT_FALSE(due) << "step " << i << ": probe_due said yes";
+        s.observe_plain(seqs, 1.0);
+      }
+    }
+    return at;
+  };
+  EXPECT_TRUE(probes(32, 200, 3.0, 1.0).empty()) << "no shadow draft judged: never a probe";
+  for (int i = 0; i < 100; ++i) s.observe_shadow(32, 0, i % 3 == 0);
+  EXPECT_FALSE(s.shadow_promises(32));
+  EXPECT_TRUE(probes(32, 200, 3.0, 1.0).empty()) << "shadow drafts kept nothing: never a probe";
+  EXPECT_THROW(s.observe_shadow(32, 1, false), Error) << "kept tokens of a draft never proposed";
+  // Batch 1: four shadow drafts, each kept 2 of its tokens (a = 2 > 0, no ratio measured yet): the first
+  // step probes, and a verify of 1.5 plain steps for 3 tokens turns the class on.
+  for (int i = 0; i < 3; ++i) s.observe_shadow(1, 2, true);
+  EXPECT_FALSE(s.shadow_promises(1)) << "fewer than shadow_min_samples";
+  s.observe_shadow(1, 2, true);
+  EXPECT_TRUE(s.shadow_promises(1));
+  EXPECT_EQ(probes(1, 1, 1.5, 3.0), (std::vector<int>{1})) << "the first probe at once";
+  EXPECT_TRUE(s.is_off(1)) << "too few plain steps to compare with";
+  EXPECT_EQ(probes(1, 6, 1.5, 3.0), (std::vector<int>{3, 4, 5, 6}))
+      << "two plain steps measured, 1.5 s for 3 tokens wins: on";
+  EXPECT_FALSE(s.is_off(1));
+  // Batch 4 (class 3-4): a probe measures verify / plain = 3 for 1.2 tokens: off, the ratio known.
+  SpecOffSwitch t(o);
+  for (int i = 0; i < 8; ++i) t.observe_shadow(4, 1, true);
+  ASSERT_TRUE(t.shadow_promises(4));
+  for (int i = 0; i < 2; ++i) t.observe_plain(4, 1.0);
+  ASSERT_TRUE(t.should_verify(4));
+  t.observe_verify(4, 3.0, 1.2);
+  EXPECT_TRUE(t.is_off(4));
+  // a = 1 with every row drafting (F = 1): 1 > 2 fails; with a row share f = 0.1, F = 1 - 0.9^4 = 0.344:
+  // a = 1 > 0.69 promises.
+  EXPECT_FALSE(t.shadow_promises(4));
+  for (int i = 0; i < 64; ++i) t.observe_shadow(4, i % 10 == 0 ? 10 : 0, i % 10 == 0);
+  EXPECT_TRUE(t.shadow_promises(4)) << "a = 1 at f = 0.1";
+  EXPECT_FALSE(t.probe_due(4)) << "a class that has probed waits for its interval";
+}
+
 // The engine's options for these tests: n-gram drafting of 3 tokens (window [1, 4]), a verify step costing
-// verify_cost plain steps (EngineOptions::spec_step_cost: no clock).
-EngineOptions ngram_opts(double verify_cost) {
+// verify_cost plain steps (EngineOptions::spec_step_cost: no clock). The tests before the shadow ones learn
+// from verify steps (shadow drafts off, as EAGLE-3 always does).
+EngineOptions ngram_opts(double verify_cost, bool shadow = false) {
   EngineOptions o = test::small_opts(4096, 4, 16);
+  o.speculative.shadow_drafts = shadow;
   o.speculative.algorithm = spec::SpecAlgorithm::ngram;
   o.speculative.num_draft_tokens = 3;
   o.speculative.ngram_max = 4;
@@ -322,6 +388,55 @@ TEST(SpecOffSwitch, OverlapScheduleResumesWhereSpeculationIsOff) {
       EXPECT_LE(engine.stats().spec.verify_steps, engine.stats().steps / 4) << "off: probes only";
     } else {
       EXPECT_EQ(r.launched_steps, 0) << "speculation always on: nothing may launch past a verify step";
+    }
+  }
+}
+
+// Shadow drafts through the engine (requests one at a time, FakeRunner deterministic: no timing). Over a
+// vocabulary of 3 the drafts are right about a third of the time: a cheap verify step (0.9 plain steps) turns
+// speculation on after the first shadow drafts promise it, a costly one (10) is probed once and never again.
+// Over a vocabulary of 4,096 (random weights' case) no shadow draft keeps a token and no step ever verifies.
+// Greedy outputs equal the reference in all three.
+TEST(SpecOffSwitch, EngineLearnsFromShadowDrafts) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back({1, 2, 0, 1, 2, 0, 1, 2, 0, int32_t(i % 3)});
+  struct Case {
+    int64_t vocab;
+    double verify_cost;
+  };
+  for (const Case c : {Case{3, 0.9}, Case{3, 10.0}, Case{4096, 0.9}}) {
+    EngineOptions o = ngram_opts(c.verify_cost, true);
+    auto runner = std::make_unique<FakeRunner>(c.vocab);
+    runner->device_sampling = true;
+    runner->launch_ahead = true;
+    Engine engine(std::move(runner), o);
+    test::Sink sink;
+    std::vector<RequestId> ids;
+    for (const auto& p : prompts) {
+      ids.push_back(engine.submit(test::greedy(p, 200), sink.cb()));
+      sink.wait_finished(int(ids.size()));
+    }
+    const FakeRunner ref(c.vocab);
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_EQ(sink.tokens(ids[i]), ref.reference(prompts[i], 200, false)) << "vocab " << c.vocab;
+    const spec::SpecStats st = engine.stats().spec;
+    const int64_t steps = engine.stats().steps;
+    std::printf(
+        "vocab %lld, verify cost %.1f: %lld verify steps of %lld, %lld shadow drafts keeping %lld "
+        "tokens, switched off %lld times\n",
+        (long long)c.vocab, c.verify_cost, (long long)st.verify_steps, (long long)steps,
+        (long long)st.shadow_drafts, (long long)st.shadow_accepted_tokens, (long long)st.switched_off);
+    EXPECT_GT(st.shadow_drafts, 0);
+    EXPECT_EQ(st.switched_off, 0) << "never on where it loses";
+    if (c.vocab == 4096) {
+      EXPECT_EQ(st.shadow_accepted_tokens, 0);
+      EXPECT_EQ(st.verify_steps, 0) << "nothing accepted: no learning phase";
+    } else if (c.verify_cost > 1.0) {
+      EXPECT_GT(st.shadow_accepted_tokens, 0);
+      EXPECT_EQ(st.verify_steps, 1) << "one probe measures the ratio; the shadow never promises 10x";
+    } else {
+      EXPECT_GT(st.verify_steps, steps / 2) << "on once the shadow promised it";
+      EXPECT_LT(st.shadow_drafts, 40) << "shadow drafts only while off";
     }
   }
 }
