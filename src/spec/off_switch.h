@@ -63,7 +63,7 @@ struct OffSwitchOptions {
   // observe_shadow's estimates promise a gain, the first one as soon as they do, later ones at the interval.
   bool shadow = false;
   double shadow_alpha = 1.0 / 16;  // weight of a new shadow draft (the plain mean of the first 16)
-  int32_t shadow_min_samples = 8;  // shadow drafts judged before they can promise anything
+  int32_t shadow_min_samples = 4;  // shadow drafts judged before they can promise anything
 };
 
 class SpecOffSwitch {
