@@ -441,5 +441,30 @@ TEST(SpecOffSwitch, EngineLearnsFromShadowDrafts) {
   }
 }
 
+// Shadow drafts with concurrent requests, launched ahead and verified in turn (the batch composition follows
+// the timing, so only what does not depend on it is checked): every greedy output is the reference's, each
+// request finishes once, and the drafts judged keep tokens (vocabulary 3: right about a third of the time).
+TEST(SpecOffSwitch, ShadowDraftsUnderConcurrentRequests) {
+  EngineOptions o = ngram_opts(0.9, true);
+  auto runner = std::make_unique<FakeRunner>(3);
+  runner->device_sampling = true;
+  runner->launch_ahead = true;
+  Engine engine(std::move(runner), o);
+  test::Sink sink;
+  std::vector<std::pair<RequestId, std::vector<int32_t>>> reqs;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> p = {1, 2, 0, 1, 2, 0, int32_t(i % 3), int32_t(i / 3 % 3)};
+    reqs.emplace_back(engine.submit(test::greedy(p, 40 + 13 * i), sink.cb()), p);
+  }
+  sink.wait_finished(int(reqs.size()));
+  const FakeRunner ref(3);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(sink.tokens(reqs[i].first), ref.reference(reqs[i].second, 40 + 13 * int(i), false)) << i;
+  sink.expect_one_finish_each();
+  const spec::SpecStats st = engine.stats().spec;
+  EXPECT_GT(st.shadow_drafts, 0);
+  EXPECT_GT(st.verify_steps, 0) << "cheap verification with accepting drafts turns on";
+}
+
 }  // namespace
 }  // namespace kiln
