@@ -160,6 +160,7 @@ TEST(CudaFp8ActProducers, EngineEntryOnlyWhereRunTakesTheW8a8GemmAndBitwiseRun) 
   const DeviceFp8Weight wd = make_weight(N, I, 5);
   const cuda::GemvWeight w = wd.view(I);
   cuda::GemmEngine eng;
+  EXPECT_EQ(eng.fp8_fused_act_quant_min_m(), cuda::GemmEngine::kFp8FusedActQuantMinM) << "the default";
   eng.set_fp8_fused_act_quant(true);
   Buffer out(size_t(600 * N) * 2, Device::cuda()), ref(size_t(600 * N) * 2, Device::cuda());
   // No tactic: cuBLASLt / dequantization for every M, so no pre-quantized input.
@@ -174,6 +175,9 @@ TEST(CudaFp8ActProducers, EngineEntryOnlyWhereRunTakesTheW8a8GemmAndBitwiseRun) 
   EXPECT_FALSE(eng.fp8_gemm_takes(w, out.data(), N, 100, N, 1024)) << "an untuned shape";
   eng.set_fp8_fused_act_quant(false);
   EXPECT_FALSE(eng.fp8_gemm_takes(w, out.data(), N, 100, N, I)) << "switched off";
+  eng.set_fp8_fused_act_quant_min_m(100);
+  EXPECT_FALSE(eng.fp8_gemm_takes(w, out.data(), N, 99, N, I)) << "below the threshold";
+  EXPECT_TRUE(eng.fp8_gemm_takes(w, out.data(), N, 100, N, I)) << "at the threshold";
   eng.set_fp8_fused_act_quant(true);
   for (const int64_t M : {int64_t(9), int64_t(100), int64_t(600)}) {  // buckets 16 and below borrowed
     ASSERT_TRUE(eng.fp8_gemm_takes(w, out.data(), N, M, N, I)) << "M " << M;
@@ -210,7 +214,7 @@ TEST(CudaFp8ActProducers, ModelPrefillLogitsBitwiseWithTheSwitchOnAndOff) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_heads * c.head_dim,
                 qkv = q + 2 * c.num_kv_heads * c.head_dim;
   cuda::GemmEngine& eng = cuda::gemm_engine();
-  const bool fused_before = eng.fp8_fused_act_quant();
+  const int64_t fused_before = eng.fp8_fused_act_quant_min_m();
   const auto dir = test_support::process_scratch_dir("cuda_fp8_act_model");
   const std::string saved = (dir / "saved.txt").string(), path = (dir / "w8a8.txt").string();
   eng.save(saved);
@@ -239,7 +243,7 @@ TEST(CudaFp8ActProducers, ModelPrefillLogitsBitwiseWithTheSwitchOnAndOff) {
   const int64_t gemm1 = eng.fp8_gemm_dispatches(), pre1 = eng.fp8_prequantized_dispatches();
   const auto on = steps(true);
   const int64_t gemm2 = eng.fp8_gemm_dispatches(), pre2 = eng.fp8_prequantized_dispatches();
-  eng.set_fp8_fused_act_quant(fused_before);
+  eng.set_fp8_fused_act_quant_min_m(fused_before);
   eng.load(saved);
   EXPECT_EQ(pre1, pre0) << "the switch off still fused";
   EXPECT_GT(gemm1, gemm0) << "the W8A8 GEMM never ran";

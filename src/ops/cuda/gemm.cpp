@@ -180,7 +180,8 @@ GemmEngine::GemmEngine(int device) : impl_(std::make_unique<Impl>()) {
   gemv_add_rms_norm_ = env_switch("KILN_GEMV_ADD_RMS_NORM", gemv_add_rms_norm_);
   gemv_attn_prep_ = env_switch("KILN_GEMV_ATTN_PREP", gemv_attn_prep_);
   verify_tactics_ = env_switch("KILN_VERIFY_TACTICS", verify_tactics_);
-  fp8_fused_act_quant_ = env_switch("KILN_FP8_FUSED_ACT_QUANT", fp8_fused_act_quant_);
+  if (const char* e = std::getenv("KILN_FP8_FUSED_ACT_QUANT"); e && *e)
+    set_fp8_fused_act_quant(env_switch("KILN_FP8_FUSED_ACT_QUANT", true));
   gemv_norm_in_tiles_ = env_switch("KILN_GEMV_NORM_IN_TILES", gemv_norm_in_tiles_);
   if (const char* e = std::getenv("KILN_GEMV_NORM_IN"); e && *e) {
     KILN_CHECK(std::string(e) == "0" || std::string(e) == "1" || std::string(e) == "2",
@@ -310,7 +311,7 @@ const GemmTactic* GemmEngine::w8a8_tactic(const GemvWeight& w, int64_t ldx, cons
 bool GemmEngine::fp8_gemm_takes(const GemvWeight& w, const void* out, int64_t ldo, int64_t m, int64_t n,
                                 int64_t k) const {
   // run()'s W8A8 choice for an input of row stride K (the workspace's), at sizes past the GEMV's.
-  return fp8_fused_act_quant_ && w.is_fp8() && m > kGemvMaxM && n >= 1 && k >= 1 &&
+  return m >= fp8_fused_act_quant_min_m_ && w.is_fp8() && m > kGemvMaxM && n >= 1 && k >= 1 &&
          w8a8_tactic(w, k, out, ldo, m, n, k, GemmOut::bf16) != nullptr;
 }
 

@@ -178,11 +178,16 @@ class GemmEngine {
   void run_prequantized(const GemvWeight& w, void* out, int64_t ldo, int64_t m, int64_t n, int64_t k,
                         cudaStream_t stream);
   int64_t fp8_prequantized_dispatches() const { return fp8_prequantized_dispatches_; }  // run_prequantized
-  // Off: fp8_gemm_takes says no everywhere (every producer then runs unfused, as before the fused producers).
-  // Default off until timed against the unfused producers (test_cuda_fp8_act_producers passed on an H200,
-  // 2026-12-07, `6f1ce2f`); KILN_FP8_FUSED_ACT_QUANT=1 starts it on.
-  void set_fp8_fused_act_quant(bool on) { fp8_fused_act_quant_ = on; }
-  bool fp8_fused_act_quant() const { return fp8_fused_act_quant_; }
+  // The producers quantize for the W8A8 GEMM from M = fp8_fused_act_quant_min_m rows (fp8_gemm_takes says no
+  // below it: the producer's bf16 output, then fp8_gemm's own quantizer). Default kFp8FusedActQuantMinM:
+  // in the 4B FP8 prompt the fused producers took 126.2-126.4 → 122.0-122.3 ms at 8192 tokens and
+  // 13.16-13.40 → 13.02-13.08 at 1024 (H100, 2026-12-07, `8d1bc01`, docs/PERF.md S12), but the decode step at
+  // batch 32 from 5.28 to 5.62 ms (S10). KILN_FP8_FUSED_ACT_QUANT=0: never; 1: from M = kGemvMaxM + 1.
+  void set_fp8_fused_act_quant(bool on) { fp8_fused_act_quant_min_m_ = on ? kGemvMaxM + 1 : kNever; }
+  void set_fp8_fused_act_quant_min_m(int64_t m) { fp8_fused_act_quant_min_m_ = m; }
+  bool fp8_fused_act_quant() const { return fp8_fused_act_quant_min_m_ < kNever; }
+  int64_t fp8_fused_act_quant_min_m() const { return fp8_fused_act_quant_min_m_; }
+  static constexpr int64_t kFp8FusedActQuantMinM = 1024;
 
   // The GEMV configuration run() uses for this call (the tuned tactic of its bucket is a GEMV and the
   // GEMV is enabled), else nothing (cuBLASLt). The fused gate_up + SiLU op asks this for [M, 2I, K].
@@ -275,7 +280,8 @@ class GemmEngine {
   int64_t fp8_dequant_dispatches_ = 0;
   int64_t fp8_gemm_dispatches_ = 0;
   int64_t fp8_prequantized_dispatches_ = 0;
-  bool fp8_fused_act_quant_ = false;
+  static constexpr int64_t kNever = INT64_MAX;
+  int64_t fp8_fused_act_quant_min_m_ = kFp8FusedActQuantMinM;
   bool gemv_enabled_ = true;
   bool gemv_add_rms_norm_ = false;
   bool gemv_attn_prep_ = false;
