@@ -16,4 +16,13 @@ for r in 1 2; do for v in default 0; do (( $(el) > 300 )) && break
   env $e timeout 60 $KILN bench model --shape qwen3-4b --quantization fp8 --context 1024 --steps 16 --batch 32 --no-breakdown > /tmp/d.txt 2>&1
   echo "decode b32 fused=$v rc=$? $(grep -hE 'CUDA graph \+' /tmp/d.txt | tail -1 | cut -c1-120)" | tee -a $S
   cat /tmp/p.txt /tmp/d.txt >> $OUT/w5_model.txt; done; done
+# For the next pass (issue 44, C = 10 / 64): the W8A8 grouped GEMM at 16 tokens a step under ncu (60 % of the copy
+# rate in E11): SpeedOfLight, memory, occupancy, warp states.
+if (( $(el) < 200 )); then
+  NCU_TUNE="qwen3-30b-a3b --quantization fp8" NCU_KERNEL="w8a8_kernel|quantize_rows" NCU_COUNT=6 NCU_SECONDS=150 \
+    NCU_CMD="bench model --shape qwen3-30b-a3b --quantization fp8 --prefill 1 --context 2 --steps 1 --batch 16 --no-breakdown" \
+    OUT=/tmp/ncuout bash bench/device.sh ncu-cmd > $OUT/w5_ncu_log.txt 2>&1
+  echo "ncu rc=$? $(el) s" | tee -a $S
+  find /tmp/ncuout -name report.txt -exec cp {} $OUT/w5_ncu_report.txt \; 2>/dev/null
+fi
 echo "elapsed $(el) s" | tee -a $S
