@@ -68,7 +68,7 @@ bool SpecOffSwitch::probe_due(int32_t seqs) const {
 
 bool SpecOffSwitch::should_verify(int32_t seqs) {
   Class& c = at(seqs);
-  ++c.since_probe;
+  c.count();
   if (c.off) {  // a verify probe: has acceptance grown? (the count runs on past the interval until one is)
     if (!probe_ready(c, seqs, c.since_probe)) return false;
     c.since_probe = 0;

@@ -87,7 +87,7 @@ class SpecOffSwitch {
 
   // A step at `seqs` that ran without asking (launched ahead by the overlap schedule while speculation is off
   // there): counts toward the class's next probe.
-  void count_step(int32_t seqs) { ++at(seqs).since_probe; }
+  void count_step(int32_t seqs) { at(seqs).count(); }
   // Whether the next step at `seqs` would be a probe (off, and the interval reached): the overlap schedule
   // ends its chain there so that step is planned, drafted and verified.
   bool probe_due(int32_t seqs) const;
@@ -117,6 +117,9 @@ class SpecOffSwitch {
     Estimate shadow_accepted, shadow_drafted;  // a shadow draft's kept tokens; 1 where one was proposed
     bool off = false;
     int32_t since_probe = 0;
+    // One more step toward the next probe. While off and the shadow drafts promise nothing the count runs on
+    // (a server may do so for months), so it stops at the largest int32.
+    void count() { since_probe += since_probe < INT32_MAX ? 1 : 0; }
     int32_t interval = 0;  // steps between probes while off (0: probe_interval)
   };
   Class& at(int32_t seqs);
