@@ -245,9 +245,17 @@ struct Engine::Impl {
   static bool eagle_device_chain();
   // A draft pass threw: counted (SpecStats::draft_failures) and said on stderr; its rows draft nothing.
   void eagle_pass_failed(const char* why);
-  // Whether every row that wants a token is greedy with no logit processing or logprobs, on a runner that may
-  // sample on the device: the verify step then asks the runner for each position's greedy token only.
-  bool greedy_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const;
+  // Whether every row that wants a token has no logit processing, grammar, min_p or logprobs, on a runner
+  // that may sample on the device: the verify step then asks the runner for each position's token as the
+  // plain step would draw it (verify_row_sampling) and keeps the drafts equal to those draws.
+  bool verify_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const;
+  // One RowSampling per logit row of a verify batch: row i's position j (logit row logit_base[i] + j) samples
+  // as the plain step drawing the request's token completion + j would (its seed, that step counter).
+  std::vector<ModelRunner::RowSampling> verify_row_sampling(const StepPlan& plan,
+                                                            const std::vector<uint8_t>& wants,
+                                                            const std::vector<std::vector<int32_t>>& drafts,
+                                                            const std::vector<int32_t>& logit_base,
+                                                            size_t logit_rows) const;
   // masks: per position, the grammar's mask (empty: the row is not constrained).
   using PositionMasks = std::vector<std::vector<uint32_t>>;
   std::vector<int32_t> verify_row(Live& L, const float* logits, std::span<const int32_t> draft,

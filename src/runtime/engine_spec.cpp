@@ -148,17 +148,34 @@ int32_t uniform_verify_bucket(const StepPlan& plan, const ModelRunner& runner, c
 
 }  // namespace
 
-bool Engine::Impl::greedy_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const {
+bool Engine::Impl::verify_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const {
   if (!device_sampling) return false;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     if (!wants[i]) continue;
     const Live& L = live.at(plan.rows[i].seq->id);
     const SamplingParams& sp = L.sampler->params();
-    if (sp.temperature > 0.0f || sp.return_logprob || sp.top_logprobs > 0 ||
-        L.sampler->processor().active() || L.grammar)
+    if (sp.min_p > 0.0f || sp.return_logprob || sp.top_logprobs > 0 || L.sampler->processor().active() ||
+        L.grammar)
       return false;
   }
   return true;
+}
+
+std::vector<ModelRunner::RowSampling> Engine::Impl::verify_row_sampling(
+    const StepPlan& plan, const std::vector<uint8_t>& wants, const std::vector<std::vector<int32_t>>& drafts,
+    const std::vector<int32_t>& logit_base, size_t logit_rows) const {
+  std::vector<ModelRunner::RowSampling> rs(logit_rows);  // fill and padding rows: greedy, never read
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (!wants[i]) continue;
+    const RequestId id = plan.rows[i].seq->id;
+    const Live& L = live.at(id);
+    const SamplingParams& sp = L.req.sampling;
+    // Position j draws the request's token number completion + j: the plain step's stream at that token.
+    for (size_t j = 0; j <= drafts[i].size(); ++j)
+      rs[size_t(logit_base[i]) + j] = {sp.temperature, sp.top_k, sp.top_p, L.seed, uint64_t(L.completion) + j,
+                                       nullptr,        id};
+  }
+  return rs;
 }
 
 bool Engine::Impl::decode_only(const StepPlan& plan) {
@@ -412,15 +429,19 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
                                : verify_batch(plan, drafts, *pool, &logit_base);
   runner->place_positions(batch);
   std::vector<float>& logits = logits_host;
-  // Greedy rows without logit processing or logprobs need only each position's greedy token: drawn on the
-  // device (CUDA), so only tokens come back, not [rows, vocab] logits.
+  // Rows without logit processing or logprobs need only each position's token as the plain step would draw
+  // it: drawn on the device (CUDA), so only tokens come back, not [rows, vocab] logits. Position j draws with
+  // the plain step's stream at the request's token completion + j, and a draft is kept where it equals that
+  // draw: a point draft x is then kept with probability p(x), and the tokens emitted are those plain decoding
+  // draws (greedy: its greedy tokens), whichever steps verified.
   std::vector<ModelRunner::SampledRow> device_tokens;
   bool on_device = false;
   try {
     batch.validate(V, pool->num_pages());
-    if (greedy_on_device(plan, wants))
+    if (verify_on_device(plan, wants))
       on_device = runner->forward_sampled(
-          batch, std::vector<ModelRunner::RowSampling>(batch.logit_rows.size()), 0, &device_tokens,
+          batch, verify_row_sampling(plan, wants, drafts, logit_base, batch.logit_rows.size()), 0,
+          &device_tokens,
           [&] { index_during_forward(plan); });  // the prompt chunks' tokens, while the forward runs
     if (!on_device) runner->forward(batch, &logits, nullptr);
   } catch (const RunnerFatalError&) {

@@ -243,6 +243,33 @@ TEST(SpecEngine, SeededSamplingIsIndependentOfTheBatch) {
   for (const auto& t : batched.tokens) EXPECT_EQ(t.size(), 20u);
 }
 
+// Sampling on the device (FakeRunner's device sampler: a draw keyed by the request's seed and token number):
+// the verify step draws each position as the plain step drawing that token would and keeps the drafts equal
+// to the draws, so seeded sampled outputs with n-gram are plain decoding's token for token, batched or not,
+// while drafts are kept; rows with a logit processor take the host rule (not compared here).
+TEST(SpecEngine, DeviceSampledOutputsEqualPlainDecoding) {
+  const auto prompts = repeating_prompts(3, 6, 7);
+  auto edit = [](size_t i, Request& r) {
+    r.sampling.temperature = i % 3 == 0 ? 0.0f : 0.7f + 0.1f * float(i);
+    r.sampling.top_k = i % 2 ? 2 : -1;
+    r.sampling.seed = int64_t(200 + i);
+  };
+  const auto engine = [](bool ngram) {
+    auto m = std::make_unique<FakeRunner>(3);
+    m->device_sampling = true;
+    EngineOptions o = test::small_opts(4096, 4, 16);
+    return std::make_unique<Engine>(std::move(m), ngram ? with_ngram(o, 3) : o);
+  };
+  const Outputs plain = run(engine(false), prompts, 24, true, edit);
+  for (const bool one_at_a_time : {true, false}) {
+    const Outputs spec = run(engine(true), prompts, 24, one_at_a_time, edit);
+    EXPECT_EQ(spec.tokens, plain.tokens) << (one_at_a_time ? "alone" : "batched");
+    EXPECT_GT(spec.stats.spec.verify_steps, 0);
+    EXPECT_GT(spec.stats.spec.accepted_tokens, 0) << "drafts kept";
+    EXPECT_LT(spec.stats.spec.accepted_tokens, spec.stats.spec.draft_tokens) << "and drafts rejected";
+  }
+}
+
 // The page-table half on its own: reserve pages for drafts, commit some, roll back; the scheduler's exact
 // reference accounting holds after each move, and a full pool shortens the draft instead of failing.
 TEST(SpecEngine, ReserveAndRollbackKeepThePoolExact) {
