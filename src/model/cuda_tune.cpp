@@ -41,8 +41,9 @@ void tune_gemm_if_needed(const ModelConfig& cfg) {
                path.c_str());
   // An embedding model runs no LM head (model/weights.h): its vocabulary GEMM is not tuned. Otherwise up to
   // the GEMV's M: a speculative verify step's logits rows (k + 1 a sequence) ran cuBLASLt's untuned
-  // heuristic where only M = 1 was tuned. KILN_TUNE_LOGIT_ROWS=8 turns that on (not yet measured on a GPU);
-  // unset or 1: M = 1 only (as at `2f94697`).
+  // heuristic where only M = 1 was tuned. KILN_TUNE_LOGIT_ROWS=8 turns that on: 19-42 µs off a 4-row verify
+  // step of the 4B shape, 7-30 off an 8-row one (H100, 2026-12-07, `36e733e`, docs/PERF.md SP11); unset or 1:
+  // M = 1 only (as at `2f94697`).
   int64_t max_logit_rows = 1;
   if (const char* e = std::getenv("KILN_TUNE_LOGIT_ROWS"); e && *e) {
     KILN_CHECK(std::strcmp(e, "1") == 0 || std::strcmp(e, "8") == 0,
