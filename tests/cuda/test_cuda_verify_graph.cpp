@@ -360,5 +360,45 @@ TEST(CudaVerifyGraph, GreedyNgramLogprobsBitwisePlainBatch1) {
   EXPECT_GT(accepted, 0) << "no draft kept: the verify rows went untested";
 }
 
+// Seeded sampling on the device: with the bitwise verify path (BitwiseVerify) a verify step draws each
+// position as the plain step drawing that token would (runtime/engine_spec.cpp verify_on_device: the
+// request's seed, the token's step counter), so a seeded sampled request's tokens equal plain decoding's at
+// batch 1, drafts kept and rejected. A low temperature keeps the tiny model's draws near its greedy ones,
+// where drafts get kept.
+TEST(CudaVerifyGraph, SeededSampledNgramEqualsPlainBatch1) {
+  KILN_REQUIRE_GPU();
+  const BitwiseVerify bitwise;
+  const auto prompts = quoting_prompts(4);
+  const EngineOptions base = cuda_opts(), spec = ngram_opts(base);
+  const auto run = [&](const EngineOptions& o, size_t i, spec::SpecStats* stats, int* graphs) {
+    auto runner = tiny_runner();
+    const Qwen3Runner& r = *runner;
+    Engine engine(std::move(runner), o);
+    test::Sink sink;
+    Request req = test::greedy(prompts[i], 32);
+    req.sampling.temperature = i % 2 ? 0.05f : 0.2f;
+    req.sampling.top_k = i % 2 ? 20 : -1;
+    req.sampling.seed = int64_t(300 + i);
+    const RequestId id = engine.submit(req, sink.cb());
+    sink.wait_finished(1);
+    if (stats) *stats = engine.stats().spec;
+    if (graphs) *graphs = int(r.verify_graph_replays());
+    return sink.tokens(id);
+  };
+  int64_t accepted = 0, verified = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    spec::SpecStats st;
+    int graphs = 0;
+    const std::vector<int32_t> want = run(base, i, nullptr, nullptr);
+    const std::vector<int32_t> got = run(spec, i, &st, &graphs);
+    EXPECT_EQ(got, want) << "request " << i;
+    EXPECT_GT(graphs, 0) << "request " << i << ": no verify step replayed a graph";
+    accepted += st.accepted_tokens;
+    verified += st.verify_steps;
+  }
+  EXPECT_GT(verified, 0);
+  EXPECT_GT(accepted, 0) << "no draft kept: the kept path went untested";
+}
+
 }  // namespace
 }  // namespace kiln
