@@ -155,6 +155,10 @@ struct Engine::Impl {
   bool launchable(const StepPlan& plan, bool ahead, bool* constrained) const;
   // Rows of requests that have ended get default parameters (their draws are dropped).
   std::vector<ModelRunner::RowSampling> row_sampling(const StepPlan& plan, uint64_t ahead) const;
+  // How a request's token number `token` (0 = its first generated token) is drawn on the device: its
+  // sampling parameters, seed and processor. Plain steps and verify positions share it, so a verify position
+  // draws exactly as the plain step drawing that token would.
+  static ModelRunner::RowSampling draw_params(RequestId id, const Live& L, uint64_t token);
   // A step whose forward was launched ahead (constrained rows; its predecessor's tokens now seen): its masks
   // on the mask workers while its forward runs, then its sampling queued. On failure its rows end in error.
   void sample_deferred();
@@ -214,6 +218,8 @@ struct Engine::Impl {
   void observe_decode_step(bool verify, int32_t seqs, Clock::time_point t0, double tokens_per_seq,
                            double forward_seconds = -1.0);
   static bool decode_only(const StepPlan& plan);
+  // Tokens the request may still emit: within max_new_tokens and max_len (k drafts emit up to k + 1).
+  static int64_t token_room(const Live& L, const Sequence& s);
   // Whether a decode step of `seqs` sequences may launch ahead (the overlap schedule): always without
   // speculation; with it, only where the off switch has turned it off for that batch size, so a plan with
   // drafts is never launched past. launch_continuation also stops a chain when a probe is due.

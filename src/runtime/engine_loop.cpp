@@ -354,20 +354,23 @@ void Engine::Impl::step() {
   if (spec_plain) observe_decode_step(false, spec_seqs, t0, 1.0, forward_seconds);
 }
 
+ModelRunner::RowSampling Engine::Impl::draw_params(RequestId id, const Live& L, uint64_t token) {
+  return {L.req.sampling.temperature,
+          L.req.sampling.top_k,
+          L.req.sampling.top_p,
+          L.seed,
+          token,
+          &L.sampler->processor(),
+          id};
+}
+
 std::vector<ModelRunner::RowSampling> Engine::Impl::row_sampling(const StepPlan& plan, uint64_t ahead) const {
   std::vector<ModelRunner::RowSampling> rs(plan.sample_rows.size());
   for (size_t k = 0; k < rs.size(); ++k) {
     const RequestId id = plan.rows[size_t(plan.sample_rows[k])].seq->id;
     auto it = live.find(id);
     if (it == live.end()) continue;
-    const Live& L = it->second;
-    rs[k] = {L.req.sampling.temperature,
-             L.req.sampling.top_k,
-             L.req.sampling.top_p,
-             L.seed,
-             uint64_t(L.completion) + ahead,
-             &L.sampler->processor(),
-             id};
+    rs[k] = draw_params(id, it->second, uint64_t(it->second.completion) + ahead);
   }
   return rs;
 }

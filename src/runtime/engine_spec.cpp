@@ -169,13 +169,19 @@ std::vector<ModelRunner::RowSampling> Engine::Impl::verify_row_sampling(
     if (!wants[i]) continue;
     const RequestId id = plan.rows[i].seq->id;
     const Live& L = live.at(id);
-    const SamplingParams& sp = L.req.sampling;
     // Position j draws the request's token number completion + j: the plain step's stream at that token.
-    for (size_t j = 0; j <= drafts[i].size(); ++j)
-      rs[size_t(logit_base[i]) + j] = {sp.temperature, sp.top_k, sp.top_p, L.seed, uint64_t(L.completion) + j,
-                                       nullptr,        id};
+    for (size_t j = 0; j <= drafts[i].size(); ++j) {
+      ModelRunner::RowSampling& r = rs[size_t(logit_base[i]) + j];
+      r = draw_params(id, L, uint64_t(L.completion) + j);
+      r.proc = nullptr;  // inactive (verify_on_device): no processing
+    }
   }
   return rs;
+}
+
+int64_t Engine::Impl::token_room(const Live& L, const Sequence& s) {
+  return std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
+                           int64_t(s.max_len) - int64_t(s.tokens.size()));
 }
 
 bool Engine::Impl::decode_only(const StepPlan& plan) {
@@ -245,8 +251,7 @@ void Engine::Impl::shadow_drafts(const StepPlan& plan) {
     }
     if (!off || proposed >= kShadowRowsPerStep || !verifiable(L)) continue;
     // The draft the next step would verify (spec_step's rule): a decode row past the prompt, k within room.
-    const int64_t room = std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
-                                           int64_t(s.max_len) - int64_t(s.tokens.size()));
+    const int64_t room = token_room(L, s);
     if (room <= 1 || int64_t(s.tokens.size()) - 1 < int64_t(s.prompt_len)) continue;
     spec::NgramIndex& idx = ngram_index(s);
     idx.append(std::span<const int32_t>(s.tokens).subspan(idx.size()));
@@ -317,9 +322,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     const Sequence& s = *r.seq;
     const Live& L = live.at(s.id);
     if (!r.samples) continue;
-    // Tokens this step may still emit: within max_new_tokens and max_len (k drafts emit up to k + 1).
-    const int64_t room = std::min<int64_t>(int64_t(L.req.sampling.max_new_tokens) - L.completion,
-                                           int64_t(s.max_len) - int64_t(s.tokens.size()));
+    const int64_t room = token_room(L, s);
     wants[i] = room > 0;
     // Drafts ride on decode rows only: not on a prompt's last token computed alone, which happens or not with
     // how the prompt was chunked (the batch), so a seeded request's draws would depend on its batch.
