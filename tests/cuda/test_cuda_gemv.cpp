@@ -115,6 +115,31 @@ TEST(CudaGemv, MatchesFp64ReferenceDeterministicRowIndependent) {
   }
 }
 
+// The tensor-core configs of one warp count share one summation order whatever their tiles (gemv.h: each
+// 8-row tile has its own mma chain in the one-tile kernel's order): a verify step may then take a multi-tile
+// config of the plain step's one-tile config and still give the plain step's rows bit for bit.
+TEST(CudaGemv, TensorCoreTilesGiveTheOneTileBits) {
+  KILN_REQUIRE_GPU();
+  for (const Shape& s : kShapes) {
+    const int64_t M8 = cuda::kGemvMaxM;
+    const auto x = random_bf16(size_t(M8 * s.K), 21), w = random_bf16(size_t(s.N * s.K), 22);
+    Buffer dx = to_device(x), dw = to_device(w), out(size_t(M8 * s.N) * 4, Device::cuda());
+    for (const bool f32 : {false, true}) {
+      const GemvEpilogue epi = f32 ? GemvEpilogue::f32 : GemvEpilogue::bf16;
+      for (const int warps : {2, 4, 8, 16})
+        for (const int64_t M : {int64_t(1), int64_t(3), int64_t(4), M8}) {
+          const auto one = run_gemv(dx, s.K, dw, s.K, out, s.N, M, s.N, s.K, epi, GemvConfig{warps, true, 1});
+          for (const int tiles : {2, 4}) {
+            const GemvConfig cfg{warps, true, tiles};
+            const auto got = run_gemv(dx, s.K, dw, s.K, out, s.N, M, s.N, s.K, epi, cfg);
+            EXPECT_EQ(got, one) << s.name << " M " << M << " " << test::gemv_config_name(cfg)
+                                << (f32 ? " f32" : " bf16") << " differs from one tile";
+          }
+        }
+    }
+  }
+}
+
 TEST(CudaGemv, RowStridedOperands) {
   KILN_REQUIRE_GPU();
   const int64_t M = 5, N = 70, K = 264, ldx = K + 24, ldw = K + 16, ldo = N + 42;
