@@ -1,12 +1,15 @@
 // An FP8 model end to end on the CPU backend as a user runs it: `kiln demo-model --quantization fp8` writes
 // Qwen's -FP8 layout, `kiln inspect` reports it, `kiln generate --device cpu` runs it, and online
 // quantization of the BF16 demo (`--quantization fp8`) generates the same tokens and log-probs bit for bit.
+// The same for the Qwen3-VL demo (`--arch vl --quantization fp8`: decoder linears under model.language_model.
+// block-FP8, the vision tower BF16), whose text generation also equals the plain FP8 demo's of the seed.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/kiln_process.h"
@@ -115,4 +118,56 @@ TEST_F(CliFp8, BadQuantizationFlagIsOneClearError) {
                                    tmp_root());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--quantization must be none or fp8, got 'awq'"), std::string::npos) << r.err;
+}
+
+TEST_F(CliFp8, VlDemoIsReportedAndGeneratesAsOnlineQuantization) {
+  const fs::path vl8 = tmp_root() / "vl_fp8", vl = tmp_root() / "vl_bf16";
+  for (const auto& [dir, quant] : {std::pair{vl8, "fp8"}, std::pair{vl, "none"}}) {
+    const Result r = kiln::test_support::run_kiln(
+        {"demo-model", dir.string(), "--arch", "vl", "--seed", "4", "--quantization", quant}, tmp_root());
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  const json cfg = json::parse(slurp(vl8 / "config.json"));
+  EXPECT_EQ(cfg["architectures"], json{"Qwen3VLForConditionalGeneration"});
+  EXPECT_EQ(cfg["quantization_config"]["quant_method"], "fp8");
+
+  const Result r = kiln::test_support::run_kiln({"inspect", "--model", vl8.string(), "--json"}, tmp_root());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["config"]["arch"], "qwen3_vl_text");
+  EXPECT_EQ(j["config"]["vision"]["depth"], 3);
+  EXPECT_NE(j["config"]["quantization"].get<std::string>().find("fp8 (checkpoint"), std::string::npos);
+  EXPECT_EQ(j["fp8_linears"], 4 * 7);  // the decoder's; none of the tower's
+  int scales = 0, visual = 0;
+  for (const json& t : j["tensors"]) {
+    const std::string n = t["name"];
+    if (n == "model.language_model.layers.3.mlp.down_proj.weight") {
+      EXPECT_EQ(t["dtype"], "F8_E4M3");
+    }
+    if (n == "model.language_model.layers.0.self_attn.q_proj.weight_scale_inv") {
+      EXPECT_EQ(t["shape"], json::array({4, 2}));  // [512 / 128, 256 / 128]
+    }
+    if (n.rfind("model.visual.", 0) == 0) {
+      ++visual;
+      EXPECT_EQ(t["dtype"], "BF16") << n;
+    }
+    scales += n.find("weight_scale_inv") != std::string::npos;
+  }
+  EXPECT_EQ(scales, 4 * 7);
+  EXPECT_GT(visual, 0);
+  const Result text = kiln::test_support::run_kiln({"inspect", "--model", vl8.string()}, tmp_root());
+  EXPECT_NE(text.out.find("quantization: fp8 (checkpoint"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("28 linears stored F8_E4M3"), std::string::npos) << text.out;
+
+  const json a = generate("vl_fp8", {});
+  const json online = generate("vl_bf16", {"--quantization", "fp8"});
+  const json plain = generate("fp8", {});  // the same decoder weights (seed 4), plain RoPE
+  const json bf16 = generate("vl_bf16", {});
+  ASSERT_TRUE(a.contains("ids") && online.contains("ids") && plain.contains("ids") && bf16.contains("ids"));
+  EXPECT_EQ(a["ids"].size(), 6u);
+  EXPECT_EQ(a["ids"], online["ids"]);
+  EXPECT_EQ(a["logprobs"], online["logprobs"]);  // bitwise: the checkpoint is online quantization's bytes
+  EXPECT_EQ(a["ids"], plain["ids"]);
+  EXPECT_EQ(a["logprobs"], plain["logprobs"]);  // three equal M-RoPE rows rotate as plain RoPE does
+  EXPECT_NE(a["logprobs"], bf16["logprobs"]);
 }
