@@ -10,6 +10,7 @@
 //   page_table[b * pages_stride + i] is the page holding context tokens [i*page_size, (i+1)*page_size)
 //   slot_mapping[t] = page * page_size + offset, or -1 for a padded row (the cache write skips it)
 //   logit_rows lists the token rows (ascending) whose logits the step must produce
+//   token trees (tree_window / tree_mask, below): either both empty or sized [B] and [T], see there
 #pragma once
 
 #include <cstdint>
@@ -31,10 +32,21 @@ struct BatchDesc {
   // [B] or empty: the request each sequence belongs to (0 for padding). The runtime's scheduler fills it so
   // a runner can find per-request state (Qwen3-VL images and M-RoPE positions); the model ignores it.
   std::vector<uint64_t> seq_ids;
+  // Token trees (speculative decoding: a verify step over a tree of drafts, an EAGLE draft pass over a tree's
+  // frontier). Both empty: every row is causal. Else tree_window [B] and tree_mask [T]: sequence b's last
+  // W = tree_window[b] context positions [kv_lens[b] - W, kv_lens[b]) form its tree window (0 <= W <= 64; W =
+  // 0: b is causal, its rows' masks must be 0; else W >= q_len(b), so its new tokens are the window's last
+  // q_len(b) positions). Row t of b, at context position p (its new-token order, as above), sees every
+  // position before the window, and a window position kv_lens[b] - W + i only where bit i of tree_mask[t] is
+  // set. Its own bit must be set and no bit above it (a row sees no later position): a parent precedes its
+  // children. A chain's masks (row i: bits 0 .. its own) give the causal rows bit for bit.
+  std::vector<int32_t> tree_window;
+  std::vector<uint64_t> tree_mask;
 
   int32_t num_tokens() const { return int32_t(tokens.size()); }
   int32_t num_seqs() const { return cu_q.empty() ? 0 : int32_t(cu_q.size()) - 1; }
   int32_t q_len(int b) const { return cu_q[b + 1] - cu_q[b]; }
+  bool has_tree() const { return !tree_window.empty(); }
   void validate(int64_t vocab_size, int64_t num_pages) const;  // throws kiln::Error
   // Text tokens under M-RoPE (Qwen3-VL): the [T] positions become three equal (t, h, w) rows, which
   // rotate exactly as plain RoPE does. No-op when mrope is already set.

@@ -33,6 +33,28 @@ void BatchDesc::validate(int64_t vocab_size, int64_t num_pages) const {
                vocab_size, ")");
     KILN_CHECK(slot_mapping[t] < num_pages * page_size, "slot ", slot_mapping[t], " out of range");
   }
+  KILN_CHECK(tree_window.empty() == tree_mask.empty(),
+             "tree_window and tree_mask must both be set or both empty");
+  if (has_tree()) {
+    KILN_CHECK_EQ(tree_window.size(), size_t(B), "tree_window size");
+    KILN_CHECK_EQ(tree_mask.size(), T, "tree_mask size");
+    for (int b = 0; b < B; ++b) {
+      const int32_t W = tree_window[size_t(b)], q = q_len(b);
+      KILN_CHECK(W >= 0 && W <= 64, "sequence ", b, ": tree window ", W, " outside [0, 64]");
+      KILN_CHECK(W == 0 || (W >= q && W <= kv_lens[size_t(b)]), "sequence ", b, ": tree window ", W,
+                 " must hold its ", q, " new tokens and fit its context of ", kv_lens[size_t(b)]);
+      for (int32_t j = 0; j < q; ++j) {
+        const uint64_t m = tree_mask[size_t(cu_q[size_t(b)] + j)];
+        if (W == 0) {
+          KILN_CHECK(m == 0, "sequence ", b, ": row ", j, " has a tree mask outside a tree window");
+          continue;
+        }
+        const int32_t own = W - q + j;  // the row's bit: its position's index in the window
+        KILN_CHECK((m >> own) & 1, "sequence ", b, ": row ", j, " does not see its own position");
+        KILN_CHECK(own == 63 || (m >> (own + 1)) == 0, "sequence ", b, ": row ", j, " sees a later position");
+      }
+    }
+  }
   for (size_t i = 0; i < logit_rows.size(); ++i) {
     KILN_CHECK(logit_rows[i] >= 0 && size_t(logit_rows[i]) < T, "logit row out of range");
     KILN_CHECK(i == 0 || logit_rows[i] > logit_rows[i - 1], "logit rows must ascend");

@@ -49,6 +49,14 @@ struct PagedAttentionArgs {
   // ops/cuda/attention.h). At most 16. Ignored on the CPU, whose rows are bitwise independent of the batch
   // anyway.
   int32_t decode_rows_per_seq = 0;
+  // Token trees (kiln/batch.h tree_window / tree_mask): both empty (every row causal) or i32 [B] and i64 [T]
+  // (the mask's bits) on the attention's device. Row t of sequence b at context position p attends to the
+  // positions j <= p before b's window [kv_lens[b] - W, kv_lens[b]) and to window position kv_lens[b] - W + i
+  // where bit i of tree_mask[t] is set (validated by BatchDesc::validate: own bit set, none above it). The
+  // CPU reference visits the attended positions in ascending j, so a row equals the causal row of the
+  // sequence made of its visible positions, bit for bit. CUDA: not supported yet (refused by name).
+  Tensor tree_window;
+  Tensor tree_mask;
 };
 
 void paged_attention(const PagedAttentionArgs& args);
