@@ -58,11 +58,13 @@ struct Qwen3Model::Workspace : SlotBuffers {
     vis_rows,
     vis_embeds,
     vis_deep,
-    tp_partial,  // tensor parallelism: f32 [T, hidden] row-parallel partials (f32 reduce)
-    tp_logits,   // tensor parallelism: f32 [tp, R, ceil(vocab / tp)] the LM head's all-gather
-    moe,         // the sparse MLP's device scratch (ops::moe_scratch_bytes); empty on the CPU
-    aux,         // EAGLE-3 features: bf16 [T, 3 hidden] (set_aux_capture)
-    iota,        // i32 0, 1, 2, ...: the rows the feature copies gather
+    tp_partial,   // tensor parallelism: f32 [T, hidden] row-parallel partials (f32 reduce)
+    tp_logits,    // tensor parallelism: f32 [tp, R, ceil(vocab / tp)] the LM head's all-gather
+    moe,          // the sparse MLP's device scratch (ops::moe_scratch_bytes); empty on the CPU
+    aux,          // EAGLE-3 features: bf16 [T, 3 hidden] (set_aux_capture)
+    iota,         // i32 0, 1, 2, ...: the rows the feature copies gather
+    tree_window,  // i32 [B]: a token-tree step's windows (CPU only)
+    tree_mask,    // i64 [T]: its rows' masks
     num_slots
   };
   explicit Workspace(Device d) : SlotBuffers(d, num_slots) {}
@@ -237,6 +239,9 @@ void Qwen3Model::drop_per_step_attention_bounds() {
 
 void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   const ModelConfig& c = cfg_;
+  // No CUDA attention kernel applies tree masks (ops/attention.h): refuse before any upload or launch.
+  KILN_CHECK(!b.has_tree() || device().is_cpu(),
+             "Qwen3Model: a token-tree batch (tree_window / tree_mask) is not supported on CUDA yet");
   b.validate(c.vocab_size, cache.num_pages());
   KILN_CHECK_EQ(b.page_size, cache.page_size(), "batch page_size vs KV cache page size");
   KILN_CHECK_EQ(int64_t(cache.num_layers()), c.num_layers, "KV cache layers vs model layers");
@@ -269,7 +274,7 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   {
     const auto fp = [](const auto& v) { return StagedUploads::footprint(v.size() * sizeof(v[0])); };
     w.staged.begin(fp(b.tokens) + fp(b.positions) + fp(b.slot_mapping) + fp(b.cu_q) + fp(b.kv_lens) +
-                       fp(b.page_table) + fp(b.logit_rows),
+                       fp(b.page_table) + fp(b.logit_rows) + fp(b.tree_window) + fp(b.tree_mask),
                    ops::current_stream());
   }
   Tensor ids(w.stage_input(Workspace::ids, b.tokens), DType::i32, {T}, dev);
@@ -280,6 +285,11 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   Tensor kv_lens(w.stage_input(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
   Tensor pt(w.stage_input(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
   w.rows_t = Tensor(w.stage_input(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
+  Tensor tree_window, tree_mask;  // none unless the batch is a token tree
+  if (b.has_tree()) {
+    tree_window = Tensor(w.stage_input(Workspace::tree_window, b.tree_window), DType::i32, {B}, dev);
+    tree_mask = Tensor(w.stage_input(Workspace::tree_mask, b.tree_mask), DType::i64, {T}, dev);
+  }
   w.staged.end();
 
   Tensor residual(w.activation(Workspace::residual, c, T), DType::bf16, {T, H}, dev);
@@ -330,6 +340,8 @@ void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   att.page_table = pt;
   att.out = attn;
   att.scale = float(1.0 / std::sqrt(double(D)));
+  att.tree_window = tree_window;
+  att.tree_mask = tree_mask;
   att.min_q_len = B > 0 ? std::numeric_limits<int32_t>::max() : 0;
   int32_t max_q_len = 0;
   for (int64_t s = 0; s < B; ++s) {

@@ -1,5 +1,7 @@
 #include "ops/attention.h"
 
+#include <utility>
+
 #include "ops/checks.h"
 #include "ops/cpu/reference.h"
 #include "ops/cuda/dispatch.h"
@@ -31,6 +33,30 @@ void check_cache(const KvCacheView& c, int64_t head_dim) {
   }
 }
 
+// A tensor argument given at all (a default Tensor is "none"; an empty [0] view is given).
+bool given(const Tensor& t) {
+  return t.data != nullptr || t.ndim > 0;
+}
+
+// tree_window / tree_mask: none, or i32 [B] and i64 [T] on q's device. Their values are checked where they
+// are read (the CPU reference).
+void check_tree(const PagedAttentionArgs& a) {
+  constexpr const char* op = "paged_attention";
+  const bool window = given(a.tree_window), mask = given(a.tree_mask);
+  KILN_CHECK(window == mask, op, ": tree_window and tree_mask must both be given or both be empty");
+  if (!window) return;
+  // No CUDA kernel applies the masks: refuse before any launch rather than attend causally.
+  KILN_CHECK(!a.q.device.is_cuda(), "paged attention: token-tree masks are not supported on CUDA yet");
+  detail::check_matrix(op, "tree_window", a.tree_window, 1, DType::i32);
+  detail::check_matrix(op, "tree_mask", a.tree_mask, 1, DType::i64);
+  KILN_CHECK_EQ(a.tree_window.shape[0], a.cu_q.shape[0] - 1, op, ": tree_window vs the sequences of cu_q");
+  KILN_CHECK_EQ(a.tree_mask.shape[0], a.q.shape[0], op, ": tree_mask vs the rows of q");
+  for (const auto& [name, t] :
+       {std::pair{"tree_window", &a.tree_window}, std::pair{"tree_mask", &a.tree_mask}})
+    KILN_CHECK(t->device == a.q.device, op, ": ", name, " is on ", device_name(t->device), ", q on ",
+               device_name(a.q.device));
+}
+
 }  // namespace
 
 void paged_attention(const PagedAttentionArgs& a) {
@@ -57,6 +83,7 @@ void paged_attention(const PagedAttentionArgs& a) {
   for (const Tensor* t : {&a.out, &a.cache.k, &a.cache.v, &a.cu_q, &a.kv_lens, &a.page_table}) {
     detail::check_same_device(op, a.q, *t);
   }
+  check_tree(a);
   if (a.q.device.is_cuda()) return KILN_CUDA_OP(paged_attention(a));
   cpu::paged_attention(a);
 }

@@ -3,7 +3,8 @@
 //
 // Sequence b owns query rows [cu_q[b], cu_q[b+1]) and a context of kv_lens[b] tokens whose last
 // q_len = cu_q[b+1] - cu_q[b] are its new tokens (already written to the cache by attn_prep). Query row
-// i of b sits at context position p = kv_lens[b] - q_len + i and attends to context positions [0, p].
+// i of b sits at context position p = kv_lens[b] - q_len + i and attends to context positions [0, p] (a
+// token tree's rows to a subset of them: tree_window / tree_mask below).
 // Context position j lives in page page_table[b, j / page_size], row j % page_size.
 // Query head h reads KV head h / (Hq / Hkv).
 //
@@ -52,9 +53,12 @@ struct PagedAttentionArgs {
   // Token trees (kiln/batch.h tree_window / tree_mask): both empty (every row causal) or i32 [B] and i64 [T]
   // (the mask's bits) on the attention's device. Row t of sequence b at context position p attends to the
   // positions j <= p before b's window [kv_lens[b] - W, kv_lens[b]) and to window position kv_lens[b] - W + i
-  // where bit i of tree_mask[t] is set (validated by BatchDesc::validate: own bit set, none above it). The
-  // CPU reference visits the attended positions in ascending j, so a row equals the causal row of the
-  // sequence made of its visible positions, bit for bit. CUDA: not supported yet (refused by name).
+  // where bit i of tree_mask[t] is set. W = 0: b is causal and its masks are 0; else q_len(b) <= W <=
+  // min(64, kv_lens[b]), and each row's own bit is set and none above it (BatchDesc::validate's rules; the
+  // CPU reference checks them too, naming the field). The CPU reference visits the attended positions in
+  // ascending j, so a row equals the causal row of the sequence made of its visible positions, bit for bit,
+  // and a chain's masks give the causal rows. CUDA: refused before any launch ("token-tree masks are not
+  // supported on CUDA yet").
   Tensor tree_window;
   Tensor tree_mask;
 };
