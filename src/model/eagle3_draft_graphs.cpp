@@ -85,7 +85,6 @@ void Eagle3Model::DraftGraphs::run_extend(Eagle3Model& m, const BatchDesc& in, c
                                           Out* out) {
   const auto [bucket, width] = shape;
   const int32_t B = in.num_seqs(), q = in.q_len(0);
-  const int64_t H = m.config().hidden;
   staged_.resize(1);
   BatchDesc& b = staged_[0];
   copy_with_table_width(in, bucket, width, b);
@@ -116,9 +115,7 @@ void Eagle3Model::DraftGraphs::run_extend(Eagle3Model& m, const BatchDesc& in, c
     KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s));
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-  m.read_out(bucket, out);
-  out->tokens.resize(size_t(B));
-  out->hidden.resize(size_t(B * H));
+  m.read_out(bucket, out, B);  // the padding sequences' logit rows come after the B real ones
 }
 
 void Eagle3Model::DraftGraphs::run(Eagle3Model& m, const std::vector<BatchDesc>& passes,

@@ -158,6 +158,8 @@ struct Eagle3Model::Workspace : SlotBuffers {
     chain_slots,
     chain_kv_lens,
     chain_page_table,
+    tree_window,  // i32 [B], a tree pass's (stage)
+    tree_mask,    // i64 [T]
     num_slots
   };
   explicit Workspace(Device d) : SlotBuffers(d, num_slots) {}
@@ -167,6 +169,7 @@ struct Eagle3Model::Workspace : SlotBuffers {
   }
   std::vector<float> host_out;
   Tensor ids_t, pos_t, slots_t, cu_t, kv_lens_t, pt_t, rows_t, src_t;
+  Tensor tree_window_t, tree_mask_t;  // empty unless the staged pass has a token tree
   // stage_chain's views: pass 0's tokens, the passes' inputs, and each pass's page-table width and offset.
   struct Chain {
     Tensor ids0;
@@ -234,6 +237,7 @@ std::unique_ptr<Eagle3Model> Eagle3Model::load(const std::string& dir, const Qwe
   for (int64_t i = 0; i < c.draft_vocab; ++i)
     KILN_CHECK(i + d2t[size_t(i)] >= 0 && i + d2t[size_t(i)] < c.vocab, "EAGLE-3 draft: d2t[", i,
                "] maps outside the target vocabulary of ", c.vocab);
+  m->d2t_ = d2t;
   m->owned_.emplace_back(d2t.size() * sizeof(int64_t), dev);
   copy_bytes(m->owned_.back().data(), dev, d2t.data(), Device::cpu(), d2t.size() * sizeof(int64_t));
   m->d2t_dev_ = Tensor(m->owned_.back().data(), DType::i64, {c.draft_vocab}, dev);
@@ -255,6 +259,26 @@ int64_t Eagle3Model::kv_bytes_per_token() const {
   return KvCache::bytes_per_token(kv_cfg_, DType::bf16);
 }
 
+void Eagle3Model::move_kv(const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
+  KILN_CHECK(cache_ != nullptr, "Eagle3Model: allocate_kv was not called");
+  cache_->move_slots(from, to);
+}
+
+void Eagle3Model::set_topk(int k) {
+  KILN_CHECK(k >= 1 && k <= 16, "EAGLE-3 draft top-k must be in [1, 16], got ", k);
+  KILN_CHECK(k <= cfg_.draft_vocab, "EAGLE-3 draft top-k ", k, " exceeds the draft vocabulary of ",
+             cfg_.draft_vocab);
+  KILN_CHECK(k == 1 || device_.is_cpu(), "EAGLE-3 top-k drafting is not built on CUDA yet (top-k ", k,
+             " asked for on ", device_name(device_), ")");
+  topk_ = k;
+}
+
+void Eagle3Model::check_tree_device(const BatchDesc& b) const {
+  KILN_CHECK(!b.has_tree() || device_.is_cpu(),
+             "EAGLE-3 draft passes over a token tree are not supported on CUDA yet (", device_name(device_),
+             ")");
+}
+
 void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows,
                         const std::vector<bf16_t>* hidden) {
   KILN_CHECK(cache_ != nullptr, "Eagle3Model: allocate_kv was not called");
@@ -265,10 +289,11 @@ void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows
   Workspace& w = *ws_;
   const Device dev = device_;
   const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
+  check_tree_device(b);
   const auto fp = [](const auto& v) { return StagedUploads::footprint(v.size() * sizeof(v[0])); };
   w.staged.begin(fp(b.tokens) + fp(b.positions) + fp(b.slot_mapping) + fp(b.cu_q) + fp(b.kv_lens) +
                      fp(b.page_table) + fp(b.logit_rows) + (src_rows ? fp(*src_rows) : 0) +
-                     (hidden ? fp(*hidden) : 0),
+                     (hidden ? fp(*hidden) : 0) + fp(b.tree_window) + fp(b.tree_mask),
                  ops::current_stream());
   if (src_rows) w.src_t = Tensor(w.stage_input(Workspace::src_rows, *src_rows), DType::i32, {T}, dev);
   if (hidden) w.stage_input(Workspace::residual, *hidden);
@@ -279,11 +304,17 @@ void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows
   w.kv_lens_t = Tensor(w.stage_input(Workspace::kv_lens, b.kv_lens), DType::i32, {B}, dev);
   w.pt_t = Tensor(w.stage_input(Workspace::page_table, b.page_table), DType::i32, {B, b.pages_stride}, dev);
   w.rows_t = Tensor(w.stage_input(Workspace::rows, b.logit_rows), DType::i32, {R}, dev);
+  w.tree_window_t = w.tree_mask_t = Tensor();
+  if (b.has_tree()) {
+    w.tree_window_t = Tensor(w.stage_input(Workspace::tree_window, b.tree_window), DType::i32, {B}, dev);
+    w.tree_mask_t = Tensor(w.stage_input(Workspace::tree_mask, b.tree_mask), DType::i64, {T}, dev);
+  }
   w.staged.end();
 }
 
 void Eagle3Model::forward_features(const BatchDesc& b, const Tensor& features,
                                    const std::vector<int32_t>& rows, Out* out) {
+  check_tree_device(b);  // before the extend graphs stage anything
   const int64_t T = b.num_tokens();
   KILN_CHECK_EQ(int64_t(rows.size()), T, "EAGLE-3: one feature row per draft row");
   KILN_CHECK(features.ndim == 2 && features.dtype == DType::bf16 &&
@@ -314,6 +345,7 @@ void Eagle3Model::launch_features(const Tensor& features, int64_t T, int64_t R, 
 }
 
 void Eagle3Model::forward_hidden(const BatchDesc& b, const std::vector<float>& hidden, Out* out) {
+  check_tree_device(b);
   const int64_t T = b.num_tokens(), H = cfg_.hidden;
   KILN_CHECK_EQ(int64_t(hidden.size()), T * H, "EAGLE-3: hidden states must be [T, H]");
   std::vector<bf16_t> h(hidden.size());
@@ -334,6 +366,7 @@ void Eagle3Model::forward_chain(const std::vector<BatchDesc>& passes, const std:
                " sequences, one row and logit row each");
     for (int64_t r = 0; r < R; ++r)
       KILN_CHECK_EQ(b.logit_rows[size_t(r)], int32_t(r), "EAGLE-3 chain: logit rows must be 0 .. R - 1");
+    KILN_CHECK(!b.has_tree(), "EAGLE-3 chain passes take no token tree (a tree pass: forward_hidden)");
   }
   if (R == 0) return;
   std::vector<bf16_t> h(hidden.size());
@@ -382,6 +415,7 @@ void Eagle3Model::stage_chain(const std::vector<BatchDesc>& passes, const std::v
   c.kv_lens = static_cast<int32_t*>(w.stage_input(Workspace::chain_kv_lens, kv_lens));
   c.pt = static_cast<int32_t*>(w.stage_input(Workspace::chain_page_table, pt));
   w.staged.end();
+  w.tree_window_t = w.tree_mask_t = Tensor();
   // Sized before the first pass: the slot must not move while a later pass reads an earlier pass's tokens.
   c.tokens = static_cast<int32_t*>(w.get(Workspace::chain_tokens, n * size_t(R) * sizeof(int32_t)));
 }
@@ -415,9 +449,8 @@ void Eagle3Model::read_chain(int64_t rows, int64_t R, size_t passes,
 
 void Eagle3Model::run_midlayer(const BatchDesc& b, Out* out) {
   const int64_t T = b.num_tokens(), R = int64_t(b.logit_rows.size());
-  if (T == 0) {
-    out->tokens.assign(size_t(R), -1);
-    out->hidden.assign(size_t(R * cfg_.hidden), 0.0f);
+  if (T == 0) {  // then R == 0 too: logit rows are token rows
+    read_out(0, out);
     return;
   }
   const int32_t min_q_len = shortest_q_len(b);
@@ -468,6 +501,8 @@ void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len, int32
   att.out = attn;
   att.scale = float(1.0 / std::sqrt(double(D)));
   att.min_q_len = min_q_len;
+  att.tree_window = w.tree_window_t;
+  att.tree_mask = w.tree_mask_t;
   ops::paged_attention(att);
   ops::linear_add_rms_norm(attn.reshape({T, Hq * D}), o_, residual, w_post_, eps, tmp, normed);
   ops::linear_silu_mul(normed, gate_up_, gate_up, act);
@@ -486,19 +521,54 @@ void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len, int32
   if (hidden_rows) ops::embedding(residual, w.rows_t, Tensor(buf + hidden_at, DType::f32, {R, H}, device_));
 }
 
-void Eagle3Model::read_out(int64_t R, Out* out) {
+void Eagle3Model::read_out(int64_t R, Out* out, int64_t keep) {
   Workspace& w = *ws_;
-  const int64_t H = cfg_.hidden, Dv = cfg_.draft_vocab;
-  out->tokens.assign(size_t(R), -1);
-  out->hidden.assign(size_t(R * H), 0.0f);
-  if (R == 0) return;
+  const int64_t H = cfg_.hidden, Dv = cfg_.draft_vocab, k = topk_;
+  keep = keep < 0 ? R : keep;
+  KILN_CHECK(keep <= R, "Eagle3Model::read_out: ", keep, " rows of ", R);
+  const bool want_logits = return_logits_ || k > 1;
+  out->tokens.assign(size_t(keep), -1);
+  out->hidden.assign(size_t(keep * H), 0.0f);
+  out->logits.assign(return_logits_ ? size_t(keep * Dv) : 0, 0.0f);
+  out->topk_tokens.assign(k > 1 ? size_t(keep * k) : 0, -1);
+  out->topk_logprobs.assign(k > 1 ? size_t(keep * k) : 0, 0.0f);
+  if (keep == 0) return;
   const int64_t hidden_at = eagle3_hidden_offset(R, Dv);
   const float* buf = static_cast<const float*>(w.get(Workspace::out, size_t(hidden_at + R * H + R) * 4));
   std::vector<float>& host = w.host_out;  // the hidden rows, then the tokens' bits
   host.resize(size_t(R * H + R));
   copy_bytes(host.data(), Device::cpu(), buf + hidden_at, device_, host.size() * 4);
-  std::copy(host.begin(), host.begin() + R * H, out->hidden.begin());
-  std::memcpy(out->tokens.data(), host.data() + R * H, size_t(R) * sizeof(int32_t));
+  std::copy(host.begin(), host.begin() + keep * H, out->hidden.begin());
+  std::memcpy(out->tokens.data(), host.data() + R * H, size_t(keep) * sizeof(int32_t));
+  if (!want_logits) return;
+  std::vector<float> logits(size_t(keep * Dv));
+  copy_bytes(logits.data(), Device::cpu(), buf, device_, logits.size() * 4);
+  if (k > 1)
+    eagle3_topk(logits.data(), keep, Dv, int(k), d2t_.data(), out->topk_tokens.data(),
+                out->topk_logprobs.data());
+  if (return_logits_) out->logits = std::move(logits);
+}
+
+void eagle3_topk(const float* logits, int64_t rows, int64_t Dv, int k, const int64_t* d2t, int32_t* tokens,
+                 float* logprobs) {
+  KILN_CHECK(Dv >= 1 && k >= 1 && k <= Dv, "eagle3_topk: k ", k, " of a draft vocabulary of ", Dv);
+  std::vector<int32_t> ids(static_cast<size_t>(Dv));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits + r * Dv;
+    const auto key = [&](int32_t i) { return x[i] == x[i] ? x[i] : -std::numeric_limits<float>::infinity(); };
+    for (int32_t i = 0; i < int32_t(Dv); ++i) ids[size_t(i)] = i;
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [&](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
+    const float m = x[ids[0]];
+    float s = 0.0f;
+    for (int64_t j = 0; j < Dv; ++j) s += std::exp(x[j] - m);  // float overloads: f32 terms, f32 sum
+    const float log_s = std::log(s);
+    for (int i = 0; i < k; ++i) {
+      const int32_t id = ids[size_t(i)];
+      tokens[r * k + i] = int32_t(id + d2t[id]);
+      logprobs[r * k + i] = (x[id] - m) - log_s;
+    }
+  }
 }
 
 }  // namespace kiln

@@ -17,9 +17,15 @@
 // and per logit row: the draft's top-1 token through d2t (target ids; lowest draft id among equal maxima) and
 // the midlayer output (residual) widened to f32, the next chain row's hidden state. Rounding points: the ops'
 // (bf16 activations, f32 accumulation), so it matches the f32 reference within bf16 tolerance, not bitwise.
+//
+// Token trees (EAGLE tree drafting): a pass's batch may carry BatchDesc::tree_window / tree_mask; its
+// attention then follows the masks (ops/attention.h), so a pass over a tree's frontier gives each row, bit
+// for bit, what a chain pass over that row's path gives. CPU only for now: on CUDA forward_features and
+// forward_hidden refuse a tree batch by name before staging anything; forward_chain takes none.
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,7 +61,22 @@ class Eagle3Model {
   struct Out {
     std::vector<int32_t> tokens;  // [R] the top-1 draft token of each logit row, as a target id
     std::vector<float> hidden;    // [R, H] the midlayer output of each logit row
+    // set_topk(k) with k > 1 (else empty): per logit row its k best draft tokens (target ids) and their
+    // log-probabilities, eagle3_topk's contract; entry 0 of a row is tokens[r].
+    std::vector<int32_t> topk_tokens;  // [R, k]
+    std::vector<float> topk_logprobs;  // [R, k]
+    std::vector<float> logits;         // [R, Dv] the draft-vocabulary logits, with set_return_logits(true)
   };
+  // The draft tokens forward_features and forward_hidden rank per logit row (Out::topk_*): 1 (the default:
+  // top-1 only, Out::topk_* empty) to 16, at most the draft vocabulary. forward_chain stays top-1. CUDA:
+  // k > 1 is refused ("EAGLE-3 top-k drafting is not built on CUDA yet").
+  void set_topk(int k);
+  int topk() const { return topk_; }
+  // Tests and diagnostics: Out::logits is filled by forward_features and forward_hidden (on CUDA one more
+  // copy back of [R, Dv] f32).
+  void set_return_logits(bool on) { return_logits_ = on; }
+  // The draft KV cache's slot moves, after a tree verify step (KvCache::move_slots' contract and errors).
+  void move_kv(const std::vector<int64_t>& from, const std::vector<int64_t>& to);
   // A pass whose rows start from target features: row t takes features[rows[t]] (bf16 [N, 3 Ht] on the
   // model's device, e.g. Qwen3Model::aux_hidden()).
   void forward_features(const BatchDesc& batch, const Tensor& features, const std::vector<int32_t>& rows,
@@ -119,8 +140,11 @@ class Eagle3Model {
   void launch_chain(int64_t R, size_t passes);
   // The first R of each pass's `rows` tokens, copied back in one copy.
   void read_chain(int64_t rows, int64_t R, size_t passes, std::vector<std::vector<int32_t>>* tokens);
-  // The R logit rows' top-1 draft tokens and midlayer outputs, copied back (one copy) after launch_midlayer.
-  void read_out(int64_t R, Out* out);
+  // The first `keep` (<= R) of the R logit rows' top-1 draft tokens and midlayer outputs, copied back (one
+  // copy) after launch_midlayer; with set_topk(k > 1) or set_return_logits, their logits too (and the top k).
+  void read_out(int64_t R, Out* out, int64_t keep = -1);
+  // Refuses a tree batch on CUDA (by name, before anything is staged).
+  void check_tree_device(const BatchDesc& batch) const;
   uint64_t ws_generation() const;  // bumped by every workspace reallocation (a captured graph is then stale)
 
   Eagle3Config cfg_;
@@ -131,11 +155,25 @@ class Eagle3Model {
   std::vector<Buffer> owned_;  // the weights' device storage
   Tensor fc_, w_in_, w_hidden_, w_post_, w_norm_, lm_head_, embed_;
   ops::LinearWeight qkv_, o_, gate_up_, down_;
-  Tensor d2t_dev_;  // i64 [draft vocab] on the model's device: d2t, argmax_rows' offsets
+  Tensor d2t_dev_;            // i64 [draft vocab] on the model's device: d2t, argmax_rows' offsets
+  std::vector<int64_t> d2t_;  // the same on the host (the top k's target ids)
+  int topk_ = 1;
+  bool return_logits_ = false;
   Buffer rope_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DraftGraphs> draft_graphs_;  // prepare_draft_graphs (CUDA)
 };
+
+// The top k of draft logits rows, the contract of Eagle3Model::Out::topk_*: for each row r of logits
+// (f32 [rows, Dv], host), its k best draft ids ranked by logit, descending, equal logits by ascending draft
+// id, NaN ranked as -inf (as ops::argmax_rows does, so entry 0 is the row's top-1), written as target ids (id
+// + d2t[id]) to tokens[r * k + i], and their log-softmax over the whole row in f32 to logprobs[r * k + i]:
+// with m = the top-1 logit, s = the sum over draft ids j ascending of expf(x_j - m), each term rounded to f32
+// and added one at a time in f32 from 0, logprob = (x - m) - logf(s) (two f32 roundings; expf and logf of the
+// C library: a device kernel's may differ by their ulp error). 1 <= k <= Dv. A row with a NaN logit gets NaN
+// log-probabilities; one whose logits are all -inf, NaN ones.
+void eagle3_topk(const float* logits, int64_t rows, int64_t draft_vocab, int k, const int64_t* d2t,
+                 int32_t* tokens, float* logprobs);
 
 }  // namespace kiln

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kiln/config.h"
@@ -19,11 +20,15 @@ class KvCache {
   // elements). Layout per layer: NHD [num_pages, page_size, Hkv, D] or HND [num_pages, Hkv, page_size, D].
   KvCache(const ModelConfig& cfg, int num_pages, int page_size, ops::KvLayout layout, DType dtype,
           Device device);
+  ~KvCache();
+  KvCache(KvCache&&) noexcept;
+  KvCache& operator=(KvCache&&) noexcept;
 
   ops::KvCacheView layer(int i) const;
   int num_layers() const { return int(layers_.size()); }
   int num_pages() const { return num_pages_; }
   int page_size() const { return page_size_; }
+  int64_t num_slots() const { return int64_t(num_pages_) * page_size_; }
   DType dtype() const { return dtype_; }
   ops::KvLayout layout() const { return layout_; }
   Device device() const { return device_; }
@@ -32,7 +37,24 @@ class KvCache {
   // K and V bytes of one token over all layers (scales included).
   static int64_t bytes_per_token(const ModelConfig& cfg, DType dtype);
 
+  // Slot moves (speculative decoding: a token tree's kept path moves from its nodes' slots to the slots of
+  // its positions). For each i, slot from[i]'s K and V (fp8: and their UE8M0 scales) in every layer are
+  // copied to slot to[i], as if every slot were read before any is written: a destination that is also a
+  // source receives the value its source held before the call (chains and cycles of moves work), a slot
+  // that is no destination keeps its value (also when it is a source), from[i] == to[i] changes nothing,
+  // and one source may feed several destinations. Errors (kiln::Error, nothing changed): sizes differ; a
+  // slot outside [0, num_slots()) (the message names from[i] or to[i]); a slot that is the destination of
+  // two moves (which value it would get is undefined). CPU: copied at once. CUDA: two kernel launches on
+  // ops::current_stream() after one staged upload of the indices (ops/cuda/kv_move.h); the caller's vectors
+  // may change once this returns. Not for use inside CUDA graph capture.
+  void move_slots(const std::vector<int64_t>& from, const std::vector<int64_t>& to);
+  // move_slots' checks alone, against a cache of num_slots slots (the runners check once for several caches
+  // of one page grid before moving any).
+  static void check_slot_moves(const std::vector<int64_t>& from, const std::vector<int64_t>& to,
+                               int64_t num_slots);
+
  private:
+  struct MoveWork;  // CUDA: the layer table, index and scratch buffers of move_slots (made at first use)
   struct Layer {
     Buffer k, v, k_scale, v_scale;
   };
@@ -44,6 +66,7 @@ class KvCache {
   ops::KvLayout layout_;
   DType dtype_;
   Device device_;
+  std::unique_ptr<MoveWork> move_;
 };
 
 }  // namespace kiln

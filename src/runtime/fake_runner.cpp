@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kiln/error.h"
+#include "model/kv_cache.h"
 #include "runtime/kv_pool.h"
 
 namespace kiln {
@@ -38,6 +39,20 @@ void FakeRunner::allocate_kv(int32_t num_pages, int32_t page_size) {
   page_size_ = page_size;
   slot_token_.assign(size_t(num_pages) * size_t(page_size), -1);
   slot_pos_.assign(slot_token_.size(), -1);
+}
+
+void FakeRunner::move_kv(const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
+  KILN_CHECK(page_size_ > 0, "FakeRunner: allocate_kv was not called");
+  KvCache::check_slot_moves(from, to, int64_t(slot_token_.size()));
+  std::vector<int64_t> token(from.size()), pos(from.size());
+  for (size_t i = 0; i < from.size(); ++i) {  // every source read before any destination is written
+    token[i] = slot_token_[size_t(from[i])];
+    pos[i] = slot_pos_[size_t(from[i])];
+  }
+  for (size_t i = 0; i < to.size(); ++i) {
+    slot_token_[size_t(to[i])] = token[i];
+    slot_pos_[size_t(to[i])] = pos[i];
+  }
 }
 
 int32_t FakeRunner::graph_bucket(const BatchDesc& batch) const {

@@ -46,6 +46,8 @@ class FakeRunner : public ModelRunner {
   void sample_launched(const std::vector<RowSampling>& rows) override;
   void collect_sampled(std::vector<SampledRow>* out) override;
   void abandon_launched() override { launched_.clear(); }
+  // Moves the (token, position) its slots hold, with ModelRunner::move_kv's checks and semantics.
+  void move_kv(const std::vector<int64_t>& from, const std::vector<int64_t>& to) override;
 
   // The logits after `context` ([vocab] into row): values in [0, 1) except 2 at next_token().
   void write_logits(const int32_t* context, int64_t n, float* row) const;

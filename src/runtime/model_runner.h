@@ -193,6 +193,22 @@ class ModelRunner {
                            std::vector<std::vector<int32_t>>* /*tokens*/) {
     KILN_FAIL("this model runner has no EAGLE-3 draft");
   }
+  // Top-k tree drafting: each draft pass's logit rows also rank their k best draft tokens (DraftOut::
+  // topk_tokens / topk_logprobs, Eagle3Model::set_topk's contract), 1 <= k <= 16. The default refuses any k
+  // but 1 (top-1 only).
+  virtual void set_draft_topk(int k) {
+    KILN_CHECK(k == 1, "this model runner has no EAGLE-3 top-k drafting (draft top-k ", k, ")");
+  }
+  // KV slot moves after a token-tree verify step: the kept path's nodes sit at slots in node order and move
+  // to the slots of the path's positions. For each i, the K/V of slot from[i] (page * page_size + offset) is
+  // copied to slot to[i] in every layer of the target model and of the draft's KV cache, if any, as if every
+  // slot were read before any is written (chains and cycles of moves work); a slot no move writes keeps its
+  // value. Errors, with nothing changed: sizes differ, a slot out of range (named by its index), a slot
+  // written by two moves (model/kv_cache.h KvCache::move_slots). Ordered after every step run or launched
+  // before it and before every later one.
+  virtual void move_kv(const std::vector<int64_t>& /*from*/, const std::vector<int64_t>& /*to*/) {
+    KILN_FAIL("this model runner cannot move KV slots");
+  }
   virtual void attach_images(uint64_t /*request*/, VlPromptLayout /*layout*/,
                              std::vector<vision::ImagePatches> /*images*/) {
     KILN_FAIL("this model runner takes no images");

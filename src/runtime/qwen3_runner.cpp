@@ -133,6 +133,22 @@ void Qwen3Runner::draft_chain(const std::vector<BatchDesc>& passes, const std::v
   draft_->forward_chain(passes, hidden, tokens);
 }
 
+void Qwen3Runner::set_draft_topk(int k) {
+  if (!draft_) return ModelRunner::set_draft_topk(k);
+  draft_->set_topk(k);
+}
+
+void Qwen3Runner::check_kv_moves(const std::vector<int64_t>& from, const std::vector<int64_t>& to) const {
+  KILN_CHECK(cache_ != nullptr, "Qwen3Runner: allocate_kv was not called");
+  KvCache::check_slot_moves(from, to, cache_->num_slots());  // the draft's cache has the same page grid
+}
+
+void Qwen3Runner::move_kv(const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
+  check_kv_moves(from, to);
+  cache_->move_slots(from, to);
+  if (draft_) draft_->move_kv(from, to);
+}
+
 bool Qwen3Runner::uniform_draft_extend() const {
   return draft_ && (draft_->has_graphs() || env_switch("KILN_EAGLE3_UNIFORM_EXTEND", false));
 }

@@ -97,6 +97,13 @@ class Qwen3Runner : public ModelRunner {
                    std::vector<std::vector<int32_t>>* tokens) override;
   // With the draft's graphs, or KILN_EAGLE3_UNIFORM_EXTEND=1 (tests on the CPU backend).
   bool uniform_draft_extend() const override;
+  // The draft's Eagle3Model::set_topk (without a draft: k == 1 only).
+  void set_draft_topk(int k) override;
+  // The target's KvCache::move_slots, then the draft's (both checked before either moves). CUDA: on
+  // ops::current_stream(), whose steps (eager or graph replays, on blocking streams) it is ordered with.
+  void move_kv(const std::vector<int64_t>& from, const std::vector<int64_t>& to) override;
+  // move_kv's checks alone (tests, and the tensor-parallel runner before it sends a move to its ranks).
+  void check_kv_moves(const std::vector<int64_t>& from, const std::vector<int64_t>& to) const;
 
   Qwen3Model& model() { return *model_; }
   KvCache& cache() { return *cache_; }

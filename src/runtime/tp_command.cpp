@@ -83,6 +83,8 @@ std::string tp_encode(const TpCommand& c) {
   w.put<int32_t>(b.pages_stride);
   w.put<int32_t>(b.page_size);
   w.put_vec(b.logit_rows);
+  w.put_vec(c.move_from);
+  w.put_vec(c.move_to);
   return w.take();
 }
 
@@ -112,7 +114,7 @@ TpCommand tp_decode(const void* header, const void* payload, size_t bytes) {
   TpCommand c;
   int32_t op;
   std::memcpy(&op, static_cast<const char*>(header) + 4, 4);
-  KILN_CHECK(op >= int32_t(TpCommand::Op::allocate_kv) && op <= int32_t(TpCommand::Op::stop),
+  KILN_CHECK(op >= int32_t(TpCommand::Op::allocate_kv) && op <= int32_t(TpCommand::Op::move_kv),
              "tensor-parallel command: unknown op ", op);
   c.op = TpCommand::Op(op);
   Reader r(payload, bytes);
@@ -139,6 +141,8 @@ TpCommand tp_decode(const void* header, const void* payload, size_t bytes) {
   b.pages_stride = r.get<int32_t>();
   b.page_size = r.get<int32_t>();
   b.logit_rows = r.get_vec<int32_t>();
+  c.move_from = r.get_vec<int64_t>();
+  c.move_to = r.get_vec<int64_t>();
   KILN_CHECK(r.done(), "tensor-parallel command: trailing bytes");
   return c;
 }

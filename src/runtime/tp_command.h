@@ -20,12 +20,14 @@ struct TpCommand {
     prepare_graphs = 2,  // graph
     forward = 3,         // batch; want_logits / want_hidden as the engine asked rank 0
     stop = 4,            // the ranks leave their loops
+    move_kv = 5,         // move_from / move_to: every rank moves its own shard's slots
   };
   Op op = Op::stop;
   int32_t a = 0, b = 0;
   bool want_logits = false, want_hidden = false;
   ModelRunner::GraphPlan graph;
   BatchDesc batch;
+  std::vector<int64_t> move_from, move_to;
 };
 
 constexpr size_t kTpHeaderBytes = 16;

@@ -319,6 +319,9 @@ void TpRunner::Impl::execute(RankWorker& w, const TpCommand& c, const BatchDesc&
                           c.want_hidden ? &w.junk_hidden : nullptr);
       }
       return;
+    case TpCommand::Op::move_kv:
+      w.runner->move_kv(c.move_from, c.move_to);
+      return;
     case TpCommand::Op::stop:
       return;
   }
@@ -550,6 +553,17 @@ bool TpRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSamp
       },
       "a step");
   return true;
+}
+
+void TpRunner::move_kv(const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
+  if (!impl_->failed.empty()) throw RunnerFatalError(impl_->failed);
+  impl_->workers[0]->runner->check_kv_moves(from, to);  // every rank's cache has rank 0's page grid
+  TpCommand c;
+  c.op = TpCommand::Op::move_kv;
+  c.move_from = from;
+  c.move_to = to;
+  impl_->call(
+      c, c.batch, [&](Qwen3Runner& r) { r.move_kv(from, to); }, "moving KV slots");
 }
 
 void TpRunner::release_request(uint64_t request) {

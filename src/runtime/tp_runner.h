@@ -78,6 +78,9 @@ class TpRunner : public ModelRunner {
   bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
                        std::vector<SampledRow>* out, const std::function<void()>& before_sample) override;
   void release_request(uint64_t request) override;
+  // Checked on the engine thread first (a bad move is an error that changes no rank and leaves the group
+  // alive), then every rank moves its own shard's slots (its KV heads), as one lockstep call.
+  void move_kv(const std::vector<int64_t>& from, const std::vector<int64_t>& to) override;
 
   int tp() const { return opts_.tp; }
   int local_ranks() const;
