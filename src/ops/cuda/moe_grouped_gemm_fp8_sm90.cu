@@ -48,6 +48,9 @@ struct Layout {
   static constexpr uint32_t alloc = bar_off + 2 * kStages * 8 + 1024;  // aligned up to 1024 by hand
   static constexpr uint32_t stage_tx = a_bytes + b_bytes + sa_bytes;
   static_assert(b_off % 1024 == 0 && b_bytes % 1024 == 0 && alloc <= 227 * 1024, "stages exceed smem");
+  // Also what keeps an sm_80 build of this unit (whose kernel bodies are empty) from finding them unused.
+  static_assert(a_off % 1024 == 0, "128-byte swizzled TMA tiles need 1024-byte aligned stages");
+  static_assert(stage_tx < (1u << 20), "an mbarrier's transaction count has 20 bits");
 };
 
 struct W8a8Params {
