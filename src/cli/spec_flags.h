@@ -3,7 +3,9 @@
 //   --speculative-draft-model-path DIR    EAGLE3: the draft checkpoint (LlamaForCausalLMEagle3)
 //   --speculative-num-steps K             EAGLE3: chain length, K tokens drafted (SGLang's; with
 //                                         --speculative-num-draft-tokens it must be K + 1)
-//   --speculative-eagle-topk 1            EAGLE3: chain drafting only (tree drafting is not built)
+//   --speculative-eagle-topk K            EAGLE3: 1 chains of num-steps tokens; K > 1 trees of num-steps
+//   levels
+//                                         whose num-draft-tokens - 1 best nodes are verified
 //   --speculative-num-draft-tokens N      SGLang's count: positions verified per sequence, the last accepted
 //                                         token included, so N - 1 tokens are drafted (N >= 2)
 //   --speculative-ngram-min-match-window-size A / --speculative-ngram-max-match-window-size B
@@ -47,16 +49,28 @@ inline void read_spec_flags(const Flags& f, EngineOptions& eo) {
                  spec::kMaxDraftTokens + 1, "] (it counts the last accepted token too), got ", n);
       so.num_draft_tokens = int32_t(n - 1);
     }
+    const int64_t topk = f.i64("speculative-eagle-topk", 1);
+    KILN_CHECK(topk >= 1 && topk <= spec::kMaxEagleTopk, "--speculative-eagle-topk must be in [1, ",
+               spec::kMaxEagleTopk, "], got ", topk);
+    so.eagle_topk = int32_t(topk);
     if (f.has("speculative-num-steps")) {
       const int64_t k = f.i64("speculative-num-steps", 0);
       KILN_CHECK(k >= 1 && k <= spec::kMaxDraftTokens, "--speculative-num-steps must be in [1, ",
                  spec::kMaxDraftTokens, "], got ", k);
-      KILN_CHECK(!f.has("speculative-num-draft-tokens") || so.num_draft_tokens == k,
-                 "--speculative-num-draft-tokens must be --speculative-num-steps + 1 for chain drafting");
-      so.num_draft_tokens = int32_t(k);
+      if (topk > 1) {
+        so.eagle_steps = int32_t(k);
+        // Without N, SGLang's usual budget for a tree: S x K nodes, within the window.
+        if (!f.has("speculative-num-draft-tokens"))
+          so.num_draft_tokens = int32_t(std::min<int64_t>(spec::kMaxTreeNodes, k * topk));
+      } else {
+        KILN_CHECK(!f.has("speculative-num-draft-tokens") || so.num_draft_tokens == k,
+                   "--speculative-num-draft-tokens must be --speculative-num-steps + 1 for chain drafting");
+        so.num_draft_tokens = int32_t(k);
+      }
     }
-    KILN_CHECK(f.i64("speculative-eagle-topk", 1) == 1,
-               "--speculative-eagle-topk must be 1: kiln drafts chains (tree drafting is not built)");
+    KILN_CHECK(
+        topk == 1 || f.has("speculative-num-steps"),
+        "--speculative-eagle-topk above 1 (tree drafting) needs --speculative-num-steps, the tree's depth");
     so.draft_model_path = f.str("speculative-draft-model-path", "");
     KILN_CHECK(so.draft_model_path.empty() || so.algorithm == spec::SpecAlgorithm::eagle3,
                "--speculative-draft-model-path is for --speculative-algorithm EAGLE3");

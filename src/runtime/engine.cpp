@@ -83,6 +83,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
   // sizes where the off switch turned speculation off (Impl::spec_allows_overlap).
   I.overlap = opts.overlap_schedule;
   I.runner = std::move(runner);
+  // Tree drafting: the draft's passes also give each row's K best tokens (refused by a runner that cannot).
+  if (opts.speculative.tree()) I.runner->set_draft_topk(opts.speculative.eagle_topk);
   // A request counts as abandoned once aborted (queued for the next turn) or at an abortive shutdown.
   I.runner->set_abandoned_check([&I](uint64_t id) {
     std::lock_guard<std::mutex> lk(I.mu);

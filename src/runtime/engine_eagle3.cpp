@@ -12,46 +12,17 @@
 #include <utility>
 
 #include "kiln/env.h"
+#include "runtime/draft_batch.h"
 #include "runtime/engine_impl.h"
 
 namespace kiln {
 namespace {
 
-// Appends one sequence of `rows` rows (at least its tokens) at positions begin .. begin + rows - 1 to a draft
-// batch: its tokens at slots of the target's pages, then fill rows (token 0, slot -1: no K/V written); its
-// length begin + rows; and, when `logit`, a logit row at its last token's row (its first row if it has none).
-void add_draft_seq(BatchDesc& b, const Sequence& s, int32_t begin, const std::vector<int32_t>& tokens,
-                   bool logit, int32_t rows) {
-  const int32_t ps = b.page_size, n = int32_t(tokens.size());
-  for (int32_t j = 0; j < rows; ++j) {
-    const int32_t pos = begin + j;
-    b.tokens.push_back(j < n ? tokens[size_t(j)] : 0);
-    b.positions.push_back(pos);
-    b.slot_mapping.push_back(j < n ? int64_t(s.pages[size_t(pos / ps)]) * ps + pos % ps : -1);
-  }
-  if (logit) b.logit_rows.push_back(b.cu_q.back() + std::max(n, 1) - 1);
-  b.cu_q.push_back(b.cu_q.back() + rows);
-  b.kv_lens.push_back(begin + rows);
-  b.seq_ids.push_back(s.id);
-}
-
-// The page table of a draft batch whose sequences' rows end at kv_lens: each row its pages, then null pages
-// (also past the pages a sequence holds: a uniform pass's fill rows, which write nothing, may reach there).
-void fill_page_table(BatchDesc& b, const std::vector<const Sequence*>& seqs) {
-  const int32_t ps = b.page_size;
-  b.pages_stride = 1;
-  for (int32_t len : b.kv_lens) b.pages_stride = std::max(b.pages_stride, (len + ps - 1) / ps);
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const int32_t used = std::min((b.kv_lens[i] + ps - 1) / ps, int32_t(seqs[i]->pages.size()));
-    for (int32_t p = 0; p < b.pages_stride; ++p)
-      b.page_table.push_back(p < used ? seqs[i]->pages[size_t(p)] : KvPool::kNullPage);
-  }
-}
-
 // q >= 2 where `step` was a uniform verify step (every one of the plan's sequences q rows, in order) and the
 // runner wants the pass after it uniform (ModelRunner::uniform_draft_extend); else 0.
 int32_t uniform_extend_rows(const ModelRunner& runner, const StepPlan& plan, const BatchDesc& step) {
-  if (!runner.uniform_draft_extend() || plan.rows.empty() || step.num_seqs() < int32_t(plan.rows.size()))
+  if (!runner.uniform_draft_extend() || plan.rows.empty() || step.num_seqs() < int32_t(plan.rows.size()) ||
+      step.has_tree())
     return 0;
   const int32_t q = step.q_len(0);
   for (size_t i = 0; i < plan.rows.size(); ++i)
@@ -59,16 +30,10 @@ int32_t uniform_extend_rows(const ModelRunner& runner, const StepPlan& plan, con
   return q >= 2 ? q : 0;
 }
 
-BatchDesc empty_draft_batch(int32_t page_size) {
-  BatchDesc b;
-  b.page_size = page_size;
-  b.cu_q.assign(1, 0);
-  return b;
-}
-
 }  // namespace
 
-void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batch) {
+void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batch,
+                                const std::vector<std::vector<int32_t>>* extend_rows) {
   if (!eagle) return;
   if (std::exchange(eagle_skip_pass, false)) {
     for (const StepRow& r : plan.rows)
@@ -97,7 +62,8 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
     const bool chain = n > 0 && it != live.end() && r.begin + n + 1 == int32_t(s.tokens.size());
     const int32_t rows = std::max(n, q);
     add_draft_seq(b, s, r.begin, next, chain || q > 0, rows);
-    for (int32_t j = 0; j < rows; ++j) step_rows.push_back(step_batch.cu_q[i] + j);
+    for (int32_t j = 0; j < rows; ++j)
+      step_rows.push_back(extend_rows && j < n ? (*extend_rows)[i][size_t(j)] : step_batch.cu_q[i] + j);
     seqs.push_back(&s);
     if (chain) {
       out_row.push_back(b.logit_rows.size() - 1);
@@ -127,6 +93,9 @@ void Engine::Impl::eagle_extend(const StepPlan& plan, const BatchDesc& step_batc
     L.eagle.pos = int32_t(s.tokens.size()) - 2;
     L.eagle.next = out.tokens[size_t(o)];
     L.eagle.hidden.assign(out.hidden.begin() + o * H, out.hidden.begin() + (o + 1) * H);
+    const int64_t K = out.topk_tokens.size() / std::max<size_t>(1, out.tokens.size());
+    L.eagle.topk.assign(out.topk_tokens.begin() + o * K, out.topk_tokens.begin() + (o + 1) * K);
+    L.eagle.topk_logp.assign(out.topk_logprobs.begin() + o * K, out.topk_logprobs.begin() + (o + 1) * K);
   }
 }
 

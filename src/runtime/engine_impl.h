@@ -18,6 +18,7 @@
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
+#include "spec/draft_tree.h"
 #include "spec/ngram_index.h"
 #include "spec/off_switch.h"
 
@@ -39,6 +40,10 @@ struct Eagle3Chain {
   int32_t pos = -1;
   int32_t next = -1;
   std::vector<float> hidden;
+  // Tree drafting (SpecOptions::tree): that pass's K best draft tokens (next first) and their draft
+  // log-probabilities, the tree's first level.
+  std::vector<int32_t> topk;
+  std::vector<float> topk_logp;
 };
 
 // n-gram shadow draft (engine_spec.cpp, spec/off_switch.h): `tokens` proposed when the sequence held `at`
@@ -235,7 +240,10 @@ struct Engine::Impl {
   // positions' draft KV and, for each sequence that decodes next, leaves its Eagle3Chain. A failed pass
   // clears the chains of the plan's requests (they draft nothing until their next pass); outputs are
   // unchanged.
-  void eagle_extend(const StepPlan& plan, const BatchDesc& step_batch);
+  // extend_rows (null: row i's positions are its rows from cu_q[i] in order): per plan row, the step rows of
+  // its computed positions in position order (a tree verify step's root and kept nodes).
+  void eagle_extend(const StepPlan& plan, const BatchDesc& step_batch,
+                    const std::vector<std::vector<int32_t>>* extend_rows = nullptr);
   // Set by step() for a plain decode-only step at a batch size where the off switch has turned speculation
   // off and no probe is due: eagle_extend then only clears the plan's chains (their requests draft nothing
   // until a pass runs again, and the skipped positions' draft KV stays unwritten: drafts read it as it is,
@@ -264,6 +272,22 @@ struct Engine::Impl {
                                                             size_t logit_rows) const;
   // masks: per position, the grammar's mask (empty: the row is not constrained).
   using PositionMasks = std::vector<std::vector<uint32_t>>;
+  // The end of every verify step (chains and trees): each row's emitted tokens (kept drafts, then the
+  // target's) join its sequence, up to a stop; finalize; give_back_pages (the reserved pages past each
+  // sequence); the draft pass after the step (eagle_extend with extend_rows); the events; the step's cost to
+  // the off switch where timed. drafted[i]: the drafts row i verified.
+  void commit_verify(StepPlan& plan, std::vector<std::vector<int32_t>>& emitted,
+                     const std::vector<int32_t>& drafted, std::vector<std::vector<Draw>>& draws,
+                     const BatchDesc& batch, const std::vector<std::vector<int32_t>>* extend_rows,
+                     const std::function<void()>& give_back_pages, bool timed, Clock::time_point t0);
+  void truncate_at_stop(const Live& L, std::vector<int32_t>& emitted) const;  // cut after a stop token
+  // EAGLE-3 tree drafting (engine_tree.cpp; SpecOptions::tree): the verify step of a decode plan whose rows
+  // have chains; wants / asked as spec_step computed them (asked[i] > 0: row i drafts). Returns as spec_step.
+  bool eagle_tree_step(StepPlan& plan, Clock::time_point t0, bool timed, const std::vector<uint8_t>& wants,
+                       const std::vector<int32_t>& asked);
+  // The trees of the rows with depth[i] > 0: depth[i] levels, at most budget[i] nodes (engine_tree.cpp).
+  std::vector<spec::DraftTree> eagle_trees(const StepPlan& plan, const std::vector<int32_t>& depth,
+                                           const std::vector<int32_t>& budget);
   std::vector<int32_t> verify_row(Live& L, const float* logits, std::span<const int32_t> draft,
                                   const PositionMasks& masks) const;
   // The logprobs (and top alternatives) of a verify row's emitted tokens, when the request asks for them.

@@ -341,6 +341,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     asked[i] = int32_t(drafts[i].size());
     any = any || !drafts[i].empty();
   }
+  if (eagle && so.tree()) return any && eagle_tree_step(plan, t0, timed, wants, asked);
   std::vector<uint8_t> reserved(B, 0);
   // Pages for row i's positions up to begin + asked[i] from the free list only; it drafts what they cover.
   const auto reserve = [&](size_t i) {
@@ -472,9 +473,20 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
       draws[i] = emitted_logprobs(L, rows, emitted[i], masks[i]);
     }
   });
+  std::vector<int32_t> row_drafts(B);
+  for (size_t i = 0; i < B; ++i) row_drafts[i] = int32_t(drafts[i].size());
+  commit_verify(plan, emitted, row_drafts, draws, batch, nullptr, give_back_pages, timed, t0);
+  return true;
+}
+
+void Engine::Impl::commit_verify(StepPlan& plan, std::vector<std::vector<int32_t>>& emitted,
+                                 const std::vector<int32_t>& drafted, std::vector<std::vector<Draw>>& draws,
+                                 const BatchDesc& batch, const std::vector<std::vector<int32_t>>* extend_rows,
+                                 const std::function<void()>& give_back_pages, bool timed,
+                                 Clock::time_point t0) {
+  const size_t B = plan.rows.size();
   // Commit: the kept drafts join the sequence before finalize appends the last emitted token, so the row
   // computed 1 + (emitted - 1) positions for real; the pages past the sequence go back.
-  const ModelConfig& cfg = runner->config();
   std::vector<int32_t> by_row(B, -1);
   ++counters.spec.verify_steps;
   for (size_t i = 0; i < B; ++i) {
@@ -482,15 +494,14 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     if (e.empty()) continue;
     Sequence& s = *plan.rows[i].seq;
     Live& L = live.at(s.id);
-    const int32_t drafted = int32_t(drafts[i].size()), accepted = int32_t(e.size()) - 1;
-    counters.spec.observe_row(drafted, accepted);
-    if (drafted > 0) {
+    const int32_t accepted = int32_t(e.size()) - 1;
+    counters.spec.observe_row(drafted[i], accepted);
+    if (drafted[i] > 0) {
       ++L.spec.verify_rows;
-      L.spec.draft_tokens += drafted;
+      L.spec.draft_tokens += drafted[i];
       L.spec.accepted_tokens += accepted;
     }
-    for (size_t j = 0; j < e.size(); ++j)
-      if (ends_request(L, cfg, e[j])) e.resize(j + 1);  // what follows a stop is never emitted
+    truncate_at_stop(L, e);
     s.tokens.insert(s.tokens.end(), e.begin(), e.end() - 1);
     if (!s.cache_key.empty()) s.cache_key.insert(s.cache_key.end(), e.begin(), e.end() - 1);
     plan.rows[i].q_len += int32_t(e.size()) - 1;
@@ -499,8 +510,8 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   std::vector<int32_t> sampled(plan.sample_rows.size());
   for (size_t k = 0; k < sampled.size(); ++k) sampled[k] = by_row[size_t(plan.sample_rows[k])];
   sched->finalize(plan, sampled);
-  give_back_pages();
-  eagle_extend(plan, batch);  // the draft's KV of the kept positions, and the next chains
+  give_back_pages();                       // before any request ends and frees its sequence
+  eagle_extend(plan, batch, extend_rows);  // the draft's KV of the kept positions, and the next chains
   for (size_t i = 0; i < B; ++i) {
     if (!plan.rows[i].samples) continue;
     const RequestId id = plan.rows[i].seq->id;
@@ -519,7 +530,14 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
     }
     if (rows > 0) observe_decode_step(true, int32_t(B), t0, double(tokens) / double(rows));
   }
-  return true;
+}
+
+void Engine::Impl::truncate_at_stop(const Live& L, std::vector<int32_t>& emitted) const {
+  for (size_t j = 0; j < emitted.size(); ++j)
+    if (ends_request(L, runner->config(), emitted[j])) {
+      emitted.resize(j + 1);  // what follows a stop is never emitted
+      return;
+    }
 }
 
 std::vector<int32_t> Engine::Impl::verify_row(Live& L, const float* logits, std::span<const int32_t> draft,

@@ -267,6 +267,11 @@ void TpRunner::Impl::call(const TpCommand& c, const BatchDesc& batch,
 }
 
 TpCommand TpRunner::Impl::forward_command(const BatchDesc& batch, bool logits, bool hidden) const {
+  // Token trees come only from EAGLE-3 tree drafting, which runs on one rank (the command encoding does not
+  // carry them): refused before any rank sees the step.
+  KILN_CHECK(!batch.has_tree(),
+             "tensor parallelism does not run token-tree steps (EAGLE-3 tree drafting is "
+             "single-rank)");
   TpCommand c;
   c.op = TpCommand::Op::forward;
   c.want_logits = logits;

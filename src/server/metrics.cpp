@@ -99,6 +99,9 @@ std::string render_metrics(const EngineStats& s, const ServerCounters& c, const 
   w.counter("kiln_spec_decode_ragged_verify_steps_total",
             "Verify steps run ragged (few sequences drafted) where a verify graph existed.",
             double(sp.ragged_verify_steps));
+  w.counter("kiln_spec_decode_tree_verify_steps_total",
+            "Verify steps over EAGLE-3 token trees (--speculative-eagle-topk above 1).",
+            double(sp.tree_verify_steps));
   w.counter("kiln_spec_decode_shadow_drafts_total",
             "n-gram drafts made where speculation was off, judged against the decoded tokens.",
             double(sp.shadow_drafts));

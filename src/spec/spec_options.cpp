@@ -65,6 +65,24 @@ void validate_spec_options(const SpecOptions& o) {
   KILN_CHECK(
       o.algorithm != SpecAlgorithm::eagle3 || !o.draft_model_path.empty(),
       "--speculative-algorithm EAGLE3 needs --speculative-draft-model-path (an EAGLE-3 draft checkpoint)");
+  KILN_CHECK(o.eagle_topk >= 1 && o.eagle_topk <= kMaxEagleTopk, "--speculative-eagle-topk must be in [1, ",
+             kMaxEagleTopk, "], got ", o.eagle_topk);
+  KILN_CHECK(o.eagle_topk == 1 || o.algorithm == SpecAlgorithm::eagle3,
+             "--speculative-eagle-topk above 1 is for --speculative-algorithm EAGLE3");
+  if (o.tree()) {
+    KILN_CHECK(o.eagle_steps >= 1, "tree drafting needs --speculative-num-steps >= 1, got ", o.eagle_steps);
+    // The draft expands K nodes at each of its steps but the last: their entries share one window.
+    KILN_CHECK(int64_t(o.eagle_topk) * (o.eagle_steps - 1) <= 64,
+               "tree drafting expands --speculative-eagle-topk x "
+               "(--speculative-num-steps - 1) = ",
+               int64_t(o.eagle_topk) * (o.eagle_steps - 1),
+               " nodes, more than the 64 a token-tree window holds");
+    const int64_t grown = o.eagle_topk + int64_t(o.eagle_steps - 1) * o.eagle_topk * o.eagle_topk;
+    KILN_CHECK(o.num_draft_tokens <= std::min<int64_t>(kMaxTreeNodes, grown),
+               "tree drafting verifies --speculative-num-draft-tokens - 1 = ", o.num_draft_tokens,
+               " nodes, more than the ", std::min<int64_t>(kMaxTreeNodes, grown),
+               " it can hold (at most 63, and at most K + (S - 1) K^2 grown)");
+  }
   KILN_CHECK(o.ngram_min >= 1 && o.ngram_min <= o.ngram_max && o.ngram_max <= 64, "the n-gram match window [",
              o.ngram_min, ", ", o.ngram_max, "] must satisfy 1 <= min <= max <= 64");
   KILN_CHECK(o.ragged_verify_factor >= 0.0 && o.ragged_verify_min_seqs >= 1,

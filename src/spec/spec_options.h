@@ -49,10 +49,22 @@ struct SpecOptions {
   // EAGLE-3 (SGLang's --speculative-draft-model-path): the draft checkpoint (model/eagle3_model.h), loaded
   // beside the target by load_qwen3_runner; k is its --speculative-num-steps (chains, top-1).
   std::string draft_model_path;
+  // EAGLE-3 tree drafting (SGLang's --speculative-eagle-topk K > 1, --speculative-num-steps S,
+  // --speculative-num-draft-tokens N): S draft steps grow a tree, each expanding the K best frontier nodes by
+  // their K best tokens and keeping the K best children by cumulative draft log-probability as the next
+  // frontier; the verify step takes the k = N - 1 best nodes (num_draft_tokens) as a token tree
+  // (runtime/engine_tree.cpp). K = 1: chains of k = S tokens (eagle_steps unused).
+  int32_t eagle_topk = 1;
+  int32_t eagle_steps = 0;
+  bool tree() const { return algorithm == SpecAlgorithm::eagle3 && eagle_topk > 1; }
   bool enabled() const { return algorithm != SpecAlgorithm::none; }
 };
 
 inline constexpr int32_t kMaxDraftTokens = 64;
+// Tree drafting: the K of --speculative-eagle-topk, and the nodes a tree may hold (its verify step's rows,
+// the root's included, and the draft's expanded nodes each fit a token-tree window of 64: kiln/batch.h).
+inline constexpr int32_t kMaxEagleTopk = 16;
+inline constexpr int32_t kMaxTreeNodes = 63;
 
 // Whether a verify step of `seqs` sequences carrying `drafted` draft tokens in all runs ragged rather than as
 // the uniform verify graph of `bucket` sequences x `rows_per_seq` rows (SpecOptions::ragged_verify_factor).

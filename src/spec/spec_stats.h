@@ -18,6 +18,9 @@ struct SpecStats {
   // Of those, steps a verify graph could have run but that ran ragged: few sequences had drafts
   // (SpecOptions::ragged_verify_factor).
   int64_t ragged_verify_steps = 0;
+  // Of those, steps that verified EAGLE-3 token trees (SpecOptions::tree; draft_tokens counts their nodes).
+  int64_t tree_verify_steps = 0;
+  int64_t tree_moved_tokens = 0;  // kept tree nodes whose KV moved to their path's position (move_kv)
   int64_t drafts = 0;
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
