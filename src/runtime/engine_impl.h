@@ -281,6 +281,10 @@ struct Engine::Impl {
                      const BatchDesc& batch, const std::vector<std::vector<int32_t>>* extend_rows,
                      const std::function<void()>& give_back_pages, bool timed, Clock::time_point t0);
   void truncate_at_stop(const Live& L, std::vector<int32_t>& emitted) const;  // cut after a stop token
+  // Runs an EAGLE-3 draft (chains or trees), its seconds to the draft counters; false where it threw (counted
+  // and said by eagle_pass_failed: the step then runs plain).
+  bool eagle_draft(const std::function<void()>& draft);
+  void fail_plan(const StepPlan& plan, const std::string& why);  // every request of the plan ends in error
   // EAGLE-3 tree drafting (engine_tree.cpp; SpecOptions::tree): the verify step of a decode plan whose rows
   // have chains; wants / asked as spec_step computed them (asked[i] > 0: row i drafts). Returns as spec_step.
   bool eagle_tree_step(StepPlan& plan, Clock::time_point t0, bool timed, const std::vector<uint8_t>& wants,

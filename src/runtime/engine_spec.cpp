@@ -359,9 +359,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   // A failed forward: the step's requests end in error, their reserved pages given back.
   const auto fail_step = [&](const std::string& why) {
     give_back_pages();
-    std::vector<RequestId> ids;
-    for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
-    for (RequestId id : ids) finish(id, "error", why);
+    fail_plan(plan, why);
     return true;
   };
   // EAGLE-3: the chains now (engine_eagle3.cpp), so that from here on a row's drafts are in drafts[i] as an
@@ -371,16 +369,7 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   if (eagle && any) {
     for (size_t i = 0; i < B; ++i)
       if (asked[i] > 0) reserve(i);
-    try {
-      const Clock::time_point d0 = Clock::now();
-      drafts = eagle_chain(plan, asked);
-      const double s = seconds(d0, Clock::now());
-      counters.spec.draft_seconds += s;
-      counters.spec.draft_chain_seconds += s;
-    } catch (const RunnerFatalError&) {
-      throw;
-    } catch (const std::exception& e) {
-      eagle_pass_failed(e.what());
+    if (!eagle_draft([&] { drafts = eagle_chain(plan, asked); })) {
       give_back_pages();
       return false;
     }
@@ -477,6 +466,28 @@ bool Engine::Impl::spec_step(StepPlan& plan, Clock::time_point t0) {
   for (size_t i = 0; i < B; ++i) row_drafts[i] = int32_t(drafts[i].size());
   commit_verify(plan, emitted, row_drafts, draws, batch, nullptr, give_back_pages, timed, t0);
   return true;
+}
+
+bool Engine::Impl::eagle_draft(const std::function<void()>& draft) {
+  try {
+    const Clock::time_point d0 = Clock::now();
+    draft();
+    const double s = seconds(d0, Clock::now());
+    counters.spec.draft_seconds += s;
+    counters.spec.draft_chain_seconds += s;
+    return true;
+  } catch (const RunnerFatalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    eagle_pass_failed(e.what());
+    return false;
+  }
+}
+
+void Engine::Impl::fail_plan(const StepPlan& plan, const std::string& why) {
+  std::vector<RequestId> ids;
+  for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
+  for (RequestId id : ids) finish(id, "error", why);
 }
 
 void Engine::Impl::commit_verify(StepPlan& plan, std::vector<std::vector<int32_t>>& emitted,

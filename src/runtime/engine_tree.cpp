@@ -230,24 +230,13 @@ bool Engine::Impl::eagle_tree_step(StepPlan& plan, Clock::time_point t0, bool ti
     return false;
   }
   std::vector<spec::DraftTree> trees;
-  try {
-    const Clock::time_point d0 = Clock::now();
-    trees = eagle_trees(plan, depth, budget);
-    const double s = seconds(d0, Clock::now());
-    counters.spec.draft_seconds += s;
-    counters.spec.draft_chain_seconds += s;
-  } catch (const RunnerFatalError&) {
-    throw;
-  } catch (const std::exception& e) {
-    eagle_pass_failed(e.what());
+  if (!eagle_draft([&] { trees = eagle_trees(plan, depth, budget); })) {
     give_back_pages();
     return false;
   }
   const auto fail_step = [&](const std::string& why) {
     give_back_pages();
-    std::vector<RequestId> ids;
-    for (const StepRow& r : plan.rows) ids.push_back(r.seq->id);
-    for (RequestId id : ids) finish(id, "error", why);
+    fail_plan(plan, why);
     return true;
   };
   const int64_t V = runner->config().vocab_size;

@@ -141,4 +141,17 @@ inline fs::path draft_over_frequent_tokens(const std::vector<std::vector<int32_t
   return dir;
 }
 
+// The engine-wide spec counters are the sums of the requests' own.
+inline void expect_request_sums(const Outputs& got, const std::string& mode) {
+  int64_t drafted = 0, accepted = 0, rows = 0;
+  for (const spec::SpecRequestStats& r : got.spec) {
+    drafted += r.draft_tokens;
+    accepted += r.accepted_tokens;
+    rows += r.verify_rows;
+  }
+  EXPECT_EQ(drafted, got.stats.spec.draft_tokens) << mode;
+  EXPECT_EQ(accepted, got.stats.spec.accepted_tokens) << mode;
+  EXPECT_EQ(rows, got.stats.spec.drafts) << mode;
+}
+
 }  // namespace kiln::test

@@ -53,15 +53,7 @@ TEST(Eagle3Tree, GreedyTokensEqualPlainDecoding) {
       EXPECT_GT(st.draft_tokens, 3 * st.drafts) << mode << ": trees wider than the chain of their depth";
       EXPECT_GT(st.tree_moved_tokens, 0) << mode << ": no kept node came off the first branch";
       EXPECT_LE(st.accepted_tokens, 3 * st.drafts) << mode << ": at most the depth kept a tree";
-      int64_t drafted = 0, accepted = 0, rows = 0;
-      for (const spec::SpecRequestStats& r : got.spec) {
-        drafted += r.draft_tokens;
-        accepted += r.accepted_tokens;
-        rows += r.verify_rows;
-      }
-      EXPECT_EQ(drafted, st.draft_tokens) << mode;
-      EXPECT_EQ(accepted, st.accepted_tokens) << mode;
-      EXPECT_EQ(rows, st.drafts) << mode;
+      test::expect_request_sums(got, mode);
       if (one_at_a_time) {
         EXPECT_LT(got.stats.steps, plain.stats.steps) << mode;
         EXPECT_GT(got.cached[4], 0) << "prompt 4 shares 12 tokens with prompt 0";
