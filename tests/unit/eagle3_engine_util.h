@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -91,8 +92,10 @@ struct Outputs {
 };
 
 // temperature > 0: request i samples with seed 100 + i.
+// edit (if set): changes request i's parameters before it is submitted.
 inline Outputs run(std::unique_ptr<Engine> e, const std::vector<std::vector<int32_t>>& prompts, int n,
-                   bool one_at_a_time, float temperature = 0.0f) {
+                   bool one_at_a_time, float temperature = 0.0f,
+                   const std::function<void(size_t, Request&)>& edit = {}) {
   Sink sink;
   std::vector<RequestId> ids;
   for (const auto& p : prompts) {
@@ -102,6 +105,7 @@ inline Outputs run(std::unique_ptr<Engine> e, const std::vector<std::vector<int3
       r.sampling.temperature = temperature;
       r.sampling.seed = int64_t(100 + ids.size());
     }
+    if (edit) edit(ids.size(), r);
     ids.push_back(e->submit(r, sink.cb()));
     if (one_at_a_time) sink.wait_finished(int(ids.size()));
   }

@@ -5,6 +5,7 @@
 //     path's positions), drafts kept and rejected, a longer acceptance than the same draft's chain of the
 //     tree's depth, the counters adding up per request and engine-wide, the pool exact afterwards;
 //   - seeded sampling gives the same tokens alone and batched (each request's generator walks its own tree);
+//   - rows with logit processing (a repetition penalty) draft nothing and draw as plain rows;
 //   - the options: K, the depth and the node budget checked against the token-tree window.
 #include <gtest/gtest.h>
 
@@ -77,6 +78,21 @@ TEST(Eagle3Tree, SeededSamplingIsIndependentOfTheBatch) {
   EXPECT_EQ(alone.tokens, batched.tokens);
   EXPECT_GT(alone.stats.spec.tree_verify_steps, 0);
   EXPECT_GT(alone.stats.spec.accepted_tokens, 0);
+}
+
+// A row with logit processing drafts nothing (its processing would have to follow every path) and draws as a
+// plain row in the tree steps of the others: the outputs are plain decoding's, penalties and all.
+TEST(Eagle3Tree, RowsWithLogitProcessingDrawAsPlainRows) {
+  const auto prompts = mixed_prompts();
+  const auto penalize = [](size_t i, Request& r) {
+    if (i % 2 == 1) r.sampling.repetition_penalty = 1.3f;
+  };
+  const Outputs plain = run(Engine::create(base_opts()), prompts, 20, false, 0.0f, penalize);
+  const EngineOptions o = with_tree(base_opts(), draft_over_frequent_tokens(plain.tokens, 6), 3, 3, 6);
+  const Outputs got = run(Engine::create(o), prompts, 20, false, 0.0f, penalize);
+  EXPECT_EQ(got.tokens, plain.tokens);
+  EXPECT_GT(got.stats.spec.tree_verify_steps, 0);
+  for (size_t i = 1; i < prompts.size(); i += 2) EXPECT_EQ(got.spec[i].draft_tokens, 0) << "request " << i;
 }
 
 TEST(Eagle3Tree, OptionsFitTheTokenTreeWindow) {
