@@ -22,9 +22,10 @@ namespace sm90 = kiln::cuda::sm90;
 constexpr int kM = 64, kK = 128;  // rows of the warpgroup, reduction length (D for S, keys for P V)
 
 // Stores rows x cols bf16 (row-major in global, cols a multiple of 64) into 128-byte-swizzled column blocks
-// of `rows` rows at smem address dst, as the prefill v4 kernel lays out Q, K and V.
-__device__ void store_swizzled(const uint16_t* src, int rows, int cols, uint32_t dst) {
+// of `rows` rows at smem address dst, as the prefill v4 kernel lays out Q, K and V. Defined only where its
+// callers (the sm_90a kernel bodies below) are compiled: an sm_80 pass would otherwise find it unreferenced.
 #ifdef KILN_SM90A
+__device__ void store_swizzled(const uint16_t* src, int rows, int cols, uint32_t dst) {
   const int c8 = cols / 8;
   for (int i = int(threadIdx.x); i < rows * c8; i += 128) {
     const int r = i / c8, cc = i % c8;
@@ -35,10 +36,8 @@ __device__ void store_swizzled(const uint16_t* src, int rows, int cols, uint32_t
   }
   sm90::fence_proxy_async();
   __syncthreads();
-#else
-  (void)src, (void)rows, (void)cols, (void)dst;
-#endif
 }
+#endif  // KILN_SM90A
 
 // Writes accumulator d (N columns) of the warpgroup to out [64][N] in the documented layout.
 template <int N>

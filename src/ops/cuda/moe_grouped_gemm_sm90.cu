@@ -22,6 +22,9 @@ constexpr int kATile = kBM * 128;             // bytes of a stage's A tile
 constexpr int kBTile = kBN * 128;             // bytes of a stage's B tile
 constexpr int kStageBytes = kATile + kBTile;  // 40 KB
 constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024;  // + alignment slack
+// The tiles above hard-code a stage's k as one 128-byte swizzled row; this also keeps an sm_80 build of this
+// unit (whose kernel bodies are empty) from finding kBK unused.
+static_assert(kBK * sizeof(uint16_t) == 128, "a stage's k is one 128-byte swizzled row of bf16");
 
 // Grid: (max_tiles, ceil(N / (kSilu ? 128 : 256))); block: 2 warpgroups. Block (tile, nb): the tile's 64
 // sorted rows against 256 weight rows. SiLU: warpgroup g's 128 B rows are gate rows n0 + 64 g + [0, 64)

@@ -54,11 +54,13 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void cluster_wait() {
+// Defined only where its one caller (the cluster form's sm_90 region below) is compiled: an sm_80 pass
+// would otherwise find it unreferenced.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait;\n" ::: "memory");
-#endif
 }
+#endif
 
 // Counter form. Grid: (ceil(E / 8), ceil(T / 8)); block: 8 warps. Cluster form (kCluster). Grid:
 // (ceil(E / 16), 1), one cluster of all its blocks (<= 8); block: 16 warps. Warp w of block (x, y) owns
@@ -85,8 +87,10 @@ __global__ void __launch_bounds__((kCluster ? kClusterWarps : kRouterWarps) * 32
   constexpr int kWarps = kCluster ? kClusterWarps : kRouterWarps;
   __shared__ RouteSmem sm;
   __shared__ bool last;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // used only by the cluster form's sm_90 region below
   __shared__ uint16_t
       gathered[kCluster ? kRouterTokens * kClusterWarps * kClusterBlocks : 1];  // rank 0: [T, E]
+#endif
   extern __shared__ uint4 xs[];  // [min(T, 8), H / 8]: the block's x rows (kNormIn: the normed rows)
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int E = p.route.E, T = p.route.T;
