@@ -16,10 +16,11 @@ namespace kiln {
 void copy_with_table_width(const BatchDesc& in, int32_t table_rows, int32_t width, BatchDesc& out) {
   KILN_CHECK(table_rows >= in.num_seqs() && width >= in.pages_stride, "copy_with_table_width: a table of ",
              table_rows, " x ", width, " for ", in.num_seqs(), " x ", in.pages_stride);
-  // The copy would drop the masks and run the rows causally; CUDA has no tree attention yet anyway.
+  // The copy would drop the masks and run the rows causally: token-tree steps run eagerly, never in a graph.
   KILN_CHECK(
       !in.has_tree(),
-      "copy_with_table_width: a token-tree batch (tree_window / tree_mask) is not supported on CUDA yet");
+      "copy_with_table_width: a token-tree batch (tree_window / tree_mask) runs eagerly, not in a CUDA "
+      "graph");
   out.tokens = in.tokens;
   out.positions = in.positions;
   out.slot_mapping = in.slot_mapping;
@@ -116,9 +117,11 @@ void CudaDecodeGraph::capture() {
 }
 
 Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
+  // The graphs' attention holds no tree fields (and the runners route tree steps to the eager path).
   KILN_CHECK(
       !in.has_tree(),
-      "CudaDecodeGraph::step: a token-tree batch (tree_window / tree_mask) is not supported on CUDA yet");
+      "CudaDecodeGraph::step: a token-tree batch (tree_window / tree_mask) runs eagerly, not in a CUDA "
+      "graph");
   const int32_t B = num_seqs_, q = rows_per_seq_, T = B * q;
   const int64_t R = int64_t(in.logit_rows.size());
   KILN_CHECK(in.num_seqs() == B && in.num_tokens() == T && !in.mrope, "CudaDecodeGraph::step takes ", B,

@@ -63,7 +63,7 @@ struct Qwen3Model::Workspace : SlotBuffers {
     moe,          // the sparse MLP's device scratch (ops::moe_scratch_bytes); empty on the CPU
     aux,          // EAGLE-3 features: bf16 [T, 3 hidden] (set_aux_capture)
     iota,         // i32 0, 1, 2, ...: the rows the feature copies gather
-    tree_window,  // i32 [B]: a token-tree step's windows (CPU only)
+    tree_window,  // i32 [B]: a token-tree step's windows
     tree_mask,    // i64 [T]: its rows' masks
     num_slots
   };
@@ -239,9 +239,7 @@ void Qwen3Model::drop_per_step_attention_bounds() {
 
 void Qwen3Model::stage(const BatchDesc& b, KvCache& cache) {
   const ModelConfig& c = cfg_;
-  // No CUDA attention kernel applies tree masks (ops/attention.h): refuse before any upload or launch.
-  KILN_CHECK(!b.has_tree() || device().is_cpu(),
-             "Qwen3Model: a token-tree batch (tree_window / tree_mask) is not supported on CUDA yet");
+  // validate() checks a tree's windows and masks too: on CUDA it is their only check (ops/attention.h).
   b.validate(c.vocab_size, cache.num_pages());
   KILN_CHECK_EQ(b.page_size, cache.page_size(), "batch page_size vs KV cache page size");
   KILN_CHECK_EQ(int64_t(cache.num_layers()), c.num_layers, "KV cache layers vs model layers");
@@ -500,6 +498,9 @@ void Qwen3Model::reserve_workspace(int64_t tokens, int64_t seqs, int64_t pages_s
   w.get(Workspace::kv_lens, size_t(seqs) * 4);
   w.get(Workspace::page_table, size_t(seqs) * size_t(pages_stride) * 4);
   w.get(Workspace::rows, size_t(logit_rows) * 4);
+  // A token-tree step's fields too: their first upload would otherwise reallocate and stale every graph.
+  w.get(Workspace::tree_window, size_t(seqs) * 4);
+  w.get(Workspace::tree_mask, T * 8);
   for (int s = Workspace::residual; s <= Workspace::act; ++s) w.activation(Workspace::Slot(s), c, tokens);
   if (tp_) {
     if (tp_->reduce == dist::ReduceType::f32) w.get(Workspace::tp_partial, T * size_t(c.hidden_size) * 4);

@@ -73,7 +73,8 @@ class Qwen3Model {
   // per-step workspace is shared, so one thread (the engine's) calls forward / forward_hidden at a time.
   // logits: f32 [R, vocab] on the model's device, R = batch.logit_rows.size(), row r for logit_rows[r].
   // visual: the step's image-token rows (Qwen3-VL), or null. A token-tree batch (kiln/batch.h tree_window /
-  // tree_mask: rotary positions by depth, context slots by node order) runs on the CPU only; CUDA refuses it.
+  // tree_mask: rotary positions by depth, context slots by node order) runs on both backends, on CUDA eagerly
+  // only (CudaDecodeGraph refuses it).
   void forward(const BatchDesc& batch, KvCache& cache, const Tensor& logits,
                const VisualInput* visual = nullptr);
   // The same step, returning the final-norm hidden state of the logit rows instead of logits (the

@@ -39,14 +39,13 @@ bool given(const Tensor& t) {
 }
 
 // tree_window / tree_mask: none, or i32 [B] and i64 [T] on q's device. Their values are checked where they
-// are read (the CPU reference).
+// are read on the host (the CPU reference); CUDA kernels cannot throw, so there BatchDesc::validate's
+// checks stand in (ops/attention.h).
 void check_tree(const PagedAttentionArgs& a) {
   constexpr const char* op = "paged_attention";
   const bool window = given(a.tree_window), mask = given(a.tree_mask);
   KILN_CHECK(window == mask, op, ": tree_window and tree_mask must both be given or both be empty");
   if (!window) return;
-  // No CUDA kernel applies the masks: refuse before any launch rather than attend causally.
-  KILN_CHECK(!a.q.device.is_cuda(), "paged attention: token-tree masks are not supported on CUDA yet");
   detail::check_matrix(op, "tree_window", a.tree_window, 1, DType::i32);
   detail::check_matrix(op, "tree_mask", a.tree_mask, 1, DType::i64);
   KILN_CHECK_EQ(a.tree_window.shape[0], a.cu_q.shape[0] - 1, op, ": tree_window vs the sequences of cu_q");

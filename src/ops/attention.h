@@ -57,8 +57,13 @@ struct PagedAttentionArgs {
   // min(64, kv_lens[b]), and each row's own bit is set and none above it (BatchDesc::validate's rules; the
   // CPU reference checks them too, naming the field). The CPU reference visits the attended positions in
   // ascending j, so a row equals the causal row of the sequence made of its visible positions, bit for bit,
-  // and a chain's masks give the causal rows. CUDA: refused before any launch ("token-tree masks are not
-  // supported on CUDA yet").
+  // and a chain's masks give the causal rows. CUDA: the causal kernels run every row, then a tree kernel
+  // rewrites the rows of sequences with W > 0 (ops/cuda/attention.h: v1's per-key fp32 arithmetic over the
+  // visible keys, split over the context, the splits merged in ascending order; within the 2^-7 bound, not
+  // bitwise the CPU); bf16 and fp8 caches, NHD and HND, any page size, D 32 / 64 / 128 (fp8: 64, 128), Hq /
+  // Hkv in 1..6 or 8 as the causal kernels. Its values are not checked on the device (the host's
+  // BatchDesc::validate does): a value the rules forbid gives that row unspecified output but no read outside
+  // its sequence's context.
   Tensor tree_window;
   Tensor tree_mask;
 };

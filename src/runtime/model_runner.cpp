@@ -29,7 +29,10 @@ void pad_batch(BatchDesc& batch, int32_t num_seqs, int32_t rows_per_seq) {
 
 bool is_graphable_decode(const BatchDesc& batch) {
   const int32_t B = batch.num_seqs();
-  if (B == 0 || batch.num_tokens() != B || batch.mrope || batch.logit_rows.size() > size_t(B)) return false;
+  // A token tree's masks are not in the graphs' attention: tree steps run eagerly.
+  if (B == 0 || batch.num_tokens() != B || batch.mrope || batch.has_tree() ||
+      batch.logit_rows.size() > size_t(B))
+    return false;
   for (int32_t i = 0; i <= B; ++i)
     if (batch.cu_q[size_t(i)] != i) return false;
   for (size_t r = 0; r < batch.logit_rows.size(); ++r)
@@ -39,8 +42,8 @@ bool is_graphable_decode(const BatchDesc& batch) {
 
 bool is_uniform_verify(const BatchDesc& batch, int32_t rows_per_seq) {
   const int32_t B = batch.num_seqs();
-  if (B == 0 || rows_per_seq < 2 || batch.mrope || batch.num_tokens() != B * rows_per_seq ||
-      batch.logit_rows.size() > size_t(batch.num_tokens()))
+  if (B == 0 || rows_per_seq < 2 || batch.mrope || batch.has_tree() ||
+      batch.num_tokens() != B * rows_per_seq || batch.logit_rows.size() > size_t(batch.num_tokens()))
     return false;
   for (int32_t i = 0; i <= B; ++i)
     if (batch.cu_q[size_t(i)] != i * rows_per_seq) return false;

@@ -221,12 +221,14 @@ class ModelRunner {
 // skips slot -1.
 void pad_batch(BatchDesc& batch, int32_t num_seqs, int32_t rows_per_seq = 1);
 
-// Whether every sequence of `batch` has exactly rows_per_seq (>= 2) new tokens and the logit rows are 0, 1,
-// ..., R-1 (R <= the token count): the verify steps a CUDA graph per (bucket, rows_per_seq) can run.
+// Whether every sequence of `batch` has exactly rows_per_seq (>= 2) new tokens, the logit rows are 0, 1,
+// ..., R-1 (R <= the token count) and it is no token tree: the verify steps a CUDA graph per (bucket,
+// rows_per_seq) can run.
 bool is_uniform_verify(const BatchDesc& batch, int32_t rows_per_seq);
 
-// Whether every sequence of `batch` has exactly one new token and the logit rows are 0, 1, ..., R-1
-// (R <= num_seqs): the decode-only steps a CUDA graph bucket can run, padded or not.
+// Whether every sequence of `batch` has exactly one new token, the logit rows are 0, 1, ..., R-1
+// (R <= num_seqs) and it is no token tree (a draft pass of one frontier node a sequence has one row each):
+// the decode-only steps a CUDA graph bucket can run, padded or not.
 bool is_graphable_decode(const BatchDesc& batch);
 
 // The default CUDA-graph batch sizes (SGLang's spacing up to 128).

@@ -270,7 +270,8 @@ CudaDecodeGraph* Qwen3Runner::verify_graph_for(const BatchDesc& batch) {
 }
 
 CudaDecodeGraph* Qwen3Runner::graph_for(const BatchDesc& batch) {
-  if (graph_buckets_.empty()) return nullptr;
+  // A token tree runs eagerly (its masks are not in the graphs); the two predicates below say so too.
+  if (graph_buckets_.empty() || batch.has_tree()) return nullptr;
   if (verify_rows_ > 0 && is_uniform_verify(batch, verify_rows_)) return verify_graph_for(batch);
   if (!is_graphable_decode(batch)) return nullptr;
   if (!std::binary_search(graph_buckets_.begin(), graph_buckets_.end(), batch.num_seqs())) return nullptr;

@@ -1,8 +1,8 @@
 // Token-tree attention on the CPU (ops/attention.h tree_window / tree_mask; kiln/batch.h): random trees
 // against an fp64 reference and, bit for bit, against the causal attention over a cache holding exactly each
 // row's visible positions; chain masks are the causal rows; BatchDesc::validate's and the op's refusals; the
-// refusal of trees on CUDA; and a whole Qwen3 model whose tree step gives every node the logits of a plain
-// step-by-step decode of its path.
+// checks of the fields on a CUDA call and the graphs' refusal of trees; and a whole Qwen3 model whose tree
+// step gives every node the logits of a plain step-by-step decode of its path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "model/kv_cache.h"
 #include "model/qwen3.h"
 #include "ops/attention.h"
+#include "runtime/model_runner.h"
 
 using namespace kiln;
 using ops::KvLayout;
@@ -372,21 +373,21 @@ TEST(TreeAttention, OpRejectsBadTreeFields) {
   fails([](Call& k) { k.masks[3] = 1; }, {"tree_mask outside a tree window"});
 }
 
-TEST(TreeAttention, CudaCallsWithTreeFieldsAreRefusedBeforeAnyLaunch) {
-  // Views that claim the GPU over host memory: the dispatcher must refuse on the fields alone, before it
-  // reads or launches anything (in a CUDA build as in a CPU-only one).
+TEST(TreeAttention, CudaCallsCheckTheTreeFieldsBeforeAnyLaunch) {
+  // Views that claim the GPU over host memory: the dispatcher checks the fields (here a mask left on the
+  // host) before it reads or launches anything, in a CUDA build as in a CPU-only one. The CUDA kernels
+  // themselves run in tests/cuda/test_cuda_tree_attention.cpp.
   Problem p = tree_problem({{2, 6, 2}}, 8, 2, 64, 4);
   const Cache c = build_cache(p, KvLayout::nhd, 4, 4);
   Call call;
   prepare(p, c, call);
   const Device gpu = Device::cuda();
   ops::PagedAttentionArgs& a = call.a;
-  for (Tensor* t : {&a.q, &a.out, &a.cache.k, &a.cache.v, &a.cu_q, &a.kv_lens, &a.page_table, &a.tree_window,
-                    &a.tree_mask})
+  for (Tensor* t : {&a.q, &a.out, &a.cache.k, &a.cache.v, &a.cu_q, &a.kv_lens, &a.page_table, &a.tree_window})
     t->device = gpu;
-  expect_contains(error_of([&] { ops::paged_attention(a); }),
-                  {"paged attention: token-tree masks are not supported on CUDA yet"});
-  // The graphs' batch copy would drop the masks: it refuses a tree too.
+  expect_contains(error_of([&] { ops::paged_attention(a); }), {"tree_mask", "cpu"});
+  // Graphs run no tree: the graphs' batch copy (which would drop the masks) refuses one, and neither graph
+  // predicate takes a tree batch, so the runners send it down the eager path.
   BatchDesc b;
   b.tokens = {1, 2};
   b.positions = {4, 5};
@@ -396,11 +397,26 @@ TEST(TreeAttention, CudaCallsWithTreeFieldsAreRefusedBeforeAnyLaunch) {
   b.page_size = 4;
   b.pages_stride = 2;
   b.page_table = {0, 1};
+  b.logit_rows = {0, 1};
   b.tree_window = {2};
   b.tree_mask = {1, 3};
   BatchDesc out;
-  expect_contains(error_of([&] { copy_with_table_width(b, 1, 2, out); }),
-                  {"token-tree", "not supported on CUDA"});
+  expect_contains(error_of([&] { copy_with_table_width(b, 1, 2, out); }), {"token-tree", "eagerly"});
+  EXPECT_FALSE(is_uniform_verify(b, 2));
+  BatchDesc one = b;  // a draft pass of one frontier node: one row, a wider window
+  one.tokens = {2};
+  one.positions = {5};
+  one.slot_mapping = {5};
+  one.cu_q = {0, 1};
+  one.logit_rows = {0};
+  one.tree_mask = {3};
+  EXPECT_FALSE(is_graphable_decode(one));
+  b.tree_window.clear();
+  b.tree_mask.clear();
+  EXPECT_TRUE(is_uniform_verify(b, 2));
+  one.tree_window.clear();
+  one.tree_mask.clear();
+  EXPECT_TRUE(is_graphable_decode(one));
 }
 
 TEST(TreeAttention, BatchDescValidateRejectsBadTrees) {

@@ -45,6 +45,11 @@ void validate(const PagedAttnParams& p) {
              p.decode_rows_per_seq);
   KILN_CHECK(p.decode_rows_per_seq < 2 || p.max_q_len <= p.decode_rows_per_seq, "paged attention: max_q_len ",
              p.max_q_len, " exceeds decode_rows_per_seq ", p.decode_rows_per_seq);
+  KILN_CHECK((p.tree_window == nullptr) == (p.tree_mask == nullptr),
+             "paged attention: tree_window and tree_mask must both be given or both be null");
+  KILN_CHECK(reinterpret_cast<uintptr_t>(p.tree_mask) % 8 == 0 &&
+                 reinterpret_cast<uintptr_t>(p.tree_window) % 4 == 0,
+             "paged attention: tree_mask must be 8-byte and tree_window 4-byte aligned");
 }
 
 // Splits depend only on shapes (never on kv_lens, which live on the device), so a graph stays valid.
@@ -224,10 +229,26 @@ bool has_prefill_rows(const PagedAttnParams& p) {
 
 }  // namespace
 
+namespace {
+
+// Where the tree kernel's partials start: past the decode partials (force_splits > 0: that many splits) and
+// the staging copy, 256-byte aligned.
+size_t tree_workspace_offset(const PagedAttnParams& p, int force_splits) {
+  const size_t staging = has_prefill_rows(p) ? prefill_fp8_staging_bytes(p) : 0;
+  return (decode_workspace_bytes(p, force_splits) + staging + 255) / 256 * 256;
+}
+
+}  // namespace
+
+int paged_attention_tree_splits(const PagedAttnParams& p) {
+  return tree_splits(p);
+}
+
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
   // Callers size the workspace before they capture graphs: probing here which decode kernel runs (its
   // once-per-device query of the loaded sm_90a code) keeps that query out of any capture.
   (void)effective_decode_kernel(p);
+  if (const size_t tree = tree_workspace_bytes(p); tree > 0) return tree_workspace_offset(p, 0) + tree;
   const size_t staging = has_prefill_rows(p) ? prefill_fp8_staging_bytes(p) : 0;
   return staging == 0 && decode_workspace_bytes(p, 0) == 0 ? 0 : decode_workspace_bytes(p, 0) + staging;
 }
@@ -272,10 +293,10 @@ void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, vo
   prefill(p, skip_single_rows, workspace, stream, pdl);
 }
 
-void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits,
-                     bool pdl) {
-  validate(p);
-  if (p.B == 0 || p.T == 0) return;
+namespace {
+
+// The causal routing of paged_attention (attention.h), every row of a tree call included.
+void causal_rows(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits, bool pdl) {
   // T == B: every sequence has one row, or some have none and others several (rare): the decode kernel
   // then walks those rows too, so one launch suffices and graphs of decode steps hold no prefill node.
   // A verify step: every row through the decode kernel, each on its own (bitwise the plain decode step's).
@@ -294,6 +315,25 @@ void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t str
   void* staging =
       workspace ? static_cast<uint8_t*>(workspace) + decode_workspace_bytes(q, force_splits) : nullptr;
   prefill(q, /*skip_single_rows=*/true, staging, stream, pdl);
+}
+
+}  // namespace
+
+void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits,
+                     bool pdl) {
+  validate(p);
+  if (p.B == 0 || p.T == 0) return;
+  causal_rows(p, workspace, stream, force_splits, pdl);
+  // Token trees: the tree sequences' rows, just written causally, are rewritten with their masks (stream
+  // order, or PDL's wait, puts the tree writes last).
+  if (p.tree_window == nullptr) return;
+  const bool split = tree_workspace_bytes(p) > 0;
+  KILN_CHECK(!split || workspace != nullptr, "paged attention: a split tree launch needs a workspace");
+  launch_tree(p,
+              split ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) +
+                                               tree_workspace_offset(p, force_splits))
+                    : nullptr,
+              stream, pdl);
 }
 
 }  // namespace kiln::cuda

@@ -35,6 +35,20 @@
 //       128-byte-swizzled shared memory, copied by TMA one box per page (pages of 16, 32, 64 rows; else
 //       cp.async); each warp takes 16 keys of a tile with its own online softmax, merged at the end. fp8
 //       tiles move as bytes and are widened in registers. Within 1 bf16 ulp of prefill v1-v3.
+// Token trees (tree_window / tree_mask set): the routing above runs every row as if causal, then one more
+// launch (attention_tree.cu; two with splits) rewrites the rows of the sequences whose window W > 0, so a
+// tree call may mix them with causal prefill and decode rows at the cost of computing the tree rows twice (a
+// tree has at most 64 rows a sequence). Tree kernel: grid (T, Hkv, splits), 128 threads, v1's per-key
+// arithmetic (the group's heads share each K/V load) with a visibility predicate: row t of sequence b at
+// context position p walks the keys j <= p, j in split s's chunk (decode_chunk(p + 1, splits, 32)), and skips
+// a window key j >= kv_len - W whose mask bit j - (kv_len - W) is clear. Summation order: within a split,
+// lane slot (warp w, slot) takes keys w * TPW + slot + k * 4 * TPW in ascending k, the slots merge by an xor
+// butterfly, then the 4 warps in order, then (splits > 1: tree_combine_kernel) the splits in ascending order.
+// splits depends on shapes only: about 16 blocks an SM over T * Hkv blocks, at most 32 and the table's reach
+// / 64; its partials follow the decode partials and the fp8 staging copy in the workspace
+// (paged_attention_workspace_bytes). The values are not checked on the device (BatchDesc::validate and the
+// CPU reference check them): a window outside [0, min(64, kv_len)] is clamped, mask bits past the row's own
+// position are never visited, so a bad value never reads outside the sequence's context.
 // Prefill: 64 query rows x 64-key tiles, 4 warps (16 rows each) per query head, mma.sync m16n8k16.
 // Three prefill kernels (prefill_kernel() picks), bitwise equal (every (row, head) gets the same math in the
 // same order):
@@ -101,6 +115,11 @@ struct PagedAttnParams {
   // prefill launch), so row i is bitwise the plain decode step's row at position kv_len - q_len + i with the
   // same B and page-table width. 0 or 1: the routing above. Up to kMaxDecodeRowsPerSeq.
   int32_t decode_rows_per_seq = 0;
+  // Token trees (ops/attention.h tree_window / tree_mask): both null (every row causal), or i32 [B] and the
+  // masks' bits [T] (8-byte aligned). The rows of sequences with a window > 0 are then written by the tree
+  // kernel after the routing above has run (attention_tree.cu); the host never reads either.
+  const int32_t* tree_window = nullptr;
+  const uint64_t* tree_mask = nullptr;
 };
 
 constexpr int32_t kMaxDecodeRowsPerSeq = 16;
@@ -152,24 +171,31 @@ size_t prefill_fp8_staging_bytes(const PagedAttnParams& p);
 
 // Bytes of workspace paged_attention needs for these shapes: the decode splits' partials (0 when no split is
 // used; one entry per sequence, whatever the number of prefill rows), rounded up to 256 bytes, then the fp8
-// prefill staging copy where it applies (prefill_fp8_staging_bytes; only when the launch has prefill rows).
+// prefill staging copy where it applies (prefill_fp8_staging_bytes; only when the launch has prefill rows),
+// then, with tree fields and more than one tree split, the tree kernel's partials (256-byte aligned:
+// T * Hq * splits * (D + 2) floats).
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
 // Bytes of workspace paged_attention_prefill needs (the staging copy alone, at offset 0).
 size_t paged_attention_prefill_workspace_bytes(const PagedAttnParams& p);
 // The decode splits paged_attention launches for these shapes with the current decode kernel (1: no combine).
 int paged_attention_decode_splits(const PagedAttnParams& p);
+// The splits of the tree kernel for these shapes (1: it writes out itself, no workspace); 0 without tree
+// fields.
+int paged_attention_tree_splits(const PagedAttnParams& p);
 
 // Validates p (D in {32, 64, 128} (fp8: 64, 128), Hq % Hkv == 0, Hq / Hkv in 1..6 or 8, page_size > 0,
 // alignment) and launches. workspace: device memory of paged_attention_workspace_bytes(p) bytes (may be null
 // when that is 0). force_splits in [1, 128] overrides the decode split count (tests; the workspace must then
-// hold B * Hq * force_splits * (D + 2) floats, rounded up to 256 bytes, before the staging copy). pdl:
-// programmatic dependent launch for the prefill kernels and the decode splits' combine (the decode kernel
-// itself always launches plainly: measured faster so, attention.cu).
+// hold B * Hq * force_splits * (D + 2) floats, rounded up to 256 bytes, before the staging copy and the tree
+// partials; the tree kernel's splits stay its own). pdl: programmatic dependent launch for the prefill
+// kernels, the decode splits' combine and the tree launches (the decode kernel itself always launches
+// plainly: measured faster so, attention.cu).
 void paged_attention(const PagedAttnParams& p, void* workspace, cudaStream_t stream, int force_splits = 0,
                      bool pdl = false);
 
 // The kernels alone (tests: decode vs prefill on the same rows). Routing as above is bypassed: the decode
-// kernel handles sequences with q_len == 1, the prefill kernel every sequence with q_len >= 1.
+// kernel handles sequences with q_len == 1, the prefill kernel every sequence with q_len >= 1; both ignore
+// the tree fields (every row causal).
 void paged_attention_decode(const PagedAttnParams& p, void* workspace, cudaStream_t stream,
                             int force_splits = 0, bool pdl = false);
 void paged_attention_prefill(const PagedAttnParams& p, bool skip_single_rows, void* workspace,

@@ -153,6 +153,13 @@ bool launch_prefill_sm90(const PagedAttnParams& p, bool skip_single_rows, cudaSt
 bool launch_prefill_fp8_staged(const PagedAttnParams& p, bool skip_single_rows, void* staging,
                                cudaStream_t stream, bool pdl);
 
+// Token trees (attention_tree.cu): the splits of the tree kernel for p (0 without tree fields), its
+// workspace bytes (0 where it needs none), and its launch (plus its combine where splits > 1) over the rows
+// of the sequences with a window, after the causal routing has run.
+int tree_splits(const PagedAttnParams& p);
+size_t tree_workspace_bytes(const PagedAttnParams& p);
+void launch_tree(const PagedAttnParams& p, float* workspace, cudaStream_t stream, bool pdl);
+
 // KILN_DISPATCH_HEAD_DIM(d, statements): the statements see `constexpr int kD` (32, 64 or 128); any other
 // head_dim is an error. KILN_DISPATCH_KV_DTYPE likewise with `constexpr KvDtype kKT`.
 #define KILN_DISPATCH_HEAD_DIM(d, ...)                                          \

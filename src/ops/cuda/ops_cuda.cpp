@@ -277,6 +277,12 @@ void paged_attention(const PagedAttentionArgs& a) {
                         .min_q_len = a.min_q_len,
                         .prefill_pages = a.prefill_pages,
                         .decode_rows_per_seq = a.decode_rows_per_seq};
+  // Token trees: the dispatcher checked both fields' dtypes, shapes and device (ops/attention.cpp); empty
+  // ones (B == 0 or T == 0: nothing to attend) may have no data.
+  if (a.tree_window.data != nullptr && a.tree_mask.data != nullptr) {
+    p.tree_window = a.tree_window.ptr<int32_t>();
+    p.tree_mask = reinterpret_cast<const uint64_t*>(a.tree_mask.ptr<int64_t>());
+  }
   const size_t ws = kc::paged_attention_workspace_bytes(p);
   kc::paged_attention(p, ws ? kc::scratch(ws) : nullptr, kc::current_stream(), 0,
                       kc::pdl_for(kc::PdlSite::attention));
