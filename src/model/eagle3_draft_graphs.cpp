@@ -69,7 +69,8 @@ void Eagle3Model::DraftGraphs::capture(Eagle3Model& m, Graph& g, int32_t bucket,
 
 std::pair<int32_t, int32_t> Eagle3Model::DraftGraphs::extend_shape_for(const BatchDesc& b) const {
   const int32_t B = b.num_seqs();
-  if (B == 0 || B > buckets_.back() || b.mrope || b.pages_stride > widths_.back() ||
+  // A token tree runs eagerly: its masks are per-pass data the graphs do not stage.
+  if (B == 0 || B > buckets_.back() || b.mrope || b.has_tree() || b.pages_stride > widths_.back() ||
       b.logit_rows.size() != size_t(B))
     return {0, 0};
   const int32_t q = b.q_len(0);
@@ -107,10 +108,11 @@ void Eagle3Model::DraftGraphs::run_extend(Eagle3Model& m, const BatchDesc& in, c
     cuda::StreamScope scope(s);
     m.stage(b, &staged_rows_, nullptr);
     Graph& g = extend_graphs_[{bucket, width, q}];
-    if (!g.exec || g.generation != m.ws_generation() || g.features != features.data) {
+    if (!g.exec || g.generation != m.ws_generation() || g.features != features.data || g.topk != m.topk()) {
       // The eager pass writes the same K/V the replay does, and its residual is recomputed from the features.
       capture(m, g, [&] { m.launch_features(features, T, bucket, q); });
       g.features = features.data;
+      g.topk = m.topk();
     }
     KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s));
   }

@@ -3,7 +3,8 @@
 // sequence padded to the bucket and its page table re-laid to the width, so a graph's launch shapes (the
 // GEMMs' M, the decode attention's split count) are fixed; one replay runs the whole chain. The extend
 // graphs: the uniform pass after a verify step (q rows a sequence, one logit row each), one per (bucket,
-// width, q). Internal to src/model (eagle3_model.cpp destroys it).
+// width, q), captured again when the draft's top k changed (set_topk). Token trees never take a graph (their
+// passes run eagerly). Internal to src/model (eagle3_model.cpp destroys it).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,7 @@ class Eagle3Model::DraftGraphs {
   void run(Eagle3Model& m, const std::vector<BatchDesc>& passes, std::pair<int32_t, int32_t> shape,
            std::vector<bf16_t> hidden, std::vector<std::vector<int32_t>>* tokens);
   // The (bucket, width) a uniform extend pass runs padded to, or {0, 0} (eager): every sequence q rows,
-  // 2 <= q <= max_extend_q, and one logit row, within the largest bucket and width.
+  // 2 <= q <= max_extend_q, and one logit row, within the largest bucket and width, no token tree.
   std::pair<int32_t, int32_t> extend_shape_for(const BatchDesc& b) const;
   // The extend pass through the (bucket, width, q) graph: staged padded (padding sequences read feature row
   // 0), replayed, the real logit rows' outputs copied back.
@@ -51,6 +52,7 @@ class Eagle3Model::DraftGraphs {
     void* exec = nullptr;   // cudaGraphExec_t
     uint64_t generation = 0;
     const void* features = nullptr;  // an extend graph's feature buffer (the target's; it may move)
+    int topk = 0;                    // an extend graph's top k (set_topk changes its launches)
   };
   void capture(Eagle3Model& m, Graph& g, int32_t bucket, size_t passes);
   // Captures `launch` on the stream after running it once eagerly (GEMM plans made, scratch sized, so the

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -28,7 +29,6 @@
 #ifdef KILN_HAVE_CUDA
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "ops/cuda/context.h"
 #include "ops/cuda/gemm.h"
@@ -108,10 +108,21 @@ void autotune_draft_if_needed(const Eagle3Config& c) {
 #endif
 }
 
-// Where a pass's midlayer outputs start in its output buffer (f32 elements, after the logits [R, Dv]):
-// R x Dv rounded up to a multiple of 4.
-int64_t eagle3_hidden_offset(int64_t rows, int64_t draft_vocab) {
-  return (rows * draft_vocab + 3) / 4 * 4;
+// A pass's output buffer over R logit rows with a top k (f32 elements): the logits [R, Dv], then, from a
+// multiple of 4 floats (the CUDA gather stores 16 bytes at a time and R x Dv need not be a multiple of 4: one
+// chain row of a small draft vocabulary), what read_out copies back in one copy: the midlayer outputs [R, H],
+// the tokens [R, k] (i32; k = 1: the top-1 tokens) and, for k > 1, their log-probabilities [R, k].
+struct OutLayout {
+  int64_t hidden, tokens, logprobs, end;
+};
+
+OutLayout out_layout(int64_t R, int64_t draft_vocab, int64_t H, int64_t k) {
+  OutLayout o;
+  o.hidden = (R * draft_vocab + 3) / 4 * 4;
+  o.tokens = o.hidden + R * H;
+  o.logprobs = o.tokens + R * k;
+  o.end = o.logprobs + (k > 1 ? R * k : 0);
+  return o;
 }
 
 // The fewest rows any sequence of the pass computes (launch_midlayer's host bound).
@@ -237,7 +248,6 @@ std::unique_ptr<Eagle3Model> Eagle3Model::load(const std::string& dir, const Qwe
   for (int64_t i = 0; i < c.draft_vocab; ++i)
     KILN_CHECK(i + d2t[size_t(i)] >= 0 && i + d2t[size_t(i)] < c.vocab, "EAGLE-3 draft: d2t[", i,
                "] maps outside the target vocabulary of ", c.vocab);
-  m->d2t_ = d2t;
   m->owned_.emplace_back(d2t.size() * sizeof(int64_t), dev);
   copy_bytes(m->owned_.back().data(), dev, d2t.data(), Device::cpu(), d2t.size() * sizeof(int64_t));
   m->d2t_dev_ = Tensor(m->owned_.back().data(), DType::i64, {c.draft_vocab}, dev);
@@ -265,18 +275,11 @@ void Eagle3Model::move_kv(const std::vector<int64_t>& from, const std::vector<in
 }
 
 void Eagle3Model::set_topk(int k) {
-  KILN_CHECK(k >= 1 && k <= 16, "EAGLE-3 draft top-k must be in [1, 16], got ", k);
+  KILN_CHECK(k >= 1 && k <= ops::kMaxTopk, "EAGLE-3 draft top-k must be in [1, ", ops::kMaxTopk, "], got ",
+             k);
   KILN_CHECK(k <= cfg_.draft_vocab, "EAGLE-3 draft top-k ", k, " exceeds the draft vocabulary of ",
              cfg_.draft_vocab);
-  KILN_CHECK(k == 1 || device_.is_cpu(), "EAGLE-3 top-k drafting is not built on CUDA yet (top-k ", k,
-             " asked for on ", device_name(device_), ")");
   topk_ = k;
-}
-
-void Eagle3Model::check_tree_device(const BatchDesc& b) const {
-  KILN_CHECK(!b.has_tree() || device_.is_cpu(),
-             "EAGLE-3 draft passes over a token tree are not supported on CUDA yet (", device_name(device_),
-             ")");
 }
 
 void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows,
@@ -289,7 +292,6 @@ void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows
   Workspace& w = *ws_;
   const Device dev = device_;
   const int64_t T = b.num_tokens(), B = b.num_seqs(), R = int64_t(b.logit_rows.size());
-  check_tree_device(b);
   const auto fp = [](const auto& v) { return StagedUploads::footprint(v.size() * sizeof(v[0])); };
   w.staged.begin(fp(b.tokens) + fp(b.positions) + fp(b.slot_mapping) + fp(b.cu_q) + fp(b.kv_lens) +
                      fp(b.page_table) + fp(b.logit_rows) + (src_rows ? fp(*src_rows) : 0) +
@@ -314,7 +316,6 @@ void Eagle3Model::stage(const BatchDesc& b, const std::vector<int32_t>* src_rows
 
 void Eagle3Model::forward_features(const BatchDesc& b, const Tensor& features,
                                    const std::vector<int32_t>& rows, Out* out) {
-  check_tree_device(b);  // before the extend graphs stage anything
   const int64_t T = b.num_tokens();
   KILN_CHECK_EQ(int64_t(rows.size()), T, "EAGLE-3: one feature row per draft row");
   KILN_CHECK(features.ndim == 2 && features.dtype == DType::bf16 &&
@@ -345,7 +346,6 @@ void Eagle3Model::launch_features(const Tensor& features, int64_t T, int64_t R, 
 }
 
 void Eagle3Model::forward_hidden(const BatchDesc& b, const std::vector<float>& hidden, Out* out) {
-  check_tree_device(b);
   const int64_t T = b.num_tokens(), H = cfg_.hidden;
   KILN_CHECK_EQ(int64_t(hidden.size()), T * H, "EAGLE-3: hidden states must be [T, H]");
   std::vector<bf16_t> h(hidden.size());
@@ -508,17 +508,19 @@ void Eagle3Model::launch_midlayer(int64_t T, int64_t R, int32_t min_q_len, int32
   ops::linear_silu_mul(normed, gate_up_, gate_up, act);
   ops::linear_add_rms_norm(act, down_, residual, w_norm_, eps, tmp, normed);
   if (R == 0) return;
-  // One buffer: the logits [R, Dv], the midlayer outputs [R, H] (widened exactly), the top-1 tokens [R]
-  // (i32), so read_out copies back the last two in one copy. The outputs start at a multiple of 4 floats: the
-  // CUDA gather stores 16 bytes at a time, and R x Dv need not be a multiple of 4 (one chain row of a small
-  // draft vocabulary).
-  const int64_t hidden_at = eagle3_hidden_offset(R, Dv);
-  auto* buf = static_cast<float*>(w.get(Workspace::out, size_t(hidden_at + R * H + R) * 4));
-  ops::lm_head(normed, w.rows_t, lm_head_, Tensor(buf, DType::f32, {R, Dv}, device_));
-  if (!tokens) tokens = reinterpret_cast<int32_t*>(buf + hidden_at + R * H);
-  ops::argmax_rows(Tensor(buf, DType::f32, {R, Dv}, device_), d2t_dev_,
-                   Tensor(tokens, DType::i32, {R}, device_));
-  if (hidden_rows) ops::embedding(residual, w.rows_t, Tensor(buf + hidden_at, DType::f32, {R, H}, device_));
+  const int64_t k = tokens ? 1 : topk_;  // a chain pass (its tokens on the device) stays top-1
+  const OutLayout L = out_layout(R, Dv, H, k);
+  auto* buf = static_cast<float*>(w.get(Workspace::out, size_t(L.end) * 4));
+  const Tensor logits(buf, DType::f32, {R, Dv}, device_);
+  ops::lm_head(normed, w.rows_t, lm_head_, logits);
+  if (!tokens) tokens = reinterpret_cast<int32_t*>(buf + L.tokens);
+  if (k > 1) {  // one launch: its entry 0 is the top-1 token (the same ranking as argmax_rows)
+    ops::topk_rows(logits, d2t_dev_, int(k), Tensor(tokens, DType::i32, {R, k}, device_),
+                   Tensor(buf + L.logprobs, DType::f32, {R, k}, device_));
+  } else {
+    ops::argmax_rows(logits, d2t_dev_, Tensor(tokens, DType::i32, {R}, device_));
+  }
+  if (hidden_rows) ops::embedding(residual, w.rows_t, Tensor(buf + L.hidden, DType::f32, {R, H}, device_));
 }
 
 void Eagle3Model::read_out(int64_t R, Out* out, int64_t keep) {
@@ -526,49 +528,37 @@ void Eagle3Model::read_out(int64_t R, Out* out, int64_t keep) {
   const int64_t H = cfg_.hidden, Dv = cfg_.draft_vocab, k = topk_;
   keep = keep < 0 ? R : keep;
   KILN_CHECK(keep <= R, "Eagle3Model::read_out: ", keep, " rows of ", R);
-  const bool want_logits = return_logits_ || k > 1;
   out->tokens.assign(size_t(keep), -1);
   out->hidden.assign(size_t(keep * H), 0.0f);
   out->logits.assign(return_logits_ ? size_t(keep * Dv) : 0, 0.0f);
   out->topk_tokens.assign(k > 1 ? size_t(keep * k) : 0, -1);
   out->topk_logprobs.assign(k > 1 ? size_t(keep * k) : 0, 0.0f);
   if (keep == 0) return;
-  const int64_t hidden_at = eagle3_hidden_offset(R, Dv);
-  const float* buf = static_cast<const float*>(w.get(Workspace::out, size_t(hidden_at + R * H + R) * 4));
-  std::vector<float>& host = w.host_out;  // the hidden rows, then the tokens' bits
-  host.resize(size_t(R * H + R));
-  copy_bytes(host.data(), Device::cpu(), buf + hidden_at, device_, host.size() * 4);
-  std::copy(host.begin(), host.begin() + keep * H, out->hidden.begin());
-  std::memcpy(out->tokens.data(), host.data() + R * H, size_t(keep) * sizeof(int32_t));
-  if (!want_logits) return;
-  std::vector<float> logits(size_t(keep * Dv));
-  copy_bytes(logits.data(), Device::cpu(), buf, device_, logits.size() * 4);
-  if (k > 1)
-    eagle3_topk(logits.data(), keep, Dv, int(k), d2t_.data(), out->topk_tokens.data(),
-                out->topk_logprobs.data());
-  if (return_logits_) out->logits = std::move(logits);
+  const OutLayout L = out_layout(R, Dv, H, k);
+  const float* buf = static_cast<const float*>(w.get(Workspace::out, size_t(L.end) * 4));
+  std::vector<float>& host = w.host_out;  // [L.hidden, L.end): the hidden rows, the tokens' bits, log-probs
+  host.resize(size_t(L.end - L.hidden));
+  copy_bytes(host.data(), Device::cpu(), buf + L.hidden, device_, host.size() * 4);
+  const float* at = host.data();
+  std::copy(at, at + keep * H, out->hidden.begin());
+  if (k > 1) {
+    std::memcpy(out->topk_tokens.data(), at + (L.tokens - L.hidden), size_t(keep * k) * sizeof(int32_t));
+    std::copy(at + (L.logprobs - L.hidden), at + (L.logprobs - L.hidden) + keep * k,
+              out->topk_logprobs.begin());
+    for (int64_t r = 0; r < keep; ++r) out->tokens[size_t(r)] = out->topk_tokens[size_t(r * k)];
+  } else {
+    std::memcpy(out->tokens.data(), at + (L.tokens - L.hidden), size_t(keep) * sizeof(int32_t));
+  }
+  if (return_logits_) copy_bytes(out->logits.data(), Device::cpu(), buf, device_, out->logits.size() * 4);
 }
 
 void eagle3_topk(const float* logits, int64_t rows, int64_t Dv, int k, const int64_t* d2t, int32_t* tokens,
                  float* logprobs) {
   KILN_CHECK(Dv >= 1 && k >= 1 && k <= Dv, "eagle3_topk: k ", k, " of a draft vocabulary of ", Dv);
-  std::vector<int32_t> ids(static_cast<size_t>(Dv));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = logits + r * Dv;
-    const auto key = [&](int32_t i) { return x[i] == x[i] ? x[i] : -std::numeric_limits<float>::infinity(); };
-    for (int32_t i = 0; i < int32_t(Dv); ++i) ids[size_t(i)] = i;
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                      [&](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); });
-    const float m = x[ids[0]];
-    float s = 0.0f;
-    for (int64_t j = 0; j < Dv; ++j) s += std::exp(x[j] - m);  // float overloads: f32 terms, f32 sum
-    const float log_s = std::log(s);
-    for (int i = 0; i < k; ++i) {
-      const int32_t id = ids[size_t(i)];
-      tokens[r * k + i] = int32_t(id + d2t[id]);
-      logprobs[r * k + i] = (x[id] - m) - log_s;
-    }
-  }
+  const Device cpu = Device::cpu();
+  ops::topk_rows(Tensor(const_cast<float*>(logits), DType::f32, {rows, Dv}, cpu),
+                 Tensor(const_cast<int64_t*>(d2t), DType::i64, {Dv}, cpu), k,
+                 Tensor(tokens, DType::i32, {rows, k}, cpu), Tensor(logprobs, DType::f32, {rows, k}, cpu));
 }
 
 }  // namespace kiln

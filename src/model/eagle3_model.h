@@ -14,14 +14,16 @@
 //   q, k, v = x W_qkv^T; NeoX RoPE on q, k (the draft's rope_theta); K, V into the cache  (no Q/K norm)
 //   residual += o_proj(paged_attention(q));  normed = rms_norm(residual) * w_post
 //   residual += down(silu(gate(normed)) * up(normed));  normed = rms_norm(residual) * w_norm
-// and per logit row: the draft's top-1 token through d2t (target ids; lowest draft id among equal maxima) and
-// the midlayer output (residual) widened to f32, the next chain row's hidden state. Rounding points: the ops'
-// (bf16 activations, f32 accumulation), so it matches the f32 reference within bf16 tolerance, not bitwise.
+// and per logit row: the draft's top-1 token through d2t (target ids; lowest draft id among equal maxima), or
+// with set_topk(k > 1) its top k (ops::topk_rows: one launch, the top-1 its entry 0), and the midlayer output
+// (residual) widened to f32, the next chain row's hidden state. Rounding points: the ops' (bf16 activations,
+// f32 accumulation), so it matches the f32 reference within bf16 tolerance, not bitwise.
 //
-// Token trees (EAGLE tree drafting): a pass's batch may carry BatchDesc::tree_window / tree_mask; its
-// attention then follows the masks (ops/attention.h), so a pass over a tree's frontier gives each row, bit
-// for bit, what a chain pass over that row's path gives. CPU only for now: on CUDA forward_features and
-// forward_hidden refuse a tree batch by name before staging anything; forward_chain takes none.
+// Token trees (EAGLE tree drafting): a pass's batch may carry BatchDesc::tree_window / tree_mask, staged with
+// the pass's other inputs; its attention then follows the masks (ops/attention.h), so a pass over a tree's
+// frontier gives each row, bit for bit, what a chain pass over that row's path gives (on the CPU; on CUDA as
+// the attention kernel's contract says). forward_features and forward_hidden take tree batches on both
+// backends (always eagerly: the draft graphs take none); forward_chain takes none.
 #pragma once
 
 #include <array>
@@ -68,8 +70,8 @@ class Eagle3Model {
     std::vector<float> logits;         // [R, Dv] the draft-vocabulary logits, with set_return_logits(true)
   };
   // The draft tokens forward_features and forward_hidden rank per logit row (Out::topk_*): 1 (the default:
-  // top-1 only, Out::topk_* empty) to 16, at most the draft vocabulary. forward_chain stays top-1. CUDA:
-  // k > 1 is refused ("EAGLE-3 top-k drafting is not built on CUDA yet").
+  // top-1 only, Out::topk_* empty) to 16, at most the draft vocabulary. forward_chain stays top-1. Both
+  // backends rank on their device (ops::topk_rows) and copy the rows back with the pass's other outputs.
   void set_topk(int k);
   int topk() const { return topk_; }
   // Tests and diagnostics: Out::logits is filled by forward_features and forward_hidden (on CUDA one more
@@ -102,7 +104,7 @@ class Eagle3Model {
   // sequence q rows, 2 <= q <= max_extend_q, one logit row each): one graph per (bucket, width, q), padding
   // sequences of q rows at slot -1 (feature row 0), outputs bit for bit the eager pass's of the padded batch.
   // Longer uniform passes (a prompt's last chunk) run eagerly: a graph per prompt length would never be
-  // replayed.
+  // replayed; so do token-tree passes. An extend graph is captured again after set_topk changed k.
   void prepare_draft_graphs(const std::vector<int32_t>& buckets, const std::vector<int32_t>& widths,
                             int32_t max_extend_q);
   int num_chain_graphs() const;   // chain graphs captured
@@ -140,11 +142,9 @@ class Eagle3Model {
   void launch_chain(int64_t R, size_t passes);
   // The first R of each pass's `rows` tokens, copied back in one copy.
   void read_chain(int64_t rows, int64_t R, size_t passes, std::vector<std::vector<int32_t>>* tokens);
-  // The first `keep` (<= R) of the R logit rows' top-1 draft tokens and midlayer outputs, copied back (one
-  // copy) after launch_midlayer; with set_topk(k > 1) or set_return_logits, their logits too (and the top k).
+  // The first `keep` (<= R) of the R logit rows' top-1 draft tokens (or top k) and midlayer outputs, copied
+  // back (one copy) after launch_midlayer; with set_return_logits their logits too (a second copy).
   void read_out(int64_t R, Out* out, int64_t keep = -1);
-  // Refuses a tree batch on CUDA (by name, before anything is staged).
-  void check_tree_device(const BatchDesc& batch) const;
   uint64_t ws_generation() const;  // bumped by every workspace reallocation (a captured graph is then stale)
 
   Eagle3Config cfg_;
@@ -155,8 +155,7 @@ class Eagle3Model {
   std::vector<Buffer> owned_;  // the weights' device storage
   Tensor fc_, w_in_, w_hidden_, w_post_, w_norm_, lm_head_, embed_;
   ops::LinearWeight qkv_, o_, gate_up_, down_;
-  Tensor d2t_dev_;            // i64 [draft vocab] on the model's device: d2t, argmax_rows' offsets
-  std::vector<int64_t> d2t_;  // the same on the host (the top k's target ids)
+  Tensor d2t_dev_;  // i64 [draft vocab] on the model's device: d2t, argmax_rows' and topk_rows' offsets
   int topk_ = 1;
   bool return_logits_ = false;
   Buffer rope_;
@@ -171,8 +170,9 @@ class Eagle3Model {
 // + d2t[id]) to tokens[r * k + i], and their log-softmax over the whole row in f32 to logprobs[r * k + i]:
 // with m = the top-1 logit, s = the sum over draft ids j ascending of expf(x_j - m), each term rounded to f32
 // and added one at a time in f32 from 0, logprob = (x - m) - logf(s) (two f32 roundings; expf and logf of the
-// C library: a device kernel's may differ by their ulp error). 1 <= k <= Dv. A row with a NaN logit gets NaN
-// log-probabilities; one whose logits are all -inf, NaN ones.
+// C library). 1 <= k <= min(Dv, 16). A row with a NaN logit gets NaN log-probabilities; one whose logits are
+// all -inf, NaN ones. It is ops::topk_rows' CPU oracle on host rows; the CUDA kernel ranks alike bit for bit
+// and sums s in another order (ops/argmax.h states it and the tolerance).
 void eagle3_topk(const float* logits, int64_t rows, int64_t draft_vocab, int k, const int64_t* d2t,
                  int32_t* tokens, float* logprobs);
 

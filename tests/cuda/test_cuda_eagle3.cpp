@@ -440,10 +440,11 @@ TEST(CudaEagle3, ChainGraphEqualsEagerChain) {
 // -1; one logit row at its last real row) replayed from the draft's extend graphs (buckets 1, 2, 4) against
 // the same pass run eagerly, padded as the graphs pad it (q fill rows a padding sequence reading feature row
 // 0, its logit row the last): the real rows' tokens and outputs bit for bit, while the inputs change between
-// replays (1 to 4 sequences, 1 to 4 real rows each, positions, features, the features' buffer).
-TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
-  KILN_REQUIRE_GPU();
-  GraphedAndEager d("draft_extend_graphs");
+// replays (1 to 4 sequences, 1 to 4 real rows each, positions, features, the features' buffer). topk: the
+// draft's top k pass by pass (both drafts; a change captures the graph again), whose Out::topk_* must match
+// bit for bit too.
+void check_extend_graph(const char* name, const std::vector<int>& topk) {
+  GraphedAndEager d(name);
   Eagle3Model *graphed = d.graphed.get(), *eager = d.eager.get();
   const int64_t H = 256, F = 3 * 256;
   constexpr int32_t q = kMaxExtendQ;
@@ -451,8 +452,11 @@ TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
   std::mt19937 rng(33);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<int32_t> pos = {0, 0, 0, 0};
-  for (int32_t t = 0; t < 12; ++t) {
-    SCOPED_TRACE("extend pass " + std::to_string(t));
+  for (int32_t t = 0; t < int32_t(topk.size()); ++t) {
+    const int k = topk[size_t(t)];
+    SCOPED_TRACE("extend pass " + std::to_string(t) + ", top " + std::to_string(k));
+    graphed->set_topk(k);
+    eager->set_topk(k);
     const int32_t B = 1 + (t * 3) % 4, bucket = B == 3 ? 4 : B;
     const std::vector<std::vector<int32_t>> seqs(toks.begin(), toks.begin() + B);
     const std::vector<int32_t> begin(pos.begin(), pos.begin() + B);
@@ -492,11 +496,47 @@ TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
     e.hidden.resize(size_t(B * H));
     EXPECT_EQ(g.tokens, e.tokens) << B << " sequences in a bucket of " << bucket;
     EXPECT_TRUE(same_bits(g.hidden, e.hidden)) << B << " sequences in a bucket of " << bucket;
+    ASSERT_EQ(g.topk_tokens.size(), k > 1 ? size_t(B * k) : 0);
+    e.topk_tokens.resize(g.topk_tokens.size());
+    e.topk_logprobs.resize(g.topk_logprobs.size());
+    EXPECT_EQ(g.topk_tokens, e.topk_tokens) << B << " sequences in a bucket of " << bucket;
+    EXPECT_TRUE(same_bits(g.topk_logprobs, e.topk_logprobs)) << B << " sequences in a bucket of " << bucket;
     for (int32_t i = 0; i < B; ++i) pos[size_t(i)] += real[size_t(i)];
   }
   EXPECT_EQ(graphed->num_extend_graphs(), 3) << "an extend graph per bucket (one width, one q)";
   EXPECT_EQ(graphed->num_chain_graphs(), 0);
   EXPECT_EQ(eager->num_chain_graphs() + eager->num_extend_graphs(), 0);
+}
+
+TEST(CudaEagle3, ExtendGraphEqualsEagerExtend) {
+  KILN_REQUIRE_GPU();
+  check_extend_graph("draft_extend_graphs", std::vector<int>(12, 1));
+}
+
+// The same with the draft's top k changing between passes (4, 2, 1, 16): each change captures the extend
+// graphs again (their launches and output layout follow k), and every replay's top k is the eager pass's.
+TEST(CudaEagle3, ExtendGraphWithTopkEqualsEagerExtend) {
+  KILN_REQUIRE_GPU();
+  check_extend_graph("draft_extend_graphs_topk", {4, 4, 4, 4, 2, 2, 2, 1, 1, 16, 16, 16, 4, 4});
+}
+
+// A uniform pass (2 rows a sequence, one logit row each: an extend graph's shape) that carries a token tree
+// runs eagerly: no extend graph is captured for it.
+TEST(CudaEagle3, TreePassesTakeNoDraftGraph) {
+  KILN_REQUIRE_GPU();
+  GraphedAndEager d("draft_tree_no_graph");
+  const std::vector<std::vector<int32_t>> toks = graph_test_tokens(83, 41, 11);
+  BatchDesc b = rows_batch({toks[0], toks[1]}, {0, 0}, {2, 2}, {2, 2}, false, 1);
+  ASSERT_EQ(b.logit_rows.size(), 2u);
+  b.tree_window = {2, 2};
+  b.tree_mask = {1, 3, 1, 3};  // chain masks: the causal rows
+  std::vector<bf16_t> feat(size_t(4 * 3 * 256), f32_to_bf16(0.5f));
+  const Buffer dev = test::to_device(feat);
+  const std::vector<int32_t> rows = {0, 1, 2, 3};
+  Eagle3Model::Out o;
+  d.graphed->forward_features(b, Tensor(dev.data(), DType::bf16, {4, 3 * 256}, Device::cuda()), rows, &o);
+  EXPECT_EQ(o.tokens.size(), 2u);
+  EXPECT_EQ(d.graphed->num_extend_graphs(), 0);
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // same cache contents, byte for byte: bf16, f16 and fp8 caches (scales), NHD and HND, page sizes 1 and 16,
 // head rows of 16-byte multiples (vector copies) and of 24 bytes (byte copies), chains, swaps, cycles,
 // fan-out and a few hundred moves at once. Through the runner (target and EAGLE-3 draft on the GPU): a decode
-// step over moved slots gives the bits of one whose rows were written there. EAGLE-3 top-k and tree passes
-// are refused by name on CUDA.
+// step over moved slots gives the bits of one whose rows were written there. (EAGLE-3 top-k and tree passes
+// on CUDA: test_cuda_eagle3_topk.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -203,33 +203,6 @@ TEST(CudaKvMove, RunnerDecodeOverMovedSlotsEqualsRowsWrittenThere) {
     EXPECT_TRUE(test::same_bits(got.logits, want.logits));
     EXPECT_TRUE(test::same_bits(got.draft.hidden, want.draft.hidden));
     EXPECT_EQ(got.draft.tokens, want.draft.tokens);
-  }
-}
-
-TEST(CudaEagle3, TopkAndTreePassesAreRefusedByName) {
-  KILN_REQUIRE_GPU();
-  const fs::path dir = test::eagle3_scratch() / "draft_refuse";
-  test::write_eagle3_draft(dir, test::eagle3_draft_shape(32, true));
-  auto target = test::eagle3_target(Device::cuda());
-  auto draft = Eagle3Model::load(dir.string(), *target);
-  draft->allocate_kv(8, 16, ops::KvLayout::nhd);
-  try {
-    draft->set_topk(2);
-    ADD_FAILURE() << "top-k accepted on CUDA";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("EAGLE-3 top-k drafting is not built on CUDA yet"),
-              std::string::npos);
-  }
-  EXPECT_NO_THROW(draft->set_topk(1));
-  BatchDesc b = test::one_sequence_batch({5, 6}, 0, {0, 1}, 16);
-  b.tree_window = {2};
-  b.tree_mask = {1, 2};
-  Eagle3Model::Out o;
-  try {
-    draft->forward_hidden(b, std::vector<float>(2 * 256, 0.0f), &o);
-    ADD_FAILURE() << "a tree pass accepted on CUDA";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("token tree are not supported on CUDA yet"), std::string::npos);
   }
 }
 

@@ -52,6 +52,13 @@ void argmax_rows(const Tensor& logits, const Tensor& offsets, const Tensor& out)
                   kc::pdl_for(kc::PdlSite::elementwise));
 }
 
+void topk_rows(const Tensor& logits, const Tensor& offsets, int k, const Tensor& tokens,
+               const Tensor& logprobs) {
+  kc::topk_rows(logits.ptr<float>(), logits.stride[0], logits.shape[0], logits.shape[1],
+                offsets.data ? offsets.ptr<int64_t>() : nullptr, k, tokens.ptr<int32_t>(),
+                logprobs.ptr<float>(), kc::current_stream(), kc::pdl_for(kc::PdlSite::elementwise));
+}
+
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
   kc::rms_norm(x.data, x.stride[0], nullptr, 0, weight.data, out.data, out.stride[0], x.shape[0], x.shape[1],
                eps,

@@ -13,6 +13,8 @@ namespace kiln::ops::cuda {
 
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& out);
 void argmax_rows(const Tensor& logits, const Tensor& offsets, const Tensor& out);
+void topk_rows(const Tensor& logits, const Tensor& offsets, int k, const Tensor& tokens,
+               const Tensor& logprobs);
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out);
 void add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
                   const Tensor& out);
