@@ -32,6 +32,11 @@ constexpr bool kEagle3OnCudaByDefault = true;
 // by default since they measured faster, 0.838 against 1.053 ms per verify step at batch 1 on the trained
 // small model (H100, 2026-12-07, `550e8bc`, docs/PERF.md SP4).
 constexpr bool kEagle3DraftGraphsByDefault = true;
+// EAGLE-3 tree drafting (--speculative-eagle-topk above 1) on CUDA: its kernels (the draft's top-k,
+// token-tree attention, move_kv) and their tests are compiled but have not run on a GPU yet (2026-12-07,
+// `dc34ecc`), so it is refused there by name unless KILN_EAGLE3_TREE_CUDA=1; the CPU backend runs it
+// (test_eagle3_tree).
+constexpr bool kEagle3TreeOnCudaByDefault = false;
 
 const Qwen3Model& nonnull(const std::unique_ptr<Qwen3Model>& m) {
   KILN_CHECK(m != nullptr);
@@ -135,6 +140,9 @@ void Qwen3Runner::draft_chain(const std::vector<BatchDesc>& passes, const std::v
 
 void Qwen3Runner::set_draft_topk(int k) {
   if (!draft_) return ModelRunner::set_draft_topk(k);
+  KILN_CHECK(k <= 1 || device().is_cpu() || env_switch("KILN_EAGLE3_TREE_CUDA", kEagle3TreeOnCudaByDefault),
+             "--speculative-eagle-topk above 1 (tree drafting) has not run on a GPU yet and is off on CUDA; "
+             "KILN_EAGLE3_TREE_CUDA=1 runs it, or use --speculative-eagle-topk 1 (chains)");
   draft_->set_topk(k);
 }
 

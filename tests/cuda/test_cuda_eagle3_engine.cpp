@@ -1,8 +1,9 @@
 // EAGLE-3 on CUDA through the engine: greedy outputs with EAGLE-3 equal plain greedy decoding (batch 1:
 // tokens and log-probs bit for bit on the bitwise verify path; batched: but for near ties of the plain path's
 // top two), with drafts kept, with every draft rejected, and with the draft's chain passes in CUDA graphs;
-// every request runs to its length and no draft pass fails. (test_cuda_eagle3: the same stages below the
-// engine.)
+// every request runs to its length and no draft pass fails; tree drafting (--speculative-eagle-topk 3) the
+// same but for near ties, and refused by name unless KILN_EAGLE3_TREE_CUDA=1. (test_cuda_eagle3: the same
+// stages below the engine.)
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -234,6 +235,60 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
         EXPECT_EQ(st.uniform_draft_passes, 0) << "uniform passes with KILN_EAGLE3_DRAFT_GRAPHS=0";
       }
     }
+  }
+}
+
+// Tree drafting on CUDA (--speculative-eagle-topk 3, 3 levels, 6 nodes; KILN_EAGLE3_TREE_CUDA=1 while it has
+// not run on a GPU): the token-tree verify steps run eagerly, the kept nodes' KV moves, and greedy outputs
+// equal plain greedy decoding but for near ties of the plain path's top two; off by default, refused by name.
+TEST(CudaEagle3Engine, TreeGreedyEqualsPlainGreedy) {
+  KILN_REQUIRE_GPU();
+  const test::ScopedEnv eagle3_on("KILN_EAGLE3_CUDA", "1");
+  tune_draft_shapes();
+  const auto ps = prompts(8, 5, 40);
+  const Generated want = generate(plain_opts(), ps, {}, true);
+  const fs::path draft = test::eagle3_scratch() / "draft_tree";
+  test::write_eagle3_draft(draft, test::eagle3_draft_shape(4, false), "",
+                           test::frequent_tokens(want.tokens, 4), 3);
+  EngineOptions eo = eagle_opts(draft);
+  eo.speculative.eagle_topk = 3;
+  eo.speculative.eagle_steps = 3;
+  eo.speculative.num_draft_tokens = 6;
+  {
+    const test::ScopedEnv off("KILN_EAGLE3_TREE_CUDA", "0");
+    try {
+      generate(eo, {ps[0]}, draft, false);
+      ADD_FAILURE() << "tree drafting ran on CUDA with KILN_EAGLE3_TREE_CUDA=0";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("KILN_EAGLE3_TREE_CUDA=1"), std::string::npos) << e.what();
+    }
+  }
+  const test::ScopedEnv on("KILN_EAGLE3_TREE_CUDA", "1");
+  for (const bool batched : {false, true}) {
+    const std::string label = batched ? "trees, batched" : "trees, batch 1";
+    SCOPED_TRACE(label);
+    Generated got;
+    if (batched) {
+      got = generate(eo, ps, draft, false);
+    } else {
+      for (const auto& p : ps) {
+        const Generated one = generate(eo, {p}, draft, false);
+        got.tokens.push_back(one.tokens[0]);
+        got.finish.push_back(one.finish[0]);
+        got.stats.spec.drafts += one.stats.spec.drafts;
+        got.stats.spec.draft_tokens += one.stats.spec.draft_tokens;
+        got.stats.spec.accepted_tokens += one.stats.spec.accepted_tokens;
+        got.stats.spec.tree_verify_steps += one.stats.spec.tree_verify_steps;
+        got.stats.spec.draft_failures += one.stats.spec.draft_failures;
+      }
+    }
+    expect_clean_run(got, label);
+    const int parted = test::count_near_tie_partings(got, want, label);
+    std::printf("%s: %d of %zu requests part at a near tie; %lld tree verify steps\n", label.c_str(), parted,
+                ps.size(), (long long)got.stats.spec.tree_verify_steps);
+    EXPECT_GT(got.stats.spec.tree_verify_steps, 0);
+    EXPECT_GT(got.stats.spec.accepted_tokens, 0);
+    EXPECT_LT(got.stats.spec.accepted_tokens, got.stats.spec.draft_tokens);
   }
 }
 
