@@ -126,31 +126,6 @@ TEST(CudaKvMove, EqualsTheCpuMoveByteForByte) {
   }
 }
 
-// One sequence, page size 1: position p's slot is ctx[p]; logits at the last row.
-BatchDesc seq_step(const std::vector<int32_t>& tokens, int32_t begin, const std::vector<int64_t>& ctx) {
-  BatchDesc b;
-  b.page_size = 1;
-  const int32_t n = int32_t(tokens.size()), end = begin + n;
-  for (int32_t j = 0; j < n; ++j) {
-    b.tokens.push_back(tokens[size_t(j)]);
-    b.positions.push_back(begin + j);
-    b.slot_mapping.push_back(ctx[size_t(begin + j)]);
-  }
-  b.cu_q = {0, n};
-  b.kv_lens = {end};
-  b.pages_stride = end;
-  for (int32_t p = 0; p < end; ++p) b.page_table.push_back(int32_t(ctx[size_t(p)]));
-  b.logit_rows = {n - 1};
-  b.seq_ids = {1};
-  return b;
-}
-
-std::vector<int64_t> iota_slots(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
-
 // Through the runner on the GPU (target bf16 and fp8 caches, with a draft): the path written at swapped slots
 // and moved reads as the path written in place; the target's logits and the draft's outputs are the same
 // bits.
@@ -178,7 +153,7 @@ TEST(CudaKvMove, RunnerDecodeOverMovedSlotsEqualsRowsWrittenThere) {
       ModelRunner::DraftOut o;
       std::vector<int32_t> junk;
       for (int i = 0; i < 16; ++i) junk.push_back((i * 91 + 3) % 512);
-      const BatchDesc j = seq_step(junk, 0, iota_slots(16));
+      const BatchDesc j = test::seq_step(junk, 0, test::consecutive_slots(16, 0));
       r.forward(j, nullptr, nullptr);
       r.draft_from_step(j, junk_rows, &o);
       std::vector<int64_t> ctx = {0, 1, 2, 3, 4};
@@ -187,16 +162,16 @@ TEST(CudaKvMove, RunnerDecodeOverMovedSlotsEqualsRowsWrittenThere) {
       } else {
         ctx.insert(ctx.end(), path.begin(), path.end());
       }
-      BatchDesc b = seq_step(prompt, 0, ctx);
+      BatchDesc b = test::seq_step(prompt, 0, ctx);
       b.logit_rows = rows;
       r.forward(b, nullptr, nullptr);
       r.draft_from_step(b, rows, &o);
       if (moved) r.move_kv(nodes, path);
       Result res;
       const int64_t H = 256;
-      r.draft_from_hidden(seq_step({77}, 9, iota_slots(10)),
+      r.draft_from_hidden(test::seq_step({77}, 9, test::consecutive_slots(10, 0)),
                           std::vector<float>(o.hidden.end() - H, o.hidden.end()), &res.draft);
-      r.forward(seq_step({77}, 9, iota_slots(10)), &res.logits, nullptr);
+      r.forward(test::seq_step({77}, 9, test::consecutive_slots(10, 0)), &res.logits, nullptr);
       return res;
     };
     const Result want = run(false), got = run(true);

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../unit/tree_test_util.h"
 #include "common/model_steps.h"
 #include "kiln/batch.h"
 #include "model/kv_cache.h"
@@ -35,77 +36,15 @@ using ops::KvLayout;
 constexpr uint16_t kPoisonBits = 0x7fc1;  // a bf16 NaN
 const double kTolerance = std::ldexp(1.0, -7);
 
-struct SeqSpec {
-  int32_t q_len, kv_len, window;
-  bool arbitrary = false;  // masks: any earlier window entries rather than a tree's ancestors
-};
+using Problem = test::TreeProblem;
+using SeqSpec = test::TreeSeqSpec;
 
-// Sequences of an attention call: logical K/V [kv_len, Hkv, D] (before the cache's rounding), queries, tree
-// fields (windows empty: a causal call).
-struct Problem {
-  int64_t Hq = 8, Hkv = 2, D = 64;
-  std::vector<int32_t> q_lens, kv_lens, windows;
-  std::vector<uint64_t> masks;           // [T]
-  std::vector<std::vector<float>> k, v;  // per sequence [kv_len, Hkv, D]
-  std::vector<bf16_t> q;                 // [T, Hq, D]
-  int64_t B() const { return int64_t(kv_lens.size()); }
-  int64_t T() const { return std::accumulate(q_lens.begin(), q_lens.end(), int64_t(0)); }
-  int32_t first_row(int64_t b) const { return std::accumulate(q_lens.begin(), q_lens.begin() + b, 0); }
-  int32_t window(int64_t b) const { return windows.empty() ? 0 : windows[size_t(b)]; }
-  // The context positions row i of sequence b attends to, ascending.
-  std::vector<int32_t> visible(int64_t b, int32_t i) const {
-    const int32_t kv = kv_lens[size_t(b)], pos = kv - q_lens[size_t(b)] + i, W = window(b);
-    std::vector<int32_t> out;
-    if (W == 0) {
-      for (int32_t j = 0; j <= pos; ++j) out.push_back(j);
-      return out;
-    }
-    const uint64_t m = masks[size_t(first_row(b) + i)];
-    for (int32_t j = 0; j < kv - W; ++j) out.push_back(j);
-    for (int32_t bit = 0; bit < W; ++bit)
-      if ((m >> bit) & 1) out.push_back(kv - W + bit);
-    return out;
-  }
-};
-
-// Masks of a W-entry window: a random tree (entry 0 the root, each later entry's parent an earlier one; a
-// node sees its ancestors and itself) or, with `arbitrary`, any set of earlier entries plus its own.
-std::vector<uint64_t> random_window(int32_t W, bool arbitrary, std::mt19937& rng) {
-  std::vector<uint64_t> m(static_cast<size_t>(W));
-  for (int32_t i = 0; i < W; ++i) {
-    const uint64_t own = uint64_t(1) << i;
-    if (arbitrary) {
-      m[size_t(i)] = (((uint64_t(rng()) << 32) | rng()) & (own - 1)) | own;
-    } else {
-      m[size_t(i)] = i == 0 ? own : m[size_t(rng() % uint32_t(i))] | own;
-    }
-  }
-  return m;
-}
-
-// The problem of the specs (rows take the last q_len entries of their window), or with `chain` each row's
-// mask every window entry up to its own.
+// The tree problem of the specs (test::tree_problem_fields), then K, V from the same generator and bf16
+// queries from seed + 1.
 Problem tree_problem(const std::vector<SeqSpec>& specs, int64_t Hq, int64_t Hkv, int64_t D, uint32_t seed,
                      bool chain = false) {
-  Problem p;
-  p.Hq = Hq, p.Hkv = Hkv, p.D = D;
   std::mt19937 rng(seed);
-  for (const SeqSpec& s : specs) {
-    p.q_lens.push_back(s.q_len);
-    p.kv_lens.push_back(s.kv_len);
-    p.windows.push_back(s.window);
-    const std::vector<uint64_t> w = random_window(s.window, s.arbitrary, rng);
-    for (int32_t i = 0; i < s.q_len; ++i) {
-      const int32_t own = s.window - s.q_len + i;
-      if (s.window == 0) {
-        p.masks.push_back(0);
-      } else if (chain) {
-        p.masks.push_back(own == 63 ? ~uint64_t(0) : (uint64_t(2) << own) - 1);
-      } else {
-        p.masks.push_back(w[size_t(own)]);
-      }
-    }
-  }
+  Problem p = test::tree_problem_fields(specs, Hq, Hkv, D, rng, chain);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (int32_t kv : p.kv_lens) {
     std::vector<float> k(size_t(kv * p.Hkv * p.D)), v(k.size());
@@ -288,43 +227,6 @@ std::vector<bf16_t> run(const Problem& p, const HostCache& c, Device dev, bool t
   return out;
 }
 
-// Relative Frobenius error of `got` against fp64 attention over each row's visible positions (the stored
-// values of c).
-double fp64_error(const Problem& p, const HostCache& c, const std::vector<bf16_t>& got) {
-  double num = 0, den = 0;
-  const double scale = 1.0 / std::sqrt(double(p.D));
-  for (int64_t b = 0; b < p.B(); ++b) {
-    for (int32_t i = 0; i < p.q_lens[size_t(b)]; ++i) {
-      const int64_t t = p.first_row(b) + i;
-      const std::vector<int32_t> vis = p.visible(b, i);
-      for (int64_t h = 0; h < p.Hq; ++h) {
-        const int64_t hk = h / (p.Hq / p.Hkv);
-        std::vector<double> s(vis.size());
-        double mx = -1e300, sum = 0;
-        for (size_t n = 0; n < vis.size(); ++n) {
-          double dot = 0;
-          const float* kr = c.kf[size_t(b)].data() + (vis[n] * p.Hkv + hk) * p.D;
-          for (int64_t d = 0; d < p.D; ++d)
-            dot += double(bf16_to_f32(p.q[size_t((t * p.Hq + h) * p.D + d)])) * kr[d];
-          s[n] = dot * scale;
-          mx = std::max(mx, s[n]);
-        }
-        for (auto& x : s) sum += (x = std::exp(x - mx));
-        for (int64_t d = 0; d < p.D; ++d) {
-          double o = 0;
-          for (size_t n = 0; n < vis.size(); ++n)
-            o += s[n] * c.vf[size_t(b)][size_t((vis[n] * p.Hkv + hk) * p.D + d)];
-          o /= sum;
-          const double g = bf16_to_f32(got[size_t((t * p.Hq + h) * p.D + d)]);
-          num += (g - o) * (g - o);
-          den += o * o;
-        }
-      }
-    }
-  }
-  return std::sqrt(num / den);
-}
-
 // The tree kernel's split count for p's shapes on this GPU (ops/cuda/attention.h).
 int tree_splits(const Problem& p, const HostCache& c) {
   const int32_t some_window = 0;  // only whether the field is given matters
@@ -347,8 +249,8 @@ const char* dtype_label(DType dt) {
 // CUDA against the CPU reference and fp64, both within the contract's bound; returns the CUDA output.
 std::vector<bf16_t> check_against_cpu(const Problem& p, const HostCache& c, const std::string& label) {
   const auto cpu = run(p, c, Device::cpu()), gpu = run(p, c, Device::cuda());
-  const double vs_cpu = test::rel_frob(gpu, cpu), vs_fp64 = fp64_error(p, c, gpu),
-               cpu_fp64 = fp64_error(p, c, cpu);
+  const double vs_cpu = test::rel_frob(gpu, cpu), vs_fp64 = test::fp64_attention_error(p, c.kf, c.vf, gpu),
+               cpu_fp64 = test::fp64_attention_error(p, c.kf, c.vf, cpu);
   std::printf("%s: |cuda - cpu| / |cpu| %.2e, cuda vs fp64 %.2e (cpu %.2e), tree splits %d\n", label.c_str(),
               vs_cpu, vs_fp64, cpu_fp64, tree_splits(p, c));
   EXPECT_LE(vs_cpu, kTolerance) << label;
@@ -415,7 +317,7 @@ TEST(CudaTreeAttention, ChainMasksMatchTheCausalCall) {
       std::printf("chain masks vs causal (%s, page %d): rel %.2e, max %d bf16 ulps\n", dtype_label(dt), page,
                   rel, worst);
       EXPECT_LE(rel, kTolerance) << dtype_label(dt) << " page " << page;
-      EXPECT_LE(fp64_error(chain, c, tree), kTolerance);
+      EXPECT_LE(test::fp64_attention_error(chain, c.kf, c.vf, tree), kTolerance);
     }
   }
 }
@@ -474,109 +376,6 @@ ModelConfig tiny_config() {  // test_cuda_model's shape
   return c;
 }
 
-// One sequence's pages: context position -> slot, pages taken from a shared counter as the context grows.
-struct Pages {
-  int32_t page_size;
-  std::vector<int32_t> pages;
-  int64_t slot(int32_t pos, int32_t& next_page) {
-    while (int32_t(pages.size()) * page_size <= pos) pages.push_back(next_page++);
-    return int64_t(pages[size_t(pos / page_size)]) * page_size + pos % page_size;
-  }
-};
-
-// A row of a step: its token, rotary position, context position and (in a tree window) mask.
-struct StepRow {
-  int32_t token, position, context;
-  uint64_t mask = 0;
-};
-
-struct StepSeq {
-  Pages* pages;
-  std::vector<StepRow> rows;  // context positions kv_len - q_len .. kv_len - 1, in order
-  int32_t kv_len;
-  int32_t window = 0;
-  bool last_logits_only = false;  // a prompt chunk: logits of its last row only
-};
-
-BatchDesc make_step(std::vector<StepSeq> seqs, int32_t page_size, int32_t& next_page) {
-  BatchDesc b;
-  b.page_size = page_size;
-  b.cu_q = {0};
-  bool tree = false;
-  for (StepSeq& s : seqs) {
-    for (size_t i = 0; i < s.rows.size(); ++i) {
-      const StepRow& r = s.rows[i];
-      if (!s.last_logits_only || i + 1 == s.rows.size()) b.logit_rows.push_back(b.num_tokens());
-      b.tokens.push_back(r.token);
-      b.positions.push_back(r.position);
-      b.slot_mapping.push_back(s.pages->slot(r.context, next_page));
-      b.tree_mask.push_back(r.mask);
-    }
-    b.cu_q.push_back(b.num_tokens());
-    b.kv_lens.push_back(s.kv_len);
-    b.tree_window.push_back(s.window);
-    tree = tree || s.window > 0;
-  }
-  if (!tree) {
-    b.tree_window.clear();
-    b.tree_mask.clear();
-  }
-  b.pages_stride = 1;
-  for (const StepSeq& s : seqs) b.pages_stride = std::max(b.pages_stride, int32_t(s.pages->pages.size()));
-  for (const StepSeq& s : seqs) {
-    std::vector<int32_t> row = s.pages->pages;
-    row.resize(size_t(b.pages_stride), 0);
-    b.page_table.insert(b.page_table.end(), row.begin(), row.end());
-  }
-  return b;
-}
-
-// Every logit row of the step on the model's device, the buffer poisoned first.
-std::vector<std::vector<float>> forward(Qwen3Model& m, KvCache& cache, const BatchDesc& b) {
-  const int64_t V = m.config().vocab_size, R = int64_t(b.logit_rows.size());
-  std::vector<float> logits(size_t(R * V), std::numeric_limits<float>::quiet_NaN());
-  Buffer dl(logits.size() * 4, m.device());
-  copy_bytes(dl.data(), m.device(), logits.data(), Device::cpu(), logits.size() * 4);
-  m.forward(b, cache, Tensor(dl.data(), DType::f32, {R, V}, m.device()));
-  copy_bytes(logits.data(), Device::cpu(), dl.data(), m.device(), logits.size() * 4);
-  std::vector<std::vector<float>> out;
-  for (int64_t r = 0; r < R; ++r) {
-    out.emplace_back(logits.begin() + r * V, logits.begin() + (r + 1) * V);
-    const auto bad =
-        std::count_if(out.back().begin(), out.back().end(), [](float x) { return !std::isfinite(x); });
-    if (bad)
-      ADD_FAILURE() << device_name(m.device()) << ": " << bad << " logits of row " << r << " not finite";
-  }
-  return out;
-}
-
-std::vector<StepRow> causal_rows(const std::vector<int32_t>& tokens, int32_t first) {
-  std::vector<StepRow> rows;
-  for (size_t i = 0; i < tokens.size(); ++i)
-    rows.push_back({tokens[i], first + int32_t(i), first + int32_t(i)});
-  return rows;
-}
-
-// A tree of draft tokens below the root (the sequence's last token, at context and rotary position p0): node
-// i has a parent among the root (-1) and the earlier nodes, sits at context position p0 + 1 + i and rotates
-// at p0 + its depth.
-struct DraftTree {
-  std::vector<int32_t> parent, token, depth;
-  void add(int32_t par, int32_t tok) {
-    parent.push_back(par);
-    token.push_back(tok);
-    depth.push_back(par < 0 ? 1 : depth[size_t(par)] + 1);
-  }
-  uint64_t mask(int32_t i) const {  // window bit 0 the root, bit 1 + n node n
-    uint64_t m = 1;
-    for (int32_t n = i; n >= 0; n = parent[size_t(n)]) m |= uint64_t(1) << (1 + n);
-    return m;
-  }
-  StepRow row(int32_t i, int32_t p0) const {
-    return {token[size_t(i)], p0 + depth[size_t(i)], p0 + 1 + i, mask(i)};
-  }
-};
-
 // The steps of one run: a prefill of prompts a and b; a verify tree over a's root and n nodes beside b's
 // plain decode and c's first prompt chunk; a draft pass of `more` nodes (window 1 + n + more > q_len) beside
 // b's decode and c's second chunk; a draft pass of 3 nodes beside b's decode (at most 3 rows a sequence: the
@@ -590,25 +389,25 @@ std::vector<std::vector<float>> tree_run(Qwen3Model& m, DType dt, KvLayout layou
   for (auto* v : {&pa_tok, &pb_tok, &pc_tok})
     for (auto& t : *v) t = tok();
   const int32_t pa = int32_t(pa_tok.size()), pb = int32_t(pb_tok.size()), root = tok();
-  DraftTree tree;
+  test::DraftTree tree;
   for (int32_t i = 0; i < n + more + 3; ++i) tree.add(int32_t(rng() % uint32_t(i + 1)) - 1, tok());
   KvCache cache(cfg, 64, page_size, layout, dt, m.device());
   int32_t next = 1;
-  Pages a{page_size, {}}, b{page_size, {}}, c{page_size, {}};
+  test::Pages a{page_size, {}}, b{page_size, {}}, c{page_size, {}};
   std::vector<std::vector<float>> all;
-  const auto step = [&](std::vector<StepSeq> seqs) {
-    for (auto& l : forward(m, cache, make_step(std::move(seqs), page_size, next)))
+  const auto step = [&](std::vector<test::StepSeq> seqs) {
+    for (auto& l : test::step_logits(m, cache, test::make_step(std::move(seqs), page_size, next)))
       all.push_back(std::move(l));
   };
-  step({{&a, causal_rows(pa_tok, 0), pa}, {&b, causal_rows(pb_tok, 0), pb}});
-  StepSeq verify{&a, {{root, pa, pa, 1}}, pa + 1 + n, 1 + n};
+  step({{&a, test::causal_rows(pa_tok, 0), pa}, {&b, test::causal_rows(pb_tok, 0), pb}});
+  test::StepSeq verify{&a, {{root, pa, pa, 1}}, pa + 1 + n, 1 + n};
   for (int32_t i = 0; i < n; ++i) verify.rows.push_back(tree.row(i, pa));
   const std::vector<int32_t> c1(pc_tok.begin(), pc_tok.begin() + 20), c2(pc_tok.begin() + 20, pc_tok.end());
-  step({verify, {&b, {{tok(), pb, pb}}, pb + 1}, {&c, causal_rows(c1, 0), 20, 0, true}});
-  StepSeq draft{&a, {}, pa + 1 + n + more, 1 + n + more};
+  step({verify, {&b, {{tok(), pb, pb}}, pb + 1}, {&c, test::causal_rows(c1, 0), 20, 0, true}});
+  test::StepSeq draft{&a, {}, pa + 1 + n + more, 1 + n + more};
   for (int32_t i = n; i < n + more; ++i) draft.rows.push_back(tree.row(i, pa));
-  step({draft, {&b, {{tok(), pb + 1, pb + 1}}, pb + 2}, {&c, causal_rows(c2, 20), 27, 0, true}});
-  StepSeq draft2{&a, {}, pa + 1 + n + more + 3, 1 + n + more + 3};
+  step({draft, {&b, {{tok(), pb + 1, pb + 1}}, pb + 2}, {&c, test::causal_rows(c2, 20), 27, 0, true}});
+  test::StepSeq draft2{&a, {}, pa + 1 + n + more + 3, 1 + n + more + 3};
   for (int32_t i = n + more; i < n + more + 3; ++i) draft2.rows.push_back(tree.row(i, pa));
   step({{&b, {{tok(), pb + 2, pb + 2}}, pb + 3}, draft2});
   return all;

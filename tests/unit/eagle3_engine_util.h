@@ -50,19 +50,7 @@ inline std::string target_dir() {
 }
 
 inline Eagle3Shape draft_shape(int64_t draft_vocab, bool own_embeddings) {
-  Eagle3Shape s;
-  s.hidden = kHidden;
-  s.target_hidden = kHidden;
-  s.intermediate = 96;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 16;
-  s.vocab = kVocab;
-  s.draft_vocab = draft_vocab;
-  s.aux_layers = "[1, 3, 4]";
-  s.own_embeddings = own_embeddings;
-  s.scale = 0.3f;
-  return s;
+  return small_draft_shape(kHidden, kVocab, draft_vocab, "[1, 3, 4]", own_embeddings);
 }
 
 // Prompts of mixed lengths; prompts 4 and 5 share their first 12 tokens with prompt 0 (prefix-cache hits when

@@ -1,5 +1,6 @@
 // A random EAGLE-3 draft checkpoint (LlamaForCausalLMEagle3, bf16) for tests: the CPU reference's tests
-// (test_eagle3_draft), the engine's (test_eagle3_engine) and the CUDA draft's (tests/cuda).
+// (test_eagle3_draft), the engine's (test_eagle3_engine), the runner's (test_runner_tree_ops) and the CUDA
+// draft's (tests/cuda); and one-sequence batches over given slots for the draft passes and KV moves they run.
 #pragma once
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +26,24 @@ struct Eagle3Shape {
   bool own_embeddings = true;            // embed_tokens.weight in the file (else the target's are shared)
   float scale = 0.15f;                   // standard deviation of the random weights
 };
+
+// The small draft the CPU runner and engine tests write (test_runner_tree_ops, eagle3_engine_util.h): hidden
+// 64, 4 / 2 heads of 16, intermediate 96, weights of standard deviation 0.3, over a target of hidden
+// `target_hidden` and `vocab` tokens, reading the target layers `aux_layers`.
+inline Eagle3Shape small_draft_shape(int64_t target_hidden, int64_t vocab, int64_t draft_vocab,
+                                     const std::string& aux_layers, bool own_embeddings) {
+  return {.hidden = 64,
+          .target_hidden = target_hidden,
+          .intermediate = 96,
+          .heads = 4,
+          .kv_heads = 2,
+          .head_dim = 16,
+          .vocab = vocab,
+          .draft_vocab = draft_vocab,
+          .aux_layers = aux_layers,
+          .own_embeddings = own_embeddings,
+          .scale = 0.3f};
+}
 
 inline std::string eagle3_config_json(const Eagle3Shape& s,
                                       const std::string& arch = "LlamaForCausalLMEagle3") {
@@ -103,6 +123,35 @@ inline BatchDesc one_sequence_batch(const std::vector<int32_t>& tokens, int32_t 
   for (int32_t p = 0; p < b.pages_stride; ++p) b.page_table.push_back(1 + p);
   b.logit_rows = std::move(logit_rows);
   return b;
+}
+
+// One sequence's step over `tokens` at positions begin .. begin + n - 1 with page size 1: position p's slot
+// (and page) is ctx[p]; logits at the last row. The KV-move tests (test_runner_tree_ops,
+// tests/cuda/test_cuda_kv_move) write a path at some slots with it and read it back at others.
+inline BatchDesc seq_step(const std::vector<int32_t>& tokens, int32_t begin,
+                          const std::vector<int64_t>& ctx) {
+  BatchDesc b;
+  b.page_size = 1;
+  const int32_t n = int32_t(tokens.size()), end = begin + n;
+  for (int32_t j = 0; j < n; ++j) {
+    b.tokens.push_back(tokens[size_t(j)]);
+    b.positions.push_back(begin + j);
+    b.slot_mapping.push_back(ctx[size_t(begin + j)]);
+  }
+  b.cu_q = {0, n};
+  b.kv_lens = {end};
+  b.pages_stride = end;
+  for (int32_t p = 0; p < end; ++p) b.page_table.push_back(int32_t(ctx[size_t(p)]));
+  b.logit_rows = {n - 1};
+  b.seq_ids = {1};
+  return b;
+}
+
+// A seq_step context in place: position p at slot first + p.
+inline std::vector<int64_t> consecutive_slots(int64_t n, int64_t first) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
 }
 
 // The n most frequent tokens of some outputs, ascending: a draft vocabulary over them agrees with the target

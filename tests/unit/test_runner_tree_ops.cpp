@@ -77,18 +77,7 @@ std::unique_ptr<Qwen3Model> tiny_model() {
 std::string draft_dir(int64_t draft_vocab = kDraftVocab) {
   const fs::path d = scratch() / ("draft_" + std::to_string(draft_vocab));
   if (!fs::exists(d / "model.safetensors")) {
-    test::Eagle3Shape s;
-    s.hidden = 64;
-    s.target_hidden = kHidden;
-    s.intermediate = 96;
-    s.heads = 4;
-    s.kv_heads = 2;
-    s.head_dim = 16;
-    s.vocab = kVocab;
-    s.draft_vocab = draft_vocab;
-    s.aux_layers = "[0, 1, 2]";
-    s.scale = 0.3f;
-    test::write_eagle3_draft(d, s);
+    test::write_eagle3_draft(d, test::small_draft_shape(kHidden, kVocab, draft_vocab, "[0, 1, 2]", true));
   }
   return d.string();
 }
@@ -103,32 +92,12 @@ std::unique_ptr<Qwen3Runner> make_runner(DType kv, ops::KvLayout layout, bool dr
   return r;
 }
 
-// One sequence's step over tokens at positions begin .. begin + n - 1 with page size 1: position p's slot
-// (and page) is ctx[p]; logits at the last row.
-BatchDesc seq_step(const std::vector<int32_t>& tokens, int32_t begin, const std::vector<int64_t>& ctx) {
-  BatchDesc b;
-  b.page_size = 1;
-  const int32_t n = int32_t(tokens.size()), end = begin + n;
-  for (int32_t j = 0; j < n; ++j) {
-    b.tokens.push_back(tokens[size_t(j)]);
-    b.positions.push_back(begin + j);
-    b.slot_mapping.push_back(ctx[size_t(begin + j)]);
-  }
-  b.cu_q = {0, n};
-  b.kv_lens = {end};
-  b.pages_stride = end;
-  for (int32_t p = 0; p < end; ++p) b.page_table.push_back(int32_t(ctx[size_t(p)]));
-  b.logit_rows = {n - 1};
-  b.seq_ids = {1};
-  return b;
-}
+using test::seq_step;
 
 // Positions 0 .. n - 1 in place: position p at slot 1 + p (slot 0 is the pool's null page, which FakeRunner
 // refuses to read).
 std::vector<int64_t> plain_ctx(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 1);
-  return v;
+  return test::consecutive_slots(n, 1);
 }
 
 std::vector<int32_t> some_tokens(int n, int seed) {

@@ -23,6 +23,7 @@
 #include "model/qwen3.h"
 #include "ops/attention.h"
 #include "runtime/model_runner.h"
+#include "tree_test_util.h"
 
 using namespace kiln;
 using ops::KvLayout;
@@ -33,33 +34,8 @@ namespace {
 
 constexpr uint16_t kPoisonBits = 0x7fc1;  // a bf16 NaN: an output row left unwritten shows
 
-// Sequences of an attention call: logical K/V [kv_len, Hkv, D] (bf16 values), queries, tree fields.
-struct Problem {
-  int64_t Hq = 8, Hkv = 2, D = 64;
-  std::vector<int32_t> q_lens, kv_lens;
-  std::vector<int32_t> windows;          // [B]; empty: no tree fields
-  std::vector<uint64_t> masks;           // [T]
-  std::vector<std::vector<float>> k, v;  // per sequence [kv_len, Hkv, D]
-  std::vector<bf16_t> q;                 // [T, Hq, D]
-  int64_t B() const { return int64_t(kv_lens.size()); }
-  int64_t T() const { return std::accumulate(q_lens.begin(), q_lens.end(), int64_t(0)); }
-  int32_t first_row(int64_t b) const { return std::accumulate(q_lens.begin(), q_lens.begin() + b, 0); }
-  // The context positions row i of sequence b attends to, ascending.
-  std::vector<int32_t> visible(int64_t b, int32_t i) const {
-    const int32_t kv = kv_lens[size_t(b)], pos = kv - q_lens[size_t(b)] + i;
-    const int32_t W = windows.empty() ? 0 : windows[size_t(b)];
-    std::vector<int32_t> out;
-    if (W == 0) {
-      for (int32_t j = 0; j <= pos; ++j) out.push_back(j);
-      return out;
-    }
-    const uint64_t m = masks[size_t(first_row(b) + i)];
-    for (int32_t j = 0; j < kv - W; ++j) out.push_back(j);
-    for (int32_t bit = 0; bit < W; ++bit)
-      if ((m >> bit) & 1) out.push_back(kv - W + bit);
-    return out;
-  }
-};
+using Problem = test::TreeProblem;
+using SeqSpec = test::TreeSeqSpec;
 
 void fill_values(Problem& p, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -173,42 +149,6 @@ std::vector<bf16_t> run(const Problem& p, const Cache& c) {
   return call.out;
 }
 
-// Relative Frobenius error of `got` against fp64 attention over each row's visible positions.
-double reference_error(const Problem& p, const std::vector<bf16_t>& got) {
-  double num = 0, den = 0;
-  const double scale = 1.0 / std::sqrt(double(p.D));
-  for (int64_t b = 0; b < p.B(); ++b) {
-    for (int32_t i = 0; i < p.q_lens[size_t(b)]; ++i) {
-      const int64_t t = p.first_row(b) + i;
-      const std::vector<int32_t> vis = p.visible(b, i);
-      for (int64_t h = 0; h < p.Hq; ++h) {
-        const int64_t hk = h / (p.Hq / p.Hkv);
-        std::vector<double> s(vis.size());
-        double mx = -1e300, sum = 0;
-        for (size_t n = 0; n < vis.size(); ++n) {
-          double dot = 0;
-          for (int64_t d = 0; d < p.D; ++d)
-            dot += double(bf16_to_f32(p.q[size_t((t * p.Hq + h) * p.D + d)])) *
-                   p.k[size_t(b)][size_t((vis[n] * p.Hkv + hk) * p.D + d)];
-          s[n] = dot * scale;
-          mx = std::max(mx, s[n]);
-        }
-        for (auto& x : s) sum += (x = std::exp(x - mx));
-        for (int64_t d = 0; d < p.D; ++d) {
-          double o = 0;
-          for (size_t n = 0; n < vis.size(); ++n)
-            o += s[n] * p.v[size_t(b)][size_t((vis[n] * p.Hkv + hk) * p.D + d)];
-          o /= sum;
-          const double g = bf16_to_f32(got[size_t((t * p.Hq + h) * p.D + d)]);
-          num += (g - o) * (g - o);
-          den += o * o;
-        }
-      }
-    }
-  }
-  return std::sqrt(num / den);
-}
-
 // One causal sequence per row of p: its query and exactly its visible positions' K/V, in order.
 Problem gathered(const Problem& p) {
   Problem g;
@@ -232,50 +172,11 @@ Problem gathered(const Problem& p) {
   return g;
 }
 
-// Masks of a W-entry window: a random tree (entry 0 the root, each later entry's parent an earlier one; a
-// node sees its ancestors and itself) or, with `arbitrary`, any set of earlier entries plus its own.
-std::vector<uint64_t> random_window(int32_t W, bool arbitrary, std::mt19937& rng) {
-  std::vector<uint64_t> m(static_cast<size_t>(W));
-  for (int32_t i = 0; i < W; ++i) {
-    const uint64_t own = uint64_t(1) << i;
-    if (arbitrary) {
-      const uint64_t below = own - 1;
-      m[size_t(i)] = (((uint64_t(rng()) << 32) | rng()) & below) | own;
-    } else {
-      m[size_t(i)] = i == 0 ? own : m[size_t(rng() % uint32_t(i))] | own;
-    }
-  }
-  return m;
-}
-
-struct SeqSpec {
-  int32_t q_len, kv_len, window;
-  bool arbitrary = false;  // masks: any earlier entries rather than a tree's ancestors
-};
-
-// The tree problem of the specs (rows take the last q_len entries of their window), or with `chain` each
-// row's mask all window entries up to its own.
+// The tree problem of the specs (test::tree_problem_fields), bf16 values from seed + 1.
 Problem tree_problem(const std::vector<SeqSpec>& specs, int64_t Hq, int64_t Hkv, int64_t D, uint32_t seed,
                      bool chain = false) {
-  Problem p;
-  p.Hq = Hq, p.Hkv = Hkv, p.D = D;
   std::mt19937 rng(seed);
-  for (const SeqSpec& s : specs) {
-    p.q_lens.push_back(s.q_len);
-    p.kv_lens.push_back(s.kv_len);
-    p.windows.push_back(s.window);
-    const std::vector<uint64_t> w = random_window(s.window, s.arbitrary, rng);
-    for (int32_t i = 0; i < s.q_len; ++i) {
-      const int32_t own = s.window - s.q_len + i;
-      if (s.window == 0) {
-        p.masks.push_back(0);
-      } else if (chain) {
-        p.masks.push_back(own == 63 ? ~uint64_t(0) : (uint64_t(2) << own) - 1);
-      } else {
-        p.masks.push_back(w[size_t(own)]);
-      }
-    }
-  }
+  Problem p = test::tree_problem_fields(specs, Hq, Hkv, D, rng, chain);
   fill_values(p, seed + 1);
   return p;
 }
@@ -304,7 +205,8 @@ TEST(TreeAttention, RandomTreesMatchFp64AndTheGatheredCausalRowsBitwise) {
           if (first.empty()) {
             first = out;
             // The contract's bound for any implementation (ops/attention.h).
-            EXPECT_LE(reference_error(p, out), std::ldexp(1.0, -7)) << "seed " << seed << " Hq " << h.Hq;
+            EXPECT_LE(test::fp64_attention_error(p, p.k, p.v, out), std::ldexp(1.0, -7))
+                << "seed " << seed << " Hq " << h.Hq;
             continue;
           }
           for (size_t i = 0; i < out.size(); ++i)
@@ -494,84 +396,6 @@ ModelConfig moe_config() {
   return parse_model_config(test::moe_config_json(dense, 4, 2, 32, true).dump(), "test moe config");
 }
 
-// One sequence's pages: context position -> slot, pages taken from a shared counter as the context grows.
-struct Pages {
-  int32_t page_size;
-  std::vector<int32_t> pages;
-  int64_t slot(int32_t pos, int32_t& next_page) {
-    while (int32_t(pages.size()) * page_size <= pos) pages.push_back(next_page++);
-    return int64_t(pages[size_t(pos / page_size)]) * page_size + pos % page_size;
-  }
-};
-
-// A row of a step: its token, rotary position, context position and (in a tree window) mask.
-struct StepRow {
-  int32_t token, position, context;
-  uint64_t mask = 0;
-};
-
-struct StepSeq {
-  Pages* pages;
-  std::vector<StepRow> rows;  // context positions kv_len - q_len .. kv_len - 1, in order
-  int32_t kv_len;
-  int32_t window = 0;
-};
-
-BatchDesc make_step(std::vector<StepSeq> seqs, int32_t page_size, int32_t& next_page, bool mrope) {
-  BatchDesc b;
-  b.page_size = page_size;
-  b.cu_q = {0};
-  bool tree = false;
-  for (StepSeq& s : seqs) {
-    for (const StepRow& r : s.rows) {
-      b.logit_rows.push_back(b.num_tokens());
-      b.tokens.push_back(r.token);
-      b.positions.push_back(r.position);
-      b.slot_mapping.push_back(s.pages->slot(r.context, next_page));
-      b.tree_mask.push_back(r.mask);
-    }
-    b.cu_q.push_back(b.num_tokens());
-    b.kv_lens.push_back(s.kv_len);
-    b.tree_window.push_back(s.window);
-    tree = tree || s.window > 0;
-  }
-  if (!tree) {
-    b.tree_window.clear();
-    b.tree_mask.clear();
-  }
-  b.pages_stride = 1;
-  for (const StepSeq& s : seqs) b.pages_stride = std::max(b.pages_stride, int32_t(s.pages->pages.size()));
-  for (const StepSeq& s : seqs) {
-    std::vector<int32_t> row = s.pages->pages;
-    row.resize(size_t(b.pages_stride), 0);
-    b.page_table.insert(b.page_table.end(), row.begin(), row.end());
-  }
-  if (mrope) b.set_text_mrope();
-  return b;
-}
-
-// Every logit row of the step, the buffer poisoned first; a logit left unwritten fails the test.
-std::vector<std::vector<float>> forward(Qwen3Model& m, KvCache& cache, const BatchDesc& b) {
-  const int64_t V = m.config().vocab_size, R = int64_t(b.logit_rows.size());
-  std::vector<float> logits(size_t(R * V), std::numeric_limits<float>::quiet_NaN());
-  m.forward(b, cache, Tensor(logits.data(), DType::f32, {R, V}));
-  std::vector<std::vector<float>> out;
-  for (int64_t r = 0; r < R; ++r) {
-    out.emplace_back(logits.begin() + r * V, logits.begin() + (r + 1) * V);
-    const auto bad =
-        std::count_if(out.back().begin(), out.back().end(), [](float x) { return !std::isfinite(x); });
-    if (bad) ADD_FAILURE() << bad << " logits of row " << r << " unwritten or not finite";
-  }
-  return out;
-}
-
-// A prompt of causal rows at context = rotary position.
-std::vector<StepRow> prompt_rows(const std::vector<int32_t>& prompt) {
-  std::vector<StepRow> rows;
-  for (size_t i = 0; i < prompt.size(); ++i) rows.push_back({prompt[i], int32_t(i), int32_t(i)});
-  return rows;
-}
-
 // The reference: on a fresh cache, a prefill of `prompt`, then `path` one token a step; the last step's
 // logits.
 std::vector<float> decode_path(Qwen3Model& m, const std::vector<int32_t>& prompt,
@@ -579,14 +403,14 @@ std::vector<float> decode_path(Qwen3Model& m, const std::vector<int32_t>& prompt
                                bool mrope) {
   KvCache cache(m.config(), 64, page_size, layout, DType::bf16, Device::cpu());
   int32_t next_page = 3;  // another page assignment than the tree step's
-  Pages pages{page_size, {}};
+  test::Pages pages{page_size, {}};
   const int32_t p0 = int32_t(prompt.size());
-  std::vector<std::vector<float>> last =
-      forward(m, cache, make_step({{&pages, prompt_rows(prompt), p0}}, page_size, next_page, mrope));
+  std::vector<std::vector<float>> last = test::step_logits(
+      m, cache, test::make_step({{&pages, test::causal_rows(prompt), p0}}, page_size, next_page, mrope));
   for (size_t k = 0; k < path.size(); ++k) {
     const int32_t pos = p0 + int32_t(k);
-    last =
-        forward(m, cache, make_step({{&pages, {{path[k], pos, pos}}, pos + 1}}, page_size, next_page, mrope));
+    last = test::step_logits(
+        m, cache, test::make_step({{&pages, {{path[k], pos, pos}}, pos + 1}}, page_size, next_page, mrope));
   }
   return last.back();
 }
@@ -597,32 +421,6 @@ void expect_bitwise(const std::vector<float>& got, const std::vector<float>& wan
     ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
         << what << ": logit " << i << " " << got[i] << " vs " << want[i];
 }
-
-// A tree of draft tokens below the root (the sequence's last token, at context and rotary position p0): node
-// i (0-based) has a parent among the root (-1) and the earlier nodes, sits at context position p0 + 1 + i
-// and rotates at p0 + its depth.
-struct DraftTree {
-  std::vector<int32_t> parent, token, depth;
-  void add(int32_t par, int32_t tok) {
-    parent.push_back(par);
-    token.push_back(tok);
-    depth.push_back(par < 0 ? 1 : depth[size_t(par)] + 1);
-  }
-  // Root's token, then the tokens from the root's child down to node i.
-  std::vector<int32_t> path(int32_t root, int32_t i) const {
-    std::vector<int32_t> out;
-    for (int32_t n = i; n >= 0; n = parent[size_t(n)]) out.push_back(token[size_t(n)]);
-    out.push_back(root);
-    std::reverse(out.begin(), out.end());
-    return out;
-  }
-  // Window bits of node i (window bit 0 the root, bit 1 + n node n).
-  uint64_t mask(int32_t i) const {
-    uint64_t m = 1;
-    for (int32_t n = i; n >= 0; n = parent[size_t(n)]) m |= uint64_t(1) << (1 + n);
-    return m;
-  }
-};
 
 // After a prefill, a verify step over the root and n random draft nodes (window 1 + n), then a draft pass
 // that adds `more` nodes below random earlier ones (its window holds the cached tree: W = 1 + n + more >
@@ -640,23 +438,23 @@ void check_tree_steps(const ModelConfig& cfg, uint32_t seed, int32_t page_size, 
   for (auto& t : prompt_a) t = tok();
   for (auto& t : prompt_b) t = tok();
   const int32_t root = tok(), pa = int32_t(prompt_a.size()), pb = int32_t(prompt_b.size());
-  DraftTree tree;
+  test::DraftTree tree;
   for (int32_t i = 0; i < n; ++i) tree.add(int32_t(rng() % uint32_t(i + 1)) - 1, tok());
 
   KvCache cache(cfg, 64, page_size, layout, DType::bf16, Device::cpu());
   int32_t next_page = 0;
-  Pages a{page_size, {}}, b{page_size, {}};
-  forward(*m, cache,
-          make_step({{&a, prompt_rows(prompt_a), pa}, {&b, prompt_rows(prompt_b), pb}}, page_size, next_page,
-                    mrope));
+  test::Pages a{page_size, {}}, b{page_size, {}};
+  test::step_logits(
+      *m, cache,
+      test::make_step({{&a, test::causal_rows(prompt_a), pa}, {&b, test::causal_rows(prompt_b), pb}},
+                      page_size, next_page, mrope));
 
   // Verify step: root and nodes 0 .. n-1; sequence b decodes one token beside it.
   std::vector<int32_t> b_path = {tok()};
-  StepSeq verify{&a, {{root, pa, pa, 1}}, pa + 1 + n, 1 + n};
-  for (int32_t i = 0; i < n; ++i)
-    verify.rows.push_back({tree.token[size_t(i)], pa + tree.depth[size_t(i)], pa + 1 + i, tree.mask(i)});
-  const auto got = forward(
-      *m, cache, make_step({verify, {&b, {{b_path[0], pb, pb}}, pb + 1}}, page_size, next_page, mrope));
+  test::StepSeq verify{&a, {{root, pa, pa, 1}}, pa + 1 + n, 1 + n};
+  for (int32_t i = 0; i < n; ++i) verify.rows.push_back(tree.row(i, pa));
+  const auto got = test::step_logits(
+      *m, cache, test::make_step({verify, {&b, {{b_path[0], pb, pb}}, pb + 1}}, page_size, next_page, mrope));
   ASSERT_EQ(got.size(), size_t(n + 2));
   expect_bitwise(got[0], decode_path(*m, prompt_a, {root}, page_size, layout, mrope), "root");
   for (int32_t i = 0; i < n; ++i)
@@ -670,12 +468,11 @@ void check_tree_steps(const ModelConfig& cfg, uint32_t seed, int32_t page_size, 
   for (int32_t i = 0; i < more; ++i) tree.add(int32_t(rng() % uint32_t(n + i + 1)) - 1, tok());
   b_path.push_back(tok());
   const int32_t all = n + more;
-  StepSeq draft{&a, {}, pa + 1 + all, 1 + all};
-  for (int32_t i = n; i < all; ++i)
-    draft.rows.push_back({tree.token[size_t(i)], pa + tree.depth[size_t(i)], pa + 1 + i, tree.mask(i)});
-  const auto got2 =
-      forward(*m, cache,
-              make_step({draft, {&b, {{b_path[1], pb + 1, pb + 1}}, pb + 2}}, page_size, next_page, mrope));
+  test::StepSeq draft{&a, {}, pa + 1 + all, 1 + all};
+  for (int32_t i = n; i < all; ++i) draft.rows.push_back(tree.row(i, pa));
+  const auto got2 = test::step_logits(
+      *m, cache,
+      test::make_step({draft, {&b, {{b_path[1], pb + 1, pb + 1}}, pb + 2}}, page_size, next_page, mrope));
   ASSERT_EQ(got2.size(), size_t(more + 1));
   for (int32_t i = n; i < all; ++i)
     expect_bitwise(got2[size_t(i - n)],
