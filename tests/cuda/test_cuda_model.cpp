@@ -6,24 +6,13 @@
 #include "common/model_steps.h"
 #include "model/qwen3.h"
 #include "test_util_cuda.h"
+#include "tiny_qwen3_config.h"
 
 namespace kiln {
 namespace {
 
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 1024;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_layers = 3;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 512;
-  c.tie_word_embeddings = true;
-  return c;
+  return test::tiny_model_config();
 }
 
 TEST(CudaModel, RandomWeightsOnTheGpuEqualTheHostFill) {

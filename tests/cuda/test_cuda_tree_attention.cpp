@@ -27,6 +27,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/fp8.h"
 #include "test_util_cuda.h"
+#include "tiny_qwen3_config.h"
 
 namespace kiln {
 namespace {
@@ -360,20 +361,8 @@ TEST(CudaTreeAttention, DispatcherChecksTheFieldsOnCuda) {
 // ---------------------------------------------------------------------------------------------------------
 // The whole model: the CUDA tree steps against the CPU model's.
 
-ModelConfig tiny_config() {  // test_cuda_model's shape
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 1024;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_layers = 3;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 512;
-  c.tie_word_embeddings = true;
-  return c;
+ModelConfig tiny_config() {
+  return test::tiny_model_config();
 }
 
 // The steps of one run: a prefill of prompts a and b; a verify tree over a's root and n nodes beside b's

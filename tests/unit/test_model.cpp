@@ -11,26 +11,14 @@
 
 #include "kiln/safetensors.h"
 #include "model/qwen3.h"
+#include "tiny_model_config.h"
 
 using namespace kiln;
 
 namespace {
 
 ModelConfig tiny_config(bool tied = true) {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 301;
-  c.hidden_size = 96;
-  c.intermediate_size = 160;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 128;
-  c.tie_word_embeddings = tied;
-  return c;
+  return test::tiny_cpu_config(tied);
 }
 
 // One sequence's state across steps: its pages and how many tokens the cache holds.

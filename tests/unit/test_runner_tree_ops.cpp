@@ -37,6 +37,7 @@
 #include "runtime/qwen3_runner.h"
 #include "runtime/tp_command.h"
 #include "runtime/tp_runner.h"
+#include "tiny_model_config.h"
 
 namespace kiln {
 namespace {
@@ -50,20 +51,11 @@ fs::path scratch() {
 }
 
 // head_dim 64: an fp8 cache works too.
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
+ModelConfig tiny_config() {  // test_model's shape, 3 layers, this file's vocabulary and width
+  ModelConfig c = test::tiny_cpu_config(true);
   c.vocab_size = kVocab;
   c.hidden_size = kHidden;
-  c.intermediate_size = 160;
   c.num_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 128;
-  c.tie_word_embeddings = true;
   return c;
 }
 

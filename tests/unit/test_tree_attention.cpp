@@ -23,6 +23,7 @@
 #include "model/qwen3.h"
 #include "ops/attention.h"
 #include "runtime/model_runner.h"
+#include "tiny_model_config.h"
 #include "tree_test_util.h"
 
 using namespace kiln;
@@ -360,20 +361,7 @@ TEST(TreeAttention, BatchDescValidateRejectsBadTrees) {
 namespace {
 
 ModelConfig dense_config() {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 301;
-  c.hidden_size = 96;
-  c.intermediate_size = 160;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 128;
-  c.tie_word_embeddings = false;
-  return c;
+  return test::tiny_cpu_config(false);
 }
 
 // The Qwen3-VL text decoder's rotary (M-RoPE, interleaved) on the dense shapes: text rows rotate as plain
