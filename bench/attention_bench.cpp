@@ -255,16 +255,68 @@ void run_prefill(const Env& env, std::vector<Row>& rows) {
   cuda::set_prefill_kernel(before);
 }
 
+// A token-tree verify step (attention_tree.cu after the causal routing): one sequence's root and 12 nodes (4
+// children of the root, each with a chain of 2 below it: a K = 4, 3-level tree), in one window of 13, beside
+// the same call without tree fields (every row causal). The difference is the tree kernel's.
+void run_tree(const Env& env, std::vector<Row>& rows) {
+  std::mt19937 rng(9);
+  constexpr int kNodes = 12;
+  std::vector<uint64_t> mask(size_t(1 + kNodes));
+  mask[0] = 1;
+  for (int i = 0; i < kNodes; ++i) {
+    const int parent = i < 4 ? -1 : i - 4;
+    mask[size_t(1 + i)] = (parent < 0 ? uint64_t(1) : mask[size_t(1 + parent)]) | (uint64_t(1) << (1 + i));
+  }
+  const int32_t window = 1 + kNodes;
+  const Device dev = Device::cuda();
+  Buffer dmask(mask.size() * 8, dev), dwindow(4, dev);
+  copy_bytes(dmask.data(), dev, mask.data(), Device::cpu(), mask.size() * 8);
+  copy_bytes(dwindow.data(), dev, &window, Device::cpu(), 4);
+  for (bool fp8 : {false, true})
+    for (const int ctx : {1024, 8192}) {
+      const Shape s{.B = 1, .ctx = ctx, .q_len = 1 + kNodes, .fp8 = fp8};
+      if (!shape_selected(shape_name(s))) continue;
+      const Pool pool = make_pool(s);
+      std::vector<Set> sets;
+      for (int i = 0; i < kSets; ++i) sets.push_back(make_set(s, pool, rng));
+      for (const bool tree : {false, true}) {
+        Row r{"attention", tree ? "tree verify" : "tree verify, causal rows", shape_name(s) + " tree K4x3"};
+        if (!kernel_selected(r.variant)) continue;
+        r.bytes = bytes_moved(s);
+        std::vector<cuda::PagedAttnParams> ps;
+        for (const Set& set : sets) {
+          cuda::PagedAttnParams p = set.p;
+          if (tree) {
+            p.tree_window = static_cast<const int32_t*>(dwindow.data());
+            p.tree_mask = static_cast<const uint64_t*>(dmask.data());
+          }
+          ps.push_back(p);
+        }
+        Buffer ws(std::max<size_t>(256, cuda::paged_attention_workspace_bytes(ps[0])), dev);
+        const int splits = tree ? cuda::paged_attention_tree_splits(ps[0]) : 0;
+        r.path = tree ? "causal routing, then the tree kernel, splits=" + std::to_string(splits)
+                      : "causal routing only";
+        auto launch = [&](int i) {
+          cuda::paged_attention(ps[size_t(i) % ps.size()], ws.data(), env.stream, 0, /*pdl=*/true);
+        };
+        time_graph_row(env, launch, int(sets.size()), r);
+        rows.push_back(r);
+      }
+    }
+}
+
 void run_attention(const Env& env, std::vector<Row>& rows) {
   run_decode(env, rows);
   run_prefill(env, rows);
+  run_tree(env, rows);
 }
 
 }  // namespace
 
 KILN_KERNEL_BENCH(
     "attention",
-    "paged attention: decode (v1, v2, v3) and prefill (v1, v2, v3, v4) kernels, Qwen3-4B heads, page 32",
+    "paged attention: decode (v1, v2, v3) and prefill (v1, v2, v3, v4) kernels, a token-tree verify step, "
+    "Qwen3-4B heads, page 32",
     run_attention);
 
 }  // namespace kiln::bench
