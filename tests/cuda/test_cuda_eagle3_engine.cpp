@@ -58,6 +58,32 @@ Generated generate(const EngineOptions& o, const std::vector<std::vector<int32_t
   return out;
 }
 
+// Each prompt alone through its own engine: the tokens and finishes in order, the spec counters summed, the
+// graph counts their maxima (draft_graphs [2] and decode_graphs when given).
+Generated generate_each(const EngineOptions& o, const std::vector<std::vector<int32_t>>& ps,
+                        const fs::path& draft, int* draft_graphs = nullptr, int* decode_graphs = nullptr) {
+  Generated got;
+  for (const auto& p : ps) {
+    int n[2] = {0, 0};
+    const Generated one = generate(o, {p}, draft, false, nullptr, n, decode_graphs);
+    if (draft_graphs)
+      for (int g = 0; g < 2; ++g) draft_graphs[g] = std::max(draft_graphs[g], n[g]);
+    got.tokens.push_back(one.tokens[0]);
+    got.finish.push_back(one.finish[0]);
+    spec::SpecStats& st = got.stats.spec;
+    const spec::SpecStats& add = one.stats.spec;
+    st.drafts += add.drafts;
+    st.draft_tokens += add.draft_tokens;
+    st.accepted_tokens += add.accepted_tokens;
+    st.draft_passes += add.draft_passes;
+    st.uniform_draft_passes += add.uniform_draft_passes;
+    st.tree_verify_steps += add.tree_verify_steps;
+    st.draft_failures += add.draft_failures;
+    got.verify_graphs = std::max(got.verify_graphs, one.verify_graphs);
+  }
+  return got;
+}
+
 // Loads a draft of the tests' shape once: its GEMM shapes are tuned then (Eagle3Model::load), before any
 // plain reference runs, so every run of the process takes the same tactics.
 void tune_draft_shapes() {
@@ -196,20 +222,7 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
       if (batched) {
         got = generate(eo, ps, draft, false, nullptr, draft_graphs, &decode_graphs);
       } else {
-        for (const auto& p : ps) {
-          int n[2] = {0, 0};
-          const Generated one = generate(eo, {p}, draft, false, nullptr, n, &decode_graphs);
-          for (int g = 0; g < 2; ++g) draft_graphs[g] = std::max(draft_graphs[g], n[g]);
-          got.tokens.push_back(one.tokens[0]);
-          got.finish.push_back(one.finish[0]);
-          got.stats.spec.drafts += one.stats.spec.drafts;
-          got.stats.spec.draft_tokens += one.stats.spec.draft_tokens;
-          got.stats.spec.accepted_tokens += one.stats.spec.accepted_tokens;
-          got.stats.spec.draft_passes += one.stats.spec.draft_passes;
-          got.stats.spec.uniform_draft_passes += one.stats.spec.uniform_draft_passes;
-          got.stats.spec.draft_failures += one.stats.spec.draft_failures;
-          got.verify_graphs = std::max(got.verify_graphs, one.verify_graphs);
-        }
+        got = generate_each(eo, ps, draft, draft_graphs, &decode_graphs);
       }
       expect_clean_run(got, label);
       const int parted = test::count_near_tie_partings(got, want, label);
@@ -271,16 +284,7 @@ TEST(CudaEagle3Engine, TreeGreedyEqualsPlainGreedy) {
     if (batched) {
       got = generate(eo, ps, draft, false);
     } else {
-      for (const auto& p : ps) {
-        const Generated one = generate(eo, {p}, draft, false);
-        got.tokens.push_back(one.tokens[0]);
-        got.finish.push_back(one.finish[0]);
-        got.stats.spec.drafts += one.stats.spec.drafts;
-        got.stats.spec.draft_tokens += one.stats.spec.draft_tokens;
-        got.stats.spec.accepted_tokens += one.stats.spec.accepted_tokens;
-        got.stats.spec.tree_verify_steps += one.stats.spec.tree_verify_steps;
-        got.stats.spec.draft_failures += one.stats.spec.draft_failures;
-      }
+      got = generate_each(eo, ps, draft);
     }
     expect_clean_run(got, label);
     const int parted = test::count_near_tie_partings(got, want, label);

@@ -18,6 +18,7 @@
 #include "kiln/safetensors.h"
 #include "model/fp8_weights.h"
 #include "model/qwen3.h"
+#include "tiny_model_config.h"
 
 using namespace kiln;
 using kiln::test_support::error_of;
@@ -29,19 +30,9 @@ namespace {
 // Ragged where the format allows it: hidden 200 (K of qkv and gate_up, N of o and down is not a multiple of
 // 128); q (256 rows), k (128) and gate (256) fill whole blocks, as every Qwen3 shape does.
 ModelConfig fp8_config(int64_t intermediate = 256) {
-  ModelConfig c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.vocab_size = 301;
+  ModelConfig c = test::tiny_cpu_config(true);
   c.hidden_size = 200;
   c.intermediate_size = intermediate;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 128;
-  c.tie_word_embeddings = true;
   c.quant.method = "fp8";
   return c;
 }

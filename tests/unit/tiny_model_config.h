@@ -1,5 +1,5 @@
-// The tiny Qwen3 shape the CPU model tests run (test_model, test_tree_attention, test_runner_tree_ops): 2
-// layers, hidden 96, GQA 4 / 2 heads of 64, a 301-token vocabulary.
+// The tiny Qwen3 shape the CPU model tests run (test_model, test_tree_attention, test_runner_tree_ops;
+// test_model_fp8 widens it): 2 layers, hidden 96, GQA 4 / 2 heads of 64, a 301-token vocabulary.
 #pragma once
 
 #include "kiln/config.h"

@@ -180,6 +180,26 @@ void launch_tree(const PagedAttnParams& p, float* workspace, cudaStream_t stream
       KILN_FAIL("paged attention: unsupported head_dim ", d, " (32, 64, 128)"); \
   }
 
+// KILN_DISPATCH_GROUP(g, what, statements): the statements see `constexpr int kG`, the query heads a KV head
+// serves (1-6 or 8, the portable kernels' instantiations); any other is an error naming `what`.
+#define KILN_DISPATCH_GROUP_CASE(n, ...) \
+  case n: {                              \
+    constexpr int kG = n;                \
+    __VA_ARGS__                          \
+  } break;
+#define KILN_DISPATCH_GROUP(g, what, ...)                               \
+  switch (g) {                                                          \
+    KILN_DISPATCH_GROUP_CASE(1, __VA_ARGS__)                            \
+    KILN_DISPATCH_GROUP_CASE(2, __VA_ARGS__)                            \
+    KILN_DISPATCH_GROUP_CASE(3, __VA_ARGS__)                            \
+    KILN_DISPATCH_GROUP_CASE(4, __VA_ARGS__)                            \
+    KILN_DISPATCH_GROUP_CASE(5, __VA_ARGS__)                            \
+    KILN_DISPATCH_GROUP_CASE(6, __VA_ARGS__)                            \
+    KILN_DISPATCH_GROUP_CASE(8, __VA_ARGS__)                            \
+    default:                                                            \
+      KILN_FAIL(what, ": unsupported GQA group size ", g, " (1-6, 8)"); \
+  }
+
 // An fp8 cache needs head_dim % 64 == 0 (one scale per 64 elements): D 32 with fp8 is refused at run time
 // (the instantiation exists but is never launched).
 #define KILN_DISPATCH_KV_DTYPE(t, ...)                                                            \

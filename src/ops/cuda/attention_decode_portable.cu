@@ -318,31 +318,8 @@ void launch_decode_typed(const PagedAttnParams& p, float* ws, int splits, int ch
                       .block = dim3(kWarps * 32),
                       .stream = stream,
                       .pdl = pdl};
-  switch (p.Hq / p.Hkv) {
-    case 1:
-      launch_decode_g<D, 1, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
-      break;
-    case 2:
-      launch_decode_g<D, 2, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
-      break;
-    case 3:
-      launch_decode_g<D, 3, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
-      break;
-    case 4:
-      launch_decode_g<D, 4, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
-      break;
-    case 5:
-      launch_decode_g<D, 5, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
-      break;
-    case 6:
-      launch_decode_g<D, 6, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
-      break;
-    case 8:
-      launch_decode_g<D, 8, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);
-      break;
-    default:
-      KILN_FAIL("paged decode attention: unsupported GQA group size ", p.Hq / p.Hkv, " (1-6, 8)");
-  }
+  KILN_DISPATCH_GROUP(p.Hq / p.Hkv, "paged decode attention",
+                      launch_decode_g<D, kG, KT>(cfg, p, ws, splits, chunk, all_rows, kernel);)
 }
 
 }  // namespace

@@ -138,31 +138,8 @@ void launch_tree_typed(const PagedAttnParams& p, float* ws, int splits, cudaStre
                         .block = dim3(kWarps * 32),
                         .stream = stream,
                         .pdl = pdl};
-    switch (p.Hq / p.Hkv) {
-      case 1:
-        launch(cfg, tree_kernel<D, 1, KT>, p, ws, splits);
-        break;
-      case 2:
-        launch(cfg, tree_kernel<D, 2, KT>, p, ws, splits);
-        break;
-      case 3:
-        launch(cfg, tree_kernel<D, 3, KT>, p, ws, splits);
-        break;
-      case 4:
-        launch(cfg, tree_kernel<D, 4, KT>, p, ws, splits);
-        break;
-      case 5:
-        launch(cfg, tree_kernel<D, 5, KT>, p, ws, splits);
-        break;
-      case 6:
-        launch(cfg, tree_kernel<D, 6, KT>, p, ws, splits);
-        break;
-      case 8:
-        launch(cfg, tree_kernel<D, 8, KT>, p, ws, splits);
-        break;
-      default:
-        KILN_FAIL("paged tree attention: unsupported GQA group size ", p.Hq / p.Hkv, " (1-6, 8)");
-    }
+    KILN_DISPATCH_GROUP(p.Hq / p.Hkv, "paged tree attention",
+                        launch(cfg, tree_kernel<D, kG, KT>, p, ws, splits);)
     if (splits > 1) {
       const LaunchCfg comb{
           .grid = dim3(unsigned(p.T), unsigned(p.Hq)), .block = dim3(D), .stream = stream, .pdl = pdl};
