@@ -115,6 +115,16 @@ suite_spec() {
 --speculative-draft-model-path $d --speculative-num-steps $k --speculative-eagle-topk 1")
     done
   fi
+  # SPEC_EAGLE3_TREES: token trees to serve at batch 1 beside the chain, "K:S" each (top-K frontier, S draft
+  # passes; N = min(64, S K + 1) nodes, SGLang's default), e.g. "4:3 8:4"; KILN_EAGLE3_TREE_CUDA=1 lets CUDA
+  # take K > 1 while the tree path is opt-in.
+  local tree
+  if [[ ${SPEC_EAGLE3_SERVE:-1} == 1 && -f $d/config.json ]]; then
+    for tree in ${SPEC_EAGLE3_TREES:-}; do
+      configs+=(--config "eagle3_tree_k${tree%%:*}s${tree##*:}=KILN_EAGLE3_TREE_CUDA=1 --speculative-algorithm EAGLE3 \
+--speculative-draft-model-path $d --speculative-num-steps ${tree##*:} --speculative-eagle-topk ${tree%%:*}")
+    done
+  fi
   # SPEC_EAGLE3_PASSES=1 adds the same EAGLE-3 server with each chain pass's tokens read back (the chain off
   # the device, KILN_EAGLE3_DEVICE_CHAIN=0); SPEC_EAGLE3_EAGER=1 one with the draft's chains and passes after
   # verify steps run eagerly, not from CUDA graphs (KILN_EAGLE3_DRAFT_GRAPHS=0).
