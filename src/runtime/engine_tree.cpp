@@ -9,6 +9,7 @@
 // request's generator; the kept path's KV moves to the path's positions (ModelRunner::move_kv) and commits as
 // a chain's.
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "runtime/draft_batch.h"
@@ -92,6 +93,25 @@ BatchDesc tree_verify_batch(const StepPlan& plan, const std::vector<spec::DraftT
       b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
   }
   return b;
+}
+
+// One RowSampling per logit row of tree_verify_batch's batch, for rows verified by device draws: the root
+// draws the request's token completion, node j the token completion + depth(j) (the token after it on its
+// path), each as the plain step drawing that token would. On the kept path the draws are then plain
+// decoding's own, so the walk keeps a child where it equals its parent's draw (a point draft x kept with
+// probability p(x)) and the emitted tokens follow the target's distribution exactly.
+std::vector<ModelRunner::RowSampling> tree_row_sampling(
+    const StepPlan& plan, const std::vector<uint8_t>& wants, const std::vector<spec::DraftTree>& trees,
+    const std::vector<int32_t>& logit_base, size_t logit_rows,
+    const std::function<ModelRunner::RowSampling(size_t row, uint64_t ahead)>& draw) {
+  std::vector<ModelRunner::RowSampling> rs(logit_rows);  // rows that want no token: greedy, never read
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (!wants[i]) continue;
+    rs[size_t(logit_base[i])] = draw(i, 0);
+    for (int32_t j = 0; j < int32_t(trees[i].size()); ++j)
+      rs[size_t(logit_base[i] + 1 + j)] = draw(i, uint64_t(trees[i].depth(j)));
+  }
+  return rs;
 }
 
 }  // namespace
@@ -244,9 +264,25 @@ bool Engine::Impl::eagle_tree_step(StepPlan& plan, Clock::time_point t0, bool ti
   BatchDesc batch = tree_verify_batch(plan, trees, *pool, &logit_base);
   runner->place_positions(batch);
   std::vector<float>& logits = logits_host;
+  // As a chain's verify step (engine_spec.cpp): rows without logit processing or logprobs need only each
+  // node's draw, taken on the device (tree_row_sampling), so tokens come back, not [nodes, vocab] logits.
+  std::vector<ModelRunner::SampledRow> device_tokens;
+  bool on_device = false;
   try {
     batch.validate(V, pool->num_pages());
-    runner->forward(batch, &logits, nullptr);
+    if (verify_on_device(plan, wants)) {
+      const auto draw = [&](size_t i, uint64_t ahead) {
+        const RequestId id = plan.rows[i].seq->id;
+        const Live& L = live.at(id);
+        ModelRunner::RowSampling r = draw_params(id, L, uint64_t(L.completion) + ahead);
+        r.proc = nullptr;  // inactive (verify_on_device)
+        return r;
+      };
+      on_device = runner->forward_sampled(
+          batch, tree_row_sampling(plan, wants, trees, logit_base, batch.logit_rows.size(), draw), 0,
+          &device_tokens);
+    }
+    if (!on_device) runner->forward(batch, &logits, nullptr);
   } catch (const RunnerFatalError&) {
     throw;
   } catch (const std::exception& e) {
@@ -259,6 +295,15 @@ bool Engine::Impl::eagle_tree_step(StepPlan& plan, Clock::time_point t0, bool ti
   for (size_t i = 0; i < B; ++i) {
     if (!wants[i]) continue;
     Live& L = live.at(plan.rows[i].seq->id);
+    if (on_device) {  // node -1 the root: its draw is the first emitted token where no child equals it
+      const auto target = [&](int32_t node) {
+        return spec::TargetPosition{device_tokens[size_t(logit_base[i] + 1 + node)].token, nullptr};
+      };
+      spec::TreeVerdict v = spec::verify_tree(trees[i], target, L.sampler->generator());
+      emitted[i] = std::move(v.tokens);
+      paths[i] = std::move(v.path);
+      continue;
+    }
     const float* rows = logits.data() + size_t(logit_base[i]) * size_t(V);
     if (trees[i].size() == 0) {
       emitted[i] = verify_row(L, rows, {}, {});
