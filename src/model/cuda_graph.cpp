@@ -13,14 +13,16 @@
 
 namespace kiln {
 
-void copy_with_table_width(const BatchDesc& in, int32_t table_rows, int32_t width, BatchDesc& out) {
+void copy_with_table_width(const BatchDesc& in, int32_t table_rows, int32_t width, BatchDesc& out,
+                           bool tree) {
   KILN_CHECK(table_rows >= in.num_seqs() && width >= in.pages_stride, "copy_with_table_width: a table of ",
              table_rows, " x ", width, " for ", in.num_seqs(), " x ", in.pages_stride);
-  // The copy would drop the masks and run the rows causally: token-tree steps run eagerly, never in a graph.
-  KILN_CHECK(
-      !in.has_tree(),
-      "copy_with_table_width: a token-tree batch (tree_window / tree_mask) runs eagerly, not in a CUDA "
-      "graph");
+  // Only a tree graph's attention reads the masks: for any other graph a token tree would run causally.
+  KILN_CHECK(in.has_tree() == tree, "copy_with_table_width: ",
+             in.has_tree() ? "a token-tree batch (tree_window / tree_mask) for a graph without tree masks"
+                           : "a tree graph's batch without tree_window / tree_mask");
+  out.tree_window = in.tree_window;
+  out.tree_mask = in.tree_mask;
   out.tokens = in.tokens;
   out.positions = in.positions;
   out.slot_mapping = in.slot_mapping;
@@ -58,12 +60,15 @@ void capture_cuda_graph(void* stream, const std::function<void()>& launch, void*
 }
 
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
-                                 Tensor logits, std::optional<bool> pdl, int32_t rows_per_seq)
+                                 Tensor logits, std::optional<bool> pdl, int32_t rows_per_seq, bool tree)
     : model_(model),
       cache_(cache),
       pages_stride_(pages_stride),
       num_seqs_(num_seqs),
-      rows_per_seq_(rows_per_seq) {
+      rows_per_seq_(rows_per_seq),
+      tree_(tree) {
+  KILN_CHECK(!tree || rows_per_seq >= 2,
+             "CudaDecodeGraph: a tree graph is a verify graph (rows_per_seq >= 2)");
   KILN_CHECK(model.device().is_cuda() && cache.device() == model.device(),
              "CudaDecodeGraph needs the model and its KV cache on one CUDA device");
   KILN_CHECK(pages_stride > 0, "CudaDecodeGraph: pages_stride must be positive");
@@ -117,11 +122,10 @@ void CudaDecodeGraph::capture() {
 }
 
 Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
-  // The graphs' attention holds no tree fields (and the runners route tree steps to the eager path).
-  KILN_CHECK(
-      !in.has_tree(),
-      "CudaDecodeGraph::step: a token-tree batch (tree_window / tree_mask) runs eagerly, not in a CUDA "
-      "graph");
+  // A tree graph's attention reads the masks; any other's would run a tree's rows causally.
+  KILN_CHECK(in.has_tree() == tree_, "CudaDecodeGraph::step: ",
+             tree_ ? "a tree graph takes token-tree batches (tree_window / tree_mask) only"
+                   : "a token-tree batch (tree_window / tree_mask) for a graph without tree masks");
   const int32_t B = num_seqs_, q = rows_per_seq_, T = B * q;
   const int64_t R = int64_t(in.logit_rows.size());
   KILN_CHECK(in.num_seqs() == B && in.num_tokens() == T && !in.mrope, "CudaDecodeGraph::step takes ", B,
@@ -139,7 +143,7 @@ Tensor CudaDecodeGraph::step(const BatchDesc& in, const int32_t* token_ids) {
   KILN_CHECK_EQ(in.page_table.size(), size_t(B) * size_t(in.pages_stride),
                 "CudaDecodeGraph: page table size");
   BatchDesc& b = staged_;
-  copy_with_table_width(in, B, pages_stride_, b);
+  copy_with_table_width(in, B, pages_stride_, b, tree_);
   b.logit_rows.resize(size_t(T));
   for (int32_t i = 0; i < T; ++i) b.logit_rows[size_t(i)] = i;  // a fixed LM-head shape
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
@@ -166,12 +170,13 @@ void capture_cuda_graph(void*, const std::function<void()>&, void**, void**) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 CudaDecodeGraph::CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs,
-                                 Tensor, std::optional<bool>, int32_t rows_per_seq)
+                                 Tensor, std::optional<bool>, int32_t rows_per_seq, bool tree)
     : model_(model),
       cache_(cache),
       pages_stride_(pages_stride),
       num_seqs_(num_seqs),
-      rows_per_seq_(rows_per_seq) {
+      rows_per_seq_(rows_per_seq),
+      tree_(tree) {
   KILN_FAIL("kiln was built without CUDA: no CUDA graphs");
 }
 CudaDecodeGraph::~CudaDecodeGraph() = default;

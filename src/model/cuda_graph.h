@@ -35,7 +35,10 @@ namespace kiln {
 
 // `in` into `out` (a graph's staged batch, reused) with its page table re-laid to `table_rows` rows (>= its
 // sequences) of `width` pages (>= its own): the other entries 0, a valid page that kv_lens keeps unread.
-void copy_with_table_width(const BatchDesc& in, int32_t table_rows, int32_t width, BatchDesc& out);
+// tree: the batch is a token tree (its tree_window / tree_mask copied) for a tree graph; a tree batch for any
+// other graph, or a tree graph's batch without masks, is refused.
+void copy_with_table_width(const BatchDesc& in, int32_t table_rows, int32_t width, BatchDesc& out,
+                           bool tree = false);
 
 // Captures the launches `launch` makes on `stream` (a cudaStream_t of its own, not the legacy stream) into a
 // CUDA graph and instantiates it into *graph and *exec (cudaGraph_t, cudaGraphExec_t), destroying the ones
@@ -49,8 +52,11 @@ class CudaDecodeGraph {
   // (several graphs of one runner may share it); empty: the graph allocates its own. pdl: whether the
   // graph's launches use programmatic dependent launch; unset: the process's setting now (set_pdl).
   // rows_per_seq: the new tokens of every sequence (1: decode; q >= 2: verify, logits [>= num_seqs * q]).
+  // tree (verify graphs): every step is a token tree (BatchDesc::tree_window / tree_mask, staged at the
+  // workspace's fixed addresses and read by the captured attention); a graph without it takes no tree.
   CudaDecodeGraph(Qwen3Model& model, KvCache& cache, int32_t pages_stride, int32_t num_seqs = 1,
-                  Tensor logits = {}, std::optional<bool> pdl = std::nullopt, int32_t rows_per_seq = 1);
+                  Tensor logits = {}, std::optional<bool> pdl = std::nullopt, int32_t rows_per_seq = 1,
+                  bool tree = false);
   ~CudaDecodeGraph();
   CudaDecodeGraph(const CudaDecodeGraph&) = delete;
   CudaDecodeGraph& operator=(const CudaDecodeGraph&) = delete;
@@ -75,6 +81,7 @@ class CudaDecodeGraph {
   int32_t pages_stride_;
   int32_t num_seqs_;
   int32_t rows_per_seq_;
+  bool tree_;
   Buffer logits_buf_;
   Tensor logits_;           // f32 [num_seqs, vocab]
   BatchDesc staged_;        // reused across steps: no per-step allocation of the re-laid page table

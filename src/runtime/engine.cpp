@@ -141,6 +141,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineOptions& opts)
     gp.max_step_tokens = int64_t(std::max(opts.chunked_prefill_size, 0)) + opts.max_running_requests;
     gp.pdl = !opts.disable_pdl;
     if (opts.speculative.enabled()) gp.verify_rows_per_seq = opts.speculative.num_draft_tokens + 1;
+    gp.verify_trees = opts.speculative.tree();
     if (!gp.buckets.empty()) I.runner->prepare_graphs(gp);
   }
   const std::vector<double> lat{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,

@@ -143,7 +143,7 @@ int32_t uniform_verify_bucket(const StepPlan& plan, const ModelRunner& runner, c
     if (r.q_len != 1 || !r.samples || int64_t(r.begin) + q > int64_t(r.seq->max_len)) return 0;
     stride = std::max(stride, pool.pages_for(r.begin + q));
   }
-  return runner.verify_graph_bucket(int32_t(plan.rows.size()), q, stride);
+  return runner.verify_graph_bucket(int32_t(plan.rows.size()), q, stride, false);
 }
 
 }  // namespace

@@ -50,21 +50,28 @@ int64_t slot_of(const Sequence& s, int32_t pos, int32_t ps) {
 // The verify step's batch: rows with a tree take their root (the last token, position begin) and every node
 // (position begin + depth, slot of begin + 1 + node) with logits at each, in one window of 1 + n positions;
 // other rows as planned (window 0), with the plan's logit row. logit_base[i]: row i's first logit row.
+// uniform > 0 (a tree graph's step, ModelRunner::verify_graph_bucket): every row takes `uniform` positions
+// (decode rows only: its root, its n nodes, then fill rows at slot -1 that see the root and themselves, or
+// causal ones where it has no tree) with logits at each, and the batch is padded to `bucket` sequences.
 BatchDesc tree_verify_batch(const StepPlan& plan, const std::vector<spec::DraftTree>& trees,
-                            const KvPool& pool, std::vector<int32_t>* logit_base) {
+                            const KvPool& pool, int32_t uniform, int32_t bucket,
+                            std::vector<int32_t>* logit_base) {
   BatchDesc b;
   const int32_t ps = pool.page_size();
   b.page_size = ps;
   b.cu_q.assign(1, 0);
   for (size_t i = 0; i < plan.rows.size(); ++i)
     b.pages_stride = std::max(
-        b.pages_stride, pool.pages_for(plan.rows[i].begin + plan.rows[i].q_len + int32_t(trees[i].size())));
+        b.pages_stride, pool.pages_for(plan.rows[i].begin +
+                                       std::max(plan.rows[i].q_len + int32_t(trees[i].size()), uniform)));
   logit_base->assign(plan.rows.size(), -1);
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const StepRow& r = plan.rows[i];
     const Sequence& s = *r.seq;
     const spec::DraftTree& t = trees[i];
-    const int32_t n = int32_t(t.size()), q = r.q_len + n;
+    const int32_t n = int32_t(t.size()), real = r.q_len + n, q = std::max(real, uniform);
+    KILN_CHECK(uniform == 0 || (r.q_len == 1 && r.samples && real <= uniform),
+               "tree verify: a uniform step takes decode rows of at most ", uniform, " positions");
     if (r.samples) (*logit_base)[i] = int32_t(b.logit_rows.size());
     for (int32_t j = 0; j < r.q_len; ++j) {  // the planned rows (a decode row's root)
       const int32_t pos = r.begin + j;
@@ -72,7 +79,7 @@ BatchDesc tree_verify_batch(const StepPlan& plan, const std::vector<spec::DraftT
       b.positions.push_back(pos);
       b.slot_mapping.push_back(slot_of(s, pos, ps));
       b.tree_mask.push_back(n > 0 ? 1 : 0);
-      if (r.samples && (j + 1 == r.q_len || n > 0)) b.logit_rows.push_back(b.cu_q.back() + j);
+      if (r.samples && (j + 1 == r.q_len || n > 0 || uniform > 0)) b.logit_rows.push_back(b.cu_q.back() + j);
     }
     std::vector<uint64_t> seen(size_t(n), 0);  // node j's bits: the root's, its ancestors' and its own
     for (int32_t j = 0; j < n; ++j) {
@@ -84,15 +91,36 @@ BatchDesc tree_verify_batch(const StepPlan& plan, const std::vector<spec::DraftT
       b.tree_mask.push_back(seen[size_t(j)]);
       b.logit_rows.push_back(b.cu_q.back() + r.q_len + j);
     }
+    for (int32_t j = real; j < q; ++j) {  // fill: nothing written, nothing reads them
+      b.tokens.push_back(0);
+      b.positions.push_back(r.begin + 1);
+      b.slot_mapping.push_back(-1);
+      b.tree_mask.push_back(n > 0 ? (uint64_t(1) | (uint64_t(1) << j)) : 0);
+      b.logit_rows.push_back(b.cu_q.back() + j);
+    }
     b.cu_q.push_back(b.cu_q.back() + q);
     b.kv_lens.push_back(r.begin + q);
     b.tree_window.push_back(n > 0 ? q : 0);
     b.seq_ids.push_back(s.id);
-    const int32_t used = pool.pages_for(r.begin + q);
+    const int32_t used = pool.pages_for(r.begin + real);
     for (int32_t p = 0; p < b.pages_stride; ++p)
       b.page_table.push_back(p < used ? s.pages[size_t(p)] : KvPool::kNullPage);
   }
+  if (bucket > 0) pad_batch(b, bucket, uniform);
   return b;
+}
+
+// The tree graph's batch size for this plan (every row a sampling decode row), or 0: the step runs ragged
+// and eagerly. Unlike a chain's fill rows, a tree's sit at rotary position begin + 1 and are never seen, so
+// a row near its sequence's limit (a tree cut to the room left) still fits: only the table must (the
+// runner's widest graph).
+int32_t uniform_tree_bucket(const StepPlan& plan, const ModelRunner& runner, const KvPool& pool, int32_t q) {
+  int32_t stride = 0;
+  for (const StepRow& r : plan.rows) {
+    if (r.q_len != 1 || !r.samples) return 0;
+    stride = std::max(stride, pool.pages_for(r.begin + q));
+  }
+  return runner.verify_graph_bucket(int32_t(plan.rows.size()), q, stride, true);
 }
 
 // One RowSampling per logit row of tree_verify_batch's batch, for rows verified by device draws: the root
@@ -261,7 +289,9 @@ bool Engine::Impl::eagle_tree_step(StepPlan& plan, Clock::time_point t0, bool ti
   };
   const int64_t V = runner->config().vocab_size;
   std::vector<int32_t> logit_base;
-  BatchDesc batch = tree_verify_batch(plan, trees, *pool, &logit_base);
+  const int32_t q = so.num_draft_tokens + 1;  // the root and the budget's nodes
+  const int32_t bucket = uniform_tree_bucket(plan, *runner, *pool, q);
+  BatchDesc batch = tree_verify_batch(plan, trees, *pool, bucket > 0 ? q : 0, bucket, &logit_base);
   runner->place_positions(batch);
   std::vector<float>& logits = logits_host;
   // As a chain's verify step (engine_spec.cpp): rows without logit processing or logprobs need only each

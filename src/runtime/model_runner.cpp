@@ -14,12 +14,15 @@ void pad_batch(BatchDesc& batch, int32_t num_seqs, int32_t rows_per_seq) {
     KILN_CHECK(batch.num_seqs() == 0, "pad_batch: page table stride 0 with sequences");
     batch.pages_stride = 1;
   }
+  const bool tree = batch.has_tree();
   while (batch.num_seqs() < num_seqs) {
     for (int32_t j = 0; j < rows_per_seq; ++j) {
       batch.tokens.push_back(0);
       batch.positions.push_back(j);
       batch.slot_mapping.push_back(-1);
+      if (tree) batch.tree_mask.push_back(0);
     }
+    if (tree) batch.tree_window.push_back(0);  // a causal sequence
     batch.cu_q.push_back(batch.cu_q.back() + rows_per_seq);
     batch.kv_lens.push_back(rows_per_seq);
     if (!batch.seq_ids.empty()) batch.seq_ids.push_back(0);
@@ -42,8 +45,8 @@ bool is_graphable_decode(const BatchDesc& batch) {
 
 bool is_uniform_verify(const BatchDesc& batch, int32_t rows_per_seq) {
   const int32_t B = batch.num_seqs();
-  if (B == 0 || rows_per_seq < 2 || batch.mrope || batch.has_tree() ||
-      batch.num_tokens() != B * rows_per_seq || batch.logit_rows.size() > size_t(batch.num_tokens()))
+  if (B == 0 || rows_per_seq < 2 || batch.mrope || batch.num_tokens() != B * rows_per_seq ||
+      batch.logit_rows.size() > size_t(batch.num_tokens()))
     return false;
   for (int32_t i = 0; i <= B; ++i)
     if (batch.cu_q[size_t(i)] != i * rows_per_seq) return false;

@@ -63,6 +63,9 @@ class ModelRunner {
     // Speculative decoding: k + 1, the positions each sequence of a verify step computes (0: no verify
     // steps). The runner sizes its workspace for verify graphs of that width (verify_graph_bucket).
     int32_t verify_rows_per_seq = 0;
+    // EAGLE-3 token trees (SpecOptions::tree): a tree graph beside each verify graph, for the token-tree
+    // verify steps of the same width.
+    bool verify_trees = false;
   };
   virtual void prepare_graphs(const GraphPlan& /*plan*/) {}
   // CUDA-graph seam: the number of sequences to pad `batch` to (rows with slot -1, no logits, pointing
@@ -73,9 +76,9 @@ class ModelRunner {
   // drafts filled to the width with rows whose slot is -1) with logits at every row (is_uniform_verify).
   // Returns the number of sequences to pad such a step to (pad_batch with rows_per_seq) for a graph per
   // (bucket, rows_per_seq), or 0: the engine then builds the step with each row's own length and runs it
-  // eagerly.
+  // eagerly. tree: a token-tree step's (a tree graph, GraphPlan::verify_trees).
   virtual int32_t verify_graph_bucket(int32_t /*num_seqs*/, int32_t /*rows_per_seq*/,
-                                      int32_t /*pages_stride*/) const {
+                                      int32_t /*pages_stride*/, bool /*tree*/) const {
     return 0;
   }
   // The positions the step's rows rotate by, set once the batch is formed and padded. Default: a model
@@ -217,13 +220,13 @@ class ModelRunner {
 
 // Appends padding sequences until the batch has num_seqs of them: rows_per_seq tokens each (id 0, positions
 // 0 .. rows_per_seq - 1, slot -1), kv_len rows_per_seq, page table all KvPool::kNullPage, no logit row (but
-// in a verify step, rows_per_seq > 1, whose logit rows are every row: see is_uniform_verify). The cache write
-// skips slot -1.
+// in a verify step, rows_per_seq > 1, whose logit rows are every row: see is_uniform_verify); in a token
+// tree, causal (window 0, masks 0). The cache write skips slot -1.
 void pad_batch(BatchDesc& batch, int32_t num_seqs, int32_t rows_per_seq = 1);
 
-// Whether every sequence of `batch` has exactly rows_per_seq (>= 2) new tokens, the logit rows are 0, 1,
-// ..., R-1 (R <= the token count) and it is no token tree: the verify steps a CUDA graph per (bucket,
-// rows_per_seq) can run.
+// Whether every sequence of `batch` has exactly rows_per_seq (>= 2) new tokens and the logit rows are 0, 1,
+// ..., R-1 (R <= the token count): the verify steps a CUDA graph per (bucket, rows_per_seq) can run, token
+// trees by a tree graph (CudaDecodeGraph's tree), the rest by a plain one.
 bool is_uniform_verify(const BatchDesc& batch, int32_t rows_per_seq);
 
 // Whether every sequence of `batch` has exactly one new token, the logit rows are 0, 1, ..., R-1

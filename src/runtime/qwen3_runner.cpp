@@ -188,6 +188,7 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
   graph_pdl_ = plan.pdl;
   graph_pdl_min_batch_ = plan.pdl_min_batch;
   verify_graphs_.clear();
+  tree_graphs_.clear();
   verify_buckets_.clear();
   verify_rows_ = plan.verify_rows_per_seq >= 2 ? plan.verify_rows_per_seq : 0;
   if (verify_rows_ > 0)
@@ -228,17 +229,20 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
     }
   }
   for (int32_t b : verify_buckets_)
-    for (int32_t w : graph_widths_) capture_verify_graph(b, w);
+    for (int32_t w : graph_widths_) {
+      capture_verify_graph(b, w, false);
+      if (plan.verify_trees) capture_verify_graph(b, w, true);
+    }
 #ifdef KILN_HAVE_CUDA
   KILN_CHECK(cudaDeviceSynchronize() == cudaSuccess,
              "capturing the decode CUDA graphs failed: ", cudaGetErrorString(cudaGetLastError()));
 #endif
   std::fprintf(stderr,
                "kiln: captured %zu decode CUDA graphs (%zu batch sizes up to %d x %zu page-table widths "
-               "up to %d pages%s) and %zu verify graphs in %.2f s\n",
+               "up to %d pages%s), %zu verify graphs and %zu token-tree verify graphs in %.2f s\n",
                graphs_.size(), graph_buckets_.size(), top, graph_widths_.size(), graph_widths_.back(),
                plan.pdl ? (", PDL from batch " + std::to_string(plan.pdl_min_batch)).c_str() : "",
-               verify_graphs_.size(),
+               verify_graphs_.size(), tree_graphs_.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
@@ -249,37 +253,45 @@ int32_t Qwen3Runner::graph_bucket(const BatchDesc& batch) const {
   return *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), batch.num_seqs());
 }
 
-int32_t Qwen3Runner::verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride) const {
+int32_t Qwen3Runner::verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride,
+                                         bool tree) const {
   if (verify_buckets_.empty() || rows_per_seq != verify_rows_ || num_seqs > verify_buckets_.back() ||
-      pages_stride > graph_widths_.back())
+      pages_stride > graph_widths_.back() || (tree && tree_graphs_.empty()))
     return 0;
   return *std::lower_bound(verify_buckets_.begin(), verify_buckets_.end(), num_seqs);
 }
 
-void Qwen3Runner::capture_verify_graph(int32_t bucket, int32_t width) {
+void Qwen3Runner::capture_verify_graph(int32_t bucket, int32_t width, bool tree) {
   const int64_t rows = int64_t(verify_buckets_.back()) * verify_rows_;
   const Tensor shared(verify_logits_buf_.data(), DType::f32, {rows, config().vocab_size}, device());
-  auto g = std::make_unique<CudaDecodeGraph>(*model_, *cache_, width, bucket, shared,
-                                             graph_pdl_ && bucket >= graph_pdl_min_batch_, verify_rows_);
+  auto g =
+      std::make_unique<CudaDecodeGraph>(*model_, *cache_, width, bucket, shared,
+                                        graph_pdl_ && bucket >= graph_pdl_min_batch_, verify_rows_, tree);
   BatchDesc pad;
   pad.page_size = cache_->page_size();
   pad_batch(pad, bucket, verify_rows_);  // slot -1 everywhere: no K/V is written
-  g->step(pad);                          // captures it
-  verify_graphs_[{bucket, width}] = std::move(g);
+  if (tree) {  // causal sequences of a token-tree batch: the captured attention reads the staged masks
+    pad.tree_window.assign(size_t(bucket), 0);
+    pad.tree_mask.assign(pad.tokens.size(), 0);
+  }
+  g->step(pad);  // captures it
+  (tree ? tree_graphs_ : verify_graphs_)[{bucket, width}] = std::move(g);
 }
 
 CudaDecodeGraph* Qwen3Runner::verify_graph_for(const BatchDesc& batch) {
   const auto w = std::lower_bound(graph_widths_.begin(), graph_widths_.end(), batch.pages_stride);
   if (w == graph_widths_.end()) return nullptr;
-  const auto g = verify_graphs_.find({batch.num_seqs(), *w});
-  if (g == verify_graphs_.end()) return nullptr;
+  auto& graphs = batch.has_tree() ? tree_graphs_ : verify_graphs_;
+  const auto g = graphs.find({batch.num_seqs(), *w});
+  if (g == graphs.end()) return nullptr;
   ++verify_replays_;
+  if (batch.has_tree()) ++tree_replays_;
   return g->second.get();
 }
 
 CudaDecodeGraph* Qwen3Runner::graph_for(const BatchDesc& batch) {
-  // A token tree runs eagerly (its masks are not in the graphs); the two predicates below say so too.
-  if (graph_buckets_.empty() || batch.has_tree()) return nullptr;
+  // A token tree replays a tree graph where it is a uniform verify step, else runs eagerly.
+  if (graph_buckets_.empty()) return nullptr;
   if (verify_rows_ > 0 && is_uniform_verify(batch, verify_rows_)) return verify_graph_for(batch);
   if (!is_graphable_decode(batch)) return nullptr;
   if (!std::binary_search(graph_buckets_.begin(), graph_buckets_.end(), batch.num_seqs())) return nullptr;

@@ -41,7 +41,9 @@ class Qwen3Runner : public ModelRunner {
   // CUDA, plan.verify_rows_per_seq = q >= 2: verify steps of the plan's batch sizes up to kMaxVerifySeqs
   // replay a graph per (bucket, page-table width) with q rows per sequence, all captured here with the decode
   // graphs (a capture inside serving stalls every running request: ~3 ms each for the small spec model).
-  int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride) const override;
+  // plan.verify_trees: a tree graph beside each verify graph (token-tree steps of the same width).
+  int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride,
+                              bool tree) const override;
   static constexpr int32_t kMaxVerifySeqs = 32;
   // Qwen3-VL: plain positions (with each image request's offset) unless a row is an image pad, then three
   // M-RoPE rows (VlImages::text_positions).
@@ -110,6 +112,7 @@ class Qwen3Runner : public ModelRunner {
   int num_graphs() const { return int(graphs_.size()); }
   int num_verify_graphs() const { return int(verify_graphs_.size()); }
   int64_t verify_graph_replays() const { return verify_replays_; }  // verify steps that replayed a graph
+  int64_t tree_graph_replays() const { return tree_replays_; }      // of them, token trees (tree graphs)
   int num_draft_chain_graphs() const { return draft_ ? draft_->num_chain_graphs() : 0; }
   int num_draft_extend_graphs() const { return draft_ ? draft_->num_extend_graphs() : 0; }
 
@@ -120,7 +123,8 @@ class Qwen3Runner : public ModelRunner {
   const BatchDesc& with_images(const BatchDesc& batch, BatchDesc& local, VisualInput& visual);
   CudaDecodeGraph* graph_for(const BatchDesc& batch);  // null: run eagerly
   CudaDecodeGraph* verify_graph_for(const BatchDesc& batch);
-  void capture_verify_graph(int32_t bucket, int32_t width);  // prepare_graphs, on a step of padding rows
+  // prepare_graphs, on a step of padding rows (tree: causal padding sequences of a token-tree batch).
+  void capture_verify_graph(int32_t bucket, int32_t width, bool tree);
 
   std::unique_ptr<Qwen3Model> model_;
   std::unique_ptr<KvCache> cache_;
@@ -161,9 +165,12 @@ class Qwen3Runner : public ModelRunner {
   std::vector<int32_t> verify_buckets_;  // ascending
   Buffer verify_logits_buf_;             // f32 [largest verify bucket * verify_rows_, vocab]
   int64_t verify_replays_ = 0;
+  int64_t tree_replays_ = 0;
   // Declared last: destroyed first, while the model, cache and logits buffer they use still exist.
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>> graphs_;  // (bucket, width)
   std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>> verify_graphs_;
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<CudaDecodeGraph>>
+      tree_graphs_;  // GraphPlan::verify_trees
 };
 
 // The string options (device, load format, KV layout and dtype) parsed; errors name the bad value.

@@ -291,6 +291,7 @@ TEST(CudaEagle3Engine, TreeGreedyEqualsPlainGreedy) {
     std::printf("%s: %d of %zu requests part at a near tie; %lld tree verify steps\n", label.c_str(), parted,
                 ps.size(), (long long)got.stats.spec.tree_verify_steps);
     EXPECT_GT(got.stats.spec.tree_verify_steps, 0);
+    EXPECT_GT(got.verify_graphs, 0) << "no token-tree step replayed a tree graph";
     EXPECT_GT(got.stats.spec.accepted_tokens, 0);
     EXPECT_LT(got.stats.spec.accepted_tokens, got.stats.spec.draft_tokens);
   }

@@ -89,11 +89,12 @@ TEST(CudaVerifyGraph, ReplayEqualsEagerWhileInputsChange) {
   plan.max_seqs = 48;
   plan.verify_rows_per_seq = 4;
   graphed->prepare_graphs(plan);
-  EXPECT_EQ(graphed->verify_graph_bucket(3, 4, 2), 4);
-  EXPECT_EQ(graphed->verify_graph_bucket(3, 5, 2), 0) << "another k";
-  EXPECT_EQ(graphed->verify_graph_bucket(33, 4, 2), 0) << "above kMaxVerifySeqs";
-  EXPECT_EQ(graphed->verify_graph_bucket(3, 4, 9), 0) << "wider than any graph";
-  EXPECT_EQ(eager->verify_graph_bucket(3, 4, 2), 0) << "no plan, no graphs";
+  EXPECT_EQ(graphed->verify_graph_bucket(3, 4, 2, false), 4);
+  EXPECT_EQ(graphed->verify_graph_bucket(3, 5, 2, false), 0) << "another k";
+  EXPECT_EQ(graphed->verify_graph_bucket(3, 4, 2, true), 0) << "no tree graphs in the plan";
+  EXPECT_EQ(graphed->verify_graph_bucket(33, 4, 2, false), 0) << "above kMaxVerifySeqs";
+  EXPECT_EQ(graphed->verify_graph_bucket(3, 4, 9, false), 0) << "wider than any graph";
+  EXPECT_EQ(eager->verify_graph_bucket(3, 4, 2, false), 0) << "no plan, no graphs";
   VerifyWorkload wl;
   const int64_t V = 512;
   for (int32_t t = 0; t < 20; ++t) {
@@ -114,6 +115,81 @@ TEST(CudaVerifyGraph, ReplayEqualsEagerWhileInputsChange) {
   }
   EXPECT_EQ(graphed->num_verify_graphs(), 4) << "one per verify bucket (1, 2, 4, 8) at the one width";
   EXPECT_EQ(graphed->verify_graph_replays(), 20) << "every step replayed a graph captured at prepare_graphs";
+}
+
+// Token-tree verify steps (EAGLE-3's, runtime/engine_tree.cpp's uniform layout) replayed from a tree graph
+// give the eager step's logits bit for bit while the trees change every step: sequence i holds a tree of
+// (t + i) % 7 nodes (node j's parent (j - 1) / 2, rotary position begin + its depth, slot begin + 1 + j),
+// fill rows (slot -1, seeing the root and themselves) up to 7 rows, none a causal sequence; the batch is
+// padded to its bucket with causal sequences. Both runners take the same table width (the graph's), so the
+// tree kernel splits the same.
+TEST(CudaVerifyGraph, TreeReplayEqualsEagerWhileTreesChange) {
+  KILN_REQUIRE_GPU();
+  auto graphed = tiny_runner(), eager = tiny_runner();
+  graphed->allocate_kv(32, 16);
+  eager->allocate_kv(32, 16);
+  const int32_t q = 7, ps = 16, W = 8;
+  ModelRunner::GraphPlan plan;
+  plan.buckets = {1, 2, 4, 8};
+  plan.max_pages_per_seq = W;
+  plan.max_step_tokens = 64;
+  plan.max_seqs = 8;
+  plan.verify_rows_per_seq = q;
+  plan.verify_trees = true;
+  graphed->prepare_graphs(plan);
+  EXPECT_EQ(graphed->verify_graph_bucket(3, q, 2, true), 4);
+  EXPECT_EQ(graphed->verify_graph_bucket(3, q, 2, false), 4);
+  std::vector<int32_t> begin = {0, 5, 11};
+  const int64_t V = 512;
+  const int32_t steps = 16;
+  for (int32_t t = 0; t < steps; ++t) {
+    BatchDesc b;
+    b.page_size = ps;
+    b.pages_stride = W;
+    b.cu_q = {0};
+    std::vector<int32_t> real(3);
+    for (int32_t i = 0; i < 3; ++i) {
+      const int32_t b0 = begin[size_t(i)], n = (t + i) % q;
+      real[size_t(i)] = 1 + n;
+      const auto slot = [&](int32_t pos) { return int64_t(1 + W * i + pos / ps) * ps + pos % ps; };
+      std::vector<uint64_t> seen(size_t(q), 1);
+      std::vector<int32_t> depth(size_t(q), 0);
+      for (int32_t j = 0; j < q; ++j) {  // row j: the root, node j - 1, or fill
+        const int32_t node = j - 1, parent = node <= 0 ? -1 : (node - 1) / 2;
+        if (j > 0) {
+          depth[size_t(j)] = 1 + (parent < 0 ? 0 : depth[size_t(parent + 1)]);
+          seen[size_t(j)] = (j <= n ? seen[size_t(parent + 1)] : uint64_t(1)) | (uint64_t(1) << j);
+        }
+        b.tokens.push_back(j <= n ? (t * 37 + i * 11 + j * 5 + 1) % 500 : 0);
+        b.positions.push_back(j == 0 ? b0 : j <= n ? b0 + depth[size_t(j)] : b0 + 1);
+        b.slot_mapping.push_back(j == 0 ? slot(b0) : j <= n ? slot(b0 + j) : -1);
+        b.tree_mask.push_back(n > 0 ? seen[size_t(j)] : 0);
+        b.logit_rows.push_back(b.cu_q.back() + j);
+      }
+      b.cu_q.push_back(b.cu_q.back() + q);
+      b.kv_lens.push_back(b0 + q);
+      b.tree_window.push_back(n > 0 ? q : 0);
+      for (int32_t p = 0; p < W; ++p) b.page_table.push_back(1 + W * i + p);
+      begin[size_t(i)] += 1 + std::min(n, 2);  // a kept path of up to 2 nodes (their KV left where it is)
+    }
+    pad_batch(b, 4, q);
+    ASSERT_NO_THROW(b.validate(V, 32));
+    ASSERT_TRUE(is_uniform_verify(b, q));
+    std::vector<float> got, want;
+    graphed->forward(b, &got, nullptr);
+    eager->forward(b, &want, nullptr);
+    ASSERT_EQ(got.size(), want.size());
+    for (int32_t i = 0; i < 3; ++i)
+      for (int32_t j = 0; j < real[size_t(i)]; ++j) {
+        const size_t row = size_t(i * q + j) * size_t(V);
+        for (int64_t v = 0; v < V; ++v)
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[row + size_t(v)]),
+                    std::bit_cast<uint32_t>(want[row + size_t(v)]))
+              << "step " << t << " sequence " << i << " row " << j << " logit " << v;
+      }
+  }
+  EXPECT_EQ(graphed->tree_graph_replays(), steps) << "every tree step replayed a tree graph";
+  EXPECT_EQ(graphed->verify_graph_replays(), steps);
 }
 
 // Prompts that quote themselves (the drafter finds matches), tokens below the EOS id.
@@ -292,7 +368,7 @@ TEST(CudaVerifyGraph, VerifyLogitsBitwiseThePlainDecodeStep) {
         if (real[size_t(i)] <= 0) real[size_t(i)] = 1;  // a finished sequence feeds its last token again
         if (fed[size_t(i)] >= N) begin[size_t(i)] = len[size_t(i)] + N - 1;
       }
-      ASSERT_EQ(spec->verify_graph_bucket(B, q, W), B);
+      ASSERT_EQ(spec->verify_graph_bucket(B, q, W, false), B);
       std::vector<float> lg;
       step(*spec, begin, q, real, &lg);
       ASSERT_EQ(lg.size(), size_t(B) * size_t(q) * size_t(V));

@@ -6,10 +6,16 @@
 //     tree's depth, the counters adding up per request and engine-wide, the pool exact afterwards;
 //   - seeded sampling gives the same tokens alone and batched (each request's generator walks its own tree);
 //   - rows with logit processing (a repetition penalty) draft nothing and draw as plain rows;
+//   - the uniform tree batch of a tree graph (CPU runner asked as CUDA's is) gives plain decoding's tokens;
 //   - the options: K, the depth and the node budget checked against the token-tree window.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
+
 #include "eagle3_engine_util.h"
+#include "model/eagle3_model.h"
+#include "runtime/qwen3_runner.h"
 #include "spec/spec_options.h"
 
 namespace kiln {
@@ -93,6 +99,72 @@ TEST(Eagle3Tree, RowsWithLogitProcessingDrawAsPlainRows) {
   EXPECT_EQ(got.tokens, plain.tokens);
   EXPECT_GT(got.stats.spec.tree_verify_steps, 0);
   for (size_t i = 1; i < prompts.size(); i += 2) EXPECT_EQ(got.spec[i].draft_tokens, 0) << "request " << i;
+}
+
+// The CPU Qwen3Runner taking token-tree verify steps as a CUDA tree graph takes them (every row its root and
+// the budget's nodes, short trees filled with rows at slot -1, the batch padded to a power of two with causal
+// sequences): the engine's uniform tree batch through the eager path.
+class UniformTreeRunner : public Qwen3Runner {
+ public:
+  UniformTreeRunner(const EngineOptions& o, int32_t rows_per_seq)
+      : Qwen3Runner(Qwen3Model::load(o.model_dir, parse_qwen3_runner_settings(o).load), ops::KvLayout::nhd,
+                    DType::bf16),
+        rows_per_seq_(rows_per_seq) {
+    set_draft(Eagle3Model::load(o.speculative.draft_model_path, model()));
+  }
+  int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t, bool tree) const override {
+    EXPECT_TRUE(tree) << "an EAGLE-3 tree engine asked for a chain's verify graph";
+    EXPECT_EQ(rows_per_seq, rows_per_seq_);
+    return int32_t(std::bit_ceil(uint32_t(num_seqs)));
+  }
+  void forward(const BatchDesc& batch, std::vector<float>* logits, std::vector<float>* hidden) override {
+    // A step with prompt rows (a mixed batch) runs ragged, as it would eagerly on CUDA.
+    if (batch.has_tree() && is_uniform_verify(batch, rows_per_seq_)) {
+      ++uniform_tree_steps;
+      for (int32_t b = 0; b < batch.num_seqs(); ++b) {
+        const int32_t r0 = batch.cu_q[size_t(b)], r1 = batch.cu_q[size_t(b) + 1];
+        const auto written = std::count_if(batch.slot_mapping.begin() + r0, batch.slot_mapping.begin() + r1,
+                                           [](int64_t s) { return s >= 0; });
+        if (written == 0) ++padding_seqs;
+        if (batch.tree_window[size_t(b)] > 0 && written > 0 && written < r1 - r0) ++filled_trees;
+      }
+    }
+    Qwen3Runner::forward(batch, logits, hidden);
+  }
+  int uniform_tree_steps = 0, padding_seqs = 0, filled_trees = 0;
+
+ private:
+  int32_t rows_per_seq_;
+};
+
+TEST(Eagle3Tree, UniformTreeBatchEqualsPlainDecoding) {
+  const auto prompts = mixed_prompts();
+  // Batched: steps padded to their bucket; one at a time: every step uniform; the trees of requests near
+  // their end (depth cut to the room) short of the budget.
+  int padding_seqs = 0, filled_trees = 0;
+  for (const bool one_at_a_time : {false, true}) {
+    const std::string mode = one_at_a_time ? "batch 1" : "batched";
+    // Odd requests end 3 tokens in: their one verify step has room for a tree of depth 1 (K nodes).
+    const auto lengths = [](size_t i, Request& q) {
+      if (i % 2 == 1) q.sampling.max_new_tokens = int32_t(3 + i % 4);
+    };
+    const Outputs plain = run(Engine::create(base_opts()), prompts, 20, one_at_a_time, 0.0f, lengths);
+    const EngineOptions o = with_tree(base_opts(), draft_over_frequent_tokens(plain.tokens, 6), 3, 3, 6);
+    auto runner = std::make_unique<UniformTreeRunner>(o, 7);
+    const UniformTreeRunner& r = *runner;
+    const Outputs got =
+        run(std::make_unique<Engine>(std::move(runner), o), prompts, 20, one_at_a_time, 0.0f, lengths);
+    EXPECT_EQ(got.tokens, plain.tokens) << mode;
+    EXPECT_GT(r.uniform_tree_steps, 0) << mode;
+    EXPECT_LE(r.uniform_tree_steps, got.stats.spec.tree_verify_steps) << mode;
+    EXPECT_GT(got.stats.spec.accepted_tokens, 0) << mode;
+    EXPECT_GT(got.stats.spec.tree_moved_tokens, 0) << mode;
+    test::expect_request_sums(got, mode);
+    padding_seqs += r.padding_seqs;
+    filled_trees += r.filled_trees;
+  }
+  EXPECT_GT(padding_seqs, 0) << "no batch padded to its bucket";
+  EXPECT_GT(filled_trees, 0) << "no tree short of the budget (fill rows untested)";
 }
 
 TEST(Eagle3Tree, OptionsFitTheTokenTreeWindow) {

@@ -394,8 +394,9 @@ class UniformVerifyRunner : public Qwen3Runner {
       : Qwen3Runner(Qwen3Model::load(o.model_dir, parse_qwen3_runner_settings(o).load), ops::KvLayout::nhd,
                     DType::bf16),
         rows_per_seq_(rows_per_seq) {}
-  int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t) const override {
+  int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t, bool tree) const override {
     EXPECT_EQ(rows_per_seq, rows_per_seq_);
+    EXPECT_FALSE(tree) << "n-gram drafts are chains";
     ++buckets_given;
     return int32_t(std::bit_ceil(uint32_t(num_seqs)));
   }

@@ -289,8 +289,10 @@ TEST(TreeAttention, CudaCallsCheckTheTreeFieldsBeforeAnyLaunch) {
   for (Tensor* t : {&a.q, &a.out, &a.cache.k, &a.cache.v, &a.cu_q, &a.kv_lens, &a.page_table, &a.tree_window})
     t->device = gpu;
   expect_contains(error_of([&] { ops::paged_attention(a); }), {"tree_mask", "cpu"});
-  // Graphs run no tree: the graphs' batch copy (which would drop the masks) refuses one, and neither graph
-  // predicate takes a tree batch, so the runners send it down the eager path.
+  // Only tree graphs take trees: the graphs' batch copy refuses a tree for any other graph (which would run
+  // its rows causally) and a tree graph's batch without masks, and copies the masks for a tree graph; a
+  // uniform tree is a verify graph's shape (the runner picks the tree family), a one-row tree no decode
+  // graph's.
   BatchDesc b;
   b.tokens = {1, 2};
   b.positions = {4, 5};
@@ -304,8 +306,18 @@ TEST(TreeAttention, CudaCallsCheckTheTreeFieldsBeforeAnyLaunch) {
   b.tree_window = {2};
   b.tree_mask = {1, 3};
   BatchDesc out;
-  expect_contains(error_of([&] { copy_with_table_width(b, 1, 2, out); }), {"token-tree", "eagerly"});
-  EXPECT_FALSE(is_uniform_verify(b, 2));
+  expect_contains(error_of([&] { copy_with_table_width(b, 1, 2, out); }),
+                  {"token-tree", "without tree masks"});
+  copy_with_table_width(b, 2, 3, out, true);
+  EXPECT_EQ(out.tree_window, b.tree_window);
+  EXPECT_EQ(out.tree_mask, b.tree_mask);
+  EXPECT_EQ(out.page_table, (std::vector<int32_t>{0, 1, 0, 0, 0, 0}));
+  EXPECT_TRUE(is_uniform_verify(b, 2));
+  BatchDesc padded = b;  // padding sequences of a tree: causal, masks 0
+  pad_batch(padded, 3, 2);
+  EXPECT_EQ(padded.tree_window, (std::vector<int32_t>{2, 0, 0}));
+  EXPECT_EQ(padded.tree_mask, (std::vector<uint64_t>{1, 3, 0, 0, 0, 0}));
+  EXPECT_NO_THROW(padded.validate(16, 4));
   BatchDesc one = b;  // a draft pass of one frontier node: one row, a wider window
   one.tokens = {2};
   one.positions = {5};
@@ -317,6 +329,7 @@ TEST(TreeAttention, CudaCallsCheckTheTreeFieldsBeforeAnyLaunch) {
   b.tree_window.clear();
   b.tree_mask.clear();
   EXPECT_TRUE(is_uniform_verify(b, 2));
+  expect_contains(error_of([&] { copy_with_table_width(b, 1, 2, out, true); }), {"without tree_window"});
   one.tree_window.clear();
   one.tree_mask.clear();
   EXPECT_TRUE(is_graphable_decode(one));
