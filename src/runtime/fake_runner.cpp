@@ -191,13 +191,16 @@ bool FakeRunner::forward_sampled(const BatchDesc& batch, const std::vector<RowSa
   forward(batch, &logits, nullptr);
   ++sampled_steps;
   if (before_sample) before_sample();  // where a device sampler's forward would be running
-  draw_rows(logits, rows, top_n, out);
+  draw_rows_on_host(logits, config_.vocab_size, rows, top_n, out);
   return true;
 }
 
-void FakeRunner::draw_rows(std::vector<float>& logits, const std::vector<RowSampling>& rows, int top_n,
-                           std::vector<SampledRow>* out) const {
-  const size_t V = size_t(config_.vocab_size);
+void draw_rows_on_host(std::vector<float>& logits, int64_t vocab,
+                       const std::vector<ModelRunner::RowSampling>& rows, int top_n,
+                       std::vector<ModelRunner::SampledRow>* out) {
+  using RowSampling = ModelRunner::RowSampling;
+  using SampledRow = ModelRunner::SampledRow;
+  const size_t V = size_t(vocab);
   out->assign(rows.size(), SampledRow{});
   for (size_t r = 0; r < rows.size(); ++r) {
     float* x = logits.data() + r * V;
@@ -274,7 +277,7 @@ void FakeRunner::sample_launched(const std::vector<RowSampling>& rows) {
   KILN_CHECK(!launched_.empty() && !launched_.back().sampled, "FakeRunner: no launched forward to sample");
   Launched& l = launched_.back();
   KILN_CHECK_EQ(rows.size() * size_t(config_.vocab_size), l.logits.size(), "one RowSampling per logit row");
-  draw_rows(l.logits, rows, l.top_n, &l.rows);
+  draw_rows_on_host(l.logits, config_.vocab_size, rows, l.top_n, &l.rows);
   l.logits.clear();
   l.sampled = true;
 }

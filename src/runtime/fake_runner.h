@@ -17,6 +17,14 @@
 
 namespace kiln {
 
+// A device sampler's stand-in on the host (FakeRunner's, and tests' CPU runners that sample as CUDA does):
+// each row of logits [rows, vocab] with its processor applied in place, then greedy (lowest id among the
+// maximal logits) or a draw from softmax(logits / T) over the top-k with a generator seeded by (seed, step)
+// only; each draw's raw log-softmax and the top_n alternatives.
+void draw_rows_on_host(std::vector<float>& logits, int64_t vocab,
+                       const std::vector<ModelRunner::RowSampling>& rows, int top_n,
+                       std::vector<ModelRunner::SampledRow>* out);
+
 class FakeRunner : public ModelRunner {
  public:
   // vocab >= 2; eos is the model's eos token (config().eos_token_ids), or -1 for none.
@@ -97,9 +105,6 @@ class FakeRunner : public ModelRunner {
   std::deque<Launched> launched_;  // launched, not collected (oldest first)
   // The step's input with a chained step's tokens taken from the draws of the step launched last.
   const BatchDesc& chain_input(const BatchDesc& batch, bool chained, BatchDesc& local);
-  // forward_sampled's draw of each row from its logits [rows, vocab] (processors applied in place).
-  void draw_rows(std::vector<float>& logits, const std::vector<RowSampling>& rows, int top_n,
-                 std::vector<SampledRow>* out) const;
   std::mutex gate_mu_;
   std::condition_variable gate_cv_;
   bool gate_held_ = false;

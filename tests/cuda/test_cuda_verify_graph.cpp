@@ -77,6 +77,24 @@ struct VerifyWorkload {
   }
 };
 
+// One uniform verify step through both runners: sequence i's first real[i] rows (of q) give the same logits
+// bit for bit.
+void expect_replay_equals_eager(Qwen3Runner& graphed, Qwen3Runner& eager, const BatchDesc& b, int32_t q,
+                                const std::vector<int32_t>& real, int32_t step) {
+  std::vector<float> got, want;
+  graphed.forward(b, &got, nullptr);
+  eager.forward(b, &want, nullptr);
+  ASSERT_EQ(got.size(), want.size());
+  const size_t V = size_t(graphed.config().vocab_size);
+  for (size_t i = 0; i < real.size(); ++i)
+    for (int32_t j = 0; j < real[i]; ++j) {
+      const size_t row = (i * size_t(q) + size_t(j)) * V;
+      for (size_t v = 0; v < V; ++v)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[row + v]), std::bit_cast<uint32_t>(want[row + v]))
+            << "step " << step << " sequence " << i << " row " << j << " logit " << v;
+    }
+}
+
 TEST(CudaVerifyGraph, ReplayEqualsEagerWhileInputsChange) {
   KILN_REQUIRE_GPU();
   auto graphed = tiny_runner(), eager = tiny_runner();
@@ -96,22 +114,12 @@ TEST(CudaVerifyGraph, ReplayEqualsEagerWhileInputsChange) {
   EXPECT_EQ(graphed->verify_graph_bucket(3, 4, 9, false), 0) << "wider than any graph";
   EXPECT_EQ(eager->verify_graph_bucket(3, 4, 2, false), 0) << "no plan, no graphs";
   VerifyWorkload wl;
-  const int64_t V = 512;
   for (int32_t t = 0; t < 20; ++t) {
     std::vector<int32_t> real;
     const BatchDesc b = wl.next(t, 4, &real);
     ASSERT_TRUE(is_uniform_verify(b, 4));
-    std::vector<float> got, want;
-    graphed->forward(b, &got, nullptr);
-    eager->forward(b, &want, nullptr);
-    ASSERT_EQ(got.size(), want.size());
-    for (int32_t i = 0; i < 3; ++i)
-      for (int32_t j = 0; j < real[size_t(i)]; ++j) {
-        const size_t row = size_t(i * 4 + j) * size_t(V);
-        for (int64_t v = 0; v < V; ++v)
-          ASSERT_EQ(got[row + size_t(v)], want[row + size_t(v)])
-              << "step " << t << " sequence " << i << " position " << j << " logit " << v;
-      }
+    expect_replay_equals_eager(*graphed, *eager, b, 4, real, t);
+    if (HasFatalFailure()) return;
   }
   EXPECT_EQ(graphed->num_verify_graphs(), 4) << "one per verify bucket (1, 2, 4, 8) at the one width";
   EXPECT_EQ(graphed->verify_graph_replays(), 20) << "every step replayed a graph captured at prepare_graphs";
@@ -175,18 +183,8 @@ TEST(CudaVerifyGraph, TreeReplayEqualsEagerWhileTreesChange) {
     pad_batch(b, 4, q);
     ASSERT_NO_THROW(b.validate(V, 32));
     ASSERT_TRUE(is_uniform_verify(b, q));
-    std::vector<float> got, want;
-    graphed->forward(b, &got, nullptr);
-    eager->forward(b, &want, nullptr);
-    ASSERT_EQ(got.size(), want.size());
-    for (int32_t i = 0; i < 3; ++i)
-      for (int32_t j = 0; j < real[size_t(i)]; ++j) {
-        const size_t row = size_t(i * q + j) * size_t(V);
-        for (int64_t v = 0; v < V; ++v)
-          ASSERT_EQ(std::bit_cast<uint32_t>(got[row + size_t(v)]),
-                    std::bit_cast<uint32_t>(want[row + size_t(v)]))
-              << "step " << t << " sequence " << i << " row " << j << " logit " << v;
-      }
+    expect_replay_equals_eager(*graphed, *eager, b, q, real, t);
+    if (HasFatalFailure()) return;
   }
   EXPECT_EQ(graphed->tree_graph_replays(), steps) << "every tree step replayed a tree graph";
   EXPECT_EQ(graphed->verify_graph_replays(), steps);

@@ -7,6 +7,8 @@
 //   - seeded sampling gives the same tokens alone and batched (each request's generator walks its own tree);
 //   - rows with logit processing (a repetition penalty) draft nothing and draw as plain rows;
 //   - the uniform tree batch of a tree graph (CPU runner asked as CUDA's is) gives plain decoding's tokens;
+//   - trees verified by device draws (a CPU runner sampling as CUDA does) give plain decoding's draws, seeded
+//     sampling included;
 //   - the options: K, the depth and the node budget checked against the token-tree window.
 #include <gtest/gtest.h>
 
@@ -15,6 +17,7 @@
 
 #include "eagle3_engine_util.h"
 #include "model/eagle3_model.h"
+#include "runtime/fake_runner.h"
 #include "runtime/qwen3_runner.h"
 #include "spec/spec_options.h"
 
@@ -104,14 +107,31 @@ TEST(Eagle3Tree, RowsWithLogitProcessingDrawAsPlainRows) {
 // The CPU Qwen3Runner taking token-tree verify steps as a CUDA tree graph takes them (every row its root and
 // the budget's nodes, short trees filled with rows at slot -1, the batch padded to a power of two with causal
 // sequences): the engine's uniform tree batch through the eager path.
+// sample_on_host: forward_sampled draws as a device sampler does (draw_rows_on_host), so the engine takes its
+// device paths (a tree's nodes drawn as the plain steps would draw them); a runner without a draft (o has
+// none) is the plain reference of such a run.
 class UniformTreeRunner : public Qwen3Runner {
  public:
-  UniformTreeRunner(const EngineOptions& o, int32_t rows_per_seq)
+  UniformTreeRunner(const EngineOptions& o, int32_t rows_per_seq, bool sample_on_host = false)
       : Qwen3Runner(Qwen3Model::load(o.model_dir, parse_qwen3_runner_settings(o).load), ops::KvLayout::nhd,
                     DType::bf16),
-        rows_per_seq_(rows_per_seq) {
-    set_draft(Eagle3Model::load(o.speculative.draft_model_path, model()));
+        rows_per_seq_(rows_per_seq),
+        sample_on_host_(sample_on_host) {
+    if (!o.speculative.draft_model_path.empty())
+      set_draft(Eagle3Model::load(o.speculative.draft_model_path, model()));
   }
+  using Qwen3Runner::forward_sampled;
+  bool forward_sampled(const BatchDesc& batch, const std::vector<RowSampling>& rows, int top_n,
+                       std::vector<SampledRow>* out, const std::function<void()>& before_sample) override {
+    if (!sample_on_host_) return false;
+    std::vector<float> logits;
+    forward(batch, &logits, nullptr);
+    if (before_sample) before_sample();
+    draw_rows_on_host(logits, config().vocab_size, rows, top_n, out);
+    ++sampled_steps;
+    return true;
+  }
+  int sampled_steps = 0;
   int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t, bool tree) const override {
     EXPECT_TRUE(tree) << "an EAGLE-3 tree engine asked for a chain's verify graph";
     EXPECT_EQ(rows_per_seq, rows_per_seq_);
@@ -135,6 +155,7 @@ class UniformTreeRunner : public Qwen3Runner {
 
  private:
   int32_t rows_per_seq_;
+  bool sample_on_host_;
 };
 
 TEST(Eagle3Tree, UniformTreeBatchEqualsPlainDecoding) {
@@ -165,6 +186,39 @@ TEST(Eagle3Tree, UniformTreeBatchEqualsPlainDecoding) {
   }
   EXPECT_GT(padding_seqs, 0) << "no batch padded to its bucket";
   EXPECT_GT(filled_trees, 0) << "no tree short of the budget (fill rows untested)";
+}
+
+// Trees verified by device draws (runtime/engine_tree.cpp tree_row_sampling): each node draws the token after
+// it as the plain step drawing that token would (the request's seed, step completion + depth), and the walk
+// keeps the child equal to its parent's draw, so a seeded sampled request's tokens are plain decoding's own
+// draws, bit for bit (the CPU's tree rows are its causal rows), alone and batched; greedy too.
+TEST(Eagle3Tree, DeviceDrawnTreesGivePlainDecodingsDraws) {
+  const auto prompts = mixed_prompts();
+  const EngineOptions base = base_opts();
+  for (const float temperature : {0.0f, 0.4f}) {
+    const auto seeded = [&](size_t i, Request& r) {
+      r.sampling.temperature = temperature;
+      r.sampling.top_k = i % 2 ? 8 : -1;
+      r.sampling.seed = int64_t(500 + i);
+    };
+    const Outputs plain =
+        run(std::make_unique<Engine>(std::make_unique<UniformTreeRunner>(base, 7, true), base), prompts, 20,
+            false, temperature, seeded);
+    const EngineOptions o = with_tree(base, draft_over_frequent_tokens(plain.tokens, 6), 3, 3, 6);
+    for (const bool one_at_a_time : {true, false}) {
+      const std::string mode =
+          std::string(one_at_a_time ? "batch 1" : "batched") + ", T " + std::to_string(temperature);
+      auto runner = std::make_unique<UniformTreeRunner>(o, 7, true);
+      const UniformTreeRunner& r = *runner;
+      const Outputs got = run(std::make_unique<Engine>(std::move(runner), o), prompts, 20, one_at_a_time,
+                              temperature, seeded);
+      EXPECT_EQ(got.tokens, plain.tokens) << mode;
+      EXPECT_GT(r.sampled_steps, 0) << mode;
+      EXPECT_GT(r.uniform_tree_steps, 0) << mode;
+      EXPECT_GT(got.stats.spec.tree_verify_steps, 0) << mode;
+      EXPECT_GT(got.stats.spec.accepted_tokens, 0) << mode << ": no node kept, the kept path untested";
+    }
+  }
 }
 
 TEST(Eagle3Tree, OptionsFitTheTokenTreeWindow) {
