@@ -16,6 +16,7 @@
 #include "runtime/engine_impl.h"
 #include "runtime/token_draw.h"
 #include "spec/kv_extent.h"
+#include "spec/spec_options.h"
 #include "spec/verify_tree.h"
 
 namespace kiln {
@@ -113,14 +114,27 @@ BatchDesc tree_verify_batch(const StepPlan& plan, const std::vector<spec::DraftT
 // The tree graph's batch size for this plan (every row a sampling decode row), or 0: the step runs ragged
 // and eagerly. Unlike a chain's fill rows, a tree's sit at rotary position begin + 1 and are never seen, so
 // a row near its sequence's limit (a tree cut to the room left) still fits: only the table must (the
-// runner's widest graph).
-int32_t uniform_tree_bucket(const StepPlan& plan, const ModelRunner& runner, const KvPool& pool, int32_t q) {
+// runner's widest graph). Few nodes for the graph's rows (rows without a tree, small trees) run ragged as a
+// chain's few drafts do (SpecOptions::ragged_verify_factor), counted in ragged_steps.
+int32_t uniform_tree_bucket(const StepPlan& plan, const std::vector<spec::DraftTree>& trees,
+                            const ModelRunner& runner, const KvPool& pool, const spec::SpecOptions& so,
+                            int64_t* ragged_steps) {
+  const int32_t q = so.num_draft_tokens + 1;  // the root and the budget's nodes
   int32_t stride = 0;
-  for (const StepRow& r : plan.rows) {
+  int64_t nodes = 0;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const StepRow& r = plan.rows[i];
     if (r.q_len != 1 || !r.samples) return 0;
     stride = std::max(stride, pool.pages_for(r.begin + q));
+    nodes += int64_t(trees[i].size());
   }
-  return runner.verify_graph_bucket(int32_t(plan.rows.size()), q, stride, true);
+  const int32_t B = int32_t(plan.rows.size());
+  const int32_t bucket = runner.verify_graph_bucket(B, q, stride, true);
+  if (bucket > 0 && spec::ragged_verify_rows(so, B, nodes, bucket, q)) {
+    ++*ragged_steps;
+    return 0;
+  }
+  return bucket;
 }
 
 // One RowSampling per logit row of tree_verify_batch's batch, for rows verified by device draws: the root
@@ -289,9 +303,10 @@ bool Engine::Impl::eagle_tree_step(StepPlan& plan, Clock::time_point t0, bool ti
   };
   const int64_t V = runner->config().vocab_size;
   std::vector<int32_t> logit_base;
-  const int32_t q = so.num_draft_tokens + 1;  // the root and the budget's nodes
-  const int32_t bucket = uniform_tree_bucket(plan, *runner, *pool, q);
-  BatchDesc batch = tree_verify_batch(plan, trees, *pool, bucket > 0 ? q : 0, bucket, &logit_base);
+  const int32_t bucket =
+      uniform_tree_bucket(plan, trees, *runner, *pool, so, &counters.spec.ragged_verify_steps);
+  BatchDesc batch =
+      tree_verify_batch(plan, trees, *pool, bucket > 0 ? so.num_draft_tokens + 1 : 0, bucket, &logit_base);
   runner->place_positions(batch);
   std::vector<float>& logits = logits_host;
   // As a chain's verify step (engine_spec.cpp): rows without logit processing or logprobs need only each

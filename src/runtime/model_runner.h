@@ -63,8 +63,8 @@ class ModelRunner {
     // Speculative decoding: k + 1, the positions each sequence of a verify step computes (0: no verify
     // steps). The runner sizes its workspace for verify graphs of that width (verify_graph_bucket).
     int32_t verify_rows_per_seq = 0;
-    // EAGLE-3 token trees (SpecOptions::tree): a tree graph beside each verify graph, for the token-tree
-    // verify steps of the same width.
+    // EAGLE-3 token trees (SpecOptions::tree): every verify step is a token tree, so the verify graphs are
+    // tree graphs (verify_graph_bucket's tree = true; none for chains).
     bool verify_trees = false;
   };
   virtual void prepare_graphs(const GraphPlan& /*plan*/) {}

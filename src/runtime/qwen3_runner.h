@@ -41,7 +41,7 @@ class Qwen3Runner : public ModelRunner {
   // CUDA, plan.verify_rows_per_seq = q >= 2: verify steps of the plan's batch sizes up to kMaxVerifySeqs
   // replay a graph per (bucket, page-table width) with q rows per sequence, all captured here with the decode
   // graphs (a capture inside serving stalls every running request: ~3 ms each for the small spec model).
-  // plan.verify_trees: a tree graph beside each verify graph (token-tree steps of the same width).
+  // plan.verify_trees: the verify graphs are tree graphs (token-tree steps of that width), none for chains.
   int32_t verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride,
                               bool tree) const override;
   static constexpr int32_t kMaxVerifySeqs = 32;

@@ -85,11 +85,9 @@ void Qwen3Runner::prepare_graphs(const GraphPlan& plan) {
       graphs_[{b, w}] = std::move(g);
     }
   }
+  // With token trees every verify step is a tree (runtime/engine_tree.cpp): no chain verify graphs then.
   for (int32_t b : verify_buckets_)
-    for (int32_t w : graph_widths_) {
-      capture_verify_graph(b, w, false);
-      if (plan.verify_trees) capture_verify_graph(b, w, true);
-    }
+    for (int32_t w : graph_widths_) capture_verify_graph(b, w, plan.verify_trees);
 #ifdef KILN_HAVE_CUDA
   KILN_CHECK(cudaDeviceSynchronize() == cudaSuccess,
              "capturing the decode CUDA graphs failed: ", cudaGetErrorString(cudaGetLastError()));
@@ -113,7 +111,7 @@ int32_t Qwen3Runner::graph_bucket(const BatchDesc& batch) const {
 int32_t Qwen3Runner::verify_graph_bucket(int32_t num_seqs, int32_t rows_per_seq, int32_t pages_stride,
                                          bool tree) const {
   if (verify_buckets_.empty() || rows_per_seq != verify_rows_ || num_seqs > verify_buckets_.back() ||
-      pages_stride > graph_widths_.back() || (tree && tree_graphs_.empty()))
+      pages_stride > graph_widths_.back() || (tree ? tree_graphs_ : verify_graphs_).empty())
     return 0;
   return *std::lower_bound(verify_buckets_.begin(), verify_buckets_.end(), num_seqs);
 }

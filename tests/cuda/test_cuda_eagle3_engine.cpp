@@ -252,8 +252,9 @@ TEST(CudaEagle3Engine, GreedyEagle3EqualsPlainGreedy) {
 }
 
 // Tree drafting on CUDA (--speculative-eagle-topk 3, 3 levels, 6 nodes; KILN_EAGLE3_TREE_CUDA=1 while it has
-// not run on a GPU): the token-tree verify steps run eagerly, the kept nodes' KV moves, and greedy outputs
-// equal plain greedy decoding but for near ties of the plain path's top two; off by default, refused by name.
+// not run on a GPU): the token-tree verify steps replay tree graphs (the runner captures no chain verify
+// graphs then, so its verify replays are the trees'), the kept nodes' KV moves, and greedy outputs equal
+// plain greedy decoding but for near ties of the plain path's top two; off by default, refused by name.
 TEST(CudaEagle3Engine, TreeGreedyEqualsPlainGreedy) {
   KILN_REQUIRE_GPU();
   const test::ScopedEnv eagle3_on("KILN_EAGLE3_CUDA", "1");

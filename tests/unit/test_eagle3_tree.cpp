@@ -7,6 +7,7 @@
 //   - seeded sampling gives the same tokens alone and batched (each request's generator walks its own tree);
 //   - rows with logit processing (a repetition penalty) draft nothing and draw as plain rows;
 //   - the uniform tree batch of a tree graph (CPU runner asked as CUDA's is) gives plain decoding's tokens;
+//   - the ragged verify rule chooses between the uniform and the ragged tree batch;
 //   - trees verified by device draws (a CPU runner sampling as CUDA does) give plain decoding's draws, seeded
 //     sampling included;
 //   - the options: K, the depth and the node budget checked against the token-tree window.
@@ -186,6 +187,31 @@ TEST(Eagle3Tree, UniformTreeBatchEqualsPlainDecoding) {
   }
   EXPECT_GT(padding_seqs, 0) << "no batch padded to its bucket";
   EXPECT_GT(filled_trees, 0) << "no tree short of the budget (fill rows untested)";
+}
+
+// The ragged verify rule holds for trees too (nodes against the graph's rows): with it always true every tree
+// step runs ragged and is counted, with it off none does; plain decoding's greedy tokens either way.
+TEST(Eagle3Tree, RaggedVerifyRuleChoosesTheTreeBatch) {
+  const auto prompts = mixed_prompts();
+  const Outputs plain = run(Engine::create(base_opts()), prompts, 20, false);
+  for (const double factor : {0.0, 1e-6}) {
+    EngineOptions o = with_tree(base_opts(), draft_over_frequent_tokens(plain.tokens, 6), 3, 3, 6);
+    o.speculative.ragged_verify_factor = factor;
+    o.speculative.ragged_verify_min_seqs = 1;
+    auto runner = std::make_unique<UniformTreeRunner>(o, 7);
+    const UniformTreeRunner& r = *runner;
+    const Outputs got = run(std::make_unique<Engine>(std::move(runner), o), prompts, 20, false);
+    const std::string mode = "factor " + std::to_string(factor);
+    EXPECT_EQ(got.tokens, plain.tokens) << mode;
+    EXPECT_GT(got.stats.spec.tree_verify_steps, 0) << mode;
+    if (factor == 0.0) {
+      EXPECT_EQ(got.stats.spec.ragged_verify_steps, 0) << mode;
+      EXPECT_GT(r.uniform_tree_steps, 0) << mode;
+    } else {
+      EXPECT_GT(got.stats.spec.ragged_verify_steps, 0) << mode;
+      EXPECT_EQ(r.padding_seqs, 0) << mode << ": a ragged step is never padded";
+    }
+  }
 }
 
 // Trees verified by device draws (runtime/engine_tree.cpp tree_row_sampling): each node draws the token after
