@@ -1,6 +1,6 @@
 // The CPU fixtures of the runner-level EAGLE tree-drafting tests (test_runner_move_kv.cpp,
 // test_runner_tree_ops.cpp): a tiny Qwen3 (3 layers, vocabulary 301, width 96), its random EAGLE-3 draft,
-// runners holding either, context slots, tokens, and error / bit comparisons.
+// runners holding either, context slots, tokens, bit comparisons.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -78,14 +78,7 @@ inline std::vector<int32_t> some_tokens(int n, int seed) {
   return t;
 }
 
-inline std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test_support::error_of;
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

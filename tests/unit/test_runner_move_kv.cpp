@@ -250,13 +250,13 @@ TEST(RunnerMoveKvErrors, BadMovesAreErrorsThatChangeNothing) {
         {{0, 1, 2}, {5, 6, 5}, "to[0] and to[2] are both slot 5"},
     };
     for (const Bad& b : bad) {
-      const std::string msg = message_of([&] { r->move_kv(b.from, b.to); });
+      const std::string msg = error_of([&] { r->move_kv(b.from, b.to); });
       EXPECT_NE(msg.find(b.says), std::string::npos) << msg;
       EXPECT_EQ(snapshot(r->cache()), before) << b.says;
     }
   }
   auto fresh = std::make_unique<Qwen3Runner>(tiny_model(), ops::KvLayout::nhd, DType::bf16);
-  EXPECT_NE(message_of([&] { fresh->move_kv({0}, {1}); }).find("allocate_kv was not called"),
+  EXPECT_NE(error_of([&] { fresh->move_kv({0}, {1}); }).find("allocate_kv was not called"),
             std::string::npos);
 }
 
@@ -276,10 +276,10 @@ class PlainRunner : public ModelRunner {
 
 TEST(RunnerDefaults, MoveKvAndDraftTopkRefuseByName) {
   PlainRunner p;
-  EXPECT_NE(message_of([&] { p.move_kv({0}, {1}); }).find("this model runner cannot move KV slots"),
+  EXPECT_NE(error_of([&] { p.move_kv({0}, {1}); }).find("this model runner cannot move KV slots"),
             std::string::npos);
   EXPECT_NO_THROW(p.set_draft_topk(1));
-  EXPECT_NE(message_of([&] { p.set_draft_topk(2); }).find("no EAGLE-3 top-k drafting"), std::string::npos);
+  EXPECT_NE(error_of([&] { p.set_draft_topk(2); }).find("no EAGLE-3 top-k drafting"), std::string::npos);
   FakeRunner f;
   EXPECT_NO_THROW(f.set_draft_topk(1));
   EXPECT_THROW(f.set_draft_topk(4), Error);

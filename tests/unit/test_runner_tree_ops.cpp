@@ -198,13 +198,13 @@ TEST(Eagle3TopK, TiesGoToTheLowerIdAndNanRanksAsMinusInf) {
 TEST(Eagle3TopK, SetTopkBoundsAndTheRunnersPlumbing) {
   DraftFixture fx(1);
   for (int bad : {0, -1, 17})
-    EXPECT_NE(message_of([&] { fx.draft->set_topk(bad); }).find("must be in [1, 16]"), std::string::npos)
+    EXPECT_NE(error_of([&] { fx.draft->set_topk(bad); }).find("must be in [1, 16]"), std::string::npos)
         << bad;
   EXPECT_EQ(fx.draft->topk(), 1);
   EXPECT_NO_THROW(fx.draft->set_topk(16));
   EXPECT_NO_THROW(fx.draft->set_topk(1));
   auto small = Eagle3Model::load(draft_dir(8), *fx.target);
-  EXPECT_NE(message_of([&] { small->set_topk(9); }).find("exceeds the draft vocabulary of 8"),
+  EXPECT_NE(error_of([&] { small->set_topk(9); }).find("exceeds the draft vocabulary of 8"),
             std::string::npos);
   EXPECT_NO_THROW(small->set_topk(8));
 
@@ -336,7 +336,7 @@ TEST(Eagle3Tree, ChainPassesRefuseATree) {
   DraftFixture fx(1);
   BatchDesc b = tree_pass({3}, {0}, 1, 1, {1});
   std::vector<std::vector<int32_t>> tokens;
-  EXPECT_NE(message_of([&] {
+  EXPECT_NE(error_of([&] {
               fx.draft->forward_chain({b}, std::vector<float>(64, 0.0f), &tokens);
             }).find("take no token tree"),
             std::string::npos);
