@@ -552,13 +552,4 @@ void Eagle3Model::read_out(int64_t R, Out* out, int64_t keep) {
   if (return_logits_) copy_bytes(out->logits.data(), Device::cpu(), buf, device_, out->logits.size() * 4);
 }
 
-void eagle3_topk(const float* logits, int64_t rows, int64_t Dv, int k, const int64_t* d2t, int32_t* tokens,
-                 float* logprobs) {
-  KILN_CHECK(Dv >= 1 && k >= 1 && k <= Dv, "eagle3_topk: k ", k, " of a draft vocabulary of ", Dv);
-  const Device cpu = Device::cpu();
-  ops::topk_rows(Tensor(const_cast<float*>(logits), DType::f32, {rows, Dv}, cpu),
-                 Tensor(const_cast<int64_t*>(d2t), DType::i64, {Dv}, cpu), k,
-                 Tensor(tokens, DType::i32, {rows, k}, cpu), Tensor(logprobs, DType::f32, {rows, k}, cpu));
-}
-
 }  // namespace kiln

@@ -64,7 +64,7 @@ class Eagle3Model {
     std::vector<int32_t> tokens;  // [R] the top-1 draft token of each logit row, as a target id
     std::vector<float> hidden;    // [R, H] the midlayer output of each logit row
     // set_topk(k) with k > 1 (else empty): per logit row its k best draft tokens (target ids) and their
-    // log-probabilities, eagle3_topk's contract; entry 0 of a row is tokens[r].
+    // log-probabilities, ops::topk_rows' contract (ops/argmax.h); entry 0 of a row is tokens[r].
     std::vector<int32_t> topk_tokens;  // [R, k]
     std::vector<float> topk_logprobs;  // [R, k]
     std::vector<float> logits;         // [R, Dv] the draft-vocabulary logits, with set_return_logits(true)
@@ -163,17 +163,5 @@ class Eagle3Model {
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DraftGraphs> draft_graphs_;  // prepare_draft_graphs (CUDA)
 };
-
-// The top k of draft logits rows, the contract of Eagle3Model::Out::topk_*: for each row r of logits
-// (f32 [rows, Dv], host), its k best draft ids ranked by logit, descending, equal logits by ascending draft
-// id, NaN ranked as -inf (as ops::argmax_rows does, so entry 0 is the row's top-1), written as target ids (id
-// + d2t[id]) to tokens[r * k + i], and their log-softmax over the whole row in f32 to logprobs[r * k + i]:
-// with m = the top-1 logit, s = the sum over draft ids j ascending of expf(x_j - m), each term rounded to f32
-// and added one at a time in f32 from 0, logprob = (x - m) - logf(s) (two f32 roundings; expf and logf of the
-// C library). 1 <= k <= min(Dv, 16). A row with a NaN logit gets NaN log-probabilities; one whose logits are
-// all -inf, NaN ones. It is ops::topk_rows' CPU oracle on host rows; the CUDA kernel ranks alike bit for bit
-// and sums s in another order (ops/argmax.h states it and the tolerance).
-void eagle3_topk(const float* logits, int64_t rows, int64_t draft_vocab, int k, const int64_t* d2t,
-                 int32_t* tokens, float* logprobs);
 
 }  // namespace kiln

@@ -263,8 +263,11 @@ struct Engine::Impl {
   // that may sample on the device: the verify step then asks the runner for each position's token as the
   // plain step would draw it (verify_row_sampling) and keeps the drafts equal to those draws.
   bool verify_on_device(const StepPlan& plan, const std::vector<uint8_t>& wants) const;
-  // One RowSampling per logit row of a verify batch: row i's position j (logit row logit_base[i] + j) samples
-  // as the plain step drawing the request's token completion + j would (its seed, that step counter).
+  // The RowSampling of a verify position that draws row's request's token completion + ahead as the plain
+  // step drawing it would (its seed, that step counter), without processing (verify_on_device).
+  ModelRunner::RowSampling verify_draw(const StepRow& row, uint64_t ahead) const;
+  // One RowSampling per logit row of a verify batch: row i's position j (logit row logit_base[i] + j) is
+  // verify_draw(row i, j).
   std::vector<ModelRunner::RowSampling> verify_row_sampling(const StepPlan& plan,
                                                             const std::vector<uint8_t>& wants,
                                                             const std::vector<std::vector<int32_t>>& drafts,

@@ -121,20 +121,22 @@ bool Engine::Impl::verify_on_device(const StepPlan& plan, const std::vector<uint
   return true;
 }
 
+ModelRunner::RowSampling Engine::Impl::verify_draw(const StepRow& row, uint64_t ahead) const {
+  const RequestId id = row.seq->id;
+  const Live& L = live.at(id);
+  ModelRunner::RowSampling r = draw_params(id, L, uint64_t(L.completion) + ahead);
+  r.proc = nullptr;  // inactive (verify_on_device): no processing
+  return r;
+}
+
 std::vector<ModelRunner::RowSampling> Engine::Impl::verify_row_sampling(
     const StepPlan& plan, const std::vector<uint8_t>& wants, const std::vector<std::vector<int32_t>>& drafts,
     const std::vector<int32_t>& logit_base, size_t logit_rows) const {
   std::vector<ModelRunner::RowSampling> rs(logit_rows);  // fill and padding rows: greedy, never read
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     if (!wants[i]) continue;
-    const RequestId id = plan.rows[i].seq->id;
-    const Live& L = live.at(id);
-    // Position j draws the request's token number completion + j: the plain step's stream at that token.
-    for (size_t j = 0; j <= drafts[i].size(); ++j) {
-      ModelRunner::RowSampling& r = rs[size_t(logit_base[i]) + j];
-      r = draw_params(id, L, uint64_t(L.completion) + j);
-      r.proc = nullptr;  // inactive (verify_on_device): no processing
-    }
+    for (size_t j = 0; j <= drafts[i].size(); ++j)
+      rs[size_t(logit_base[i]) + j] = verify_draw(plan.rows[i], j);
   }
   return rs;
 }

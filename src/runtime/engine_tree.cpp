@@ -316,13 +316,7 @@ bool Engine::Impl::eagle_tree_step(StepPlan& plan, Clock::time_point t0, bool ti
   try {
     batch.validate(V, pool->num_pages());
     if (verify_on_device(plan, wants)) {
-      const auto draw = [&](size_t i, uint64_t ahead) {
-        const RequestId id = plan.rows[i].seq->id;
-        const Live& L = live.at(id);
-        ModelRunner::RowSampling r = draw_params(id, L, uint64_t(L.completion) + ahead);
-        r.proc = nullptr;  // inactive (verify_on_device)
-        return r;
-      };
+      const auto draw = [&](size_t i, uint64_t ahead) { return verify_draw(plan.rows[i], ahead); };
       on_device = runner->forward_sampled(
           batch, tree_row_sampling(plan, wants, trees, logit_base, batch.logit_rows.size(), draw), 0,
           &device_tokens);

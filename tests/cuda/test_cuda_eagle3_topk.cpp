@@ -1,11 +1,11 @@
-// EAGLE-3 top-k drafting on CUDA. ops::topk_rows against the CPU oracle (eagle3_topk, model/eagle3_model.h)
+// EAGLE-3 top-k drafting on CUDA. ops::topk_rows on CUDA against its CPU oracle (the same op on host rows)
 // on the same logits: random rows with planted ties (inside and across the top k), NaN, -inf, +inf and signed
 // zeros, draft vocabularies of 2, 1000, 32000 and 151936, k 1 .. 16, up to 300 rows, a row stride wider than
 // the row, with and without d2t; outputs poisoned first. Tokens equal; log-probabilities within
 // ops/argmax.h's tolerance (1e-5 max(1, |lp|) of the f64 log-softmax, and of the CPU's plus the CPU's own
 // drift). Then the draft's passes with k > 1 on CUDA against the same draft on the CPU backend: the device's
-// top k is eagle3_topk of its own logits (copied back), and it agrees with the CPU backend's wherever the
-// CPU's logit margins are wider than twice the largest logit difference between the backends (the rule
+// top k is the CPU oracle's of its own logits (copied back), and it agrees with the CPU backend's wherever
+// the CPU's logit margins are wider than twice the largest logit difference between the backends (the rule
 // below), token-tree passes included.
 #include <gtest/gtest.h>
 
@@ -110,7 +110,7 @@ void fill_row(float* row, int64_t V, int64_t r, std::mt19937& rng) {
   }
 }
 
-// R rows of V logits (row stride ld) through ops::topk_rows on CUDA and eagle3_topk on the CPU, every k.
+// R rows of V logits (row stride ld) through ops::topk_rows on CUDA and on the CPU, every k.
 void check_op(int64_t R, int64_t V, int64_t ld, bool offsets, uint32_t seed) {
   SCOPED_TRACE("R " + std::to_string(R) + " V " + std::to_string(V) + " ld " + std::to_string(ld) +
                (offsets ? " with d2t" : " without d2t"));
@@ -129,7 +129,7 @@ void check_op(int64_t R, int64_t V, int64_t ld, bool offsets, uint32_t seed) {
     SCOPED_TRACE("k " + std::to_string(k));
     std::vector<int32_t> want_tok(size_t(R * k));
     std::vector<float> want_lp(size_t(R * k));
-    eagle3_topk(x.data(), R, V, k, d2t.data(), want_tok.data(), want_lp.data());
+    test::host_topk(x.data(), R, V, k, d2t.data(), want_tok.data(), want_lp.data());
     Buffer tok(size_t(R * k) * 4, Device::cuda());
     test::poison(tok);                                                           // -1: no token
     const Buffer lp = test::to_device(std::vector<float>(size_t(R * k), 3.0f));  // no log-prob is above 0
@@ -170,12 +170,12 @@ TEST(CudaTopkRows, RefusesBadArguments) {
 
 // ---- The draft's passes with k > 1: CUDA against the CPU backend.
 
-// Each logit row of a pass on both backends: the CUDA pass's top k is eagle3_topk of its own logits (tokens
-// equal, log-probabilities within the tolerance) with entry 0 its top-1 token; against the CPU backend's
-// pass, with e the largest |logit difference| between the two: the top-1 tokens equal where the CPU's top
-// two logits are more than 2e apart, and the top-k sets of target ids equal where the CPU's k-th and
-// (k + 1)-th logits are (no logit moved more than e, so no pair further apart than 2e can swap). Returns the
-// rows whose top-1 tokens differ.
+// Each logit row of a pass on both backends: the CUDA pass's top k is the CPU oracle's of its own logits
+// (tokens equal, log-probabilities within the tolerance) with entry 0 its top-1 token; against the CPU
+// backend's pass, with e the largest |logit difference| between the two: the top-1 tokens equal where the
+// CPU's top two logits are more than 2e apart, and the top-k sets of target ids equal where the CPU's k-th
+// and (k + 1)-th logits are (no logit moved more than e, so no pair further apart than 2e can swap). Returns
+// the rows whose top-1 tokens differ.
 int check_pass(const Eagle3Model::Out& gpu, const Eagle3Model::Out& cpu, int k, int64_t Dv,
                const std::vector<int64_t>& d2t) {
   const int64_t R = int64_t(gpu.tokens.size());
@@ -184,7 +184,7 @@ int check_pass(const Eagle3Model::Out& gpu, const Eagle3Model::Out& cpu, int k, 
   EXPECT_EQ(gpu.topk_tokens.size(), size_t(R * k));
   std::vector<int32_t> want_tok(size_t(R * k));
   std::vector<float> want_lp(size_t(R * k));
-  eagle3_topk(gpu.logits.data(), R, Dv, k, d2t.data(), want_tok.data(), want_lp.data());
+  test::host_topk(gpu.logits.data(), R, Dv, k, d2t.data(), want_tok.data(), want_lp.data());
   LogprobDrift drift;
   check_topk(gpu.logits, R, Dv, k, d2t, gpu.topk_tokens, gpu.topk_logprobs, want_tok, want_lp, &drift);
   for (int64_t r = 0; r < R; ++r) EXPECT_EQ(gpu.tokens[size_t(r)], gpu.topk_tokens[size_t(r * k)]) << r;

@@ -16,8 +16,19 @@
 #include "kiln/batch.h"
 #include "kiln/dtype.h"
 #include "kiln/safetensors.h"
+#include "kiln/tensor.h"
+#include "ops/argmax.h"
 
 namespace kiln::test {
+
+// ops::topk_rows (the CPU oracle) over host rows: logits [rows, Dv], d2t [Dv]; tokens and logprobs [rows, k].
+inline void host_topk(const float* logits, int64_t rows, int64_t Dv, int k, const int64_t* d2t,
+                      int32_t* tokens, float* logprobs) {
+  const Device cpu = Device::cpu();
+  ops::topk_rows(Tensor(const_cast<float*>(logits), DType::f32, {rows, Dv}, cpu),
+                 Tensor(const_cast<int64_t*>(d2t), DType::i64, {Dv}, cpu), k,
+                 Tensor(tokens, DType::i32, {rows, k}, cpu), Tensor(logprobs, DType::f32, {rows, k}, cpu));
+}
 
 struct Eagle3Shape {
   int64_t hidden = 32, target_hidden = 24, intermediate = 40, heads = 4, kv_heads = 2, head_dim = 8;

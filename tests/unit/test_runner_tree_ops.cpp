@@ -41,7 +41,7 @@ using namespace tree_ops;  // NOLINT: the shared fixtures (runner_tree_test_util
 // ---------------------------------------------------------------------------------------------------------
 // EAGLE-3 top-k
 
-// The ranking key of eagle3_topk and ops::argmax_rows: NaN as -inf.
+// The ranking key of ops::topk_rows and ops::argmax_rows: NaN as -inf.
 float rank_key(float x) {
   return x == x ? x : -std::numeric_limits<float>::infinity();
 }
@@ -161,7 +161,8 @@ TEST(Eagle3TopK, RanksTheDraftLogitsAndEntryZeroIsTheTopOne) {
   EXPECT_EQ(o.topk_tokens.size(), size_t(12 * 16));
 }
 
-// Planted ties, NaN and -inf through eagle3_topk directly; entry 0 against ops::argmax_rows on the same rows.
+// Planted ties, NaN and -inf through ops::topk_rows directly; entry 0 against ops::argmax_rows on the same
+// rows.
 TEST(Eagle3TopK, TiesGoToTheLowerIdAndNanRanksAsMinusInf) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const int64_t Dv = 6;
@@ -177,7 +178,7 @@ TEST(Eagle3TopK, TiesGoToTheLowerIdAndNanRanksAsMinusInf) {
   const int k = 6;
   std::vector<int32_t> tok(3 * k);
   std::vector<float> lp(3 * k);
-  eagle3_topk(x.data(), 3, Dv, k, d2t.data(), tok.data(), lp.data());
+  test::host_topk(x.data(), 3, Dv, k, d2t.data(), tok.data(), lp.data());
   const std::vector<int32_t> want = {11, 12, 14, 13, 10, 15, 13, 11, 15, 10, 12, 14, 10, 11, 12, 13, 14, 15};
   EXPECT_EQ(tok, want);
   std::vector<int32_t> arg(3);
@@ -192,7 +193,7 @@ TEST(Eagle3TopK, TiesGoToTheLowerIdAndNanRanksAsMinusInf) {
   for (int i = 0; i < k; ++i) total += std::exp(double(lp[size_t(i)]));
   EXPECT_NEAR(total, 1.0, 1e-6);
   for (int i = 0; i < k; ++i) EXPECT_TRUE(std::isnan(lp[size_t(k + i)])) << "a row with NaN: NaN log-probs";
-  EXPECT_THROW(eagle3_topk(x.data(), 1, Dv, 7, d2t.data(), tok.data(), lp.data()), Error);
+  EXPECT_THROW(test::host_topk(x.data(), 1, Dv, 7, d2t.data(), tok.data(), lp.data()), Error);
 }
 
 TEST(Eagle3TopK, SetTopkBoundsAndTheRunnersPlumbing) {
